@@ -1,0 +1,5 @@
+import sys
+
+from anpred.cli import main
+
+sys.exit(main())

@@ -1,0 +1,131 @@
+"""The backend interface, after Polygraphy's runners: a context manager whose public methods
+validate and then call an ``_impl`` that subclasses override (one place for checks).
+
+A backend is constructed with options, ``prepare``\ d once for an anchored model (loading, converting,
+compiling: timed separately), then ``run`` per sample. ``run`` returns the anchor tensors in the
+backend's *own* representation (e.g. NHWC for TensorFlow, float16 for a fp16 model); alignment to the
+ONNX canonical form happens later (``anpred.align``), driven by :meth:`anchor_info`.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from anpred.manifest import AnchorManifest
+
+
+@dataclass
+class AnchorCapture:
+    """How a backend represents (or fails to capture) one anchor.
+
+    status: ``exact`` (same tensor), ``equivalent`` (same values after ``transform``), ``missing``.
+    layout: the layout the backend returns 4-D/3-D/5-D tensors in (``NCHW``/``NHWC``/...), when known.
+    transform: a known rule for alignment, e.g. ``{"permute": [0, 3, 1, 2]}``; None when identity.
+    reason: why it is missing (or how it was matched).
+    """
+
+    status: str = "exact"
+    layout: str | None = None
+    transform: dict[str, Any] | None = None
+    target: str | None = None  # native tensor/module/layer name
+    reason: str = ""
+
+
+@dataclass
+class BackendStatus:
+    """What happened to one backend in a run (stored in ``run.json``)."""
+
+    name: str
+    family: str
+    status: str = "pending"  # ok | failed | unsupported | crashed | timeout | pending
+    reason: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+    precision: str = "fp32"  # effective inference precision read back from the runtime
+    samples: int = 0
+    anchors_captured: int = 0
+    captures: dict[str, dict[str, Any]] = field(default_factory=dict)  # anchor -> AnchorCapture dict
+    dtypes: dict[str, str] = field(default_factory=dict)  # anchor -> dtype as returned
+    seconds_prepare: float = 0.0
+    seconds_run: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BackendStatus":
+        return cls(**d)
+
+
+class Backend:
+    """Base class of all backends.
+
+    Class attributes:
+        name: registry name (``ort``, ``openvino``, ``tf`` ...).
+        family: kernel family for consensus voting (``onnxruntime``, ``openvino``, ``torch``,
+            ``tensorflow``, ``onnx-reference``); backends of one family share one vote.
+        precision: nominal precision (``fp32``, ``fp16``, ``bf16``, ``int8``).
+    """
+
+    name: ClassVar[str] = "base"
+    family: ClassVar[str] = "base"
+    precision: ClassVar[str] = "fp32"
+
+    def __init__(self, options: dict[str, Any] | None = None):
+        self.options = dict(options or {})
+        self.manifest: AnchorManifest | None = None
+        self._prepared = False
+
+    # ---- public API (validate, then _impl) ---------------------------------------------------
+    def versions(self) -> dict[str, str]:
+        """Library versions this backend's results depend on, e.g. ``{"onnxruntime": "1.32.0"}``."""
+        return {"python": platform.python_version(), **self._versions_impl()}
+
+    def prepare(self, model_path: str | Path, manifest: AnchorManifest, workdir: str | Path) -> None:
+        """Load/convert/compile the anchored model at ``model_path`` (``workdir``: scratch space and
+        conversion cache). Raises :class:`anpred.errors.BackendError` with a reason on failure."""
+        self.manifest = manifest
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+        self._prepare_impl(Path(model_path), manifest, Path(workdir))
+        self._prepared = True
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one sample. ``inputs``: graph input name -> array (ONNX layout and dtype). Returns
+        anchor name -> array for every anchor captured (missing ones are described by
+        :meth:`anchor_info`)."""
+        if not self._prepared:
+            raise RuntimeError(f"backend {self.name}: run() before prepare()")
+        return self._run_impl(inputs)
+
+    def anchor_info(self) -> dict[str, AnchorCapture]:
+        """Per anchor, how this backend captures it (after ``prepare``)."""
+        assert self.manifest is not None
+        return {a.name: AnchorCapture(status="exact", layout=a.layout) for a in self.manifest.anchors}
+
+    def effective_precision(self) -> str:
+        """The inference precision read back from the runtime after ``prepare`` (default nominal)."""
+        return self.precision
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    # ---- to override ------------------------------------------------------------------------
+    def _versions_impl(self) -> dict[str, str]:
+        return {}
+
+    def _prepare_impl(self, model_path: Path, manifest: AnchorManifest, workdir: Path) -> None:
+        raise NotImplementedError
+
+    def _run_impl(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise NotImplementedError

@@ -1,0 +1,1 @@
+"""Subcommands of the ``anpred`` CLI (see :mod:`anpred.cli`)."""

@@ -1,0 +1,13 @@
+"""anpred align (placeholder: being implemented)."""
+
+from anpred.errors import AnpredError
+
+HELP = "(not implemented yet)"
+
+
+def add_arguments(parser):
+    parser.add_argument("rest", nargs="*")
+
+
+def main(args):
+    raise AnpredError("'anpred align' is not implemented yet")

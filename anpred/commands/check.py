@@ -1,0 +1,13 @@
+"""anpred check (placeholder: being implemented)."""
+
+from anpred.errors import AnpredError
+
+HELP = "(not implemented yet)"
+
+
+def add_arguments(parser):
+    parser.add_argument("rest", nargs="*")
+
+
+def main(args):
+    raise AnpredError("'anpred check' is not implemented yet")

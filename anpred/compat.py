@@ -1,0 +1,76 @@
+"""Import shims for packages that declare torchvision (which must not be installed here: no
+torchvision build works beside CPU torch 2.13; see ../shared/NOTES-dependencies.md).
+
+- onnx2torch imports torchvision at import time only for its NMS/RoiAlign converters: a stub module is
+  placed in ``sys.modules`` while importing it and removed afterwards.
+- ultralytics asks ``importlib.metadata.version("torchvision")`` at import: that one call is answered.
+  ``YOLO_AUTOINSTALL=false`` and a writable ``YOLO_CONFIG_DIR`` keep it offline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import os
+import sys
+import tempfile
+import types
+
+
+@contextlib.contextmanager
+def _torchvision_stub():
+    if "torchvision" in sys.modules:
+        yield
+        return
+    stub = types.ModuleType("torchvision")
+    stub.__version__ = "0.0.0+anpred-stub"
+    ops = types.ModuleType("torchvision.ops")
+
+    def _missing(*a, **k):
+        raise RuntimeError("torchvision is not installed (ANPRED runs without it); NMS/RoIAlign unavailable")
+
+    ops.nms = ops.roi_align = ops.batched_nms = _missing
+    stub.ops = ops
+    sys.modules["torchvision"] = stub
+    sys.modules["torchvision.ops"] = ops
+    try:
+        yield
+    finally:
+        sys.modules.pop("torchvision", None)
+        sys.modules.pop("torchvision.ops", None)
+
+
+def import_onnx2torch():
+    """Import and return the ``onnx2torch`` module without torchvision."""
+    if "onnx2torch" in sys.modules:
+        return sys.modules["onnx2torch"]
+    with _torchvision_stub():
+        return importlib.import_module("onnx2torch")
+
+
+_real_version = importlib.metadata.version
+
+
+def _version(name: str) -> str:
+    if name == "torchvision":
+        return "0.28.0"  # the release paired with torch 2.13; only the version is asked
+    return _real_version(name)
+
+
+def import_ultralytics():
+    """Import and return ``ultralytics`` offline and without torchvision."""
+    if "ultralytics" in sys.modules:
+        return sys.modules["ultralytics"]
+    os.environ.setdefault("YOLO_AUTOINSTALL", "false")
+    os.environ.setdefault("YOLO_OFFLINE", "true")
+    if "YOLO_CONFIG_DIR" not in os.environ:
+        d = os.path.join(tempfile.gettempdir(), "anpred-yolo-config")
+        os.makedirs(d, exist_ok=True)
+        os.environ["YOLO_CONFIG_DIR"] = d
+    importlib.metadata.version = _version
+    try:
+        with _torchvision_stub():
+            return importlib.import_module("ultralytics")
+    finally:
+        importlib.metadata.version = _real_version

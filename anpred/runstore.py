@@ -1,0 +1,173 @@
+"""The run store: a self-describing folder holding what every backend saw on every sample.
+
+Layout (schema ``anpred.run/1``)::
+
+    RUN_DIR/
+      run.json                  # schema, created, model identity, inputs description, machine,
+                                # mode ("tensors" | "stats"), backends: name -> BackendStatus
+      manifest.json             # the AnchorManifest of the anchored model
+      model.onnx                # the anchored model (copied or linked) when available
+      inputs/<sample>.npz       # graph inputs of each sample (keys: graph input names)
+      tensors/<backend>/<sample>.npz   # anchors as the backend returned them (keys: file_key(anchor))
+      stats/<backend>.json      # mode "stats": streaming summaries per anchor instead of tensors
+
+Sample ids are strings (``s0000``, ``s0001`` ...) in run order. Arrays are stored in the dtype and
+layout the backend returned; alignment is applied when reading for judgement.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from anpred.backends.base import BackendStatus
+from anpred.errors import AnpredError, OutputPathError
+from anpred.manifest import AnchorManifest
+from anpred.naming import file_key, from_file_key
+from anpred.onnx_io import atomic_write_text
+
+SCHEMA = "anpred.run/1"
+
+
+class RunStore:
+    """Reader/writer for one run folder."""
+
+    def __init__(self, root: str | Path, meta: dict[str, Any], manifest: AnchorManifest):
+        self.root = Path(root)
+        self.meta = meta
+        self.manifest = manifest
+
+    # ---- creation / opening --------------------------------------------------------------------
+    @classmethod
+    def create(cls, root: str | Path, manifest: AnchorManifest, *, model: dict[str, Any] | None = None,
+               inputs: dict[str, Any] | None = None, mode: str = "tensors",
+               overwrite: bool = False) -> "RunStore":
+        """Create a new run folder. Raises OutputPathError if ``root`` already holds a run (unless
+        ``overwrite``) or any other non-empty folder, or cannot be created."""
+        root = Path(root)
+        if root.exists():
+            if not root.is_dir():
+                raise OutputPathError(f"{root} exists and is not a folder")
+            if any(root.iterdir()):
+                if (root / "run.json").exists() and overwrite:
+                    shutil.rmtree(root)
+                elif (root / "run.json").exists():
+                    raise OutputPathError(f"{root} already holds a run; choose another -o or pass --overwrite")
+                else:
+                    raise OutputPathError(f"{root} exists and is not empty; nothing was written")
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            (root / "inputs").mkdir(exist_ok=True)
+            (root / "tensors").mkdir(exist_ok=True)
+        except OSError as err:
+            raise OutputPathError(f"cannot create run folder {root}: {err.strerror or err}") from err
+        from anpred.machine import machine_info
+
+        meta = {
+            "schema": SCHEMA,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "model": model or {},
+            "inputs": inputs or {},
+            "machine": machine_info(),
+            "mode": mode,
+            "samples": [],
+            "backends": {},
+        }
+        store = cls(root, meta, manifest)
+        manifest.save(root / "manifest.json")
+        store.save_meta()
+        return store
+
+    @classmethod
+    def open(cls, root: str | Path) -> "RunStore":
+        """Open an existing run folder. Raises AnpredError when it is not one."""
+        root = Path(root)
+        try:
+            meta = json.loads((root / "run.json").read_text())
+        except FileNotFoundError as err:
+            raise AnpredError(f"{root} is not a run folder (no run.json)") from err
+        except (OSError, json.JSONDecodeError) as err:
+            raise AnpredError(f"{root}/run.json is unreadable: {err}") from err
+        if meta.get("schema") != SCHEMA:
+            raise AnpredError(f"{root}: unsupported run schema {meta.get('schema')!r} (expected {SCHEMA!r})")
+        manifest = AnchorManifest.load(root / "manifest.json")
+        return cls(root, meta, manifest)
+
+    def save_meta(self) -> None:
+        atomic_write_text(self.root / "run.json", json.dumps(self.meta, indent=2, default=_json_default))
+
+    # ---- samples and inputs --------------------------------------------------------------------
+    @property
+    def sample_ids(self) -> list[str]:
+        return [s["id"] for s in self.meta["samples"]]
+
+    def add_sample(self, sample_id: str, inputs: dict[str, np.ndarray], source: str = "",
+                   extra: dict[str, Any] | None = None) -> None:
+        """Record a sample and store its graph inputs."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for k in sorted(inputs):
+            h.update(k.encode())
+            h.update(np.ascontiguousarray(inputs[k]).tobytes())
+        np.savez(self.root / "inputs" / f"{sample_id}.npz", **inputs)
+        self.meta["samples"].append({"id": sample_id, "source": source, "sha256": h.hexdigest(), **(extra or {})})
+
+    def read_inputs(self, sample_id: str) -> dict[str, np.ndarray]:
+        with np.load(self.root / "inputs" / f"{sample_id}.npz") as z:
+            return {k: z[k] for k in z.files}
+
+    # ---- anchors -------------------------------------------------------------------------------
+    def backend_dir(self, backend: str) -> Path:
+        return self.root / "tensors" / backend
+
+    def write_anchors(self, backend: str, sample_id: str, anchors: dict[str, np.ndarray]) -> None:
+        """Store one sample's anchors for ``backend`` (safe to call from a backend's own process)."""
+        d = self.backend_dir(backend)
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{sample_id}.tmp.npz"
+        np.savez(tmp, **{file_key(k): np.asarray(v) for k, v in anchors.items()})
+        os.replace(tmp, d / f"{sample_id}.npz")
+
+    def read_anchors(self, backend: str, sample_id: str) -> dict[str, np.ndarray]:
+        """Anchors of one backend and sample (empty dict when that backend stored none)."""
+        p = self.backend_dir(backend) / f"{sample_id}.npz"
+        if not p.exists():
+            return {}
+        with np.load(p) as z:
+            return {from_file_key(k): z[k] for k in z.files}
+
+    def iter_samples(self, backends: list[str] | None = None) -> Iterator[tuple[str, dict[str, dict[str, np.ndarray]]]]:
+        """Yield ``(sample_id, {backend: {anchor: array}})`` one sample at a time (streaming)."""
+        backends = backends or self.ok_backends()
+        for sid in self.sample_ids:
+            yield sid, {b: self.read_anchors(b, sid) for b in backends}
+
+    # ---- backend status ------------------------------------------------------------------------
+    def set_status(self, status: BackendStatus) -> None:
+        self.meta["backends"][status.name] = status.to_dict()
+        self.save_meta()
+
+    def statuses(self) -> dict[str, BackendStatus]:
+        return {k: BackendStatus.from_dict(v) for k, v in self.meta["backends"].items()}
+
+    def ok_backends(self) -> list[str]:
+        return [k for k, v in self.meta["backends"].items() if v["status"] == "ok"]
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
