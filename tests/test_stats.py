@@ -1,0 +1,79 @@
+"""anpred.stats: error statistics against hand-computed values and library references."""
+
+import math
+
+import numpy as np
+import pytest
+
+from anpred.stats import ErrorStats, error_stats, ulp
+
+
+def test_statistics_match_hand_computed_values():
+    c = np.array([1.0, -2.0, 3.0, 4.0])
+    x = np.array([1.5, -2.0, 2.0, 4.0], dtype=np.float32)
+    s = error_stats(x, c)
+    d = x.astype(np.float64) - c
+    assert s.n == 4 and s.nan == 0 and s.inf == 0
+    assert s.max_abs == 1.0
+    assert s.mean_abs == pytest.approx(0.375)
+    assert s.mean_signed == pytest.approx(-0.125)
+    assert s.nrmse == pytest.approx(np.linalg.norm(d) / np.linalg.norm(c))
+    assert s.snr_db == pytest.approx(-20 * math.log10(s.nrmse))
+    assert s.cosine == pytest.approx(float(x @ c) / (np.linalg.norm(x) * np.linalg.norm(c)))
+    # W1 of the two 4-point distributions = mean |sorted(x) - sorted(c)|, divided by std(c)
+    w1 = np.mean(np.abs(np.sort(x) - np.sort(c)))
+    assert s.wasserstein == pytest.approx(w1 / np.std(c))
+    # max ULP: |d|/spacing_f32(c) at each position; 1.0 at c=3 (spacing 2.38e-7) dominates
+    assert s.max_ulp == pytest.approx(1.0 / float(np.spacing(np.float32(3.0))))
+
+
+def test_identical_tensors_are_perfect():
+    c = np.linspace(-3, 3, 101)
+    s = error_stats(c.astype(np.float32), c.astype(np.float32))
+    assert (s.max_abs, s.nrmse, s.wasserstein, s.max_ulp) == (0.0, 0.0, 0.0, 0.0)
+    assert s.snr_db == math.inf and s.cosine == 1.0
+
+
+def test_one_ulp_perturbation_counts_one_ulp_per_dtype():
+    c = np.array([1.0, 1.5, 3.0], dtype=np.float32)
+    x = np.nextafter(c, np.float32(10))
+    assert error_stats(x, c, "float32").max_ulp == pytest.approx(1.0)
+    assert error_stats(x, c, "float16").max_ulp == pytest.approx(
+        float(np.spacing(np.float32(3.0))) / float(np.spacing(np.float16(3.0))))
+    assert ulp(np.array([1.0]), "bf16")[0] == 2.0 ** -7
+    assert ulp(np.array([1.0]), "fp16")[0] == 2.0 ** -10
+
+
+def test_nan_and_inf_are_counted_not_propagated():
+    c = np.ones(6)
+    x = np.array([1.0, np.nan, np.inf, -np.inf, 1.1, 1.0])
+    s = error_stats(x, c)
+    assert (s.nan, s.inf, s.n) == (1, 2, 3)
+    assert math.isfinite(s.nrmse) and s.max_abs == pytest.approx(0.1)
+    allnan = error_stats(np.full(4, np.nan), np.ones(4))
+    assert allnan.n == 0 and allnan.nan == 4 and math.isnan(allnan.nrmse)
+    ref_nan = error_stats(np.ones(3), np.array([1.0, np.nan, 1.0]))
+    assert ref_nan.nan_ref == 1 and ref_nan.n == 2 and ref_nan.nrmse == 0.0
+
+
+def test_zero_reference_and_json_roundtrip():
+    s = error_stats(np.array([0.0, 1e-3]), np.zeros(2))
+    assert s.nrmse == math.inf and s.cosine == 0.0
+    d = s.to_dict()
+    assert d["nrmse"] == "inf"
+    assert ErrorStats.from_dict(d) == s
+    with pytest.raises(ValueError, match="do not match"):
+        error_stats(np.ones(3), np.ones(4))
+    with pytest.raises(ValueError, match="unknown dtype"):
+        error_stats(np.ones(3), np.ones(3), "float8")
+
+
+def test_distribution_shift_is_seen_by_wasserstein_not_by_position():
+    rng = np.random.default_rng(0)
+    c = rng.standard_normal(10000)
+    perm = rng.permutation(c)  # same distribution, values moved: large nRMSE, W1 = 0
+    s = error_stats(perm, c)
+    assert s.wasserstein == pytest.approx(0.0, abs=1e-12) and s.nrmse > 1.0
+    shifted = error_stats(c + 0.1, c)
+    assert shifted.wasserstein == pytest.approx(0.1 / np.std(c), rel=1e-9)
+    assert shifted.mean_signed == pytest.approx(0.1)
