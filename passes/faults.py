@@ -1,0 +1,373 @@
+"""Fault injection: a variant of a model with one known precision fault at a chosen node or stage.
+
+The variant is meant to be run by *one* backend (``anpred.runner.BackendSpec(..., options={"model":
+path})``) while the clean backends run the clean model; the fault's ground truth (kind, magnitude,
+node, value, stage) is returned as a :class:`FaultTruth` and stored in the variant's
+``metadata_props`` under ``anpred.fault``.
+
+Fault kinds (the registry :data:`FAULT_KINDS`; ``magnitude`` meaning in brackets):
+
+``round``
+    Round one float32 tensor to ``p`` significand bits [p: 11 = float16 precision, 8 = bfloat16].
+    Implemented with Veltkamp splitting (T. J. Dekker, "A floating-point technique for extending the
+    available precision", Numer. Math. 18, 1971): ``t = x * (2**(24-p) + 1); y = t - (t - x)``, which
+    is exact round-to-nearest to ``p`` bits in float32 arithmetic, made of Mul/Sub nodes that no
+    runtime folds (a Cast pair float32->float16->float32 can be folded away by graph optimisers).
+    Range (overflow/subnormals of the narrow type) is not emulated: it is a precision fault.
+``approx-sigmoid``
+    A Sigmoid (e.g. inside SiLU = x * sigmoid(x)) replaced by a blend with the cheap "fast sigmoid"
+    ``0.5 + 0.5 * x / (1 + |x|)``: ``(1-m) * sigmoid(x) + m * fast(x)`` [m in (0, 1]].
+``norm-epsilon``
+    The ``epsilon`` of a BatchNormalization/LayerNormalization/InstanceNormalization/
+    GroupNormalization multiplied [factor].
+``weight-ulp``
+    A float initializer input of a node (Conv/Gemm/MatMul weight) perturbed by +-k ULP per element
+    with seeded random signs [k]. A private copy is made when the initializer is shared.
+``rounding-mode``
+    A tie-breaking rounding change: ``Resize`` nearest_mode ``floor<->ceil`` /
+    ``round_prefer_floor<->round_prefer_ceil``, or ``Round`` (half-to-even, ONNX spec) replaced by
+    half-away-from-zero ``sign(x) * floor(|x| + 0.5)`` [unused].
+``padding-same``
+    A Conv/MaxPool/AveragePool's symmetric pads swapped for TensorFlow "SAME" padding (the extra
+    pad at the end: pads_begin = total // 2), keeping the output shape [unused]. Applies only where
+    the two conventions differ (stride > 1 on an even-sized input, for example).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from anpred.errors import AnpredError
+from passes.base import GraphPass, PassResult
+
+FAULT_METADATA_KEY = "anpred.fault"
+
+NORM_OPS = ("BatchNormalization", "LayerNormalization", "InstanceNormalization", "GroupNormalization")
+PAD_OPS = ("Conv", "MaxPool", "AveragePool")
+WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+# kind -> (default magnitude, description)
+FAULT_KINDS: dict[str, tuple[float, str]] = {
+    "round": (8.0, "one tensor rounded to p significand bits (11: float16, 8: bfloat16)"),
+    "approx-sigmoid": (1.0, "Sigmoid blended with the fast sigmoid 0.5+0.5x/(1+|x|), weight m"),
+    "norm-epsilon": (1000.0, "normalisation epsilon multiplied by a factor"),
+    "weight-ulp": (4.0, "weights perturbed by +-k ULP"),
+    "rounding-mode": (1.0, "tie-breaking rounding mode changed (Resize nearest_mode, Round)"),
+    "padding-same": (1.0, "symmetric padding swapped for TensorFlow SAME padding"),
+}
+
+
+class FaultError(AnpredError):
+    """The fault cannot be injected where asked (no applicable node, unknown kind or node)."""
+
+
+@dataclass
+class FaultTruth:
+    """Ground truth of an injected fault. ``stage`` is the manifest stage holding the node (None
+    without a manifest); ``value`` is the tensor whose values change first."""
+
+    kind: str
+    magnitude: float
+    node: str
+    op_type: str
+    value: str
+    stage: int | None
+    description: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "FaultTruth":
+        return cls(**d)
+
+
+def _float_elem(model, value: str) -> bool:
+    import onnx
+
+    for vi in list(model.graph.value_info) + list(model.graph.output) + list(model.graph.input):
+        if vi.name == value:
+            return vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    return False
+
+
+def _shape_of(model, value: str) -> list[int] | None:
+    for vi in list(model.graph.value_info) + list(model.graph.output) + list(model.graph.input):
+        if vi.name == value:
+            dims = vi.type.tensor_type.shape.dim
+            if all(d.HasField("dim_value") for d in dims):
+                return [d.dim_value for d in dims]
+            return None
+    return None
+
+
+def _attr(node, name, default=None):
+    import onnx
+
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def _set_attr(node, name, value) -> None:
+    import onnx
+
+    kept = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend(kept)
+    node.attribute.append(onnx.helper.make_attribute(name, value))
+
+
+def _same_pads(node, in_shape: list[int]) -> list[int] | None:
+    """TensorFlow SAME pads for ``node`` on input spatial ``in_shape`` (N, C, *spatial)."""
+    spatial = in_shape[2:]
+    kernel = _attr(node, "kernel_shape")
+    if kernel is None:
+        return None
+    strides = _attr(node, "strides", [1] * len(spatial))
+    dil = _attr(node, "dilations", [1] * len(spatial))
+    begin, end = [], []
+    for i, n in enumerate(spatial):
+        out = -(-n // strides[i])
+        total = max((out - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - n, 0)
+        begin.append(total // 2)
+        end.append(total - total // 2)
+    return begin + end
+
+
+def _applicable(model, node, kind: str, init_names: set[str]) -> bool:
+    out = node.output[0] if node.output else ""
+    if kind == "round":
+        return bool(out) and _float_elem(model, out)
+    if kind == "approx-sigmoid":
+        return node.op_type == "Sigmoid"
+    if kind == "norm-epsilon":
+        return node.op_type in NORM_OPS
+    if kind == "weight-ulp":
+        return node.op_type in WEIGHT_OPS and len(node.input) > 1 and node.input[1] in init_names
+    if kind == "rounding-mode":
+        if node.op_type == "Round":
+            return True
+        return node.op_type == "Resize" and _attr(node, "mode", b"nearest") in (b"nearest", "nearest")
+    if kind == "padding-same":
+        if node.op_type not in PAD_OPS or _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            return False
+        shape = _shape_of(model, node.input[0])
+        if shape is None:
+            return False
+        same = _same_pads(node, shape)
+        pads = _attr(node, "pads", [0] * (2 * (len(shape) - 2)))
+        return same is not None and list(same) != list(pads)
+    raise FaultError(f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
+
+
+def applicable_nodes(model, kind: str) -> list[str]:
+    """Names of the nodes of ``model`` (shape-inferred) where ``kind`` can be injected, in graph order."""
+    if kind not in FAULT_KINDS:
+        raise FaultError(f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
+    inits = {i.name for i in model.graph.initializer}
+    return [n.name for n in model.graph.node if _applicable(model, n, kind, inits)]
+
+
+def _stage_of(manifest, index: int) -> int | None:
+    if manifest is None:
+        return None
+    for s in manifest.stages:
+        if s.first <= index <= s.last:
+            return s.index
+    return None
+
+
+class FaultInjectionPass(GraphPass):
+    """Inject one fault of ``kind`` at ``node`` (a node name) or at the first applicable node of
+    ``stage`` (a manifest stage index; the anchored model's node order is the manifest's topological
+    order). The pass works on a copy; ``PassResult.info["truth"]`` is the :class:`FaultTruth`.
+
+    Raises:
+        FaultError: unknown kind, unknown node, or no applicable node in the stage.
+    """
+
+    in_place = False
+
+    def __init__(self, kind: str, *, node: str | None = None, stage: int | None = None,
+                 magnitude: float | None = None, manifest=None, seed: int = 0):
+        if kind not in FAULT_KINDS:
+            raise FaultError(f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
+        if (node is None) == (stage is None):
+            raise FaultError("give exactly one of node= or stage=")
+        if stage is not None and manifest is None:
+            raise FaultError("stage= needs the model's anchor manifest")
+        self.kind, self.node, self.stage, self.manifest, self.seed = kind, node, stage, manifest, seed
+        self.magnitude = float(FAULT_KINDS[kind][0] if magnitude is None else magnitude)
+
+    def call(self, model) -> PassResult:
+        import onnx
+
+        model = copy.deepcopy(model)
+        inferred = onnx.shape_inference.infer_shapes(model)
+        nodes = list(model.graph.node)
+        inits = {i.name for i in model.graph.initializer}
+        if self.node is not None:
+            idx = next((i for i, n in enumerate(nodes) if n.name == self.node), None)
+            if idx is None:
+                raise FaultError(f"no node named {self.node!r} in the model")
+            if not _applicable(inferred, nodes[idx], self.kind, inits):
+                raise FaultError(f"fault {self.kind!r} does not apply to node {self.node!r} ({nodes[idx].op_type})")
+        else:
+            st = next((s for s in self.manifest.stages if s.index == self.stage), None)
+            if st is None:
+                raise FaultError(f"no stage {self.stage}; the manifest has stages 0..{len(self.manifest.stages) - 1}")
+            cands = [i for i in range(st.first, min(st.last, len(nodes) - 1) + 1)
+                     if _applicable(inferred, nodes[i], self.kind, inits)]
+            if not cands:
+                raise FaultError(f"fault {self.kind!r} has no applicable node in stage {self.stage}")
+            # The node closest to the stage's end: its effect reaches this stage's boundary anchors
+            # through the fewest operators, so it is not masked (e.g. by a MaxPool) before them.
+            idx = cands[-1]
+        node = nodes[idx]
+        value, desc = getattr(self, "_inject_" + self.kind.replace("-", "_"))(model, inferred, node, idx)
+        truth = FaultTruth(self.kind, self.magnitude, node.name, node.op_type, value,
+                           _stage_of(self.manifest, idx), desc)
+        props = [p for p in model.metadata_props if p.key != FAULT_METADATA_KEY]
+        del model.metadata_props[:]
+        model.metadata_props.extend(props)
+        e = model.metadata_props.add()
+        e.key, e.value = FAULT_METADATA_KEY, __import__("json").dumps(truth.to_dict())
+        onnx.checker.check_model(model)
+        return PassResult(model, True, {"truth": truth})
+
+    # ---- kinds --------------------------------------------------------------------------------
+    def _reroute(self, model, node, out_index: int = 0) -> tuple[str, str]:
+        """Rename ``node``'s output to a fresh value and return (raw, original name): new nodes then
+        compute the original name from the raw value, so every consumer and anchor sees the fault."""
+        orig = node.output[out_index]
+        raw = f"{orig}__anpred_fault_raw"
+        node.output[out_index] = raw
+        return raw, orig
+
+    def _insert_after(self, model, idx: int, new_nodes) -> None:
+        for k, n in enumerate(new_nodes):
+            model.graph.node.insert(idx + 1 + k, n)
+
+    def _const(self, model, name: str, value) -> str:
+        import onnx
+
+        arr = np.asarray(value, dtype=np.float32)
+        model.graph.initializer.append(onnx.numpy_helper.from_array(arr, name))
+        return name
+
+    def _inject_round(self, model, inferred, node, idx):
+        import onnx.helper as h
+
+        p = int(self.magnitude)
+        if not 2 <= p <= 23:
+            raise FaultError(f"round: significand bits must be in 2..23, got {p}")
+        raw, orig = self._reroute(model, node)
+        c = self._const(model, f"{orig}__anpred_fault_c", float(2 ** (24 - p) + 1))
+        t, d = f"{orig}__anpred_fault_t", f"{orig}__anpred_fault_d"
+        self._insert_after(model, idx, [
+            h.make_node("Mul", [raw, c], [t], name=f"{node.name}__anpred_fault_mul"),
+            h.make_node("Sub", [t, raw], [d], name=f"{node.name}__anpred_fault_sub1"),
+            h.make_node("Sub", [t, d], [orig], name=f"{node.name}__anpred_fault_sub2"),
+        ])
+        return orig, f"{orig} rounded to {p} significand bits (Veltkamp splitting)"
+
+    def _inject_approx_sigmoid(self, model, inferred, node, idx):
+        import onnx.helper as h
+
+        m = self.magnitude
+        if not 0 < m <= 1:
+            raise FaultError(f"approx-sigmoid: blend weight must be in (0, 1], got {m}")
+        x = node.input[0]
+        raw, orig = self._reroute(model, node)
+        pre = f"{orig}__anpred_fault"
+        half = self._const(model, pre + "_half", 0.5)
+        one = self._const(model, pre + "_one", 1.0)
+        w_exact = self._const(model, pre + "_w0", 1.0 - m)
+        w_fast = self._const(model, pre + "_w1", m)
+        self._insert_after(model, idx, [
+            h.make_node("Abs", [x], [pre + "_abs"], name=pre + "_n0"),
+            h.make_node("Add", [pre + "_abs", one], [pre + "_den"], name=pre + "_n1"),
+            h.make_node("Div", [x, pre + "_den"], [pre + "_q"], name=pre + "_n2"),
+            h.make_node("Mul", [pre + "_q", half], [pre + "_qh"], name=pre + "_n3"),
+            h.make_node("Add", [pre + "_qh", half], [pre + "_fast"], name=pre + "_n4"),
+            h.make_node("Mul", [raw, w_exact], [pre + "_a"], name=pre + "_n5"),
+            h.make_node("Mul", [pre + "_fast", w_fast], [pre + "_b"], name=pre + "_n6"),
+            h.make_node("Add", [pre + "_a", pre + "_b"], [orig], name=pre + "_n7"),
+        ])
+        return orig, f"Sigmoid {node.name} blended {m:g} with the fast sigmoid"
+
+    def _inject_norm_epsilon(self, model, inferred, node, idx):
+        eps = float(_attr(node, "epsilon", 1e-5))
+        _set_attr(node, "epsilon", eps * self.magnitude)
+        return node.output[0], f"epsilon of {node.name} {eps:g} -> {eps * self.magnitude:g}"
+
+    def _inject_weight_ulp(self, model, inferred, node, idx):
+        import onnx
+
+        wname = node.input[1]
+        init = next(i for i in model.graph.initializer if i.name == wname)
+        w = onnx.numpy_helper.to_array(init)
+        if w.dtype != np.float32:
+            raise FaultError(f"weight-ulp: initializer {wname} is {w.dtype}, only float32 is supported")
+        k = int(self.magnitude)
+        rng = np.random.default_rng(self.seed)
+        signs = rng.choice(np.array([-1, 1], dtype=np.int32), size=w.shape)
+        bits = w.view(np.int32).astype(np.int64)
+        # ULP steps on the magnitude: add to |x|'s bit pattern, keep the sign bit.
+        mag = (bits & 0x7FFFFFFF) + signs * k
+        mag = np.clip(mag, 0, 0x7F7FFFFF)
+        nw = ((bits & ~0x7FFFFFFF) | mag).astype(np.int32).view(np.float32)
+        users = sum(wname in n.input for n in model.graph.node)
+        new_name = f"{wname}__anpred_fault_ulp" if users > 1 else wname
+        arr = onnx.numpy_helper.from_array(nw.reshape(w.shape), new_name)
+        if users > 1:
+            model.graph.initializer.append(arr)
+            node.input[1] = new_name
+        else:
+            init.CopyFrom(arr)
+        return node.output[0], f"{k} ULP perturbation of {wname} ({w.size} weights, seeded signs)"
+
+    def _inject_rounding_mode(self, model, inferred, node, idx):
+        import onnx.helper as h
+
+        if node.op_type == "Resize":
+            mode = _attr(node, "nearest_mode", b"round_prefer_floor")
+            mode = mode.decode() if isinstance(mode, bytes) else mode
+            swap = {"floor": "ceil", "ceil": "floor", "round_prefer_floor": "round_prefer_ceil",
+                    "round_prefer_ceil": "round_prefer_floor"}[mode]
+            _set_attr(node, "nearest_mode", swap)
+            return node.output[0], f"Resize {node.name} nearest_mode {mode} -> {swap}"
+        # Round: half-to-even -> half-away-from-zero
+        x = node.input[0]
+        raw, orig = self._reroute(model, node)
+        pre = f"{orig}__anpred_fault"
+        half = self._const(model, pre + "_half", 0.5)
+        node.op_type = "Identity"  # keep the node; its output is unused after rerouting
+        self._insert_after(model, idx, [
+            h.make_node("Abs", [x], [pre + "_abs"], name=pre + "_n0"),
+            h.make_node("Add", [pre + "_abs", half], [pre + "_s"], name=pre + "_n1"),
+            h.make_node("Floor", [pre + "_s"], [pre + "_f"], name=pre + "_n2"),
+            h.make_node("Sign", [x], [pre + "_sg"], name=pre + "_n3"),
+            h.make_node("Mul", [pre + "_f", pre + "_sg"], [orig], name=pre + "_n4"),
+        ])
+        return orig, f"Round {node.name} half-to-even -> half-away-from-zero"
+
+    def _inject_padding_same(self, model, inferred, node, idx):
+        shape = _shape_of(inferred, node.input[0])
+        same = _same_pads(node, shape)
+        old = _attr(node, "pads", [0] * len(same))
+        _set_attr(node, "pads", [int(v) for v in same])
+        return node.output[0], f"{node.op_type} {node.name} pads {list(old)} -> TF SAME {same}"
+
+
+def inject_fault(model, kind: str, *, node: str | None = None, stage: int | None = None,
+                 magnitude: float | None = None, manifest=None, seed: int = 0):
+    """Return ``(variant ModelProto, FaultTruth)``; see :class:`FaultInjectionPass`."""
+    r = FaultInjectionPass(kind, node=node, stage=stage, magnitude=magnitude, manifest=manifest, seed=seed)(model)
+    return r.model, r.info["truth"]
