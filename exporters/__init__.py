@@ -1,0 +1,89 @@
+"""Exporters: native models (PyTorch ``nn.Module``, Keras) to ONNX, and the mapping of ONNX anchors
+back onto the native graphs (:mod:`exporters.mapping`).
+
+Heavy frameworks (torch, tensorflow) are imported only inside functions. Exports are cached with
+:mod:`anpred.cache` (content-addressed: weights, architecture, input spec, exporter and versions).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from anpred.errors import AnpredError
+
+
+class ExportError(AnpredError):
+    """A native model cannot be exported (the message names the module/layer and the exporter's
+    own first error line), or a factory ``module:function`` cannot be imported/called."""
+
+
+@dataclass
+class ExportResult:
+    """What an export produced.
+
+    Attributes:
+        path: the written ``.onnx`` file (weights inside it, no external data for small models).
+        framework: ``"torch"`` or ``"tf"``.
+        exporter: ``"torch.onnx.dynamo"``, ``"torch.onnx.torchscript"`` or ``"tf2onnx"``.
+        versions: library versions the export depends on (``torch``, ``onnx``, ``tf2onnx`` ...).
+        opset: default-domain opset of the written model.
+        origin: the dict to store as ``manifest.model["origin"]`` (``framework``, ``exporter``,
+            ``opset``, and ``factory``/``kwargs`` when a factory was given).
+        seconds: wall time of the export (0 on a cache hit) and ``cached``: whether it was one.
+    """
+
+    path: Path
+    framework: str
+    exporter: str
+    versions: dict[str, str]
+    opset: int
+    origin: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    cached: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["path"] = str(self.path)
+        return d
+
+
+def make_origin(framework: str, exporter: str, opset: int, factory: str | None,
+                kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``manifest.model["origin"]`` dict (see docs/DESIGN.md)."""
+    origin: dict[str, Any] = {"framework": framework, "exporter": exporter, "opset": int(opset)}
+    if factory:
+        origin["factory"] = factory
+        origin["kwargs"] = dict(kwargs or {})
+    return origin
+
+
+def load_factory(spec: str, kwargs: dict[str, Any] | None = None):
+    """Import ``module:function`` and call it with ``kwargs``; it must return ``(model, example_inputs)``
+    (``example_inputs``: a tuple of tensors/arrays, NCHW for torch, NHWC for Keras).
+
+    Raises:
+        ExportError: malformed spec, import failure, missing function, or a wrong return value.
+    """
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise ExportError(f"factory {spec!r} is not of the form 'module:function'")
+    mod_name, fn_name = spec.split(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as err:
+        raise ExportError(f"factory {spec!r}: cannot import module {mod_name!r}: {err}") from err
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        raise ExportError(f"factory {spec!r}: module {mod_name!r} has no callable {fn_name!r}")
+    out = fn(**dict(kwargs or {}))
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise ExportError(f"factory {spec!r} must return (model, example_inputs), got {type(out).__name__}")
+    model, example = out
+    if not isinstance(example, (tuple, list)):
+        example = (example,)
+    return model, tuple(example)
+
+
+__all__ = ["ExportError", "ExportResult", "load_factory", "make_origin"]
