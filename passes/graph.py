@@ -1,0 +1,205 @@
+"""A read-only index of an ONNX graph for the partition and anchor passes.
+
+Built once from a ``GraphProto`` in O(nodes + edges), iteratively (no recursion over the graph):
+
+- a topological order of the nodes: Kahn's algorithm with a min-heap keyed on the node's position in
+  the file, so a graph that is already sorted (the ONNX requirement) keeps its order exactly;
+- per value: producer position, consumer positions;
+- which values are *constant* (computed from initializers / ``Constant`` nodes only) or *shape-only*
+  (computed from ``Shape``/``Size`` of activations, e.g. dynamic reshape targets): neither is ever an
+  anchor nor counted in a cut;
+- which nodes are *live* (some graph output depends on them); dead nodes never close a cut.
+
+Values are identified by their ONNX name, which is unique in a valid graph (SSA); the index is rebuilt
+after any edit. Sub-graphs (``If``/``Loop``/``Scan`` bodies) are not descended into for partitioning,
+but the outer values they read count as inputs of the node that owns them.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from anpred.errors import GraphError
+
+#: ops whose output depends only on the *shape* of their inputs, not on their values.
+SHAPE_OPS = frozenset({"Shape", "Size"})
+
+
+def _subgraph_outer_refs(node) -> list[str]:
+    """Names read inside ``node``'s sub-graphs (at any depth) that are not defined there (iterative)."""
+    import onnx
+
+    refs: list[str] = []
+    stack = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            stack.append(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            stack.extend(a.graphs)
+    if not stack:
+        return refs
+    defined: set[str] = set()
+    graphs = []
+    while stack:  # collect every nested graph first: names defined anywhere inside are local
+        g = stack.pop()
+        graphs.append(g)
+        defined.update(i.name for i in g.input)
+        defined.update(t.name for t in g.initializer)
+        for n in g.node:
+            defined.update(n.output)
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    stack.append(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(a.graphs)
+    seen: set[str] = set()
+    for g in graphs:
+        for n in g.node:
+            for v in n.input:
+                if v and v not in defined and v not in seen:
+                    seen.add(v)
+                    refs.append(v)
+        for o in g.output:
+            if o.name not in defined and o.name not in seen:
+                seen.add(o.name)
+                refs.append(o.name)
+    return refs
+
+
+@dataclass
+class GraphIndex:
+    """Topologically ordered view of a graph. Positions index :attr:`nodes` (topological order)."""
+
+    nodes: list  # NodeProto in topological order
+    file_index: list[int]  # file position of nodes[i]
+    inputs: list[list[str]]  # data inputs of nodes[i] (incl. sub-graph outer references), no ""
+    outputs: list[list[str]]  # outputs of nodes[i], no ""
+    producer: dict[str, int]  # value -> position of its producer
+    consumers: dict[str, list[int]]  # value -> positions of consumers (ascending)
+    graph_inputs: list[str]  # real inputs (initializers excluded)
+    initializers: set[str]
+    graph_outputs: list[str]
+    constant: set[str] = field(default_factory=set)  # values independent of the graph inputs
+    shape_only: set[str] = field(default_factory=set)  # values depending only on input shapes
+    live: list[bool] = field(default_factory=list)  # nodes[i] reaches a graph output
+    is_sorted: bool = True  # the file order already was topological
+
+    def is_data(self, value: str) -> bool:
+        """True if ``value`` carries activations: depends on the inputs' values, not only shapes."""
+        return value not in self.constant and value not in self.shape_only and (
+            value in self.producer or value in self._input_set)
+
+    @property
+    def _input_set(self) -> set[str]:
+        s = self.__dict__.get("_inputs_cache")
+        if s is None:
+            s = self.__dict__["_inputs_cache"] = set(self.graph_inputs)
+        return s
+
+
+def build_index(graph) -> GraphIndex:
+    """Index ``graph`` (an ``onnx.GraphProto``).
+
+    Raises:
+        GraphError: no graph inputs, a value produced twice, a node input that nothing produces, or
+            a cycle (the message names a node on it).
+    """
+    initializers = {t.name for t in graph.initializer}
+    initializers.update(t.values.name for t in graph.sparse_initializer)
+    graph_inputs = [i.name for i in graph.input if i.name not in initializers]
+    if not graph_inputs:
+        raise GraphError("the graph has no inputs (every graph input is an initializer or there are none)")
+    graph_outputs = [o.name for o in graph.output]
+
+    file_nodes = list(graph.node)
+    n_nodes = len(file_nodes)
+    ins: list[list[str]] = []
+    outs: list[list[str]] = []
+    prod_file: dict[str, int] = {}
+    for i, node in enumerate(file_nodes):
+        inp = [v for v in node.input if v]
+        if node.attribute:
+            extra = _subgraph_outer_refs(node)
+            if extra:
+                have = set(inp)
+                inp += [v for v in extra if v not in have]
+        out = [v for v in node.output if v]
+        ins.append(inp)
+        outs.append(out)
+        for v in out:
+            if v in prod_file or v in initializers or v in graph_inputs:
+                raise GraphError(f"value {v!r} is produced more than once (node {node.name or node.op_type!r})")
+            prod_file[v] = i
+    known = initializers.union(graph_inputs)
+    for i, inp in enumerate(ins):
+        for v in inp:
+            if v not in prod_file and v not in known:
+                nm = file_nodes[i].name or file_nodes[i].op_type
+                raise GraphError(f"node {nm!r} reads {v!r}, which no node, input or initializer provides")
+    for v in graph_outputs:
+        if v not in prod_file and v not in known:
+            raise GraphError(f"graph output {v!r} is not produced by any node")
+
+    # Kahn's algorithm, min-heap on file position: a sorted file keeps its order.
+    indeg = [0] * n_nodes
+    succ: list[list[int]] = [[] for _ in range(n_nodes)]
+    for i, inp in enumerate(ins):
+        for v in inp:
+            p = prod_file.get(v)
+            if p is not None:
+                succ[p].append(i)
+                indeg[i] += 1
+    heap = [i for i in range(n_nodes) if indeg[i] == 0]
+    heapq.heapify(heap)
+    order: list[int] = []
+    while heap:
+        i = heapq.heappop(heap)
+        order.append(i)
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(heap, j)
+    if len(order) != n_nodes:
+        stuck = next(i for i in range(n_nodes) if indeg[i] > 0)
+        nm = file_nodes[stuck].name or file_nodes[stuck].op_type
+        raise GraphError(f"the graph has a cycle ({n_nodes - len(order)} nodes on or behind it, e.g. node {nm!r})")
+    is_sorted = all(a < b for a, b in zip(order, order[1:]))
+
+    nodes = [file_nodes[i] for i in order]
+    ins = [ins[i] for i in order]
+    outs = [outs[i] for i in order]
+    producer: dict[str, int] = {}
+    for pos, out in enumerate(outs):
+        for v in out:
+            producer[v] = pos
+    consumers: dict[str, list[int]] = {}
+    for pos, inp in enumerate(ins):
+        for v in inp:
+            consumers.setdefault(v, []).append(pos)
+
+    # constant / shape-only propagation (forward, in topological order)
+    constant: set[str] = set(initializers)
+    shape_only: set[str] = set()
+    for pos, node in enumerate(nodes):
+        inp = ins[pos]
+        if all(v in constant for v in inp):  # includes nodes without inputs (Constant, RandomNormal...)
+            if node.op_type not in ("RandomNormal", "RandomUniform", "Multinomial", "RandomNormalLike",
+                                    "RandomUniformLike", "Bernoulli"):
+                constant.update(outs[pos])
+                continue
+        if node.op_type in SHAPE_OPS or all(v in constant or v in shape_only for v in inp):
+            shape_only.update(outs[pos])
+
+    # liveness (backward): a node is live if one of its outputs is a graph output or feeds a live node
+    live = [False] * len(nodes)
+    out_set = set(graph_outputs)
+    for pos in range(len(nodes) - 1, -1, -1):
+        if any(v in out_set for v in outs[pos]) or any(
+                live[c] for v in outs[pos] for c in consumers.get(v, ())):
+            live[pos] = True
+
+    return GraphIndex(nodes=nodes, file_index=order, inputs=ins, outputs=outs, producer=producer,
+                      consumers=consumers, graph_inputs=graph_inputs, initializers=initializers,
+                      graph_outputs=graph_outputs, constant=constant, shape_only=shape_only, live=live,
+                      is_sorted=is_sorted)

@@ -1,0 +1,544 @@
+"""Stage partition: split an ONNX graph into contiguous slices of its topological order, closed by cuts.
+
+A *cut* after position ``i`` of the topological order is the set of data tensors produced at or before
+``i`` (graph inputs excluded: their values are known) that a live node after ``i`` still reads. Every
+path from the graph inputs to the outputs crosses it, so the cut plus the inputs determines everything
+downstream. Graph outputs are not counted (they are anchors anyway), nor are constant tensors
+(initializers, ``Constant`` subgraphs) or shape-only tensors (``Shape``/``Size`` chains).
+
+Width-1 cuts are exactly the single-tensor dominators of the live dataflow graph: if tensor ``d``
+dominates every output, each live node is an ancestor or a descendant of ``d``'s producer, so in *any*
+topological order nothing but ``d`` crosses the position of its producer. One linear sweep therefore
+finds all of them (the same set as ``networkx.immediate_dominators`` on the node DAG with a virtual
+source/sink, at a fraction of the cost; see docs/instrument.md), and also the narrow multi-tensor cuts
+(up to ``max_cut_width``) where parallel branches run side by side (YOLO's P3/P4/P5 feature maps).
+
+Boundaries are picked to balance an estimated cost per stage, FLOPs from inferred shapes
+(``2 * out_elems * C_in/groups * prod(kernel)`` for Conv, ``2 * out_elems * K`` for MatMul/Gemm,
+``out_elems`` for other ops), or node count when no shape is known, preferring narrow cuts and cuts
+that close a whole source module (torch module path or Keras layer), so that anchors map back onto the
+native model.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from anpred.errors import GraphError
+from passes.base import GraphPass, PassResult
+from passes.graph import GraphIndex, build_index
+
+ANCHOR_NODE_PREFIX = "anpred/"  # name prefix of the Identity nodes AnchorInsertionPass adds
+
+#: ops through which a 4-D tensor keeps its layout (for the layout hint).
+_LAYOUT_KEEP = frozenset({
+    "Relu", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "HardSwish", "Clip", "Mul",
+    "Add", "Sub", "Div", "Pow", "Sqrt", "Exp", "Log", "Abs", "Neg", "Identity", "Cast", "Erf", "Softplus",
+    "PRelu", "Gelu", "Mish", "Max", "Min", "Dropout", "Where",
+})
+_NCHW_OPS = frozenset({
+    "Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
+    "BatchNormalization", "InstanceNormalization", "LpPool", "DepthToSpace", "SpaceToDepth", "Upsample",
+    "Resize",
+})
+_NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                               "Multinomial", "Bernoulli"})
+DEFAULT_STAGES = 8
+
+
+@dataclass
+class StagePlan:
+    """Stage ``index`` = nodes ``[first, last]`` (inclusive) of the topological order."""
+
+    index: int
+    first: int
+    last: int
+    num_nodes: int
+    cost: float
+    boundary: list[str]  # ONNX value names crossing the cut that closes this stage
+
+
+@dataclass
+class AnchorPlan:
+    """A tensor to expose. ``order`` is its producer's topological position (-1 for a graph input)."""
+
+    value: str
+    kind: str  # "boundary" | "explicit" | "output"
+    stage: int
+    order: int
+    producer: str
+    op_type: str
+    scope: str  # source module/layer whose output this tensor is, "" if none
+    label: str  # scope if known, else the value name
+    elem_type: int  # onnx.TensorProto data type (0 = unknown)
+    shape: list[Any] | None  # ints / symbolic strings / None; None if rank unknown
+    layout: str
+
+
+@dataclass
+class Partition:
+    """Result of :class:`StagePartitionPass`: stages (contiguous, non-empty, covering all nodes) and
+    the anchors in topological order (original outputs last, in graph-output order)."""
+
+    stages: list[StagePlan]
+    anchors: list[AnchorPlan]
+    options: dict[str, Any]
+    framework: str  # "torch-dynamo" | "torch-script" | "tf2onnx" | "paddle" | "onnx"
+    cost_unit: str  # "flops" | "nodes"
+    total_cost: float
+    num_nodes: int
+    candidates: int = 0  # number of cut positions within max_cut_width
+    node_order: list[int] = field(default_factory=list)  # file index of each topological position
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("node_order")
+        return d
+
+
+# ------------------------------------------------------------------------------------------------
+# source scopes
+# ------------------------------------------------------------------------------------------------
+def detect_framework(model, index: GraphIndex) -> str:
+    prod = (model.producer_name or "").lower()
+    if "tf2onnx" in prod:
+        return "tf2onnx"
+    if "paddle" in prod:
+        return "paddle"
+    if "pytorch" in prod or "torch" in prod:
+        for n in index.nodes[:200]:
+            if any(p.key == "pkg.torch.onnx.name_scopes" for p in n.metadata_props):
+                return "torch-dynamo"
+        return "torch-script"
+    return "onnx"
+
+
+def _torchscript_modules(name: str) -> list[str]:
+    """``/model.22/cv2.0/cv2.0.0/conv/Conv`` -> ``[model.22, model.22.cv2.0, model.22.cv2.0.0,
+    model.22.cv2.0.0.conv]`` (the last component is the op; a component that extends the previous one,
+    as ModuleList/Sequential children are named, replaces it)."""
+    if not name.startswith("/"):
+        return []
+    comps = [c for c in name.split("/")[1:-1] if c]
+    mods: list[str] = []
+    parts: list[str] = []
+    for c in comps:
+        if parts and c.startswith(parts[-1] + "."):
+            parts[-1] = c
+        else:
+            parts.append(c)
+        mods.append(".".join(parts))
+    return mods
+
+
+def _tf2onnx_modules(name: str, model_names: set[str]) -> list[str]:
+    """tf2onnx node names look like ``<model>/<layer>/<op>`` or ``<layer>/<op>``; returns the layer."""
+    comps = [c for c in name.split("/") if c]
+    if len(comps) < 2:
+        return []
+    if comps[0] in model_names and len(comps) >= 3:
+        return [comps[1]]
+    return [comps[0]]
+
+
+def node_modules(model, index: GraphIndex, framework: str) -> list[list[str]]:
+    """Per topological position, the source modules enclosing the node, coarse to fine ("" never)."""
+    out: list[list[str]] = []
+    if framework == "torch-dynamo":
+        for n in index.nodes:
+            mods: list[str] = []
+            for p in n.metadata_props:
+                if p.key == "pkg.torch.onnx.name_scopes":
+                    try:
+                        scopes = ast.literal_eval(p.value)
+                    except (ValueError, SyntaxError):
+                        scopes = []
+                    # the last entry is the FX op itself, the first the root module ("")
+                    mods = [s for s in scopes[:-1] if s]
+                    break
+            out.append(mods)
+    elif framework == "torch-script":
+        out = [_torchscript_modules(n.name) for n in index.nodes]
+    elif framework == "tf2onnx":
+        firsts: dict[str, int] = {}
+        for n in index.nodes:
+            c = n.name.split("/", 1)[0]
+            firsts[c] = firsts.get(c, 0) + 1
+        # the Keras model's own name prefixes (almost) every node when the model is functional
+        model_names = {c for c, k in firsts.items() if k > max(3, len(index.nodes) // 3)}
+        out = [_tf2onnx_modules(n.name, model_names) for n in index.nodes]
+    else:
+        out = [[] for _ in index.nodes]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# shapes, dtypes, costs
+# ------------------------------------------------------------------------------------------------
+def _collect_types(g, types) -> None:
+    for vi in list(g.value_info) + list(g.input) + list(g.output):
+        t = vi.type
+        if not t.HasField("tensor_type"):
+            continue
+        tt = t.tensor_type
+        shape = None
+        if tt.HasField("shape"):
+            shape = [d.dim_value if d.HasField("dim_value")
+                     else (None if (not d.dim_param or d.dim_param.startswith("unk__")) else d.dim_param)
+                     for d in tt.shape.dim]
+        old = types.get(vi.name)
+        if old is None or _known(shape) > _known(old[1]):
+            types[vi.name] = (tt.elem_type or (old[0] if old else 0), shape)
+    for t in g.initializer:
+        types[t.name] = (t.data_type, list(t.dims))
+
+
+def _known(shape) -> int:
+    """Number of known dims (+1 for a known rank), to prefer the more complete inference."""
+    if shape is None:
+        return 0
+    return 1 + sum(d is not None for d in shape)
+
+
+def infer_value_types(model) -> dict[str, tuple[int, list[Any] | None]]:
+    """``value -> (elem_type, shape)`` for inputs, outputs, initializers and every intermediate.
+
+    ONNX shape inference first (``strict_mode=False, data_prop=True``); if it leaves dims unknown
+    (typically Slice/Reshape targets computed from ``Shape`` in TorchScript exports), ONNX Runtime's
+    symbolic shape inference (``onnxruntime.tools.symbolic_shape_infer``) fills them. Shapes list ints,
+    symbolic names (``"batch"``) or None (unknown); unknown rank gives ``shape=None``."""
+    import onnx
+
+    types: dict[str, tuple[int, list[Any] | None]] = {}
+    try:
+        _collect_types(onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph, types)
+    except Exception:  # noqa: BLE001 - best effort; fall back to declared types
+        _collect_types(model.graph, types)
+    produced = [v for n in model.graph.node for v in n.output if v]
+    if any(v not in types or types[v][1] is None or None in types[v][1] for v in produced):
+        try:
+            from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+            sym = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+            if sym is not None:
+                _collect_types(sym.graph, types)
+        except Exception:  # noqa: BLE001 - unsupported op or missing weights: keep what we have
+            pass
+    return types
+
+
+def _numel(shape) -> int:
+    if not shape:
+        return 1
+    n = 1
+    for d in shape:
+        if isinstance(d, int) and d > 0:
+            n *= d
+    return n
+
+
+def node_cost(node, ins: list[str], outs: list[str], types) -> float | None:
+    """FLOPs estimate for one node (None if its output shape is unknown)."""
+    out_shapes = [types.get(v, (0, None))[1] for v in outs]
+    if not out_shapes or out_shapes[0] is None:
+        return None
+    out_elems = sum(_numel(s) for s in out_shapes if s is not None)
+    op = node.op_type
+    if op in ("Conv", "ConvTranspose") and len(ins) >= 2:
+        w = types.get(node.input[1], (0, None))[1]
+        if w and len(w) >= 3:
+            if op == "Conv":
+                return 2.0 * out_elems * _numel(w[1:])
+            x = types.get(node.input[0], (0, None))[1]
+            return 2.0 * _numel(x) * _numel(w[1:])
+    if op in ("MatMul", "Gemm", "MatMulInteger", "QLinearMatMul") and ins:
+        a = types.get(node.input[0], (0, None))[1]
+        if a:
+            trans_a = any(at.name == "transA" and at.i for at in node.attribute)
+            k = a[0] if (op == "Gemm" and trans_a) else a[-1]
+            if isinstance(k, int) and k > 0:
+                return 2.0 * out_elems * k
+    return float(max(out_elems, 1))
+
+
+def _layout(index: GraphIndex, value: str, types, framework: str) -> str:
+    et, shape = types.get(value, (0, None))
+    if shape is None or et not in (1, 10, 11, 16):  # float, float16, double, bfloat16
+        return "unknown"
+    rank = len(shape)
+    v = value
+    for _ in range(64):  # walk back through layout-preserving ops
+        p = index.producer.get(v)
+        if p is None:
+            if v in index.graph_inputs:
+                return ({3: "NWC", 4: "NHWC", 5: "NDHWC"} if framework == "tf2onnx"
+                        else {3: "NCW", 4: "NCHW", 5: "NCDHW"}).get(rank, "unknown")
+            return "unknown"
+        node = index.nodes[p]
+        if node.op_type == "Transpose":
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            if perm == [0, 2, 3, 1]:
+                return "NHWC"
+            if perm == [0, 3, 1, 2]:
+                return "NCHW"
+            return "unknown"
+        if node.op_type in _NCHW_OPS or (node.op_type == "Concat" and rank in (3, 4, 5)):
+            if node.op_type == "Concat" and framework == "tf2onnx":
+                pass  # tf2onnx concatenates in either layout: keep walking
+            else:
+                return {3: "NCW", 4: "NCHW", 5: "NCDHW"}.get(rank, "unknown")
+        if node.op_type in _LAYOUT_KEEP or node.op_type == "Concat":
+            nxt = [u for u in index.inputs[p] if index.is_data(u) and
+                   len(types.get(u, (0, [None] * rank))[1] or []) == rank]
+            if not nxt:
+                return "unknown"
+            v = nxt[0]
+            continue
+        return "unknown"
+    return "unknown"
+
+
+# ------------------------------------------------------------------------------------------------
+# the pass
+# ------------------------------------------------------------------------------------------------
+def _is_anchor_node(node) -> bool:
+    return node.op_type == "Identity" and node.name.startswith(ANCHOR_NODE_PREFIX)
+
+
+def strip_anchor_nodes(model) -> bool:
+    """Remove what :class:`AnchorInsertionPass` added (its Identity nodes and their graph outputs) and
+    the stored manifest, in place. Returns True if anything was removed."""
+    from anpred.manifest import METADATA_KEY
+
+    g = model.graph
+    added = {n.output[0] for n in g.node if _is_anchor_node(n)}
+    changed = False
+    if added:
+        keep_nodes = [n for n in g.node if not _is_anchor_node(n)]
+        keep_out = [o for o in g.output if o.name not in added]
+        del g.node[:]
+        g.node.extend(keep_nodes)
+        del g.output[:]
+        g.output.extend(keep_out)
+        changed = True
+    if any(p.key == METADATA_KEY for p in model.metadata_props):
+        props = [p for p in model.metadata_props if p.key != METADATA_KEY]
+        del model.metadata_props[:]
+        model.metadata_props.extend(props)
+        changed = True
+    return changed
+
+
+class StagePartitionPass(GraphPass):
+    """Find stage boundaries. Never modifies the model; the plan is in ``result.info["partition"]``.
+
+    Args:
+        stages: number of stages K (K-1 cuts); None picks about 8 (fewer for small graphs). Fewer
+            stages result when the graph has fewer admissible cuts.
+        max_cut_width: the most tensors a cut may hold (>= 1).
+        anchors: explicit tensor names to expose as well (kind ``explicit``).
+
+    Raises:
+        GraphError: no inputs, a cycle, a dangling value, an unknown or constant ``anchors`` name.
+    """
+
+    in_place = False
+
+    def __init__(self, stages: int | None = None, max_cut_width: int = 4, anchors=()):
+        if stages is not None and stages < 1:
+            raise GraphError(f"--stages must be at least 1 (got {stages})")
+        if max_cut_width < 1:
+            raise GraphError(f"--max-cut-width must be at least 1 (got {max_cut_width})")
+        self.stages = stages
+        self.max_cut_width = max_cut_width
+        self.anchors = list(anchors)
+
+    def call(self, model) -> PassResult:
+        if any(_is_anchor_node(n) for n in model.graph.node):
+            import onnx
+
+            clean = onnx.ModelProto()
+            clean.CopyFrom(model)
+            strip_anchor_nodes(clean)
+        else:
+            clean = model
+        part = self.plan(clean)
+        return PassResult(model, False, {"partition": part})
+
+    # ---------------------------------------------------------------------------------------------
+    def plan(self, model) -> Partition:
+        index = build_index(model.graph)
+        n = len(index.nodes)
+        if n == 0:
+            raise GraphError("the graph has no nodes")
+        framework = detect_framework(model, index)
+        types = infer_value_types(model)
+        mods = node_modules(model, index, framework)
+
+        # explicit anchors
+        known = set(index.producer) | set(index.graph_inputs)
+        for a in self.anchors:
+            if a not in known:
+                if a in index.initializers:
+                    raise GraphError(f"--anchor {a!r} is an initializer (a constant), not an activation")
+                import difflib
+
+                close = difflib.get_close_matches(a, sorted(known), n=3)
+                hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+                raise GraphError(f"--anchor {a!r}: no tensor of that name in the graph{hint}")
+            if not index.is_data(a):
+                raise GraphError(f"--anchor {a!r} is computed from constants or shapes only; it is not an "
+                                 "activation and cannot be an anchor")
+
+        # costs
+        costs = [0.0] * n
+        unknown = 0
+        data_nodes = 0
+        for p, node in enumerate(index.nodes):
+            if not index.live[p] or not any(index.is_data(v) for v in index.outputs[p]):
+                continue
+            data_nodes += 1
+            c = node_cost(node, index.inputs[p], index.outputs[p], types)
+            if c is None:
+                unknown += 1
+                c = 1.0
+            costs[p] = c
+        cost_unit = "flops"
+        if data_nodes == 0 or unknown > data_nodes // 2:
+            cost_unit = "nodes"
+            costs = [1.0 if index.live[p] and any(index.is_data(v) for v in index.outputs[p]) else 0.0
+                     for p in range(n)]
+        prefix = [0.0] * n
+        acc = 0.0
+        for p in range(n):
+            acc += costs[p]
+            prefix[p] = acc
+        total = acc
+
+        # module ends: last topological position of each module (only live data nodes count)
+        last_pos: dict[str, int] = {}
+        for p in range(n):
+            if index.live[p] and costs[p] > 0:
+                for m in mods[p]:
+                    last_pos[m] = p
+
+        def module_output_scope(p: int) -> tuple[str, int]:
+            """Coarsest module whose last node is p, and its depth (1 = top level)."""
+            for depth, m in enumerate(mods[p], start=1):
+                if last_pos.get(m) == p:
+                    return m, depth
+            return "", 0
+
+        # the sweep: live crossing data tensors after each position
+        out_set = set(index.graph_outputs)
+        input_set = set(index.graph_inputs)
+        last_use: dict[str, int] = {}
+        for v, cs in index.consumers.items():
+            lc = [c for c in cs if index.live[c]]
+            if lc:
+                last_use[v] = lc[-1]
+        expire: dict[int, list[str]] = {}
+        crossing: set[str] = set()
+        W = self.max_cut_width
+        cands: list[tuple[int, list[str]]] = []
+        for p in range(n):
+            for v in index.outputs[p]:
+                lu = last_use.get(v)
+                if lu is not None and lu > p and v not in out_set and v not in input_set and index.is_data(v):
+                    crossing.add(v)
+                    expire.setdefault(lu, []).append(v)
+            for v in expire.pop(p, ()):
+                crossing.discard(v)
+            if p < n - 1 and index.live[p] and 0 < len(crossing) <= W and any(v in crossing for v in index.outputs[p]):
+                cut = sorted(crossing, key=lambda v: (index.producer[v], v))
+                if all(types.get(v, (0, None))[0] != 0 for v in cut):
+                    cands.append((p, cut))
+
+        # choose boundaries
+        live_data = sum(1 for c in costs if c > 0)
+        K = self.stages if self.stages is not None else max(1, min(DEFAULT_STAGES, live_data // 4))
+        K = min(K, len(cands) + 1)
+        has_scopes = any(mods)
+        step = total / K if K else total
+
+        def score(pos: int, cut: list[str], target: float) -> float:
+            s = abs(prefix[pos] - target) / step if step > 0 else 0.0
+            s += 0.25 * (len(cut) - 1)
+            if has_scopes:
+                depths = [module_output_scope(index.producer[v])[1] for v in cut]
+                s += sum(0.4 if d == 0 else 0.1 * (d - 1) for d in depths) / len(cut)
+            if any(types.get(v, (0, None))[0] not in (1, 10, 11, 16) for v in cut):
+                s += 1.0
+            return s
+
+        chosen: list[tuple[int, list[str]]] = []
+        ci = 0
+        for j in range(1, K):
+            target = total * j / K
+            best = None
+            for k in range(ci, len(cands)):
+                pos, cut = cands[k]
+                if prefix[pos] > target + step:  # far beyond: later targets will take these
+                    break
+                if chosen and pos <= chosen[-1][0]:
+                    continue
+                sc = score(pos, cut, target)
+                if best is None or sc < best[0]:
+                    best = (sc, k)
+            if best is None:
+                continue
+            k = best[1]
+            chosen.append(cands[k])
+            ci = k + 1
+
+        # stages
+        stages: list[StagePlan] = []
+        first = 0
+        for i, (pos, cut) in enumerate(chosen):
+            stages.append(StagePlan(i, first, pos, pos - first + 1, prefix[pos] - (prefix[first - 1] if first else 0.0), list(cut)))
+            first = pos + 1
+        stages.append(StagePlan(len(chosen), first, n - 1, n - first,
+                                total - (prefix[first - 1] if first else 0.0), list(index.graph_outputs)))
+        stage_of = [0] * n
+        for s in stages:
+            for p in range(s.first, s.last + 1):
+                stage_of[p] = s.index
+
+        # anchors
+        def plan_anchor(v: str, kind: str) -> AnchorPlan:
+            p = index.producer.get(v, -1)
+            node = index.nodes[p] if p >= 0 else None
+            scope = module_output_scope(p)[0] if p >= 0 else ""
+            et, shape = types.get(v, (0, None))
+            return AnchorPlan(
+                value=v, kind=kind, stage=stages[-1].index if kind == "output" else (stage_of[p] if p >= 0 else 0),
+                order=p, producer=(node.name if node is not None else ""),
+                op_type=(node.op_type if node is not None else ""), scope=scope, label=scope or v,
+                elem_type=et, shape=shape, layout=_layout(index, v, types, framework))
+
+        explicit = set(self.anchors)
+        seen: set[str] = set()
+        inner: list[AnchorPlan] = []
+        for _, cut in chosen:
+            for v in cut:
+                if v not in seen:
+                    seen.add(v)
+                    inner.append(plan_anchor(v, "explicit" if v in explicit else "boundary"))
+        for v in self.anchors:
+            if v not in seen and v not in out_set:
+                seen.add(v)
+                inner.append(plan_anchor(v, "explicit"))
+        inner.sort(key=lambda a: (a.order, a.value))
+        outs = []
+        for v in index.graph_outputs:
+            if v not in seen:
+                seen.add(v)
+                outs.append(plan_anchor(v, "output"))
+
+        return Partition(
+            stages=stages, anchors=inner + outs,
+            options={"stages": self.stages, "max_cut_width": self.max_cut_width, "anchors": list(self.anchors)},
+            framework=framework, cost_unit=cost_unit, total_cost=total, num_nodes=n, candidates=len(cands),
+            node_order=list(index.file_index))
