@@ -1,0 +1,259 @@
+"""Backend ``tf``: the anchored ONNX model converted with onnx2tf and run in TensorFlow.
+
+Conversion (cached in :mod:`anpred.cache` under ``onnx2tf/<key>``, key = sha256 of the model file +
+onnx2tf version + options + this module's format version):
+1. the model (weights included) is copied into a scratch folder: onnx2tf rewrites its input file
+   with the onnxsim result, and reads its calibration array from the working directory, where
+   :func:`anpred.convert.onnx2tf_calibration_file` puts a deterministic local one (it would
+   otherwise download it for 4-D 3-channel inputs with batch <= 20);
+2. ``onnx2tf.convert(..., disable_model_save=True)`` returns the tf_keras model; ``sys.exit`` calls
+   are turned into :class:`~anpred.errors.BackendError` with onnx2tf's own error lines as reason;
+3. the keras model's outputs are in the order of the (simplified) ONNX graph outputs; that order,
+   onnx2tf's per-output layout flag (``model.onnx_output_layouts``: True = channels-last) and the
+   TF shapes are written to ``meta.json``, and the model is saved as a TF SavedModel whose ``run``
+   function returns the outputs as a list in that order.
+
+Running: the SavedModel's ``run`` is called with the inputs in the layout the converted model
+expects (4-D NCHW inputs transposed to NHWC when onnx2tf made them channels-last, decided by shape).
+Anchors are the anchored model's graph outputs and are found by their ONNX value name in
+``meta.json``. Each anchor's layout is reported per anchor (:meth:`TfOnnxBackend.anchor_info`):
+channels-last anchors (onnx2tf's flag, checked against the manifest shape where it is static) are
+``equivalent`` with layout ``NHWC`` (``NWC``/``NDHWC`` for 3-D/5-D) and transform
+``{"permute": [0, r-1, 1, ..., r-2]}`` (e.g. ``[0, 3, 1, 2]`` NHWC -> NCHW); the others ``exact``.
+
+Returned arrays are float32 numpy arrays in the converted model's layout (never aligned here).
+Effective precision: fp32 (TF CPU kernels, no mixed precision policy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from anpred.backends.base import AnchorCapture, Backend
+from anpred.errors import BackendError, InputError
+from anpred.manifest import AnchorManifest
+
+FORMAT = "anpred.tf_onnx/1"
+_CHANNELS_LAST = {3: "NWC", 4: "NHWC", 5: "NDHWC"}
+
+
+def _to_channels_first(rank: int) -> list[int]:
+    return [0, rank - 1, *range(1, rank - 1)]
+
+
+def _to_channels_last(rank: int) -> list[int]:
+    return [0, *range(2, rank), 1]
+
+
+def _static(shape) -> list[int] | None:
+    if shape is None or any(not isinstance(d, int) or d <= 0 for d in shape):
+        return None
+    return list(shape)
+
+
+class TfOnnxBackend(Backend):
+    """onnx2tf + TensorFlow (SavedModel, eager call).
+
+    Options:
+        onnx2tf (dict): extra keyword arguments for ``onnx2tf.convert`` (part of the cache key).
+        threads (int): TF intra-op threads (default: TF's default).
+    """
+
+    name = "tf"
+    family = "tensorflow"
+    precision = "fp32"
+
+    def __init__(self, options: dict[str, Any] | None = None):
+        super().__init__(options)
+        self._fn = None
+        self._meta: dict[str, Any] = {}
+        self._index: dict[str, int] = {}
+        self._captures: dict[str, AnchorCapture] = {}
+        self.seconds_convert = 0.0
+        self.cache_hit = False
+        self.cache_dir: Path | None = None
+
+    def _versions_impl(self) -> dict[str, str]:
+        import importlib.metadata as md
+
+        return {name: md.version(name) for name in ("tensorflow-cpu", "onnx2tf", "tf_keras", "onnx")}
+
+    # ---- conversion ------------------------------------------------------------------------
+    def _convert(self, model_path: Path, out: Path) -> None:
+        import onnx
+        import onnx2tf
+        import tensorflow as tf
+
+        from anpred.convert import onnx2tf_calibration_file, working_directory
+        from anpred.onnx_io import load_model
+
+        scratch = out / "scratch"
+        scratch.mkdir()
+        model = load_model(model_path, load_external=True)
+        for t in model.graph.initializer:  # store weights inline in the scratch copy
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+        src = scratch / "model.onnx"
+        onnx.save(model, str(src))
+        onnx2tf_calibration_file(scratch)
+        log = io.StringIO()
+        t0 = time.perf_counter()
+        try:
+            with working_directory(scratch), contextlib.redirect_stdout(log):
+                km = onnx2tf.convert(input_onnx_file_path=str(src), output_folder_path=str(scratch / "o2t"),
+                                     disable_model_save=True, non_verbose=True,
+                                     **dict(self.options.get("onnx2tf", {})))
+        except SystemExit as err:
+            raise BackendError(f"onnx2tf failed on {model_path.name} (sys.exit({err.code})): {_errors(log.getvalue())}") from err
+        except Exception as err:
+            raise BackendError(f"onnx2tf failed on {model_path.name}: {type(err).__name__}: {err}") from err
+        if km is None:
+            raise BackendError(f"onnx2tf returned no model for {model_path.name}: {_errors(log.getvalue())}")
+        seconds = time.perf_counter() - t0
+        simplified = onnx.load(str(src), load_external_data=False)  # onnx2tf wrote its onnxsim result here
+        names = [o.name for o in simplified.graph.output]
+        if len(names) != len(km.outputs):
+            raise BackendError(f"onnx2tf produced {len(km.outputs)} outputs for {len(names)} ONNX outputs; "
+                               "cannot map them back to anchors")
+        layouts = dict(getattr(km, "onnx_output_layouts", {}) or {})
+        inits = {t.name for t in simplified.graph.initializer}
+        onnx_inputs = [i for i in simplified.graph.input if i.name not in inits]
+        meta = {
+            "format": FORMAT,
+            "seconds_convert": seconds,
+            "outputs": [{"value": n, "tf_shape": [d if d is None else int(d) for d in o.shape],
+                         "channels_last": bool(layouts.get(n, False))} for n, o in zip(names, km.outputs)],
+            "inputs": [{"name": i.name,
+                        "onnx_shape": [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim],
+                        "tf_shape": [d if d is None else int(d) for d in ki.shape],
+                        "dtype": ki.dtype.name if hasattr(ki.dtype, "name") else str(ki.dtype)}
+                       for i, ki in zip(onnx_inputs, km.inputs)],
+        }
+        specs = [tf.TensorSpec(ki.shape, ki.dtype) for ki in km.inputs]
+        module = tf.Module()
+        module.model = km
+
+        def run(*xs):
+            out = km(list(xs), training=False)
+            return list(out) if isinstance(out, (list, tuple)) else [out]
+
+        module.run = tf.function(run, input_signature=specs)
+        tf.saved_model.save(module, str(out / "saved_model"))
+        (out / "meta.json").write_text(json.dumps(meta, indent=1))
+        (out / "onnx2tf.log").write_text(log.getvalue())
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    def _prepare_impl(self, model_path: Path, manifest: AnchorManifest, workdir: Path) -> None:
+        import importlib.metadata as md
+
+        from anpred.cache import cache_key, cache_root, cached_dir
+
+        key = cache_key(Path(model_path), "onnx2tf", md.version("onnx2tf"), self.options.get("onnx2tf", {}), FORMAT)
+        t0 = time.perf_counter()
+        self.cache_hit = (cache_root() / "onnx2tf" / key).is_dir()
+        self.cache_dir = cached_dir("onnx2tf", key, lambda tmp: self._convert(model_path, tmp))
+        self._meta = json.loads((self.cache_dir / "meta.json").read_text())
+        self.seconds_convert = 0.0 if self.cache_hit else time.perf_counter() - t0
+
+        import tensorflow as tf
+
+        if "threads" in self.options:
+            tf.config.threading.set_intra_op_parallelism_threads(int(self.options["threads"]))
+        loaded = tf.saved_model.load(str(self.cache_dir / "saved_model"))
+        self._loaded = loaded
+        self._fn = loaded.run
+        self._index = {o["value"]: i for i, o in enumerate(self._meta["outputs"])}
+        self._input_perm = {}
+        for inp in self._meta["inputs"]:
+            on, tn = inp["onnx_shape"], inp["tf_shape"]
+            r = len(on)
+            perm = None
+            if r in _CHANNELS_LAST and len(tn) == r:
+                cl = [on[p] for p in _to_channels_last(r)]
+                if _match(tn, cl) and not _match(tn, on):
+                    perm = _to_channels_last(r)
+            self._input_perm[inp["name"]] = perm
+        for a in manifest.anchors:
+            self._captures[a.name] = self._describe(a)
+
+    def _describe(self, a) -> AnchorCapture:
+        i = self._index.get(a.value)
+        if i is None:
+            return AnchorCapture("missing", None, None, None,
+                                 f"ONNX value {a.value!r} is not an output of the onnx2tf model "
+                                 f"(outputs: {', '.join(self._index)})")
+        o = self._meta["outputs"][i]
+        tshape, r = o["tf_shape"], len(o["tf_shape"])
+        target = f"output[{i}]:{a.value}"
+        flag = o["channels_last"] and r in _CHANNELS_LAST
+        ms = _static(a.shape)
+        if ms is not None and len(ms) != r:
+            return AnchorCapture("missing", None, None, target, f"rank {r} in TF vs {len(ms)} in the manifest")
+        if ms is not None and r in _CHANNELS_LAST:
+            cl = [ms[p] for p in _to_channels_last(r)]
+            as_cf, as_cl = _match(tshape, ms), _match(tshape, cl)
+            if as_cl and not as_cf:
+                flag = True
+            elif as_cf and not as_cl:
+                flag = False
+            elif not as_cf and not as_cl:
+                return AnchorCapture("missing", None, None, target,
+                                     f"TF shape {tshape} fits neither {ms} nor its channels-last form {cl}")
+            # both fit (symmetric shape): onnx2tf's own layout flag decides
+        elif ms is not None and not _match(tshape, ms):
+            return AnchorCapture("missing", None, None, target, f"TF shape {tshape} differs from {ms}")
+        if flag:
+            return AnchorCapture("equivalent", _CHANNELS_LAST[r], {"permute": _to_channels_first(r)}, target,
+                                 "onnx2tf output in channels-last layout")
+        return AnchorCapture("exact", a.layout if a.layout != "unknown" else None, None, target,
+                             "onnx2tf output in the ONNX layout")
+
+    def anchor_info(self) -> dict[str, AnchorCapture]:
+        return dict(self._captures)
+
+    def _run_impl(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import tensorflow as tf
+
+        args = []
+        for inp in self._meta["inputs"]:
+            if inp["name"] not in inputs:
+                raise InputError(f"backend tf: missing input {inp['name']!r}")
+            x = np.asarray(inputs[inp["name"]])
+            perm = self._input_perm[inp["name"]]
+            if perm is not None:
+                x = np.transpose(x, perm)
+            args.append(tf.constant(np.ascontiguousarray(x)))
+        outs = self._fn(*args)
+        result = {}
+        assert self.manifest is not None
+        for a in self.manifest.anchors:
+            if self._captures[a.name].status != "missing":
+                result[a.name] = outs[self._index[a.value]].numpy()
+        return result
+
+    def close(self) -> None:
+        self._fn = None
+        self._loaded = None
+
+
+def _match(shape, ref) -> bool:
+    return len(shape) == len(ref) and all(s is None or r is None or s == r for s, r in zip(shape, ref))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _errors(log: str) -> str:
+    """onnx2tf's ERROR lines (ANSI colours removed), else the log's last lines."""
+    lines = [_ANSI.sub("", ln).strip() for ln in log.splitlines() if ln.strip()]
+    errs = [ln for ln in lines if "ERROR" in ln]
+    return " | ".join((errs or lines)[-6:]) or "no message"
