@@ -60,6 +60,40 @@ def make_origin(framework: str, exporter: str, opset: int, factory: str | None,
     return origin
 
 
+ORIGIN_KEY = "anpred.origin"
+
+
+def write_with_origin(src: Path, dst: Path, origin: dict[str, Any]) -> None:
+    """Copy the ONNX file ``src`` to ``dst`` atomically, storing ``origin`` as JSON in the model's
+    ``metadata_props`` under ``anpred.origin`` (kept by instrumentation, read by ``anpred map``)."""
+    import json
+
+    import onnx
+
+    from anpred.onnx_io import atomic_write_bytes
+
+    model = onnx.load(str(src), load_external_data=False)
+    props = [p for p in model.metadata_props if p.key != ORIGIN_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(props)
+    e = model.metadata_props.add()
+    e.key, e.value = ORIGIN_KEY, json.dumps(origin, sort_keys=True)
+    atomic_write_bytes(Path(dst), model.SerializeToString())
+
+
+def read_origin(model) -> dict[str, Any] | None:
+    """The ``anpred.origin`` dict stored in an ONNX ``ModelProto`` by the exporters, or None."""
+    import json
+
+    for p in model.metadata_props:
+        if p.key == ORIGIN_KEY:
+            try:
+                return json.loads(p.value)
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
 def load_factory(spec: str, kwargs: dict[str, Any] | None = None):
     """Import ``module:function`` and call it with ``kwargs``; it must return ``(model, example_inputs)``
     (``example_inputs``: a tuple of tensors/arrays, NCHW for torch, NHWC for Keras).
@@ -86,4 +120,4 @@ def load_factory(spec: str, kwargs: dict[str, Any] | None = None):
     return model, tuple(example)
 
 
-__all__ = ["ExportError", "ExportResult", "load_factory", "make_origin"]
+__all__ = ["ExportError", "ExportResult", "load_factory", "make_origin", "read_origin", "write_with_origin", "ORIGIN_KEY"]

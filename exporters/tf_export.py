@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from anpred.errors import OutputPathError
-from exporters import ExportError, ExportResult, make_origin
+from exporters import ExportError, ExportResult, make_origin, write_with_origin
 
 
 def _versions() -> dict[str, str]:
@@ -96,7 +96,6 @@ def export_keras(model, path, *, opset: int | None = None, batch_size: int | Non
     import keras
 
     from anpred.cache import cache_key, cache_root, cached_dir
-    from anpred.onnx_io import atomic_write_bytes
 
     if not isinstance(model, keras.Model):
         raise ExportError(f"export_keras needs a keras.Model, got {type(model).__name__}")
@@ -139,9 +138,9 @@ def export_keras(model, path, *, opset: int | None = None, batch_size: int | Non
             shutil.rmtree(folder, ignore_errors=True)
             raise
     seconds = 0.0 if hit else time.perf_counter() - t0
-    atomic_write_bytes(path, (folder / "model.onnx").read_bytes())
+    origin = make_origin("tf", "tf2onnx", opset, factory, factory_kwargs)
+    write_with_origin(folder / "model.onnx", path, origin)
     if not cache:
         shutil.rmtree(folder, ignore_errors=True)
     return ExportResult(path=path, framework="tf", exporter="tf2onnx", versions=versions, opset=opset,
-                        origin=make_origin("tf", "tf2onnx", opset, factory, factory_kwargs),
-                        seconds=seconds, cached=hit)
+                        origin=origin, seconds=seconds, cached=hit)

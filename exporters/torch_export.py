@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from anpred.errors import OutputPathError
-from exporters import ExportError, ExportResult, make_origin
+from exporters import ExportError, ExportResult, make_origin, write_with_origin
 
 
 def _versions() -> dict[str, str]:
@@ -93,7 +93,6 @@ def export_torch(module, example_inputs: tuple, path, *, dynamo: bool = True, op
     import torch
 
     from anpred.cache import cache_key, cached_dir
-    from anpred.onnx_io import atomic_write_bytes
 
     if not isinstance(module, torch.nn.Module):
         raise ExportError(f"export_torch needs a torch.nn.Module, got {type(module).__name__}")
@@ -147,13 +146,13 @@ def export_torch(module, example_inputs: tuple, path, *, dynamo: bool = True, op
             shutil.rmtree(folder, ignore_errors=True)
             raise
     seconds = 0.0 if hit else time.perf_counter() - t0
-    atomic_write_bytes(path, (folder / "model.onnx").read_bytes())
-    if not cache:
-        shutil.rmtree(folder, ignore_errors=True)
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
-    real_opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), opset)
+    real_opset = next((o.version for o in onnx.load(str(folder / "model.onnx"), load_external_data=False).opset_import
+                       if o.domain in ("", "ai.onnx")), opset)
+    origin = make_origin("torch", exporter, real_opset, factory, factory_kwargs)
+    write_with_origin(folder / "model.onnx", path, origin)
+    if not cache:
+        shutil.rmtree(folder, ignore_errors=True)
     return ExportResult(path=path, framework="torch", exporter=exporter, versions=versions, opset=int(real_opset),
-                        origin=make_origin("torch", exporter, real_opset, factory, factory_kwargs),
-                        seconds=seconds, cached=hit)
+                        origin=origin, seconds=seconds, cached=hit)
