@@ -1,0 +1,321 @@
+"""``check_run``: judge a run folder (consensus oracle and/or threshold baseline) into a :class:`CheckReport`.
+
+The report is a typed dataclass, truthy when every judged backend is consistent, serialised as JSON
+(schema ``anpred.check/1``) by :meth:`CheckReport.to_dict` / read back by :meth:`CheckReport.from_dict`.
+``report.status`` is ``consistent`` | ``flagged`` | ``error`` (nothing could be judged: fewer than two
+usable backends, no anchor in common ...; ``report.problems`` says what and why).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from anpred.defaults import OracleConfig, load_config
+from anpred.errors import AnpredError, JudgeError
+from anpred.oracle import AnchorInfo, BackendInfo, BackendVerdict, Cell, Oracle, ThresholdCheck, ThresholdResult
+
+SCHEMA = "anpred.check/1"
+ORACLES = ("consensus", "threshold", "both")
+
+
+@dataclass
+class CheckReport:
+    """The verdict on one run folder.
+
+    Attributes:
+        status: ``consistent`` (nothing flagged), ``flagged`` (a backend flagged by the selected
+            oracle(s)) or ``error`` (could not be judged; see ``problems``).
+        oracle: ``consensus`` | ``threshold`` | ``both``.
+        verdicts: per backend, the consensus oracle's verdict (origin, propagation ...).
+        cells: per (anchor, backend) statistics and decision, in manifest order.
+        threshold: per backend, the threshold baseline on the final outputs.
+        consensus: per anchor, how the consensus was formed (``median:<families>`` / ``reference:<b>``).
+        backends: per backend, family, precision, votes, run status, versions, reason.
+        unjudged_backends: backend -> why it was not judged at all.
+        unjudged_anchors: anchor -> why no backend could be judged there.
+        problems: fatal reasons when ``status == "error"``; notes: everything else worth saying.
+        plot_data: reservoirs for the HTML plots (not serialised).
+    """
+
+    run_dir: str
+    status: str
+    oracle: str
+    samples: int = 0
+    created: str = ""
+    model: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+    anchors: list[dict[str, Any]] = field(default_factory=list)
+    backends: dict[str, dict[str, Any]] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    verdicts: dict[str, BackendVerdict] = field(default_factory=dict)
+    cells: list[Cell] = field(default_factory=list)
+    threshold: dict[str, ThresholdResult] = field(default_factory=dict)
+    consensus: dict[str, list[str]] = field(default_factory=dict)
+    unjudged_backends: dict[str, str] = field(default_factory=dict)
+    unjudged_anchors: dict[str, str] = field(default_factory=dict)
+    alignment: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    schema: str = SCHEMA
+    plot_data: dict[tuple[str, str], dict[str, np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
+
+    def __bool__(self) -> bool:
+        return self.status == "consistent"
+
+    @property
+    def consistent(self) -> bool:
+        return self.status == "consistent"
+
+    @property
+    def flagged_backends(self) -> list[str]:
+        """Backends flagged by the selected oracle(s), in run order."""
+        out = []
+        for b in self.backends:
+            v = self.verdicts.get(b)
+            t = self.threshold.get(b)
+            if (self.oracle in ("consensus", "both") and v is not None and v.flagged) or \
+               (self.oracle in ("threshold", "both") and t is not None and not t.passed):
+                out.append(b)
+        return out
+
+    def cell(self, anchor: str, backend: str) -> Cell | None:
+        for c in self.cells:
+            if c.anchor == anchor and c.backend == backend:
+                return c
+        return None
+
+    @property
+    def exit_code(self) -> int:
+        """CLI exit status: 0 consistent, 1 flagged, 2 error."""
+        return {"consistent": 0, "flagged": 1}.get(self.status, 2)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema, "run_dir": self.run_dir, "status": self.status, "oracle": self.oracle,
+            "samples": self.samples, "created": self.created, "model": self.model, "machine": self.machine,
+            "anchors": self.anchors, "backends": self.backends, "config": self.config,
+            "flagged_backends": self.flagged_backends,
+            "verdicts": {k: v.to_dict() for k, v in self.verdicts.items()},
+            "cells": [c.to_dict() for c in self.cells],
+            "threshold": {k: v.to_dict() for k, v in self.threshold.items()},
+            "consensus": self.consensus, "unjudged_backends": self.unjudged_backends,
+            "unjudged_anchors": self.unjudged_anchors, "alignment": self.alignment,
+            "problems": self.problems, "notes": self.notes,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CheckReport":
+        """Read a report written by :meth:`to_dict`. Raises AnpredError on another schema."""
+        if d.get("schema") != SCHEMA:
+            raise AnpredError(f"unsupported check report schema {d.get('schema')!r} (expected {SCHEMA!r})")
+        try:
+            return cls(
+                run_dir=d["run_dir"], status=d["status"], oracle=d["oracle"], samples=d.get("samples", 0),
+                created=d.get("created", ""), model=d.get("model", {}), machine=d.get("machine", {}),
+                anchors=d.get("anchors", []), backends=d.get("backends", {}), config=d.get("config", {}),
+                verdicts={k: BackendVerdict.from_dict(v) for k, v in d.get("verdicts", {}).items()},
+                cells=[Cell.from_dict(c) for c in d.get("cells", [])],
+                threshold={k: ThresholdResult.from_dict(v) for k, v in d.get("threshold", {}).items()},
+                consensus=d.get("consensus", {}), unjudged_backends=d.get("unjudged_backends", {}),
+                unjudged_anchors=d.get("unjudged_anchors", {}), alignment=d.get("alignment", {}),
+                problems=d.get("problems", []), notes=d.get("notes", []))
+        except (KeyError, TypeError) as err:
+            raise AnpredError(f"malformed check report: {err}") from err
+
+    def to_json(self, indent: int | None = 2) -> str:
+        import json
+
+        return json.dumps(self.to_dict(), indent=indent)
+
+
+# ------------------------------------------------------------------------------------------------
+def _identity_align(manifest, raw: dict[str, dict[str, np.ndarray]]):
+    tensors: dict[str, dict[str, np.ndarray]] = {}
+    for b, anchors in raw.items():
+        for a, arr in anchors.items():
+            tensors.setdefault(a, {})[b] = np.asarray(arr, dtype=np.float64)
+    return tensors, {}
+
+
+def _make_aligner(store, usable: list[str]):
+    """Return ``(align(sample_id, raw) -> (tensors, unaligned), report() -> dict)`` using
+    :class:`anpred.align.Aligner` when it is available, else identity (shapes must already match)."""
+    try:
+        from anpred.align import Aligner
+    except ImportError:
+        return (lambda sid, raw: _identity_align(store.manifest, raw)), \
+            (lambda: {"aligner": "identity (anpred.align not available): tensors used as stored"})
+    statuses = {k: v for k, v in store.statuses().items() if k in usable}
+    aligner = Aligner(store.manifest, statuses)
+
+    def align(sid, raw):
+        res = aligner.align(sid, raw)
+        un = {}
+        for item in getattr(res, "unaligned", {}) or {}:
+            if isinstance(item, tuple) and len(item) == 2:
+                un[item] = (res.unaligned[item] if isinstance(res.unaligned, dict) else "not aligned")
+            elif isinstance(res.unaligned, dict):
+                val = res.unaligned[item]
+                if isinstance(val, dict):  # {anchor: {backend: reason}}
+                    for b, why in val.items():
+                        un[(item, b)] = str(why)
+        return res.tensors, un
+
+    def report():
+        try:
+            r = aligner.report()
+            return r if isinstance(r, dict) else {"report": str(r)}
+        except Exception as err:  # the alignment summary is informative only
+            return {"report_error": str(err)}
+
+    return align, report
+
+
+def _backend_table(store, config: OracleConfig) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, str]]:
+    table, usable, unjudged = {}, [], {}
+    for name, st in store.statuses().items():
+        info = BackendInfo.make(name, st.family, st.precision, config)
+        table[name] = {"family": info.family, "precision": info.precision, "votes": info.votes,
+                       "status": st.status, "reason": st.reason, "versions": st.versions,
+                       "samples": st.samples}
+        if st.status == "ok":
+            usable.append(name)
+        else:
+            unjudged[name] = f"run status {st.status}" + (f": {st.reason}" if st.reason else "")
+    return table, usable, unjudged
+
+
+def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | None = None,
+              rtol: float | None = None, reference: str | None = None,
+              config: str | Path | OracleConfig | None = None) -> CheckReport:
+    """Judge the run folder ``run_dir`` (see ``docs/oracle.md``).
+
+    Args:
+        run_dir: a folder written by ``anpred run`` (schema ``anpred.run/1``, mode ``tensors``).
+        oracle: ``consensus`` (population-deviation oracle), ``threshold`` (element-wise atol/rtol on
+            the final outputs against ``reference``) or ``both`` (a backend is flagged if either flags it).
+        atol, rtol: threshold baseline tolerances (default 1e-5/1e-5 from the config).
+        reference: backend used by the threshold baseline and as consensus when fewer than
+            ``min_voters`` families vote (default: first usable in ``config.reference_priority``).
+        config: an :class:`OracleConfig`, or a TOML/JSON file overriding :mod:`anpred.defaults`.
+
+    Returns:
+        A :class:`CheckReport`; ``status == "error"`` (and ``problems``) when the run cannot be judged.
+
+    Raises:
+        AnpredError: ``run_dir`` is not a readable run folder, bad ``oracle``/``config``/``reference``.
+    """
+    from anpred.runstore import RunStore
+
+    if oracle not in ORACLES:
+        raise AnpredError(f"unknown oracle {oracle!r}; known: {', '.join(ORACLES)}")
+    cfg = config if isinstance(config, OracleConfig) else load_config(config)
+    atol = cfg.threshold_atol if atol is None else float(atol)
+    rtol = cfg.threshold_rtol if rtol is None else float(rtol)
+    if atol < 0 or rtol < 0:
+        raise AnpredError("--atol and --rtol must be non-negative")
+    store = RunStore.open(run_dir)
+    manifest = store.manifest
+    table, usable, unjudged = _backend_table(store, cfg)
+    report = CheckReport(
+        run_dir=str(run_dir), status="error", oracle=oracle,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        model=dict(store.meta.get("model") or manifest.model), machine=store.meta.get("machine", {}),
+        anchors=[{"name": a.name, "stage": a.stage, "kind": a.kind, "op_type": a.op_type, "dtype": a.dtype,
+                  "producer": a.producer} for a in manifest.anchors],
+        backends=table, config={**cfg.to_dict(), "atol": atol, "rtol": rtol, "reference": reference},
+        unjudged_backends=unjudged)
+    if reference is not None and reference not in table:
+        raise AnpredError(f"reference backend {reference!r} is not in this run; backends: {', '.join(table) or '(none)'}")
+    if reference is not None and reference not in usable:
+        report.problems.append(f"reference backend {reference!r} is not usable ({unjudged.get(reference)})")
+    mode = store.meta.get("mode", "tensors")
+    if mode != "tensors":
+        report.problems.append(
+            f"run mode {mode!r} stores only per-backend summaries; the consensus needs the tensors "
+            "(element-wise median), so re-run with mode 'tensors'")
+    if not manifest.anchors:
+        report.problems.append("the run's manifest has no anchors")
+    if not store.sample_ids:
+        report.problems.append("the run has no samples")
+    if len(usable) < 2:
+        report.problems.append(f"fewer than two usable backends ({', '.join(usable) or 'none'}); "
+                               + ("; ".join(f"{b}: {r}" for b, r in unjudged.items()) or "nothing was run"))
+    if report.problems:
+        return report
+
+    names = set(manifest.names())
+    # mismatched manifests: stored anchors that the run's manifest does not know
+    first = store.sample_ids[0]
+    for b in list(usable):
+        keys = set(store.read_anchors(b, first))
+        foreign = sorted(keys - names)
+        if keys and not (keys & names):
+            unjudged[b] = (f"its tensors do not match the run's manifest (none of its {len(keys)} anchors is in "
+                           f"manifest.json, e.g. {foreign[0]!r}): mismatched manifests")
+            usable.remove(b)
+        elif foreign:
+            report.notes.append(f"{b}: {len(foreign)} stored anchor(s) not in the run's manifest ignored "
+                                f"(e.g. {foreign[0]!r}): mismatched manifests?")
+        elif not keys:
+            unjudged[b] = f"no tensors stored for sample {first}"
+            usable.remove(b)
+    if len(usable) < 2:
+        report.problems.append(f"fewer than two usable backends after reading the tensors ({', '.join(usable) or 'none'})")
+        return report
+
+    anchors = [AnchorInfo(a.name, a.stage, a.kind, a.op_type, a.dtype) for a in manifest.anchors]
+    binfos = [BackendInfo.make(b, table[b]["family"], table[b]["precision"], cfg) for b in usable]
+    orc = Oracle(anchors, binfos, cfg, reference=reference) if oracle in ("consensus", "both") else None
+    outputs = [a.name for a in manifest.anchors if a.kind == "output"] or \
+        [a.name for a in manifest.anchors if a.stage == max(x.stage for x in manifest.anchors)]
+    thr = None
+    if oracle in ("threshold", "both"):
+        ref = reference or next((b for b in cfg.reference_priority if b in usable), None) or \
+            next((b.name for b in binfos if b.votes), usable[0])
+        thr = ThresholdCheck(outputs, usable, ref, atol, rtol)
+        report.notes.append(f"threshold baseline: element-wise |x-r| <= atol={atol:g} or |x-r|/|r| <= rtol={rtol:g} "
+                            f"on {len(outputs)} output anchor(s) against {ref}")
+    align, align_report = _make_aligner(store, usable)
+    for sid, raw in store.iter_samples(usable):
+        raw = {b: {k: v for k, v in t.items() if k in names} for b, t in raw.items()}
+        tensors, unaligned = align(sid, raw)
+        if orc is not None:
+            orc.add(tensors, unaligned)
+        if thr is not None:
+            thr.add(tensors)
+        report.samples += 1
+    report.alignment = align_report()
+    if orc is not None:
+        res = orc.finish()
+        report.verdicts, report.cells, report.consensus = res.verdicts, res.cells, res.consensus
+        report.unjudged_anchors, report.plot_data = res.unjudged_anchors, res.plot_data
+        report.notes.extend(res.notes)
+        if not report.cells:
+            report.problems.append("no (anchor, backend) pair could be judged: " +
+                                   ("; ".join(f"{a}: {w}" for a, w in list(res.unjudged_anchors.items())[:3]) or
+                                    "anchors missing in all backends"))
+    if thr is not None:
+        report.threshold = thr.finish()
+        if not any(t.total_elements for t in report.threshold.values()):
+            report.problems.append("threshold baseline: no output anchor present in both the reference and another backend")
+    if report.problems:
+        report.status = "error"
+    else:
+        report.status = "flagged" if report.flagged_backends else "consistent"
+    return report
+
+
+def check_or_raise(run_dir: str | Path, **kw) -> CheckReport:
+    """:func:`check_run`, raising :class:`JudgeError` (with ``.report``) when the run cannot be judged."""
+    rep = check_run(run_dir, **kw)
+    if rep.status == "error":
+        err = JudgeError(f"{run_dir}: cannot be judged: " + "; ".join(rep.problems))
+        err.report = rep
+        raise err
+    return rep

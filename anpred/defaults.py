@@ -1,0 +1,173 @@
+"""The one registry of oracle defaults: noise floors and outlier factor ``k`` per dtype, families.
+
+Every number the oracle uses to decide lives here (no per-test magic numbers). They can be
+overridden by a TOML or JSON config file (``anpred check --config F``), e.g.::
+
+    # anpred.toml
+    [oracle]
+    primary = "nrmse"
+    min_voters = 3
+    [oracle.k]
+    fp32 = 10.0
+    [oracle.floor]
+    fp32 = 1e-5
+    [oracle.depth_growth]
+    fp32 = 0.5
+
+Noise floor of the primary statistic (nRMSE against the consensus) for a backend of precision ``p``
+at an anchor of stage ``s`` (0-based; outputs carry the last stage)::
+
+    floor(p, s) = floor[p] * sqrt(1 + depth_growth[p] * s)
+
+(rounding errors of independent operations add in quadrature, so the clean spread grows like the
+square root of depth). How the fp32 numbers were measured is in ``docs/oracle.md`` and in
+``benchmarks/noise_floor.py``: on clean YOLOv8n runs (320x320, random inputs) the largest fp32
+nRMSE of ort / ort-noopt / openvino / onnx-reference against their consensus over all 80+ tensors
+was about 3e-6 (median 4e-7); the fp32 floor is set ten times the measured maximum of the deepest
+tensors. fp16 and bf16 floors scale the fp32 floor by the ratio of unit roundoffs (2**-11 / 2**-24
+and 2**-8 / 2**-24) and are checked against the ORT float16 run of the same benchmark; int8 is set
+from the 8-bit quantisation step (1/127 relative, a uniform error has RMS step/sqrt(12)).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from anpred.errors import AnpredError
+
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+
+# Statistics the oracle can use as its primary statistic (all "larger is worse").
+PRIMARY_STATISTICS = ("nrmse", "mean_abs", "max_abs", "wasserstein")
+
+# Kernel families: one consensus vote each (DESIGN.md). Backends not listed use their
+# BackendStatus.family, else their own name.
+FAMILIES: dict[str, str] = {
+    "ort": "onnxruntime", "ort-noopt": "onnxruntime", "ort-fp16": "onnxruntime", "ort-int8": "onnxruntime",
+    "openvino": "openvino", "openvino-bf16": "openvino",
+    "torch": "torch", "torch-native": "torch",
+    "tf": "tensorflow", "tf-native": "tensorflow",
+    "onnx-reference": "onnx-reference",
+}
+
+# Reduced-precision variants: judged against the consensus, never voting.
+REDUCED_PRECISION: dict[str, str] = {"ort-fp16": "fp16", "ort-int8": "int8", "openvino-bf16": "bf16"}
+
+# Order in which a fallback reference is chosen when fewer than min_voters families vote.
+REFERENCE_PRIORITY = ("onnx-reference", "ort-noopt", "ort", "torch-native", "torch", "openvino",
+                      "tf-native", "tf")
+
+
+@dataclass
+class OracleConfig:
+    """Decision parameters of the population-deviation oracle (see ``docs/oracle.md``).
+
+    Attributes:
+        primary: the primary statistic (one of :data:`PRIMARY_STATISTICS`), pooled over the inputs.
+        k: per precision, the outlier factor: flagged needs ``stat > k * median(peers' stat)``.
+        floor: per precision, the noise floor of the primary statistic at stage 0 (dimensionless for
+            nRMSE/W1).
+        depth_growth: per precision, ``floor(p, s) = floor[p] * sqrt(1 + depth_growth[p] * s)``.
+        min_voters: fewest voting families for an element-wise median consensus; below it the
+            consensus is one named reference backend.
+        propagation_band: ratios of consecutive anchors' statistics within ``[1/band, band]`` are
+            "stable"; above "amplified", below "attenuated".
+        reservoir: values kept per (anchor, backend) for the HTML histograms (uniform reservoir).
+        threshold_atol, threshold_rtol: defaults of the threshold baseline (Polygraphy's 1e-5/1e-5).
+    """
+
+    primary: str = "nrmse"
+    k: dict[str, float] = field(default_factory=lambda: {"fp32": 10.0, "fp16": 10.0, "bf16": 10.0, "int8": 10.0})
+    floor: dict[str, float] = field(default_factory=lambda: {
+        "fp32": 1e-5,
+        "fp16": 1e-5 * 2.0 ** 13,  # 0.08: fp32 floor * u16/u32
+        "bf16": 0.3,               # ~ fp32 floor * 2**16, capped (bf16 unit roundoff 3.9e-3)
+        "int8": 0.3,
+    })
+    depth_growth: dict[str, float] = field(default_factory=lambda: {p: 1.0 for p in PRECISIONS})
+    min_voters: int = 3
+    propagation_band: float = 2.0
+    reservoir: int = 4096
+    threshold_atol: float = 1e-5
+    threshold_rtol: float = 1e-5
+    families: dict[str, str] = field(default_factory=lambda: dict(FAMILIES))
+    reduced_precision: dict[str, str] = field(default_factory=lambda: dict(REDUCED_PRECISION))
+    reference_priority: list[str] = field(default_factory=lambda: list(REFERENCE_PRIORITY))
+
+    def floor_at(self, precision: str, stage: int) -> float:
+        """Noise floor for ``precision`` (fp32/fp16/bf16/int8) at ``stage`` (>= 0)."""
+        p = precision if precision in self.floor else "fp32"
+        return self.floor[p] * math.sqrt(1.0 + self.depth_growth.get(p, 1.0) * max(0, stage))
+
+    def k_for(self, precision: str) -> float:
+        return self.k.get(precision, self.k["fp32"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "OracleConfig":
+        """Defaults updated by ``d`` (dict-valued fields are merged key by key).
+
+        Raises:
+            AnpredError: unknown key (the message lists the known ones), bad value or precision.
+        """
+        cfg = cls()
+        known = set(asdict(cfg))
+        for key, val in d.items():
+            if key not in known:
+                raise AnpredError(f"unknown oracle config key {key!r}; known: {', '.join(sorted(known))}")
+            cur = getattr(cfg, key)
+            if isinstance(cur, dict):
+                if not isinstance(val, dict):
+                    raise AnpredError(f"oracle config {key!r} must be a table/object, got {val!r}")
+                if key in ("k", "floor", "depth_growth"):
+                    for p, v in val.items():
+                        if p not in PRECISIONS:
+                            raise AnpredError(f"oracle config {key}.{p}: unknown precision; known: {', '.join(PRECISIONS)}")
+                        if not isinstance(v, (int, float)) or v < 0:
+                            raise AnpredError(f"oracle config {key}.{p} must be a non-negative number, got {v!r}")
+                merged = dict(cur)
+                merged.update({p: (float(v) if key in ("k", "floor", "depth_growth") else v) for p, v in val.items()})
+                setattr(cfg, key, merged)
+            else:
+                setattr(cfg, key, type(cur)(val) if not isinstance(cur, list) else list(val))
+        if cfg.primary not in PRIMARY_STATISTICS:
+            raise AnpredError(f"unknown primary statistic {cfg.primary!r}; known: {', '.join(PRIMARY_STATISTICS)}")
+        if cfg.min_voters < 2:
+            raise AnpredError("oracle config min_voters must be at least 2")
+        return cfg
+
+
+def load_config(path: str | Path | None) -> OracleConfig:
+    """The defaults, overridden by a TOML (``.toml``) or JSON file; its ``[oracle]`` table (or the whole
+    file when there is none). ``None`` gives the defaults.
+
+    Raises:
+        AnpredError: unreadable or malformed file, unknown keys or values.
+    """
+    if path is None:
+        return OracleConfig()
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise AnpredError(f"cannot read config {p}: {err.strerror or err}") from err
+    try:
+        if p.suffix.lower() == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except (ValueError, json.JSONDecodeError) as err:
+        raise AnpredError(f"config {p} is not valid {'TOML' if p.suffix.lower() == '.toml' else 'JSON'}: {err}") from err
+    if not isinstance(data, dict):
+        raise AnpredError(f"config {p}: expected a table/object at the top")
+    data = copy.deepcopy(data.get("oracle", data))
+    return OracleConfig.from_dict(data)

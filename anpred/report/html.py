@@ -1,0 +1,182 @@
+"""HTML report with embedded plots (matplotlib, Agg, base64 PNG): a heatmap backend x anchor of the
+primary statistic, the propagation profile per backend, per flagged anchor the error histogram and the
+value distributions side by side, and the verdict table. One self-contained file."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+
+MAX_DETAIL = 12  # flagged (anchor, backend) pairs with histogram plots
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _log(v: float) -> float:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return np.nan
+    return math.log10(max(v, 1e-16)) if math.isfinite(v) else 3.0
+
+
+def _heatmap(report, primary: str) -> str:
+    import matplotlib.pyplot as plt
+
+    anchors = [a["name"] for a in report.anchors]
+    backends = list(report.verdicts)
+    m = np.full((len(backends), len(anchors)), np.nan)
+    flagged = []
+    for c in report.cells:
+        if c.backend in backends and c.anchor in anchors:
+            i, j = backends.index(c.backend), anchors.index(c.anchor)
+            m[i, j] = _log(c.primary)
+            if c.flagged:
+                flagged.append((i, j))
+    fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(anchors) + 3), 0.5 * len(backends) + 2.5))
+    im = ax.imshow(m, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.set_yticks(range(len(backends)), backends)
+    ax.set_xticks(range(len(anchors)), [a[-28:] for a in anchors], rotation=75, fontsize=7)
+    for i, j in flagged:
+        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", lw=2))
+    fig.colorbar(im, ax=ax, label=f"log10 {primary} vs consensus")
+    ax.set_title(f"{primary} per backend and anchor (red: flagged)")
+    return _png(fig)
+
+
+def _profiles(report, primary: str) -> str:
+    import matplotlib.pyplot as plt
+
+    anchors = [a["name"] for a in report.anchors]
+    fig, ax = plt.subplots(figsize=(max(6, 0.3 * len(anchors) + 3), 4))
+    for b in report.verdicts:
+        xs, ys, fl = [], [], []
+        for j, a in enumerate(anchors):
+            c = report.cell(a, b)
+            if c is not None and c.primary is not None and not math.isnan(c.primary):
+                xs.append(j)
+                ys.append(max(c.primary, 1e-16) if math.isfinite(c.primary) else 1e3)
+                if c.flagged:
+                    fl.append((j, ys[-1]))
+        if xs:
+            line, = ax.plot(xs, ys, marker="o", ms=3, label=b)
+            if fl:
+                ax.scatter(*zip(*fl), s=60, facecolors="none", edgecolors=line.get_color(), linewidths=2)
+    floors = [report.cell(a, next(iter(report.verdicts))) for a in anchors] if report.verdicts else []
+    fx = [j for j, c in enumerate(floors) if c is not None]
+    if fx:
+        ax.plot(fx, [floors[j].floor for j in fx], "k--", lw=1, label="fp32 noise floor" if floors[fx[0]] else "floor")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(anchors)), [a[-28:] for a in anchors], rotation=75, fontsize=7)
+    ax.set_ylabel(primary)
+    ax.set_title("propagation profile (circles: flagged)")
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def _detail(report, anchor: str, backend: str) -> str | None:
+    import matplotlib.pyplot as plt
+
+    d = report.plot_data.get((anchor, backend))
+    if not d or d.get("err") is None or len(d["err"]) == 0:
+        return None
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.2))
+    a1.hist(d["err"], bins=60, color="tab:red")
+    a1.set_title(f"error x - consensus ({backend})", fontsize=9)
+    a1.set_yscale("log")
+    lo, hi = float(min(d["x"].min(), d["c"].min())), float(max(d["x"].max(), d["c"].max()))
+    bins = np.linspace(lo, hi if hi > lo else lo + 1, 60)
+    a2.hist(d["c"], bins=bins, alpha=0.6, label="consensus")
+    a2.hist(d["x"], bins=bins, alpha=0.6, label=backend)
+    a2.set_yscale("log")
+    a2.legend(fontsize=8)
+    a2.set_title(f"value distributions at {anchor[-40:]}", fontsize=9)
+    return _png(fig)
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return html.escape(str(v))
+
+
+def write_html(report, path: str | Path) -> None:
+    """Write the HTML report of ``report`` to ``path`` (atomically; plots embedded as base64 PNG).
+    Raises OutputPathError when ``path`` cannot be written."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from anpred.onnx_io import atomic_write_text
+    from anpred.report.text import format_text
+
+    primary = report.config.get("primary", "nrmse")
+    e = html.escape
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>anpred check {e(report.run_dir)}</title>",
+             "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:13px}"
+             "td,th{border:1px solid #ccc;padding:3px 6px}.flag{background:#fdd}.ok{background:#dfd}"
+             "pre{background:#f6f6f6;padding:8px;font-size:12px}</style></head><body>",
+             f"<h1>anpred check: {e(report.status.upper())}</h1>",
+             f"<p>run <code>{e(report.run_dir)}</code>, {report.samples} samples, oracle <b>{e(report.oracle)}</b>, "
+             f"primary statistic <b>{e(primary)}</b>, schema {e(report.schema)}</p>"]
+    if report.problems:
+        parts.append("<h2>Could not be judged</h2><ul>" + "".join(f"<li>{e(p)}</li>" for p in report.problems) + "</ul>")
+    if report.verdicts:
+        parts.append("<h2>Verdicts</h2><table><tr><th>backend</th><th>family</th><th>precision</th><th>votes</th>"
+                     "<th>verdict</th><th>origin stage</th><th>origin anchor</th><th>worst anchor</th>"
+                     f"<th>worst {e(primary)}</th><th>&times; threshold</th><th>propagation</th><th>flagged anchors</th></tr>")
+        for b, v in report.verdicts.items():
+            cls = "flag" if v.flagged else "ok"
+            parts.append(f"<tr class='{cls}'><td>{e(b)}</td><td>{e(v.family)}</td><td>{e(v.precision)}</td>"
+                         f"<td>{'yes' if v.votes else 'no'}</td><td>{'FLAGGED' if v.flagged else 'consistent'}</td>"
+                         f"<td>{_fmt(v.origin_stage)}</td><td>{_fmt(v.origin_anchor)}</td><td>{_fmt(v.worst_anchor)}</td>"
+                         f"<td>{_fmt(v.worst_primary)}</td><td>{_fmt(v.worst_ratio_to_threshold)}</td>"
+                         f"<td>{e(v.propagation)}{' (non-monotonic)' if v.non_monotonic else ''}</td>"
+                         f"<td>{len(v.flagged_anchors)}</td></tr>")
+        parts.append("</table>")
+    if report.threshold:
+        parts.append("<h2>Threshold baseline (final outputs)</h2><table><tr><th>backend</th><th>reference</th>"
+                     "<th>atol</th><th>rtol</th><th>result</th><th>failed / total</th><th>max abs</th><th>max rel</th></tr>")
+        for b, t in report.threshold.items():
+            parts.append(f"<tr class='{'ok' if t.passed else 'flag'}'><td>{e(b)}</td><td>{e(t.reference)}</td>"
+                         f"<td>{t.atol:g}</td><td>{t.rtol:g}</td><td>{'pass' if t.passed else 'FAIL'}</td>"
+                         f"<td>{t.failed_elements} / {t.total_elements}</td><td>{_fmt(t.max_abs)}</td><td>{_fmt(t.max_rel)}</td></tr>")
+        parts.append("</table>")
+    if report.cells:
+        parts.append(f"<h2>Heatmap</h2><img src='{_heatmap(report, primary)}'>")
+        parts.append(f"<h2>Propagation profile</h2><img src='{_profiles(report, primary)}'>")
+        flagged = [c for c in report.cells if c.flagged]
+        if flagged:
+            parts.append("<h2>Flagged anchors</h2>")
+            for c in flagged[:MAX_DETAIL]:
+                img = _detail(report, c.anchor, c.backend)
+                parts.append(f"<h3>{e(c.backend)} at {e(c.anchor)}</h3><p>{e(c.reason)}</p>")
+                if img:
+                    parts.append(f"<img src='{img}'>")
+            if len(flagged) > MAX_DETAIL:
+                parts.append(f"<p>{len(flagged) - MAX_DETAIL} more flagged cells not plotted (see the table).</p>")
+        parts.append("<h2>All cells</h2><table><tr><th>anchor</th><th>backend</th><th>samples</th>"
+                     f"<th>{e(primary)}</th><th>p90/sample</th><th>peers' median</th><th>floor</th><th>threshold</th>"
+                     "<th>max abs</th><th>SNR dB</th><th>cosine</th><th>W1</th><th>max ULP</th><th>NaN/Inf</th><th>verdict</th></tr>")
+        for c in report.cells:
+            s = c.stats
+            parts.append(f"<tr class='{'flag' if c.flagged else ''}'><td>{e(c.anchor)}</td><td>{e(c.backend)}</td>"
+                         f"<td>{c.samples}</td><td>{_fmt(c.primary)}</td><td>{_fmt(c.per_sample.get('p90'))}</td>"
+                         f"<td>{_fmt(c.peer_level)}</td><td>{_fmt(c.floor)}</td><td>{_fmt(c.threshold)}</td>"
+                         f"<td>{_fmt(s.max_abs)}</td><td>{_fmt(s.snr_db)}</td><td>{_fmt(s.cosine)}</td>"
+                         f"<td>{_fmt(s.wasserstein)}</td><td>{_fmt(s.max_ulp)}</td><td>{s.nan}/{s.inf}</td>"
+                         f"<td>{'FLAGGED' if c.flagged else 'ok'}</td></tr>")
+        parts.append("</table>")
+    parts.append(f"<h2>Summary</h2><pre>{e(format_text(report))}</pre></body></html>")
+    atomic_write_text(Path(path), "\n".join(parts))
