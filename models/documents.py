@@ -1,0 +1,287 @@
+"""Real inputs: the photographs shipped with ultralytics and seeded, rendered document pages.
+
+Pages (:func:`render_page`) are drawn with Pillow's own scalable default font
+(``ImageFont.load_default(size=...)``, no system font needed): page header, title, paragraphs,
+section headers, a bulleted list, a table with a caption, a figure (a chart) with a caption and a
+page footer. Every drawn block's bounding box is returned under its DocLayNet class name, so a
+layout detector's output can be checked against the drawing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from anpred.errors import AnpredError
+
+DOCLAYNET_CLASSES = ("Caption", "Footnote", "Formula", "List-item", "Page-footer", "Page-header", "Picture",
+                     "Section-header", "Table", "Text", "Title")
+
+_WORDS = (
+    "the model of data layer network result method value test error output input precision analysis "
+    "system library runtime tensor graph stage anchor float kernel accuracy signal image page table figure "
+    "measure sample report number section order mean range rate time memory level process device backend "
+    "shows gives where which under over between each after before most least small large first second "
+    "results methods values tests errors outputs inputs layers stages anchors kernels samples reports "
+    "compute compare detect locate convert export evaluate observe estimate improve reduce increase define "
+    "is are was were be has have can may will should must not also only both either while since"
+).split()
+
+
+def _asset_dir() -> Path:
+    spec = importlib.util.find_spec("ultralytics")
+    if spec is None or not spec.submodule_search_locations:
+        raise AnpredError("the ultralytics package is not installed: its photographs (assets) are needed")
+    return Path(list(spec.submodule_search_locations)[0]) / "assets"
+
+
+@lru_cache(maxsize=1)
+def _photos() -> tuple[np.ndarray, ...]:
+    from PIL import Image
+
+    out = []
+    for name in ("bus.jpg", "zidane.jpg"):
+        p = _asset_dir() / name
+        if not p.is_file():
+            raise AnpredError(f"{p}: photograph missing from the ultralytics package")
+        with Image.open(p) as im:
+            arr = np.asarray(im.convert("RGB"), dtype=np.uint8)
+        arr.setflags(write=False)
+        out.append(arr)
+    return tuple(out)
+
+
+def photos() -> list[np.ndarray]:
+    """The two photographs in ``ultralytics/assets`` (bus.jpg 1080x810, zidane.jpg 720x1280), as
+    read-only ``(H, W, 3)`` uint8 RGB arrays."""
+    return list(_photos())
+
+
+@lru_cache(maxsize=16)
+def font(size: int):
+    """Pillow's scalable default font at ``size`` pixels (needs Pillow >= 10.1 with FreeType)."""
+    from PIL import ImageFont
+
+    return ImageFont.load_default(size=size)
+
+
+@dataclass
+class Page:
+    """A rendered page: ``image`` (PIL RGB), ``regions`` {DocLayNet class: [xyxy boxes in pixels]},
+    ``lines`` [(xyxy box, text)] for every drawn line of text."""
+
+    image: object
+    regions: dict[str, list[tuple[float, float, float, float]]] = field(default_factory=dict)
+    lines: list[tuple[tuple[float, float, float, float], str]] = field(default_factory=list)
+
+    def add(self, cls: str, box) -> None:
+        self.regions.setdefault(cls, []).append(tuple(float(v) for v in box))
+
+    def array(self) -> np.ndarray:
+        return np.asarray(self.image.convert("RGB"), dtype=np.uint8)
+
+
+def _sentence(rng, lo=6, hi=14) -> str:
+    words = [str(rng.choice(_WORDS)) for _ in range(int(rng.integers(lo, hi + 1)))]
+    words[0] = words[0].capitalize()
+    return " ".join(words) + "."
+
+
+def _wrap(draw, text: str, fnt, width: int) -> list[str]:
+    lines, cur = [], ""
+    for w in text.split():
+        cand = f"{cur} {w}".strip()
+        if cur and draw.textlength(cand, font=fnt) > width:
+            lines.append(cur)
+            cur = w
+        else:
+            cur = cand
+    if cur:
+        lines.append(cur)
+    return lines
+
+
+def _union(boxes):
+    b = np.asarray(boxes, dtype=np.float64)
+    return (b[:, 0].min(), b[:, 1].min(), b[:, 2].max(), b[:, 3].max())
+
+
+class _Writer:
+    def __init__(self, page: Page, draw, left: int, right: int):
+        self.page, self.draw, self.left, self.right = page, draw, left, right
+
+    def text_block(self, lines: list[str], y: float, fnt, x: float | None = None, gap: float = 1.3, fill=(0, 0, 0)):
+        boxes = []
+        size = fnt.size
+        for line in lines:
+            xx = self.left if x is None else x
+            self.draw.text((xx, y), line, font=fnt, fill=fill)
+            box = self.draw.textbbox((xx, y), line, font=fnt)
+            self.page.lines.append((tuple(float(v) for v in box), line))
+            boxes.append(box)
+            y += size * gap
+        return _union(boxes), y
+
+
+def render_page(seed: int = 0, size: tuple[int, int] = (1024, 1280)) -> Page:
+    """Render a seeded document page of ``size`` = (W, H) pixels, white background.
+
+    Layout (one column, margins 8 % of the width): page header, title, paragraph, table with caption,
+    section header, paragraph, figure (bar or line chart) with caption, bulleted list, paragraphs
+    while space remains, page footer. Font sizes scale with the page width. The same seed gives the
+    same pixels.
+
+    Returns:
+        a :class:`Page` whose ``regions`` holds at least "Title", "Table", "Picture", "Text",
+        "List-item", "Caption", "Section-header", "Page-header", "Page-footer".
+    """
+    from PIL import Image, ImageDraw
+
+    W, H = int(size[0]), int(size[1])
+    if W < 256 or H < 256:
+        raise AnpredError(f"page size {size} too small (at least 256x256)")
+    rng = np.random.default_rng(seed)
+    img = Image.new("RGB", (W, H), (255, 255, 255))
+    draw = ImageDraw.Draw(img)
+    page = Page(image=img)
+    s = W / 1024
+    margin = int(0.08 * W)
+    left, right = margin, W - margin
+    width = right - left
+    wr = _Writer(page, draw, left, right)
+    f_small, f_body = font(max(8, int(15 * s))), font(max(9, int(19 * s)))
+    f_sec, f_title = font(max(10, int(26 * s))), font(max(12, int(int(rng.integers(40, 48)) * s)))
+    gap = int(22 * s)
+
+    # page header and footer
+    hdr = f"{' '.join(str(rng.choice(_WORDS)) for _ in range(3)).title()} - Vol. {int(rng.integers(1, 40))}"
+    box, _ = wr.text_block([hdr], int(0.03 * H), f_small, fill=(90, 90, 90))
+    page.add("Page-header", box)
+    num = str(int(rng.integers(1, 300)))
+    box, _ = wr.text_block([num], int(0.955 * H), f_small, x=W / 2 - draw.textlength(num, font=f_small) / 2,
+                           fill=(90, 90, 90))
+    page.add("Page-footer", box)
+    bottom = int(0.93 * H)
+
+    y = int(0.07 * H)
+    title = " ".join(str(rng.choice(_WORDS)) for _ in range(int(rng.integers(3, 7)))).title()
+    box, y = wr.text_block(_wrap(draw, title, f_title, width), y, f_title, gap=1.2)
+    page.add("Title", box)
+    y += gap
+
+    def paragraph(y, n_lo=2, n_hi=4):
+        text = " ".join(_sentence(rng) for _ in range(int(rng.integers(n_lo, n_hi + 1))))
+        lines = _wrap(draw, text, f_body, width)
+        if y + len(lines) * f_body.size * 1.35 > bottom:
+            return None
+        box, y = wr.text_block(lines, y, f_body, gap=1.35)
+        page.add("Text", box)
+        return y + gap
+
+    y = paragraph(y) or y
+
+    # table with caption above
+    ncol, nrow = int(rng.integers(3, 6)), int(rng.integers(4, 8))
+    cap = f"Table {int(rng.integers(1, 9))}: " + _sentence(rng, 4, 8)
+    box, y = wr.text_block(_wrap(draw, cap, f_small, width), y, f_small)
+    page.add("Caption", box)
+    y += int(6 * s)
+    row_h = int(f_body.size * 1.7)
+    tw = int(width * rng.uniform(0.7, 1.0))
+    tx0 = left + (width - tw) // 2
+    col_w = tw / ncol
+    ty0 = y
+    for r in range(nrow + 1):
+        draw.line([(tx0, ty0 + r * row_h), (tx0 + tw, ty0 + r * row_h)], fill=(0, 0, 0), width=2 if r in (0, 1, nrow) else 1)
+    for c in range(ncol + 1):
+        draw.line([(tx0 + c * col_w, ty0), (tx0 + c * col_w, ty0 + nrow * row_h)], fill=(0, 0, 0), width=1)
+    for r in range(nrow):
+        for c in range(ncol):
+            if r == 0:
+                cell = str(rng.choice(_WORDS)).capitalize()
+            elif c == 0:
+                cell = str(rng.choice(_WORDS))
+            else:
+                cell = f"{rng.uniform(0, 100):.{int(rng.integers(1, 4))}f}"
+            draw.text((tx0 + c * col_w + 6 * s, ty0 + r * row_h + 0.3 * f_body.size), cell, font=f_body, fill=(0, 0, 0))
+    page.add("Table", (tx0, ty0, tx0 + tw, ty0 + nrow * row_h))
+    y = ty0 + nrow * row_h + 1.5 * gap
+
+    sec = f"{int(rng.integers(1, 6))}. " + " ".join(str(rng.choice(_WORDS)) for _ in range(int(rng.integers(1, 4)))).title()
+    box, y = wr.text_block([sec], y, f_sec)
+    page.add("Section-header", box)
+    y += gap / 2
+    y = paragraph(y) or y
+
+    # figure: a chart, caption below
+    fh = int(H * 0.2)
+    if y + fh + 3 * gap < bottom:
+        fw = int(width * rng.uniform(0.5, 0.8))
+        fx0 = left + (width - fw) // 2
+        fy0 = int(y)
+        draw.rectangle([fx0, fy0, fx0 + fw, fy0 + fh], fill=(245, 245, 250), outline=(60, 60, 60))
+        ax0, ay1 = fx0 + int(0.1 * fw), fy0 + int(0.9 * fh)
+        draw.line([(ax0, fy0 + 0.08 * fh), (ax0, ay1), (fx0 + 0.95 * fw, ay1)], fill=(0, 0, 0), width=2)
+        k = int(rng.integers(5, 10))
+        vals = rng.uniform(0.15, 0.95, size=k)
+        step = (0.83 * fw) / k
+        if rng.random() < 0.5:
+            colors = [(70, 110, 200), (220, 120, 60), (80, 170, 90)]
+            for i, v in enumerate(vals):
+                bx = ax0 + (i + 0.2) * step
+                draw.rectangle([bx, ay1 - v * 0.8 * fh, bx + 0.6 * step, ay1], fill=colors[i % 3])
+        else:
+            pts = [(ax0 + (i + 0.5) * step, ay1 - v * 0.8 * fh) for i, v in enumerate(vals)]
+            draw.line(pts, fill=(200, 50, 50), width=3)
+            for px, py in pts:
+                draw.ellipse([px - 4, py - 4, px + 4, py + 4], fill=(40, 40, 160))
+        page.add("Picture", (fx0, fy0, fx0 + fw, fy0 + fh))
+        y = fy0 + fh + gap / 2
+        cap = f"Figure {int(rng.integers(1, 9))}: " + _sentence(rng, 5, 10)
+        box, y = wr.text_block(_wrap(draw, cap, f_small, width), y, f_small)
+        page.add("Caption", box)
+        y += gap
+
+    # bulleted list
+    for _ in range(int(rng.integers(2, 5))):
+        lines = _wrap(draw, _sentence(rng, 5, 16), f_body, width - int(30 * s))
+        if y + len(lines) * f_body.size * 1.35 > bottom:
+            break
+        r = f_body.size * 0.18
+        cy = y + f_body.size * 0.55
+        draw.ellipse([left + 8 * s - r, cy - r, left + 8 * s + r, cy + r], fill=(0, 0, 0))
+        box, y = wr.text_block(lines, y, f_body, x=left + int(30 * s), gap=1.35)
+        page.add("List-item", (left + 8 * s - r, min(box[1], cy - r), box[2], box[3]))
+        y += gap / 3
+    y += gap / 2
+    while True:
+        ny = paragraph(y)
+        if ny is None:
+            break
+        y = ny
+    return page
+
+
+def render_text_line(seed: int = 0, height: int = 48, max_width: int = 320) -> tuple[np.ndarray, str]:
+    """A seeded single line of text (2-4 words or numbers), black on white, ``height`` pixels high
+    and at most ``max_width`` wide: ``((height, w, 3) uint8 RGB, text)``. Input of the text
+    recogniser."""
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    parts = [str(rng.choice(_WORDS)) if rng.random() < 0.75 else f"{rng.uniform(0, 1000):.1f}"
+             for _ in range(int(rng.integers(2, 5)))]
+    fnt = font(int(height * 0.6))
+    text = " ".join(parts)
+    probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    while len(parts) > 1 and probe.textlength(text, font=fnt) + 16 > max_width:
+        parts.pop()
+        text = " ".join(parts)
+    w = int(min(max_width, probe.textlength(text, font=fnt) + 16))
+    img = Image.new("RGB", (w, height), (255, 255, 255))
+    ImageDraw.Draw(img).text((8, height * 0.15), text, font=fnt, fill=(0, 0, 0))
+    return np.asarray(img, dtype=np.uint8), text
