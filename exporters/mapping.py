@@ -213,7 +213,7 @@ def parse_torch_target(target: str) -> tuple[str, int, str, int | None]:
     return pm.group(1), int(pm.group(2) or 0), which, leaf
 
 
-def _torch_stacks(g: _Graph, exporter: str) -> list[list[str]]:
+def _torch_stacks(g: _Graph, exporter: str, modules: dict[str, Any]) -> list[list[str]]:
     stacks: list[list[str] | None] = []
     for n in g.nodes:
         if exporter == "torch.onnx.dynamo":
@@ -227,11 +227,34 @@ def _torch_stacks(g: _Graph, exporter: str) -> list[list[str]]:
         else:  # TorchScript: /model.2/cv1/conv/Conv
             parts = [p for p in n.name.split("/") if p]
             if n.name.startswith("/") and len(parts) >= 1:
-                mods = parts[:-1]
-                stacks.append([".".join(mods[: i + 1]) for i in range(len(mods))])
+                stacks.append(_resolve_torchscript_scope(parts[:-1], modules))
             else:
                 stacks.append(None)
     return _fill_unscoped(g, stacks)
+
+
+def _resolve_torchscript_scope(segments: list[str], modules: dict[str, Any]) -> list[str]:
+    """TorchScript scope segments -> module paths. A segment is a child name relative to one of the
+    enclosing modules (``/model.22/cv2.0/cv2.0.0/conv``: ``cv2.0.0`` is relative to ``model.22``), and
+    the k-th repeated call of a module gets ``_k`` (``/model.9/m_1``): returned as ``model.9.m@1``."""
+    chain: list[str] = []
+    for seg in segments:
+        found = None
+        for base in [c.split("@")[0] for c in reversed(chain)] + [""]:
+            cand = f"{base}.{seg}" if base else seg
+            if cand in modules:
+                found = cand
+                break
+            m = re.fullmatch(r"(.*)_(\d+)", seg)
+            if m:
+                cand = f"{base}.{m.group(1)}" if base else m.group(1)
+                if cand in modules:
+                    found = f"{cand}@{m.group(2)}"
+                    break
+        if found is None:  # keep the exporter's name; mapping reports it as unknown
+            found = f"{chain[-1].split('@')[0]}.{seg}" if chain else seg
+        chain.append(found)
+    return chain
 
 
 def _probe_torch(module, example_inputs) -> tuple[dict[str, list[bool]], dict[str, list[bool]], int | None]:
@@ -271,8 +294,8 @@ def _map_torch(manifest, module, g: _Graph, exporter: str, example_inputs) -> di
 
     if not isinstance(module, torch.nn.Module):
         raise MappingError(f"framework 'torch' needs a torch.nn.Module, got {type(module).__name__}")
-    stacks = _torch_stacks(g, exporter)
     modules = dict(module.named_modules())
+    stacks = _torch_stacks(g, exporter, modules)
     scoped = {m for s in stacks for m in s}
     probe = _probe_torch(module, example_inputs) if example_inputs is not None else None
     out_single, in_single, nleaves = probe if probe else ({}, {}, None)
@@ -305,6 +328,22 @@ def _map_torch(manifest, module, g: _Graph, exporter: str, example_inputs) -> di
             if isinstance(modules.get(cand), torch.nn.modules.batchnorm._BatchNorm) and cand not in scoped:
                 return cand
         return None
+
+    origs = set(orig_outputs or [b.value for b in manifest.anchors if b.kind == "output"])
+    leaving_cache: dict[str, list[str]] = {}
+
+    def leaving_values(base: str) -> list[str]:
+        """Values leaving module ``base`` (one per call), in topological order of their producers."""
+        if base not in leaving_cache:
+            vals = []
+            for i, n in enumerate(g.nodes):
+                if base not in stacks[i]:
+                    continue
+                for o in n.output:
+                    if o and (o in origs or any(base not in stacks[c] for c in g.consumers.get(o, []))):
+                        vals.append(o)
+            leaving_cache[base] = vals
+        return leaving_cache[base]
 
     out: dict[str, dict[str, Any]] = {}
     for a in manifest.anchors:
@@ -340,7 +379,15 @@ def _map_torch(manifest, module, g: _Graph, exporter: str, example_inputs) -> di
                                    f"BatchNorm {bn!r} was folded into Conv {base!r} by the exporter; the ONNX "
                                    f"value {v!r} equals the output of {bn!r}")
                     break
-            entry = _entry(path, "exact", f"forward output of {base} ({type(mod).__name__})")
+            calls = len(out_single.get(base, [])) if probe is not None else 1
+            if calls > 1 and "@" not in path and exporter == "torch.onnx.dynamo":
+                leaving = leaving_values(base)
+                if len(leaving) != calls or v not in leaving:
+                    entry = _entry(path, "unmapped", f"module {base!r} is called {calls} times and the ONNX graph "
+                                   f"shows {len(leaving)} outputs of it: cannot tell which call produced {v!r}")
+                    continue
+                path = f"{base}@{leaving.index(v)}"
+            entry = _entry(path, "exact", f"forward output of {path} ({type(mod).__name__})")
             break
         if entry is not None and entry["status"] != "unmapped":
             out[a.name] = entry
