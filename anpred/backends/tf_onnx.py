@@ -15,8 +15,9 @@ onnx2tf version + options + this module's format version):
 
 Running: the SavedModel's ``run`` is called with the inputs in the layout the converted model
 expects (4-D NCHW inputs transposed to NHWC when onnx2tf made them channels-last, decided by shape).
-Anchors are the anchored model's graph outputs and are found by their ONNX value name in
-``meta.json``. Each anchor's layout is reported per anchor (:meth:`TfOnnxBackend.anchor_info`):
+Anchors are the anchored model's graph outputs and are found by name in ``meta.json``: the output
+named after the anchor (``anpred.instrument`` adds ``Identity(value) -> <anchor name>``), else the
+output named after the anchor's ONNX value (original outputs). Each anchor's layout is reported per anchor (:meth:`TfOnnxBackend.anchor_info`):
 channels-last anchors (onnx2tf's flag, checked against the manifest shape where it is static) are
 ``equivalent`` with layout ``NHWC`` (``NWC``/``NDHWC`` for 3-D/5-D) and transform
 ``{"permute": [0, r-1, 1, ..., r-2]}`` (e.g. ``[0, 3, 1, 2]`` NHWC -> NCHW); the others ``exact``.
@@ -186,14 +187,17 @@ class TfOnnxBackend(Backend):
             self._captures[a.name] = self._describe(a)
 
     def _describe(self, a) -> AnchorCapture:
-        i = self._index.get(a.value)
+        # anpred.instrument exposes a boundary anchor as Identity(value) -> graph output named after
+        # the anchor; an original output keeps its ONNX name (the anchor's value).
+        key = a.name if a.name in self._index else a.value
+        i = self._index.get(key)
         if i is None:
             return AnchorCapture("missing", None, None, None,
                                  f"ONNX value {a.value!r} is not an output of the onnx2tf model "
                                  f"(outputs: {', '.join(self._index)})")
         o = self._meta["outputs"][i]
         tshape, r = o["tf_shape"], len(o["tf_shape"])
-        target = f"output[{i}]:{a.value}"
+        target = f"output[{i}]:{key}"
         flag = o["channels_last"] and r in _CHANNELS_LAST
         ms = _static(a.shape)
         if ms is not None and len(ms) != r:
@@ -237,7 +241,7 @@ class TfOnnxBackend(Backend):
         assert self.manifest is not None
         for a in self.manifest.anchors:
             if self._captures[a.name].status != "missing":
-                result[a.name] = outs[self._index[a.value]].numpy()
+                result[a.name] = outs[self._index[a.name if a.name in self._index else a.value]].numpy()
         return result
 
     def close(self) -> None:

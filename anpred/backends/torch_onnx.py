@@ -1,8 +1,10 @@
 """Backend ``torch``: the anchored ONNX model converted with onnx2torch and run in eager PyTorch.
 
 Conversion (:meth:`TorchOnnxBackend._prepare_impl`):
-1. the model is loaded with its weights; ``Identity(initializer)`` nodes are folded
-   (:func:`anpred.convert.fold_identity_initializers`);
+1. the model is loaded with its weights; ``Constant`` nodes become initializers and
+   ``Identity(initializer)`` nodes are folded (:func:`anpred.convert.fold_constant_nodes`,
+   :func:`anpred.convert.fold_identity_initializers`; onnx2torch reads Conv weights from
+   initializers only);
 2. converters for operator versions newer than onnx2torch knows are registered
    (:func:`anpred.convert.onnx2torch_compat`; dynamo exports use opset 18+);
 3. every node is checked for a converter first, so a missing operator gives one
@@ -66,12 +68,13 @@ class TorchOnnxBackend(Backend):
         from onnx import numpy_helper
 
         from anpred.compat import import_onnx2torch
-        from anpred.convert import fold_identity_initializers, onnx2torch_compat, onnx2torch_unsupported
+        from anpred.convert import fold_constant_nodes, fold_identity_initializers, onnx2torch_compat, onnx2torch_unsupported
         from anpred.onnx_io import load_model
 
         if "threads" in self.options:
             torch.set_num_threads(int(self.options["threads"]))
         model = load_model(model_path, load_external=True)
+        fold_constant_nodes(model)
         fold_identity_initializers(model)
         o2t = import_onnx2torch()
         onnx2torch_compat()
