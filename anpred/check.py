@@ -169,7 +169,7 @@ def _make_aligner(store, usable: list[str]):
     def report():
         try:
             r = aligner.report()
-            return r if isinstance(r, dict) else {"report": str(r)}
+            return r if isinstance(r, dict) else (r.to_dict() if hasattr(r, "to_dict") else {"report": str(r)})
         except Exception as err:  # the alignment summary is informative only
             return {"report_error": str(err)}
 

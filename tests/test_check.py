@@ -1,0 +1,274 @@
+"""anpred check on real runtimes: small CNNs holding real OpenVINO 2026.4.1 defects (Softplus below -10,
+AveragePool ceil_mode/count_include_pad), an injected bf16-rounding fault, clean runs, bad input, the
+reports (text, JSON round trip, HTML) and the history database.
+
+Runs are written with the real backends (ort, ort-noopt, openvino, onnx-reference, torch via
+onnx2torch) into a RunStore, one backend at a time, as the run driver does."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from anpred.backends import backend_class
+from anpred.check import CheckReport, check_run
+from anpred.errors import AnpredError
+from anpred.instrument import instrument_model
+from anpred.onnx_io import save_model
+from anpred.runstore import RunStore
+
+BACKENDS = ["ort", "ort-noopt", "openvino", "onnx-reference", "torch"]
+
+
+# ---- models ----------------------------------------------------------------------------------------
+def _conv(name, x, y, cin, cout, rng, k=3, stride=1, pad=1, bias=0.0, scale=None):
+    w = (rng.standard_normal((cout, cin, k, k)) * (scale or 1.0 / np.sqrt(cin * k * k))).astype(np.float32)
+    b = (bias + 0.05 * rng.standard_normal(cout)).astype(np.float32)
+    node = h.make_node("Conv", [x, f"{name}.w", f"{name}.b"], [y], name=name, kernel_shape=[k, k],
+                       strides=[stride] * 2, pads=[pad] * 4)
+    return node, [nh.from_array(w, f"{name}.w"), nh.from_array(b, f"{name}.b")]
+
+
+def _model(name, chain, in_shape, out_shape, stages):
+    nodes, inits = [], []
+    for n, i in chain:
+        nodes.append(n)
+        inits += i
+    g = h.make_graph(nodes, name, [h.make_tensor_value_info("x", T.FLOAT, in_shape)],
+                     [h.make_tensor_value_info("y", T.FLOAT, out_shape)], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return instrument_model(m, stages=stages)
+
+
+def softplus_cnn():
+    """conv -> relu -> conv (bias -15: inputs of Softplus mostly in [-20, -10]) -> Softplus -> conv -> relu -> conv."""
+    rng = np.random.default_rng(0)
+    chain = [_conv("c0", "x", "t0", 3, 8, rng), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
+             _conv("c1", "r0", "t1", 8, 8, rng, bias=-15.0, scale=0.3),
+             (h.make_node("Softplus", ["t1"], ["sp"], name="softplus"), []),
+             _conv("c2", "sp", "t2", 8, 8, rng), (h.make_node("Relu", ["t2"], ["r2"], name="relu2"), []),
+             _conv("c3", "r2", "y", 8, 4, rng)]
+    return _model("softplus_cnn", chain, [1, 3, 16, 16], [1, 4, 16, 16], 7)
+
+
+def avgpool_cnn():
+    """conv (stride 2: 8x8 -> 4x4) -> relu -> AveragePool(k3, s2, p1, ceil_mode=1, count_include_pad=1) -> conv -> relu -> conv."""
+    rng = np.random.default_rng(1)
+    pool = h.make_node("AveragePool", ["r0"], ["p"], name="avgpool", kernel_shape=[3, 3], strides=[2, 2],
+                       pads=[1, 1, 1, 1], ceil_mode=1, count_include_pad=1)
+    chain = [_conv("c0", "x", "t0", 3, 8, rng, stride=2, bias=0.5), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
+             (pool, []), _conv("c1", "p", "t1", 8, 8, rng, k=1, pad=0),
+             (h.make_node("Relu", ["t1"], ["r1"], name="relu1"), []), _conv("c2", "r1", "y", 8, 4, rng, k=1, pad=0)]
+    return _model("avgpool_cnn", chain, [1, 3, 8, 8], [1, 4, 3, 3], 6)
+
+
+def plain_cnn():
+    rng = np.random.default_rng(2)
+    chain = [_conv("c0", "x", "t0", 3, 16, rng), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
+             _conv("c1", "r0", "t1", 16, 16, rng, stride=2),
+             (h.make_node("Sigmoid", ["t1"], ["s1"], name="sig"), []), (h.make_node("Mul", ["t1", "s1"], ["m1"], name="silu"), []),
+             _conv("c2", "m1", "t2", 16, 16, rng), (h.make_node("MaxPool", ["t2"], ["p2"], name="pool", kernel_shape=[2, 2], strides=[2, 2]), []),
+             _conv("c3", "p2", "y", 16, 8, rng, k=1, pad=0)]
+    return _model("plain_cnn", chain, [1, 3, 32, 32], [1, 8, 8, 8], 6)
+
+
+# ---- runs ------------------------------------------------------------------------------------------
+def _inputs(shape, n, seed=0, image=False):
+    rng = np.random.default_rng(seed)
+    out = [rng.random(shape, dtype=np.float32) for _ in range(n)]
+    if image:  # a real photograph (shipped with ultralytics), resized to the input
+        import cv2
+        from anpred.inputs import default_images_dir
+
+        imgs = sorted(p for p in default_images_dir().iterdir() if p.suffix.lower() in (".jpg", ".png"))
+        for p in imgs[:2]:
+            img = cv2.resize(cv2.imread(str(p))[:, :, ::-1], (shape[3], shape[2])).astype(np.float32) / 255
+            out.append(np.ascontiguousarray(img.transpose(2, 0, 1)[None]))
+    return out
+
+
+def make_run(tmp, anchored, manifest, inputs, backends=BACKENDS, models=None):
+    """Run ``anchored`` on each backend (``models[b]``: another ONNX file for backend b) into a RunStore."""
+    from anpred.backends.base import BackendStatus
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    mpath = tmp / "model.onnx"
+    save_model(anchored, mpath)
+    store = RunStore.create(tmp / "run", manifest, model={"name": anchored.graph.name, "path": str(mpath)})
+    for i, x in enumerate(inputs):
+        store.add_sample(f"s{i:04d}", {"x": x})
+    for b in backends:
+        cls = backend_class(b)
+        with cls({"threads": 1}) as be:
+            be.prepare((models or {}).get(b, mpath), manifest, tmp / "work" / b)
+            for i, x in enumerate(inputs):
+                store.write_anchors(b, f"s{i:04d}", be.run({"x": x}))
+            store.set_status(BackendStatus(name=b, family=cls.family, status="ok", versions=be.versions(),
+                                           precision=be.effective_precision(), samples=len(inputs),
+                                           captures={k: asdict(v) for k, v in be.anchor_info().items()}))
+    store.save_meta()
+    return tmp / "run"
+
+
+@pytest.fixture(scope="session")
+def softplus_run(tmp_path_factory):
+    am, man = softplus_cnn()
+    return make_run(tmp_path_factory.mktemp("softplus"), am, man, _inputs([1, 3, 16, 16], 6, 0)), man
+
+
+@pytest.fixture(scope="session")
+def avgpool_run(tmp_path_factory):
+    am, man = avgpool_cnn()
+    return make_run(tmp_path_factory.mktemp("avgpool"), am, man, _inputs([1, 3, 8, 8], 6, 1)), man
+
+
+@pytest.fixture(scope="session")
+def clean_run(tmp_path_factory):
+    am, man = plain_cnn()
+    return make_run(tmp_path_factory.mktemp("clean"), am, man, _inputs([1, 3, 32, 32], 10, 2, image=True)), man
+
+
+# ---- acceptance ------------------------------------------------------------------------------------
+def test_clean_fp32_flags_nothing(clean_run):
+    run, man = clean_run
+    rep = check_run(run, oracle="both")
+    assert rep.samples == 12 and rep.status == "consistent" and bool(rep)
+    assert rep.flagged_backends == []
+    worst = max(c.primary for c in rep.cells)
+    assert 0 < worst < 1e-5  # fp32 noise, measured, well under the floor
+    assert all(t.passed for t in rep.threshold.values())
+
+
+def test_openvino_softplus_defect_flagged_at_its_stage(softplus_run):
+    run, man = softplus_run
+    rep = check_run(run, oracle="both")
+    assert rep.status == "flagged" and rep.exit_code == 1
+    flagged = [b for b, v in rep.verdicts.items() if v.flagged]
+    assert flagged == ["openvino"]
+    v = rep.verdicts["openvino"]
+    sp = next(a for a in man.anchors if a.op_type == "Softplus")
+    assert v.origin_anchor == sp.name and v.origin_stage == sp.stage
+    cell = rep.cell(sp.name, "openvino")
+    assert cell.primary > 0.05 and cell.stats.mean_signed < 0  # OpenVINO returns values too low
+    peer = rep.cell(sp.name, "torch").primary
+    assert peer < 1e-5
+
+
+def test_openvino_avgpool_defect_flagged_at_its_stage(avgpool_run):
+    run, man = avgpool_run
+    rep = check_run(run)
+    assert [b for b, v in rep.verdicts.items() if v.flagged] == ["openvino"]
+    pool = next(a for a in man.anchors if a.op_type == "AveragePool")
+    v = rep.verdicts["openvino"]
+    assert v.origin_anchor == pool.name and v.origin_stage == pool.stage
+    c = rep.cell(pool.name, "openvino")
+    assert c.stats.mean_signed < 0 and c.primary > 0.1  # border windows divided by 9, not by the real count
+    assert v.output_flagged and v.propagation in ("stable", "attenuated", "amplified")
+
+
+def test_injected_bf16_rounding_flagged_at_injection_stage(tmp_path):
+    am, man = plain_cnn()
+    target = "c2"  # the conv feeding anchor t2
+    faulty = onnx.ModelProto()
+    faulty.CopyFrom(am)
+    for init in faulty.graph.initializer:
+        if init.name == f"{target}.w":
+            w = nh.to_array(init).copy()
+            bits = w.view(np.uint32)
+            bits += 0x7FFF + ((bits >> 16) & 1)  # round to nearest even at bfloat16 precision
+            bits &= 0xFFFF0000
+            init.CopyFrom(nh.from_array(bits.view(np.float32), init.name))
+    fpath = tmp_path / "faulty.onnx"
+    save_model(faulty, fpath)
+    run = make_run(tmp_path, am, man, _inputs([1, 3, 32, 32], 4, 5), backends=["ort", "ort-noopt", "openvino", "onnx-reference"],
+                   models={"ort": fpath})
+    rep = check_run(run)
+    stage = next(a.stage for a in man.anchors if a.producer == target)
+    assert [b for b, v in rep.verdicts.items() if v.flagged] == ["ort"]
+    assert rep.verdicts["ort"].origin_stage == stage
+
+
+# ---- bad input -------------------------------------------------------------------------------------
+def test_bad_input_is_reported_not_judged(tmp_path, softplus_run, capsys):
+    from anpred.backends.base import BackendStatus
+    from anpred.cli import main
+
+    run, man = softplus_run
+    # a run with a single usable backend
+    s = RunStore.create(tmp_path / "one", man)
+    s.add_sample("s0000", {"x": np.zeros((1, 3, 16, 16), np.float32)})
+    s.write_anchors("ort", "s0000", RunStore.open(run).read_anchors("ort", "s0000"))
+    s.set_status(BackendStatus(name="ort", family="onnxruntime", status="ok"))
+    s.set_status(BackendStatus(name="openvino", family="openvino", status="failed", reason="compile error"))
+    rep = check_run(tmp_path / "one")
+    assert rep.status == "error" and not rep and "fewer than two usable backends" in rep.problems[0]
+    assert "openvino: run status failed: compile error" in rep.problems[0]
+    assert main(["check", str(tmp_path / "one"), "--json", str(tmp_path / "one.json")]) == 2
+    assert "cannot be judged" in capsys.readouterr().err
+    assert json.loads((tmp_path / "one.json").read_text())["status"] == "error"
+    # not a run folder
+    with pytest.raises(AnpredError, match="not a run folder"):
+        check_run(tmp_path)
+    # mismatched manifest: tensors keyed by anchors of another model
+    s2 = RunStore.create(tmp_path / "mism", man)
+    s2.add_sample("s0000", {"x": np.zeros((1, 3, 16, 16), np.float32)})
+    for b in ("ort", "openvino", "onnx-reference"):
+        anchors = RunStore.open(run).read_anchors(b, "s0000")
+        if b == "openvino":
+            anchors = {k.replace("anchor/", "anchor/9"): v for k, v in anchors.items() if k.startswith("anchor/")}
+        s2.write_anchors(b, "s0000", anchors)
+        s2.set_status(BackendStatus(name=b, family=b, status="ok"))
+    rep2 = check_run(tmp_path / "mism")
+    assert "mismatched manifests" in rep2.unjudged_backends["openvino"]
+    assert rep2.status != "error" and "openvino" not in rep2.verdicts
+
+
+def test_all_nan_anchor_cannot_be_judged(tmp_path, softplus_run):
+    from anpred.backends.base import BackendStatus
+
+    run, man = softplus_run
+    src = RunStore.open(run)
+    s = RunStore.create(tmp_path / "nan", man)
+    s.add_sample("s0000", {"x": np.zeros((1, 3, 16, 16), np.float32)})
+    for b in ("ort", "onnx-reference", "torch"):
+        anchors = src.read_anchors(b, "s0000")
+        anchors["anchor/01/t1"] = np.full_like(anchors["anchor/01/t1"], np.nan)
+        s.write_anchors(b, "s0000", anchors)
+        s.set_status(BackendStatus(name=b, family=b, status="ok"))
+    rep = check_run(tmp_path / "nan")
+    assert "anchor/01/t1" in rep.unjudged_anchors and rep.status == "consistent"
+    assert any("anchor/01/t1 could not be judged" in n for n in rep.notes)
+
+
+# ---- reports and history ---------------------------------------------------------------------------
+def test_reports_cli_and_history(tmp_path, avgpool_run, capsys):
+    from anpred.cli import main
+    from anpred.history import trend
+
+    run, _ = avgpool_run
+    js, html, db, png = tmp_path / "r.json", tmp_path / "r.html", tmp_path / "h.db", tmp_path / "t.png"
+    code = main(["check", str(run), "--oracle", "both", "--json", str(js), "--report", str(html), "--history", str(db)])
+    out = capsys.readouterr().out
+    assert code == 1 and "openvino" in out and "FLAGGED" in out and "threshold baseline" in out
+    rep = CheckReport.from_dict(json.loads(js.read_text()))
+    assert rep.flagged_backends == ["openvino"] or rep.flagged_backends[0] == "openvino"
+    assert rep.verdicts["openvino"].origin_anchor and rep.cells[0].stats.n > 0
+    text = html.read_text()
+    assert text.count("data:image/png;base64,") >= 3 and "Heatmap" in text and "Verdicts" in text
+    assert main(["check", str(run), "--history", str(db), "-q", "--oracle", "threshold", "--atol", "1", "--rtol", "1"]) == 0
+    rows = trend(db)
+    ov = [r for r in rows if r.backend == "openvino"]
+    assert len(ov) == 2 and ov[0].flagged is True and ov[1].threshold_passed is True
+    assert ov[0].versions.get("openvino", "").startswith("2026")
+    assert main(["history", str(db), "--plot", str(png)]) == 0
+    assert "avgpool_cnn" in capsys.readouterr().out and png.stat().st_size > 1000
+    assert main(["history", str(tmp_path / "nope.db")]) == 2
