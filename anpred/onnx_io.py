@@ -50,7 +50,7 @@ def load_model(path: str | Path, load_external: bool = False):
         raise ModelLoadError(f"{path}: not a readable ONNX model ({type(err).__name__}: {err})") from err
     if not model.HasField("graph") or (len(model.graph.node) == 0 and len(model.graph.output) == 0):
         raise ModelLoadError(f"{path}: not an ONNX model (no graph in the file; truncated or another format?)")
-    missing = sorted(set(external_data_files(model)) - {f for f in external_data_files(model) if (path.parent / f).is_file()})
+    missing = [f for f in external_data_files(model) if not (path.parent / f).is_file()]
     if missing:
         raise ModelLoadError(f"{path}: external data file(s) missing next to the model: {', '.join(missing)}")
     if load_external:

@@ -81,9 +81,11 @@ class AnchorInsertionPass(GraphPass):
         from onnx import helper
 
         g = model.graph
-        taken = {v for n in g.node if not _is_anchor_node(n) for v in n.output}
-        taken.update(i.name for i in g.input)
-        taken.update(t.name for t in g.initializer)
+        taken = self.partition.value_names
+        if not taken:
+            taken = {v for n in g.node if not _is_anchor_node(n) for v in n.output}
+            taken.update(i.name for i in g.input)
+            taken.update(t.name for t in g.initializer)
         manifest = build_manifest(self.partition, taken, self.model_info)
         inner = [a for a in manifest.anchors if a.kind != "output"]
         plans = {a.value: a for a in self.partition.anchors}

@@ -24,6 +24,8 @@ from anpred.errors import GraphError
 
 #: ops whose output depends only on the *shape* of their inputs, not on their values.
 SHAPE_OPS = frozenset({"Shape", "Size"})
+_NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                               "Multinomial", "Bernoulli"})
 
 
 def _subgraph_outer_refs(node) -> list[str]:
@@ -84,6 +86,8 @@ class GraphIndex:
     shape_only: set[str] = field(default_factory=set)  # values depending only on input shapes
     live: list[bool] = field(default_factory=list)  # nodes[i] reaches a graph output
     is_sorted: bool = True  # the file order already was topological
+    op_types: list[str] = field(default_factory=list)
+    data_node: list[bool] = field(default_factory=list)  # nodes[i]'s outputs are data (not const/shape)
 
     def is_data(self, value: str) -> bool:
         """True if ``value`` carries activations: depends on the inputs' values, not only shapes."""
@@ -114,92 +118,106 @@ def build_index(graph) -> GraphIndex:
 
     file_nodes = list(graph.node)
     n_nodes = len(file_nodes)
-    ins: list[list[str]] = []
-    outs: list[list[str]] = []
-    prod_file: dict[str, int] = {}
+    ins: list[list[str]] = [[v for v in n.input if v] for n in file_nodes]
+    outs: list[list[str]] = [[v for v in n.output if v] for n in file_nodes]
     for i, node in enumerate(file_nodes):
-        inp = [v for v in node.input if v]
-        if node.attribute:
+        if node.attribute and any(a.type == 5 or a.type == 10 for a in node.attribute):  # GRAPH(S)
             extra = _subgraph_outer_refs(node)
             if extra:
-                have = set(inp)
-                inp += [v for v in extra if v not in have]
-        out = [v for v in node.output if v]
-        ins.append(inp)
-        outs.append(out)
+                have = set(ins[i])
+                ins[i] += [v for v in extra if v not in have]
+    known = initializers.union(graph_inputs)
+    prod_file: dict[str, int] = {}
+    for i, out in enumerate(outs):
         for v in out:
-            if v in prod_file or v in initializers or v in graph_inputs:
+            if v in prod_file or v in known:
+                node = file_nodes[i]
                 raise GraphError(f"value {v!r} is produced more than once (node {node.name or node.op_type!r})")
             prod_file[v] = i
-    known = initializers.union(graph_inputs)
+    is_sorted = True
+    get = prod_file.get
     for i, inp in enumerate(ins):
         for v in inp:
-            if v not in prod_file and v not in known:
-                nm = file_nodes[i].name or file_nodes[i].op_type
-                raise GraphError(f"node {nm!r} reads {v!r}, which no node, input or initializer provides")
+            p = get(v)
+            if p is None:
+                if v not in known:
+                    nm = file_nodes[i].name or file_nodes[i].op_type
+                    raise GraphError(f"node {nm!r} reads {v!r}, which no node, input or initializer provides")
+            elif p >= i:
+                is_sorted = False
     for v in graph_outputs:
         if v not in prod_file and v not in known:
             raise GraphError(f"graph output {v!r} is not produced by any node")
 
-    # Kahn's algorithm, min-heap on file position: a sorted file keeps its order.
-    indeg = [0] * n_nodes
-    succ: list[list[int]] = [[] for _ in range(n_nodes)]
-    for i, inp in enumerate(ins):
-        for v in inp:
-            p = prod_file.get(v)
-            if p is not None:
-                succ[p].append(i)
-                indeg[i] += 1
-    heap = [i for i in range(n_nodes) if indeg[i] == 0]
-    heapq.heapify(heap)
-    order: list[int] = []
-    while heap:
-        i = heapq.heappop(heap)
-        order.append(i)
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                heapq.heappush(heap, j)
-    if len(order) != n_nodes:
-        stuck = next(i for i in range(n_nodes) if indeg[i] > 0)
-        nm = file_nodes[stuck].name or file_nodes[stuck].op_type
-        raise GraphError(f"the graph has a cycle ({n_nodes - len(order)} nodes on or behind it, e.g. node {nm!r})")
-    is_sorted = all(a < b for a, b in zip(order, order[1:]))
-
-    nodes = [file_nodes[i] for i in order]
-    ins = [ins[i] for i in order]
-    outs = [outs[i] for i in order]
-    producer: dict[str, int] = {}
-    for pos, out in enumerate(outs):
-        for v in out:
-            producer[v] = pos
+    if is_sorted:
+        order = list(range(n_nodes))
+        nodes = file_nodes
+        producer = prod_file
+    else:
+        # Kahn's algorithm, min-heap on file position: keeps the file order wherever it is valid.
+        indeg = [0] * n_nodes
+        succ: list[list[int]] = [[] for _ in range(n_nodes)]
+        for i, inp in enumerate(ins):
+            for v in inp:
+                p = get(v)
+                if p is not None:
+                    succ[p].append(i)
+                    indeg[i] += 1
+        heap = [i for i in range(n_nodes) if indeg[i] == 0]
+        heapq.heapify(heap)
+        order = []
+        while heap:
+            i = heapq.heappop(heap)
+            order.append(i)
+            for j in succ[i]:
+                indeg[j] -= 1
+                if indeg[j] == 0:
+                    heapq.heappush(heap, j)
+        if len(order) != n_nodes:
+            stuck = next(i for i in range(n_nodes) if indeg[i] > 0)
+            nm = file_nodes[stuck].name or file_nodes[stuck].op_type
+            raise GraphError(f"the graph has a cycle ({n_nodes - len(order)} nodes on or behind it, "
+                             f"e.g. node {nm!r})")
+        nodes = [file_nodes[i] for i in order]
+        ins = [ins[i] for i in order]
+        outs = [outs[i] for i in order]
+        producer = {}
+        for pos, out in enumerate(outs):
+            for v in out:
+                producer[v] = pos
     consumers: dict[str, list[int]] = {}
     for pos, inp in enumerate(ins):
         for v in inp:
-            consumers.setdefault(v, []).append(pos)
+            c = consumers.get(v)
+            if c is None:
+                consumers[v] = [pos]
+            else:
+                c.append(pos)
+    op_types = [n.op_type for n in nodes]
 
     # constant / shape-only propagation (forward, in topological order)
     constant: set[str] = set(initializers)
     shape_only: set[str] = set()
-    for pos, node in enumerate(nodes):
+    data_node = [True] * n_nodes
+    for pos, op in enumerate(op_types):
         inp = ins[pos]
-        if all(v in constant for v in inp):  # includes nodes without inputs (Constant, RandomNormal...)
-            if node.op_type not in ("RandomNormal", "RandomUniform", "Multinomial", "RandomNormalLike",
-                                    "RandomUniformLike", "Bernoulli"):
-                constant.update(outs[pos])
-                continue
-        if node.op_type in SHAPE_OPS or all(v in constant or v in shape_only for v in inp):
+        if op not in _NONDETERMINISTIC and all(v in constant for v in inp):  # incl. no inputs (Constant)
+            constant.update(outs[pos])
+            data_node[pos] = False
+        elif op in SHAPE_OPS or all(v in constant or v in shape_only for v in inp):
             shape_only.update(outs[pos])
+            data_node[pos] = False
 
     # liveness (backward): a node is live if one of its outputs is a graph output or feeds a live node
-    live = [False] * len(nodes)
+    live = [False] * n_nodes
     out_set = set(graph_outputs)
-    for pos in range(len(nodes) - 1, -1, -1):
-        if any(v in out_set for v in outs[pos]) or any(
-                live[c] for v in outs[pos] for c in consumers.get(v, ())):
-            live[pos] = True
+    for pos in range(n_nodes - 1, -1, -1):
+        for v in outs[pos]:
+            if v in out_set or any(live[c] for c in consumers.get(v, ())):
+                live[pos] = True
+                break
 
     return GraphIndex(nodes=nodes, file_index=order, inputs=ins, outputs=outs, producer=producer,
                       consumers=consumers, graph_inputs=graph_inputs, initializers=initializers,
                       graph_outputs=graph_outputs, constant=constant, shape_only=shape_only, live=live,
-                      is_sorted=is_sorted)
+                      is_sorted=is_sorted, op_types=op_types, data_node=data_node)

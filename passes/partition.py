@@ -23,6 +23,7 @@ native model.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -46,6 +47,7 @@ _NCHW_OPS = frozenset({
 _NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                                "Multinomial", "Bernoulli"})
 DEFAULT_STAGES = 8
+_FLOAT_TYPES = frozenset({1, 10, 11, 16})  # float, float16, double, bfloat16
 
 
 @dataclass
@@ -91,10 +93,12 @@ class Partition:
     num_nodes: int
     candidates: int = 0  # number of cut positions within max_cut_width
     node_order: list[int] = field(default_factory=list)  # file index of each topological position
+    value_names: set[str] = field(default_factory=set)  # every value name of the partitioned graph
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("node_order")
+        d.pop("value_names")
         return d
 
 
@@ -143,6 +147,21 @@ def _tf2onnx_modules(name: str, model_names: set[str]) -> list[str]:
     return [comps[0]]
 
 
+_TRACE_SUFFIX = re.compile(r"_\d+$")
+
+
+def _strip_keras3_suffix(mods: list[list[str]], model_names: set[str]) -> list[list[str]]:
+    """Keras 3 appends ``_<k>`` to every name scope while tracing (``smallcnn_1/conv1_1/Relu``). When
+    the model scope and (nearly) all layer scopes carry such a suffix, drop one to recover the layer
+    names."""
+    layers = [m[0] for m in mods if m]
+    if not layers or not model_names or not all(_TRACE_SUFFIX.search(n) for n in model_names):
+        return mods
+    if sum(bool(_TRACE_SUFFIX.search(x)) for x in layers) < 0.9 * len(layers):
+        return mods
+    return [[_TRACE_SUFFIX.sub("", m[0])] if m else [] for m in mods]
+
+
 def node_modules(model, index: GraphIndex, framework: str) -> list[list[str]]:
     """Per topological position, the source modules enclosing the node, coarse to fine ("" never)."""
     out: list[list[str]] = []
@@ -168,7 +187,7 @@ def node_modules(model, index: GraphIndex, framework: str) -> list[list[str]]:
             firsts[c] = firsts.get(c, 0) + 1
         # the Keras model's own name prefixes (almost) every node when the model is functional
         model_names = {c for c, k in firsts.items() if k > max(3, len(index.nodes) // 3)}
-        out = [_tf2onnx_modules(n.name, model_names) for n in index.nodes]
+        out = _strip_keras3_suffix([_tf2onnx_modules(n.name, model_names) for n in index.nodes], model_names)
     else:
         out = [[] for _ in index.nodes]
     return out
@@ -177,20 +196,34 @@ def node_modules(model, index: GraphIndex, framework: str) -> list[list[str]]:
 # ------------------------------------------------------------------------------------------------
 # shapes, dtypes, costs
 # ------------------------------------------------------------------------------------------------
+_SIMPLE_SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:]*$")  # not an expression like "floor(h/2) + 1"
+
+
 def _collect_types(g, types) -> None:
-    for vi in list(g.value_info) + list(g.input) + list(g.output):
-        t = vi.type
-        if not t.HasField("tensor_type"):
-            continue
-        tt = t.tensor_type
-        shape = None
-        if tt.HasField("shape"):
-            shape = [d.dim_value if d.HasField("dim_value")
-                     else (None if (not d.dim_param or d.dim_param.startswith("unk__")) else d.dim_param)
-                     for d in tt.shape.dim]
-        old = types.get(vi.name)
-        if old is None or _known(shape) > _known(old[1]):
-            types[vi.name] = (tt.elem_type or (old[0] if old else 0), shape)
+    simple = _SIMPLE_SYMBOL.match
+    get = types.get
+    for vis in (g.value_info, g.input, g.output):
+        for vi in vis:
+            tt = vi.type.tensor_type  # default (elem_type 0) for sequence/map/optional types
+            et = tt.elem_type
+            dims = tt.shape.dim
+            if dims:
+                shape = []
+                for d in dims:
+                    dv = d.dim_value
+                    if dv:
+                        shape.append(dv)
+                    else:
+                        dp = d.dim_param
+                        shape.append(dp if dp and simple(dp) and not dp.startswith("unk__") else None)
+            else:
+                shape = [] if tt.HasField("shape") else None
+            name = vi.name
+            old = get(name)
+            if old is None:
+                types[name] = (et, shape)
+            elif _known(shape) > _known(old[1]):
+                types[name] = (et or old[0], shape)
     for t in g.initializer:
         types[t.name] = (t.data_type, list(t.dims))
 
@@ -229,6 +262,31 @@ def infer_value_types(model) -> dict[str, tuple[int, list[Any] | None]]:
     return types
 
 
+COST_DIM = 256  # stands for a symbolic non-batch input dim in the cost estimate
+
+
+def _fix_input_dims(model):
+    """A copy of ``model`` whose symbolic/unknown input dims are fixed (first dim 1, others
+    :data:`COST_DIM`) for the cost estimate only, or None if all input dims are static."""
+    inits = {t.name for t in model.graph.initializer}
+    dyn = [i for i in model.graph.input if i.name not in inits and i.type.HasField("tensor_type")
+           and any(not d.HasField("dim_value") or d.dim_value <= 0 for d in i.type.tensor_type.shape.dim)]
+    if not dyn:
+        return None
+    import onnx
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for i in m.graph.input:
+        if i.name in inits or not i.type.HasField("tensor_type"):
+            continue
+        for k, d in enumerate(i.type.tensor_type.shape.dim):
+            if not d.HasField("dim_value") or d.dim_value <= 0:
+                d.Clear()
+                d.dim_value = 1 if k == 0 else COST_DIM
+    return m
+
+
 def _numel(shape) -> int:
     if not shape:
         return 1
@@ -237,6 +295,10 @@ def _numel(shape) -> int:
         if isinstance(d, int) and d > 0:
             n *= d
     return n
+
+
+_HEAVY_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "MatMulInteger", "QLinearMatMul"})
+_NO_TYPE = (0, None)
 
 
 def node_cost(node, ins: list[str], outs: list[str], types) -> float | None:
@@ -303,6 +365,49 @@ def _layout(index: GraphIndex, value: str, types, framework: str) -> str:
 # ------------------------------------------------------------------------------------------------
 # the pass
 # ------------------------------------------------------------------------------------------------
+def sweep_cuts(index: GraphIndex, max_width: int) -> list[tuple[int, tuple[str, ...]]]:
+    """All admissible cuts, by one linear sweep over the topological order.
+
+    Returns ``[(pos, cut)]``: ``cut`` is the set of data tensors (unordered tuple) produced at or
+    before ``pos`` that a live node after ``pos`` reads, excluding graph inputs and graph outputs;
+    listed when ``pos`` is a live node, not the last one, one of its outputs is in the cut, and
+    ``1 <= len(cut) <= max_width``. O(nodes + edges).
+    """
+    n = len(index.nodes)
+    out_set = set(index.graph_outputs)
+    last_use: dict[str, int] = {}
+    live = index.live
+    for v, cs in index.consumers.items():
+        for c in reversed(cs):
+            if live[c]:
+                last_use[v] = c
+                break
+    expire: dict[int, list[str]] = {}
+    crossing: set[str] = set()
+    cands: list[tuple[int, tuple[str, ...]]] = []
+    outputs, data_node = index.outputs, index.data_node
+    lu_get = last_use.get
+    for p in range(n):
+        opened = False
+        if data_node[p]:
+            for v in outputs[p]:
+                lu = lu_get(v)
+                if lu is not None and lu > p and v not in out_set:
+                    crossing.add(v)
+                    e = expire.get(lu)
+                    if e is None:
+                        expire[lu] = [v]
+                    else:
+                        e.append(v)
+                    opened = True
+        e = expire.pop(p, None)
+        if e:
+            crossing.difference_update(e)
+        if opened and live[p] and p < n - 1 and len(crossing) <= max_width:
+            cands.append((p, tuple(crossing)))
+    return cands
+
+
 def _is_anchor_node(node) -> bool:
     return node.op_type == "Identity" and node.name.startswith(ANCHOR_NODE_PREFIX)
 
@@ -375,6 +480,10 @@ class StagePartitionPass(GraphPass):
             raise GraphError("the graph has no nodes")
         framework = detect_framework(model, index)
         types = infer_value_types(model)
+        cost_types = types
+        fixed = _fix_input_dims(model)
+        if fixed is not None:
+            cost_types = infer_value_types(fixed)
         mods = node_modules(model, index, framework)
 
         # explicit anchors
@@ -396,11 +505,17 @@ class StagePartitionPass(GraphPass):
         costs = [0.0] * n
         unknown = 0
         data_nodes = 0
-        for p, node in enumerate(index.nodes):
-            if not index.live[p] or not any(index.is_data(v) for v in index.outputs[p]):
+        live, data_node, nodes, ops = index.live, index.data_node, index.nodes, index.op_types
+        for p in range(n):
+            if not (live[p] and data_node[p]):
                 continue
             data_nodes += 1
-            c = node_cost(node, index.inputs[p], index.outputs[p], types)
+            outs = index.outputs[p]
+            if ops[p] in _HEAVY_OPS:
+                c = node_cost(nodes[p], index.inputs[p], outs, cost_types)
+            else:  # elementwise and data movement: one op per output element
+                sh = cost_types.get(outs[0], _NO_TYPE)[1] if outs else None
+                c = None if sh is None else float(sum(_numel(cost_types.get(v, _NO_TYPE)[1]) for v in outs))
             if c is None:
                 unknown += 1
                 c = 1.0
@@ -408,8 +523,7 @@ class StagePartitionPass(GraphPass):
         cost_unit = "flops"
         if data_nodes == 0 or unknown > data_nodes // 2:
             cost_unit = "nodes"
-            costs = [1.0 if index.live[p] and any(index.is_data(v) for v in index.outputs[p]) else 0.0
-                     for p in range(n)]
+            costs = [1.0 if live[p] and data_node[p] else 0.0 for p in range(n)]
         prefix = [0.0] * n
         acc = 0.0
         for p in range(n):
@@ -431,30 +545,12 @@ class StagePartitionPass(GraphPass):
                     return m, depth
             return "", 0
 
-        # the sweep: live crossing data tensors after each position
+        cands = sweep_cuts(index, self.max_cut_width)
+        untyped = {v for v in index.producer if not types.get(v, _NO_TYPE)[0]}
+        if untyped:  # an output needs an element type
+            cands = [c for c in cands if untyped.isdisjoint(c[1])]
+        nonfloat = {v for v in index.producer if types.get(v, _NO_TYPE)[0] not in _FLOAT_TYPES}
         out_set = set(index.graph_outputs)
-        input_set = set(index.graph_inputs)
-        last_use: dict[str, int] = {}
-        for v, cs in index.consumers.items():
-            lc = [c for c in cs if index.live[c]]
-            if lc:
-                last_use[v] = lc[-1]
-        expire: dict[int, list[str]] = {}
-        crossing: set[str] = set()
-        W = self.max_cut_width
-        cands: list[tuple[int, list[str]]] = []
-        for p in range(n):
-            for v in index.outputs[p]:
-                lu = last_use.get(v)
-                if lu is not None and lu > p and v not in out_set and v not in input_set and index.is_data(v):
-                    crossing.add(v)
-                    expire.setdefault(lu, []).append(v)
-            for v in expire.pop(p, ()):
-                crossing.discard(v)
-            if p < n - 1 and index.live[p] and 0 < len(crossing) <= W and any(v in crossing for v in index.outputs[p]):
-                cut = sorted(crossing, key=lambda v: (index.producer[v], v))
-                if all(types.get(v, (0, None))[0] != 0 for v in cut):
-                    cands.append((p, cut))
 
         # choose boundaries
         live_data = sum(1 for c in costs if c > 0)
@@ -469,30 +565,34 @@ class StagePartitionPass(GraphPass):
             if has_scopes:
                 depths = [module_output_scope(index.producer[v])[1] for v in cut]
                 s += sum(0.4 if d == 0 else 0.1 * (d - 1) for d in depths) / len(cut)
-            if any(types.get(v, (0, None))[0] not in (1, 10, 11, 16) for v in cut):
+            if not nonfloat.isdisjoint(cut):
                 s += 1.0
             return s
 
+        import bisect
+
+        cand_cost = [prefix[p] for p, _ in cands]
         chosen: list[tuple[int, list[str]]] = []
         ci = 0
         for j in range(1, K):
             target = total * j / K
             best = None
-            for k in range(ci, len(cands)):
+            # candidates within one stage's cost of the target (scores grow with the distance)
+            k0 = max(ci, bisect.bisect_left(cand_cost, target - step / 2))
+            k1 = bisect.bisect_right(cand_cost, target + step / 2)
+            if k1 <= k0:
+                k0, k1 = max(ci, bisect.bisect_left(cand_cost, target - step)), bisect.bisect_right(cand_cost, target + step)
+            for k in range(k0, k1):
                 pos, cut = cands[k]
-                if prefix[pos] > target + step:  # far beyond: later targets will take these
-                    break
-                if chosen and pos <= chosen[-1][0]:
-                    continue
                 sc = score(pos, cut, target)
                 if best is None or sc < best[0]:
                     best = (sc, k)
             if best is None:
                 continue
             k = best[1]
-            chosen.append(cands[k])
+            pos, cut = cands[k]
+            chosen.append((pos, sorted(cut, key=lambda v: (index.producer[v], v))))
             ci = k + 1
-
         # stages
         stages: list[StagePlan] = []
         first = 0
@@ -541,4 +641,5 @@ class StagePartitionPass(GraphPass):
             stages=stages, anchors=inner + outs,
             options={"stages": self.stages, "max_cut_width": self.max_cut_width, "anchors": list(self.anchors)},
             framework=framework, cost_unit=cost_unit, total_cost=total, num_nodes=n, candidates=len(cands),
-            node_order=list(index.file_index))
+            node_order=list(index.file_index),
+            value_names=set(index.producer) | set(index.graph_inputs) | index.initializers)
