@@ -110,8 +110,11 @@ class _Graph:
     """Producer/consumer index of an ONNX graph (top-level graph only)."""
 
     def __init__(self, model):
+        from passes.partition import _is_anchor_node
+
         g = model.graph
-        self.nodes = list(g.node)
+        # the instrumentation's Identity nodes (anchor -> graph output) are not part of the model
+        self.nodes = [n for n in g.node if not _is_anchor_node(n)]
         self.producer: dict[str, int] = {}
         self.consumers: dict[str, list[int]] = {}
         for i, n in enumerate(self.nodes):
@@ -121,7 +124,7 @@ class _Graph:
             for v in n.input:
                 if v:
                     self.consumers.setdefault(v, []).append(i)
-        self.outputs = [o.name for o in g.output]
+        self.outputs = [o.name for o in g.output if o.name in self.producer or o.name in {i.name for i in g.input}]
         inits = {t.name for t in g.initializer}
         self.inputs = [i.name for i in g.input if i.name not in inits]
 
@@ -473,6 +476,18 @@ def _map_keras(manifest, model, g: _Graph) -> dict[str, dict[str, Any]]:
         pi = g.producer[v]
         node = g.nodes[pi]
         L = layers[pi]
+        if node.op_type == "Transpose" and node.input[0] in g.inputs:
+            inp = node.input[0]
+            perm = next((list(at.ints) for at in node.attribute if at.name == "perm"), None)
+            in_layers = {l.name for l in model.layers if type(l).__name__ == "InputLayer"}
+            tgt = inp if inp in in_layers else inp.split(":")[0]
+            if tgt in in_layers and perm:
+                out[a.name] = _entry(tgt, "exact", f"the model input {tgt!r} (Keras layout), transposed by tf2onnx "
+                                     f"with perm {perm}", {"permute": perm})
+            else:
+                out[a.name] = _entry("", "unmapped", f"value {v!r} transposes graph input {inp!r}, which is no Keras "
+                                     f"InputLayer of {model.name!r}")
+            continue
         if L is None:
             seg = node.name.split("/")
             hint = f"layer path {'/'.join(seg[1:-1])!r} is not a top-level layer of {model.name!r} (nested model?)" \

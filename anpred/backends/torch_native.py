@@ -26,13 +26,20 @@ from anpred.manifest import AnchorManifest
 BACKEND = "torch-native"
 
 
-def origin_factory(manifest: AnchorManifest, options: dict[str, Any], backend: str) -> tuple[str, dict[str, Any]]:
-    """The factory spec and kwargs to rebuild the native model: ``options`` first, then the origin.
+def origin_factory(manifest: AnchorManifest, options: dict[str, Any], backend: str,
+                   model_path: Path | None = None) -> tuple[str, dict[str, Any]]:
+    """The factory spec and kwargs to rebuild the native model: ``options`` first, then
+    ``manifest.model["origin"]``, then the ``anpred.origin`` metadata of the ONNX file at ``model_path``.
 
     Raises:
-        BackendError: neither gives a factory.
+        BackendError: none gives a factory.
     """
     origin = manifest.model.get("origin") or {}
+    if not origin.get("factory") and model_path is not None and not options.get("factory"):
+        from anpred.onnx_io import load_model
+        from exporters import read_origin
+
+        origin = read_origin(load_model(model_path)) or {}
     spec = options.get("factory") or origin.get("factory")
     kwargs = options.get("factory_kwargs") if options.get("factory") else origin.get("kwargs")
     if not spec:
@@ -61,7 +68,7 @@ class TorchNativeBackend(Backend):
 
         if "threads" in self.options:
             torch.set_num_threads(int(self.options["threads"]))
-        spec, kwargs = origin_factory(manifest, self.options, self.name)
+        spec, kwargs = origin_factory(manifest, self.options, self.name, model_path)
         try:
             module, example = load_factory(spec, kwargs)
         except ExportError as err:
