@@ -1,0 +1,530 @@
+"""Alignment (anpred.align) on tensors produced by real libraries.
+
+Canonical side: a Keras model exported with tf2onnx (exporters.tf_export, cached) and run in
+onnxruntime with intermediate values exposed as outputs (NCHW/NCW/NCDHW). Other side: the same Keras
+model run natively in TensorFlow (NHWC/NWC/NDHWC), onnxconverter-common's float16 model and
+onnxruntime's QDQ quantization in onnxruntime, a torch model run unbatched and in bfloat16, and
+YOLOv8n converted with onnx2tf (backend ``tf``). Nothing stands in for a converter.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from anpred.align import (AlignmentError, AlignmentReport, Aligner, apply_rule, find_segment_permutation,
+                          normalized_error)
+from anpred.backends.base import AnchorCapture, BackendStatus
+from anpred.manifest import Anchor, AnchorManifest
+
+FP32_NOISE = 1e-5  # normalised error after alignment between two fp32 libraries
+
+# anchor -> (regex of the ONNX value in the tf2onnx export, Keras layer, canonical layout)
+_F = r"functional(_\d+)?/"
+ANCHORS = {
+    "anchor/00/relu1": (_F + r"relu1(_\d+)?/Relu:0", "relu1", "NCHW"),
+    "anchor/01/pool1": (_F + r"pool1(_\d+)?/MaxPool2d:0", "pool1", "NCHW"),
+    "anchor/02/conv2": (_F + r"conv2(_\d+)?/Relu:0", "conv2", "NCHW"),
+    "anchor/03/gap": (_F + r"gap(_\d+)?/Mean:0", "gap", "NCHW"),
+    "anchor/04/cat": (_F + r"cat(_\d+)?/concat:0", "cat", "NCHW"),
+    "anchor/05/c1d": (_F + r"c1d(_\d+)?/Relu:0", "c1d", "NCW"),
+    "anchor/06/c3d": (_F + r"c3d(_\d+)?/Relu:0", "c3d", "NCDHW"),
+    "output/flat": (r"flat", "flat", "unknown"),
+}
+NATIVE_LAYOUT = {"NCHW": "NHWC", "NCW": "NWC", "NCDHW": "NDHWC"}
+
+
+def _keras_model(seed: int):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    k = keras.layers
+    x = keras.Input((16, 16, 3), batch_size=1, name="x")
+    s = keras.Input((32, 4), batch_size=1, name="s")
+    v = keras.Input((6, 6, 6, 2), batch_size=1, name="v")
+    h = k.Conv2D(8, 3, padding="same", name="conv1")(x)
+    h = k.BatchNormalization(name="bn1")(h)
+    h = k.ReLU(name="relu1")(h)
+    h = k.MaxPooling2D(2, name="pool1")(h)  # 1x8x8x8: C == H == W
+    h2 = k.Conv2D(16, 3, padding="same", activation="relu", name="conv2")(h)
+    g = k.GlobalAveragePooling2D(name="gap")(h2)
+    ha = k.Conv2D(4, 1, name="head_a")(h2)
+    hb = k.Conv2D(6, 1, name="head_b")(h2)
+    cat = k.Concatenate(name="cat")([ha, hb])
+    f = k.Flatten(name="flat")(h2)
+    out = k.Dense(10, name="dense")(g)
+    c1 = k.Conv1D(6, 3, padding="same", activation="relu", name="c1d")(s)
+    c3 = k.Conv3D(4, 3, padding="same", activation="relu", name="c3d")(v)
+    model = keras.Model([x, s, v], [out, f, cat, c1, c3])
+    # BatchNorm statistics away from the identity, so the folded conv is not trivial
+    bn = model.get_layer("bn1")
+    rng = np.random.default_rng(seed)
+    bn.set_weights([rng.uniform(0.5, 1.5, 8), rng.normal(0, 0.2, 8), rng.normal(0, 0.2, 8), rng.uniform(0.5, 2, 8)])
+    # the "Keras port" concatenating the two heads in the other order (same layers, same weights)
+    swapped = k.Concatenate(name="cat_swapped")([hb, ha])
+    names = [spec[1] for spec in ANCHORS.values()]
+    native = keras.Model([x, s, v], [model.get_layer(n).output if n != "cat" else cat for n in names] + [swapped])
+    return model, native
+
+
+def _expose(model, values):
+    """Add ONNX values as graph outputs (types from ONNX shape inference)."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    vi = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    have = {o.name for o in model.graph.output}
+    for v in values:
+        if v not in have:
+            model.graph.output.append(vi[v])
+    return model
+
+
+def _ort_run(model_bytes: bytes, feeds, names):
+    import onnxruntime as ort
+
+    s = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    return dict(zip(names, s.run(names, feeds)))
+
+
+@pytest.fixture(scope="module")
+def keras_case(tmp_path_factory):
+    """Keras model natively (TF) and via tf2onnx in ORT, 2 samples; plus a wrong model (seed 1)."""
+    import onnx
+
+    from exporters.tf_export import export_keras
+
+    tmp = tmp_path_factory.mktemp("keras")
+    model, native = _keras_model(0)
+    export_keras(model, tmp / "k.onnx")
+    proto = onnx.load(str(tmp / "k.onnx"))
+    node_outs = {o for n in proto.graph.node for o in n.output}
+    values = {}
+    for a, (pattern, _, _) in ANCHORS.items():
+        hits = [o for o in node_outs if re.fullmatch(pattern, o)]
+        assert len(hits) == 1, (a, hits)
+        values[a] = hits[0]
+    proto = _expose(proto, list(values.values()))
+    shapes = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in proto.graph.output}
+    anchors = [Anchor(name=a, value=values[a], stage=i, order=i, producer="", op_type="", shape=shapes[values[a]],
+                      dtype="float32", layout=ANCHORS[a][2]) for i, a in enumerate(ANCHORS)]
+    manifest = AnchorManifest(anchors=anchors)
+    rng = np.random.default_rng(0)
+    samples = []
+    for _ in range(2):
+        samples.append({"x": rng.normal(size=(1, 16, 16, 3)).astype(np.float32),
+                        "s": rng.normal(size=(1, 32, 4)).astype(np.float32),
+                        "v": rng.normal(size=(1, 6, 6, 6, 2)).astype(np.float32)})
+    model_bytes = proto.SerializeToString()
+    ort_out, keras_out = [], []
+    for feeds in samples:
+        r = _ort_run(model_bytes, feeds, list(values.values()))
+        ort_out.append({a: r[values[a]] for a in ANCHORS})
+        outs = [np.asarray(t) for t in native([feeds["x"], feeds["s"], feeds["v"]])]
+        keras_out.append(dict(zip(ANCHORS, outs[:-1])) | {"cat_swapped": outs[-1]})
+    _, wrong_native = _keras_model(1)
+    wrong = []
+    for feeds in samples:
+        outs = [np.asarray(t) for t in wrong_native([feeds["x"], feeds["s"], feeds["v"]])]
+        wrong.append(dict(zip(ANCHORS, outs[:-1])))
+    return {"manifest": manifest, "proto": proto, "values": values, "samples": samples, "ort": ort_out,
+            "keras": keras_out, "wrong": wrong}
+
+
+def _ort_status(manifest, name="ort", precision="fp32", captures=None):
+    caps = captures or {a.name: AnchorCapture("exact", a.layout if a.layout != "unknown" else None).__dict__
+                        for a in manifest.anchors}
+    return BackendStatus(name=name, family="onnxruntime", status="ok", precision=precision, captures=caps)
+
+
+def _tf_status(manifest, known=True, overrides=None):
+    """What a TensorFlow backend reports: channels-last layout and the permutation back (``known``), or
+    nothing about the layout (``known=False``)."""
+    caps = {}
+    for a in manifest.anchors:
+        r = len(a.shape)
+        if known and a.layout in NATIVE_LAYOUT and a.name != "anchor/03/gap":
+            caps[a.name] = AnchorCapture("equivalent", NATIVE_LAYOUT[a.layout], {"permute": [0, r - 1, *range(1, r - 1)]},
+                                         target=a.name).__dict__
+        else:
+            caps[a.name] = AnchorCapture("equivalent", None, None, target=a.name).__dict__
+    caps.update(overrides or {})
+    return BackendStatus(name="tf-native", family="tensorflow", status="ok", captures=caps)
+
+
+# ------------------------------------------------------------------------------------------------
+def test_keras_nhwc_vs_ort_nchw_known_rule(keras_case):
+    m = keras_case["manifest"]
+    al = Aligner(m, {"ort": _ort_status(m), "tf-native": _tf_status(m)})
+    for sid, (o, k) in enumerate(zip(keras_case["ort"], keras_case["keras"])):
+        raw_k = {a: k[a] for a in ANCHORS}
+        assert raw_k["anchor/00/relu1"].shape == (1, 16, 16, 8) and o["anchor/00/relu1"].shape == (1, 8, 16, 16)
+        res = al.align(f"s{sid}", {"ort": o, "tf-native": raw_k})
+        assert not res.unaligned.get("anchor/00/relu1")
+        for a in ["anchor/00/relu1", "anchor/01/pool1", "anchor/02/conv2", "anchor/03/gap", "anchor/05/c1d",
+                  "anchor/06/c3d", "output/flat"]:
+            t = res.tensors[a]
+            assert t["tf-native"].dtype == np.float64 and t["tf-native"].shape == tuple(m[a].shape)
+            e = normalized_error(t["tf-native"], t["ort"])
+            assert e < FP32_NOISE, (a, e)
+    d = al.decisions
+    for a, perm in [("anchor/00/relu1", [0, 3, 1, 2]), ("anchor/01/pool1", [0, 3, 1, 2]),
+                    ("anchor/05/c1d", [0, 2, 1]), ("anchor/06/c3d", [0, 4, 1, 2, 3])]:
+        assert d[(a, "tf-native")].source == "capture" and d[(a, "tf-native")].rule == {"permute": perm}
+        assert d[(a, "tf-native")].samples == 2
+    # Keras GlobalAveragePooling2D (1, 16) vs ONNX GlobalAveragePool (1, 16, 1, 1): shape decides
+    gap = d[("anchor/03/gap", "tf-native")]
+    assert gap.source == "shape" and gap.rule == {"reshape": True} and gap.backend_shape == [1, 16]
+    assert d[("output/flat", "tf-native")].rule == {} and d[("anchor/00/relu1", "ort")].rule == {}
+    rep = al.report()
+    listed = {(x.anchor, x.backend) for x in rep.alignments}
+    assert ("anchor/00/relu1", "tf-native") in listed and ("anchor/00/relu1", "ort") not in listed
+    assert rep.identity["ort"] == len(ANCHORS) and not rep.unaligned
+    assert AlignmentReport.from_dict(rep.to_dict()).to_dict() == rep.to_dict()
+    assert "permute [0, 3, 1, 2] [capture]" in rep.format_text()
+
+
+def test_segment_permutation_of_concatenated_heads_is_found_and_recorded(keras_case):
+    """A Keras port concatenating the two heads in the other order: the layout is known, the head
+    order is found from the data (against the ORT reference) and recorded."""
+    m = keras_case["manifest"]
+    al = Aligner(m, {"ort": _ort_status(m), "tf-native": _tf_status(m)})
+    for sid, (o, k) in enumerate(zip(keras_case["ort"], keras_case["keras"])):
+        raw = {"anchor/04/cat": k["cat_swapped"]}  # heads b (6 ch) then a (4 ch)
+        res = al.align(f"s{sid}", {"ort": {"anchor/04/cat": o["anchor/04/cat"]}, "tf-native": raw})
+        t = res.tensors["anchor/04/cat"]
+        assert normalized_error(t["tf-native"], t["ort"]) < FP32_NOISE
+        raw_err = normalized_error(np.transpose(k["cat_swapped"], [0, 3, 1, 2]).astype(np.float64), o["anchor/04/cat"])
+        assert raw_err > 0.5  # the layout alone does not explain it
+    dec = al.decisions[("anchor/04/cat", "tf-native")]
+    assert dec.source == "data" and dec.rule["permute"] == [0, 3, 1, 2]
+    assert dec.rule["segments"] == {"axis": 1, "order": [[6, 4], [0, 6]]}
+    assert dec.error < FP32_NOISE and dec.runner_up > 0.5 and dec.samples == 2
+    assert "segments axis 1 [6:10, 0:6]" in al.report().format_text()
+
+
+def test_c_eq_h_eq_w_decided_by_data(keras_case):
+    """pool1 is 1x8x8x8 in both libraries and the backend says nothing about its layout: three
+    layout candidates fit the shape; the data picks NHWC -> NCHW with a decisive margin, once."""
+    m = keras_case["manifest"]
+    st = {"ort": _ort_status(m), "tf-native": _tf_status(m, known=False)}
+    al = Aligner(m, st)
+    first = None
+    for sid, (o, k) in enumerate(zip(keras_case["ort"], keras_case["keras"])):
+        res = al.align(f"s{sid}", {"ort": o, "tf-native": {a: k[a] for a in ANCHORS}})
+        t = res.tensors["anchor/01/pool1"]
+        assert normalized_error(t["tf-native"], t["ort"]) < FP32_NOISE
+        dec = res.decisions[("anchor/01/pool1", "tf-native")]
+        first = first or dec
+        assert dec is first  # taken once, reused
+    assert dec.source == "data" and dec.rule == {"permute": [0, 3, 1, 2]}
+    assert len(dec.candidates) == 3 and dec.error < FP32_NOISE and dec.runner_up > 0.3
+    assert dec.margin is None or dec.margin > 1e4
+    assert dec.samples == 2
+    # shapes that decide alone: (1,8,8,16) -> (1,16,8,8), (1,32,6) -> (1,6,32), NDHWC -> NCDHW
+    for a in ["anchor/02/conv2", "anchor/05/c1d", "anchor/06/c3d"]:
+        d = al.decisions[(a, "tf-native")]
+        assert d.source == "shape" and "permute" in d.rule, (a, d)
+    # with no other backend, nothing to decide by: unaligned, with the shapes
+    alone = Aligner(m, {"tf-native": st["tf-native"]})
+    res = alone.align("s0", {"tf-native": {"anchor/01/pool1": keras_case["keras"][0]["anchor/01/pool1"]}})
+    why = res.unaligned["anchor/01/pool1"]["tf-native"]
+    assert "ambiguous" in why and "[1, 8, 8, 8]" in why and "anchor/01/pool1" not in res.tensors
+
+
+def test_wrong_tensor_is_never_explained_away(keras_case):
+    """The same architecture with other weights (seed 1): right shapes, wrong values. A naive
+    permutation search fits noise (it lowers the error); the aligner keeps the difference: known
+    layouts are applied as they are, no channel permutation is accepted, ambiguous layouts stay
+    unaligned."""
+    from scipy.optimize import linear_sum_assignment
+
+    m = keras_case["manifest"]
+    o, w = keras_case["ort"][0], keras_case["wrong"][0]
+    # known layout: aligned, and exactly as different as the raw tensor
+    al = Aligner(m, {"ort": _ort_status(m), "tf-native": _tf_status(m)})
+    res = al.align("s0", {"ort": o, "tf-native": {a: w[a] for a in ANCHORS}})
+    a = "anchor/02/conv2"
+    got = res.tensors[a]["tf-native"]
+    ref = o[a].astype(np.float64)
+    plain = np.transpose(w[a], [0, 3, 1, 2]).astype(np.float64)
+    assert np.array_equal(got, plain)
+    e = normalized_error(got, ref)
+    assert e > 0.5
+    assert "segments" not in al.decisions[(a, "tf-native")].rule
+    # the naive channel assignment (Hungarian on channel distances) would have "improved" it
+    A, M = plain[0].reshape(16, -1), ref[0].reshape(16, -1)
+    cost = ((A[:, None, :] - M[None, :, :]) ** 2).sum(-1)
+    rows, cols = linear_sum_assignment(cost)
+    naive = np.empty_like(A)
+    naive[cols] = A[rows]
+    assert not np.array_equal(cols, np.arange(16))
+    assert normalized_error(naive.reshape(ref.shape), ref) < e  # noise fitted
+    assert find_segment_permutation(plain, ref) is None
+    # ambiguous layout (1x8x8x8, no layout reported): a naive argmin would pick a candidate anyway
+    al2 = Aligner(m, {"ort": _ort_status(m), "tf-native": _tf_status(m, known=False)})
+    res2 = al2.align("s0", {"ort": o, "tf-native": {a: w[a] for a in ANCHORS}})
+    why = res2.unaligned["anchor/01/pool1"]["tf-native"]
+    assert "no candidate matches the consensus" in why and "[1, 8, 8, 8]" in why
+    assert "anchor/01/pool1" not in res2.tensors or "tf-native" not in res2.tensors["anchor/01/pool1"]
+    # the correct tensor with a genuine small error still gets its true layout and keeps the error
+    k = keras_case["keras"][0]["anchor/01/pool1"].copy()
+    k[0, 2, 3, :] += 0.5  # one pixel wrong in every channel
+    res3 = Aligner(m, {"ort": _ort_status(m), "tf-native": _tf_status(m, known=False)}).align(
+        "s0", {"ort": {"anchor/01/pool1": o["anchor/01/pool1"]}, "tf-native": {"anchor/01/pool1": k}})
+    t = res3.tensors["anchor/01/pool1"]
+    diff = t["tf-native"] - t["ort"]
+    assert np.allclose(diff[0, :, 2, 3], 0.5, atol=1e-5) and np.abs(diff).sum() == pytest.approx(4.0, abs=1e-3)
+    rep = al2.report()
+    assert any(u.anchor == "anchor/01/pool1" and u.backend == "tf-native" for u in rep.unaligned)
+
+
+def test_float16_and_int8_aligned_to_float(keras_case):
+    """onnxconverter-common's float16 model (float16 outputs) and onnxruntime's QDQ int8 model (raw
+    uint8 QuantizeLinear output, scale/zero point from the model) are widened/dequantized."""
+    import onnx
+    from onnx import numpy_helper
+    from onnxconverter_common import float16
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    m, proto, values = keras_case["manifest"], keras_case["proto"], keras_case["values"]
+    names = list(values.values())
+    fp16 = float16.convert_float_to_float16(onnx.ModelProto.FromString(proto.SerializeToString()), keep_io_types=False)
+    feeds16 = [{k: v.astype(np.float16) for k, v in f.items()} for f in keras_case["samples"]]
+    out16 = [_ort_run(fp16.SerializeToString(), f, names) for f in feeds16]
+    assert out16[0][values["anchor/00/relu1"]].dtype == np.float16
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        src, dst = Path(d) / "f.onnx", Path(d) / "q.onnx"
+        onnx.save(proto, str(src))
+
+        class Reader(CalibrationDataReader):
+            def __init__(self):
+                self.it = iter(keras_case["samples"])
+
+            def get_next(self):
+                return next(self.it, None)
+
+        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        q = onnx.load(str(dst))
+    inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
+    relu = values["anchor/00/relu1"]
+    # the quantizer re-creates the value as DequantizeLinear(QuantizeLinear(...)): expose the uint8 tensor
+    dql = next(n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == relu)
+    ql = next(n for n in q.graph.node if n.op_type == "QuantizeLinear" and n.output[0] == dql.input[0])
+    scale, zp = float(inits[ql.input[1]]), int(inits[ql.input[2]])
+    q = _expose(q, [ql.output[0]])
+    qnames = names + [ql.output[0]]
+    outq = [_ort_run(q.SerializeToString(), f, qnames) for f in keras_case["samples"]]
+    assert outq[0][ql.output[0]].dtype == np.uint8
+
+    caps_q = {a.name: AnchorCapture("exact", a.layout).__dict__ for a in m.anchors}
+    caps_q["anchor/00/relu1"] = AnchorCapture("exact", "NCHW", {"dequantize": {"scale": scale, "zero_point": zp}}).__dict__
+    st = {"ort": _ort_status(m), "ort-fp16": _ort_status(m, "ort-fp16", "fp16"),
+          "ort-int8": _ort_status(m, "ort-int8", "int8", caps_q)}
+    al = Aligner(m, st)
+    errs16, errs8 = [], []
+    for sid in range(2):
+        raw = {"ort": keras_case["ort"][sid],
+               "ort-fp16": {a: out16[sid][v] for a, v in values.items()},
+               "ort-int8": {a: outq[sid][v] for a, v in values.items()} | {"anchor/00/relu1": outq[sid][ql.output[0]]}}
+        res = al.align(f"s{sid}", raw)
+        assert not res.unaligned
+        for a in ANCHORS:
+            t = res.tensors[a]
+            assert t["ort-fp16"].dtype == np.float64 and t["ort-int8"].shape == t["ort"].shape
+            errs16.append(normalized_error(t["ort-fp16"], t["ort"]))
+        errs8.append(normalized_error(res.tensors["anchor/00/relu1"]["ort-int8"], res.tensors["anchor/00/relu1"]["ort"]))
+    # fp16: visibly not fp32, well within fp16's precision; int8: a quantization-level error
+    assert 1e-5 < max(errs16) < 2e-2, errs16
+    assert 1e-3 < max(errs8) < 0.1, errs8
+    d = al.decisions
+    assert d[("anchor/00/relu1", "ort-fp16")].rule == {"cast": "float16"}
+    assert d[("anchor/00/relu1", "ort-int8")].rule["dequantize"]["zero_point"] == zp
+    dq = (outq[0][ql.output[0]].astype(np.float64) - zp) * scale
+    assert np.array_equal(apply_rule(d[("anchor/00/relu1", "ort-int8")].rule, outq[0][ql.output[0]], None), dq)
+    # an integer tensor with no scale/zero point is never guessed
+    st2 = {"ort": st["ort"], "ort-int8": _ort_status(m, "ort-int8", "int8")}
+    res = Aligner(m, st2).align("s0", {"ort": keras_case["ort"][0],
+                                       "ort-int8": {"anchor/00/relu1": outq[0][ql.output[0]]}})
+    assert "zero point" in res.unaligned["anchor/00/relu1"]["ort-int8"]
+
+
+def test_flatten_and_batch_squeeze_and_bfloat16(keras_case, tmp_path):
+    """Keras Flatten output (channels-last order) against the ONNX NCHW conv anchor; a torch module run
+    on an unbatched input (C, H, W) and in bfloat16, through the run store, against its ONNX export."""
+    import ml_dtypes
+    import torch
+
+    from anpred.runstore import RunStore
+    from exporters.torch_export import export_torch
+
+    m = keras_case["manifest"]
+    o, k = keras_case["ort"][0], keras_case["keras"][0]
+    al = Aligner(m, {"ort": _ort_status(m), "tf-native": _tf_status(m, known=False)})
+    res = al.align("s0", {"ort": {"anchor/02/conv2": o["anchor/02/conv2"]},
+                          "tf-native": {"anchor/02/conv2": k["output/flat"]}})  # (1, 1024) HWC order
+    dec = al.decisions[("anchor/02/conv2", "tf-native")]
+    assert dec.source == "data" and dec.rule == {"view": [1, 8, 8, 16], "permute": [0, 3, 1, 2]}
+    assert normalized_error(res.tensors["anchor/02/conv2"]["tf-native"], o["anchor/02/conv2"]) < FP32_NOISE
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 5, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(0))
+    x = torch.randn(1, 3, 6, 6)
+    path = export_torch(net[:2], (x,), tmp_path / "t.onnx", dynamo=False).path
+    import onnxruntime as ort
+
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs()[0].name: x.numpy()})[0]
+    with torch.no_grad():
+        unbatched = net[:2](x[0]).numpy()  # torch accepts (C, H, W): batch squeezed
+        flat = net(x[0]).numpy()  # torch.flatten of (C, H, W): NCHW order
+        bf = net[:2].to(torch.bfloat16)(x.to(torch.bfloat16)).view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    assert unbatched.shape == (5, 6, 6) and ref.shape == (1, 5, 6, 6)
+    man = AnchorManifest(anchors=[Anchor("anchor/00/relu", "r", 0, 0, "", "Relu", [1, 5, 6, 6], "float32", "NCHW"),
+                                  Anchor("anchor/01/relu_flat", "r2", 0, 1, "", "Relu", [1, 5, 6, 6], "float32", "NCHW")])
+    store = RunStore.create(tmp_path / "run", man)
+    store.add_sample("s0000", {"x": x.numpy()})
+    store.write_anchors("ort", "s0000", {"anchor/00/relu": ref, "anchor/01/relu_flat": ref})
+    store.write_anchors("torch-native", "s0000", {"anchor/00/relu": unbatched, "anchor/01/relu_flat": flat})
+    store.write_anchors("torch-bf16", "s0000", {"anchor/00/relu": bf, "anchor/01/relu_flat": bf})
+    caps = {a.name: AnchorCapture("exact", "NCHW").__dict__ for a in man.anchors}
+    store.set_status(BackendStatus("ort", "onnxruntime", "ok", captures=caps))
+    store.set_status(BackendStatus("torch-native", "torch", "ok", captures=caps))
+    store.set_status(BackendStatus("torch-bf16", "torch", "ok", precision="bf16", captures=caps,
+                                   dtypes={a.name: "bfloat16" for a in man.anchors}))
+    r = RunStore.open(tmp_path / "run")
+    assert r.read_anchors("torch-bf16", "s0000")["anchor/00/relu"].dtype.kind == "V"  # npz drops bfloat16
+    al = Aligner(r.manifest, r.statuses())
+    for sid, raw in r.iter_samples():
+        res = al.align(sid, raw)
+        for a in ("anchor/00/relu", "anchor/01/relu_flat"):
+            t = res.tensors[a]
+            assert normalized_error(t["torch-native"], t["ort"]) < FP32_NOISE
+            assert "torch-bf16" in t, res.unaligned
+            assert 1e-4 < normalized_error(t["torch-bf16"], t["ort"]) < 3e-2
+    d = al.decisions
+    assert d[("anchor/00/relu", "torch-native")].rule == {"reshape": True}
+    assert "reshape [5, 6, 6] -> [1, 5, 6, 6]" in d[("anchor/00/relu", "torch-native")].detail
+    assert d[("anchor/01/relu_flat", "torch-native")].rule == {"reshape": True}
+    assert d[("anchor/00/relu", "torch-bf16")].rule == {"cast": "bfloat16"}
+
+
+def test_manifest_pins_override_and_bad_pins(keras_case):
+    m0 = keras_case["manifest"]
+    m = AnchorManifest.from_dict(m0.to_dict())
+    m["anchor/01/pool1"].alignment = {"tf-native": {"permute": [0, 3, 1, 2]}}
+    m["anchor/00/relu1"].alignment = {"tf-native": {"exclude": "known to differ (issue 123)"}}
+    o, k = keras_case["ort"][0], keras_case["keras"][0]
+    al = Aligner(m, {"ort": _ort_status(m), "tf-native": _tf_status(m, known=False)})
+    res = al.align("s0", {"ort": o, "tf-native": {a: k[a] for a in ANCHORS}})
+    assert al.decisions[("anchor/01/pool1", "tf-native")].source == "manifest"
+    assert normalized_error(res.tensors["anchor/01/pool1"]["tf-native"], o["anchor/01/pool1"]) < FP32_NOISE
+    assert "issue 123" in res.unaligned["anchor/00/relu1"]["tf-native"]
+    m["anchor/01/pool1"].alignment = {"tf-native": {"permute": [0, 3, 3, 2]}}
+    with pytest.raises(AlignmentError, match="not a permutation"):
+        Aligner(m, {"tf-native": _tf_status(m)}).align("s0", {"tf-native": {"anchor/01/pool1": k["anchor/01/pool1"]}})
+    m["anchor/01/pool1"].alignment = {"tf-native": {"transpose": [0, 3, 1, 2]}}
+    with pytest.raises(AlignmentError, match="unknown alignment rule key"):
+        Aligner(m, {"tf-native": _tf_status(m)}).align("s0", {"tf-native": {"anchor/01/pool1": k["anchor/01/pool1"]}})
+    # a tensor that fits nothing is unaligned with its shapes
+    res = Aligner(m0, {"ort": _ort_status(m0)}).align("s0", {"ort": {"anchor/00/relu1": np.zeros((1, 7, 16, 16), np.float32)}})
+    assert "[1, 7, 16, 16]" in res.unaligned["anchor/00/relu1"]["ort"] and "[1, 8, 16, 16]" in res.unaligned["anchor/00/relu1"]["ort"]
+
+
+def test_cli_align_prints_report_and_writes_json(keras_case, tmp_path, capsys):
+    from anpred.cli import main
+    from anpred.runstore import RunStore
+
+    m = keras_case["manifest"]
+    store = RunStore.create(tmp_path / "run", m)
+    for sid, (feeds, o, k) in enumerate(zip(keras_case["samples"], keras_case["ort"], keras_case["keras"])):
+        s = f"s{sid:04d}"
+        store.add_sample(s, feeds)
+        store.write_anchors("ort", s, o)
+        store.write_anchors("tf-native", s, {a: k[a] for a in ANCHORS})
+    store.set_status(_ort_status(m))
+    store.set_status(_tf_status(m, known=False))
+    out = tmp_path / "align.json"
+    assert main(["align", str(tmp_path / "run"), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "alignment over 2 sample(s)" in text and "permute [0, 3, 1, 2] [data:" in text
+    assert "reshape [shape]" in text and "unaligned: none" in text
+    rep = AlignmentReport.from_dict(__import__("json").loads(out.read_text()))
+    assert rep.samples == 2 and any(a.source == "data" and a.anchor == "anchor/01/pool1" for a in rep.alignments)
+    assert main(["align", str(tmp_path / "nothing")]) == 2
+    assert "not a run folder" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+YOLO_SIZE = 192  # the converter tests' anchored YOLOv8n (same cache key: the onnx2tf conversion is shared)
+
+
+@pytest.fixture(scope="module")
+def yolo_anchored() -> Path:
+    from anpred.cache import cache_key, cached_dir
+
+    def build(d: Path) -> None:
+        import onnx
+        import torch
+
+        from anpred.compat import import_ultralytics
+        from anpred.instrument import instrument_model
+        from exporters.torch_export import export_torch
+
+        ul = import_ultralytics()
+        torch.manual_seed(0)
+        net = ul.YOLO("yolov8n.yaml").model.eval()
+        net.model[-1].export = True
+        export_torch(net, (torch.rand(1, 3, YOLO_SIZE, YOLO_SIZE),), d / "yolov8n.onnx", dynamo=True, cache=False)
+        model, manifest = instrument_model(onnx.load(str(d / "yolov8n.onnx")), stages=6, source_path=d / "yolov8n.onnx")
+        manifest.to_model(model)
+        onnx.save(model, str(d / "yolov8n.anchored.onnx"))
+
+    d = cached_dir("test-models", cache_key("converters-yolov8n-dynamo", YOLO_SIZE, 1), build)
+    return d / "yolov8n.anchored.onnx"
+
+
+@pytest.mark.slow
+def test_yolov8n_onnx2tf_nhwc_vs_ort_nchw(yolo_anchored, tmp_path):
+    import onnx
+
+    from anpred.backends import backend_class
+
+    manifest = AnchorManifest.from_model(onnx.load(str(yolo_anchored), load_external_data=False))
+    rng = np.random.default_rng(0)
+    graph = onnx.load(str(yolo_anchored), load_external_data=False).graph
+    inits = {i.name for i in graph.initializer}
+    feeds = {i.name: rng.random((1, 3, YOLO_SIZE, YOLO_SIZE), dtype=np.float32) for i in graph.input if i.name not in inits}
+    statuses, raw = {}, {}
+    for name in ("ort", "tf"):
+        cls = backend_class(name)
+        with cls({"threads": 2}) as b:
+            b.prepare(yolo_anchored, manifest, tmp_path / name)
+            raw[name] = b.run(feeds)
+            statuses[name] = BackendStatus(name, cls.family, "ok",
+                                           captures={a: c.__dict__ for a, c in b.anchor_info().items()})
+    al = Aligner(manifest, statuses)
+    res = al.align("s0000", raw)
+    assert not res.unaligned
+    four_d = [a for a in manifest.anchors if len(a.shape) == 4]
+    assert four_d
+    worst = 0.0
+    for a in manifest.anchors:
+        t = res.tensors[a.name]
+        e = normalized_error(t["tf"], t["ort"])
+        worst = max(worst, e)
+        assert e < FP32_NOISE, (a.name, e)
+    for a in four_d:
+        d = al.decisions[(a.name, "tf")]
+        assert d.source == "capture" and d.rule == {"permute": [0, 3, 1, 2]}, (a.name, d)
+        assert raw["tf"][a.name].shape != tuple(a.shape) or a.shape[1] == a.shape[3]
+    print(f"\nyolov8n {YOLO_SIZE}: {len(four_d)} 4-D anchors by the known rule; worst normalised error {worst:.2e}")
+    assert math.isfinite(worst)
