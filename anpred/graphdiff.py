@@ -317,7 +317,14 @@ class _Graph:
     def _stages_from_manifest(self) -> None:
         # Stage.first/last index the node order of the anchored graph (its graph.node list). The
         # anchors' producers pin it down even if the file order differs from ours.
-        orig = {(nd.name or nd.output[0]): i for i, nd in enumerate(self.model.graph.node)}
+        file_nodes = self.model.graph.node
+        # trust the positions only if this file is the graph the manifest was made for: the anchors'
+        # producers sit at their recorded positions (an optimiser's copy of the metadata fails this)
+        checks = [a for a in self.manifest.anchors if a.producer]
+        ok = sum(0 <= a.order < len(file_nodes) and file_nodes[a.order].name == a.producer for a in checks)
+        if not checks or ok < len(checks):
+            return
+        orig = {(nd.name or nd.output[0]): i for i, nd in enumerate(file_nodes)}
         spans = sorted((s.first, s.last, s.index) for s in self.manifest.stages)
         for i, nd in enumerate(self.nodes):
             pos = orig.get(nd.name or nd.output[0])
@@ -905,7 +912,8 @@ def _classify(M: _Matcher, ai: list[int], bi: list[int], changed_idx: set[int]) 
 # ---------------------------------------------------------------------------------------------
 def _spread_stages(M: _Matcher) -> None:
     """Give every node a stage: from its own graph's manifest, else its match's, else its nearest
-    producer's (or consumer's) stage (breadth-first, iterative)."""
+    consumer's (an inserted conversion belongs to the stage that uses it), else its nearest
+    producer's (iterative sweeps in reverse and forward topological order)."""
     A, B = M.A, M.B
     if not any(s is not None for s in A.stage + B.stage):
         return
@@ -915,7 +923,7 @@ def _spread_stages(M: _Matcher) -> None:
         if B.stage[b] is None:
             B.stage[b] = A.stage[a]
     for G in (A, B):
-        for _ in range(2):  # forward pass then backward pass in topological order
+        for _ in (1, 0):  # consumers first (reverse order), then producers (forward order)
             order = range(len(G.nodes)) if _ == 0 else range(len(G.nodes) - 1, -1, -1)
             for i in order:
                 if G.stage[i] is not None:
@@ -976,6 +984,12 @@ def _anchor_map(M: _Matcher) -> list[AnchorMatch]:
             yv = Y.outputs[X.outputs.index(v)]
             yv_src, tf = _walk_transforms(Y, yv, {})
             reason = "graph output at the same position"
+        elif anc.name in Y.outputs:
+            # exposed by the instrumentation as a graph output named like the anchor: what a backend
+            # captures is that output, whatever was inserted in front of it
+            yv = anc.name
+            _src, tf = _walk_transforms(Y, yv, {})
+            reason = "exposed as graph output " + ("through " + ", ".join(sorted(tf)) if tf else "unchanged")
         elif anc.name in ynames:
             yv, reason = ynames[anc.name].value, "same anchor name in both manifests"
         elif v in X.producer and X.producer[v][0] in x2y:
