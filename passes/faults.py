@@ -174,6 +174,20 @@ def applicable_nodes(model, kind: str) -> list[str]:
     return [n.name for n in model.graph.node if _applicable(model, n, kind, inits)]
 
 
+def _reaches(nodes, start: int, last: int, targets: set[str]) -> bool:
+    """Whether an output of ``nodes[start]`` flows into a value in ``targets`` through nodes at
+    positions ``<= last`` (iterative forward sweep over the topologically ordered node list)."""
+    live = set(nodes[start].output)
+    if live & targets:
+        return True
+    for n in nodes[start + 1:last + 1]:
+        if live.intersection(n.input):
+            live.update(n.output)
+            if live & targets:
+                return True
+    return False
+
+
 def _stage_of(manifest, index: int) -> int | None:
     if manifest is None:
         return None
@@ -224,11 +238,15 @@ class FaultInjectionPass(GraphPass):
                 raise FaultError(f"no stage {self.stage}; the manifest has stages 0..{len(self.manifest.stages) - 1}")
             cands = [i for i in range(st.first, min(st.last, len(nodes) - 1) + 1)
                      if _applicable(inferred, nodes[i], self.kind, inits)]
-            if not cands:
-                raise FaultError(f"fault {self.kind!r} has no applicable node in stage {self.stage}")
-            # The node closest to the stage's end: its effect reaches this stage's boundary anchors
-            # through the fewest operators, so it is not masked (e.g. by a MaxPool) before them.
-            idx = cands[-1]
+            stage_values = {a.value for a in self.manifest.anchors if a.stage == self.stage}
+            # The applicable node closest to the stage's end whose output reaches one of this stage's
+            # own anchors: its effect is first observable at this stage, through the fewest operators
+            # (so not masked, e.g. by a MaxPool, before the anchor).
+            idx = next((i for i in reversed(cands)
+                        if _reaches(nodes, i, st.last, stage_values)), None)
+            if idx is None:
+                raise FaultError(f"fault {self.kind!r} has no applicable node in stage {self.stage} "
+                                 "whose output reaches that stage's anchors")
         node = nodes[idx]
         value, desc = getattr(self, "_inject_" + self.kind.replace("-", "_"))(model, inferred, node, idx)
         truth = FaultTruth(self.kind, self.magnitude, node.name, node.op_type, value,

@@ -1,0 +1,92 @@
+"""Fault injection pass: the variant differs from the clean model exactly at the injection point
+(anchors upstream bit-identical on ONNX Runtime, the injection stage's anchor and later ones
+different), and its ground truth is recorded."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from anpred.errors import AnpredError
+from passes.faults import FAULT_METADATA_KEY, FaultError, applicable_nodes, inject_fault
+
+
+@pytest.fixture(scope="session")
+def anchored_yolov8n(yolov8n_onnx):
+    import onnx
+
+    from anpred.instrument import instrument_model
+
+    return instrument_model(onnx.load(yolov8n_onnx))
+
+
+def _run_anchors(model, manifest, x):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in s.get_outputs()]
+    out = dict(zip(names, s.run(None, {s.get_inputs()[0].name: x})))
+    return {a.name: out[a.name if a.kind != "output" else a.value] for a in manifest.anchors}
+
+
+@pytest.mark.parametrize("kind,magnitude", [("round", 8), ("approx-sigmoid", 1.0), ("weight-ulp", 64),
+                                            ("padding-same", None)])
+def test_fault_differs_exactly_from_injection_stage(anchored_yolov8n, yolov8n_model, kind, magnitude):
+    model, manifest = anchored_yolov8n
+    x = yolov8n_model.real_inputs(1)[0]
+    clean = _run_anchors(model, manifest, x)
+    stages = sorted({a.stage for a in manifest.anchors if a.kind == "boundary"})
+    tried = 0
+    for stage in (stages[1], stages[len(stages) // 2]):
+        try:
+            variant, truth = inject_fault(model, kind, stage=stage, magnitude=magnitude, manifest=manifest)
+        except FaultError:
+            continue  # this kind has no applicable node in this stage (e.g. no stride-2 conv)
+        tried += 1
+        assert truth.stage == stage and truth.kind == kind
+        stored = {p.key: p.value for p in variant.metadata_props}[FAULT_METADATA_KEY]
+        assert json.loads(stored)["node"] == truth.node
+        faulty = _run_anchors(variant, manifest, x)
+        for a in manifest.anchors:
+            d = float(np.abs(faulty[a.name].astype(np.float64) - clean[a.name]).max())
+            if a.stage < stage:
+                assert d == 0.0, f"{kind}@{stage}: upstream anchor {a.name} changed by {d}"
+        at_stage = [float(np.abs(faulty[a.name] - clean[a.name]).max())
+                    for a in manifest.anchors if a.stage == stage]
+        assert max(at_stage) > 0, f"{kind}@{stage}: no anchor of the injection stage changed"
+        later = [float(np.abs(faulty[a.name] - clean[a.name]).max())
+                 for a in manifest.anchors if a.stage > stage]
+        assert max(later) > 0, f"{kind}@{stage}: nothing downstream changed"
+    assert tried >= 1, f"{kind} applied to no stage"
+
+
+def test_round_fault_matches_numpy_bfloat16_and_float16():
+    import ml_dtypes
+    import onnx.helper as h
+    import onnxruntime as ort
+
+    g = h.make_graph([h.make_node("Relu", ["x"], ["y"], name="r")], "g",
+                     [h.make_tensor_value_info("x", 1, [4096])], [h.make_tensor_value_info("y", 1, [4096])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    x = (np.random.default_rng(1).standard_normal(4096) * 100).astype(np.float32)
+    for bits, dt in [(8, ml_dtypes.bfloat16), (11, np.float16)]:
+        v, truth = inject_fault(m, "round", node="r", magnitude=bits)
+        y = ort.InferenceSession(v.SerializeToString()).run(None, {"x": x})[0]
+        ref = np.maximum(x, 0).astype(dt).astype(np.float32)
+        assert int((y != ref).sum()) == 0
+        assert truth.value == "y"
+
+
+def test_fault_bad_requests(anchored_yolov8n):
+    model, manifest = anchored_yolov8n
+    with pytest.raises(AnpredError, match="unknown fault kind"):
+        inject_fault(model, "cosmic-ray", stage=0, manifest=manifest)
+    with pytest.raises(FaultError, match="no node named"):
+        inject_fault(model, "round", node="nope")
+    with pytest.raises(FaultError, match="no applicable node"):
+        inject_fault(model, "norm-epsilon", stage=0, manifest=manifest)  # BN folded by the exporter
+    assert applicable_nodes(model, "norm-epsilon") == []
