@@ -17,8 +17,8 @@ import pytest
 from anpred.errors import BackendError
 
 YOLO_SIZE = 192
-FP32_RTOL = 1e-4  # max |backend - ort| / max(max |ort|, SCALE_FLOOR) per anchor: fp32 noise
-# Floor of the scale: PP-OCR's sigmoid output is ~1e-8 everywhere on random inputs, where ORT's
+FP32_RTOL = 1e-4  # max |backend - ort| / max |ort| per anchor: fp32 noise (measured 5e-8..3e-6)
+# PP-OCR only: floor of the scale. PP-OCR's sigmoid output is ~1e-8 everywhere on random inputs, where ORT's
 # Sigmoid is off by ~1.1e-8 absolute (torch matches float64 within 3e-13): a plain max-relative error
 # would read 0.37 there although both are within fp32 resolution of values near 1.
 SCALE_FLOOR = 1e-2
@@ -104,9 +104,10 @@ def _ort(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return dict(zip(names, s.run(names, feeds)))
 
 
-def _compare(backend, path: Path, tmp: Path) -> dict[str, float]:
+def _compare(backend, path: Path, tmp: Path, floor: float = 0.0) -> dict[str, float]:
     """Prepare/run ``backend`` on ``path``; check it captures every anchor and agrees with ORT
-    (after undoing the reported transform). Returns the relative error per anchor."""
+    (after undoing the reported transform). Returns the relative error per anchor:
+    max |y - r| / max(max |r|, floor)."""
     manifest = _manifest(path)
     feeds = _inputs(path)
     ref = _ort(path, feeds)
@@ -124,7 +125,7 @@ def _compare(backend, path: Path, tmp: Path) -> dict[str, float]:
             y = np.transpose(y, perm)
         r = ref[a.name] if a.name in ref else ref[a.value]  # Identity(value) -> output "<anchor name>"
         assert y.shape == r.shape, f"{backend.name} {a.name}: shape {y.shape} vs ort {r.shape}"
-        errs[a.name] = float(np.max(np.abs(y.astype(np.float64) - r)) / max(float(np.max(np.abs(r))), SCALE_FLOOR))
+        errs[a.name] = float(np.max(np.abs(y.astype(np.float64) - r)) / max(float(np.max(np.abs(r))), floor, 1e-30))
     bad = {k: v for k, v in errs.items() if not v <= FP32_RTOL}
     table = ", ".join(f"{k}={v:.2e}" for k, v in errs.items())
     assert not bad, f"{backend.name} vs ort, max relative error per anchor above {FP32_RTOL}: {table}"
@@ -166,7 +167,7 @@ def test_ppocr_det(backend, ppocr, tmp_path):
     from anpred.backends import backend_class
 
     with backend_class(backend)() as b:
-        errs = _compare(b, ppocr, tmp_path)
+        errs = _compare(b, ppocr, tmp_path, floor=SCALE_FLOOR)
         assert len(errs) >= 3
 
 

@@ -10,7 +10,7 @@ onnx2tf version + options + this module's format version):
    are turned into :class:`~anpred.errors.BackendError` with onnx2tf's own error lines as reason;
 3. the keras model's outputs are in the order of the (simplified) ONNX graph outputs; that order,
    onnx2tf's per-output layout flag (``model.onnx_output_layouts``: True = channels-last) and the
-   TF shapes are written to ``meta.json``, and the model is saved as a TF SavedModel whose ``run``
+   TF shapes are written to ``meta.json``, and the model is saved as a TF SavedModel (``tf_keras.export.ExportArchive``) whose ``run``
    function returns the outputs as a list in that order.
 
 Running: the SavedModel's ``run`` is called with the inputs in the layout the converted model
@@ -93,6 +93,7 @@ class TfOnnxBackend(Backend):
         import onnx
         import onnx2tf
         import tensorflow as tf
+        import tf_keras
 
         from anpred.convert import onnx2tf_calibration_file, working_directory
         from anpred.onnx_io import load_model
@@ -140,15 +141,18 @@ class TfOnnxBackend(Backend):
                        for i, ki in zip(onnx_inputs, km.inputs)],
         }
         specs = [tf.TensorSpec(ki.shape, ki.dtype) for ki in km.inputs]
-        module = tf.Module()
-        module.model = km
 
         def run(*xs):
             out = km(list(xs), training=False)
             return list(out) if isinstance(out, (list, tuple)) else [out]
 
-        module.run = tf.function(run, input_signature=specs)
-        tf.saved_model.save(module, str(out / "saved_model"))
+        # tf_keras's ExportArchive tracks the variables onnx2tf creates outside keras layers (a plain
+        # tf.saved_model.save fails on PP-OCR with "references an 'untracked' resource").
+        archive = tf_keras.export.ExportArchive()
+        archive.track(km)
+        archive.add_endpoint(name="run", fn=run, input_signature=specs)
+        with contextlib.redirect_stdout(log):  # it prints the endpoint signatures
+            archive.write_out(str(out / "saved_model"))
         (out / "meta.json").write_text(json.dumps(meta, indent=1))
         (out / "onnx2tf.log").write_text(log.getvalue())
         shutil.rmtree(scratch, ignore_errors=True)
