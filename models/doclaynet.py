@@ -77,3 +77,21 @@ def doclaynet_torch(imgsz: int = IMGSZ):
     hw = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
     x = yolo_input(render_page(0).array(), hw)[0]
     return rebuild_torch(), (torch.from_numpy(x),)
+
+
+def module_values(model_proto=None) -> dict[int, str]:
+    """ONNX value name of each top-level module's output ``model.<i>`` (i = 0..21; the head, 22, is
+    the graph output ``output0``): the output of the last node, in graph order, whose name starts
+    with ``/model.<i>/`` (ultralytics' TorchScript export names nodes by module path)."""
+    import re
+
+    import onnx
+
+    proto = model_proto if model_proto is not None else onnx.load(str(onnx_file()), load_external_data=False)
+    out: dict[int, str] = {}
+    for node in proto.graph.node:
+        g = re.match(r"/model\.(\d+)/", node.name)
+        if g:
+            out[int(g.group(1))] = node.output[0]
+    out.pop(22, None)
+    return out

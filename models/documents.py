@@ -114,13 +114,16 @@ class _Writer:
     def __init__(self, page: Page, draw, left: int, right: int):
         self.page, self.draw, self.left, self.right = page, draw, left, right
 
-    def text_block(self, lines: list[str], y: float, fnt, x: float | None = None, gap: float = 1.3, fill=(0, 0, 0)):
+    def text_block(self, lines: list[str], y: float, fnt, x: float | None = None, gap: float = 1.3, fill=(0, 0, 0),
+                   center: bool = False, stroke: int = 0):
         boxes = []
         size = fnt.size
         for line in lines:
             xx = self.left if x is None else x
-            self.draw.text((xx, y), line, font=fnt, fill=fill)
-            box = self.draw.textbbox((xx, y), line, font=fnt)
+            if center:
+                xx = (self.left + self.right) / 2 - self.draw.textlength(line, font=fnt) / 2
+            self.draw.text((xx, y), line, font=fnt, fill=fill, stroke_width=stroke, stroke_fill=fill)
+            box = self.draw.textbbox((xx, y), line, font=fnt, stroke_width=stroke)
             self.page.lines.append((tuple(float(v) for v in box), line))
             boxes.append(box)
             y += size * gap
@@ -154,7 +157,7 @@ def render_page(seed: int = 0, size: tuple[int, int] = (1024, 1280)) -> Page:
     width = right - left
     wr = _Writer(page, draw, left, right)
     f_small, f_body = font(max(8, int(15 * s))), font(max(9, int(19 * s)))
-    f_sec, f_title = font(max(10, int(26 * s))), font(max(12, int(int(rng.integers(40, 48)) * s)))
+    f_sec, f_title = font(max(10, int(26 * s))), font(max(12, int(int(rng.integers(54, 62)) * s)))
     gap = int(22 * s)
 
     # page header and footer
@@ -168,9 +171,14 @@ def render_page(seed: int = 0, size: tuple[int, int] = (1024, 1280)) -> Page:
     bottom = int(0.93 * H)
 
     y = int(0.07 * H)
-    title = " ".join(str(rng.choice(_WORDS)) for _ in range(int(rng.integers(3, 7)))).title()
-    box, y = wr.text_block(_wrap(draw, title, f_title, width), y, f_title, gap=1.2)
+    title = " ".join(str(rng.choice(_WORDS)) for _ in range(int(rng.integers(6, 10)))).title()
+    box, y = wr.text_block(_wrap(draw, title, f_title, int(0.8 * width)), y, f_title, gap=1.2, center=True,
+                           stroke=max(1, int(1.5 * s)))
     page.add("Title", box)
+    y += gap / 2
+    authors = ", ".join(f"{str(rng.choice(_WORDS)).title()} {chr(65 + int(rng.integers(0, 26)))}." for _ in range(int(rng.integers(2, 5))))
+    box, y = wr.text_block([authors], y, f_body, center=True)
+    page.add("Text", box)
     y += gap
 
     def paragraph(y, n_lo=2, n_hi=4):

@@ -30,6 +30,30 @@ def mobilenetv2(imgsz: int = 96, seed: int = 0):
     keras.utils.set_random_seed(seed)
     inp = keras.Input(shape=(3, h, w), batch_size=1, name="images")
     x = keras.layers.Permute((2, 3, 1), name="to_nhwc")(inp)
-    model = keras.applications.MobileNetV2(input_tensor=x, alpha=0.35, weights=None, classes=10)
+    body = keras.applications.MobileNetV2(input_tensor=x, alpha=0.35, weights=None, classes=10)
+    model = keras.Model(inp, body.output, name=body.name)  # a single-tensor input (not a list of one)
+    calibrate_batchnorm(model, (h, w), seed)
     x = PREPROCESS["mobilenet"](photos()[0], (h, w))
     return model, (np.ascontiguousarray(x),)
+
+
+def calibrate_batchnorm(model, hw: tuple[int, int], seed: int = 0) -> int:
+    """Set every BatchNorm's moving mean/variance to the batch statistics of the 8 calibration images
+    (:func:`models.yolo.calibration_images`: 2 photographs + 6 augmentations), as one training-mode
+    call with ``momentum = 0`` (then restored): with random weights and the initial statistics the
+    activations vanish with depth and every output is the same. Returns the number of layers."""
+    import keras
+
+    from models.yolo import calibration_images
+    from models.zoo import PREPROCESS
+
+    batch = np.concatenate([PREPROCESS["mobilenet"](im, hw) for im in calibration_images(seed)])
+    bns = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
+    momenta = [bn.momentum for bn in bns]
+    for bn in bns:
+        bn.momentum = 0.0
+    inp = keras.Input(shape=batch.shape[1:], batch_size=len(batch))
+    keras.Model(inp, model(inp, training=True))(batch, training=True)  # batch of 8 (the model's own batch is 1)
+    for bn, m in zip(bns, momenta):
+        bn.momentum = m
+    return len(bns)

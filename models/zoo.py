@@ -28,6 +28,11 @@ import numpy as np
 from anpred.errors import AnpredError
 
 
+# Bump when a model's recipe (architecture, seeding, calibration, export options) changes: it is part
+# of every cache key of exported zoo models, so stale exports are never reused.
+RECIPE_VERSION = 3
+
+
 def _version(pkg: str) -> str:
     try:
         return importlib.metadata.version(pkg)
@@ -309,7 +314,7 @@ def _build_registry() -> dict[str, ZooEntry]:
         ),
         ZooEntry(
             name="mobilenetv2-keras", origin="tf", trained=False,
-            weights="seeded random (keras.utils.set_random_seed), weights=None: nothing downloaded",
+            weights="seeded random (keras.utils.set_random_seed, weights=None: nothing downloaded), BatchNorm statistics from 8 photos/augmentations",
             task="classify", input_hw=(96, 96), preprocessing="mobilenet", real_images="photos",
             factory="models.keras_models:mobilenetv2", native_framework="tf",
             class_names=tuple(f"class{i}" for i in range(10)),
@@ -448,7 +453,7 @@ class ZooModel:
         from anpred.cache import cache_key, cached_dir
 
         fw = self.entry.native_framework
-        key = cache_key("zoo-onnx", 1, self.name, self.seed, list(self.hw), _exporter_id(fw),
+        key = cache_key("zoo-onnx", RECIPE_VERSION, self.name, self.seed, list(self.hw), _exporter_id(fw),
                         bool(dynamo) if fw == "torch" else None, opset, _export_versions(fw))
 
         def build(tmp: Path):
