@@ -453,6 +453,10 @@ def _run_backend(store, spec: BackendSpec, model_path: Path, mode: str, timeout_
         stage = "running samples" if prepared else "preparing"
         st.reason = f"{what} while {stage} ({done}/{n} samples done); log: {_tail(log_path, 4)}"
         st.samples = done
+    res_path = status_path.with_name("resources.json")
+    resources = json.loads(res_path.read_text()) if res_path.is_file() else {}
+    resources["seconds_wall"] = round(elapsed, 3)  # process start to exit, as seen by the driver
+    store.meta.setdefault("resources", {})[spec.label] = resources
     if st.status != "ok" and not prepared:
         st.seconds_prepare = st.seconds_prepare or elapsed
     return st
@@ -575,6 +579,12 @@ def _worker(job_path: str, fd: int) -> None:
                 {"schema": STATS_SCHEMA, "backend": label, "samples": st.samples,
                  "anchors": {k: s.to_dict() for k, s in stats.items() if s.samples}}, indent=1))
         st.status, st.reason = "ok", ""
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+        from anpred.onnx_io import atomic_write_text
+
+        atomic_write_text(status_path.with_name("resources.json"), json.dumps({"peak_rss_bytes": peak}))
     except SystemExit as err:
         st.status = "failed"
         st.reason = (f"sys.exit({err.code}) called while {stage}" + (f" sample {sid}" if stage == "running" else "")

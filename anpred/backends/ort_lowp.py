@@ -45,7 +45,8 @@ class _LowpBase(OrtBackend):
             raise
         except Exception as err:  # converter errors come in many types
             raise BackendError(f"{self.name}: conversion failed ({type(err).__name__}: {str(err)[:500]})") from err
-        return str(d / "model.onnx")
+        self.converted_path = d / "model.onnx"
+        return str(self.converted_path)
 
     def _prepare_impl(self, model_path, manifest, workdir):
         super()._prepare_impl(model_path, manifest, workdir)

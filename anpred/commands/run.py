@@ -1,13 +1,49 @@
-"""anpred run (placeholder: being implemented)."""
+"""Run an anchored model on several backends, each in its own process, and store every backend's
+anchors (or streaming statistics of them) in a run folder.
 
-from anpred.errors import AnpredError
+Examples:
+  anpred run anchored.onnx --backends ort,openvino,torch,tf --inputs photos/ -o runs/yolo
+  anpred run anchored.onnx --backends ort,ort-fp16 --inputs random:normal:seed=1:n=200 -o runs/s --mode stats
+  anpred run anchored.onnx --backends ort,onnx-reference --inputs x.npz -o runs/r --overwrite
 
-HELP = "(not implemented yet)"
+--inputs: a folder (images and/or .npy/.npz files), one .npz/.npy/image file, or
+random:uniform|normal|images[:seed=S][:n=N][:shape=1x3x224x224][:dir=DIR].
+A backend that fails, crashes, lacks an operator or times out is recorded with its reason; the
+others' results are kept. Exit status: 0 when every backend is ok, 1 when some backend is not,
+2 on bad input (nothing written). See docs/run.md.
+"""
+
+from __future__ import annotations
+
+HELP = "run an anchored model on several backends (isolated processes) and store the anchors"
 
 
 def add_arguments(parser):
-    parser.add_argument("rest", nargs="*")
+    from anpred.backends import REGISTRY
+
+    parser.add_argument("model", help="anchored ONNX model (from anpred instrument)")
+    parser.add_argument("--backends", "-b", required=True,
+                        help="comma-separated backend names: " + ", ".join(REGISTRY))
+    parser.add_argument("--inputs", "-i", required=True, help="folder, .npz/.npy/image file, or random:...")
+    parser.add_argument("-o", "--output", required=True, help="run folder to create")
+    parser.add_argument("--mode", choices=("tensors", "stats"), default="tensors",
+                        help="tensors: store every anchor tensor; stats: streaming statistics only")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    parser.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                        help="seconds per backend for preparing and running (default 600)")
+    parser.add_argument("--preprocess", choices=("auto", "yolo", "imagenet", "unit"), default=None,
+                        help="image preprocessing (default auto: yolo letterbox for YOLO models, else imagenet)")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
 
 
-def main(args):
-    raise AnpredError("'anpred run' is not implemented yet")
+def main(args) -> int:
+    from anpred.backends import parse_backends
+    from anpred.runner import format_summary, run_model
+
+    names = parse_backends(args.backends)
+    store = run_model(args.model, names, args.inputs, args.output, mode=args.mode, timeout_s=args.timeout,
+                      overwrite=args.overwrite, progress=False if args.quiet else True, preprocess=args.preprocess)
+    if args.quiet:
+        print(format_summary(store))
+    print(f"run stored in {store.root}")
+    return 0 if all(s.status == "ok" for s in store.statuses().values()) else 1
