@@ -17,6 +17,7 @@ input shapes/dtypes, the exporter options and the torch/onnx/onnxscript versions
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import time
 from pathlib import Path
@@ -121,7 +122,7 @@ def export_torch(module, example_inputs: tuple, path, *, dynamo: bool = True, op
                     torch.onnx.export(module, example_inputs, str(out), dynamo=False, opset_version=opset,
                                       do_constant_folding=True)
         except Exception as err:  # the exporters raise many types; report the first line, chain it
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            first = (re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip().splitlines() or [type(err).__name__])[0]
             raise ExportError(f"cannot export module {cls} with {exporter} (opset {opset}): "
                               f"{type(err).__name__}: {first}") from err
         if not out.is_file():
