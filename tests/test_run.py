@@ -1,0 +1,171 @@
+"""The run driver: isolation (real crashes in backend processes), streaming statistics, CLI, bad
+input."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import run_models  # noqa: E402
+
+from anpred.cli import main as cli  # noqa: E402
+from anpred.errors import BackendError, OutputPathError  # noqa: E402
+from anpred.runner import BackendSpec, StreamingStats, read_stats, run_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def yolo():
+    return run_models.anchored_yolo()
+
+
+def _plain_ort(model, x):
+    import onnxruntime as ort
+
+    s = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in s.get_outputs()], s.run(None, {"images": x})))
+
+
+def test_crashing_backends_leave_the_others_intact(yolo, tmp_path):
+    specs = ["ort",
+             BackendSpec("ort", "ort-segv", {"_fault": "segfault"}),
+             BackendSpec("ort-noopt", "noopt-abort", {"_fault": "abort", "_fault_at": "prepare"}),
+             BackendSpec("ort", "ort-exit", {"_fault": "exit", "_fault_at": "prepare"}),
+             BackendSpec("ort", "ort-raise", {"_fault": "raise"}),
+             BackendSpec("ort-noopt", "noopt-hang", {"_fault": "hang"}),
+             "openvino"]
+    store = run_model(yolo, specs, "random:uniform:seed=1:n=2", tmp_path / "r", timeout_s=8, progress=False)
+    st = store.statuses()
+    assert list(st) == ["ort", "ort-segv", "noopt-abort", "ort-exit", "ort-raise", "noopt-hang", "openvino"]
+    assert st["ort-segv"].status == "crashed" and "SIGSEGV" in st["ort-segv"].reason
+    assert "Segmentation fault" in st["ort-segv"].reason  # faulthandler's line from the worker log
+    assert st["noopt-abort"].status == "crashed" and "SIGABRT" in st["noopt-abort"].reason
+    assert "preparing" in st["noopt-abort"].reason
+    assert st["ort-exit"].status == "failed" and "sys.exit(3)" in st["ort-exit"].reason
+    assert st["ort-raise"].status == "failed" and "RuntimeError" in st["ort-raise"].reason
+    assert st["noopt-hang"].status == "timeout" and "8 s" in st["noopt-hang"].reason
+    assert st["noopt-hang"].family == "onnxruntime"
+    assert store.ok_backends() == ["ort", "openvino"]
+    n = len(store.manifest.anchors)
+    assert st["ort"].anchors_captured == n and st["openvino"].anchors_captured == n
+    # the surviving results equal a plain InferenceSession on the same stored inputs
+    for sid in store.sample_ids:
+        plain = _plain_ort(yolo, store.read_inputs(sid)["images"])
+        got = store.read_anchors("ort", sid)
+        for a in store.manifest.anchors:
+            key = a.name if a.name in plain else a.value
+            np.testing.assert_array_equal(got[a.name], plain[key])
+        assert store.read_anchors("ort-segv", sid) == {}
+    assert (store.root / "logs" / "ort-segv.log").read_text().count("Segmentation fault") >= 1
+    assert not (store.root / ".work").exists()
+
+
+def test_unsupported_operator_is_a_status(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]),
+                           helper.make_node("NoSuchOp", ["r"], ["y"], domain="example.unknown")], "g", [x], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.unknown", 1)])
+    onnx.save(m, tmp_path / "m.onnx")
+    store = run_model(tmp_path / "m.onnx", ["ort", "openvino"], "random:normal:n=1", tmp_path / "r", progress=False)
+    st = store.statuses()
+    assert st["ort"].status == "unsupported" and "NoSuchOp" in st["ort"].reason
+    assert st["openvino"].status in ("unsupported", "failed") and st["openvino"].reason
+    assert store.meta["model"]["manifest_source"] == "outputs-only"
+
+
+def test_stats_mode_memory_does_not_grow(yolo, tmp_path):
+    runs = {}
+    for n in (2, 16):
+        runs[n] = run_model(yolo, ["ort"], f"random:normal:seed=2:n={n}", tmp_path / f"s{n}", mode="stats",
+                            progress=False)
+    s16 = runs[16]
+    assert not any((s16.root / "tensors").iterdir())
+    stats = read_stats(s16.root, "ort")
+    assert stats["samples"] == 16 and set(stats["anchors"]) == set(s16.manifest.names())
+    lines = (s16.root / "stats" / "ort.samples.jsonl").read_text().splitlines()
+    assert len(lines) == 16 and json.loads(lines[3])["sample"] == "s0003"
+    peak = {n: r.meta["resources"]["ort"]["peak_rss_bytes"] for n, r in runs.items()}
+    # 14 more samples of ~1.4 MB anchors each would add ~20 MB if anything accumulated
+    assert peak[16] < peak[2] + 8 * 2**20, peak
+    # the streaming summary equals the statistics of all samples at once (recomputed from a tensors run)
+    full = run_model(yolo, ["ort"], "random:normal:seed=2:n=16", tmp_path / "t16", progress=False)
+    k = "output/output0"
+    allv = np.stack([full.read_anchors("ort", sid)[k] for sid in full.sample_ids]).astype(np.float64)
+    s = stats["anchors"][k]
+    assert s["count"] == allv.size and s["nan"] == 0
+    assert np.isclose(s["mean"], allv.mean(), rtol=1e-9) and np.isclose(s["std"], allv.std(), rtol=1e-9)
+    assert s["min"] == allv.min() and s["max"] == allv.max()
+    assert np.isclose(s["rms"], np.sqrt((allv ** 2).mean()), rtol=1e-9)
+
+
+def test_streaming_stats_merge_and_nonfinite():
+    rng = np.random.default_rng(0)
+    parts = [rng.normal(5, 3, size=n) for n in (1, 50, 7, 300)]
+    acc = StreamingStats()
+    for p in parts:
+        acc.update(p.astype(np.float32))
+    allv = np.concatenate([p.astype(np.float32) for p in parts]).astype(np.float64)
+    d = acc.to_dict()
+    assert np.isclose(d["mean"], allv.mean(), rtol=1e-12) and np.isclose(d["std"], allv.std(), rtol=1e-10)
+    acc.update(np.array([np.nan, np.inf, -np.inf, 1.0]))
+    d = acc.to_dict()
+    assert (d["nan"], d["posinf"], d["neginf"], d["count"]) == (1, 1, 1, allv.size + 1)
+
+
+def test_cli_run_and_bad_input_exit_2_nothing_overwritten(yolo, tmp_path, capsys):
+    out = tmp_path / "runs" / "a"
+    assert cli(["run", str(yolo), "-b", "ort", "-i", "random:images:n=1", "-o", str(out), "-q"]) == 0
+    text = capsys.readouterr().out
+    assert "ort" in text and "ok" in text and f"{len(json.loads((out / 'manifest.json').read_text())['anchors'])}/" in text
+    before = (out / "run.json").read_bytes()
+    bad_npz = tmp_path / "bad.npz"
+    np.savez(bad_npz, images=np.zeros((1, 3, 32, 32), np.float32))
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "broken.png").write_bytes(b"\x89PNG garbage")
+    cases = [(["-b", "ort", "-i", "random:uniform", "-o", str(out)], "already holds a run"),
+             (["-b", "ort,nope", "-i", "random:uniform", "-o", str(out), "--overwrite"], "unknown backend 'nope'"),
+             (["-b", "ort", "-i", str(tmp_path / "missing"), "-o", str(out), "--overwrite"], "no such file"),
+             (["-b", "ort", "-i", str(bad_npz), "-o", str(out), "--overwrite"], "does not fit"),
+             (["-b", "ort", "-i", str(tmp_path / "imgs"), "-o", str(out), "--overwrite"], "cannot read image")]
+    for args, msg in cases:
+        assert cli(["run", str(yolo), *args]) == 2, args
+        err = capsys.readouterr().err
+        assert msg in err and err.count("\n") == 1, err
+        assert (out / "run.json").read_bytes() == before  # the earlier run is untouched
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["a"]  # no partial folder left
+    assert cli(["run", str(tmp_path / "nothere.onnx"), "-b", "ort", "-i", "random:uniform", "-o", str(tmp_path / "b")]) == 2
+
+
+def test_api_errors_and_alternative_model(yolo, tmp_path):
+    with pytest.raises(BackendError, match="used twice"):
+        run_model(yolo, ["ort", "ort"], "random:uniform", tmp_path / "x", progress=False)
+    with pytest.raises(BackendError, match="does not exist"):
+        BackendSpec("ort", "alt", {"model": str(tmp_path / "none.onnx")})
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OutputPathError, match="not a folder"):
+        run_model(yolo, ["ort"], "random:uniform", tmp_path / "file", progress=False)
+    # options["model"]: one backend runs another anchored ONNX (here: the same graph, weights scaled)
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load(str(yolo))
+    for t in [t for t in m.graph.initializer if len(t.dims) == 4]:
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * 2, t.name))
+    alt = tmp_path / "alt.onnx"
+    onnx.save(m, alt)
+    store = run_model(yolo, ["ort", BackendSpec("ort", "ort-alt", {"model": str(alt), "family": "faulty"})],
+                      "random:uniform:n=1", tmp_path / "r", progress=False)
+    st = store.statuses()
+    assert st["ort-alt"].status == "ok" and st["ort-alt"].family == "faulty"
+    a, b = store.read_anchors("ort", "s0000"), store.read_anchors("ort-alt", "s0000")
+    first_anchor = store.manifest.anchors[0].name
+    assert not np.allclose(a[first_anchor], b[first_anchor])
+    assert store.meta["backend_specs"]["ort-alt"]["options"]["model"] == str(alt)
