@@ -222,9 +222,15 @@ def normalized_error(x: np.ndarray, m: np.ndarray) -> float:
     if not both.any():
         return 0.0 if np.array_equal(x, m, equal_nan=True) else math.inf
     xv, mv = x[both], m[both]
-    num = float(np.linalg.norm(xv - mv))
-    den = float(np.linalg.norm(mv - mv.mean())) or float(np.linalg.norm(mv)) or 1.0
+    num = _norm(xv - mv)
+    den = _norm(mv - mv.mean()) or _norm(mv) or 1.0
     return num / den
+
+
+def _norm(v: np.ndarray) -> float:
+    """Euclidean norm without BLAS (``np.linalg.norm`` goes through BLAS ``dot``, which stalls when
+    another runtime's thread pool in the process holds the cores)."""
+    return math.sqrt(float(np.sum(np.square(v))))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -846,9 +852,9 @@ def find_segment_permutation(x: np.ndarray, m: np.ndarray, close_tol: float = 0.
                              max_axis: int = 16384) -> tuple[dict[str, Any], float] | None:
     """Find an axis along which ``x``'s slices are ``m``'s slices in another order.
 
-    Each slice ``x[i]`` keeps its place when its normalised error to ``m[i]`` is <= ``close_tol``;
-    otherwise it must match exactly one ``m[j]`` with error <= ``close_tol`` while every other slice is
-    at least ``min_margin`` times farther. The map must be a bijection, move at least one slice, and
+    Each slice ``x[i]`` goes to the one ``m[j]`` it matches decisively (error <= ``close_tol``, every
+    other slice at least ``min_margin`` times farther); when no match is decisive (duplicate slices) it
+    keeps its place if ``m[i]`` is among the tied best; otherwise there is no permutation. The map must be a bijection, move at least one slice, and
     the permuted tensor must have normalised error <= ``close_tol`` and be ``min_margin`` times closer
     than ``x``. Slice errors use ``||x_i - m_j|| / ||m_j - mean(m)||`` (denominator floored at 1e-6 of
     the mean slice energy).
@@ -875,23 +881,22 @@ def find_segment_permutation(x: np.ndarray, m: np.ndarray, close_tol: float = 0.
         m2 = np.sum(M * M, axis=1)
         target = np.empty(n, dtype=np.int64)
         ok = True
-        chunk = max(1, min(n, (1 << 24) // max(n, 1)))
+        chunk = max(1, min(n, (1 << 22) // max(n, 1)))  # <= 32 MB of float64 per block
         for s in range(0, n, chunk):
             d2 = a2[s:s + chunk, None] + m2[None, :] - 2.0 * (A[s:s + chunk] @ M.T)
             r = np.sqrt(np.maximum(d2, 0.0) / den[None, :])
             for k in range(r.shape[0]):
                 i = s + k
                 row = r[k]
-                if row[i] <= close_tol:
-                    target[i] = i
-                    continue
                 j = int(np.argmin(row))
-                bj = row[j]
+                bj = float(row[j])
                 row2 = row.copy()
                 row2[j] = np.inf
                 sj = float(row2.min()) if n > 1 else np.inf
-                if bj <= close_tol and (sj >= min_margin * bj and sj > 0):
-                    target[i] = j
+                if bj <= close_tol and sj >= min_margin * bj and sj > 0:
+                    target[i] = j  # one decisive match
+                elif row[i] <= close_tol and (row[i] == bj or row[i] < min_margin * bj):
+                    target[i] = i  # its own place is among the (tied) best: keep it
                 else:
                     ok = False
                     break
