@@ -221,6 +221,8 @@ def test_c_eq_h_eq_w_decided_by_data(keras_case):
         dec = res.decisions[("anchor/01/pool1", "tf-native")]
         first = first or dec
         assert dec is first  # taken once, reused
+    print(f"\npool1 data decision: error {dec.error:.2e}, runner-up {dec.runner_up:.3f}, "
+          f"candidates {[round(c['error'], 4) for c in dec.candidates]}")
     assert dec.source == "data" and dec.rule == {"permute": [0, 3, 1, 2]}
     assert len(dec.candidates) == 3 and dec.error < FP32_NOISE and dec.runner_up > 0.3
     assert dec.margin is None or dec.margin > 1e4
@@ -263,6 +265,8 @@ def test_wrong_tensor_is_never_explained_away(keras_case):
     naive = np.empty_like(A)
     naive[cols] = A[rows]
     assert not np.array_equal(cols, np.arange(16))
+    print(f"\nwrong conv2: error {e:.3f} kept; naive channel assignment would give "
+          f"{normalized_error(naive.reshape(ref.shape), ref):.3f}")
     assert normalized_error(naive.reshape(ref.shape), ref) < e  # noise fitted
     assert find_segment_permutation(plain, ref) is None
     # ambiguous layout (1x8x8x8, no layout reported): a naive argmin would pick a candidate anyway
@@ -343,6 +347,7 @@ def test_float16_and_int8_aligned_to_float(keras_case):
             errs16.append(normalized_error(t["ort-fp16"], t["ort"]))
         errs8.append(normalized_error(res.tensors["anchor/00/relu1"]["ort-int8"], res.tensors["anchor/00/relu1"]["ort"]))
     # fp16: visibly not fp32, well within fp16's precision; int8: a quantization-level error
+    print(f"\nfp16 normalised error max {max(errs16):.2e}; int8 relu1 {max(errs8):.2e}")
     assert 1e-5 < max(errs16) < 2e-2, errs16
     assert 1e-3 < max(errs8) < 0.1, errs8
     d = al.decisions
