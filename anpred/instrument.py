@@ -115,8 +115,9 @@ def instrument_file(model_path, out_path, *, stages: int | None = None, max_cut_
     (``manifest_path``, default :func:`default_manifest_path` of ``out_path``).
 
     Both writes are atomic; if the second fails the first is removed, so a failed run leaves
-    nothing. External weights are not loaded or copied: the output's ``location`` entries are rebased
-    to reach the original files.
+    nothing. External weights are never loaded or copied: written next to the source they are
+    referenced as they are; written elsewhere, each weight file is hard-linked into the output folder
+    (ONNX Runtime refuses locations outside the model's folder; see :func:`_link_external_data`).
 
     Raises:
         ModelLoadError: not ONNX, truncated, missing external data.
@@ -136,14 +137,71 @@ def instrument_file(model_path, out_path, *, stages: int | None = None, max_cut_
     anchored, manifest = instrument_model(model, stages=stages, max_cut_width=max_cut_width,
                                           anchors=anchors, source_path=model_path)
     existed = out_path.exists()
-    save_model(anchored, out_path, source_path=model_path)
+    links: list[Path] = []
     try:
+        links = _link_external_data(anchored, model_path.parent, out_path)
+        save_model(anchored, out_path, source_path=model_path)
         atomic_write_text(man_path, manifest.to_json())
     except BaseException:
         if not existed and out_path.exists():
             out_path.unlink()
+        for p in links:
+            p.unlink(missing_ok=True)
         raise
     return manifest
+
+
+def _link_external_data(model, src_dir: Path, out_path: Path) -> list[Path]:
+    """Make the external weights reachable from ``out_path``'s folder without copying them.
+
+    ONNX Runtime 1.32, OpenVINO and onnx 1.23 all refuse external-data locations that leave the
+    model's folder (``..``, absolute paths, symlinks), so a relative reference to the source folder
+    would not load. Each weight file is therefore *hard-linked* into the output folder (same inode: no
+    bytes copied) and the model's ``location`` entries point at the link: ONNX Runtime and OpenVINO
+    load it; ``onnx.load``/``onnx.checker`` with external data refuse hard links ("potential hardlink
+    attack"), so for onnx-based tools write the output next to the source model. Where a hard link is impossible
+    (another file system), the location is left for :func:`anpred.onnx_io.save_model` to rebase to a
+    relative path, and a warning says ONNX Runtime may refuse it. Returns the links created."""
+    import warnings
+
+    from anpred.onnx_io import external_data_files
+
+    src_dir, out_dir = src_dir.resolve(), out_path.parent.resolve()
+    files = external_data_files(model)
+    if not files or src_dir == out_dir:
+        return []
+    created: list[Path] = []
+    mapping: dict[str, str] = {}
+    for loc in files:
+        src = (src_dir / loc).resolve()
+        if src.is_relative_to(out_dir):  # already inside the output folder
+            mapping[loc] = os.path.relpath(src, out_dir)
+            continue
+        target = out_dir / Path(loc).name
+        if target.exists() and not target.samefile(src):
+            target = out_dir / f"{out_path.stem}.{Path(loc).name}"
+        try:
+            if not target.exists():
+                os.link(src, target)
+                created.append(target)
+            elif not target.samefile(src):
+                raise OSError(f"{target} exists and is another file")
+        except OSError as err:
+            warnings.warn(f"cannot hard-link external weights {src} into {out_dir} ({err}); the output refers "
+                          f"to them by a relative path, which ONNX Runtime may refuse (write the output next "
+                          f"to the source model instead)", stacklevel=3)
+            continue
+        mapping[loc] = target.name
+    if mapping:
+        from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+        for t in _get_all_tensors(model):
+            if uses_external_data(t):
+                for e in t.external_data:
+                    if e.key == "location" and e.value in mapping:
+                        # save_model rebases locations from src_dir to out_dir: give the path from src_dir
+                        e.value = os.path.relpath(out_dir / mapping[e.value], src_dir)
+    return created
 
 
 def _fmt_shape(shape) -> str:

@@ -240,7 +240,8 @@ def infer_value_types(model) -> dict[str, tuple[int, list[Any] | None]]:
 
     ONNX shape inference first (``strict_mode=False, data_prop=True``); if it leaves dims unknown
     (typically Slice/Reshape targets computed from ``Shape`` in TorchScript exports), ONNX Runtime's
-    symbolic shape inference (``onnxruntime.tools.symbolic_shape_infer``) fills them. Shapes list ints,
+    symbolic shape inference (``onnxruntime.tools.symbolic_shape_infer``) fills them, when the inputs
+    are static (with symbolic inputs it only yields sympy expressions, slowly). Shapes list ints,
     symbolic names (``"batch"``) or None (unknown); unknown rank gives ``shape=None``."""
     import onnx
 
@@ -250,7 +251,7 @@ def infer_value_types(model) -> dict[str, tuple[int, list[Any] | None]]:
     except Exception:  # noqa: BLE001 - best effort; fall back to declared types
         _collect_types(model.graph, types)
     produced = [v for n in model.graph.node for v in n.output if v]
-    if any(v not in types or types[v][1] is None or None in types[v][1] for v in produced):
+    if _fix_input_dims(model, copy=False) is None and any(v not in types or types[v][1] is None or None in types[v][1] for v in produced):
         try:
             from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
@@ -265,14 +266,17 @@ def infer_value_types(model) -> dict[str, tuple[int, list[Any] | None]]:
 COST_DIM = 256  # stands for a symbolic non-batch input dim in the cost estimate
 
 
-def _fix_input_dims(model):
+def _fix_input_dims(model, copy: bool = True):
     """A copy of ``model`` whose symbolic/unknown input dims are fixed (first dim 1, others
-    :data:`COST_DIM`) for the cost estimate only, or None if all input dims are static."""
+    :data:`COST_DIM`) for the cost estimate only, or None if all input dims are static (with
+    ``copy=False``: True instead of the copy)."""
     inits = {t.name for t in model.graph.initializer}
     dyn = [i for i in model.graph.input if i.name not in inits and i.type.HasField("tensor_type")
            and any(not d.HasField("dim_value") or d.dim_value <= 0 for d in i.type.tensor_type.shape.dim)]
     if not dyn:
         return None
+    if not copy:
+        return True
     import onnx
 
     m = onnx.ModelProto()
@@ -346,11 +350,8 @@ def _layout(index: GraphIndex, value: str, types, framework: str) -> str:
             if perm == [0, 3, 1, 2]:
                 return "NCHW"
             return "unknown"
-        if node.op_type in _NCHW_OPS or (node.op_type == "Concat" and rank in (3, 4, 5)):
-            if node.op_type == "Concat" and framework == "tf2onnx":
-                pass  # tf2onnx concatenates in either layout: keep walking
-            else:
-                return {3: "NCW", 4: "NCHW", 5: "NCDHW"}.get(rank, "unknown")
+        if node.op_type in _NCHW_OPS:
+            return {3: "NCW", 4: "NCHW", 5: "NCDHW"}.get(rank, "unknown")
         if node.op_type in _LAYOUT_KEEP or node.op_type == "Concat":
             nxt = [u for u in index.inputs[p] if index.is_data(u) and
                    len(types.get(u, (0, [None] * rank))[1] or []) == rank]
