@@ -36,6 +36,7 @@ Subgraphs (If/Loop/Scan bodies) are compared as whole attributes, not diffed ins
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 from collections import Counter, defaultdict, deque
 from dataclasses import asdict, dataclass, field
@@ -443,19 +444,24 @@ def _attr_value(attr) -> Any:
 _LIST_DEFAULTS = {"pads": 0, "dilations": 1, "strides": 1, "output_padding": 0}
 
 
+@functools.lru_cache(maxsize=None)
+def _schema_defaults(op_type: str, domain: str) -> dict[str, Any]:
+    import onnx.defs
+
+    try:
+        schema = onnx.defs.get_schema(op_type, domain=domain)
+    except Exception:  # contrib / unknown operators: keep every attribute
+        return {}
+    return {k: _attr_value(v.default_value) for k, v in schema.attributes.items()
+            if v.default_value.name or v.default_value.type}
+
+
 def _normalized_attrs(nd) -> dict[str, Any]:
     """Attributes of ``nd`` with those equal to their ONNX schema default dropped (``auto_pad=NOTSET``,
     ``group=1``, ``ceil_mode=0``, all-zero ``pads``, all-one ``strides``/``dilations`` ...), so that
     exporters that spell defaults out and those that omit them compare equal."""
-    import onnx.defs
-
     out = {a.name: _attr_value(a) for a in nd.attribute}
-    try:
-        schema = onnx.defs.get_schema(nd.op_type, domain=nd.domain or "")
-        defaults = {k: _attr_value(v.default_value) for k, v in schema.attributes.items()
-                    if v.default_value.name or v.default_value.type}
-    except Exception:  # contrib / unknown operators: keep everything
-        defaults = {}
+    defaults = _schema_defaults(nd.op_type, nd.domain or "")
     for k in list(out):
         v = out[k]
         if k in defaults and not isinstance(v, np.ndarray) and v == defaults[k]:
