@@ -565,7 +565,7 @@ class StagePartitionPass(GraphPass):
             s += 0.25 * (len(cut) - 1)
             if has_scopes:
                 depths = [module_output_scope(index.producer[v])[1] for v in cut]
-                s += sum(0.4 if d == 0 else 0.1 * (d - 1) for d in depths) / len(cut)
+                s += sum(1.0 if d == 0 else 0.1 * (d - 1) for d in depths) / len(cut)
             if not nonfloat.isdisjoint(cut):
                 s += 1.0
             return s
