@@ -80,12 +80,18 @@ class OrtFp16Backend(_LowpBase):
 
         return {**super()._versions_impl(), "onnxconverter-common": onnxconverter_common.__version__}
 
+    def _cache_parts(self):
+        return ["value_info stripped"]  # conversion recipe (cache entries of the older recipe are not reused)
+
     def _convert(self, model_path: Path, out: Path) -> None:
         from onnxconverter_common import float16
 
         from anpred.onnx_io import load_model, save_model
 
         model = load_model(model_path, load_external=True)
+        # Stale value_info makes the converter type the Cast it puts after a blocked op (Resize) float16
+        # while its output is float32 (ORT refuses to load the model); ORT re-infers shapes anyway.
+        del model.graph.value_info[:]
         m16 = float16.convert_float_to_float16(model, keep_io_types=True)
         save_model(m16, out)
 
