@@ -1,13 +1,103 @@
-"""anpred test (placeholder: being implemented)."""
+"""Test a model end to end in one command: export (when needed), instrument, map the anchors onto the
+native graph, run every backend in its own process, align, judge against the consensus, and write
+the report folder (anchored model, manifest, run store, report.json, report.html). Prints where each
+backend stands, the verdict table and the report's path.
 
-from anpred.errors import AnpredError
+MODEL is an .onnx file, a zoo name (`anpred zoo` lists them), a factory module:function returning
+(torch.nn.Module or keras.Model, example_inputs), or `demo` (the trained YOLOv8n-DocLayNet on a
+rendered page and ultralytics' two photographs, and the trained PP-OCRv4 detector on rendered pages).
 
-HELP = "(not implemented yet)"
+Defaults: backends ort, openvino, torch, tf, ort-fp16, ort-int8 (+ torch-native for PyTorch origin,
+tf-native for Keras origin); inputs: a zoo model's real images, ultralytics' photographs (seeded
+crops) for other image models, seeded uniform arrays otherwise.
+
+examples:
+  anpred test demo -o out/demo
+  anpred test yolov8n --imgsz 320 -o out/yolov8n
+  anpred test model.onnx --backends ort,openvino,torch --inputs random:normal:n=5 -o out/m
+  anpred test mypkg.nets:small_cnn --samples 4 -o out/cnn --history history.sqlite
+
+Exit status: 0 every backend consistent, 1 a backend flagged, 2 bad input (unknown model, unreadable
+file, bad option: one line on stderr, nothing written) or a run that cannot be judged.
+"""
+
+from __future__ import annotations
+
+HELP = "one shot: export, instrument, map, run, align, judge and report a model (or `demo`)"
 
 
 def add_arguments(parser):
-    parser.add_argument("rest", nargs="*")
+    parser.add_argument("model", metavar="MODEL",
+                        help="an .onnx file, a zoo name, a factory module:function, or 'demo'")
+    parser.add_argument("-o", "--output", metavar="OUT", default=None,
+                        help="report folder to create (default anpred-test/<model>, anpred-demo for the demo)")
+    parser.add_argument("--backends", "-b", metavar="LIST", default=None,
+                        help="comma-separated backends (default: all that apply to the model's origin)")
+    parser.add_argument("--inputs", "-i", metavar="SPEC", default=None,
+                        help="image folder/file, .npz/.npy, or random:uniform|normal|images[:seed=S][:n=N]")
+    parser.add_argument("--samples", "-n", type=int, default=None, metavar="N",
+                        help="number of generated or real samples (default 3)")
+    parser.add_argument("--stages", type=int, default=None, metavar="K", help="number of stages (default ~8)")
+    parser.add_argument("--max-cut-width", type=int, default=4, metavar="W",
+                        help="most tensors per stage boundary (default 4)")
+    parser.add_argument("--imgsz", type=int, nargs="+", default=None, metavar="N",
+                        help="input size N or H W (resizable zoo models, dynamic ONNX inputs; default 640)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of generated inputs and seeded zoo weights")
+    parser.add_argument("--kwargs", metavar="JSON", default=None, help="keyword arguments for a factory, as JSON")
+    parser.add_argument("--oracle", choices=("consensus", "threshold", "both"), default="consensus",
+                        help="consensus (default), threshold baseline, or both")
+    parser.add_argument("--config", metavar="F", default=None, help="TOML/JSON file overriding the oracle defaults")
+    parser.add_argument("--history", metavar="DB", default=None, help="append the verdict to this SQLite database")
+    parser.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                        help="seconds per backend for preparing and running (default 600)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier test in OUT")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 
-def main(args):
-    raise AnpredError("'anpred test' is not implemented yet")
+def _imgsz(values):
+    from anpred.errors import AnpredError
+
+    if not values:
+        return None
+    if len(values) > 2:
+        raise AnpredError(f"--imgsz takes N or H W, got {len(values)} numbers")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def main(args) -> int:
+    import json
+
+    from anpred.errors import AnpredError
+    from anpred.pipeline import demo, format_standing, test
+
+    if args.model == "demo":
+        for opt in ("inputs", "kwargs", "history", "imgsz"):
+            if getattr(args, opt):
+                raise AnpredError(f"--{opt} does not apply to the demo")
+        res = demo(args.output or "anpred-demo", backends=args.backends, samples=args.samples, stages=args.stages,
+                   overwrite=args.overwrite, quiet=args.quiet, timeout_s=args.timeout)
+        for r in res.results:
+            print(f"== {r.model}: {r.status.upper()}")
+            print(r.format_text())
+            print()
+        print("where each backend stands:")
+        print(format_standing(res.results))
+        print(f"\ndemo finished in {res.seconds:.0f} s; reports: " +
+              ", ".join(str(r.report_html) for r in res.results))
+        return res.exit_code
+    kwargs = None
+    if args.kwargs:
+        try:
+            kwargs = json.loads(args.kwargs)
+        except json.JSONDecodeError as err:
+            raise AnpredError(f"--kwargs is not valid JSON: {err}") from err
+        if not isinstance(kwargs, dict):
+            raise AnpredError("--kwargs must be a JSON object")
+    res = test(args.model, out=args.output, backends=args.backends, inputs=args.inputs, samples=args.samples,
+               stages=args.stages, max_cut_width=args.max_cut_width, imgsz=_imgsz(args.imgsz), seed=args.seed,
+               factory_kwargs=kwargs, oracle=args.oracle, config=args.config, history=args.history,
+               timeout_s=args.timeout, overwrite=args.overwrite, quiet=args.quiet)
+    print(res.format_text())
+    print("\nwhere each backend stands:")
+    print(format_standing([res]))
+    return res.exit_code
