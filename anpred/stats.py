@@ -180,7 +180,14 @@ def error_stats(x: np.ndarray, c: np.ndarray, dtype: str = "float32") -> ErrorSt
     spread = float(np.std(c))
     if spread == 0.0:
         spread = float(np.max(np.abs(c))) or 1.0
-    w = 0.0 if dd == 0.0 else float(wasserstein_distance(x, c)) / spread
+    if dd == 0.0:
+        w = 0.0
+    elif x.size == c.size:
+        # equal-size, equal-weight samples: W1 = mean |x_(i) - c_(i)| over the sorted values (the
+        # quantile-function form of W1; exact, and ~10x faster than scipy's CDF merge)
+        w = float(np.mean(np.abs(np.sort(x) - np.sort(c)))) / spread
+    else:
+        w = float(wasserstein_distance(x, c)) / spread
     max_abs = float(ad.max())
     max_ulp = float(np.max(ad / ulp(c, dtype))) if max_abs > 0 else 0.0
     return ErrorStats(n=n, max_abs=max_abs, mean_abs=float(ad.mean()), mean_signed=float(d.mean()),
