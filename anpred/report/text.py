@@ -25,14 +25,14 @@ def format_text(report) -> str:
     if report.verdicts:
         lines.append("")
         lines.append(f"{'backend':<16}{'family':<16}{'prec':<6}{'verdict':<10}{'origin':<28}"
-                     f"{'worst anchor':<28}{'worst ' + primary:>12}{'x thr':>8}{'propagation':>14}")
+                     f"{'worst anchor':<28}{'worst ' + primary:>12} {'x thr':>9}{'propagation':>14}")
         for b, v in report.verdicts.items():
             verdict = "FLAGGED" if v.flagged else ("ok" if v.judged_anchors else "unjudged")
             origin = f"s{v.origin_stage} {v.origin_anchor}" if v.origin_anchor else "-"
             prop = v.propagation + ("*" if v.non_monotonic else "")
             lines.append(f"{b:<16}{v.family:<16}{v.precision:<6}{verdict:<10}{origin[:27]:<28}"
                          f"{(v.worst_anchor or '-')[:27]:<28}{_g(v.worst_primary):>12}"
-                         f"{_g(v.worst_ratio_to_threshold, '.2f'):>8}{prop:>14}")
+                         f" {_g(v.worst_ratio_to_threshold, '.2f'):>9}{prop:>14}")
         if any(v.non_monotonic for v in report.verdicts.values()):
             lines.append("  * non-monotonic propagation (amplified and attenuated after the origin)")
         for b, v in report.verdicts.items():
