@@ -1,0 +1,112 @@
+"""Small real models for the pipeline tests (helpers, not tests).
+
+- :func:`small_cnn`: a factory (``pipeline_factories:small_cnn``) returning a seeded PyTorch CNN and
+  its example input, the form ``anpred test module:function`` takes.
+- :func:`softplus_onnx`: an ONNX CNN whose Softplus sees inputs around -15, where OpenVINO 2026.4.1's
+  CPU Softplus is wrong (docs/oracle.md: 0 or -1.9e-6 instead of 3e-7..2e-9), so a real run flags
+  openvino and the HTML report has detail plots.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def small_cnn(width: int = 8, seed: int = 0):
+    """Factory: ``(torch.nn.Module in eval mode, (float32 tensor (1, 3, 32, 32),))``. Conv-BN-ReLU,
+    a stride-2 Conv-SiLU, a residual block, global pooling and a linear head (10 outputs)."""
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.conv = nn.Conv2d(c, c, 3, padding=1)
+            self.bn = nn.BatchNorm2d(c)
+            self.act = nn.ReLU()
+
+        def forward(self, x):
+            return x + self.act(self.bn(self.conv(x)))
+
+    class SmallCNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU())
+            self.down = nn.Sequential(nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.SiLU())
+            self.block = Block(2 * width)
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.head = nn.Linear(2 * width, 10)
+
+        def forward(self, x):
+            x = self.block(self.down(self.stem(x)))
+            return self.head(torch.flatten(self.pool(x), 1))
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = SmallCNN()
+        for m in model.modules():  # non-trivial BatchNorm statistics
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 1.5)
+        x = torch.rand(1, 3, 32, 32)
+    return model.eval(), (x,)
+
+
+def softplus_onnx(path: Path) -> Path:
+    """Write the Softplus CNN (input ``x`` float32 (1, 3, 16, 16), output ``y`` (1, 4, 16, 16)):
+    conv -> relu -> conv (bias -15) -> Softplus -> conv -> relu -> conv. Returns ``path``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+
+    def conv(name, x, y, cin, cout, bias=0.0, scale=None):
+        w = (rng.standard_normal((cout, cin, 3, 3)) * (scale or 1.0 / np.sqrt(cin * 9))).astype(np.float32)
+        b = (bias + 0.05 * rng.standard_normal(cout)).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, f"{name}.w"), numpy_helper.from_array(b, f"{name}.b")])
+        nodes.append(helper.make_node("Conv", [x, f"{name}.w", f"{name}.b"], [y], name=name, kernel_shape=[3, 3],
+                                      pads=[1, 1, 1, 1]))
+
+    conv("c0", "x", "t0", 3, 8)
+    nodes.append(helper.make_node("Relu", ["t0"], ["r0"], name="relu0"))
+    conv("c1", "r0", "t1", 8, 8, bias=-15.0, scale=0.3)
+    nodes.append(helper.make_node("Softplus", ["t1"], ["sp"], name="softplus"))
+    conv("c2", "sp", "t2", 8, 8)
+    nodes.append(helper.make_node("Relu", ["t2"], ["r2"], name="relu2"))
+    conv("c3", "r2", "y", 8, 4)
+    g = helper.make_graph(nodes, "softplus_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    onnx.save(m, str(path))
+    return path
+
+
+_CLI_RUNS: dict[str, tuple[int, str, str, Path]] = {}
+
+
+def cli_run(key: str, root: Path, argv: list[str]) -> tuple[int, str, str, Path]:
+    """Run ``anpred test ARGV -o root/key`` in this process once per session (shared by the test
+    files); returns ``(exit status, stdout, stderr, out folder)``."""
+    import contextlib
+    import io
+
+    from anpred.cli import main
+
+    if key not in _CLI_RUNS:
+        out = Path(root) / key
+        so, se = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
+            rc = main(["test", *argv, "-o", str(out), "--quiet"])
+        _CLI_RUNS[key] = (rc, so.getvalue(), se.getvalue(), out)
+    return _CLI_RUNS[key]
+
+
+def softplus_cli(root: Path) -> tuple[int, str, str, Path]:
+    """``anpred test softplus.onnx`` on ort, openvino, onnx-reference and torch (7 stages)."""
+    model = softplus_onnx(Path(root) / "softplus.onnx")
+    return cli_run("softplus", root, [str(model), "--backends", "ort,openvino,onnx-reference,torch", "--stages", "7"])

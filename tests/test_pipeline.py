@@ -1,0 +1,126 @@
+"""The one-shot pipeline (``anpred test`` / ``anpred.test``) end to end on real runtimes: an ``.onnx``
+path holding a real OpenVINO defect (flagged, exit 1), a PyTorch factory (exported, mapped onto the
+eager model, consistent), the demo's pipeline at reduced size (trained PP-OCRv4 on rendered pages,
+every default backend), and user errors (one line, exit 2, nothing written)."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+import pipeline_factories as pf
+from anpred.cli import main as cli
+
+
+@pytest.fixture(scope="session")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("pipeline")
+
+
+def test_onnx_path_flags_openvino_softplus(root):
+    rc, out, err, folder = pf.softplus_cli(root)
+    assert rc == 1, (out, err)
+    # the report folder: anchored model + manifest, run store, JSON, HTML, test.json; no partial folder left
+    for f in ("anchored.onnx", "anchored.anchors.json", "run/run.json", "report.json", "report.html", "test.json"):
+        assert (folder / f).is_file(), f
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]
+    rep = json.loads((folder / "report.json").read_text())
+    assert rep["schema"] == "anpred.check/1" and rep["status"] == "flagged"
+    assert rep["flagged_backends"] == ["openvino"]
+    man = json.loads((folder / "anchored.anchors.json").read_text())
+    origin = rep["verdicts"]["openvino"]["origin_anchor"]
+    assert next(a for a in man["anchors"] if a["name"] == origin)["value"] == "sp"  # the Softplus output
+    for b in ("ort", "onnx-reference", "torch"):
+        assert not rep["verdicts"][b]["flagged"] and rep["verdicts"][b]["worst_primary"] < 1e-5
+    assert rep["samples"] == 3  # seeded crops of ultralytics' photographs (image input)
+    run = json.loads((folder / "run" / "run.json").read_text())
+    assert run["model"]["path"] == str(folder / "anchored.onnx") and run["model"]["name"] == "softplus"
+    assert run["inputs"]["distribution"] == "images"
+    stored = onnx.load(str(folder / "anchored.onnx"), load_external_data=False)
+    assert any(p.key == "anpred.manifest" for p in stored.metadata_props)
+    # printed: the verdict table, the report's path, where each backend stands
+    assert "-> FLAGGED" in out and f"report: {folder / 'report.html'}" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("openvino ") and "FLAGGED at" in ln)
+    assert origin in line
+    test_json = json.loads((folder / "test.json").read_text())
+    assert test_json["status"] == "flagged" and set(test_json["seconds"]) >= {"instrument", "run", "check", "total"}
+
+
+def test_factory_is_exported_mapped_and_consistent(root):
+    rc, out, err, folder = pf.cli_run("factory", root, ["pipeline_factories:small_cnn", "--backends",
+                                                        "ort,openvino,torch-native", "--stages", "6", "--samples", "2"])
+    assert rc == 0, (out, err)
+    exported = onnx.load(str(folder / "exported.onnx"), load_external_data=False)
+    origin = json.loads(next(p.value for p in exported.metadata_props if p.key == "anpred.origin"))
+    assert origin["framework"] == "torch" and origin["factory"] == "pipeline_factories:small_cnn"
+    man = json.loads((folder / "anchored.anchors.json").read_text())
+    assert man["model"]["origin"]["factory"] == "pipeline_factories:small_cnn"
+    mapped = [a["native"]["torch-native"] for a in man["anchors"]]
+    assert len(mapped) >= 4 and all(m["status"] in ("exact", "equivalent") for m in mapped)
+    rep = json.loads((folder / "report.json").read_text())
+    assert rep["status"] == "consistent" and rep["samples"] == 2
+    v = rep["verdicts"]["torch-native"]
+    assert v["judged_anchors"] == len(mapped) and 0 < v["worst_primary"] < 1e-5  # eager vs ONNX runtimes: fp32 noise
+    assert json.loads((folder / "mapping.json").read_text())["summary"]["torch-native"]["unmapped"] == 0
+    assert "-> CONSISTENT" in out
+
+
+def test_default_backends_follow_the_origin():
+    from anpred.pipeline import default_backends
+
+    assert default_backends("onnx") == ["ort", "openvino", "torch", "tf", "ort-fp16", "ort-int8"]
+    assert default_backends("torch") == ["ort", "openvino", "torch", "tf", "torch-native", "ort-fp16", "ort-int8"]
+    assert "tf-native" in default_backends("tf") and "torch-native" not in default_backends("tf")
+
+
+def test_demo_pipeline_reduced(root):
+    """The demo's PP-OCRv4 part at 96x128 on two rendered pages, every default backend."""
+    from anpred.pipeline import default_backends, demo, format_standing
+
+    res = demo(root / "demo", models_=("ppocr-det",), ppocr_hw=(96, 128), samples=2, quiet=True)
+    (r,) = res.results
+    assert r.backends == default_backends("onnx") and set(r.statuses.values()) == {"ok"}, r.reasons
+    assert r.report.samples == 2 and r.report.model["name"] == "ppocr-det"
+    for b in ("ort", "openvino", "torch", "tf"):  # fp32 voters agree to fp32 noise on the trained model
+        v = r.verdicts[b]
+        assert not v.flagged and v.judged_anchors >= 5 and v.worst_primary < 1e-4, (b, v.worst_primary)
+    for b in ("ort-fp16", "ort-int8"):  # judged against the consensus, at least at the first anchors
+        assert r.verdicts[b].judged_anchors >= 5 and r.verdicts[b].worst_primary > 1e-4
+    assert res.exit_code == r.exit_code and bool(res) == (r.status == "consistent")
+    table = format_standing(res.results)
+    assert all(b in table for b in r.backends)
+    demo_json = json.loads((root / "demo" / "demo.json").read_text())
+    assert demo_json["models"][0]["model"] == "ppocr-det"
+    assert demo_json["models"][0]["standing"]["ort"].startswith("consistent")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["yolov99"], "unknown model 'yolov99'"),
+    (["{tmp}/missing.onnx"], "no such file"),
+    (["{tmp}/garbage.onnx"], "not a readable ONNX model"),
+    (["nosuchmodule:factory"], "cannot import module 'nosuchmodule'"),
+    (["{tmp}/softplus.onnx", "--backends", "ort,cuda"], "unknown backend 'cuda'"),
+    (["{tmp}/softplus.onnx", "--inputs", "{tmp}/nothing-here"], "no such file or folder"),
+    (["demo", "--inputs", "x"], "--inputs does not apply to the demo"),
+])
+def test_user_errors_one_line_exit_2_nothing_written(tmp_path, capsys, argv, message):
+    (tmp_path / "garbage.onnx").write_bytes(b"\x08\x07 this is not a protobuf model \xff\xfe" * 10)
+    pf.softplus_onnx(tmp_path / "softplus.onnx")
+    out = tmp_path / "out"
+    rc = cli(["test", *[a.format(tmp=tmp_path) for a in argv], "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("anpred: error: ") and message in lines[0], err
+    assert not out.exists()
+
+
+def test_out_folder_holding_something_else_is_left_alone(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    rc = cli(["test", str(pf.softplus_onnx(tmp_path / "m.onnx")), "-o", str(out), "--backends", "ort,openvino"])
+    assert rc == 2 and "is not an anpred test folder" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
