@@ -57,6 +57,7 @@ TRANSPARENT_OPS = frozenset({
     "Identity", "ReorderInput", "ReorderOutput",
 })
 
+REGION_LIMIT = 8  # most nodes on one side of a fused/split region that propagation steps across
 WL_LEVELS = 4  # deepest Weisfeiler-Lehman level used for seeding (measured: deeper adds nothing)
 
 
@@ -195,12 +196,13 @@ class GraphDiff:
     anchors: list[AnchorMatch] = field(default_factory=list)
     stages: list[StageDiff] = field(default_factory=list)
     io: list[Change] = field(default_factory=list)  # graph input/output differences
+    opset: list[Change] = field(default_factory=list)  # opset_import differences per domain
     seconds: float = 0.0
     schema: str = SCHEMA
 
     @property
     def identical(self) -> bool:
-        return not (self.changed or self.only_a or self.only_b or self.regions or self.io)
+        return not (self.changed or self.only_a or self.only_b or self.regions or self.io or self.opset)
 
     def region_counts(self) -> dict[str, int]:
         return dict(Counter(r.kind for r in self.regions))
@@ -237,7 +239,8 @@ class GraphDiff:
                 regions=[Region(**r) for r in d["regions"]],
                 anchors=[AnchorMatch(**a) for a in d.get("anchors", [])],
                 stages=[StageDiff(**s) for s in d.get("stages", [])],
-                io=[Change(**c) for c in d.get("io", [])], seconds=d.get("seconds", 0.0), schema=d["schema"],
+                io=[Change(**c) for c in d.get("io", [])], opset=[Change(**c) for c in d.get("opset", [])],
+                seconds=d.get("seconds", 0.0), schema=d["schema"],
             )
         except (KeyError, TypeError) as err:
             raise AnpredError(f"malformed graph diff: {err}") from err
@@ -251,6 +254,8 @@ class GraphDiff:
         how = ", ".join(f"{k} {v}" for k, v in self.match_counts.items() if v)
         L.append(f"matched {self.matched} node pairs ({how}); only in A: {len(self.only_a)}; only in B: "
                  f"{len(self.only_b)}; changed pairs: {len(self.changed)}")
+        if self.opset:
+            L.append("opset imports: " + ", ".join(f"{c.what} {c.a} -> {c.b}" for c in self.opset))
         for c in self.io:
             L.append(f"  graph io {c.describe()}")
         if self.change_counts():
@@ -316,25 +321,40 @@ class _Graph:
             self._stages_from_manifest()
 
     def _stages_from_manifest(self) -> None:
-        # Stage.first/last index the node order of the anchored graph (its graph.node list). The
-        # anchors' producers pin it down even if the file order differs from ours.
-        file_nodes = self.model.graph.node
-        # trust the positions only if this file is the graph the manifest was made for: the anchors'
-        # producers sit at their recorded positions (an optimiser's copy of the metadata fails this)
-        checks = [a for a in self.manifest.anchors if a.producer]
-        ok = sum(0 <= a.order < len(file_nodes) and file_nodes[a.order].name == a.producer for a in checks)
-        if not checks or ok < len(checks):
+        """Place nodes in stages by the anchor values, not by node positions (an optimiser's copy of
+        the anchored model keeps the manifest in its metadata but reorders, renames and fuses nodes).
+
+        Seeds: the producer of each anchor's value (``anchor.value``, else the graph output named
+        like the anchor, seen through Identity/Cast ...) belongs to the anchor's stage. Every other
+        node gets the smallest stage among the anchors it feeds: ``stage(n) = min(stage of anchors
+        n produces, stage(c) for each consumer c)``, one sweep in reverse topological order. With
+        boundary anchors that close each stage (every value crossing a cut is an anchor) this is the
+        manifest's own ``[first, last]`` slice; nodes that feed no anchor stay None and are placed
+        later from their matches and neighbours (:func:`_spread_stages`)."""
+        seed: dict[int, int] = {}
+        for anc in self.manifest.anchors:
+            for v in (anc.value, anc.name):
+                p = self.producer.get(v)
+                if p is None:
+                    continue
+                i = p[0]
+                while self.op[i] in ("Identity", "Cast", "CastLike") and v == anc.name:
+                    q = self.producer.get(self.nodes[i].input[0]) if self.nodes[i].input else None
+                    if q is None:
+                        break
+                    i = q[0]
+                seed[i] = min(seed.get(i, anc.stage), anc.stage)
+                break
+        if not seed:
             return
-        orig = {(nd.name or nd.output[0]): i for i, nd in enumerate(file_nodes)}
-        spans = sorted((s.first, s.last, s.index) for s in self.manifest.stages)
-        for i, nd in enumerate(self.nodes):
-            pos = orig.get(nd.name or nd.output[0])
-            if pos is None:
-                continue
-            for first, last, idx in spans:
-                if first <= pos <= last:
-                    self.stage[i] = idx
-                    break
+        for i in range(len(self.nodes) - 1, -1, -1):
+            st = seed.get(i)
+            for o in self.nodes[i].output:
+                for c, _k in self.consumers.get(o, ()):
+                    sc = self.stage[c]
+                    if sc is not None and (st is None or sc < st):
+                        st = sc
+            self.stage[i] = st
 
     def array(self, name: str) -> np.ndarray | None:
         if name not in self.init:
@@ -448,9 +468,17 @@ _LIST_DEFAULTS = {"pads": 0, "dilations": 1, "strides": 1, "output_padding": 0}
 def _schema_defaults(op_type: str, domain: str) -> dict[str, Any]:
     import onnx.defs
 
-    try:
-        schema = onnx.defs.get_schema(op_type, domain=domain)
-    except Exception:  # contrib / unknown operators: keep every attribute
+    schema = None
+    # contrib domains that re-implement a standard operator (com.microsoft.nchwc Conv/MaxPool ...)
+    # have no schema in onnx.defs: fall back to the standard operator of the same name, whose
+    # attributes they share (ORT's NCHWc transformer copies them over and spells defaults out)
+    for dom in dict.fromkeys((domain, "")):
+        try:
+            schema = onnx.defs.get_schema(op_type, domain=dom)
+            break
+        except onnx.defs.SchemaError:
+            continue
+    if schema is None:  # contrib-only operators (QuickGelu, FusedConv ...): keep every attribute
         return {}
     return {k: _attr_value(v.default_value) for k, v in schema.attributes.items()
             if v.default_value.name or v.default_value.type}
@@ -631,7 +659,114 @@ class _Matcher:
     def _compatible(self, a: int, b: int) -> bool:
         return self.A.op[a] == self.B.op[b]
 
+    def _region_down(self, G: _Graph, v: str, matched: dict[int, int]) -> tuple[str, frozenset] | None:
+        """The smallest region of unmatched nodes fed by value ``v`` that closes on one exit value:
+        it holds every unmatched consumer of ``v``, its other inputs are constants, graph inputs,
+        matched nodes' outputs or its own values, and exactly one of its values is used outside it
+        (or is a graph output). Returns ``(exit value, node set)`` or None (no such region within
+        :data:`REGION_LIMIT` nodes). Nodes are added in topological order (a heap)."""
+        import heapq
+
+        need = {c for c, _ in G.consumers.get(v, ()) if c not in matched}
+        if not need:
+            return None
+        heap = sorted(need)
+        R: set[int] = set()
+        while heap and len(R) < REGION_LIMIT:
+            i = heapq.heappop(heap)
+            if i in R:
+                continue
+            for x in G.nodes[i].input:
+                p = G.producer.get(x) if x and x != v else None
+                if p is not None and p[0] not in matched and p[0] not in R:
+                    return None  # fed by an unmatched node outside: not a region closed on v
+            R.add(i)
+            exits = {o for j in R for o in G.nodes[j].output if o and (
+                o in G.outputs or any(c not in R for c, _ in G.consumers.get(o, ())))}
+            if need <= R and len(exits) == 1:
+                return exits.pop(), frozenset(R)
+            for o in G.nodes[i].output:
+                for c, _ in G.consumers.get(o, ()):
+                    if c not in matched and c not in R:
+                        heapq.heappush(heap, c)
+        return None
+
+    def _region_up(self, G: _Graph, v: str, matched: dict[int, int]) -> tuple[str, frozenset] | None:
+        """The smallest region of unmatched nodes producing value ``v`` that opens on one entry
+        value: its values other than ``v`` are used only inside it, and exactly one non-constant
+        value it reads comes from outside it. Returns ``(entry value, node set)`` or None (within
+        :data:`REGION_LIMIT` nodes; nodes added in reverse topological order)."""
+        import heapq
+
+        p = G.producer.get(v)
+        if p is None or p[0] in matched:
+            return None
+        heap = [-p[0]]
+        R: set[int] = set()
+        while heap and len(R) < REGION_LIMIT:
+            i = -heapq.heappop(heap)
+            if i in R:
+                continue
+            R.add(i)
+            entries = set()
+            for j in R:
+                for x in G.nodes[j].input:
+                    if not x or x in G.init:
+                        continue
+                    q = G.producer.get(x)
+                    if q is None or q[0] not in R:
+                        entries.add(x)
+            closed = all(c in R for j in R for o in G.nodes[j].output if o and o != v
+                         for c, _ in G.consumers.get(o, ())) and not any(
+                o in G.outputs for j in R for o in G.nodes[j].output if o != v)
+            if closed and len(entries) == 1:
+                return entries.pop(), frozenset(R)
+            for x in G.nodes[i].input:
+                q = G.producer.get(x) if x else None
+                if q is not None and q[0] not in matched and q[0] not in R and G.nodes[q[0]].input:
+                    heapq.heappush(heap, -q[0])
+        return None
+
+    def _different_regions(self, ra: frozenset, rb: frozenset) -> bool:
+        """Regions worth stepping across: their operator multisets differ (equal ones are left to
+        ordinary propagation, which pairs them node by node)."""
+        return Counter(self.A.op[i] for i in ra) != Counter(self.B.op[j] for j in rb)
+
+    def _consumer_cands(self, oa: str, ob: str, cands: list[tuple[int, int]]) -> bool:
+        """Append candidate pairs among the unmatched consumers of ``oa`` (A) and ``ob`` (B) (looking
+        through transparent nodes): the only ones on each side, else those unique by op type or by
+        local label. Returns whether both sides had unmatched consumers."""
+        A, B = self.A, self.B
+        ca = [c for c, _ in A.consumers.get(oa, ())]
+        cb = [c for c, _ in B.consumers.get(ob, ())]
+        ca = [x for c in ca for x in self._through(A, c, self.a2b, False) if x is not None]
+        cb = [x for c in cb for x in self._through(B, c, self.b2a, False) if x is not None]
+        ca = [c for c in set(ca) if c not in self.a2b]
+        cb = [c for c in set(cb) if c not in self.b2a]
+        if not ca or not cb:
+            return False
+        if len(ca) == 1 and len(cb) == 1:
+            cands.append((ca[0], cb[0]))
+            return True
+        for key in (lambda G, i, loc: G.op[i], lambda G, i, loc: loc[i]):
+            ga, gb = defaultdict(list), defaultdict(list)
+            for c in ca:
+                ga[key(A, c, self.local[0])].append(c)
+            for c in cb:
+                gb[key(B, c, self.local[1])].append(c)
+            for k, l1 in ga.items():
+                l2 = gb.get(k)
+                if l2 and len(l1) == 1 and len(l2) == 1:
+                    cands.append((l1[0], l2[0]))
+        return True
+
     def propagate(self) -> int:
+        """Pair dataflow neighbours of matched pairs (same input slot / same output consumer, same
+        op type, through transparent nodes). Where the neighbours differ because one graph fused or
+        split a few nodes (``Sigmoid+Mul -> QuickGelu``), the step continues across that region:
+        the region's exit (downwards) or entry (upwards) values of both graphs are treated as the
+        same value (see :meth:`_region_down`, :meth:`_region_up`); the region's own nodes stay
+        unmatched and are classified later."""
         A, B = self.A, self.B
         queue = deque(self.a2b.items())
         added = 0
@@ -645,33 +780,28 @@ class _Matcher:
                 pb = B.producer.get(vb, (None,))[0]
                 if pa is None or pb is None:
                     continue
-                for xa in self._through(A, pa, self.a2b, True):
-                    for xb in self._through(B, pb, self.b2a, True):
+                xas = self._through(A, pa, self.a2b, True)
+                xbs = self._through(B, pb, self.b2a, True)
+                for xa in xas:
+                    for xb in xbs:
                         if xa is not None and xb is not None:
                             cands.append((xa, xb))
+                if len(xas) == 1 and len(xbs) == 1 and xas[0] is not None and xbs[0] is not None \
+                        and xas[0] not in self.a2b and xbs[0] not in self.b2a and not self._compatible(xas[0], xbs[0]):
+                    ra, rb = self._region_up(A, va, self.a2b), self._region_up(B, vb, self.b2a)
+                    if ra and rb and self._different_regions(ra[1], rb[1]):
+                        qa, qb = A.producer.get(ra[0]), B.producer.get(rb[0])
+                        if qa and qb:
+                            cands.append((qa[0], qb[0]))
             # outputs: consumers grouped by (op type, slot); pair when unique in both
             for oa, ob in zip(na.output, nb.output):
-                ca = [c for c, _ in A.consumers.get(oa, ())]
-                cb = [c for c, _ in B.consumers.get(ob, ())]
-                ca = [x for c in ca for x in self._through(A, c, self.a2b, False) if x is not None]
-                cb = [x for c in cb for x in self._through(B, c, self.b2a, False) if x is not None]
-                ca = [c for c in set(ca) if c not in self.a2b]
-                cb = [c for c in set(cb) if c not in self.b2a]
-                if not ca or not cb:
+                n0 = len(cands)
+                if not self._consumer_cands(oa, ob, cands):
                     continue
-                if len(ca) == 1 and len(cb) == 1:
-                    cands.append((ca[0], cb[0]))
-                    continue
-                for key in (lambda G, i, loc: G.op[i], lambda G, i, loc: loc[i]):
-                    ga, gb = defaultdict(list), defaultdict(list)
-                    for c in ca:
-                        ga[key(A, c, self.local[0])].append(c)
-                    for c in cb:
-                        gb[key(B, c, self.local[1])].append(c)
-                    for k, l1 in ga.items():
-                        l2 = gb.get(k)
-                        if l2 and len(l1) == 1 and len(l2) == 1:
-                            cands.append((l1[0], l2[0]))
+                if not any(self._compatible(x, y) for x, y in cands[n0:]):
+                    ra, rb = self._region_down(A, oa, self.a2b), self._region_down(B, ob, self.b2a)
+                    if ra and rb and self._different_regions(ra[1], rb[1]):
+                        self._consumer_cands(ra[0], rb[0], cands)
             for xa, xb in cands:
                 if xa not in self.a2b and xb not in self.b2a and self._compatible(xa, xb):
                     self.pair(xa, xb, "propagation")
@@ -945,14 +1075,18 @@ def _spread_stages(M: _Matcher) -> None:
 
 
 def _walk_transforms(G: _Graph, v: str, matched: dict[int, int]) -> tuple[str, dict[str, Any]]:
-    """From value ``v`` walk up through unmatched transparent producers; returns the source value and
-    the transform that maps ``v`` back onto it (as seen from the other graph)."""
+    """From value ``v`` walk up through transparent producers that the other graph lacks (unmatched
+    Cast/Transpose/Q/DQ ...; Identity nodes are passed whether matched or not, they change nothing)
+    and return the source value and the transform between the source and ``v``:
+    ``{"dtype": d}`` when a Cast converts a value computed in dtype ``d`` (e.g. ``float16`` cast back to
+    ``float32`` by an fp16 conversion with float32 I/O), ``{"permute": p}`` for Transposes (``p`` maps
+    ``v`` back onto the source layout), ``{"quantized": True}`` for Q/DQ."""
     tf: dict[str, Any] = {}
     perm = None
     while v in G.producer:
         i, _ = G.producer[v]
         nd = G.nodes[i]
-        if i in matched or nd.op_type not in TRANSPARENT_OPS or not nd.input:
+        if nd.op_type not in TRANSPARENT_OPS or not nd.input or (i in matched and nd.op_type != "Identity"):
             break
         if nd.op_type == "Transpose":
             p = [a.ints for a in nd.attribute if a.name == "perm"]
@@ -961,6 +1095,10 @@ def _walk_transforms(G: _Graph, v: str, matched: dict[int, int]) -> tuple[str, d
                 perm = p if perm is None else [p[k] for k in perm]
         elif nd.op_type in ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"):
             tf["quantized"] = True
+        elif nd.op_type in ("Cast", "CastLike"):
+            src = G.value_type(nd.input[0])[0]
+            if src and src != G.value_type(v)[0]:
+                tf["dtype"] = src  # the deepest cast wins: the dtype the value was computed in
         v = nd.input[0]
     if perm is not None:
         inv = [0] * len(perm)
@@ -968,6 +1106,17 @@ def _walk_transforms(G: _Graph, v: str, matched: dict[int, int]) -> tuple[str, d
             inv[p] = k
         tf["permute"] = inv
     return v, tf
+
+
+def _describe_tf(tf: dict[str, Any]) -> str:
+    parts = []
+    if "dtype" in tf:
+        parts.append(f"a Cast from {tf['dtype']}")
+    if "permute" in tf:
+        parts.append(f"a Transpose (permute {tf['permute']} to undo)")
+    if tf.get("quantized"):
+        parts.append("QuantizeLinear/DequantizeLinear")
+    return ", ".join(parts)
 
 
 def _anchor_map(M: _Matcher) -> list[AnchorMatch]:
@@ -979,6 +1128,7 @@ def _anchor_map(M: _Matcher) -> list[AnchorMatch]:
     else:
         return []
     ynames = {a.name: a for a in Y.manifest.anchors} if Y.manifest is not None else {}
+    y_matched = M.a2b if flip else M.b2a
     out = []
     for anc in X.manifest.anchors:
         v = anc.value
@@ -986,16 +1136,21 @@ def _anchor_map(M: _Matcher) -> list[AnchorMatch]:
         yv = None
         tf: dict[str, Any] = {}
         reason = ""
-        if anc.kind == "output" and v in X.outputs and X.outputs.index(v) < len(Y.outputs):
+        if anc.kind == "output" and v in X.outputs and v in Y.outputs:
+            yv = v
+            _src, tf = _walk_transforms(Y, yv, y_matched)
+            reason = "graph output of the same name"
+        elif anc.kind == "output" and v in X.outputs and X.outputs.index(v) < len(Y.outputs) \
+                and Y.outputs[X.outputs.index(v)] not in X.outputs:
             yv = Y.outputs[X.outputs.index(v)]
-            yv_src, tf = _walk_transforms(Y, yv, {})
+            _src, tf = _walk_transforms(Y, yv, y_matched)
             reason = "graph output at the same position"
         elif anc.name in Y.outputs:
             # exposed by the instrumentation as a graph output named like the anchor: what a backend
             # captures is that output, whatever was inserted in front of it
             yv = anc.name
-            _src, tf = _walk_transforms(Y, yv, {})
-            reason = "exposed as graph output " + ("through " + ", ".join(sorted(tf)) if tf else "unchanged")
+            _src, tf = _walk_transforms(Y, yv, y_matched)
+            reason = "exposed as graph output " + ("through " + _describe_tf(tf) if tf else "unchanged")
         elif anc.name in ynames:
             yv, reason = ynames[anc.name].value, "same anchor name in both manifests"
         elif v in X.producer and X.producer[v][0] in x2y:
@@ -1008,7 +1163,7 @@ def _anchor_map(M: _Matcher) -> list[AnchorMatch]:
             for c, k in X.consumers.get(v, ()):
                 if c in x2y and k < len(Y.nodes[x2y[c]].input):
                     cand = Y.nodes[x2y[c]].input[k]
-                    _src, tf = _walk_transforms(Y, cand, {})
+                    _src, tf = _walk_transforms(Y, cand, y_matched)
                     yv, reason = cand, f"input {k} of the matched consumer {Y.ids[x2y[c]]}"
                     break
         if yv is None and v in Y.producer:
@@ -1021,7 +1176,9 @@ def _anchor_map(M: _Matcher) -> list[AnchorMatch]:
             continue
         tx, ty = X.value_type(v), Y.value_type(yv)
         if tx[0] and ty[0] and tx[0] != ty[0]:
-            tf["dtype"] = tx[0]
+            tf.setdefault("dtype", ty[0])
+        if tf.get("dtype") == tx[0]:  # cast there and back: nothing lost
+            del tf["dtype"]
         status = "equivalent" if tf else "exact"
         a_v, b_v = (yv, v) if flip else (v, yv)
         out.append(AnchorMatch(anc.name, anc.stage, a_v, b_v, status, tf or None, reason))
@@ -1065,19 +1222,49 @@ def _info(G: _Graph) -> GraphInfo:
 
 
 def _io_changes(A: _Graph, B: _Graph) -> list[Change]:
+    """Differences of the graph inputs and outputs. Each list is paired by name first; only the
+    inputs/outputs left unpaired on both sides are then paired by position among themselves (a
+    ``renamed`` change); what is still left is reported as ``graph_input``/``graph_output`` only in
+    A (``b`` None) or only in B (``a`` None). Paired values are compared by dtype and shape."""
     ch = []
+    anchors = {a.name for G in (A, B) if G.manifest is not None for a in G.manifest.anchors}
     for kind, la, lb in (("input", A.inputs, B.inputs), ("output", A.outputs, B.outputs)):
-        if len(la) != len(lb):
-            ch.append(Change(f"graph_{kind}s", "", la, lb))
-        for k, (va, vb) in enumerate(zip(la, lb)):
-            if va != vb:
-                ch.append(Change("renamed", f"{kind}[{k}]", va, vb))
+        sb = set(lb)
+        pairs = [(va, va) for va in la if va in sb]
+        ra, rb = [v for v in la if v not in sb], [v for v in lb if v not in set(la)]
+        # leftovers by position among themselves while the types agree; outputs exposing anchors
+        # (named like an anchor of either manifest) are never paired by position: a different
+        # anchor set is not a rename
+        pa = [v for v in ra if v not in anchors]
+        pb = [v for v in rb if v not in anchors]
+        k = 0
+        while k < min(len(pa), len(pb)) and A.value_type(pa[k]) == B.value_type(pb[k]):
+            k += 1
+        for va, vb in zip(pa[:k], pb[:k]):
+            ch.append(Change("renamed", f"{kind}[{la.index(va)}]", va, vb))
+            pairs.append((va, vb))
+        paired_a, paired_b = set(pa[:k]), set(pb[:k])
+        for va in ra:
+            if va not in paired_a:
+                ch.append(Change(f"graph_{kind}", f"{kind}[{la.index(va)}]", va, None))
+        for vb in rb:
+            if vb not in paired_b:
+                ch.append(Change(f"graph_{kind}", f"{kind}[{lb.index(vb)}]", None, vb))
+        for va, vb in pairs:
             ta, tb = A.value_type(va), B.value_type(vb)
             if ta[0] != tb[0]:
-                ch.append(Change("dtype", f"{kind}[{k}]", ta[0], tb[0]))
+                ch.append(Change("dtype", f"{kind} {va}", ta[0], tb[0]))
             if ta[1] != tb[1]:
-                ch.append(Change("shape", f"{kind}[{k}]", ta[1], tb[1]))
+                ch.append(Change("shape", f"{kind} {va}", ta[1], tb[1]))
     return ch
+
+
+def _opset_changes(A: _Graph, B: _Graph) -> list[Change]:
+    """``opset`` changes: per domain (``ai.onnx`` for the default one), the imported version in A
+    and B (None where a graph does not import the domain)."""
+    oa = {(o.domain or "ai.onnx"): o.version for o in A.model.opset_import}
+    ob = {(o.domain or "ai.onnx"): o.version for o in B.model.opset_import}
+    return [Change("opset", d, oa.get(d), ob.get(d)) for d in sorted(set(oa) | set(ob)) if oa.get(d) != ob.get(d)]
 
 
 def diff_models(model_a, model_b, *, path_a: str = "A", path_b: str = "B") -> GraphDiff:
@@ -1117,7 +1304,7 @@ def diff_models(model_a, model_b, *, path_a: str = "A", path_b: str = "B") -> Gr
         a=_info(A), b=_info(B), matched=len(M.a2b),
         match_counts={k: counts.get(k, 0) for k in ("name", "value", "structure", "propagation", "sequence")},
         changed=changed, only_a=only_a, only_b=only_b, regions=regions, anchors=_anchor_map(M),
-        stages=_stage_table(M, changed_a, regions), io=_io_changes(A, B))
+        stages=_stage_table(M, changed_a, regions), io=_io_changes(A, B), opset=_opset_changes(A, B))
     d.seconds = time.perf_counter() - t0
     return d
 
