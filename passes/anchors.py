@@ -1,7 +1,15 @@
 """Anchor insertion: expose a partition's boundary tensors as extra graph outputs with readable names.
 
 For every non-output anchor the pass appends ``Identity(value) -> <anchor name>`` (node name
-``anpred/<anchor name>``) and a typed, shaped graph output ``<anchor name>``. Original outputs stay
+``anpred/<anchor name>``) and a typed, shaped graph output ``<anchor name>``. The Identity nodes are
+appended in *reverse* topological order of their values' producers (last anchor first), so that a
+runtime walking the graph by reverse DFS from its leaf nodes (ONNX Runtime's default topological order)
+visits each anchor Identity right after its value's producer, before the value's other consumers are
+rewritten. Appended in forward order, ONNX Runtime 1.32 (default optimisations) rejects models such as
+MobileNetV2 ("Node input ... is not a graph input, initializer, or output of a previous node"): its
+``Pad_Fusion`` rule rewires ``Pad -> Conv`` without adding the producer -> Conv edge, and a later visit
+of the anchor Identity by ``EliminateIdentity`` then sees a single consumer and renames the producer's
+output to the anchor name under the Conv's feet (see docs/native-mapping.md for the reproduction). Original outputs stay
 first and unchanged (they are anchors of kind ``output`` but are not added twice). The anchor manifest
 is stored in ``metadata_props["anpred.manifest"]``. Nothing else of the model changes (IR version,
 opsets, initializers, external-data references, metadata), except that a model whose file order was
@@ -61,6 +69,17 @@ def build_manifest(partition: Partition, taken: set[str] = frozenset(), model_in
     return AnchorManifest(anchors=anchors, stages=stages, model=dict(model_info or {}), partition=part)
 
 
+def _identity_order(graph, node_order, inner: list[Anchor]) -> list[Anchor]:
+    """``inner`` sorted by the position of their value's producer in the (topologically sorted)
+    original node list, last producer first; graph inputs and unknown values go last."""
+    nodes = [n for n in graph.node if not _is_anchor_node(n)]
+    if node_order and any(a >= b for a, b in zip(node_order, node_order[1:])):
+        nodes = [nodes[i] for i in node_order]
+    pos = {v: i for i, n in enumerate(nodes) for v in n.output if v}
+    ranked = sorted(range(len(inner)), key=lambda k: (pos.get(inner[k].value, -1), k), reverse=True)
+    return [inner[k] for k in ranked]
+
+
 class AnchorInsertionPass(GraphPass):
     """Insert the anchors of ``partition`` (from :class:`~passes.partition.StagePartitionPass` run on
     the same model). Returns a new model (the input is not modified); ``result.info["manifest"]`` is
@@ -89,7 +108,8 @@ class AnchorInsertionPass(GraphPass):
         manifest = build_manifest(self.partition, taken, self.model_info)
         inner = [a for a in manifest.anchors if a.kind != "output"]
         plans = {a.value: a for a in self.partition.anchors}
-        want_nodes = [(f"{ANCHOR_NODE_PREFIX}{a.name}", a.value, a.name) for a in inner]
+        node_order = _identity_order(g, self.partition.node_order, inner)
+        want_nodes = [(f"{ANCHOR_NODE_PREFIX}{a.name}", a.value, a.name) for a in node_order]
 
         # idempotence: same anchor nodes, outputs and manifest already there -> unchanged
         have_nodes = [(n.name, n.input[0], n.output[0]) for n in g.node if _is_anchor_node(n)]
@@ -113,7 +133,8 @@ class AnchorInsertionPass(GraphPass):
             if not plan.elem_type:
                 raise GraphError(f"cannot expose {a.value!r}: its element type is unknown (shape inference "
                                  "could not determine it)")
-            og.node.append(helper.make_node("Identity", [a.value], [a.name], name=f"{ANCHOR_NODE_PREFIX}{a.name}"))
             og.output.append(helper.make_tensor_value_info(a.name, plan.elem_type, plan.shape))
+        for a in node_order:  # reverse topological order of the producers (see the module docstring)
+            og.node.append(helper.make_node("Identity", [a.value], [a.name], name=f"{ANCHOR_NODE_PREFIX}{a.name}"))
         manifest.to_model(out)
         return PassResult(out, True, {"manifest": manifest})
