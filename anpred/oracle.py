@@ -352,8 +352,8 @@ class Oracle:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices give NaN, counted later
             if len(fams) >= self.cfg.min_voters:
-                votes = [m[0] if len(m) == 1 else np.nanmedian(np.stack(m), axis=0) for m in fams.values()]
-                return np.nanmedian(np.stack(votes), axis=0), "median:" + ",".join(sorted(fams)), None
+                votes = [m[0] if len(m) == 1 else _nanmedian0(np.stack(m)) for m in fams.values()]
+                return _nanmedian0(np.stack(votes)), "median:" + ",".join(sorted(fams)), None
         ref = self._pick_reference([b for b in arrays if np.isfinite(arrays[b]).any()])
         if ref is None:
             return None, "none", None
@@ -507,6 +507,12 @@ class Oracle:
                 r = last.primary / origin.primary if origin.primary > 0 else math.inf
                 v.propagation = "amplified" if r > band else ("attenuated" if r < 1 / band else "stable")
         return v
+
+
+def _nanmedian0(a: np.ndarray) -> np.ndarray:
+    """``np.nanmedian(a, axis=0)``; computed with ``np.median`` (partition-based, several times faster
+    than nanmedian's masked-array path) when ``a`` holds no NaN, where the two are identical."""
+    return np.nanmedian(a, axis=0) if np.isnan(a).any() else np.median(a, axis=0)
 
 
 def _finite_key(v: float) -> float:
