@@ -19,12 +19,22 @@ A decision is taken once per ``(anchor, backend)`` and reused for later samples,
    decisively closer than the runner-up (``runner_up >= min_margin * error``); otherwise the anchor is
    *unaligned* for that backend on that sample (retried on the next one), never forced.
 
-After the layout is fixed, a backend that is not a reference (references: identity-aligned fp32
-backends that execute the ONNX graph itself) and whose tensor is far from the reference consensus is
-searched for a *segment permutation* (channels or concatenated heads in another order) along one axis.
-A permutation is accepted only if every moved slice matches exactly one consensus slice closely and
-decisively (same two thresholds, per slice) and the whole permuted tensor is close; a wrong tensor
-matches nothing and stays as it is (different), so the oracle sees the real error.
+A manifest pin is the user's explicit instruction: if it does not fit the tensor, the anchor is
+*unaligned* for that backend with the reason (never replaced by another rule); pins are validated
+when the :class:`Aligner` is made, and pins naming an unknown backend are reported as warnings.
+
+After the layout is fixed, a backend that runs a *native graph of its own* (``torch-native``,
+``tf-native``, or an unregistered backend whose capture status is not ``exact``) and whose tensor is
+far from the reference consensus is searched for a *segment permutation* (channels or concatenated
+heads in another order) along the anchor's channel axis only. Backends that execute the ONNX graph
+(``ort*``, ``openvino*``, ``onnx-reference``, ``torch`` via onnx2torch, ``tf`` via onnx2tf) compute the
+same tensor by construction: a reordering there is a defect, so they are never searched, and neither
+is an anchor under a manifest pin. A permutation is accepted only if every moved slice matches exactly
+one consensus slice closely and decisively (same two thresholds, per slice), it consists of at most
+``SEGMENT_MAX_BLOCKS`` contiguous blocks of substantial size, and the whole permuted tensor is close;
+a wrong tensor matches nothing and stays as it is (different), so the oracle sees the real error. An
+accepted segment order is recorded with ``source="data"`` and listed by
+:attr:`AlignmentReport.segments_by_data` (``anpred check`` adds a note per anchor and backend).
 
 Distance used everywhere (dimensionless, formula chosen here): the *normalised error*
 ``e(x, m) = ||x - m||_2 / ||m - mean(m)||_2`` over positions where both are finite (the denominator
@@ -65,6 +75,18 @@ SCHEMA = "anpred.alignment/1"
 #: families whose backends execute the ONNX graph itself: their tensors are canonical by definition.
 ONNX_FAMILIES = frozenset({"onnxruntime", "openvino", "onnx-reference"})
 
+#: backends that execute the anchored ONNX graph itself, directly or through a converter of that graph
+#: (onnx2tf for ``tf``, onnx2torch for ``torch``): they compute the same tensor by construction, so a
+#: channel/segment reordering there is a defect and is never searched for.
+ONNX_GRAPH_BACKENDS = frozenset({"ort", "ort-noopt", "ort-fp16", "ort-int8", "openvino", "openvino-bf16",
+                                 "onnx-reference", "torch", "tf"})
+#: backends that run a separate native graph (a port may concatenate heads/channels in another order).
+NATIVE_BACKENDS = frozenset({"torch-native", "tf-native"})
+#: segment search limits: at most this many contiguous blocks ...
+SEGMENT_MAX_BLOCKS = 8
+#: ... each at least ``max(2, ceil(n * SEGMENT_MIN_BLOCK_FRACTION))`` slices long (n: the axis length).
+SEGMENT_MIN_BLOCK_FRACTION = 1 / 32
+
 #: channels-first layout -> channels-last layout (used to infer permutations from layout hints).
 LAYOUT_PAIRS = {"NCW": "NWC", "NCHW": "NHWC", "NCDHW": "NDHWC"}
 
@@ -75,36 +97,117 @@ class AlignmentError(AnpredError):
     """A pinned or reported alignment rule is malformed (unknown key, wrong permutation)."""
 
 
+class _Unaligned(Exception):
+    """Internal: this (anchor, backend) cannot be aligned; the message is the reason (with shapes)."""
+
+
 # ---------------------------------------------------------------------------------------------------
 # rules
 # ---------------------------------------------------------------------------------------------------
 def validate_rule(rule: dict[str, Any], where: str) -> dict[str, Any]:
     """Check a rule dict (see the module docstring); return a normalised copy.
 
+    Checked: only known keys; ``permute`` a list of ints that is a permutation of ``0..n-1``; ``view`` a
+    list of non-negative ints; ``reshape`` a bool; ``cast`` one of ``float16``/``bfloat16``/``float32``/
+    ``float64``; ``dequantize`` a dict with a finite non-zero ``scale`` (number or list), optional
+    ``zero_point`` (number or list of the same length) and ``axis`` (int >= 0, required with per-axis
+    lists); ``segments`` an ``axis`` >= 0 and an ``order`` of ``[start, length]`` pairs (length >= 1)
+    that tile ``0..N-1`` exactly once (a bijection: no slice repeated, none dropped); ``exclude`` a
+    non-empty reason string. Whether the rule fits a tensor's shape is checked when it is applied.
+
     Raises:
-        AlignmentError: unknown key, a ``permute`` that is not a permutation, malformed segments.
+        AlignmentError: one message naming ``where`` and what is wrong.
     """
     if not isinstance(rule, dict):
-        raise AlignmentError(f"{where}: alignment rule must be a dict, got {type(rule).__name__}")
+        raise AlignmentError(f"{where}: alignment rule must be a dict, got {type(rule).__name__} {rule!r}")
     unknown = sorted(set(rule) - set(_RULE_KEYS))
     if unknown:
         raise AlignmentError(f"{where}: unknown alignment rule key(s) {unknown}; known: {', '.join(_RULE_KEYS)}")
     out = dict(rule)
+    if "exclude" in out and not (isinstance(out["exclude"], str) and out["exclude"].strip()):
+        raise AlignmentError(f"{where}: 'exclude' must be a non-empty reason string, got {out['exclude']!r}")
+    if "cast" in out and out["cast"] not in _CASTS:
+        raise AlignmentError(f"{where}: 'cast' must be one of {', '.join(_CASTS)}, got {out['cast']!r}")
+    if "reshape" in out and not isinstance(out["reshape"], bool):
+        raise AlignmentError(f"{where}: 'reshape' must be true or false, got {out['reshape']!r}")
     if "permute" in out:
-        p = [int(i) for i in out["permute"]]
+        p = _int_list(out["permute"], "permute", where, minimum=0)
         if sorted(p) != list(range(len(p))):
             raise AlignmentError(f"{where}: 'permute' {out['permute']} is not a permutation of 0..{len(p) - 1}")
         out["permute"] = p
     if "view" in out:
-        out["view"] = [int(d) for d in out["view"]]
+        out["view"] = _int_list(out["view"], "view", where, minimum=0)
     if "segments" in out:
-        seg = out["segments"]
-        try:
-            out["segments"] = {"axis": int(seg["axis"]), "order": [[int(a), int(b)] for a, b in seg["order"]]}
-        except (KeyError, TypeError, ValueError) as err:
-            raise AlignmentError(f"{where}: 'segments' must be {{'axis': a, 'order': [[start, length], ...]}}") from err
-    if "dequantize" in out and not isinstance(out["dequantize"], dict):
-        raise AlignmentError(f"{where}: 'dequantize' must be {{'scale': s, 'zero_point': z, 'axis': k}}")
+        out["segments"] = _validate_segments(out["segments"], where)
+    if "dequantize" in out:
+        out["dequantize"] = _validate_dequantize(out["dequantize"], where)
+    return out
+
+
+_CASTS = ("float16", "bfloat16", "float32", "float64")
+
+
+def _int_value(v: Any, what: str, where: str, minimum: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise AlignmentError(f"{where}: {what} must be an integer, got {v!r}")
+    if minimum is not None and int(v) < minimum:
+        raise AlignmentError(f"{where}: {what} must be >= {minimum}, got {v}")
+    return int(v)
+
+
+def _int_list(v: Any, what: str, where: str, minimum: int | None = None) -> list[int]:
+    if not isinstance(v, (list, tuple)) or not v:
+        raise AlignmentError(f"{where}: '{what}' must be a non-empty list of integers, got {v!r}")
+    return [_int_value(i, f"'{what}' entry", where, minimum) for i in v]
+
+
+def _validate_segments(seg: Any, where: str) -> dict[str, Any]:
+    form = "{'axis': a, 'order': [[start, length], ...]}"
+    if not isinstance(seg, dict) or set(seg) != {"axis", "order"} or not isinstance(seg["order"], (list, tuple)) \
+            or not seg["order"]:
+        raise AlignmentError(f"{where}: 'segments' must be {form}, got {seg!r}")
+    axis = _int_value(seg["axis"], "segments 'axis'", where, minimum=0)
+    order = []
+    for pair in seg["order"]:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise AlignmentError(f"{where}: 'segments' order entries must be [start, length], got {pair!r}")
+        order.append([_int_value(pair[0], "segment start", where, 0), _int_value(pair[1], "segment length", where, 1)])
+    nxt = 0
+    for st, n in sorted(order):
+        if st != nxt:
+            what = "overlap (a slice used twice)" if st < nxt else f"gap (slices {nxt}..{st - 1} dropped)"
+            raise AlignmentError(f"{where}: 'segments' order {order} is not a bijection of 0..{sum(n for _, n in order) - 1}: "
+                                 f"{what} at {st}; every slice must appear exactly once")
+        nxt = st + n
+    return {"axis": axis, "order": order}
+
+
+def _validate_dequantize(q: Any, where: str) -> dict[str, Any]:
+    form = "{'scale': s, 'zero_point': z, 'axis': k} (scale required; lists with axis for per-axis)"
+    if not isinstance(q, dict) or "scale" not in q or set(q) - {"scale", "zero_point", "axis"}:
+        raise AlignmentError(f"{where}: 'dequantize' must be {form}, got {q!r}")
+
+    def numbers(v, what, nonzero):
+        vals = v if isinstance(v, (list, tuple)) else [v]
+        if not vals or any(isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating))
+                           or not math.isfinite(float(x)) or (nonzero and float(x) == 0.0) for x in vals):
+            raise AlignmentError(f"{where}: dequantize '{what}' must be a finite{' non-zero' if nonzero else ''} "
+                                 f"number or a non-empty list of them, got {v!r}")
+        return [float(x) if what == "scale" else x for x in vals] if isinstance(v, (list, tuple)) else \
+            (float(v) if what == "scale" else v)
+
+    out: dict[str, Any] = {"scale": numbers(q["scale"], "scale", True)}
+    if "zero_point" in q:
+        out["zero_point"] = numbers(q["zero_point"], "zero_point", False)
+    if q.get("axis") is not None:
+        out["axis"] = _int_value(q["axis"], "dequantize 'axis'", where, minimum=0)
+    lists = [k for k in ("scale", "zero_point") if isinstance(out.get(k), list)]
+    if lists and "axis" not in out:
+        raise AlignmentError(f"{where}: dequantize with per-axis {' and '.join(lists)} lists needs 'axis'")
+    if isinstance(out["scale"], list) and isinstance(out.get("zero_point"), list) and \
+            len(out["scale"]) != len(out["zero_point"]):
+        raise AlignmentError(f"{where}: dequantize 'scale' ({len(out['scale'])}) and 'zero_point' "
+                             f"({len(out['zero_point'])}) lists differ in length")
     return out
 
 
@@ -170,6 +273,8 @@ def apply_rule(rule: dict[str, Any], x: np.ndarray, canonical_shape: tuple[int, 
         scale = np.asarray(q["scale"], dtype=np.float64)
         zp = np.asarray(q.get("zero_point", 0), dtype=np.float64)
         axis = q.get("axis")
+        if axis is not None and not 0 <= int(axis) < a.ndim:
+            raise ValueError(f"dequantize axis {axis} out of range for shape {list(a.shape)}")
         if axis is not None and scale.ndim == 1:
             shp = [1] * a.ndim
             shp[int(axis)] = -1
@@ -293,13 +398,15 @@ class UnalignedEntry:
 class AlignmentReport:
     """Every non-identity (or data-decided) alignment and every unaligned anchor of a run.
 
-    ``identity``: backend -> number of anchors aligned as they are. ``settings``: the thresholds."""
+    ``identity``: backend -> number of anchors aligned as they are. ``settings``: the thresholds.
+    ``warnings``: things the user should fix (e.g. a manifest pin naming an unknown backend)."""
 
     alignments: list[AlignmentDecision] = field(default_factory=list)
     unaligned: list[UnalignedEntry] = field(default_factory=list)
     identity: dict[str, int] = field(default_factory=dict)
     samples: int = 0
     settings: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
@@ -316,16 +423,28 @@ class AlignmentReport:
             return cls(alignments=[AlignmentDecision(**a) for a in d.get("alignments", [])],
                        unaligned=[UnalignedEntry(**u) for u in d.get("unaligned", [])],
                        identity=dict(d.get("identity", {})), samples=int(d.get("samples", 0)),
-                       settings=dict(d.get("settings", {})), schema=d["schema"])
+                       settings=dict(d.get("settings", {})), warnings=list(d.get("warnings", [])),
+                       schema=d["schema"])
         except TypeError as err:
             raise AnpredError(f"malformed alignment report: {err}") from err
 
     def by_source(self) -> dict[str, int]:
         return dict(Counter(a.source for a in self.alignments))
 
-    def format_text(self, max_anchors: int = 6) -> str:
-        """A plain-text report: alignments grouped by (backend, rule, source), then unaligned anchors."""
+    @property
+    def segments_by_data(self) -> list[AlignmentDecision]:
+        """Alignments whose segment (channel/head) order was found from the data, not from a known
+        rule: a port's concatenation order, or a real channel-order defect the data cannot tell apart."""
+        return [a for a in self.alignments if a.source == "data" and "segments" in a.rule]
+
+    def format_text(self, max_anchors: int | None = None) -> str:
+        """A plain-text report: warnings, alignments grouped by (backend, rule, source), then unaligned
+        anchors. Every anchor is listed unless ``max_anchors`` caps each group."""
         lines = [f"alignment over {self.samples} sample(s)"]
+        lines.extend(f"warning: {w}" for w in self.warnings)
+        nseg = len(self.segments_by_data)
+        if nseg:
+            lines.append(f"segment order found by the data (check these: a port's order or a real defect): {nseg}")
         for b, n in sorted(self.identity.items()):
             lines.append(f"  {b}: {n} anchor(s) as they are")
         groups: dict[tuple[str, str, str], list[AlignmentDecision]] = {}
@@ -333,15 +452,16 @@ class AlignmentReport:
             groups.setdefault((a.backend, describe_rule(a.rule), a.source), []).append(a)
         if groups:
             lines.append("alignments applied (backend: rule [how decided] anchors):")
+        cap = max_anchors if max_anchors is not None else None
         for (b, desc, src), items in groups.items():
-            names = ", ".join(i.anchor for i in items[:max_anchors]) + (" ..." if len(items) > max_anchors else "")
+            names = ", ".join(i.anchor for i in items[:cap]) + (" ..." if cap is not None and len(items) > cap else "")
             how = src
             if src == "data":
                 how = "data: " + "; ".join(
                     f"{i.anchor} error {i.error:.3g} vs runner-up {_fmt(i.runner_up)} (margin {_fmt(i.margin, 'exact')})"
-                    for i in items[:max_anchors])
+                    for i in items[:cap])
             lines.append(f"  {b}: {desc} [{how}] ({len(items)}) {names}")
-            for i in items[:max_anchors]:
+            for i in items[:cap]:
                 if i.detail and src not in ("capture", "layout"):
                     lines.append(f"      {i.anchor}: {i.detail}")
         if self.unaligned:
@@ -394,20 +514,27 @@ class Aligner:
         manifest: the anchor manifest of the run (canonical shapes, layouts, pins, native transforms).
         statuses: ``{backend: BackendStatus}`` (captures: per-anchor :class:`AnchorCapture` dicts with
             ``layout``/``transform``; ``precision``; ``family``; ``dtypes``).
-        close_tol: a data-decided candidate (or segment) must have normalised error <= this (0.5).
-        min_margin: ... and the runner-up must be at least this many times farther (4.0).
-        segment_search: look for channel/segment permutations in non-reference backends (True).
+        close_tol: a data-decided candidate (or segment) must have normalised error <= this (0.5);
+            in ``(0, 1)``: at 1 the constant ``mean(m)`` would already "match".
+        min_margin: ... and the runner-up must be at least this many times farther (4.0; finite, > 1).
+        segment_search: look for channel/segment permutations (True); only ever in backends running a
+            native graph of their own (``NATIVE_BACKENDS``, or an unregistered backend whose capture
+            status is not ``exact``), never under a manifest pin, only along the anchor's channel axis
+            (``C`` of its layout, else axis 1), with at most ``SEGMENT_MAX_BLOCKS`` blocks.
         max_segment_axis: longest axis searched for segment permutations (16384).
 
     Raises:
-        AlignmentError: a pinned/reported rule is malformed (raised when first used).
+        AnpredError: thresholds out of range.
+        AlignmentError: a manifest pin is malformed (at construction); a rule reported by a backend or
+            the native mapping is malformed (when first used).
     """
 
     def __init__(self, manifest: AnchorManifest, statuses: dict[str, BackendStatus], *,
                  close_tol: float = 0.5, min_margin: float = 4.0, segment_search: bool = True,
                  max_segment_axis: int = 16384):
-        if not (close_tol > 0 and min_margin > 1):
-            raise AnpredError(f"alignment needs close_tol > 0 and min_margin > 1 (got {close_tol}, {min_margin})")
+        if not (0 < close_tol < 1) or not (1 < min_margin < math.inf):
+            raise AnpredError(f"alignment needs 0 < close_tol < 1 and a finite min_margin > 1 "
+                              f"(got close_tol={close_tol}, min_margin={min_margin})")
         self.manifest = manifest
         self.statuses = dict(statuses)
         self.close_tol = float(close_tol)
@@ -418,6 +545,8 @@ class Aligner:
         self._decisions: dict[tuple[str, str], AlignmentDecision] = {}
         self._unaligned: dict[tuple[str, str], UnalignedEntry] = {}
         self._samples = 0
+        self._pins, self.warnings = self._read_pins()
+        self._notes: dict[tuple[str, str], str] = {}  # known rules that did not fit, for data decisions
 
     # ---- public --------------------------------------------------------------------------------
     def align(self, sample_id: str, tensors: dict[str, dict[str, np.ndarray]]) -> AlignedSample:
@@ -460,6 +589,24 @@ class Aligner:
                     self._mark(out_u, name, b, sample_id, f"not captured: {c.reason or 'missing'}", None, None)
         return AlignedSample(sample_id, out_t, out_u, used)
 
+    def _read_pins(self) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
+        """Validate every manifest pin now (before any work); warn about pins for unknown backends."""
+        from anpred.backends import REGISTRY
+
+        pins: dict[tuple[str, str], dict[str, Any]] = {}
+        warnings: list[str] = []
+        for a in self.manifest.anchors:
+            al = a.alignment or {}
+            if not isinstance(al, dict):
+                raise AlignmentError(f"manifest pin {a.name}: 'alignment' must be {{backend: rule}}, got {al!r}")
+            for b, rule in al.items():
+                pins[(a.name, b)] = validate_rule(rule, f"manifest pin {a.name}/{b}")
+                if b not in self.statuses and b not in REGISTRY:
+                    warnings.append(f"manifest pin for unknown backend {b!r} at {a.name} is ignored "
+                                    f"(backends in this run: {', '.join(self.statuses) or 'none'}; "
+                                    f"known: {', '.join(REGISTRY)})")
+        return pins, warnings
+
     def report(self) -> AlignmentReport:
         """The alignment report so far (decisions taken, unaligned anchors)."""
         alignments = [d for d in self._decisions.values() if not d.identity or d.source == "data"]
@@ -468,9 +615,10 @@ class Aligner:
         alignments.sort(key=lambda d: (d.backend, order.get(d.anchor, 1 << 30)))
         unaligned = sorted(self._unaligned.values(), key=lambda u: (u.backend, order.get(u.anchor, 1 << 30)))
         return AlignmentReport(alignments=alignments, unaligned=unaligned, identity=dict(sorted(identity.items())),
-                               samples=self._samples,
+                               samples=self._samples, warnings=list(self.warnings),
                                settings={"close_tol": self.close_tol, "min_margin": self.min_margin,
-                                         "segment_search": self.segment_search})
+                                         "segment_search": self.segment_search,
+                                         "segment_max_blocks": SEGMENT_MAX_BLOCKS})
 
     @property
     def decisions(self) -> dict[tuple[str, str], AlignmentDecision]:
@@ -496,8 +644,9 @@ class Aligner:
             if dec is None:
                 try:
                     dec, cands = self._decide_known(anchor, b, np.asarray(x), cs)
-                except AlignmentError:
-                    raise
+                except _Unaligned as why:
+                    unal[b] = (str(why), x, cs)
+                    continue
                 if dec is None and cands is None:
                     unal[b] = (self._no_fit_reason(anchor, x, cs), x, cs)
                     continue
@@ -521,12 +670,12 @@ class Aligner:
             if b not in fresh:
                 dec.samples += 1
                 used[(anchor.name, b)] = dec
-        # segment search for freshly decided non-reference backends, then commit them
+        # segment search for freshly decided native-graph backends, then commit them
         for b, dec in fresh.items():
-            if b in aligned and self.segment_search and dec.source != "manifest" and not self._is_reference(b, dec):
+            if b in aligned and self._segment_search_allowed(anchor, b, dec):
                 cons = self._consensus(aligned, exclude=b, references_only=True)
                 if cons is not None:
-                    self._segment_check(dec, aligned, b, cons)
+                    self._segment_check(anchor, dec, aligned, b, cons)
             self._decisions[(anchor.name, b)] = dec
             if b in aligned:
                 dec.samples += 1
@@ -601,12 +750,25 @@ class Aligner:
         cap = _capture((st.captures or {}).get(anchor.name))
         return st.family in ONNX_FAMILIES or (cap.status == "exact" and not cap.transform)
 
-    def _is_reference(self, b: str, dec: AlignmentDecision) -> bool:
-        st = self.statuses.get(b)
-        if st is None or not dec.identity:
+    def runs_onnx_graph(self, b: str) -> bool:
+        """True when backend ``b`` executes the anchored ONNX graph (directly or converted from it):
+        registered ONNX-graph backends, and unregistered ones of an ONNX family or named ``ort-*`` /
+        ``openvino-*``."""
+        if b in ONNX_GRAPH_BACKENDS:
+            return True
+        if b in NATIVE_BACKENDS:
             return False
-        cap = _capture((st.captures or {}).get(dec.anchor))
-        return (st.precision or "fp32") == "fp32" and (st.family in ONNX_FAMILIES or (cap.status == "exact" and not cap.transform))
+        st = self.statuses.get(b)
+        return (st is not None and st.family in ONNX_FAMILIES) or b.startswith(("ort-", "openvino-"))
+
+    def _segment_search_allowed(self, anchor: Anchor, b: str, dec: AlignmentDecision) -> bool:
+        if not self.segment_search or dec.source == "manifest" or self.runs_onnx_graph(b):
+            return False
+        if b in NATIVE_BACKENDS:
+            return True
+        st = self.statuses.get(b)
+        cap = _capture((st.captures or {}).get(anchor.name) if st else None)
+        return cap.status != "exact"  # a backend claiming the same tensor is taken at its word
 
     def _consensus(self, aligned: dict[str, np.ndarray], exclude: str, references_only: bool) -> np.ndarray | None:
         """Element-wise median of the other backends' aligned tensors (fp32 references preferred)."""
@@ -647,9 +809,9 @@ class Aligner:
                                      backend_shape=list(x.shape), canonical_shape=list(cs), backend_dtype=dt)
 
         known: list[tuple[dict[str, Any], str, str]] = []
-        pin = (anchor.alignment or {}).get(b)
+        pin = self._pins.get((anchor.name, b))
         if pin is not None:
-            known.append((validate_rule(pin, f"manifest pin {anchor.name}/{b}"), "manifest", "pinned in the manifest"))
+            known.append((pin, "manifest", "pinned in the manifest"))
         if cap.transform:
             known.append((validate_rule(cap.transform, f"capture {anchor.name}/{b}"), "capture",
                           f"reported by the backend ({cap.layout or 'layout not given'})"))
@@ -671,12 +833,18 @@ class Aligner:
                 return make(rule, source, detail), None
             rule = {**base, **rule} if "cast" not in rule else dict(rule)
             if needs_dq and "dequantize" not in rule:
+                if source == "manifest":
+                    raise _Unaligned(f"manifest pin '{describe_rule(rule)}' cannot be applied: {x.dtype} tensor of shape "
+                                     f"{list(x.shape)} for a {anchor.dtype} anchor and no 'dequantize' in the pin")
                 notes.append(f"{source} rule ignored: integer tensor without scale/zero point")
                 continue
             fitted = self._fit(rule, x, cs)
             if fitted is not None:
                 r, how = fitted
                 return make(r, source, detail + (f"; {how}" if how else "")), None
+            if source == "manifest":  # the user's explicit instruction: never replaced by another rule
+                raise _Unaligned(f"manifest pin '{describe_rule(rule)}' does not fit backend shape {list(x.shape)} -> "
+                                 f"canonical {list(cs)}; fix or remove anchors[].alignment[{b!r}] in manifest.json")
             notes.append(f"{source} rule '{describe_rule(rule)}' does not fit backend shape {list(x.shape)} -> {list(cs)}")
         if needs_dq:
             # maybe a dequantize without layout info was given: use it as a base for shape inference
@@ -691,6 +859,7 @@ class Aligner:
             return None, None
         if len(cands) == 1:
             return make(cands[0], "shape", note + f"only candidate fitting backend shape {list(x.shape)} -> {list(cs)}"), None
+        self._notes[(anchor.name, b)] = note
         return None, cands
 
     def _fit(self, rule: dict[str, Any], x: np.ndarray, cs: tuple[int, ...]):
@@ -825,39 +994,63 @@ class Aligner:
         if not (second >= self.min_margin * best and second > 0):
             return (f"layout ambiguous: candidates not separated by the data (normalised errors: {desc}; "
                     f"need runner-up >= {self.min_margin} x best); backend shape {list(x.shape)}, canonical {list(cs)}")
-        dec.detail = (f"{len(cands)} candidates fit backend shape {list(x.shape)} -> {list(cs)}; closest to the "
+        dec.detail = self._notes.get((anchor.name, b), "") + (f"{len(cands)} candidates fit backend shape {list(x.shape)} -> {list(cs)}; closest to the "
                       f"consensus of the other backends ({desc})")
         return dec, outs[bi], True
 
     # ---- segment permutations --------------------------------------------------------------------
-    def _segment_check(self, dec: AlignmentDecision, aligned: dict[str, np.ndarray], b: str, cons: np.ndarray) -> None:
+    def _segment_check(self, anchor: Anchor, dec: AlignmentDecision, aligned: dict[str, np.ndarray], b: str,
+                       cons: np.ndarray) -> None:
         x = aligned[b]
         e0 = normalized_error(x, cons)
         if not e0 > self.close_tol:
             return
-        found = find_segment_permutation(x, cons, self.close_tol, self.min_margin, self.max_segment_axis)
+        axis = channel_axis(anchor.layout, x.ndim)
+        if axis is None:
+            return
+        found = find_segment_permutation(x, cons, self.close_tol, self.min_margin, self.max_segment_axis, axes=[axis])
         if found is None:
             return
         seg, e1 = found
         dec.rule = {**dec.rule, "segments": seg}
-        dec.detail = (f"{dec.detail}; then a segment permutation along axis {seg['axis']} found by the data: "
-                      f"normalised error {e0:.3g} -> {e1:.3g}")
+        dec.detail = (f"{dec.detail}; then a segment order along the channel axis {seg['axis']} found by the data "
+                      f"({len(seg['order'])} blocks): normalised error {e0:.3g} -> {e1:.3g} (a port's concatenation "
+                      f"order, or a real channel-order defect: pin the rule or 'exclude' to decide)")
         dec.source = "data"
         dec.error, dec.runner_up = e1, e0
         dec.margin = (e0 / e1) if e1 > 0 else None
         aligned[b] = apply_rule({"segments": seg}, x, x.shape)
 
 
+def channel_axis(layout: str | None, rank: int) -> int | None:
+    """The axis segment search may reorder: ``C`` of a known layout of that rank (``NCHW`` -> 1,
+    ``NHWC`` -> 3), else axis 1 (the ONNX channel/feature axis), axis 0 for rank 1, None for scalars."""
+    lay = str(layout or "").upper()
+    if len(lay) == rank and lay.count("C") == 1:
+        return lay.index("C")
+    if rank >= 2:
+        return 1
+    return 0 if rank == 1 else None
+
+
 def find_segment_permutation(x: np.ndarray, m: np.ndarray, close_tol: float = 0.5, min_margin: float = 4.0,
-                             max_axis: int = 16384) -> tuple[dict[str, Any], float] | None:
-    """Find an axis along which ``x``'s slices are ``m``'s slices in another order.
+                             max_axis: int = 16384, *, axes: list[int] | None = None,
+                             max_blocks: int = SEGMENT_MAX_BLOCKS,
+                             min_block_fraction: float = SEGMENT_MIN_BLOCK_FRACTION) -> tuple[dict[str, Any], float] | None:
+    """Find an axis along which ``x`` is ``m`` cut into a few contiguous blocks put in another order.
 
     Each slice ``x[i]`` goes to the one ``m[j]`` it matches decisively (error <= ``close_tol``, every
     other slice at least ``min_margin`` times farther); when no match is decisive (duplicate slices) it
-    keeps its place if ``m[i]`` is among the tied best; otherwise there is no permutation. The map must be a bijection, move at least one slice, and
-    the permuted tensor must have normalised error <= ``close_tol`` and be ``min_margin`` times closer
-    than ``x``. Slice errors use ``||x_i - m_j|| / ||m_j - mean(m)||`` (denominator floored at 1e-6 of
-    the mean slice energy).
+    keeps its place if ``m[i]`` is among the tied best; otherwise there is no permutation. The map must
+    be a bijection, move at least one slice, consist of at most ``max_blocks`` contiguous runs, each at
+    least ``max(2, ceil(n * min_block_fraction))`` slices long (``n``: the axis length; so a flip, a
+    scatter of single slices or a shift by a few rows never qualifies), and the permuted tensor must
+    have normalised error <= ``close_tol`` and be ``min_margin`` times closer than ``x``. Slice errors
+    use ``||x_i - m_j|| / ||m_j - mean(m)||`` (denominator floored at 1e-6 of the mean slice energy).
+
+    Args:
+        x, m: same shape, finite (float64 after conversion).
+        axes: the axes to search (default: all).
 
     Returns:
         ``({"axis": a, "order": [[start, length], ...]}, error_after)`` or None (no decisive fit).
@@ -869,9 +1062,12 @@ def find_segment_permutation(x: np.ndarray, m: np.ndarray, close_tol: float = 0.
     e0 = normalized_error(x, m)
     best = None
     gm = float(m.mean()) if m.size else 0.0
-    for axis in range(x.ndim):
+    for axis in (range(x.ndim) if axes is None else axes):
+        if not 0 <= axis < x.ndim:
+            continue
         n = x.shape[axis]
-        if n < 2 or n > max_axis:
+        min_block = max(2, math.ceil(n * min_block_fraction))
+        if n < 2 * min_block or n > max_axis:
             continue
         A = np.moveaxis(x, axis, 0).reshape(n, -1)
         M = np.moveaxis(m, axis, 0).reshape(n, -1)
@@ -906,10 +1102,13 @@ def find_segment_permutation(x: np.ndarray, m: np.ndarray, close_tol: float = 0.
             continue
         idx = np.empty(n, dtype=np.int64)
         idx[target] = np.arange(n)  # canonical slice j comes from backend slice idx[j]
+        runs = _runs(idx)
+        if len(runs) > max_blocks or min(length for _, length in runs) < min_block:
+            continue  # not a reordering of a few substantial blocks (a flip, a shift, a scatter)
         y = np.take(x, idx, axis=axis)
         e1 = normalized_error(y, m)
         if e1 <= close_tol and e0 >= min_margin * e1 and (best is None or e1 < best[1]):
-            best = ({"axis": axis, "order": _runs(idx)}, e1)
+            best = ({"axis": axis, "order": runs}, e1)
     return best
 
 

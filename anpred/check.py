@@ -134,46 +134,55 @@ class CheckReport:
 
 
 # ------------------------------------------------------------------------------------------------
-def _identity_align(manifest, raw: dict[str, dict[str, np.ndarray]]):
-    tensors: dict[str, dict[str, np.ndarray]] = {}
-    for b, anchors in raw.items():
-        for a, arr in anchors.items():
-            tensors.setdefault(a, {})[b] = np.asarray(arr, dtype=np.float64)
-    return tensors, {}
-
-
 def _make_aligner(store, usable: list[str]):
-    """Return ``(align(sample_id, raw) -> (tensors, unaligned), report() -> dict)`` using
-    :class:`anpred.align.Aligner` when it is available, else identity (shapes must already match)."""
-    try:
-        from anpred.align import Aligner
-    except ImportError:
-        return (lambda sid, raw: _identity_align(store.manifest, raw)), \
-            (lambda: {"aligner": "identity (anpred.align not available): tensors used as stored"})
+    """Return ``(align(sample_id, raw) -> (tensors, unaligned), aligner)`` over
+    :class:`anpred.align.Aligner`; ``unaligned`` is ``{(anchor, backend): reason}`` for the oracle.
+
+    Raises:
+        AnpredError: a manifest pin is malformed (``AlignmentError``).
+    """
+    from anpred.align import Aligner
+
     statuses = {k: v for k, v in store.statuses().items() if k in usable}
     aligner = Aligner(store.manifest, statuses)
 
     def align(sid, raw):
         res = aligner.align(sid, raw)
-        un = {}
-        for item in getattr(res, "unaligned", {}) or {}:
-            if isinstance(item, tuple) and len(item) == 2:
-                un[item] = (res.unaligned[item] if isinstance(res.unaligned, dict) else "not aligned")
-            elif isinstance(res.unaligned, dict):
-                val = res.unaligned[item]
-                if isinstance(val, dict):  # {anchor: {backend: reason}}
-                    for b, why in val.items():
-                        un[(item, b)] = str(why)
+        un = {(a, b): str(why) for a, per in res.unaligned.items() for b, why in per.items()}
         return res.tensors, un
 
-    def report():
-        try:
-            r = aligner.report()
-            return r if isinstance(r, dict) else (r.to_dict() if hasattr(r, "to_dict") else {"report": str(r)})
-        except Exception as err:  # the alignment summary is informative only
-            return {"report_error": str(err)}
+    return align, aligner
 
-    return align, report
+
+def _alignment_notes(report: "CheckReport", rep) -> None:
+    """Put what the aligner decided that a reader must see into ``report``: warnings, every segment
+    order found by the data (a note per anchor and backend, counted first), and the unaligned reason
+    of every (anchor, backend) the oracle could not judge because of it."""
+    from anpred.align import describe_rule
+
+    report.notes.extend(f"alignment warning: {w}" for w in rep.warnings)
+    segs = rep.segments_by_data
+    if segs:
+        report.notes.append(f"alignment: {len(segs)} segment order(s) found by the data (a port's concatenation "
+                            "order, or a real channel-order defect; pin the rule or 'exclude' in manifest.json to decide)")
+    for d in segs:
+        report.notes.append(f"alignment: {d.backend} at {d.anchor}: {describe_rule(d.rule)} found by the data "
+                            f"(normalised error {d.runner_up:.3g} -> {d.error:.3g})")
+    why: dict[str, list[str]] = {}
+    for u in rep.unaligned:
+        why.setdefault(u.anchor, []).append(f"{u.backend}: {u.reason}")
+        v = report.verdicts.get(u.backend)
+        if v is not None and u.anchor in v.unjudged:
+            v.unjudged[u.anchor] = f"not aligned: {u.reason}"
+    for name, reasons in why.items():
+        if name in report.unjudged_anchors:
+            old = report.unjudged_anchors[name]
+            new = f"{old}; not aligned: " + "; ".join(reasons)
+            report.unjudged_anchors[name] = new
+            report.notes = [f"anchor {name} could not be judged: {new}" if n == f"anchor {name} could not be judged: {old}"
+                            else n for n in report.notes]
+        else:
+            report.notes.append(f"anchor {name} not aligned for " + "; ".join(reasons))
 
 
 def _backend_table(store, config: OracleConfig) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, str]]:
@@ -281,7 +290,7 @@ def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | N
         thr = ThresholdCheck(outputs, usable, ref, atol, rtol)
         report.notes.append(f"threshold baseline: element-wise |x-r| <= atol={atol:g} or |x-r|/|r| <= rtol={rtol:g} "
                             f"on {len(outputs)} output anchor(s) against {ref}")
-    align, align_report = _make_aligner(store, usable)
+    align, aligner = _make_aligner(store, usable)
     for sid, raw in store.iter_samples(usable):
         raw = {b: {k: v for k, v in t.items() if k in names} for b, t in raw.items()}
         tensors, unaligned = align(sid, raw)
@@ -290,12 +299,15 @@ def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | N
         if thr is not None:
             thr.add(tensors)
         report.samples += 1
-    report.alignment = align_report()
+    align_rep = aligner.report()
+    report.alignment = align_rep.to_dict()
     if orc is not None:
         res = orc.finish()
         report.verdicts, report.cells, report.consensus = res.verdicts, res.cells, res.consensus
         report.unjudged_anchors, report.plot_data = res.unjudged_anchors, res.plot_data
         report.notes.extend(res.notes)
+    _alignment_notes(report, align_rep)  # before the problems below quote the unjudged reasons
+    if orc is not None:
         if not report.cells:
             report.problems.append("no (anchor, backend) pair could be judged: " +
                                    ("; ".join(f"{a}: {w}" for a, w in list(res.unjudged_anchors.items())[:3]) or
