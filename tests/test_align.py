@@ -497,26 +497,39 @@ def yolo_anchored() -> Path:
     return d / "yolov8n.anchored.onnx"
 
 
-@pytest.mark.slow
-def test_yolov8n_onnx2tf_nhwc_vs_ort_nchw(yolo_anchored, tmp_path):
+@pytest.fixture(scope="module")
+def yolo_run(yolo_anchored):
+    """YOLOv8n (192 px) run through the real ``ort`` and ``tf`` (onnx2tf, cached) backends, 2 samples."""
     import onnx
 
     from anpred.backends import backend_class
-    from anpred.stats import error_stats
 
     manifest = AnchorManifest.from_model(onnx.load(str(yolo_anchored), load_external_data=False))
     rng = np.random.default_rng(0)
     graph = onnx.load(str(yolo_anchored), load_external_data=False).graph
     inits = {i.name for i in graph.initializer}
-    feeds = {i.name: rng.random((1, 3, YOLO_SIZE, YOLO_SIZE), dtype=np.float32) for i in graph.input if i.name not in inits}
+    feeds = [{i.name: rng.random((1, 3, YOLO_SIZE, YOLO_SIZE), dtype=np.float32) for i in graph.input
+              if i.name not in inits} for _ in range(2)]
     statuses, raw = {}, {}
-    for name in ("ort", "tf"):
-        cls = backend_class(name)
-        with cls({}) as b:  # (TF threads cannot be set once TF ran in this process)
-            b.prepare(yolo_anchored, manifest, tmp_path / name)
-            raw[name] = b.run(feeds)
-            statuses[name] = BackendStatus(name, cls.family, "ok",
-                                           captures={a: c.__dict__ for a, c in b.anchor_info().items()})
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("ort", "tf"):
+            cls = backend_class(name)
+            with cls({}) as b:  # (TF threads cannot be set once TF ran in this process)
+                b.prepare(yolo_anchored, manifest, Path(tmp) / name)
+                raw[name] = [b.run(f) for f in feeds]
+                statuses[name] = BackendStatus(name, cls.family, "ok",
+                                               captures={a: c.__dict__ for a, c in b.anchor_info().items()})
+    return {"manifest": manifest, "statuses": statuses, "raw": raw, "feeds": feeds}
+
+
+@pytest.mark.slow
+def test_yolov8n_onnx2tf_nhwc_vs_ort_nchw(yolo_run):
+    from anpred.stats import error_stats
+
+    manifest, statuses = yolo_run["manifest"], yolo_run["statuses"]
+    raw = {b: yolo_run["raw"][b][0] for b in ("ort", "tf")}
     al = Aligner(manifest, statuses)
     res = al.align("s0000", raw)
     assert not res.unaligned
@@ -535,3 +548,216 @@ def test_yolov8n_onnx2tf_nhwc_vs_ort_nchw(yolo_anchored, tmp_path):
         assert raw["tf"][a.name].shape != tuple(a.shape) or a.shape[1] == a.shape[3]
     print(f"\nyolov8n {YOLO_SIZE}: {len(four_d)} 4-D anchors by the known rule; worst nRMSE {worst:.2e}")
     assert math.isfinite(worst)
+    # the text report lists every anchor of a group (no cut at 6)
+    text = al.report().format_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("  tf: permute [0, 3, 1, 2] [capture]"))
+    assert f"({len(four_d)})" in line and all(a.name in line for a in four_d) and "..." not in line
+
+
+# real converter output with a defect put into one anchor (NHWC as onnx2tf returns it)
+DEFECTS = {
+    "channel halves swapped": lambda t: np.concatenate([t[..., 32:], t[..., :32]], axis=3),
+    "rows flipped": lambda t: t[:, ::-1].copy(),
+    "3-column roll": lambda t: np.roll(t, 3, axis=2),
+}
+
+
+@pytest.mark.slow
+def test_onnx2tf_reorderings_stay_different(yolo_run):
+    """onnx2tf runs the ONNX graph and reports its exact transform: a channel swap, flipped rows or
+    rolled columns in its output is a defect. Each stays exactly as different as it is after the
+    known permutation (no segment search), although an unrestricted search fits all three."""
+    from anpred.stats import error_stats
+
+    manifest, statuses = yolo_run["manifest"], yolo_run["statuses"]
+    a = "anchor/00/model.4"
+    assert manifest[a].shape == [1, 64, 24, 24]
+    for what, defect in DEFECTS.items():
+        al = Aligner(manifest, statuses)
+        tf = dict(yolo_run["raw"]["tf"][0])
+        tf[a] = defect(tf[a])
+        res = al.align("s0000", {"ort": yolo_run["raw"]["ort"][0], "tf": tf})
+        d = al.decisions[(a, "tf")]
+        assert d.source == "capture" and d.rule == {"permute": [0, 3, 1, 2]}, (what, d)
+        got, ref = res.tensors[a]["tf"], res.tensors[a]["ort"]
+        assert np.array_equal(got, np.transpose(tf[a], [0, 3, 1, 2]).astype(np.float64))
+        nrmse = error_stats(got, ref).nrmse
+        unrestricted = find_segment_permutation(got, ref, max_blocks=10 ** 6, min_block_fraction=0.0)
+        print(f"\ntf {what}: nRMSE kept {nrmse:.3f}; an unrestricted search would fit "
+              f"{unrestricted and (unrestricted[0]['axis'], len(unrestricted[0]['order']), f'{unrestricted[1]:.1e}')}")
+        assert nrmse > 0.1, (what, nrmse)
+        assert not al.report().segments_by_data
+        if what != "rows flipped":  # (24 single rows: below the 2-slice floor even unrestricted)
+            assert unrestricted is not None and unrestricted[1] < FP32_NOISE
+        # the restricted search along the channel axis (what a native backend would get) rejects the flip
+        # and the roll outright
+        if what != "channel halves swapped":
+            assert find_segment_permutation(got, ref, axes=[1]) is None
+
+
+@pytest.mark.slow
+def test_onnx2tf_channel_swap_check_origin(yolo_run, tmp_path):
+    """`anpred check` on a run whose tf (onnx2tf) model.4 has its channel halves swapped: tf is flagged
+    with the origin at that anchor (stage 0), not one stage late, and no segment order is reported."""
+    from anpred.check import check_run
+    from anpred.runstore import RunStore
+
+    store = RunStore.create(tmp_path / "run", yolo_run["manifest"])
+    for i, feeds in enumerate(yolo_run["feeds"]):
+        s = f"s{i:04d}"
+        store.add_sample(s, feeds)
+        store.write_anchors("ort", s, yolo_run["raw"]["ort"][i])
+        tf = dict(yolo_run["raw"]["tf"][i])
+        tf["anchor/00/model.4"] = DEFECTS["channel halves swapped"](tf["anchor/00/model.4"])
+        store.write_anchors("tf", s, tf)
+    for st in yolo_run["statuses"].values():
+        store.set_status(st)
+    rep = check_run(tmp_path / "run")
+    v = rep.verdicts["tf"]
+    c = rep.cell("anchor/00/model.4", "tf")
+    print(f"\ncheck: tf {rep.status}, origin {v.origin_anchor} (stage {v.origin_stage}), nRMSE there {c.primary:.3f}")
+    assert rep.status == "flagged" and v.flagged and v.origin_anchor == "anchor/00/model.4" and v.origin_stage == 0
+    assert c.flagged and c.primary > 0.1
+    assert not any("segment" in n for n in rep.notes) and not rep.alignment["unaligned"]
+
+
+def _keras_run(keras_case, root: Path, tf_edit=None, pins=None) -> Path:
+    """A run folder of the Keras case: ``ort`` (tf2onnx export) and ``tf-native`` (Keras), 2 samples;
+    ``tf_edit(sample_tensors)`` puts a defect into the native tensors; ``pins`` are written into the run's
+    manifest.json under ``anchors[i].alignment`` (where a user writes them)."""
+    import json
+
+    from anpred.runstore import RunStore
+
+    m = keras_case["manifest"]
+    store = RunStore.create(root, m)
+    for sid, (feeds, o, k) in enumerate(zip(keras_case["samples"], keras_case["ort"], keras_case["keras"])):
+        s = f"s{sid:04d}"
+        store.add_sample(s, feeds)
+        store.write_anchors("ort", s, o)
+        t = {a: k[a] for a in ANCHORS}
+        store.write_anchors("tf-native", s, tf_edit(t) if tf_edit else t)
+    store.set_status(_ort_status(m))
+    store.set_status(_tf_status(m))
+    if pins:
+        d = json.loads((root / "manifest.json").read_text())
+        for a in d["anchors"]:
+            a["alignment"] = pins.get(a["name"], {})
+        (root / "manifest.json").write_text(json.dumps(d))
+    return root
+
+
+def test_native_reorderings_in_check_report(keras_case, tmp_path):
+    """tf-native (a separate Keras graph): its conv2 channel halves swapped is found as a segment order
+    (a port could concatenate so) and *reported* by `anpred check` (note per anchor, counted in the text
+    summary); rows flipped (relu1) and a 3-column roll (pool1) stay different and are flagged."""
+    from anpred.check import check_run
+    from anpred.report.text import format_text
+
+    def edit(t):
+        t = dict(t)
+        t["anchor/02/conv2"] = np.concatenate([t["anchor/02/conv2"][..., 8:], t["anchor/02/conv2"][..., :8]], axis=3)
+        t["anchor/00/relu1"] = t["anchor/00/relu1"][:, ::-1].copy()
+        t["anchor/01/pool1"] = np.roll(t["anchor/01/pool1"], 3, axis=2)
+        return t
+
+    rep = check_run(_keras_run(keras_case, tmp_path / "run", edit))
+    seg = [a for a in rep.alignment["alignments"] if "segments" in a["rule"]]
+    assert [(a["anchor"], a["rule"]["segments"]) for a in seg] == [("anchor/02/conv2", {"axis": 1, "order": [[8, 8], [0, 8]]})]
+    assert seg[0]["source"] == "data" and seg[0]["error"] < FP32_NOISE
+    text = format_text(rep)
+    print("\n" + "\n".join(ln for ln in text.splitlines() if "alignment" in ln))
+    assert "note: alignment: 1 segment order(s) found by the data" in text
+    assert "tf-native at anchor/02/conv2: permute [0, 3, 1, 2] + segments axis 1 [8:16, 0:8] found by the data" in text
+    v = rep.verdicts["tf-native"]
+    assert v.flagged and v.origin_anchor == "anchor/00/relu1"
+    assert {"anchor/00/relu1", "anchor/01/pool1"} <= set(v.flagged_anchors)
+    assert "anchor/02/conv2" not in v.flagged_anchors
+    for a in ("anchor/00/relu1", "anchor/01/pool1"):
+        assert rep.cell(a, "tf-native").primary > 0.1
+    # reversed channels (16 single-channel blocks) are never a segment order, even in a native backend
+    o, k = keras_case["ort"][0]["anchor/02/conv2"], keras_case["keras"][0]["anchor/02/conv2"]
+    rev = np.transpose(k[..., ::-1], [0, 3, 1, 2])
+    assert find_segment_permutation(rev, o, axes=[1]) is None
+
+
+def test_pins_that_do_not_fit_leave_the_anchor_unaligned(keras_case, yolo_run, tmp_path):
+    """A pin is never silently replaced: one that does not fit the shapes makes the anchor unaligned for
+    that backend with the reason, and `anpred check` says so; a pin for an unknown backend is a warning."""
+    from anpred.check import check_run
+    from anpred.report.text import format_text
+
+    # on the onnx2tf output (4-D NHWC) of YOLOv8n
+    a = "anchor/00/model.4"
+    for pin, shown in [({"permute": [0, 2, 1]}, "permute [0, 2, 1]"), ({"view": [1, 2, 3]}, "view [1, 2, 3]")]:
+        m = AnchorManifest.from_dict(yolo_run["manifest"].to_dict())
+        m[a].alignment = {"tf": pin, "tff": {"permute": [0, 3, 1, 2]}}
+        al = Aligner(m, yolo_run["statuses"])
+        res = al.align("s0000", {b: yolo_run["raw"][b][0] for b in ("ort", "tf")})
+        why = res.unaligned[a]["tf"]
+        assert f"manifest pin '{shown}' does not fit backend shape [1, 24, 24, 64] -> canonical [1, 64, 24, 24]" in why
+        assert "tf" not in res.tensors[a] and (a, "tf") not in al.decisions
+        rep = al.report()
+        assert [w for w in rep.warnings if "'tff'" in w and a in w]
+        assert "warning: manifest pin for unknown backend 'tff'" in rep.format_text()
+    # through anpred check: the unaligned reason reaches the report (not just "fewer than two backends")
+    run = _keras_run(keras_case, tmp_path / "run", pins={"anchor/00/relu1": {"tf-native": {"permute": [0, 2, 1]}},
+                                                         "anchor/02/conv2": {"tff": {"exclude": "typo"}}})
+    rep = check_run(run)
+    why = rep.unjudged_anchors["anchor/00/relu1"]
+    assert "not aligned: tf-native: manifest pin 'permute [0, 2, 1]' does not fit" in why
+    assert rep.verdicts["tf-native"].unjudged["anchor/00/relu1"].startswith("not aligned: manifest pin 'permute [0, 2, 1]'")
+    text = format_text(rep)
+    assert "note: anchor anchor/00/relu1 could not be judged: fewer than two backends produced it (ort); not aligned: " \
+           "tf-native: manifest pin 'permute [0, 2, 1]'" in text
+    assert "note: alignment warning: manifest pin for unknown backend 'tff' at anchor/02/conv2" in text
+    assert "report_error" not in rep.alignment and rep.alignment["schema"] == "anpred.alignment/1"
+
+
+BAD_PINS = [
+    ({"segments": {"axis": 1, "order": [[0, 8], [0, 8]]}}, "not a bijection"),
+    ({"segments": {"axis": 1, "order": [[0, 4], [8, 8]]}}, "gap"),
+    ({"segments": {"axis": -1, "order": [[0, 8]]}}, "must be >= 0"),
+    ({"permute": "abc"}, "'permute' must be a non-empty list of integers"),
+    ({"permute": [0, 1.5, 2, 3]}, "must be an integer"),
+    ({"permute": [0, 3, 1, 2], "dequantize": {"zero_point": 3}}, "'dequantize' must be"),
+    ({"dequantize": {"scale": 0.0}}, "non-zero"),
+    ({"dequantize": {"scale": [0.1, 0.2]}}, "needs 'axis'"),
+    ({"cast": "int8"}, "'cast' must be one of"),
+    ({"reshape": "yes"}, "'reshape' must be true or false"),
+    ({"exclude": ""}, "non-empty reason"),
+    ({"view": "1x8"}, "'view' must be a non-empty list"),
+    ("permute", "must be a dict"),
+]
+
+
+@pytest.mark.parametrize("pin,message", BAD_PINS, ids=[m for _, m in BAD_PINS])
+def test_bad_pins_rejected_with_one_message(keras_case, pin, message):
+    m = AnchorManifest.from_dict(keras_case["manifest"].to_dict())
+    m["anchor/01/pool1"].alignment = {"tf-native": pin}
+    with pytest.raises(AlignmentError, match=re.escape(message)) as err:
+        Aligner(m, {"ort": _ort_status(m)})  # validated when made, before any work
+    assert "manifest pin anchor/01/pool1/tf-native" in str(err.value)
+
+
+def test_cli_bad_pins_and_options_exit_2(keras_case, tmp_path, capsys):
+    from anpred.cli import main
+
+    run = _keras_run(keras_case, tmp_path / "run")
+    for args, message in [(["--close-tol", "inf"], "--close-tol must be in (0, 1)"),
+                          (["--close-tol", "0"], "--close-tol must be in (0, 1)"),
+                          (["--min-margin", "inf"], "--min-margin must be a finite number > 1"),
+                          (["--backends", ","], "--backends ',' names no backend; this run has: ort, tf-native"),
+                          (["--json", str(tmp_path)], "is a folder"),
+                          (["--json", str(tmp_path / "no" / "a.json")], "does not exist")]:
+        assert main(["align", str(run), *args]) == 2, args
+        cap = capsys.readouterr()
+        assert cap.out == "" and message in cap.err and "Traceback" not in cap.err, (args, cap)
+    for pin, message in [({"permute": "abc"}, "'permute' must be a non-empty list of integers"),
+                         ({"permute": [0, 3, 1, 2], "dequantize": {"zero_point": 3}}, "'dequantize' must be"),
+                         ({"segments": {"axis": 1, "order": [[0, 8], [0, 8]]}}, "not a bijection")]:
+        bad = _keras_run(keras_case, tmp_path / f"bad{len(message)}", pins={"anchor/01/pool1": {"tf-native": pin}})
+        for cmd in ("align", "check"):
+            assert main([cmd, str(bad)]) == 2, (cmd, pin)
+            cap = capsys.readouterr()
+            assert message in cap.err and "Traceback" not in cap.err and len(cap.err.strip().splitlines()) == 1, cap
