@@ -14,7 +14,12 @@ first; every tier only looks at nodes that are still unmatched:
    Kernels", JMLR 12, 2011, applied per node as in networkx ``weisfeiler_lehman_subgraph_hashes``).
 3. **propagation**: from every matched pair, producers of the same input slot and consumers of the
    same output slot with the same operator type are paired (looking through inserted
-   Cast/Transpose/QuantizeLinear/DequantizeLinear/Identity nodes), until nothing changes.
+   Cast/Transpose/QuantizeLinear/DequantizeLinear/Identity nodes), until nothing changes. Where the
+   neighbours differ because a tool fused or split a few nodes (``Sigmoid+Mul -> QuickGelu``), the
+   step crosses that region: the smallest unmatched region on each side that closes on one exit value
+   (downwards) or opens on one entry value (upwards), at most ``REGION_LIMIT`` nodes, with different
+   operator multisets, is treated as one box whose boundary values correspond, and matching continues
+   beyond it (without names, YOLOv8n vs its ORT-optimised graph: every surviving node paired).
 4. **sequence alignment**: what is left is aligned by operator sequence in topological order
    (``difflib.SequenceMatcher``); a candidate pair is kept only when one of its dataflow neighbours is
    already matched to the other's neighbour.
@@ -139,8 +144,10 @@ class AnchorMatch:
 
     status: ``exact`` (same value), ``equivalent`` (same values after ``transform``, applied to the
         ``to`` graph's tensor to obtain the ``from`` graph's), ``unmapped`` (no counterpart).
-    transform: e.g. ``{"dtype": "float32"}`` (cast back), ``{"permute": [0, 3, 1, 2]}``,
-        ``{"dequantize": true}``; None for exact.
+    transform: ``{"dtype": "float16"}`` (the counterpart is held or computed in float16: an fp16
+        conversion, possibly cast back to the anchor's dtype by an inserted Cast, so values are not
+        bit-identical), ``{"permute": [0, 3, 1, 2]}`` (a Transpose to undo), ``{"quantized": true}``
+        (behind QuantizeLinear/DequantizeLinear); None for exact.
     """
 
     anchor: str
@@ -154,6 +161,15 @@ class AnchorMatch:
 
 @dataclass
 class GraphInfo:
+    """Facts about one of the two graphs.
+
+    path: the file (or the label given to :func:`diff_models`); num_nodes: top-level nodes (subgraph
+    bodies not counted); op_counts: ``op_type`` (``op_type(domain)`` outside the default domain) ->
+    count; opset: domain (``ai.onnx`` for the default one) -> imported version; producer:
+    ``producer_name producer_version``; has_manifest: the graph carries an ANPRED anchor manifest in
+    ``metadata_props``; num_stages: its number of stages (0 without a manifest).
+    """
+
     path: str
     num_nodes: int
     op_counts: dict[str, int]

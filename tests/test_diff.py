@@ -294,3 +294,276 @@ def test_cli_graph_diff_and_bad_input(yolo_path, yolo_ort_path, tmp_path, capsys
     assert not (tmp_path / "x.json").exists()
     assert main(["diff", str(yolo_path), str(tmp_path)]) == 2
     assert "both" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# regressions from the review of issue 8
+# ------------------------------------------------------------------------------------------------
+def _ort_optimised(src: Path, dst: Path, level: str) -> Path:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    so.optimized_model_filepath = str(dst)
+    ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+    return dst
+
+
+def _scramble(model):
+    """Every node name and every internal value/initializer name replaced (graph I/O kept)."""
+    m = copy.deepcopy(model)
+    keep = {i.name for i in m.graph.input} | {o.name for o in m.graph.output}
+    ren: dict[str, str] = {}
+
+    def r(v):
+        return v if not v or v in keep else ren.setdefault(v, f"v{len(ren)}")
+
+    for t in m.graph.initializer:
+        t.name = r(t.name)
+    for k, n in enumerate(m.graph.node):
+        n.name = f"n{k}"
+        n.input[:] = [r(x) for x in n.input]
+        n.output[:] = [r(x) for x in n.output]
+    del m.graph.value_info[:]
+    return m
+
+
+def test_fp16_keep_io_anchors_are_equivalent_dtype(anchored):
+    pa, _pb, man = anchored
+    a = onnx.load(str(pa))
+    same = diff_models(a, copy.deepcopy(a)).anchors
+    assert {x.status for x in same} == {"exact"} and len(same) == len(man.anchors)
+    b = _fp16(a)
+    d = diff_models(a, b)
+    # every anchor output of B is an fp16 value cast back to float32 by an inserted Cast
+    assert len(d.anchors) == len(man.anchors)
+    for x in d.anchors:
+        assert (x.status, x.transform) == ("equivalent", {"dtype": "float16"}), x
+    exposed = [x for x in d.anchors if x.anchor in {o.name for o in b.graph.output}]
+    assert exposed and all("Cast from float16" in x.reason for x in exposed if x.reason.startswith("exposed"))
+
+
+def test_stages_placed_by_anchor_values_in_an_optimisers_copy(yolo_path, anchored, tmp_path):
+    pa, _pb, man = anchored
+    ext = _ort_optimised(pa, tmp_path / "anch_ext.onnx", "ORT_ENABLE_EXTENDED")
+    assert onnx.load(str(ext)).metadata_props  # the manifest survives in the copy's metadata
+    # the reviewer's case: plain model vs the optimiser's copy of the anchored one
+    d = diff_files(yolo_path, ext)
+    assert [s.index for s in d.stages] == [s.index for s in man.stages]
+    # each matched node sits in the stage the manifest's node slices give it in the anchored graph
+    a = onnx.load(str(pa))
+    pos_stage = {}
+    for k, nd in enumerate(a.graph.node):  # (the anchors' exposing Identity nodes lie outside the slices)
+        for s in man.stages:
+            if s.first <= k <= s.last:
+                pos_stage[nd.name] = s.index
+    assert len(pos_stage) > 200
+    d2 = diff_files(pa, ext)
+    b_stage = {item.split(":")[1]: st.index for st in d2.stages for item in st.b_ops}
+    a_stage = {item.split(":")[1]: st.index for st in d2.stages for item in st.a_ops}
+    assert {n: a_stage[n] for n in pos_stage} == pos_stage  # A itself: positions and values agree
+    both = [n for n in b_stage if n in pos_stage]
+    assert len(both) > 100
+    assert {n: b_stage[n] for n in both} == {n: pos_stage[n] for n in both}
+
+
+def test_matching_without_names_steps_across_fusions(yolo_path, yolo_ort_path):
+    a = onnx.load(str(yolo_path))
+    b = _scramble(onnx.load(str(yolo_ort_path)))
+    n_qg = sum(n.op_type == "QuickGelu" for n in b.graph.node)
+    d = diff_models(a, b)
+    assert d.match_counts["name"] == 0
+    # every node that survived the optimisation is paired: only the fused SiLUs are left
+    assert d.matched == len(b.graph.node) - n_qg
+    assert Counter(r.kind for r in d.regions) == {"fused": n_qg}
+    assert Counter(n.op_type for n in d.only_a) == {"Sigmoid": n_qg, "Mul": n_qg}
+    # and the pairs are the right ones: the scrambled B keeps node order, so B's node k is the
+    # optimiser's node k; compare with the name-matched diff of the unscrambled pair
+    ref = diff_files(yolo_path, yolo_ort_path)
+    assert ref.matched == d.matched
+    conv_b = [n.name for n in onnx.load(str(yolo_ort_path)).graph.node]
+    renamed = {m.a: conv_b[m.b_index] for m in d.changed if m.b_index < len(conv_b)}
+    assert all(x == y for x, y in renamed.items() if x in conv_b)
+
+
+def test_contrib_domain_defaults_are_not_changes(yolo_path, tmp_path):
+    allopt = _ort_optimised(yolo_path, tmp_path / "all.onnx", "ORT_ENABLE_ALL")
+    b = onnx.load(str(allopt))
+    nchwc = [n for n in b.graph.node if n.domain == "com.microsoft.nchwc"]
+    assert len(nchwc) > 40
+    d = diff_files(yolo_path, allopt)
+    spelled = [(m.a, c.what, c.a, c.b) for m in d.changed for c in m.changes
+               if c.kind == "attribute" and c.what in ("auto_pad", "group", "ceil_mode", "storage_order")]
+    assert spelled == []
+    doms = [m for m in d.changed if any(c.kind == "domain" for c in m.changes)]
+    assert len(doms) == sum(n.name in {m.b for m in doms} for n in nchwc) > 40
+
+
+def test_graph_io_by_name_and_opset_changes(anchored, tmp_path):
+    from anpred.instrument import instrument_model
+
+    pa, _pb, man = anchored
+    a = onnx.load(str(pa))
+    base = onnx.load(str(pa))
+    for k in range(len(base.graph.output) - 1, -1, -1):
+        if base.graph.output[k].name in set(man.names()) - {x.name for x in man.anchors if x.kind == "output"}:
+            del base.graph.output[k]
+    # same model with another anchor set (4 stages instead of 6): outputs differ only by anchors
+    other, man4 = instrument_model(base, stages=4)
+    d = diff_models(a, other)
+    kinds = Counter(c.kind for c in d.io)
+    assert set(kinds) == {"graph_output"}
+    only_a = {c.a for c in d.io if c.a} 
+    only_b = {c.b for c in d.io if c.b}
+    outs_a, outs_b = {o.name for o in a.graph.output}, {o.name for o in other.graph.output}
+    assert only_a == outs_a - outs_b and only_b == outs_b - outs_a and only_a and only_b
+    # a renamed graph input is one rename; an opset bump is reported per domain
+    b = copy.deepcopy(a)
+    old = b.graph.input[0].name
+    for n in b.graph.node:
+        n.input[:] = ["image" if x == old else x for x in n.input]
+    b.graph.input[0].name = "image"
+    b.opset_import[0].version += 1
+    d = diff_models(a, b)
+    assert [(c.kind, c.a, c.b) for c in d.io] == [("renamed", old, "image")]
+    v = a.opset_import[0].version
+    assert [(c.kind, c.what, c.a, c.b) for c in d.opset] == [("opset", a.opset_import[0].domain or "ai.onnx", v, v + 1)]
+    assert "opset imports" in d.summary()
+
+
+@pytest.fixture(scope="session")
+def fp16_runs(anchored, tmp_path_factory):
+    """Runs of the anchored model (A) and of its fp16 conversion (B): stats mode and tensors mode."""
+    from anpred.runner import run_model
+
+    pa, _pb, _man = anchored
+    d = tmp_path_factory.mktemp("fp16runs")
+    onnx.save(_fp16(onnx.load(str(pa))), str(d / "b16.onnx"))
+    inputs = "random:uniform:seed=3:n=2"
+    run_model(pa, ["ort"], inputs, d / "sa", mode="stats", progress=False)
+    run_model(d / "b16.onnx", ["ort"], inputs, d / "sb", mode="stats", progress=False)
+    run_model(pa, ["ort"], inputs, d / "ta", progress=False)
+    run_model(d / "b16.onnx", ["ort"], inputs, d / "tb", progress=False)
+    return d
+
+
+def test_stats_mode_runs_are_compared_by_summaries(fp16_runs, anchored, tmp_path, capsys):
+    from anpred.cli import main
+    from anpred.rundiff import diff_runs
+
+    d = fp16_runs
+    _pa, _pb, man = anchored
+    rs = diff_runs(d / "sa", d / "sb")  # the reviewer's case: was "no difference" with 0 cells
+    assert rs.mode == "stats" and rs.statistic == "nrmse_lb"
+    assert rs.compared == len(man.anchors) and not rs.not_compared()
+    rt = diff_runs(d / "ta", d / "tb")
+    assert rt.mode == "tensors" and rt.compared == len(man.anchors)
+    nrmse = {a.anchor: a.cells[0].value for a in rt.anchors}
+    lb = {a.anchor: a.cells[0].value for a in rs.anchors}
+    # the summary statistic is a lower bound of the tensors' nRMSE, and not a vacuous one
+    for k in lb:
+        assert 0 <= lb[k] <= nrmse[k] * (1 + 1e-9) + 1e-15, (k, lb[k], nrmse[k])
+    assert sum(v > 0 for v in lb.values()) >= len(lb) - 1
+    # its value, recomputed from the stored tensors of the worst sample
+    a0 = rs.anchors[0]
+    from anpred.naming import file_key
+
+    sid = a0.cells[0].worst_sample
+    xa = np.load(d / "ta" / "tensors" / "ort" / f"{sid}.npz")[file_key(a0.anchor)].astype(np.float64)
+    xb = np.load(d / "tb" / "tensors" / "ort" / f"{sid}.npz")[file_key(a0.anchor)].astype(np.float64)
+    rms = lambda x: np.sqrt(np.mean(x * x))  # noqa: E731
+    want = max(abs(xb.mean() - xa.mean()), abs(xb.std() - xa.std()), abs(rms(xb) - rms(xa))) / rms(xa)
+    assert a0.cells[0].value == pytest.approx(want, rel=1e-6)
+    # a tensors run against a stats run: the tensors side is summarised the same way
+    rm = diff_runs(d / "ta", d / "sb")
+    assert rm.mode == "stats" and {a.anchor: a.cells[0].value for a in rm.anchors} == pytest.approx(lb, rel=1e-6)
+    # the fp16 model moved; a stats run against the same model's tensors run did not
+    assert rs.moved and rs.first_moved["statistic"] == "nrmse_lb"
+    same = diff_runs(d / "ta", d / "sa")
+    assert not same.moved and same.compared == len(man.anchors)
+    assert max(c.value for a in same.anchors for c in a.cells) < 1e-9
+    assert main(["diff", str(d / "sa"), str(d / "sb"), "-q"]) == 1
+
+
+def test_run_diff_refuses_when_nothing_was_compared(fp16_runs, tmp_path, capsys):
+    import shutil
+
+    from anpred.cli import main
+    from anpred.errors import JudgeError
+    from anpred.rundiff import diff_runs
+
+    d = fp16_runs
+    pruned = tmp_path / "pruned"
+    shutil.copytree(d / "tb", pruned)
+    shutil.rmtree(pruned / "tensors" / "ort")  # tensors cleaned up after the run
+    with pytest.raises(JudgeError, match="no anchor could be compared.*not stored by ort in run B"):
+        diff_runs(d / "ta", pruned)
+    assert main(["diff", str(d / "ta"), str(pruned), "--json", str(tmp_path / "x.json")]) == 2
+    assert "nothing was compared" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+    # partly pruned: the rest is compared, the missing cells are shown with their reason
+    shutil.copytree(d / "tb" / "tensors" / "ort", pruned / "tensors" / "ort")
+    sid = "s0001"
+    with np.load(pruned / "tensors" / "ort" / f"{sid}.npz") as z:
+        kept = {k: z[k] for k in list(z.files)[1:]}
+    np.savez(pruned / "tensors" / "ort" / f"{sid}.npz", **kept)
+    rd = diff_runs(d / "ta", pruned)
+    assert rd.compared == len(rd.anchors)  # sample s0000 still has every anchor
+    with np.load(pruned / "tensors" / "ort" / "s0000.npz") as z:
+        np.savez(pruned / "tensors" / "ort" / "s0000.npz", **{k: z[k] for k in list(z.files)[1:]})
+    rd = diff_runs(d / "ta", pruned)
+    (gone,) = [a for a in rd.anchors if not a.cells]
+    assert gone.missing == {"ort": "not stored by ort in run B"}
+    assert f"{gone.anchor} on ort: not stored by ort in run B" in rd.summary()
+    from anpred.report.diff_html import render_diff_html
+
+    assert "not stored by ort in run B" in render_diff_html(runs=rd)
+
+
+def test_run_diff_backend_pairs(anchored, fp16_runs, tmp_path):
+    from anpred.cli import main
+    from anpred.defaults import OracleConfig
+    from anpred.errors import JudgeError
+    from anpred.naming import file_key
+    from anpred.rundiff import diff_runs
+    from anpred.runner import run_model
+    from anpred.stats import error_stats
+
+    pa, _pb, man = anchored
+    d = fp16_runs
+    run_model(pa, ["ort-fp16"], "random:uniform:seed=3:n=2", tmp_path / "rf", progress=False)
+    with pytest.raises(JudgeError, match=r"no backend is ok in both runs.*--pair"):
+        diff_runs(d / "ta", tmp_path / "rf")
+    with pytest.raises(JudgeError, match="ort-fp16: not in run A"):
+        diff_runs(d / "ta", tmp_path / "rf", backends=["ort-fp16"])
+    rd = diff_runs(d / "ta", tmp_path / "rf", pairs={"ort": "ort-fp16"})
+    assert rd.backends == ["ort=ort-fp16"] and rd.pairs == [["ort", "ort-fp16"]]
+    assert rd.compared == len(man.anchors)
+    cfg = OracleConfig()
+    out = next(a for a in rd.anchors if a.anchor.startswith("output/"))
+    c = out.cells[0]
+    assert c.floor == cfg.floor_at("fp16", out.stage)
+    xa = np.load(d / "ta" / "tensors" / "ort" / f"{c.worst_sample}.npz")[file_key(out.anchor)]
+    xb = np.load(tmp_path / "rf" / "tensors" / "ort-fp16" / f"{c.worst_sample}.npz")[file_key(out.anchor)]
+    assert c.value == pytest.approx(error_stats(xb, xa).nrmse, rel=1e-9) and c.value > 0
+    rc = main(["diff", str(d / "ta"), str(tmp_path / "rf"), "--pair", "ort=ort-fp16", "--json", str(tmp_path / "p.json")])
+    assert rc in (0, 1) and json.loads((tmp_path / "p.json").read_text())["backends"] == ["ort=ort-fp16"]
+    assert main(["diff", str(d / "ta"), str(tmp_path / "rf"), "--pair", "ort"]) == 2
+
+
+def test_cli_run_only_options_and_file_modes(yolo_path, yolo_ort_path, tmp_path, capsys):
+    import os
+
+    from anpred.cli import main
+
+    for extra in (["--pair", "ort=ort-fp16"], ["--backends", "ort"], ["--config", str(tmp_path / "c.toml")]):
+        assert main(["diff", str(yolo_path), str(yolo_ort_path), "--json", str(tmp_path / "n.json"), *extra]) == 2
+        assert "only apply to a diff of two run folders" in capsys.readouterr().err
+        assert not (tmp_path / "n.json").exists()
+    old = os.umask(0o022)
+    try:
+        assert main(["diff", str(yolo_path), str(yolo_ort_path), "-q", "--json", str(tmp_path / "g.json"),
+                     "--html", str(tmp_path / "g.html")]) == 1
+    finally:
+        os.umask(old)
+    for f in ("g.json", "g.html"):
+        assert (tmp_path / f).stat().st_mode & 0o777 == 0o644

@@ -58,19 +58,32 @@ def render_diff_html(graph=None, runs=None, title: str = "anpred diff") -> str:
          f"</head><body><h1>{e(title)}</h1>"]
     dev = runs.stage_deviation if runs is not None else {}
     if runs is not None:
+        how = ("per-sample summaries (mean, std, rms): a lower bound of the nRMSE; the runs stored no tensors"
+               if runs.mode == "stats" else "aligned tensors")
+        total = len(runs.anchors) * len(runs.backends)
         P.append(f"<p>Run A: <code>{e(runs.run_a)}</code><br>Run B: <code>{e(runs.run_b)}</code><br>"
                  f"{len(runs.samples)} paired sample(s); backends: {e(', '.join(runs.backends))}; statistic "
-                 f"<b>{e(runs.statistic)}</b> of B against A.</p>")
+                 f"<b>{e(runs.statistic)}</b> of B against A, from {e(how)}.<br>Compared {runs.compared} of "
+                 f"{total} (anchor, backend) cells; {len(runs.unpaired_anchors)} anchor(s) of A and "
+                 f"{len(runs.unpaired_b)} of B unpaired.</p>")
+        for b, why in runs.skipped_backends.items():
+            P.append(f"<p class='small'>Skipped {e(b)}: {e(why)}</p>")
         if runs.first_moved:
             f = runs.first_moved
             P.append(f"<p class='moved'>First anchor that moved beyond the noise floor: <b>{e(f['anchor'])}</b> "
                      f"(stage {f['stage']}) on {e(f['backend'])}: {f['value']:.3g} &gt; {f['floor']:.3g}</p>")
         else:
-            P.append("<p class='ok'>No anchor moved beyond the noise floor.</p>")
+            P.append(f"<p class='ok'>No compared anchor moved beyond the noise floor ({runs.compared} cells "
+                     "compared; see below for those that were not).</p>")
     if graph is not None:
         P.append(f"<p>Graph A: <code>{e(graph.a.path)}</code> ({graph.a.num_nodes} nodes) &nbsp; Graph B: "
                  f"<code>{e(graph.b.path)}</code> ({graph.b.num_nodes} nodes). Matched {graph.matched}; "
                  f"changed {len(graph.changed)}; only in A {len(graph.only_a)}; only in B {len(graph.only_b)}.</p>")
+        if graph.opset:
+            P.append("<p class='small'>Opset imports: " + ", ".join(
+                f"{e(c.what)} {e(str(c.a))} &rarr; {e(str(c.b))}" for c in graph.opset) + "</p>")
+        if graph.io:
+            P.append("<p class='small'>Graph inputs/outputs: " + "<br>".join(e(c.describe()) for c in graph.io) + "</p>")
         P.append("<p class='small'><span class='chip same'>matched</span><span class='chip changed'>changed"
                  "</span><span class='chip only'>only in this graph</span></p>")
         P.append("<table><tr><th>stage</th><th>graph A</th><th>graph B</th><th>regions</th>"
@@ -107,16 +120,33 @@ def render_diff_html(graph=None, runs=None, title: str = "anpred diff") -> str:
             row = f"<tr><td>{e(a.anchor)}</td><td>{a.stage}</td>"
             for b in runs.backends:
                 c = cells.get(b)
-                row += ("<td>-</td>" if c is None else
+                row += (f"<td class='small' title='{e(a.missing.get(b, ''))}'>not compared</td>" if c is None else
                         f"<td class='{'moved' if c.moved else 'ok'}'>{c.value:.3g} (floor {c.floor:.2g})</td>")
             P.append(row + "</tr>")
         P.append("</table>")
+        nc = runs.not_compared()
+        if nc:
+            P.append(f"<h2>Not compared ({len(nc)})</h2><table><tr><th>anchor</th><th>backend</th><th>reason</th></tr>")
+            for anc, b, why in nc[:2000]:
+                P.append(f"<tr><td>{e(anc)}</td><td>{e(b)}</td><td class='small'>{e(why)}</td></tr>")
+            P.append("</table>" + (f"<p>… {len(nc) - 2000} more</p>" if len(nc) > 2000 else ""))
+        for side, lst in (("A", runs.unpaired_anchors), ("B", runs.unpaired_b)):
+            if lst:
+                P.append(f"<h2>Unpaired anchors of run {side} ({len(lst)})</h2><p class='small'>No counterpart in "
+                         "the other run (neither by name nor through the structural correspondence): "
+                         + ", ".join(f"<code>{e(x)}</code>" for x in lst) + "</p>")
     P.append("</body></html>")
     return "".join(P)
 
 
 def write_diff_html(path: str | Path, graph=None, runs=None, title: str = "anpred diff") -> None:
-    """Write the page atomically (OutputPathError when the folder is missing or unwritable)."""
+    """Write the page atomically with ordinary file permissions (0666 minus the umask).
+    Raises OutputPathError when the folder is missing or unwritable."""
+    import os
+
     from anpred.onnx_io import atomic_write_text
 
     atomic_write_text(Path(path), render_diff_html(graph, runs, title))
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
