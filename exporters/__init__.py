@@ -99,7 +99,8 @@ def load_factory(spec: str, kwargs: dict[str, Any] | None = None):
     (``example_inputs``: a tuple of tensors/arrays, NCHW for torch, NHWC for Keras).
 
     Raises:
-        ExportError: malformed spec, import failure, missing function, or a wrong return value.
+        ExportError: malformed spec, import failure, missing function, the factory itself raised (the
+            message names the factory and the error; the cause is chained), or a wrong return value.
     """
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
         raise ExportError(f"factory {spec!r} is not of the form 'module:function'")
@@ -111,7 +112,12 @@ def load_factory(spec: str, kwargs: dict[str, Any] | None = None):
     fn = getattr(mod, fn_name, None)
     if not callable(fn):
         raise ExportError(f"factory {spec!r}: module {mod_name!r} has no callable {fn_name!r}")
-    out = fn(**dict(kwargs or {}))
+    try:
+        out = fn(**dict(kwargs or {}))
+    except Exception as err:  # any error of user code: one line naming the factory, the cause chained
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ExportError(f"factory {spec!r} raised {type(err).__name__} when called with {dict(kwargs or {})}: "
+                          f"{first}") from err
     if not (isinstance(out, tuple) and len(out) == 2):
         raise ExportError(f"factory {spec!r} must return (model, example_inputs), got {type(out).__name__}")
     model, example = out

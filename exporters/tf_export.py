@@ -75,6 +75,55 @@ def input_signature(model, batch_size: int | None = 1):
     return tuple(specs)
 
 
+def unsupported_nodes(proto) -> list:
+    """Nodes of the ``onnx.ModelProto`` (all graphs, subgraphs included) whose ``(op_type, domain)`` has
+    no schema in the ONNX registry at the model's opset for that domain (``onnx.defs.has``,
+    ``onnx.defs.get_schema(op, max_inclusive_version, domain)``). tf2onnx leaves a TensorFlow op it
+    cannot convert (``Svd``, ``FFT2D`` ...) in the graph unchanged, in the default domain, and only logs
+    "not supported". Custom domains other than ONNX's own are unsupported too."""
+    import onnx
+
+    opsets = {(o.domain or ""): int(o.version) for o in proto.opset_import}
+    bad = []
+    todo = [proto.graph]
+    while todo:  # iterative over subgraphs
+        g = todo.pop()
+        for n in g.node:
+            domain = "" if n.domain in ("", "ai.onnx") else n.domain
+            ok = domain in ("", "ai.onnx.ml") and onnx.defs.has(n.op_type, domain)
+            if ok:
+                try:
+                    onnx.defs.get_schema(n.op_type, opsets.get(domain, onnx.defs.onnx_opset_version()), domain)
+                except onnx.defs.SchemaError:
+                    ok = False
+            if not ok:
+                bad.append(n)
+            for at in n.attribute:
+                if at.type == onnx.AttributeProto.GRAPH:
+                    todo.append(at.g)
+                elif at.type == onnx.AttributeProto.GRAPHS:
+                    todo.extend(at.graphs)
+    return bad
+
+
+def _layer_of(node_name: str, model) -> str:
+    """The Keras layer a tf2onnx node name ``<model>[_k]/<layer>[_k]/<op>`` belongs to (the path when
+    it names no top-level layer)."""
+    import re
+
+    parts = node_name.split("/")
+    if len(parts) < 2:
+        return node_name
+    names = {layer.name for layer in model.layers}
+    seg = parts[1]
+    if seg in names:
+        return seg
+    m = re.fullmatch(r"(.*)_\d+", seg)
+    if m and m.group(1) in names:
+        return m.group(1)
+    return "/".join(parts[1:-1]) or seg
+
+
 def export_keras(model, path, *, opset: int | None = None, batch_size: int | None = 1,
                  factory: str | None = None, factory_kwargs: dict[str, Any] | None = None,
                  cache: bool = True) -> ExportResult:
@@ -115,12 +164,14 @@ def export_keras(model, path, *, opset: int | None = None, batch_size: int | Non
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise ExportError(f"cannot export Keras model {model.name!r} with tf2onnx (opset {opset}): "
                               f"{type(err).__name__}: {first}") from err
-        unsupported = [n for n in proto.graph.node if n.domain not in ("", "ai.onnx", "ai.onnx.ml")]
+        unsupported = unsupported_nodes(proto)
         if unsupported:
-            n = unsupported[0]
-            layer = n.name.split("/")[1] if n.name.count("/") >= 1 else n.name
-            raise ExportError(f"cannot export Keras model {model.name!r}: layer {layer!r} became the non-ONNX op "
-                              f"{n.domain}:{n.op_type} (node {n.name!r}); tf2onnx does not support it")
+            names = ", ".join(f"layer {_layer_of(n.name, model)!r} -> {n.domain or 'ai.onnx'}:{n.op_type} "
+                              f"(node {n.name!r})" for n in unsupported[:5])
+            more = f" and {len(unsupported) - 5} more" if len(unsupported) > 5 else ""
+            raise ExportError(f"cannot export Keras model {model.name!r}: tf2onnx does not support {names}{more}: "
+                              "no ONNX operator schema of that name and domain at the model's opset "
+                              "(tf2onnx copied the TensorFlow op unchanged)")
         (tmp / "model.onnx").write_bytes(proto.SerializeToString())
 
     key = cache_key("export-keras/1", _model_digest(model), [[s.name, s.dtype.name, list(s.shape)] for s in spec],

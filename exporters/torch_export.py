@@ -68,6 +68,127 @@ def _inputs_spec(example_inputs: tuple) -> list[Any]:
     return spec
 
 
+def _clean(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def _module_at(module, filename: str, lineno: int) -> str | None:
+    """The deepest submodule path (``''`` for the root) whose class's ``forward`` source spans
+    ``filename:lineno``, or None."""
+    import inspect
+
+    best = None
+    for name, sub in module.named_modules():
+        fwd = getattr(type(sub), "forward", None)
+        try:
+            src = inspect.getsourcefile(fwd)
+            lines, first = inspect.getsourcelines(fwd)
+        except (TypeError, OSError):
+            continue
+        if src and Path(src).resolve() == Path(filename).resolve() and first <= lineno < first + len(lines):
+            if best is None or name.count(".") + bool(name) > best.count(".") + bool(best):
+                best = name
+    return best
+
+
+def _label(module, path: str) -> str:
+    sub = module.get_submodule(path) if path else module
+    return f"{'submodule ' + repr(path) if path else 'the root module'} ({type(sub).__name__})"
+
+
+def describe_export_error(err: BaseException, module) -> str:
+    """One line for an exporter failure: the submodule that failed (from the innermost traceback frame
+    whose ``self`` is a submodule of ``module``, else from the "File ..., line N" the exporter quotes,
+    matched against the submodules' ``forward`` sources), the user code line, and the root cause's
+    type and first line (torch's own wrapper lines such as "Failed to export the model with
+    torch.export. This is step 1/3" are skipped)."""
+    names = {id(sub): name for name, sub in module.named_modules()}
+    chain, seen, todo = [], set(), [err]
+    while todo:  # the exception and its causes/contexts, iteratively
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        chain.append(e)
+        todo.extend([e.__context__, e.__cause__])
+    where = None
+    code = None
+    for e in chain:
+        tb = e.__traceback__
+        while tb is not None:
+            owner = tb.tb_frame.f_locals.get("self")
+            if id(owner) in names and tb.tb_frame.f_code.co_name == "forward":
+                where = names[id(owner)]
+                code = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+            tb = tb.tb_next
+        if where is not None:
+            break
+    text = _clean(str(err))
+    if where is None:
+        for fname, line in re.findall(r'File "([^"]+)", line (\d+), in forward', text):
+            hit = _module_at(module, fname, int(line))
+            if hit is not None:
+                where, code = hit, (fname, int(line))
+    root = chain[-1] if chain else err
+    for e in chain:  # the innermost non-wrapper error
+        if not type(e).__module__.startswith("torch.onnx"):
+            root = e
+            break
+    first = next((ln.strip() for ln in _clean(str(root)).splitlines() if ln.strip()), type(root).__name__)
+    msg = f"{type(root).__name__}: {first}"
+    if code is not None:
+        import linecache
+
+        src = linecache.getline(code[0], code[1]).strip()
+        msg = f"at {code[0]}:{code[1]} ({src!r}): {msg}" if src else f"at {code[0]}:{code[1]}: {msg}"
+    if where is not None:
+        msg = f"{_label(module, where)} failed {msg}"
+    return msg
+
+
+def _check_trace(path: Path, module, cls: str, example_inputs: tuple, tracer_warnings: list) -> None:
+    """TorchScript export sanity: the graph has inputs, every output depends on one, and tracing raised
+    no ``TracerWarning`` (a tensor turned into a NumPy array / Python value is frozen into the trace
+    as a constant: the model would return the example's result for every input).
+
+    Raises:
+        ExportError: naming the submodule (from the warning's source line) and the warning.
+    """
+    import onnx
+    import torch
+
+    model = onnx.load(str(path), load_external_data=False)
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    inputs = {i.name for i in g.input if i.name not in inits}
+    reach = set(inputs)
+    for n in g.node:  # nodes are in topological order
+        if any(v in reach for v in n.input):
+            reach.update(n.output)
+    problems = []
+    n_tensors = sum(isinstance(x, torch.Tensor) for x in example_inputs)
+    if n_tensors and not inputs:
+        problems.append("the exported graph has no inputs")
+    const_out = [o.name for o in g.output if o.name not in reach]
+    if inputs and const_out:
+        problems.append(f"output(s) {', '.join(const_out)} do not depend on any input")
+    if not problems and not tracer_warnings:
+        return
+    detail = ""
+    if tracer_warnings:
+        w = tracer_warnings[0]
+        where = _module_at(module, w.filename, w.lineno)
+        who = f"{_label(module, where)} " if where is not None else ""
+        detail = (f"; {who}at {w.filename}:{w.lineno}: TracerWarning: "
+                  f"{str(w.message).strip().splitlines()[0]}")
+        if len(tracer_warnings) > 1:
+            detail += f" (+{len(tracer_warnings) - 1} more TracerWarning(s))"
+    what = "; ".join(problems) or "tracing is input-specific"
+    raise ExportError(f"cannot export module {cls} with torch.onnx.torchscript: {what}{detail}. The trace froze "
+                      "values computed outside torch (NumPy, Python numbers) into constants, so the ONNX model "
+                      "would not compute the module; use torch ops in forward, or the dynamo exporter")
+
+
 def export_torch(module, example_inputs: tuple, path, *, dynamo: bool = True, opset: int | None = None,
                  factory: str | None = None, factory_kwargs: dict[str, Any] | None = None,
                  cache: bool = True) -> ExportResult:
@@ -88,8 +209,10 @@ def export_torch(module, example_inputs: tuple, path, *, dynamo: bool = True, op
         :class:`exporters.ExportResult` (``origin`` goes to ``manifest.model["origin"]``).
 
     Raises:
-        ExportError: not a module, or the exporter failed (the message names the module class and
-            the exporter's first error line). OutputPathError: ``path``'s folder is not writable.
+        ExportError: not a module; the exporter failed (the message names the root class, the failing
+            submodule with its source line, and the underlying error's type and first line); a
+            TorchScript trace that froze NumPy/Python values (no graph input, outputs independent of the
+            inputs, or any ``TracerWarning``). OutputPathError: ``path``'s folder is not writable.
     """
     import torch
 
@@ -111,9 +234,15 @@ def export_torch(module, example_inputs: tuple, path, *, dynamo: bool = True, op
     cls = f"{type(module).__module__}.{type(module).__qualname__}"
 
     def build(tmp: Path) -> None:
+        import contextlib
+        import io
+        import warnings
+
         out = tmp / "model.onnx"
         try:
-            with torch.no_grad():
+            with torch.no_grad(), warnings.catch_warnings(record=True) as caught, \
+                    contextlib.redirect_stdout(io.StringIO()):
+                warnings.simplefilter("always", torch.jit.TracerWarning)
                 if dynamo:
                     prog = torch.onnx.export(module, example_inputs, dynamo=True, opset_version=opset,
                                              external_data=False, verbose=False)
@@ -121,12 +250,14 @@ def export_torch(module, example_inputs: tuple, path, *, dynamo: bool = True, op
                 else:
                     torch.onnx.export(module, example_inputs, str(out), dynamo=False, opset_version=opset,
                                       do_constant_folding=True)
-        except Exception as err:  # the exporters raise many types; report the first line, chain it
-            first = (re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip().splitlines() or [type(err).__name__])[0]
+        except Exception as err:  # the exporters raise many types; name the submodule and the real error
             raise ExportError(f"cannot export module {cls} with {exporter} (opset {opset}): "
-                              f"{type(err).__name__}: {first}") from err
+                              f"{describe_export_error(err, module)}") from err
         if not out.is_file():
             raise ExportError(f"{exporter} wrote no file for module {cls}")
+        if not dynamo:
+            tracer = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+            _check_trace(out, module, cls, example_inputs, tracer)
 
     key = cache_key("export-torch/1", _module_digest(module), _inputs_spec(example_inputs), exporter, opset,
                     versions)

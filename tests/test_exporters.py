@@ -24,6 +24,44 @@ def small_torch(seed: int = 0):
     return m.eval(), (torch.rand(1, 3, 16, 16, generator=torch.Generator().manual_seed(seed)),)
 
 
+def raising_factory(size: int = 4):
+    """Factory that fails (importable as test_exporters:raising_factory): bad input for ``anpred map``."""
+    raise ValueError(f"no weights for size {size}")
+
+
+def _torch_classes():
+    """Modules whose source lives in this file (the exporters name a submodule by its forward's source)."""
+    import torch
+
+    class DataDependent(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x
+
+    class Nested(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pre = torch.nn.Conv2d(3, 3, 1)
+            self.body = torch.nn.Sequential(torch.nn.ReLU(), DataDependent())
+
+        def forward(self, x):
+            return self.body(self.pre(x))
+
+    class NumpyTanh(torch.nn.Module):
+        def forward(self, x):
+            return torch.from_numpy(np.tanh(x.detach().numpy()))
+
+    class WithNumpy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 1)
+            self.squash = NumpyTanh()
+
+        def forward(self, x):
+            return self.squash(self.conv(x))
+
+    return DataDependent, Nested, WithNumpy
+
+
 def _ort(path, feed):
     so = ort.SessionOptions()
     so.log_severity_level = 3
@@ -61,10 +99,7 @@ def test_export_torch_bad_module_names_it(tmp_path):
 
     from exporters.torch_export import export_torch
 
-    class DataDependent(torch.nn.Module):
-        def forward(self, x):
-            return x * 2 if x.sum() > 0 else x
-
+    DataDependent, _, _ = _torch_classes()
     with pytest.raises(ExportError, match="DataDependent"):
         export_torch(DataDependent(), (torch.rand(2),), tmp_path / "bad.onnx", cache=False)
     assert not (tmp_path / "bad.onnx").exists()
@@ -127,3 +162,93 @@ def test_map_cli_reports_and_writes(tmp_path, capsys):
     assert "no anchor manifest" in capsys.readouterr().err
     assert main(["map", str(tmp_path / "a.onnx"), "--factory", "no_such_mod:f"]) == 2
     assert "cannot import module 'no_such_mod'" in capsys.readouterr().err
+
+
+def test_dynamo_error_names_the_failing_nested_submodule(tmp_path):
+    """The dynamo exporter's error names the submodule whose forward failed ('body.1', nested in a
+    Sequential), its source line and torch.export's real error, not only the root class and torch's
+    "Failed to export the model with torch.export" banner."""
+    import torch
+
+    from exporters.torch_export import export_torch
+
+    _, Nested, _ = _torch_classes()
+    with pytest.raises(ExportError) as info:
+        export_torch(Nested(), (torch.rand(1, 3, 4, 4),), tmp_path / "bad.onnx", cache=False)
+    msg = str(info.value)
+    assert "Nested" in msg and "submodule 'body.1' (DataDependent)" in msg, msg
+    assert "x.sum() > 0" in msg and "test_exporters.py:" in msg, msg
+    assert "data-dependent" in msg and "Failed to export the model" not in msg, msg
+    assert "\n" not in msg and not (tmp_path / "bad.onnx").exists()
+
+
+def test_torchscript_export_with_numpy_in_forward_is_refused(tmp_path):
+    """TorchScript freezes a NumPy detour into a Constant (no graph input, output independent of the
+    input, only TracerWarnings): refused with the submodule named. Dynamo traces the NumPy call as
+    torch ops: that export is kept and computes the module."""
+    import torch
+
+    from exporters.torch_export import export_torch
+
+    _, _, WithNumpy = _torch_classes()
+    torch.manual_seed(0)
+    m = WithNumpy().eval()
+    x = torch.rand(1, 3, 5, 5)
+    with pytest.raises(ExportError) as info:
+        export_torch(m, (x,), tmp_path / "ts.onnx", dynamo=False, cache=False)
+    msg = str(info.value)
+    assert "no inputs" in msg and "submodule 'squash' (NumpyTanh)" in msg, msg
+    assert "TracerWarning: Converting a tensor to a NumPy array" in msg, msg
+    assert not (tmp_path / "ts.onnx").exists()
+    r = export_torch(m, (x,), tmp_path / "dyn.onnx", dynamo=True, cache=False)
+    model = onnx.load(str(r.path))
+    (got,) = _ort(r.path, {model.graph.input[0].name: x.numpy()})
+    x2 = torch.rand(1, 3, 5, 5)  # another input: a frozen trace would return the first result
+    (got2,) = _ort(r.path, {model.graph.input[0].name: x2.numpy()})
+    with torch.no_grad():
+        want, want2 = m(x).numpy(), m(x2).numpy()
+    assert np.abs(got - want).max() < 1e-6 and np.abs(got2 - want2).max() < 1e-6
+    assert np.abs(want2 - want).max() > 0.05
+
+
+def test_export_keras_unsupported_op_names_layer_and_op(tmp_path):
+    """tf2onnx leaves TensorFlow's Svd / FFT2D in the default domain and only logs "not supported":
+    every node is checked against the ONNX schema registry, the error names the Keras layer and op."""
+    import keras
+    import tensorflow as tf
+
+    from exporters.tf_export import export_keras, unsupported_nodes
+
+    inp = keras.Input((4, 4), batch_size=1, name="m")
+    x = keras.layers.Dense(4, name="dense")(inp)
+    s = keras.layers.Lambda(lambda t: tf.linalg.svd(t, compute_uv=False), name="singular_values")(x)
+    f = keras.layers.Lambda(lambda t: tf.math.abs(tf.signal.fft2d(tf.cast(t, tf.complex64))), name="spectrum")(x)
+    model = keras.Model(inp, [keras.layers.Dense(2, name="head")(s), f], name="svdnet")
+    with pytest.raises(ExportError) as info:
+        export_keras(model, tmp_path / "svd.onnx", cache=False)
+    msg = str(info.value)
+    assert "layer 'singular_values' -> ai.onnx:Svd" in msg and "layer 'spectrum' -> ai.onnx:FFT2D" in msg, msg
+    assert not (tmp_path / "svd.onnx").exists()
+    from test_native import keras_cnn
+
+    good = export_keras(keras_cnn()[0], tmp_path / "k.onnx")
+    assert unsupported_nodes(onnx.load(str(good.path))) == []
+
+
+def test_factory_that_raises_is_one_clear_error(tmp_path, capsys):
+    from anpred.cli import main
+
+    with pytest.raises(ExportError, match=r"factory 'test_exporters:raising_factory' raised ValueError .*"
+                                          r"no weights for size 3") as info:
+        load_factory("test_exporters:raising_factory", {"size": 3})
+    assert isinstance(info.value.__cause__, ValueError)
+    m, ex = small_torch()
+    from anpred.instrument import instrument_model
+    from exporters.torch_export import export_torch
+
+    r = export_torch(m, ex, tmp_path / "m.onnx", factory="test_exporters:small_torch")
+    am, man = instrument_model(onnx.load(str(r.path)), stages=2, source_path=str(r.path))
+    onnx.save(am, str(tmp_path / "a.onnx"))
+    assert main(["map", str(tmp_path / "a.onnx"), "--factory", "test_exporters:raising_factory"]) == 2
+    err = capsys.readouterr().err
+    assert "raising_factory" in err and "no weights for size 4" in err and "Traceback" not in err
