@@ -6,7 +6,11 @@ the same model after ONNX Runtime's offline optimisation (ORT_ENABLE_EXTENDED: S
 fusions), i.e. a real tool's rewrite. Also times A vs A with every node renamed (names useless:
 structure tiers only), and networkx's VF2 isomorphism on the same graphs for comparison.
 
-Usage: python benchmarks/bench_diff.py [--blocks 2000]
+With ``--yolo MODEL.onnx`` (e.g. a dynamo export of YOLOv8n) it also measures matching without any
+name on a real graph: MODEL vs its ORT_ENABLE_EXTENDED copy with every node, value and initializer
+name scrambled (pairs found against the surviving nodes).
+
+Usage: python benchmarks/bench_diff.py [--blocks 2000] [--skip-networkx] [--yolo MODEL.onnx]
 """
 
 from __future__ import annotations
@@ -41,10 +45,48 @@ def build(blocks: int, ch: int = 8, hw: int = 8) -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def real_graph(path: Path) -> None:
+    """MODEL vs its ORT_ENABLE_EXTENDED copy with all names scrambled: pairs found by structure."""
+    import onnxruntime as ort
+
+    from anpred.graphdiff import diff_models
+
+    with tempfile.TemporaryDirectory() as d:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        so.optimized_model_filepath = str(Path(d) / "ext.onnx")
+        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        b = onnx.load(str(Path(d) / "ext.onnx"))
+    a = onnx.load(str(path))
+    keep = {i.name for i in b.graph.input} | {o.name for o in b.graph.output}
+    ren: dict[str, str] = {}
+
+    def r(v):
+        return v if not v or v in keep else ren.setdefault(v, f"v{len(ren)}")
+
+    for t in b.graph.initializer:
+        t.name = r(t.name)
+    for k, n in enumerate(b.graph.node):
+        n.name = f"n{k}"
+        n.input[:] = [r(x) for x in n.input]
+        n.output[:] = [r(x) for x in n.output]
+    del b.graph.value_info[:]
+    fused = sum(n.domain == "com.microsoft" for n in b.graph.node)
+    t = time.perf_counter()
+    dd = diff_models(a, b)
+    print(f"{path.name} ({len(a.graph.node)} nodes) vs its ORT-extended copy, all names scrambled: "
+          f"{time.perf_counter() - t:.2f} s  matched {dd.matched} of {len(b.graph.node) - fused} surviving "
+          f"nodes {dd.match_counts}; regions {dd.region_counts()}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--blocks", type=int, default=2000)
+    ap.add_argument("--skip-networkx", action="store_true", help="skip the (minutes long) networkx runs")
+    ap.add_argument("--yolo", metavar="MODEL", help="also measure name-free matching on this real model")
     args = ap.parse_args()
+    if args.yolo:
+        real_graph(Path(args.yolo))
     import onnxruntime as ort
 
     from anpred.graphdiff import diff_models
@@ -90,6 +132,8 @@ def main() -> None:
     wrong = sum(1 for m in d.changed if m.op_type != "Conv" and any(c.kind == "rewired" for c in m.changes))
     print(f"A vs B with all node and value names changed: {time.perf_counter() - t:.2f} s  matched {d.matched} "
           f"{d.match_counts}; fusions {d.fusions()}; rewired pairs {wrong}")
+    if args.skip_networkx:
+        return
     # networkx VF2 for comparison (exact isomorphism only; cannot express a diff)
     import networkx as nx
 
