@@ -994,8 +994,9 @@ class Aligner:
         if not (second >= self.min_margin * best and second > 0):
             return (f"layout ambiguous: candidates not separated by the data (normalised errors: {desc}; "
                     f"need runner-up >= {self.min_margin} x best); backend shape {list(x.shape)}, canonical {list(cs)}")
-        dec.detail = self._notes.get((anchor.name, b), "") + (f"{len(cands)} candidates fit backend shape {list(x.shape)} -> {list(cs)}; closest to the "
-                      f"consensus of the other backends ({desc})")
+        dec.detail = self._notes.get((anchor.name, b), "") + (
+            f"{len(cands)} candidates fit backend shape {list(x.shape)} -> {list(cs)}; closest to the "
+            f"consensus of the other backends ({desc})")
         return dec, outs[bi], True
 
     # ---- segment permutations --------------------------------------------------------------------
@@ -1044,7 +1045,7 @@ def find_segment_permutation(x: np.ndarray, m: np.ndarray, close_tol: float = 0.
     keeps its place if ``m[i]`` is among the tied best; otherwise there is no permutation. The map must
     be a bijection, move at least one slice, consist of at most ``max_blocks`` contiguous runs, each at
     least ``max(2, ceil(n * min_block_fraction))`` slices long (``n``: the axis length; so a flip, a
-    scatter of single slices or a shift by a few rows never qualifies), and the permuted tensor must
+    scatter of single slices never qualifies; a shift by one slice neither), and the permuted tensor must
     have normalised error <= ``close_tol`` and be ``min_margin`` times closer than ``x``. Slice errors
     use ``||x_i - m_j|| / ||m_j - mean(m)||`` (denominator floored at 1e-6 of the mean slice energy).
 
