@@ -432,7 +432,8 @@ def diff_runs(run_a: str | Path, run_b: str | Path, *, config=None, backends: li
         raise JudgeError("the runs share no sample with identical inputs (sha256 of the input arrays); "
                          "run both on the same inputs (anpred run --inputs ...)")
     graph = None
-    if (A.root / "model.onnx").is_file() and (B.root / "model.onnx").is_file():
+    need = with_graph or not {a.name for a in A.manifest.anchors} <= {a.name for a in B.manifest.anchors}
+    if need and (A.root / "model.onnx").is_file() and (B.root / "model.onnx").is_file():
         from anpred.graphdiff import diff_files
 
         graph = diff_files(A.root / "model.onnx", B.root / "model.onnx")

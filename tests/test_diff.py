@@ -414,7 +414,7 @@ def test_graph_io_by_name_and_opset_changes(anchored, tmp_path):
     d = diff_models(a, other)
     kinds = Counter(c.kind for c in d.io)
     assert set(kinds) == {"graph_output"}
-    only_a = {c.a for c in d.io if c.a} 
+    only_a = {c.a for c in d.io if c.a}
     only_b = {c.b for c in d.io if c.b}
     outs_a, outs_b = {o.name for o in a.graph.output}, {o.name for o in other.graph.output}
     assert only_a == outs_a - outs_b and only_b == outs_b - outs_a and only_a and only_b
