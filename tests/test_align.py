@@ -204,7 +204,9 @@ def test_segment_permutation_of_concatenated_heads_is_found_and_recorded(keras_c
     assert dec.source == "data" and dec.rule["permute"] == [0, 3, 1, 2]
     assert dec.rule["segments"] == {"axis": 1, "order": [[6, 4], [0, 6]]}
     assert dec.error < FP32_NOISE and dec.runner_up > 0.5 and dec.samples == 2
-    assert "segments axis 1 [6:10, 0:6]" in al.report().format_text()
+    text = al.report().format_text()
+    assert "segments axis 1 [6:10, 0:6]" in text
+    assert "segment order found by the data (check these: a port's order or a real defect): 1" in text
 
 
 def test_c_eq_h_eq_w_decided_by_data(keras_case):
