@@ -60,6 +60,7 @@ class MappingReport:
     framework: str
     exporter: str
     entries: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # warnings about the pairing (input shapes, classes)
 
     def counts(self, backend: str) -> dict[str, int]:
         c = {s: 0 for s in STATUSES}
@@ -78,6 +79,7 @@ class MappingReport:
 
     def format_text(self, verbose: bool = True) -> str:
         lines = [f"anchor mapping ({self.framework}, exporter {self.exporter or 'unknown'})"]
+        lines += [f"warning: {n}" for n in self.notes]
         for b, ents in self.entries.items():
             c = self.counts(b)
             lines.append(f"{b}: {c['exact']} exact, {c['equivalent']} equivalent, {c['unmapped']} unmapped "
@@ -216,15 +218,44 @@ def parse_torch_target(target: str) -> tuple[str, int, str, int | None]:
     return pm.group(1), int(pm.group(2) or 0), which, leaf
 
 
-def _torch_stacks(g: _Graph, exporter: str, modules: dict[str, Any]) -> list[list[str]]:
+def _resolve_dynamo_scope(entries: list[str], classes: list[str], modules: dict[str, Any],
+                          export_class: dict[str, str]) -> list[str]:
+    """``pkg.torch.onnx.name_scopes`` entries (root and FX op removed) -> full module paths.
+
+    The exporter writes some entries as full paths (``model.2.cv1``) and others relative to the
+    enclosing scope (``conv`` under ``model.2.cv1``): an entry is resolved against the enclosing
+    modules, innermost first, then as a full path; among candidates that exist, the one whose class
+    matches ``pkg.torch.onnx.class_hierarchy`` (``classes``, same positions) wins. The class the export
+    recorded is kept in ``export_class[path]`` (class ``__name__``)."""
+    chain: list[str] = []
+    for k, e in enumerate(entries):
+        want = classes[k].rsplit(".", 1)[-1] if k < len(classes) and classes[k] else None
+        cands = [f"{b}.{e}" for b in reversed(chain)] + [e]
+        present = [c for c in cands if c in modules]
+        found = next((c for c in present if want is None or type(modules[c]).__name__ == want), None)
+        if found is None:
+            found = present[0] if present else (f"{chain[-1]}.{e}" if chain else e)
+        if want is not None:
+            export_class.setdefault(found, want)
+        chain.append(found)
+    return chain
+
+
+def _torch_stacks(g: _Graph, exporter: str, modules: dict[str, Any],
+                  export_class: dict[str, str] | None = None) -> list[list[str]]:
     stacks: list[list[str] | None] = []
+    export_class = {} if export_class is None else export_class
     for n in g.nodes:
         if exporter == "torch.onnx.dynamo":
             md = {p.key: p.value for p in n.metadata_props}
             if SCOPE_KEY in md:
                 scopes = _parse_list(md[SCOPE_KEY])
-                # entries: '' (root), module paths..., and last the FX op name
-                stacks.append([s for s in scopes[1:-1] if s])
+                classes = _parse_list(md.get(CLASS_KEY, "[]"))
+                classes = classes[1:-1] if len(classes) == len(scopes) else []
+                # entries: '' (root), module paths (full or relative)..., and last the FX op name
+                pairs = [(s, classes[i] if classes else "") for i, s in enumerate(scopes[1:-1]) if s]
+                stacks.append(_resolve_dynamo_scope([p[0] for p in pairs], [p[1] for p in pairs], modules,
+                                                    export_class))
             else:
                 stacks.append(None)
         else:  # TorchScript: /model.2/cv1/conv/Conv
@@ -260,14 +291,27 @@ def _resolve_torchscript_scope(segments: list[str], modules: dict[str, Any]) -> 
     return chain
 
 
-def _probe_torch(module, example_inputs) -> tuple[dict[str, list[bool]], dict[str, list[bool]], int | None]:
-    """Run ``module`` once with hooks; per module path and call: does it return one tensor / take one
-    tensor input. Also the number of tensor leaves of the root output."""
+@dataclass
+class _Probe:
+    """One forward pass of the native module with hooks. Per module path, one entry per call: the
+    shape of its single tensor output / single tensor input, or None when it returns/takes several
+    (or none). ``leaves``: shapes of the root output's tensor leaves (pytree order)."""
+
+    out_shape: dict[str, list[tuple | None]]
+    in_shape: dict[str, list[tuple | None]]
+    leaves: list[tuple]
+
+
+def _probe_torch(module, example_inputs) -> "_Probe":
+    """Run ``module`` once on ``example_inputs`` (no grad) with forward (pre-)hooks on every submodule.
+
+    Raises:
+        MappingError: the forward pass fails (the message names the module class and the error)."""
     import torch
     from torch.utils._pytree import tree_leaves
 
-    out_single: dict[str, list[bool]] = {}
-    in_single: dict[str, list[bool]] = {}
+    out_shape: dict[str, list[tuple | None]] = {}
+    in_shape: dict[str, list[tuple | None]] = {}
     handles = []
     for name, sub in module.named_modules():
         if not name:
@@ -275,45 +319,81 @@ def _probe_torch(module, example_inputs) -> tuple[dict[str, list[bool]], dict[st
 
         def pre(mod, args, kwargs, _n=name):
             leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
-            in_single.setdefault(_n, []).append(len(leaves) == 1)
+            in_shape.setdefault(_n, []).append(tuple(leaves[0].shape) if len(leaves) == 1 else None)
 
         def post(mod, args, kwargs, output, _n=name):
-            out_single.setdefault(_n, []).append(isinstance(output, torch.Tensor))
+            out_shape.setdefault(_n, []).append(tuple(output.shape) if isinstance(output, torch.Tensor) else None)
 
         handles.append(sub.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(sub.register_forward_hook(post, with_kwargs=True))
     try:
         with torch.no_grad():
-            out = module(*example_inputs)
+            out = module(*[torch.as_tensor(x) if not isinstance(x, torch.Tensor) else x for x in example_inputs])
+    except Exception as err:
+        raise MappingError(f"probing {type(module).__name__} on the example inputs failed: "
+                           f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}") from err
     finally:
         for h in handles:
             h.remove()
-    nleaves = len([x for x in tree_leaves(out) if isinstance(x, torch.Tensor)])
-    return out_single, in_single, nleaves
+    leaves = [tuple(x.shape) for x in tree_leaves(out) if isinstance(x, torch.Tensor)]
+    return _Probe(out_shape, in_shape, leaves)
 
 
-def _map_torch(manifest, module, g: _Graph, exporter: str, example_inputs) -> dict[str, dict[str, Any]]:
+def shape_matches(native, onnx_shape) -> bool:
+    """Whether a native tensor shape fits the anchor's ONNX shape (``None``/symbolic/<=0 dims match
+    anything; an empty or missing ONNX shape matches any shape)."""
+    if not onnx_shape:
+        return True
+    if native is None or len(native) != len(onnx_shape):
+        return False
+    return all(not isinstance(d, int) or d <= 0 or int(n) == d for n, d in zip(native, onnx_shape))
+
+
+def _map_torch(manifest, module, g: _Graph, exporter: str, example_inputs,
+               notes: list[str] | None = None) -> dict[str, dict[str, Any]]:
     import torch
 
     if not isinstance(module, torch.nn.Module):
         raise MappingError(f"framework 'torch' needs a torch.nn.Module, got {type(module).__name__}")
+    notes = [] if notes is None else notes
     modules = dict(module.named_modules())
-    stacks = _torch_stacks(g, exporter, modules)
+    export_class: dict[str, str] = {}
+    stacks = _torch_stacks(g, exporter, modules, export_class)
     scoped = {m for s in stacks for m in s}
-    probe = _probe_torch(module, example_inputs) if example_inputs is not None else None
-    out_single, in_single, nleaves = probe if probe else ({}, {}, None)
+    root = type(module).__name__
+    input_note = ""
+    for spec, x in zip(manifest.model.get("inputs", []), example_inputs or ()):
+        shp = tuple(getattr(x, "shape", ()))
+        if not shape_matches(shp, spec.get("shape")):
+            input_note = (f"the factory's example input has shape {list(shp)} but the ONNX input "
+                          f"{spec['name']!r} is {spec.get('shape')}")
+            notes.append(input_note + ": shapes of the native tensors may differ")
+            break
+    try:
+        probe = _probe_torch(module, example_inputs) if example_inputs is not None else None
+    except MappingError as err:
+        raise MappingError(f"{err}" + (f" ({input_note})" if input_note else "")) from err.__cause__
     orig_outputs = [o["name"] for o in manifest.model.get("outputs", [])] or None
+
+    # classes the export recorded vs the native module's (dynamo only): a different model
+    wrong_class = {p: (type(modules[p]).__name__, c) for p, c in export_class.items()
+                   if p in modules and type(modules[p]).__name__ != c}
+    if wrong_class:
+        ex = ", ".join(f"{p!r} is {n} (export: {c})" for p, (n, c) in list(wrong_class.items())[:3])
+        notes.append(f"the native {root} differs from the exported model at {len(wrong_class)} module(s): {ex}; "
+                     "was this model exported from another factory or other arguments?")
 
     def split_call(path: str) -> tuple[str, int]:
         m = _CALL.fullmatch(path)
         return m.group(1), int(m.group(2) or 0)
 
-    def single(table: dict[str, list[bool]], path: str) -> bool | None:
-        base, call = split_call(path)
-        calls = table.get(base)
+    def probed(table: dict[str, list], path: str):
+        """(known, shape) of a module call's single tensor; known False without a probe."""
         if probe is None:
-            return None  # unknown: assume a single tensor, verified when the backend prepares
-        return bool(calls) and call < len(calls) and calls[call]
+            return False, None  # unknown: assume a single tensor, verified when the backend prepares
+        base, call = split_call(path)
+        calls = table.get(base) or []
+        return True, (calls[call] if call < len(calls) else None)
 
     def folded_bn(conv_path: str) -> str | None:
         """A BatchNorm registered right after ``conv_path`` in its parent that no ONNX node carries."""
@@ -348,7 +428,17 @@ def _map_torch(manifest, module, g: _Graph, exporter: str, example_inputs) -> di
             leaving_cache[base] = vals
         return leaving_cache[base]
 
+    def check(entry: dict[str, Any], shape, ashape) -> dict[str, Any]:
+        """Turn an exact/equivalent entry whose probed native shape differs from the ONNX shape into an
+        unmapped one that says so."""
+        if shape is None or shape_matches(shape, ashape):
+            return entry
+        why = (f"shape mismatch: {entry['target']} gives {list(shape)} in the native {root}, the ONNX value "
+               f"has {list(ashape)}")
+        return _entry(entry["target"], "unmapped", why + (f" ({input_note})" if input_note else ""))
+
     out: dict[str, dict[str, Any]] = {}
+    shape_rejected = 0
     for a in manifest.anchors:
         v = a.value
         if v not in g.producer:
@@ -368,21 +458,26 @@ def _map_torch(manifest, module, g: _Graph, exporter: str, example_inputs) -> di
         for path in S[j:]:  # modules the value leaves, outermost first
             base, _ = split_call(path)
             if base not in modules:
-                entry = _entry(path, "unmapped", f"module {base!r} named by the exporter does not exist in "
-                               f"{type(module).__name__}")
+                entry = _entry(path, "unmapped", f"module {base!r} named by the exporter does not exist in {root}")
                 continue
-            s = single(out_single, path)
-            if s is False:
+            if base in wrong_class:
+                n_cls, e_cls = wrong_class[base]
+                entry = _entry(path, "unmapped", f"module {base!r} is a {n_cls} in the native {root} but the export "
+                               f"recorded a {e_cls}: not the exported model")
                 continue
+            known, shape = probed(probe.out_shape if probe else {}, path)
+            if known and shape is None:
+                continue  # returns several tensors (or none): not a target itself
             mod = modules[base]
             if node.op_type == "Conv" and isinstance(mod, torch.nn.modules.conv._ConvNd):
                 bn = folded_bn(path)
                 if bn is not None:
-                    entry = _entry(bn, "equivalent",
-                                   f"BatchNorm {bn!r} was folded into Conv {base!r} by the exporter; the ONNX "
-                                   f"value {v!r} equals the output of {bn!r}")
+                    bshape = probed(probe.out_shape if probe else {}, bn)[1]
+                    entry = check(_entry(bn, "equivalent",
+                                         f"BatchNorm {bn!r} was folded into Conv {base!r} by the exporter; the ONNX "
+                                         f"value {v!r} equals the output of {bn!r}"), bshape, a.shape)
                     break
-            calls = len(out_single.get(base, [])) if probe is not None else 1
+            calls = len(probe.out_shape.get(base, [])) if probe is not None else 1
             if calls > 1 and "@" not in path and exporter == "torch.onnx.dynamo":
                 leaving = leaving_values(base)
                 if len(leaving) != calls or v not in leaving:
@@ -390,10 +485,15 @@ def _map_torch(manifest, module, g: _Graph, exporter: str, example_inputs) -> di
                                    f"shows {len(leaving)} outputs of it: cannot tell which call produced {v!r}")
                     continue
                 path = f"{base}@{leaving.index(v)}"
-            entry = _entry(path, "exact", f"forward output of {path} ({type(mod).__name__})")
+                shape = probed(probe.out_shape, path)[1]
+            entry = check(_entry(path, "exact", f"forward output of {path} ({type(mod).__name__})"), shape, a.shape)
             break
         if entry is not None and entry["status"] != "unmapped":
             out[a.name] = entry
+            continue
+        if entry is not None and entry["reason"].startswith("shape mismatch"):
+            out[a.name] = entry
+            shape_rejected += 1
             continue
         # the input of a module the value enters
         for c_idx in g.consumers.get(v, []):
@@ -401,29 +501,48 @@ def _map_torch(manifest, module, g: _Graph, exporter: str, example_inputs) -> di
             k = _prefix_len(S, Sc)
             for path in Sc[k:]:
                 base, _ = split_call(path)
-                if base in modules and single(in_single, path) is not False:
-                    entry = _entry(f"{path}:input", "exact",
-                                   f"the single tensor input of {base} ({type(modules[base]).__name__})")
-                    break
-            if entry is not None and entry["status"] == "exact":
+                if base not in modules or base in wrong_class:
+                    continue
+                known, shape = probed(probe.in_shape if probe else {}, path)
+                if known and shape is None:
+                    continue
+                entry = check(_entry(f"{path}:input", "exact",
+                                     f"the single tensor input of {base} ({type(modules[base]).__name__})"),
+                              shape, a.shape)
+                break
+            if entry is not None and (entry["status"] == "exact" or entry["reason"].startswith("shape mismatch")):
                 break
         if entry is not None and entry["status"] == "exact":
             out[a.name] = entry
             continue
+        if entry is not None and entry["reason"].startswith("shape mismatch"):
+            out[a.name] = entry
+            shape_rejected += 1
+            continue
         if is_output:
             order = orig_outputs or [b.value for b in manifest.anchors if b.kind == "output"]
             k = order.index(v)
-            if nleaves is not None and orig_outputs is not None and nleaves != len(orig_outputs):
+            if probe is not None and orig_outputs is not None and len(probe.leaves) != len(orig_outputs):
                 out[a.name] = _entry(f":output[{k}]", "unmapped",
-                                     f"{type(module).__name__} returns {nleaves} tensors but the ONNX graph has "
+                                     f"{root} returns {len(probe.leaves)} tensors but the ONNX graph has "
                                      f"{len(orig_outputs)} outputs: cannot pair output {v!r}")
             else:
-                out[a.name] = _entry(f":output[{k}]", "exact", f"tensor {k} of {type(module).__name__}'s output")
+                e = check(_entry(f":output[{k}]", "exact", f"tensor {k} of {root}'s output"),
+                          probe.leaves[k] if probe is not None else None, a.shape)
+                shape_rejected += e["status"] == "unmapped"
+                out[a.name] = e
             continue
         where = S[-1] if S else "the root module"
         out[a.name] = entry if entry is not None else _entry(
             "", "unmapped", f"value {v!r} ({node.op_type}) is internal to the forward of module {where!r}: "
             "neither a module output nor a module input, so no forward hook can observe it")
+    mapped = sum(e["status"] != "unmapped" for e in out.values())
+    if not mapped and (shape_rejected or wrong_class):
+        first = next(e["reason"] for e in out.values() if e["reason"].startswith(("shape mismatch", "module")))
+        raise MappingError(f"the native {root} does not match the ONNX graph: none of {len(out)} anchors maps "
+                           f"({shape_rejected} shape mismatch(es), {len(wrong_class)} module class mismatch(es)); "
+                           f"first: {first}" + (f"; {input_note}" if input_note and input_note not in first else "")
+                           + "; was it exported from another factory or with other arguments?")
     return out
 
 
@@ -528,12 +647,123 @@ def _map_keras(manifest, model, g: _Graph) -> dict[str, dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------------------
+# Converter backends (the ONNX graph converted into the other libraries)
+# ---------------------------------------------------------------------------------------------------
+CONVERTER_BACKENDS = ("torch", "tf")
+
+
+def converter_entries(manifest: AnchorManifest, onnx_model, backends=CONVERTER_BACKENDS) -> dict[str, dict[str, dict]]:
+    """Static mapping for the converter backends, read off the ONNX graph (nothing is converted).
+
+    - ``torch`` (onnx2torch): every submodule is named after its ONNX node and records its ONNX
+      output value names, so an anchor is *exact* (fetched by its ONNX value name, ONNX layout) when
+      onnx2torch has a converter for every node (:func:`anpred.convert.onnx2torch_unsupported`, after
+      the compatibility converters of :func:`anpred.convert.onnx2torch_compat`); otherwise every
+      anchor is unmapped, the reason naming the unconvertible nodes.
+    - ``tf`` (onnx2tf): every anchor is a graph output of the anchored model and comes back under
+      its name: *exact*. onnx2tf decides the layout of each 3-D/4-D/5-D output (mostly channels-last)
+      while converting, so the transform (``{"permute": [0, 3, 1, 2]}``) is known only when the backend
+      is prepared (``anpred map --backends tf``, :func:`prepared_entries`); a layout change is exact.
+
+    Returns ``{backend: {anchor name: entry}}``.
+    """
+    model = _load_onnx(onnx_model, manifest)
+    g = _Graph(model)
+    known = set(g.producer) | set(g.inputs) | {t.name for t in model.graph.initializer}
+    out: dict[str, dict[str, dict]] = {}
+    for b in backends:
+        if b == "torch":
+            missing: list[str] = []
+            why = ""
+            try:
+                import onnx
+
+                from anpred.compat import import_onnx2torch
+                from anpred.convert import fold_constant_nodes, onnx2torch_compat, onnx2torch_unsupported
+
+                import_onnx2torch()
+                onnx2torch_compat()
+                clean = onnx.ModelProto()
+                clean.CopyFrom(model)
+                fold_constant_nodes(clean)
+                missing = onnx2torch_unsupported(clean)
+            except ImportError as err:
+                why = f"onnx2torch is not importable: {err}"
+            if missing:
+                why = (f"onnx2torch has no converter for {len(missing)} node(s): {'; '.join(missing[:5])}"
+                       + (" ..." if len(missing) > 5 else ""))
+            ents = {}
+            for a in manifest.anchors:
+                if why:
+                    ents[a.name] = _entry("", "unmapped", why)
+                elif a.value in g.producer:
+                    node = g.nodes[g.producer[a.value]]
+                    ents[a.name] = _entry(node.name or a.value, "exact",
+                                          f"output {a.value!r} of the onnx2torch submodule converted from ONNX node "
+                                          f"{node.name or node.op_type!r} ({node.op_type}), ONNX layout")
+                elif a.value in known:
+                    ents[a.name] = _entry(a.value, "exact", "graph input or initializer of the converted graph")
+                else:
+                    ents[a.name] = _entry("", "unmapped", f"value {a.value!r} is not in the ONNX graph")
+            out[b] = ents
+        elif b == "tf":
+            out[b] = {a.name: (_entry(a.name if a.kind != "output" else a.value, "exact",
+                                      "graph output of the onnx2tf model, fetched by name; its layout (channels-last "
+                                      "for most 3-5-D tensors) is recorded when the backend is prepared "
+                                      "(anpred map --backends tf)")
+                               if a.value in known else
+                               _entry("", "unmapped", f"value {a.value!r} is not in the ONNX graph"))
+                      for a in manifest.anchors}
+        else:
+            raise MappingError(f"no static mapping for backend {b!r}; known: {', '.join(CONVERTER_BACKENDS)} "
+                               "(others: prepare them, anpred map --backends)")
+    return out
+
+
+def prepared_entries(backend: str, model_path, manifest: AnchorManifest, options: dict | None = None,
+                     workdir=None) -> dict[str, dict[str, Any]]:
+    """Prepare ``backend`` (any registry name: converters are converted, native models rebuilt) on the
+    anchored model at ``model_path`` and turn its :meth:`~anpred.backends.base.Backend.anchor_info` into
+    mapping entries (``missing`` -> ``unmapped`` with the backend's reason; a layout change keeps
+    its ``transform``).
+
+    Raises:
+        MappingError: the backend cannot be prepared (the message carries the backend's reason).
+    """
+    import copy
+    import tempfile
+
+    from anpred.backends import backend_class
+    from anpred.errors import BackendError
+
+    man = copy.deepcopy(manifest)  # the backend may write its own mapping into it
+    with tempfile.TemporaryDirectory(prefix="anpred-map-") as tmp:
+        try:
+            with backend_class(backend)(options) as be:
+                be.prepare(model_path, man, Path(workdir) if workdir else Path(tmp))
+                info = be.anchor_info()
+        except BackendError as err:
+            raise MappingError(f"backend {backend!r} cannot be prepared: {err}") from err
+    out = {}
+    for a in manifest.anchors:
+        cap = info.get(a.name)
+        if cap is None or cap.status == "missing":
+            out[a.name] = _entry(cap.target or "" if cap else "", "unmapped",
+                                 cap.reason if cap and cap.reason else "not captured by the prepared backend")
+        else:
+            out[a.name] = _entry(cap.target or a.value, cap.status,
+                                 cap.reason or "captured by the prepared backend", cap.transform)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
 def _entry(target: str, status: str, reason: str, transform: dict | None = None) -> dict[str, Any]:
     return {"target": target, "status": status, "transform": transform, "reason": reason}
 
 
 def map_anchors(manifest: AnchorManifest, native_model, framework: str, *, onnx_model=None,
-                example_inputs: tuple | None = None, write: bool = True) -> "MappingReport":
+                example_inputs: tuple | None = None, write: bool = True,
+                converters: tuple[str, ...] = ()) -> "MappingReport":
     """Map every anchor of ``manifest`` onto ``native_model`` and (``write=True``) store the result in
     ``anchor.native[backend]`` (backend ``torch-native`` for ``framework="torch"``, ``tf-native``
     for ``"tf"``).
@@ -547,8 +777,12 @@ def map_anchors(manifest: AnchorManifest, native_model, framework: str, *, onnx_
         example_inputs: torch only: positional inputs to probe which modules return/take a single tensor
             (one forward pass); without them single tensors are assumed.
 
+        converters: converter backends (``"torch"``, ``"tf"``) whose static columns
+            (:func:`converter_entries`) are added to the report (not written to the manifest).
+
     Returns:
-        :class:`MappingReport` with the native backend's column and the ``ort`` reference column.
+        :class:`MappingReport` with the native backend's column, the ``ort`` reference column and the
+        ``converters`` columns.
 
     Raises:
         MappingError: unknown framework, wrong native model type, no ONNX graph.
@@ -559,27 +793,31 @@ def map_anchors(manifest: AnchorManifest, native_model, framework: str, *, onnx_
     g = _Graph(model)
     exporter = detect_exporter(model)
     backend = BACKEND_OF[framework]
+    notes: list[str] = []
     if framework == "torch":
         if exporter not in ("torch.onnx.dynamo", "torch.onnx.torchscript"):
             raise MappingError(f"the ONNX model was not exported from PyTorch (exporter {exporter!r}); "
                                "module scopes are unknown")
-        entries = _map_torch(manifest, native_model, g, exporter, example_inputs)
+        entries = _map_torch(manifest, native_model, g, exporter, example_inputs, notes)
     else:
         if exporter != "tf2onnx":
             raise MappingError(f"the ONNX model was not exported by tf2onnx (exporter {exporter!r}); "
                                "Keras layer names are unknown")
         entries = _map_keras(manifest, native_model, g)
-    report = MappingReport(framework=framework, exporter=exporter)
+    report = MappingReport(framework=framework, exporter=exporter, notes=notes)
     report.entries[backend] = entries
     all_values = set(g.producer) | set(g.inputs)
     report.entries["ort"] = {
         a.name: (_entry(a.value, "exact", "ONNX value") if a.value in all_values
                  else _entry("", "unmapped", f"value {a.value!r} is not in the ONNX graph"))
         for a in manifest.anchors}
+    if converters:
+        report.entries.update(converter_entries(manifest, model, converters))
     if write:
         for a in manifest.anchors:
             a.native[backend] = dict(entries[a.name])
     return report
 
 
-__all__ = ["MappingReport", "MappingError", "map_anchors", "detect_exporter", "parse_torch_target", "BACKEND_OF"]
+__all__ = ["MappingReport", "MappingError", "map_anchors", "detect_exporter", "parse_torch_target", "BACKEND_OF",
+           "converter_entries", "prepared_entries", "shape_matches", "CONVERTER_BACKENDS"]

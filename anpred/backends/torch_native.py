@@ -22,6 +22,7 @@ import numpy as np
 from anpred.backends.base import AnchorCapture, Backend
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
+from exporters.mapping import shape_matches
 
 BACKEND = "torch-native"
 
@@ -46,6 +47,27 @@ def origin_factory(manifest: AnchorManifest, options: dict[str, Any], backend: s
         raise BackendError(f"{backend}: no native model: manifest.model['origin'] has no factory and no "
                            "'factory' option was given (module:function returning (model, example_inputs))")
     return spec, dict(kwargs or {})
+
+
+def _check_inputs(manifest: AnchorManifest, example: tuple) -> tuple[tuple, str]:
+    """Inputs for the check run in ``prepare``: the factory's example inputs when their shapes fit the
+    manifest's ONNX inputs, else seeded uniform [0, 1) float32 arrays of the ONNX shapes (when static).
+    Returns ``(inputs as torch tensors, description)``."""
+    import torch
+
+    from exporters.mapping import shape_matches
+
+    specs = manifest.model.get("inputs", [])
+    ex = tuple(x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x)) for x in example)
+    if not specs or all(shape_matches(tuple(x.shape), s.get("shape")) for x, s in zip(ex, specs)):
+        return ex, "the factory's example inputs"
+    if not all(s.get("shape") and all(isinstance(d, int) and d > 0 for d in s["shape"]) for s in specs):
+        return ex, "the factory's example inputs (ONNX input shapes are dynamic)"
+    rng = np.random.default_rng(0)
+    arrays = tuple(torch.from_numpy(rng.random(s["shape"], dtype=np.float32).astype(s.get("dtype") or "float32"))
+                   for s in specs)
+    return arrays, ("seeded inputs of the ONNX input shapes "
+                    f"({', '.join(str(s['shape']) for s in specs)}; the example inputs have other shapes)")
 
 
 class TorchNativeBackend(Backend):
@@ -98,13 +120,22 @@ class TorchNativeBackend(Backend):
                     self._targets[a.name] = (path, call, which, leaf)
             self._info[a.name] = cap
         self._inputs = [i["name"] for i in manifest.model.get("inputs", [])]
-        # one check run on the example inputs: every hook must see a single tensor
-        got = self._forward(tuple(example))
+        self._shapes = {a.name: list(a.shape or []) for a in manifest.anchors}
+        # one check run: every hook must see a single tensor of the anchor's ONNX shape. It runs on
+        # inputs of the ONNX input shapes (the example inputs when they have them, else seeded uniform
+        # [0, 1) arrays), so a factory built for another size cannot pass unnoticed.
+        check_in, note = _check_inputs(manifest, tuple(example))
+        got = self._forward(check_in)
         for name, (path, call, which, leaf) in self._targets.items():
             if name not in got:
                 self._info[name].status = "missing"
                 self._info[name].reason = (f"module {path or '<root>'!r} ({which}, call {call}) produced no single "
-                                           "tensor in a check run on the example inputs")
+                                           f"tensor in a check run on {note}")
+            elif not shape_matches(got[name].shape, self._shapes[name]):
+                self._info[name].status = "missing"
+                self._info[name].reason = (f"shape mismatch: {self._info[name].target} gives {list(got[name].shape)} "
+                                           f"in {type(module).__name__}, the anchor's ONNX shape is "
+                                           f"{self._shapes[name]} (check run on {note})")
         self._targets = {k: v for k, v in self._targets.items() if self._info[k].status != "missing"}
 
     def _forward(self, args: tuple) -> dict[str, np.ndarray]:
@@ -166,7 +197,16 @@ class TorchNativeBackend(Backend):
         if missing:
             raise InputError(f"{self.name}: missing input(s) {', '.join(missing)}; model inputs: {', '.join(names)}")
         args = tuple(torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in names)
-        return self._forward(args)
+        got = self._forward(args)
+        for name in list(got):  # capture-time check: never return a tensor of another shape
+            if not shape_matches(got[name].shape, self._shapes.get(name)):
+                cap = self._info[name]
+                cap.status = "missing"
+                cap.reason = (f"shape mismatch at run time: {cap.target} gave {list(got[name].shape)}, the anchor's "
+                              f"ONNX shape is {self._shapes.get(name)}")
+                del got[name]
+                self._targets.pop(name, None)
+        return got
 
     def anchor_info(self) -> dict[str, AnchorCapture]:
         return dict(self._info)

@@ -1,8 +1,12 @@
-"""Map the anchors of an instrumented model onto the native model it was exported from.
+"""Map the anchors of an instrumented model onto the native model it was exported from and onto the
+converter backends.
 
-Prints, per backend (the native one, torch-native or tf-native, and ort as reference), how many anchors
-map exactly (the same tensor, possibly in another layout: the transform is shown), to an equivalent
-tensor (e.g. after a folded BatchNorm) or not at all, with the reason naming the module/layer. The
+Prints, per backend (the native one, torch-native or tf-native; ort as reference; the converter
+backends torch (onnx2torch) and tf (onnx2tf)), how many anchors map exactly (the same tensor, possibly
+in another layout: the transform is shown), to an equivalent tensor (e.g. after a folded BatchNorm) or
+not at all, with the reason naming the module/layer. The converter columns are computed from the ONNX
+graph without converting; --backends prepares the named backends (converting, rebuilding the native
+model, one check run) and reports what they really capture, transforms included. The
 native model is rebuilt from a factory ``module:function`` returning ``(model, example_inputs)``: from
 --factory, else the origin recorded at export (manifest.model["origin"] or the model's anpred.origin
 metadata). The current folder is importable. With --write the mapping is stored in the manifest
@@ -11,11 +15,12 @@ metadata). The current folder is importable. With --write the mapping is stored 
 examples:
   anpred map anchored.onnx
   anpred map anchored.onnx --factory mymodels:yolov8n --kwargs '{"imgsz": 256}' --write
+  anpred map anchored.onnx --backends torch-native,torch,tf    # prepare them and report what they capture
 """
 
 from __future__ import annotations
 
-HELP = "map anchors onto the native PyTorch/Keras model and report exact / equivalent / unmapped"
+HELP = "map anchors onto the native model and the converter backends: exact / equivalent / unmapped per backend"
 
 
 def add_arguments(parser):
@@ -31,6 +36,9 @@ def add_arguments(parser):
     parser.add_argument("--write", action="store_true",
                         help="store the mapping in the model's manifest and its .anchors.json")
     parser.add_argument("--brief", action="store_true", help="only the per-backend counts")
+    parser.add_argument("--backends", default=None, metavar="LIST",
+                        help="comma-separated backends to prepare and report from what they capture "
+                             "(e.g. torch-native,torch,tf); default: static mapping only")
 
 
 def main(args) -> int:
@@ -43,7 +51,8 @@ def main(args) -> int:
     from anpred.manifest import AnchorManifest
     from anpred.onnx_io import atomic_write_text, load_model, save_model
     from exporters import load_factory, read_origin
-    from exporters.mapping import detect_exporter, map_anchors
+    from anpred.backends import parse_backends
+    from exporters.mapping import BACKEND_OF, CONVERTER_BACKENDS, detect_exporter, map_anchors, prepared_entries
 
     path = Path(args.model)
     model = load_model(path)
@@ -69,9 +78,19 @@ def main(args) -> int:
         raise InputError(f"origin framework {framework!r} has no native backend (known: torch, tf)")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    prepare = parse_backends(args.backends) if args.backends else []
     native, example = load_factory(origin["factory"], origin.get("kwargs"))
     report = map_anchors(manifest, native, framework, onnx_model=model,
-                         example_inputs=example if framework == "torch" else None)
+                         example_inputs=example if framework == "torch" else None,
+                         converters=CONVERTER_BACKENDS)
+    if prepare:
+        for name in prepare:
+            opts = {"factory": origin["factory"], "factory_kwargs": origin.get("kwargs") or {}} \
+                if name in ("torch-native", "tf-native") else {}
+            if name in ("torch-native", "tf-native") and name != BACKEND_OF[framework]:
+                raise InputError(f"backend {name!r} needs a {name.split('-')[0]} model; this one is {framework}")
+            man = AnchorManifest.from_dict(manifest.to_dict())
+            report.entries[name] = prepared_entries(name, path, man, opts)
     print(report.format_text(verbose=not args.brief))
     if args.json:
         atomic_write_text(Path(args.json), json.dumps(report.to_dict(), indent=2))
