@@ -39,6 +39,7 @@ takes ``B`` consecutive images per sample (wrapping around).
 from __future__ import annotations
 
 import re
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -187,19 +188,44 @@ class InputSpec:
             spec.shapes = {"*": shape}
         return spec
 
-    def describe(self) -> dict[str, Any]:
-        """JSON-ready description stored in ``run.json`` (``inputs``)."""
+    def describe(self, hint: str = "") -> dict[str, Any]:
+        """JSON-ready description stored in ``run.json`` (``inputs``). ``preprocess`` is the method
+        actually used (:meth:`resolve_preprocess` of ``hint``: ``yolo``/``imagenet``/``unit``), with
+        ``preprocess_requested`` the option given (e.g. ``auto``); both are left out when no image
+        feeds the run."""
         d = asdict(self)
         if self.kind == "files":
             d["path"] = str(Path(self.path).resolve())
             for k in ("distribution", "seed", "n"):
                 d.pop(k)
             d["distribution"] = "files"
-        elif self.distribution != "images":
-            d.pop("preprocess")
-        elif self.path is None:
+        elif self.distribution == "images" and self.path is None:
             d["path"] = str(default_images_dir())
+        d.pop("preprocess")
+        try:
+            images = self.uses_images()
+        except OSError:
+            images = False
+        if images:
+            d["preprocess"] = self.resolve_preprocess(hint)
+            d["preprocess_requested"] = self.preprocess
         return d
+
+    def resolve_preprocess(self, hint: str = "") -> str:
+        """The image preprocessing actually used: ``self.preprocess``, or for ``auto`` ``yolo`` when
+        ``hint`` (model file name, producer, metadata) mentions YOLO/ultralytics, else ``imagenet``."""
+        if self.preprocess != "auto":
+            return self.preprocess
+        return "yolo" if re.search(r"yolo|ultralytics", hint, re.I) else "imagenet"
+
+    def uses_images(self) -> bool:
+        """Whether samples may come from images (so that the preprocessing matters)."""
+        if self.kind == "random":
+            return self.distribution == "images"
+        p = Path(self.path)
+        if p.is_dir():
+            return any(f.suffix.lower() in IMAGE_EXTS for f in p.iterdir())
+        return p.suffix.lower() in IMAGE_EXTS
 
     # ---- samples -------------------------------------------------------------------------------
     def samples(self, inputs: list[ModelInput], hint: str = "") -> Iterator[tuple[str, dict[str, np.ndarray]]]:
@@ -210,9 +236,7 @@ class InputSpec:
         """
         if not inputs:
             raise InputError("the model has no graph inputs to feed")
-        prep = self.preprocess
-        if prep == "auto":
-            prep = "yolo" if re.search(r"yolo|ultralytics", hint, re.I) else "imagenet"
+        prep = self.resolve_preprocess(hint)
         shapes = {i.name: i.concrete_shape(self.size, self.shapes.get(i.name, self.shapes.get("*"))) for i in inputs}
         if self.kind == "random":
             yield from self._random(inputs, shapes, prep)
@@ -363,8 +387,9 @@ def _array_samples(path: Path, inputs: list[ModelInput]) -> Iterator[tuple[str, 
                 data = {k: z[k] for k in z.files}
     except InputError:
         raise
-    except (OSError, ValueError, EOFError) as err:
-        raise InputError(f"inputs: cannot read {path}: {err}") from err
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        kind = "not a valid .npz (zip) archive" if isinstance(err, zipfile.BadZipFile) else str(err)
+        raise InputError(f"inputs: cannot read {path}: {kind}") from err
     ranks = {i.name: len(i.shape) for i in inputs}
     batched = [k for k, a in data.items() if k in ranks and a.ndim == ranks[k] + 1]
     if batched and len(batched) == len(data):
@@ -375,3 +400,44 @@ def _array_samples(path: Path, inputs: list[ModelInput]) -> Iterator[tuple[str, 
             yield f"{path}[{j}]", {k: data[k][j] for k in data}
     else:
         yield str(path), data
+
+
+_SHAPE_ERR = re.compile(r"\(op_type:(\w+)(?:, node name: ([^)]*))?\): \[ShapeInferenceError\] ([^\n]*)")
+
+
+def check_shapes_fit(model, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Check that concrete input ``shapes`` (graph input name -> shape) fit a model whose inputs have
+    dynamic dimensions, before any backend runs: ONNX shape inference (``strict_mode``, with data
+    propagation) on a copy of the graph whose inputs are fixed to ``shapes``. Catches sizes the
+    architecture cannot take (e.g. a spatial size that is not a multiple of a detector's total
+    stride: an ``Add``/``Concat`` of two branches with incompatible dimensions).
+
+    Only shape errors are reported: a model that shape inference cannot handle for other reasons
+    (unknown custom-domain operators, missing schemas) passes. Raises InputError (one line) naming
+    the input shapes and the first node whose shapes do not fit.
+    """
+    import onnx
+
+    dyn = [vi for vi in model.graph.input if vi.name in shapes and any(
+        not (d.HasField("dim_value") and d.dim_value > 0) for d in vi.type.tensor_type.shape.dim)]
+    if not dyn:
+        return
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for vi in m.graph.input:
+        if vi.name in shapes and len(shapes[vi.name]) == len(vi.type.tensor_type.shape.dim):
+            for d, v in zip(vi.type.tensor_type.shape.dim, shapes[vi.name]):
+                d.Clear()
+                d.dim_value = int(v)
+    for o in m.graph.output:
+        o.type.tensor_type.ClearField("shape")
+    del m.graph.value_info[:]
+    try:
+        onnx.shape_inference.infer_shapes(m, strict_mode=True, data_prop=True)
+    except Exception as err:  # noqa: BLE001 - onnx raises InferenceError/ValidationError/RuntimeError
+        hit = _SHAPE_ERR.search(str(err))
+        if hit and "Incompatible" in hit.group(3):
+            txt = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in shapes.items())
+            raise InputError(f"input shape {txt} does not fit the model: {hit.group(1)} node {hit.group(2) or '(unnamed)'!r}: "
+                             f"{hit.group(3).strip()} (ONNX shape inference; e.g. a spatial size the "
+                             "network's strides do not divide)") from err

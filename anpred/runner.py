@@ -263,8 +263,8 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
         ModelLoadError: the model is not readable ONNX.
     A backend that fails, crashes or times out does not raise: see the statuses in the store.
     """
-    from anpred.inputs import InputSpec, model_inputs
-    from anpred.onnx_io import external_data_files, sha256_file
+    from anpred.inputs import InputSpec, check_shapes_fit, model_inputs
+    from anpred.onnx_io import sha256_file
     from anpred.runstore import RunStore
 
     if mode not in MODES:
@@ -283,6 +283,11 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
     in_spec = InputSpec.parse(inputs, preprocess=preprocess)
     out = Path(out_dir).absolute()
     _check_out_dir(out, overwrite)
+    for anc in [out.parent, *out.parent.parents]:
+        if anc.exists():
+            if not anc.is_dir():
+                raise OutputPathError(f"cannot create {out}: {anc} is a file, not a folder (nothing was written)")
+            break
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -294,22 +299,36 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
                     [f"{p.key} {p.value}" for p in model.metadata_props if p.key != "anpred.manifest"] +
                     [str(manifest.model.get("source", ""))])
     try:
-        store = RunStore.create(tmp, manifest, mode=mode, inputs=in_spec.describe(), model={
-            "path": str(model_path), "sha256": sha256_file(model_path), "name": model_path.stem,
+        store = RunStore.create(tmp, manifest, mode=mode, inputs=in_spec.describe(hint), model={
+            "path": str(model_path), "name": model_path.stem,
             "producer": f"{model.producer_name} {model.producer_version}".strip(),
             "opset": {o.domain or "ai.onnx": o.version for o in model.opset_import},
             "manifest_source": man_source})
-        for i, (src, arrays) in enumerate(in_spec.samples(model_inputs(model), hint)):
+        store.meta["model"].update(copy_model(model_path, model, tmp))
+        run_model_path = tmp / "model.onnx"
+        minputs = model_inputs(model)
+        checked: set = set()
+        first_shapes: dict[str, list[int]] | None = None
+        same_shapes = True
+        for i, (src, arrays) in enumerate(in_spec.samples(minputs, hint)):
+            key = tuple((k, tuple(v.shape)) for k, v in sorted(arrays.items()))
+            if key not in checked:
+                check_shapes_fit(model, {k: tuple(v.shape) for k, v in arrays.items()})
+                checked.add(key)
+            shapes = {k: list(v.shape) for k, v in arrays.items()}
+            if first_shapes is None:
+                first_shapes = shapes
+            same_shapes = same_shapes and shapes == first_shapes
             store.add_sample(f"s{i:04d}", arrays, source=src)
-        if not external_data_files(model):
-            try:
-                os.link(model_path, tmp / "model.onnx")
-            except OSError:
-                shutil.copyfile(model_path, tmp / "model.onnx")
         store.meta["backend_specs"] = {s.label: {"name": s.name, "options": _json_safe(s.options)} for s in specs}
+        for s in specs:
+            if "model" in s.options:
+                store.meta["backend_specs"][s.label]["model_sha256"] = sha256_file(s.options["model"])
         store.save_meta()
+        shape_hint = first_shapes if same_shapes else None
         for spec in specs:
-            store.set_status(_run_backend(store, spec, model_path, mode, timeout_s, progress))
+            store.set_status(_run_backend(store, spec, run_model_path, mode, timeout_s, progress, shape_hint))
+        _raise_if_all_failed_on_shapes(store)
         shutil.rmtree(tmp / ".work", ignore_errors=True)
         if out.exists():
             shutil.rmtree(out)
@@ -321,6 +340,98 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
     if progress:
         print(format_summary(result), file=sys.stderr)
     return result
+
+
+def copy_model(model_path: Path, model, dest: Path) -> dict[str, Any]:
+    """Copy the model and its external-data files into the run folder ``dest`` (``model.onnx``, the
+    weight files at their relative locations) so that later edits of the original cannot change
+    what the run ran; backends run this copy. A location outside the model's folder (``../w.bin``) is
+    copied as its file name and the copy's location entries are rewritten (then ``model.onnx`` is a
+    re-serialised copy, and ``sha256_source`` is the original file's hash).
+
+    Returns the ``run.json["model"]`` fields: ``sha256`` (of ``model.onnx`` as copied),
+    ``external_data`` ({location: sha256} of every weight file, as copied), ``sha256_all`` (sha256
+    over ``model.onnx`` and the weight files' hashes in location order: the identity of everything
+    the backends ran). Raises ModelLoadError when a weight file cannot be read.
+    """
+    import hashlib
+
+    from anpred.errors import ModelLoadError
+    from anpred.onnx_io import external_data_files, sha256_file
+
+    locs = external_data_files(model)
+    src_dir = model_path.parent
+    escaping = [loc for loc in locs if Path(loc).is_absolute() or ".." in Path(loc).parts]
+    try:
+        if escaping:
+            import onnx
+            from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+            m = onnx.ModelProto()
+            m.CopyFrom(model)
+            for t in _get_all_tensors(m):
+                if uses_external_data(t):
+                    for e in t.external_data:
+                        if e.key == "location" and e.value in escaping:
+                            e.value = Path(e.value).name
+            (dest / "model.onnx").write_bytes(m.SerializeToString())
+        else:
+            shutil.copyfile(model_path, dest / "model.onnx")
+        ext = {}
+        for loc in locs:
+            target = dest / (Path(loc).name if loc in escaping else loc)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src_dir / loc, target)
+            ext[target.relative_to(dest).as_posix()] = sha256_file(target)
+    except OSError as err:
+        raise ModelLoadError(f"cannot copy {model_path} (or its external data) into the run: {err}") from err
+    info: dict[str, Any] = {"sha256": sha256_file(dest / "model.onnx"), "external_data": ext}
+    h = hashlib.sha256(info["sha256"].encode())
+    for loc in sorted(ext):
+        h.update(f"\0{loc}\0{ext[loc]}".encode())
+    info["sha256_all"] = h.hexdigest()
+    if escaping:
+        info["sha256_source"] = sha256_file(model_path)
+    return info
+
+
+_SHAPE_FAIL_RE = re.compile(r"shape|dimension|Incompatible|broadcast|size mismatch|Sizes of tensors|"
+                            r"must match|invalid size|cannot reshape", re.I)
+
+
+def _raise_if_all_failed_on_shapes(store) -> None:
+    """Bad input detected by the backends themselves: when *every* backend failed (not crashed) while
+    running the same sample and every reason is a shape error, the sample does not fit the model.
+    Raises InputError (one line) instead of storing a run in which nothing ran."""
+    from anpred.errors import InputError
+
+    sts = list(store.statuses().values())
+    if not sts or any(s.status not in ("failed", "unsupported") for s in sts):
+        return
+    where = {s.reason.split(":", 1)[0] for s in sts}
+    if len(where) != 1 or not next(iter(where)).startswith("sample ") or \
+            not all(_SHAPE_FAIL_RE.search(s.reason) for s in sts):
+        return
+    sid = next(iter(where)).split()[1]
+    src = next((x.get("source", "") for x in store.meta["samples"] if x["id"] == sid), "")
+    first = sts[0].reason.split(":", 1)[1].strip().splitlines()[0][:240]
+    raise InputError(f"the inputs do not fit the model: every backend ({', '.join(s.name for s in sts)}) failed on "
+                     f"sample {sid} ({src}) with a shape error, e.g. {sts[0].name}: {first}")
+
+
+_ARRAY_DUMP = re.compile(r"array\((?:[^()]|\([^()]*\))*\)", re.S)
+
+
+def short_reason(err: BaseException, limit: int = 600) -> str:
+    """``Type: message`` of an exception for a status reason: numpy array dumps inside the message
+    (TensorFlow prints the arguments it received) become ``array(...)``, whitespace runs collapse,
+    and the text is cut at ``limit`` characters (the full traceback is in the backend's log)."""
+    text = _ARRAY_DUMP.sub("array(...)", str(err).strip())
+    text = re.sub(r"<tf\.Tensor: shape=(\([^)]*\)), dtype=(\w+), numpy=\s*array\(\.\.\.\)>", r"<tf.Tensor \1 \2>", text)
+    text = re.sub(r"\s+", " ", text)
+    if len(text) > limit:
+        text = text[: limit - 4].rstrip() + " ..."
+    return f"{type(err).__name__}: {text}"
 
 
 def format_summary(store) -> str:
@@ -351,7 +462,8 @@ def _tail(path: Path, n: int = 6) -> str:
     return " | ".join(fatal[-1:] + lines[-n:])[-800:]
 
 
-def _run_backend(store, spec: BackendSpec, model_path: Path, mode: str, timeout_s: float, progress: bool) -> BackendStatus:
+def _run_backend(store, spec: BackendSpec, model_path: Path, mode: str, timeout_s: float, progress: bool,
+                 input_shapes: dict[str, list[int]] | None = None) -> BackendStatus:
     from tqdm import tqdm
 
     root = store.root
@@ -365,11 +477,13 @@ def _run_backend(store, spec: BackendSpec, model_path: Path, mode: str, timeout_
     family = spec.family()
     options.pop("family", None)
     try:
-        needs_cal = bool(getattr(backend_class(spec.name), "needs_calibration", False))
+        cls = backend_class(spec.name)
     except BackendError:
-        needs_cal = False
-    if needs_cal and "calibration" not in options:
+        cls = None
+    if getattr(cls, "needs_calibration", False) and "calibration" not in options:
         options["calibration"] = [str(root / "inputs" / f"{sid}.npz") for sid in store.sample_ids]
+    if getattr(cls, "needs_input_shapes", False) and input_shapes and "input_shapes" not in options:
+        options["input_shapes"] = input_shapes  # the run's concrete input shapes (all samples share them)
     job = {"store": str(root), "name": spec.name, "label": spec.label, "family": family, "options": options,
            "model": str(model), "mode": mode, "samples": store.sample_ids, "status_path": str(status_path)}
     job_path = work / "job.json"
@@ -539,6 +653,7 @@ def _worker(job_path: str, fd: int) -> None:
             jsonl = open(root / "stats" / f"{label}.samples.jsonl", "w")
         returned: set[str] | None = None
         run_s = 0.0
+        loop_t0 = time.perf_counter()
         for i, sid in enumerate(job["samples"]):
             inputs = store.read_inputs(sid)
             t = time.perf_counter()
@@ -563,6 +678,7 @@ def _worker(job_path: str, fd: int) -> None:
             emit(f"sample {i + 1}")
         if pending is not None:
             pending.result()
+        loop_s = time.perf_counter() - loop_t0
         st.seconds_run = run_s
         returned = returned or set()
         for a in manifest.anchors:
@@ -584,7 +700,10 @@ def _worker(job_path: str, fd: int) -> None:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
         from anpred.onnx_io import atomic_write_text
 
-        atomic_write_text(status_path.with_name("resources.json"), json.dumps({"peak_rss_bytes": peak}))
+        # seconds_loop: the sample loop as the worker saw it (reading inputs, Backend.run, storing
+        # anchors or statistics, waiting for the last write), one-time start/prepare excluded
+        atomic_write_text(status_path.with_name("resources.json"), json.dumps(
+            {"peak_rss_bytes": peak, "seconds_loop": round(loop_s, 4), "seconds_prepare": round(st.seconds_prepare, 4)}))
     except SystemExit as err:
         st.status = "failed"
         st.reason = (f"sys.exit({err.code}) called while {stage}" + (f" sample {sid}" if stage == "running" else "")
@@ -592,7 +711,7 @@ def _worker(job_path: str, fd: int) -> None:
     except BaseException as err:  # noqa: BLE001 - every failure becomes this backend's status
         st.status = _classify(err)
         where = f"sample {sid}" if stage == "running" else "prepare"
-        st.reason = f"{where}: {type(err).__name__}: {str(err).strip()[:1500]}"
+        st.reason = f"{where}: {short_reason(err)}"
         import traceback
 
         traceback.print_exc()

@@ -2,6 +2,8 @@
 
 - ``anchored_yolo(size)``: YOLOv8n built from the ultralytics YAML (random weights, ``torch.manual_seed(0)``),
   exported with the TorchScript exporter (opset 17), anchored; cached with :mod:`anpred.cache`.
+- ``anchored_zoo_yolo(imgsz)``: the zoo's YOLOv8n (``models.get("yolov8n", imgsz=...)``, dynamo export,
+  opset 18+, which onnx2tf and onnx2torch both convert), anchored; cached.
 - ``anchored_ppocr_det()``: PP-OCRv4 detection model from the ``rapidocr_onnxruntime`` wheel, anchored.
 
 Anchoring uses ``anpred.instrument.instrument_file`` when it exists; otherwise (while that module is
@@ -116,6 +118,19 @@ def anchored_yolo(size: int = 224) -> Path:
         _anchor(d / "yolov8n.onnx", d / "yolov8n.anchored.onnx", r"^/model\.(\d+)/", 1)
 
     d = cached_dir("test-models", cache_key("yolov8n-anchored", size, _instrument_version(), 2), build)
+    return d / "yolov8n.anchored.onnx"
+
+
+def anchored_zoo_yolo(imgsz: int = 320) -> Path:
+    import models
+    from anpred.cache import cache_key, cached_dir
+
+    src = models.get("yolov8n", imgsz=imgsz).onnx_path()
+
+    def build(d: Path):
+        _anchor(src, d / "yolov8n.anchored.onnx", r"^/model\.(\d+)/", 1)
+
+    d = cached_dir("test-models", cache_key("zoo-yolov8n-anchored", src, _instrument_version(), 1), build)
     return d / "yolov8n.anchored.onnx"
 
 

@@ -130,17 +130,27 @@ def test_cli_run_and_bad_input_exit_2_nothing_overwritten(yolo, tmp_path, capsys
     np.savez(bad_npz, images=np.zeros((1, 3, 32, 32), np.float32))
     (tmp_path / "imgs").mkdir()
     (tmp_path / "imgs" / "broken.png").write_bytes(b"\x89PNG garbage")
+    corrupt = tmp_path / "corrupt.npz"
+    corrupt.write_bytes(b"PK\x03\x04" + b"\0" * 40)  # zip magic, not a zip archive
+    (tmp_path / "afile").write_text("x")
     cases = [(["-b", "ort", "-i", "random:uniform", "-o", str(out)], "already holds a run"),
              (["-b", "ort,nope", "-i", "random:uniform", "-o", str(out), "--overwrite"], "unknown backend 'nope'"),
              (["-b", "ort", "-i", str(tmp_path / "missing"), "-o", str(out), "--overwrite"], "no such file"),
              (["-b", "ort", "-i", str(bad_npz), "-o", str(out), "--overwrite"], "does not fit"),
-             (["-b", "ort", "-i", str(tmp_path / "imgs"), "-o", str(out), "--overwrite"], "cannot read image")]
-    for args, msg in cases:
-        assert cli(["run", str(yolo), *args]) == 2, args
+             (["-b", "ort", "-i", str(tmp_path / "imgs"), "-o", str(out), "--overwrite"], "cannot read image"),
+             (["-b", "ort", "-i", str(corrupt), "-o", str(out), "--overwrite"], "not a valid .npz"),
+             (["-b", "ort", "-i", "random:uniform", "-o", str(tmp_path / "afile" / "sub")], "afile is a file")]
+    # a wrong spatial size on a dynamic model (PP-OCR det needs multiples of 32): caught before running
+    ocr = run_models.anchored_ppocr_det()
+    cases_ocr = [(["-b", "ort,openvino", "-i", "random:uniform:shape=1x3x250x250", "-o", str(out), "--overwrite"],
+                  "x=1x3x250x250 does not fit the model: Add node")]
+    for model, args, msg in [(yolo, *c) for c in cases] + [(ocr, *c) for c in cases_ocr]:
+        assert cli(["run", str(model), *args]) == 2, args
         err = capsys.readouterr().err
         assert msg in err and err.count("\n") == 1, err
         assert (out / "run.json").read_bytes() == before  # the earlier run is untouched
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["a"]  # no partial folder left
+    assert not (tmp_path / "afile").is_dir()
     assert cli(["run", str(tmp_path / "nothere.onnx"), "-b", "ort", "-i", "random:uniform", "-o", str(tmp_path / "b")]) == 2
 
 
@@ -169,3 +179,64 @@ def test_api_errors_and_alternative_model(yolo, tmp_path):
     first_anchor = store.manifest.anchors[0].name
     assert not np.allclose(a[first_anchor], b[first_anchor])
     assert store.meta["backend_specs"]["ort-alt"]["options"]["model"] == str(alt)
+
+
+def test_shape_error_in_every_backend_is_bad_input(tmp_path, capsys):
+    """x (1, n) -> Reshape to (2, -1): ONNX shape inference accepts n = 5, every runtime refuses it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [helper.make_tensor("s", TensorProto.INT64, [2], [2, -1])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    out = tmp_path / "r"
+    assert cli(["run", str(tmp_path / "m.onnx"), "-b", "ort,openvino", "-i", "random:uniform:shape=1x5",
+                "-o", str(out), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "every backend (ort, openvino) failed on sample s0000" in err and "shape" in err and err.count("\n") == 1
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
+    # n = 6 fits: the same model runs
+    assert cli(["run", str(tmp_path / "m.onnx"), "-b", "ort,openvino", "-i", "random:uniform:shape=1x6",
+                "-o", str(out), "-q"]) == 0
+
+
+def test_model_is_copied_with_its_external_data(yolo, tmp_path):
+    """The run holds a copy of the model (and of its weight files): an in-place save of the original
+    after the run changes nothing in the run, and the recorded hashes cover the weights."""
+    import onnx
+
+    from anpred.onnx_io import sha256_file
+
+    src = tmp_path / "m" / "model.anchored.onnx"
+    src.parent.mkdir()
+    m = onnx.load(str(yolo))
+    onnx.save(m, str(src), save_as_external_data=True, location="weights.bin", size_threshold=0)
+    store = run_model(src, ["ort"], "random:uniform:n=1", tmp_path / "r", progress=False)
+    assert store.statuses()["ort"].status == "ok"
+    info = store.meta["model"]
+    assert (store.root / "model.onnx").is_file() and (store.root / "weights.bin").is_file()
+    assert info["sha256"] == sha256_file(src) == sha256_file(store.root / "model.onnx")
+    assert info["external_data"] == {"weights.bin": sha256_file(src.parent / "weights.bin")}
+    assert (store.root / "model.onnx").stat().st_ino != src.stat().st_ino  # a copy, not a hard link
+    before = (store.root / "weights.bin").read_bytes()
+    with open(src.parent / "weights.bin", "r+b") as f:  # in-place edit of the original's weights
+        f.write(b"\xff" * 64)
+    src.write_bytes(src.read_bytes())  # and an in-place save of the .onnx
+    assert (store.root / "weights.bin").read_bytes() == before
+    assert sha256_file(store.root / "weights.bin") == info["external_data"]["weights.bin"]
+    # a different weight file changes the run's identity (sha256_all), not only its .onnx hash
+    r2 = run_model(src, ["ort"], "random:uniform:n=1", tmp_path / "r2", progress=False)
+    assert r2.meta["model"]["sha256"] == info["sha256"] and r2.meta["model"]["sha256_all"] != info["sha256_all"]
+
+
+def test_short_reason_elides_array_dumps():
+    from anpred.runner import short_reason
+
+    dump = "Received args: (<tf.Tensor: shape=(1, 3, 256, 256), dtype=float32, numpy=\narray([[[[" + \
+        "-1.7411594 , -1.6897851 ,\n " * 200 + "]]]], dtype=float32)>,) and kwargs: {}"
+    r = short_reason(TypeError("Binding inputs to tf.function failed due to `Can not cast`. " + dump))
+    assert r.startswith("TypeError: Binding inputs") and "-1.74" not in r and len(r) < 300, r
+    assert "<tf.Tensor (1, 3, 256, 256) float32>" in r
+    assert len(short_reason(ValueError("x" * 5000))) <= 620

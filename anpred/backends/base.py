@@ -1,4 +1,4 @@
-"""The backend interface, after Polygraphy's runners: a context manager whose public methods
+r"""The backend interface, after Polygraphy's runners: a context manager whose public methods
 validate and then call an ``_impl`` that subclasses override (one place for checks).
 
 A backend is constructed with options, ``prepare``\ d once for an anchored model (loading, converting,

@@ -48,8 +48,19 @@ class _LowpBase(OrtBackend):
         self.converted_path = d / "model.onnx"
         return str(self.converted_path)
 
+    def _read_back(self) -> tuple[str, dict[str, str]]:
+        """``(precision, details)`` read from the converted model file (see subclasses)."""
+        return self.precision, {}
+
+    def effective_precision(self) -> str:
+        return getattr(self, "_effective", self.precision)
+
+    def versions(self):
+        return {**super().versions(), **getattr(self, "_precision_details", {})}
+
     def _prepare_impl(self, model_path, manifest, workdir):
         super()._prepare_impl(model_path, manifest, workdir)
+        self._effective, self._precision_details = self._read_back()
         want = {out: manifest[anchor].dtype for out, anchor in self._fetch.items()}
         self._cast = {}
         for o in self.sess.get_outputs():
@@ -81,7 +92,19 @@ class OrtFp16Backend(_LowpBase):
         return {**super()._versions_impl(), "onnxconverter-common": onnxconverter_common.__version__}
 
     def _cache_parts(self):
-        return ["value_info stripped"]  # conversion recipe (cache entries of the older recipe are not reused)
+        return ["value_info stripped"]
+
+    def _read_back(self):
+        """``fp16`` when the converted model's floating initializers of rank >= 2 (weights) are all
+        float16, else ``fp32``; details: counts of float16/float32 weight initializers."""
+        import onnx
+
+        m = onnx.load(str(self.converted_path), load_external_data=False)
+        kinds = [t.data_type for t in m.graph.initializer if len(t.dims) >= 2
+                 and t.data_type in (onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT)]
+        n16 = sum(k == onnx.TensorProto.FLOAT16 for k in kinds)
+        prec = "fp16" if kinds and n16 == len(kinds) else "fp32"
+        return prec, {"converted_weights": f"float16:{n16},float32:{len(kinds) - n16}"}  # conversion recipe (cache entries of the older recipe are not reused)
 
     def _convert(self, model_path: Path, out: Path) -> None:
         from onnxconverter_common import float16
@@ -122,6 +145,21 @@ class OrtInt8Backend(_LowpBase):
             raise BackendError("ort-int8 needs calibration inputs (options['calibration']: .npz files); "
                                "the runner passes the run's inputs")
         return files
+
+    def _read_back(self):
+        """``int8`` when the converted model holds QuantizeLinear/DequantizeLinear pairs with 8-bit
+        zero points, else ``fp32``; details: QDQ node count and the quantized element types."""
+        import onnx
+
+        m = onnx.load(str(self.converted_path), load_external_data=False)
+        q = [n for n in m.graph.node if n.op_type == "QuantizeLinear"]
+        dq = [n for n in m.graph.node if n.op_type == "DequantizeLinear"]
+        inits = {t.name: t for t in m.graph.initializer}
+        types = sorted({onnx.helper.tensor_dtype_to_np_dtype(inits[n.input[2]].data_type).name
+                        for n in q + dq if len(n.input) > 2 and n.input[2] in inits})
+        prec = "int8" if q and dq and set(types) & {"int8", "uint8"} else "fp32"
+        return prec, {"qdq_nodes": f"QuantizeLinear:{len(q)},DequantizeLinear:{len(dq)}",
+                      "quantized_types": ",".join(types)}
 
     def _cache_parts(self):
         h = hashlib.sha256()

@@ -13,12 +13,26 @@ onnx2tf version + options + this module's format version):
    TF shapes are written to ``meta.json``, and the model is saved as a TF SavedModel (``tf_keras.export.ExportArchive``) whose ``run``
    function returns the outputs as a list in that order.
 
-Running: the SavedModel's ``run`` is called with the inputs in the layout the converted model
-expects (4-D NCHW inputs transposed to NHWC when onnx2tf made them channels-last, decided by shape).
+Dynamic input dimensions: onnx2tf's conversion of a graph with dynamic spatial dimensions bakes the
+sizes of its own dummy inference into some ops (PP-OCRv4 det, dynamic, run at 256x256: ``Incompatible
+shapes: [1,8,16,96] vs. [1,16,16,96]`` at an FPN ``Add`` after a ``Resize``), and its
+``overwrite_input_shape`` option did not change that here. So when the option ``input_shapes`` gives
+the concrete shapes (the runner passes the run's shapes when all samples share them), the dynamic
+input dimensions of the scratch copy are fixed to them before converting (the shapes are part of the
+cache key); a sample of another shape is refused with the reason.
+
+Input layout, decided as onnx2tf decides it (``onnx2tf/ops/Input.py``): every 3-D/4-D/5-D input is
+made channels-last unless named in its ``keep_ncw_or_nchw_or_ncdhw_input_names`` or
+``keep_shape_absolutely_input_names`` options; where the ONNX channel dimension is static the TF
+input shape must agree (channels last) or :class:`~anpred.errors.BackendError` is raised. (Shapes
+alone cannot decide: ``[None, 3, None, None]`` vs ``[None, None, None, 3]`` fits both layouts.)
+
+Running: the SavedModel's ``run`` is called with the inputs transposed to that layout.
 Anchors are the anchored model's graph outputs and are found by name in ``meta.json``: the output
 named after the anchor (``anpred.instrument`` adds ``Identity(value) -> <anchor name>``), else the
 output named after the anchor's ONNX value (original outputs). Each anchor's layout is reported per anchor (:meth:`TfOnnxBackend.anchor_info`):
-channels-last anchors (onnx2tf's flag, checked against the manifest shape where it is static) are
+channels-last anchors (onnx2tf's flag, checked against the anchor's concrete ONNX shape: the
+manifest's when static, else ONNX shape inference at the converted input shapes) are
 ``equivalent`` with layout ``NHWC`` (``NWC``/``NDHWC`` for 3-D/5-D) and transform
 ``{"permute": [0, r-1, 1, ..., r-2]}`` (e.g. ``[0, 3, 1, 2]`` NHWC -> NCHW); the others ``exact``.
 
@@ -82,14 +96,24 @@ class TfOnnxBackend(Backend):
         self.seconds_convert = 0.0
         self.cache_hit = False
         self.cache_dir: Path | None = None
+        self.fixed_shapes: dict[str, list[int]] | None = None
+        self._concrete: dict[str, list] = {}
+
+    # the runner passes the run's concrete input shapes in options["input_shapes"]
+    needs_input_shapes = True
 
     def _versions_impl(self) -> dict[str, str]:
-        import importlib.metadata as md
+        import onnx
+        import onnx2tf
+        import tensorflow as tf
+        import tf_keras
 
-        return {name: md.version(name) for name in ("tensorflow-cpu", "onnx2tf", "tf_keras", "onnx")}
+        # from the modules, not the distribution names (tensorflow, tensorflow-cpu, tf-nightly ...)
+        return {"tensorflow": tf.__version__, "onnx2tf": onnx2tf.__version__, "tf_keras": tf_keras.__version__,
+                "onnx": onnx.__version__}
 
     # ---- conversion ------------------------------------------------------------------------
-    def _convert(self, model_path: Path, out: Path) -> None:
+    def _convert(self, model_path: Path, out: Path, fixed: dict[str, list[int]] | None = None) -> None:
         import onnx
         import onnx2tf
         import tensorflow as tf
@@ -104,6 +128,8 @@ class TfOnnxBackend(Backend):
         for t in model.graph.initializer:  # store weights inline in the scratch copy
             del t.external_data[:]
             t.data_location = onnx.TensorProto.DEFAULT
+        if fixed:
+            _fix_input_dims(model, fixed)
         src = scratch / "model.onnx"
         onnx.save(model, str(src))
         onnx2tf_calibration_file(scratch)
@@ -117,7 +143,7 @@ class TfOnnxBackend(Backend):
         except SystemExit as err:
             raise BackendError(f"onnx2tf failed on {model_path.name} (sys.exit({err.code})): {_errors(log.getvalue())}") from err
         except Exception as err:
-            raise BackendError(f"onnx2tf failed on {model_path.name}: {type(err).__name__}: {err}") from err
+            raise BackendError(f"onnx2tf failed on {model_path.name}: {type(err).__name__}: {str(err)[:400]}") from err
         if km is None:
             raise BackendError(f"onnx2tf returned no model for {model_path.name}: {_errors(log.getvalue())}")
         seconds = time.perf_counter() - t0
@@ -162,10 +188,18 @@ class TfOnnxBackend(Backend):
 
         from anpred.cache import cache_key, cache_root, cached_dir
 
-        key = cache_key(Path(model_path), "onnx2tf", md.version("onnx2tf"), self.options.get("onnx2tf", {}), FORMAT)
+        from anpred.onnx_io import load_model
+
+        model = load_model(model_path)
+        inits = {t.name for t in model.graph.initializer}
+        graph_inputs = [i for i in model.graph.input if i.name not in inits]
+        fixed = self._fixed_shapes(graph_inputs)
+        self.fixed_shapes = fixed
+        parts = [Path(model_path), "onnx2tf", md.version("onnx2tf"), self.options.get("onnx2tf", {}), FORMAT]
+        key = cache_key(*parts, {"fixed_input_shapes": fixed}) if fixed else cache_key(*parts)
         t0 = time.perf_counter()
         self.cache_hit = (cache_root() / "onnx2tf" / key).is_dir()
-        self.cache_dir = cached_dir("onnx2tf", key, lambda tmp: self._convert(model_path, tmp))
+        self.cache_dir = cached_dir("onnx2tf", key, lambda tmp: self._convert(model_path, tmp, fixed))
         self._meta = json.loads((self.cache_dir / "meta.json").read_text())
         self.seconds_convert = 0.0 if self.cache_hit else time.perf_counter() - t0
 
@@ -177,18 +211,46 @@ class TfOnnxBackend(Backend):
         self._loaded = loaded
         self._fn = loaded.run
         self._index = {o["value"]: i for i, o in enumerate(self._meta["outputs"])}
-        self._input_perm = {}
-        for inp in self._meta["inputs"]:
-            on, tn = inp["onnx_shape"], inp["tf_shape"]
-            r = len(on)
-            perm = None
-            if r in _CHANNELS_LAST and len(tn) == r:
-                cl = [on[p] for p in _to_channels_last(r)]
-                if _match(tn, cl) and not _match(tn, on):
-                    perm = _to_channels_last(r)
-            self._input_perm[inp["name"]] = perm
+        self._input_perm = {inp["name"]: self._input_layout(inp) for inp in self._meta["inputs"]}
+        self._concrete = _concrete_output_shapes(model, fixed) if fixed else {}
         for a in manifest.anchors:
             self._captures[a.name] = self._describe(a)
+
+    def _fixed_shapes(self, graph_inputs) -> dict[str, list[int]] | None:
+        """``options["input_shapes"]`` restricted to the inputs with dynamic dimensions (None when all
+        are static or no shapes were given). Raises BackendError when a given shape contradicts a
+        static dimension or rank."""
+        given = self.options.get("input_shapes") or {}
+        fixed = {}
+        for vi in graph_inputs:
+            dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                    for d in vi.type.tensor_type.shape.dim]
+            if all(d is not None for d in dims) or vi.name not in given:
+                continue
+            shape = [int(d) for d in given[vi.name]]
+            if len(shape) != len(dims) or any(d is not None and d != s for d, s in zip(dims, shape)):
+                raise BackendError(f"tf: input_shapes[{vi.name!r}] = {shape} does not fit the model's {dims}")
+            fixed[vi.name] = shape
+        return fixed or None
+
+    def _input_layout(self, inp: dict) -> list[int] | None:
+        """The permutation from the ONNX input to the converted model's input (None: same layout),
+        following onnx2tf's rule (see the module docstring), checked against the static channel dim."""
+        on, tn, name = inp["onnx_shape"], inp["tf_shape"], inp["name"]
+        r = len(on)
+        o2t = dict(self.options.get("onnx2tf", {}))
+        keep = set(o2t.get("keep_ncw_or_nchw_or_ncdhw_input_names") or ()) | \
+            set(o2t.get("keep_shape_absolutely_input_names") or ())
+        channels_last = r in _CHANNELS_LAST and name not in keep
+        if len(tn) != r:
+            raise BackendError(f"tf: converted input {name!r} has rank {len(tn)}, the ONNX input {r}")
+        c = on[1] if r > 1 else None
+        if channels_last and c is not None and tn[-1] is not None and tn[-1] != c:
+            raise BackendError(f"tf: input {name!r}: onnx2tf should have made it channels-last, but its TF shape "
+                               f"{tn} does not end with the ONNX channel count {c} (ONNX {on})")
+        if not channels_last and c is not None and tn[1] is not None and tn[1] != c:
+            raise BackendError(f"tf: input {name!r} kept channels-first, but TF shape {tn} vs ONNX {on}")
+        return _to_channels_last(r) if channels_last else None
 
     def _describe(self, a) -> AnchorCapture:
         # anpred.instrument exposes a boundary anchor as Identity(value) -> graph output named after
@@ -203,7 +265,7 @@ class TfOnnxBackend(Backend):
         tshape, r = o["tf_shape"], len(o["tf_shape"])
         target = f"output[{i}]:{key}"
         flag = o["channels_last"] and r in _CHANNELS_LAST
-        ms = _static(a.shape)
+        ms = _static(a.shape) or _static(self._concrete.get(key))
         if ms is not None and len(ms) != r:
             return AnchorCapture("missing", None, None, target, f"rank {r} in TF vs {len(ms)} in the manifest")
         if ms is not None and r in _CHANNELS_LAST:
@@ -236,6 +298,10 @@ class TfOnnxBackend(Backend):
             if inp["name"] not in inputs:
                 raise InputError(f"backend tf: missing input {inp['name']!r}")
             x = np.asarray(inputs[inp["name"]])
+            want = (self.fixed_shapes or {}).get(inp["name"])
+            if want is not None and list(x.shape) != want:
+                raise InputError(f"backend tf: input {inp['name']!r} has shape {list(x.shape)}, but the model was "
+                                 f"converted at {want} (onnx2tf needs fixed input shapes; run samples of one shape)")
             perm = self._input_perm[inp["name"]]
             if perm is not None:
                 x = np.transpose(x, perm)
@@ -251,6 +317,35 @@ class TfOnnxBackend(Backend):
     def close(self) -> None:
         self._fn = None
         self._loaded = None
+
+
+def _fix_input_dims(model, shapes: dict[str, list[int]]) -> None:
+    """Set the dims of the named graph inputs to ``shapes`` in place; graph output shapes and
+    value_info (which may hold the old symbolic dims) are cleared for re-inference."""
+    for vi in model.graph.input:
+        if vi.name in shapes:
+            for d, v in zip(vi.type.tensor_type.shape.dim, shapes[vi.name]):
+                d.Clear()
+                d.dim_value = int(v)
+    del model.graph.value_info[:]
+
+
+def _concrete_output_shapes(model, shapes: dict[str, list[int]]) -> dict[str, list[int | None]]:
+    """Graph output name -> shape by ONNX shape inference (data propagation) with the inputs fixed
+    to ``shapes``; empty when inference fails."""
+    import onnx
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    _fix_input_dims(m, shapes)
+    for o in m.graph.output:
+        o.type.tensor_type.ClearField("shape")
+    try:
+        m = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    except Exception:  # noqa: BLE001 - inference problems only lose the extra check
+        return {}
+    return {o.name: [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                     for d in o.type.tensor_type.shape.dim] for o in m.graph.output}
 
 
 def _match(shape, ref) -> bool:
