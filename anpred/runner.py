@@ -238,6 +238,16 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
                                       "(nothing was written)")
 
 
+def _missing_note(captures: dict[str, dict], manifest) -> str:
+    """A short status reason for an ``ok`` backend that did not capture every anchor:
+    ``"k of n anchors missing: <anchor>: <its reason>"`` (empty when all were captured)."""
+    missing = [a.name for a in manifest.anchors if (captures.get(a.name) or {}).get("status") == "missing"]
+    if not missing:
+        return ""
+    why = ((captures.get(missing[0]) or {}).get("reason") or "no reason given").strip().splitlines()[0]
+    return f"{len(missing)} of {len(manifest.anchors)} anchors missing: {missing[0]}: {why[:160]}"
+
+
 def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], inputs: Any, out_dir: str | Path,
               *, mode: str = "tensors", timeout_s: float = 600, overwrite: bool = False, progress: bool = True,
               preprocess: str | None = None):
@@ -694,7 +704,7 @@ def _worker(job_path: str, fd: int) -> None:
             atomic_write_text(root / "stats" / f"{label}.json", json.dumps(
                 {"schema": STATS_SCHEMA, "backend": label, "samples": st.samples,
                  "anchors": {k: s.to_dict() for k, s in stats.items() if s.samples}}, indent=1))
-        st.status, st.reason = "ok", ""
+        st.status, st.reason = "ok", _missing_note(st.captures, manifest)
         import resource
 
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB

@@ -33,8 +33,9 @@ named after the anchor (``anpred.instrument`` adds ``Identity(value) -> <anchor 
 output named after the anchor's ONNX value (original outputs). Each anchor's layout is reported per anchor (:meth:`TfOnnxBackend.anchor_info`):
 channels-last anchors (onnx2tf's flag, checked against the anchor's concrete ONNX shape: the
 manifest's when static, else ONNX shape inference at the converted input shapes) are
-``equivalent`` with layout ``NHWC`` (``NWC``/``NDHWC`` for 3-D/5-D) and transform
-``{"permute": [0, r-1, 1, ..., r-2]}`` (e.g. ``[0, 3, 1, 2]`` NHWC -> NCHW); the others ``exact``.
+``exact`` (a layout change is the same tensor, as in :mod:`exporters.mapping`) with layout ``NHWC``
+(``NWC``/``NDHWC`` for 3-D/5-D) and transform ``{"permute": [0, r-1, 1, ..., r-2]}`` (e.g.
+``[0, 3, 1, 2]`` NHWC -> NCHW); the others ``exact`` without transform.
 
 Returned arrays are float32 numpy arrays in the converted model's layout (never aligned here).
 Effective precision: fp32 (TF CPU kernels, no mixed precision policy).
@@ -282,8 +283,8 @@ class TfOnnxBackend(Backend):
         elif ms is not None and not _match(tshape, ms):
             return AnchorCapture("missing", None, None, target, f"TF shape {tshape} differs from {ms}")
         if flag:
-            return AnchorCapture("equivalent", _CHANNELS_LAST[r], {"permute": _to_channels_first(r)}, target,
-                                 "onnx2tf output in channels-last layout")
+            return AnchorCapture("exact", _CHANNELS_LAST[r], {"permute": _to_channels_first(r)}, target,
+                                 "onnx2tf output in channels-last layout (same tensor, transform recorded)")
         return AnchorCapture("exact", a.layout if a.layout != "unknown" else None, None, target,
                              "onnx2tf output in the ONNX layout")
 
