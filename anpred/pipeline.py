@@ -504,6 +504,26 @@ class _PythonPath:
                 os.environ["PYTHONPATH"] = self.old
 
 
+class _QuietLogger:
+    """No INFO log records for the duration (ultralytics logs model building on stdout);
+    ``logging.disable`` holds even when the library configures its logger while importing."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        import logging
+
+        self.prev = logging.root.manager.disable
+        logging.disable(max(self.prev, logging.INFO))
+        return self
+
+    def __exit__(self, *exc):
+        import logging
+
+        logging.disable(self.prev)
+
+
 def _native_model(subject: Subject):
     """``(native model, example inputs)`` of the subject (built now for zoo/ONNX origins)."""
     if subject.native is not None:
@@ -675,7 +695,7 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
         from exporters.mapping import MappingError, map_anchors
 
         try:
-            with _PythonPath(subject.sys_path):
+            with _PythonPath(subject.sys_path), _QuietLogger("ultralytics"):
                 net, example = _native_model(subject)
                 rep = map_anchors(manifest, net, subject.framework, onnx_model=anchored,
                                   example_inputs=tuple(example) if subject.framework == "torch" else None)
@@ -769,8 +789,8 @@ def demo(out: str | os.PathLike = "anpred-demo", *, backends: Iterable[str] | st
     ort-int8 (default backends). One report folder per model under ``out``.
 
     Args:
-        samples: samples per model (default 3: page, bus.jpg, zidane.jpg for DocLayNet; 3 pages for
-            PP-OCR). ``models_``: a subset of :data:`DEMO_MODELS` (tests use one).
+        samples: samples per model (default: 3 for DocLayNet (rendered page 0, bus.jpg, zidane.jpg),
+            2 rendered pages for PP-OCR). ``models_``: a subset of :data:`DEMO_MODELS` (tests use one).
 
     Returns:
         :class:`DemoResult` (one :class:`TestResult` per model).
@@ -787,7 +807,7 @@ def demo(out: str | os.PathLike = "anpred-demo", *, backends: Iterable[str] | st
         raise OutputPathError(f"{out} already holds a demo; choose another -o or pass --overwrite (nothing was written)")
     results = []
     for name in models_:
-        n = samples or DEFAULT_SAMPLES
+        n = samples or (DEFAULT_SAMPLES if name == "yolov8n-doclaynet" else 2)
         kw: dict[str, Any] = {}
         inputs = None
         if name == "yolov8n-doclaynet":
