@@ -254,6 +254,8 @@ class TestResult:
         mapping: native backend -> counts ``{"exact", "equivalent", "unmapped"}``.
         seconds: wall time per phase (``resolve``, ``instrument``, ``map``, ``run``, ``check``,
             ``report``, ``total``), seconds.
+        details: what was tested: ``subject`` (label, kind, ONNX file, origin, export), ``inputs``
+            (kind, spec or image sources, preprocessing), ``fixed_dims``, ``native_left_out``.
     """
 
     model: str
@@ -269,6 +271,7 @@ class TestResult:
     reasons: dict[str, str] = field(default_factory=dict)
     mapping: dict[str, dict[str, int]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
 
     __test__ = False  # not a pytest test class
 
@@ -327,8 +330,9 @@ class TestResult:
         return {"schema": TEST_SCHEMA, "model": self.model, "out": str(self.out), "status": self.status,
                 "flagged_backends": self.flagged_backends, "backends": self.backends, "statuses": self.statuses,
                 "reasons": self.reasons, "standing": self.standing(), "mapping": self.mapping,
-                "seconds": self.seconds, "files": {k: str(getattr(self, k)) for k in
-                                                   ("anchored", "manifest", "run_dir", "report_json", "report_html")}}
+                "seconds": self.seconds, "details": self.details,
+                "files": {k: str(getattr(self, k)) for k in ("anchored", "manifest", "run_dir", "report_json",
+                                                             "report_html")}}
 
 
 @dataclass
@@ -638,13 +642,8 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
     seconds["total"] = time.perf_counter() - t_start
     from anpred.onnx_io import atomic_write_text
 
-    atomic_write_text(final / "test.json", json.dumps({**result.to_dict(), **_test_json_extra(result)}, indent=1,
-                                                      default=str))
+    atomic_write_text(final / "test.json", json.dumps(result.to_dict(), indent=1, default=str))
     return result
-
-
-def _test_json_extra(result: TestResult) -> dict[str, Any]:
-    return getattr(result, "_extra", {})
 
 
 def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, samples, stages, max_cut_width,
@@ -762,8 +761,7 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
                         report_json=final / "report.json", report_html=final / "report.html", backends=names,
                         statuses={b: s.status for b, s in statuses.items()},
                         reasons={b: s.reason.splitlines()[0][:300] for b, s in statuses.items() if s.reason},
-                        mapping=mapping, seconds=seconds)
-    result._extra = extra  # type: ignore[attr-defined]
+                        mapping=mapping, seconds=seconds, details=extra)
     return result
 
 

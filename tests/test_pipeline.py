@@ -46,6 +46,7 @@ def test_onnx_path_flags_openvino_softplus(root):
     assert origin in line
     test_json = json.loads((folder / "test.json").read_text())
     assert test_json["status"] == "flagged" and set(test_json["seconds"]) >= {"instrument", "run", "check", "total"}
+    assert test_json["details"]["inputs"] == {"kind": "generated", "spec": "random:images:seed=0:n=3"}
 
 
 def test_factory_is_exported_mapped_and_consistent(root):
@@ -83,6 +84,8 @@ def test_demo_pipeline_reduced(root):
     (r,) = res.results
     assert r.backends == default_backends("onnx") and set(r.statuses.values()) == {"ok"}, r.reasons
     assert r.report.samples == 2 and r.report.model["name"] == "ppocr-det"
+    assert r.details["inputs"]["sources"] == ["rendered page seed 0", "rendered page seed 1"]
+    assert r.details["fixed_dims"] == ["x[0]=1", "x[2]=96", "x[3]=128"]  # dynamic ONNX input made static
     for b in ("ort", "openvino", "torch", "tf"):  # fp32 voters agree to fp32 noise on the trained model
         v = r.verdicts[b]
         assert not v.flagged and v.judged_anchors >= 5 and v.worst_primary < 1e-4, (b, v.worst_primary)
