@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from anpred.errors import AnpredError, BackendError, InputError, ModelLoadError, OutputPathError
+from anpred.errors import AnpredError, BackendError, InputError, OutputPathError
 
 __all__ = ["test", "demo", "resolve_model", "default_backends", "Subject", "TestResult", "DemoResult",
            "ONNX_BACKENDS", "NATIVE_BACKEND", "DEMO_MODELS", "format_standing"]
