@@ -234,7 +234,12 @@ def _resolve_dynamo_scope(entries: list[str], classes: list[str], modules: dict[
         present = [c for c in cands if c in modules]
         found = next((c for c in present if want is None or type(modules[c]).__name__ == want), None)
         if found is None:
-            found = present[0] if present else (f"{chain[-1]}.{e}" if chain else e)
+            if present:
+                found = present[0]
+            elif not chain or any(e.startswith(c.split("@")[0] + ".") for c in chain):
+                found = e  # a full path the native module lacks
+            else:
+                found = f"{chain[-1]}.{e}"
         if want is not None:
             export_class.setdefault(found, want)
         chain.append(found)
@@ -356,7 +361,13 @@ def _map_torch(manifest, module, g: _Graph, exporter: str, example_inputs,
     if not isinstance(module, torch.nn.Module):
         raise MappingError(f"framework 'torch' needs a torch.nn.Module, got {type(module).__name__}")
     notes = [] if notes is None else notes
-    modules = dict(module.named_modules())
+    # every path, shared instances included (ultralytics' Conv modules share one SiLU instance: the
+    # default named_modules() lists it once); a shared instance cannot be a hook target
+    modules = dict(module.named_modules(remove_duplicate=False))
+    uses: dict[int, list[str]] = {}
+    for pth, mod in modules.items():
+        uses.setdefault(id(mod), []).append(pth)
+    shared = {p: ps for ps in uses.values() if len(ps) > 1 for p in ps}
     export_class: dict[str, str] = {}
     stacks = _torch_stacks(g, exporter, modules, export_class)
     scoped = {m for s in stacks for m in s}
@@ -378,10 +389,11 @@ def _map_torch(manifest, module, g: _Graph, exporter: str, example_inputs,
     # classes the export recorded vs the native module's (dynamo only): a different model
     wrong_class = {p: (type(modules[p]).__name__, c) for p, c in export_class.items()
                    if p in modules and type(modules[p]).__name__ != c}
-    if wrong_class:
+    if wrong_class:  # another architecture: tensors at equal paths and shapes would still differ
         ex = ", ".join(f"{p!r} is {n} (export: {c})" for p, (n, c) in list(wrong_class.items())[:3])
-        notes.append(f"the native {root} differs from the exported model at {len(wrong_class)} module(s): {ex}; "
-                     "was this model exported from another factory or other arguments?")
+        raise MappingError(f"the native {root} is not the exported model: {len(wrong_class)} module(s) have "
+                           f"another class than the export recorded ({ex}); was it exported from another "
+                           "factory or with other arguments?")
 
     def split_call(path: str) -> tuple[str, int]:
         m = _CALL.fullmatch(path)
@@ -460,10 +472,9 @@ def _map_torch(manifest, module, g: _Graph, exporter: str, example_inputs,
             if base not in modules:
                 entry = _entry(path, "unmapped", f"module {base!r} named by the exporter does not exist in {root}")
                 continue
-            if base in wrong_class:
-                n_cls, e_cls = wrong_class[base]
-                entry = _entry(path, "unmapped", f"module {base!r} is a {n_cls} in the native {root} but the export "
-                               f"recorded a {e_cls}: not the exported model")
+            if base in shared:
+                entry = _entry(path, "unmapped", f"module {base!r} is one instance shared by {len(shared[base])} paths "
+                               f"({', '.join(shared[base][:3])} ...): a forward hook cannot tell its calls apart")
                 continue
             known, shape = probed(probe.out_shape if probe else {}, path)
             if known and shape is None:
@@ -501,7 +512,7 @@ def _map_torch(manifest, module, g: _Graph, exporter: str, example_inputs,
             k = _prefix_len(S, Sc)
             for path in Sc[k:]:
                 base, _ = split_call(path)
-                if base not in modules or base in wrong_class:
+                if base not in modules or base in shared:
                     continue
                 known, shape = probed(probe.in_shape if probe else {}, path)
                 if known and shape is None:
@@ -537,10 +548,10 @@ def _map_torch(manifest, module, g: _Graph, exporter: str, example_inputs,
             "", "unmapped", f"value {v!r} ({node.op_type}) is internal to the forward of module {where!r}: "
             "neither a module output nor a module input, so no forward hook can observe it")
     mapped = sum(e["status"] != "unmapped" for e in out.values())
-    if not mapped and (shape_rejected or wrong_class):
+    if not mapped and shape_rejected:
         first = next(e["reason"] for e in out.values() if e["reason"].startswith(("shape mismatch", "module")))
         raise MappingError(f"the native {root} does not match the ONNX graph: none of {len(out)} anchors maps "
-                           f"({shape_rejected} shape mismatch(es), {len(wrong_class)} module class mismatch(es)); "
+                           f"({shape_rejected} shape mismatch(es)); "
                            f"first: {first}" + (f"; {input_note}" if input_note and input_note not in first else "")
                            + "; was it exported from another factory or with other arguments?")
     return out
