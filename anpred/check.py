@@ -1,9 +1,16 @@
 """``check_run``: judge a run folder (consensus oracle and/or threshold baseline) into a :class:`CheckReport`.
 
-The report is a typed dataclass, truthy when every judged backend is consistent, serialised as JSON
-(schema ``anpred.check/1``) by :meth:`CheckReport.to_dict` / read back by :meth:`CheckReport.from_dict`.
-``report.status`` is ``consistent`` | ``flagged`` | ``error`` (nothing could be judged: fewer than two
-usable backends, no anchor in common ...; ``report.problems`` says what and why).
+The report is a typed dataclass, truthy when every backend was judged everywhere and is consistent,
+serialised as JSON (schema ``anpred.check/1``) by :meth:`CheckReport.to_dict` / read back by
+:meth:`CheckReport.from_dict`. ``report.status`` is
+
+- ``consistent``: every backend judged at every anchor on every sample, nothing flagged (exit 0);
+- ``flagged``: a backend flagged by the selected oracle(s) (exit 1), whatever else could not be judged;
+- ``incomplete``: nothing flagged, but something could not be judged (a backend that did not run or
+  whose tensors do not fit the manifest, an anchor missing or unaligned in a backend, samples
+  missing): ``report.incomplete`` lists each gap (exit 1, or 0 with ``allow_incomplete``);
+- ``error``: nothing could be judged (fewer than two usable backends, no anchor in common ...;
+  ``report.problems`` says what and why; exit 2).
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ class CheckReport:
     """The verdict on one run folder.
 
     Attributes:
-        status: ``consistent`` (nothing flagged), ``flagged`` (a backend flagged by the selected
-            oracle(s)) or ``error`` (could not be judged; see ``problems``).
+        status: ``consistent`` | ``flagged`` | ``incomplete`` | ``error`` (module docstring).
+        incomplete: what could not be judged, one line each (empty when everything was judged).
+        allow_incomplete: ``incomplete`` exits 0 instead of 1 (``--allow-incomplete``).
+        correlated: groups of backends merged into one consensus vote (bit-identical tensors) and where.
         oracle: ``consensus`` | ``threshold`` | ``both``.
         verdicts: per backend, the consensus oracle's verdict (origin, propagation ...).
         cells: per (anchor, backend) statistics and decision, in manifest order.
@@ -61,6 +70,9 @@ class CheckReport:
     alignment: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    incomplete: list[str] = field(default_factory=list)
+    allow_incomplete: bool = False
+    correlated: list[dict[str, Any]] = field(default_factory=list)
     schema: str = SCHEMA
     plot_data: dict[tuple[str, str], dict[str, np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -91,8 +103,8 @@ class CheckReport:
 
     @property
     def exit_code(self) -> int:
-        """CLI exit status: 0 consistent, 1 flagged, 2 error."""
-        return {"consistent": 0, "flagged": 1}.get(self.status, 2)
+        """CLI exit status: 0 consistent, 1 flagged, 1 incomplete (0 with ``allow_incomplete``), 2 error."""
+        return {"consistent": 0, "flagged": 1, "incomplete": 0 if self.allow_incomplete else 1}.get(self.status, 2)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -105,7 +117,8 @@ class CheckReport:
             "threshold": {k: v.to_dict() for k, v in self.threshold.items()},
             "consensus": self.consensus, "unjudged_backends": self.unjudged_backends,
             "unjudged_anchors": self.unjudged_anchors, "alignment": self.alignment,
-            "problems": self.problems, "notes": self.notes,
+            "problems": self.problems, "notes": self.notes, "incomplete": self.incomplete,
+            "allow_incomplete": self.allow_incomplete, "correlated": self.correlated,
         }
 
     @classmethod
@@ -123,7 +136,8 @@ class CheckReport:
                 threshold={k: ThresholdResult.from_dict(v) for k, v in d.get("threshold", {}).items()},
                 consensus=d.get("consensus", {}), unjudged_backends=d.get("unjudged_backends", {}),
                 unjudged_anchors=d.get("unjudged_anchors", {}), alignment=d.get("alignment", {}),
-                problems=d.get("problems", []), notes=d.get("notes", []))
+                problems=d.get("problems", []), notes=d.get("notes", []), incomplete=d.get("incomplete", []),
+                allow_incomplete=bool(d.get("allow_incomplete", False)), correlated=d.get("correlated", []))
         except (KeyError, TypeError) as err:
             raise AnpredError(f"malformed check report: {err}") from err
 
@@ -157,7 +171,8 @@ def _make_aligner(store, usable: list[str]):
 def _alignment_notes(report: "CheckReport", rep) -> None:
     """Put what the aligner decided that a reader must see into ``report``: warnings, every segment
     order found by the data (a note per anchor and backend, counted first), and the unaligned reason
-    of every (anchor, backend) the oracle could not judge because of it."""
+    of every (anchor, backend) the oracle could not judge because of it (those reach ``verdicts[b].unjudged``
+    through the oracle)."""
     from anpred.align import describe_rule
 
     report.notes.extend(f"alignment warning: {w}" for w in rep.warnings)
@@ -168,21 +183,7 @@ def _alignment_notes(report: "CheckReport", rep) -> None:
     for d in segs:
         report.notes.append(f"alignment: {d.backend} at {d.anchor}: {describe_rule(d.rule)} found by the data "
                             f"(normalised error {d.runner_up:.3g} -> {d.error:.3g})")
-    why: dict[str, list[str]] = {}
-    for u in rep.unaligned:
-        why.setdefault(u.anchor, []).append(f"{u.backend}: {u.reason}")
-        v = report.verdicts.get(u.backend)
-        if v is not None and u.anchor in v.unjudged:
-            v.unjudged[u.anchor] = f"not aligned: {u.reason}"
-    for name, reasons in why.items():
-        if name in report.unjudged_anchors:
-            old = report.unjudged_anchors[name]
-            new = f"{old}; not aligned: " + "; ".join(reasons)
-            report.unjudged_anchors[name] = new
-            report.notes = [f"anchor {name} could not be judged: {new}" if n == f"anchor {name} could not be judged: {old}"
-                            else n for n in report.notes]
-        else:
-            report.notes.append(f"anchor {name} not aligned for " + "; ".join(reasons))
+    # the unaligned reasons reach the verdicts through the oracle (Oracle.add(unaligned=...))
 
 
 def _backend_table(store, config: OracleConfig) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, str]]:
@@ -201,7 +202,7 @@ def _backend_table(store, config: OracleConfig) -> tuple[dict[str, dict[str, Any
 
 def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | None = None,
               rtol: float | None = None, reference: str | None = None,
-              config: str | Path | OracleConfig | None = None) -> CheckReport:
+              config: str | Path | OracleConfig | None = None, allow_incomplete: bool = False) -> CheckReport:
     """Judge the run folder ``run_dir`` (see ``docs/oracle.md``).
 
     Args:
@@ -212,12 +213,14 @@ def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | N
         reference: backend used by the threshold baseline and as consensus when fewer than
             ``min_voters`` families vote (default: first usable in ``config.reference_priority``).
         config: an :class:`OracleConfig`, or a TOML/JSON file overriding :mod:`anpred.defaults`.
+        allow_incomplete: an ``incomplete`` report exits 0 (:attr:`CheckReport.exit_code`).
 
     Returns:
         A :class:`CheckReport`; ``status == "error"`` (and ``problems``) when the run cannot be judged.
 
     Raises:
         AnpredError: ``run_dir`` is not a readable run folder, bad ``oracle``/``config``/``reference``.
+        JudgeError: a stored tensor file is unreadable (truncated or not an .npz archive).
     """
     from anpred.runstore import RunStore
 
@@ -238,7 +241,7 @@ def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | N
         anchors=[{"name": a.name, "stage": a.stage, "kind": a.kind, "op_type": a.op_type, "dtype": a.dtype,
                   "producer": a.producer} for a in manifest.anchors],
         backends=table, config={**cfg.to_dict(), "atol": atol, "rtol": rtol, "reference": reference},
-        unjudged_backends=unjudged)
+        unjudged_backends=unjudged, allow_incomplete=bool(allow_incomplete))
     if reference is not None and reference not in table:
         raise AnpredError(f"reference backend {reference!r} is not in this run; backends: {', '.join(table) or '(none)'}")
     if reference is not None and reference not in usable:
@@ -260,9 +263,9 @@ def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | N
 
     names = set(manifest.names())
     # mismatched manifests: stored anchors that the run's manifest does not know
-    first = store.sample_ids[0]
     for b in list(usable):
-        keys = set(store.read_anchors(b, first))
+        first = next((sid for sid in store.sample_ids if _tensor_file(store, b, sid).exists()), store.sample_ids[0])
+        keys = set(_read(store, b, first))
         foreign = sorted(keys - names)
         if keys and not (keys & names):
             unjudged[b] = (f"its tensors do not match the run's manifest (none of its {len(keys)} anchors is in "
@@ -272,7 +275,7 @@ def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | N
             report.notes.append(f"{b}: {len(foreign)} stored anchor(s) not in the run's manifest ignored "
                                 f"(e.g. {foreign[0]!r}): mismatched manifests?")
         elif not keys:
-            unjudged[b] = f"no tensors stored for sample {first}"
+            unjudged[b] = "no tensors stored for any sample"
             usable.remove(b)
     if len(usable) < 2:
         report.problems.append(f"fewer than two usable backends after reading the tensors ({', '.join(usable) or 'none'})")
@@ -291,11 +294,17 @@ def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | N
         report.notes.append(f"threshold baseline: element-wise |x-r| <= atol={atol:g} or |x-r|/|r| <= rtol={rtol:g} "
                             f"on {len(outputs)} output anchor(s) against {ref}")
     align, aligner = _make_aligner(store, usable)
-    for sid, raw in store.iter_samples(usable):
-        raw = {b: {k: v for k, v in t.items() if k in names} for b, t in raw.items()}
+    for sid in store.sample_ids:
+        raw, absent = {}, {}
+        for b in usable:
+            t = _read(store, b, sid)
+            if not t:
+                absent[b] = "no tensors stored for this sample"
+                continue
+            raw[b] = {k: v for k, v in t.items() if k in names}
         tensors, unaligned = align(sid, raw)
         if orc is not None:
-            orc.add(tensors, unaligned)
+            orc.add(tensors, unaligned, sample_id=sid, absent=absent)
         if thr is not None:
             thr.add(tensors)
         report.samples += 1
@@ -305,6 +314,7 @@ def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | N
         res = orc.finish()
         report.verdicts, report.cells, report.consensus = res.verdicts, res.cells, res.consensus
         report.unjudged_anchors, report.plot_data = res.unjudged_anchors, res.plot_data
+        report.correlated = res.correlated
         report.notes.extend(res.notes)
     _alignment_notes(report, align_rep)  # before the problems below quote the unjudged reasons
     if orc is not None:
@@ -316,11 +326,50 @@ def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | N
         report.threshold = thr.finish()
         if not any(t.total_elements for t in report.threshold.values()):
             report.problems.append("threshold baseline: no output anchor present in both the reference and another backend")
+    report.incomplete = _incomplete(report)
     if report.problems:
         report.status = "error"
+    elif report.flagged_backends:
+        report.status = "flagged"
     else:
-        report.status = "flagged" if report.flagged_backends else "consistent"
+        report.status = "incomplete" if report.incomplete else "consistent"
     return report
+
+
+def _incomplete(report: CheckReport) -> list[str]:
+    """One line per thing that could not be judged (see the module docstring)."""
+    out = [f"{b}: not judged: {why}" for b, why in report.unjudged_backends.items()]
+    for b, v in report.verdicts.items():
+        if v.status == "unjudged":
+            out.append(f"{b}: no anchor could be judged")
+            continue
+        for a, why in v.unjudged.items():
+            out.append(f"{b}: {a} not judged: {why}")
+        for a, why in v.partial.items():
+            out.append(f"{b}: {a} {why}")
+    for a, why in report.unjudged_anchors.items():
+        out.append(f"{a}: no backend judged: {why}")
+    if report.oracle in ("threshold", "both"):
+        for b, t in report.threshold.items():
+            if not t.total_elements and b not in report.unjudged_backends:
+                out.append(f"{b}: threshold baseline compared no output element")
+    return out
+
+
+def _tensor_file(store, backend: str, sample_id: str) -> Path:
+    return store.backend_dir(backend) / f"{sample_id}.npz"
+
+
+def _read(store, backend: str, sample_id: str) -> dict[str, np.ndarray]:
+    """``store.read_anchors`` with unreadable files turned into a :class:`JudgeError` (exit 2)."""
+    import zipfile
+
+    try:
+        return store.read_anchors(backend, sample_id)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, KeyError) as err:
+        path = _tensor_file(store, backend, sample_id)
+        raise JudgeError(f"{path}: unreadable tensor file ({type(err).__name__}: {err}); re-run backend "
+                         f"{backend!r} or delete the file to judge the run without that sample") from err
 
 
 def check_or_raise(run_dir: str | Path, **kw) -> CheckReport:

@@ -1,14 +1,17 @@
 """Command-line entry points: ``anpred <subcommand>`` and ``anpred-instrument``.
 
 Each subcommand lives in ``anpred/commands/<name>.py`` and exposes ``HELP`` (one line),
-``add_arguments(parser)`` and ``main(args) -> int``; heavy imports happen inside ``main``. Exit status:
-0 success / all consistent, 1 a backend flagged (check/test), 2 bad input (an :class:`AnpredError`).
+``add_arguments(parser)`` and ``main(args) -> int``; heavy imports happen inside ``main``. Exit status
+(:data:`EXIT_CODES`): 0 success / all judged and consistent, 1 a backend flagged or the verdict
+incomplete (check/test; see ``anpred check --help``), 2 bad input (an :class:`AnpredError`), 3 internal
+error (an unexpected exception: one line, the traceback with ``ANPRED_DEBUG=1``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from anpred.errors import AnpredError
@@ -27,6 +30,16 @@ COMMANDS: dict[str, str] = {
 }
 
 
+EXIT_CODES = {
+    0: "success; check/test: every backend judged everywhere and consistent",
+    1: "check/test: a backend flagged, or the verdict incomplete (something could not be judged; "
+       "0 instead with 'check --allow-incomplete')",
+    2: "bad input (unreadable model/run/config, bad option): one line on stderr",
+    3: "internal error (a bug): one line on stderr; rerun with ANPRED_DEBUG=1 for the traceback",
+}
+EPILOG = "exit status:\n" + "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items())
+
+
 def _module(name: str):
     return importlib.import_module(f"anpred.commands.{COMMANDS[name]}")
 
@@ -37,12 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Anchor-based precision testing of deep learning libraries: instrument a model "
         "with stage anchors, run it on several runtimes, align the anchors, judge each backend "
         "against the consensus and localize where a deviation is born.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         mod = _module(name)
         p = sub.add_parser(name, help=mod.HELP, description=(mod.__doc__ or mod.HELP).strip(),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
         mod.add_arguments(p)
         p.set_defaults(_main=mod.main)
     return parser
@@ -58,6 +72,15 @@ def _dispatch(main, args) -> int:
     except KeyboardInterrupt:
         print("anpred: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # noqa: BLE001 - a bug must not exit 1 ("flagged")
+        if os.environ.get("ANPRED_DEBUG"):
+            import traceback
+
+            traceback.print_exc()
+        msg = (str(err).splitlines() or [""])[0][:300]
+        print(f"anpred: internal error: {type(err).__name__}: {msg} (a bug; rerun with ANPRED_DEBUG=1 for the "
+              "traceback)", file=sys.stderr)
+        return 3
 
 
 def main(argv: list[str] | None = None) -> int:

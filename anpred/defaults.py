@@ -79,6 +79,10 @@ class OracleConfig:
             "stable"; above "amplified", below "attenuated".
         reservoir: values kept per (anchor, backend) for the HTML histograms (uniform reservoir).
         threshold_atol, threshold_rtol: defaults of the threshold baseline (Polygraphy's 1e-5/1e-5).
+        correlated_nrmse: two voting backends of different families whose aligned tensors differ by at
+            most this nRMSE (``||x_i - x_j|| / ||x_j||``; 0 = bit-identical) at every anchor and sample
+            where both are judged (and where some other voter differs from them) are correlated (shared
+            kernels): they are merged into one vote (:mod:`anpred.oracle`).
     """
 
     primary: str = "nrmse"
@@ -95,6 +99,7 @@ class OracleConfig:
     reservoir: int = 4096
     threshold_atol: float = 1e-5
     threshold_rtol: float = 1e-5
+    correlated_nrmse: float = 0.0
     families: dict[str, str] = field(default_factory=lambda: dict(FAMILIES))
     reduced_precision: dict[str, str] = field(default_factory=lambda: dict(REDUCED_PRECISION))
     reference_priority: list[str] = field(default_factory=lambda: list(REFERENCE_PRIORITY))
@@ -110,12 +115,50 @@ class OracleConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "OracleConfig":
-        """Defaults updated by ``d`` (dict-valued fields are merged key by key).
+    def validate(self) -> "OracleConfig":
+        """Check every value's type and range; returns ``self``.
 
         Raises:
-            AnpredError: unknown key (the message lists the known ones), bad value or precision.
+            AnpredError: naming the key, the value given and what is expected (e.g.
+                ``oracle config min_voters must be an integer >= 2, got 'abc'``).
+        """
+        if self.primary not in PRIMARY_STATISTICS:
+            raise AnpredError(f"unknown primary statistic {self.primary!r}; known: {', '.join(PRIMARY_STATISTICS)}")
+        for key, lo, strict in (("k", 1.0, False), ("floor", 0.0, True), ("depth_growth", 0.0, False)):
+            table = getattr(self, key)
+            if not isinstance(table, dict):
+                raise AnpredError(f"oracle config {key!r} must be a table/object of precision -> number, got {table!r}")
+            for p, v in table.items():
+                if p not in PRECISIONS:
+                    raise AnpredError(f"oracle config {key}.{p}: unknown precision; known: {', '.join(PRECISIONS)}")
+                _number(f"{key}.{p}", v, lo, strict)
+            if "fp32" not in table:
+                raise AnpredError(f"oracle config {key} needs an fp32 entry (the fallback of other precisions)")
+        _integer("min_voters", self.min_voters, 2)
+        _number("propagation_band", self.propagation_band, 1.0, True)
+        _integer("reservoir", self.reservoir, 0)
+        _number("threshold_atol", self.threshold_atol, 0.0, False)
+        _number("threshold_rtol", self.threshold_rtol, 0.0, False)
+        _number("correlated_nrmse", self.correlated_nrmse, 0.0, False)
+        for key in ("families", "reduced_precision"):
+            table = getattr(self, key)
+            if not isinstance(table, dict) or not all(isinstance(k, str) and isinstance(v, str) and v
+                                                      for k, v in table.items()):
+                raise AnpredError(f"oracle config {key!r} must map backend names to non-empty strings, got {table!r}")
+        for b, p in self.reduced_precision.items():
+            if p not in PRECISIONS:
+                raise AnpredError(f"oracle config reduced_precision.{b}: unknown precision {p!r}; known: {', '.join(PRECISIONS)}")
+        if not isinstance(self.reference_priority, list) or not all(isinstance(b, str) for b in self.reference_priority):
+            raise AnpredError(f"oracle config reference_priority must be a list of backend names, got {self.reference_priority!r}")
+        return self
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "OracleConfig":
+        """Defaults updated by ``d`` (dict-valued fields are merged key by key), then validated.
+
+        Raises:
+            AnpredError: unknown key (the message lists the known ones), a value of the wrong type or
+            out of range (:meth:`validate`), an unknown precision.
         """
         cfg = cls()
         known = set(asdict(cfg))
@@ -126,22 +169,34 @@ class OracleConfig:
             if isinstance(cur, dict):
                 if not isinstance(val, dict):
                     raise AnpredError(f"oracle config {key!r} must be a table/object, got {val!r}")
-                if key in ("k", "floor", "depth_growth"):
-                    for p, v in val.items():
-                        if p not in PRECISIONS:
-                            raise AnpredError(f"oracle config {key}.{p}: unknown precision; known: {', '.join(PRECISIONS)}")
-                        if not isinstance(v, (int, float)) or v < 0:
-                            raise AnpredError(f"oracle config {key}.{p} must be a non-negative number, got {v!r}")
                 merged = dict(cur)
-                merged.update({p: (float(v) if key in ("k", "floor", "depth_growth") else v) for p, v in val.items()})
+                merged.update(val)
                 setattr(cfg, key, merged)
+            elif isinstance(cur, list):
+                if not isinstance(val, list):
+                    raise AnpredError(f"oracle config {key!r} must be a list, got {val!r}")
+                setattr(cfg, key, list(val))
             else:
-                setattr(cfg, key, type(cur)(val) if not isinstance(cur, list) else list(val))
-        if cfg.primary not in PRIMARY_STATISTICS:
-            raise AnpredError(f"unknown primary statistic {cfg.primary!r}; known: {', '.join(PRIMARY_STATISTICS)}")
-        if cfg.min_voters < 2:
-            raise AnpredError("oracle config min_voters must be at least 2")
+                setattr(cfg, key, val)
+        # ints given where floats are expected are fine (TOML ``k = 10``): normalise after the checks
+        cfg.validate()
+        for key in ("k", "floor", "depth_growth"):
+            setattr(cfg, key, {p: float(v) for p, v in getattr(cfg, key).items()})
+        for key in ("propagation_band", "threshold_atol", "threshold_rtol", "correlated_nrmse"):
+            setattr(cfg, key, float(getattr(cfg, key)))
         return cfg
+
+
+def _number(key: str, v: Any, lo: float, strict: bool) -> None:
+    """A finite real number (not a bool) ``> lo`` (strict) or ``>= lo``; else AnpredError."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v > lo if strict else v >= lo)
+    if not ok:
+        raise AnpredError(f"oracle config {key} must be a finite number {'>' if strict else '>='} {lo:g}, got {v!r}")
+
+
+def _integer(key: str, v: Any, lo: int) -> None:
+    if not (isinstance(v, int) and not isinstance(v, bool) and v >= lo):
+        raise AnpredError(f"oracle config {key} must be an integer >= {lo}, got {v!r}")
 
 
 def load_config(path: str | Path | None) -> OracleConfig:
@@ -170,4 +225,6 @@ def load_config(path: str | Path | None) -> OracleConfig:
     if not isinstance(data, dict):
         raise AnpredError(f"config {p}: expected a table/object at the top")
     data = copy.deepcopy(data.get("oracle", data))
+    if not isinstance(data, dict):
+        raise AnpredError(f"config {p}: [oracle] must be a table/object, got {data!r}")
     return OracleConfig.from_dict(data)

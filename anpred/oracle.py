@@ -10,13 +10,22 @@ Per sample and anchor (formulas and defaults: ``docs/oracle.md``, :mod:`anpred.d
    families; a family's vote is the element-wise median of its members; ``c`` is the element-wise
    median (NaN-ignoring) of the family votes when at least ``min_voters`` families voted, else the
    tensor of one named reference backend (which is then not judged at that anchor).
-2. Each backend's deviation from ``c`` (:func:`anpred.stats.error_stats`), accumulated over samples.
+   **Correlated families** are merged: family votes that are bit-identical at this anchor and sample
+   (nRMSE between them <= ``correlated_nrmse``, default 0) while another family's vote differs count as
+   one vote (e.g. TensorFlow and OpenVINO both running oneDNN kernels), as long as at least
+   ``min_voters`` distinct votes remain; the result lists where this happened.
+2. Each backend's deviation from ``c`` (:class:`anpred.stats.Reference`), accumulated over samples.
+   Every (anchor, backend, sample) that could not be judged is recorded with its reason: a verdict
+   lists the anchors it could not judge (``unjudged``) and those judged on only part of the samples
+   (``partial``); its ``status`` is then ``incomplete`` (``unjudged`` when nothing was judged), never
+   plainly ``consistent``.
 
 After the last sample, per (anchor, backend), the pooled primary statistic ``S`` (nRMSE over the
 whole population: ``sqrt(sum_s ||x_s - c_s||^2 / sum_s ||c_s||^2)``) is compared with its peers
 (judged backends of *other* families that vote): **flagged** when ``S > k * median(S_peers)`` and
 ``S > floor(precision, stage)``, or when the backend produced NaN/Inf where the consensus is finite.
-Without peers the floor alone decides. The **origin** is the first flagged anchor in manifest
+Peers exclude backends merged with it (correlated) at that anchor. Without peers the floor alone
+decides. The **origin** is the first flagged anchor in manifest
 (topological) order; the **propagation** profile gives the ratio of ``S`` between consecutive judged
 anchors.
 """
@@ -31,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from anpred.defaults import OracleConfig
-from anpred.stats import ErrorStats, _from_json_float, _json_float, error_stats
+from anpred.stats import Comparison, ErrorStats, Reference, _from_json_float, _json_float
 
 
 # ------------------------------------------------------------------------------------------------
@@ -125,7 +134,14 @@ class Step:
 
 @dataclass
 class BackendVerdict:
-    """Per backend: verdict, origin, worst anchor and propagation (see module docstring)."""
+    """Per backend: verdict, origin, worst anchor and propagation (see module docstring).
+
+    ``status``: ``flagged`` (some anchor flagged), ``incomplete`` (nothing flagged, but some anchor
+    could not be judged or was judged on fewer samples than the run has), ``unjudged`` (no anchor
+    judged), ``consistent`` (every anchor judged on every sample, nothing flagged). ``unjudged``:
+    anchor -> reason; ``partial``: anchor -> which samples are missing and why; ``reference_at``:
+    anchors where this backend *was* the consensus (fewer than ``min_voters`` families; not a gap).
+    ``samples``: samples in which it was judged at one anchor at least."""
 
     backend: str
     family: str
@@ -144,6 +160,15 @@ class BackendVerdict:
     steps: list[Step] = field(default_factory=list)
     judged_anchors: int = 0
     unjudged: dict[str, str] = field(default_factory=dict)  # anchor -> reason
+    status: str = "consistent"  # consistent | flagged | incomplete | unjudged | reference
+    partial: dict[str, str] = field(default_factory=dict)  # anchor -> missing samples and why
+    reference_at: list[str] = field(default_factory=list)
+    samples: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """Every anchor judged on every sample (``reference_at`` anchors excepted)."""
+        return not self.unjudged and not self.partial and self.judged_anchors > 0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -196,14 +221,18 @@ class ThresholdResult:
 
 @dataclass
 class OracleResult:
-    """Everything the oracle decided. ``plot_data[(anchor, backend)]`` holds reservoirs ``err``, ``x``,
-    ``c`` (float64 1-D) for the HTML report; it is not serialised."""
+    """Everything the oracle decided. ``correlated``: one entry per group of families merged into one
+    vote somewhere (``families``, ``backends``, ``anchors``: anchor -> samples merged, ``differ``:
+    anchors where they were judged apart). ``plot_data[(anchor, backend)]`` holds reservoirs ``err``,
+    ``x``, ``c`` (float64 1-D) for the HTML report; it is not serialised."""
 
     cells: list[Cell]
     verdicts: dict[str, BackendVerdict]
     consensus: dict[str, Any]
     unjudged_anchors: dict[str, str]
     notes: list[str]
+    correlated: list[dict[str, Any]] = field(default_factory=list)
+    samples: int = 0
     plot_data: dict[tuple[str, str], dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
 
 
@@ -253,33 +282,29 @@ class _Acc:
         self.nonfinite = 0
         self.res = reservoir
 
-    def add(self, x: np.ndarray, c: np.ndarray, dtype: str) -> None:
-        s = error_stats(x, c, dtype)
+    def add(self, cmp: Comparison) -> None:
+        s = cmp.stats
         self.samples += 1
         self.nan += s.nan
         self.inf += s.inf
         self.nan_ref += s.nan_ref
         self.inf_ref += s.inf_ref
-        cf = np.isfinite(c)
-        self.nonfinite += int(np.count_nonzero(~np.isfinite(x) & cf))
+        self.nonfinite += cmp.nonfinite
         if s.n == 0:
             return
-        ok = np.isfinite(x) & cf
-        xo, co = (x, c) if ok.all() else (x[ok], c[ok])
-        xo, co = xo.ravel(), co.ravel()
-        d = xo - co
         self.n += s.n
-        self.dd += float(d @ d)
-        self.cc += float(co @ co)
-        self.xx += float(xo @ xo)
-        self.xc += float(xo @ co)
+        self.dd += cmp.dd
+        self.cc += cmp.cc
+        self.xx += cmp.xx
+        self.xc += cmp.xc
         self.sum_abs += s.mean_abs * s.n
         self.sum_signed += s.mean_signed * s.n
         self.max_abs = max(self.max_abs, s.max_abs)
         self.max_ulp = max(self.max_ulp, s.max_ulp)
         self.w.append(s.wasserstein)
         self.per_sample.append(float(getattr(s, self.primary)))
-        self.res.add({"err": d, "x": xo, "c": co})
+        if self.res.size > 0:
+            self.res.add({"err": cmp.d, "x": cmp.x, "c": cmp.c})
 
     def pooled(self) -> ErrorStats:
         nan = float("nan")
@@ -326,24 +351,59 @@ class Oracle:
         self.reference = reference
         self.rng = np.random.default_rng(seed)
         self.acc: dict[tuple[str, str], _Acc] = {}
-        self.missing: dict[tuple[str, str], str] = {}  # (anchor, backend) -> reason (first seen)
-        self.anchor_problems: dict[str, str] = {}
+        # (anchor, backend) -> reason -> sample ids where that backend could not be judged there
+        self.gaps: dict[tuple[str, str], dict[str, list[str]]] = {}
+        self.anchor_gaps: dict[str, dict[str, list[str]]] = {}  # anchor -> reason -> sample ids
+        self.ref_at: dict[tuple[str, str], int] = {}  # (anchor, backend) -> samples it was the consensus
+        self.merged: dict[str, dict[frozenset, int]] = {a.name: {} for a in self.anchors}
+        self.apart: dict[str, dict[frozenset, int]] = {a.name: {} for a in self.anchors}
         self.consensus_modes: dict[str, set[str]] = {a.name: set() for a in self.anchors}
         self.samples = 0
+        self.sample_ids: list[str] = []
 
     # ---- consensus ------------------------------------------------------------------------------
     def _pick_reference(self, present: list[str]) -> str | None:
         if self.reference is not None:
             return self.reference if self.reference in present else None
         for name in self.cfg.reference_priority:
-            if name in present and self.backends[name].votes:
+            if name in present and name in self.backends and self.backends[name].votes:
                 return name
         voters = [b for b in present if self.backends[b].votes]
         return voters[0] if voters else None
 
+    def _identical(self, a: np.ndarray, b: np.ndarray) -> bool:
+        tol = self.cfg.correlated_nrmse
+        if tol <= 0:
+            return bool(np.array_equal(a, b))
+        d = (a - b).ravel()
+        bb = float(np.einsum("i,i->", b.ravel(), b.ravel()))
+        dd = float(np.einsum("i,i->", d, d))
+        return bool(np.isfinite(dd)) and (dd == 0.0 or (bb > 0 and math.sqrt(dd / bb) <= tol))
+
+    def _groups(self, votes: dict[str, np.ndarray]) -> list[list[str]]:
+        """Families whose votes are identical (``correlated_nrmse``) grouped; singletons otherwise.
+        No merge when all are identical (nothing tells correlation from agreement) or when fewer than
+        ``min_voters`` distinct votes would remain."""
+        groups: list[list[str]] = []
+        for f in sorted(votes):
+            for g in groups:
+                if self._identical(votes[f], votes[g[0]]):
+                    g.append(f)
+                    break
+            else:
+                groups.append([f])
+        if len(groups) < self.cfg.min_voters:
+            return [[f] for f in sorted(votes)]
+        return groups
+
     def consensus(self, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray | None, str, str | None]:
         """Consensus of one anchor in one sample. Returns ``(c, mode, reference)`` with mode
-        ``median:<families>`` or ``reference:<name>``; ``c`` is None when no consensus can be formed."""
+        ``median:<families>`` (merged families joined by ``+``) or ``reference:<name>``; ``c`` is None
+        when no consensus can be formed."""
+        c, mode, ref, _ = self._consensus(arrays)
+        return c, mode, ref
+
+    def _consensus(self, arrays):
         fams: dict[str, list[np.ndarray]] = {}
         for b, a in arrays.items():
             info = self.backends[b]
@@ -352,57 +412,101 @@ class Oracle:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices give NaN, counted later
             if len(fams) >= self.cfg.min_voters:
-                votes = [m[0] if len(m) == 1 else _nanmedian0(np.stack(m)) for m in fams.values()]
-                return _nanmedian0(np.stack(votes)), "median:" + ",".join(sorted(fams)), None
+                votes = {f: (m[0] if len(m) == 1 else median_of(m)) for f, m in fams.items()}
+                groups = self._groups(votes)
+                c = median_of([votes[g[0]] for g in groups])
+                mode = "median:" + ",".join(sorted("+".join(g) for g in groups))
+                return c, mode, None, groups
         ref = self._pick_reference([b for b in arrays if np.isfinite(arrays[b]).any()])
         if ref is None:
-            return None, "none", None
-        return arrays[ref], f"reference:{ref}", ref
+            return None, "none", None, []
+        return arrays[ref], f"reference:{ref}", ref, []
 
     # ---- streaming ------------------------------------------------------------------------------
-    def add(self, tensors: dict[str, dict[str, np.ndarray]], unaligned: dict[tuple[str, str], str] | None = None) -> None:
-        """Judge one sample. ``tensors``: ``{anchor: {backend: array}}`` (aligned, canonical shape);
-        ``unaligned``: ``{(anchor, backend): reason}`` for tensors the aligner could not align."""
+    def _gap(self, anchor: str, backend: str, why: str, sid: str) -> None:
+        self.gaps.setdefault((anchor, backend), {}).setdefault(why, []).append(sid)
+
+    def add(self, tensors: dict[str, dict[str, np.ndarray]], unaligned: dict[tuple[str, str], str] | None = None,
+            sample_id: str | None = None, absent: dict[str, str] | None = None) -> None:
+        """Judge one sample.
+
+        Args:
+            tensors: ``{anchor: {backend: array}}`` (aligned, canonical shape).
+            unaligned: ``{(anchor, backend): reason}`` for tensors the aligner could not align.
+            sample_id: the sample's id (for the report of what could not be judged).
+            absent: ``{backend: reason}`` for backends that stored nothing for this sample.
+        """
+        sid = sample_id if sample_id is not None else f"#{self.samples}"
         self.samples += 1
-        for key, why in (unaligned or {}).items():
-            self.missing.setdefault(tuple(key), f"not aligned: {why}")
+        self.sample_ids.append(sid)
+        unaligned = {tuple(k): v for k, v in (unaligned or {}).items()}
+        absent = absent or {}
         for a in self.anchors:
-            got = {b: np.asarray(v, dtype=np.float64) for b, v in (tensors.get(a.name) or {}).items()
-                   if b in self.backends}
+            raw = tensors.get(a.name) or {}
+            got: dict[str, np.ndarray] = {}
+            why: dict[str, str] = {}
             for b in self.backends:
-                if b not in got and (a.name, b) not in self.missing:
-                    self.missing[(a.name, b)] = "anchor missing in this backend's output"
-            if len(got) < 2:
-                self.anchor_problems.setdefault(a.name, f"fewer than two backends produced it ({', '.join(got) or 'none'})")
-                continue
+                if b in raw:
+                    got[b] = np.asarray(raw[b], dtype=np.float64)
+                elif b in absent:
+                    why[b] = absent[b]
+                elif (a.name, b) in unaligned:
+                    why[b] = f"not aligned: {unaligned[(a.name, b)]}"
+                else:
+                    why[b] = "anchor missing in this backend's output"
             # shapes: the voters' most common shape is canonical; others cannot be judged
-            shapes: dict[tuple, int] = {}
-            for b, v in got.items():
-                shapes[v.shape] = shapes.get(v.shape, 0) + (2 if self.backends[b].votes else 1)
-            canon = max(shapes, key=shapes.get)
-            for b in [b for b, v in got.items() if v.shape != canon]:
-                self.missing.setdefault((a.name, b), f"shape {list(got[b].shape)} differs from the consensus shape {list(canon)}")
-                del got[b]
-            c, mode, ref = self.consensus(got)
-            if c is None:
-                self.anchor_problems.setdefault(a.name, "no finite value in any voting backend (all NaN/Inf): no consensus")
+            if got:
+                shapes: dict[tuple, int] = {}
+                for b, v in got.items():
+                    shapes[v.shape] = shapes.get(v.shape, 0) + (2 if self.backends[b].votes else 1)
+                canon = max(shapes, key=shapes.get)
+                for b in [b for b, v in got.items() if v.shape != canon]:
+                    why[b] = f"shape {list(got[b].shape)} differs from the other backends' shape {list(canon)}"
+                    del got[b]
+            for b, w in why.items():
+                self._gap(a.name, b, w, sid)
+            if len(got) < 2:
+                parts = [f"{b}: {w}" for b, w in why.items()]
+                msg = (f"fewer than two backends could be judged ({'only ' + ', '.join(got) if got else 'none'}"
+                       f" had a usable tensor){': ' + '; '.join(parts) if parts else ''}")
+                self.anchor_gaps.setdefault(a.name, {}).setdefault(msg, []).append(sid)
+                for b in got:
+                    self._gap(a.name, b, "no other backend to compare with here", sid)
                 continue
-            if not np.isfinite(c).any():
-                self.anchor_problems.setdefault(a.name, "consensus has no finite value")
+            c, mode, ref, groups = self._consensus(got)
+            if c is None or not np.isfinite(c).any():
+                msg = ("no finite value in any voting backend (all NaN/Inf): no consensus" if c is None
+                       else "consensus has no finite value")
+                self.anchor_gaps.setdefault(a.name, {}).setdefault(msg, []).append(sid)
+                for b in got:
+                    self._gap(a.name, b, msg, sid)
                 continue
             self.consensus_modes[a.name].add(mode)
+            for g in groups:
+                key = frozenset(g)
+                if len(g) > 1:
+                    self.merged[a.name][key] = self.merged[a.name].get(key, 0) + 1
+            ref_tensor = Reference(c)
             for b, x in got.items():
                 if b == ref:
-                    self.missing.setdefault((a.name, b), "is the reference (consensus) here: not judged")
+                    self.ref_at[(a.name, b)] = self.ref_at.get((a.name, b), 0) + 1
                     continue
                 acc = self.acc.get((a.name, b))
                 if acc is None:
                     acc = self.acc[(a.name, b)] = _Acc(self.cfg.primary, _Reservoir(self.cfg.reservoir, self.rng))
-                acc.add(x, c, _dtype_for(self.backends[b].precision))
+                acc.add(ref_tensor.compare(x, ulp_dtype(self.backends[b].precision)))
 
     # ---- verdicts -------------------------------------------------------------------------------
     def _primary(self, s: ErrorStats) -> float:
         return float(getattr(s, self.cfg.primary))
+
+    def _merged_families(self, anchor: str, family: str) -> set[str]:
+        out: set[str] = set()
+        for g in self.merged.get(anchor, {}):
+            if family in g:
+                out |= g
+        out.discard(family)
+        return out
 
     def finish(self) -> OracleResult:
         cfg = self.cfg
@@ -416,8 +520,10 @@ class Oracle:
                 st = pooled[(a.name, b)]
                 acc = self.acc[(a.name, b)]
                 prim = self._primary(st)
+                corr = self._merged_families(a.name, info.family)
                 peers = [self._primary(pooled[(a.name, p)]) for p in judged
-                         if p != b and self.backends[p].votes and self.backends[p].family != info.family]
+                         if p != b and self.backends[p].votes and self.backends[p].family != info.family
+                         and self.backends[p].family not in corr]
                 peers = [v for v in peers if not math.isnan(v)]
                 peer_level = float(np.median(peers)) if peers else None
                 floor = cfg.floor_at(info.precision, a.stage)
@@ -441,20 +547,51 @@ class Oracle:
                     floor=floor, peer_level=peer_level, threshold=thr, nonfinite=acc.nonfinite,
                     flagged=flagged, reason=reason)
         verdicts = {b: self._verdict(b, cells) for b in self.backends}
-        consensus = {}
-        for a in self.anchors:
-            modes = sorted(self.consensus_modes[a.name])
-            consensus[a.name] = modes
+        consensus = {a.name: sorted(self.consensus_modes[a.name]) for a in self.anchors}
         ref_modes = sorted({m for ms in consensus.values() for m in ms if m.startswith("reference:")})
         if ref_modes:
             notes.append("fewer than %d voting families at some anchors: consensus = %s (the reference is not judged "
                          "there; verdicts rest on the noise floor and fewer peers)" % (cfg.min_voters, ", ".join(ref_modes)))
-        for name, why in self.anchor_problems.items():
-            notes.append(f"anchor {name} could not be judged: {why}")
+        unjudged_anchors: dict[str, str] = {}
+        for a in self.anchors:
+            gaps = self.anchor_gaps.get(a.name)
+            if not gaps:
+                continue
+            text = _gap_text(gaps, self.samples)
+            if not any(k[0] == a.name for k in cells):
+                unjudged_anchors[a.name] = text
+                notes.append(f"anchor {a.name} could not be judged: {text}")
+            else:
+                notes.append(f"anchor {a.name} could not be judged in some samples: {text}")
+        correlated = self._correlated()
+        for c in correlated:
+            n_all = len(self.anchors)
+            tol = "bit-identical" if cfg.correlated_nrmse <= 0 else f"within nRMSE {cfg.correlated_nrmse:g}"
+            differ = f"; judged apart at {', '.join(c['differ'][:4])}{' ...' if len(c['differ']) > 4 else ''}" \
+                if c["differ"] else ""
+            notes.append(f"correlated backends: {' and '.join(c['backends'])} (families {', '.join(c['families'])}) "
+                         f"gave {tol} tensors at {len(c['anchors'])} of {n_all} anchors (in {min(c['anchors'].values())}"
+                         f"-{max(c['anchors'].values())} of {self.samples} samples each): counted as one consensus vote "
+                         f"there (shared kernels){differ}")
         return OracleResult(
             cells=[cells[k] for a in self.anchors for k in [(a.name, b) for b in self.backends] if k in cells],
-            verdicts=verdicts, consensus=consensus, unjudged_anchors=dict(self.anchor_problems), notes=notes,
+            verdicts=verdicts, consensus=consensus, unjudged_anchors=unjudged_anchors, notes=notes,
+            correlated=correlated, samples=self.samples,
             plot_data={k: acc.res.data for k, acc in self.acc.items()})
+
+    def _correlated(self) -> list[dict[str, Any]]:
+        groups: dict[frozenset, dict[str, int]] = {}
+        for a in self.anchors:
+            for g, n in self.merged[a.name].items():
+                groups.setdefault(g, {})[a.name] = n
+        out = []
+        for g, anchors in groups.items():
+            fams = sorted(g)
+            members = [b for b, i in self.backends.items() if i.votes and i.family in g]
+            differ = [a.name for a in self.anchors if a.name not in anchors and
+                      sum(1 for b in members if (a.name, b) in self.acc) >= 2]
+            out.append({"families": fams, "backends": members, "anchors": anchors, "differ": differ})
+        return out
 
     def _verdict(self, b: str, cells: dict[tuple[str, str], Cell]) -> BackendVerdict:
         info = self.backends[b]
@@ -462,14 +599,32 @@ class Oracle:
         profile: list[tuple[AnchorInfo, Cell]] = []
         for a in self.anchors:
             cell = cells.get((a.name, b))
+            nref = self.ref_at.get((a.name, b), 0)
+            if nref:
+                v.reference_at.append(a.name)
+            gaps = self.gaps.get((a.name, b), {})
             if cell is None:
-                v.unjudged[a.name] = self.anchor_problems.get(a.name) or self.missing.get((a.name, b), "not judged")
+                if nref and nref == self.samples:
+                    continue
+                v.unjudged[a.name] = _gap_text(gaps, self.samples) if gaps else "not judged"
                 continue
+            if cell.samples + nref < self.samples:
+                v.partial[a.name] = (f"judged on {cell.samples} of {self.samples} samples; "
+                                     + (_gap_text(gaps, self.samples) if gaps else "other samples not judged"))
             profile.append((a, cell))
         v.judged_anchors = len(profile)
+        v.samples = max((c.samples for _, c in profile), default=0)
         flagged = [(a, c) for a, c in profile if c.flagged]
         v.flagged = bool(flagged)
         v.flagged_anchors = [a.name for a, _ in flagged]
+        if v.flagged:
+            v.status = "flagged"
+        elif not profile:
+            v.status = "reference" if v.reference_at and not v.unjudged else "unjudged"
+        elif v.unjudged or v.partial:
+            v.status = "incomplete"
+        else:
+            v.status = "consistent"
         if profile:
             def over(c: Cell) -> float:
                 return c.primary / c.threshold if c.threshold > 0 else (math.inf if c.primary > 0 else 0.0)
@@ -509,17 +664,49 @@ class Oracle:
         return v
 
 
-def _nanmedian0(a: np.ndarray) -> np.ndarray:
-    """``np.nanmedian(a, axis=0)``; computed with ``np.median`` (partition-based, several times faster
-    than nanmedian's masked-array path) when ``a`` holds no NaN, where the two are identical."""
-    return np.nanmedian(a, axis=0) if np.isnan(a).any() else np.median(a, axis=0)
+def _gap_text(gaps: dict[str, list[str]], total: int) -> str:
+    """``reason (in N of M samples: s0004, s0005)`` per reason, joined by ``; ``."""
+    parts = []
+    for why, sids in gaps.items():
+        if len(sids) >= total:
+            parts.append(why)
+        else:
+            shown = ", ".join(sids[:4]) + (f" +{len(sids) - 4} more" if len(sids) > 4 else "")
+            parts.append(f"{why} (in {len(sids)} of {total} samples: {shown})")
+    return "; ".join(parts)
+
+
+def median_of(arrays: list[np.ndarray]) -> np.ndarray:
+    """Element-wise median of a few equally shaped float64 arrays (``np.nanmedian(stack, axis=0)``).
+
+    Without NaN and with at most 9 arrays it runs a compare-exchange sorting network of
+    ``np.minimum``/``np.maximum`` (contiguous passes; measured 1.2 ms against 15 ms for ``np.median``
+    over axis 0 of a 5 x 102,400 stack, identical results); otherwise ``np.nanmedian``."""
+    n = len(arrays)
+    if n == 1:
+        return arrays[0]
+    if n > 9 or any(np.isnan(a).any() for a in arrays):
+        return np.nanmedian(np.stack(arrays), axis=0)
+    if n == 2:
+        return 0.5 * (arrays[0] + arrays[1])
+    v = list(arrays)
+    # bubble network: after pass i the largest i+1 values sit at the end; half the passes suffice
+    need = n // 2 + 1
+    for i in range(need):
+        for j in range(n - 1 - i):
+            lo, hi = np.minimum(v[j], v[j + 1]), np.maximum(v[j], v[j + 1])
+            v[j], v[j + 1] = lo, hi
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
 def _finite_key(v: float) -> float:
     return 1e300 if math.isinf(v) else (-1.0 if math.isnan(v) else v)
 
 
-def _dtype_for(precision: str) -> str:
+def ulp_dtype(precision: str) -> str:
+    """The dtype whose ULP ``max_ulp`` counts for a backend of ``precision``: fp32 -> float32, fp16 ->
+    float16, bf16 -> bfloat16, int8 -> **float32** (quantized backends hand back dequantized float32
+    anchors; an int8 step is a per-tensor scale, not a unit of the anchor's dtype)."""
     return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "float32"}.get(precision, "float32")
 
 

@@ -14,13 +14,24 @@ Formulas (``d = x - c`` over the finite positions, ``n`` of them; ``||.||`` is t
   Equals ``-20 log10(nrmse)``.
 * ``cosine = <x, c> / (||x|| ||c||)`` (1 when both are zero, 0 when only one is).
 * ``wasserstein = W1(P_x, P_c) / std(c)``: the Wasserstein-1 (earth mover's) distance between the
-  empirical value distributions of ``x`` and ``c`` (``scipy.stats.wasserstein_distance``), divided by
-  the consensus' spread (standard deviation; ``max |c|`` when that is 0, and 1 when both are 0). It is
-  blind to *where* values are and sees distribution shifts (a clipped tail, a biased mode).
+  empirical value distributions of ``x`` and ``c``, divided by the consensus' spread (standard
+  deviation; ``max |c|`` when that is 0, and 1 when both are 0). It is blind to *where* values are and
+  sees distribution shifts (a clipped tail, a biased mode). Both samples always have the same size
+  ``n`` with equal weights, so W1 is computed with the quantile-function form
+  ``W1 = (1/n) sum_i |x_(i) - c_(i)|`` over the sorted values (Villani 2009, Remark 2.19; for equal-size
+  samples this is exactly what ``scipy.stats.wasserstein_distance`` returns: the tests check it to
+  1e-12). Measured on 102,400 values: 3.9 ms against scipy's 84 ms (CDF merge of both samples), and the
+  consensus' sorted values are shared by all backends (:class:`Reference`).
 * ``max_ulp = max |d| / ulp_dtype(c)``: the largest error in units in the last place of the backend's
   dtype at the consensus value (``numpy.spacing`` of ``|c|`` cast to that dtype; bfloat16 spacing is the
   float32 spacing times 2**16). Integer dtypes use an ULP of 1. ULPs near 0 are subnormal spacings, so
   ``max_ulp`` is huge wherever the consensus is 0 and the backend is not; read it with ``max_abs``.
+  Quantized (int8) backends return dequantized float32 anchors (an int8 step is a per-tensor scale, not
+  a fixed unit), so their ``max_ulp`` is measured in **float32** ULPs, like fp32 backends'
+  (:func:`anpred.oracle.ulp_dtype`).
+
+Dot products use ``numpy.einsum`` (no BLAS call: a BLAS thread pool competing with TensorFlow's or with
+other processes stalled ``@`` by tens of milliseconds per call on a busy 2-core machine).
 """
 
 from __future__ import annotations
@@ -121,13 +132,160 @@ def ulp(values: np.ndarray, dtype: str = "float32") -> np.ndarray:
     return np.ones_like(a)
 
 
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """``sum(a * b)`` of two 1-D float64 arrays without BLAS (see the module docstring)."""
+    return float(np.einsum("i,i->", a, b))
+
+
+@dataclass
+class Comparison:
+    """One tensor ``x`` compared with a :class:`Reference` ``c``: the statistics and the raw pieces the
+    oracle pools over samples (float64 sums over the common finite positions).
+
+    Attributes:
+        stats: :class:`ErrorStats`.
+        dd, cc, xx, xc: ``sum d^2``, ``sum c^2``, ``sum x^2``, ``sum x c`` with ``d = x - c``.
+        nonfinite: positions where ``x`` is NaN/Inf and ``c`` is finite.
+        d, x, c: the 1-D float64 arrays over the common finite positions (views; do not modify).
+    """
+
+    stats: ErrorStats
+    dd: float
+    cc: float
+    xx: float
+    xc: float
+    nonfinite: int
+    d: np.ndarray
+    x: np.ndarray
+    c: np.ndarray
+
+
+class Reference:
+    """A reference tensor (the consensus) prepared once for comparing several tensors with it.
+
+    What does not depend on the compared tensor is computed once and shared: the finite mask, ``||c||``,
+    the sorted values (W1), the spread and the ULP per dtype. :meth:`compare` then costs one pass and
+    one sort of ``x``. Results are identical to :func:`error_stats` (which uses this class).
+
+    Args:
+        c: any shape, any real dtype (converted to float64).
+    """
+
+    def __init__(self, c: np.ndarray):
+        full = np.asarray(c, dtype=np.float64)
+        self.shape = full.shape
+        full = full.ravel()
+        self.full = full
+        fin = np.isfinite(full)
+        self.all_finite = bool(fin.all())
+        self.finite = None if self.all_finite else fin
+        nan = int(np.count_nonzero(np.isnan(full))) if not self.all_finite else 0
+        self.nan_ref = nan
+        self.inf_ref = 0 if self.all_finite else int(full.size - np.count_nonzero(fin) - nan)
+        self.c = full if self.all_finite else full[fin]
+        self.cc = _dot(self.c, self.c)
+        self._sorted: np.ndarray | None = None
+        self._spread: float | None = None
+        self._ulp: dict[str, np.ndarray] = {}
+
+    def _sorted_c(self) -> np.ndarray:
+        if self._sorted is None:
+            self._sorted = np.sort(self.c)
+        return self._sorted
+
+    def _spread_c(self) -> float:
+        if self._spread is None:
+            self._spread = _spread(self.c)
+        return self._spread
+
+    def _ulp_c(self, dtype: str) -> np.ndarray:
+        if dtype not in self._ulp:
+            self._ulp[dtype] = ulp(self.c, dtype)
+        return self._ulp[dtype]
+
+    def compare(self, x: np.ndarray, dtype: str = "float32") -> Comparison:
+        """Compare ``x`` (same number of elements as the reference, any real dtype) with it.
+
+        Raises:
+            ValueError: ``x`` has another size, or ``dtype`` is unknown.
+        """
+        dt = canonical_dtype(dtype)
+        x = np.asarray(x, dtype=np.float64).ravel()
+        if x.size != self.full.size:
+            raise ValueError(f"error_stats: shapes {x.shape} and {self.shape} do not match")
+        xfin = np.isfinite(x)
+        x_all = bool(xfin.all())
+        if x_all:
+            xnan = xinf = 0
+        else:
+            xnan = int(np.count_nonzero(np.isnan(x)))
+            xinf = int(x.size - np.count_nonzero(xfin) - xnan)
+        counts = dict(nan=xnan, inf=xinf, nan_ref=self.nan_ref, inf_ref=self.inf_ref)
+        if x_all and self.all_finite:
+            xo, co, cc, shared = x, self.c, self.cc, True
+            nonfinite = 0
+        else:
+            cfin = self.finite if self.finite is not None else np.ones(x.size, bool)
+            nonfinite = int(np.count_nonzero(~xfin & cfin))
+            ok = xfin & cfin
+            xo, co = x[ok], self.full[ok]
+            cc, shared = _dot(co, co), bool(ok.sum() == self.c.size)
+        n = int(xo.size)
+        if n == 0:
+            nan = float("nan")
+            empty = np.zeros(0)
+            return Comparison(ErrorStats(0, nan, nan, nan, nan, nan, nan, nan, nan, **counts),
+                              0.0, 0.0, 0.0, 0.0, nonfinite, empty, empty, empty)
+        d = xo - co
+        ad = np.abs(d)
+        dd = _dot(d, d)
+        xx = _dot(xo, xo)
+        xc = _dot(xo, co)
+        if dd == 0.0:
+            nrmse, snr = 0.0, float("inf")
+        elif cc == 0.0:
+            nrmse, snr = float("inf"), float("-inf")
+        else:
+            nrmse = math.sqrt(dd / cc)
+            snr = 10.0 * math.log10(cc / dd)
+        if xx == 0.0 and cc == 0.0:
+            cosine = 1.0
+        elif xx == 0.0 or cc == 0.0:
+            cosine = 0.0
+        else:
+            cosine = float(min(1.0, max(-1.0, xc / math.sqrt(xx * cc))))
+        max_abs = float(ad.max())
+        if dd == 0.0:
+            w = 0.0
+        else:
+            spread = self._spread_c() if shared else _spread(co)
+            sc = self._sorted_c() if shared else np.sort(co)
+            # equal-size, equal-weight samples: W1 = mean |x_(i) - c_(i)| (module docstring)
+            w = float(np.abs(np.sort(xo) - sc).mean()) / spread
+        if max_abs > 0:
+            u = self._ulp_c(dt) if shared else ulp(co, dt)
+            max_ulp = float(np.max(ad / u))
+        else:
+            max_ulp = 0.0
+        st = ErrorStats(n=n, max_abs=max_abs, mean_abs=float(ad.mean()), mean_signed=float(d.mean()),
+                        nrmse=nrmse, snr_db=snr, cosine=cosine, wasserstein=w, max_ulp=max_ulp, **counts)
+        return Comparison(st, dd, cc, xx, xc, nonfinite, d, xo, co)
+
+
+def _spread(c: np.ndarray) -> float:
+    spread = float(np.std(c))
+    if spread == 0.0:
+        spread = float(np.max(np.abs(c))) if c.size else 0.0
+    return spread or 1.0
+
+
 def error_stats(x: np.ndarray, c: np.ndarray, dtype: str = "float32") -> ErrorStats:
     """Statistics of ``x`` (a backend's aligned tensor) against ``c`` (the consensus or a reference).
 
     Args:
         x: any shape, any real dtype; converted to float64.
         c: same shape as ``x`` (or broadcastable to it); converted to float64.
-        dtype: the backend's dtype for ``max_ulp`` (``float32``/``fp32``, ``float16``, ``bfloat16``,
+        dtype: the dtype whose ULP ``max_ulp`` counts (``float32``/``fp32``, ``float16``, ``bfloat16``,
             ``int8`` ...).
 
     Returns:
@@ -137,8 +295,6 @@ def error_stats(x: np.ndarray, c: np.ndarray, dtype: str = "float32") -> ErrorSt
     Raises:
         ValueError: shapes that cannot be broadcast together, or an unknown ``dtype``.
     """
-    from scipy.stats import wasserstein_distance
-
     x = np.asarray(x, dtype=np.float64)
     c = np.asarray(c, dtype=np.float64)
     if x.shape != c.shape:
@@ -147,48 +303,4 @@ def error_stats(x: np.ndarray, c: np.ndarray, dtype: str = "float32") -> ErrorSt
         except ValueError as err:
             raise ValueError(f"error_stats: shapes {x.shape} and {c.shape} do not match") from err
     canonical_dtype(dtype)
-    x = x.ravel()
-    c = c.ravel()
-    xnan, xinf = np.isnan(x), np.isinf(x)
-    cnan, cinf = np.isnan(c), np.isinf(c)
-    ok = ~(xnan | xinf | cnan | cinf)
-    counts = dict(nan=int(xnan.sum()), inf=int(xinf.sum()), nan_ref=int(cnan.sum()), inf_ref=int(cinf.sum()))
-    if not ok.all():
-        x, c = x[ok], c[ok]
-    n = int(x.size)
-    if n == 0:
-        nan = float("nan")
-        return ErrorStats(0, nan, nan, nan, nan, nan, nan, nan, nan, **counts)
-    d = x - c
-    ad = np.abs(d)
-    dd = float(d @ d)
-    cc = float(c @ c)
-    xx = float(x @ x)
-    if dd == 0.0:
-        nrmse, snr = 0.0, float("inf")
-    elif cc == 0.0:
-        nrmse, snr = float("inf"), float("-inf")
-    else:
-        nrmse = math.sqrt(dd / cc)
-        snr = 10.0 * math.log10(cc / dd)
-    if xx == 0.0 and cc == 0.0:
-        cosine = 1.0
-    elif xx == 0.0 or cc == 0.0:
-        cosine = 0.0
-    else:
-        cosine = float(np.clip(float(x @ c) / math.sqrt(xx * cc), -1.0, 1.0))
-    spread = float(np.std(c))
-    if spread == 0.0:
-        spread = float(np.max(np.abs(c))) or 1.0
-    if dd == 0.0:
-        w = 0.0
-    elif x.size == c.size:
-        # equal-size, equal-weight samples: W1 = mean |x_(i) - c_(i)| over the sorted values (the
-        # quantile-function form of W1; exact, and ~10x faster than scipy's CDF merge)
-        w = float(np.mean(np.abs(np.sort(x) - np.sort(c)))) / spread
-    else:
-        w = float(wasserstein_distance(x, c)) / spread
-    max_abs = float(ad.max())
-    max_ulp = float(np.max(ad / ulp(c, dtype))) if max_abs > 0 else 0.0
-    return ErrorStats(n=n, max_abs=max_abs, mean_abs=float(ad.mean()), mean_signed=float(d.mean()),
-                      nrmse=nrmse, snr_db=snr, cosine=cosine, wasserstein=w, max_ulp=max_ulp, **counts)
+    return Reference(c).compare(x, dtype).stats

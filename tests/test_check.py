@@ -3,11 +3,12 @@ AveragePool ceil_mode/count_include_pad), an injected bf16-rounding fault, clean
 reports (text, JSON round trip, HTML) and the history database.
 
 Runs are written with the real backends (ort, ort-noopt, openvino, onnx-reference, torch via
-onnx2torch) into a RunStore, one backend at a time, as the run driver does."""
+onnx2torch, tf via onnx2tf) into a RunStore, one backend at a time, as the run driver does."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict
 
 import numpy as np
@@ -24,7 +25,8 @@ from anpred.instrument import instrument_model
 from anpred.onnx_io import save_model
 from anpred.runstore import RunStore
 
-BACKENDS = ["ort", "ort-noopt", "openvino", "onnx-reference", "torch"]
+BACKENDS = ["ort", "ort-noopt", "openvino", "onnx-reference", "torch", "tf"]
+CLEAN_BACKENDS = BACKENDS[:-1]  # clean fp32 with tf: tests/test_check_yolo.py
 
 
 # ---- models ----------------------------------------------------------------------------------------
@@ -97,8 +99,13 @@ def _inputs(shape, n, seed=0, image=False):
 
 
 def make_run(tmp, anchored, manifest, inputs, backends=BACKENDS, models=None):
-    """Run ``anchored`` on each backend (``models[b]``: another ONNX file for backend b) into a RunStore."""
+    """Run ``anchored`` on each backend (``models[b]``: another ONNX file for backend b) into a RunStore.
+
+    In-process, one backend after the other, except ``tf``: TensorFlow's thread pools can be set up only
+    once per process, so it runs through the run driver (its own process) on the same samples and its
+    tensors and status are copied in."""
     from anpred.backends.base import BackendStatus
+    from anpred.runner import BackendSpec, run_model
 
     tmp.mkdir(parents=True, exist_ok=True)
     mpath = tmp / "model.onnx"
@@ -107,6 +114,17 @@ def make_run(tmp, anchored, manifest, inputs, backends=BACKENDS, models=None):
     for i, x in enumerate(inputs):
         store.add_sample(f"s{i:04d}", {"x": x})
     for b in backends:
+        if b == "tf":
+            folder = tmp / "tf-inputs"
+            folder.mkdir()
+            for i, x in enumerate(inputs):
+                np.savez(folder / f"{i:04d}.npz", x=x)
+            # (no "threads" option: tf_onnx sets it after onnx2tf initialised TF, which TF refuses)
+            side = run_model(mpath, [BackendSpec("tf")], folder, tmp / "tf-run", progress=False)
+            for sid in side.sample_ids:
+                store.write_anchors("tf", sid, side.read_anchors("tf", sid))
+            store.set_status(side.statuses()["tf"])
+            continue
         cls = backend_class(b)
         with cls({"threads": 1}) as be:
             be.prepare((models or {}).get(b, mpath), manifest, tmp / "work" / b)
@@ -134,7 +152,8 @@ def avgpool_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def clean_run(tmp_path_factory):
     am, man = plain_cnn()
-    return make_run(tmp_path_factory.mktemp("clean"), am, man, _inputs([1, 3, 32, 32], 10, 2, image=True)), man
+    return make_run(tmp_path_factory.mktemp("clean"), am, man, _inputs([1, 3, 32, 32], 10, 2, image=True),
+                    backends=CLEAN_BACKENDS), man
 
 
 # ---- acceptance ------------------------------------------------------------------------------------
@@ -153,7 +172,8 @@ def test_openvino_softplus_defect_flagged_at_its_stage(softplus_run):
     rep = check_run(run, oracle="both")
     assert rep.status == "flagged" and rep.exit_code == 1
     flagged = [b for b, v in rep.verdicts.items() if v.flagged]
-    assert flagged == ["openvino"]
+    assert flagged == ["openvino"]  # tf (onnx2tf, oneDNN kernels like OpenVINO's) computes Softplus right
+    assert rep.verdicts["tf"].status == "consistent" and rep.verdicts["tf"].judged_anchors == len(man.anchors)
     v = rep.verdicts["openvino"]
     sp = next(a for a in man.anchors if a.op_type == "Softplus")
     assert v.origin_anchor == sp.name and v.origin_stage == sp.stage
@@ -167,6 +187,7 @@ def test_openvino_avgpool_defect_flagged_at_its_stage(avgpool_run):
     run, man = avgpool_run
     rep = check_run(run)
     assert [b for b, v in rep.verdicts.items() if v.flagged] == ["openvino"]
+    assert rep.verdicts["tf"].status == "consistent" and rep.verdicts["tf"].judged_anchors == len(man.anchors)
     pool = next(a for a in man.anchors if a.op_type == "AveragePool")
     v = rep.verdicts["openvino"]
     assert v.origin_anchor == pool.name and v.origin_stage == pool.stage
@@ -236,17 +257,132 @@ def test_all_nan_anchor_cannot_be_judged(tmp_path, softplus_run):
     from anpred.backends.base import BackendStatus
 
     run, man = softplus_run
+    t1 = next(a.name for a in man.anchors if a.value == "t1")
     src = RunStore.open(run)
     s = RunStore.create(tmp_path / "nan", man)
     s.add_sample("s0000", {"x": np.zeros((1, 3, 16, 16), np.float32)})
     for b in ("ort", "onnx-reference", "torch"):
         anchors = src.read_anchors(b, "s0000")
-        anchors["anchor/01/t1"] = np.full_like(anchors["anchor/01/t1"], np.nan)
+        anchors[t1] = np.full_like(anchors[t1], np.nan)
         s.write_anchors(b, "s0000", anchors)
         s.set_status(BackendStatus(name=b, family=b, status="ok"))
     rep = check_run(tmp_path / "nan")
-    assert "anchor/01/t1" in rep.unjudged_anchors and rep.status == "consistent"
-    assert any("anchor/01/t1 could not be judged" in n for n in rep.notes)
+    # nothing flagged, but an anchor judged for no one: incomplete, exit 1 (0 with allow_incomplete)
+    assert t1 in rep.unjudged_anchors and rep.status == "incomplete" and rep.exit_code == 1
+    assert any(f"{t1} could not be judged" in n for n in rep.notes)
+    assert f"{t1}: no backend judged: no finite value in any voting backend (all NaN/Inf): no consensus" in rep.incomplete
+    assert check_run(tmp_path / "nan", allow_incomplete=True).exit_code == 0
+
+
+def _copy_run(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_missing_anchor_is_incomplete_not_consistent(tmp_path, softplus_run, capsys):
+    """Regression (review): with OpenVINO's Softplus anchor deleted from its tensors the real defect
+    vanished and the check said CONSISTENT, exit 0, the gap visible only in the JSON."""
+    from anpred.cli import main
+
+    run, man = softplus_run
+    sp = next(a for a in man.anchors if a.op_type == "Softplus").name
+    run2 = _copy_run(run, tmp_path / "run")
+    store = RunStore.open(run2)
+    for sid in store.sample_ids:
+        t = store.read_anchors("openvino", sid)
+        del t[sp]
+        store.write_anchors("openvino", sid, t)
+    rep = check_run(run2)
+    v = rep.verdicts["openvino"]
+    assert not v.flagged and v.status == "incomplete" and rep.status == "incomplete" and rep.exit_code == 1
+    assert v.unjudged == {sp: "anchor missing in this backend's output"}
+    assert rep.incomplete == [f"openvino: {sp} not judged: anchor missing in this backend's output"]
+    html = tmp_path / "r.html"
+    assert main(["check", str(run2), "--report", str(html)]) == 1
+    out, err = capsys.readouterr()
+    assert "-> INCOMPLETE" in out and "NOT JUDGED (1)" in out and f"openvino: {sp} not judged" in out
+    assert next(ln for ln in out.splitlines() if ln.startswith("openvino ")).split()[3] == "INCOMPLETE"
+    assert "INCOMPLETE" in err
+    text = html.read_text()
+    assert "Not judged (1)" in text and f"openvino: {sp} not judged" in text and "INCOMPLETE" in text
+    assert main(["check", str(run2), "-q", "--allow-incomplete"]) == 0
+
+
+def test_missing_samples_are_reported(tmp_path, clean_run, capsys):
+    """Regression (review): a backend judged on fewer samples than the run has was silently consistent."""
+    from anpred.cli import main
+
+    run, man = clean_run
+    run2 = _copy_run(run, tmp_path / "run")
+    for sid in ("s0004", "s0005"):
+        (run2 / "tensors" / "openvino" / f"{sid}.npz").unlink()
+    rep = check_run(run2)
+    v = rep.verdicts["openvino"]
+    assert rep.status == "incomplete" and v.status == "incomplete" and v.samples == 10 and not v.unjudged
+    assert len(v.partial) == len(man.anchors)
+    assert set(v.partial.values()) == {"judged on 10 of 12 samples; no tensors stored for this sample "
+                                       "(in 2 of 12 samples: s0004, s0005)"}
+    assert main(["check", str(run2)]) == 1
+    out = capsys.readouterr().out
+    assert "judged on 10 of 12 samples" in out and f"{len(man.anchors)}/{len(man.anchors)}~" in out
+
+
+def test_shape_mismatch_says_so(tmp_path, clean_run):
+    """Regression (review): an anchor every backend stored with the wrong shape was reported as
+    'fewer than two backends produced it (none)'."""
+    run, man = clean_run
+    run2 = _copy_run(run, tmp_path / "run")
+    store = RunStore.open(run2)
+    name = man.anchors[1].name
+    for b in ("ort", "openvino", "onnx-reference"):
+        for sid in store.sample_ids:
+            t = store.read_anchors(b, sid)
+            t[name] = t[name][..., :-1]  # one column short: no alignment rule can fix it
+            store.write_anchors(b, sid, t)
+    rep = check_run(run2)
+    v = rep.verdicts["ort"]
+    assert "(none)" not in v.unjudged[name] and "shape" in v.unjudged[name], v.unjudged[name]
+    assert rep.status == "incomplete" and any(name in g and "shape" in g for g in rep.incomplete)
+
+
+def test_unreadable_run_data_and_bad_config_exit_2(tmp_path, clean_run, capsys):
+    """Regression (review): a truncated tensor .npz gave a BadZipFile traceback and exit 1 ("flagged");
+    config {"min_voters": "abc"} a ValueError traceback and exit 1."""
+    from anpred.cli import main
+    from anpred.errors import JudgeError
+
+    run, _ = clean_run
+    run2 = _copy_run(run, tmp_path / "run")
+    f = run2 / "tensors" / "torch" / "s0003.npz"
+    f.write_bytes(f.read_bytes()[:200])
+    with pytest.raises(JudgeError, match="s0003.npz: unreadable tensor file"):
+        check_run(run2)
+    assert main(["check", str(run2)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "unreadable tensor file (BadZipFile" in err
+    for bad in ('{"min_voters": "abc"}', '{"threshold_atol": "x"}', '{"propagation_band": 0}', '{"floor": {"fp32": true}}'):
+        cfg = tmp_path / "c.json"
+        cfg.write_text(bad)
+        assert main(["check", str(run), "--config", str(cfg)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("anpred: error: oracle config ") and len(err.strip().splitlines()) == 1
+
+
+def test_internal_error_exits_3_not_1(capsys, monkeypatch):
+    """An unexpected exception is a bug: one line, exit 3 (1 means "flagged"); the traceback with
+    ANPRED_DEBUG=1."""
+    from anpred.cli import _dispatch
+
+    def boom(args):
+        return {}["missing"]
+
+    monkeypatch.delenv("ANPRED_DEBUG", raising=False)
+    assert _dispatch(boom, None) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "internal error: KeyError" in err and "ANPRED_DEBUG=1" in err
+    monkeypatch.setenv("ANPRED_DEBUG", "1")
+    assert _dispatch(boom, None) == 3
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
 
 
 # ---- reports and history ---------------------------------------------------------------------------

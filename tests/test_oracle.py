@@ -121,7 +121,9 @@ def test_two_families_fall_back_to_named_reference():
     res = _judge(["ort", "openvino"], {"openvino": (1, lambda t, r: 1e-3 * t, 1.0)}, reference="ort")
     assert res.consensus["anchor/00/a"] == ["reference:ort"]
     assert any("reference:ort" in n for n in res.notes)
-    assert "reference" in res.verdicts["ort"].unjudged["anchor/00/a"]
+    # the reference is the consensus: not a gap (its verdict says so), not "unjudged"
+    ref = res.verdicts["ort"]
+    assert ref.reference_at == [a.name for a in ANCHORS] and ref.unjudged == {} and ref.status == "reference"
     v = res.verdicts["openvino"]
     assert v.flagged and v.origin_stage == 1
 
@@ -138,6 +140,105 @@ def test_missing_anchor_and_all_nan_anchor_are_reported():
     assert "missing" in res.verdicts["openvino"].unjudged["anchor/01/b"]
     assert "anchor/02/c" in res.unjudged_anchors and "NaN" in res.unjudged_anchors["anchor/02/c"]
     assert not any(v.flagged for v in res.verdicts.values())
+    # nothing flagged, but nobody can be called plainly consistent: anchor/02/c was judged for no one
+    assert {b: v.status for b, v in res.verdicts.items()} == dict.fromkeys(names, "incomplete")
+    assert "anchor/02/c" in res.verdicts["ort"].unjudged and not res.verdicts["ort"].complete
+
+
+def test_missing_samples_make_a_verdict_incomplete():
+    """Regression (review): a backend judged on 4 of 6 samples was reported plainly consistent."""
+    names = ["ort", "openvino", "onnx-reference", "torch"]
+    o = Oracle(ANCHORS, _backends(names))
+    for i, s in enumerate(_population(names, n=6)):
+        absent = {}
+        if i >= 4:
+            for a in s:
+                del s[a]["openvino"]
+            absent = {"openvino": "no tensors stored for this sample"}
+        o.add(s, sample_id=f"s{i:04d}", absent=absent)
+    res = o.finish()
+    v = res.verdicts["openvino"]
+    assert v.status == "incomplete" and not v.flagged and v.samples == 4 and v.unjudged == {}
+    assert set(v.partial) == {a.name for a in ANCHORS}
+    assert v.partial["anchor/00/a"] == ("judged on 4 of 6 samples; no tensors stored for this sample "
+                                        "(in 2 of 6 samples: s0004, s0005)")
+    assert res.verdicts["ort"].status == "consistent" and res.verdicts["ort"].complete
+
+
+def test_shape_mismatch_is_named_not_none():
+    """Regression (review): every backend stored the anchor with a wrong shape, and the message said
+    'fewer than two backends produced it (none)'."""
+    names = ["ort", "openvino", "onnx-reference"]
+    o = Oracle(ANCHORS, _backends(names))
+    for s in _population(names, n=2):
+        s["anchor/01/b"] = {"ort": np.zeros(512), "openvino": np.zeros(256), "onnx-reference": np.zeros((2, 3))}
+        o.add(s, unaligned={("anchor/01/b", "torch"): "not in this run"})
+    res = o.finish()
+    why = res.unjudged_anchors["anchor/01/b"]
+    assert "none" not in why and "only ort had a usable tensor" in why
+    assert "openvino: shape [256] differs from the other backends' shape [512]" in why
+    assert "shape [2, 3] differs" in res.verdicts["onnx-reference"].unjudged["anchor/01/b"]
+    assert res.verdicts["ort"].unjudged["anchor/01/b"] == "no other backend to compare with here"
+
+
+def test_bit_identical_families_are_merged_into_one_vote():
+    """Two families with bit-identical tensors (TF and OpenVINO both on oneDNN) share one deviation:
+    counted as one vote they cannot outvote the other two families."""
+    names = ["ort", "onnx-reference", "openvino", "tf"]
+
+    def samples(identical):
+        for s in _population(names, {"openvino": (1, lambda t, r: 1e-3 * r.standard_normal(t.shape), 1.0)}, seed=3):
+            for a in s:
+                if identical:
+                    s[a]["tf"] = s[a]["openvino"].copy()
+                else:  # the same deviation, but the tf copy has its own fp32-level noise
+                    s[a]["tf"] = s[a]["openvino"] * (1 + 3e-7 * np.random.default_rng(7).standard_normal(512))
+            yield s
+
+    o = Oracle(ANCHORS, _backends(names))
+    for s in samples(True):
+        o.add(s)
+    res = o.finish()
+    assert [c["families"] for c in res.correlated] == [["openvino", "tensorflow"]]
+    assert res.correlated[0]["anchors"] == {a.name: 8 for a in ANCHORS} and res.correlated[0]["differ"] == []
+    assert res.consensus["anchor/01/b"] == ["median:onnx-reference,onnxruntime,openvino+tensorflow"]
+    assert {b for b, v in res.verdicts.items() if v.flagged} == {"openvino", "tf"}
+    assert res.verdicts["openvino"].origin_anchor == "anchor/01/b"
+    assert any("correlated backends: openvino and tf" in n for n in res.notes)
+    # control: not bit-identical -> four separate votes, nothing merged, and the shared deviation pulls
+    # the element-wise median of four halfway: ort and onnx-reference now deviate as much as the pair
+    o2 = Oracle(ANCHORS, _backends(names))
+    for s in samples(False):
+        o2.add(s)
+    res2 = o2.finish()
+    assert res2.correlated == []
+    c_ort = next(c for c in res2.cells if c.backend == "ort" and c.anchor == "anchor/01/b")
+    c_ov = next(c for c in res2.cells if c.backend == "openvino" and c.anchor == "anchor/01/b")
+    assert c_ort.primary > 0.2 * c_ov.primary
+
+
+def test_all_identical_votes_are_not_merged():
+    """Agreement everywhere is not evidence of shared kernels: nothing merged, the median is unchanged."""
+    names = ["ort", "openvino", "onnx-reference"]
+    o = Oracle(ANCHORS, _backends(names))
+    x = np.linspace(-1, 1, 64)
+    for _ in range(2):
+        o.add({a.name: {b: x.copy() for b in names} for a in ANCHORS})
+    res = o.finish()
+    assert res.correlated == [] and res.consensus["anchor/00/a"] == ["median:onnx-reference,onnxruntime,openvino"]
+    assert all(v.status == "consistent" and v.worst_primary == 0.0 for v in res.verdicts.values())
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 8, 9, 11])
+def test_median_of_equals_numpy(n):
+    from anpred.oracle import median_of
+
+    rng = np.random.default_rng(n)
+    arrs = [rng.standard_normal(1000) for _ in range(n)]
+    arrs[0][:5] = arrs[1][:5]  # ties
+    assert np.array_equal(median_of(arrs), np.median(np.stack(arrs), axis=0))
+    arrs[1][7] = np.nan
+    assert np.array_equal(median_of(arrs), np.nanmedian(np.stack(arrs), axis=0))
 
 
 def test_threshold_baseline_matches_polygraphy_rule():
@@ -162,4 +263,26 @@ def test_config_file_overrides_defaults(tmp_path):
         load_config(j)
     j.write_text('{"kk": 1}')
     with pytest.raises(AnpredError, match="unknown oracle config key 'kk'"):
+        load_config(j)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"min_voters": "abc"}', "min_voters must be an integer >= 2, got 'abc'"),
+    ('{"min_voters": 2.5}', "min_voters must be an integer >= 2, got 2.5"),
+    ('{"threshold_atol": "x"}', "threshold_atol must be a finite number >= 0, got 'x'"),
+    ('{"propagation_band": 0}', "propagation_band must be a finite number > 1, got 0"),
+    ('{"floor": {"fp32": true}}', "floor.fp32 must be a finite number > 0, got True"),
+    ('{"floor": {"fp16": -1}}', "floor.fp16 must be a finite number > 0, got -1"),
+    ('{"k": {"int8": 0.5}}', "k.int8 must be a finite number >= 1, got 0.5"),
+    ('{"reservoir": -3}', "reservoir must be an integer >= 0, got -3"),
+    ('{"primary": "psnr"}', "unknown primary statistic 'psnr'"),
+    ('{"reduced_precision": {"ort-fp16": "fp8"}}', "unknown precision 'fp8'"),
+    ('{"oracle": 3}', "must be a table"),
+])
+def test_bad_config_values_are_one_clear_error(tmp_path, text, message):
+    """Regression (review): {"min_voters": "abc"} raised a ValueError traceback (exit 1); band 0 and
+    floor true were accepted."""
+    j = tmp_path / "c.json"
+    j.write_text(text)
+    with pytest.raises(AnpredError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config(j)

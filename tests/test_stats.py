@@ -77,3 +77,43 @@ def test_distribution_shift_is_seen_by_wasserstein_not_by_position():
     shifted = error_stats(c + 0.1, c)
     assert shifted.wasserstein == pytest.approx(0.1 / np.std(c), rel=1e-9)
     assert shifted.mean_signed == pytest.approx(0.1)
+
+
+def test_w1_formula_equals_scipy():
+    """The sorted-difference (quantile) form of W1 used for equal-size samples equals
+    scipy.stats.wasserstein_distance (which the docs cite) on skewed, tied and shifted data."""
+    from scipy.stats import wasserstein_distance
+
+    rng = np.random.default_rng(4)
+    for c, x in [(rng.standard_normal(5000), rng.standard_normal(5000) * 1.3 + 0.2),
+                 (rng.exponential(size=777), np.round(rng.exponential(size=777), 1)),
+                 (np.arange(10.0), np.arange(10.0)[::-1] + 1e-3)]:
+        s = error_stats(x, c)
+        assert s.wasserstein * np.std(c) == pytest.approx(wasserstein_distance(x, c), rel=1e-12, abs=1e-15)
+
+
+def test_reference_shared_by_backends_matches_error_stats():
+    """anpred.stats.Reference (consensus prepared once) gives exactly error_stats' values, also with
+    NaN/Inf in the tensor or in the consensus."""
+    from anpred.stats import Reference
+
+    rng = np.random.default_rng(5)
+    c = rng.standard_normal((2, 3, 50))
+    ref = Reference(c)
+    for x in (c + 1e-3 * rng.standard_normal(c.shape), np.where(rng.random(c.shape) < 0.05, np.nan, c * 1.01)):
+        cmp = ref.compare(x.astype(np.float32), "float16")
+        assert cmp.stats == error_stats(x.astype(np.float32), c, "float16")
+    c2 = c.copy()
+    c2[0, 0, :3] = [np.nan, np.inf, -np.inf]
+    x = c2 + 1e-4
+    x[1, 1, 1] = np.nan
+    cmp = Reference(c2).compare(x)
+    assert cmp.stats == error_stats(x, c2) and cmp.stats.n == c.size - 4
+    assert (cmp.stats.nan, cmp.stats.inf, cmp.stats.nan_ref, cmp.stats.inf_ref, cmp.nonfinite) == (2, 2, 1, 2, 1)
+
+
+def test_int8_backends_count_float32_ulps():
+    """Quantized backends hand back dequantized float32 anchors: max_ulp is in float32 ULPs."""
+    from anpred.oracle import ulp_dtype
+
+    assert [ulp_dtype(p) for p in ("fp32", "fp16", "bf16", "int8")] == ["float32", "float16", "bfloat16", "float32"]

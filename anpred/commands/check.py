@@ -1,8 +1,11 @@
 """Judge a run folder: consensus population-deviation oracle (and/or the threshold baseline),
 origin stage and propagation per backend; terminal summary, JSON and HTML reports, history.
 
-Exit status: 0 all backends consistent, 1 a backend flagged, 2 bad input (the run cannot be judged;
-the reports still say what could not be judged)."""
+Exit status: 0 every backend judged at every anchor on every sample and consistent; 1 a backend
+flagged, or the verdict INCOMPLETE (nothing flagged, but something could not be judged: a backend
+that did not run, an anchor missing or unaligned, samples missing; each gap is printed; exit 0
+instead with --allow-incomplete); 2 bad input (the run cannot be judged, unreadable run data or
+config; the reports still say what could not be judged); 3 internal error."""
 
 from __future__ import annotations
 
@@ -21,6 +24,9 @@ def add_arguments(parser):
                         help="reference backend (threshold baseline; consensus with fewer than 3 voting families)")
     parser.add_argument("--config", metavar="F", help="TOML/JSON file overriding the oracle defaults")
     parser.add_argument("--history", metavar="DB", help="append the verdict to this SQLite history database")
+    parser.add_argument("--allow-incomplete", action="store_true",
+                        help="exit 0 when nothing is flagged even if something could not be judged "
+                        "(the report still says INCOMPLETE and lists the gaps)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
 
 
@@ -31,7 +37,7 @@ def main(args) -> int:
     from anpred.report import format_text, write_html, write_json
 
     rep = check_run(args.run_dir, oracle=args.oracle, atol=args.atol, rtol=args.rtol,
-                    reference=args.reference, config=args.config)
+                    reference=args.reference, config=args.config, allow_incomplete=args.allow_incomplete)
     if args.json:
         write_json(rep, args.json)
     if args.report:
@@ -44,4 +50,8 @@ def main(args) -> int:
         print(format_text(rep))
     if rep.status == "error":
         print(f"anpred: error: {args.run_dir} cannot be judged: " + "; ".join(rep.problems), file=sys.stderr)
+    elif rep.status == "incomplete":
+        print(f"anpred: {args.run_dir}: INCOMPLETE: nothing flagged, but {len(rep.incomplete)} thing(s) could not "
+              f"be judged (listed above){'; --allow-incomplete: exit 0' if args.allow_incomplete else ''}",
+              file=sys.stderr)
     return rep.exit_code

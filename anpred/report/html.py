@@ -1,6 +1,8 @@
 """HTML report with embedded plots (matplotlib, Agg, base64 PNG): a heatmap backend x anchor of the
-primary statistic, the propagation profile per backend, per flagged anchor the error histogram and the
-value distributions side by side, and the verdict table. One self-contained file."""
+primary statistic (grey hatched: not judged), the propagation profile per backend with the ratio
+between consecutive anchors, per flagged anchor the error histogram and the value distributions side
+by side, the verdict table, and every (anchor, backend, sample) that could not be judged. One
+self-contained file."""
 
 from __future__ import annotations
 
@@ -49,8 +51,14 @@ def _heatmap(report, primary: str) -> str:
     ax.set_xticks(range(len(anchors)), [a[-28:] for a in anchors], rotation=75, fontsize=7)
     for i, j in flagged:
         ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", lw=2))
+    for i, b in enumerate(backends):
+        v = report.verdicts[b]
+        for j, a in enumerate(anchors):
+            if a in v.unjudged or a in v.partial:
+                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="xx",
+                                           edgecolor="0.5" if a in v.unjudged else "orange", lw=0.5))
     fig.colorbar(im, ax=ax, label=f"log10 {primary} vs consensus")
-    ax.set_title(f"{primary} per backend and anchor (red: flagged)")
+    ax.set_title(f"{primary} per backend and anchor (red: flagged; hatched grey: not judged, orange: part of the samples)")
     return _png(fig)
 
 
@@ -119,27 +127,40 @@ def write_html(report, path: str | Path) -> None:
 
     matplotlib.use("Agg", force=False)
     from anpred.onnx_io import atomic_write_text
-    from anpred.report.text import format_text
+    from anpred.report.text import format_text, propagation_line, verdict_word
 
     primary = report.config.get("primary", "nrmse")
     e = html.escape
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>anpred check {e(report.run_dir)}</title>",
              "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 6px}.flag{background:#fdd}.ok{background:#dfd}"
+             ".gap{background:#ffe9b3}"
              "pre{background:#f6f6f6;padding:8px;font-size:12px}</style></head><body>",
              f"<h1>anpred check: {e(report.status.upper())}</h1>",
              f"<p>run <code>{e(report.run_dir)}</code>, {report.samples} samples, oracle <b>{e(report.oracle)}</b>, "
              f"primary statistic <b>{e(primary)}</b>, schema {e(report.schema)}</p>"]
     if report.problems:
         parts.append("<h2>Could not be judged</h2><ul>" + "".join(f"<li>{e(p)}</li>" for p in report.problems) + "</ul>")
+    gaps = getattr(report, "incomplete", []) or []
+    if gaps:
+        note = " (exit 0: --allow-incomplete)" if getattr(report, "allow_incomplete", False) else ""
+        parts.append(f"<h2 class='gap'>Not judged ({len(gaps)}): the verdict is incomplete{e(note)}</h2><ul>"
+                     + "".join(f"<li>{e(g)}</li>" for g in gaps) + "</ul>")
+    for c in getattr(report, "correlated", []) or []:
+        parts.append(f"<p>Correlated backends: <b>{e(' + '.join(c['backends']))}</b> gave bit-identical tensors at "
+                     f"{len(c['anchors'])} of {len(report.anchors)} anchors and were counted as one consensus vote there"
+                     + (f" (judged apart at {e(', '.join(c['differ']))})" if c.get("differ") else "") + ".</p>")
     if report.verdicts:
         parts.append("<h2>Verdicts</h2><table><tr><th>backend</th><th>family</th><th>precision</th><th>votes</th>"
-                     "<th>verdict</th><th>origin stage</th><th>origin anchor</th><th>worst anchor</th>"
+                     "<th>verdict</th><th>anchors judged</th><th>origin stage</th><th>origin anchor</th><th>worst anchor</th>"
                      f"<th>worst {e(primary)}</th><th>&times; threshold</th><th>propagation</th><th>flagged anchors</th></tr>")
         for b, v in report.verdicts.items():
-            cls = "flag" if v.flagged else "ok"
+            cls = "flag" if v.flagged else ("ok" if v.status in ("consistent", "reference") else "gap")
+            word = {"ok": "consistent"}.get(verdict_word(v), verdict_word(v))
+            judged = f"{v.judged_anchors} / {len(report.anchors)}" + (f" ({len(v.partial)} on part of the samples)"
+                                                                    if v.partial else "")
             parts.append(f"<tr class='{cls}'><td>{e(b)}</td><td>{e(v.family)}</td><td>{e(v.precision)}</td>"
-                         f"<td>{'yes' if v.votes else 'no'}</td><td>{'FLAGGED' if v.flagged else 'consistent'}</td>"
+                         f"<td>{'yes' if v.votes else 'no'}</td><td>{e(word)}</td><td>{e(judged)}</td>"
                          f"<td>{_fmt(v.origin_stage)}</td><td>{_fmt(v.origin_anchor)}</td><td>{_fmt(v.worst_anchor)}</td>"
                          f"<td>{_fmt(v.worst_primary)}</td><td>{_fmt(v.worst_ratio_to_threshold)}</td>"
                          f"<td>{e(v.propagation)}{' (non-monotonic)' if v.non_monotonic else ''}</td>"
@@ -156,6 +177,16 @@ def write_html(report, path: str | Path) -> None:
     if report.cells:
         parts.append(f"<h2>Heatmap</h2><img src='{_heatmap(report, primary)}'>")
         parts.append(f"<h2>Propagation profile</h2><img src='{_profiles(report, primary)}'>")
+        parts.append(f"<p>{e(primary)} at the first judged anchor, then the ratio to the previous judged anchor "
+                     "(^ amplified, v attenuated, * flagged):</p><table><tr><th>backend</th><th>profile</th></tr>"
+                     + "".join(f"<tr><td>{e(b)}</td><td><code>{e(propagation_line(report, b))}</code></td></tr>"
+                               for b in report.verdicts) + "</table>")
+        steps = [(b, s) for b, v in report.verdicts.items() for s in v.steps if v.flagged]
+        if steps:
+            parts.append("<h3>Steps of flagged backends</h3><table><tr><th>backend</th><th>from</th><th>to</th>"
+                         "<th>ratio</th><th>kind</th></tr>" + "".join(
+                             f"<tr><td>{e(b)}</td><td>{e(s.src)}</td><td>{e(s.dst)}</td><td>{_fmt(s.ratio)}</td>"
+                             f"<td>{e(s.kind)}</td></tr>" for b, s in steps) + "</table>")
         flagged = [c for c in report.cells if c.flagged]
         if flagged:
             parts.append("<h2>Flagged anchors</h2>")

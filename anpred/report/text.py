@@ -1,7 +1,10 @@
-"""Terminal summary of a check report: one line per backend (verdict, origin stage, worst anchor, key
-statistics), then the threshold baseline and what could not be judged."""
+"""Terminal summary of a :class:`anpred.check.CheckReport`: one line per backend (verdict, origin stage,
+worst anchor, key statistics), the statistics at each origin, the propagation profile with the ratio
+between consecutive anchors, the threshold baseline, and everything that could not be judged."""
 
 from __future__ import annotations
+
+MAX_GAP_LINES = 8  # per backend; the JSON report has them all
 
 
 def _g(v, fmt=".2e") -> str:
@@ -10,6 +13,34 @@ def _g(v, fmt=".2e") -> str:
     if isinstance(v, str):
         return v
     return format(v, fmt)
+
+
+VERDICT_WORDS = {"flagged": "FLAGGED", "consistent": "ok", "incomplete": "INCOMPLETE", "unjudged": "UNJUDGED",
+                 "reference": "reference"}
+_KIND_MARK = {"amplified": "^", "attenuated": "v", "stable": "", "appeared": "!", "vanished": "-", "clean": ""}
+
+
+def verdict_word(v) -> str:
+    """``FLAGGED`` | ``ok`` | ``INCOMPLETE`` | ``UNJUDGED`` | ``reference`` for a BackendVerdict."""
+    return VERDICT_WORDS.get(getattr(v, "status", ""), "FLAGGED" if v.flagged else "ok")
+
+
+def propagation_line(report, backend: str) -> str:
+    """``S(first) xR1 xR2 ...``: the primary statistic at the first judged anchor, then the ratio to the
+    previous judged anchor at each next one (``^`` amplified, ``v`` attenuated, ``*`` flagged anchor)."""
+    v = report.verdicts[backend]
+    if not v.steps and not v.judged_anchors:
+        return "-"
+    first = report.cell(v.steps[0].src, backend) if v.steps else None
+    if first is None:
+        c = next((c for c in report.cells if c.backend == backend), None)
+        return _g(c.primary) + ("*" if c is not None and c.flagged else "") if c is not None else "-"
+    parts = [_g(first.primary, ".1e") + ("*" if first.flagged else "")]
+    for s in v.steps:
+        c = report.cell(s.dst, backend)
+        r = "x?" if s.ratio is None else f"x{s.ratio:.3g}"
+        parts.append(r + _KIND_MARK.get(s.kind, "") + ("*" if c is not None and c.flagged else ""))
+    return " ".join(parts)
 
 
 def format_text(report) -> str:
@@ -24,15 +55,17 @@ def format_text(report) -> str:
     primary = report.config.get("primary", "nrmse")
     if report.verdicts:
         lines.append("")
-        lines.append(f"{'backend':<16}{'family':<16}{'prec':<6}{'verdict':<10}{'origin':<28}"
+        lines.append(f"{'backend':<16}{'family':<16}{'prec':<6}{'verdict':<11}{'judged':>9} {'origin':<28}"
                      f"{'worst anchor':<28}{'worst ' + primary:>12} {'x thr':>9}{'propagation':>14}")
+        n_anchors = len(report.anchors)
         for b, v in report.verdicts.items():
-            verdict = "FLAGGED" if v.flagged else ("ok" if v.judged_anchors else "unjudged")
             origin = f"s{v.origin_stage} {v.origin_anchor}" if v.origin_anchor else "-"
             prop = v.propagation + ("*" if v.non_monotonic else "")
-            lines.append(f"{b:<16}{v.family:<16}{v.precision:<6}{verdict:<10}{origin[:27]:<28}"
+            judged = f"{v.judged_anchors}/{n_anchors}" + ("~" if v.partial else "")
+            lines.append(f"{b:<16}{v.family:<16}{v.precision:<6}{verdict_word(v):<11}{judged:>9} {origin[:27]:<28}"
                          f"{(v.worst_anchor or '-')[:27]:<28}{_g(v.worst_primary):>12}"
                          f" {_g(v.worst_ratio_to_threshold, '.2f'):>9}{prop:>14}")
+        lines.append("  judged: anchors judged / anchors (~: some judged on fewer samples than the run has)")
         if any(v.non_monotonic for v in report.verdicts.values()):
             lines.append("  * non-monotonic propagation (amplified and attenuated after the origin)")
         for b, v in report.verdicts.items():
@@ -44,6 +77,11 @@ def format_text(report) -> str:
                                  f"mean_signed {_g(s.mean_signed)} snr {_g(s.snr_db, '.1f')} dB cosine "
                                  f"{_g(s.cosine, '.6f')} W1 {_g(s.wasserstein)} max_ulp {_g(s.max_ulp, '.3g')} "
                                  f"nan {s.nan} inf {s.inf}")
+        lines.append("")
+        lines.append(f"propagation ({primary} at the first judged anchor, then the ratio to the previous judged anchor; "
+                     "^ amplified, v attenuated, * flagged):")
+        for b in report.verdicts:
+            lines.append(f"  {b:<16}{propagation_line(report, b)}")
     if report.threshold:
         lines.append("")
         any_ref = next(iter(report.threshold.values())).reference
@@ -51,8 +89,24 @@ def format_text(report) -> str:
         for b, t in report.threshold.items():
             lines.append(f"  {b:<16}{'pass' if t.passed else 'FAIL':<6} {t.failed_elements}/{t.total_elements} "
                          f"elements out of tolerance, max abs {_g(t.max_abs)}, max rel {_g(t.max_rel)}")
-    for b, why in report.unjudged_backends.items():
-        lines.append(f"not judged: {b}: {why}")
+    for c in getattr(report, "correlated", []) or []:
+        lines.append(f"correlated: {' + '.join(c['backends'])} merged into one consensus vote at "
+                     f"{len(c['anchors'])} of {len(report.anchors)} anchors (bit-identical tensors)")
+    gaps = getattr(report, "incomplete", []) or []
+    if gaps:
+        lines.append("")
+        lines.append(f"NOT JUDGED ({len(gaps)}): the verdict is incomplete for these")
+        per: dict[str, int] = {}
+        hidden = 0
+        for g in gaps:
+            key = g.split(":", 1)[0]
+            per[key] = per.get(key, 0) + 1
+            if per[key] > MAX_GAP_LINES:
+                hidden += 1
+                continue
+            lines.append(f"  - {g}")
+        if hidden:
+            lines.append(f"  ... {hidden} more (see the JSON report's 'incomplete')")
     for n in report.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines)
