@@ -39,6 +39,8 @@ class CheckReport:
         incomplete: what could not be judged, one line each (empty when everything was judged).
         allow_incomplete: ``incomplete`` exits 0 instead of 1 (``--allow-incomplete``).
         correlated: groups of backends merged into one consensus vote (bit-identical tensors) and where.
+        inputs: the input set's identity: ``description`` (run.json ``inputs``), ``samples`` and
+            ``sha256`` (of the samples' sha256 in run order: equal for the same inputs).
         oracle: ``consensus`` | ``threshold`` | ``both``.
         verdicts: per backend, the consensus oracle's verdict (origin, propagation ...).
         cells: per (anchor, backend) statistics and decision, in manifest order.
@@ -58,6 +60,7 @@ class CheckReport:
     created: str = ""
     model: dict[str, Any] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, Any] = field(default_factory=dict)
     anchors: list[dict[str, Any]] = field(default_factory=list)
     backends: dict[str, dict[str, Any]] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
@@ -110,6 +113,7 @@ class CheckReport:
         return {
             "schema": self.schema, "run_dir": self.run_dir, "status": self.status, "oracle": self.oracle,
             "samples": self.samples, "created": self.created, "model": self.model, "machine": self.machine,
+            "inputs": self.inputs,
             "anchors": self.anchors, "backends": self.backends, "config": self.config,
             "flagged_backends": self.flagged_backends,
             "verdicts": {k: v.to_dict() for k, v in self.verdicts.items()},
@@ -130,6 +134,7 @@ class CheckReport:
             return cls(
                 run_dir=d["run_dir"], status=d["status"], oracle=d["oracle"], samples=d.get("samples", 0),
                 created=d.get("created", ""), model=d.get("model", {}), machine=d.get("machine", {}),
+                inputs=d.get("inputs", {}),
                 anchors=d.get("anchors", []), backends=d.get("backends", {}), config=d.get("config", {}),
                 verdicts={k: BackendVerdict.from_dict(v) for k, v in d.get("verdicts", {}).items()},
                 cells=[Cell.from_dict(c) for c in d.get("cells", [])],
@@ -241,7 +246,7 @@ def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | N
         anchors=[{"name": a.name, "stage": a.stage, "kind": a.kind, "op_type": a.op_type, "dtype": a.dtype,
                   "producer": a.producer} for a in manifest.anchors],
         backends=table, config={**cfg.to_dict(), "atol": atol, "rtol": rtol, "reference": reference},
-        unjudged_backends=unjudged, allow_incomplete=bool(allow_incomplete))
+        unjudged_backends=unjudged, allow_incomplete=bool(allow_incomplete), inputs=_inputs_identity(store))
     if reference is not None and reference not in table:
         raise AnpredError(f"reference backend {reference!r} is not in this run; backends: {', '.join(table) or '(none)'}")
     if reference is not None and reference not in usable:
@@ -354,6 +359,16 @@ def _incomplete(report: CheckReport) -> list[str]:
             if not t.total_elements and b not in report.unjudged_backends:
                 out.append(f"{b}: threshold baseline compared no output element")
     return out
+
+
+def _inputs_identity(store) -> dict[str, Any]:
+    import hashlib
+
+    h = hashlib.sha256()
+    for s in store.meta.get("samples", []):
+        h.update(str(s.get("sha256", s.get("id", ""))).encode())
+    return {"description": store.meta.get("inputs", {}), "samples": len(store.meta.get("samples", [])),
+            "sha256": h.hexdigest()}
 
 
 def _tensor_file(store, backend: str, sample_id: str) -> Path:

@@ -1,9 +1,13 @@
 """Tracking verdicts over time in an SQLite database (stdlib ``sqlite3``).
 
-Tables: ``runs`` (one row per ``anpred check``: time, run folder, model identity, machine, status),
+Tables: ``runs`` (one row per ``anpred check``: time, run folder, model identity, machine, status,
+input set identity: ``inputs`` JSON description and ``inputs_sha256`` over the samples' hashes),
 ``verdicts`` (per run and backend: versions, verdict, origin, worst statistic, threshold result) and
 ``cells`` (per run, backend and anchor: the primary statistic, the decision and all statistics as JSON).
-``anpred history DB`` reads the trend of each (model, backend).
+``anpred history DB`` reads the trend of each (model, backend); the change of the worst statistic is
+given only against the previous run on the same inputs (other inputs: ``inputs!=``). A report with
+status ``error`` is not appended (``anpred check`` says so). Schema 2 added the input columns; a
+schema-1 database is migrated when appended to and read as is (inputs unknown).
 """
 
 from __future__ import annotations
@@ -16,17 +20,17 @@ from typing import Any
 
 from anpred.errors import AnpredError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS runs (
   id INTEGER PRIMARY KEY AUTOINCREMENT, created TEXT, run_dir TEXT, model TEXT, model_sha256 TEXT,
-  machine TEXT, cpu TEXT, status TEXT, oracle TEXT, samples INTEGER);
+  machine TEXT, cpu TEXT, status TEXT, oracle TEXT, samples INTEGER, inputs TEXT, inputs_sha256 TEXT);
 CREATE TABLE IF NOT EXISTS verdicts (
   run_id INTEGER REFERENCES runs(id), backend TEXT, family TEXT, precision TEXT, versions TEXT,
   flagged INTEGER, origin_anchor TEXT, origin_stage INTEGER, worst_anchor TEXT, worst_primary REAL,
-  propagation TEXT, threshold_passed INTEGER, threshold_max_abs REAL);
+  propagation TEXT, threshold_passed INTEGER, threshold_max_abs REAL, status TEXT);
 CREATE TABLE IF NOT EXISTS cells (
   run_id INTEGER REFERENCES runs(id), backend TEXT, anchor TEXT, stage INTEGER, primary_stat REAL,
   flagged INTEGER, stats TEXT);
@@ -53,9 +57,16 @@ def _connect(db: str | Path, create: bool) -> sqlite3.Connection:
             con.executescript(_DDL)
             con.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         ver = con.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        if create and ver is not None and ver[0] == "1":  # schema 1 -> 2: input set identity
+            with con:
+                con.execute("ALTER TABLE runs ADD COLUMN inputs TEXT")
+                con.execute("ALTER TABLE runs ADD COLUMN inputs_sha256 TEXT")
+                con.execute("ALTER TABLE verdicts ADD COLUMN status TEXT")
+                con.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
+            ver = (str(SCHEMA_VERSION),)
     except sqlite3.DatabaseError as err:
         raise AnpredError(f"{p} is not an anpred history database: {err}") from err
-    if ver is None or ver[0] != str(SCHEMA_VERSION):
+    if ver is None or ver[0] not in ("1", str(SCHEMA_VERSION)):
         con.close()
         raise AnpredError(f"{p}: history schema {ver[0] if ver else None!r} (expected {SCHEMA_VERSION})")
     return con
@@ -76,22 +87,27 @@ def append(db: str | Path, report) -> int:
     con = _connect(db, create=True)
     try:
         with con:
+            inputs = getattr(report, "inputs", {}) or {}
             cur = con.execute(
-                "INSERT INTO runs (created, run_dir, model, model_sha256, machine, cpu, status, oracle, samples) "
-                "VALUES (?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO runs (created, run_dir, model, model_sha256, machine, cpu, status, oracle, samples, "
+                "inputs, inputs_sha256) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (report.created, report.run_dir, name, sha, json.dumps(report.machine), report.machine.get("cpu", ""),
-                 report.status, report.oracle, report.samples))
+                 report.status, report.oracle, report.samples, json.dumps(inputs.get("description", {})),
+                 inputs.get("sha256")))
             rid = cur.lastrowid
             for b, info in report.backends.items():
                 v = report.verdicts.get(b)
                 t = report.threshold.get(b)
                 con.execute(
-                    "INSERT INTO verdicts VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    "INSERT INTO verdicts (run_id, backend, family, precision, versions, flagged, origin_anchor, "
+                    "origin_stage, worst_anchor, worst_primary, propagation, threshold_passed, threshold_max_abs, "
+                    "status) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (rid, b, info.get("family"), info.get("precision"), json.dumps(info.get("versions", {})),
                      None if v is None else int(v.flagged), v.origin_anchor if v else None,
                      v.origin_stage if v else None, v.worst_anchor if v else None,
                      _num(v.worst_primary) if v else None, v.propagation if v else None,
-                     None if t is None else int(t.passed), _num(t.max_abs) if t else None))
+                     None if t is None else int(t.passed), _num(t.max_abs) if t else None,
+                     getattr(v, "status", None) if v else ("unjudged" if b in report.unjudged_backends else None)))
             stage = {a["name"]: a["stage"] for a in report.anchors}
             con.executemany("INSERT INTO cells VALUES (?,?,?,?,?,?,?)",
                             [(rid, c.backend, c.anchor, stage.get(c.anchor), _num(c.primary), int(c.flagged),
@@ -117,6 +133,9 @@ class TrendRow:
     worst_primary: float | None
     threshold_passed: bool | None
     status: str
+    inputs_sha256: str | None = None
+    inputs: dict[str, Any] | None = None
+    verdict_status: str | None = None  # consistent | flagged | incomplete | unjudged | reference
 
 
 def trend(db: str | Path, model: str | None = None) -> list[TrendRow]:
@@ -124,8 +143,10 @@ def trend(db: str | Path, model: str | None = None) -> list[TrendRow]:
     Raises AnpredError when ``db`` is missing or not a history database."""
     con = _connect(db, create=False)
     try:
+        cols = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
+        extra = "r.inputs_sha256, r.inputs, v.status" if "inputs_sha256" in cols else "NULL, NULL, NULL"
         q = ("SELECT r.id, r.created, r.model, v.backend, v.versions, v.flagged, v.origin_anchor, v.worst_primary, "
-             "v.threshold_passed, r.status FROM runs r JOIN verdicts v ON v.run_id = r.id")
+             f"v.threshold_passed, r.status, {extra} FROM runs r JOIN verdicts v ON v.run_id = r.id")
         args: tuple = ()
         if model is not None:
             q += " WHERE r.model = ?"
@@ -134,29 +155,40 @@ def trend(db: str | Path, model: str | None = None) -> list[TrendRow]:
     finally:
         con.close()
     return [TrendRow(r[0], r[1], r[2], r[3], json.loads(r[4] or "{}"), None if r[5] is None else bool(r[5]), r[6],
-                     r[7], None if r[8] is None else bool(r[8]), r[9]) for r in rows]
+                     r[7], None if r[8] is None else bool(r[8]), r[9], r[10], json.loads(r[11]) if r[11] else None,
+                     r[12])
+            for r in rows]
 
 
 def format_trend(rows: list[TrendRow]) -> str:
-    """A table per (model, backend): one line per run with versions, verdict and worst statistic,
-    and the change of the worst statistic against the previous run."""
+    """A table per (model, backend): one line per run with the inputs' identity (first 8 hex digits of
+    ``inputs_sha256``), verdict, worst statistic, its change against the previous run on the same
+    inputs (``inputs!=`` when the inputs changed), origin and versions."""
     if not rows:
         return "(no entries)"
-    out = [f"{'model':<22}{'backend':<16}{'run':>5}  {'created':<26}{'verdict':<9}{'worst':>11}{'change':>9}  "
-           f"{'origin':<30}versions"]
+    out = [f"{'model':<22}{'backend':<16}{'run':>5}  {'created':<26}{'inputs':<9}{'verdict':<9}{'worst':>11}"
+           f"{'change':>10}  {'origin':<30}versions"]
     groups: dict[tuple[str, str], list[TrendRow]] = {}
     for r in rows:
         groups.setdefault((r.model, r.backend), []).append(r)
     for (m, b), rs in groups.items():
-        prev = None
+        prev: TrendRow | None = None
         for r in rs:
             verdict = "-" if r.flagged is None else ("FLAGGED" if r.flagged else "ok")
+            if not r.flagged and r.verdict_status in ("incomplete", "unjudged"):
+                verdict = r.verdict_status.upper()[:8]
             w = "-" if r.worst_primary is None else f"{r.worst_primary:.3e}"
-            ch = "" if prev in (None, 0) or r.worst_primary is None else f"x{r.worst_primary / prev:.2f}"
+            if prev is None or prev.worst_primary in (None, 0) or r.worst_primary is None:
+                ch = ""
+            elif prev.inputs_sha256 != r.inputs_sha256:
+                ch = "inputs!="
+            else:
+                ch = f"x{r.worst_primary / prev.worst_primary:.2f}"
             vers = ",".join(f"{k}={v}" for k, v in r.versions.items() if k != "python")
-            out.append(f"{m[:21]:<22}{b:<16}{r.run_id:>5}  {r.created:<26}{verdict:<9}{w:>11}{ch:>9}  "
+            ins = (r.inputs_sha256 or "?")[:8]
+            out.append(f"{m[:21]:<22}{b:<16}{r.run_id:>5}  {r.created:<26}{ins:<9}{verdict:<9}{w:>11}{ch:>10}  "
                        f"{(r.origin_anchor or '-')[:29]:<30}{vers}")
-            prev = r.worst_primary
+            prev = r
     return "\n".join(out)
 
 

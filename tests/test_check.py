@@ -408,3 +408,61 @@ def test_reports_cli_and_history(tmp_path, avgpool_run, capsys):
     assert main(["history", str(db), "--plot", str(png)]) == 0
     assert "avgpool_cnn" in capsys.readouterr().out and png.stat().st_size > 1000
     assert main(["history", str(tmp_path / "nope.db")]) == 2
+
+
+def test_history_records_inputs_and_says_when_a_run_is_skipped(tmp_path, avgpool_run, softplus_run, capsys):
+    """Regression (review): history skipped errored runs silently and did not record the input set."""
+    import sqlite3
+
+    from anpred.backends.base import BackendStatus
+    from anpred.cli import main
+    from anpred.history import SCHEMA_VERSION, format_trend, trend
+
+    run, _ = avgpool_run
+    db = tmp_path / "h.db"
+    assert main(["check", str(run), "-q", "--history", str(db)]) == 1
+    rows = trend(db)
+    sha = CheckReport.from_dict(json.loads(json.dumps(check_run(run).to_dict()))).inputs["sha256"]
+    assert {r.inputs_sha256 for r in rows} == {sha} and len(sha) == 64
+    assert rows[0].inputs == json.loads((run / "run.json").read_text())["inputs"]  # run.json's description
+    # another input set: same model, the change column says the inputs differ instead of a ratio
+    run2 = _copy_run(run, tmp_path / "run2")
+    meta = json.loads((run2 / "run.json").read_text())
+    meta["samples"][0]["sha256"] = "0" * 64
+    (run2 / "run.json").write_text(json.dumps(meta))
+    assert main(["check", str(run2), "-q", "--history", str(db)]) == 1
+    table = format_trend(trend(db))
+    assert "inputs!=" in table and sha[:8] in table
+    # a run that cannot be judged is not appended, and the user is told
+    sp, man = softplus_run
+    s = RunStore.create(tmp_path / "one", man)
+    s.add_sample("s0000", {"x": np.zeros((1, 3, 16, 16), np.float32)})
+    s.write_anchors("ort", "s0000", RunStore.open(sp).read_anchors("ort", "s0000"))
+    s.set_status(BackendStatus(name="ort", family="onnxruntime", status="ok"))
+    capsys.readouterr()
+    assert main(["check", str(tmp_path / "one"), "-q", "--history", str(db)]) == 2
+    assert "not appended: the run could not be judged" in capsys.readouterr().err
+    assert len({r.run_id for r in trend(db)}) == 2
+    # a schema-1 database is read as is and migrated when appended to
+    old = tmp_path / "old.db"
+    con = sqlite3.connect(old)
+    con.executescript("""
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT); INSERT INTO meta VALUES ('schema', '1');
+        CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, created TEXT, run_dir TEXT, model TEXT,
+          model_sha256 TEXT, machine TEXT, cpu TEXT, status TEXT, oracle TEXT, samples INTEGER);
+        CREATE TABLE verdicts (run_id INTEGER, backend TEXT, family TEXT, precision TEXT, versions TEXT,
+          flagged INTEGER, origin_anchor TEXT, origin_stage INTEGER, worst_anchor TEXT, worst_primary REAL,
+          propagation TEXT, threshold_passed INTEGER, threshold_max_abs REAL);
+        CREATE TABLE cells (run_id INTEGER, backend TEXT, anchor TEXT, stage INTEGER, primary_stat REAL,
+          flagged INTEGER, stats TEXT);
+        INSERT INTO runs VALUES (1, 't', 'r', 'm', '', '{}', '', 'consistent', 'consensus', 2);
+        INSERT INTO verdicts VALUES (1, 'ort', 'onnxruntime', 'fp32', '{}', 0, NULL, NULL, NULL, 1e-7, 'none', NULL, NULL);
+    """)
+    con.commit()
+    con.close()
+    assert [r.inputs_sha256 for r in trend(old)] == [None]
+    assert main(["check", str(run), "-q", "--history", str(old)]) == 1
+    con = sqlite3.connect(old)
+    assert con.execute("SELECT value FROM meta").fetchone()[0] == str(SCHEMA_VERSION)
+    con.close()
+    assert [r.inputs_sha256 for r in trend(old)][-1] == sha

@@ -46,6 +46,9 @@ def main(args) -> int:
         from anpred.history import append
 
         append(args.history, rep)
+    elif args.history:
+        print(f"anpred: history: {args.history} not appended: the run could not be judged (status error)",
+              file=sys.stderr)
     if not args.quiet:
         print(format_text(rep))
     if rep.status == "error":
