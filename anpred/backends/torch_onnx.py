@@ -19,7 +19,8 @@ entry per output of multi-output nodes such as Split). Anchors are taken from th
 multi-output node and deduplicates graph outputs by producer, so output positions do not map back to
 ONNX output names reliably). Returned arrays are float32 numpy arrays in ONNX layout (NCHW).
 
-Conversion takes well under a second (0.3-0.6 s for YOLOv8n), so it is not cached.
+Conversion takes well under a second (``onnx2torch.convert`` 0.09-0.28 s for YOLOv8n at 224 px,
+benchmarks/bench_run.py), so it is not cached.
 Effective precision: fp32 (eager CPU kernels; no autocast).
 """
 
