@@ -6,13 +6,13 @@ as named graph outputs ("anchors"), with a manifest describing each.
 
 Runs :class:`passes.partition.StagePartitionPass` then :class:`passes.anchors.AnchorInsertionPass`
 (see those modules for the cut definition and cost model). Weights are never loaded: a model with
-external data is instrumented from its graph alone and the output refers to the original weight
-files (relative paths rebased, nothing copied).
+external data is instrumented from its graph alone; written next to the source it refers to the
+same weight files, written elsewhere the weights are copied (``copy_external_data=True``) or the
+write is refused (see :func:`instrument_file`).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -99,109 +99,42 @@ def instrument_model(model, *, stages: int | None = None, max_cut_width: int = 4
     return res.model, res.info["AnchorInsertionPass"]["manifest"]
 
 
-def _check_out(path: Path) -> None:
-    d = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise OutputPathError(f"{path}: is a folder, not a file path")
-    if not d.is_dir():
-        raise OutputPathError(f"{path}: folder {d} does not exist")
-    if not os.access(d, os.W_OK):
-        raise OutputPathError(f"{path}: folder {d} is not writable")
-
-
 def instrument_file(model_path, out_path, *, stages: int | None = None, max_cut_width: int = 4,
-                    anchors=(), manifest_path=None) -> AnchorManifest:
+                    anchors=(), manifest_path=None, copy_external_data: bool = False) -> AnchorManifest:
     """Instrument ``model_path`` and write ``out_path`` plus the manifest JSON
     (``manifest_path``, default :func:`default_manifest_path` of ``out_path``).
 
-    Both writes are atomic; if the second fails the first is removed, so a failed run leaves
-    nothing. External weights are never loaded or copied: written next to the source they are
-    referenced as they are; written elsewhere, each weight file is hard-linked into the output folder
-    (ONNX Runtime refuses locations outside the model's folder; see :func:`_link_external_data`).
+    All writes are one all-or-nothing step (:class:`anpred.onnx_io.AtomicFiles`): a failed run
+    leaves nothing. External weights are never loaded. Written in the folder of the source model
+    they are referenced as they are (no copy). ONNX Runtime, OpenVINO and onnx refuse weight paths
+    outside the model's folder (``../``, absolute, symlinks, hard links), so an output in another
+    folder needs ``copy_external_data=True``: the weight files are then streamed into the output
+    folder as ``<output name>.data`` (``shutil.copyfile``, constant memory).
 
     Raises:
-        ModelLoadError: not ONNX, truncated, missing external data.
+        ModelLoadError: a folder, not ONNX, truncated, missing external data.
         GraphError: see :func:`instrument_model`.
-        OutputPathError: an output folder that does not exist or cannot be written; ``out_path`` equal
-            to ``model_path`` while it has external data in another folder is fine (rebased).
+        OutputPathError: an output folder that does not exist or cannot be written; the manifest
+            path equal to the output path; external weights and an output in another folder without
+            ``copy_external_data`` (:class:`anpred.onnx_io.ExternalDataPlacementError`).
     """
-    from anpred.onnx_io import atomic_write_text, load_model, save_model
+    from anpred.onnx_io import check_writable_dir, external_data_files, load_model, plan_external_data, save_model
 
     model_path, out_path = Path(model_path), Path(out_path)
     man_path = Path(manifest_path) if manifest_path is not None else default_manifest_path(out_path)
-    _check_out(out_path)
-    _check_out(man_path)
+    check_writable_dir(out_path)
+    check_writable_dir(man_path)
     if man_path.resolve() == out_path.resolve():
         raise OutputPathError(f"{man_path}: the manifest path equals the model output path")
     model = load_model(model_path, load_external=False)
+    # refuse a placement no runtime could load before any work
+    locations = external_data_files(model)
+    plan_external_data(model, out_path, model_path, copy_external_data, locations)
     anchored, manifest = instrument_model(model, stages=stages, max_cut_width=max_cut_width,
                                           anchors=anchors, source_path=model_path)
-    existed = out_path.exists()
-    links: list[Path] = []
-    try:
-        links = _link_external_data(anchored, model_path.parent, out_path)
-        save_model(anchored, out_path, source_path=model_path)
-        atomic_write_text(man_path, manifest.to_json())
-    except BaseException:
-        if not existed and out_path.exists():
-            out_path.unlink()
-        for p in links:
-            p.unlink(missing_ok=True)
-        raise
+    save_model(anchored, out_path, source_path=model_path, copy_external_data=copy_external_data,
+               extra_files={man_path: manifest.to_json().encode()}, external_locations=locations)
     return manifest
-
-
-def _link_external_data(model, src_dir: Path, out_path: Path) -> list[Path]:
-    """Make the external weights reachable from ``out_path``'s folder without copying them.
-
-    ONNX Runtime 1.32, OpenVINO and onnx 1.23 all refuse external-data locations that leave the
-    model's folder (``..``, absolute paths, symlinks), so a relative reference to the source folder
-    would not load. Each weight file is therefore *hard-linked* into the output folder (same inode: no
-    bytes copied) and the model's ``location`` entries point at the link: ONNX Runtime and OpenVINO
-    load it; ``onnx.load``/``onnx.checker`` with external data refuse hard links ("potential hardlink
-    attack"), so for onnx-based tools write the output next to the source model. Where a hard link is impossible
-    (another file system), the location is left for :func:`anpred.onnx_io.save_model` to rebase to a
-    relative path, and a warning says ONNX Runtime may refuse it. Returns the links created."""
-    import warnings
-
-    from anpred.onnx_io import external_data_files
-
-    src_dir, out_dir = src_dir.resolve(), out_path.parent.resolve()
-    files = external_data_files(model)
-    if not files or src_dir == out_dir:
-        return []
-    created: list[Path] = []
-    mapping: dict[str, str] = {}
-    for loc in files:
-        src = (src_dir / loc).resolve()
-        if src.is_relative_to(out_dir):  # already inside the output folder
-            mapping[loc] = os.path.relpath(src, out_dir)
-            continue
-        target = out_dir / Path(loc).name
-        if target.exists() and not target.samefile(src):
-            target = out_dir / f"{out_path.stem}.{Path(loc).name}"
-        try:
-            if not target.exists():
-                os.link(src, target)
-                created.append(target)
-            elif not target.samefile(src):
-                raise OSError(f"{target} exists and is another file")
-        except OSError as err:
-            warnings.warn(f"cannot hard-link external weights {src} into {out_dir} ({err}); the output refers "
-                          f"to them by a relative path, which ONNX Runtime may refuse (write the output next "
-                          f"to the source model instead)", stacklevel=3)
-            continue
-        mapping[loc] = target.name
-    if mapping:
-        from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-        for t in _get_all_tensors(model):
-            if uses_external_data(t):
-                for e in t.external_data:
-                    if e.key == "location" and e.value in mapping:
-                        # save_model rebases locations from src_dir to out_dir: give the path from src_dir
-                        e.value = os.path.relpath(out_dir / mapping[e.value], src_dir)
-    return created
 
 
 def _fmt_shape(shape) -> str:

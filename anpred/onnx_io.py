@@ -1,19 +1,37 @@
 """Loading and saving ONNX models with clear errors and atomic writes.
 
 ``load_model`` never loads external weights unless asked (``load_external=False`` by default for
-graph passes); ``save_model`` writes to a temporary file in the destination folder and renames it,
-so a failed run leaves no half-written file. Models with external data are saved so that their
-``location`` entries still point to the original weight files (no copy), relative to the new file.
+graph passes). Writes go to temporary files in the destination folder that are renamed into place
+only when everything is written (:class:`AtomicFiles`), so a failed run leaves no half-written file;
+files get mode ``0o666 & ~umask`` like any file the user creates.
+
+External data: ONNX Runtime 1.32, OpenVINO 2026.4 and onnx 1.23 refuse external-data ``location``
+entries that leave the model's folder (``../``, absolute paths, symlinks; onnx also hard links), so a
+model is never saved with weights referenced from another folder. :func:`save_model` writes a model
+that refers to external weights either next to those weights (referenced as they are, never loaded
+or copied) or, with ``copy_external_data=True``, elsewhere with the weight files streamed into the
+new folder (``shutil.copyfile``: never read into Python memory); otherwise it raises
+:class:`ExternalDataPlacementError`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 from anpred.errors import ModelLoadError, OutputPathError
+
+__all__ = ["sha256_file", "load_model", "external_data_files", "save_model", "AtomicFiles",
+           "atomic_write_bytes", "atomic_write_text", "file_mode", "check_writable_dir",
+           "ExternalDataPlacementError"]
+
+
+class ExternalDataPlacementError(OutputPathError):
+    """A model with external weights would be written to a folder other than the weights' folder
+    without copying them (no runtime would load it)."""
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -35,13 +53,15 @@ def load_model(path: str | Path, load_external: bool = False):
         load_external: also read external-data weight files into memory.
 
     Raises:
-        ModelLoadError: the file is missing, not ONNX, truncated, or refers to external data files
-            that do not exist.
+        ModelLoadError: the path is missing or a folder, the file is not ONNX or truncated, or it
+            refers to external data files that do not exist.
     """
     import onnx
     from google.protobuf.message import DecodeError
 
     path = Path(path)
+    if path.is_dir():
+        raise ModelLoadError(f"{path}: is a folder, not an ONNX model file")
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such file")
     try:
@@ -60,70 +80,278 @@ def load_model(path: str | Path, load_external: bool = False):
     return model
 
 
+_GRAPH, _GRAPHS, _TENSOR, _TENSORS = 5, 10, 4, 9  # onnx.AttributeProto types
+_EXTERNAL = 1  # onnx.TensorProto.EXTERNAL
+#: the default-domain ops whose attributes can hold tensors or sub-graphs (ops of other domains,
+#: e.g. ai.onnx.ml, are always looked at)
+_ATTR_TENSOR_OPS = frozenset({"Constant", "ConstantOfShape", "If", "Loop", "Scan", "SequenceMap"})
+
+
+def _external_tensors(model) -> list:
+    """Every TensorProto stored as external data: initializers and tensor attributes, in the main
+    graph, its sub-graphs and the model's functions (iterative). Only nodes that can carry tensor or
+    graph attributes are opened (:data:`_ATTR_TENSOR_OPS`, other domains), which keeps this at about
+    0.2 us per node."""
+    found = []
+    stack = [model.graph]
+    funcs = list(model.functions)
+    while stack or funcs:
+        if stack:
+            g = stack.pop()
+            found.extend(t for t in g.initializer if t.data_location == _EXTERNAL)
+            found.extend(t.values for t in g.sparse_initializer if t.values.data_location == _EXTERNAL)
+            nodes = g.node
+        else:
+            nodes = funcs.pop().node
+        for n in nodes:
+            if n.op_type not in _ATTR_TENSOR_OPS and n.domain in ("", "ai.onnx"):
+                continue
+            for a in n.attribute:
+                ty = a.type
+                if ty == _TENSOR:
+                    if a.t.data_location == _EXTERNAL:
+                        found.append(a.t)
+                elif ty == _TENSORS:
+                    found.extend(t for t in a.tensors if t.data_location == _EXTERNAL)
+                elif ty == _GRAPH:
+                    stack.append(a.g)
+                elif ty == _GRAPHS:
+                    stack.extend(a.graphs)
+    return found
+
+
+def _location(t) -> str | None:
+    for e in t.external_data:
+        if e.key == "location":
+            return e.value
+    return None
+
+
 def external_data_files(model) -> list[str]:
-    """Relative locations of the external-data files an ONNX model refers to (unique, sorted)."""
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-    locs = set()
-    for t in _get_all_tensors(model):
-        if uses_external_data(t):
-            for e in t.external_data:
-                if e.key == "location":
-                    locs.add(e.value)
-    return sorted(locs)
+    """Locations (as written in the model, relative to its folder) of the external-data files an ONNX
+    model refers to: unique, sorted. One pass over initializers and tensor attributes."""
+    return sorted({loc for t in _external_tensors(model) if (loc := _location(t)) is not None})
 
 
-def rebase_external_data(model, src_dir: Path, dst_dir: Path) -> None:
-    """Rewrite external-data ``location`` entries so they resolve from ``dst_dir`` to the same files
-    they resolved to from ``src_dir`` (weights are referenced, never copied)."""
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+def file_mode() -> int:
+    """The mode a new file gets from the process umask: ``0o666 & ~umask`` (read from
+    ``/proc/self/status`` on Linux, so the umask is never changed, not even briefly)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return 0o666 & ~old
 
-    src_dir, dst_dir = Path(src_dir).resolve(), Path(dst_dir).resolve()
-    if src_dir == dst_dir:
-        return
-    for t in _get_all_tensors(model):
-        if uses_external_data(t):
-            for e in t.external_data:
-                if e.key == "location":
-                    e.value = os.path.relpath(src_dir / e.value, dst_dir)
 
-
-def _check_writable_dir(path: Path) -> None:
+def check_writable_dir(path: str | Path) -> None:
+    """Raise OutputPathError unless a file can be created in ``path``'s folder: the folder exists and a
+    probe file can really be created there (``os.access`` says yes to root even on ``/proc``)."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputPathError(f"{path}: is a folder, not a file path")
     d = path.parent if str(path.parent) else Path(".")
     if not d.is_dir():
         raise OutputPathError(f"{path}: folder {d} does not exist")
-    if not os.access(d, os.W_OK):
-        raise OutputPathError(f"{path}: folder {d} is not writable")
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temporary file + rename). Raises OutputPathError."""
-    path = Path(path)
-    _check_writable_dir(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=d)
     except OSError as err:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise OutputPathError(f"cannot write {path}: {err.strerror or err}") from err
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        raise OutputPathError(f"{path}: cannot create a file in folder {d} ({err.strerror or err})") from err
+    os.close(fd)
+    os.unlink(probe)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+_check_writable_dir = check_writable_dir  # the older private name (used by anpred.commands.diff)
+
+
+class AtomicFiles:
+    """Write several files all-or-nothing: each is staged as a temporary file in its destination
+    folder and renamed into place by :meth:`commit`; on an error (or :meth:`discard`) every staged
+    file is removed, and files already renamed into place that did not exist before are removed.
+
+        with AtomicFiles() as out:
+            out.write_bytes(model_path, data)
+            out.copy_file(weights_path, source_weights)   # streamed, never in Python memory
+        # committed here; an exception inside the block leaves nothing
+
+    Raises:
+        OutputPathError: a folder that does not exist or cannot be written, a full disk (any OSError
+            while creating, writing or renaming; the message names the file).
+    """
+
+    def __init__(self):
+        self._staged: list[tuple[str, Path]] = []
+        self._mode = file_mode()
+
+    def _tmp(self, path: Path) -> tuple[int, str]:
+        d = path.parent if str(path.parent) else Path(".")
+        try:
+            if path.is_dir():
+                raise OutputPathError(f"{path}: is a folder, not a file path")
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=d)
+        except OSError as err:
+            raise OutputPathError(f"cannot write {path}: {err.strerror or err} (folder {d})") from err
+        self._staged.append((tmp, path))
+        return fd, tmp
+
+    def write_bytes(self, path: str | Path, data: bytes) -> None:
+        path = Path(path)
+        fd, tmp = self._tmp(path)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                os.fchmod(f.fileno(), self._mode)
+        except OSError as err:
+            raise OutputPathError(f"cannot write {path}: {err.strerror or err}") from err
+
+    def copy_file(self, path: str | Path, src: str | Path) -> None:
+        """Stage a copy of ``src`` at ``path`` (``shutil.copyfile``: kernel copy, constant memory)."""
+        path = Path(path)
+        fd, tmp = self._tmp(path)
+        os.close(fd)
+        try:
+            shutil.copyfile(src, tmp)
+            os.chmod(tmp, self._mode)
+        except OSError as err:
+            raise OutputPathError(f"cannot copy {src} to {path}: {err.strerror or err}") from err
+
+    def commit(self) -> None:
+        done: list[tuple[Path, bool]] = []
+        try:
+            for tmp, path in self._staged:
+                existed = path.exists()
+                os.replace(tmp, path)
+                done.append((path, existed))
+        except OSError as err:
+            for path, existed in done:
+                if not existed:
+                    path.unlink(missing_ok=True)
+            self.discard()
+            raise OutputPathError(f"cannot write {path}: {err.strerror or err}") from err
+        self._staged = []
+
+    def discard(self) -> None:
+        for tmp, _ in self._staged:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        self._staged = []
+
+    def __enter__(self) -> "AtomicFiles":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.discard()
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file + rename, mode ``0o666 & ~umask``).
+
+    Raises:
+        OutputPathError: the folder does not exist or cannot be written (the whole write, temporary
+            file creation included, is checked; nothing is left behind).
+    """
+    path = Path(path)
+    d = path.parent if str(path.parent) else Path(".")
+    if not d.is_dir():
+        raise OutputPathError(f"{path}: folder {d} does not exist")
+    with AtomicFiles() as out:
+        out.write_bytes(path, data)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """:func:`atomic_write_bytes` of ``text`` encoded as UTF-8."""
     atomic_write_bytes(Path(path), text.encode())
 
 
-def save_model(model, path: str | Path, source_path: str | Path | None = None) -> None:
-    """Save ``model`` atomically. If the model refers to external data, the references are rebased
-    from ``source_path``'s folder so that they still reach the original weights. Models over 2 GB
-    must use external data (protobuf limit)."""
+def _placement_message(src_dir: Path, dst_dir: Path, locs: list[str]) -> str:
+    return (f"the model keeps its weights in external file(s) {', '.join(locs)} in {src_dir}; ONNX Runtime, "
+            f"OpenVINO and onnx refuse weight paths outside the model's folder, so a model written to {dst_dir} "
+            "could not load them: write the output in the same folder as the source model, or copy the "
+            "weight files into the output folder (anpred-instrument --copy-external-data)")
+
+
+def plan_external_data(model, path: Path, source_path: Path | None, copy_external_data: bool,
+                       locations: list[str] | None = None) -> dict[str, tuple[Path, str]]:
+    """Decide where the external weights of ``model`` (read from ``source_path``'s folder) go when
+    the model is written to ``path``. Returns ``{old location: (source file, new location)}`` for the
+    files to copy (empty: nothing to copy, the locations stay as they are).
+
+    Raises:
+        ExternalDataPlacementError: ``path`` is in another folder and ``copy_external_data`` is false.
+    """
+    locs = external_data_files(model) if locations is None else locations
+    if not locs or source_path is None:
+        return {}
+    src_dir, dst_dir = Path(source_path).parent.resolve(), Path(path).parent.resolve()
+    if src_dir == dst_dir:
+        return {}
+    if not copy_external_data:
+        raise ExternalDataPlacementError(_placement_message(src_dir, dst_dir, locs))
+    plan: dict[str, tuple[Path, str]] = {}
+    base = Path(path).name
+    used: set[str] = set()
+    for k, loc in enumerate(locs):
+        new = f"{base}.data" if len(locs) == 1 else f"{base}.{Path(loc).name}"
+        if new in used:
+            new = f"{base}.{k}.{Path(loc).name}"
+        used.add(new)
+        plan[loc] = (src_dir / loc, new)
+    return plan
+
+
+def save_model(model, path: str | Path, source_path: str | Path | None = None, *,
+               copy_external_data: bool = False, extra_files: dict | None = None,
+               external_locations: list[str] | None = None) -> list[Path]:
+    """Save ``model`` to ``path`` atomically (with ``extra_files``, ``{path: bytes}``, in the same
+    all-or-nothing write).
+
+    A model with external data read from ``source_path``: written in the same folder, its
+    ``location`` entries are kept (weights referenced, never loaded or copied); written to another
+    folder, the weight files are copied next to ``path`` as ``<path name>.data`` (several:
+    ``<path name>.<file name>``) when ``copy_external_data`` is true (streamed, byte-identical, so
+    offsets stay valid), else :class:`ExternalDataPlacementError` is raised before anything is
+    written. Without ``source_path`` the locations are written as they are. The model passed in is
+    not modified. ``external_locations``: :func:`external_data_files` of ``model`` when the caller
+    has it (saves a pass over the graph). Models over 2 GB must use external data (protobuf limit).
+
+    Returns:
+        the weight files written (empty when none were copied).
+
+    Raises:
+        ExternalDataPlacementError: see above (an OutputPathError, CLI exit 2).
+        OutputPathError: the folder does not exist or cannot be written.
+    """
     path = Path(path)
-    if source_path is not None:
-        rebase_external_data(model, Path(source_path).parent, path.parent)
-    atomic_write_bytes(path, model.SerializeToString())
+    d = path.parent if str(path.parent) else Path(".")
+    if not d.is_dir():
+        raise OutputPathError(f"{path}: folder {d} does not exist")
+    plan = plan_external_data(model, path, Path(source_path) if source_path is not None else None,
+                              copy_external_data, external_locations)
+    if plan:
+        import onnx
+
+        relocated = onnx.ModelProto()
+        relocated.CopyFrom(model)
+        for t in _external_tensors(relocated):
+            for e in t.external_data:
+                if e.key == "location" and e.value in plan:
+                    e.value = plan[e.value][1]
+        model = relocated
+    written: list[Path] = []
+    with AtomicFiles() as out:
+        for src, new in plan.values():
+            out.copy_file(path.parent / new, src)
+            written.append(path.parent / new)
+        out.write_bytes(path, model.SerializeToString())
+        for p, data in (extra_files or {}).items():
+            out.write_bytes(Path(p), data)
+    return written

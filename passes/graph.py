@@ -24,6 +24,8 @@ from anpred.errors import GraphError
 
 #: ops whose output depends only on the *shape* of their inputs, not on their values.
 SHAPE_OPS = frozenset({"Shape", "Size"})
+#: standard ops that carry sub-graphs (GRAPH/GRAPHS attributes)
+_SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 _NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                                "Multinomial", "Bernoulli"})
 
@@ -106,7 +108,7 @@ def build_index(graph) -> GraphIndex:
     """Index ``graph`` (an ``onnx.GraphProto``).
 
     Raises:
-        GraphError: no graph inputs, a value produced twice, a node input that nothing produces, or
+        GraphError: no graph inputs or no graph outputs, a value produced twice, a node input that nothing produces, or
             a cycle (the message names a node on it).
     """
     initializers = {t.name for t in graph.initializer}
@@ -115,13 +117,23 @@ def build_index(graph) -> GraphIndex:
     if not graph_inputs:
         raise GraphError("the graph has no inputs (every graph input is an initializer or there are none)")
     graph_outputs = [o.name for o in graph.output]
+    if not graph_outputs:
+        raise GraphError("the graph has no outputs (nothing is computed for anyone: nothing to instrument)")
 
     file_nodes = list(graph.node)
     n_nodes = len(file_nodes)
-    ins: list[list[str]] = [[v for v in n.input if v] for n in file_nodes]
-    outs: list[list[str]] = [[v for v in n.output if v] for n in file_nodes]
+    # slicing a repeated field is the cheapest way to read it from Python (one list, no iterator)
+    ins: list[list[str]] = [n.input[:] for n in file_nodes]
+    outs: list[list[str]] = [n.output[:] for n in file_nodes]
+    for lists in (ins, outs):
+        for i, lst in enumerate(lists):
+            if "" in lst:  # omitted optional inputs/outputs
+                lists[i] = [v for v in lst if v]
+    file_ops = [n.op_type for n in file_nodes]
     for i, node in enumerate(file_nodes):
-        if node.attribute and any(a.type == 5 or a.type == 10 for a in node.attribute):  # GRAPH(S)
+        # sub-graphs hang off If/Loop/Scan/SequenceMap, or ops of other domains
+        if (file_ops[i] in _SUBGRAPH_OPS or node.domain not in ("", "ai.onnx")) and \
+                any(a.type == 5 or a.type == 10 for a in node.attribute):  # GRAPH(S)
             extra = _subgraph_outer_refs(node)
             if extra:
                 have = set(ins[i])
@@ -136,6 +148,8 @@ def build_index(graph) -> GraphIndex:
             prod_file[v] = i
     is_sorted = True
     get = prod_file.get
+    consumers: dict[str, list[int]] = {}  # by file position; renumbered below if the file is unsorted
+    cget = consumers.get
     for i, inp in enumerate(ins):
         for v in inp:
             p = get(v)
@@ -145,6 +159,11 @@ def build_index(graph) -> GraphIndex:
                     raise GraphError(f"node {nm!r} reads {v!r}, which no node, input or initializer provides")
             elif p >= i:
                 is_sorted = False
+            c = cget(v)
+            if c is None:
+                consumers[v] = [i]
+            elif c[-1] != i:
+                c.append(i)
     for v in graph_outputs:
         if v not in prod_file and v not in known:
             raise GraphError(f"graph output {v!r} is not produced by any node")
@@ -185,37 +204,44 @@ def build_index(graph) -> GraphIndex:
         for pos, out in enumerate(outs):
             for v in out:
                 producer[v] = pos
-    consumers: dict[str, list[int]] = {}
-    for pos, inp in enumerate(ins):
-        for v in inp:
-            c = consumers.get(v)
-            if c is None:
-                consumers[v] = [pos]
-            else:
-                c.append(pos)
-    op_types = [n.op_type for n in nodes]
+    if not is_sorted:
+        consumers = {}
+        for pos, inp in enumerate(ins):
+            for v in inp:
+                c = consumers.get(v)
+                if c is None:
+                    consumers[v] = [pos]
+                elif c[-1] != pos:
+                    c.append(pos)
+    op_types = file_ops if is_sorted else [file_ops[i] for i in order]
 
-    # constant / shape-only propagation (forward, in topological order)
+    # constant / shape-only propagation (forward, in topological order; set operations run in C)
     constant: set[str] = set(initializers)
     shape_only: set[str] = set()
+    not_data: set[str] = set(initializers)  # constant | shape_only
     data_node = [True] * n_nodes
     for pos, op in enumerate(op_types):
         inp = ins[pos]
-        if op not in _NONDETERMINISTIC and all(v in constant for v in inp):  # incl. no inputs (Constant)
-            constant.update(outs[pos])
+        if not_data.issuperset(inp):  # incl. no inputs (Constant)
+            if op not in _NONDETERMINISTIC and constant.issuperset(inp):
+                constant.update(outs[pos])
+            else:
+                shape_only.update(outs[pos])
+            not_data.update(outs[pos])
             data_node[pos] = False
-        elif op in SHAPE_OPS or all(v in constant or v in shape_only for v in inp):
+        elif op in SHAPE_OPS:
             shape_only.update(outs[pos])
+            not_data.update(outs[pos])
             data_node[pos] = False
 
-    # liveness (backward): a node is live if one of its outputs is a graph output or feeds a live node
+    # liveness (backward): a node is live if one of its outputs is a graph output or is read by a
+    # live node (``needed``: every value a live node reads, plus the graph outputs)
     live = [False] * n_nodes
-    out_set = set(graph_outputs)
+    needed = set(graph_outputs)
     for pos in range(n_nodes - 1, -1, -1):
-        for v in outs[pos]:
-            if v in out_set or any(live[c] for c in consumers.get(v, ())):
-                live[pos] = True
-                break
+        if not needed.isdisjoint(outs[pos]):
+            live[pos] = True
+            needed.update(ins[pos])
 
     return GraphIndex(nodes=nodes, file_index=order, inputs=ins, outputs=outs, producer=producer,
                       consumers=consumers, graph_inputs=graph_inputs, initializers=initializers,

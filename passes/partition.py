@@ -23,6 +23,8 @@ native model.
 from __future__ import annotations
 
 import ast
+import itertools
+import operator
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -33,11 +35,15 @@ from passes.graph import GraphIndex, build_index
 
 ANCHOR_NODE_PREFIX = "anpred/"  # name prefix of the Identity nodes AnchorInsertionPass adds
 
-#: ops through which a 4-D tensor keeps its layout (for the layout hint).
+#: ops through which a tensor keeps its layout (for the layout hint): elementwise ops and
+#: rank-preserving data movement (Pad, Slice, Concat along any axis ...).
 _LAYOUT_KEEP = frozenset({
     "Relu", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "HardSwish", "Clip", "Mul",
     "Add", "Sub", "Div", "Pow", "Sqrt", "Exp", "Log", "Abs", "Neg", "Identity", "Cast", "Erf", "Softplus",
-    "PRelu", "Gelu", "Mish", "Max", "Min", "Dropout", "Where",
+    "PRelu", "Gelu", "Mish", "Max", "Min", "Dropout", "Where", "Mean", "Sum", "Reciprocal", "Floor", "Ceil",
+    "Round", "Sign", "Softsign", "ThresholdedRelu", "Celu", "Sin", "Cos", "QuantizeLinear", "DequantizeLinear",
+    # rank-preserving data movement: the axes keep their meaning
+    "Pad", "Slice", "Split", "Concat", "Softmax", "LogSoftmax", "Tile", "Expand", "ReverseSequence",
 })
 _NCHW_OPS = frozenset({
     "Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
@@ -199,31 +205,43 @@ def node_modules(model, index: GraphIndex, framework: str) -> list[list[str]]:
 _SIMPLE_SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:]*$")  # not an expression like "floor(h/2) + 1"
 
 
+def _decode_type(tp) -> tuple[int, list[Any] | None]:
+    tt = tp.tensor_type  # default (elem_type 0) for sequence/map/optional types
+    dims = tt.shape.dim
+    if dims:
+        simple = _SIMPLE_SYMBOL.match
+        shape: list[Any] | None = []
+        for d in dims:
+            dv = d.dim_value
+            if dv:
+                shape.append(dv)
+            else:
+                dp = d.dim_param
+                shape.append(dp if dp and simple(dp) and not dp.startswith("unk__") else None)
+    else:
+        shape = [] if tt.HasField("shape") else None
+    return tt.elem_type, shape
+
+
 def _collect_types(g, types) -> None:
-    simple = _SIMPLE_SYMBOL.match
+    """Add ``name -> (elem_type, shape)`` for ``g``'s value_info, inputs, outputs and initializers.
+    Types are decoded once per distinct serialised ``TypeProto`` (most tensors of a network share a
+    few types), which makes this about 4x faster than decoding every dim of every value."""
     get = types.get
+    decoded: dict[bytes, tuple[int, list[Any] | None]] = {}
     for vis in (g.value_info, g.input, g.output):
         for vi in vis:
-            tt = vi.type.tensor_type  # default (elem_type 0) for sequence/map/optional types
-            et = tt.elem_type
-            dims = tt.shape.dim
-            if dims:
-                shape = []
-                for d in dims:
-                    dv = d.dim_value
-                    if dv:
-                        shape.append(dv)
-                    else:
-                        dp = d.dim_param
-                        shape.append(dp if dp and simple(dp) and not dp.startswith("unk__") else None)
-            else:
-                shape = [] if tt.HasField("shape") else None
+            tp = vi.type
+            key = tp.SerializeToString()
+            new = decoded.get(key)
+            if new is None:
+                new = decoded[key] = _decode_type(tp)
             name = vi.name
             old = get(name)
             if old is None:
-                types[name] = (et, shape)
-            elif _known(shape) > _known(old[1]):
-                types[name] = (et or old[0], shape)
+                types[name] = new  # shared between values of one type: never mutate a shape in place
+            elif _known(new[1]) > _known(old[1]):
+                types[name] = (new[0] or old[0], new[1])
     for t in g.initializer:
         types[t.name] = (t.data_type, list(t.dims))
 
@@ -235,31 +253,102 @@ def _known(shape) -> int:
     return 1 + sum(d is not None for d in shape)
 
 
-def infer_value_types(model) -> dict[str, tuple[int, list[Any] | None]]:
-    """``value -> (elem_type, shape)`` for inputs, outputs, initializers and every intermediate.
+_WEIGHT_BYTES = 4096  # initializers above this size are replaced by typed inputs for shape inference
 
-    ONNX shape inference first (``strict_mode=False, data_prop=True``); if it leaves dims unknown
-    (typically Slice/Reshape targets computed from ``Shape`` in TorchScript exports), ONNX Runtime's
-    symbolic shape inference (``onnxruntime.tools.symbolic_shape_infer``) fills them, when the inputs
-    are static (with symbolic inputs it only yields sympy expressions, slowly). Shapes list ints,
-    symbolic names (``"batch"``) or None (unknown); unknown rank gives ``shape=None``."""
+
+def weightless_copy(model, fixed_inputs: dict[str, list[int]] | None = None):
+    """A copy of ``model`` for shape inference only: initializers larger than 4 KiB (and every
+    external-data initializer) become typed graph inputs (same name, dtype, dims; no data), small
+    ones (shape constants that ``data_prop`` reads) stay. The copy costs about as much as the graph
+    without its weights, and shape inference no longer serialises the weights twice. With
+    ``fixed_inputs`` (``{input name: dims}``) those inputs' shapes are replaced."""
     import onnx
 
+    src = model.graph
+    inits = src.initializer
+    big = [t for t in inits if t.data_location == 1 or t.ByteSize() > _WEIGHT_BYTES]
+    m = onnx.ModelProto()
+    if not big:
+        m.CopyFrom(model)
+    else:
+        # copy everything but the graph's initializers, then add back the small ones
+        saved = list(inits)
+        keep = [t for t in saved if not (t.data_location == 1 or t.ByteSize() > _WEIGHT_BYTES)]
+        shell = onnx.ModelProto()
+        shell.ir_version = model.ir_version
+        shell.opset_import.extend(model.opset_import)
+        shell.functions.extend(model.functions)
+        g = shell.graph
+        g.node.extend(src.node)
+        g.input.extend(src.input)
+        g.output.extend(src.output)
+        g.value_info.extend(src.value_info)
+        g.sparse_initializer.extend(src.sparse_initializer)
+        g.initializer.extend(keep)
+        declared = {i.name for i in src.input}
+        for t in big:
+            if t.name not in declared:
+                vi = g.input.add()
+                vi.name = t.name
+                tt = vi.type.tensor_type
+                tt.elem_type = t.data_type
+                tt.shape.SetInParent()
+                for d in t.dims:
+                    tt.shape.dim.add().dim_value = d
+        m = shell
+    if fixed_inputs:
+        for i in m.graph.input:
+            dims = fixed_inputs.get(i.name)
+            if dims is not None:
+                shp = i.type.tensor_type.shape
+                del shp.dim[:]
+                for d in dims:
+                    shp.dim.add().dim_value = d
+    return m
+
+
+def infer_value_types(model, produced: list[str] | None = None, *, data_prop: bool = True,
+                      _weightless: bool = False) -> dict[str, tuple[int, list[Any] | None]]:
+    """``value -> (elem_type, shape)`` for inputs, outputs, initializers and every intermediate.
+
+    ONNX shape inference first (``strict_mode=False, data_prop=True``, on :func:`weightless_copy`;
+    ``data_prop=False`` saves ~15% where no shape is computed from tensor values, i.e. no ``Shape``/
+    ``Size`` node);
+    if it leaves dims unknown (typically Slice/Reshape targets computed from ``Shape`` in TorchScript
+    exports), ONNX Runtime's symbolic shape inference (``onnxruntime.tools.symbolic_shape_infer``)
+    fills them, when the inputs are static (with symbolic inputs it only yields sympy expressions,
+    slowly). Shapes list ints, symbolic names (``"batch"``) or None (unknown); unknown rank gives
+    ``shape=None``. ``produced`` (every node output name; computed when None) saves a pass over the
+    graph."""
+    import onnx
+
+    light = model if _weightless else weightless_copy(model)
     types: dict[str, tuple[int, list[Any] | None]] = {}
     try:
-        _collect_types(onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph, types)
+        _collect_types(onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=data_prop).graph, types)
     except Exception:  # noqa: BLE001 - best effort; fall back to declared types
         _collect_types(model.graph, types)
-    produced = [v for n in model.graph.node for v in n.output if v]
-    if _fix_input_dims(model, copy=False) is None and any(v not in types or types[v][1] is None or None in types[v][1] for v in produced):
+    if produced is None:
+        produced = [v for n in model.graph.node for v in n.output if v]
+    incomplete = False
+    if _fix_input_dims(model, copy=False) is None:
+        get = types.get
+        for v in produced:
+            t = get(v)
+            if t is None or t[1] is None or None in t[1]:
+                incomplete = True
+                break
+    if incomplete:
         try:
             from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-            sym = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+            sym = SymbolicShapeInference.infer_shapes(light, auto_merge=True)
             if sym is not None:
                 _collect_types(sym.graph, types)
         except Exception:  # noqa: BLE001 - unsupported op or missing weights: keep what we have
             pass
+    for t in model.graph.initializer:  # the weightless copy declared some as inputs: same types
+        types[t.name] = (t.data_type, list(t.dims))
     return types
 
 
@@ -267,9 +356,9 @@ COST_DIM = 256  # stands for a symbolic non-batch input dim in the cost estimate
 
 
 def _fix_input_dims(model, copy: bool = True):
-    """A copy of ``model`` whose symbolic/unknown input dims are fixed (first dim 1, others
-    :data:`COST_DIM`) for the cost estimate only, or None if all input dims are static (with
-    ``copy=False``: True instead of the copy)."""
+    """A weightless copy (:func:`weightless_copy`) of ``model`` whose symbolic/unknown input dims are
+    fixed (first dim 1, others :data:`COST_DIM`) for the cost estimate only, or None if all input
+    dims are static (with ``copy=False``: True instead of the copy)."""
     inits = {t.name for t in model.graph.initializer}
     dyn = [i for i in model.graph.input if i.name not in inits and i.type.HasField("tensor_type")
            and any(not d.HasField("dim_value") or d.dim_value <= 0 for d in i.type.tensor_type.shape.dim)]
@@ -277,18 +366,9 @@ def _fix_input_dims(model, copy: bool = True):
         return None
     if not copy:
         return True
-    import onnx
-
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for i in m.graph.input:
-        if i.name in inits or not i.type.HasField("tensor_type"):
-            continue
-        for k, d in enumerate(i.type.tensor_type.shape.dim):
-            if not d.HasField("dim_value") or d.dim_value <= 0:
-                d.Clear()
-                d.dim_value = 1 if k == 0 else COST_DIM
-    return m
+    fixed = {i.name: [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (1 if k == 0 else COST_DIM)
+                      for k, d in enumerate(i.type.tensor_type.shape.dim)] for i in dyn}
+    return weightless_copy(model, fixed)
 
 
 def _numel(shape) -> int:
@@ -352,7 +432,7 @@ def _layout(index: GraphIndex, value: str, types, framework: str) -> str:
             return "unknown"
         if node.op_type in _NCHW_OPS:
             return {3: "NCW", 4: "NCHW", 5: "NCDHW"}.get(rank, "unknown")
-        if node.op_type in _LAYOUT_KEEP or node.op_type == "Concat":
+        if node.op_type in _LAYOUT_KEEP:
             nxt = [u for u in index.inputs[p] if index.is_data(u) and
                    len(types.get(u, (0, [None] * rank))[1] or []) == rank]
             if not nxt:
@@ -376,13 +456,16 @@ def sweep_cuts(index: GraphIndex, max_width: int) -> list[tuple[int, tuple[str, 
     """
     n = len(index.nodes)
     out_set = set(index.graph_outputs)
-    last_use: dict[str, int] = {}
     live = index.live
-    for v, cs in index.consumers.items():
-        for c in reversed(cs):
-            if live[c]:
-                last_use[v] = c
-                break
+    if all(live):  # the usual case: the last consumer is live
+        last_use = {v: cs[-1] for v, cs in index.consumers.items()}
+    else:
+        last_use = {}
+        for v, cs in index.consumers.items():
+            for c in reversed(cs):
+                if live[c]:
+                    last_use[v] = c
+                    break
     expire: dict[int, list[str]] = {}
     crossing: set[str] = set()
     cands: list[tuple[int, tuple[str, ...]]] = []
@@ -409,8 +492,113 @@ def sweep_cuts(index: GraphIndex, max_width: int) -> list[tuple[int, tuple[str, 
     return cands
 
 
+SCOPE_PENALTY = 1.0  # a boundary tensor that is not the output of a whole source module (see docs)
+_DP_BINS = 16  # candidate bins per stage for the exact dynamic programme
+_DP_MAX = 512  # most candidates the exact dynamic programme considers
+_DP_MAX_CUTS = 128  # above this many cuts, the linear target-matching programme is used
+
+
+def choose_cuts(cum_cost: list[float], penalty: list[float], total: float, stages: int) -> list[int]:
+    """Pick ``stages - 1`` of the candidate cuts (indices into ``cum_cost``, ascending), minimising
+
+        sum over stages of (cost_s / (total / stages) - 1)^2  +  sum over chosen cuts of penalty
+
+    where ``cost_s`` is the cost between consecutive cuts (the first stage starts at cost 0, the last
+    ends at ``total``) and ``cum_cost[k]`` is the cumulative cost up to and including cut ``k``'s node
+    (non-decreasing). Exact dynamic programming over the candidates (the linear-partition recurrence,
+    O(stages * C^2) with numpy); with more than ``min(16 * stages, 512)`` candidates they are first
+    thinned to the lowest-penalty candidate per bin of ``total / min(16 * stages, 512)`` cost (a
+    balance loss of at most 1/16 of a stage). With more than 128 cuts to choose, the linear
+    target-matching programme :func:`_match_targets` (cut ``j`` close to ``j * total / stages``) is
+    used instead. Never returns fewer than ``min(stages - 1, len(cum_cost))`` cuts.
+    """
+    import numpy as np
+
+    C = len(cum_cost)
+    m = min(stages - 1, C)
+    if m <= 0:
+        return []
+    P = np.asarray(cum_cost, dtype=np.float64)
+    pen = np.asarray(penalty, dtype=np.float64)
+    step = total / stages if total > 0 else 1.0
+    if m == C:
+        return list(range(C))
+    if m > _DP_MAX_CUTS:
+        return _match_targets(P, pen, total, stages, m)
+    idx = np.arange(C)
+    limit = min(_DP_BINS * stages, _DP_MAX)
+    if C > limit:
+        bins = np.minimum((P / (total if total > 0 else 1.0) * limit).astype(np.int64), limit - 1)
+        order = np.lexsort((idx, pen, bins))  # by bin, then penalty, then position
+        first = np.ones(C, dtype=bool)
+        first[1:] = bins[order][1:] != bins[order][:-1]
+        keep = np.sort(order[first])
+        if len(keep) < m:  # cuts bunched in few bins: add evenly spaced ones
+            keep = np.union1d(keep, np.linspace(0, C - 1, min(C, _DP_MAX), dtype=np.int64))
+        idx = keep
+    Pk, pk = P[idx] / step, pen[idx]
+    n = len(idx)
+    # f[k]: best score of stages up to and including the one closed by candidate k (j cuts so far)
+    f = (Pk - 1.0) ** 2 + pk
+    back = np.zeros((m, n), dtype=np.int64)
+    tri = np.triu(np.ones((n, n), dtype=bool), 1)  # k' < k
+    seg = Pk[None, :] - Pk[:, None]  # seg[k', k] = cost between cut k' and cut k, in stages
+    w = np.where(tri, (seg - 1.0) ** 2, np.inf)
+    for j in range(1, m):
+        tot = f[:, None] + w  # [k', k]
+        arg = np.argmin(tot, axis=0)
+        f = tot[arg, np.arange(n)] + pk
+        back[j] = arg
+    last = f + (total / step - Pk - 1.0) ** 2
+    k = int(np.argmin(last))
+    picks = [k]
+    for j in range(m - 1, 0, -1):
+        k = int(back[j][k])
+        picks.append(k)
+    picks.reverse()
+    return [int(idx[k]) for k in picks]
+
+
+def _match_targets(P, pen, total: float, stages: int, m: int) -> list[int]:
+    """``m`` ascending candidates, cut j as close as possible to ``j * total / stages``: minimises
+    sum_j |P[c_j] - t_j| / step + pen[c_j] by dynamic programming with prefix minima, O(m * C)."""
+    import numpy as np
+
+    C = len(P)
+    step = total / stages if total > 0 else 1.0
+    back = np.zeros((m, C), dtype=np.int64)
+    f = np.abs(P - step) / step + pen
+    f[C - m + 1:] = np.inf  # leave room for the later cuts
+    for j in range(1, m):
+        pm = np.minimum.accumulate(f)
+        am = np.zeros(C, dtype=np.int64)
+        better = np.r_[True, f[1:] < pm[:-1]]
+        am = np.maximum.accumulate(np.where(better, np.arange(C), 0))
+        prev = np.r_[np.inf, pm[:-1]]  # best of k' < k
+        f = prev + np.abs(P - step * (j + 1)) / step + pen
+        f[:j] = np.inf
+        if C - m + j + 1 < C:
+            f[C - m + j + 1:] = np.inf
+        back[j] = np.r_[0, am[:-1]]
+    k = int(np.argmin(f))
+    picks = [k]
+    for j in range(m - 1, 0, -1):
+        k = int(back[j][k])
+        picks.append(k)
+    picks.reverse()
+    return picks
+
+
 def _is_anchor_node(node) -> bool:
     return node.op_type == "Identity" and node.name.startswith(ANCHOR_NODE_PREFIX)
+
+
+def _has_anchor_nodes(graph) -> bool:
+    starts = operator.methodcaller("startswith", ANCHOR_NODE_PREFIX)
+    names = [n.name for n in graph.node]
+    if not any(map(starts, names)):  # the common case, at C speed
+        return False
+    return any(starts(nm) and n.op_type == "Identity" for nm, n in zip(names, graph.node))
 
 
 def strip_anchor_nodes(model) -> bool:
@@ -419,10 +607,14 @@ def strip_anchor_nodes(model) -> bool:
     from anpred.manifest import METADATA_KEY
 
     g = model.graph
-    added = {n.output[0] for n in g.node if _is_anchor_node(n)}
+    added: set[str] = set()
+    if _has_anchor_nodes(g):
+        prefix = ANCHOR_NODE_PREFIX
+        marks = [n.name.startswith(prefix) and n.op_type == "Identity" for n in g.node]
+        added = {n.output[0] for n, m in zip(g.node, marks) if m}
     changed = False
     if added:
-        keep_nodes = [n for n in g.node if not _is_anchor_node(n)]
+        keep_nodes = [n for n, m in zip(g.node, marks) if not m]
         keep_out = [o for o in g.output if o.name not in added]
         del g.node[:]
         g.node.extend(keep_nodes)
@@ -462,7 +654,7 @@ class StagePartitionPass(GraphPass):
         self.anchors = list(anchors)
 
     def call(self, model) -> PassResult:
-        if any(_is_anchor_node(n) for n in model.graph.node):
+        if _has_anchor_nodes(model.graph):
             import onnx
 
             clean = onnx.ModelProto()
@@ -480,11 +672,14 @@ class StagePartitionPass(GraphPass):
         if n == 0:
             raise GraphError("the graph has no nodes")
         framework = detect_framework(model, index)
-        types = infer_value_types(model)
+        produced = [v for out in index.outputs for v in out]
+        # data propagation only matters for values computed from shapes or constants (Reshape targets)
+        data_prop = not all(index.data_node)
+        types = infer_value_types(model, produced, data_prop=data_prop)
         cost_types = types
         fixed = _fix_input_dims(model)
         if fixed is not None:
-            cost_types = infer_value_types(fixed)
+            cost_types = infer_value_types(fixed, produced, data_prop=data_prop, _weightless=True)
         mods = node_modules(model, index, framework)
 
         # explicit anchors
@@ -507,6 +702,8 @@ class StagePartitionPass(GraphPass):
         unknown = 0
         data_nodes = 0
         live, data_node, nodes, ops = index.live, index.data_node, index.nodes, index.op_types
+        tget = cost_types.get
+        numel_of: dict[tuple, float] = {}
         for p in range(n):
             if not (live[p] and data_node[p]):
                 continue
@@ -515,8 +712,19 @@ class StagePartitionPass(GraphPass):
             if ops[p] in _HEAVY_OPS:
                 c = node_cost(nodes[p], index.inputs[p], outs, cost_types)
             else:  # elementwise and data movement: one op per output element
-                sh = cost_types.get(outs[0], _NO_TYPE)[1] if outs else None
-                c = None if sh is None else float(sum(_numel(cost_types.get(v, _NO_TYPE)[1]) for v in outs))
+                c = None
+                for k, v in enumerate(outs):
+                    sh = tget(v, _NO_TYPE)[1]
+                    if sh is None:
+                        if k == 0:
+                            break
+                        c += 1.0  # _numel(None): an output of unknown shape counts one
+                        continue
+                    key = tuple(sh)
+                    e = numel_of.get(key)
+                    if e is None:
+                        e = numel_of[key] = float(_numel(sh))
+                    c = e if c is None else c + e
             if c is None:
                 unknown += 1
                 c = 1.0
@@ -525,18 +733,14 @@ class StagePartitionPass(GraphPass):
         if data_nodes == 0 or unknown > data_nodes // 2:
             cost_unit = "nodes"
             costs = [1.0 if live[p] and data_node[p] else 0.0 for p in range(n)]
-        prefix = [0.0] * n
-        acc = 0.0
-        for p in range(n):
-            acc += costs[p]
-            prefix[p] = acc
-        total = acc
+        prefix = list(itertools.accumulate(costs))
+        total = prefix[-1]
 
         # module ends: last topological position of each module (only live data nodes count)
         last_pos: dict[str, int] = {}
-        for p in range(n):
-            if index.live[p] and costs[p] > 0:
-                for m in mods[p]:
+        for p, ms in enumerate(mods):
+            if ms and live[p] and costs[p] > 0:
+                for m in ms:
                     last_pos[m] = p
 
         def module_output_scope(p: int) -> tuple[str, int]:
@@ -547,53 +751,42 @@ class StagePartitionPass(GraphPass):
             return "", 0
 
         cands = sweep_cuts(index, self.max_cut_width)
-        untyped = {v for v in index.producer if not types.get(v, _NO_TYPE)[0]}
+        missing = index.producer.keys() - types.keys()
+        odd = [v for v, t in types.items() if t[0] not in _FLOAT_TYPES]  # few: most tensors are float
+        untyped = {v for v in odd if not types[v][0]} | missing
         if untyped:  # an output needs an element type
             cands = [c for c in cands if untyped.isdisjoint(c[1])]
-        nonfloat = {v for v in index.producer if types.get(v, _NO_TYPE)[0] not in _FLOAT_TYPES}
+        nonfloat = set(odd) | missing
         out_set = set(index.graph_outputs)
 
         # choose boundaries
         live_data = sum(1 for c in costs if c > 0)
-        K = self.stages if self.stages is not None else max(1, min(DEFAULT_STAGES, live_data // 4))
-        K = min(K, len(cands) + 1)
+        auto = max(1, min(DEFAULT_STAGES, live_data // 4))
+        wanted = self.stages if self.stages is not None else auto
+        K = min(wanted, len(cands) + 1)
+        notes: list[str] = []
+        if K < wanted:
+            what = f"asked for {wanted} stages" if self.stages is not None else f"automatic choice: {wanted} stages"
+            notes.append(f"{what}, but the graph has only {len(cands)} admissible cuts of width <= "
+                         f"{self.max_cut_width}, so {K} stages" +
+                         (" (a larger --max-cut-width allows more)" if self.max_cut_width < 8 else ""))
         has_scopes = any(mods)
-        step = total / K if K else total
 
-        def score(pos: int, cut: list[str], target: float) -> float:
-            s = abs(prefix[pos] - target) / step if step > 0 else 0.0
-            s += 0.25 * (len(cut) - 1)
+        def penalty(cut) -> float:
+            s = 0.25 * (len(cut) - 1)
             if has_scopes:
                 depths = [module_output_scope(index.producer[v])[1] for v in cut]
-                s += sum(1.0 if d == 0 else 0.1 * (d - 1) for d in depths) / len(cut)
+                s += sum(SCOPE_PENALTY if d == 0 else 0.1 * (d - 1) for d in depths) / len(cut)
             if not nonfloat.isdisjoint(cut):
                 s += 1.0
             return s
 
-        import bisect
-
-        cand_cost = [prefix[p] for p, _ in cands]
-        chosen: list[tuple[int, list[str]]] = []
-        ci = 0
-        for j in range(1, K):
-            target = total * j / K
-            best = None
-            # candidates within one stage's cost of the target (scores grow with the distance)
-            k0 = max(ci, bisect.bisect_left(cand_cost, target - step / 2))
-            k1 = bisect.bisect_right(cand_cost, target + step / 2)
-            if k1 <= k0:
-                k0, k1 = max(ci, bisect.bisect_left(cand_cost, target - step)), bisect.bisect_right(cand_cost, target + step)
-            for k in range(k0, k1):
-                pos, cut = cands[k]
-                sc = score(pos, cut, target)
-                if best is None or sc < best[0]:
-                    best = (sc, k)
-            if best is None:
-                continue
-            k = best[1]
-            pos, cut = cands[k]
-            chosen.append((pos, sorted(cut, key=lambda v: (index.producer[v], v))))
-            ci = k + 1
+        if has_scopes or nonfloat:
+            pens = [penalty(c) for _, c in cands]
+        else:  # only the width term
+            pens = [0.25 * (w - 1) for w in map(len, (c for _, c in cands))]
+        picks = choose_cuts([prefix[p] for p, _ in cands], pens, total, K)
+        chosen = [(cands[k][0], sorted(cands[k][1], key=lambda v: (index.producer[v], v))) for k in picks]
         # stages
         stages: list[StagePlan] = []
         first = 0
@@ -602,10 +795,21 @@ class StagePartitionPass(GraphPass):
             first = pos + 1
         stages.append(StagePlan(len(chosen), first, n - 1, n - first,
                                 total - (prefix[first - 1] if first else 0.0), list(index.graph_outputs)))
-        stage_of = [0] * n
-        for s in stages:
-            for p in range(s.first, s.last + 1):
-                stage_of[p] = s.index
+        if K > 1 and total > 0:
+            import bisect
+
+            cand_pos = [p for p, _ in cands]
+            for st in stages:  # a stage far over its share that no admissible cut could split
+                if st.cost > max(2.0 / K, 0.2) * total and \
+                        bisect.bisect_left(cand_pos, st.first) == bisect.bisect_left(cand_pos, st.last):
+                    notes.append(f"stage {st.index} carries {100 * st.cost / total:.0f}% of the cost: no admissible "
+                                 f"cut of width <= {self.max_cut_width} lies inside it (nodes {st.first}..{st.last})")
+        import bisect
+
+        stage_lasts = [st.last for st in stages]
+
+        def stage_of(p: int) -> int:
+            return bisect.bisect_left(stage_lasts, p)
 
         # anchors
         def plan_anchor(v: str, kind: str) -> AnchorPlan:
@@ -614,10 +818,11 @@ class StagePartitionPass(GraphPass):
             scope = module_output_scope(p)[0] if p >= 0 else ""
             et, shape = types.get(v, (0, None))
             return AnchorPlan(
-                value=v, kind=kind, stage=stages[-1].index if kind == "output" else (stage_of[p] if p >= 0 else 0),
+                value=v, kind=kind, stage=stages[-1].index if kind == "output" else (stage_of(p) if p >= 0 else 0),
                 order=p, producer=(node.name if node is not None else ""),
                 op_type=(node.op_type if node is not None else ""), scope=scope, label=scope or v,
-                elem_type=et, shape=shape, layout=_layout(index, v, types, framework))
+                elem_type=et, shape=list(shape) if shape is not None else None,
+                layout=_layout(index, v, types, framework))
 
         explicit = set(self.anchors)
         seen: set[str] = set()
@@ -640,7 +845,8 @@ class StagePartitionPass(GraphPass):
 
         return Partition(
             stages=stages, anchors=inner + outs,
-            options={"stages": self.stages, "max_cut_width": self.max_cut_width, "anchors": list(self.anchors)},
+            options={"stages": self.stages, "max_cut_width": self.max_cut_width, "anchors": list(self.anchors),
+                     "notes": notes},
             framework=framework, cost_unit=cost_unit, total_cost=total, num_nodes=n, candidates=len(cands),
             node_order=list(index.file_index),
             value_names=set(index.producer) | set(index.graph_inputs) | index.initializers)

@@ -150,3 +150,95 @@ def test_unsorted_file_order_is_sorted_and_checked():
     onnx.checker.check_model(anchored, full_check=True)
     assert len(man.stages) == 4
     assert [n.name for n in anchored.graph.node[: len(nodes)]] == [n.name for n in nodes]
+
+
+def test_choose_cuts_is_the_exact_optimum_on_small_cases():
+    """The dynamic programme against brute force over every choice of K-1 cuts (random cases)."""
+    import itertools
+
+    from passes.partition import choose_cuts
+
+    def score(cum, pen, total, k, picks):
+        step, b = total / k, [0.0] + [cum[i] for i in picks] + [total]
+        return sum(((b[i + 1] - b[i]) / step - 1) ** 2 for i in range(k)) + sum(pen[i] for i in picks)
+
+    rng = np.random.default_rng(0)
+    for _ in range(150):
+        c, k = int(rng.integers(2, 10)), int(rng.integers(2, 8))
+        if k - 1 >= c:
+            k = c  # (with fewer cuts than K-1 every cut is taken)
+        cum = list(np.sort(rng.uniform(0, 100, c)))
+        pen = list(rng.choice([0.0, 0.25, 1.0], c))
+        picks = choose_cuts(cum, pen, 100.0, k)
+        assert len(picks) == k - 1 and picks == sorted(set(picks))
+        best = min(score(cum, pen, 100.0, k, p) for p in itertools.combinations(range(c), k - 1))
+        assert score(cum, pen, 100.0, k, picks) == pytest.approx(best, abs=1e-12)
+
+
+def _yolo320():
+    import onnx
+
+    from test_instrument import yolo_onnx
+
+    return onnx.load(str(yolo_onnx("yolov8n.yaml", False, 320)))
+
+
+def test_stages_k_is_honoured_when_cuts_exist_and_shortfalls_are_noted(capsys, tmp_path):
+    """--stages K gives K stages whenever K-1 admissible cuts exist (the greedy search used to skip
+    targets: 3 stages of 8 at --max-cut-width 1 on YOLOv8n, 67 of 200); fewer are noted."""
+    from anpred.cli import instrument_main
+    from anpred.instrument import instrument_model
+
+    model = _yolo320()
+    # width 1: 16 single-tensor cuts, all in the backbone before model.4's output (the skip to the neck
+    # leaves no single-tensor cut after it): 8 stages, the last one is the unavoidable remainder
+    part = StagePartitionPass(stages=8, max_cut_width=1)(model).info["partition"]
+    assert part.candidates == 16 and len(part.stages) == 8
+    cost = np.array([s.cost for s in part.stages]) / part.total_cost
+    cands = sweep_cuts(build_index(model.graph), 1)
+    last_cut = max(p for p, _ in cands)
+    assert part.stages[-2].last == last_cut  # the largest stage starts after the last cut: as small as possible
+    assert cost[-1] == pytest.approx(0.821, abs=0.005) and cost[:-1].max() < 0.07, cost
+    assert any("stage 7 carries 82% of the cost" in n for n in part.options["notes"])
+    # width 4: well balanced
+    part4 = StagePartitionPass(stages=8, max_cut_width=4)(model).info["partition"]
+    cost4 = np.array([s.cost for s in part4.stages]) / part4.total_cost
+    assert len(part4.stages) == 8 and cost4.max() < 0.19 and part4.options["notes"] == [], cost4
+    # more stages than cuts: every cut is used, and the manifest says why there are fewer
+    _, man = instrument_model(model, stages=200, max_cut_width=4)
+    assert len(man.stages) == part4.candidates + 1 == 171
+    assert man.partition["notes"][0].startswith("asked for 200 stages, but the graph has only 170 admissible cuts")
+    # the CLI prints the notes with --list
+    onnx_path = tmp_path / "y.onnx"
+    import onnx
+
+    onnx.save(model, str(onnx_path))
+    assert instrument_main([str(onnx_path), "--list", "--stages", "8", "--max-cut-width", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "8 stages" in out and "note: stage 7 carries 82% of the cost: no admissible cut of width <= 1" in out
+
+
+def test_layout_hint_follows_layout_preserving_ops():
+    """Pad, Relu, MaxPool, Resize and a channel Concat keep NCHW (Pad used to give 'unknown')."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from anpred.instrument import instrument_model
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads"),
+             numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Pad", ["c", "pads"], ["p"], name="pad"),
+             helper.make_node("Relu", ["p"], ["r"], name="relu"),
+             helper.make_node("MaxPool", ["r"], ["mp"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Resize", ["mp", "", "scales"], ["rs"], name="resize", mode="nearest"),
+             helper.make_node("Concat", ["rs", "r"], ["cat"], name="cat", axis=1),
+             helper.make_node("Sigmoid", ["cat"], ["y"], name="sig")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 10, 10])], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(m, full_check=True)
+    _, man = instrument_model(m, stages=1, anchors=["p", "r", "mp", "rs", "cat"])
+    assert {a.value: a.layout for a in man.anchors} == {v: "NCHW" for v in ("p", "r", "mp", "rs", "cat", "y")}

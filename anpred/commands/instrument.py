@@ -6,10 +6,17 @@ boundary tensor as an extra graph output named anchor/<stage>/<module or tensor>
 model and an anchor manifest (JSON, also stored in the model's metadata). With --list, prints the
 partition table and writes nothing.
 
+External weights (a .onnx.data file beside the model) are never loaded. Write the output in the same
+folder as the source model and it refers to the same weight files. ONNX Runtime, OpenVINO and onnx
+refuse weight paths that leave the model's folder, so an output in another folder needs
+--copy-external-data (the weight files are copied next to the output, streamed); without it such a
+run stops with exit status 2 and writes nothing.
+
 examples:
   anpred-instrument model.onnx -o anchored.onnx
   anpred-instrument model.onnx -o anchored.onnx --stages 6 --max-cut-width 3 --anchor /model.4/Concat_output_0
   anpred-instrument model.onnx --list
+  anpred-instrument exported/model.onnx -o /tmp/anchored.onnx --copy-external-data
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ def add_arguments(parser):
                         help="also expose this tensor (ONNX value name); repeatable")
     parser.add_argument("--manifest", default=None, metavar="PATH",
                         help="anchor manifest JSON to write (default: <output stem>.anchors.json)")
+    parser.add_argument("--copy-external-data", action="store_true",
+                        help="the model keeps its weights in external files and the output goes to another "
+                        "folder: copy the weight files next to the output (runtimes refuse weight paths "
+                        "outside the model's folder; without this option such a run is refused)")
     parser.add_argument("--list", action="store_true",
                         help="print the partition table (stage, boundary tensors, shapes, node count, cost) "
                         "and write nothing")
@@ -47,13 +58,18 @@ def main(args) -> int:
               f"{sum(a.kind != 'output' for a in manifest.anchors)} anchors + "
               f"{sum(a.kind == 'output' for a in manifest.anchors)} outputs "
               f"(exporter: {p['framework']}, cost: {p['cost_unit']}, {p['candidate_cuts']} admissible cuts)")
+        for note in p.get("notes", []):
+            print(f"note: {note}")
         print(format_partition_table(manifest))
         return 0
     if not args.output:
         raise AnpredError("missing -o/--output (or use --list to only print the partition)")
     manifest = instrument_file(args.model, args.output, stages=args.stages, max_cut_width=args.max_cut_width,
-                               anchors=args.anchor, manifest_path=args.manifest)
+                               anchors=args.anchor, manifest_path=args.manifest,
+                               copy_external_data=args.copy_external_data)
     man = args.manifest or default_manifest_path(args.output)
     print(f"wrote {args.output} ({len(manifest.stages)} stages, "
           f"{sum(a.kind != 'output' for a in manifest.anchors)} anchors) and {man}")
+    for note in manifest.partition.get("notes", []):
+        print(f"note: {note}")
     return 0
