@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from anpred.errors import AnpredError, GraphError, OutputPathError
+from anpred.errors import AnpredError, OutputPathError
 from anpred.manifest import AnchorManifest
 
 __all__ = ["instrument_model", "instrument_file", "default_manifest_path", "partition_model",

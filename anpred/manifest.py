@@ -28,8 +28,11 @@ class Anchor:
     Attributes:
         name: the anchor's stable name (see :mod:`anpred.naming`), e.g. ``anchor/03/model.4``.
         value: the ONNX value name of the tensor in the anchored graph.
-        stage: index of the stage whose *last* boundary this tensor is (0-based); outputs carry the
-            index of the last stage.
+        stage: index (0-based) of the stage that produces this tensor (its producer node lies in
+            that stage's slice of the topological order; a graph input gives 0); original outputs
+            carry the index of the last stage. A boundary tensor closes the stage that produces it,
+            and a skip tensor read further on is listed in the ``boundary`` of every later stage
+            whose closing cut it crosses (see :class:`Stage`).
         order: position of the producer node in the topological order (for localization order).
         producer: name of the producing ONNX node ("" for a graph input).
         op_type: the producer's operator type.

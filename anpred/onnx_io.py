@@ -95,6 +95,8 @@ def _external_tensors(model) -> list:
     found = []
     stack = [model.graph]
     funcs = list(model.functions)
+    # a node of another domain needs that domain in opset_import (or a model-local function's domain)
+    other = bool(funcs) or any(o.domain not in ("", "ai.onnx") for o in model.opset_import)
     while stack or funcs:
         if stack:
             g = stack.pop()
@@ -104,7 +106,7 @@ def _external_tensors(model) -> list:
         else:
             nodes = funcs.pop().node
         for n in nodes:
-            if n.op_type not in _ATTR_TENSOR_OPS and n.domain in ("", "ai.onnx"):
+            if n.op_type not in _ATTR_TENSOR_OPS and (not other or n.domain in ("", "ai.onnx")):
                 continue
             for a in n.attribute:
                 ty = a.type

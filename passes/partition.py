@@ -13,11 +13,19 @@ finds all of them (the same set as ``networkx.immediate_dominators`` on the node
 source/sink, at a fraction of the cost; see docs/instrument.md), and also the narrow multi-tensor cuts
 (up to ``max_cut_width``) where parallel branches run side by side (YOLO's P3/P4/P5 feature maps).
 
-Boundaries are picked to balance an estimated cost per stage, FLOPs from inferred shapes
+Boundaries: ``K - 1`` of the admissible cuts, chosen by :func:`choose_cuts` (exact dynamic
+programming) to minimise ``sum_s (cost_s / (total / K) - 1)^2`` plus a penalty per chosen cut:
+``0.25 * (width - 1)``, :data:`SCOPE_PENALTY` (1.0) per tensor share that is not the output of a whole
+source module (torch module path or Keras layer; 0.1 per nesting level below a top-level module
+otherwise), and 1.0 for a non-float tensor. The scope penalty equals the imbalance of a stage twice
+its fair share: a cut inside a module is taken only where no module output is near, because the
+torch-native and tf-native backends observe anchors through module forward hooks / layer outputs
+and cannot observe a tensor in the middle of a module. The cost is FLOPs from inferred shapes
 (``2 * out_elems * C_in/groups * prod(kernel)`` for Conv, ``2 * out_elems * K`` for MatMul/Gemm,
-``out_elems`` for other ops), or node count when no shape is known, preferring narrow cuts and cuts
-that close a whole source module (torch module path or Keras layer), so that anchors map back onto the
-native model.
+``out_elems`` for other ops), or node count when no shape is known. ``K`` stages result whenever
+``K - 1`` admissible cuts exist; otherwise every cut is used and ``Partition.options["notes"]`` (the
+manifest's ``partition.notes``) says so, as it does for a stage over twice its share that no
+admissible cut could split.
 """
 
 from __future__ import annotations
@@ -195,7 +203,7 @@ def node_modules(model, index: GraphIndex, framework: str) -> list[list[str]]:
         model_names = {c for c, k in firsts.items() if k > max(3, len(index.nodes) // 3)}
         out = _strip_keras3_suffix([_tf2onnx_modules(n.name, model_names) for n in index.nodes], model_names)
     else:
-        out = [[] for _ in index.nodes]
+        out = [[]] * len(index.nodes)  # one shared empty list: never appended to
     return out
 
 
@@ -633,8 +641,9 @@ class StagePartitionPass(GraphPass):
     """Find stage boundaries. Never modifies the model; the plan is in ``result.info["partition"]``.
 
     Args:
-        stages: number of stages K (K-1 cuts); None picks about 8 (fewer for small graphs). Fewer
-            stages result when the graph has fewer admissible cuts.
+        stages: number of stages K (K-1 cuts); None picks about 8 (fewer for small graphs). Exactly
+            K stages result when K-1 admissible cuts exist; otherwise one per cut plus one, with a
+            note in ``partition.options["notes"]``.
         max_cut_width: the most tensors a cut may hold (>= 1).
         anchors: explicit tensor names to expose as well (kind ``explicit``).
 
@@ -654,20 +663,24 @@ class StagePartitionPass(GraphPass):
         self.anchors = list(anchors)
 
     def call(self, model) -> PassResult:
-        if _has_anchor_nodes(model.graph):
+        index = build_index(model.graph)
+        prefix = ANCHOR_NODE_PREFIX
+        if any(op == "Identity" and n.name.startswith(prefix) for op, n in zip(index.op_types, index.nodes)):
             import onnx
 
             clean = onnx.ModelProto()
             clean.CopyFrom(model)
             strip_anchor_nodes(clean)
+            part = self.plan(clean)
         else:
-            clean = model
-        part = self.plan(clean)
+            part = self.plan(model, index)
         return PassResult(model, False, {"partition": part})
 
     # ---------------------------------------------------------------------------------------------
-    def plan(self, model) -> Partition:
-        index = build_index(model.graph)
+    def plan(self, model, index: GraphIndex | None = None) -> Partition:
+        """The partition of ``model`` (``index``: its :func:`~passes.graph.build_index`, if built)."""
+        if index is None:
+            index = build_index(model.graph)
         n = len(index.nodes)
         if n == 0:
             raise GraphError("the graph has no nodes")
