@@ -86,7 +86,7 @@ def instrument_model(model, *, stages: int | None = None, max_cut_width: int = 4
     """
     from passes.anchors import AnchorInsertionPass
     from passes.base import PassManager
-    from passes.partition import StagePartitionPass
+    from passes.partition import StagePartitionPass, gc_paused
 
     stored = None
     try:
@@ -94,8 +94,9 @@ def instrument_model(model, *, stages: int | None = None, max_cut_width: int = 4
     except AnpredError:
         stored = None
     info = dict(stored.model) if stored is not None and stored.model else _model_info(model, source_path)
-    part = StagePartitionPass(stages, max_cut_width, list(anchors))(model).info["partition"]
-    res = PassManager([AnchorInsertionPass(part, info)])(model)
+    with gc_paused():  # see passes.partition.gc_paused
+        part = StagePartitionPass(stages, max_cut_width, list(anchors))(model).info["partition"]
+        res = PassManager([AnchorInsertionPass(part, info)])(model)
     return res.model, res.info["AnchorInsertionPass"]["manifest"]
 
 
@@ -129,7 +130,14 @@ def instrument_file(model_path, out_path, *, stages: int | None = None, max_cut_
     model = load_model(model_path, load_external=False)
     # refuse a placement no runtime could load before any work
     locations = external_data_files(model)
-    plan_external_data(model, out_path, model_path, copy_external_data, locations)
+    copies = plan_external_data(model, out_path, model_path, copy_external_data, locations)
+    weights = {(model_path.parent / loc).resolve() for loc in locations}
+    for p in (out_path, man_path):
+        if p.resolve() in weights:
+            raise OutputPathError(f"{p}: this is one of the model's external weight files; writing it would "
+                                  "destroy the weights")
+    if man_path.resolve() in {(out_path.parent / new).resolve() for _, new in copies.values()}:
+        raise OutputPathError(f"{man_path}: the manifest path equals the copied weights' path")
     anchored, manifest = instrument_model(model, stages=stages, max_cut_width=max_cut_width,
                                           anchors=anchors, source_path=model_path)
     save_model(anchored, out_path, source_path=model_path, copy_external_data=copy_external_data,

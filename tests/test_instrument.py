@@ -511,6 +511,8 @@ def _bad_inputs(tmp: Path, yolo: Path) -> dict[str, tuple[list[str], str]]:
     cases["output-is-folder"] = ([str(ext / "m.onnx"), "-o", str(ext)], "folder")
     cases["no-such-file"] = ([str(tmp / "absent.onnx")], "no such file")
     cases["model-is-folder"] = ([str(ext)], "is a folder")
+    onnx.save(onnx.load(str(yolo)), str(ext / "x.onnx"), save_as_external_data=True, location="x.bin")
+    cases["output-is-the-weights"] = ([str(ext / "x.onnx"), "-o", str(ext / "x.bin")], "external weight files")
     noout = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="r")], "g", [x], []),
                               opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(noout, str(tmp / "nooutputs.onnx"))
