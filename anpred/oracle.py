@@ -466,9 +466,14 @@ class Oracle:
             for b, w in why.items():
                 self._gap(a.name, b, w, sid)
             if len(got) < 2:
-                parts = [f"{b}: {w}" for b, w in why.items()]
-                msg = (f"fewer than two backends could be judged ({'only ' + ', '.join(got) if got else 'none'}"
-                       f" had a usable tensor){': ' + '; '.join(parts) if parts else ''}")
+                unal = [f"{b}: {w[len('not aligned: '):]}" for b, w in why.items() if w.startswith("not aligned: ")]
+                other = [f"{b}: {w}" for b, w in why.items() if not w.startswith("not aligned: ")]
+                parts = [f"fewer than two backends produced it ({', '.join(got)})" if got
+                         else "no backend produced a usable tensor"]
+                if unal:
+                    parts.append("not aligned: " + "; ".join(unal))
+                parts.extend(other)
+                msg = "; ".join(parts)
                 self.anchor_gaps.setdefault(a.name, {}).setdefault(msg, []).append(sid)
                 for b in got:
                     self._gap(a.name, b, "no other backend to compare with here", sid)
