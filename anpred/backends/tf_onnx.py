@@ -192,6 +192,12 @@ class TfOnnxBackend(Backend):
         from anpred.onnx_io import load_model
 
         model = load_model(model_path)
+        if "threads" in self.options:
+            # before anything (the onnx2tf conversion included) initialises TensorFlow's runtime:
+            # TF refuses thread settings once its context exists
+            import tensorflow as tf
+
+            tf.config.threading.set_intra_op_parallelism_threads(int(self.options["threads"]))
         inits = {t.name for t in model.graph.initializer}
         graph_inputs = [i for i in model.graph.input if i.name not in inits]
         fixed = self._fixed_shapes(graph_inputs)
@@ -206,8 +212,6 @@ class TfOnnxBackend(Backend):
 
         import tensorflow as tf
 
-        if "threads" in self.options:
-            tf.config.threading.set_intra_op_parallelism_threads(int(self.options["threads"]))
         loaded = tf.saved_model.load(str(self.cache_dir / "saved_model"))
         self._loaded = loaded
         self._fn = loaded.run
