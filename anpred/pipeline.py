@@ -720,7 +720,8 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
         seconds["map"] = time.perf_counter() - t
     manifest.to_model(anchored)
     anchored_path, manifest_path = tmp / "anchored.onnx", tmp / "anchored.anchors.json"
-    save_model(anchored, anchored_path, source_path=subject.onnx_path)
+    # the report folder is self-contained: external weights are streamed next to the anchored model
+    save_model(anchored, anchored_path, source_path=subject.onnx_path, copy_external_data=True)
     atomic_write_text(manifest_path, manifest.to_json())
     # -- inputs ----------------------------------------------------------------------------------
     n = samples or DEFAULT_SAMPLES

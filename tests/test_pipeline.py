@@ -127,3 +127,27 @@ def test_out_folder_holding_something_else_is_left_alone(tmp_path, capsys):
     rc = cli(["test", str(pf.softplus_onnx(tmp_path / "m.onnx")), "-o", str(out), "--backends", "ort,openvino"])
     assert rc == 2 and "is not an anpred test folder" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_model_with_external_weights_in_another_folder(tmp_path):
+    """Regression: a user model whose weights live in an external-data file beside it (another
+    folder than the report) failed in the pipeline (runtimes refuse weight paths outside the model's
+    folder); the report folder now carries a streamed copy of the weights."""
+    import onnx
+
+    import anpred
+    from pipeline_factories import softplus_onnx
+
+    src = tmp_path / "user"
+    src.mkdir()
+    plain = softplus_onnx(tmp_path / "plain.onnx")
+    m = onnx.load(plain)
+    onnx.save_model(m, src / "model.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx.data", size_threshold=0)
+    assert (src / "model.onnx.data").stat().st_size > 0
+    res = anpred.test(str(src / "model.onnx"), out=tmp_path / "report", backends=["ort", "onnx-reference"],
+                      samples=1, quiet=True, allow_incomplete=True)
+    data = list((tmp_path / "report").glob("anchored.onnx*.data"))
+    assert data and data[0].read_bytes() == (src / "model.onnx.data").read_bytes()
+    assert res.statuses == {"ort": "ok", "onnx-reference": "ok"}, res.statuses
+    onnx.checker.check_model(str(src / "model.onnx"), full_check=True)  # the user's model is untouched
