@@ -174,7 +174,8 @@ def resolve_model(model: str | os.PathLike, *, imgsz: int | tuple[int, int] | No
     Args:
         model: an ``.onnx`` path, a zoo name (``anpred zoo``) or ``module:function``.
         imgsz: input size for resizable zoo models and dynamic ONNX inputs (int or (H, W)).
-        seed: zoo weight seed (seeded models only).
+        seed: zoo weight seed (seeded models only) and the first seed of a zoo model's rendered pages
+            or text lines (:meth:`models.zoo.ZooModel.real_images`; the photographs are fixed files).
         factory_kwargs: keyword arguments for a factory.
         workdir: where a factory's export is written (``exported.onnx``); required for factories.
 
@@ -473,15 +474,17 @@ def _zoo_samples(zm, n: int, inputs: str | None, folder: Path, input_name: str) 
 
 
 def _zoo_sources(zm, n: int) -> list[str]:
-    kind = zm.entry.real_images
+    """What each of ``zm.real_images(n)`` is (the model's seed chooses the rendered pages and text
+    lines; the two photographs are fixed files)."""
+    kind, seed = zm.entry.real_images, zm.seed
     if kind == "pages":
-        return [f"rendered page seed {i}" for i in range(n)]
+        return [f"rendered page seed {seed + i}" for i in range(n)]
     if kind == "text-lines":
-        return [f"rendered text line seed {i}" for i in range(n)]
+        return [f"rendered text line seed {seed + i}" for i in range(n)]
     if kind == "photos":
         return (["ultralytics/assets/bus.jpg", "ultralytics/assets/zidane.jpg"] +
-                [f"augmented photo {i}" for i in range(2, n)])[:n]
-    out, page = [], 0
+                [f"augmented photo {i} (seed {1000 + seed})" for i in range(2, n)])[:n]
+    out, page = [], seed
     photos = iter(["ultralytics/assets/bus.jpg", "ultralytics/assets/zidane.jpg"])
     for i in range(n):
         if i in (2, 4):
@@ -567,7 +570,8 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
             per stage boundary.
         imgsz: input size (int or (H, W)) for resizable zoo models and dynamic ONNX dimensions
             (default: the zoo size, else 640).
-        seed: seed of the random inputs and of seeded zoo weights.
+        seed: seed of the random inputs, of seeded zoo weights and of a zoo model's rendered pages or
+            text lines (pages ``seed, seed + 1, ...``; the ultralytics photographs are fixed files).
         factory_kwargs: keyword arguments for a factory.
         oracle, config, allow_incomplete: see :func:`anpred.check.check_run` (``allow_incomplete``:
             a report with gaps, e.g. a backend that failed, exits 0); history: SQLite file to append to.
@@ -691,8 +695,10 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
     native = NATIVE_BACKEND.get(subject.framework)
     for b, fw in (("torch-native", "torch"), ("tf-native", "tf")):
         if b in names and subject.framework != fw:
+            why = (f"its native framework is {subject.framework} (use {NATIVE_BACKEND[subject.framework]})"
+                   if subject.framework in NATIVE_BACKEND else "a .onnx without a native factory")
             raise BackendError(f"backend {b} needs a model of {fw} origin; {subject.label} is of "
-                               f"{subject.framework} origin (a shipped .onnx without a native factory)")
+                               f"{subject.framework} origin: {why}")
     # -- map -------------------------------------------------------------------------------------
     mapping: dict[str, dict[str, int]] = {}
     if native is not None and native in names:

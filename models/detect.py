@@ -49,7 +49,7 @@ def to_rgb_array(image) -> np.ndarray:
     """A PIL image or an ``(H, W, 3)`` / ``(H, W)`` uint8 array -> ``(H, W, 3)`` uint8 RGB array.
 
     Raises:
-        InputError: not an image of that kind.
+        InputError: not an image of that kind, or an empty image (height or width 0).
     """
     try:
         from PIL import Image
@@ -62,6 +62,8 @@ def to_rgb_array(image) -> np.ndarray:
         arr = np.repeat(arr[:, :, None], 3, axis=2)
     if arr.ndim != 3 or arr.shape[2] not in (3, 4) or arr.dtype != np.uint8:
         raise InputError(f"expected a PIL image or an HxWx3 uint8 array, got {arr.dtype} array of shape {arr.shape}")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise InputError(f"empty image: shape {arr.shape} (height and width must be at least 1 pixel)")
     return np.ascontiguousarray(arr[:, :, :3])
 
 
@@ -72,6 +74,8 @@ def letterbox(image, size: tuple[int, int], pad_value: int = ULTRALYTICS_PAD) ->
 
     Returns:
         ``(H, W, 3)`` uint8 image and its :class:`LetterboxInfo`.
+    Raises:
+        InputError: not an image (see :func:`to_rgb_array`) or an empty one.
     """
     import cv2
 
@@ -94,6 +98,8 @@ def yolo_input(image, size: tuple[int, int]) -> tuple[np.ndarray, LetterboxInfo]
 
     Returns:
         ``float32 (1, 3, H, W)`` array and the :class:`LetterboxInfo`.
+    Raises:
+        InputError: not an image (see :func:`to_rgb_array`) or an empty one.
     """
     img, info = letterbox(image, size)
     x = img.transpose(2, 0, 1)[None].astype(np.float32) / np.float32(255.0)
@@ -119,7 +125,21 @@ class Detections:
         return [self.class_names[int(c)] for c in self.classes]
 
     def of_class(self, name_or_id) -> "Detections":
-        cid = self.class_names.index(name_or_id) if isinstance(name_or_id, str) else int(name_or_id)
+        """The detections of one class, given by name (needs :attr:`class_names`) or integer id.
+
+        Raises:
+            InputError: a class name that is not in :attr:`class_names` (the message lists them), or a
+                name when the detections have no class names.
+        """
+        if isinstance(name_or_id, str):
+            if self.class_names is None:
+                raise InputError(f"class {name_or_id!r} given by name, but these detections have no class names; "
+                                 "pass an integer class id")
+            if name_or_id not in self.class_names:
+                raise InputError(f"unknown class {name_or_id!r}; known: {', '.join(self.class_names)}")
+            cid = self.class_names.index(name_or_id)
+        else:
+            cid = int(name_or_id)
         k = self.classes == cid
         return Detections(self.boxes[k], self.scores[k], self.classes[k], self.class_names)
 
@@ -181,7 +201,8 @@ def decode(output: np.ndarray, layout: str = "yolov8", conf: float = 0.25, iou: 
         layout: ``"yolov8"`` or ``"yolov5"``.
         conf: minimum class score (``yolov5``: ``obj * cls``), after YOLO's ``predict`` defaults.
     Raises:
-        InputError: unknown layout or an output of the wrong rank.
+        InputError: unknown layout, an output of the wrong rank, or one without a class score (yolov8:
+            fewer than 5 rows; yolov5: fewer than 6 columns).
     """
     out = np.asarray(output, dtype=np.float64)
     if out.ndim == 3:
@@ -191,8 +212,14 @@ def decode(output: np.ndarray, layout: str = "yolov8", conf: float = 0.25, iou: 
     if out.ndim != 2:
         raise InputError(f"detector output must be 2-D per image, got shape {np.shape(output)}")
     if layout == "yolov8":
+        if out.shape[0] < 5:
+            raise InputError(f"yolov8 detector output must have 4 box rows and at least 1 class row "
+                             f"(shape (4 + nc, A)), got {out.shape[0]} rows: shape {np.shape(output)}")
         boxes, cls_scores = out[:4].T, out[4:].T
     elif layout == "yolov5":
+        if out.shape[1] < 6:
+            raise InputError(f"yolov5 detector output must have 4 box columns, objectness and at least 1 "
+                             f"class column (shape (A, 5 + nc)), got {out.shape[1]} columns: shape {np.shape(output)}")
         boxes, cls_scores = out[:, :4], out[:, 5:] * out[:, 4:5]
     else:
         raise InputError(f"unknown detector output layout {layout!r}; known: yolov8, yolov5")

@@ -470,15 +470,27 @@ class ZooModel:
         (see :data:`PREPROCESS_NOTES`). Raises InputError for other inputs."""
         return PREPROCESS[self.entry.preprocessing](image, self.hw)
 
-    def real_images(self, n: int) -> list[np.ndarray]:
-        """``n`` real uint8 RGB images for this model (photos, rendered pages or text lines)."""
+    def real_images(self, n: int, seed: int | None = None) -> list[np.ndarray]:
+        """``n`` real uint8 RGB images for this model (photos, rendered pages or text lines).
+
+        ``seed`` (default: the model's :attr:`seed`, i.e. ``get(..., seed=)`` / ``anpred test --seed``)
+        chooses the generated images: rendered pages and text lines use seeds ``seed, seed + 1, ...``;
+        the augmented photos after the first two use ``1000 + seed``. The two ultralytics photographs
+        (bus.jpg, zidane.jpg) are fixed files and do not depend on it.
+
+        Raises:
+            AnpredError: ``n < 0`` or a negative seed.
+        """
+        seed = self.seed if seed is None else int(seed)
         if n < 0:
             raise AnpredError(f"n must be >= 0, got {n}")
-        return REAL_IMAGES[self.entry.real_images](int(n), 0)
+        if seed < 0:
+            raise AnpredError(f"seed must be >= 0, got {seed}")
+        return REAL_IMAGES[self.entry.real_images](int(n), seed)
 
-    def real_inputs(self, n: int) -> list[np.ndarray]:
-        """``n`` preprocessed real inputs, each ``float32 (1, 3, H, W)``."""
-        return [self.preprocess(im) for im in self.real_images(n)]
+    def real_inputs(self, n: int, seed: int | None = None) -> list[np.ndarray]:
+        """``n`` preprocessed real inputs, each ``float32 (1, 3, H, W)`` (``seed``: see :meth:`real_images`)."""
+        return [self.preprocess(im) for im in self.real_images(n, seed)]
 
     def __repr__(self) -> str:
         return f"ZooModel({self.name!r}, input_shape={self.input_shape}, origin={self.origin!r}, trained={self.trained})"

@@ -13,9 +13,10 @@ The anchored model is built with the pipeline's exact steps (load without extern
 ``anpred test yolov8n-doclaynet`` and the onnx2tf conversion (~90 s cold at 1024 px on 2 cores) is
 shared through anpred.cache with the pipeline and the demo.
 
-Measured (2 cores, onnx2tf 1.28, torch 2.13, ORT 1.23): 14 anchors (13 + the output), 14/14 mapped
-exact; max relative error vs ort (max |x - ort| / max |ort| per anchor) 6.4e-6 torch-native, 9.6e-6
-tf. Bar: 1e-4 (fp32 noise, as in tests/test_three_libraries.py).
+Measured (2 cores, onnx2tf 1.29.24, torch 2.13.0+cpu, onnxruntime 1.32.0, tensorflow-cpu 2.21.0):
+14 anchors (13 + the output), 14/14 mapped exact; max relative error vs ort (max |x - ort| / max |ort|
+per anchor) 6.39e-6 torch-native, 9.57e-6 tf; 17 s with the onnx2tf conversion cached. Bar: 1e-4
+(fp32 noise, as in tests/test_three_libraries.py).
 """
 
 import numpy as np
