@@ -73,10 +73,74 @@ DEFAULT_MAGNITUDES: dict[str, tuple[float, ...]] = {
     "padding-same": (1,),
 }
 EVAL_SCHEMA = "anpred.evaluation/1"
+# The clean backend that runs the native model in eager PyTorch, for zoo models with a torch origin.
+NATIVE_TORCH = "torch-native"
 
 
 class EvaluationError(AnpredError):
     """The evaluation cannot run as asked (unknown model/kind, a clean backend failing, bad sizes)."""
+
+
+def magnitude_problem(kind: str, m: float) -> str | None:
+    """Why magnitude ``m`` is invalid for fault ``kind`` (None when valid). The ranges are those
+    :mod:`passes.faults` enforces at injection time (or silently truncates), checked before anything runs:
+    ``round`` an integer p in 2..23; ``approx-sigmoid`` a blend weight in (0, 1]; ``norm-epsilon`` a finite
+    factor > 0 and != 1; ``weight-ulp`` an integer k >= 1; ``rounding-mode`` / ``padding-same`` have no
+    magnitude (only 1)."""
+    from passes.faults import FAULT_KINDS
+
+    if kind not in FAULT_KINDS:
+        return f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}"
+    m = float(m)
+    if not math.isfinite(m):
+        return f"{kind}={m:g}: not a finite number"
+    if kind == "round" and not (m == int(m) and 2 <= m <= 23):
+        return f"round={m:g}: significand bits must be an integer in 2..23 (11 = float16, 8 = bfloat16)"
+    if kind == "approx-sigmoid" and not 0 < m <= 1:
+        return f"approx-sigmoid={m:g}: the blend weight must be in (0, 1]"
+    if kind == "norm-epsilon" and not (m > 0 and m != 1):
+        return f"norm-epsilon={m:g}: the epsilon factor must be > 0 and != 1"
+    if kind == "weight-ulp" and not (m == int(m) and m >= 1):
+        return f"weight-ulp={m:g}: the ULP count must be an integer >= 1"
+    if kind in ("rounding-mode", "padding-same") and m != 1:
+        return f"{kind}={m:g}: this kind has no magnitude (give 1 or leave it out)"
+    return None
+
+
+def validate_magnitudes(magnitudes: dict[str, Iterable[float]] | None) -> None:
+    """Check every ``{kind: magnitudes}`` entry (:func:`magnitude_problem`) before anything runs.
+
+    Raises:
+        EvaluationError: one message listing every invalid kind / magnitude, or an empty list.
+    """
+    problems = []
+    for k, ms in (magnitudes or {}).items():
+        ms = list(ms)
+        if not ms:
+            problems.append(f"{k}: no magnitude given")
+        problems += [p for p in (magnitude_problem(k, m) for m in ms) if p]
+    if problems:
+        raise EvaluationError("invalid fault magnitudes: " + "; ".join(dict.fromkeys(problems)))
+
+
+def check_stages(manifest, stages: Iterable[int] | None, name: str = "model") -> list[int]:
+    """The requested stage indices checked against ``manifest``'s stages (None: all of them).
+
+    Raises:
+        EvaluationError: an index the manifest does not have (the message lists the valid ones)."""
+    all_stages = [s.index for s in manifest.stages]
+    stages = all_stages if stages is None else list(stages)
+    bad = [s for s in stages if s not in all_stages]
+    if bad:
+        raise EvaluationError(f"{name}: no stage {bad}; stages are {all_stages}")
+    return stages
+
+
+def default_backends(zm) -> tuple[str, ...]:
+    """The clean fp32 backends for zoo model ``zm``: :data:`CLEAN_BACKENDS`, plus ``torch-native``
+    (eager PyTorch, anchors mapped with :func:`exporters.mapping.map_anchors`) when the model has a
+    native PyTorch rebuild (``zm.native_framework == "torch"``: yolov8n/s, yolov5n/s, yolov8n-doclaynet)."""
+    return CLEAN_BACKENDS + ((NATIVE_TORCH,) if zm.native_framework == "torch" else ())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -112,8 +176,8 @@ class ModelSetup:
 
 
 def prepare_model(name: str, work: str | Path, *, imgsz: int | None = None, n_real: int = 2, n_random: int = 2,
-                  seed: int = 0, backends: Iterable[str] = CLEAN_BACKENDS, lowp: Iterable[str] = LOWP_BACKENDS,
-                  progress: bool = False, timeout_s: float = 1800) -> ModelSetup:
+                  seed: int = 0, backends: Iterable[str] | None = None, lowp: Iterable[str] = LOWP_BACKENDS,
+                  progress: bool = False, timeout_s: float = 1800, stages: Iterable[int] | None = None) -> ModelSetup:
     """Instrument zoo model ``name`` and run the clean and reduced-precision backends once.
 
     Args:
@@ -122,11 +186,15 @@ def prepare_model(name: str, work: str | Path, *, imgsz: int | None = None, n_re
         imgsz: square input side (None: the zoo default; static models ignore other sizes).
         n_real, n_random: real inputs (zoo ``real_inputs``) and uniform [0, 1) random inputs
             (``numpy.random.default_rng(seed)``), each ``float32 (1, 3, H, W)``.
-        backends: the clean fp32 backends (at least 3 families for a median consensus).
+        backends: the clean fp32 backends (at least 3 families for a median consensus; None:
+            :func:`default_backends`, which adds ``torch-native`` for models with a PyTorch rebuild).
         lowp: reduced-precision backends run on the same samples (judged, never voting).
+        stages: the stage indices the caller will inject faults into; checked against the instrumented
+            model (:func:`check_stages`) *before* anything is written or run.
 
     Returns:
-        :class:`ModelSetup`. Raises EvaluationError when fewer than 3 clean backends run ok.
+        :class:`ModelSetup`. Raises EvaluationError when fewer than 3 clean backends run ok or a
+        requested stage does not exist (then nothing is written).
     """
     import onnx
 
@@ -137,12 +205,24 @@ def prepare_model(name: str, work: str | Path, *, imgsz: int | None = None, n_re
 
     if n_real < 0 or n_random < 0 or n_real + n_random < 1:
         raise EvaluationError(f"need at least one sample (n_real={n_real}, n_random={n_random})")
-    backends, lowp = list(backends), list(lowp)
     zm = models.get(name) if (imgsz is None or not models.REGISTRY[name].resizable) else models.get(name, imgsz=imgsz)
-    work = Path(work)
-    work.mkdir(parents=True, exist_ok=True)
+    backends, lowp = list(default_backends(zm) if backends is None else backends), list(lowp)
     proto = onnx.load(str(zm.onnx_path()))
     anchored, manifest = instrument_model(proto)
+    check_stages(manifest, stages, name)  # before any clean run (a bad --stages costs nothing)
+    manifest.model["name"] = zm.name
+    manifest.model["origin"] = dict(zm.manifest_origin())
+    if NATIVE_TORCH in backends:
+        if zm.native_framework != "torch":
+            raise EvaluationError(f"{name}: {NATIVE_TORCH} needs a native PyTorch model; {name} has none")
+        from exporters.mapping import map_anchors
+
+        net, example = zm.build_native()
+        map_anchors(manifest, net, "torch", onnx_model=anchored, example_inputs=tuple(example))
+        del net
+    manifest.to_model(anchored)
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
     apath = work / "anchored.onnx"
     save_model(anchored, apath)
     inp = work / "inputs"
@@ -573,15 +653,11 @@ def configurations(setup: ModelSetup, kinds: Iterable[str], stages: Iterable[int
                    magnitudes: dict[str, Iterable[float]] | None = None) -> list[tuple[str, int, float]]:
     """The (kind, stage, magnitude) grid: every kind x every stage (default: all of the manifest's)
     x the kind's magnitudes (default :data:`DEFAULT_MAGNITUDES`). Raises EvaluationError on an
-    unknown kind or stage."""
+    unknown kind or stage or an invalid magnitude (:func:`validate_magnitudes`)."""
     from passes.faults import FAULT_KINDS
 
-    man = setup.manifest()
-    all_stages = [s.index for s in man.stages]
-    stages = all_stages if stages is None else list(stages)
-    bad = [s for s in stages if s not in all_stages]
-    if bad:
-        raise EvaluationError(f"{setup.name}: no stage {bad}; stages are {all_stages}")
+    stages = check_stages(setup.manifest(), stages, setup.name)
+    validate_magnitudes(magnitudes)
     out = []
     for k in kinds:
         if k not in FAULT_KINDS:
@@ -691,7 +767,9 @@ def _clean_backends(cleans: dict[str, Any], model: str) -> list[str]:
 def bars(summary: dict[str, Any]) -> dict[str, Any]:
     """The project's bars on a :func:`summarize` scope: ANPRED's detection rate >= the best baseline's
     at every (kind, magnitude) where that baseline has zero false alarms on clean configurations;
-    ANPRED's false-alarm rate 0 on clean configurations; top-1 localization >= 90%.
+    ANPRED's false-alarm rate 0 on clean configurations; top-1 localization >= 90%. A bar is never
+    met on nothing: detection needs at least one faulty configuration, false alarms at least one clean
+    verdict, localization at least one detected fault.
     Returns ``{"detection": {"met": bool, "violations": [...]}, "false_alarm": {...}, "localization": {...}}``."""
     det = summary["detection"]
     fa = summary["false_alarm"]
@@ -707,8 +785,10 @@ def bars(summary: dict[str, Any]) -> dict[str, Any]:
                     viol.append({"baseline": m, "kind": k, "magnitude": mag, "anpred": a.get("rate"), "baseline_rate": c["rate"]})
     fa_rate = fa["anpred"]["clean_configs"]["rate"]
     top1 = summary["localization"]["top1"]["rate"]
-    return {"detection": {"met": not viol, "zero_false_alarm_baselines": zero, "violations": viol},
-            "false_alarm": {"met": (fa_rate or 0) == 0, "rate": fa_rate},
+    n = summary.get("configs", 0)
+    return {"detection": {"met": bool(n) and not viol, "configs": n, "zero_false_alarm_baselines": zero,
+                          "violations": viol},
+            "false_alarm": {"met": fa_rate is not None and fa_rate == 0, "rate": fa_rate},
             "localization": {"met": top1 is not None and top1 >= 0.9, "top1": top1}}
 
 

@@ -1,6 +1,7 @@
 """The reference evaluation: ANPRED vs threshold baselines on injected faults (issues 7 and 10).
 
-For each model, the clean backends (ort, openvino, torch, tf, onnx-reference) and the reduced-precision
+For each model, the clean backends (ort, openvino, torch, tf, onnx-reference, and torch-native = eager
+PyTorch for the models with a native PyTorch rebuild: all YOLOs) and the reduced-precision
 ones (ort-fp16, ort-int8, openvino-bf16) run ONCE on real inputs (photos; rendered document pages for
 yolov8n-doclaynet) and seeded uniform random inputs; then every fault kind x every stage x the kind's
 magnitudes is injected (passes/faults.py) and only the faulty variant runs (ONNX Runtime, backend label
@@ -12,7 +13,10 @@ anpred/evaluation.py for the definitions.
 Usage (the command whose numbers are in docs/evaluation.md)::
 
     .venv/bin/python benchmarks/oracle_eval.py --out eval-out \\
-        --models yolov8n-doclaynet,yolov8n,yolov5n --imgsz 320 --real 2 --random 2
+        --models yolov8n,yolov5n,yolov8n-doclaynet --imgsz 320 --real 2 --random 2 --doc-real 2 --doc-random 1
+
+Invalid magnitudes (e.g. round=40), an --out that is a file and --stages the models do not have are
+rejected with one message (exit 2) before any backend runs.
 
 Options: --models (yolov8n,yolov5n,yolov8n-doclaynet; yolov8s,yolov5s too), --kinds (default all of
 passes.faults.FAULT_KINDS), --stages (default all; e.g. 0,2,4), --magnitudes (e.g.
@@ -102,15 +106,27 @@ def run(args) -> int:
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     mags = parse_magnitudes(args.magnitudes)
     doc_mags = parse_magnitudes(args.doc_magnitudes) if args.doc_magnitudes else {**doc_default_magnitudes(), **mags}
+    if not models_:
+        raise AnpredError("--models: no model given")
+    if not kinds:
+        raise AnpredError("--kinds: no fault kind given")
     for m in models_:
         zoo.get(m) if m == DOC else zoo.get(m, imgsz=args.imgsz)  # unknown name / bad size: one clear error
     bad = [k for k in kinds + list(mags) + list(doc_mags) if k not in FAULT_KINDS]
     if bad:
-        raise AnpredError(f"unknown fault kind(s) {', '.join(bad)}; known: {', '.join(FAULT_KINDS)}")
+        raise AnpredError(f"unknown fault kind(s) {', '.join(dict.fromkeys(bad))}; known: {', '.join(FAULT_KINDS)}")
+    ev.validate_magnitudes(mags)  # every invalid magnitude in one message, before anything runs
+    ev.validate_magnitudes(doc_mags)
     if args.stages != "all" and not all(s.strip().isdigit() for s in args.stages.split(",")):
         raise AnpredError(f"--stages must be 'all' or comma-separated stage indices, got {args.stages!r}")
+    stages = None if args.stages == "all" else [int(s) for s in args.stages.split(",")]
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise AnpredError(f"--out {out}: exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise AnpredError(f"--out {out}: cannot create the folder: {err}") from err
     t_all = time.monotonic()
     results: list[ev.ConfigResult] = []
     cleans: dict[str, ev.CleanSummary] = {}
@@ -122,11 +138,11 @@ def run(args) -> int:
         t0 = time.monotonic()
         setup = ev.prepare_model(name, out / name, imgsz=None if doc else args.imgsz,
                                  n_real=args.doc_real if doc else args.real,
-                                 n_random=args.doc_random if doc else args.random, seed=args.seed, progress=True)
+                                 n_random=args.doc_random if doc else args.random, seed=args.seed, progress=True,
+                                 stages=stages)
         setups[name] = setup
         clean = cleans[name] = ev.clean_summary(setup)
         t1 = time.monotonic()
-        stages = None if args.stages == "all" else [int(s) for s in args.stages.split(",")]
         grid = ev.configurations(setup, kinds, stages, doc_mags if doc else mags)
         grid = [(None, None, None)] + grid
         for kind, stage, mag in tqdm(grid, desc=name, unit="cfg", file=sys.stderr):
@@ -270,7 +286,7 @@ def markdown(p: dict) -> str:
                   "| kind | magnitude | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
         det = s["detection"]
         for kind in sorted(k for k in det["anpred"] if k != "all"):
-            for mag in sorted(det["anpred"][kind], key=float):
+            for mag in mag_order(kind, det["anpred"][kind]):
                 lines.append(f"| {kind} | {mag} | " + " | ".join(_pct(det[m].get(kind, {}).get(mag)) for m in methods) + " |")
         lines.append("| **all** | | " + " | ".join(_pct(det[m]["all"]["all"]) for m in methods) + " |")
         fa = s["false_alarm"]
@@ -285,7 +301,7 @@ def markdown(p: dict) -> str:
             lines.append(f"| {k} | {_pct(v['top1'])} | {_pct(v['within_one'])} |")
         b = p["bars"][scope]
         lines += ["", f"Bars: detection >= best zero-false-alarm baseline ({', '.join(b['detection']['zero_false_alarm_baselines']) or 'none'}): "
-                  f"{'met' if b['detection']['met'] else 'NOT met: ' + json.dumps(b['detection']['violations'])}; "
+                  f"{_bar_detection(b['detection'])}; "
                   f"false alarms 0 on clean: {'met' if b['false_alarm']['met'] else 'NOT met'}; "
                   f"top-1 >= 90%: {'met' if b['localization']['met'] else 'NOT met'}.", ""]
     # clean runs: reduced precision and detections
@@ -311,7 +327,7 @@ def markdown(p: dict) -> str:
             continue
         rows.setdefault((r["model"], r["kind"], r["magnitude"]), []).append(r)
     null = {r["model"]: r for r in p["configs"] if r["kind"] is None}
-    for (m, k, mag), rs in sorted(rows.items(), key=lambda x: (x[0][0], x[0][1], x[0][2])):
+    for (m, k, mag), rs in sorted(rows.items(), key=lambda x: (x[0][0], x[0][1], -x[0][2] if x[0][1] == "round" else x[0][2])):
         real = [r["detections_by_kind"].get("real", {}).get("changed", 0) for r in rs]
         base = null.get(m, {}).get("detections_by_kind", {}).get("real", {}).get("changed", 0)
         lines.append(f"| {m} | {k} | {mag:g} | {len(rs)} | {sum(r['flagged'] for r in rs)} | "
@@ -322,6 +338,18 @@ def markdown(p: dict) -> str:
     lines += ["### Findings (numbers)", "", "```json", json.dumps(p["findings"], indent=1), "```", ""]
     lines += [f"Timings: {json.dumps(p['timings'])}; wall {p['wall_s']} s.", ""]
     return "\n".join(lines)
+
+
+def _bar_detection(d: dict) -> str:
+    if not d.get("configs"):
+        return "NOT met (no faulty configuration ran)"
+    return "met" if d["met"] else "NOT met: " + json.dumps(d["violations"])
+
+
+def mag_order(kind: str, mags) -> list:
+    """Magnitudes of ``kind`` ordered from the smallest to the largest fault (``round``: more
+    significand bits = smaller fault, so descending p; every other kind ascending)."""
+    return sorted(mags, key=(lambda m: -float(m)) if kind == "round" else float)
 
 
 def _mean(xs):
@@ -357,14 +385,14 @@ def plots(p: dict, out: Path) -> None:
             continue
         fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.4), squeeze=False)
         for ax, k in zip(axes[0], kinds):
-            mags = sorted(det["anpred"][k], key=float)
+            mags = mag_order(k, det["anpred"][k])
             xs = np.arange(len(mags))
             for m in methods:
                 ys = [det[m].get(k, {}).get(mg, {}).get("rate") for mg in mags]
                 ax.plot(xs, [np.nan if y is None else y for y in ys], label=m, **styles[m])
             ax.set_xticks(xs, mags)
             ax.set_title(k)
-            ax.set_xlabel({"round": "significand bits p (fewer = larger)", "weight-ulp": "ULPs",
+            ax.set_xlabel({"round": "significand bits p (fewer = larger fault)", "weight-ulp": "ULPs",
                            "approx-sigmoid": "blend weight", "norm-epsilon": "epsilon factor"}.get(k, "magnitude"))
             ax.set_ylim(-0.05, 1.05)
         axes[0][0].set_ylabel("detection rate")
@@ -393,7 +421,10 @@ def plots(p: dict, out: Path) -> None:
             ax.plot(xs, ys, label=m, **styles[m])
             centers = xs
         ax.set_xscale("log")
-        ax.axvline(1e-5, color="r", lw=0.8, ls=":", label="fp32 floor (stage 0)")
+        from anpred.defaults import OracleConfig
+
+        fl = OracleConfig().floor_at("fp32", 0)
+        ax.axvline(fl, color="r", lw=0.8, ls=":", label=f"oracle fp32 floor {fl:g} (stage 0)")
         ax.set_xlabel("true injected nRMSE at the injection stage (vs clean ort)")
         ax.set_ylabel("detection rate")
         ax.set_title("detection vs fault size (all models and kinds)")
