@@ -104,6 +104,22 @@ class CheckReport:
                 return c
         return None
 
+    def largest_primary(self, backend: str) -> tuple[str, float] | None:
+        """``(anchor, value)`` of the largest primary statistic (pooled nRMSE by default, unitless)
+        among ``backend``'s judged cells; None when none was judged. This is the true worst
+        statistic; ``BackendVerdict.worst_anchor`` / ``worst_primary`` are the cell with the highest
+        ratio to its threshold (``worst_ratio_to_threshold``), which is not always the largest."""
+        import math
+
+        best = None
+        for c in self.cells:
+            if c.backend != backend or c.primary is None:
+                continue
+            key = c.primary if not math.isnan(c.primary) else math.inf
+            if best is None or key > best[0]:
+                best = (key, c.anchor, c.primary)
+        return None if best is None else (best[1], best[2])
+
     @property
     def exit_code(self) -> int:
         """CLI exit status: 0 consistent, 1 flagged, 1 incomplete (0 with ``allow_incomplete``), 2 error."""

@@ -57,7 +57,7 @@ from typing import Any, Iterable
 
 from anpred.errors import AnpredError, BackendError, InputError, OutputPathError
 
-__all__ = ["test", "demo", "resolve_model", "default_backends", "Subject", "TestResult", "DemoResult",
+__all__ = ["test", "demo", "resolve_model", "default_backends", "parse_backend_list", "check_native_backends", "Subject", "TestResult", "DemoResult",
            "ONNX_BACKENDS", "NATIVE_BACKEND", "DEMO_MODELS", "format_standing"]
 
 #: Backends that run any ONNX model, in run order (fp32 voters first, then reduced precision).
@@ -69,6 +69,8 @@ DEMO_MODELS: tuple[str, ...] = ("yolov8n-doclaynet", "ppocr-det")
 DEFAULT_SAMPLES = 3
 DEFAULT_IMGSZ = 640
 TEST_SCHEMA = "anpred.test/1"
+#: In an image folder given as inputs: ``{file name: real source}`` recorded in test.json instead of the path.
+SOURCES_FILE = "sources.json"
 
 
 def _log(msg: str, quiet: bool) -> None:
@@ -168,7 +170,7 @@ def _framework_of(model) -> str:
 
 def resolve_model(model: str | os.PathLike, *, imgsz: int | tuple[int, int] | None = None, seed: int = 0,
                   factory_kwargs: dict[str, Any] | None = None, workdir: Path | None = None,
-                  quiet: bool = True) -> Subject:
+                  quiet: bool = True, backends: Iterable[str] | None = None) -> Subject:
     """Turn MODEL into a :class:`Subject` (see the module docstring for the three forms).
 
     Args:
@@ -178,6 +180,8 @@ def resolve_model(model: str | os.PathLike, *, imgsz: int | tuple[int, int] | No
             or text lines (:meth:`models.zoo.ZooModel.real_images`; the photographs are fixed files).
         factory_kwargs: keyword arguments for a factory.
         workdir: where a factory's export is written (``exported.onnx``); required for factories.
+        backends: when given, a native backend that does not fit the model is refused
+            (:func:`check_native_backends`) before anything is exported.
 
     Raises:
         ModelLoadError: an ``.onnx`` path that is missing or unreadable.
@@ -193,12 +197,14 @@ def resolve_model(model: str | os.PathLike, *, imgsz: int | tuple[int, int] | No
         proto = load_model(path, load_external=False)  # ModelLoadError: missing / not ONNX
         origin = read_origin(proto)
         fw = (origin or {}).get("framework", "onnx") if (origin or {}).get("factory") else "onnx"
+        check_native_backends(backends, fw, path.stem, "onnx")
         return Subject(label=path.stem, kind="onnx", onnx_path=path.resolve(), framework=fw,
                        origin=origin if fw != "onnx" else None)
     if _is_factory_spec(text) and text.split(":")[0] not in ("random",):
         kwargs = dict(factory_kwargs or {})
         native, example, root = _import_factory(text, kwargs)
         fw = _framework_of(native)
+        check_native_backends(backends, fw if fw in NATIVE_BACKEND else "onnx", text, "factory")
         if workdir is None:
             raise AnpredError("resolve_model: a factory needs workdir= for its export")
         dst = Path(workdir) / "exported.onnx"
@@ -223,6 +229,7 @@ def resolve_model(model: str | os.PathLike, *, imgsz: int | tuple[int, int] | No
     if text not in models.REGISTRY:
         raise AnpredError(f"{text!r} is not an .onnx file, a zoo model or a module:function factory; "
                           f"zoo models: {', '.join(models.REGISTRY)}")
+    check_native_backends(backends, models.REGISTRY[text].native_framework or "onnx", text, "zoo")
     zm = models.get(text, imgsz=imgsz, seed=seed)
     _log(f"zoo model {zm.name}: {'trained' if zm.trained else 'seeded'} weights, input {zm.input_shape}", quiet)
     onnx_path = zm.onnx_path()
@@ -239,6 +246,64 @@ def default_backends(framework: str) -> list[str]:
     if framework in NATIVE_BACKEND:
         out.insert(out.index("ort-fp16"), NATIVE_BACKEND[framework])
     return out
+
+
+def parse_backend_list(backends: Iterable[str] | str | None) -> list[str] | None:
+    """Validate a backend list (a list or a comma-separated string; None: the defaults).
+
+    Raises:
+        BackendError: an empty entry (``ort,,openvino``), an unknown or repeated name, or fewer than
+            two backends (the consensus and the threshold baseline both compare backends with each
+            other: one backend alone cannot be judged).
+    """
+    from anpred.backends import REGISTRY
+
+    if backends is None:
+        return None
+    given = str(backends) if isinstance(backends, str) else ",".join(str(b) for b in backends)
+    names = [b.strip() for b in given.split(",")]
+    if not given.strip():
+        raise BackendError("no backend given; known backends: " + ", ".join(REGISTRY))
+    if any(not b for b in names):
+        raise BackendError(f"empty entry in the backend list {given!r}; known backends: {', '.join(REGISTRY)}")
+    for b in names:
+        if b not in REGISTRY:
+            raise BackendError(f"unknown backend {b!r}; known backends: {', '.join(REGISTRY)}")
+    dup = sorted({b for b in names if names.count(b) > 1})
+    if dup:
+        raise BackendError(f"backend {', '.join(dup)} given twice in {given!r}")
+    if len(names) < 2:
+        raise BackendError(f"one backend ({names[0]}) cannot be judged: the oracle compares backends with each "
+                           "other; give two or more (e.g. --backends ort,openvino)")
+    return names
+
+
+def check_native_backends(names: Iterable[str] | None, framework: str, label: str, kind: str) -> None:
+    """Refuse a native backend that does not fit the model, before any export or instrumentation.
+
+    Args:
+        names: the backends asked for (None: the defaults, always fitting).
+        framework: the model's origin framework (``onnx`` | ``torch`` | ``tf``).
+        label: the model's name in the message; kind: ``onnx`` (a file), ``zoo`` or ``factory``.
+
+    Raises:
+        BackendError: ``torch-native`` for a model that is not of PyTorch origin, ``tf-native`` for
+            one not of Keras origin; the message says what the model is and which native backend fits.
+    """
+    for b, fw in (("torch-native", "torch"), ("tf-native", "tf")):
+        if names is None or b not in names or framework == fw:
+            continue
+        if framework in NATIVE_BACKEND:
+            what = {"torch": "PyTorch", "tf": "Keras"}[framework]
+            why = f"it is of {what} origin: its native framework is {framework} (use {NATIVE_BACKEND[framework]})"
+        elif kind == "zoo":
+            why = "it is a shipped ONNX model without a native factory"
+        elif kind == "factory":
+            why = "its factory returns neither a torch.nn.Module nor a keras.Model"
+        else:
+            why = "it is a .onnx without a native factory (no anpred.origin metadata naming one)"
+        raise BackendError(f"backend {b} needs a model of {'PyTorch' if fw == 'torch' else 'Keras'} origin; "
+                           f"{label}: {why}; nothing was written")
 
 
 # ---- results ---------------------------------------------------------------------------------------
@@ -302,7 +367,8 @@ class TestResult:
         return self.report.exit_code
 
     def standing(self) -> dict[str, str]:
-        """Backend -> one word and a detail: ``consistent``, ``FLAGGED at <origin anchor>``,
+        """Backend -> one word and a detail: ``consistent (max nRMSE X)`` (X: the largest pooled nRMSE
+        over the judged anchors, :meth:`anpred.check.CheckReport.largest_primary`), ``FLAGGED at <origin anchor>``,
         ``consensus (reference)``, ``unjudged``, or the run status (``failed: <reason>``)."""
         out = {}
         for b in self.backends:
@@ -315,7 +381,10 @@ class TestResult:
             elif v.flagged:
                 out[b] = f"FLAGGED at {v.origin_anchor} ({v.propagation})"
             elif v.judged_anchors:
-                out[b] = f"consistent (worst nRMSE {v.worst_primary:.1e})" if v.worst_primary is not None else "consistent"
+                big = self.report.largest_primary(b)
+                prim = self.report.config.get("primary", "nrmse")
+                prim = "nRMSE" if prim == "nrmse" else prim
+                out[b] = f"consistent (max {prim} {big[1]:.1e})" if big is not None else "consistent"
                 if v.unjudged:
                     out[b] += f", {len(v.unjudged)} anchor(s) not judged"
             else:
@@ -454,6 +523,9 @@ def _zoo_samples(zm, n: int, inputs: str | None, folder: Path, input_name: str) 
         files = sorted(f for f in p.iterdir() if f.suffix.lower() in IMAGE_EXTS) if p.is_dir() else [p]
         if not files:
             raise InputError(f"inputs {p}: no image ({', '.join(IMAGE_EXTS)}) in the folder")
+        named = {}  # a folder may name each image's real source in sources.json (the demo's temporary images)
+        if p.is_dir() and (p / SOURCES_FILE).is_file():
+            named = json.loads((p / SOURCES_FILE).read_text())
         from PIL import Image
 
         images, sources = [], []
@@ -463,7 +535,7 @@ def _zoo_samples(zm, n: int, inputs: str | None, folder: Path, input_name: str) 
                     images.append(np.asarray(im.convert("RGB"), dtype=np.uint8))
             except OSError as err:
                 raise InputError(f"inputs {f}: not a readable image ({err})") from err
-            sources.append(str(f))
+            sources.append(named.get(f.name) or str(f.resolve()))
     else:
         images = zm.real_images(n)
         sources = _zoo_sources(zm, len(images))
@@ -587,7 +659,6 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
         unknown backend, bad inputs, an ``out`` folder that holds something else. Nothing is
         written then. A backend that fails or crashes does not raise: see ``result.statuses``.
     """
-    from anpred.backends import REGISTRY, parse_backends
     from anpred.check import ORACLES
 
     t_start = time.perf_counter()
@@ -598,15 +669,7 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
         raise InputError(f"samples must be at least 1 (got {samples})")
     if stages is not None and stages < 1:
         raise AnpredError(f"stages must be at least 1 (got {stages})")
-    if isinstance(backends, str):
-        backends = parse_backends(backends)
-    elif backends is not None:
-        backends = [str(b).strip() for b in backends]
-        for b in backends:
-            if b not in REGISTRY:
-                raise BackendError(f"unknown backend {b!r}; known backends: {', '.join(REGISTRY)}")
-        if not backends:
-            raise BackendError("no backend given; known backends: " + ", ".join(REGISTRY))
+    backends = parse_backend_list(backends)
     if inputs is not None and not str(inputs).startswith("random:") and not Path(inputs).exists():
         raise InputError(f"inputs {inputs}: no such file or folder")
     if config is not None:
@@ -623,10 +686,14 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
         if text not in models.REGISTRY:
             raise AnpredError(f"unknown model {text!r}: not an .onnx file, a zoo model or a module:function "
                               f"factory; zoo models: {', '.join(models.REGISTRY)}")
+        check_native_backends(backends, models.REGISTRY[text].native_framework or "onnx", text, "zoo")
     elif not _is_factory_spec(text):
         from anpred.onnx_io import load_model
+        from exporters import read_origin
 
-        load_model(text, load_external=False)
+        origin = read_origin(load_model(text, load_external=False)) or {}
+        check_native_backends(backends, origin.get("framework", "onnx") if origin.get("factory") else "onnx",
+                              Path(text).stem, "onnx")
     label_guess = text.split(":")[-1] if _is_factory_spec(text) else Path(text).stem
     out = Path(out) if out is not None else Path("anpred-test") / label_guess
     final = out.absolute()
@@ -634,7 +701,7 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
     try:
         t = time.perf_counter()
         subject = resolve_model(model, imgsz=imgsz, seed=seed, factory_kwargs=factory_kwargs, workdir=tmp,
-                                quiet=quiet)
+                                quiet=quiet, backends=backends)
         seconds["resolve"] = time.perf_counter() - t
         result = _pipeline(subject, final, tmp, backends=backends, inputs=inputs, samples=samples, stages=stages,
                            max_cut_width=max_cut_width, imgsz=imgsz, seed=seed, oracle=oracle, config=config,
@@ -642,6 +709,9 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        # what was tested names the final place of files built in the partial folder (a factory's export)
+        result.details = json.loads(json.dumps(result.details, default=str).replace(
+            json.dumps(str(tmp))[1:-1], json.dumps(str(final))[1:-1]))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -693,12 +763,7 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
     explicit = backends is not None
     names = list(backends) if explicit else default_backends(subject.framework)
     native = NATIVE_BACKEND.get(subject.framework)
-    for b, fw in (("torch-native", "torch"), ("tf-native", "tf")):
-        if b in names and subject.framework != fw:
-            why = (f"its native framework is {subject.framework} (use {NATIVE_BACKEND[subject.framework]})"
-                   if subject.framework in NATIVE_BACKEND else "a .onnx without a native factory")
-            raise BackendError(f"backend {b} needs a model of {fw} origin; {subject.label} is of "
-                               f"{subject.framework} origin: {why}")
+    check_native_backends(names, subject.framework, subject.label, subject.kind)
     # -- map -------------------------------------------------------------------------------------
     mapping: dict[str, dict[str, int]] = {}
     if native is not None and native in names:
@@ -755,6 +820,10 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
         store = run_model(anchored_path, names, in_spec, tmp / "run", mode="tensors", timeout_s=timeout_s,
                           progress=not quiet, preprocess=None)
     shutil.rmtree(inputs_dir, ignore_errors=True)
+    if in_spec == str(inputs_dir):  # the preprocessed inputs live on in the run store only
+        store.meta["inputs"] = {**store.meta.get("inputs", {}), "path": str(final / "run" / "inputs"),
+                                "kind": "zoo real images, preprocessed (stored in the run)",
+                                "sources": extra["inputs"]["sources"]}
     store.meta.setdefault("model", {})["name"] = subject.label
     store.meta["model"]["path"] = str(final / "anchored.onnx")
     store.save_meta()
@@ -807,49 +876,99 @@ def demo(out: str | os.PathLike = "anpred-demo", *, backends: Iterable[str] | st
         :class:`DemoResult` (one :class:`TestResult` per model).
     """
     t0 = time.perf_counter()
-    out = Path(out)
+    final = Path(out).absolute()
     models_ = list(models_)
     unknown = [m for m in models_ if m not in DEMO_MODELS]
     if unknown:
         raise AnpredError(f"unknown demo model(s) {', '.join(unknown)}; the demo has {', '.join(DEMO_MODELS)}")
-    if out.exists() and any(out.iterdir()) and not (out / "demo.json").is_file():
-        raise OutputPathError(f"{out} exists and is not empty (and is not an anpred demo folder); nothing was written")
-    if out.exists() and (out / "demo.json").is_file() and not overwrite:
-        raise OutputPathError(f"{out} already holds a demo; choose another -o or pass --overwrite (nothing was written)")
-    results = []
-    for name in models_:
-        n = samples or (DEFAULT_SAMPLES if name == "yolov8n-doclaynet" else 2)
-        kw: dict[str, Any] = {}
-        inputs = None
-        if name == "yolov8n-doclaynet":
-            inputs = _demo_doclaynet_images(out, n)
-        else:
-            kw["imgsz"] = ppocr_hw
-        _log(f"demo: {name}", quiet)
-        try:
-            results.append(test(name, out=out / name, backends=backends, inputs=inputs, samples=n, stages=stages,
-                                overwrite=True, quiet=quiet, timeout_s=timeout_s, allow_incomplete=allow_incomplete,
-                                **kw))
-        finally:
-            if inputs is not None:
-                shutil.rmtree(inputs, ignore_errors=True)
-    res = DemoResult(results=results, out=out, seconds=time.perf_counter() - t0)
-    from anpred.onnx_io import atomic_write_text
+    # every check before any work: backends for every demo model, then the output folder
+    backends = parse_backend_list(backends)
+    import models
 
-    atomic_write_text(out / "demo.json", json.dumps({"schema": "anpred.demo/1", "status": res.status,
-                                                     "seconds": res.seconds,
-                                                     "models": [r.to_dict() for r in results]}, indent=1))
+    for name in models_:
+        check_native_backends(backends, models.REGISTRY[name].native_framework or "onnx", name, "zoo")
+    if final.exists() and (not final.is_dir() or (any(final.iterdir()) and not (final / "demo.json").is_file())):
+        raise OutputPathError(f"{final} exists and is not an anpred demo folder; nothing was written")
+    if final.exists() and (final / "demo.json").is_file() and not overwrite:
+        raise OutputPathError(f"{final} already holds a demo; choose another -o or pass --overwrite "
+                              "(nothing was written)")
+    # built in a hidden sibling, renamed at the end: a failure leaves nothing behind, an earlier demo
+    # is replaced only once the new one is complete
+    tmp = _prepare_out(final.parent / f"{final.name}.demo", overwrite=False)
+    results = []
+    try:
+        for name in models_:
+            n = samples or (DEFAULT_SAMPLES if name == "yolov8n-doclaynet" else 2)
+            kw: dict[str, Any] = {}
+            inputs = None
+            if name == "yolov8n-doclaynet":
+                inputs = _demo_doclaynet_images(tmp, n)
+            else:
+                kw["imgsz"] = ppocr_hw
+            _log(f"demo: {name}", quiet)
+            try:
+                r = test(name, out=tmp / name, backends=backends, inputs=inputs, samples=n, stages=stages,
+                         overwrite=False, quiet=quiet, timeout_s=timeout_s, allow_incomplete=allow_incomplete, **kw)
+            finally:
+                if inputs is not None:
+                    shutil.rmtree(inputs, ignore_errors=True)
+            results.append(_moved(r, tmp / name, final / name))
+        res = DemoResult(results=results, out=final, seconds=time.perf_counter() - t0)
+        from anpred.onnx_io import atomic_write_text
+
+        atomic_write_text(tmp / "demo.json", json.dumps({"schema": "anpred.demo/1", "status": res.status,
+                                                         "seconds": res.seconds,
+                                                         "models": [r.to_dict() for r in results]}, indent=1))
+        if final.exists():
+            old = final.parent / f".{final.name}.old-{os.getpid()}"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return res
+
+
+def _moved(r: TestResult, src: Path, dst: Path) -> TestResult:
+    """Rewrite the paths of a test built in ``src`` to ``dst`` (its final place): the result, the
+    report (``report.json`` / ``report.html`` / ``test.json`` hold the final paths) and the run
+    store's ``run.json``."""
+    from anpred.onnx_io import atomic_write_text
+    from anpred.report import write_html, write_json
+    from anpred.runstore import RunStore
+
+    src_s, dst_s = str(src), str(dst)
+
+    def fix(v):
+        return Path(str(v).replace(src_s, dst_s, 1)) if str(v).startswith(src_s) else v
+
+    for k in ("out", "anchored", "manifest", "run_dir", "report_json", "report_html"):
+        setattr(r, k, fix(getattr(r, k)))
+    r.report.run_dir = str(fix(r.report.run_dir))
+    r.report.model = {k: (str(fix(v)) if isinstance(v, str) else v) for k, v in r.report.model.items()}
+    write_json(r.report, src / "report.json")
+    write_html(r.report, src / "report.html")
+    store = RunStore.open(src / "run")
+    text = json.dumps(store.meta).replace(json.dumps(src_s)[1:-1], json.dumps(dst_s)[1:-1])
+    store.meta.clear()
+    store.meta.update(json.loads(text))
+    store.save_meta()
+    atomic_write_text(src / "test.json", json.dumps(r.to_dict(), indent=1, default=str))
+    return r
 
 
 def _demo_doclaynet_images(out: Path, n: int) -> Path:
     """Write the demo's DocLayNet images (rendered page 0, bus.jpg, zidane.jpg, then more pages) as
-    PNG files into a hidden folder next to ``out``; returns it."""
+    PNG files into the hidden folder ``out/.images`` with their real sources in ``sources.json``
+    (:data:`SOURCES_FILE`); returns the folder."""
     from PIL import Image
 
     from models.documents import photos, render_page
 
-    folder = out.absolute().parent / f".{out.name}.images-{os.getpid()}"
+    folder = Path(out) / ".images"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     imgs = [("0_page-seed0", render_page(0).array())]
@@ -859,6 +978,10 @@ def _demo_doclaynet_images(out: Path, n: int) -> Path:
     while len(imgs) < n:
         imgs.append((f"{len(imgs)}_page-seed{k}", render_page(k).array()))
         k += 1
+    sources = {}
     for name, arr in imgs[:n]:
         Image.fromarray(arr).save(folder / f"{name}.png")
+        sources[f"{name}.png"] = ({"1_bus": "ultralytics/assets/bus.jpg", "2_zidane": "ultralytics/assets/zidane.jpg"}
+                                  .get(name) or f"rendered page seed {name.split('seed')[1]}")
+    (folder / SOURCES_FILE).write_text(json.dumps(sources, indent=1))
     return folder

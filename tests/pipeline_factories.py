@@ -2,6 +2,8 @@
 
 - :func:`small_cnn`: a factory (``pipeline_factories:small_cnn``) returning a seeded PyTorch CNN and
   its example input, the form ``anpred test module:function`` takes.
+- :func:`small_keras`: a factory (``pipeline_factories:small_keras``) returning a seeded Keras CNN
+  and its example input (NCHW), for the Keras path (tf2onnx export, ``tf-native``).
 - :func:`softplus_onnx`: an ONNX CNN whose Softplus sees inputs around -15, where OpenVINO 2026.4.1's
   CPU Softplus is wrong (docs/oracle.md: 0 or -1.9e-6 instead of 3e-7..2e-9), so a real run flags
   openvino and the HTML report has detail plots.
@@ -52,6 +54,35 @@ def small_cnn(width: int = 8, seed: int = 0):
                 m.running_var.uniform_(0.5, 1.5)
         x = torch.rand(1, 3, 32, 32)
     return model.eval(), (x,)
+
+
+def small_keras(imgsz: int = 32, seed: int = 0):
+    """Factory: ``(keras.Model, (float32 array (1, 3, imgsz, imgsz),))``, a seeded Keras CNN on an
+    NCHW input (batch fixed to 1): Permute to NHWC, Conv-BN-ReLU, a stride-2 Conv (swish), global
+    average pooling and a Dense head (10 outputs). BatchNorm statistics are set to non-trivial seeded
+    values; the example input is seeded uniform in [0, 1)."""
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input(shape=(3, imgsz, imgsz), batch_size=1, name="images")
+    x = keras.layers.Permute((2, 3, 1), name="to_nhwc")(inp)
+    x = keras.layers.Conv2D(8, 3, padding="same", name="stem_conv")(x)
+    x = keras.layers.BatchNormalization(name="stem_bn")(x)
+    x = keras.layers.ReLU(name="stem_relu")(x)
+    x = keras.layers.Conv2D(16, 3, strides=2, padding="same", activation="swish", name="down")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    out = keras.layers.Dense(10, name="head")(x)
+    model = keras.Model(inp, out, name="small_keras")
+    rng = np.random.default_rng(seed)
+    bn = model.get_layer("stem_bn")
+    gamma, beta, mean, var = bn.get_weights()
+    bn.set_weights([gamma, beta, rng.uniform(-0.2, 0.2, mean.shape).astype(np.float32),
+                    rng.uniform(0.5, 1.5, var.shape).astype(np.float32)])
+    x0 = rng.random((1, 3, imgsz, imgsz), dtype=np.float32)
+    return model, (x0,)
 
 
 def softplus_onnx(path: Path) -> Path:

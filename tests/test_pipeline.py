@@ -1,11 +1,12 @@
 """The one-shot pipeline (``anpred test`` / ``anpred.test``) end to end on real runtimes: an ``.onnx``
-path holding a real OpenVINO defect (flagged, exit 1), a PyTorch factory (exported, mapped onto the
-eager model, consistent), the demo's pipeline at reduced size (trained PP-OCRv4 on rendered pages,
+path holding a real OpenVINO defect (flagged, exit 1), a PyTorch factory and a Keras factory
+(exported, mapped onto the native model, consistent), a zoo name, the demo's pipeline at reduced size (trained PP-OCRv4 on rendered pages,
 every default backend), and user errors (one line, exit 2, nothing written)."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import onnx
 import pytest
@@ -97,6 +98,80 @@ def test_demo_pipeline_reduced(root):
     demo_json = json.loads((root / "demo" / "demo.json").read_text())
     assert demo_json["models"][0]["model"] == "ppocr-det"
     assert demo_json["models"][0]["standing"]["ort"].startswith("consistent")
+    # regression: "max nRMSE" is the largest cell of report.json, not the cell nearest its threshold
+    rep = json.loads((r.out / "report.json").read_text())
+    for b, word in r.standing().items():
+        if word.startswith("consistent ("):
+            biggest = max(c["primary"] for c in rep["cells"] if c["backend"] == b)
+            assert f"max nRMSE {biggest:.1e})" in word, (b, word, biggest)
+    text = r.format_text()
+    int8 = max(rep["cells"], key=lambda c: c["primary"] if c["backend"] == "ort-int8" else -1)
+    line = next(ln for ln in text.splitlines() if ln.startswith("ort-int8 "))
+    assert f"{int8['primary']:.2e} {int8['anchor'][:25]}" in line, (line, int8)
+    # regression: ort-fp16 read back as fp16 (PP-OCR keeps its weights in Constant nodes)
+    run = json.loads((r.out / "run" / "run.json").read_text())
+    fp16 = run["backends"]["ort-fp16"]
+    assert fp16["precision"] == "fp16" and r.verdicts["ort-fp16"].precision == "fp16", fp16
+    # regression: provenance names the final folder, not the deleted partial one
+    assert run["inputs"]["path"] == str(r.out / "run" / "inputs") and len(list((r.out / "run" / "inputs").iterdir())) == 2
+    assert run["model"]["path"] == str(r.out / "anchored.onnx") and rep["run_dir"] == str(r.out / "run")
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]
+    # a second demo in the same folder: refused without overwrite, replaces the first with it
+    from anpred.errors import OutputPathError
+
+    with pytest.raises(OutputPathError, match="already holds a demo"):
+        demo(root / "demo", models_=("ppocr-det",), ppocr_hw=(32, 32), samples=1, quiet=True)
+    again = demo(root / "demo", models_=("ppocr-det",), ppocr_hw=(32, 32), samples=1, quiet=True,
+                 backends="ort,onnx-reference", overwrite=True, allow_incomplete=True)
+    assert again.results[0].backends == ["ort", "onnx-reference"]
+    assert json.loads((root / "demo" / "demo.json").read_text())["models"][0]["backends"] == ["ort", "onnx-reference"]
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]
+
+
+def test_demo_doclaynet_inputs_record_their_real_sources(tmp_path):
+    """Regression: test.json named the demo's deleted temporary PNG files as the DocLayNet sources."""
+    import models
+    from anpred.pipeline import _demo_doclaynet_images, _zoo_samples
+
+    folder = _demo_doclaynet_images(tmp_path, 4)
+    zm = models.get("yolov8n-doclaynet")
+    sources = _zoo_samples(zm, 4, str(folder), tmp_path / "npz", "images")
+    assert sources == ["rendered page seed 0", "ultralytics/assets/bus.jpg", "ultralytics/assets/zidane.jpg",
+                       "rendered page seed 1"]
+    assert len(list((tmp_path / "npz").glob("*.npz"))) == 4
+
+
+def test_zoo_name_cli(root):
+    rc, out, err, folder = pf.cli_run("zoo", root, ["yolov8n", "--imgsz", "160", "--backends", "ort,openvino", "-n", "1"])
+    assert rc == 0, (out, err)
+    t = json.loads((folder / "test.json").read_text())
+    assert t["model"] == "yolov8n" and t["backends"] == ["ort", "openvino"] and t["status"] == "consistent"
+    assert t["details"]["inputs"]["sources"] == ["ultralytics/assets/bus.jpg"]
+    run = json.loads((folder / "run" / "run.json").read_text())
+    assert run["inputs"]["path"] == str(folder / "run" / "inputs") and (folder / "run" / "inputs").is_dir()
+    assert run["inputs"]["sources"] == ["ultralytics/assets/bus.jpg"]
+    rep = json.loads((folder / "report.json").read_text())
+    assert rep["samples"] == 1 and rep["model"]["name"] == "yolov8n"
+    assert 0 < rep["verdicts"]["openvino"]["worst_primary"] < 1e-4  # seeded YOLOv8n at 160 px: fp32 noise
+    biggest = max(c["primary"] for c in rep["cells"] if c["backend"] == "openvino")
+    assert re.search(rf"^openvino\s+consistent \(max nRMSE {biggest:.1e}\)$", out, re.M), out
+
+
+def test_keras_factory_is_exported_mapped_and_consistent(root):
+    rc, out, err, folder = pf.cli_run("keras", root, ["pipeline_factories:small_keras", "--backends", "ort,tf-native",
+                                                      "--stages", "4", "--samples", "1"])
+    assert rc == 0, (out, err)
+    exported = onnx.load(str(folder / "exported.onnx"), load_external_data=False)
+    origin = json.loads(next(p.value for p in exported.metadata_props if p.key == "anpred.origin"))
+    assert origin["framework"] == "tf" and origin["factory"] == "pipeline_factories:small_keras"
+    man = json.loads((folder / "anchored.anchors.json").read_text())
+    mapped = [a["native"]["tf-native"] for a in man["anchors"]]
+    assert len(mapped) >= 3 and all(m["status"] in ("exact", "equivalent") for m in mapped)
+    rep = json.loads((folder / "report.json").read_text())
+    v = rep["verdicts"]["tf-native"]
+    assert rep["status"] == "consistent" and v["judged_anchors"] == len(mapped) and 0 < v["worst_primary"] < 1e-5
+    t = json.loads((folder / "test.json").read_text())  # regression: the export's final path, not the partial one
+    assert t["details"]["subject"]["onnx"] == str(folder / "exported.onnx")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -107,6 +182,16 @@ def test_demo_pipeline_reduced(root):
     (["{tmp}/softplus.onnx", "--backends", "ort,cuda"], "unknown backend 'cuda'"),
     (["{tmp}/softplus.onnx", "--inputs", "{tmp}/nothing-here"], "no such file or folder"),
     (["demo", "--inputs", "x"], "--inputs does not apply to the demo"),
+    # backends are checked for every demo model before any work (torch-native: DocLayNet yes, PP-OCR no)
+    (["demo", "--backends", "ort,openvino,torch-native", "-n", "1"],
+     "backend torch-native needs a model of PyTorch origin; ppocr-det: it is a shipped ONNX model"),
+    (["demo", "--backends", "ort"], "one backend (ort) cannot be judged"),
+    (["{tmp}/softplus.onnx", "--backends", "ort"], "one backend (ort) cannot be judged"),
+    (["{tmp}/softplus.onnx", "--backends", "ort,,openvino"], "empty entry in the backend list 'ort,,openvino'"),
+    (["{tmp}/softplus.onnx", "--backends", "ort,torch-native"], "softplus: it is a .onnx without a native factory"),
+    (["yolov8n", "--backends", "ort,tf-native"], "yolov8n: it is of PyTorch origin: its native framework is torch (use torch-native)"),
+    (["pipeline_factories:small_keras", "--backends", "ort,torch-native"],
+     "small_keras: it is of Keras origin: its native framework is tf (use tf-native)"),
 ])
 def test_user_errors_one_line_exit_2_nothing_written(tmp_path, capsys, argv, message):
     (tmp_path / "garbage.onnx").write_bytes(b"\x08\x07 this is not a protobuf model \xff\xfe" * 10)
@@ -117,7 +202,7 @@ def test_user_errors_one_line_exit_2_nothing_written(tmp_path, capsys, argv, mes
     assert rc == 2
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("anpred: error: ") and message in lines[0], err
-    assert not out.exists()
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 def test_out_folder_holding_something_else_is_left_alone(tmp_path, capsys):

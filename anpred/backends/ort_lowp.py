@@ -95,16 +95,31 @@ class OrtFp16Backend(_LowpBase):
         return ["value_info stripped"]
 
     def _read_back(self):
-        """``fp16`` when the converted model's floating initializers of rank >= 2 (weights) are all
-        float16, else ``fp32``; details: counts of float16/float32 weight initializers."""
+        """``fp16`` when the converted model's floating weights of rank >= 2 are all float16, else
+        ``fp32``. Weights are initializers and the ``value`` tensors of ``Constant`` nodes (PP-OCR
+        keeps its weights in Constant nodes), in the main graph and in subgraphs (walked
+        iteratively). Details: ``converted_weights`` = counts of float16/float32 weight tensors."""
         import onnx
 
         m = onnx.load(str(self.converted_path), load_external_data=False)
-        kinds = [t.data_type for t in m.graph.initializer if len(t.dims) >= 2
-                 and t.data_type in (onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT)]
+        floats = (onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT)
+        kinds = []
+        graphs = [m.graph]
+        while graphs:
+            g = graphs.pop()
+            tensors = list(g.initializer)
+            for node in g.node:
+                for a in node.attribute:
+                    if node.op_type == "Constant" and a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                        tensors.append(a.t)
+                    if a.type == onnx.AttributeProto.GRAPH:
+                        graphs.append(a.g)
+                    elif a.type == onnx.AttributeProto.GRAPHS:
+                        graphs.extend(a.graphs)
+            kinds += [t.data_type for t in tensors if len(t.dims) >= 2 and t.data_type in floats]
         n16 = sum(k == onnx.TensorProto.FLOAT16 for k in kinds)
         prec = "fp16" if kinds and n16 == len(kinds) else "fp32"
-        return prec, {"converted_weights": f"float16:{n16},float32:{len(kinds) - n16}"}  # conversion recipe (cache entries of the older recipe are not reused)
+        return prec, {"converted_weights": f"float16:{n16},float32:{len(kinds) - n16}"}
 
     def _convert(self, model_path: Path, out: Path) -> None:
         from onnxconverter_common import float16

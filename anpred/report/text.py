@@ -1,5 +1,5 @@
 """Terminal summary of a :class:`anpred.check.CheckReport`: one line per backend (verdict, origin stage,
-worst anchor, key statistics), the statistics at each origin, the propagation profile with the ratio
+the largest primary statistic and its anchor, the highest ratio to threshold and its anchor), the statistics at each origin, the propagation profile with the ratio
 between consecutive anchors, the threshold baseline, and everything that could not be judged."""
 
 from __future__ import annotations
@@ -56,16 +56,20 @@ def format_text(report) -> str:
     if report.verdicts:
         lines.append("")
         lines.append(f"{'backend':<16}{'family':<16}{'prec':<6}{'verdict':<11}{'judged':>9} {'origin':<28}"
-                     f"{'worst anchor':<28}{'worst ' + primary:>12} {'x thr':>9}{'propagation':>14}")
+                     f"{'max ' + primary:>10} {'at anchor':<26}{'max x thr':>9} {'at anchor':<26}{'propagation':>11}")
         n_anchors = len(report.anchors)
         for b, v in report.verdicts.items():
             origin = f"s{v.origin_stage} {v.origin_anchor}" if v.origin_anchor else "-"
             prop = v.propagation + ("*" if v.non_monotonic else "")
             judged = f"{v.judged_anchors}/{n_anchors}" + ("~" if v.partial else "")
+            big = report.largest_primary(b) if hasattr(report, "largest_primary") else None
+            big_a, big_v = big if big is not None else ("-", None)
             lines.append(f"{b:<16}{v.family:<16}{v.precision:<6}{verdict_word(v):<11}{judged:>9} {origin[:27]:<28}"
-                         f"{(v.worst_anchor or '-')[:27]:<28}{_g(v.worst_primary):>12}"
-                         f" {_g(v.worst_ratio_to_threshold, '.2f'):>9}{prop:>14}")
-        lines.append("  judged: anchors judged / anchors (~: some judged on fewer samples than the run has)")
+                         f"{_g(big_v):>10} {big_a[:25]:<26}{_g(v.worst_ratio_to_threshold, '.2f'):>9} "
+                         f"{(v.worst_anchor or '-')[:25]:<26}{prop:>11}")
+        lines.append("  judged: anchors judged / anchors (~: some judged on fewer samples than the run has); "
+                     f"max {primary}: the largest {primary} over judged anchors; max x thr: the highest ratio of "
+                     f"{primary} to its anchor's threshold (flagged above 1)")
         if any(v.non_monotonic for v in report.verdicts.values()):
             lines.append("  * non-monotonic propagation (amplified and attenuated after the origin)")
         for b, v in report.verdicts.items():
