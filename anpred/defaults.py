@@ -40,9 +40,9 @@ bf16       openvino-bf16 (avx512_bf16) 5.17e-2 (yolov5n, stage 6)               
 int8       ort-int8                    0.477 (ppocr-det, stage 0)               2
 =========  ==========================  ======================================  =====
 
-int8's floor is above 1 (an nRMSE of 1 is the error of a zero output): ORT's dynamic int8 deviates by
-0.12-0.48 already at the first anchor of these models, so a dtype-level floor cannot tell its rounding
-from a defect; int8 is flagged for NaN/Inf and gross errors only. Judge int8 against a per-model floor
+int8's floor is above 1 (an nRMSE of 1 is the error of a zero output): ORT's static QDQ int8
+(``quantize_static``, as ``ort-int8`` builds it) deviates by 0.12-0.48 already at the first anchor of
+these models, so a dtype-level floor cannot tell its rounding from a defect; int8 is flagged for NaN/Inf and gross errors only. Judge int8 against a per-model floor
 in a config file (per-model needs in ``docs/oracle.md``).
 """
 

@@ -34,6 +34,11 @@ def test_quick_start_has_two_commands_and_ci_runs_the_second():
     cmds = _commands(block)
     assert len(cmds) == 2
     assert cmds[0].startswith("bash scripts/setup.sh && .venv/bin/anpred test demo")
+    assert "--overwrite" in shlex.split(cmds[0])  # regression: a second run exited 2 (out/demo exists)
+    # the demo's table labels the largest nRMSE as such (regression: it showed the cell nearest its threshold)
+    demo = _section("Quick start")
+    assert "worst nRMSE" not in demo and demo.count("consistent (max nRMSE") >= 10
+    assert "benchmarks/bench_demo.py" in demo  # the timings come from the benchmark
     ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert cmds[1] in ci, "the README's test command must be the one .ci/run calls"
     assert (ROOT / "docs" / "images" / "demo-ppocr-heatmap.png").is_file()

@@ -12,14 +12,15 @@ tf-native for Keras origin); inputs: a zoo model's real images, ultralytics' pho
 crops) for other image models, seeded uniform arrays otherwise.
 
 examples:
-  anpred test demo -o out/demo
+  anpred test demo -o out/demo --overwrite
   anpred test yolov8n --imgsz 320 -o out/yolov8n
   anpred test model.onnx --backends ort,openvino,torch --inputs random:normal:n=5 -o out/m
   anpred test mypkg.nets:small_cnn --samples 4 -o out/cnn --history history.sqlite
 
 Exit status: 0 every backend consistent, 1 a backend flagged or something not judged (a backend that
 failed, unaligned anchors; 0 with --allow-incomplete), 2 bad input (unknown model, unreadable file,
-bad option: one line on stderr, nothing written) or a run that cannot be judged.
+bad option, a single backend, a native backend that does not fit the model: one line on stderr,
+nothing written) or a run that cannot be judged.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def add_arguments(parser):
                         help="exit 0 when nothing is flagged but something could not be judged (e.g. a failed backend)")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S",
                         help="seconds per backend for preparing and running (default 600)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an earlier test in OUT")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier test (or demo) in OUT, once the new one is complete")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 
