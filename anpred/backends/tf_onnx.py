@@ -58,7 +58,7 @@ from anpred.backends.base import AnchorCapture, Backend
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
 
-FORMAT = "anpred.tf_onnx/1"
+FORMAT = "anpred.tf_onnx/2"  # 2: onnxsim found (scripts folder on PATH)
 _CHANNELS_LAST = {3: "NWC", 4: "NHWC", 5: "NDHWC"}
 
 
@@ -136,15 +136,20 @@ class TfOnnxBackend(Backend):
         onnx2tf_calibration_file(scratch)
         log = io.StringIO()
         t0 = time.perf_counter()
+        o2t = dict(self.options.get("onnx2tf", {}))
         try:
-            with working_directory(scratch), contextlib.redirect_stdout(log):
+            with working_directory(scratch), _onnxsim_on_path(not o2t.get("not_use_onnxsim")), \
+                    contextlib.redirect_stdout(log):
                 km = onnx2tf.convert(input_onnx_file_path=str(src), output_folder_path=str(scratch / "o2t"),
                                      disable_model_save=True, non_verbose=True,
-                                     **dict(self.options.get("onnx2tf", {})))
+                                     **o2t)
         except SystemExit as err:
             raise BackendError(f"onnx2tf failed on {model_path.name} (sys.exit({err.code})): {_errors(log.getvalue())}") from err
+        except BackendError:
+            raise
         except Exception as err:
-            raise BackendError(f"onnx2tf failed on {model_path.name}: {type(err).__name__}: {str(err)[:400]}") from err
+            raise BackendError(f"onnx2tf failed on {model_path.name}{_failed_op(log.getvalue())}: "
+                               f"{type(err).__name__}: {_first_line(str(err))}") from err
         if km is None:
             raise BackendError(f"onnx2tf returned no model for {model_path.name}: {_errors(log.getvalue())}")
         seconds = time.perf_counter() - t0
@@ -322,6 +327,54 @@ class TfOnnxBackend(Backend):
     def close(self) -> None:
         self._fn = None
         self._loaded = None
+
+
+@contextlib.contextmanager
+def _onnxsim_on_path(required: bool):
+    """Put the running interpreter's scripts folder (``sysconfig.get_path("scripts")``, e.g.
+    ``.venv/bin``) first on ``PATH`` for the duration, and check that the ``onnxsim`` command is found.
+
+    onnx2tf simplifies its input by running the *command* ``onnxsim`` in a subprocess
+    (``onnx2tf.py``: ``subprocess.check_output(["onnxsim", ...])``); when a venv's Python is run
+    without activating the venv, that command is not on ``PATH``, onnx2tf only warns (a warning
+    ``non_verbose`` hides) and converts the unsimplified graph. On such graphs onnx2tf's ``Reshape``
+    fails for a constant input of rank >= 3 (it transposes the NumPy constant into an eager tensor and
+    builds a validation ``tf_keras.Model`` with it as output: "Output tensors of a Functional model must
+    be the output of a TensorFlow `Layer` ... Found: [[[0.5 0.5] ..." on YOLOv8n's anchor grid at 640 px).
+
+    Raises:
+        BackendError: ``required`` and no ``onnxsim`` command in the scripts folder or on ``PATH``.
+    """
+    import os
+    import sysconfig
+
+    old = os.environ.get("PATH")
+    scripts = sysconfig.get_path("scripts")
+    os.environ["PATH"] = os.pathsep.join(p for p in (scripts, old) if p)
+    try:
+        if required and shutil.which("onnxsim") is None:
+            raise BackendError(f"tf: the onnxsim command (package onnxsim) is not in {scripts} nor on PATH; "
+                               "onnx2tf would silently convert the unsimplified graph (install onnxsim, or pass "
+                               "the onnx2tf option not_use_onnxsim=True to accept that)")
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = old
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    """The first line of an exception message, cut at ``limit`` characters (onnx2tf's messages may
+    print a whole constant array)."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[:limit] + " ..."
+
+
+def _failed_op(log: str) -> str:
+    """`` at ONNX node <name>`` from onnx2tf's ``onnx_op_name:`` error line, or ``""``."""
+    m = re.search(r"onnx_op_name:\s*(\S+)", _ANSI.sub("", log))
+    return f" at ONNX node {m.group(1)}" if m else ""
 
 
 def _fix_input_dims(model, shapes: dict[str, list[int]]) -> None:
