@@ -824,6 +824,12 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
         store.meta["inputs"] = {**store.meta.get("inputs", {}), "path": str(final / "run" / "inputs"),
                                 "kind": "zoo real images, preprocessed (stored in the run)",
                                 "sources": extra["inputs"]["sources"]}
+        real = {f"s{i:04d}.npz": src for i, src in enumerate(extra["inputs"]["sources"])}
+        for smp in store.meta.get("samples", []):  # each sample: its real source and where it is stored
+            name = Path(str(smp.get("source", ""))).name
+            if name in real:
+                smp["source"] = real[name]
+                smp["stored"] = str(final / "run" / "inputs" / f"{smp['id']}.npz")
     store.meta.setdefault("model", {})["name"] = subject.label
     store.meta["model"]["path"] = str(final / "anchored.onnx")
     store.save_meta()
@@ -947,8 +953,11 @@ def _moved(r: TestResult, src: Path, dst: Path) -> TestResult:
 
     for k in ("out", "anchored", "manifest", "run_dir", "report_json", "report_html"):
         setattr(r, k, fix(getattr(r, k)))
+    r.details = json.loads(json.dumps(r.details, default=str).replace(json.dumps(src_s)[1:-1], json.dumps(dst_s)[1:-1]))
     r.report.run_dir = str(fix(r.report.run_dir))
-    r.report.model = {k: (str(fix(v)) if isinstance(v, str) else v) for k, v in r.report.model.items()}
+    for k in ("model", "inputs"):  # the run's model path and stored inputs, copied into the report
+        setattr(r.report, k, json.loads(json.dumps(getattr(r.report, k), default=str).replace(
+            json.dumps(src_s)[1:-1], json.dumps(dst_s)[1:-1])))
     write_json(r.report, src / "report.json")
     write_html(r.report, src / "report.html")
     store = RunStore.open(src / "run")

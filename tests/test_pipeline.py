@@ -116,6 +116,8 @@ def test_demo_pipeline_reduced(root):
     assert run["inputs"]["path"] == str(r.out / "run" / "inputs") and len(list((r.out / "run" / "inputs").iterdir())) == 2
     assert run["model"]["path"] == str(r.out / "anchored.onnx") and rep["run_dir"] == str(r.out / "run")
     assert not [p for p in root.iterdir() if p.name.startswith(".")]
+    for f in ("demo.json", "ppocr-det/test.json", "ppocr-det/report.json", "ppocr-det/run/run.json"):
+        assert ".partial-" not in (root / "demo" / f).read_text(), f  # no path into a deleted build folder
     # a second demo in the same folder: refused without overwrite, replaces the first with it
     from anpred.errors import OutputPathError
 
@@ -150,6 +152,9 @@ def test_zoo_name_cli(root):
     run = json.loads((folder / "run" / "run.json").read_text())
     assert run["inputs"]["path"] == str(folder / "run" / "inputs") and (folder / "run" / "inputs").is_dir()
     assert run["inputs"]["sources"] == ["ultralytics/assets/bus.jpg"]
+    assert [(x["source"], x["stored"]) for x in run["samples"]] == [
+        ("ultralytics/assets/bus.jpg", str(folder / "run" / "inputs" / "s0000.npz"))]
+    assert (folder / "run" / "inputs" / "s0000.npz").is_file()
     rep = json.loads((folder / "report.json").read_text())
     assert rep["samples"] == 1 and rep["model"]["name"] == "yolov8n"
     assert 0 < rep["verdicts"]["openvino"]["worst_primary"] < 1e-4  # seeded YOLOv8n at 160 px: fp32 noise
