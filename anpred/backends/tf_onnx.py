@@ -58,7 +58,7 @@ from anpred.backends.base import AnchorCapture, Backend
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
 
-FORMAT = "anpred.tf_onnx/2"  # 2: onnxsim found (scripts folder on PATH)
+FORMAT = "anpred.tf_onnx/3"  # 2: onnxsim found (scripts folder on PATH); 3: Constant nodes -> initializers
 _CHANNELS_LAST = {3: "NWC", 4: "NHWC", 5: "NDHWC"}
 
 
@@ -131,6 +131,7 @@ class TfOnnxBackend(Backend):
             t.data_location = onnx.TensorProto.DEFAULT
         if fixed:
             _fix_input_dims(model, fixed)
+        _constants_to_initializers(model)
         src = scratch / "model.onnx"
         onnx.save(model, str(src))
         onnx2tf_calibration_file(scratch)
@@ -362,6 +363,34 @@ def _onnxsim_on_path(required: bool):
             os.environ.pop("PATH", None)
         else:
             os.environ["PATH"] = old
+
+
+def _constants_to_initializers(model) -> int:
+    """Replace the main graph's ``Constant`` nodes holding a tensor (attribute ``value``) by graph
+    initializers of the same name, in place (same values and semantics); returns how many.
+
+    onnx2tf converts a ``Constant`` node into a TF constant that its validation code for binary ops
+    does not recognise as a constant (it has no ``numpy`` attribute and is no ``np.ndarray``), so it
+    builds a ``tf_keras.Model`` with it as output and fails: PP-OCRv4 det (fixed at 256x256 or
+    192x256), ``Add(x, Constant 3.0)`` of a hard-swish: "... Found: 3.0". Initializers reach the op
+    converters as NumPy arrays, which are handled. (onnxsim keeps such Constant nodes.)"""
+    import onnx
+
+    keep, names = [], set()
+    for n in model.graph.node:
+        if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value":
+            t = onnx.TensorProto()
+            t.CopyFrom(n.attribute[0].t)
+            t.name = n.output[0]
+            model.graph.initializer.append(t)
+            names.add(t.name)
+        else:
+            keep.append(n)
+    if names:
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+        # the graph's value_info may describe the new initializers: harmless, kept
+    return len(names)
 
 
 def _first_line(text: str, limit: int = 300) -> str:
