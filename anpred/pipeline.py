@@ -656,7 +656,9 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
 
     Raises:
         ModelLoadError: an unreadable ``.onnx``; AnpredError: unknown zoo name, unusable factory,
-        unknown backend, bad inputs, an ``out`` folder that holds something else. Nothing is
+        bad inputs, an ``out`` folder that holds something else; BackendError: an unknown, empty
+        or repeated backend entry, a single backend, a native backend that does not fit the model
+        (checked before any export). Nothing is
         written then. A backend that fails or crashes does not raise: see ``result.statuses``.
     """
     from anpred.check import ORACLES
@@ -878,8 +880,20 @@ def demo(out: str | os.PathLike = "anpred-demo", *, backends: Iterable[str] | st
         samples: samples per model (default: 3 for DocLayNet (rendered page 0, bus.jpg, zidane.jpg),
             2 rendered pages for PP-OCR). ``models_``: a subset of :data:`DEMO_MODELS` (tests use one).
 
+        overwrite: replace ``out`` when it holds an earlier demo (recognised by its ``demo.json``),
+            only once the new demo is complete.
+
+    The demo is built in a hidden sibling of ``out`` and renamed at the end: an error or an
+    interrupt leaves nothing behind. Every check comes first, before any work: the backend list
+    (:func:`parse_backend_list`) and a native backend for every demo model
+    (:func:`check_native_backends`; ``torch-native`` fits DocLayNet, not PP-OCR).
+
     Returns:
         :class:`DemoResult` (one :class:`TestResult` per model).
+
+    Raises:
+        BackendError: a bad backend list or a native backend that does not fit a demo model;
+        OutputPathError: ``out`` holds something else, or a demo without ``overwrite``.
     """
     t0 = time.perf_counter()
     final = Path(out).absolute()
