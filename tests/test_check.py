@@ -466,3 +466,20 @@ def test_history_records_inputs_and_says_when_a_run_is_skipped(tmp_path, avgpool
     assert con.execute("SELECT value FROM meta").fetchone()[0] == str(SCHEMA_VERSION)
     con.close()
     assert [r.inputs_sha256 for r in trend(old)][-1] == sha
+
+
+def test_html_verdict_table_shows_the_largest_nrmse(softplus_run, tmp_path):
+    """Regression: the HTML verdict table labelled the nRMSE of the cell with the highest ratio to its
+    threshold as the "worst nRMSE"; it now shows the largest nRMSE with its anchor, separately."""
+    from anpred.check import check_run
+    from anpred.report import write_html
+
+    rep = check_run(softplus_run[0])
+    anchor, value = rep.largest_primary("openvino")
+    cells = [c.primary for c in rep.cells if c.backend == "openvino" and c.primary is not None]
+    assert value == max(cells)
+    out = tmp_path / "r.html"
+    write_html(rep, out)
+    page = out.read_text()
+    assert "max nrmse (anchor)" in page.lower()
+    assert f"({anchor})" in page

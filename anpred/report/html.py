@@ -112,6 +112,12 @@ def _detail(report, anchor: str, backend: str) -> str | None:
     return _png(fig)
 
 
+def _largest(report, backend: str) -> str:
+    """The largest primary statistic of ``backend`` and its anchor (``CheckReport.largest_primary``)."""
+    lp = report.largest_primary(backend) if hasattr(report, "largest_primary") else None
+    return "-" if lp is None else f"{_fmt(lp[1])} ({html.escape(lp[0])})"
+
+
 def _fmt(v) -> str:
     if v is None:
         return "-"
@@ -152,8 +158,9 @@ def write_html(report, path: str | Path) -> None:
                      + (f" (judged apart at {e(', '.join(c['differ']))})" if c.get("differ") else "") + ".</p>")
     if report.verdicts:
         parts.append("<h2>Verdicts</h2><table><tr><th>backend</th><th>family</th><th>precision</th><th>votes</th>"
-                     "<th>verdict</th><th>anchors judged</th><th>origin stage</th><th>origin anchor</th><th>worst anchor</th>"
-                     f"<th>worst {e(primary)}</th><th>&times; threshold</th><th>propagation</th><th>flagged anchors</th></tr>")
+                     "<th>verdict</th><th>anchors judged</th><th>origin stage</th><th>origin anchor</th>"
+                     f"<th>max {e(primary)} (anchor)</th><th>most deviant anchor (highest &times; threshold)</th>"
+                     f"<th>its {e(primary)}</th><th>&times; threshold</th><th>propagation</th><th>flagged anchors</th></tr>")
         for b, v in report.verdicts.items():
             cls = "flag" if v.flagged else ("ok" if v.status in ("consistent", "reference") else "gap")
             word = {"ok": "consistent"}.get(verdict_word(v), verdict_word(v))
@@ -161,7 +168,8 @@ def write_html(report, path: str | Path) -> None:
                                                                     if v.partial else "")
             parts.append(f"<tr class='{cls}'><td>{e(b)}</td><td>{e(v.family)}</td><td>{e(v.precision)}</td>"
                          f"<td>{'yes' if v.votes else 'no'}</td><td>{e(word)}</td><td>{e(judged)}</td>"
-                         f"<td>{_fmt(v.origin_stage)}</td><td>{_fmt(v.origin_anchor)}</td><td>{_fmt(v.worst_anchor)}</td>"
+                         f"<td>{_fmt(v.origin_stage)}</td><td>{_fmt(v.origin_anchor)}</td>"
+                         f"<td>{_largest(report, b)}</td><td>{_fmt(v.worst_anchor)}</td>"
                          f"<td>{_fmt(v.worst_primary)}</td><td>{_fmt(v.worst_ratio_to_threshold)}</td>"
                          f"<td>{e(v.propagation)}{' (non-monotonic)' if v.non_monotonic else ''}</td>"
                          f"<td>{len(v.flagged_anchors)}</td></tr>")
