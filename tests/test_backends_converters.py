@@ -104,12 +104,13 @@ def _ort(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return dict(zip(names, s.run(names, feeds)))
 
 
-def _compare(backend, path: Path, tmp: Path, floor: float = 0.0) -> dict[str, float]:
+def _compare(backend, path: Path, tmp: Path, floor: float = 0.0,
+             feeds: dict[str, np.ndarray] | None = None) -> dict[str, float]:
     """Prepare/run ``backend`` on ``path``; check it captures every anchor and agrees with ORT
     (after undoing the reported transform). Returns the relative error per anchor:
-    max |y - r| / max(max |r|, floor)."""
+    max |y - r| / max(max |r|, floor). ``feeds`` default: seeded uniform inputs of the static shapes."""
     manifest = _manifest(path)
-    feeds = _inputs(path)
+    feeds = _inputs(path) if feeds is None else feeds
     ref = _ort(path, feeds)
     backend.prepare(path, manifest, tmp)
     got = backend.run(feeds)
@@ -203,3 +204,91 @@ def test_unsupported_operator_is_a_clear_error(tmp_path):
         TorchOnnxBackend().prepare(path, manifest, tmp_path / "w")
     with pytest.raises(BackendError, match="onnx2tf failed.*CastLike"):
         TfOnnxBackend().prepare(path, manifest, tmp_path / "w")
+
+
+@pytest.fixture(scope="session")
+def ppocr_dynamic() -> Path:
+    """Anchored PP-OCRv4 detection model as shipped (dynamic batch/height/width)."""
+    from anpred.cache import cache_key, cached_dir
+
+    spec = importlib.util.find_spec("rapidocr_onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("rapidocr_onnxruntime is not installed")
+    src = Path(list(spec.submodule_search_locations)[0]) / "models" / "ch_PP-OCRv4_det_infer.onnx"
+    d = cached_dir("test-models", cache_key("converters-ppocr-det-dynamic", src, 1),
+                   lambda d: _anchor_file(src, d / "det.anchored.onnx"))
+    return d / "det.anchored.onnx"
+
+
+def test_tf_ppocr_det_192x256(ppocr_dynamic, tmp_path):
+    """Regression: onnx2tf failed here ("Output tensors of a Functional model ... Found: 3.0") on the
+    hard-swish ``Add(x, Constant 3.0)`` until Constant nodes were made initializers."""
+    from anpred.backends.tf_onnx import TfOnnxBackend
+
+    shape = [1, 3, 192, 256]
+    feeds = {"x": np.random.default_rng(0).random(shape, dtype=np.float32)}
+    with TfOnnxBackend({"input_shapes": {"x": shape}}) as b:
+        errs = _compare(b, ppocr_dynamic, tmp_path, floor=SCALE_FLOOR, feeds=feeds)
+        assert len(errs) >= 3 and b.fixed_shapes == {"x": shape}
+
+
+def _constant_reshape_model(path: Path) -> np.ndarray:
+    """y = x + Reshape(grid, [1, 32]) with grid a (4, 4, 2) initializer (cell centres, like YOLOv8's
+    anchor grid); returns grid."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    grid = np.stack(np.meshgrid(np.arange(4) + 0.5, np.arange(4) + 0.5), -1).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Reshape", ["grid", "shape"], ["flat"], name="reshape_grid"),
+         helper.make_node("Add", ["x", "flat"], ["y"], name="add")],
+        "constant_reshape", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+        [numpy_helper.from_array(grid, "grid"), numpy_helper.from_array(np.array([1, 32], np.int64), "shape")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return grid
+
+
+def test_tf_constant_reshape_needs_onnxsim_venv_not_on_path(tmp_path, monkeypatch):
+    """Regression (YOLOv8n at 640 px): with the venv not on PATH, onnx2tf could not run its onnxsim
+    command, silently converted the unsimplified graph and failed on a Reshape of a rank-3 constant.
+    The backend now finds onnxsim in the interpreter's scripts folder; without simplification (option
+    not_use_onnxsim) the onnx2tf defect shows, with the node named in one line."""
+    import os
+
+    from anpred.backends.tf_onnx import TfOnnxBackend
+    from anpred.manifest import Anchor, AnchorManifest
+
+    monkeypatch.setenv("PATH", os.defpath)  # as when .venv/bin/python runs without activating the venv
+    monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))  # convert every time (tiny: ~5 s)
+    path = tmp_path / "constant_reshape.onnx"
+    grid = _constant_reshape_model(path)
+    manifest = AnchorManifest(anchors=[Anchor("output/y", "y", 0, 0, "add", "Add", [1, 32], "float32",
+                                              kind="output")])
+    x = np.random.default_rng(0).random((1, 32), dtype=np.float32)
+    with TfOnnxBackend() as b:
+        b.prepare(path, manifest, tmp_path / "w")
+        np.testing.assert_allclose(b.run({"x": x})["output/y"], x + grid.reshape(1, 32), rtol=0, atol=1e-6)
+    assert os.environ["PATH"] == os.defpath  # restored
+    with pytest.raises(BackendError, match=r"at ONNX node reshape_grid: ValueError: Output tensors of a Functional"):
+        TfOnnxBackend({"onnx2tf": {"not_use_onnxsim": True}}).prepare(path, manifest, tmp_path / "w2")
+
+
+def test_tf_missing_onnxsim_is_a_clear_error(tmp_path, monkeypatch):
+    import sysconfig
+
+    from anpred.backends.tf_onnx import TfOnnxBackend
+    from anpred.manifest import Anchor, AnchorManifest
+
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))  # no cached conversion to hide the check
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.setattr(sysconfig, "get_path", lambda name, *a, **k: str(empty))
+    path = tmp_path / "constant_reshape.onnx"
+    _constant_reshape_model(path)
+    manifest = AnchorManifest(anchors=[Anchor("output/y", "y", 0, 0, "add", "Add", [1, 32], "float32",
+                                              kind="output")])
+    with pytest.raises(BackendError, match="onnxsim command .* not in"):
+        TfOnnxBackend().prepare(path, manifest, tmp_path / "w")
+    assert not any((tmp_path / "cache").rglob("meta.json"))  # nothing half-written
