@@ -5,9 +5,16 @@ onnx2tf version + options + this module's format version):
 1. the model (weights included) is copied into a scratch folder: onnx2tf rewrites its input file
    with the onnxsim result, and reads its calibration array from the working directory, where
    :func:`anpred.convert.onnx2tf_calibration_file` puts a deterministic local one (it would
-   otherwise download it for 4-D 3-channel inputs with batch <= 20);
+   otherwise download it for 4-D 3-channel inputs with batch <= 20). In the copy, ``Constant``
+   nodes become initializers (:func:`_constants_to_initializers`; onnx2tf failed on them: PP-OCRv4 det
+   at 256x256), and during the conversion the interpreter's scripts folder is put first on ``PATH``
+   so that onnx2tf's ``onnxsim`` subprocess runs (:func:`_onnxsim_on_path`; without it onnx2tf
+   silently skips simplification and failed on YOLOv8n at 640 px); a missing ``onnxsim`` is a
+   :class:`~anpred.errors.BackendError`;
 2. ``onnx2tf.convert(..., disable_model_save=True)`` returns the tf_keras model; ``sys.exit`` calls
-   are turned into :class:`~anpred.errors.BackendError` with onnx2tf's own error lines as reason;
+   are turned into :class:`~anpred.errors.BackendError` with onnx2tf's own error lines as reason,
+   exceptions into one with the failing ONNX node (onnx2tf's ``onnx_op_name``) and the message's first
+   line;
 3. the keras model's outputs are in the order of the (simplified) ONNX graph outputs; that order,
    onnx2tf's per-output layout flag (``model.onnx_output_layouts``: True = channels-last) and the
    TF shapes are written to ``meta.json``, and the model is saved as a TF SavedModel (``tf_keras.export.ExportArchive``) whose ``run``
