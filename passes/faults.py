@@ -248,8 +248,9 @@ class FaultInjectionPass(GraphPass):
                 raise FaultError(f"fault {self.kind!r} has no applicable node in stage {self.stage} "
                                  "whose output reaches that stage's anchors")
         node = nodes[idx]
+        op_type = node.op_type  # before injection: a replaced Round becomes an unused Identity
         value, desc = getattr(self, "_inject_" + self.kind.replace("-", "_"))(model, inferred, node, idx)
-        truth = FaultTruth(self.kind, self.magnitude, node.name, node.op_type, value,
+        truth = FaultTruth(self.kind, self.magnitude, node.name, op_type, value,
                            _stage_of(self.manifest, idx), desc)
         props = [p for p in model.metadata_props if p.key != FAULT_METADATA_KEY]
         del model.metadata_props[:]

@@ -90,3 +90,19 @@ def test_fault_bad_requests(anchored_yolov8n):
     with pytest.raises(FaultError, match="no applicable node"):
         inject_fault(model, "norm-epsilon", stage=0, manifest=manifest)  # BN folded by the exporter
     assert applicable_nodes(model, "norm-epsilon") == []
+
+
+def test_round_op_rounding_mode_truth_names_the_original_op():
+    """Regression: the ground truth of a Round-op rounding-mode fault recorded the node's op type after
+    injection ("Identity") instead of "Round"; and the variant rounds ties away from zero."""
+    import onnx.helper as h
+    import onnxruntime as ort
+
+    g = h.make_graph([h.make_node("Round", ["x"], ["y"], name="round")], "g",
+                     [h.make_tensor_value_info("x", 1, [5])], [h.make_tensor_value_info("y", 1, [5])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    v, truth = inject_fault(m, "rounding-mode", node="round")
+    assert truth.op_type == "Round" and truth.node == "round"
+    x = np.array([0.5, 1.5, 2.5, -0.5, -2.5], np.float32)
+    y = ort.InferenceSession(v.SerializeToString()).run(None, {"x": x})[0]
+    assert y.tolist() == [1.0, 2.0, 3.0, -1.0, -3.0]  # half-to-even would give [0, 2, 2, -0, -2]
