@@ -189,6 +189,29 @@ def _make_aligner(store, usable: list[str]):
     return align, aligner
 
 
+def _descendants(store, manifest, report) -> dict[str, set[str]] | None:
+    """Anchor -> downstream anchors, from the ONNX model the run used (``RUN_DIR/model.onnx``, else the
+    file ``run.json`` names as the model's ``path``), for the propagation profile; None (with a note in
+    ``report``: propagation then follows the manifest order) when no model is there or it does not
+    match the manifest."""
+    from anpred.oracle import anchor_descendants
+
+    cands = [store.root / "model.onnx"]
+    mp = (store.meta.get("model") or {}).get("path")
+    if mp:
+        cands.append(Path(mp))
+    path = next((p for p in cands if p.is_file()), None)
+    if path is None:
+        report.notes.append("propagation: no model.onnx in the run folder (nor at the model's recorded path): "
+                            "the data flow is unknown")
+        return None
+    try:
+        return anchor_descendants(path, {a.name: a.value for a in manifest.anchors})
+    except AnpredError as err:
+        report.notes.append(f"propagation: cannot read the data flow from {path}: {err}")
+        return None
+
+
 def _alignment_notes(report: "CheckReport", rep) -> None:
     """Put what the aligner decided that a reader must see into ``report``: warnings, every segment
     order found by the data (a note per anchor and backend, counted first), and the unaligned reason
@@ -304,7 +327,8 @@ def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | N
 
     anchors = [AnchorInfo(a.name, a.stage, a.kind, a.op_type, a.dtype) for a in manifest.anchors]
     binfos = [BackendInfo.make(b, table[b]["family"], table[b]["precision"], cfg) for b in usable]
-    orc = Oracle(anchors, binfos, cfg, reference=reference) if oracle in ("consensus", "both") else None
+    orc = Oracle(anchors, binfos, cfg, reference=reference, descendants=_descendants(store, manifest, report)) \
+        if oracle in ("consensus", "both") else None
     outputs = [a.name for a in manifest.anchors if a.kind == "output"] or \
         [a.name for a in manifest.anchors if a.stage == max(x.stage for x in manifest.anchors)]
     thr = None

@@ -27,7 +27,8 @@ whole population: ``sqrt(sum_s ||x_s - c_s||^2 / sum_s ||c_s||^2)``) is compared
 Peers exclude backends merged with it (correlated) at that anchor. Without peers the floor alone
 decides. The **origin** is the first flagged anchor in manifest
 (topological) order; the **propagation** profile gives the ratio of ``S`` between consecutive judged
-anchors.
+anchors along the data flow: the origin and its descendants (:func:`anchor_descendants`, from the
+run's model), so that anchors of a parallel branch the fault cannot reach are left out.
 """
 
 from __future__ import annotations
@@ -141,7 +142,12 @@ class BackendVerdict:
     judged), ``consistent`` (every anchor judged on every sample, nothing flagged). ``unjudged``:
     anchor -> reason; ``partial``: anchor -> which samples are missing and why; ``reference_at``:
     anchors where this backend *was* the consensus (fewer than ``min_voters`` families; not a gap).
-    ``samples``: samples in which it was judged at one anchor at least."""
+    ``samples``: samples in which it was judged at one anchor at least.
+
+    Propagation (flagged backends): with the run's data flow known, ``steps`` follow
+    ``profile_anchors`` = the origin plus the judged anchors that are data-flow descendants of it, in
+    topological order (``profile_basis == "dataflow"``); without it, all judged anchors in manifest
+    order (``"manifest"``, which interleaves parallel branches). Unflagged backends: manifest order."""
 
     backend: str
     family: str
@@ -164,6 +170,8 @@ class BackendVerdict:
     partial: dict[str, str] = field(default_factory=dict)  # anchor -> missing samples and why
     reference_at: list[str] = field(default_factory=list)
     samples: int = 0
+    profile_anchors: list[str] = field(default_factory=list)  # anchors ``steps`` follow, in order
+    profile_basis: str = "manifest"  # dataflow | manifest
 
     @property
     def complete(self) -> bool:
@@ -339,13 +347,17 @@ class Oracle:
         reference: backend used as consensus when fewer than ``config.min_voters`` families vote
             (default: the first present in ``config.reference_priority``, else the first voter).
         seed: seed of the plot reservoirs.
+        descendants: anchor name -> names of the anchors downstream of it in the data flow (see
+            :func:`anchor_descendants`); None: propagation follows the manifest order (a note says so
+            when a backend is flagged).
 
     Use :meth:`add` once per sample, then :meth:`finish`.
     """
 
     def __init__(self, anchors: list[AnchorInfo], backends: list[BackendInfo], config: OracleConfig | None = None,
-                 reference: str | None = None, seed: int = 0):
+                 reference: str | None = None, seed: int = 0, descendants: dict[str, set[str]] | None = None):
         self.cfg = config or OracleConfig()
+        self.descendants = descendants
         self.anchors = list(anchors)
         self.backends = {b.name: b for b in backends}
         self.reference = reference
@@ -552,6 +564,9 @@ class Oracle:
                     floor=floor, peer_level=peer_level, threshold=thr, nonfinite=acc.nonfinite,
                     flagged=flagged, reason=reason)
         verdicts = {b: self._verdict(b, cells) for b in self.backends}
+        if self.descendants is None and any(v.flagged for v in verdicts.values()):
+            notes.append("propagation follows the manifest order (the run's data flow is unknown): parallel "
+                         "branches interleave there, so ratios and non-monotonic marks may mix branches")
         consensus = {a.name: sorted(self.consensus_modes[a.name]) for a in self.anchors}
         ref_modes = sorted({m for ms in consensus.values() for m in ms if m.startswith("reference:")})
         if ref_modes:
@@ -639,9 +654,16 @@ class Oracle:
             v.worst_ratio_to_threshold = over(worst_c)
         if flagged:
             v.origin_anchor, v.origin_stage = flagged[0][0].name, flagged[0][0].stage
-        # propagation between consecutive judged anchors
+        # propagation between consecutive anchors of the profile: for a flagged backend with the data
+        # flow known, the origin and its judged descendants (topological order); else all judged anchors
+        path = profile
+        if flagged and self.descendants is not None:
+            down = self.descendants.get(v.origin_anchor, set())
+            path = [(a, c) for a, c in profile if a.name == v.origin_anchor or a.name in down]
+            v.profile_basis = "dataflow"
+        v.profile_anchors = [a.name for a, _ in path]
         band = self.cfg.propagation_band
-        for (a0, c0), (a1, c1) in zip(profile, profile[1:]):
+        for (a0, c0), (a1, c1) in zip(path, path[1:]):
             if c0.primary > 0:
                 r = c1.primary / c0.primary
                 kind = "amplified" if r > band else ("attenuated" if r < 1 / band else "stable")
@@ -654,19 +676,75 @@ class Oracle:
         outputs = [(a, c) for a, c in profile if a.kind == "output"]
         v.output_flagged = any(c.flagged for _, c in outputs)
         if flagged:
-            origin_idx = next(i for i, (a, _) in enumerate(profile) if a.name == v.origin_anchor)
+            origin_idx = next(i for i, (a, _) in enumerate(path) if a.name == v.origin_anchor)
             after = v.steps[origin_idx:]
             ups = any(s.kind == "amplified" for s in after)
             downs = any(s.kind == "attenuated" for s in after)
             v.non_monotonic = ups and downs
-            if outputs and not v.output_flagged:
+            # masked: the output anchor(s) downstream of the origin are clean while it is flagged
+            outs = [(a, c) for a, c in path if a.kind == "output"] if v.profile_basis == "dataflow" else outputs
+            if outs and not any(c.flagged for _, c in outs):
                 v.propagation = "masked"
             else:
-                last = outputs[-1][1] if outputs else profile[-1][1]
+                last = outs[-1][1] if outs else path[-1][1]
                 origin = flagged[0][1]
                 r = last.primary / origin.primary if origin.primary > 0 else math.inf
                 v.propagation = "amplified" if r > band else ("attenuated" if r < 1 / band else "stable")
         return v
+
+
+def anchor_descendants(model, values: dict[str, str]) -> dict[str, set[str]]:
+    """Which anchors lie downstream of which, in the data flow of ``model``.
+
+    Args:
+        model: an ``onnx.ModelProto`` or the path of an ONNX file (external weights are not read).
+        values: anchor name -> its ONNX value name (manifest ``anchor.value``).
+
+    Returns:
+        anchor name -> the set of anchor names computed (directly or not) from it; an anchor is not its
+        own descendant. One iterative forward sweep over the topologically ordered nodes
+        (:func:`passes.graph.build_index`), each value carrying the bit set (a Python int) of the
+        anchors it depends on: O(nodes x anchors / 64). Values read inside sub-graphs count as inputs
+        of the node that owns the sub-graph.
+
+    Raises:
+        GraphError: the graph cannot be indexed (cycle, dangling input ...) or an anchor's value is
+            neither produced in it nor one of its inputs (the model does not match the manifest).
+        ModelLoadError: ``model`` is a path that cannot be read as ONNX.
+    """
+    from anpred.errors import GraphError
+    from passes.graph import build_index
+
+    if not hasattr(model, "graph"):
+        from anpred.onnx_io import load_model
+
+        model = load_model(model, load_external=False)
+    idx = build_index(model.graph)
+    names = list(values)
+    bit_of: dict[str, int] = {}
+    for i, n in enumerate(names):
+        val = values[n]
+        if val not in idx.producer and val not in idx.graph_inputs and val not in idx.initializers:
+            raise GraphError(f"anchor {n!r}: value {val!r} is not in the model's graph (does the model match "
+                             "the manifest?)")
+        bit_of[val] = bit_of.get(val, 0) | (1 << i)
+    anc: dict[str, int] = {v: b for v, b in bit_of.items() if v in idx.graph_inputs or v in idx.initializers}
+    for pos in range(len(idx.nodes)):
+        mask = 0
+        for v in idx.inputs[pos]:
+            mask |= anc.get(v, 0)
+        for v in idx.outputs[pos]:
+            anc[v] = mask | bit_of.get(v, 0)
+    out: dict[str, set[str]] = {n: set() for n in names}
+    for j, n in enumerate(names):
+        mask = anc.get(values[n], 0) & ~(1 << j)
+        i = 0
+        while mask:
+            if mask & 1:
+                out[names[i]].add(n)
+            mask >>= 1
+            i += 1
+    return out
 
 
 def _gap_text(gaps: dict[str, list[str]], total: int) -> str:

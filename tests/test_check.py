@@ -483,3 +483,74 @@ def test_html_verdict_table_shows_the_largest_nrmse(softplus_run, tmp_path):
     page = out.read_text()
     assert "max nrmse (anchor)" in page.lower()
     assert f"({anchor})" in page
+
+
+# ---- propagation along the data flow ----------------------------------------------------------------
+def branch_cnn():
+    """conv -> relu -> {branch A: conv a1 -> relu -> conv a2; branch B: conv b1} -> concat -> conv.
+
+    Nodes are in file order c0, relu0, a1, b1, relua1, a2, concat, c3, so the manifest interleaves the
+    branches (ta1, tb1, ra1, ta2): tb1 sits between two branch-A anchors but is not downstream of a1."""
+    rng = np.random.default_rng(3)
+    chain = [_conv("c0", "x", "t0", 3, 8, rng), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
+             _conv("a1", "r0", "ta1", 8, 8, rng), _conv("b1", "r0", "tb1", 8, 8, rng),
+             (h.make_node("Relu", ["ta1"], ["ra1"], name="relua1"), []), _conv("a2", "ra1", "ta2", 8, 8, rng),
+             (h.make_node("Concat", ["ta2", "tb1"], ["cat"], name="concat", axis=1), []),
+             _conv("c3", "cat", "y", 16, 4, rng)]
+    nodes, inits = [], []
+    for n, i in chain:
+        nodes.append(n)
+        inits += i
+    g = h.make_graph(nodes, "branch_cnn", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 16, 16])], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return instrument_model(m, stages=6, anchors=["ta1", "tb1", "ta2"])
+
+
+def test_propagation_follows_the_faulty_branch_only(tmp_path):
+    am, man = branch_cnn()
+    names = [a.name for a in man.anchors]
+    assert names.index("anchor/03/tb1") < names.index("anchor/03/ra1")  # the manifest interleaves the branches
+    faulty = onnx.ModelProto()
+    faulty.CopyFrom(am)
+    for init in faulty.graph.initializer:
+        if init.name == "a1.w":  # branch A's first conv: weights rounded to bfloat16 (nearest even)
+            bits = nh.to_array(init).copy().view(np.uint32)
+            bits += 0x7FFF + ((bits >> 16) & 1)
+            bits &= 0xFFFF0000
+            init.CopyFrom(nh.from_array(bits.view(np.float32), init.name))
+    fpath = tmp_path / "faulty.onnx"
+    save_model(faulty, fpath)
+    run = make_run(tmp_path, am, man, _inputs([1, 3, 16, 16], 4, 7),
+                   backends=["ort", "ort-noopt", "openvino", "onnx-reference"], models={"ort": fpath})
+    shutil.copyfile(tmp_path / "model.onnx", run / "model.onnx")  # as the run driver stores it
+    rep = check_run(run)
+    v = rep.verdicts["ort"]
+    assert [b for b, x in rep.verdicts.items() if x.flagged] == ["ort"]
+    assert v.origin_anchor == "anchor/02/ta1"
+    assert v.profile_basis == "dataflow"
+    assert v.profile_anchors == ["anchor/02/ta1", "anchor/03/ra1", "anchor/04/ta2", "anchor/04/cat", "output/y"]
+    assert [(s.src, s.dst) for s in v.steps] == list(zip(v.profile_anchors, v.profile_anchors[1:]))
+    prim = {c.anchor: c.primary for c in rep.cells if c.backend == "ort"}
+    assert prim["anchor/03/tb1"] < 1e-3 * prim["anchor/02/ta1"]  # branch B is clean
+    # measured: nRMSE 1.45e-3 at ta1, then x0.88 x0.90 x0.73 x0.85 (all "stable"), tb1 ~1e-7
+    assert [s.kind for s in v.steps] == ["stable"] * 4 and not v.non_monotonic
+    assert prim["output/y"] == pytest.approx(prim["anchor/02/ta1"] * np.prod([s.ratio for s in v.steps]))
+    assert v.output_flagged and v.propagation != "masked"
+    back = CheckReport.from_dict(json.loads(json.dumps(rep.to_dict()))).verdicts["ort"]
+    assert back.profile_anchors == v.profile_anchors and back.profile_basis == "dataflow"
+
+    # without the model the profile follows the manifest order, dips at tb1, and says so
+    store = RunStore.open(run)
+    (run / "model.onnx").unlink()
+    store.meta["model"]["path"] = str(tmp_path / "gone.onnx")
+    store.save_meta()
+    rep2 = check_run(run)
+    v2 = rep2.verdicts["ort"]
+    assert v2.profile_basis == "manifest" and "anchor/03/tb1" in v2.profile_anchors
+    kinds = {s.dst: s.kind for s in v2.steps}
+    assert kinds["anchor/03/tb1"] == "vanished" and kinds["anchor/03/ra1"] == "amplified"  # a dip and a rise
+    assert any("no model.onnx" in n for n in rep2.notes)
+    assert any("manifest order" in n for n in rep2.notes)

@@ -286,3 +286,72 @@ def test_bad_config_values_are_one_clear_error(tmp_path, text, message):
     j.write_text(text)
     with pytest.raises(AnpredError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config(j)
+
+
+# ---- propagation along the data flow: parallel branches ---------------------------------------------
+# manifest (topological) order interleaves two branches: A1 -> A2 -> O and B -> O
+BRANCHES = [AnchorInfo("anchor/00/A1", 0), AnchorInfo("anchor/01/B", 1), AnchorInfo("anchor/01/A2", 1),
+            AnchorInfo("output/O", 2, kind="output")]
+BRANCH_DOWN = {"anchor/00/A1": {"anchor/01/A2", "output/O"}, "anchor/01/B": {"output/O"},
+               "anchor/01/A2": {"output/O"}, "output/O": set()}
+
+
+def _judge_branches(dev, descendants, n=8):
+    """``dev[anchor]``: relative deviation of openvino there (others: fp32-like noise 3e-7)."""
+    rng = np.random.default_rng(4)
+    o = Oracle(BRANCHES, _backends(FP32), descendants=descendants)
+    for _ in range(n):
+        sample = {}
+        for a in BRANCHES:
+            true = rng.standard_normal(512)
+            sample[a.name] = {b: true * (1 + 3e-7 * rng.standard_normal(512)) for b in FP32}
+            sample[a.name]["openvino"] = sample[a.name]["openvino"] + dev.get(a.name, 0.0) * rng.standard_normal(512)
+        o.add(sample)
+    return o.finish()
+
+
+def test_propagation_profile_follows_descendants_of_the_origin():
+    dev = {"anchor/00/A1": 1e-3, "anchor/01/B": 1e-4, "anchor/01/A2": 1e-3, "output/O": 1e-3}
+    v = _judge_branches(dev, BRANCH_DOWN).verdicts["openvino"]
+    assert v.origin_anchor == "anchor/00/A1" and v.profile_basis == "dataflow"
+    assert v.profile_anchors == ["anchor/00/A1", "anchor/01/A2", "output/O"]
+    assert [s.kind for s in v.steps] == ["stable", "stable"] and not v.non_monotonic
+    assert v.steps[0].ratio == pytest.approx(1.0, rel=0.15)
+    assert v.propagation == "stable"
+    # in manifest order the unrelated branch B makes a dip (x0.1) and a rise (x10): non-monotonic
+    res = _judge_branches(dev, None)
+    old = res.verdicts["openvino"]
+    assert old.profile_basis == "manifest" and len(old.profile_anchors) == 4
+    assert [s.kind for s in old.steps] == ["attenuated", "amplified", "stable"] and old.non_monotonic
+    assert old.steps[0].ratio == pytest.approx(0.1, rel=0.15)
+    assert any("manifest order" in n for n in res.notes)
+
+
+def test_masked_along_the_data_flow():
+    dev = {"anchor/00/A1": 1e-3, "anchor/01/A2": 1e-3}  # the output downstream is clean
+    res = _judge_branches(dev, BRANCH_DOWN)
+    v = res.verdicts["openvino"]
+    assert v.flagged and not v.output_flagged and v.propagation == "masked"
+    assert v.profile_anchors == ["anchor/00/A1", "anchor/01/A2", "output/O"]
+    assert [s.kind for s in v.steps] == ["stable", "vanished"]
+    assert not any("manifest order" in n for n in res.notes)
+
+
+def test_anchor_descendants_on_a_real_graph():
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    from anpred.errors import GraphError
+    from anpred.oracle import anchor_descendants
+
+    nodes = [h.make_node("Relu", ["x"], ["r"]), h.make_node("Neg", ["r"], ["a"]), h.make_node("Exp", ["r"], ["b"]),
+             h.make_node("Abs", ["a"], ["a2"]), h.make_node("Add", ["a2", "b"], ["y"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [2])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [2])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(m)
+    d = anchor_descendants(m, {"in": "x", "A": "a", "B": "b", "A2": "a2", "Y": "y"})
+    assert d == {"in": {"A", "B", "A2", "Y"}, "A": {"A2", "Y"}, "B": {"Y"}, "A2": {"Y"}, "Y": set()}
+    with pytest.raises(GraphError, match="not in the model"):
+        anchor_descendants(m, {"Z": "zz"})
