@@ -7,6 +7,7 @@ Heavy frameworks (torch, tensorflow) are imported only inside functions. Exports
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -126,4 +127,35 @@ def load_factory(spec: str, kwargs: dict[str, Any] | None = None):
     return model, tuple(example)
 
 
-__all__ = ["ExportError", "ExportResult", "load_factory", "make_origin", "read_origin", "write_with_origin", "ORIGIN_KEY"]
+@contextlib.contextmanager
+def export_folder(kind: str, key: str, build, cache: bool = True):
+    """Run ``build(folder)`` (an export writing ``folder/model.onnx``) through the content-addressed
+    cache (``anpred.cache``, ``kind``/``key``) or, with ``cache=False``, into a temporary folder removed
+    on exit. Yields ``(folder, hit, seconds)``: ``hit`` when the cache held it, ``seconds`` the export
+    time (0 on a hit). A failed build leaves nothing behind."""
+    import shutil
+    import tempfile
+    import time
+
+    from anpred.cache import cache_root, cached_dir
+
+    t0 = time.perf_counter()
+    if cache:
+        hit = (cache_root() / kind / key).is_dir()
+        folder = cached_dir(kind, key, build)
+    else:
+        hit = False
+        folder = Path(tempfile.mkdtemp(prefix="anpred-export-"))
+        try:
+            build(folder)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+    try:
+        yield folder, hit, 0.0 if hit else time.perf_counter() - t0
+    finally:
+        if not cache:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+__all__ = ["ExportError", "ExportResult", "export_folder", "load_factory", "make_origin", "read_origin", "write_with_origin", "ORIGIN_KEY"]

@@ -14,14 +14,11 @@ versions.
 from __future__ import annotations
 
 import hashlib
-import shutil
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from anpred.errors import OutputPathError
-from exporters import ExportError, ExportResult, make_origin, write_with_origin
+from exporters import ExportError, ExportResult, export_folder, make_origin, write_with_origin
 
 
 def _versions() -> dict[str, str]:
@@ -144,7 +141,7 @@ def export_keras(model, path, *, opset: int | None = None, batch_size: int | Non
     """
     import keras
 
-    from anpred.cache import cache_key, cache_root, cached_dir
+    from anpred.cache import cache_key
 
     if not isinstance(model, keras.Model):
         raise ExportError(f"export_keras needs a keras.Model, got {type(model).__name__}")
@@ -176,22 +173,8 @@ def export_keras(model, path, *, opset: int | None = None, batch_size: int | Non
 
     key = cache_key("export-keras/1", _model_digest(model), [[s.name, s.dtype.name, list(s.shape)] for s in spec],
                     opset, versions)
-    t0 = time.perf_counter()
-    if cache:
-        hit = (cache_root() / "export-keras" / key).is_dir()
-        folder = cached_dir("export-keras", key, build)
-    else:
-        hit = False
-        folder = Path(tempfile.mkdtemp(prefix="anpred-export-"))
-        try:
-            build(folder)
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
-    seconds = 0.0 if hit else time.perf_counter() - t0
-    origin = make_origin("tf", "tf2onnx", opset, factory, factory_kwargs)
-    write_with_origin(folder / "model.onnx", path, origin)
-    if not cache:
-        shutil.rmtree(folder, ignore_errors=True)
+    with export_folder("export-keras", key, build, cache) as (folder, hit, seconds):
+        origin = make_origin("tf", "tf2onnx", opset, factory, factory_kwargs)
+        write_with_origin(folder / "model.onnx", path, origin)
     return ExportResult(path=path, framework="tf", exporter="tf2onnx", versions=versions, opset=opset,
                         origin=origin, seconds=seconds, cached=hit)

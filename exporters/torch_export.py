@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 from anpred.errors import OutputPathError
-from exporters import ExportError, ExportResult, make_origin, write_with_origin
+from exporters import ExportError, ExportResult, export_folder, make_origin, write_with_origin
 
 
 def _versions() -> dict[str, str]:
@@ -216,7 +214,7 @@ def export_torch(module, example_inputs: tuple, path, *, dynamo: bool = True, op
     """
     import torch
 
-    from anpred.cache import cache_key, cached_dir
+    from anpred.cache import cache_key
 
     if not isinstance(module, torch.nn.Module):
         raise ExportError(f"export_torch needs a torch.nn.Module, got {type(module).__name__}")
@@ -261,30 +259,12 @@ def export_torch(module, example_inputs: tuple, path, *, dynamo: bool = True, op
 
     key = cache_key("export-torch/1", _module_digest(module), _inputs_spec(example_inputs), exporter, opset,
                     versions)
-    t0 = time.perf_counter()
-    if cache:
-        from anpred.cache import cache_root
-
-        hit = (cache_root() / "export-torch" / key).is_dir()
-        folder = cached_dir("export-torch", key, build)
-    else:
-        import tempfile
-
-        hit = False
-        folder = Path(tempfile.mkdtemp(prefix="anpred-export-"))
-        try:
-            build(folder)
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
-    seconds = 0.0 if hit else time.perf_counter() - t0
     import onnx
 
-    real_opset = next((o.version for o in onnx.load(str(folder / "model.onnx"), load_external_data=False).opset_import
-                       if o.domain in ("", "ai.onnx")), opset)
-    origin = make_origin("torch", exporter, real_opset, factory, factory_kwargs)
-    write_with_origin(folder / "model.onnx", path, origin)
-    if not cache:
-        shutil.rmtree(folder, ignore_errors=True)
+    with export_folder("export-torch", key, build, cache) as (folder, hit, seconds):
+        real_opset = next((o.version for o in onnx.load(str(folder / "model.onnx"), load_external_data=False).opset_import
+                           if o.domain in ("", "ai.onnx")), opset)
+        origin = make_origin("torch", exporter, real_opset, factory, factory_kwargs)
+        write_with_origin(folder / "model.onnx", path, origin)
     return ExportResult(path=path, framework="torch", exporter=exporter, versions=versions, opset=int(real_opset),
                         origin=origin, seconds=seconds, cached=hit)
