@@ -306,7 +306,6 @@ class _Graph:
     """Index over one ONNX graph: topological node list, producers, consumers, constants, types."""
 
     def __init__(self, model, path: str = ""):
-        import onnx
         from onnx import numpy_helper
 
         self.model = model
@@ -1148,7 +1147,6 @@ def _anchor_map(M: _Matcher) -> list[AnchorMatch]:
     out = []
     for anc in X.manifest.anchors:
         v = anc.value
-        res: tuple[str | None, str, dict | None, str]
         yv = None
         tf: dict[str, Any] = {}
         reason = ""
