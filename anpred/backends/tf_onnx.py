@@ -6,7 +6,7 @@ onnx2tf version + options + this module's format version):
    with the onnxsim result, and reads its calibration array from the working directory, where
    :func:`anpred.convert.onnx2tf_calibration_file` puts a deterministic local one (it would
    otherwise download it for 4-D 3-channel inputs with batch <= 20). In the copy, ``Constant``
-   nodes become initializers (:func:`_constants_to_initializers`; onnx2tf failed on them: PP-OCRv4 det
+   nodes become initializers (:func:`anpred.convert.fold_constant_nodes`; onnx2tf failed on them: PP-OCRv4 det
    at 256x256), and during the conversion the interpreter's scripts folder is put first on ``PATH``
    so that onnx2tf's ``onnxsim`` subprocess runs (:func:`_onnxsim_on_path`; without it onnx2tf
    silently skips simplification and failed on YOLOv8n at 640 px); a missing ``onnxsim`` is a
@@ -127,7 +127,7 @@ class TfOnnxBackend(Backend):
         import tensorflow as tf
         import tf_keras
 
-        from anpred.convert import onnx2tf_calibration_file, working_directory
+        from anpred.convert import fold_constant_nodes, onnx2tf_calibration_file, working_directory
         from anpred.onnx_io import load_model
 
         scratch = out / "scratch"
@@ -138,7 +138,9 @@ class TfOnnxBackend(Backend):
             t.data_location = onnx.TensorProto.DEFAULT
         if fixed:
             _fix_input_dims(model, fixed)
-        _constants_to_initializers(model)
+        # onnx2tf's binary-op validation does not take a Constant node's TF constant for a constant and
+        # fails ("... Found: 3.0", PP-OCRv4 det at 256x256); initializers reach it as NumPy arrays
+        fold_constant_nodes(model)
         src = scratch / "model.onnx"
         onnx.save(model, str(src))
         onnx2tf_calibration_file(scratch)
@@ -370,34 +372,6 @@ def _onnxsim_on_path(required: bool):
             os.environ.pop("PATH", None)
         else:
             os.environ["PATH"] = old
-
-
-def _constants_to_initializers(model) -> int:
-    """Replace the main graph's ``Constant`` nodes holding a tensor (attribute ``value``) by graph
-    initializers of the same name, in place (same values and semantics); returns how many.
-
-    onnx2tf converts a ``Constant`` node into a TF constant that its validation code for binary ops
-    does not recognise as a constant (it has no ``numpy`` attribute and is no ``np.ndarray``), so it
-    builds a ``tf_keras.Model`` with it as output and fails: PP-OCRv4 det (fixed at 256x256 or
-    192x256), ``Add(x, Constant 3.0)`` of a hard-swish: "... Found: 3.0". Initializers reach the op
-    converters as NumPy arrays, which are handled. (onnxsim keeps such Constant nodes.)"""
-    import onnx
-
-    keep, names = [], set()
-    for n in model.graph.node:
-        if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value":
-            t = onnx.TensorProto()
-            t.CopyFrom(n.attribute[0].t)
-            t.name = n.output[0]
-            model.graph.initializer.append(t)
-            names.add(t.name)
-        else:
-            keep.append(n)
-    if names:
-        del model.graph.node[:]
-        model.graph.node.extend(keep)
-        # the graph's value_info may describe the new initializers: harmless, kept
-    return len(names)
 
 
 def _first_line(text: str, limit: int = 300) -> str:
