@@ -264,7 +264,7 @@ def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | N
 
     Raises:
         AnpredError: ``run_dir`` is not a readable run folder, bad ``oracle``/``config``/``reference``.
-        JudgeError: a stored tensor file is unreadable (truncated or not an .npz archive).
+        JudgeError: a stored tensor file is unreadable (truncated, or not a safetensors/.npz file).
     """
     from anpred.runstore import RunStore
 
@@ -412,7 +412,7 @@ def _inputs_identity(store) -> dict[str, Any]:
 
 
 def _tensor_file(store, backend: str, sample_id: str) -> Path:
-    return store.backend_dir(backend) / f"{sample_id}.npz"
+    return store.anchor_file(backend, sample_id) or store.backend_dir(backend) / f"{sample_id}.safetensors"
 
 
 def _read(store, backend: str, sample_id: str) -> dict[str, np.ndarray]:

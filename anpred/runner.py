@@ -15,8 +15,8 @@ replaced (with ``overwrite``) once the new one is complete.
 
 Modes:
 
-- ``tensors``: every anchor of every sample and backend in ``tensors/<label>/<sample>.npz`` in the
-  backend's own dtype and layout.
+- ``tensors``: every anchor of every sample and backend in ``tensors/<label>/<sample>.safetensors``
+  (``.npz`` for dtypes safetensors lacks; :mod:`anpred.tensorfile`) in the backend's own dtype and layout.
 - ``stats``: no tensors; per backend ``stats/<label>.json`` holds streaming summaries per anchor over
   all samples, and ``stats/<label>.samples.jsonl`` one line of per-sample summaries per sample
   (written as it goes). Memory stays constant in the number of samples. See
@@ -124,25 +124,63 @@ class StreamingStats:
         self.shape: list[int] | None = None
         self.dtype: str | None = None
 
+    #: elements per chunk of :meth:`summarize` (512 KiB of float64: stays in L2 cache)
+    CHUNK = 1 << 16
+
     @staticmethod
     def summarize(x: np.ndarray) -> dict[str, Any]:
-        """Per-sample summary of one array: count/mean/m2/min/max/sum_abs/sum_sq over finite elements,
-        and nan/posinf/neginf counts."""
+        """Per-sample summary of one array (any shape; float, int or bool): over its finite elements
+        ``count``, ``mean``, ``m2`` (sum of squared deviations), ``min``, ``max``, ``sum_abs``,
+        ``sum_sq``, all float64; and ``elements``, ``nan``, ``posinf``, ``neginf`` counts.
+
+        One pass over memory: the array is cast to float64 one cache-sized chunk at a time
+        (:attr:`CHUNK` elements) and each chunk's (count, mean, M2) is merged with Chan et al.'s
+        pairwise update (see the class docstring), so no full-size temporary is allocated. A chunk
+        whose float64 sum is finite holds no NaN/Inf (a sum of at most 2**16 finite float32 values
+        cannot overflow float64); only other chunks are masked."""
         a = np.asarray(x)
-        if a.dtype.kind not in "fc":
-            a = a.astype(np.float64)
-        a = a.astype(np.float64, copy=False).ravel()
-        finite = np.isfinite(a)
-        nfin = int(finite.sum())
-        f = a if nfin == a.size else a[finite]
-        nan = int(np.isnan(a).sum()) if nfin != a.size else 0
-        posinf = int(np.isposinf(a).sum()) if nfin != a.size else 0
-        mean = float(f.mean()) if nfin else 0.0
-        return {"elements": int(a.size), "count": nfin, "nan": nan, "posinf": posinf,
-                "neginf": int(a.size - nfin - nan - posinf), "mean": mean,
-                "m2": float(((f - mean) ** 2).sum()) if nfin else 0.0,
-                "min": float(f.min()) if nfin else math.inf, "max": float(f.max()) if nfin else -math.inf,
-                "sum_abs": float(np.abs(f).sum()), "sum_sq": float((f * f).sum())}
+        if a.dtype.kind == "c":
+            a = a.real
+        flat = a.reshape(-1)
+        size = int(flat.size)
+        count, mean, m2 = 0, 0.0, 0.0
+        mn, mx, sum_abs, sum_sq = math.inf, -math.inf, 0.0, 0.0
+        nan = posinf = 0
+        step = StreamingStats.CHUNK
+        buf = np.empty(min(size, step), dtype=np.float64)
+        sq = np.empty_like(buf)
+        for s0 in range(0, size, step):
+            c = flat[s0:s0 + step]
+            b = buf[:c.size]
+            np.copyto(b, c, casting="unsafe")
+            tot = float(b.sum())
+            if not math.isfinite(tot):
+                fin = np.isfinite(b)
+                nan += int(np.isnan(b).sum())
+                posinf += int(np.isposinf(b).sum())
+                b = b[fin]
+                tot = float(b.sum())
+            k = int(b.size)
+            if not k:
+                continue
+            mn = min(mn, float(b.min()))
+            mx = max(mx, float(b.max()))
+            t = sq[:k]
+            np.abs(b, out=t)
+            sum_abs += float(t.sum())
+            cm = tot / k
+            np.subtract(b, cm, out=t)
+            np.square(t, out=t)
+            cm2 = float(t.sum())
+            sum_sq += cm2 + k * cm * cm
+            n = count + k
+            delta = cm - mean
+            mean += delta * k / n
+            m2 += cm2 + delta * delta * count * k / n
+            count = n
+        return {"elements": size, "count": count, "nan": nan, "posinf": posinf,
+                "neginf": size - count - nan - posinf, "mean": mean if count else 0.0,
+                "m2": m2, "min": mn, "max": mx, "sum_abs": sum_abs, "sum_sq": sum_sq}
 
     def update(self, x: np.ndarray) -> dict[str, Any]:
         """Add one sample; returns that sample's summary (see :meth:`summarize`)."""
@@ -500,6 +538,7 @@ def _run_backend(store, spec: BackendSpec, model_path: Path, mode: str, timeout_
     job_path.write_text(json.dumps(job, default=str))
     env = dict(os.environ)
     env["PYTHONFAULTHANDLER"] = "1"
+    env["GLIBC_TUNABLES"] = worker_malloc_tunables(env.get("GLIBC_TUNABLES", ""))
     pkg_parent = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     n = len(store.sample_ids)
@@ -611,6 +650,34 @@ def _classify(err: BaseException) -> str:
     return "failed"
 
 
+#: glibc malloc settings of every backend worker (see :func:`worker_malloc_tunables`)
+WORKER_MALLOC_TUNABLES = {"glibc.malloc.mmap_threshold": str(256 << 20), "glibc.malloc.trim_threshold": str(1 << 30)}
+
+
+def worker_malloc_tunables(existing: str = "") -> str:
+    """``GLIBC_TUNABLES`` for a backend worker: ``existing`` plus :data:`WORKER_MALLOC_TUNABLES` for
+    the malloc settings it does not set itself (a user's own settings win).
+
+    Why: every sample allocates the same large arrays again (inputs, the backend's outputs: 19 MB per
+    sample for YOLOv8n at 640x640). With glibc's defaults, blocks above the dynamic mmap threshold
+    (at most 32 MiB) are ``mmap``-ed and freed blocks at the top of the heap are trimmed, so each
+    sample faults in fresh pages again: measured 5 ms per 19 MB sample on the 2-core VM of
+    docs/run.md, where a fresh page costs ~2-4 us. A fixed 256 MiB mmap threshold and a 1 GiB trim
+    threshold keep those blocks in the heap for reuse; memory stays bounded by one sample's working
+    set (peak RSS in docs/run.md). Other C libraries ignore the variable."""
+    have = {kv.split("=", 1)[0] for kv in existing.split(":") if "=" in kv}
+    add = [f"{k}={v}" for k, v in WORKER_MALLOC_TUNABLES.items() if k not in have]
+    return ":".join([x for x in [existing] if x] + add)
+
+
+def _write_summaries(stats: dict[str, StreamingStats], jsonl, sid: str, res: dict[str, np.ndarray]) -> None:
+    """Mode ``stats``: fold one sample into the per-anchor :class:`StreamingStats` and append its line
+    to ``stats/<label>.samples.jsonl`` (runs in the worker's writer thread)."""
+    line = {k: sample_summary(stats[k].update(v)) for k, v in res.items() if k in stats}
+    jsonl.write(json.dumps({"sample": sid, "anchors": line}) + "\n")
+    jsonl.flush()
+
+
 def _worker(job_path: str, fd: int) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -639,7 +706,8 @@ def _worker(job_path: str, fd: int) -> None:
 
     stage = "preparing"
     sid = None
-    writer = ThreadPoolExecutor(max_workers=1) if job["mode"] == "tensors" else None
+    # one writer thread: storing sample i (tensors, or summaries in stats mode) overlaps running i+1
+    writer = ThreadPoolExecutor(max_workers=1)
     pending = None
     try:
         backend = backend_class(job["name"])(options)
@@ -673,17 +741,12 @@ def _worker(job_path: str, fd: int) -> None:
             returned = set(res) if returned is None else returned & set(res)
             if i == 0:
                 st.dtypes = {k: str(np.asarray(v).dtype) for k, v in res.items()}
-            if writer is not None:
-                if pending is not None:
-                    pending.result()
+            if pending is not None:
+                pending.result()
+            if stats is None:
                 pending = writer.submit(store.write_anchors, label, sid, res)
             else:
-                line = {}
-                for k, v in res.items():
-                    if k in stats:
-                        line[k] = sample_summary(stats[k].update(v))
-                jsonl.write(json.dumps({"sample": sid, "anchors": line}) + "\n")
-                jsonl.flush()
+                pending = writer.submit(_write_summaries, stats, jsonl, sid, res)
             st.samples = i + 1
             emit(f"sample {i + 1}")
         if pending is not None:
@@ -713,7 +776,8 @@ def _worker(job_path: str, fd: int) -> None:
         # seconds_loop: the sample loop as the worker saw it (reading inputs, Backend.run, storing
         # anchors or statistics, waiting for the last write), one-time start/prepare excluded
         atomic_write_text(status_path.with_name("resources.json"), json.dumps(
-            {"peak_rss_bytes": peak, "seconds_loop": round(loop_s, 4), "seconds_prepare": round(st.seconds_prepare, 4)}))
+            {"peak_rss_bytes": peak, "seconds_loop": round(loop_s, 4), "seconds_prepare": round(st.seconds_prepare, 4),
+             "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}))
     except SystemExit as err:
         st.status = "failed"
         st.reason = (f"sys.exit({err.code}) called while {stage}" + (f" sample {sid}" if stage == "running" else "")

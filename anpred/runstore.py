@@ -8,7 +8,10 @@ Layout (schema ``anpred.run/1``)::
       manifest.json             # the AnchorManifest of the anchored model
       model.onnx                # the anchored model (copied or linked) when available
       inputs/<sample>.npz       # graph inputs of each sample (keys: graph input names)
-      tensors/<backend>/<sample>.npz   # anchors as the backend returned them (keys: file_key(anchor))
+      tensors/<backend>/<sample>.safetensors  # anchors as the backend returned them (keys: anchor
+                                # names; see anpred.tensorfile). A sample holding a dtype safetensors
+                                # lacks (bfloat16, strings) is tensors/<backend>/<sample>.npz instead
+                                # (keys: file_key(anchor)); runs of earlier versions are all .npz
       stats/<backend>.json      # mode "stats": streaming summaries per anchor instead of tensors
 
 Sample ids are strings (``s0000``, ``s0001`` ...) in run order. Arrays are stored in the dtype and
@@ -128,18 +131,44 @@ class RunStore:
         return self.root / "tensors" / backend
 
     def write_anchors(self, backend: str, sample_id: str, anchors: dict[str, np.ndarray]) -> None:
-        """Store one sample's anchors for ``backend`` (safe to call from a backend's own process)."""
+        """Store one sample's anchors for ``backend`` (safe to call from a backend's own process, one
+        writer thread per process): ``tensors/<backend>/<sample>.safetensors`` written with direct I/O
+        (:func:`anpred.tensorfile.write_safetensors`), or ``.npz`` when a dtype has no safetensors
+        dtype. Atomic: written under a temporary name, then renamed."""
+        from anpred.tensorfile import storable, write_safetensors
+
         d = self.backend_dir(backend)
         d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".{sample_id}.tmp.npz"
-        np.savez(tmp, **{file_key(k): np.asarray(v) for k, v in anchors.items()})
-        os.replace(tmp, d / f"{sample_id}.npz")
+        arrays = {k: np.asarray(v) for k, v in anchors.items()}
+        if storable(arrays):
+            tmp = d / f".{sample_id}.tmp.safetensors"
+            write_safetensors(tmp, arrays)
+            os.replace(tmp, d / f"{sample_id}.safetensors")
+        else:
+            tmp = d / f".{sample_id}.tmp.npz"
+            np.savez(tmp, **{file_key(k): v for k, v in arrays.items()})
+            os.replace(tmp, d / f"{sample_id}.npz")
+
+    def anchor_file(self, backend: str, sample_id: str) -> Path | None:
+        """The file holding ``backend``'s anchors of one sample (``.safetensors`` or ``.npz``), or None."""
+        d = self.backend_dir(backend)
+        for ext in (".safetensors", ".npz"):
+            p = d / f"{sample_id}{ext}"
+            if p.exists():
+                return p
+        return None
 
     def read_anchors(self, backend: str, sample_id: str) -> dict[str, np.ndarray]:
-        """Anchors of one backend and sample (empty dict when that backend stored none)."""
-        p = self.backend_dir(backend) / f"{sample_id}.npz"
-        if not p.exists():
+        """Anchors of one backend and sample (empty dict when that backend stored none), keyed by
+        anchor name in the order the backend returned them. Raises ValueError/OSError (or
+        zipfile.BadZipFile for ``.npz``) for an unreadable file."""
+        p = self.anchor_file(backend, sample_id)
+        if p is None:
             return {}
+        if p.suffix == ".safetensors":
+            from anpred.tensorfile import read_safetensors
+
+            return read_safetensors(p)
         with np.load(p) as z:
             return {from_file_key(k): z[k] for k in z.files}
 

@@ -3,7 +3,7 @@
 Model: the zoo's YOLOv8n (``models.get("yolov8n", imgsz=SIZE)``, torch dynamo export, which both
 onnx2torch and onnx2tf convert), anchored with ``anpred.instrument``.
 
-1. Overhead: ``ort`` over N=20 random-image inputs. The worker times the sample loop itself
+1. Overhead: ``ort`` over N=20 random-image inputs, in both modes (``tensors``, ``stats``). The worker times the sample loop itself
    (``resources.json`` ``seconds_loop``: reading inputs, ``Backend.run``, storing every anchor, waiting
    for the last write; one-time start and prepare excluded) and ``Backend.run`` alone
    (``seconds_run``); both against the same ``InferenceSession.run`` calls alone in a process of their
@@ -13,7 +13,7 @@ onnx2torch and onnx2tf convert), anchored with ``anpred.instrument``.
    prepare seconds of every backend from a cold and a warm run.
 3. Peak RSS of the backend process, full tensors vs streaming statistics, N=20 and N=80.
 
-Run: .venv/bin/python benchmarks/bench_run.py [--size 224] [--n 20]
+Run: .venv/bin/python benchmarks/bench_run.py [--size 640] [--n 20]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+import numpy as np  # noqa: E402
 import run_models  # noqa: E402
 
 from anpred.runner import run_model  # noqa: E402
@@ -48,29 +49,34 @@ print(time.perf_counter() - t)
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--size", type=int, default=640)  # YOLOv8n's own input size
     ap.add_argument("--n", type=int, default=20)
     a = ap.parse_args()
     model = run_models.anchored_zoo_yolo(a.size)
     tmp = Path(tempfile.mkdtemp(prefix="anpred-bench-"))
-    # 1. overhead
+    # 1. overhead, both storage modes (tensors: every anchor to safetensors; stats: summaries only)
     t0 = time.perf_counter()
-    runs = [run_model(model, ["ort"], f"random:images:seed=0:n={a.n}", tmp / f"ort{k}", progress=False)
-            for k in range(3)]  # best of 3, like the plain loop (the machine is shared)
-    store = min(runs, key=lambda r: r.meta["resources"]["ort"]["seconds_loop"])
-    st = store.statuses()["ort"]
-    res = store.meta["resources"]["ort"]
-    loop, wall = res["seconds_loop"], res["seconds_wall"]
-    plains = [float(subprocess.run([sys.executable, "-c", PLAIN, str(model), str(store.root)], check=True,
-                                   capture_output=True, text=True).stdout) for _ in range(3)]
-    plain = min(plains)
-    print(f"YOLOv8n {a.size}px, {a.n} inputs, {len(store.manifest.anchors)} anchors")
-    print(f"plain InferenceSession.run total        {plain:.3f} s (best of 3)")
-    print(f"driver: Backend.run total                {st.seconds_run:.3f} s  ratio {st.seconds_run / plain:.2f}x")
-    print(f"driver: sample loop incl. I/O (worker)   {loop:.3f} s  ratio {loop / plain:.2f}x (best of 3; all: "
-          + ", ".join(f"{r.meta['resources']['ort']['seconds_loop']:.3f}" for r in runs) + ")")
-    print(f"driver: worker process wall / prepare    {wall:.2f} s / {st.seconds_prepare:.2f} s; "
-          f"whole run_model {time.perf_counter() - t0:.2f} s")
+    print(f"YOLOv8n {a.size}px, {a.n} inputs")
+    for mode in ("tensors", "stats"):
+        runs = [run_model(model, ["ort"], f"random:images:seed=0:n={a.n}", tmp / f"ort-{mode}{k}", mode=mode,
+                          progress=False) for k in range(3)]  # best of 3, like the plain loop (shared machine)
+        store = min(runs, key=lambda r: r.meta["resources"]["ort"]["seconds_loop"])
+        st = store.statuses()["ort"]
+        res = store.meta["resources"]["ort"]
+        loop, wall = res["seconds_loop"], res["seconds_wall"]
+        plains = [float(subprocess.run([sys.executable, "-c", PLAIN, str(model), str(store.root)], check=True,
+                                       capture_output=True, text=True).stdout) for _ in range(3)]
+        plain = min(plains)
+        per = sum(np.asarray(v).nbytes for v in store.read_anchors("ort", store.sample_ids[0]).values()) \
+            if mode == "tensors" else None
+        print(f"[{mode}] {len(store.manifest.anchors)} anchors" + (f", {per / 1e6:.1f} MB per sample" if per else ""))
+        print(f"[{mode}] plain InferenceSession.run total        {plain:.3f} s (best of 3: "
+              + ", ".join(f"{p:.3f}" for p in plains) + ")")
+        print(f"[{mode}] driver: Backend.run total                {st.seconds_run:.3f} s  ratio {st.seconds_run / plain:.2f}x")
+        print(f"[{mode}] driver: sample loop incl. I/O (worker)   {loop:.3f} s  ratio {loop / plain:.2f}x (best of 3; all: "
+              + ", ".join(f"{r.meta['resources']['ort']['seconds_loop']:.3f}" for r in runs) + ")")
+        print(f"[{mode}] driver: worker process wall / prepare    {wall:.2f} s / {st.seconds_prepare:.2f} s")
+    print(f"overhead part: {time.perf_counter() - t0:.1f} s")
     # 3. memory (before torch/tf are imported here: a worker's ru_maxrss includes its parent's
     # resident pages at fork)
     for n in (20, 80):

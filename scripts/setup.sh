@@ -29,7 +29,7 @@ pipq --no-deps -e .
 .venv/bin/python - <<'PY'
 import importlib.util
 
-import onnx, onnxruntime, openvino, tensorflow, torch  # noqa: F401
+import onnx, onnxruntime, openvino, safetensors, tensorflow, torch  # noqa: F401
 import anpred, exporters, models, passes  # noqa: F401
 from anpred.compat import import_onnx2torch, import_ultralytics
 

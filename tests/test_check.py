@@ -315,7 +315,7 @@ def test_missing_samples_are_reported(tmp_path, clean_run, capsys):
     run, man = clean_run
     run2 = _copy_run(run, tmp_path / "run")
     for sid in ("s0004", "s0005"):
-        (run2 / "tensors" / "openvino" / f"{sid}.npz").unlink()
+        (run2 / "tensors" / "openvino" / f"{sid}.safetensors").unlink()
     rep = check_run(run2)
     v = rep.verdicts["openvino"]
     assert rep.status == "incomplete" and v.status == "incomplete" and v.samples == 10 and not v.unjudged
@@ -345,21 +345,34 @@ def test_shape_mismatch_says_so(tmp_path, clean_run):
     assert rep.status == "incomplete" and any(name in g and "shape" in g for g in rep.incomplete)
 
 
-def test_unreadable_run_data_and_bad_config_exit_2(tmp_path, clean_run, capsys):
+@pytest.mark.parametrize("ext", [".safetensors", ".npz"])
+def test_unreadable_run_data_and_bad_config_exit_2(tmp_path, clean_run, capsys, ext):
     """Regression (review): a truncated tensor .npz gave a BadZipFile traceback and exit 1 ("flagged");
-    config {"min_voters": "abc"} a ValueError traceback and exit 1."""
+    config {"min_voters": "abc"} a ValueError traceback and exit 1. Both storage formats: safetensors
+    (written since the direct-I/O writer) and .npz (runs of earlier versions, and dtypes safetensors
+    lacks)."""
     from anpred.cli import main
     from anpred.errors import JudgeError
+    from anpred.naming import file_key
 
     run, _ = clean_run
     run2 = _copy_run(run, tmp_path / "run")
-    f = run2 / "tensors" / "torch" / "s0003.npz"
+    store = RunStore.open(run2)
+    if ext == ".npz":  # the same sample as an earlier version stored it
+        t = store.read_anchors("torch", "s0003")
+        (run2 / "tensors" / "torch" / "s0003.safetensors").unlink()
+        np.savez(run2 / "tensors" / "torch" / "s0003.npz", **{file_key(k): v for k, v in t.items()})
+        assert {k: v.tolist() for k, v in store.read_anchors("torch", "s0003").items()} == \
+            {k: v.tolist() for k, v in t.items()}
+        assert check_run(run2).status == check_run(run).status
+    f = run2 / "tensors" / "torch" / f"s0003{ext}"
     f.write_bytes(f.read_bytes()[:200])
-    with pytest.raises(JudgeError, match="s0003.npz: unreadable tensor file"):
+    with pytest.raises(JudgeError, match=f"s0003{ext}: unreadable tensor file"):
         check_run(run2)
     assert main(["check", str(run2)]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "unreadable tensor file (BadZipFile" in err
+    kind = "BadZipFile" if ext == ".npz" else "ValueError"
+    assert len(err.strip().splitlines()) == 1 and f"unreadable tensor file ({kind}" in err
     for bad in ('{"min_voters": "abc"}', '{"threshold_atol": "x"}', '{"propagation_band": 0}', '{"floor": {"fp32": true}}'):
         cfg = tmp_path / "c.json"
         cfg.write_text(bad)

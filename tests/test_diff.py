@@ -467,11 +467,11 @@ def test_stats_mode_runs_are_compared_by_summaries(fp16_runs, anchored, tmp_path
     assert sum(v > 0 for v in lb.values()) >= len(lb) - 1
     # its value, recomputed from the stored tensors of the worst sample
     a0 = rs.anchors[0]
-    from anpred.naming import file_key
+    from anpred.runstore import RunStore
 
     sid = a0.cells[0].worst_sample
-    xa = np.load(d / "ta" / "tensors" / "ort" / f"{sid}.npz")[file_key(a0.anchor)].astype(np.float64)
-    xb = np.load(d / "tb" / "tensors" / "ort" / f"{sid}.npz")[file_key(a0.anchor)].astype(np.float64)
+    xa = RunStore.open(d / "ta").read_anchors("ort", sid)[a0.anchor].astype(np.float64)
+    xb = RunStore.open(d / "tb").read_anchors("ort", sid)[a0.anchor].astype(np.float64)
     rms = lambda x: np.sqrt(np.mean(x * x))  # noqa: E731
     want = max(abs(xb.mean() - xa.mean()), abs(xb.std() - xa.std()), abs(rms(xb) - rms(xa))) / rms(xa)
     assert a0.cells[0].value == pytest.approx(want, rel=1e-6)
@@ -503,14 +503,16 @@ def test_run_diff_refuses_when_nothing_was_compared(fp16_runs, tmp_path, capsys)
     assert "nothing was compared" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
     # partly pruned: the rest is compared, the missing cells are shown with their reason
     shutil.copytree(d / "tb" / "tensors" / "ort", pruned / "tensors" / "ort")
-    sid = "s0001"
-    with np.load(pruned / "tensors" / "ort" / f"{sid}.npz") as z:
-        kept = {k: z[k] for k in list(z.files)[1:]}
-    np.savez(pruned / "tensors" / "ort" / f"{sid}.npz", **kept)
-    rd = diff_runs(d / "ta", pruned)
-    assert rd.compared == len(rd.anchors)  # sample s0000 still has every anchor
-    with np.load(pruned / "tensors" / "ort" / "s0000.npz") as z:
-        np.savez(pruned / "tensors" / "ort" / "s0000.npz", **{k: z[k] for k in list(z.files)[1:]})
+    from anpred.runstore import RunStore
+
+    ps = RunStore.open(pruned)
+    for sid in ("s0001", "s0000"):  # drop the first anchor of one sample, then of the other
+        kept = dict(list(ps.read_anchors("ort", sid).items())[1:])
+        ps.write_anchors("ort", sid, kept)
+        assert list(ps.read_anchors("ort", sid)) == list(kept)
+        if sid == "s0001":
+            rd = diff_runs(d / "ta", pruned)
+            assert rd.compared == len(rd.anchors)  # sample s0000 still has every anchor
     rd = diff_runs(d / "ta", pruned)
     (gone,) = [a for a in rd.anchors if not a.cells]
     assert gone.missing == {"ort": "not stored by ort in run B"}
@@ -524,7 +526,7 @@ def test_run_diff_backend_pairs(anchored, fp16_runs, tmp_path):
     from anpred.cli import main
     from anpred.defaults import OracleConfig
     from anpred.errors import JudgeError
-    from anpred.naming import file_key
+    from anpred.runstore import RunStore
     from anpred.rundiff import diff_runs
     from anpred.runner import run_model
     from anpred.stats import error_stats
@@ -543,8 +545,8 @@ def test_run_diff_backend_pairs(anchored, fp16_runs, tmp_path):
     out = next(a for a in rd.anchors if a.anchor.startswith("output/"))
     c = out.cells[0]
     assert c.floor == cfg.floor_at("fp16", out.stage)
-    xa = np.load(d / "ta" / "tensors" / "ort" / f"{c.worst_sample}.npz")[file_key(out.anchor)]
-    xb = np.load(tmp_path / "rf" / "tensors" / "ort-fp16" / f"{c.worst_sample}.npz")[file_key(out.anchor)]
+    xa = RunStore.open(d / "ta").read_anchors("ort", c.worst_sample)[out.anchor]
+    xb = RunStore.open(tmp_path / "rf").read_anchors("ort-fp16", c.worst_sample)[out.anchor]
     assert c.value == pytest.approx(error_stats(xb, xa).nrmse, rel=1e-9) and c.value > 0
     rc = main(["diff", str(d / "ta"), str(tmp_path / "rf"), "--pair", "ort=ort-fp16", "--json", str(tmp_path / "p.json")])
     assert rc in (0, 1) and json.loads((tmp_path / "p.json").read_text())["backends"] == ["ort=ort-fp16"]
