@@ -498,11 +498,11 @@ def build_config_run(setup: ModelSetup, out_dir: str | Path) -> "Any":
                             inputs=dict(clean.meta.get("inputs", {})))
     store.meta["samples"] = list(clean.meta["samples"])
     for sid in clean.sample_ids:
-        src = clean.root / "inputs" / f"{sid}.npz"
+        src = clean.input_file(sid)
         try:
-            os.link(src, out / "inputs" / f"{sid}.npz")
+            os.link(src, out / "inputs" / src.name)
         except OSError:
-            shutil.copyfile(src, out / "inputs" / f"{sid}.npz")
+            shutil.copyfile(src, out / "inputs" / src.name)
     for b in setup.backends:
         os.symlink(clean.backend_dir(b).resolve(), store.backend_dir(b), target_is_directory=True)
         store.meta["backends"][b] = clean.meta["backends"][b]

@@ -831,7 +831,7 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
             name = Path(str(smp.get("source", ""))).name
             if name in real:
                 smp["source"] = real[name]
-                smp["stored"] = str(final / "run" / "inputs" / f"{smp['id']}.npz")
+                smp["stored"] = str(final / "run" / "inputs" / store.input_file(smp["id"]).name)
     store.meta.setdefault("model", {})["name"] = subject.label
     store.meta["model"]["path"] = str(final / "anchored.onnx")
     store.save_meta()

@@ -529,7 +529,7 @@ def _run_backend(store, spec: BackendSpec, model_path: Path, mode: str, timeout_
     except BackendError:
         cls = None
     if getattr(cls, "needs_calibration", False) and "calibration" not in options:
-        options["calibration"] = [str(root / "inputs" / f"{sid}.npz") for sid in store.sample_ids]
+        options["calibration"] = [str(store.input_file(sid)) for sid in store.sample_ids]
     if getattr(cls, "needs_input_shapes", False) and input_shapes and "input_shapes" not in options:
         options["input_shapes"] = input_shapes  # the run's concrete input shapes (all samples share them)
     job = {"store": str(root), "name": spec.name, "label": spec.label, "family": family, "options": options,

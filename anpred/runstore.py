@@ -7,7 +7,8 @@ Layout (schema ``anpred.run/1``)::
                                 # mode ("tensors" | "stats"), backends: name -> BackendStatus
       manifest.json             # the AnchorManifest of the anchored model
       model.onnx                # the anchored model (copied or linked) when available
-      inputs/<sample>.npz       # graph inputs of each sample (keys: graph input names)
+      inputs/<sample>.safetensors  # graph inputs of each sample (keys: graph input names; .npz for
+                                # dtypes safetensors lacks, and in runs of earlier versions)
       tensors/<backend>/<sample>.safetensors  # anchors as the backend returned them (keys: anchor
                                 # names; see anpred.tensorfile). A sample holding a dtype safetensors
                                 # lacks (bfloat16, strings) is tensors/<backend>/<sample>.npz instead
@@ -36,6 +37,19 @@ from anpred.naming import file_key, from_file_key
 from anpred.onnx_io import atomic_write_text
 
 SCHEMA = "anpred.run/1"
+
+
+def read_array_file(path: str | Path, keys=None) -> dict[str, np.ndarray]:
+    """Arrays of a ``.safetensors`` file (:func:`anpred.tensorfile.read_safetensors`) or an ``.npz``
+    archive (member names mapped through ``keys`` when given: the run store's .npz anchor files use
+    :func:`anpred.naming.file_key`). Raises ValueError/OSError/zipfile.BadZipFile for unreadable files."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from anpred.tensorfile import read_safetensors
+
+        return read_safetensors(path)
+    with np.load(path) as z:
+        return {(keys(k) if keys else k): z[k] for k in z.files}
 
 
 class RunStore:
@@ -119,12 +133,26 @@ class RunStore:
         for k in sorted(inputs):
             h.update(k.encode())
             h.update(np.ascontiguousarray(inputs[k]).tobytes())
-        np.savez(self.root / "inputs" / f"{sample_id}.npz", **inputs)
+        from anpred.tensorfile import storable, write_safetensors
+
+        if storable(inputs):  # buffered: every backend reads it again
+            write_safetensors(self.root / "inputs" / f"{sample_id}.safetensors", inputs, direct=False)
+        else:
+            np.savez(self.root / "inputs" / f"{sample_id}.npz", **inputs)
         self.meta["samples"].append({"id": sample_id, "source": source, "sha256": h.hexdigest(), **(extra or {})})
 
+    def input_file(self, sample_id: str) -> Path:
+        """The file holding one sample's graph inputs (``inputs/<sample>.safetensors``, or ``.npz``).
+        Raises FileNotFoundError when neither exists."""
+        for ext in (".safetensors", ".npz"):
+            p = self.root / "inputs" / f"{sample_id}{ext}"
+            if p.exists():
+                return p
+        raise FileNotFoundError(f"{self.root / 'inputs'}: no input file for sample {sample_id}")
+
     def read_inputs(self, sample_id: str) -> dict[str, np.ndarray]:
-        with np.load(self.root / "inputs" / f"{sample_id}.npz") as z:
-            return {k: z[k] for k in z.files}
+        """One sample's graph inputs (input name -> array)."""
+        return read_array_file(self.input_file(sample_id))
 
     # ---- anchors -------------------------------------------------------------------------------
     def backend_dir(self, backend: str) -> Path:
@@ -165,12 +193,7 @@ class RunStore:
         p = self.anchor_file(backend, sample_id)
         if p is None:
             return {}
-        if p.suffix == ".safetensors":
-            from anpred.tensorfile import read_safetensors
-
-            return read_safetensors(p)
-        with np.load(p) as z:
-            return {from_file_key(k): z[k] for k in z.files}
+        return read_array_file(p, keys=from_file_key)
 
     def iter_samples(self, backends: list[str] | None = None) -> Iterator[tuple[str, dict[str, dict[str, np.ndarray]]]]:
         """Yield ``(sample_id, {backend: {anchor: array}})`` one sample at a time (streaming)."""

@@ -79,11 +79,13 @@ def _write_all(fd: int, view: memoryview) -> None:
         off += os.write(fd, view[off:])
 
 
-def write_safetensors(path: str | Path, arrays: dict[str, np.ndarray]) -> int:
+def write_safetensors(path: str | Path, arrays: dict[str, np.ndarray], *, direct: bool = True) -> int:
     """Write ``arrays`` (name -> array of a dtype in :data:`SAFETENSORS_DTYPES`, any shape incl. 0-d
-    and empty) to ``path`` as one safetensors file; returns its size in bytes. Not atomic: write to a
-    temporary name and ``os.replace`` it. Raises ValueError for a dtype safetensors cannot hold and
-    OSError from the file system."""
+    and empty) to ``path`` as one safetensors file; returns its size in bytes. ``direct``: write with
+    ``O_DIRECT`` where possible (for files written once and read rarely: the page cache is bypassed,
+    so a later read comes from the device); False for files read again soon (a run's inputs, read by
+    every backend). Not atomic: write to a temporary name and ``os.replace`` it. Raises ValueError for
+    a dtype safetensors cannot hold and OSError from the file system."""
     path = Path(path)
     arrs = {k: np.asarray(v, order="C") for k, v in arrays.items()}  # (ascontiguousarray makes 0-d 1-d)
     order = sorted(arrs, key=lambda k: (-arrs[k].dtype.itemsize, k))
@@ -114,7 +116,7 @@ def write_safetensors(path: str | Path, arrays: dict[str, np.ndarray]) -> int:
     buf[total:padded] = 0
     view = memoryview(buf)
     try:
-        if _direct_wanted(path.parent):
+        if direct and _direct_wanted(path.parent):
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
             except OSError as err:

@@ -153,8 +153,8 @@ def test_zoo_name_cli(root):
     assert run["inputs"]["path"] == str(folder / "run" / "inputs") and (folder / "run" / "inputs").is_dir()
     assert run["inputs"]["sources"] == ["ultralytics/assets/bus.jpg"]
     assert [(x["source"], x["stored"]) for x in run["samples"]] == [
-        ("ultralytics/assets/bus.jpg", str(folder / "run" / "inputs" / "s0000.npz"))]
-    assert (folder / "run" / "inputs" / "s0000.npz").is_file()
+        ("ultralytics/assets/bus.jpg", str(folder / "run" / "inputs" / "s0000.safetensors"))]
+    assert (folder / "run" / "inputs" / "s0000.safetensors").is_file()
     rep = json.loads((folder / "report.json").read_text())
     assert rep["samples"] == 1 and rep["model"]["name"] == "yolov8n"
     assert 0 < rep["verdicts"]["openvino"]["worst_primary"] < 1e-4  # seeded YOLOv8n at 160 px: fp32 noise

@@ -6,7 +6,7 @@
   are computed in float16 and returned as float32, their dtype in the manifest).
 - ``ort-int8``: static QDQ quantization with ``onnxruntime.quantization.quantize_static`` (activations
   uint8, weights int8, per-tensor, MinMax calibration) calibrated on the run's own inputs (the runner
-  passes their ``.npz`` files as ``options["calibration"]``). Anchors stay graph outputs
+  passes their input files as ``options["calibration"]``). Anchors stay graph outputs
   (DequantizeLinear outputs, float32).
 
 Reduced precision is real (converted graphs), never emulated with Cast pairs (some runtimes fold lossy
@@ -135,7 +135,8 @@ class OrtFp16Backend(_LowpBase):
 
 
 class _CalibrationReader:
-    """``CalibrationDataReader`` over the run's input ``.npz`` files (one sample at a time)."""
+    """``CalibrationDataReader`` over the run's input files (``.safetensors`` or ``.npz``; one sample at
+    a time)."""
 
     def __init__(self, files: list[str]):
         self._it = iter(files)
@@ -144,8 +145,9 @@ class _CalibrationReader:
         f = next(self._it, None)
         if f is None:
             return None
-        with np.load(f) as z:
-            return {k: z[k] for k in z.files}
+        from anpred.runstore import read_array_file
+
+        return read_array_file(f)
 
 
 class OrtInt8Backend(_LowpBase):
@@ -157,7 +159,7 @@ class OrtInt8Backend(_LowpBase):
     def _calibration(self) -> list[str]:
         files = list(self.options.get("calibration") or [])
         if not files:
-            raise BackendError("ort-int8 needs calibration inputs (options['calibration']: .npz files); "
+            raise BackendError("ort-int8 needs calibration inputs (options['calibration']: .safetensors/.npz files of graph inputs); "
                                "the runner passes the run's inputs")
         return files
 
