@@ -25,8 +25,13 @@ whole population: ``sqrt(sum_s ||x_s - c_s||^2 / sum_s ||c_s||^2)``) is compared
 (judged backends of *other* families that vote): **flagged** when ``S > k * median(S_peers)`` and
 ``S > floor(precision, stage)``, or when the backend produced NaN/Inf where the consensus is finite.
 Peers exclude backends merged with it (correlated) at that anchor. Without peers the floor alone
-decides. The **origin** is the first flagged anchor in manifest
-(topological) order; the **propagation** profile gives the ratio of ``S`` between consecutive judged
+decides. **Localization**: the first flagged anchor in manifest (topological) order is where the
+deviation first exceeds the flagging threshold; the **origin** is traced back from it along the data
+flow to the earliest ancestor anchor from which the backend departs from its peers without a break
+(``S > origin_k * median(S_peers)`` and ``S > origin_floor_fraction * floor`` at that anchor and at
+every judged anchor between it and the first flagged one): a fault born below the floor and flagged
+only where it has grown is placed where it was born, not where it crossed the line. The
+**propagation** profile gives the ratio of ``S`` between consecutive judged
 anchors along the data flow: the origin and its descendants (:func:`anchor_descendants`, from the
 run's model), so that anchors of a parallel branch the fault cannot reach are left out.
 """
@@ -156,6 +161,8 @@ class BackendVerdict:
     flagged: bool
     origin_anchor: str | None = None
     origin_stage: int | None = None
+    first_flagged_anchor: str | None = None
+    origin_traced: str = ""  # how the origin was found from the first flagged anchor (empty: it is that anchor)
     worst_anchor: str | None = None
     worst_primary: float | None = None
     worst_ratio_to_threshold: float | None = None
@@ -653,7 +660,14 @@ class Oracle:
             v.worst_anchor, v.worst_primary = worst_a.name, worst_c.primary
             v.worst_ratio_to_threshold = over(worst_c)
         if flagged:
-            v.origin_anchor, v.origin_stage = flagged[0][0].name, flagged[0][0].stage
+            v.first_flagged_anchor = flagged[0][0].name
+            o_a, o_c = self._trace_origin(profile, flagged[0])
+            v.origin_anchor, v.origin_stage = o_a.name, o_a.stage
+            if o_a.name != v.first_flagged_anchor:
+                ratio = o_c.primary / o_c.peer_level if o_c.peer_level else math.inf
+                v.origin_traced = (f"traced back from {v.first_flagged_anchor}: departs from its peers from "
+                                   f"{o_a.name} on ({self.cfg.primary} {o_c.primary:.3g} = {ratio:.3g} x peers' "
+                                   f"median, below the flagging threshold {o_c.threshold:.3g})")
         # propagation between consecutive anchors of the profile: for a flagged backend with the data
         # flow known, the origin and its judged descendants (topological order); else all judged anchors
         path = profile
@@ -687,10 +701,47 @@ class Oracle:
                 v.propagation = "masked"
             else:
                 last = outs[-1][1] if outs else path[-1][1]
-                origin = flagged[0][1]
+                origin = next(c for a, c in path if a.name == v.origin_anchor)
                 r = last.primary / origin.primary if origin.primary > 0 else math.inf
                 v.propagation = "amplified" if r > band else ("attenuated" if r < 1 / band else "stable")
         return v
+
+
+    def _departs(self, c: Cell) -> bool:
+        """``c``'s backend departs from its peers at that anchor (localization rule, module docstring)."""
+        if c.nonfinite or c.flagged:
+            return True
+        if c.peer_level is None:
+            return False
+        return c.primary > self.cfg.origin_k * c.peer_level and c.primary > self.cfg.origin_floor_fraction * c.floor
+
+    def _trace_origin(self, profile: list[tuple["AnchorInfo", Cell]],
+                      first: tuple["AnchorInfo", Cell]) -> tuple["AnchorInfo", Cell]:
+        """The origin of a flagged backend: the earliest judged anchor ``o`` (topological order) that is
+        ``first`` or an ancestor of it, such that the backend departs from its peers (:meth:`_departs`)
+        at ``o`` and at every judged anchor that lies downstream of ``o`` and upstream of ``first``.
+        Ancestry from the run's data flow; without it, every anchor before ``first`` in manifest order
+        counts as upstream (parallel branches then break chains, so the origin stays later)."""
+        names = [a.name for a, _ in profile]
+        fi = names.index(first[0].name)
+        before = profile[:fi]
+        if self.descendants is not None:
+            up = [(a, c) for a, c in before if first[0].name in self.descendants.get(a.name, set())]
+        else:
+            up = list(before)
+        origin = first
+        for i in range(len(up) - 1, -1, -1):  # walk back, latest first; stop at the first break
+            a, c = up[i]
+            if self.descendants is not None:
+                # only anchors on a path a -> first must depart; those checked already did
+                between = [(b, d) for b, d in up[i + 1:] if b.name in self.descendants.get(a.name, set())]
+            else:
+                between = up[i + 1:]
+            if self._departs(c) and all(self._departs(d) for _, d in between):
+                origin = (a, c)
+            elif not self._departs(c) and self.descendants is None:
+                break
+        return origin
 
 
 def anchor_descendants(model, values: dict[str, str]) -> dict[str, set[str]]:

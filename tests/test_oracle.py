@@ -355,3 +355,53 @@ def test_anchor_descendants_on_a_real_graph():
     assert d == {"in": {"A", "B", "A2", "Y"}, "A": {"A2", "Y"}, "B": {"Y"}, "A2": {"Y"}, "Y": set()}
     with pytest.raises(GraphError, match="not in the model"):
         anchor_descendants(m, {"Z": "zz"})
+
+
+# ---- localization: tracing the origin back from the first flagged anchor ----------------------------
+def test_origin_traced_back_to_where_a_subfloor_deviation_departs():
+    """A deviation born at A1 below the fp32 floor (2e-5) but 10-100x the peers' level, flagged only at
+    the output where it has grown: origin A1 (stage 0), not the output; the first flagged anchor and
+    how the origin was traced are reported."""
+    dev = {"anchor/00/A1": 1e-5, "anchor/01/A2": 1e-5, "output/O": 1e-3}
+    v = _judge_branches(dev, BRANCH_DOWN).verdicts["openvino"]
+    assert v.flagged and v.flagged_anchors == ["output/O"] and v.first_flagged_anchor == "output/O"
+    assert (v.origin_anchor, v.origin_stage) == ("anchor/00/A1", 0)
+    assert v.origin_traced.startswith("traced back from output/O: departs from its peers from anchor/00/A1 on")
+    assert v.profile_anchors == ["anchor/00/A1", "anchor/01/A2", "output/O"]
+    assert v.steps[-1].ratio == pytest.approx(100, rel=0.15) and v.propagation == "amplified"
+
+
+def test_origin_trace_stops_at_a_break_in_the_data_flow_chain():
+    # A2 (between A1 and O on the data flow) agrees with the peers: the chain from A1 is broken
+    v = _judge_branches({"anchor/00/A1": 1e-5, "output/O": 1e-3}, BRANCH_DOWN).verdicts["openvino"]
+    assert v.origin_anchor == "output/O" and v.origin_traced == ""
+    # B lies between A1 and O in manifest order but not on the data flow A1 -> A2 -> O: not a break
+    dev = {"anchor/00/A1": 1e-5, "anchor/01/A2": 1e-5, "output/O": 1e-3}
+    assert _judge_branches(dev, BRANCH_DOWN).verdicts["openvino"].origin_anchor == "anchor/00/A1"
+    # without the data flow, B (clean, before O in manifest order) breaks the chain: origin A2
+    assert _judge_branches(dev, None).verdicts["openvino"].origin_anchor == "anchor/01/A2"
+
+
+def test_origin_needs_a_departure_above_the_fraction_of_the_floor_and_k():
+    # 1e-6 at A1 is ~5-10x the peers (fp32 noise 3e-7) but below 0.1 x floor (2e-6): not a departure
+    dev = {"anchor/00/A1": 1e-6, "anchor/01/A2": 1e-5, "output/O": 1e-3}
+    assert _judge_branches(dev, BRANCH_DOWN).verdicts["openvino"].origin_anchor == "anchor/01/A2"
+    # origin_k large: tracing never leaves the first flagged anchor
+    cfg = OracleConfig(origin_k=1e9)
+    rng_dev = {"anchor/00/A1": 1e-5, "anchor/01/A2": 1e-5, "output/O": 1e-3}
+    o = Oracle(BRANCHES, _backends(FP32), cfg, descendants=BRANCH_DOWN)
+    rng = np.random.default_rng(4)
+    for _ in range(8):
+        sample = {}
+        for a in BRANCHES:
+            true = rng.standard_normal(512)
+            sample[a.name] = {b: true * (1 + 3e-7 * rng.standard_normal(512)) for b in FP32}
+            sample[a.name]["openvino"] = sample[a.name]["openvino"] + rng_dev.get(a.name, 0.0) * rng.standard_normal(512)
+        o.add(sample)
+    assert o.finish().verdicts["openvino"].origin_anchor == "output/O"
+
+
+@pytest.mark.parametrize("bad", [{"origin_k": 0.5}, {"origin_floor_fraction": 0}, {"origin_floor_fraction": 2.0}])
+def test_origin_config_is_validated(bad):
+    with pytest.raises(AnpredError, match="origin_"):
+        OracleConfig.from_dict(bad)

@@ -174,6 +174,9 @@ def write_html(report, path: str | Path) -> None:
                          f"<td>{e(v.propagation)}{' (non-monotonic)' if v.non_monotonic else ''}</td>"
                          f"<td>{len(v.flagged_anchors)}</td></tr>")
         parts.append("</table>")
+        for b, v in report.verdicts.items():
+            if v.flagged and getattr(v, "origin_traced", ""):
+                parts.append(f"<p class='small'>{e(b)}: origin {e(v.origin_traced)}.</p>")
     if report.threshold:
         parts.append("<h2>Threshold baseline (final outputs)</h2><table><tr><th>backend</th><th>reference</th>"
                      "<th>atol</th><th>rtol</th><th>result</th><th>failed / total</th><th>max abs</th><th>max rel</th></tr>")

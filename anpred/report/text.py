@@ -77,7 +77,8 @@ def format_text(report) -> str:
                 c = report.cell(v.origin_anchor, b)
                 if c is not None:
                     s = c.stats
-                    lines.append(f"  {b} at origin {v.origin_anchor}: {c.reason}; max_abs {_g(s.max_abs)} "
+                    why = c.reason or getattr(v, "origin_traced", "")
+                    lines.append(f"  {b} at origin {v.origin_anchor}: {why}; max_abs {_g(s.max_abs)} "
                                  f"mean_signed {_g(s.mean_signed)} snr {_g(s.snr_db, '.1f')} dB cosine "
                                  f"{_g(s.cosine, '.6f')} W1 {_g(s.wasserstein)} max_ulp {_g(s.max_ulp, '.3g')} "
                                  f"nan {s.nan} inf {s.inf}")
