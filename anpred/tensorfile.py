@@ -42,6 +42,7 @@ SAFETENSORS_DTYPES: dict[np.dtype, str] = {
 }
 _ALIGN = 4096  # O_DIRECT: buffer address, file offset and length multiples of the logical block size
 _ORDER_KEY = "anpred.order"
+_CACHE_MAX = 256 << 20  # larger staging buffers are not kept after the write
 _local = threading.local()
 _direct_refused: set[int] = set()  # st_dev of file systems that refused O_DIRECT
 
@@ -52,15 +53,18 @@ def storable(arrays: dict[str, np.ndarray]) -> bool:
 
 
 def _buffer(size: int) -> np.ndarray:
-    """This thread's page-aligned staging buffer (an anonymous mmap), grown to ``size`` bytes and
-    kept for reuse: re-touching the same pages is cheap, fresh ones are not (module docstring)."""
+    """A page-aligned staging buffer (an anonymous mmap) of at least ``size`` bytes. Up to 256 MiB it
+    is this thread's buffer, grown as needed and kept for reuse (re-touching the same pages is cheap,
+    fresh ones are not: module docstring); a larger one is made for this write only and unmapped when
+    the caller drops it."""
     buf = getattr(_local, "buf", None)
     if buf is None or buf.size < size:
         cap = max(size, 1 << 20)
         cap = (cap + _ALIGN - 1) // _ALIGN * _ALIGN
         m = mmap.mmap(-1, cap)
         buf = np.frombuffer(m, dtype=np.uint8)
-        _local.buf = buf
+        if cap <= _CACHE_MAX:
+            _local.buf = buf
     return buf
 
 

@@ -146,3 +146,17 @@ def test_run_stores_safetensors_and_the_worker_gets_the_tunables(tmp_path):
         assert set(lib) == set(want) == set(store.manifest.names()) and all(np.array_equal(lib[k], want[k]) for k in want)
     assert store.meta["resources"]["ort"]["glibc_tunables"] == worker_malloc_tunables(os.environ.get("GLIBC_TUNABLES", ""))
     assert json.loads((store.root / "run.json").read_text())["backends"]["ort"]["status"] == "ok"
+
+
+def test_staging_buffer_is_kept_only_up_to_its_cap(tmp_path, monkeypatch):
+    import anpred.tensorfile as tfm
+
+    monkeypatch.setattr(tfm, "_CACHE_MAX", 2 << 20)
+    monkeypatch.setattr(tfm, "_local", __import__("threading").local())
+    write_safetensors(tmp_path / "a.safetensors", {"x": np.ones(1000, np.float32)})
+    kept = tfm._local.buf
+    assert kept.size == 1 << 20
+    big = {"y": np.arange(1 << 20, dtype=np.float32)}  # 4 MiB > the cap: a one-off buffer
+    write_safetensors(tmp_path / "b.safetensors", big)
+    assert tfm._local.buf is kept
+    assert np.array_equal(read_safetensors(tmp_path / "b.safetensors")["y"], big["y"])
