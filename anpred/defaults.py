@@ -101,6 +101,12 @@ class OracleConfig:
             Measured: clean fp32 backends reach at most 2.1x their peers' median (docs/oracle.md), so
             ``origin_k = 4`` leaves ~2x; the floor fraction keeps bit-identical peers (median 0) from
             making any nonzero difference a departure.
+        sustained_anchors: a voting backend that departs from its peers (the rule above) at this many
+            judged anchors in a row along the data flow (each the next anchor downstream of the
+            previous) is flagged at each of them, even below the floor: one anchor at 4x its peers
+            can be noise, a run of them is an error carried through the network. 0 turns it off.
+            Measured: no clean fp32 backend departs at even one anchor in the reference evaluation
+            (docs/evaluation.md).
         reservoir: values kept per (anchor, backend) for the HTML histograms (uniform reservoir).
         threshold_atol, threshold_rtol: defaults of the threshold baseline (Polygraphy's 1e-5/1e-5).
         correlated_nrmse: two voting backends of different families whose aligned tensors differ by at
@@ -123,6 +129,7 @@ class OracleConfig:
     propagation_band: float = 2.0
     origin_k: float = 4.0
     origin_floor_fraction: float = 0.1
+    sustained_anchors: int = 3
     reservoir: int = 4096
     threshold_atol: float = 1e-5
     threshold_rtol: float = 1e-5
@@ -168,6 +175,9 @@ class OracleConfig:
         if self.origin_floor_fraction > 1:
             raise AnpredError(f"oracle config origin_floor_fraction must be <= 1, got {self.origin_floor_fraction!r}")
         _integer("reservoir", self.reservoir, 0)
+        _integer("sustained_anchors", self.sustained_anchors, 0)
+        if self.sustained_anchors == 1:
+            raise AnpredError("oracle config sustained_anchors must be 0 (off) or >= 2, got 1")
         _number("threshold_atol", self.threshold_atol, 0.0, False)
         _number("threshold_rtol", self.threshold_rtol, 0.0, False)
         _number("correlated_nrmse", self.correlated_nrmse, 0.0, False)

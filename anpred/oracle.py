@@ -570,6 +570,8 @@ class Oracle:
                     per_sample={"p50": float(np.median(ps)), "p90": float(np.quantile(ps, 0.9)), "max": float(np.max(ps))},
                     floor=floor, peer_level=peer_level, threshold=thr, nonfinite=acc.nonfinite,
                     flagged=flagged, reason=reason)
+        if cfg.sustained_anchors >= 2:
+            self._mark_sustained(cells)
         verdicts = {b: self._verdict(b, cells) for b in self.backends}
         if self.descendants is None and any(v.flagged for v in verdicts.values()):
             notes.append("propagation follows the manifest order (the run's data flow is unknown): parallel "
@@ -661,7 +663,9 @@ class Oracle:
             v.worst_ratio_to_threshold = over(worst_c)
         if flagged:
             v.first_flagged_anchor = flagged[0][0].name
-            o_a, o_c = self._trace_origin(profile, flagged[0])
+            # traced back only for voting backends: a reduced-precision variant departs from its fp32
+            # peers everywhere by design, so for it the origin is the first flagged anchor
+            o_a, o_c = self._trace_origin(profile, flagged[0]) if info.votes else flagged[0]
             v.origin_anchor, v.origin_stage = o_a.name, o_a.stage
             if o_a.name != v.first_flagged_anchor:
                 ratio = o_c.primary / o_c.peer_level if o_c.peer_level else math.inf
@@ -706,6 +710,55 @@ class Oracle:
                 v.propagation = "amplified" if r > band else ("attenuated" if r < 1 / band else "stable")
         return v
 
+
+    def _successors(self, names: list[str]) -> dict[str, list[str]]:
+        """Immediate successors among the judged anchors ``names`` (topological order): ``q`` follows
+        ``p`` when ``q`` is downstream of ``p`` with no judged anchor between them on the data flow;
+        without the data flow, the next anchor in manifest order."""
+        if self.descendants is None:
+            return {p: names[i + 1:i + 2] for i, p in enumerate(names)}
+        out = {}
+        for i, p in enumerate(names):
+            down = self.descendants.get(p, set())
+            later = [q for q in names[i + 1:] if q in down]
+            out[p] = [q for q in later if not any(q in self.descendants.get(r, set()) for r in later if r != q)]
+        return out
+
+    def _mark_sustained(self, cells: dict[tuple[str, "str"], Cell]) -> None:
+        """Flag the cells of a voting backend that lie on a run of at least ``sustained_anchors``
+        judged anchors, each the immediate successor of the previous along the data flow, at all of
+        which the backend departs from its peers (:meth:`_departs`). Longest runs by dynamic
+        programming over the topological order (ending at / starting from each anchor)."""
+        m = self.cfg.sustained_anchors
+        for b, info in self.backends.items():
+            if not info.votes:
+                continue
+            names = [a.name for a in self.anchors if (a.name, b) in cells]
+            dep = {n for n in names if self._departs(cells[(n, b)])}
+            if len(dep) < m:
+                continue
+            succ = self._successors(names)
+            end = {n: 1 for n in dep}
+            for p in names:
+                if p in dep:
+                    for q in succ[p]:
+                        if q in dep:
+                            end[q] = max(end[q], end[p] + 1)
+            start: dict[str, int] = {}
+            for p in reversed(names):
+                if p in dep:
+                    start[p] = 1 + max((start[q] for q in succ[p] if q in dep), default=0)
+            for n in names:
+                if n not in dep or end[n] + start[n] - 1 < m:
+                    continue
+                c = cells[(n, b)]
+                if c.flagged:
+                    continue
+                ratio = c.primary / c.peer_level if c.peer_level else math.inf
+                c.flagged = True
+                c.reason = (f"sustained departure: > {self.cfg.origin_k:g} x peers' median at {end[n] + start[n] - 1} "
+                            f"anchors in a row along the data flow ({self.cfg.primary} {c.primary:.3g} = {ratio:.3g} x "
+                            f"peers' median {c.peer_level:.3g} here; floor {c.floor:.3g})")
 
     def _departs(self, c: Cell) -> bool:
         """``c``'s backend departs from its peers at that anchor (localization rule, module docstring)."""

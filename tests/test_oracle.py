@@ -296,10 +296,10 @@ BRANCH_DOWN = {"anchor/00/A1": {"anchor/01/A2", "output/O"}, "anchor/01/B": {"ou
                "anchor/01/A2": {"output/O"}, "output/O": set()}
 
 
-def _judge_branches(dev, descendants, n=8):
+def _judge_branches(dev, descendants, n=8, config=None):
     """``dev[anchor]``: relative deviation of openvino there (others: fp32-like noise 3e-7)."""
     rng = np.random.default_rng(4)
-    o = Oracle(BRANCHES, _backends(FP32), descendants=descendants)
+    o = Oracle(BRANCHES, _backends(FP32), config, descendants=descendants)
     for _ in range(n):
         sample = {}
         for a in BRANCHES:
@@ -361,14 +361,39 @@ def test_anchor_descendants_on_a_real_graph():
 def test_origin_traced_back_to_where_a_subfloor_deviation_departs():
     """A deviation born at A1 below the fp32 floor (2e-5) but 10-100x the peers' level, flagged only at
     the output where it has grown: origin A1 (stage 0), not the output; the first flagged anchor and
-    how the origin was traced are reported."""
+    how the origin was traced are reported. (Sustained-departure flagging off: A1, A2, O would be a
+    run of three departures, which flags A1 and A2 themselves; see the next tests.)"""
     dev = {"anchor/00/A1": 1e-5, "anchor/01/A2": 1e-5, "output/O": 1e-3}
-    v = _judge_branches(dev, BRANCH_DOWN).verdicts["openvino"]
+    v = _judge_branches(dev, BRANCH_DOWN, config=OracleConfig(sustained_anchors=0)).verdicts["openvino"]
     assert v.flagged and v.flagged_anchors == ["output/O"] and v.first_flagged_anchor == "output/O"
     assert (v.origin_anchor, v.origin_stage) == ("anchor/00/A1", 0)
     assert v.origin_traced.startswith("traced back from output/O: departs from its peers from anchor/00/A1 on")
     assert v.profile_anchors == ["anchor/00/A1", "anchor/01/A2", "output/O"]
     assert v.steps[-1].ratio == pytest.approx(100, rel=0.15) and v.propagation == "amplified"
+
+
+def test_sustained_departure_is_flagged_below_the_floor():
+    """1e-5 (about 30x the peers, half the floor) at A1, A2 and O, a run of three along the data flow:
+    flagged at all three by the sustained rule, origin A1; two in a row are not enough, and B (a
+    parallel branch, not on the path) does not extend a run."""
+    dev = {"anchor/00/A1": 1e-5, "anchor/01/A2": 1e-5, "output/O": 1e-5}
+    res = _judge_branches(dev, BRANCH_DOWN)
+    v = res.verdicts["openvino"]
+    assert v.flagged and v.flagged_anchors == ["anchor/00/A1", "anchor/01/A2", "output/O"]
+    assert v.origin_anchor == "anchor/00/A1" and v.origin_traced == ""
+    c = next(c for c in res.cells if c.backend == "openvino" and c.anchor == "anchor/01/A2")
+    assert c.primary < c.floor and c.reason.startswith("sustained departure: > 4 x peers' median at 3 anchors in a row")
+    assert not any(x.flagged for b, x in res.verdicts.items() if b != "openvino")
+    # two departures in a row (A1, A2; O clean): not flagged
+    assert not _judge_branches({"anchor/00/A1": 1e-5, "anchor/01/A2": 1e-5}, BRANCH_DOWN).verdicts["openvino"].flagged
+    # B -> O is a path of two; A1 -> A2 is broken at A2: no run of three
+    assert not _judge_branches({"anchor/00/A1": 1e-5, "anchor/01/B": 1e-5, "output/O": 1e-5},
+                               BRANCH_DOWN).verdicts["openvino"].flagged
+    # in manifest order A1, B, A2, O are consecutive: the same deviations make a run of four there
+    assert _judge_branches({"anchor/00/A1": 1e-5, "anchor/01/B": 1e-5, "anchor/01/A2": 1e-5, "output/O": 1e-5},
+                           None).verdicts["openvino"].flagged
+    # off: sustained_anchors = 0
+    assert not _judge_branches(dev, BRANCH_DOWN, config=OracleConfig(sustained_anchors=0)).verdicts["openvino"].flagged
 
 
 def test_origin_trace_stops_at_a_break_in_the_data_flow_chain():
@@ -401,7 +426,27 @@ def test_origin_needs_a_departure_above_the_fraction_of_the_floor_and_k():
     assert o.finish().verdicts["openvino"].origin_anchor == "output/O"
 
 
-@pytest.mark.parametrize("bad", [{"origin_k": 0.5}, {"origin_floor_fraction": 0}, {"origin_floor_fraction": 2.0}])
+@pytest.mark.parametrize("bad", [{"origin_k": 0.5}, {"origin_floor_fraction": 0}, {"origin_floor_fraction": 2.0},
+                                 {"sustained_anchors": 1}, {"sustained_anchors": -1}, {"sustained_anchors": 2.5}])
 def test_origin_config_is_validated(bad):
-    with pytest.raises(AnpredError, match="origin_"):
+    with pytest.raises(AnpredError, match="origin_|sustained_anchors"):
         OracleConfig.from_dict(bad)
+
+
+def test_reduced_precision_origin_is_not_traced_back():
+    """A reduced-precision variant deviates from its fp32 peers everywhere by design (fp16 rounding,
+    here 5e-3 at every anchor, below its floor 0.03): flagged at the output only, its origin stays
+    the output; tracing back would put every fp16 defect at stage 0."""
+    rng = np.random.default_rng(5)
+    o = Oracle(BRANCHES, _backends(FP32 + ["ort-fp16"]), descendants=BRANCH_DOWN)
+    dev = {"anchor/00/A1": 5e-3, "anchor/01/B": 5e-3, "anchor/01/A2": 5e-3, "output/O": 0.5}
+    for _ in range(8):
+        sample = {}
+        for a in BRANCHES:
+            true = rng.standard_normal(512)
+            sample[a.name] = {b: true * (1 + 3e-7 * rng.standard_normal(512)) for b in FP32}
+            sample[a.name]["ort-fp16"] = true + dev[a.name] * rng.standard_normal(512)
+        o.add(sample)
+    v = o.finish().verdicts["ort-fp16"]
+    assert v.flagged and v.flagged_anchors == ["output/O"]
+    assert v.origin_anchor == "output/O" and v.first_flagged_anchor == "output/O" and v.origin_traced == ""
