@@ -69,7 +69,12 @@ def _dispatch(main, args) -> int:
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
         print(f"anpred: error: {msg}", file=sys.stderr)
         return err.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
+        from anpred.runner import Terminated
+
+        if isinstance(err, Terminated):
+            print(f"anpred: {err}; the partial run was removed", file=sys.stderr)
+            return 143  # 128 + SIGTERM
         print("anpred: interrupted", file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001 - a bug must not exit 1 ("flagged")

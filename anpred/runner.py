@@ -343,9 +343,11 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
+    _remove_stale_partials(out)
     hint = " ".join([model_path.name, model.producer_name, model.doc_string] +
                     [f"{p.key} {p.value}" for p in model.metadata_props if p.key != "anpred.manifest"] +
                     [str(manifest.model.get("source", ""))])
+    restore_sigterm = _sigterm_raises()
     try:
         store = RunStore.create(tmp, manifest, mode=mode, inputs=in_spec.describe(hint), model={
             "path": str(model_path), "name": model_path.stem,
@@ -384,10 +386,68 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        restore_sigterm()
     result = RunStore.open(out)
     if progress:
         print(format_summary(result), file=sys.stderr)
     return result
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM received by the driver during :func:`run_model` (raised by its handler so that the
+    worker process groups are killed and the partial run folder removed, as for Ctrl-C)."""
+
+
+def _sigterm_raises():
+    """While a run is in progress, make SIGTERM raise :class:`Terminated` in the driver (only from the
+    main thread, and only when SIGTERM has its default action: an application's own handler is
+    kept). Returns the function that restores the previous handler."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return lambda: None
+
+    def handler(signum, frame):
+        raise Terminated(f"terminated by signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _remove_stale_partials(out: Path) -> None:
+    """Remove ``.NAME.partial-PID`` siblings of ``out`` left by a driver that was killed (SIGKILL,
+    power loss): those whose PID is no longer a running process."""
+    for p in out.parent.glob(f".{out.name}.partial-*"):
+        try:
+            pid = int(p.name.rsplit("-", 1)[1])
+        except ValueError:
+            continue
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(p, ignore_errors=True)
+        except PermissionError:
+            pass  # another user's live process
+
+
+def _die_with_parent(ppid: int) -> None:
+    """Linux: have the kernel SIGKILL this worker when the driver process ``ppid`` dies
+    (``prctl(PR_SET_PDEATHSIG, SIGKILL)``, prctl(2)), so a driver killed even by SIGKILL leaves no
+    orphan writing into a removed folder; no-op elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != ppid:  # the driver died before the request took effect
+        os._exit(1)
 
 
 def copy_model(model_path: Path, model, dest: Path) -> dict[str, Any]:
@@ -545,7 +605,8 @@ def _run_backend(store, spec: BackendSpec, model_path: Path, mode: str, timeout_
     rfd, wfd = os.pipe()
     start = time.monotonic()
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "anpred.runner", "--worker", str(job_path), "--fd", str(wfd)],
+        proc = subprocess.Popen([sys.executable, "-m", "anpred.runner", "--worker", str(job_path), "--fd", str(wfd),
+                                 "--parent", str(os.getpid())],
                                 pass_fds=(wfd,), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=str(work), env=env, start_new_session=True)
     os.close(wfd)
@@ -803,7 +864,10 @@ def _main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m anpred.runner", description="ANPRED backend worker (internal)")
     p.add_argument("--worker", required=True, help="job JSON written by run_model")
     p.add_argument("--fd", type=int, required=True, help="pipe for progress lines")
+    p.add_argument("--parent", type=int, default=0, help="the driver's pid (the worker dies with it)")
     a = p.parse_args(argv)
+    if a.parent:
+        _die_with_parent(a.parent)
     _worker(a.worker, a.fd)
 
 

@@ -32,14 +32,22 @@ from pathlib import Path
 
 import numpy as np
 
-#: numpy dtype -> safetensors dtype string (safetensors spec; little-endian only). Arrays of any
-#: other dtype (big-endian, bfloat16 from ml_dtypes, strings, objects) cannot be stored this way.
+#: numpy dtype -> safetensors dtype string (safetensors spec; little-endian only; bfloat16 as an
+#: ``ml_dtypes`` array). Arrays of any other dtype (big-endian, float8, complex, strings, objects)
+#: are not stored this way (the run store falls back to ``.npz`` for them).
 SAFETENSORS_DTYPES: dict[np.dtype, str] = {
     np.dtype("<f8"): "F64", np.dtype("<f4"): "F32", np.dtype("<f2"): "F16",
     np.dtype("<i8"): "I64", np.dtype("<u8"): "U64", np.dtype("<i4"): "I32", np.dtype("<u4"): "U32",
     np.dtype("<i2"): "I16", np.dtype("<u2"): "U16", np.dtype("i1"): "I8", np.dtype("u1"): "U8",
     np.dtype("?"): "BOOL",
 }
+try:  # bfloat16 arrays (ml_dtypes, which onnx depends on): safetensors reads "BF16" back as such.
+    # (Its numpy reader has no float8 types, so float8 arrays stay on the .npz fallback.)
+    import ml_dtypes as _ml
+
+    SAFETENSORS_DTYPES[np.dtype(_ml.bfloat16)] = "BF16"
+except ImportError:  # pragma: no cover - onnx requires ml_dtypes
+    pass
 _ALIGN = 4096  # O_DIRECT: buffer address, file offset and length multiples of the logical block size
 _ORDER_KEY = "anpred.order"
 _CACHE_MAX = 256 << 20  # larger staging buffers are not kept after the write

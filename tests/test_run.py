@@ -240,3 +240,54 @@ def test_short_reason_elides_array_dumps():
     assert r.startswith("TypeError: Binding inputs") and "-1.74" not in r and len(r) < 300, r
     assert "<tf.Tensor (1, 3, 256, 256) float32>" in r
     assert len(short_reason(ValueError("x" * 5000))) <= 620
+
+
+def test_sigterm_to_the_driver_kills_workers_and_removes_the_partial_run(yolo, tmp_path):
+    """Regression (review): SIGTERM to `anpred run` left the worker running and writing into a
+    `.NAME.partial-PID` folder that no later run removed. Now: exit 143, no worker left, no partial
+    folder; a partial folder of a dead driver is removed by the next run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "runs" / "t"
+    cmd = [sys.executable, "-m", "anpred.cli", "run", str(yolo), "-b", "onnx-reference", "-i",
+           "random:images:n=40", "-o", str(out), "-q"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    partial = None
+    for _ in range(600):  # wait until the worker writes anchors into the partial folder
+        found = list((tmp_path / "runs").glob(".t.partial-*/tensors/onnx-reference/*.safetensors"))
+        if found:
+            partial = found[0].parents[2]
+            break
+        time.sleep(0.1)
+    assert partial is not None, proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "terminated by signal SIGTERM" in err
+    time.sleep(0.5)
+    assert not partial.exists() and not out.exists()
+    ps = subprocess.run(["pgrep", "-f", str(partial)], capture_output=True, text=True)
+    assert ps.stdout.strip() == ""  # no worker left with the job of that run
+    # SIGKILL cannot be handled: the worker dies with the driver (PR_SET_PDEATHSIG); the partial
+    # folder stays until the next run into the same place
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    partial = None
+    for _ in range(600):
+        found = list((tmp_path / "runs").glob(".t.partial-*/tensors/onnx-reference/*.safetensors"))
+        if found:
+            partial = found[0].parents[2]
+            break
+        time.sleep(0.1)
+    assert partial is not None, proc.communicate()
+    proc.kill()
+    proc.communicate(timeout=60)
+    time.sleep(1.0)
+    ps = subprocess.run(["pgrep", "-f", str(partial)], capture_output=True, text=True)
+    assert ps.stdout.strip() == "" and partial.exists()
+    # a stale partial of a dead driver goes with the next run (and one of a pid that never existed)
+    stale = tmp_path / "runs" / f".t.partial-{2**22 + 1}"
+    (stale / "tensors").mkdir(parents=True)
+    assert cli(["run", str(yolo), "-b", "ort", "-i", "random:images:n=1", "-o", str(out), "-q"]) == 0
+    assert not stale.exists() and not partial.exists() and (out / "run.json").is_file()

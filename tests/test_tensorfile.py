@@ -69,19 +69,65 @@ def test_corrupt_file_is_a_value_error(tmp_path):
 
 
 def test_store_falls_back_to_npz_for_dtypes_safetensors_lacks(tmp_path):
+    """bfloat16 is stored as safetensors BF16 and comes back as ml_dtypes.bfloat16 (regression, review:
+    the .npz fallback returned it as void 'V2'); float8 and big-endian arrays go to .npz."""
     man = AnchorManifest(anchors=[])
     st = RunStore.create(tmp_path / "run", man)
-    bf = np.arange(4, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    bf = (np.arange(4, dtype=np.float32) + 0.5).astype(ml_dtypes.bfloat16)
+    f8 = np.array([0.5, 1.0], np.float32).astype(ml_dtypes.float8_e4m3fn)
     be = np.arange(3, dtype=">f4")
-    for sid, arrs in (("s0", {"a/b": np.ones(2, np.float32)}), ("s1", {"a/b": bf}), ("s2", {"a/b": be})):
+    for sid, arrs in (("s0", {"a/b": np.ones(2, np.float32)}), ("s1", {"a/b": bf}), ("s2", {"a/b": be}),
+                      ("s3", {"a/b": f8})):
         st.write_anchors("ort", sid, arrs)
     files = sorted(p.name for p in st.backend_dir("ort").iterdir())
-    assert files == ["s0.safetensors", "s1.npz", "s2.npz"] and not storable({"x": bf})
-    assert st.anchor_file("ort", "s1").suffix == ".npz" and st.anchor_file("ort", "s9") is None
+    assert files == ["s0.safetensors", "s1.safetensors", "s2.npz", "s3.npz"]
+    assert storable({"x": bf}) and not storable({"x": f8}) and not storable({"x": be})
+    assert st.anchor_file("ort", "s2").suffix == ".npz" and st.anchor_file("ort", "s9") is None
     assert st.read_anchors("ort", "s0")["a/b"].tolist() == [1.0, 1.0]
+    got = st.read_anchors("ort", "s1")["a/b"]
+    assert got.dtype == ml_dtypes.bfloat16 and got.astype(np.float32).tolist() == [0.5, 1.5, 2.5, 3.5]
     assert st.read_anchors("ort", "s2")["a/b"].tolist() == [0.0, 1.0, 2.0]
-    assert st.read_anchors("ort", "s1")["a/b"].view(np.uint16).tolist() == bf.view(np.uint16).tolist()
+    assert st.read_anchors("ort", "s3")["a/b"].view(np.uint8).tolist() == f8.view(np.uint8).tolist()
     assert st.read_anchors("ort", "s9") == {}
+
+
+@pytest.mark.parametrize("where", ["open", "write"])
+def test_direct_io_refused_falls_back_to_buffered(tmp_path, monkeypatch, where):
+    """A file system that refuses O_DIRECT (EINVAL at open, as tmpfs did before Linux 6.6, or at the
+    first write) gets the same bytes written buffered, and is remembered as refusing."""
+    import errno
+
+    import anpred.tensorfile as tfm
+
+    monkeypatch.setattr(tfm, "_direct_refused", set())
+    real_open, real_write = os.open, os.write
+    direct_fds = set()
+
+    def fake_open(path, flags, *a):
+        if flags & os.O_DIRECT:
+            if where == "open":
+                raise OSError(errno.EINVAL, "Invalid argument")
+            fd = real_open(path, flags & ~os.O_DIRECT, *a)
+            direct_fds.add(fd)
+            return fd
+        return real_open(path, flags, *a)
+
+    def fake_write(fd, data):
+        if fd in direct_fds:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(tfm.os, "open", fake_open)
+    monkeypatch.setattr(tfm.os, "write", fake_write)
+    arrs = _arrays()
+    n = write_safetensors(tmp_path / "a.safetensors", arrs)
+    assert tfm._direct_refused == {os.stat(tmp_path).st_dev}
+    assert os.path.getsize(tmp_path / "a.safetensors") == n
+    monkeypatch.setattr(tfm.os, "open", real_open)
+    monkeypatch.setattr(tfm.os, "write", real_write)
+    monkeypatch.setenv("ANPRED_DIRECT_IO", "0")
+    write_safetensors(tmp_path / "b.safetensors", arrs)
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
 
 
 @pytest.mark.parametrize("chunk", [3, 1 << 16])
