@@ -296,16 +296,18 @@ BRANCH_DOWN = {"anchor/00/A1": {"anchor/01/A2", "output/O"}, "anchor/01/B": {"ou
                "anchor/01/A2": {"output/O"}, "output/O": set()}
 
 
-def _judge_branches(dev, descendants, n=8, config=None):
-    """``dev[anchor]``: relative deviation of openvino there (others: fp32-like noise 3e-7)."""
-    rng = np.random.default_rng(4)
-    o = Oracle(BRANCHES, _backends(FP32), config, descendants=descendants)
+def _judge_branches(dev, descendants, n=8, config=None, deviant="openvino", seed=4):
+    """``dev[anchor]``: deviation of backend ``deviant`` there, added to the fp32-like noise (3e-7)
+    every backend has; ``deviant`` may be a reduced-precision variant outside FP32."""
+    rng = np.random.default_rng(seed)
+    names = FP32 + ([deviant] if deviant not in FP32 else [])
+    o = Oracle(BRANCHES, _backends(names), config, descendants=descendants)
     for _ in range(n):
         sample = {}
         for a in BRANCHES:
             true = rng.standard_normal(512)
-            sample[a.name] = {b: true * (1 + 3e-7 * rng.standard_normal(512)) for b in FP32}
-            sample[a.name]["openvino"] = sample[a.name]["openvino"] + dev.get(a.name, 0.0) * rng.standard_normal(512)
+            sample[a.name] = {b: true * (1 + 3e-7 * rng.standard_normal(512)) for b in names}
+            sample[a.name][deviant] = sample[a.name][deviant] + dev.get(a.name, 0.0) * rng.standard_normal(512)
         o.add(sample)
     return o.finish()
 
@@ -412,18 +414,9 @@ def test_origin_needs_a_departure_above_the_fraction_of_the_floor_and_k():
     dev = {"anchor/00/A1": 1e-6, "anchor/01/A2": 1e-5, "output/O": 1e-3}
     assert _judge_branches(dev, BRANCH_DOWN).verdicts["openvino"].origin_anchor == "anchor/01/A2"
     # origin_k large: tracing never leaves the first flagged anchor
-    cfg = OracleConfig(origin_k=1e9)
-    rng_dev = {"anchor/00/A1": 1e-5, "anchor/01/A2": 1e-5, "output/O": 1e-3}
-    o = Oracle(BRANCHES, _backends(FP32), cfg, descendants=BRANCH_DOWN)
-    rng = np.random.default_rng(4)
-    for _ in range(8):
-        sample = {}
-        for a in BRANCHES:
-            true = rng.standard_normal(512)
-            sample[a.name] = {b: true * (1 + 3e-7 * rng.standard_normal(512)) for b in FP32}
-            sample[a.name]["openvino"] = sample[a.name]["openvino"] + rng_dev.get(a.name, 0.0) * rng.standard_normal(512)
-        o.add(sample)
-    assert o.finish().verdicts["openvino"].origin_anchor == "output/O"
+    dev = {"anchor/00/A1": 1e-5, "anchor/01/A2": 1e-5, "output/O": 1e-3}
+    v = _judge_branches(dev, BRANCH_DOWN, config=OracleConfig(origin_k=1e9, sustained_anchors=0)).verdicts["openvino"]
+    assert v.origin_anchor == "output/O"
 
 
 @pytest.mark.parametrize("bad", [{"origin_k": 0.5}, {"origin_floor_fraction": 0}, {"origin_floor_fraction": 2.0},
@@ -437,16 +430,7 @@ def test_reduced_precision_origin_is_not_traced_back():
     """A reduced-precision variant deviates from its fp32 peers everywhere by design (fp16 rounding,
     here 5e-3 at every anchor, below its floor 0.03): flagged at the output only, its origin stays
     the output; tracing back would put every fp16 defect at stage 0."""
-    rng = np.random.default_rng(5)
-    o = Oracle(BRANCHES, _backends(FP32 + ["ort-fp16"]), descendants=BRANCH_DOWN)
     dev = {"anchor/00/A1": 5e-3, "anchor/01/B": 5e-3, "anchor/01/A2": 5e-3, "output/O": 0.5}
-    for _ in range(8):
-        sample = {}
-        for a in BRANCHES:
-            true = rng.standard_normal(512)
-            sample[a.name] = {b: true * (1 + 3e-7 * rng.standard_normal(512)) for b in FP32}
-            sample[a.name]["ort-fp16"] = true + dev[a.name] * rng.standard_normal(512)
-        o.add(sample)
-    v = o.finish().verdicts["ort-fp16"]
+    v = _judge_branches(dev, BRANCH_DOWN, deviant="ort-fp16", seed=5).verdicts["ort-fp16"]
     assert v.flagged and v.flagged_anchors == ["output/O"]
     assert v.origin_anchor == "output/O" and v.first_flagged_anchor == "output/O" and v.origin_traced == ""

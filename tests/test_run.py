@@ -242,6 +242,21 @@ def test_short_reason_elides_array_dumps():
     assert len(short_reason(ValueError("x" * 5000))) <= 620
 
 
+def _start_and_wait_for_anchors(cmd, runs):
+    """Start ``anpred run`` (``cmd``) and wait until its worker has written anchors into the partial
+    run folder; returns (process, that partial folder)."""
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(600):
+        found = list(runs.glob(".t.partial-*/tensors/onnx-reference/*.safetensors"))
+        if found:
+            return proc, found[0].parents[2]
+        time.sleep(0.1)
+    raise AssertionError(proc.communicate())
+
+
 def test_sigterm_to_the_driver_kills_workers_and_removes_the_partial_run(yolo, tmp_path):
     """Regression (review): SIGTERM to `anpred run` left the worker running and writing into a
     `.NAME.partial-PID` folder that no later run removed. Now: exit 143, no worker left, no partial
@@ -254,15 +269,7 @@ def test_sigterm_to_the_driver_kills_workers_and_removes_the_partial_run(yolo, t
     out = tmp_path / "runs" / "t"
     cmd = [sys.executable, "-m", "anpred.cli", "run", str(yolo), "-b", "onnx-reference", "-i",
            "random:images:n=40", "-o", str(out), "-q"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    partial = None
-    for _ in range(600):  # wait until the worker writes anchors into the partial folder
-        found = list((tmp_path / "runs").glob(".t.partial-*/tensors/onnx-reference/*.safetensors"))
-        if found:
-            partial = found[0].parents[2]
-            break
-        time.sleep(0.1)
-    assert partial is not None, proc.communicate()
+    proc, partial = _start_and_wait_for_anchors(cmd, tmp_path / "runs")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143 and "terminated by signal SIGTERM" in err
@@ -272,15 +279,7 @@ def test_sigterm_to_the_driver_kills_workers_and_removes_the_partial_run(yolo, t
     assert ps.stdout.strip() == ""  # no worker left with the job of that run
     # SIGKILL cannot be handled: the worker dies with the driver (PR_SET_PDEATHSIG); the partial
     # folder stays until the next run into the same place
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    partial = None
-    for _ in range(600):
-        found = list((tmp_path / "runs").glob(".t.partial-*/tensors/onnx-reference/*.safetensors"))
-        if found:
-            partial = found[0].parents[2]
-            break
-        time.sleep(0.1)
-    assert partial is not None, proc.communicate()
+    proc, partial = _start_and_wait_for_anchors(cmd, tmp_path / "runs")
     proc.kill()
     proc.communicate(timeout=60)
     time.sleep(1.0)
