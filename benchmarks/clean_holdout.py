@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -36,13 +37,13 @@ def measure(name: str, size: int | None, work: Path, real: int, random: int) -> 
     votes = {b for b, v in rep.verdicts.items() if v.votes}
     worst_ratio, worst_where = 0.0, ""
     dep: dict[str, list[str]] = {b: [] for b in votes}
-    for c in rep.cells:
-        if c.backend not in votes or not c.peer_level:
+    for c in rep.cells:  # the oracle's departure test (Oracle._departs), peers' median 0 included
+        if c.backend not in votes or c.peer_level is None:
             continue
-        r = c.primary / c.peer_level
+        r = c.primary / c.peer_level if c.peer_level > 0 else (math.inf if c.primary > 0 else 0.0)
         if r > worst_ratio:
             worst_ratio, worst_where = r, f"{c.backend} at {c.anchor} (S {c.primary:.3g})"
-        if r > cfg.origin_k and c.primary > cfg.origin_floor_fraction * c.floor:
+        if c.nonfinite or (c.primary > cfg.origin_k * c.peer_level and c.primary > cfg.origin_floor_fraction * c.floor):
             dep[c.backend].append(c.anchor)
     flagged = {b: {"anchors": v.flagged_anchors,
                    "rules": sorted({"sustained" if rep.cell(a, b).reason.startswith("sustained") else "per-anchor"

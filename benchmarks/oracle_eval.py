@@ -166,7 +166,8 @@ def write_outputs(args, out, results, cleans, setups, timings, t_all, plots_: bo
 
     summary = ev.summarize(results, cleans)
     bars = {scope: ev.bars(s) for scope, s in summary.items()}
-    payload = {"command": " ".join([sys.executable.split('/')[-1], *sys.argv]), "machine": machine_info(),
+    payload = {"command": " ".join([sys.executable.split('/')[-1], *sys.argv]), "code_version": _code_version(),
+               "machine": machine_info(),
                "versions": _versions(), "args": vars(args), "timings": timings,
                "wall_s": round(time.monotonic() - t_all, 1),
                "models": {n: dict(vars(s)) for n, s in setups.items()},
@@ -255,6 +256,23 @@ def math_log10(v: float) -> float:
     import math
 
     return math.log10(v)
+
+
+def _code_version() -> str:
+    """The commit this script's tree is at (``git rev-parse HEAD``), or ``$ANPRED_CODE_VERSION`` for a
+    tree without ``.git`` (e.g. a ``git archive`` of a commit), else ``"unknown"``."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and (root / ".git").exists():
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("ANPRED_CODE_VERSION", "unknown")
 
 
 def _true_nonmono(r: ev.ConfigResult, band: float = 2.0) -> bool:
