@@ -153,8 +153,8 @@ def run(args) -> int:
                          "configs_s": round(time.monotonic() - t1, 1), "total_s": round(time.monotonic() - t0, 1),
                          "configs": len(grid)}
         print(f"   {name}: {timings[name]}", file=sys.stderr, flush=True)
-        payload = write_outputs(args, out, results, cleans, setups, timings, t_all, plots_=False)
-    payload = write_outputs(args, out, results, cleans, setups, timings, t_all, plots_=not args.no_plots)
+        write_outputs(args, out, results, cleans, setups, timings, t_all, plots_=False)
+    write_outputs(args, out, results, cleans, setups, timings, t_all, plots_=not args.no_plots)
     print((out / "summary.md").read_text())
     return 0
 
@@ -426,7 +426,6 @@ def plots(p: dict, out: Path) -> None:
         fig, ax = plt.subplots(figsize=(6.5, 3.8))
         sizes = np.array([r["injected_nrmse"] for r in cfgs])
         idx = np.digitize(sizes, edges)
-        centers = []
         for m in methods:
             ys, xs = [], []
             for b in sorted(set(idx)):
@@ -437,7 +436,6 @@ def plots(p: dict, out: Path) -> None:
                 xs.append(np.sqrt(edges[max(b - 1, 0)] * edges[min(b, len(edges) - 1)]))
                 ys.append(np.mean(flag))
             ax.plot(xs, ys, label=m, **styles[m])
-            centers = xs
         ax.set_xscale("log")
         from anpred.defaults import OracleConfig
 
