@@ -30,7 +30,11 @@ deviation first exceeds the flagging threshold; the **origin** is traced back fr
 flow to the earliest ancestor anchor from which the backend departs from its peers without a break
 (``S > origin_k * median(S_peers)`` and ``S > origin_floor_fraction * floor`` at that anchor and at
 every judged anchor between it and the first flagged one): a fault born below the floor and flagged
-only where it has grown is placed where it was born, not where it crossed the line. The
+only where it has grown is placed where it was born, not where it crossed the line. **Sustained
+departure**: a voting backend that departs (same test) at ``sustained_anchors`` (3) or more judged
+anchors in a row along the data flow is flagged at each of them, even below the floor (one anchor at 4x
+its peers can be noise; a run of them is an error carried through the network). Neither rule applies
+to reduced-precision variants, which depart from their fp32 peers everywhere by design. The
 **propagation** profile gives the ratio of ``S`` between consecutive judged
 anchors along the data flow: the origin and its descendants (:func:`anchor_descendants`, from the
 run's model), so that anchors of a parallel branch the fault cannot reach are left out.
@@ -710,7 +714,6 @@ class Oracle:
                 v.propagation = "amplified" if r > band else ("attenuated" if r < 1 / band else "stable")
         return v
 
-
     def _successors(self, names: list[str]) -> dict[str, list[str]]:
         """Immediate successors among the judged anchors ``names`` (topological order): ``q`` follows
         ``p`` when ``q`` is downstream of ``p`` with no judged anchor between them on the data flow;
@@ -783,7 +786,7 @@ class Oracle:
         else:
             up = list(before)
         origin = first
-        for i in range(len(up) - 1, -1, -1):  # walk back, latest first; stop at the first break
+        for i in range(len(up) - 1, -1, -1):  # walk back, latest first (manifest order: stop at a break)
             a, c = up[i]
             if self.descendants is not None:
                 # only anchors on a path a -> first must depart; those checked already did
