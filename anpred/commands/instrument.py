@@ -68,8 +68,9 @@ def main(args) -> int:
                                anchors=args.anchor, manifest_path=args.manifest,
                                copy_external_data=args.copy_external_data)
     man = args.manifest or default_manifest_path(args.output)
-    print(f"wrote {args.output} ({len(manifest.stages)} stages, "
-          f"{sum(a.kind != 'output' for a in manifest.anchors)} anchors) and {man}")
+    inner = sum(a.kind != 'output' for a in manifest.anchors)
+    print(f"wrote {args.output} ({len(manifest.stages)} stages, {inner} anchors + "
+          f"{len(manifest.anchors) - inner} outputs = {len(manifest.anchors)} in the manifest) and {man}")
     for note in manifest.partition.get("notes", []):
         print(f"note: {note}")
     return 0
