@@ -370,6 +370,8 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
                 first_shapes = shapes
             same_shapes = same_shapes and shapes == first_shapes
             store.add_sample(f"s{i:04d}", arrays, source=src)
+        # the shapes actually fed (``size`` in the spec only applies to dynamic dims)
+        store.meta["inputs"]["input_shapes"] = first_shapes if same_shapes else "varies by sample"
         store.meta["backend_specs"] = {s.label: {"name": s.name, "options": _json_safe(s.options)} for s in specs}
         for s in specs:
             if "model" in s.options:

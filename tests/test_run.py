@@ -125,6 +125,8 @@ def test_cli_run_and_bad_input_exit_2_nothing_overwritten(yolo, tmp_path, capsys
     assert cli(["run", str(yolo), "-b", "ort", "-i", "random:images:n=1", "-o", str(out), "-q"]) == 0
     text = capsys.readouterr().out
     assert "ort" in text and "ok" in text and f"{len(json.loads((out / 'manifest.json').read_text())['anchors'])}/" in text
+    shapes = json.loads((out / "run.json").read_text())["inputs"]["input_shapes"]  # review: size 640 was recorded
+    assert list(shapes.values()) == [[1, 3, 224, 224]]  # the static 224 px model's, not the 640 default
     before = (out / "run.json").read_bytes()
     bad_npz = tmp_path / "bad.npz"
     np.savez(bad_npz, images=np.zeros((1, 3, 32, 32), np.float32))
