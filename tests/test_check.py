@@ -62,6 +62,18 @@ def softplus_cnn():
     return _model("softplus_cnn", chain, [1, 3, 16, 16], [1, 4, 16, 16], 7)
 
 
+def sigmoid_cnn():
+    """conv -> relu -> conv (bias -16: Sigmoid inputs mostly in [-21, -11]) -> Sigmoid -> conv -> relu -> conv.
+    The Sigmoid's outputs are probabilities of 1e-9..1e-5, like a random-weight detector's class scores."""
+    rng = np.random.default_rng(3)
+    chain = [_conv("c0", "x", "t0", 3, 8, rng), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
+             _conv("c1", "r0", "t1", 8, 8, rng, bias=-16.0, scale=0.3),
+             (h.make_node("Sigmoid", ["t1"], ["sg"], name="sigmoid"), []),
+             _conv("c2", "sg", "t2", 8, 8, rng), (h.make_node("Relu", ["t2"], ["r2"], name="relu2"), []),
+             _conv("c3", "r2", "y", 8, 4, rng)]
+    return _model("sigmoid_cnn", chain, [1, 3, 16, 16], [1, 4, 16, 16], 7)
+
+
 def avgpool_cnn():
     """conv (stride 2: 8x8 -> 4x4) -> relu -> AveragePool(k3, s2, p1, ceil_mode=1, count_include_pad=1) -> conv -> relu -> conv."""
     rng = np.random.default_rng(1)
@@ -181,6 +193,34 @@ def test_openvino_softplus_defect_flagged_at_its_stage(softplus_run):
     assert cell.primary > 0.05 and cell.stats.mean_signed < 0  # OpenVINO returns values too low
     peer = rep.cell(sp.name, "torch").primary
     assert peer < 1e-5
+
+
+def test_ort_sigmoid_flushes_tiny_probabilities_and_is_flagged(tmp_path):
+    """A real ONNX Runtime 1.32 CPU behaviour found by judging a detector's class scores part by part:
+    its Sigmoid loses relative accuracy below x = -10 (2e-4 there, 17 % at -15, 116 % at -17) and
+    returns exactly 0 for x <= -18 (true 1.5e-8). OpenVINO, torch (onnx2torch) and the reference
+    evaluator are right. The oracle flags ort only, origin at the Sigmoid's anchor, ort-noopt too (the
+    same kernel), and the next conv hides it (masked: 9.3e-2 there, 5.9e-7 after it)."""
+    import onnxruntime as ort
+
+    x = np.array([-10, -15, -17, -18, -20], np.float32)
+    g = h.make_graph([h.make_node("Sigmoid", ["x"], ["y"])], "s", [h.make_tensor_value_info("x", T.FLOAT, [5])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [5])])
+    y = ort.InferenceSession(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString(),
+                             providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    true = 1 / (1 + np.exp(-x.astype(np.float64)))
+    rel = (y - true) / true
+    assert abs(rel[0]) > 1e-4 and rel[2] > 0.5 and y[3] == 0 and y[4] == 0
+    am, man = sigmoid_cnn()
+    run = make_run(tmp_path, am, man, _inputs([1, 3, 16, 16], 4, 3),
+                   backends=["ort", "ort-noopt", "openvino", "onnx-reference", "torch"])
+    rep = check_run(run)
+    assert sorted(b for b, v in rep.verdicts.items() if v.flagged) == ["ort", "ort-noopt"]
+    sg = next(a for a in man.anchors if a.op_type == "Sigmoid")
+    v = rep.verdicts["ort"]
+    assert v.origin_anchor == sg.name and v.origin_stage == sg.stage
+    c = rep.cell(sg.name, "ort")
+    assert c.primary > 1e-3 and c.primary > 100 * c.peer_level
 
 
 def test_openvino_avgpool_defect_flagged_at_its_stage(avgpool_run):
