@@ -667,9 +667,7 @@ class Oracle:
             v.worst_ratio_to_threshold = over(worst_c)
         if flagged:
             v.first_flagged_anchor = flagged[0][0].name
-            # traced back only for voting backends: a reduced-precision variant departs from its fp32
-            # peers everywhere by design, so for it the origin is the first flagged anchor
-            o_a, o_c = self._trace_origin(profile, flagged[0]) if info.votes else flagged[0]
+            o_a, o_c = self._trace_origin(profile, flagged[0])
             v.origin_anchor, v.origin_stage = o_a.name, o_a.stage
             if o_a.name != v.first_flagged_anchor:
                 ratio = o_c.primary / o_c.peer_level if o_c.peer_level else math.inf
@@ -733,9 +731,7 @@ class Oracle:
         which the backend departs from its peers (:meth:`_departs`). Longest runs by dynamic
         programming over the topological order (ending at / starting from each anchor)."""
         m = self.cfg.sustained_anchors
-        for b, info in self.backends.items():
-            if not info.votes:
-                continue
+        for b in self.backends:
             names = [a.name for a in self.anchors if (a.name, b) in cells]
             dep = {n for n in names if self._departs(cells[(n, b)])}
             if len(dep) < m:
@@ -764,10 +760,13 @@ class Oracle:
                             f"peers' median {c.peer_level:.3g} here; floor {c.floor:.3g})")
 
     def _departs(self, c: Cell) -> bool:
-        """``c``'s backend departs from its peers at that anchor (localization rule, module docstring)."""
+        """``c``'s backend departs from its peers at that anchor (localization rule, module docstring).
+        Only a voting backend can depart below the flagging threshold: a reduced-precision variant
+        departs from its fp32 peers everywhere by design, so for it only flagged cells count (its
+        origin stays the first flagged anchor and the sustained rule never fires)."""
         if c.nonfinite or c.flagged:
             return True
-        if c.peer_level is None:
+        if c.peer_level is None or not self.backends[c.backend].votes:
             return False
         return c.primary > self.cfg.origin_k * c.peer_level and c.primary > self.cfg.origin_floor_fraction * c.floor
 

@@ -132,7 +132,7 @@ class RunStore:
         h = hashlib.sha256()
         for k in sorted(inputs):
             h.update(k.encode())
-            h.update(np.ascontiguousarray(inputs[k]).tobytes())
+            h.update(memoryview(np.ascontiguousarray(inputs[k])).cast("B"))  # the same bytes, no copy
         from anpred.tensorfile import storable, write_safetensors
 
         if storable(inputs):  # buffered: every backend reads it again

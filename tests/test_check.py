@@ -51,27 +51,27 @@ def _model(name, chain, in_shape, out_shape, stages):
     return instrument_model(m, stages=stages)
 
 
-def softplus_cnn():
-    """conv -> relu -> conv (bias -15: inputs of Softplus mostly in [-20, -10]) -> Softplus -> conv -> relu -> conv."""
-    rng = np.random.default_rng(0)
+def _activation_cnn(op: str, value: str, bias: float, seed: int):
+    """conv -> relu -> conv (bias ``bias``: the activation's inputs far below 0) -> ``op`` (output
+    ``value``) -> conv -> relu -> conv."""
+    rng = np.random.default_rng(seed)
     chain = [_conv("c0", "x", "t0", 3, 8, rng), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
-             _conv("c1", "r0", "t1", 8, 8, rng, bias=-15.0, scale=0.3),
-             (h.make_node("Softplus", ["t1"], ["sp"], name="softplus"), []),
-             _conv("c2", "sp", "t2", 8, 8, rng), (h.make_node("Relu", ["t2"], ["r2"], name="relu2"), []),
+             _conv("c1", "r0", "t1", 8, 8, rng, bias=bias, scale=0.3),
+             (h.make_node(op, ["t1"], [value], name=op.lower()), []),
+             _conv("c2", value, "t2", 8, 8, rng), (h.make_node("Relu", ["t2"], ["r2"], name="relu2"), []),
              _conv("c3", "r2", "y", 8, 4, rng)]
-    return _model("softplus_cnn", chain, [1, 3, 16, 16], [1, 4, 16, 16], 7)
+    return _model(f"{op.lower()}_cnn", chain, [1, 3, 16, 16], [1, 4, 16, 16], 7)
+
+
+def softplus_cnn():
+    """Softplus inputs mostly in [-20, -10] (bias -15)."""
+    return _activation_cnn("Softplus", "sp", -15.0, 0)
 
 
 def sigmoid_cnn():
-    """conv -> relu -> conv (bias -16: Sigmoid inputs mostly in [-21, -11]) -> Sigmoid -> conv -> relu -> conv.
-    The Sigmoid's outputs are probabilities of 1e-9..1e-5, like a random-weight detector's class scores."""
-    rng = np.random.default_rng(3)
-    chain = [_conv("c0", "x", "t0", 3, 8, rng), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
-             _conv("c1", "r0", "t1", 8, 8, rng, bias=-16.0, scale=0.3),
-             (h.make_node("Sigmoid", ["t1"], ["sg"], name="sigmoid"), []),
-             _conv("c2", "sg", "t2", 8, 8, rng), (h.make_node("Relu", ["t2"], ["r2"], name="relu2"), []),
-             _conv("c3", "r2", "y", 8, 4, rng)]
-    return _model("sigmoid_cnn", chain, [1, 3, 16, 16], [1, 4, 16, 16], 7)
+    """Sigmoid inputs mostly in [-21, -11] (bias -16): outputs are probabilities of 1e-9..1e-5, like a
+    random-weight detector's class scores."""
+    return _activation_cnn("Sigmoid", "sg", -16.0, 3)
 
 
 def avgpool_cnn():

@@ -39,7 +39,24 @@ def output_anchor_map(output_names: list[str], manifest: AnchorManifest) -> tupl
     return fetch, info
 
 
-class OrtBackend(Backend):
+class NamedOutputsMixin:
+    """For backends whose session runs the anchored ONNX graph itself and returns graph outputs by
+    name (ONNX Runtime, the reference evaluator): ``_bind_outputs`` maps the session's output names to
+    anchors once (:func:`output_anchor_map`); ``_run_impl`` fetches exactly those outputs."""
+
+    def _bind_outputs(self, output_names: list[str], manifest: AnchorManifest) -> None:
+        self._fetch, self._info = output_anchor_map(list(output_names), manifest)
+        self._names = list(self._fetch)
+
+    def _run_impl(self, inputs):
+        outs = self.sess.run(self._names, inputs)
+        return {self._fetch[n]: np.asarray(v) for n, v in zip(self._names, outs)}
+
+    def anchor_info(self):
+        return dict(self._info)
+
+
+class OrtBackend(NamedOutputsMixin, Backend):
     """ONNX Runtime, CPUExecutionProvider, ``ORT_ENABLE_ALL`` graph optimizations."""
 
     name = "ort"
@@ -70,15 +87,7 @@ class OrtBackend(Backend):
 
     def _prepare_impl(self, model_path: Path, manifest: AnchorManifest, workdir: Path) -> None:
         self.sess = self._session(self._model_for_session(model_path, manifest, workdir))
-        self._fetch, self._info = output_anchor_map([o.name for o in self.sess.get_outputs()], manifest)
-        self._names = list(self._fetch)
-
-    def _run_impl(self, inputs):
-        outs = self.sess.run(self._names, inputs)
-        return {self._fetch[n]: np.asarray(v) for n, v in zip(self._names, outs)}
-
-    def anchor_info(self):
-        return dict(self._info)
+        self._bind_outputs([o.name for o in self.sess.get_outputs()], manifest)
 
     def close(self):
         self.sess = None

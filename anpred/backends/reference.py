@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from anpred.backends.base import Backend
-from anpred.backends.ort import output_anchor_map
+from anpred.backends.ort import NamedOutputsMixin
 from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 
 
-class ReferenceBackend(Backend):
+class ReferenceBackend(NamedOutputsMixin, Backend):
     name = "onnx-reference"
     family = "onnx-reference"
     precision = "fp32"
@@ -34,12 +34,4 @@ class ReferenceBackend(Backend):
             self.sess = ReferenceEvaluator(model)
         except Exception as err:  # noqa: BLE001 - the evaluator raises many types for unknown ops
             raise BackendError(f"onnx-reference cannot load the model ({type(err).__name__}: {err})") from err
-        self._fetch, self._info = output_anchor_map(list(self.sess.output_names), manifest)
-        self._names = list(self._fetch)
-
-    def _run_impl(self, inputs):
-        outs = self.sess.run(self._names, inputs)
-        return {self._fetch[n]: np.asarray(v) for n, v in zip(self._names, outs)}
-
-    def anchor_info(self):
-        return dict(self._info)
+        self._bind_outputs(list(self.sess.output_names), manifest)
