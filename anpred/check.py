@@ -189,12 +189,16 @@ def _make_aligner(store, usable: list[str]):
     return align, aligner
 
 
-def _descendants(store, manifest, report) -> dict[str, set[str]] | None:
-    """Anchor -> downstream anchors, from the ONNX model the run used (``RUN_DIR/model.onnx``, else the
-    file ``run.json`` names as the model's ``path``), for the propagation profile; None (with a note in
-    ``report``: propagation then follows the manifest order) when no model is there or it does not
-    match the manifest."""
+def _dataflow(store, manifest, report, cfg: OracleConfig) -> tuple[dict[str, set[str]] | None, list]:
+    """From the ONNX model the run used (``RUN_DIR/model.onnx``, else the file ``run.json`` names as the
+    model's ``path``): ``(descendants, parts)``. ``descendants``: anchor (and part) -> downstream anchors
+    and parts, for localization and the propagation profile; None (with a note in ``report``:
+    propagation then follows the manifest order) when no model is there or it does not match the
+    manifest. ``parts``: the :class:`anpred.parts.OutputPart` of every concatenated output (none when
+    ``cfg.split_outputs`` is off or the model is unknown)."""
     from anpred.oracle import anchor_descendants
+    from anpred.onnx_io import load_model
+    from anpred.parts import output_parts
 
     cands = [store.root / "model.onnx"]
     mp = (store.meta.get("model") or {}).get("path")
@@ -204,12 +208,20 @@ def _descendants(store, manifest, report) -> dict[str, set[str]] | None:
     if path is None:
         report.notes.append("propagation: no model.onnx in the run folder (nor at the model's recorded path): "
                             "the data flow is unknown")
-        return None
+        return None, []
+    values = {a.name: a.value for a in manifest.anchors}
     try:
-        return anchor_descendants(path, {a.name: a.value for a in manifest.anchors})
+        model = load_model(path, load_external=False)
+        parts: list = []
+        if cfg.split_outputs:
+            outs = {a.name: a.value for a in manifest.anchors if a.kind == "output"}
+            found = output_parts(model, outs, skip_values=set(values.values()))
+            parts = [p for o in outs for p in found.get(o, [])]
+        desc = anchor_descendants(model, {**values, **{p.name: p.value for p in parts}})
     except AnpredError as err:
         report.notes.append(f"propagation: cannot read the data flow from {path}: {err}")
-        return None
+        return None, []
+    return desc, parts
 
 
 def _alignment_notes(report: "CheckReport", rep) -> None:
@@ -325,9 +337,17 @@ def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | N
         report.problems.append(f"fewer than two usable backends after reading the tensors ({', '.join(usable) or 'none'})")
         return report
 
-    anchors = [AnchorInfo(a.name, a.stage, a.kind, a.op_type, a.dtype) for a in manifest.anchors]
+    descendants, parts = _dataflow(store, manifest, report, cfg) if oracle in ("consensus", "both") else (None, [])
+    parts_of: dict[str, list] = {}
+    for p in parts:
+        parts_of.setdefault(p.output, []).append(p)
+    anchors = []
+    for a in manifest.anchors:  # parts just before their output (their values precede it in the data flow)
+        anchors.extend(AnchorInfo(p.name, a.stage, "part", "Concat", a.dtype, part_of=a.name)
+                       for p in parts_of.get(a.name, []))
+        anchors.append(AnchorInfo(a.name, a.stage, a.kind, a.op_type, a.dtype))
     binfos = [BackendInfo.make(b, table[b]["family"], table[b]["precision"], cfg) for b in usable]
-    orc = Oracle(anchors, binfos, cfg, reference=reference, descendants=_descendants(store, manifest, report)) \
+    orc = Oracle(anchors, binfos, cfg, reference=reference, descendants=descendants) \
         if oracle in ("consensus", "both") else None
     outputs = [a.name for a in manifest.anchors if a.kind == "output"] or \
         [a.name for a in manifest.anchors if a.stage == max(x.stage for x in manifest.anchors)]
@@ -348,6 +368,13 @@ def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | N
                 continue
             raw[b] = {k: v for k, v in t.items() if k in names}
         tensors, unaligned = align(sid, raw)
+        for p in parts:  # views into the aligned output; an unaligned output leaves its parts unjudged too
+            per = tensors.get(p.output) or {}
+            got = {b: v for b, v in ((b, p.take(t)) for b, t in per.items()) if v is not None}
+            tensors[p.name] = got
+            for (a, b), why in list(unaligned.items()):
+                if a == p.output:
+                    unaligned[(p.name, b)] = why
         if orc is not None:
             orc.add(tensors, unaligned, sample_id=sid, absent=absent)
         if thr is not None:
@@ -361,6 +388,16 @@ def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | N
         report.unjudged_anchors, report.plot_data = res.unjudged_anchors, res.plot_data
         report.correlated = res.correlated
         report.notes.extend(res.notes)
+        judged_parts = {c.anchor for c in res.cells} & {p.name for p in parts}
+        if judged_parts:  # judged parts join the anchor list, just before their output
+            rows = []
+            for row in report.anchors:
+                rows.extend({"name": p.name, "stage": row["stage"], "kind": "part", "op_type": "Concat",
+                             "dtype": row["dtype"], "producer": row.get("producer"), "value": p.value, "part_of": row["name"],
+                             "index": p.name[len(row["name"]):], "shape": list(p.shape)}
+                            for p in parts_of.get(row["name"], []) if p.name in judged_parts)
+                rows.append(row)
+            report.anchors = rows
     _alignment_notes(report, align_rep)  # before the problems below quote the unjudged reasons
     if orc is not None:
         if not report.cells:

@@ -384,11 +384,11 @@ def clean_summary(setup: ModelSetup) -> CleanSummary:
                     _add_match(dets[b], _match_summary(_detections(al[o][b], setup.layout), cd))
     thres = {b: {f"{t:g}": bool(thr[t].finish()[b].passed is False) for t in TOLERANCES}
              for b in every if b != ref}
-    names = [a.name for a in man.anchors]
-    profile = {b: [None] * len(names) for b in every}
+    pos = {a.name: i for i, a in enumerate(man.anchors)}  # profiles follow the manifest (parts left out)
+    profile = {b: [None] * len(pos) for b in every}
     for c in rep.cells:
-        if c.backend in profile:
-            profile[c.backend][names.index(c.anchor)] = _finite(c.primary)
+        if c.backend in profile and c.anchor in pos:
+            profile[c.backend][pos[c.anchor]] = _finite(c.primary)
     return CleanSummary(
         model=setup.name, reference=ref, backends=list(setup.backends), report={"status": rep.status, "notes": rep.notes,
                                                 "consensus": rep.consensus},
@@ -607,10 +607,11 @@ def run_configuration(setup: ModelSetup, clean: CleanSummary, kind: str | None, 
         res.propagation, res.non_monotonic, res.output_flagged = v.propagation, v.non_monotonic, v.output_flagged
         res.clean_flagged = [b for b in setup.backends if rep.verdicts.get(b) is not None and rep.verdicts[b].flagged]
         names = [a.name for a in man.anchors]
+        pos = {a: i for i, a in enumerate(names)}  # the profile follows the manifest (parts left out)
         res.profile = [None] * len(names)
         for c in rep.cells:
-            if c.backend == FAULT_LABEL:
-                res.profile[names.index(c.anchor)] = _finite(c.primary)
+            if c.backend == FAULT_LABEL and c.anchor in pos:
+                res.profile[pos[c.anchor]] = _finite(c.primary)
         # threshold baseline on the final outputs (the faulty backend's outputs are ONNX-shaped)
         outs = _output_anchors(man)
         thr = {t: ThresholdCheck(outs, [clean.reference, FAULT_LABEL], clean.reference, t, t) for t in TOLERANCES}

@@ -78,13 +78,18 @@ class BackendInfo:
 
 @dataclass
 class AnchorInfo:
-    """An anchor in manifest (topological) order."""
+    """An anchor in manifest (topological) order.
+
+    ``part_of``: for a *part* of a concatenated output (:mod:`anpred.parts`, ``kind == "part"``), the
+    output anchor it is a slice of; judged like an anchor (same stage and floor as its output) when it
+    passes the scale guard ``OracleConfig.part_min_scale``, else left out without a gap."""
 
     name: str
     stage: int
     kind: str = "boundary"
     op_type: str = ""
     dtype: str = "float32"
+    part_of: str | None = None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -383,6 +388,11 @@ class Oracle:
         self.consensus_modes: dict[str, set[str]] = {a.name: set() for a in self.anchors}
         self.samples = 0
         self.sample_ids: list[str] = []
+        # largest finite |consensus| over the samples, for parts and their outputs (scale guard)
+        self._part_of = {a.name: a.part_of for a in self.anchors if a.part_of}
+        self._scaled = {a.part_of for a in self.anchors if a.part_of} | {a.name for a in self.anchors if a.part_of}
+        self.consensus_max: dict[str, float] = {}
+        self.skipped_parts: dict[str, str] = {}  # part -> why it was not judged on its own
 
     # ---- consensus ------------------------------------------------------------------------------
     def _pick_reference(self, present: list[str]) -> str | None:
@@ -510,6 +520,10 @@ class Oracle:
                     self._gap(a.name, b, msg, sid)
                 continue
             self.consensus_modes[a.name].add(mode)
+            if a.name in self._scaled:
+                with np.errstate(invalid="ignore"):
+                    m = float(np.nanmax(np.abs(np.where(np.isfinite(c), c, np.nan)))) if c.size else 0.0
+                self.consensus_max[a.name] = max(self.consensus_max.get(a.name, 0.0), m)
             for g in groups:
                 key = frozenset(g)
                 if len(g) > 1:
@@ -536,9 +550,29 @@ class Oracle:
         out.discard(family)
         return out
 
+    def _guard_parts(self, notes: list[str]) -> None:
+        """Leave out the parts that fail the scale guard (``part_min_scale``): from here on
+        ``self.anchors`` holds the anchors that are judged (manifest anchors and kept parts)."""
+        keep = []
+        for a in self.anchors:
+            if a.part_of:
+                pm, om = self.consensus_max.get(a.name, 0.0), self.consensus_max.get(a.part_of, 0.0)
+                if not (om > 0 and pm >= self.cfg.part_min_scale * om):
+                    self.skipped_parts[a.name] = (f"largest |consensus| {pm:.3g} < part_min_scale "
+                                                  f"{self.cfg.part_min_scale:g} x its output's {om:.3g}")
+                    continue
+            keep.append(a)
+        if self.skipped_parts:
+            notes.append(f"{len(self.skipped_parts)} part(s) of concatenated outputs judged only as part of the whole "
+                         f"output (scale guard part_min_scale = {self.cfg.part_min_scale:g}): " +
+                         "; ".join(f"{k}: {v}" for k, v in list(self.skipped_parts.items())[:4]) +
+                         (" ..." if len(self.skipped_parts) > 4 else ""))
+        self.anchors = keep
+
     def finish(self) -> OracleResult:
         cfg = self.cfg
         notes: list[str] = []
+        self._guard_parts(notes)
         cells: dict[tuple[str, str], Cell] = {}
         pooled = {k: acc.pooled() for k, acc in self.acc.items()}
         for a in self.anchors:
@@ -588,7 +622,7 @@ class Oracle:
         unjudged_anchors: dict[str, str] = {}
         for a in self.anchors:
             gaps = self.anchor_gaps.get(a.name)
-            if not gaps:
+            if not gaps or a.part_of:
                 continue
             text = _gap_text(gaps, self.samples)
             if not any(k[0] == a.name for k in cells):
@@ -637,11 +671,11 @@ class Oracle:
                 v.reference_at.append(a.name)
             gaps = self.gaps.get((a.name, b), {})
             if cell is None:
-                if nref and nref == self.samples:
-                    continue
+                if (nref and nref == self.samples) or a.part_of:
+                    continue  # a part's gaps are its output's
                 v.unjudged[a.name] = _gap_text(gaps, self.samples) if gaps else "not judged"
                 continue
-            if cell.samples + nref < self.samples:
+            if cell.samples + nref < self.samples and not a.part_of:
                 v.partial[a.name] = (f"judged on {cell.samples} of {self.samples} samples; "
                                      + (_gap_text(gaps, self.samples) if gaps else "other samples not judged"))
             profile.append((a, cell))
@@ -658,10 +692,10 @@ class Oracle:
             v.status = "incomplete"
         else:
             v.status = "consistent"
-        if profile:
-            def over(c: Cell) -> float:
-                return c.primary / c.threshold if c.threshold > 0 else (math.inf if c.primary > 0 else 0.0)
+        def over(c: Cell) -> float:
+            return c.primary / c.threshold if c.threshold > 0 else (math.inf if c.primary > 0 else 0.0)
 
+        if profile:
             worst_a, worst_c = max(profile, key=lambda ac: (ac[1].flagged, _finite_key(over(ac[1]))))
             v.worst_anchor, v.worst_primary = worst_a.name, worst_c.primary
             v.worst_ratio_to_threshold = over(worst_c)
@@ -676,10 +710,12 @@ class Oracle:
                                    f"median, below the flagging threshold {o_c.threshold:.3g})")
         # propagation between consecutive anchors of the profile: for a flagged backend with the data
         # flow known, the origin and its judged descendants (topological order); else all judged anchors
-        path = profile
+        # (parts of outputs are left out of the path unless the origin is one: a part -> its output step
+        # is dilution, not propagation; the outputs' verdicts below include their parts)
+        path = [(a, c) for a, c in profile if not a.part_of or a.name == v.origin_anchor]
         if flagged and self.descendants is not None:
-            down = self.descendants.get(v.origin_anchor, set())
-            path = [(a, c) for a, c in profile if a.name == v.origin_anchor or a.name in down]
+            down = self._down(v.origin_anchor)
+            path = [(a, c) for a, c in path if a.name == v.origin_anchor or a.name in down]
             v.profile_basis = "dataflow"
         v.profile_anchors = [a.name for a, _ in path]
         band = self.cfg.propagation_band
@@ -693,7 +729,16 @@ class Oracle:
             if c0.flagged and not c1.flagged and kind != "amplified":
                 kind = "vanished" if c1.primary <= c1.threshold else kind
             v.steps.append(Step(a0.name, a1.name, r, kind))
-        outputs = [(a, c) for a, c in profile if a.kind == "output"]
+        # an output with judged parts counts by its most deviating cell among itself and its parts
+        part_cells: dict[str, list[Cell]] = {}
+        for a, c in profile:
+            if a.part_of:
+                part_cells.setdefault(a.part_of, []).append(c)
+
+        def out_cell(a: AnchorInfo, c: Cell) -> Cell:
+            return max([c] + part_cells.get(a.name, []), key=lambda x: (x.flagged, _finite_key(over(x))))
+
+        outputs = [(a, out_cell(a, c)) for a, c in profile if a.kind == "output"]
         v.output_flagged = any(c.flagged for _, c in outputs)
         if flagged:
             origin_idx = next(i for i, (a, _) in enumerate(path) if a.name == v.origin_anchor)
@@ -702,7 +747,8 @@ class Oracle:
             downs = any(s.kind == "attenuated" for s in after)
             v.non_monotonic = ups and downs
             # masked: the output anchor(s) downstream of the origin are clean while it is flagged
-            outs = [(a, c) for a, c in path if a.kind == "output"] if v.profile_basis == "dataflow" else outputs
+            outs = [(a, out_cell(a, c)) for a, c in path if a.kind == "output"] \
+                if v.profile_basis == "dataflow" else outputs
             if outs and not any(c.flagged for _, c in outs):
                 v.propagation = "masked"
             else:
@@ -720,10 +766,17 @@ class Oracle:
             return {p: names[i + 1:i + 2] for i, p in enumerate(names)}
         out = {}
         for i, p in enumerate(names):
-            down = self.descendants.get(p, set())
+            down = self._down(p)
             later = [q for q in names[i + 1:] if q in down]
-            out[p] = [q for q in later if not any(q in self.descendants.get(r, set()) for r in later if r != q)]
+            out[p] = [q for q in later if not any(q in self._down(r) for r in later if r != q)]
         return out
+
+    def _down(self, name: str) -> set[str]:
+        """Anchors downstream of ``name`` in the data flow, without the edge from a part of an output to
+        that output (the output contains the part: not a further anchor of the same chain)."""
+        down = self.descendants.get(name, set()) if self.descendants is not None else set()
+        owner = self._part_of.get(name)
+        return down - {owner} if owner else down
 
     def _mark_sustained(self, cells: dict[tuple[str, "str"], Cell]) -> None:
         """Flag the cells of a voting backend that lie on a run of at least ``sustained_anchors``
@@ -781,7 +834,7 @@ class Oracle:
         fi = names.index(first[0].name)
         before = profile[:fi]
         if self.descendants is not None:
-            up = [(a, c) for a, c in before if first[0].name in self.descendants.get(a.name, set())]
+            up = [(a, c) for a, c in before if first[0].name in self._down(a.name)]
         else:
             up = list(before)
         origin = first
@@ -789,7 +842,7 @@ class Oracle:
             a, c = up[i]
             if self.descendants is not None:
                 # only anchors on a path a -> first must depart; those checked already did
-                between = [(b, d) for b, d in up[i + 1:] if b.name in self.descendants.get(a.name, set())]
+                between = [(b, d) for b, d in up[i + 1:] if b.name in self._down(a.name)]
             else:
                 between = up[i + 1:]
             if self._departs(c) and all(self._departs(d) for _, d in between):

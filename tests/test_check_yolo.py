@@ -57,8 +57,10 @@ def test_tf_and_openvino_share_kernels_and_one_vote(yolo_reports, name):
     """onnx2tf's TensorFlow (oneDNN custom ops on) and OpenVINO's CPU plugin (oneDNN) give bit-identical
     tensors at every inner anchor; only the decoded output differs. They are counted as one vote there."""
     _, rep = yolo_reports[name]
-    inner = [a["name"] for a in rep.anchors if a["kind"] != "output"]
-    outputs = [a["name"] for a in rep.anchors if a["kind"] == "output"]
+    inner = [a["name"] for a in rep.anchors if a["kind"] not in ("output", "part")]
+    # the outputs and the parts of them judged on their own (anpred.parts)
+    outputs = [a["name"] for a in rep.anchors if a["kind"] in ("output", "part")]
+    assert len(outputs) > 1
     (c,) = rep.correlated
     assert c["families"] == ["openvino", "tensorflow"] and c["backends"] == ["openvino", "tf"]
     assert sorted(c["anchors"]) == sorted(inner) and set(c["anchors"].values()) == {rep.samples}
@@ -76,13 +78,15 @@ def test_reduced_precision_against_fp32_peers(yolo_reports):
     anchor, each far above fp32 noise; the deviation grows along the backbone and attenuates at the
     decoded output."""
     _, rep = yolo_reports["yolov8n"]
-    anchors = [a["name"] for a in rep.anchors]
-    fp32_max = max(c.primary for c in rep.cells if c.backend in CLEAN)
+    judged = [a["name"] for a in rep.anchors]  # manifest anchors and the output's parts (anpred.parts)
+    anchors = [a["name"] for a in rep.anchors if a["kind"] != "part"]
+    assert len(judged) == len(anchors) + 2  # output = Concat(boxes, class probabilities)
     for b, p in zip(LOWP, ("fp16", "int8", "bf16")):
         v = rep.verdicts[b]
-        assert v.precision == p and not v.votes and v.status == "consistent" and v.judged_anchors == len(anchors)
+        assert v.precision == p and not v.votes and v.status == "consistent" and v.judged_anchors == len(judged)
         assert v.origin_anchor is None and v.worst_ratio_to_threshold < 1
-    for a in anchors:
+    for a in judged:
+        fp32_max = max(rep.cell(a, b).primary for b in CLEAN)
         s16, sbf, s8 = (rep.cell(a, b).primary for b in ("ort-fp16", "openvino-bf16", "ort-int8"))
         assert 100 * fp32_max < s16 < sbf < s8, a
         assert 3 < sbf / s16 < 20, (a, sbf / s16)  # ~8 = 2^-8 / 2^-11
