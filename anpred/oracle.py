@@ -34,7 +34,10 @@ only where it has grown is placed where it was born, not where it crossed the li
 departure**: a voting backend that departs (same test) at ``sustained_anchors`` (3) or more judged
 anchors in a row along the data flow is flagged at each of them, even below the floor (one anchor at 4x
 its peers can be noise; a run of them is an error carried through the network). Neither rule applies
-to reduced-precision variants, which depart from their fp32 peers everywhere by design. The
+to reduced-precision variants, which depart from their fp32 peers everywhere by design. **Parts**
+of concatenated outputs (:mod:`anpred.parts`, ``AnchorInfo.part_of``) are judged like anchors with
+their output's stage when their largest |consensus| is at least ``part_min_scale`` x their output's
+(else left out, with a note); a part and its own output are not two links of one data-flow chain. The
 **propagation** profile gives the ratio of ``S`` between consecutive judged
 anchors along the data flow: the origin and its descendants (:func:`anchor_descendants`, from the
 run's model), so that anchors of a parallel branch the fault cannot reach are left out.

@@ -179,6 +179,12 @@ def test_reports_show_parts(head_fault_run, tmp_path):
     rep = check_run(run)
     text = format_text(rep)
     assert "[:, 4:10]" in text and "fault" in text
+    # the propagation line of a one-anchor profile shows that anchor's value (the part), flagged
+    c = rep.cell(rep.verdicts["fault"].origin_anchor, "fault")
+    lines = text.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("propagation ("))
+    line = next(ln for ln in lines[head:] if ln.split()[:1] == ["fault"])
+    assert line.split()[-1] == f"{c.primary:.2e}*", line
     path = tmp_path / "r.html"
     write_html(rep, path)
     assert "[:, 4:10]" in path.read_text()

@@ -32,8 +32,9 @@ def propagation_line(report, backend: str) -> str:
     if not v.steps and not v.judged_anchors:
         return "-"
     first = report.cell(v.steps[0].src, backend) if v.steps else None
-    if first is None:
-        c = next((c for c in report.cells if c.backend == backend), None)
+    if first is None:  # a one-anchor profile (e.g. the origin is an output or a part of one)
+        c = report.cell(v.profile_anchors[0], backend) if v.profile_anchors else None
+        c = c or next((c for c in report.cells if c.backend == backend), None)
         return _g(c.primary) + ("*" if c is not None and c.flagged else "") if c is not None else "-"
     parts = [_g(first.primary, ".1e") + ("*" if first.flagged else "")]
     for s in v.steps:
