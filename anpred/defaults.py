@@ -107,6 +107,14 @@ class OracleConfig:
             can be noise, a run of them is an error carried through the network. 0 turns it off.
             Measured: no clean fp32 backend departs at even one anchor in the reference evaluation
             (docs/evaluation.md).
+        signal_lost: flag a backend of any precision at an anchor where its pooled cosine similarity with
+            the consensus is <= 0 while the consensus is nonzero (and its peers are more than ``k`` times
+            closer): the tensor carries none of the consensus' signal, e.g. all zeros (nRMSE exactly 1,
+            cosine 0). Needed because int8's floor (2) lies above the nRMSE of a zero tensor. Measured:
+            ort-int8 zeroes the class probabilities of every YOLO in the zoo (the output Concat is
+            quantized with one scale for boxes in pixels and probabilities; docs/oracle.md); the
+            lowest clean pooled cosine of any reduced-precision cell elsewhere is 0.59 (ort-int8,
+            PP-OCRv4 det output), of fp32 ones > 0.9999.
         split_outputs: judge each part of a concatenated output on its own as well (:mod:`anpred.parts`):
             an output that packs quantities of different scales (YOLO's boxes in pixels and class
             probabilities in 0..1) hides a change confined to its small-valued part in the whole
@@ -142,6 +150,7 @@ class OracleConfig:
     origin_k: float = 4.0
     origin_floor_fraction: float = 0.1
     sustained_anchors: int = 3
+    signal_lost: bool = True
     split_outputs: bool = True
     part_min_scale: float = 1e-4
     reservoir: int = 4096
@@ -188,8 +197,9 @@ class OracleConfig:
         _number("origin_floor_fraction", self.origin_floor_fraction, 0.0, True)
         if self.origin_floor_fraction > 1:
             raise AnpredError(f"oracle config origin_floor_fraction must be <= 1, got {self.origin_floor_fraction!r}")
-        if not isinstance(self.split_outputs, bool):
-            raise AnpredError(f"oracle config split_outputs must be true or false, got {self.split_outputs!r}")
+        for key in ("split_outputs", "signal_lost"):
+            if not isinstance(getattr(self, key), bool):
+                raise AnpredError(f"oracle config {key} must be true or false, got {getattr(self, key)!r}")
         _number("part_min_scale", self.part_min_scale, 0.0, False)
         if self.part_min_scale > 1:
             raise AnpredError(f"oracle config part_min_scale must be <= 1, got {self.part_min_scale!r}")

@@ -34,7 +34,10 @@ only where it has grown is placed where it was born, not where it crossed the li
 departure**: a voting backend that departs (same test) at ``sustained_anchors`` (3) or more judged
 anchors in a row along the data flow is flagged at each of them, even below the floor (one anchor at 4x
 its peers can be noise; a run of them is an error carried through the network). Neither rule applies
-to reduced-precision variants, which depart from their fp32 peers everywhere by design. **Parts**
+to reduced-precision variants, which depart from their fp32 peers everywhere by design. **Signal
+lost**: a backend of any precision whose pooled cosine similarity with a nonzero consensus is <= 0 (an
+all-zero tensor, or one with no positive correlation) is flagged there whatever its floor (int8's is
+above the nRMSE of 1 such a tensor has), provided its peers are > k times closer. **Parts**
 of concatenated outputs (:mod:`anpred.parts`, ``AnchorInfo.part_of``) are judged like anchors with
 their output's stage when their largest |consensus| is at least ``part_min_scale`` x their output's
 (else left out, with a note); a part and its own output are not two links of one data-flow chain. The
@@ -595,10 +598,17 @@ class Oracle:
                 thr = max(cfg.k_for(info.precision) * peer_level, floor) if peer_level is not None else floor
                 ps = np.array(acc.per_sample) if acc.per_sample else np.array([np.nan])
                 reason = ""
+                lost = (cfg.signal_lost and st.n > 0 and acc.cc > 0 and st.cosine <= 0.0
+                        and (peer_level is None or prim > cfg.k_for(info.precision) * peer_level))
                 if acc.nonfinite:
                     flagged, reason = True, f"{acc.nonfinite} NaN/Inf where the consensus is finite"
                 elif st.n == 0:
                     flagged, reason = False, "no finite value to judge"
+                elif lost and not prim > thr:
+                    flagged = True
+                    reason = (f"signal lost: cosine similarity {st.cosine:.3g} with the consensus "
+                              f"({'every value 0' if acc.xx == 0 else 'no positive correlation'}; {cfg.primary} "
+                              f"{prim:.3g}, under the {info.precision} floor {floor:.3g})")
                 else:
                     flagged = bool(prim > thr)
                     if flagged:

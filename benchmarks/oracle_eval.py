@@ -448,7 +448,6 @@ def plots(p: dict, out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / "eval_detection_vs_size.png", dpi=90)
         plt.close(fig)
-        del centers
     # propagation profiles
     for name, c in p["clean"].items():
         names = [a["name"] for a in c["anchors"]]

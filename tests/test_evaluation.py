@@ -147,7 +147,7 @@ def test_no_bar_is_met_on_nothing():
     assert not b["detection"]["met"] and not b["false_alarm"]["met"] and not b["localization"]["met"]
 
 
-def test_cli_rejects_bad_requests_before_running(tmp_path, capsys):
+def _oracle_eval_module():
     import importlib.util
     from pathlib import Path
 
@@ -155,6 +155,31 @@ def test_cli_rejects_bad_requests_before_running(tmp_path, capsys):
         "oracle_eval", Path(__file__).resolve().parent.parent / "benchmarks" / "oracle_eval.py")
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)
+    return cli
+
+
+def test_outputs_tables_and_plots_are_written(reduced, tmp_path):
+    """The command's last step on the reduced evaluation's results: results.json, summary.md and every
+    plot (a regression: a stray ``del`` of a removed variable crashed the plots after a 10-minute run)."""
+    import argparse
+    import json
+
+    cli = _oracle_eval_module()
+    setup, clean, null, faulty, _ = reduced
+    args = argparse.Namespace(models="yolov8n", imgsz=320, seed=0)
+    payload = cli.write_outputs(args, tmp_path, [null, *faulty], {"yolov8n": clean}, {"yolov8n": setup},
+                                {"yolov8n": {"configs": 1 + len(faulty)}}, 0.0, plots_=True)
+    got = json.loads((tmp_path / "results.json").read_text())
+    assert got["summary"]["yolov8n"]["configs"] == payload["summary"]["yolov8n"]["configs"] == len(faulty)  # faulty ones
+    assert "yolov8n" in (tmp_path / "summary.md").read_text()
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    # (no per-model detection-vs-magnitude plot: one magnitude per kind here)
+    assert pngs == ["eval_detection_vs_size.png", "eval_propagation_yolov8n.png"], pngs
+    assert all((tmp_path / p).stat().st_size > 5000 for p in pngs)
+
+
+def test_cli_rejects_bad_requests_before_running(tmp_path, capsys):
+    cli = _oracle_eval_module()
     out = tmp_path / "o"
     assert cli.main(["--out", str(out), "--models", "yolov8n", "--magnitudes", "round=40;approx-sigmoid=5"]) == 2
     err = capsys.readouterr().err

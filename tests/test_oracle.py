@@ -434,3 +434,34 @@ def test_reduced_precision_origin_is_not_traced_back():
     v = _judge_branches(dev, BRANCH_DOWN, deviant="ort-fp16", seed=5).verdicts["ort-fp16"]
     assert v.flagged and v.flagged_anchors == ["output/O"]
     assert v.origin_anchor == "output/O" and v.first_flagged_anchor == "output/O" and v.origin_traced == ""
+
+
+def test_signal_lost_flags_a_zeroed_tensor_under_any_floor():
+    """ort-int8 (floor 2, above the nRMSE 1 of a zero tensor) returning all zeros at one anchor is
+    flagged there ("signal lost"); its ordinary int8 deviation elsewhere is not; off with
+    ``signal_lost = false``. An anti-correlated tensor (cosine < 0) is lost too."""
+    names = FP32 + ["ort-int8", "ort-fp16"]
+
+    def run(cfg=None, at_c=lambda x: np.zeros_like(x)):
+        o = Oracle(ANCHORS, _backends(names), cfg)
+        for i, s in enumerate(_population(names, noise=3e-7)):
+            rng = np.random.default_rng(i)
+            for a, per in s.items():  # int8-like deviation: 10% relative
+                per["ort-int8"] = per["ort-int8"] * (1 + 0.1 * rng.standard_normal(512))
+            s["anchor/02/c"]["ort-int8"] = at_c(s["anchor/02/c"]["torch"])
+            o.add(s)
+        return o.finish()
+
+    res = run()
+    v = res.verdicts["ort-int8"]
+    assert v.flagged_anchors == ["anchor/02/c"] and v.origin_anchor == "anchor/02/c"
+    c = next(c for c in res.cells if c.backend == "ort-int8" and c.anchor == "anchor/02/c")
+    assert c.primary == 1.0 and c.stats.cosine == 0.0 and c.primary < c.floor
+    assert c.reason.startswith("signal lost: cosine similarity 0 with the consensus (every value 0")
+    b = next(c for c in res.cells if c.backend == "ort-int8" and c.anchor == "anchor/01/b")
+    assert not b.flagged and 0.05 < b.primary < 0.2  # ordinary int8 rounding: judged by its floor
+    assert not res.verdicts["ort-fp16"].flagged and not any(res.verdicts[x].flagged for x in FP32)
+    assert not run(OracleConfig(signal_lost=False)).verdicts["ort-int8"].flagged
+    res = run(at_c=lambda x: -0.5 * x)  # anti-correlated: nRMSE 1.5, under the floor
+    c = next(c for c in res.cells if c.backend == "ort-int8" and c.anchor == "anchor/02/c")
+    assert c.flagged and c.stats.cosine < -0.99 and c.primary < c.floor and "no positive correlation" in c.reason
