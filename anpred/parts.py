@@ -124,11 +124,15 @@ def output_parts(model, outputs: dict[str, str], skip_values: set[str] | frozens
         idx = build_index(g)
     except Exception:  # noqa: BLE001 - a graph that cannot be indexed has no parts (check reports it elsewhere)
         return {}
-    shapes = _shapes(model)
 
     def node_of(v):
         pos = idx.producer.get(v)
         return None if pos is None else idx.nodes[pos]
+
+    if not any((n := node_of(v)) is not None and (n.op_type == "Concat" or n.op_type in _PASS_OPS)
+               for v in outputs.values()):
+        return {}  # no output assembled by a Concat: skip shape inference (seconds on large graphs)
+    shapes = _shapes(model)
 
     def concat_axis(node, rank):
         ax = next((a.i for a in node.attribute if a.name == "axis"), None)
@@ -137,10 +141,10 @@ def output_parts(model, outputs: dict[str, str], skip_values: set[str] | frozens
         ax = ax + rank if ax < 0 else ax
         return ax if 0 <= ax < rank else None
 
-    def split(value: str, axis_map, depth: int) -> list[tuple[str, tuple]] | None:
+    def split(value: str, axis_map, depth: int, nested: bool) -> list[tuple[str, tuple]] | None:
         """Parts of ``value`` (an ONNX value) as ``(source value, index into the output)``; ``axis_map``
         maps an axis of ``value`` to an axis of the output (None: not representable). None: ``value``
-        is not split (a leaf)."""
+        is not split (a leaf). ``nested``: split the inputs of the ``Concat`` further."""
         node = node_of(value)
         if node is None or depth > 8:
             return None
@@ -153,16 +157,16 @@ def output_parts(model, outputs: dict[str, str], skip_values: set[str] | frozens
             if s_in is None:
                 return None
             if node.op_type == "Identity":
-                return split(src, axis_map, depth + 1)
+                return split(src, axis_map, depth + 1, nested)
             if node.op_type == "Transpose":
                 perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
                 if perm is None:
                     perm = list(range(len(s_in)))[::-1]
                 # output axis j reads input axis perm[j]
                 inv = {perm[j]: j for j in range(len(perm))}
-                return split(src, lambda a: axis_map(inv[a]) if a in inv else None, depth + 1)
+                return split(src, lambda a: axis_map(inv[a]) if a in inv else None, depth + 1, nested)
             # Reshape: the trailing axes from the (later) concatenation axis on must be kept as they are
-            return split(src, _reshape_map(s_in, shp, axis_map), depth + 1)
+            return split(src, _reshape_map(s_in, shp, axis_map), depth + 1, nested)
         if node.op_type != "Concat":
             return None
         ax = concat_axis(node, len(shp))
@@ -177,7 +181,7 @@ def output_parts(model, outputs: dict[str, str], skip_values: set[str] | frozens
             n = s[ax]
             if n == 0:
                 continue
-            sub = split(inp, axis_map, depth + 1)
+            sub = split(inp, axis_map, depth + 1, nested) if nested else None
             here = ((out_ax, off, off + n),)
             if sub is None:
                 parts.append((inp, here))
@@ -191,10 +195,10 @@ def output_parts(model, outputs: dict[str, str], skip_values: set[str] | frozens
         oshape = shapes.get(value)
         if oshape is None:
             continue
-        leaves = split(value, lambda a: a, 0)
-        if not leaves or len(leaves) < 2:
-            continue
-        if len(leaves) > max_parts:
+        leaves = split(value, lambda a: a, 0, True)
+        if leaves and len(leaves) > max_parts:  # too fine: the top Concat's inputs only
+            leaves = split(value, lambda a: a, 0, False)
+        if not leaves or len(leaves) < 2 or len(leaves) > max_parts:
             continue
         made = []
         for src, ranges in leaves:

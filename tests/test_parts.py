@@ -70,6 +70,9 @@ def test_yolov5_style_nested_concat_through_reshape():
         "output/out[:, 0:48, 0:2]", "output/out[:, 0:48, 2:4]", "output/out[:, 0:48, 4:85]",
         "output/out[:, 48:60, 0:2]", "output/out[:, 48:60, 2:4]", "output/out[:, 48:60, 4:85]"]
     assert parts[4].value == "wh1" and parts[4].shape == (1, 12, 2)
+    # over the cap: the top Concat's inputs (the levels) only
+    top = output_parts(m, {"output/out": "out"}, max_parts=4)["output/out"]
+    assert [(p.name, p.value) for p in top] == [("output/out[:, 0:48]", "view0"), ("output/out[:, 48:60]", "view1")]
 
 
 def test_transpose_after_concat_moves_the_axis():
