@@ -46,12 +46,19 @@ def measure(name: str, size: int | None, work: Path, real: int, random: int) -> 
         if c.nonfinite or (c.primary > cfg.origin_k * c.peer_level and c.primary > cfg.origin_floor_fraction * c.floor):
             dep[c.backend].append(c.anchor)
     flagged = {b: {"anchors": v.flagged_anchors,
-                   "rules": sorted({"sustained" if rep.cell(a, b).reason.startswith("sustained") else "per-anchor"
-                                    for a in v.flagged_anchors})}
+                   "rules": sorted({_rule(rep.cell(a, b).reason) for a in v.flagged_anchors})}
                for b, v in rep.verdicts.items() if v.flagged}
     return {"model": name, "size": size, "samples": rep.samples, "backends": sorted(rep.verdicts),
             "status": rep.status, "flagged": flagged, "worst_ratio_to_peers": worst_ratio, "where": worst_where,
             "departures": {b: a for b, a in dep.items() if a}, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _rule(reason: str) -> str:
+    """Which oracle rule flagged a cell, from its reason (anpred.oracle.Oracle.finish)."""
+    for prefix, rule in (("sustained", "sustained"), ("signal lost", "signal-lost")):
+        if reason.startswith(prefix):
+            return rule
+    return "per-anchor"
 
 
 def main():
