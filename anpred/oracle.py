@@ -40,7 +40,11 @@ all-zero tensor, or one with no positive correlation) is flagged there whatever 
 above the nRMSE of 1 such a tensor has), provided its peers are > k times closer. **Parts**
 of concatenated outputs (:mod:`anpred.parts`, ``AnchorInfo.part_of``) are judged like anchors with
 their output's stage when their largest |consensus| is at least ``part_min_scale`` x their output's
-(else left out, with a note); a part and its own output are not two links of one data-flow chain. The
+(else left out, with a note) and flagged only where, besides the rule above, their largest deviation
+exceeds the floor times their largest |consensus| (**part range rule**: a part judged relative to its
+RMS, e.g. class probabilities that are nearly all 0, would otherwise turn deviations far below its
+range, such as ONNX Runtime's Sigmoid tail, into flags); a part and its own output are not two links of
+one data-flow chain. The
 **propagation** profile gives the ratio of ``S`` between consecutive judged
 anchors along the data flow: the origin and its descendants (:func:`anchor_descendants`, from the
 run's model), so that anchors of a parallel branch the fault cannot reach are left out.
@@ -108,7 +112,8 @@ class Cell:
     mean_abs, mean_signed over all elements; wasserstein the mean of per-sample values). ``per_sample``
     holds the primary statistic's median, 90th percentile and maximum over samples. ``primary`` is the
     pooled primary statistic; ``peer_level`` the median of peers' (None: no peers), ``threshold``
-    ``max(k * peer_level, floor)`` (the floor alone without peers).
+    ``max(k * peer_level, floor)`` (the floor alone without peers). ``range_ratio``: for a part of an
+    output only, ``max_abs / max |consensus|`` over the samples (unitless; the part range rule).
     """
 
     anchor: str
@@ -123,11 +128,12 @@ class Cell:
     nonfinite: int
     flagged: bool
     reason: str = ""
+    range_ratio: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["stats"] = self.stats.to_dict()
-        for k in ("primary", "floor", "peer_level", "threshold"):
+        for k in ("primary", "floor", "peer_level", "threshold", "range_ratio"):
             d[k] = _json_float(d[k])
         d["per_sample"] = {k: _json_float(v) for k, v in self.per_sample.items()}
         return d
@@ -136,8 +142,9 @@ class Cell:
     def from_dict(cls, d: dict[str, Any]) -> "Cell":
         d = dict(d)
         d["stats"] = ErrorStats.from_dict(d["stats"])
-        for k in ("primary", "floor", "peer_level", "threshold"):
-            d[k] = _from_json_float(d[k])
+        for k in ("primary", "floor", "peer_level", "threshold", "range_ratio"):
+            if k in d:
+                d[k] = _from_json_float(d[k])
         d["per_sample"] = {k: _from_json_float(v) for k, v in d["per_sample"].items()}
         return cls(**d)
 
@@ -598,6 +605,11 @@ class Oracle:
                 thr = max(cfg.k_for(info.precision) * peer_level, floor) if peer_level is not None else floor
                 ps = np.array(acc.per_sample) if acc.per_sample else np.array([np.nan])
                 reason = ""
+                # a part of an output: its largest deviation relative to its largest |consensus| value
+                range_ratio = None
+                if a.part_of:
+                    cmax = self.consensus_max.get(a.name, 0.0)
+                    range_ratio = st.max_abs / cmax if cmax > 0 else math.inf
                 lost = (cfg.signal_lost and st.n > 0 and acc.cc > 0 and st.cosine <= 0.0
                         and (peer_level is None or prim > cfg.k_for(info.precision) * peer_level))
                 if acc.nonfinite:
@@ -611,16 +623,23 @@ class Oracle:
                               f"{prim:.3g}, under the {info.precision} floor {floor:.3g})")
                 else:
                     flagged = bool(prim > thr)
-                    if flagged:
+                    if flagged and range_ratio is not None and not range_ratio > floor:
+                        flagged = False
+                        reason = (f"not flagged: {cfg.primary} {prim:.3g} > threshold {thr:.3g}, but its largest "
+                                  f"deviation {st.max_abs:.3g} is {range_ratio:.3g} of the part's largest value, "
+                                  f"under the floor {floor:.3g} (part range rule)")
+                    elif flagged:
                         why = [f"{cfg.primary} {prim:.3g} > floor {floor:.3g}"]
                         if peer_level is not None:
                             why.append(f"> {cfg.k_for(info.precision):g} x peers' median {peer_level:.3g}")
+                        if range_ratio is not None:
+                            why.append(f"largest deviation {range_ratio:.3g} of the part's largest value")
                         reason = " and ".join(why)
                 cells[(a.name, b)] = Cell(
                     anchor=a.name, backend=b, samples=acc.samples, stats=st, primary=prim,
                     per_sample={"p50": float(np.median(ps)), "p90": float(np.quantile(ps, 0.9)), "max": float(np.max(ps))},
                     floor=floor, peer_level=peer_level, threshold=thr, nonfinite=acc.nonfinite,
-                    flagged=flagged, reason=reason)
+                    flagged=flagged, reason=reason, range_ratio=range_ratio)
         if cfg.sustained_anchors >= 2:
             self._mark_sustained(cells)
         verdicts = {b: self._verdict(b, cells) for b in self.backends}
@@ -834,6 +853,8 @@ class Oracle:
             return True
         if c.peer_level is None or not self.backends[c.backend].votes:
             return False
+        if c.range_ratio is not None and not c.range_ratio > self.cfg.origin_floor_fraction * c.floor:
+            return False  # a part: the deviation must also reach its range (the part range rule)
         return c.primary > self.cfg.origin_k * c.peer_level and c.primary > self.cfg.origin_floor_fraction * c.floor
 
     def _trace_origin(self, profile: list[tuple["AnchorInfo", Cell]],
