@@ -119,15 +119,17 @@ class OracleConfig:
         split_outputs: judge each part of a concatenated output on its own as well (:mod:`anpred.parts`):
             an output that packs quantities of different scales (YOLO's boxes in pixels and class
             probabilities in 0..1) hides a change confined to its small-valued part in the whole
-            tensor's nRMSE. Parts get their output's stage, floor and peers.
+            tensor's nRMSE. Parts get their output's stage, floor and peers, and are flagged only where
+            their largest deviation also exceeds ``floor x`` their largest |consensus| (the part range
+            rule, no parameter: docs/oracle.md).
         part_min_scale: scale guard of those parts: a part is judged on its own only when its largest
             |consensus| over the samples is at least this fraction of its output's (dimensionless).
             Parts below it are negligible next to the rest of the tensor and are judged only as part of
             it. Measured (docs/oracle.md): class probabilities of random-weight YOLOv8n on photographs
             reach 6.5e-6 of the output's largest value (boxes), where ONNX Runtime's Sigmoid, accurate
-            to ~3e-8 in absolute terms, is 66x its peers in relative terms; trained or saturated class
-            parts reach 3.2e-4 to 1.2e-3 (yolov8n-doclaynet 9.2e-4). 1e-4 lies between with a margin of
-            15x and 3x.
+            to ~1e-7 in absolute terms, is 66x its peers in relative terms; saturated or trained class
+            parts on ordinary inputs reach 3.2e-4 to 1.3e-3 (yolov8n-doclaynet 9.2e-4; nearly blank
+            pages 1.05e-4, where the range rule, not this guard, keeps clean backends unflagged).
         reservoir: values kept per (anchor, backend) for the HTML histograms (uniform reservoir).
         threshold_atol, threshold_rtol: defaults of the threshold baseline (Polygraphy's 1e-5/1e-5).
         correlated_nrmse: two voting backends of different families whose aligned tensors differ by at
