@@ -225,15 +225,18 @@ def output_parts(model, outputs: dict[str, str], skip_values: set[str] | frozens
 
 
 def _reshape_map(s_in: tuple[int, ...], s_out: tuple[int, ...], axis_map):
-    """Axis map through a ``Reshape`` ``s_in -> s_out``: input axis ``a`` maps to output axis
-    ``a + len(s_out) - len(s_in)`` when the trailing dimensions from ``a`` on are identical (so a slice
-    along ``a``, full on every other axis, stays such a slice); other axes are not representable."""
+    """Axis map through a ``Reshape`` ``s_in -> s_out``: input axis ``a`` maps to output axis ``a`` when
+    the dimensions up to and including ``a`` are identical, or to ``a + len(s_out) - len(s_in)`` when
+    the trailing dimensions from ``a`` on are (either way a slice along ``a``, full on every other axis,
+    stays such a slice: C order); other axes are not representable."""
     shift = len(s_out) - len(s_in)
 
     def m(a):
-        if a is None or a + shift < 0:
+        if a is None:
             return None
-        if tuple(s_in[a:]) != tuple(s_out[a + shift:]) or None in s_in[a:]:
+        if None not in s_in[:a + 1] and tuple(s_in[:a + 1]) == tuple(s_out[:a + 1]):
+            return axis_map(a)  # the axes up to ``a`` kept, later ones merged or split ([1,C,H,W] -> [1,C,HW])
+        if a + shift < 0 or tuple(s_in[a:]) != tuple(s_out[a + shift:]) or None in s_in[a:]:
             return None
         return axis_map(a + shift)
 

@@ -75,6 +75,20 @@ def test_yolov5_style_nested_concat_through_reshape():
     assert [(p.name, p.value) for p in top] == [("output/out[:, 0:48]", "view0"), ("output/out[:, 48:60]", "view1")]
 
 
+def test_reshape_that_flattens_the_axes_after_the_concatenation_axis():
+    """Concat on the channel axis, then [1, C, H, W] -> [1, C, H*W] (YOLOv8's head does this per level)."""
+    m = _graph_model([h.make_node("Relu", ["a"], ["box"]), h.make_node("Sigmoid", ["b"], ["cls"]),
+                      h.make_node("Concat", ["box", "cls"], ["cat"], axis=1),
+                      h.make_node("Reshape", ["cat", "s"], ["out"])],
+                     [_vi("a", [1, 4, 8, 8]), _vi("b", [1, 3, 8, 8])], [_vi("out", [1, 7, 64])],
+                     [nh.from_array(np.array([1, 7, 64], np.int64), "s")])
+    parts = output_parts(m, {"o": "out"})["o"]
+    assert [(p.name, p.shape) for p in parts] == [("o[:, 0:4]", (1, 4, 64)), ("o[:, 4:7]", (1, 3, 64))]
+    x = np.arange(7 * 64).reshape(1, 7, 8, 8)  # the slices hold exactly the Concat inputs' elements
+    y = x.reshape(1, 7, 64)
+    assert np.array_equal(parts[1].take(y), x[:, 4:7].reshape(1, 3, 64))
+
+
 def test_transpose_after_concat_moves_the_axis():
     m = _graph_model([h.make_node("Relu", ["a"], ["box"]), h.make_node("Sigmoid", ["b"], ["cls"]),
                       h.make_node("Concat", ["box", "cls"], ["cat"], axis=1),
