@@ -261,3 +261,100 @@ def test_fault_part_passes_the_range_rule(head_fault_run):
     out = next(a for a in man.anchors if a.kind == "output")
     c = check_run(run).cell(f"{out.name}[:, 4:10]", "fault")
     assert c.flagged and c.range_ratio > 10 * c.floor and "of the part's largest value" in c.reason
+
+
+# ---- oracle side, synthetic (the rules around parts, one at a time) --------------------------------
+def _part_oracle(fault: str, n: int = 6, seed: int = 0):
+    """Anchors A0 -> A1 -> (class part C of OUT), A0 -> (box part B of OUT); OUT = Concat(boxes ~ 500 px,
+    class values). ``fault``: "carried" (backend ``fault``: 1e-5 relative noise at A1 below the floor,
+    then +1e-3 on every class value) or "tail" (backend ``ort``: 1e-5 relative noise at A0 and A1, and
+    1e-6 absolute error on class values that are all ~1e-6 but one at 1.0 per sample)."""
+    from anpred.oracle import AnchorInfo, BackendInfo, Oracle
+
+    anchors = [AnchorInfo("anchor/00/A0", 0), AnchorInfo("anchor/01/A1", 1),
+               AnchorInfo("output/OUT[:, 0:400]", 2, kind="part", part_of="output/OUT"),
+               AnchorInfo("output/OUT[:, 400:500]", 2, kind="part", part_of="output/OUT"),
+               AnchorInfo("output/OUT", 2, kind="output")]
+    B, C, O = "output/OUT[:, 0:400]", "output/OUT[:, 400:500]", "output/OUT"
+    desc = {"anchor/00/A0": {"anchor/01/A1", B, C, O}, "anchor/01/A1": {C, O}, B: {O}, C: {O}, O: set()}
+    names = ["ort", "openvino", "onnx-reference", "torch", "tf"] + (["fault"] if fault == "carried" else [])
+    infos = [BackendInfo.make(b) if b != "fault" else BackendInfo("fault", "fault") for b in names]
+    o = Oracle(anchors, infos, descendants=desc)
+    rng = np.random.default_rng(seed)
+    odd = "fault" if fault == "carried" else "ort"
+    for _ in range(n):
+        a0, a1 = rng.standard_normal(512), rng.standard_normal(512)
+        box = 500 * rng.random((1, 400))
+        cls = rng.random((1, 100)) if fault == "carried" else np.full((1, 100), 1e-6)
+        if fault == "tail":
+            cls[0, rng.integers(100)] = 1.0
+        sample = {}
+        for b in names:
+            noise = lambda x: x * (1 + 3e-7 * rng.standard_normal(x.shape))  # noqa: E731
+            x0, x1, xb, xc = noise(a0), noise(a1), noise(box), noise(cls)
+            if b == odd:
+                x1 = x1 * (1 + 1e-5 * rng.standard_normal(x1.shape))
+                if fault == "tail":
+                    x0 = x0 * (1 + 1e-5 * rng.standard_normal(x0.shape))
+                    xc = np.where(xc < 0.5, xc + 1e-6 * rng.standard_normal(xc.shape), xc)
+                else:
+                    xc = xc + 1e-3
+            out = np.concatenate([xb, xc], axis=1)
+            sample.setdefault("anchor/00/A0", {})[b] = x0
+            sample.setdefault("anchor/01/A1", {})[b] = x1
+            sample.setdefault(O, {})[b] = out
+            sample.setdefault(B, {})[b] = out[:, :400]
+            sample.setdefault(C, {})[b] = out[:, 400:]
+        o.add(sample)
+    return o.finish(), (B, C, O)
+
+
+def test_propagation_ends_at_the_part_the_fault_reaches():
+    """A fault carried from A1 (below the floor there) into the class part only: flagged at the class
+    part, origin traced back to A1, and the propagation path goes A1 -> class part (not to the whole
+    output, where the boxes dilute it), consistent with the verdict's trend."""
+    res, (B, C, O) = _part_oracle("carried")
+    v = res.verdicts["fault"]
+    assert v.flagged_anchors == [C] and v.origin_anchor == "anchor/01/A1" and v.output_flagged
+    assert v.profile_anchors == ["anchor/01/A1", C]
+    (step,) = v.steps
+    assert step.dst == C and step.kind == "amplified" and v.propagation == "amplified" and not v.non_monotonic
+    whole = next(c for c in res.cells if c.anchor == O and c.backend == "fault")
+    assert not whole.flagged and whole.primary < whole.floor
+    assert not any(res.verdicts[b].flagged for b in res.verdicts if b != "fault")
+
+
+def test_a_part_below_its_range_does_not_depart():
+    """ort departs (> 4x peers, > 0.1 x floor, under the floor) at A0 and A1, and relative to the class
+    part's RMS there too, but its largest deviation there is 1e-6 of the part's range: not a departure
+    (part range rule), so A0 -> A1 -> class part is not a run of 3 and nothing is flagged. Without the
+    departure half of the rule the sustained rule would flag all three."""
+    res, (B, C, O) = _part_oracle("tail")
+    c = next(c for c in res.cells if c.anchor == C and c.backend == "ort")
+    assert c.primary > 4 * c.peer_level and c.primary > 0.1 * c.floor  # departs by the S test alone
+    assert c.range_ratio < 0.1 * c.floor
+    a0, a1 = (next(x for x in res.cells if x.anchor == n and x.backend == "ort") for n in ("anchor/00/A0", "anchor/01/A1"))
+    assert all(x.primary > 4 * x.peer_level and x.primary < x.floor for x in (a0, a1))
+    assert not res.verdicts["ort"].flagged, res.verdicts["ort"].flagged_anchors
+
+
+def test_part_gaps_are_not_reported_twice():
+    """A backend whose output cannot be aligned: the output is listed as not judged, its parts are not
+    listed again; and a range ratio of inf (consensus 0) survives the JSON round trip."""
+    import math
+
+    from anpred.oracle import AnchorInfo, BackendInfo, Cell, Oracle
+
+    anchors = [AnchorInfo("a", 0), AnchorInfo("o[:, 0:2]", 1, kind="part", part_of="o"), AnchorInfo("o", 1, kind="output")]
+    names = ["ort", "openvino", "onnx-reference", "torch"]
+    o = Oracle(anchors, [BackendInfo.make(b) for b in names])
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        x = rng.standard_normal((1, 4))
+        t = {"a": {b: x[0] for b in names}, "o": {b: x for b in names if b != "torch"},
+             "o[:, 0:2]": {b: x[:, :2] for b in names if b != "torch"}}
+        o.add(t, unaligned={("o", "torch"): "layout", ("o[:, 0:2]", "torch"): "layout"})
+    res = o.finish()
+    assert list(res.verdicts["torch"].unjudged) == ["o"] and res.verdicts["torch"].status == "incomplete"
+    c = Cell.from_dict({**res.cells[0].to_dict(), "range_ratio": "inf"})
+    assert math.isinf(c.range_ratio) and Cell.from_dict(c.to_dict()).range_ratio == math.inf
