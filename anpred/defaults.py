@@ -99,8 +99,9 @@ class OracleConfig:
             flagged). From its first flagged anchor the origin is traced back along the data flow to
             the earliest anchor from which the backend *departs* from its peers without a break:
             ``stat > origin_k * median(peers' stat)`` and ``stat > origin_floor_fraction * floor``.
-            Measured: clean fp32 backends reach at most 2.1x their peers' median at anchors (3.47x at a
-            part of an output: ort's Sigmoid tail; docs/oracle.md), so ``origin_k = 4`` leaves ~2x; the floor fraction keeps bit-identical peers (median 0) from
+            Measured: clean fp32 backends reach at most 2.1x their peers' median at anchors, so
+            ``origin_k = 4`` leaves ~2x (at the parts of outputs far more where a part is nearly all 0,
+            where the part range rule decides instead: docs/oracle.md); the floor fraction keeps bit-identical peers (median 0) from
             making any nonzero difference a departure.
         sustained_anchors: a voting backend that departs from its peers (the rule above) at this many
             judged anchors in a row along the data flow (each the next anchor downstream of the
