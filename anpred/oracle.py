@@ -742,17 +742,17 @@ class Oracle:
                                    f"median, below the flagging threshold {o_c.threshold:.3g})")
         # propagation between consecutive anchors of the profile: for a flagged backend with the data
         # flow known, the origin and its judged descendants (topological order); else all judged anchors
-        # Parts of outputs: an output after the origin stands, in the path, for its most deviating cell
-        # among itself and its parts (those the origin reaches): a part -> output step would be dilution,
-        # not propagation, and the verdict's trend ends at that cell too.
+        # Parts of outputs are left out of the path unless the origin is one (a part -> output step is
+        # dilution, not propagation): the profile and the trend end at the whole output; an output whose
+        # part is flagged counts as flagged (not masked).
         part_pairs: dict[str, list[tuple[AnchorInfo, Cell]]] = {}
         for a, c in profile:
             if a.part_of:
                 part_pairs.setdefault(a.part_of, []).append((a, c))
 
-        def out_pair(a: AnchorInfo, c: Cell, reach: set[str] | None) -> tuple[AnchorInfo, Cell]:
-            cands = [(a, c)] + [(pa, pc) for pa, pc in part_pairs.get(a.name, []) if reach is None or pa.name in reach]
-            return max(cands, key=lambda ac: (ac[1].flagged, _finite_key(over(ac[1]))))
+        def out_flagged(a: AnchorInfo, c: Cell, reach: set[str] | None) -> bool:
+            return c.flagged or any(pc.flagged for pa, pc in part_pairs.get(a.name, [])
+                                    if reach is None or pa.name in reach)
 
         path = [(a, c) for a, c in profile if not a.part_of or a.name == v.origin_anchor]
         reach = None
@@ -760,8 +760,6 @@ class Oracle:
             reach = self._down(v.origin_anchor)
             path = [(a, c) for a, c in path if a.name == v.origin_anchor or a.name in reach]
             v.profile_basis = "dataflow"
-        path = [out_pair(a, c, reach) if a.kind == "output" and a.name != v.origin_anchor else (a, c)
-                for a, c in path]
         v.profile_anchors = [a.name for a, _ in path]
         band = self.cfg.propagation_band
         for (a0, c0), (a1, c1) in zip(path, path[1:]):
@@ -774,19 +772,18 @@ class Oracle:
             if c0.flagged and not c1.flagged and kind != "amplified":
                 kind = "vanished" if c1.primary <= c1.threshold else kind
             v.steps.append(Step(a0.name, a1.name, r, kind))
-        # an output with judged parts counts by its most deviating cell among itself and its parts
-        outputs = [out_pair(a, c, None) for a, c in profile if a.kind == "output"]
-        v.output_flagged = any(c.flagged for _, c in outputs)
+        outputs = [(a, c) for a, c in profile if a.kind == "output"]
+        v.output_flagged = any(out_flagged(a, c, None) for a, c in outputs)
         if flagged:
             origin_idx = next(i for i, (a, _) in enumerate(path) if a.name == v.origin_anchor)
             after = v.steps[origin_idx:]
             ups = any(s.kind == "amplified" for s in after)
             downs = any(s.kind == "attenuated" for s in after)
             v.non_monotonic = ups and downs
-            # masked: the output anchor(s) downstream of the origin are clean while it is flagged
-            outs = [(a, c) for a, c in path if (a.kind == "output" or a.part_of) and a.name != v.origin_anchor] \
-                if v.profile_basis == "dataflow" else outputs
-            if outs and not any(c.flagged for _, c in outs):
+            # masked: the output anchor(s) downstream of the origin (and their parts it reaches) are clean
+            # while it is flagged
+            outs = [(a, c) for a, c in path if a.kind == "output"] if v.profile_basis == "dataflow" else outputs
+            if outs and not any(out_flagged(a, c, reach) for a, c in outs):
                 v.propagation = "masked"
             else:
                 last = outs[-1][1] if outs else path[-1][1]
