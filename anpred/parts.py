@@ -11,16 +11,18 @@ floor of the whole output although every probability moves (``docs/evaluation.md
 reference evaluation were missed this way).
 
 :func:`output_parts` reads, from the ONNX graph, how each *output* anchor was assembled:
-``Concat`` nodes (static axis, static sizes along it; other axes may be symbolic), looking through ``Identity``, ``Transpose`` and
-``Reshape`` nodes that keep the concatenation axis and everything after it (``[1, 3, 40, 40, 85] ->
-[1, 4800, 85]``), recursively, and returns the finest parts as index expressions into the output's
-ONNX (canonical) shape, e.g. ``output/output0[:, 4:15]``. The oracle judges each part like an anchor
-(same stage, floor and peers as its output; :class:`anpred.oracle.Oracle`), after a scale guard
-(``OracleConfig.part_min_scale``): a part is judged on its own only where its largest consensus
-magnitude is at least that fraction of its output's, so parts whose values are negligible next to the
-rest of the tensor (a random-weight detector's class probabilities of 1e-5 next to boxes of 500 px,
-where ONNX Runtime's Sigmoid tail is 1e-3 off in relative terms: ``docs/oracle.md``) are judged only
-as part of the whole.
+``Concat`` nodes (static axis, static sizes along it; other axes may be symbolic), looking through
+``Identity``, ``Transpose`` and ``Reshape`` nodes that keep the concatenation axis and everything after
+it (``[1, 3, 40, 40, 85] -> [1, 4800, 85]``) or everything up to it (``[1, C, H, W] -> [1, C, H*W]``),
+recursively, and returns the finest parts (at most :data:`MAX_PARTS`) as index expressions into the
+output's ONNX (canonical) shape, e.g. ``output/output0[:, 4:15]``. The oracle judges each part like an
+anchor (same stage, floor and peers as its output; :class:`anpred.oracle.Oracle`) with two guards
+(``docs/oracle.md``): a scale guard (``OracleConfig.part_min_scale``: a part is judged on its own only
+where its largest consensus magnitude is at least that fraction of its output's, so a random-weight
+detector's class probabilities of 1e-5 next to boxes of 500 px are judged only as part of the whole),
+and the part range rule (flagged only where its largest deviation also exceeds the floor times its
+largest consensus magnitude: ONNX Runtime's Sigmoid tail is off by ~1e-7 in absolute terms, which is
+large relative to the RMS of nearly-all-zero probabilities and negligible relative to their range).
 
 Only outputs are split: inner anchors are feature maps of one kind; parts that are graph inputs,
 constants, or themselves anchors are left out (already judged, or equal everywhere).
