@@ -769,7 +769,8 @@ class Oracle:
             else:
                 r = None
                 kind = "appeared" if c1.primary > 0 else "clean"
-            if c0.flagged and not c1.flagged and kind != "amplified":
+            c1_flagged = c1.flagged or (a1.kind == "output" and out_flagged(a1, c1, reach))
+            if c0.flagged and not c1_flagged and kind != "amplified":
                 kind = "vanished" if c1.primary <= c1.threshold else kind
             v.steps.append(Step(a0.name, a1.name, r, kind))
         outputs = [(a, c) for a, c in profile if a.kind == "output"]

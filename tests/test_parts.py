@@ -264,7 +264,7 @@ def test_fault_part_passes_the_range_rule(head_fault_run):
 
 
 # ---- oracle side, synthetic (the rules around parts, one at a time) --------------------------------
-def _part_oracle(fault: str, n: int = 6, seed: int = 0):
+def _part_oracle(fault: str, n: int = 6, seed: int = 0, a1_noise: float = 1e-5):
     """Anchors A0 -> A1 -> (class part C of OUT), A0 -> (box part B of OUT); OUT = Concat(boxes ~ 500 px,
     class values). ``fault``: "carried" (backend ``fault``: 1e-5 relative noise at A1 below the floor,
     then +1e-3 on every class value) or "tail" (backend ``ort``: 1e-5 relative noise at A0 and A1, and
@@ -293,7 +293,7 @@ def _part_oracle(fault: str, n: int = 6, seed: int = 0):
             noise = lambda x: x * (1 + 3e-7 * rng.standard_normal(x.shape))  # noqa: E731
             x0, x1, xb, xc = noise(a0), noise(a1), noise(box), noise(cls)
             if b == odd:
-                x1 = x1 * (1 + 1e-5 * rng.standard_normal(x1.shape))
+                x1 = x1 * (1 + a1_noise * rng.standard_normal(x1.shape))
                 if fault == "tail":
                     x0 = x0 * (1 + 1e-5 * rng.standard_normal(x0.shape))
                     xc = np.where(xc < 0.5, xc + 1e-6 * rng.standard_normal(xc.shape), xc)
@@ -323,6 +323,21 @@ def test_propagation_to_the_whole_output_and_the_part_flag():
     whole = next(c for c in res.cells if c.anchor == O and c.backend == "fault")
     assert not whole.flagged and whole.primary < whole.floor
     assert not any(res.verdicts[b].flagged for b in res.verdicts if b != "fault")
+
+
+def test_a_flagged_origin_does_not_vanish_into_an_output_whose_part_is_flagged():
+    """Origin A1 flagged itself (1e-4 noise), output flagged only at its class part: the step to the whole
+    output is attenuated (diluted), not 'vanished' (review), and the text line names the part."""
+    from anpred.check import CheckReport
+    from anpred.report.text import propagation_line
+
+    res, (B, C, O) = _part_oracle("carried", a1_noise=1e-4)
+    v = res.verdicts["fault"]
+    assert v.flagged_anchors == ["anchor/01/A1", C] and v.origin_anchor == "anchor/01/A1" and v.output_flagged
+    (step,) = v.steps
+    assert step.dst == O and step.kind == "attenuated" and v.propagation == "attenuated"
+    rep = CheckReport(run_dir="-", status="flagged", oracle="consensus", verdicts=res.verdicts, cells=res.cells)
+    assert propagation_line(rep, "fault").endswith(f"(flagged at {C})")
 
 
 def test_a_part_below_its_range_does_not_depart():
