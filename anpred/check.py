@@ -199,6 +199,7 @@ def _dataflow(store, manifest, report, cfg: OracleConfig) -> tuple[dict[str, set
     from anpred.oracle import anchor_descendants
     from anpred.onnx_io import load_model
     from anpred.parts import output_parts
+    from passes.graph import build_index
 
     cands = [store.root / "model.onnx"]
     mp = (store.meta.get("model") or {}).get("path")
@@ -212,12 +213,13 @@ def _dataflow(store, manifest, report, cfg: OracleConfig) -> tuple[dict[str, set
     values = {a.name: a.value for a in manifest.anchors}
     try:
         model = load_model(path, load_external=False)
+        idx = build_index(model.graph)  # one index for the parts and the data flow
         parts: list = []
         if cfg.split_outputs:
             outs = {a.name: a.value for a in manifest.anchors if a.kind == "output"}
-            found = output_parts(model, outs, skip_values=set(values.values()))
+            found = output_parts(model, outs, skip_values=set(values.values()), index=idx)
             parts = [p for o in outs for p in found.get(o, [])]
-        desc = anchor_descendants(model, {**values, **{p.name: p.value for p in parts}})
+        desc = anchor_descendants(model, {**values, **{p.name: p.value for p in parts}}, index=idx)
     except AnpredError as err:
         report.notes.append(f"propagation: cannot read the data flow from {path}: {err}")
         return None, []

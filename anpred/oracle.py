@@ -403,7 +403,7 @@ class Oracle:
         self.sample_ids: list[str] = []
         # largest finite |consensus| over the samples, for parts and their outputs (scale guard)
         self._part_of = {a.name: a.part_of for a in self.anchors if a.part_of}
-        self._scaled = {a.part_of for a in self.anchors if a.part_of} | {a.name for a in self.anchors if a.part_of}
+        self._scaled = set(self._part_of) | set(self._part_of.values())
         self.consensus_max: dict[str, float] = {}
         self.skipped_parts: dict[str, str] = {}  # part -> why it was not judged on its own
 
@@ -889,12 +889,13 @@ class Oracle:
         return origin
 
 
-def anchor_descendants(model, values: dict[str, str]) -> dict[str, set[str]]:
+def anchor_descendants(model, values: dict[str, str], index=None) -> dict[str, set[str]]:
     """Which anchors lie downstream of which, in the data flow of ``model``.
 
     Args:
         model: an ``onnx.ModelProto`` or the path of an ONNX file (external weights are not read).
         values: anchor name -> its ONNX value name (manifest ``anchor.value``).
+        index: ``passes.graph.build_index(model.graph)`` when the caller has it already.
 
     Returns:
         anchor name -> the set of anchor names computed (directly or not) from it; an anchor is not its
@@ -915,7 +916,7 @@ def anchor_descendants(model, values: dict[str, str]) -> dict[str, set[str]]:
         from anpred.onnx_io import load_model
 
         model = load_model(model, load_external=False)
-    idx = build_index(model.graph)
+    idx = index if index is not None else build_index(model.graph)
     names = list(values)
     bit_of: dict[str, int] = {}
     for i, n in enumerate(names):

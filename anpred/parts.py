@@ -105,7 +105,7 @@ def _shapes(model) -> dict[str, tuple[int | None, ...] | None]:
 
 
 def output_parts(model, outputs: dict[str, str], skip_values: set[str] | frozenset = frozenset(),
-                 max_parts: int = MAX_PARTS) -> dict[str, list[OutputPart]]:
+                 max_parts: int = MAX_PARTS, index=None) -> dict[str, list[OutputPart]]:
     """The parts of each concatenated output (module docstring).
 
     Args:
@@ -113,6 +113,7 @@ def output_parts(model, outputs: dict[str, str], skip_values: set[str] | frozens
         outputs: output anchor name -> its ONNX value name.
         skip_values: values not to make parts of (e.g. the values of other anchors, judged already).
         max_parts: most parts per output (:data:`MAX_PARTS`).
+        index: ``passes.graph.build_index(model.graph)`` when the caller has it already.
 
     Returns:
         output anchor name -> its parts in concatenation order (outputs that are not assembled by a
@@ -123,7 +124,7 @@ def output_parts(model, outputs: dict[str, str], skip_values: set[str] | frozens
 
     g = model.graph
     try:
-        idx = build_index(g)
+        idx = index if index is not None else build_index(g)
     except Exception:  # noqa: BLE001 - a graph that cannot be indexed has no parts (check reports it elsewhere)
         return {}
 

@@ -42,7 +42,8 @@ def propagation_line(report, backend: str) -> str:
         r = "x?" if s.ratio is None else f"x{s.ratio:.3g}"
         parts.append(r + _KIND_MARK.get(s.kind, "") + ("*" if c is not None and c.flagged else ""))
     # flagged anchors the profile does not pass (parts of an output: the profile ends at the whole output)
-    off = [a for a in v.flagged_anchors if a not in ({s.src for s in v.steps} | {s.dst for s in v.steps})]
+    passed = {s.src for s in v.steps} | {s.dst for s in v.steps}
+    off = [a for a in v.flagged_anchors if a not in passed]
     if off and v.steps:
         parts.append("(flagged at " + ", ".join(off) + ")")
     return " ".join(parts)
