@@ -244,11 +244,34 @@ def _alignment_notes(report: "CheckReport", rep) -> None:
     # the unaligned reasons reach the verdicts through the oracle (Oracle.add(unaligned=...))
 
 
+def precision_notes(table: dict[str, dict[str, Any]], machine: dict[str, Any]) -> list[str]:
+    """One note per backend that computed in another precision than it was asked for (it is judged as
+    what it computed), and per int8 backend whose integer kernels may saturate on this CPU
+    (:func:`anpred.machine.kernel_isa`)."""
+    from anpred.machine import kernel_isa
+
+    notes = []
+    flags = machine.get("cpu_flags") or []
+    for b, row in table.items():
+        asked, got = row.get("precision_requested"), row.get("precision")
+        if asked and got and asked != got:
+            why = ""
+            if asked == "bf16" and flags and kernel_isa(flags)["bf16"] == "none":
+                why = " (this CPU has no bf16 instructions: neither avx512_bf16 nor amx_bf16)"
+            notes.append(f"precision: {b} was asked for {asked} but computed in {got}{why}; judged as {got}")
+        kernel = (row.get("versions") or {}).get("mlas_u8s8_kernel")
+        if kernel in ("avx512-core", "avx2", "sse"):
+            notes.append(f"kernels: {b} ran ONNX Runtime's {kernel} u8s8 kernels (no VNNI/AMX on this CPU): pairs of "
+                         "u8 x s8 products are summed in saturating int16, so its int8 results differ from a VNNI CPU's")
+    return notes
+
+
 def _backend_table(store, config: OracleConfig) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, str]]:
     table, usable, unjudged = {}, [], {}
     for name, st in store.statuses().items():
-        info = BackendInfo.make(name, st.family, st.precision, config)
-        table[name] = {"family": info.family, "precision": info.precision, "votes": info.votes,
+        info = BackendInfo.make(name, st.family, st.precision, config, requested=st.precision_requested or None)
+        table[name] = {"family": info.family, "precision": info.precision, "precision_requested": info.requested,
+                       "votes": info.votes,
                        "status": st.status, "reason": st.reason, "versions": st.versions,
                        "samples": st.samples}
         if st.status == "ok":
@@ -300,6 +323,7 @@ def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | N
                   "producer": a.producer} for a in manifest.anchors],
         backends=table, config={**cfg.to_dict(), "atol": atol, "rtol": rtol, "reference": reference},
         unjudged_backends=unjudged, allow_incomplete=bool(allow_incomplete), inputs=_inputs_identity(store))
+    report.notes.extend(precision_notes(table, report.machine))
     if reference is not None and reference not in table:
         raise AnpredError(f"reference backend {reference!r} is not in this run; backends: {', '.join(table) or '(none)'}")
     if reference is not None and reference not in usable:

@@ -531,7 +531,7 @@ def run_fault_backend(store, model_path: str | Path, *, backend: str = "ort", la
         t0 = time.perf_counter()
         be.prepare(Path(model_path), store.manifest, work)
         st.seconds_prepare = time.perf_counter() - t0
-        st.versions, st.precision = be.versions(), be.effective_precision()
+        st.versions, st.precision, st.precision_requested = be.versions(), be.effective_precision(), be.precision
         st.captures = {k: asdict(v) for k, v in be.anchor_info().items()}
         t0 = time.perf_counter()
         for sid in store.sample_ids:

@@ -67,23 +67,36 @@ from anpred.stats import Comparison, ErrorStats, Reference, _from_json_float, _j
 # description of what is judged
 @dataclass
 class BackendInfo:
-    """A backend as the oracle sees it: family (one vote), precision (floor), whether it votes."""
+    """A backend as the oracle sees it: family (one vote), precision (floor), whether it votes.
+
+    ``precision`` is what the backend *computed* in (read back from the runtime, see
+    :class:`anpred.backends.base.BackendStatus`), ``requested`` what it was asked for (the
+    ``reduced_precision`` table, else its nominal precision); they differ e.g. for ``openvino-bf16``
+    on a CPU without bf16 instructions (compiled to fp32), which is then judged as fp32 (fp32 floor
+    and k), never as bf16. A backend asked for reduced precision does not vote either way."""
 
     name: str
     family: str
     precision: str = "fp32"
     votes: bool = True
+    requested: str = ""
 
     @classmethod
     def make(cls, name: str, family: str | None = None, precision: str | None = None,
-             config: OracleConfig | None = None) -> "BackendInfo":
+             config: OracleConfig | None = None, requested: str | None = None) -> "BackendInfo":
+        """Args: ``precision``: the effective precision from the run record (``None``: unknown, the
+        requested one is assumed); ``requested``: the nominal precision from the run record."""
         cfg = config or OracleConfig()
         fam = cfg.families.get(name) or family or name
         reduced = cfg.reduced_precision.get(name)
-        prec = reduced or (precision or "fp32")
+        asked = reduced or requested or precision or "fp32"
+        prec = precision or asked
         if prec not in cfg.floor:
             prec = "fp32"
-        return cls(name=name, family=fam, precision=prec, votes=(reduced is None and prec == "fp32"))
+        if asked not in cfg.floor:
+            asked = "fp32"
+        return cls(name=name, family=fam, precision=prec, votes=(reduced is None and asked == "fp32" and prec == "fp32"),
+                   requested=asked)
 
 
 @dataclass
@@ -201,6 +214,8 @@ class BackendVerdict:
     samples: int = 0
     profile_anchors: list[str] = field(default_factory=list)  # anchors ``steps`` follow, in order
     profile_basis: str = "manifest"  # dataflow | manifest
+    # the precision asked for when the backend computed in another one (``precision``, which it is judged as)
+    precision_requested: str = ""
 
     @property
     def complete(self) -> bool:
@@ -694,7 +709,8 @@ class Oracle:
 
     def _verdict(self, b: str, cells: dict[tuple[str, str], Cell]) -> BackendVerdict:
         info = self.backends[b]
-        v = BackendVerdict(backend=b, family=info.family, precision=info.precision, votes=info.votes, flagged=False)
+        v = BackendVerdict(backend=b, family=info.family, precision=info.precision, votes=info.votes, flagged=False,
+                           precision_requested=info.requested if info.requested != info.precision else "")
         profile: list[tuple[AnchorInfo, Cell]] = []
         for a in self.anchors:
             cell = cells.get((a.name, b))

@@ -550,7 +550,8 @@ def format_summary(store) -> str:
     total = len(store.manifest.anchors)
     rows = [("backend", "family", "status", "precision", "samples", "prepare s", "run s", "anchors", "reason")]
     for label, st in store.statuses().items():
-        rows.append((label, st.family, st.status, st.precision, str(st.samples), f"{st.seconds_prepare:.2f}",
+        prec = f"{st.precision} ({st.precision_requested} asked)" if st.precision_differs else st.precision
+        rows.append((label, st.family, st.status, prec, str(st.samples), f"{st.seconds_prepare:.2f}",
                      f"{st.seconds_run:.2f}", f"{st.anchors_captured}/{total}", st.reason.splitlines()[0][:80] if st.reason else ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -779,7 +780,7 @@ def _worker(job_path: str, fd: int) -> None:
         t0 = time.perf_counter()
         backend.prepare(job["model"], manifest, Path(job_path).parent / "scratch")
         st.seconds_prepare = time.perf_counter() - t0
-        st.precision = backend.effective_precision()
+        st.precision, st.precision_requested = backend.effective_precision(), backend.precision
         st.versions = backend.versions()
         info = backend.anchor_info()
         st.captures = {k: asdict(v) for k, v in info.items()}

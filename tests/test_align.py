@@ -317,7 +317,10 @@ def test_float16_and_int8_aligned_to_float(keras_case):
             def get_next(self):
                 return next(self.it, None)
 
-        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ,
+        # reduce_range (7-bit weights): ONNX Runtime's documented remedy for the int16 saturation of its
+        # u8s8 kernels on x86 without VNNI (VPMADDUBSW); with it the int8 result does not depend on the
+        # CPU's instruction set, which this alignment test must not (checked both ways, docs/run.md)
+        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, reduce_range=True,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
         q = onnx.load(str(dst))
     inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}

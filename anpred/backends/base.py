@@ -46,6 +46,7 @@ class BackendStatus:
     reason: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     precision: str = "fp32"  # effective inference precision read back from the runtime
+    precision_requested: str = ""  # the backend's nominal precision (what was asked); "" in older runs
     samples: int = 0
     anchors_captured: int = 0
     captures: dict[str, dict[str, Any]] = field(default_factory=dict)  # anchor -> AnchorCapture dict
@@ -59,6 +60,12 @@ class BackendStatus:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BackendStatus":
         return cls(**d)
+
+    @property
+    def precision_differs(self) -> bool:
+        """True when the backend computed in another precision than it was asked for (e.g. a bf16
+        hint compiled to fp32 on a CPU without bf16 instructions)."""
+        return bool(self.precision_requested) and self.precision_requested != self.precision
 
 
 class Backend:

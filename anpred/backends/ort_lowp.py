@@ -175,8 +175,13 @@ class OrtInt8Backend(_LowpBase):
         types = sorted({onnx.helper.tensor_dtype_to_np_dtype(inits[n.input[2]].data_type).name
                         for n in q + dq if len(n.input) > 2 and n.input[2] in inits})
         prec = "int8" if q and dq and set(types) & {"int8", "uint8"} else "fp32"
+        from anpred.machine import kernel_isa, machine_info
+
+        # the kernel family MLAS dispatches u8s8 convolutions/GEMMs to on this CPU (not asked for: it
+        # follows from cpuid; without VNNI/AMX, int16 intermediates can saturate)
         return prec, {"qdq_nodes": f"QuantizeLinear:{len(q)},DequantizeLinear:{len(dq)}",
-                      "quantized_types": ",".join(types)}
+                      "quantized_types": ",".join(types),
+                      "mlas_u8s8_kernel": kernel_isa(machine_info()["cpu_flags"])["int8_u8s8"]}
 
     def _cache_parts(self):
         h = hashlib.sha256()

@@ -166,7 +166,9 @@ def write_html(report, path: str | Path) -> None:
             word = {"ok": "consistent"}.get(verdict_word(v), verdict_word(v))
             judged = f"{v.judged_anchors} / {len(report.anchors)}" + (f" ({len(v.partial)} on part of the samples)"
                                                                     if v.partial else "")
-            parts.append(f"<tr class='{cls}'><td>{e(b)}</td><td>{e(v.family)}</td><td>{e(v.precision)}</td>"
+            parts.append(f"<tr class='{cls}'><td>{e(b)}</td><td>{e(v.family)}</td><td>{e(v.precision)}"
+                         + (f" ({e(v.precision_requested)} asked)" if getattr(v, "precision_requested", "") else "")
+                         + "</td>"
                          f"<td>{'yes' if v.votes else 'no'}</td><td>{e(word)}</td><td>{e(judged)}</td>"
                          f"<td>{_fmt(v.origin_stage)}</td><td>{_fmt(v.origin_anchor)}</td>"
                          f"<td>{_largest(report, b)}</td><td>{_fmt(v.worst_anchor)}</td>"
@@ -174,6 +176,9 @@ def write_html(report, path: str | Path) -> None:
                          f"<td>{e(v.propagation)}{' (non-monotonic)' if v.non_monotonic else ''}</td>"
                          f"<td>{len(v.flagged_anchors)}</td></tr>")
         parts.append("</table>")
+        for n in report.notes:  # what the machine changed: precision computed != asked, int8 kernel family
+            if n.startswith(("precision: ", "kernels: ")):
+                parts.append(f"<p class='small'><b>{e(n.split(':', 1)[0])}</b>: {e(n.split(':', 1)[1].strip())}</p>")
         for b, v in report.verdicts.items():
             if v.flagged and getattr(v, "origin_traced", ""):
                 parts.append(f"<p class='small'>{e(b)}: origin {e(v.origin_traced)}.</p>")

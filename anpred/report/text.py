@@ -70,12 +70,17 @@ def format_text(report) -> str:
             judged = f"{v.judged_anchors}/{n_anchors}" + ("~" if v.partial else "")
             big = report.largest_primary(b) if hasattr(report, "largest_primary") else None
             big_a, big_v = big if big is not None else ("-", None)
-            lines.append(f"{b:<16}{v.family:<16}{v.precision:<6}{verdict_word(v):<11}{judged:>9} {origin[:27]:<28}"
+            prec = v.precision + ("*" if getattr(v, "precision_requested", "") else "")
+            lines.append(f"{b:<16}{v.family:<16}{prec:<6}{verdict_word(v):<11}{judged:>9} {origin[:27]:<28}"
                          f"{_g(big_v):>10} {big_a[:25]:<26}{_g(v.worst_ratio_to_threshold, '.2f'):>9} "
                          f"{(v.worst_anchor or '-')[:25]:<26}{prop:>11}")
         lines.append("  judged: anchors judged / anchors (~: some judged on fewer samples than the run has); "
                      f"max {primary}: the largest {primary} over judged anchors; max x thr: the highest ratio of "
                      f"{primary} to its anchor's threshold (flagged above 1)")
+        for b, v in report.verdicts.items():
+            if getattr(v, "precision_requested", ""):
+                lines.append(f"  {v.precision}*: {b} was asked for {v.precision_requested} but computed in "
+                             f"{v.precision}, and is judged as {v.precision}")
         if any(v.non_monotonic for v in report.verdicts.values()):
             lines.append("  * non-monotonic propagation (amplified and attenuated after the origin)")
         for b, v in report.verdicts.items():

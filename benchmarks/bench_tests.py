@@ -1,0 +1,100 @@
+"""Benchmark of the test suite (issue 15): README's test command and the ``slow`` cases, cold.
+
+Clones the current commit (``git clone`` of this checkout's HEAD into a temporary folder, so nothing
+left in the working tree counts), points ``ANPRED_CACHE`` at an empty folder (every export and
+conversion is done: onnx2tf, onnx2torch, float16, int8, the zoo's exports) and runs, each in a fresh
+process:
+
+1. ``default``: ``python -m pytest -q`` (README's test command minus the set-up; the default run
+   deselects ``slow``, see ``pyproject.toml``), with an empty conversion cache;
+2. ``slow``: ``python -m pytest -q -m slow`` (the long cases: large conversions, full-resolution
+   YOLOs, the evaluation) with its own empty cache.
+
+For each: wall time (``time.perf_counter``, seconds), CPU time of the process tree (user + system,
+``resource.getrusage(RUSAGE_CHILDREN)`` difference, seconds), pytest's closing line, exit status,
+and the 1-minute load average before and after (``os.getloadavg``: the machine may be shared). The
+ten slowest tests of each run (``--durations``) are printed. The interpreter is this one (the venv
+of the checkout; the clone imports its own sources first through ``PYTHONPATH``).
+
+Run: .venv/bin/python benchmarks/bench_tests.py [--only default|slow] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(clone: Path, cache: Path, marker_args: list[str]) -> dict:
+    env = {**os.environ, "ANPRED_CACHE": str(cache), "PYTHONPATH": str(clone)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load0 = os.getloadavg()[0]
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=10",
+                           "-o", "tmp_path_retention_policy=none", *marker_args],
+                          env=env, cwd=clone, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    lines = proc.stdout.strip().splitlines()
+    closing = next((ln for ln in reversed(lines) if re.search(r"\d+ (passed|failed|error)", ln)), "")
+    durations = []
+    on = False
+    for ln in lines:
+        if "slowest" in ln and "durations" in ln:
+            on = True
+            continue
+        if on and re.match(r"^\d+\.\d+s ", ln):
+            durations.append(ln)
+        elif on and durations:
+            break
+    return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "rc": proc.returncode, "closing": closing.strip("= "),
+            "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2), "slowest": durations,
+            "tail": "" if proc.returncode == 0 else proc.stdout[-4000:] + proc.stderr[-2000:]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", choices=("default", "slow"), help="run one of the two")
+    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="anpred-bench-tests-"))
+    try:
+        clone = tmp / "clone"
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True,
+                              text=True).stdout.strip()
+        results = {"commit": head, "cores": os.cpu_count()}
+        for name, marker in (("default", []), ("slow", ["-m", "slow"])):
+            if args.only and args.only != name:
+                continue
+            cache = tmp / f"cache-{name}"
+            cache.mkdir()
+            r = _run(clone, cache, marker)
+            results[name] = r
+            print(f"{name:8} wall {r['wall_s']:7.1f} s  cpu {r['cpu_s']:7.1f} s  exit {r['rc']}  "
+                  f"load {r['load_before']:.2f}->{r['load_after']:.2f}  {r['closing']}")
+            for ln in r["slowest"]:
+                print(f"           {ln}")
+            if r["tail"]:
+                print(r["tail"])
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        return 0 if all(results[k]["rc"] == 0 for k in ("default", "slow") if k in results) else 1
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
