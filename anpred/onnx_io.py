@@ -26,7 +26,7 @@ from anpred.errors import ModelLoadError, OutputPathError
 
 __all__ = ["sha256_file", "load_model", "external_data_files", "save_model", "AtomicFiles",
            "atomic_write_bytes", "atomic_write_text", "file_mode", "check_writable_dir",
-           "ExternalDataPlacementError"]
+           "ExternalDataPlacementError", "json_default", "to_json", "elem_type_name"]
 
 
 class ExternalDataPlacementError(OutputPathError):
@@ -357,3 +357,46 @@ def save_model(model, path: str | Path, source_path: str | Path | None = None, *
         for p, data in (extra_files or {}).items():
             out.write_bytes(Path(p), data)
     return written
+
+
+# ---- the one JSON encoder and the one ONNX element-type name ------------------------------------------
+def json_default(o):
+    """``json.dumps(..., default=json_default)``: numpy scalars as Python numbers (non-finite floats as
+    the strings ``"nan"``, ``"inf"``, ``"-inf"``: JSON has no such numbers), numpy arrays as lists,
+    paths, sets and anything else as ``str`` (never raises)."""
+    import math
+
+    import numpy as np
+
+    if isinstance(o, np.bool_):
+        return bool(o)
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        v = float(o)
+        return v if math.isfinite(v) else str(v)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, (set, frozenset)):
+        return sorted(o, key=str)
+    return str(o)
+
+
+def to_json(obj, *, indent: int | None = None) -> str:
+    """``json.dumps(obj, indent=indent, default=json_default)``."""
+    import json
+
+    return json.dumps(obj, indent=indent, default=json_default)
+
+
+def elem_type_name(elem_type: int) -> str | None:
+    """numpy dtype name (``float32``, ``float16``, ``bfloat16``, ``int64`` ...) of an ONNX
+    ``TensorProto`` element type; None for an unknown or undefined type."""
+    from onnx import helper
+
+    try:
+        import numpy as np
+
+        return str(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)))
+    except Exception:  # noqa: BLE001 - UNDEFINED, STRING-less builds, future types
+        return None
