@@ -42,7 +42,7 @@ def _run(clone: Path, cache: Path, marker_args: list[str]) -> dict:
     load0 = os.getloadavg()[0]
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=10",
-                           "-o", "tmp_path_retention_policy=none", *marker_args],
+                           "--basetemp", str(cache.parent / "basetemp"), *marker_args],
                           env=env, cwd=clone, capture_output=True, text=True)
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
