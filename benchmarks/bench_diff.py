@@ -1,4 +1,4 @@
-"""Benchmark: structural diff of two ~10k-node graphs (``anpred.graphdiff.diff_models``).
+"""Benchmark: structural diff of two ~10k-node graphs (``anpred.diff.diff_models``).
 
 Graph A: a synthetic residual CNN of N blocks (Conv -> Sigmoid -> Mul [SiLU] -> Conv -> Add), built
 with onnx.helper, small tensors (8 channels, 8x8) so ONNX Runtime can optimise it quickly. Graph B:
@@ -49,7 +49,7 @@ def real_graph(path: Path) -> None:
     """MODEL vs its ORT_ENABLE_EXTENDED copy with all names scrambled: pairs found by structure."""
     import onnxruntime as ort
 
-    from anpred.graphdiff import diff_models
+    from anpred.diff import diff_models
 
     with tempfile.TemporaryDirectory() as d:
         so = ort.SessionOptions()
@@ -89,7 +89,7 @@ def main() -> None:
         real_graph(Path(args.yolo))
     import onnxruntime as ort
 
-    from anpred.graphdiff import diff_models
+    from anpred.diff import diff_models
 
     a = build(args.blocks)
     with tempfile.TemporaryDirectory() as d:

@@ -103,6 +103,28 @@ class GraphIndex:
             s = self.__dict__["_inputs_cache"] = set(self.graph_inputs)
         return s
 
+    def value_slots(self) -> tuple[dict[str, tuple[int, int]], dict[str, list[tuple[int, int]]]]:
+        """The edges with their slots, counted in each node's own ``input``/``output`` lists (an omitted
+        optional value, ``""``, keeps its place): value -> ``(position, output slot)`` of its producer,
+        and value -> ``[(position, input slot), ...]`` of the nodes that read it, one entry per slot
+        that names it, ascending (a value read only inside a node's sub-graph has no slot and no
+        entry). Built on the first call, then cached (the index is read-only)."""
+        got = self.__dict__.get("_slots_cache")
+        if got is None:
+            nodes = self.nodes
+            producer: dict[str, tuple[int, int]] = {}
+            for pos, node in enumerate(nodes):
+                for j, v in enumerate(node.output):
+                    if v:
+                        producer[v] = (pos, j)
+            consumers: dict[str, list[tuple[int, int]]] = {}
+            for v, positions in self.consumers.items():
+                slots = [(pos, k) for pos in positions for k, x in enumerate(nodes[pos].input) if x == v]
+                if slots:
+                    consumers[v] = slots
+            got = self.__dict__["_slots_cache"] = (producer, consumers)
+        return got
+
 
 def build_index(graph) -> GraphIndex:
     """Index ``graph`` (an ``onnx.GraphProto``).
@@ -111,13 +133,29 @@ def build_index(graph) -> GraphIndex:
         GraphError: no graph inputs or no graph outputs, a value produced twice, a node input that nothing produces, or
             a cycle (the message names a node on it).
     """
+    return _build_index(graph, strict=True)
+
+
+def build_lenient_index(graph) -> GraphIndex:
+    """Index ``graph`` like :func:`build_index`, for tools that compare graphs as they are (``anpred.diff``):
+    a graph without real inputs or without outputs, a node input that nothing provides (read like an
+    outer-scope value: no edge) and a graph output that nothing produces are accepted.
+
+    Raises:
+        GraphError: a value produced twice, or a cycle (the message names a node on it).
+    """
+    return _build_index(graph, strict=False)
+
+
+def _build_index(graph, strict: bool) -> GraphIndex:
+    """:func:`build_index` (``strict``) or :func:`build_lenient_index`."""
     initializers = {t.name for t in graph.initializer}
     initializers.update(t.values.name for t in graph.sparse_initializer)
     graph_inputs = [i.name for i in graph.input if i.name not in initializers]
-    if not graph_inputs:
+    if strict and not graph_inputs:
         raise GraphError("the graph has no inputs (every graph input is an initializer or there are none)")
     graph_outputs = [o.name for o in graph.output]
-    if not graph_outputs:
+    if strict and not graph_outputs:
         raise GraphError("the graph has no outputs (nothing is computed for anyone: nothing to instrument)")
 
     file_nodes = list(graph.node)
@@ -154,7 +192,7 @@ def build_index(graph) -> GraphIndex:
         for v in inp:
             p = get(v)
             if p is None:
-                if v not in known:
+                if strict and v not in known:
                     nm = file_nodes[i].name or file_nodes[i].op_type
                     raise GraphError(f"node {nm!r} reads {v!r}, which no node, input or initializer provides")
             elif p >= i:
@@ -165,7 +203,7 @@ def build_index(graph) -> GraphIndex:
             elif c[-1] != i:
                 c.append(i)
     for v in graph_outputs:
-        if v not in prod_file and v not in known:
+        if strict and v not in prod_file and v not in known:
             raise GraphError(f"graph output {v!r} is not produced by any node")
 
     if is_sorted:

@@ -20,7 +20,7 @@ import onnx
 import pytest
 
 from anpred.cache import cache_key, cached_dir
-from anpred.graphdiff import GraphDiff, diff_files, diff_models
+from anpred.diff import GraphDiff, diff_files, diff_models
 
 VERSIONS = {p: md.version(p) for p in ("torch", "onnx", "tensorflow-cpu", "tf2onnx", "ultralytics")}
 
@@ -246,7 +246,7 @@ def test_stages_and_anchor_correspondence(anchored):
 
 
 def test_run_diff_names_first_moved_anchor(anchored, tmp_path):
-    from anpred.rundiff import RunDiff, diff_runs
+    from anpred.diff import RunDiff, diff_runs
     from anpred.runner import run_model
 
     pa, pb, man = anchored
@@ -450,7 +450,7 @@ def fp16_runs(anchored, tmp_path_factory):
 
 def test_stats_mode_runs_are_compared_by_summaries(fp16_runs, anchored, tmp_path, capsys):
     from anpred.cli import main
-    from anpred.rundiff import diff_runs
+    from anpred.diff import diff_runs
 
     d = fp16_runs
     _pa, _pb, man = anchored
@@ -491,7 +491,7 @@ def test_run_diff_refuses_when_nothing_was_compared(fp16_runs, tmp_path, capsys)
 
     from anpred.cli import main
     from anpred.errors import JudgeError
-    from anpred.rundiff import diff_runs
+    from anpred.diff import diff_runs
 
     d = fp16_runs
     pruned = tmp_path / "pruned"
@@ -527,7 +527,7 @@ def test_run_diff_backend_pairs(anchored, fp16_runs, tmp_path):
     from anpred.defaults import OracleConfig
     from anpred.errors import JudgeError
     from anpred.runstore import RunStore
-    from anpred.rundiff import diff_runs
+    from anpred.diff import diff_runs
     from anpred.runner import run_model
     from anpred.stats import error_stats
 

@@ -83,7 +83,7 @@ def main(args) -> int:
     from pathlib import Path
 
     from anpred.errors import AnpredError
-    from anpred.onnx_io import _check_writable_dir
+    from anpred.onnx_io import check_writable_dir
 
     a, b = Path(args.a), Path(args.b)
     for p in (a, b):
@@ -97,18 +97,18 @@ def main(args) -> int:
             raise AnpredError(f"{', '.join(given)} only apply to a diff of two run folders, not of two graphs")
     for out in (args.json, args.html):  # fail before the work, write nothing half-done
         if out:
-            _check_writable_dir(Path(out))
+            check_writable_dir(Path(out))
     graph = runs = None
     if a.is_dir():
         from anpred.defaults import load_config
-        from anpred.rundiff import diff_runs
+        from anpred.diff import diff_runs
 
         backends = [x.strip() for x in args.backends.split(",") if x.strip()] if args.backends else None
         runs = diff_runs(a, b, config=load_config(args.config), backends=backends,
                          pairs=_parse_pairs(args.pair) or None)
         result, differs = runs, runs.moved
     else:
-        from anpred.graphdiff import diff_files
+        from anpred.diff import diff_files
 
         graph = diff_files(a, b)
         result, differs = graph, not graph.identical

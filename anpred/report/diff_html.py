@@ -46,8 +46,8 @@ def _split(item: str) -> tuple[str, str, str]:
 
 
 def render_diff_html(graph=None, runs=None, title: str = "anpred diff") -> str:
-    """Return the HTML page for a :class:`anpred.graphdiff.GraphDiff` and/or a
-    :class:`anpred.rundiff.RunDiff` (at least one must be given; ``runs.graph`` is used when
+    """Return the HTML page for a :class:`anpred.diff.GraphDiff` and/or a
+    :class:`anpred.diff.RunDiff` (at least one must be given; ``runs.graph`` is used when
     ``graph`` is None)."""
     if graph is None and runs is not None:
         graph = runs.graph

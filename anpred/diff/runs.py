@@ -1,10 +1,11 @@
 """Numeric diff of two run folders: did any backend's anchors move between run A and run B?
+(:func:`diff_runs`, filling :class:`~anpred.diff.struct.RunDiff`)
 
 Typical pairs: yesterday's and today's run, two library versions, the original and an optimised or
 converted model. Backends are compared in pairs ``(X of run A, Y of run B)``: by default every
 backend ``ok`` in both runs with itself; ``pairs={"ort": "ort-fp16"}`` (CLI ``--pair ort=ort-fp16``)
 pairs different ones. Anchors are paired by name, else through the structural anchor correspondence
-of the two runs' ``model.onnx`` (:func:`anpred.graphdiff.diff_files`). Only samples whose inputs are
+of the two runs' ``model.onnx`` (:func:`anpred.diff.structural.diff_files`). Only samples whose inputs are
 identical in both runs (same sha256 of the input arrays) are compared.
 
 Two comparisons, chosen by the runs' mode (``run.json`` ``"mode"``):
@@ -46,160 +47,16 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from anpred.diff.struct import STATS_STATISTIC, AnchorDiff, CellDiff, RunDiff
+from anpred.diff.structural import diff_files
 from anpred.errors import AnpredError, JudgeError
 
-SCHEMA = "anpred.rundiff/1"
-STATS_STATISTIC = "nrmse_lb"
-
-
-@dataclass
-class CellDiff:
-    """One (anchor, backend pair): run B's value against run A's, worst sample.
-
-    backend: the pair's label (``ort``, or ``ort=ort-fp16`` for a cross pair). stats: in tensors
-    mode :meth:`anpred.stats.ErrorStats.to_dict` of the worst sample; in stats mode both runs'
-    summaries (``mean_a``, ``mean_b``, ``std_*``, ``rms_*``, ``min_*``, ``max_*``, ``nan``, ``inf``,
-    ``nan_ref``, ``inf_ref``). value: the statistic of the worst sample; floor: the noise floor it is
-    compared with; moved: ``value > floor`` (or more NaN/Inf in B than in A); samples: paired samples
-    compared; worst_sample: its id in A.
-    """
-
-    backend: str
-    value: float
-    floor: float
-    moved: bool
-    samples: int
-    worst_sample: str
-    stats: dict[str, Any]
-
-
-@dataclass
-class AnchorDiff:
-    """One anchor of run A paired with an anchor of run B.
-
-    anchor, b_anchor: the names in A and B (equal unless paired through the structural
-    correspondence); stage, order: A's manifest values. cells: one :class:`CellDiff` per backend pair
-    compared. missing: backend pair label -> why this anchor was not compared for it (not captured,
-    not aligned, shapes differ, ...).
-    """
-
-    anchor: str
-    b_anchor: str
-    stage: int
-    order: int
-    cells: list[CellDiff] = field(default_factory=list)
-    missing: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def moved(self) -> bool:
-        return any(c.moved for c in self.cells)
-
-
-@dataclass
-class RunDiff:
-    """Numeric diff of run B against run A (schema ``anpred.rundiff/1``).
-
-    mode: ``tensors`` or ``stats`` (see the module docstring); statistic: ``nrmse`` ... or
-    ``nrmse_lb``. backends: the column labels, one per backend pair; pairs: ``[[X in A, Y in B], ...]``
-    in the same order. first_moved: ``{"anchor", "backend", "stage", "value", "floor", "statistic"}`` of
-    the earliest moved cell, None when nothing moved. stage_deviation: per stage (string key), the
-    largest statistic over its anchors and backend pairs. skipped_backends: backend -> why it was not
-    compared. unpaired_anchors / unpaired_b: anchors of A without a counterpart in B, and of B without
-    one in A. graph: the structural diff of the runs' models when both folders hold one.
-    """
-
-    run_a: str
-    run_b: str
-    statistic: str
-    backends: list[str]
-    samples: list[list[str]]  # [[sample id in A, sample id in B], ...]
-    anchors: list[AnchorDiff]
-    first_moved: dict[str, Any] | None
-    first_moved_by_backend: dict[str, str]
-    stage_deviation: dict[str, float]
-    skipped_backends: dict[str, str] = field(default_factory=dict)
-    unpaired_anchors: list[str] = field(default_factory=list)
-    graph: Any = None  # GraphDiff | None
-    mode: str = "tensors"
-    pairs: list[list[str]] = field(default_factory=list)
-    unpaired_b: list[str] = field(default_factory=list)
-    schema: str = SCHEMA
-
-    @property
-    def moved(self) -> bool:
-        return self.first_moved is not None
-
-    @property
-    def compared(self) -> int:
-        """Number of (anchor, backend pair) cells actually compared."""
-        return sum(len(a.cells) for a in self.anchors)
-
-    def not_compared(self) -> list[tuple[str, str, str]]:
-        """``(anchor, backend pair, reason)`` for every cell that was not compared."""
-        return [(a.anchor, b, why) for a in self.anchors for b, why in a.missing.items()]
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["graph"] = self.graph.to_dict() if self.graph is not None else None
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RunDiff":
-        from anpred.graphdiff import GraphDiff
-
-        if d.get("schema") != SCHEMA:
-            raise AnpredError(f"unsupported run diff schema {d.get('schema')!r} (expected {SCHEMA!r})")
-        try:
-            anchors = [AnchorDiff(**{**a, "cells": [CellDiff(**c) for c in a["cells"]]}) for a in d["anchors"]]
-            return cls(**{**d, "anchors": anchors,
-                          "graph": GraphDiff.from_dict(d["graph"]) if d.get("graph") else None})
-        except (KeyError, TypeError) as err:
-            raise AnpredError(f"malformed run diff: {err}") from err
-
-    def summary(self, max_lines: int = 30) -> str:
-        """A terminal summary: what was compared, the first moved anchor, per-stage deviation, and
-        every anchor not compared (with its reason) and unpaired anchor, up to ``max_lines`` each."""
-        total = len(self.anchors) * len(self.backends)
-        how = ("per-sample summaries (lower bound of nRMSE, no tensors stored)" if self.mode == "stats"
-               else "aligned tensors")
-        L = [f"A: {self.run_a}", f"B: {self.run_b}",
-             f"{len(self.samples)} paired sample(s), backends: {', '.join(self.backends) or '(none)'}; "
-             f"statistic {self.statistic} (B against A, {how}) vs the noise floor",
-             f"compared {self.compared} of {total} (anchor, backend) cells; "
-             f"{len(self.unpaired_anchors)} anchor(s) of A and {len(self.unpaired_b)} of B unpaired"]
-        for b, why in self.skipped_backends.items():
-            L.append(f"  skipped {b}: {why}")
-        if self.first_moved:
-            f = self.first_moved
-            L.append(f"first moved anchor: {f['anchor']} (stage {f['stage']}) on {f['backend']}: "
-                     f"{self.statistic} {f['value']:.3g} > floor {f['floor']:.3g}")
-            for b, a in self.first_moved_by_backend.items():
-                L.append(f"  {b}: first moved at {a}")
-        else:
-            L.append(f"no compared anchor moved beyond the noise floor ({self.compared} cells)")
-        L.append("stage  max " + self.statistic)
-        for s, v in sorted(self.stage_deviation.items(), key=lambda kv: int(kv[0])):
-            L.append(f"  {int(s):3d}  {v:.3g}")
-        nc = self.not_compared()
-        if nc:
-            L.append(f"not compared ({len(nc)}):")
-            L.extend(f"  {a} on {b}: {why}" for a, b, why in nc[:max_lines])
-            if len(nc) > max_lines:
-                L.append(f"  ... {len(nc) - max_lines} more (see --json/--html)")
-        for side, lst in (("A", self.unpaired_anchors), ("B", self.unpaired_b)):
-            if lst:
-                L.append(f"unpaired anchors of {side} (no counterpart in the other run): "
-                         + ", ".join(lst[:max_lines]) + (" ..." if len(lst) > max_lines else ""))
-        if self.graph is not None and not self.graph.identical:
-            L.append("models differ structurally:")
-            L.extend("  " + x for x in self.graph.summary(10).splitlines()[2:])
-        return "\n".join(L)
+__all__ = ["diff_runs"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,8 +291,6 @@ def diff_runs(run_a: str | Path, run_b: str | Path, *, config=None, backends: li
     graph = None
     need = with_graph or not {a.name for a in A.manifest.anchors} <= {a.name for a in B.manifest.anchors}
     if need and (A.root / "model.onnx").is_file() and (B.root / "model.onnx").is_file():
-        from anpred.graphdiff import diff_files
-
         graph = diff_files(A.root / "model.onnx", B.root / "model.onnx")
     apairs, unpaired, unpaired_b = _anchor_pairs(A, B, graph)
     Side = _SummarySide if mode == "stats" else _TensorSide
