@@ -167,7 +167,6 @@ def check_writable_dir(path: str | Path) -> None:
     os.unlink(probe)
 
 
-_check_writable_dir = check_writable_dir  # the older private name (used by anpred.commands.diff)
 
 
 class AtomicFiles:
@@ -361,9 +360,10 @@ def save_model(model, path: str | Path, source_path: str | Path | None = None, *
 
 # ---- the one JSON encoder and the one ONNX element-type name ------------------------------------------
 def json_default(o):
-    """``json.dumps(..., default=json_default)``: numpy scalars as Python numbers (non-finite floats as
-    the strings ``"nan"``, ``"inf"``, ``"-inf"``: JSON has no such numbers), numpy arrays as lists,
-    paths, sets and anything else as ``str`` (never raises)."""
+    """``json.dumps(..., default=json_default)``: numpy scalars that are not Python numbers already as
+    Python numbers (non-finite numpy float32/float16 as the strings ``"nan"``, ``"inf"``, ``"-inf"``;
+    Python floats and float64 never reach a ``default`` and follow ``json.dumps``' own rules), numpy
+    arrays as lists, sets as sorted lists, paths and anything else as ``str`` (never raises)."""
     import math
 
     import numpy as np
