@@ -263,6 +263,8 @@ def _tail(path: Path, n: int = 6) -> str:
 
 def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str, timeout_s: float, progress: bool,
                  input_shapes: dict[str, list[int]] | None = None) -> BackendStatus:
+    """Run one backend in its own worker process and return its status (the worker's, completed
+    with a crash or timeout seen here); its resources go to ``store.meta["resources"][label]``."""
     from tqdm import tqdm
 
     root = store.root
@@ -287,11 +289,6 @@ def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str
                     model=str(model), mode=mode, samples=store.sample_ids, status_path=str(status_path))
     job_path = work / "job.json"
     job.save(job_path)
-    env = dict(os.environ)
-    env["PYTHONFAULTHANDLER"] = "1"
-    env["GLIBC_TUNABLES"] = worker_malloc_tunables(env.get("GLIBC_TUNABLES", ""))
-    pkg_parent = str(Path(__file__).resolve().parents[2])  # the folder holding the anpred package
-    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     n = len(store.sample_ids)
     rfd, wfd = os.pipe()
     start = time.monotonic()
@@ -299,10 +296,63 @@ def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str
         proc = subprocess.Popen([sys.executable, "-m", "anpred.run.worker", "--worker", str(job_path), "--fd", str(wfd),
                                  "--parent", str(os.getpid())],
                                 pass_fds=(wfd,), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=str(work), env=env, start_new_session=True)
+                                cwd=str(work), env=_worker_env(), start_new_session=True)
     os.close(wfd)
-    done, prepared, timed_out, buf = 0, False, False, b""
     bar = tqdm(total=n, desc=f"{spec.label:>14}", unit="sample", disable=not progress, leave=True, file=sys.stderr)
+    done, prepared, timed_out = _watch(proc, rfd, start, timeout_s, bar)
+    elapsed = time.monotonic() - start
+    st = None
+    if status_path.is_file():
+        try:
+            st = BackendStatus.from_dict(json.loads(status_path.read_text()))
+        except (OSError, json.JSONDecodeError, TypeError):
+            st = None
+    if st is None:
+        st = BackendStatus(name=spec.label, family=family)
+    final = st.status in ("ok", "failed", "unsupported")
+    if timed_out:
+        stage = "running samples" if prepared else "preparing"
+        st.status = "timeout"
+        st.reason = f"no result within {timeout_s:g} s (killed while {stage}; {done}/{n} samples done)"
+        st.samples = done
+    elif not final:
+        rc = proc.returncode
+        if rc is not None and rc < 0:
+            try:
+                sig = signal.Signals(-rc).name
+            except ValueError:
+                sig = f"signal {-rc}"
+            st.status, what = "crashed", f"process killed by {sig}"
+        else:
+            st.status, what = "failed", f"process exited with status {rc} without a result"
+        stage = "running samples" if prepared else "preparing"
+        st.reason = f"{what} while {stage} ({done}/{n} samples done); log: {_tail(log_path, 4)}"
+        st.samples = done
+    res_path = status_path.with_name("resources.json")
+    resources = json.loads(res_path.read_text()) if res_path.is_file() else {}
+    resources["seconds_wall"] = round(elapsed, 3)  # process start to exit, as seen by the driver
+    store.meta.setdefault("resources", {})[spec.label] = resources
+    if st.status != "ok" and not prepared:
+        st.seconds_prepare = st.seconds_prepare or elapsed
+    return st
+
+
+def _worker_env() -> dict[str, str]:
+    """The worker's environment: this one, with faulthandler on, the malloc tunables
+    (:func:`worker_malloc_tunables`) and this ``anpred`` first on ``PYTHONPATH``."""
+    env = dict(os.environ)
+    env["PYTHONFAULTHANDLER"] = "1"
+    env["GLIBC_TUNABLES"] = worker_malloc_tunables(env.get("GLIBC_TUNABLES", ""))
+    pkg_parent = str(Path(__file__).resolve().parents[2])  # the folder holding the anpred package
+    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _watch(proc: subprocess.Popen, rfd: int, start: float, timeout_s: float, bar) -> tuple[int, bool, bool]:
+    """Follow the worker's progress lines on ``rfd`` (closed here) on the progress ``bar`` (closed
+    here) until it exits or ``timeout_s`` after ``start`` passes; a worker still running then is
+    killed with its process group. Returns ``(samples done, prepared, timed out)``."""
+    done, prepared, timed_out, buf = 0, False, False, b""
     bar.set_postfix_str("preparing")
     try:
         while True:
@@ -340,38 +390,4 @@ def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str
                 pass
             proc.wait()
         bar.close()
-    elapsed = time.monotonic() - start
-    st = None
-    if status_path.is_file():
-        try:
-            st = BackendStatus.from_dict(json.loads(status_path.read_text()))
-        except (OSError, json.JSONDecodeError, TypeError):
-            st = None
-    if st is None:
-        st = BackendStatus(name=spec.label, family=family)
-    final = st.status in ("ok", "failed", "unsupported")
-    if timed_out:
-        stage = "running samples" if prepared else "preparing"
-        st.status = "timeout"
-        st.reason = f"no result within {timeout_s:g} s (killed while {stage}; {done}/{n} samples done)"
-        st.samples = done
-    elif not final:
-        rc = proc.returncode
-        if rc is not None and rc < 0:
-            try:
-                sig = signal.Signals(-rc).name
-            except ValueError:
-                sig = f"signal {-rc}"
-            st.status, what = "crashed", f"process killed by {sig}"
-        else:
-            st.status, what = "failed", f"process exited with status {rc} without a result"
-        stage = "running samples" if prepared else "preparing"
-        st.reason = f"{what} while {stage} ({done}/{n} samples done); log: {_tail(log_path, 4)}"
-        st.samples = done
-    res_path = status_path.with_name("resources.json")
-    resources = json.loads(res_path.read_text()) if res_path.is_file() else {}
-    resources["seconds_wall"] = round(elapsed, 3)  # process start to exit, as seen by the driver
-    store.meta.setdefault("resources", {})[spec.label] = resources
-    if st.status != "ok" and not prepared:
-        st.seconds_prepare = st.seconds_prepare or elapsed
-    return st
+    return done, prepared, timed_out
