@@ -4,7 +4,8 @@ Layout (schema ``anpred.run/1``; written by :func:`anpred.run.driver.run_model` 
 
     RUN_DIR/
       run.json                  # schema, created, model identity, inputs description, machine,
-                                # mode ("tensors" | "stats"), backends: name -> BackendStatus
+                                # mode ("tensors" | "stats"), backends: name -> BackendStatus;
+                                # backend_specs, resources (per backend: written by the driver)
       manifest.json             # the AnchorManifest of the anchored model
       model.onnx                # the anchored model (copied or linked) when available
       inputs/<sample>.safetensors  # graph inputs of each sample (keys: graph input names; .npz for
