@@ -70,7 +70,7 @@ def _dispatch(main, args) -> int:
         print(f"anpred: error: {msg}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt as err:
-        from anpred.runner import Terminated
+        from anpred.run import Terminated
 
         if isinstance(err, Terminated):
             print(f"anpred: {err}; the partial run was removed", file=sys.stderr)

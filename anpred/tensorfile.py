@@ -1,4 +1,8 @@
-"""Anchor tensor files of the run store: safetensors written with direct I/O.
+"""Array files of the run store (:mod:`anpred.run.store`): safetensors written with direct I/O, and
+the one reader of every array file a run holds (:func:`read_array_file`: ``.safetensors`` or ``.npz``).
+
+This module sits below both the run package and the backends (``ort-int8`` reads its calibration
+inputs with :func:`read_array_file`), and imports neither.
 
 Format: safetensors (https://github.com/huggingface/safetensors, "Format" section of its README): an
 8-byte little-endian header length ``N``, ``N`` bytes of UTF-8 JSON ``{name: {"dtype", "shape",
@@ -31,6 +35,8 @@ import threading
 from pathlib import Path
 
 import numpy as np
+
+__all__ = ["SAFETENSORS_DTYPES", "storable", "write_safetensors", "read_safetensors", "read_array_file"]
 
 #: numpy dtype -> safetensors dtype string (safetensors spec; little-endian only; bfloat16 as an
 #: ``ml_dtypes`` array). Arrays of any other dtype (big-endian, float8, complex, strings, objects)
@@ -173,3 +179,14 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
             return {k: f.get_tensor(k) for k in keys}
     except SafetensorError as err:
         raise ValueError(f"{path}: not a readable safetensors file ({err})") from err
+
+
+def read_array_file(path: str | Path, keys=None) -> dict[str, np.ndarray]:
+    """Arrays of a ``.safetensors`` file (:func:`read_safetensors`) or an ``.npz`` archive (member
+    names mapped through ``keys`` when given: the run store's .npz anchor files use
+    :func:`anpred.naming.file_key`). Raises ValueError/OSError/zipfile.BadZipFile for unreadable files."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        return read_safetensors(path)
+    with np.load(path) as z:
+        return {(keys(k) if keys else k): z[k] for k in z.files}

@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import numpy as np  # noqa: E402
 import run_models  # noqa: E402
 
-from anpred.runner import run_model  # noqa: E402
+from anpred.run import run_model  # noqa: E402
 
 PLAIN = r"""
 import sys, time, numpy as np, onnxruntime as ort
-from anpred.runstore import RunStore
+from anpred.run import RunStore
 st = RunStore.open(sys.argv[2])
 xs = [st.read_inputs(s) for s in st.sample_ids]
 s = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])

@@ -1,6 +1,6 @@
 """Fault injection: a variant of a model with one known precision fault at a chosen node or stage.
 
-The variant is meant to be run by *one* backend (``anpred.runner.BackendSpec(..., options={"model":
+The variant is meant to be run by *one* backend (``anpred.run.BackendSpec(..., options={"model":
 path})``) while the clean backends run the clean model; the fault's ground truth (kind, magnitude,
 node, value, stage) is returned as a :class:`FaultTruth` and stored in the variant's
 ``metadata_props`` under ``anpred.fault``.

@@ -373,7 +373,7 @@ def test_flatten_and_batch_squeeze_and_bfloat16(keras_case, tmp_path):
     import ml_dtypes
     import torch
 
-    from anpred.runstore import RunStore
+    from anpred.run import RunStore
     from exporters.torch_export import export_torch
 
     m = keras_case["manifest"]
@@ -451,7 +451,7 @@ def test_manifest_pins_override_and_bad_pins(keras_case):
 
 def test_cli_align_prints_report_and_writes_json(keras_case, tmp_path, capsys):
     from anpred.cli import main
-    from anpred.runstore import RunStore
+    from anpred.run import RunStore
 
     m = keras_case["manifest"]
     store = RunStore.create(tmp_path / "run", m)
@@ -611,7 +611,7 @@ def test_onnx2tf_channel_swap_check_origin(yolo_run, tmp_path):
     """`anpred check` on a run whose tf (onnx2tf) model.4 has its channel halves swapped: tf is flagged
     with the origin at that anchor's stage, not one stage late, and no segment order is reported."""
     from anpred.check import check_run
-    from anpred.runstore import RunStore
+    from anpred.run import RunStore
 
     a4 = _model4(yolo_run["manifest"])
     stage4 = yolo_run["manifest"][a4].stage
@@ -640,7 +640,7 @@ def _keras_run(keras_case, root: Path, tf_edit=None, pins=None) -> Path:
     manifest.json under ``anchors[i].alignment`` (where a user writes them)."""
     import json
 
-    from anpred.runstore import RunStore
+    from anpred.run import RunStore
 
     m = keras_case["manifest"]
     store = RunStore.create(root, m)

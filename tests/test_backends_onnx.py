@@ -16,7 +16,7 @@ import run_models  # noqa: E402
 from anpred.errors import InputError  # noqa: E402
 from anpred.inputs import InputSpec, ModelInput, check_sample  # noqa: E402
 from anpred.machine import kernel_isa  # noqa: E402
-from anpred.runner import run_model  # noqa: E402
+from anpred.run import run_model  # noqa: E402
 
 ONNX_BACKENDS = ["ort", "ort-noopt", "openvino", "openvino-bf16", "onnx-reference", "ort-fp16", "ort-int8"]
 FP32 = ["ort-noopt", "openvino", "onnx-reference", "torch", "tf"]

@@ -23,7 +23,7 @@ from anpred.check import CheckReport, check_run
 from anpred.errors import AnpredError
 from anpred.instrument import instrument_model
 from anpred.onnx_io import save_model
-from anpred.runstore import RunStore
+from anpred.run import RunStore
 
 BACKENDS = ["ort", "ort-noopt", "openvino", "onnx-reference", "torch", "tf"]
 CLEAN_BACKENDS = BACKENDS[:-1]  # clean fp32 with tf: tests/test_check_yolo.py
@@ -117,7 +117,7 @@ def make_run(tmp, anchored, manifest, inputs, backends=BACKENDS, models=None):
     once per process, so it runs through the run driver (its own process) on the same samples and its
     tensors and status are copied in."""
     from anpred.backends.base import BackendStatus
-    from anpred.runner import BackendSpec, run_model
+    from anpred.run import BackendSpec, run_model
 
     tmp.mkdir(parents=True, exist_ok=True)
     mpath = tmp / "model.onnx"

@@ -6,7 +6,7 @@ openvino-bf16 against the fp32 peers (observations written down in docs/oracle.m
 
 Size: 160x160 (the suite's budget: the ONNX reference evaluator takes ~2 s per YOLO sample on the
 busy 2-core machine whatever the size, so the 22 samples are kept and the pixels reduced). Exports and
-conversions come from anpred.cache; each backend runs in its own process (anpred.runner)."""
+conversions come from anpred.cache; each backend runs in its own process (anpred.run)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def _identical_samples(run_dir, a: str, b: str) -> dict[str, int]:
     import numpy as np
 
     from anpred.align import Aligner
-    from anpred.runstore import RunStore
+    from anpred.run import RunStore
 
     store = RunStore.open(run_dir)
     aligner = Aligner(store.manifest, {k: v for k, v in store.statuses().items() if k in (a, b)})

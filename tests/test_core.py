@@ -6,7 +6,7 @@ import pytest
 from anpred.errors import AnpredError, OutputPathError
 from anpred.manifest import Anchor, AnchorManifest, Stage
 from anpred.naming import anchor_name, file_key, from_file_key, uniquify
-from anpred.runstore import RunStore
+from anpred.run import RunStore
 
 
 def _manifest():

@@ -247,7 +247,7 @@ def test_stages_and_anchor_correspondence(anchored):
 
 def test_run_diff_names_first_moved_anchor(anchored, tmp_path):
     from anpred.diff import RunDiff, diff_runs
-    from anpred.runner import run_model
+    from anpred.run import run_model
 
     pa, pb, man = anchored
     inputs = "random:uniform:seed=3:n=2"
@@ -435,7 +435,7 @@ def test_graph_io_by_name_and_opset_changes(anchored, tmp_path):
 @pytest.fixture(scope="session")
 def fp16_runs(anchored, tmp_path_factory):
     """Runs of the anchored model (A) and of its fp16 conversion (B): stats mode and tensors mode."""
-    from anpred.runner import run_model
+    from anpred.run import run_model
 
     pa, _pb, _man = anchored
     d = tmp_path_factory.mktemp("fp16runs")
@@ -467,7 +467,7 @@ def test_stats_mode_runs_are_compared_by_summaries(fp16_runs, anchored, tmp_path
     assert sum(v > 0 for v in lb.values()) >= len(lb) - 1
     # its value, recomputed from the stored tensors of the worst sample
     a0 = rs.anchors[0]
-    from anpred.runstore import RunStore
+    from anpred.run import RunStore
 
     sid = a0.cells[0].worst_sample
     xa = RunStore.open(d / "ta").read_anchors("ort", sid)[a0.anchor].astype(np.float64)
@@ -503,7 +503,7 @@ def test_run_diff_refuses_when_nothing_was_compared(fp16_runs, tmp_path, capsys)
     assert "nothing was compared" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
     # partly pruned: the rest is compared, the missing cells are shown with their reason
     shutil.copytree(d / "tb" / "tensors" / "ort", pruned / "tensors" / "ort")
-    from anpred.runstore import RunStore
+    from anpred.run import RunStore
 
     ps = RunStore.open(pruned)
     for sid in ("s0001", "s0000"):  # drop the first anchor of one sample, then of the other
@@ -526,9 +526,8 @@ def test_run_diff_backend_pairs(anchored, fp16_runs, tmp_path):
     from anpred.cli import main
     from anpred.defaults import OracleConfig
     from anpred.errors import JudgeError
-    from anpred.runstore import RunStore
     from anpred.diff import diff_runs
-    from anpred.runner import run_model
+    from anpred.run import RunStore, run_model
     from anpred.stats import error_stats
 
     pa, _pb, man = anchored

@@ -1,7 +1,7 @@
 """The three-library setting on the *trained* YOLOv8n-DocLayNet (issue 10): the shipped ONNX file,
 instrumented as ``anpred test`` instruments it, its anchors mapped onto the rebuilt eager PyTorch
 model (:func:`exporters.mapping.map_anchors`), one rendered page run through
-:func:`anpred.runner.run_model` on ``ort``, ``torch-native`` (eager PyTorch, forward hooks) and ``tf``
+:func:`anpred.run.run_model` on ``ort``, ``torch-native`` (eager PyTorch, forward hooks) and ``tf``
 (onnx2tf), aligned with :class:`anpred.align.Aligner` and compared with ``ort`` at every anchor.
 
 This is also the rebuild-fidelity check at every *mapped* anchor (tests/test_zoo.py checks the
@@ -51,7 +51,7 @@ def pipeline_anchored(folder):
 @pytest.fixture(scope="module")
 def doclaynet_three(tmp_path_factory):
     import models
-    from anpred.runner import run_model
+    from anpred.run import run_model
 
     folder = tmp_path_factory.mktemp("doclaynet3")
     path, man, rep = pipeline_anchored(folder)

@@ -30,7 +30,7 @@ def reduced(tmp_path_factory, yolov8n_onnx):
 
 
 def test_clean_backends_ran_and_are_not_flagged(reduced):
-    from anpred.runstore import RunStore
+    from anpred.run import RunStore
 
     setup, clean, null, _, _ = reduced
     # yolov8n has a native PyTorch rebuild: eager PyTorch (torch-native) is a clean backend too
@@ -77,7 +77,7 @@ def test_threshold_baseline_is_consistent_with_its_critical_tolerance(reduced):
 
 def test_configuration_reuses_clean_tensors(reduced):
     setup, _, _, faulty, work = reduced
-    from anpred.runstore import RunStore
+    from anpred.run import RunStore
 
     run = work / "configs" / "round-s1-m8" / "run"
     store = RunStore.open(run)

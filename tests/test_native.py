@@ -248,7 +248,7 @@ def test_dynamo_relative_scopes_resolve_to_full_module_paths(v5_explicit):
 
 def test_missing_anchors_show_in_the_run_table_reason(v5_explicit, tmp_path):
     """An ok torch-native run that misses the unmappable Sigmoid says so in BackendStatus.reason."""
-    from anpred.runner import run_model
+    from anpred.run import run_model
 
     c = v5_explicit
     c.manifest.to_model(c.model)

@@ -153,7 +153,7 @@ def head_fault_run(tmp_path_factory):
     """Clean backends on the head (class probabilities spread over 0..1) plus ``fault``: ONNX Runtime
     on a variant whose Sigmoid is approximated (passes.faults approx-sigmoid, blend 0.01)."""
     from anpred.evaluation import FAULT_FAMILY, run_fault_backend
-    from anpred.runstore import RunStore
+    from anpred.run import RunStore
     from passes.faults import inject_fault
 
     tmp = tmp_path_factory.mktemp("head")

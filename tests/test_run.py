@@ -15,7 +15,7 @@ import run_models  # noqa: E402
 
 from anpred.cli import main as cli  # noqa: E402
 from anpred.errors import BackendError, OutputPathError  # noqa: E402
-from anpred.runner import BackendSpec, StreamingStats, read_stats, run_model  # noqa: E402
+from anpred.run import BackendSpec, StreamingStats, read_stats, run_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -234,7 +234,7 @@ def test_model_is_copied_with_its_external_data(yolo, tmp_path):
 
 
 def test_short_reason_elides_array_dumps():
-    from anpred.runner import short_reason
+    from anpred.run.worker import short_reason
 
     dump = "Received args: (<tf.Tensor: shape=(1, 3, 256, 256), dtype=float32, numpy=\narray([[[[" + \
         "-1.7411594 , -1.6897851 ,\n " * 200 + "]]]], dtype=float32)>,) and kwargs: {}"

@@ -13,8 +13,7 @@ import pytest
 import safetensors.numpy as stn
 
 from anpred.manifest import AnchorManifest
-from anpred.runner import StreamingStats, worker_malloc_tunables
-from anpred.runstore import RunStore
+from anpred.run import RunStore, StreamingStats, worker_malloc_tunables
 from anpred.tensorfile import read_safetensors, storable, write_safetensors
 
 
@@ -173,7 +172,7 @@ def test_run_stores_safetensors_and_the_worker_gets_the_tunables(tmp_path):
     from onnx import helper as h
 
     from anpred.instrument import instrument_file
-    from anpred.runner import run_model
+    from anpred.run import run_model
 
     g = h.make_graph([h.make_node("Relu", ["x"], ["r"], name="relu"), h.make_node("Sigmoid", ["r"], ["y"], name="sig")],
                      "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 8])], [h.make_tensor_value_info("y", T.FLOAT, [1, 8])])

@@ -13,7 +13,7 @@ def test_tf_threads_option_on_fresh_conversion(tmp_path):
     from onnx import numpy_helper as nh
 
     from anpred.instrument import instrument_file
-    from anpred.runner import BackendSpec, run_model
+    from anpred.run import BackendSpec, run_model
 
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))  # never in the cache
     w = nh.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "W")

@@ -1,5 +1,5 @@
 """The three-library setting of issue 4 on the zoo's models: the same named anchors run in PyTorch,
-TensorFlow and ONNX Runtime through :func:`anpred.runner.run_model`, aligned with
+TensorFlow and ONNX Runtime through :func:`anpred.run.run_model`, aligned with
 :class:`anpred.align.Aligner` and compared.
 
 - YOLOv5n (anchor-based head) and YOLOv8n (zoo, seeded + BN-calibrated, dynamo export, 160 px, 2 real
@@ -54,7 +54,7 @@ def _anchored(name, folder):
 
 @pytest.fixture(scope="module", params=list(CASES))
 def three(request, tmp_path_factory):
-    from anpred.runner import run_model
+    from anpred.run import run_model
 
     name = request.param
     folder = tmp_path_factory.mktemp(name)

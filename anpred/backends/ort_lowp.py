@@ -145,7 +145,7 @@ class _CalibrationReader:
         f = next(self._it, None)
         if f is None:
             return None
-        from anpred.runstore import read_array_file
+        from anpred.tensorfile import read_array_file
 
         return read_array_file(f)
 

@@ -39,7 +39,7 @@ def main(args) -> int:
     from anpred.align import Aligner
     from anpred.errors import AnpredError
     from anpred.onnx_io import atomic_write_text
-    from anpred.runstore import RunStore
+    from anpred.run import RunStore
 
     # bad options fail before any work (nothing printed, nothing written)
     if not 0 < args.close_tol < 1:

@@ -38,7 +38,7 @@ def add_arguments(parser):
 
 def main(args) -> int:
     from anpred.backends import parse_backends
-    from anpred.runner import format_summary, run_model
+    from anpred.run import format_summary, run_model
 
     names = parse_backends(args.backends)
     store = run_model(args.model, names, args.inputs, args.output, mode=args.mode, timeout_s=args.timeout,

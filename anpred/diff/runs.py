@@ -17,7 +17,7 @@ Two comparisons, chosen by the runs' mode (``run.json`` ``"mode"``):
 * **stats** (either run is a ``anpred run --mode stats`` run, which stores per-sample summaries and no
   tensors; a tensors run's side is summarised the same way from its tensors): per sample and anchor
   the summaries ``mean``, ``std``, ``rms`` (over finite elements, ``stats/<label>.samples.jsonl``,
-  see :func:`anpred.runner.sample_summary`) give the statistic ``nrmse_lb``::
+  see :func:`anpred.run.sample_summary`) give the statistic ``nrmse_lb``::
 
       nrmse_lb = max(|mean_B - mean_A|, |std_B - std_A|, |rms_B - rms_A|) / rms_A
 
@@ -182,7 +182,7 @@ class _SummarySide:
     stats run, or computed from the stored tensors of a tensors run."""
 
     def __init__(self, store, side: str, backends: list[str]):
-        from anpred.runner import read_stats
+        from anpred.run import read_stats
 
         self.store, self.side, self.backends = store, side, sorted(set(backends))
         self.stats_mode = store.meta.get("mode") == "stats"
@@ -201,7 +201,7 @@ class _SummarySide:
                     raise AnpredError(f"cannot read per-sample summaries {p}: {err}") from err
 
     def sample(self, sid: str) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[tuple[str, str], str]]:
-        from anpred.runner import StreamingStats, sample_summary
+        from anpred.run import StreamingStats, sample_summary
 
         out: dict[str, dict[str, dict[str, Any]]] = {}
         why: dict[tuple[str, str], str] = {}
@@ -267,7 +267,7 @@ def diff_runs(run_a: str | Path, run_b: str | Path, *, config=None, backends: li
             the reasons).
     """
     from anpred.defaults import OracleConfig
-    from anpred.runstore import RunStore
+    from anpred.run import RunStore
     from anpred.stats import error_stats
 
     cfg = config or OracleConfig()

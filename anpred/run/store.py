@@ -1,10 +1,11 @@
 """The run store: a self-describing folder holding what every backend saw on every sample.
 
-Layout (schema ``anpred.run/1``)::
+Layout (schema ``anpred.run/1``; written by :func:`anpred.run.driver.run_model` and its workers)::
 
     RUN_DIR/
       run.json                  # schema, created, model identity, inputs description, machine,
-                                # mode ("tensors" | "stats"), backends: name -> BackendStatus
+                                # mode ("tensors" | "stats"), backends: name -> BackendStatus;
+                                # backend_specs, resources (per backend: written by the driver)
       manifest.json             # the AnchorManifest of the anchored model
       model.onnx                # the anchored model (copied or linked) when available
       inputs/<sample>.safetensors  # graph inputs of each sample (keys: graph input names; .npz for
@@ -14,6 +15,9 @@ Layout (schema ``anpred.run/1``)::
                                 # lacks (bfloat16, strings) is tensors/<backend>/<sample>.npz instead
                                 # (keys: file_key(anchor)); runs of earlier versions are all .npz
       stats/<backend>.json      # mode "stats": streaming summaries per anchor instead of tensors
+      stats/<backend>.samples.jsonl  # mode "stats": one line of per-sample summaries per sample
+                                # (both: anpred.run.streaming)
+      logs/<backend>.log        # the backend worker's stdout/stderr (faulthandler tracebacks)
 
 Sample ids are strings (``s0000``, ``s0001`` ...) in run order. Arrays are stored in the dtype and
 layout the backend returned; alignment is applied when reading for judgement.
@@ -34,22 +38,12 @@ from anpred.backends.base import BackendStatus
 from anpred.errors import AnpredError, OutputPathError
 from anpred.manifest import AnchorManifest
 from anpred.naming import file_key, from_file_key
-from anpred.onnx_io import atomic_write_text
+from anpred.onnx_io import atomic_write_text, to_json
+from anpred.tensorfile import read_array_file, storable, write_safetensors
+
+__all__ = ["SCHEMA", "RunStore"]
 
 SCHEMA = "anpred.run/1"
-
-
-def read_array_file(path: str | Path, keys=None) -> dict[str, np.ndarray]:
-    """Arrays of a ``.safetensors`` file (:func:`anpred.tensorfile.read_safetensors`) or an ``.npz``
-    archive (member names mapped through ``keys`` when given: the run store's .npz anchor files use
-    :func:`anpred.naming.file_key`). Raises ValueError/OSError/zipfile.BadZipFile for unreadable files."""
-    path = Path(path)
-    if path.suffix == ".safetensors":
-        from anpred.tensorfile import read_safetensors
-
-        return read_safetensors(path)
-    with np.load(path) as z:
-        return {(keys(k) if keys else k): z[k] for k in z.files}
 
 
 class RunStore:
@@ -117,7 +111,7 @@ class RunStore:
         return cls(root, meta, manifest)
 
     def save_meta(self) -> None:
-        atomic_write_text(self.root / "run.json", json.dumps(self.meta, indent=2, default=_json_default))
+        atomic_write_text(self.root / "run.json", to_json(self.meta, indent=2))
 
     # ---- samples and inputs --------------------------------------------------------------------
     @property
@@ -133,8 +127,6 @@ class RunStore:
         for k in sorted(inputs):
             h.update(k.encode())
             h.update(memoryview(np.ascontiguousarray(inputs[k])).cast("B"))  # the same bytes, no copy
-        from anpred.tensorfile import storable, write_safetensors
-
         if storable(inputs):  # buffered: every backend reads it again
             write_safetensors(self.root / "inputs" / f"{sample_id}.safetensors", inputs, direct=False)
         else:
@@ -163,8 +155,6 @@ class RunStore:
         writer thread per process): ``tensors/<backend>/<sample>.safetensors`` written with direct I/O
         (:func:`anpred.tensorfile.write_safetensors`), or ``.npz`` when a dtype has no safetensors
         dtype. Atomic: written under a temporary name, then renamed."""
-        from anpred.tensorfile import storable, write_safetensors
-
         d = self.backend_dir(backend)
         d.mkdir(parents=True, exist_ok=True)
         arrays = {k: np.asarray(v) for k, v in anchors.items()}
@@ -212,14 +202,3 @@ class RunStore:
     def ok_backends(self) -> list[str]:
         return [k for k, v in self.meta["backends"].items() if v["status"] == "ok"]
 
-
-def _json_default(o):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

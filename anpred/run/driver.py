@@ -1,0 +1,393 @@
+"""The run driver: execute an anchored model on several backends, each in its own process, and store
+what every backend saw in a run folder (:mod:`anpred.run.store`).
+
+Isolation: every backend runs in a fresh ``python -m anpred.run.worker --worker JOB`` subprocess
+(:mod:`anpred.run.worker`, job: :class:`anpred.run.spec.WorkerJob`) in its own session (process
+group). A segfault or abort (negative exit status), a timeout (the whole process group is killed), an
+unsupported operator, a Python exception, or a converter calling ``sys.exit`` becomes that backend's
+:class:`~anpred.backends.base.BackendStatus` (``ok`` | ``failed`` | ``unsupported`` | ``crashed`` |
+``timeout`` with a reason); the other backends' results are kept. Backends run one after the other
+(they use all cores each). The worker's stdout/stderr go to ``logs/<label>.log`` in the run folder
+(with ``PYTHONFAULTHANDLER`` tracebacks on crashes).
+
+The run is built in a hidden sibling folder ``.<name>.partial-<pid>`` and renamed to ``out_dir`` at the
+end (:mod:`anpred.folders`), so a bad input, an interrupt or an error leaves nothing half-written and
+an existing run is only replaced (with ``overwrite``) once the new one is complete. SIGTERM during a
+run raises :class:`Terminated` in the driver (workers killed, partial folder removed, as for Ctrl-C).
+
+Modes:
+
+- ``tensors``: every anchor of every sample and backend in ``tensors/<label>/<sample>.safetensors``
+  (``.npz`` for dtypes safetensors lacks; :mod:`anpred.tensorfile`) in the backend's own dtype and layout.
+- ``stats``: no tensors; per backend ``stats/<label>.json`` holds streaming summaries per anchor over
+  all samples, and ``stats/<label>.samples.jsonl`` one line of per-sample summaries per sample
+  (written as it goes). Memory stays constant in the number of samples. See
+  :class:`~anpred.run.streaming.StreamingStats` for the statistics; ``anpred check`` reads these files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from anpred.backends import REGISTRY, backend_class
+from anpred.backends.base import BackendStatus
+from anpred.errors import AnpredError, BackendError, OutputPathError
+from anpred.folders import commit_partial, partial_dir
+from anpred.onnx_io import to_json
+from anpred.run.model import copy_model, load_anchored
+from anpred.run.spec import MODES, BackendSpec, WorkerJob
+from anpred.run.store import RunStore
+
+__all__ = ["run_model", "Terminated", "format_summary", "WORKER_MALLOC_TUNABLES", "worker_malloc_tunables"]
+
+
+def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], inputs: Any, out_dir: str | Path,
+              *, mode: str = "tensors", timeout_s: float = 600, overwrite: bool = False, progress: bool = True,
+              preprocess: str | None = None):
+    """Run the anchored model on every backend and return the :class:`~anpred.run.store.RunStore`.
+
+    Args:
+        model_path: an anchored ``.onnx`` (manifest in its metadata, or ``<stem>.anchors.json`` beside
+            it; a model without one is run with its graph outputs as the only anchors).
+        backends: registry names or :class:`BackendSpec` objects, run in this order.
+        inputs: an :class:`anpred.inputs.InputSpec`, or its text form (a folder, a ``.npz``/``.npy``/
+            image file, or ``random:uniform|normal|images[:seed=S][:n=N][:shape=...]``).
+        out_dir: the run folder to create (its parent folders are created).
+        mode: ``tensors`` (store every anchor tensor) or ``stats`` (streaming statistics only).
+        timeout_s: per backend limit in seconds for preparing and running all samples.
+        overwrite: replace ``out_dir`` if it holds a run (only once the new run is complete).
+        progress: show a tqdm bar per backend and print the summary table (stderr).
+        preprocess: image preprocessing override (``yolo`` | ``imagenet`` | ``unit``).
+
+    Raises:
+        BackendError: unknown backend or duplicate labels (before anything is written).
+        InputError: missing/unreadable inputs, inputs that do not fit the model.
+        OutputPathError: ``out_dir`` holds another run (without ``overwrite``) or other files.
+        ModelLoadError: the model is not readable ONNX.
+    A backend that fails, crashes or times out does not raise: see the statuses in the store.
+    """
+    from anpred.inputs import InputSpec, check_shapes_fit, model_inputs
+    from anpred.onnx_io import sha256_file
+
+    if mode not in MODES:
+        raise AnpredError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    specs = [BackendSpec.coerce(b) for b in backends]
+    if not specs:
+        raise BackendError("no backend given; known backends: " + ", ".join(REGISTRY))
+    labels = [s.label for s in specs]
+    dups = sorted({x for x in labels if labels.count(x) > 1})
+    if dups:
+        raise BackendError(f"backend label(s) used twice: {', '.join(dups)} (give each spec its own label)")
+    if not timeout_s or timeout_s <= 0:
+        raise AnpredError(f"timeout must be positive (got {timeout_s})")
+    model_path = Path(model_path).resolve()
+    model, manifest, man_source = load_anchored(model_path)
+    in_spec = InputSpec.parse(inputs, preprocess=preprocess)
+    out = Path(out_dir).absolute()
+    _check_out_dir(out, overwrite)
+    for anc in [out.parent, *out.parent.parents]:
+        if anc.exists():
+            if not anc.is_dir():
+                raise OutputPathError(f"cannot create {out}: {anc} is a file, not a folder (nothing was written)")
+            break
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputPathError(f"cannot create {out.parent}: {err.strerror or err}") from err
+    hint = " ".join([model_path.name, model.producer_name, model.doc_string] +
+                    [f"{p.key} {p.value}" for p in model.metadata_props if p.key != "anpred.manifest"] +
+                    [str(manifest.model.get("source", ""))])
+    try:
+        tmp = partial_dir(out)  # stale partial folders of dead drivers are removed too
+    except OSError as err:
+        raise OutputPathError(f"cannot create run folder {err.filename or out}: {err.strerror or err}") from err
+    restore_sigterm = _sigterm_raises()
+    try:
+        store = RunStore.create(tmp, manifest, mode=mode, inputs=in_spec.describe(hint), model={
+            "path": str(model_path), "name": model_path.stem,
+            "producer": f"{model.producer_name} {model.producer_version}".strip(),
+            "opset": {o.domain or "ai.onnx": o.version for o in model.opset_import},
+            "manifest_source": man_source})
+        store.meta["model"].update(copy_model(model_path, model, tmp))
+        run_model_path = tmp / "model.onnx"
+        minputs = model_inputs(model)
+        checked: set = set()
+        first_shapes: dict[str, list[int]] | None = None
+        same_shapes = True
+        for i, (src, arrays) in enumerate(in_spec.samples(minputs, hint)):
+            key = tuple((k, tuple(v.shape)) for k, v in sorted(arrays.items()))
+            if key not in checked:
+                check_shapes_fit(model, {k: tuple(v.shape) for k, v in arrays.items()})
+                checked.add(key)
+            shapes = {k: list(v.shape) for k, v in arrays.items()}
+            if first_shapes is None:
+                first_shapes = shapes
+            same_shapes = same_shapes and shapes == first_shapes
+            store.add_sample(f"s{i:04d}", arrays, source=src)
+        # the shapes actually fed (``size`` in the spec only applies to dynamic dims)
+        store.meta["inputs"]["input_shapes"] = first_shapes if same_shapes else "varies by sample"
+        store.meta["backend_specs"] = {s.label: {"name": s.name, "options": json.loads(to_json(s.options))} for s in specs}
+        for s in specs:
+            if "model" in s.options:
+                store.meta["backend_specs"][s.label]["model_sha256"] = sha256_file(s.options["model"])
+        store.save_meta()
+        shape_hint = first_shapes if same_shapes else None
+        for spec in specs:
+            store.set_status(_run_backend(store, spec, run_model_path, mode, timeout_s, progress, shape_hint))
+        _raise_if_all_failed_on_shapes(store)
+        shutil.rmtree(tmp / ".work", ignore_errors=True)
+        commit_partial(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        restore_sigterm()
+    result = RunStore.open(out)
+    if progress:
+        print(format_summary(result), file=sys.stderr)
+    return result
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM received by the driver during :func:`run_model` (raised by its handler so that the
+    worker process groups are killed and the partial run folder removed, as for Ctrl-C)."""
+
+
+def _sigterm_raises():
+    """While a run is in progress, make SIGTERM raise :class:`Terminated` in the driver (only from the
+    main thread, and only when SIGTERM has its default action: an application's own handler is
+    kept). Returns the function that restores the previous handler."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return lambda: None
+
+    def handler(signum, frame):
+        raise Terminated(f"terminated by signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _check_out_dir(out: Path, overwrite: bool) -> None:
+    if out.exists():
+        if not out.is_dir():
+            raise OutputPathError(f"{out} exists and is not a folder; nothing was written")
+        if any(out.iterdir()):
+            if not (out / "run.json").exists():
+                raise OutputPathError(f"{out} exists and is not empty (and is not a run); nothing was written")
+            if not overwrite:
+                raise OutputPathError(f"{out} already holds a run; choose another -o or pass --overwrite "
+                                      "(nothing was written)")
+
+
+_SHAPE_FAIL_RE = re.compile(r"shape|dimension|Incompatible|broadcast|size mismatch|Sizes of tensors|"
+                            r"must match|invalid size|cannot reshape", re.I)
+
+
+def _raise_if_all_failed_on_shapes(store) -> None:
+    """Bad input detected by the backends themselves: when *every* backend failed (not crashed) while
+    running the same sample and every reason is a shape error, the sample does not fit the model.
+    Raises InputError (one line) instead of storing a run in which nothing ran."""
+    from anpred.errors import InputError
+
+    sts = list(store.statuses().values())
+    if not sts or any(s.status not in ("failed", "unsupported") for s in sts):
+        return
+    where = {s.reason.split(":", 1)[0] for s in sts}
+    if len(where) != 1 or not next(iter(where)).startswith("sample ") or \
+            not all(_SHAPE_FAIL_RE.search(s.reason) for s in sts):
+        return
+    sid = next(iter(where)).split()[1]
+    src = next((x.get("source", "") for x in store.meta["samples"] if x["id"] == sid), "")
+    first = sts[0].reason.split(":", 1)[1].strip().splitlines()[0][:240]
+    raise InputError(f"the inputs do not fit the model: every backend ({', '.join(s.name for s in sts)}) failed on "
+                     f"sample {sid} ({src}) with a shape error, e.g. {sts[0].name}: {first}")
+
+
+def format_summary(store) -> str:
+    """The end-of-run table: backend, family, status, precision, samples, seconds (prepare / run),
+    anchors captured of the manifest's, and the reason when not ok."""
+    total = len(store.manifest.anchors)
+    rows = [("backend", "family", "status", "precision", "samples", "prepare s", "run s", "anchors", "reason")]
+    for label, st in store.statuses().items():
+        prec = f"{st.precision} ({st.precision_requested} asked)" if st.precision_differs else st.precision
+        rows.append((label, st.family, st.status, prec, str(st.samples), f"{st.seconds_prepare:.2f}",
+                     f"{st.seconds_run:.2f}", f"{st.anchors_captured}/{total}", st.reason.splitlines()[0][:80] if st.reason else ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+#: glibc malloc settings of every backend worker (see :func:`worker_malloc_tunables`)
+WORKER_MALLOC_TUNABLES = {"glibc.malloc.mmap_threshold": str(256 << 20), "glibc.malloc.trim_threshold": str(1 << 30)}
+
+
+def worker_malloc_tunables(existing: str = "") -> str:
+    """``GLIBC_TUNABLES`` for a backend worker: ``existing`` plus :data:`WORKER_MALLOC_TUNABLES` for
+    the malloc settings it does not set itself (a user's own settings win).
+
+    Why: every sample allocates the same large arrays again (inputs, the backend's outputs: 19 MB per
+    sample for YOLOv8n at 640x640). With glibc's defaults, blocks above the dynamic mmap threshold
+    (at most 32 MiB) are ``mmap``-ed and freed blocks at the top of the heap are trimmed, so each
+    sample faults in fresh pages again: measured 5 ms per 19 MB sample on the 2-core VM of
+    docs/run.md, where a fresh page costs ~2-4 us. A fixed 256 MiB mmap threshold and a 1 GiB trim
+    threshold keep those blocks in the heap for reuse; memory stays bounded by one sample's working
+    set (peak RSS in docs/run.md). Other C libraries ignore the variable."""
+    have = {kv.split("=", 1)[0] for kv in existing.split(":") if "=" in kv}
+    add = [f"{k}={v}" for k, v in WORKER_MALLOC_TUNABLES.items() if k not in have]
+    return ":".join([x for x in [existing] if x] + add)
+
+
+def _tail(path: Path, n: int = 6) -> str:
+    """The last ``n`` non-empty lines of a worker log, led by Python's fatal-error line if any."""
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    fatal = [ln for ln in lines if ln.startswith("Fatal Python error")]
+    return " | ".join(fatal[-1:] + lines[-n:])[-800:]
+
+
+def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str, timeout_s: float, progress: bool,
+                 input_shapes: dict[str, list[int]] | None = None) -> BackendStatus:
+    """Run one backend in its own worker process and return its status (the worker's, completed
+    with a crash or timeout seen here); its resources go to ``store.meta["resources"][label]``."""
+    from tqdm import tqdm
+
+    root = store.root
+    work = root / ".work" / spec.label
+    work.mkdir(parents=True, exist_ok=True)
+    (root / "logs").mkdir(exist_ok=True)
+    log_path = root / "logs" / f"{spec.label}.log"
+    status_path = work / "status.json"
+    options = dict(spec.options)
+    model = Path(options.pop("model", model_path)).resolve()
+    family = spec.family()
+    options.pop("family", None)
+    try:
+        cls = backend_class(spec.name)
+    except BackendError:
+        cls = None
+    if getattr(cls, "needs_calibration", False) and "calibration" not in options:
+        options["calibration"] = [str(store.input_file(sid)) for sid in store.sample_ids]
+    if getattr(cls, "needs_input_shapes", False) and input_shapes and "input_shapes" not in options:
+        options["input_shapes"] = input_shapes  # the run's concrete input shapes (all samples share them)
+    job = WorkerJob(store=str(root), name=spec.name, label=spec.label, family=family, options=options,
+                    model=str(model), mode=mode, samples=store.sample_ids, status_path=str(status_path))
+    job_path = work / "job.json"
+    job.save(job_path)
+    n = len(store.sample_ids)
+    rfd, wfd = os.pipe()
+    start = time.monotonic()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "anpred.run.worker", "--worker", str(job_path), "--fd", str(wfd),
+                                 "--parent", str(os.getpid())],
+                                pass_fds=(wfd,), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=str(work), env=_worker_env(), start_new_session=True)
+    os.close(wfd)
+    bar = tqdm(total=n, desc=f"{spec.label:>14}", unit="sample", disable=not progress, leave=True, file=sys.stderr)
+    done, prepared, timed_out = _watch(proc, rfd, start, timeout_s, bar)
+    elapsed = time.monotonic() - start
+    st = None
+    if status_path.is_file():
+        try:
+            st = BackendStatus.from_dict(json.loads(status_path.read_text()))
+        except (OSError, json.JSONDecodeError, TypeError):
+            st = None
+    if st is None:
+        st = BackendStatus(name=spec.label, family=family)
+    final = st.status in ("ok", "failed", "unsupported")
+    if timed_out:
+        stage = "running samples" if prepared else "preparing"
+        st.status = "timeout"
+        st.reason = f"no result within {timeout_s:g} s (killed while {stage}; {done}/{n} samples done)"
+        st.samples = done
+    elif not final:
+        rc = proc.returncode
+        if rc is not None and rc < 0:
+            try:
+                sig = signal.Signals(-rc).name
+            except ValueError:
+                sig = f"signal {-rc}"
+            st.status, what = "crashed", f"process killed by {sig}"
+        else:
+            st.status, what = "failed", f"process exited with status {rc} without a result"
+        stage = "running samples" if prepared else "preparing"
+        st.reason = f"{what} while {stage} ({done}/{n} samples done); log: {_tail(log_path, 4)}"
+        st.samples = done
+    res_path = status_path.with_name("resources.json")
+    resources = json.loads(res_path.read_text()) if res_path.is_file() else {}
+    resources["seconds_wall"] = round(elapsed, 3)  # process start to exit, as seen by the driver
+    store.meta.setdefault("resources", {})[spec.label] = resources
+    if st.status != "ok" and not prepared:
+        st.seconds_prepare = st.seconds_prepare or elapsed
+    return st
+
+
+def _worker_env() -> dict[str, str]:
+    """The worker's environment: this one, with faulthandler on, the malloc tunables
+    (:func:`worker_malloc_tunables`) and this ``anpred`` first on ``PYTHONPATH``."""
+    env = dict(os.environ)
+    env["PYTHONFAULTHANDLER"] = "1"
+    env["GLIBC_TUNABLES"] = worker_malloc_tunables(env.get("GLIBC_TUNABLES", ""))
+    pkg_parent = str(Path(__file__).resolve().parents[2])  # the folder holding the anpred package
+    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _watch(proc: subprocess.Popen, rfd: int, start: float, timeout_s: float, bar) -> tuple[int, bool, bool]:
+    """Follow the worker's progress lines on ``rfd`` (closed here) on the progress ``bar`` (closed
+    here) until it exits or ``timeout_s`` after ``start`` passes; a worker still running then is
+    killed with its process group. Returns ``(samples done, prepared, timed out)``."""
+    done, prepared, timed_out, buf = 0, False, False, b""
+    bar.set_postfix_str("preparing")
+    try:
+        while True:
+            remaining = start + timeout_s - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            ready, _, _ = select.select([rfd], [], [], min(remaining, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(rfd, 4096)
+            if not chunk:
+                break
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for ln in lines:
+                if ln == b"prepared":
+                    prepared = True
+                    bar.set_postfix_str("running")
+                elif ln.startswith(b"sample "):
+                    k = int(ln.split()[1])
+                    bar.update(k - done)
+                    done = k
+        if not timed_out:
+            try:
+                proc.wait(timeout=max(start + timeout_s - time.monotonic(), 5.0))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+    finally:
+        os.close(rfd)
+        if timed_out or proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        bar.close()
+    return done, prepared, timed_out

@@ -1,0 +1,106 @@
+"""What a run is asked to do: the backends of a run (:class:`BackendSpec`) and the job one backend
+worker process is given (:class:`WorkerJob`, the driver -> worker contract).
+
+Contract of a worker job (``.work/<label>/job.json`` in the partial run folder, written by
+:func:`anpred.run.driver.run_model`, read by ``python -m anpred.run.worker --worker JOB``)::
+
+    {"store": run folder, "name": registry name, "label": the backend's label in the run,
+     "family": status family, "options": backend constructor options (runner keys removed, except
+     the testing hooks "_fault"/"_fault_at"), "model": the anchored ONNX to run, "mode": "tensors" |
+     "stats", "samples": sample ids in run order, "status_path": where the worker writes its
+     BackendStatus (JSON; "resources.json" beside it: peak RSS and loop seconds)}
+
+The worker's result is the :class:`~anpred.backends.base.BackendStatus` written to ``status_path``;
+the driver completes it (crash, timeout) and stores it in the run folder (:mod:`anpred.run.store`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from anpred.backends import REGISTRY, backend_class
+from anpred.errors import BackendError
+from anpred.onnx_io import to_json
+
+__all__ = ["MODES", "FAULTS", "BackendSpec", "WorkerJob"]
+
+#: run modes: ``tensors`` stores every anchor tensor, ``stats`` streaming statistics only
+MODES = ("tensors", "stats")
+#: testing hook faults a worker can inject into itself (``options["_fault"]``)
+FAULTS = ("segfault", "abort", "exit", "hang", "raise")
+_LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+# Families of backends whose module cannot be imported (recorded status still needs one).
+_FAMILY_GUESS = {"ort": "onnxruntime", "openvino": "openvino", "onnx-reference": "onnx-reference",
+                 "torch": "torch", "tf": "tensorflow"}
+
+
+@dataclass
+class BackendSpec:
+    """One backend of a run.
+
+    Attributes:
+        name: registry name (:data:`anpred.backends.REGISTRY`).
+        label: the backend's identity in the run (folder names, statuses); default ``name``. Two specs
+            of one run must have different labels. Characters: ``[A-Za-z0-9_.+-]``.
+        options: passed to the backend constructor, except the runner's own keys:
+            ``model`` (path of an alternative anchored ONNX run by this backend only, e.g. a
+            fault-injected copy), ``family`` (overrides the backend's family in the status),
+            ``_fault``/``_fault_at`` (testing hook: ``segfault`` | ``abort`` | ``exit`` | ``hang`` |
+            ``raise`` in the worker at ``prepare`` or ``run`` (default), a real crash of that process).
+    """
+
+    name: str
+    label: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.name not in REGISTRY:
+            raise BackendError(f"unknown backend {self.name!r}; known backends: {', '.join(REGISTRY)}")
+        self.label = self.label or self.name
+        if not _LABEL_RE.match(self.label):
+            raise BackendError(f"backend label {self.label!r} may hold only letters, digits and _ . + -")
+        self.options = dict(self.options or {})
+        fault = self.options.get("_fault")
+        if fault is not None and fault not in FAULTS:
+            raise BackendError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+        if "model" in self.options and not Path(self.options["model"]).is_file():
+            raise BackendError(f"backend {self.label}: alternative model {self.options['model']} does not exist")
+
+    @classmethod
+    def coerce(cls, b: "str | BackendSpec") -> "BackendSpec":
+        return b if isinstance(b, BackendSpec) else cls(name=str(b).strip())
+
+    def family(self) -> str:
+        if self.options.get("family"):
+            return str(self.options["family"])
+        try:
+            return backend_class(self.name).family
+        except BackendError:
+            return _FAMILY_GUESS.get(self.name.split("-")[0], self.name)
+
+
+@dataclass
+class WorkerJob:
+    """The job of one backend worker process (module docstring: the ``job.json`` contract)."""
+
+    store: str
+    name: str
+    label: str
+    family: str
+    options: dict[str, Any]
+    model: str
+    mode: str
+    samples: list[str]
+    status_path: str
+
+    def save(self, path: str | Path) -> None:
+        """Write the job as JSON (:func:`anpred.onnx_io.to_json`: values JSON lacks become text)."""
+        Path(path).write_text(to_json(asdict(self)))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "WorkerJob":
+        return cls(**json.loads(Path(path).read_text()))

@@ -1,0 +1,250 @@
+"""The backend worker: one backend run on every sample of a run, in its own process.
+
+Started by the driver (:mod:`anpred.run.driver`) as::
+
+    python -m anpred.run.worker --worker JOB --fd FD --parent PID
+
+``JOB``: the job file (:class:`anpred.run.spec.WorkerJob`); ``FD``: the write end of a pipe on which
+the worker reports progress lines (``prepared``, then ``sample <k>`` after each sample); ``PID``: the
+driver, with which the worker dies (Linux ``PR_SET_PDEATHSIG``). The worker prepares the backend,
+runs every sample, stores each sample's anchors (mode ``tensors``, :meth:`RunStore.write_anchors
+<anpred.run.store.RunStore.write_anchors>`) or folds them into :class:`~anpred.run.streaming.StreamingStats`
+(mode ``stats``) in a writer thread that overlaps the next sample, and always ends by writing its
+:class:`~anpred.backends.base.BackendStatus` to the job's ``status_path`` (``ok``, or ``failed`` /
+``unsupported`` with a reason) and ``resources.json`` beside it, then leaves with ``os._exit(0)``.
+Crashes and timeouts are recorded by the driver, which reads the status file.
+
+Testing hook: ``options["_fault"]`` (:data:`anpred.run.spec.FAULTS`) makes the worker crash, exit,
+hang or raise for real at ``options["_fault_at"]`` (``prepare`` or ``run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from anpred.backends import backend_class
+from anpred.backends.base import AnchorCapture, BackendStatus
+from anpred.manifest import AnchorManifest
+from anpred.onnx_io import atomic_write_text, to_json
+from anpred.run.spec import WorkerJob
+from anpred.run.store import RunStore
+from anpred.run.streaming import STATS_SCHEMA, StreamingStats, sample_summary
+
+__all__ = ["short_reason", "run_job", "main"]
+
+_UNSUPPORTED_RE = re.compile(r"not implemented|unsupported|not supported|NOT_IMPLEMENTED|No Op registered|"
+                             r"could not find an implementation|no converter|is not available", re.I)
+_ARRAY_DUMP = re.compile(r"array\((?:[^()]|\([^()]*\))*\)", re.S)
+
+
+def short_reason(err: BaseException, limit: int = 600) -> str:
+    """``Type: message`` of an exception for a status reason: numpy array dumps inside the message
+    (TensorFlow prints the arguments it received) become ``array(...)``, whitespace runs collapse,
+    and the text is cut at ``limit`` characters (the full traceback is in the backend's log)."""
+    text = _ARRAY_DUMP.sub("array(...)", str(err).strip())
+    text = re.sub(r"<tf\.Tensor: shape=(\([^)]*\)), dtype=(\w+), numpy=\s*array\(\.\.\.\)>", r"<tf.Tensor \1 \2>", text)
+    text = re.sub(r"\s+", " ", text)
+    if len(text) > limit:
+        text = text[: limit - 4].rstrip() + " ..."
+    return f"{type(err).__name__}: {text}"
+
+
+def _classify(err: BaseException) -> str:
+    """``unsupported`` for a missing operator/feature (NotImplementedError or such a message), else
+    ``failed``."""
+    if isinstance(err, NotImplementedError) or _UNSUPPORTED_RE.search(str(err)):
+        return "unsupported"
+    return "failed"
+
+
+def _missing_note(captures: dict[str, dict], manifest) -> str:
+    """A short status reason for an ``ok`` backend that did not capture every anchor:
+    ``"k of n anchors missing: <anchor>: <its reason>"`` (empty when all were captured)."""
+    missing = [a.name for a in manifest.anchors if (captures.get(a.name) or {}).get("status") == "missing"]
+    if not missing:
+        return ""
+    why = ((captures.get(missing[0]) or {}).get("reason") or "no reason given").strip().splitlines()[0]
+    return f"{len(missing)} of {len(manifest.anchors)} anchors missing: {missing[0]}: {why[:160]}"
+
+
+def _fault(options: dict, where: str) -> None:
+    kind = options.get("_fault")
+    if not kind or options.get("_fault_at", "run") != where:
+        return
+    if kind == "segfault":
+        import ctypes
+
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+    elif kind == "abort":
+        os.abort()
+    elif kind == "exit":
+        sys.exit(3)
+    elif kind == "hang":
+        time.sleep(10**6)
+    elif kind == "raise":
+        raise RuntimeError("fault injected by the _fault option")
+
+
+def _die_with_parent(ppid: int) -> None:
+    """Linux: have the kernel SIGKILL this worker when the driver process ``ppid`` dies
+    (``prctl(PR_SET_PDEATHSIG, SIGKILL)``, prctl(2)), so a driver killed even by SIGKILL leaves no
+    orphan writing into a removed folder; no-op elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != ppid:  # the driver died before the request took effect
+        os._exit(1)
+
+
+def _write_summaries(stats: dict[str, StreamingStats], jsonl, sid: str, res: dict[str, np.ndarray]) -> None:
+    """Mode ``stats``: fold one sample into the per-anchor :class:`StreamingStats` and append its line
+    to ``stats/<label>.samples.jsonl`` (runs in the worker's writer thread)."""
+    line = {k: sample_summary(stats[k].update(v)) for k, v in res.items() if k in stats}
+    jsonl.write(json.dumps({"sample": sid, "anchors": line}) + "\n")
+    jsonl.flush()
+
+
+def run_job(job_path: str, fd: int) -> None:
+    """Run the job in ``job_path`` (:class:`~anpred.run.spec.WorkerJob`), reporting progress lines on
+    the pipe ``fd``; never returns (ends the process with ``os._exit(0)`` once the status is written)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    job = WorkerJob.load(job_path)
+    pipe = os.fdopen(fd, "wb", buffering=0)
+    label, options = job.label, dict(job.options)
+    fault_opts = {k: options.pop(k) for k in list(options) if k.startswith("_")}
+    root = Path(job.store)
+    manifest = AnchorManifest.load(root / "manifest.json")
+    store = RunStore(root, {}, manifest)
+    st = BackendStatus(name=label, family=job.family)
+    status_path = Path(job.status_path)
+
+    def save():
+        atomic_write_text(status_path, to_json(st.to_dict()))
+
+    def emit(line: str):
+        try:
+            pipe.write(line.encode() + b"\n")
+        except OSError:
+            pass
+
+    stage = "preparing"
+    sid = None
+    # one writer thread: storing sample i (tensors, or summaries in stats mode) overlaps running i+1
+    writer = ThreadPoolExecutor(max_workers=1)
+    pending = None
+    try:
+        backend = backend_class(job.name)(options)
+        st.versions = backend.versions()
+        _fault(fault_opts, "prepare")
+        t0 = time.perf_counter()
+        backend.prepare(job.model, manifest, Path(job_path).parent / "scratch")
+        st.seconds_prepare = time.perf_counter() - t0
+        st.precision, st.precision_requested = backend.effective_precision(), backend.precision
+        st.versions = backend.versions()
+        info = backend.anchor_info()
+        st.captures = {k: asdict(v) for k, v in info.items()}
+        st.status = "running"
+        save()
+        emit("prepared")
+        stage = "running"
+        stats = {a.name: StreamingStats() for a in manifest.anchors} if job.mode == "stats" else None
+        jsonl = None
+        if stats is not None:
+            (root / "stats").mkdir(exist_ok=True)
+            jsonl = open(root / "stats" / f"{label}.samples.jsonl", "w")
+        returned: set[str] | None = None
+        run_s = 0.0
+        loop_t0 = time.perf_counter()
+        for i, sid in enumerate(job.samples):
+            inputs = store.read_inputs(sid)
+            t = time.perf_counter()
+            res = backend.run(inputs)
+            run_s += time.perf_counter() - t
+            _fault(fault_opts, "run")
+            returned = set(res) if returned is None else returned & set(res)
+            if i == 0:
+                st.dtypes = {k: str(np.asarray(v).dtype) for k, v in res.items()}
+            if pending is not None:
+                pending.result()
+            if stats is None:
+                pending = writer.submit(store.write_anchors, label, sid, res)
+            else:
+                pending = writer.submit(_write_summaries, stats, jsonl, sid, res)
+            st.samples = i + 1
+            emit(f"sample {i + 1}")
+        if pending is not None:
+            pending.result()
+        loop_s = time.perf_counter() - loop_t0
+        st.seconds_run = run_s
+        returned = returned or set()
+        for a in manifest.anchors:
+            cap = st.captures.setdefault(a.name, asdict(AnchorCapture(layout=a.layout)))
+            if a.name not in returned and cap.get("status") != "missing":
+                cap["status"] = "missing"
+                cap["reason"] = cap.get("reason") or "announced by the backend but not returned by run()"
+        st.anchors_captured = sum(1 for a in manifest.anchors if a.name in returned)
+        if stats is not None:
+            jsonl.close()
+            atomic_write_text(root / "stats" / f"{label}.json", json.dumps(
+                {"schema": STATS_SCHEMA, "backend": label, "samples": st.samples,
+                 "anchors": {k: s.to_dict() for k, s in stats.items() if s.samples}}, indent=1))
+        st.status, st.reason = "ok", _missing_note(st.captures, manifest)
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+        # seconds_loop: the sample loop as the worker saw it (reading inputs, Backend.run, storing
+        # anchors or statistics, waiting for the last write), one-time start/prepare excluded
+        atomic_write_text(status_path.with_name("resources.json"), json.dumps(
+            {"peak_rss_bytes": peak, "seconds_loop": round(loop_s, 4), "seconds_prepare": round(st.seconds_prepare, 4),
+             "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}))
+    except SystemExit as err:
+        st.status = "failed"
+        st.reason = (f"sys.exit({err.code}) called while {stage}" + (f" sample {sid}" if stage == "running" else "")
+                     + " (a converter exiting the process; see logs/" + label + ".log)")
+    except BaseException as err:  # noqa: BLE001 - every failure becomes this backend's status
+        st.status = _classify(err)
+        where = f"sample {sid}" if stage == "running" else "prepare"
+        st.reason = f"{where}: {short_reason(err)}"
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            save()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pipe.close()
+            os._exit(0)  # skip interpreter teardown (some runtimes crash there)
+
+
+def main(argv=None) -> None:
+    """The worker's command line (module docstring)."""
+    p = argparse.ArgumentParser(prog="python -m anpred.run.worker", description="ANPRED backend worker (internal)")
+    p.add_argument("--worker", required=True, help="job JSON written by run_model")
+    p.add_argument("--fd", type=int, required=True, help="pipe for progress lines")
+    p.add_argument("--parent", type=int, default=0, help="the driver's pid (the worker dies with it)")
+    a = p.parse_args(argv)
+    if a.parent:
+        _die_with_parent(a.parent)
+    run_job(a.worker, a.fd)
+
+
+if __name__ == "__main__":
+    main()
