@@ -11,7 +11,7 @@ Two comparisons, chosen by the runs' mode (``run.json`` ``"mode"``):
 
 * **tensors** (both runs stored tensors): each run's tensors are aligned with that run's
   :class:`anpred.align.Aligner` to the canonical ONNX shape (float64) and compared with the oracle's
-  statistics (:func:`anpred.stats.error_stats`, run B's tensor ``x`` against run A's ``c``). The
+  statistics (:func:`anpred.judge.error_stats`, run B's tensor ``x`` against run A's ``c``). The
   statistic is ``OracleConfig.primary`` (nRMSE by default).
 * **stats** (either run is a ``anpred run --mode stats`` run, which stores per-sample summaries and no
   tensors; a tensors run's side is summarised the same way from its tensors): per sample and anchor
@@ -63,7 +63,7 @@ class CellDiff:
     """One (anchor, backend pair): run B's value against run A's, worst sample.
 
     backend: the pair's label (``ort``, or ``ort=ort-fp16`` for a cross pair). stats: in tensors
-    mode :meth:`anpred.stats.ErrorStats.to_dict` of the worst sample; in stats mode both runs'
+    mode :meth:`anpred.judge.ErrorStats.to_dict` of the worst sample; in stats mode both runs'
     summaries (``mean_a``, ``mean_b``, ``std_*``, ``rms_*``, ``min_*``, ``max_*``, ``nan``, ``inf``,
     ``nan_ref``, ``inf_ref``). value: the statistic of the worst sample; floor: the noise floor it is
     compared with; moved: ``value > floor`` (or more NaN/Inf in B than in A); samples: paired samples
@@ -411,7 +411,7 @@ def diff_runs(run_a: str | Path, run_b: str | Path, *, config=None, backends: li
     """
     from anpred.defaults import OracleConfig
     from anpred.runstore import RunStore
-    from anpred.stats import error_stats
+    from anpred.judge import error_stats
 
     cfg = config or OracleConfig()
     A, B = RunStore.open(run_a), RunStore.open(run_b)

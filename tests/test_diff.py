@@ -529,7 +529,7 @@ def test_run_diff_backend_pairs(anchored, fp16_runs, tmp_path):
     from anpred.runstore import RunStore
     from anpred.rundiff import diff_runs
     from anpred.runner import run_model
-    from anpred.stats import error_stats
+    from anpred.judge import error_stats
 
     pa, _pb, man = anchored
     d = fp16_runs
