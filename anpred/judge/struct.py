@@ -159,7 +159,8 @@ class Step:
 
 @dataclass
 class BackendVerdict:
-    """Per backend: verdict, origin, worst anchor and propagation (see module docstring).
+    """Per backend: verdict, origin, worst anchor and propagation (rules: :mod:`anpred.judge.verdict`,
+    :mod:`anpred.judge.localize`).
 
     ``status``: ``flagged`` (some anchor flagged), ``incomplete`` (nothing flagged, but some anchor
     could not be judged or was judged on fewer samples than the run has), ``unjudged`` (no anchor
