@@ -117,7 +117,7 @@ class OracleConfig:
             quantized with one scale for boxes in pixels and probabilities; docs/oracle.md); the
             lowest clean pooled cosine of any reduced-precision cell elsewhere is 0.59 (ort-int8,
             PP-OCRv4 det output), of fp32 ones > 0.9999.
-        split_outputs: judge each part of a concatenated output on its own as well (:mod:`anpred.parts`):
+        split_outputs: judge each part of a concatenated output on its own as well (:mod:`anpred.judge.parts`):
             an output that packs quantities of different scales (YOLO's boxes in pixels and class
             probabilities in 0..1) hides a change confined to its small-valued part in the whole
             tensor's nRMSE. Parts get their output's stage, floor and peers, and are flagged only where
@@ -136,7 +136,7 @@ class OracleConfig:
         correlated_nrmse: two voting backends of different families whose aligned tensors differ by at
             most this nRMSE (``||x_i - x_j|| / ||x_j||``; 0 = bit-identical) at every anchor and sample
             where both are judged (and where some other voter differs from them) are correlated (shared
-            kernels): they are merged into one vote (:mod:`anpred.oracle`).
+            kernels): they are merged into one vote (:mod:`anpred.judge.consensus`).
     """
 
     primary: str = "nrmse"

@@ -6,7 +6,7 @@ For one zoo model (issue 7 items 3-4, issue 10 items 3-4):
    document pages; plus seeded uniform random inputs) and runs the clean backends (``ort``,
    ``openvino``, ``torch``, ``tf``, ``onnx-reference``) and the reduced-precision ones (``ort-fp16``,
    ``ort-int8``, ``openvino-bf16``) **once** with :func:`anpred.runner.run_model` into ``clean/``.
-2. :func:`clean_summary` judges that run (:func:`anpred.check.check_run`, consensus oracle), the
+2. :func:`clean_summary` judges that run (:func:`anpred.judge.check_run`, consensus oracle), the
    threshold baseline at every tolerance, and the end-result detections of every backend against the
    detections of the clean consensus output.
 3. :func:`run_configuration` injects one fault (:func:`passes.faults.inject_fault`) into the anchored
@@ -22,7 +22,7 @@ Definitions (per model):
 
 - detection: ANPRED flags ``fault`` (``BackendVerdict.flagged``); a baseline at tolerance ``t`` flags it
   when some output element has ``|x - r| > t`` and ``|x - r| / |r| > t`` against the reference
-  ``r`` (:class:`anpred.oracle.ThresholdCheck`, atol = rtol = t).
+  ``r`` (:class:`anpred.judge.ThresholdCheck`, atol = rtol = t).
 - false alarm: a clean fp32 backend flagged, on the all-clean configurations (the clean run and the
   null configuration) and among the clean backends of every faulty configuration. The baseline's
   verdicts on clean backends do not depend on the configuration (same reference, same tensors).
@@ -346,8 +346,7 @@ class CleanSummary:
 def clean_summary(setup: ModelSetup) -> CleanSummary:
     """Judge the clean run of ``setup`` (see :class:`CleanSummary`)."""
     from anpred.align import Aligner
-    from anpred.check import check_run
-    from anpred.oracle import ThresholdCheck
+    from anpred.judge import ThresholdCheck, check_run
     from anpred.runstore import RunStore
 
     t0 = time.monotonic()
@@ -444,7 +443,7 @@ class ConfigResult:
         clean_flagged: clean fp32 backends ANPRED flagged in this configuration (false alarms).
         threshold: tolerance (``"1e-05"`` ...) -> the baseline flagged ``fault``.
         critical_tolerance: the largest tolerance at which the baseline still flags ``fault``.
-        propagation, non_monotonic, output_flagged: from the verdict (:class:`anpred.oracle.BackendVerdict`).
+        propagation, non_monotonic, output_flagged: from the verdict (:class:`anpred.judge.BackendVerdict`).
         profile: per anchor (manifest order) the oracle's primary statistic of ``fault``.
         true_profile: per anchor the nRMSE of ``fault`` vs the clean ``ort`` tensors.
         injected_nrmse / output_nrmse: true size at the injection stage (max) / at the outputs.
@@ -568,8 +567,7 @@ def run_configuration(setup: ModelSetup, clean: CleanSummary, kind: str | None, 
     """
     import onnx
 
-    from anpred.check import check_run
-    from anpred.oracle import ThresholdCheck
+    from anpred.judge import ThresholdCheck, check_run
     from passes.faults import FaultError, inject_fault
 
     t0 = time.monotonic()

@@ -77,7 +77,7 @@ def _num(v):
 
 
 def append(db: str | Path, report) -> int:
-    """Append one check report (a :class:`anpred.check.CheckReport`) to ``db`` (created when missing);
+    """Append one check report (a :class:`anpred.judge.CheckReport`) to ``db`` (created when missing);
     returns the new run id. One transaction: either all rows are written or none.
 
     Raises:

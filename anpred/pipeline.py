@@ -20,7 +20,7 @@ Steps (each one the project's own module; nothing is re-implemented here):
 3. **map** the anchors onto the native graph (:func:`exporters.mapping.map_anchors`, torch-native /
    tf-native) when the model has a native origin.
 4. **run** every backend in its own process (:func:`anpred.runner.run_model`, mode ``tensors``).
-5. **align and judge** (:func:`anpred.check.check_run`: :class:`anpred.align.Aligner` then the
+5. **align and judge** (:func:`anpred.judge.check_run`: :class:`anpred.align.Aligner` then the
    consensus oracle of ``docs/oracle.md``).
 6. **report**: ``report.json`` (schema ``anpred.check/1``), ``report.html`` (plots embedded), and
    optionally a history database row (:func:`anpred.history.append`).
@@ -309,7 +309,7 @@ def check_native_backends(names: Iterable[str] | None, framework: str, label: st
 # ---- results ---------------------------------------------------------------------------------------
 @dataclass
 class TestResult:
-    """The typed verdict of :func:`test`: the :class:`anpred.check.CheckReport` plus where everything
+    """The typed verdict of :func:`test`: the :class:`anpred.judge.CheckReport` plus where everything
     was written. Truthy when every judged backend is consistent (like the report).
 
     Attributes:
@@ -346,7 +346,7 @@ class TestResult:
 
     @property
     def status(self) -> str:
-        """``consistent`` | ``flagged`` | ``incomplete`` | ``error`` (see :class:`anpred.check.CheckReport`)."""
+        """``consistent`` | ``flagged`` | ``incomplete`` | ``error`` (see :class:`anpred.judge.CheckReport`)."""
         return self.report.status
 
     @property
@@ -368,7 +368,7 @@ class TestResult:
 
     def standing(self) -> dict[str, str]:
         """Backend -> one word and a detail: ``consistent (max nRMSE X)`` (X: the largest pooled nRMSE
-        over the judged anchors, :meth:`anpred.check.CheckReport.largest_primary`), ``FLAGGED at <origin anchor>``,
+        over the judged anchors, :meth:`anpred.judge.CheckReport.largest_primary`), ``FLAGGED at <origin anchor>``,
         ``consensus (reference)``, ``unjudged``, or the run status (``failed: <reason>``)."""
         out = {}
         for b in self.backends:
@@ -645,7 +645,7 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
         seed: seed of the random inputs, of seeded zoo weights and of a zoo model's rendered pages or
             text lines (pages ``seed, seed + 1, ...``; the ultralytics photographs are fixed files).
         factory_kwargs: keyword arguments for a factory.
-        oracle, config, allow_incomplete: see :func:`anpred.check.check_run` (``allow_incomplete``:
+        oracle, config, allow_incomplete: see :func:`anpred.judge.check_run` (``allow_incomplete``:
             a report with gaps, e.g. a backend that failed, exits 0); history: SQLite file to append to.
         timeout_s: per backend limit in seconds (prepare + all samples).
         overwrite: replace ``out`` when it holds an earlier test (only once the new one is complete).
@@ -661,7 +661,7 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
         (checked before any export). Nothing is
         written then. A backend that fails or crashes does not raise: see ``result.statuses``.
     """
-    from anpred.check import ORACLES
+    from anpred.judge import ORACLES
 
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
@@ -730,7 +730,7 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
 
 def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, samples, stages, max_cut_width,
               imgsz, seed, oracle, config, allow_incomplete, timeout_s, quiet, seconds) -> TestResult:
-    from anpred.check import check_run
+    from anpred.judge import check_run
     from anpred.instrument import instrument_model
     from anpred.onnx_io import atomic_write_text, load_model, save_model
     from anpred.report import write_html, write_json

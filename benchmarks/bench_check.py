@@ -29,7 +29,7 @@ def _t(f, n):
 def kernels():
     from scipy.stats import wasserstein_distance
 
-    from anpred.oracle import median_of
+    from anpred.judge import median_of
 
     rng = np.random.default_rng(0)
     votes = [rng.standard_normal(102400) for _ in range(5)]
@@ -63,7 +63,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
-    from anpred.check import check_run
+    from anpred.judge import check_run
 
     run = Path(args.run) if args.run else build_run(Path(args.work))
     for i in range(args.repeat):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 def measure(name: str, size: int | None, work: Path, real: int, random: int) -> dict:
     import models
-    from anpred.check import check_run
+    from anpred.judge import check_run
     from anpred.defaults import OracleConfig
     from anpred.evaluation import prepare_model
 
@@ -54,7 +54,7 @@ def measure(name: str, size: int | None, work: Path, real: int, random: int) -> 
 
 
 def _rule(reason: str) -> str:
-    """Which oracle rule flagged a cell, from its reason (anpred.oracle.Oracle.finish)."""
+    """Which oracle rule flagged a cell, from its reason (anpred.judge.Oracle.finish)."""
     for prefix, rule in (("sustained", "sustained"), ("signal lost", "signal-lost")):
         if reason.startswith(prefix):
             return rule

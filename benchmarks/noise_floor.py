@@ -41,7 +41,7 @@ LOWP = ("ort-fp16", "ort-int8", "openvino-bf16")
 
 def measure(name: str, size: int | None, work: Path, real: int, random: int, reuse: bool, no_ref_above: int):
     import models
-    from anpred.check import check_run
+    from anpred.judge import check_run
     from anpred.defaults import OracleConfig
     from anpred.evaluation import prepare_model
 

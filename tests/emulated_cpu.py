@@ -19,10 +19,10 @@ from onnx import TensorProto, helper, numpy_helper
 def main(workdir: str) -> None:
     from anpred.backends.openvino import OpenVinoBf16Backend
     from anpred.backends.ort_lowp import OrtInt8Backend
-    from anpred.check import precision_notes
+    from anpred.judge import precision_notes
     from anpred.machine import machine_info
     from anpred.manifest import Anchor, AnchorManifest
-    from anpred.oracle import BackendInfo
+    from anpred.judge import BackendInfo
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.normal(size=(8, 3, 3, 3)).astype(np.float32), "w")

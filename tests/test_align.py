@@ -537,7 +537,7 @@ def yolo_run(yolo_anchored):
 
 @pytest.mark.slow
 def test_yolov8n_onnx2tf_nhwc_vs_ort_nchw(yolo_run):
-    from anpred.stats import error_stats
+    from anpred.judge import error_stats
 
     manifest, statuses = yolo_run["manifest"], yolo_run["statuses"]
     raw = {b: yolo_run["raw"][b][0] for b in ("ort", "tf")}
@@ -578,7 +578,7 @@ def test_onnx2tf_reorderings_stay_different(yolo_run):
     """onnx2tf runs the ONNX graph and reports its exact transform: a channel swap, flipped rows or
     rolled columns in its output is a defect. Each stays exactly as different as it is after the
     known permutation (no segment search), although an unrestricted search fits all three."""
-    from anpred.stats import error_stats
+    from anpred.judge import error_stats
 
     manifest, statuses = yolo_run["manifest"], yolo_run["statuses"]
     a = _model4(yolo_run["manifest"])
@@ -610,7 +610,7 @@ def test_onnx2tf_reorderings_stay_different(yolo_run):
 def test_onnx2tf_channel_swap_check_origin(yolo_run, tmp_path):
     """`anpred check` on a run whose tf (onnx2tf) model.4 has its channel halves swapped: tf is flagged
     with the origin at that anchor's stage, not one stage late, and no segment order is reported."""
-    from anpred.check import check_run
+    from anpred.judge import check_run
     from anpred.run import RunStore
 
     a4 = _model4(yolo_run["manifest"])
@@ -664,7 +664,7 @@ def test_native_reorderings_in_check_report(keras_case, tmp_path):
     """tf-native (a separate Keras graph): its conv2 channel halves swapped is found as a segment order
     (a port could concatenate so) and *reported* by `anpred check` (note per anchor, counted in the text
     summary); rows flipped (relu1) and a 3-column roll (pool1) stay different and are flagged."""
-    from anpred.check import check_run
+    from anpred.judge import check_run
     from anpred.report.text import format_text
 
     def edit(t):
@@ -697,7 +697,7 @@ def test_native_reorderings_in_check_report(keras_case, tmp_path):
 def test_pins_that_do_not_fit_leave_the_anchor_unaligned(keras_case, yolo_run, tmp_path):
     """A pin is never silently replaced: one that does not fit the shapes makes the anchor unaligned for
     that backend with the reason, and `anpred check` says so; a pin for an unknown backend is a warning."""
-    from anpred.check import check_run
+    from anpred.judge import check_run
     from anpred.report.text import format_text
 
     # on the onnx2tf output (4-D NHWC) of YOLOv8n

@@ -19,7 +19,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from anpred.backends import backend_class
-from anpred.check import CheckReport, check_run
+from anpred.judge import CheckReport, check_run
 from anpred.errors import AnpredError
 from anpred.instrument import instrument_model
 from anpred.onnx_io import save_model
@@ -536,7 +536,7 @@ def test_history_records_inputs_and_says_when_a_run_is_skipped(tmp_path, avgpool
 def test_html_verdict_table_shows_the_largest_nrmse(softplus_run, tmp_path):
     """Regression: the HTML verdict table labelled the nRMSE of the cell with the highest ratio to its
     threshold as the "worst nRMSE"; it now shows the largest nRMSE with its anchor, separately."""
-    from anpred.check import check_run
+    from anpred.judge import check_run
     from anpred.report import write_html
 
     rep = check_run(softplus_run[0])

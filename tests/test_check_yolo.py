@@ -23,7 +23,7 @@ LOWP = ("ort-fp16", "ort-int8", "openvino-bf16")
 @pytest.fixture(scope="module")
 def yolo_reports(tmp_path_factory):
     """``{name: (ModelSetup, CheckReport)}`` for yolov8n (clean + reduced precision) and yolov5n (clean)."""
-    from anpred.check import check_run
+    from anpred.judge import check_run
     from anpred.evaluation import prepare_model
 
     out = {}
@@ -83,7 +83,7 @@ def test_tf_and_openvino_share_kernels_and_one_vote(yolo_reports, name):
     setup, rep = yolo_reports[name]
     inner = [a["name"] for a in rep.anchors if a["kind"] not in ("output", "part")]
     outputs = [a["name"] for a in rep.anchors if a["kind"] in ("output", "part")]
-    assert len(outputs) > 1  # the outputs and the parts of them judged on their own (anpred.parts)
+    assert len(outputs) > 1  # the outputs and the parts of them judged on their own (anpred.judge.parts)
     same = _identical_samples(setup.clean_dir, "openvino", "tf")
     if not same:  # different kernels on this CPU: five separate votes everywhere
         assert rep.correlated == []
@@ -120,7 +120,7 @@ def test_reduced_precision_against_fp32_peers(yolo_reports):
 
     setup, rep = yolo_reports["yolov8n"]
     bf16 = kernel_isa(rep.machine["cpu_flags"])["bf16"] == "native"
-    judged = [a["name"] for a in rep.anchors]  # manifest anchors and the output's parts (anpred.parts)
+    judged = [a["name"] for a in rep.anchors]  # manifest anchors and the output's parts (anpred.judge.parts)
     anchors = [a["name"] for a in rep.anchors if a["kind"] != "part"]
     assert len(judged) == len(anchors) + 2  # output = Concat(boxes, class probabilities)
     out = anchors[-1]

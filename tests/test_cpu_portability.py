@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from anpred.machine import RELEVANT_FLAGS, cpu_flags, int16_saturation_possible, kernel_isa, machine_info
-from anpred.oracle import BackendInfo
+from anpred.judge import BackendInfo
 
 TESTS = Path(__file__).parent
 AVX2_ONLY = ["sse4_2", "avx", "avx2", "fma", "f16c"]

@@ -527,8 +527,8 @@ def test_run_diff_backend_pairs(anchored, fp16_runs, tmp_path):
     from anpred.defaults import OracleConfig
     from anpred.errors import JudgeError
     from anpred.diff import diff_runs
+    from anpred.judge import error_stats
     from anpred.run import RunStore, run_model
-    from anpred.stats import error_stats
 
     pa, _pb, man = anchored
     d = fp16_runs

@@ -1,4 +1,4 @@
-"""anpred.oracle on synthetic populations: consensus by family, outlier + floor rule, origin,
+"""anpred.judge.consensus on synthetic populations: consensus by family, outlier + floor rule, origin,
 propagation, NaN handling, reference fallback, config overrides (anpred.defaults)."""
 
 import math
@@ -8,7 +8,7 @@ import pytest
 
 from anpred.defaults import OracleConfig, load_config
 from anpred.errors import AnpredError
-from anpred.oracle import AnchorInfo, BackendInfo, Oracle, ThresholdCheck
+from anpred.judge import AnchorInfo, BackendInfo, Oracle, ThresholdCheck
 
 ANCHORS = [AnchorInfo("anchor/00/a", 0), AnchorInfo("anchor/01/b", 1), AnchorInfo("anchor/02/c", 2),
            AnchorInfo("output/y", 3, kind="output")]
@@ -231,7 +231,7 @@ def test_all_identical_votes_are_not_merged():
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 8, 9, 11])
 def test_median_of_equals_numpy(n):
-    from anpred.oracle import median_of
+    from anpred.judge import median_of
 
     rng = np.random.default_rng(n)
     arrs = [rng.standard_normal(1000) for _ in range(n)]
@@ -345,7 +345,7 @@ def test_anchor_descendants_on_a_real_graph():
     from onnx import helper as h
 
     from anpred.errors import GraphError
-    from anpred.oracle import anchor_descendants
+    from anpred.judge import anchor_descendants
 
     nodes = [h.make_node("Relu", ["x"], ["r"]), h.make_node("Neg", ["r"], ["a"]), h.make_node("Exp", ["r"], ["b"]),
              h.make_node("Abs", ["a"], ["a2"]), h.make_node("Add", ["a2", "b"], ["y"])]

@@ -1,4 +1,4 @@
-"""Parts of concatenated outputs (anpred.parts) and how the oracle judges them.
+"""Parts of concatenated outputs (anpred.judge.parts) and how the oracle judges them.
 
 Graph side: which parts ``output_parts`` finds (YOLOv8's Concat, YOLOv5's nested Concat -> Reshape ->
 Concat, a Transpose after the Concat, dynamic sizes, constants, parts that are anchors already).
@@ -17,11 +17,11 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from anpred.check import check_run
+from anpred.judge import check_run
 from anpred.defaults import OracleConfig
 from anpred.instrument import instrument_model
 from anpred.onnx_io import save_model
-from anpred.parts import output_parts
+from anpred.judge import output_parts
 from tests.test_check import _conv, _inputs, make_run
 
 BACKENDS = ["ort", "ort-noopt", "openvino", "onnx-reference", "torch"]
@@ -243,7 +243,7 @@ def test_part_range_rule_keeps_sub_range_deviations_unflagged(tmp_path):
     above the threshold, although no value moves by more than 1.3e-5 of the part's largest. Like a
     trained detector on a nearly blank page. The part range rule keeps ort unflagged (the same error
     flagged ort before it); a real fault (the approximated Sigmoid above) reaches 6.7e-4 of the range."""
-    from anpred.oracle import Cell
+    from anpred.judge import Cell
 
     am, man = detector_head(cls_bias=-10.0, seed=3, px=40.0, cls_scale=1.0)
     run = make_run(tmp_path, am, man, _inputs([1, 3, 16, 16], 3, 2), backends=BACKENDS)
@@ -269,7 +269,7 @@ def _part_oracle(fault: str, n: int = 6, seed: int = 0, a1_noise: float = 1e-5):
     class values). ``fault``: "carried" (backend ``fault``: 1e-5 relative noise at A1 below the floor,
     then +1e-3 on every class value) or "tail" (backend ``ort``: 1e-5 relative noise at A0 and A1, and
     1e-6 absolute error on class values that are all ~1e-6 but one at 1.0 per sample)."""
-    from anpred.oracle import AnchorInfo, BackendInfo, Oracle
+    from anpred.judge import AnchorInfo, BackendInfo, Oracle
 
     anchors = [AnchorInfo("anchor/00/A0", 0), AnchorInfo("anchor/01/A1", 1),
                AnchorInfo("output/OUT[:, 0:400]", 2, kind="part", part_of="output/OUT"),
@@ -328,7 +328,7 @@ def test_propagation_to_the_whole_output_and_the_part_flag():
 def test_a_flagged_origin_does_not_vanish_into_an_output_whose_part_is_flagged():
     """Origin A1 flagged itself (1e-4 noise), output flagged only at its class part: the step to the whole
     output is attenuated (diluted), not 'vanished' (review), and the text line names the part."""
-    from anpred.check import CheckReport
+    from anpred.judge import CheckReport
     from anpred.report.text import propagation_line
 
     res, (B, C, O) = _part_oracle("carried", a1_noise=1e-4)
@@ -359,7 +359,7 @@ def test_part_gaps_are_not_reported_twice():
     listed again; and a range ratio of inf (consensus 0) survives the JSON round trip."""
     import math
 
-    from anpred.oracle import AnchorInfo, BackendInfo, Cell, Oracle
+    from anpred.judge import AnchorInfo, BackendInfo, Cell, Oracle
 
     anchors = [AnchorInfo("a", 0), AnchorInfo("o[:, 0:2]", 1, kind="part", part_of="o"), AnchorInfo("o", 1, kind="output")]
     names = ["ort", "openvino", "onnx-reference", "torch"]

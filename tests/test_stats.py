@@ -1,11 +1,11 @@
-"""anpred.stats: error statistics against hand-computed values and library references."""
+"""anpred.judge.stats: error statistics against hand-computed values and library references."""
 
 import math
 
 import numpy as np
 import pytest
 
-from anpred.stats import ErrorStats, error_stats, ulp
+from anpred.judge import ErrorStats, error_stats, ulp
 
 
 def test_statistics_match_hand_computed_values():
@@ -93,9 +93,9 @@ def test_w1_formula_equals_scipy():
 
 
 def test_reference_shared_by_backends_matches_error_stats():
-    """anpred.stats.Reference (consensus prepared once) gives exactly error_stats' values, also with
+    """anpred.judge.Reference (consensus prepared once) gives exactly error_stats' values, also with
     NaN/Inf in the tensor or in the consensus."""
-    from anpred.stats import Reference
+    from anpred.judge import Reference
 
     rng = np.random.default_rng(5)
     c = rng.standard_normal((2, 3, 50))
@@ -114,6 +114,6 @@ def test_reference_shared_by_backends_matches_error_stats():
 
 def test_int8_backends_count_float32_ulps():
     """Quantized backends hand back dequantized float32 anchors: max_ulp is in float32 ULPs."""
-    from anpred.oracle import ulp_dtype
+    from anpred.judge import ulp_dtype
 
     assert [ulp_dtype(p) for p in ("fp32", "fp16", "bf16", "int8")] == ["float32", "float16", "bfloat16", "float32"]

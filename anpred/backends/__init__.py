@@ -11,7 +11,7 @@ import importlib
 from anpred.errors import BackendError
 
 # name -> "module:Class" (lazy). Families group backends that share kernels (one vote each in the
-# consensus, see anpred.oracle).
+# consensus, see anpred.judge.consensus).
 REGISTRY: dict[str, str] = {
     "ort": "anpred.backends.ort:OrtBackend",
     "ort-noopt": "anpred.backends.ort:OrtNoOptBackend",

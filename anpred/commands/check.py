@@ -33,7 +33,7 @@ def add_arguments(parser):
 def main(args) -> int:
     import sys
 
-    from anpred.check import check_run
+    from anpred.judge import check_run
     from anpred.report import format_text, write_html, write_json
 
     rep = check_run(args.run_dir, oracle=args.oracle, atol=args.atol, rtol=args.rtol,

@@ -36,7 +36,7 @@ def add_arguments(parser):
 
 
 def _clean(o):
-    """JSON has no NaN/Inf: encode them as strings (as anpred.stats does)."""
+    """JSON has no NaN/Inf: encode them as strings (as anpred.judge.stats does)."""
     import math
 
     if isinstance(o, float) and not math.isfinite(o):

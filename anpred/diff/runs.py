@@ -12,7 +12,7 @@ Two comparisons, chosen by the runs' mode (``run.json`` ``"mode"``):
 
 * **tensors** (both runs stored tensors): each run's tensors are aligned with that run's
   :class:`anpred.align.Aligner` to the canonical ONNX shape (float64) and compared with the oracle's
-  statistics (:func:`anpred.stats.error_stats`, run B's tensor ``x`` against run A's ``c``). The
+  statistics (:func:`anpred.judge.error_stats`, run B's tensor ``x`` against run A's ``c``). The
   statistic is ``OracleConfig.primary`` (nRMSE by default).
 * **stats** (either run is a ``anpred run --mode stats`` run, which stores per-sample summaries and no
   tensors; a tensors run's side is summarised the same way from its tensors): per sample and anchor
@@ -267,8 +267,8 @@ def diff_runs(run_a: str | Path, run_b: str | Path, *, config=None, backends: li
             the reasons).
     """
     from anpred.defaults import OracleConfig
+    from anpred.judge import error_stats
     from anpred.run import RunStore
-    from anpred.stats import error_stats
 
     cfg = config or OracleConfig()
     A, B = RunStore.open(run_a), RunStore.open(run_b)

@@ -275,7 +275,7 @@ class CellDiff:
     """One (anchor, backend pair): run B's value against run A's, worst sample.
 
     backend: the pair's label (``ort``, or ``ort=ort-fp16`` for a cross pair). stats: in tensors
-    mode :meth:`anpred.stats.ErrorStats.to_dict` of the worst sample; in stats mode both runs'
+    mode :meth:`anpred.judge.ErrorStats.to_dict` of the worst sample; in stats mode both runs'
     summaries (``mean_a``, ``mean_b``, ``std_*``, ``rms_*``, ``min_*``, ``max_*``, ``nan``, ``inf``,
     ``nan_ref``, ``inf_ref``). value: the statistic of the worst sample; floor: the noise floor it is
     compared with; moved: ``value > floor`` (or more NaN/Inf in B than in A); samples: paired samples

@@ -1,4 +1,4 @@
-"""Reports of a :class:`anpred.check.CheckReport`: terminal text, versioned JSON, HTML with plots."""
+"""Reports of a :class:`anpred.judge.CheckReport`: terminal text, versioned JSON, HTML with plots."""
 
 from anpred.report.html import write_html
 from anpred.report.json import read_json, write_json

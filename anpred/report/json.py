@@ -1,4 +1,4 @@
-"""Versioned JSON report (schema ``anpred.check/1``, see :class:`anpred.check.CheckReport`).
+"""Versioned JSON report (schema ``anpred.check/1``, see :class:`anpred.judge.CheckReport`).
 
 Non-finite floats are written as the strings ``"inf"``, ``"-inf"``, ``"nan"`` (JSON has none)."""
 
@@ -17,7 +17,7 @@ def write_json(report, path: str | Path) -> None:
 
 def read_json(path: str | Path):
     """Read a report written by :func:`write_json`. Raises AnpredError when unreadable or another schema."""
-    from anpred.check import CheckReport
+    from anpred.judge import CheckReport
     from anpred.errors import AnpredError
 
     try:

@@ -1,4 +1,4 @@
-"""Terminal summary of a :class:`anpred.check.CheckReport`: one line per backend (verdict, origin stage,
+"""Terminal summary of a :class:`anpred.judge.CheckReport`: one line per backend (verdict, origin stage,
 the largest primary statistic and its anchor, the highest ratio to threshold and its anchor), the statistics at each origin, the propagation profile with the ratio
 between consecutive anchors, the threshold baseline, and everything that could not be judged."""
 
@@ -50,7 +50,7 @@ def propagation_line(report, backend: str) -> str:
 
 
 def format_text(report) -> str:
-    """The terminal summary of ``report`` (a :class:`anpred.check.CheckReport`) as one string."""
+    """The terminal summary of ``report`` (a :class:`anpred.judge.CheckReport`) as one string."""
     lines = []
     model = report.model.get("name") or report.model.get("path") or report.model.get("source") or ""
     lines.append(f"anpred check {report.run_dir}  model {model}  samples {report.samples}  "

@@ -16,7 +16,7 @@ reference evaluation were missed this way).
 it (``[1, 3, 40, 40, 85] -> [1, 4800, 85]``) or everything up to it (``[1, C, H, W] -> [1, C, H*W]``),
 recursively, and returns the finest parts (at most :data:`MAX_PARTS`) as index expressions into the
 output's ONNX (canonical) shape, e.g. ``output/output0[:, 4:15]``. The oracle judges each part like an
-anchor (same stage, floor and peers as its output; :class:`anpred.oracle.Oracle`) with two guards
+anchor (same stage, floor and peers as its output; :class:`anpred.judge.consensus.Oracle`) with two guards
 (``docs/oracle.md``): a scale guard (``OracleConfig.part_min_scale``: a part is judged on its own only
 where its largest consensus magnitude is at least that fraction of its output's, so a random-weight
 detector's class probabilities of 1e-5 next to boxes of 500 px are judged only as part of the whole),
@@ -26,11 +26,18 @@ large relative to the RMS of nearly-all-zero probabilities and negligible relati
 
 Only outputs are split: inner anchors are feature maps of one kind; parts that are graph inputs,
 constants, or themselves anchors are left out (already judged, or equal everywhere).
+
+Contract: :func:`output_parts` never raises on odd graphs (what cannot be resolved statically is not
+split); an :class:`OutputPart` takes its view of an aligned output with :meth:`OutputPart.take`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from passes.graph import build_index
+
+__all__ = ["MAX_PARTS", "OutputPart", "add_part_views", "output_parts"]
 
 #: most parts judged per output; an output assembled from more is split at its top ``Concat`` only
 #: (if that is within the cap) or not at all.
@@ -120,8 +127,6 @@ def output_parts(model, outputs: dict[str, str], skip_values: set[str] | frozens
         ``Concat`` with static sizes along its axis have no entry). Never raises on odd graphs: what
         cannot be resolved statically is simply not split.
     """
-    from passes.graph import build_index
-
     g = model.graph
     try:
         idx = index if index is not None else build_index(g)
@@ -244,3 +249,16 @@ def _reshape_map(s_in: tuple[int, ...], s_out: tuple[int, ...], axis_map):
         return axis_map(a + shift)
 
     return m
+
+
+def add_part_views(tensors: dict[str, dict], unaligned: dict[tuple[str, str], str], parts: list[OutputPart]) -> None:
+    """Add each part of ``parts`` to one aligned sample, in place: ``tensors[part] = {backend: view}``
+    (:meth:`OutputPart.take` of the aligned output), and an unaligned output leaves its parts unaligned
+    too (``unaligned[(part, backend)]`` = the output's reason)."""
+    for p in parts:  # views into the aligned output; an unaligned output leaves its parts unjudged too
+        per = tensors.get(p.output) or {}
+        got = {b: v for b, v in ((b, p.take(t)) for b, t in per.items()) if v is not None}
+        tensors[p.name] = got
+        for (a, b), why in list(unaligned.items()):
+            if a == p.output:
+                unaligned[(p.name, b)] = why

@@ -1,5 +1,9 @@
 """Error statistics of one backend's tensor against a reference (the consensus), in float64.
 
+Contract: :func:`error_stats` / :class:`Reference` compute :class:`ErrorStats` (pure functions of the
+two tensors and the dtype whose ULP is counted); :func:`json_float` / :func:`from_json_float` are the
+one encoding of non-finite floats in the judge's JSON (strings ``"inf"``, ``"-inf"``, ``"nan"``).
+
 :func:`error_stats` is the one place these statistics are defined; the oracle, the graph/run diff and
 the reports all call it. Every statistic is computed on the positions where *both* the backend value
 and the consensus are finite; non-finite values of the backend are counted (``nan``, ``inf``) and never
@@ -28,7 +32,7 @@ Formulas (``d = x - c`` over the finite positions, ``n`` of them; ``||.||`` is t
   ``max_ulp`` is huge wherever the consensus is 0 and the backend is not; read it with ``max_abs``.
   Quantized (int8) backends return dequantized float32 anchors (an int8 step is a per-tensor scale, not
   a fixed unit), so their ``max_ulp`` is measured in **float32** ULPs, like fp32 backends'
-  (:func:`anpred.oracle.ulp_dtype`).
+  (:func:`ulp_dtype`).
 
 Dot products use ``numpy.einsum`` (no BLAS call: a BLAS thread pool competing with TensorFlow's or with
 other processes stalled ``@`` by tens of milliseconds per call on a busy 2-core machine).
@@ -41,6 +45,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
+
+__all__ = ["DTYPE_ALIASES", "Comparison", "ErrorStats", "Reference", "canonical_dtype", "error_stats",
+           "from_json_float", "json_float", "ulp", "ulp_dtype"]
 
 # Accepted dtype spellings -> canonical name.
 DTYPE_ALIASES: dict[str, str] = {
@@ -92,23 +99,25 @@ class ErrorStats:
     inf_ref: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: _json_float(v) for k, v in asdict(self).items()}
+        return {k: json_float(v) for k, v in asdict(self).items()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ErrorStats":
         names = {f.name for f in fields(cls)}
-        return cls(**{k: (_from_json_float(v) if k not in ("n", "nan", "inf", "nan_ref", "inf_ref") else int(v))
+        return cls(**{k: (from_json_float(v) if k not in ("n", "nan", "inf", "nan_ref", "inf_ref") else int(v))
                        for k, v in d.items() if k in names})
 
 
-def _json_float(v):
-    """JSON has no inf/nan: encode them as strings ``"inf"``, ``"-inf"``, ``"nan"``."""
+def json_float(v):
+    """JSON has no inf/nan: encode them as strings ``"inf"``, ``"-inf"``, ``"nan"`` (other values as
+    they are)."""
     if isinstance(v, float) and not math.isfinite(v):
         return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
     return v
 
 
-def _from_json_float(v):
+def from_json_float(v):
+    """The inverse of :func:`json_float`: a string (``"inf"``, ``"-inf"``, ``"nan"``) back to a float."""
     return float(v) if isinstance(v, str) else v
 
 
@@ -304,3 +313,10 @@ def error_stats(x: np.ndarray, c: np.ndarray, dtype: str = "float32") -> ErrorSt
             raise ValueError(f"error_stats: shapes {x.shape} and {c.shape} do not match") from err
     canonical_dtype(dtype)
     return Reference(c).compare(x, dtype).stats
+
+
+def ulp_dtype(precision: str) -> str:
+    """The dtype whose ULP ``max_ulp`` counts for a backend of ``precision``: fp32 -> float32, fp16 ->
+    float16, bf16 -> bfloat16, int8 -> **float32** (quantized backends hand back dequantized float32
+    anchors; an int8 step is a per-tensor scale, not a unit of the anchor's dtype)."""
+    return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "float32"}.get(precision, "float32")

@@ -1,0 +1,408 @@
+"""The consensus population-deviation oracle: consensus per anchor and sample, streaming accumulation,
+and the verdicts it hands on (:class:`Oracle`).
+
+Contract: :class:`Oracle` receives one aligned sample per :meth:`Oracle.add` and returns an
+:class:`anpred.judge.struct.OracleResult` from :meth:`Oracle.finish`; the flagging rules of a cell and a
+backend are in :mod:`anpred.judge.verdict`, origin and propagation in :mod:`anpred.judge.localize`.
+
+Streaming: :class:`Oracle` receives one aligned sample at a time (``{anchor: {backend: float64
+array}}``, canonical ONNX shape) and keeps, per (anchor, backend), a few sums, the per-sample primary
+statistic and a bounded reservoir of values for plots; nothing else survives a sample.
+
+Per sample and anchor (formulas and defaults: ``docs/oracle.md``, :mod:`anpred.defaults`):
+
+1. **Consensus** ``c``: voting backends (fp32, not a reduced-precision variant) are grouped into
+   families; a family's vote is the element-wise median of its members; ``c`` is the element-wise
+   median (NaN-ignoring) of the family votes when at least ``min_voters`` families voted, else the
+   tensor of one named reference backend (which is then not judged at that anchor).
+   **Correlated families** are merged: family votes that are bit-identical at this anchor and sample
+   (nRMSE between them <= ``correlated_nrmse``, default 0) while another family's vote differs count as
+   one vote (e.g. TensorFlow and OpenVINO both running oneDNN kernels), as long as at least
+   ``min_voters`` distinct votes remain; the result lists where this happened.
+2. Each backend's deviation from ``c`` (:class:`anpred.judge.stats.Reference`), accumulated over samples
+   (:mod:`anpred.judge.accumulate`).
+   Every (anchor, backend, sample) that could not be judged is recorded with its reason: a verdict
+   lists the anchors it could not judge (``unjudged``) and those judged on only part of the samples
+   (``partial``); its ``status`` is then ``incomplete`` (``unjudged`` when nothing was judged), never
+   plainly ``consistent``.
+
+After the last sample, per (anchor, backend), the pooled primary statistic ``S`` (nRMSE over the
+whole population: ``sqrt(sum_s ||x_s - c_s||^2 / sum_s ||c_s||^2)``) is compared with its peers
+(judged backends of *other* families that vote): **flagged** when ``S > k * median(S_peers)`` and
+``S > floor(precision, stage)``, or when the backend produced NaN/Inf where the consensus is finite.
+Peers exclude backends merged with it (correlated) at that anchor. Without peers the floor alone
+decides. **Localization**: the first flagged anchor in manifest (topological) order is where the
+deviation first exceeds the flagging threshold; the **origin** is traced back from it along the data
+flow to the earliest ancestor anchor from which the backend departs from its peers without a break
+(``S > origin_k * median(S_peers)`` and ``S > origin_floor_fraction * floor`` at that anchor and at
+every judged anchor between it and the first flagged one): a fault born below the floor and flagged
+only where it has grown is placed where it was born, not where it crossed the line. **Sustained
+departure**: a voting backend that departs (same test) at ``sustained_anchors`` (3) or more judged
+anchors in a row along the data flow is flagged at each of them, even below the floor (one anchor at 4x
+its peers can be noise; a run of them is an error carried through the network). Neither rule applies
+to reduced-precision variants, which depart from their fp32 peers everywhere by design. **Signal
+lost**: a backend of any precision whose pooled cosine similarity with a nonzero consensus is <= 0 (an
+all-zero tensor, or one with no positive correlation) is flagged there whatever its floor (int8's is
+above the nRMSE of 1 such a tensor has), provided its peers are > k times closer. **Parts**
+of concatenated outputs (:mod:`anpred.judge.parts`, ``AnchorInfo.part_of``) are judged like anchors with
+their output's stage when their largest |consensus| is at least ``part_min_scale`` x their output's
+(else left out, with a note) and flagged only where, besides the rule above, their largest deviation
+exceeds the floor times their largest |consensus| (**part range rule**: a part judged relative to its
+RMS, e.g. class probabilities that are nearly all 0, would otherwise turn deviations far below its
+range, such as ONNX Runtime's Sigmoid tail, into flags); a part and its own output are not two links of
+one data-flow chain. The **propagation** profile gives the ratio of ``S`` between consecutive judged
+anchors along the data flow: the origin and its descendants
+(:func:`anpred.judge.localize.anchor_descendants`, from the run's model), so that anchors of a parallel
+branch the fault cannot reach are left out.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+
+from anpred.defaults import OracleConfig
+from anpred.judge.accumulate import Accumulator, Reservoir
+from anpred.judge.localize import Localizer
+from anpred.judge.stats import ErrorStats, Reference, ulp_dtype
+from anpred.judge.struct import AnchorInfo, BackendInfo, Cell, OracleResult
+from anpred.judge.verdict import backend_verdict, gap_text, judge_cell
+
+__all__ = ["Oracle", "median_of"]
+
+
+class Oracle:
+    """Streaming judge of aligned samples.
+
+    Args:
+        anchors: anchors in manifest (topological) order.
+        backends: the backends of the run (names must be unique).
+        config: decision parameters (:class:`anpred.defaults.OracleConfig`).
+        reference: backend used as consensus when fewer than ``config.min_voters`` families vote
+            (default: the first present in ``config.reference_priority``, else the first voter).
+        seed: seed of the plot reservoirs.
+        descendants: anchor name -> names of the anchors downstream of it in the data flow (see
+            :func:`anpred.judge.localize.anchor_descendants`); None: propagation follows the manifest
+            order (a note says so when a backend is flagged).
+
+    Use :meth:`add` once per sample, then :meth:`finish`.
+    """
+
+    def __init__(self, anchors: list[AnchorInfo], backends: list[BackendInfo], config: OracleConfig | None = None,
+                 reference: str | None = None, seed: int = 0, descendants: dict[str, set[str]] | None = None):
+        self.cfg = config or OracleConfig()
+        self.descendants = descendants
+        self.anchors = list(anchors)
+        self.backends = {b.name: b for b in backends}
+        self.reference = reference
+        self.rng = np.random.default_rng(seed)
+        self.acc: dict[tuple[str, str], Accumulator] = {}
+        # (anchor, backend) -> reason -> sample ids where that backend could not be judged there
+        self.gaps: dict[tuple[str, str], dict[str, list[str]]] = {}
+        self.anchor_gaps: dict[str, dict[str, list[str]]] = {}  # anchor -> reason -> sample ids
+        self.ref_at: dict[tuple[str, str], int] = {}  # (anchor, backend) -> samples it was the consensus
+        self.merged: dict[str, dict[frozenset, int]] = {a.name: {} for a in self.anchors}
+        self.apart: dict[str, dict[frozenset, int]] = {a.name: {} for a in self.anchors}
+        self.consensus_modes: dict[str, set[str]] = {a.name: set() for a in self.anchors}
+        self.samples = 0
+        self.sample_ids: list[str] = []
+        # largest finite |consensus| over the samples, for parts and their outputs (scale guard)
+        self._part_of = {a.name: a.part_of for a in self.anchors if a.part_of}
+        self._scaled = set(self._part_of) | set(self._part_of.values())
+        self.consensus_max: dict[str, float] = {}
+        self.skipped_parts: dict[str, str] = {}  # part -> why it was not judged on its own
+
+    # ---- consensus ------------------------------------------------------------------------------
+    def _pick_reference(self, present: list[str]) -> str | None:
+        if self.reference is not None:
+            return self.reference if self.reference in present else None
+        for name in self.cfg.reference_priority:
+            if name in present and name in self.backends and self.backends[name].votes:
+                return name
+        voters = [b for b in present if self.backends[b].votes]
+        return voters[0] if voters else None
+
+    def _identical(self, a: np.ndarray, b: np.ndarray) -> bool:
+        tol = self.cfg.correlated_nrmse
+        if tol <= 0:
+            return bool(np.array_equal(a, b))
+        d = (a - b).ravel()
+        bb = float(np.einsum("i,i->", b.ravel(), b.ravel()))
+        dd = float(np.einsum("i,i->", d, d))
+        return bool(np.isfinite(dd)) and (dd == 0.0 or (bb > 0 and math.sqrt(dd / bb) <= tol))
+
+    def _groups(self, votes: dict[str, np.ndarray]) -> list[list[str]]:
+        """Families whose votes are identical (``correlated_nrmse``) grouped; singletons otherwise.
+        No merge when all are identical (nothing tells correlation from agreement) or when fewer than
+        ``min_voters`` distinct votes would remain."""
+        groups: list[list[str]] = []
+        for f in sorted(votes):
+            for g in groups:
+                if self._identical(votes[f], votes[g[0]]):
+                    g.append(f)
+                    break
+            else:
+                groups.append([f])
+        if len(groups) < self.cfg.min_voters:
+            return [[f] for f in sorted(votes)]
+        return groups
+
+    def consensus(self, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray | None, str, str | None]:
+        """Consensus of one anchor in one sample. Returns ``(c, mode, reference)`` with mode
+        ``median:<families>`` (merged families joined by ``+``) or ``reference:<name>``; ``c`` is None
+        when no consensus can be formed."""
+        c, mode, ref, _ = self._consensus(arrays)
+        return c, mode, ref
+
+    def _consensus(self, arrays):
+        fams: dict[str, list[np.ndarray]] = {}
+        for b, a in arrays.items():
+            info = self.backends[b]
+            if info.votes and np.isfinite(a).any():
+                fams.setdefault(info.family, []).append(a)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices give NaN, counted later
+            if len(fams) >= self.cfg.min_voters:
+                votes = {f: (m[0] if len(m) == 1 else median_of(m)) for f, m in fams.items()}
+                groups = self._groups(votes)
+                c = median_of([votes[g[0]] for g in groups])
+                mode = "median:" + ",".join(sorted("+".join(g) for g in groups))
+                return c, mode, None, groups
+        ref = self._pick_reference([b for b in arrays if np.isfinite(arrays[b]).any()])
+        if ref is None:
+            return None, "none", None, []
+        return arrays[ref], f"reference:{ref}", ref, []
+
+    # ---- streaming ------------------------------------------------------------------------------
+    def _gap(self, anchor: str, backend: str, why: str, sid: str) -> None:
+        self.gaps.setdefault((anchor, backend), {}).setdefault(why, []).append(sid)
+
+    def add(self, tensors: dict[str, dict[str, np.ndarray]], unaligned: dict[tuple[str, str], str] | None = None,
+            sample_id: str | None = None, absent: dict[str, str] | None = None) -> None:
+        """Judge one sample.
+
+        Args:
+            tensors: ``{anchor: {backend: array}}`` (aligned, canonical shape).
+            unaligned: ``{(anchor, backend): reason}`` for tensors the aligner could not align.
+            sample_id: the sample's id (for the report of what could not be judged).
+            absent: ``{backend: reason}`` for backends that stored nothing for this sample.
+        """
+        sid = sample_id if sample_id is not None else f"#{self.samples}"
+        self.samples += 1
+        self.sample_ids.append(sid)
+        unaligned = {tuple(k): v for k, v in (unaligned or {}).items()}
+        absent = absent or {}
+        for a in self.anchors:
+            raw = tensors.get(a.name) or {}
+            got: dict[str, np.ndarray] = {}
+            why: dict[str, str] = {}
+            for b in self.backends:
+                if b in raw:
+                    got[b] = np.asarray(raw[b], dtype=np.float64)
+                elif b in absent:
+                    why[b] = absent[b]
+                elif (a.name, b) in unaligned:
+                    why[b] = f"not aligned: {unaligned[(a.name, b)]}"
+                else:
+                    why[b] = "anchor missing in this backend's output"
+            # shapes: the voters' most common shape is canonical; others cannot be judged
+            if got:
+                shapes: dict[tuple, int] = {}
+                for b, v in got.items():
+                    shapes[v.shape] = shapes.get(v.shape, 0) + (2 if self.backends[b].votes else 1)
+                canon = max(shapes, key=shapes.get)
+                for b in [b for b, v in got.items() if v.shape != canon]:
+                    why[b] = f"shape {list(got[b].shape)} differs from the other backends' shape {list(canon)}"
+                    del got[b]
+            for b, w in why.items():
+                self._gap(a.name, b, w, sid)
+            if len(got) < 2:
+                unal = [f"{b}: {w[len('not aligned: '):]}" for b, w in why.items() if w.startswith("not aligned: ")]
+                other = [f"{b}: {w}" for b, w in why.items() if not w.startswith("not aligned: ")]
+                parts = [f"fewer than two backends produced it ({', '.join(got)})" if got
+                         else "no backend produced a usable tensor"]
+                if unal:
+                    parts.append("not aligned: " + "; ".join(unal))
+                parts.extend(other)
+                msg = "; ".join(parts)
+                self.anchor_gaps.setdefault(a.name, {}).setdefault(msg, []).append(sid)
+                for b in got:
+                    self._gap(a.name, b, "no other backend to compare with here", sid)
+                continue
+            c, mode, ref, groups = self._consensus(got)
+            if c is None or not np.isfinite(c).any():
+                msg = ("no finite value in any voting backend (all NaN/Inf): no consensus" if c is None
+                       else "consensus has no finite value")
+                self.anchor_gaps.setdefault(a.name, {}).setdefault(msg, []).append(sid)
+                for b in got:
+                    self._gap(a.name, b, msg, sid)
+                continue
+            self.consensus_modes[a.name].add(mode)
+            if a.name in self._scaled:
+                with np.errstate(invalid="ignore"):
+                    m = float(np.nanmax(np.abs(np.where(np.isfinite(c), c, np.nan)))) if c.size else 0.0
+                self.consensus_max[a.name] = max(self.consensus_max.get(a.name, 0.0), m)
+            for g in groups:
+                key = frozenset(g)
+                if len(g) > 1:
+                    self.merged[a.name][key] = self.merged[a.name].get(key, 0) + 1
+            ref_tensor = Reference(c)
+            for b, x in got.items():
+                if b == ref:
+                    self.ref_at[(a.name, b)] = self.ref_at.get((a.name, b), 0) + 1
+                    continue
+                acc = self.acc.get((a.name, b))
+                if acc is None:
+                    acc = self.acc[(a.name, b)] = Accumulator(self.cfg.primary, Reservoir(self.cfg.reservoir, self.rng))
+                acc.add(ref_tensor.compare(x, ulp_dtype(self.backends[b].precision)))
+
+    # ---- verdicts -------------------------------------------------------------------------------
+    def _primary(self, s: ErrorStats) -> float:
+        return float(getattr(s, self.cfg.primary))
+
+    def _merged_families(self, anchor: str, family: str) -> set[str]:
+        out: set[str] = set()
+        for g in self.merged.get(anchor, {}):
+            if family in g:
+                out |= g
+        out.discard(family)
+        return out
+
+    def _guard_parts(self, notes: list[str]) -> None:
+        """Leave out the parts that fail the scale guard (``part_min_scale``): from here on
+        ``self.anchors`` holds the anchors that are judged (manifest anchors and kept parts)."""
+        keep = []
+        for a in self.anchors:
+            if a.part_of:
+                pm, om = self.consensus_max.get(a.name, 0.0), self.consensus_max.get(a.part_of, 0.0)
+                if not (om > 0 and pm >= self.cfg.part_min_scale * om):
+                    self.skipped_parts[a.name] = (f"largest |consensus| {pm:.3g} < part_min_scale "
+                                                  f"{self.cfg.part_min_scale:g} x its output's {om:.3g}")
+                    continue
+            keep.append(a)
+        if self.skipped_parts:
+            notes.append(f"{len(self.skipped_parts)} part(s) of concatenated outputs judged only as part of the whole "
+                         f"output (scale guard part_min_scale = {self.cfg.part_min_scale:g}): " +
+                         "; ".join(f"{k}: {v}" for k, v in list(self.skipped_parts.items())[:4]) +
+                         (" ..." if len(self.skipped_parts) > 4 else ""))
+        self.anchors = keep
+
+    def finish(self) -> OracleResult:
+        """Decide every (anchor, backend) over the samples seen, then each backend's verdict."""
+        notes: list[str] = []
+        self._guard_parts(notes)
+        cells = self._cells()
+        loc = Localizer(self.anchors, self.backends, self.cfg, self.descendants, self._part_of)
+        if self.cfg.sustained_anchors >= 2:
+            loc.mark_sustained(cells)
+        verdicts = {b: backend_verdict(info, self.anchors, cells, gaps=self.gaps, ref_at=self.ref_at,
+                                       samples=self.samples, localizer=loc)
+                    for b, info in self.backends.items()}
+        consensus = {a.name: sorted(self.consensus_modes[a.name]) for a in self.anchors}
+        notes.extend(self._basis_notes(verdicts, consensus))
+        unjudged_anchors = self._unjudged_anchors(cells, notes)
+        correlated = self._correlated()
+        notes.extend(self._correlated_notes(correlated))
+        return OracleResult(
+            cells=[cells[k] for a in self.anchors for k in [(a.name, b) for b in self.backends] if k in cells],
+            verdicts=verdicts, consensus=consensus, unjudged_anchors=unjudged_anchors, notes=notes,
+            correlated=correlated, samples=self.samples,
+            plot_data={k: acc.res.data for k, acc in self.acc.items()})
+
+    def _basis_notes(self, verdicts, consensus: dict[str, list[str]]) -> list[str]:
+        """Notes on what the verdicts rest on: the manifest order (data flow unknown), a reference."""
+        notes = []
+        if self.descendants is None and any(v.flagged for v in verdicts.values()):
+            notes.append("propagation follows the manifest order (the run's data flow is unknown): parallel "
+                         "branches interleave there, so ratios and non-monotonic marks may mix branches")
+        ref_modes = sorted({m for ms in consensus.values() for m in ms if m.startswith("reference:")})
+        if ref_modes:
+            notes.append("fewer than %d voting families at some anchors: consensus = %s (the reference is not judged "
+                         "there; verdicts rest on the noise floor and fewer peers)"
+                         % (self.cfg.min_voters, ", ".join(ref_modes)))
+        return notes
+
+    def _unjudged_anchors(self, cells: dict[tuple[str, str], Cell], notes: list[str]) -> dict[str, str]:
+        """Anchors no backend could be judged at -> why; a note per anchor with gaps (appended to ``notes``)."""
+        unjudged_anchors: dict[str, str] = {}
+        for a in self.anchors:
+            gaps = self.anchor_gaps.get(a.name)
+            if not gaps or a.part_of:
+                continue
+            text = gap_text(gaps, self.samples)
+            if not any(k[0] == a.name for k in cells):
+                unjudged_anchors[a.name] = text
+                notes.append(f"anchor {a.name} could not be judged: {text}")
+            else:
+                notes.append(f"anchor {a.name} could not be judged in some samples: {text}")
+        return unjudged_anchors
+
+    def _correlated_notes(self, correlated: list[dict[str, Any]]) -> list[str]:
+        cfg, notes = self.cfg, []
+        for c in correlated:
+            n_all = len(self.anchors)
+            tol = "bit-identical" if cfg.correlated_nrmse <= 0 else f"within nRMSE {cfg.correlated_nrmse:g}"
+            differ = f"; judged apart at {', '.join(c['differ'][:4])}{' ...' if len(c['differ']) > 4 else ''}" \
+                if c["differ"] else ""
+            notes.append(f"correlated backends: {' and '.join(c['backends'])} (families {', '.join(c['families'])}) "
+                         f"gave {tol} tensors at {len(c['anchors'])} of {n_all} anchors (in {min(c['anchors'].values())}"
+                         f"-{max(c['anchors'].values())} of {self.samples} samples each): counted as one consensus vote "
+                         f"there (shared kernels){differ}")
+        return notes
+
+    def _cells(self) -> dict[tuple[str, str], Cell]:
+        """Every judged (anchor, backend), decided against its peers (:func:`judge_cell`)."""
+        cells: dict[tuple[str, str], Cell] = {}
+        pooled = {k: acc.pooled() for k, acc in self.acc.items()}
+        for a in self.anchors:
+            judged = [b for b in self.backends if (a.name, b) in pooled]
+            for b in judged:
+                info = self.backends[b]
+                corr = self._merged_families(a.name, info.family)
+                peers = [self._primary(pooled[(a.name, p)]) for p in judged
+                         if p != b and self.backends[p].votes and self.backends[p].family != info.family
+                         and self.backends[p].family not in corr]
+                peers = [v for v in peers if not math.isnan(v)]
+                cells[(a.name, b)] = judge_cell(a, info, self.acc[(a.name, b)], pooled[(a.name, b)], peers, self.cfg,
+                                                self.consensus_max.get(a.name, 0.0))
+        return cells
+
+    def _correlated(self) -> list[dict[str, Any]]:
+        groups: dict[frozenset, dict[str, int]] = {}
+        for a in self.anchors:
+            for g, n in self.merged[a.name].items():
+                groups.setdefault(g, {})[a.name] = n
+        out = []
+        for g, anchors in groups.items():
+            fams = sorted(g)
+            members = [b for b, i in self.backends.items() if i.votes and i.family in g]
+            differ = [a.name for a in self.anchors if a.name not in anchors and
+                      sum(1 for b in members if (a.name, b) in self.acc) >= 2]
+            out.append({"families": fams, "backends": members, "anchors": anchors, "differ": differ})
+        return out
+
+def median_of(arrays: list[np.ndarray]) -> np.ndarray:
+    """Element-wise median of a few equally shaped float64 arrays (``np.nanmedian(stack, axis=0)``).
+
+    Without NaN and with at most 9 arrays it runs a compare-exchange sorting network of
+    ``np.minimum``/``np.maximum`` (contiguous passes; measured 1.2 ms against 15 ms for ``np.median``
+    over axis 0 of a 5 x 102,400 stack, identical results); otherwise ``np.nanmedian``."""
+    n = len(arrays)
+    if n == 1:
+        return arrays[0]
+    if n > 9 or any(np.isnan(a).any() for a in arrays):
+        return np.nanmedian(np.stack(arrays), axis=0)
+    if n == 2:
+        return 0.5 * (arrays[0] + arrays[1])
+    v = list(arrays)
+    # bubble network: after pass i the largest i+1 values sit at the end; half the passes suffice
+    need = n // 2 + 1
+    for i in range(need):
+        for j in range(n - 1 - i):
+            lo, hi = np.minimum(v[j], v[j + 1]), np.maximum(v[j], v[j + 1])
+            v[j], v[j + 1] = lo, hi
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+

@@ -1,0 +1,169 @@
+"""Judging the samples of a run folder, one at a time: read each usable backend's stored tensors,
+align them (:class:`anpred.align.Aligner`), add the parts of concatenated outputs, and feed the
+consensus oracle and/or the threshold baseline.
+
+Contract: :func:`judge_samples` takes a :class:`Judging` (the run and the report being filled, as
+:func:`anpred.judge.check.usable_backends` leaves them), appends its notes (data flow, threshold
+baseline) and the sample count to that report, and returns a :class:`Judged` whose oracle and
+baseline are ready to ``finish()``. Nothing of a sample's tensors outlives its turn of the loop but
+what the accumulators keep. An unreadable tensor file is a :class:`anpred.errors.JudgeError`
+(:func:`read_tensors`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from anpred.defaults import OracleConfig
+from anpred.errors import JudgeError
+from anpred.judge.consensus import Oracle
+from anpred.judge.localize import DataFlow, run_dataflow
+from anpred.judge.parts import OutputPart, add_part_views
+from anpred.judge.struct import AnchorInfo, BackendInfo, CheckReport
+from anpred.judge.threshold import ThresholdCheck
+
+__all__ = ["Judged", "Judging", "judge_samples", "judged_anchors", "read_tensors", "tensor_file"]
+
+
+@dataclass
+class Judging:
+    """A run folder being judged.
+
+    Attributes:
+        store: the run (:class:`anpred.run.RunStore`).
+        report: the report being filled (``report.oracle``: which oracle(s); ``report.backends``: the
+            backend table).
+        config: decision parameters.
+        usable: the backends that can be judged, in run order.
+        reference: the backend asked for as reference (None: chosen by ``config.reference_priority``).
+        atol, rtol: the threshold baseline's tolerances.
+    """
+
+    store: Any
+    report: CheckReport
+    config: OracleConfig
+    usable: list[str]
+    reference: str | None = None
+    atol: float = 1e-5
+    rtol: float = 1e-5
+
+
+@dataclass
+class Judged:
+    """What judged the samples: ``oracle`` (None unless the consensus oracle was asked for),
+    ``threshold`` (None unless the baseline was), the ``parts`` judged beside the anchors and the
+    aligner's report (``alignment``, :class:`anpred.align.AlignmentReport`)."""
+
+    oracle: Oracle | None
+    threshold: ThresholdCheck | None
+    parts: list[OutputPart]
+    alignment: Any
+
+
+def judge_samples(run: Judging) -> Judged:
+    """Feed every sample of ``run`` to the oracle(s) it asks for (module docstring).
+
+    Raises:
+        AnpredError: a manifest pin is malformed (``AlignmentError``).
+        JudgeError: a stored tensor file is unreadable.
+    """
+    store, report, cfg = run.store, run.report, run.config
+    consensus = report.oracle in ("consensus", "both")
+    flow = run_dataflow(store, cfg.split_outputs) if consensus else DataFlow()
+    if flow.note:
+        report.notes.append(flow.note)
+    binfos = [BackendInfo.make(b, report.backends[b]["family"], report.backends[b]["precision"], cfg,
+                               requested=report.backends[b].get("precision_requested") or None)
+              for b in run.usable]
+    orc = Oracle(judged_anchors(store.manifest, flow.parts), binfos, cfg, reference=run.reference,
+                 descendants=flow.descendants) if consensus else None
+    thr = _threshold_check(run, binfos) if report.oracle in ("threshold", "both") else None
+    aligner = _aligner(store, run.usable)
+    names = set(store.manifest.names())
+    for sid in store.sample_ids:
+        tensors, unaligned, absent = _aligned_sample(store, aligner, run.usable, sid, names, flow.parts)
+        if orc is not None:
+            orc.add(tensors, unaligned, sample_id=sid, absent=absent)
+        if thr is not None:
+            thr.add(tensors)
+        report.samples += 1
+    return Judged(oracle=orc, threshold=thr, parts=flow.parts, alignment=aligner.report())
+
+
+def judged_anchors(manifest, parts: list[OutputPart]) -> list[AnchorInfo]:
+    """The manifest's anchors in its order, each output's ``parts`` just before it (their values
+    precede it in the data flow), with the output's stage and dtype."""
+    parts_of: dict[str, list[OutputPart]] = {}
+    for p in parts:
+        parts_of.setdefault(p.output, []).append(p)
+    anchors = []
+    for a in manifest.anchors:
+        anchors.extend(AnchorInfo(p.name, a.stage, "part", "Concat", a.dtype, part_of=a.name)
+                       for p in parts_of.get(a.name, []))
+        anchors.append(AnchorInfo(a.name, a.stage, a.kind, a.op_type, a.dtype))
+    return anchors
+
+
+def _threshold_check(run: Judging, binfos: list[BackendInfo]) -> ThresholdCheck:
+    """The baseline on the output anchors (else the last stage's) against the reference (asked for,
+    else the first usable in ``reference_priority``, else the first voter); a note says so."""
+    manifest, usable, cfg = run.store.manifest, run.usable, run.config
+    outputs = [a.name for a in manifest.anchors if a.kind == "output"] or \
+        [a.name for a in manifest.anchors if a.stage == max(x.stage for x in manifest.anchors)]
+    ref = run.reference or next((b for b in cfg.reference_priority if b in usable), None) or \
+        next((b.name for b in binfos if b.votes), usable[0])
+    run.report.notes.append(f"threshold baseline: element-wise |x-r| <= atol={run.atol:g} or |x-r|/|r| <= "
+                            f"rtol={run.rtol:g} on {len(outputs)} output anchor(s) against {ref}")
+    return ThresholdCheck(outputs, usable, ref, run.atol, run.rtol)
+
+
+def _aligner(store, usable: list[str]):
+    """An :class:`anpred.align.Aligner` over the usable backends' run records.
+
+    Raises:
+        AnpredError: a manifest pin is malformed (``AlignmentError``).
+    """
+    from anpred.align import Aligner
+
+    statuses = {k: v for k, v in store.statuses().items() if k in usable}
+    return Aligner(store.manifest, statuses)
+
+
+def _aligned_sample(store, aligner, usable: list[str], sid: str, names: set[str], parts: list[OutputPart]):
+    """One sample read and aligned: ``(tensors, unaligned, absent)`` for :meth:`Oracle.add`
+    (``unaligned``: ``{(anchor, backend): reason}``; ``absent``: backends that stored nothing for it);
+    stored anchors the manifest does not know are ignored."""
+    raw, absent = {}, {}
+    for b in usable:
+        t = read_tensors(store, b, sid)
+        if not t:
+            absent[b] = "no tensors stored for this sample"
+            continue
+        raw[b] = {k: v for k, v in t.items() if k in names}
+    res = aligner.align(sid, raw)
+    tensors = res.tensors
+    unaligned = {(a, b): str(why) for a, per in res.unaligned.items() for b, why in per.items()}
+    add_part_views(tensors, unaligned, parts)
+    return tensors, unaligned, absent
+
+
+def tensor_file(store, backend: str, sample_id: str) -> Path:
+    """The file that holds (or would hold) ``backend``'s anchors of one sample."""
+    return store.anchor_file(backend, sample_id) or store.backend_dir(backend) / f"{sample_id}.safetensors"
+
+
+def read_tensors(store, backend: str, sample_id: str) -> dict[str, np.ndarray]:
+    """``store.read_anchors`` (empty when that backend stored nothing for the sample) with unreadable
+    files turned into a :class:`JudgeError` (exit 2) that names the file and what to do."""
+    import zipfile
+
+    try:
+        return store.read_anchors(backend, sample_id)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, KeyError) as err:
+        path = tensor_file(store, backend, sample_id)
+        raise JudgeError(f"{path}: unreadable tensor file ({type(err).__name__}: {err}); re-run backend "
+                         f"{backend!r} or delete the file to judge the run without that sample") from err

@@ -1,0 +1,155 @@
+"""The oracle's decisions: one cell (a backend at an anchor) and one backend over all anchors.
+
+Contract: :func:`judge_cell` turns an (anchor, backend)'s pooled statistics and its peers' primary
+statistics into a :class:`anpred.judge.struct.Cell` (flagged or not, and why); :func:`backend_verdict`
+turns a backend's cells and gaps into a :class:`anpred.judge.struct.BackendVerdict` (status, what
+could not be judged, worst anchor) and hands origin and propagation to
+:meth:`anpred.judge.localize.Localizer.localize`. Rules (``docs/oracle.md``):
+
+- **outlier + floor**: flagged when ``S > k * median(S_peers)`` and ``S > floor(precision, stage)``
+  (the floor alone without peers), or when the backend produced NaN/Inf where the consensus is finite;
+- **signal lost**: pooled cosine similarity with a nonzero consensus <= 0 flags whatever the floor,
+  provided the peers are > k times closer;
+- **part range rule**: a part of an output is flagged only where its largest deviation also exceeds
+  the floor times its largest |consensus|.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from anpred.defaults import OracleConfig
+from anpred.judge.accumulate import Accumulator
+from anpred.judge.localize import Localizer
+from anpred.judge.stats import ErrorStats
+from anpred.judge.struct import AnchorInfo, BackendInfo, BackendVerdict, Cell
+
+__all__ = ["backend_verdict", "gap_text", "judge_cell"]
+
+
+def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: ErrorStats, peers: list[float],
+               config: OracleConfig, consensus_max: float = 0.0) -> Cell:
+    """The verdict of backend ``info`` at ``anchor`` (module docstring).
+
+    Args:
+        acc: the (anchor, backend)'s accumulator; ``st``: its pooled statistics (``acc.pooled()``).
+        peers: the pooled primary statistic of each peer (judged voting backends of other, not merged
+            families at this anchor), NaN left out.
+        consensus_max: for a part of an output, its largest finite |consensus| over the samples.
+    """
+    cfg = config
+    prim = float(getattr(st, cfg.primary))
+    peer_level = float(np.median(peers)) if peers else None
+    floor = cfg.floor_at(info.precision, anchor.stage)
+    thr = max(cfg.k_for(info.precision) * peer_level, floor) if peer_level is not None else floor
+    ps = np.array(acc.per_sample) if acc.per_sample else np.array([np.nan])
+    reason = ""
+    # a part of an output: its largest deviation relative to its largest |consensus| value
+    range_ratio = None
+    if anchor.part_of:
+        range_ratio = st.max_abs / consensus_max if consensus_max > 0 else math.inf
+    lost = (cfg.signal_lost and st.n > 0 and acc.cc > 0 and st.cosine <= 0.0
+            and (peer_level is None or prim > cfg.k_for(info.precision) * peer_level))
+    if acc.nonfinite:
+        flagged, reason = True, f"{acc.nonfinite} NaN/Inf where the consensus is finite"
+    elif st.n == 0:
+        flagged, reason = False, "no finite value to judge"
+    elif lost and not prim > thr:
+        flagged = True
+        reason = (f"signal lost: cosine similarity {st.cosine:.3g} with the consensus "
+                  f"({'every value 0' if acc.xx == 0 else 'no positive correlation'}; {cfg.primary} "
+                  f"{prim:.3g}, under the {info.precision} floor {floor:.3g})")
+    else:
+        flagged = bool(prim > thr)
+        if flagged and range_ratio is not None and not range_ratio > floor:
+            flagged = False
+            reason = (f"not flagged: {cfg.primary} {prim:.3g} > threshold {thr:.3g}, but its largest "
+                      f"deviation {st.max_abs:.3g} is {range_ratio:.3g} of the part's largest value, "
+                      f"under the floor {floor:.3g} (part range rule)")
+        elif flagged:
+            why = [f"{cfg.primary} {prim:.3g} > floor {floor:.3g}"]
+            if peer_level is not None:
+                why.append(f"> {cfg.k_for(info.precision):g} x peers' median {peer_level:.3g}")
+            if range_ratio is not None:
+                why.append(f"largest deviation {range_ratio:.3g} of the part's largest value")
+            reason = " and ".join(why)
+    return Cell(
+        anchor=anchor.name, backend=info.name, samples=acc.samples, stats=st, primary=prim,
+        per_sample={"p50": float(np.median(ps)), "p90": float(np.quantile(ps, 0.9)), "max": float(np.max(ps))},
+        floor=floor, peer_level=peer_level, threshold=thr, nonfinite=acc.nonfinite,
+        flagged=flagged, reason=reason, range_ratio=range_ratio)
+
+
+def backend_verdict(info: BackendInfo, anchors: list[AnchorInfo], cells: dict[tuple[str, str], Cell], *,
+                    gaps: dict[tuple[str, str], dict[str, list[str]]], ref_at: dict[tuple[str, str], int],
+                    samples: int, localizer: Localizer) -> BackendVerdict:
+    """The verdict on backend ``info`` (see :class:`anpred.judge.struct.BackendVerdict`).
+
+    Args:
+        anchors: the judged anchors in manifest order; ``cells``: (anchor, backend) -> :class:`Cell`.
+        gaps: (anchor, backend) -> reason -> sample ids where it could not be judged.
+        ref_at: (anchor, backend) -> samples in which the backend was the consensus.
+        samples: samples in the run; ``localizer``: origin and propagation.
+    """
+    b = info.name
+    v = BackendVerdict(backend=b, family=info.family, precision=info.precision, votes=info.votes, flagged=False,
+                       precision_requested=info.requested if info.requested != info.precision else "")
+    profile: list[tuple[AnchorInfo, Cell]] = []
+    for a in anchors:
+        cell = cells.get((a.name, b))
+        nref = ref_at.get((a.name, b), 0)
+        if nref:
+            v.reference_at.append(a.name)
+        gap = gaps.get((a.name, b), {})
+        if cell is None:
+            if (nref and nref == samples) or a.part_of:
+                continue  # a part's gaps are its output's
+            v.unjudged[a.name] = gap_text(gap, samples) if gap else "not judged"
+            continue
+        if cell.samples + nref < samples and not a.part_of:
+            v.partial[a.name] = (f"judged on {cell.samples} of {samples} samples; "
+                                 + (gap_text(gap, samples) if gap else "other samples not judged"))
+        profile.append((a, cell))
+    v.judged_anchors = len(profile)
+    v.samples = max((c.samples for _, c in profile), default=0)
+    flagged = [(a, c) for a, c in profile if c.flagged]
+    v.flagged = bool(flagged)
+    v.flagged_anchors = [a.name for a, _ in flagged]
+    if v.flagged:
+        v.status = "flagged"
+    elif not profile:
+        v.status = "reference" if v.reference_at and not v.unjudged else "unjudged"
+    elif v.unjudged or v.partial:
+        v.status = "incomplete"
+    else:
+        v.status = "consistent"
+    if profile:
+        worst_a, worst_c = max(profile, key=lambda ac: (ac[1].flagged, _finite_key(_over(ac[1]))))
+        v.worst_anchor, v.worst_primary = worst_a.name, worst_c.primary
+        v.worst_ratio_to_threshold = _over(worst_c)
+    localizer.localize(v, profile)
+    return v
+
+
+def gap_text(gaps: dict[str, list[str]], total: int) -> str:
+    """``reason (in N of M samples: s0004, s0005)`` per reason, joined by ``; `` (``gaps``: reason ->
+    sample ids; a reason of every one of the ``total`` samples is given alone)."""
+    parts = []
+    for why, sids in gaps.items():
+        if len(sids) >= total:
+            parts.append(why)
+        else:
+            shown = ", ".join(sids[:4]) + (f" +{len(sids) - 4} more" if len(sids) > 4 else "")
+            parts.append(f"{why} (in {len(sids)} of {total} samples: {shown})")
+    return "; ".join(parts)
+
+
+def _over(c: Cell) -> float:
+    """A cell's primary statistic over its threshold."""
+    return c.primary / c.threshold if c.threshold > 0 else (math.inf if c.primary > 0 else 0.0)
+
+
+def _finite_key(v: float) -> float:
+    return 1e300 if math.isinf(v) else (-1.0 if math.isnan(v) else v)
