@@ -112,7 +112,7 @@ class _Graph:
     """Producer/consumer index of an ONNX graph (top-level graph only)."""
 
     def __init__(self, model):
-        from passes.partition import _is_anchor_node
+        from passes.anchor_nodes import is_anchor_node as _is_anchor_node
 
         g = model.graph
         # the instrumentation's Identity nodes (anchor -> graph output) are not part of the model

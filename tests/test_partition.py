@@ -1,4 +1,4 @@
-"""StagePartitionPass: cuts, dominators (checked against networkx), balance, options, constants."""
+"""StagePartitioner: cuts, dominators (checked against networkx), balance, options, constants."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import pytest
 
 from anpred.errors import GraphError
 from passes.graph import build_index
-from passes.partition import StagePartitionPass, sweep_cuts
+from passes.cuts import sweep_cuts
+from passes.partition import StagePartitioner
 from passes.synthetic import skip_chain_model
 
 
@@ -64,14 +65,14 @@ def test_single_tensor_cuts_are_the_dominators(which, tmp_path):
 
 def test_cut_width_stage_count_and_balance():
     model = skip_chain_model(2000, kind="conv", long_every=8)
-    part = StagePartitionPass(stages=6, max_cut_width=1)(model).info["partition"]
+    part = StagePartitioner(stages=6, max_cut_width=1).propose(model)
     assert len(part.stages) == 6
     assert all(len(s.boundary) == 1 for s in part.stages[:-1])
     costs = np.array([s.cost for s in part.stages])
     assert part.cost_unit == "flops" and costs.sum() == pytest.approx(part.total_cost)
     # single-tensor cuts come every 8 blocks (41 nodes): stages within one block-group of the mean
     assert costs.max() / costs.min() < 1.5, costs
-    wide = StagePartitionPass(stages=6, max_cut_width=2)(model).info["partition"]
+    wide = StagePartitioner(stages=6, max_cut_width=2).propose(model)
     assert wide.candidates > part.candidates
     wide_costs = np.array([s.cost for s in wide.stages])
     assert wide_costs.max() / wide_costs.min() <= costs.max() / costs.min() + 1e-9
@@ -131,7 +132,7 @@ def test_explicit_anchors_and_errors():
     with pytest.raises(GraphError, match="initializer"):
         instrument_model(model, anchors=["a0"])
     with pytest.raises(GraphError, match="at least 1"):
-        StagePartitionPass(stages=0)
+        StagePartitioner(stages=0)
 
 
 def test_unsorted_file_order_is_sorted_and_checked():
@@ -156,7 +157,7 @@ def test_choose_cuts_is_the_exact_optimum_on_small_cases():
     """The dynamic programme against brute force over every choice of K-1 cuts (random cases)."""
     import itertools
 
-    from passes.partition import choose_cuts
+    from passes.cuts import choose_cuts
 
     def score(cum, pen, total, k, picks):
         step, b = total / k, [0.0] + [cum[i] for i in picks] + [total]
@@ -192,7 +193,7 @@ def test_stages_k_is_honoured_when_cuts_exist_and_shortfalls_are_noted(capsys, t
     model = _yolo320()
     # width 1: 16 single-tensor cuts, all in the backbone before model.4's output (the skip to the neck
     # leaves no single-tensor cut after it): 8 stages, the last one is the unavoidable remainder
-    part = StagePartitionPass(stages=8, max_cut_width=1)(model).info["partition"]
+    part = StagePartitioner(stages=8, max_cut_width=1).propose(model)
     assert part.candidates == 16 and len(part.stages) == 8
     cost = np.array([s.cost for s in part.stages]) / part.total_cost
     cands = sweep_cuts(build_index(model.graph), 1)
@@ -201,7 +202,7 @@ def test_stages_k_is_honoured_when_cuts_exist_and_shortfalls_are_noted(capsys, t
     assert cost[-1] == pytest.approx(0.821, abs=0.005) and cost[:-1].max() < 0.07, cost
     assert any("stage 7 carries 82% of the cost" in n for n in part.options["notes"])
     # width 4: well balanced
-    part4 = StagePartitionPass(stages=8, max_cut_width=4)(model).info["partition"]
+    part4 = StagePartitioner(stages=8, max_cut_width=4).propose(model)
     cost4 = np.array([s.cost for s in part4.stages]) / part4.total_cost
     assert len(part4.stages) == 8 and cost4.max() < 0.19 and part4.options["notes"] == [], cost4
     # more stages than cuts: every cut is used, and the manifest says why there are fewer
