@@ -276,3 +276,61 @@ def test_incomplete_symbolic_shape_inference_leaves_no_file_in_cwd(tmp_path, mon
     instrument_model(m)
     assert calls, "symbolic shape inference did not run"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_declared_pass_contracts_are_enforced():
+    """``in_place=False`` passes must leave their input untouched, ``in_place=True`` passes must
+    return it: a pass breaking its declaration fails with PassError naming the changed part."""
+    import onnx
+
+    from passes.base import GraphPass, PassError, PassManager, PassResult, model_digest
+
+    model = skip_chain_model(60, kind="conv", long_every=4)
+    before = model.SerializeToString()
+
+    class RenamesInput(GraphPass):
+        in_place = False
+
+        def call(self, m):
+            m.graph.node[0].name = "renamed"
+            return PassResult(m, True)
+
+    class TagsInput(GraphPass):
+        in_place = False
+
+        def call(self, m):
+            e = m.metadata_props.add()
+            e.key, e.value = "x", "y"
+            return PassResult(m, True)
+
+    class ReturnsCopy(GraphPass):  # declared in place (the default) but works on a copy
+        def call(self, m):
+            out = onnx.ModelProto()
+            out.CopyFrom(m)
+            return PassResult(out, False)
+
+    class Honest(GraphPass):
+        in_place = False
+
+        def call(self, m):
+            out = onnx.ModelProto()
+            out.CopyFrom(m)
+            out.graph.node[0].name = "renamed"
+            return PassResult(out, True)
+
+    with pytest.raises(PassError, match=r"RenamesInput failed \(after no other pass\): RenamesInput declares "
+                       r"in_place=False but modified its input model \(graph\.node\)"):
+        PassManager([RenamesInput()])(model)
+    model = onnx.load_from_string(before)
+    with pytest.raises(PassError, match=r"TagsInput failed \(after Honest\): TagsInput declares in_place=False "
+                       r"but modified its input model \(metadata_props\)"):
+        PassManager([Honest(), TagsInput()])(model)
+    with pytest.raises(PassError, match="ReturnsCopy declares in_place=True but returned another model"):
+        ReturnsCopy()(model)
+    model = onnx.load_from_string(before)
+    r = PassManager([Honest()])(model)
+    assert r.modified and r.model.graph.node[0].name == "renamed"
+    assert model.SerializeToString() == before
+    # the digest leaves weight values out (O(graph)); every other part counts
+    d = model_digest(model)
+    assert {"graph.node", "graph.initializer", "graph.input", "graph.output", "opset_import"} <= set(d)

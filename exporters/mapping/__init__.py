@@ -12,10 +12,10 @@ a converter's coverage check) the caller passes.
 from exporters.mapping.converters import CONVERTER_BACKENDS, ConverterCheck, converter_entries, prepared_entries
 from exporters.mapping.keras_layers import map_keras
 from exporters.mapping.mapper import BACKEND_OF, map_anchors
-from exporters.mapping.report import STATUSES, MappingError, MappingReport, entry
+from exporters.mapping.report import STATUSES, MappingError, MappingReport, make_entry
 from exporters.mapping.scopes import load_onnx, mapping_index
 from exporters.mapping.torch_modules import map_torch, parse_torch_target, shape_matches
 
-__all__ = ["MappingReport", "MappingError", "STATUSES", "entry", "map_anchors", "BACKEND_OF", "parse_torch_target",
+__all__ = ["MappingReport", "MappingError", "STATUSES", "make_entry", "map_anchors", "BACKEND_OF", "parse_torch_target",
            "shape_matches", "map_torch", "map_keras", "converter_entries", "prepared_entries", "ConverterCheck",
            "CONVERTER_BACKENDS", "load_onnx", "mapping_index"]

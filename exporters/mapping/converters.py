@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from anpred.manifest import AnchorManifest
-from exporters.mapping.report import MappingError, entry
+from exporters.mapping.report import MappingError, make_entry
 from exporters.mapping.scopes import load_onnx, mapping_index
 
 __all__ = ["CONVERTER_BACKENDS", "ConverterCheck", "converter_entries", "prepared_entries"]
@@ -72,24 +72,24 @@ def converter_entries(manifest: AnchorManifest, onnx_model, backends=CONVERTER_B
             ents = {}
             for a in manifest.anchors:
                 if why:
-                    ents[a.name] = entry("", "unmapped", why)
+                    ents[a.name] = make_entry("", "unmapped", why)
                 elif a.value in g.producer:
                     node = g.nodes[g.producer[a.value]]
-                    ents[a.name] = entry(node.name or a.value, "exact",
-                                         f"output {a.value!r} of the onnx2torch submodule converted from ONNX node "
-                                         f"{node.name or node.op_type!r} ({node.op_type}), ONNX layout")
+                    ents[a.name] = make_entry(node.name or a.value, "exact",
+                                              f"output {a.value!r} of the onnx2torch submodule converted from ONNX node "
+                                              f"{node.name or node.op_type!r} ({node.op_type}), ONNX layout")
                 elif a.value in known:
-                    ents[a.name] = entry(a.value, "exact", "graph input or initializer of the converted graph")
+                    ents[a.name] = make_entry(a.value, "exact", "graph input or initializer of the converted graph")
                 else:
-                    ents[a.name] = entry("", "unmapped", f"value {a.value!r} is not in the ONNX graph")
+                    ents[a.name] = make_entry("", "unmapped", f"value {a.value!r} is not in the ONNX graph")
             out[b] = ents
         elif b == "tf":
-            out[b] = {a.name: (entry(a.name if a.kind != "output" else a.value, "exact",
-                                     "graph output of the onnx2tf model, fetched by name; its layout (channels-last "
-                                     "for most 3-5-D tensors) is recorded when the backend is prepared "
-                                     "(anpred map --backends tf)")
+            out[b] = {a.name: (make_entry(a.name if a.kind != "output" else a.value, "exact",
+                                          "graph output of the onnx2tf model, fetched by name; its layout (channels-last "
+                                          "for most 3-5-D tensors) is recorded when the backend is prepared "
+                                          "(anpred map --backends tf)")
                                if a.value in known else
-                               entry("", "unmapped", f"value {a.value!r} is not in the ONNX graph"))
+                               make_entry("", "unmapped", f"value {a.value!r} is not in the ONNX graph"))
                       for a in manifest.anchors}
         else:
             raise MappingError(f"no static mapping for backend {b!r}; known: {', '.join(CONVERTER_BACKENDS)} "
@@ -124,9 +124,9 @@ def prepared_entries(backend: str, model_path, manifest: AnchorManifest, options
     for a in manifest.anchors:
         cap = info.get(a.name)
         if cap is None or cap.status == "missing":
-            out[a.name] = entry(cap.target or "" if cap else "", "unmapped",
-                                cap.reason if cap and cap.reason else "not captured by the prepared backend")
+            out[a.name] = make_entry(cap.target or "" if cap else "", "unmapped",
+                                     cap.reason if cap and cap.reason else "not captured by the prepared backend")
         else:
-            out[a.name] = entry(cap.target or a.value, cap.status,
-                                cap.reason or "captured by the prepared backend", cap.transform)
+            out[a.name] = make_entry(cap.target or a.value, cap.status,
+                                     cap.reason or "captured by the prepared backend", cap.transform)
     return out

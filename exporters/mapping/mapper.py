@@ -22,7 +22,7 @@ from anpred.manifest import AnchorManifest
 from exporters import read_origin
 from exporters.mapping.converters import ConverterCheck, converter_entries
 from exporters.mapping.keras_layers import map_keras
-from exporters.mapping.report import MappingError, MappingReport, entry
+from exporters.mapping.report import MappingError, MappingReport, make_entry
 from exporters.mapping.scopes import load_onnx, mapping_index
 from exporters.mapping.torch_modules import map_torch
 from passes.exporter import detect_exporter
@@ -84,8 +84,8 @@ def map_anchors(manifest: AnchorManifest, native_model, framework: str, *, onnx_
     report.entries[backend] = entries
     all_values = set(g.producer) | set(g.graph_inputs)
     report.entries["ort"] = {
-        a.name: (entry(a.value, "exact", "ONNX value") if a.value in all_values
-                 else entry("", "unmapped", f"value {a.value!r} is not in the ONNX graph"))
+        a.name: (make_entry(a.value, "exact", "ONNX value") if a.value in all_values
+                 else make_entry("", "unmapped", f"value {a.value!r} is not in the ONNX graph"))
         for a in manifest.anchors}
     if converters:
         report.entries.update(converter_entries(manifest, model, converters, checks=converter_checks))

@@ -19,7 +19,7 @@ from typing import Any
 
 from anpred.errors import AnpredError
 
-__all__ = ["STATUSES", "MappingError", "MappingReport", "entry"]
+__all__ = ["STATUSES", "MappingError", "MappingReport", "make_entry"]
 
 STATUSES = ("exact", "equivalent", "unmapped")
 
@@ -71,6 +71,6 @@ class MappingReport:
 
 
 
-def entry(target: str, status: str, reason: str, transform: dict | None = None) -> dict[str, Any]:
+def make_entry(target: str, status: str, reason: str, transform: dict | None = None) -> dict[str, Any]:
     """One mapping entry (see the module docstring)."""
     return {"target": target, "status": status, "transform": transform, "reason": reason}

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from exporters.mapping.report import MappingError, entry
+from exporters.mapping.report import MappingError, make_entry
 from exporters.mapping.scopes import fill_unscoped, parse_list, prefix_len
 from passes.exporter import CLASS_KEY, SCOPE_KEY
 from passes.graph import GraphIndex
@@ -276,15 +276,15 @@ def map_torch(manifest, module, g: GraphIndex, exporter: str, example_inputs,
             return entry
         why = (f"shape mismatch: {entry['target']} gives {list(shape)} in the native {root}, the ONNX value "
                f"has {list(ashape)}")
-        return entry(entry["target"], "unmapped", why + (f" ({input_note})" if input_note else ""))
+        return make_entry(entry["target"], "unmapped", why + (f" ({input_note})" if input_note else ""))
 
     out: dict[str, dict[str, Any]] = {}
     shape_rejected = 0
     for a in manifest.anchors:
         v = a.value
         if v not in g.producer:
-            out[a.name] = entry("", "unmapped", f"value {v!r} has no producer node in the ONNX graph "
-                                 "(a graph input or a constant): nothing to capture natively")
+            out[a.name] = make_entry("", "unmapped", f"value {v!r} has no producer node in the ONNX graph "
+                                     "(a graph input or a constant): nothing to capture natively")
             continue
         pi = g.producer[v]
         node = g.nodes[pi]
@@ -299,11 +299,11 @@ def map_torch(manifest, module, g: GraphIndex, exporter: str, example_inputs,
         for path in S[j:]:  # modules the value leaves, outermost first
             base, _ = split_call(path)
             if base not in modules:
-                entry = entry(path, "unmapped", f"module {base!r} named by the exporter does not exist in {root}")
+                entry = make_entry(path, "unmapped", f"module {base!r} named by the exporter does not exist in {root}")
                 continue
             if base in shared:
-                entry = entry(path, "unmapped", f"module {base!r} is one instance shared by {len(shared[base])} paths "
-                               f"({', '.join(shared[base][:3])} ...): a forward hook cannot tell its calls apart")
+                entry = make_entry(path, "unmapped", f"module {base!r} is one instance shared by {len(shared[base])} paths "
+                                   f"({', '.join(shared[base][:3])} ...): a forward hook cannot tell its calls apart")
                 continue
             known, shape = probed(probe.out_shape if probe else {}, path)
             if known and shape is None:
@@ -313,20 +313,20 @@ def map_torch(manifest, module, g: GraphIndex, exporter: str, example_inputs,
                 bn = folded_bn(path)
                 if bn is not None:
                     bshape = probed(probe.out_shape if probe else {}, bn)[1]
-                    entry = check(entry(bn, "equivalent",
-                                         f"BatchNorm {bn!r} was folded into Conv {base!r} by the exporter; the ONNX "
-                                         f"value {v!r} equals the output of {bn!r}"), bshape, a.shape)
+                    entry = check(make_entry(bn, "equivalent",
+                                             f"BatchNorm {bn!r} was folded into Conv {base!r} by the exporter; the ONNX "
+                                             f"value {v!r} equals the output of {bn!r}"), bshape, a.shape)
                     break
             calls = len(probe.out_shape.get(base, [])) if probe is not None else 1
             if calls > 1 and "@" not in path and exporter == "torch.onnx.dynamo":
                 leaving = leaving_values(base)
                 if len(leaving) != calls or v not in leaving:
-                    entry = entry(path, "unmapped", f"module {base!r} is called {calls} times and the ONNX graph "
-                                   f"shows {len(leaving)} outputs of it: cannot tell which call produced {v!r}")
+                    entry = make_entry(path, "unmapped", f"module {base!r} is called {calls} times and the ONNX graph "
+                                       f"shows {len(leaving)} outputs of it: cannot tell which call produced {v!r}")
                     continue
                 path = f"{base}@{leaving.index(v)}"
                 shape = probed(probe.out_shape, path)[1]
-            entry = check(entry(path, "exact", f"forward output of {path} ({type(mod).__name__})"), shape, a.shape)
+            entry = check(make_entry(path, "exact", f"forward output of {path} ({type(mod).__name__})"), shape, a.shape)
             break
         if entry is not None and entry["status"] != "unmapped":
             out[a.name] = entry
@@ -346,8 +346,8 @@ def map_torch(manifest, module, g: GraphIndex, exporter: str, example_inputs,
                 known, shape = probed(probe.in_shape if probe else {}, path)
                 if known and shape is None:
                     continue
-                entry = check(entry(f"{path}:input", "exact",
-                                     f"the single tensor input of {base} ({type(modules[base]).__name__})"),
+                entry = check(make_entry(f"{path}:input", "exact",
+                                         f"the single tensor input of {base} ({type(modules[base]).__name__})"),
                               shape, a.shape)
                 break
             if entry is not None and (entry["status"] == "exact" or entry["reason"].startswith("shape mismatch")):
@@ -363,17 +363,17 @@ def map_torch(manifest, module, g: GraphIndex, exporter: str, example_inputs,
             order = orig_outputs or [b.value for b in manifest.anchors if b.kind == "output"]
             k = order.index(v)
             if probe is not None and orig_outputs is not None and len(probe.leaves) != len(orig_outputs):
-                out[a.name] = entry(f":output[{k}]", "unmapped",
-                                     f"{root} returns {len(probe.leaves)} tensors but the ONNX graph has "
-                                     f"{len(orig_outputs)} outputs: cannot pair output {v!r}")
+                out[a.name] = make_entry(f":output[{k}]", "unmapped",
+                                         f"{root} returns {len(probe.leaves)} tensors but the ONNX graph has "
+                                         f"{len(orig_outputs)} outputs: cannot pair output {v!r}")
             else:
-                e = check(entry(f":output[{k}]", "exact", f"tensor {k} of {root}'s output"),
+                e = check(make_entry(f":output[{k}]", "exact", f"tensor {k} of {root}'s output"),
                           probe.leaves[k] if probe is not None else None, a.shape)
                 shape_rejected += e["status"] == "unmapped"
                 out[a.name] = e
             continue
         where = S[-1] if S else "the root module"
-        out[a.name] = entry if entry is not None else entry(
+        out[a.name] = entry if entry is not None else make_entry(
             "", "unmapped", f"value {v!r} ({node.op_type}) is internal to the forward of module {where!r}: "
             "neither a module output nor a module input, so no forward hook can observe it")
     mapped = sum(e["status"] != "unmapped" for e in out.values())
