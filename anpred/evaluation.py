@@ -437,7 +437,7 @@ class ConfigResult:
     """One configuration (a fault kind x stage x magnitude, or the null configuration ``kind=None``).
 
     Attributes:
-        truth: the injected fault's :class:`passes.faults.FaultTruth` as a dict (None: null config).
+        truth: the injected fault's :class:`passes.fault_truth.FaultTruth` as a dict (None: null config).
         skipped: why no variant was run (the kind does not apply in that stage), else "".
         flagged: ANPRED flagged ``fault``. origin_stage/origin_anchor: its localization.
         clean_flagged: clean fp32 backends ANPRED flagged in this configuration (false alarms).

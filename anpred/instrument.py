@@ -4,8 +4,9 @@ as named graph outputs ("anchors"), with a manifest describing each.
     model, manifest = instrument_model(onnx_model, stages=8, max_cut_width=4)
     manifest = instrument_file("model.onnx", "anchored.onnx")   # + anchored.anchors.json
 
-Runs :class:`passes.partition.StagePartitionPass` then :class:`passes.anchors.AnchorInsertionPass`
-(see those modules for the cut definition and cost model). Weights are never loaded: a model with
+Runs the analysis :class:`passes.partition.StagePartitioner` (proposes the stages) then the pass
+:class:`passes.anchors.AnchorInsertionPass` (rewrites the graph from the proposal; see those modules
+for the cut definition and cost model). Weights are never loaded: a model with
 external data is instrumented from its graph alone; written next to the source it refers to the
 same weight files, written elsewhere the weights are copied (``copy_external_data=True``) or the
 write is refused (see :func:`instrument_file`).
@@ -30,7 +31,7 @@ def default_manifest_path(out_path: str | Path) -> Path:
 
 
 def _model_info(model, source_path) -> dict[str, Any]:
-    import onnx
+    from anpred.onnx_io import elem_type_name
 
     info: dict[str, Any] = {
         "source": str(source_path) if source_path is not None else None,
@@ -50,20 +51,17 @@ def _model_info(model, source_path) -> dict[str, Any]:
             tt = vi.type.tensor_type
             shape = ([d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
                      if tt.HasField("shape") else None)
-            try:
-                dt = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else "unknown"
-            except (KeyError, ValueError, TypeError):
-                dt = str(tt.elem_type)
+            dt = (elem_type_name(tt.elem_type) or str(tt.elem_type)) if tt.elem_type else "unknown"
             info[key].append({"name": vi.name, "dtype": dt, "shape": shape})
     return info
 
 
 def partition_model(model, *, stages: int | None = None, max_cut_width: int = 4, anchors=()):
     """Run only the partition (nothing written or modified); returns a
-    :class:`passes.partition.Partition`."""
-    from passes.partition import StagePartitionPass
+    :class:`passes.plan.Partition`."""
+    from passes.partition import StagePartitioner
 
-    return StagePartitionPass(stages, max_cut_width, anchors)(model).info["partition"]
+    return StagePartitioner(stages, max_cut_width, anchors).propose(model)
 
 
 def instrument_model(model, *, stages: int | None = None, max_cut_width: int = 4, anchors=(),
@@ -85,8 +83,8 @@ def instrument_model(model, *, stages: int | None = None, max_cut_width: int = 4
         GraphError: no inputs, a cycle, a dangling value, an unknown/constant anchor name.
     """
     from passes.anchors import AnchorInsertionPass
-    from passes.base import PassManager
-    from passes.partition import StagePartitionPass, gc_paused
+    from passes.base import PassManager, gc_paused
+    from passes.partition import StagePartitioner
 
     stored = None
     try:
@@ -94,8 +92,8 @@ def instrument_model(model, *, stages: int | None = None, max_cut_width: int = 4
     except AnpredError:
         stored = None
     info = dict(stored.model) if stored is not None and stored.model else _model_info(model, source_path)
-    with gc_paused():  # see passes.partition.gc_paused
-        part = StagePartitionPass(stages, max_cut_width, list(anchors))(model).info["partition"]
+    with gc_paused():  # see passes.base.gc_paused
+        part = StagePartitioner(stages, max_cut_width, list(anchors)).propose(model)
         res = PassManager([AnchorInsertionPass(part, info)])(model)
     return res.model, res.info["AnchorInsertionPass"]["manifest"]
 

@@ -66,14 +66,18 @@ class Anchor:
 
 @dataclass
 class Stage:
-    """A contiguous slice ``[first, last]`` (inclusive) of the topological node order."""
+    """A contiguous slice ``[first, last]`` (inclusive) of the topological node order.
+
+    One type for the stage of a partition plan (:class:`passes.plan.Partition`) and of the
+    manifest: ``boundary`` names the tensors crossing the cut that closes the stage, as ONNX value
+    names in a plan and as anchor names in a manifest."""
 
     index: int
     first: int
     last: int
     num_nodes: int
     cost: float
-    boundary: list[str]  # anchor names closing this stage
+    boundary: list[str]  # tensors closing this stage: anchor names (manifest) / value names (plan)
 
 
 @dataclass

@@ -21,22 +21,28 @@ Idempotent: a model already instrumented for the same partition is returned unch
 
 from __future__ import annotations
 
+import dataclasses
+
 from anpred.errors import GraphError
-from anpred.manifest import METADATA_KEY, Anchor, AnchorManifest, Stage
+from anpred.manifest import METADATA_KEY, Anchor, AnchorManifest
 from anpred.naming import anchor_name, output_anchor_name, uniquify
+from anpred.onnx_io import elem_type_name
+from passes.anchor_nodes import ANCHOR_NODE_PREFIX, is_anchor_node, strip_anchor_nodes
 from passes.base import GraphPass, PassResult
-from passes.partition import ANCHOR_NODE_PREFIX, Partition, _is_anchor_node, strip_anchor_nodes
+from passes.plan import Partition
+
+__all__ = ["AnchorInsertionPass", "build_manifest"]
 
 
 def _dtype_name(elem_type: int) -> str:
     if not elem_type:
         return "unknown"
-    from onnx import helper
+    name = elem_type_name(elem_type)
+    if name is None:
+        from onnx import helper
 
-    try:
-        return helper.tensor_dtype_to_np_dtype(elem_type).name
-    except (KeyError, ValueError, TypeError):
-        return helper.tensor_dtype_to_string(elem_type).removeprefix("TensorProto.").lower()
+        name = helper.tensor_dtype_to_string(elem_type).removeprefix("TensorProto.").lower()
+    return name
 
 
 def build_manifest(partition: Partition, taken: set[str] = frozenset(), model_info=None) -> AnchorManifest:
@@ -60,8 +66,8 @@ def build_manifest(partition: Partition, taken: set[str] = frozenset(), model_in
                               op_type=a.op_type, shape=list(a.shape) if a.shape is not None else [],
                               dtype=_dtype_name(a.elem_type), layout=a.layout, scope=a.scope, kind=a.kind))
         by_value[a.value] = nm
-    stages = [Stage(index=s.index, first=s.first, last=s.last, num_nodes=s.num_nodes, cost=float(s.cost),
-                    boundary=[by_value[v] for v in s.boundary if v in by_value]) for s in partition.stages]
+    stages = [dataclasses.replace(s, cost=float(s.cost), boundary=[by_value[v] for v in s.boundary if v in by_value])
+              for s in partition.stages]
     part = dict(partition.options)
     part.update(framework=partition.framework, cost_unit=partition.cost_unit,
                 total_cost=float(partition.total_cost), num_nodes=partition.num_nodes,
@@ -69,19 +75,15 @@ def build_manifest(partition: Partition, taken: set[str] = frozenset(), model_in
     return AnchorManifest(anchors=anchors, stages=stages, model=dict(model_info or {}), partition=part)
 
 
-def _identity_order(graph, node_order, inner: list[Anchor]) -> list[Anchor]:
-    """``inner`` sorted by the position of their value's producer in the (topologically sorted)
-    original node list, last producer first; graph inputs and unknown values go last."""
-    nodes = [n for n in graph.node if not _is_anchor_node(n)]
-    if node_order and any(a >= b for a, b in zip(node_order, node_order[1:])):
-        nodes = [nodes[i] for i in node_order]
-    pos = {v: i for i, n in enumerate(nodes) for v in n.output if v}
-    ranked = sorted(range(len(inner)), key=lambda k: (pos.get(inner[k].value, -1), k), reverse=True)
+def _identity_order(inner: list[Anchor]) -> list[Anchor]:
+    """``inner`` sorted by the topological position of their value's producer (``Anchor.order``, from
+    the partition's graph index), last producer first; graph inputs (order -1) go last."""
+    ranked = sorted(range(len(inner)), key=lambda k: (inner[k].order, k), reverse=True)
     return [inner[k] for k in ranked]
 
 
 class AnchorInsertionPass(GraphPass):
-    """Insert the anchors of ``partition`` (from :class:`~passes.partition.StagePartitionPass` run on
+    """Insert the anchors of ``partition`` (from :class:`~passes.partition.StagePartitioner` run on
     the same model). Returns a new model (the input is not modified); ``result.info["manifest"]`` is
     the :class:`~anpred.manifest.AnchorManifest`.
 
@@ -102,17 +104,17 @@ class AnchorInsertionPass(GraphPass):
         g = model.graph
         taken = self.partition.value_names
         if not taken:
-            taken = {v for n in g.node if not _is_anchor_node(n) for v in n.output}
+            taken = {v for n in g.node if not is_anchor_node(n) for v in n.output}
             taken.update(i.name for i in g.input)
             taken.update(t.name for t in g.initializer)
         manifest = build_manifest(self.partition, taken, self.model_info)
         inner = [a for a in manifest.anchors if a.kind != "output"]
         plans = {a.value: a for a in self.partition.anchors}
-        node_order = _identity_order(g, self.partition.node_order, inner)
+        node_order = _identity_order(inner)
         want_nodes = [(f"{ANCHOR_NODE_PREFIX}{a.name}", a.value, a.name) for a in node_order]
 
         # idempotence: same anchor nodes, outputs and manifest already there -> unchanged
-        have_nodes = [(n.name, n.input[0], n.output[0]) for n in g.node if _is_anchor_node(n)]
+        have_nodes = [(n.name, n.input[0], n.output[0]) for n in g.node if is_anchor_node(n)]
         stored = AnchorManifest.from_model(model) if any(p.key == METADATA_KEY for p in model.metadata_props) else None
         n_orig_out = len(g.output) - len(have_nodes)
         if have_nodes == want_nodes and stored is not None and stored.to_dict() == manifest.to_dict() and \

@@ -36,13 +36,15 @@ Fault kinds (the registry :data:`FAULT_KINDS`; ``magnitude`` meaning in brackets
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 
 from anpred.errors import AnpredError
 from passes.base import GraphPass, PassResult
+from passes.fault_truth import FaultTruth
+
+__all__ = ["FAULT_METADATA_KEY", "FAULT_KINDS", "NORM_OPS", "PAD_OPS", "WEIGHT_OPS", "FaultError",
+           "FaultInjectionPass", "applicable_nodes", "inject_fault"]
 
 FAULT_METADATA_KEY = "anpred.fault"
 
@@ -63,27 +65,6 @@ FAULT_KINDS: dict[str, tuple[float, str]] = {
 
 class FaultError(AnpredError):
     """The fault cannot be injected where asked (no applicable node, unknown kind or node)."""
-
-
-@dataclass
-class FaultTruth:
-    """Ground truth of an injected fault. ``stage`` is the manifest stage holding the node (None
-    without a manifest); ``value`` is the tensor whose values change first."""
-
-    kind: str
-    magnitude: float
-    node: str
-    op_type: str
-    value: str
-    stage: int | None
-    description: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "FaultTruth":
-        return cls(**d)
 
 
 def _float_elem(model, value: str) -> bool:

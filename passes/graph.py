@@ -1,4 +1,5 @@
-"""A read-only index of an ONNX graph for the partition and anchor passes.
+"""The one read-only index of an ONNX graph: used by the partition, the anchor pass, the native
+mapping (:mod:`exporters.mapping`) and the oracle's data flow.
 
 Built once from a ``GraphProto`` in O(nodes + edges), iteratively (no recursion over the graph):
 
@@ -12,7 +13,9 @@ Built once from a ``GraphProto`` in O(nodes + edges), iteratively (no recursion 
 
 Values are identified by their ONNX name, which is unique in a valid graph (SSA); the index is rebuilt
 after any edit. Sub-graphs (``If``/``Loop``/``Scan`` bodies) are not descended into for partitioning,
-but the outer values they read count as inputs of the node that owns them.
+but the outer values they read count as inputs of the node that owns them. With ``skip`` (e.g.
+:func:`passes.anchor_nodes.is_anchor_node`) some nodes are left out as if absent, with the graph
+outputs only they produce.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import heapq
 from dataclasses import dataclass, field
 
 from anpred.errors import GraphError
+
+__all__ = ["SHAPE_OPS", "GraphIndex", "build_index"]
 
 #: ops whose output depends only on the *shape* of their inputs, not on their values.
 SHAPE_OPS = frozenset({"Shape", "Size"})
@@ -126,14 +131,18 @@ class GraphIndex:
         return got
 
 
-def build_index(graph) -> GraphIndex:
+def build_index(graph, skip=None) -> GraphIndex:
     """Index ``graph`` (an ``onnx.GraphProto``).
+
+    ``skip``: a predicate on nodes; the nodes it accepts are left out (positions then count the
+    kept nodes only, :attr:`GraphIndex.file_index` included), and so are the graph outputs that
+    only they produce.
 
     Raises:
         GraphError: no graph inputs or no graph outputs, a value produced twice, a node input that nothing produces, or
             a cycle (the message names a node on it).
     """
-    return _build_index(graph, strict=True)
+    return _build_index(graph, strict=True, skip=skip)
 
 
 def build_lenient_index(graph) -> GraphIndex:
@@ -147,7 +156,7 @@ def build_lenient_index(graph) -> GraphIndex:
     return _build_index(graph, strict=False)
 
 
-def _build_index(graph, strict: bool) -> GraphIndex:
+def _build_index(graph, strict: bool, skip=None) -> GraphIndex:
     """:func:`build_index` (``strict``) or :func:`build_lenient_index`."""
     initializers = {t.name for t in graph.initializer}
     initializers.update(t.values.name for t in graph.sparse_initializer)
@@ -155,10 +164,17 @@ def _build_index(graph, strict: bool) -> GraphIndex:
     if strict and not graph_inputs:
         raise GraphError("the graph has no inputs (every graph input is an initializer or there are none)")
     graph_outputs = [o.name for o in graph.output]
+    file_nodes = list(graph.node)
+    if skip is not None:
+        left = [n for n in file_nodes if skip(n)]
+        if left:
+            file_nodes = [n for n in file_nodes if not skip(n)]
+            kept = {v for n in file_nodes for v in n.output}
+            gone = {v for n in left for v in n.output if v not in kept}
+            graph_outputs = [v for v in graph_outputs if v not in gone]
     if strict and not graph_outputs:
         raise GraphError("the graph has no outputs (nothing is computed for anyone: nothing to instrument)")
 
-    file_nodes = list(graph.node)
     n_nodes = len(file_nodes)
     # slicing a repeated field is the cheapest way to read it from Python (one list, no iterator)
     ins: list[list[str]] = [n.input[:] for n in file_nodes]

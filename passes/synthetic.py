@@ -14,6 +14,8 @@ long-skip outputs. The model passes ``onnx.checker`` and runs in ONNX Runtime.
 
 from __future__ import annotations
 
+__all__ = ["skip_chain_model"]
+
 
 def skip_chain_model(num_nodes: int = 10_500, channels: int = 8, long_every: int = 8, seed: int = 0,
                      kind: str = "conv"):

@@ -301,7 +301,7 @@ def test_idempotent_and_pure(model_path, tmp_path):
     import onnx
 
     from passes.anchors import AnchorInsertionPass
-    from passes.partition import StagePartitionPass
+    from passes.partition import StagePartitioner
 
     src = model_path("yolov8n-torchscript")
     model = onnx.load(str(src))
@@ -310,7 +310,7 @@ def test_idempotent_and_pure(model_path, tmp_path):
     assert model.SerializeToString() == before  # pure
     m2, man2 = instrument_model(m1, stages=6)
     assert m2.SerializeToString() == m1.SerializeToString() and man2 == man1
-    part = StagePartitionPass(6)(m1).info["partition"]
+    part = StagePartitioner(6).propose(m1)
     r = AnchorInsertionPass(part, man1.model)(m1)
     assert r.modified is False and r.model is m1
     # other options replace the earlier instrumentation instead of stacking on it

@@ -1,4 +1,4 @@
-"""StagePartitionPass: cuts, dominators (checked against networkx), balance, options, constants."""
+"""StagePartitioner: cuts, dominators (checked against networkx), balance, options, constants."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import pytest
 
 from anpred.errors import GraphError
 from passes.graph import build_index
-from passes.partition import StagePartitionPass, sweep_cuts
+from passes.cuts import sweep_cuts
+from passes.partition import StagePartitioner
 from passes.synthetic import skip_chain_model
 
 
@@ -64,14 +65,14 @@ def test_single_tensor_cuts_are_the_dominators(which, tmp_path):
 
 def test_cut_width_stage_count_and_balance():
     model = skip_chain_model(2000, kind="conv", long_every=8)
-    part = StagePartitionPass(stages=6, max_cut_width=1)(model).info["partition"]
+    part = StagePartitioner(stages=6, max_cut_width=1).propose(model)
     assert len(part.stages) == 6
     assert all(len(s.boundary) == 1 for s in part.stages[:-1])
     costs = np.array([s.cost for s in part.stages])
     assert part.cost_unit == "flops" and costs.sum() == pytest.approx(part.total_cost)
     # single-tensor cuts come every 8 blocks (41 nodes): stages within one block-group of the mean
     assert costs.max() / costs.min() < 1.5, costs
-    wide = StagePartitionPass(stages=6, max_cut_width=2)(model).info["partition"]
+    wide = StagePartitioner(stages=6, max_cut_width=2).propose(model)
     assert wide.candidates > part.candidates
     wide_costs = np.array([s.cost for s in wide.stages])
     assert wide_costs.max() / wide_costs.min() <= costs.max() / costs.min() + 1e-9
@@ -131,7 +132,7 @@ def test_explicit_anchors_and_errors():
     with pytest.raises(GraphError, match="initializer"):
         instrument_model(model, anchors=["a0"])
     with pytest.raises(GraphError, match="at least 1"):
-        StagePartitionPass(stages=0)
+        StagePartitioner(stages=0)
 
 
 def test_unsorted_file_order_is_sorted_and_checked():
@@ -156,7 +157,7 @@ def test_choose_cuts_is_the_exact_optimum_on_small_cases():
     """The dynamic programme against brute force over every choice of K-1 cuts (random cases)."""
     import itertools
 
-    from passes.partition import choose_cuts
+    from passes.cuts import choose_cuts
 
     def score(cum, pen, total, k, picks):
         step, b = total / k, [0.0] + [cum[i] for i in picks] + [total]
@@ -192,7 +193,7 @@ def test_stages_k_is_honoured_when_cuts_exist_and_shortfalls_are_noted(capsys, t
     model = _yolo320()
     # width 1: 16 single-tensor cuts, all in the backbone before model.4's output (the skip to the neck
     # leaves no single-tensor cut after it): 8 stages, the last one is the unavoidable remainder
-    part = StagePartitionPass(stages=8, max_cut_width=1)(model).info["partition"]
+    part = StagePartitioner(stages=8, max_cut_width=1).propose(model)
     assert part.candidates == 16 and len(part.stages) == 8
     cost = np.array([s.cost for s in part.stages]) / part.total_cost
     cands = sweep_cuts(build_index(model.graph), 1)
@@ -201,7 +202,7 @@ def test_stages_k_is_honoured_when_cuts_exist_and_shortfalls_are_noted(capsys, t
     assert cost[-1] == pytest.approx(0.821, abs=0.005) and cost[:-1].max() < 0.07, cost
     assert any("stage 7 carries 82% of the cost" in n for n in part.options["notes"])
     # width 4: well balanced
-    part4 = StagePartitionPass(stages=8, max_cut_width=4)(model).info["partition"]
+    part4 = StagePartitioner(stages=8, max_cut_width=4).propose(model)
     cost4 = np.array([s.cost for s in part4.stages]) / part4.total_cost
     assert len(part4.stages) == 8 and cost4.max() < 0.19 and part4.options["notes"] == [], cost4
     # more stages than cuts: every cut is used, and the manifest says why there are fewer
@@ -275,3 +276,61 @@ def test_incomplete_symbolic_shape_inference_leaves_no_file_in_cwd(tmp_path, mon
     instrument_model(m)
     assert calls, "symbolic shape inference did not run"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_declared_pass_contracts_are_enforced():
+    """``in_place=False`` passes must leave their input untouched, ``in_place=True`` passes must
+    return it: a pass breaking its declaration fails with PassError naming the changed part."""
+    import onnx
+
+    from passes.base import GraphPass, PassError, PassManager, PassResult, model_digest
+
+    model = skip_chain_model(60, kind="conv", long_every=4)
+    before = model.SerializeToString()
+
+    class RenamesInput(GraphPass):
+        in_place = False
+
+        def call(self, m):
+            m.graph.node[0].name = "renamed"
+            return PassResult(m, True)
+
+    class TagsInput(GraphPass):
+        in_place = False
+
+        def call(self, m):
+            e = m.metadata_props.add()
+            e.key, e.value = "x", "y"
+            return PassResult(m, True)
+
+    class ReturnsCopy(GraphPass):  # declared in place (the default) but works on a copy
+        def call(self, m):
+            out = onnx.ModelProto()
+            out.CopyFrom(m)
+            return PassResult(out, False)
+
+    class Honest(GraphPass):
+        in_place = False
+
+        def call(self, m):
+            out = onnx.ModelProto()
+            out.CopyFrom(m)
+            out.graph.node[0].name = "renamed"
+            return PassResult(out, True)
+
+    with pytest.raises(PassError, match=r"RenamesInput failed \(after no other pass\): RenamesInput declares "
+                       r"in_place=False but modified its input model \(graph\.node\)"):
+        PassManager([RenamesInput()])(model)
+    model = onnx.load_from_string(before)
+    with pytest.raises(PassError, match=r"TagsInput failed \(after Honest\): TagsInput declares in_place=False "
+                       r"but modified its input model \(metadata_props\)"):
+        PassManager([Honest(), TagsInput()])(model)
+    with pytest.raises(PassError, match="ReturnsCopy declares in_place=True but returned another model"):
+        ReturnsCopy()(model)
+    model = onnx.load_from_string(before)
+    r = PassManager([Honest()])(model)
+    assert r.modified and r.model.graph.node[0].name == "renamed"
+    assert model.SerializeToString() == before
+    # the digest leaves weight values out (O(graph)); every other part counts
+    d = model_digest(model)
+    assert {"graph.node", "graph.initializer", "graph.input", "graph.output", "opset_import"} <= set(d)

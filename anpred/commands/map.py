@@ -41,18 +41,37 @@ def add_arguments(parser):
                              "(e.g. torch-native,torch,tf); default: static mapping only")
 
 
+def onnx2torch_missing(model) -> list[str]:
+    """The nodes of ``model`` onnx2torch has no converter for, after the compatibility converters
+    (:func:`anpred.convert.onnx2torch_compat`) and on a copy with Constant nodes folded, as the torch
+    backend converts it: the ``torch`` converter check of the mapping
+    (:func:`exporters.mapping.converters.converter_entries`). Raises ImportError without onnx2torch."""
+    import onnx
+
+    from anpred.compat import import_onnx2torch
+    from anpred.convert import fold_constant_nodes, onnx2torch_compat, onnx2torch_unsupported
+
+    import_onnx2torch()
+    onnx2torch_compat()
+    clean = onnx.ModelProto()
+    clean.CopyFrom(model)
+    fold_constant_nodes(clean)
+    return onnx2torch_unsupported(clean)
+
+
 def main(args) -> int:
     import json
     import os
     import sys
     from pathlib import Path
 
+    from anpred.backends import backend_class, parse_backends
     from anpred.errors import InputError
     from anpred.manifest import AnchorManifest
     from anpred.onnx_io import atomic_write_text, load_model, save_model
     from exporters import load_factory, read_origin
-    from anpred.backends import parse_backends
-    from exporters.mapping import BACKEND_OF, CONVERTER_BACKENDS, detect_exporter, map_anchors, prepared_entries
+    from exporters.mapping import BACKEND_OF, CONVERTER_BACKENDS, map_anchors, prepared_entries
+    from passes.exporter import detect_exporter
 
     path = Path(args.model)
     model = load_model(path)
@@ -72,7 +91,7 @@ def main(args) -> int:
     if not origin.get("factory"):
         raise InputError(f"{path}: no native model known: the manifest records no origin factory; give "
                          "--factory module:function (returning (model, example_inputs))")
-    exporter = detect_exporter(model)
+    exporter = detect_exporter(model, origin=read_origin(model))
     framework = args.framework or origin.get("framework") or ("tf" if exporter == "tf2onnx" else "torch")
     if framework not in ("torch", "tf"):
         raise InputError(f"origin framework {framework!r} has no native backend (known: torch, tf)")
@@ -82,7 +101,7 @@ def main(args) -> int:
     native, example = load_factory(origin["factory"], origin.get("kwargs"))
     report = map_anchors(manifest, native, framework, onnx_model=model,
                          example_inputs=example if framework == "torch" else None,
-                         converters=CONVERTER_BACKENDS)
+                         converters=CONVERTER_BACKENDS, converter_checks={"torch": onnx2torch_missing})
     if prepare:
         for name in prepare:
             opts = {"factory": origin["factory"], "factory_kwargs": origin.get("kwargs") or {}} \
@@ -90,7 +109,7 @@ def main(args) -> int:
             if name in ("torch-native", "tf-native") and name != BACKEND_OF[framework]:
                 raise InputError(f"backend {name!r} needs a {name.split('-')[0]} model; this one is {framework}")
             man = AnchorManifest.from_dict(manifest.to_dict())
-            report.entries[name] = prepared_entries(name, path, man, opts)
+            report.entries[name] = prepared_entries(name, path, man, opts, backend_class=backend_class)
     print(report.format_text(verbose=not args.brief))
     if args.json:
         atomic_write_text(Path(args.json), json.dumps(report.to_dict(), indent=2))
