@@ -163,7 +163,7 @@ def test_tf_yolov8n_dynamo_nhwc_and_cache(yolo, tmp_path):
         assert again.cache_hit and again.cache_dir == b.cache_dir
 
 
-@pytest.mark.parametrize("backend", ["torch", "tf"])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("tf", marks=pytest.mark.slow)])
 def test_ppocr_det(backend, ppocr, tmp_path):
     from anpred.backends import backend_class
 
@@ -220,6 +220,7 @@ def ppocr_dynamic() -> Path:
     return d / "det.anchored.onnx"
 
 
+@pytest.mark.slow
 def test_tf_ppocr_det_192x256(ppocr_dynamic, tmp_path):
     """Regression: onnx2tf failed here ("Output tensors of a Functional model ... Found: 3.0") on the
     hard-swish ``Add(x, Constant 3.0)`` until Constant nodes were made initializers."""
@@ -249,6 +250,7 @@ def _constant_reshape_model(path: Path) -> np.ndarray:
     return grid
 
 
+@pytest.mark.slow
 def test_tf_constant_reshape_needs_onnxsim_venv_not_on_path(tmp_path, monkeypatch):
     """Regression (YOLOv8n at 640 px): with the venv not on PATH, onnx2tf could not run its onnxsim
     command, silently converted the unsimplified graph and failed on a Reshape of a rank-3 constant.

@@ -178,6 +178,7 @@ def test_ppocr_det_from_rapidocr_wheel(tmp_path):
         assert rf[k].shape == ref[k].shape and np.isfinite(rf[k]).all()
 
 
+@pytest.mark.slow
 def test_ppocr_det_dynamic_shape_on_converters(tmp_path):
     """The shipped PP-OCRv4 det keeps its dynamic input [N, 3, H, W]; tf (onnx2tf, input fixed to the
     run's shape, NHWC) and torch capture every anchor and agree with ort."""

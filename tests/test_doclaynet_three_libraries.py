@@ -22,6 +22,9 @@ per anchor) 6.39e-6 torch-native, 9.57e-6 tf; 17 s with the onnx2tf conversion c
 import numpy as np
 import pytest
 
+# the trained model at its static 1024x1024 through onnx2tf (about 90 s cold): behind the `slow` marker
+pytestmark = pytest.mark.slow
+
 REL_TOL = 1e-4
 BACKENDS = ["ort", "torch-native", "tf"]
 

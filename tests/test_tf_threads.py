@@ -5,8 +5,10 @@ setting, so the backend failed. A model with fresh random weights forces a conve
 import os
 
 import numpy as np
+import pytest
 
 
+@pytest.mark.slow
 def test_tf_threads_option_on_fresh_conversion(tmp_path):
     import onnx
     from onnx import helper as h
