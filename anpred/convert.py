@@ -28,6 +28,10 @@ import numpy as np
 
 from anpred.errors import BackendError
 
+__all__ = ["ONNX2TF_CALIBRATION_NAME", "fold_identity_initializers", "fold_constant_nodes", "model_opset",
+           "since_version", "onnx2torch_compat", "onnx2torch_unsupported", "onnx2tf_calibration_file",
+           "working_directory"]
+
 ONNX2TF_CALIBRATION_NAME = "calibration_image_sample_data_20x128x128x3_float32.npy"
 
 

@@ -47,6 +47,11 @@ from typing import Any, Iterator
 import numpy as np
 
 from anpred.errors import InputError
+from anpred.onnx_io import elem_type_name
+
+__all__ = ["IMAGE_EXTS", "ARRAY_EXTS", "DISTRIBUTIONS", "PREPROCESS", "IMAGENET_MEAN", "IMAGENET_STD",
+           "LETTERBOX_PAD", "ModelInput", "model_inputs", "default_images_dir", "InputSpec", "check_sample",
+           "check_shapes_fit"]
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 ARRAY_EXTS = (".npy", ".npz")
@@ -56,8 +61,9 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 LETTERBOX_PAD = 114
 
-_ONNX_TO_NP = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
-               9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64"}
+#: ONNX element types a graph input may have (float32, uint8, int8, uint16, int16, int32, int64, bool,
+#: float16, float64, uint32, uint64); their numpy names come from :func:`anpred.onnx_io.elem_type_name`.
+_INPUT_ELEM_TYPES = frozenset({1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13})
 
 
 @dataclass
@@ -90,7 +96,7 @@ def model_inputs(model) -> list[ModelInput]:
         if vi.name in inits:
             continue
         tt = vi.type.tensor_type
-        dtype = _ONNX_TO_NP.get(tt.elem_type)
+        dtype = elem_type_name(tt.elem_type) if tt.elem_type in _INPUT_ELEM_TYPES else None
         if dtype is None:
             raise InputError(f"graph input {vi.name!r} has an unsupported element type {tt.elem_type}")
         shape: list[Any] = []

@@ -45,7 +45,7 @@ def kernels():
 
 
 def build_run(work: Path) -> Path:
-    from anpred.evaluation import prepare_model
+    from evaluation import prepare_model
 
     clean = work / "yolov8n-320" / "clean"
     if not (clean / "run.json").exists():

@@ -4,7 +4,7 @@ The localization trace-back and the sustained-departure rule (``origin_k``, ``or
 ``sustained_anchors`` in :mod:`anpred.defaults`) were added after the evaluation of docs/evaluation.md
 showed where the per-anchor rule missed and mislocalized faults. Their false-alarm safety is checked
 here on *other* models: each is instrumented and run once on the clean fp32 backends and the
-reduced-precision ones (:func:`anpred.evaluation.prepare_model`), judged with the default oracle, and
+reduced-precision ones (:func:`evaluation.prepare_model`), judged with the default oracle, and
 the script prints per model: flagged backends (with the rule that flagged them), and over the clean
 voting backends the largest ratio of S to the peers' median (the quantity ``origin_k`` is compared
 with) and the longest run of departures along the data flow (``sustained_anchors`` flags >= 3).
@@ -26,7 +26,7 @@ def measure(name: str, size: int | None, work: Path, real: int, random: int) -> 
     import models
     from anpred.judge import check_run
     from anpred.defaults import OracleConfig
-    from anpred.evaluation import prepare_model
+    from evaluation import prepare_model
 
     entry = models.REGISTRY[name]
     folder = work / f"{name}-{size or 'default'}"

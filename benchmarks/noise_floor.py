@@ -4,7 +4,7 @@ consensus) on the zoo models, per precision, and derive the registry floors of a
 For each model (``name[:imgsz]``): instrument it, run the clean fp32 backends (ort, ort-noopt,
 openvino, torch, tf, onnx-reference) and the reduced-precision ones (ort-fp16, ort-int8,
 openvino-bf16) on ``--real`` real inputs and ``--random`` seeded uniform inputs
-(:func:`anpred.evaluation.prepare_model`), judge the run with the default oracle, and record per
+(:func:`evaluation.prepare_model`), judge the run with the default oracle, and record per
 (anchor, backend) the pooled nRMSE ``S`` and the anchor's stage ``s``. The floor model of
 :mod:`anpred.defaults` is ``floor(p, s) = floor[p] * sqrt(1 + g s)`` (g = 1), so the stage-0 floor a
 measurement needs is ``S / sqrt(1 + s)``; the script prints, per precision, the largest raw ``S``,
@@ -43,7 +43,7 @@ def measure(name: str, size: int | None, work: Path, real: int, random: int, reu
     import models
     from anpred.judge import check_run
     from anpred.defaults import OracleConfig
-    from anpred.evaluation import prepare_model
+    from evaluation import prepare_model
 
     entry = models.REGISTRY[name]
     folder = work / f"{name}-{size or 'default'}"

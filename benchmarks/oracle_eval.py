@@ -8,7 +8,7 @@ magnitudes is injected (passes/faults.py) and only the faulty variant runs (ONNX
 ``fault`` with its own family), judged together with the clean backends' stored tensors (linked, not
 recomputed) by ANPRED (``check_run``) and by the threshold baseline at atol = rtol in
 {1e-5, 1e-4, 1e-3, 1e-2} on the final outputs against the onnx-reference outputs. See
-anpred/evaluation.py for the definitions.
+benchmarks/evaluation/ (its package docstring) for the definitions.
 
 Usage (the command whose numbers are in docs/evaluation.md)::
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: see anpred/evaluation.py (performance)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: see benchmarks/evaluation/__init__.py (performance)
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -39,10 +39,11 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the evaluation package beside this file
 
 import numpy as np  # noqa: E402
 
-from anpred import evaluation as ev  # noqa: E402
+import evaluation as ev  # noqa: E402
 from anpred.errors import AnpredError  # noqa: E402
 
 DOC = "yolov8n-doclaynet"

@@ -15,6 +15,9 @@ from typing import Any
 
 from anpred.errors import AnpredError
 
+__all__ = ["ExportError", "ExportResult", "export_folder", "framework_of", "load_factory", "make_origin",
+           "read_origin", "write_with_origin", "ORIGIN_KEY"]
+
 
 class ExportError(AnpredError):
     """A native model cannot be exported (the message names the module/layer and the exporter's
@@ -95,6 +98,20 @@ def read_origin(model) -> dict[str, Any] | None:
     return None
 
 
+def framework_of(model) -> str:
+    """The framework of a native model object, read from its class hierarchy (no framework is
+    imported): ``"torch"`` for a ``torch.nn.Module``, ``"tf"`` for a Keras object (a ``keras`` /
+    ``tf_keras`` class, e.g. a ``keras.Model``), ``"unknown"`` otherwise."""
+    mods = type(model).__mro__
+    names = {f"{c.__module__}.{c.__qualname__}" for c in mods}
+    if "torch.nn.modules.module.Module" in names:
+        return "torch"
+    if any(n.startswith(("keras.", "tf_keras.", "keras.src.")) and n.endswith("Model") for n in names) or \
+            any(c.__module__.startswith(("keras", "tf_keras")) for c in mods):
+        return "tf"
+    return "unknown"
+
+
 def load_factory(spec: str, kwargs: dict[str, Any] | None = None):
     """Import ``module:function`` and call it with ``kwargs``; it must return ``(model, example_inputs)``
     (``example_inputs``: a tuple of tensors/arrays, NCHW for torch, NHWC for Keras).
@@ -157,5 +174,3 @@ def export_folder(kind: str, key: str, build, cache: bool = True):
         if not cache:
             shutil.rmtree(folder, ignore_errors=True)
 
-
-__all__ = ["ExportError", "ExportResult", "export_folder", "load_factory", "make_origin", "read_origin", "write_with_origin", "ORIGIN_KEY"]

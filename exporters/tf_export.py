@@ -20,6 +20,8 @@ from typing import Any
 from anpred.errors import OutputPathError
 from exporters import ExportError, ExportResult, export_folder, make_origin, write_with_origin
 
+__all__ = ["export_keras", "input_signature", "unsupported_nodes"]
+
 
 def _versions() -> dict[str, str]:
     import importlib.metadata as md

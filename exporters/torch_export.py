@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from anpred.errors import OutputPathError
-from exporters import ExportError, ExportResult, export_folder, make_origin, write_with_origin
+from exporters import ExportError, ExportResult, export_folder, framework_of, make_origin, write_with_origin
+
+__all__ = ["export_torch", "describe_export_error"]
 
 
 def _versions() -> dict[str, str]:
@@ -216,7 +218,7 @@ def export_torch(module, example_inputs: tuple, path, *, dynamo: bool = True, op
 
     from anpred.cache import cache_key
 
-    if not isinstance(module, torch.nn.Module):
+    if framework_of(module) != "torch":
         raise ExportError(f"export_torch needs a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)

@@ -11,8 +11,12 @@ conversions come from anpred.cache; each backend runs in its own process (anpred
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the evaluation package
 
 IMGSZ = 160
 N_REAL, N_RANDOM = 2, 20
@@ -24,7 +28,7 @@ LOWP = ("ort-fp16", "ort-int8", "openvino-bf16")
 def yolo_reports(tmp_path_factory):
     """``{name: (ModelSetup, CheckReport)}`` for yolov8n (clean + reduced precision) and yolov5n (clean)."""
     from anpred.judge import check_run
-    from anpred.evaluation import prepare_model
+    from evaluation import prepare_model
 
     out = {}
     for name, lowp in (("yolov8n", LOWP), ("yolov5n", ())):

@@ -10,6 +10,9 @@ nRMSE and found at the part, localized at its stage; the scale guard keeps a par
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -23,6 +26,8 @@ from anpred.instrument import instrument_model
 from anpred.onnx_io import save_model
 from anpred.judge import output_parts
 from tests.test_check import _conv, _inputs, make_run
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the evaluation package
 
 BACKENDS = ["ort", "ort-noopt", "openvino", "onnx-reference", "torch"]
 
@@ -152,7 +157,7 @@ def detector_head(cls_bias: float, seed: int = 0, px: float = 300.0, cls_scale: 
 def head_fault_run(tmp_path_factory):
     """Clean backends on the head (class probabilities spread over 0..1) plus ``fault``: ONNX Runtime
     on a variant whose Sigmoid is approximated (passes.faults approx-sigmoid, blend 0.01)."""
-    from anpred.evaluation import FAULT_FAMILY, run_fault_backend
+    from evaluation import FAULT_FAMILY, run_fault_backend
     from anpred.run import RunStore
     from passes.faults import inject_fault
 

@@ -133,7 +133,8 @@ def test_demo_pipeline_reduced(root):
 def test_demo_doclaynet_inputs_record_their_real_sources(tmp_path):
     """Regression: test.json named the demo's deleted temporary PNG files as the DocLayNet sources."""
     import models
-    from anpred.pipeline import _demo_doclaynet_images, _zoo_samples
+    from anpred.pipeline.demos import demo_doclaynet_images as _demo_doclaynet_images
+    from anpred.pipeline.samples import zoo_samples as _zoo_samples
 
     folder = _demo_doclaynet_images(tmp_path, 4)
     zm = models.get("yolov8n-doclaynet")

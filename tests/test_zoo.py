@@ -235,7 +235,7 @@ def test_rendered_page_is_deterministic_and_complete():
 
 def test_real_images_honour_the_seed(doclaynet_model):
     import models
-    from anpred.pipeline import _zoo_sources
+    from anpred.pipeline.samples import zoo_sources as _zoo_sources
     from models.documents import photos, render_page
 
     zm = models.get("yolov8n-doclaynet", seed=3)

@@ -1,0 +1,301 @@
+"""The one-shot pipeline: from a model to a verdict in one call (:func:`test`, ``anpred test``).
+
+:func:`test` checks every option and takes a quick look at the model before the output folder is
+touched, then builds the report folder in a hidden partial sibling (:mod:`anpred.folders`) and
+commits it when complete. :func:`_pipeline` is the walk, one call per step, each step one module of
+the project:
+
+1. **resolve** the model (:func:`anpred.pipeline.subject.resolve_model`, done by :func:`test`);
+2. **instrument** it (:func:`anpred.instrument.instrument_model`, ``stages`` K, dynamic input
+   dimensions fixed first: :func:`anpred.pipeline.samples.fix_static_inputs`) and record the origin
+   in the manifest (``manifest.model["origin"]``);
+3. **map** the anchors onto the native graph (:func:`exporters.mapping.map_anchors`, torch-native /
+   tf-native) when a native backend runs; without an explicit backend list a model that cannot be
+   mapped runs without its native backend;
+4. **prepare the inputs** (:func:`anpred.pipeline.samples.prepare_inputs`);
+5. **run** every backend in its own process (:func:`anpred.run.run_model`, mode ``tensors``);
+6. **check**: align and judge (:func:`anpred.judge.check_run`: :class:`anpred.align.Aligner` then
+   the consensus oracle of ``docs/oracle.md``);
+7. **write the reports**: ``report.json`` (schema ``anpred.check/1``), ``report.html`` (plots
+   embedded), then, once committed, ``test.json`` and optionally a history database row
+   (:func:`anpred.history.append`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from anpred.errors import OutputPathError
+from anpred.pipeline.choices import NATIVE_BACKEND, check_native_backends, check_test_options, default_backends
+from anpred.pipeline.progress import log
+from anpred.pipeline.result import TestResult
+from anpred.pipeline.samples import fix_static_inputs, input_hw, prepare_inputs, record_zoo_inputs
+from anpred.pipeline.subject import PythonPath, QuietLogger, Subject, check_model, native_model, resolve_model
+
+__all__ = ["test", "prepare_out", "relocated"]
+
+
+def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
+         backends: Iterable[str] | str | None = None, inputs: str | None = None, samples: int | None = None,
+         stages: int | None = None, max_cut_width: int = 4, imgsz: int | tuple[int, int] | None = None,
+         seed: int = 0, factory_kwargs: dict[str, Any] | None = None, oracle: str = "consensus",
+         config: str | os.PathLike | None = None, history: str | os.PathLike | None = None,
+         allow_incomplete: bool = False, timeout_s: float = 600, overwrite: bool = False,
+         quiet: bool = False) -> TestResult:
+    """Test ``model`` end to end: export (when needed), instrument, map, run, align, judge, report.
+
+    Args:
+        model: an ``.onnx`` path, a zoo name (``anpred zoo`` lists them) or a factory
+            ``module:function`` returning ``(torch.nn.Module | keras.Model, example_inputs)``
+            (``example_inputs``: a tuple of tensors, NCHW float32 for torch image models; the
+            function must be importable in a fresh process: backend processes rebuild the model).
+        out: the report folder to create (default ``anpred-test/<model label>``).
+        backends: backend names (list or comma-separated); default :func:`default_backends`.
+        inputs: a folder or file of images / ``.npy`` / ``.npz``, or ``random:...`` (see
+            :mod:`anpred.inputs`); default: the zoo model's real images, the ultralytics photographs
+            for image inputs, seeded uniform arrays otherwise.
+        samples: number of generated samples (default 3; ignored for files).
+        stages: number of stages K (default: automatic, about 8); ``max_cut_width``: most tensors
+            per stage boundary.
+        imgsz: input size (int or (H, W)) for resizable zoo models and dynamic ONNX dimensions
+            (default: the zoo size, else 640).
+        seed: seed of the random inputs, of seeded zoo weights and of a zoo model's rendered pages or
+            text lines (pages ``seed, seed + 1, ...``; the ultralytics photographs are fixed files).
+        factory_kwargs: keyword arguments for a factory.
+        oracle, config, allow_incomplete: see :func:`anpred.judge.check_run` (``allow_incomplete``:
+            a report with gaps, e.g. a backend that failed, exits 0); history: SQLite file to append to.
+        timeout_s: per backend limit in seconds (prepare + all samples).
+        overwrite: replace ``out`` when it holds an earlier test (only once the new one is complete).
+        quiet: no progress output on stderr.
+
+    Returns:
+        :class:`TestResult` (truthy when consistent; ``.report`` is the CheckReport).
+
+    Raises:
+        ModelLoadError: an unreadable ``.onnx``; AnpredError: unknown zoo name, unusable factory,
+        bad inputs, an ``out`` folder that holds something else; BackendError: an unknown, empty
+        or repeated backend entry, a single backend, a native backend that does not fit the model
+        (checked before any export). Nothing is
+        written then. A backend that fails or crashes does not raise: see ``result.statuses``.
+    """
+    from anpred.folders import commit_partial
+    from anpred.onnx_io import atomic_write_text, to_json
+
+    t_start = time.perf_counter()
+    seconds: dict[str, float] = {}
+    backends = check_test_options(oracle=oracle, samples=samples, stages=stages, backends=backends, inputs=inputs,
+                                  config=config, history=history)
+    label_guess = check_model(model, backends)  # errors: nothing written
+    final = (Path(out) if out is not None else Path("anpred-test") / label_guess).absolute()
+    tmp = prepare_out(final, overwrite)
+    try:
+        with _timed(seconds, "resolve"):
+            subject = resolve_model(model, imgsz=imgsz, seed=seed, factory_kwargs=factory_kwargs, workdir=tmp,
+                                    quiet=quiet, backends=backends)
+        result = _pipeline(subject, final, tmp, backends=backends, inputs=inputs, samples=samples, stages=stages,
+                           max_cut_width=max_cut_width, imgsz=imgsz, seed=seed, oracle=oracle, config=config,
+                           allow_incomplete=allow_incomplete, timeout_s=timeout_s, quiet=quiet, seconds=seconds)
+        commit_partial(tmp, final)
+        # what was tested names the final place of files built in the partial folder (a factory's export)
+        result.details = relocated(result.details, tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if history is not None and result.report.status != "error":
+        from anpred.history import append
+
+        append(history, result.report)
+    seconds["total"] = time.perf_counter() - t_start
+    atomic_write_text(final / "test.json", to_json(result.to_dict(), indent=1))
+    return result
+
+
+def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, samples, stages, max_cut_width,
+              imgsz, seed, oracle, config, allow_incomplete, timeout_s, quiet, seconds) -> TestResult:
+    """The steps after resolving the model, built in ``tmp`` (committed to ``final`` by the caller);
+    phase wall times go into ``seconds``."""
+    details: dict[str, Any] = {"subject": subject.to_dict()}
+    with _timed(seconds, "instrument"):
+        anchored, manifest = _instrument(subject, imgsz, stages, max_cut_width, details, quiet)
+    names = _backend_names(subject, backends)
+    mapping = _map(subject, manifest, anchored, names, backends is not None, tmp, details, seconds, quiet)
+    _save_anchored(subject, anchored, manifest, tmp)
+    spec, details["inputs"] = prepare_inputs(subject, anchored, inputs, samples, seed, tmp / ".inputs", quiet)
+    with _timed(seconds, "run"):
+        statuses = _run(subject, names, spec, details["inputs"], tmp, final, timeout_s, quiet)
+    with _timed(seconds, "check"):
+        report = _check(tmp, final, oracle, config, allow_incomplete)
+    with _timed(seconds, "report"):
+        _write_reports(report, tmp)
+    return TestResult(model=subject.label, out=final, report=report, anchored=final / "anchored.onnx",
+                      manifest=final / "anchored.anchors.json", run_dir=final / "run",
+                      report_json=final / "report.json", report_html=final / "report.html", backends=names,
+                      statuses={b: s.status for b, s in statuses.items()},
+                      reasons={b: s.reason.splitlines()[0][:300] for b, s in statuses.items() if s.reason},
+                      mapping=mapping, seconds=seconds, details=details)
+
+
+# ---- the steps -------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _timed(seconds: dict[str, float], phase: str):
+    """``seconds[phase]``: the wall time of the block (not set when it raises)."""
+    t = time.perf_counter()
+    yield
+    seconds[phase] = time.perf_counter() - t
+
+
+def _instrument(subject: Subject, imgsz, stages, max_cut_width, details: dict[str, Any], quiet: bool):
+    """Load the subject's ONNX file, fix its dynamic input dimensions (``details["fixed_dims"]``) and
+    instrument it; the manifest names the model and its origin. Returns ``(anchored, manifest)``."""
+    from anpred.instrument import instrument_model
+    from anpred.onnx_io import load_model
+
+    proto = load_model(subject.onnx_path, load_external=False)
+    fixed = fix_static_inputs(proto, input_hw(subject, imgsz))
+    if fixed:
+        log(f"dynamic input dimensions fixed: {', '.join(fixed)}", quiet)
+        details["fixed_dims"] = fixed
+    anchored, manifest = instrument_model(proto, stages=stages, max_cut_width=max_cut_width,
+                                          source_path=subject.onnx_path)
+    manifest.model["name"] = subject.label
+    if subject.origin:
+        manifest.model["origin"] = dict(subject.origin)
+    n_anchors = sum(a.kind != "output" for a in manifest.anchors)
+    log(f"instrumented {subject.onnx_path.name}: {len(manifest.stages)} stages, {n_anchors} anchors + "
+        f"{len(manifest.anchors) - n_anchors} outputs", quiet)
+    return anchored, manifest
+
+
+def _backend_names(subject: Subject, backends: list[str] | None) -> list[str]:
+    """The backends to run: the given ones, else the defaults of the subject's origin."""
+    names = list(backends) if backends is not None else default_backends(subject.framework)
+    check_native_backends(names, subject.framework, subject.label, subject.kind)
+    return names
+
+
+def _map(subject: Subject, manifest, anchored, names: list[str], explicit: bool, tmp: Path,
+         details: dict[str, Any], seconds: dict[str, float], quiet: bool) -> dict[str, dict[str, int]]:
+    """Map the anchors onto the native model when its native backend runs (``tmp/mapping.json``).
+    Returns native backend -> counts. A model that cannot be mapped raises when the backends were
+    given, else its native backend is left out of ``names`` (``details["native_left_out"]``)."""
+    from anpred.onnx_io import atomic_write_text, to_json
+
+    mapping: dict[str, dict[str, int]] = {}
+    native = NATIVE_BACKEND.get(subject.framework)
+    if native is None or native not in names:
+        return mapping
+    with _timed(seconds, "map"):
+        from exporters.mapping import MappingError, map_anchors
+
+        try:
+            with PythonPath(subject.sys_path), QuietLogger("ultralytics"):
+                net, example = native_model(subject)
+                rep = map_anchors(manifest, net, subject.framework, onnx_model=anchored,
+                                  example_inputs=tuple(example) if subject.framework == "torch" else None)
+            mapping[native] = rep.counts(native)
+            atomic_write_text(tmp / "mapping.json", to_json(rep.to_dict(), indent=1))
+            c = mapping[native]
+            log(f"mapped anchors onto the {subject.framework} model: {c['exact']} exact, {c['equivalent']} "
+                f"equivalent, {c['unmapped']} unmapped", quiet)
+        except MappingError as err:
+            if explicit:
+                raise
+            names.remove(native)
+            log(f"{native} left out: {err}", quiet)
+            details["native_left_out"] = str(err)
+        finally:
+            net = example = None
+    return mapping
+
+
+def _save_anchored(subject: Subject, anchored, manifest, tmp: Path) -> None:
+    """``tmp/anchored.onnx`` (manifest in its metadata) and ``tmp/anchored.anchors.json``."""
+    from anpred.onnx_io import atomic_write_text, save_model
+
+    manifest.to_model(anchored)
+    # the report folder is self-contained: external weights are streamed next to the anchored model
+    save_model(anchored, tmp / "anchored.onnx", source_path=subject.onnx_path, copy_external_data=True)
+    atomic_write_text(tmp / "anchored.anchors.json", manifest.to_json())
+
+
+def _run(subject: Subject, names: list[str], spec: str, inputs_info: dict[str, Any], tmp: Path, final: Path,
+         timeout_s: float, quiet: bool) -> dict[str, Any]:
+    """Run the backends into ``tmp/run`` (the run store names the final paths). Returns the
+    backends' statuses."""
+    from anpred.run import run_model
+
+    log(f"running {len(names)} backends, each in its own process: {', '.join(names)}", quiet)
+    with PythonPath(subject.sys_path):
+        store = run_model(tmp / "anchored.onnx", names, spec, tmp / "run", mode="tensors", timeout_s=timeout_s,
+                          progress=not quiet, preprocess=None)
+    shutil.rmtree(tmp / ".inputs", ignore_errors=True)
+    if spec == str(tmp / ".inputs"):  # the preprocessed inputs live on in the run store only
+        record_zoo_inputs(store, inputs_info["sources"], final / "run")
+    store.meta.setdefault("model", {})["name"] = subject.label
+    store.meta["model"]["path"] = str(final / "anchored.onnx")
+    store.save_meta()
+    return store.statuses()
+
+
+def _check(tmp: Path, final: Path, oracle: str, config, allow_incomplete: bool):
+    """Align and judge the run (:func:`anpred.judge.check_run`); the report names the final run folder."""
+    from anpred.judge import check_run
+
+    report = check_run(tmp / "run", oracle=oracle, config=config, allow_incomplete=allow_incomplete)
+    report.run_dir = str(final / "run")
+    return report
+
+
+def _write_reports(report, tmp: Path) -> None:
+    """``tmp/report.json`` and ``tmp/report.html``."""
+    from anpred.report import write_html, write_json
+
+    write_json(report, tmp / "report.json")
+    write_html(report, tmp / "report.html")
+
+
+# ---- the report folder -----------------------------------------------------------------------------
+def prepare_out(out: Path, overwrite: bool) -> Path:
+    """Check the report folder ``out`` and return the hidden partial folder to build in
+    (:func:`anpred.folders.partial_dir`; commit it with :func:`anpred.folders.commit_partial`).
+
+    Raises:
+        OutputPathError: ``out`` is not a folder, or is not empty and not an earlier test (no
+        ``test.json``), or holds a test and ``overwrite`` is not given; its parent cannot be created
+        or written. Nothing is written then.
+    """
+    from anpred.folders import partial_dir
+
+    out = Path(out).absolute()
+    if out.exists():
+        if not out.is_dir():
+            raise OutputPathError(f"{out} exists and is not a folder; nothing was written")
+        if any(out.iterdir()):
+            if not (out / "test.json").is_file():
+                raise OutputPathError(f"{out} exists and is not empty (and is not an anpred test folder); "
+                                      "nothing was written")
+            if not overwrite:
+                raise OutputPathError(f"{out} already holds a test; choose another -o or pass --overwrite "
+                                      "(nothing was written)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputPathError(f"cannot create {out.parent}: {err.strerror or err}") from err
+    if not os.access(out.parent, os.W_OK):
+        raise OutputPathError(f"{out.parent} is not writable; nothing was written")
+    return partial_dir(out)
+
+
+def relocated(value: Any, src: str | Path, dst: str | Path) -> Any:
+    """``value`` (JSON-able: dicts, lists, strings, paths ...) through JSON (:func:`anpred.onnx_io.to_json`)
+    with every occurrence of the path ``src`` rewritten to ``dst`` (files built in a partial folder
+    named at their final place)."""
+    from anpred.onnx_io import to_json
+
+    return json.loads(to_json(value).replace(json.dumps(str(src))[1:-1], json.dumps(str(dst))[1:-1]))
