@@ -28,7 +28,7 @@ import numpy as np
 
 from anpred.errors import BackendError
 
-__all__ = ["ONNX2TF_CALIBRATION_NAME", "fold_identity_initializers", "fold_constant_nodes", "model_opset",
+__all__ = ["ONNX2TF_CALIBRATION_NAME", "onnx2torch_missing", "fold_identity_initializers", "fold_constant_nodes", "model_opset",
            "since_version", "onnx2torch_compat", "onnx2torch_unsupported", "onnx2tf_calibration_file",
            "working_directory"]
 
@@ -367,3 +367,20 @@ def working_directory(path: Path):
         yield
     finally:
         os.chdir(old)
+
+
+def onnx2torch_missing(model) -> list[str]:
+    """The nodes of ``model`` onnx2torch has no converter for, after the compatibility converters
+    (:func:`anpred.convert.onnx2torch_compat`) and on a copy with Constant nodes folded, as the torch
+    backend converts it: the ``torch`` converter check of the mapping
+    (:func:`exporters.mapping.converters.converter_entries`). Raises ImportError without onnx2torch."""
+    import onnx
+
+    from anpred.compat import import_onnx2torch
+
+    import_onnx2torch()
+    onnx2torch_compat()
+    clean = onnx.ModelProto()
+    clean.CopyFrom(model)
+    fold_constant_nodes(clean)
+    return onnx2torch_unsupported(clean)

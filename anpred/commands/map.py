@@ -41,24 +41,6 @@ def add_arguments(parser):
                              "(e.g. torch-native,torch,tf); default: static mapping only")
 
 
-def onnx2torch_missing(model) -> list[str]:
-    """The nodes of ``model`` onnx2torch has no converter for, after the compatibility converters
-    (:func:`anpred.convert.onnx2torch_compat`) and on a copy with Constant nodes folded, as the torch
-    backend converts it: the ``torch`` converter check of the mapping
-    (:func:`exporters.mapping.converters.converter_entries`). Raises ImportError without onnx2torch."""
-    import onnx
-
-    from anpred.compat import import_onnx2torch
-    from anpred.convert import fold_constant_nodes, onnx2torch_compat, onnx2torch_unsupported
-
-    import_onnx2torch()
-    onnx2torch_compat()
-    clean = onnx.ModelProto()
-    clean.CopyFrom(model)
-    fold_constant_nodes(clean)
-    return onnx2torch_unsupported(clean)
-
-
 def main(args) -> int:
     import json
     import os
@@ -66,6 +48,7 @@ def main(args) -> int:
     from pathlib import Path
 
     from anpred.backends import backend_class, parse_backends
+    from anpred.convert import onnx2torch_missing
     from anpred.errors import InputError
     from anpred.manifest import AnchorManifest
     from anpred.onnx_io import atomic_write_text, load_model, save_model
