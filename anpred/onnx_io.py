@@ -26,7 +26,8 @@ from anpred.errors import ModelLoadError, OutputPathError
 
 __all__ = ["sha256_file", "load_model", "external_data_files", "save_model", "AtomicFiles",
            "atomic_write_bytes", "atomic_write_text", "file_mode", "check_writable_dir",
-           "ExternalDataPlacementError", "json_default", "to_json", "elem_type_name"]
+           "ExternalDataPlacementError", "json_default", "to_json", "json_safe", "json_float",
+           "from_json_float", "elem_type_name"]
 
 
 class ExternalDataPlacementError(OutputPathError):
@@ -387,6 +388,41 @@ def to_json(obj, *, indent: int | None = None) -> str:
     import json
 
     return json.dumps(obj, indent=indent, default=json_default)
+
+
+def json_float(v):
+    """JSON has no inf/nan: encode them as the strings ``"inf"``, ``"-inf"``, ``"nan"`` (other values
+    as they are). Inverse: :func:`from_json_float`."""
+    import math
+
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v
+
+
+def from_json_float(v):
+    """The inverse of :func:`json_float`: a string (``"inf"``, ``"-inf"``, ``"nan"``) back to a float."""
+    return float(v) if isinstance(v, str) else v
+
+
+def json_safe(o, *, nan="nan"):
+    """``o`` (dicts, lists, tuples, scalars) with every non-finite float encoded as :func:`json_float`
+    does (NaN as ``nan``: ``"nan"`` by default, ``None`` for readers that want ``null``) and numpy
+    integers/floats as Python numbers, recursively; other values as they are."""
+    import math
+
+    import numpy as np
+
+    if isinstance(o, dict):
+        return {k: json_safe(v, nan=nan) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [json_safe(v, nan=nan) for v in o]
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, (float, np.floating)):
+        f = float(o)
+        return nan if math.isnan(f) else json_float(f)
+    return o
 
 
 def elem_type_name(elem_type: int) -> str | None:

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -21,6 +20,7 @@ import numpy as np
 
 from anpred.align.rules import describe_rule, is_identity
 from anpred.errors import AnpredError
+from anpred.onnx_io import json_safe
 
 __all__ = ["SCHEMA", "AlignmentDecision", "UnalignedEntry", "AlignmentReport", "AlignedSample"]
 
@@ -97,7 +97,7 @@ class AlignmentReport:
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
-        return _json_safe(asdict(self))
+        return json_safe(asdict(self), nan=None)
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -162,19 +162,6 @@ class AlignmentReport:
 
 def _fmt(v: float | None, none: str = "-") -> str:
     return none if v is None else f"{v:.3g}"
-
-
-def _json_safe(o: Any) -> Any:
-    if isinstance(o, dict):
-        return {k: _json_safe(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_json_safe(v) for v in o]
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (float, np.floating)):
-        f = float(o)
-        return f if math.isfinite(f) else (None if math.isnan(f) else ("inf" if f > 0 else "-inf"))
-    return o
 
 
 @dataclass

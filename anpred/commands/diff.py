@@ -35,19 +35,6 @@ def add_arguments(parser):
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
 
 
-def _clean(o):
-    """JSON has no NaN/Inf: encode them as strings (as anpred.judge.stats does)."""
-    import math
-
-    if isinstance(o, float) and not math.isfinite(o):
-        return "nan" if math.isnan(o) else ("inf" if o > 0 else "-inf")
-    if isinstance(o, dict):
-        return {k: _clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
-    return o
-
-
 def _parse_pairs(items: list[str]) -> dict[str, str]:
     from anpred.errors import AnpredError
 
@@ -118,7 +105,8 @@ def main(args) -> int:
 
         page = render_diff_html(graph=graph, runs=runs, title=f"anpred diff {a.name} {b.name}")
     if args.json:
-        _write(args.json, json.dumps(_clean(result.to_dict()), indent=1))
+        from anpred.onnx_io import json_safe
+        _write(args.json, json.dumps(json_safe(result.to_dict()), indent=1))
     if page is not None:
         _write(args.html, page)
     if not args.quiet:

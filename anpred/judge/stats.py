@@ -46,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from anpred.onnx_io import from_json_float, json_float
+
 __all__ = ["DTYPE_ALIASES", "Comparison", "ErrorStats", "Reference", "canonical_dtype", "error_stats",
            "from_json_float", "json_float", "ulp", "ulp_dtype"]
 
@@ -106,19 +108,6 @@ class ErrorStats:
         names = {f.name for f in fields(cls)}
         return cls(**{k: (from_json_float(v) if k not in ("n", "nan", "inf", "nan_ref", "inf_ref") else int(v))
                        for k, v in d.items() if k in names})
-
-
-def json_float(v):
-    """JSON has no inf/nan: encode them as strings ``"inf"``, ``"-inf"``, ``"nan"`` (other values as
-    they are)."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    return v
-
-
-def from_json_float(v):
-    """The inverse of :func:`json_float`: a string (``"inf"``, ``"-inf"``, ``"nan"``) back to a float."""
-    return float(v) if isinstance(v, str) else v
 
 
 def ulp(values: np.ndarray, dtype: str = "float32") -> np.ndarray:
