@@ -51,7 +51,7 @@ def _model_info(model, source_path) -> dict[str, Any]:
             tt = vi.type.tensor_type
             shape = ([d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
                      if tt.HasField("shape") else None)
-            dt = (elem_type_name(tt.elem_type) or str(tt.elem_type)) if tt.elem_type else "unknown"
+            dt = elem_type_name(tt.elem_type)
             info[key].append({"name": vi.name, "dtype": dt, "shape": shape})
     return info
 

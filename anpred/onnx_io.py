@@ -425,14 +425,24 @@ def json_safe(o, *, nan="nan"):
     return o
 
 
-def elem_type_name(elem_type: int) -> str | None:
-    """numpy dtype name (``float32``, ``float16``, ``bfloat16``, ``int64`` ...) of an ONNX
-    ``TensorProto`` element type; None for an unknown or undefined type."""
+def elem_type_name(elem_type: int) -> str:
+    """The one name of an ONNX ``TensorProto`` element type: the numpy dtype name where numpy (with
+    ml_dtypes) has one (``float32``, ``float16``, ``bfloat16``, ``int64``, ``float8_e4m3fn`` ...), else
+    ONNX's own name in lower case (``string``, and types newer than numpy knows); ``unknown`` for
+    ``UNDEFINED`` (0). Never raises."""
+    if not elem_type:
+        return "unknown"
     from onnx import helper
 
     try:
         import numpy as np
 
-        return str(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)))
-    except Exception:  # noqa: BLE001 - UNDEFINED, STRING-less builds, future types
-        return None
+        dt = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+        if dt.kind != "O":
+            return str(dt)
+    except Exception:  # noqa: BLE001 - types numpy has no dtype for
+        pass
+    try:
+        return helper.tensor_dtype_to_string(elem_type).removeprefix("TensorProto.").lower()
+    except Exception:  # noqa: BLE001 - a number no onnx release knows
+        return str(elem_type)

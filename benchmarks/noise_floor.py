@@ -22,7 +22,6 @@ Models larger than ``--no-reference-above`` pixels per side skip onnx-reference 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
@@ -146,7 +145,9 @@ def main():
               f"{s['current_floor']:>9.3g}{s['current_margin']:>11.2f}x  {s['need_at']}")
         print("      per model: " + ", ".join(f"{m} {v:.3g}" for m, v in s["per_model_need"].items()))
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "summary": summ}, indent=1, default=str))
+        from anpred.onnx_io import to_json
+
+        Path(args.json).write_text(to_json({"results": results, "summary": summ}, indent=1))
 
 
 if __name__ == "__main__":

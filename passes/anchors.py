@@ -34,17 +34,6 @@ from passes.plan import Partition
 __all__ = ["AnchorInsertionPass", "build_manifest"]
 
 
-def _dtype_name(elem_type: int) -> str:
-    if not elem_type:
-        return "unknown"
-    name = elem_type_name(elem_type)
-    if name is None:
-        from onnx import helper
-
-        name = helper.tensor_dtype_to_string(elem_type).removeprefix("TensorProto.").lower()
-    return name
-
-
 def build_manifest(partition: Partition, taken: set[str] = frozenset(), model_info=None) -> AnchorManifest:
     """Name the partition's anchors (see :mod:`anpred.naming`) and build the manifest (no model
     edits). ``taken`` are value names already used in the graph: anchor names never collide with
@@ -64,7 +53,7 @@ def build_manifest(partition: Partition, taken: set[str] = frozenset(), model_in
     for a, nm in zip(partition.anchors, names):
         anchors.append(Anchor(name=nm, value=a.value, stage=a.stage, order=a.order, producer=a.producer,
                               op_type=a.op_type, shape=list(a.shape) if a.shape is not None else [],
-                              dtype=_dtype_name(a.elem_type), layout=a.layout, scope=a.scope, kind=a.kind))
+                              dtype=elem_type_name(a.elem_type), layout=a.layout, scope=a.scope, kind=a.kind))
         by_value[a.value] = nm
     stages = [dataclasses.replace(s, cost=float(s.cost), boundary=[by_value[v] for v in s.boundary if v in by_value])
               for s in partition.stages]

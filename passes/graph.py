@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from anpred.errors import GraphError
 
-__all__ = ["SHAPE_OPS", "GraphIndex", "build_index"]
+__all__ = ["build_lenient_index", "SHAPE_OPS", "GraphIndex", "build_index"]
 
 #: ops whose output depends only on the *shape* of their inputs, not on their values.
 SHAPE_OPS = frozenset({"Shape", "Size"})

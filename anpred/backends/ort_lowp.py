@@ -26,6 +26,7 @@ import numpy as np
 from anpred.backends.ort import OrtBackend
 from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
+from anpred.onnx_io import elem_type_name
 
 
 class _LowpBase(OrtBackend):
@@ -172,7 +173,7 @@ class OrtInt8Backend(_LowpBase):
         q = [n for n in m.graph.node if n.op_type == "QuantizeLinear"]
         dq = [n for n in m.graph.node if n.op_type == "DequantizeLinear"]
         inits = {t.name: t for t in m.graph.initializer}
-        types = sorted({onnx.helper.tensor_dtype_to_np_dtype(inits[n.input[2]].data_type).name
+        types = sorted({elem_type_name(inits[n.input[2]].data_type)
                         for n in q + dq if len(n.input) > 2 and n.input[2] in inits})
         prec = "int8" if q and dq and set(types) & {"int8", "uint8"} else "fp32"
         from anpred.machine import kernel_isa, machine_info

@@ -343,19 +343,19 @@ def diff_runs(run_a: str | Path, run_b: str | Path, *, config=None, backends: li
             bad, bad_ref = st.pop("_bad"), st.pop("_bad_ref")
             floor = max(cfg.floor_at(sa[x].precision, anc.stage), cfg.floor_at(sb[y].precision, anc.stage))
             moved = bool(_gt(v, floor)) or bad > bad_ref
-            ad.cells.append(CellDiff(lab, _num(v), floor, moved, n, sid, st))
+            ad.cells.append(CellDiff(lab, float(v), floor, moved, n, sid, st))
             key = str(anc.stage)
             if not math.isnan(v):
                 stage_dev[key] = max(stage_dev.get(key, 0.0), v)
             if moved:
                 first_by.setdefault(lab, anc.name)
                 if first is None:
-                    first = {"anchor": anc.name, "backend": lab, "stage": anc.stage, "value": _num(v),
+                    first = {"anchor": anc.name, "backend": lab, "stage": anc.stage, "value": float(v),
                              "floor": floor, "statistic": statistic}
         anchors_out.append(ad)
     labels = [_label(x, y) for x, y in bpairs]
     rd = RunDiff(str(run_a), str(run_b), statistic, labels, samples, anchors_out, first, first_by,
-                 {k: _num(v) for k, v in stage_dev.items()}, skipped, unpaired, graph if with_graph else None,
+                 {k: float(v) for k, v in stage_dev.items()}, skipped, unpaired, graph if with_graph else None,
                  mode, [[x, y] for x, y in bpairs], unpaired_b)
     if rd.compared == 0:
         nc = rd.not_compared()
@@ -370,7 +370,3 @@ def _gt(a: float, b: float) -> bool:
     if math.isnan(a):
         return False
     return a > b if not math.isnan(b) else True
-
-
-def _num(v: float) -> float:
-    return float(v) if math.isfinite(v) else (float("inf") if v > 0 else float("-inf")) if not math.isnan(v) else float("nan")
