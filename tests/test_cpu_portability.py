@@ -8,6 +8,7 @@ cpuid as on such a machine (tests/emulated_cpu.py)."""
 from __future__ import annotations
 
 import json
+import platform
 import shutil
 import subprocess
 import sys
@@ -83,8 +84,22 @@ def test_native_cpu_recorded_and_judged(tmp_path):
         machine_info()["cpu_flags"])
 
 
-@pytest.mark.skipif(shutil.which("qemu-x86_64") is None or sys.platform != "linux",
-                    reason="needs qemu-x86_64 (Debian package qemu-user) to emulate a CPU without AVX-512/VNNI/bf16")
+def _qemu_version() -> tuple[int, ...]:
+    exe = shutil.which("qemu-x86_64")
+    if exe is None:
+        return ()
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    try:
+        return tuple(int(x) for x in out.split("version", 1)[1].split()[0].split(".")[:2])
+    except (IndexError, ValueError):
+        return ()
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or sys.platform != "linux",
+                    reason="emulates an x86-64 CPU in user mode: needs an x86-64 Linux host")
+@pytest.mark.skipif(_qemu_version() < (7, 2),
+                    reason="needs qemu-x86_64 >= 7.2 (Debian package qemu-user; TCG emulates AVX2 from 7.2 on) "
+                           "to emulate a CPU without AVX-512/VNNI/bf16")
 def test_emulated_cpu_without_avx512_vnni_bf16(tmp_path):
     """Under an emulated EPYC-Rome: no AVX-512/VNNI/bf16 seen, OpenVINO compiles the bf16 hint to fp32 and
     the run is judged as fp32 with a note saying so; ONNX Runtime's int8 runs its AVX2 u8s8 kernels and
@@ -97,3 +112,62 @@ def test_emulated_cpu_without_avx512_vnni_bf16(tmp_path):
     assert got["u8s8"] == "avx2"
     assert got["notes"][0].startswith("precision: openvino-bf16 was asked for bf16 but computed in fp32 (this CPU has no bf16")
     assert got["notes"][1].startswith("kernels: ort-int8 ran ONNX Runtime's avx2 u8s8 kernels")
+
+
+def test_backend_computing_another_precision_is_judged_and_reported_as_computed(tmp_path):
+    """The whole path on any CPU: a run record in which ``openvino-bf16`` was asked for bf16 and computed
+    in fp32 (what OpenVINO does on a CPU without bf16 instructions: here OpenVINO's f32 plugin itself
+    computes it, the record says bf16 was asked) -> ``check_run`` judges it as fp32 (fp32 floor, consistent
+    at fp32 noise, no vote) -> the JSON report, the terminal table (``fp32*``) and the HTML report say so."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from anpred.defaults import OracleConfig
+    from anpred.instrument import instrument_model
+    from anpred.judge import check_run
+    from anpred.onnx_io import save_model
+    from anpred.report.html import write_html
+    from anpred.report.text import format_text
+    from anpred.run import BackendSpec, RunStore, run_model
+
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i, (cin, cout) in enumerate([(3, 8), (8, 8), (8, 4)]):
+        w = (rng.normal(size=(cout, cin, 3, 3)) / np.sqrt(9 * cin)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes += [helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}")]
+        x = f"r{i}"
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 4, 16, 16])], inits)
+    anchored, man = instrument_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), stages=3)
+    path = tmp_path / "m.onnx"
+    save_model(anchored, path)
+    store = run_model(path, ["ort", "onnx-reference", "openvino", BackendSpec("openvino", label="openvino-bf16")],
+                      "random:uniform:seed=1:n=2", tmp_path / "run", progress=False)
+    st = store.statuses()["openvino-bf16"]
+    assert st.status == "ok" and (st.precision, st.precision_requested) == ("fp32", "fp32")
+    st.precision_requested = "bf16"  # the record of a CPU without bf16: bf16 asked, fp32 compiled
+    RunStore.open(tmp_path / "run").set_status(st)
+    rep = check_run(tmp_path / "run")
+    v = rep.verdicts["openvino-bf16"]
+    assert (v.precision, v.precision_requested, v.votes, v.status) == ("fp32", "bf16", False, "consistent")
+    assert rep.backends["openvino-bf16"]["precision_requested"] == "bf16"
+    for c in rep.cells:
+        if c.backend == "openvino-bf16":
+            stage = next(a.stage for a in man.anchors if a.name == c.anchor)
+            assert c.floor == pytest.approx(OracleConfig().floor_at("fp32", stage))  # not bf16's 0.3
+            assert c.primary < c.floor
+    assert [n for n in rep.notes if n.startswith("precision: ")] == [
+        "precision: openvino-bf16 was asked for bf16 but computed in fp32; judged as fp32"]
+    # the reference backends were asked for what they computed: no note, no asterisk
+    assert rep.verdicts["openvino"].precision_requested == "" and rep.verdicts["openvino"].votes
+    text = format_text(rep)
+    row = next(ln for ln in text.splitlines() if ln.startswith("openvino-bf16 "))
+    assert "fp32*" in row
+    assert "fp32*: openvino-bf16 was asked for bf16 but computed in fp32, and is judged as fp32" in text
+    write_html(rep, tmp_path / "r.html")
+    html = (tmp_path / "r.html").read_text()
+    assert "fp32 (bf16 asked)" in html and "<b>precision</b>" in html
+    # JSON round trip keeps both
+    again = type(rep).from_dict(json.loads(json.dumps(rep.to_dict())))
+    assert again.verdicts["openvino-bf16"].precision_requested == "bf16"
