@@ -16,6 +16,42 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
+def saturation_probe(workdir: Path) -> dict[str, float]:
+    """ONNX Runtime's u8s8 int8 kernel on inputs that saturate int16 pairs: MatMul of x = 1 (uint8 255,
+    scale 1/255) with W = 1 (int8 127, scale 1/127) over K = 64. Exact int32 accumulation (VNNI, AMX,
+    or the QDQ model computed in float with graph optimizations off) gives 64; VPMADDUBSW sums each pair
+    255*127 + 255*127 = 64770 into a saturating int16 (32767), giving 32 * 32767 / (255 * 127) = 32.38,
+    requantized on the output's uint8 grid (step 64/255): 32.376.
+    Returns ``{"int8": y, "fakequant": y_float_qdq}`` (first output element)."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    k = 64
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "sat",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+                          [numpy_helper.from_array(np.ones((k, 8), np.float32), "W")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(workdir / "sat.onnx"))
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": np.zeros((1, k), np.float32)}, {"x": np.ones((1, k), np.float32)}])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(str(workdir / "sat.onnx"), str(workdir / "sat.q.onnx"), Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    out = {}
+    for key, level in (("int8", ort.GraphOptimizationLevel.ORT_ENABLE_ALL),
+                       ("fakequant", ort.GraphOptimizationLevel.ORT_DISABLE_ALL)):
+        so = ort.SessionOptions()
+        so.graph_optimization_level = level
+        sess = ort.InferenceSession(str(workdir / "sat.q.onnx"), so, providers=["CPUExecutionProvider"])
+        out[key] = float(sess.run(None, {"x": np.ones((1, k), np.float32)})[0].ravel()[0])
+    return out
+
+
 def main(workdir: str) -> None:
     from anpred.backends.openvino import OpenVinoBf16Backend
     from anpred.backends.ort_lowp import OrtInt8Backend
@@ -49,7 +85,8 @@ def main(workdir: str) -> None:
                       "ov_hint": ov.versions()["openvino_compiled_precision_hint"],
                       "ov_effective": ov.effective_precision(), "ov_finite": bool(np.isfinite(y_ov).all()),
                       "judged_as": info.precision, "requested": info.requested, "votes": info.votes,
-                      "u8s8": q.versions()["mlas_u8s8_kernel"], "notes": precision_notes(table, mi)}))
+                      "u8s8": q.versions()["mlas_u8s8_kernel"], "notes": precision_notes(table, mi),
+                      "saturation": saturation_probe(d)}))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,10 @@ from anpred.judge import BackendInfo
 
 TESTS = Path(__file__).parent
 AVX2_ONLY = ["sse4_2", "avx", "avx2", "fma", "f16c"]
+# tests/emulated_cpu.py's saturation probe on kernels that sum u8*s8 pairs in saturating int16: 32 pairs
+# of 255*127*2 clipped to 32767, times the scales 1/255 and 1/127, requantized on the output's uint8
+# grid (calibrated range 0..64: step 64/255) -> 129 steps = 32.376
+SATURATED = round(32 * 32767 / (255 * 127) / (64 / 255)) * 64 / 255
 
 
 @pytest.mark.parametrize("flags, u8s8, bf16, fp16", [
@@ -82,6 +86,11 @@ def test_native_cpu_recorded_and_judged(tmp_path):
     assert any(n.startswith("precision: openvino-bf16") for n in got["notes"]) == (want_bf16 != "bf16")
     assert any(n.startswith("kernels: ort-int8") for n in got["notes"]) == int16_saturation_possible(
         machine_info()["cpu_flags"])
+    # the kernel family's behaviour, not only its name: int16 pairs saturate exactly where it says so
+    sat = got["saturation"]
+    assert sat["fakequant"] == pytest.approx(64.0)
+    want = SATURATED if int16_saturation_possible(machine_info()["cpu_flags"]) else 64.0
+    assert sat["int8"] == pytest.approx(want, rel=1e-6), sat
 
 
 def _qemu_version() -> tuple[int, ...]:
@@ -112,6 +121,9 @@ def test_emulated_cpu_without_avx512_vnni_bf16(tmp_path):
     assert got["u8s8"] == "avx2"
     assert got["notes"][0].startswith("precision: openvino-bf16 was asked for bf16 but computed in fp32 (this CPU has no bf16")
     assert got["notes"][1].startswith("kernels: ort-int8 ran ONNX Runtime's avx2 u8s8 kernels")
+    # and they do saturate: 32 pairs of 255*127*2 clipped to 32767 (tests/emulated_cpu.py)
+    assert got["saturation"]["int8"] == pytest.approx(SATURATED, rel=1e-6)
+    assert got["saturation"]["fakequant"] == pytest.approx(64.0)
 
 
 def test_backend_computing_another_precision_is_judged_and_reported_as_computed(tmp_path):

@@ -32,6 +32,7 @@ def reduced(tmp_path_factory, yolov8n_onnx):
     return setup, clean, null, faulty, work
 
 
+@pytest.mark.slow  # the reduced evaluation (clean YOLOv8n run on 9 backends + fault configurations)
 def test_clean_backends_ran_and_are_not_flagged(reduced):
     from anpred.run import RunStore
 
@@ -50,6 +51,7 @@ def test_clean_backends_ran_and_are_not_flagged(reduced):
     assert all(d["n_ref"] > 0 for d in clean.detections.values())
 
 
+@pytest.mark.slow  # the reduced evaluation (clean YOLOv8n run on 9 backends + fault configurations)
 def test_ground_truth_recovered(reduced):
     _, _, _, faulty, _ = reduced
     assert len(faulty) == len(KINDS) * len(STAGES)
@@ -67,6 +69,7 @@ def test_ground_truth_recovered(reduced):
         assert r.injected_nrmse > 1e-4
 
 
+@pytest.mark.slow  # the reduced evaluation (clean YOLOv8n run on 9 backends + fault configurations)
 def test_threshold_baseline_is_consistent_with_its_critical_tolerance(reduced):
     _, clean, _, faulty, _ = reduced
     for r in faulty:
@@ -78,6 +81,7 @@ def test_threshold_baseline_is_consistent_with_its_critical_tolerance(reduced):
         assert all(flags[f"{t:g}"] == (crit > t) for t in ev.TOLERANCES)
 
 
+@pytest.mark.slow  # the reduced evaluation (clean YOLOv8n run on 9 backends + fault configurations)
 def test_configuration_reuses_clean_tensors(reduced):
     setup, _, _, faulty, work = reduced
     from anpred.run import RunStore
@@ -94,6 +98,7 @@ def test_configuration_reuses_clean_tensors(reduced):
     assert sorted(p.name for p in (work / "configs").iterdir()) == ["round-s1-m8"]
 
 
+@pytest.mark.slow  # the reduced evaluation (clean YOLOv8n run on 9 backends + fault configurations)
 def test_summary_and_bars(reduced):
     setup, clean, null, faulty, _ = reduced
     s = ev.summarize([null, *faulty], {"yolov8n": clean})["yolov8n"]
@@ -105,6 +110,7 @@ def test_summary_and_bars(reduced):
     assert b["false_alarm"]["met"] and b["localization"]["met"] and b["detection"]["met"]
 
 
+@pytest.mark.slow  # the reduced evaluation (clean YOLOv8n run on 9 backends + fault configurations)
 def test_bad_requests(reduced):
     setup = reduced[0]
     with pytest.raises(ev.EvaluationError, match="unknown fault kind"):
@@ -161,6 +167,7 @@ def _oracle_eval_module():
     return cli
 
 
+@pytest.mark.slow  # the reduced evaluation (clean YOLOv8n run on 9 backends + fault configurations)
 def test_outputs_tables_and_plots_are_written(reduced, tmp_path):
     """The command's last step on the reduced evaluation's results: results.json, summary.md and every
     plot (a regression: a stray ``del`` of a removed variable crashed the plots after a 10-minute run)."""

@@ -77,6 +77,7 @@ def test_default_backends_follow_the_origin():
     assert "tf-native" in default_backends("tf") and "torch-native" not in default_backends("tf")
 
 
+@pytest.mark.slow  # every default backend on PP-OCRv4, onnx2tf conversion included (about 70 s cold)
 def test_demo_pipeline_reduced(root):
     """The demo's PP-OCRv4 part at 96x128 on two rendered pages, every default backend."""
     from anpred.pipeline import default_backends, demo, format_standing
