@@ -694,6 +694,7 @@ def test_native_reorderings_in_check_report(keras_case, tmp_path):
     assert find_segment_permutation(rev, o, axes=[1]) is None
 
 
+@pytest.mark.slow  # needs the onnx2tf YOLOv8n run (yolo_run: about 40 s cold)
 def test_pins_that_do_not_fit_leave_the_anchor_unaligned(keras_case, yolo_run, tmp_path):
     """A pin is never silently replaced: one that does not fit the shapes makes the anchor unaligned for
     that backend with the reason, and `anpred check` says so; a pin for an unknown backend is a warning."""
