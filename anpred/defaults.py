@@ -131,6 +131,12 @@ class OracleConfig:
             to ~1e-7 in absolute terms, is 66x its peers in relative terms; saturated or trained class
             parts on ordinary inputs reach 3.2e-4 to 1.3e-3 (yolov8n-doclaynet 9.2e-4; nearly blank
             pages 1.05e-4, where the range rule, not this guard, keeps clean backends unflagged).
+        population_k: per reduced precision, the outlier factor of the *implementation* verdict (a
+            member of a precision population against the median of its peers' deviation from the
+            population's consensus; docs/oracle.md). Smaller than ``k``: implementations of one
+            quantized model differ by whole steps at a few elements, so a fault that moves every element
+            by one step is only ``sqrt(1/f)`` times the clean spread (``f`` the fraction of elements
+            clean implementations round differently). Measured on the zoo's populations (docs/oracle.md).
         reservoir: values kept per (anchor, backend) for the HTML histograms (uniform reservoir).
         threshold_atol, threshold_rtol: defaults of the threshold baseline (Polygraphy's 1e-5/1e-5).
         correlated_nrmse: two voting backends of different families whose aligned tensors differ by at
@@ -157,6 +163,7 @@ class OracleConfig:
     signal_lost: bool = True
     split_outputs: bool = True
     part_min_scale: float = 1e-4
+    population_k: dict[str, float] = field(default_factory=lambda: {"fp16": 4.0, "bf16": 4.0, "int8": 4.0})
     reservoir: int = 4096
     threshold_atol: float = 1e-5
     threshold_rtol: float = 1e-5
@@ -170,7 +177,11 @@ class OracleConfig:
         p = precision if precision in self.floor else "fp32"
         return self.floor[p] * math.sqrt(1.0 + self.depth_growth.get(p, 1.0) * max(0, stage))
 
-    def k_for(self, precision: str) -> float:
+    def k_for(self, precision: str, population: bool = False) -> float:
+        """The outlier factor for ``precision``: ``k``, or with ``population`` (an implementation
+        verdict within a precision population) ``population_k`` (falling back to ``k``)."""
+        if population and precision in self.population_k:
+            return self.population_k[precision]
         return self.k.get(precision, self.k["fp32"])
 
     def to_dict(self) -> dict[str, Any]:
@@ -185,7 +196,8 @@ class OracleConfig:
         """
         if self.primary not in PRIMARY_STATISTICS:
             raise AnpredError(f"unknown primary statistic {self.primary!r}; known: {', '.join(PRIMARY_STATISTICS)}")
-        for key, lo, strict in (("k", 1.0, False), ("floor", 0.0, True), ("depth_growth", 0.0, False)):
+        for key, lo, strict in (("k", 1.0, False), ("floor", 0.0, True), ("depth_growth", 0.0, False),
+                                ("population_k", 1.0, False)):
             table = getattr(self, key)
             if not isinstance(table, dict):
                 raise AnpredError(f"oracle config {key!r} must be a table/object of precision -> number, got {table!r}")
@@ -193,7 +205,7 @@ class OracleConfig:
                 if p not in PRECISIONS:
                     raise AnpredError(f"oracle config {key}.{p}: unknown precision; known: {', '.join(PRECISIONS)}")
                 _number(f"{key}.{p}", v, lo, strict)
-            if "fp32" not in table:
+            if "fp32" not in table and key != "population_k":
                 raise AnpredError(f"oracle config {key} needs an fp32 entry (the fallback of other precisions)")
         _integer("min_voters", self.min_voters, 2)
         _number("propagation_band", self.propagation_band, 1.0, True)
@@ -254,7 +266,7 @@ class OracleConfig:
                 setattr(cfg, key, val)
         # ints given where floats are expected are fine (TOML ``k = 10``): normalise after the checks
         cfg.validate()
-        for key in ("k", "floor", "depth_growth"):
+        for key in ("k", "floor", "depth_growth", "population_k"):
             setattr(cfg, key, {p: float(v) for p, v in getattr(cfg, key).items()})
         for key in ("propagation_band", "threshold_atol", "threshold_rtol", "correlated_nrmse", "origin_k",
                     "origin_floor_fraction", "part_min_scale"):

@@ -61,6 +61,7 @@ class Accumulator:
         self.per_sample: list[float] = []
         self.nan = self.inf = self.nan_ref = self.inf_ref = 0
         self.nonfinite = 0
+        self.suppressed = self.mismatched = self.undecided = 0
         self.res = reservoir
 
     def add(self, cmp: Comparison) -> None:
@@ -71,6 +72,9 @@ class Accumulator:
         self.nan_ref += s.nan_ref
         self.inf_ref += s.inf_ref
         self.nonfinite += cmp.nonfinite
+        self.suppressed += cmp.suppressed
+        self.mismatched += cmp.mismatched
+        self.undecided += cmp.undecided
         if s.n == 0:
             return
         self.n += s.n

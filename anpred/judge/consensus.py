@@ -67,11 +67,12 @@ import numpy as np
 from anpred.defaults import OracleConfig
 from anpred.judge.accumulate import Accumulator, Reservoir
 from anpred.judge.localize import Localizer
+from anpred.judge.scales import cell_precision, floor_and_basis, natural_units
 from anpred.judge.stats import ErrorStats, Reference, ulp_dtype
 from anpred.judge.struct import AnchorInfo, BackendInfo, Cell, OracleResult
 from anpred.judge.verdict import backend_verdict, gap_text, judge_cell
 
-__all__ = ["Oracle", "median_of"]
+__all__ = ["Oracle", "median_of", "vote"]
 
 
 class Oracle:
@@ -92,8 +93,14 @@ class Oracle:
     """
 
     def __init__(self, anchors: list[AnchorInfo], backends: list[BackendInfo], config: OracleConfig | None = None,
-                 reference: str | None = None, seed: int = 0, descendants: dict[str, set[str]] | None = None):
+                 reference: str | None = None, seed: int = 0, descendants: dict[str, set[str]] | None = None,
+                 population: str | None = None, steps: dict[str, float] | None = None):
         self.cfg = config or OracleConfig()
+        # None: the fp32 oracle (voters against the fp32 consensus, reduced-precision backends' budget
+        # verdicts against it too); "int8"/"fp16"/...: a precision population whose members all vote
+        # (their implementation verdicts, :mod:`anpred.judge.populations`)
+        self.population = population
+        self.steps = dict(steps or {})  # anchor -> int8 quantization step (scale) in the QDQ model
         self.descendants = descendants
         self.anchors = list(anchors)
         self.backends = {b.name: b for b in backends}
@@ -114,6 +121,7 @@ class Oracle:
         self._scaled = set(self._part_of) | set(self._part_of.values())
         self.consensus_max: dict[str, float] = {}
         self.skipped_parts: dict[str, str] = {}  # part -> why it was not judged on its own
+        self.undecided: dict[str, int] = {}  # anchor -> elements where the families' votes tied (NaN/Inf)
 
     # ---- consensus ------------------------------------------------------------------------------
     def _pick_reference(self, present: list[str]) -> str | None:
@@ -128,7 +136,7 @@ class Oracle:
     def _identical(self, a: np.ndarray, b: np.ndarray) -> bool:
         tol = self.cfg.correlated_nrmse
         if tol <= 0:
-            return bool(np.array_equal(a, b))
+            return bool(np.array_equal(a, b, equal_nan=True))
         d = (a - b).ravel()
         bb = float(np.einsum("i,i->", b.ravel(), b.ravel()))
         dd = float(np.einsum("i,i->", d, d))
@@ -154,27 +162,34 @@ class Oracle:
         """Consensus of one anchor in one sample. Returns ``(c, mode, reference)`` with mode
         ``median:<families>`` (merged families joined by ``+``) or ``reference:<name>``; ``c`` is None
         when no consensus can be formed."""
-        c, mode, ref, _ = self._consensus(arrays)
+        c, mode, ref, _, _ = self._consensus(arrays)
         return c, mode, ref
 
     def _consensus(self, arrays):
+        """``(c, mode, reference, groups, undecided)``: the median of the family votes (non-finite
+        values voted on element-wise, :func:`vote`), else one reference backend's tensor (its NaN/Inf
+        then undecided: one backend cannot outvote anyone); ``c`` None when no voter has a finite value."""
         fams: dict[str, list[np.ndarray]] = {}
         for b, a in arrays.items():
             info = self.backends[b]
-            if info.votes and np.isfinite(a).any():
+            if info.votes:
                 fams.setdefault(info.family, []).append(a)
+        if not any(np.isfinite(a).any() for m in fams.values() for a in m) and fams:
+            return None, "none", None, [], None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices give NaN, counted later
             if len(fams) >= self.cfg.min_voters:
                 votes = {f: (m[0] if len(m) == 1 else median_of(m)) for f, m in fams.items()}
                 groups = self._groups(votes)
-                c = median_of([votes[g[0]] for g in groups])
+                c, undecided = vote([votes[g[0]] for g in groups])
                 mode = "median:" + ",".join(sorted("+".join(g) for g in groups))
-                return c, mode, None, groups
+                return c, mode, None, groups, undecided
         ref = self._pick_reference([b for b in arrays if np.isfinite(arrays[b]).any()])
         if ref is None:
-            return None, "none", None, []
-        return arrays[ref], f"reference:{ref}", ref, []
+            return None, "none", None, [], None
+        c = arrays[ref]
+        und = ~np.isfinite(c)
+        return c, f"reference:{ref}", ref, [], (und if und.any() else None)
 
     # ---- streaming ------------------------------------------------------------------------------
     def _gap(self, anchor: str, backend: str, why: str, sid: str) -> None:
@@ -232,10 +247,9 @@ class Oracle:
                 for b in got:
                     self._gap(a.name, b, "no other backend to compare with here", sid)
                 continue
-            c, mode, ref, groups = self._consensus(got)
-            if c is None or not np.isfinite(c).any():
-                msg = ("no finite value in any voting backend (all NaN/Inf): no consensus" if c is None
-                       else "consensus has no finite value")
+            c, mode, ref, groups, undecided = self._consensus(got)
+            if c is None:
+                msg = "no finite value in any voting backend (all NaN/Inf): no consensus"
                 self.anchor_gaps.setdefault(a.name, {}).setdefault(msg, []).append(sid)
                 for b in got:
                     self._gap(a.name, b, msg, sid)
@@ -249,7 +263,9 @@ class Oracle:
                 key = frozenset(g)
                 if len(g) > 1:
                     self.merged[a.name][key] = self.merged[a.name].get(key, 0) + 1
-            ref_tensor = Reference(c)
+            if undecided is not None and ref is None:
+                self.undecided[a.name] = self.undecided.get(a.name, 0) + int(np.count_nonzero(undecided))
+            ref_tensor = Reference(c, undecided)
             for b, x in got.items():
                 if b == ref:
                     self.ref_at[(a.name, b)] = self.ref_at.get((a.name, b), 0) + 1
@@ -257,7 +273,7 @@ class Oracle:
                 acc = self.acc.get((a.name, b))
                 if acc is None:
                     acc = self.acc[(a.name, b)] = Accumulator(self.cfg.primary, Reservoir(self.cfg.reservoir, self.rng))
-                acc.add(ref_tensor.compare(x, ulp_dtype(self.backends[b].precision)))
+                acc.add(ref_tensor.compare(x, ulp_dtype(cell_precision(self.backends[b].precision, a.dtype))))
 
     # ---- verdicts -------------------------------------------------------------------------------
     def _primary(self, s: ErrorStats) -> float:
@@ -306,6 +322,9 @@ class Oracle:
         unjudged_anchors = self._unjudged_anchors(cells, notes)
         correlated = self._correlated()
         notes.extend(self._correlated_notes(correlated))
+        for a, n in self.undecided.items():
+            notes.append(f"anchor {a}: the families' votes tied between finite and NaN/Inf values at {n} element(s) "
+                         "(summed over samples): undecided there, judged for no backend")
         return OracleResult(
             cells=[cells[k] for a in self.anchors for k in [(a.name, b) for b in self.backends] if k in cells],
             verdicts=verdicts, consensus=consensus, unjudged_anchors=unjudged_anchors, notes=notes,
@@ -354,21 +373,62 @@ class Oracle:
         return notes
 
     def _cells(self) -> dict[tuple[str, str], Cell]:
-        """Every judged (anchor, backend), decided against its peers (:func:`judge_cell`)."""
+        """Every judged (anchor, backend), decided against its peers (:func:`judge_cell`) with the floor
+        and basis of :mod:`anpred.judge.scales`: fp32 voters against their fp32 peers; a
+        reduced-precision backend of the fp32 oracle (its *budget* verdict) against the other families
+        of its own precision population, measured against the fp32 consensus, its lost-signal test
+        against the fp32 voters; members of a population oracle against each other."""
         cells: dict[tuple[str, str], Cell] = {}
         pooled = {k: acc.pooled() for k, acc in self.acc.items()}
         for a in self.anchors:
             judged = [b for b in self.backends if (a.name, b) in pooled]
             for b in judged:
                 info = self.backends[b]
+                acc = self.acc[(a.name, b)]
                 corr = self._merged_families(a.name, info.family)
-                peers = [self._primary(pooled[(a.name, p)]) for p in judged
-                         if p != b and self.backends[p].votes and self.backends[p].family != info.family
-                         and self.backends[p].family not in corr]
-                peers = [v for v in peers if not math.isnan(v)]
-                cells[(a.name, b)] = judge_cell(a, info, self.acc[(a.name, b)], pooled[(a.name, b)], peers, self.cfg,
-                                                self.consensus_max.get(a.name, 0.0))
+                voters = [p for p in judged
+                          if p != b and self.backends[p].votes and self.backends[p].family != info.family
+                          and self.backends[p].family not in corr]
+                prec = cell_precision(info.precision, a.dtype)
+                step = self._step(a)
+                rms = math.sqrt(acc.cc / acc.n) if acc.n else None
+                extra: dict[str, Any] = {}
+                if info.votes and self.population is None:
+                    peers = voters
+                    floor, basis = floor_and_basis(self.cfg, prec, a.stage)
+                else:
+                    peers = voters if info.votes else \
+                        [p for p in judged if p != b and not self.backends[p].votes
+                         and self.backends[p].precision == info.precision and self.backends[p].family != info.family]
+                    floor, basis = floor_and_basis(self.cfg, prec, a.stage, population=peers, step=step, rms=rms,
+                                                   implementation=self.population is not None)
+                    if not info.votes:  # budget verdict: the population's cost; the signal is the fp32 voters'
+                        extra["signal_peers"] = [v for v in (self._primary(pooled[(a.name, p)]) for p in voters)
+                                                 if not math.isnan(v)]
+                        if not peers:
+                            peers = voters  # no population peer: today's rule, the constant floor decides
+                levels = [self._primary(pooled[(a.name, p)]) for p in peers]
+                levels = [v for v in levels if not math.isnan(v)]
+                st = pooled[(a.name, b)]
+                units = natural_units(prec, st.max_abs, math.sqrt(acc.dd / acc.n) if acc.n else math.nan,
+                                      st.max_ulp, step)
+                if self.population is not None:
+                    extra["k"] = self.cfg.k_for(self.population, population=True)
+                cells[(a.name, b)] = judge_cell(a, info, acc, st, levels, self.cfg,
+                                                self.consensus_max.get(a.name, 0.0), floor=floor, basis=basis,
+                                                units=units, **extra)
         return cells
+
+    def _step(self, a: AnchorInfo) -> float | None:
+        """int8 quantization step of anchor ``a`` (a part: its output's; an anchor without its own:
+        the nearest ancestor anchor's that has one, through the data flow when known)."""
+        name = a.part_of or a.name
+        if name in self.steps:
+            return self.steps[name]
+        if self.descendants is None:
+            return None
+        ups = [x.name for x in self.anchors if x.name in self.steps and name in self.descendants.get(x.name, ())]
+        return self.steps[ups[-1]] if ups else None
 
     def _correlated(self) -> list[dict[str, Any]]:
         groups: dict[frozenset, dict[str, int]] = {}
@@ -383,6 +443,39 @@ class Oracle:
                       sum(1 for b in members if (a.name, b) in self.acc) >= 2]
             out.append({"families": fams, "backends": members, "anchors": anchors, "differ": differ})
         return out
+
+def vote(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
+    """Element-wise consensus of family votes with non-finite values voted on (``docs/oracle.md``).
+
+    Each element's votes fall in four classes: finite, NaN, +Inf, -Inf. The class most votes fall in
+    wins: finite -> the median of the finite votes (:func:`median_of`), NaN/+Inf/-Inf -> that value. A
+    tie between the largest classes (e.g. one NaN, one Inf, one finite; two NaN, two finite) is
+    *undecided*: NaN in the result and True in the returned mask, judged for no one.
+
+    Args:
+        arrays: the family votes, equally shaped float64 arrays (at least one).
+
+    Returns:
+        ``(c, undecided)``: float64 array of the votes' shape; boolean mask or None when no element
+        is undecided. Without any non-finite vote this is exactly :func:`median_of`.
+    """
+    if all(np.isfinite(a).all() for a in arrays):
+        return median_of(arrays), None
+    stack = np.stack(arrays)
+    isnan = np.isnan(stack)
+    pinf, ninf = stack == np.inf, stack == -np.inf
+    fin = ~(isnan | pinf | ninf)
+    counts = np.stack([fin.sum(0), isnan.sum(0), pinf.sum(0), ninf.sum(0)])
+    top = counts.max(0)
+    undecided = (counts == top).sum(0) > 1
+    cls = counts.argmax(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        med = np.nanmedian(np.where(fin, stack, np.nan), axis=0)
+    c = np.select([cls == 0, cls == 1, cls == 2], [med, np.nan, np.inf], -np.inf).astype(np.float64)
+    c[undecided] = np.nan
+    return c, (undecided if undecided.any() else None)
+
 
 def median_of(arrays: list[np.ndarray]) -> np.ndarray:
     """Element-wise median of a few equally shaped float64 arrays (``np.nanmedian(stack, axis=0)``).

@@ -20,13 +20,13 @@ import numpy as np
 
 from anpred.defaults import OracleConfig
 from anpred.errors import JudgeError
-from anpred.judge.consensus import Oracle
+from anpred.judge.populations import PopulationOracle
 from anpred.judge.localize import DataFlow, run_dataflow
 from anpred.judge.parts import OutputPart, add_part_views
 from anpred.judge.struct import AnchorInfo, BackendInfo, CheckReport
 from anpred.judge.threshold import ThresholdCheck
 
-__all__ = ["Judged", "Judging", "judge_samples", "judged_anchors", "read_tensors", "tensor_file"]
+__all__ = ["Judged", "Judging", "judge_samples", "judged_anchors", "quant_steps", "read_tensors", "tensor_file"]
 
 
 @dataclass
@@ -58,7 +58,7 @@ class Judged:
     ``threshold`` (None unless the baseline was), the ``parts`` judged beside the anchors and the
     aligner's report (``alignment``, :class:`anpred.align.AlignmentReport`)."""
 
-    oracle: Oracle | None
+    oracle: PopulationOracle | None
     threshold: ThresholdCheck | None
     parts: list[OutputPart]
     alignment: Any
@@ -79,8 +79,9 @@ def judge_samples(run: Judging) -> Judged:
     binfos = [BackendInfo.make(b, report.backends[b]["family"], report.backends[b]["precision"], cfg,
                                requested=report.backends[b].get("precision_requested") or None)
               for b in run.usable]
-    orc = Oracle(judged_anchors(store.manifest, flow.parts), binfos, cfg, reference=run.reference,
-                 descendants=flow.descendants) if consensus else None
+    orc = PopulationOracle(judged_anchors(store.manifest, flow.parts), binfos, cfg, reference=run.reference,
+                           descendants=flow.descendants, steps=quant_steps(store, run.usable, report.notes)) \
+        if consensus else None
     thr = _threshold_check(run, binfos) if report.oracle in ("threshold", "both") else None
     aligner = _aligner(store, run.usable)
     names = set(store.manifest.names())
@@ -92,6 +93,26 @@ def judge_samples(run: Judging) -> Judged:
             thr.add(tensors)
         report.samples += 1
     return Judged(oracle=orc, threshold=thr, parts=flow.parts, alignment=aligner.report())
+
+
+def quant_steps(store, usable: list[str], notes: list[str]) -> dict[str, float]:
+    """anchor -> int8 quantization step, from the usable backends' run records (``quant_steps``: the
+    scale of the DequantizeLinear that produces the anchor in the QDQ model they ran). Members of one
+    population run one converted model, so their steps agree; where they do not (a backend given
+    another model), the first backend's is kept and a note names the anchors."""
+    steps: dict[str, float] = {}
+    differ: set[str] = set()
+    for b, st in store.statuses().items():
+        if b not in usable:
+            continue
+        for a, v in (getattr(st, "quant_steps", None) or {}).items():
+            if a in steps and not np.isclose(steps[a], v, rtol=1e-6, atol=0):
+                differ.add(a)
+            steps.setdefault(a, float(v))
+    if differ:
+        notes.append(f"int8 quantization steps differ between backends at {len(differ)} anchor(s) "
+                     f"(e.g. {sorted(differ)[0]}): the first backend's step is used for the natural units")
+    return steps
 
 
 def judged_anchors(manifest, parts: list[OutputPart]) -> list[AnchorInfo]:

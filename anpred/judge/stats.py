@@ -144,6 +144,10 @@ class Comparison:
         stats: :class:`ErrorStats`.
         dd, cc, xx, xc: ``sum d^2``, ``sum c^2``, ``sum x^2``, ``sum x c`` with ``d = x - c``.
         nonfinite: positions where ``x`` is NaN/Inf and ``c`` is finite.
+        suppressed: positions where ``c`` is a decided NaN/Inf and ``x`` is finite (e.g. "NaN suppressed").
+        mismatched: positions where ``c`` is a decided NaN/Inf and ``x`` is another non-finite value
+            (NaN where the consensus is +Inf, or the other infinity).
+        undecided: positions of ``c`` the families tied on (not judged).
         d, x, c: the 1-D float64 arrays over the common finite positions (views; do not modify).
     """
 
@@ -156,6 +160,9 @@ class Comparison:
     d: np.ndarray
     x: np.ndarray
     c: np.ndarray
+    suppressed: int = 0
+    mismatched: int = 0
+    undecided: int = 0
 
 
 class Reference:
@@ -166,10 +173,14 @@ class Reference:
     one sort of ``x``. Results are identical to :func:`error_stats` (which uses this class).
 
     Args:
-        c: any shape, any real dtype (converted to float64).
+        c: any shape, any real dtype (converted to float64). NaN/+-Inf in ``c`` are *decided*
+            non-finite values (the consensus' families agreed on them, :func:`anpred.judge.consensus.vote`)
+            unless ``undecided`` marks them.
+        undecided: boolean mask of ``c``'s shape (or None): positions where the families tied between
+            finite and non-finite classes; they are excluded from every count and statistic.
     """
 
-    def __init__(self, c: np.ndarray):
+    def __init__(self, c: np.ndarray, undecided: np.ndarray | None = None):
         full = np.asarray(c, dtype=np.float64)
         self.shape = full.shape
         full = full.ravel()
@@ -182,6 +193,9 @@ class Reference:
         self.inf_ref = 0 if self.all_finite else int(full.size - np.count_nonzero(fin) - nan)
         self.c = full if self.all_finite else full[fin]
         self.cc = _dot(self.c, self.c)
+        und = None if undecided is None else np.asarray(undecided, bool).ravel()
+        self.undecided = None if und is None or not und.any() else und
+        self.n_undecided = 0 if self.undecided is None else int(np.count_nonzero(self.undecided))
         self._sorted: np.ndarray | None = None
         self._spread: float | None = None
         self._ulp: dict[str, np.ndarray] = {}
@@ -219,6 +233,9 @@ class Reference:
             xnan = int(np.count_nonzero(np.isnan(x)))
             xinf = int(x.size - np.count_nonzero(xfin) - xnan)
         counts = dict(nan=xnan, inf=xinf, nan_ref=self.nan_ref, inf_ref=self.inf_ref)
+        suppressed = mismatched = 0
+        if not self.all_finite:
+            suppressed, mismatched = self._nonfinite_votes(x, xfin)
         if x_all and self.all_finite:
             xo, co, cc, shared = x, self.c, self.cc, True
             nonfinite = 0
@@ -233,7 +250,8 @@ class Reference:
             nan = float("nan")
             empty = np.zeros(0)
             return Comparison(ErrorStats(0, nan, nan, nan, nan, nan, nan, nan, nan, **counts),
-                              0.0, 0.0, 0.0, 0.0, nonfinite, empty, empty, empty)
+                              0.0, 0.0, 0.0, 0.0, nonfinite, empty, empty, empty, suppressed, mismatched,
+                              self.n_undecided)
         d = xo - co
         ad = np.abs(d)
         dd = _dot(d, d)
@@ -267,7 +285,20 @@ class Reference:
             max_ulp = 0.0
         st = ErrorStats(n=n, max_abs=max_abs, mean_abs=float(ad.mean()), mean_signed=float(d.mean()),
                         nrmse=nrmse, snr_db=snr, cosine=cosine, wasserstein=w, max_ulp=max_ulp, **counts)
-        return Comparison(st, dd, cc, xx, xc, nonfinite, d, xo, co)
+        return Comparison(st, dd, cc, xx, xc, nonfinite, d, xo, co, suppressed, mismatched, self.n_undecided)
+
+    def _nonfinite_votes(self, x: np.ndarray, xfin: np.ndarray) -> tuple[int, int]:
+        """``(suppressed, mismatched)`` at the consensus' decided non-finite positions: ``x`` finite
+        there, or ``x`` another non-finite value (NaN vs Inf, or the other sign of Inf)."""
+        dec = ~np.isfinite(self.full)
+        if self.undecided is not None:
+            dec &= ~self.undecided
+        if not dec.any():
+            return 0, 0
+        cv, xv, xf = self.full[dec], x[dec], xfin[dec]
+        suppressed = int(np.count_nonzero(xf))
+        same = (np.isnan(cv) & np.isnan(xv)) | (cv == xv)
+        return suppressed, int(np.count_nonzero(~xf & ~same))
 
 
 def _spread(c: np.ndarray) -> float:

@@ -111,6 +111,11 @@ class Cell:
     pooled primary statistic; ``peer_level`` the median of peers' (None: no peers), ``threshold``
     ``max(k * peer_level, floor)`` (the floor alone without peers). ``range_ratio``: for a part of an
     output only, ``max_abs / max |consensus|`` over the samples (unitless; the part range rule).
+    ``basis``: where the floor and the peers come from (:mod:`anpred.judge.scales`: the population
+    measured on the run, a natural unit of the precision, or a documented constant). ``units``: the
+    deviation in the natural unit of the precision (``{"unit": "int8 step"|"float16 ULP"|...,
+    "size": ..., "max": ..., "rms": ...}``; empty for fp32). ``suppressed``: positions where the
+    consensus is a decided NaN/Inf and the backend is not; ``undecided``: positions the families tied on.
     """
 
     anchor: str
@@ -126,10 +131,15 @@ class Cell:
     flagged: bool
     reason: str = ""
     range_ratio: float | None = None
+    basis: str = ""
+    units: dict[str, Any] = field(default_factory=dict)
+    suppressed: int = 0
+    undecided: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["stats"] = self.stats.to_dict()
+        d["units"] = {k: (json_float(v) if isinstance(v, float) else v) for k, v in self.units.items()}
         for k in ("primary", "floor", "peer_level", "threshold", "range_ratio"):
             d[k] = json_float(d[k])
         d["per_sample"] = {k: json_float(v) for k, v in self.per_sample.items()}
@@ -143,6 +153,7 @@ class Cell:
             if k in d:
                 d[k] = from_json_float(d[k])
         d["per_sample"] = {k: from_json_float(v) for k, v in d["per_sample"].items()}
+        d["units"] = {k: (from_json_float(v) if k in ("size", "max", "rms") else v) for k, v in d.get("units", {}).items()}
         return cls(**d)
 
 
@@ -201,6 +212,20 @@ class BackendVerdict:
     profile_basis: str = "manifest"  # dataflow | manifest
     # the precision asked for when the backend computed in another one (``precision``, which it is judged as)
     precision_requested: str = ""
+    # what this verdict judged the backend against: "fp32 consensus" (every backend's main verdict: for
+    # a reduced-precision backend its *budget* verdict) or "<precision> population" (an implementation
+    # verdict, nested in ``implementation``)
+    judged_against: str = "fp32 consensus"
+    # reduced-precision backends whose population had another member: the verdict against that
+    # population's own consensus (does it compute the reduced model as its peers do?); None otherwise
+    implementation: "BackendVerdict | None" = None
+    # the members of the population it was judged in (implementation verdicts), run order
+    population: list[str] = field(default_factory=list)
+
+    @property
+    def any_flagged(self) -> bool:
+        """Flagged by this verdict or by its implementation verdict."""
+        return self.flagged or bool(self.implementation is not None and self.implementation.flagged)
 
     @property
     def complete(self) -> bool:
@@ -212,12 +237,15 @@ class BackendVerdict:
         for k in ("worst_primary", "worst_ratio_to_threshold"):
             d[k] = json_float(d[k])
         d["steps"] = [{**asdict(s), "ratio": json_float(s.ratio)} for s in self.steps]
+        d["implementation"] = self.implementation.to_dict() if self.implementation is not None else None
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BackendVerdict":
         d = dict(d)
         d["steps"] = [Step(**{**s, "ratio": from_json_float(s["ratio"])}) for s in d.get("steps", [])]
+        if d.get("implementation") is not None:
+            d["implementation"] = cls.from_dict(d["implementation"])
         for k in ("worst_primary", "worst_ratio_to_threshold"):
             d[k] = from_json_float(d[k])
         return cls(**d)
@@ -271,6 +299,10 @@ class OracleResult:
     correlated: list[dict[str, Any]] = field(default_factory=list)
     samples: int = 0
     plot_data: dict[tuple[str, str], dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
+    # precision -> {"members", "consensus", "notes", "correlated"} of each population oracle
+    populations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # precision -> the cells of its population oracle (implementation verdicts), manifest order
+    population_cells: dict[str, list[Cell]] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -321,6 +353,8 @@ class CheckReport:
     incomplete: list[str] = field(default_factory=list)
     allow_incomplete: bool = False
     correlated: list[dict[str, Any]] = field(default_factory=list)
+    populations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    population_cells: dict[str, list[Cell]] = field(default_factory=dict)
     schema: str = SCHEMA
     plot_data: dict[tuple[str, str], dict[str, np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -338,13 +372,15 @@ class CheckReport:
         for b in self.backends:
             v = self.verdicts.get(b)
             t = self.threshold.get(b)
-            if (self.oracle in ("consensus", "both") and v is not None and v.flagged) or \
+            if (self.oracle in ("consensus", "both") and v is not None and v.any_flagged) or \
                (self.oracle in ("threshold", "both") and t is not None and not t.passed):
                 out.append(b)
         return out
 
-    def cell(self, anchor: str, backend: str) -> Cell | None:
-        for c in self.cells:
+    def cell(self, anchor: str, backend: str, population: str | None = None) -> Cell | None:
+        """The cell of ``backend`` at ``anchor``: its main verdict's (fp32 consensus), or with
+        ``population`` (e.g. ``"int8"``) its implementation verdict's."""
+        for c in (self.cells if population is None else self.population_cells.get(population, [])):
             if c.anchor == anchor and c.backend == backend:
                 return c
         return None
@@ -382,6 +418,8 @@ class CheckReport:
             "unjudged_anchors": self.unjudged_anchors, "alignment": self.alignment,
             "problems": self.problems, "notes": self.notes, "incomplete": self.incomplete,
             "allow_incomplete": self.allow_incomplete, "correlated": self.correlated,
+            "populations": self.populations,
+            "population_cells": {p: [c.to_dict() for c in cs] for p, cs in self.population_cells.items()},
         }
 
     @classmethod
@@ -401,7 +439,9 @@ class CheckReport:
                 consensus=d.get("consensus", {}), unjudged_backends=d.get("unjudged_backends", {}),
                 unjudged_anchors=d.get("unjudged_anchors", {}), alignment=d.get("alignment", {}),
                 problems=d.get("problems", []), notes=d.get("notes", []), incomplete=d.get("incomplete", []),
-                allow_incomplete=bool(d.get("allow_incomplete", False)), correlated=d.get("correlated", []))
+                allow_incomplete=bool(d.get("allow_incomplete", False)), correlated=d.get("correlated", []),
+                populations=d.get("populations", {}),
+                population_cells={p: [Cell.from_dict(c) for c in cs] for p, cs in d.get("population_cells", {}).items()})
         except (KeyError, TypeError) as err:
             raise AnpredError(f"malformed check report: {err}") from err
 

@@ -30,37 +30,60 @@ __all__ = ["backend_verdict", "gap_text", "judge_cell"]
 
 
 def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: ErrorStats, peers: list[float],
-               config: OracleConfig, consensus_max: float = 0.0) -> Cell:
+               config: OracleConfig, consensus_max: float = 0.0, *, floor: float | None = None,
+               basis: str = "", signal_peers: list[float] | None = None, units: dict | None = None,
+               k: float | None = None) -> Cell:
     """The verdict of backend ``info`` at ``anchor`` (module docstring).
 
     Args:
         acc: the (anchor, backend)'s accumulator; ``st``: its pooled statistics (``acc.pooled()``).
-        peers: the pooled primary statistic of each peer (judged voting backends of other, not merged
-            families at this anchor), NaN left out.
+        peers: the pooled primary statistic of each peer (judged backends of other, not merged
+            families at this anchor, of the population the backend is judged in), NaN left out.
         consensus_max: for a part of an output, its largest finite |consensus| over the samples.
+        floor: the threshold's lower bound (default ``config.floor_at(info.precision, stage)``);
+            ``basis`` says where it and the peers come from (:mod:`anpred.judge.scales`).
+        signal_peers: the primary statistic of the backends whose closeness makes a lost signal a
+            finding (default ``peers``): a reduced-precision backend's budget verdict passes the fp32
+            voters here, its population peers in ``peers``. With ``signal_peers`` given, an nRMSE >= 1
+            (no more of the consensus than an all-zero tensor) counts as a lost signal too.
+        units: the deviation in the natural unit of the precision (:func:`anpred.judge.scales.natural_units`).
+        k: the outlier factor (default ``config.k_for(info.precision)``).
     """
     cfg = config
     prim = float(getattr(st, cfg.primary))
     peer_level = float(np.median(peers)) if peers else None
-    floor = cfg.floor_at(info.precision, anchor.stage)
-    thr = max(cfg.k_for(info.precision) * peer_level, floor) if peer_level is not None else floor
+    if floor is None:
+        floor = cfg.floor_at(info.precision, anchor.stage)
+    if k is None:
+        k = cfg.k_for(info.precision)
+    thr = max(k * peer_level, floor) if peer_level is not None else floor
     ps = np.array(acc.per_sample) if acc.per_sample else np.array([np.nan])
     reason = ""
     # a part of an output: its largest deviation relative to its largest |consensus| value
     range_ratio = None
     if anchor.part_of:
         range_ratio = st.max_abs / consensus_max if consensus_max > 0 else math.inf
-    lost = (cfg.signal_lost and st.n > 0 and acc.cc > 0 and st.cosine <= 0.0
-            and (peer_level is None or prim > cfg.k_for(info.precision) * peer_level))
-    if acc.nonfinite:
-        flagged, reason = True, f"{acc.nonfinite} NaN/Inf where the consensus is finite"
+    sig = peers if signal_peers is None else signal_peers
+    sig_level = float(np.median(sig)) if sig else None
+    no_signal = st.n > 0 and acc.cc > 0 and (st.cosine <= 0.0 or (signal_peers is not None and st.nrmse >= 1.0))
+    lost = cfg.signal_lost and no_signal and (sig_level is None or prim > k * sig_level)
+    if acc.nonfinite or acc.suppressed or acc.mismatched:
+        flagged = True
+        what = []
+        if acc.nonfinite:
+            what.append(f"{acc.nonfinite} NaN/Inf where the consensus is finite")
+        if acc.suppressed:
+            what.append(f"{acc.suppressed} finite values where the consensus is NaN/Inf (NaN suppressed)")
+        if acc.mismatched:
+            what.append(f"{acc.mismatched} NaN/Inf of another kind than the consensus'")
+        reason = "; ".join(what)
     elif st.n == 0:
         flagged, reason = False, "no finite value to judge"
     elif lost and not prim > thr:
         flagged = True
         reason = (f"signal lost: cosine similarity {st.cosine:.3g} with the consensus "
-                  f"({'every value 0' if acc.xx == 0 else 'no positive correlation'}; {cfg.primary} "
-                  f"{prim:.3g}, under the {info.precision} floor {floor:.3g})")
+                  f"({'every value 0' if acc.xx == 0 else 'no positive correlation' if st.cosine <= 0 else 'nRMSE >= 1, no closer than an all-zero tensor'}; "
+                  f"{cfg.primary} {prim:.3g}, under the threshold {thr:.3g})")
     else:
         flagged = bool(prim > thr)
         if flagged and range_ratio is not None and not range_ratio > floor:
@@ -71,7 +94,7 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
         elif flagged:
             why = [f"{cfg.primary} {prim:.3g} > floor {floor:.3g}"]
             if peer_level is not None:
-                why.append(f"> {cfg.k_for(info.precision):g} x peers' median {peer_level:.3g}")
+                why.append(f"> {k:g} x peers' median {peer_level:.3g}")
             if range_ratio is not None:
                 why.append(f"largest deviation {range_ratio:.3g} of the part's largest value")
             reason = " and ".join(why)
@@ -79,7 +102,8 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
         anchor=anchor.name, backend=info.name, samples=acc.samples, stats=st, primary=prim,
         per_sample={"p50": float(np.median(ps)), "p90": float(np.quantile(ps, 0.9)), "max": float(np.max(ps))},
         floor=floor, peer_level=peer_level, threshold=thr, nonfinite=acc.nonfinite,
-        flagged=flagged, reason=reason, range_ratio=range_ratio)
+        flagged=flagged, reason=reason, range_ratio=range_ratio, basis=basis, units=units or {},
+        suppressed=acc.suppressed + acc.mismatched, undecided=acc.undecided)
 
 
 def backend_verdict(info: BackendInfo, anchors: list[AnchorInfo], cells: dict[tuple[str, str], Cell], *,

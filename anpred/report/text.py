@@ -49,6 +49,49 @@ def propagation_line(report, backend: str) -> str:
     return " ".join(parts)
 
 
+def _units_text(c) -> str:
+    u = getattr(c, "units", None) or {}
+    if not u:
+        return ""
+    if u.get("unit") == "int8 step":
+        return f"; {u['max']:.3g} steps max, {u['rms']:.3g} RMS (step {u['size']:.3g})"
+    return f"; {u['max']:.3g} {u['unit']}s max"
+
+
+def _one_verdict(report, b: str, v, population: str | None) -> str:
+    """``FLAGGED at s3 anchor (nrmse 0.12 = 14 x expected 0.0086 ...)`` or ``ok (worst 0.3 x threshold ...)``."""
+    word = verdict_word(v)
+    at = v.origin_anchor or v.worst_anchor
+    c = report.cell(at, b, population) if at else None
+    if c is None:
+        return word
+    exp = f"expected {_g(c.peer_level)}" if c.peer_level is not None else "no peer"
+    where = f"origin s{v.origin_stage} {at}" if v.flagged and v.origin_anchor else f"worst {at}"
+    return (f"{word} {where}: measured {_g(c.primary)}, {exp}, threshold {_g(c.threshold)}"
+            f"{_units_text(c)}")
+
+
+def _population_lines(report) -> list[str]:
+    """Both verdicts of every reduced-precision backend (budget vs the fp32 consensus, implementation
+    vs its own population), with the measured error, the expected-error scale and the threshold at
+    the origin (flagged) or at the anchor closest to its threshold."""
+    rows = [(b, v) for b, v in report.verdicts.items() if not v.votes]
+    if not rows:
+        return []
+    out = ["", "reduced precision: budget = against the fp32 consensus, expected = the population's measured cost; "
+           "implementation = against the population's own consensus, expected = the peers' spread"]
+    for b, v in rows:
+        pop = ", ".join(v.population) if v.population else "none (only member)"
+        out.append(f"  {b} ({v.precision}, population: {pop})")
+        out.append(f"    budget:         {_one_verdict(report, b, v, None)}")
+        if v.implementation is not None:
+            out.append(f"    implementation: {_one_verdict(report, b, v.implementation, v.precision)}")
+        c = report.cell(v.origin_anchor or v.worst_anchor, b) if (v.origin_anchor or v.worst_anchor) else None
+        if c is not None and getattr(c, "basis", ""):
+            out.append(f"    basis: {c.basis}")
+    return out
+
+
 def format_text(report) -> str:
     """The terminal summary of ``report`` (a :class:`anpred.judge.CheckReport`) as one string."""
     lines = []
@@ -71,9 +114,14 @@ def format_text(report) -> str:
             big = report.largest_primary(b) if hasattr(report, "largest_primary") else None
             big_a, big_v = big if big is not None else ("-", None)
             prec = v.precision + ("*" if getattr(v, "precision_requested", "") else "")
-            lines.append(f"{b:<16}{v.family:<16}{prec:<6}{verdict_word(v):<11}{judged:>9} {origin[:27]:<28}"
+            impl = v.implementation is not None and v.implementation.flagged
+            word = ("FLAGGED" + ("+i" if v.flagged else ":i")) if impl else verdict_word(v)
+            lines.append(f"{b:<16}{v.family:<16}{prec:<6}{word:<11}{judged:>9} {origin[:27]:<28}"
                          f"{_g(big_v):>10} {big_a[:25]:<26}{_g(v.worst_ratio_to_threshold, '.2f'):>9} "
                          f"{(v.worst_anchor or '-')[:25]:<26}{prop:>11}")
+        if any(v.implementation is not None and v.implementation.flagged for v in report.verdicts.values()):
+            lines.append("  FLAGGED:i: flagged by its implementation verdict only (against its precision population); "
+                         "FLAGGED+i: by both verdicts")
         lines.append("  judged: anchors judged / anchors (~: some judged on fewer samples than the run has); "
                      f"max {primary}: the largest {primary} over judged anchors; max x thr: the highest ratio of "
                      f"{primary} to its anchor's threshold (flagged above 1)")
@@ -81,11 +129,15 @@ def format_text(report) -> str:
             if getattr(v, "precision_requested", ""):
                 lines.append(f"  {v.precision}*: {b} was asked for {v.precision_requested} but computed in "
                              f"{v.precision}, and is judged as {v.precision}")
+        lines.extend(_population_lines(report))
         if any(v.non_monotonic for v in report.verdicts.values()):
             lines.append("  * non-monotonic propagation (amplified and attenuated after the origin)")
-        for b, v in report.verdicts.items():
+        for b, v, pop in [(b, v, None) for b, v in report.verdicts.items()] + \
+                [(b, v.implementation, v.precision) for b, v in report.verdicts.items() if v.implementation is not None]:
             if v.flagged and v.origin_anchor:
-                c = report.cell(v.origin_anchor, b)
+                c = report.cell(v.origin_anchor, b, pop)
+                if pop:
+                    b = f"{b} (implementation, {pop} population)"
                 if c is not None:
                     s = c.stats
                     why = c.reason or getattr(v, "origin_traced", "")

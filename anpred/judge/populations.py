@@ -1,0 +1,108 @@
+"""Precision populations: reduced-precision backends judged by their own peers, and by the fp32 consensus.
+
+Contract: :class:`PopulationOracle` has the interface of :class:`anpred.judge.consensus.Oracle`
+(:meth:`add` one aligned sample, :meth:`finish` an :class:`anpred.judge.struct.OracleResult`) and runs
+one fp32 oracle plus one oracle per *precision population*: the reduced-precision backends that
+computed the same reduced model (``precision`` int8, fp16, bf16 as read back from the run record),
+when at least two of them ran. Each reduced-precision backend then gets two verdicts:
+
+- **budget** (its main verdict, ``judged_against == "fp32 consensus"``): against the fp32 consensus,
+  with the precision's cost *measured by its population* as the reference level (``k`` times the
+  median deviation of the population's other families from the fp32 consensus at that anchor) and a
+  natural unit of the precision as the floor (:mod:`anpred.judge.scales`); a tensor that carries none
+  of the fp32 consensus' signal (cosine <= 0, or nRMSE >= 1: no closer than an all-zero tensor) where
+  the fp32 voters agree is flagged whatever its population does (the reduced model itself lost it);
+- **implementation** (``verdict.implementation``, ``judged_against == "<p> population"``): against the
+  element-wise consensus of its population (families counted as for fp32, :mod:`anpred.judge.consensus`),
+  every member voting, with the same outlier rule, origin trace-back and sustained-departure rule as
+  fp32 voters and the natural unit as the floor: does it compute the reduced model as its peers do?
+
+A population of one member has no implementation verdict (a note says so), and its budget verdict
+falls back to the measured per-precision constant (the basis of each cell says which).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from anpred.defaults import OracleConfig
+from anpred.judge.consensus import Oracle
+from anpred.judge.struct import AnchorInfo, BackendInfo, OracleResult
+
+__all__ = ["PopulationOracle", "populations_of"]
+
+
+def populations_of(backends: list[BackendInfo]) -> dict[str, list[BackendInfo]]:
+    """Reduced-precision backends (non-voting, precision other than fp32) grouped by precision, in
+    the given order: ``{"int8": [...], "fp16": [...]}``."""
+    out: dict[str, list[BackendInfo]] = {}
+    for b in backends:
+        if not b.votes and b.precision != "fp32":
+            out.setdefault(b.precision, []).append(b)
+    return out
+
+
+class PopulationOracle:
+    """The fp32 oracle and one oracle per precision population (module docstring).
+
+    Args:
+        anchors, backends, config, reference, seed, descendants: as :class:`Oracle`.
+        steps: anchor -> int8 quantization step of the QDQ model (the int8 backends' ``quant_steps``).
+    """
+
+    def __init__(self, anchors: list[AnchorInfo], backends: list[BackendInfo], config: OracleConfig | None = None,
+                 reference: str | None = None, seed: int = 0, descendants: dict[str, set[str]] | None = None,
+                 steps: dict[str, float] | None = None):
+        self.cfg = config or OracleConfig()
+        self.main = Oracle(anchors, backends, self.cfg, reference=reference, seed=seed, descendants=descendants,
+                           steps=steps)
+        self.groups = populations_of(backends)
+        self.pops: dict[str, Oracle] = {}
+        for p, members in self.groups.items():
+            if len(members) >= 2:
+                infos = [BackendInfo(name=b.name, family=b.family, precision=p, votes=True, requested=b.requested)
+                         for b in members]
+                self.pops[p] = Oracle(anchors, infos, self.cfg, seed=seed, descendants=descendants, population=p,
+                                      steps=steps)
+
+    @property
+    def samples(self) -> int:
+        return self.main.samples
+
+    def add(self, tensors: dict[str, dict[str, np.ndarray]], unaligned: dict[tuple[str, str], str] | None = None,
+            sample_id: str | None = None, absent: dict[str, str] | None = None) -> None:
+        """Judge one sample (arguments: :meth:`Oracle.add`) in the fp32 oracle and in each population."""
+        self.main.add(tensors, unaligned, sample_id=sample_id, absent=absent)
+        for oracle in self.pops.values():
+            names = set(oracle.backends)
+            oracle.add({a: {b: t for b, t in per.items() if b in names} for a, per in tensors.items()},
+                       {k: v for k, v in (unaligned or {}).items() if tuple(k)[1] in names},
+                       sample_id=sample_id, absent={b: r for b, r in (absent or {}).items() if b in names})
+
+    def finish(self) -> OracleResult:
+        """The fp32 oracle's result with each population's implementation verdicts nested in the
+        members' verdicts, its cells in ``population_cells`` and its consensus in ``populations``."""
+        res = self.main.finish()
+        for p, members in self.groups.items():
+            if p not in self.pops:
+                res.notes.append(f"{p}: only {members[0].name} computed in {p}: no population to compare its "
+                                 f"implementation with; its verdict against the fp32 consensus uses the constant "
+                                 f"{p} floor (docs/oracle.md)")
+        for p, oracle in self.pops.items():
+            r = oracle.finish()
+            names = list(oracle.backends)
+            for b, v in r.verdicts.items():
+                v.judged_against = f"{p} population"
+                v.population = names
+                if b in res.verdicts:
+                    res.verdicts[b].implementation = v
+                    res.verdicts[b].population = names
+            info: dict[str, Any] = {"members": names, "consensus": r.consensus, "notes": r.notes,
+                                    "correlated": r.correlated, "unjudged_anchors": r.unjudged_anchors}
+            res.populations[p] = info
+            res.population_cells[p] = r.cells
+            for (a, b), data in r.plot_data.items():
+                res.plot_data.setdefault((a, f"{b}@{p}"), data)
+        return res

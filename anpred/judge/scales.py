@@ -1,0 +1,127 @@
+"""Per-anchor error scales of a precision, derived from the model and the run, not from a table.
+
+Contract: the oracle asks, per judged (anchor, backend), for the lower bound of its threshold and
+where it comes from (:func:`floor_and_basis`), and for the deviation in the precision's natural unit
+(:func:`natural_units`). Three bases, in this order (``docs/oracle.md``):
+
+1. **population** -- the precision's cost measured on the run: the median primary statistic of the
+   backend's peers, i.e. the other *families* that computed the same reduced-precision model (the
+   threshold is ``k`` times it, :mod:`anpred.judge.verdict`). Used by both verdicts of a
+   reduced-precision backend whenever a peer of its population was judged at the anchor.
+2. **natural unit** -- the lower bound of that threshold, from the model itself: the RMS of *one*
+   rounding to the anchor's grid, relative to the consensus' RMS (the nRMSE one rounding costs):
+
+   * int8: a quantization step ``s`` (the scale of the DequantizeLinear that produces the anchor in the
+     QDQ model, recorded by the int8 backends as ``quant_steps``): ``(s / sqrt(12)) / rms(c)``;
+   * float16 / bfloat16 / float32: unit roundoff ``u`` (2**-11, 2**-8, 2**-24): ``u / sqrt(3)``.
+
+   Source: the uniform rounding-noise model, a rounding error uniform over one step (variance
+   ``s**2 / 12``; B. Widrow, I. Kollar, *Quantization Noise*, Cambridge UP 2008, ch. 4) and a
+   relative rounding error uniform in ``[-u, u]`` (RMS ``u / sqrt(3)``; N. J. Higham, *Accuracy and
+   Stability of Numerical Algorithms*, 2nd ed., 2002, sec. 2.7, which discusses when the model holds).
+   The bound only matters where the peers agree (nearly) exactly; the peers decide elsewhere.
+3. **constant** -- the measured per-precision floor of :mod:`anpred.defaults` (``floor_at``): the
+   stated fallback where no peer of the population was judged and no natural unit is known (an int8
+   anchor produced by a float operation), and the fp32 voters' floor (measured on the zoo).
+
+The precision of a cell is the coarser of the backend's precision and the anchor's element type: a
+float16 tensor computed by an "fp32" backend (a model whose own tensors are float16) is judged on
+float16's scale (:func:`cell_precision`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from anpred.defaults import OracleConfig
+
+__all__ = ["COARSENESS", "DTYPE_PRECISION", "UNIT_ROUNDOFF", "cell_precision", "floor_and_basis",
+           "natural_units", "unit_nrmse"]
+
+#: unit roundoff u = 2**-p of each float precision (p = significand bits incl. the implicit one)
+UNIT_ROUNDOFF: dict[str, float] = {"fp64": 2.0 ** -53, "fp32": 2.0 ** -24, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+#: element type name -> precision
+DTYPE_PRECISION: dict[str, str] = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+#: precisions from the finest to the coarsest
+COARSENESS: tuple[str, ...] = ("fp64", "fp32", "fp16", "bf16", "int8")
+
+_ULP_NAME = {"fp16": "float16 ULP", "bf16": "bfloat16 ULP", "fp32": "float32 ULP", "fp64": "float64 ULP"}
+
+
+def cell_precision(backend_precision: str, anchor_dtype: str) -> str:
+    """The coarser of ``backend_precision`` (fp32/fp16/bf16/int8) and the precision of the anchor's
+    element type (``float16`` -> fp16 ...; other dtypes leave the backend's)."""
+    p = backend_precision if backend_precision in COARSENESS else "fp32"
+    q = DTYPE_PRECISION.get(str(anchor_dtype), p)
+    return max(p, q, key=COARSENESS.index)
+
+
+def unit_nrmse(precision: str, step: float | None = None, rms: float | None = None) -> float | None:
+    """The nRMSE one rounding to ``precision``'s grid costs (module docstring, basis 2).
+
+    Args:
+        precision: fp64/fp32/fp16/bf16/int8.
+        step: int8 only: the anchor's quantization step (scale; tensor units).
+        rms: int8 only: the RMS of the consensus at the anchor (tensor units).
+
+    Returns:
+        Dimensionless; None for int8 without a positive step and RMS.
+    """
+    if precision == "int8":
+        if not step or not rms or step <= 0 or rms <= 0 or not math.isfinite(step):
+            return None
+        return step / math.sqrt(12.0) / rms
+    return UNIT_ROUNDOFF.get(precision, UNIT_ROUNDOFF["fp32"]) / math.sqrt(3.0)
+
+
+def floor_and_basis(cfg: OracleConfig, precision: str, stage: int, *, population: list[str] | None = None,
+                    step: float | None = None, rms: float | None = None,
+                    fallback_why: str = "", implementation: bool = False) -> tuple[float, str]:
+    """``(floor, basis)`` of one cell (module docstring).
+
+    Args:
+        precision: the cell's precision (:func:`cell_precision`).
+        population: the peers of the backend's population judged at this anchor (None: the backend is
+            an fp32 voter judged against the fp32 consensus with the measured constant floor).
+        implementation: the cell belongs to an implementation verdict (its factor is ``population_k``).
+        step, rms: int8's quantization step and the consensus RMS (:func:`unit_nrmse`).
+        fallback_why: why no population peer was there (for the basis text).
+    """
+    if population is None:
+        floor = cfg.floor_at(precision, stage)
+        return floor, (f"constant: the measured {precision} floor {cfg.floor.get(precision, cfg.floor['fp32']):g}"
+                       f" x sqrt(1 + {cfg.depth_growth.get(precision, 1.0):g} x stage) (docs/oracle.md)")
+    unit = unit_nrmse(precision, step, rms)
+    if population:
+        peers = ", ".join(population)
+        if unit is not None:
+            what = (f"one int8 step {step:.3g} / sqrt(12) of RMS {rms:.3g}" if precision == "int8"
+                    else f"one {precision} rounding u/sqrt(3)")
+            return unit, f"population: {_k_text(cfg, precision, implementation)} median of {peers}; floor = natural unit ({what})"
+        floor = cfg.floor_at(precision, stage)
+        return floor, (f"population: {_k_text(cfg, precision, implementation)} median of {peers}; floor = constant {precision} "
+                       f"floor (no quantization step known at this anchor)")
+    floor = cfg.floor_at(precision, stage)
+    return floor, (f"constant fallback: the measured {precision} floor {cfg.floor.get(precision, cfg.floor['fp32']):g}"
+                   f" x sqrt(1 + stage) ({fallback_why or 'no other implementation of this precision judged here'})")
+
+
+def _k_text(cfg: OracleConfig, precision: str, implementation: bool) -> str:
+    return f"{cfg.k_for(precision, population=implementation):g} x"
+
+
+def natural_units(precision: str, max_abs: float, rms_err: float, max_ulp: float,
+                  step: float | None = None) -> dict[str, Any]:
+    """The deviation in ``precision``'s natural unit: int8 -> quantization steps of ``step``
+    (``{"unit": "int8 step", "size": step, "max": max_abs/step, "rms": rms_err/step}``); float16 /
+    bfloat16 -> ULPs of that type (``max``: ``max_ulp`` as :mod:`anpred.judge.stats` counts it at the
+    consensus value); fp32 -> empty (nRMSE/SNR/cosine say it)."""
+    if precision == "int8":
+        if step and step > 0:
+            return {"unit": "int8 step", "size": float(step), "max": float(max_abs / step),
+                    "rms": float(rms_err / step)}
+        return {}
+    if precision in ("fp16", "bf16"):
+        return {"unit": _ULP_NAME[precision], "max": float(max_ulp)}
+    return {}

@@ -1,0 +1,190 @@
+"""Issue 17, the oracle side: non-finite values voted on (NaN/Inf majority, ties undecided), precision
+populations with two verdicts per reduced-precision backend (budget against the fp32 consensus,
+implementation against the population's own consensus), per-anchor scales from the model (natural
+units: int8 quantization steps, float ULPs) and the basis each verdict used.
+
+The NaN case runs real runtimes (ONNX Runtime, OpenVINO, the ONNX reference evaluator) on ``Log``
+followed by ``Relu``; the population cases are synthetic tensors of a known structure, so that the
+rule is checked against values computed here."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+
+from anpred.defaults import OracleConfig
+from anpred.instrument import instrument_model
+from anpred.judge import AnchorInfo, BackendInfo, check_run
+from anpred.judge.consensus import vote
+from anpred.judge.populations import PopulationOracle
+from anpred.judge.scales import cell_precision, floor_and_basis, unit_nrmse
+from anpred.report.text import format_text
+from tests.test_check import make_run
+
+
+# ---- non-finite votes --------------------------------------------------------------------------
+def test_vote_majority_nan_inf_and_ties():
+    nan, inf = np.nan, np.inf
+    a = np.array([nan, nan, 1.0, inf, nan, 2.0, -inf])
+    b = np.array([nan, 0.0, 1.0, inf, inf, 2.0, -inf])
+    c = np.array([0.0, 0.0, 3.0, 5.0, 4.0, nan, 1.0])
+    got, und = vote([a, b, c])
+    # col0: 2 NaN vs 1 finite -> NaN; col1: 2 finite vs 1 NaN -> median of finite (0); col2: median 1
+    # col3: 2 +inf -> inf; col4: NaN, inf, finite -> undecided; col5: 2 finite -> 2; col6: 2 -inf
+    assert np.isnan(got[0]) and got[1] == 0.0 and got[2] == 1.0 and got[3] == inf
+    assert np.isnan(got[4]) and got[5] == 2.0 and got[6] == -inf
+    assert und.tolist() == [False, False, False, False, True, False, False]
+    # four votes, 2 NaN vs 2 finite: a tie
+    got4, und4 = vote([np.array([nan]), np.array([nan]), np.array([1.0]), np.array([2.0])])
+    assert und4.tolist() == [True] and np.isnan(got4[0])
+    # no non-finite vote: the plain median, no mask
+    got3, und3 = vote([np.array([1.0, 5.0]), np.array([2.0, 4.0]), np.array([3.0, 6.0])])
+    assert und3 is None and got3.tolist() == [2.0, 5.0]
+
+
+def _log_relu():
+    x = h.make_tensor_value_info("x", T.FLOAT, [1, 4, 8, 8])
+    y = h.make_tensor_value_info("y", T.FLOAT, [1, 4, 8, 8])
+    nodes = [h.make_node("Log", ["x"], ["l"], name="log"), h.make_node("Relu", ["l"], ["r"], name="relu"),
+             h.make_node("Mul", ["r", "two"], ["y"], name="mul")]
+    g = h.make_graph(nodes, "log_relu", [x], [y], [onnx.numpy_helper.from_array(np.float32([2.0]), "two")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    return instrument_model(m, stages=3)
+
+
+def test_nan_majority_flags_the_backend_that_suppresses_it(tmp_path):
+    """Issue 17 (6): Relu(Log(x)) of a normal x: ONNX Runtime and the reference evaluator return NaN
+    for the negative inputs, OpenVINO returns 0. Two of three families agree on NaN: that is the
+    consensus, OpenVINO is the one that differs ("NaN suppressed"), the other two are consistent."""
+    am, man = _log_relu()
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((1, 4, 8, 8)).astype(np.float32) for _ in range(3)]
+    negative = sum(int((x < 0).sum()) for x in xs)
+    run = make_run(tmp_path / "lr", am, man, xs, backends=["ort", "openvino", "onnx-reference"])
+    rep = check_run(run)
+    relu = next(a.name for a in man.anchors if a.op_type == "Relu")
+    ov = rep.cell(relu, "openvino")
+    assert rep.flagged_backends == ["openvino"], format_text(rep)
+    assert ov.flagged and ov.suppressed == negative and "NaN suppressed" in ov.reason
+    assert rep.verdicts["ort"].status == "consistent" and rep.verdicts["onnx-reference"].status == "consistent"
+    assert rep.verdicts["openvino"].origin_anchor == relu
+
+
+# ---- populations (synthetic tensors of known structure) ------------------------------------------
+ANCHORS = [AnchorInfo("anchor/00/a", 0), AnchorInfo("anchor/01/b", 1), AnchorInfo("anchor/02/c", 2),
+           AnchorInfo("output/y", 3, kind="output")]
+FP32 = ["ort", "openvino", "onnx-reference", "torch"]
+INT8 = ["ort-int8", "ort-int8-noopt", "openvino-int8", "onnx-reference-int8"]
+FAM = {"ort": "onnxruntime", "openvino": "openvino", "onnx-reference": "onnx-reference", "torch": "torch",
+       "ort-int8": "onnxruntime", "ort-int8-noopt": "onnxruntime", "openvino-int8": "openvino",
+       "onnx-reference-int8": "onnx-reference"}
+STEP = 0.05  # the quantization step of every anchor in these populations
+
+
+def _infos(names):
+    return [BackendInfo(name=n, family=FAM[n], precision="int8" if n in INT8 else "fp32", votes=n not in INT8,
+                        requested="int8" if n in INT8 else "fp32") for n in names]
+
+
+def _q(x, step=STEP):
+    return np.round(x / step) * step
+
+
+def _judge(names, fault=None, destroy=False, n=6, seed=0):
+    """fp32 backends: the true tensor plus 1e-7 relative noise. int8 backends: the true tensor rounded
+    to the step grid (the quantization the population shares) plus, per implementation, a different
+    rounding at 2% of the elements (one step: what integer kernels and fake-quant differ by).
+    ``fault = (backend, anchor index, steps)``: that backend adds ``steps`` quantization steps to every
+    element from that anchor on. ``destroy``: every int8 backend returns zeros at the output."""
+    rng = np.random.default_rng(seed)
+    o = PopulationOracle(ANCHORS, _infos(names), OracleConfig(), steps={a.name: STEP for a in ANCHORS})
+    for s in range(n):
+        sample = {}
+        for i, a in enumerate(ANCHORS):
+            true = rng.standard_normal(2048)
+            q = _q(true)
+            sample[a.name] = {}
+            for b in names:
+                if b not in INT8:
+                    sample[a.name][b] = true * (1 + 1e-7 * rng.standard_normal(2048))
+                    continue
+                x = q + STEP * (rng.random(2048) < 0.02) * rng.choice([-1.0, 1.0], 2048)
+                if fault and b == fault[0] and i >= fault[1]:
+                    x = x + fault[2] * STEP
+                if destroy and a.kind == "output":
+                    x = np.zeros_like(x)
+                sample[a.name][b] = x
+        o.add(sample, sample_id=f"s{s}")
+    return o.finish()
+
+
+def test_clean_int8_population_no_implementation_verdict():
+    res = _judge(FP32 + INT8)
+    for b in INT8:
+        v = res.verdicts[b]
+        assert v.implementation is not None and v.implementation.judged_against == "int8 population"
+        assert not v.any_flagged, (b, v.flagged_anchors, v.implementation.flagged_anchors)
+        assert v.population == INT8
+    # the budget's expected level: the population's cost, the error of rounding to the grid:
+    # STEP / sqrt(12) relative to a unit normal, ~0.0144 (plus the 2% one-step differences)
+    c = next(c for c in res.cells if c.backend == "ort-int8" and c.anchor == "anchor/01/b")
+    assert 0.012 < c.peer_level < 0.02 and c.basis.startswith("population: 10 x median of openvino-int8")
+    assert c.floor == pytest.approx(STEP / math.sqrt(12) / 1.0, rel=0.05)  # natural unit, RMS of c ~ 1
+    assert c.units["unit"] == "int8 step" and c.units["size"] == STEP and 0.2 < c.units["rms"] < 0.5
+
+
+def test_one_step_fault_in_one_implementation_flagged_there_only():
+    """A zero point off by one step in openvino-int8 from anchor 2 on: its error against the fp32
+    consensus (~0.05 added to ~0.015) stays under 10 x the population's cost, so the budget verdict
+    (and today's int8 floor of 2) sees nothing; against its population it is ~3.5 x the natural unit
+    and ~6 x its peers' spread (population_k 4): the implementation verdict flags it, origin anchor 2."""
+    res = _judge(FP32 + INT8, fault=("openvino-int8", 2, 1.0))
+    v = res.verdicts["openvino-int8"]
+    assert not v.flagged and v.implementation.flagged
+    assert v.implementation.origin_anchor == "anchor/02/c" and v.implementation.origin_stage == 2
+    assert [b for b in INT8 if res.verdicts[b].any_flagged] == ["openvino-int8"]
+    cell = next(c for c in res.population_cells["int8"] if c.backend == "openvino-int8" and c.anchor == "anchor/02/c")
+    # one step everywhere (two where its own 2% rounding adds one): RMS ~1 step; ~6 x its peers' spread
+    assert cell.units["max"] == pytest.approx(2.0) and cell.units["rms"] == pytest.approx(1.0, abs=0.02)
+    assert 4 * cell.peer_level < cell.primary < 10 * cell.peer_level
+    # today's rule: int8 judged against the fp32 consensus with the constant floor 2: nothing
+    assert cell.primary < OracleConfig().floor_at("int8", 2)
+
+
+def test_destroyed_output_never_consistent():
+    """Every int8 implementation returns zeros at the output (the quantized model lost the signal):
+    the population agrees with itself (no implementation verdict), but the budget verdict flags each
+    one, since the fp32 voters agree on a signal the int8 tensors do not carry."""
+    res = _judge(FP32 + INT8, destroy=True)
+    for b in INT8:
+        v = res.verdicts[b]
+        assert v.flagged and v.status == "flagged" and v.flagged_anchors == ["output/y"]
+        assert not v.implementation.flagged
+        c = next(c for c in res.cells if c.backend == b and c.anchor == "output/y")
+        assert "signal lost" in c.reason
+
+
+def test_population_of_one_falls_back_to_the_constant():
+    res = _judge(FP32 + ["ort-int8"])
+    v = res.verdicts["ort-int8"]
+    assert v.implementation is None and not v.flagged
+    c = next(c for c in res.cells if c.backend == "ort-int8" and c.anchor == "anchor/01/b")
+    assert c.basis.startswith("constant fallback") and c.floor == OracleConfig().floor_at("int8", 1)
+    assert any("only ort-int8 computed in int8" in n for n in res.notes)
+
+
+def test_scales_follow_the_anchor_dtype_and_the_precision():
+    assert cell_precision("fp32", "float16") == "fp16" and cell_precision("int8", "float32") == "int8"
+    assert cell_precision("fp16", "float32") == "fp16" and cell_precision("fp32", "bfloat16") == "bf16"
+    assert unit_nrmse("fp16") == pytest.approx(2 ** -11 / math.sqrt(3))
+    assert unit_nrmse("int8", 0.1, 2.0) == pytest.approx(0.1 / math.sqrt(12) / 2.0)
+    assert unit_nrmse("int8") is None
+    cfg = OracleConfig()
+    f, basis = floor_and_basis(cfg, "fp16", 2)
+    assert f == pytest.approx(0.03 * math.sqrt(3)) and basis.startswith("constant")
