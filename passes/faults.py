@@ -33,9 +33,20 @@ Fault kinds (the registry :data:`FAULT_KINDS`; ``magnitude`` meaning in brackets
     the two conventions differ (stride > 1 on an even-sized input, for example).
 
 Faults of one reduced-precision implementation, injected into the *converted* model that backend
-runs (the QDQ int8 or float16 model), its peers running the intact one: ``quantize-rounding``,
-``zero-point``, ``accumulator-saturation``, ``fp16-overflow``; their formulas and the public
-reports of each class are in :mod:`passes.faults_lowp` (registry :data:`LOWP_KINDS`, merged here).
+runs (the QDQ int8 or float16 model), its peers running the intact one; formulas, measurements and
+the public reports of each class are in :mod:`passes.faults_lowp` (registry :data:`LOWP_KINDS`,
+merged here):
+
+``quantize-rounding``
+    One data QuantizeLinear rounding half away from zero [0] or truncating toward zero [1] instead
+    of half to even (OpenVINO's FakeQuantize; ONNX Runtime's float16 QuantizeLinear, #18576).
+``zero-point``
+    One QuantizeLinear's zero point off by k steps [k]; its DequantizeLinear keeps the original.
+``accumulator-saturation``
+    One Conv/MatMul/Gemm fed by DequantizeLinear nodes clipped to ``+-(2**(bits-1) - 1) s_x s_w``,
+    an integer accumulator of that many bits [bits].
+``fp16-overflow``
+    One accumulating op's output ``+-inf`` where ``float16(y * 2**m)`` overflows [m].
 
 Node selection. ``node=`` names the node. ``stage=`` picks, among the applicable nodes of that
 manifest stage, the one closest to the stage's end whose output reaches the stage's anchors (its
