@@ -31,6 +31,33 @@ Fault kinds (the registry :data:`FAULT_KINDS`; ``magnitude`` meaning in brackets
     A Conv/MaxPool/AveragePool's symmetric pads swapped for TensorFlow "SAME" padding (the extra
     pad at the end: pads_begin = total // 2), keeping the output shape [unused]. Applies only where
     the two conventions differ (stride > 1 on an even-sized input, for example).
+
+Faults of one reduced-precision implementation, injected into the *converted* model that backend
+runs (the QDQ int8 or float16 model), its peers running the intact one; formulas, measurements and
+the public reports of each class are in :mod:`passes.faults_lowp` (registry :data:`LOWP_KINDS`,
+merged here):
+
+``quantize-rounding``
+    One data QuantizeLinear rounding half away from zero [0] or truncating toward zero [1] instead
+    of half to even (OpenVINO's FakeQuantize; ONNX Runtime's float16 QuantizeLinear, #18576).
+``zero-point``
+    One QuantizeLinear's zero point off by k steps [k]; its DequantizeLinear keeps the original.
+``accumulator-saturation``
+    One Conv/MatMul/Gemm fed by DequantizeLinear nodes clipped to ``+-(2**(bits-1) - 1) s_x s_w``,
+    an integer accumulator of that many bits [bits].
+``fp16-overflow``
+    One accumulating op's output ``+-inf`` where ``float16(y * 2**m)`` overflows [m].
+
+Node selection. ``node=`` names the node. ``stage=`` picks, among the applicable nodes of that
+manifest stage, the one closest to the stage's end whose output reaches the stage's anchors (its
+effect is first observable there, through the fewest operators). On the anchored model itself (the
+manifest's node positions hold: every anchor's producer sits at its recorded position and the model
+has the partition's node count) a stage is its node range ``first..last``, as before. On any other
+model that still exposes the manifest's anchors as graph outputs (the converters keep them: a QDQ or
+float16 model inserts nodes, so positions shift) a stage's nodes are found by tensor names: the
+ancestors of that stage's anchor outputs that are not ancestors of an earlier stage's anchors
+(:func:`node_stages`), leaving out the anchor Identity nodes and what only they feed (the float16
+converter's output Casts); "closest to the end" is then the last in topological order.
 """
 
 from __future__ import annotations
@@ -39,12 +66,13 @@ import copy
 
 import numpy as np
 
-from anpred.errors import AnpredError
+from passes.anchor_nodes import is_anchor_node
 from passes.base import GraphPass, PassResult
-from passes.fault_truth import FaultTruth
+from passes.fault_truth import FaultError, FaultTruth
+from passes.faults_lowp import LOWP_KINDS, inject_lowp, lowp_applicable
 
-__all__ = ["FAULT_METADATA_KEY", "FAULT_KINDS", "NORM_OPS", "PAD_OPS", "WEIGHT_OPS", "FaultError",
-           "FaultInjectionPass", "applicable_nodes", "inject_fault"]
+__all__ = ["FAULT_METADATA_KEY", "FAULT_KINDS", "LOWP_KINDS", "NORM_OPS", "PAD_OPS", "WEIGHT_OPS", "FaultError",
+           "FaultInjectionPass", "applicable_nodes", "inject_fault", "node_stages"]
 
 FAULT_METADATA_KEY = "anpred.fault"
 
@@ -60,11 +88,8 @@ FAULT_KINDS: dict[str, tuple[float, str]] = {
     "weight-ulp": (4.0, "weights perturbed by +-k ULP"),
     "rounding-mode": (1.0, "tie-breaking rounding mode changed (Resize nearest_mode, Round)"),
     "padding-same": (1.0, "symmetric padding swapped for TensorFlow SAME padding"),
+    **LOWP_KINDS,
 }
-
-
-class FaultError(AnpredError):
-    """The fault cannot be injected where asked (no applicable node, unknown kind or node)."""
 
 
 def _float_elem(model, value: str) -> bool:
@@ -121,7 +146,22 @@ def _same_pads(node, in_shape: list[int]) -> list[int] | None:
     return begin + end
 
 
-def _applicable(model, node, kind: str, init_names: set[str]) -> bool:
+def _constant_values(model) -> set[str]:
+    """Values computed from initializers (and ``Constant`` nodes) only: one forward sweep in file order
+    (topological in a valid model)."""
+    const = {t.name for t in model.graph.initializer}
+    for n in model.graph.node:
+        ins = [v for v in n.input if v]
+        if (ins or n.op_type == "Constant") and all(v in const for v in ins):
+            const.update(o for o in n.output if o)
+    return const
+
+
+def _applicable(model, node, kind: str, init_names: set[str], constant: set[str] | None = None,
+                explicit: bool = False) -> bool:
+    if kind in LOWP_KINDS:
+        return lowp_applicable(model, node, kind, _constant_values(model) if constant is None else constant,
+                               explicit)
     out = node.output[0] if node.output else ""
     if kind == "round":
         return bool(out) and _float_elem(model, out)
@@ -152,7 +192,8 @@ def applicable_nodes(model, kind: str) -> list[str]:
     if kind not in FAULT_KINDS:
         raise FaultError(f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
     inits = {i.name for i in model.graph.initializer}
-    return [n.name for n in model.graph.node if _applicable(model, n, kind, inits)]
+    const = _constant_values(model) if kind in LOWP_KINDS else None
+    return [n.name for n in model.graph.node if _applicable(model, n, kind, inits, const)]
 
 
 def _reaches(nodes, start: int, last: int, targets: set[str]) -> bool:
@@ -178,13 +219,81 @@ def _stage_of(manifest, index: int) -> int | None:
     return None
 
 
-class FaultInjectionPass(GraphPass):
-    """Inject one fault of ``kind`` at ``node`` (a node name) or at the first applicable node of
-    ``stage`` (a manifest stage index; the anchored model's node order is the manifest's topological
-    order). The pass works on a copy; ``PassResult.info["truth"]`` is the :class:`FaultTruth`.
+def _positions_hold(nodes, manifest) -> bool:
+    """Whether ``nodes`` (file order) is the manifest's own anchored model: every anchor's producer at
+    its recorded position and, anchor Identities aside, the partition's node count."""
+    if not manifest.stages:
+        return False
+    for a in manifest.anchors:
+        if a.order >= 0 and a.producer:
+            if a.order >= len(nodes) or nodes[a.order].name != a.producer or a.value not in nodes[a.order].output:
+                return False
+    return sum(not is_anchor_node(n) for n in nodes) == manifest.stages[-1].last + 1
+
+
+def _anchor_outputs(model, manifest) -> dict[int, list[str]]:
+    """stage -> the graph-output names of its anchors (an original output keeps its value name).
 
     Raises:
-        FaultError: unknown kind, unknown node, or no applicable node in the stage.
+        FaultError: an anchor that is not a graph output of ``model``."""
+    outs = {o.name for o in model.graph.output}
+    by_stage: dict[int, list[str]] = {}
+    missing = []
+    for a in manifest.anchors:
+        name = a.value if a.kind == "output" else a.name
+        if name not in outs:
+            missing.append(name)
+        by_stage.setdefault(a.stage, []).append(name)
+    if missing:
+        raise FaultError(f"the model does not expose {len(missing)} of the manifest's anchors as graph outputs "
+                         f"(e.g. {missing[0]!r}): stage= needs the anchored model or a conversion of it that "
+                         "keeps its anchors")
+    return by_stage
+
+
+def node_stages(model, manifest) -> list[int | None]:
+    """Per node of ``model`` (file order): the first manifest stage whose anchors the node is an
+    ancestor of (found by tensor names, so it holds on a converted model whose anchors are still graph
+    outputs), None for a node that reaches no anchor and for anchor Identities and the nodes only they
+    feed (e.g. the float16 converter's output Casts). O(nodes + edges), iterative.
+
+    Raises:
+        FaultError: an anchor is not a graph output of ``model``.
+        GraphError: the graph is invalid (see :func:`passes.graph.build_index`).
+    """
+    from passes.graph import build_index
+
+    by_stage = _anchor_outputs(model, manifest)
+    idx = build_index(model.graph)
+    n = len(idx.nodes)
+    tail = [False] * n  # anchor Identities and what only they feed
+    for p, node in enumerate(idx.nodes):
+        srcs = [idx.producer[v] for v in idx.inputs[p] if v in idx.producer]
+        tail[p] = is_anchor_node(node) or (bool(srcs) and all(tail[q] for q in srcs))
+    stage = [None] * n
+    for s in sorted(by_stage):
+        stack = [idx.producer[v] for v in by_stage[s] if v in idx.producer]
+        while stack:  # ancestors already assigned had all their ancestors assigned before
+            p = stack.pop()
+            if stage[p] is not None:
+                continue
+            stage[p] = s
+            stack.extend(q for q in (idx.producer.get(v) for v in idx.inputs[p]) if q is not None and stage[q] is None)
+    out: list[int | None] = [None] * n
+    for p in range(n):
+        out[idx.file_index[p]] = None if tail[p] else stage[p]
+    return out
+
+
+class FaultInjectionPass(GraphPass):
+    """Inject one fault of ``kind`` at ``node`` (a node name) or at the node of ``stage`` (a manifest
+    stage index) chosen as the module docstring says, on the anchored model or on a converted copy
+    of it that keeps the anchors as graph outputs (``manifest``: the anchored model's manifest). The
+    pass works on a copy; ``PassResult.info["truth"]`` is the :class:`FaultTruth`.
+
+    Raises:
+        FaultError: unknown kind, unknown node, a magnitude out of the kind's range, no applicable
+            node in the stage, or (``stage=`` on a converted model) anchors that are not graph outputs.
     """
 
     in_place = False
@@ -207,32 +316,50 @@ class FaultInjectionPass(GraphPass):
         inferred = onnx.shape_inference.infer_shapes(model)
         nodes = list(model.graph.node)
         inits = {i.name for i in model.graph.initializer}
+        const = _constant_values(model) if self.kind in LOWP_KINDS else None
+        anchored = self.manifest is not None and _positions_hold(nodes, self.manifest)
+        stages = None
+        if self.manifest is not None and not anchored:
+            try:
+                stages = node_stages(model, self.manifest)
+            except FaultError:
+                if self.node is None:
+                    raise
+                stages = [None] * len(nodes)  # a named node in a model without the anchors: no stage
         if self.node is not None:
             idx = next((i for i, n in enumerate(nodes) if n.name == self.node), None)
             if idx is None:
                 raise FaultError(f"no node named {self.node!r} in the model")
-            if not _applicable(inferred, nodes[idx], self.kind, inits):
+            if not _applicable(inferred, nodes[idx], self.kind, inits, const, explicit=True):
                 raise FaultError(f"fault {self.kind!r} does not apply to node {self.node!r} ({nodes[idx].op_type})")
-        else:
-            st = next((s for s in self.manifest.stages if s.index == self.stage), None)
-            if st is None:
-                raise FaultError(f"no stage {self.stage}; the manifest has stages 0..{len(self.manifest.stages) - 1}")
+        elif anchored:
+            st = self._stage()
             cands = [i for i in range(st.first, min(st.last, len(nodes) - 1) + 1)
-                     if _applicable(inferred, nodes[i], self.kind, inits)]
+                     if _applicable(inferred, nodes[i], self.kind, inits, const)]
             stage_values = {a.value for a in self.manifest.anchors if a.stage == self.stage}
             # The applicable node closest to the stage's end whose output reaches one of this stage's
             # own anchors: its effect is first observable at this stage, through the fewest operators
             # (so not masked, e.g. by a MaxPool, before the anchor).
             idx = next((i for i in reversed(cands)
                         if _reaches(nodes, i, st.last, stage_values)), None)
-            if idx is None:
-                raise FaultError(f"fault {self.kind!r} has no applicable node in stage {self.stage} "
-                                 "whose output reaches that stage's anchors")
+        else:  # a converted model: the stage's nodes by tensor names (node_stages), last in topological order
+            self._stage()
+            from passes.graph import build_index
+
+            order = build_index(model.graph).file_index
+            idx = next((i for i in reversed(order) if stages[i] == self.stage
+                        and _applicable(inferred, nodes[i], self.kind, inits, const)), None)
+        if idx is None:
+            raise FaultError(f"fault {self.kind!r} has no applicable node in stage {self.stage} "
+                             "whose output reaches that stage's anchors")
         node = nodes[idx]
-        op_type = node.op_type  # before injection: a replaced Round becomes an unused Identity
-        value, desc = getattr(self, "_inject_" + self.kind.replace("-", "_"))(model, inferred, node, idx)
-        truth = FaultTruth(self.kind, self.magnitude, node.name, op_type, value,
-                           _stage_of(self.manifest, idx), desc)
+        name, op_type = node.name, node.op_type  # before injection: a replaced node may be gone or renamed
+        if self.kind in LOWP_KINDS:
+            value, desc = inject_lowp(model, inferred, node, idx, self.kind, self.magnitude)
+        else:
+            value, desc = getattr(self, "_inject_" + self.kind.replace("-", "_"))(model, inferred, node, idx)
+        stage = _stage_of(self.manifest, idx) if stages is None else stages[idx]
+        truth = FaultTruth(self.kind, self.magnitude, name, op_type, value, stage, desc)
         props = [p for p in model.metadata_props if p.key != FAULT_METADATA_KEY]
         del model.metadata_props[:]
         model.metadata_props.extend(props)
@@ -240,6 +367,12 @@ class FaultInjectionPass(GraphPass):
         e.key, e.value = FAULT_METADATA_KEY, __import__("json").dumps(truth.to_dict())
         onnx.checker.check_model(model)
         return PassResult(model, True, {"truth": truth})
+
+    def _stage(self):
+        st = next((s for s in self.manifest.stages if s.index == self.stage), None)
+        if st is None:
+            raise FaultError(f"no stage {self.stage}; the manifest has stages 0..{len(self.manifest.stages) - 1}")
+        return st
 
     # ---- kinds --------------------------------------------------------------------------------
     def _reroute(self, model, node, out_index: int = 0) -> tuple[str, str]:
