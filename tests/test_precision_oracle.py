@@ -188,3 +188,34 @@ def test_scales_follow_the_anchor_dtype_and_the_precision():
     cfg = OracleConfig()
     f, basis = floor_and_basis(cfg, "fp16", 2)
     assert f == pytest.approx(0.03 * math.sqrt(3)) and basis.startswith("constant")
+
+
+def test_reports_show_both_verdicts_and_scales(tmp_path):
+    """Terminal, JSON and HTML: both verdicts per reduced-precision backend, the expected-error scale
+    next to the measured error, natural units and the population it was judged in."""
+    import json
+
+    from anpred.judge.struct import CheckReport
+    from anpred.report.html import write_html
+
+    res = _judge(FP32 + INT8, fault=("openvino-int8", 2, 1.0))
+    rep = CheckReport(run_dir="r", status="flagged", oracle="consensus", samples=res.samples, verdicts=res.verdicts,
+                      cells=res.cells, anchors=[{"name": a.name, "stage": a.stage, "kind": a.kind, "op_type": "",
+                                                 "dtype": "float32"} for a in ANCHORS],
+                      backends={b: {} for b in res.verdicts}, populations=res.populations,
+                      population_cells=res.population_cells, notes=res.notes)
+    text = format_text(rep)
+    assert "openvino-int8" in text and "FLAGGED:i" in text
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("implementation: FLAGGED"))
+    assert "origin s2 anchor/02/c" in line and "expected" in line and "steps max" in line
+    assert "population: ort-int8, ort-int8-noopt, openvino-int8, onnx-reference-int8" in text
+    back = CheckReport.from_dict(json.loads(rep.to_json()))
+    assert back.flagged_backends == ["openvino-int8"] == rep.flagged_backends
+    v = back.verdicts["openvino-int8"]
+    assert v.implementation.flagged and v.implementation.judged_against == "int8 population"
+    c = back.cell("anchor/02/c", "openvino-int8", "int8")
+    assert c.flagged and c.units["unit"] == "int8 step" and c.basis.startswith("population: 4 x median")
+    write_html(rep, tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    assert "Reduced precision: budget and implementation verdicts" in page
+    assert "consistent; implementation: FLAGGED" in page and "peers&#x27; spread" in page

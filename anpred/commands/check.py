@@ -5,7 +5,19 @@ Exit status: 0 every backend judged at every anchor on every sample and consiste
 flagged, or the verdict INCOMPLETE (nothing flagged, but something could not be judged: a backend
 that did not run, an anchor missing or unaligned, samples missing; each gap is printed; exit 0
 instead with --allow-incomplete); 2 bad input (the run cannot be judged, unreadable run data or
-config; the reports still say what could not be judged); 3 internal error."""
+config; the reports still say what could not be judged); 3 internal error.
+
+Reduced precision (fp16, bf16, int8): the backends that computed the same reduced model form a
+population (families counted as for fp32). Each gets two verdicts: budget, against the fp32
+consensus, flagged above 10 x the median deviation of the population's other families (what the
+precision costs on this run) or where it carries none of the fp32 signal (cosine <= 0 or nRMSE >= 1);
+implementation, against its population's own consensus, flagged above population_k (4) x its peers'
+spread. Both have a floor of one rounding in the precision's natural unit (an int8 quantization step
+/ sqrt(12), relative; float16/bfloat16 unit roundoff / sqrt(3)); a population of one falls back to
+the measured constant floor of its precision. Each cell's basis is in the JSON report. Non-finite
+values are voted on: where most families return NaN (or the same Inf) that is the consensus, and a
+backend returning a finite value there is flagged (NaN suppressed); ties are undecided.
+Sources and measurements: docs/oracle.md."""
 
 from __future__ import annotations
 

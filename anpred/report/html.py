@@ -126,6 +126,59 @@ def _fmt(v) -> str:
     return html.escape(str(v))
 
 
+def _units(c) -> str:
+    u = getattr(c, "units", None) or {}
+    if not u:
+        return "-"
+    if u.get("unit") == "int8 step":
+        return f"{u['max']:.3g} max / {u['rms']:.3g} RMS steps (step {u['size']:.3g})"
+    return f"{u['max']:.3g} {html.escape(u['unit'])}s max"
+
+
+def _populations(report, primary: str) -> list[str]:
+    """Per reduced-precision backend: its two verdicts and, per anchor, the measured error, the
+    expected-error scale (budget: the population's cost; implementation: the peers' spread), the
+    threshold, the natural units and the basis."""
+    from anpred.report.text import verdict_word
+
+    e = html.escape
+    rows = [(b, v) for b, v in report.verdicts.items() if not v.votes]
+    if not rows:
+        return []
+    out = ["<h2>Reduced precision: budget and implementation verdicts</h2>",
+           "<p><b>budget</b>: against the fp32 consensus; expected = the median deviation of the other families of "
+           "its precision population (what the precision costs, measured on this run). <b>implementation</b>: "
+           "against the element-wise consensus of its population; expected = the peers' spread. Floors: one "
+           "rounding in the precision's natural unit (docs/oracle.md).</p>"]
+    for b, v in rows:
+        impl = v.implementation
+        pop = ", ".join(v.population) if v.population else "none (only member: no implementation verdict)"
+        out.append(f"<h3>{e(b)} ({e(v.precision)}), population: {e(pop)}</h3><p>budget: <b>{e(verdict_word(v))}</b>"
+                   + (f" (origin {e(v.origin_anchor or '-')})" if v.flagged else "")
+                   + (f"; implementation: <b>{e(verdict_word(impl))}</b>"
+                      + (f" (origin {e(impl.origin_anchor or '-')})" if impl.flagged else "") if impl else "")
+                   + "</p>")
+        out.append(f"<table><tr><th>anchor</th><th>budget {e(primary)}</th><th>expected</th><th>threshold</th>"
+                   "<th>natural units</th><th>verdict</th><th>impl. " + e(primary) + "</th><th>peers' spread</th>"
+                   "<th>threshold</th><th>natural units</th><th>verdict</th><th>basis (budget)</th></tr>")
+        for a in report.anchors:
+            c = report.cell(a["name"], b)
+            ic = report.cell(a["name"], b, v.precision) if impl else None
+            if c is None and ic is None:
+                continue
+            flag = (c is not None and c.flagged) or (ic is not None and ic.flagged)
+            cols = []
+            for x in (c, ic):
+                cols += (["-"] * 5 if x is None else
+                         [_fmt(x.primary), _fmt(x.peer_level), _fmt(x.threshold), _units(x),
+                          "FLAGGED" if x.flagged else "ok"])
+            out.append(f"<tr class='{'flag' if flag else ''}'><td>{e(a['name'])}</td>"
+                       + "".join(f"<td>{x}</td>" for x in cols)
+                       + f"<td>{e(c.basis if c is not None else '')}</td></tr>")
+        out.append("</table>")
+    return out
+
+
 def write_html(report, path: str | Path) -> None:
     """Write the HTML report of ``report`` to ``path`` (atomically; plots embedded as base64 PNG).
     Raises OutputPathError when ``path`` cannot be written."""
@@ -162,8 +215,10 @@ def write_html(report, path: str | Path) -> None:
                      f"<th>max {e(primary)} (anchor)</th><th>most deviant anchor (highest &times; threshold)</th>"
                      f"<th>its {e(primary)}</th><th>&times; threshold</th><th>propagation</th><th>flagged anchors</th></tr>")
         for b, v in report.verdicts.items():
-            cls = "flag" if v.flagged else ("ok" if v.status in ("consistent", "reference") else "gap")
+            cls = "flag" if v.any_flagged else ("ok" if v.status in ("consistent", "reference") else "gap")
             word = {"ok": "consistent"}.get(verdict_word(v), verdict_word(v))
+            if v.implementation is not None:
+                word += f"; implementation: {verdict_word(v.implementation)}"
             judged = f"{v.judged_anchors} / {len(report.anchors)}" + (f" ({len(v.partial)} on part of the samples)"
                                                                     if v.partial else "")
             parts.append(f"<tr class='{cls}'><td>{e(b)}</td><td>{e(v.family)}</td><td>{e(v.precision)}"
@@ -182,6 +237,7 @@ def write_html(report, path: str | Path) -> None:
         for b, v in report.verdicts.items():
             if v.flagged and getattr(v, "origin_traced", ""):
                 parts.append(f"<p class='small'>{e(b)}: origin {e(v.origin_traced)}.</p>")
+    parts.extend(_populations(report, primary))
     if report.threshold:
         parts.append("<h2>Threshold baseline (final outputs)</h2><table><tr><th>backend</th><th>reference</th>"
                      "<th>atol</th><th>rtol</th><th>result</th><th>failed / total</th><th>max abs</th><th>max rel</th></tr>")

@@ -102,9 +102,10 @@ def format_text(report) -> str:
         lines.append("cannot be judged:")
         lines.extend(f"  - {p}" for p in report.problems)
     primary = report.config.get("primary", "nrmse")
+    w = max([16] + [len(b) + 2 for b in report.verdicts])  # the backend column
     if report.verdicts:
         lines.append("")
-        lines.append(f"{'backend':<16}{'family':<16}{'prec':<6}{'verdict':<11}{'judged':>9} {'origin':<28}"
+        lines.append(f"{'backend':<{w}}{'family':<16}{'prec':<6}{'verdict':<11}{'judged':>9} {'origin':<28}"
                      f"{'max ' + primary:>10} {'at anchor':<26}{'max x thr':>9} {'at anchor':<26}{'propagation':>11}")
         n_anchors = len(report.anchors)
         for b, v in report.verdicts.items():
@@ -116,7 +117,7 @@ def format_text(report) -> str:
             prec = v.precision + ("*" if getattr(v, "precision_requested", "") else "")
             impl = v.implementation is not None and v.implementation.flagged
             word = ("FLAGGED" + ("+i" if v.flagged else ":i")) if impl else verdict_word(v)
-            lines.append(f"{b:<16}{v.family:<16}{prec:<6}{word:<11}{judged:>9} {origin[:27]:<28}"
+            lines.append(f"{b:<{w}}{v.family:<16}{prec:<6}{word:<11}{judged:>9} {origin[:27]:<28}"
                          f"{_g(big_v):>10} {big_a[:25]:<26}{_g(v.worst_ratio_to_threshold, '.2f'):>9} "
                          f"{(v.worst_anchor or '-')[:25]:<26}{prop:>11}")
         if any(v.implementation is not None and v.implementation.flagged for v in report.verdicts.values()):
@@ -149,7 +150,7 @@ def format_text(report) -> str:
         lines.append(f"propagation ({primary} at the first judged anchor, then the ratio to the previous judged anchor; "
                      "^ amplified, v attenuated, * flagged):")
         for b in report.verdicts:
-            lines.append(f"  {b:<16}{propagation_line(report, b)}")
+            lines.append(f"  {b:<{w}}{propagation_line(report, b)}")
     if report.threshold:
         lines.append("")
         any_ref = next(iter(report.threshold.values())).reference
