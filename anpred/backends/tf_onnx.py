@@ -224,6 +224,13 @@ class TfOnnxBackend(Backend):
             tf.config.threading.set_intra_op_parallelism_threads(int(self.options["threads"]))
         inits = {t.name for t in model.graph.initializer}
         graph_inputs = [i for i in model.graph.input if i.name not in inits]
+        no_bf16 = bfloat16_uses(model)
+        if no_bf16:
+            raise BackendError("tf: onnx2tf has no bfloat16 (its ONNX->TF dtype table, onnx2tf/utils/enums.py "
+                               "ONNX_DTYPES_TO_TF_DTYPES, lacks BFLOAT16, and it declares a bfloat16 graph input as "
+                               "TensorFlow quint16: onnx_graphsurgeon gives the bare element type 16, which tf.as_dtype "
+                               f"reads as DT_QUINT16); bfloat16 here: {'; '.join(no_bf16[:5])}"
+                               + (" ..." if len(no_bf16) > 5 else ""))
         fixed = self._fixed_shapes(graph_inputs)
         self.fixed_shapes = fixed
         parts = [Path(model_path), "onnx2tf", md.version("onnx2tf"), self.options.get("onnx2tf", {}), FORMAT]
@@ -394,6 +401,22 @@ def _onnxsim_on_path(required: bool):
             os.environ.pop("PATH", None)
         else:
             os.environ["PATH"] = old
+
+
+def bfloat16_uses(model) -> list[str]:
+    """Where the main graph of ``model`` holds bfloat16: graph inputs/outputs, initializers, ``Cast``/
+    ``CastLike`` nodes to bfloat16 and value_info entries (``"input 'x'"``, ``"Cast node 'c'"``...)."""
+    import onnx
+
+    bf16 = onnx.TensorProto.BFLOAT16
+    g = model.graph
+    found = [f"input {vi.name!r}" for vi in g.input if vi.type.tensor_type.elem_type == bf16]
+    found += [f"output {vi.name!r}" for vi in g.output if vi.type.tensor_type.elem_type == bf16]
+    found += [f"initializer {t.name!r}" for t in g.initializer if t.data_type == bf16]
+    found += [f"{n.op_type} node {n.name or n.output[0]!r}" for n in g.node
+              if any(a.name == "to" and a.i == bf16 for a in n.attribute)]
+    found += [f"value {vi.name!r}" for vi in g.value_info if vi.type.tensor_type.elem_type == bf16]
+    return found
 
 
 def _signature_dtypes(fn) -> tuple[list[str], list[str]]:
