@@ -71,6 +71,7 @@ FAMILIES: dict[str, str] = {
     "torch": "torch", "torch-native": "torch",
     "tf": "tensorflow", "tf-native": "tensorflow",
     "onnx-reference": "onnx-reference",
+    "onnx-reference-fp64": "onnx-reference-fp64",
 }
 
 # Reduced-precision variants: judged against the consensus, never voting.

@@ -20,6 +20,7 @@ REGISTRY: dict[str, str] = {
     "openvino": "anpred.backends.openvino:OpenVinoBackend",
     "openvino-bf16": "anpred.backends.openvino:OpenVinoBf16Backend",
     "onnx-reference": "anpred.backends.reference:ReferenceBackend",
+    "onnx-reference-fp64": "anpred.backends.fp64:ReferenceFp64Backend",
     "torch": "anpred.backends.torch_onnx:TorchOnnxBackend",
     "tf": "anpred.backends.tf_onnx:TfOnnxBackend",
     "torch-native": "anpred.backends.torch_native:TorchNativeBackend",

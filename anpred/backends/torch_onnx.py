@@ -17,7 +17,10 @@ of each converted submodule is recorded under the ONNX value names of its ``onnx
 entry per output of multi-output nodes such as Split). Anchors are taken from that table by their
 ``Anchor.value``, never from the GraphModule's outputs (onnx2torch returns one tuple per
 multi-output node and deduplicates graph outputs by producer, so output positions do not map back to
-ONNX output names reliably). Returned arrays are float32 numpy arrays in ONNX layout (NCHW).
+ONNX output names reliably). Returned arrays are numpy arrays in ONNX layout (NCHW), in the dtype
+the converted graph computes them in (float16 for a float16 graph, which torch computes with its
+float16 CPU kernels; bfloat16 inputs and outputs pass through their bits, :func:`to_torch`,
+:func:`to_numpy`).
 
 Conversion takes well under a second (``onnx2torch.convert`` 0.09-0.28 s for YOLOv8n at 224 px,
 benchmarks/bench_run.py), so it is not cached.
@@ -35,6 +38,30 @@ import numpy as np
 from anpred.backends.base import AnchorCapture, Backend
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
+
+
+def to_torch(x: np.ndarray):
+    """A numpy sample as a torch tensor of the same dtype; bfloat16 (``ml_dtypes``, or 2-byte void as
+    stored by npz) goes through its uint16 bits, which ``torch.from_numpy`` cannot take directly."""
+    import torch
+
+    a = np.ascontiguousarray(x)
+    if a.dtype.name == "bfloat16" or (a.dtype.kind == "V" and a.dtype.itemsize == 2):
+        return torch.from_numpy(a.view(np.uint16).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def to_numpy(t) -> np.ndarray:
+    """A torch tensor as a numpy array of the same dtype (a copy); bfloat16 as ``ml_dtypes.bfloat16``
+    (``Tensor.numpy()`` refuses bfloat16)."""
+    import torch
+
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+    return t.numpy().copy()
 
 
 class TorchOnnxBackend(Backend):
@@ -149,7 +176,7 @@ class TorchOnnxBackend(Backend):
                                     seen[v] = o
                 return out
 
-        args = [torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in self._input_names]
+        args = [to_torch(inputs[n]) for n in self._input_names]
         with torch.inference_mode():
             _Capture(gm).run(*args)
         result: dict[str, np.ndarray] = {}
@@ -159,7 +186,7 @@ class TorchOnnxBackend(Backend):
                 continue
             if a.value in seen:
                 t = seen[a.value]
-                result[a.name] = t.detach().cpu().numpy().copy() if isinstance(t, torch.Tensor) else np.asarray(t)
+                result[a.name] = to_numpy(t) if isinstance(t, torch.Tensor) else np.asarray(t)
             elif a.value in self._constants:
                 result[a.name] = self._constants[a.value].copy()
             elif a.value in inputs:
