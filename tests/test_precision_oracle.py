@@ -219,3 +219,44 @@ def test_reports_show_both_verdicts_and_scales(tmp_path):
     page = (tmp_path / "r.html").read_text()
     assert "Reduced precision: budget and implementation verdicts" in page
     assert "consistent; implementation: FLAGGED" in page and "peers&#x27; spread" in page
+
+
+# ---- a model whose own tensors are float16 --------------------------------------------------------
+def test_float16_network_judged_on_float16_scale_and_overflow_flagged_alone(tmp_path):
+    """Issue 17 (2, acceptance): a network whose weights, activations, input and output are float16,
+    on ONNX Runtime, OpenVINO, the reference evaluator and PyTorch (onnx2torch), plus a float64
+    execution. ORT/OpenVINO compute in float32 and round to float16 at each output, PyTorch and the
+    reference compute in float16 arithmetic: they differ by ~4e-4 (ordinary float16 rounding), which
+    the fp32 floor (2e-5) would flag; the anchors' element type is float16, so the cells take
+    float16's scale and nothing is flagged. Then one backend (OpenVINO) runs a variant whose second
+    Conv overflows float16 (fp16-overflow, passes/faults_lowp.py): it alone is flagged."""
+    from anpred.run import BackendSpec, run_model
+    from passes.faults import inject_fault
+    from tests.test_fp16_models import _anchored, fp16_network
+
+    path, man = _anchored(fp16_network(), tmp_path, stages=4)
+    names = ["ort", "openvino", "onnx-reference", "torch", "onnx-reference-fp64"]
+    store = run_model(path, names, "random:normal:seed=0:n=2", tmp_path / "run", progress=False, timeout_s=300)
+    rep = check_run(store.root)
+    assert rep.status == "consistent", format_text(rep)
+    assert not rep.verdicts["onnx-reference-fp64"].votes and rep.verdicts["onnx-reference-fp64"].precision == "fp64"
+    c = rep.cell(man.anchors[-1].name, "torch")
+    assert 1e-4 < c.primary < c.floor and c.basis.startswith("constant: the measured fp16 floor")
+    assert c.floor == pytest.approx(OracleConfig().floor_at("fp16", man.anchors[-1].stage))
+    # the float64 execution gives the expected fp32-side error of each anchor: float16 rounding here
+    for a in man.anchors:
+        assert 1e-5 < rep.scales[a.name]["fp32"]["expected"] < 2e-3
+    # one backend overflows: the conv2 output times 2**16 exceeds 65504 where |y| > ~1
+    m = onnx.load(str(path))
+    bad, truth = inject_fault(m, "fp16-overflow", node="conv2", magnitude=16, manifest=man)
+    bad_path = tmp_path / "overflow.onnx"
+    onnx.save(bad, str(bad_path))
+    specs = [BackendSpec(b) for b in names if b != "openvino"] + [BackendSpec("openvino", options={"model": str(bad_path)})]
+    store2 = run_model(path, specs, "random:normal:seed=0:n=2", tmp_path / "run2", progress=False, timeout_s=300)
+    rep2 = check_run(store2.root)
+    assert rep2.flagged_backends == ["openvino"], format_text(rep2)
+    v = rep2.verdicts["openvino"]
+    # conv2 feeds the Add of anchor a1 (its stage): the first anchor that sees the infinities
+    a1 = next(a for a in man.anchors if a.value == "a1")
+    assert truth.stage == a1.stage and v.origin_anchor == a1.name and v.origin_stage == a1.stage
+    assert rep2.cell(a1.name, "openvino").nonfinite > 0

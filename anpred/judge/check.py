@@ -240,6 +240,7 @@ def _take_oracle(report: CheckReport, res: OracleResult, parts: list[OutputPart]
     report.unjudged_anchors, report.plot_data = res.unjudged_anchors, res.plot_data
     report.correlated = res.correlated
     report.populations, report.population_cells = res.populations, res.population_cells
+    report.scales = res.scales
     report.notes.extend(res.notes)
     judged_parts = {c.anchor for c in res.cells} & {p.name for p in parts}
     if judged_parts:

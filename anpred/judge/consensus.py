@@ -122,6 +122,9 @@ class Oracle:
         self.consensus_max: dict[str, float] = {}
         self.skipped_parts: dict[str, str] = {}  # part -> why it was not judged on its own
         self.undecided: dict[str, int] = {}  # anchor -> elements where the families' votes tied (NaN/Inf)
+        # float64 execution(s) of the model: (anchor, voter) -> [sum d^2, sum c^2] against it
+        self._fp64 = [b.name for b in backends if b.precision == "fp64"]
+        self._fp64_sums: dict[tuple[str, str], list[float]] = {}
 
     # ---- consensus ------------------------------------------------------------------------------
     def _pick_reference(self, present: list[str]) -> str | None:
@@ -265,6 +268,8 @@ class Oracle:
                     self.merged[a.name][key] = self.merged[a.name].get(key, 0) + 1
             if undecided is not None and ref is None:
                 self.undecided[a.name] = self.undecided.get(a.name, 0) + int(np.count_nonzero(undecided))
+            if self._fp64 and self._fp64[0] in got:
+                self._add_fp64(a.name, got)
             ref_tensor = Reference(c, undecided)
             for b, x in got.items():
                 if b == ref:
@@ -274,6 +279,26 @@ class Oracle:
                 if acc is None:
                     acc = self.acc[(a.name, b)] = Accumulator(self.cfg.primary, Reservoir(self.cfg.reservoir, self.rng))
                 acc.add(ref_tensor.compare(x, ulp_dtype(cell_precision(self.backends[b].precision, a.dtype))))
+
+    def _add_fp64(self, anchor: str, got: dict[str, np.ndarray]) -> None:
+        """Each voter's squared deviation from the float64 execution at ``anchor`` (finite positions)."""
+        ref = got[self._fp64[0]]
+        for b, x in got.items():
+            if not self.backends[b].votes:
+                continue
+            ok = np.isfinite(x) & np.isfinite(ref)
+            d = (x - ref)[ok]
+            r = ref[ok]
+            s = self._fp64_sums.setdefault((anchor, b), [0.0, 0.0])
+            s[0] += float(np.einsum("i,i->", d, d))
+            s[1] += float(np.einsum("i,i->", r, r))
+
+    @property
+    def fp64_error(self) -> dict[tuple[str, str], float]:
+        """(anchor, voter) -> pooled nRMSE of the voter against the float64 execution (empty when no
+        ``fp64`` backend ran)."""
+        return {k: (math.sqrt(dd / cc) if cc > 0 else (0.0 if dd == 0 else math.inf))
+                for k, (dd, cc) in self._fp64_sums.items()}
 
     # ---- verdicts -------------------------------------------------------------------------------
     def _primary(self, s: ErrorStats) -> float:

@@ -31,7 +31,7 @@ from anpred.defaults import OracleConfig
 from anpred.judge.consensus import Oracle
 from anpred.judge.struct import AnchorInfo, BackendInfo, OracleResult
 
-__all__ = ["PopulationOracle", "populations_of"]
+__all__ = ["PopulationOracle", "expected_scales", "populations_of"]
 
 
 def populations_of(backends: list[BackendInfo]) -> dict[str, list[BackendInfo]]:
@@ -39,7 +39,7 @@ def populations_of(backends: list[BackendInfo]) -> dict[str, list[BackendInfo]]:
     the given order: ``{"int8": [...], "fp16": [...]}``."""
     out: dict[str, list[BackendInfo]] = {}
     for b in backends:
-        if not b.votes and b.precision != "fp32":
+        if not b.votes and b.precision not in ("fp32", "fp64"):
             out.setdefault(b.precision, []).append(b)
     return out
 
@@ -105,4 +105,31 @@ class PopulationOracle:
             res.population_cells[p] = r.cells
             for (a, b), data in r.plot_data.items():
                 res.plot_data.setdefault((a, f"{b}@{p}"), data)
+        res.scales = expected_scales(self.main, res)
         return res
+
+
+def expected_scales(main: Oracle, res: OracleResult) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per anchor, each precision's expected error (nRMSE), measured on the run: ``fp32`` the median
+    of the fp32 voters' deviation from a float64 execution of the model (``onnx-reference-fp64``, when
+    it ran: :attr:`Oracle.fp64_error`); each reduced precision the median of its population's
+    deviation from the fp32 consensus (what the precision costs there)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    groups = populations_of(list(main.backends.values()))
+    by = {(c.anchor, c.backend): c for c in res.cells}
+    for a in main.anchors:
+        per: dict[str, dict[str, Any]] = {}
+        e64 = {b: v for (an, b), v in main.fp64_error.items() if an == a.name}
+        if e64:
+            per["fp32"] = {"expected": float(np.median(list(e64.values()))),
+                           "basis": f"median of {', '.join(sorted(e64))} against the float64 execution"}
+        for p, members in groups.items():
+            vals = [by[(a.name, m.name)].primary for m in members if (a.name, m.name) in by]
+            vals = [v for v in vals if v == v]
+            if vals:
+                per[p] = {"expected": float(np.median(vals)),
+                          "basis": f"median of {', '.join(m.name for m in members if (a.name, m.name) in by)} "
+                                   "against the fp32 consensus"}
+        if per:
+            out[a.name] = per
+    return out

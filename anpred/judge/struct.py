@@ -70,6 +70,8 @@ class BackendInfo:
         requested one is assumed); ``requested``: the nominal precision from the run record."""
         cfg = config or OracleConfig()
         fam = cfg.families.get(name) or family or name
+        if "fp64" in (precision, requested):  # a float64 execution: the scale of fp32's error, never a vote
+            return cls(name=name, family=fam, precision="fp64", votes=False, requested="fp64")
         reduced = cfg.reduced_precision.get(name)
         asked = reduced or requested or precision or "fp32"
         prec = precision or asked
@@ -303,6 +305,9 @@ class OracleResult:
     populations: dict[str, dict[str, Any]] = field(default_factory=dict)
     # precision -> the cells of its population oracle (implementation verdicts), manifest order
     population_cells: dict[str, list[Cell]] = field(default_factory=dict)
+    # anchor -> precision -> {"expected": nRMSE, "basis": text}: each precision's expected error there,
+    # measured on the run (anpred.judge.populations.expected_scales)
+    scales: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -355,6 +360,7 @@ class CheckReport:
     correlated: list[dict[str, Any]] = field(default_factory=list)
     populations: dict[str, dict[str, Any]] = field(default_factory=dict)
     population_cells: dict[str, list[Cell]] = field(default_factory=dict)
+    scales: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     schema: str = SCHEMA
     plot_data: dict[tuple[str, str], dict[str, np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -420,6 +426,8 @@ class CheckReport:
             "allow_incomplete": self.allow_incomplete, "correlated": self.correlated,
             "populations": self.populations,
             "population_cells": {p: [c.to_dict() for c in cs] for p, cs in self.population_cells.items()},
+            "scales": {a: {p: {**v, "expected": json_float(v["expected"])} for p, v in per.items()}
+                       for a, per in self.scales.items()},
         }
 
     @classmethod
@@ -441,7 +449,9 @@ class CheckReport:
                 problems=d.get("problems", []), notes=d.get("notes", []), incomplete=d.get("incomplete", []),
                 allow_incomplete=bool(d.get("allow_incomplete", False)), correlated=d.get("correlated", []),
                 populations=d.get("populations", {}),
-                population_cells={p: [Cell.from_dict(c) for c in cs] for p, cs in d.get("population_cells", {}).items()})
+                population_cells={p: [Cell.from_dict(c) for c in cs] for p, cs in d.get("population_cells", {}).items()},
+                scales={a: {p: {**v, "expected": from_json_float(v["expected"])} for p, v in per.items()}
+                        for a, per in d.get("scales", {}).items()})
         except (KeyError, TypeError) as err:
             raise AnpredError(f"malformed check report: {err}") from err
 

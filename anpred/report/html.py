@@ -142,7 +142,7 @@ def _populations(report, primary: str) -> list[str]:
     from anpred.report.text import verdict_word
 
     e = html.escape
-    rows = [(b, v) for b, v in report.verdicts.items() if not v.votes]
+    rows = [(b, v) for b, v in report.verdicts.items() if not v.votes and v.precision != "fp64"]
     if not rows:
         return []
     out = ["<h2>Reduced precision: budget and implementation verdicts</h2>",
@@ -176,6 +176,24 @@ def _populations(report, primary: str) -> list[str]:
                        + "".join(f"<td>{x}</td>" for x in cols)
                        + f"<td>{e(c.basis if c is not None else '')}</td></tr>")
         out.append("</table>")
+    return out
+
+
+def _scales(report) -> list[str]:
+    scales = getattr(report, "scales", None) or {}
+    precs = [p for p in ("fp32", "fp16", "bf16", "int8") if any(p in v for v in scales.values())]
+    if not precs:
+        return []
+    e = html.escape
+    out = ["<h2>Expected error per anchor and precision</h2><p>nRMSE measured on this run: fp32 = the voters' "
+           "median against a float64 execution of the model; a reduced precision = its population's median "
+           "against the fp32 consensus (what the precision costs there).</p><table><tr><th>anchor</th>"
+           + "".join(f"<th>{p}</th>" for p in precs) + "</tr>"]
+    for a, per in scales.items():
+        out.append(f"<tr><td>{e(a)}</td>" + "".join(
+            f"<td title='{e(per[p]['basis'])}'>{_fmt(per[p]['expected'])}</td>" if p in per else "<td>-</td>"
+            for p in precs) + "</tr>")
+    out.append("</table>")
     return out
 
 
@@ -238,6 +256,7 @@ def write_html(report, path: str | Path) -> None:
             if v.flagged and getattr(v, "origin_traced", ""):
                 parts.append(f"<p class='small'>{e(b)}: origin {e(v.origin_traced)}.</p>")
     parts.extend(_populations(report, primary))
+    parts.extend(_scales(report))
     if report.threshold:
         parts.append("<h2>Threshold baseline (final outputs)</h2><table><tr><th>backend</th><th>reference</th>"
                      "<th>atol</th><th>rtol</th><th>result</th><th>failed / total</th><th>max abs</th><th>max rel</th></tr>")

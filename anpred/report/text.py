@@ -71,11 +71,27 @@ def _one_verdict(report, b: str, v, population: str | None) -> str:
             f"{_units_text(c)}")
 
 
+def _scale_lines(report) -> list[str]:
+    """Each anchor's expected error per precision, measured on the run (``report.scales``)."""
+    scales = getattr(report, "scales", None) or {}
+    precs = [p for p in ("fp32", "fp16", "bf16", "int8") if any(p in v for v in scales.values())]
+    if not precs:
+        return []
+    w = max(len(a) for a in scales) + 2
+    out = ["", "expected error per anchor and precision (nRMSE measured on this run; fp32: the voters against a "
+           "float64 execution; reduced precisions: the population's median against the fp32 consensus):",
+           "  " + f"{'anchor':<{w}}" + "".join(f"{p:>10}" for p in precs)]
+    for a, per in scales.items():
+        out.append("  " + f"{a:<{w}}" + "".join(f"{_g(per[p]['expected'], '.2e') if p in per else '-':>10}"
+                                                for p in precs))
+    return out
+
+
 def _population_lines(report) -> list[str]:
     """Both verdicts of every reduced-precision backend (budget vs the fp32 consensus, implementation
     vs its own population), with the measured error, the expected-error scale and the threshold at
     the origin (flagged) or at the anchor closest to its threshold."""
-    rows = [(b, v) for b, v in report.verdicts.items() if not v.votes]
+    rows = [(b, v) for b, v in report.verdicts.items() if not v.votes and v.precision != "fp64"]
     if not rows:
         return []
     out = ["", "reduced precision: budget = against the fp32 consensus, expected = the population's measured cost; "
@@ -131,6 +147,7 @@ def format_text(report) -> str:
                 lines.append(f"  {v.precision}*: {b} was asked for {v.precision_requested} but computed in "
                              f"{v.precision}, and is judged as {v.precision}")
         lines.extend(_population_lines(report))
+        lines.extend(_scale_lines(report))
         if any(v.non_monotonic for v in report.verdicts.values()):
             lines.append("  * non-monotonic propagation (amplified and attenuated after the origin)")
         for b, v, pop in [(b, v, None) for b, v in report.verdicts.items()] + \

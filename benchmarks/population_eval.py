@@ -1,0 +1,226 @@
+"""Evaluation of the precision populations (issue 17): implementation faults injected into ONE member
+of an int8 or fp16 population, judged three ways.
+
+For each zoo model: one clean run (fp32 voters + the int8 and fp16 populations, one conversion per
+precision, cached) judged by ``anpred check`` (false alarms: any verdict raised on it); then per fault
+(kind, magnitude, stage, target backend) a run folder that links every clean backend's tensors except
+the target's, whose faulty converted model is run anew (``options["fault"]``, the other members run
+the clean converted model), judged:
+
+- **populations** (today's code): the target detected when either of its verdicts flags it
+  (``any_flagged``), localized when the flagging verdict's origin stage is the fault's stage (the
+  implementation verdict's origin when it is flagged, else the budget's); a false alarm when another
+  backend is flagged (other than by the budget verdict of a whole population that loses the signal,
+  which the clean run shows too, counted separately);
+- **fp32-only** (the oracle before issue 17): the same folder with the target's population peers
+  left out, so the target is judged against the fp32 consensus alone with the constant floor of its
+  precision (``floor_and_basis`` fallback: exactly the previous rule);
+- **best fixed tolerance**: the target's output nRMSE against the fp32 consensus compared with the
+  largest clean output nRMSE of that precision over every clean run of the evaluation (the smallest
+  fixed tolerance with no false alarm, chosen in-sample: generous to the baseline).
+
+Usage::
+
+    .venv/bin/python benchmarks/population_eval.py --out OUT --models yolov8n,yolov5n --imgsz 320 \\
+        --real 2 --random 1
+
+``OUT/results.json`` holds every number; the tables are printed (docs/evaluation.md quotes them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import evaluation as ev  # noqa: E402
+
+FP32 = ("ort", "openvino", "onnx-reference", "torch")
+INT8 = ("ort-int8", "ort-int8-noopt", "openvino-int8", "onnx-reference-int8")
+FP16 = ("ort-fp16", "ort-fp16-noopt", "openvino-fp16", "onnx-reference-fp16", "torch-fp16")
+# (kind, magnitude, target backend); stages from --stages
+FAULTS = (("quantize-rounding", 1, "ort-int8"), ("zero-point", 1, "openvino-int8"),
+          ("accumulator-saturation", 16, "ort-int8"), ("fp16-overflow", 14, "ort-fp16"),
+          ("fp16-overflow", 14, "openvino-fp16"))
+
+
+def _link_run(clean_dir: Path, out: Path, keep: list[str]):
+    """A run folder at ``out`` with the clean run's samples and the tensors/statuses of ``keep``."""
+    from anpred.run import RunStore
+
+    clean = RunStore.open(clean_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    store = RunStore.create(out, clean.manifest, model=dict(clean.meta.get("model", {})),
+                            inputs=dict(clean.meta.get("inputs", {})))
+    store.meta["samples"] = list(clean.meta["samples"])
+    for sid in clean.sample_ids:
+        src = clean.input_file(sid)
+        os.link(src, out / "inputs" / src.name)
+    for b in keep:
+        os.symlink(clean.backend_dir(b).resolve(), store.backend_dir(b), target_is_directory=True)
+        store.meta["backends"][b] = clean.meta["backends"][b]
+    store.save_meta()
+    return store
+
+
+def _add_backend(store, side) -> None:
+    """Link the single backend of run ``side`` into ``store``."""
+    b = next(iter(side.statuses()))
+    os.symlink(side.backend_dir(b).resolve(), store.backend_dir(b), target_is_directory=True)
+    store.meta["backends"][b] = side.meta["backends"][b]
+    store.save_meta()
+
+
+def _output_nrmse(rep, backend: str, outputs: list[str]) -> float:
+    vals = [c.primary for c in rep.cells if c.backend == backend and c.anchor in outputs]
+    return max(vals) if vals else float("nan")
+
+
+def _flags(rep) -> dict[str, Any]:
+    out = {}
+    for b, v in rep.verdicts.items():
+        impl = v.implementation
+        out[b] = {"budget": v.flagged, "implementation": bool(impl and impl.flagged),
+                  "budget_origin": v.origin_stage, "implementation_origin": impl.origin_stage if impl else None,
+                  "budget_reasons": sorted({c.reason.split(":")[0] for c in rep.cells if c.backend == b and c.flagged})}
+    return out
+
+
+def evaluate_model(name: str, work: Path, *, imgsz: int, n_real: int, n_random: int, stages: list[int] | None,
+                   faults=FAULTS) -> dict[str, Any]:
+    from anpred.judge import check_run
+    from anpred.run import BackendSpec, RunStore, run_model
+
+    t0 = time.monotonic()
+    setup = ev.prepare_model(name, work, imgsz=imgsz, n_real=n_real, n_random=n_random,
+                             backends=list(FP32), lowp=list(INT8 + FP16), stages=stages)
+    clean_s = time.monotonic() - t0
+    cfg = ev.judge_config()
+    t1 = time.monotonic()
+    clean = check_run(setup.clean_dir, config=cfg)
+    check_s = time.monotonic() - t1
+    store = RunStore.open(setup.clean_dir)
+    man = store.manifest
+    outputs = [a.name for a in man.anchors if a.kind == "output"]
+    stats = {b: s for b, s in store.statuses().items()}
+    res: dict[str, Any] = {"model": name, "imgsz": imgsz, "samples": len(store.sample_ids),
+                           "seconds_clean_run": round(clean_s, 1), "seconds_clean_check": round(check_s, 1),
+                           "backends": {b: {"status": s.status, "precision": s.precision, "reason": s.reason[:300],
+                                            "seconds_prepare": round(s.seconds_prepare, 1),
+                                            "seconds_run": round(s.seconds_run, 1)} for b, s in stats.items()},
+                           "clean": {"status": clean.status, "flags": _flags(clean),
+                                     "output_nrmse": {b: _output_nrmse(clean, b, outputs) for b in clean.verdicts}},
+                           "faults": []}
+    ok = [b for b, s in stats.items() if s.status == "ok"]
+    all_stages = [s.index for s in man.stages] if stages is None else stages
+    inputs = Path(setup.anchored).parent / "inputs"
+    for kind, mag, target in faults:
+        if target not in ok:
+            continue
+        pop = INT8 if target in INT8 else FP16
+        for st in all_stages:
+            tag = f"{kind}-{mag:g}-{target}-s{st}"
+            cdir = work / "faults" / tag
+            side_dir = cdir / "side"
+            shutil.rmtree(cdir, ignore_errors=True)
+            spec = BackendSpec(target, options={"fault": {"kind": kind, "stage": st, "magnitude": mag, "seed": 0}})
+            side = run_model(setup.anchored, [spec], inputs, side_dir, overwrite=True, progress=False)
+            sst = side.statuses()[target]
+            row: dict[str, Any] = {"kind": kind, "magnitude": mag, "target": target, "stage": st,
+                                   "status": sst.status, "reason": sst.reason[:300]}
+            if sst.status != "ok":
+                res["faults"].append(row)
+                continue
+            full = _link_run(Path(setup.clean_dir), cdir / "populations", [b for b in ok if b != target])
+            _add_backend(full, side)
+            rep = check_run(full.root, config=cfg)
+            only = _link_run(Path(setup.clean_dir), cdir / "fp32-only",
+                             [b for b in ok if b != target and b not in pop])
+            _add_backend(only, side)
+            old = check_run(only.root, config=cfg)
+            flags = _flags(rep)
+            v = rep.verdicts[target]
+            origin = (v.implementation.origin_stage if v.implementation is not None and v.implementation.flagged
+                      else v.origin_stage)
+            row.update({"detected": v.any_flagged, "origin_stage": origin,
+                        "implementation": flags[target]["implementation"], "budget": flags[target]["budget"],
+                        "others_flagged": sorted(b for b, f in flags.items() if b != target and
+                                                 (f["implementation"] or (f["budget"] and not clean.verdicts[b].flagged))),
+                        "fp32_only_detected": old.verdicts[target].flagged,
+                        "fp32_only_origin": old.verdicts[target].origin_stage,
+                        "output_nrmse": _output_nrmse(rep, target, outputs)})
+            res["faults"].append(row)
+            shutil.rmtree(cdir, ignore_errors=True)
+    return res
+
+
+def summarize(results: list[dict[str, Any]]) -> str:
+    """The tables: clean false alarms per model; per fault kind detection/localization for the three
+    judges (the fixed tolerance per precision = the largest clean output nRMSE of that precision)."""
+    lines = []
+    tol: dict[str, float] = {}
+    for r in results:
+        for b, v in r["clean"]["output_nrmse"].items():
+            p = "int8" if b in INT8 else "fp16" if b in FP16 else None
+            if p and v == v:
+                tol[p] = max(tol.get(p, 0.0), v)
+    lines.append("clean runs (implementation / budget verdicts raised):")
+    for r in results:
+        impl = [b for b, f in r["clean"]["flags"].items() if f["implementation"]]
+        bud = [f"{b} ({', '.join(f['budget_reasons'])})" for b, f in r["clean"]["flags"].items() if f["budget"]]
+        lines.append(f"  {r['model']}: implementation {impl or 'none'}; budget {bud or 'none'}")
+    lines.append(f"best fixed tolerance (largest clean output nRMSE per precision): {tol}")
+    lines.append(f"{'kind':<24}{'target':<16}{'runs':>5}{'pop det':>9}{'pop loc':>9}{'fp32 det':>9}"
+                 f"{'fp32 loc':>9}{'tol det':>8}{'false al':>9}")
+    rows: dict[tuple, list] = {}
+    for r in results:
+        for f in r["faults"]:
+            if f["status"] == "ok":
+                rows.setdefault((f["kind"], f["magnitude"], f["target"]), []).append(f)
+    for (kind, mag, target), fs in rows.items():
+        p = "int8" if target in INT8 else "fp16"
+        det = sum(f["detected"] for f in fs)
+        loc = sum(f["detected"] and f["origin_stage"] == f["stage"] for f in fs)
+        odet = sum(f["fp32_only_detected"] for f in fs)
+        oloc = sum(f["fp32_only_detected"] and f["fp32_only_origin"] == f["stage"] for f in fs)
+        tdet = sum(f["output_nrmse"] > tol.get(p, float("inf")) for f in fs)
+        fa = sum(bool(f["others_flagged"]) for f in fs)
+        lines.append(f"{kind + ' ' + format(mag, 'g'):<24}{target:<16}{len(fs):>5}{det:>9}{loc:>9}{odet:>9}"
+                     f"{oloc:>9}{tdet:>8}{fa:>9}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="yolov8n,yolov5n")
+    ap.add_argument("--imgsz", type=int, default=320)
+    ap.add_argument("--real", type=int, default=2)
+    ap.add_argument("--random", type=int, default=1)
+    ap.add_argument("--stages", default=None, help="comma-separated stage indices (default all)")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stages = [int(s) for s in a.stages.split(",")] if a.stages else None
+    results = []
+    t0 = time.monotonic()
+    for m in a.models.split(","):
+        results.append(evaluate_model(m, out / m, imgsz=a.imgsz, n_real=a.real, n_random=a.random, stages=stages))
+        (out / "results.json").write_text(json.dumps({"results": results, "seconds": time.monotonic() - t0},
+                                                     indent=1, default=str))
+    print(summarize(results))
+    print(f"wall {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
