@@ -334,6 +334,25 @@ def test_fp16_conversion_names_both_converters_when_all_fail(tmp_path, monkeypat
     assert not (tmp_path / "cache" / "lowp-fp16").exists() or not any((tmp_path / "cache" / "lowp-fp16").iterdir())
 
 
+def test_torch_fp16_names_the_op_without_a_half_kernel(tmp_path):
+    """torch 2.13's CPU LocalResponseNorm (onnx2torch's LRN) pools with avg_pool3d, which has no Half
+    kernel: torch-fp16 fails in prepare with a BackendError naming the ONNX node and the torch module,
+    while the float16 model itself is valid (ORT runs it: ort-fp16 prepares)."""
+    from anpred.backends import backend_class
+    from anpred.instrument import instrument_model
+
+    g = h.make_graph([_conv(), h.make_node("LRN", ["c"], ["y"], size=3, name="lrn")], "lrn",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [1, 4, 8, 8])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [1, 4, 8, 8])], [_w()])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    anchored, man = instrument_model(m)
+    onnx.save(anchored, str(tmp_path / "lrn.onnx"))
+    backend_class("ort-fp16")().prepare(tmp_path / "lrn.onnx", man, tmp_path / "o")
+    with pytest.raises(BackendError, match=r"module lrn \(.*\) has no float16 kernel in torch .*Half"):
+        backend_class("torch-fp16")().prepare(tmp_path / "lrn.onnx", man, tmp_path / "t")
+
+
 # ---- fault hook, status field, driver ------------------------------------------------------------
 
 def test_fault_hook_changes_only_the_faulted_member(net, members, tmp_path):
