@@ -29,7 +29,7 @@ Members mix in :class:`PopulationMember`, which gives them:
 Fault hook (issue 17, evidence): ``options["fault"] = {"kind", "node", "stage", "magnitude", "seed"}``
 makes this member alone run ``passes.faults.inject_fault(<converted model>, ...)``
 (:func:`faulted_model`, cached separately under kind ``lowp-fault``, keyed by the converted file, the
-fault and the source of :mod:`passes.faults`); its peers keep the clean converted model. The ground
+fault and the sources of the ``passes`` package); its peers keep the clean converted model. The ground
 truth is recorded in versions as ``fault``.
 """
 
@@ -239,7 +239,7 @@ def faulted_model(path: str | Path, fault: dict[str, Any], manifest: AnchorManif
     """The converted model at ``path`` with one fault injected by
     ``passes.faults.inject_fault(model, kind, node=, stage=, magnitude=, manifest=, seed=)``, cached
     (kind ``lowp-fault``; key: the file's content, the fault, the manifest's stages when ``stage`` is
-    given, and the source of ``passes/faults.py``).
+    given, and the sources of the ``passes`` package).
 
     Args:
         fault: ``{"kind": str, "node": str|None, "stage": int|None, "magnitude": float|None, "seed": int}``.
@@ -259,7 +259,8 @@ def faulted_model(path: str | Path, fault: dict[str, Any], manifest: AnchorManif
     f = {"kind": str(fault["kind"]), "node": fault.get("node"), "stage": fault.get("stage"),
          "magnitude": fault.get("magnitude"), "seed": int(fault.get("seed", 0))}
     stages = manifest.to_dict().get("stages") if (manifest is not None and f["stage"] is not None) else None
-    key = cache_key("fault", Path(path), f, stages, Path(pf.__file__))
+    sources = sorted(Path(pf.__file__).parent.glob("*.py"))  # passes/faults.py and what it may import
+    key = cache_key("fault", Path(path), f, stages, *sources)
 
     def build(tmp: Path) -> None:
         import onnx
