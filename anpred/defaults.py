@@ -72,10 +72,19 @@ FAMILIES: dict[str, str] = {
     "tf": "tensorflow", "tf-native": "tensorflow",
     "onnx-reference": "onnx-reference",
     "onnx-reference-fp64": "onnx-reference-fp64",
+    # reduced-precision population members (issue 17): families as for fp32
+    "ort-int8-noopt": "onnxruntime", "ort-fp16-noopt": "onnxruntime",
+    "openvino-int8": "openvino", "openvino-fp16": "openvino",
+    "onnx-reference-int8": "onnx-reference", "onnx-reference-fp16": "onnx-reference",
+    "torch-fp16": "torch",
 }
 
 # Reduced-precision variants: judged against the consensus, never voting.
-REDUCED_PRECISION: dict[str, str] = {"ort-fp16": "fp16", "ort-int8": "int8", "openvino-bf16": "bf16"}
+REDUCED_PRECISION: dict[str, str] = {"ort-fp16": "fp16", "ort-int8": "int8", "openvino-bf16": "bf16",
+                                     # population members (issue 17): the precision of their population
+                                     "ort-int8-noopt": "int8", "openvino-int8": "int8", "onnx-reference-int8": "int8",
+                                     "ort-fp16-noopt": "fp16", "openvino-fp16": "fp16", "onnx-reference-fp16": "fp16",
+                                     "torch-fp16": "fp16"}
 
 # Order in which a fallback reference is chosen when fewer than min_voters families vote.
 REFERENCE_PRIORITY = ("onnx-reference", "ort-noopt", "ort", "torch-native", "torch", "openvino",

@@ -24,7 +24,10 @@ ONNX_FAMILIES = frozenset({"onnxruntime", "openvino", "onnx-reference"})
 #: (onnx2tf for ``tf``, onnx2torch for ``torch``): they compute the same tensor by construction, so a
 #: channel/segment reordering there is a defect and is never searched for.
 ONNX_GRAPH_BACKENDS = frozenset({"ort", "ort-noopt", "ort-fp16", "ort-int8", "openvino", "openvino-bf16",
-                                 "onnx-reference", "onnx-reference-fp64", "torch", "tf"})
+                                 "onnx-reference", "onnx-reference-fp64", "torch", "tf",
+                                 # population members: the shared converted model of the anchored graph
+                                 "ort-int8-noopt", "openvino-int8", "onnx-reference-int8", "ort-fp16-noopt",
+                                 "openvino-fp16", "onnx-reference-fp16", "torch-fp16"})
 #: backends that run a separate native graph (a port may concatenate heads/channels in another order).
 NATIVE_BACKENDS = frozenset({"torch-native", "tf-native"})
 

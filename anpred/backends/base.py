@@ -53,6 +53,9 @@ class BackendStatus:
     dtypes: dict[str, str] = field(default_factory=dict)  # anchor -> dtype as returned
     seconds_prepare: float = 0.0
     seconds_run: float = 0.0
+    # anchor -> quantization step (per-tensor scale of the DequantizeLinear producing it in the QDQ
+    # model an int8 population member ran; Backend.quantization_steps); {} otherwise and in older runs
+    quant_steps: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,6 +119,12 @@ class Backend:
     def effective_precision(self) -> str:
         """The inference precision read back from the runtime after ``prepare`` (default nominal)."""
         return self.precision
+
+    def quantization_steps(self) -> dict[str, float]:
+        """Per anchor, the quantization step (scale) of its tensor in the quantized model this backend
+        runs (after ``prepare``): ``{anchor name: scale}``; empty for backends that run no quantized
+        model (see :func:`anpred.backends.lowp_models.anchor_quant_steps`)."""
+        return {}
 
     def close(self) -> None:
         pass

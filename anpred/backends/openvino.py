@@ -9,6 +9,18 @@ convolution/matmul nodes (a plugin that keeps the bf16 hint but computes in f32 
 
 Anchors are outputs of the anchored ONNX model; OpenVINO keeps ONNX tensor names on its outputs.
 Options: ``threads`` (``INFERENCE_NUM_THREADS``, default the plugin's choice).
+
+Population members (:mod:`anpred.backends.lowp_models`; their ``precision`` is the model's, the
+kernels' goes into ``openvino_kernel_precision`` and ``openvino_runtime_precisions``):
+
+- ``openvino-int8``: the shared QDQ int8 model read by OpenVINO (its ONNX frontend turns each
+  QuantizeLinear/DequantizeLinear pair into a FakeQuantize; the CPU plugin's low-precision
+  transformations then run the quantized Convolution/MatMul in u8/i8 kernels), hint f32 for the parts
+  left in float.
+- ``openvino-fp16``: the shared float16 model; ``INFERENCE_PRECISION_HINT`` f16 where the CPU plugin
+  lists ``FP16`` in ``OPTIMIZATION_CAPABILITIES`` (AVX512-FP16/AMX-FP16 x86, ARM), else f32 (kept
+  explicit: on bf16 CPUs OpenVINO's default would compute the fp16 model in bf16). With f32 the
+  plugin computes the float16 model in f32 on float16 weights (``openvino_fp16_hint`` says which and why).
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from anpred.backends.base import Backend
+from anpred.backends.lowp_models import PopulationMember
 from anpred.backends.ort import output_anchor_map
 from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
@@ -66,9 +79,10 @@ class OpenVinoBackend(Backend):
         import openvino as ov
 
         core = ov.Core()
-        config = {"INFERENCE_PRECISION_HINT": self.hint}
+        config = {"INFERENCE_PRECISION_HINT": self._hint(core)}
         if "threads" in self.options:
             config["INFERENCE_NUM_THREADS"] = int(self.options["threads"])
+        model_path = self._model_file(model_path, manifest)
         try:
             model = core.read_model(str(model_path))
             self.compiled = core.compile_model(model, "CPU", config)
@@ -92,6 +106,14 @@ class OpenVinoBackend(Backend):
             self._effective = max(compute, key=compute.get).split("/")[1]
         else:
             self._effective = self._compiled_hint
+
+    def _hint(self, core) -> str:
+        """The ``INFERENCE_PRECISION_HINT`` to compile with (``core``: the ``ov.Core``)."""
+        return self.hint
+
+    def _model_file(self, model_path: Path, manifest: AnchorManifest) -> Path:
+        """The model file OpenVINO reads (the anchored model; population members: their shared one)."""
+        return model_path
 
     def versions(self):
         v = super().versions()
@@ -123,3 +145,57 @@ class OpenVinoBf16Backend(OpenVinoBackend):
     name = "openvino-bf16"
     precision = "bf16"
     hint = "bf16"
+
+
+class _OpenVinoPopulationMember(PopulationMember):
+    """OpenVINO CPU on the population's shared model (mixed in before :class:`OpenVinoBackend`)."""
+
+    def _model_file(self, model_path: Path, manifest: AnchorManifest) -> Path:
+        return self.population_model(model_path, manifest)
+
+    def _prepare_impl(self, model_path, manifest, workdir):
+        super()._prepare_impl(model_path, manifest, workdir)
+        names = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64"}
+        returned = {}
+        for value, anchor in self._fetch.items():
+            et = self.compiled.outputs[self._outputs[value]].get_element_type().get_type_name()
+            returned[anchor] = names.get(et, et)
+        self.note_casts(self._info, returned)
+
+    def versions(self):
+        v = super().versions()
+        if getattr(self, "_runtime", None) is not None:
+            v["openvino_kernel_precision"] = self._effective  # what its Convolution/MatMul kernels run in
+        return v
+
+
+class OpenVinoInt8Backend(_OpenVinoPopulationMember, OpenVinoBackend):
+    """OpenVINO CPU on the shared QDQ int8 model (hint f32 for what stays in float)."""
+
+    name = "openvino-int8"
+    precision = "int8"
+    population = "int8"
+    hint = "f32"
+
+
+class OpenVinoFp16Backend(_OpenVinoPopulationMember, OpenVinoBackend):
+    """OpenVINO CPU on the shared float16 model; hint f16 where the CPU lists ``FP16`` (module docstring)."""
+
+    name = "openvino-fp16"
+    precision = "fp16"
+    population = "fp16"
+
+    def _hint(self, core) -> str:
+        caps = list(core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+        if "FP16" in caps:
+            self._fp16_hint = "f16 (FP16 in the CPU plugin's OPTIMIZATION_CAPABILITIES)"
+            return "f16"
+        self._fp16_hint = ("f32 (no FP16 in the CPU plugin's OPTIMIZATION_CAPABILITIES: the float16 model "
+                           "is computed in f32 on float16 weights)")
+        return "f32"
+
+    def versions(self):
+        v = super().versions()
+        if getattr(self, "_fp16_hint", None):
+            v["openvino_fp16_hint"] = self._fp16_hint
+        return v

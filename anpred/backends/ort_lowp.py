@@ -1,200 +1,146 @@
-"""Reduced-precision ONNX Runtime backends (judged against the consensus, they do not vote).
+"""Reduced-precision ONNX Runtime backends, members of the int8 and fp16 populations
+(:mod:`anpred.backends.lowp_models`): every member of a population runs the same cached converted
+model; they differ in the implementation that computes it.
 
-- ``ort-fp16``: the anchored model converted to float16 with onnxconverter-common's
-  ``float16.convert_float_to_float16(keep_io_types=True)`` (weights and activations float16, graph
-  inputs and outputs kept float32 through Cast nodes at the boundary: the anchors, being graph outputs,
-  are computed in float16 and returned as float32, their dtype in the manifest).
-- ``ort-int8``: static QDQ quantization with ``onnxruntime.quantization.quantize_static`` (activations
-  uint8, weights int8, per-tensor, MinMax calibration) calibrated on the run's own inputs (the runner
-  passes their input files as ``options["calibration"]``). Anchors stay graph outputs
-  (DequantizeLinear outputs, float32).
+- ``ort-fp16``: the validated float16 model (:func:`anpred.backends.lowp_fp16.fp16_model`: weights and
+  activations float16, graph inputs and outputs float32 through Cast nodes at the boundary, so the
+  anchors, being graph outputs, are computed in float16 and returned as float32) on ONNX Runtime with
+  its default graph optimizations. ONNX Runtime's CPU provider computes the nodes it has float16
+  kernels for in float16 and puts Casts around the others (its ``InsertCastTransformer``).
+- ``ort-fp16-noopt``: the same model with ``ORT_DISABLE_ALL`` (no fusions, no constant folding).
+- ``ort-int8``: the static QDQ model (:func:`anpred.backends.lowp_models.int8_model`) with default graph
+  optimizations: ONNX Runtime fuses DequantizeLinear -> Conv/MatMul -> QuantizeLinear into integer
+  kernels (QLinearConv, MatMulInteger... on MLAS's u8s8 kernels, ``mlas_u8s8_kernel`` in the
+  versions: without VNNI/AMX, int16 intermediates can saturate).
+- ``ort-int8-noopt``: the same QDQ model with ``ORT_DISABLE_ALL``: every QuantizeLinear/DequantizeLinear
+  runs as written and Conv/MatMul compute in float on dequantized values (fake quantization, the
+  reference of the int8 population).
 
 Reduced precision is real (converted graphs), never emulated with Cast pairs (some runtimes fold lossy
-Cast pairs away). Converted models are cached with :mod:`anpred.cache` (key: model content, converter
-version, options, calibration data). An anchor whose dtype differs from the manifest's after
-conversion is cast back and the capture says so.
+Cast pairs away). An anchor whose dtype differs from the manifest's is cast back and the capture says so.
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
 from pathlib import Path
 
-import numpy as np
-
-from anpred.backends.ort import OrtBackend
-from anpred.errors import BackendError
+from anpred.backends.lowp_models import PopulationMember
+from anpred.backends.ort import OrtBackend, OrtNoOptBackend
 from anpred.manifest import AnchorManifest
-from anpred.onnx_io import elem_type_name
-
-
-class _LowpBase(OrtBackend):
-    def _convert(self, model_path: Path, out: Path) -> None:
-        raise NotImplementedError
-
-    def _cache_parts(self) -> list:
-        return []
-
-    def _model_for_session(self, model_path: Path, manifest: AnchorManifest, workdir: Path) -> str:
-        from anpred.cache import cache_key, cached_dir
-
-        key = cache_key(self.name, model_path, self._versions_impl(), self._cache_parts())
-        try:
-            d = cached_dir(f"backend-{self.name}", key, lambda tmp: self._convert(model_path, tmp / "model.onnx"))
-        except BackendError:
-            raise
-        except Exception as err:  # converter errors come in many types
-            raise BackendError(f"{self.name}: conversion failed ({type(err).__name__}: {str(err)[:500]})") from err
-        self.converted_path = d / "model.onnx"
-        return str(self.converted_path)
-
-    def _read_back(self) -> tuple[str, dict[str, str]]:
-        """``(precision, details)`` read from the converted model file (see subclasses)."""
-        return self.precision, {}
-
-    def effective_precision(self) -> str:
-        return getattr(self, "_effective", self.precision)
-
-    def versions(self):
-        return {**super().versions(), **getattr(self, "_precision_details", {})}
-
-    def _prepare_impl(self, model_path, manifest, workdir):
-        super()._prepare_impl(model_path, manifest, workdir)
-        self._effective, self._precision_details = self._read_back()
-        want = {out: manifest[anchor].dtype for out, anchor in self._fetch.items()}
-        self._cast = {}
-        for o in self.sess.get_outputs():
-            got = _ORT_TYPES.get(o.type)
-            if o.name in self._fetch and got and want.get(o.name) and got != want[o.name]:
-                self._cast[o.name] = want[o.name]
-                cap = self._info[self._fetch[o.name]]
-                cap.reason = f"returned as {got} by the converted model, cast to {want[o.name]}"
-
-    def _run_impl(self, inputs):
-        outs = self.sess.run(self._names, inputs)
-        return {self._fetch[n]: (np.asarray(v).astype(self._cast[n]) if n in self._cast else np.asarray(v))
-                for n, v in zip(self._names, outs)}
-
 
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
               "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(uint8)": "uint8", "tensor(int8)": "int8",
-              "tensor(bool)": "bool"}
+              "tensor(bool)": "bool", "tensor(bfloat16)": "bfloat16"}
 
 
-class OrtFp16Backend(_LowpBase):
+def ort_kernel_report(path: Path, opt_level: str, workdir: Path) -> dict[str, str]:
+    """What ONNX Runtime's CPU provider really runs for the model at ``path`` at graph optimization
+    level ``opt_level`` (``ORT_ENABLE_ALL`` / ``ORT_DISABLE_ALL``), read from the graph it saves after
+    its transformations (``SessionOptions.optimized_model_filepath``, written under ``workdir``):
+
+    * ``ort_optimized_ops``: ``<op>[@domain]:<count>`` of that graph at ``opt_level`` (e.g.
+      ``QLinearConv`` where the QDQ fusions ran, ``Conv@com.microsoft.nchwc``);
+    * ``ort_kernel_precisions`` (only when the model has float16 tensors): ``<op>/<fp16|fp32>:<count>``
+      of the nodes (Cast/Identity left out) by the element type of their first input, from the graph
+      saved at ``ORT_DISABLE_ALL`` (no fusions, standard ops only, so ONNX shape inference types it).
+      ONNX Runtime computes an op it has no float16 CPU kernel for in float32 between Casts it inserts
+      (``InsertedPrecisionFreeCast_*``), so ``Conv/fp32`` here means a float32 kernel on float16 data.
+
+    Empty when ONNX Runtime cannot save the graph."""
+    import collections
+
+    import onnx
+    import onnxruntime as ort
+
+    def saved(level: str):
+        so = ort.SessionOptions()
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+        so.log_severity_level = 3
+        out = Path(workdir) / f"ort-optimized-{level}.onnx"
+        so.optimized_model_filepath = str(out)
+        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        return onnx.load(str(out))
+
+    try:
+        m = saved(opt_level)
+    except Exception:  # noqa: BLE001 - a report, never a reason to fail
+        return {}
+    ops = collections.Counter(n.op_type + (f"@{n.domain}" if n.domain else "") for n in m.graph.node)
+    report = {"ort_optimized_ops": ",".join(f"{k}:{v}" for k, v in sorted(ops.items()))}
+    src = onnx.load(str(path), load_external_data=False)
+    if not any(t.data_type == onnx.TensorProto.FLOAT16 for t in src.graph.initializer):
+        return report
+    try:
+        plain = m if opt_level == "ORT_DISABLE_ALL" else saved("ORT_DISABLE_ALL")
+        typed = onnx.shape_inference.infer_shapes(plain)
+    except Exception:  # noqa: BLE001
+        return report
+    types = {v.name: v.type.tensor_type.elem_type for v in
+             list(typed.graph.value_info) + list(typed.graph.input) + list(typed.graph.output)}
+    types.update({t.name: t.data_type for t in typed.graph.initializer})
+    names = {onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.FLOAT: "fp32"}
+    prec = collections.Counter(f"{n.op_type}/{names[types[n.input[0]]]}" for n in typed.graph.node
+                               if n.op_type not in ("Cast", "Identity") and n.input and types.get(n.input[0]) in names)
+    report["ort_kernel_precisions"] = ",".join(f"{k}:{v}" for k, v in sorted(prec.items()))
+    return report
+
+
+class _OrtPopulationMember(PopulationMember):
+    """ONNX Runtime on the population's shared model (mixed in before an :class:`OrtBackend`)."""
+
+    def _model_for_session(self, model_path: Path, manifest: AnchorManifest, workdir: Path) -> str:
+        return str(self.population_model(model_path, manifest))
+
+    def _prepare_impl(self, model_path, manifest, workdir):
+        super()._prepare_impl(model_path, manifest, workdir)
+        returned = {self._fetch[o.name]: _ORT_TYPES.get(o.type, o.type) for o in self.sess.get_outputs()
+                    if o.name in self._fetch}
+        self.note_casts(self._info, returned)
+        self._kernels = ort_kernel_report(self.converted_path, self.opt_level, workdir)
+
+    def versions(self):
+        return {**super().versions(), **getattr(self, "_kernels", {})}
+
+
+class OrtFp16Backend(_OrtPopulationMember, OrtBackend):
     name = "ort-fp16"
     family = "onnxruntime"
     precision = "fp16"
-
-    def _versions_impl(self):
-        import onnxconverter_common
-
-        return {**super()._versions_impl(), "onnxconverter-common": onnxconverter_common.__version__}
-
-    def _cache_parts(self):
-        return ["value_info stripped"]
-
-    def _read_back(self):
-        """``fp16`` when the converted model's floating weights of rank >= 2 are all float16, else
-        ``fp32``. Weights are initializers and the ``value`` tensors of ``Constant`` nodes (PP-OCR
-        keeps its weights in Constant nodes), in the main graph and in subgraphs (walked
-        iteratively). Details: ``converted_weights`` = counts of float16/float32 weight tensors."""
-        import onnx
-
-        m = onnx.load(str(self.converted_path), load_external_data=False)
-        floats = (onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT)
-        kinds = []
-        graphs = [m.graph]
-        while graphs:
-            g = graphs.pop()
-            tensors = list(g.initializer)
-            for node in g.node:
-                for a in node.attribute:
-                    if node.op_type == "Constant" and a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                        tensors.append(a.t)
-                    if a.type == onnx.AttributeProto.GRAPH:
-                        graphs.append(a.g)
-                    elif a.type == onnx.AttributeProto.GRAPHS:
-                        graphs.extend(a.graphs)
-            kinds += [t.data_type for t in tensors if len(t.dims) >= 2 and t.data_type in floats]
-        n16 = sum(k == onnx.TensorProto.FLOAT16 for k in kinds)
-        prec = "fp16" if kinds and n16 == len(kinds) else "fp32"
-        return prec, {"converted_weights": f"float16:{n16},float32:{len(kinds) - n16}"}
-
-    def _convert(self, model_path: Path, out: Path) -> None:
-        from onnxconverter_common import float16
-
-        from anpred.onnx_io import load_model, save_model
-
-        model = load_model(model_path, load_external=True)
-        # Stale value_info makes the converter type the Cast it puts after a blocked op (Resize) float16
-        # while its output is float32 (ORT refuses to load the model); ORT re-infers shapes anyway.
-        del model.graph.value_info[:]
-        m16 = float16.convert_float_to_float16(model, keep_io_types=True)
-        save_model(m16, out)
+    population = "fp16"
 
 
-class _CalibrationReader:
-    """``CalibrationDataReader`` over the run's input files (``.safetensors`` or ``.npz``; one sample at
-    a time)."""
-
-    def __init__(self, files: list[str]):
-        self._it = iter(files)
-
-    def get_next(self):
-        f = next(self._it, None)
-        if f is None:
-            return None
-        from anpred.tensorfile import read_array_file
-
-        return read_array_file(f)
+class OrtFp16NoOptBackend(_OrtPopulationMember, OrtNoOptBackend):
+    name = "ort-fp16-noopt"
+    family = "onnxruntime"
+    precision = "fp16"
+    population = "fp16"
 
 
-class OrtInt8Backend(_LowpBase):
+class OrtInt8Backend(_OrtPopulationMember, OrtBackend):
     name = "ort-int8"
     family = "onnxruntime"
     precision = "int8"
-    needs_calibration = True
+    population = "int8"
 
-    def _calibration(self) -> list[str]:
-        files = list(self.options.get("calibration") or [])
-        if not files:
-            raise BackendError("ort-int8 needs calibration inputs (options['calibration']: .safetensors/.npz files of graph inputs); "
-                               "the runner passes the run's inputs")
-        return files
+    def versions(self):
+        v = super().versions()
+        if getattr(self, "converted_path", None) is not None:
+            from anpred.machine import kernel_isa, machine_info
 
-    def _read_back(self):
-        """``int8`` when the converted model holds QuantizeLinear/DequantizeLinear pairs with 8-bit
-        zero points, else ``fp32``; details: QDQ node count and the quantized element types."""
-        import onnx
+            # the kernel family MLAS dispatches u8s8 convolutions/GEMMs to on this CPU (not asked for:
+            # it follows from cpuid; without VNNI/AMX, int16 intermediates can saturate)
+            v["mlas_u8s8_kernel"] = kernel_isa(machine_info()["cpu_flags"])["int8_u8s8"]
+        return v
 
-        m = onnx.load(str(self.converted_path), load_external_data=False)
-        q = [n for n in m.graph.node if n.op_type == "QuantizeLinear"]
-        dq = [n for n in m.graph.node if n.op_type == "DequantizeLinear"]
-        inits = {t.name: t for t in m.graph.initializer}
-        types = sorted({elem_type_name(inits[n.input[2]].data_type)
-                        for n in q + dq if len(n.input) > 2 and n.input[2] in inits})
-        prec = "int8" if q and dq and set(types) & {"int8", "uint8"} else "fp32"
-        from anpred.machine import kernel_isa, machine_info
 
-        # the kernel family MLAS dispatches u8s8 convolutions/GEMMs to on this CPU (not asked for: it
-        # follows from cpuid; without VNNI/AMX, int16 intermediates can saturate)
-        return prec, {"qdq_nodes": f"QuantizeLinear:{len(q)},DequantizeLinear:{len(dq)}",
-                      "quantized_types": ",".join(types),
-                      "mlas_u8s8_kernel": kernel_isa(machine_info()["cpu_flags"])["int8_u8s8"]}
+class OrtInt8NoOptBackend(OrtInt8Backend):
+    """The QDQ model with ``ORT_DISABLE_ALL``: QuantizeLinear/DequantizeLinear as written, Conv/MatMul
+    in float (fake quantization)."""
 
-    def _cache_parts(self):
-        h = hashlib.sha256()
-        for f in self._calibration():
-            h.update(Path(f).read_bytes())
-        return [h.hexdigest(), int(self.options.get("max_calibration", 32))]
+    name = "ort-int8-noopt"
+    opt_level = "ORT_DISABLE_ALL"
 
-    def _convert(self, model_path: Path, out: Path) -> None:
-        from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-        reader = type("Reader", (_CalibrationReader, CalibrationDataReader), {})(
-            self._calibration()[: int(self.options.get("max_calibration", 32))])
-        logging.getLogger().setLevel(logging.ERROR)  # the quantizer warns per bias on the root logger
-        quantize_static(str(model_path), str(out), reader, quant_format=QuantFormat.QDQ,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=False)
+    def versions(self):
+        v = super().versions()
+        v.pop("mlas_u8s8_kernel", None)  # no integer kernels without the QDQ fusions
+        return v

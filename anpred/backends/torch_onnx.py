@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from anpred.backends.base import AnchorCapture, Backend
+from anpred.backends.lowp_models import PopulationMember
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
 
@@ -195,3 +196,73 @@ class TorchOnnxBackend(Backend):
 
     def close(self) -> None:
         self._gm = None
+
+
+
+class TorchFp16Backend(PopulationMember, TorchOnnxBackend):
+    """``torch-fp16``: the fp16 population's shared float16 model
+    (:func:`anpred.backends.lowp_fp16.fp16_model`) converted with onnx2torch exactly as ``torch`` converts
+    the anchored model, run in eager PyTorch on float16 tensors (CPU Half kernels).
+
+    ``prepare`` runs one validation sample (the run's first input, else ones) so that an operator
+    without a CPU Half kernel in this torch build fails there: :class:`~anpred.errors.BackendError`
+    naming the ONNX node and its op (``onnx2torch module <node> (<OnnxOp>) has no float16 kernel in
+    torch <version> on CPU: ...``); the same error is raised if it happens in ``run``. Anchors computed
+    in float16 are returned as float32 (exact) and their capture says so. Precision: the model's
+    (:class:`~anpred.backends.lowp_models.PopulationMember`).
+    """
+
+    name = "torch-fp16"
+    family = "torch"
+    precision = "fp16"
+    population = "fp16"
+
+    def _prepare_impl(self, model_path: Path, manifest: AnchorManifest, workdir: Path) -> None:
+        import onnx
+
+        from anpred.backends.lowp_fp16 import validation_inputs
+
+        path = self.population_model(model_path, manifest)
+        super()._prepare_impl(path, manifest, workdir)
+        m = onnx.load(str(path), load_external_data=False)
+        f16 = {v.name for v in list(m.graph.value_info) + list(m.graph.output)
+               if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16}
+        self.note_casts(self._captures, {a.name: "float16" for a in manifest.anchors if a.value in f16})
+        cal = [str(f) for f in (self.options.get("calibration") or [])]
+        self._run_impl(validation_inputs(m, cal[0] if cal else None))
+
+    def _run_impl(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            return super()._run_impl(inputs)
+        except RuntimeError as err:
+            raise self._located(inputs, err) from err
+
+    def _located(self, inputs: dict[str, np.ndarray], err: RuntimeError) -> Exception:
+        """``err`` as a BackendError naming the onnx2torch module (ONNX node) that raises it on
+        ``inputs`` (found by running the graph node by node); ``err`` itself when no module is to blame."""
+        import torch
+        import torch.fx
+
+        gm, where = self._gm, {}
+
+        class _Find(torch.fx.Interpreter):
+            def run_node(self, n):
+                try:
+                    return super().run_node(n)
+                except Exception:
+                    if n.op == "call_module" and "node" not in where:
+                        where["node"], where["op"] = n.target, type(gm.get_submodule(n.target)).__name__
+                    raise
+
+        args = [torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in self._input_names]
+        try:
+            with torch.inference_mode():
+                _Find(gm).run(*args)
+        except Exception:  # noqa: BLE001 - the failure being located
+            pass
+        if not where:
+            return err
+        text = " ".join(str(err).split())
+        what = (f"has no float16 kernel in torch {torch.__version__} on CPU" if "Half" in text or "float16" in text
+                else "fails")
+        return BackendError(f"torch-fp16: onnx2torch module {where['node']} ({where['op']}) {what}: {text[:300]}")

@@ -156,6 +156,7 @@ def run_job(job_path: str, fd: int) -> None:
         backend.prepare(job.model, manifest, Path(job_path).parent / "scratch")
         st.seconds_prepare = time.perf_counter() - t0
         st.precision, st.precision_requested = backend.effective_precision(), backend.precision
+        st.quant_steps = {k: float(v) for k, v in backend.quantization_steps().items()}
         st.versions = backend.versions()
         info = backend.anchor_info()
         st.captures = {k: asdict(v) for k, v in info.items()}
