@@ -206,6 +206,7 @@ def main(argv=None) -> int:
     ap.add_argument("--real", type=int, default=2)
     ap.add_argument("--random", type=int, default=1)
     ap.add_argument("--stages", default=None, help="comma-separated stage indices (default all)")
+    ap.add_argument("--clean-only", action="store_true", help="only the clean runs (false alarms), no faults")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     out = Path(a.out)
@@ -214,7 +215,8 @@ def main(argv=None) -> int:
     results = []
     t0 = time.monotonic()
     for m in a.models.split(","):
-        results.append(evaluate_model(m, out / m, imgsz=a.imgsz, n_real=a.real, n_random=a.random, stages=stages))
+        results.append(evaluate_model(m, out / m, imgsz=a.imgsz, n_real=a.real, n_random=a.random, stages=stages,
+                                      faults=() if a.clean_only else FAULTS))
         (out / "results.json").write_text(json.dumps({"results": results, "seconds": time.monotonic() - t0},
                                                      indent=1, default=str))
     print(summarize(results))
