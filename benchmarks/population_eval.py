@@ -104,7 +104,9 @@ def evaluate_model(name: str, work: Path, *, imgsz: int, n_real: int, n_random: 
     setup = ev.prepare_model(name, work, imgsz=imgsz, n_real=n_real, n_random=n_random,
                              backends=list(FP32), lowp=list(INT8 + FP16), stages=stages)
     clean_s = time.monotonic() - t0
-    cfg = ev.judge_config()
+    from evaluation.measures import judge_config
+
+    cfg = judge_config()
     t1 = time.monotonic()
     clean = check_run(setup.clean_dir, config=cfg)
     check_s = time.monotonic() - t1
