@@ -72,6 +72,21 @@ def _connect(db: str | Path, create: bool) -> sqlite3.Connection:
     return con
 
 
+def _origin(v):
+    """The verdict whose origin a history row records: the budget/main verdict when it is flagged,
+    else a flagged implementation verdict (reduced precision), else the main one."""
+    impl = getattr(v, "implementation", None)
+    return impl if (not v.flagged and impl is not None and impl.flagged) else v
+
+
+def _status(v) -> str:
+    """``flagged (implementation)`` when only the implementation verdict flagged the backend."""
+    impl = getattr(v, "implementation", None)
+    if not v.flagged and impl is not None and impl.flagged:
+        return "flagged (implementation)"
+    return getattr(v, "status", None)
+
+
 def _num(v):
     return None if v is None or (isinstance(v, float) and v != v) else float(v) if isinstance(v, (int, float)) else None
 
@@ -103,11 +118,11 @@ def append(db: str | Path, report) -> int:
                     "origin_stage, worst_anchor, worst_primary, propagation, threshold_passed, threshold_max_abs, "
                     "status) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (rid, b, info.get("family"), info.get("precision"), json.dumps(info.get("versions", {})),
-                     None if v is None else int(v.flagged), v.origin_anchor if v else None,
-                     v.origin_stage if v else None, v.worst_anchor if v else None,
+                     None if v is None else int(v.any_flagged), _origin(v).origin_anchor if v else None,
+                     _origin(v).origin_stage if v else None, v.worst_anchor if v else None,
                      _num(v.worst_primary) if v else None, v.propagation if v else None,
                      None if t is None else int(t.passed), _num(t.max_abs) if t else None,
-                     getattr(v, "status", None) if v else ("unjudged" if b in report.unjudged_backends else None)))
+                     _status(v) if v else ("unjudged" if b in report.unjudged_backends else None)))
             stage = {a["name"]: a["stage"] for a in report.anchors}
             con.executemany("INSERT INTO cells VALUES (?,?,?,?,?,?,?)",
                             [(rid, c.backend, c.anchor, stage.get(c.anchor), _num(c.primary), int(c.flagged),

@@ -435,8 +435,7 @@ class Oracle:
                 levels = [self._primary(pooled[(a.name, p)]) for p in peers]
                 levels = [v for v in levels if not math.isnan(v)]
                 st = pooled[(a.name, b)]
-                units = natural_units(prec, st.max_abs, math.sqrt(acc.dd / acc.n) if acc.n else math.nan,
-                                      st.max_ulp, step)
+                units = natural_units(prec, st.max_abs, math.sqrt(acc.dd / acc.n) if acc.n else math.nan, rms, step)
                 if self.population is not None:
                     extra["k"] = self.cfg.k_for(self.population, population=True)
                 cells[(a.name, b)] = judge_cell(a, info, acc, st, levels, self.cfg,

@@ -34,6 +34,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from anpred.defaults import OracleConfig
 
 __all__ = ["COARSENESS", "DTYPE_PRECISION", "UNIT_ROUNDOFF", "cell_precision", "floor_and_basis",
@@ -111,17 +113,26 @@ def _k_text(cfg: OracleConfig, precision: str, implementation: bool) -> str:
     return f"{cfg.k_for(precision, population=implementation):g} x"
 
 
-def natural_units(precision: str, max_abs: float, rms_err: float, max_ulp: float,
+def natural_units(precision: str, max_abs: float, rms_err: float, rms_c: float | None,
                   step: float | None = None) -> dict[str, Any]:
-    """The deviation in ``precision``'s natural unit: int8 -> quantization steps of ``step``
-    (``{"unit": "int8 step", "size": step, "max": max_abs/step, "rms": rms_err/step}``); float16 /
-    bfloat16 -> ULPs of that type (``max``: ``max_ulp`` as :mod:`anpred.judge.stats` counts it at the
-    consensus value); fp32 -> empty (nRMSE/SNR/cosine say it)."""
+    """The deviation in ``precision``'s natural unit, ``{"unit", "size", "max", "rms"}``: ``max_abs``
+    and ``rms_err`` (tensor units) divided by ``size`` =
+
+    * int8: the quantization step ``step`` of the anchor (unit ``int8 step``);
+    * float16 / bfloat16: the spacing (ULP) of that type at the consensus' RMS magnitude ``rms_c``
+      (unit ``float16 ULP at RMS`` ...): a ULP at the tensor's typical value, unlike the element-wise
+      ``max_ulp`` of :mod:`anpred.judge.stats`, which counts ULPs at each consensus value and is huge
+      wherever the consensus is near 0;
+    * fp32: empty (nRMSE, SNR and cosine say it).
+    """
+    size = None
     if precision == "int8":
-        if step and step > 0:
-            return {"unit": "int8 step", "size": float(step), "max": float(max_abs / step),
-                    "rms": float(rms_err / step)}
+        size, unit = step, "int8 step"
+    elif precision in ("fp16", "bf16") and rms_c and rms_c > 0 and math.isfinite(rms_c):
+        from anpred.judge.stats import ulp
+
+        size = float(ulp(np.array([rms_c]), "float16" if precision == "fp16" else "bfloat16")[0])
+        unit = f"{_ULP_NAME[precision]} at RMS"
+    if not size or size <= 0:
         return {}
-    if precision in ("fp16", "bf16"):
-        return {"unit": _ULP_NAME[precision], "max": float(max_ulp)}
-    return {}
+    return {"unit": unit, "size": float(size), "max": float(max_abs / size), "rms": float(rms_err / size)}

@@ -87,6 +87,9 @@ class TestResult:
                 out[b] = "unjudged: " + self.report.unjudged_backends.get(b, "no verdict")
             elif v.flagged:
                 out[b] = f"FLAGGED at {v.origin_anchor} ({v.propagation})"
+            elif v.implementation is not None and v.implementation.flagged:
+                out[b] = (f"FLAGGED (implementation, against the {v.precision} population) at "
+                          f"{v.implementation.origin_anchor} ({v.implementation.propagation})")
             elif v.judged_anchors:
                 big = self.report.largest_primary(b)
                 prim = self.report.config.get("primary", "nrmse")

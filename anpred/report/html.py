@@ -130,9 +130,7 @@ def _units(c) -> str:
     u = getattr(c, "units", None) or {}
     if not u:
         return "-"
-    if u.get("unit") == "int8 step":
-        return f"{u['max']:.3g} max / {u['rms']:.3g} RMS steps (step {u['size']:.3g})"
-    return f"{u['max']:.3g} {html.escape(u['unit'])}s max"
+    return f"{u['max']:.3g} max / {u['rms']:.3g} RMS in {html.escape(u['unit'])} ({u['size']:.3g})"
 
 
 def _populations(report, primary: str) -> list[str]:

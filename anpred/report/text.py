@@ -53,9 +53,7 @@ def _units_text(c) -> str:
     u = getattr(c, "units", None) or {}
     if not u:
         return ""
-    if u.get("unit") == "int8 step":
-        return f"; {u['max']:.3g} steps max, {u['rms']:.3g} RMS (step {u['size']:.3g})"
-    return f"; {u['max']:.3g} {u['unit']}s max"
+    return f"; {u['max']:.3g} max, {u['rms']:.3g} RMS in {u['unit']} ({u['size']:.3g})"
 
 
 def _one_verdict(report, b: str, v, population: str | None) -> str:
