@@ -72,8 +72,10 @@ def test_factory_is_exported_mapped_and_consistent(root):
 def test_default_backends_follow_the_origin():
     from anpred.pipeline import default_backends
 
-    assert default_backends("onnx") == ["ort", "openvino", "torch", "tf", "ort-fp16", "ort-int8"]
-    assert default_backends("torch") == ["ort", "openvino", "torch", "tf", "torch-native", "ort-fp16", "ort-int8"]
+    pops = ["ort-fp16", "ort-fp16-noopt", "openvino-fp16", "torch-fp16",
+            "ort-int8", "ort-int8-noopt", "openvino-int8", "onnx-reference-int8"]
+    assert default_backends("onnx") == ["ort", "openvino", "torch", "tf"] + pops
+    assert default_backends("torch") == ["ort", "openvino", "torch", "tf", "torch-native"] + pops
     assert "tf-native" in default_backends("tf") and "torch-native" not in default_backends("tf")
 
 

@@ -33,7 +33,9 @@ an error or an interrupt leaves nothing half-written)::
     out/test.json                what was tested: model, options, inputs, backends, phase timings
 
 Default backends (:func:`default_backends`): ``ort``, ``openvino``, ``torch`` (onnx2torch), ``tf``
-(onnx2tf) and the reduced-precision variants ``ort-fp16`` and ``ort-int8``, plus ``torch-native``
+(onnx2tf), the fp16 population (``ort-fp16``, ``ort-fp16-noopt``, ``openvino-fp16``, ``torch-fp16``:
+one float16 model) and the int8 population (``ort-int8``, ``ort-int8-noopt``, ``openvino-int8``,
+``onnx-reference-int8``: one QDQ model), plus ``torch-native``
 (PyTorch origin) or ``tf-native`` (Keras origin). Default inputs: a zoo model's own real images
 (ultralytics' photographs, rendered document pages or text lines) with its own preprocessing; for
 other models with an image input (4-D, 3 channels) the ultralytics photographs with seeded random
