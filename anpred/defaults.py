@@ -143,10 +143,13 @@ class OracleConfig:
             pages 1.05e-4, where the range rule, not this guard, keeps clean backends unflagged).
         population_k: per reduced precision, the outlier factor of the *implementation* verdict (a
             member of a precision population against the median of its peers' deviation from the
-            population's consensus; docs/oracle.md). Smaller than ``k``: implementations of one
-            quantized model differ by whole steps at a few elements, so a fault that moves every element
-            by one step is only ``sqrt(1/f)`` times the clean spread (``f`` the fraction of elements
-            clean implementations round differently). Measured on the zoo's populations (docs/oracle.md).
+            population's consensus; docs/oracle.md). Measured on the clean zoo runs of
+            ``benchmarks/population_eval.py`` (yolov8n, yolov5n at 320): the largest clean ratio to the
+            peers' median is 6.4 (onnx-reference-fp16, whose numpy float16 arithmetic rounds every
+            operation where the others compute in float32) and 5.9 (openvino-int8, whose own u8
+            kernels requantize where ONNX Runtime and the reference agree bit-exactly), so 10 as for
+            fp32 (margin 1.6x). Independent implementations of one reduced model legitimately differ
+            by several quantization steps at depth: a fault is found where it exceeds that spread.
         reservoir: values kept per (anchor, backend) for the HTML histograms (uniform reservoir).
         threshold_atol, threshold_rtol: defaults of the threshold baseline (Polygraphy's 1e-5/1e-5).
         correlated_nrmse: two voting backends of different families whose aligned tensors differ by at
@@ -173,7 +176,7 @@ class OracleConfig:
     signal_lost: bool = True
     split_outputs: bool = True
     part_min_scale: float = 1e-4
-    population_k: dict[str, float] = field(default_factory=lambda: {"fp16": 4.0, "bf16": 4.0, "int8": 4.0})
+    population_k: dict[str, float] = field(default_factory=lambda: {"fp16": 10.0, "bf16": 10.0, "int8": 10.0})
     reservoir: int = 4096
     threshold_atol: float = 1e-5
     threshold_rtol: float = 1e-5

@@ -48,8 +48,9 @@ INT8 = ("ort-int8", "ort-int8-noopt", "openvino-int8", "onnx-reference-int8")
 FP16 = ("ort-fp16", "ort-fp16-noopt", "openvino-fp16", "onnx-reference-fp16", "torch-fp16")
 # (kind, magnitude, target backend); stages from --stages
 FAULTS = (("quantize-rounding", 1, "ort-int8"), ("zero-point", 1, "openvino-int8"),
+          ("zero-point", 4, "openvino-int8"), ("zero-point", 4, "onnx-reference-int8"),
           ("accumulator-saturation", 16, "ort-int8"), ("fp16-overflow", 14, "ort-fp16"),
-          ("fp16-overflow", 14, "openvino-fp16"))
+          ("fp16-overflow", 14, "openvino-fp16"), ("fp16-overflow", 14, "torch-fp16"))
 
 
 def _link_run(clean_dir: Path, out: Path, keep: list[str]):
@@ -86,13 +87,28 @@ def _output_nrmse(rep, backend: str, outputs: list[str]) -> float:
 
 
 def _flags(rep) -> dict[str, Any]:
+    """Per backend: the anchors its budget (main) and implementation verdicts flag, and the stages."""
+    stage = {a["name"]: a["stage"] for a in rep.anchors}
     out = {}
     for b, v in rep.verdicts.items():
         impl = v.implementation
-        out[b] = {"budget": v.flagged, "implementation": bool(impl and impl.flagged),
-                  "budget_origin": v.origin_stage, "implementation_origin": impl.origin_stage if impl else None,
-                  "budget_reasons": sorted({c.reason.split(":")[0] for c in rep.cells if c.backend == b and c.flagged})}
+        out[b] = {"budget": sorted(v.flagged_anchors), "implementation": sorted(impl.flagged_anchors) if impl else [],
+                  "implementation_origin": impl.origin_stage if impl and impl.flagged else None,
+                  "first_stage": {a: stage.get(a) for a in v.flagged_anchors}}
     return out
+
+
+def _new(now: dict[str, Any], clean: dict[str, Any] | None) -> tuple[bool, int | None]:
+    """Whether a backend's verdicts flag something its clean verdicts did not (implementation flags,
+    or budget flags at other anchors), and the stage where: the implementation verdict's origin, else
+    the earliest stage among the newly flagged budget anchors."""
+    clean = clean or {"budget": [], "implementation": []}
+    if now["implementation"] and not clean["implementation"]:
+        return True, now["implementation_origin"]
+    extra = [a for a in now["budget"] if a not in clean["budget"]]
+    if extra:
+        return True, min(now["first_stage"][a] for a in extra)
+    return False, None
 
 
 def evaluate_model(name: str, work: Path, *, imgsz: int, n_real: int, n_random: int, stages: list[int] | None,
@@ -120,9 +136,18 @@ def evaluate_model(name: str, work: Path, *, imgsz: int, n_real: int, n_random: 
                                             "seconds_prepare": round(s.seconds_prepare, 1),
                                             "seconds_run": round(s.seconds_run, 1)} for b, s in stats.items()},
                            "clean": {"status": clean.status, "flags": _flags(clean),
+                                     "scales": clean.scales,
                                      "output_nrmse": {b: _output_nrmse(clean, b, outputs) for b in clean.verdicts}},
                            "faults": []}
     ok = [b for b, s in stats.items() if s.status == "ok"]
+    clean_flags = _flags(clean)
+    # the fp32-only judgement of each clean population member (the rule before issue 17), for the
+    # baseline of what "newly flagged" means there
+    old_clean: dict[str, Any] = {}
+    for b in {t for _, _, t in faults if t in ok}:
+        pop = INT8 if b in INT8 else FP16
+        only = _link_run(Path(setup.clean_dir), work / "fp32-only-clean" / b, [x for x in ok if x not in pop or x == b])
+        old_clean[b] = _flags(check_run(only.root, config=cfg))[b]
     all_stages = [s.index for s in man.stages] if stages is None else stages
     inputs = Path(setup.anchored).parent / "inputs"
     for kind, mag, target in faults:
@@ -150,15 +175,13 @@ def evaluate_model(name: str, work: Path, *, imgsz: int, n_real: int, n_random: 
             _add_backend(only, side)
             old = check_run(only.root, config=cfg)
             flags = _flags(rep)
-            v = rep.verdicts[target]
-            origin = (v.implementation.origin_stage if v.implementation is not None and v.implementation.flagged
-                      else v.origin_stage)
-            row.update({"detected": v.any_flagged, "origin_stage": origin,
-                        "implementation": flags[target]["implementation"], "budget": flags[target]["budget"],
-                        "others_flagged": sorted(b for b, f in flags.items() if b != target and
-                                                 (f["implementation"] or (f["budget"] and not clean.verdicts[b].flagged))),
-                        "fp32_only_detected": old.verdicts[target].flagged,
-                        "fp32_only_origin": old.verdicts[target].origin_stage,
+            det, where = _new(flags[target], clean_flags.get(target))
+            odet, owhere = _new(_flags(old)[target], old_clean.get(target))
+            row.update({"detected": det, "origin_stage": where,
+                        "implementation": bool(flags[target]["implementation"]),
+                        "budget_new": sorted(set(flags[target]["budget"]) - set(clean_flags[target]["budget"])),
+                        "others_flagged": sorted(b for b in flags if b != target and _new(flags[b], clean_flags.get(b))[0]),
+                        "fp32_only_detected": odet, "fp32_only_origin": owhere,
                         "output_nrmse": _output_nrmse(rep, target, outputs)})
             res["faults"].append(row)
             shutil.rmtree(cdir, ignore_errors=True)
@@ -178,7 +201,7 @@ def summarize(results: list[dict[str, Any]]) -> str:
     lines.append("clean runs (implementation / budget verdicts raised):")
     for r in results:
         impl = [b for b, f in r["clean"]["flags"].items() if f["implementation"]]
-        bud = [f"{b} ({', '.join(f['budget_reasons'])})" for b, f in r["clean"]["flags"].items() if f["budget"]]
+        bud = [f"{b} ({', '.join(f['budget'])})" for b, f in r["clean"]["flags"].items() if f["budget"]]
         lines.append(f"  {r['model']}: implementation {impl or 'none'}; budget {bud or 'none'}")
     lines.append(f"best fixed tolerance (largest clean output nRMSE per precision): {tol}")
     lines.append(f"{'kind':<24}{'target':<16}{'runs':>5}{'pop det':>9}{'pop loc':>9}{'fp32 det':>9}"

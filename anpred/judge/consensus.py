@@ -148,7 +148,11 @@ class Oracle:
     def _groups(self, votes: dict[str, np.ndarray]) -> list[list[str]]:
         """Families whose votes are identical (``correlated_nrmse``) grouped; singletons otherwise.
         No merge when all are identical (nothing tells correlation from agreement) or when fewer than
-        ``min_voters`` distinct votes would remain."""
+        ``min_voters`` distinct votes would remain. In a precision population (:attr:`population`)
+        two distinct votes suffice: implementations that are bit-identical there share one kernel path
+        (e.g. ONNX Runtime's integer kernels and the reference evaluator's float QDQ, exact on a VNNI
+        CPU), and a third implementation that differs from them is one implementation against one, not
+        an outlier against two (the consensus is then their mean and neither side is flagged for it)."""
         groups: list[list[str]] = []
         for f in sorted(votes):
             for g in groups:
@@ -157,7 +161,7 @@ class Oracle:
                     break
             else:
                 groups.append([f])
-        if len(groups) < self.cfg.min_voters:
+        if len(groups) < (2 if self.population is not None else self.cfg.min_voters):
             return [[f] for f in sorted(votes)]
         return groups
 
