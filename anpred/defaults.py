@@ -42,9 +42,10 @@ int8       ort-int8                    0.477 (ppocr-det, stage 0)               
 
 int8's floor is above 1 (an nRMSE of 1 is the error of a zero output): ORT's static QDQ int8
 (``quantize_static``, as ``ort-int8`` builds it) deviates by 0.12-0.48 already at the first anchor of
-these models, so a dtype-level floor cannot tell its rounding from a defect; int8 is flagged for NaN/Inf and gross errors only (e.g. a lost signal:
-``signal_lost`` below). Judge int8 against a per-model floor
-in a config file (per-model needs in ``docs/oracle.md``).
+these models, so a dtype-level floor cannot tell its rounding from a defect. These constants are the
+**fallback** of a reduced precision with no population on the run (one member): where several
+implementations computed the same reduced model, its budget and implementation verdicts take their
+scale from the run (:mod:`anpred.judge.populations`, :mod:`anpred.judge.scales`, ``docs/oracle.md``).
 """
 
 from __future__ import annotations
