@@ -101,6 +101,10 @@ class Oracle:
         # (their implementation verdicts, :mod:`anpred.judge.populations`)
         self.population = population
         self.steps = dict(steps or {})  # anchor -> int8 quantization step (scale) in the QDQ model
+        # population oracles: anchor -> the precision's cost there (its members' median deviation from
+        # the fp32 consensus), set by anpred.judge.populations before finish(): a floor of the
+        # implementation verdict
+        self.costs: dict[str, float] = {}
         self.descendants = descendants
         self.anchors = list(anchors)
         self.backends = {b.name: b for b in backends}
@@ -148,11 +152,7 @@ class Oracle:
     def _groups(self, votes: dict[str, np.ndarray]) -> list[list[str]]:
         """Families whose votes are identical (``correlated_nrmse``) grouped; singletons otherwise.
         No merge when all are identical (nothing tells correlation from agreement) or when fewer than
-        ``min_voters`` distinct votes would remain. In a precision population (:attr:`population`)
-        two distinct votes suffice: implementations that are bit-identical there share one kernel path
-        (e.g. ONNX Runtime's integer kernels and the reference evaluator's float QDQ, exact on a VNNI
-        CPU), and a third implementation that differs from them is one implementation against one, not
-        an outlier against two (the consensus is then their mean and neither side is flagged for it)."""
+        ``min_voters`` distinct votes would remain."""
         groups: list[list[str]] = []
         for f in sorted(votes):
             for g in groups:
@@ -161,7 +161,7 @@ class Oracle:
                     break
             else:
                 groups.append([f])
-        if len(groups) < (2 if self.population is not None else self.cfg.min_voters):
+        if len(groups) < self.cfg.min_voters:
             return [[f] for f in sorted(votes)]
         return groups
 
@@ -422,7 +422,12 @@ class Oracle:
                 step = self._step(a)
                 rms = math.sqrt(acc.cc / acc.n) if acc.n else None
                 extra: dict[str, Any] = {}
-                if info.votes and self.population is None:
+                if info.votes and self.population is None and prec != "fp32" and prec != info.precision:
+                    # a tensor of the model's own reduced type (float16 weights and activations): its
+                    # peers' spread, with the natural unit of that type as the floor
+                    peers = voters
+                    floor, basis = floor_and_basis(self.cfg, prec, a.stage, population=peers, anchor_type=True)
+                elif info.votes and self.population is None:
                     peers = voters
                     floor, basis = floor_and_basis(self.cfg, prec, a.stage)
                 else:
@@ -430,7 +435,8 @@ class Oracle:
                         [p for p in judged if p != b and not self.backends[p].votes
                          and self.backends[p].precision == info.precision and self.backends[p].family != info.family]
                     floor, basis = floor_and_basis(self.cfg, prec, a.stage, population=peers, step=step, rms=rms,
-                                                   implementation=self.population is not None)
+                                                   implementation=self.population is not None,
+                                                   cost=self.costs.get(a.name))
                     if not info.votes:  # budget verdict: the population's cost; the signal is the fp32 voters'
                         extra["signal_peers"] = [v for v in (self._primary(pooled[(a.name, p)]) for p in voters)
                                                  if not math.isnan(v)]

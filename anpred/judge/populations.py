@@ -15,8 +15,11 @@ when at least two of them ran. Each reduced-precision backend then gets two verd
 - **implementation** (``verdict.implementation``, ``judged_against == "<p> population"``): against the
   element-wise consensus of its population (families counted as for fp32, :mod:`anpred.judge.consensus`),
   every member voting, with the outlier rule (factor ``population_k``) and origin trace-back of fp32
-  voters (not their sustained-departure rule, see :class:`PopulationOracle`) and the natural unit as
-  the floor: does it compute the reduced model as its peers do?
+  voters (not their sustained-departure rule, see :class:`PopulationOracle`); its floor is the larger
+  of the natural unit and the precision's own cost at the anchor (the population's median deviation
+  from the fp32 consensus): implementations of one reduced model legitimately differ by a fraction of
+  what the precision costs (independent kernels make their own rounding decisions), and one that
+  differs from its peers by more than the whole precision costs is not computing the same model.
 
 A population of one member has no implementation verdict (a note says so), and its budget verdict
 falls back to the measured per-precision constant (the basis of each cell says which).
@@ -33,7 +36,7 @@ from anpred.defaults import OracleConfig
 from anpred.judge.consensus import Oracle
 from anpred.judge.struct import AnchorInfo, BackendInfo, OracleResult
 
-__all__ = ["PopulationOracle", "expected_scales", "populations_of"]
+__all__ = ["PopulationOracle", "expected_scales", "populations_of", "precision_costs"]
 
 
 def populations_of(backends: list[BackendInfo]) -> dict[str, list[BackendInfo]]:
@@ -99,6 +102,7 @@ class PopulationOracle:
                                  f"implementation with; its verdict against the fp32 consensus uses the constant "
                                  f"{p} floor (docs/oracle.md)")
         for p, oracle in self.pops.items():
+            oracle.costs = precision_costs(res, [m.name for m in self.groups[p]])
             r = oracle.finish()
             names = list(oracle.backends)
             for b, v in r.verdicts.items():
@@ -115,6 +119,16 @@ class PopulationOracle:
                 res.plot_data.setdefault((a, f"{b}@{p}"), data)
         res.scales = expected_scales(self.main, res)
         return res
+
+
+def precision_costs(res: OracleResult, members: list[str]) -> dict[str, float]:
+    """anchor -> the median primary statistic of ``members`` against the fp32 consensus (``res``: the
+    fp32 oracle's result): what their precision costs at each anchor, measured on the run."""
+    per: dict[str, list[float]] = {}
+    for c in res.cells:
+        if c.backend in members and c.primary == c.primary:
+            per.setdefault(c.anchor, []).append(c.primary)
+    return {a: float(np.median(v)) for a, v in per.items()}
 
 
 def expected_scales(main: Oracle, res: OracleResult) -> dict[str, dict[str, dict[str, Any]]]:

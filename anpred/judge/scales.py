@@ -20,6 +20,8 @@ where it comes from (:func:`floor_and_basis`), and for the deviation in the prec
    relative rounding error uniform in ``[-u, u]`` (RMS ``u / sqrt(3)``; N. J. Higham, *Accuracy and
    Stability of Numerical Algorithms*, 2nd ed., 2002, sec. 2.7, which discusses when the model holds).
    The bound only matters where the peers agree (nearly) exactly; the peers decide elsewhere.
+   For an fp32 voter at an anchor whose element type is float16/bfloat16 (a model whose own tensors
+   are), the floor is ``k`` times that type's natural unit.
 3. **constant** -- the measured per-precision floor of :mod:`anpred.defaults` (``floor_at``): the
    stated fallback where no peer of the population was judged and no natural unit is known (an int8
    anchor produced by a float operation), and the fp32 voters' floor (measured on the zoo).
@@ -78,31 +80,49 @@ def unit_nrmse(precision: str, step: float | None = None, rms: float | None = No
 
 
 def floor_and_basis(cfg: OracleConfig, precision: str, stage: int, *, population: list[str] | None = None,
-                    step: float | None = None, rms: float | None = None,
-                    fallback_why: str = "", implementation: bool = False) -> tuple[float, str]:
+                    step: float | None = None, rms: float | None = None, fallback_why: str = "",
+                    implementation: bool = False, cost: float | None = None,
+                    anchor_type: bool = False) -> tuple[float, str]:
     """``(floor, basis)`` of one cell (module docstring).
 
     Args:
         precision: the cell's precision (:func:`cell_precision`).
         population: the peers of the backend's population judged at this anchor (None: the backend is
             an fp32 voter judged against the fp32 consensus with the measured constant floor).
-        implementation: the cell belongs to an implementation verdict (its factor is ``population_k``).
         step, rms: int8's quantization step and the consensus RMS (:func:`unit_nrmse`).
         fallback_why: why no population peer was there (for the basis text).
+        implementation: the cell belongs to an implementation verdict (its factor is ``population_k``).
+        cost: implementation verdicts: the precision's own cost at this anchor (its population's
+            median nRMSE against the fp32 consensus); the floor is the larger of it and the natural unit.
+        anchor_type: an fp32 voter at an anchor whose element type is ``precision`` (float16 ...):
+            its peers decide, with ``k`` times that type's natural unit as the floor (implementations
+            legitimately differ by a few roundings there: float32 arithmetic rounded to float16 at each
+            output vs float16 arithmetic, ~4e-4 on the float16 test network, 1.4 x one rounding).
     """
     if population is None:
         floor = cfg.floor_at(precision, stage)
         return floor, (f"constant: the measured {precision} floor {cfg.floor.get(precision, cfg.floor['fp32']):g}"
                        f" x sqrt(1 + {cfg.depth_growth.get(precision, 1.0):g} x stage) (docs/oracle.md)")
     unit = unit_nrmse(precision, step, rms)
+    if anchor_type and unit is not None:
+        k = cfg.k_for("fp32")
+        return k * unit, (f"peers: {k:g} x median of {', '.join(population) or '-'}; floor = {k:g} x the natural "
+                          f"unit of the anchor's element type ({precision}: one rounding u/sqrt(3) = {unit:.3g})")
     if population:
         peers = ", ".join(population)
+        k = _k_text(cfg, precision, implementation)
         if unit is not None:
             what = (f"one int8 step {step:.3g} / sqrt(12) of RMS {rms:.3g}" if precision == "int8"
                     else f"one {precision} rounding u/sqrt(3)")
-            return unit, f"population: {_k_text(cfg, precision, implementation)} median of {peers}; floor = natural unit ({what})"
+            if cost is not None and cost > unit:
+                return cost, (f"population: {k} median of {peers}; floor = the {precision} cost here {cost:.3g} "
+                              f"(its population's median against the fp32 consensus; > natural unit: {what})")
+            return unit, f"population: {k} median of {peers}; floor = natural unit ({what})"
         floor = cfg.floor_at(precision, stage)
-        return floor, (f"population: {_k_text(cfg, precision, implementation)} median of {peers}; floor = constant {precision} "
+        if cost is not None and cost > 0:
+            return cost, (f"population: {k} median of {peers}; floor = the {precision} cost here {cost:.3g} "
+                          "(no quantization step known at this anchor)")
+        return floor, (f"population: {k} median of {peers}; floor = constant {precision} "
                        f"floor (no quantization step known at this anchor)")
     floor = cfg.floor_at(precision, stage)
     return floor, (f"constant fallback: the measured {precision} floor {cfg.floor.get(precision, cfg.floor['fp32']):g}"
