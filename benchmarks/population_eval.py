@@ -21,8 +21,8 @@ the clean converted model), judged:
 
 Usage::
 
-    .venv/bin/python benchmarks/population_eval.py --out OUT --models yolov8n,yolov5n --imgsz 320 \\
-        --real 2 --random 1
+    .venv/bin/python benchmarks/population_eval.py --out OUT --models yolov8n:320,yolov5n:320 \\
+        --real 2 --random 1 --stages 1,3,5
 
 ``OUT/results.json`` holds every number; the tables are printed (docs/evaluation.md quotes them).
 """
@@ -111,14 +111,29 @@ def _new(now: dict[str, Any], clean: dict[str, Any] | None) -> tuple[bool, int |
     return False, None
 
 
-def evaluate_model(name: str, work: Path, *, imgsz: int, n_real: int, n_random: int, stages: list[int] | None,
-                   faults=FAULTS) -> dict[str, Any]:
+def _reused_setup(name: str, work: Path):
+    """The :class:`evaluation.ModelSetup` of a clean run already in ``work/clean`` (``--reuse``)."""
+    from anpred.run import RunStore
+
+    store = RunStore.open(work / "clean")
+    st = store.statuses()
+    ok = [b for b, x in st.items() if x.status == "ok"]
+    return ev.ModelSetup(name=name, trained=False, imgsz=(0, 0), layout=None, anchored=str(work / "anchored.onnx"),
+                         clean_dir=str(work / "clean"), samples={sid: "" for sid in store.sample_ids},
+                         backends=[b for b in ok if b in FP32], lowp=[b for b in ok if b not in FP32])
+
+
+def evaluate_model(name: str, work: Path, *, imgsz: int | None, n_real: int, n_random: int,
+                   stages: list[int] | None, faults=FAULTS, reuse: bool = False) -> dict[str, Any]:
     from anpred.judge import check_run
     from anpred.run import BackendSpec, RunStore, run_model
 
     t0 = time.monotonic()
-    setup = ev.prepare_model(name, work, imgsz=imgsz, n_real=n_real, n_random=n_random,
-                             backends=list(FP32), lowp=list(INT8 + FP16), stages=stages)
+    if reuse and (work / "clean" / "run.json").is_file():
+        setup = _reused_setup(name, work)
+    else:
+        setup = ev.prepare_model(name, work, imgsz=imgsz, n_real=n_real, n_random=n_random,
+                                 backends=list(FP32), lowp=list(INT8 + FP16), stages=stages)
     clean_s = time.monotonic() - t0
     from evaluation.measures import judge_config
 
@@ -200,6 +215,9 @@ def summarize(results: list[dict[str, Any]]) -> str:
                 tol[p] = max(tol.get(p, 0.0), v)
     lines.append("clean runs (implementation / budget verdicts raised):")
     for r in results:
+        if r.get("error"):
+            lines.append(f"  {r['model']}: NOT RUN: {r['error'][:300]}")
+            continue
         impl = [b for b, f in r["clean"]["flags"].items() if f["implementation"]]
         bud = [f"{b} ({', '.join(f['budget'])})" for b, f in r["clean"]["flags"].items() if f["budget"]]
         lines.append(f"  {r['model']}: implementation {impl or 'none'}; budget {bud or 'none'}")
@@ -226,12 +244,13 @@ def summarize(results: list[dict[str, Any]]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="yolov8n,yolov5n")
-    ap.add_argument("--imgsz", type=int, default=320)
+    ap.add_argument("--models", default="yolov8n:320,yolov5n:320",
+                    help="zoo names, each optionally with ':SIZE' (square input of a resizable model)")
     ap.add_argument("--real", type=int, default=2)
     ap.add_argument("--random", type=int, default=1)
     ap.add_argument("--stages", default=None, help="comma-separated stage indices (default all)")
     ap.add_argument("--clean-only", action="store_true", help="only the clean runs (false alarms), no faults")
+    ap.add_argument("--reuse", action="store_true", help="reuse a clean run already in OUT/<model>/clean")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     out = Path(a.out)
@@ -239,9 +258,15 @@ def main(argv=None) -> int:
     stages = [int(s) for s in a.stages.split(",")] if a.stages else None
     results = []
     t0 = time.monotonic()
-    for m in a.models.split(","):
-        results.append(evaluate_model(m, out / m, imgsz=a.imgsz, n_real=a.real, n_random=a.random, stages=stages,
-                                      faults=() if a.clean_only else FAULTS))
+    for spec in a.models.split(","):
+        m, _, size = spec.partition(":")
+        try:
+            results.append(evaluate_model(m, out / m, imgsz=int(size) if size else None, n_real=a.real,
+                                          n_random=a.random, stages=stages, faults=() if a.clean_only else FAULTS,
+                                          reuse=a.reuse))
+        except ev.EvaluationError as err:  # one model failing its clean run does not end the evaluation
+            results.append({"model": m, "error": str(err)[:2000], "clean": {"flags": {}, "output_nrmse": {}},
+                            "faults": []})
         (out / "results.json").write_text(json.dumps({"results": results, "seconds": time.monotonic() - t0},
                                                      indent=1, default=str))
     print(summarize(results))
