@@ -293,7 +293,10 @@ def test_bad_input_is_reported_not_judged(tmp_path, softplus_run, capsys):
     assert rep2.status != "error" and "openvino" not in rep2.verdicts
 
 
-def test_all_nan_anchor_cannot_be_judged(tmp_path, softplus_run):
+def test_all_nan_anchor_agreed_on_and_a_tie_is_not(tmp_path, softplus_run):
+    """Every voting family returns NaN at anchor t1: they agree (issue 17: non-finite values are voted
+    on), so nothing is flagged there and a note says no finite value was compared. Two NaN families
+    against two finite ones is a tie at every element: that anchor cannot be judged (incomplete)."""
     from anpred.backends.base import BackendStatus
 
     run, man = softplus_run
@@ -307,11 +310,20 @@ def test_all_nan_anchor_cannot_be_judged(tmp_path, softplus_run):
         s.write_anchors(b, "s0000", anchors)
         s.set_status(BackendStatus(name=b, family=b, status="ok"))
     rep = check_run(tmp_path / "nan")
-    # nothing flagged, but an anchor judged for no one: incomplete, exit 1 (0 with allow_incomplete)
-    assert t1 in rep.unjudged_anchors and rep.status == "incomplete" and rep.exit_code == 1
-    assert any(f"{t1} could not be judged" in n for n in rep.notes)
-    assert f"{t1}: no backend judged: no finite value in any voting backend (all NaN/Inf): no consensus" in rep.incomplete
-    assert check_run(tmp_path / "nan", allow_incomplete=True).exit_code == 0
+    assert rep.status == "consistent" and t1 not in rep.unjudged_anchors
+    assert any(f"anchor {t1}: the voting families agreed on NaN/Inf" in n for n in rep.notes)
+    tie = RunStore.create(tmp_path / "tie", man)
+    tie.add_sample("s0000", {"x": np.zeros((1, 3, 16, 16), np.float32)})
+    for b in ("ort", "onnx-reference", "torch", "openvino"):
+        anchors = src.read_anchors(b, "s0000")
+        if b in ("ort", "onnx-reference"):
+            anchors[t1] = np.full_like(anchors[t1], np.nan)
+        tie.write_anchors(b, "s0000", anchors)
+        tie.set_status(BackendStatus(name=b, family=b, status="ok"))
+    rep2 = check_run(tmp_path / "tie")
+    assert t1 in rep2.unjudged_anchors and rep2.status in ("incomplete", "flagged")
+    assert "tie between NaN/Inf and finite values at every element" in rep2.unjudged_anchors[t1]
+    assert check_run(tmp_path / "tie", allow_incomplete=True).exit_code in (0, 1)
 
 
 def _copy_run(src, dst):

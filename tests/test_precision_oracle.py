@@ -211,7 +211,12 @@ def test_reports_show_both_verdicts_and_scales(tmp_path):
     text = format_text(rep)
     assert "openvino-int8" in text and "FLAGGED:i" in text
     line = next(ln for ln in text.splitlines() if ln.strip().startswith("implementation: FLAGGED"))
-    assert "origin s2 anchor/02/c" in line and "expected" in line and "RMS in int8 step (0.05)" in line
+    assert "origin s2 anchor/02/c" in line and "its peers' spread" in line and "RMS in int8 step (0.05)" in line
+    assert "budget:         ok worst" in text and "the population's cost" in text and "      basis: population" in text
+    lines = text.splitlines()
+    i = lines.index(line)
+    prof = next(ln for ln in lines[i:] if ln.startswith("      profile: "))
+    assert "*" in prof and "x" in prof  # the implementation profile, its flagged anchors starred
     assert "population: ort-int8, ort-int8-noopt, openvino-int8, onnx-reference-int8" in text
     back = CheckReport.from_dict(json.loads(rep.to_json()))
     assert back.flagged_backends == ["openvino-int8"] == rep.flagged_backends

@@ -126,6 +126,7 @@ class Oracle:
         self.consensus_max: dict[str, float] = {}
         self.skipped_parts: dict[str, str] = {}  # part -> why it was not judged on its own
         self.undecided: dict[str, int] = {}  # anchor -> elements where the families' votes tied (NaN/Inf)
+        self.all_nonfinite: set[str] = set()  # anchors whose consensus was NaN/Inf everywhere (agreed on)
         # float64 execution(s) of the model: (anchor, voter) -> [sum d^2, sum c^2] against it
         self._fp64 = [b.name for b in backends if b.precision == "fp64"]
         self._fp64_sums: dict[tuple[str, str], list[float]] = {}
@@ -143,7 +144,7 @@ class Oracle:
     def _identical(self, a: np.ndarray, b: np.ndarray) -> bool:
         tol = self.cfg.correlated_nrmse
         if tol <= 0:
-            return bool(np.array_equal(a, b, equal_nan=True))
+            return bool(np.array_equal(a, b))  # NaN != NaN: agreeing on NaN is not shared kernels
         d = (a - b).ravel()
         bb = float(np.einsum("i,i->", b.ravel(), b.ravel()))
         dd = float(np.einsum("i,i->", d, d))
@@ -181,16 +182,20 @@ class Oracle:
             info = self.backends[b]
             if info.votes:
                 fams.setdefault(info.family, []).append(a)
-        if not any(np.isfinite(a).any() for m in fams.values() for a in m) and fams:
-            return None, "none", None, [], None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices give NaN, counted later
             if len(fams) >= self.cfg.min_voters:
-                votes = {f: (m[0] if len(m) == 1 else median_of(m)) for f, m in fams.items()}
+                # a family's vote: its members voted on like families (a NaN/finite tie inside a family
+                # of two is undecided there, a NaN vote at the next level)
+                votes = {f: (m[0] if len(m) == 1 else vote(m)[0]) for f, m in fams.items()}
                 groups = self._groups(votes)
                 c, undecided = vote([votes[g[0]] for g in groups])
+                if undecided is not None and undecided.all():
+                    return None, "undecided", None, [], None  # the votes tie at every element
                 mode = "median:" + ",".join(sorted("+".join(g) for g in groups))
                 return c, mode, None, groups, undecided
+        if not any(np.isfinite(a).any() for m in fams.values() for a in m) and fams:
+            return None, "none", None, [], None
         ref = self._pick_reference([b for b in arrays if np.isfinite(arrays[b]).any()])
         if ref is None:
             return None, "none", None, [], None
@@ -256,7 +261,8 @@ class Oracle:
                 continue
             c, mode, ref, groups, undecided = self._consensus(got)
             if c is None:
-                msg = "no finite value in any voting backend (all NaN/Inf): no consensus"
+                msg = ("the voting families tie between NaN/Inf and finite values at every element: no consensus"
+                       if mode == "undecided" else "no finite value in any voting backend (all NaN/Inf): no consensus")
                 self.anchor_gaps.setdefault(a.name, {}).setdefault(msg, []).append(sid)
                 for b in got:
                     self._gap(a.name, b, msg, sid)
@@ -270,8 +276,11 @@ class Oracle:
                 key = frozenset(g)
                 if len(g) > 1:
                     self.merged[a.name][key] = self.merged[a.name].get(key, 0) + 1
-            if undecided is not None and ref is None:
-                self.undecided[a.name] = self.undecided.get(a.name, 0) + int(np.count_nonzero(undecided))
+            if undecided is not None:
+                key = a.name if ref is None else f"{a.name} (reference {ref}: its NaN/Inf)"
+                self.undecided[key] = self.undecided.get(key, 0) + int(np.count_nonzero(undecided))
+            if not np.isfinite(c).any():
+                self.all_nonfinite.add(a.name)
             if self._fp64 and self._fp64[0] in got:
                 self._add_fp64(a.name, got)
             ref_tensor = Reference(c, undecided)
@@ -352,8 +361,11 @@ class Oracle:
         correlated = self._correlated()
         notes.extend(self._correlated_notes(correlated))
         for a, n in self.undecided.items():
-            notes.append(f"anchor {a}: the families' votes tied between finite and NaN/Inf values at {n} element(s) "
+            notes.append(f"anchor {a}: the votes tied between finite and NaN/Inf values at {n} element(s) "
                          "(summed over samples): undecided there, judged for no backend")
+        for a in sorted(self.all_nonfinite):
+            notes.append(f"anchor {a}: the voting families agreed on NaN/Inf at every element in some sample: "
+                         "no finite value to compare, only whether each backend returns the same NaN/Inf")
         return OracleResult(
             cells=[cells[k] for a in self.anchors for k in [(a.name, b) for b in self.backends] if k in cells],
             verdicts=verdicts, consensus=consensus, unjudged_anchors=unjudged_anchors, notes=notes,

@@ -156,9 +156,10 @@ def _populations(report, primary: str) -> list[str]:
                    + (f"; implementation: <b>{e(verdict_word(impl))}</b>"
                       + (f" (origin {e(impl.origin_anchor or '-')})" if impl.flagged else "") if impl else "")
                    + "</p>")
-        out.append(f"<table><tr><th>anchor</th><th>budget {e(primary)}</th><th>expected</th><th>threshold</th>"
+        out.append(f"<table><tr><th>anchor</th><th>budget {e(primary)}</th><th>population's cost</th><th>threshold</th>"
                    "<th>natural units</th><th>verdict</th><th>impl. " + e(primary) + "</th><th>peers' spread</th>"
-                   "<th>threshold</th><th>natural units</th><th>verdict</th><th>basis (budget)</th></tr>")
+                   "<th>threshold</th><th>natural units</th><th>verdict</th><th>basis (budget)</th>"
+                   "<th>basis (implementation)</th></tr>")
         for a in report.anchors:
             c = report.cell(a["name"], b)
             ic = report.cell(a["name"], b, v.precision) if impl else None
@@ -172,8 +173,10 @@ def _populations(report, primary: str) -> list[str]:
                           "FLAGGED" if x.flagged else "ok"])
             out.append(f"<tr class='{'flag' if flag else ''}'><td>{e(a['name'])}</td>"
                        + "".join(f"<td>{x}</td>" for x in cols)
-                       + f"<td>{e(c.basis if c is not None else '')}</td></tr>")
+                       + f"<td>{e(c.basis if c is not None else '')}</td><td>{e(ic.basis if ic is not None else '')}</td></tr>")
         out.append("</table>")
+    for p, info in (getattr(report, "populations", None) or {}).items():
+        out.extend(f"<p class='small'><b>{e(p)} population</b>: {e(n)}</p>" for n in info.get("notes", []))
     return out
 
 
@@ -269,7 +272,11 @@ def write_html(report, path: str | Path) -> None:
         parts.append(f"<p>{e(primary)} at the first judged anchor, then the ratio to the previous judged anchor "
                      "(^ amplified, v attenuated, * flagged):</p><table><tr><th>backend</th><th>profile</th></tr>"
                      + "".join(f"<tr><td>{e(b)}</td><td><code>{e(propagation_line(report, b))}</code></td></tr>"
-                               for b in report.verdicts) + "</table>")
+                               for b in report.verdicts)
+                     + "".join(f"<tr><td>{e(b)} (implementation, {e(v.precision)} population)</td><td><code>"
+                               f"{e(propagation_line(report, b, v.precision))}</code></td></tr>"
+                               for b, v in report.verdicts.items() if v.implementation is not None)
+                     + "</table>")
         steps = [(b, s) for b, v in report.verdicts.items() for s in v.steps if v.flagged]
         if steps:
             parts.append("<h3>Steps of flagged backends</h3><table><tr><th>backend</th><th>from</th><th>to</th>"

@@ -25,20 +25,26 @@ def verdict_word(v) -> str:
     return VERDICT_WORDS.get(getattr(v, "status", ""), "FLAGGED" if v.flagged else "ok")
 
 
-def propagation_line(report, backend: str) -> str:
+def propagation_line(report, backend: str, population: str | None = None) -> str:
     """``S(first) xR1 xR2 ...``: the primary statistic at the first judged anchor, then the ratio to the
-    previous judged anchor at each next one (``^`` amplified, ``v`` attenuated, ``*`` flagged anchor)."""
+    previous judged anchor at each next one (``^`` amplified, ``v`` attenuated, ``*`` flagged anchor).
+    ``population`` (e.g. ``"int8"``): the profile of the backend's implementation verdict."""
     v = report.verdicts[backend]
+    if population is not None:
+        v = v.implementation
+        if v is None:
+            return "-"
+    cells = report.cells if population is None else report.population_cells.get(population, [])
     if not v.steps and not v.judged_anchors:
         return "-"
-    first = report.cell(v.steps[0].src, backend) if v.steps else None
+    first = report.cell(v.steps[0].src, backend, population) if v.steps else None
     if first is None:  # a one-anchor profile (e.g. the origin is an output or a part of one)
-        c = report.cell(v.profile_anchors[0], backend) if v.profile_anchors else None
-        c = c or next((c for c in report.cells if c.backend == backend), None)
+        c = report.cell(v.profile_anchors[0], backend, population) if v.profile_anchors else None
+        c = c or next((c for c in cells if c.backend == backend), None)
         return _g(c.primary) + ("*" if c is not None and c.flagged else "") if c is not None else "-"
     parts = [_g(first.primary, ".1e") + ("*" if first.flagged else "")]
     for s in v.steps:
-        c = report.cell(s.dst, backend)
+        c = report.cell(s.dst, backend, population)
         r = "x?" if s.ratio is None else f"x{s.ratio:.3g}"
         parts.append(r + _KIND_MARK.get(s.kind, "") + ("*" if c is not None and c.flagged else ""))
     # flagged anchors the profile does not pass (parts of an output: the profile ends at the whole output)
@@ -56,17 +62,19 @@ def _units_text(c) -> str:
     return f"; {u['max']:.3g} max, {u['rms']:.3g} RMS in {u['unit']} ({u['size']:.3g})"
 
 
-def _one_verdict(report, b: str, v, population: str | None) -> str:
-    """``FLAGGED at s3 anchor (nrmse 0.12 = 14 x expected 0.0086 ...)`` or ``ok (worst 0.3 x threshold ...)``."""
+def _one_verdict(report, b: str, v, population: str | None) -> tuple[str, str]:
+    """(``FLAGGED origin s3 anchor: measured 0.12, the population's cost 0.0086, threshold ...``, the
+    basis of that cell) at the origin (flagged) or at the anchor closest to its threshold."""
     word = verdict_word(v)
-    at = v.origin_anchor or v.worst_anchor
+    at = v.origin_anchor if v.flagged and v.origin_anchor else v.worst_anchor
     c = report.cell(at, b, population) if at else None
     if c is None:
-        return word
-    exp = f"expected {_g(c.peer_level)}" if c.peer_level is not None else "no peer"
+        return word, ""
+    what = "its peers' spread" if population else "the population's cost"
+    exp = f"{what} {_g(c.peer_level)}" if c.peer_level is not None else "no peer"
     where = f"origin s{v.origin_stage} {at}" if v.flagged and v.origin_anchor else f"worst {at}"
     return (f"{word} {where}: measured {_g(c.primary)}, {exp}, threshold {_g(c.threshold)}"
-            f"{_units_text(c)}")
+            f"{_units_text(c)}"), c.basis
 
 
 def _scale_lines(report) -> list[str]:
@@ -92,17 +100,24 @@ def _population_lines(report) -> list[str]:
     rows = [(b, v) for b, v in report.verdicts.items() if not v.votes and v.precision != "fp64"]
     if not rows:
         return []
-    out = ["", "reduced precision: budget = against the fp32 consensus, expected = the population's measured cost; "
-           "implementation = against the population's own consensus, expected = the peers' spread"]
+    out = ["", "reduced precision: budget = against the fp32 consensus (reference level: the population's cost, "
+           "the median deviation of its other families); implementation = against the population's own "
+           "consensus (reference level: its peers' spread)"]
     for b, v in rows:
         pop = ", ".join(v.population) if v.population else "none (only member)"
         out.append(f"  {b} ({v.precision}, population: {pop})")
-        out.append(f"    budget:         {_one_verdict(report, b, v, None)}")
+        line, basis = _one_verdict(report, b, v, None)
+        out.append(f"    budget:         {line}")
+        if basis:
+            out.append(f"      basis: {basis}")
         if v.implementation is not None:
-            out.append(f"    implementation: {_one_verdict(report, b, v.implementation, v.precision)}")
-        c = report.cell(v.origin_anchor or v.worst_anchor, b) if (v.origin_anchor or v.worst_anchor) else None
-        if c is not None and getattr(c, "basis", ""):
-            out.append(f"    basis: {c.basis}")
+            line, basis = _one_verdict(report, b, v.implementation, v.precision)
+            out.append(f"    implementation: {line}")
+            if basis:
+                out.append(f"      basis: {basis}")
+            out.append(f"      profile: {propagation_line(report, b, v.precision)}")
+    for p, info in (getattr(report, "populations", None) or {}).items():
+        out.extend(f"  {p} population note: {n}" for n in info.get("notes", []))
     return out
 
 
