@@ -423,3 +423,44 @@ def test_population_run_through_the_driver(net, tmp_path):
         "ort": "fp32", "ort-int8": "int8", "openvino-int8": "int8", "onnx-reference-int8": "int8",
         "ort-fp16-noopt": "fp16", "openvino-fp16": "fp16"}
     assert len({stored[n]["versions"]["int8_model_sha256"] for n in names if "int8" in n}) == 1
+
+
+@pytest.mark.parametrize("target,kind,magnitude", [("openvino-int8", "zero-point", 4),
+                                                   ("ort-int8", "accumulator-saturation", 12)])
+def test_int8_fault_in_one_member_flagged_by_its_implementation_verdict_only(net, tmp_path, target, kind, magnitude):
+    """Issue 17 acceptance, on real runtimes: a fault injected into one int8 implementation (through
+    ``options["fault"]`` on the shared QDQ model: the other members run it clean) is flagged in that
+    implementation only, by its implementation verdict, with the origin at the faulty stage; the
+    fp32-only rule of before (the member judged alone against the fp32 consensus with int8's constant
+    floor 2) sees nothing at that magnitude."""
+    from anpred.judge import check_run
+    from anpred.run import BackendSpec, run_model
+
+    path, man, cal, _ = net
+    stage = 1
+    fp32 = ["ort", "openvino", "onnx-reference"]
+    specs = [BackendSpec(b) for b in fp32 + INT8 if b != target] + [
+        BackendSpec(target, options={"fault": {"kind": kind, "stage": stage, "magnitude": magnitude, "seed": 0}})]
+    store = run_model(path, specs, "random:uniform:seed=3:n=3", tmp_path / "run", timeout_s=300, progress=False)
+    assert all(s.status == "ok" for s in store.statuses().values()), {b: s.reason for b, s in store.statuses().items()}
+    rep = check_run(store.root)
+    impl = {b: rep.verdicts[b].implementation for b in INT8}
+    assert [b for b in INT8 if impl[b].flagged] == [target]
+    assert impl[target].origin_stage == stage, (impl[target].origin_anchor, impl[target].flagged_anchors)
+    assert not any(rep.verdicts[b].flagged for b in fp32)
+    # the previous rule: the faulty member alone against the fp32 consensus, constant int8 floor 2
+    import shutil
+
+    from anpred.run import RunStore
+
+    only = tmp_path / "only"
+    shutil.copytree(store.root, only, symlinks=True)
+    s2 = RunStore.open(only)
+    for b in INT8:
+        if b != target:
+            shutil.rmtree(s2.backend_dir(b))
+            del s2.meta["backends"][b]
+    s2.save_meta()
+    before = check_run(only)
+    assert before.verdicts[target].implementation is None and not before.verdicts[target].flagged
+    assert rep.cell(impl[target].origin_anchor, target).primary < 2.0  # under int8's constant floor

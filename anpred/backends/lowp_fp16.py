@@ -130,7 +130,10 @@ def validation_inputs(model, sample: "str | Path | dict[str, np.ndarray] | None"
         dt = _NP.get(tt.elem_type)
         if dt is None:
             raise BackendError(f"cannot make a validation input for {i.name!r} (element type {tt.elem_type})")
-        shape = [d.dim_value if d.HasField("dim_value") else (1 if k == 0 else 32) for k, d in enumerate(tt.shape.dim)]
+        # a dynamic or unknown dimension (dim_param, or dim_value -1 / 0 as some exporters write it):
+        # 1 for the batch, 32 elsewhere
+        shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (1 if k == 0 else 32)
+                 for k, d in enumerate(tt.shape.dim)]
         out[i.name] = np.ones(shape, dt)
     return out
 

@@ -87,9 +87,12 @@ class OpenVinoBackend(Backend):
             model = core.read_model(str(model_path))
             self.compiled = core.compile_model(model, "CPU", config)
         except Exception as err:  # openvino raises RuntimeError/OpConversionFailure/GeneralFailure
-            msg = str(err).strip().splitlines()
+            # OpenVINO's messages start with lines of source locations ("Exception from
+            # src/.../graph_rewrite.cpp:298:"); keep the lines that say something, last ones first
+            lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+            said = [ln for ln in lines if not (ln.startswith("Exception from") and ln.endswith(":"))] or lines
             raise BackendError(f"{self.name}: OpenVINO cannot compile the model ({type(err).__name__}: "
-                               f"{' '.join(msg[:3])[:500]})") from err
+                               f"{' '.join(said)[:800]})") from err
         self._request = self.compiled.create_infer_request()
         self._outputs = {}
         for i, out in enumerate(self.compiled.outputs):
