@@ -85,7 +85,8 @@ class Accumulator:
         self.sum_abs += s.mean_abs * s.n
         self.sum_signed += s.mean_signed * s.n
         self.max_abs = max(self.max_abs, s.max_abs)
-        self.max_ulp = max(self.max_ulp, s.max_ulp)
+        # NaN: not computed (a population oracle's comparison, Reference.compare(distribution=False))
+        self.max_ulp = s.max_ulp if math.isnan(s.max_ulp) else max(self.max_ulp, s.max_ulp)
         self.w.append(s.wasserstein)
         self.per_sample.append(float(getattr(s, self.primary)))
         if self.res.size > 0:

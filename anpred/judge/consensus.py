@@ -291,7 +291,8 @@ class Oracle:
                 acc = self.acc.get((a.name, b))
                 if acc is None:
                     acc = self.acc[(a.name, b)] = Accumulator(self.cfg.primary, Reservoir(self.cfg.reservoir, self.rng))
-                acc.add(ref_tensor.compare(x, ulp_dtype(cell_precision(self.backends[b].precision, a.dtype))))
+                acc.add(ref_tensor.compare(x, ulp_dtype(cell_precision(self.backends[b].precision, a.dtype)),
+                                           distribution=self.population is None))
 
     def _add_fp64(self, anchor: str, got: dict[str, np.ndarray]) -> None:
         """Each voter's squared deviation from the float64 execution at ``anchor`` (finite positions)."""

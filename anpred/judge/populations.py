@@ -70,7 +70,7 @@ class PopulationOracle:
         # anchors, which makes any other correct implementation an "infinite" departure there (measured:
         # openvino-int8 on yolov8n, 0.07% of elements one step off, at 4 anchors in a row), so the
         # implementation verdict rests on the threshold alone
-        pop_cfg = dataclasses.replace(self.cfg, sustained_anchors=0)
+        pop_cfg = dataclasses.replace(self.cfg, sustained_anchors=0, reservoir=0)  # (plots: the fp32 oracle's)
         for p, members in self.groups.items():
             if len(members) >= 2:
                 infos = [BackendInfo(name=b.name, family=b.family, precision=p, votes=True, requested=b.requested)
@@ -115,8 +115,6 @@ class PopulationOracle:
                                     "correlated": r.correlated, "unjudged_anchors": r.unjudged_anchors}
             res.populations[p] = info
             res.population_cells[p] = r.cells
-            for (a, b), data in r.plot_data.items():
-                res.plot_data.setdefault((a, f"{b}@{p}"), data)
         res.scales = expected_scales(self.main, res)
         return res
 

@@ -215,8 +215,11 @@ class Reference:
             self._ulp[dtype] = ulp(self.c, dtype)
         return self._ulp[dtype]
 
-    def compare(self, x: np.ndarray, dtype: str = "float32") -> Comparison:
+    def compare(self, x: np.ndarray, dtype: str = "float32", distribution: bool = True) -> Comparison:
         """Compare ``x`` (same number of elements as the reference, any real dtype) with it.
+        ``distribution=False`` skips the two statistics that need a sort or a per-element ULP
+        (``wasserstein`` and ``max_ulp`` are then NaN): the precision populations' second comparison
+        (:mod:`anpred.judge.populations`) does not decide on them.
 
         Raises:
             ValueError: ``x`` has another size, or ``dtype`` is unknown.
@@ -271,14 +274,18 @@ class Reference:
         else:
             cosine = float(min(1.0, max(-1.0, xc / math.sqrt(xx * cc))))
         max_abs = float(ad.max())
-        if dd == 0.0:
+        if not distribution:
+            w = max_ulp = float("nan")
+        elif dd == 0.0:
             w = 0.0
         else:
             spread = self._spread_c() if shared else _spread(co)
             sc = self._sorted_c() if shared else np.sort(co)
             # equal-size, equal-weight samples: W1 = mean |x_(i) - c_(i)| (module docstring)
             w = float(np.abs(np.sort(xo) - sc).mean()) / spread
-        if max_abs > 0:
+        if not distribution:
+            pass
+        elif max_abs > 0:
             u = self._ulp_c(dt) if shared else ulp(co, dt)
             max_ulp = float(np.max(ad / u))
         else:
