@@ -282,7 +282,7 @@ class Reference:
             spread = self._spread_c() if shared else _spread(co)
             sc = self._sorted_c() if shared else np.sort(co)
             # equal-size, equal-weight samples: W1 = mean |x_(i) - c_(i)| (module docstring)
-            w = float(np.abs(np.sort(xo) - sc).mean()) / spread
+            w = float(np.abs(_sorted(xo) - sc).mean()) / spread
         if not distribution:
             pass
         elif max_abs > 0:
@@ -306,6 +306,16 @@ class Reference:
         suppressed = int(np.count_nonzero(xf))
         same = (np.isnan(cv) & np.isnan(xv)) | (cv == xv)
         return suppressed, int(np.count_nonzero(~xf & ~same))
+
+
+def _sorted(x: np.ndarray) -> np.ndarray:
+    """``np.sort(x)`` of a float64 array, sorted in float32 when every value is a float32 value (the
+    anchors of float32/float16/int8 backends are): the same values in the same order, ~35% faster
+    (4.4 ms vs 2.8 ms for 102,400 values, conversion included; ``benchmarks/bench_check.py``)."""
+    x32 = x.astype(np.float32)
+    if np.array_equal(x32, x):
+        return np.sort(x32)
+    return np.sort(x)
 
 
 def _spread(c: np.ndarray) -> float:
