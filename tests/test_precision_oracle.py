@@ -294,7 +294,7 @@ def test_bit_identical_peers_do_not_make_a_correct_implementation_depart():
     impl = res.verdicts["openvino-int8"].implementation
     c = next(c for c in res.population_cells["int8"] if c.backend == "openvino-int8" and c.anchor == "anchor/00/a")
     assert c.peer_level == 0.0 and 0 < c.primary < c.threshold
-    assert c.floor == pytest.approx(STEP / math.sqrt(12), rel=0.1) and "int8 cost here" in c.basis
+    assert c.floor == pytest.approx(math.sqrt(2) * STEP / math.sqrt(12), rel=0.1) and "sqrt(2) x the int8 cost" in c.basis
     assert not impl.flagged and impl.status == "consistent"
 
 

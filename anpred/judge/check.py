@@ -168,6 +168,8 @@ def precision_notes(table: dict[str, dict[str, Any]], machine: dict[str, Any]) -
     notes = []
     flags = machine.get("cpu_flags") or []
     for b, row in table.items():
+        if row.get("status", "ok") != "ok":
+            continue  # it computed nothing: its read-back precision says nothing
         asked, got = row.get("precision_requested"), row.get("precision")
         if asked and got and asked != got:
             why = ""

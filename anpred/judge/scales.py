@@ -93,7 +93,10 @@ def floor_and_basis(cfg: OracleConfig, precision: str, stage: int, *, population
         fallback_why: why no population peer was there (for the basis text).
         implementation: the cell belongs to an implementation verdict (its factor is ``population_k``).
         cost: implementation verdicts: the precision's own cost at this anchor (its population's
-            median nRMSE against the fp32 consensus); the floor is the larger of it and the natural unit.
+            median nRMSE against the fp32 consensus); the floor is the larger of ``sqrt(2) * cost`` and
+            the natural unit: two implementations whose errors are independent realizations of that
+            cost differ by sqrt(2) times it (variances of independent errors add), the most two
+            correct implementations can differ by when each makes its own rounding decisions.
         anchor_type: an fp32 voter at an anchor whose element type is ``precision`` (float16 ...):
             its peers decide, with ``k`` times that type's natural unit as the floor (implementations
             legitimately differ by a few roundings there: float32 arithmetic rounded to float16 at each
@@ -114,14 +117,15 @@ def floor_and_basis(cfg: OracleConfig, precision: str, stage: int, *, population
         if unit is not None:
             what = (f"one int8 step {step:.3g} / sqrt(12) of RMS {rms:.3g}" if precision == "int8"
                     else f"one {precision} rounding u/sqrt(3)")
-            if cost is not None and cost > unit:
-                return cost, (f"population: {k} median of {peers}; floor = the {precision} cost here {cost:.3g} "
-                              f"(its population's median against the fp32 consensus; > natural unit: {what})")
+            if cost is not None and math.sqrt(2.0) * cost > unit:
+                return math.sqrt(2.0) * cost, (
+                    f"population: {k} median of {peers}; floor = sqrt(2) x the {precision} cost here {cost:.3g} "
+                    f"(two independent realizations of its error; > natural unit: {what})")
             return unit, f"population: {k} median of {peers}; floor = natural unit ({what})"
         floor = cfg.floor_at(precision, stage)
         if cost is not None and cost > 0:
-            return cost, (f"population: {k} median of {peers}; floor = the {precision} cost here {cost:.3g} "
-                          "(no quantization step known at this anchor)")
+            return math.sqrt(2.0) * cost, (f"population: {k} median of {peers}; floor = sqrt(2) x the {precision} "
+                                           f"cost here {cost:.3g} (no quantization step known at this anchor)")
         return floor, (f"population: {k} median of {peers}; floor = constant {precision} "
                        f"floor (no quantization step known at this anchor)")
     floor = cfg.floor_at(precision, stage)
