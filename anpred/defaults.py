@@ -149,7 +149,7 @@ class OracleConfig:
             fp16 ratio to the peers' median is 6.4 (onnx-reference-fp16, numpy float16 arithmetic
             where the others compute in float32); int8 ratios are unbounded (peers that agree
             bit-exactly), and there the implementation floor, the precision's own cost at the anchor,
-            keeps clean runs unflagged (largest clean ratio to the threshold 0.41).
+            keeps clean runs unflagged (largest clean ratio to the threshold 0.78, mobilenetv2-keras).
         reservoir: values kept per (anchor, backend) for the HTML histograms (uniform reservoir).
         threshold_atol, threshold_rtol: defaults of the threshold baseline (Polygraphy's 1e-5/1e-5).
         correlated_nrmse: two voting backends of different families whose aligned tensors differ by at

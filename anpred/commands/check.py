@@ -12,7 +12,7 @@ population (families counted as for fp32). Each gets two verdicts: budget, again
 consensus, flagged above 10 x the median deviation of the population's other families (what the
 precision costs on this run) or where it carries none of the fp32 signal (cosine <= 0 or nRMSE >= 1);
 implementation, against its population's own consensus, flagged above population_k (10) x its
-peers' spread and above the precision's own cost at that anchor. Floors come from the model: one
+peers' spread and above sqrt(2) x the precision's own cost at that anchor. Floors come from the model: one
 rounding in the precision's natural unit (an int8 quantization step / sqrt(12), relative; float16 /
 bfloat16 unit roundoff / sqrt(3)); a population of one falls back to the measured constant floor of
 its precision; a float16 tensor of the model itself is judged on float16's scale. Each cell's basis

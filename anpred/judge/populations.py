@@ -16,10 +16,10 @@ when at least two of them ran. Each reduced-precision backend then gets two verd
   element-wise consensus of its population (families counted as for fp32, :mod:`anpred.judge.consensus`),
   every member voting, with the outlier rule (factor ``population_k``) and origin trace-back of fp32
   voters (not their sustained-departure rule, see :class:`PopulationOracle`); its floor is the larger
-  of the natural unit and the precision's own cost at the anchor (the population's median deviation
-  from the fp32 consensus): implementations of one reduced model legitimately differ by a fraction of
-  what the precision costs (independent kernels make their own rounding decisions), and one that
-  differs from its peers by more than the whole precision costs is not computing the same model.
+  of the natural unit and sqrt(2) times the precision's own cost at the anchor (the population's
+  median deviation from the fp32 consensus): independent kernels make their own rounding decisions,
+  two independent realizations of the precision's error differ by sqrt(2) times it, and one that
+  differs from its peers by more than that is not computing the same model.
 
 A population of one member has no implementation verdict (a note says so), and its budget verdict
 falls back to the measured per-precision constant (the basis of each cell says which).
