@@ -89,7 +89,11 @@ REDUCED_PRECISION: dict[str, str] = {"ort-fp16": "fp16", "ort-int8": "int8", "op
 
 # Order in which a fallback reference is chosen when fewer than min_voters families vote.
 REFERENCE_PRIORITY = ("onnx-reference", "ort-noopt", "ort", "torch-native", "torch", "openvino",
-                      "tf-native", "tf")
+                      "tf-native", "tf",
+                      # within a precision population with fewer than min_voters families: the members
+                      # that compute the reduced graph as the ONNX specification writes it (float QDQ /
+                      # float16 arithmetic per operation), not an optimized kernel library's fusions
+                      "onnx-reference-int8", "ort-int8-noopt", "onnx-reference-fp16", "ort-fp16-noopt")
 
 
 @dataclass

@@ -321,9 +321,10 @@ def test_all_nan_anchor_agreed_on_and_a_tie_is_not(tmp_path, softplus_run):
         tie.write_anchors(b, "s0000", anchors)
         tie.set_status(BackendStatus(name=b, family=b, status="ok"))
     rep2 = check_run(tmp_path / "tie")
-    assert t1 in rep2.unjudged_anchors and rep2.status in ("incomplete", "flagged")
+    assert t1 in rep2.unjudged_anchors
     assert "tie between NaN/Inf and finite values at every element" in rep2.unjudged_anchors[t1]
-    assert check_run(tmp_path / "tie", allow_incomplete=True).exit_code in (0, 1)
+    # openvino's real Softplus defect downstream is still found; t1 itself is judged for no one
+    assert rep2.flagged_backends == ["openvino"] and all(t1 in v.unjudged for v in rep2.verdicts.values())
 
 
 def _copy_run(src, dst):

@@ -325,3 +325,28 @@ def test_float16_network_weight_fault_above_float16_noise_flagged(tmp_path):
     assert c.flagged and 0.01 < c.primary < 0.05 and c.floor == pytest.approx(10 * 2 ** -11 / math.sqrt(3))
     assert c.primary > 5 * c.threshold  # threshold: max(10 x peers, the floor)
     assert c.units["unit"] == "float16 ULP at RMS" and c.units["rms"] > 10
+
+
+def test_a_tie_inside_a_family_abstains():
+    """Regression (review): ort finite, ort-noopt NaN (one family: a tie), openvino NaN, onnx-reference
+    finite. The tied family abstains, openvino (NaN) and the reference (finite) tie: undecided, nobody
+    flagged "NaN suppressed". With torch (finite) as a fourth family, finite wins and openvino alone
+    is flagged."""
+    from anpred.judge import Oracle
+
+    anchors = [AnchorInfo("a", 0)]
+    x = np.linspace(0.5, 2.0, 64)
+    nan = np.full(64, np.nan)
+    names = ["ort", "ort-noopt", "openvino", "onnx-reference"]
+    o = Oracle(anchors, [BackendInfo.make(n) for n in names], OracleConfig(min_voters=3))
+    o.add({"a": {"ort": x, "ort-noopt": nan, "openvino": nan, "onnx-reference": x}})
+    res = o.finish()
+    assert not any(v.flagged for v in res.verdicts.values())
+    assert "a" in res.unjudged_anchors and "tie" in res.unjudged_anchors["a"]
+    o2 = Oracle(anchors, [BackendInfo.make(n) for n in names + ["torch"]], OracleConfig(min_voters=3))
+    # (torch not bit-identical to the reference: identical families would merge into one vote)
+    o2.add({"a": {"ort": x, "ort-noopt": nan, "openvino": nan, "onnx-reference": x, "torch": x * (1 + 1e-7)}})
+    res2 = o2.finish()
+    assert sorted(b for b, v in res2.verdicts.items() if v.flagged) == ["openvino", "ort-noopt"]
+    c = next(c for c in res2.cells if c.backend == "openvino")
+    assert c.nonfinite == 64 and "NaN/Inf where the consensus is finite" in c.reason

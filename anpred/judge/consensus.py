@@ -101,10 +101,10 @@ class Oracle:
         # (their implementation verdicts, :mod:`anpred.judge.populations`)
         self.population = population
         self.steps = dict(steps or {})  # anchor -> int8 quantization step (scale) in the QDQ model
-        # population oracles: anchor -> the precision's cost there (its members' median deviation from
-        # the fp32 consensus), set by anpred.judge.populations before finish(): a floor of the
-        # implementation verdict
-        self.costs: dict[str, float] = {}
+        # population oracles: anchor -> member -> its deviation from the fp32 consensus, set by
+        # anpred.judge.populations before finish(): the precision's cost, a floor of the
+        # implementation verdict (cost_for)
+        self.costs: dict[str, dict[str, float]] = {}
         self.descendants = descendants
         self.anchors = list(anchors)
         self.backends = {b.name: b for b in backends}
@@ -186,10 +186,12 @@ class Oracle:
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices give NaN, counted later
             if len(fams) >= self.cfg.min_voters:
                 # a family's vote: its members voted on like families (a NaN/finite tie inside a family
-                # of two is undecided there, a NaN vote at the next level)
-                votes = {f: (m[0] if len(m) == 1 else vote(m)[0]) for f, m in fams.items()}
+                # of two is undecided there: that family abstains at those elements)
+                fv = {f: ((m[0], None) if len(m) == 1 else vote(m)) for f, m in fams.items()}
+                votes = {f: v for f, (v, _) in fv.items()}
                 groups = self._groups(votes)
-                c, undecided = vote([votes[g[0]] for g in groups])
+                # a family whose members tie at an element abstains there
+                c, undecided = vote([votes[g[0]] for g in groups], [fv[g[0]][1] for g in groups])
                 if undecided is not None and undecided.all():
                     return None, "undecided", None, [], None  # the votes tie at every element
                 mode = "median:" + ",".join(sorted("+".join(g) for g in groups))
@@ -449,7 +451,7 @@ class Oracle:
                          and self.backends[p].precision == info.precision and self.backends[p].family != info.family]
                     floor, basis = floor_and_basis(self.cfg, prec, a.stage, population=peers, step=step, rms=rms,
                                                    implementation=self.population is not None,
-                                                   cost=self.costs.get(a.name))
+                                                   cost=self.cost_for(a.name, b))
                     if not info.votes:  # budget verdict: the population's cost; the signal is the fp32 voters'
                         extra["signal_peers"] = [v for v in (self._primary(pooled[(a.name, p)]) for p in voters)
                                                  if not math.isnan(v)]
@@ -465,6 +467,12 @@ class Oracle:
                                                 self.consensus_max.get(a.name, 0.0), floor=floor, basis=basis,
                                                 units=units, **extra)
         return cells
+
+    def cost_for(self, anchor: str, backend: str) -> float | None:
+        """The precision's cost at ``anchor`` for ``backend``'s implementation verdict: the median
+        deviation of the population's *other* members from the fp32 consensus (None when unknown)."""
+        others = [v for b, v in self.costs.get(anchor, {}).items() if b != backend]
+        return float(np.median(others)) if others else None
 
     def _step(self, a: AnchorInfo) -> float | None:
         """int8 quantization step of anchor ``a`` (a part: its output's; an anchor without its own:
@@ -491,7 +499,8 @@ class Oracle:
             out.append({"families": fams, "backends": members, "anchors": anchors, "differ": differ})
         return out
 
-def vote(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
+def vote(arrays: list[np.ndarray], abstain: list[np.ndarray | None] | None = None
+         ) -> tuple[np.ndarray, np.ndarray | None]:
     """Element-wise consensus of family votes with non-finite values voted on (``docs/oracle.md``).
 
     Each element's votes fall in four classes: finite, NaN, +Inf, -Inf. The class most votes fall in
@@ -501,20 +510,26 @@ def vote(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
 
     Args:
         arrays: the family votes, equally shaped float64 arrays (at least one).
+        abstain: per vote, a boolean mask of the elements where it abstains (a family whose own
+            members tied there), or None; abstaining votes are not counted.
 
     Returns:
         ``(c, undecided)``: float64 array of the votes' shape; boolean mask or None when no element
         is undecided. Without any non-finite vote this is exactly :func:`median_of`.
     """
-    if all(np.isfinite(a).all() for a in arrays):
+    if all(np.isfinite(a).all() for a in arrays) and not any(m is not None for m in (abstain or [])):
         return median_of(arrays), None
     stack = np.stack(arrays)
-    isnan = np.isnan(stack)
-    pinf, ninf = stack == np.inf, stack == -np.inf
-    fin = ~(isnan | pinf | ninf)
+    present = np.ones(stack.shape, bool)
+    for i, m in enumerate(abstain or []):
+        if m is not None:
+            present[i] = ~m
+    isnan = np.isnan(stack) & present
+    pinf, ninf = (stack == np.inf) & present, (stack == -np.inf) & present
+    fin = np.isfinite(stack) & present
     counts = np.stack([fin.sum(0), isnan.sum(0), pinf.sum(0), ninf.sum(0)])
     top = counts.max(0)
-    undecided = (counts == top).sum(0) > 1
+    undecided = ((counts == top).sum(0) > 1) | (top == 0)
     cls = counts.argmax(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

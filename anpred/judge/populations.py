@@ -119,14 +119,16 @@ class PopulationOracle:
         return res
 
 
-def precision_costs(res: OracleResult, members: list[str]) -> dict[str, float]:
-    """anchor -> the median primary statistic of ``members`` against the fp32 consensus (``res``: the
-    fp32 oracle's result): what their precision costs at each anchor, measured on the run."""
-    per: dict[str, list[float]] = {}
+def precision_costs(res: OracleResult, members: list[str]) -> dict[str, dict[str, float]]:
+    """anchor -> member -> the primary statistic of each of ``members`` against the fp32 consensus
+    (``res``: the fp32 oracle's result); the precision's cost at an anchor for a member is the median
+    of the *other* members' (:meth:`anpred.judge.consensus.Oracle.cost_for`), so that a faulty member
+    does not raise its own floor."""
+    per: dict[str, dict[str, float]] = {}
     for c in res.cells:
         if c.backend in members and c.primary == c.primary:
-            per.setdefault(c.anchor, []).append(c.primary)
-    return {a: float(np.median(v)) for a, v in per.items()}
+            per.setdefault(c.anchor, {})[c.backend] = c.primary
+    return per
 
 
 def expected_scales(main: Oracle, res: OracleResult) -> dict[str, dict[str, dict[str, Any]]]:
