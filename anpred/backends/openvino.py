@@ -88,7 +88,7 @@ class OpenVinoBackend(Backend):
             self.compiled = core.compile_model(model, "CPU", config)
         except Exception as err:  # openvino raises RuntimeError/OpConversionFailure/GeneralFailure
             # OpenVINO's messages start with lines of source locations ("Exception from
-            # src/.../graph_rewrite.cpp:298:"); keep the lines that say something, last ones first
+            # src/.../graph_rewrite.cpp:298:"); keep the lines that say something, in their order
             lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
             said = [ln for ln in lines if not (ln.startswith("Exception from") and ln.endswith(":"))] or lines
             raise BackendError(f"{self.name}: OpenVINO cannot compile the model ({type(err).__name__}: "

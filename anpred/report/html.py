@@ -147,7 +147,8 @@ def _populations(report, primary: str) -> list[str]:
            "<p><b>budget</b>: against the fp32 consensus; expected = the median deviation of the other families of "
            "its precision population (what the precision costs, measured on this run). <b>implementation</b>: "
            "against the element-wise consensus of its population; expected = the peers' spread. Floors: one "
-           "rounding in the precision's natural unit (docs/oracle.md).</p>"]
+           "rounding in the precision's natural unit; for the implementation verdict also sqrt(2) x the "
+           "precision's cost at the anchor (docs/oracle.md); each cell's basis is in the last columns.</p>"]
     for b, v in rows:
         impl = v.implementation
         pop = ", ".join(v.population) if v.population else "none (only member: no implementation verdict)"
