@@ -205,6 +205,7 @@ def test_fp16_backends_differ_by_float16_rounding_only(fp16_run):
 
 
 # ---- dtypes the converters receive ---------------------------------------------------------------
+@pytest.mark.slow  # a second onnx2tf conversion (~25 s cold); the float16 case stays in the default run
 def test_tf_and_torch_take_float64_and_bfloat16_inputs(tmp_path):
     """float64 graph: tf (onnx2tf keeps float64) matches the float64 reference evaluator to ~1e-16.
     bfloat16 input (cast to float inside): torch takes it; tf refuses it before converting, naming the
@@ -315,6 +316,7 @@ def test_fp64_conversion_of_dtype_attributes_and_refusals():
         model_to_float64(qm)
 
 
+@pytest.mark.slow  # YOLOv8n in float64 on the reference evaluator and in torch (~30 s)
 def test_fp64_yolov8n_closer_to_torch_float64_than_fp32(tmp_path):
     """YOLOv8n at 320 px (13 anchors): the float64 copy on the reference evaluator vs onnx2torch's
     GraphModule in float64 (independent kernels): measured 8e-16 .. 2.2e-14, ORT float32 5e-7 .. 8e-6.
