@@ -10,7 +10,8 @@ config; the reports still say what could not be judged); 3 internal error.
 Reduced precision (fp16, bf16, int8): the backends that computed the same reduced model form a
 population (families counted as for fp32). Each gets two verdicts: budget, against the fp32
 consensus, flagged above 10 x the median deviation of the population's other families (what the
-precision costs on this run) or where it carries none of the fp32 signal (cosine <= 0 or nRMSE >= 1);
+precision costs on this run) or where it carries none of the fp32 signal (cosine <= 0 or nRMSE >= 1)
+while the fp32 voters agree on it;
 implementation, against its population's own consensus, flagged above population_k (10) x its
 peers' spread and above sqrt(2) x the precision's own cost at that anchor. Floors come from the model: one
 rounding in the precision's natural unit (an int8 quantization step / sqrt(12), relative; float16 /
