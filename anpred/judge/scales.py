@@ -128,6 +128,10 @@ def floor_and_basis(cfg: OracleConfig, precision: str, stage: int, *, population
                                            f"cost here {cost:.3g} (no quantization step known at this anchor)")
         return floor, (f"population: {k} median of {peers}; floor = constant {precision} "
                        f"floor (no quantization step known at this anchor)")
+    if implementation and cost is not None and cost > 0:
+        return max(math.sqrt(2.0) * cost, unit or 0.0), (
+            f"no peer judged here (the population's reference is the consensus); floor = sqrt(2) x the "
+            f"{precision} cost here {cost:.3g}")
     floor = cfg.floor_at(precision, stage)
     return floor, (f"constant fallback: the measured {precision} floor {cfg.floor.get(precision, cfg.floor['fp32']):g}"
                    f" x sqrt(1 + stage) ({fallback_why or 'no other implementation of this precision judged here'})")
