@@ -86,7 +86,11 @@ def test_demo_pipeline_reduced(root):
 
     res = demo(root / "demo", models_=("ppocr-det",), ppocr_hw=(96, 128), samples=2, quiet=True)
     (r,) = res.results
-    assert r.backends == default_backends("onnx") and set(r.statuses.values()) == {"ok"}, r.reasons
+    assert r.backends == default_backends("onnx"), r.backends
+    # every default backend runs, but OpenVINO's int8 path: its low-precision transformation throws on
+    # PP-OCRv4's QDQ model (OpenVINO 2026.4.1, docs/oracle.md), and the reason says where
+    assert {b: st for b, st in r.statuses.items() if st != "ok"} == {"openvino-int8": "failed"}, r.reasons
+    assert "MultiplyPartialTransformation" in r.reasons["openvino-int8"]
     assert r.report.samples == 2 and r.report.model["name"] == "ppocr-det"
     assert r.details["inputs"]["sources"] == ["rendered page seed 0", "rendered page seed 1"]
     assert r.details["fixed_dims"] == ["x[0]=1", "x[2]=96", "x[3]=128"]  # dynamic ONNX input made static
