@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "diff": "diff",
     "test": "test",
     "zoo": "zoo",
+    "backends": "backends",
 }
 
 

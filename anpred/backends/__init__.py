@@ -35,6 +35,49 @@ REGISTRY: dict[str, str] = {
 }
 
 
+#: the Python packages (import names) a backend needs, by family; their distributions and versions
+#: are read from the installed metadata (``tensorflow`` comes as ``tensorflow-cpu`` here)
+FAMILY_PACKAGES: dict[str, tuple[str, ...]] = {
+    "onnxruntime": ("onnxruntime",),
+    "openvino": ("openvino",),
+    "onnx-reference": ("onnx", "numpy"),
+    "onnx-reference-fp64": ("onnx", "numpy"),
+    "torch": ("torch", "onnx2torch"),
+    "tensorflow": ("tensorflow", "onnx2tf"),
+}
+#: extra packages of some backends beyond their family's (the float16 converter of the fp16 models)
+BACKEND_PACKAGES: dict[str, tuple[str, ...]] = {
+    b: ("onnxconverter_common",) for b in ("ort-fp16", "ort-fp16-noopt", "openvino-fp16", "onnx-reference-fp16",
+                                           "torch-fp16")}
+
+
+def backend_table() -> list[dict]:
+    """Every registered backend as ``{"name", "family", "precision", "packages": {distribution or
+    import name: version or None}, "installed": bool, "reason"}``, in registry order. ``precision`` is the nominal one (what is
+    asked; the run record has what was computed). Nothing heavy is imported: backend modules import
+    their runtimes lazily, versions come from :mod:`importlib.metadata`."""
+    from importlib import metadata
+
+    dists = metadata.packages_distributions()  # import name -> distributions
+    rows = []
+    for name in REGISTRY:
+        try:
+            cls = backend_class(name)
+            family, precision, reason = cls.family, cls.precision, ""
+        except BackendError as err:
+            family, precision, reason = "?", "?", str(err)
+        versions: dict[str, str | None] = {}
+        for pkg in dict.fromkeys(FAMILY_PACKAGES.get(family, ()) + BACKEND_PACKAGES.get(name, ())):
+            dist = (dists.get(pkg) or [None])[0]
+            versions[dist or pkg] = metadata.version(dist) if dist else None
+        missing = [d for d, v in versions.items() if v is None]
+        if missing and not reason:
+            reason = "not installed: " + ", ".join(missing)
+        rows.append({"name": name, "family": family, "precision": precision, "packages": versions,
+                     "installed": not reason, "reason": reason})
+    return rows
+
+
 def backend_class(name: str):
     """Return the backend class registered as ``name``.
 
