@@ -461,21 +461,15 @@ def _value_types(model) -> dict[str, Any]:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # noqa: BLE001 - an un-inferable model keeps its own value_info
         inferred = model
+    from anpred.onnx_io import iter_graphs
+
     types: dict[str, Any] = {}
-    graphs = [inferred.graph]
-    while graphs:
-        g = graphs.pop()
+    for g in iter_graphs(inferred.graph):
         for vi in list(g.input) + list(g.output) + list(g.value_info):
             if vi.type.WhichOneof("value"):
                 types.setdefault(vi.name, vi.type)
         for t in g.initializer:
             types.setdefault(t.name, helper.make_tensor_type_proto(t.data_type, None))
-        for node in g.node:
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    graphs.append(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    graphs.extend(a.graphs)
     return types
 
 

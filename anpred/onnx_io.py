@@ -27,7 +27,7 @@ from anpred.errors import ModelLoadError, OutputPathError
 __all__ = ["sha256_file", "load_model", "external_data_files", "save_model", "AtomicFiles",
            "atomic_write_bytes", "atomic_write_text", "file_mode", "check_writable_dir",
            "ExternalDataPlacementError", "json_default", "to_json", "json_safe", "json_float",
-           "from_json_float", "elem_type_name"]
+           "from_json_float", "elem_type_name", "iter_graphs"]
 
 
 class ExternalDataPlacementError(OutputPathError):
@@ -423,6 +423,24 @@ def json_safe(o, *, nan="nan"):
         f = float(o)
         return nan if math.isnan(f) else json_float(f)
     return o
+
+
+def iter_graphs(graph):
+    """Yield ``graph`` (an ONNX ``GraphProto``) and every sub-graph nested in its nodes' GRAPH/GRAPHS
+    attributes (If/Loop/Scan bodies, at any depth), iteratively: a graph is yielded before the
+    sub-graphs of its nodes are looked at, and the last sub-graph found is visited first (a stack)."""
+    import onnx
+
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        yield g
+        for node in g.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    stack.append(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(a.graphs)
 
 
 def elem_type_name(elem_type: int) -> str:

@@ -37,7 +37,7 @@ def _time(run: Path, repeat: int) -> tuple[float, float, int]:
 
 
 def main(argv=None) -> int:
-    from population_eval import _link_run
+    from evaluation import link_run
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", required=True, help="a run folder with the fp32 voters and both populations")
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     work = Path(a.work)
     rows = []
     for name, keep in (("previous default set", OLD), ("population default set", NEW)):
-        folder = _link_run(Path(a.run), work / name.replace(" ", "-"), keep)
+        folder = link_run(Path(a.run), work / name.replace(" ", "-"), keep)
         wall, cpu, n = _time(folder.root, a.repeat)
         rows.append((name, n, wall, cpu))
         print(f"{name:<24} {n:>2} backends  check_run {wall:6.2f} s wall  {cpu:6.2f} s CPU (best of {a.repeat})")

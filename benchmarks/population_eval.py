@@ -53,26 +53,6 @@ FAULTS = (("quantize-rounding", 1, "ort-int8"), ("zero-point", 1, "openvino-int8
           ("fp16-overflow", 14, "openvino-fp16"), ("fp16-overflow", 14, "torch-fp16"))
 
 
-def _link_run(clean_dir: Path, out: Path, keep: list[str]):
-    """A run folder at ``out`` with the clean run's samples and the tensors/statuses of ``keep``."""
-    from anpred.run import RunStore
-
-    clean = RunStore.open(clean_dir)
-    if out.exists():
-        shutil.rmtree(out)
-    store = RunStore.create(out, clean.manifest, model=dict(clean.meta.get("model", {})),
-                            inputs=dict(clean.meta.get("inputs", {})))
-    store.meta["samples"] = list(clean.meta["samples"])
-    for sid in clean.sample_ids:
-        src = clean.input_file(sid)
-        os.link(src, out / "inputs" / src.name)
-    for b in keep:
-        os.symlink(clean.backend_dir(b).resolve(), store.backend_dir(b), target_is_directory=True)
-        store.meta["backends"][b] = clean.meta["backends"][b]
-    store.save_meta()
-    return store
-
-
 def _add_backend(store, side) -> None:
     """Link the single backend of run ``side`` into ``store``."""
     b = next(iter(side.statuses()))
@@ -161,7 +141,7 @@ def evaluate_model(name: str, work: Path, *, imgsz: int | None, n_real: int, n_r
     old_clean: dict[str, Any] = {}
     for b in {t for _, _, t in faults if t in ok}:
         pop = INT8 if b in INT8 else FP16
-        only = _link_run(Path(setup.clean_dir), work / "fp32-only-clean" / b, [x for x in ok if x not in pop or x == b])
+        only = ev.link_run(Path(setup.clean_dir), work / "fp32-only-clean" / b, [x for x in ok if x not in pop or x == b])
         old_clean[b] = _flags(check_run(only.root, config=cfg))[b]
     all_stages = [s.index for s in man.stages] if stages is None else stages
     inputs = Path(setup.anchored).parent / "inputs"
@@ -182,10 +162,10 @@ def evaluate_model(name: str, work: Path, *, imgsz: int | None, n_real: int, n_r
             if sst.status != "ok":
                 res["faults"].append(row)
                 continue
-            full = _link_run(Path(setup.clean_dir), cdir / "populations", [b for b in ok if b != target])
+            full = ev.link_run(Path(setup.clean_dir), cdir / "populations", [b for b in ok if b != target])
             _add_backend(full, side)
             rep = check_run(full.root, config=cfg)
-            only = _link_run(Path(setup.clean_dir), cdir / "fp32-only",
+            only = ev.link_run(Path(setup.clean_dir), cdir / "fp32-only",
                              [b for b in ok if b != target and b not in pop])
             _add_backend(only, side)
             old = check_run(only.root, config=cfg)

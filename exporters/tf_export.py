@@ -83,10 +83,10 @@ def unsupported_nodes(proto) -> list:
     import onnx
 
     opsets = {(o.domain or ""): int(o.version) for o in proto.opset_import}
+    from anpred.onnx_io import iter_graphs
+
     bad = []
-    todo = [proto.graph]
-    while todo:  # iterative over subgraphs
-        g = todo.pop()
+    for g in iter_graphs(proto.graph):
         for n in g.node:
             domain = "" if n.domain in ("", "ai.onnx") else n.domain
             ok = domain in ("", "ai.onnx.ml") and onnx.defs.has(n.op_type, domain)
@@ -97,11 +97,6 @@ def unsupported_nodes(proto) -> list:
                     ok = False
             if not ok:
                 bad.append(n)
-            for at in n.attribute:
-                if at.type == onnx.AttributeProto.GRAPH:
-                    todo.append(at.g)
-                elif at.type == onnx.AttributeProto.GRAPHS:
-                    todo.extend(at.graphs)
     return bad
 
 

@@ -138,18 +138,13 @@ def _weights(model) -> list:
     iteratively)."""
     import onnx
 
-    tensors, graphs = [], [model.graph]
-    while graphs:
-        g = graphs.pop()
+    from anpred.onnx_io import iter_graphs
+
+    tensors = []
+    for g in iter_graphs(model.graph):
         tensors += list(g.initializer)
-        for node in g.node:
-            for a in node.attribute:
-                if node.op_type == "Constant" and a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                    tensors.append(a.t)
-                if a.type == onnx.AttributeProto.GRAPH:
-                    graphs.append(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    graphs.extend(a.graphs)
+        tensors += [a.t for node in g.node if node.op_type == "Constant" for a in node.attribute
+                    if a.name == "value" and a.type == onnx.AttributeProto.TENSOR]
     return tensors
 
 

@@ -19,16 +19,17 @@ from .measures import (add_match, critical_tolerance, decode_detections, finish_
                        match_summary, nrmse_acc, nrmse_of, output_anchors)
 from .results import CleanSummary, ConfigResult, ModelSetup
 
-__all__ = ["build_config_run", "run_fault_backend", "run_configuration"]
+__all__ = ["build_config_run", "link_run", "run_fault_backend", "run_configuration"]
 
 
-def build_config_run(setup: ModelSetup, out_dir: str | Path) -> "Any":
-    """Create run folder ``out_dir`` holding the clean run's samples (hard links) and the clean fp32
-    backends' tensors (``tensors/<label>`` symbolic links to the clean run) and statuses; returns its
-    :class:`anpred.run.RunStore` (the faulty backend is added by the caller)."""
+def link_run(clean_dir: str | Path, out_dir: str | Path, backends) -> "Any":
+    """Create run folder ``out_dir`` holding the samples of the run at ``clean_dir`` (hard links, copies
+    across file systems) and the tensors (``tensors/<label>`` symbolic links) and statuses of
+    ``backends``; returns its :class:`anpred.run.RunStore` (``run.json`` names the clean run and the
+    linked backends under ``evaluation``; the caller adds what it runs anew)."""
     from anpred.run import RunStore
 
-    clean = RunStore.open(setup.clean_dir)
+    clean = RunStore.open(clean_dir)
     out = Path(out_dir)
     if out.exists():
         shutil.rmtree(out)
@@ -41,12 +42,18 @@ def build_config_run(setup: ModelSetup, out_dir: str | Path) -> "Any":
             os.link(src, out / "inputs" / src.name)
         except OSError:
             shutil.copyfile(src, out / "inputs" / src.name)
-    for b in setup.backends:
+    for b in backends:
         os.symlink(clean.backend_dir(b).resolve(), store.backend_dir(b), target_is_directory=True)
         store.meta["backends"][b] = clean.meta["backends"][b]
-    store.meta["evaluation"] = {"clean_run": str(Path(setup.clean_dir).resolve()), "linked": list(setup.backends)}
+    store.meta["evaluation"] = {"clean_run": str(Path(clean_dir).resolve()), "linked": list(backends)}
     store.save_meta()
     return store
+
+
+def build_config_run(setup: ModelSetup, out_dir: str | Path) -> "Any":
+    """:func:`link_run` of ``setup``'s clean run with its clean fp32 backends (the faulty backend is
+    added by the caller)."""
+    return link_run(setup.clean_dir, out_dir, setup.backends)
 
 
 def run_fault_backend(store, model_path: str | Path, *, backend: str = "ort", label: str = FAULT_LABEL,
