@@ -164,13 +164,19 @@ def test_int8_members_agree_and_stay_within_steps_of_fp32(net, members):
     _, man, _, fp32 = net
     steps = members["ort-int8"][0].quantization_steps()
     peer = members["ort-int8-noopt"][1]
+    # ONNX Runtime's u8s8 kernels without VNNI/AMX sum pairs of products in saturating int16
+    # (anpred.machine, issue 15): there ort-int8 may leave the float QDQ by more than one step
+    from anpred.machine import int16_saturation_possible, machine_info
+
+    saturating = int16_saturation_possible(machine_info()["cpu_flags"])
     worst = {}
     for n in INT8:
         res = members[n][1]
         for a in man.names():
             between = float(np.abs(res[a] - peer[a]).max()) / steps[a]
             to_fp32 = float(np.abs(res[a].astype(np.float64) - fp32[a]).max()) / steps[a]
-            assert between <= INT8_STEPS_BETWEEN_MEMBERS, (n, a, between)
+            if not (saturating and n == "ort-int8"):
+                assert between <= INT8_STEPS_BETWEEN_MEMBERS, (n, a, between)
             assert to_fp32 <= INT8_STEPS_TO_FP32, (n, a, to_fp32)
             worst[a] = max(worst.get(a, 0), to_fp32)
     # quantization is visible: at least one step from fp32 at every anchor (the test can fail both ways)
