@@ -27,7 +27,7 @@ from anpred.errors import ModelLoadError, OutputPathError
 __all__ = ["sha256_file", "load_model", "external_data_files", "save_model", "AtomicFiles",
            "atomic_write_bytes", "atomic_write_text", "file_mode", "check_writable_dir",
            "ExternalDataPlacementError", "json_default", "to_json", "json_safe", "json_float",
-           "from_json_float", "elem_type_name", "iter_graphs"]
+           "from_json_float", "elem_type_name", "iter_graphs", "model_ops", "op_key"]
 
 
 class ExternalDataPlacementError(OutputPathError):
@@ -441,6 +441,26 @@ def iter_graphs(graph):
                     stack.append(a.g)
                 elif a.type == onnx.AttributeProto.GRAPHS:
                     stack.extend(a.graphs)
+
+
+def op_key(domain: str, op_type: str) -> str:
+    """The key an operator is named by in coverage reports: ``op_type`` in the default ONNX domain
+    (``""`` or ``ai.onnx``), ``domain::op_type`` otherwise (``com.microsoft::FusedConv``)."""
+    return op_type if domain in ("", "ai.onnx") else f"{domain}::{op_type}"
+
+
+def model_ops(model) -> dict[str, tuple[str, str, int]]:
+    """Every operator used in ``model`` (an ``onnx.ModelProto``; If/Loop/Scan bodies included, see
+    :func:`iter_graphs`) as ``{op key (:func:`op_key`): (domain, op_type, opset version of its domain)}``,
+    in first-seen order. The opset version is the model's import for that domain (0 when the model
+    imports none, e.g. a function's private domain)."""
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in model.opset_import}
+    out: dict[str, tuple[str, str, int]] = {}
+    for g in iter_graphs(model.graph):
+        for n in g.node:
+            d = "" if n.domain == "ai.onnx" else n.domain
+            out.setdefault(op_key(d, n.op_type), (d, n.op_type, opsets.get(d, 0)))
+    return out
 
 
 def elem_type_name(elem_type: int) -> str:

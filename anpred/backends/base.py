@@ -84,6 +84,20 @@ class Backend:
     name: ClassVar[str] = "base"
     family: ClassVar[str] = "base"
     precision: ClassVar[str] = "fp32"
+    #: how :meth:`unsupported_ops` knows (e.g. "onnx2torch converter registry"); "" = no static table,
+    #: the backend's support is known only once it has converted/compiled the model
+    coverage_basis: ClassVar[str] = ""
+
+    @classmethod
+    def unsupported_ops(cls, model) -> dict[str, str]:
+        """Pre-run coverage (``anpred test`` asks before running; ``anpred backends`` and
+        ``benchmarks/coverage.py`` too): the operators of ``model`` (an ``onnx.ModelProto``, sub-graphs
+        included) this backend is known not to run, as ``{op key: reason}`` where the op key is
+        ``op_type`` for the default domain and ``domain::op_type`` otherwise (with ``@opset`` when only
+        some opset versions are missing). ``{}`` means none is known to be missing: every op found in
+        the backend's table, or no table (:attr:`coverage_basis` is then ""). Cheap: no conversion, no
+        model compilation; imports the backend's library. Never raises for a well-formed model."""
+        return {}
 
     def __init__(self, options: dict[str, Any] | None = None):
         self.options = dict(options or {})
