@@ -452,13 +452,18 @@ def op_key(domain: str, op_type: str) -> str:
 def model_ops(model) -> dict[str, tuple[str, str, int]]:
     """Every operator used in ``model`` (an ``onnx.ModelProto``; If/Loop/Scan bodies included, see
     :func:`iter_graphs`) as ``{op key (:func:`op_key`): (domain, op_type, opset version of its domain)}``,
-    in first-seen order. The opset version is the model's import for that domain (0 when the model
-    imports none, e.g. a function's private domain)."""
+    in first-seen order. Calls of model-local functions are replaced by the operators of their bodies
+    (sub-graphs inside a function body are not walked). The opset version is the model's import for
+    that domain (0 when the model imports none)."""
     opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in model.opset_import}
+    local = {(f.domain, f.name) for f in model.functions}  # model-local functions: their bodies count
     out: dict[str, tuple[str, str, int]] = {}
-    for g in iter_graphs(model.graph):
-        for n in g.node:
-            d = "" if n.domain == "ai.onnx" else n.domain
+    nodes = [n for g in iter_graphs(model.graph) for n in g.node]
+    for f in model.functions:
+        nodes.extend(f.node)
+    for n in nodes:
+        d = "" if n.domain == "ai.onnx" else n.domain
+        if (n.domain, n.op_type) not in local:
             out.setdefault(op_key(d, n.op_type), (d, n.op_type, opsets.get(d, 0)))
     return out
 

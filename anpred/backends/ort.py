@@ -63,6 +63,30 @@ class OrtBackend(NamedOutputsMixin, Backend):
     family = "onnxruntime"
     precision = "fp32"
     opt_level = "ORT_ENABLE_ALL"
+    coverage_basis = "ONNX Runtime's registered operator schemas"
+
+    @classmethod
+    def unsupported_ops(cls, model) -> dict[str, str]:
+        """Operators whose (domain, type) ONNX Runtime has no schema for
+        (``onnxruntime.capi.onnxruntime_pybind11_state.get_all_operator_schema``: ai.onnx, ai.onnx.ml,
+        com.microsoft ...), or whose first schema version is newer than the model's opset of that
+        domain. A schema without a CPU kernel for the model's types is not seen here."""
+        from onnxruntime.capi import onnxruntime_pybind11_state as C
+
+        from anpred.onnx_io import model_ops
+
+        since: dict[tuple[str, str], int] = {}
+        for sch in C.get_all_operator_schema():
+            k = (sch.domain, sch.name)
+            since[k] = min(since.get(k, sch.since_version), sch.since_version)
+        out = {}
+        for key, (domain, op, version) in model_ops(model).items():
+            first = since.get((domain, op))
+            if first is None:
+                out[key] = f"no ONNX Runtime schema for {op!r} in domain {domain or 'ai.onnx'!r}"
+            elif version and first > version:
+                out[key] = f"ONNX Runtime has {op!r} from opset {first}, the model imports opset {version}"
+        return out
 
     def _versions_impl(self):
         import onnxruntime

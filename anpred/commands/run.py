@@ -33,6 +33,10 @@ def add_arguments(parser):
                         help="seconds per backend for preparing and running (default 600)")
     parser.add_argument("--preprocess", choices=("auto", "yolo", "imagenet", "unit"), default=None,
                         help="image preprocessing (default auto: yolo letterbox for YOLO models, else imagenet)")
+    parser.add_argument("--no-precheck", action="store_true",
+                        help="start every backend, even one whose operator table lacks an operator of the model "
+                             "(default: such a backend is not started, its status is 'unsupported' naming the "
+                             "operators)")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
 
 
@@ -42,7 +46,8 @@ def main(args) -> int:
 
     names = parse_backends(args.backends)
     store = run_model(args.model, names, args.inputs, args.output, mode=args.mode, timeout_s=args.timeout,
-                      overwrite=args.overwrite, progress=False if args.quiet else True, preprocess=args.preprocess)
+                      overwrite=args.overwrite, progress=False if args.quiet else True, preprocess=args.preprocess,
+                      precheck=not args.no_precheck)
     if args.quiet:
         print(format_summary(store))
     print(f"run stored in {store.root}")

@@ -129,12 +129,15 @@ def check_or_raise(run_dir: str | Path, **kw) -> CheckReport:
 def _backend_table(store, config: OracleConfig) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Per backend of the run its row of ``report.backends``, and the backends whose run status is ok."""
     table, usable = {}, []
+    coverage = store.meta.get("coverage") or {}  # pre-run coverage (anpred.backends.coverage), newer runs
     for name, st in store.statuses().items():
         info = BackendInfo.make(name, st.family, st.precision, config, requested=st.precision_requested or None)
         table[name] = {"family": info.family, "precision": info.precision, "precision_requested": info.requested,
                        "votes": info.votes,
                        "status": st.status, "reason": st.reason, "versions": st.versions,
                        "samples": st.samples}
+        if name in coverage:
+            table[name]["coverage"] = {k: coverage[name].get(k) for k in ("basis", "ops", "error")}
         if st.status == "ok":
             usable.append(name)
     return table, usable

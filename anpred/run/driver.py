@@ -53,7 +53,7 @@ __all__ = ["run_model", "Terminated", "format_summary", "WORKER_MALLOC_TUNABLES"
 
 def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], inputs: Any, out_dir: str | Path,
               *, mode: str = "tensors", timeout_s: float = 600, overwrite: bool = False, progress: bool = True,
-              preprocess: str | None = None):
+              preprocess: str | None = None, precheck: bool = True):
     """Run the anchored model on every backend and return the :class:`~anpred.run.store.RunStore`.
 
     Args:
@@ -68,6 +68,10 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
         overwrite: replace ``out_dir`` if it holds a run (only once the new run is complete).
         progress: show a tqdm bar per backend and print the summary table (stderr).
         preprocess: image preprocessing override (``yolo`` | ``imagenet`` | ``unit``).
+        precheck: before running, ask every backend's operator table which operators of the model it
+            lacks (:mod:`anpred.backends.coverage`, in a child process; ``meta["coverage"]``); a
+            backend with a known missing operator is not started and gets status ``unsupported``
+            naming the operators. False: run every backend.
 
     Raises:
         BackendError: unknown backend or duplicate labels (before anything is written).
@@ -142,7 +146,11 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
                 store.meta["backend_specs"][s.label]["model_sha256"] = sha256_file(s.options["model"])
         store.save_meta()
         shape_hint = first_shapes if same_shapes else None
+        refused = _precheck(store, specs, run_model_path, progress) if precheck else {}
         for spec in specs:
+            if spec.label in refused:
+                store.set_status(refused[spec.label])
+                continue
             store.set_status(_run_backend(store, spec, run_model_path, mode, timeout_s, progress, shape_hint))
         _raise_if_all_failed_on_shapes(store)
         shutil.rmtree(tmp / ".work", ignore_errors=True)
@@ -259,6 +267,38 @@ def _tail(path: Path, n: int = 6) -> str:
         return ""
     fatal = [ln for ln in lines if ln.startswith("Fatal Python error")]
     return " | ".join(fatal[-1:] + lines[-n:])[-800:]
+
+
+def _precheck(store: RunStore, specs: list[BackendSpec], model_path: Path, progress: bool) -> dict[str, BackendStatus]:
+    """Pre-run coverage of every backend (on the model it will run: its ``model`` option, else the
+    run's), stored in ``store.meta["coverage"]`` and printed (with ``progress``). Returns the statuses
+    of the backends not to start (``unsupported``, reason naming the operators)."""
+    from anpred.backends.coverage import format_coverage, precheck, refusal
+
+    groups: dict[str, dict[str, str]] = {}
+    for s in specs:
+        groups.setdefault(str(Path(s.options.get("model", model_path)).resolve()), {})[s.label] = s.name
+    coverage: dict[str, dict] = {}
+    for path, names in groups.items():
+        coverage.update(precheck(path, names))
+    coverage = {s.label: coverage[s.label] for s in specs}
+    store.meta["coverage"] = coverage
+    store.save_meta()
+    lines = format_coverage(coverage)
+    if progress:
+        print("pre-run coverage: " + ("; ".join(lines) if lines else
+                                      "no backend's operator table lacks an operator of the model"), file=sys.stderr)
+    refused = {}
+    for s in specs:
+        row = coverage[s.label]
+        if row.get("ops"):
+            try:
+                nominal = backend_class(s.name).precision
+            except BackendError:
+                nominal = "fp32"
+            refused[s.label] = BackendStatus(name=s.label, family=s.family(), status="unsupported", reason=refusal(row),
+                                             precision=nominal, precision_requested=nominal)
+    return refused
 
 
 def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str, timeout_s: float, progress: bool,

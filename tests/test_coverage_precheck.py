@@ -1,0 +1,123 @@
+"""Pre-run coverage (issue 18, deliverable 3): before running, each backend's own operator table says
+which operators of the model it lacks; such a backend is not started, its status names the operators,
+and the report lists it. Real tables (ONNX Runtime's schemas, OpenVINO's ONNX frontend), real runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _det_net(path):
+    """Conv -> Relu -> Reshape to 4 matrices of 3x3 -> Det (opset 17): ONNX Runtime runs Det, OpenVINO
+    2026.4's ONNX frontend has no conversion rule for it."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(size=(4, 1, 3, 3)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([1, 4, 3, 3], np.int64), "shape")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Reshape", ["r", "shape"], ["m"], name="reshape"),
+             helper.make_node("Det", ["m"], ["y"], name="det")]
+    g = helper.make_graph(nodes, "det_net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 3, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], initializer=[w, shape])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    onnx.save(m, str(path))
+    return path
+
+
+def test_tables_name_the_missing_operator(tmp_path):
+    from anpred.backends.coverage import precheck, unsupported_by
+
+    path = _det_net(tmp_path / "det.onnx")
+    rows = unsupported_by(path, {"ort": "ort", "openvino": "openvino", "torch-native": "torch-native"})
+    assert rows["ort"]["ops"] == {} and rows["ort"]["basis"] == "ONNX Runtime's registered operator schemas"
+    assert rows["openvino"]["ops"] == {"Det": "no conversion rule in OpenVINO's ONNX frontend"}
+    assert rows["torch-native"]["basis"] == "" and rows["torch-native"]["ops"] == {}  # no table: not asked
+    # a custom-domain operator: no schema in ONNX Runtime (named with its domain)
+    m = onnx.load(str(path))
+    m.graph.node[1].domain, m.graph.node[1].op_type = "my.ops", "FancyRelu"
+    m.opset_import.append(helper.make_opsetid("my.ops", 1))
+    onnx.save(m, str(tmp_path / "custom.onnx"))
+    rows = precheck(tmp_path / "custom.onnx", {"ort": "ort", "ov": "openvino", "bad": "no-such-backend"})
+    assert rows["ort"]["ops"] == {"my.ops::FancyRelu": "no ONNX Runtime schema for 'FancyRelu' in domain 'my.ops'"}
+    assert set(rows["ov"]["ops"]) == {"my.ops::FancyRelu", "Det"}
+    assert "unknown backend 'no-such-backend'" in rows["bad"]["error"] and rows["bad"]["ops"] == {}
+
+
+def test_run_skips_a_backend_whose_table_lacks_an_operator(tmp_path, capsys):
+    from anpred.cli import main
+    from anpred.instrument import instrument_model
+    from anpred.judge import check_run
+    from anpred.run import run_model
+
+    anchored, manifest = instrument_model(onnx.load(str(_det_net(tmp_path / "det.onnx"))))
+    manifest.to_model(anchored)
+    onnx.save(anchored, str(tmp_path / "anchored.onnx"))
+    store = run_model(tmp_path / "anchored.onnx", ["ort", "openvino", "onnx-reference"], "random:uniform:n=2",
+                      tmp_path / "run", progress=True, timeout_s=120)
+    err = capsys.readouterr().err
+    assert "pre-run coverage: openvino: cannot run the model: Det (no conversion rule" in err
+    st = store.statuses()
+    assert st["ort"].status == "ok" and st["onnx-reference"].status == "ok"
+    assert st["openvino"].status == "unsupported" and st["openvino"].samples == 0
+    assert st["openvino"].reason.startswith("not run: the model uses 1 operator(s) missing from its OpenVINO's ONNX "
+                                            "frontend (conversion without compilation) (pre-run coverage): Det:")
+    assert not (tmp_path / "run" / "logs" / "openvino.log").exists()  # never started
+    assert store.meta["coverage"]["openvino"]["ops"] == {"Det": "no conversion rule in OpenVINO's ONNX frontend"}
+    # the report lists it with the backends that did not run, with the operator
+    rep = check_run(tmp_path / "run", allow_incomplete=True)
+    assert rep.backends["openvino"]["coverage"]["ops"] == {"Det": "no conversion rule in OpenVINO's ONNX frontend"}
+    assert "Det" in rep.unjudged_backends["openvino"]
+    # ort and the reference agree on this small network: Det of a 3x3 matrix in float32
+    assert main(["check", str(tmp_path / "run"), "--allow-incomplete"]) in (0, 1)
+    assert "openvino: not judged: run status unsupported: not run: the model uses 1 operator(s)" in capsys.readouterr().out
+
+
+def test_precheck_off_runs_the_backend_and_it_fails_naming_the_operator(tmp_path):
+    from anpred.instrument import instrument_model
+    from anpred.run import run_model
+
+    anchored, manifest = instrument_model(onnx.load(str(_det_net(tmp_path / "det.onnx"))))
+    manifest.to_model(anchored)
+    onnx.save(anchored, str(tmp_path / "anchored.onnx"))
+    store = run_model(tmp_path / "anchored.onnx", ["ort", "openvino"], "random:uniform:n=1", tmp_path / "run",
+                      progress=False, timeout_s=120, precheck=False)
+    st = store.statuses()["openvino"]
+    assert "coverage" not in store.meta
+    assert st.status in ("unsupported", "failed") and "Det" in st.reason
+
+
+@pytest.mark.parametrize("name", ["ort", "openvino"])
+def test_real_models_from_wheels_have_no_missing_operator(name):
+    """PP-OCRv4 det/rec/cls (rapidocr wheel) convert in both tables: no false refusal."""
+    import importlib.util
+    from pathlib import Path
+
+    from anpred.backends import backend_class
+
+    root = Path(importlib.util.find_spec("rapidocr_onnxruntime").origin).parent / "models"
+    files = sorted(root.glob("*.onnx"))
+    assert len(files) == 3
+    for f in files:
+        assert backend_class(name).unsupported_ops(onnx.load(str(f))) == {}, f.name
+
+
+def test_answers_are_cached_by_model_and_library_versions(tmp_path, monkeypatch):
+    from anpred.backends import coverage
+
+    path = _det_net(tmp_path / "det.onnx")
+    first = coverage.precheck(path, {"ov": "openvino"})
+    assert first["ov"]["ops"] == {"Det": "no conversion rule in OpenVINO's ONNX frontend"}
+
+    def no_child(*a, **k):
+        raise AssertionError("a cached answer must not start the child process")
+
+    monkeypatch.setattr(coverage, "_precheck_child", no_child)
+    assert coverage.precheck(path, {"other-label": "openvino"})["other-label"] == first["ov"]
+    monkeypatch.setitem(coverage._versions(), "openvino", ["0.0-other"])  # another installed version: asked anew
+    with pytest.raises(AssertionError, match="cached answer"):
+        coverage.precheck(path, {"ov": "openvino"})
