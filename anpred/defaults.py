@@ -160,6 +160,10 @@ class OracleConfig:
             most this nRMSE (``||x_i - x_j|| / ||x_j||``; 0 = bit-identical) at every anchor and sample
             where both are judged (and where some other voter differs from them) are correlated (shared
             kernels): they are merged into one vote (:mod:`anpred.judge.consensus`).
+        correlated_rho: two voting families whose pooled error correlation at an anchor (three-cornered
+            hat over the family votes, :mod:`anpred.judge.independence`; needs four families) is at
+            least this are merged into one vote there (partly shared kernels or conversion); 1 turns
+            it off. Default and sensitivity: docs/oracle.md "Independence".
     """
 
     primary: str = "nrmse"
@@ -185,6 +189,7 @@ class OracleConfig:
     threshold_atol: float = 1e-5
     threshold_rtol: float = 1e-5
     correlated_nrmse: float = 0.0
+    correlated_rho: float = 0.8
     families: dict[str, str] = field(default_factory=lambda: dict(FAMILIES))
     reduced_precision: dict[str, str] = field(default_factory=lambda: dict(REDUCED_PRECISION))
     reference_priority: list[str] = field(default_factory=lambda: list(REFERENCE_PRIORITY))
@@ -243,6 +248,9 @@ class OracleConfig:
         _number("threshold_atol", self.threshold_atol, 0.0, False)
         _number("threshold_rtol", self.threshold_rtol, 0.0, False)
         _number("correlated_nrmse", self.correlated_nrmse, 0.0, False)
+        _number("correlated_rho", self.correlated_rho, 0.0, True)
+        if self.correlated_rho > 1:
+            raise AnpredError(f"oracle config correlated_rho must be in (0, 1] (1 = off), got {self.correlated_rho!r}")
         for key in ("families", "reduced_precision"):
             table = getattr(self, key)
             if not isinstance(table, dict) or not all(isinstance(k, str) and isinstance(v, str) and v
@@ -285,7 +293,7 @@ class OracleConfig:
         cfg.validate()
         for key in ("k", "floor", "depth_growth", "population_k"):
             setattr(cfg, key, {p: float(v) for p, v in getattr(cfg, key).items()})
-        for key in ("propagation_band", "threshold_atol", "threshold_rtol", "correlated_nrmse", "origin_k",
+        for key in ("propagation_band", "threshold_atol", "threshold_rtol", "correlated_nrmse", "correlated_rho", "origin_k",
                     "origin_floor_fraction", "part_min_scale"):
             setattr(cfg, key, float(getattr(cfg, key)))
         return cfg

@@ -208,9 +208,10 @@ def test_bit_identical_families_are_merged_into_one_vote():
     assert {b for b, v in res.verdicts.items() if v.flagged} == {"openvino", "tf"}
     assert res.verdicts["openvino"].origin_anchor == "anchor/01/b"
     assert any("correlated backends: openvino and tf" in n for n in res.notes)
-    # control: not bit-identical -> four separate votes, nothing merged, and the shared deviation pulls
-    # the element-wise median of four halfway: ort and onnx-reference now deviate as much as the pair
-    o2 = Oracle(ANCHORS, _backends(names))
+    # not bit-identical (the tf copy has its own fp32-level noise): with the error-correlation merge off
+    # (correlated_rho = 1) four separate votes, and the shared deviation pulls the element-wise median of
+    # four halfway: ort and onnx-reference then deviate as much as the pair
+    o2 = Oracle(ANCHORS, _backends(names), OracleConfig(correlated_rho=1.0))
     for s in samples(False):
         o2.add(s)
     res2 = o2.finish()
@@ -218,6 +219,16 @@ def test_bit_identical_families_are_merged_into_one_vote():
     c_ort = next(c for c in res2.cells if c.backend == "ort" and c.anchor == "anchor/01/b")
     c_ov = next(c for c in res2.cells if c.backend == "openvino" and c.anchor == "anchor/01/b")
     assert c_ort.primary > 0.2 * c_ov.primary
+    # issue 18, deliverable 4: by default the pair's shared error is measured (three-cornered hat: the
+    # pair's distance 3e-7 relative is far below the sum of their own error variances 2 x 1e-3) and merged
+    o3 = Oracle(ANCHORS, _backends(names))
+    for s in samples(False):
+        o3.add(s)
+    res3 = o3.finish()
+    assert [(c["families"], c["kind"]) for c in res3.correlated] == [(["openvino", "tensorflow"], "error-correlated")]
+    assert res3.correlated[0]["rho"]["anchor/01/b"] > 0.99 and res3.correlated[0]["anchors"]["anchor/01/b"] == 8
+    assert {b for b, v in res3.verdicts.items() if v.flagged} == {"openvino", "tf"}
+    assert res3.independence["merged"]["openvino+tensorflow"] >= 3
 
 
 def test_all_identical_votes_are_not_merged():

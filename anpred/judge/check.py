@@ -244,6 +244,7 @@ def _take_oracle(report: CheckReport, res: OracleResult, parts: list[OutputPart]
     report.verdicts, report.cells, report.consensus = res.verdicts, res.cells, res.consensus
     report.unjudged_anchors, report.plot_data = res.unjudged_anchors, res.plot_data
     report.correlated = res.correlated
+    report.independence = res.independence
     report.populations, report.population_cells = res.populations, res.population_cells
     report.scales = res.scales
     report.notes.extend(res.notes)

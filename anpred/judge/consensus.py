@@ -58,6 +58,7 @@ branch the fault cannot reach are left out.
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from typing import Any
@@ -66,6 +67,7 @@ import numpy as np
 
 from anpred.defaults import OracleConfig
 from anpred.judge.accumulate import Accumulator, Reservoir
+from anpred.judge.independence import PairDistances, merge_correlated
 from anpred.judge.localize import Localizer
 from anpred.judge.scales import cell_precision, floor_and_basis, natural_units
 from anpred.judge.stats import ErrorStats, Reference, ulp_dtype
@@ -130,6 +132,9 @@ class Oracle:
         # float64 execution(s) of the model: (anchor, voter) -> [sum d^2, sum c^2] against it
         self._fp64 = [b.name for b in backends if b.precision == "fp64"]
         self._fp64_sums: dict[tuple[str, str], list[float]] = {}
+        # pooled distances between family votes: error correlation (partial kernel sharing)
+        self.indep = PairDistances()
+        self.rho_merged: dict[str, dict[frozenset, float]] = {a.name: {} for a in self.anchors}  # last rho
 
     # ---- consensus ------------------------------------------------------------------------------
     def _pick_reference(self, present: list[str]) -> str | None:
@@ -150,10 +155,12 @@ class Oracle:
         dd = float(np.einsum("i,i->", d, d))
         return bool(np.isfinite(dd)) and (dd == 0.0 or (bb > 0 and math.sqrt(dd / bb) <= tol))
 
-    def _groups(self, votes: dict[str, np.ndarray]) -> list[list[str]]:
+    def _groups(self, votes: dict[str, np.ndarray], anchor: str | None = None) -> list[list[str]]:
         """Families whose votes are identical (``correlated_nrmse``) grouped; singletons otherwise.
         No merge when all are identical (nothing tells correlation from agreement) or when fewer than
-        ``min_voters`` distinct votes would remain."""
+        ``min_voters`` distinct votes would remain. Then, at ``anchor``, groups whose pooled error
+        correlation so far (:mod:`anpred.judge.independence`, this sample included) is at least
+        ``correlated_rho`` are merged too, most correlated first, while ``min_voters`` groups remain."""
         groups: list[list[str]] = []
         for f in sorted(votes):
             for g in groups:
@@ -164,6 +171,11 @@ class Oracle:
                 groups.append([f])
         if len(groups) < self.cfg.min_voters:
             return [[f] for f in sorted(votes)]
+        per = self.indep.d2.get(anchor or "", {})
+        if anchor is not None and len(groups) >= 4 and self.cfg.correlated_rho < 1 and \
+                all(frozenset(p) in per for p in itertools.combinations([g[0] for g in groups], 2)):
+            groups, merged = merge_correlated(per, groups, self.cfg.correlated_rho, self.cfg.min_voters)
+            self.rho_merged[anchor].update(merged)
         return groups
 
     def consensus(self, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray | None, str, str | None]:
@@ -173,7 +185,7 @@ class Oracle:
         c, mode, ref, _, _ = self._consensus(arrays)
         return c, mode, ref
 
-    def _consensus(self, arrays):
+    def _consensus(self, arrays, anchor: str | None = None):
         """``(c, mode, reference, groups, undecided)``: the median of the family votes (non-finite
         values voted on element-wise, :func:`vote`), else one reference backend's tensor (its NaN/Inf
         then undecided: one backend cannot outvote anyone); ``c`` None when no voter has a finite value."""
@@ -189,7 +201,9 @@ class Oracle:
                 # of two is undecided there: that family abstains at those elements)
                 fv = {f: ((m[0], None) if len(m) == 1 else vote(m)) for f, m in fams.items()}
                 votes = {f: v for f, (v, _) in fv.items()}
-                groups = self._groups(votes)
+                if anchor is not None:
+                    self.indep.add(anchor, votes)
+                groups = self._groups(votes, anchor)
                 # a family whose members tie at an element abstains there
                 c, undecided = vote([votes[g[0]] for g in groups], [fv[g[0]][1] for g in groups])
                 if undecided is not None and undecided.all():
@@ -261,7 +275,7 @@ class Oracle:
                 for b in got:
                     self._gap(a.name, b, "no other backend to compare with here", sid)
                 continue
-            c, mode, ref, groups, undecided = self._consensus(got)
+            c, mode, ref, groups, undecided = self._consensus(got, a.name)
             if c is None:
                 msg = ("the voting families tie between NaN/Inf and finite values at every element: no consensus"
                        if mode == "undecided" else "no finite value in any voting backend (all NaN/Inf): no consensus")
@@ -379,7 +393,7 @@ class Oracle:
         return OracleResult(
             cells=[cells[k] for a in self.anchors for k in [(a.name, b) for b in self.backends] if k in cells],
             verdicts=verdicts, consensus=consensus, unjudged_anchors=unjudged_anchors, notes=notes,
-            correlated=correlated, samples=self.samples,
+            correlated=correlated, samples=self.samples, independence=self.indep.summary(self.cfg.correlated_rho),
             plot_data={k: acc.res.data for k, acc in self.acc.items()})
 
     def _basis_notes(self, verdicts, consensus: dict[str, list[str]]) -> list[str]:
@@ -415,6 +429,10 @@ class Oracle:
         for c in correlated:
             n_all = len(self.anchors)
             tol = "bit-identical" if cfg.correlated_nrmse <= 0 else f"within nRMSE {cfg.correlated_nrmse:g}"
+            if c.get("rho"):
+                r = list(c["rho"].values())
+                tol = (f"error-correlated (three-cornered hat rho {min(r):.2f}-{max(r):.2f} >= correlated_rho "
+                       f"{cfg.correlated_rho:g}) or bit-identical")
             differ = f"; judged apart at {', '.join(c['differ'][:4])}{' ...' if len(c['differ']) > 4 else ''}" \
                 if c["differ"] else ""
             notes.append(f"correlated backends: {' and '.join(c['backends'])} (families {', '.join(c['families'])}) "
@@ -503,7 +521,9 @@ class Oracle:
             members = [b for b, i in self.backends.items() if i.votes and i.family in g]
             differ = [a.name for a in self.anchors if a.name not in anchors and
                       sum(1 for b in members if (a.name, b) in self.acc) >= 2]
-            out.append({"families": fams, "backends": members, "anchors": anchors, "differ": differ})
+            rho = {a: r for a in anchors if (r := self.rho_merged[a].get(g)) is not None}
+            out.append({"families": fams, "backends": members, "anchors": anchors, "differ": differ,
+                        "kind": "error-correlated" if rho else "bit-identical", "rho": rho})
         return out
 
 def vote(arrays: list[np.ndarray], abstain: list[np.ndarray | None] | None = None

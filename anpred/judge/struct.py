@@ -299,6 +299,8 @@ class OracleResult:
     unjudged_anchors: dict[str, str]
     notes: list[str]
     correlated: list[dict[str, Any]] = field(default_factory=list)
+    # error correlation of each pair of voting families (anpred.judge.independence.PairDistances.summary)
+    independence: dict[str, Any] = field(default_factory=dict)
     samples: int = 0
     plot_data: dict[tuple[str, str], dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
     # precision -> {"members", "consensus", "notes", "correlated"} of each population oracle
@@ -358,6 +360,7 @@ class CheckReport:
     incomplete: list[str] = field(default_factory=list)
     allow_incomplete: bool = False
     correlated: list[dict[str, Any]] = field(default_factory=list)
+    independence: dict[str, Any] = field(default_factory=dict)
     populations: dict[str, dict[str, Any]] = field(default_factory=dict)
     population_cells: dict[str, list[Cell]] = field(default_factory=dict)
     scales: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
@@ -424,6 +427,7 @@ class CheckReport:
             "unjudged_anchors": self.unjudged_anchors, "alignment": self.alignment,
             "problems": self.problems, "notes": self.notes, "incomplete": self.incomplete,
             "allow_incomplete": self.allow_incomplete, "correlated": self.correlated,
+            "independence": self.independence,
             "populations": self.populations,
             "population_cells": {p: [c.to_dict() for c in cs] for p, cs in self.population_cells.items()},
             "scales": {a: {p: {**v, "expected": json_float(v["expected"])} for p, v in per.items()}
@@ -448,6 +452,7 @@ class CheckReport:
                 unjudged_anchors=d.get("unjudged_anchors", {}), alignment=d.get("alignment", {}),
                 problems=d.get("problems", []), notes=d.get("notes", []), incomplete=d.get("incomplete", []),
                 allow_incomplete=bool(d.get("allow_incomplete", False)), correlated=d.get("correlated", []),
+                independence=d.get("independence", {}),
                 populations=d.get("populations", {}),
                 population_cells={p: [Cell.from_dict(c) for c in cs] for p, cs in d.get("population_cells", {}).items()},
                 scales={a: {p: {**v, "expected": from_json_float(v["expected"])} for p, v in per.items()}

@@ -226,9 +226,20 @@ def write_html(report, path: str | Path) -> None:
         parts.append(f"<h2 class='gap'>Not judged ({len(gaps)}): the verdict is incomplete{e(note)}</h2><ul>"
                      + "".join(f"<li>{e(g)}</li>" for g in gaps) + "</ul>")
     for c in getattr(report, "correlated", []) or []:
-        parts.append(f"<p>Correlated backends: <b>{e(' + '.join(c['backends']))}</b> gave bit-identical tensors at "
+        how = ("bit-identical or error-correlated tensors (three-cornered hat rho "
+               f"{min(c['rho'].values()):.2f}-{max(c['rho'].values()):.2f})") if c.get("rho") else "bit-identical tensors"
+        parts.append(f"<p>Correlated backends: <b>{e(' + '.join(c['backends']))}</b> gave {e(how)} at "
                      f"{len(c['anchors'])} of {len(report.anchors)} anchors and were counted as one consensus vote there"
                      + (f" (judged apart at {e(', '.join(c['differ']))})" if c.get("differ") else "") + ".</p>")
+    pairs = (getattr(report, "independence", None) or {}).get("pairs") or {}
+    if pairs:
+        parts.append("<h2>Independence of the voting families</h2><p>Error correlation rho of each pair (three-cornered "
+                     "hat over the family votes, median over anchors; groups merged at rho &ge; "
+                     f"{e(str(report.config.get('correlated_rho')))} are one corner)</p><table><tr><th>pair</th>"
+                     "<th>rho (median)</th><th>rho (max)</th><th>anchors</th></tr>"
+                     + "".join(f"<tr><td>{e(p.replace('|', ' ~ '))}</td><td>{v['rho_median']:.3f}</td>"
+                               f"<td>{v['rho_max']:.3f}</td><td>{v['anchors']}</td></tr>" for p, v in pairs.items())
+                     + "</table>")
     if report.verdicts:
         parts.append("<h2>Verdicts</h2><table><tr><th>backend</th><th>family</th><th>precision</th><th>votes</th>"
                      "<th>verdict</th><th>anchors judged</th><th>origin stage</th><th>origin anchor</th>"
