@@ -32,6 +32,8 @@ REGISTRY: dict[str, str] = {
     "tf": "anpred.backends.tf_onnx:TfOnnxBackend",
     "torch-native": "anpred.backends.torch_native:TorchNativeBackend",
     "tf-native": "anpred.backends.tf_native:TfNativeBackend",
+    "litert": "anpred.backends.litert:LiteRtBackend",
+    "ncnn": "anpred.backends.ncnn_pnnx:NcnnBackend",
 }
 
 
@@ -44,6 +46,8 @@ FAMILY_PACKAGES: dict[str, tuple[str, ...]] = {
     "onnx-reference-fp64": ("onnx", "numpy"),
     "torch": ("torch", "onnx2torch"),
     "tensorflow": ("tensorflow", "onnx2tf"),
+    "litert": ("ai_edge_litert", "onnx2tf", "tensorflow"),
+    "ncnn": ("ncnn", "pnnx"),
 }
 #: extra packages of some backends beyond their family's (the float16 converter of the fp16 models)
 BACKEND_PACKAGES: dict[str, tuple[str, ...]] = {

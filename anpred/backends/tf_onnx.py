@@ -113,6 +113,8 @@ class TfOnnxBackend(Backend):
         self.seconds_convert = 0.0
         self.cache_hit = False
         self.cache_dir: Path | None = None
+        #: cache key of the onnx2tf conversion (folder ``onnx2tf/<key>``), set by ``prepare``
+        self.conversion_key = ""
         self.fixed_shapes: dict[str, list[int]] | None = None
         self._concrete: dict[str, list] = {}
 
@@ -216,17 +218,12 @@ class TfOnnxBackend(Backend):
         from anpred.onnx_io import load_model
 
         model = load_model(model_path)
-        if "threads" in self.options:
-            # before anything (the onnx2tf conversion included) initialises TensorFlow's runtime:
-            # TF refuses thread settings once its context exists
-            import tensorflow as tf
-
-            tf.config.threading.set_intra_op_parallelism_threads(int(self.options["threads"]))
+        self._before_conversion()
         inits = {t.name for t in model.graph.initializer}
         graph_inputs = [i for i in model.graph.input if i.name not in inits]
         no_bf16 = bfloat16_uses(model)
         if no_bf16:
-            raise BackendError("tf: onnx2tf has no bfloat16 (its ONNX->TF dtype table, onnx2tf/utils/enums.py "
+            raise BackendError(f"{self.name}: onnx2tf has no bfloat16 (its ONNX->TF dtype table, onnx2tf/utils/enums.py "
                                "ONNX_DTYPES_TO_TF_DTYPES, lacks BFLOAT16, and it declares a bfloat16 graph input as "
                                "TensorFlow quint16: onnx_graphsurgeon gives the bare element type 16, which tf.as_dtype "
                                f"reads as DT_QUINT16); bfloat16 here: {'; '.join(no_bf16[:5])}"
@@ -235,21 +232,17 @@ class TfOnnxBackend(Backend):
         self.fixed_shapes = fixed
         parts = [Path(model_path), "onnx2tf", md.version("onnx2tf"), self.options.get("onnx2tf", {}), FORMAT]
         key = cache_key(*parts, {"fixed_input_shapes": fixed}) if fixed else cache_key(*parts)
+        self.conversion_key = key
         t0 = time.perf_counter()
         self.cache_hit = (cache_root() / "onnx2tf" / key).is_dir()
         self.cache_dir = cached_dir("onnx2tf", key, lambda tmp: self._convert(model_path, tmp, fixed))
         self._meta = json.loads((self.cache_dir / "meta.json").read_text())
         self.seconds_convert = 0.0 if self.cache_hit else time.perf_counter() - t0
 
-        import tensorflow as tf
-
-        loaded = tf.saved_model.load(str(self.cache_dir / "saved_model"))
-        self._loaded = loaded
-        self._fn = loaded.run
+        in_dtypes, out_dtypes = self._load_converted(self.cache_dir)
         self._index = {o["value"]: i for i, o in enumerate(self._meta["outputs"])}
         self._input_perm = {inp["name"]: self._input_layout(inp) for inp in self._meta["inputs"]}
         self._concrete = _concrete_output_shapes(model, fixed) if fixed else {}
-        in_dtypes, out_dtypes = _signature_dtypes(self._fn)
         declared = {vi.name: elem_type_name(vi.type.tensor_type.elem_type) for vi in graph_inputs}
         self._input_dtype = {inp["name"]: _input_dtype(inp["name"], declared.get(inp["name"], ""), want)
                              for inp, want in zip(self._meta["inputs"], in_dtypes)}
@@ -264,6 +257,32 @@ class TfOnnxBackend(Backend):
                     cap.reason = f"{cap.reason}; {note}"
             self._captures[a.name] = cap
 
+    # ---- hooks of the runtime that runs the conversion (LiteRT overrides them) ------------------
+    def _before_conversion(self) -> None:
+        """Runtime settings that must precede the conversion: TF's intra-op threads (TF refuses thread
+        settings once its context exists, and onnx2tf initialises it)."""
+        if "threads" in self.options:
+            import tensorflow as tf
+
+            tf.config.threading.set_intra_op_parallelism_threads(int(self.options["threads"]))
+
+    def _load_converted(self, cache_dir: Path) -> tuple[list[str], list[str]]:
+        """Load the cached conversion in ``cache_dir`` for running; returns ``(input dtypes, output
+        dtypes)`` as numpy names in ``meta.json`` order (inputs and outputs)."""
+        import tensorflow as tf
+
+        loaded = tf.saved_model.load(str(cache_dir / "saved_model"))
+        self._loaded = loaded
+        self._fn = loaded.run
+        return _signature_dtypes(self._fn)
+
+    def _invoke(self, args: list[np.ndarray]) -> list:
+        """Run the loaded model on ``args`` (in ``meta.json`` input order, converted layout and dtype);
+        returns the outputs in ``meta.json`` output order (anything ``np.asarray`` takes)."""
+        import tensorflow as tf
+
+        return list(self._fn(*[tf.constant(x) for x in args]))
+
     def _fixed_shapes(self, graph_inputs) -> dict[str, list[int]] | None:
         """``options["input_shapes"]`` restricted to the inputs with dynamic dimensions (None when all
         are static or no shapes were given). Raises BackendError when a given shape contradicts a
@@ -277,7 +296,7 @@ class TfOnnxBackend(Backend):
                 continue
             shape = [int(d) for d in given[vi.name]]
             if len(shape) != len(dims) or any(d is not None and d != s for d, s in zip(dims, shape)):
-                raise BackendError(f"tf: input_shapes[{vi.name!r}] = {shape} does not fit the model's {dims}")
+                raise BackendError(f"{self.name}: input_shapes[{vi.name!r}] = {shape} does not fit the model's {dims}")
             fixed[vi.name] = shape
         return fixed or None
 
@@ -291,13 +310,13 @@ class TfOnnxBackend(Backend):
             set(o2t.get("keep_shape_absolutely_input_names") or ())
         channels_last = r in _CHANNELS_LAST and name not in keep
         if len(tn) != r:
-            raise BackendError(f"tf: converted input {name!r} has rank {len(tn)}, the ONNX input {r}")
+            raise BackendError(f"{self.name}: converted input {name!r} has rank {len(tn)}, the ONNX input {r}")
         c = on[1] if r > 1 else None
         if channels_last and c is not None and tn[-1] is not None and tn[-1] != c:
-            raise BackendError(f"tf: input {name!r}: onnx2tf should have made it channels-last, but its TF shape "
+            raise BackendError(f"{self.name}: input {name!r}: onnx2tf should have made it channels-last, but its TF shape "
                                f"{tn} does not end with the ONNX channel count {c} (ONNX {on})")
         if not channels_last and c is not None and tn[1] is not None and tn[1] != c:
-            raise BackendError(f"tf: input {name!r} kept channels-first, but TF shape {tn} vs ONNX {on}")
+            raise BackendError(f"{self.name}: input {name!r} kept channels-first, but TF shape {tn} vs ONNX {on}")
         return _to_channels_last(r) if channels_last else None
 
     def _describe(self, a) -> AnchorCapture:
@@ -339,33 +358,53 @@ class TfOnnxBackend(Backend):
         return dict(self._captures)
 
     def _run_impl(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import tensorflow as tf
-
         args = []
         for inp in self._meta["inputs"]:
             if inp["name"] not in inputs:
-                raise InputError(f"backend tf: missing input {inp['name']!r}")
+                raise InputError(f"backend {self.name}: missing input {inp['name']!r}")
             x = np.asarray(inputs[inp["name"]])
             want = (self.fixed_shapes or {}).get(inp["name"])
             if want is not None and list(x.shape) != want:
-                raise InputError(f"backend tf: input {inp['name']!r} has shape {list(x.shape)}, but the model was "
-                                 f"converted at {want} (onnx2tf needs fixed input shapes; run samples of one shape)")
+                raise InputError(f"backend {self.name}: input {inp['name']!r} has shape {list(x.shape)}, but the model "
+                                 f"was converted at {want} (onnx2tf needs fixed input shapes; run samples of one shape)")
             perm = self._input_perm[inp["name"]]
             if perm is not None:
                 x = np.transpose(x, perm)
-            args.append(tf.constant(_feed(inp["name"], np.ascontiguousarray(x), self._input_dtype.get(inp["name"]))))
-        outs = self._fn(*args)
+            args.append(_feed(inp["name"], np.ascontiguousarray(x), self._input_dtype.get(inp["name"]), self.name))
+        outs = self._invoke(args)
         result = {}
         assert self.manifest is not None
         for a in self.manifest.anchors:
             if self._captures[a.name].status != "missing":
-                y = outs[self._index[a.name if a.name in self._index else a.value]].numpy()
+                y = np.asarray(outs[self._index[a.name if a.name in self._index else a.value]])
                 result[a.name] = y.astype(self._out_cast[a.name]) if a.name in self._out_cast else y
         return result
 
     def close(self) -> None:
         self._fn = None
         self._loaded = None
+
+
+#: how :func:`onnx2tf_unsupported_ops` knows
+ONNX2TF_COVERAGE_BASIS = "onnx2tf converter modules (onnx2tf/ops/<op_type>.py, looked up by op_type alone)"
+
+
+def onnx2tf_unsupported_ops(model) -> dict[str, str]:
+    """The operators of ``model`` (``onnx.ModelProto``, sub-graphs included) that onnx2tf has no
+    converter for, as ``{op key: reason}``. onnx2tf converts node by node with
+    ``importlib.import_module(f"onnx2tf.ops.{op_type}")`` (``onnx2tf/onnx2tf.py``; the node's domain is
+    not looked at) and stops with "<op> OP is not yet implemented" when that module is missing, so
+    its table is the set of modules in the ``onnx2tf.ops`` package. Ops that onnxsim removes before
+    onnx2tf sees them (e.g. folded constant sub-graphs) may be listed although they would vanish."""
+    import pkgutil
+
+    import onnx2tf.ops
+
+    from anpred.onnx_io import model_ops
+
+    table = {m.name for m in pkgutil.iter_modules(onnx2tf.ops.__path__)}
+    return {key: f"onnx2tf has no converter for {op_type} (no module onnx2tf/ops/{op_type}.py)"
+            for key, (_, op_type, _) in model_ops(model).items() if op_type not in table}
 
 
 @contextlib.contextmanager
@@ -474,9 +513,9 @@ def _input_dtype(name: str, declared: str, converted: str) -> str | None:
     return converted
 
 
-def _feed(name: str, x: np.ndarray, dtype: str | None) -> np.ndarray:
+def _feed(name: str, x: np.ndarray, dtype: str | None, backend: str = "tf") -> np.ndarray:
     """``x`` cast to ``dtype`` (None: unchanged); an integer cast that changes a value raises
-    :class:`~anpred.errors.InputError`."""
+    :class:`~anpred.errors.InputError` (naming ``backend``)."""
     if dtype is None or x.dtype.name == dtype:
         return x
     if dtype == "bfloat16":
@@ -485,7 +524,7 @@ def _feed(name: str, x: np.ndarray, dtype: str | None) -> np.ndarray:
         return x.astype(ml_dtypes.bfloat16)
     y = x.astype(dtype)
     if x.dtype.kind != "f" and x.dtype.name != "bfloat16" and not np.array_equal(y.astype(x.dtype), x):
-        raise InputError(f"backend tf: input {name!r}: the converted model takes {dtype}, and casting this "
+        raise InputError(f"backend {backend}: input {name!r}: the converted model takes {dtype}, and casting this "
                          f"{x.dtype} sample to it changes values")
     return y
 
