@@ -220,6 +220,10 @@ class NcnnBackend(Backend):
         opt.use_vulkan_compute = False
         for flag in _LOWP_FLAGS:
             setattr(opt, flag, False)
+        # OpenMP threads sleep at once instead of spinning 20 ms (ncnn's default) after each layer, so
+        # that they do not take the core of the runner's tensor-writer thread (options["ncnn"] may set
+        # it back); timing in docs/backends-converters.md
+        opt.openmp_blocktime = 0
         for k, v in extra.items():
             setattr(opt, k, v)
         if self.options.get("threads"):
