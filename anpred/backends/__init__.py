@@ -32,6 +32,9 @@ REGISTRY: dict[str, str] = {
     "tf": "anpred.backends.tf_onnx:TfOnnxBackend",
     "torch-native": "anpred.backends.torch_native:TorchNativeBackend",
     "tf-native": "anpred.backends.tf_native:TfNativeBackend",
+    "tvm": "anpred.backends.tvm_relax:TvmBackend",
+    "mnn": "anpred.backends.mnn:MnnBackend",
+    "mnn-winograd": "anpred.backends.mnn:MnnWinogradBackend",
 }
 
 
@@ -44,6 +47,8 @@ FAMILY_PACKAGES: dict[str, tuple[str, ...]] = {
     "onnx-reference-fp64": ("onnx", "numpy"),
     "torch": ("torch", "onnx2torch"),
     "tensorflow": ("tensorflow", "onnx2tf"),
+    "tvm": ("tvm",),
+    "mnn": ("MNN",),
 }
 #: extra packages of some backends beyond their family's (the float16 converter of the fp16 models)
 BACKEND_PACKAGES: dict[str, tuple[str, ...]] = {
