@@ -43,7 +43,8 @@ def _eps_units(got: np.ndarray, ref: np.ndarray) -> float:
 def _ops_net():
     """A network covering conv/BN/SiLU, max and average pooling (``ceil_mode``, ``count_include_pad``),
     a strided conv, ConvTranspose, nearest Resize, Concat, global mean/max, an int64-indexed Embedding
-    (Gather), LayerNorm, exact (erf) GELU, Gemm/MatMul and Softmax; two outputs."""
+    (Gather), LayerNorm, exact (erf) GELU, Gemm/MatMul, a Reshape whose target is computed from
+    ``Shape`` and Softmax; two outputs."""
     import torch
     import torch.nn as nn
 
@@ -67,7 +68,8 @@ def _ops_net():
             u = nn.functional.interpolate(self.up(b), scale_factor=0.5, mode="nearest")
             p = self.avg(a)  # ceil_mode: one more row/column than floor, averaged over 9 with padding
             g = torch.cat([u.mean((2, 3)), u.amax((2, 3)), p.mean((2, 3)), p.amax((2, 3))], 1)
-            t = self.gelu(self.fc(self.ln(self.emb(ids)))).mean(1)
+            t = self.gelu(self.fc(self.ln(self.emb(ids))))
+            t = t.reshape(t.shape[0], t.shape[1] * 3, 8).mean(1).repeat(1, 3)  # target computed from Shape
             return torch.softmax(self.head(torch.cat([g, t], 1)), -1), b
 
     torch.manual_seed(0)
@@ -81,7 +83,7 @@ def _ops_net():
 
 @pytest.fixture(scope="module")
 def ops_run(tmp_path_factory):
-    """OpsNet exported with the TorchScript exporter (opset 17, height/width dynamic), anchored, run on
+    """OpsNet exported with the TorchScript exporter (opset 17, height/width and the id count dynamic), anchored, run on
     ort/tvm/mnn with two samples of one shape (the runner passes tvm the concrete shapes)."""
     import torch
 
@@ -89,7 +91,7 @@ def ops_run(tmp_path_factory):
     x, ids = torch.rand(1, 3, 32, 32), torch.randint(0, 50, (1, 7))
     torch.onnx.export(_ops_net(), (x, ids), str(d / "ops.onnx"), dynamo=False, opset_version=17,
                       input_names=["x", "ids"], output_names=["probs", "feat"],
-                      dynamic_axes={"x": {2: "h", 3: "w"}})
+                      dynamic_axes={"x": {2: "h", 3: "w"}, "ids": {1: "n"}})
     man = instrument_file(str(d / "ops.onnx"), str(d / "ops.anchored.onnx"))
     rs = np.random.RandomState(0)
     samples = d / "in"
@@ -134,6 +136,46 @@ def test_ops_network_records_target_precision_and_kernels(ops_run):
     if want:
         assert mv["mnn_cpu_kernels"] == want
     assert run.meta["inputs"]["input_shapes"]["x"] == [1, 3, 40, 40]  # what tvm compiled for
+    assert int(tv["tvm_shape_nodes_folded"]) >= 4  # Shape -> Gather -> Unsqueeze -> Concat -> Reshape
+
+
+def test_fold_shape_computations_keeps_the_values(tmp_path):
+    """Shape -> Cast -> Slice -> Cast -> Concat(constant) -> Reshape: at a concrete input shape the
+    Reshape target becomes an initializer, the activations stay, and ONNX Runtime gives identical
+    results before and after."""
+    from anpred.backends.native_io import fold_shape_computations
+
+    i64 = lambda name, v: numpy_helper.from_array(np.asarray(v, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Shape", ["r"], ["s"]),
+             helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
+             helper.make_node("Slice", ["sf", "b", "e"], ["hw"]),
+             helper.make_node("Cast", ["hw"], ["hwi"], to=TensorProto.INT64),
+             helper.make_node("Mul", ["hwi", "two"], ["hw2"]),
+             helper.make_node("Concat", ["one", "hw2"], ["target"], axis=0),
+             helper.make_node("Reshape", ["r", "target"], ["y0"]),
+             helper.make_node("Sigmoid", ["y0"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, "h", "w"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [i64("b", [2]), i64("e", [4]), i64("two", [1, 1]), i64("one", [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    folded, n = fold_shape_computations(m, {"x": [1, 2, 3, 4]})
+    assert n == 6 and [x.op_type for x in folded.graph.node] == ["Relu", "Reshape", "Sigmoid"]
+    target = {t.name: numpy_helper.to_array(t) for t in folded.graph.initializer}["target"]
+    np.testing.assert_array_equal(target, [2, 3, 4])
+    x = np.random.RandomState(0).randn(1, 2, 3, 4).astype(np.float32)
+    onnx.save(m, str(tmp_path / "a.onnx"))
+    onnx.save(folded, str(tmp_path / "b.onnx"))
+    ref = _ort(tmp_path / "a.onnx", {"x": x})["y"]
+    np.testing.assert_array_equal(_ort(tmp_path / "b.onnx", {"x": x})["y"], ref)
+    # TVM's importer refuses this Reshape target unfolded ("Reshape requires the input new shape to be
+    # Shape"); the tvm backend folds it at the run's shapes and runs
+    man = instrument_file(str(tmp_path / "a.onnx"), str(tmp_path / "a.anchored.onnx"))
+    with TvmBackend({"input_shapes": {"x": [1, 2, 3, 4]}}) as b:
+        b.prepare(tmp_path / "a.anchored.onnx", man, tmp_path / "w")
+        got = b.run({"x": x})
+        assert b.versions()["tvm_shape_nodes_folded"] == "6"
+    assert _eps_units(got[next(a.name for a in man.anchors if a.value == "y")], ref) <= 4
 
 
 def test_tvm_refuses_dynamic_shapes_without_concrete_ones(ops_run, tmp_path):
@@ -143,7 +185,8 @@ def test_tvm_refuses_dynamic_shapes_without_concrete_ones(ops_run, tmp_path):
     with pytest.raises(BackendError, match=r"does not fit"):
         TvmBackend({"input_shapes": {"x": [1, 4, 40, 40]}}).prepare(model, man, tmp_path)
     with pytest.raises(BackendError, match=r"does not know the CPU 'no-such-cpu'"):
-        TvmBackend({"input_shapes": {"x": [1, 3, 40, 40]}, "mcpu": "no-such-cpu"}).prepare(model, man, tmp_path)
+        shapes = {"x": [1, 3, 40, 40], "ids": [1, 7]}
+        TvmBackend({"input_shapes": shapes, "mcpu": "no-such-cpu"}).prepare(model, man, tmp_path)
 
 
 def _lstm_model(d: Path) -> Path:

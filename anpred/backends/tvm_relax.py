@@ -44,6 +44,14 @@ graph and a tuple in graph-output order otherwise (``onnx_frontend.py``, ``ONNXG
 NCHW) and in the graph's dtypes (an integer/bool result in another integer width is cast back when
 every value survives: :func:`anpred.backends.native_io.as_declared`).
 
+Shape computations: before the import, every computation that depends only on tensor shapes
+(``Shape`` -> ``Cast``/``Slice``/``Concat``/``Gather``... -> a ``Reshape`` target) is evaluated at
+the concrete input shapes with ``onnx.reference`` and replaced by an initializer
+(:func:`anpred.backends.native_io.fold_shape_computations`; no activation is folded). The frontend
+keeps shapes symbolic only through a few ops (``shape_compatible_ops`` in ``_construct_nodes``) and
+otherwise turns them into tensors its ``Reshape`` refuses ("Reshape requires the input new shape to be
+Shape": PP-OCR rec and cls). ``versions()["tvm_shape_nodes_folded"]`` counts the folded nodes.
+
 Inputs are passed positionally in graph-input order (the frontend renames inputs whose names are not
 identifiers, ``sanitize_input_names``, but keeps their order).
 
@@ -73,13 +81,13 @@ from typing import Any
 import numpy as np
 
 from anpred.backends.base import AnchorCapture, Backend
-from anpred.backends.native_io import as_declared, check_sample, concrete_shapes, graph_inputs
+from anpred.backends.native_io import as_declared, check_sample, concrete_shapes, fold_shape_computations, graph_inputs
 from anpred.backends.ort import output_anchor_map
 from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 from anpred.onnx_io import model_ops
 
-FORMAT = "anpred.tvm_relax/1"
+FORMAT = "anpred.tvm_relax/3"  # 2: shape computations folded at the concrete shapes; 3: repeated
 #: ops the Relax importer handles itself, outside the converter table (``_construct_nodes``)
 DIRECT_OPS = ("If",)
 LIBRARY = "model.so"
@@ -152,6 +160,7 @@ class TvmBackend(Backend):
         self.cache_hit = False
         self.cache_note = ""
         self.seconds_compile = 0.0
+        self.shape_nodes_folded = 0
 
     def _versions_impl(self) -> dict[str, str]:
         import tvm
@@ -161,6 +170,7 @@ class TvmBackend(Backend):
             v["tvm_target"] = json.dumps(self._meta["target"], sort_keys=True)
             v["tvm_llvm_cpu"] = self._meta["target"].get("mcpu", "generic")
             v["tvm_cache"] = self.cache_note or ("hit" if self.cache_hit else "compiled")
+            v["tvm_shape_nodes_folded"] = str(self._meta.get("shape_nodes_folded", 0))
         return v
 
     # ---- compilation ------------------------------------------------------------------------
@@ -174,6 +184,7 @@ class TvmBackend(Backend):
         if missing:
             raise BackendError(f"tvm: TVM {tvm.__version__}'s Relax ONNX frontend does not support these operators "
                                f"(not supported: no converter): {', '.join(sorted(missing))}")
+        model, self.shape_nodes_folded = fold_shape_computations(model, shapes)
         log = io.StringIO()
         try:
             with warnings.catch_warnings(), contextlib.redirect_stdout(log):
@@ -215,6 +226,7 @@ class TvmBackend(Backend):
             exe = self._compile(model, shapes, target)
             self.seconds_compile = time.perf_counter() - t0
             meta["seconds_compile"] = round(self.seconds_compile, 3)
+            meta["shape_nodes_folded"] = self.shape_nodes_folded
 
             def build(tmp: Path) -> None:
                 exe.export_library(str(tmp / LIBRARY))
