@@ -32,6 +32,9 @@ REGISTRY: dict[str, str] = {
     "tf": "anpred.backends.tf_onnx:TfOnnxBackend",
     "torch-native": "anpred.backends.torch_native:TorchNativeBackend",
     "tf-native": "anpred.backends.tf_native:TfNativeBackend",
+    "tvm": "anpred.backends.tvm_relax:TvmBackend",
+    "mnn": "anpred.backends.mnn:MnnBackend",
+    "mnn-winograd": "anpred.backends.mnn:MnnWinogradBackend",
     "litert": "anpred.backends.litert:LiteRtBackend",
     "ncnn": "anpred.backends.ncnn_pnnx:NcnnBackend",
 }
@@ -46,6 +49,8 @@ FAMILY_PACKAGES: dict[str, tuple[str, ...]] = {
     "onnx-reference-fp64": ("onnx", "numpy"),
     "torch": ("torch", "onnx2torch"),
     "tensorflow": ("tensorflow", "onnx2tf"),
+    "tvm": ("tvm",),
+    "mnn": ("MNN",),
     "litert": ("ai_edge_litert", "onnx2tf", "tensorflow"),
     "ncnn": ("ncnn", "pnnx"),
 }
