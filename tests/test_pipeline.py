@@ -74,8 +74,9 @@ def test_default_backends_follow_the_origin():
 
     pops = ["ort-fp16", "ort-fp16-noopt", "openvino-fp16", "torch-fp16",
             "ort-int8", "ort-int8-noopt", "openvino-int8", "onnx-reference-int8"]
-    assert default_backends("onnx") == ["ort", "openvino", "torch", "tf"] + pops
-    assert default_backends("torch") == ["ort", "openvino", "torch", "tf", "torch-native"] + pops
+    fp32 = ["ort", "openvino", "torch", "tf", "tvm", "mnn", "ncnn", "litert"]  # eight families (issue 18)
+    assert default_backends("onnx") == fp32 + pops
+    assert default_backends("torch") == fp32 + ["torch-native"] + pops
     assert "tf-native" in default_backends("tf") and "torch-native" not in default_backends("tf")
 
 
@@ -94,7 +95,7 @@ def test_demo_pipeline_reduced(root):
     assert r.report.samples == 2 and r.report.model["name"] == "ppocr-det"
     assert r.details["inputs"]["sources"] == ["rendered page seed 0", "rendered page seed 1"]
     assert r.details["fixed_dims"] == ["x[0]=1", "x[2]=96", "x[3]=128"]  # dynamic ONNX input made static
-    for b in ("ort", "openvino", "torch", "tf"):  # fp32 voters agree to fp32 noise on the trained model
+    for b in ("ort", "openvino", "torch", "tf", "tvm", "mnn", "ncnn", "litert"):  # fp32 voters agree to fp32 noise
         v = r.verdicts[b]
         assert not v.flagged and v.judged_anchors >= 5 and v.worst_primary < 1e-4, (b, v.worst_primary)
     for b in ("ort-fp16", "ort-int8"):  # judged against the consensus, at least at the first anchors

@@ -18,12 +18,14 @@ from anpred.errors import AnpredError, BackendError, InputError, OutputPathError
 __all__ = ["ONNX_BACKENDS", "NATIVE_BACKEND", "DEFAULT_SAMPLES", "DEFAULT_IMGSZ", "default_backends",
            "parse_backend_list", "check_native_backends", "check_test_options"]
 
-#: Backends that run any ONNX model, in run order (fp32 voters first, then the reduced-precision
+#: Backends that run any ONNX model, in run order (fp32 voters first: eight families, independent
+#: kernel libraries, docs/backends-converters.md; ``onnx-reference`` left out for its cost and
+#: ``mnn-winograd`` for its larger rounding error; then the reduced-precision
 #: populations: each runs ONE converted model, cached, on three families, so that each member is also
 #: judged against its own population (docs/oracle.md). The fp16 population leaves out
 #: ``onnx-reference-fp16`` (numpy float16: ~100x ORT's time per sample), the int8 one keeps
 #: ``onnx-reference-int8`` (its third family; ~70x ORT's time per sample, measured on yolov8n 320).
-ONNX_BACKENDS: tuple[str, ...] = ("ort", "openvino", "torch", "tf",
+ONNX_BACKENDS: tuple[str, ...] = ("ort", "openvino", "torch", "tf", "tvm", "mnn", "ncnn", "litert",
                                   "ort-fp16", "ort-fp16-noopt", "openvino-fp16", "torch-fp16",
                                   "ort-int8", "ort-int8-noopt", "openvino-int8", "onnx-reference-int8")
 #: The native backend of each origin framework.
