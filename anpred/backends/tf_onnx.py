@@ -74,7 +74,8 @@ from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
 from anpred.onnx_io import elem_type_name
 
-FORMAT = "anpred.tf_onnx/3"  # 2: onnxsim found (scripts folder on PATH); 3: Constant nodes -> initializers
+FORMAT = "anpred.tf_onnx/4"  # 2: onnxsim found (scripts folder on PATH); 3: Constant nodes -> initializers;
+# 4: control flow inlined, recurrent layers unrolled, outputs renamed (prepare_for_onnx2tf)
 _CHANNELS_LAST = {3: "NWC", 4: "NHWC", 5: "NDHWC"}
 
 
@@ -103,6 +104,25 @@ class TfOnnxBackend(Backend):
     name = "tf"
     family = "tensorflow"
     precision = "fp32"
+    coverage_basis = "onnx2tf operator modules (onnx2tf/ops/<OpType>.py)"
+
+    @classmethod
+    def unsupported_ops(cls, model) -> dict[str, str]:
+        """The operators of ``model`` (sub-graphs included) for which onnx2tf has no ``ops/<OpType>.py``
+        module (onnx2tf dispatches on the op type alone, whatever the domain and opset). Reads the
+        installed package's folder: neither onnx2tf nor TensorFlow is imported. Version- and
+        attribute-dependent failures are found only when converting."""
+        import importlib.util
+
+        from anpred.onnx_io import model_ops
+
+        spec = importlib.util.find_spec("onnx2tf")
+        if spec is None or not spec.submodule_search_locations:
+            return {}
+        ops_dir = Path(list(spec.submodule_search_locations)[0]) / "ops"
+        have = {p.stem for p in ops_dir.glob("*.py")}
+        return {key: f"onnx2tf has no converter module ops/{op}.py" for key, (_, op, _) in model_ops(model).items()
+                if op not in have}
 
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)
@@ -150,6 +170,7 @@ class TfOnnxBackend(Backend):
         # onnx2tf's binary-op validation does not take a Constant node's TF constant for a constant and
         # fails ("... Found: 3.0", PP-OCRv4 det at 256x256); initializers reach it as NumPy arrays
         fold_constant_nodes(model)
+        prep = prepare_for_onnx2tf(model)
         src = scratch / "model.onnx"
         onnx.save(model, str(src))
         onnx2tf_calibration_file(scratch)
@@ -173,18 +194,22 @@ class TfOnnxBackend(Backend):
             raise BackendError(f"onnx2tf returned no model for {model_path.name}: {_errors(log.getvalue())}")
         seconds = time.perf_counter() - t0
         simplified = onnx.load(str(src), load_external_data=False)  # onnx2tf wrote its onnxsim result here
-        names = [o.name for o in simplified.graph.output]
-        if len(names) != len(km.outputs):
-            raise BackendError(f"onnx2tf produced {len(km.outputs)} outputs for {len(names)} ONNX outputs; "
+        safe = [o.name for o in simplified.graph.output]
+        if len(safe) != len(km.outputs):
+            raise BackendError(f"onnx2tf produced {len(km.outputs)} outputs for {len(safe)} ONNX outputs; "
                                "cannot map them back to anchors")
+        names = [prep["outputs"].get(n, n) for n in safe]  # back to the anchored model's output names
         layouts = dict(getattr(km, "onnx_output_layouts", {}) or {})
         inits = {t.name for t in simplified.graph.initializer}
         onnx_inputs = [i for i in simplified.graph.input if i.name not in inits]
         meta = {
             "format": FORMAT,
             "seconds_convert": seconds,
+            "constant_outputs": prep["constant"],
+            "unrolled": prep["unrolled"],
+            "inlined": prep["inlined"],
             "outputs": [{"value": n, "tf_shape": [d if d is None else int(d) for d in o.shape],
-                         "channels_last": bool(layouts.get(n, False))} for n, o in zip(names, km.outputs)],
+                         "channels_last": bool(layouts.get(sn, False))} for sn, n, o in zip(safe, names, km.outputs)],
             "inputs": [{"name": i.name,
                         "onnx_shape": [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim],
                         "tf_shape": [d if d is None else int(d) for d in ki.shape],
@@ -305,6 +330,10 @@ class TfOnnxBackend(Backend):
         # the anchor; an original output keeps its ONNX name (the anchor's value).
         key = a.name if a.name in self._index else a.value
         i = self._index.get(key)
+        if i is None and (a.name in self._meta.get("constant_outputs", ()) or a.value in self._meta.get("constant_outputs", ())):
+            return AnchorCapture("missing", None, None, None,
+                                 f"ONNX value {a.value!r} is a constant (it depends on no graph input): onnxsim folds it "
+                                 "and onnx2tf returns no tensor for a constant output")
         if i is None:
             return AnchorCapture("missing", None, None, None,
                                  f"ONNX value {a.value!r} is not an output of the onnx2tf model "
@@ -366,6 +395,82 @@ class TfOnnxBackend(Backend):
     def close(self) -> None:
         self._fn = None
         self._loaded = None
+
+
+#: graph output names onnx2tf keeps as they are (it rewrites ':' to '__' and, with some options, a leading
+#: '/'; an output whose name it rewrote is then silently left out of the Keras model)
+_SAFE_OUTPUT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def prepare_for_onnx2tf(model) -> dict[str, Any]:
+    """The tf backend's pre-conversion step on its scratch copy of the model (weights loaded,
+    ``Constant`` nodes folded), in place. Returns ``{"outputs": {new output name: original name},
+    "constant": [original names of dropped constant outputs], "unrolled": [recurrent node names],
+    "inlined": [If/Loop node names]}``.
+
+    0. ``If``/``Loop`` nodes are inlined (:class:`passes.control_flow.ControlFlowInlinePass`): onnx2tf 1.29's
+       ``If`` failed with ``KeyError`` on a branch that reads a value of the enclosing graph.
+    1. ``LSTM``/``GRU``/``RNN`` nodes with a static sequence length are unrolled into elementary ops
+       (:class:`passes.recurrent.RecurrentUnrollPass`): onnx2tf 1.29's recurrent layers failed on every
+       such node whose ``X`` is a 3-D graph input (it transposes 3-D inputs to channels-last and its
+       LSTM/GRU/RNN then reshape the wrong axes: ``InvalidArgumentError: Input to reshape is a tensor
+       with 48 values, but the requested shape has 24``), and on bidirectional ones without initial
+       states (``TypeError``).
+    2. Graph outputs that depend on no graph input (constants: onnxsim folds them into initializers
+       and onnx2tf's Keras model has no tensor for them) are removed from the outputs and reported.
+    3. Every other graph output is renamed ``anpred_out_<i>`` through an appended
+       ``Identity(value) -> anpred_out_<i>``: onnx2tf looks outputs up by name after rewriting ``:``
+       to ``__`` and drops those it cannot find without an error (``get_tf_model_outputs``), so a model
+       whose outputs carry TF-style names (``head/cls:0``) gave a Keras model with fewer outputs than
+       the ONNX graph, and the outputs could not be mapped back to anchors.
+    """
+    from onnx import helper
+
+    from passes.recurrent import unroll_recurrent
+
+    from passes.control_flow import inline_control_flow
+
+    g = model.graph
+    inlined = inline_control_flow(model)["inlined"]
+    unrolled = unroll_recurrent(model)["unrolled"]
+    variable = {i.name for i in g.input} - {t.name for t in g.initializer}
+    for n in g.node:  # nodes are in topological order (ONNX requires it of the main graph)
+        if n.op_type in ("RandomNormal", "RandomUniform") or any(v in variable for v in _node_reads(n)):
+            variable.update(o for o in n.output if o)
+    constant = [o.name for o in g.output if o.name not in variable]
+    renamed: dict[str, str] = {}
+    outputs = []
+    taken = {v for n in g.node for v in n.output} | {i.name for i in g.input} | {t.name for t in g.initializer}
+    for k, o in enumerate(g.output):
+        if o.name in constant:
+            continue
+        new = o.name
+        if not _SAFE_OUTPUT.match(o.name) or o.name in variable and o.name in {i.name for i in g.input}:
+            new = f"anpred_out_{k}"
+            while new in taken:
+                new += "_"
+            taken.add(new)
+            g.node.append(helper.make_node("Identity", [o.name], [new], name=f"anpred_rename/{new}"))
+            renamed[new] = o.name
+        vi = type(o)()
+        vi.CopyFrom(o)
+        vi.name = new
+        outputs.append(vi)
+    del g.output[:]
+    g.output.extend(outputs)
+    return {"outputs": renamed, "constant": constant, "unrolled": unrolled, "inlined": inlined}
+
+
+def _node_reads(node) -> list[str]:
+    """The values a node reads: its inputs and the outer-scope names its sub-graphs use."""
+    from anpred.onnx_io import iter_graphs
+
+    reads = [v for v in node.input if v]
+    for a in node.attribute:
+        for sg in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            for sub in iter_graphs(sg):
+                reads.extend(v for n in sub.node for v in n.input if v)
+    return reads
 
 
 @contextlib.contextmanager
