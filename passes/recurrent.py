@@ -12,13 +12,14 @@ the ``Gather`` of a time step and the final ``Concat``.
 
 Equations (ONNX operator docs, LSTM-14/GRU-14/RNN-14; ``(.)`` is the element-wise product), with the
 order of operations of ONNX Runtime's CPU kernels (``onnxruntime/core/providers/cpu/rnn``:
-peepholes are added before the clip, the clip bounds ``pre-activation + bias``, LSTM's ``h`` takes
-the clipped ``C_t``, ``input_forget`` sets ``f = 1 - i``):
+peepholes are added before the clip, the clip bounds ``pre-activation + bias`` of every gate and not
+the cell state (``h(C_t)`` unclipped: measured against ONNX Runtime 1.32 with a float64 re-computation),
+``input_forget`` sets ``f = 1 - i``):
 
 - LSTM (gate order ``iofc`` in ``W``/``R``/``B``, ``iof`` in ``P``; default f=Sigmoid, g=h=Tanh):
   ``i = f(clip(X W_i^T + H R_i^T + P_i (.) C + Wb_i + Rb_i))``, same for ``f`` with ``P_f``,
   ``c = g(clip(X W_c^T + H R_c^T + Wb_c + Rb_c))``, ``C' = f (.) C + i (.) c``,
-  ``o = f(clip(X W_o^T + H R_o^T + P_o (.) C' + Wb_o + Rb_o))``, ``H' = o (.) h(clip(C'))``;
+  ``o = f(clip(X W_o^T + H R_o^T + P_o (.) C' + Wb_o + Rb_o))``, ``H' = o (.) h(C')``;
 - GRU (gate order ``zrh``; default f=Sigmoid, g=Tanh): ``z = f(X W_z^T + H R_z^T + Wb_z + Rb_z)``,
   ``r`` likewise, ``h = g(X W_h^T + (r (.) H) R_h^T + Rb_h + Wb_h)`` (``linear_before_reset=0``) or
   ``h = g(X W_h^T + r (.) (H R_h^T + Rb_h) + Wb_h)`` (``=1``), ``H' = (1 - z) (.) h + z (.) H``;
@@ -229,7 +230,7 @@ def _unroll(node, inits: dict[str, np.ndarray], types: dict[str, Any], taken: se
                 cc = em.act(fa[1], em.clip(em.add(gc, bias[3]), clip, dtype), dtype)
                 c = em.add(em.mul(f, c), em.mul(i, cc))
                 o = em.act(fa[0], em.clip(em.add(go, em.mul(c, peep[1]), bias[1]), clip, dtype), dtype)
-                h = em.mul(o, em.act(fa[2], em.clip(c, clip, dtype), dtype))
+                h = em.mul(o, em.act(fa[2], c, dtype))
             elif op == "GRU":
                 z = em.act(fa[0], em.clip(em.add(em.matmul(xt, Wt[0]), em.matmul(h, Rt[0]), bias[0]), clip, dtype), dtype)
                 rr = em.act(fa[0], em.clip(em.add(em.matmul(xt, Wt[1]), em.matmul(h, Rt[1]), bias[1]), clip, dtype), dtype)

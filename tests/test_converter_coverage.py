@@ -69,7 +69,7 @@ def _rnn_node(op, name, x, F, H, direction, rng, states=(), lbr=None, P=False, T
 
 
 def recurrent_net():
-    """x (5, 2, 4), h0/c0 (1, 2, 3) -> nine recurrent nodes (LSTM x3, GRU x3, RNN x3) covering every
+    """x (3, 2, 4), h0/c0 (1, 2, 3) -> nine recurrent nodes (LSTM x3, GRU x3, RNN x3) covering every
     direction, initial states as inputs/initializers/absent, peepholes + clip, input_forget,
     linear_before_reset 0/1, non-default activations; one chain (bi-LSTM Y -> GRU). Opset 17."""
     import onnx
@@ -79,7 +79,7 @@ def recurrent_net():
     nodes, inits, outs = [], [], []
 
     def add(*a, **k):
-        n, i, o = _rnn_node(*a, rng=rng, **k)
+        n, i, o = _rnn_node(*a, rng=rng, T=3, **k)
         nodes.append(n)
         inits.extend(i)
         outs.extend(o)
@@ -89,15 +89,16 @@ def recurrent_net():
     add("LSTM", "lstm_r", "x", 4, 3, "reverse", states=("init",), input_forget=1)
     nodes += [helper.make_node("Transpose", ["lstm_b.Y"], ["lstm_b.t"], name="chain_t", perm=[0, 2, 1, 3]),
               helper.make_node("Reshape", ["lstm_b.t", "chain_shape"], ["chain"], name="chain_r")]
-    inits.append(numpy_helper.from_array(np.array([5, 2, 6], np.int64), "chain_shape"))
+    inits.append(numpy_helper.from_array(np.array([3, 2, 6], np.int64), "chain_shape"))
     add("GRU", "gru_r", "chain", 6, 3, "reverse", states=("h0",), lbr=0)
     add("GRU", "gru_b", "x", 4, 3, "bidirectional", states=("init",), lbr=1,
-        activations=["Sigmoid", "Relu", "HardSigmoid", "Tanh"], activation_alpha=[0.3], activation_beta=[0.4])
+        activations=["Sigmoid", "Relu", "HardSigmoid", "Tanh"], activation_alpha=[0.3], activation_beta=[0.4],
+        clip=1.0)
     add("GRU", "gru_f", "x", 4, 3, "forward", lbr=1)
     add("RNN", "rnn_f", "x", 4, 3, "forward", states=("h0",), activations=["Relu"])
     add("RNN", "rnn_b", "x", 4, 3, "bidirectional")
     add("RNN", "rnn_r", "x", 4, 3, "reverse", states=("init",))
-    g = helper.make_graph(nodes, "recurrent", [helper.make_tensor_value_info("x", TP.FLOAT, [5, 2, 4]),
+    g = helper.make_graph(nodes, "recurrent", [helper.make_tensor_value_info("x", TP.FLOAT, [3, 2, 4]),
                                                helper.make_tensor_value_info("h0", TP.FLOAT, [1, 2, 3]),
                                                helper.make_tensor_value_info("c0", TP.FLOAT, [1, 2, 3])],
                           [helper.make_tensor_value_info(o, TP.FLOAT, None) for o in outs], inits)

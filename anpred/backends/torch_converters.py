@@ -9,7 +9,8 @@
   no ``clip``, no peepholes, no ``input_forget`` and, for GRU, ``linear_before_reset=1``; a reverse
   direction runs the time-flipped sequence; ``bidirectional`` uses torch's bidirectional layer.
   Otherwise the ONNX equations run step by step in torch ops (:func:`passes.recurrent` states them,
-  with ONNX Runtime's order: peephole before clip, clip on pre-activation + bias, ``h(clip(C_t))``).
+  with ONNX Runtime's order: peephole before clip, clip on each gate's pre-activation + bias, not on
+  ``C_t``).
   ``layout`` 0 and 1; a missing initial state is zero; ``sequence_lens`` only when absent or a
   constant equal to the sequence length (else ``NotImplementedError`` naming the node).
   ``W``/``R``/``B``/``P`` must be initializers or ``Constant`` outputs (read once at conversion).
@@ -229,7 +230,7 @@ def _recurrent(node, graph):
             val = const_input(graph, v)
             if val is None:
                 raise NotImplementedError(f"{where}: input {role} ({v!r}) is not a constant")
-            consts[role] = np.asarray(val, dtype=np.float32)
+            consts[role] = np.asarray(val)  # its own dtype: float16 models stay float16
     direction = a.get("direction", "forward")
     D = 2 if direction == "bidirectional" else 1
     try:
@@ -268,7 +269,7 @@ def _recurrent_class():
             D = 2 if direction == "bidirectional" else 1
             self.op, self.G, self.direction, self.H, self.layout, self.D = op, gates, direction, hidden, layout, D
             self.acts, self.clip, self.input_forget, self.lbr = acts, clip, input_forget, lbr
-            B = B if B is not None else np.zeros((D, 2 * gates * hidden), np.float32)
+            B = B if B is not None else np.zeros((D, 2 * gates * hidden), W.dtype)
             names = [n for n, *_ in acts]
             per = len(names) // D
             same = all(names[d * per:(d + 1) * per] == names[:per] for d in range(D))
@@ -282,7 +283,7 @@ def _recurrent_class():
             if self.fused:
                 cls = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU, "RNN": torch.nn.RNN}[op]
                 kw = {"nonlinearity": names[0].lower()} if op == "RNN" else {}
-                self.layer = cls(F, H, bidirectional=D == 2, **kw)
+                self.layer = cls(F, H, bidirectional=D == 2, dtype=torch.from_numpy(W[:1, :1, :1]).dtype, **kw)
                 order = {"LSTM": [0, 2, 3, 1], "GRU": [1, 0, 2], "RNN": [0]}[op]  # torch gate k = ONNX gate order[k]
                 idx = np.concatenate([np.arange(g * H, (g + 1) * H) for g in order])
                 with torch.no_grad():
@@ -357,7 +358,7 @@ def _recurrent_class():
                     cc = self._act(fa[1], self._clip(gc + bias[3 * H:]))
                     c = f * c + i * cc
                     o = self._act(fa[0], self._clip(go + (po * c if po is not None else 0) + bias[H:2 * H]))
-                    h = o * self._act(fa[2], self._clip(c))
+                    h = o * self._act(fa[2], c)
                 elif self.op == "GRU":
                     z = self._act(fa[0], self._clip(xw[:, :H] + hr[:, :H] + wb[:H] + rb[:H]))
                     r = self._act(fa[0], self._clip(xw[:, H:2 * H] + hr[:, H:2 * H] + wb[H:2 * H] + rb[H:2 * H]))
