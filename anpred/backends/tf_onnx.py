@@ -7,7 +7,8 @@ onnx2tf version + options + this module's format version):
    :func:`anpred.convert.onnx2tf_calibration_file` puts a deterministic local one (it would
    otherwise download it for 4-D 3-channel inputs with batch <= 20). In the copy, ``Constant``
    nodes become initializers (:func:`anpred.convert.fold_constant_nodes`; onnx2tf failed on them: PP-OCRv4 det
-   at 256x256), and during the conversion the interpreter's scripts folder is put first on ``PATH``
+   at 256x256), control flow is inlined, recurrent layers are unrolled and graph outputs renamed
+   (:func:`prepare_for_onnx2tf`; what it did is in ``meta.json`` and :attr:`TfOnnxBackend.conversion`), and during the conversion the interpreter's scripts folder is put first on ``PATH``
    so that onnx2tf's ``onnxsim`` subprocess runs (:func:`_onnxsim_on_path`; without it onnx2tf
    silently skips simplification and failed on YOLOv8n at 640 px); a missing ``onnxsim`` is a
    :class:`~anpred.errors.BackendError`;
@@ -366,6 +367,13 @@ class TfOnnxBackend(Backend):
 
     def anchor_info(self) -> dict[str, AnchorCapture]:
         return dict(self._captures)
+
+    @property
+    def conversion(self) -> dict[str, Any]:
+        """What the pre-conversion step did (after ``prepare``; read from the cached ``meta.json``):
+        ``{"unrolled": [recurrent node names], "inlined": [If/Loop node names], "constant_outputs":
+        [graph outputs left out as constants]}`` (empty lists for conversions cached by older formats)."""
+        return {k: list(self._meta.get(k, [])) for k in ("unrolled", "inlined", "constant_outputs")}
 
     def _run_impl(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import tensorflow as tf

@@ -128,6 +128,8 @@ class TorchOnnxBackend(Backend):
         self._constants: dict[str, np.ndarray] = {}
         self._captures: dict[str, AnchorCapture] = {}
         self.seconds_convert = 0.0
+        #: what :class:`passes.control_flow.ControlFlowInlinePass` did in ``prepare``: {"inlined", "kept"}
+        self.inlined: dict[str, Any] = {"inlined": [], "kept": {}}
 
     def _versions_impl(self) -> dict[str, str]:
         import importlib.metadata as md
@@ -197,6 +199,12 @@ class TorchOnnxBackend(Backend):
 
     def anchor_info(self) -> dict[str, AnchorCapture]:
         return dict(self._captures)
+
+    @property
+    def graph_module(self):
+        """The converted ``torch.fx.GraphModule`` (after ``prepare``; None after ``close``), submodules
+        named after the ONNX nodes."""
+        return self._gm
 
     def _run_impl(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
