@@ -42,11 +42,17 @@ def _torchvision_stub():
 
 
 def import_onnx2torch():
-    """Import and return the ``onnx2torch`` module without torchvision."""
-    if "onnx2torch" in sys.modules:
-        return sys.modules["onnx2torch"]
-    with _torchvision_stub():
-        return importlib.import_module("onnx2torch")
+    """Import and return the ``onnx2torch`` module without torchvision, with ANPRED's converters
+    registered in its registry (:func:`anpred.backends.torch_converters.register`: LSTM/GRU/RNN,
+    GlobalMaxPool, GlobalLpPool, LpPool, AveragePool/MaxPool with ``SAME_*``/asymmetric pads and
+    AveragePool ``ceil_mode``)."""
+    if "onnx2torch" not in sys.modules:
+        with _torchvision_stub():
+            importlib.import_module("onnx2torch")
+    from anpred.backends.torch_converters import register
+
+    register()
+    return sys.modules["onnx2torch"]
 
 
 _real_version = importlib.metadata.version

@@ -49,6 +49,33 @@ class ReferenceBackend(NamedOutputsMixin, Backend):
     name = "onnx-reference"
     family = "onnx-reference"
     precision = "fp32"
+    coverage_basis = "onnx.reference.ops (load_op: op classes, or the schema's function body)"
+
+    @classmethod
+    def unsupported_ops(cls, model) -> dict[str, str]:
+        """The default-domain operators of ``model`` (sub-graphs included) that ``onnx.reference`` can
+        neither load a kernel class for nor expand from the schema's function body
+        (``onnx.reference.ops.load_op`` at the model's opset; context-dependent functions count as
+        supported). Other domains are left to the run (``ai.onnx.ml`` has its own kernels; model-local
+        functions are evaluated from their bodies)."""
+        from onnx.reference import ReferenceEvaluator
+        from onnx.reference.ops import load_op
+
+        from anpred.onnx_io import model_ops
+
+        out = {}
+        for key, (dom, op, opset) in model_ops(model).items():
+            if dom:
+                continue
+            try:
+                load_op(dom, op, opset, evaluator_cls=ReferenceEvaluator)
+            except NotImplementedError:
+                out[key] = f"onnx.reference has no schema for {op} at opset {opset}"
+            except Exception as err:  # noqa: BLE001 - RuntimeImplementationError / RuntimeContextError
+                if type(err).__name__ != "RuntimeContextError":
+                    out[key] = (f"onnx.reference has no implementation of {op} at opset {opset} (no kernel class, "
+                                "no function body in the schema)")
+        return out
 
     def _versions_impl(self):
         import onnx

@@ -7,7 +7,8 @@ onnx2tf version + options + this module's format version):
    :func:`anpred.convert.onnx2tf_calibration_file` puts a deterministic local one (it would
    otherwise download it for 4-D 3-channel inputs with batch <= 20). In the copy, ``Constant``
    nodes become initializers (:func:`anpred.convert.fold_constant_nodes`; onnx2tf failed on them: PP-OCRv4 det
-   at 256x256), and during the conversion the interpreter's scripts folder is put first on ``PATH``
+   at 256x256), control flow is inlined, recurrent layers are unrolled and graph outputs renamed
+   (:func:`prepare_for_onnx2tf`; what it did is in ``meta.json`` and :attr:`TfOnnxBackend.conversion`), and during the conversion the interpreter's scripts folder is put first on ``PATH``
    so that onnx2tf's ``onnxsim`` subprocess runs (:func:`_onnxsim_on_path`; without it onnx2tf
    silently skips simplification and failed on YOLOv8n at 640 px); a missing ``onnxsim`` is a
    :class:`~anpred.errors.BackendError`;
@@ -70,11 +71,13 @@ from typing import Any
 import numpy as np
 
 from anpred.backends.base import AnchorCapture, Backend
+from anpred.backends.tf_prepare import prepare_for_onnx2tf
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
 from anpred.onnx_io import elem_type_name
 
-FORMAT = "anpred.tf_onnx/3"  # 2: onnxsim found (scripts folder on PATH); 3: Constant nodes -> initializers
+FORMAT = "anpred.tf_onnx/4"  # 2: onnxsim found (scripts folder on PATH); 3: Constant nodes -> initializers;
+# 4: control flow inlined, recurrent layers unrolled, outputs renamed (prepare_for_onnx2tf)
 _CHANNELS_LAST = {3: "NWC", 4: "NHWC", 5: "NDHWC"}
 
 
@@ -92,6 +95,30 @@ def _static(shape) -> list[int] | None:
     return list(shape)
 
 
+#: how :func:`onnx2tf_unsupported_ops` knows
+ONNX2TF_COVERAGE_BASIS = "onnx2tf operator modules (onnx2tf/ops/<OpType>.py, looked up by op_type alone)"
+
+
+def onnx2tf_unsupported_ops(model) -> dict[str, str]:
+    """The operators of ``model`` (``onnx.ModelProto``, sub-graphs included) for which onnx2tf has no
+    ``ops/<OpType>.py`` module, as ``{op key: reason}``. onnx2tf converts node by node with
+    ``importlib.import_module(f"onnx2tf.ops.{op_type}")`` (``onnx2tf/onnx2tf.py``; domain and opset
+    not looked at) and stops with "<op> OP is not yet implemented" when that module is missing.
+    Reads the installed package's folder: neither onnx2tf nor TensorFlow is imported. Ops that
+    onnxsim or :func:`prepare_for_onnx2tf` remove before onnx2tf sees them may be listed although they
+    would vanish; version- and attribute-dependent failures are found only when converting."""
+    import importlib.util
+
+    from anpred.onnx_io import model_ops
+
+    spec = importlib.util.find_spec("onnx2tf")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    have = {p.stem for p in (Path(list(spec.submodule_search_locations)[0]) / "ops").glob("*.py")}
+    return {key: f"onnx2tf has no converter for {op} (no module onnx2tf/ops/{op}.py)"
+            for key, (_, op, _) in model_ops(model).items() if op not in have}
+
+
 class TfOnnxBackend(Backend):
     """onnx2tf + TensorFlow (SavedModel, eager call).
 
@@ -103,6 +130,11 @@ class TfOnnxBackend(Backend):
     name = "tf"
     family = "tensorflow"
     precision = "fp32"
+    coverage_basis = ONNX2TF_COVERAGE_BASIS
+
+    @classmethod
+    def unsupported_ops(cls, model) -> dict[str, str]:
+        return onnx2tf_unsupported_ops(model)
 
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)
@@ -152,6 +184,7 @@ class TfOnnxBackend(Backend):
         # onnx2tf's binary-op validation does not take a Constant node's TF constant for a constant and
         # fails ("... Found: 3.0", PP-OCRv4 det at 256x256); initializers reach it as NumPy arrays
         fold_constant_nodes(model)
+        prep = prepare_for_onnx2tf(model)
         src = scratch / "model.onnx"
         onnx.save(model, str(src))
         onnx2tf_calibration_file(scratch)
@@ -175,18 +208,22 @@ class TfOnnxBackend(Backend):
             raise BackendError(f"onnx2tf returned no model for {model_path.name}: {_errors(log.getvalue())}")
         seconds = time.perf_counter() - t0
         simplified = onnx.load(str(src), load_external_data=False)  # onnx2tf wrote its onnxsim result here
-        names = [o.name for o in simplified.graph.output]
-        if len(names) != len(km.outputs):
-            raise BackendError(f"onnx2tf produced {len(km.outputs)} outputs for {len(names)} ONNX outputs; "
+        safe = [o.name for o in simplified.graph.output]
+        if len(safe) != len(km.outputs):
+            raise BackendError(f"onnx2tf produced {len(km.outputs)} outputs for {len(safe)} ONNX outputs; "
                                "cannot map them back to anchors")
+        names = [prep["outputs"].get(n, n) for n in safe]  # back to the anchored model's output names
         layouts = dict(getattr(km, "onnx_output_layouts", {}) or {})
         inits = {t.name for t in simplified.graph.initializer}
         onnx_inputs = [i for i in simplified.graph.input if i.name not in inits]
         meta = {
             "format": FORMAT,
             "seconds_convert": seconds,
+            "constant_outputs": prep["constant"],
+            "unrolled": prep["unrolled"],
+            "inlined": prep["inlined"],
             "outputs": [{"value": n, "tf_shape": [d if d is None else int(d) for d in o.shape],
-                         "channels_last": bool(layouts.get(n, False))} for n, o in zip(names, km.outputs)],
+                         "channels_last": bool(layouts.get(sn, False))} for sn, n, o in zip(safe, names, km.outputs)],
             "inputs": [{"name": i.name,
                         "onnx_shape": [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim],
                         "tf_shape": [d if d is None else int(d) for d in ki.shape],
@@ -324,6 +361,10 @@ class TfOnnxBackend(Backend):
         # the anchor; an original output keeps its ONNX name (the anchor's value).
         key = a.name if a.name in self._index else a.value
         i = self._index.get(key)
+        if i is None and (a.name in self._meta.get("constant_outputs", ()) or a.value in self._meta.get("constant_outputs", ())):
+            return AnchorCapture("missing", None, None, None,
+                                 f"ONNX value {a.value!r} is a constant (it depends on no graph input): onnxsim folds it "
+                                 "and onnx2tf returns no tensor for a constant output")
         if i is None:
             return AnchorCapture("missing", None, None, None,
                                  f"ONNX value {a.value!r} is not an output of the onnx2tf model "
@@ -357,6 +398,13 @@ class TfOnnxBackend(Backend):
     def anchor_info(self) -> dict[str, AnchorCapture]:
         return dict(self._captures)
 
+    @property
+    def conversion(self) -> dict[str, Any]:
+        """What the pre-conversion step did (after ``prepare``; read from the cached ``meta.json``):
+        ``{"unrolled": [recurrent node names], "inlined": [If/Loop node names], "constant_outputs":
+        [graph outputs left out as constants]}`` (empty lists for conversions cached by older formats)."""
+        return {k: list(self._meta.get(k, [])) for k in ("unrolled", "inlined", "constant_outputs")}
+
     def _run_impl(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         args = []
         for inp in self._meta["inputs"]:
@@ -383,28 +431,6 @@ class TfOnnxBackend(Backend):
     def close(self) -> None:
         self._fn = None
         self._loaded = None
-
-
-#: how :func:`onnx2tf_unsupported_ops` knows
-ONNX2TF_COVERAGE_BASIS = "onnx2tf converter modules (onnx2tf/ops/<op_type>.py, looked up by op_type alone)"
-
-
-def onnx2tf_unsupported_ops(model) -> dict[str, str]:
-    """The operators of ``model`` (``onnx.ModelProto``, sub-graphs included) that onnx2tf has no
-    converter for, as ``{op key: reason}``. onnx2tf converts node by node with
-    ``importlib.import_module(f"onnx2tf.ops.{op_type}")`` (``onnx2tf/onnx2tf.py``; the node's domain is
-    not looked at) and stops with "<op> OP is not yet implemented" when that module is missing, so
-    its table is the set of modules in the ``onnx2tf.ops`` package. Ops that onnxsim removes before
-    onnx2tf sees them (e.g. folded constant sub-graphs) may be listed although they would vanish."""
-    import pkgutil
-
-    import onnx2tf.ops
-
-    from anpred.onnx_io import model_ops
-
-    table = {m.name for m in pkgutil.iter_modules(onnx2tf.ops.__path__)}
-    return {key: f"onnx2tf has no converter for {op_type} (no module onnx2tf/ops/{op_type}.py)"
-            for key, (_, op_type, _) in model_ops(model).items() if op_type not in table}
 
 
 @contextlib.contextmanager

@@ -5,7 +5,11 @@ Conversion (:meth:`TorchOnnxBackend._prepare_impl`):
    ``Identity(initializer)`` nodes are folded (:func:`anpred.convert.fold_constant_nodes`,
    :func:`anpred.convert.fold_identity_initializers`; onnx2torch reads Conv weights from
    initializers only);
-2. converters for operator versions newer than onnx2torch knows are registered
+   ``If``/``Loop`` nodes are inlined (:class:`passes.control_flow.ControlFlowInlinePass`: constant
+   conditions, both branches + ``Where``, constant trip counts unrolled), which onnx2torch lacks;
+2. ANPRED's converters are in onnx2torch's registry (:mod:`anpred.backends.torch_converters`: LSTM/GRU/RNN,
+   GlobalMaxPool, LpPool, SAME_* pooling ...) and converters for operator versions newer than onnx2torch
+   knows are registered
    (:func:`anpred.convert.onnx2torch_compat`; dynamo exports use opset 18+);
 3. every node is checked for a converter first, so a missing operator gives one
    :class:`~anpred.errors.BackendError` that names all of them (``Op-version (node ...)``);
@@ -75,6 +79,46 @@ class TorchOnnxBackend(Backend):
     name = "torch"
     family = "torch"
     precision = "fp32"
+    coverage_basis = "onnx2torch converter registry (with ANPRED's converters, anpred.backends.torch_converters)"
+
+    @classmethod
+    def unsupported_ops(cls, model) -> dict[str, str]:
+        """The operators of ``model`` (sub-graphs included) without a converter in onnx2torch's registry
+        at the model's opset, after ANPRED's additions (:func:`anpred.compat.import_onnx2torch`,
+        :func:`anpred.convert.onnx2torch_compat`). Registry keys are ``(domain, op_type, since_version)``;
+        the version asked is the schema's ``since_version`` at the model's import of the op's domain.
+        An op that has converters for other versions only is keyed ``op@opset``. Attribute-dependent
+        refusals (e.g. ``Resize`` antialias) are found only when converting."""
+        from anpred.compat import import_onnx2torch
+        from anpred.convert import onnx2torch_compat, since_version
+        from anpred.onnx_io import model_ops
+
+        import_onnx2torch()  # first: onnx2torch imports torchvision, stubbed there
+        onnx2torch_compat()
+        from onnx2torch.node_converters.registry import _CONVERTER_REGISTRY, OperationDescription
+
+        by_op: dict[tuple[str, str], list[int]] = {}
+        for k in _CONVERTER_REGISTRY:
+            by_op.setdefault((k.domain, k.operation_type), []).append(k.version)
+        if any(n.op_type in ("If", "Loop") for n in model.graph.node):  # inlined before converting
+            import onnx
+
+            from passes.control_flow import inline_control_flow
+
+            model = onnx.ModelProto.FromString(model.SerializeToString())
+            inline_control_flow(model)
+        out = {}
+        for key, (dom, op, opset) in model_ops(model).items():
+            ver = since_version(op, opset, dom) or opset
+            if OperationDescription(domain=dom, operation_type=op, version=ver) in _CONVERTER_REGISTRY:
+                continue
+            have = sorted(by_op.get((dom, op), []))
+            if have:
+                out[f"{key}@{opset}"] = (f"onnx2torch has converters for {op} versions {have}, not for {op}-{ver} "
+                                         f"(opset {opset})")
+            else:
+                out[key] = f"onnx2torch has no converter for {op} (any version)"
+        return out
 
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)
@@ -84,6 +128,8 @@ class TorchOnnxBackend(Backend):
         self._constants: dict[str, np.ndarray] = {}
         self._captures: dict[str, AnchorCapture] = {}
         self.seconds_convert = 0.0
+        #: what :class:`passes.control_flow.ControlFlowInlinePass` did in ``prepare``: {"inlined", "kept"}
+        self.inlined: dict[str, Any] = {"inlined": [], "kept": {}}
 
     def _versions_impl(self) -> dict[str, str]:
         import importlib.metadata as md
@@ -102,16 +148,20 @@ class TorchOnnxBackend(Backend):
 
         if "threads" in self.options:
             torch.set_num_threads(int(self.options["threads"]))
+        from passes.control_flow import inline_control_flow
+
         model = load_model(model_path, load_external=True)
         fold_constant_nodes(model)
         fold_identity_initializers(model)
+        self.inlined = inline_control_flow(model)  # onnx2torch has no If/Loop converter
         o2t = import_onnx2torch()
         onnx2torch_compat()
         missing = onnx2torch_unsupported(model)
         if missing:
+            kept = "; ".join(f"{k}: {v}" for k, v in self.inlined["kept"].items())
             raise BackendError(
                 f"onnx2torch has no converter for {len(missing)} node(s): {'; '.join(missing[:10])}"
-                + (" ..." if len(missing) > 10 else ""))
+                + (" ..." if len(missing) > 10 else "") + (f" (control flow not inlined: {kept})" if kept else ""))
         t0 = time.perf_counter()
         try:
             gm = o2t.convert(model, attach_onnx_mapping=True)
@@ -149,6 +199,12 @@ class TorchOnnxBackend(Backend):
 
     def anchor_info(self) -> dict[str, AnchorCapture]:
         return dict(self._captures)
+
+    @property
+    def graph_module(self):
+        """The converted ``torch.fx.GraphModule`` (after ``prepare``; None after ``close``), submodules
+        named after the ONNX nodes."""
+        return self._gm
 
     def _run_impl(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch

@@ -1,0 +1,496 @@
+"""Converter coverage (issue 18, deliverable 2): operator classes the converter backends ``torch``
+(onnx2torch + :mod:`anpred.backends.torch_converters`) and ``tf`` (onnx2tf + its pre-conversion step
+:func:`anpred.backends.tf_prepare.prepare_for_onnx2tf`) lacked or mishandled, each on a network built
+here with seeded random weights, anchored with ``anpred.instrument`` and compared with ONNX Runtime
+on every anchor:
+
+- recurrent layers: LSTM/GRU/RNN forward, reverse, bidirectional, with and without initial states
+  (graph inputs and initializers), peepholes, clip, ``input_forget``, ``linear_before_reset`` 0/1,
+  non-default activations (one helper-built net), and a torch-exported conv + LSTM + bi-GRU + 2-layer
+  RNN net (the VAD layout: states as graph inputs);
+- pooling: GlobalMaxPool, GlobalLpPool, LpPool, MaxPool/AveragePool with ``SAME_UPPER``/``SAME_LOWER``,
+  ``ceil_mode=1``, ``count_include_pad`` 0 and 1;
+- multi-output heads: 16 graph outputs, TF-style names (``head/cls:0``), an Identity duplicate, a
+  graph-input passthrough, a constant output;
+- integer and byte inputs: uint8 image -> Cast -> Conv, int64 token ids -> Gather embedding,
+  int32 -> Cast;
+- control flow: If with a computed condition (both samples take different branches), If with a
+  constant condition, Loop with a constant trip count and a scan output.
+
+Tolerance (fp32): ``max |y - ort| <= 64 * eps32 * max(1, max |ort|)`` per anchor, eps32 = 2^-23
+(about 7.6e-6 relative). Measured maxima (this machine, onnx2torch 1.5.15, onnx2tf 1.29.24): torch
+and tf both <= 1.5e-5 absolute on the uint8 conv (values ~ 300), <= 5e-7 elsewhere.
+The default run makes two onnx2tf conversions (cached in ``$ANPRED_CACHE``); the torch-exported
+recurrent net through onnx2tf is ``slow``.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from anpred.errors import BackendError
+
+EPS32 = float(np.finfo(np.float32).eps)
+RECURRENT_OUTPUTS = [f"{n}.{o}" for n in ("lstm_f", "lstm_b", "lstm_r") for o in ("Y", "Y_h", "Y_c")] + \
+    [f"{n}.{o}" for n in ("gru_r", "gru_b", "gru_f", "rnn_f", "rnn_b", "rnn_r") for o in ("Y", "Y_h")]
+RTOL = 64 * EPS32
+
+
+# ---- networks ------------------------------------------------------------------------------------
+def _rnn_node(op, name, x, F, H, direction, rng, states=(), lbr=None, P=False, T=5, B=2, **attrs):
+    """One recurrent node with seeded weights: (node, initializers, [outputs])."""
+    from onnx import helper, numpy_helper
+
+    D = 2 if direction == "bidirectional" else 1
+    G = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
+    inits = [numpy_helper.from_array(rng.normal(0, .5, (D, G * H, F)).astype(np.float32), f"{name}.W"),
+             numpy_helper.from_array(rng.normal(0, .5, (D, G * H, H)).astype(np.float32), f"{name}.R"),
+             numpy_helper.from_array(rng.normal(0, .5, (D, 2 * G * H)).astype(np.float32), f"{name}.B")]
+    ins = [x, f"{name}.W", f"{name}.R", f"{name}.B", ""]
+    for s in states:  # "h0"/"c0" graph inputs, or "init" for initializer states
+        if s == "init":
+            for k in (["h", "c"] if op == "LSTM" else ["h"]):
+                inits.append(numpy_helper.from_array(rng.normal(0, 1, (D, B, H)).astype(np.float32), f"{name}.{k}0"))
+                ins.append(f"{name}.{k}0")
+        else:
+            ins.append(s)
+    if P:
+        inits.append(numpy_helper.from_array(rng.normal(0, .5, (D, 3 * H)).astype(np.float32), f"{name}.P"))
+        ins += [""] * (7 - len(ins)) + [f"{name}.P"]
+    outs = [f"{name}.Y", f"{name}.Y_h"] + ([f"{name}.Y_c"] if op == "LSTM" else [])
+    if lbr is not None:
+        attrs["linear_before_reset"] = lbr
+    node = helper.make_node(op, ins, outs, name=name, hidden_size=H, direction=direction, **attrs)
+    return node, inits, outs
+
+
+def recurrent_net():
+    """x (3, 2, 4), h0/c0 (1, 2, 3) -> nine recurrent nodes (LSTM x3, GRU x3, RNN x3) covering every
+    direction, initial states as inputs/initializers/absent, peepholes + clip, input_forget,
+    linear_before_reset 0/1, non-default activations; one chain (bi-LSTM Y -> GRU). Opset 17."""
+    import onnx
+    from onnx import TensorProto as TP, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, outs = [], [], []
+
+    def add(*a, **k):
+        n, i, o = _rnn_node(*a, rng=rng, T=3, **k)
+        nodes.append(n)
+        inits.extend(i)
+        outs.extend(o)
+
+    add("LSTM", "lstm_f", "x", 4, 3, "forward", states=("h0", "c0"), P=True, clip=0.7)
+    add("LSTM", "lstm_b", "x", 4, 3, "bidirectional")
+    add("LSTM", "lstm_r", "x", 4, 3, "reverse", states=("init",), input_forget=1)
+    nodes += [helper.make_node("Transpose", ["lstm_b.Y"], ["lstm_b.t"], name="chain_t", perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["lstm_b.t", "chain_shape"], ["chain"], name="chain_r")]
+    inits.append(numpy_helper.from_array(np.array([3, 2, 6], np.int64), "chain_shape"))
+    add("GRU", "gru_r", "chain", 6, 3, "reverse", states=("h0",), lbr=0)
+    add("GRU", "gru_b", "x", 4, 3, "bidirectional", states=("init",), lbr=1,
+        activations=["Sigmoid", "Relu", "HardSigmoid", "Tanh"], activation_alpha=[0.3], activation_beta=[0.4],
+        clip=1.0)
+    add("GRU", "gru_f", "x", 4, 3, "forward", lbr=1)
+    add("RNN", "rnn_f", "x", 4, 3, "forward", states=("h0",), activations=["Relu"])
+    add("RNN", "rnn_b", "x", 4, 3, "bidirectional")
+    add("RNN", "rnn_r", "x", 4, 3, "reverse", states=("init",))
+    g = helper.make_graph(nodes, "recurrent", [helper.make_tensor_value_info("x", TP.FLOAT, [3, 2, 4]),
+                                               helper.make_tensor_value_info("h0", TP.FLOAT, [1, 2, 3]),
+                                               helper.make_tensor_value_info("c0", TP.FLOAT, [1, 2, 3])],
+                          [helper.make_tensor_value_info(o, TP.FLOAT, None) for o in outs], inits)
+    m = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    del m.graph.value_info[:]
+    onnx.checker.check_model(m)
+    return m
+
+
+def torch_recurrent_net(path: Path):
+    """A torch model in the voice-activity layout, exported with the TorchScript exporter (opset 17):
+    x (2, 2, 7) -> Conv1d -> permute -> LSTM with (h0, c0) graph inputs -> batch-first bi-GRU ->
+    2-layer ReLU RNN -> Linear -> sigmoid; outputs the probabilities and every final state."""
+    import onnx
+    import torch
+
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv1d(2, 6, 3, padding=1)
+            self.lstm = torch.nn.LSTM(6, 5)
+            self.gru = torch.nn.GRU(5, 4, batch_first=True, bidirectional=True)
+            self.rnn = torch.nn.RNN(8, 3, nonlinearity="relu", num_layers=2)
+            self.fc = torch.nn.Linear(3, 1)
+
+        def forward(self, x, h0, c0):
+            f = torch.relu(self.conv(x)).permute(2, 0, 1)
+            y, (h, c) = self.lstm(f, (h0, c0))
+            g, hg = self.gru(y.transpose(0, 1))
+            r, hr = self.rnn(g.transpose(0, 1))
+            return torch.sigmoid(self.fc(r)), h, c, hg, hr
+
+    args = (torch.randn(2, 2, 7), torch.randn(1, 2, 5), torch.randn(1, 2, 5))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "batch_size other than 1 ... define the initial states as inputs"
+        torch.onnx.export(Net().eval(), args, str(path), dynamo=False, opset_version=17,
+                          input_names=["x", "h0", "c0"], output_names=["prob", "h", "c", "hg", "hr"])
+    return onnx.load(str(path))
+
+
+def misc_net():
+    """Pooling, multi-output heads, integer inputs and control flow in one opset-17 graph (one
+    conversion per converter). Inputs: img uint8 (1, 3, 9, 10), tok int64 (1, 7), cnt int32 (1, 5),
+    v float32 (2, 4). 18 graph outputs."""
+    import onnx
+    from onnx import TensorProto as TP, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    N = helper.make_node
+    arr = numpy_helper.from_array
+    inits = [arr(rng.normal(0, .02, (4, 3, 3, 3)).astype(np.float32), "w1"),
+             arr(rng.normal(0, .3, (2, 4, 1, 1)).astype(np.float32), "w_cls"),
+             arr(rng.normal(0, 1, (10, 6)).astype(np.float32), "emb"),
+             arr(rng.normal(0, .5, (6, 5)).astype(np.float32), "wt"),
+             arr(np.array(0.01, np.float32), "scale"),
+             arr(np.arange(6, dtype=np.float32).reshape(1, 6), "const_a"),
+             arr(rng.normal(0, .5, (4, 4)).astype(np.float32), "wv"),
+             arr(np.array(0, np.float32), "zero"), arr(np.array(3, np.int64), "M"),
+             arr(np.array(True), "true"), arr(np.array([True]), "const_cond")]
+    pools = [
+        N("GlobalMaxPool", ["fr"], ["gmp"], name="gmp"),
+        N("GlobalLpPool", ["fr"], ["glp"], name="glp", p=2),
+        N("LpPool", ["fr"], ["lp"], name="lp", kernel_shape=[2, 2], strides=[2, 2], p=2),
+        N("MaxPool", ["fr"], ["mp_su"], name="mp_su", kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER"),
+        N("MaxPool", ["fr"], ["mp_sl"], name="mp_sl", kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_LOWER"),
+        N("MaxPool", ["fr"], ["mp_ceil"], name="mp_ceil", kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1),
+        N("AveragePool", ["fr"], ["ap_su"], name="ap_su", kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER"),
+        N("AveragePool", ["fr"], ["ap_sl1"], name="ap_sl1", kernel_shape=[2, 2], strides=[2, 2],
+          auto_pad="SAME_LOWER", count_include_pad=1),
+        N("AveragePool", ["fr"], ["ap_ceil0"], name="ap_ceil0", kernel_shape=[3, 3], strides=[2, 2],
+          pads=[1, 1, 1, 1], ceil_mode=1),
+        N("AveragePool", ["fr"], ["ap_ceil1"], name="ap_ceil1", kernel_shape=[3, 3], strides=[2, 2],
+          pads=[1, 1, 1, 1], ceil_mode=1, count_include_pad=1),
+        N("AveragePool", ["fr"], ["ap_asym"], name="ap_asym", kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 0]),
+    ]
+    then_g = helper.make_graph([N("MatMul", ["a", "wv"], ["t_out"], name="then_mm")], "then", [],
+                               [helper.make_tensor_value_info("t_out", TP.FLOAT, [2, 4])])
+    else_g = helper.make_graph([N("Neg", ["a"], ["e_neg"], name="else_neg"), N("Relu", ["e_neg"], ["e_out"], name="else_relu")],
+                               "else", [], [helper.make_tensor_value_info("e_out", TP.FLOAT, [2, 4])])
+    const_then = helper.make_graph([N("Sigmoid", ["a"], ["ct_out"], name="cthen_sig")], "cthen", [],
+                                   [helper.make_tensor_value_info("ct_out", TP.FLOAT, [2, 4])])
+    const_else = helper.make_graph([N("Tanh", ["a"], ["ce_out"], name="celse_tanh")], "celse", [],
+                                   [helper.make_tensor_value_info("ce_out", TP.FLOAT, [2, 4])])
+    body = helper.make_graph(
+        [N("MatMul", ["v_in", "wv"], ["mm"], name="body_mm"), N("Tanh", ["mm"], ["v_out"], name="body_tanh"),
+         N("ReduceMax", ["v_out"], ["row_max"], name="body_max", axes=[1], keepdims=0),
+         N("Identity", ["cond_in"], ["cond_out"], name="body_cond")], "body",
+        [helper.make_tensor_value_info("i", TP.INT64, []), helper.make_tensor_value_info("cond_in", TP.BOOL, []),
+         helper.make_tensor_value_info("v_in", TP.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("cond_out", TP.BOOL, []), helper.make_tensor_value_info("v_out", TP.FLOAT, [2, 4]),
+         helper.make_tensor_value_info("row_max", TP.FLOAT, [2])])
+    nodes = [
+        N("Cast", ["img"], ["imgf"], name="cast_img", to=TP.FLOAT),
+        N("Conv", ["imgf", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        N("Relu", ["c1"], ["fr"], name="relu1"),
+        *pools,
+        N("Conv", ["fr", "w_cls"], ["head/cls:0"], name="cls"),
+        N("Sigmoid", ["head/cls:0"], ["cls_s"], name="cls_sig"),
+        N("Identity", ["cls_s"], ["cls_s_copy"], name="cls_copy"),
+        N("Gather", ["emb", "tok"], ["e"], name="embed", axis=0),
+        N("MatMul", ["e", "wt"], ["et"], name="proj"),
+        N("ReduceMean", ["et"], ["em"], name="pool_tokens", axes=[1], keepdims=0),
+        N("Cast", ["cnt"], ["cntf"], name="cast_cnt", to=TP.FLOAT),
+        N("Mul", ["cntf", "scale"], ["cnts"], name="scale_cnt"),
+        N("Add", ["em", "cnts"], ["tokens:0"], name="add_cnt"),
+        N("Identity", ["tok"], ["tok_copy"], name="tok_copy"),
+        N("Relu", ["const_a"], ["const_out"], name="const_relu"),
+        N("Relu", ["v"], ["a"], name="relu_v"),
+        N("ReduceMean", ["v"], ["s"], name="mean_v", keepdims=1),
+        N("Greater", ["s", "zero"], ["c"], name="gt"),
+        N("If", ["c"], ["y_if"], name="if", then_branch=then_g, else_branch=else_g),
+        N("If", ["const_cond"], ["y_const_if"], name="const_if", then_branch=const_then, else_branch=const_else),
+        N("Loop", ["M", "true", "y_if"], ["y_loop", "loop_scan"], name="loop", body=body),
+    ]
+    outs = [p.output[0] for p in pools] + ["head/cls:0", "cls_s", "cls_s_copy", "tokens:0", "tok_copy",
+                                            "const_out", "y_const_if", "y_loop", "loop_scan"]
+    g = helper.make_graph(nodes, "misc", [helper.make_tensor_value_info("img", TP.UINT8, [1, 3, 9, 10]),
+                                          helper.make_tensor_value_info("tok", TP.INT64, [1, 7]),
+                                          helper.make_tensor_value_info("cnt", TP.INT32, [1, 5]),
+                                          helper.make_tensor_value_info("v", TP.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info(o, TP.FLOAT if o != "tok_copy" else TP.INT64,
+                                                         {"y_loop": [2, 4], "loop_scan": [3, 2]}.get(o)) for o in outs],
+                          inits)
+    m = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    del m.graph.value_info[:]
+    onnx.checker.check_model(m)
+    return m
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+def _anchor(model, path: Path, extra=()) -> Path:
+    import onnx
+
+    from anpred.instrument import instrument_model
+
+    am, man = instrument_model(model, stages=3, anchors=list(extra))
+    man.to_model(am)
+    onnx.save(am, str(path))
+    return path
+
+
+def _feeds(path: Path, seed: int, v_sign: float = 1.0) -> dict[str, np.ndarray]:
+    """Seeded inputs for every graph input: floats N(0, 1) (``v``: |N(0,1)| * v_sign so that the If
+    takes the branch chosen), uint8 over 0..255, int64 token ids 0..9, int32 -50..49."""
+    import onnx
+
+    rng = np.random.default_rng(seed)
+    m = onnx.load(str(path), load_external_data=False)
+    out = {}
+    for i in m.graph.input:
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        et = i.type.tensor_type.elem_type
+        if et == onnx.TensorProto.UINT8:
+            out[i.name] = rng.integers(0, 256, shape).astype(np.uint8)
+        elif et == onnx.TensorProto.INT64:
+            out[i.name] = rng.integers(0, 10, shape).astype(np.int64)
+        elif et == onnx.TensorProto.INT32:
+            out[i.name] = rng.integers(-50, 50, shape).astype(np.int32)
+        elif i.name == "v":
+            out[i.name] = (np.abs(rng.normal(0, 1, shape)) * v_sign).astype(np.float32)
+        else:
+            out[i.name] = rng.normal(0, 1, shape).astype(np.float32)
+    return out
+
+
+def _compare(backend, path: Path, workdir: Path, samples: list[dict[str, np.ndarray]],
+             allow_missing: dict[str, str] | None = None) -> dict[str, float]:
+    """Prepare ``backend`` on the anchored ``path``, run every sample, compare every anchor with ONNX
+    Runtime on the same anchored model (after the capture's reported transform). Anchors in
+    ``allow_missing`` (name -> regex its reason must match) may be missing. Returns the max absolute
+    error per anchor over the samples; asserts each within RTOL * max(1, max |ort|)."""
+    import re
+
+    import onnx
+    import onnxruntime as ort
+
+    from anpred.manifest import AnchorManifest
+
+    manifest = AnchorManifest.from_model(onnx.load(str(path), load_external_data=False))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    backend.prepare(path, manifest, workdir)
+    info = backend.anchor_info()
+    allow = allow_missing or {}
+    for a, c in info.items():
+        if c.status == "missing":
+            assert a in allow and re.search(allow[a], c.reason), f"{backend.name}: anchor {a} missing: {c.reason}"
+    for a in allow:
+        assert info[a].status == "missing", f"{backend.name}: {a} expected missing, captured"
+    errs: dict[str, float] = {}
+    for feeds in samples:
+        ref = dict(zip(names, sess.run(names, feeds)))
+        got = backend.run(feeds)
+        for a in manifest.anchors:
+            if info[a.name].status == "missing":
+                continue
+            y = got[a.name]
+            perm = (info[a.name].transform or {}).get("permute")
+            y = np.transpose(y, perm) if perm else y
+            r = ref[a.name] if a.name in ref else ref[a.value]
+            assert y.shape == r.shape, f"{backend.name} {a.name}: shape {y.shape} vs ort {r.shape}"
+            err = float(np.max(np.abs(y.astype(np.float64) - r))) if r.size else 0.0
+            tol = RTOL * max(1.0, float(np.max(np.abs(r))) if r.size else 0.0)
+            assert err <= tol, f"{backend.name} {a.name} ({a.op_type}): max |err| {err:.3g} > {tol:.3g}"
+            errs[a.name] = max(errs.get(a.name, 0.0), err)
+    print(f"\n{backend.name} {path.name}: {len(errs)} anchors, max abs error {max(errs.values()):.3g}")
+    return errs
+
+
+@pytest.fixture(scope="module")
+def nets(tmp_path_factory):
+    d = tmp_path_factory.mktemp("coverage-nets")
+    rec = recurrent_net()
+    rec_outs = [o.name for o in rec.graph.output]
+    return {"recurrent": _anchor(rec, d / "recurrent.onnx", rec_outs),
+            "misc": _anchor(misc_net(), d / "misc.onnx", ["y_if", "fr"]),
+            "torch_rnn": _anchor(torch_recurrent_net(d / "torch_rnn_src.onnx"), d / "torch_rnn.onnx")}
+
+
+def _misc_samples(path):
+    return [_feeds(path, 1, +1.0), _feeds(path, 2, -1.0)]  # the If takes "then", then "else"
+
+
+# ---- tests ---------------------------------------------------------------------------------------
+def test_unroll_pass_matches_onnx_semantics():
+    """passes.recurrent on every (op, direction, initial state, layout) vs ONNX Runtime (layout 0) and
+    onnx.reference (layout 1, which ONNX Runtime refuses); the pass keeps output names."""
+    import onnx
+    import onnxruntime as ort
+    from onnx.reference import ReferenceEvaluator
+
+    from passes.recurrent import unroll_recurrent
+
+    rng = np.random.default_rng(3)
+    worst = 0.0
+    for op in ("LSTM", "GRU", "RNN"):
+        for direction in ("forward", "reverse", "bidirectional"):
+            for states in ((), ("init",)):
+                for layout in (0, 1):
+                    node, inits, outs = _rnn_node(op, "n", "x", 4, 3, direction, rng, states=states,
+                                                  lbr=(1 if direction == "reverse" else 0) if op == "GRU" else None,
+                                                  layout=layout)
+                    if layout:  # initializer states in the batch-first layout [B, D, H]
+                        for t in inits:
+                            if t.name.endswith("0"):
+                                dims = list(t.dims)
+                                t.CopyFrom(onnx.numpy_helper.from_array(
+                                    np.ascontiguousarray(onnx.numpy_helper.to_array(t).transpose(1, 0, 2)), t.name))
+                                assert list(t.dims) == [dims[1], dims[0], dims[2]]
+                    g = onnx.helper.make_graph([node], "r", [onnx.helper.make_tensor_value_info(
+                        "x", onnx.TensorProto.FLOAT, [2, 5, 4] if layout else [5, 2, 4])],
+                        [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in outs], inits)
+                    m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 14)])
+                    u = copy.deepcopy(m)
+                    info = unroll_recurrent(u)
+                    assert info["unrolled"] == ["n"] and not any(n.op_type == op for n in u.graph.node)
+                    x = rng.normal(0, 1, (2, 5, 4) if layout else (5, 2, 4)).astype(np.float32)
+                    want = (ReferenceEvaluator(m).run(None, {"x": x}) if layout else
+                            ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x}))
+                    got = ort.InferenceSession(u.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+                    for a, b in zip(want, got):
+                        assert a.shape == b.shape
+                        worst = max(worst, float(np.max(np.abs(a - b))))
+    assert worst <= RTOL, worst
+
+
+def test_unroll_pass_keeps_what_it_cannot_unroll():
+    import onnx
+
+    from passes.recurrent import unroll_recurrent
+
+    rng = np.random.default_rng(0)
+    node, inits, outs = _rnn_node("LSTM", "dyn", "x", 4, 3, "forward", rng)
+    g = onnx.helper.make_graph([node], "r", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["T", 2, 4])],
+                               [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in outs], inits)
+    m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    info = unroll_recurrent(m)
+    assert info["unrolled"] == [] and "not static" in info["kept"]["dyn"]
+    assert [n.op_type for n in m.graph.node] == ["LSTM"]
+
+
+def test_recurrent_torch(nets, tmp_path):
+    from anpred.backends.torch_onnx import TorchOnnxBackend
+
+    with TorchOnnxBackend() as b:
+        errs = _compare(b, nets["recurrent"], tmp_path, [_feeds(nets["recurrent"], 1)])
+        assert {f"output/{v}" for v in RECURRENT_OUTPUTS} <= set(errs)
+        fused = {n: m.fused for n, m in b.graph_module.named_modules() if type(m).__name__ == "OnnxRecurrent"}
+        # torch's own layers where they compute the ONNX equations, the step loop elsewhere
+        assert fused == {"lstm_f": False, "lstm_b": True, "lstm_r": False, "gru_r": False, "gru_b": False,
+                         "gru_f": True, "rnn_f": True, "rnn_b": True, "rnn_r": True}, fused
+
+
+def test_recurrent_tf(nets, tmp_path):
+    from anpred.backends.tf_onnx import TfOnnxBackend
+
+    with TfOnnxBackend() as b:
+        errs = _compare(b, nets["recurrent"], tmp_path, [_feeds(nets["recurrent"], 1)])
+        assert {f"output/{v}" for v in RECURRENT_OUTPUTS} <= set(errs)
+        assert sorted(b.conversion["unrolled"]) == sorted(["lstm_f", "lstm_b", "lstm_r", "gru_r", "gru_b", "gru_f",
+                                                   "rnn_f", "rnn_b", "rnn_r"])
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("tf", marks=pytest.mark.slow)])
+def test_torch_exported_recurrent(backend, nets, tmp_path):
+    from anpred.backends import backend_class
+
+    with backend_class(backend)() as b:
+        errs = _compare(b, nets["torch_rnn"], tmp_path, [_feeds(nets["torch_rnn"], 1)])
+        assert {"output/prob", "output/h", "output/c", "output/hg", "output/hr"} <= set(errs)
+
+
+def test_misc_torch(nets, tmp_path):
+    """Pooling variants, 18 outputs, uint8/int64/int32 inputs, If (both branches) and Loop: every
+    anchor (the constant output included: onnx2torch keeps it)."""
+    from anpred.backends.torch_onnx import TorchOnnxBackend
+
+    with TorchOnnxBackend() as b:
+        errs = _compare(b, nets["misc"], tmp_path, _misc_samples(nets["misc"]))
+        assert {"output/head/cls:0", "output/tokens:0", "output/tok_copy", "output/const_out", "output/loop_scan",
+                "output/y_loop", "output/y_const_if", "output/gmp", "output/lp", "output/ap_ceil1"} <= set(errs)
+        assert set(b.inlined["inlined"]) == {"if", "const_if", "loop"}
+
+
+def test_misc_tf(nets, tmp_path):
+    """As test_misc_torch through onnx2tf: the outputs named ``...:0`` come back (they were dropped
+    before outputs were renamed), the constant output is reported missing with its reason."""
+    from anpred.backends.tf_onnx import TfOnnxBackend
+
+    with TfOnnxBackend() as b:
+        errs = _compare(b, nets["misc"], tmp_path, _misc_samples(nets["misc"]),
+                        allow_missing={"output/const_out": "is a constant .*onnx2tf returns no tensor"})
+        assert {"output/head/cls:0", "output/tokens:0", "output/tok_copy", "output/loop_scan", "output/y_loop",
+                "output/y_const_if", "output/gmp", "output/lp", "output/ap_ceil1"} <= set(errs)
+        assert b.conversion["constant_outputs"] == ["const_out"]
+        assert set(b.conversion["inlined"]) == {"if", "const_if", "loop"}
+
+
+def test_control_flow_kept_is_a_clear_error(tmp_path):
+    """A Loop whose trip count is data-dependent is not inlined: the torch backend names it."""
+    import onnx
+    from onnx import TensorProto as TP, helper
+
+    from anpred.backends.torch_onnx import TorchOnnxBackend
+    from anpred.manifest import Anchor, AnchorManifest
+
+    body = helper.make_graph([helper.make_node("Relu", ["v_in"], ["v_out"], name="b_relu"),
+                              helper.make_node("Identity", ["cond_in"], ["cond_out"], name="b_cond")], "body",
+                             [helper.make_tensor_value_info("i", TP.INT64, []), helper.make_tensor_value_info("cond_in", TP.BOOL, []),
+                              helper.make_tensor_value_info("v_in", TP.FLOAT, [2])],
+                             [helper.make_tensor_value_info("cond_out", TP.BOOL, []), helper.make_tensor_value_info("v_out", TP.FLOAT, [2])])
+    g = helper.make_graph([helper.make_node("Loop", ["n", "", "x"], ["y"], name="loop", body=body)], "dyn",
+                          [helper.make_tensor_value_info("x", TP.FLOAT, [2]), helper.make_tensor_value_info("n", TP.INT64, [])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "loop.onnx"
+    onnx.save(m, str(path))
+    manifest = AnchorManifest(anchors=[Anchor("output/y", "y", 0, 0, "loop", "Loop", [2], "float32", kind="output")])
+    with pytest.raises(BackendError, match=r"Loop-16 \(node 'loop'\).*not inlined: loop: Loop: the trip count M is "
+                                           r"absent or not a constant"):
+        TorchOnnxBackend().prepare(path, manifest, tmp_path / "w")
+    from anpred.backends.torch_onnx import TorchOnnxBackend as T
+
+    assert set(T.unsupported_ops(m)) == {"Loop"}
+
+
+def test_unsupported_ops_tables(nets):
+    import onnx
+    from onnx import helper
+
+    from anpred.backends import backend_class
+
+    misc = onnx.load(str(nets["misc"]))
+    rec = onnx.load(str(nets["recurrent"]))
+    for name in ("torch", "torch-fp16", "tf"):
+        cls = backend_class(name)
+        assert cls.coverage_basis
+        assert cls.unsupported_ops(misc) == {} and cls.unsupported_ops(rec) == {}, name
+    odd = copy.deepcopy(misc)
+    odd.graph.node.append(helper.make_node("Det", ["a"], ["det"], name="det"))
+    odd.graph.node.append(helper.make_node("CastLike", ["a", "a"], ["cl"], name="castlike"))
+    odd.graph.node.append(helper.make_node("Foo", ["a"], ["foo"], name="foo", domain="com.example"))
+    torch_missing = backend_class("torch").unsupported_ops(odd)
+    assert set(torch_missing) == {"Det", "CastLike", "com.example::Foo"}, torch_missing
+    assert "no converter for Det" in torch_missing["Det"]
+    assert set(backend_class("tf").unsupported_ops(odd)) == {"CastLike", "com.example::Foo"}
+    # a version onnx2torch lacks while it has others: keyed op@opset
+    new = copy.deepcopy(misc)
+    new.opset_import[0].version = 21
+    assert "Cast@21" not in backend_class("torch").unsupported_ops(new)  # added by anpred.convert
+    assert any(k.startswith("GlobalLpPool") for k in backend_class("onnx-reference").unsupported_ops(misc))
