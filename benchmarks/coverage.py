@@ -38,18 +38,19 @@ DEFAULT_MODELS = ("yolov8n:320", "yolov5n:320", "yolov8n-doclaynet", "ppocr-det:
 LEFT_OUT = ("onnx-reference-fp64", "openvino-bf16", "mnn-winograd", "torch-native", "tf-native")
 
 
-def _model(spec: str, folder: Path) -> tuple[str, str, Any]:
-    """``(label, model argument for anpred.test, imgsz)``."""
+def _model(spec: str, folder: Path) -> tuple[str, str, Any, str | None]:
+    """``(label, model argument for anpred.test, imgsz, inputs or None for the default)``."""
     if spec == "ppocr-cls":
         root = Path(importlib.util.find_spec("rapidocr_onnxruntime").origin).parent / "models"
-        return spec, str(next(root.glob("*cls*.onnx"))), None
+        return spec, str(next(root.glob("*cls*.onnx"))), None, None
     if spec.startswith("opclass:"):
         from models.opclass import build
 
         name = spec.split(":", 1)[1]
-        return spec, str(build(name, folder / f"{name}.onnx")), None
+        path = build(name, folder / f"{name}.onnx")
+        return spec, str(path), None, str(path.with_suffix(".inputs.npz"))
     name, _, size = spec.partition(":")
-    return spec, name, int(size) if size else None
+    return spec, name, int(size) if size else None, None
 
 
 def run(models: list[str], backends: list[str] | None, out: Path, samples: int) -> dict[str, Any]:
@@ -60,7 +61,7 @@ def run(models: list[str], backends: list[str] | None, out: Path, samples: int) 
     onnx_backends = backends or [b for b in REGISTRY if b not in LEFT_OUT]
     results: dict[str, Any] = {}
     for spec in models:
-        label, model, imgsz = _model(spec, out / "models")
+        label, model, imgsz, inputs = _model(spec, out / "models")
         t0 = time.perf_counter()
         names = list(onnx_backends)
         from models import zoo
@@ -70,7 +71,8 @@ def run(models: list[str], backends: list[str] | None, out: Path, samples: int) 
             names.append(NATIVE_BACKEND[framework])
         try:
             r = anpred.test(model, out=out / "runs" / label.replace(":", "-").replace("/", "-"), backends=names,
-                            samples=samples, imgsz=imgsz, allow_incomplete=True, quiet=True, overwrite=True,
+                            samples=None if inputs else samples, inputs=inputs, imgsz=imgsz,
+                            allow_incomplete=True, quiet=True, overwrite=True,
                             timeout_s=900)
         except Exception as err:  # noqa: BLE001 - the matrix records a model that cannot be tested at all
             results[label] = {"error": f"{type(err).__name__}: {err}", "seconds": time.perf_counter() - t0}
