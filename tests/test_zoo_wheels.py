@@ -88,9 +88,9 @@ def test_magika_features_are_magikas_own():
         data = package_file(pkg, rel).read_bytes()
         f = Magika._extract_features_from_seekable(Buffer(data), 1024, 0, 1024, 256, 4096, False)
         assert magika_features(data).tolist() == f.beg + f.end, rel
-    # by hand: whitespace stripped at both ends, padding after the beginning and before the end
-    x = magika_features(b"  ab \n", beg_size=4, end_size=3, block_size=8)
-    assert x.tolist() == [97, 98, 256, 256, 256, 97, 98] and x.dtype == np.int32
+    # by hand: the beginning lstripped and padded after, the end rstripped and padded before
+    x = magika_features(b"  ab \n", beg_size=6, end_size=5, block_size=8)
+    assert x.tolist() == [97, 98, 32, 10, 256, 256, 256, 32, 32, 97, 98] and x.dtype == np.int32
     src, arrays = models.get("magika").real_samples(1)[0]
     data = package_file("magika", "magika.py").read_bytes()
     assert src.startswith("magika/magika.py (python")
@@ -190,6 +190,9 @@ def test_static_dimensions_follow_the_declared_inputs(tmp_path):
     assert fix_static_inputs(onnx.load(str(models.get("magika").onnx_path())), (640, 640), {"bytes": (1, 2048)}) == ["bytes[0]=1"]
     with pytest.raises(InputError, match="rank"):
         fix_static_inputs(onnx.load(str(zm.onnx_path())), (640, 640), {"state": (2, 128)})
+    cls = onnx.load(str(models.get("ppocr-cls").onnx_path()))  # Paddle2ONNX: x [-1, 3, ?, ?], output [-1, 2]
+    assert fix_static_inputs(cls, (48, 192)) == ["x[0]=1", "x[2]=48", "x[3]=192", "save_infer_model/scale_0.tmp_1[0]=?"]
+    assert [d.HasField("dim_value") for d in cls.graph.output[0].type.tensor_type.shape.dim] == [False, True]
     sources = zoo_samples(models.get("magika"), 2, None, tmp_path / "s", None)
     assert sources[1].startswith("ultralytics/assets/bus.jpg (jpeg")
     with np.load(tmp_path / "s" / "s0001.npz") as z:

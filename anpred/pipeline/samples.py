@@ -54,9 +54,11 @@ def zoo_input_shapes(subject) -> dict[str, tuple[int | None, ...]] | None:
 def fix_static_inputs(proto, hw: tuple[int, int], shapes: dict[str, tuple[int | None, ...]] | None = None) -> list[str]:
     """Give every dynamic input dimension a value in place: an input named in ``shapes`` takes that
     shape's dimensions (same rank required; static dimensions are kept, None leaves the dimension
-    dynamic); otherwise batch 1, 4-D image
-    inputs ``hw`` on their spatial axes (NCHW or NHWC), other dynamic dimensions ``hw[0]``. Returns
-    what was fixed (``"name[axis]=value"``).
+    dynamic); otherwise batch 1, 4-D image inputs ``hw`` on their spatial axes (NCHW or NHWC), other
+    dynamic dimensions ``hw[0]``. A negative ``dim_value`` (Paddle2ONNX writes -1 for a dynamic
+    dimension; ONNX requires dim_value >= 0) counts as dynamic; in the graph's outputs and value_info
+    it is made an unknown dimension, which the instrumentation and the aligner resolve like any
+    dynamic one. Returns what was changed (``"name[axis]=value"``, ``"name[axis]=?"``).
 
     Raises:
         InputError: an input in ``shapes`` whose rank differs from the graph's.
@@ -79,6 +81,9 @@ def fix_static_inputs(proto, hw: tuple[int, int], shapes: dict[str, tuple[int | 
                 continue
             if given is not None:
                 if given[i] is None:
+                    if d.HasField("dim_value"):  # a negative dim_value left dynamic
+                        d.Clear()
+                        fixed.append(f"{vi.name}[{i}]=?")
                     continue
                 v = int(given[i])
             else:
@@ -86,6 +91,11 @@ def fix_static_inputs(proto, hw: tuple[int, int], shapes: dict[str, tuple[int | 
             d.ClearField("dim_param")
             d.dim_value = v
             fixed.append(f"{vi.name}[{i}]={v}")
+    for vi in list(proto.graph.output) + list(proto.graph.value_info):
+        for i, d in enumerate(vi.type.tensor_type.shape.dim if vi.type.tensor_type.HasField("shape") else ()):
+            if d.HasField("dim_value") and d.dim_value < 0:
+                d.Clear()
+                fixed.append(f"{vi.name}[{i}]=?")
     return fixed
 
 
