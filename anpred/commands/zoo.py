@@ -1,4 +1,5 @@
-"""List the model zoo: every model with its origin (torch / tf / onnx), ONNX input shape (NCHW),
+"""List the model zoo: every model with its origin (torch / tf / onnx), ONNX inputs (NCHW shape of an
+image model; name, shape and dtype of each input otherwise),
 whether its weights are trained or seeded, and its task. With a NAME, show that model's details; with
 ``--onnx``, print the path of its ONNX file (exported once and cached for torch/Keras models).
 
@@ -34,13 +35,14 @@ def main(args) -> int:
     if args.name is None:
         if args.onnx:
             raise AnpredError("--onnx needs a model NAME")
-        rows = [models.get(n, imgsz=imgsz if models.REGISTRY[n].resizable else None).info() for n in models.REGISTRY]
+        zms = [models.get(n, imgsz=imgsz if models.REGISTRY[n].resizable else None) for n in models.REGISTRY]
+        rows = [zm.info() for zm in zms]
         if args.json:
             print(json.dumps(rows, indent=1))
             return 0
-        head = ("NAME", "ORIGIN", "INPUT (NCHW)", "WEIGHTS", "NATIVE", "TASK")
-        table = [head] + [(r["name"], r["origin"], "x".join(map(str, r["input_shape"])),
-                           "trained" if r["trained"] else "seeded", r["native"] or "-", r["task"]) for r in rows]
+        head = ("NAME", "ORIGIN", "INPUT", "WEIGHTS", "NATIVE", "TASK")
+        table = [head] + [(r["name"], r["origin"], zm.inputs_text(), "trained" if r["trained"] else "seeded",
+                           r["native"] or "-", r["task"]) for zm, r in zip(zms, rows)]
         widths = [max(len(row[i]) for row in table) for i in range(len(head))]
         for row in table:
             print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())

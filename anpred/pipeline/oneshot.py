@@ -35,7 +35,7 @@ from anpred.errors import OutputPathError
 from anpred.pipeline.choices import NATIVE_BACKEND, check_native_backends, check_test_options, default_backends
 from anpred.pipeline.progress import log
 from anpred.pipeline.result import TestResult
-from anpred.pipeline.samples import fix_static_inputs, input_hw, prepare_inputs, record_zoo_inputs
+from anpred.pipeline.samples import fix_static_inputs, input_hw, prepare_inputs, record_zoo_inputs, zoo_input_shapes
 from anpred.pipeline.subject import PythonPath, QuietLogger, Subject, check_model, native_model, resolve_model
 
 __all__ = ["test", "prepare_out", "relocated"]
@@ -157,7 +157,7 @@ def _instrument(subject: Subject, imgsz, stages, max_cut_width, details: dict[st
     from anpred.onnx_io import load_model
 
     proto = load_model(subject.onnx_path, load_external=False)
-    fixed = fix_static_inputs(proto, input_hw(subject, imgsz))
+    fixed = fix_static_inputs(proto, input_hw(subject, imgsz), zoo_input_shapes(subject))
     if fixed:
         log(f"dynamic input dimensions fixed: {', '.join(fixed)}", quiet)
         details["fixed_dims"] = fixed

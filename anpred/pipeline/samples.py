@@ -1,10 +1,13 @@
 """The inputs of a one-shot test: static input dimensions and the samples the backends run on.
 
 - :func:`fix_static_inputs` gives every dynamic input dimension a value (batch 1, the image size on
-  spatial axes, :func:`input_hw`) so every converter sees static shapes;
-- :func:`prepare_inputs` chooses the samples: a zoo model's own real images (ultralytics'
-  photographs, rendered document pages or text lines, or the user's image files) preprocessed by the
-  model into ``.npz`` files (:func:`zoo_samples`, their sources named by :func:`zoo_sources`); the
+  spatial axes, :func:`input_hw`; a zoo model's declared input shapes, :func:`zoo_input_shapes`) so
+  every converter sees static shapes;
+- :func:`prepare_inputs` chooses the samples: a zoo model's own real samples written as ``.npz``
+  files of named arrays (:func:`zoo_samples`): real images (ultralytics' photographs, rendered
+  document pages or text lines, or the user's image files) preprocessed by the model, or for a model
+  not fed with one image (byte values, audio chunks with a recurrent state and a sample rate) the
+  arrays of its generator (:meth:`models.zoo.ZooModel.real_samples`), each with its real source; the
   user's inputs as given; otherwise the ultralytics photographs with seeded random crops for an image
   input (:func:`image_input`: 4-D, 3 channels), seeded uniform random arrays for any other;
 - :func:`record_zoo_inputs` names, in the run store, each preprocessed sample's real source.
@@ -22,7 +25,7 @@ from anpred.errors import InputError
 from anpred.pipeline.choices import DEFAULT_IMGSZ, DEFAULT_SAMPLES
 from anpred.pipeline.progress import log
 
-__all__ = ["SOURCES_FILE", "input_hw", "fix_static_inputs", "image_input", "is_images", "prepare_inputs",
+__all__ = ["SOURCES_FILE", "input_hw", "zoo_input_shapes", "fix_static_inputs", "image_input", "is_images", "prepare_inputs",
            "zoo_samples", "zoo_sources", "record_zoo_inputs"]
 
 #: In an image folder given as inputs: ``{file name: real source}`` recorded in test.json instead of the path.
@@ -32,16 +35,34 @@ SOURCES_FILE = "sources.json"
 def input_hw(subject, imgsz: int | tuple[int, int] | None) -> tuple[int, int]:
     """The (H, W) given to dynamic dimensions: the zoo model's size, else ``imgsz``, else
     :data:`DEFAULT_IMGSZ` square."""
-    if subject.zoo is not None:
+    if subject.zoo is not None and subject.zoo.hw is not None:
         return tuple(subject.zoo.hw)
     if imgsz is not None:
         return (int(imgsz), int(imgsz)) if isinstance(imgsz, int) else tuple(int(v) for v in imgsz)
     return (DEFAULT_IMGSZ, DEFAULT_IMGSZ)
 
 
-def fix_static_inputs(proto, hw: tuple[int, int]) -> list[str]:
-    """Give every dynamic input dimension a value in place: batch 1, 4-D image inputs ``hw`` on
-    their spatial axes (NCHW or NHWC), other dynamic dimensions ``hw[0]``. Returns what was fixed."""
+def zoo_input_shapes(subject) -> dict[str, tuple[int | None, ...]] | None:
+    """The declared input shapes ``{name: shape}`` of a zoo model with explicit inputs (magika,
+    silero-vad), None on the axes the entry leaves dynamic (``ZooInput.dynamic_axes``); else None."""
+    zm = subject.zoo
+    if zm is None or not zm.entry.inputs:
+        return None
+    return {i.name: tuple(None if a in i.dynamic_axes else d for a, d in enumerate(i.shape)) for i in zm.entry.inputs}
+
+
+def fix_static_inputs(proto, hw: tuple[int, int], shapes: dict[str, tuple[int | None, ...]] | None = None) -> list[str]:
+    """Give every dynamic input dimension a value in place: an input named in ``shapes`` takes that
+    shape's dimensions (same rank required; static dimensions are kept, None leaves the dimension
+    dynamic); otherwise batch 1, 4-D image inputs ``hw`` on their spatial axes (NCHW or NHWC), other
+    dynamic dimensions ``hw[0]``. A negative ``dim_value`` (Paddle2ONNX writes -1 for a dynamic
+    dimension; ONNX requires dim_value >= 0) counts as dynamic; in the graph's outputs and value_info
+    it is made an unknown dimension, which the instrumentation and the aligner resolve like any
+    dynamic one. Returns what was changed (``"name[axis]=value"``, ``"name[axis]=?"``).
+
+    Raises:
+        InputError: an input in ``shapes`` whose rank differs from the graph's.
+    """
     inits = {t.name for t in proto.graph.initializer}
     fixed = []
     for vi in proto.graph.input:
@@ -51,13 +72,30 @@ def fix_static_inputs(proto, hw: tuple[int, int]) -> list[str]:
         nhwc = len(dims) == 4 and dims[3].HasField("dim_value") and dims[3].dim_value == 3 and not (
             dims[1].HasField("dim_value") and dims[1].dim_value == 3)
         spatial = {2: hw[0], 3: hw[1]} if not nhwc else {1: hw[0], 2: hw[1]}
+        given = (shapes or {}).get(vi.name)
+        if given is not None and len(given) != len(dims):
+            raise InputError(f"input {vi.name!r}: declared shape {tuple(given)} has rank {len(given)}, the graph's "
+                             f"has rank {len(dims)}")
         for i, d in enumerate(dims):
             if d.HasField("dim_value") and d.dim_value > 0:
                 continue
-            v = 1 if i == 0 else (spatial.get(i, hw[0]) if len(dims) == 4 else hw[0])
+            if given is not None:
+                if given[i] is None:
+                    if d.HasField("dim_value"):  # a negative dim_value left dynamic
+                        d.Clear()
+                        fixed.append(f"{vi.name}[{i}]=?")
+                    continue
+                v = int(given[i])
+            else:
+                v = 1 if i == 0 else (spatial.get(i, hw[0]) if len(dims) == 4 else hw[0])
             d.ClearField("dim_param")
             d.dim_value = v
             fixed.append(f"{vi.name}[{i}]={v}")
+    for vi in list(proto.graph.output) + list(proto.graph.value_info):
+        for i, d in enumerate(vi.type.tensor_type.shape.dim if vi.type.tensor_type.HasField("shape") else ()):
+            if d.HasField("dim_value") and d.dim_value < 0:
+                d.Clear()
+                fixed.append(f"{vi.name}[{i}]=?")
     return fixed
 
 
@@ -99,18 +137,19 @@ def prepare_inputs(subject, anchored, inputs: str | None, samples: int | None, s
         records as ``details.inputs`` (``kind``; ``spec``, or ``sources`` and ``preprocessing``).
 
     Raises:
-        InputError: a zoo model without a single image input, an image folder without images, an
-        unreadable image.
+        InputError: an image zoo model without a single image input, images given to a zoo model not
+        fed with images, an image folder without images, an unreadable image.
     """
     n = samples or DEFAULT_SAMPLES
     img = image_input(anchored)
-    if subject.zoo is not None and (inputs is None or (not str(inputs).startswith("random:") and is_images(inputs))):
-        if img is None:
+    zm = subject.zoo
+    if zm is not None and (inputs is None or (not str(inputs).startswith("random:") and is_images(inputs))):
+        if img is None and not zm.entry.inputs:
             raise InputError(f"{subject.label}: zoo model without a single image input")
-        sources = zoo_samples(subject.zoo, n, inputs, folder, img[0])
+        sources = zoo_samples(zm, n, inputs, folder, img[0] if img is not None and not zm.entry.inputs else None)
         spec = str(folder)
-        info: dict[str, Any] = {"kind": "zoo real images", "preprocessing": subject.zoo.info()["preprocessing"],
-                                "sources": sources}
+        info: dict[str, Any] = {"kind": "zoo real samples" if zm.entry.inputs else "zoo real images",
+                                "preprocessing": zm.info()["preprocessing"], "sources": sources}
     elif inputs is not None:
         spec = str(inputs)
         info = {"kind": "given", "spec": spec}
@@ -122,13 +161,23 @@ def prepare_inputs(subject, anchored, inputs: str | None, samples: int | None, s
     return spec, info
 
 
-def zoo_samples(zm, n: int, inputs: str | None, folder: Path, input_name: str) -> list[str]:
-    """Write ``n`` preprocessed real inputs of zoo model ``zm`` as ``.npz`` files in ``folder``
-    (from ``inputs`` images when given: a folder or an image file). Returns their sources."""
+def zoo_samples(zm, n: int, inputs: str | None, folder: Path, input_name: str | None = None) -> list[str]:
+    """Write ``n`` real samples of zoo model ``zm`` as ``folder/sNNNN.npz`` files, each holding one
+    array per graph input (:meth:`models.zoo.ZooModel.real_samples`: preprocessed real images under
+    ``input_name``, or a non-image model's named arrays of several dtypes); from ``inputs`` images
+    when given (a folder or an image file; image models only). Returns the samples' sources.
+
+    Raises:
+        InputError: images given to a model not fed with images, no image in the folder, an
+        unreadable image.
+    """
     import numpy as np
 
     from anpred.inputs import IMAGE_EXTS
 
+    if inputs is not None and zm.entry.inputs:
+        raise InputError(f"{zm.name} is not fed with images ({zm.inputs_text()}): give .npz files with these "
+                         "arrays as inputs, or no inputs for its real samples")
     if inputs is not None:
         p = Path(inputs)
         files = sorted(f for f in p.iterdir() if f.suffix.lower() in IMAGE_EXTS) if p.is_dir() else [p]
@@ -147,35 +196,20 @@ def zoo_samples(zm, n: int, inputs: str | None, folder: Path, input_name: str) -
             except OSError as err:
                 raise InputError(f"inputs {f}: not a readable image ({err})") from err
             sources.append(named.get(f.name) or str(f.resolve()))
+        name = input_name or zm.input_names()[0]
+        pairs = [(src, {name: zm.preprocess(im)}) for src, im in zip(sources, images)]
     else:
-        images = zm.real_images(n)
-        sources = zoo_sources(zm, len(images))
+        pairs = zm.real_samples(n, input_name=input_name)
     folder.mkdir(parents=True, exist_ok=True)
-    for i, im in enumerate(images):
-        np.savez(folder / f"s{i:04d}.npz", **{input_name: zm.preprocess(im)})
-    return sources
+    for i, (_, arrays) in enumerate(pairs):
+        np.savez(folder / f"s{i:04d}.npz", **arrays)
+    return [src for src, _ in pairs]
 
 
 def zoo_sources(zm, n: int) -> list[str]:
-    """What each of ``zm.real_images(n)`` is (the model's seed chooses the rendered pages and text
-    lines; the two photographs are fixed files)."""
-    kind, seed = zm.entry.real_images, zm.seed
-    if kind == "pages":
-        return [f"rendered page seed {seed + i}" for i in range(n)]
-    if kind == "text-lines":
-        return [f"rendered text line seed {seed + i}" for i in range(n)]
-    if kind == "photos":
-        return (["ultralytics/assets/bus.jpg", "ultralytics/assets/zidane.jpg"] +
-                [f"augmented photo {i} (seed {1000 + seed})" for i in range(2, n)])[:n]
-    out, page = [], seed
-    photos = iter(["ultralytics/assets/bus.jpg", "ultralytics/assets/zidane.jpg"])
-    for i in range(n):
-        if i in (2, 4):
-            out.append(next(photos))
-        else:
-            out.append(f"rendered page seed {page}")
-            page += 1
-    return out
+    """What each of ``zm.real_images(n)`` is (:meth:`models.zoo.ZooModel.image_sources`: the model's
+    seed chooses the rendered pages and text lines; the two photographs are fixed files)."""
+    return zm.image_sources(n)
 
 
 def record_zoo_inputs(store, sources: list[str], run_dir: Path) -> None:
@@ -183,7 +217,7 @@ def record_zoo_inputs(store, sources: list[str], run_dir: Path) -> None:
     (``run_dir/inputs``, the run's final place) and each sample's real source and stored file
     (not saved here)."""
     store.meta["inputs"] = {**store.meta.get("inputs", {}), "path": str(run_dir / "inputs"),
-                            "kind": "zoo real images, preprocessed (stored in the run)", "sources": sources}
+                            "kind": "zoo real samples, preprocessed (stored in the run)", "sources": sources}
     real = {f"s{i:04d}.npz": src for i, src in enumerate(sources)}
     for smp in store.meta.get("samples", []):  # each sample: its real source and where it is stored
         name = Path(str(smp.get("source", ""))).name

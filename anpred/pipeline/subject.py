@@ -191,7 +191,7 @@ def resolve_model(model: str | os.PathLike, *, imgsz: int | tuple[int, int] | No
                           f"zoo models: {', '.join(models.REGISTRY)}")
     check_native_backends(backends, models.REGISTRY[text].native_framework or "onnx", text, "zoo")
     zm = models.get(text, imgsz=imgsz, seed=seed)
-    log(f"zoo model {zm.name}: {'trained' if zm.trained else 'seeded'} weights, input {zm.input_shape}", quiet)
+    log(f"zoo model {zm.name}: {'trained' if zm.trained else 'seeded'} weights, input {zm.inputs_text()}", quiet)
     onnx_path = zm.onnx_path()
     fw = zm.native_framework or "onnx"
     return Subject(label=zm.name, kind="zoo", onnx_path=Path(onnx_path), framework=fw,
