@@ -1,8 +1,10 @@
 """Issue 18 acceptance: the two real OpenVINO 2026.4.1 defects of tests/test_check.py (Softplus far
-below zero; AveragePool with ceil_mode and count_include_pad) are still flagged in OpenVINO alone when
-the consensus holds the eight fp32 families of the default set (onnxruntime, openvino, torch,
-tensorflow, tvm, mnn, ncnn, litert), each backend in its own process, with the origin at the
-defective operator's anchor; and a clean network flags nothing."""
+below zero; AveragePool with ceil_mode and count_include_pad) are still flagged when the consensus
+holds the eight fp32 families of the default set (onnxruntime, openvino, torch, tensorflow, tvm, mnn,
+ncnn, litert), each backend in its own process, with the origin at the defective operator's anchor:
+Softplus in OpenVINO alone; the AveragePool rule in OpenVINO and in ncnn, which turned out to share it
+(bit-identical values: the border windows divided by the whole kernel area). A clean network flags
+nothing."""
 
 from __future__ import annotations
 
@@ -34,21 +36,29 @@ def _run(tmp: Path, built, shape, n, seed):
     return check_run(tmp / "run"), man
 
 
-@pytest.mark.parametrize("net,shape,op", [(softplus_cnn, [1, 3, 16, 16], "Softplus"),
-                                          (avgpool_cnn, [1, 3, 8, 8], "AveragePool")], ids=["softplus", "avgpool"])
-def test_openvino_defects_flagged_alone_among_eight_families(tmp_path, net, shape, op):
+@pytest.mark.parametrize("net,shape,op,flagged", [
+    (softplus_cnn, [1, 3, 16, 16], "Softplus", ["openvino"]),
+    # ncnn (through pnnx) divides the border windows by the whole kernel area like OpenVINO: bit-identical
+    # wrong values, a second family with the defect (docs/oracle.md "Real defects seen")
+    (avgpool_cnn, [1, 3, 8, 8], "AveragePool", ["openvino", "ncnn"])], ids=["softplus", "avgpool"])
+def test_openvino_defects_flagged_among_eight_families(tmp_path, net, shape, op, flagged):
     rep, man = _run(tmp_path, net(), shape, 4, 0)
     voting = {row["family"] for b, row in rep.backends.items() if row["votes"] and row["status"] == "ok"}
     assert len(voting) == 8
-    assert [b for b, v in rep.verdicts.items() if v.flagged] == ["openvino"]
+    assert [b for b, v in rep.verdicts.items() if v.flagged] == flagged
     anchor = next(a for a in man.anchors if a.op_type == op)
-    v = rep.verdicts["openvino"]
-    assert v.origin_anchor == anchor.name and v.origin_stage == anchor.stage
+    for b in flagged:
+        v = rep.verdicts[b]
+        assert v.origin_anchor == anchor.name and v.origin_stage == anchor.stage
     c = rep.cell(anchor.name, "openvino")
     assert c.stats.mean_signed < 0 and c.primary > 0.05  # OpenVINO's values too low (docs/oracle.md)
+    if "ncnn" in flagged:
+        assert rep.cell(anchor.name, "ncnn").primary == pytest.approx(c.primary, rel=1e-6)
     for b in FP32:
-        if b != "openvino":  # every other family computes the operator to fp32 noise
-            assert rep.cell(anchor.name, b).primary < 1e-4, (b, rep.cell(anchor.name, b).primary)
+        if b not in flagged:  # far closer to the consensus than OpenVINO (Softplus far below 0: the
+            # families that compute log(1 + exp(x)) in float32 lose up to ~20 % to cancellation there,
+            # tvm/mnn/ncnn/litert 0.09-0.22 nRMSE, ort/torch/tf 0.03 (docs/backends-converters.md))
+            assert rep.cell(anchor.name, b).primary < c.primary / 5, (b, rep.cell(anchor.name, b).primary)
 
 
 def test_clean_network_flags_nothing_among_eight_families(tmp_path):

@@ -63,23 +63,38 @@ def error_correlation(d2: dict[frozenset, float], families: list[str]) -> dict[f
 def merge_correlated(d2: dict[frozenset, float], groups: list[list[str]], threshold: float, min_groups: int
                      ) -> tuple[list[list[str]], dict[frozenset, float]]:
     """Merge the most correlated pair of ``groups`` (lists of families; each group's first family is
-    its corner) while its ρ (:func:`error_correlation` over the corners) is at least ``threshold`` and
-    more than ``min_groups`` groups remain, recomputing ρ after each merge (a correlated pair left as
-    two corners biases every other estimate). Returns ``(groups, {merged group: ρ at its merge})``."""
+    its corner) while its ρ (:func:`error_correlation` over the corners) is at least ``threshold``, the
+    pair passes the nearest-corner guard (:func:`_nearest`) and more than ``min_groups`` groups remain,
+    recomputing ρ after each merge (a correlated pair left as two corners biases every other
+    estimate). Returns ``(groups, {merged group: ρ at its merge})``."""
     groups = [list(g) for g in groups]
     merged: dict[frozenset, float] = {}
     while len(groups) > min_groups:
-        rho = error_correlation(d2, [g[0] for g in groups])
-        if not rho:
+        corners = [g[0] for g in groups]
+        rho = error_correlation(d2, corners)
+        ok = {p: r for p, r in rho.items() if r >= threshold and _nearest(d2, p, corners, threshold)}
+        if not ok:
             break
-        pair, r = max(rho.items(), key=lambda kv: kv[1])
-        if r < threshold:
-            break
+        pair, r = max(ok.items(), key=lambda kv: kv[1])
         a, b = [g for g in groups if g[0] in pair]
         groups.remove(b)
         a.extend(b)
         merged[frozenset(a)] = r
     return groups, merged
+
+
+def _nearest(d2: dict[frozenset, float], pair: frozenset, corners: list[str], threshold: float) -> bool:
+    """The guard of a merge: the pair is much closer to each other than either is to any third corner,
+    ``D²_ij <= 2 (1 - threshold) x min over k of min(D²_ik, D²_jk)``. Since ``σ²_i <= D²_ik`` for every
+    k, two independent families of equal error can only pass it when every other family is much less
+    precise than both; it keeps a noisy hat estimate (variances that differ by orders of magnitude,
+    e.g. one family with a real defect among precise ones) from merging precise, independent families."""
+    i, j = sorted(pair)
+    others = [k for k in corners if k not in pair]
+    if not others:
+        return False
+    near = min(min(d2[frozenset((i, k))], d2[frozenset((j, k))]) for k in others)
+    return d2[pair] <= 2 * (1 - threshold) * near
 
 
 class PairDistances:
