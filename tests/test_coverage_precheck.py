@@ -121,3 +121,21 @@ def test_answers_are_cached_by_model_and_library_versions(tmp_path, monkeypatch)
     monkeypatch.setitem(coverage._versions(), "openvino", ["0.0-other"])  # another installed version: asked anew
     with pytest.raises(AssertionError, match="cached answer"):
         coverage.precheck(path, {"ov": "openvino"})
+
+
+def test_cli_backends_with_a_model_names_the_missing_operator(tmp_path, capsys):
+    import json
+
+    from anpred.cli import main
+
+    path = _det_net(tmp_path / "det.onnx")
+    assert main(["backends", "--model", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "openvino: cannot run the model: Det (no conversion rule in OpenVINO's ONNX frontend)" in out
+    row = next(ln for ln in out.splitlines() if ln.startswith("ort "))
+    assert " ok " in row
+    assert main(["backends", "--model", str(path), "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["openvino-fp16"]["coverage"]["ops"] == {"Det": "no conversion rule in OpenVINO's ONNX frontend"}
+    assert rows["ort"]["coverage"]["ops"] == {}
+    assert main(["backends", "--model", str(tmp_path / "missing.onnx")]) == 2

@@ -2,9 +2,13 @@
 the libraries it needs with their installed versions, whether it can run here, and whether
 ``anpred test`` runs it by default.
 
+With a model: the pre-run coverage of every installed backend on it (the operators its own table
+lacks, :mod:`anpred.backends.coverage`; "?" where a backend has no table: only a run can tell).
+
 Examples:
   anpred backends
   anpred backends --json
+  anpred backends --model model.onnx
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ HELP = "list every backend: family, precision, library versions, installed, defa
 
 def add_arguments(parser):
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--model", metavar="ONNX", default=None,
+                        help="also say, per installed backend, which operators of this model its table lacks")
 
 
 def main(args) -> int:
@@ -26,12 +32,34 @@ def main(args) -> int:
     rows = backend_table()
     for r in rows:
         r["default"] = r["name"] in defaults
+    if args.model:
+        from pathlib import Path
+
+        from anpred.backends.coverage import precheck
+        from anpred.onnx_io import load_model
+
+        load_model(Path(args.model), load_external=False)  # a clear error for a missing/malformed file
+        cov = precheck(args.model, {r["name"]: r["name"] for r in rows if r["installed"]})
+        for r in rows:
+            c = cov.get(r["name"])
+            r["coverage"] = None if c is None else {k: c.get(k) for k in ("basis", "ops", "error")}
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"{'BACKEND':<22}{'FAMILY':<21}{'PREC':<6}{'INSTALLED':<10}{'DEFAULT':<8}LIBRARIES")
+    print(f"{'BACKEND':<22}{'FAMILY':<21}{'PREC':<6}{'INSTALLED':<10}{'DEFAULT':<8}"
+          + ("MODEL  " if args.model else "") + "LIBRARIES")
     for r in rows:
         libs = ", ".join(f"{d} {v or '-'}" for d, v in r["packages"].items())
+        model = ""
+        if args.model:
+            c = r.get("coverage") or {}
+            model = f"{'lacks' if c.get('ops') else 'ok' if c.get('basis') else '?':<7}"
         print(f"{r['name']:<22}{r['family']:<21}{r['precision']:<6}{'yes' if r['installed'] else 'NO':<10}"
-              f"{'yes' if r['default'] else '':<8}{libs}" + (f"  ({r['reason']})" if r["reason"] else ""))
+              f"{'yes' if r['default'] else '':<8}{model}{libs}" + (f"  ({r['reason']})" if r["reason"] else ""))
+    if args.model:
+        from anpred.backends.coverage import format_coverage
+
+        lines = format_coverage({r["name"]: r["coverage"] for r in rows if r.get("coverage")})
+        print("\n".join(["", f"pre-run coverage of {args.model}:"] + (lines or ["every table has every operator"])
+                        + ["(?: no operator table; only a run can tell)"]))
     return 0
