@@ -199,6 +199,11 @@ class TvmBackend(Backend):
             raise BackendError(f"tvm: TVM {tvm.__version__}'s Relax ONNX frontend does not support these operators "
                                f"(not supported: no converter): {', '.join(sorted(missing))}")
         if any(n.op_type in RECURRENT_OPS for n in model.graph.node):
+            for vi in model.graph.input:  # the concrete shapes make the sequence length static
+                if vi.name in shapes:
+                    for d, v in zip(vi.type.tensor_type.shape.dim, shapes[vi.name]):
+                        d.Clear()
+                        d.dim_value = int(v)
             info = unroll_recurrent(model)  # the frontend has no LSTM/GRU/RNN converter
             if info["kept"]:
                 raise BackendError("tvm: the Relax ONNX frontend has no recurrent converter and these nodes cannot be "
