@@ -182,11 +182,9 @@ REAL_SAMPLES_NOTES = {
 @dataclass(frozen=True)
 class ZooInput:
     """One graph input of a model not fed with one image: ``name``, numpy ``dtype`` name, the samples'
-    ``shape`` (``()`` for a scalar), a ``note`` on its values and units, ``dynamic_axes``: axes
-    left dynamic in the tested graph (the pipeline fixes every other dynamic dimension to ``shape``),
-    and ``bind``: for a configuration input (a sample rate, a mode flag), the value ``anpred test``
-    binds it to before instrumentation (:mod:`passes.bind_inputs`: the input becomes a constant, the
-    ``If`` nodes it decides are inlined; the samples then do not feed it); None for a data input."""
+    ``shape`` (``()`` for a scalar), a ``note`` on its values and units, ``dynamic_axes``: axes left
+    dynamic in the tested graph (every other dynamic dimension is fixed to ``shape``), ``bind``: the
+    value ``anpred test`` binds a configuration input to (:mod:`passes.bind_inputs`), else None."""
 
     name: str
     dtype: str
@@ -196,8 +194,8 @@ class ZooInput:
     bind: Any = None
 
     def text(self) -> str:
-        bound = f" = {self.bind} (bound)" if self.bind is not None else ""
-        return f"{self.name} {'x'.join(map(str, self.shape)) or 'scalar'} {self.dtype}{bound}"
+        return f"{self.name} {'x'.join(map(str, self.shape)) or 'scalar'} {self.dtype}" + (
+            f" = {self.bind} (bound)" if self.bind is not None else "")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -352,10 +350,6 @@ def _wheel_entries() -> list[ZooEntry]:
             name="silero-vad", origin="onnx", trained=True,
             weights="trained Silero VAD v6 (silero-vad 6.2.3 wheel: silero_vad/data/silero_vad.onnx)",
             task="vad", resizable=False, onnx_file=("silero_vad", "data/silero_vad.onnx"), real_samples="silero-speech",
-            # sr is bound to 16000 (passes.bind_inputs): the outer If and the nested ones (decided by the now static
-            # shapes) are inlined, so the anchors reach the STFT, the encoder, the LSTM and the decoder. Unbound, ONNX
-            # Runtime 1.32 cannot load the model with a static sample axis (its shape inference of the 8 kHz branch
-            # gives that LSTM a rank-4 input)
             inputs=(ZooInput("input", "float32", (1, 576), "audio at 16 kHz in [-1, 1]: 64 context samples, then a "
                              "512-sample chunk"),
                     ZooInput("state", "float32", (2, 1, 128), "recurrent state (h, c) left by the preceding chunk"),
@@ -519,10 +513,7 @@ class ZooModel:
         return ", ".join(i.text() for i in self.entry.inputs)
 
     def bindings(self) -> dict[str, Any]:
-        """The configuration inputs the entry binds (``ZooInput.bind``): ``{input name: value}``, empty
-        for most models. ``anpred test`` binds them before instrumentation (:mod:`passes.bind_inputs`)
-        and leaves them out of the samples; :meth:`real_samples` still returns them (to feed the
-        shipped, unbound model)."""
+        """``{name: ZooInput.bind}``, bound by ``anpred test`` (:meth:`real_samples` still feeds them)."""
         return {i.name: i.bind for i in self.entry.inputs if i.bind is not None}
 
     def input_names(self) -> list[str]:
@@ -565,8 +556,8 @@ class ZooModel:
         notes = REAL_SAMPLES_NOTES[self.entry.real_samples] if self.entry.inputs else PREPROCESS_NOTES[self.entry.preprocessing]
         return {"name": self.name, "origin": self.origin, "trained": self.trained, "weights": self.weights_note,
                 "task": self.entry.task, "input_shape": list(self.input_shape),
-                "inputs": [{"name": i.name, "dtype": i.dtype, "shape": list(i.shape), "note": i.note,
-                            **({"bind": i.bind} if i.bind is not None else {})} for i in self.inputs],
+                "inputs": [{"name": i.name, "dtype": i.dtype, "shape": list(i.shape), "note": i.note, "bind": i.bind}
+                           for i in self.inputs],
                 "native": self.entry.native_framework, "factory": self.entry.factory, "preprocessing": notes,
                 "classes": len(self.class_names) if self.class_names else None, "description": self.entry.description}
 
