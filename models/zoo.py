@@ -182,17 +182,20 @@ REAL_SAMPLES_NOTES = {
 @dataclass(frozen=True)
 class ZooInput:
     """One graph input of a model not fed with one image: ``name``, numpy ``dtype`` name, the samples'
-    ``shape`` (``()`` for a scalar), a ``note`` on its values and units, and ``dynamic_axes``: axes
-    left dynamic in the tested graph (the pipeline fixes every other dynamic dimension to ``shape``)."""
+    ``shape`` (``()`` for a scalar), a ``note`` on its values and units, ``dynamic_axes``: axes left
+    dynamic in the tested graph (every other dynamic dimension is fixed to ``shape``), ``bind``: the
+    value ``anpred test`` binds a configuration input to (:mod:`passes.bind_inputs`), else None."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     note: str = ""
     dynamic_axes: tuple[int, ...] = ()
+    bind: Any = None
 
     def text(self) -> str:
-        return f"{self.name} {'x'.join(map(str, self.shape)) or 'scalar'} {self.dtype}"
+        return f"{self.name} {'x'.join(map(str, self.shape)) or 'scalar'} {self.dtype}" + (
+            f" = {self.bind} (bound)" if self.bind is not None else "")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -347,12 +350,10 @@ def _wheel_entries() -> list[ZooEntry]:
             name="silero-vad", origin="onnx", trained=True,
             weights="trained Silero VAD v6 (silero-vad 6.2.3 wheel: silero_vad/data/silero_vad.onnx)",
             task="vad", resizable=False, onnx_file=("silero_vad", "data/silero_vad.onnx"), real_samples="silero-speech",
-            # the sample axis stays dynamic: ONNX Runtime 1.32 cannot load the model once it is static (its shape
-            # inference of the nested If branches then gives the 16 kHz LSTM a rank-4 input)
             inputs=(ZooInput("input", "float32", (1, 576), "audio at 16 kHz in [-1, 1]: 64 context samples, then a "
-                             "512-sample chunk", dynamic_axes=(1,)),
+                             "512-sample chunk"),
                     ZooInput("state", "float32", (2, 1, 128), "recurrent state (h, c) left by the preceding chunk"),
-                    ZooInput("sr", "int64", (), "sample rate in Hz: 16000")),
+                    ZooInput("sr", "int64", (), "sample rate in Hz: 16000", bind=16000)),
             description="Silero VAD: an If on the sample rate (16 kHz / 8 kHz branches, nested Ifs inside) holding an "
                         "STFT convolution, conv encoder and an LSTM decoder; outputs speech probability (1, 1) and the "
                         "next state (2, 1, 128)",
@@ -511,6 +512,10 @@ class ZooModel:
             return "x".join(map(str, self.input_shape))
         return ", ".join(i.text() for i in self.entry.inputs)
 
+    def bindings(self) -> dict[str, Any]:
+        """``{name: ZooInput.bind}``, bound by ``anpred test`` (:meth:`real_samples` still feeds them)."""
+        return {i.name: i.bind for i in self.entry.inputs if i.bind is not None}
+
     def input_names(self) -> list[str]:
         """Names of the ONNX file's graph inputs (initializers excluded; exports a torch/Keras model
         once, cached)."""
@@ -551,7 +556,8 @@ class ZooModel:
         notes = REAL_SAMPLES_NOTES[self.entry.real_samples] if self.entry.inputs else PREPROCESS_NOTES[self.entry.preprocessing]
         return {"name": self.name, "origin": self.origin, "trained": self.trained, "weights": self.weights_note,
                 "task": self.entry.task, "input_shape": list(self.input_shape),
-                "inputs": [{"name": i.name, "dtype": i.dtype, "shape": list(i.shape), "note": i.note} for i in self.inputs],
+                "inputs": [{"name": i.name, "dtype": i.dtype, "shape": list(i.shape), "note": i.note, "bind": i.bind}
+                           for i in self.inputs],
                 "native": self.entry.native_framework, "factory": self.entry.factory, "preprocessing": notes,
                 "classes": len(self.class_names) if self.class_names else None, "description": self.entry.description}
 

@@ -16,6 +16,11 @@ control flow is inlined from the outside in):
   constant ``k``, the loop-carried values chained; scan outputs are ``Unsqueeze(axis 0)`` +
   ``Concat`` of the per-iteration values.
 
+With ``constant_only=True`` only the first rewrite is done (``If`` with a constant condition, the
+taken branch alone): exact whatever the branches hold, as used after binding configuration inputs
+(:mod:`passes.bind_inputs`); every other ``If`` and every ``Loop`` is left as it is (not listed in
+``kept``).
+
 The control-flow node's outputs keep their names, so anchors on them still map; ``anpred.instrument``
 places anchors in the main graph only (values inside branches and bodies are never anchors).
 ``info``: ``{"inlined": [node names], "kept": {node name: reason}}``.
@@ -109,9 +114,16 @@ def _static_shape(vi):
 
 
 class ControlFlowInlinePass(GraphPass):
-    """Inline ``If``/``Loop`` nodes of the main graph (module docstring), in place."""
+    """Inline ``If``/``Loop`` nodes of the main graph (module docstring), in place.
+
+    Args:
+        constant_only: inline only ``If`` nodes whose condition is a constant (an initializer).
+    """
 
     in_place = True
+
+    def __init__(self, constant_only: bool = False):
+        self.constant_only = bool(constant_only)
 
     def call(self, model) -> PassResult:
         from onnx import numpy_helper
@@ -127,7 +139,8 @@ class ControlFlowInlinePass(GraphPass):
             new_nodes, new_inits = [], []
             for node in g.node:
                 label = node.name or node.output[0]
-                if node.domain not in ("", "ai.onnx") or node.op_type not in ("If", "Loop") or label in info["kept"]:
+                if node.domain not in ("", "ai.onnx") or node.op_type not in ("If", "Loop") or label in info["kept"] \
+                        or (self.constant_only and (node.op_type != "If" or node.input[0] not in consts)):
                     new_nodes.append(node)
                     continue
                 try:
@@ -234,6 +247,7 @@ class ControlFlowInlinePass(GraphPass):
         return nodes, inits
 
 
-def inline_control_flow(model) -> dict[str, Any]:
-    """Run :class:`ControlFlowInlinePass` on ``model`` in place; returns its ``info``."""
-    return ControlFlowInlinePass()(model).info
+def inline_control_flow(model, constant_only: bool = False) -> dict[str, Any]:
+    """Run :class:`ControlFlowInlinePass` (``constant_only``: only ``If`` with a constant condition)
+    on ``model`` in place; returns its ``info``."""
+    return ControlFlowInlinePass(constant_only)(model).info

@@ -233,28 +233,30 @@ def _ort(model: Path, feeds: dict) -> dict:
     return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
 
 
-def test_tvm_lacks_lstm_which_mnn_runs(tmp_path):
-    """TVM 0.27's Relax ONNX frontend has no LSTM converter: listed before running, and prepare fails
-    naming it (classified unsupported); MNN converts the same bidirectional LSTM with initial states
-    and agrees with ONNX Runtime."""
+def test_tvm_unrolls_the_lstm_its_frontend_lacks_and_mnn_runs_it(tmp_path):
+    """TVM 0.27's Relax ONNX frontend has no LSTM converter: the backend unrolls the bidirectional LSTM
+    with initial states first (passes.recurrent), so it is not listed as unsupported, and TVM then
+    agrees with ONNX Runtime; MNN converts the same LSTM natively and agrees too."""
     model = _lstm_model(tmp_path)
     man = instrument_file(str(model), str(tmp_path / "lstm.a.onnx"))
     m = onnx.load(str(tmp_path / "lstm.a.onnx"))
-    assert "LSTM" in TvmBackend.unsupported_ops(m) and TvmBackend.coverage_basis
+    assert "LSTM" not in str(TvmBackend.unsupported_ops(m)) and TvmBackend.coverage_basis
     assert MnnBackend.unsupported_ops(m) == {}
-    with pytest.raises(BackendError, match=r"not supported.*LSTM"):
-        TvmBackend({}).prepare(tmp_path / "lstm.a.onnx", man, tmp_path / "w")
     rs = np.random.RandomState(0)
     feeds = {"x": rs.randn(1, 6, 8).astype(np.float32), "h0": rs.randn(2, 1, 12).astype(np.float32),
              "c0": rs.randn(2, 1, 12).astype(np.float32)}
     ref = _ort(tmp_path / "lstm.a.onnx", feeds)
-    with MnnBackend({}) as b:
-        b.prepare(tmp_path / "lstm.a.onnx", man, tmp_path / "w")
-        got = b.run(feeds)
-    assert set(got) == {a.name for a in man.anchors}
-    for a in man.anchors:
-        assert got[a.name].shape == ref[a.value if a.value in ref else a.name].shape
-        assert _eps_units(got[a.name], ref[a.value if a.value in ref else a.name]) <= 32, a.name
+    for cls in (TvmBackend, MnnBackend):
+        with cls({}) as b:
+            b.prepare(tmp_path / "lstm.a.onnx", man, tmp_path / f"w-{cls.name}")
+            got = b.run(feeds)
+            if cls is TvmBackend:
+                assert b.versions()["tvm_unrolled"] == "1"
+        assert set(got) == {a.name for a in man.anchors}
+        for a in man.anchors:
+            want = ref[a.value if a.value in ref else a.name]
+            assert got[a.name].shape == want.shape
+            assert _eps_units(got[a.name], want) <= 32, (cls.name, a.name, _eps_units(got[a.name], want))
 
 
 def test_mnn_lacks_mish_and_hardmax_which_tvm_runs(tmp_path):

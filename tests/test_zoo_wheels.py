@@ -186,7 +186,8 @@ def test_static_dimensions_follow_the_declared_inputs(tmp_path):
     zm = models.get("silero-vad")
     shapes = {i.name: tuple(None if a in i.dynamic_axes else d for a, d in enumerate(i.shape)) for i in zm.entry.inputs}
     proto = onnx.load(str(zm.onnx_path()))
-    assert fix_static_inputs(proto, (640, 640), shapes) == ["input[0]=1", "state[1]=1"]  # the sample axis stays dynamic
+    # every axis static (sr is bound before instrumentation, so the nested Ifs fold: passes.bind_inputs)
+    assert fix_static_inputs(proto, (640, 640), shapes) == ["input[0]=1", "input[1]=576", "state[1]=1"]
     assert fix_static_inputs(onnx.load(str(models.get("magika").onnx_path())), (640, 640), {"bytes": (1, 2048)}) == ["bytes[0]=1"]
     with pytest.raises(InputError, match="rank"):
         fix_static_inputs(onnx.load(str(zm.onnx_path())), (640, 640), {"state": (2, 128)})
@@ -209,6 +210,7 @@ def test_silero_vad_end_to_end_on_ort(tmp_path):
     t = json.loads((tmp_path / "t" / "test.json").read_text())
     assert t["details"]["inputs"]["kind"] == "zoo real samples"
     assert [s.split(":")[1].split(" chunk")[0].strip() for s in t["details"]["inputs"]["sources"]] == ["voiced", "silence"]
-    assert t["details"]["fixed_dims"] == ["input[0]=1", "state[1]=1"]
+    assert t["details"]["fixed_dims"] == ["input[0]=1", "input[1]=576", "state[1]=1"]
+    assert t["details"]["bound_inputs"] == {"sr": 16000}
     rep = json.loads((tmp_path / "t" / "report.json").read_text())
     assert 0 < rep["verdicts"]["ort"]["worst_primary"] < 1e-4  # fp32 noise between two runtimes

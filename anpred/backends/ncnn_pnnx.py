@@ -12,7 +12,14 @@ onnx``: ``Conv`` -> ``nn.Conv2d``, ``Relu`` -> ``F.relu``, ``ReduceMean`` -> ``t
 ``todo <op>``), optimises it there (``pass_level2``..``5``) and lowers that IR onto ncnn layers
 (``pass_ncnn``: ``Convolution``, ``InnerProduct``, ``BinaryOp``, ``Swish``, ``Interp``, ``Reduction``
 ...). ``fp16=0`` keeps the weights float32 in ``model.ncnn.bin`` (pnnx's default ``fp16=1`` would
-round them to float16). pnnx's onnxruntime accepts ONNX IR versions up to 13, so a newer
+round them to float16). pnnx's ONNX import has no ``LSTM``/``GRU``/``RNN`` (``todo LSTM``): such nodes
+are unrolled first in the scratch copy into the schema's per-time-step equations
+(:class:`passes.recurrent.RecurrentUnrollPass`, as for ``tf`` and ``tvm``), which ncnn then computes
+with its own ``InnerProduct``/``MatMul``, ``BinaryOp`` and activation layers. pnnx cannot select
+along the batch axis ("unbind along batch axis 0 is not supported", left as a ``torch.unbind`` layer
+ncnn lacks): a ``Gather`` of the index 0 (or -1) on axis 0 of a tensor whose first dimension is 1
+(the unrolled time step of a one-step sequence) is rewritten as the equal ``Squeeze(axis 0)`` (a
+scalar index) or ``Identity`` (a one-element index list) (:func:`_batch_gathers_as_squeeze`). pnnx's onnxruntime accepts ONNX IR versions up to 13, so a newer
 ``ir_version`` is lowered to 13 in the scratch copy (IR 14 adds no operator semantics).
 
 Blob names: pnnx's ``canonicalize`` (``tools/pnnx/src/pass_onnx/canonicalize.cpp``) renames the
@@ -35,8 +42,11 @@ nothing with onnxruntime at run time).
 
 Layout: ncnn blobs have no batch axis (``Mat`` c, h, w / d): an ONNX input of shape ``[1, ...]`` is
 fed as its ``[0]`` slice, and each anchor comes back with the batch axis restored, in the ONNX
-layout (NCHW) and the ONNX shape (``exact``, no transform). Batch > 1 and inputs of rank < 2 or
-> 5 are refused (:class:`~anpred.errors.BackendError`), as are non-float32 inputs (ncnn Mats hold
+layout (NCHW) and the ONNX shape (``exact``, no transform). An input whose first dimension is not 1
+(a recurrent state ``(2, 1, 128)``: no batch axis of its own) is given one in the converted copy: the
+graph input becomes ``[1, *shape]`` followed by ``Squeeze(axis 0)`` under the original name, and the
+whole array is fed as the Mat (ranks 1..4). Inputs of rank < 2 (unbatched: < 1) or > 5 (unbatched: > 4)
+are refused (:class:`~anpred.errors.BackendError`), as are non-float32 inputs (ncnn Mats hold
 float32). Returned arrays: float32 (cast to the anchor's ONNX dtype where the graph declares another,
 noted in the capture's reason).
 
@@ -96,12 +106,15 @@ class NcnnBackend(Backend):
     # ---- conversion ------------------------------------------------------------------------
     def _concrete_inputs(self, model) -> dict[str, list[int]]:
         """Graph input name -> concrete shape (``options["input_shapes"]`` fills dynamic dims).
-        Raises BackendError: a dim stays unknown, batch != 1, rank outside 2..5, non-float32 input."""
+        Inputs whose first dimension is not 1 are listed in ``self.unbatched`` (given a unit batch axis at
+        conversion). Raises BackendError: a dim stays unknown, a rank outside 2..5 (1..4 without a unit
+        first dimension), non-float32 input."""
         from anpred.onnx_io import elem_type_name
 
         given = self.options.get("input_shapes") or {}
         inits = {t.name for t in model.graph.initializer}
         shapes = {}
+        self.unbatched = []
         for vi in model.graph.input:
             if vi.name in inits:
                 continue
@@ -117,12 +130,14 @@ class NcnnBackend(Backend):
             if any(s is None for s in shape):
                 raise BackendError(f"ncnn: input {vi.name!r} has dynamic dims {dims}; pnnx converts at concrete "
                                    "shapes (give the option input_shapes)")
-            if not 2 <= len(shape) <= 5:
+            if shape and shape[0] != 1:  # no batch axis of its own: one is added at conversion
+                if not 1 <= len(shape) <= 4:
+                    raise BackendError(f"ncnn: input {vi.name!r} has shape {shape}; without a unit first dimension "
+                                       "it becomes a Mat of all its dims, and ncnn Mats hold 1..4 dims")
+                self.unbatched.append(vi.name)
+            elif not 2 <= len(shape) <= 5:
                 raise BackendError(f"ncnn: input {vi.name!r} has rank {len(shape)}; ncnn Mats hold 1..4 dims after "
                                    "the batch axis (ranks 2..5)")
-            if shape[0] != 1:
-                raise BackendError(f"ncnn: input {vi.name!r} has batch {shape[0]}; ncnn blobs have no batch axis, "
-                                   "this backend runs batch 1 only")
             shapes[vi.name] = shape
         return shapes
 
@@ -142,8 +157,16 @@ class NcnnBackend(Backend):
                     d.Clear()
                     d.dim_value = int(v)
         model.ir_version = min(model.ir_version, PNNX_MAX_IR)
+        from passes.recurrent import RECURRENT_OPS, unroll_recurrent
+
+        if any(n.op_type in RECURRENT_OPS for n in model.graph.node):
+            unroll_recurrent(model)  # pnnx has no ONNX recurrent import; a node it cannot unroll stays (todo)
+        unbatched = [n for n in getattr(self, "unbatched", []) if n in shapes]
+        _add_unit_batch(model, unbatched)
+        _batch_gathers_as_squeeze(model)
         onnx.save(model, str(out / "model.onnx"))
-        arg = ",".join("[" + ",".join(str(s) for s in shapes[n]) + "]f32" for n in shapes)
+        arg = ",".join("[" + ",".join(str(s) for s in ([1] if n in unbatched else []) + list(shapes[n])) + "]f32"
+                       for n in shapes)
         proc = subprocess.run([pnnx.EXEC_PATH, "model.onnx", f"inputshape={arg}", "fp16=0", "device=cpu"],
                               cwd=str(out), capture_output=True, text=True, errors="replace")
         log = proc.stdout + proc.stderr
@@ -160,6 +183,7 @@ class NcnnBackend(Backend):
                                + (f"; layer types ncnn does not know: {', '.join(unknown)}" if unknown else "") + ")")
         names = [o.name for o in model.graph.output]
         (out / "meta.json").write_text(json.dumps({"format": FORMAT, "outputs": names, "inputs": list(shapes),
+                                                   "unbatched": unbatched,
                                                    "onnx_shapes": _inferred_output_shapes(model)}, indent=1))
         for f in ("model.onnx", "model.pnnx.onnx", "model.pnnxsim.onnx", "model.pnnx.bin", "model_pnnx.py",
                   "model_ncnn.py"):
@@ -185,6 +209,7 @@ class NcnnBackend(Backend):
         self.cache_dir = cached_dir("pnnx", key, lambda tmp: self._convert(Path(model_path), tmp, self.shapes))
         meta = json.loads((self.cache_dir / "meta.json").read_text())
         self._inputs = meta["inputs"]
+        self._unbatched = set(meta.get("unbatched", []))
         produced = _produced_blobs(self.cache_dir / "model.ncnn.param")
         pnnx_shapes = _pnnx_output_shapes(self.cache_dir / "model.pnnx.param")
         fetch, info = output_anchor_map(meta["outputs"], manifest)
@@ -258,7 +283,8 @@ class NcnnBackend(Backend):
                                  f"{self.shapes[name]} (ncnn: batch 1, shapes fixed at conversion)")
             if x.dtype != np.float32:
                 raise InputError(f"backend ncnn: input {name!r} is {x.dtype}, float32 expected")
-            a = np.array(x[0], dtype=np.float32, order="C")  # a plain ndarray the Mat borrows ...
+            # a plain ndarray the Mat borrows (the batch slice, or the whole array of an input given a unit batch) ...
+            a = np.array(x if name in self._unbatched else x[0], dtype=np.float32, order="C")
             mats.append(ncnn.Mat(a).clone())  # ... and copies into memory ncnn owns (refcounted)
             ex.input(f"in{i}", mats[-1])
         out = {}
@@ -276,6 +302,85 @@ class NcnnBackend(Backend):
 
     def close(self) -> None:
         self.net = None
+
+
+def _batch_gathers_as_squeeze(model) -> int:
+    """In place: every ``Gather(data, i)`` with ``axis`` 0, ``i`` an initializer equal to 0 or -1 (a
+    scalar, or a list of one), and ``data`` of first dimension 1 (ONNX shape inference at the model's
+    static input shapes) becomes ``Squeeze(data, axes=[0])`` (scalar ``i``) or ``Identity(data)``
+    (``[i]``): the same values and shape. Returns how many."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - no shapes: nothing rewritten
+        return 0
+    first = {}
+    for vi in list(inferred.graph.input) + list(inferred.graph.value_info):
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims) and dims[0].HasField("dim_value"):
+            first[vi.name] = dims[0].dim_value
+    for t in model.graph.initializer:
+        if len(t.dims):
+            first[t.name] = t.dims[0]
+    inits = {t.name: t for t in model.graph.initializer}
+    opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    n_done = 0
+    for k, n in enumerate(model.graph.node):
+        if n.op_type != "Gather" or n.domain not in ("", "ai.onnx") or n.input[1] not in inits:
+            continue
+        axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
+        idx = numpy_helper.to_array(inits[n.input[1]])
+        if axis != 0 or idx.ndim > 1 or idx.size != 1 or int(idx.reshape(-1)[0]) not in (0, -1) \
+                or first.get(n.input[0]) != 1:
+            continue
+        if idx.ndim == 1:
+            new = helper.make_node("Identity", [n.input[0]], [n.output[0]], name=n.name or n.output[0])
+        elif opset >= 13:
+            ax = f"{n.output[0]}__anpred_axes0"
+            if ax not in inits:
+                inits[ax] = numpy_helper.from_array(np.array([0], np.int64), ax)
+                model.graph.initializer.append(inits[ax])
+            new = helper.make_node("Squeeze", [n.input[0], ax], [n.output[0]], name=n.name or n.output[0])
+        else:
+            new = helper.make_node("Squeeze", [n.input[0]], [n.output[0]], name=n.name or n.output[0], axes=[0])
+        model.graph.node[k].CopyFrom(new)
+        n_done += 1
+    return n_done
+
+
+def _add_unit_batch(model, names: list[str]) -> None:
+    """In place: each graph input in ``names`` (shape S) becomes ``<name>__anpred_batched`` of shape
+    ``[1, *S]``, followed by ``Squeeze(axis 0)`` into the original name, so that pnnx's batch axis is
+    a unit one and the input's own dims all reach the ncnn Mat."""
+    from onnx import helper, numpy_helper
+
+    if not names:
+        return
+    opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    nodes = []
+    for vi in model.graph.input:
+        if vi.name not in names:
+            continue
+        orig = vi.name
+        vi.name = f"{orig}__anpred_batched"
+        shape = vi.type.tensor_type.shape
+        old = [type(d)() for d in shape.dim]
+        for o, d in zip(old, shape.dim):
+            o.CopyFrom(d)
+        del shape.dim[:]
+        shape.dim.add().dim_value = 1
+        for o in old:
+            shape.dim.add().CopyFrom(o)
+        if opset >= 13:
+            axes = numpy_helper.from_array(np.array([0], np.int64), f"{orig}__anpred_axes")
+            model.graph.initializer.append(axes)
+            nodes.append(helper.make_node("Squeeze", [vi.name, axes.name], [orig], name=f"anpred_unbatch/{orig}"))
+        else:
+            nodes.append(helper.make_node("Squeeze", [vi.name], [orig], name=f"anpred_unbatch/{orig}", axes=[0]))
+    for n in reversed(nodes):
+        model.graph.node.insert(0, n)
 
 
 def _log_errors(log: str, n: int = 6) -> str:

@@ -21,6 +21,13 @@
   ``ceil_mode``); ``auto_pad=SAME_UPPER``/``SAME_LOWER``, asymmetric pads and (AveragePool)
   ``ceil_mode=1`` go to :class:`OnnxWindowPool`, which pads explicitly and divides window sums by the
   count of the cells each window covers, as the ONNX spec defines (``count_include_pad`` both ways).
+- ``Pad`` (11, 13) in ``reflect``/``edge`` mode: onnx2torch's converter is kept for ``constant``
+  mode; the others go to :class:`OnnxModePad`, since ``torch.nn.functional.pad`` pads in these modes
+  only the last 1-3 axes of a 2-5-D tensor shaped ``(N, C, ...)`` (a 2-D ``(1, 576)`` audio chunk
+  reflect-padded on its last axis failed: "reflect padding is implemented for ... the last dimension
+  of 3D input tensor"): the padded trailing axes are kept, every leading axis is folded into one
+  channel axis behind a unit batch (``reshape(1, prod(leading), *trailing)``), padded, and reshaped
+  back. More than 3 padded trailing axes raise ``NotImplementedError`` naming the node.
 
 Output sizes (ONNX AveragePool-19 / MaxPool-12 schema, ONNX Runtime ``pool_attributes.h``):
 ``out = floor((in + pad_begin + pad_end - ((k - 1) * d + 1)) / s) + 1``, with ``ceil`` instead of
@@ -35,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["register", "OnnxRecurrent", "OnnxGlobalPool", "OnnxWindowPool", "pool_geometry", "const_input",
-           "REGISTERED"]
+__all__ = ["register", "OnnxRecurrent", "OnnxGlobalPool", "OnnxWindowPool", "OnnxModePad", "pool_geometry",
+           "const_input", "REGISTERED"]
 
 #: (op_type, version) pairs :func:`register` put into onnx2torch's registry (new or wrapped)
 REGISTERED: list[tuple[str, int]] = []
@@ -210,6 +217,60 @@ def _global(kind: str):
         mod = _global_pool_class()(kind, _attrs_of(node).get("p", 2))
         return OperationConverterResult(torch_module=mod, onnx_mapping=onnx_mapping_from_node(node))
 
+    return conv
+
+
+def _mode_pad_class():
+    Module, Marker = _base()
+
+    class OnnxModePad(Module, Marker):
+        """ONNX ``Pad`` in ``reflect``/``replicate`` (ONNX ``edge``) mode on a tensor of any rank: the
+        trailing axes that carry pads (at most 3) are padded by ``F.pad`` on a ``(1, prod(leading),
+        *trailing)`` view, then the leading axes are restored. ``pads`` as ONNX orders them
+        (``[x1_begin, x2_begin, ..., x1_end, x2_end, ...]``), read at run time."""
+
+        def __init__(self, mode: str, name: str = ""):
+            super().__init__()
+            self.mode, self.name = mode, name
+
+        def forward(self, x, pads, constant_value=None):
+            import torch.nn.functional as F
+
+            p = [int(v) for v in pads.tolist()]
+            r = x.dim()
+            begin, end = p[:r], p[r:]
+            padded = [i for i in range(r) if begin[i] or end[i]]
+            if not padded:
+                return x
+            k = r - padded[0]
+            if k > 3:
+                raise NotImplementedError(f"Pad {self.name!r}: {self.mode} padding of {k} trailing axes (torch pads "
+                                          "at most 3 in this mode)")
+            lead, trail = list(x.shape[:r - k]), list(x.shape[r - k:])
+            n = 1
+            for d in lead:
+                n *= int(d)
+            torch_pads = []
+            for i in reversed(range(r - k, r)):  # F.pad: last axis first, (begin, end) pairs
+                torch_pads += [begin[i], end[i]]
+            y = F.pad(x.reshape([1, n] + trail), torch_pads, mode=self.mode)
+            return y.reshape(lead + list(y.shape[2:]))
+
+    return OnnxModePad
+
+
+def _pad_wrapped(original):
+    def conv(node, graph):
+        from onnx2torch.utils.common import OperationConverterResult, onnx_mapping_from_node
+
+        mode = _attrs_of(node).get("mode", "constant")
+        mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+        if mode not in ("reflect", "edge"):
+            return original(node, graph)
+        mod = _mode_pad_class()("replicate" if mode == "edge" else "reflect", node.name)
+        return OperationConverterResult(torch_module=mod, onnx_mapping=onnx_mapping_from_node(node))
+
+    conv.anpred_wraps = original
     return conv
 
 
@@ -407,7 +468,7 @@ def _recurrent_class():
 
 def __getattr__(name: str):  # the module classes are built lazily (torch is imported on first use)
     factories = {"OnnxRecurrent": _recurrent_class, "OnnxGlobalPool": _global_pool_class,
-                 "OnnxWindowPool": _window_pool_class}
+                 "OnnxWindowPool": _window_pool_class, "OnnxModePad": _mode_pad_class}
     if name in factories:
         cls = factories[name]()
         globals()[name] = cls
@@ -420,7 +481,8 @@ _NEW = ([(op, v, _recurrent) for op in ("LSTM", "GRU", "RNN") for v in (7, 14, 2
         + [("GlobalMaxPool", v, _global("max")) for v in (1, 22)]
         + [("GlobalLpPool", v, _global("lp")) for v in (2, 22)]
         + [("LpPool", v, lambda node, graph: _window_pool(node, "lp")) for v in (11, 18, 22)])
-_WRAP = [("AveragePool", v, "avg") for v in (7, 10, 11)] + [("MaxPool", v, "max") for v in (8, 10, 11, 12)]
+_WRAP = ([("AveragePool", v, "avg") for v in (7, 10, 11)] + [("MaxPool", v, "max") for v in (8, 10, 11, 12)]
+         + [("Pad", v, "pad") for v in (11, 13)])
 
 
 def register() -> list[tuple[str, int]]:
@@ -441,7 +503,7 @@ def register() -> list[tuple[str, int]]:
         key = OperationDescription(domain="", operation_type=op, version=v)
         cur = _CONVERTER_REGISTRY.get(key)
         if cur is not None and not hasattr(cur, "anpred_wraps"):
-            _CONVERTER_REGISTRY[key] = _wrapped(cur, kind)
+            _CONVERTER_REGISTRY[key] = _pad_wrapped(cur) if kind == "pad" else _wrapped(cur, kind)
             done.append((op, v))
     REGISTERED.extend(done)
     return done

@@ -52,6 +52,13 @@ keeps shapes symbolic only through a few ops (``shape_compatible_ops`` in ``_con
 otherwise turns them into tensors its ``Reshape`` refuses ("Reshape requires the input new shape to be
 Shape": PP-OCR rec and cls). ``versions()["tvm_shape_nodes_folded"]`` counts the folded nodes.
 
+Recurrent layers: the frontend has no ``LSTM``/``GRU``/``RNN`` converter; such nodes are unrolled
+before the import into the per-time-step equations of the ONNX schema (MatMul, Add, Mul, the
+activations; :class:`passes.recurrent.RecurrentUnrollPass`, as the ``tf`` backend does), so TVM
+computes them with its own matmul and elementwise loops. A node the pass cannot unroll (a dynamic
+sequence length, weights that are not initializers) raises :class:`~anpred.errors.BackendError`
+with the pass's reason. ``versions()["tvm_unrolled"]`` counts the unrolled nodes.
+
 Inputs are passed positionally in graph-input order (the frontend renames inputs whose names are not
 identifiers, ``sanitize_input_names``, but keeps their order).
 
@@ -59,8 +66,8 @@ Coverage (:meth:`TvmBackend.unsupported_ops`): the frontend's converter table
 (``onnx_frontend._get_convert_map()``, plus ``If`` that the importer handles itself). The frontend
 looks operators up by ``op_type`` alone, whatever their domain, and selects a converter version by
 opset with a fallback to its oldest implementation (``OnnxOpConverter.get_converter``), so its table
-expresses no opset-version gaps: coverage is by op type. ``LSTM``/``GRU``/``RNN``, ``Loop`` and
-``Scan`` are among the operators it lacks (TVM 0.27).
+expresses no opset-version gaps: coverage is by op type. ``Loop`` and ``Scan`` are among the operators
+it lacks (TVM 0.27); ``LSTM``/``GRU``/``RNN`` count as covered (unrolled, above).
 
 Errors: an operator without converter raises :class:`~anpred.errors.BackendError` "TVM's Relax ONNX
 frontend does not support ... : <ops>"; a converter or compilation failure names the operator when the
@@ -87,15 +94,16 @@ from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 from anpred.onnx_io import model_ops
 
-FORMAT = "anpred.tvm_relax/3"  # 2: shape computations folded at the concrete shapes; 3: repeated
+FORMAT = "anpred.tvm_relax/4"  # 2: shape computations folded at the concrete shapes; 3: repeated; 4: recurrent unrolled
 #: ops the Relax importer handles itself, outside the converter table (``_construct_nodes``)
 DIRECT_OPS = ("If",)
 LIBRARY = "model.so"
 
 
 def convert_table() -> set[str] | None:
-    """The op types TVM's Relax ONNX frontend converts (its converter table plus :data:`DIRECT_OPS`);
-    None when the installed TVM has no such table."""
+    """The op types TVM's Relax ONNX frontend converts (its converter table plus :data:`DIRECT_OPS`),
+    plus the recurrent ops this backend unrolls first (:data:`passes.recurrent.RECURRENT_OPS`); None
+    when the installed TVM has no such table."""
     try:
         from tvm.relax.frontend.onnx import onnx_frontend
     except ImportError:
@@ -103,7 +111,9 @@ def convert_table() -> set[str] | None:
     table = getattr(onnx_frontend, "_get_convert_map", None)
     if table is None:
         return None
-    return set(table()) | set(DIRECT_OPS)
+    from passes.recurrent import RECURRENT_OPS
+
+    return set(table()) | set(DIRECT_OPS) | set(RECURRENT_OPS)
 
 
 def resolve_target(mcpu: str | None) -> dict[str, Any]:
@@ -161,6 +171,7 @@ class TvmBackend(Backend):
         self.cache_note = ""
         self.seconds_compile = 0.0
         self.shape_nodes_folded = 0
+        self.unrolled = 0
 
     def _versions_impl(self) -> dict[str, str]:
         import tvm
@@ -171,6 +182,7 @@ class TvmBackend(Backend):
             v["tvm_llvm_cpu"] = self._meta["target"].get("mcpu", "generic")
             v["tvm_cache"] = self.cache_note or ("hit" if self.cache_hit else "compiled")
             v["tvm_shape_nodes_folded"] = str(self._meta.get("shape_nodes_folded", 0))
+            v["tvm_unrolled"] = str(self._meta.get("unrolled", 0))
         return v
 
     # ---- compilation ------------------------------------------------------------------------
@@ -180,10 +192,23 @@ class TvmBackend(Backend):
         from tvm import relax
         from tvm.relax.frontend.onnx import from_onnx
 
+        from passes.recurrent import RECURRENT_OPS, unroll_recurrent
+
         missing = self.unsupported_ops(model)
         if missing:
             raise BackendError(f"tvm: TVM {tvm.__version__}'s Relax ONNX frontend does not support these operators "
                                f"(not supported: no converter): {', '.join(sorted(missing))}")
+        if any(n.op_type in RECURRENT_OPS for n in model.graph.node):
+            for vi in model.graph.input:  # the concrete shapes make the sequence length static
+                if vi.name in shapes:
+                    for d, v in zip(vi.type.tensor_type.shape.dim, shapes[vi.name]):
+                        d.Clear()
+                        d.dim_value = int(v)
+            info = unroll_recurrent(model)  # the frontend has no LSTM/GRU/RNN converter
+            if info["kept"]:
+                raise BackendError("tvm: the Relax ONNX frontend has no recurrent converter and these nodes cannot be "
+                                   "unrolled: " + "; ".join(f"{k}: {v}" for k, v in info["kept"].items()))
+            self.unrolled = len(info["unrolled"])
         model, self.shape_nodes_folded = fold_shape_computations(model, shapes)
         log = io.StringIO()
         try:
@@ -227,6 +252,7 @@ class TvmBackend(Backend):
             self.seconds_compile = time.perf_counter() - t0
             meta["seconds_compile"] = round(self.seconds_compile, 3)
             meta["shape_nodes_folded"] = self.shape_nodes_folded
+            meta["unrolled"] = self.unrolled
 
             def build(tmp: Path) -> None:
                 exe.export_library(str(tmp / LIBRARY))

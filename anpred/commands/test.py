@@ -19,6 +19,12 @@ examples:
   anpred test yolov8n --imgsz 320 -o out/yolov8n
   anpred test model.onnx --backends ort,openvino,torch --inputs random:normal:n=5 -o out/m
   anpred test mypkg.nets:small_cnn --samples 4 -o out/cnn --history history.sqlite
+  anpred test silero_vad.onnx --bind sr=16000 -o out/vad
+
+--bind NAME=VALUE fixes a configuration input (a sample rate, a mode flag) to a constant before
+instrumentation: the If nodes it decides are inlined, so anchors reach the network inside them, and
+the samples no longer feed it. VALUE is JSON (16000, 0.5, true, [1,2]); repeat for several inputs.
+Zoo models bind their own configuration inputs (silero-vad: sr=16000).
 
 Exit status: 0 every backend consistent, 1 a backend flagged or something not judged (a backend that
 failed, unaligned anchors; 0 with --allow-incomplete), 2 bad input (unknown model, unreadable file,
@@ -48,6 +54,8 @@ def add_arguments(parser):
     parser.add_argument("--imgsz", type=int, nargs="+", default=None, metavar="N",
                         help="input size N or H W (resizable zoo models, dynamic ONNX inputs; default 640)")
     parser.add_argument("--seed", type=int, default=0, help="seed of generated inputs and seeded zoo weights")
+    parser.add_argument("--bind", action="append", default=None, metavar="NAME=VALUE",
+                        help="bind a configuration input to a constant (JSON value, e.g. sr=16000); repeatable")
     parser.add_argument("--kwargs", metavar="JSON", default=None, help="keyword arguments for a factory, as JSON")
     parser.add_argument("--oracle", choices=("consensus", "threshold", "both"), default="consensus",
                         help="consensus (default), threshold baseline, or both")
@@ -79,7 +87,7 @@ def main(args) -> int:
     from anpred.pipeline import demo, format_standing, test
 
     if args.model == "demo":
-        for opt in ("inputs", "kwargs", "history", "imgsz"):
+        for opt in ("inputs", "kwargs", "history", "imgsz", "bind"):
             if getattr(args, opt):
                 raise AnpredError(f"--{opt} does not apply to the demo")
         res = demo(args.output or "anpred-demo", backends=args.backends, samples=args.samples, stages=args.stages,
@@ -106,7 +114,7 @@ def main(args) -> int:
                stages=args.stages, max_cut_width=args.max_cut_width, imgsz=_imgsz(args.imgsz), seed=args.seed,
                factory_kwargs=kwargs, oracle=args.oracle, config=args.config, history=args.history,
                allow_incomplete=args.allow_incomplete, timeout_s=args.timeout, overwrite=args.overwrite,
-               quiet=args.quiet)
+               quiet=args.quiet, bind=args.bind)
     print(res.format_text())
     print("\nwhere each backend stands:")
     print(format_standing([res]))

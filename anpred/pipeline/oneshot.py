@@ -7,8 +7,10 @@ the project:
 
 1. **resolve** the model (:func:`anpred.pipeline.subject.resolve_model`, done by :func:`test`);
 2. **instrument** it (:func:`anpred.instrument.instrument_model`, ``stages`` K, dynamic input
-   dimensions fixed first: :func:`anpred.pipeline.samples.fix_static_inputs`) and record the origin
-   in the manifest (``manifest.model["origin"]``);
+   dimensions fixed first: :func:`anpred.pipeline.samples.fix_static_inputs`, then configuration
+   inputs bound: :func:`passes.bind_inputs.bind_inputs`, the zoo's ``ZooInput.bind`` and the user's
+   ``bind``) and record the origin and the bound inputs in the manifest (``manifest.model["origin"]``,
+   ``manifest.model["bound_inputs"]``);
 3. **map** the anchors onto the native graph (:func:`exporters.mapping.map_anchors`, torch-native /
    tf-native) when a native backend runs; without an explicit backend list a model that cannot be
    mapped runs without its native backend;
@@ -47,7 +49,7 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
          seed: int = 0, factory_kwargs: dict[str, Any] | None = None, oracle: str = "consensus",
          config: str | os.PathLike | None = None, history: str | os.PathLike | None = None,
          allow_incomplete: bool = False, timeout_s: float = 600, overwrite: bool = False,
-         quiet: bool = False) -> TestResult:
+         quiet: bool = False, bind: dict[str, Any] | Iterable[str] | str | None = None) -> TestResult:
     """Test ``model`` end to end: export (when needed), instrument, map, run, align, judge, report.
 
     Args:
@@ -73,13 +75,22 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
         timeout_s: per backend limit in seconds (prepare + all samples).
         overwrite: replace ``out`` when it holds an earlier test (only once the new one is complete).
         quiet: no progress output on stderr.
+        bind: configuration inputs fixed to a value before instrumentation, ``{input name: value}``
+            or ``"NAME=VALUE"`` texts (:func:`passes.bind_inputs.parse_bindings`; VALUE is JSON:
+            ``"sr=16000"``). Each becomes a constant of the input's dtype and shape, the ``If``
+            nodes it decides are inlined (:mod:`passes.bind_inputs`), and the samples no longer
+            feed it (a given ``.npz`` that holds it must hold the bound value). A zoo model's own
+            bindings (``ZooInput.bind``: silero-vad's ``sr`` = 16000) apply too; ``bind`` overrides
+            them. Recorded in ``test.json`` (``details.bound_inputs``) and the manifest.
 
     Returns:
         :class:`TestResult` (truthy when consistent; ``.report`` is the CheckReport).
 
     Raises:
         ModelLoadError: an unreadable ``.onnx``; AnpredError: unknown zoo name, unusable factory,
-        bad inputs, an ``out`` folder that holds something else; BackendError: an unknown, empty
+        bad inputs, an ``out`` folder that holds something else; InputError: a ``bind`` entry that is
+        not ``NAME=VALUE``, names no graph input (the message lists them) or does not fit its input's
+        dtype and shape; BackendError: an unknown, empty
         or repeated backend entry, a single backend, a native backend that does not fit the model
         (checked before any export). Nothing is
         written then. A backend that fails or crashes does not raise: see ``result.statuses``.
@@ -89,8 +100,11 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
 
     t_start = time.perf_counter()
     seconds: dict[str, float] = {}
+    from passes.bind_inputs import parse_bindings
+
     backends = check_test_options(oracle=oracle, samples=samples, stages=stages, backends=backends, inputs=inputs,
                                   config=config, history=history)
+    bind = parse_bindings(bind)
     label_guess = check_model(model, backends)  # errors: nothing written
     final = (Path(out) if out is not None else Path("anpred-test") / label_guess).absolute()
     tmp = prepare_out(final, overwrite)
@@ -100,7 +114,8 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
                                     quiet=quiet, backends=backends)
         result = _pipeline(subject, final, tmp, backends=backends, inputs=inputs, samples=samples, stages=stages,
                            max_cut_width=max_cut_width, imgsz=imgsz, seed=seed, oracle=oracle, config=config,
-                           allow_incomplete=allow_incomplete, timeout_s=timeout_s, quiet=quiet, seconds=seconds)
+                           allow_incomplete=allow_incomplete, timeout_s=timeout_s, quiet=quiet, seconds=seconds,
+                           bind=bind)
         commit_partial(tmp, final)
         # what was tested names the final place of files built in the partial folder (a factory's export)
         result.details = relocated(result.details, tmp, final)
@@ -117,16 +132,18 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
 
 
 def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, samples, stages, max_cut_width,
-              imgsz, seed, oracle, config, allow_incomplete, timeout_s, quiet, seconds) -> TestResult:
+              imgsz, seed, oracle, config, allow_incomplete, timeout_s, quiet, seconds,
+              bind: dict[str, Any] | None = None) -> TestResult:
     """The steps after resolving the model, built in ``tmp`` (committed to ``final`` by the caller);
     phase wall times go into ``seconds``."""
     details: dict[str, Any] = {"subject": subject.to_dict()}
     with _timed(seconds, "instrument"):
-        anchored, manifest = _instrument(subject, imgsz, stages, max_cut_width, details, quiet)
+        anchored, manifest = _instrument(subject, imgsz, stages, max_cut_width, details, quiet, bind)
     names = _backend_names(subject, backends)
     mapping = _map(subject, manifest, anchored, names, backends is not None, tmp, details, seconds, quiet)
     _save_anchored(subject, anchored, manifest, tmp)
-    spec, details["inputs"] = prepare_inputs(subject, anchored, inputs, samples, seed, tmp / ".inputs", quiet)
+    spec, details["inputs"] = prepare_inputs(subject, anchored, inputs, samples, seed, tmp / ".inputs", quiet,
+                                             bound=details.get("bound_inputs"))
     with _timed(seconds, "run"):
         statuses = _run(subject, names, spec, details["inputs"], tmp, final, timeout_s, quiet)
     with _timed(seconds, "check"):
@@ -150,9 +167,11 @@ def _timed(seconds: dict[str, float], phase: str):
     seconds[phase] = time.perf_counter() - t
 
 
-def _instrument(subject: Subject, imgsz, stages, max_cut_width, details: dict[str, Any], quiet: bool):
-    """Load the subject's ONNX file, fix its dynamic input dimensions (``details["fixed_dims"]``) and
-    instrument it; the manifest names the model and its origin. Returns ``(anchored, manifest)``."""
+def _instrument(subject: Subject, imgsz, stages, max_cut_width, details: dict[str, Any], quiet: bool,
+                bind: dict[str, Any] | None = None):
+    """Load the subject's ONNX file, fix its dynamic input dimensions (``details["fixed_dims"]``),
+    bind its configuration inputs (:func:`_bind`) and instrument it; the manifest names the model,
+    its origin and the bound inputs. Returns ``(anchored, manifest)``."""
     from anpred.instrument import instrument_model
     from anpred.onnx_io import load_model
 
@@ -161,15 +180,37 @@ def _instrument(subject: Subject, imgsz, stages, max_cut_width, details: dict[st
     if fixed:
         log(f"dynamic input dimensions fixed: {', '.join(fixed)}", quiet)
         details["fixed_dims"] = fixed
+    proto = _bind(subject, proto, bind, details, quiet)
     anchored, manifest = instrument_model(proto, stages=stages, max_cut_width=max_cut_width,
                                           source_path=subject.onnx_path)
     manifest.model["name"] = subject.label
     if subject.origin:
         manifest.model["origin"] = dict(subject.origin)
+    if details.get("bound_inputs"):
+        manifest.model["bound_inputs"] = details["bound_inputs"]
     n_anchors = sum(a.kind != "output" for a in manifest.anchors)
     log(f"instrumented {subject.onnx_path.name}: {len(manifest.stages)} stages, {n_anchors} anchors + "
         f"{len(manifest.anchors) - n_anchors} outputs", quiet)
     return anchored, manifest
+
+
+def _bind(subject: Subject, proto, bind: dict[str, Any] | None, details: dict[str, Any], quiet: bool):
+    """``proto`` with its configuration inputs bound (:func:`passes.bind_inputs.bind_inputs`): the zoo
+    entry's (``ZooModel.bindings``) updated with the user's ``bind``. Records ``details["bound_inputs"]``
+    ({name: value}) and ``details["binding"]`` (what the pass folded and inlined); ``proto`` itself
+    when nothing is bound. Raises InputError (unknown name, a value that does not fit)."""
+    from passes.bind_inputs import bind_inputs
+
+    values = {**(subject.zoo.bindings() if subject.zoo is not None else {}), **(bind or {})}
+    if not values:
+        return proto
+    bound, info = bind_inputs(proto, values)
+    details["bound_inputs"] = {n: b["value"] for n, b in info["bound"].items()}
+    details["binding"] = {k: (len(v) if k == "inlined" else v) for k, v in info.items() if k != "bound"}
+    left = f"; If left: {', '.join(info['ifs_left'])}" if info["ifs_left"] else ""
+    log(f"bound {', '.join(f'{n}={v}' for n, v in details['bound_inputs'].items())}: {info['folded']} nodes folded, "
+        f"{len(info['inlined'])} If inlined{left}", quiet)
+    return bound
 
 
 def _backend_names(subject: Subject, backends: list[str] | None) -> list[str]:

@@ -10,6 +10,9 @@
   arrays of its generator (:meth:`models.zoo.ZooModel.real_samples`), each with its real source; the
   user's inputs as given; otherwise the ultralytics photographs with seeded random crops for an image
   input (:func:`image_input`: 4-D, 3 channels), seeded uniform random arrays for any other;
+- inputs bound to constants (:mod:`passes.bind_inputs`) are not fed: left out of a zoo model's
+  samples, and dropped from given ``.npz`` files, which must hold the bound value
+  (:func:`drop_bound_inputs`);
 - :func:`record_zoo_inputs` names, in the run store, each preprocessed sample's real source.
 
 An image folder may name each image's real source in :data:`SOURCES_FILE` (the demo's temporary images).
@@ -26,7 +29,7 @@ from anpred.pipeline.choices import DEFAULT_IMGSZ, DEFAULT_SAMPLES
 from anpred.pipeline.progress import log
 
 __all__ = ["SOURCES_FILE", "input_hw", "zoo_input_shapes", "fix_static_inputs", "image_input", "is_images", "prepare_inputs",
-           "zoo_samples", "zoo_sources", "record_zoo_inputs"]
+           "zoo_samples", "zoo_sources", "record_zoo_inputs", "drop_bound_inputs"]
 
 #: In an image folder given as inputs: ``{file name: real source}`` recorded in test.json instead of the path.
 SOURCES_FILE = "sources.json"
@@ -128,9 +131,11 @@ def is_images(inputs) -> bool:
 
 
 def prepare_inputs(subject, anchored, inputs: str | None, samples: int | None, seed: int, folder: Path,
-                   quiet: bool) -> tuple[str, dict[str, Any]]:
+                   quiet: bool, bound: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
     """Choose the samples of a test (see the module docstring). A zoo model's real images are written
-    preprocessed into ``folder``.
+    preprocessed into ``folder``; ``bound`` ({input name: value}, the inputs bound to constants)
+    are left out of a zoo model's samples and dropped from given ``.npz`` files
+    (:func:`drop_bound_inputs`, written into ``folder``).
 
     Returns:
         ``(spec, info)``: the inputs spec for :func:`anpred.run.run_model` and what ``test.json``
@@ -138,34 +143,45 @@ def prepare_inputs(subject, anchored, inputs: str | None, samples: int | None, s
 
     Raises:
         InputError: an image zoo model without a single image input, images given to a zoo model not
-        fed with images, an image folder without images, an unreadable image.
+        fed with images, an image folder without images, an unreadable image, a given ``.npz`` that
+        feeds a bound input another value.
     """
     n = samples or DEFAULT_SAMPLES
+    bound = dict(bound or {})
     img = image_input(anchored)
     zm = subject.zoo
     if zm is not None and (inputs is None or (not str(inputs).startswith("random:") and is_images(inputs))):
         if img is None and not zm.entry.inputs:
             raise InputError(f"{subject.label}: zoo model without a single image input")
-        sources = zoo_samples(zm, n, inputs, folder, img[0] if img is not None and not zm.entry.inputs else None)
+        sources = zoo_samples(zm, n, inputs, folder, img[0] if img is not None and not zm.entry.inputs else None,
+                              drop=tuple(bound))
         spec = str(folder)
         info: dict[str, Any] = {"kind": "zoo real samples" if zm.entry.inputs else "zoo real images",
                                 "preprocessing": zm.info()["preprocessing"], "sources": sources}
     elif inputs is not None:
         spec = str(inputs)
         info = {"kind": "given", "spec": spec}
+        stripped = drop_bound_inputs(spec, bound, folder) if bound and not spec.startswith("random:") else None
+        if stripped:
+            spec, info["sources"] = str(folder), stripped
+            info["bound_dropped"] = sorted(bound)
     else:
         dist = "images" if img is not None else "uniform"
         spec = f"random:{dist}:seed={seed}:n={n}"
         info = {"kind": "generated", "spec": spec}
+    if bound:
+        info["bound"] = bound
     log(f"inputs: {info.get('spec') or ', '.join(info['sources'])}", quiet)
     return spec, info
 
 
-def zoo_samples(zm, n: int, inputs: str | None, folder: Path, input_name: str | None = None) -> list[str]:
+def zoo_samples(zm, n: int, inputs: str | None, folder: Path, input_name: str | None = None,
+                drop: tuple[str, ...] = ()) -> list[str]:
     """Write ``n`` real samples of zoo model ``zm`` as ``folder/sNNNN.npz`` files, each holding one
     array per graph input (:meth:`models.zoo.ZooModel.real_samples`: preprocessed real images under
-    ``input_name``, or a non-image model's named arrays of several dtypes); from ``inputs`` images
-    when given (a folder or an image file; image models only). Returns the samples' sources.
+    ``input_name``, or a non-image model's named arrays of several dtypes) but those named in
+    ``drop`` (inputs bound to constants); from ``inputs`` images when given (a folder or an image
+    file; image models only). Returns the samples' sources.
 
     Raises:
         InputError: images given to a model not fed with images, no image in the folder, an
@@ -202,8 +218,55 @@ def zoo_samples(zm, n: int, inputs: str | None, folder: Path, input_name: str | 
         pairs = zm.real_samples(n, input_name=input_name)
     folder.mkdir(parents=True, exist_ok=True)
     for i, (_, arrays) in enumerate(pairs):
-        np.savez(folder / f"s{i:04d}.npz", **arrays)
+        np.savez(folder / f"s{i:04d}.npz", **{k: a for k, a in arrays.items() if k not in drop})
     return [src for src, _ in pairs]
+
+
+def drop_bound_inputs(inputs: str, bound: dict[str, Any], folder: Path) -> dict[str, str] | None:
+    """Given inputs (an ``.npz`` file or a folder of ``.npz`` / ``.npy``) that hold arrays of bound
+    inputs: copies without them in ``folder`` (same file names; ``.npy`` files copied as they are).
+    An array of a bound input must equal the bound value (a stacked array: every sample).
+
+    Returns:
+        ``{file name in folder: original path}``, or None when no file holds a bound input (the
+        inputs are used as given).
+
+    Raises:
+        InputError: a file feeds a bound input another value (naming the file, the input, both values).
+    """
+    import shutil
+
+    import numpy as np
+
+    p = Path(inputs)
+    files = sorted(f for f in p.iterdir() if f.suffix.lower() in (".npz", ".npy")) if p.is_dir() else [p]
+    want = {k: np.asarray(v) for k, v in bound.items()}
+    contents, hit = {}, False
+    for f in files:
+        if f.suffix.lower() != ".npz":
+            continue
+        with np.load(f, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+        for k in set(data) & set(want):
+            a, b = data[k], want[k]
+            same = a.shape[a.ndim - b.ndim:] == b.shape and np.array_equal(a, np.broadcast_to(b, a.shape))
+            if not same:
+                shown = a.tolist() if a.size <= 8 else f"an array of shape {a.shape}"
+                raise InputError(f"inputs {f}: input {k!r} is bound to {b.tolist()} but the file feeds {shown}; "
+                                 f"drop it from the file or bind it to that value")
+            hit = True
+        contents[f] = data
+    if not hit:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for f in files:
+        if f in contents:
+            np.savez(folder / f.name, **{k: a for k, a in contents[f].items() if k not in want})
+        else:
+            shutil.copy2(f, folder / f.name)
+        out[f.name] = str(f.resolve())
+    return out
 
 
 def zoo_sources(zm, n: int) -> list[str]:
@@ -212,13 +275,16 @@ def zoo_sources(zm, n: int) -> list[str]:
     return zm.image_sources(n)
 
 
-def record_zoo_inputs(store, sources: list[str], run_dir: Path) -> None:
-    """The preprocessed zoo inputs live on in the run store only: ``store.meta`` names their folder
-    (``run_dir/inputs``, the run's final place) and each sample's real source and stored file
-    (not saved here)."""
+def record_zoo_inputs(store, sources: list[str] | dict[str, str], run_dir: Path) -> None:
+    """The preprocessed zoo inputs (or given inputs with their bound arrays dropped) live on in the
+    run store only: ``store.meta`` names their folder (``run_dir/inputs``, the run's final place) and
+    each sample's real source and stored file (not saved here). ``sources``: one per ``sNNNN.npz``
+    file in order, or ``{file name: source}``."""
+    given = isinstance(sources, dict)
     store.meta["inputs"] = {**store.meta.get("inputs", {}), "path": str(run_dir / "inputs"),
-                            "kind": "zoo real samples, preprocessed (stored in the run)", "sources": sources}
-    real = {f"s{i:04d}.npz": src for i, src in enumerate(sources)}
+                            "kind": ("given inputs, bound inputs dropped" if given else "zoo real samples, preprocessed")
+                            + " (stored in the run)", "sources": list(sources.values()) if given else sources}
+    real = dict(sources) if given else {f"s{i:04d}.npz": src for i, src in enumerate(sources)}
     for smp in store.meta.get("samples", []):  # each sample: its real source and where it is stored
         name = Path(str(smp.get("source", ""))).name
         if name in real:
