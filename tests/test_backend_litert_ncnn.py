@@ -214,3 +214,42 @@ def test_litert_unsupported_ops_from_onnx2tf_modules():
     assert set(missing) == {"CastLike", "com.example::Frobnicate"}, missing
     assert "onnx2tf/ops/CastLike.py" in missing["CastLike"]
     assert "onnx2tf" in cls.coverage_basis
+
+
+def test_ncnn_takes_integer_inputs_as_float32_cast_back_in_the_graph(tmp_path):
+    """A uint8 image -> Cast -> Conv: ncnn Mats hold float32, so the backend declares the input float32
+    and the Cast to float becomes an Identity (pnnx cannot lower a Cast: "todo Tensor.to"); exact for
+    integers below 2^24, values equal ORT's to fp32 rounding; values beyond 2^24 are refused."""
+    import onnx
+    from onnx import TensorProto as T, helper as h, numpy_helper as nh
+
+    from anpred.errors import InputError
+    from anpred.instrument import instrument_model
+
+    rng = np.random.default_rng(0)
+    w = nh.from_array(rng.normal(0, 0.05, (4, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [h.make_node("Cast", ["img"], ["f"], to=T.FLOAT), h.make_node("Conv", ["f", "w"], ["c"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["c"], ["y"])]
+    g = h.make_graph(nodes, "u8", [h.make_tensor_value_info("img", T.UINT8, [1, 3, 8, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 8, 8])], [w])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    am, man = instrument_model(m)
+    man.to_model(am)
+    onnx.save(am, str(tmp_path / "a.onnx"))
+    np.savez(tmp_path / "x.npz", img=rng.integers(0, 256, (2, 1, 3, 8, 8)).astype(np.uint8))
+    store = run_model(tmp_path / "a.onnx", ["ort", "ncnn"], tmp_path / "x.npz", tmp_path / "run", progress=False,
+                      timeout_s=300)
+    st = store.statuses()["ncnn"]
+    assert st.status == "ok", st.reason
+    for sid in store.sample_ids:
+        a, b = store.read_anchors("ort", sid), store.read_anchors("ncnn", sid)
+        for k in a:
+            assert np.abs(b[k] - a[k]).max() <= 64 * np.finfo(np.float32).eps * max(1.0, np.abs(a[k]).max())
+    from anpred.backends.ncnn_pnnx import NcnnBackend
+
+    with NcnnBackend({"input_shapes": {"img": [1, 3, 8, 8]}}) as be:
+        be.prepare(tmp_path / "a.onnx", man, tmp_path / "w")
+        big = np.full((1, 3, 8, 8), 2 ** 25, np.int64)
+        with pytest.raises(InputError, match="beyond 2\\^24"):
+            be.run({"img": big})

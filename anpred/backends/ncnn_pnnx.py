@@ -70,7 +70,7 @@ from anpred.backends.base import AnchorCapture, Backend
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
 
-FORMAT = "anpred.ncnn_pnnx/1"
+FORMAT = "anpred.ncnn_pnnx/2"  # 2: integer inputs fed as float32 and cast back in the graph
 PNNX_MAX_IR = 13  # the IR version of the onnxruntime pnnx embeds (1.30)
 _LOWP_FLAGS = ("use_fp16_packed", "use_fp16_storage", "use_fp16_arithmetic", "use_bf16_packed", "use_bf16_storage",
                "use_int8_inference", "use_int8_packed", "use_int8_storage", "use_int8_arithmetic")
@@ -115,13 +115,16 @@ class NcnnBackend(Backend):
         inits = {t.name for t in model.graph.initializer}
         shapes = {}
         self.unbatched = []
+        self.int_inputs: dict[str, str] = {}
         for vi in model.graph.input:
             if vi.name in inits:
                 continue
             dt = elem_type_name(vi.type.tensor_type.elem_type)
-            if dt != "float32":
+            if dt in _INT_INPUTS:  # fed as float32 (exact below 2^24), cast back inside the graph
+                self.int_inputs[vi.name] = dt
+            elif dt != "float32":
                 raise BackendError(f"ncnn: input {vi.name!r} is {dt}; ncnn Mats hold float32 and this backend feeds "
-                                   "float32 inputs only")
+                                   "float32 inputs and integer ones (cast back in the graph) only")
             dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
                     for d in vi.type.tensor_type.shape.dim]
             shape = [int(s) for s in given[vi.name]] if vi.name in given else dims
@@ -162,6 +165,7 @@ class NcnnBackend(Backend):
         if any(n.op_type in RECURRENT_OPS for n in model.graph.node):
             unroll_recurrent(model)  # pnnx has no ONNX recurrent import; a node it cannot unroll stays (todo)
         unbatched = [n for n in getattr(self, "unbatched", []) if n in shapes]
+        _float_for_int_inputs(model, getattr(self, "int_inputs", {}))
         _add_unit_batch(model, unbatched)
         _batch_gathers_as_squeeze(model)
         onnx.save(model, str(out / "model.onnx"))
@@ -281,7 +285,11 @@ class NcnnBackend(Backend):
             if list(x.shape) != self.shapes[name]:
                 raise InputError(f"backend ncnn: input {name!r} has shape {list(x.shape)}, the model was converted at "
                                  f"{self.shapes[name]} (ncnn: batch 1, shapes fixed at conversion)")
-            if x.dtype != np.float32:
+            if name in self.int_inputs and x.dtype.kind in "iu":
+                if x.size and float(np.abs(x).max()) > 2 ** 24:
+                    raise InputError(f"backend ncnn: integer input {name!r} holds values beyond 2^24, which float32 "
+                                     "(ncnn's Mat type) cannot carry exactly")
+            elif x.dtype != np.float32:
                 raise InputError(f"backend ncnn: input {name!r} is {x.dtype}, float32 expected")
             # a plain ndarray the Mat borrows (the batch slice, or the whole array of an input given a unit batch) ...
             a = np.array(x if name in self._unbatched else x[0], dtype=np.float32, order="C")
@@ -348,6 +356,40 @@ def _batch_gathers_as_squeeze(model) -> int:
         model.graph.node[k].CopyFrom(new)
         n_done += 1
     return n_done
+
+
+#: integer input types fed to ncnn as float32 (its Mats hold float32): exact for |v| <= 2^24
+_INT_INPUTS = ("int8", "uint8", "int16", "uint16", "int32", "int64")
+
+
+def _float_for_int_inputs(model, ints: dict[str, str]) -> None:
+    """In place: each integer graph input in ``ints`` (name -> numpy dtype name) is declared float32
+    (ncnn Mats hold float32); an input read only through ``Cast``s to float32 keeps its name and those
+    Casts become Identities, any other is renamed ``<name>__anpred_float`` and ``Cast`` back to its
+    integer type into the original name (pnnx may fail to lower that Cast: its error names it). The
+    samples are fed as float32, exact for |v| <= 2^24 (checked at run time)."""
+    from onnx import TensorProto, helper
+
+    nodes = []
+    for vi in model.graph.input:
+        if vi.name not in ints:
+            continue
+        orig = vi.name
+        to = vi.type.tensor_type.elem_type
+        vi.type.tensor_type.elem_type = TensorProto.FLOAT
+        users = [n for n in model.graph.node if orig in n.input]
+        if users and all(n.op_type == "Cast" and any(a.name == "to" and a.i == TensorProto.FLOAT for a in n.attribute)
+                         for n in users):
+            # read only through Casts to float32: those become Identities of the float input (the values are
+            # the same integers), since pnnx cannot lower a Cast onto an ncnn layer ("todo Tensor.to")
+            for n in users:
+                del n.attribute[:]
+                n.op_type = "Identity"
+            continue
+        vi.name = f"{orig}__anpred_float"
+        nodes.append(helper.make_node("Cast", [vi.name], [orig], name=f"anpred_int/{orig}", to=to))
+    for n in reversed(nodes):
+        model.graph.node.insert(0, n)
 
 
 def _add_unit_batch(model, names: list[str]) -> None:
