@@ -22,6 +22,8 @@ from anpred.onnx_io import save_model  # noqa: E402
 from anpred.run import run_model  # noqa: E402
 
 FP32 = ["ort", "openvino", "torch", "tf", "tvm", "mnn", "ncnn", "litert"]
+# three onnx2tf conversions and eight backends per network: about 90 s each on 2 cores (cold cache)
+pytestmark = pytest.mark.slow
 
 
 def _run(tmp: Path, built, shape, n, seed):
