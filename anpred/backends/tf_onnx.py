@@ -76,8 +76,8 @@ from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
 from anpred.onnx_io import elem_type_name
 
-FORMAT = "anpred.tf_onnx/4"  # 2: onnxsim found (scripts folder on PATH); 3: Constant nodes -> initializers;
-# 4: control flow inlined, recurrent layers unrolled, outputs renamed (prepare_for_onnx2tf)
+FORMAT = "anpred.tf_onnx/5"  # 2: onnxsim found (scripts folder on PATH); 3: Constant nodes -> initializers;
+# 4: control flow inlined, recurrent layers unrolled, outputs renamed (prepare_for_onnx2tf); 5: multi-axis Slices split
 _CHANNELS_LAST = {3: "NWC", 4: "NHWC", 5: "NDHWC"}
 
 
@@ -222,6 +222,7 @@ class TfOnnxBackend(Backend):
             "constant_outputs": prep["constant"],
             "unrolled": prep["unrolled"],
             "inlined": prep["inlined"],
+            "slices_split": prep["slices_split"],
             "outputs": [{"value": n, "tf_shape": [d if d is None else int(d) for d in o.shape],
                          "channels_last": bool(layouts.get(sn, False))} for sn, n, o in zip(safe, names, km.outputs)],
             "inputs": [{"name": i.name,
@@ -401,9 +402,10 @@ class TfOnnxBackend(Backend):
     @property
     def conversion(self) -> dict[str, Any]:
         """What the pre-conversion step did (after ``prepare``; read from the cached ``meta.json``):
-        ``{"unrolled": [recurrent node names], "inlined": [If/Loop node names], "constant_outputs":
-        [graph outputs left out as constants]}`` (empty lists for conversions cached by older formats)."""
-        return {k: list(self._meta.get(k, [])) for k in ("unrolled", "inlined", "constant_outputs")}
+        ``{"unrolled": [recurrent node names], "inlined": [If/Loop node names], "slices_split": [Slice node
+        names], "constant_outputs": [graph outputs left out as constants]}`` (empty lists for conversions
+        cached by older formats)."""
+        return {k: list(self._meta.get(k, [])) for k in ("unrolled", "inlined", "slices_split", "constant_outputs")}
 
     def _run_impl(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         args = []
