@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["prepare_for_onnx2tf", "split_multi_axis_slices"]
+__all__ = ["prepare_for_onnx2tf", "split_multi_axis_slices", "tf_safe_node_names"]
 
 
 #: graph output names onnx2tf keeps as they are (it rewrites ':' to '__' and, with some options, a leading
@@ -19,7 +19,7 @@ def prepare_for_onnx2tf(model) -> dict[str, Any]:
     """The tf backend's pre-conversion step on its scratch copy of the model (weights loaded,
     ``Constant`` nodes folded), in place. Returns ``{"outputs": {new output name: original name},
     "constant": [original names of dropped constant outputs], "unrolled": [recurrent node names],
-    "inlined": [If/Loop node names], "slices_split": [Slice node names]}``.
+    "inlined": [If/Loop node names], "slices_split": [Slice node names], "node_names": {new node name: original}}``.
 
     0. ``If``/``Loop`` nodes are inlined (:class:`passes.control_flow.ControlFlowInlinePass`): onnx2tf 1.29's
        ``If`` failed with ``KeyError`` on a branch that reads a value of the enclosing graph.
@@ -33,7 +33,9 @@ def prepare_for_onnx2tf(model) -> dict[str, Any]:
        and onnx2tf's Keras model has no tensor for them) are removed from the outputs and reported.
     3. ``Slice`` nodes with constant parameters on more than one axis become a chain of one-axis
        ``Slice`` nodes (:func:`split_multi_axis_slices`).
-    4. Every other graph output is renamed ``anpred_out_<i>`` through an appended
+    4. Node names that are not valid TensorFlow op names are made valid (:func:`tf_safe_node_names`;
+       ``"node_names"`` maps the new names back).
+    5. Every other graph output is renamed ``anpred_out_<i>`` through an appended
        ``Identity(value) -> anpred_out_<i>``: onnx2tf looks outputs up by name after rewriting ``:``
        to ``__`` and drops those it cannot find without an error (``get_tf_model_outputs``), so a model
        whose outputs carry TF-style names (``head/cls:0``) gave a Keras model with fewer outputs than
@@ -49,6 +51,7 @@ def prepare_for_onnx2tf(model) -> dict[str, Any]:
     inlined = inline_control_flow(model)["inlined"]
     unrolled = unroll_recurrent(model)["unrolled"]
     split = split_multi_axis_slices(model)
+    node_names = tf_safe_node_names(model)
     variable = {i.name for i in g.input} - {t.name for t in g.initializer}
     for n in g.node:  # nodes are in topological order (ONNX requires it of the main graph)
         if n.op_type in ("RandomNormal", "RandomUniform") or any(v in variable for v in _node_reads(n)):
@@ -75,7 +78,7 @@ def prepare_for_onnx2tf(model) -> dict[str, Any]:
     del g.output[:]
     g.output.extend(outputs)
     return {"outputs": renamed, "constant": constant, "unrolled": unrolled, "inlined": inlined,
-            "slices_split": split}
+            "slices_split": split, "node_names": node_names}
 
 
 def _node_reads(node) -> list[str]:
@@ -194,3 +197,36 @@ def _slice_params(node, inits):
     if not (len(starts) == len(ends) == len(axes) == len(steps)):
         return None
     return [int(v) for v in starts], [int(v) for v in ends], [int(v) for v in axes], [int(v) for v in steps], dtype
+
+
+#: TensorFlow's op name rule (``tensorflow/python/framework/ops.py`` ``_VALID_OP_NAME_REGEX``); scope
+#: names (``_VALID_SCOPE_NAME_REGEX``) allow the same characters, and any first character
+_TF_OP_NAME = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\\/>-]*$")
+_TF_INVALID_CHAR = re.compile(r"[^A-Za-z0-9_.\\/>-]")
+
+
+def tf_safe_node_names(model) -> dict[str, str]:
+    """Rename, in place, the main-graph nodes of ``model`` whose non-empty name is not a valid
+    TensorFlow op name: each character outside ``[A-Za-z0-9_./>-]`` (and ``\\``) becomes ``_``, a
+    leading ``_``/``/``/``-``/``>`` gets an ``n`` before it, and a clash with another node name gets
+    ``_`` appended. Values are not renamed (anchors and outputs keep their names). Returns ``{new
+    name: original name}``.
+
+    Why: onnx2tf 1.29 passes the ONNX node name as the TensorFlow op or scope name in some of its
+    converters (``ops/Softmax.py``: ``tf.nn.softmax(logits, axis, name=graph_node.name)``), and
+    TensorFlow refuses names such as Paddle2ONNX's ``Softmax@0`` (``ValueError: 'Softmax@0' is not a
+    valid scope name``): RapidOCR's text-orientation classifier (``ppocr-cls``) failed there."""
+    names = {n.name for n in model.graph.node if n.name}
+    renamed: dict[str, str] = {}
+    for n in model.graph.node:
+        if not n.name or _TF_OP_NAME.match(n.name):
+            continue
+        new = _TF_INVALID_CHAR.sub("_", n.name)
+        if not re.match(r"[A-Za-z0-9.]", new):
+            new = "n" + new
+        while new in names:
+            new += "_"
+        names.add(new)
+        renamed[new] = n.name
+        n.name = new
+    return renamed
