@@ -12,9 +12,10 @@ reproduced on a network built here and compared with ONNX Runtime on every ancho
    383x) ``torch`` and ``tf`` are the ones closer to a float64 execution (2.2e-6 and 8.1e-6 nRMSE at
    ``Conv_0/Conv2D__120`` against 6.6e-5 to 7.0e-5 for ort, openvino, tvm, mnn, litert): the consensus
    flagged the more accurate pair; asserted here on the reduction itself;
-4. onnx 1.23.2's ``onnx.reference`` ``GlobalMaxPool`` gives the wrong shape on rank-3/5 inputs: the
-   backend stays faithful and names the defect (:mod:`anpred.backends.reference_defects`); the wrong
-   shape is asserted so that a fixed onnx shows up here;
+4. onnx 1.23.2's ``onnx.reference`` ``GlobalMaxPool`` gives the wrong shape on rank-3/5 inputs, and its
+   ``BatchNormalization`` (opsets 9-13) with ``momentum`` mixes in batch statistics (ppocr-cls): the
+   backends stay faithful and name the defects (:mod:`anpred.backends.reference_defects`); the wrong
+   results are asserted so that a fixed onnx shows up here;
 5. onnx2tf passes ONNX node names to TensorFlow as op names (``Softmax@0`` from Paddle2ONNX is not a
    valid one) -> :func:`anpred.backends.tf_prepare.tf_safe_node_names`.
 
@@ -286,6 +287,29 @@ def test_onnx_reference_global_max_pool_shapes():
     for r in (3, 4, 5):
         got, want = probe_global_pool("GlobalAveragePool", r)
         assert got == want
+
+
+def test_onnx_reference_batchnorm_momentum():
+    """onnx 1.23.2's BatchNormalization-9 with ``momentum`` mixes the input's batch statistics into the
+    mean/variance (found on ppocr-cls: 0.10 nRMSE from ONNX Runtime at its first BatchNormalization).
+    Probe input arange(24) as [1, 2, 3, 4], mean 0, var 1: the spec's output is x; the evaluator's is off by
+    8.31 at opsets 9-13, right at 14 (training_mode attribute instead). If this fails, onnx fixed it."""
+    from anpred.backends.reference_defects import probe_batchnorm_momentum, reference_defects, summarize
+
+    assert probe_batchnorm_momentum(11) == pytest.approx(8.3069, abs=1e-3)
+    assert probe_batchnorm_momentum(14) == 0.0
+    rng = np.random.default_rng(0)
+    inits = [_f32(n, v) for n, v in (("s", rng.uniform(0.5, 2, 4)), ("b", rng.standard_normal(4)),
+                                      ("m", rng.standard_normal(4)), ("v", rng.uniform(0.5, 2, 4)))]
+    m = _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], momentum=0.9, name="bn@0")],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])], ["y"], inits, opset=11)
+    found = reference_defects(m)
+    assert list(found) == ["bn@0"] and "momentum" in found["bn@0"] and "[1 node(s): bn@0]" in summarize(found)
+    from onnx.reference import ReferenceEvaluator
+
+    x = {"x": rng.standard_normal((1, 4, 5, 5)).astype(np.float32)}
+    ours = ReferenceEvaluator(m).run(None, x)[0]
+    assert np.abs(ours - _ort(m, x)["y"]).max() > 0.1  # the library's wrong values, left as they are
 
 
 def test_reference_backend_names_the_defect(tmp_path):

@@ -32,7 +32,7 @@ import numpy as np
 
 from anpred.backends.base import Backend
 from anpred.backends.ort import NamedOutputsMixin
-from anpred.backends.reference_defects import failure_reason, reference_defects
+from anpred.backends.reference_defects import failure_reason, reference_defects, summarize
 from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 
@@ -64,7 +64,7 @@ class ReferenceFp64Backend(NamedOutputsMixin, Backend):
 
         v = {"onnx": onnx.__version__, "numpy": np.__version__}
         if getattr(self, "defects", None):
-            v["reference_defects"] = "; ".join(f"{n}: {why}" for n, why in self.defects.items())
+            v["reference_defects"] = summarize(self.defects)
         return v
 
     def versions(self):

@@ -18,7 +18,8 @@ x_scale`` for the types they allow (ONNX operator docs), the newer versions only
 attributes whose defaults keep it. ``reference_kernels`` in the versions records when this applies.
 
 Known defects of the installed evaluator that the model reaches (:mod:`anpred.backends.reference_defects`,
-probed on the library at ``prepare``: onnx 1.23.2's ``GlobalMaxPool`` of a rank-3 or rank-5 input) are
+probed on the library at ``prepare``: onnx 1.23.2's ``GlobalMaxPool`` of a rank-3 or rank-5 input, its
+``BatchNormalization`` of opsets 9-13 with a ``momentum`` attribute) are
 left as they are (the backend computes what the library computes); a run that then fails raises a
 :class:`~anpred.errors.BackendError` naming them beside the library's error, and ``versions()`` lists
 them as ``reference_defects``.
@@ -33,7 +34,7 @@ import numpy as np
 from anpred.backends.base import Backend
 from anpred.backends.lowp_models import PopulationMember
 from anpred.backends.ort import NamedOutputsMixin
-from anpred.backends.reference_defects import failure_reason, reference_defects
+from anpred.backends.reference_defects import failure_reason, reference_defects, summarize
 from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 
@@ -91,7 +92,7 @@ class ReferenceBackend(NamedOutputsMixin, Backend):
         if getattr(self, "_kernels", None):
             v["reference_kernels"] = ",".join(f"{k.__name__}<-{k.__mro__[1].__name__}" for k in self._kernels)
         if getattr(self, "defects", None):
-            v["reference_defects"] = "; ".join(f"{n}: {why}" for n, why in self.defects.items())
+            v["reference_defects"] = summarize(self.defects)
         return v
 
     def _model_file(self, model_path: Path, manifest: AnchorManifest) -> Path:
