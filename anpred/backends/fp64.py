@@ -32,6 +32,7 @@ import numpy as np
 
 from anpred.backends.base import Backend
 from anpred.backends.ort import NamedOutputsMixin
+from anpred.backends.reference_defects import failure_reason, reference_defects, summarize
 from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 
@@ -61,7 +62,10 @@ class ReferenceFp64Backend(NamedOutputsMixin, Backend):
     def _versions_impl(self):
         import onnx
 
-        return {"onnx": onnx.__version__, "numpy": np.__version__}
+        v = {"onnx": onnx.__version__, "numpy": np.__version__}
+        if getattr(self, "defects", None):
+            v["reference_defects"] = summarize(self.defects)
+        return v
 
     def versions(self):
         v = super().versions()
@@ -86,7 +90,9 @@ class ReferenceFp64Backend(NamedOutputsMixin, Backend):
         from anpred.cache import cache_key, cached_dir
         from anpred.onnx_io import load_model
 
-        key = cache_key(self.name, Path(model_path), self._versions_impl(), FORMAT)
+        import onnx
+
+        key = cache_key(self.name, Path(model_path), {"onnx": onnx.__version__, "numpy": np.__version__}, FORMAT)
         try:
             d = cached_dir(f"backend-{self.name}", key, lambda tmp: self._convert(Path(model_path), tmp))
         except BackendError:
@@ -95,8 +101,11 @@ class ReferenceFp64Backend(NamedOutputsMixin, Backend):
             raise BackendError(f"{self.name}: float64 conversion failed ({type(err).__name__}: {str(err)[:500]})") from err
         self.converted_path = d / "model.onnx"
         self.report = json.loads((d / "report.json").read_text())
+        model = load_model(self.converted_path, load_external=True)
+        #: known defects of the installed evaluator this model reaches (:mod:`anpred.backends.reference_defects`)
+        self.defects = reference_defects(model)
         try:
-            self.sess = ReferenceEvaluator(load_model(self.converted_path, load_external=True))
+            self.sess = ReferenceEvaluator(model)
         except Exception as err:  # noqa: BLE001 - the evaluator raises many types for unknown ops
             raise BackendError(f"{self.name}: onnx-reference cannot load the float64 copy "
                                f"({type(err).__name__}: {err})") from err
@@ -108,5 +117,10 @@ class ReferenceFp64Backend(NamedOutputsMixin, Backend):
                                              f"ONNX graph declares {declared}")
 
     def _run_impl(self, inputs):
-        outs = self.sess.run(self._names, {k: to_float64_feed(v) for k, v in inputs.items()})
+        try:
+            outs = self.sess.run(self._names, {k: to_float64_feed(v) for k, v in inputs.items()})
+        except Exception as err:
+            if self.defects:
+                raise BackendError(failure_reason(self.name, self.defects, err)) from err
+            raise
         return {self._fetch[n]: np.asarray(v) for n, v in zip(self._names, outs)}

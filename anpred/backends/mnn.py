@@ -7,7 +7,10 @@ converter behind ``_tools.mnnconvert(argv)``; it is run in a child process
 (``python -c "import _tools; _tools.mnnconvert(...)"``) whose output is kept as ``convert.log``. The
 wheel's ``mnnconvert`` *script* is not used: after converting it imports ``MNN.tools.utils.log``, which
 runs ``pip install aliyun-log-python-sdk`` when that package is missing and uploads usage logs.
-Arguments: ``-f ONNX --modelFile M.onnx --MNNModel model.mnn --bizCode anpred`` plus
+Before converting, :func:`anpred.backends.mnn_prepare.prepare_for_mnn` makes one-element constants of
+elementwise binary ops scalars (exact; it avoids an MNN 3.6.1 defect described there: such a constant
+as first operand next to a convolution's output gave scrambled values); what it rewrote is kept in the
+cache folder's ``prepared.json``. Arguments: ``-f ONNX --modelFile M.onnx --MNNModel model.mnn --bizCode anpred`` plus
 ``--useGeluApproximation 0`` (the converter otherwise rewrites the erf form of GELU into its tanh
 approximation: ``FuseTemplateOp.cpp``, default ``useGeluApproximation = true`` in ``config.hpp``) and
 ``--alignDenormalizedValue 0`` (it otherwise flushes denormal weights to zero). Inputs keep their
@@ -86,7 +89,7 @@ from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
 from anpred.onnx_io import model_ops
 
-FORMAT = "anpred.mnn/1"
+FORMAT = "anpred.mnn/2"  # 2: one-element constants of binary ops made scalars (anpred.backends.mnn_prepare)
 CONVERTER_ARGS = ("--useGeluApproximation", "0", "--alignDenormalizedValue", "0")
 PRECISION_HIGH = 1  # MNN::BackendConfig::Precision_High (MNNForwardType.h: Normal 0, High 1, Low 2, Low_BF16 3)
 WINOGRAD_MEMORY_LEVEL = 3  # MNN::Interpreter::HintMode (Interpreter.hpp)
@@ -217,6 +220,8 @@ class MnnBackend(Backend):
     # ---- conversion ------------------------------------------------------------------------
     def _convert(self, model_path: Path, out: Path) -> None:
         dst = out / "model.mnn"
+        src_name = Path(model_path).name
+        model_path = _prepared_copy(model_path, out)
         cmd = [sys.executable, "-c", _CONVERT, "mnnconvert", "-f", "ONNX", "--modelFile", str(model_path),
                "--MNNModel", str(dst), "--bizCode", "anpred", *CONVERTER_ARGS]
         t0 = time.perf_counter()
@@ -228,7 +233,9 @@ class MnnBackend(Backend):
         log = (r.stdout or "") + (r.stderr or "")
         (out / "convert.log").write_text(log)
         if not dst.is_file() or "Converted Failed" in log or r.returncode != 0:
-            raise BackendError(f"mnn: mnnconvert failed on {model_path.name}: {_converter_error(log, r.returncode)}")
+            raise BackendError(f"mnn: mnnconvert failed on {src_name}: {_converter_error(log, r.returncode)}")
+        for f in ("prepared.onnx", "prepared.onnx.data"):  # the rewritten copy is not needed once converted
+            (out / f).unlink(missing_ok=True)
         (out / "seconds_convert").write_text(f"{time.perf_counter() - t0:.3f}")
 
     def _prepare_impl(self, model_path: Path, manifest: AnchorManifest, workdir: Path) -> None:
@@ -325,6 +332,28 @@ class MnnWinogradBackend(MnnBackend):
 
     name = "mnn-winograd"
     winograd = True
+
+
+def _prepared_copy(model_path: Path, out: Path) -> Path:
+    """``model_path`` after :func:`anpred.backends.mnn_prepare.prepare_for_mnn`: the path itself when the
+    step changes nothing, else a rewritten copy ``out/prepared.onnx`` (weights inline, or beside it in
+    ``prepared.onnx.data`` above 1.5 GiB); what was rewritten goes to ``out/prepared.json``."""
+    import json
+
+    import onnx
+
+    from anpred.backends.mnn_prepare import prepare_for_mnn
+    from anpred.onnx_io import load_model
+
+    model = load_model(model_path, load_external=True)
+    done = prepare_for_mnn(model)
+    if not done["scalar_constants"]:
+        return model_path
+    dst = out / "prepared.onnx"
+    big = model.ByteSize() > 3 << 29
+    onnx.save_model(model, str(dst), save_as_external_data=big, location="prepared.onnx.data")
+    (out / "prepared.json").write_text(json.dumps(done, indent=1))
+    return dst
 
 
 _NOT_SUPPORTED = re.compile(r"These Op Not Support:\s*(.+)")

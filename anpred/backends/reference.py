@@ -16,6 +16,13 @@ the model's, e.g. 17) the evaluator is given its newest DequantizeLinear kernel 
 (:func:`reference_kernels`): versions 10 and 13 define the same formula ``y = (x - x_zero_point) *
 x_scale`` for the types they allow (ONNX operator docs), the newer versions only add types and
 attributes whose defaults keep it. ``reference_kernels`` in the versions records when this applies.
+
+Known defects of the installed evaluator that the model reaches (:mod:`anpred.backends.reference_defects`,
+probed on the library at ``prepare``: onnx 1.23.2's ``GlobalMaxPool`` of a rank-3 or rank-5 input, its
+``BatchNormalization`` of opsets 9-13 with a ``momentum`` attribute) are
+left as they are (the backend computes what the library computes); a run that then fails raises a
+:class:`~anpred.errors.BackendError` naming them beside the library's error, and ``versions()`` lists
+them as ``reference_defects``.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import numpy as np
 from anpred.backends.base import Backend
 from anpred.backends.lowp_models import PopulationMember
 from anpred.backends.ort import NamedOutputsMixin
+from anpred.backends.reference_defects import failure_reason, reference_defects, summarize
 from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 
@@ -83,6 +91,8 @@ class ReferenceBackend(NamedOutputsMixin, Backend):
         v = {"onnx": onnx.__version__, "numpy": np.__version__}
         if getattr(self, "_kernels", None):
             v["reference_kernels"] = ",".join(f"{k.__name__}<-{k.__mro__[1].__name__}" for k in self._kernels)
+        if getattr(self, "defects", None):
+            v["reference_defects"] = summarize(self.defects)
         return v
 
     def _model_file(self, model_path: Path, manifest: AnchorManifest) -> Path:
@@ -95,6 +105,8 @@ class ReferenceBackend(NamedOutputsMixin, Backend):
 
         model = load_model(self._model_file(model_path, manifest), load_external=True)
         self._kernels = reference_kernels(model)
+        #: ``{node name: reason}``: known defects of the installed evaluator this model reaches
+        self.defects = reference_defects(model)
         try:
             self.sess = ReferenceEvaluator(model, new_ops=self._kernels or None)
         except Exception as err:  # noqa: BLE001 - the evaluator raises many types for unknown ops
@@ -104,6 +116,14 @@ class ReferenceBackend(NamedOutputsMixin, Backend):
 
     def _returned_types(self, model) -> None:
         """Population members: note anchors whose graph output dtype differs from the manifest's."""
+
+    def _run_impl(self, inputs):
+        try:
+            return super()._run_impl(inputs)
+        except Exception as err:
+            if getattr(self, "defects", None):
+                raise BackendError(failure_reason(self.name, self.defects, err)) from err
+            raise
 
 
 class _ReferencePopulationMember(PopulationMember):

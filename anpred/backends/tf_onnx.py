@@ -76,8 +76,8 @@ from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
 from anpred.onnx_io import elem_type_name
 
-FORMAT = "anpred.tf_onnx/4"  # 2: onnxsim found (scripts folder on PATH); 3: Constant nodes -> initializers;
-# 4: control flow inlined, recurrent layers unrolled, outputs renamed (prepare_for_onnx2tf)
+FORMAT = "anpred.tf_onnx/6"  # 2: onnxsim found (scripts folder on PATH); 3: Constant nodes -> initializers;
+# 4: control flow inlined, recurrent layers unrolled, outputs renamed (prepare_for_onnx2tf); 5: multi-axis Slices split; 6: node names TF-safe
 _CHANNELS_LAST = {3: "NWC", 4: "NHWC", 5: "NDHWC"}
 
 
@@ -202,7 +202,7 @@ class TfOnnxBackend(Backend):
         except BackendError:
             raise
         except Exception as err:
-            raise BackendError(f"onnx2tf failed on {model_path.name}{_failed_op(log.getvalue())}: "
+            raise BackendError(f"onnx2tf failed on {model_path.name}{_failed_op(log.getvalue(), prep['node_names'])}: "
                                f"{type(err).__name__}: {_first_line(str(err))}") from err
         if km is None:
             raise BackendError(f"onnx2tf returned no model for {model_path.name}: {_errors(log.getvalue())}")
@@ -222,6 +222,7 @@ class TfOnnxBackend(Backend):
             "constant_outputs": prep["constant"],
             "unrolled": prep["unrolled"],
             "inlined": prep["inlined"],
+            "slices_split": prep["slices_split"],
             "outputs": [{"value": n, "tf_shape": [d if d is None else int(d) for d in o.shape],
                          "channels_last": bool(layouts.get(sn, False))} for sn, n, o in zip(safe, names, km.outputs)],
             "inputs": [{"name": i.name,
@@ -401,9 +402,10 @@ class TfOnnxBackend(Backend):
     @property
     def conversion(self) -> dict[str, Any]:
         """What the pre-conversion step did (after ``prepare``; read from the cached ``meta.json``):
-        ``{"unrolled": [recurrent node names], "inlined": [If/Loop node names], "constant_outputs":
-        [graph outputs left out as constants]}`` (empty lists for conversions cached by older formats)."""
-        return {k: list(self._meta.get(k, [])) for k in ("unrolled", "inlined", "constant_outputs")}
+        ``{"unrolled": [recurrent node names], "inlined": [If/Loop node names], "slices_split": [Slice node
+        names], "constant_outputs": [graph outputs left out as constants]}`` (empty lists for conversions
+        cached by older formats)."""
+        return {k: list(self._meta.get(k, [])) for k in ("unrolled", "inlined", "slices_split", "constant_outputs")}
 
     def _run_impl(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         args = []
@@ -577,10 +579,12 @@ def _first_line(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[:limit] + " ..."
 
 
-def _failed_op(log: str) -> str:
-    """`` at ONNX node <name>`` from onnx2tf's ``onnx_op_name:`` error line, or ``""``."""
+def _failed_op(log: str, renamed: dict[str, str] | None = None) -> str:
+    """`` at ONNX node <name>`` from onnx2tf's ``onnx_op_name:`` error line, or ``""``; a node name that
+    :func:`~anpred.backends.tf_prepare.tf_safe_node_names` changed is given as the model's (``renamed``:
+    new -> original)."""
     m = re.search(r"onnx_op_name:\s*(\S+)", _ANSI.sub("", log))
-    return f" at ONNX node {m.group(1)}" if m else ""
+    return f" at ONNX node {(renamed or {}).get(m.group(1), m.group(1))}" if m else ""
 
 
 def _fix_input_dims(model, shapes: dict[str, list[int]]) -> None:
