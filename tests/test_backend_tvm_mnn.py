@@ -335,3 +335,33 @@ def test_yolo_tvm_library_is_cached_single_threaded_and_portable(yolo_run, tmp_p
         lib = (b.cache_dir / "model.so").read_bytes()
     assert b"TVMBackendParallelLaunch" not in lib
     assert b.versions()["tvm_llvm_cpu"] == "generic"
+
+
+def test_mnn_unrolls_the_recurrent_variants_its_converter_lacks(tmp_path):
+    """models.opclass's recurrent network (peepholes, clip, input_forget, other activations): MNN's
+    converter refuses some LSTM variants ("These Op Not Support: ONNX::LSTM"); the backend converts the
+    unrolled graph instead (passes.recurrent) and says so in the cache folder; every anchor agrees with
+    ONNX Runtime to fp32 rounding (2.3e-7 relative measured)."""
+    import json
+
+    import onnx
+
+    from anpred.instrument import instrument_model
+    from models.opclass import build
+
+    p = build("recurrent", tmp_path / "rec.onnx")
+    am, man = instrument_model(onnx.load(str(p)), stages=3)
+    man.to_model(am)
+    onnx.save(am, str(tmp_path / "a.onnx"))
+    store = run_model(tmp_path / "a.onnx", ["ort", "mnn"], str(p.with_suffix(".inputs.npz")), tmp_path / "run",
+                      progress=False, timeout_s=600)
+    st = store.statuses()["mnn"]
+    assert st.status == "ok", st.reason
+    for sid in store.sample_ids:
+        a, b = store.read_anchors("ort", sid), store.read_anchors("mnn", sid)
+        for k in a:
+            assert np.abs(a[k] - b[k]).max() <= 64 * np.finfo(np.float32).eps * max(1.0, np.abs(a[k]).max()), k
+    from anpred.cache import cache_root
+
+    unrolled = [json.loads(f.read_text()) for f in (cache_root() / "mnn").glob("*/unrolled.json")]
+    assert any(len(u) >= 3 for u in unrolled)

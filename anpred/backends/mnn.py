@@ -89,7 +89,7 @@ from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
 from anpred.onnx_io import model_ops
 
-FORMAT = "anpred.mnn/2"  # 2: one-element constants of binary ops made scalars (anpred.backends.mnn_prepare)
+FORMAT = "anpred.mnn/3"  # 2: one-element constants of binary ops made scalars (anpred.backends.mnn_prepare); 3: unsupported recurrent variants unrolled
 CONVERTER_ARGS = ("--useGeluApproximation", "0", "--alignDenormalizedValue", "0")
 PRECISION_HIGH = 1  # MNN::BackendConfig::Precision_High (MNNForwardType.h: Normal 0, High 1, Low 2, Low_BF16 3)
 WINOGRAD_MEMORY_LEVEL = 3  # MNN::Interpreter::HintMode (Interpreter.hpp)
@@ -232,9 +232,17 @@ class MnnBackend(Backend):
             raise BackendError(f"mnn: mnnconvert did not finish within {err.timeout:g} s") from err
         log = (r.stdout or "") + (r.stderr or "")
         (out / "convert.log").write_text(log)
-        if not dst.is_file() or "Converted Failed" in log or r.returncode != 0:
+        failed = not dst.is_file() or "Converted Failed" in log or r.returncode != 0
+        missing = _unsupported(log) if failed else []
+        if failed and missing and set(missing) <= RECURRENT and not (out / "unrolled.json").exists():
+            # MNN's converter lacks this recurrent variant (peepholes, clip, activations ...): run it as the
+            # elementary ops it is made of (passes.recurrent), once, and say so in unrolled.json
+            unrolled = _unrolled_copy(model_path, out)
+            if unrolled is not None:
+                return self._convert(unrolled, out)
+        if failed:
             raise BackendError(f"mnn: mnnconvert failed on {src_name}: {_converter_error(log, r.returncode)}")
-        for f in ("prepared.onnx", "prepared.onnx.data"):  # the rewritten copy is not needed once converted
+        for f in ("prepared.onnx", "prepared.onnx.data", "unrolled.onnx", "unrolled.onnx.data"):  # not needed now
             (out / f).unlink(missing_ok=True)
         (out / "seconds_convert").write_text(f"{time.perf_counter() - t0:.3f}")
 
@@ -357,14 +365,41 @@ def _prepared_copy(model_path: Path, out: Path) -> Path:
 
 
 _NOT_SUPPORTED = re.compile(r"These Op Not Support:\s*(.+)")
+RECURRENT = {"LSTM", "GRU", "RNN"}
+
+
+def _unsupported(log: str) -> list[str]:
+    """The op types of mnnconvert's "These Op Not Support: ONNX::LSTM ..." line ([] without one)."""
+    m = _NOT_SUPPORTED.search(log)
+    return [o.split("::")[-1] for o in re.split(r"[\s|,]+", m.group(1)) if o.strip()] if m else []
+
+
+def _unrolled_copy(model_path: Path, out: Path) -> Path | None:
+    """``out/unrolled.onnx``: ``model_path`` with its recurrent layers unrolled into elementary ops
+    (:func:`passes.recurrent.unroll_recurrent`, static sequence lengths only); the unrolled nodes go to
+    ``out/unrolled.json``. None when nothing could be unrolled."""
+    import json
+
+    import onnx
+
+    from anpred.onnx_io import load_model
+    from passes.recurrent import unroll_recurrent
+
+    model = load_model(model_path, load_external=True)
+    done = unroll_recurrent(model)["unrolled"]
+    (out / "unrolled.json").write_text(json.dumps(done))
+    if not done:
+        return None
+    dst = out / "unrolled.onnx"
+    onnx.save_model(model, str(dst), save_as_external_data=model.ByteSize() > 3 << 29, location="unrolled.onnx.data")
+    return dst
 
 
 def _converter_error(log: str, rc: int) -> str:
     """The reason from mnnconvert's log: its "These Op Not Support: ONNX::Mish ..." line as "operators
     not supported: Mish", else its error lines, else the log's last lines."""
-    m = _NOT_SUPPORTED.search(log)
-    if m:
-        ops = [o.split("::")[-1] for o in re.split(r"[\s|,]+", m.group(1)) if o.strip()]
+    ops = _unsupported(log)
+    if ops:
         return f"operators not supported by MNN's ONNX converter: {', '.join(ops)}"
     lines = [ln.strip() for ln in log.splitlines() if ln.strip() and not ln.startswith("The device supports")]
     errs = [ln for ln in lines if re.search(r"error|fail|not support|abort", ln, re.I)]
