@@ -118,7 +118,7 @@ def test_answers_are_cached_by_model_and_library_versions(tmp_path, monkeypatch)
 
     monkeypatch.setattr(coverage, "_precheck_child", no_child)
     assert coverage.precheck(path, {"other-label": "openvino"})["other-label"] == first["ov"]
-    monkeypatch.setitem(coverage._versions(), "openvino", ["0.0-other"])  # another installed version: asked anew
+    monkeypatch.setattr(coverage, "_versions", lambda: {"openvino": ["0.0-other"]})  # other versions: asked anew
     with pytest.raises(AssertionError, match="cached answer"):
         coverage.precheck(path, {"ov": "openvino"})
 

@@ -48,3 +48,21 @@ def test_merge_stops_at_the_threshold_and_keeps_min_groups():
     assert list(merged) == [frozenset("ab")] and 0.85 < merged[frozenset("ab")] < 0.95
     assert merge_correlated(d2, [[f] for f in "abcdef"], 0.95, 3)[1] == {}  # below the threshold: kept apart
     assert len(merge_correlated(d2, [[f] for f in "abcdef"], 0.8, 6)[0]) == 6  # min_groups respected
+
+
+def test_guard_keeps_precise_independent_families_apart_when_one_family_is_far_off():
+    """Five precise independent families (error 1e-6) and one far off (1e-2, a real defect): the hat's
+    variance estimates of the precise ones are differences of numbers 1e8 times larger, and it reports
+    rho 1.0 for several precise pairs (seed 0: a~b, b~c, b~d); the nearest-corner guard refuses every
+    merge (each precise family is as close to the other precise ones as to its 'partner')."""
+    rng = np.random.default_rng(0)
+    n = 20_000
+    t = rng.normal(size=n)
+    votes = {f: t + 1e-6 * rng.normal(size=n) for f in "abcde"}
+    votes["z"] = t + 1e-2 * rng.normal(size=n)
+    pd = PairDistances()
+    pd.add("x", votes)
+    fooled = {p for p, r in error_correlation(pd.d2["x"], sorted(votes)).items() if r >= 0.8 and "z" not in p}
+    assert fooled == {frozenset("ab"), frozenset("bc"), frozenset("bd")}
+    groups, merged = merge_correlated(pd.d2["x"], [[f] for f in sorted(votes)], 0.8, 3)
+    assert merged == {} and len(groups) == 6

@@ -59,7 +59,7 @@ def test_openvino_defects_flagged_among_eight_families(tmp_path, net, shape, op,
     for b in FP32:
         if b not in flagged:  # far closer to the consensus than OpenVINO (Softplus far below 0: the
             # families that compute log(1 + exp(x)) in float32 lose up to ~20 % to cancellation there,
-            # tvm/mnn/ncnn/litert 0.09-0.22 nRMSE, ort/torch/tf 0.03 (docs/backends-converters.md))
+            # tvm/mnn/ncnn/litert 0.09-0.22 nRMSE, ort/torch/tf 0.03 (docs/oracle.md "Real defects seen"))
             assert rep.cell(anchor.name, b).primary < c.primary / 5, (b, rep.cell(anchor.name, b).primary)
 
 

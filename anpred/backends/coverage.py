@@ -52,20 +52,36 @@ def unsupported_by(model_path: str | Path, names: dict[str, str]) -> dict[str, d
 
 
 def _cache_key(model_sha: str, name: str) -> str | None:
-    """The cache key of one backend's answer: the model file's sha256, the backend name, the source
-    of its module and of this one, and the installed versions of every package a backend needs
+    """The cache key of one backend's answer: the model file's sha256, the backend name, the code the
+    answers depend on (:func:`_sources`), and the installed versions of every package a backend needs
     (:data:`anpred.backends.FAMILY_PACKAGES`, :data:`~anpred.backends.BACKEND_PACKAGES`); None for an
     unknown backend."""
-    import importlib.util
-
     from anpred.backends import REGISTRY
     from anpred.cache import cache_key
 
     if name not in REGISTRY:
         return None
-    spec = importlib.util.find_spec(REGISTRY[name].split(":")[0])
-    return cache_key(FORMAT, model_sha, name, Path(spec.origin) if spec and spec.origin else None, Path(__file__),
-                     _versions())
+    return cache_key(FORMAT, model_sha, name, _sources(), _versions())
+
+
+@functools.lru_cache(maxsize=1)
+def _sources() -> str:
+    """One digest of the code the tables' answers depend on: every module of ``anpred.backends``,
+    ``passes`` (graph fixes before conversion), ``anpred/convert.py``, ``anpred/compat.py``,
+    ``anpred/onnx_io.py`` (sha256 of their contents, in name order)."""
+    import hashlib
+    import importlib.util
+
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    files = sorted(here.glob("*.py")) + [here.parent / f for f in ("convert.py", "compat.py", "onnx_io.py")]
+    spec = importlib.util.find_spec("passes")
+    if spec is not None and spec.submodule_search_locations:
+        files += sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.py"))
+    for f in files:
+        if f.is_file():
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=1)
