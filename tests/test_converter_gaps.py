@@ -336,6 +336,30 @@ def test_reference_backend_names_the_defect(tmp_path):
     assert b4.defects == {}
 
 
+def test_report_says_which_known_reference_defect_explains_a_flag(tmp_path):
+    """conv -> BatchNormalization(momentum, opset 11) -> relu run on ort, openvino and onnx-reference:
+    the reference's wrong BatchNormalization gets it flagged at the BN anchor, and the report's notes say
+    which known defect of the installed library explains it (the run did not fail: only the note tells)."""
+    from anpred.judge import check_run
+    from anpred.run import run_model
+
+    rng = np.random.default_rng(1)
+    inits = [_f32("w", rng.normal(0, 0.3, (4, 3, 3, 3)))] + \
+        [_f32(n, v) for n, v in (("s", rng.uniform(0.5, 2, 4)), ("b", rng.standard_normal(4)),
+                                 ("m", rng.standard_normal(4)), ("v", rng.uniform(0.5, 2, 4)))]
+    m = _model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+                helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], momentum=0.9, name="bn"),
+                helper.make_node("Relu", ["n"], ["y"], name="relu")],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])], ["y"], inits, opset=11)
+    path = _anchor(m, tmp_path / "bn.onnx")
+    run_model(path, ["ort", "openvino", "onnx-reference"], "random:uniform:n=2", tmp_path / "run", progress=False,
+              timeout_s=300)
+    rep = check_run(tmp_path / "run")
+    assert [b for b, v in rep.verdicts.items() if v.flagged] == ["onnx-reference"]
+    notes = [n for n in rep.notes if n.startswith("onnx-reference: the installed library has known defects")]
+    assert len(notes) == 1 and "BatchNormalization (opset 11) with a momentum attribute" in notes[0] and "bn" in notes[0]
+
+
 # ---- magika end to end ----------------------------------------------------------------------------
 def test_magika_on_the_fixed_backends(tmp_path):
     """magika (anchored, one real sample) through tf, litert and mnn against ONNX Runtime: every anchor

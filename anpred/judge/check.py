@@ -159,6 +159,9 @@ def _new_report(run_dir, store, oracle: str, cfg: OracleConfig, table: dict[str,
         backends=table, config={**cfg.to_dict(), "atol": atol, "rtol": rtol, "reference": reference},
         unjudged_backends=unjudged, allow_incomplete=bool(allow_incomplete), inputs=_inputs_identity(store))
     report.notes.extend(precision_notes(table, report.machine))
+    report.notes.extend(f"{b}: the installed library has known defects this model reaches, which explain a "
+                        f"deviation here: {row['versions']['reference_defects']}"
+                        for b, row in table.items() if (row.get("versions") or {}).get("reference_defects"))
     return report
 
 
