@@ -479,3 +479,54 @@ def test_signal_lost_flags_a_zeroed_tensor_under_any_floor():
     res = run(at_c=lambda x: -0.5 * x)  # anti-correlated: nRMSE 1.5, under the floor
     c = next(c for c in res.cells if c.backend == "ort-int8" and c.anchor == "anchor/02/c")
     assert c.flagged and c.stats.cosine < -0.99 and c.primary < c.floor and "no positive correlation" in c.reason
+
+
+def test_int8_one_step_rule_and_a_shifted_zero_point():
+    """An int8 backend on the grid of step 0.05 (every anchor): rounding to the grid and moving a few
+    elements one step more is within the grid's resolution (max 1.5 steps from the consensus, mean
+    within half a step) and is not flagged; every element one step off (a shifted zero point: mean 1
+    step) is not exempted by the rule (its verdict then rests on the precision's floor)."""
+    names = ["ort", "openvino", "onnx-reference"]
+    step = 0.05
+    steps = {a.name: step for a in ANCHORS}
+
+    def run(shift_all):
+        infos = _backends(names) + [BackendInfo.make("ort-int8", "onnxruntime", "int8")]
+        o = Oracle(ANCHORS, infos, steps=steps)
+        rng = np.random.default_rng(5)
+        for s in _population(names, n=4):
+            for a in s:
+                q = np.round(s[a]["ort"] / step) * step
+                if shift_all:
+                    q = q + step
+                else:
+                    q[rng.choice(q.size, 8, replace=False)] += step  # a few elements one step further
+                s[a]["ort-int8"] = q
+            o.add(s)
+        return o.finish()
+
+    res = run(False)
+    cells = [c for c in res.cells if c.backend == "ort-int8"]
+    assert not res.verdicts["ort-int8"].flagged
+    assert all(c.units["max"] <= 1.5 + 1e-9 for c in cells)
+    assert any("one-step rule" in c.reason for c in cells) or all(c.primary <= c.threshold for c in cells)
+    shifted = run(True)  # max 1.5 steps too, but biased: the rule does not exempt it
+    sc = [c for c in shifted.cells if c.backend == "ort-int8"]
+    assert all(c.units["max"] <= 1.5 + 1e-9 for c in sc) and not any("one-step rule" in c.reason for c in sc)
+    assert all(c.stats.mean_signed > 0.5 * step for c in sc)
+
+
+def test_reference_with_a_known_library_defect_is_the_last_choice():
+    """Two families (below min_voters): the consensus falls back to one reference backend; a backend
+    whose library has a known defect the model reaches (``defects``) is passed over for it."""
+    infos = _backends(["ort", "onnx-reference"])
+    infos[1].defects = "onnx.reference BatchNormalization with momentum (test)"
+    o = Oracle(ANCHORS, infos)
+    for s in _population(["ort", "onnx-reference"], n=2):
+        o.add(s)
+    res = o.finish()
+    assert res.consensus["anchor/00/a"] == ["reference:ort"]
+    o2 = Oracle(ANCHORS, _backends(["ort", "onnx-reference"]))
+    for s in _population(["ort", "onnx-reference"], n=2):
+        o2.add(s)
+    assert o2.finish().consensus["anchor/00/a"] == ["reference:onnx-reference"]  # the default priority

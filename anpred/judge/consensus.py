@@ -140,10 +140,14 @@ class Oracle:
     def _pick_reference(self, present: list[str]) -> str | None:
         if self.reference is not None:
             return self.reference if self.reference in present else None
-        for name in self.cfg.reference_priority:
-            if name in present and name in self.backends and self.backends[name].votes:
-                return name
+        # a backend whose library has a known defect this model reaches is the reference only as a last resort
+        for clean in (True, False):
+            for name in self.cfg.reference_priority:
+                if name in present and name in self.backends and self.backends[name].votes and \
+                        (not clean or not self.backends[name].defects):
+                    return name
         voters = [b for b in present if self.backends[b].votes]
+        voters.sort(key=lambda b: bool(self.backends[b].defects))
         return voters[0] if voters else None
 
     def _identical(self, a: np.ndarray, b: np.ndarray) -> bool:

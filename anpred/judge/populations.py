@@ -73,8 +73,8 @@ class PopulationOracle:
         pop_cfg = dataclasses.replace(self.cfg, sustained_anchors=0, reservoir=0)  # (plots: the fp32 oracle's)
         for p, members in self.groups.items():
             if len(members) >= 2:
-                infos = [BackendInfo(name=b.name, family=b.family, precision=p, votes=True, requested=b.requested)
-                         for b in members]
+                infos = [BackendInfo(name=b.name, family=b.family, precision=p, votes=True, requested=b.requested,
+                                     defects=b.defects) for b in members]
                 self.pops[p] = Oracle(anchors, infos, pop_cfg, seed=seed, descendants=descendants, population=p,
                                       steps=steps)
 

@@ -79,6 +79,8 @@ def judge_samples(run: Judging) -> Judged:
     binfos = [BackendInfo.make(b, report.backends[b]["family"], report.backends[b]["precision"], cfg,
                                requested=report.backends[b].get("precision_requested") or None)
               for b in run.usable]
+    for bi in binfos:  # known defects of its library that the model reaches (anpred.backends.reference_defects)
+        bi.defects = (report.backends[bi.name].get("versions") or {}).get("reference_defects", "")
     orc = PopulationOracle(judged_anchors(store.manifest, flow.parts), binfos, cfg, reference=run.reference,
                            descendants=flow.descendants, steps=quant_steps(store, run.usable, report.notes)) \
         if consensus else None

@@ -62,6 +62,10 @@ class BackendInfo:
     precision: str = "fp32"
     votes: bool = True
     requested: str = ""
+    # known defects of the backend's library that the model reaches (the run record's
+    # ``versions["reference_defects"]``); such a backend is the consensus reference only when no
+    # other candidate is left
+    defects: str = ""
 
     @classmethod
     def make(cls, name: str, family: str | None = None, precision: str | None = None,

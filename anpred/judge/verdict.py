@@ -29,6 +29,19 @@ from anpred.judge.struct import AnchorInfo, BackendInfo, BackendVerdict, Cell
 __all__ = ["backend_verdict", "gap_text", "judge_cell"]
 
 
+def _within_one_step(st: ErrorStats, units: dict | None) -> bool:
+    """The one-step rule of an int8 cell: every element at most one grid point away from the nearest
+    grid point of the consensus (``max |d| <= 1.5 steps``: half a step of rounding to nearest plus one
+    step) and no bias beyond half a step (``|mean d| <= 0.5 step``). A correct implementation on the int8
+    grid can land on the next grid point where the exact value lies near a rounding boundary (its
+    accumulation differs in the last bits); rounding to nearest is unbiased, so a mean beyond half a
+    step (a shifted zero point: every element one step off) is not rounding. Both bounds are in the
+    grid's own unit."""
+    if not units or units.get("unit") != "int8 step" or not units.get("size"):
+        return False
+    return units["max"] <= 1.5 + 1e-9 and abs(st.mean_signed) <= 0.5 * units["size"]
+
+
 def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: ErrorStats, peers: list[float],
                config: OracleConfig, consensus_max: float = 0.0, *, floor: float | None = None,
                basis: str = "", signal_peers: list[float] | None = None, units: dict | None = None,
@@ -91,6 +104,12 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
             reason = (f"not flagged: {cfg.primary} {prim:.3g} > threshold {thr:.3g}, but its largest "
                       f"deviation {st.max_abs:.3g} is {range_ratio:.3g} of the part's largest value, "
                       f"under the floor {floor:.3g} (part range rule)")
+        elif flagged and _within_one_step(st, units):
+            flagged = False
+            reason = (f"not flagged: {cfg.primary} {prim:.3g} > threshold {thr:.3g}, but every element is within one "
+                      f"int8 grid point of the consensus' (max {units['max']:.3g} step <= 1.5) and the mean deviation "
+                      f"{st.mean_signed / units['size']:+.3g} step is within half a step: the grid's resolution "
+                      "(one-step rule)")
         elif flagged:
             why = [f"{cfg.primary} {prim:.3g} > floor {floor:.3g}"]
             if peer_level is not None:
