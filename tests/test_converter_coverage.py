@@ -280,3 +280,34 @@ def test_unsupported_ops_tables(nets):
     new.opset_import[0].version = 21
     assert "Cast@21" not in backend_class("torch").unsupported_ops(new)  # added by anpred.convert
     assert any(k.startswith("GlobalLpPool") for k in backend_class("onnx-reference").unsupported_ops(misc))
+
+
+def test_batchnorm_on_a_tensor_of_unknown_rank_torch(tmp_path):
+    """PP-OCRv4 rec: BatchNormalization whose input has no shape in value_info (its producer's shape
+    is not inferable: here a Reshape to a shape given as a graph input); onnx2torch refused it ("spatial
+    rank == -2"); its functional BatchNorm (any rank) is used then, equal to ORT to fp32 rounding."""
+    import onnx
+    from onnx import TensorProto as T, helper as h, numpy_helper as nh
+
+    from anpred.backends.torch_onnx import TorchOnnxBackend
+    from anpred.manifest import AnchorManifest
+
+    rng = np.random.default_rng(0)
+    inits = [nh.from_array(rng.uniform(0.5, 2, 4).astype(np.float32), n) for n in ("s", "v")] + \
+        [nh.from_array(rng.standard_normal(4).astype(np.float32), n) for n in ("b", "m")]
+    g = h.make_graph([h.make_node("Reshape", ["x", "shape"], ["r"]),
+                      h.make_node("BatchNormalization", ["r", "s", "b", "m", "v"], ["y"], name="bn")], "bn",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 24]), h.make_tensor_value_info("shape", T.INT64, [None])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 14)])
+    m.ir_version = 8
+    path = _anchor(m, tmp_path / "bn.onnx")
+    x = {"x": rng.standard_normal((1, 24)).astype(np.float32), "shape": np.array([1, 4, 6], np.int64)}
+    import onnxruntime as ort
+
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["y"], x)[0]
+    with TorchOnnxBackend({}) as be:
+        be.prepare(path, AnchorManifest.from_model(onnx.load(str(path))), tmp_path / "w")
+        got = be.run(x)
+    y = next(v for k, v in got.items() if k.endswith("y"))
+    assert np.abs(y - want).max() <= RTOL * max(1.0, np.abs(want).max())

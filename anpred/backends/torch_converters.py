@@ -259,6 +259,29 @@ def _mode_pad_class():
     return OnnxModePad
 
 
+def _bn_wrapped(original):
+    """onnx2torch's BatchNormalization picks ``nn.BatchNorm1d/2d/3d`` from its input's rank in
+    ``value_info`` and refuses a tensor whose shape ONNX shape inference could not give ("spatial rank
+    == -2", PP-OCRv4 rec); its own functional module (``OnnxBatchNorm``: ``F.batch_norm``, any rank,
+    inference mode as the module is in eval) computes the same: used then."""
+
+    def conv(node, graph):
+        try:
+            return original(node, graph)
+        except NotImplementedError as err:
+            if "spatial rank" not in str(err) or len(node.output_values) != 1:
+                raise
+        from onnx2torch.node_converters.batch_norm import OnnxBatchNorm
+        from onnx2torch.utils.common import OperationConverterResult, onnx_mapping_from_node
+
+        a = _attrs_of(node)
+        mod = OnnxBatchNorm(momentum=1 - a.get("momentum", 0.9), epsilon=a.get("epsilon", 1e-5))
+        return OperationConverterResult(torch_module=mod, onnx_mapping=onnx_mapping_from_node(node))
+
+    conv.anpred_wraps = original
+    return conv
+
+
 def _pad_wrapped(original):
     def conv(node, graph):
         from onnx2torch.utils.common import OperationConverterResult, onnx_mapping_from_node
@@ -482,7 +505,7 @@ _NEW = ([(op, v, _recurrent) for op in ("LSTM", "GRU", "RNN") for v in (7, 14, 2
         + [("GlobalLpPool", v, _global("lp")) for v in (2, 22)]
         + [("LpPool", v, lambda node, graph: _window_pool(node, "lp")) for v in (11, 18, 22)])
 _WRAP = ([("AveragePool", v, "avg") for v in (7, 10, 11)] + [("MaxPool", v, "max") for v in (8, 10, 11, 12)]
-         + [("Pad", v, "pad") for v in (11, 13)])
+         + [("Pad", v, "pad") for v in (11, 13)] + [("BatchNormalization", v, "bn") for v in (9, 14, 15)])
 
 
 def register() -> list[tuple[str, int]]:
@@ -503,7 +526,8 @@ def register() -> list[tuple[str, int]]:
         key = OperationDescription(domain="", operation_type=op, version=v)
         cur = _CONVERTER_REGISTRY.get(key)
         if cur is not None and not hasattr(cur, "anpred_wraps"):
-            _CONVERTER_REGISTRY[key] = _pad_wrapped(cur) if kind == "pad" else _wrapped(cur, kind)
+            _CONVERTER_REGISTRY[key] = (_pad_wrapped(cur) if kind == "pad" else _bn_wrapped(cur) if kind == "bn"
+                                        else _wrapped(cur, kind))
             done.append((op, v))
     REGISTERED.extend(done)
     return done

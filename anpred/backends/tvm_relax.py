@@ -150,12 +150,22 @@ class TvmBackend(Backend):
     needs_input_shapes = True
 
     @classmethod
-    def unsupported_ops(cls, model) -> dict[str, str]:
+    def unsupported_ops(cls, original) -> dict[str, str]:
+        """The operators TVM's Relax ONNX frontend has no converter for, after the control flow the
+        backend inlines before importing (:func:`passes.control_flow.inline_control_flow`: ``If`` and
+        ``Loop`` with a constant trip count; the frontend has no ``Loop``). ``model`` is not modified."""
         table = convert_table()
+        model = original
         if table is None:
             return {}
         import tvm
 
+        if any(n.op_type in ("If", "Loop") for n in model.graph.node):
+            from passes.control_flow import inline_control_flow
+
+            model = type(model)()
+            model.CopyFrom(original)
+            inline_control_flow(model)
         return {key: f"no converter for {op_type} in TVM {tvm.__version__}'s Relax ONNX frontend"
                 for key, (_d, op_type, _v) in model_ops(model).items() if op_type not in table}
 
@@ -194,6 +204,10 @@ class TvmBackend(Backend):
 
         from passes.recurrent import RECURRENT_OPS, unroll_recurrent
 
+        if any(n.op_type in ("If", "Loop") for n in model.graph.node):
+            from passes.control_flow import inline_control_flow
+
+            self.inlined = inline_control_flow(model)  # the frontend has no Loop; If branches reading outer values
         missing = self.unsupported_ops(model)
         if missing:
             raise BackendError(f"tvm: TVM {tvm.__version__}'s Relax ONNX frontend does not support these operators "
