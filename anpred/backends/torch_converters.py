@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["register", "OnnxRecurrent", "OnnxGlobalPool", "OnnxWindowPool", "OnnxModePad", "pool_geometry",
-           "const_input", "REGISTERED"]
+           "const_input", "explicit_same_pads", "REGISTERED"]
 
 #: (op_type, version) pairs :func:`register` put into onnx2torch's registry (new or wrapped)
 REGISTERED: list[tuple[str, int]] = []
@@ -70,6 +70,50 @@ def pool_geometry(in_size: int, k: int, s: int, d: int, pb: int, pe: int, auto_p
             out -= 1
     extra = max((out - 1) * s + dk - (in_size + pb + pe), 0)
     return out, pb, pe, extra
+
+
+def explicit_same_pads(model) -> list[str]:
+    """In place: every ``Conv`` with ``auto_pad`` ``SAME_UPPER``/``SAME_LOWER`` whose input's spatial
+    dims are known (ONNX shape inference on the model) gets the explicit ``pads`` the ONNX spec implies
+    (:func:`pool_geometry`: ``out = ceil(in / s)``, the odd cell at the end for SAME_UPPER, at the
+    beginning for SAME_LOWER) and ``auto_pad`` NOTSET: onnx2torch's Conv refuses ``SAME_*`` ("auto_pad
+    is not implemented"; PP-OCR-style models exported from Paddle). Returns the node names changed; a
+    Conv whose input shape is unknown is left as it is (the conversion then says why)."""
+    import onnx
+    from onnx import helper
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - no shapes, nothing to make explicit
+        return []
+    shapes = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input):
+        dims = vi.type.tensor_type.shape.dim
+        shapes[vi.name] = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in dims]
+    weights = {t.name: list(t.dims) for t in model.graph.initializer}
+    changed = []
+    for n in model.graph.node:
+        if n.op_type != "Conv":
+            continue
+        a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+        pad = a.get("auto_pad", b"NOTSET")
+        pad = pad.decode() if isinstance(pad, bytes) else pad
+        shape = shapes.get(n.input[0])
+        if pad not in ("SAME_UPPER", "SAME_LOWER") or not shape or any(v is None for v in shape[2:]):
+            continue
+        r = len(shape) - 2
+        ks = list(a.get("kernel_shape") or [])
+        if not ks:  # taken from the weight's shape [M, C/group, k1, k2, ...]
+            ks = (weights.get(n.input[1]) or shapes.get(n.input[1]) or [None, None])[2:]
+        if len(ks) != r or any(k is None for k in ks):
+            continue
+        st, dl = list(a.get("strides") or [1] * r), list(a.get("dilations") or [1] * r)
+        geo = [pool_geometry(shape[2 + i], ks[i], st[i], dl[i], 0, 0, pad, 0) for i in range(r)]
+        keep = [x for x in n.attribute if x.name not in ("auto_pad", "pads")]
+        del n.attribute[:]
+        n.attribute.extend(keep + [helper.make_attribute("pads", [g[1] for g in geo] + [g[2] for g in geo])])
+        changed.append(n.name or n.output[0])
+    return changed
 
 
 def _attrs_of(node) -> dict[str, Any]:

@@ -154,6 +154,9 @@ class TorchOnnxBackend(Backend):
         fold_constant_nodes(model)
         fold_identity_initializers(model)
         self.inlined = inline_control_flow(model)  # onnx2torch has no If/Loop converter
+        from anpred.backends.torch_converters import explicit_same_pads
+
+        self.same_pads = explicit_same_pads(model)  # onnx2torch's Conv refuses auto_pad SAME_*
         o2t = import_onnx2torch()
         onnx2torch_compat()
         missing = onnx2torch_unsupported(model)
