@@ -57,7 +57,7 @@ def probe_global_pool(op_type: str, rank: int, dtype=None) -> tuple[list[int], l
     Returns ``(the shape the evaluator gave, the shape the ONNX spec defines: [N, C, 1, ...])``.
     Raises whatever the evaluator raises."""
     import numpy as np
-    from onnx import TensorProto, helper
+    from onnx import helper
     from onnx.reference import ReferenceEvaluator
 
     dtype = np.dtype(dtype or np.float32)
