@@ -43,13 +43,13 @@ def _torchvision_stub():
 
 def import_onnx2torch():
     """Import and return the ``onnx2torch`` module without torchvision, with ANPRED's converters
-    registered in its registry (:func:`anpred.backends.torch_converters.register`: LSTM/GRU/RNN,
+    registered in its registry (:func:`anpred.torch_converters.register`: LSTM/GRU/RNN,
     GlobalMaxPool, GlobalLpPool, LpPool, AveragePool/MaxPool with ``SAME_*``/asymmetric pads and
     AveragePool ``ceil_mode``)."""
     if "onnx2torch" not in sys.modules:
         with _torchvision_stub():
             importlib.import_module("onnx2torch")
-    from anpred.backends.torch_converters import register
+    from anpred.torch_converters import register
 
     register()
     return sys.modules["onnx2torch"]

@@ -11,7 +11,7 @@ converters have no ``If``. :class:`BindInputsPass` specialises the graph to the 
    input's ONNX dtype and shape, :func:`coerce_value`) and leaves ``graph.input``;
 2. **fold**: computations that now depend on constants and static input shapes only (the ``If``
    conditions: ``Equal(sr, 16000)``, ``Gather(Shape(x), -1) == 1`` ...) become initializers
-   (:func:`anpred.backends.native_io.fold_shape_computations`: integer/bool arithmetic on constants,
+   (:func:`passes.fold_shapes.fold_shape_computations`: integer/bool arithmetic on constants,
    ``Shape``/``Size`` of tensors whose shape ONNX shape inference knows, evaluated with
    ``onnx.reference``; float arithmetic is left to the runtimes);
 3. **inline**: every ``If`` whose condition is now a constant is replaced by its taken branch alone
@@ -193,7 +193,7 @@ class BindInputsPass(GraphPass):
         import onnx
         from onnx import numpy_helper
 
-        from anpred.backends.native_io import fold_shape_computations
+        from passes.fold_shapes import fold_shape_computations
         from passes.control_flow import inline_control_flow
 
         if not self.values:

@@ -119,6 +119,7 @@ def _check_run(store, n_samples: int) -> dict[str, dict[str, float]]:
     return errs
 
 
+@pytest.mark.slow  # an onnx2tf conversion and a pnnx one (~32 s cold); litert: the Slice net of test_converter_gaps, ncnn: its integer-input test run by default
 def test_small_cnn_every_anchor_on_litert_and_ncnn(cnn, tmp_path):
     store = run_model(cnn, ["ort", "litert", "ncnn"], f"random:uniform:seed=3:n=2:shape=1x3x{SIZE}x{SIZE}",
                       tmp_path / "run", timeout_s=300, progress=False)
@@ -186,6 +187,7 @@ def test_ncnn_refuses_what_pnnx_cannot_lower_and_other_batches(tmp_path):
         NcnnBackend({"ncnn": {"use_fp16_storage": True}}).prepare(tmp_path / "dyn.onnx", manifest, tmp_path / "w")
 
 
+@pytest.mark.slow  # an onnx2tf conversion (~14 s cold)
 def test_litert_refuses_tf_ops_without_tflite_builtin(tmp_path):
     """onnx2tf converts Det (tf.linalg.det, which the ``tf`` backend runs), but MatrixDeterminant
     has no TFLite builtin: litert names it."""

@@ -303,6 +303,7 @@ def yolo_run(tmp_path_factory):
                      str(run_models.ultralytics_assets()), out, timeout_s=300, progress=False)
 
 
+@pytest.mark.slow  # YOLOv8n compiled by TVM (~30 s cold)
 def test_yolo_zoo_320_every_anchor_agrees_with_ort(yolo_run):
     man = yolo_run.manifest
     st = yolo_run.statuses()

@@ -1,5 +1,5 @@
 """Converter coverage (issue 18, deliverable 2): operator classes the converter backends ``torch``
-(onnx2torch + :mod:`anpred.backends.torch_converters`) and ``tf`` (onnx2tf + its pre-conversion step
+(onnx2torch + :mod:`anpred.torch_converters`) and ``tf`` (onnx2tf + its pre-conversion step
 :func:`anpred.backends.tf_prepare.prepare_for_onnx2tf`) lacked or mishandled, each on a network built
 here with seeded random weights, anchored with ``anpred.instrument`` and compared with ONNX Runtime
 on every anchor:
@@ -182,6 +182,7 @@ def test_recurrent_torch(nets, tmp_path):
                          "gru_f": True, "rnn_f": True, "rnn_b": True, "rnn_r": True}, fused
 
 
+@pytest.mark.slow  # an onnx2tf conversion of the unrolled recurrent net (~45 s cold)
 def test_recurrent_tf(nets, tmp_path):
     from anpred.backends.tf_onnx import TfOnnxBackend
 
@@ -213,6 +214,7 @@ def test_misc_torch(nets, tmp_path):
         assert set(b.inlined["inlined"]) == {"if", "const_if", "loop"}
 
 
+@pytest.mark.slow  # an onnx2tf conversion (~15 s cold); torch covers the same classes in the default run
 def test_misc_tf(nets, tmp_path):
     """As test_misc_torch through onnx2tf: the outputs named ``...:0`` come back (they were dropped
     before outputs were renamed), the constant output is reported missing with its reason."""

@@ -361,6 +361,7 @@ def test_report_says_which_known_reference_defect_explains_a_flag(tmp_path):
 
 
 # ---- magika end to end ----------------------------------------------------------------------------
+@pytest.mark.slow  # magika through onnx2tf, LiteRT and MNN (~30 s cold)
 def test_magika_on_the_fixed_backends(tmp_path):
     """magika (anchored, one real sample) through tf, litert and mnn against ONNX Runtime: every anchor
     within nRMSE 2e-4 (before: tf/litert 1.32 at Conv_0/AddV2, mnn 0.99 at ApplyActivation_1/Mul_5;

@@ -7,7 +7,7 @@ Conversion (:meth:`TorchOnnxBackend._prepare_impl`):
    initializers only);
    ``If``/``Loop`` nodes are inlined (:class:`passes.control_flow.ControlFlowInlinePass`: constant
    conditions, both branches + ``Where``, constant trip counts unrolled), which onnx2torch lacks;
-2. ANPRED's converters are in onnx2torch's registry (:mod:`anpred.backends.torch_converters`: LSTM/GRU/RNN,
+2. ANPRED's converters are in onnx2torch's registry (:mod:`anpred.torch_converters`: LSTM/GRU/RNN,
    GlobalMaxPool, LpPool, SAME_* pooling ...) and converters for operator versions newer than onnx2torch
    knows are registered
    (:func:`anpred.convert.onnx2torch_compat`; dynamo exports use opset 18+);
@@ -79,7 +79,7 @@ class TorchOnnxBackend(Backend):
     name = "torch"
     family = "torch"
     precision = "fp32"
-    coverage_basis = "onnx2torch converter registry (with ANPRED's converters, anpred.backends.torch_converters)"
+    coverage_basis = "onnx2torch converter registry (with ANPRED's converters, anpred.torch_converters)"
 
     @classmethod
     def unsupported_ops(cls, model) -> dict[str, str]:
@@ -154,7 +154,7 @@ class TorchOnnxBackend(Backend):
         fold_constant_nodes(model)
         fold_identity_initializers(model)
         self.inlined = inline_control_flow(model)  # onnx2torch has no If/Loop converter
-        from anpred.backends.torch_converters import explicit_same_pads
+        from anpred.torch_converters import explicit_same_pads
 
         self.same_pads = explicit_same_pads(model)  # onnx2torch's Conv refuses auto_pad SAME_*
         o2t = import_onnx2torch()
