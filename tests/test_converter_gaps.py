@@ -195,7 +195,7 @@ def _mnn_raw(model, feeds, tmp: Path) -> np.ndarray:
     subprocess.run([sys.executable, "-c", "import sys, _tools; _tools.mnnconvert(sys.argv[1:])", "mnnconvert",
                     "-f", "ONNX", "--modelFile", str(src), "--MNNModel", str(dst), "--bizCode", "anpred-test"],
                    capture_output=True, check=True, cwd=str(tmp))
-    MNN = import_mnn()
+    import_mnn()  # kept off stdout: MNN prints its CPU features on import
     import MNN.expr as F
     import MNN.nn as nn
 
