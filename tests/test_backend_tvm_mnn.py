@@ -323,6 +323,7 @@ def test_yolo_zoo_320_every_anchor_agrees_with_ort(yolo_run):
     assert worst["mnn-winograd"] * EPS32 <= 1e-2, worst
 
 
+@pytest.mark.slow  # YOLOv8n compiled by TVM (~35 s cold)
 def test_yolo_tvm_library_is_cached_single_threaded_and_portable(yolo_run, tmp_path):
     """A second prepare loads the compiled library from the cache; the library calls no parallel
     launch (TVM's generated loops run on one thread) and was compiled for LLVM's generic CPU."""
