@@ -27,7 +27,7 @@ from anpred.errors import ModelLoadError, OutputPathError
 __all__ = ["sha256_file", "load_model", "external_data_files", "save_model", "AtomicFiles",
            "atomic_write_bytes", "atomic_write_text", "file_mode", "check_writable_dir",
            "ExternalDataPlacementError", "json_default", "to_json", "json_safe", "json_float",
-           "from_json_float", "elem_type_name", "iter_graphs", "model_ops", "op_key"]
+           "from_json_float", "elem_type_name", "iter_graphs", "model_ops", "op_key", "real_inputs"]
 
 
 class ExternalDataPlacementError(OutputPathError):
@@ -441,6 +441,23 @@ def iter_graphs(graph):
                     stack.append(a.g)
                 elif a.type == onnx.AttributeProto.GRAPHS:
                     stack.extend(a.graphs)
+
+
+def real_inputs(model) -> list[tuple[str, str, list[int | None] | None]]:
+    """The real inputs of ``model`` (an ``onnx.ModelProto``) in graph order, initializers listed as
+    inputs (older exporters) left out: ``(name, element type name (:func:`elem_type_name`), dims)``,
+    dims None for an unknown rank, a dim None where it is dynamic."""
+    inits = {t.name for t in model.graph.initializer}
+    out = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dims = None
+        if tt.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
+        out.append((vi.name, elem_type_name(tt.elem_type), dims))
+    return out
 
 
 def op_key(domain: str, op_type: str) -> str:

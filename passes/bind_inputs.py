@@ -109,19 +109,9 @@ def _split_top(text: str) -> list[str]:
 def bindable_inputs(model) -> dict[str, tuple[str, list[int | None] | None]]:
     """The graph inputs of ``model`` that may be bound (initializers listed as inputs excluded):
     ``{name: (numpy dtype name, dims)}``, dims None where dynamic, None for an unknown rank."""
-    from anpred.onnx_io import elem_type_name
+    from anpred.onnx_io import real_inputs
 
-    inits = {t.name for t in model.graph.initializer}
-    out = {}
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        tt = vi.type.tensor_type
-        dims = None
-        if tt.HasField("shape"):
-            dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
-        out[vi.name] = (elem_type_name(tt.elem_type), dims)
-    return out
+    return {name: (dtype, dims) for name, dtype, dims in real_inputs(model)}
 
 
 def _inputs_text(avail: Mapping[str, tuple[str, Any]]) -> str:
@@ -222,7 +212,9 @@ class BindInputsPass(GraphPass):
             inlined += info["inlined"]
             if not n and not info["inlined"]:
                 break
-        lifted = _lift_constants(m)
+        from passes.fold_shapes import fold_constant_nodes
+
+        lifted = fold_constant_nodes(m)
         layout = fold_constant_layout(m)
         removed_nodes, removed_inits = _remove_dead(m)
         return PassResult(m, True, {
@@ -231,31 +223,6 @@ class BindInputsPass(GraphPass):
             "ifs_left": [nd.name or nd.output[0] for nd in m.graph.node if nd.op_type == "If"],
             "constants_lifted": lifted, "layout_folded": layout, "removed_nodes": removed_nodes,
             "removed_initializers": removed_inits})
-
-
-def _lift_constants(m) -> int:
-    """Main-graph ``Constant`` nodes with a ``value`` tensor made initializers (in place); returns
-    how many."""
-    import onnx
-
-    g = m.graph
-    inits = {t.name for t in g.initializer}
-    keep, lifted = [], 0
-    for n in g.node:
-        if (n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.attribute) == 1
-                and n.attribute[0].name == "value" and n.output[0] not in inits):
-            t = onnx.TensorProto()
-            t.CopyFrom(n.attribute[0].t)
-            t.name = n.output[0]
-            g.initializer.append(t)
-            inits.add(t.name)
-            lifted += 1
-        else:
-            keep.append(n)
-    if lifted:
-        del g.node[:]
-        g.node.extend(keep)
-    return lifted
 
 
 def fold_constant_layout(model) -> int:

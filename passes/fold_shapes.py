@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["fold_shape_computations", "FOLD_MAX_ELEMENTS", "FOLD_ROUNDS"]
+__all__ = ["fold_shape_computations", "fold_constant_nodes", "FOLD_MAX_ELEMENTS", "FOLD_ROUNDS"]
 
 
 #: largest folded result (elements): shape arithmetic is tiny; a bigger shape-derived tensor (a
@@ -177,3 +177,37 @@ def _subgraph_reads(nodes) -> set[str]:
                     names.update(x for x in sub.input if x)
                 names |= _subgraph_reads(g.node)
     return names
+
+
+def fold_constant_nodes(model) -> int:
+    """Turn every ``Constant`` node of the main graph whose output is not a graph output into an
+    initializer of the same name, in place. Returns the number folded. onnx2torch's Conv and
+    ConvTranspose converters read weights from initializers only (paddle2onnx models such as
+    PP-OCR hold them in Constant nodes: ``KeyError: 'conv2d_0.w_0'``)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    keep, folded = [], 0
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output[0] not in outputs \
+                and len(node.attribute) == 1 and node.attribute[0].name in (
+                    "value", "value_float", "value_floats", "value_int", "value_ints"):
+            attr = node.attribute[0]
+            if attr.name == "value":
+                t = onnx.TensorProto()
+                t.CopyFrom(attr.t)
+            else:
+                v = helper.get_attribute_value(attr)
+                dtype = np.float32 if attr.name.startswith("value_float") else np.int64
+                t = numpy_helper.from_array(np.asarray(v, dtype=dtype))
+            t.name = node.output[0]
+            graph.initializer.append(t)
+            folded += 1
+        else:
+            keep.append(node)
+    if folded:
+        del graph.node[:]
+        graph.node.extend(keep)
+    return folded

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from anpred.errors import BackendError, InputError
-from anpred.onnx_io import elem_type_name
+from anpred.onnx_io import real_inputs
 # the shape folding is a graph pass (passes.fold_shapes, shared with passes.bind_inputs), re-exported here
 from passes.fold_shapes import FOLD_MAX_ELEMENTS, FOLD_ROUNDS, fold_shape_computations
 
@@ -35,18 +35,8 @@ class GraphInput:
 
 def graph_inputs(model) -> list[GraphInput]:
     """The real inputs of ``model`` (an ``onnx.ModelProto``) in graph order: initializers listed as
-    inputs (older exporters) are left out."""
-    inits = {t.name for t in model.graph.initializer}
-    out = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        tt = vi.type.tensor_type
-        dims = None
-        if tt.HasField("shape"):
-            dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
-        out.append(GraphInput(vi.name, dims, elem_type_name(tt.elem_type)))
-    return out
+    inputs (older exporters) are left out (:func:`anpred.onnx_io.real_inputs`)."""
+    return [GraphInput(name, dims, dtype) for name, dtype, dims in real_inputs(model)]
 
 
 def concrete_shapes(backend: str, inputs: list[GraphInput], given: dict | None) -> dict[str, list[int]]:
