@@ -87,29 +87,44 @@ def test_tf_and_openvino_share_kernels_and_one_vote(yolo_reports, name):
     Whether onnx2tf's TensorFlow (oneDNN custom ops on) and OpenVINO's CPU plugin (its oneDNN fork) pick
     the same kernels depends on the CPU: on AVX-512 machines they give bit-identical tensors at every
     inner anchor of both YOLOs; on an AVX2-only EPYC at none. The expectation is therefore derived from
-    the stored tensors (aligned and compared here), and the oracle's merge must match it exactly."""
+    the stored tensors (aligned and compared here), and the oracle's merge must match it exactly.
+
+    Since issue 18 the oracle also merges families whose errors are measured correlated (three-cornered
+    hat rho >= correlated_rho, anpred.judge.independence); such a merge may extend a bit-identical one
+    (e.g. at the decoded output, where the CI machine's two kernels differ by an ULP but share their
+    error) or join another pair. Every merge beyond bit-identity must carry its measured rho."""
+    from anpred.defaults import OracleConfig
+
     setup, rep = yolo_reports[name]
     inner = [a["name"] for a in rep.anchors if a["kind"] not in ("output", "part")]
     outputs = [a["name"] for a in rep.anchors if a["kind"] in ("output", "part")]
     assert len(outputs) > 1  # the outputs and the parts of them judged on their own (anpred.judge.parts)
     same = _identical_samples(setup.clean_dir, "openvino", "tf")
-    if not same:  # different kernels on this CPU: five separate votes everywhere
-        assert rep.correlated == []
-        assert all(m == ["median:onnx-reference,onnxruntime,openvino,tensorflow,torch"]
-                   for a, m in rep.consensus.items() if a in inner), rep.consensus
+    thr = OracleConfig().correlated_rho
+    ovtf = [c for c in rep.correlated if {"openvino", "tensorflow"} <= set(c["families"])]
+    for c in rep.correlated:  # every merge is bit-identity (openvino+tf, where identical) or measured rho
+        for a, n in c["anchors"].items():
+            if c in ovtf and n <= same.get(a, 0):
+                continue
+            assert c["rho"].get(a, 0) >= thr, (c["families"], a, n, same.get(a), c["rho"])
+        assert c["kind"] == ("error-correlated" if c["rho"] else "bit-identical")
+    merged = {a for c in rep.correlated for a in c["anchors"]}
+    sep = ["median:onnx-reference,onnxruntime,openvino,tensorflow,torch"]
+    if not same:  # different kernels on this CPU: five separate votes wherever no rho merge was measured
+        assert all(m == sep for a, m in rep.consensus.items() if a in inner and a not in merged), rep.consensus
         return
-    (c,) = rep.correlated
-    assert c["families"] == ["openvino", "tensorflow"] and c["backends"] == ["openvino", "tf"]
-    assert c["anchors"] == same  # merged exactly where (and in as many samples as) they are identical
-    assert c["differ"] == [a["name"] for a in rep.anchors if a["name"] not in same]
+    assert ovtf and all({"openvino", "tf"} <= set(c["backends"]) for c in ovtf)
+    for a, n in same.items():  # merged wherever (and in at least as many samples as) they are identical
+        assert sum(c["anchors"].get(a, 0) for c in ovtf) >= n, (a, n, [c["anchors"].get(a) for c in ovtf])
+    pair = [c for c in ovtf if c["families"] == ["openvino", "tensorflow"]]
     for a in inner:
         modes = rep.consensus[a]
-        if same.get(a) == rep.samples:
+        if same.get(a) == rep.samples and pair and pair[0]["anchors"].get(a) == rep.samples:
             assert modes == ["median:onnx-reference,onnxruntime,openvino+tensorflow,torch"], (a, modes)
             ov, tf = rep.cell(a, "openvino"), rep.cell(a, "tf")
             assert ov.primary == tf.primary and ov.stats == tf.stats
-        elif a not in same:
-            assert modes == ["median:onnx-reference,onnxruntime,openvino,tensorflow,torch"], (a, modes)
+        elif a not in merged:
+            assert modes == sep, (a, modes)
 
 
 def test_reduced_precision_against_fp32_peers(yolo_reports):
