@@ -42,6 +42,9 @@ def add_arguments(parser):
     parser.add_argument("--allow-incomplete", action="store_true",
                         help="exit 0 when nothing is flagged even if something could not be judged "
                         "(the report still says INCOMPLETE and lists the gaps)")
+    parser.add_argument("--drill", action="store_true",
+                        help="replay each stage alone from the consensus (local vs carried error) and drill each "
+                        "flagged backend down to the operator, with a standalone repro (RUN_DIR/drill/repro/<backend>)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
 
 
@@ -53,6 +56,10 @@ def main(args) -> int:
 
     rep = check_run(args.run_dir, oracle=args.oracle, atol=args.atol, rtol=args.rtol,
                     reference=args.reference, config=args.config, allow_incomplete=args.allow_incomplete)
+    if args.drill and rep.status != "error" and rep.oracle in ("consensus", "both"):
+        from anpred.drill import drill_run
+
+        drill_run(args.run_dir, rep, progress=not args.quiet)
     if args.json:
         write_json(rep, args.json)
     if args.report:

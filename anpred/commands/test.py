@@ -67,6 +67,9 @@ def add_arguments(parser):
                         help="seconds per backend for preparing and running (default 600)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an earlier test (or demo) in OUT, once the new one is complete")
+    parser.add_argument("--drill", action="store_true",
+                        help="replay each stage alone from the consensus and drill each flagged backend down to "
+                        "the operator, with a standalone repro (OUT/drill/repro/<backend>)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 
@@ -87,7 +90,7 @@ def main(args) -> int:
     from anpred.pipeline import demo, format_standing, test
 
     if args.model == "demo":
-        for opt in ("inputs", "kwargs", "history", "imgsz", "bind"):
+        for opt in ("inputs", "kwargs", "history", "imgsz", "bind", "drill"):
             if getattr(args, opt):
                 raise AnpredError(f"--{opt} does not apply to the demo")
         res = demo(args.output or "anpred-demo", backends=args.backends, samples=args.samples, stages=args.stages,
@@ -114,7 +117,7 @@ def main(args) -> int:
                stages=args.stages, max_cut_width=args.max_cut_width, imgsz=_imgsz(args.imgsz), seed=args.seed,
                factory_kwargs=kwargs, oracle=args.oracle, config=args.config, history=args.history,
                allow_incomplete=args.allow_incomplete, timeout_s=args.timeout, overwrite=args.overwrite,
-               quiet=args.quiet, bind=args.bind)
+               quiet=args.quiet, bind=args.bind, drill=args.drill)
     print(res.format_text())
     print("\nwhere each backend stands:")
     print(format_standing([res]))

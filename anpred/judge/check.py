@@ -155,7 +155,7 @@ def _new_report(run_dir, store, oracle: str, cfg: OracleConfig, table: dict[str,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         model=dict(store.meta.get("model") or manifest.model), machine=store.meta.get("machine", {}),
         anchors=[{"name": a.name, "stage": a.stage, "kind": a.kind, "op_type": a.op_type, "dtype": a.dtype,
-                  "producer": a.producer} for a in manifest.anchors],
+                  "producer": a.producer, "value": a.value} for a in manifest.anchors],
         backends=table, config={**cfg.to_dict(), "atol": atol, "rtol": rtol, "reference": reference},
         unjudged_backends=unjudged, allow_incomplete=bool(allow_incomplete), inputs=_inputs_identity(store))
     report.notes.extend(precision_notes(table, report.machine))

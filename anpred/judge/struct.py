@@ -35,6 +35,7 @@ import numpy as np
 from anpred.defaults import OracleConfig
 from anpred.errors import AnpredError
 from anpred.judge.stats import ErrorStats, from_json_float, json_float
+from anpred.onnx_io import json_safe
 
 __all__ = ["ORACLES", "SCHEMA", "AnchorInfo", "BackendInfo", "BackendVerdict", "Cell", "CheckReport", "OracleResult",
            "Step", "ThresholdResult"]
@@ -227,6 +228,10 @@ class BackendVerdict:
     implementation: "BackendVerdict | None" = None
     # the members of the population it was judged in (implementation verdicts), run order
     population: list[str] = field(default_factory=list)
+    # flagged fp32 backends drilled down (anpred.drill, ``--drill``): the operator whose output first
+    # departs from its peers in the origin stage replayed alone, and its standalone repro
+    # (``{"node", "op_type", "stage", "local_nrmse", "peers_nrmse", "repro", "reproduced", "scope", ...}``)
+    culprit: dict[str, Any] | None = None
 
     @property
     def any_flagged(self) -> bool:
@@ -368,6 +373,8 @@ class CheckReport:
     populations: dict[str, dict[str, Any]] = field(default_factory=dict)
     population_cells: dict[str, list[Cell]] = field(default_factory=dict)
     scales: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    # the drill-down (anpred.drill, ``--drill``): isolated stage replay profiles and culprits
+    drill: dict[str, Any] = field(default_factory=dict)
     schema: str = SCHEMA
     plot_data: dict[tuple[str, str], dict[str, np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -436,6 +443,7 @@ class CheckReport:
             "population_cells": {p: [c.to_dict() for c in cs] for p, cs in self.population_cells.items()},
             "scales": {a: {p: {**v, "expected": json_float(v["expected"])} for p, v in per.items()}
                        for a, per in self.scales.items()},
+            "drill": json_safe(self.drill),
         }
 
     @classmethod
@@ -460,7 +468,8 @@ class CheckReport:
                 populations=d.get("populations", {}),
                 population_cells={p: [Cell.from_dict(c) for c in cs] for p, cs in d.get("population_cells", {}).items()},
                 scales={a: {p: {**v, "expected": from_json_float(v["expected"])} for p, v in per.items()}
-                        for a, per in d.get("scales", {}).items()})
+                        for a, per in d.get("scales", {}).items()},
+                drill=d.get("drill", {}))
         except (KeyError, TypeError) as err:
             raise AnpredError(f"malformed check report: {err}") from err
 

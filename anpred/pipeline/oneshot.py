@@ -49,7 +49,8 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
          seed: int = 0, factory_kwargs: dict[str, Any] | None = None, oracle: str = "consensus",
          config: str | os.PathLike | None = None, history: str | os.PathLike | None = None,
          allow_incomplete: bool = False, timeout_s: float = 600, overwrite: bool = False,
-         quiet: bool = False, bind: dict[str, Any] | Iterable[str] | str | None = None) -> TestResult:
+         quiet: bool = False, bind: dict[str, Any] | Iterable[str] | str | None = None,
+         drill: bool = False) -> TestResult:
     """Test ``model`` end to end: export (when needed), instrument, map, run, align, judge, report.
 
     Args:
@@ -82,6 +83,9 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
             feed it (a given ``.npz`` that holds it must hold the bound value). A zoo model's own
             bindings (``ZooInput.bind``: silero-vad's ``sr`` = 16000) apply too; ``bind`` overrides
             them. Recorded in ``test.json`` (``details.bound_inputs``) and the manifest.
+        drill: after judging, replay each stage alone from the consensus and drill each flagged fp32
+            backend down to the operator, with a verified standalone repro (:func:`anpred.drill.drill_run`;
+            ``out/drill/``, ``report.drill``, ``verdicts[b].culprit``).
 
     Returns:
         :class:`TestResult` (truthy when consistent; ``.report`` is the CheckReport).
@@ -115,7 +119,7 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
         result = _pipeline(subject, final, tmp, backends=backends, inputs=inputs, samples=samples, stages=stages,
                            max_cut_width=max_cut_width, imgsz=imgsz, seed=seed, oracle=oracle, config=config,
                            allow_incomplete=allow_incomplete, timeout_s=timeout_s, quiet=quiet, seconds=seconds,
-                           bind=bind)
+                           bind=bind, drill=drill)
         commit_partial(tmp, final)
         # what was tested names the final place of files built in the partial folder (a factory's export)
         result.details = relocated(result.details, tmp, final)
@@ -133,7 +137,7 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
 
 def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, samples, stages, max_cut_width,
               imgsz, seed, oracle, config, allow_incomplete, timeout_s, quiet, seconds,
-              bind: dict[str, Any] | None = None) -> TestResult:
+              bind: dict[str, Any] | None = None, drill: bool = False) -> TestResult:
     """The steps after resolving the model, built in ``tmp`` (committed to ``final`` by the caller);
     phase wall times go into ``seconds``."""
     details: dict[str, Any] = {"subject": subject.to_dict()}
@@ -148,6 +152,14 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
         statuses = _run(subject, names, spec, details["inputs"], tmp, final, timeout_s, quiet)
     with _timed(seconds, "check"):
         report = _check(tmp, final, oracle, config, allow_incomplete)
+    if drill and report.status != "error" and oracle in ("consensus", "both"):
+        from anpred.drill import drill_run
+
+        with _timed(seconds, "drill"):
+            drill_run(tmp / "run", report, tmp / "drill", progress=not quiet)
+        report.drill = relocated(report.drill, tmp, final)
+        for c in report.drill.get("culprits", {}).values():
+            report.verdicts[c["backend"]].culprit = c
     with _timed(seconds, "report"):
         _write_reports(report, tmp)
     return TestResult(model=subject.label, out=final, report=report, anchored=final / "anchored.onnx",

@@ -199,6 +199,41 @@ def _scales(report) -> list[str]:
     return out
 
 
+def _drill(report) -> list[str]:
+    """The drill-down section (``report.drill``): per flagged backend the path stage -> subgraph ->
+    operator and its repro, then the local and carried profiles of every replayed backend."""
+    d = getattr(report, "drill", None) or {}
+    if not d:
+        return []
+    e = html.escape
+    out = [f"<h2>Drill-down</h2><p>{d.get('samples')} samples, {d.get('runs')} replay runs, {d.get('seconds')} s. "
+           "Each stage replayed alone from the consensus tensors at its entry (local error) beside the normal "
+           "run (carried error); inside the stage where a flagged backend's error is introduced, the first "
+           "operator whose output departs from the peers, and its standalone repro.</p>"]
+    for b, c in (d.get("culprits") or {}).items():
+        steps = " &rarr; ".join([f"stage {e(str(c.get('stage')))} ({c.get('stage_nodes')} operators)"] +
+                                [f"round {p['round']}: {p['exposed']} tensors exposed, first departing "
+                                 f"<code>{e(p['first'])}</code> ({e(p['op_type'])})" for p in c.get("path", [])] +
+                                [f"<b>{e(c['op_type'])} <code>{e(c['node'])}</code></b>"])
+        rep = (f"repro <code>{e(str(c['repro']))}</code> (re-run, reproduced; scope {e(str(c.get('scope')))})"
+               if c.get("reproduced") else "no standalone repro reproduced it")
+        out.append(f"<p class='flag'><b>{e(b)}</b>: {steps}; local nRMSE {_fmt(c.get('local_nrmse'))} vs peers "
+                   f"{_fmt(c.get('peers_nrmse'))}; {rep}</p>")
+    stages = d.get("stages") or {}
+    if stages:
+        anchors = [p["anchor"] for p in next(iter(stages.values()))]
+        out.append("<table><tr><th>backend</th>" + "".join(f"<th>s{p['stage']} {e(p['anchor'])}<br>local / carried</th>"
+                                                          for p in next(iter(stages.values()))) + "</tr>")
+        for b, prof in stages.items():
+            out.append(f"<tr><td>{e(b)}</td>" + "".join(
+                f"<td class='{'flag' if p['role'] == 'introduced' else ''}'>{_fmt(p['local'])} / {_fmt(p['carried'])}"
+                f" ({e(p['role'])})</td>" for p in prof) + "</tr>")
+        out.append("</table>")
+        del anchors
+    out.extend(f"<p class='small'>{e(n)}</p>" for n in d.get("notes") or [])
+    return out
+
+
 def write_html(report, path: str | Path) -> None:
     """Write the HTML report of ``report`` to ``path`` (atomically; plots embedded as base64 PNG).
     Raises OutputPathError when ``path`` cannot be written."""
@@ -268,6 +303,7 @@ def write_html(report, path: str | Path) -> None:
         for b, v in report.verdicts.items():
             if v.flagged and getattr(v, "origin_traced", ""):
                 parts.append(f"<p class='small'>{e(b)}: origin {e(v.origin_traced)}.</p>")
+    parts.extend(_drill(report))
     parts.extend(_populations(report, primary))
     parts.extend(_scales(report))
     if report.threshold:

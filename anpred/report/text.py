@@ -121,6 +121,39 @@ def _population_lines(report) -> list[str]:
     return out
 
 
+def culprit_line(b: str, c: dict) -> str:
+    """One line naming a drilled backend's culprit operator and its repro."""
+    rep = (f"repro {c['repro']} (re-run: reproduced, {c.get('scope')})" if c.get("reproduced")
+           else "no standalone repro reproduced it")
+    return (f"culprit {b}: {c['op_type']} '{c['node']}' in stage {c.get('stage')} (output {c.get('output')}): "
+            f"local nRMSE {_g(c.get('local_nrmse'), '.3g')} vs peers {_g(c.get('peers_nrmse'), '.3g')}; {rep}")
+
+
+def drill_lines(report) -> list[str]:
+    """The drill-down's lines (``report.drill``, :mod:`anpred.drill`): culprits first, then per
+    backend the local (stage replayed alone from the consensus) and carried error of each stage."""
+    d = getattr(report, "drill", None) or {}
+    if not d:
+        return []
+    lines = ["", f"drill-down ({d.get('samples')} samples, {d.get('runs')} replay runs, {d.get('seconds')} s):"]
+    for b, c in (d.get("culprits") or {}).items():
+        lines.append("  " + culprit_line(b, c))
+    for b, v in report.verdicts.items():
+        if v.flagged and v.votes and b not in (d.get("culprits") or {}) and b in (d.get("stages") or {}):
+            lines.append(f"  culprit {b}: none found (see the notes)")
+    stages = d.get("stages") or {}
+    if stages:
+        lines.append("  stage replay (local: the stage alone from the consensus; carried: the normal run; "
+                     "I introduced, A amplified, c carried, . clean):")
+        for b, prof in stages.items():
+            cells = " ".join(f"s{p['stage']}:{_g(p['local'], '.1e')}/{_g(p['carried'], '.1e')}"
+                             f"{ {'introduced': 'I', 'amplified': 'A', 'carried': 'c'}.get(p['role'], '.')}"
+                             for p in prof)
+            lines.append(f"    {b:<16}{cells}")
+    lines.extend(f"  {n}" for n in d.get("notes") or [])
+    return lines
+
+
 def format_text(report) -> str:
     """The terminal summary of ``report`` (a :class:`anpred.judge.CheckReport`) as one string."""
     lines = []
@@ -181,6 +214,7 @@ def format_text(report) -> str:
                      "^ amplified, v attenuated, * flagged):")
         for b in report.verdicts:
             lines.append(f"  {b:<{w}}{propagation_line(report, b)}")
+    lines.extend(drill_lines(report))
     if report.threshold:
         lines.append("")
         any_ref = next(iter(report.threshold.values())).reference

@@ -1,0 +1,298 @@
+"""From the origin stage to the operator: isolated stage replay, automatic drill-down, standalone repro.
+
+:func:`drill_run` takes a judged run (its folder and its :class:`anpred.judge.CheckReport`) and:
+
+1. **Isolated stage replay** (every run it is asked for, flagged or not): all stages side by side in
+   one model (:func:`anpred.drill.graphs.replay_model`), each fed with the *consensus* tensors of its
+   entry anchors (:func:`anpred.drill.feed.consensus_samples`), run on every fp32 ONNX backend of the
+   run (each in its own process, :func:`anpred.run.run_model`) and judged by the same oracle
+   (:func:`anpred.judge.check_run`). The *local* error of a backend at a stage's exit anchor is its
+   primary statistic there against the replay's consensus; the *carried* error is the normal run's.
+   A stage *introduces* a deviation when the backend departs from its peers locally (the
+   localization rule, :meth:`anpred.judge.localize.Localizer.departs`); it *carries* (or
+   *amplifies*, when the carried error grows more than ``propagation_band`` over the stage) what it
+   received otherwise.
+2. **Drill-down** (flagged fp32 backends only): inside the first stage that introduces the deviation
+   (else the traced origin stage), the stage's subgraph alone is cut out (the rest of the model and
+   its fusions are untouched), its inner tensors are exposed (at most ``max_exposed`` per round:
+   memory stays one stage's tensors), and it is replayed from the consensus entry tensors on the
+   backend and its peers; the first exposed tensor (topological order) at which the backend departs
+   narrows the search to the operators between the previous exposed tensor and it, until one
+   operator remains (k-ary bisection; one round when the stage has at most ``max_exposed`` inner
+   tensors). Converter backends (torch, tf, ...) convert each subgraph anew (their caches key it by
+   its hash).
+3. **Standalone repro** (:mod:`anpred.drill.repro`): that operator alone, on its real consensus input
+   values, run again on the backend and its peers: kept only if the backend still departs from its
+   peers there (else the stage prefix up to the operator is tried), written to ``repro/<backend>/``.
+
+Everything is written under ``<out>/`` (default ``<run>/drill``); the report gains ``drill`` and
+each drilled verdict its ``culprit``. Backends left out (native graphs, reduced precision, failed)
+are named in the notes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from anpred.errors import AnpredError
+
+__all__ = ["DrillConfig", "drill_run"]
+
+#: backends that do not run the run's ONNX model (their own native graph): no subgraph to cut
+NATIVE = ("torch-native", "tf-native")
+
+
+@dataclass
+class DrillConfig:
+    """Bounds of the drill-down (documented defaults, docs/oracle.md "Drill-down").
+
+    max_samples: samples of the run fed to the replays (the first ones; the oracle's floors need no
+        more than a few; cost grows linearly with it).
+    max_exposed: inner tensors exposed per drill round (memory: at most this many tensors of one
+        stage per sample and backend; a stage with more inner tensors is bisected k-ary).
+    timeout_s: per backend and per replay run, seconds.
+    """
+
+    max_samples: int = 4
+    max_exposed: int = 64
+    timeout_s: float = 600.0
+
+
+class _Runner:
+    """Runs a (sub)model on the drill's backends from a list of input dicts, judges it, counts runs."""
+
+    def __init__(self, specs: dict[str, Any], alt: dict[str, Path], out: Path, timeout_s: float,
+                 progress: bool, config):
+        self.specs, self.alt, self.out, self.timeout_s = specs, alt, out, timeout_s
+        self.progress, self.config = progress, config
+        self.runs = 0
+
+    def run(self, name: str, models: dict[str | None, Any], feeds: list[dict[str, np.ndarray]],
+            backends: list[str]):
+        """Run ``models[None]`` (``models[b]``: backend ``b``'s own version) on ``backends`` with
+        ``feeds``; returns ``(run_dir, CheckReport)``."""
+        from anpred.instrument import instrument_model
+        from anpred.judge import check_run
+        from anpred.onnx_io import save_model
+        from anpred.run import BackendSpec, run_model
+
+        d = self.out / name
+        if d.exists():
+            shutil.rmtree(d)
+        (d / "inputs").mkdir(parents=True)
+        for i, f in enumerate(feeds):
+            np.savez(d / "inputs" / f"{i:04d}.npz", **f)
+        # one stage and no boundary of its own: the graph outputs are the anchors, with their layouts
+        # (anpred.instrument: NCHW/NHWC/... from the graph, so that the aligner is not left guessing)
+        anchored, _ = instrument_model(models[None], stages=1)
+        save_model(anchored, d / "model.onnx")
+        specs = []
+        for b in backends:
+            s = self.specs[b]
+            opts = {k: v for k, v in s.options.items() if k != "model"}
+            if b in models:
+                save_model(models[b], d / f"model.{b}.onnx")
+                opts["model"] = str(d / f"model.{b}.onnx")
+            specs.append(BackendSpec(s.name, b, opts))
+        self.runs += 1
+        store = run_model(d / "model.onnx", specs, d / "inputs", d / "run", timeout_s=self.timeout_s,
+                          overwrite=True, progress=self.progress, precheck=False)
+        return store.root, check_run(store.root, config=self.config, allow_incomplete=True)
+
+
+def _specs(store) -> dict[str, Any]:
+    from anpred.run import BackendSpec
+
+    out = {}
+    recorded = store.meta.get("backend_specs") or {}
+    for b in store.statuses():
+        r = recorded.get(b)
+        try:
+            out[b] = BackendSpec(r["name"], b, r.get("options") or {}) if r else BackendSpec(b)
+        except AnpredError:
+            continue  # a label that is not a registry name and was not recorded: not re-runnable
+    return out
+
+
+def _load(path: str | Path):
+    from anpred.onnx_io import load_model
+
+    return load_model(path, load_external=True)
+
+
+def _value_cells(rep, values: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """ONNX value -> backend -> Cell of a sub-run's report (its anchors are its graph outputs)."""
+    by_anchor = {a["name"]: a for a in rep.anchors}
+    man_values = {a: by_anchor[a].get("value") for a in by_anchor}
+    out: dict[str, dict[str, Any]] = {}
+    for c in rep.cells:
+        v = man_values.get(c.anchor)
+        if v is None:
+            continue
+        out.setdefault(v, {})[c.backend] = c
+    return {v: out.get(v, {}) for v in values}
+
+
+def _departs_fn(rep, config):
+    from anpred.judge.localize import Localizer
+    from anpred.judge.struct import BackendInfo
+
+    binfos = {b: BackendInfo.make(b, rep.backends[b]["family"], rep.backends[b]["precision"], config)
+              for b in rep.backends}
+    loc = Localizer([], binfos, config, None, {})
+    return lambda c: c is not None and loc.departs(c)
+
+
+def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
+              drill: DrillConfig | None = None, progress: bool = False) -> dict[str, Any]:
+    """Isolated stage replay, drill-down and repro of the judged run ``run_dir`` (module docstring).
+
+    Args:
+        run_dir: the run folder ``report`` judged (mode ``tensors``).
+        report: its :class:`anpred.judge.CheckReport` (consensus oracle); gains ``drill`` and, per
+            drilled backend, ``verdicts[b].culprit``.
+        out_dir: where the replays and ``repro/`` go (default ``<run_dir>/drill``; replaced).
+        drill: bounds (:class:`DrillConfig`).
+        progress: show the sub-runs' progress bars (stderr).
+
+    Returns:
+        ``report.drill``: ``{"samples", "stages": {backend: [per stage: stage, anchor, local,
+        carried, peers_local, role]}, "culprits": {backend: culprit}, "runs", "seconds", "notes"}``;
+        a culprit is ``{"node", "op_type", "stage", "local_nrmse", "peers_nrmse", "repro",
+        "reproduced", "scope", "path", "rounds"}`` (nRMSE unitless, pooled over the drill's samples).
+
+    Raises:
+        AnpredError: the run has no stored tensors (``stats`` mode) or no model file.
+    """
+    from anpred.defaults import OracleConfig
+    from anpred.drill.feed import consensus_samples
+    from anpred.drill.graphs import replay_model, stage_cuts
+    from anpred.run import RunStore
+
+    t0 = time.perf_counter()
+    drill = drill or DrillConfig()
+    store = RunStore.open(run_dir)
+    if store.meta.get("mode", "tensors") != "tensors":
+        raise AnpredError(f"{run_dir}: a '{store.meta.get('mode')}' run stores no tensors; the drill-down "
+                          "needs a tensors run")
+    from dataclasses import fields
+
+    known = {f.name for f in fields(OracleConfig)}
+    cfg = OracleConfig.from_dict({k: v for k, v in (report.config or {}).items() if k in known})
+    mpath = Path(store.root) / "model.onnx"
+    if not mpath.is_file():
+        mpath = Path(store.meta.get("model", {}).get("path", ""))
+    if not mpath.is_file():
+        raise AnpredError(f"{run_dir}: the run's model is not available (no model.onnx in the run folder)")
+    out = Path(out_dir) if out_dir is not None else Path(store.root) / "drill"
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    notes: list[str] = []
+    specs = _specs(store)
+    statuses = store.statuses()
+    part = [b for b in report.backends if b in specs and statuses[b].status == "ok" and b not in NATIVE
+            and report.backends[b]["precision"] == "fp32" and report.verdicts.get(b) is not None
+            and report.verdicts[b].votes]
+    left = [b for b in report.backends if b not in part]
+    if left:
+        notes.append(f"drill: not replayed: {', '.join(left)} (only fp32 voters that ran the ONNX model are "
+                     "replayed; native graphs and reduced-precision copies have no ONNX subgraph of their own)")
+    alt = {b: Path(specs[b].options["model"]) for b in part if "model" in specs[b].options}
+    model = _load(mpath)
+    models = {b: _load(p) for b, p in alt.items()}
+    manifest = store.manifest
+    samples = store.sample_ids[:max(1, drill.max_samples)]
+    runner = _Runner(specs, alt, out, drill.timeout_s, progress, cfg)
+    result: dict[str, Any] = {"samples": len(samples), "stages": {}, "culprits": {}, "notes": notes}
+    report.drill = result
+    if len(part) < 2:
+        notes.append("drill: fewer than two replayable backends: no replay")
+        result.update(runs=0, seconds=round(time.perf_counter() - t0, 1))
+        return result
+
+    cuts = stage_cuts(model, manifest)
+    entry_anchors = sorted({e for c in cuts for e in c.entries})
+    by_name = {a.name: a for a in manifest.anchors}
+    feeds: list[dict[str, np.ndarray]] = []
+    cons = dict(consensus_samples(run_dir, entry_anchors, samples=samples, config=cfg))
+    for sid in samples:
+        f = dict(store.read_inputs(sid))
+        for a, arr in cons[sid].items():
+            f[by_name[a].value] = arr
+        feeds.append(f)
+    missing = [a for a in entry_anchors if any(by_name[a].value not in f for f in feeds)]
+    if missing:
+        notes.append(f"drill: no consensus at {', '.join(missing[:4])}: the stages they enter are not replayed")
+        cuts = [c for c in cuts if not set(c.entries) & set(missing)]
+
+    # 1. isolated stage replay: one model, every stage fed from the consensus
+    rmodel, rin, rout = replay_model(model, cuts, feeds[0])
+    rfeeds = [{new: f[v] for new, (_, v) in rin.items()} for f in feeds]
+    ralt = {b: replay_model(m, cuts, feeds[0])[0] for b, m in models.items()}
+    _, rrep = runner.run("replay", {None: rmodel, **ralt}, rfeeds, part)
+    if rrep.problems:
+        notes.append("drill: the stage replay could not be judged: " + "; ".join(rrep.problems)[:600])
+    departs_r = _departs_fn(rrep, cfg)
+    cells = _value_cells(rrep, {k: k for k in rout})
+    band = cfg.propagation_band
+    for b in part:
+        prof = []
+        prev_carried = None
+        for new, (k, anchor) in rout.items():
+            lc = cells.get(new, {}).get(b)
+            cc = report.cell(anchor, b)
+            peers = [c.primary for pb, c in cells.get(new, {}).items() if pb != b and c.primary is not None]
+            local = lc.primary if lc is not None else None
+            carried = cc.primary if cc is not None else None
+            if lc is not None and departs_r(lc):
+                role = "introduced"
+            elif cc is not None and cc.primary is not None and cc.peer_level is not None and \
+                    cc.primary > cfg.origin_k * cc.peer_level and cc.primary > cfg.origin_floor_fraction * cc.floor:
+                grew = prev_carried is not None and prev_carried > 0 and carried / prev_carried > band
+                role = "amplified" if grew else "carried"
+            else:
+                role = "clean"
+            prof.append({"stage": k, "anchor": anchor, "local": _f(local), "carried": _f(carried),
+                         "peers_local": _f(float(np.median(peers)) if peers else None), "role": role})
+            prev_carried = carried
+        result["stages"][b] = prof
+
+    # 2.-3. drill-down and repro for each flagged fp32 voter
+    from anpred.drill.repro import drill_stage
+
+    for b in part:
+        v = report.verdicts[b]
+        if not v.flagged:
+            continue
+        intro = [p["stage"] for p in result["stages"][b] if p["role"] == "introduced"]
+        k = intro[0] if intro else v.origin_stage
+        cut = next((c for c in cuts if c.index == k), None)
+        if cut is None:
+            notes.append(f"drill: {b}: origin stage {k} not replayable")
+            continue
+        try:
+            culprit = drill_stage(runner, model, models.get(b), cut, feeds, b, part, cfg, drill,
+                                  out / "repro" / b, out / f"stage-{b}")
+        except AnpredError as err:
+            notes.append(f"drill: {b}: {err}")
+            continue
+        culprit["stage"], culprit["backend"] = k, b
+        culprit["located_by"] = "replay" if intro else "traced origin"
+        result["culprits"][b] = culprit
+        v.culprit = culprit
+    result.update(runs=runner.runs, seconds=round(time.perf_counter() - t0, 1))
+    (out / "drill.json").write_text(json.dumps(result, indent=2, default=str))
+    return result
+
+
+def _f(x):
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)

@@ -1,0 +1,142 @@
+"""The drill-down (issue 19) on real runtimes: small CNNs holding real OpenVINO 2026.4.1 defects
+(Softplus far below zero; AveragePool with ceil_mode and count_include_pad) cut into few stages, so
+that the origin stage holds several operators: the culprit must be the defective node, its repro one
+node that, re-run alone, departs in OpenVINO only; a clean run gives no culprit and every backend's
+local error (each stage replayed alone from the consensus) at fp32 noise. Backends: ort, openvino,
+torch (onnx2torch, a converter: each subgraph converted anew) and onnx-reference."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from anpred.drill import DrillConfig, drill_run
+from anpred.instrument import instrument_model
+from anpred.judge import check_run
+from tests.test_check import _inputs, avgpool_cnn, make_run, plain_cnn, softplus_cnn
+
+BACKENDS = ["ort", "openvino", "torch", "onnx-reference"]
+
+
+def _coarse(build, stages):
+    """The test network of ``build`` re-instrumented into ``stages`` stages (the partition is redone;
+    the anchors of the finer one are dropped)."""
+    am, _ = build()
+    return instrument_model(am, stages=stages)
+
+
+@pytest.fixture(scope="module")
+def softplus_drill(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("drill-softplus")
+    am, man = _coarse(softplus_cnn, 2)
+    run = make_run(tmp, am, man, _inputs([1, 3, 16, 16], 4, 0), backends=BACKENDS)
+    rep = check_run(run)
+    res = drill_run(run, rep)
+    return run, rep, res, man
+
+
+def _rerun_repro(repro: Path, tmp: Path):
+    """Re-run a repro folder's model on the four backends (its inputs.npz) and judge it."""
+    from anpred.run import run_model
+
+    store = run_model(repro / "model.onnx", BACKENDS, repro / "inputs.npz", tmp, progress=False)
+    return check_run(store.root)
+
+
+def test_softplus_culprit_in_a_coarse_stage(softplus_drill, tmp_path):
+    run, rep, res, man = softplus_drill
+    assert rep.flagged_backends == ["openvino"]
+    v = rep.verdicts["openvino"]
+    # the origin stage holds conv, relu, conv, Softplus: the stage alone is too coarse
+    assert len(man.stages) == 2 and man.stages[v.origin_stage].num_nodes == 4
+    c = v.culprit
+    assert c["node"] == "softplus" and c["op_type"] == "Softplus" and c["stage"] == v.origin_stage
+    assert c["reproduced"] and c["scope"] == "operator"
+    assert c["local_nrmse"] > 0.05 and c["peers_nrmse"] < 1e-5  # OpenVINO returns 0 or -1.9e-6 there
+    assert res["culprits"] == {"openvino": c} and set(res["culprits"]) == set(rep.flagged_backends)
+    # stage replay: OpenVINO introduces the error in stage 0 and only carries it through stage 1
+    prof = {p["stage"]: p for p in res["stages"]["openvino"]}
+    assert prof[0]["role"] == "introduced" and prof[1]["role"] == "carried"
+    assert prof[1]["local"] < 1e-6 and prof[1]["carried"] > 10 * prof[1]["local"]  # stage 1 alone: clean
+    for b in ("ort", "torch", "onnx-reference"):
+        assert all(p["role"] == "clean" and p["local"] < 1e-5 for p in res["stages"][b]), res["stages"][b]
+    # the repro: one node, its real input values, the consensus and each backend's outputs
+    repro = Path(c["repro"])
+    import onnx
+
+    m = onnx.load(repro / "model.onnx")
+    assert [n.op_type for n in m.graph.node] == ["Softplus"]
+    x = np.load(repro / "inputs.npz")
+    (name,) = x.files
+    assert x[name].shape == (1, 8, 16, 16) and np.median(x[name]) < -10  # the values it received: far below 0
+    expected = np.load(repro / "expected.npz")
+    outs = {b: np.load(repro / "outputs" / f"{b}.npz") for b in BACKENDS}
+    (out,) = expected.files
+
+    def nrmse(a):
+        return float(np.linalg.norm(a - expected[out]) / np.linalg.norm(expected[out]))
+
+    assert nrmse(outs["openvino"][out]) > 0.05 and max(nrmse(outs[b][out]) for b in ("ort", "torch")) < 1e-5
+    assert "anpred test model.onnx --inputs inputs.npz" in (repro / "README.md").read_text()
+    # re-run alone: flagged in OpenVINO only
+    again = _rerun_repro(repro, tmp_path / "again")
+    assert again.flagged_backends == ["openvino"]
+
+
+def test_avgpool_culprit(tmp_path):
+    am, man = _coarse(avgpool_cnn, 2)
+    run = make_run(tmp_path, am, man, _inputs([1, 3, 8, 8], 4, 1), backends=BACKENDS)
+    rep = check_run(run)
+    assert rep.flagged_backends == ["openvino"]
+    res = drill_run(run, rep)
+    c = rep.verdicts["openvino"].culprit
+    assert c["node"] == "avgpool" and c["op_type"] == "AveragePool" and c["reproduced"] and c["scope"] == "operator"
+    import onnx
+
+    m = onnx.load(Path(c["repro"]) / "model.onnx")
+    (node,) = m.graph.node
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["ceil_mode"] == 1 and attrs["count_include_pad"] == 1 and list(attrs["pads"]) == [1, 1, 1, 1]
+    assert res["runs"] <= 4  # replay, one drill round, the repro (+1 when the operator's inputs were not exposed)
+
+
+def test_bisection_with_few_exposed_tensors(softplus_drill, tmp_path):
+    """A stage with more inner tensors than ``max_exposed`` is searched k-ary: same culprit, more rounds."""
+    run, rep, _, _ = softplus_drill
+    res = drill_run(run, rep, tmp_path / "d", drill=DrillConfig(max_exposed=2, max_samples=2))
+    c = res["culprits"]["openvino"]
+    assert c["node"] == "softplus" and c["rounds"] >= 2 and c["reproduced"]
+    assert all(p["exposed"] <= 2 for p in c["path"])
+
+
+def test_clean_run_has_no_culprit_and_local_error_at_noise(tmp_path):
+    am, man = _coarse(plain_cnn, 3)
+    run = make_run(tmp_path, am, man, _inputs([1, 3, 32, 32], 4, 2), backends=BACKENDS)
+    rep = check_run(run)
+    assert rep.flagged_backends == []
+    res = drill_run(run, rep)
+    assert res["culprits"] == {} and all(v.culprit is None for v in rep.verdicts.values())
+    assert res["runs"] == 1  # the replay only: nothing to drill
+    for b, prof in res["stages"].items():
+        assert len(prof) == len(man.stages)
+        for p in prof:  # fp32 noise: nonzero, below the anchor's floor
+            floor = rep.cell(p["anchor"], b).floor
+            assert p["role"] == "clean" and 0 <= p["local"] < floor, (b, p, floor)
+            assert p["local"] < 1e-5
+
+
+def test_cli_check_drill_writes_culprit(softplus_drill, tmp_path):
+    run, _, _, _ = softplus_drill
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "-m", "anpred", "check", str(run), "--drill", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert "culprit openvino: Softplus 'softplus'" in p.stdout
+    d = json.loads(out.read_text())
+    assert d["verdicts"]["openvino"]["culprit"]["node"] == "softplus"
+    assert d["verdicts"]["ort"]["culprit"] is None and d["drill"]["stages"]["openvino"][0]["role"] == "introduced"
