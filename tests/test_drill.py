@@ -140,3 +140,52 @@ def test_cli_check_drill_writes_culprit(softplus_drill, tmp_path):
     d = json.loads(out.read_text())
     assert d["verdicts"]["openvino"]["culprit"]["node"] == "softplus"
     assert d["verdicts"]["ort"]["culprit"] is None and d["drill"]["stages"]["openvino"][0]["role"] == "introduced"
+
+
+def _if_softplus_cnn():
+    """conv -> If(mean(x) > -1e9, computed: always true) whose branches compute Softplus(t - 15) and
+    Softplus(t - 16) -> conv: OpenVINO's Softplus defect inside a subgraph-bearing operator."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    from tests.test_check import _conv
+
+    rng = np.random.default_rng(5)
+    c0, i0 = _conv("c0", "x", "t0", 3, 8, rng)
+    c1, i1 = _conv("c1", "sp", "y", 8, 4, rng)
+
+    def branch(name, shift):
+        k = nh.from_array(np.array(shift, np.float32), f"{name}.k")
+        return h.make_graph([h.make_node("Sub", ["t0", k.name], [f"{name}.s"], name=f"{name}.sub"),
+                             h.make_node("Softplus", [f"{name}.s"], [f"{name}.o"], name=f"{name}.softplus")],
+                            name, [], [h.make_tensor_value_info(f"{name}.o", T.FLOAT, [1, 8, 16, 16])], [k])
+
+    lim = nh.from_array(np.array(-1e9, np.float32), "lim")
+    nodes = [c0, h.make_node("ReduceMean", ["t0"], ["m"], name="mean", keepdims=0),
+             h.make_node("Greater", ["m", "lim"], ["cond"], name="gt"),
+             h.make_node("If", ["cond"], ["sp"], name="branchy", then_branch=branch("then", 15.0),
+                         else_branch=branch("else", 16.0)), c1]
+    g = h.make_graph(nodes, "if_softplus", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 16, 16])], i0 + i1 + [lim])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return instrument_model(m, stages=1, anchors=["sp"])  # one stage: conv, mean, greater, If
+
+
+def test_culprit_inside_an_if_body(tmp_path):
+    """The defect sits in an If's branch: the drill finds the If, inlines it one level down and names
+    the branch's Softplus; the repro is that Softplus alone, reproduced."""
+    am, man = _if_softplus_cnn()
+    run = make_run(tmp_path, am, man, _inputs([1, 3, 16, 16], 3, 4), backends=BACKENDS)
+    rep = check_run(run)
+    assert rep.flagged_backends == ["openvino"], rep.flagged_backends
+    res = drill_run(run, rep)
+    c = res["culprits"]["openvino"]
+    assert c["body_of"] == "branchy" and c["op_type"] == "Softplus" and c["node"] == "branchy/then/then.softplus"
+    assert [p["first"] for p in c["path"]][0] == "sp" and c["reproduced"] and c["scope"] == "operator"
+    import onnx
+
+    assert [n.op_type for n in onnx.load(Path(c["repro"]) / "model.onnx").graph.node] == ["Softplus"]

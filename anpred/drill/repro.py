@@ -46,6 +46,11 @@ def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]
                 peers: list[str], cfg, drill, repro_dir: Path, work: Path) -> dict[str, Any]:
     """Find the first operator of stage ``cut`` whose output ``backend`` departs at, and its repro.
 
+    When that operator bears subgraphs (``If``, ``Loop``), its bodies are inlined into the stage
+    (:class:`passes.control_flow.ControlFlowInlinePass`: a computed ``If`` condition becomes a
+    ``Where`` over both branches, a ``Loop`` with a constant trip count is unrolled) and the search
+    goes on among the inlined operators, one level down.
+
     Args:
         runner: the drill's :class:`anpred.drill.drill._Runner`.
         model: the run's anchored model; ``own_model``: the model ``backend`` ran, when its own.
@@ -61,8 +66,7 @@ def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]
     Raises:
         AnpredError: the deviation does not show in the stage replayed alone (no operator departs).
     """
-    from anpred.drill.drill import _departs_fn, _value_cells
-    from anpred.drill.graphs import expose, extract, producers, topo_values
+    from anpred.drill.graphs import extract, producers, topo_values
 
     runner_out = runner.out
     runner.out = work
@@ -73,61 +77,121 @@ def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]
         sub = extract(model, sfeeds[0], outs)
         own = extract(own_model, sfeeds[0], outs) if own_model is not None else None
         cands = topo_values(sub, exclude=set(ins))
-        if own is not None:
-            have = {v for n in own.graph.node for v in n.output}
-            cands = [v for v in cands if v in have]
-        prod = producers(sub)
-        lo, hi, rounds, path = 0, len(cands), 0, []
-        last_rep = None
-        exposed_all: list[str] = []
-        while True:
-            idx = _spread(cands, lo, hi, max(2, drill.max_exposed))
-            vals = [cands[i] for i in idx]
-            models = {None: expose(sub, vals)}
-            if own is not None:
-                models[backend] = expose(own, vals)
-            rounds += 1
-            run_dir, rep = runner.run(f"round{rounds}", models, sfeeds, peers)
-            departs = _departs_fn(rep, cfg)
-            cells = _value_cells(rep, {v: v for v in vals})
-            first = next((j for j, v in enumerate(vals) if departs(cells[v].get(backend))), None)
-            if first is None:
-                raise AnpredError(f"stage {cut.index} replayed alone from the consensus: {backend} departs from "
-                                  f"its peers at none of its {len(vals)} exposed tensors (the deviation needs "
-                                  "more than this stage: fusion across stages, or the error it received)")
-            path.append({"round": rounds, "exposed": len(vals), "first": vals[first],
-                         "op_type": prod[vals[first]].op_type})
-            contiguous = idx == list(range(lo, hi))
-            last_rep, exposed_all = (run_dir, rep), vals
-            if contiguous or first == 0 and idx[0] == lo:
-                culprit_val = vals[first]
-                break
-            lo, hi = (idx[first - 1] + 1 if first > 0 else lo), idx[first] + 1
-        node = prod[culprit_val]
-        cell = _value_cells(last_rep[1], {culprit_val: culprit_val})[culprit_val]
+        search = _Search(runner, backend, peers, cfg, drill, sfeeds)
+        val, last = search.run(sub, own, cands, f"stage {cut.index}")
+        node = producers(sub)[val]
+        body_of = None
+        if node.op_type in ("If", "Loop", "Scan"):  # one level further: into its bodies
+            inner = _inlined(sub, own, node)
+            if inner is not None:
+                sub2, own2 = inner
+                label = node.name or node.output[0]
+                body = [v for v in topo_values(sub2, exclude=set(ins))
+                        if producers(sub2)[v].name.startswith(label + "/")]
+                if body:
+                    val2, last2 = search.run(sub2, own2, body, f"{node.op_type} {label} inlined")
+                    if producers(sub2)[val2].name.startswith(label + "/"):
+                        body_of, sub, own, val, last = label, sub2, own2, val2, last2
+                        node = producers(sub)[val]
+        cell = _value_cells(last[1], {val: val})[val]
         mine = cell.get(backend)
         others = [c.stats.nrmse for b, c in cell.items() if b != backend and c.stats is not None]
         culprit = {"node": node.name, "op_type": node.op_type, "domain": node.domain or "ai.onnx",
-                   "output": culprit_val,
+                   "output": val, "body_of": body_of,
                    "local_nrmse": float(mine.stats.nrmse) if mine is not None else None,
                    "peers_nrmse": float(np.median(others)) if others else None,
-                   "rounds": rounds, "path": path, "stage_nodes": len(sub.graph.node)}
-        culprit.update(_repro(runner, model, own_model, node, culprit_val, last_rep, exposed_all, sub, own,
-                              sfeeds, ins, backend, peers, cfg, repro_dir))
+                   "rounds": search.rounds, "path": search.path, "stage_nodes": len(sub.graph.node)}
+        culprit.update(_repro(runner, node, val, last, search.exposed, sub, own, sfeeds, ins, backend, peers,
+                              cfg, repro_dir))
         return culprit
     finally:
         runner.out = runner_out
 
 
-def _repro(runner, model, own_model, node, out_val, last_rep, exposed, sub, own, sfeeds, ins, backend, peers,
+def _value_cells(rep, values):
+    from anpred.drill.drill import _value_cells as vc
+
+    return vc(rep, values)
+
+
+def _inlined(sub, own, node):
+    """``(sub, own)`` with ``node``'s control flow inlined (:class:`passes.control_flow.ControlFlowInlinePass`),
+    or None when the pass keeps it (e.g. branches of different shapes, a data-dependent trip count)."""
+    import onnx
+
+    from passes.control_flow import ControlFlowInlinePass
+
+    label = node.name or node.output[0]
+    out = []
+    for m in (sub, own):
+        if m is None:
+            out.append(None)
+            continue
+        c = onnx.ModelProto()
+        c.CopyFrom(m)
+        res = ControlFlowInlinePass()(c)
+        if label not in res.info.get("inlined", []):
+            return None
+        out.append(res.model)
+    return out[0], out[1]
+
+
+class _Search:
+    """The k-ary search for the first departing tensor among candidates (module docstring)."""
+
+    def __init__(self, runner, backend, peers, cfg, drill, sfeeds):
+        self.runner, self.backend, self.peers, self.cfg, self.drill = runner, backend, peers, cfg, drill
+        self.sfeeds = sfeeds
+        self.rounds = 0
+        self.path: list[dict[str, Any]] = []
+        self.exposed: list[str] = []
+
+    def run(self, sub, own, cands: list[str], where: str):
+        """``(culprit value, (run_dir, report) of the last round)``.
+
+        Raises:
+            AnpredError: the backend departs at no candidate."""
+        from anpred.drill.drill import _departs_fn
+        from anpred.drill.graphs import expose, producers
+
+        prod = producers(sub)
+        if own is not None:
+            have = {v for n in own.graph.node for v in n.output}
+            cands = [v for v in cands if v in have]
+        lo, hi = 0, len(cands)
+        while True:
+            idx = _spread(cands, lo, hi, max(2, self.drill.max_exposed))
+            vals = [cands[i] for i in idx]
+            models = {None: expose(sub, vals)}
+            if own is not None:
+                models[self.backend] = expose(own, vals)
+            self.rounds += 1
+            run_dir, rep = self.runner.run(f"round{self.rounds}", models, self.sfeeds, self.peers)
+            departs = _departs_fn(rep, self.cfg)
+            cells = _value_cells(rep, {v: v for v in vals})
+            first = next((j for j, v in enumerate(vals) if departs(cells[v].get(self.backend))), None)
+            if first is None:
+                raise AnpredError(f"{where} replayed alone from the consensus: {self.backend} departs from its "
+                                  f"peers at none of its {len(vals)} exposed tensors (the deviation needs more "
+                                  "than this stage: fusion across stages, or the error it received)")
+            self.path.append({"round": self.rounds, "where": where, "exposed": len(vals), "first": vals[first],
+                              "op_type": prod[vals[first]].op_type})
+            self.exposed = vals
+            if idx == list(range(lo, hi)) or (first == 0 and idx[0] == lo):
+                return vals[first], (run_dir, rep)
+            lo, hi = (idx[first - 1] + 1 if first > 0 else lo), idx[first] + 1
+
+
+def _repro(runner, node, out_val, last_rep, exposed, sub, own, sfeeds, ins, backend, peers,
            cfg, repro_dir: Path) -> dict[str, Any]:
-    """Write and verify the repro of ``node`` (module docstring). Returns the culprit's repro keys."""
-    from anpred.drill.drill import _departs_fn, _value_cells
+    """Write and verify the repro of ``node`` (module docstring), cut out of the stage's subgraph
+    ``sub`` (``own``: the backend's own version). Returns the culprit's repro keys."""
+    from anpred.drill.drill import _departs_fn
     from anpred.drill.feed import backend_samples, consensus_samples
     from anpred.drill.graphs import expose, extract
 
     run_dir, rep = last_rep
-    inits = {t.name for t in model.graph.initializer}
+    inits = {t.name for t in sub.graph.initializer}
     consts = {v for n in sub.graph.node if n.op_type == "Constant" for v in n.output}
     node_ins = [v for v in node.input if v and v not in inits and v not in consts]
     need = [v for v in node_ins if v not in ins and v not in exposed]
@@ -156,8 +220,8 @@ def _repro(runner, model, own_model, node, out_val, last_rep, exposed, sub, own,
     repro_dir = Path(repro_dir)
     for scope, inputs in tries:
         try:
-            m = extract(model, inputs, list(node.output[:1]))
-            mo = extract(own_model, inputs, list(node.output[:1])) if own_model is not None else None
+            m = extract(sub, inputs, list(node.output[:1]))
+            mo = extract(own, inputs, list(node.output[:1])) if own is not None else None
         except AnpredError:
             continue
         models = {None: m, **({backend: mo} if mo is not None else {})}

@@ -212,7 +212,7 @@ def _drill(report) -> list[str]:
            "operator whose output departs from the peers, and its standalone repro.</p>"]
     for b, c in (d.get("culprits") or {}).items():
         steps = " &rarr; ".join([f"stage {e(str(c.get('stage')))} ({c.get('stage_nodes')} operators)"] +
-                                [f"round {p['round']}: {p['exposed']} tensors exposed, first departing "
+                                [f"round {p['round']} ({e(p.get('where', ''))}): {p['exposed']} tensors exposed, first departing "
                                  f"<code>{e(p['first'])}</code> ({e(p['op_type'])})" for p in c.get("path", [])] +
                                 [f"<b>{e(c['op_type'])} <code>{e(c['node'])}</code></b>"])
         rep = (f"repro <code>{e(str(c['repro']))}</code> (re-run, reproduced; scope {e(str(c.get('scope')))})"
@@ -221,7 +221,6 @@ def _drill(report) -> list[str]:
                    f"{_fmt(c.get('peers_nrmse'))}; {rep}</p>")
     stages = d.get("stages") or {}
     if stages:
-        anchors = [p["anchor"] for p in next(iter(stages.values()))]
         out.append("<table><tr><th>backend</th>" + "".join(f"<th>s{p['stage']} {e(p['anchor'])}<br>local / carried</th>"
                                                           for p in next(iter(stages.values()))) + "</tr>")
         for b, prof in stages.items():
@@ -229,7 +228,6 @@ def _drill(report) -> list[str]:
                 f"<td class='{'flag' if p['role'] == 'introduced' else ''}'>{_fmt(p['local'])} / {_fmt(p['carried'])}"
                 f" ({e(p['role'])})</td>" for p in prof) + "</tr>")
         out.append("</table>")
-        del anchors
     out.extend(f"<p class='small'>{e(n)}</p>" for n in d.get("notes") or [])
     return out
 

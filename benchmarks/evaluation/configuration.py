@@ -88,6 +88,11 @@ def run_fault_backend(store, model_path: str | Path, *, backend: str = "ort", la
         st.dtypes = {k: str(np.asarray(v).dtype) for k, v in next(iter(out.values()), {}).items()}
         st.anchors_captured = len(next(iter(out.values()), {}))
         st.status = "ok"
+        # how to run it again (the drill-down, anpred.drill, re-runs it on subgraphs): the backend, its
+        # own model, its family
+        store.meta.setdefault("backend_specs", {})[label] = {
+            "name": backend, "options": {"model": str(Path(model_path).resolve()), "family": family}}
+        store.save_meta()
     except Exception as err:  # noqa: BLE001 - becomes the backend's status, as in the run driver
         st.status, st.reason = "failed", f"{type(err).__name__}: {err}"[:1500]
         out = {}
