@@ -88,6 +88,7 @@ def test_softplus_culprit_in_a_coarse_stage(softplus_drill, tmp_path):
     assert again.flagged_backends == ["openvino"]
 
 
+@pytest.mark.slow  # ~20 s; the Softplus case covers the same path in the default run
 def test_avgpool_culprit(tmp_path):
     am, man = _coarse(avgpool_cnn, 2)
     run = make_run(tmp_path, am, man, _inputs([1, 3, 8, 8], 4, 1), backends=BACKENDS)
@@ -105,6 +106,7 @@ def test_avgpool_culprit(tmp_path):
     assert res["runs"] <= 4  # replay, one drill round, the repro (+1 when the operator's inputs were not exposed)
 
 
+@pytest.mark.slow
 def test_bisection_with_few_exposed_tensors(softplus_drill, tmp_path):
     """A stage with more inner tensors than ``max_exposed`` is searched k-ary: same culprit, more rounds."""
     run, rep, _, _ = softplus_drill
@@ -175,6 +177,7 @@ def _if_softplus_cnn():
     return instrument_model(m, stages=1, anchors=["sp"])  # one stage: conv, mean, greater, If
 
 
+@pytest.mark.slow
 def test_culprit_inside_an_if_body(tmp_path):
     """The defect sits in an If's branch: the drill finds the If, inlines it one level down and names
     the branch's Softplus; the repro is that Softplus alone, reproduced."""
@@ -189,3 +192,21 @@ def test_culprit_inside_an_if_body(tmp_path):
     import onnx
 
     assert [n.op_type for n in onnx.load(Path(c["repro"]) / "model.onnx").graph.node] == ["Softplus"]
+
+
+def test_anpred_test_drill_writes_repro_in_the_report_folder(tmp_path):
+    """``anpred test MODEL --drill``: the drill runs in the partial folder; the culprit and its repro
+    are named at their final place and the repro folder is there."""
+    import anpred
+    from pipeline_factories import softplus_onnx
+
+    out = tmp_path / "report"
+    res = anpred.test(str(softplus_onnx(tmp_path / "m.onnx")), out=out, backends=BACKENDS, samples=2, stages=2,
+                      quiet=True, drill=True)
+    c = res.report.verdicts["openvino"].culprit
+    assert c["node"] == "softplus" and c["reproduced"]
+    assert Path(c["repro"]) == out / "drill" / "repro" / "openvino" and (Path(c["repro"]) / "model.onnx").is_file()
+    d = json.loads((out / "report.json").read_text())
+    assert d["verdicts"]["openvino"]["culprit"]["repro"] == str(out / "drill" / "repro" / "openvino")
+    assert "culprit openvino: Softplus 'softplus'" in res.format_text()
+    assert res.seconds["drill"] > 0
