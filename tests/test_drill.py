@@ -86,6 +86,13 @@ def test_softplus_culprit_in_a_coarse_stage(softplus_drill, tmp_path):
     # re-run alone: flagged in OpenVINO only
     again = _rerun_repro(repro, tmp_path / "again")
     assert again.flagged_backends == ["openvino"]
+    assert c["flagged_in_repro"]
+    # the README's command, verbatim, from the repro folder: exit status 1 (openvino flagged)
+    readme = (repro / "README.md").read_text()
+    cmd = next(line.strip() for line in readme.splitlines() if line.strip().startswith("anpred test "))
+    p = subprocess.run([sys.executable, "-m", "anpred", *cmd.split()[1:]], cwd=repro, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 1 and "FLAGGED" in p.stdout, (p.returncode, p.stdout[-1500:], p.stderr[-1500:])
 
 
 @pytest.mark.slow  # ~20 s; the Softplus case covers the same path in the default run
@@ -104,6 +111,8 @@ def test_avgpool_culprit(tmp_path):
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     assert attrs["ceil_mode"] == 1 and attrs["count_include_pad"] == 1 and list(attrs["pads"]) == [1, 1, 1, 1]
     assert res["runs"] <= 4  # replay, one drill round, the repro (+1 when the operator's inputs were not exposed)
+    again = _rerun_repro(Path(c["repro"]), tmp_path / "again")
+    assert again.flagged_backends == ["openvino"]  # the one-node repro, alone: OpenVINO only
 
 
 @pytest.mark.slow
@@ -141,6 +150,7 @@ def test_cli_check_drill_writes_culprit(softplus_drill, tmp_path):
     assert "culprit openvino: Softplus 'softplus'" in p.stdout
     d = json.loads(out.read_text())
     assert d["verdicts"]["openvino"]["culprit"]["node"] == "softplus"
+    assert d["verdicts"]["openvino"]["stage_roles"]["anchor/00/sp"] == "introduced"
     assert d["verdicts"]["ort"]["culprit"] is None and d["drill"]["stages"]["openvino"][0]["role"] == "introduced"
 
 
@@ -210,3 +220,47 @@ def test_anpred_test_drill_writes_repro_in_the_report_folder(tmp_path):
     assert d["verdicts"]["openvino"]["culprit"]["repro"] == str(out / "drill" / "repro" / "openvino")
     assert "culprit openvino: Softplus 'softplus'" in res.format_text()
     assert res.seconds["drill"] > 0
+    assert ".partial" not in (out / "drill" / "drill.json").read_text()  # named at the final place
+    page = (out / "report.html").read_text()
+    assert "<h2>Drill-down</h2>" in page and "Softplus <code>softplus</code>" in page and "(introduced)" in page
+
+
+@pytest.mark.slow
+def test_bisection_follows_the_ancestors_on_a_branching_stage(tmp_path):
+    """Regression (review): with two branches joined by an Add and 2 tensors exposed per round, the
+    search once narrowed to the interval before the first departing tensor and named the Mul that only
+    carried the error (and a "stage prefix" repro hid it). It must follow the departing tensor's
+    ancestors and name the Softplus, with a one-operator repro."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    from tests.test_check import _conv
+
+    rng = np.random.default_rng(0)
+    c1, i1 = _conv("c1", "x", "a0", 3, 3, rng, bias=-15.0, scale=0.3)
+    nodes = [c1, h.make_node("Softplus", ["a0"], ["a1"], name="A1_softplus"),
+             h.make_node("Relu", ["x"], ["b1"], name="B1"), h.make_node("Neg", ["b1"], ["b2"], name="B2"),
+             h.make_node("Abs", ["b2"], ["b3"], name="B3"), h.make_node("Mul", ["a1", "big"], ["a2"], name="A2_mul"),
+             h.make_node("Add", ["a2", "b3"], ["y"], name="J")]
+    g = h.make_graph(nodes, "branchy", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 3, 16, 16])],
+                     i1 + [nh.from_array(np.array(1e6, np.float32), "big")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    am, man = instrument_model(m, stages=1)
+    run = make_run(tmp_path, am, man, _inputs([1, 3, 16, 16], 3, 0), backends=BACKENDS)
+    rep = check_run(run)
+    assert rep.flagged_backends == ["openvino"]
+    res = drill_run(run, rep, tmp_path / "d", drill=DrillConfig(max_exposed=2, max_samples=2))
+    c = res["culprits"]["openvino"]
+    assert c["node"] == "A1_softplus" and c["scope"] == "operator" and c["reproduced"], c
+    assert c["path"][-1]["candidates"] <= 2 and c["rounds"] >= 2
+
+
+def test_drill_refuses_the_threshold_oracle(softplus_drill):
+    run, _, _, _ = softplus_drill
+    p = subprocess.run([sys.executable, "-m", "anpred", "check", str(run), "--drill", "--oracle", "threshold"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "--drill needs the consensus oracle" in p.stderr

@@ -54,6 +54,11 @@ def main(args) -> int:
     from anpred.judge import check_run
     from anpred.report import format_text, write_html, write_json
 
+    if args.drill and args.oracle == "threshold":
+        from anpred.errors import AnpredError
+
+        raise AnpredError("--drill needs the consensus oracle (--oracle consensus or both): the drill-down "
+                          "judges every replay against the consensus of the backends")
     rep = check_run(args.run_dir, oracle=args.oracle, atol=args.atol, rtol=args.rtol,
                     reference=args.reference, config=args.config, allow_incomplete=args.allow_incomplete)
     if args.drill and rep.status != "error" and rep.oracle in ("consensus", "both"):

@@ -192,7 +192,7 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
         mpath = Path(store.meta.get("model", {}).get("path", ""))
     if not mpath.is_file():
         raise AnpredError(f"{run_dir}: the run's model is not available (no model.onnx in the run folder)")
-    out = Path(out_dir) if out_dir is not None else Path(store.root) / "drill"
+    out = (Path(out_dir) if out_dir is not None else Path(store.root) / "drill").absolute()
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -244,27 +244,29 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
     departs_r = _departs_fn(rrep, cfg)
     cells = _value_cells(rrep, {k: k for k in rout})
     band = cfg.propagation_band
+    entries_of = {c.index: c.entries for c in cuts}
     for b in part:
         prof = []
-        prev_carried = None
         for new, (k, anchor) in rout.items():
             lc = cells.get(new, {}).get(b)
             cc = report.cell(anchor, b)
             peers = [c.primary for pb, c in cells.get(new, {}).items() if pb != b and c.primary is not None]
             local = lc.primary if lc is not None else None
             carried = cc.primary if cc is not None else None
+            # what the stage received: the largest carried error at its entry anchors
+            got = [x.primary for e in entries_of.get(k, []) if (x := report.cell(e, b)) is not None and x.primary]
             if lc is not None and departs_r(lc):
                 role = "introduced"
             elif cc is not None and cc.primary is not None and cc.peer_level is not None and \
                     cc.primary > cfg.origin_k * cc.peer_level and cc.primary > cfg.origin_floor_fraction * cc.floor:
-                grew = prev_carried is not None and prev_carried > 0 and carried / prev_carried > band
-                role = "amplified" if grew else "carried"
+                role = "amplified" if got and carried / max(got) > band else "carried"
             else:
                 role = "clean"
             prof.append({"stage": k, "anchor": anchor, "local": _f(local), "carried": _f(carried),
+                         "received": _f(max(got) if got else None),
                          "peers_local": _f(float(np.median(peers)) if peers else None), "role": role})
-            prev_carried = carried
         result["stages"][b] = prof
+        _use_roles(report.verdicts.get(b), prof, notes, b)
 
     # 2.-3. drill-down and repro for each flagged fp32 voter
     from anpred.drill.repro import drill_stage
@@ -292,6 +294,28 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
     result.update(runs=runner.runs, seconds=round(time.perf_counter() - t0, 1))
     (out / "drill.json").write_text(json.dumps(result, indent=2, default=str))
     return result
+
+
+def _use_roles(v, prof: list[dict[str, Any]], notes: list[str], b: str) -> None:
+    """The replay's roles in the backend's verdict: ``v.stage_roles`` (anchor -> role), and each
+    propagation step into an anchor whose stage introduced a deviation of its own reads
+    ``introduced`` (born there) instead of amplified/stable/appeared (what it received, grown)."""
+    if v is None:
+        return
+    roles = {p["anchor"]: p["role"] for p in prof}
+    v.stage_roles = roles
+    for st in v.steps:
+        if roles.get(st.dst) == "introduced" and st.kind in ("amplified", "stable", "appeared", "attenuated"):
+            st.kind = "introduced"
+    if v.flagged:
+        intro = [p for p in prof if p["role"] == "introduced"]
+        if intro and intro[0]["stage"] != v.origin_stage:
+            notes.append(f"drill: {b}: the stage replay finds the deviation introduced in stage {intro[0]['stage']} "
+                         f"(local {intro[0]['local']:.3g} vs peers {intro[0]['peers_local'] or 0:.3g}), the traced "
+                         f"origin is stage {v.origin_stage}")
+        if len(intro) > 1:
+            notes.append(f"drill: {b}: deviations introduced in {len(intro)} stages "
+                         f"({', '.join(str(p['stage']) for p in intro)}), not only carried from the first")
 
 
 def _f(x):

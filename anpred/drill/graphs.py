@@ -19,7 +19,7 @@ import numpy as np
 
 from anpred.errors import GraphError
 
-__all__ = ["StageCut", "stage_cuts", "extract", "replay_model", "expose", "producers", "topo_values",
+__all__ = ["StageCut", "stage_cuts", "extract", "replay_model", "expose", "producers", "ancestors_of", "topo_values",
            "MANIFEST_KEY"]
 
 MANIFEST_KEY = "anpred.manifest"
@@ -223,6 +223,25 @@ def topo_values(sub, exclude: set[str] = frozenset()) -> list[str]:
             if v and v not in exclude and types.get(v, (1, None))[0] in FLOAT_TYPES:
                 out.append(v)
     return out
+
+
+def ancestors_of(sub, value: str) -> set[str]:
+    """Every value computed by a node of ``sub`` upstream of ``value`` (subgraph bodies' outer
+    references included): a backward walk, linear in the size of the graph."""
+    from passes.graph import _subgraph_outer_refs
+
+    prod = producers(sub)
+    seen: set[str] = set()
+    todo = [value]
+    while todo:
+        n = prod.get(todo.pop())
+        if n is None:
+            continue
+        for x in list(n.input) + _subgraph_outer_refs(n):
+            if x and x in prod and x not in seen:
+                seen.add(x)
+                todo.append(x)
+    return seen
 
 
 def producers(sub) -> dict[str, Any]:

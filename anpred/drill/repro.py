@@ -147,20 +147,26 @@ class _Search:
         self.exposed: list[str] = []
 
     def run(self, sub, own, cands: list[str], where: str):
-        """``(culprit value, (run_dir, report) of the last round)``.
+        """``(culprit value, (run_dir, report) of the last round)``: the first departing value (topological
+        order) none of whose ancestors among ``cands`` departs.
+
+        Each round exposes at most ``max_exposed`` candidates, evenly spread; the next round keeps only
+        the ancestors of the first departing exposed value (the value itself included) that were not
+        seen not to depart, so a departing value on another branch than the cause is never taken for
+        it. When every remaining candidate is exposed, the first departing one is the culprit: its
+        inputs are entries (consensus) or candidates that do not depart.
 
         Raises:
             AnpredError: the backend departs at no candidate."""
         from anpred.drill.drill import _departs_fn
-        from anpred.drill.graphs import expose, producers
+        from anpred.drill.graphs import ancestors_of, expose, producers
 
         prod = producers(sub)
         if own is not None:
             have = {v for n in own.graph.node for v in n.output}
             cands = [v for v in cands if v in have]
-        lo, hi = 0, len(cands)
         while True:
-            idx = _spread(cands, lo, hi, max(2, self.drill.max_exposed))
+            idx = _spread(cands, 0, len(cands), max(2, self.drill.max_exposed))
             vals = [cands[i] for i in idx]
             models = {None: expose(sub, vals)}
             if own is not None:
@@ -174,12 +180,15 @@ class _Search:
                 raise AnpredError(f"{where} replayed alone from the consensus: {self.backend} departs from its "
                                   f"peers at none of its {len(vals)} exposed tensors (the deviation needs more "
                                   "than this stage: fusion across stages, or the error it received)")
-            self.path.append({"round": self.rounds, "where": where, "exposed": len(vals), "first": vals[first],
-                              "op_type": prod[vals[first]].op_type})
+            f = vals[first]
+            self.path.append({"round": self.rounds, "where": where, "exposed": len(vals), "first": f,
+                              "op_type": prod[f].op_type, "candidates": len(cands)})
             self.exposed = vals
-            if idx == list(range(lo, hi)) or (first == 0 and idx[0] == lo):
-                return vals[first], (run_dir, rep)
-            lo, hi = (idx[first - 1] + 1 if first > 0 else lo), idx[first] + 1
+            if len(vals) == len(cands):
+                return f, (run_dir, rep)
+            clean = set(vals[:first]) | {v for v in vals[first + 1:] if not departs(cells[v].get(self.backend))}
+            keep = ancestors_of(sub, f) | {f}
+            cands = [v for v in cands if v in keep and v not in clean]
 
 
 def _repro(runner, node, out_val, last_rep, exposed, sub, own, sfeeds, ins, backend, peers,
@@ -220,8 +229,8 @@ def _repro(runner, node, out_val, last_rep, exposed, sub, own, sfeeds, ins, back
     repro_dir = Path(repro_dir)
     for scope, inputs in tries:
         try:
-            m = extract(sub, inputs, list(node.output[:1]))
-            mo = extract(own, inputs, list(node.output[:1])) if own is not None else None
+            m = extract(sub, inputs, [out_val])
+            mo = extract(own, inputs, [out_val]) if own is not None else None
         except AnpredError:
             continue
         models = {None: m, **({backend: mo} if mo is not None else {})}
@@ -230,12 +239,18 @@ def _repro(runner, node, out_val, last_rep, exposed, sub, own, sfeeds, ins, back
         cells = _value_cells(rrep, {out_val: out_val})[out_val]
         flagged_peers = [b for b in rrep.flagged_backends if b != backend]
         if departs(cells.get(backend)) and not flagged_peers:
-            _write(repro_dir, m, mo, inputs, rdir, rrep, backend, peers, node, scope, cells)
-            return {"repro": str(repro_dir), "reproduced": True, "scope": scope}
-    return {"repro": None, "reproduced": False, "scope": None}
+            flagged = backend in rrep.flagged_backends
+            _write(repro_dir, m, mo, inputs, rdir, rrep, backend, peers, node, scope, cells, flagged,
+                   runner.specs[backend].name)
+            return {"repro": str(repro_dir), "reproduced": True, "scope": scope, "flagged_in_repro": flagged}
+    return {"repro": None, "reproduced": False, "scope": None, "flagged_in_repro": False}
 
 
-def _write(repro_dir: Path, m, mo, inputs, rdir, rrep, backend, peers, node, scope, cells) -> None:
+def _write(repro_dir: Path, m, mo, inputs, rdir, rrep, backend, peers, node, scope, cells, flagged: bool,
+           registry_name: str) -> None:
+    import json
+
+    from anpred.defaults import OracleConfig
     from anpred.drill.feed import backend_samples, consensus_samples
     from anpred.onnx_io import save_model
 
@@ -255,15 +270,37 @@ def _write(repro_dir: Path, m, mo, inputs, rdir, rrep, backend, peers, node, sco
             np.savez(repro_dir / "outputs" / f"{b}.npz", **{values[a]: x for a, x in t.items()})
     mine = cells.get(backend)
     others = sorted(f"{b} {c.primary:.3g}" for b, c in cells.items() if b != backend)
-    cmd = (f"anpred test model.onnx --inputs inputs.npz --backends {','.join(peers)} --stages 1 "
+    # the oracle settings the repro was verified with, when they are not the defaults
+    defaults = OracleConfig().to_dict()
+    changed = {k: v for k, v in rrep.config.items() if k in defaults and v != defaults[k]}
+    cfg_opt = ""
+    if changed:
+        (repro_dir / "oracle.json").write_text(json.dumps(changed, indent=1))
+        cfg_opt = " --config oracle.json"
+    cmd = (f"anpred test model.onnx --inputs inputs.npz --backends {','.join(peers)} --stages 1{cfg_opt} "
            f"-o rerun --overwrite")
-    own = (f"\n{backend} ran its own version of the model: `model.{backend}.onnx` (give it to {backend} "
-           "with `anpred run`'s Python API, `BackendSpec(..., options={'model': ...})`).\n") if mo is not None else ""
+    ratio = (mine.primary / mine.peer_level) if mine.peer_level else float("inf")
+    if mo is not None:
+        rerun = (f"{backend} ran its own version of the model: `model.{backend}.onnx`. The command below runs "
+                 f"`model.onnx` on every backend (no deviation expected); to reproduce, give {backend} its model "
+                 "through the Python API:\n\n    python -c \"from anpred.run import BackendSpec, run_model; "
+                 f"from anpred.judge import check_run; s = run_model('model.onnx', [*{[p for p in peers if p != backend]!r}, "
+                 f"BackendSpec({registry_name!r}, {backend!r}, "
+                 f"{{'model': 'model.{backend}.onnx'}})], 'inputs.npz', 'rerun', overwrite=True); "
+                 "print(check_run(s.root).flagged_backends)\"\n\n")
+    else:
+        rerun = ""
+    if flagged:
+        rerun += f"Rerun (exit status 1 while {backend} is flagged):\n\n    {cmd}\n"
+    else:
+        rerun += (f"{backend} departs from its peers here ({ratio:.3g} x their median) but stays below the "
+                  f"floor ({mine.floor:.3g}): the command exits 0 and lists {backend}'s deviation; compare "
+                  f"`outputs/{backend}.npz` with `expected.npz`:\n\n    {cmd}\n")
     (repro_dir / "README.md").write_text(
         f"# {backend}: {node.op_type} `{node.name}` departs from its peers\n\n"
         f"Scope: {scope} ({len(m.graph.node)} node(s)); inputs: the consensus values this "
         f"{'operator' if scope == 'operator' else 'stage'} received (`inputs.npz`).\n"
         f"{backend}'s {rrep.config.get('primary', 'nrmse')} against the consensus of the others: "
-        f"{mine.primary:.3g}; peers: {', '.join(others)}.\n"
-        f"`expected.npz`: the consensus; `outputs/<backend>.npz`: each backend's own outputs.\n{own}\n"
-        f"Rerun (exit status 1 while {backend} is flagged):\n\n    {cmd}\n")
+        f"{mine.primary:.3g} ({ratio:.3g} x the peers' median; flagged: {'yes' if flagged else 'no'}); "
+        f"peers: {', '.join(others)}.\n"
+        f"`expected.npz`: the consensus; `outputs/<backend>.npz`: each backend's own outputs.\n\n{rerun}")

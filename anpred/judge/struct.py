@@ -167,7 +167,8 @@ class Cell:
 @dataclass
 class Step:
     """Propagation from one judged anchor to the next: ``ratio = S(to) / S(from)`` (None when S(from)
-    is 0), ``kind`` amplified | attenuated | stable | appeared | vanished | clean."""
+    is 0), ``kind`` amplified | attenuated | stable | appeared | vanished | clean, or introduced (set by the
+    drill-down: the isolated stage replay finds the deviation born in the stage of ``to``)."""
 
     src: str
     dst: str
@@ -232,6 +233,9 @@ class BackendVerdict:
     # departs from its peers in the origin stage replayed alone, and its standalone repro
     # (``{"node", "op_type", "stage", "local_nrmse", "peers_nrmse", "repro", "reproduced", "scope", ...}``)
     culprit: dict[str, Any] | None = None
+    # the isolated stage replay's role of each stage exit anchor (anpred.drill): introduced | amplified |
+    # carried | clean; a propagation step into an ``introduced`` anchor has kind ``introduced``
+    stage_roles: dict[str, str] = field(default_factory=dict)
 
     @property
     def any_flagged(self) -> bool:

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from anpred.errors import OutputPathError
+from anpred.errors import AnpredError, OutputPathError
 from anpred.pipeline.choices import NATIVE_BACKEND, check_native_backends, check_test_options, default_backends
 from anpred.pipeline.progress import log
 from anpred.pipeline.result import TestResult
@@ -106,6 +106,9 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
     seconds: dict[str, float] = {}
     from passes.bind_inputs import parse_bindings
 
+    if drill and oracle == "threshold":
+        raise AnpredError("--drill needs the consensus oracle (--oracle consensus or both): the drill-down "
+                          "judges every replay against the consensus of the backends")
     backends = check_test_options(oracle=oracle, samples=samples, stages=stages, backends=backends, inputs=inputs,
                                   config=config, history=history)
     bind = parse_bindings(bind)
@@ -154,12 +157,15 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
         report = _check(tmp, final, oracle, config, allow_incomplete)
     if drill and report.status != "error" and oracle in ("consensus", "both"):
         from anpred.drill import drill_run
+        from anpred.onnx_io import atomic_write_text, to_json
 
         with _timed(seconds, "drill"):
             drill_run(tmp / "run", report, tmp / "drill", progress=not quiet)
         report.drill = relocated(report.drill, tmp, final)
         for c in report.drill.get("culprits", {}).values():
             report.verdicts[c["backend"]].culprit = c
+        if (tmp / "drill").is_dir():  # drill.json names the files at their final place too
+            atomic_write_text(tmp / "drill" / "drill.json", to_json(report.drill, indent=1))
     with _timed(seconds, "report"):
         _write_reports(report, tmp)
     return TestResult(model=subject.label, out=final, report=report, anchored=final / "anchored.onnx",

@@ -17,7 +17,8 @@ def _g(v, fmt=".2e") -> str:
 
 VERDICT_WORDS = {"flagged": "FLAGGED", "consistent": "ok", "incomplete": "INCOMPLETE", "unjudged": "UNJUDGED",
                  "reference": "reference"}
-_KIND_MARK = {"amplified": "^", "attenuated": "v", "stable": "", "appeared": "!", "vanished": "-", "clean": ""}
+_KIND_MARK = {"amplified": "^", "attenuated": "v", "stable": "", "appeared": "!", "vanished": "-", "clean": "",
+              "introduced": "+"}  # introduced: born in that stage (the drill-down's isolated stage replay)
 
 
 def verdict_word(v) -> str:
@@ -145,7 +146,7 @@ def drill_lines(report) -> list[str]:
     stages = d.get("stages") or {}
     if stages:
         lines.append("  stage replay (local: the stage alone from the consensus; carried: the normal run; "
-                     "I introduced, A amplified, c carried, . clean):")
+                     "I introduced, A amplified, c carried, . clean; + in a propagation profile: introduced there):")
         for b, prof in stages.items():
             cells = " ".join(f"s{p['stage']}:{_g(p['local'], '.1e')}/{_g(p['carried'], '.1e')}"
                              f"{ {'introduced': 'I', 'amplified': 'A', 'carried': 'c'}.get(p['role'], '.')}"
