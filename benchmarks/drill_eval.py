@@ -10,8 +10,9 @@ beside the time of the run it drills (the clean backends' run + the faulty one).
 
 Usage (the command whose numbers are in docs/evaluation.md, "Drill-down")::
 
-    .venv/bin/python benchmarks/drill_eval.py --out drill-eval --models yolov8n --imgsz 160 \\
-        --kinds round,approx-sigmoid,norm-epsilon,weight-ulp --stages 0,2,4,6
+    .venv/bin/python benchmarks/drill_eval.py --out drill-eval --imgsz 160 \\
+        --models yolov8n,yolov5n --kinds round,approx-sigmoid,weight-ulp,rounding-mode,padding-same \\
+        --stages 0,1,2,3,4,5,6,7
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import evaluation as ev  # noqa: E402
 
 BACKENDS = ("ort", "openvino", "torch", "onnx-reference")
+
+
+def _mb(folder: Path) -> float:
+    """MiB of the files under ``folder`` (symbolic links followed: the linked clean tensors count)."""
+    total = 0
+    for root, _, files in os.walk(folder, followlinks=True):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return total / 2**20
 
 
 def main(argv=None) -> int:
@@ -73,6 +82,7 @@ def main(argv=None) -> int:
                 d = drill_run(run_dir, rep)
                 c = d["culprits"].get(ev.FAULT_LABEL)
                 row.update(drill_s=time.perf_counter() - t2, run_s=t_run, runs=d["runs"], culprit=c,
+                           drill_mb=_mb(run_dir / "drill"), run_tensors_mb=_mb(run_dir / "tensors"),
                            other_culprits=sorted(b for b in d["culprits"] if b != ev.FAULT_LABEL))
                 if res.truth and c:
                     row["hit"] = c["output"] == res.truth["value"] or c["node"] == res.truth["node"]
@@ -82,8 +92,8 @@ def main(argv=None) -> int:
             print(json.dumps({k: row.get(k) for k in ("model", "kind", "stage", "flagged", "hit", "drill_s",
                                                        "run_s", "runs")}), flush=True)
             (out / "drill_results.json").write_text(json.dumps(rows, indent=1, default=str))
-    lines = ["| model | fault kind | detected | culprit = injected node | drill runs | drill s / run s |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| model | fault kind | detected | culprit = injected node | drill runs | drill s / run s | "
+             "drill MiB / run tensors MiB |", "|---|---|---|---|---|---|---|"]
     for (m, k) in sorted({(r["model"], r["kind"]) for r in rows}):
         rs = [r for r in rows if r["model"] == m and r["kind"] == k and not r["skipped"]]
         det = [r for r in rs if r["flagged"]] if k != "clean" else rs
@@ -95,7 +105,10 @@ def main(argv=None) -> int:
                     else "CULPRIT ON A CLEAN RUN"))
         lines.append(f"| {m} | {k} | {len(det)}/{len(rs)} | {hit_txt} | "
                      f"{min(runs, default=0)}-{max(runs, default=0)} | "
-                     f"{(sum(ratio) / len(ratio)) if ratio else 0:.2f} |")
+                     f"{(sum(ratio) / len(ratio)) if ratio else 0:.2f} | "
+                     + (f"{max(r['drill_mb'] for r in det if 'drill_mb' in r):.1f} / "
+                        f"{max(r['run_tensors_mb'] for r in det if 'drill_mb' in r):.1f} |"
+                        if any("drill_mb" in r for r in det) else "- |"))
     (out / "drill_summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
