@@ -3,7 +3,10 @@
 Tables: ``runs`` (one row per ``anpred check``: time, run folder, model identity, machine, status,
 input set identity: ``inputs`` JSON description and ``inputs_sha256`` over the samples' hashes),
 ``verdicts`` (per run and backend: versions, verdict, origin, worst statistic, threshold result) and
-``cells`` (per run, backend and anchor: the primary statistic, the decision and all statistics as JSON).
+``cells`` (per run, backend and anchor: the primary statistic, the decision and all statistics as JSON)
+and ``tasks`` (per run and backend: each task metric of ``report.task``, :mod:`anpred.task`; against
+the labels as ``truth.<metric>``; added to schema 2 without a version change: an older database gains
+the empty table when appended to). :func:`task_regressions` compares two runs' task metrics.
 ``anpred history DB`` reads the trend of each (model, backend); the change of the worst statistic is
 given only against the previous run on the same inputs (other inputs: ``inputs!=``). A report with
 status ``error`` is not appended (``anpred check`` says so). Schema 2 added the input columns; a
@@ -35,7 +38,16 @@ CREATE TABLE IF NOT EXISTS cells (
   run_id INTEGER REFERENCES runs(id), backend TEXT, anchor TEXT, stage INTEGER, primary_stat REAL,
   flagged INTEGER, stats TEXT);
 CREATE INDEX IF NOT EXISTS verdicts_backend ON verdicts(backend);
+CREATE TABLE IF NOT EXISTS tasks (
+  run_id INTEGER REFERENCES runs(id), backend TEXT, task TEXT, metric TEXT, value REAL);
 """
+
+#: task metrics where higher is better (a drop is a regression); ``truth.*`` are against the labels
+HIGHER_IS_BETTER = ("kept_fraction", "precision", "recall", "f1", "map50_vs_consensus", "top1_agreement",
+                    "top5_overlap", "iou", "truth.top1", "truth.map50")
+#: default margin of a task-metric regression (absolute, in the metric's unit: 0.01 = one percentage
+#: point of top-1, recall or mAP); ``anpred history --margin``
+DEFAULT_MARGIN = 0.01
 
 
 def model_identity(report) -> tuple[str, str]:
@@ -123,6 +135,17 @@ def append(db: str | Path, report) -> int:
                      _num(v.worst_primary) if v else None, v.propagation if v else None,
                      None if t is None else int(t.passed), _num(t.max_abs) if t else None,
                      _status(v) if v else ("unjudged" if b in report.unjudged_backends else None)))
+            task = getattr(report, "task", None) or {}
+            tname = (task.get("task") or {}).get("task")
+            rows = []
+            for b, d in (task.get("backends") or {}).items():
+                for k, val in (d.get("metrics") or {}).items():
+                    if isinstance(val, (int, float)) and not isinstance(val, bool):
+                        rows.append((rid, b, tname, k, _num(float(val))))
+                for k, val in (d.get("truth") or {}).items():
+                    if isinstance(val, (int, float)) and not isinstance(val, bool):
+                        rows.append((rid, b, tname, f"truth.{k}", _num(float(val))))
+            con.executemany("INSERT INTO tasks VALUES (?,?,?,?,?)", rows)
             stage = {a["name"]: a["stage"] for a in report.anchors}
             con.executemany("INSERT INTO cells VALUES (?,?,?,?,?,?,?)",
                             [(rid, c.backend, c.anchor, stage.get(c.anchor), _num(c.primary), int(c.flagged),
@@ -175,6 +198,95 @@ def trend(db: str | Path, model: str | None = None) -> list[TrendRow]:
             for r in rows]
 
 
+@dataclass
+class TaskRow:
+    """One task metric of one backend in one run."""
+
+    run_id: int
+    created: str
+    model: str
+    inputs_sha256: str | None
+    backend: str
+    task: str
+    metric: str
+    value: float | None
+
+
+def task_trend(db: str | Path, model: str | None = None) -> list[TaskRow]:
+    """Every task metric of ``db`` (run order). An older database without the ``tasks`` table has none.
+    Raises AnpredError when ``db`` is missing or not a history database."""
+    con = _connect(db, create=False)
+    try:
+        if not con.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='tasks'").fetchone():
+            return []
+        q = ("SELECT r.id, r.created, r.model, r.inputs_sha256, t.backend, t.task, t.metric, t.value "
+             "FROM runs r JOIN tasks t ON t.run_id = r.id")
+        args: tuple = ()
+        if model is not None:
+            q += " WHERE r.model = ?"
+            args = (model,)
+        rows = con.execute(q + " ORDER BY r.id, t.backend, t.metric", args).fetchall()
+    finally:
+        con.close()
+    return [TaskRow(*r) for r in rows]
+
+
+def task_regressions(rows: list[TaskRow], since: int | None = None, margin: float = DEFAULT_MARGIN
+                     ) -> list[dict[str, Any]]:
+    """Task metrics (:data:`HIGHER_IS_BETTER`) that dropped by more than ``margin`` (absolute).
+
+    Each model's latest run is compared with run ``since`` (a run id) when given, else with the
+    previous run of that model on the same inputs (``inputs_sha256``). Returns one dict per drop:
+    ``{"model", "backend", "metric", "before", "after", "drop", "run", "against"}``.
+
+    Raises:
+        AnpredError: ``since`` names no run of the model(s) in ``rows``.
+    """
+    by_run: dict[int, list[TaskRow]] = {}
+    for r in rows:
+        by_run.setdefault(r.run_id, []).append(r)
+    models: dict[str, list[int]] = {}
+    for rid, rs in by_run.items():
+        models.setdefault(rs[0].model, []).append(rid)
+    out = []
+    for model, rids in models.items():
+        last = max(rids)
+        if since is not None:
+            if since not in by_run or by_run[since][0].model != model:
+                if len(models) == 1:
+                    raise AnpredError(f"run {since} has no task metrics of model {model!r} in this history")
+                continue
+            ref = since
+        else:
+            same = [r for r in rids if r < last and by_run[r][0].inputs_sha256 == by_run[last][0].inputs_sha256]
+            if not same:
+                continue
+            ref = max(same)
+        before = {(r.backend, r.metric): r.value for r in by_run[ref]}
+        for r in by_run[last]:
+            if r.metric not in HIGHER_IS_BETTER or r.value is None:
+                continue
+            b = before.get((r.backend, r.metric))
+            if b is not None and b - r.value > margin:
+                out.append({"model": model, "backend": r.backend, "metric": r.metric, "before": b, "after": r.value,
+                            "drop": b - r.value, "run": last, "against": ref})
+    return out
+
+
+def format_task_trend(rows: list[TaskRow]) -> str:
+    """One line per (model, backend, metric): its value in each run, oldest first."""
+    if not rows:
+        return "(no task metrics)"
+    groups: dict[tuple[str, str, str], list[TaskRow]] = {}
+    for r in rows:
+        groups.setdefault((r.model, r.backend, r.metric), []).append(r)
+    out = [f"{'model':<22}{'backend':<16}{'metric':<22}values by run (run id: value)"]
+    for (m, b, k), rs in groups.items():
+        vals = "  ".join(f"{r.run_id}: {'-' if r.value is None else f'{r.value:.4g}'}" for r in rs)
+        out.append(f"{m[:21]:<22}{b[:15]:<16}{k[:21]:<22}{vals}")
+    return "\n".join(out)
+
+
 def format_trend(rows: list[TrendRow]) -> str:
     """A table per (model, backend): one line per run with the inputs' identity (first 8 hex digits of
     ``inputs_sha256``), verdict, worst statistic, its change against the previous run on the same
@@ -207,8 +319,9 @@ def format_trend(rows: list[TrendRow]) -> str:
     return "\n".join(out)
 
 
-def plot_trend(rows: list[TrendRow], path: str | Path) -> None:
+def plot_trend(rows: list[TrendRow], path: str | Path, task_rows: list[TaskRow] | None = None) -> None:
     """Plot the worst primary statistic per (model, backend) over runs (log scale; crosses: flagged)
+    and, given ``task_rows``, each higher-is-better task metric per (model, backend) in a second panel,
     to a PNG at ``path``."""
     import matplotlib
 
@@ -218,7 +331,19 @@ def plot_trend(rows: list[TrendRow], path: str | Path) -> None:
     from anpred.onnx_io import atomic_write_bytes
     import io
 
-    fig, ax = plt.subplots(figsize=(8, 4))
+    tasks = [r for r in (task_rows or []) if r.metric in HIGHER_IS_BETTER and r.value is not None]
+    fig, axes = plt.subplots(2 if tasks else 1, 1, figsize=(8, 7 if tasks else 4), squeeze=False)
+    ax = axes[0][0]
+    if tasks:
+        tg: dict[tuple[str, str, str], list[TaskRow]] = {}
+        for r in tasks:
+            tg.setdefault((r.model, r.backend, r.metric), []).append(r)
+        t_ax = axes[1][0]
+        for (m, b, k), rs in tg.items():
+            t_ax.plot([r.run_id for r in rs], [r.value for r in rs], marker="o", label=f"{m}/{b} {k}")
+        t_ax.set_xlabel("run id")
+        t_ax.set_ylabel("task metric")
+        t_ax.legend(fontsize=6)
     groups: dict[tuple[str, str], list[TrendRow]] = {}
     for r in rows:
         if r.worst_primary is not None:

@@ -321,3 +321,38 @@ def render_text_line(seed: int = 0, height: int = 48, max_width: int = 320) -> t
     img = Image.new("RGB", (w, height), (255, 255, 255))
     ImageDraw.Draw(img).text((8, height * 0.15), text, font=fnt, fill=(0, 0, 0))
     return np.asarray(img, dtype=np.uint8), text
+
+
+def write_pages_with_truth(folder, seeds, input_hw: tuple[int, int] = (1024, 1024)) -> dict:
+    """Render the pages of ``seeds`` into ``folder`` (``page-<seed>.png``) and return their ground truth
+    as COCO-style JSON (a dict; written beside them as ``truth.json``) in the pixels of a detector's
+    input of ``input_hw`` = (H, W): every drawn block's box mapped through the same letterbox as the
+    ultralytics preprocessing (:func:`models.detect.letterbox`: ``box * ratio + pad``), ``category_id``
+    = DocLayNet class index + 1 (:data:`DOCLAYNET_CLASSES`), ``file_name`` = the PNG's name.
+
+    Raises:
+        AnpredError: as :func:`render_page`.
+    """
+    import json
+
+    from models.detect import letterbox
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    images, anns = [], []
+    for i, seed in enumerate(seeds):
+        page = render_page(int(seed))
+        name = f"page-{int(seed):04d}.png"
+        page.image.save(folder / name)
+        _, info = letterbox(page.array(), input_hw)
+        images.append({"id": i + 1, "file_name": name, "width": int(input_hw[1]), "height": int(input_hw[0])})
+        for cls, boxes in page.regions.items():
+            for b in boxes:
+                x0, y0 = b[0] * info.ratio + info.pad[0], b[1] * info.ratio + info.pad[1]
+                x1, y1 = b[2] * info.ratio + info.pad[0], b[3] * info.ratio + info.pad[1]
+                anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": DOCLAYNET_CLASSES.index(cls) + 1,
+                             "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0), "iscrowd": 0})
+    coco = {"images": images, "annotations": anns,
+            "categories": [{"id": i + 1, "name": n} for i, n in enumerate(DOCLAYNET_CLASSES)]}
+    (folder / "truth.json").write_text(json.dumps(coco))
+    return coco

@@ -36,6 +36,7 @@ from anpred.compat import import_onnx2torch, import_ultralytics
 import_onnx2torch(); import_ultralytics()
 import onnx2tf, onnxconverter_common, tf2onnx  # noqa: F401
 import tvm, ncnn, ai_edge_litert  # noqa: F401 - the runtime families of issue 18
+import pycocotools.cocoeval, sklearn.datasets  # noqa: F401 - task metrics (issue 20)
 from anpred.backends.mnn import import_mnn
 
 import_mnn()  # MNN prints its CPU features on import: kept off stdout there

@@ -45,6 +45,15 @@ def add_arguments(parser):
     parser.add_argument("--drill", action="store_true",
                         help="replay each stage alone from the consensus (local vs carried error) and drill each "
                         "flagged backend down to the operator, with a standalone repro (RUN_DIR/drill/repro/<backend>)")
+    parser.add_argument("--task", default=None, metavar="TASK",
+                        help="task metrics of every backend against the consensus: detect | classify | dense | "
+                        "module:function (a user adapter)")
+    parser.add_argument("--task-layout", default=None, choices=("yolov8", "yolov5"),
+                        help="detector output layout for --task detect (default yolov8)")
+    parser.add_argument("--task-output", default=None, metavar="NAME", help="the output the task reads (several outputs)")
+    parser.add_argument("--labels", default=None, metavar="FILE",
+                        help="ground truth: class indices (.json list or mapping, .txt, or 'folders') or COCO JSON "
+                        "(detect); reports each backend's accuracy and its delta to the consensus")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
 
 
@@ -61,6 +70,15 @@ def main(args) -> int:
                           "judges every replay against the consensus of the backends")
     rep = check_run(args.run_dir, oracle=args.oracle, atol=args.atol, rtol=args.rtol,
                     reference=args.reference, config=args.config, allow_incomplete=args.allow_incomplete)
+    if args.task and rep.status != "error":
+        from anpred.task import load_adapter, task_impact
+
+        rep.task = task_impact(args.run_dir, load_adapter(args.task, layout=args.task_layout, output=args.task_output),
+                               labels=args.labels, config=args.config)
+    elif args.labels:
+        from anpred.errors import AnpredError
+
+        raise AnpredError("--labels needs --task")
     if args.drill and rep.status != "error" and rep.oracle in ("consensus", "both"):
         from anpred.drill import drill_run
 

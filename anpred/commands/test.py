@@ -70,6 +70,11 @@ def add_arguments(parser):
     parser.add_argument("--drill", action="store_true",
                         help="replay each stage alone from the consensus and drill each flagged backend down to "
                         "the operator, with a standalone repro (OUT/drill/repro/<backend>)")
+    parser.add_argument("--task", default=None, metavar="TASK",
+                        help="task metrics against the consensus: detect | classify | dense | module:function | none "
+                        "(default: the zoo entry's task)")
+    parser.add_argument("--labels", default=None, metavar="FILE",
+                        help="ground truth for --task: class indices (.json/.txt/'folders') or COCO JSON")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 
@@ -90,7 +95,7 @@ def main(args) -> int:
     from anpred.pipeline import demo, format_standing, test
 
     if args.model == "demo":
-        for opt in ("inputs", "kwargs", "history", "imgsz", "bind", "drill"):
+        for opt in ("inputs", "kwargs", "history", "imgsz", "bind", "drill", "task", "labels"):
             if getattr(args, opt):
                 raise AnpredError(f"--{opt} does not apply to the demo")
         res = demo(args.output or "anpred-demo", backends=args.backends, samples=args.samples, stages=args.stages,
@@ -117,7 +122,7 @@ def main(args) -> int:
                stages=args.stages, max_cut_width=args.max_cut_width, imgsz=_imgsz(args.imgsz), seed=args.seed,
                factory_kwargs=kwargs, oracle=args.oracle, config=args.config, history=args.history,
                allow_incomplete=args.allow_incomplete, timeout_s=args.timeout, overwrite=args.overwrite,
-               quiet=args.quiet, bind=args.bind, drill=args.drill)
+               quiet=args.quiet, bind=args.bind, drill=args.drill, task=args.task, labels=args.labels)
     print(res.format_text())
     print("\nwhere each backend stands:")
     print(format_standing([res]))

@@ -379,6 +379,9 @@ class CheckReport:
     scales: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     # the drill-down (anpred.drill, ``--drill``): isolated stage replay profiles and culprits
     drill: dict[str, Any] = field(default_factory=dict)
+    # what the deviations cost the task (anpred.task.task_impact, ``--task``): per backend the task
+    # metrics against the consensus (and the labels)
+    task: dict[str, Any] = field(default_factory=dict)
     schema: str = SCHEMA
     plot_data: dict[tuple[str, str], dict[str, np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -448,6 +451,7 @@ class CheckReport:
             "scales": {a: {p: {**v, "expected": json_float(v["expected"])} for p, v in per.items()}
                        for a, per in self.scales.items()},
             "drill": json_safe(self.drill),
+            "task": json_safe(self.task),
         }
 
     @classmethod
@@ -473,7 +477,7 @@ class CheckReport:
                 population_cells={p: [Cell.from_dict(c) for c in cs] for p, cs in d.get("population_cells", {}).items()},
                 scales={a: {p: {**v, "expected": from_json_float(v["expected"])} for p, v in per.items()}
                         for a, per in d.get("scales", {}).items()},
-                drill=d.get("drill", {}))
+                drill=d.get("drill", {}), task=d.get("task", {}))
         except (KeyError, TypeError) as err:
             raise AnpredError(f"malformed check report: {err}") from err
 

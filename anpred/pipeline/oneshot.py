@@ -50,7 +50,7 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
          config: str | os.PathLike | None = None, history: str | os.PathLike | None = None,
          allow_incomplete: bool = False, timeout_s: float = 600, overwrite: bool = False,
          quiet: bool = False, bind: dict[str, Any] | Iterable[str] | str | None = None,
-         drill: bool = False) -> TestResult:
+         drill: bool = False, task: str | Any | None = None, labels: Any = None) -> TestResult:
     """Test ``model`` end to end: export (when needed), instrument, map, run, align, judge, report.
 
     Args:
@@ -86,6 +86,12 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
         drill: after judging, replay each stage alone from the consensus and drill each flagged fp32
             backend down to the operator, with a verified standalone repro (:func:`anpred.drill.drill_run`;
             ``out/drill/``, ``report.drill``, ``verdicts[b].culprit``).
+        task: task metrics of every backend against the consensus (:mod:`anpred.task`): ``detect`` |
+            ``classify`` | ``dense`` | ``module:function`` | an adapter; default: the zoo entry's task
+            (YOLO detectors: detect; PP-OCR detector: dense; classifiers: classify), none otherwise.
+            ``"none"`` turns it off. ``report.task``; its headlines lead the terminal and HTML reports.
+        labels: ground truth for the task (:func:`anpred.task.load_labels`): each backend's accuracy
+            and its delta to the consensus.
 
     Returns:
         :class:`TestResult` (truthy when consistent; ``.report`` is the CheckReport).
@@ -122,7 +128,7 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
         result = _pipeline(subject, final, tmp, backends=backends, inputs=inputs, samples=samples, stages=stages,
                            max_cut_width=max_cut_width, imgsz=imgsz, seed=seed, oracle=oracle, config=config,
                            allow_incomplete=allow_incomplete, timeout_s=timeout_s, quiet=quiet, seconds=seconds,
-                           bind=bind, drill=drill)
+                           bind=bind, drill=drill, task=task, labels=labels)
         commit_partial(tmp, final)
         # what was tested names the final place of files built in the partial folder (a factory's export)
         result.details = relocated(result.details, tmp, final)
@@ -140,7 +146,7 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
 
 def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, samples, stages, max_cut_width,
               imgsz, seed, oracle, config, allow_incomplete, timeout_s, quiet, seconds,
-              bind: dict[str, Any] | None = None, drill: bool = False) -> TestResult:
+              bind: dict[str, Any] | None = None, drill: bool = False, task=None, labels=None) -> TestResult:
     """The steps after resolving the model, built in ``tmp`` (committed to ``final`` by the caller);
     phase wall times go into ``seconds``."""
     details: dict[str, Any] = {"subject": subject.to_dict()}
@@ -155,6 +161,14 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
         statuses = _run(subject, names, spec, details["inputs"], tmp, final, timeout_s, quiet)
     with _timed(seconds, "check"):
         report = _check(tmp, final, oracle, config, allow_incomplete)
+    adapter = _task_adapter(subject, task)
+    if adapter is not None and report.status != "error":
+        from anpred.task import task_impact
+
+        with _timed(seconds, "task"):
+            report.task = task_impact(tmp / "run", adapter, labels=labels, config=config)
+    elif labels is not None:
+        raise AnpredError("labels need a task (--task)")
     if drill and report.status != "error" and oracle in ("consensus", "both"):
         from anpred.drill import drill_run
         from anpred.onnx_io import atomic_write_text, to_json
@@ -177,6 +191,19 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
 
 
 # ---- the steps -------------------------------------------------------------------------------------
+def _task_adapter(subject: Subject, task):
+    """The task adapter: ``task`` (:func:`anpred.task.load_adapter`), else the zoo entry's, else None."""
+    from anpred.task import load_adapter, zoo_task
+
+    if task == "none":
+        return None
+    if task is not None:
+        layout = getattr(subject.zoo, "output_layout", None) if subject.zoo is not None else None
+        return load_adapter(task, layout=layout)
+    return zoo_task(subject.zoo) if subject.zoo is not None else None
+
+
+
 @contextlib.contextmanager
 def _timed(seconds: dict[str, float], phase: str):
     """``seconds[phase]``: the wall time of the block (not set when it raises)."""

@@ -199,6 +199,27 @@ def _scales(report) -> list[str]:
     return out
 
 
+def _task(report) -> list[str]:
+    """The task's cost (``report.task``) first: per backend the headline and every metric."""
+    t = getattr(report, "task", None) or {}
+    if not t or not t.get("backends"):
+        return []
+    e = html.escape
+    keys = sorted({k for d in t["backends"].values() for k in d["metrics"]})
+    tkeys = sorted({k for d in t["backends"].values() for k in (d.get("truth") or {})})
+    out = [f"<h2>What it costs the task ({e(str(t.get('task', {}).get('task')))}, {t.get('samples')} samples)</h2>"
+           "<p>Each backend's task results against the consensus' results"
+           + (f", and against {t.get('labels')} labels" if t.get("labels") else "") + ".</p>",
+           "<table><tr><th>backend</th><th>precision</th><th>headline</th>"
+           + "".join(f"<th>{e(k)}</th>" for k in keys) + "".join(f"<th>labels: {e(k)}</th>" for k in tkeys) + "</tr>"]
+    for b, d in t["backends"].items():
+        out.append(f"<tr><td>{e(b)}</td><td>{e(str(d.get('precision', '')))}</td><td><b>{e(d['headline'])}</b></td>"
+                   + "".join(f"<td>{_fmt(d['metrics'].get(k))}</td>" for k in keys)
+                   + "".join(f"<td>{_fmt((d.get('truth') or {}).get(k))}</td>" for k in tkeys) + "</tr>")
+    out.append("</table>")
+    return out
+
+
 def _drill(report) -> list[str]:
     """The drill-down section (``report.drill``): per flagged backend the path stage -> subgraph ->
     operator and its repro, then the local and carried profiles of every replayed backend."""
@@ -251,6 +272,7 @@ def write_html(report, path: str | Path) -> None:
              f"<h1>anpred check: {e(report.status.upper())}</h1>",
              f"<p>run <code>{e(report.run_dir)}</code>, {report.samples} samples, oracle <b>{e(report.oracle)}</b>, "
              f"primary statistic <b>{e(primary)}</b>, schema {e(report.schema)}</p>"]
+    parts.extend(_task(report))
     if report.problems:
         parts.append("<h2>Could not be judged</h2><ul>" + "".join(f"<li>{e(p)}</li>" for p in report.problems) + "</ul>")
     gaps = getattr(report, "incomplete", []) or []

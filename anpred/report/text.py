@@ -122,6 +122,32 @@ def _population_lines(report) -> list[str]:
     return out
 
 
+def task_lines(report) -> list[str]:
+    """The task's cost first (``report.task``, :mod:`anpred.task`): one line per backend with the
+    headline number, the worst first, and the accuracy against the labels when there are any."""
+    t = getattr(report, "task", None) or {}
+    if not t or not t.get("backends"):
+        return []
+    desc = t.get("task", {})
+    lines = [f"task ({desc.get('task')}, {t.get('samples')} samples; each backend against the consensus' results"
+             + (f"; accuracy against {t.get('labels')} labels" if t.get("labels") else "") + "):"]
+    for b, d in t["backends"].items():
+        tr = d.get("truth") or {}
+        acc = ""
+        if tr:
+            key = "top1" if "top1" in tr else "map50"
+            v = tr.get(key)
+            acc = (f"; {key} {v:.4f}" if v is not None else f"; {key} -") + \
+                (f" ({tr['delta_to_consensus']:+.4f} vs the consensus)" if tr.get("delta_to_consensus") is not None else "")
+        lines.append(f"  {b}: {d['headline']}{acc}")
+    ct = t.get("consensus_truth") or {}
+    if ct:
+        key = "top1" if "top1" in ct else "map50"
+        lines.append(f"  consensus: {key} {ct.get(key) if ct.get(key) is None else round(ct[key], 4)} "
+                     f"on {ct.get('labelled')} labelled samples")
+    return lines
+
+
 def culprit_line(b: str, c: dict) -> str:
     """One line naming a drilled backend's culprit operator and its repro."""
     rep = (f"repro {c['repro']} (re-run: reproduced, {c.get('scope')})" if c.get("reproduced")
@@ -162,6 +188,7 @@ def format_text(report) -> str:
     model = report.model.get("name") or report.model.get("path") or report.model.get("source") or ""
     lines.append(f"anpred check {report.run_dir}  model {model}  samples {report.samples}  "
                  f"oracle {report.oracle}  -> {report.status.upper()}")
+    lines.extend(task_lines(report))
     if report.problems:
         lines.append("cannot be judged:")
         lines.extend(f"  - {p}" for p in report.problems)

@@ -1,0 +1,191 @@
+"""Task-level cost (issue 20): task adapters against the consensus, labels, the history's task metrics.
+
+Real parts: a small CNN trained here on the handwritten digits bundled with scikit-learn, exported
+to ONNX and run on fp32, fp16 and int8 backends with its labels; the trained YOLOv8n-DocLayNet on
+pages the project renders, with the boxes the renderer drew as ground truth (slow)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import anpred
+from anpred.task import ClassifyAdapter, DenseAdapter, DetectAdapter, coco_map50
+
+FP32 = ["ort", "openvino", "torch", "onnx-reference"]
+LOWP = ["ort-fp16", "openvino-fp16", "ort-int8", "openvino-int8"]
+N_TRAIN, N_TEST = 1500, 60
+
+
+def _train(seed: int = 0):
+    """A 2-conv CNN trained 12 epochs on the first 1500 digits (8x8, scaled to [0, 1]); eval mode."""
+    import torch
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = (d.images / 16.0).astype(np.float32)[:, None]
+    y = d.target.astype(np.int64)
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(16, 32, 3, stride=2, padding=1), torch.nn.ReLU(),
+                              torch.nn.Flatten(), torch.nn.Linear(32 * 16, 10))
+    opt = torch.optim.Adam(net.parameters(), 1e-2)
+    xt, yt = torch.from_numpy(x[:N_TRAIN]), torch.from_numpy(y[:N_TRAIN])
+    for _ in range(12):
+        perm = torch.randperm(N_TRAIN)
+        for i in range(0, N_TRAIN, 100):
+            idx = perm[i:i + 100]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(xt[idx]), yt[idx]).backward()
+            opt.step()
+    return net.eval(), x, y
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    """``(model.onnx, inputs folder, labels.txt, eager top-1 on the test digits, root)``."""
+    import torch
+
+    root = tmp_path_factory.mktemp("digits")
+    net, x, y = _train()
+    torch.onnx.export(net, (torch.from_numpy(x[:1]),), str(root / "digits.onnx"), input_names=["x"],
+                      output_names=["logits"], dynamo=False)
+    inp = root / "inputs"
+    inp.mkdir()
+    test = range(N_TRAIN, N_TRAIN + N_TEST)
+    for i in test:
+        np.savez(inp / f"{i:04d}.npz", x=x[i:i + 1])
+    (root / "labels.txt").write_text("\n".join(str(int(y[i])) for i in test))
+    with torch.no_grad():
+        eager = float((net(torch.from_numpy(x[N_TRAIN:N_TRAIN + N_TEST])).argmax(1).numpy() ==
+                       y[N_TRAIN:N_TRAIN + N_TEST]).mean())
+    # a degraded copy (the last layer's weights with noise): the same model name, a lower top-1
+    bad = root / "bad"
+    bad.mkdir()
+    import onnx
+    from onnx import numpy_helper as nh
+
+    m = onnx.load(root / "digits.onnx")
+    for t in m.graph.initializer:
+        a = nh.to_array(t)
+        if a.ndim == 2:  # the Linear layer's weight
+            rng = np.random.default_rng(1)
+            t.CopyFrom(nh.from_array((a + rng.standard_normal(a.shape).astype(np.float32) * 2 * a.std()), t.name))
+    onnx.save(m, bad / "digits.onnx")
+    return root / "digits.onnx", inp, root / "labels.txt", eager, root
+
+
+@pytest.fixture(scope="module")
+def digits_run(digits):
+    model, inp, labels, eager, root = digits
+    res = anpred.test(str(model), out=root / "out", backends=FP32 + LOWP, inputs=str(inp), task="classify",
+                      labels=str(labels), quiet=True, stages=3, history=str(root / "history.sqlite"))
+    return res, eager
+
+
+def test_digits_top1_per_backend_against_labels(digits, digits_run):
+    from anpred.run import RunStore
+
+    res, eager = digits_run
+    t = res.report.task
+    assert t["samples"] == N_TEST and t["labels"] == N_TEST and t["task"]["task"] == "classify"
+    assert set(t["backends"]) == set(FP32 + LOWP)
+    labels = [int(v) for v in digits[2].read_text().split()]
+    store = RunStore.open(res.run_dir)
+    out = next(a.name for a in store.manifest.anchors if a.kind == "output")
+    top1 = {b: np.array([int(np.argmax(store.read_anchors(b, s)[out])) for s in store.sample_ids]) for b in FP32 + LOWP}
+    ref = top1["ort"]
+    for b in FP32:  # every fp32 backend: the eager PyTorch model's top-1 on these digits, exactly
+        assert t["backends"][b]["truth"]["top1"] == pytest.approx(eager, abs=1e-12), b
+        assert t["backends"][b]["metrics"]["top1_agreement"] == 1.0
+    assert 0.85 < eager < 1.0  # trained: well above chance (0.1), not perfect
+    for b in LOWP:  # each reduced-precision copy: its agreement with fp32 and its top-1, as stored
+        assert t["backends"][b]["metrics"]["top1_agreement"] == pytest.approx(float((top1[b] == ref).mean()))
+        assert t["backends"][b]["truth"]["top1"] == pytest.approx(float((top1[b] == np.array(labels)).mean()))
+        assert t["backends"][b]["truth"]["delta_to_consensus"] == pytest.approx(
+            t["backends"][b]["truth"]["top1"] - t["consensus_truth"]["top1"])
+    text = res.format_text()
+    assert text.splitlines()[1].startswith("task (classify, 60 samples")  # the task's cost leads the report
+    d = json.loads((res.out / "report.json").read_text())
+    assert d["task"]["backends"]["ort-int8"]["headline"].startswith("top-1 agrees with the consensus on ")
+
+
+def test_history_task_regression_exits_1(digits, digits_run):
+    """Two runs of a model named alike on the same inputs, the second with a degraded classifier: the
+    regression command exits 1 naming the drop; a margin larger than the drop exits 0."""
+    model, inp, labels, eager, root = digits
+    db = root / "history.sqlite"
+    res2 = anpred.test(str(root / "bad" / "digits.onnx"), out=root / "out-bad", backends=FP32[:3], inputs=str(inp),
+                       task="classify", labels=str(labels), quiet=True, stages=3, history=str(db))
+    before = digits_run[0].report.task["backends"]["ort"]["truth"]["top1"]
+    after = res2.report.task["backends"]["ort"]["truth"]["top1"]
+    assert before - after > 0.05, (before, after)
+    p = subprocess.run([sys.executable, "-m", "anpred", "history", str(db)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert f"REGRESSION digits ort truth.top1: {before:.4g} -> {after:.4g}" in p.stdout
+    p = subprocess.run([sys.executable, "-m", "anpred", "history", str(db), "--margin", "1"], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0 and "no task metric dropped by more than 1" in p.stdout
+
+
+def test_detect_adapter_counts_and_map():
+    from models.detect import Detections
+
+    ref = Detections(np.array([[0, 0, 10, 10], [20, 20, 40, 40], [50, 50, 60, 70]], float), np.array([.9, .8, .7]),
+                     np.array([0, 1, 2]), None)
+    # two boxes kept (one shifted by 1 px: IoU 81/119), the third of another class, one extra box
+    res = Detections(np.array([[0, 0, 10, 10], [21, 21, 41, 41], [50, 50, 60, 70], [80, 80, 90, 90]], float),
+                     np.array([.85, .8, .7, .5]), np.array([0, 1, 3, 0]), None)
+    a = DetectAdapter()
+    s = a.compare(res, ref)
+    assert s == {"ref": 3.0, "dets": 4.0, "matched": 2.0, "iou_sum": pytest.approx(1 + 361 / 439),
+                 "shift_sum": pytest.approx(0.05)}
+    m = a.summary(s, [res], [ref])
+    assert m["kept"] == 2 and m["consensus_detections"] == 3 and m["precision"] == 0.5
+    assert m["recall"] == pytest.approx(2 / 3) and m["f1"] == pytest.approx(2 * 0.5 * (2 / 3) / (0.5 + 2 / 3))
+    assert a.headline(m) == "2 of 3 detections kept"
+    assert coco_map50([ref], [ref]) == pytest.approx(1.0)
+    empty = Detections(np.zeros((0, 4)), np.zeros(0), np.zeros(0, np.int64), None)
+    assert coco_map50([ref], [empty]) == 0.0 and coco_map50([empty], [ref]) is None
+
+
+def test_classify_and_dense_adapters():
+    c = ClassifyAdapter()
+    ref = c.result({"y": np.array([[1.0, 3.0, 2.0]])})  # logits: softmax
+    assert ref == pytest.approx(np.exp([1, 3, 2]) / np.exp([1, 3, 2]).sum())
+    res = c.result({"y": np.array([0.2, 0.3, 0.5])})  # already probabilities
+    s = c.compare(res, ref)
+    assert s["top1"] == 0.0 and s["topk"] == 1.0 and s["shift_sum"] == pytest.approx(abs(0.3 - ref[1]))
+    d = DenseAdapter(0.3)
+    a, b = d.result({"m": np.array([0.1, 0.4, 0.9, 0.35])}), d.result({"m": np.array([0.5, 0.4, 0.2, 0.31])})
+    m = d.summary(d.compare(a, b), [], [])
+    assert m["iou"] == pytest.approx(2 / 4)
+
+
+@pytest.mark.slow  # the 1024x1024 detector on four backends (~40 s)
+def test_doclaynet_detections_kept_and_true_map(tmp_path):
+    """The trained YOLOv8n-DocLayNet on three rendered pages: every fp32 backend keeps every consensus
+    detection; ort-int8 (static QDQ: the output Concat gets one scale, so every class probability
+    rounds to 0) keeps none, and the report says so first; true mAP@0.5 per backend against the
+    boxes the renderer drew."""
+    from models.documents import write_pages_with_truth
+
+    write_pages_with_truth(tmp_path / "pages", range(3))
+    res = anpred.test("yolov8n-doclaynet", out=tmp_path / "out", backends=["ort", "openvino", "torch", "ort-int8"],
+                      inputs=str(tmp_path / "pages"), labels=str(tmp_path / "pages" / "truth.json"), quiet=True)
+    t = res.report.task
+    assert t["task"]["task"] == "detect" and t["labels"] == 3
+    n = t["backends"]["ort"]["metrics"]["consensus_detections"]
+    assert n >= 30  # a trained detector on three pages
+    for b in ("ort", "openvino", "torch"):
+        m = t["backends"][b]["metrics"]
+        assert m["kept_fraction"] >= 0.99 and m["map50_vs_consensus"] >= 0.99, (b, m)
+        assert 0.5 < t["backends"][b]["truth"]["map50"] <= 1.0
+    assert t["backends"]["ort-int8"]["metrics"]["kept"] == 0 and t["backends"]["ort-int8"]["truth"]["map50"] == 0.0
+    lines = res.format_text().splitlines()
+    assert lines[1].startswith("task (detect, 3 samples")
+    assert f"ort-int8: 0 of {n} detections kept" in "\n".join(lines[:7])
