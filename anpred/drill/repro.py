@@ -101,8 +101,9 @@ def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]
                    "local_nrmse": float(mine.stats.nrmse) if mine is not None else None,
                    "peers_nrmse": float(np.median(others)) if others else None,
                    "rounds": search.rounds, "path": search.path, "stage_nodes": len(sub.graph.node)}
+        culprit["shared_with"] = search.shared
         culprit.update(_repro(runner, node, val, last, search.exposed, sub, own, sfeeds, ins, backend, peers,
-                              cfg, repro_dir))
+                              cfg, repro_dir, set(search.shared)))
         return culprit
     finally:
         runner.out = runner_out
@@ -145,6 +146,13 @@ class _Search:
         self.rounds = 0
         self.path: list[dict[str, Any]] = []
         self.exposed: list[str] = []
+        self.shared: list[str] = []  # other backends departing at the culprit's output too
+        self._departs = None
+
+    def _shared(self, per: dict[str, Any]) -> set[str]:
+        """The other backends that depart from their peers at one exposed value (``per``: backend ->
+        Cell; the localization rule of the round being read)."""
+        return {b for b, c in per.items() if b != self.backend and self._departs(c)}
 
     def run(self, sub, own, cands: list[str], where: str):
         """``(culprit value, (run_dir, report) of the last round)``: the first departing value (topological
@@ -173,16 +181,24 @@ class _Search:
                 models[self.backend] = expose(own, vals)
             self.rounds += 1
             run_dir, rep = self.runner.run(f"round{self.rounds}", models, self.sfeeds, self.peers)
-            departs = _departs_fn(rep, self.cfg)
+            departs = self._departs = _departs_fn(rep, self.cfg)
             cells = _value_cells(rep, {v: v for v in vals})
-            first = next((j for j, v in enumerate(vals) if departs(cells[v].get(self.backend))), None)
+            dep = [j for j, v in enumerate(vals) if departs(cells[v].get(self.backend))]
+            # a departure some other backend shows too (it departs there: a defect they share, e.g. a common
+            # kernel library) is not taken for this backend's own cause while a departure of its own
+            # follows; when all its departures are shared, the first one is the culprit (each backend that
+            # shares it gets it)
+            solo = [j for j in dep if not self._shared(cells[vals[j]])]
+            first = solo[0] if solo else (dep[0] if dep else None)
             if first is None:
                 raise AnpredError(f"{where} replayed alone from the consensus: {self.backend} departs from its "
                                   f"peers at none of its {len(vals)} exposed tensors (the deviation needs more "
                                   "than this stage: fusion across stages, or the error it received)")
             f = vals[first]
             self.path.append({"round": self.rounds, "where": where, "exposed": len(vals), "first": f,
-                              "op_type": prod[f].op_type, "candidates": len(cands)})
+                              "op_type": prod[f].op_type, "candidates": len(cands),
+                              "shared_before": [vals[j] for j in dep if j < first]})
+            self.shared = sorted(self._shared(cells[f]))
             self.exposed = vals
             if len(vals) == len(cands):
                 return f, (run_dir, rep)
@@ -192,7 +208,7 @@ class _Search:
 
 
 def _repro(runner, node, out_val, last_rep, exposed, sub, own, sfeeds, ins, backend, peers,
-           cfg, repro_dir: Path) -> dict[str, Any]:
+           cfg, repro_dir: Path, shared: set[str] = frozenset()) -> dict[str, Any]:
     """Write and verify the repro of ``node`` (module docstring), cut out of the stage's subgraph
     ``sub`` (``own``: the backend's own version). Returns the culprit's repro keys."""
     from anpred.drill.drill import _departs_fn
@@ -237,7 +253,8 @@ def _repro(runner, node, out_val, last_rep, exposed, sub, own, sfeeds, ins, back
         rdir, rrep = runner.run(f"repro-{scope.replace(' ', '-')}", models, [inputs], peers)
         departs = _departs_fn(rrep, cfg)
         cells = _value_cells(rrep, {out_val: out_val})[out_val]
-        flagged_peers = [b for b in rrep.flagged_backends if b != backend]
+        # no peer flagged, except those that showed the same departure in the stage (a shared defect)
+        flagged_peers = [b for b in rrep.flagged_backends if b != backend and b not in shared]
         if departs(cells.get(backend)) and not flagged_peers:
             flagged = backend in rrep.flagged_backends
             _write(repro_dir, m, mo, inputs, rdir, rrep, backend, peers, node, scope, cells, flagged,
