@@ -189,3 +189,29 @@ def test_doclaynet_detections_kept_and_true_map(tmp_path):
     lines = res.format_text().splitlines()
     assert lines[1].startswith("task (detect, 3 samples")
     assert f"ort-int8: 0 of {n} detections kept" in "\n".join(lines[:7])
+
+
+def test_streamed_dataset_matches_the_run_in_one_piece(digits, digits_run, tmp_path):
+    """``--stream``: the 60 digits in chunks of 16, judged as they come: the same fp32 statistics and task
+    metrics as the run in one piece, every sample counted, and only the most deviating samples kept."""
+    from anpred.run import RunStore
+
+    model, inp, labels, eager, root = digits
+    whole = digits_run[0].report
+    res = anpred.test(str(model), out=tmp_path / "s", backends=FP32[:3] + ["ort-int8"], inputs=str(inp),
+                      task="classify", labels=str(labels), quiet=True, stages=3, stream=True, chunk=16, keep=2)
+    rep = res.report
+    assert rep.samples == N_TEST and rep.status == "consistent" and rep.task["samples"] == N_TEST
+    for b in FP32[:3]:
+        assert rep.task["backends"][b]["truth"]["top1"] == pytest.approx(eager, abs=1e-12)
+        for c in rep.cells:
+            if c.backend == b:
+                w = whole.cell(c.anchor, b)
+                assert c.samples == N_TEST and w is not None
+    # the pooled statistics of the fp32 backends against their consensus: as in one piece up to the
+    # consensus itself (whole: 8 backends vote, here 3): both at fp32 noise
+    assert max(c.primary for c in rep.cells if c.backend in FP32[:3]) < 1e-6
+    kept = RunStore.open(res.run_dir)
+    assert 1 <= len(kept.sample_ids) <= 2 * 4 and kept.meta["stream"]["samples"] == N_TEST
+    assert not (res.out / ".stream").exists() and kept.statuses()["ort"].samples == N_TEST
+    assert "streamed: 60 samples judged in chunks of 16" in rep.notes[-1]

@@ -75,6 +75,12 @@ def add_arguments(parser):
                         "(default: the zoo entry's task)")
     parser.add_argument("--labels", default=None, metavar="FILE",
                         help="ground truth for --task: class indices (.json/.txt/'folders') or COCO JSON")
+    parser.add_argument("--stream", action="store_true",
+                        help="run --inputs (a folder, 1000+ inputs) as a dataset: chunks judged as they come, memory "
+                        "flat, only the most deviating samples kept on disk")
+    parser.add_argument("--chunk", type=int, default=64, metavar="N", help="samples per chunk with --stream (64)")
+    parser.add_argument("--keep", type=int, default=4, metavar="K",
+                        help="most deviating samples kept per backend with --stream (4)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 
@@ -95,7 +101,7 @@ def main(args) -> int:
     from anpred.pipeline import demo, format_standing, test
 
     if args.model == "demo":
-        for opt in ("inputs", "kwargs", "history", "imgsz", "bind", "drill", "task", "labels"):
+        for opt in ("inputs", "kwargs", "history", "imgsz", "bind", "drill", "task", "labels", "stream"):
             if getattr(args, opt):
                 raise AnpredError(f"--{opt} does not apply to the demo")
         res = demo(args.output or "anpred-demo", backends=args.backends, samples=args.samples, stages=args.stages,
@@ -122,7 +128,8 @@ def main(args) -> int:
                stages=args.stages, max_cut_width=args.max_cut_width, imgsz=_imgsz(args.imgsz), seed=args.seed,
                factory_kwargs=kwargs, oracle=args.oracle, config=args.config, history=args.history,
                allow_incomplete=args.allow_incomplete, timeout_s=args.timeout, overwrite=args.overwrite,
-               quiet=args.quiet, bind=args.bind, drill=args.drill, task=args.task, labels=args.labels)
+               quiet=args.quiet, bind=args.bind, drill=args.drill, task=args.task, labels=args.labels,
+               stream=args.stream, chunk=args.chunk, keep=args.keep)
     print(res.format_text())
     print("\nwhere each backend stands:")
     print(format_standing([res]))

@@ -26,7 +26,7 @@ from anpred.judge.parts import OutputPart, add_part_views
 from anpred.judge.struct import AnchorInfo, BackendInfo, CheckReport
 from anpred.judge.threshold import ThresholdCheck
 
-__all__ = ["Judged", "Judging", "judge_samples", "judged_anchors", "quant_steps", "read_tensors", "tensor_file"]
+__all__ = ["Judged", "Judging", "SampleJudge", "judge_samples", "judged_anchors", "quant_steps", "read_tensors", "tensor_file"]
 
 
 @dataclass
@@ -71,30 +71,62 @@ def judge_samples(run: Judging) -> Judged:
         AnpredError: a manifest pin is malformed (``AlignmentError``).
         JudgeError: a stored tensor file is unreadable.
     """
-    store, report, cfg = run.store, run.report, run.config
-    consensus = report.oracle in ("consensus", "both")
-    flow = run_dataflow(store, cfg.split_outputs) if consensus else DataFlow()
-    if flow.note:
-        report.notes.append(flow.note)
-    binfos = [BackendInfo.make(b, report.backends[b]["family"], report.backends[b]["precision"], cfg,
-                               requested=report.backends[b].get("precision_requested") or None)
-              for b in run.usable]
-    for bi in binfos:  # known defects of its library that the model reaches (anpred.backends.reference_defects)
-        bi.defects = (report.backends[bi.name].get("versions") or {}).get("reference_defects", "")
-    orc = PopulationOracle(judged_anchors(store.manifest, flow.parts), binfos, cfg, reference=run.reference,
-                           descendants=flow.descendants, steps=quant_steps(store, run.usable, report.notes)) \
-        if consensus else None
-    thr = _threshold_check(run, binfos) if report.oracle in ("threshold", "both") else None
-    aligner = _aligner(store, run.usable)
-    names = set(store.manifest.names())
-    for sid in store.sample_ids:
-        tensors, unaligned, absent = _aligned_sample(store, aligner, run.usable, sid, names, flow.parts)
-        if orc is not None:
-            orc.add(tensors, unaligned, sample_id=sid, absent=absent)
-        if thr is not None:
-            thr.add(tensors)
-        report.samples += 1
-    return Judged(oracle=orc, threshold=thr, parts=flow.parts, alignment=aligner.report())
+    judge = SampleJudge(run)
+    judge.add_store(run.store)
+    return judge.judged()
+
+
+class SampleJudge:
+    """The oracle(s) of a run, fed store by store (:func:`judge_samples` feeds one; a streamed dataset
+    run, :mod:`anpred.pipeline.stream`, feeds one store per chunk of samples, each deleted after).
+
+    Raises (constructor): AnpredError: a manifest pin is malformed (``AlignmentError``).
+    """
+
+    def __init__(self, run: Judging):
+        store, report, cfg = run.store, run.report, run.config
+        self.run = run
+        consensus = report.oracle in ("consensus", "both")
+        flow = run_dataflow(store, cfg.split_outputs) if consensus else DataFlow()
+        if flow.note:
+            report.notes.append(flow.note)
+        self.flow = flow
+        binfos = [BackendInfo.make(b, report.backends[b]["family"], report.backends[b]["precision"], cfg,
+                                   requested=report.backends[b].get("precision_requested") or None)
+                  for b in run.usable]
+        for bi in binfos:  # known defects of its library that the model reaches (anpred.backends.reference_defects)
+            bi.defects = (report.backends[bi.name].get("versions") or {}).get("reference_defects", "")
+        self.binfos = binfos
+        self.oracle = PopulationOracle(judged_anchors(store.manifest, flow.parts), binfos, cfg, reference=run.reference,
+                                       descendants=flow.descendants, steps=quant_steps(store, run.usable, report.notes)) \
+            if consensus else None
+        self.threshold = _threshold_check(run, binfos) if report.oracle in ("threshold", "both") else None
+        self.aligner = _aligner(store, run.usable)
+        self.names = set(store.manifest.names())
+
+    def add_store(self, store, ids: dict[str, str] | None = None, each=None) -> None:
+        """Judge every sample of ``store`` (a run over the same model and backends); ``ids``: its
+        sample id -> the id recorded in the report (default: the same); ``each(sid, tensors)`` is
+        called with every sample's aligned tensors (``{anchor: {backend: array}}``) after judging.
+
+        Raises:
+            JudgeError: a stored tensor file is unreadable.
+        """
+        for sid in store.sample_ids:
+            tensors, unaligned, absent = _aligned_sample(store, self.aligner, self.run.usable, sid, self.names,
+                                                         self.flow.parts)
+            rid = (ids or {}).get(sid, sid)
+            if self.oracle is not None:
+                self.oracle.add(tensors, unaligned, sample_id=rid, absent=absent)
+            if self.threshold is not None:
+                self.threshold.add(tensors)
+            self.run.report.samples += 1
+            if each is not None:
+                each(rid, tensors)
+
+    def judged(self) -> Judged:
+        return Judged(oracle=self.oracle, threshold=self.threshold, parts=self.flow.parts,
+                      alignment=self.aligner.report())
 
 
 def quant_steps(store, usable: list[str], notes: list[str]) -> dict[str, float]:

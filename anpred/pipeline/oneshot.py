@@ -50,7 +50,8 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
          config: str | os.PathLike | None = None, history: str | os.PathLike | None = None,
          allow_incomplete: bool = False, timeout_s: float = 600, overwrite: bool = False,
          quiet: bool = False, bind: dict[str, Any] | Iterable[str] | str | None = None,
-         drill: bool = False, task: str | Any | None = None, labels: Any = None) -> TestResult:
+         drill: bool = False, task: str | Any | None = None, labels: Any = None,
+         stream: bool = False, chunk: int = 64, keep: int = 4) -> TestResult:
     """Test ``model`` end to end: export (when needed), instrument, map, run, align, judge, report.
 
     Args:
@@ -92,6 +93,9 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
             ``"none"`` turns it off. ``report.task``; its headlines lead the terminal and HTML reports.
         labels: ground truth for the task (:func:`anpred.task.load_labels`): each backend's accuracy
             and its delta to the consensus.
+        stream: run ``inputs`` (a folder) as a dataset, in chunks of ``chunk`` samples judged as they
+            come, memory flat in the number of inputs; the run folder keeps the ``keep`` most deviating
+            samples per backend (:mod:`anpred.pipeline.stream`).
 
     Returns:
         :class:`TestResult` (truthy when consistent; ``.report`` is the CheckReport).
@@ -128,7 +132,8 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
         result = _pipeline(subject, final, tmp, backends=backends, inputs=inputs, samples=samples, stages=stages,
                            max_cut_width=max_cut_width, imgsz=imgsz, seed=seed, oracle=oracle, config=config,
                            allow_incomplete=allow_incomplete, timeout_s=timeout_s, quiet=quiet, seconds=seconds,
-                           bind=bind, drill=drill, task=task, labels=labels)
+                           bind=bind, drill=drill, task=task, labels=labels,
+                           stream={"chunk": int(chunk), "keep": int(keep)} if stream else None)
         commit_partial(tmp, final)
         # what was tested names the final place of files built in the partial folder (a factory's export)
         result.details = relocated(result.details, tmp, final)
@@ -146,7 +151,8 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
 
 def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, samples, stages, max_cut_width,
               imgsz, seed, oracle, config, allow_incomplete, timeout_s, quiet, seconds,
-              bind: dict[str, Any] | None = None, drill: bool = False, task=None, labels=None) -> TestResult:
+              bind: dict[str, Any] | None = None, drill: bool = False, task=None, labels=None,
+              stream: dict[str, int] | None = None) -> TestResult:
     """The steps after resolving the model, built in ``tmp`` (committed to ``final`` by the caller);
     phase wall times go into ``seconds``."""
     details: dict[str, Any] = {"subject": subject.to_dict()}
@@ -155,14 +161,21 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
     names = _backend_names(subject, backends)
     mapping = _map(subject, manifest, anchored, names, backends is not None, tmp, details, seconds, quiet)
     _save_anchored(subject, anchored, manifest, tmp)
-    spec, details["inputs"] = prepare_inputs(subject, anchored, inputs, samples, seed, tmp / ".inputs", quiet,
-                                             bound=details.get("bound_inputs"))
-    with _timed(seconds, "run"):
-        statuses = _run(subject, names, spec, details["inputs"], tmp, final, timeout_s, quiet)
-    with _timed(seconds, "check"):
-        report = _check(tmp, final, oracle, config, allow_incomplete)
     adapter = _task_adapter(subject, task)
-    if adapter is not None and report.status != "error":
+    if stream is not None:
+        with _timed(seconds, "stream"):
+            report, statuses = _stream(subject, anchored, names, inputs, tmp, final, timeout_s, quiet, oracle,
+                                       config, allow_incomplete, adapter, labels, stream, details)
+    else:
+        spec, details["inputs"] = prepare_inputs(subject, anchored, inputs, samples, seed, tmp / ".inputs", quiet,
+                                                 bound=details.get("bound_inputs"))
+        with _timed(seconds, "run"):
+            statuses = _run(subject, names, spec, details["inputs"], tmp, final, timeout_s, quiet)
+        with _timed(seconds, "check"):
+            report = _check(tmp, final, oracle, config, allow_incomplete)
+    if stream is not None:
+        pass  # task metrics accumulated while streaming
+    elif adapter is not None and report.status != "error":
         from anpred.task import task_impact
 
         with _timed(seconds, "task"):
@@ -191,6 +204,41 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
 
 
 # ---- the steps -------------------------------------------------------------------------------------
+def _stream(subject: Subject, anchored, names, inputs, tmp: Path, final: Path, timeout_s, quiet, oracle, config,
+            allow_incomplete, adapter, labels, stream: dict[str, int], details: dict[str, Any]):
+    """A dataset run in chunks (:func:`anpred.pipeline.stream.stream_test`): ``(report, statuses)``."""
+    from anpred.inputs import InputSpec, model_inputs
+    from anpred.pipeline.samples import is_images
+    from anpred.pipeline.stream import stream_test, zoo_image_samples
+    from anpred.run import RunStore
+
+    if inputs is None or str(inputs).startswith("random:"):
+        raise AnpredError("--stream needs --inputs: a folder of images or .npz/.npy files")
+    zm = subject.zoo
+    if zm is not None and is_images(inputs) and not zm.entry.inputs:
+        samples = zoo_image_samples(zm, inputs)
+        desc = {"kind": "files", "path": str(Path(inputs).resolve()), "preprocessing": zm.info()["preprocessing"]}
+    else:
+        spec = InputSpec.parse(str(inputs))
+        hint = subject.label
+        samples = spec.samples(model_inputs(anchored), hint)
+        desc = spec.describe(hint)
+    details["inputs"] = {"kind": "streamed", "spec": str(inputs), **stream}
+    log(f"streaming {inputs} through {len(names)} backends in chunks of {stream['chunk']}", quiet)
+    with PythonPath(subject.sys_path):
+        report = stream_test(tmp / "anchored.onnx", names, samples, tmp / "run", chunk=stream["chunk"],
+                             keep=stream["keep"], timeout_s=timeout_s, quiet=quiet, oracle=oracle, config=config,
+                             allow_incomplete=allow_incomplete, adapter=adapter, labels=labels,
+                             inputs_description=desc)
+    report.run_dir = str(final / "run")
+    store = RunStore.open(tmp / "run")
+    store.meta.setdefault("model", {})["name"] = subject.label
+    store.meta["model"]["path"] = str(final / "anchored.onnx")
+    store.save_meta()
+    report.model = {**(report.model or {}), "name": subject.label}
+    return report, store.statuses()
+
+
 def _task_adapter(subject: Subject, task):
     """The task adapter: ``task`` (:func:`anpred.task.load_adapter`), else the zoo entry's, else None."""
     from anpred.task import load_adapter, zoo_task

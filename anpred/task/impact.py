@@ -26,11 +26,11 @@ import numpy as np
 
 from anpred.errors import AnpredError
 
-__all__ = ["task_impact", "load_labels"]
+__all__ = ["task_impact", "load_labels", "TaskAccumulator", "task_accumulator"]
 
 
-def load_labels(spec: str | Path | list | dict | None, store, task: str) -> list[Any] | None:
-    """Per sample of ``store`` (its order), the label: a class index (classify) or a
+def load_labels(spec: str | Path | list | dict | None, samples: list[dict[str, Any]], task: str) -> list[Any] | None:
+    """Per sample of ``samples`` (a run's ``meta["samples"]``: ``{"id", "source"}`` each, run order), the label: a class index (classify) or a
     :class:`models.detect.Detections` (detect); None where a sample has none. ``spec``: see the module
     docstring (or an already-built list/dict).
 
@@ -40,7 +40,6 @@ def load_labels(spec: str | Path | list | dict | None, store, task: str) -> list
     """
     if spec is None:
         return None
-    samples = store.meta["samples"]
     names = [Path(s.get("source") or "").name for s in samples]
     ids = [s["id"] for s in samples]
     if spec == "folders":
@@ -107,6 +106,74 @@ def _coco_truth(data, names: list[str], ids: list[str]) -> list[Any]:
     return out
 
 
+class TaskAccumulator:
+    """Task results of every backend against the consensus', fed one sample at a time.
+
+    Args:
+        adapter: a task adapter; outs: the output anchors (:class:`anpred.manifest.Anchor`, manifest
+            order); voters: the fp32 voting backends; consensus: ``{backend: array} -> array | None``
+            (the oracle's, :meth:`anpred.judge.consensus.Oracle.consensus`); backends: every backend
+            judged, ``precisions``: backend -> precision.
+    """
+
+    def __init__(self, adapter, outs, voters: list[str], consensus, backends: list[str], precisions: dict[str, str]):
+        self.adapter, self.outs, self.voters, self.consensus = adapter, list(outs), list(voters), consensus
+        self.backends, self.precisions = list(backends), dict(precisions)
+        self.sums: dict[str, dict[str, float]] = {b: {} for b in self.backends}
+        self.results: dict[str, list[Any]] = {b: [] for b in self.backends}
+        self.refs: list[Any] = []
+        self.labels: list[Any] = []
+
+    def add(self, tensors: dict[str, dict[str, np.ndarray]], label: Any = None) -> bool:
+        """One sample's aligned tensors (``{anchor: {backend: array}}``); ``label``: its ground truth
+        (None: unlabelled). False when no consensus of the outputs could be formed (not counted)."""
+        cons = {}
+        for a in self.outs:
+            per = {b: t for b, t in tensors.get(a.name, {}).items() if b in self.voters}
+            c = self.consensus(per) if per else None
+            if c is None:
+                return False
+            cons[a.value] = c
+        ref = self.adapter.result(cons)
+        self.refs.append(ref)
+        self.labels.append(label)
+        for b in self.backends:
+            got = {a.value: tensors[a.name][b] for a in self.outs if b in tensors.get(a.name, {})}
+            if len(got) != len(self.outs):
+                self.results[b].append(None)
+                continue
+            r = self.adapter.result(got)
+            self.results[b].append(r)
+            for k, v in self.adapter.compare(r, ref).items():
+                self.sums[b][k] = self.sums[b].get(k, 0.0) + v
+        return True
+
+    def result(self) -> dict[str, Any]:
+        """See :func:`task_impact`."""
+        adapter, refs = self.adapter, self.refs
+        out: dict[str, Any] = {"task": adapter.describe(), "samples": len(refs), "backends": {},
+                               "consensus_truth": None, "labels": sum(1 for t in self.labels if t is not None)}
+        for b in self.backends:
+            pairs = [(r, f) for r, f in zip(self.results[b], refs) if r is not None]
+            if not pairs:
+                continue
+            m = adapter.summary(self.sums[b], [r for r, _ in pairs], [f for _, f in pairs])
+            out["backends"][b] = {"metrics": m, "headline": adapter.headline(m), "precision": self.precisions.get(b)}
+        if out["labels"]:
+            lab = [(j, t) for j, t in enumerate(self.labels) if t is not None]
+            cons_truth = _truth(adapter.name, [refs[j] for j, _ in lab], [t for _, t in lab])
+            out["consensus_truth"] = cons_truth
+            for b, d in out["backends"].items():
+                rs = [(self.results[b][j], t) for j, t in lab if self.results[b][j] is not None]
+                tb = _truth(adapter.name, [r for r, _ in rs], [t for _, t in rs])
+                if tb is not None and cons_truth is not None:
+                    key = next(iter(cons_truth))
+                    tb["delta_to_consensus"] = (tb[key] - cons_truth[key]) if tb[key] is not None and \
+                        cons_truth[key] is not None else None
+                d["truth"] = tb
+        return out
+
+
 def task_impact(run_dir: str | Path, adapter, *, labels=None, config=None) -> dict[str, Any]:
     """Task metrics of every usable backend of the run against the consensus (and the labels).
 
@@ -118,86 +185,49 @@ def task_impact(run_dir: str | Path, adapter, *, labels=None, config=None) -> di
 
     Returns:
         ``{"task": adapter.describe(), "samples": n, "backends": {backend: {"metrics", "headline",
-        "truth"}}, "consensus_truth": {...} | None, "labels": n labelled}``; ``truth`` (with labels):
-        classify ``{"top1", "delta_to_consensus"}``, detect ``{"map50", "delta_to_consensus"}``.
+        "precision", "truth"}}, "consensus_truth": {...} | None, "labels": n labelled}``; ``truth``
+        (with labels): classify ``{"top1", "delta_to_consensus"}``, detect ``{"map50", "delta_to_consensus"}``.
 
     Raises:
         AnpredError: not a readable tensors run; a task that does not fit the outputs (the adapter's
             message, e.g. a detector layout that does not match).
     """
     from anpred.judge.check import usable_backends
-    from anpred.judge.consensus import Oracle
-    from anpred.judge.samples import _aligned_sample, _aligner, judged_anchors
-    from anpred.judge.struct import BackendInfo
+    from anpred.judge.samples import _aligned_sample, _aligner
 
     run = usable_backends(run_dir, config=config, allow_incomplete=True)
-    store, rep, cfg = run.store, run.report, run.config
+    store = run.store
     if store.meta.get("mode", "tensors") != "tensors":
         raise AnpredError(f"{run_dir}: task metrics need a tensors run")
+    acc = task_accumulator(run, adapter)
+    aligner = _aligner(store, list(run.usable))
+    names = {a.name for a in acc.outs}
+    truth = load_labels(labels, store.meta["samples"], adapter.name)
+    for i, sid in enumerate(store.sample_ids):
+        tensors, _, _ = _aligned_sample(store, aligner, list(run.usable), sid, names, [])
+        acc.add(tensors, truth[i] if truth is not None else None)
+    return acc.result()
+
+
+def task_accumulator(run, adapter) -> TaskAccumulator:
+    """A :class:`TaskAccumulator` for a run being judged (an :class:`anpred.judge.samples.Judging`).
+
+    Raises:
+        AnpredError: the manifest has no output anchor."""
+    from anpred.judge.consensus import Oracle
+    from anpred.judge.samples import judged_anchors
+    from anpred.judge.struct import BackendInfo
+
+    store, rep, cfg = run.store, run.report, run.config
     outs = [a for a in store.manifest.anchors if a.kind == "output"]
     if not outs:
-        raise AnpredError(f"{run_dir}: the manifest has no output anchor")
+        raise AnpredError("the manifest has no output anchor: no task output to read")
     usable = list(run.usable)
-    voters = [b for b in usable if rep.backends[b]["precision"] == "fp32" and
-              BackendInfo.make(b, rep.backends[b]["family"], "fp32", cfg).votes]
-    orc = Oracle(judged_anchors(store.manifest, []), [BackendInfo.make(b, rep.backends[b]["family"], "fp32", cfg)
-                                                     for b in voters], cfg)
-    aligner = _aligner(store, usable)
-    names = {a.name for a in outs}
-    truth = load_labels(labels, store, adapter.name)
-    sums: dict[str, dict[str, float]] = {b: {} for b in usable}
-    results: dict[str, list[Any]] = {b: [] for b in usable}
-    refs: list[Any] = []
-    kept_truth: list[Any] = []
-    idx_truth: list[int] = []
-    n = 0
-    for i, sid in enumerate(store.sample_ids):
-        tensors, _, _ = _aligned_sample(store, aligner, usable, sid, names, [])
-        cons = {}
-        for a in outs:
-            per = {b: t for b, t in tensors.get(a.name, {}).items() if b in voters}
-            if per:
-                c, _, _ = orc.consensus(per)
-                if c is not None:
-                    cons[a.value] = c
-        if len(cons) != len(outs):
-            continue  # no consensus for this sample: not counted
-        ref = adapter.result(cons)
-        refs.append(ref)
-        if truth is not None:
-            kept_truth.append(truth[i])
-            idx_truth.append(len(refs) - 1)
-        n += 1
-        for b in usable:
-            got = {a.value: tensors[a.name][b] for a in outs if b in tensors.get(a.name, {})}
-            if len(got) != len(outs):
-                results[b].append(None)
-                continue
-            r = adapter.result(got)
-            results[b].append(r)
-            for k, v in adapter.compare(r, ref).items():
-                sums[b][k] = sums[b].get(k, 0.0) + v
-    out: dict[str, Any] = {"task": adapter.describe(), "samples": n, "backends": {}, "consensus_truth": None,
-                           "labels": sum(1 for t in (truth or []) if t is not None)}
-    for b in usable:
-        pairs = [(r, f) for r, f in zip(results[b], refs) if r is not None]
-        if not pairs:
-            continue
-        m = adapter.summary(sums[b], [r for r, _ in pairs], [f for _, f in pairs])
-        out["backends"][b] = {"metrics": m, "headline": adapter.headline(m), "precision": rep.backends[b]["precision"]}
-    if truth is not None:
-        lab = [(j, t) for j, t in zip(idx_truth, kept_truth) if t is not None]
-        cons_truth = _truth(adapter.name, [refs[j] for j, _ in lab], [t for _, t in lab])
-        out["consensus_truth"] = cons_truth
-        for b, d in out["backends"].items():
-            rs = [(results[b][j], t) for j, t in lab if results[b][j] is not None]
-            tb = _truth(adapter.name, [r for r, _ in rs], [t for _, t in rs])
-            if tb is not None and cons_truth is not None:
-                key = next(iter(cons_truth))
-                tb["delta_to_consensus"] = (tb[key] - cons_truth[key]) if tb[key] is not None and \
-                    cons_truth[key] is not None else None
-            d["truth"] = tb
-    return out
+    infos = {b: BackendInfo.make(b, rep.backends[b]["family"], "fp32", cfg) for b in usable}
+    voters = [b for b in usable if rep.backends[b]["precision"] == "fp32" and infos[b].votes]
+    orc = Oracle(judged_anchors(store.manifest, []), [infos[b] for b in voters], cfg)
+    return TaskAccumulator(adapter, outs, voters, lambda per: orc.consensus(per)[0], usable,
+                           {b: rep.backends[b]["precision"] for b in usable})
 
 
 def _truth(task: str, results: list[Any], labels: list[Any]) -> dict[str, Any] | None:

@@ -1,0 +1,292 @@
+"""Datasets, streamed: ``anpred test MODEL --inputs DIR --stream`` (issue 20).
+
+The samples are read lazily and run in chunks of ``chunk`` samples: each chunk is one
+:func:`anpred.run.run_model` (every backend in its own process, the same chunk for all), judged sample
+by sample by ONE oracle for the whole dataset (:class:`anpred.judge.samples.SampleJudge`: its
+accumulators are streaming, so memory stays flat in the number of inputs) and by the task adapter
+(:class:`anpred.task.impact.TaskAccumulator`), then deleted. The run folder keeps only the ``keep``
+most deviating samples per backend (deviation: the nRMSE of the backend's outputs against the
+consensus', summed over the outputs), with every backend's tensors for them (for the report's plots
+and for ``anpred check RUN --drill``): disk is bounded by two chunks in flight plus ``keep`` samples
+per backend. While chunk ``k`` is judged (a thread), chunk ``k + 1`` runs: the backends and the judge
+work side by side. A progress line per chunk gives samples/s and the running verdict (the task's
+headline per backend, else each backend's largest output deviation so far).
+
+The report (status, verdicts, cells) covers every sample; ``report.stream`` records the chunking.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import queue
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from anpred.errors import AnpredError
+
+__all__ = ["stream_test", "zoo_image_samples"]
+
+
+def zoo_image_samples(zm, folder: str | Path) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
+    """``(source, {input name: array})`` for every image of ``folder`` (sorted names), preprocessed
+    lazily as the zoo model ``zm`` wants (:meth:`models.zoo.ZooModel.preprocess`).
+
+    Raises:
+        InputError: a folder without images, an unreadable image.
+    """
+    from PIL import Image
+
+    from anpred.errors import InputError
+    from anpred.inputs import IMAGE_EXTS
+
+    files = sorted(p for p in Path(folder).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTS)
+    if not files:
+        raise InputError(f"inputs {folder}: no image in the folder")
+    name = zm.input_names()[0]
+    for f in files:
+        try:
+            with Image.open(f) as im:
+                arr = np.asarray(im.convert("RGB"), dtype=np.uint8)
+        except OSError as err:
+            raise InputError(f"{f}: unreadable image ({err})") from err
+        yield str(f), {name: zm.preprocess(arr)}
+
+
+def _batched(it, n: int):
+    buf = []
+    for x in it:
+        buf.append(x)
+        if len(buf) == n:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
+def _out_dev(tensors, outs, voters, consensus) -> dict[str, float]:
+    """backend -> sum over the outputs of its nRMSE against the consensus (0 where it agrees)."""
+    dev: dict[str, float] = {}
+    for a in outs:
+        per = tensors.get(a, {})
+        vv = {b: t for b, t in per.items() if b in voters}
+        c = consensus(vv) if vv else None
+        if c is None:
+            continue
+        c64 = np.asarray(c, np.float64)
+        den = float(np.linalg.norm(c64[np.isfinite(c64)])) or 1.0
+        for b, x in per.items():
+            d = np.asarray(x, np.float64) - c64
+            d = d[np.isfinite(d)]
+            dev[b] = dev.get(b, 0.0) + float(np.linalg.norm(d)) / den
+    return dev
+
+
+def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[str, dict[str, np.ndarray]]],
+                out_run: str | Path, *, chunk: int = 64, keep: int = 4, timeout_s: float = 600, quiet: bool = False,
+                oracle: str = "consensus", config=None, allow_incomplete: bool = False, adapter=None, labels=None,
+                inputs_description: dict[str, Any] | None = None):
+    """Run and judge a dataset in chunks (module docstring); returns the :class:`anpred.judge.CheckReport`.
+
+    Args:
+        anchored: the anchored model; backends: names or :class:`anpred.run.BackendSpec`.
+        samples: ``(source, {input name: array})`` per sample (an iterator: read lazily).
+        out_run: the run folder to create (it keeps ``keep`` samples per backend).
+        chunk: samples per chunk (memory and disk: two chunks of inputs and tensors at most).
+        keep: most deviating samples kept per backend.
+        oracle, config, allow_incomplete: as :func:`anpred.judge.check_run`.
+        adapter, labels: the task (:mod:`anpred.task`), or None.
+        inputs_description: what the run records as its inputs.
+
+    Raises:
+        AnpredError: a chunk below 1, no sample, the first chunk cannot be judged (every backend failed).
+    """
+    from anpred.judge.check import finish, usable_backends
+    from anpred.judge.samples import SampleJudge
+    from anpred.run import RunStore, run_model
+    from anpred.task.impact import load_labels, task_accumulator
+
+    if chunk < 1 or keep < 0:
+        raise AnpredError(f"stream: chunk must be >= 1 and keep >= 0 (got {chunk}, {keep})")
+    out_run = Path(out_run)
+    work = out_run.parent / ".stream"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    t0 = time.perf_counter()
+    state: dict[str, Any] = {"judge": None, "acc": None, "final": None, "n": 0, "sources": [], "labels": None,
+                             "error": None, "heaps": {}, "kept": {}, "sha": hashlib.sha256(), "max_dev": {}}
+    done: "queue.Queue[tuple[int, Any, dict[str, str]] | None]" = queue.Queue(maxsize=1)
+    specs = list(backends)
+
+    def judge_chunk(k: int, store, ids: dict[str, str]) -> None:
+        if state["judge"] is None:
+            run = usable_backends(store.root, oracle=oracle, config=config, allow_incomplete=allow_incomplete)
+            if run.report.problems:
+                raise AnpredError("stream: the first chunk cannot be judged: " + "; ".join(run.report.problems))
+            state["run"], state["judge"] = run, SampleJudge(run)
+            if adapter is not None:
+                state["acc"] = task_accumulator(run, adapter)
+            state["final"] = RunStore.create(out_run, store.manifest, model=dict(store.meta.get("model", {})),
+                                             inputs=inputs_description or dict(store.meta.get("inputs", {})))
+        judge, acc = state["judge"], state["acc"]
+        main = judge.oracle.main if judge.oracle is not None else None
+        outs = [a.name for a in store.manifest.anchors if a.kind == "output"]
+        voters = [b for b in judge.run.usable if main is not None and b in main.backends and main.backends[b].votes]
+        cons = (lambda per: main.consensus(per)[0]) if main is not None else (lambda per: None)
+        devs: dict[str, dict[str, float]] = {}
+
+        def each(rid: str, tensors) -> None:
+            i = int(rid[1:])
+            if acc is not None:
+                lab = state["labels"][i] if state["labels"] is not None and i < len(state["labels"]) else None
+                acc.add(tensors, lab)
+            devs[rid] = _out_dev(tensors, outs, voters, cons)
+            for b, d in devs[rid].items():
+                state["max_dev"][b] = max(state["max_dev"].get(b, 0.0), d)
+
+        judge.add_store(store, ids, each)
+        _keep(state, store, ids, devs, keep)
+        state["n"] += len(ids)
+        shutil.rmtree(store.root, ignore_errors=True)
+        rate = state["n"] / (time.perf_counter() - t0)
+        if not quiet:
+            running = ("; ".join(f"{b}: {d['headline']}" for b, d in acc.result()["backends"].items())
+                       if acc is not None else
+                       "; ".join(f"{b} max output dev {v:.2g}" for b, v in sorted(state["max_dev"].items())))
+            print(f"stream: {state['n']} samples judged ({rate:.2f} samples/s); running: {running}", file=sys.stderr,
+                  flush=True)
+
+    def judge_loop() -> None:
+        while True:
+            item = done.get()
+            if item is None:
+                return
+            if state["error"] is not None:
+                continue  # drain: a failed judge keeps the runner from blocking
+            try:
+                judge_chunk(*item)
+            except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+                state["error"] = err
+
+    th = threading.Thread(target=judge_loop, daemon=True)
+    th.start()
+    try:
+        for k, part in enumerate(_batched(samples, chunk)):
+            if state["error"] is not None:
+                break
+            folder = work / f"in{k}"
+            folder.mkdir()
+            ids = {}
+            for j, (src, arrays) in enumerate(part):
+                g = len(state["sources"])
+                np.savez(folder / f"{j:06d}.npz", **arrays)
+                state["sources"].append(src)
+                for name in sorted(arrays):
+                    state["sha"].update(name.encode())
+                    state["sha"].update(memoryview(np.ascontiguousarray(arrays[name])).cast("B"))
+                ids[f"s{j:04d}"] = f"s{g:06d}"
+            store = run_model(anchored, specs, folder, work / f"run{k}", timeout_s=timeout_s, overwrite=True,
+                              progress=not quiet, precheck=(k == 0))
+            if k == 0:
+                specs = _later_specs(specs, store, work / "calibration")
+            shutil.rmtree(folder, ignore_errors=True)
+            if labels is not None:
+                state["labels"] = load_labels(labels, [{"id": v, "source": state["sources"][int(v[1:])]}
+                                                       for v in (f"s{i:06d}" for i in range(len(state["sources"])))],
+                                              adapter.name if adapter is not None else "classify")
+            done.put((k, store, ids))
+    finally:
+        done.put(None)
+        th.join()
+        shutil.rmtree(work, ignore_errors=True)
+    if state["error"] is not None:
+        raise state["error"]
+    if state["judge"] is None:
+        raise AnpredError("stream: no sample to run")
+    run, judge, final = state["run"], state["judge"], state["final"]
+    final.meta["stream"] = {"samples": state["n"], "chunk": chunk, "keep": keep,
+                            "kept": {b: sorted(r for _, r in h) for b, h in state["heaps"].items()}}
+    final.save_meta()
+    report = finish(run, judge.judged())
+    report.run_dir = str(out_run)
+    report.inputs = {"description": inputs_description or {}, "samples": state["n"],
+                     "sha256": state["sha"].hexdigest()}
+    if state["acc"] is not None:
+        report.task = state["acc"].result()
+    report.notes.append(f"streamed: {state['n']} samples judged in chunks of {chunk} "
+                        f"({time.perf_counter() - t0:.0f} s); the run folder keeps the {keep} most deviating "
+                        f"samples per backend ({len(final.sample_ids)} samples)")
+    return report
+
+
+def _later_specs(specs: list, store, folder: Path) -> list:
+    """The backends of the chunks after the first: without those the pre-run coverage refused, and with
+    the first chunk's inputs (at most 32, copied into ``folder``) as the calibration of the backends
+    that calibrate on the run's inputs (int8: one quantized model for the whole dataset, as in a run
+    that is not streamed)."""
+    from anpred.backends import backend_class
+    from anpred.run import BackendSpec
+
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for sid in store.sample_ids[:32]:
+        src = store.input_file(sid)
+        dst = folder / src.name
+        shutil.copyfile(src, dst)
+        files.append(str(dst))
+    st = store.statuses()
+    out = []
+    for s in specs:
+        spec = BackendSpec.coerce(s)
+        if st.get(spec.label) is not None and st[spec.label].status == "unsupported":
+            continue
+        if getattr(backend_class(spec.name), "needs_calibration", False) and "calibration" not in spec.options:
+            spec = BackendSpec(spec.name, spec.label, {**spec.options, "calibration": files})
+        out.append(spec)
+    return out
+
+
+def _keep(state, store, ids: dict[str, str], devs: dict[str, dict[str, float]], keep: int) -> None:
+    """Keep each backend's ``keep`` most deviating samples so far in the final run folder (every
+    backend's tensors of a kept sample), dropping the ones pushed out."""
+    final = state["final"]
+    want: set[str] = set()
+    for rid, per in devs.items():
+        for b, d in per.items():
+            h = state["heaps"].setdefault(b, [])
+            if len(h) < keep:
+                heapq.heappush(h, (d, rid))
+            elif keep and d > h[0][0]:
+                heapq.heapreplace(h, (d, rid))
+    kept_now = {r for h in state["heaps"].values() for _, r in h}
+    inv = {v: k for k, v in ids.items()}
+    for rid in sorted(kept_now):
+        if rid in inv and rid not in state["kept"]:
+            sid = inv[rid]
+            src = state["sources"][int(rid[1:])]
+            final.add_sample(rid, store.read_inputs(sid), source=src)
+            for b in store.statuses():
+                t = store.read_anchors(b, sid) if store.anchor_file(b, sid) else {}
+                if t:
+                    final.write_anchors(b, rid, t)
+            state["kept"][rid] = True
+            want.add(rid)
+    for rid in [r for r in state["kept"] if r not in kept_now]:  # pushed out: its files go
+        for p in list((final.root / "inputs").glob(f"{rid}.*")) + list((final.root / "tensors").glob(f"*/{rid}.*")):
+            p.unlink(missing_ok=True)
+        final.meta["samples"] = [s for s in final.meta["samples"] if s["id"] != rid]
+        del state["kept"][rid]
+    for b, st in store.statuses().items():  # statuses: the first chunk's, sample counts summed
+        old = final.statuses().get(b)
+        if old is not None:
+            st.samples += old.samples
+            st.seconds_run += old.seconds_run
+            st.seconds_prepare += old.seconds_prepare
+        final.set_status(st)
+    final.save_meta()
