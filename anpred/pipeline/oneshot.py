@@ -51,7 +51,7 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
          allow_incomplete: bool = False, timeout_s: float = 600, overwrite: bool = False,
          quiet: bool = False, bind: dict[str, Any] | Iterable[str] | str | None = None,
          drill: bool = False, task: str | Any | None = None, labels: Any = None,
-         stream: bool = False, chunk: int = 64, keep: int = 4) -> TestResult:
+         stream: bool = False, chunk: int | None = None, keep: int = 4) -> TestResult:
     """Test ``model`` end to end: export (when needed), instrument, map, run, align, judge, report.
 
     Args:
@@ -95,7 +95,8 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
             and its delta to the consensus.
         stream: run ``inputs`` (a folder) as a dataset, in chunks of ``chunk`` samples judged as they
             come, memory flat in the number of inputs; the run folder keeps the ``keep`` most deviating
-            samples per backend (:mod:`anpred.pipeline.stream`).
+            samples per backend (:mod:`anpred.pipeline.stream`); ``chunk`` None: as many samples as write
+            1 GiB of anchor tensors over all backends (:func:`anpred.pipeline.stream.auto_chunk`, at most 64).
 
     Returns:
         :class:`TestResult` (truthy when consistent; ``.report`` is the CheckReport).
@@ -133,7 +134,7 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
                            max_cut_width=max_cut_width, imgsz=imgsz, seed=seed, oracle=oracle, config=config,
                            allow_incomplete=allow_incomplete, timeout_s=timeout_s, quiet=quiet, seconds=seconds,
                            bind=bind, drill=drill, task=task, labels=labels,
-                           stream={"chunk": int(chunk), "keep": int(keep)} if stream else None)
+                           stream={"chunk": chunk, "keep": int(keep)} if stream else None)
         commit_partial(tmp, final)
         # what was tested names the final place of files built in the partial folder (a factory's export)
         result.details = relocated(result.details, tmp, final)
@@ -164,8 +165,8 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
     adapter = _task_adapter(subject, task)
     if stream is not None:
         with _timed(seconds, "stream"):
-            report, statuses = _stream(subject, anchored, names, inputs, tmp, final, timeout_s, quiet, oracle,
-                                       config, allow_incomplete, adapter, labels, stream, details)
+            report, statuses = _stream(subject, anchored, manifest, names, inputs, tmp, final, timeout_s, quiet,
+                                       oracle, config, allow_incomplete, adapter, labels, stream, details)
     else:
         spec, details["inputs"] = prepare_inputs(subject, anchored, inputs, samples, seed, tmp / ".inputs", quiet,
                                                  bound=details.get("bound_inputs"))
@@ -204,8 +205,8 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
 
 
 # ---- the steps -------------------------------------------------------------------------------------
-def _stream(subject: Subject, anchored, names, inputs, tmp: Path, final: Path, timeout_s, quiet, oracle, config,
-            allow_incomplete, adapter, labels, stream: dict[str, int], details: dict[str, Any]):
+def _stream(subject: Subject, anchored, manifest, names, inputs, tmp: Path, final: Path, timeout_s, quiet, oracle,
+            config, allow_incomplete, adapter, labels, stream: dict[str, Any], details: dict[str, Any]):
     """A dataset run in chunks (:func:`anpred.pipeline.stream.stream_test`): ``(report, statuses)``."""
     from anpred.inputs import InputSpec, model_inputs
     from anpred.pipeline.samples import is_images
@@ -223,6 +224,10 @@ def _stream(subject: Subject, anchored, names, inputs, tmp: Path, final: Path, t
         hint = subject.label
         samples = spec.samples(model_inputs(anchored), hint)
         desc = spec.describe(hint)
+    if stream.get("chunk") is None:
+        from anpred.pipeline.stream import auto_chunk
+
+        stream = {**stream, "chunk": auto_chunk(manifest, len(names))}
     details["inputs"] = {"kind": "streamed", "spec": str(inputs), **stream}
     log(f"streaming {inputs} through {len(names)} backends in chunks of {stream['chunk']}", quiet)
     with PythonPath(subject.sys_path):

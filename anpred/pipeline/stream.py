@@ -31,7 +31,24 @@ import numpy as np
 
 from anpred.errors import AnpredError
 
-__all__ = ["stream_test", "zoo_image_samples"]
+__all__ = ["stream_test", "zoo_image_samples", "auto_chunk", "CHUNK_BYTES"]
+
+#: default bytes of anchor tensors one chunk may write (all backends together): 1 GiB, so that the two
+#: chunks in flight and the kept samples stay a few GiB on disk whatever the model (docs/run.md)
+CHUNK_BYTES = 1 << 30
+
+
+def auto_chunk(manifest, n_backends: int, budget: int = CHUNK_BYTES, most: int = 64) -> int:
+    """Samples per chunk: ``budget`` bytes over the anchor bytes one sample writes for ``n_backends``
+    backends (static anchor shapes of the manifest; an unknown dim counts as 1), between 1 and ``most``."""
+    per = 0
+    for a in manifest.anchors:
+        n = 1
+        for d in a.shape or []:
+            n *= d if isinstance(d, int) and d > 0 else 1
+        per += n * np.dtype(a.dtype if a.dtype in np.sctypeDict else "float32").itemsize
+    per *= max(1, n_backends)
+    return int(max(1, min(most, budget // max(1, per))))
 
 
 def zoo_image_samples(zm, folder: str | Path) -> Iterator[tuple[str, dict[str, np.ndarray]]]:

@@ -1,0 +1,112 @@
+"""Streamed dataset runs (issue 20): peak memory and disk against the number of inputs, and the run's
+wall time against the backends' own inference time.
+
+For each N in --pages, renders N document pages with their drawn boxes as ground truth
+(:func:`models.documents.write_pages_with_truth`), then runs, in a child process,
+
+    anpred test yolov8n-doclaynet --inputs PAGES --labels PAGES/truth.json --stream --backends B -o OUT
+
+while polling (every 0.2 s, psutil) the resident memory of the whole process tree (the driver, its
+judge and every backend worker) and the size of OUT. Reports per N: wall time of the stream phase,
+the sum over backends of their own inference time (``seconds_run`` of the run record, summed over
+chunks) and of their preparation, their ratio, peak RSS of the tree, peak disk of OUT, and the task
+headline of each backend. Usage (the numbers in docs/run.md, "Datasets, streamed")::
+
+    .venv/bin/python benchmarks/bench_stream.py --pages 100,300 --out bench-stream
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _tree_rss(p) -> int:
+    import psutil
+
+    total = 0
+    try:
+        procs = [p] + p.children(recursive=True)
+    except psutil.Error:
+        return 0
+    for q in procs:
+        try:
+            total += q.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def _du(folder: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(folder):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total
+
+
+def main(argv=None) -> int:
+    import psutil
+
+    from models.documents import write_pages_with_truth
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pages", default="100,300")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--backends", default="ort,openvino,torch,ort-int8")
+    ap.add_argument("--chunk", type=int, default=None, help="default: anpred's (1 GiB of anchor tensors)")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for n in [int(x) for x in a.pages.split(",")]:
+        pages = out / f"pages-{n}"
+        if not (pages / "truth.json").is_file():
+            write_pages_with_truth(pages, range(n))
+        dst = out / f"run-{n}"
+        cmd = [sys.executable, "-m", "anpred", "test", "yolov8n-doclaynet", "--inputs", str(pages), "--labels",
+               str(pages / "truth.json"), "--stream", *(["--chunk", str(a.chunk)] if a.chunk else []), "--backends", a.backends, "-o", str(dst),
+               "--overwrite", "-q"]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+        ps = psutil.Process(proc.pid)
+        peak_rss = peak_disk = 0
+        while proc.poll() is None:
+            peak_rss = max(peak_rss, _tree_rss(ps))
+            parent = dst.parent
+            peak_disk = max(peak_disk, sum(_du(p) for p in parent.glob(f".{dst.name}*")) + (_du(dst) if dst.exists() else 0))
+            time.sleep(0.2)
+        wall = time.perf_counter() - t0
+        text = proc.stdout.read().decode(errors="replace")
+        test = json.loads((dst / "test.json").read_text())
+        run = json.loads((dst / "run" / "run.json").read_text())
+        inf = sum(b.get("seconds_run", 0.0) for b in run["backends"].values())
+        prep = sum(b.get("seconds_prepare", 0.0) for b in run["backends"].values())
+        rep = json.loads((dst / "report.json").read_text())
+        row = {"pages": n, "rc": proc.returncode, "wall_s": wall, "stream_s": test["seconds"].get("stream"),
+               "inference_s": inf, "prepare_s": prep, "ratio_stream_to_inference": test["seconds"].get("stream", 0) / inf
+               if inf else None, "peak_rss_mib": peak_rss / 2**20, "peak_disk_mib": peak_disk / 2**20,
+               "kept_samples": len(run["samples"]), "disk_final_mib": _du(dst) / 2**20,
+               "headlines": {b: d["headline"] for b, d in rep["task"]["backends"].items()},
+               "map50": {b: (d.get("truth") or {}).get("map50") for b, d in rep["task"]["backends"].items()}}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if proc.returncode not in (0, 1):
+            print(text[-3000:])
+    (out / "bench_stream.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
