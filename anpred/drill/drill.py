@@ -59,11 +59,14 @@ class DrillConfig:
     max_exposed: inner tensors exposed per drill round (memory: at most this many tensors of one
         stage per sample and backend; a stage with more inner tensors is bisected k-ary).
     timeout_s: per backend and per replay run, seconds.
+    keep_runs: keep the drill rounds' run folders (``<out>/stage-<backend>/``; each holds copies of the
+        subgraph models); by default only the replay run, ``repro/`` and ``drill.json`` stay.
     """
 
     max_samples: int = 4
     max_exposed: int = 64
     timeout_s: float = 600.0
+    keep_runs: bool = False
 
 
 class _Runner:
@@ -287,6 +290,9 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
         except AnpredError as err:
             notes.append(f"drill: {b}: {err}")
             continue
+        finally:
+            if not drill.keep_runs:
+                shutil.rmtree(out / f"stage-{b}", ignore_errors=True)
         culprit["stage"], culprit["backend"] = k, b
         culprit["located_by"] = "replay" if intro else "traced origin"
         result["culprits"][b] = culprit
