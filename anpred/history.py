@@ -257,6 +257,11 @@ def task_regressions(rows: list[TaskRow], since: int | None = None, margin: floa
                     raise AnpredError(f"run {since} has no task metrics of model {model!r} in this history")
                 continue
             ref = since
+            if by_run[ref][0].inputs_sha256 != by_run[last][0].inputs_sha256:
+                import sys
+
+                print(f"history: run {last} and run {ref} of {model} ran on different inputs: their task "
+                      "metrics are compared anyway", file=sys.stderr)
         else:
             same = [r for r in rids if r < last and by_run[r][0].inputs_sha256 == by_run[last][0].inputs_sha256]
             if not same:

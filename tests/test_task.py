@@ -191,27 +191,83 @@ def test_doclaynet_detections_kept_and_true_map(tmp_path):
     assert f"ort-int8: 0 of {n} detections kept" in "\n".join(lines[:7])
 
 
-def test_streamed_dataset_matches_the_run_in_one_piece(digits, digits_run, tmp_path):
-    """``--stream``: the 60 digits in chunks of 16, judged as they come: the same fp32 statistics and task
-    metrics as the run in one piece, every sample counted, and only the most deviating samples kept."""
+def test_streamed_dataset_matches_the_run_in_one_piece(digits, tmp_path):
+    """``--stream``: the 60 digits in chunks of 16, judged as they come: the same statistics at every
+    (anchor, backend) as the same backends in one piece (int8 calibrated on the same first 32 samples),
+    the same task metrics and input-set identity, and only the most deviating samples kept."""
     from anpred.run import RunStore
 
     model, inp, labels, eager, root = digits
-    whole = digits_run[0].report
-    res = anpred.test(str(model), out=tmp_path / "s", backends=FP32[:3] + ["ort-int8"], inputs=str(inp),
-                      task="classify", labels=str(labels), quiet=True, stages=3, stream=True, chunk=16, keep=2)
+    kw = dict(backends=FP32[:3] + ["ort-int8"], inputs=str(inp), task="classify", labels=str(labels), quiet=True,
+              stages=3)
+    whole = anpred.test(str(model), out=tmp_path / "w", **kw).report
+    res = anpred.test(str(model), out=tmp_path / "s", stream=True, chunk=16, keep=2, **kw)
     rep = res.report
-    assert rep.samples == N_TEST and rep.status == "consistent" and rep.task["samples"] == N_TEST
-    for b in FP32[:3]:
-        assert rep.task["backends"][b]["truth"]["top1"] == pytest.approx(eager, abs=1e-12)
-        for c in rep.cells:
-            if c.backend == b:
-                w = whole.cell(c.anchor, b)
-                assert c.samples == N_TEST and w is not None
-    # the pooled statistics of the fp32 backends against their consensus: as in one piece up to the
-    # consensus itself (whole: 8 backends vote, here 3): both at fp32 noise
-    assert max(c.primary for c in rep.cells if c.backend in FP32[:3]) < 1e-6
+    assert rep.samples == N_TEST == whole.samples and rep.status == whole.status == "consistent"
+    assert rep.inputs["sha256"] == whole.inputs["sha256"]  # one dataset identity for the history
+    assert len(rep.cells) == len(whole.cells)
+    for c in rep.cells:
+        w = whole.cell(c.anchor, c.backend)
+        assert c.samples == N_TEST and c.primary == pytest.approx(w.primary, rel=1e-9, abs=1e-15), (c.anchor, c.backend)
+    for b in kw["backends"]:
+        assert rep.task["backends"][b]["metrics"] == pytest.approx(whole.task["backends"][b]["metrics"])
+        assert rep.task["backends"][b]["truth"]["top1"] == pytest.approx(whole.task["backends"][b]["truth"]["top1"])
+    assert rep.task["backends"]["ort"]["truth"]["top1"] == pytest.approx(eager, abs=1e-12)
     kept = RunStore.open(res.run_dir)
     assert 1 <= len(kept.sample_ids) <= 2 * 4 and kept.meta["stream"]["samples"] == N_TEST
     assert not (res.out / ".stream").exists() and kept.statuses()["ort"].samples == N_TEST
     assert "streamed: 60 samples judged in chunks of 16" in rep.notes[-1]
+
+
+def test_labels_are_checked_before_anything_runs(digits, tmp_path):
+    from anpred.errors import AnpredError
+
+    model, inp, labels, _, _ = digits
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    for lab, task in ((str(labels), "none"), (str(bad), "classify")):
+        t0 = __import__("time").perf_counter()
+        with pytest.raises(AnpredError, match="labels"):
+            anpred.test(str(model), out=tmp_path / "o", backends=FP32[:2], inputs=str(inp), task=task, labels=lab,
+                        quiet=True)
+        assert __import__("time").perf_counter() - t0 < 20 and not (tmp_path / "o").exists()
+
+
+def test_user_adapter_module_function(digits, digits_run, tmp_path, monkeypatch):
+    """A user adapter ``module:function`` from the current folder, without ``describe``."""
+    (tmp_path / "myadapt.py").write_text(
+        "import numpy as np\n"
+        "class Argmax:\n"
+        "    name = 'argmax'\n"
+        "    def result(self, outputs):\n"
+        "        return int(np.argmax(next(iter(outputs.values()))))\n"
+        "    def compare(self, res, ref):\n"
+        "        return {'n': 1.0, 'same': float(res == ref)}\n"
+        "    def summary(self, sums, results, refs):\n"
+        "        return {'same': sums['same'] / sums['n']}\n"
+        "    def headline(self, m):\n"
+        "        return f\"same class {m['same']:.2f}\"\n"
+        "def make():\n"
+        "    return Argmax()\n")
+    monkeypatch.chdir(tmp_path)
+    from anpred.task import load_adapter, task_impact
+
+    res = digits_run[0]
+    t = task_impact(res.run_dir, load_adapter("myadapt:make"))
+    assert t["task"] == {"task": "argmax", "adapter": "myadapt:make"}
+    assert t["backends"]["ort"]["headline"] == "same class 1.00"
+    assert t["backends"]["ort-int8"]["metrics"]["same"] == res.report.task["backends"]["ort-int8"]["metrics"]["top1_agreement"]
+
+
+def test_classify_nan_output_agrees_with_nothing():
+    c = ClassifyAdapter()
+    ref = c.result({"y": np.array([0.1, 0.7, 0.2])})
+    s = c.compare(c.result({"y": np.array([np.nan, 0.0, 0.0])}), ref)
+    m = c.summary(s, [], [])
+    assert m["top1_agreement"] == 0.0 and m["nonfinite_outputs"] == 1 and m["mean_prob_shift"] is None
+
+
+def test_history_refuses_a_negative_margin(digits_run, digits):
+    p = subprocess.run([sys.executable, "-m", "anpred", "history", str(digits[4] / "history.sqlite"), "--margin", "-1"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--margin must be >= 0" in p.stderr

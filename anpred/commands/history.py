@@ -30,10 +30,32 @@ def main(args) -> int:
     if args.plot:
         plot_trend(rows, args.plot, trows)
     margin = DEFAULT_MARGIN if args.margin is None else args.margin
+    if margin < 0:
+        from anpred.errors import AnpredError
+
+        raise AnpredError(f"--margin must be >= 0 (got {margin:g})")
     regs = task_regressions(trows, args.since, margin)
     for r in regs:
         print(f"REGRESSION {r['model']} {r['backend']} {r['metric']}: {r['before']:.4g} -> {r['after']:.4g} "
               f"(-{r['drop']:.4g} > margin {margin:g}; run {r['run']} against run {r['against']})")
     if trows and not regs:
-        print(f"no task metric dropped by more than {margin:g}")
+        compared = _compared(trows, args.since)
+        print(f"no task metric dropped by more than {margin:g}" if compared else
+              "no task metrics to compare: each model has one run with task metrics on its inputs "
+              "(give --since RUN to compare with another)")
     return 1 if regs else 0
+
+
+def _compared(rows, since) -> bool:
+    """Whether some model's latest run had a run to be compared with (``--since`` or the previous one
+    on the same inputs)."""
+    runs: dict[str, dict[int, str | None]] = {}
+    for r in rows:
+        runs.setdefault(r.model, {})[r.run_id] = r.inputs_sha256
+    for m, rs in runs.items():
+        last = max(rs)
+        if since is not None and since in rs and since != last:
+            return True
+        if since is None and any(k < last and v == rs[last] for k, v in rs.items()):
+            return True
+    return False

@@ -163,6 +163,12 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
     mapping = _map(subject, manifest, anchored, names, backends is not None, tmp, details, seconds, quiet)
     _save_anchored(subject, anchored, manifest, tmp)
     adapter = _task_adapter(subject, task)
+    if labels is not None:  # checked before anything runs
+        if adapter is None:
+            raise AnpredError("labels need a task (--task detect|classify|dense|module:function)")
+        from anpred.task.impact import load_labels
+
+        load_labels(labels, [], adapter.name, require=False)
     if stream is not None:
         with _timed(seconds, "stream"):
             report, statuses = _stream(subject, anchored, manifest, names, inputs, tmp, final, timeout_s, quiet,

@@ -100,6 +100,9 @@ def _out_dev(tensors, outs, voters, consensus) -> dict[str, float]:
         den = float(np.linalg.norm(c64[np.isfinite(c64)])) or 1.0
         for b, x in per.items():
             d = np.asarray(x, np.float64) - c64
+            if (~np.isfinite(d) & np.isfinite(c64)).any():  # NaN/Inf where the consensus is finite
+                dev[b] = float("inf")
+                continue
             d = d[np.isfinite(d)]
             dev[b] = dev.get(b, 0.0) + float(np.linalg.norm(d)) / den
     return dev
@@ -167,13 +170,15 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
             for b, d in devs[rid].items():
                 state["max_dev"][b] = max(state["max_dev"].get(b, 0.0), d)
 
+        for m in store.meta.get("samples", []):  # the input set's identity, as anpred check computes it
+            state["sha"].update(str(m.get("sha256", m.get("id", ""))).encode())
         judge.add_store(store, ids, each)
         _keep(state, store, ids, devs, keep)
         state["n"] += len(ids)
         shutil.rmtree(store.root, ignore_errors=True)
         rate = state["n"] / (time.perf_counter() - t0)
         if not quiet:
-            running = ("; ".join(f"{b}: {d['headline']}" for b, d in acc.result()["backends"].items())
+            running = ("; ".join(f"{b}: {h}" for b, h in acc.running().items())
                        if acc is not None else
                        "; ".join(f"{b} max output dev {v:.2g}" for b, v in sorted(state["max_dev"].items())))
             print(f"stream: {state['n']} samples judged ({rate:.2f} samples/s); running: {running}", file=sys.stderr,
@@ -191,6 +196,12 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
             except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
                 state["error"] = err
 
+    # the first samples (at most 32) calibrate the int8 backends once for the whole dataset, whatever the chunk
+    import itertools
+
+    head = list(itertools.islice(samples, 32))
+    specs = _calibrated(specs, head, work / "calibration")
+    samples = itertools.chain(head, samples)
     th = threading.Thread(target=judge_loop, daemon=True)
     th.start()
     try:
@@ -204,19 +215,17 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                 g = len(state["sources"])
                 np.savez(folder / f"{j:06d}.npz", **arrays)
                 state["sources"].append(src)
-                for name in sorted(arrays):
-                    state["sha"].update(name.encode())
-                    state["sha"].update(memoryview(np.ascontiguousarray(arrays[name])).cast("B"))
                 ids[f"s{j:04d}"] = f"s{g:06d}"
             store = run_model(anchored, specs, folder, work / f"run{k}", timeout_s=timeout_s, overwrite=True,
                               progress=not quiet, precheck=(k == 0))
-            if k == 0:
-                specs = _later_specs(specs, store, work / "calibration")
+            if k == 0:  # a backend refused by the pre-run coverage is not started again
+                st0 = store.statuses()
+                specs = [x for x in specs if st0.get(x.label) is None or st0[x.label].status != "unsupported"]
             shutil.rmtree(folder, ignore_errors=True)
             if labels is not None:
                 state["labels"] = load_labels(labels, [{"id": v, "source": state["sources"][int(v[1:])]}
                                                        for v in (f"s{i:06d}" for i in range(len(state["sources"])))],
-                                              adapter.name if adapter is not None else "classify")
+                                              adapter.name if adapter is not None else "classify", require=False)
             done.put((k, store, ids))
     finally:
         done.put(None)
@@ -242,28 +251,22 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     return report
 
 
-def _later_specs(specs: list, store, folder: Path) -> list:
-    """The backends of the chunks after the first: without those the pre-run coverage refused, and with
-    the first chunk's inputs (at most 32, copied into ``folder``) as the calibration of the backends
-    that calibrate on the run's inputs (int8: one quantized model for the whole dataset, as in a run
-    that is not streamed)."""
+def _calibrated(specs: list, head: list, folder: Path) -> list:
+    """``specs`` as :class:`anpred.run.BackendSpec`, those that calibrate on the run's inputs (int8)
+    given the ``head`` samples (written into ``folder``) as their calibration: one quantized model for
+    the whole dataset, calibrated as a run in one piece would be (its first 32 samples)."""
     from anpred.backends import backend_class
     from anpred.run import BackendSpec
 
     folder.mkdir(parents=True, exist_ok=True)
     files = []
-    for sid in store.sample_ids[:32]:
-        src = store.input_file(sid)
-        dst = folder / src.name
-        shutil.copyfile(src, dst)
-        files.append(str(dst))
-    st = store.statuses()
+    for i, (_, arrays) in enumerate(head):
+        np.savez(folder / f"{i:06d}.npz", **arrays)
+        files.append(str(folder / f"{i:06d}.npz"))
     out = []
     for s in specs:
         spec = BackendSpec.coerce(s)
-        if st.get(spec.label) is not None and st[spec.label].status == "unsupported":
-            continue
-        if getattr(backend_class(spec.name), "needs_calibration", False) and "calibration" not in spec.options:
+        if files and getattr(backend_class(spec.name), "needs_calibration", False) and "calibration" not in spec.options:
             spec = BackendSpec(spec.name, spec.label, {**spec.options, "calibration": files})
         out.append(spec)
     return out
@@ -299,11 +302,15 @@ def _keep(state, store, ids: dict[str, str], devs: dict[str, dict[str, float]], 
             p.unlink(missing_ok=True)
         final.meta["samples"] = [s for s in final.meta["samples"] if s["id"] != rid]
         del state["kept"][rid]
-    for b, st in store.statuses().items():  # statuses: the first chunk's, sample counts summed
+    for b, st in store.statuses().items():  # statuses over the chunks: counts and times summed, a failure kept
         old = final.statuses().get(b)
         if old is not None:
             st.samples += old.samples
             st.seconds_run += old.seconds_run
             st.seconds_prepare += old.seconds_prepare
+            if old.status != "ok" and st.status == "ok":  # an earlier chunk failed: that stays the status
+                st.status, st.reason = old.status, old.reason
+        if st.status != "ok" and not st.reason.startswith("chunk "):
+            st.reason = f"chunk of samples {min(ids.values())}..{max(ids.values())}: {st.reason}"
         final.set_status(st)
     final.save_meta()

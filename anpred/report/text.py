@@ -124,7 +124,7 @@ def _population_lines(report) -> list[str]:
 
 def task_lines(report) -> list[str]:
     """The task's cost first (``report.task``, :mod:`anpred.task`): one line per backend with the
-    headline number, the worst first, and the accuracy against the labels when there are any."""
+    headline number (run order), and the accuracy against the labels when there are any."""
     t = getattr(report, "task", None) or {}
     if not t or not t.get("backends"):
         return []

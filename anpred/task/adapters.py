@@ -93,8 +93,23 @@ class DetectAdapter(TaskAdapter):
     def result(self, outputs):
         from models.detect import decode
 
-        return decode(np.asarray(_one_output(outputs, self.output), np.float64), self.layout, conf=self.conf,
-                      iou=self.iou)
+        out = np.asarray(_one_output(outputs, self.output), np.float64)
+        per = out[0] if out.ndim == 3 else out
+        if per.ndim == 2 and self.class_names is not None:
+            nc = len(self.class_names)
+            want = (4 + nc) if self.layout == "yolov8" else (5 + nc)
+            got = per.shape[0] if self.layout == "yolov8" else per.shape[1]
+            if got != want:
+                raise AnpredError(f"detect: a {self.layout} head of {nc} classes has {want} "
+                                  f"{'rows' if self.layout == 'yolov8' else 'columns'}, the output has shape {out.shape} "
+                                  "(another layout? --task-layout)")
+        elif per.ndim == 2 and self.layout == "yolov8" and per.shape[0] > per.shape[1]:
+            raise AnpredError(f"detect: output {out.shape} looks like (anchors, values), not yolov8's "
+                              "(4 + classes, anchors): --task-layout yolov5?")
+        elif per.ndim == 2 and self.layout == "yolov5" and per.shape[1] > per.shape[0]:
+            raise AnpredError(f"detect: output {out.shape} looks like (values, anchors), not yolov5's "
+                              "(anchors, 5 + classes): --task-layout yolov8?")
+        return decode(out, self.layout, conf=self.conf, iou=self.iou)
 
     def compare(self, res, ref) -> dict[str, float]:
         from models.detect import match_detections
@@ -159,7 +174,11 @@ def coco_map50(truth: list[Any], dets: list[Any]) -> float | None:
 
 
 def _probabilities(x: np.ndarray) -> np.ndarray:
+    """Probabilities of one output row; all NaN when the output holds a non-finite value (it then
+    agrees with nothing)."""
     x = np.asarray(x, np.float64).reshape(-1)
+    if not np.isfinite(x).all():
+        return np.full(x.shape, np.nan)
     if np.all(x >= 0) and abs(float(x.sum()) - 1.0) < 1e-3:
         return x
     e = np.exp(x - x.max())
@@ -178,17 +197,20 @@ class ClassifyAdapter(TaskAdapter):
         return _probabilities(_one_output(outputs, self.output))
 
     def compare(self, res, ref) -> dict[str, float]:
+        if not np.isfinite(res).all() or not np.isfinite(ref).all():  # NaN/Inf output: agrees with nothing
+            return {"n": 1.0, "top1": 0.0, "topk": 0.0, "nonfinite": 1.0}
         k = min(self.topk, len(ref))
         top_r, top_b = np.argsort(-ref)[:k], np.argsort(-res)[:k]
         c = int(top_r[0])
         return {"n": 1.0, "top1": float(int(np.argmax(res)) == c), "topk": len(set(top_r) & set(top_b)) / k,
-                "shift_sum": abs(float(res[c] - ref[c]))}
+                "shift_sum": abs(float(res[c] - ref[c])), "finite": 1.0}
 
     def summary(self, sums, results, refs) -> dict[str, Any]:
-        n = sums.get("n", 0.0)
-        return {"samples": int(n), "top1_agreement": sums["top1"] / n if n else None,
-                "top5_overlap": sums["topk"] / n if n else None,
-                "mean_prob_shift": sums["shift_sum"] / n if n else None}
+        n, f = sums.get("n", 0.0), sums.get("finite", 0.0)
+        return {"samples": int(n), "top1_agreement": sums.get("top1", 0.0) / n if n else None,
+                "top5_overlap": sums.get("topk", 0.0) / n if n else None,
+                "mean_prob_shift": sums.get("shift_sum", 0.0) / f if f else None,
+                "nonfinite_outputs": int(sums.get("nonfinite", 0.0))}
 
     def headline(self, metrics) -> str:
         n = metrics["samples"]
@@ -257,7 +279,12 @@ def load_adapter(spec: str | TaskAdapter | None, *, layout: str | None = None, o
     elif spec == "dense":
         return DenseAdapter(output=output)
     elif ":" in spec:
+        import os
+        import sys
+
         mod, _, fn = spec.partition(":")
+        if os.getcwd() not in sys.path:  # as model factories: a module of the current folder
+            sys.path.insert(0, os.getcwd())
         try:
             obj = getattr(importlib.import_module(mod), fn)()
         except (ImportError, AttributeError) as err:
@@ -269,4 +296,6 @@ def load_adapter(spec: str | TaskAdapter | None, *, layout: str | None = None, o
         raise AnpredError(f"task adapter {spec!r} lacks {', '.join(missing)}")
     if not getattr(obj, "name", None):
         obj.name = "custom"
+    if not callable(getattr(obj, "describe", None)):
+        obj.describe = lambda: {"task": obj.name, "adapter": str(spec)}
     return obj

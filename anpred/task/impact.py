@@ -29,7 +29,8 @@ from anpred.errors import AnpredError
 __all__ = ["task_impact", "load_labels", "TaskAccumulator", "task_accumulator"]
 
 
-def load_labels(spec: str | Path | list | dict | None, samples: list[dict[str, Any]], task: str) -> list[Any] | None:
+def load_labels(spec: str | Path | list | dict | None, samples: list[dict[str, Any]], task: str,
+                require: bool = True) -> list[Any] | None:
     """Per sample of ``samples`` (a run's ``meta["samples"]``: ``{"id", "source"}`` each, run order), the label: a class index (classify) or a
     :class:`models.detect.Detections` (detect); None where a sample has none. ``spec``: see the module
     docstring (or an already-built list/dict).
@@ -63,7 +64,11 @@ def load_labels(spec: str | Path | list | dict | None, samples: list[dict[str, A
             except json.JSONDecodeError as err:
                 raise AnpredError(f"labels {p}: not JSON ({err})") from err
     if task == "detect":
-        return _coco_truth(data, names, ids)
+        try:
+            return _coco_truth(data, names, ids, require)
+        except (KeyError, TypeError, ValueError) as err:
+            raise AnpredError(f"detection labels: malformed COCO JSON ({type(err).__name__}: {err}); each "
+                              "annotation needs image_id, bbox [x, y, w, h] and category_id") from err
     if isinstance(data, dict) and "labels" in data:
         data = data["labels"]
     if isinstance(data, list):
@@ -76,12 +81,12 @@ def load_labels(spec: str | Path | list | dict | None, samples: list[dict[str, A
         out = [None if x is None else int(x) for x in out]
     except (TypeError, ValueError) as err:
         raise AnpredError(f"labels: a label is not a class index ({err})") from err
-    if all(x is None for x in out):
+    if require and all(x is None for x in out):
         raise AnpredError("labels: none of the run's samples has a label")
     return out
 
 
-def _coco_truth(data, names: list[str], ids: list[str]) -> list[Any]:
+def _coco_truth(data, names: list[str], ids: list[str], require: bool = True) -> list[Any]:
     from models.detect import Detections
 
     if not isinstance(data, dict) or "images" not in data or "annotations" not in data:
@@ -101,7 +106,7 @@ def _coco_truth(data, names: list[str], ids: list[str]) -> list[Any]:
         b = np.array([r[:4] for r in boxes.get(img, [])], np.float64).reshape(-1, 4)
         c = np.array([r[4] for r in boxes.get(img, [])], np.int64)
         out.append(Detections(b, np.ones(len(c)), c, None))
-    if all(x is None for x in out):
+    if require and all(x is None for x in out):
         raise AnpredError("detection labels: no image of the COCO file names one of the run's samples")
     return out
 
@@ -147,6 +152,15 @@ class TaskAccumulator:
             for k, v in self.adapter.compare(r, ref).items():
                 self.sums[b][k] = self.sums[b].get(k, 0.0) + v
         return True
+
+    def running(self) -> dict[str, str]:
+        """backend -> the headline from the running sums alone (no set metric such as mAP: cheap, for
+        progress lines)."""
+        out = {}
+        for b in self.backends:
+            if self.sums[b]:
+                out[b] = self.adapter.headline(self.adapter.summary(self.sums[b], [], []))
+        return out
 
     def result(self) -> dict[str, Any]:
         """See :func:`task_impact`."""
