@@ -8,8 +8,9 @@ accumulators are streaming, so memory stays flat in the number of inputs) and by
 most deviating samples per backend (deviation: the nRMSE of the backend's outputs against the
 consensus', summed over the outputs), with every backend's tensors for them (for the report's plots
 and for ``anpred check RUN --drill``): disk is bounded by two chunks in flight plus ``keep`` samples
-per backend. While chunk ``k`` is judged (a thread), chunk ``k + 1`` runs: the backends and the judge
-work side by side. A progress line per chunk gives samples/s and the running verdict (the task's
+per backend. While chunk ``k`` is judged (a thread), chunk ``k + 1`` runs: the judge works beside the
+backends (within a chunk the run driver still runs the backends one after the other, each in its own
+process started anew per chunk). A progress line per chunk gives samples/s and the running verdict (the task's
 headline per backend, else each backend's largest output deviation so far).
 
 The report (status, verdicts, cells) covers every sample; ``report.stream`` records the chunking.
