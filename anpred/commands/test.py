@@ -102,12 +102,12 @@ def main(args) -> int:
     from anpred.pipeline import demo, format_standing, test
 
     if args.model == "demo":
-        for opt in ("inputs", "kwargs", "history", "imgsz", "bind", "drill", "task", "labels", "stream"):
+        for opt in ("inputs", "kwargs", "history", "imgsz", "bind", "task", "labels", "stream"):
             if getattr(args, opt):
                 raise AnpredError(f"--{opt} does not apply to the demo")
         res = demo(args.output or "anpred-demo", backends=args.backends, samples=args.samples, stages=args.stages,
                    overwrite=args.overwrite, quiet=args.quiet, allow_incomplete=args.allow_incomplete,
-                   timeout_s=args.timeout)
+                   timeout_s=args.timeout, drill=args.drill)
         for r in res.results:
             print(f"== {r.model}: {r.status.upper()}")
             print(r.format_text())

