@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from anpred.errors import GraphError
 
-__all__ = ["build_lenient_index", "SHAPE_OPS", "GraphIndex", "build_index"]
+__all__ = ["build_lenient_index", "SHAPE_OPS", "GraphIndex", "build_index", "subgraph_outer_refs"]
 
 #: ops whose output depends only on the *shape* of their inputs, not on their values.
 SHAPE_OPS = frozenset({"Shape", "Size"})
@@ -35,7 +35,7 @@ _NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLik
                                "Multinomial", "Bernoulli"})
 
 
-def _subgraph_outer_refs(node) -> list[str]:
+def subgraph_outer_refs(node) -> list[str]:
     """Names read inside ``node``'s sub-graphs (at any depth) that are not defined there (iterative)."""
     import onnx
 
@@ -188,7 +188,7 @@ def _build_index(graph, strict: bool, skip=None) -> GraphIndex:
         # sub-graphs hang off If/Loop/Scan/SequenceMap, or ops of other domains
         if (file_ops[i] in _SUBGRAPH_OPS or node.domain not in ("", "ai.onnx")) and \
                 any(a.type == 5 or a.type == 10 for a in node.attribute):  # GRAPH(S)
-            extra = _subgraph_outer_refs(node)
+            extra = subgraph_outer_refs(node)
             if extra:
                 have = set(ins[i])
                 ins[i] += [v for v in extra if v not in have]

@@ -146,6 +146,7 @@ def test_torch_yolov8n_dynamo(yolo, tmp_path):
         assert b.effective_precision() == "fp32"
 
 
+@pytest.mark.slow  # YOLOv8n through onnx2tf: ~20 s cold
 def test_tf_yolov8n_dynamo_nhwc_and_cache(yolo, tmp_path):
     from anpred.backends.tf_onnx import TfOnnxBackend
 

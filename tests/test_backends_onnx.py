@@ -40,6 +40,7 @@ def _rel(a, b):
     return float(np.abs(a - b).max() / (np.abs(b).max() + 1e-30))
 
 
+@pytest.mark.slow  # YOLOv8n on every backend: ~50 s cold (the default run's budget, issue 18)
 def test_yolo_every_backend_captures_every_anchor(yolo_run):
     man = yolo_run.manifest
     assert len(man.anchors) >= 8

@@ -141,6 +141,7 @@ def test_clean_run_has_no_culprit_and_local_error_at_noise(tmp_path):
             assert p["local"] < 1e-5
 
 
+@pytest.mark.slow  # ~20 s; the README command of the repro is run in the default case
 def test_cli_check_drill_writes_culprit(softplus_drill, tmp_path):
     run, _, _, _ = softplus_drill
     out = tmp_path / "r.json"

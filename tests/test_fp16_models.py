@@ -156,6 +156,7 @@ def fp16_run(tmp_path_factory):
     return store, man
 
 
+@pytest.mark.slow  # the float16 network on every backend: ~30 s cold
 def test_fp16_network_runs_on_every_backend_in_float16(fp16_run):
     store, man = fp16_run
     st = store.statuses()
@@ -176,6 +177,7 @@ def test_fp16_network_runs_on_every_backend_in_float16(fp16_run):
     assert all("declares float16" in c["reason"] for c in fp64.captures.values())
 
 
+@pytest.mark.slow  # the float16 network on every backend: ~30 s cold
 def test_fp16_backends_differ_by_float16_rounding_only(fp16_run):
     """Against ORT and against the float64 execution, every backend's anchors differ by ordinary float16
     rounding. Measured nRMSE (worst of 2 samples) vs ORT: ort-noopt/openvino/tf <= 8e-6 (they compute

@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from anpred.drill.repro import drill_stage
+from anpred.drill.runner import SubRunner, departs_rule, load_full, run_specs, value_cells
 from anpred.errors import AnpredError
 
 __all__ = ["DrillConfig", "drill_run"]
@@ -67,91 +69,6 @@ class DrillConfig:
     max_exposed: int = 64
     timeout_s: float = 600.0
     keep_runs: bool = False
-
-
-class _Runner:
-    """Runs a (sub)model on the drill's backends from a list of input dicts, judges it, counts runs."""
-
-    def __init__(self, specs: dict[str, Any], alt: dict[str, Path], out: Path, timeout_s: float,
-                 progress: bool, config):
-        self.specs, self.alt, self.out, self.timeout_s = specs, alt, out, timeout_s
-        self.progress, self.config = progress, config
-        self.runs = 0
-
-    def run(self, name: str, models: dict[str | None, Any], feeds: list[dict[str, np.ndarray]],
-            backends: list[str]):
-        """Run ``models[None]`` (``models[b]``: backend ``b``'s own version) on ``backends`` with
-        ``feeds``; returns ``(run_dir, CheckReport)``."""
-        from anpred.instrument import instrument_model
-        from anpred.judge import check_run
-        from anpred.onnx_io import save_model
-        from anpred.run import BackendSpec, run_model
-
-        d = self.out / name
-        if d.exists():
-            shutil.rmtree(d)
-        (d / "inputs").mkdir(parents=True)
-        for i, f in enumerate(feeds):
-            np.savez(d / "inputs" / f"{i:04d}.npz", **f)
-        # one stage and no boundary of its own: the graph outputs are the anchors, with their layouts
-        # (anpred.instrument: NCHW/NHWC/... from the graph, so that the aligner is not left guessing)
-        anchored, _ = instrument_model(models[None], stages=1)
-        save_model(anchored, d / "model.onnx")
-        specs = []
-        for b in backends:
-            s = self.specs[b]
-            opts = {k: v for k, v in s.options.items() if k != "model"}
-            if b in models:
-                save_model(models[b], d / f"model.{b}.onnx")
-                opts["model"] = str(d / f"model.{b}.onnx")
-            specs.append(BackendSpec(s.name, b, opts))
-        self.runs += 1
-        store = run_model(d / "model.onnx", specs, d / "inputs", d / "run", timeout_s=self.timeout_s,
-                          overwrite=True, progress=self.progress, precheck=False)
-        return store.root, check_run(store.root, config=self.config, allow_incomplete=True)
-
-
-def _specs(store) -> dict[str, Any]:
-    from anpred.run import BackendSpec
-
-    out = {}
-    recorded = store.meta.get("backend_specs") or {}
-    for b in store.statuses():
-        r = recorded.get(b)
-        try:
-            out[b] = BackendSpec(r["name"], b, r.get("options") or {}) if r else BackendSpec(b)
-        except AnpredError:
-            continue  # a label that is not a registry name and was not recorded: not re-runnable
-    return out
-
-
-def _load(path: str | Path):
-    from anpred.onnx_io import load_model
-
-    return load_model(path, load_external=True)
-
-
-def _value_cells(rep, values: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """ONNX value -> backend -> Cell of a sub-run's report (its anchors are its graph outputs)."""
-    by_anchor = {a["name"]: a for a in rep.anchors}
-    man_values = {a: by_anchor[a].get("value") for a in by_anchor}
-    out: dict[str, dict[str, Any]] = {}
-    for c in rep.cells:
-        v = man_values.get(c.anchor)
-        if v is None:
-            continue
-        out.setdefault(v, {})[c.backend] = c
-    return {v: out.get(v, {}) for v in values}
-
-
-def _departs_fn(rep, config):
-    from anpred.judge.localize import Localizer
-    from anpred.judge.struct import BackendInfo
-
-    binfos = {b: BackendInfo.make(b, rep.backends[b]["family"], rep.backends[b]["precision"], config)
-              for b in rep.backends}
-    loc = Localizer([], binfos, config, None, {})
-    return lambda c: c is not None and loc.departs(c)
 
 
 def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
@@ -200,7 +117,7 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
         shutil.rmtree(out)
     out.mkdir(parents=True)
     notes: list[str] = []
-    specs = _specs(store)
+    specs = run_specs(store)
     statuses = store.statuses()
     part = [b for b in report.backends if b in specs and statuses[b].status == "ok" and b not in NATIVE
             and report.backends[b]["precision"] == "fp32" and report.verdicts.get(b) is not None
@@ -210,11 +127,11 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
         notes.append(f"drill: not replayed: {', '.join(left)} (only fp32 voters that ran the ONNX model are "
                      "replayed; native graphs and reduced-precision copies have no ONNX subgraph of their own)")
     alt = {b: Path(specs[b].options["model"]) for b in part if "model" in specs[b].options}
-    model = _load(mpath)
-    models = {b: _load(p) for b, p in alt.items()}
+    model = load_full(mpath)
+    models = {b: load_full(p) for b, p in alt.items()}
     manifest = store.manifest
     samples = store.sample_ids[:max(1, drill.max_samples)]
-    runner = _Runner(specs, alt, out, drill.timeout_s, progress, cfg)
+    runner = SubRunner(specs, alt, out, drill.timeout_s, progress, cfg)
     result: dict[str, Any] = {"samples": len(samples), "stages": {}, "culprits": {}, "notes": notes}
     report.drill = result
     if len(part) < 2:
@@ -244,8 +161,8 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
     _, rrep = runner.run("replay", {None: rmodel, **ralt}, rfeeds, part)
     if rrep.problems:
         notes.append("drill: the stage replay could not be judged: " + "; ".join(rrep.problems)[:600])
-    departs_r = _departs_fn(rrep, cfg)
-    cells = _value_cells(rrep, {k: k for k in rout})
+    departs_r = departs_rule(rrep, cfg)
+    cells = value_cells(rrep, {k: k for k in rout})
     band = cfg.propagation_band
     entries_of = {c.index: c.entries for c in cuts}
     for b in part:
@@ -272,8 +189,6 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
         _use_roles(report.verdicts.get(b), prof, notes, b)
 
     # 2.-3. drill-down and repro for each flagged fp32 voter
-    from anpred.drill.repro import drill_stage
-
     for b in part:
         v = report.verdicts[b]
         if not v.flagged:

@@ -35,7 +35,7 @@ def consensus_samples(run_dir: str | Path, anchors: list[str], *, exclude: tuple
         AnpredError: not a readable run folder; JudgeError: an unreadable tensor file.
     """
     from anpred.judge.consensus import Oracle
-    from anpred.judge.samples import _aligned_sample, _aligner, judged_anchors
+    from anpred.judge.samples import aligned_sample, run_aligner, judged_anchors
     from anpred.judge.struct import BackendInfo
 
     run = _judging(run_dir, config)
@@ -43,12 +43,12 @@ def consensus_samples(run_dir: str | Path, anchors: list[str], *, exclude: tuple
     voters = [b for b in run.usable if b not in exclude and rep.backends[b]["precision"] == "fp32"]
     binfos = [BackendInfo.make(b, rep.backends[b]["family"], "fp32", cfg) for b in voters]
     orc = Oracle(judged_anchors(store.manifest, []), binfos, cfg)
-    aligner = _aligner(store, voters)
+    aligner = run_aligner(store, voters)
     names = set(store.manifest.names())
     want = [a for a in anchors if a in names]
     dtypes = {a.name: a.dtype for a in store.manifest.anchors}
     for sid in (samples if samples is not None else store.sample_ids):
-        tensors, _, _ = _aligned_sample(store, aligner, voters, sid, names, [])
+        tensors, _, _ = aligned_sample(store, aligner, voters, sid, names, [])
         out: dict[str, np.ndarray] = {}
         for a in want:
             per = {b: t for b, t in tensors.get(a, {}).items() if b in voters}
@@ -67,12 +67,12 @@ def consensus_samples(run_dir: str | Path, anchors: list[str], *, exclude: tuple
 def backend_samples(run_dir: str | Path, backend: str, anchors: list[str], samples: list[str] | None = None
                     ) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
     """Yield ``(sample id, {anchor: array})``: ``backend``'s own stored tensors, aligned."""
-    from anpred.judge.samples import _aligned_sample, _aligner
+    from anpred.judge.samples import aligned_sample, run_aligner
 
     run = _judging(run_dir)
     store = run.store
-    aligner = _aligner(store, [backend])
+    aligner = run_aligner(store, [backend])
     names = set(store.manifest.names())
     for sid in (samples if samples is not None else store.sample_ids):
-        tensors, _, _ = _aligned_sample(store, aligner, [backend], sid, names, [])
+        tensors, _, _ = aligned_sample(store, aligner, [backend], sid, names, [])
         yield sid, {a: tensors[a][backend] for a in anchors if backend in tensors.get(a, {})}

@@ -73,7 +73,7 @@ def stage_cuts(model, manifest) -> list[StageCut]:
 def _reached_inputs(model, outputs: list[str], stop: set[str]) -> set[str]:
     """Graph inputs reached walking back from ``outputs`` without crossing ``stop`` (subgraph
     bodies' outer references included)."""
-    from passes.graph import _subgraph_outer_refs
+    from passes.graph import subgraph_outer_refs
 
     producer = {v: n for n in model.graph.node for v in n.output if v}
     inputs = {i.name for i in model.graph.input}
@@ -90,7 +90,7 @@ def _reached_inputs(model, outputs: list[str], stop: set[str]) -> set[str]:
             continue
         node = producer.get(v)
         if node is not None:
-            todo.extend(x for x in list(node.input) + _subgraph_outer_refs(node) if x)
+            todo.extend(x for x in list(node.input) + subgraph_outer_refs(node) if x)
     return out
 
 
@@ -228,7 +228,7 @@ def topo_values(sub, exclude: set[str] = frozenset()) -> list[str]:
 def ancestors_of(sub, value: str) -> set[str]:
     """Every value computed by a node of ``sub`` upstream of ``value`` (subgraph bodies' outer
     references included): a backward walk, linear in the size of the graph."""
-    from passes.graph import _subgraph_outer_refs
+    from passes.graph import subgraph_outer_refs
 
     prod = producers(sub)
     seen: set[str] = set()
@@ -237,7 +237,7 @@ def ancestors_of(sub, value: str) -> set[str]:
         n = prod.get(todo.pop())
         if n is None:
             continue
-        for x in list(n.input) + _subgraph_outer_refs(n):
+        for x in list(n.input) + subgraph_outer_refs(n):
             if x and x in prod and x not in seen:
                 seen.add(x)
                 todo.append(x)

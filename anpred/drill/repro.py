@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from anpred.drill.runner import departs_rule, value_cells
 from anpred.errors import AnpredError
 
 __all__ = ["drill_stage"]
@@ -52,7 +53,7 @@ def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]
     goes on among the inlined operators, one level down.
 
     Args:
-        runner: the drill's :class:`anpred.drill.drill._Runner`.
+        runner: the drill's :class:`anpred.drill.runner.SubRunner`.
         model: the run's anchored model; ``own_model``: the model ``backend`` ran, when its own.
         cut: the stage (:class:`anpred.drill.graphs.StageCut`).
         feeds: per sample, ONNX value -> consensus array (entries and graph inputs).
@@ -98,7 +99,7 @@ def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]
                     if producers(sub2)[val2].name.startswith(label + "/"):
                         body_of, sub, own, val, last = label, sub2, own2, val2, last2
                         node = producers(sub)[val]
-        cell = _value_cells(last[1], {val: val})[val]
+        cell = value_cells(last[1], {val: val})[val]
         mine = cell.get(backend)
         others = [c.stats.nrmse for b, c in cell.items() if b != backend and c.stats is not None]
         culprit = {"node": node.name, "op_type": node.op_type, "domain": node.domain or "ai.onnx",
@@ -112,12 +113,6 @@ def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]
         return culprit
     finally:
         runner.out = runner_out
-
-
-def _value_cells(rep, values):
-    from anpred.drill.drill import _value_cells as vc
-
-    return vc(rep, values)
 
 
 def _inlined(sub, own, node):
@@ -171,7 +166,6 @@ class _Search:
 
         Raises:
             AnpredError: the backend departs at no candidate."""
-        from anpred.drill.drill import _departs_fn
         from anpred.drill.graphs import ancestors_of, expose, producers
 
         prod = producers(sub)
@@ -186,8 +180,8 @@ class _Search:
                 models[self.backend] = expose(own, vals)
             self.rounds += 1
             run_dir, rep = self.runner.run(f"round{self.rounds}", models, self.sfeeds, self.peers)
-            departs = self._departs = _departs_fn(rep, self.cfg)
-            cells = _value_cells(rep, {v: v for v in vals})
+            departs = self._departs = departs_rule(rep, self.cfg)
+            cells = value_cells(rep, {v: v for v in vals})
             dep = [j for j, v in enumerate(vals) if departs(cells[v].get(self.backend))]
             # a departure some other backend shows too (it departs there: a defect they share, e.g. a common
             # kernel library) is not taken for this backend's own cause while a departure of its own
@@ -216,7 +210,6 @@ def _repro(runner, node, out_val, last_rep, exposed, sub, own, sfeeds, ins, back
            cfg, repro_dir: Path, shared: set[str] = frozenset()) -> dict[str, Any]:
     """Write and verify the repro of ``node`` (module docstring), cut out of the stage's subgraph
     ``sub`` (``own``: the backend's own version). Returns the culprit's repro keys."""
-    from anpred.drill.drill import _departs_fn
     from anpred.drill.feed import backend_samples, consensus_samples
     from anpred.drill.graphs import expose, extract
 
@@ -256,8 +249,8 @@ def _repro(runner, node, out_val, last_rep, exposed, sub, own, sfeeds, ins, back
             continue
         models = {None: m, **({backend: mo} if mo is not None else {})}
         rdir, rrep = runner.run(f"repro-{scope.replace(' ', '-')}", models, [inputs], peers)
-        departs = _departs_fn(rrep, cfg)
-        cells = _value_cells(rrep, {out_val: out_val})[out_val]
+        departs = departs_rule(rrep, cfg)
+        cells = value_cells(rrep, {out_val: out_val})[out_val]
         # no peer flagged, except those that showed the same departure in the stage (a shared defect)
         flagged_peers = [b for b in rrep.flagged_backends if b != backend and b not in shared]
         if departs(cells.get(backend)) and not flagged_peers:

@@ -26,7 +26,7 @@ from anpred.judge.parts import OutputPart, add_part_views
 from anpred.judge.struct import AnchorInfo, BackendInfo, CheckReport
 from anpred.judge.threshold import ThresholdCheck
 
-__all__ = ["Judged", "Judging", "SampleJudge", "judge_samples", "judged_anchors", "quant_steps", "read_tensors", "tensor_file"]
+__all__ = ["Judged", "Judging", "SampleJudge", "aligned_sample", "run_aligner", "judge_samples", "judged_anchors", "quant_steps", "read_tensors", "tensor_file"]
 
 
 @dataclass
@@ -101,7 +101,7 @@ class SampleJudge:
                                        descendants=flow.descendants, steps=quant_steps(store, run.usable, report.notes)) \
             if consensus else None
         self.threshold = _threshold_check(run, binfos) if report.oracle in ("threshold", "both") else None
-        self.aligner = _aligner(store, run.usable)
+        self.aligner = run_aligner(store, run.usable)
         self.names = set(store.manifest.names())
 
     def add_store(self, store, ids: dict[str, str] | None = None, each=None) -> None:
@@ -113,7 +113,7 @@ class SampleJudge:
             JudgeError: a stored tensor file is unreadable.
         """
         for sid in store.sample_ids:
-            tensors, unaligned, absent = _aligned_sample(store, self.aligner, self.run.usable, sid, self.names,
+            tensors, unaligned, absent = aligned_sample(store, self.aligner, self.run.usable, sid, self.names,
                                                          self.flow.parts)
             rid = (ids or {}).get(sid, sid)
             if self.oracle is not None:
@@ -176,7 +176,7 @@ def _threshold_check(run: Judging, binfos: list[BackendInfo]) -> ThresholdCheck:
     return ThresholdCheck(outputs, usable, ref, run.atol, run.rtol)
 
 
-def _aligner(store, usable: list[str]):
+def run_aligner(store, usable: list[str]):
     """An :class:`anpred.align.Aligner` over the usable backends' run records.
 
     Raises:
@@ -188,7 +188,7 @@ def _aligner(store, usable: list[str]):
     return Aligner(store.manifest, statuses)
 
 
-def _aligned_sample(store, aligner, usable: list[str], sid: str, names: set[str], parts: list[OutputPart]):
+def aligned_sample(store, aligner, usable: list[str], sid: str, names: set[str], parts: list[OutputPart]):
     """One sample read and aligned: ``(tensors, unaligned, absent)`` for :meth:`Oracle.add`
     (``unaligned``: ``{(anchor, backend): reason}``; ``absent``: backends that stored nothing for it);
     stored anchors the manifest does not know are ignored."""

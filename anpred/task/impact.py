@@ -207,18 +207,18 @@ def task_impact(run_dir: str | Path, adapter, *, labels=None, config=None) -> di
             message, e.g. a detector layout that does not match).
     """
     from anpred.judge.check import usable_backends
-    from anpred.judge.samples import _aligned_sample, _aligner
+    from anpred.judge.samples import aligned_sample, run_aligner
 
     run = usable_backends(run_dir, config=config, allow_incomplete=True)
     store = run.store
     if store.meta.get("mode", "tensors") != "tensors":
         raise AnpredError(f"{run_dir}: task metrics need a tensors run")
     acc = task_accumulator(run, adapter)
-    aligner = _aligner(store, list(run.usable))
+    aligner = run_aligner(store, list(run.usable))
     names = {a.name for a in acc.outs}
     truth = load_labels(labels, store.meta["samples"], adapter.name)
     for i, sid in enumerate(store.sample_ids):
-        tensors, _, _ = _aligned_sample(store, aligner, list(run.usable), sid, names, [])
+        tensors, _, _ = aligned_sample(store, aligner, list(run.usable), sid, names, [])
         acc.add(tensors, truth[i] if truth is not None else None)
     return acc.result()
 
