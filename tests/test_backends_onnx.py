@@ -86,6 +86,7 @@ def test_yolo_every_backend_captures_every_anchor(yolo_run):
     assert [Path(s["source"]).name for s in yolo_run.meta["samples"]] == ["bus.jpg", "zidane.jpg"]
 
 
+@pytest.mark.slow  # shares the ~50 s YOLOv8n-on-every-backend run (the default run's budget, issue 18)
 def test_yolo_tensors_dtype_shape_and_agreement(yolo_run):
     man = yolo_run.manifest
     for sid in yolo_run.sample_ids:
