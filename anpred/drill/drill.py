@@ -16,11 +16,12 @@
    (else the traced origin stage), the stage's subgraph alone is cut out (the rest of the model and
    its fusions are untouched), its inner tensors are exposed (at most ``max_exposed`` per round:
    memory stays one stage's tensors), and it is replayed from the consensus entry tensors on the
-   backend and its peers; the first exposed tensor (topological order) at which the backend departs
-   narrows the search to the operators between the previous exposed tensor and it, until one
-   operator remains (k-ary bisection; one round when the stage has at most ``max_exposed`` inner
-   tensors). Converter backends (torch, tf, ...) convert each subgraph anew (their caches key it by
-   its hash).
+   backend and its peers. Each round keeps only the ancestors of the first departing exposed tensor
+   (k-ary; one round when the stage has at most ``max_exposed`` inner tensors) until every candidate
+   was exposed: the first departing one is the culprit. A departure a peer shows too is passed over
+   while one of the backend's own follows; an ``If``/``Loop`` culprit is inlined and searched one
+   level down (:mod:`anpred.drill.repro`). Converter backends (torch, tf, ...) convert each subgraph
+   anew (tf/litert conversions are cached by the subgraph's hash).
 3. **Standalone repro** (:mod:`anpred.drill.repro`): that operator alone, on its real consensus input
    values, run again on the backend and its peers: kept only if the backend still departs from its
    peers there (else the stage prefix up to the operator is tried), written to ``repro/<backend>/``.

@@ -295,20 +295,23 @@ def _write(repro_dir: Path, m, mo, inputs, rdir, rrep, backend, peers, node, sco
     cmd = (f"anpred test model.onnx --inputs inputs.npz --backends {','.join(peers)} --stages 1{cfg_opt} "
            f"-o rerun --overwrite")
     ratio = (mine.primary / mine.peer_level) if mine.peer_level else float("inf")
-    if mo is not None:
-        rerun = (f"{backend} ran its own version of the model: `model.{backend}.onnx`. The command below runs "
-                 f"`model.onnx` on every backend (no deviation expected); to reproduce, give {backend} its model "
-                 "through the Python API:\n\n    python -c \"from anpred.run import BackendSpec, run_model; "
+    from anpred.backends import REGISTRY
+
+    if mo is not None or backend not in REGISTRY:  # the CLI cannot give this backend its own model/label
+        opts = f"{{'model': 'model.{backend}.onnx'}}" if mo is not None else "{}"
+        rerun = ((f"{backend} ran its own version of the model: `model.{backend}.onnx`. " if mo is not None else
+                  f"{backend} is a label of the Python API (backend {registry_name}). ")
+                 + "Rerun it through the Python API (it prints the flagged backends):\n\n"
+                 "    python -c \"from anpred.run import BackendSpec, run_model; "
                  f"from anpred.judge import check_run; s = run_model('model.onnx', [*{[p for p in peers if p != backend]!r}, "
-                 f"BackendSpec({registry_name!r}, {backend!r}, "
-                 f"{{'model': 'model.{backend}.onnx'}})], 'inputs.npz', 'rerun', overwrite=True); "
-                 "print(check_run(s.root).flagged_backends)\"\n\n")
+                 f"BackendSpec({registry_name!r}, {backend!r}, {opts})], 'inputs.npz', 'rerun', overwrite=True); "
+                 "print(check_run(s.root).flagged_backends)\"\n\n"
+                 "(`anpred test model.onnx ...` below runs `model.onnx` on the registry backends only.)\n\n"
+                 f"    {cmd.replace(backend + ',', '').replace(',' + backend, '')}\n")
+    elif flagged:
+        rerun = f"Rerun (exit status 1 while {backend} is flagged):\n\n    {cmd}\n"
     else:
-        rerun = ""
-    if flagged:
-        rerun += f"Rerun (exit status 1 while {backend} is flagged):\n\n    {cmd}\n"
-    else:
-        rerun += (f"{backend} departs from its peers here ({ratio:.3g} x their median) but stays below the "
+        rerun = (f"{backend} departs from its peers here ({ratio:.3g} x their median) but stays below the "
                   f"floor ({mine.floor:.3g}): the command exits 0 and lists {backend}'s deviation; compare "
                   f"`outputs/{backend}.npz` with `expected.npz`:\n\n    {cmd}\n")
     (repro_dir / "README.md").write_text(

@@ -236,8 +236,9 @@ def _drill(report) -> list[str]:
                                 [f"round {p['round']} ({e(p.get('where', ''))}): {p['exposed']} tensors exposed, first departing "
                                  f"<code>{e(p['first'])}</code> ({e(p['op_type'])})" for p in c.get("path", [])] +
                                 [f"<b>{e(c['op_type'])} <code>{e(c['node'])}</code></b>"])
-        rep = (f"repro <code>{e(str(c['repro']))}</code> (re-run, reproduced; scope {e(str(c.get('scope')))})"
-               if c.get("reproduced") else "no standalone repro reproduced it")
+        rep = (f"repro <code>{e(str(c['repro']))}</code> (re-run, reproduced; scope {e(str(c.get('scope')))}; "
+               f"{'flagged' if c.get('flagged_in_repro') else 'departs, below the floor'} there)"
+               if c.get("reproduced") else "unconfirmed: no standalone repro reproduced it")
         out.append(f"<p class='flag'><b>{e(b)}</b>: {steps}; local nRMSE {_fmt(c.get('local_nrmse'))} vs peers "
                    f"{_fmt(c.get('peers_nrmse'))}; {rep}</p>")
     stages = d.get("stages") or {}

@@ -150,8 +150,9 @@ def task_lines(report) -> list[str]:
 
 def culprit_line(b: str, c: dict) -> str:
     """One line naming a drilled backend's culprit operator and its repro."""
-    rep = (f"repro {c['repro']} (re-run: reproduced, {c.get('scope')})" if c.get("reproduced")
-           else "no standalone repro reproduced it")
+    rep = (f"repro {c['repro']} (re-run: reproduced, {c.get('scope')}; "
+           f"{'flagged' if c.get('flagged_in_repro') else 'departs, below the floor'} there)" if c.get("reproduced")
+           else "unconfirmed: no standalone repro reproduced it")
     inside = f" inside {c['body_of']}" if c.get("body_of") else ""
     return (f"culprit {b}: {c['op_type']} '{c['node']}'{inside} in stage {c.get('stage')} (output {c.get('output')}): "
             f"local nRMSE {_g(c.get('local_nrmse'), '.3g')} vs peers {_g(c.get('peers_nrmse'), '.3g')}; {rep}")
