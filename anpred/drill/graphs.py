@@ -212,14 +212,23 @@ def replay_model(model, cuts: list[StageCut], feeds: dict[str, np.ndarray], type
 
 
 def topo_values(sub, exclude: set[str] = frozenset()) -> list[str]:
-    """Every float value computed by a node of ``sub`` (nodes in graph order, which ONNX requires to
-    be topological), without ``exclude``: the candidates for exposing."""
+    """Every float value computed by a node of ``sub`` from its graph inputs (nodes in graph order,
+    which ONNX requires to be topological), without ``exclude`` and without constants (values that
+    depend on no graph input: converters fold them and return no tensor for them): the candidates for
+    exposing."""
+    from passes.graph import subgraph_outer_refs
     from passes.shapes import FLOAT_TYPES, infer_value_types
 
     types = infer_value_types(sub)
+    inits = {t.name for t in sub.graph.initializer}
+    live = {i.name for i in sub.graph.input if i.name not in inits}  # values that depend on a graph input
     out = []
     for n in sub.graph.node:
+        if not any(x in live for x in list(n.input) + subgraph_outer_refs(n)):
+            continue  # a constant (weights reshaped or cast, a Constant node): folded by converters, never exposed
         for v in n.output:
+            if v:
+                live.add(v)
             if v and v not in exclude and types.get(v, (1, None))[0] in FLOAT_TYPES:
                 out.append(v)
     return out

@@ -172,8 +172,15 @@ class _Search:
         if own is not None:
             have = {v for n in own.graph.node for v in n.output}
             cands = [v for v in cands if v in have]
+        outs = {o.name for o in sub.graph.output}
         while True:
-            idx = _spread(cands, 0, len(cands), max(2, self.drill.max_exposed))
+            # the stage's exits among the candidates are always exposed (the replay saw the backend depart
+            # at one of them; a stage has at most max_cut_width of them), the rest evenly spread
+            must = [i for i, v in enumerate(cands) if v in outs]
+            k = max(2, self.drill.max_exposed)
+            rest = [i for i in range(len(cands)) if i not in set(must)]
+            pick = [rest[j] for j in _spread(rest, 0, len(rest), max(1, k - len(must)))] if rest else []
+            idx = sorted(set(must) | set(pick))
             vals = [cands[i] for i in idx]
             models = {None: expose(sub, vals)}
             if own is not None:
