@@ -183,19 +183,22 @@ def trend(db: str | Path, model: str | None = None) -> list[TrendRow]:
     try:
         cols = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
         extra = "r.inputs_sha256, r.inputs, v.status" if "inputs_sha256" in cols else "NULL, NULL, NULL"
-        q = ("SELECT r.id, r.created, r.model, v.backend, v.versions, v.flagged, v.origin_anchor, v.worst_primary, "
-             f"v.threshold_passed, r.status, {extra} FROM runs r JOIN verdicts v ON v.run_id = r.id")
-        args: tuple = ()
-        if model is not None:
-            q += " WHERE r.model = ?"
-            args = (model,)
-        rows = con.execute(q + " ORDER BY r.id, v.backend", args).fetchall()
+        rows = _select(con, "SELECT r.id, r.created, r.model, v.backend, v.versions, v.flagged, v.origin_anchor, "
+                       f"v.worst_primary, v.threshold_passed, r.status, {extra} FROM runs r JOIN verdicts v "
+                       "ON v.run_id = r.id", model, "r.id, v.backend")
     finally:
         con.close()
     return [TrendRow(r[0], r[1], r[2], r[3], json.loads(r[4] or "{}"), None if r[5] is None else bool(r[5]), r[6],
                      r[7], None if r[8] is None else bool(r[8]), r[9], r[10], json.loads(r[11]) if r[11] else None,
                      r[12])
             for r in rows]
+
+
+def _select(con, query: str, model: str | None, order: str) -> list[tuple]:
+    """``query`` (over ``runs r`` joined with another table), for one model name when given, ordered."""
+    if model is not None:
+        return con.execute(f"{query} WHERE r.model = ? ORDER BY {order}", (model,)).fetchall()
+    return con.execute(f"{query} ORDER BY {order}").fetchall()
 
 
 @dataclass
@@ -219,13 +222,8 @@ def task_trend(db: str | Path, model: str | None = None) -> list[TaskRow]:
     try:
         if not con.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='tasks'").fetchone():
             return []
-        q = ("SELECT r.id, r.created, r.model, r.inputs_sha256, t.backend, t.task, t.metric, t.value "
-             "FROM runs r JOIN tasks t ON t.run_id = r.id")
-        args: tuple = ()
-        if model is not None:
-            q += " WHERE r.model = ?"
-            args = (model,)
-        rows = con.execute(q + " ORDER BY r.id, t.backend, t.metric", args).fetchall()
+        rows = _select(con, "SELECT r.id, r.created, r.model, r.inputs_sha256, t.backend, t.task, t.metric, t.value "
+                       "FROM runs r JOIN tasks t ON t.run_id = r.id", model, "r.id, t.backend, t.metric")
     finally:
         con.close()
     return [TaskRow(*r) for r in rows]

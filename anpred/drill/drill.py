@@ -132,7 +132,7 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
     models = {b: load_full(p) for b, p in alt.items()}
     manifest = store.manifest
     samples = store.sample_ids[:max(1, drill.max_samples)]
-    runner = SubRunner(specs, alt, out, drill.timeout_s, progress, cfg)
+    runner = SubRunner(specs, out, drill.timeout_s, progress, cfg)
     result: dict[str, Any] = {"samples": len(samples), "stages": {}, "culprits": {}, "notes": notes}
     report.drill = result
     if len(part) < 2:

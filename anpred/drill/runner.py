@@ -19,9 +19,8 @@ __all__ = ["SubRunner", "run_specs", "load_full", "value_cells", "departs_rule"]
 class SubRunner:
     """Runs a (sub)model on the drill's backends from a list of input dicts, judges it, counts runs."""
 
-    def __init__(self, specs: dict[str, Any], alt: dict[str, Path], out: Path, timeout_s: float,
-                 progress: bool, config):
-        self.specs, self.alt, self.out, self.timeout_s = specs, alt, out, timeout_s
+    def __init__(self, specs: dict[str, Any], out: Path, timeout_s: float, progress: bool, config):
+        self.specs, self.out, self.timeout_s = specs, out, timeout_s
         self.progress, self.config = progress, config
         self.runs = 0
 

@@ -140,8 +140,9 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     t0 = time.perf_counter()
-    state: dict[str, Any] = {"judge": None, "acc": None, "final": None, "n": 0, "sources": [], "labels": None,
-                             "error": None, "heaps": {}, "kept": {}, "sha": hashlib.sha256(), "max_dev": {}}
+    state: dict[str, Any] = {"judge": None, "acc": None, "final": None, "n": 0, "sources": [],
+                             "error": None, "heaps": {}, "kept": {}, "sha": hashlib.sha256(), "max_dev": {},
+                             "added": []}
     done: "queue.Queue[tuple[int, Any, dict[str, str]] | None]" = queue.Queue(maxsize=1)
     specs = list(backends)
 
@@ -164,9 +165,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
 
         def each(rid: str, tensors) -> None:
             i = int(rid[1:])
-            if acc is not None:
-                lab = state["labels"][i] if state["labels"] is not None and i < len(state["labels"]) else None
-                acc.add(tensors, lab)
+            if acc is not None and acc.add(tensors):  # labels are matched at the end, once every source is known
+                state["added"].append(i)
             devs[rid] = _out_dev(tensors, outs, voters, cons)
             for b, d in devs[rid].items():
                 state["max_dev"][b] = max(state["max_dev"].get(b, 0.0), d)
@@ -223,10 +223,6 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                 st0 = store.statuses()
                 specs = [x for x in specs if st0.get(x.label) is None or st0[x.label].status != "unsupported"]
             shutil.rmtree(folder, ignore_errors=True)
-            if labels is not None:
-                state["labels"] = load_labels(labels, [{"id": v, "source": state["sources"][int(v[1:])]}
-                                                       for v in (f"s{i:06d}" for i in range(len(state["sources"])))],
-                                              adapter.name if adapter is not None else "classify", require=False)
             done.put((k, store, ids))
     finally:
         done.put(None)
@@ -245,6 +241,10 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     report.inputs = {"description": inputs_description or {}, "samples": state["n"],
                      "sha256": state["sha"].hexdigest()}
     if state["acc"] is not None:
+        if labels is not None:  # one pass over the labels (a class-folder layout needs every source)
+            every = load_labels(labels, [{"id": f"s{i:06d}", "source": src} for i, src in enumerate(state["sources"])],
+                                adapter.name, require=False)
+            state["acc"].labels = [every[i] for i in state["added"]]
         report.task = state["acc"].result()
     report.notes.append(f"streamed: {state['n']} samples judged in chunks of {chunk} "
                         f"({time.perf_counter() - t0:.0f} s); the run folder keeps the {keep} most deviating "
