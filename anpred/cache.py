@@ -3,6 +3,9 @@
 Keys are derived from the sha256 of the input model file plus the converter's name, version and
 options, so a cache hit is always the same conversion. Location: ``$ANPRED_CACHE`` or
 ``~/.cache/anpred``. Entries are folders written atomically (build in a temporary folder, rename).
+Concurrent builders of one entry (backend runs side by side in a campaign, :mod:`anpred.campaign`;
+processes on several machines sharing the folder) take a file lock (``filelock``) per entry: one
+builds, the others wait for it and use its result.
 """
 
 from __future__ import annotations
@@ -39,10 +42,19 @@ def cache_key(*parts: Any) -> str:
 def cached_dir(kind: str, key: str, build: Callable[[Path], None]) -> Path:
     """Return the cache folder ``<root>/<kind>/<key>``, calling ``build(tmpdir)`` to fill it when it
     does not exist yet. A failed build leaves nothing behind."""
+    from filelock import FileLock
+
     final = cache_root() / kind / key
     if final.is_dir():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(final.parent / f".{key}.lock")):
+        if final.is_dir():  # built by another process while this one waited
+            return final
+        return _build(final, key, build)
+
+
+def _build(final: Path, key: str, build: Callable[[Path], None]) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=final.parent))
     try:
         build(tmp)

@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "test": "test",
     "zoo": "zoo",
     "backends": "backends",
+    "campaign": "campaign",
 }
 
 

@@ -176,6 +176,18 @@ class TrendRow:
     verdict_status: str | None = None  # consistent | flagged | incomplete | unjudged | reference
 
 
+def has_run(db: str | Path, run_dir: str) -> bool:
+    """Whether the database holds a run of the run folder ``run_dir`` (False when the file does not
+    exist): a campaign appends each configuration once, also when resumed."""
+    if not Path(db).is_file():
+        return False
+    con = _connect(db, create=False)
+    try:
+        return con.execute("SELECT 1 FROM runs WHERE run_dir = ? LIMIT 1", (str(run_dir),)).fetchone() is not None
+    finally:
+        con.close()
+
+
 def trend(db: str | Path, model: str | None = None) -> list[TrendRow]:
     """All (run, backend) rows of ``db`` in time order, optionally for one model name.
     Raises AnpredError when ``db`` is missing or not a history database."""

@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -40,7 +41,8 @@ from anpred.pipeline.result import TestResult
 from anpred.pipeline.samples import fix_static_inputs, input_hw, prepare_inputs, record_zoo_inputs, zoo_input_shapes
 from anpred.pipeline.subject import PythonPath, QuietLogger, Subject, check_model, native_model, resolve_model
 
-__all__ = ["test", "prepare_out", "relocated"]
+__all__ = ["test", "prepare_out", "relocated", "Prepared", "prepare_test", "prepare_samples", "finish_test",
+           "finish_run_store"]
 
 
 def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
@@ -156,6 +158,80 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
               stream: dict[str, int] | None = None) -> TestResult:
     """The steps after resolving the model, built in ``tmp`` (committed to ``final`` by the caller);
     phase wall times go into ``seconds``."""
+    prep = _prepare(subject, tmp, backends=backends, stages=stages, max_cut_width=max_cut_width, imgsz=imgsz,
+                    quiet=quiet, seconds=seconds, bind=bind, task=task, labels=labels)
+    if stream is not None:
+        with _timed(seconds, "stream"):
+            report, statuses = _stream(subject, prep.anchored, prep.manifest, prep.names, inputs, tmp, final,
+                                       timeout_s, quiet, oracle, config, allow_incomplete, prep.adapter, labels,
+                                       stream, prep.details)
+        return finish_test(prep, tmp, final, report=report, statuses=statuses, oracle=oracle, quiet=quiet,
+                           seconds=seconds, drill=drill)
+    prepare_samples(prep, subject, tmp, inputs=inputs, samples=samples, seed=seed, quiet=quiet)
+    with _timed(seconds, "run"):
+        statuses = _run(subject, prep.names, prep.spec, prep.details["inputs"], tmp, final, timeout_s, quiet)
+    return finish_test(prep, tmp, final, statuses=statuses, oracle=oracle, config=config,
+                       allow_incomplete=allow_incomplete, labels=labels, drill=drill, quiet=quiet, seconds=seconds)
+
+
+@dataclass
+class Prepared:
+    """A model instrumented, mapped and given its samples in a partial report folder, ready to run
+    (:func:`prepare_test`); what the run and :func:`finish_test` need, picklable (sent between the
+    processes of a campaign, :mod:`anpred.campaign`) once ``anchored`` is dropped.
+
+    Attributes:
+        label: the subject's label; ``names``: the backends to run; ``framework``: its origin.
+        spec: the input spec the backends run (a folder of preprocessed samples in the partial folder).
+        details: what ``test.json`` records (subject, inputs, fixed dims, bound inputs, mapping notes).
+        mapping: native backend -> anchor mapping counts; ``sys_path``: the factory's folder (or None).
+        adapter: the task adapter (:mod:`anpred.task`) or None.
+        anchored, manifest: the instrumented ModelProto and its AnchorManifest (None once sent away).
+    """
+
+    label: str
+    names: list[str]
+    framework: str
+    details: dict[str, Any]
+    mapping: dict[str, dict[str, int]]
+    sys_path: str | None = None
+    adapter: Any = None
+    spec: str | None = None
+    anchored: Any = None
+    manifest: Any = None
+
+
+def prepare_test(model: str | os.PathLike, tmp: str | os.PathLike, *, backends=None, inputs: str | None = None,
+                 samples: int | None = None, stages: int | None = None, max_cut_width: int = 4,
+                 imgsz: int | tuple[int, int] | None = None, seed: int = 0,
+                 factory_kwargs: dict[str, Any] | None = None, bind=None, task=None, labels=None,
+                 quiet: bool = True, seconds: dict[str, float] | None = None) -> Prepared:
+    """The steps of :func:`test` before the run, in the (partial) report folder ``tmp``: resolve,
+    instrument, map, task adapter, samples. The options are :func:`test`'s; ``tmp`` must exist.
+    Returns a :class:`Prepared` (``anchored``/``manifest`` set to None: it travels between processes).
+
+    Raises: what :func:`test` raises for a bad model, option or input (nothing is run then).
+    """
+    from passes.bind_inputs import parse_bindings
+
+    tmp = Path(tmp)
+    seconds = {} if seconds is None else seconds
+    backends = check_test_options(oracle="consensus", samples=samples, stages=stages, backends=backends,
+                                  inputs=inputs, config=None, history=None)
+    check_model(model, backends)
+    with _timed(seconds, "resolve"):
+        subject = resolve_model(model, imgsz=imgsz, seed=seed, factory_kwargs=factory_kwargs, workdir=tmp,
+                                quiet=quiet, backends=backends)
+    prep = _prepare(subject, tmp, backends=backends, stages=stages, max_cut_width=max_cut_width, imgsz=imgsz,
+                    quiet=quiet, seconds=seconds, bind=parse_bindings(bind), task=task, labels=labels)
+    prepare_samples(prep, subject, tmp, inputs=inputs, samples=samples, seed=seed, quiet=quiet)
+    prep.anchored = prep.manifest = None
+    return prep
+
+
+def _prepare(subject: Subject, tmp: Path, *, backends, stages, max_cut_width, imgsz, quiet, seconds, bind, task,
+             labels) -> Prepared:
+    """Instrument, map, save the anchored model and choose the task adapter (labels checked)."""
     details: dict[str, Any] = {"subject": subject.to_dict()}
     with _timed(seconds, "instrument"):
         anchored, manifest = _instrument(subject, imgsz, stages, max_cut_width, details, quiet, bind)
@@ -169,26 +245,38 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
         from anpred.task.impact import load_labels
 
         load_labels(labels, [], adapter.name, require=False)
-    if stream is not None:
-        with _timed(seconds, "stream"):
-            report, statuses = _stream(subject, anchored, manifest, names, inputs, tmp, final, timeout_s, quiet,
-                                       oracle, config, allow_incomplete, adapter, labels, stream, details)
-    else:
-        spec, details["inputs"] = prepare_inputs(subject, anchored, inputs, samples, seed, tmp / ".inputs", quiet,
-                                                 bound=details.get("bound_inputs"))
-        with _timed(seconds, "run"):
-            statuses = _run(subject, names, spec, details["inputs"], tmp, final, timeout_s, quiet)
+    return Prepared(label=subject.label, names=names, framework=subject.framework, details=details,
+                    mapping=mapping, sys_path=subject.sys_path, adapter=adapter, anchored=anchored,
+                    manifest=manifest)
+
+
+def prepare_samples(prep: Prepared, subject: Subject, tmp: Path, *, inputs, samples, seed, quiet) -> None:
+    """The samples of a prepared test in ``tmp/.inputs`` (:func:`anpred.pipeline.samples.prepare_inputs`):
+    sets ``prep.spec`` and ``prep.details["inputs"]``."""
+    from anpred.onnx_io import load_model
+
+    anchored = prep.anchored if prep.anchored is not None else load_model(tmp / "anchored.onnx", load_external=False)
+    prep.spec, prep.details["inputs"] = prepare_inputs(subject, anchored, inputs, samples, seed, tmp / ".inputs", quiet,
+                                                       bound=prep.details.get("bound_inputs"))
+
+
+def finish_test(prep: Prepared, tmp: Path, final: Path, *, statuses, report=None, oracle: str = "consensus",
+                config=None, allow_incomplete: bool = False, labels=None, drill: bool = False, quiet: bool = True,
+                seconds: dict[str, float] | None = None) -> TestResult:
+    """The steps of :func:`test` after the run (the run store in ``tmp/run``): judge (unless
+    ``report`` is given: a streamed run judged as it went), task metrics, drill-down, reports in
+    ``tmp``. ``statuses``: backend -> BackendStatus. Returns the :class:`TestResult` naming ``final``."""
+    seconds = {} if seconds is None else seconds
+    if report is None:
         with _timed(seconds, "check"):
             report = _check(tmp, final, oracle, config, allow_incomplete)
-    if stream is not None:
-        pass  # task metrics accumulated while streaming
-    elif adapter is not None and report.status != "error":
-        from anpred.task import task_impact
+        if prep.adapter is not None and report.status != "error":
+            from anpred.task import task_impact
 
-        with _timed(seconds, "task"):
-            report.task = task_impact(tmp / "run", adapter, labels=labels, config=config)
-    elif labels is not None:
-        raise AnpredError("labels need a task (--task)")
+            with _timed(seconds, "task"):
+                report.task = task_impact(tmp / "run", prep.adapter, labels=labels, config=config)
+        elif labels is not None:
+            raise AnpredError("labels need a task (--task)")
     if drill and report.status != "error" and oracle in ("consensus", "both"):
         from anpred.drill import drill_run
         from anpred.onnx_io import atomic_write_text, to_json
@@ -202,12 +290,12 @@ def _pipeline(subject: Subject, final: Path, tmp: Path, *, backends, inputs, sam
             atomic_write_text(tmp / "drill" / "drill.json", to_json(report.drill, indent=1))
     with _timed(seconds, "report"):
         _write_reports(report, tmp)
-    return TestResult(model=subject.label, out=final, report=report, anchored=final / "anchored.onnx",
+    return TestResult(model=prep.label, out=final, report=report, anchored=final / "anchored.onnx",
                       manifest=final / "anchored.anchors.json", run_dir=final / "run",
-                      report_json=final / "report.json", report_html=final / "report.html", backends=names,
+                      report_json=final / "report.json", report_html=final / "report.html", backends=prep.names,
                       statuses={b: s.status for b, s in statuses.items()},
                       reasons={b: s.reason.splitlines()[0][:300] for b, s in statuses.items() if s.reason},
-                      mapping=mapping, seconds=seconds, details=details)
+                      mapping=prep.mapping, seconds=seconds, details=prep.details)
 
 
 # ---- the steps -------------------------------------------------------------------------------------
@@ -379,10 +467,18 @@ def _run(subject: Subject, names: list[str], spec: str, inputs_info: dict[str, A
     with PythonPath(subject.sys_path):
         store = run_model(tmp / "anchored.onnx", names, spec, tmp / "run", mode="tensors", timeout_s=timeout_s,
                           progress=not quiet, preprocess=None)
+    return finish_run_store(store, subject.label, spec, inputs_info, tmp, final)
+
+
+def finish_run_store(store, label: str, spec: str, inputs_info: dict[str, Any], tmp: Path, final: Path
+                     ) -> dict[str, Any]:
+    """After the run into ``tmp/run``: the prepared samples folder ``tmp/.inputs`` removed (they live
+    on in the run store, which names their sources), the model named ``label`` at its final place
+    ``final/anchored.onnx``. Returns the backends' statuses (backend -> BackendStatus)."""
     shutil.rmtree(tmp / ".inputs", ignore_errors=True)
     if spec == str(tmp / ".inputs"):  # the preprocessed inputs live on in the run store only
         record_zoo_inputs(store, inputs_info["sources"], final / "run")
-    store.meta.setdefault("model", {})["name"] = subject.label
+    store.meta.setdefault("model", {})["name"] = label
     store.meta["model"]["path"] = str(final / "anchored.onnx")
     store.save_meta()
     return store.statuses()

@@ -1,0 +1,305 @@
+"""Running a campaign on Ray: an embedded local Ray by default, an existing cluster with ``address``.
+
+Tasks (Ray remote functions over :mod:`anpred.campaign.tasks`):
+
+- one **prepare** task per configuration (1 CPU);
+- one **run** task per (configuration, backend), with the backend's resources from the campaign
+  file (``num_cpus``, ``memory``, ``num_gpus``; :data:`anpred.campaign.spec.DEFAULT_RESOURCES`),
+  submitted when its configuration is prepared; the backend itself runs in its own worker process
+  under the task (:func:`anpred.run.run_model`), so a backend crash is a status, not a lost task;
+- one **judge** task per configuration when all its run tasks have ended.
+
+Faults: every task has ``max_retries = campaign.retries`` (Ray re-executes a task whose worker
+process died, was killed or whose node died); a step that still fails is reported with its reason
+(``OUT/failed/<id>.json``, the summary), never blocks the other configurations, and keeps what it
+finished: single-backend runs stay in ``OUT/.work/<id>/runs`` and a re-run uses them. An exception
+raised by a step (a model that cannot be loaded) is not retried: it fails the same way again.
+
+Resume: a configuration whose report folder ``OUT/configs/<id>`` holds its record
+(:data:`anpred.campaign.tasks.CONFIG_FILE`) is complete and skipped; an interrupted campaign loses at
+most the steps in flight. The history database gets one run per configuration (and so one verdict
+row per configuration and backend), appended by this driver, once (:func:`anpred.history.has_run`).
+
+Conversions are cached and shared by all tasks (``ANPRED_CACHE``, built once under a file lock,
+:func:`anpred.cache.cached_dir`); on a cluster point ``ANPRED_CACHE`` and the output folder at a file
+system every node mounts at the same path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from anpred.campaign.spec import Campaign, Configuration
+from anpred.campaign.tasks import (CONFIG_FILE, judge_configuration, prepare_configuration, read_record,
+                                   run_backend)
+from anpred.errors import AnpredError
+
+__all__ = ["run_campaign", "CampaignResult", "start_ray", "config_folder", "CONFIG_FILE"]
+
+
+@dataclass
+class CampaignResult:
+    """What :func:`run_campaign` did.
+
+    Attributes:
+        out: the output folder; ``records``: one record per configuration (complete: the
+            configuration's summary, :func:`anpred.campaign.tasks.record_of`; failed: ``state``
+            ``failed``, ``step`` and ``reason``), in the campaign's order.
+        ran, skipped: configuration ids run now / found complete; ``seconds``: wall time;
+        ray: Ray's address and resources as seen by the driver.
+    """
+
+    out: Path
+    records: list[dict[str, Any]]
+    ran: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    ray: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("state") != "complete"]
+
+    @property
+    def exit_code(self) -> int:
+        """0: every configuration complete and consistent; 1: one failed, flagged or incomplete."""
+        return 0 if all(r.get("state") == "complete" and r.get("exit_code") == 0 for r in self.records) else 1
+
+
+def start_ray(address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:
+    """Connect to Ray: ``address`` (``auto``, ``ray://host:port``, ``host:port``) or, without one, an
+    embedded local Ray with ``num_cpus`` (default: all cores), no dashboard, usage statistics off.
+    Returns ``{"address", "resources"}``. Raises AnpredError when Ray cannot start or connect."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if ray.is_initialized():
+        return {"address": "already initialized", "resources": ray.cluster_resources()}
+    try:
+        if address:
+            ctx = ray.init(address=address, log_to_driver=False)
+        else:
+            ctx = ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    except Exception as err:  # noqa: BLE001 - Ray raises many kinds; the message says what
+        raise AnpredError(f"cannot start Ray{' at ' + address if address else ''}: {err}") from err
+    return {"address": getattr(ctx, "address_info", {}).get("address") or address or "local",
+            "resources": ray.cluster_resources()}
+
+
+def _remote(fn, **opts):
+    import ray
+
+    return ray.remote(**opts)(fn)
+
+
+def _reason(err: BaseException) -> str:
+    """A one-paragraph reason: a step's own exception (its type and message) or why Ray lost it."""
+    import ray.exceptions as rex
+
+    if isinstance(err, rex.RayTaskError):
+        cause = err.cause if getattr(err, "cause", None) is not None else err
+        text = f"{type(cause).__name__}: {cause}"
+    elif isinstance(err, (rex.WorkerCrashedError, rex.NodeDiedError, rex.OwnerDiedError, rex.ObjectLostError,
+                          rex.TaskCancelledError, rex.OutOfMemoryError)):
+        text = f"{type(err).__name__}: the task's process or node died and its retries ran out: {err}"
+    else:
+        text = f"{type(err).__name__}: {err}"
+    return " ".join(text.split())[:600]
+
+
+def _environments(campaign: Campaign, configs: list[Configuration]) -> dict[tuple[str, str], str | Exception]:
+    """Every (package, version) the configurations need, prepared once here (installed or found)."""
+    from anpred.campaign.envs import prepare_version
+
+    out: dict[tuple[str, str], str | Exception] = {}
+    for axis in campaign.axes:
+        for v in axis.versions:
+            if not any(c.versions.get(axis.package) == v for c in configs):
+                continue
+            try:
+                out[(axis.package, v)] = str(prepare_version(axis.package, v, find_links=axis.find_links,
+                                                             path=axis.paths.get(v)))
+            except AnpredError as err:
+                out[(axis.package, v)] = err
+    return out
+
+
+def _env_paths(campaign: Campaign, cfg: Configuration, backend: str, envs) -> list[str]:
+    paths = []
+    for axis in campaign.axis_for(backend):
+        v = cfg.versions.get(axis.package)
+        if v is not None:
+            env = envs[(axis.package, v)]
+            if isinstance(env, Exception):
+                raise env
+            paths.append(env)
+    return paths
+
+
+def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = None, num_cpus: int | None = None,
+                 progress: bool = True, only: list[str] | None = None) -> CampaignResult:
+    """Run every configuration of ``campaign`` that is not complete in ``out`` (see the module
+    docstring), append the verdicts to the history database and write the summary
+    (:func:`anpred.campaign.summary.write_summary`).
+
+    Args:
+        out: the campaign's output folder (created); ``OUT/configs/<id>`` per configuration.
+        address: a Ray cluster to join (None: an embedded local Ray, stopped at the end).
+        num_cpus: CPUs of the embedded Ray (default: all).
+        progress: a tqdm bar over the configurations and one line per finished step (stderr).
+        only: configuration ids to consider (default all; bisection probes use it).
+
+    Raises:
+        AnpredError: ``out`` is a file; Ray cannot start. A failed step does not raise.
+    """
+    import ray
+    from tqdm import tqdm
+
+    from anpred.campaign.summary import write_summary
+
+    t0 = time.perf_counter()
+    out = Path(out).absolute()
+    if out.exists() and not out.is_dir():
+        raise AnpredError(f"{out} exists and is not a folder")
+    for sub in ("configs", ".work", "failed"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    configs = [c for c in campaign.configurations if only is None or c.id in only]
+    db = out / campaign.history if not Path(campaign.history).is_absolute() else Path(campaign.history)
+    records: dict[str, dict[str, Any]] = {}
+    todo: list[Configuration] = []
+    skipped = []
+    for c in configs:
+        rec = read_record(out / "configs" / c.id)
+        if rec is not None and rec.get("state") == "complete":
+            records[c.id] = rec
+            skipped.append(c.id)
+            _append_history(db, out / "configs" / c.id)
+        else:
+            todo.append(c)
+    ray_info: dict[str, Any] = {}
+    own_ray = False
+    if todo:
+        envs = _environments(campaign, todo)
+        own_ray = not ray.is_initialized() and not address
+        ray_info = start_ray(address, num_cpus)
+        paths = list(dict.fromkeys([os.getcwd(), str(campaign.base)]))
+        retries = max(0, int(campaign.retries))
+        prep_r = _remote(prepare_configuration, num_cpus=1, max_retries=retries)
+        run_r = _remote(run_backend, max_retries=retries)
+        judge_r = _remote(judge_configuration, num_cpus=1, max_retries=retries)
+        meta = {"name": campaign.name, "file": str(campaign.path)}
+        pending: dict[Any, tuple[str, Configuration, str | None]] = {}
+        state: dict[str, dict[str, Any]] = {}
+        bar = tqdm(total=len(configs), initial=len(skipped), desc=f"campaign {campaign.name}", unit="config",
+                   disable=not progress, leave=True)
+
+        def fail(cfg: Configuration, step: str, reason: str) -> None:
+            rec = {**cfg.to_dict(), "state": "failed", "step": step, "reason": reason,
+                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            records[cfg.id] = rec
+            _atomic_json(out / "failed" / f"{cfg.id}.json", rec)
+            bar.update(1)
+            if progress:
+                bar.write(f"failed {cfg.id} ({step}): {reason[:200]}")
+
+        try:
+            for c in todo:
+                state[c.id] = {"prep": None, "statuses": {}, "lost": {}}
+                pending[prep_r.remote(c, str(out / ".work" / c.id), paths)] = ("prepare", c, None)
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                ref = ready[0]
+                step, cfg, backend = pending.pop(ref)
+                st = state[cfg.id]
+                try:
+                    value = ray.get(ref)
+                    err = None
+                except Exception as e:  # noqa: BLE001 - any failure of a step is that step's result
+                    value, err = None, e
+                if step == "prepare":
+                    if err is not None:
+                        fail(cfg, "prepare", _reason(err))
+                        continue
+                    st["prep"] = value
+                    for b in cfg.backends:
+                        try:
+                            envp = _env_paths(campaign, cfg, b, envs)
+                        except AnpredError as e:
+                            st["lost"][b] = f"environment: {e}"
+                            continue
+                        res = cfg.resources.get(b, {})
+                        opts = {"num_cpus": res.get("cpus", 1), "memory": int(res.get("memory_gb", 2) * 2 ** 30)}
+                        if res.get("gpus"):
+                            opts["num_gpus"] = res["gpus"]
+                        r = run_r.options(**opts).remote(cfg, b, str(out / ".work" / cfg.id), value, envp,
+                                                         campaign.timeout_s, paths)
+                        pending[r] = ("run", cfg, b)
+                elif step == "run":
+                    if err is None:
+                        st["statuses"][backend] = value
+                    else:
+                        st["lost"][backend] = _reason(err)
+                        if progress:
+                            bar.write(f"lost {cfg.id} / {backend}: {st['lost'][backend][:200]}")
+                elif step == "judge":
+                    if err is not None:
+                        fail(cfg, "judge", _reason(err))
+                        continue
+                    records[cfg.id] = value
+                    (out / "failed" / f"{cfg.id}.json").unlink(missing_ok=True)
+                    _append_history(db, out / "configs" / cfg.id)
+                    bar.update(1)
+                    continue
+                if step in ("prepare", "run") and st["prep"] is not None and \
+                        len(st["statuses"]) + len(st["lost"]) == len(cfg.backends) and "judging" not in st:
+                    st["judging"] = True
+                    if st["lost"]:  # a lost backend fails the configuration; finished runs are kept for a re-run
+                        fail(cfg, "run", "; ".join(f"{b}: {r}" for b, r in st["lost"].items()))
+                        continue
+                    r = judge_r.remote(cfg, str(out / ".work" / cfg.id), str(out / "configs" / cfg.id), st["prep"],
+                                       st["statuses"], {}, meta, paths)
+                    pending[r] = ("judge", cfg, None)
+        finally:
+            bar.close()
+            if own_ray:
+                ray.shutdown()
+    ordered = [records[c.id] for c in configs if c.id in records]
+    result = CampaignResult(out=out, records=ordered, ran=[c.id for c in todo], skipped=skipped,
+                            seconds=time.perf_counter() - t0, ray=ray_info)
+    write_summary(campaign, result, db)
+    if not any((out / ".work").iterdir()):
+        shutil.rmtree(out / ".work", ignore_errors=True)
+    return result
+
+
+def _atomic_json(path: Path, obj: Any) -> None:
+    from anpred.onnx_io import atomic_write_text, to_json
+
+    atomic_write_text(path, to_json(obj, indent=1))
+
+
+def _append_history(db: Path, folder: Path) -> None:
+    """Append the configuration's report to the history once (keyed by its run folder)."""
+    from anpred.history import append, has_run
+    from anpred.report.json import read_json
+
+    run_dir = str(folder / "run")
+    if has_run(db, run_dir):
+        return
+    try:
+        report = read_json(folder / "report.json")
+    except (OSError, json.JSONDecodeError, AnpredError):
+        return
+    if report.status != "error":
+        append(db, report)
+
+
+def config_folder(out: str | Path, cfg: Configuration) -> Path:
+    """``OUT/configs/<id>`` (complete when it holds :data:`CONFIG_FILE`)."""
+    return Path(out) / "configs" / cfg.id

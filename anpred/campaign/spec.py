@@ -1,0 +1,259 @@
+"""The campaign file (TOML, read with the standard library's ``tomllib``) and its expansion into
+configurations.
+
+A campaign file::
+
+    [campaign]
+    name = "zoo-nightly"
+    retries = 2              # Ray retries of a task whose worker crashed, was killed or whose node died
+    timeout = 600            # seconds per backend run (prepare + all samples), as `anpred test --timeout`
+    history = "history.sqlite"   # relative to the output folder (default OUT/history.sqlite)
+
+    [defaults]               # options of every configuration (`anpred test`'s, by their Python names)
+    samples = 2
+    stages = 4
+    imgsz = 320
+    oracle = "consensus"     # consensus | both
+    config = "oracle.toml"   # oracle settings, relative to the campaign file
+    drill = false
+    task = "detect"          # or "none", "module:function"
+
+    [[models]]
+    model = "yolov8n"        # a zoo name, an .onnx file (relative to the campaign file) or module:function
+    name = "yolov8n-320"     # the label (default: the model text's stem)
+    imgsz = 320              # any option of [defaults] may be overridden per model
+
+    [backend_sets]           # name -> backends; every model runs with every set
+    fp32 = ["ort", "openvino", "torch", "tf"]
+
+    [inputs]                 # name -> options (`inputs`, `samples`, `seed`); default {"default": {}}
+    default = {}
+    random = { inputs = "random:normal:n=3" }
+
+    [[versions]]             # optional: versions of a runtime, each its own wheel set
+    package = "onnxruntime"  # the pip distribution
+    versions = ["1.31.1", "1.32.0"]     # installed once each, `pip install --no-deps --target`
+    backends = ["ort", "ort-fp16", "ort-int8"]  # the backends whose processes see it
+    find_links = "wheels/"   # optional: a local wheel folder (then nothing is downloaded)
+    # or environments that already exist (folders put first on the backends' PYTHONPATH):
+    # paths = { "dev" = "/opt/ort-dev/site-packages" }
+
+    [resources]              # Ray resources of one backend run (one task)
+    cpus = 1
+    memory_gb = 2
+    [resources.backends.tvm]
+    memory_gb = 4
+    # gpus = 1 for a backend that asks for a GPU
+
+Configurations: every model x backend set x input set x version combination (the product over the
+``[[versions]]`` entries; without one, the installed libraries). Each has an id, readable and stable:
+``<model>.<set>.<inputs>[.<package>-<version>]`` plus 8 hex digits of the sha256 of its canonical
+JSON (options included), so an edited option gives a new configuration and a re-run skips only
+configurations whose every option is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from anpred.errors import AnpredError
+
+__all__ = ["Campaign", "Configuration", "VersionAxis", "load_campaign", "TEST_OPTIONS"]
+
+#: options of a configuration (``[defaults]``, per model, per input set): ``anpred.test``'s keywords
+TEST_OPTIONS = ("inputs", "samples", "stages", "max_cut_width", "imgsz", "seed", "factory_kwargs", "oracle",
+                "config", "bind", "drill", "task", "labels", "allow_incomplete")
+#: default Ray resources of one backend run: one core (a 2-core machine runs two backends side by
+#: side) and 2 GiB, the peak RSS of the demo's heaviest fp32 backend process at 1024x1024 rounded up
+#: (docs/campaigns.md); override in ``[resources]``
+DEFAULT_RESOURCES = {"cpus": 1.0, "memory_gb": 2.0, "gpus": 0.0}
+
+
+@dataclass
+class VersionAxis:
+    """One ``[[versions]]`` entry: a package, its versions (in the order given, oldest first) and the
+    backends whose worker processes see it; ``paths``: version -> existing folder (no install)."""
+
+    package: str
+    versions: list[str]
+    backends: list[str]
+    find_links: str | None = None
+    paths: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Configuration:
+    """One ``anpred test`` of a campaign.
+
+    Attributes:
+        id: folder name under ``OUT/configs`` (see the module docstring).
+        model: the model text (zoo name, absolute .onnx path, module:function); ``label``: its name.
+        backend_set: set name; ``backends``: its backends.
+        inputs_name: input set name; ``options``: ``anpred.test`` keywords (TEST_OPTIONS).
+        versions: package -> version for this configuration ({} for the installed libraries).
+        resources: backend -> {"cpus", "memory_gb", "gpus"}.
+    """
+
+    id: str
+    model: str
+    label: str
+    backend_set: str
+    backends: list[str]
+    inputs_name: str
+    options: dict[str, Any]
+    versions: dict[str, str] = field(default_factory=dict)
+    resources: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "model": self.model, "label": self.label, "backend_set": self.backend_set,
+                "backends": self.backends, "inputs": self.inputs_name, "options": self.options,
+                "versions": self.versions}
+
+
+@dataclass
+class Campaign:
+    """A parsed campaign file: ``configurations`` expanded, paths resolved against ``base`` (the
+    file's folder)."""
+
+    name: str
+    path: Path
+    base: Path
+    retries: int
+    timeout_s: float
+    history: str
+    configurations: list[Configuration]
+    axes: list[VersionAxis]
+    raw: dict[str, Any]
+
+    def axis_for(self, backend: str) -> list[VersionAxis]:
+        return [a for a in self.axes if backend in a.backends]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "-", text).strip("-") or "x"
+
+
+def _label(model: str) -> str:
+    if ":" in model and not model.endswith(".onnx"):
+        return model.rsplit(":", 1)[1]
+    return Path(model).stem if model.endswith(".onnx") else model
+
+
+def _options(table: dict[str, Any], where: str) -> dict[str, Any]:
+    unknown = sorted(set(table) - set(TEST_OPTIONS) - {"model", "name"})
+    if unknown:
+        raise AnpredError(f"{where}: unknown option(s) {', '.join(unknown)}; known: {', '.join(TEST_OPTIONS)}")
+    return {k: v for k, v in table.items() if k in TEST_OPTIONS}
+
+
+def _resolve_path(value: Any, base: Path) -> Any:
+    if isinstance(value, str) and value and not value.startswith("random:") and (base / value).exists():
+        return str((base / value).resolve())
+    return value
+
+
+def _model_text(model: str, base: Path) -> str:
+    if model.endswith(".onnx"):
+        p = (base / model).resolve()
+        if not p.is_file():
+            raise AnpredError(f"campaign model {model!r}: no such file {p}")
+        return str(p)
+    return model
+
+
+def _resources(raw: dict[str, Any], backends: list[str]) -> dict[str, dict[str, float]]:
+    base = {**DEFAULT_RESOURCES, **{k: float(v) for k, v in raw.items() if k in DEFAULT_RESOURCES}}
+    per = raw.get("backends", {}) or {}
+    unknown = sorted(set(raw) - set(DEFAULT_RESOURCES) - {"backends"})
+    if unknown:
+        raise AnpredError(f"[resources]: unknown key(s) {', '.join(unknown)}; known: cpus, memory_gb, gpus, backends")
+    return {b: {**base, **{k: float(v) for k, v in (per.get(b) or {}).items()}} for b in backends}
+
+
+def _axes(raw: list[dict[str, Any]], base: Path) -> list[VersionAxis]:
+    axes = []
+    for i, v in enumerate(raw):
+        where = f"[[versions]] #{i + 1}"
+        if "package" not in v or not v.get("backends"):
+            raise AnpredError(f"{where}: needs package = ... and backends = [...]")
+        paths = {str(k): str((base / p).resolve()) for k, p in (v.get("paths") or {}).items()}
+        versions = [str(x) for x in v.get("versions", [])] + [k for k in paths if k not in v.get("versions", [])]
+        if not versions:
+            raise AnpredError(f"{where}: needs versions = [...] or paths = {{...}}")
+        fl = v.get("find_links")
+        axes.append(VersionAxis(package=str(v["package"]), versions=versions, backends=list(v["backends"]),
+                                find_links=str((base / fl).resolve()) if fl else None, paths=paths))
+    return axes
+
+
+def load_campaign(path: str | Path) -> Campaign:
+    """Read and expand a campaign file (format: the module docstring).
+
+    Raises:
+        AnpredError: an unreadable file, invalid TOML, no models or no backend set, an unknown
+            option or resource key, a backend set with fewer than two backends, a model file that
+            does not exist, two configurations with one id.
+    """
+    from anpred.pipeline import parse_backend_list
+
+    path = Path(path).resolve()
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as err:
+        raise AnpredError(f"cannot read campaign file {path}: {err.strerror or err}") from err
+    except tomllib.TOMLDecodeError as err:
+        raise AnpredError(f"{path} is not valid TOML: {err}") from err
+    base = path.parent
+    head = raw.get("campaign", {})
+    models = raw.get("models") or []
+    sets = raw.get("backend_sets") or {}
+    if not models:
+        raise AnpredError(f"{path}: no [[models]]")
+    if not sets:
+        raise AnpredError(f"{path}: no [backend_sets]")
+    defaults = _options(raw.get("defaults", {}), "[defaults]")
+    input_sets = raw.get("inputs") or {"default": {}}
+    axes = _axes(raw.get("versions") or [], base)
+    configs: list[Configuration] = []
+    for m in models:
+        if isinstance(m, str):
+            m = {"model": m}
+        if "model" not in m:
+            raise AnpredError(f"{path}: a [[models]] entry without model = ...")
+        text = _model_text(str(m["model"]), base)
+        label = str(m.get("name") or _label(str(m["model"])))
+        mopts = _options(m, f"model {label}")
+        for set_name, backends in sets.items():
+            names = parse_backend_list(backends if isinstance(backends, str) else ",".join(backends))
+            if len(names) < 2:
+                raise AnpredError(f"backend set {set_name!r}: a consensus needs at least two backends")
+            for in_name, in_opts in input_sets.items():
+                opts = {**defaults, **mopts, **_options(in_opts or {}, f"input set {in_name}")}
+                opts = {k: (_resolve_path(v, base) if k in ("inputs", "config", "labels") else v)
+                        for k, v in opts.items()}
+                applying = [a for a in axes if set(a.backends) & set(names)]
+                for combo in itertools.product(*[a.versions for a in applying]) if applying else [()]:
+                    versions = {a.package: v for a, v in zip(applying, combo)}
+                    stem = ".".join([_slug(label), _slug(set_name), _slug(in_name)] +
+                                    [_slug(f"{p}-{v}") for p, v in versions.items()])
+                    canon = json.dumps({"model": text, "backends": names, "options": opts, "versions": versions},
+                                       sort_keys=True, default=str)
+                    cid = f"{stem}.{hashlib.sha256(canon.encode()).hexdigest()[:8]}"
+                    configs.append(Configuration(id=cid, model=text, label=label, backend_set=set_name,
+                                                 backends=names, inputs_name=in_name, options=opts,
+                                                 versions=versions,
+                                                 resources=_resources(raw.get("resources", {}), names)))
+    ids = [c.id for c in configs]
+    dups = sorted({i for i in ids if ids.count(i) > 1})
+    if dups:
+        raise AnpredError(f"{path}: configurations with the same id (repeated model/set/input names): {dups}")
+    return Campaign(name=str(head.get("name") or path.stem), path=path, base=base,
+                    retries=int(head.get("retries", 2)), timeout_s=float(head.get("timeout", 600)),
+                    history=str(head.get("history", "history.sqlite")), configurations=configs, axes=axes, raw=raw)

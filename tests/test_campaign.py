@@ -1,0 +1,193 @@
+"""Campaigns on Ray (issue 21): a campaign of 3 models x 4 real backends on the embedded local Ray,
+with Ray worker processes killed during the run (SIGKILL), then resumed.
+
+The models: two seeded PyTorch CNNs (factories) and the Softplus CNN whose inputs around -15 OpenVINO
+2026.4.1 computes wrong (docs/oracle.md), so one configuration has a real flagged backend and the
+drill-down names its operator. Nothing is mocked: the kills are real signals to the Ray workers that
+execute the backend runs (found by the pid file each run task writes)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from anpred.errors import AnpredError
+
+HERE = Path(__file__).resolve().parent
+
+CAMPAIGN = """
+[campaign]
+name = "kill-test"
+retries = 1
+timeout = 300
+
+[defaults]
+samples = 2
+stages = 3
+
+[[models]]
+model = "pipeline_factories:small_cnn"
+name = "cnn8"
+
+[[models]]
+model = "pipeline_factories:small_cnn"
+name = "cnn16"
+factory_kwargs = { width = 16, seed = 1 }
+
+[[models]]
+model = "softplus.onnx"
+stages = 7
+drill = true
+
+[backend_sets]
+fp32 = ["ort", "openvino", "torch", "onnx-reference"]
+
+[resources]
+cpus = 1
+memory_gb = 1
+"""
+
+
+def _campaign_dir(tmp: Path) -> Path:
+    from pipeline_factories import softplus_onnx
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    shutil.copy(HERE / "pipeline_factories.py", tmp / "pipeline_factories.py")
+    softplus_onnx(tmp / "softplus.onnx")
+    (tmp / "campaign.toml").write_text(CAMPAIGN)
+    return tmp
+
+
+class Killer(threading.Thread):
+    """Kill (SIGKILL) the Ray worker running ``backend`` of a configuration each time a new one starts,
+    ``times`` times per configuration (pid files ``OUT/.work/<id>/runs/.<backend>.pid``)."""
+
+    def __init__(self, out: Path, plan: dict[str, int], backend: str):
+        super().__init__(daemon=True)
+        self.out, self.plan, self.backend = out, dict(plan), backend
+        self.killed: dict[str, list[int]] = {k: [] for k in plan}
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            for cid, times in self.plan.items():
+                pidf = self.out / ".work" / cid / "runs" / f".{self.backend}.pid"
+                if len(self.killed[cid]) >= times or not pidf.is_file():
+                    continue
+                try:
+                    pid = int(pidf.read_text())
+                except (OSError, ValueError):
+                    continue
+                if pid in self.killed[cid]:
+                    continue
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    self.killed[cid].append(pid)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+
+
+def _history(db: Path) -> list[tuple[str, str]]:
+    con = sqlite3.connect(str(db))
+    try:
+        return con.execute("SELECT runs.run_dir, verdicts.backend FROM verdicts JOIN runs ON runs.id = "
+                           "verdicts.run_id").fetchall()
+    finally:
+        con.close()
+
+
+def test_campaign_kill_and_resume(tmp_path):
+    """3 models x 4 backends on the embedded Ray, retries = 1. The worker running cnn8's torch is
+    killed once (retried: the configuration completes); the worker running cnn16's torch is killed
+    twice (retries run out: the configuration fails with Ray's reason, the others go on). The
+    history then holds one verdict row per (complete configuration, backend). A second run completes
+    only the failed configuration (its finished backend runs reused) and skips the others."""
+    import ray
+
+    from anpred.campaign import load_campaign, run_campaign
+
+    base = _campaign_dir(tmp_path / "c")
+    campaign = load_campaign(base / "campaign.toml")
+    assert len(campaign.configurations) == 3
+    ids = {c.label: c.id for c in campaign.configurations}
+    out = tmp_path / "out"
+    killer = Killer(out, {ids["cnn8"]: 1, ids["cnn16"]: 2}, "torch")
+    killer.start()
+    try:
+        res = run_campaign(campaign, out, num_cpus=2, progress=False)
+    finally:
+        killer.stop.set()
+        killer.join()
+    assert not ray.is_initialized()  # the embedded Ray is stopped
+    assert len(killer.killed[ids["cnn8"]]) == 1 and len(killer.killed[ids["cnn16"]]) == 2
+    states = {r["label"]: r for r in res.records}
+    assert {k: v["state"] for k, v in states.items()} == {"cnn8": "complete", "cnn16": "failed", "softplus": "complete"}
+    failed = states["cnn16"]
+    assert failed["step"] == "run" and failed["reason"].startswith("torch: ")
+    assert "died" in failed["reason"] or "Crashed" in failed["reason"], failed["reason"]
+    assert (out / "failed" / f"{ids['cnn16']}.json").is_file()
+    assert not (out / "configs" / ids["cnn16"]).exists()  # nothing half-written
+    # the killed-and-retried configuration is complete with every backend run
+    assert {b: r["run"] for b, r in states["cnn8"]["backends"].items()} == dict.fromkeys(
+        ["ort", "openvino", "torch", "onnx-reference"], "ok")
+    # the real defect: openvino flagged on the Softplus CNN, the drill-down names the operator
+    sp = states["softplus"]["backends"]
+    assert sp["openvino"]["flagged"] and sp["openvino"]["culprit_op"] == "Softplus"
+    assert not any(sp[b]["flagged"] for b in ("ort", "torch", "onnx-reference"))
+    rows = _history(out / "history.sqlite")
+    assert len(rows) == 8 and len(set(rows)) == 8
+    # finished backend runs of the failed configuration are kept for the re-run
+    kept = sorted(p.name for p in (out / ".work" / ids["cnn16"] / "runs").iterdir() if not p.name.startswith("."))
+    assert kept == ["onnx-reference", "openvino", "ort"]
+    summary = (out / "summary.txt").read_text()
+    assert "FAILED (run)" in summary and "FLAGGED s" in summary
+    assert "index.html" in os.listdir(out)
+
+    res2 = run_campaign(load_campaign(base / "campaign.toml"), out, num_cpus=2, progress=False)
+    assert res2.ran == [ids["cnn16"]] and sorted(res2.skipped) == sorted([ids["cnn8"], ids["softplus"]])
+    assert all(r["state"] == "complete" for r in res2.records)
+    assert not (out / "failed" / f"{ids['cnn16']}.json").exists()
+    rows = _history(out / "history.sqlite")
+    assert len(rows) == 12 and len(set(rows)) == 12  # one row per (configuration, backend)
+    assert {Path(d).parent.name for d, _ in rows} == set(ids.values())
+    assert res2.exit_code == 1  # openvino is flagged on the Softplus CNN
+    assert not (out / ".work").exists()
+
+
+def test_campaign_file_errors(tmp_path):
+    from anpred.campaign import load_campaign
+
+    def load(text):
+        p = tmp_path / "c.toml"
+        p.write_text(text)
+        return load_campaign(p)
+
+    with pytest.raises(AnpredError, match="not valid TOML"):
+        load("[campaign\n")
+    with pytest.raises(AnpredError, match="no \\[\\[models\\]\\]"):
+        load("[backend_sets]\na = ['ort', 'openvino']\n")
+    with pytest.raises(AnpredError, match="unknown option.*imgsize"):
+        load("[[models]]\nmodel = 'yolov8n'\nimgsize = 3\n[backend_sets]\na = ['ort', 'openvino']\n")
+    with pytest.raises(AnpredError, match="one backend \\(ort\\) cannot be judged"):
+        load("[[models]]\nmodel = 'yolov8n'\n[backend_sets]\na = ['ort']\n")
+    with pytest.raises(AnpredError, match="no such file"):
+        load("[[models]]\nmodel = 'missing.onnx'\n[backend_sets]\na = ['ort', 'openvino']\n")
+    c = load("[[models]]\nmodel = 'yolov8n'\nimgsz = 160\n[[models]]\nmodel = 'yolov5n'\n"
+             "[backend_sets]\na = ['ort', 'openvino']\nb = ['ort', 'torch', 'tf']\n"
+             "[inputs]\ndefault = {}\nrnd = { inputs = 'random:normal:n=2' }\n"
+             "[[versions]]\npackage = 'onnxruntime'\nversions = ['1.31.1', '1.32.0']\nbackends = ['ort']\n")
+    assert len(c.configurations) == 2 * 2 * 2 * 2  # models x sets x inputs x versions
+    first = c.configurations[0]
+    assert first.id.startswith("yolov8n.a.default.onnxruntime-1.31.1.") and first.options["imgsz"] == 160
+    assert first.resources["ort"] == {"cpus": 1.0, "memory_gb": 2.0, "gpus": 0.0}
+    # an edited option is a new configuration; the same file gives the same ids
+    again = load("[[models]]\nmodel = 'yolov8n'\nimgsz = 320\n[backend_sets]\na = ['ort', 'openvino']\n")
+    assert again.configurations[0].id.split(".")[-1] != first.id.split(".")[-1]
