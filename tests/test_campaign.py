@@ -191,3 +191,43 @@ def test_campaign_file_errors(tmp_path):
     # an edited option is a new configuration; the same file gives the same ids
     again = load("[[models]]\nmodel = 'yolov8n'\nimgsz = 320\n[backend_sets]\na = ['ort', 'openvino']\n")
     assert again.configurations[0].id.split(".")[-1] != first.id.split(".")[-1]
+
+
+def test_version_axis_runs_the_backend_on_that_environment(tmp_path):
+    """A [[versions]] entry with an existing environment folder (here a copy of the installed
+    onnxruntime package): the ort worker imports onnxruntime from that folder (recorded in its
+    versions as "onnxruntime from"), openvino's does not; the summary names the version."""
+    import onnxruntime
+
+    from anpred.campaign import load_campaign, run_campaign
+
+    base = _campaign_dir(tmp_path / "c")
+    env = tmp_path / "env-ort-copy"
+    src = Path(onnxruntime.__file__).parent
+    shutil.copytree(src, env / "onnxruntime")
+    for dist in src.parent.glob("onnxruntime-*.dist-info"):
+        shutil.copytree(dist, env / dist.name)
+    (base / "v.toml").write_text(
+        '[campaign]\nname = "v"\n[defaults]\nsamples = 1\nstages = 2\n'
+        '[[models]]\nmodel = "pipeline_factories:small_cnn"\nname = "cnn8"\n'
+        '[backend_sets]\nfp32 = ["ort", "openvino"]\n'
+        f'[[versions]]\npackage = "onnxruntime"\nbackends = ["ort"]\npaths = {{ "copy" = "{env}" }}\n')
+    res = run_campaign(load_campaign(base / "v.toml"), tmp_path / "out", num_cpus=2, progress=False)
+    rec = res.records[0]
+    assert rec["state"] == "complete" and rec["versions"] == {"onnxruntime": "copy"}
+    assert rec["backends"]["ort"]["versions"]["onnxruntime from"] == str(env / "onnxruntime")
+    assert "openvino from" not in rec["backends"]["openvino"]["versions"]
+    assert rec["backends"]["ort"]["versions"]["onnxruntime"] == onnxruntime.__version__
+    assert "onnxruntime copy" in (tmp_path / "out" / "index.html").read_text()
+
+
+def test_prepare_version_offline_error(tmp_path):
+    """A version that the local wheel folder does not hold: a clear error naming the package and
+    version, and nothing left in the cache."""
+    from anpred.campaign.envs import prepare_version
+
+    (tmp_path / "wheels").mkdir()
+    with pytest.raises(AnpredError, match=r"cannot install onnxruntime==0\.0\.1"):
+        prepare_version("onnxruntime", "0.0.1", find_links=str(tmp_path / "wheels"))
+    with pytest.raises(AnpredError, match="does not exist"):
+        prepare_version("onnxruntime", "x", path=str(tmp_path / "missing"))

@@ -106,8 +106,18 @@ class Backend:
 
     # ---- public API (validate, then _impl) ---------------------------------------------------
     def versions(self) -> dict[str, str]:
-        """Library versions this backend's results depend on, e.g. ``{"onnxruntime": "1.32.0"}``."""
-        return {"python": platform.python_version(), **self._versions_impl()}
+        """Library versions this backend's results depend on, e.g. ``{"onnxruntime": "1.32.0"}``. A
+        library imported from outside this Python's prefix (a runtime version put first on
+        ``PYTHONPATH``, :mod:`anpred.campaign.envs`) adds ``"<name> from": <its folder>``."""
+        import sys
+
+        out = {"python": platform.python_version(), **self._versions_impl()}
+        for name in list(out):
+            mod = sys.modules.get(name.replace("-", "_"))
+            where = str(Path(getattr(mod, "__file__", None) or "").parent) if mod is not None else ""
+            if where not in ("", ".") and not Path(where).resolve().is_relative_to(Path(sys.prefix).resolve()):
+                out[f"{name} from"] = where
+        return out
 
     def prepare(self, model_path: str | Path, manifest: AnchorManifest, workdir: str | Path) -> None:
         """Load/convert/compile the anchored model at ``model_path`` (``workdir``: scratch space and

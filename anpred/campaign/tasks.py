@@ -98,6 +98,7 @@ def run_backend(cfg, backend: str, work: str | Path, prep, env_paths: list[str],
     from anpred.pipeline.subject import PythonPath
     from anpred.run import RunStore, run_model
 
+    t0 = time.perf_counter()
     work = Path(work)
     out = work / "runs" / backend
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -108,8 +109,9 @@ def run_backend(cfg, backend: str, work: str | Path, prep, env_paths: list[str],
         with import_paths(paths), PythonPath(prefix or None):
             run_model(work / "build" / "anchored.onnx", [backend], prep.spec, out, mode="tensors",
                       timeout_s=timeout_s, progress=False, overwrite=True)
-    st = RunStore.open(out).statuses()[backend]
-    return st.to_dict()
+    st = RunStore.open(out).statuses()[backend].to_dict()
+    st["task_seconds"] = round(time.perf_counter() - t0, 3)  # this attempt (near 0: a run kept from an earlier one)
+    return st
 
 
 def merge_runs(runs: dict[str, Path], dst: Path, lost: dict[str, str] | None = None):
@@ -177,12 +179,17 @@ def judge_configuration(cfg, work: str | Path, final: str | Path, prep, statuses
     with import_paths(paths):
         result = finish_test(prep, build, final, statuses=sts, oracle=opts.get("oracle", "consensus"),
                              config=opts.get("config"), allow_incomplete=bool(opts.get("allow_incomplete")),
-                             labels=opts.get("labels"), drill=bool(opts.get("drill")), quiet=True)
+                             labels=opts.get("labels"), drill=bool(opts.get("drill")), quiet=True,
+                             seconds=dict(prep.seconds or {}))
     result.details = relocated(result.details, build, final)
     result.seconds["judge"] = time.perf_counter() - t0
     atomic_write_text(build / "test.json", to_json(result.to_dict(), indent=1))
     record = record_of(cfg, result.report, result.statuses, result.reasons, final)
     record["campaign"] = campaign
+    # wall time of each step's task (s): for the scaling simulation of benchmarks/bench_campaign.py
+    record["timings"] = {"prepare": round((prep.seconds or {}).get("prepare", 0.0), 3),
+                         "runs": {b: s.get("task_seconds") for b, s in statuses.items()},
+                         "judge": round(time.perf_counter() - t0, 3)}
     atomic_write_text(build / CONFIG_FILE, to_json(record, indent=1))
     final.parent.mkdir(parents=True, exist_ok=True)
     commit_partial(build, final)

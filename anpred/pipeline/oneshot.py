@@ -187,6 +187,7 @@ class Prepared:
         mapping: native backend -> anchor mapping counts; ``sys_path``: the factory's folder (or None).
         adapter: the task adapter (:mod:`anpred.task`) or None.
         anchored, manifest: the instrumented ModelProto and its AnchorManifest (None once sent away).
+        seconds: wall time of the steps so far (``resolve``, ``instrument``, ``map``, ``prepare``: all), s.
     """
 
     label: str
@@ -199,6 +200,7 @@ class Prepared:
     spec: str | None = None
     anchored: Any = None
     manifest: Any = None
+    seconds: dict[str, float] | None = None
 
 
 def prepare_test(model: str | os.PathLike, tmp: str | os.PathLike, *, backends=None, inputs: str | None = None,
@@ -215,6 +217,7 @@ def prepare_test(model: str | os.PathLike, tmp: str | os.PathLike, *, backends=N
     from passes.bind_inputs import parse_bindings
 
     tmp = Path(tmp)
+    t0 = time.perf_counter()
     seconds = {} if seconds is None else seconds
     backends = check_test_options(oracle="consensus", samples=samples, stages=stages, backends=backends,
                                   inputs=inputs, config=None, history=None)
@@ -226,6 +229,8 @@ def prepare_test(model: str | os.PathLike, tmp: str | os.PathLike, *, backends=N
                     quiet=quiet, seconds=seconds, bind=parse_bindings(bind), task=task, labels=labels)
     prepare_samples(prep, subject, tmp, inputs=inputs, samples=samples, seed=seed, quiet=quiet)
     prep.anchored = prep.manifest = None
+    seconds["prepare"] = time.perf_counter() - t0
+    prep.seconds = seconds
     return prep
 
 
