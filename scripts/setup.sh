@@ -26,6 +26,19 @@ pipq --upgrade pip
 pipq -r requirements.txt
 pipq --no-deps -r requirements-nodeps.txt
 pipq --no-deps -e .
+# three ONNX Runtime releases around a real regression (AveragePool with count_include_pad=1 and
+# padding at the end only: wrong in 1.21.0 to 1.24.4), as wheels: the campaign's version-bisection
+# test installs them from this folder (pip --no-index --find-links), nothing downloaded at test time
+mkdir -p .venv/anpred-wheels
+for v in 1.20.1 1.21.0 1.24.4; do
+  if ! ls .venv/anpred-wheels/onnxruntime-$v-*.whl >/dev/null 2>&1; then
+    set +e
+    .venv/bin/python -m pip download -q --no-deps -d .venv/anpred-wheels "onnxruntime==$v" 2>&1 | grep -vE "is ignored: it is neither"
+    rc=${PIPESTATUS[0]}
+    set -e
+    if [ "$rc" -ne 0 ]; then echo "setup: 'pip download onnxruntime==$v' failed (exit $rc)" >&2; exit "$rc"; fi
+  fi
+done
 .venv/bin/python - <<'PY'
 import importlib.util
 

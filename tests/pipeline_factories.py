@@ -7,6 +7,10 @@
 - :func:`softplus_onnx`: an ONNX CNN whose Softplus sees inputs around -15, where OpenVINO 2026.4.1's
   CPU Softplus is wrong (docs/oracle.md: 0 or -1.9e-6 instead of 3e-7..2e-9), so a real run flags
   openvino and the HTML report has detail plots.
+- :func:`avgpool_net_onnx`: an ONNX CNN (opset 19) whose AveragePool has count_include_pad=1 and
+  padding at the end of H and W only, which ONNX Runtime 1.21.0 to 1.24.4 compute wrong (the last
+  row and column divided by 6 instead of 9; right in 1.20.1 and from 1.25.0 on): the campaign's
+  version bisection test.
 """
 
 from __future__ import annotations
@@ -118,6 +122,31 @@ def softplus_onnx(path: Path) -> Path:
 
 
 _CLI_RUNS: dict[str, tuple[int, str, str, Path]] = {}
+
+
+def avgpool_net_onnx(path: Path) -> Path:
+    """Write the AveragePool CNN (input ``x`` float32 (1, 3, 16, 16), output ``y`` (1, 4, 8, 8)):
+    conv -> relu -> AveragePool(3x3, stride 2, pads [0, 0, 1, 1], count_include_pad=1) -> conv ->
+    relu, opset 19. Returns ``path``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((4, 3, 3, 3)) / np.sqrt(27)).astype(np.float32)
+    w2 = (rng.standard_normal((4, 4, 3, 3)) / np.sqrt(36)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("AveragePool", ["r1"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1],
+                              count_include_pad=1, name="avgpool"),
+             helper.make_node("Conv", ["p", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             helper.make_node("Relu", ["c2"], ["y"], name="relu2")]
+    g = helper.make_graph(nodes, "avgpool_net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+                          [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)], ir_version=8)
+    onnx.checker.check_model(m)
+    onnx.save(m, path)
+    return path
 
 
 def cli_run(key: str, root: Path, argv: list[str]) -> tuple[int, str, str, Path]:

@@ -8,6 +8,7 @@ execute the backend runs (found by the pid file each run task writes)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -231,3 +232,84 @@ def test_prepare_version_offline_error(tmp_path):
         prepare_version("onnxruntime", "0.0.1", find_links=str(tmp_path / "wheels"))
     with pytest.raises(AnpredError, match="does not exist"):
         prepare_version("onnxruntime", "x", path=str(tmp_path / "missing"))
+
+
+WHEELS = Path(__file__).resolve().parent.parent / ".venv" / "anpred-wheels"
+
+
+@pytest.mark.slow
+def test_bisect_names_the_onnxruntime_release_and_operator(tmp_path):
+    """A real regression: ONNX Runtime 1.21.0 to 1.24.4 compute AveragePool with count_include_pad=1
+    and end-only padding wrong (right in 1.20.1). Three releases installed by the campaign from the
+    wheels scripts/setup.sh downloaded (pip --no-index --find-links), the campaign's summary lists the
+    change between 1.20.1 and 1.21.0, and the bisection between 1.20.1 and 1.24.4 names 1.21.0, stage
+    1 and the operator `avgpool` (AveragePool), with a repro that names the release's folder."""
+    from pipeline_factories import avgpool_net_onnx
+
+    from anpred.campaign import load_campaign, run_campaign
+    from anpred.campaign.bisect import bisect_versions
+
+    assert sorted(p.name.split("-")[1] for p in WHEELS.glob("onnxruntime-*.whl")) == ["1.20.1", "1.21.0", "1.24.4"], \
+        "scripts/setup.sh downloads these wheels"
+    avgpool_net_onnx(tmp_path / "avgpool_net.onnx")
+    (tmp_path / "b.toml").write_text(
+        '[campaign]\nname = "bisect"\n[defaults]\nsamples = 2\nstages = 3\n'
+        '[[models]]\nmodel = "avgpool_net.onnx"\nname = "net"\n'
+        '[backend_sets]\nfp32 = ["ort", "openvino", "onnx-reference"]\n'
+        f'[[versions]]\npackage = "onnxruntime"\nbackends = ["ort"]\nversions = ["1.20.1", "1.21.0"]\n'
+        f'find_links = "{WHEELS}"\n')
+    campaign = load_campaign(tmp_path / "b.toml")
+    res = run_campaign(campaign, tmp_path / "out", num_cpus=2, progress=False)
+    by_ver = {r["versions"]["onnxruntime"]: r for r in res.records}
+    assert by_ver["1.20.1"]["backends"]["ort"]["verdict"] == "consistent"
+    assert by_ver["1.21.0"]["backends"]["ort"]["flagged"] and by_ver["1.21.0"]["backends"]["ort"]["origin_stage"] == 1
+    assert by_ver["1.21.0"]["backends"]["ort"]["versions"]["onnxruntime"] == "1.21.0"
+    assert not by_ver["1.21.0"]["backends"]["openvino"]["flagged"]
+    summary = json.loads((tmp_path / "out" / "campaign.json").read_text())
+    assert [(c["from"], c["to"], c["backend"], c["before"]) for c in summary["version_changes"]] == [
+        ("1.20.1", "1.21.0", "ort", "ok")]
+
+    b = bisect_versions(campaign, tmp_path / "bisect", package="onnxruntime", model="net", backend="ort",
+                        good="1.20.1", bad="1.24.4", versions=["1.20.1", "1.21.0", "1.24.4"], num_cpus=2,
+                        progress=False)
+    assert b["first_bad"] == "1.21.0" and b["last_good"] == "1.20.1"
+    assert [p["version"] for p in b["probes"]] == ["1.20.1", "1.24.4", "1.21.0"]
+    assert b["origin_stage"] == 1 and b["culprit"] == {"node": "avgpool", "op_type": "AveragePool"}
+    readme = next((tmp_path / "bisect" / "configs").glob("*.drill")) / "drill" / "repro" / "ort" / "README.md"
+    assert "PYTHONPATH=" in readme.read_text() and "onnxruntime-1.21.0" in readme.read_text()
+
+
+@pytest.mark.slow
+def test_campaign_joins_an_existing_cluster(tmp_path):
+    """`--address`: a Ray cluster started apart (`ray start --head`; without token authentication,
+    RAY_AUTH_MODE=disabled, as this process imported Ray without it) runs the campaign's tasks; the
+    driver leaves the cluster running."""
+    import socket
+    import subprocess
+    import sys
+
+    import ray
+
+    from anpred.cli import main
+
+    base = _campaign_dir(tmp_path / "c")
+    (base / "one.toml").write_text('[campaign]\nname = "cluster"\n[defaults]\nsamples = 1\nstages = 2\n'
+                                   '[[models]]\nmodel = "pipeline_factories:small_cnn"\nname = "cnn8"\n'
+                                   '[backend_sets]\nfp32 = ["ort", "openvino", "onnx-reference"]\n')
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    subprocess.run([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+                    "--disable-usage-stats"], check=True, capture_output=True, cwd=base, env=env)
+    try:
+        rc = main(["campaign", str(base / "one.toml"), "-o", str(tmp_path / "out"), "--address", f"127.0.0.1:{port}",
+                   "-q"])
+        rec = json.loads((tmp_path / "out" / "campaign.json").read_text())
+        assert rc == 0 and rec["complete"] == 1
+        assert rec["ray"]["resources"]["CPU"] == 2.0
+        assert ray.is_initialized()  # joined, not owned: the cluster is left running
+    finally:
+        ray.shutdown()
+        subprocess.run([ray_cli, "stop", "--force"], capture_output=True, env=env)

@@ -87,6 +87,9 @@ class Backend:
     #: how :meth:`unsupported_ops` knows (e.g. "onnx2torch converter registry"); "" = no static table,
     #: the backend's support is known only once it has converted/compiled the model
     coverage_basis: ClassVar[str] = ""
+    #: GPUs one run of this backend needs (a campaign asks Ray for them, :mod:`anpred.campaign`);
+    #: 0 for every CPU backend
+    gpus: ClassVar[float] = 0.0
 
     @classmethod
     def unsupported_ops(cls, model) -> dict[str, str]:

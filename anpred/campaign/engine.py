@@ -87,7 +87,11 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> dict[s
         else:
             ctx = ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     except Exception as err:  # noqa: BLE001 - Ray raises many kinds; the message says what
-        raise AnpredError(f"cannot start Ray{' at ' + address if address else ''}: {err}") from err
+        hint = ""
+        if address and os.environ.get("RAY_AUTH_MODE") != "token":
+            hint = (" (a cluster started with `ray start` may require token authentication: set RAY_AUTH_MODE=token"
+                    " here as on the cluster, with its token in ~/.ray/auth_token or RAY_AUTH_TOKEN)")
+        raise AnpredError(f"cannot start Ray{' at ' + address if address else ''}: {err}{hint}") from err
     return {"address": getattr(ctx, "address_info", {}).get("address") or address or "local",
             "resources": ray.cluster_resources()}
 

@@ -169,12 +169,21 @@ def _model_text(model: str, base: Path) -> str:
 
 
 def _resources(raw: dict[str, Any], backends: list[str]) -> dict[str, dict[str, float]]:
+    """backend -> Ray resources: the defaults, ``[resources]``, ``[resources.backends.<b>]``; a
+    backend class that needs GPUs (:attr:`anpred.backends.base.Backend.gpus`) gets at least those."""
+    from anpred.backends import backend_class
+
     base = {**DEFAULT_RESOURCES, **{k: float(v) for k, v in raw.items() if k in DEFAULT_RESOURCES}}
     per = raw.get("backends", {}) or {}
     unknown = sorted(set(raw) - set(DEFAULT_RESOURCES) - {"backends"})
     if unknown:
         raise AnpredError(f"[resources]: unknown key(s) {', '.join(unknown)}; known: cpus, memory_gb, gpus, backends")
-    return {b: {**base, **{k: float(v) for k, v in (per.get(b) or {}).items()}} for b in backends}
+    out = {}
+    for b in backends:
+        r = {**base, **{k: float(v) for k, v in (per.get(b) or {}).items()}}
+        r["gpus"] = max(r["gpus"], float(getattr(backend_class(b), "gpus", 0.0)))
+        out[b] = r
+    return out
 
 
 def _axes(raw: list[dict[str, Any]], base: Path) -> list[VersionAxis]:

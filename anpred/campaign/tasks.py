@@ -96,7 +96,7 @@ def run_backend(cfg, backend: str, work: str | Path, prep, env_paths: list[str],
     attempt when complete). Returns its :class:`anpred.backends.base.BackendStatus` as a dict (a
     backend that fails, crashes or times out is a status, not an exception)."""
     from anpred.pipeline.subject import PythonPath
-    from anpred.run import RunStore, run_model
+    from anpred.run import BackendSpec, RunStore, run_model
 
     t0 = time.perf_counter()
     work = Path(work)
@@ -105,9 +105,11 @@ def run_backend(cfg, backend: str, work: str | Path, prep, env_paths: list[str],
     # which process runs which backend (operators: to find, or kill, a stuck run)
     (out.parent / f".{backend}.pid").write_text(str(os.getpid()))
     if not (out / "run.json").is_file():
-        prefix = os.pathsep.join([str(p) for p in env_paths] + ([prep.sys_path] if prep.sys_path else []))
-        with import_paths(paths), PythonPath(prefix or None):
-            run_model(work / "build" / "anchored.onnx", [backend], prep.spec, out, mode="tensors",
+        # the configuration's runtime versions: the spec's python_path (recorded with the run, so the
+        # judge's drill-down runs the same release)
+        spec = BackendSpec(backend, backend, {"python_path": [str(p) for p in env_paths]} if env_paths else {})
+        with import_paths(paths), PythonPath(prep.sys_path):
+            run_model(work / "build" / "anchored.onnx", [spec], prep.spec, out, mode="tensors",
                       timeout_s=timeout_s, progress=False, overwrite=True)
     st = RunStore.open(out).statuses()[backend].to_dict()
     st["task_seconds"] = round(time.perf_counter() - t0, 3)  # this attempt (near 0: a run kept from an earlier one)
@@ -171,6 +173,10 @@ def judge_configuration(cfg, work: str | Path, final: str | Path, prep, statuses
 
     t0 = time.perf_counter()
     work, final = Path(work), Path(final)
+    done = read_record(final)
+    if done is not None:  # an earlier attempt committed the folder and then died: its result stands
+        shutil.rmtree(work, ignore_errors=True)
+        return done
     build = work / "build"
     runs = {b: work / "runs" / b for b in cfg.backends if b in statuses}
     store = merge_runs(runs, build / "run", lost)

@@ -263,14 +263,15 @@ def _repro(runner, node, out_val, last_rep, exposed, sub, own, sfeeds, ins, back
         if departs(cells.get(backend)) and not flagged_peers:
             flagged = backend in rrep.flagged_backends
             _write(repro_dir, m, mo, inputs, rdir, rrep, backend, peers, node, scope, cells, flagged,
-                   runner.specs[backend].name)
+                   runner.specs[backend].name, runner.specs[backend].options.get("python_path"))
             return {"repro": str(repro_dir), "reproduced": True, "scope": scope, "flagged_in_repro": flagged}
     return {"repro": None, "reproduced": False, "scope": None, "flagged_in_repro": False}
 
 
 def _write(repro_dir: Path, m, mo, inputs, rdir, rrep, backend, peers, node, scope, cells, flagged: bool,
-           registry_name: str) -> None:
+           registry_name: str, python_path: list[str] | None = None) -> None:
     import json
+    import os
 
     from anpred.defaults import OracleConfig
     from anpred.drill.feed import backend_samples, consensus_samples
@@ -299,7 +300,9 @@ def _write(repro_dir: Path, m, mo, inputs, rdir, rrep, backend, peers, node, sco
     if changed:
         (repro_dir / "oracle.json").write_text(json.dumps(changed, indent=1))
         cfg_opt = " --config oracle.json"
-    cmd = (f"anpred test model.onnx --inputs inputs.npz --backends {','.join(peers)} --stages 1{cfg_opt} "
+    # a backend run on another release of its library (a campaign's runtime version): the same folders
+    env = f"PYTHONPATH={os.pathsep.join(python_path)} " if python_path else ""
+    cmd = (f"{env}anpred test model.onnx --inputs inputs.npz --backends {','.join(peers)} --stages 1{cfg_opt} "
            f"-o rerun --overwrite")
     ratio = (mine.primary / mine.peer_level) if mine.peer_level else float("inf")
     from anpred.backends import REGISTRY

@@ -315,6 +315,7 @@ def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str
     status_path = work / "status.json"
     options = dict(spec.options)
     model = Path(options.pop("model", model_path)).resolve()
+    python_path = [str(f) for f in options.pop("python_path", None) or []]
     family = spec.family()
     options.pop("family", None)
     try:
@@ -336,7 +337,7 @@ def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str
         proc = subprocess.Popen([sys.executable, "-m", "anpred.run.worker", "--worker", str(job_path), "--fd", str(wfd),
                                  "--parent", str(os.getpid())],
                                 pass_fds=(wfd,), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=str(work), env=_worker_env(), start_new_session=True)
+                                cwd=str(work), env=_worker_env(python_path), start_new_session=True)
     os.close(wfd)
     bar = tqdm(total=n, desc=f"{spec.label:>14}", unit="sample", disable=not progress, leave=True, file=sys.stderr)
     done, prepared, timed_out = _watch(proc, rfd, start, timeout_s, bar)
@@ -377,14 +378,16 @@ def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str
     return st
 
 
-def _worker_env() -> dict[str, str]:
+def _worker_env(python_path: list[str] | None = None) -> dict[str, str]:
     """The worker's environment: this one, with faulthandler on, the malloc tunables
-    (:func:`worker_malloc_tunables`) and this ``anpred`` first on ``PYTHONPATH``."""
+    (:func:`worker_malloc_tunables`), this ``anpred`` first on ``PYTHONPATH``, then the spec's
+    ``python_path`` folders (another release of the backend's library)."""
     env = dict(os.environ)
     env["PYTHONFAULTHANDLER"] = "1"
     env["GLIBC_TUNABLES"] = worker_malloc_tunables(env.get("GLIBC_TUNABLES", ""))
     pkg_parent = str(Path(__file__).resolve().parents[2])  # the folder holding the anpred package
-    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    parts = [pkg_parent, *(python_path or [])] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(parts)
     return env
 
 

@@ -49,6 +49,9 @@ class BackendSpec:
         options: passed to the backend constructor, except the runner's own keys:
             ``model`` (path of an alternative anchored ONNX run by this backend only, e.g. a
             fault-injected copy), ``family`` (overrides the backend's family in the status),
+            ``python_path`` (folders put first on the worker's ``PYTHONPATH``, after ``anpred``
+            itself: another release of the backend's library, :mod:`anpred.campaign.envs`; recorded
+            with the run, so the drill-down and its repro run that release too),
             ``_fault``/``_fault_at`` (testing hook: ``segfault`` | ``abort`` | ``exit`` | ``hang`` |
             ``raise`` in the worker at ``prepare`` or ``run`` (default), a real crash of that process).
     """
@@ -67,6 +70,9 @@ class BackendSpec:
         fault = self.options.get("_fault")
         if fault is not None and fault not in FAULTS:
             raise BackendError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+        pp = self.options.get("python_path")
+        if pp is not None and (isinstance(pp, str) or not all(Path(str(f)).is_dir() for f in pp)):
+            raise BackendError(f"backend {self.label}: python_path must be a list of existing folders (got {pp!r})")
         if "model" in self.options and not Path(self.options["model"]).is_file():
             raise BackendError(f"backend {self.label}: alternative model {self.options['model']} does not exist")
 
