@@ -292,3 +292,40 @@ def test_sigterm_to_the_driver_kills_workers_and_removes_the_partial_run(yolo, t
     (stale / "tensors").mkdir(parents=True)
     assert cli(["run", str(yolo), "-b", "ort", "-i", "random:images:n=1", "-o", str(out), "-q"]) == 0
     assert not stale.exists() and not partial.exists() and (out / "run.json").is_file()
+
+
+def test_worker_pool_prepares_once_and_keeps_going_after_a_crash(yolo, tmp_path):
+    """Long-lived workers (streamed datasets): three runs of two samples each on one WorkerPool.
+    Each backend's process is started and prepared once (same pid in every run, prepare time only in
+    the first run's status); the tensors equal a plain InferenceSession's; a backend that segfaults in
+    its first run is `crashed` there and in every later run (naming the earlier chunk), the others
+    are untouched; a hanging one times out."""
+    from anpred.run.driver import WorkerPool
+
+    specs = [BackendSpec("ort"), BackendSpec("openvino"), BackendSpec("ort", "ort-segv", {"_fault": "segfault"}),
+             BackendSpec("ort-noopt", "noopt-hang", {"_fault": "hang", "_fault_at": "prepare"})]
+    pids, stores = [], []
+    with WorkerPool(tmp_path / "workers", timeout_s=10) as pool:
+        for k in range(3):
+            store = run_model(yolo, specs, f"random:uniform:seed={k}:n=2", tmp_path / f"r{k}", progress=False,
+                              precheck=False, pool=pool)
+            stores.append(store)
+            pids.append({b: w["proc"].pid for b, w in pool.workers.items() if b in ("ort", "openvino")})
+            st = store.statuses()
+            assert st["ort"].status == "ok" and st["openvino"].status == "ok" and st["ort"].samples == 2
+            assert st["ort-segv"].status == "crashed" and "SIGSEGV" in st["ort-segv"].reason
+            assert st["noopt-hang"].status == "timeout"
+            if k:
+                assert st["ort"].seconds_prepare == 0.0 and "in an earlier chunk" in st["ort-segv"].reason
+            else:
+                assert st["ort"].seconds_prepare > 0.0
+    assert pids[0] == pids[1] == pids[2]
+    for store in stores:
+        for sid in store.sample_ids:
+            plain = _plain_ort(yolo, store.read_inputs(sid)["images"])
+            got = store.read_anchors("ort", sid)
+            for a in store.manifest.anchors:
+                key = a.name if a.name in plain else a.value
+                if key in plain:
+                    np.testing.assert_array_equal(got[a.name], plain[key])
+    assert not pool.workers  # closed: every worker ended

@@ -9,8 +9,9 @@ most deviating samples per backend (deviation: the nRMSE of the backend's output
 consensus', summed over the outputs), with every backend's tensors for them (for the report's plots
 and for ``anpred check RUN --drill``): disk is bounded by two chunks in flight plus ``keep`` samples
 per backend. While chunk ``k`` is judged (a thread), chunk ``k + 1`` runs: the judge works beside the
-backends (within a chunk the run driver still runs the backends one after the other, each in its own
-process started anew per chunk). A progress line per chunk gives samples/s and the running verdict (the task's
+backends. Each backend runs in ONE long-lived worker process for the whole dataset
+(:class:`anpred.run.driver.WorkerPool`: imported, converted and prepared once), and the backends of a
+chunk run side by side, each in its own process, on the same chunk of samples. A progress line per chunk gives samples/s and the running verdict (the task's
 headline per backend, else each backend's largest output deviation so far).
 
 The report (status, verdicts, cells) covers every sample; ``report.stream`` records the chunking.
@@ -112,7 +113,7 @@ def _out_dev(tensors, outs, voters, consensus) -> dict[str, float]:
 def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[str, dict[str, np.ndarray]]],
                 out_run: str | Path, *, chunk: int = 64, keep: int = 4, timeout_s: float = 600, quiet: bool = False,
                 oracle: str = "consensus", config=None, allow_incomplete: bool = False, adapter=None, labels=None,
-                inputs_description: dict[str, Any] | None = None):
+                inputs_description: dict[str, Any] | None = None, side_by_side: bool = True):
     """Run and judge a dataset in chunks (module docstring); returns the :class:`anpred.judge.CheckReport`.
 
     Args:
@@ -124,6 +125,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
         oracle, config, allow_incomplete: as :func:`anpred.judge.check_run`.
         adapter, labels: the task (:mod:`anpred.task`), or None.
         inputs_description: what the run records as its inputs.
+        side_by_side: the backends of a chunk run at the same time, each in its own long-lived worker
+            (:class:`anpred.run.driver.WorkerPool`); False: one after the other.
 
     Raises:
         AnpredError: a chunk below 1, no sample, the first chunk cannot be judged (every backend failed).
@@ -131,6 +134,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     from anpred.judge.check import finish, usable_backends
     from anpred.judge.samples import SampleJudge
     from anpred.run import RunStore, run_model
+    from anpred.run.driver import WorkerPool
     from anpred.task.impact import load_labels, task_accumulator
 
     if chunk < 1 or keep < 0:
@@ -205,6 +209,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     samples = itertools.chain(head, samples)
     th = threading.Thread(target=judge_loop, daemon=True)
     th.start()
+    pool = WorkerPool(work / "workers", timeout_s=timeout_s, side_by_side=side_by_side)
     try:
         for k, part in enumerate(_batched(samples, chunk)):
             if state["error"] is not None:
@@ -218,15 +223,20 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                 state["sources"].append(src)
                 ids[f"s{j:04d}"] = f"s{g:06d}"
             store = run_model(anchored, specs, folder, work / f"run{k}", timeout_s=timeout_s, overwrite=True,
-                              progress=not quiet, precheck=(k == 0))
+                              progress=False, precheck=(k == 0), pool=pool)
             if k == 0:  # a backend refused by the pre-run coverage is not started again
                 st0 = store.statuses()
                 specs = [x for x in specs if st0.get(x.label) is None or st0[x.label].status != "unsupported"]
             shutil.rmtree(folder, ignore_errors=True)
             done.put((k, store, ids))
     finally:
+        pool.close()
         done.put(None)
         th.join()
+        if state["final"] is not None:  # the long-lived workers' logs, one per backend
+            (out_run / "logs").mkdir(exist_ok=True)
+            for log in (work / "workers").glob("*.log"):
+                shutil.copy2(log, out_run / "logs" / log.name)
         shutil.rmtree(work, ignore_errors=True)
     if state["error"] is not None:
         raise state["error"]

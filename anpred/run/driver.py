@@ -48,12 +48,13 @@ from anpred.run.model import copy_model, load_anchored
 from anpred.run.spec import MODES, BackendSpec, WorkerJob
 from anpred.run.store import RunStore
 
-__all__ = ["run_model", "Terminated", "format_summary", "WORKER_MALLOC_TUNABLES", "worker_malloc_tunables"]
+__all__ = ["run_model", "Terminated", "format_summary", "WORKER_MALLOC_TUNABLES", "worker_malloc_tunables",
+           "WorkerPool"]
 
 
 def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], inputs: Any, out_dir: str | Path,
               *, mode: str = "tensors", timeout_s: float = 600, overwrite: bool = False, progress: bool = True,
-              preprocess: str | None = None, precheck: bool = True):
+              preprocess: str | None = None, precheck: bool = True, pool: "WorkerPool | None" = None):
     """Run the anchored model on every backend and return the :class:`~anpred.run.store.RunStore`.
 
     Args:
@@ -72,6 +73,8 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
             lacks (:mod:`anpred.backends.coverage`, in a child process; ``meta["coverage"]``); a
             backend with a known missing operator is not started and gets status ``unsupported``
             naming the operators. False: run every backend.
+        pool: a :class:`WorkerPool` whose long-lived workers run the backends (prepared once for
+            a stream of runs, side by side) instead of one new process per backend and run.
 
     Raises:
         BackendError: unknown backend or duplicate labels (before anything is written).
@@ -150,8 +153,11 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
         for spec in specs:
             if spec.label in refused:
                 store.set_status(refused[spec.label])
-                continue
-            store.set_status(_run_backend(store, spec, run_model_path, mode, timeout_s, progress, shape_hint))
+            elif pool is None:
+                store.set_status(_run_backend(store, spec, run_model_path, mode, timeout_s, progress, shape_hint))
+        if pool is not None:
+            for st in pool.run(store, [s for s in specs if s.label not in refused], model_path, shape_hint).values():
+                store.set_status(st)
         _raise_if_all_failed_on_shapes(store)
         shutil.rmtree(tmp / ".work", ignore_errors=True)
         commit_partial(tmp, out)
@@ -301,17 +307,13 @@ def _precheck(store: RunStore, specs: list[BackendSpec], model_path: Path, progr
     return refused
 
 
-def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str, timeout_s: float, progress: bool,
-                 input_shapes: dict[str, list[int]] | None = None) -> BackendStatus:
-    """Run one backend in its own worker process and return its status (the worker's, completed
-    with a crash or timeout seen here); its resources go to ``store.meta["resources"][label]``."""
-    from tqdm import tqdm
-
-    root = store.root
-    work = root / ".work" / spec.label
+def _make_job(store: RunStore, spec: BackendSpec, model_path: Path, mode: str,
+              input_shapes: dict[str, list[int]] | None, work: Path, log_path: Path):
+    """The worker job of ``spec`` on ``store`` in folder ``work`` (its options without the runner's
+    own keys; int8 calibration on the run's samples; the run's input shapes where the backend needs
+    them). Returns ``(job, job path, log path, status path, python_path folders)``."""
     work.mkdir(parents=True, exist_ok=True)
-    (root / "logs").mkdir(exist_ok=True)
-    log_path = root / "logs" / f"{spec.label}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     status_path = work / "status.json"
     options = dict(spec.options)
     model = Path(options.pop("model", model_path)).resolve()
@@ -326,10 +328,23 @@ def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str
         options["calibration"] = [str(store.input_file(sid)) for sid in store.sample_ids]
     if getattr(cls, "needs_input_shapes", False) and input_shapes and "input_shapes" not in options:
         options["input_shapes"] = input_shapes  # the run's concrete input shapes (all samples share them)
-    job = WorkerJob(store=str(root), name=spec.name, label=spec.label, family=family, options=options,
+    job = WorkerJob(store=str(store.root), name=spec.name, label=spec.label, family=family, options=options,
                     model=str(model), mode=mode, samples=store.sample_ids, status_path=str(status_path))
     job_path = work / "job.json"
     job.save(job_path)
+    return job, job_path, log_path, status_path, python_path
+
+
+def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str, timeout_s: float, progress: bool,
+                 input_shapes: dict[str, list[int]] | None = None) -> BackendStatus:
+    """Run one backend in its own worker process and return its status (the worker's, completed
+    with a crash or timeout seen here); its resources go to ``store.meta["resources"][label]``."""
+    from tqdm import tqdm
+
+    job, job_path, log_path, status_path, python_path = _make_job(store, spec, model_path, mode, input_shapes,
+                                                                  store.root / ".work" / spec.label,
+                                                                  store.root / "logs" / f"{spec.label}.log")
+    family = job.family
     n = len(store.sample_ids)
     rfd, wfd = os.pipe()
     start = time.monotonic()
@@ -337,7 +352,7 @@ def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str
         proc = subprocess.Popen([sys.executable, "-m", "anpred.run.worker", "--worker", str(job_path), "--fd", str(wfd),
                                  "--parent", str(os.getpid())],
                                 pass_fds=(wfd,), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=str(work), env=_worker_env(python_path), start_new_session=True)
+                                cwd=str(job_path.parent), env=_worker_env(python_path), start_new_session=True)
     os.close(wfd)
     bar = tqdm(total=n, desc=f"{spec.label:>14}", unit="sample", disable=not progress, leave=True, file=sys.stderr)
     done, prepared, timed_out = _watch(proc, rfd, start, timeout_s, bar)
@@ -434,3 +449,171 @@ def _watch(proc: subprocess.Popen, rfd: int, start: float, timeout_s: float, bar
             proc.wait()
         bar.close()
     return done, prepared, timed_out
+
+
+class WorkerPool:
+    """Long-lived backend workers for a stream of runs (:func:`run_model` with ``pool``; the
+    streamed dataset of :mod:`anpred.pipeline.stream`): one ``python -m anpred.run.worker --feed``
+    process per backend, started at its first run, prepared once (conversion, compilation, imports),
+    then given each run's samples as a chunk on its feed pipe; the backends of a run work side by side
+    (``side_by_side``, each in its own process) or one after the other. A worker that fails, crashes
+    or passes ``timeout_s`` on a chunk (prepare included for the first) gets that status for the
+    chunk and every later one (reason: ``in an earlier chunk``); the others go on. Worker output goes
+    to ``work/<label>.log``. Use as a context manager or call :meth:`close`."""
+
+    def __init__(self, work: str | Path, *, timeout_s: float = 600, side_by_side: bool = True, mode: str = "tensors"):
+        self.work = Path(work)
+        self.timeout_s, self.side_by_side, self.mode = timeout_s, side_by_side, mode
+        self.workers: dict[str, dict[str, Any]] = {}
+        self.dead: dict[str, BackendStatus] = {}
+        self.k = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _start(self, store: RunStore, spec: BackendSpec, model_path: Path, input_shapes) -> dict[str, Any]:
+        wdir = self.work / spec.label
+        job, job_path, log_path, status_path, python_path = _make_job(store, spec, Path(model_path), self.mode,
+                                                                      input_shapes, wdir, self.work / f"{spec.label}.log")
+        rfd, wfd = os.pipe()
+        feed_r, feed_w = os.pipe()
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "anpred.run.worker", "--worker", str(job_path), "--fd",
+                                     str(wfd), "--parent", str(os.getpid()), "--feed", str(feed_r)],
+                                    pass_fds=(wfd, feed_r), stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, cwd=str(wdir), env=_worker_env(python_path),
+                                    start_new_session=True)
+        os.close(wfd)
+        os.close(feed_r)
+        return {"proc": proc, "rfd": rfd, "feed": os.fdopen(feed_w, "w"), "buf": b"", "prepared": False,
+                "log": log_path, "status": status_path, "family": job.family, "spec": spec}
+
+    def run(self, store: RunStore, specs: list[BackendSpec], model_path: Path,
+            input_shapes: dict[str, list[int]] | None = None) -> dict[str, BackendStatus]:
+        """Run ``store``'s samples on ``specs`` (their anchors written into ``store``); returns label
+        -> this run's status (samples and times of this run only; ``seconds_prepare`` on the first)."""
+        k, self.k = self.k, self.k + 1
+        out: dict[str, BackendStatus] = {}
+        live = []
+        for spec in specs:
+            if spec.label in self.dead:
+                old = self.dead[spec.label]
+                out[spec.label] = BackendStatus(name=spec.label, family=old.family, status=old.status,
+                                                reason=f"in an earlier chunk: {old.reason}")
+                continue
+            if spec.label not in self.workers:
+                self.workers[spec.label] = self._start(store, spec, model_path, input_shapes)
+            live.append(spec.label)
+        groups = [live] if self.side_by_side else [[b] for b in live]
+        for group in groups:
+            for b in group:
+                w = self.workers[b]
+                w["chunk_status"] = self.work / b / f"chunk{k}.json"
+                w["t0"] = time.monotonic()
+                try:
+                    w["feed"].write(json.dumps({"k": k, "store": str(store.root), "samples": store.sample_ids,
+                                                "status": str(w["chunk_status"])}) + "\n")
+                    w["feed"].flush()
+                except OSError:  # the worker is gone: its status comes from the wait
+                    pass
+            out.update(self._wait(k, group, store))
+        return out
+
+    def _wait(self, k: int, labels: list[str], store: RunStore) -> dict[str, BackendStatus]:
+        pending = {self.workers[b]["rfd"]: b for b in labels}
+        ended: dict[str, str] = {}
+        deadline = {b: self.workers[b]["t0"] + self.timeout_s for b in labels}
+        while pending:
+            now = time.monotonic()
+            for fd, b in list(pending.items()):
+                if now > deadline[b]:
+                    ended[b] = "timeout"
+                    del pending[fd]
+            if not pending:
+                break
+            ready, _, _ = select.select(list(pending), [], [], 1.0)
+            for fd in ready:
+                b = pending[fd]
+                w = self.workers[b]
+                data = os.read(fd, 4096)
+                if not data:
+                    ended[b] = "eof"
+                    del pending[fd]
+                    continue
+                w["buf"] += data
+                *lines, w["buf"] = w["buf"].split(b"\n")
+                for ln in lines:
+                    if ln == b"prepared":
+                        w["prepared"] = True
+                    elif ln.startswith(f"chunk {k} ".encode()):
+                        ended[b] = ln.split()[-1].decode()
+                        pending.pop(fd, None)
+        out = {}
+        for b in labels:
+            w = self.workers[b]
+            how = ended.get(b, "eof")
+            st = None
+            if how in ("done", "failed") and w["chunk_status"].is_file():
+                st = BackendStatus.from_dict(json.loads(w["chunk_status"].read_text()))
+            if st is None:
+                st = self._lost(b, how, len(store.sample_ids))
+            store.meta.setdefault("resources", {})[b] = {"seconds_wall": round(time.monotonic() - w["t0"], 3),
+                                                          "seconds_prepare": round(st.seconds_prepare, 4),
+                                                          "worker": "long-lived"}
+            if st.status != "ok":
+                self.dead[b] = st
+                self._kill(b)
+            out[b] = st
+        return out
+
+    def _lost(self, b: str, how: str, n: int) -> BackendStatus:
+        """The status of a worker that timed out or ended without a chunk status (killed here)."""
+        w = self.workers[b]
+        self._kill(b)
+        st = None
+        if w["status"].is_file():  # a failure while preparing is in the job's status
+            try:
+                st = BackendStatus.from_dict(json.loads(w["status"].read_text()))
+            except (OSError, json.JSONDecodeError, TypeError):
+                st = None
+        stage = "running samples" if w["prepared"] else "preparing"
+        if how == "timeout":
+            return BackendStatus(name=b, family=w["family"], status="timeout",
+                                 reason=f"no result within {self.timeout_s:g} s (killed while {stage}; 0/{n} samples)")
+        if st is not None and st.status in ("failed", "unsupported"):
+            return st
+        rc = w["proc"].returncode
+        what = (f"process killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 and -rc in
+                signal.valid_signals() else f"process exited with status {rc} without a result")
+        return BackendStatus(name=b, family=w["family"], status="crashed" if rc is not None and rc < 0 else "failed",
+                             reason=f"{what} while {stage}; log: {_tail(w['log'], 4)}")
+
+    def _kill(self, b: str) -> None:
+        w = self.workers[b]
+        if w["proc"].poll() is None:
+            try:
+                os.killpg(w["proc"].pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        w["proc"].wait()
+
+    def close(self) -> None:
+        """End every worker: close its feed (it finishes and exits), wait up to 30 s, else kill it."""
+        for b, w in self.workers.items():
+            try:
+                w["feed"].close()
+            except OSError:
+                pass
+        for b, w in self.workers.items():
+            try:
+                w["proc"].wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._kill(b)
+            try:
+                os.close(w["rfd"])
+            except OSError:
+                pass
+        self.workers = {}

@@ -119,9 +119,87 @@ def _write_summaries(stats: dict[str, StreamingStats], jsonl, sid: str, res: dic
     jsonl.flush()
 
 
-def run_job(job_path: str, fd: int) -> None:
+def _sample_loop(backend, store, samples, label, st, emit, writer, fault_opts, stats=None, jsonl=None,
+                 cursor: list | None = None):
+    """Run ``samples`` (sample ids of ``store``) through the prepared ``backend``, storing each
+    sample's anchors (or, with ``stats``, its summaries) on the ``writer`` thread while the next one
+    runs; ``st.samples`` and the progress lines follow; ``cursor[0]`` is the sample in progress (for
+    the caller's error message). Returns ``(anchors returned by every sample, seconds in
+    Backend.run, seconds of the loop)``."""
+    cursor = cursor if cursor is not None else [None]
+    returned: set[str] | None = None
+    run_s = 0.0
+    loop_t0 = time.perf_counter()
+    pending = None
+    st.samples = 0
+    for i, sid in enumerate(samples):
+        cursor[0] = sid
+        inputs = store.read_inputs(sid)
+        t = time.perf_counter()
+        res = backend.run(inputs)
+        run_s += time.perf_counter() - t
+        _fault(fault_opts, "run")
+        returned = set(res) if returned is None else returned & set(res)
+        if i == 0 and not st.dtypes:
+            st.dtypes = {k: str(np.asarray(v).dtype) for k, v in res.items()}
+        if pending is not None:
+            pending.result()
+        if stats is None:
+            pending = writer.submit(store.write_anchors, label, sid, res)
+        else:
+            pending = writer.submit(_write_summaries, stats, jsonl, sid, res)
+        st.samples = i + 1
+        emit(f"sample {i + 1}")
+    if pending is not None:
+        pending.result()
+    return returned or set(), run_s, time.perf_counter() - loop_t0
+
+
+def _captured(st, manifest, returned: set[str]) -> None:
+    """Mark the anchors the backend announced but never returned as missing; count the captured."""
+    for a in manifest.anchors:
+        cap = st.captures.setdefault(a.name, asdict(AnchorCapture(layout=a.layout)))
+        if a.name not in returned and cap.get("status") != "missing":
+            cap["status"] = "missing"
+            cap["reason"] = cap.get("reason") or "announced by the backend but not returned by run()"
+    st.anchors_captured = sum(1 for a in manifest.anchors if a.name in returned)
+
+
+def _serve(backend, manifest, st, label: str, feed_fd: int, emit, writer, fault_opts) -> None:
+    """The long-lived worker's loop (:class:`anpred.run.driver.WorkerPool`): each line read from
+    ``feed_fd`` is a chunk ``{"k", "store", "samples", "status"}``; its samples run into that run
+    store, its status (this chunk's samples and times) is written to ``status``, then ``chunk K
+    done`` is emitted. A failing sample ends the process with that chunk's status written. Returns
+    when the driver closes the feed."""
+    feed = os.fdopen(feed_fd, "r")
+    for line in feed:
+        req = json.loads(line)
+        cst = BackendStatus.from_dict(st.to_dict())
+        cst.status = "running"
+        cursor: list = [None]
+        try:
+            cstore = RunStore(Path(req["store"]), {}, manifest)
+            returned, run_s, loop_s = _sample_loop(backend, cstore, req["samples"], label, cst, emit, writer,
+                                                   fault_opts, cursor=cursor)
+            cst.seconds_run = run_s
+            _captured(cst, manifest, returned)
+            cst.status, cst.reason = "ok", _missing_note(cst.captures, manifest)
+        except BaseException as err:  # noqa: BLE001 - the chunk's status, then the process ends
+            cst.status = _classify(err)
+            cst.reason = f"sample {cursor[0]}: {short_reason(err)}"
+            atomic_write_text(Path(req["status"]), to_json(cst.to_dict()))
+            emit(f"chunk {req['k']} failed")
+            raise
+        atomic_write_text(Path(req["status"]), to_json(cst.to_dict()))
+        emit(f"chunk {req['k']} done")
+        st.seconds_prepare = 0.0  # counted with the first chunk only
+    st.status = "ok"
+
+
+def run_job(job_path: str, fd: int, feed_fd: int | None = None) -> None:
     """Run the job in ``job_path`` (:class:`~anpred.run.spec.WorkerJob`), reporting progress lines on
-    the pipe ``fd``; never returns (ends the process with ``os._exit(0)`` once the status is written)."""
+    the pipe ``fd``; never returns (ends the process with ``os._exit(0)`` once the status is written).
+    With ``feed_fd``: prepare once, then run the chunks the driver sends on that pipe (:func:`_serve`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     job = WorkerJob.load(job_path)
@@ -144,10 +222,9 @@ def run_job(job_path: str, fd: int) -> None:
             pass
 
     stage = "preparing"
-    sid = None
+    cursor: list = [None]
     # one writer thread: storing sample i (tensors, or summaries in stats mode) overlaps running i+1
     writer = ThreadPoolExecutor(max_workers=1)
-    pending = None
     try:
         backend = backend_class(job.name)(options)
         st.versions = backend.versions()
@@ -169,37 +246,13 @@ def run_job(job_path: str, fd: int) -> None:
         if stats is not None:
             (root / "stats").mkdir(exist_ok=True)
             jsonl = open(root / "stats" / f"{label}.samples.jsonl", "w")
-        returned: set[str] | None = None
-        run_s = 0.0
-        loop_t0 = time.perf_counter()
-        for i, sid in enumerate(job.samples):
-            inputs = store.read_inputs(sid)
-            t = time.perf_counter()
-            res = backend.run(inputs)
-            run_s += time.perf_counter() - t
-            _fault(fault_opts, "run")
-            returned = set(res) if returned is None else returned & set(res)
-            if i == 0:
-                st.dtypes = {k: str(np.asarray(v).dtype) for k, v in res.items()}
-            if pending is not None:
-                pending.result()
-            if stats is None:
-                pending = writer.submit(store.write_anchors, label, sid, res)
-            else:
-                pending = writer.submit(_write_summaries, stats, jsonl, sid, res)
-            st.samples = i + 1
-            emit(f"sample {i + 1}")
-        if pending is not None:
-            pending.result()
-        loop_s = time.perf_counter() - loop_t0
+        if feed_fd is not None:  # a long-lived worker: chunks of samples from the driver until it closes the feed
+            _serve(backend, manifest, st, label, feed_fd, emit, writer, fault_opts)
+            return
+        returned, run_s, loop_s = _sample_loop(backend, store, job.samples, label, st, emit, writer, fault_opts,
+                                               stats, jsonl, cursor)
         st.seconds_run = run_s
-        returned = returned or set()
-        for a in manifest.anchors:
-            cap = st.captures.setdefault(a.name, asdict(AnchorCapture(layout=a.layout)))
-            if a.name not in returned and cap.get("status") != "missing":
-                cap["status"] = "missing"
-                cap["reason"] = cap.get("reason") or "announced by the backend but not returned by run()"
-        st.anchors_captured = sum(1 for a in manifest.anchors if a.name in returned)
+        _captured(st, manifest, returned)
         if stats is not None:
             jsonl.close()
             atomic_write_text(root / "stats" / f"{label}.json", json.dumps(
@@ -216,11 +269,11 @@ def run_job(job_path: str, fd: int) -> None:
              "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}))
     except SystemExit as err:
         st.status = "failed"
-        st.reason = (f"sys.exit({err.code}) called while {stage}" + (f" sample {sid}" if stage == "running" else "")
+        st.reason = (f"sys.exit({err.code}) called while {stage}" + (f" sample {cursor[0]}" if stage == "running" else "")
                      + " (a converter exiting the process; see logs/" + label + ".log)")
     except BaseException as err:  # noqa: BLE001 - every failure becomes this backend's status
         st.status = _classify(err)
-        where = f"sample {sid}" if stage == "running" else "prepare"
+        where = f"sample {cursor[0]}" if stage == "running" else "prepare"
         st.reason = f"{where}: {short_reason(err)}"
         import traceback
 
@@ -241,10 +294,11 @@ def main(argv=None) -> None:
     p.add_argument("--worker", required=True, help="job JSON written by run_model")
     p.add_argument("--fd", type=int, required=True, help="pipe for progress lines")
     p.add_argument("--parent", type=int, default=0, help="the driver's pid (the worker dies with it)")
+    p.add_argument("--feed", type=int, default=None, help="pipe of chunks to run (a long-lived worker)")
     a = p.parse_args(argv)
     if a.parent:
         _die_with_parent(a.parent)
-    run_job(a.worker, a.fd)
+    run_job(a.worker, a.fd, a.feed)
 
 
 if __name__ == "__main__":
