@@ -75,7 +75,8 @@ def _dispatch(main, args) -> int:
         from anpred.run import Terminated
 
         if isinstance(err, Terminated):
-            print(f"anpred: {err}; the partial run was removed", file=sys.stderr)
+            print(f"anpred: {err}; nothing half-written was left (a campaign keeps its finished configurations)",
+                  file=sys.stderr)
             return 143  # 128 + SIGTERM
         print("anpred: interrupted", file=sys.stderr)
         return 130

@@ -8,8 +8,11 @@ For each N in --pages, renders N document pages with their drawn boxes as ground
 
 while polling (every 0.2 s, psutil) the resident memory of the whole process tree (the driver, its
 judge and every backend worker) and the size of OUT. Reports per N: wall time of the stream phase,
-the sum over backends of their own inference time (``seconds_run`` of the run record, summed over
-chunks) and of their preparation, their ratio, peak RSS of the tree, peak disk of OUT, and the task
+the sum over backends of their inference time inside the stream (``seconds_run`` of the run record,
+summed over chunks; the backends run side by side there, so each is slowed by the others) and of
+their preparation, and the backends' OWN inference over the same inputs measured apart (the same
+preprocessed pages through ``anpred run --mode stats``, one backend after the other, no judge), the
+ratio of the stream's wall time to that, peak RSS of the tree, peak disk of OUT, and the task
 headline of each backend. Usage (the numbers in docs/run.md, "Datasets, streamed")::
 
     .venv/bin/python benchmarks/bench_stream.py --pages 100,300 --out bench-stream
@@ -56,6 +59,29 @@ def _du(folder: Path) -> int:
     return total
 
 
+def _own_inference(anchored: Path, pages: Path, work: Path, backends: str) -> float:
+    """Sum over ``backends`` of their Backend.run seconds on ``pages`` (preprocessed as the zoo's
+    DocLayNet model does), run alone one after the other by ``anpred run --mode stats``."""
+    import shutil
+
+    import numpy as np
+
+    import models
+    from anpred.pipeline.stream import zoo_image_samples
+
+    npz = work / "inputs"
+    shutil.rmtree(work, ignore_errors=True)
+    npz.mkdir(parents=True)
+    for i, (_, arrays) in enumerate(zoo_image_samples(models.get("yolov8n-doclaynet"), pages)):
+        np.savez(npz / f"{i:06d}.npz", **arrays)
+    subprocess.run([sys.executable, "-m", "anpred", "run", str(anchored), "--backends", backends, "--inputs", str(npz),
+                    "--mode", "stats", "-o", str(work / "run"), "--overwrite"], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = json.loads((work / "run" / "run.json").read_text())
+    shutil.rmtree(npz, ignore_errors=True)
+    return sum(b.get("seconds_run", 0.0) for b in run["backends"].values())
+
+
 def main(argv=None) -> int:
     import psutil
 
@@ -100,6 +126,12 @@ def main(argv=None) -> int:
                "kept_samples": len(run["samples"]), "disk_final_mib": _du(dst) / 2**20,
                "headlines": {b: d["headline"] for b, d in rep["task"]["backends"].items()},
                "map50": {b: (d.get("truth") or {}).get("map50") for b, d in rep["task"]["backends"].items()}}
+        # the backends' own inference over the same inputs, measured apart: the same preprocessed pages run
+        # through `anpred run` (mode stats: no tensors written), one backend after the other, nothing else
+        # running (no judge): seconds_run summed over the backends
+        own = _own_inference(dst / "anchored.onnx", pages, out / f"own-{n}", a.backends)
+        row["own_inference_s"] = own
+        row["ratio_stream_to_own_inference"] = (test["seconds"].get("stream", 0) / own) if own else None
         rows.append(row)
         print(json.dumps(row), flush=True)
         if proc.returncode not in (0, 1):

@@ -161,6 +161,14 @@ def test_campaign_kill_and_resume(tmp_path):
     assert {Path(d).parent.name for d, _ in rows} == set(ids.values())
     assert res2.exit_code == 1  # openvino is flagged on the Softplus CNN
     assert not (out / ".work").exists()
+    assert not list(out.glob("configs/*/run/.*.pid"))
+    # the output folder moved elsewhere: it resumes (nothing to run), the history gets no duplicate
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved)
+    res3 = run_campaign(load_campaign(base / "campaign.toml"), moved, num_cpus=2, progress=False)
+    assert res3.ran == [] and len(res3.skipped) == 3
+    assert len(_history(moved / "history.sqlite")) == 12
+    assert "configs/" + ids["cnn8"] + "/report.html" in (moved / "index.html").read_text()
 
 
 def test_campaign_file_errors(tmp_path):
@@ -189,6 +197,17 @@ def test_campaign_file_errors(tmp_path):
     first = c.configurations[0]
     assert first.id.startswith("yolov8n.a.default.onnxruntime-1.31.1.") and first.options["imgsz"] == 160
     assert first.resources["ort"] == {"cpus": 1.0, "memory_gb": 2.0, "gpus": 0.0}
+    with pytest.raises(AnpredError, match="unknown table.*input"):
+        load("[[models]]\nmodel = 'yolov8n'\n[backend_sets]\na = ['ort', 'openvino']\n[input]\nx = {}\n")
+    with pytest.raises(AnpredError, match="unknown key.*retry"):
+        load("[campaign]\nretry = 1\n[[models]]\nmodel = 'yolov8n'\n[backend_sets]\na = ['ort', 'openvino']\n")
+    with pytest.raises(AnpredError, match="retries = 'abc' has the wrong type"):
+        load("[campaign]\nretries = 'abc'\n[[models]]\nmodel = 'yolov8n'\n[backend_sets]\na = ['ort', 'openvino']\n")
+    with pytest.raises(AnpredError, match="samples = 'two' has the wrong type"):
+        load("[defaults]\nsamples = 'two'\n[[models]]\nmodel = 'yolov8n'\n[backend_sets]\na = ['ort', 'openvino']\n")
+    with pytest.raises(AnpredError, match="inputs = 'nowhere/'.*no such file or folder"):
+        load("[[models]]\nmodel = 'yolov8n'\n[backend_sets]\na = ['ort', 'openvino']\n"
+             "[inputs]\nmine = { inputs = 'nowhere/' }\n")
     # an edited option is a new configuration; the same file gives the same ids
     again = load("[[models]]\nmodel = 'yolov8n'\nimgsz = 320\n[backend_sets]\na = ['ort', 'openvino']\n")
     assert again.configurations[0].id.split(".")[-1] != first.id.split(".")[-1]
@@ -220,6 +239,29 @@ def test_version_axis_runs_the_backend_on_that_environment(tmp_path):
     assert "openvino from" not in rec["backends"]["openvino"]["versions"]
     assert rec["backends"]["ort"]["versions"]["onnxruntime"] == onnxruntime.__version__
     assert "onnxruntime copy" in (tmp_path / "out" / "index.html").read_text()
+
+
+def test_unmeetable_resources_and_unreachable_cluster_fail_with_a_reason(tmp_path):
+    """A backend asking more memory than any node has fails its configuration with the reason
+    (Ray would wait forever); an address where no cluster listens is refused before anything is
+    written."""
+    from anpred.campaign import load_campaign, run_campaign
+
+    base = _campaign_dir(tmp_path / "c")
+    (base / "r.toml").write_text('[campaign]\nname = "r"\n[defaults]\nsamples = 1\nstages = 2\n'
+                                 '[[models]]\nmodel = "softplus.onnx"\n'
+                                 '[backend_sets]\nfp32 = ["ort", "openvino"]\n'
+                                 '[resources.backends.openvino]\nmemory_gb = 100000\n')
+    campaign = load_campaign(base / "r.toml")
+    t = time.perf_counter()
+    res = run_campaign(campaign, tmp_path / "out", num_cpus=2, progress=False)
+    assert time.perf_counter() - t < 120
+    rec = res.records[0]
+    assert rec["state"] == "failed" and rec["step"] == "run"
+    assert "openvino: no node of the Ray cluster can run it" in rec["reason"] and "100000.0 GiB" in rec["reason"]
+    with pytest.raises(AnpredError, match="cannot reach a Ray cluster at 127.0.0.1:1"):
+        run_campaign(campaign, tmp_path / "nowhere", address="127.0.0.1:1", progress=False)
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_prepare_version_offline_error(tmp_path):
@@ -270,10 +312,14 @@ def test_bisect_names_the_onnxruntime_release_and_operator(tmp_path):
         ("1.20.1", "1.21.0", "ort", "ok")]
 
     b = bisect_versions(campaign, tmp_path / "bisect", package="onnxruntime", model="net", backend="ort",
-                        good="1.20.1", bad="1.24.4", versions=["1.20.1", "1.21.0", "1.24.4"], num_cpus=2,
-                        progress=False)
+                        good="1.20.1", bad="1.24.4", versions=["1.20.1", "1.20.5", "1.21.0", "1.24.4"],
+                        num_cpus=2, progress=False)
     assert b["first_bad"] == "1.21.0" and b["last_good"] == "1.20.1"
-    assert [p["version"] for p in b["probes"]] == ["1.20.1", "1.24.4", "1.21.0"]
+    # 1.20.5 does not exist (not in the wheel folder): skipped with its reason, not taken for the change
+    assert [(p["version"], p["standing"]) for p in b["probes"]] == [
+        ("1.20.1", "ok"), ("1.24.4", "FLAGGED s1"), ("1.20.5", None), ("1.21.0", "FLAGGED s1")]
+    assert "cannot install onnxruntime==1.20.5" in b["probes"][2]["skipped"]
+    assert not (tmp_path / "bisect" / "campaign.json").exists()  # the probes leave OUT's summary alone
     assert b["origin_stage"] == 1 and b["culprit"] == {"node": "avgpool", "op_type": "AveragePool"}
     readme = next((tmp_path / "bisect" / "configs").glob("*.drill")) / "drill" / "repro" / "ort" / "README.md"
     assert "PYTHONPATH=" in readme.read_text() and "onnxruntime-1.21.0" in readme.read_text()

@@ -9,12 +9,14 @@ holds the backend, with ``package`` at the probed version for the backends of th
 ``[[versions]]`` entry, else for ``backend`` alone), run, recorded and resumable like any other
 (``OUT/configs``). The standing compared is the verdict word of the backend (``ok``, ``FLAGGED
 s<stage>``, a run failure: :func:`anpred.campaign.summary.cell_text` without its task headline).
-A search over n candidates runs about log2(n) + 2 configurations; the first deviating version is
-then run once more with the drill-down, so the result names the stage and the operator (for fp32
+A search over n candidates runs about log2(n) + 2 configurations (the two ends, then the halvings);
+the first deviating version is then run once more with the drill-down (log2(n) + 3 in all), so the result names the stage and the operator (for fp32
 ONNX backends).
 
 The result (``OUT/bisect.json``): ``first_bad``, ``last_good``, their standings, the probes in
-order, ``origin_stage``/``origin_anchor`` and ``culprit`` (node, op_type) at ``first_bad``.
+order, ``origin_stage``/``origin_anchor`` and ``culprit`` (node, op_type) at ``first_bad``. A
+version that cannot be run (not installable, a failed step) is skipped (``probes[i]["skipped"]``,
+the reason), never taken for the change. The probes do not touch OUT's campaign summary.
 """
 
 from __future__ import annotations
@@ -123,16 +125,21 @@ def bisect_versions(campaign, out: str | Path, *, package: str, model: str, back
     probes: list[dict[str, Any]] = []
     cache: dict[str, str] = {}
 
-    def standing(v: str) -> str:
+    def standing(v: str) -> str | None:
+        """The backend's standing at ``v``; None when the configuration could not be run (the
+        release cannot be installed, a step failed): such a version is skipped, never taken for a
+        change (``git bisect skip``)."""
         if v not in cache:
             cfg = by_version[v]
-            res = run_campaign(probe, out, only=[cfg.id], progress=progress)
+            res = run_campaign(probe, out, only=[cfg.id], progress=progress, summary=False)
             rec = res.records[0] if res.records else {}
             if rec.get("state") != "complete":
-                cache[v] = f"failed ({rec.get('step')}): {rec.get('reason', '')[:200]}"
+                cache[v] = None
+                probes.append({"version": v, "standing": None, "id": cfg.id,
+                               "skipped": f"{rec.get('step')}: {str(rec.get('reason', ''))[:300]}"})
             else:
                 cache[v] = cell_text(rec["backends"].get(backend)).split(" | ")[0]
-            probes.append({"version": v, "standing": cache[v], "id": cfg.id})
+                probes.append({"version": v, "standing": cache[v], "id": cfg.id})
         return cache[v]
 
     result: dict[str, Any] = {"package": package, "model": model, "backend": backend, "candidates": cands,
@@ -141,19 +148,30 @@ def bisect_versions(campaign, out: str | Path, *, package: str, model: str, back
     try:
         s_good, s_bad = standing(good), standing(bad)
         result.update(standing_good=s_good, standing_bad=s_bad)
-        if s_good == s_bad:
+        if s_good is None or s_bad is None:
+            result["note"] = (f"{good if s_good is None else bad} could not be run "
+                              f"({next(p['skipped'] for p in probes if p['standing'] is None)}): nothing to bisect")
+        elif s_good == s_bad:
             result["note"] = f"{backend} stands the same at {good} and {bad} ({s_good}): nothing to bisect"
         else:
-            lo, hi = 0, len(cands) - 1  # standing(cands[lo]) == s_good, standing(cands[hi]) != s_good
+            live = list(cands)  # standing(live[lo]) == s_good, standing(live[hi]) != s_good
+            lo, hi = 0, len(live) - 1
             while hi - lo > 1:
                 mid = (lo + hi) // 2
-                if standing(cands[mid]) == s_good:
+                s_mid = standing(live[mid])
+                if s_mid is None:  # skipped: the search goes on without it
+                    del live[mid]
+                    hi -= 1
+                elif s_mid == s_good:
                     lo = mid
                 else:
                     hi = mid
-            result.update(first_bad=cands[hi], last_good=cands[lo], standing_first_bad=standing(cands[hi]))
-            rec = _where(probe, out, by_version[cands[hi]], backend, drill, progress)
-            result.update(rec)
+            result.update(first_bad=live[hi], last_good=live[lo], standing_first_bad=standing(live[hi]))
+            skipped = [p["version"] for p in probes if p["standing"] is None]
+            if skipped:
+                result["note"] = (f"skipped (could not be run): {', '.join(skipped)}; the change lies between "
+                                  f"{live[lo]} and {live[hi]}")
+            result.update(_where(probe, out, by_version[live[hi]], backend, drill, progress))
     finally:
         if own:
             ray.shutdown()
@@ -169,23 +187,27 @@ def _where(probe, out, cfg, backend: str, drill: bool, progress: bool) -> dict[s
     if drill and not cfg.options.get("drill"):
         cfg = dataclasses.replace(cfg, id=cfg.id + ".drill", options={**cfg.options, "drill": True})
         probe = dataclasses.replace(probe, configurations=[cfg])
-    res = run_campaign(probe, out, only=[cfg.id], progress=progress)
-    row = (res.records[0].get("backends", {}) if res.records else {}).get(backend) or {}
+    res = run_campaign(probe, out, only=[cfg.id], progress=progress, summary=False)
+    rec = res.records[0] if res.records else {}
+    row = (rec.get("backends") if rec.get("state") == "complete" else None) or {}
+    row = row.get(backend) or {}
     culprit = {"node": row.get("culprit"), "op_type": row.get("culprit_op")} if row.get("culprit") else None
     return {"origin_stage": row.get("origin_stage"), "origin_anchor": row.get("origin_anchor"), "culprit": culprit,
-            "report": res.records[0].get("report_html") if res.records else None}
+            "report": rec.get("report_html")}
 
 
 def format_bisection(res: dict[str, Any]) -> str:
     """The bisection's probes and its conclusion, as lines of text."""
     lines = [f"bisect {res['package']} for {res['model']} / {res['backend']}: "
              f"{len(res['candidates'])} candidate versions, {len(res['probes'])} probed"]
-    lines += [f"  {p['version']:<12} {p['standing']}" for p in res["probes"]]
+    lines += [f"  {p['version']:<12} {p['standing'] or 'skipped: ' + p.get('skipped', '')[:150]}" for p in res["probes"]]
     if res.get("first_bad"):
         where = f" at stage {res['origin_stage']} ({res['origin_anchor']})" if res.get("origin_stage") is not None else ""
         op = f", operator {res['culprit']['node']} ({res['culprit']['op_type']})" if res.get("culprit") else ""
         lines.append(f"first version where {res['backend']} changes: {res['package']} {res['first_bad']} "
                      f"(last as before: {res['last_good']}): {res.get('standing_first_bad')}{where}{op}")
+        if res.get("note"):
+            lines.append(res["note"])
     else:
         lines.append(res.get("note") or "no change found")
     return "\n".join(lines)

@@ -78,14 +78,19 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> dict[s
     Returns ``{"address", "resources"}``. Raises AnpredError when Ray cannot start or connect."""
     import ray
 
+    import logging
+
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if ray.is_initialized():
         return {"address": "already initialized", "resources": ray.cluster_resources()}
+    if address:
+        _reachable(address)
     try:
         if address:
-            ctx = ray.init(address=address, log_to_driver=False)
+            ctx = ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
         else:
-            ctx = ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            ctx = ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                           logging_level=logging.ERROR)
     except Exception as err:  # noqa: BLE001 - Ray raises many kinds; the message says what
         hint = ""
         if address and os.environ.get("RAY_AUTH_MODE") != "token":
@@ -94,6 +99,38 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> dict[s
         raise AnpredError(f"cannot start Ray{' at ' + address if address else ''}: {err}{hint}") from err
     return {"address": getattr(ctx, "address_info", {}).get("address") or address or "local",
             "resources": ray.cluster_resources()}
+
+
+def _reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A ``host:port`` (or ``ray://host:port``) address must accept a TCP connection within
+    ``timeout_s`` before Ray is asked to join it (Ray itself retries for minutes, deaf to Ctrl-C).
+    ``auto`` is left to Ray. Raises AnpredError."""
+    import socket
+
+    hostport = address.split("://", 1)[-1]
+    if address == "auto" or ":" not in hostport:
+        return
+    host, _, port = hostport.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError) as err:
+        raise AnpredError(f"cannot reach a Ray cluster at {address} ({err}); start one with `ray start --head` "
+                          "or leave --address out for an embedded local Ray (nothing was written)") from err
+
+
+def _infeasible(res: dict[str, float]) -> str | None:
+    """Why no node of the cluster can ever run a task asking ``res`` (cpus, memory_gb, gpus), or None."""
+    import ray
+
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    need = {"CPU": res.get("cpus", 1), "memory": res.get("memory_gb", 2) * 2 ** 30, "GPU": res.get("gpus", 0)}
+    if any(all(n.get(k, 0) >= v for k, v in need.items() if v) for n in nodes):
+        return None
+    best = max(nodes, key=lambda n: n.get("CPU", 0), default={})
+    return (f"no node of the Ray cluster can run it: it asks {need['CPU']:g} CPU, {need['memory'] / 2 ** 30:.1f} GiB "
+            f"memory, {need['GPU']:g} GPU; the largest node has {best.get('CPU', 0):g} CPU, "
+            f"{best.get('memory', 0) / 2 ** 30:.1f} GiB, {best.get('GPU', 0):g} GPU ([resources] of the campaign file)")
 
 
 def _remote(fn, **opts):
@@ -147,7 +184,7 @@ def _env_paths(campaign: Campaign, cfg: Configuration, backend: str, envs) -> li
 
 
 def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = None, num_cpus: int | None = None,
-                 progress: bool = True, only: list[str] | None = None) -> CampaignResult:
+                 progress: bool = True, only: list[str] | None = None, summary: bool = True) -> CampaignResult:
     """Run every configuration of ``campaign`` that is not complete in ``out`` (see the module
     docstring), append the verdicts to the history database and write the summary
     (:func:`anpred.campaign.summary.write_summary`).
@@ -158,9 +195,13 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
         num_cpus: CPUs of the embedded Ray (default: all).
         progress: a tqdm bar over the configurations and one line per finished step (stderr).
         only: configuration ids to consider (default all; bisection probes use it).
+        summary: write the summary files (False: a bisection's probes leave OUT's summary alone).
 
     Raises:
-        AnpredError: ``out`` is a file; Ray cannot start. A failed step does not raise.
+        AnpredError: ``out`` is a file; Ray cannot start or the cluster cannot be reached (nothing
+            written then). A failed step does not raise.
+        Terminated: SIGTERM (Ctrl-C: KeyboardInterrupt) during the run; finished configurations
+            stay, the embedded Ray is stopped, a re-run resumes.
     """
     import ray
     from tqdm import tqdm
@@ -171,8 +212,6 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
     out = Path(out).absolute()
     if out.exists() and not out.is_dir():
         raise AnpredError(f"{out} exists and is not a folder")
-    for sub in ("configs", ".work", "failed"):
-        (out / sub).mkdir(parents=True, exist_ok=True)
     configs = [c for c in campaign.configurations if only is None or c.id in only]
     db = out / campaign.history if not Path(campaign.history).is_absolute() else Path(campaign.history)
     records: dict[str, dict[str, Any]] = {}
@@ -189,9 +228,11 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
     ray_info: dict[str, Any] = {}
     own_ray = False
     if todo:
-        envs = _environments(campaign, todo)
         own_ray = not ray.is_initialized() and not address
-        ray_info = start_ray(address, num_cpus)
+        ray_info = start_ray(address, num_cpus)  # before anything is written: a bad address loses nothing
+        for sub in ("configs", ".work", "failed"):
+            (out / sub).mkdir(parents=True, exist_ok=True)
+        restore = _sigterm_raises()
         paths = list(dict.fromkeys([os.getcwd(), str(campaign.base)]))
         retries = max(0, int(campaign.retries))
         prep_r = _remote(prepare_configuration, num_cpus=1, max_retries=retries)
@@ -213,6 +254,7 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
                 bar.write(f"failed {cfg.id} ({step}): {reason[:200]}")
 
         try:
+            envs = _environments(campaign, todo)
             for c in todo:
                 state[c.id] = {"prep": None, "statuses": {}, "lost": {}}
                 pending[prep_r.remote(c, str(out / ".work" / c.id), paths)] = ("prepare", c, None)
@@ -238,6 +280,10 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
                             st["lost"][b] = f"environment: {e}"
                             continue
                         res = cfg.resources.get(b, {})
+                        why = _infeasible(res)
+                        if why is not None:  # Ray would wait for it forever
+                            st["lost"][b] = why
+                            continue
                         opts = {"num_cpus": res.get("cpus", 1), "memory": int(res.get("memory_gb", 2) * 2 ** 30)}
                         if res.get("gpus"):
                             opts["num_gpus"] = res["gpus"]
@@ -271,15 +317,36 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
                     pending[r] = ("judge", cfg, None)
         finally:
             bar.close()
+            restore()
             if own_ray:
                 ray.shutdown()
     ordered = [records[c.id] for c in configs if c.id in records]
     result = CampaignResult(out=out, records=ordered, ran=[c.id for c in todo], skipped=skipped,
                             seconds=time.perf_counter() - t0, ray=ray_info)
-    write_summary(campaign, result, db)
-    if not any((out / ".work").iterdir()):
+    if summary:
+        write_summary(campaign, result, db)
+    if (out / ".work").is_dir() and not any((out / ".work").iterdir()):
         shutil.rmtree(out / ".work", ignore_errors=True)
     return result
+
+
+def _sigterm_raises():
+    """While the campaign runs, SIGTERM raises :class:`anpred.run.Terminated` in the driver (as in
+    ``anpred test``: the CLI exits 143) instead of Ray's abort; returns the restorer."""
+    import signal
+    import threading
+
+    from anpred.run import Terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    old = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum, frame):
+        raise Terminated(f"terminated by signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, old)
 
 
 def _atomic_json(path: Path, obj: Any) -> None:
@@ -293,14 +360,12 @@ def _append_history(db: Path, folder: Path) -> None:
     from anpred.history import append, has_run
     from anpred.report.json import read_json
 
-    run_dir = str(folder / "run")
-    if has_run(db, run_dir):
-        return
     try:
         report = read_json(folder / "report.json")
     except (OSError, json.JSONDecodeError, AnpredError):
         return
-    if report.status != "error":
+    # keyed by the run folder the report names (where it was judged; an OUT moved since keeps its key)
+    if report.status != "error" and not has_run(db, str(report.run_dir)):
         append(db, report)
 
 

@@ -48,16 +48,21 @@ A campaign file::
 Configurations: every model x backend set x input set x version combination (the product over the
 ``[[versions]]`` entries; without one, the installed libraries). Each has an id, readable and stable:
 ``<model>.<set>.<inputs>[.<package>-<version>]`` plus 8 hex digits of the sha256 of its canonical
-JSON (options included), so an edited option gives a new configuration and a re-run skips only
-configurations whose every option is unchanged.
+JSON: the model's content (an .onnx file's sha256, a factory module's source sha256, a zoo name),
+the backends, the options (paths inside the campaign folder relative to it) and the versions. An
+edited option or model file gives a new configuration; a re-run skips only configurations whose
+every part is unchanged; a campaign folder moved elsewhere keeps its ids.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
+import os
 import re
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,8 +76,10 @@ __all__ = ["Campaign", "Configuration", "VersionAxis", "load_campaign", "TEST_OP
 TEST_OPTIONS = ("inputs", "samples", "stages", "max_cut_width", "imgsz", "seed", "factory_kwargs", "oracle",
                 "config", "bind", "drill", "task", "labels", "allow_incomplete")
 #: default Ray resources of one backend run: one core (a 2-core machine runs two backends side by
-#: side) and 2 GiB, the peak RSS of the demo's heaviest fp32 backend process at 1024x1024 rounded up
-#: (docs/campaigns.md); override in ``[resources]``
+#: side) and 2 GiB, about 3x the largest peak RSS of one backend process in the measured campaign
+#: (0.63 GiB: tf on PP-OCRv4 rec; docs/campaigns.md "Measured"). Ray reserves them logically: too
+#: high runs fewer backends at once, too low lets them oversubscribe memory. Override in
+#: ``[resources]`` (large inputs such as DocLayNet at 1024x1024 need more).
 DEFAULT_RESOURCES = {"cpus": 1.0, "memory_gb": 2.0, "gpus": 0.0}
 
 
@@ -146,17 +153,62 @@ def _label(model: str) -> str:
     return Path(model).stem if model.endswith(".onnx") else model
 
 
+#: the type each option must have (TOML values): checked when the file is read, not in a Ray task
+_TYPES = {"inputs": str, "samples": int, "stages": int, "max_cut_width": int, "seed": int, "factory_kwargs": dict,
+          "oracle": str, "config": str, "bind": (dict, list, str), "drill": bool, "task": str, "labels": str,
+          "allow_incomplete": bool, "imgsz": (int, list)}
+#: the keys of the campaign file's tables
+_TOP = {"campaign", "defaults", "models", "backend_sets", "inputs", "versions", "resources"}
+_HEAD = {"name", "retries", "timeout", "history"}
+
+
 def _options(table: dict[str, Any], where: str) -> dict[str, Any]:
     unknown = sorted(set(table) - set(TEST_OPTIONS) - {"model", "name"})
     if unknown:
         raise AnpredError(f"{where}: unknown option(s) {', '.join(unknown)}; known: {', '.join(TEST_OPTIONS)}")
-    return {k: v for k, v in table.items() if k in TEST_OPTIONS}
+    out = {k: v for k, v in table.items() if k in TEST_OPTIONS}
+    for k, v in out.items():
+        ok = isinstance(v, _TYPES[k]) and not (isinstance(v, bool) and _TYPES[k] is int)
+        if k == "imgsz" and isinstance(v, list):
+            ok = len(v) in (1, 2) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+        if not ok:
+            raise AnpredError(f"{where}: option {k} = {v!r} has the wrong type (expected {_TYPES[k]})")
+    if out.get("oracle") not in (None, "consensus", "both", "threshold"):
+        raise AnpredError(f"{where}: oracle must be consensus, both or threshold (got {out['oracle']!r})")
+    return out
 
 
-def _resolve_path(value: Any, base: Path) -> Any:
-    if isinstance(value, str) and value and not value.startswith("random:") and (base / value).exists():
-        return str((base / value).resolve())
-    return value
+def _resolve_path(value: Any, base: Path, key: str) -> Any:
+    """A file option relative to the campaign file, resolved; a file or folder that does not exist is
+    an error now, not in a Ray task (``labels = "folders"`` and ``random:...`` inputs are no paths)."""
+    if not isinstance(value, str) or not value or value.startswith("random:") or (key, value) == ("labels", "folders"):
+        return value
+    p = (base / value).resolve()
+    if not p.exists():
+        raise AnpredError(f"campaign option {key} = {value!r}: no such file or folder {p}")
+    return str(p)
+
+
+def _model_key(text: str) -> str:
+    """What identifies the model's content in a configuration's id: an .onnx file's sha256 (its
+    path does not matter: a moved campaign resumes, an edited file is a new configuration), a factory
+    module's source sha256 with its ``module:function``, else the zoo name."""
+    import importlib.util
+
+    from anpred.onnx_io import sha256_file
+
+    if text.endswith(".onnx"):
+        return "onnx:" + sha256_file(Path(text))
+    if ":" in text:
+        mod = text.split(":", 1)[0]
+        try:
+            spec = importlib.util.find_spec(mod)
+        except (ImportError, ValueError):
+            spec = None
+        origin = getattr(spec, "origin", None)
+        if origin and Path(origin).is_file():
+            return f"factory:{text}:" + sha256_file(Path(origin))
+    return text
 
 
 def _model_text(model: str, base: Path) -> str:
@@ -202,25 +254,60 @@ def _axes(raw: list[dict[str, Any]], base: Path) -> list[VersionAxis]:
     return axes
 
 
+def _portable(opts: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Options with paths inside the campaign's folder made relative (a moved campaign keeps its ids)."""
+    out = {}
+    for k, v in opts.items():
+        if isinstance(v, str) and os.path.isabs(v):
+            try:
+                v = "./" + str(Path(v).relative_to(base))
+            except ValueError:
+                pass
+        out[k] = v
+    return out
+
+
+@contextlib.contextmanager
+def _on_path(paths: list[str]):
+    old = list(sys.path)
+    sys.path[:0] = [p for p in paths if p not in sys.path]
+    try:
+        yield
+    finally:
+        sys.path[:] = old
+
+
 def load_campaign(path: str | Path) -> Campaign:
     """Read and expand a campaign file (format: the module docstring).
 
     Raises:
         AnpredError: an unreadable file, invalid TOML, no models or no backend set, an unknown
-            option or resource key, a backend set with fewer than two backends, a model file that
-            does not exist, two configurations with one id.
+            table, [campaign] key, option or resource key, an option of the wrong type, a backend set
+            with fewer than two backends, a model file or an inputs/config/labels path that does
+            not exist, two configurations with one id.
     """
     from anpred.pipeline import parse_backend_list
 
     path = Path(path).resolve()
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as err:
         raise AnpredError(f"cannot read campaign file {path}: {err.strerror or err}") from err
     except tomllib.TOMLDecodeError as err:
         raise AnpredError(f"{path} is not valid TOML: {err}") from err
     base = path.parent
+    unknown = sorted(set(raw) - _TOP)
+    if unknown:
+        raise AnpredError(f"{path}: unknown table(s) {', '.join(unknown)}; known: {', '.join(sorted(_TOP))}")
     head = raw.get("campaign", {})
+    unknown = sorted(set(head) - _HEAD)
+    if unknown:
+        raise AnpredError(f"{path}: unknown key(s) in [campaign]: {', '.join(unknown)}; known: {', '.join(sorted(_HEAD))}")
+    for k, typ in (("retries", int), ("timeout", (int, float)), ("name", str), ("history", str)):
+        if k in head and (not isinstance(head[k], typ) or isinstance(head[k], bool)):
+            raise AnpredError(f"{path}: [campaign] {k} = {head[k]!r} has the wrong type")
+    if int(head.get("retries", 2)) < 0 or float(head.get("timeout", 600)) <= 0:
+        raise AnpredError(f"{path}: [campaign] retries must be >= 0 and timeout > 0")
     models = raw.get("models") or []
     sets = raw.get("backend_sets") or {}
     if not models:
@@ -238,6 +325,8 @@ def load_campaign(path: str | Path) -> Campaign:
             raise AnpredError(f"{path}: a [[models]] entry without model = ...")
         text = _model_text(str(m["model"]), base)
         label = str(m.get("name") or _label(str(m["model"])))
+        with _on_path([str(base), os.getcwd()]):
+            key = _model_key(text)
         mopts = _options(m, f"model {label}")
         for set_name, backends in sets.items():
             names = parse_backend_list(backends if isinstance(backends, str) else ",".join(backends))
@@ -245,15 +334,15 @@ def load_campaign(path: str | Path) -> Campaign:
                 raise AnpredError(f"backend set {set_name!r}: a consensus needs at least two backends")
             for in_name, in_opts in input_sets.items():
                 opts = {**defaults, **mopts, **_options(in_opts or {}, f"input set {in_name}")}
-                opts = {k: (_resolve_path(v, base) if k in ("inputs", "config", "labels") else v)
+                opts = {k: (_resolve_path(v, base, k) if k in ("inputs", "config", "labels") else v)
                         for k, v in opts.items()}
                 applying = [a for a in axes if set(a.backends) & set(names)]
                 for combo in itertools.product(*[a.versions for a in applying]) if applying else [()]:
                     versions = {a.package: v for a, v in zip(applying, combo)}
                     stem = ".".join([_slug(label), _slug(set_name), _slug(in_name)] +
                                     [_slug(f"{p}-{v}") for p, v in versions.items()])
-                    canon = json.dumps({"model": text, "backends": names, "options": opts, "versions": versions},
-                                       sort_keys=True, default=str)
+                    canon = json.dumps({"model": key, "backends": names, "options": _portable(opts, base),
+                                        "versions": versions}, sort_keys=True, default=str)
                     cid = f"{stem}.{hashlib.sha256(canon.encode()).hexdigest()[:8]}"
                     configs.append(Configuration(id=cid, model=text, label=label, backend_set=set_name,
                                                  backends=names, inputs_name=in_name, options=opts,

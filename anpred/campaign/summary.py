@@ -104,7 +104,6 @@ def write_summary(campaign, result, db: Path) -> dict[str, Any]:
 
 def _html(campaign, result, changes) -> str:
     e = html.escape
-    out = Path(result.out)
     parts = [f"<!doctype html><meta charset=utf-8><title>campaign {e(campaign.name)}</title>",
              "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #ccc;padding:.25em .5em;font-size:90%}.f{background:#fdd}.x{background:#eee}"
@@ -119,7 +118,7 @@ def _html(campaign, result, changes) -> str:
     parts.append("<h2>Models &times; backends</h2><table><tr><th>configuration</th>" +
                  "".join(f"<th>{e(b)}</th>" for b in backends) + "</tr>")
     for r in result.records:
-        link = Path(r["folder"]).relative_to(out) / "report.html" if r.get("folder") else None
+        link = Path("configs") / r["id"] / "report.html" if r.get("state") == "complete" else None
         name = e(_config_name(r))
         head = f"<a href='{e(str(link))}'>{name}</a>" if link else name
         if r.get("state") != "complete":

@@ -102,15 +102,20 @@ def run_backend(cfg, backend: str, work: str | Path, prep, env_paths: list[str],
     work = Path(work)
     out = work / "runs" / backend
     out.parent.mkdir(parents=True, exist_ok=True)
-    # which process runs which backend (operators: to find, or kill, a stuck run)
-    (out.parent / f".{backend}.pid").write_text(str(os.getpid()))
-    if not (out / "run.json").is_file():
-        # the configuration's runtime versions: the spec's python_path (recorded with the run, so the
-        # judge's drill-down runs the same release)
-        spec = BackendSpec(backend, backend, {"python_path": [str(p) for p in env_paths]} if env_paths else {})
-        with import_paths(paths), PythonPath(prep.sys_path):
-            run_model(work / "build" / "anchored.onnx", [spec], prep.spec, out, mode="tensors",
-                      timeout_s=timeout_s, progress=False, overwrite=True)
+    # which process runs which backend while it runs (operators: to find, or kill, a stuck run); removed
+    # at the end, so a file names a task in flight (Ray reuses its worker processes for other tasks)
+    pid_file = out.parent / f".{backend}.pid"
+    pid_file.write_text(str(os.getpid()))
+    try:
+        if not (out / "run.json").is_file():
+            # the configuration's runtime versions: the spec's python_path (recorded with the run, so the
+            # judge's drill-down runs the same release)
+            spec = BackendSpec(backend, backend, {"python_path": [str(p) for p in env_paths]} if env_paths else {})
+            with import_paths(paths), PythonPath(prep.sys_path):
+                run_model(work / "build" / "anchored.onnx", [spec], prep.spec, out, mode="tensors",
+                          timeout_s=timeout_s, progress=False, overwrite=True)
+    finally:
+        pid_file.unlink(missing_ok=True)
     st = RunStore.open(out).statuses()[backend].to_dict()
     st["task_seconds"] = round(time.perf_counter() - t0, 3)  # this attempt (near 0: a run kept from an earlier one)
     return st
