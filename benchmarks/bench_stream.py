@@ -92,6 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--backends", default="ort,openvino,torch,ort-int8")
     ap.add_argument("--chunk", type=int, default=None, help="default: anpred's (1 GiB of anchor tensors)")
+    ap.add_argument("--side-by-side", action="store_true", help="the backends of a chunk at once")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
         dst = out / f"run-{n}"
         cmd = [sys.executable, "-m", "anpred", "test", "yolov8n-doclaynet", "--inputs", str(pages), "--labels",
                str(pages / "truth.json"), "--stream", *(["--chunk", str(a.chunk)] if a.chunk else []), "--backends", a.backends, "-o", str(dst),
-               "--overwrite", "-q"]
+               "--overwrite", "-q", *(["--side-by-side"] if a.side_by_side else [])]
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
         ps = psutil.Process(proc.pid)
@@ -124,6 +125,7 @@ def main(argv=None) -> int:
                "inference_s": inf, "prepare_s": prep, "ratio_stream_to_inference": test["seconds"].get("stream", 0) / inf
                if inf else None, "peak_rss_mib": peak_rss / 2**20, "peak_disk_mib": peak_disk / 2**20,
                "kept_samples": len(run["samples"]), "disk_final_mib": _du(dst) / 2**20,
+               "stream_meta": {k: v for k, v in run.get("stream", {}).items() if k != "kept"},
                "headlines": {b: d["headline"] for b, d in rep["task"]["backends"].items()},
                "map50": {b: (d.get("truth") or {}).get("map50") for b, d in rep["task"]["backends"].items()}}
         # the backends' own inference over the same inputs, measured apart: the same preprocessed pages run

@@ -305,7 +305,7 @@ def test_worker_pool_prepares_once_and_keeps_going_after_a_crash(yolo, tmp_path)
     specs = [BackendSpec("ort"), BackendSpec("openvino"), BackendSpec("ort", "ort-segv", {"_fault": "segfault"}),
              BackendSpec("ort-noopt", "noopt-hang", {"_fault": "hang", "_fault_at": "prepare"})]
     pids, stores = [], []
-    with WorkerPool(tmp_path / "workers", timeout_s=10) as pool:
+    with WorkerPool(tmp_path / "workers", timeout_s=10, side_by_side=True) as pool:
         for k in range(3):
             store = run_model(yolo, specs, f"random:uniform:seed={k}:n=2", tmp_path / f"r{k}", progress=False,
                               precheck=False, pool=pool)
@@ -329,3 +329,11 @@ def test_worker_pool_prepares_once_and_keeps_going_after_a_crash(yolo, tmp_path)
                 if key in plain:
                     np.testing.assert_array_equal(got[a.name], plain[key])
     assert not pool.workers  # closed: every worker ended
+    # one after the other (the default): the same tensors
+    with WorkerPool(tmp_path / "workers-serial", timeout_s=60, side_by_side=False) as serial:
+        again = run_model(yolo, specs[:2], "random:uniform:seed=0:n=2", tmp_path / "serial", progress=False,
+                          precheck=False, pool=serial)
+    for sid in again.sample_ids:
+        for b in ("ort", "openvino"):
+            for name, x in again.read_anchors(b, sid).items():
+                np.testing.assert_array_equal(x, stores[0].read_anchors(b, sid)[name])

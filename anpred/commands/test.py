@@ -82,6 +82,9 @@ def add_arguments(parser):
                         help="samples per chunk with --stream (default: 1 GiB of anchor tensors, at most 64)")
     parser.add_argument("--keep", type=int, default=4, metavar="K",
                         help="most deviating samples kept per backend with --stream (4)")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="with --stream: the backends of a chunk run at once, each in its own long-lived worker "
+                        "(default: one after the other, each alone on the cores; faster on 2 cores, docs/task.md)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 
@@ -130,7 +133,7 @@ def main(args) -> int:
                factory_kwargs=kwargs, oracle=args.oracle, config=args.config, history=args.history,
                allow_incomplete=args.allow_incomplete, timeout_s=args.timeout, overwrite=args.overwrite,
                quiet=args.quiet, bind=args.bind, drill=args.drill, task=args.task, labels=args.labels,
-               stream=args.stream, chunk=args.chunk, keep=args.keep)
+               stream=args.stream, chunk=args.chunk, keep=args.keep, side_by_side=args.side_by_side)
     print(res.format_text())
     print("\nwhere each backend stands:")
     print(format_standing([res]))

@@ -10,9 +10,10 @@ consensus', summed over the outputs), with every backend's tensors for them (for
 and for ``anpred check RUN --drill``): disk is bounded by two chunks in flight plus ``keep`` samples
 per backend. While chunk ``k`` is judged (a thread), chunk ``k + 1`` runs: the judge works beside the
 backends. Each backend runs in ONE long-lived worker process for the whole dataset
-(:class:`anpred.run.driver.WorkerPool`: imported, converted and prepared once), and the backends of a
-chunk run side by side, each in its own process, on the same chunk of samples. A progress line per chunk gives samples/s and the running verdict (the task's
-headline per backend, else each backend's largest output deviation so far).
+(:class:`anpred.run.driver.WorkerPool`: imported, converted and prepared once); the backends of a
+chunk run one after the other (``side_by_side``: at once, each in its own process). A progress line
+per chunk gives samples/s and the running verdict (the task's headline per backend, else each
+backend's largest output deviation so far).
 
 The report (status, verdicts, cells) covers every sample; ``report.stream`` records the chunking.
 """
@@ -113,7 +114,7 @@ def _out_dev(tensors, outs, voters, consensus) -> dict[str, float]:
 def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[str, dict[str, np.ndarray]]],
                 out_run: str | Path, *, chunk: int = 64, keep: int = 4, timeout_s: float = 600, quiet: bool = False,
                 oracle: str = "consensus", config=None, allow_incomplete: bool = False, adapter=None, labels=None,
-                inputs_description: dict[str, Any] | None = None, side_by_side: bool = True):
+                inputs_description: dict[str, Any] | None = None, side_by_side: bool = False):
     """Run and judge a dataset in chunks (module docstring); returns the :class:`anpred.judge.CheckReport`.
 
     Args:
@@ -126,7 +127,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
         adapter, labels: the task (:mod:`anpred.task`), or None.
         inputs_description: what the run records as its inputs.
         side_by_side: the backends of a chunk run at the same time, each in its own long-lived worker
-            (:class:`anpred.run.driver.WorkerPool`); False: one after the other.
+            (:class:`anpred.run.driver.WorkerPool`); default False: one after the other (each alone on the
+            cores: faster on 2 cores, where side by side they oversubscribe them; docs/task.md).
 
     Raises:
         AnpredError: a chunk below 1, no sample, the first chunk cannot be judged (every backend failed).
@@ -151,6 +153,13 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     specs = list(backends)
 
     def judge_chunk(k: int, store, ids: dict[str, str]) -> None:
+        tj = time.perf_counter()
+        try:
+            _judge_chunk(k, store, ids)
+        finally:
+            state["seconds_judge"] = state.get("seconds_judge", 0.0) + time.perf_counter() - tj
+
+    def _judge_chunk(k: int, store, ids: dict[str, str]) -> None:
         if state["judge"] is None:
             run = usable_backends(store.root, oracle=oracle, config=config, allow_incomplete=allow_incomplete)
             if run.report.problems:
@@ -222,8 +231,10 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                 np.savez(folder / f"{j:06d}.npz", **arrays)
                 state["sources"].append(src)
                 ids[f"s{j:04d}"] = f"s{g:06d}"
+            tr = time.perf_counter()
             store = run_model(anchored, specs, folder, work / f"run{k}", timeout_s=timeout_s, overwrite=True,
                               progress=False, precheck=(k == 0), pool=pool)
+            state["seconds_run"] = state.get("seconds_run", 0.0) + time.perf_counter() - tr
             if k == 0:  # a backend refused by the pre-run coverage is not started again
                 st0 = store.statuses()
                 specs = [x for x in specs if st0.get(x.label) is None or st0[x.label].status != "unsupported"]
@@ -243,7 +254,11 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     if state["judge"] is None:
         raise AnpredError("stream: no sample to run")
     run, judge, final = state["run"], state["judge"], state["final"]
-    final.meta["stream"] = {"samples": state["n"], "chunk": chunk, "keep": keep,
+    # seconds_run: the chunks' runs as the driver waited for them (every backend, side by side or not);
+    # seconds_judge: judging them (a thread beside the runs)
+    final.meta["stream"] = {"samples": state["n"], "chunk": chunk, "keep": keep, "side_by_side": side_by_side,
+                            "seconds_run": round(state.get("seconds_run", 0.0), 2),
+                            "seconds_judge": round(state.get("seconds_judge", 0.0), 2),
                             "kept": {b: sorted(r for _, r in h) for b, h in state["heaps"].items()}}
     final.save_meta()
     report = finish(run, judge.judged())

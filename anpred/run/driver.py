@@ -455,13 +455,13 @@ class WorkerPool:
     """Long-lived backend workers for a stream of runs (:func:`run_model` with ``pool``; the
     streamed dataset of :mod:`anpred.pipeline.stream`): one ``python -m anpred.run.worker --feed``
     process per backend, started at its first run, prepared once (conversion, compilation, imports),
-    then given each run's samples as a chunk on its feed pipe; the backends of a run work side by side
-    (``side_by_side``, each in its own process) or one after the other. A worker that fails, crashes
+    then given each run's samples as a chunk on its feed pipe; the backends of a run work one after the
+    other or side by side (``side_by_side``, each in its own process). A worker that fails, crashes
     or passes ``timeout_s`` on a chunk (prepare included for the first) gets that status for the
     chunk and every later one (reason: ``in an earlier chunk``); the others go on. Worker output goes
     to ``work/<label>.log``. Use as a context manager or call :meth:`close`."""
 
-    def __init__(self, work: str | Path, *, timeout_s: float = 600, side_by_side: bool = True, mode: str = "tensors"):
+    def __init__(self, work: str | Path, *, timeout_s: float = 600, side_by_side: bool = False, mode: str = "tensors"):
         self.work = Path(work)
         self.timeout_s, self.side_by_side, self.mode = timeout_s, side_by_side, mode
         self.workers: dict[str, dict[str, Any]] = {}
