@@ -48,7 +48,9 @@ def cached_dir(kind: str, key: str, build: Callable[[Path], None]) -> Path:
     if final.is_dir():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(final.parent / f".{key}.lock")):
+    locks = cache_root() / ".locks"  # apart from the entries: a failed build leaves no file among them
+    locks.mkdir(exist_ok=True)
+    with FileLock(str(locks / f"{kind.replace('/', '_')}-{key}.lock")):
         if final.is_dir():  # built by another process while this one waited
             return final
         return _build(final, key, build)

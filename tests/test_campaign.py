@@ -359,3 +359,31 @@ def test_campaign_joins_an_existing_cluster(tmp_path):
     finally:
         ray.shutdown()
         subprocess.run([ray_cli, "stop", "--force"], capture_output=True, env=env)
+
+
+def _build_once(args):
+    """Worker of the cache test (a separate process): build one cache entry, counting builds."""
+    root, counter = args
+    os.environ["ANPRED_CACHE"] = root
+    from anpred.cache import cached_dir
+
+    def build(tmp):
+        with open(counter, "a") as f:
+            f.write("built\n")
+        time.sleep(1.0)
+        (tmp / "model.bin").write_bytes(b"x" * 10)
+
+    return str(cached_dir("shared-test", "k1", build))
+
+
+def test_conversion_cache_is_built_once_by_concurrent_processes(tmp_path):
+    """Four processes ask for the same conversion at once (as backend runs of a campaign do): one
+    builds it, the others wait for the file lock and use its result; no lock file among the entries."""
+    import multiprocessing
+
+    counter = tmp_path / "builds.txt"
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        paths = pool.map(_build_once, [(str(tmp_path / "cache"), str(counter))] * 4)
+    assert len(set(paths)) == 1 and (Path(paths[0]) / "model.bin").read_bytes() == b"x" * 10
+    assert counter.read_text().count("built") == 1
+    assert sorted(p.name for p in (tmp_path / "cache" / "shared-test").iterdir()) == ["k1"]
