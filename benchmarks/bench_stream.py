@@ -9,13 +9,13 @@ For each N in --pages, renders N document pages with their drawn boxes as ground
 while polling (every 0.2 s, psutil) the resident memory of the whole process tree (the driver, its
 judge and every backend worker) and the size of OUT. Reports per N: wall time of the stream phase,
 the sum over backends of their inference time inside the stream (``seconds_run`` of the run record,
-summed over chunks; the backends run side by side there, so each is slowed by the others) and of
+summed over chunks; each is slowed by the judge beside it, and with --side-by-side by the other backends) and of
 their preparation, and the backends' OWN inference over the same inputs measured apart (the same
 preprocessed pages through ``anpred run --mode stats``, one backend after the other, no judge), the
 ratio of the stream's wall time to that, peak RSS of the tree, peak disk of OUT, and the task
-headline of each backend. Usage (the numbers in docs/run.md, "Datasets, streamed")::
+headline of each backend. Usage (the numbers in docs/task.md, "Datasets, streamed")::
 
-    .venv/bin/python benchmarks/bench_stream.py --pages 100,300 --out bench-stream
+    .venv/bin/python benchmarks/bench_stream.py --pages 30,100 --out bench-stream [--side-by-side]
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     from models.documents import write_pages_with_truth
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pages", default="100,300")
+    ap.add_argument("--pages", default="30,100")
     ap.add_argument("--out", required=True)
     ap.add_argument("--backends", default="ort,openvino,torch,ort-int8")
     ap.add_argument("--chunk", type=int, default=None, help="default: anpred's (1 GiB of anchor tensors)")

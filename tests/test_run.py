@@ -303,7 +303,8 @@ def test_worker_pool_prepares_once_and_keeps_going_after_a_crash(yolo, tmp_path)
     from anpred.run.driver import WorkerPool
 
     specs = [BackendSpec("ort"), BackendSpec("openvino"), BackendSpec("ort", "ort-segv", {"_fault": "segfault"}),
-             BackendSpec("ort-noopt", "noopt-hang", {"_fault": "hang", "_fault_at": "prepare"})]
+             BackendSpec("ort-noopt", "noopt-hang", {"_fault": "hang", "_fault_at": "prepare"}),
+             BackendSpec("ort", "ort-later", {"_fault": "raise", "_fault_after": 3})]
     pids, stores = [], []
     with WorkerPool(tmp_path / "workers", timeout_s=10, side_by_side=True) as pool:
         for k in range(3):
@@ -319,6 +320,14 @@ def test_worker_pool_prepares_once_and_keeps_going_after_a_crash(yolo, tmp_path)
                 assert st["ort"].seconds_prepare == 0.0 and "in an earlier chunk" in st["ort-segv"].reason
             else:
                 assert st["ort"].seconds_prepare > 0.0
+            # fails at its 4th sample: the second sample of the second run; details kept afterwards
+            assert st["ort-later"].status == ("ok" if k == 0 else "failed")
+            if k == 1:
+                assert st["ort-later"].reason.startswith("sample s0001: RuntimeError") and st["ort-later"].samples == 1
+            if k == 2:
+                assert st["ort-later"].reason.startswith("in an earlier chunk: sample s0001")
+                assert st["ort-later"].versions.get("onnxruntime") and st["ort-later"].precision == "fp32"
+                assert st["ort-later"].captures
     assert pids[0] == pids[1] == pids[2]
     for store in stores:
         for sid in store.sample_ids:
@@ -337,3 +346,23 @@ def test_worker_pool_prepares_once_and_keeps_going_after_a_crash(yolo, tmp_path)
         for b in ("ort", "openvino"):
             for name, x in again.read_anchors(b, sid).items():
                 np.testing.assert_array_equal(x, stores[0].read_anchors(b, sid)[name])
+
+
+def test_stream_keeps_the_first_failure_with_its_chunk_and_sample(yolo, tmp_path):
+    """A streamed run (chunks of 2) where one backend fails at the 3rd sample of the dataset: its final
+    status names that chunk and that sample by the dataset's ids (not a later chunk, not the chunk's
+    own numbering), keeps its details, and counts the samples it did run; the others judge all 6."""
+    from anpred.pipeline.stream import stream_test
+
+    rng = np.random.default_rng(0)
+    samples = iter([(f"gen{i}", {"images": rng.random((1, 3, 224, 224), dtype=np.float32)}) for i in range(6)])
+    specs = ["ort", "openvino", "onnx-reference", BackendSpec("ort", "ort-later", {"_fault": "raise", "_fault_after": 2})]
+    rep = stream_test(yolo, specs, samples, tmp_path / "run", chunk=2, keep=1, quiet=True, allow_incomplete=True)
+    from anpred.run import RunStore
+
+    st = RunStore.open(tmp_path / "run").statuses()
+    assert st["ort"].status == "ok" and st["ort"].samples == 6
+    assert st["ort-later"].status == "failed" and st["ort-later"].samples == 2
+    assert st["ort-later"].reason.startswith("chunk of samples s000002..s000003: sample s000002: RuntimeError")
+    assert st["ort-later"].versions.get("onnxruntime")
+    assert rep.inputs["samples"] == 6

@@ -7,8 +7,8 @@ accumulators are streaming, so memory stays flat in the number of inputs) and by
 (:class:`anpred.task.impact.TaskAccumulator`), then deleted. The run folder keeps only the ``keep``
 most deviating samples per backend (deviation: the nRMSE of the backend's outputs against the
 consensus', summed over the outputs), with every backend's tensors for them (for the report's plots
-and for ``anpred check RUN --drill``): disk is bounded by two chunks in flight plus ``keep`` samples
-per backend. While chunk ``k`` is judged (a thread), chunk ``k + 1`` runs: the judge works beside the
+and for ``anpred check RUN --drill``): disk is bounded by three chunks (one judged, one queued, one
+running) plus ``keep`` samples per backend. While chunk ``k`` is judged (a thread), chunk ``k + 1`` runs: the judge works beside the
 backends. Each backend runs in ONE long-lived worker process for the whole dataset
 (:class:`anpred.run.driver.WorkerPool`: imported, converted and prepared once); the backends of a
 chunk run one after the other (``side_by_side``: at once, each in its own process). A progress line
@@ -121,7 +121,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
         anchored: the anchored model; backends: names or :class:`anpred.run.BackendSpec`.
         samples: ``(source, {input name: array})`` per sample (an iterator: read lazily).
         out_run: the run folder to create (it keeps ``keep`` samples per backend).
-        chunk: samples per chunk (memory and disk: two chunks of inputs and tensors at most).
+        chunk: samples per chunk (memory and disk: three chunks of inputs and tensors at most).
         keep: most deviating samples kept per backend.
         oracle, config, allow_incomplete: as :func:`anpred.judge.check_run`.
         adapter, labels: the task (:mod:`anpred.task`), or None.
@@ -219,6 +219,9 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     th = threading.Thread(target=judge_loop, daemon=True)
     th.start()
     pool = WorkerPool(work / "workers", timeout_s=timeout_s, side_by_side=side_by_side)
+    from anpred.run.driver import sigterm_raises
+
+    restore_sigterm = sigterm_raises()  # SIGTERM while waiting for the judge: cleaned up as Ctrl-C
     try:
         for k, part in enumerate(_batched(samples, chunk)):
             if state["error"] is not None:
@@ -240,9 +243,22 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                 specs = [x for x in specs if st0.get(x.label) is None or st0[x.label].status != "unsupported"]
             shutil.rmtree(folder, ignore_errors=True)
             done.put((k, store, ids))
+    except BaseException:
+        pool.kill()  # interrupted or failed: nothing more to run, no 30 s wait per worker
+        state["error"] = state["error"] or RuntimeError("stream interrupted")
+        raise
     finally:
+        restore_sigterm()
         pool.close()
-        done.put(None)
+        while True:  # the judge may be blocked on a full queue: make room for the end marker
+            try:
+                done.put(None, timeout=0.5)
+                break
+            except queue.Full:
+                try:
+                    done.get_nowait()
+                except queue.Empty:
+                    pass
         th.join()
         if state["final"] is not None:  # the long-lived workers' logs, one per backend
             (out_run / "logs").mkdir(exist_ok=True)
@@ -334,9 +350,13 @@ def _keep(state, store, ids: dict[str, str], devs: dict[str, dict[str, float]], 
             st.samples += old.samples
             st.seconds_run += old.seconds_run
             st.seconds_prepare += old.seconds_prepare
-            if old.status != "ok" and st.status == "ok":  # an earlier chunk failed: that stays the status
-                st.status, st.reason = old.status, old.reason
+            if old.status != "ok":  # the first failure stays the status, with its chunk and details
+                old.samples, old.seconds_run, old.seconds_prepare = st.samples, st.seconds_run, st.seconds_prepare
+                st = old
         if st.status != "ok" and not st.reason.startswith("chunk "):
-            st.reason = f"chunk of samples {min(ids.values())}..{max(ids.values())}: {st.reason}"
+            reason = st.reason
+            for local, glob in ids.items():  # the dataset's sample ids, not the chunk's
+                reason = reason.replace(f"sample {local}:", f"sample {glob}:").replace(f"sample {local} ", f"sample {glob} ")
+            st.reason = f"chunk of samples {min(ids.values())}..{max(ids.values())}: {reason}"
         final.set_status(st)
     final.save_meta()

@@ -49,7 +49,7 @@ from anpred.run.spec import MODES, BackendSpec, WorkerJob
 from anpred.run.store import RunStore
 
 __all__ = ["run_model", "Terminated", "format_summary", "WORKER_MALLOC_TUNABLES", "worker_malloc_tunables",
-           "WorkerPool"]
+           "WorkerPool", "sigterm_raises"]
 
 
 def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], inputs: Any, out_dir: str | Path,
@@ -74,7 +74,9 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
             backend with a known missing operator is not started and gets status ``unsupported``
             naming the operators. False: run every backend.
         pool: a :class:`WorkerPool` whose long-lived workers run the backends (prepared once for
-            a stream of runs, side by side) instead of one new process per backend and run.
+            a stream of runs) instead of one new process per backend and run; mode ``tensors`` only.
+            Its workers run ``model_path`` itself (not the run folder's copy), prepared by the first
+            run: every run of one pool must use the same model.
 
     Raises:
         BackendError: unknown backend or duplicate labels (before anything is written).
@@ -97,6 +99,8 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
         raise BackendError(f"backend label(s) used twice: {', '.join(dups)} (give each spec its own label)")
     if not timeout_s or timeout_s <= 0:
         raise AnpredError(f"timeout must be positive (got {timeout_s})")
+    if pool is not None and mode != "tensors":
+        raise AnpredError("a WorkerPool runs mode 'tensors' only")
     model_path = Path(model_path).resolve()
     model, manifest, man_source = load_anchored(model_path)
     in_spec = InputSpec.parse(inputs, preprocess=preprocess)
@@ -118,7 +122,7 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
         tmp = partial_dir(out)  # stale partial folders of dead drivers are removed too
     except OSError as err:
         raise OutputPathError(f"cannot create run folder {err.filename or out}: {err.strerror or err}") from err
-    restore_sigterm = _sigterm_raises()
+    restore_sigterm = sigterm_raises()
     try:
         store = RunStore.create(tmp, manifest, mode=mode, inputs=in_spec.describe(hint), model={
             "path": str(model_path), "name": model_path.stem,
@@ -162,6 +166,8 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
         shutil.rmtree(tmp / ".work", ignore_errors=True)
         commit_partial(tmp, out)
     except BaseException:
+        if pool is not None:  # its workers may still be writing into the partial folder
+            pool.kill()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
@@ -177,7 +183,7 @@ class Terminated(KeyboardInterrupt):
     worker process groups are killed and the partial run folder removed, as for Ctrl-C)."""
 
 
-def _sigterm_raises():
+def sigterm_raises():
     """While a run is in progress, make SIGTERM raise :class:`Terminated` in the driver (only from the
     main thread, and only when SIGTERM has its default action: an application's own handler is
     kept). Returns the function that restores the previous handler."""
@@ -499,13 +505,18 @@ class WorkerPool:
         out: dict[str, BackendStatus] = {}
         live = []
         for spec in specs:
-            if spec.label in self.dead:
-                old = self.dead[spec.label]
-                out[spec.label] = BackendStatus(name=spec.label, family=old.family, status=old.status,
-                                                reason=f"in an earlier chunk: {old.reason}")
+            if spec.label in self.dead:  # the status of the chunk where it failed, with its details
+                gone = BackendStatus.from_dict(self.dead[spec.label].to_dict())
+                gone.samples, gone.seconds_run, gone.seconds_prepare = 0, 0.0, 0.0
+                gone.reason = f"in an earlier chunk: {gone.reason}"
+                out[spec.label] = gone
                 continue
             if spec.label not in self.workers:
                 self.workers[spec.label] = self._start(store, spec, model_path, input_shapes)
+                self.workers[spec.label]["model"] = str(Path(model_path).resolve())
+            elif self.workers[spec.label]["model"] != str(Path(model_path).resolve()):
+                raise AnpredError(f"WorkerPool: {spec.label} was prepared for {self.workers[spec.label]['model']}, "
+                                  f"not {model_path} (one pool, one model)")
             live.append(spec.label)
         groups = [live] if self.side_by_side else [[b] for b in live]
         for group in groups:
@@ -513,6 +524,7 @@ class WorkerPool:
                 w = self.workers[b]
                 w["chunk_status"] = self.work / b / f"chunk{k}.json"
                 w["t0"] = time.monotonic()
+                w["done"] = 0
                 try:
                     w["feed"].write(json.dumps({"k": k, "store": str(store.root), "samples": store.sample_ids,
                                                 "status": str(w["chunk_status"])}) + "\n")
@@ -548,6 +560,8 @@ class WorkerPool:
                 for ln in lines:
                     if ln == b"prepared":
                         w["prepared"] = True
+                    elif ln.startswith(b"sample "):
+                        w["done"] = int(ln.split()[1])
                     elif ln.startswith(f"chunk {k} ".encode()):
                         ended[b] = ln.split()[-1].decode()
                         pending.pop(fd, None)
@@ -560,9 +574,14 @@ class WorkerPool:
                 st = BackendStatus.from_dict(json.loads(w["chunk_status"].read_text()))
             if st is None:
                 st = self._lost(b, how, len(store.sample_ids))
-            store.meta.setdefault("resources", {})[b] = {"seconds_wall": round(time.monotonic() - w["t0"], 3),
-                                                          "seconds_prepare": round(st.seconds_prepare, 4),
-                                                          "worker": "long-lived"}
+            res_path = w["status"].with_name("resources.json")
+            try:
+                res = json.loads(res_path.read_text()) if res_path.is_file() else {}
+            except (OSError, json.JSONDecodeError):
+                res = {}
+            res.update(seconds_wall=round(time.monotonic() - w["t0"], 3), seconds_prepare=round(st.seconds_prepare, 4),
+                       worker="long-lived")
+            store.meta.setdefault("resources", {})[b] = res
             if st.status != "ok":
                 self.dead[b] = st
                 self._kill(b)
@@ -570,26 +589,33 @@ class WorkerPool:
         return out
 
     def _lost(self, b: str, how: str, n: int) -> BackendStatus:
-        """The status of a worker that timed out or ended without a chunk status (killed here)."""
+        """The status of a worker that timed out or ended without a chunk status (killed here): the
+        worker's own status (precision, versions, captures as prepared) with the failure."""
         w = self.workers[b]
         self._kill(b)
         st = None
-        if w["status"].is_file():  # a failure while preparing is in the job's status
+        if w["status"].is_file():  # written once prepared, or with a failure while preparing
             try:
                 st = BackendStatus.from_dict(json.loads(w["status"].read_text()))
             except (OSError, json.JSONDecodeError, TypeError):
                 st = None
+        if st is not None and st.status in ("failed", "unsupported") and not w["prepared"]:
+            st.seconds_prepare = st.seconds_prepare or time.monotonic() - w["t0"]
+            return st
+        st = st or BackendStatus(name=b, family=w["family"])
         stage = "running samples" if w["prepared"] else "preparing"
+        done = w.get("done", 0)
+        st.samples, st.seconds_run = done, 0.0
         if how == "timeout":
-            return BackendStatus(name=b, family=w["family"], status="timeout",
-                                 reason=f"no result within {self.timeout_s:g} s (killed while {stage}; 0/{n} samples)")
-        if st is not None and st.status in ("failed", "unsupported"):
+            st.status = "timeout"
+            st.reason = f"no result within {self.timeout_s:g} s (killed while {stage}; {done}/{n} samples done)"
             return st
         rc = w["proc"].returncode
         what = (f"process killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 and -rc in
                 signal.valid_signals() else f"process exited with status {rc} without a result")
-        return BackendStatus(name=b, family=w["family"], status="crashed" if rc is not None and rc < 0 else "failed",
-                             reason=f"{what} while {stage}; log: {_tail(w['log'], 4)}")
+        st.status = "crashed" if rc is not None and rc < 0 else "failed"
+        st.reason = f"{what} while {stage} ({done}/{n} samples done); log: {_tail(w['log'], 4)}"
+        return st
 
     def _kill(self, b: str) -> None:
         w = self.workers[b]
@@ -599,6 +625,17 @@ class WorkerPool:
             except ProcessLookupError:
                 pass
         w["proc"].wait()
+
+    def kill(self) -> None:
+        """Kill every worker at once (an interrupted run: nothing more is to be written)."""
+        for b, w in self.workers.items():
+            if w["proc"].poll() is None:
+                try:
+                    os.killpg(w["proc"].pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for w in self.workers.values():
+            w["proc"].wait()
 
     def close(self) -> None:
         """End every worker: close its feed (it finishes and exits), wait up to 30 s, else kill it."""

@@ -81,6 +81,10 @@ def _fault(options: dict, where: str) -> None:
     kind = options.get("_fault")
     if not kind or options.get("_fault_at", "run") != where:
         return
+    if where == "run" and options.get("_fault_after"):  # testing hook: the fault at sample N + 1 of the process
+        options["_runs"] = options.get("_runs", 0) + 1
+        if options["_runs"] <= int(options["_fault_after"]):
+            return
     if kind == "segfault":
         import ctypes
 
@@ -165,7 +169,7 @@ def _captured(st, manifest, returned: set[str]) -> None:
     st.anchors_captured = sum(1 for a in manifest.anchors if a.name in returned)
 
 
-def _serve(backend, manifest, st, label: str, feed_fd: int, emit, writer, fault_opts) -> None:
+def _serve(backend, manifest, st, label: str, feed_fd: int, emit, writer, fault_opts, resources_path: Path) -> None:
     """The long-lived worker's loop (:class:`anpred.run.driver.WorkerPool`): each line read from
     ``feed_fd`` is a chunk ``{"k", "store", "samples", "status"}``; its samples run into that run
     store, its status (this chunk's samples and times) is written to ``status``, then ``chunk K
@@ -189,8 +193,14 @@ def _serve(backend, manifest, st, label: str, feed_fd: int, emit, writer, fault_
             cst.reason = f"sample {cursor[0]}: {short_reason(err)}"
             atomic_write_text(Path(req["status"]), to_json(cst.to_dict()))
             emit(f"chunk {req['k']} failed")
-            raise
+            st.status, st.reason = cst.status, cst.reason
+            return
         atomic_write_text(Path(req["status"]), to_json(cst.to_dict()))
+        import resource
+
+        atomic_write_text(resources_path, json.dumps(  # the process so far (Linux: KiB -> bytes)
+            {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+             "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}))
         emit(f"chunk {req['k']} done")
         st.seconds_prepare = 0.0  # counted with the first chunk only
     st.status = "ok"
@@ -247,7 +257,8 @@ def run_job(job_path: str, fd: int, feed_fd: int | None = None) -> None:
             (root / "stats").mkdir(exist_ok=True)
             jsonl = open(root / "stats" / f"{label}.samples.jsonl", "w")
         if feed_fd is not None:  # a long-lived worker: chunks of samples from the driver until it closes the feed
-            _serve(backend, manifest, st, label, feed_fd, emit, writer, fault_opts)
+            _serve(backend, manifest, st, label, feed_fd, emit, writer, fault_opts,
+                   status_path.with_name("resources.json"))
             return
         returned, run_s, loop_s = _sample_loop(backend, store, job.samples, label, st, emit, writer, fault_opts,
                                                stats, jsonl, cursor)
