@@ -332,7 +332,9 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
 
 def _sigterm_raises():
     """While the campaign runs, SIGTERM raises :class:`anpred.run.Terminated` in the driver (as in
-    ``anpred test``: the CLI exits 143) instead of Ray's abort; returns the restorer."""
+    ``anpred test``: the CLI exits 143) instead of Ray's abort; returns the restorer. Unlike
+    :func:`anpred.run.driver.sigterm_raises` it replaces a handler already there: the one
+    ``ray.init`` installs, which aborts the process."""
     import signal
     import threading
 

@@ -56,18 +56,17 @@ every part is unchanged; a campaign folder moved elsewhere keeps its ids.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import json
 import os
 import re
-import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from anpred.campaign.tasks import import_paths
 from anpred.errors import AnpredError
 
 __all__ = ["Campaign", "Configuration", "VersionAxis", "load_campaign", "TEST_OPTIONS"]
@@ -267,16 +266,6 @@ def _portable(opts: dict[str, Any], base: Path) -> dict[str, Any]:
     return out
 
 
-@contextlib.contextmanager
-def _on_path(paths: list[str]):
-    old = list(sys.path)
-    sys.path[:0] = [p for p in paths if p not in sys.path]
-    try:
-        yield
-    finally:
-        sys.path[:] = old
-
-
 def load_campaign(path: str | Path) -> Campaign:
     """Read and expand a campaign file (format: the module docstring).
 
@@ -325,7 +314,7 @@ def load_campaign(path: str | Path) -> Campaign:
             raise AnpredError(f"{path}: a [[models]] entry without model = ...")
         text = _model_text(str(m["model"]), base)
         label = str(m.get("name") or _label(str(m["model"])))
-        with _on_path([str(base), os.getcwd()]):
+        with import_paths([str(base), os.getcwd()]):
             key = _model_key(text)
         mopts = _options(m, f"model {label}")
         for set_name, backends in sets.items():

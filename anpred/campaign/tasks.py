@@ -33,7 +33,7 @@ from typing import Any
 from anpred.errors import AnpredError
 
 __all__ = ["prepare_configuration", "run_backend", "judge_configuration", "merge_runs", "CONFIG_FILE",
-           "record_of"]
+           "record_of", "read_record", "import_paths"]
 
 #: the campaign's record of a finished configuration, inside its report folder
 CONFIG_FILE = "campaign-config.json"
