@@ -208,6 +208,20 @@ def test_campaign_file_errors(tmp_path):
     with pytest.raises(AnpredError, match="inputs = 'nowhere/'.*no such file or folder"):
         load("[[models]]\nmodel = 'yolov8n'\n[backend_sets]\na = ['ort', 'openvino']\n"
              "[inputs]\nmine = { inputs = 'nowhere/' }\n")
+    ok_head = "[[models]]\nmodel = 'yolov8n'\n[backend_sets]\na = ['ort', 'openvino']\n"
+    for bad, msg in [("[resources]\ncpus = 'two'\n", "cpus = 'two': a number"),
+                     ("[resources.backends.ort]\nmemgb = 3\n", "unknown key.*backends.ort.memgb"),
+                     ("[[versions]]\npackage = 'onnxruntime'\nbackends = ['ort']\nversions = ['1']\nfind_link = 'x'\n",
+                      "unknown key.*find_link"),
+                     ("[inputs]\nx = 'random:normal:n=3'\n", "each input set is a table")]:
+        with pytest.raises(AnpredError, match=msg):
+            load(ok_head + bad)
+    with pytest.raises(AnpredError, match="write \\[\\[models\\]\\], not \\[models\\]"):
+        load("[models]\nmodel = 'yolov8n'\n[backend_sets]\na = ['ort', 'openvino']\n")
+    with pytest.raises(AnpredError, match="\\[campaign\\] must be a table"):
+        load("campaign = 3\n" + ok_head)
+    with pytest.raises(AnpredError, match="no module 'nosuchmod'"):
+        load("[[models]]\nmodel = 'nosuchmod:fn'\n[backend_sets]\na = ['ort', 'openvino']\n")
     # an edited option is a new configuration; the same file gives the same ids
     again = load("[[models]]\nmodel = 'yolov8n'\nimgsz = 320\n[backend_sets]\na = ['ort', 'openvino']\n")
     assert again.configurations[0].id.split(".")[-1] != first.id.split(".")[-1]
@@ -319,6 +333,8 @@ def test_bisect_names_the_onnxruntime_release_and_operator(tmp_path):
     assert [(p["version"], p["standing"]) for p in b["probes"]] == [
         ("1.20.1", "ok"), ("1.24.4", "FLAGGED s1"), ("1.20.5", None), ("1.21.0", "FLAGGED s1")]
     assert "cannot install onnxruntime==1.20.5" in b["probes"][2]["skipped"]
+    # a probe is the campaign's own configuration of that test (same id: its result is shared)
+    assert b["probes"][0]["id"] == by_ver["1.20.1"]["id"] and b["probes"][3]["id"] == by_ver["1.21.0"]["id"]
     assert not (tmp_path / "bisect" / "campaign.json").exists()  # the probes leave OUT's summary alone
     assert b["origin_stage"] == 1 and b["culprit"] == {"node": "avgpool", "op_type": "AveragePool"}
     readme = next((tmp_path / "bisect" / "configs").glob("*.drill")) / "drill" / "repro" / "ort" / "README.md"

@@ -22,8 +22,6 @@ the reason), never taken for the change. The probes do not touch OUT's campaign 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import re
 import subprocess
 import sys
@@ -59,21 +57,22 @@ def order_versions(versions: list[str]) -> list[str]:
 
 def _probe_campaign(campaign, base_cfg, package: str, backends: list[str], versions: list[str], axis_src):
     """A campaign of one configuration per version (``base_cfg`` with ``package`` at that version)."""
-    from anpred.campaign.spec import Configuration, VersionAxis
+    from anpred.campaign.spec import Configuration, VersionAxis, config_id
 
     axis = VersionAxis(package=package, versions=list(versions), backends=backends,
                        find_links=getattr(axis_src, "find_links", None), paths=getattr(axis_src, "paths", {}) or {})
     configs = []
     for v in versions:
         versions_map = {**{k: x for k, x in base_cfg.versions.items() if k != package}, package: v}
-        canon = json.dumps({"model": base_cfg.model, "backends": base_cfg.backends, "options": base_cfg.options,
-                            "versions": versions_map}, sort_keys=True, default=str)
-        cid = f"{base_cfg.label}.{base_cfg.backend_set}.{base_cfg.inputs_name}.{package}-{v}." \
-              f"{hashlib.sha256(canon.encode()).hexdigest()[:8]}"
+        # the campaign's own id for the same test (model content, options, versions): a probe reuses a
+        # configuration the campaign finished, and an edited model is probed anew
+        cid = config_id(base_cfg.label, base_cfg.backend_set, base_cfg.inputs_name, base_cfg.model_key or base_cfg.model,
+                        base_cfg.backends, base_cfg.options, versions_map, campaign.base)
         configs.append(Configuration(id=cid, model=base_cfg.model, label=base_cfg.label,
                                      backend_set=base_cfg.backend_set, backends=base_cfg.backends,
                                      inputs_name=base_cfg.inputs_name, options=dict(base_cfg.options),
-                                     versions=versions_map, resources=base_cfg.resources))
+                                     versions=versions_map, resources=base_cfg.resources,
+                                     model_key=base_cfg.model_key))
     return dataclasses.replace(campaign, configurations=configs,
                                axes=[a for a in campaign.axes if a.package != package] + [axis])
 

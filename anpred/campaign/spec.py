@@ -69,7 +69,7 @@ from typing import Any
 from anpred.campaign.tasks import import_paths
 from anpred.errors import AnpredError
 
-__all__ = ["Campaign", "Configuration", "VersionAxis", "load_campaign", "TEST_OPTIONS"]
+__all__ = ["Campaign", "Configuration", "VersionAxis", "load_campaign", "config_id", "TEST_OPTIONS"]
 
 #: options of a configuration (``[defaults]``, per model, per input set): ``anpred.test``'s keywords
 TEST_OPTIONS = ("inputs", "samples", "stages", "max_cut_width", "imgsz", "seed", "factory_kwargs", "oracle",
@@ -105,6 +105,7 @@ class Configuration:
         inputs_name: input set name; ``options``: ``anpred.test`` keywords (TEST_OPTIONS).
         versions: package -> version for this configuration ({} for the installed libraries).
         resources: backend -> {"cpus", "memory_gb", "gpus"}.
+        model_key: what identifies the model's content in the id (:func:`config_id`).
     """
 
     id: str
@@ -116,6 +117,7 @@ class Configuration:
     options: dict[str, Any]
     versions: dict[str, str] = field(default_factory=dict)
     resources: dict[str, dict[str, float]] = field(default_factory=dict)
+    model_key: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "model": self.model, "label": self.label, "backend_set": self.backend_set,
@@ -204,6 +206,9 @@ def _model_key(text: str) -> str:
             spec = importlib.util.find_spec(mod)
         except (ImportError, ValueError):
             spec = None
+        if spec is None:
+            raise AnpredError(f"factory {text}: no module {mod!r} on the path (the campaign's folder, the working "
+                              "folder, the venv)")
         origin = getattr(spec, "origin", None)
         if origin and Path(origin).is_file():
             return f"factory:{text}:" + sha256_file(Path(origin))
@@ -224,11 +229,18 @@ def _resources(raw: dict[str, Any], backends: list[str]) -> dict[str, dict[str, 
     backend class that needs GPUs (:attr:`anpred.backends.base.Backend.gpus`) gets at least those."""
     from anpred.backends import backend_class
 
-    base = {**DEFAULT_RESOURCES, **{k: float(v) for k, v in raw.items() if k in DEFAULT_RESOURCES}}
+    if not isinstance(raw, dict) or not isinstance(raw.get("backends", {}), dict):
+        raise AnpredError("[resources] must be a table (cpus, memory_gb, gpus, backends.<name>)")
     per = raw.get("backends", {}) or {}
     unknown = sorted(set(raw) - set(DEFAULT_RESOURCES) - {"backends"})
+    unknown += sorted(f"backends.{b}.{k}" for b, t in per.items() for k in (t if isinstance(t, dict) else {"?": 0})
+                      if k not in DEFAULT_RESOURCES)
     if unknown:
         raise AnpredError(f"[resources]: unknown key(s) {', '.join(unknown)}; known: cpus, memory_gb, gpus, backends")
+    for k, v in [*raw.items(), *[(f"backends.{b}.{k}", v) for b, t in per.items() for k, v in t.items()]]:
+        if k != "backends" and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
+            raise AnpredError(f"[resources] {k} = {v!r}: a number >= 0 is needed")
+    base = {**DEFAULT_RESOURCES, **{k: float(v) for k, v in raw.items() if k in DEFAULT_RESOURCES}}
     out = {}
     for b in backends:
         r = {**base, **{k: float(v) for k, v in (per.get(b) or {}).items()}}
@@ -239,8 +251,14 @@ def _resources(raw: dict[str, Any], backends: list[str]) -> dict[str, dict[str, 
 
 def _axes(raw: list[dict[str, Any]], base: Path) -> list[VersionAxis]:
     axes = []
+    if not isinstance(raw, list) or not all(isinstance(v, dict) for v in raw):
+        raise AnpredError("[[versions]] entries must be tables (package, versions, backends, ...)")
     for i, v in enumerate(raw):
         where = f"[[versions]] #{i + 1}"
+        unknown = sorted(set(v) - {"package", "versions", "backends", "find_links", "paths"})
+        if unknown:
+            raise AnpredError(f"{where}: unknown key(s) {', '.join(unknown)}; known: package, versions, backends, "
+                              "find_links, paths")
         if "package" not in v or not v.get("backends"):
             raise AnpredError(f"{where}: needs package = ... and backends = [...]")
         paths = {str(k): str((base / p).resolve()) for k, p in (v.get("paths") or {}).items()}
@@ -251,6 +269,18 @@ def _axes(raw: list[dict[str, Any]], base: Path) -> list[VersionAxis]:
         axes.append(VersionAxis(package=str(v["package"]), versions=versions, backends=list(v["backends"]),
                                 find_links=str((base / fl).resolve()) if fl else None, paths=paths))
     return axes
+
+
+def config_id(label: str, set_name: str, inputs_name: str, model_key: str, backends: list[str],
+              options: dict[str, Any], versions: dict[str, str], base: Path) -> str:
+    """A configuration's id (module docstring): readable stem + 8 hex digits of the sha256 of the
+    canonical JSON of the model's content key, backends, options (paths under ``base`` relative)
+    and versions. The bisection's probes use it too, so a probe and the campaign's configuration of
+    the same test share one result."""
+    stem = ".".join([_slug(label), _slug(set_name), _slug(inputs_name)] + [_slug(f"{p}-{v}") for p, v in versions.items()])
+    canon = json.dumps({"model": model_key, "backends": backends, "options": _portable(options, base),
+                        "versions": versions}, sort_keys=True, default=str)
+    return f"{stem}.{hashlib.sha256(canon.encode()).hexdigest()[:8]}"
 
 
 def _portable(opts: dict[str, Any], base: Path) -> dict[str, Any]:
@@ -288,6 +318,13 @@ def load_campaign(path: str | Path) -> Campaign:
     unknown = sorted(set(raw) - _TOP)
     if unknown:
         raise AnpredError(f"{path}: unknown table(s) {', '.join(unknown)}; known: {', '.join(sorted(_TOP))}")
+    for table in ("campaign", "defaults", "backend_sets", "inputs", "resources"):
+        if table in raw and not isinstance(raw[table], dict):
+            raise AnpredError(f"{path}: [{table}] must be a table")
+    if "models" in raw and not isinstance(raw["models"], list):
+        raise AnpredError(f"{path}: models must be a list of tables: write [[models]], not [models]")
+    if any(not isinstance(t, dict) for t in (raw.get("inputs") or {}).values()):
+        raise AnpredError(f"{path}: each input set is a table, e.g. noise = {{ inputs = \"random:normal:n=3\" }}")
     head = raw.get("campaign", {})
     unknown = sorted(set(head) - _HEAD)
     if unknown:
@@ -314,7 +351,7 @@ def load_campaign(path: str | Path) -> Campaign:
             raise AnpredError(f"{path}: a [[models]] entry without model = ...")
         text = _model_text(str(m["model"]), base)
         label = str(m.get("name") or _label(str(m["model"])))
-        with import_paths([str(base), os.getcwd()]):
+        with import_paths(list(dict.fromkeys([os.getcwd(), str(base)]))):  # the tasks' order (engine.py)
             key = _model_key(text)
         mopts = _options(m, f"model {label}")
         for set_name, backends in sets.items():
@@ -328,14 +365,10 @@ def load_campaign(path: str | Path) -> Campaign:
                 applying = [a for a in axes if set(a.backends) & set(names)]
                 for combo in itertools.product(*[a.versions for a in applying]) if applying else [()]:
                     versions = {a.package: v for a, v in zip(applying, combo)}
-                    stem = ".".join([_slug(label), _slug(set_name), _slug(in_name)] +
-                                    [_slug(f"{p}-{v}") for p, v in versions.items()])
-                    canon = json.dumps({"model": key, "backends": names, "options": _portable(opts, base),
-                                        "versions": versions}, sort_keys=True, default=str)
-                    cid = f"{stem}.{hashlib.sha256(canon.encode()).hexdigest()[:8]}"
+                    cid = config_id(label, set_name, in_name, key, names, opts, versions, base)
                     configs.append(Configuration(id=cid, model=text, label=label, backend_set=set_name,
                                                  backends=names, inputs_name=in_name, options=opts,
-                                                 versions=versions,
+                                                 versions=versions, model_key=key,
                                                  resources=_resources(raw.get("resources", {}), names)))
     ids = [c.id for c in configs]
     dups = sorted({i for i in ids if ids.count(i) > 1})

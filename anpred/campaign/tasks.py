@@ -103,7 +103,8 @@ def run_backend(cfg, backend: str, work: str | Path, prep, env_paths: list[str],
     out = work / "runs" / backend
     out.parent.mkdir(parents=True, exist_ok=True)
     # which process runs which backend while it runs (operators: to find, or kill, a stuck run); removed
-    # at the end, so a file names a task in flight (Ray reuses its worker processes for other tasks)
+    # when the task ends (Ray reuses its worker processes for other tasks). A file left by a killed
+    # worker names a dead pid: check that the pid is alive before acting on it
     pid_file = out.parent / f".{backend}.pid"
     pid_file.write_text(str(os.getpid()))
     try:
@@ -237,8 +238,11 @@ def record_of(cfg, report, statuses: dict[str, str], reasons: dict[str, str], fi
 
 
 def read_record(folder: Path) -> dict[str, Any] | None:
-    """The record of a committed configuration folder, None when absent or unreadable."""
+    """The record of a committed configuration folder, None when absent or unreadable; ``folder``
+    and ``report_html`` name where it is now (an OUT moved or copied since keeps working)."""
     try:
-        return json.loads((Path(folder) / CONFIG_FILE).read_text())
+        rec = json.loads((Path(folder) / CONFIG_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         return None
+    rec["folder"], rec["report_html"] = str(Path(folder)), str(Path(folder) / "report.html")
+    return rec
