@@ -232,7 +232,6 @@ def test_bisection_follows_the_ancestors_on_a_branching_stage(tmp_path):
     search once narrowed to the interval before the first departing tensor and named the Mul that only
     carried the error (and a "stage prefix" repro hid it). It must follow the departing tensor's
     ancestors and name the Softplus, with a one-operator repro."""
-    import onnx
     from onnx import TensorProto as T
     from onnx import helper as h
     from onnx import numpy_helper as nh
