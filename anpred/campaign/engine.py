@@ -39,6 +39,7 @@ from anpred.campaign.spec import Campaign, Configuration
 from anpred.campaign.tasks import (CONFIG_FILE, judge_configuration, prepare_configuration, read_record,
                                    run_backend)
 from anpred.errors import AnpredError
+from anpred.run.driver import sigterm_raises
 
 __all__ = ["run_campaign", "CampaignResult", "start_ray", "config_folder", "CONFIG_FILE"]
 
@@ -232,7 +233,7 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
         ray_info = start_ray(address, num_cpus)  # before anything is written: a bad address loses nothing
         for sub in ("configs", ".work", "failed"):
             (out / sub).mkdir(parents=True, exist_ok=True)
-        restore = _sigterm_raises()
+        restore = sigterm_raises(replace=True)  # instead of Ray's handler, which aborts
         paths = list(dict.fromkeys([os.getcwd(), str(campaign.base)]))
         retries = max(0, int(campaign.retries))
         prep_r = _remote(prepare_configuration, num_cpus=1, max_retries=retries)
@@ -328,27 +329,6 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
     if (out / ".work").is_dir() and not any((out / ".work").iterdir()):
         shutil.rmtree(out / ".work", ignore_errors=True)
     return result
-
-
-def _sigterm_raises():
-    """While the campaign runs, SIGTERM raises :class:`anpred.run.Terminated` in the driver (as in
-    ``anpred test``: the CLI exits 143) instead of Ray's abort; returns the restorer. Unlike
-    :func:`anpred.run.driver.sigterm_raises` it replaces a handler already there: the one
-    ``ray.init`` installs, which aborts the process."""
-    import signal
-    import threading
-
-    from anpred.run import Terminated
-
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    old = signal.getsignal(signal.SIGTERM)
-
-    def handler(signum, frame):
-        raise Terminated(f"terminated by signal {signal.Signals(signum).name}")
-
-    signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, old)
 
 
 def _atomic_json(path: Path, obj: Any) -> None:

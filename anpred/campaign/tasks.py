@@ -224,8 +224,8 @@ def record_of(cfg, report, statuses: dict[str, str], reasons: dict[str, str], fi
             row.update(verdict=v.status, flagged=bool(v.flagged or (impl is not None and impl.flagged)),
                        origin_anchor=v.origin_anchor, origin_stage=v.origin_stage,
                        worst_primary=v.worst_primary,
-                       culprit=(v.culprit or {}).get("node") if getattr(v, "culprit", None) else None,
-                       culprit_op=(v.culprit or {}).get("op_type") if getattr(v, "culprit", None) else None)
+                       culprit=(getattr(v, "culprit", None) or {}).get("node"),
+                       culprit_op=(getattr(v, "culprit", None) or {}).get("op_type"))
         else:
             row.update(verdict="failed" if statuses.get(b) != "ok" else "unjudged", flagged=False)
         if b in task:

@@ -183,21 +183,22 @@ class Terminated(KeyboardInterrupt):
     worker process groups are killed and the partial run folder removed, as for Ctrl-C)."""
 
 
-def sigterm_raises():
+def sigterm_raises(replace: bool = False):
     """While a run is in progress, make SIGTERM raise :class:`Terminated` in the driver (only from the
     main thread, and only when SIGTERM has its default action: an application's own handler is
-    kept). Returns the function that restores the previous handler."""
+    kept, unless ``replace``: a campaign replaces the one ``ray.init`` installs, which aborts the
+    process). Returns the function that restores the previous handler."""
     import threading
 
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    old = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or (old is not signal.SIG_DFL and not replace):
         return lambda: None
 
     def handler(signum, frame):
         raise Terminated(f"terminated by signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return lambda: signal.signal(signal.SIGTERM, old)
 
 
 def _check_out_dir(out: Path, overwrite: bool) -> None:
@@ -617,23 +618,22 @@ class WorkerPool:
         st.reason = f"{what} while {stage} ({done}/{n} samples done); log: {_tail(w['log'], 4)}"
         return st
 
-    def _kill(self, b: str) -> None:
-        w = self.workers[b]
+    @staticmethod
+    def _sigkill(w: dict[str, Any]) -> None:
         if w["proc"].poll() is None:
             try:
                 os.killpg(w["proc"].pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        w["proc"].wait()
+
+    def _kill(self, b: str) -> None:
+        self._sigkill(self.workers[b])
+        self.workers[b]["proc"].wait()
 
     def kill(self) -> None:
         """Kill every worker at once (an interrupted run: nothing more is to be written)."""
-        for b, w in self.workers.items():
-            if w["proc"].poll() is None:
-                try:
-                    os.killpg(w["proc"].pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        for w in self.workers.values():
+            self._sigkill(w)
         for w in self.workers.values():
             w["proc"].wait()
 
