@@ -5,9 +5,12 @@ the kernels the runtimes pick (:func:`kernel_isa`).
 Flags come from the ``cpuid`` instruction as executed in this process (numpy's dispatcher table,
 ``numpy._core._multiarray_umath.__cpu_features__``, which also checks that the OS saves the wide
 registers), so an emulated or masked CPU (``qemu-x86_64 -cpu EPYC-Rome``, a VM with AVX-512 hidden)
-reports what the runtimes in it really see. ``/proc/cpuinfo`` is the kernel's view of the host and is
-used only for flags numpy does not probe (``avx_vnni``, ``amx_*``), and as the whole source where numpy
-has no table (non-x86 machines).
+reports what the runtimes in it really see. Flags numpy does not probe (``avx_vnni``: CPUID.(EAX=7,
+ECX=1):EAX[4]; ``amx_bf16``/``amx_tile``/``amx_int8``: CPUID.(EAX=7,ECX=0):EDX[22,24,25], usable only
+where XCR0[17:18] are set) are read with the ``cpuid`` instruction too, through the ``cpuid`` package
+(its ``cpuid_native`` extension). ``/proc/cpuinfo`` is the kernel's view of the *host*: an emulator
+(qemu-user) shows the host's file, so it is used only where cpuid cannot be executed (non-x86 machines,
+the package missing).
 """
 
 from __future__ import annotations
@@ -52,29 +55,50 @@ def _cpuid_features() -> dict[str, bool]:
     return dict(feats)
 
 
+def _cpuid_extra(avx2: bool, avx512f: bool) -> dict[str, bool] | None:
+    """``avx_vnni`` and the AMX flags from the cpuid instruction executed in this process, or None where
+    it cannot be (no ``cpuid`` package, not x86). Bit positions: Intel SDM vol. 2A, CPUID leaf 07H;
+    XCR0 bits 17 (XTILECFG) and 18 (XTILEDATA): SDM vol. 1, 13.2. AVX-VNNI needs the OS to save YMM
+    state, which numpy's AVX2 entry already checks; AMX is used by the runtimes only on AVX-512 CPUs."""
+    try:
+        import cpuid
+    except (ImportError, OSError):
+        return None
+    try:
+        if cpuid.cpuid(0)[0] < 7:
+            return {"avx_vnni": False, "amx_bf16": False, "amx_tile": False, "amx_int8": False}
+        _, _, _, edx = cpuid.cpuid_count(7, 0)
+        eax71 = cpuid.cpuid_count(7, 1)[0]
+        amx_os = ((cpuid.xgetbv(0) >> 17) & 3) == 3 if (cpuid.cpuid(1)[2] >> 27) & 1 else False
+    except Exception:  # noqa: BLE001 - a native probe that fails leaves /proc/cpuinfo as the source
+        return None
+    amx = avx512f and amx_os
+    return {"avx_vnni": avx2 and bool(eax71 >> 4 & 1), "amx_bf16": amx and bool(edx >> 22 & 1),
+            "amx_tile": amx and bool(edx >> 24 & 1), "amx_int8": amx and bool(edx >> 25 & 1)}
+
+
 def cpu_flags() -> tuple[list[str], str]:
     """``(flags, source)``: the :data:`RELEVANT_FLAGS` this process can execute, in that order, and
-    where they were read (``"cpuid"``, ``"cpuid+cpuinfo"`` or ``"cpuinfo"``).
+    where they were read: ``"cpuid"`` (all by the instruction, in this process), ``"cpuid+cpuinfo"``
+    (numpy's table by cpuid; ``avx_vnni``/AMX from /proc/cpuinfo, kept only where cpuid shows the ISA
+    they build on, because the ``cpuid`` package is missing) or ``"cpuinfo"`` (no cpuid: non-x86).
 
-    A flag numpy probes is taken from cpuid alone. ``avx_vnni`` and the AMX flags come from
-    /proc/cpuinfo, kept only where cpuid shows the ISA they build on (AVX2, resp. AVX-512F), so an
-    emulated CPU without those does not inherit the host's."""
+    Under an emulator (``qemu-x86_64 -cpu EPYC-Rome``) /proc/cpuinfo is the host's, so only the
+    ``"cpuid"`` source is exact there."""
     _, have = _proc_cpuinfo()
     feats = _cpuid_features()
     if not feats or not feats.get("SSE2", False) or platform.machine().lower() not in ("x86_64", "amd64"):
         return [f for f in RELEVANT_FLAGS if f in have], "cpuinfo"
-    flags = []
-    for f in RELEVANT_FLAGS:
-        if f in _NUMPY_NAMES:
-            ok = bool(feats.get(_NUMPY_NAMES[f], False))
-        elif f == "avx_vnni":
-            ok = f in have and bool(feats.get("AVX2", False))
-        else:  # amx_*
-            ok = f in have and bool(feats.get("AVX512F", False))
-        if ok:
-            flags.append(f)
-    extra = any(f in have for f in RELEVANT_FLAGS if f not in _NUMPY_NAMES)
-    return flags, ("cpuid+cpuinfo" if extra else "cpuid")
+    avx2, avx512f = bool(feats.get("AVX2", False)), bool(feats.get("AVX512F", False))
+    extra = _cpuid_extra(avx2, avx512f)
+    source = "cpuid"
+    if extra is None:
+        extra = {"avx_vnni": "avx_vnni" in have and avx2,
+                 **{f: f in have and avx512f for f in ("amx_bf16", "amx_tile", "amx_int8")}}
+        source = "cpuid+cpuinfo"
+    flags = [f for f in RELEVANT_FLAGS
+             if (bool(feats.get(_NUMPY_NAMES[f], False)) if f in _NUMPY_NAMES else extra[f])]
+    return flags, source
 
 
 def kernel_isa(flags: list[str] | tuple[str, ...]) -> dict[str, str]:
