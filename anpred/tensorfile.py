@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SAFETENSORS_DTYPES", "storable", "write_safetensors", "read_safetensors", "read_array_file"]
+__all__ = ["SAFETENSORS_DTYPES", "storable", "write_safetensors", "read_safetensors", "array_file_keys", "read_array_file"]
 
 #: numpy dtype -> safetensors dtype string (safetensors spec; little-endian only; bfloat16 as an
 #: ``ml_dtypes`` array). Arrays of any other dtype (big-endian, float8, complex, strings, objects)
@@ -179,6 +179,22 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
             return {k: f.get_tensor(k) for k in keys}
     except SafetensorError as err:
         raise ValueError(f"{path}: not a readable safetensors file ({err})") from err
+
+
+def array_file_keys(path: str | Path) -> list[str]:
+    """The tensor names of a ``.safetensors`` file (its header only) or an ``.npz`` archive (member
+    names). Raises ValueError/OSError/zipfile.BadZipFile for unreadable files."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(path), framework="np", backend="pread") as f:
+                return list(f.keys())
+        except SafetensorError as err:
+            raise ValueError(f"{path}: not a readable safetensors file ({err})") from err
+    with np.load(path) as z:
+        return list(z.files)
 
 
 def read_array_file(path: str | Path, keys=None) -> dict[str, np.ndarray]:

@@ -271,3 +271,45 @@ def test_history_refuses_a_negative_margin(digits_run, digits):
     p = subprocess.run([sys.executable, "-m", "anpred", "history", str(digits[4] / "history.sqlite"), "--margin", "-1"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "--margin must be >= 0" in p.stderr
+
+
+def test_streamed_sampled_positions_equal_the_whole_run_at_those_positions(digits, tmp_path):
+    """``positions=200``: the digits' intermediate anchors (1024 and 512 values per sample) are judged on 200
+    sampled positions; from the second chunk on, each backend's worker stores only those values. Every
+    statistic equals the one-piece run's full tensors judged at the same positions, so the workers' gather
+    (mapped through each backend's alignment rule) is exact; the outputs are judged in full; the kept
+    samples are stored in full again (re-run at the end)."""
+    from anpred.judge.check import finish, usable_backends
+    from anpred.judge.samples import SampleJudge
+    from anpred.run import RunStore
+    from anpred.run.positions import GATHERED_SUFFIX
+    from anpred.tensorfile import array_file_keys
+
+    model, inp, labels, eager, root = digits
+    kw = dict(backends=FP32[:3] + ["ort-int8"], inputs=str(inp), task="classify", labels=str(labels), quiet=True,
+              stages=3)
+    whole = anpred.test(str(model), out=tmp_path / "w", **kw)
+    res = anpred.test(str(model), out=tmp_path / "s", stream=True, chunk=25, keep=2, positions=200, **kw)
+    run = usable_backends(whole.run_dir, oracle="consensus", config=None, allow_incomplete=False)
+    judge = SampleJudge(run, positions=200)
+    judge.add_store(run.store)
+    at_positions = finish(run, judge.judged())
+    rep = res.report
+    assert rep.samples == N_TEST and rep.status == "consistent"
+    sampled = {a.name for a in RunStore.open(whole.run_dir).manifest.anchors if a.kind != "output" and a.shape
+               and int(np.prod(a.shape)) > 200}
+    assert len(sampled) >= 2
+    for c in rep.cells:
+        w = at_positions.cell(c.anchor, c.backend)
+        assert c.primary == pytest.approx(w.primary, rel=1e-9, abs=1e-15), (c.anchor, c.backend)
+        if c.anchor in sampled:  # judged on 200 values per sample, not on the whole tensor
+            assert c.stats.n == 200 * N_TEST, (c.anchor, c.backend, c.stats.n)
+        else:
+            assert c.primary == pytest.approx(whole.report.cell(c.anchor, c.backend).primary, rel=1e-9, abs=1e-15)
+    assert rep.task["backends"]["ort"]["truth"]["top1"] == pytest.approx(eager, abs=1e-12)
+    kept = RunStore.open(res.run_dir)
+    assert kept.meta["stream"]["positions"] == 200 and kept.meta["stream"]["seconds_refill"] > 0
+    for sid in kept.sample_ids:
+        for b in kw["backends"]:
+            keys = array_file_keys(kept.anchor_file(b, sid))
+            assert not any(k.endswith(GATHERED_SUFFIX) for k in keys) and sampled <= set(keys)

@@ -85,6 +85,9 @@ def add_arguments(parser):
     parser.add_argument("--side-by-side", action="store_true",
                         help="with --stream: the backends of a chunk run at once, each in its own long-lived worker "
                         "(default: one after the other, each alone on the cores; faster on 2 cores, docs/task.md)")
+    parser.add_argument("--positions", type=int, default=None, metavar="K",
+                        help="with --stream: judge each intermediate anchor of more than K elements on K sampled "
+                        "positions, stored so by the workers (default 65536; 0: every element; docs/task.md)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 
@@ -133,7 +136,8 @@ def main(args) -> int:
                factory_kwargs=kwargs, oracle=args.oracle, config=args.config, history=args.history,
                allow_incomplete=args.allow_incomplete, timeout_s=args.timeout, overwrite=args.overwrite,
                quiet=args.quiet, bind=args.bind, drill=args.drill, task=args.task, labels=args.labels,
-               stream=args.stream, chunk=args.chunk, keep=args.keep, side_by_side=args.side_by_side)
+               stream=args.stream, chunk=args.chunk, keep=args.keep, side_by_side=args.side_by_side,
+               positions=args.positions)
     print(res.format_text())
     print("\nwhere each backend stands:")
     print(format_standing([res]))

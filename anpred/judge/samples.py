@@ -20,7 +20,10 @@ import numpy as np
 
 from anpred.defaults import OracleConfig
 from anpred.errors import JudgeError
+from anpred.align.rules import apply_rule
 from anpred.judge.populations import PopulationOracle
+from anpred.judge.positions import PositionSampler
+from anpred.run.positions import GATHERED_SUFFIX
 from anpred.judge.localize import DataFlow, run_dataflow
 from anpred.judge.parts import OutputPart, add_part_views
 from anpred.judge.struct import AnchorInfo, BackendInfo, CheckReport
@@ -79,11 +82,14 @@ def judge_samples(run: Judging) -> Judged:
 class SampleJudge:
     """The oracle(s) of a run, fed store by store (:func:`judge_samples` feeds one; a streamed dataset
     run, :mod:`anpred.pipeline.stream`, feeds one store per chunk of samples, each deleted after).
+    ``positions``: judge every intermediate anchor of more than that many elements on that many sampled
+    positions (:mod:`anpred.judge.positions`; None: every element); anchors a worker stored as their
+    sampled positions (:mod:`anpred.run.positions`) are taken as they are.
 
     Raises (constructor): AnpredError: a manifest pin is malformed (``AlignmentError``).
     """
 
-    def __init__(self, run: Judging):
+    def __init__(self, run: Judging, positions: int | None = None):
         store, report, cfg = run.store, run.report, run.config
         self.run = run
         consensus = report.oracle in ("consensus", "both")
@@ -103,6 +109,7 @@ class SampleJudge:
         self.threshold = _threshold_check(run, binfos) if report.oracle in ("threshold", "both") else None
         self.aligner = run_aligner(store, run.usable)
         self.names = set(store.manifest.names())
+        self.sampler = PositionSampler(store.manifest, positions) if positions else None
 
     def add_store(self, store, ids: dict[str, str] | None = None, each=None) -> None:
         """Judge every sample of ``store`` (a run over the same model and backends); ``ids``: its
@@ -115,6 +122,8 @@ class SampleJudge:
         for sid in store.sample_ids:
             tensors, unaligned, absent = aligned_sample(store, self.aligner, self.run.usable, sid, self.names,
                                                          self.flow.parts)
+            if self.sampler is not None:
+                self.sampler.apply(tensors)
             rid = (ids or {}).get(sid, sid)
             if self.oracle is not None:
                 self.oracle.add(tensors, unaligned, sample_id=rid, absent=absent)
@@ -192,16 +201,28 @@ def aligned_sample(store, aligner, usable: list[str], sid: str, names: set[str],
     """One sample read and aligned: ``(tensors, unaligned, absent)`` for :meth:`Oracle.add`
     (``unaligned``: ``{(anchor, backend): reason}``; ``absent``: backends that stored nothing for it);
     stored anchors the manifest does not know are ignored."""
-    raw, absent = {}, {}
+    raw, absent, pre = {}, {}, {}
     for b in usable:
         t = read_tensors(store, b, sid)
         if not t:
             absent[b] = "no tensors stored for this sample"
             continue
         raw[b] = {k: v for k, v in t.items() if k in names}
+        for k, v in t.items():  # stored by the worker as the anchor's sampled positions (anpred.run.positions)
+            if k.endswith(GATHERED_SUFFIX) and k[:-len(GATHERED_SUFFIX)] in names:
+                pre[(k[:-len(GATHERED_SUFFIX)], b)] = v
     res = aligner.align(sid, raw)
     tensors = res.tensors
     unaligned = {(a, b): str(why) for a, per in res.unaligned.items() for b, why in per.items()}
+    if pre:
+        decisions = aligner.decisions
+        for (a, b), v in pre.items():
+            d = decisions.get((a, b))
+            if d is None:
+                unaligned[(a, b)] = "stored as sampled positions without an alignment decision"
+                continue
+            values = {k: d.rule[k] for k in ("cast", "dequantize") if k in d.rule}  # what acts on values
+            tensors.setdefault(a, {})[b] = apply_rule(values, v, None).reshape(-1)
     add_part_views(tensors, unaligned, parts)
     return tensors, unaligned, absent
 

@@ -53,7 +53,8 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
          allow_incomplete: bool = False, timeout_s: float = 600, overwrite: bool = False,
          quiet: bool = False, bind: dict[str, Any] | Iterable[str] | str | None = None,
          drill: bool = False, task: str | Any | None = None, labels: Any = None,
-         stream: bool = False, chunk: int | None = None, keep: int = 4, side_by_side: bool = False) -> TestResult:
+         stream: bool = False, chunk: int | None = None, keep: int = 4, side_by_side: bool = False,
+         positions: int | None = None) -> TestResult:
     """Test ``model`` end to end: export (when needed), instrument, map, run, align, judge, report.
 
     Args:
@@ -100,7 +101,9 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
             samples per backend (:mod:`anpred.pipeline.stream`); ``chunk`` None: as many samples as write
             1 GiB of anchor tensors over all backends (:func:`anpred.pipeline.stream.auto_chunk`, at most 64);
             ``side_by_side``: the backends of a chunk run at once, each in its own long-lived worker
-            (default False: one after the other, each alone on the cores).
+            (default False: one after the other, each alone on the cores); ``positions``: intermediate
+            anchors judged on that many sampled positions (:mod:`anpred.judge.positions`; None: 65536;
+            0: every element).
 
     Returns:
         :class:`TestResult` (truthy when consistent; ``.report`` is the CheckReport).
@@ -138,7 +141,8 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
                            max_cut_width=max_cut_width, imgsz=imgsz, seed=seed, oracle=oracle, config=config,
                            allow_incomplete=allow_incomplete, timeout_s=timeout_s, quiet=quiet, seconds=seconds,
                            bind=bind, drill=drill, task=task, labels=labels,
-                           stream={"chunk": chunk, "keep": int(keep), "side_by_side": bool(side_by_side)}
+                           stream={"chunk": chunk, "keep": int(keep), "side_by_side": bool(side_by_side),
+                                   "positions": positions}
                            if stream else None)
         commit_partial(tmp, final)
         # what was tested names the final place of files built in the partial folder (a factory's export)
@@ -335,7 +339,7 @@ def _stream(subject: Subject, anchored, manifest, names, inputs, tmp: Path, fina
     with PythonPath(subject.sys_path):
         report = stream_test(tmp / "anchored.onnx", names, samples, tmp / "run", chunk=stream["chunk"],
                              keep=stream["keep"], side_by_side=stream.get("side_by_side", False),
-                             timeout_s=timeout_s, quiet=quiet, oracle=oracle, config=config,
+                             positions=stream.get("positions"), timeout_s=timeout_s, quiet=quiet, oracle=oracle, config=config,
                              allow_incomplete=allow_incomplete, adapter=adapter, labels=labels,
                              inputs_description=desc)
     report.run_dir = str(final / "run")

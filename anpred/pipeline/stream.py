@@ -114,7 +114,8 @@ def _out_dev(tensors, outs, voters, consensus) -> dict[str, float]:
 def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[str, dict[str, np.ndarray]]],
                 out_run: str | Path, *, chunk: int = 64, keep: int = 4, timeout_s: float = 600, quiet: bool = False,
                 oracle: str = "consensus", config=None, allow_incomplete: bool = False, adapter=None, labels=None,
-                inputs_description: dict[str, Any] | None = None, side_by_side: bool = False):
+                inputs_description: dict[str, Any] | None = None, side_by_side: bool = False,
+                positions: int | None = None):
     """Run and judge a dataset in chunks (module docstring); returns the :class:`anpred.judge.CheckReport`.
 
     Args:
@@ -129,11 +130,17 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
         side_by_side: the backends of a chunk run at the same time, each in its own long-lived worker
             (:class:`anpred.run.driver.WorkerPool`); default False: one after the other (each alone on the
             cores: faster on 2 cores, where side by side they oversubscribe them; docs/task.md).
+        positions: every intermediate anchor of more than this many elements is judged on this many
+            sampled positions (:mod:`anpred.judge.positions`; default
+            :data:`anpred.judge.positions.DEFAULT_POSITIONS`; 0: every element), and from the second
+            chunk on each backend's worker stores only those values (:mod:`anpred.run.positions`);
+            the kept samples are run once more at the end and stored in full.
 
     Raises:
         AnpredError: a chunk below 1, no sample, the first chunk cannot be judged (every backend failed).
     """
     from anpred.judge.check import finish, usable_backends
+    from anpred.judge.positions import DEFAULT_POSITIONS
     from anpred.judge.samples import SampleJudge
     from anpred.run import RunStore, run_model
     from anpred.run.driver import WorkerPool
@@ -141,6 +148,9 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
 
     if chunk < 1 or keep < 0:
         raise AnpredError(f"stream: chunk must be >= 1 and keep >= 0 (got {chunk}, {keep})")
+    positions = DEFAULT_POSITIONS if positions is None else int(positions)
+    if positions < 0:
+        raise AnpredError(f"stream: positions must be >= 0 (got {positions})")
     out_run = Path(out_run)
     work = out_run.parent / ".stream"
     shutil.rmtree(work, ignore_errors=True)
@@ -164,7 +174,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
             run = usable_backends(store.root, oracle=oracle, config=config, allow_incomplete=allow_incomplete)
             if run.report.problems:
                 raise AnpredError("stream: the first chunk cannot be judged: " + "; ".join(run.report.problems))
-            state["run"], state["judge"] = run, SampleJudge(run)
+            state["run"], state["judge"] = run, SampleJudge(run, positions=positions)
             if adapter is not None:
                 state["acc"] = task_accumulator(run, adapter)
             state["final"] = RunStore.create(out_run, store.manifest, model=dict(store.meta.get("model", {})),
@@ -187,6 +197,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
         for m in store.meta.get("samples", []):  # the input set's identity, as anpred check computes it
             state["sha"].update(str(m.get("sha256", m.get("id", ""))).encode())
         judge.add_store(store, ids, each)
+        if k == 0 and judge.sampler is not None:  # the workers store the sampled positions from now on
+            pool.gather.update(_gather_files(judge, work / "gather"))
         _keep(state, store, ids, devs, keep)
         state["n"] += len(ids)
         shutil.rmtree(store.root, ignore_errors=True)
@@ -222,18 +234,11 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     from anpred.run.driver import sigterm_raises
 
     restore_sigterm = sigterm_raises()  # SIGTERM while waiting for the judge: cleaned up as Ctrl-C
+    chunks = _prefetched(samples, chunk, work, state["sources"])
     try:
-        for k, part in enumerate(_batched(samples, chunk)):
+        for k, folder, ids in chunks:
             if state["error"] is not None:
                 break
-            folder = work / f"in{k}"
-            folder.mkdir()
-            ids = {}
-            for j, (src, arrays) in enumerate(part):
-                g = len(state["sources"])
-                np.savez(folder / f"{j:06d}.npz", **arrays)
-                state["sources"].append(src)
-                ids[f"s{j:04d}"] = f"s{g:06d}"
             tr = time.perf_counter()
             store = run_model(anchored, specs, folder, work / f"run{k}", timeout_s=timeout_s, overwrite=True,
                               progress=False, precheck=(k == 0), pool=pool)
@@ -243,23 +248,20 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                 specs = [x for x in specs if st0.get(x.label) is None or st0[x.label].status != "unsupported"]
             shutil.rmtree(folder, ignore_errors=True)
             done.put((k, store, ids))
+        _end_judge(done, th, drop=False)
+        if state["error"] is None and state["final"] is not None and pool.gather:
+            tr = time.perf_counter()
+            _refill_kept(state["final"], anchored, specs, pool, work / "refill", timeout_s)
+            state["seconds_refill"] = time.perf_counter() - tr
     except BaseException:
         pool.kill()  # interrupted or failed: nothing more to run, no 30 s wait per worker
         state["error"] = state["error"] or RuntimeError("stream interrupted")
         raise
     finally:
+        chunks.close()
         restore_sigterm()
         pool.close()
-        while True:  # the judge may be blocked on a full queue: make room for the end marker
-            try:
-                done.put(None, timeout=0.5)
-                break
-            except queue.Full:
-                try:
-                    done.get_nowait()
-                except queue.Empty:
-                    pass
-        th.join()
+        _end_judge(done, th)
         if state["final"] is not None:  # the long-lived workers' logs, one per backend
             (out_run / "logs").mkdir(exist_ok=True)
             for log in (work / "workers").glob("*.log"):
@@ -275,6 +277,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     final.meta["stream"] = {"samples": state["n"], "chunk": chunk, "keep": keep, "side_by_side": side_by_side,
                             "seconds_run": round(state.get("seconds_run", 0.0), 2),
                             "seconds_judge": round(state.get("seconds_judge", 0.0), 2),
+                            "seconds_refill": round(state.get("seconds_refill", 0.0), 2),
+                            "positions": positions,
                             "kept": {b: sorted(r for _, r in h) for b, h in state["heaps"].items()}}
     final.save_meta()
     report = finish(run, judge.judged())
@@ -291,6 +295,134 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                         f"({time.perf_counter() - t0:.0f} s); the run folder keeps the {keep} most deviating "
                         f"samples per backend ({len(final.sample_ids)} samples)")
     return report
+
+
+def _prefetched(samples, chunk: int, work: Path, sources: list[str]):
+    """``(k, folder, ids)`` per chunk of ``chunk`` samples: the chunk's inputs written to ``work/in<k>``
+    as ``.npz`` files (``ids``: chunk sample id -> the dataset's id; ``sources`` grows with each
+    sample's source). A thread reads, preprocesses and writes the next chunk while the caller runs the
+    current one (at most one chunk ahead); its errors (an unreadable image) are raised here. Closing
+    the generator stops the thread."""
+    q: "queue.Queue[Any]" = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for k, part in enumerate(_batched(samples, chunk)):
+                folder = work / f"in{k}"
+                folder.mkdir()
+                ids = {}
+                for j, (src, arrays) in enumerate(part):
+                    ids[f"s{j:04d}"] = f"s{len(sources):06d}"
+                    np.savez(folder / f"{j:06d}.npz", **arrays)
+                    sources.append(src)
+                if not put((k, folder, ids)):
+                    return
+            put(None)
+        except BaseException as err:  # noqa: BLE001 - raised in the caller's thread
+            put(err)
+
+    th = threading.Thread(target=produce, daemon=True, name="anpred-stream-inputs")
+    th.start()
+    try:
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        th.join()
+
+
+def _end_judge(done: "queue.Queue", th: threading.Thread, drop: bool = True) -> None:
+    """Send the judge thread its end marker and wait for it (idempotent). ``drop`` (after a failure or
+    an interruption): a chunk still queued is dropped to make room for the marker; otherwise every
+    queued chunk is judged first."""
+    if not drop:
+        if th.is_alive():
+            done.put(None)
+        th.join()
+        return
+    while th.is_alive():
+        try:
+            done.put(None, timeout=0.5)
+            break
+        except queue.Full:
+            try:
+                done.get_nowait()
+            except queue.Empty:
+                pass
+    th.join()
+
+
+def _gather_files(judge, folder: Path) -> dict[str, Path]:
+    """label -> file of the anchors its worker stores as their sampled positions
+    (:func:`anpred.run.positions.save_gather`), from the judge's alignment decisions; backends with
+    nothing to gather get no file."""
+    from anpred.run.positions import backend_indices, save_gather
+
+    decisions = judge.aligner.decisions
+    files: dict[str, Path] = {}
+    for b in judge.run.usable:
+        spec = {}
+        for a in judge.sampler.sampled:
+            d = decisions.get((a, b))
+            if d is None or not d.canonical_shape or not d.backend_shape:
+                continue
+            pos = judge.sampler.positions(a, int(np.prod(d.canonical_shape)))
+            if pos is None:
+                continue
+            try:
+                idx = backend_indices(d.rule, d.backend_shape, d.canonical_shape, pos)
+            except ValueError:
+                idx = None
+            if idx is not None:
+                spec[a] = (list(d.backend_shape), idx)
+        if spec:
+            files[b] = save_gather(folder / f"{len(files)}.npz", spec)
+    return files
+
+
+def _refill_kept(final, anchored, specs: list, pool, folder: Path, timeout_s: float) -> None:
+    """Run the kept samples whose tensors were stored as sampled positions once more, with every
+    anchor in full, and store those tensors in the final run folder (for the report's plots and the
+    drill-down). A backend that fails here keeps its sampled tensors."""
+    from anpred.run import run_model
+    from anpred.run.positions import GATHERED_SUFFIX
+    from anpred.tensorfile import array_file_keys
+
+    def sampled(rid: str) -> bool:
+        files = [final.anchor_file(b, rid) for b in final.statuses()]
+        return any(k.endswith(GATHERED_SUFFIX) for f in files if f is not None for k in array_file_keys(f))
+
+    rids = [s["id"] for s in final.meta.get("samples", []) if sampled(s["id"])]
+    if not rids:
+        return
+    inputs = folder / "inputs"
+    inputs.mkdir(parents=True, exist_ok=True)
+    for j, rid in enumerate(rids):
+        np.savez(inputs / f"{j:06d}.npz", **final.read_inputs(rid))
+    pool.gather.clear()
+    store = run_model(anchored, specs, inputs, folder / "run", timeout_s=timeout_s, overwrite=True, progress=False,
+                      precheck=False, pool=pool)
+    for j, rid in enumerate(rids):
+        sid = f"s{j:04d}"
+        for b, st in store.statuses().items():
+            if st.status == "ok" and store.anchor_file(b, sid):
+                final.write_anchors(b, rid, store.read_anchors(b, sid))
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _calibrated(specs: list, head: list, folder: Path) -> list:

@@ -466,13 +466,17 @@ class WorkerPool:
     other or side by side (``side_by_side``, each in its own process). A worker that fails, crashes
     or passes ``timeout_s`` on a chunk (prepare included for the first) gets that status for the
     chunk and every later one (reason: ``in an earlier chunk``); the others go on. Worker output goes
-    to ``work/<label>.log``. Use as a context manager or call :meth:`close`."""
+    to ``work/<label>.log``. Use as a context manager or call :meth:`close`.
+
+    ``gather``: label -> a file of :func:`anpred.run.positions.save_gather`; runs started after it is set
+    store those anchors of that backend as their sampled positions only (None: every anchor in full)."""
 
     def __init__(self, work: str | Path, *, timeout_s: float = 600, side_by_side: bool = False, mode: str = "tensors"):
         self.work = Path(work)
         self.timeout_s, self.side_by_side, self.mode = timeout_s, side_by_side, mode
         self.workers: dict[str, dict[str, Any]] = {}
         self.dead: dict[str, BackendStatus] = {}
+        self.gather: dict[str, Path | None] = {}
         self.k = 0
 
     def __enter__(self):
@@ -527,8 +531,11 @@ class WorkerPool:
                 w["t0"] = time.monotonic()
                 w["done"] = 0
                 try:
-                    w["feed"].write(json.dumps({"k": k, "store": str(store.root), "samples": store.sample_ids,
-                                                "status": str(w["chunk_status"])}) + "\n")
+                    req = {"k": k, "store": str(store.root), "samples": store.sample_ids,
+                           "status": str(w["chunk_status"])}
+                    if self.gather.get(b):  # store these anchors as their sampled positions (anpred.run.positions)
+                        req["gather"] = str(self.gather[b])
+                    w["feed"].write(json.dumps(req) + "\n")
                     w["feed"].flush()
                 except OSError:  # the worker is gone: its status comes from the wait
                     pass

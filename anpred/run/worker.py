@@ -29,6 +29,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from anpred.backends import backend_class
 from anpred.backends.base import AnchorCapture, BackendStatus
 from anpred.manifest import AnchorManifest
 from anpred.onnx_io import atomic_write_text, to_json
+from anpred.run.positions import gather, load_gather
 from anpred.run.spec import WorkerJob
 from anpred.run.store import RunStore
 from anpred.run.streaming import STATS_SCHEMA, StreamingStats, sample_summary
@@ -124,12 +126,13 @@ def _write_summaries(stats: dict[str, StreamingStats], jsonl, sid: str, res: dic
 
 
 def _sample_loop(backend, store, samples, label, st, emit, writer, fault_opts, stats=None, jsonl=None,
-                 cursor: list | None = None):
+                 cursor: list | None = None, gather_spec=None):
     """Run ``samples`` (sample ids of ``store``) through the prepared ``backend``, storing each
     sample's anchors (or, with ``stats``, its summaries) on the ``writer`` thread while the next one
     runs; ``st.samples`` and the progress lines follow; ``cursor[0]`` is the sample in progress (for
-    the caller's error message). Returns ``(anchors returned by every sample, seconds in
-    Backend.run, seconds of the loop)``."""
+    the caller's error message). ``gather_spec`` (:func:`anpred.run.positions.load_gather`): the
+    anchors stored as their sampled positions only. Returns ``(anchors returned by every sample,
+    seconds in Backend.run, seconds of the loop)``."""
     cursor = cursor if cursor is not None else [None]
     returned: set[str] | None = None
     run_s = 0.0
@@ -149,7 +152,7 @@ def _sample_loop(backend, store, samples, label, st, emit, writer, fault_opts, s
         if pending is not None:
             pending.result()
         if stats is None:
-            pending = writer.submit(store.write_anchors, label, sid, res)
+            pending = writer.submit(store.write_anchors, label, sid, gather(res, gather_spec))
         else:
             pending = writer.submit(_write_summaries, stats, jsonl, sid, res)
         st.samples = i + 1
@@ -171,20 +174,25 @@ def _captured(st, manifest, returned: set[str]) -> None:
 
 def _serve(backend, manifest, st, label: str, feed_fd: int, emit, writer, fault_opts, resources_path: Path) -> None:
     """The long-lived worker's loop (:class:`anpred.run.driver.WorkerPool`): each line read from
-    ``feed_fd`` is a chunk ``{"k", "store", "samples", "status"}``; its samples run into that run
+    ``feed_fd`` is a chunk ``{"k", "store", "samples", "status"[, "gather"]}`` (``gather``: a file of
+    :func:`anpred.run.positions.save_gather`); its samples run into that run
     store, its status (this chunk's samples and times) is written to ``status``, then ``chunk K
     done`` is emitted. A failing sample ends the process with that chunk's status written. Returns
     when the driver closes the feed."""
     feed = os.fdopen(feed_fd, "r")
+    spec_of: dict[str, Any] = {}
     for line in feed:
         req = json.loads(line)
+        g = req.get("gather")  # the anchors to store as their sampled positions (anpred.run.positions)
+        if g and g not in spec_of:
+            spec_of[g] = load_gather(g)
         cst = BackendStatus.from_dict(st.to_dict())
         cst.status = "running"
         cursor: list = [None]
         try:
             cstore = RunStore(Path(req["store"]), {}, manifest)
             returned, run_s, loop_s = _sample_loop(backend, cstore, req["samples"], label, cst, emit, writer,
-                                                   fault_opts, cursor=cursor)
+                                                   fault_opts, cursor=cursor, gather_spec=spec_of.get(g) if g else None)
             cst.seconds_run = run_s
             _captured(cst, manifest, returned)
             cst.status, cst.reason = "ok", _missing_note(cst.captures, manifest)
