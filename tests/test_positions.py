@@ -79,3 +79,24 @@ def test_sampler_leaves_outputs_and_other_shapes_alone():
     np.testing.assert_array_equal(t["anchor/00/a"]["ort"], big.reshape(-1)[pos])
     np.testing.assert_array_equal(t["anchor/00/a"]["tf"], big.reshape(-1)[pos] + 1)
     assert t["anchor/00/a"]["bad"] is odd and t["output/y"]["ort"] is big  # the oracle still sees a shape mismatch
+
+
+def test_sampler_pickles_small_and_draws_the_same_positions_again():
+    """A streamed run's checkpoint holds the sampler: its positions are drawn again from their seeds."""
+    import pickle
+
+    class A:
+        def __init__(self, name):
+            self.name, self.kind = name, "boundary"
+
+    class M:
+        anchors = [A("anchor/00/a"), A("anchor/01/b")]
+
+    s = PositionSampler(M(), 1000)
+    want = s.positions("anchor/00/a", 2_000_000).copy()
+    assert s.positions("anchor/01/b", 10) is None
+    blob = pickle.dumps(s)
+    assert len(blob) < 1000  # not the 8 KB of positions
+    t = pickle.loads(blob)
+    np.testing.assert_array_equal(t.positions("anchor/00/a", 2_000_000), want)
+    assert t.sampled_sizes() == {"anchor/00/a": 2_000_000}

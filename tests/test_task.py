@@ -313,3 +313,54 @@ def test_streamed_sampled_positions_equal_the_whole_run_at_those_positions(digit
         for b in kw["backends"]:
             keys = array_file_keys(kept.anchor_file(b, sid))
             assert not any(k.endswith(GATHERED_SUFFIX) for k in keys) and sampled <= set(keys)
+
+
+def test_interrupted_stream_resumes_to_the_uninterrupted_report(digits, tmp_path):
+    """Ctrl-C after the second of six chunks: the checkpoint stays beside -o; ``--resume`` skips the samples
+    judged before and ends with the uninterrupted run's statistics, task metrics and input identity. A
+    resume of another run (other backends) is refused naming what differs."""
+    import os
+    import signal
+    import time
+
+    model, inp, labels, eager, root = digits
+    backends = "ort,openvino,torch,ort-int8"
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "anpred", "test", str(model), "--inputs", str(inp), "--task", "classify", "--labels",
+           str(labels), "--stream", "--chunk", "10", "--stages", "3", "--backends", backends, "-o", str(out)]
+    whole = anpred.test(str(model), out=tmp_path / "whole", backends=backends.split(","), inputs=str(inp),
+                        task="classify", labels=str(labels), quiet=True, stages=3, stream=True, chunk=10).report
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    seen = []
+    t0 = time.monotonic()
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("stream: 20 samples judged"):
+            proc.send_signal(signal.SIGINT)
+            break
+        assert time.monotonic() - t0 < 300, "".join(seen[-20:])
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130, rest[-2000:]
+    ck = tmp_path / ".out.stream"
+    assert (ck / "state.pkl").is_file() and not out.exists() and "--resume" in rest
+    other = subprocess.run([a if a != backends else "ort,openvino,torch" for a in cmd] + ["--resume"],
+                           capture_output=True, text=True)
+    assert other.returncode == 2 and "made for another run: backends" in other.stderr, other.stderr[-2000:]
+    res = subprocess.run(cmd + ["--resume"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    resumed = [ln for ln in res.stderr.splitlines() if ln.startswith("stream: resuming after")]
+    n = int(resumed[0].split()[3])
+    assert 20 <= n < 60, resumed  # what was judged before the interruption is not run again
+    first = next(ln for ln in res.stderr.splitlines() if ln.startswith("stream: ") and "judged (" in ln)
+    assert first.startswith(f"stream: {n + 10} samples judged"), first
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["samples"] == N_TEST and rep["status"] == whole.status == "consistent"
+    assert rep["inputs"]["sha256"] == whole.inputs["sha256"]
+    for c in rep["cells"]:
+        w = whole.cell(c["anchor"], c["backend"])
+        assert c["primary"] == pytest.approx(w.primary, rel=1e-9, abs=1e-15), (c["anchor"], c["backend"])
+    for b in backends.split(","):
+        assert rep["task"]["backends"][b]["metrics"] == pytest.approx(whole.task["backends"][b]["metrics"])
+    assert rep["task"]["backends"]["ort"]["truth"]["top1"] == pytest.approx(eager, abs=1e-12)
+    assert not ck.exists()

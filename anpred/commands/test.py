@@ -88,6 +88,9 @@ def add_arguments(parser):
     parser.add_argument("--positions", type=int, default=None, metavar="K",
                         help="with --stream: judge each intermediate anchor of more than K elements on K sampled "
                         "positions, stored so by the workers (default 65536; 0: every element; docs/task.md)")
+    parser.add_argument("--resume", action="store_true",
+                        help="with --stream: continue the interrupted streamed run of the same command from its "
+                        "checkpoint (.<out name>.stream beside -o), skipping the samples it had judged")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 
@@ -137,7 +140,7 @@ def main(args) -> int:
                allow_incomplete=args.allow_incomplete, timeout_s=args.timeout, overwrite=args.overwrite,
                quiet=args.quiet, bind=args.bind, drill=args.drill, task=args.task, labels=args.labels,
                stream=args.stream, chunk=args.chunk, keep=args.keep, side_by_side=args.side_by_side,
-               positions=args.positions)
+               positions=args.positions, resume=args.resume)
     print(res.format_text())
     print("\nwhere each backend stands:")
     print(format_standing([res]))

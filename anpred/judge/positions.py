@@ -60,6 +60,17 @@ class PositionSampler:
         self.sampled = {a.name for a in manifest.anchors if a.kind != "output"}
         self._pos: dict[tuple[str, int], np.ndarray | None] = {}
 
+    def __getstate__(self):
+        # the positions are drawn again from their seeds after unpickling (a checkpoint stays small:
+        # 0.5 MB per anchor otherwise); only which (anchor, size) pairs were sampled is kept
+        return {"k": self.k, "sampled": self.sampled, "_pos": {key: None for key in self._pos}, "_seen": {
+            key for key, pos in self._pos.items() if pos is not None}}
+
+    def __setstate__(self, st):
+        self.k, self.sampled = st["k"], st["sampled"]
+        self._pos = {key: sample_positions(key[0], key[1], self.k) if key in st["_seen"] else None
+                     for key in st["_pos"]}
+
     def positions(self, anchor: str, size: int) -> np.ndarray | None:
         """The positions of ``anchor`` at ``size`` elements (None: judged in full)."""
         if anchor not in self.sampled or self.k <= 0:
@@ -68,6 +79,10 @@ class PositionSampler:
         if key not in self._pos:
             self._pos[key] = sample_positions(anchor, int(size), self.k)
         return self._pos[key]
+
+    def sampled_sizes(self) -> dict[str, int]:
+        """anchor -> element count, for the anchors judged on sampled positions so far."""
+        return {a: n for (a, n), pos in self._pos.items() if pos is not None}
 
     def apply(self, tensors: dict[str, dict[str, np.ndarray]]) -> None:
         """Replace, in place, the aligned tensors of a sampled anchor that have more than ``K`` elements

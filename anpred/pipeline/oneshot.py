@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +55,7 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
          quiet: bool = False, bind: dict[str, Any] | Iterable[str] | str | None = None,
          drill: bool = False, task: str | Any | None = None, labels: Any = None,
          stream: bool = False, chunk: int | None = None, keep: int = 4, side_by_side: bool = False,
-         positions: int | None = None) -> TestResult:
+         positions: int | None = None, resume: bool = False) -> TestResult:
     """Test ``model`` end to end: export (when needed), instrument, map, run, align, judge, report.
 
     Args:
@@ -103,7 +104,9 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
             ``side_by_side``: the backends of a chunk run at once, each in its own long-lived worker
             (default False: one after the other, each alone on the cores); ``positions``: intermediate
             anchors judged on that many sampled positions (:mod:`anpred.judge.positions`; None: 65536;
-            0: every element).
+            0: every element). A streamed run writes a checkpoint after each judged chunk into
+            ``.<out name>.stream/`` beside ``out`` (removed once the run is complete); ``resume``
+            continues an interrupted one from it (:mod:`anpred.pipeline.stream_state`).
 
     Returns:
         :class:`TestResult` (truthy when consistent; ``.report`` is the CheckReport).
@@ -129,6 +132,8 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
                           "judges every replay against the consensus of the backends")
     backends = check_test_options(oracle=oracle, samples=samples, stages=stages, backends=backends, inputs=inputs,
                                   config=config, history=history)
+    if resume and not stream:
+        raise AnpredError("--resume continues an interrupted streamed run: it needs --stream")
     bind = parse_bindings(bind)
     label_guess = check_model(model, backends)  # errors: nothing written
     final = (Path(out) if out is not None else Path("anpred-test") / label_guess).absolute()
@@ -142,7 +147,7 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
                            allow_incomplete=allow_incomplete, timeout_s=timeout_s, quiet=quiet, seconds=seconds,
                            bind=bind, drill=drill, task=task, labels=labels,
                            stream={"chunk": chunk, "keep": int(keep), "side_by_side": bool(side_by_side),
-                                   "positions": positions}
+                                   "positions": positions, "resume": bool(resume)}
                            if stream else None)
         commit_partial(tmp, final)
         # what was tested names the final place of files built in the partial folder (a factory's export)
@@ -334,14 +339,27 @@ def _stream(subject: Subject, anchored, manifest, names, inputs, tmp: Path, fina
         from anpred.pipeline.stream import auto_chunk
 
         stream = {**stream, "chunk": auto_chunk(manifest, len(names))}
-    details["inputs"] = {"kind": "streamed", "spec": str(inputs), **stream}
     log(f"streaming {inputs} through {len(names)} backends in chunks of {stream['chunk']}", quiet)
-    with PythonPath(subject.sys_path):
-        report = stream_test(tmp / "anchored.onnx", names, samples, tmp / "run", chunk=stream["chunk"],
-                             keep=stream["keep"], side_by_side=stream.get("side_by_side", False),
-                             positions=stream.get("positions"), timeout_s=timeout_s, quiet=quiet, oracle=oracle, config=config,
-                             allow_incomplete=allow_incomplete, adapter=adapter, labels=labels,
-                             inputs_description=desc)
+    resume = bool(stream.pop("resume", False))
+    ck = final.parent / f".{final.name}.stream"  # the checkpoint and the run folder being built (stream_state)
+    if not resume:
+        shutil.rmtree(ck, ignore_errors=True)
+    ck.mkdir(parents=True, exist_ok=True)
+    details["inputs"] = {"kind": "streamed", "spec": str(inputs), **stream}
+    try:
+        with PythonPath(subject.sys_path):
+            report = stream_test(tmp / "anchored.onnx", names, samples, ck / "run", chunk=stream["chunk"],
+                                 keep=stream["keep"], side_by_side=stream.get("side_by_side", False),
+                                 positions=stream.get("positions"), timeout_s=timeout_s, quiet=quiet, oracle=oracle,
+                                 config=config, allow_incomplete=allow_incomplete, adapter=adapter, labels=labels,
+                                 inputs_description=desc, checkpoint=True, resume=resume)
+    except BaseException:
+        if (ck / "state.pkl").is_file():
+            print(f"anpred: the streamed run stopped; its checkpoint is in {ck}: the same command with --resume "
+                  f"continues it", file=sys.stderr, flush=True)
+        raise
+    shutil.move(str(ck / "run"), str(tmp / "run"))
+    shutil.rmtree(ck, ignore_errors=True)
     report.run_dir = str(final / "run")
     store = RunStore.open(tmp / "run")
     store.meta.setdefault("model", {})["name"] = subject.label

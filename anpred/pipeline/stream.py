@@ -1,18 +1,28 @@
 """Datasets, streamed: ``anpred test MODEL --inputs DIR --stream`` (issue 20).
 
-The samples are read lazily and run in chunks of ``chunk`` samples: each chunk is one
+The samples are read lazily (a thread reads, preprocesses and writes the next chunk's inputs while the
+current one runs) and run in chunks of ``chunk`` samples: each chunk is one
 :func:`anpred.run.run_model` (every backend in its own process, the same chunk for all), judged sample
 by sample by ONE oracle for the whole dataset (:class:`anpred.judge.samples.SampleJudge`: its
 accumulators are streaming, so memory stays flat in the number of inputs) and by the task adapter
-(:class:`anpred.task.impact.TaskAccumulator`), then deleted. The run folder keeps only the ``keep``
-most deviating samples per backend (deviation: the nRMSE of the backend's outputs against the
-consensus', summed over the outputs), with every backend's tensors for them (for the report's plots
-and for ``anpred check RUN --drill``): disk is bounded by three chunks (one judged, one queued, one
-running) plus ``keep`` samples per backend. While chunk ``k`` is judged (a thread), chunk ``k + 1`` runs: the judge works beside the
-backends. Each backend runs in ONE long-lived worker process for the whole dataset
-(:class:`anpred.run.driver.WorkerPool`: imported, converted and prepared once); the backends of a
-chunk run one after the other (``side_by_side``: at once, each in its own process). A progress line
-per chunk gives samples/s and the running verdict (the task's headline per backend, else each
+(:class:`anpred.task.impact.TaskAccumulator`), then deleted. While chunk ``k`` is judged (a thread),
+chunk ``k + 1`` runs: the judge works beside the backends. Each backend runs in ONE long-lived worker
+process for the whole dataset (:class:`anpred.run.driver.WorkerPool`: imported, converted and prepared
+once); the backends of a chunk run one after the other (``side_by_side``: at once, each in its own
+process).
+
+Intermediate anchors of more than ``positions`` elements are judged on that many sampled positions
+(:mod:`anpred.judge.positions`); once the first chunk (stored in full) has fixed the alignment, each
+worker stores only those values (:mod:`anpred.run.positions`), so later chunks write, read and judge
+a few hundred KB per sample and backend instead of tens of MB. Outputs are always stored and judged in
+full (task metrics, output verdicts).
+
+The run folder keeps only the ``keep`` most deviating samples per backend (deviation: the nRMSE of the
+backend's outputs against the consensus', summed over the outputs), with every backend's tensors for
+them, run once more at the end with every anchor in full (for the report's plots and for ``anpred
+check RUN --drill``). Disk is bounded by three chunks of tensors (one judged, one queued, one running;
+only the first at full size), one chunk of inputs ahead, plus ``keep`` samples per backend. A progress
+line per chunk gives samples/s and the running verdict (the task's headline per backend, else each
 backend's largest output deviation so far).
 
 The report (status, verdicts, cells) covers every sample; ``report.stream`` records the chunking.
@@ -115,7 +125,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                 out_run: str | Path, *, chunk: int = 64, keep: int = 4, timeout_s: float = 600, quiet: bool = False,
                 oracle: str = "consensus", config=None, allow_incomplete: bool = False, adapter=None, labels=None,
                 inputs_description: dict[str, Any] | None = None, side_by_side: bool = False,
-                positions: int | None = None):
+                positions: int | None = None, checkpoint: bool = False, resume: bool = False):
     """Run and judge a dataset in chunks (module docstring); returns the :class:`anpred.judge.CheckReport`.
 
     Args:
@@ -135,9 +145,15 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
             :data:`anpred.judge.positions.DEFAULT_POSITIONS`; 0: every element), and from the second
             chunk on each backend's worker stores only those values (:mod:`anpred.run.positions`);
             the kept samples are run once more at the end and stored in full.
+        checkpoint: after each judged chunk, write the judge's state beside ``out_run``
+            (:mod:`anpred.pipeline.stream_state`), so that an interrupted run can be resumed.
+        resume: continue the interrupted run whose checkpoint and run folder are there: the samples
+            judged before are skipped (read, not run), the report is the uninterrupted run's.
 
     Raises:
-        AnpredError: a chunk below 1, no sample, the first chunk cannot be judged (every backend failed).
+        AnpredError: a chunk below 1, no sample, the first chunk cannot be judged (every backend failed);
+            ``resume`` without a checkpoint, or with one made for another run (model, backends, options,
+            inputs).
     """
     from anpred.judge.check import finish, usable_backends
     from anpred.judge.positions import DEFAULT_POSITIONS
@@ -151,16 +167,32 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     positions = DEFAULT_POSITIONS if positions is None else int(positions)
     if positions < 0:
         raise AnpredError(f"stream: positions must be >= 0 (got {positions})")
+    import anpred.pipeline.stream_state as stream_state
+    from anpred.run import BackendSpec
+
     out_run = Path(out_run)
     work = out_run.parent / ".stream"
+    specs = [BackendSpec.coerce(b) for b in backends]
+    fp = stream_state.fingerprint(anchored, specs, chunk=chunk, keep=keep, positions=positions, oracle=oracle,
+                                  config=config, inputs=inputs_description, allow_incomplete=allow_incomplete)
+    state: dict[str, Any] = {"judge": None, "acc": None, "final": None, "n": 0, "sources": [],
+                             "error": None, "heaps": {}, "kept": {}, "shas": [], "max_dev": {},
+                             "added": []}
+    if resume:
+        state.update(stream_state.load(out_run.parent, fp))
+        state["final"] = RunStore.open(out_run)
+        stream_state.reconcile(state["final"], state["kept"], state["heaps"])
+        # a backend that failed before the interruption keeps that status: not started again
+        failed = {b for b, st in state["final"].statuses().items() if st.status != "ok"}
+        specs = [x for x in specs if x.label not in failed]
+        if not quiet:
+            print(f"stream: resuming after {state['n']} samples judged", file=sys.stderr, flush=True)
+    else:
+        (out_run.parent / stream_state.STATE_FILE).unlink(missing_ok=True)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     t0 = time.perf_counter()
-    state: dict[str, Any] = {"judge": None, "acc": None, "final": None, "n": 0, "sources": [],
-                             "error": None, "heaps": {}, "kept": {}, "sha": hashlib.sha256(), "max_dev": {},
-                             "added": []}
     done: "queue.Queue[tuple[int, Any, dict[str, str]] | None]" = queue.Queue(maxsize=1)
-    specs = list(backends)
 
     def judge_chunk(k: int, store, ids: dict[str, str]) -> None:
         tj = time.perf_counter()
@@ -195,13 +227,21 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                 state["max_dev"][b] = max(state["max_dev"].get(b, 0.0), d)
 
         for m in store.meta.get("samples", []):  # the input set's identity, as anpred check computes it
-            state["sha"].update(str(m.get("sha256", m.get("id", ""))).encode())
+            state["shas"].append(str(m.get("sha256", m.get("id", ""))))
         judge.add_store(store, ids, each)
         if k == 0 and judge.sampler is not None:  # the workers store the sampled positions from now on
             pool.gather.update(_gather_files(judge, work / "gather"))
         _keep(state, store, ids, devs, keep)
         state["n"] += len(ids)
         shutil.rmtree(store.root, ignore_errors=True)
+        if checkpoint and not state.get("checkpoint_error"):
+            tc = time.perf_counter()
+            why = stream_state.save(out_run.parent, state, fp)
+            state["seconds_checkpoint"] = state.get("seconds_checkpoint", 0.0) + time.perf_counter() - tc
+            if why:
+                state["checkpoint_error"] = why
+                print(f"stream: no checkpoint after {state['n']} samples ({why}): an interruption from now on "
+                      f"cannot be resumed", file=sys.stderr, flush=True)
         rate = state["n"] / (time.perf_counter() - t0)
         if not quiet:
             running = ("; ".join(f"{b}: {h}" for b, h in acc.running().items())
@@ -228,13 +268,15 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     head = list(itertools.islice(samples, 32))
     specs = _calibrated(specs, head, work / "calibration")
     samples = itertools.chain(head, samples)
+    if state["n"]:  # resumed: the samples judged before are read (their order and ids), not run
+        samples = itertools.islice(samples, state["n"], None)
     th = threading.Thread(target=judge_loop, daemon=True)
     th.start()
     pool = WorkerPool(work / "workers", timeout_s=timeout_s, side_by_side=side_by_side)
     from anpred.run.driver import sigterm_raises
 
     restore_sigterm = sigterm_raises()  # SIGTERM while waiting for the judge: cleaned up as Ctrl-C
-    chunks = _prefetched(samples, chunk, work, state["sources"])
+    chunks = _prefetched(samples, chunk, work, state["sources"], first=state["n"])
     try:
         for k, folder, ids in chunks:
             if state["error"] is not None:
@@ -278,31 +320,56 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                             "seconds_run": round(state.get("seconds_run", 0.0), 2),
                             "seconds_judge": round(state.get("seconds_judge", 0.0), 2),
                             "seconds_refill": round(state.get("seconds_refill", 0.0), 2),
+                            "seconds_checkpoint": round(state.get("seconds_checkpoint", 0.0), 2),
+                            "checkpoint_bytes": _size(out_run.parent / stream_state.STATE_FILE),
                             "positions": positions,
                             "kept": {b: sorted(r for _, r in h) for b, h in state["heaps"].items()}}
     final.save_meta()
     report = finish(run, judge.judged())
     report.run_dir = str(out_run)
     report.inputs = {"description": inputs_description or {}, "samples": state["n"],
-                     "sha256": state["sha"].hexdigest()}
+                     "sha256": _digest(state["shas"])}
     if state["acc"] is not None:
         if labels is not None:  # one pass over the labels (a class-folder layout needs every source)
             every = load_labels(labels, [{"id": f"s{i:06d}", "source": src} for i, src in enumerate(state["sources"])],
                                 adapter.name, require=False)
             state["acc"].labels = [every[i] for i in state["added"]]
         report.task = state["acc"].result()
+    if judge.sampler is not None and judge.sampler.sampled_sizes():
+        big = judge.sampler.sampled_sizes()
+        report.notes.append(f"sampled positions: {len(big)} intermediate anchor(s) of more than {positions} elements "
+                            f"(up to {max(big.values())}) judged on {positions} positions per sample, the same in every "
+                            f"sample and backend; their maxima (max_abs, max_ulp) are over those positions, sums and "
+                            f"means are estimates (docs/task.md, 'Sampled positions'); outputs judged in full")
     report.notes.append(f"streamed: {state['n']} samples judged in chunks of {chunk} "
                         f"({time.perf_counter() - t0:.0f} s); the run folder keeps the {keep} most deviating "
                         f"samples per backend ({len(final.sample_ids)} samples)")
     return report
 
 
-def _prefetched(samples, chunk: int, work: Path, sources: list[str]):
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+def _digest(shas: list[str]) -> str:
+    """The input set's identity: SHA-256 over the samples' digests in order (as ``anpred check``)."""
+    h = hashlib.sha256()
+    for x in shas:
+        h.update(x.encode())
+    return h.hexdigest()
+
+
+def _prefetched(samples, chunk: int, work: Path, sources: list[str], first: int = 0):
     """``(k, folder, ids)`` per chunk of ``chunk`` samples: the chunk's inputs written to ``work/in<k>``
     as ``.npz`` files (``ids``: chunk sample id -> the dataset's id; ``sources`` grows with each
-    sample's source). A thread reads, preprocesses and writes the next chunk while the caller runs the
-    current one (at most one chunk ahead); its errors (an unreadable image) are raised here. Closing
-    the generator stops the thread."""
+    sample's source; ``first``: the samples before it, already judged by a resumed run, are in
+    ``sources`` and skipped by ``samples``). A thread reads, preprocesses and writes the next chunk while
+    the caller runs the current one (at most one chunk ahead); its errors (an unreadable image) are
+    raised here. Closing the generator stops the thread."""
+    del sources[first:]
     q: "queue.Queue[Any]" = queue.Queue(maxsize=1)
     stop = threading.Event()
 

@@ -297,5 +297,15 @@ def load_adapter(spec: str | TaskAdapter | None, *, layout: str | None = None, o
     if not getattr(obj, "name", None):
         obj.name = "custom"
     if not callable(getattr(obj, "describe", None)):
-        obj.describe = lambda: {"task": obj.name, "adapter": str(spec)}
+        obj.describe = _Describe(obj.name, str(spec))
     return obj
+
+
+class _Describe:
+    """A user adapter's ``describe()`` when it has none (picklable: a streamed run's checkpoint holds it)."""
+
+    def __init__(self, name: str, spec: str):
+        self.name, self.spec = name, spec
+
+    def __call__(self) -> dict[str, str]:
+        return {"task": self.name, "adapter": self.spec}

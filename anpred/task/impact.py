@@ -26,7 +26,7 @@ import numpy as np
 
 from anpred.errors import AnpredError
 
-__all__ = ["task_impact", "load_labels", "TaskAccumulator", "task_accumulator"]
+__all__ = ["task_impact", "load_labels", "TaskAccumulator", "task_accumulator", "ConsensusOf"]
 
 
 def load_labels(spec: str | Path | list | dict | None, samples: list[dict[str, Any]], task: str,
@@ -240,8 +240,19 @@ def task_accumulator(run, adapter) -> TaskAccumulator:
     infos = {b: BackendInfo.make(b, rep.backends[b]["family"], "fp32", cfg) for b in usable}
     voters = [b for b in usable if rep.backends[b]["precision"] == "fp32" and infos[b].votes]
     orc = Oracle(judged_anchors(store.manifest, []), [infos[b] for b in voters], cfg)
-    return TaskAccumulator(adapter, outs, voters, lambda per: orc.consensus(per)[0], usable,
+    return TaskAccumulator(adapter, outs, voters, ConsensusOf(orc), usable,
                            {b: rep.backends[b]["precision"] for b in usable})
+
+
+class ConsensusOf:
+    """``{backend: array} -> the consensus array`` of an oracle (picklable, unlike a lambda: a streamed
+    run's checkpoint holds the task accumulator, :mod:`anpred.pipeline.stream_state`)."""
+
+    def __init__(self, oracle):
+        self.oracle = oracle
+
+    def __call__(self, per):
+        return self.oracle.consensus(per)[0]
 
 
 def _truth(task: str, results: list[Any], labels: list[Any]) -> dict[str, Any] | None:
