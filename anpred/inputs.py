@@ -49,12 +49,23 @@ import numpy as np
 from anpred.errors import InputError
 from anpred.onnx_io import elem_type_name
 
-__all__ = ["IMAGE_EXTS", "ARRAY_EXTS", "DISTRIBUTIONS", "PREPROCESS", "IMAGENET_MEAN", "IMAGENET_STD",
+__all__ = ["IMAGE_EXTS", "ARRAY_EXTS", "input_files", "DISTRIBUTIONS", "PREPROCESS", "IMAGENET_MEAN", "IMAGENET_STD",
            "LETTERBOX_PAD", "ModelInput", "model_inputs", "default_images_dir", "InputSpec", "check_sample",
            "check_shapes_fit"]
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 ARRAY_EXTS = (".npy", ".npz")
+
+
+def input_files(folder: Path, exts: tuple[str, ...]) -> list[Path]:
+    """The files of ``folder`` with one of ``exts`` (sorted by name); where the folder holds none
+    itself, those of its subfolders, sorted by (subfolder, name): the class-folder layout
+    (``val/<class>/<file>``, ``--labels folders``). Empty when there are none at either level."""
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in exts)
+    if files:
+        return files
+    return sorted((p for d in folder.iterdir() if d.is_dir() and not d.name.startswith(".") for p in d.iterdir()
+                   if p.is_file() and p.suffix.lower() in exts), key=lambda p: (p.parent.name, p.name))
 DISTRIBUTIONS = ("uniform", "normal", "images")
 PREPROCESS = ("auto", "yolo", "imagenet", "unit")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -230,7 +241,7 @@ class InputSpec:
             return self.distribution == "images"
         p = Path(self.path)
         if p.is_dir():
-            return any(f.suffix.lower() in IMAGE_EXTS for f in p.iterdir())
+            return any(f.suffix.lower() in IMAGE_EXTS for f in input_files(p, IMAGE_EXTS + ARRAY_EXTS))
         return p.suffix.lower() in IMAGE_EXTS
 
     # ---- samples -------------------------------------------------------------------------------
@@ -251,9 +262,10 @@ class InputSpec:
         if not path.exists():
             raise InputError(f"inputs {path}: no such file or folder")
         if path.is_dir():
-            files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTS + ARRAY_EXTS)
+            files = input_files(path, IMAGE_EXTS + ARRAY_EXTS)
             if not files:
-                raise InputError(f"inputs {path}: no image ({', '.join(IMAGE_EXTS)}) or .npy/.npz file in the folder")
+                raise InputError(f"inputs {path}: no image ({', '.join(IMAGE_EXTS)}) or .npy/.npz file in the folder "
+                                 f"or in its subfolders (a class-folder layout)")
         elif path.suffix.lower() in IMAGE_EXTS + ARRAY_EXTS:
             files = [path]
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -323,7 +324,10 @@ def test_interrupted_stream_resumes_to_the_uninterrupted_report(digits, tmp_path
     import signal
     import time
 
+    import shutil
+
     model, inp, labels, eager, root = digits
+    inp = Path(shutil.copytree(inp, tmp_path / "inputs"))
     backends = "ort,openvino,torch,ort-int8"
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "anpred", "test", str(model), "--inputs", str(inp), "--task", "classify", "--labels",
@@ -347,6 +351,12 @@ def test_interrupted_stream_resumes_to_the_uninterrupted_report(digits, tmp_path
     other = subprocess.run([a if a != backends else "ort,openvino,torch" for a in cmd] + ["--resume"],
                            capture_output=True, text=True)
     assert other.returncode == 2 and "made for another run: backends" in other.stderr, other.stderr[-2000:]
+    gone = sorted(inp.iterdir())[3]  # a sample judged before the interruption, removed since
+    gone.rename(tmp_path / gone.name)
+    moved = subprocess.run(cmd + ["--resume"], capture_output=True, text=True)
+    assert moved.returncode == 2 and "inputs changed since the checkpoint: sample s000003" in moved.stderr, \
+        moved.stderr[-2000:]
+    (tmp_path / gone.name).rename(gone)
     res = subprocess.run(cmd + ["--resume"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     resumed = [ln for ln in res.stderr.splitlines() if ln.startswith("stream: resuming after")]
@@ -364,3 +374,62 @@ def test_interrupted_stream_resumes_to_the_uninterrupted_report(digits, tmp_path
         assert rep["task"]["backends"][b]["metrics"] == pytest.approx(whole.task["backends"][b]["metrics"])
     assert rep["task"]["backends"]["ort"]["truth"]["top1"] == pytest.approx(eager, abs=1e-12)
     assert not ck.exists()
+
+
+def test_labels_from_class_folders(digits, tmp_path):
+    """``--labels folders``: INPUTS/<class>/<file> gives each sample its folder's class (sorted names); the
+    same 60 digits give the labels file's top-1, streamed or not; a flat folder is refused, not labelled 0."""
+    import shutil
+
+    from anpred.errors import AnpredError
+
+    model, inp, labels, eager, root = digits
+    cf = tmp_path / "cf"
+    for f, y in zip(sorted(inp.iterdir()), labels.read_text().split()):
+        (cf / y).mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, cf / y / f.name)
+    kw = dict(backends=["ort", "openvino"], task="classify", quiet=True, stages=3)
+    flat = anpred.test(str(model), out=tmp_path / "flat", inputs=str(inp), labels=str(labels), **kw).report
+    want = flat.task["backends"]["ort"]["truth"]["top1"]
+    assert want == pytest.approx(eager, abs=1e-12)
+    for stream in (False, True):
+        rep = anpred.test(str(model), out=tmp_path / f"cf{stream}", inputs=str(cf), labels="folders", stream=stream,
+                          **kw).report
+        assert rep.samples == N_TEST and rep.task["labels"] == N_TEST
+        assert rep.task["backends"]["ort"]["truth"]["top1"] == pytest.approx(want, abs=1e-12)
+    with pytest.raises(AnpredError, match="one subfolder per class"):
+        anpred.test(str(model), out=tmp_path / "bad", inputs=str(inp), labels="folders", **kw)
+
+
+def test_resume_after_the_last_checkpoint_stores_the_kept_samples_in_full(digits, tmp_path):
+    """Interrupted once every chunk is judged but before the kept samples are run again in full (testing hook
+    ANPRED_STREAM_FAULT=before-refill): the resume has nothing left to run, yet re-runs the kept samples, so the
+    run folder holds no sampled values and ``anpred check`` judges it whole; a resume with other labels is
+    refused (the task and labels are part of the checkpoint's fingerprint)."""
+    import os
+
+    from anpred.run import RunStore
+    from anpred.run.positions import GATHERED_SUFFIX
+    from anpred.tensorfile import array_file_keys
+
+    model, inp, labels, eager, root = digits
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "anpred", "test", str(model), "--inputs", str(inp), "--task", "classify", "--labels",
+           str(labels), "--stream", "--chunk", "20", "--positions", "200", "--stages", "3", "--backends",
+           "ort,openvino,torch", "-o", str(out)]
+    first = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "ANPRED_STREAM_FAULT": "before-refill"})
+    assert first.returncode == 130 and "--resume" in first.stderr, first.stderr[-2000:]
+    other = subprocess.run([a for a in cmd if a not in ("--labels", str(labels))] + ["--resume"], capture_output=True,
+                           text=True)
+    assert other.returncode == 2 and "labels" in other.stderr.split("made for another run:")[1], other.stderr[-1500:]
+    res = subprocess.run(cmd + ["--resume"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "stream: resuming after 60 samples judged" in res.stderr
+    run = RunStore.open(out / "run")
+    assert run.meta["stream"]["seconds_refill"] > 0 and run.sample_ids
+    for sid in run.sample_ids:
+        for b in ("ort", "openvino", "torch"):
+            assert not any(k.endswith(GATHERED_SUFFIX) for k in array_file_keys(run.anchor_file(b, sid)))
+        assert run.statuses()["ort"].samples == N_TEST  # counts of the chunks judged, not counted twice
+    chk = subprocess.run([sys.executable, "-m", "anpred", "check", str(out / "run")], capture_output=True, text=True)
+    assert chk.returncode == 0, chk.stdout[-2000:] + chk.stderr[-2000:]

@@ -342,6 +342,11 @@ def _stream(subject: Subject, anchored, manifest, names, inputs, tmp: Path, fina
     log(f"streaming {inputs} through {len(names)} backends in chunks of {stream['chunk']}", quiet)
     resume = bool(stream.pop("resume", False))
     ck = final.parent / f".{final.name}.stream"  # the checkpoint and the run folder being built (stream_state)
+    if resume and not (ck / "state.pkl").is_file():
+        raise AnpredError(f"nothing to resume: no checkpoint in {ck} (a streamed run writes one after each chunk it "
+                          f"has judged; run without --resume to start over)")
+    if not resume and (ck / "state.pkl").is_file():
+        log(f"replacing the checkpoint of an interrupted run in {ck} (--resume would have continued it)", quiet)
     if not resume:
         shutil.rmtree(ck, ignore_errors=True)
     ck.mkdir(parents=True, exist_ok=True)
@@ -353,8 +358,8 @@ def _stream(subject: Subject, anchored, manifest, names, inputs, tmp: Path, fina
                                  positions=stream.get("positions"), timeout_s=timeout_s, quiet=quiet, oracle=oracle,
                                  config=config, allow_incomplete=allow_incomplete, adapter=adapter, labels=labels,
                                  inputs_description=desc, checkpoint=True, resume=resume)
-    except BaseException:
-        if (ck / "state.pkl").is_file():
+    except BaseException as err:
+        if (ck / "state.pkl").is_file() and not isinstance(err, AnpredError):  # not for a refused resume
             print(f"anpred: the streamed run stopped; its checkpoint is in {ck}: the same command with --resume "
                   f"continues it", file=sys.stderr, flush=True)
         raise

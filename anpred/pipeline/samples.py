@@ -121,13 +121,13 @@ def image_input(proto) -> tuple[str, list[int], str] | None:
 
 def is_images(inputs) -> bool:
     """Whether ``inputs`` is an image file, or a folder holding images and no ``.npy`` / ``.npz``."""
-    from anpred.inputs import IMAGE_EXTS
+    from anpred.inputs import ARRAY_EXTS, IMAGE_EXTS, input_files
 
     p = Path(inputs)
     if p.is_file():
         return p.suffix.lower() in IMAGE_EXTS
-    return p.is_dir() and any(f.suffix.lower() in IMAGE_EXTS for f in p.iterdir()) and not any(
-        f.suffix.lower() in (".npy", ".npz") for f in p.iterdir())
+    files = input_files(p, IMAGE_EXTS + ARRAY_EXTS) if p.is_dir() else []
+    return any(f.suffix.lower() in IMAGE_EXTS for f in files) and not any(f.suffix.lower() in ARRAY_EXTS for f in files)
 
 
 def prepare_inputs(subject, anchored, inputs: str | None, samples: int | None, seed: int, folder: Path,
@@ -189,14 +189,14 @@ def zoo_samples(zm, n: int, inputs: str | None, folder: Path, input_name: str | 
     """
     import numpy as np
 
-    from anpred.inputs import IMAGE_EXTS
+    from anpred.inputs import IMAGE_EXTS, input_files
 
     if inputs is not None and zm.entry.inputs:
         raise InputError(f"{zm.name} is not fed with images ({zm.inputs_text()}): give .npz files with these "
                          "arrays as inputs, or no inputs for its real samples")
     if inputs is not None:
         p = Path(inputs)
-        files = sorted(f for f in p.iterdir() if f.suffix.lower() in IMAGE_EXTS) if p.is_dir() else [p]
+        files = input_files(p, IMAGE_EXTS) if p.is_dir() else [p]
         if not files:
             raise InputError(f"inputs {p}: no image ({', '.join(IMAGE_EXTS)}) in the folder")
         named = {}  # a folder may name each image's real source in sources.json (the demo's temporary images)
@@ -239,7 +239,9 @@ def drop_bound_inputs(inputs: str, bound: dict[str, Any], folder: Path) -> dict[
     import numpy as np
 
     p = Path(inputs)
-    files = sorted(f for f in p.iterdir() if f.suffix.lower() in (".npz", ".npy")) if p.is_dir() else [p]
+    from anpred.inputs import input_files
+
+    files = input_files(p, (".npz", ".npy")) if p.is_dir() else [p]
     want = {k: np.asarray(v) for k, v in bound.items()}
     contents, hit = {}, False
     for f in files:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import os
 import queue
 import shutil
 import sys
@@ -74,9 +75,9 @@ def zoo_image_samples(zm, folder: str | Path) -> Iterator[tuple[str, dict[str, n
     from PIL import Image
 
     from anpred.errors import InputError
-    from anpred.inputs import IMAGE_EXTS
+    from anpred.inputs import IMAGE_EXTS, input_files
 
-    files = sorted(p for p in Path(folder).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTS)
+    files = input_files(Path(folder), IMAGE_EXTS)
     if not files:
         raise InputError(f"inputs {folder}: no image in the folder")
     name = zm.input_names()[0]
@@ -174,14 +175,16 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     work = out_run.parent / ".stream"
     specs = [BackendSpec.coerce(b) for b in backends]
     fp = stream_state.fingerprint(anchored, specs, chunk=chunk, keep=keep, positions=positions, oracle=oracle,
-                                  config=config, inputs=inputs_description, allow_incomplete=allow_incomplete)
+                                  config=config, inputs=inputs_description, allow_incomplete=allow_incomplete,
+                                  task=adapter.describe() if adapter is not None else None,
+                                  labels=None if labels is None else str(labels))
     state: dict[str, Any] = {"judge": None, "acc": None, "final": None, "n": 0, "sources": [],
                              "error": None, "heaps": {}, "kept": {}, "shas": [], "max_dev": {},
                              "added": []}
     if resume:
         state.update(stream_state.load(out_run.parent, fp))
         state["final"] = RunStore.open(out_run)
-        stream_state.reconcile(state["final"], state["kept"], state["heaps"])
+        stream_state.reconcile(state["final"], state["kept"], state["heaps"], state.get("statuses") or {})
         # a backend that failed before the interruption keeps that status: not started again
         failed = {b for b, st in state["final"].statuses().items() if st.status != "ok"}
         specs = [x for x in specs if x.label not in failed]
@@ -191,7 +194,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
         (out_run.parent / stream_state.STATE_FILE).unlink(missing_ok=True)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    t0 = time.perf_counter()
+    t0, n0 = time.perf_counter(), state["n"]
     done: "queue.Queue[tuple[int, Any, dict[str, str]] | None]" = queue.Queue(maxsize=1)
 
     def judge_chunk(k: int, store, ids: dict[str, str]) -> None:
@@ -242,7 +245,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                 state["checkpoint_error"] = why
                 print(f"stream: no checkpoint after {state['n']} samples ({why}): an interruption from now on "
                       f"cannot be resumed", file=sys.stderr, flush=True)
-        rate = state["n"] / (time.perf_counter() - t0)
+        rate = (state["n"] - n0) / (time.perf_counter() - t0)
         if not quiet:
             running = ("; ".join(f"{b}: {h}" for b, h in acc.running().items())
                        if acc is not None else
@@ -269,7 +272,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     specs = _calibrated(specs, head, work / "calibration")
     samples = itertools.chain(head, samples)
     if state["n"]:  # resumed: the samples judged before are read (their order and ids), not run
-        samples = itertools.islice(samples, state["n"], None)
+        samples = _skip_judged(samples, state["sources"][:state["n"]])
     th = threading.Thread(target=judge_loop, daemon=True)
     th.start()
     pool = WorkerPool(work / "workers", timeout_s=timeout_s, side_by_side=side_by_side)
@@ -291,7 +294,9 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
             shutil.rmtree(folder, ignore_errors=True)
             done.put((k, store, ids))
         _end_judge(done, th, drop=False)
-        if state["error"] is None and state["final"] is not None and pool.gather:
+        if os.environ.get("ANPRED_STREAM_FAULT") == "before-refill":  # testing hook: interrupted after the last checkpoint
+            raise KeyboardInterrupt
+        if state["error"] is None and state["final"] is not None and positions:
             tr = time.perf_counter()
             _refill_kept(state["final"], anchored, specs, pool, work / "refill", timeout_s)
             state["seconds_refill"] = time.perf_counter() - tr
@@ -345,6 +350,22 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                         f"({time.perf_counter() - t0:.0f} s); the run folder keeps the {keep} most deviating "
                         f"samples per backend ({len(final.sample_ids)} samples)")
     return report
+
+
+def _skip_judged(samples, sources: list[str]):
+    """``samples`` after the ``len(sources)`` judged before an interruption, each checked to come from
+    the same source as then (a file added, removed or renamed since would shift every later sample).
+
+    Raises:
+        AnpredError: a sample's source differs, or the inputs end before them."""
+    it = iter(samples)
+    for i, want in enumerate(sources):
+        got = next(it, None)
+        if got is None or got[0] != want:
+            raise AnpredError(f"cannot resume: the inputs changed since the checkpoint: sample s{i:06d} was {want}, "
+                              f"now {'nothing (fewer inputs)' if got is None else got[0]}; run without --resume "
+                              f"to start over")
+    yield from it
 
 
 def _size(path: Path) -> int | None:

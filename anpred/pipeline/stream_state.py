@@ -30,7 +30,7 @@ STATE_FILE = "state.pkl"
 SCHEMA = "anpred.stream-state/1"
 #: what a checkpoint keeps of the stream's state (anpred.pipeline.stream.stream_test)
 KEYS = ("n", "sources", "added", "shas", "heaps", "kept", "max_dev", "judge", "acc", "run",
-        "seconds_run", "seconds_judge")
+        "seconds_run", "seconds_judge", "statuses")
 
 
 def fingerprint(anchored: str | Path, specs: list, **options: Any) -> dict[str, Any]:
@@ -51,6 +51,8 @@ def save(folder: Path, state: dict[str, Any], fp: dict[str, Any]) -> str | None:
     full disk): the run goes on without a newer checkpoint."""
     data = {"schema": SCHEMA, "fingerprint": fp, **{k: state.get(k) for k in KEYS}}
     data["sources"] = list(state["sources"][:state["n"]])  # the reader thread may be ahead of the judge
+    final = state.get("final")  # the backends' statuses summed over the chunks judged (counts, times, failures)
+    data["statuses"] = {b: st.to_dict() for b, st in final.statuses().items()} if final is not None else {}
     tmp = folder / (STATE_FILE + ".tmp")
     try:
         blob = pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
@@ -92,10 +94,15 @@ def load(folder: Path, fp: dict[str, Any]) -> dict[str, Any]:
     return {k: data.get(k) for k in KEYS}
 
 
-def reconcile(final, kept: dict[str, bool], heaps: dict[str, list]) -> None:
-    """Make the run folder ``final`` (a :class:`anpred.run.RunStore`) hold exactly the checkpoint's
-    kept samples: a sample written after the checkpoint (the chunk being judged when interrupted) goes,
-    and a kept sample whose files went is dropped from ``kept`` and ``heaps``."""
+def reconcile(final, kept: dict[str, bool], heaps: dict[str, list], statuses: dict[str, dict] | None = None) -> None:
+    """Make the run folder ``final`` (a :class:`anpred.run.RunStore`) what it was at the checkpoint:
+    exactly its kept samples (a sample written after it, by the chunk being judged when interrupted,
+    goes; a kept sample whose files went is dropped from ``kept`` and ``heaps``) and its backends'
+    ``statuses`` (sample counts and times of the chunks judged, as dicts)."""
+    from anpred.backends.base import BackendStatus
+
+    for d in (statuses or {}).values():
+        final.set_status(BackendStatus.from_dict(d))
     have = {s["id"] for s in final.meta.get("samples", [])}
     for rid in sorted(have - set(kept)):
         for p in list((final.root / "inputs").glob(f"{rid}.*")) + list((final.root / "tensors").glob(f"*/{rid}.*")):

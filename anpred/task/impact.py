@@ -48,6 +48,9 @@ def load_labels(spec: str | Path | list | dict | None, samples: list[dict[str, A
         if not all(parents):
             raise AnpredError("labels 'folders': the samples do not come from files in class folders")
         classes = sorted(set(parents))
+        if len(classes) == 1 and len(samples) > 1:
+            raise AnpredError(f"labels 'folders': every sample comes from one folder ({classes[0]!r}); the "
+                              f"class-folder layout has one subfolder per class (INPUTS/<class>/<file>)")
         return [classes.index(p) for p in parents]
     data: Any = spec
     if isinstance(spec, (str, Path)):
