@@ -357,6 +357,13 @@ def test_interrupted_stream_resumes_to_the_uninterrupted_report(digits, tmp_path
     assert moved.returncode == 2 and "inputs changed since the checkpoint: sample s000003" in moved.stderr, \
         moved.stderr[-2000:]
     (tmp_path / gone.name).rename(gone)
+    a, b = sorted(inp.iterdir())[5], sorted(inp.iterdir())[6]  # same names, another sample's contents
+    saved = a.read_bytes()
+    a.write_bytes(b.read_bytes())
+    changed = subprocess.run(cmd + ["--resume"], capture_output=True, text=True)
+    assert changed.returncode == 2 and "sample s000005" in changed.stderr and "other contents" in changed.stderr, \
+        changed.stderr[-2000:]
+    a.write_bytes(saved)
     res = subprocess.run(cmd + ["--resume"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     resumed = [ln for ln in res.stderr.splitlines() if ln.startswith("stream: resuming after")]
@@ -397,8 +404,19 @@ def test_labels_from_class_folders(digits, tmp_path):
                           **kw).report
         assert rep.samples == N_TEST and rep.task["labels"] == N_TEST
         assert rep.task["backends"]["ort"]["truth"]["top1"] == pytest.approx(want, abs=1e-12)
-    with pytest.raises(AnpredError, match="one subfolder per class"):
-        anpred.test(str(model), out=tmp_path / "bad", inputs=str(inp), labels="folders", **kw)
+    for bad in (inp, cf):  # a flat folder; class folders with a stray file beside them: refused before running
+        if bad == cf:
+            shutil.copy(sorted(inp.iterdir())[0], cf / "stray.npz")
+        with pytest.raises(AnpredError, match="one subfolder per class"):
+            anpred.test(str(model), out=tmp_path / "bad", inputs=str(bad), labels="folders", **kw)
+        assert not (tmp_path / "bad").exists()
+    (cf / "stray.npz").unlink()
+    # an empty class folder keeps its index (the classes are the subfolders, as torchvision's ImageFolder)
+    for f in (cf / "4").iterdir():
+        f.unlink()
+    rep = anpred.test(str(model), out=tmp_path / "no4", inputs=str(cf), labels="folders", **kw).report
+    assert rep.samples == N_TEST - labels.read_text().split().count("4")
+    assert rep.task["backends"]["ort"]["truth"]["top1"] >= want - 0.05  # not 0.44 as with shifted classes
 
 
 def test_resume_after_the_last_checkpoint_stores_the_kept_samples_in_full(digits, tmp_path):
@@ -433,3 +451,13 @@ def test_resume_after_the_last_checkpoint_stores_the_kept_samples_in_full(digits
         assert run.statuses()["ort"].samples == N_TEST  # counts of the chunks judged, not counted twice
     chk = subprocess.run([sys.executable, "-m", "anpred", "check", str(out / "run")], capture_output=True, text=True)
     assert chk.returncode == 0, chk.stdout[-2000:] + chk.stderr[-2000:]
+    # interrupted while the report is written: the run folder goes back beside the checkpoint, and --resume
+    # writes the report without running anything again
+    out2 = tmp_path / "out2"
+    cmd2 = cmd[:-1] + [str(out2)]
+    late = subprocess.run(cmd2, capture_output=True, text=True, env={**os.environ, "ANPRED_STREAM_FAULT": "after-stream"})
+    assert late.returncode == 130 and "--resume" in late.stderr, late.stderr[-2000:]
+    assert (tmp_path / ".out2.stream" / "state.pkl").is_file() and (tmp_path / ".out2.stream" / "run").is_dir()
+    again = subprocess.run(cmd2 + ["--resume"], capture_output=True, text=True)
+    assert again.returncode == 0 and "stream: resuming after 60 samples judged" in again.stderr, again.stderr[-2000:]
+    assert json.loads((out2 / "report.json").read_text())["samples"] == N_TEST and not (tmp_path / ".out2.stream").exists()

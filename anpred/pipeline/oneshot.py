@@ -134,6 +134,13 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
                                   config=config, history=history)
     if resume and not stream:
         raise AnpredError("--resume continues an interrupted streamed run: it needs --stream")
+    if labels == "folders" and inputs is not None and Path(str(inputs)).is_dir():  # before anything runs
+        from anpred.inputs import ARRAY_EXTS, IMAGE_EXTS, input_files
+        from anpred.task import load_labels
+
+        load_labels("folders", [{"id": f.name, "source": str(f)} for f in input_files(Path(str(inputs)),
+                                                                                      IMAGE_EXTS + ARRAY_EXTS)],
+                    "classify")
     bind = parse_bindings(bind)
     label_guess = check_model(model, backends)  # errors: nothing written
     final = (Path(out) if out is not None else Path("anpred-test") / label_guess).absolute()
@@ -152,9 +159,13 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
         commit_partial(tmp, final)
         # what was tested names the final place of files built in the partial folder (a factory's export)
         result.details = relocated(result.details, tmp, final)
-    except BaseException:
+    except BaseException as err:
+        if stream:
+            _keep_checkpoint(stream_checkpoint_dir(final), tmp, err)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if stream:
+        shutil.rmtree(stream_checkpoint_dir(final), ignore_errors=True)
     if history is not None and result.report.status != "error":
         from anpred.history import append
 
@@ -315,6 +326,27 @@ def finish_test(prep: Prepared, tmp: Path, final: Path, *, statuses, report=None
                       mapping=prep.mapping, seconds=seconds, details=prep.details)
 
 
+def stream_checkpoint_dir(final: Path) -> Path:
+    """Where a streamed test of the report folder ``final`` keeps its checkpoint and the run folder
+    being built (:mod:`anpred.pipeline.stream_state`): ``.<name>.stream`` beside it."""
+    return final.parent / f".{final.name}.stream"
+
+
+def _keep_checkpoint(ck: Path, tmp: Path, err: BaseException) -> None:
+    """A streamed test stopped: keep what ``--resume`` needs (the run folder goes back beside the
+    checkpoint if it had joined the report) and say so; nothing for a refused resume (an AnpredError
+    :class:`anpred.pipeline.stream_state.ResumeRefused`: its checkpoint is as it was)."""
+    if not (ck / "state.pkl").is_file():
+        return
+    if (tmp / "run").is_dir() and not (ck / "run").exists():
+        shutil.move(str(tmp / "run"), str(ck / "run"))
+    from anpred.pipeline.stream_state import ResumeRefused
+
+    if not isinstance(err, ResumeRefused):
+        print(f"anpred: the streamed run stopped; its checkpoint is in {ck}: the same command with --resume "
+              f"continues it", file=sys.stderr, flush=True)
+
+
 # ---- the steps -------------------------------------------------------------------------------------
 def _stream(subject: Subject, anchored, manifest, names, inputs, tmp: Path, final: Path, timeout_s, quiet, oracle,
             config, allow_incomplete, adapter, labels, stream: dict[str, Any], details: dict[str, Any]):
@@ -341,7 +373,7 @@ def _stream(subject: Subject, anchored, manifest, names, inputs, tmp: Path, fina
         stream = {**stream, "chunk": auto_chunk(manifest, len(names))}
     log(f"streaming {inputs} through {len(names)} backends in chunks of {stream['chunk']}", quiet)
     resume = bool(stream.pop("resume", False))
-    ck = final.parent / f".{final.name}.stream"  # the checkpoint and the run folder being built (stream_state)
+    ck = stream_checkpoint_dir(final)  # the checkpoint and the run folder being built (stream_state)
     if resume and not (ck / "state.pkl").is_file():
         raise AnpredError(f"nothing to resume: no checkpoint in {ck} (a streamed run writes one after each chunk it "
                           f"has judged; run without --resume to start over)")
@@ -351,20 +383,17 @@ def _stream(subject: Subject, anchored, manifest, names, inputs, tmp: Path, fina
         shutil.rmtree(ck, ignore_errors=True)
     ck.mkdir(parents=True, exist_ok=True)
     details["inputs"] = {"kind": "streamed", "spec": str(inputs), **stream}
-    try:
-        with PythonPath(subject.sys_path):
-            report = stream_test(tmp / "anchored.onnx", names, samples, ck / "run", chunk=stream["chunk"],
-                                 keep=stream["keep"], side_by_side=stream.get("side_by_side", False),
-                                 positions=stream.get("positions"), timeout_s=timeout_s, quiet=quiet, oracle=oracle,
-                                 config=config, allow_incomplete=allow_incomplete, adapter=adapter, labels=labels,
-                                 inputs_description=desc, checkpoint=True, resume=resume)
-    except BaseException as err:
-        if (ck / "state.pkl").is_file() and not isinstance(err, AnpredError):  # not for a refused resume
-            print(f"anpred: the streamed run stopped; its checkpoint is in {ck}: the same command with --resume "
-                  f"continues it", file=sys.stderr, flush=True)
-        raise
+    with PythonPath(subject.sys_path):
+        report = stream_test(tmp / "anchored.onnx", names, samples, ck / "run", chunk=stream["chunk"],
+                             keep=stream["keep"], side_by_side=stream.get("side_by_side", False),
+                             positions=stream.get("positions"), timeout_s=timeout_s, quiet=quiet, oracle=oracle,
+                             config=config, allow_incomplete=allow_incomplete, adapter=adapter, labels=labels,
+                             inputs_description=desc, checkpoint=True, resume=resume)
+    # the run folder joins the report being built; the checkpoint stays until the report is committed
+    # (test(): an interruption while reporting moves the run folder back beside it)
     shutil.move(str(ck / "run"), str(tmp / "run"))
-    shutil.rmtree(ck, ignore_errors=True)
+    if os.environ.get("ANPRED_STREAM_FAULT") == "after-stream":  # testing hook: interrupted while reporting
+        raise KeyboardInterrupt
     report.run_dir = str(final / "run")
     store = RunStore.open(tmp / "run")
     store.meta.setdefault("model", {})["name"] = subject.label

@@ -272,7 +272,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     specs = _calibrated(specs, head, work / "calibration")
     samples = itertools.chain(head, samples)
     if state["n"]:  # resumed: the samples judged before are read (their order and ids), not run
-        samples = _skip_judged(samples, state["sources"][:state["n"]])
+        samples = _skip_judged(samples, state["sources"][:state["n"]], state["shas"][:state["n"]])
     th = threading.Thread(target=judge_loop, daemon=True)
     th.start()
     pool = WorkerPool(work / "workers", timeout_s=timeout_s, side_by_side=side_by_side)
@@ -352,19 +352,27 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     return report
 
 
-def _skip_judged(samples, sources: list[str]):
+def _skip_judged(samples, sources: list[str], shas: list[str]):
     """``samples`` after the ``len(sources)`` judged before an interruption, each checked to come from
-    the same source as then (a file added, removed or renamed since would shift every later sample).
+    the same source with the same content as then (:func:`anpred.run.store.sample_sha256`): a file
+    added, removed, renamed or rewritten since would change what the checkpoint's statistics mean.
 
     Raises:
-        AnpredError: a sample's source differs, or the inputs end before them."""
+        AnpredError: a sample's source or content differs, or the inputs end before them."""
+    import anpred.pipeline.stream_state as stream_state
+    from anpred.run.store import sample_sha256
+
     it = iter(samples)
     for i, want in enumerate(sources):
         got = next(it, None)
         if got is None or got[0] != want:
-            raise AnpredError(f"cannot resume: the inputs changed since the checkpoint: sample s{i:06d} was {want}, "
-                              f"now {'nothing (fewer inputs)' if got is None else got[0]}; run without --resume "
-                              f"to start over")
+            raise stream_state.ResumeRefused(
+                f"cannot resume: the inputs changed since the checkpoint: sample s{i:06d} was {want}, now "
+                f"{'nothing (fewer inputs)' if got is None else got[0]}; run without --resume to start over")
+        if i < len(shas) and sample_sha256(got[1]) != shas[i]:
+            raise stream_state.ResumeRefused(
+                f"cannot resume: the inputs changed since the checkpoint: sample s{i:06d} ({want}) has other "
+                f"contents; run without --resume to start over")
     yield from it
 
 

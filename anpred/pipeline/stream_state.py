@@ -24,9 +24,13 @@ from typing import Any
 
 from anpred.errors import AnpredError
 
-__all__ = ["STATE_FILE", "fingerprint", "save", "load", "reconcile"]
+__all__ = ["STATE_FILE", "ResumeRefused", "fingerprint", "save", "load", "reconcile"]
 
 STATE_FILE = "state.pkl"
+
+
+class ResumeRefused(AnpredError):
+    """A checkpoint that cannot be resumed (missing, unreadable, made for another run, inputs changed)."""
 SCHEMA = "anpred.stream-state/1"
 #: what a checkpoint keeps of the stream's state (anpred.pipeline.stream.stream_test)
 KEYS = ("n", "sources", "added", "shas", "heaps", "kept", "max_dev", "judge", "acc", "run",
@@ -76,20 +80,20 @@ def load(folder: Path, fp: dict[str, Any]) -> dict[str, Any]:
     """
     path = folder / STATE_FILE
     if not path.is_file():
-        raise AnpredError(f"nothing to resume: no checkpoint {path} (a streamed run writes one after each chunk "
+        raise ResumeRefused(f"nothing to resume: no checkpoint {path} (a streamed run writes one after each chunk "
                           f"it has judged; run without --resume to start over)")
     try:
         with open(path, "rb") as f:
             data = pickle.load(f)
     except Exception as err:  # noqa: BLE001 - any unpickling failure is an unreadable checkpoint
-        raise AnpredError(f"{path}: unreadable checkpoint ({type(err).__name__}: {err}); run without --resume "
+        raise ResumeRefused(f"{path}: unreadable checkpoint ({type(err).__name__}: {err}); run without --resume "
                           f"to start over") from err
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise AnpredError(f"{path}: not a checkpoint of this version of anpred (schema {SCHEMA})")
+        raise ResumeRefused(f"{path}: not a checkpoint of this version of anpred (schema {SCHEMA})")
     old = data.get("fingerprint", {})
     differ = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
     if differ:
-        raise AnpredError(f"{path} was made for another run: {', '.join(differ)} differ; run without --resume "
+        raise ResumeRefused(f"{path} was made for another run: {', '.join(differ)} differ; run without --resume "
                           f"to start over")
     return {k: data.get(k) for k in KEYS}
 

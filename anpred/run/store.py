@@ -41,9 +41,20 @@ from anpred.naming import file_key, from_file_key
 from anpred.onnx_io import atomic_write_text, to_json
 from anpred.tensorfile import read_array_file, storable, write_safetensors
 
-__all__ = ["SCHEMA", "RunStore"]
+__all__ = ["SCHEMA", "RunStore", "sample_sha256"]
 
 SCHEMA = "anpred.run/1"
+
+
+def sample_sha256(inputs: dict[str, np.ndarray]) -> str:
+    """A sample's identity: SHA-256 over its input names (sorted) and each array's bytes (C order)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for k in sorted(inputs):
+        h.update(k.encode())
+        h.update(memoryview(np.ascontiguousarray(inputs[k])).cast("B"))  # the same bytes, no copy
+    return h.hexdigest()
 
 
 class RunStore:
@@ -120,18 +131,13 @@ class RunStore:
 
     def add_sample(self, sample_id: str, inputs: dict[str, np.ndarray], source: str = "",
                    extra: dict[str, Any] | None = None) -> None:
-        """Record a sample and store its graph inputs."""
-        import hashlib
-
-        h = hashlib.sha256()
-        for k in sorted(inputs):
-            h.update(k.encode())
-            h.update(memoryview(np.ascontiguousarray(inputs[k])).cast("B"))  # the same bytes, no copy
+        """Record a sample (its :func:`sample_sha256`) and store its graph inputs."""
+        digest = sample_sha256(inputs)
         if storable(inputs):  # buffered: every backend reads it again
             write_safetensors(self.root / "inputs" / f"{sample_id}.safetensors", inputs, direct=False)
         else:
             np.savez(self.root / "inputs" / f"{sample_id}.npz", **inputs)
-        self.meta["samples"].append({"id": sample_id, "source": source, "sha256": h.hexdigest(), **(extra or {})})
+        self.meta["samples"].append({"id": sample_id, "source": source, "sha256": digest, **(extra or {})})
 
     def input_file(self, sample_id: str) -> Path:
         """The file holding one sample's graph inputs (``inputs/<sample>.safetensors``, or ``.npz``).

@@ -44,14 +44,7 @@ def load_labels(spec: str | Path | list | dict | None, samples: list[dict[str, A
     names = [Path(s.get("source") or "").name for s in samples]
     ids = [s["id"] for s in samples]
     if spec == "folders":
-        parents = [Path(s.get("source") or "").parent.name for s in samples]
-        if not all(parents):
-            raise AnpredError("labels 'folders': the samples do not come from files in class folders")
-        classes = sorted(set(parents))
-        if len(classes) == 1 and len(samples) > 1:
-            raise AnpredError(f"labels 'folders': every sample comes from one folder ({classes[0]!r}); the "
-                              f"class-folder layout has one subfolder per class (INPUTS/<class>/<file>)")
-        return [classes.index(p) for p in parents]
+        return _folder_labels(samples)
     data: Any = spec
     if isinstance(spec, (str, Path)):
         p = Path(spec)
@@ -87,6 +80,30 @@ def load_labels(spec: str | Path | list | dict | None, samples: list[dict[str, A
     if require and all(x is None for x in out):
         raise AnpredError("labels: none of the run's samples has a label")
     return out
+
+
+def _folder_labels(samples: list[dict[str, Any]]) -> list[int]:
+    """Class indices of the class-folder layout ``ROOT/<class>/<file>``: the classes are every subfolder
+    of ROOT in sorted order (as torchvision's ``ImageFolder``: an empty class folder keeps its index).
+
+    Raises:
+        AnpredError: a sample not from a file, samples from more than one ROOT, a single class folder
+            (a flat inputs folder, or stray files beside the class folders)."""
+    if not samples:
+        return []
+    paths = [Path(s.get("source") or "") for s in samples]
+    if not all(p.parent.name for p in paths):
+        raise AnpredError("labels 'folders': the samples do not come from files in class folders")
+    roots = {p.parent.parent for p in paths}
+    parents = [p.parent.name for p in paths]
+    if len(set(parents)) == 1 or len(roots) != 1:
+        where = f"one folder ({parents[0]!r})" if len(set(parents)) == 1 else f"{len(roots)} parent folders"
+        raise AnpredError(f"labels 'folders': the samples come from {where}; the class-folder layout has one "
+                          f"subfolder per class and no input file beside them (INPUTS/<class>/<file>)")
+    root = roots.pop()
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")) \
+        if root.is_dir() else sorted(set(parents))
+    return [classes.index(p) for p in parents]
 
 
 def _coco_truth(data, names: list[str], ids: list[str], require: bool = True) -> list[Any]:
