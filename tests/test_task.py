@@ -419,6 +419,7 @@ def test_labels_from_class_folders(digits, tmp_path):
     assert rep.task["backends"]["ort"]["truth"]["top1"] >= want - 0.05  # not 0.44 as with shifted classes
 
 
+@pytest.mark.slow  # four streamed runs of the digits through subprocesses (~20 s)
 def test_resume_after_the_last_checkpoint_stores_the_kept_samples_in_full(digits, tmp_path):
     """Interrupted once every chunk is judged but before the kept samples are run again in full (testing hook
     ANPRED_STREAM_FAULT=before-refill): the resume has nothing left to run, yet re-runs the kept samples, so the
