@@ -25,7 +25,7 @@ from anpred.judge.parts import OutputPart
 from anpred.judge.samples import Judged, Judging, judge_samples, read_tensors, tensor_file
 from anpred.judge.struct import ORACLES, BackendInfo, CheckReport, OracleResult, ThresholdResult
 
-__all__ = ["check_or_raise", "check_run", "finish", "precision_notes", "usable_backends"]
+__all__ = ["check_or_raise", "check_run", "finish", "inputs_sha256", "precision_notes", "usable_backends"]
 
 
 def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | None = None,
@@ -231,12 +231,19 @@ def _drop_mismatched(store, report: CheckReport, usable: list[str]) -> None:
         report.problems.append(f"fewer than two usable backends after reading the tensors ({', '.join(usable) or 'none'})")
 
 
-def _inputs_identity(store) -> dict[str, Any]:
+def inputs_sha256(sample_digests) -> str:
+    """The input set's identity (the history's dataset key): SHA-256 over the samples' digests
+    (:func:`anpred.run.store.sample_sha256`, else their ids) in run order."""
     h = hashlib.sha256()
-    for s in store.meta.get("samples", []):
-        h.update(str(s.get("sha256", s.get("id", ""))).encode())
-    return {"description": store.meta.get("inputs", {}), "samples": len(store.meta.get("samples", [])),
-            "sha256": h.hexdigest()}
+    for d in sample_digests:
+        h.update(str(d).encode())
+    return h.hexdigest()
+
+
+def _inputs_identity(store) -> dict[str, Any]:
+    samples = store.meta.get("samples", [])
+    return {"description": store.meta.get("inputs", {}), "samples": len(samples),
+            "sha256": inputs_sha256(s.get("sha256", s.get("id", "")) for s in samples)}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -30,7 +30,6 @@ The report (status, verdicts, cells) covers every sample; ``report.stream`` reco
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import os
 import queue
@@ -156,7 +155,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
             ``resume`` without a checkpoint, or with one made for another run (model, backends, options,
             inputs).
     """
-    from anpred.judge.check import finish, usable_backends
+    from anpred.judge.check import finish, inputs_sha256, usable_backends
     from anpred.judge.positions import DEFAULT_POSITIONS
     from anpred.judge.samples import SampleJudge
     from anpred.run import RunStore, run_model
@@ -333,7 +332,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     report = finish(run, judge.judged())
     report.run_dir = str(out_run)
     report.inputs = {"description": inputs_description or {}, "samples": state["n"],
-                     "sha256": _digest(state["shas"])}
+                     "sha256": inputs_sha256(state["shas"])}
     if state["acc"] is not None:
         if labels is not None:  # one pass over the labels (a class-folder layout needs every source)
             every = load_labels(labels, [{"id": f"s{i:06d}", "source": src} for i, src in enumerate(state["sources"])],
@@ -381,14 +380,6 @@ def _size(path: Path) -> int | None:
         return path.stat().st_size
     except OSError:
         return None
-
-
-def _digest(shas: list[str]) -> str:
-    """The input set's identity: SHA-256 over the samples' digests in order (as ``anpred check``)."""
-    h = hashlib.sha256()
-    for x in shas:
-        h.update(x.encode())
-    return h.hexdigest()
 
 
 def _prefetched(samples, chunk: int, work: Path, sources: list[str], first: int = 0):
@@ -568,9 +559,7 @@ def _keep(state, store, ids: dict[str, str], devs: dict[str, dict[str, float]], 
             state["kept"][rid] = True
             want.add(rid)
     for rid in [r for r in state["kept"] if r not in kept_now]:  # pushed out: its files go
-        for p in list((final.root / "inputs").glob(f"{rid}.*")) + list((final.root / "tensors").glob(f"*/{rid}.*")):
-            p.unlink(missing_ok=True)
-        final.meta["samples"] = [s for s in final.meta["samples"] if s["id"] != rid]
+        final.remove_sample(rid)
         del state["kept"][rid]
     for b, st in store.statuses().items():  # statuses over the chunks: counts and times summed, a failure kept
         old = final.statuses().get(b)

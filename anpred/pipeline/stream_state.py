@@ -109,9 +109,7 @@ def reconcile(final, kept: dict[str, bool], heaps: dict[str, list], statuses: di
         final.set_status(BackendStatus.from_dict(d))
     have = {s["id"] for s in final.meta.get("samples", [])}
     for rid in sorted(have - set(kept)):
-        for p in list((final.root / "inputs").glob(f"{rid}.*")) + list((final.root / "tensors").glob(f"*/{rid}.*")):
-            p.unlink(missing_ok=True)
-    final.meta["samples"] = [s for s in final.meta.get("samples", []) if s["id"] in kept]
+        final.remove_sample(rid)
     for rid in [r for r in kept if r not in have]:
         del kept[rid]
         for b, h in heaps.items():

@@ -139,6 +139,14 @@ class RunStore:
             np.savez(self.root / "inputs" / f"{sample_id}.npz", **inputs)
         self.meta["samples"].append({"id": sample_id, "source": source, "sha256": digest, **(extra or {})})
 
+    def remove_sample(self, sample_id: str) -> None:
+        """Forget a sample: its inputs, every backend's tensors for it and its entry (meta saved by the
+        caller)."""
+        for p in list((self.root / "inputs").glob(f"{sample_id}.*")) + \
+                list((self.root / "tensors").glob(f"*/{sample_id}.*")):
+            p.unlink(missing_ok=True)
+        self.meta["samples"] = [s for s in self.meta["samples"] if s["id"] != sample_id]
+
     def input_file(self, sample_id: str) -> Path:
         """The file holding one sample's graph inputs (``inputs/<sample>.safetensors``, or ``.npz``).
         Raises FileNotFoundError when neither exists."""
