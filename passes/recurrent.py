@@ -277,12 +277,17 @@ class RecurrentUnrollPass(GraphPass):
 
     in_place = True
 
+    def __init__(self, only=None):
+        #: node names to unroll (a node without a name: its first output); None: every recurrent node
+        self.only = set(only) if only is not None else None
+
     def call(self, model) -> PassResult:
         import onnx
         from onnx import numpy_helper
 
         g = model.graph
-        targets = [n for n in g.node if n.op_type in RECURRENT_OPS and n.domain in ("", "ai.onnx")]
+        targets = [n for n in g.node if n.op_type in RECURRENT_OPS and n.domain in ("", "ai.onnx")
+                   and (self.only is None or (n.name or n.output[0]) in self.only)]
         info: dict[str, Any] = {"unrolled": [], "kept": {}}
         if not targets:
             return PassResult(model, False, info)
@@ -329,6 +334,7 @@ class RecurrentUnrollPass(GraphPass):
         return PassResult(model, True, info)
 
 
-def unroll_recurrent(model) -> dict[str, Any]:
-    """Run :class:`RecurrentUnrollPass` on ``model`` in place; returns its ``info``."""
-    return RecurrentUnrollPass()(model).info
+def unroll_recurrent(model, only=None) -> dict[str, Any]:
+    """Run :class:`RecurrentUnrollPass` on ``model`` in place (only the nodes named in ``only``, when
+    given); returns its ``info``."""
+    return RecurrentUnrollPass(only)(model).info

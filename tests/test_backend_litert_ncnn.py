@@ -199,6 +199,48 @@ def test_litert_refuses_tf_ops_without_tflite_builtin(tmp_path):
         LiteRtBackend().prepare(path, manifest, tmp_path / "w")
 
 
+@pytest.mark.slow  # two onnx2tf conversions (~40 s cold)
+def test_litert_runs_erf_decomposed(tmp_path):
+    """GELU (x * 0.5 * (1 + Erf(x / sqrt 2))) after a MatMul: TFLite has no builtin for TF's Erf, so the
+    first conversion fails; litert converts again with Erf decomposed (Eigen's rational approximation,
+    passes.frontend_rewrites) and runs: every anchor within 64 eps32 of ONNX Runtime (relative to max |ort|),
+    ``decomposed_operators`` says so; ``tf`` keeps TensorFlow's own Erf."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from anpred.backends.litert import LiteRtBackend
+    from anpred.manifest import Anchor, AnchorManifest
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(0, 1, (16, 32)).astype(np.float32), "w")
+    consts = [numpy_helper.from_array(np.asarray(v, np.float32), n)
+              for n, v in (("rs2", 1 / np.sqrt(2)), ("one", 1.0), ("half", 0.5))]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+             helper.make_node("Mul", ["h", "rs2"], ["hs"], name="scale"),
+             helper.make_node("Erf", ["hs"], ["e"], name="erf"),
+             helper.make_node("Add", ["e", "one"], ["e1"], name="add1"),
+             helper.make_node("Mul", ["h", "e1"], ["he"], name="mul"),
+             helper.make_node("Mul", ["he", "half"], ["y"], name="gelu")]
+    g = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32]),
+                           helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, 8, 32])], [w] + consts)
+    path = tmp_path / "gelu.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    manifest = AnchorManifest(anchors=[Anchor("anchor/00/e", "e", 0, 0, "erf", "Erf", [1, 8, 32], "float32"),
+                                       Anchor("output/y", "y", 1, 1, "gelu", "Mul", [1, 8, 32], "float32", kind="output")])
+    import onnxruntime as ort
+
+    x = rng.normal(0, 1, (1, 8, 16)).astype(np.float32)
+    ref = dict(zip(["y", "e"], ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})))
+    with LiteRtBackend() as b:
+        b.prepare(path, manifest, tmp_path / "w")
+        assert b.versions()["decomposed_operators"] == "Erf"
+        got = b.run({"x": x})
+    for a, v in (("anchor/00/e", "e"), ("output/y", "y")):
+        err = float(np.abs(got[a].astype(np.float64) - ref[v]).max())
+        assert err <= 64 * np.finfo(np.float32).eps * max(1.0, float(np.abs(ref[v]).max())), (a, err)
+
+
 def test_litert_unsupported_ops_from_onnx2tf_modules():
     from onnx import TensorProto, helper
 

@@ -14,8 +14,9 @@ reproduced on a network built here and compared with ONNX Runtime on every ancho
    flagged the more accurate pair; asserted here on the reduction itself;
 4. onnx 1.23.2's ``onnx.reference`` ``GlobalMaxPool`` gives the wrong shape on rank-3/5 inputs, and its
    ``BatchNormalization`` (opsets 9-13) with ``momentum`` mixes in batch statistics (ppocr-cls): the
-   backends stay faithful and name the defects (:mod:`anpred.backends.reference_defects`); the wrong
-   results are asserted so that a fixed onnx shows up here;
+   backends work around them by exact rewrites and name them (:mod:`anpred.backends.reference_defects`;
+   ``workarounds=False`` runs the library as it is); the wrong results are asserted so that a fixed
+   onnx shows up here;
 5. onnx2tf passes ONNX node names to TensorFlow as op names (``Softmax@0`` from Paddle2ONNX is not a
    valid one) -> :func:`anpred.backends.tf_prepare.tf_safe_node_names`.
 
@@ -313,8 +314,10 @@ def test_onnx_reference_batchnorm_momentum():
 
 
 def test_reference_backend_names_the_defect(tmp_path):
-    """magika's pattern: GlobalMaxPool of [1, C, L] then Squeeze(axes [2]): onnx-reference fails with the
-    library's AxisError and the reason names the GlobalMaxPool defect; a rank-4 model reports none."""
+    """magika's pattern: GlobalMaxPool of [1, C, L] then Squeeze(axes [2]). By default onnx-reference
+    computes it as ReduceMax over the spatial axis (an exact rewrite, named in reference_workarounds)
+    and matches ORT; with ``workarounds=False`` it fails with the library's AxisError and the reason
+    names the GlobalMaxPool defect; a rank-4 model reports none."""
     from anpred.backends.reference import ReferenceBackend
     from anpred.manifest import AnchorManifest
 
@@ -322,7 +325,14 @@ def test_reference_backend_names_the_defect(tmp_path):
                 helper.make_node("Squeeze", ["g", "ax"], ["y"])],
                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6])], ["y"], [_i64("ax", [2])])
     path = _anchor(m, tmp_path / "gmp.onnx")
-    b = ReferenceBackend({})
+    fixed = ReferenceBackend({})
+    fixed.prepare(path, AnchorManifest.from_model(onnx.load(str(path))), tmp_path / "wf")
+    assert fixed.defects == {} and list(fixed.workarounds) == ["gmp"]
+    assert "GlobalMaxPool on a rank-3 input" in fixed.versions()["reference_workarounds"]
+    x = np.random.default_rng(0).standard_normal((1, 4, 6)).astype(np.float32)
+    got = fixed.run({"x": x})
+    assert np.array_equal(got["output/y"], _ort(m, {"x": x})["y"])  # the max of each channel: exact
+    b = ReferenceBackend({"workarounds": False})
     b.prepare(path, AnchorManifest.from_model(onnx.load(str(path))), tmp_path / "w")
     assert list(b.defects) == ["gmp"] and "reference_defects" in b.versions()
     with pytest.raises(BackendError, match=r"AxisError.*known defect.*'gmp'.*GlobalMaxPool on a rank-3 input returns "
@@ -336,12 +346,15 @@ def test_reference_backend_names_the_defect(tmp_path):
     assert b4.defects == {}
 
 
-def test_report_says_which_known_reference_defect_explains_a_flag(tmp_path):
-    """conv -> BatchNormalization(momentum, opset 11) -> relu run on ort, openvino and onnx-reference:
-    the reference's wrong BatchNormalization gets it flagged at the BN anchor, and the report's notes say
-    which known defect of the installed library explains it (the run did not fail: only the note tells)."""
+@pytest.mark.parametrize("workarounds", [False, True])
+def test_report_says_which_known_reference_defect_explains_a_flag(tmp_path, workarounds):
+    """conv -> BatchNormalization(momentum, opset 11) -> relu run on ort, openvino and onnx-reference.
+    With ``workarounds=False`` the reference's wrong BatchNormalization gets it flagged at the BN anchor,
+    and the report's notes say which known defect of the installed library explains it (the run did not
+    fail: only the note tells). By default the momentum attribute (unused by the inference output) is
+    dropped in the reference's copy: nothing is flagged and the note says what was worked around."""
     from anpred.judge import check_run
-    from anpred.run import run_model
+    from anpred.run import BackendSpec, run_model
 
     rng = np.random.default_rng(1)
     inits = [_f32("w", rng.normal(0, 0.3, (4, 3, 3, 3)))] + \
@@ -352,11 +365,19 @@ def test_report_says_which_known_reference_defect_explains_a_flag(tmp_path):
                 helper.make_node("Relu", ["n"], ["y"], name="relu")],
                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])], ["y"], inits, opset=11)
     path = _anchor(m, tmp_path / "bn.onnx")
-    run_model(path, ["ort", "openvino", "onnx-reference"], "random:uniform:n=2", tmp_path / "run", progress=False,
+    ref = BackendSpec("onnx-reference", options={"workarounds": workarounds})
+    run_model(path, ["ort", "openvino", ref], "random:uniform:n=2", tmp_path / "run", progress=False,
               timeout_s=300)
     rep = check_run(tmp_path / "run")
-    assert [b for b, v in rep.verdicts.items() if v.flagged] == ["onnx-reference"]
-    notes = [n for n in rep.notes if n.startswith("onnx-reference: the installed library has known defects")]
+    if not workarounds:
+        assert [b for b, v in rep.verdicts.items() if v.flagged] == ["onnx-reference"]
+        notes = [n for n in rep.notes if n.startswith("onnx-reference: the installed library has known defects")]
+    else:
+        assert [b for b, v in rep.verdicts.items() if v.flagged] == []
+        assert max(c.stats.nrmse for c in rep.cells if c.backend == "onnx-reference") < 1e-5
+        assert not [n for n in rep.notes if "explain a deviation" in n]  # no defect left unexplained
+        notes = [n for n in rep.notes if n.startswith("onnx-reference: known defects of the installed library")
+                 and "worked around" in n and "_batchnorm_test_mode" in n]
     assert len(notes) == 1 and "BatchNormalization (opset 11) with a momentum attribute" in notes[0] and "bn" in notes[0]
 
 

@@ -25,7 +25,12 @@ Conversion (cached under ``litert/<key>``, key = the onnx2tf conversion key + Te
 outputs in ``meta.json`` order) goes through ``tf.lite.TFLiteConverter.from_saved_model(...,
 signature_keys=["run"])`` (a few seconds; onnx2tf does not run again). A TF op with no TFLite
 builtin (it would need the Flex / TF Select delegate, which LiteRT does not ship) makes the
-conversion fail: :class:`~anpred.errors.BackendError` names those ops from the converter's message.
+conversion fail (:class:`FlexOpsError` names those ops from the converter's message). Where the ONNX
+op has an exact-to-float32 decomposition (``Erf``: Eigen's rational approximation, the one TensorFlow's
+own CPU kernel is built on; :data:`DECOMPOSED_OPERATORS`) or onnx2tf a pseudo operator (``Asin``,
+``Acos``, ``Atan``: :data:`PSEUDO_OPERATORS`), litert converts again with it (its own onnx2tf
+conversion then, no longer shared with ``tf``; ``decomposed_operators`` /
+``onnx2tf_pseudo_operators`` in the versions).
 
 Anchors: the flatbuffer keeps the ``run`` signature; its outputs are named ``output_<i>`` by the
 position ``i`` in the endpoint's output list, i.e. ``meta.json``'s output order (the interpreter's
@@ -51,6 +56,24 @@ from anpred.backends.tf_onnx import ONNX2TF_COVERAGE_BASIS, TfOnnxBackend, onnx2
 from anpred.errors import BackendError
 
 FORMAT = "anpred.litert/1"
+
+#: TF op (as the TFLite converter names it among the ops it has no builtin for) -> the ONNX operator
+#: producing it, decomposed into elementary ops before onnx2tf (:mod:`passes.frontend_rewrites`:
+#: ``Erf`` as Eigen's float32 rational approximation, max |error| 4.2e-7). Not onnx2tf's own pseudo
+#: Erf (Abramowitz & Stegun 7.1.26): ``1 - poly * exp(-x^2)`` cancels in float32 for small |x|
+#: (relative error 0.5% at |x| < 0.5, measured), which flagged litert on a GELU model
+DECOMPOSED_OPERATORS = {"Erf": "Erf"}
+#: TF op -> onnx2tf's pseudo operator (``replace_to_pseudo_operators``) lowering the ONNX op that
+#: produces it to elementary TF ops, where there is no decomposition of ours
+PSEUDO_OPERATORS = {"Asin": "asin", "Acos": "acos", "Atan": "atan"}
+
+
+class FlexOpsError(BackendError):
+    """The TFLite conversion needs TF ops without a TFLite builtin (``ops``: their TF names)."""
+
+    def __init__(self, message: str, ops: list[str]):
+        super().__init__(message)
+        self.ops = list(ops)
 
 
 class LiteRtBackend(TfOnnxBackend):
@@ -79,10 +102,42 @@ class LiteRtBackend(TfOnnxBackend):
     def _versions_impl(self) -> dict[str, str]:
         import importlib.metadata as md
 
-        return {**super()._versions_impl(), "ai-edge-litert": md.version("ai-edge-litert")}
+        v = {**super()._versions_impl(), "ai-edge-litert": md.version("ai-edge-litert")}
+        if getattr(self, "pseudo_operators", None):  # onnx2tf lowered these ONNX ops to elementary TF ops
+            v["onnx2tf_pseudo_operators"] = ",".join(self.pseudo_operators)
+        if getattr(self, "decomposed_operators", None):  # decomposed in the graph before onnx2tf
+            v["decomposed_operators"] = ",".join(self.decomposed_operators)
+        return v
 
     def _before_conversion(self) -> None:
         pass  # threads go to the interpreter; TensorFlow only converts here
+
+    def _prepare_impl(self, model_path, manifest, workdir) -> None:
+        """As ``tf``'s; when the TFLite conversion needs TF ops without a builtin, onnx2tf converts
+        again (a conversion of litert's own, cached under its own key) with the ONNX operators that
+        produce them decomposed first (:data:`DECOMPOSED_OPERATORS`, the ``decompose`` option) or
+        lowered by onnx2tf's pseudo operators (:data:`PSEUDO_OPERATORS`); ``decomposed_operators`` /
+        ``onnx2tf_pseudo_operators`` in the versions say which. A TF op neither covers raises the
+        :class:`FlexOpsError`. The failed first attempt costs one TFLite conversion per prepare."""
+        try:
+            super()._prepare_impl(model_path, manifest, workdir)
+            return
+        except FlexOpsError as err:
+            o2t = dict(self.options.get("onnx2tf", {}))
+            have_p = set(o2t.get("replace_to_pseudo_operators") or [])
+            have_d = set(self.options.get("decompose") or [])
+            if any(op not in DECOMPOSED_OPERATORS and op not in PSEUDO_OPERATORS for op in err.ops):
+                raise
+            want_d = {DECOMPOSED_OPERATORS[op] for op in err.ops if op in DECOMPOSED_OPERATORS}
+            want_p = {PSEUDO_OPERATORS[op] for op in err.ops if op in PSEUDO_OPERATORS}
+            if want_d <= have_d and want_p <= have_p:
+                raise
+            if want_p:
+                o2t["replace_to_pseudo_operators"] = sorted(have_p | want_p)
+            self.options = {**self.options, "onnx2tf": o2t, **({"decompose": sorted(have_d | want_d)} if want_d else {})}
+            self.pseudo_operators = sorted(want_p)
+            self.decomposed_operators = sorted(want_d)
+        super()._prepare_impl(model_path, manifest, workdir)
 
     def _load_converted(self, cache_dir: Path) -> tuple[list[str], list[str]]:
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
@@ -183,9 +238,9 @@ def saved_model_to_tflite(saved_model: Path, out: Path) -> None:
             # the converter's locations name the op as model/<onnx2tf layer>/<TF op>; onnx2tf names its
             # layers after the ONNX node's output
             where = sorted({f"{op} at {name!r}" for op, name in _LOC.findall(text) if op in flex})
-            raise BackendError(f"litert: LiteRT cannot run TF op(s) {', '.join(flex)} that onnx2tf lowered the model "
+            raise FlexOpsError(f"litert: LiteRT cannot run TF op(s) {', '.join(flex)} that onnx2tf lowered the model "
                                "to (no TFLite builtin; they would need the Flex / TF Select delegate)"
-                               + (f": {'; '.join(where)}" if where else "")) from err
+                               + (f": {'; '.join(where)}" if where else ""), flex) from err
         first = next((ln.strip() for ln in text.splitlines() if "error" in ln.lower()), text.strip()[:300])
         raise BackendError(f"litert: TFLite conversion failed: {type(err).__name__}: {first[:400]}") from err
     out.write_bytes(data)

@@ -8,6 +8,10 @@ capabilities, and the precision the kernels actually execute in is read from the
 convolution/matmul nodes (a plugin that keeps the bf16 hint but computes in f32 shows here).
 
 Anchors are outputs of the anchored ONNX model; OpenVINO keeps ONNX tensor names on its outputs.
+An ``If`` whose condition has rank > 1 (valid ONNX: one element of any rank) is given a scalar
+condition first, in a copy in the work folder (:class:`passes.frontend_rewrites.ScalarIfConditionPass`;
+OpenVINO 2026.4's frontend refuses it: "Rank of If condition input must be equal to 0 or 1"); the
+pre-run coverage asks the frontend about the same rewritten model.
 Options: ``threads`` (``INFERENCE_NUM_THREADS``, default the plugin's choice).
 
 Population members (:mod:`anpred.backends.lowp_models`; their ``precision`` is the model's, the
@@ -64,6 +68,39 @@ def _runtime_precisions(compiled) -> dict[str, int]:
     return counts
 
 
+def _has_if(graph) -> bool:
+    for n in graph.node:
+        if n.op_type == "If":
+            return True
+        for a in n.attribute:
+            if any(_has_if(g) for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)):
+                return True
+    return False
+
+
+def _frontend_model(model_path: Path, workdir: Path) -> Path:
+    """``model_path``, or a copy in ``workdir`` whose ``If`` conditions of rank > 1 are reshaped to
+    scalars (:class:`passes.frontend_rewrites.ScalarIfConditionPass`: OpenVINO's ONNX frontend refuses
+    them, "Rank of If condition input must be equal to 0 or 1", where ONNX allows any one-element
+    tensor; same values)."""
+    import onnx
+
+    from anpred.onnx_io import load_model
+    from passes.frontend_rewrites import scalar_if_conditions
+
+    head = load_model(model_path)  # without the weights: is there an If at all?
+    if not _has_if(head.graph):
+        return model_path
+    model = load_model(model_path, load_external=True)
+    if not scalar_if_conditions(model)["rewritten"]:
+        return model_path
+    workdir.mkdir(parents=True, exist_ok=True)
+    dst = workdir / "openvino_frontend.onnx"
+    onnx.save_model(model, str(dst), save_as_external_data=model.ByteSize() > 3 << 29,
+                    location="openvino_frontend.onnx.data")
+    return dst
+
+
 class OpenVinoBackend(Backend):
     name = "openvino"
     family = "openvino"
@@ -88,6 +125,11 @@ class OpenVinoBackend(Backend):
 
         if model.ByteSize() > 2_000_000_000:
             return {}
+        if _has_if(model.graph):  # what the run gives the frontend (_frontend_model)
+            from passes.frontend_rewrites import scalar_if_conditions
+
+            model = type(model).FromString(model.SerializeToString())
+            scalar_if_conditions(model)
         fe = FrontEndManager().load_by_framework("onnx")
         try:
             fe.convert(fe.load(io.BytesIO(model.SerializeToString())))
@@ -126,7 +168,7 @@ class OpenVinoBackend(Backend):
         config = {"INFERENCE_PRECISION_HINT": self._hint(core)}
         if "threads" in self.options:
             config["INFERENCE_NUM_THREADS"] = int(self.options["threads"])
-        model_path = self._model_file(model_path, manifest)
+        model_path = _frontend_model(self._model_file(model_path, manifest), workdir)
         try:
             model = core.read_model(str(model_path))
             self.compiled = core.compile_model(model, "CPU", config)

@@ -19,10 +19,13 @@ attributes whose defaults keep it. ``reference_kernels`` in the versions records
 
 Known defects of the installed evaluator that the model reaches (:mod:`anpred.backends.reference_defects`,
 probed on the library at ``prepare``: onnx 1.23.2's ``GlobalMaxPool`` of a rank-3 or rank-5 input, its
-``BatchNormalization`` of opsets 9-13 with a ``momentum`` attribute) are
-left as they are (the backend computes what the library computes); a run that then fails raises a
-:class:`~anpred.errors.BackendError` naming them beside the library's error, and ``versions()`` lists
-them as ``reference_defects``.
+``BatchNormalization`` of opsets 9-13 with a ``momentum`` attribute, its LSTM/GRU/RNN kernels that
+ignore ``activations``, ``clip``, ``input_forget``) are worked around by exact rewrites of the model it
+runs (option ``workarounds``, default True; listed in ``versions()`` as ``reference_workarounds`` and in
+the report's notes), and operators it has no kernel for at the model's opset (``GlobalLpPool`` at 17)
+are decomposed. What no rewrite takes stays: a run that then fails raises a
+:class:`~anpred.errors.BackendError` naming the defect beside the library's error, and ``versions()``
+lists it as ``reference_defects``.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ import numpy as np
 from anpred.backends.base import Backend
 from anpred.backends.lowp_models import PopulationMember
 from anpred.backends.ort import NamedOutputsMixin
-from anpred.backends.reference_defects import failure_reason, reference_defects, summarize
+from anpred.backends.reference_defects import (evaluator_lacks, failure_reason, inference_batchnorm_kernel,
+                                               reference_defects, summarize, work_around)
 from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 
@@ -53,6 +57,15 @@ def reference_kernels(model) -> list:
     return [type("DequantizeLinear", (newest,), {"op_domain": ""})]
 
 
+def _subgraphs(graph):
+    """The graphs nested in ``graph``'s nodes (branches, loop bodies), recursively."""
+    for n in graph.node:
+        for a in n.attribute:
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                yield g
+                yield from _subgraphs(g)
+
+
 class ReferenceBackend(NamedOutputsMixin, Backend):
     name = "onnx-reference"
     family = "onnx-reference"
@@ -60,29 +73,22 @@ class ReferenceBackend(NamedOutputsMixin, Backend):
     coverage_basis = "onnx.reference.ops (load_op: op classes, or the schema's function body)"
 
     @classmethod
-    def unsupported_ops(cls, model) -> dict[str, str]:
+    def unsupported_ops(cls, model, rewrite: bool = True) -> dict[str, str]:
         """The default-domain operators of ``model`` (sub-graphs included) that ``onnx.reference`` can
         neither load a kernel class for nor expand from the schema's function body
         (``onnx.reference.ops.load_op`` at the model's opset; context-dependent functions count as
-        supported). Other domains are left to the run (``ai.onnx.ml`` has its own kernels; model-local
-        functions are evaluated from their bodies)."""
-        from onnx.reference import ReferenceEvaluator
-        from onnx.reference.ops import load_op
-
-        from anpred.onnx_io import model_ops
+        supported), nor run after the exact decompositions the backend applies
+        (:func:`anpred.backends.reference_defects.work_around`, ``GlobalLpPool``; ``rewrite=False``:
+        the library's own answer). Other domains are left to the run (``ai.onnx.ml`` has its own
+        kernels; model-local functions are evaluated from their bodies)."""
+        from passes.frontend_rewrites import DECOMPOSITIONS
 
         out = {}
-        for key, (dom, op, opset) in model_ops(model).items():
-            if dom:
-                continue
-            try:
-                load_op(dom, op, opset, evaluator_cls=ReferenceEvaluator)
-            except NotImplementedError:
-                out[key] = f"onnx.reference has no schema for {op} at opset {opset}"
-            except Exception as err:  # noqa: BLE001 - RuntimeImplementationError / RuntimeContextError
-                if type(err).__name__ != "RuntimeContextError":
-                    out[key] = (f"onnx.reference has no implementation of {op} at opset {opset} (no kernel class, "
-                                "no function body in the schema)")
+        for key, why in evaluator_lacks(model).items():
+            if rewrite and key in DECOMPOSITIONS and any(n.op_type == key for n in model.graph.node) \
+                    and not any(n.op_type == key for g in _subgraphs(model.graph) for n in g.node):
+                continue  # decomposed in the main graph before the evaluator loads it (the run says when not)
+            out[key] = why
         return out
 
     def _versions_impl(self):
@@ -93,6 +99,8 @@ class ReferenceBackend(NamedOutputsMixin, Backend):
             v["reference_kernels"] = ",".join(f"{k.__name__}<-{k.__mro__[1].__name__}" for k in self._kernels)
         if getattr(self, "defects", None):
             v["reference_defects"] = summarize(self.defects)
+        if getattr(self, "workarounds", None):
+            v["reference_workarounds"] = summarize(self.workarounds)
         return v
 
     def _model_file(self, model_path: Path, manifest: AnchorManifest) -> Path:
@@ -104,9 +112,13 @@ class ReferenceBackend(NamedOutputsMixin, Backend):
         from onnx.reference import ReferenceEvaluator
 
         model = load_model(self._model_file(model_path, manifest), load_external=True)
+        #: ``{node name: what was rewritten and why}``: known defects of the evaluator worked around
+        self.workarounds = work_around(model) if self.options.get("workarounds", True) else {}
         self._kernels = reference_kernels(model)
-        #: ``{node name: reason}``: known defects of the installed evaluator this model reaches
-        self.defects = reference_defects(model)
+        if any("_batchnorm_test_mode" in why for why in self.workarounds.values()):
+            self._kernels.append(inference_batchnorm_kernel())
+        #: ``{node name: reason}``: known defects of the installed evaluator this model still reaches
+        self.defects = {k: v for k, v in reference_defects(model).items() if k not in self.workarounds}
         try:
             self.sess = ReferenceEvaluator(model, new_ops=self._kernels or None)
         except Exception as err:  # noqa: BLE001 - the evaluator raises many types for unknown ops

@@ -184,6 +184,10 @@ class TfOnnxBackend(Backend):
         # onnx2tf's binary-op validation does not take a Constant node's TF constant for a constant and
         # fails ("... Found: 3.0", PP-OCRv4 det at 256x256); initializers reach it as NumPy arrays
         fold_constant_nodes(model)
+        if self.options.get("decompose"):  # elementary ops instead (passes.frontend_rewrites)
+            from passes.frontend_rewrites import decompose_ops
+
+            decompose_ops(model, set(self.options["decompose"]))
         prep = prepare_for_onnx2tf(model)
         src = scratch / "model.onnx"
         onnx.save(model, str(src))
@@ -269,6 +273,8 @@ class TfOnnxBackend(Backend):
         fixed = self._fixed_shapes(graph_inputs)
         self.fixed_shapes = fixed
         parts = [Path(model_path), "onnx2tf", md.version("onnx2tf"), self.options.get("onnx2tf", {}), FORMAT]
+        if self.options.get("decompose"):  # operators decomposed before onnx2tf (litert's retry)
+            parts.append({"decompose": sorted(self.options["decompose"])})
         key = cache_key(*parts, {"fixed_input_shapes": fixed}) if fixed else cache_key(*parts)
         self.conversion_key = key
         t0 = time.perf_counter()

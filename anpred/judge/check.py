@@ -162,6 +162,10 @@ def _new_report(run_dir, store, oracle: str, cfg: OracleConfig, table: dict[str,
     report.notes.extend(f"{b}: the installed library has known defects this model reaches, which explain a "
                         f"deviation here: {row['versions']['reference_defects']}"
                         for b, row in table.items() if (row.get("versions") or {}).get("reference_defects"))
+    report.notes.extend(f"{b}: known defects of the installed library that this model reaches were worked around "
+                        f"by exact rewrites of the model it ran (its other values are judged as usual): "
+                        f"{row['versions']['reference_workarounds']}"
+                        for b, row in table.items() if (row.get("versions") or {}).get("reference_workarounds"))
     return report
 
 
