@@ -23,7 +23,8 @@ taken branch alone): exact whatever the branches hold, as used after binding con
 
 The control-flow node's outputs keep their names, so anchors on them still map; ``anpred.instrument``
 places anchors in the main graph only (values inside branches and bodies are never anchors).
-``info``: ``{"inlined": [node names], "kept": {node name: reason}}``.
+``info``: ``{"inlined": [node names], "kept": {node name: reason}, "reordered": nodes moved}``; after
+inlining, the main graph is sorted topologically (:func:`stable_toposort`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 
 from passes.base import GraphPass, PassResult
 
-__all__ = ["ControlFlowInlinePass", "inline_control_flow", "MAX_UNROLL"]
+__all__ = ["ControlFlowInlinePass", "inline_control_flow", "stable_toposort", "MAX_UNROLL"]
 
 #: largest constant trip count a Loop is unrolled for
 MAX_UNROLL = 64
@@ -158,6 +159,8 @@ class ControlFlowInlinePass(GraphPass):
                 del g.node[:]
                 g.node.extend(new_nodes)
                 g.initializer.extend(new_inits)
+        if info["inlined"]:
+            info["reordered"] = stable_toposort(g)
         return PassResult(model, bool(info["inlined"]), info)
 
     @staticmethod
@@ -251,3 +254,60 @@ def inline_control_flow(model, constant_only: bool = False) -> dict[str, Any]:
     """Run :class:`ControlFlowInlinePass` (``constant_only``: only ``If`` with a constant condition)
     on ``model`` in place; returns its ``info``."""
     return ControlFlowInlinePass(constant_only)(model).info
+
+
+def _outer_reads(node) -> set[str]:
+    """The values ``node``'s sub-graphs read from outside themselves (outer-scope references)."""
+    reads: set[str] = set()
+    for a in node.attribute:
+        for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            defined = {i.name for i in sub.input} | {t.name for t in sub.initializer}
+            for n in sub.node:
+                defined.update(n.output)
+            for n in sub.node:
+                reads.update(v for v in n.input if v and v not in defined)
+                reads.update(v for v in _outer_reads(n) if v not in defined)
+            reads.update(o.name for o in sub.output if o.name not in defined)
+    return reads
+
+
+def stable_toposort(graph) -> int:
+    """Reorder ``graph``'s nodes in place so that every node follows the producers of its inputs and of
+    the outer-scope values its sub-graphs read, keeping the given order wherever it already is one
+    (Kahn's algorithm taking the earliest ready node). Inlining needs it: a branch that read an
+    outer value produced *after* its ``If`` (an order ONNX Runtime accepts; onnxconverter-common's
+    float16 conversion writes it) would otherwise be inlined before that producer (onnx2torch:
+    ``KeyError`` on the producer's name). Returns the number of nodes that moved; a cycle or a value
+    with no producer leaves those nodes in their order at the end."""
+    import heapq
+
+    nodes = list(graph.node)
+    producer = {}
+    for k, n in enumerate(nodes):
+        for o in n.output:
+            if o:
+                producer[o] = k
+    deps = [{producer[v] for v in set(n.input) | _outer_reads(n) if v in producer and producer[v] != k}
+             for k, n in enumerate(nodes)]
+    users: dict[int, list[int]] = {}
+    for k, ds in enumerate(deps):
+        for d in ds:
+            users.setdefault(d, []).append(k)
+    waiting = [len(ds) for ds in deps]
+    ready = [k for k, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        k = heapq.heappop(ready)
+        order.append(k)
+        for u in users.get(k, []):
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+    seen = set(order)
+    order += [k for k in range(len(nodes)) if k not in seen]
+    moved = sum(1 for i, k in enumerate(order) if i != k)
+    if moved:
+        del graph.node[:]
+        graph.node.extend(nodes[k] for k in order)
+    return moved

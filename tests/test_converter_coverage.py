@@ -362,6 +362,45 @@ def test_erf_decomposition_accuracy():
             assert (np.abs(pseudo - exact) / np.maximum(np.abs(exact), 1e-30))[small].max() > 1e-3
 
 
+def test_inlined_branch_reading_a_value_produced_after_its_if(tmp_path):
+    """onnxconverter-common's float16 conversion of the misc net writes an If before the producer of a
+    value its branches read (ONNX Runtime accepts that order); inlined as it stood, the branch came
+    before its producer and onnx2torch failed (``KeyError: 'relu_v'``, torch-fp16 on opclass:misc). The
+    inlining pass now sorts the graph (stable): torch matches ORT on both branches."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from anpred.backends.torch_onnx import TorchOnnxBackend
+    from passes.control_flow import inline_control_flow
+
+    then_g = helper.make_graph([helper.make_node("Sigmoid", ["a"], ["t"], name="then_sig")], "then", [],
+                               [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 3])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["a"], ["e"], name="else_neg")], "else", [],
+                               [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 3])])
+    nodes = [helper.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g),
+             helper.make_node("Relu", ["v"], ["a"], name="relu_v"),  # produced after the If that reads it
+             helper.make_node("ReduceMax", ["v"], ["m"], name="max_v", keepdims=0),
+             helper.make_node("Greater", ["m", "zero"], ["c"], name="gt")]
+    g = helper.make_graph(nodes, "late", [helper.make_tensor_value_info("v", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+                          [numpy_helper.from_array(np.array(0, np.float32), "zero")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    probe = copy.deepcopy(m)
+    info = inline_control_flow(probe)
+    assert info["inlined"] == ["if"] and info["reordered"] > 0
+    produced = {"v"} | {t.name for t in probe.graph.initializer}
+    for n in probe.graph.node:  # every input produced before it is read
+        assert all(v in produced for v in n.input if v), (n.name, list(n.input))
+        produced.update(n.output)
+    path = _anchor(m, tmp_path / "late.onnx", ["a"])
+    rng = np.random.default_rng(0)
+    samples = [{"v": np.abs(rng.standard_normal((2, 3))).astype(np.float32)},
+               {"v": -np.abs(rng.standard_normal((2, 3))).astype(np.float32)}]
+    with TorchOnnxBackend() as b:
+        errs = _compare(b, path, tmp_path / "w", samples)
+        assert "output/y" in errs
+
+
 def test_control_flow_kept_is_a_clear_error(tmp_path):
     """A Loop whose trip count is data-dependent is not inlined: the torch backend names it."""
     import onnx
