@@ -17,6 +17,9 @@ backend only where its own library refuses or lacks the original (see the backen
   known wrong at the input's rank. ``Erf`` becomes Eigen's float32 rational approximation (the one
   TensorFlow's CPU kernel is built on), for a runtime without an Erf kernel (LiteRT: no builtin).
 
+- :func:`fold_constant_fake_quantization`: ``DequantizeLinear(QuantizeLinear(constant))`` folded into
+  the constant it computes, for OpenVINO's low-precision transformations that throw on it.
+
 ``info``: ``{"rewritten": [node names], "kept": {node name: reason}}``.
 """
 
@@ -28,7 +31,8 @@ import numpy as np
 
 from passes.base import GraphPass, PassResult
 
-__all__ = ["ScalarIfConditionPass", "DecomposePass", "DECOMPOSITIONS", "scalar_if_conditions", "decompose_ops"]
+__all__ = ["ScalarIfConditionPass", "DecomposePass", "DECOMPOSITIONS", "scalar_if_conditions", "decompose_ops",
+           "fold_constant_fake_quantization"]
 
 
 def _fresh(taken: set[str], base: str) -> str:
@@ -275,6 +279,66 @@ class DecomposePass(GraphPass):
         model.graph.node.extend(new)
         model.graph.initializer.extend(consts)
         return PassResult(model, bool(info["rewritten"]), info)
+
+
+def fold_constant_fake_quantization(model) -> list[str]:
+    """In place: every main-graph ``DequantizeLinear(QuantizeLinear(c))`` whose ``c`` is an initializer
+    and whose scales and zero points are per-tensor initializers becomes the initializer the pair
+    computes (ONNX QuantizeLinear-13: ``q = saturate(round_half_even(c / scale) + zero_point)``,
+    DequantizeLinear-13: ``(q - zero_point) * scale``, both in float32; ``Constant`` nodes must be
+    folded to initializers first). The QuantizeLinear stays when something else reads it. Returns the
+    names of the DequantizeLinear nodes folded. ``onnxruntime.quantization.quantize_static`` writes
+    such pairs for constant operands quantized as activations (PP-OCR's ``Add(conv, Reshape(bias))``);
+    OpenVINO 2026.4's low-precision ``AddTransformation`` throws on an Add of two dequantized operands
+    when one is constant ("Check 'index < m_inputs.size()' failed"), and compiles the folded model.
+    Exact in value up to the runtime's own rounding of the same two operations."""
+    from onnx import numpy_helper
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    readers: dict[str, int] = {}
+    for n in g.node:
+        for v in n.input:
+            readers[v] = readers.get(v, 0) + 1
+    outputs = {o.name for o in g.output}
+
+    def scalar(name: str):
+        t = inits.get(name)
+        if t is None or int(np.prod(t.dims or [1])) != 1:
+            return None
+        return numpy_helper.to_array(t).reshape(())
+
+    folded, drop, new = [], set(), []
+    for n in g.node:
+        if n.op_type != "DequantizeLinear" or n.domain not in ("", "ai.onnx") or len(n.input) < 2:
+            continue
+        q = producer.get(n.input[0])
+        if q is None or q.op_type != "QuantizeLinear" or q.input[0] not in inits or len(q.input) < 3:
+            continue
+        if list(q.input[1:3]) != list(n.input[1:3]):  # one scale/zero point for the pair
+            continue
+        scale, zp = scalar(q.input[1]), scalar(q.input[2])
+        if scale is None or zp is None or scale.dtype != np.float32 or zp.dtype.kind not in "iu":
+            continue
+        c = numpy_helper.to_array(inits[q.input[0]])
+        if c.dtype != np.float32:
+            continue
+        info = np.iinfo(zp.dtype)
+        qv = np.clip(np.rint(c / scale).astype(np.float64) + int(zp), info.min, info.max)
+        value = ((qv - int(zp)).astype(np.float32) * scale).astype(np.float32)
+        new.append(numpy_helper.from_array(value, n.output[0]))
+        drop.add(id(n))
+        folded.append(n.name or n.output[0])
+        readers[q.output[0]] -= 1
+        if readers[q.output[0]] == 0 and q.output[0] not in outputs:
+            drop.add(id(q))
+    if folded:
+        keep = [n for n in g.node if id(n) not in drop]
+        del g.node[:]
+        g.node.extend(keep)
+        g.initializer.extend(new)
+    return folded
 
 
 def scalar_if_conditions(model) -> dict[str, Any]:

@@ -401,6 +401,68 @@ def test_inlined_branch_reading_a_value_produced_after_its_if(tmp_path):
         assert "output/y" in errs
 
 
+def test_openvino_int8_constant_fake_quantization_folded(tmp_path):
+    """PP-OCR's pattern ``Add(Conv(...), Reshape(bias))`` quantized by the shared int8 recipe: the
+    reshaped bias gets a QuantizeLinear/DequantizeLinear pair of its own, and OpenVINO 2026.4's
+    low-precision AddTransformation throws compiling it (asserted on raw OpenVINO, so a fixed release
+    shows). openvino-int8 compiles it once more with that constant fake quantization folded
+    (passes.frontend_rewrites.fold_constant_fake_quantization) and matches ORT's fake-quantized run of the
+    same model within one quantization step of the output."""
+    import onnx
+    import onnxruntime as ort
+    import openvino as ov
+    from onnx import TensorProto, helper, numpy_helper
+
+    from anpred.backends.lowp_models import int8_model
+    from anpred.backends.openvino import OpenVinoInt8Backend
+    from anpred.manifest import AnchorManifest
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, .3, (2, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(0, 1, (2,)).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array([1, 2, 1, 1], np.int64), "shp")]
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["g"], name="gap"),
+             helper.make_node("Conv", ["g", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["b", "shp"], ["rb"], name="reshape_bias"),
+             helper.make_node("Add", ["c", "rb"], ["a"], name="add_bias"),
+             helper.make_node("Relu", ["a"], ["y"], name="relu")]
+    g = helper.make_graph(nodes, "bias_add", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 1, 1])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    from anpred.instrument import instrument_model
+
+    am, man = instrument_model(m, stages=1)  # the output only: an anchor on the conv changes the pattern
+    man.to_model(am)
+    path = tmp_path / "bias_add.onnx"
+    onnx.save(am, str(path))
+    calib = []
+    for k in range(4):
+        np.savez(tmp_path / f"s{k}.npz", x=rng.uniform(0, 1, (1, 3, 8, 8)).astype(np.float32))
+        calib.append(str(tmp_path / f"s{k}.npz"))
+    q = int8_model(path, calib)
+    core = ov.Core()
+    with pytest.raises(Exception, match=r"AddTransformation\].*CALLBACK HAS THROWN"):
+        core.compile_model(core.read_model(str(q)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    manifest = AnchorManifest.from_model(onnx.load(str(path), load_external_data=False))
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(str(q), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    with OpenVinoInt8Backend({"calibration": calib}) as b:
+        b.prepare(path, manifest, tmp_path / "w")
+        assert b.folded_fake_quantization and "openvino_folded_fake_quantization" in b.versions()
+        steps = b.quantization_steps()
+        for f in calib:
+            x = {"x": np.load(f)["x"]}
+            ref = dict(zip(names, sess.run(names, x)))
+            got = b.run(x)
+            for a in manifest.anchors:
+                r = ref[a.name] if a.name in ref else ref[a.value]
+                err = float(np.abs(got[a.name].astype(np.float64) - r).max())
+                assert err <= 1.01 * steps[a.name], (a.name, err, steps[a.name])
+
+
 def test_control_flow_kept_is_a_clear_error(tmp_path):
     """A Loop whose trip count is data-dependent is not inlined: the torch backend names it."""
     import onnx

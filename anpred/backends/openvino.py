@@ -11,7 +11,12 @@ Anchors are outputs of the anchored ONNX model; OpenVINO keeps ONNX tensor names
 An ``If`` whose condition has rank > 1 (valid ONNX: one element of any rank) is given a scalar
 condition first, in a copy in the work folder (:class:`passes.frontend_rewrites.ScalarIfConditionPass`;
 OpenVINO 2026.4's frontend refuses it: "Rank of If condition input must be equal to 0 or 1"); the
-pre-run coverage asks the frontend about the same rewritten model.
+pre-run coverage asks the frontend about the same rewritten model. When the CPU plugin's
+low-precision transformations throw while compiling (OpenVINO 2026.4 on PP-OCR's int8 models:
+``AddTransformation`` on an Add of two dequantized operands, one of them constant), the model is
+compiled once more with its constants' fake quantization folded
+(:func:`passes.frontend_rewrites.fold_constant_fake_quantization`; ``openvino_folded_fake_quantization``
+in the versions).
 Options: ``threads`` (``INFERENCE_NUM_THREADS``, default the plugin's choice).
 
 Population members (:mod:`anpred.backends.lowp_models`; their ``precision`` is the model's, the
@@ -159,7 +164,12 @@ class OpenVinoBackend(Backend):
     def _versions_impl(self):
         import openvino as ov
 
-        return {"openvino": ov.get_version().split("-")[0], "openvino_build": ov.get_version()}
+        v = {"openvino": ov.get_version().split("-")[0], "openvino_build": ov.get_version()}
+        if getattr(self, "folded_fake_quantization", None):
+            v["openvino_folded_fake_quantization"] = (
+                f"{len(self.folded_fake_quantization)} DequantizeLinear(QuantizeLinear(constant)) pair(s) folded into "
+                "their constants (the low-precision transformations threw on the model as written)")
+        return v
 
     def _prepare_impl(self, model_path: Path, manifest: AnchorManifest, workdir: Path) -> None:
         import openvino as ov
@@ -169,9 +179,10 @@ class OpenVinoBackend(Backend):
         if "threads" in self.options:
             config["INFERENCE_NUM_THREADS"] = int(self.options["threads"])
         model_path = _frontend_model(self._model_file(model_path, manifest), workdir)
+        #: DequantizeLinear nodes whose constant fake quantization was folded (see _compile)
+        self.folded_fake_quantization: list[str] = []
         try:
-            model = core.read_model(str(model_path))
-            self.compiled = core.compile_model(model, "CPU", config)
+            self.compiled = self._compile(core, model_path, workdir, config)
         except Exception as err:  # openvino raises RuntimeError/OpConversionFailure/GeneralFailure
             # OpenVINO's messages start with lines of source locations ("Exception from
             # src/.../graph_rewrite.cpp:298:"); keep the lines that say something, in their order
@@ -199,6 +210,42 @@ class OpenVinoBackend(Backend):
     def _hint(self, core) -> str:
         """The ``INFERENCE_PRECISION_HINT`` to compile with (``core``: the ``ov.Core``)."""
         return self.hint
+
+    def _compile(self, core, model_path: Path, workdir: Path, config: dict):
+        """Compile ``model_path``; when a low-precision transformation of the plugin throws
+        ("...Transformation] ... CALLBACK HAS THROWN"), compile once more a copy whose
+        ``DequantizeLinear(QuantizeLinear(constant))`` pairs are folded into their constants
+        (:func:`passes.frontend_rewrites.fold_constant_fake_quantization`, recorded in
+        :attr:`folded_fake_quantization` and the versions); the first error is raised when that does
+        not help or there is nothing to fold."""
+        try:
+            return core.compile_model(core.read_model(str(model_path)), "CPU", config)
+        except Exception as err:
+            if "Transformation]" not in str(err):
+                raise
+            import onnx
+
+            from anpred.convert import fold_constant_nodes
+            from anpred.onnx_io import load_model
+            from passes.bind_inputs import fold_constant_layout
+            from passes.frontend_rewrites import fold_constant_fake_quantization
+
+            model = load_model(model_path, load_external=True)
+            fold_constant_nodes(model)
+            fold_constant_layout(model)
+            folded = fold_constant_fake_quantization(model)
+            if not folded:
+                raise
+            workdir.mkdir(parents=True, exist_ok=True)
+            dst = workdir / "openvino_folded.onnx"
+            onnx.save_model(model, str(dst), save_as_external_data=model.ByteSize() > 3 << 29,
+                            location="openvino_folded.onnx.data")
+            try:
+                compiled = core.compile_model(core.read_model(str(dst)), "CPU", config)
+            except Exception:
+                raise err from None
+            self.folded_fake_quantization = folded
+            return compiled
 
     def _model_file(self, model_path: Path, manifest: AnchorManifest) -> Path:
         """The model file OpenVINO reads (the anchored model; population members: their shared one)."""
