@@ -367,7 +367,6 @@ def test_inlined_branch_reading_a_value_produced_after_its_if(tmp_path):
     value its branches read (ONNX Runtime accepts that order); inlined as it stood, the branch came
     before its producer and onnx2torch failed (``KeyError: 'relu_v'``, torch-fp16 on opclass:misc). The
     inlining pass now sorts the graph (stable): torch matches ORT on both branches."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     from anpred.backends.torch_onnx import TorchOnnxBackend
