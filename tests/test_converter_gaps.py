@@ -416,3 +416,53 @@ def test_magika_on_the_fixed_backends(tmp_path):
             nrmse = float(np.sqrt(np.mean((y - r) ** 2) / max(np.mean(r ** 2), 1e-30)))
             print(f"\n{name} {a}: nRMSE vs ort {nrmse:.3g}, max abs {float(np.abs(y - r).max()):.3g}", end="")
             assert nrmse <= 2e-4, f"{name} {a}: nRMSE {nrmse:.3g}"
+
+
+# ---- OpenVINO: two recurrent layers reading one tensor ---------------------------------------------
+def _two_grus(path: Path) -> Path:
+    """x [T=3, B=2, 4] read by two forward GRUs (linear_before_reset=1, hidden 3, seeded weights), both
+    outputs graph outputs (opset 14)."""
+    from models.opclass import rnn_node
+
+    rng = np.random.default_rng(0)
+    nodes, inits, outs = [], [], []
+    for k in range(2):
+        n, i, o = rnn_node("GRU", f"gru{k}", "x", 4, 3, "forward", rng, T=3, B=2, lbr=1)
+        nodes.append(n)
+        inits += i
+        outs += o
+    g = helper.make_graph(nodes, "two_grus", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2, 4])],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
+
+
+def test_openvino_two_recurrent_layers_on_one_tensor(tmp_path):
+    """Found by the coverage matrix on opclass:recurrent (openvino flagged with its fp16/int8 members),
+    confirmed against the float64 execution: OpenVINO 2026.4's CPU plugin computes the first of two
+    recurrent layers that read the same tensor wrongly (each alone is right to 6e-8; measured: max |error|
+    0.63 on gru0.Y, gru1 right). Asserted on raw OpenVINO (a fixed release makes this fail), then the
+    consensus of ort, torch and onnx-reference flags openvino alone, at gru0's outputs."""
+    import openvino as ov
+
+    from anpred.judge import check_run
+    from anpred.run import run_model
+
+    path = _two_grus(tmp_path / "two_grus.onnx")
+    x = {"x": np.random.default_rng(1).normal(0, 1, (3, 2, 4)).astype(np.float32)}
+    want = _ort(onnx.load(str(path)), x)
+    core = ov.Core()
+    cm = core.compile_model(core.read_model(str(path)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    got = cm(x)
+    err = {o: float(np.abs(got[cm.output(o)] - want[o]).max()) for o in want}
+    assert err["gru0.Y"] > 0.1 and err["gru1.Y"] < 1e-6, err
+    anchored = _anchor(onnx.load(str(path)), tmp_path / "anchored.onnx")
+    np.savez(tmp_path / "in.npz", **x)
+    run_model(anchored, ["ort", "openvino", "torch", "onnx-reference"], str(tmp_path / "in.npz"), tmp_path / "run",
+              progress=False, timeout_s=300)
+    rep = check_run(tmp_path / "run")
+    assert [b for b, v in rep.verdicts.items() if v.flagged] == ["openvino"]
+    bad = {c.anchor for c in rep.cells if c.backend == "openvino" and c.flagged}
+    assert bad and all("gru0" in a for a in bad), bad

@@ -18,6 +18,10 @@ reason says so. :mod:`anpred.align` turns every tensor into float64 before compa
 (``anpred.align.rules.apply_rule``), so these need no cast rule; the run record's ``dtypes`` say
 ``float64``.
 
+The known defects of the evaluator that ``onnx-reference`` works around
+(:func:`anpred.backends.reference_defects.work_around`) are worked around in the float64 copy too
+(``reference_workarounds`` in the versions; option ``workarounds=False`` runs the library as it is):
+the basis must compute what the spec defines.
 Family ``onnx-reference-fp64`` (its own; it does not vote: the oracle uses it as the float64 basis),
 precision ``fp64``. Speed: the reference evaluator in float64 runs at about the speed of its float32
 runs (numpy kernels; see tests/test_fp16_models.py for a measurement).
@@ -32,7 +36,8 @@ import numpy as np
 
 from anpred.backends.base import Backend
 from anpred.backends.ort import NamedOutputsMixin
-from anpred.backends.reference_defects import failure_reason, reference_defects, summarize
+from anpred.backends.reference_defects import (failure_reason, inference_batchnorm_kernel, reference_defects, summarize,
+                                               work_around)
 from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 
@@ -65,6 +70,8 @@ class ReferenceFp64Backend(NamedOutputsMixin, Backend):
         v = {"onnx": onnx.__version__, "numpy": np.__version__}
         if getattr(self, "defects", None):
             v["reference_defects"] = summarize(self.defects)
+        if getattr(self, "workarounds", None):
+            v["reference_workarounds"] = summarize(self.workarounds)
         return v
 
     def versions(self):
@@ -102,10 +109,14 @@ class ReferenceFp64Backend(NamedOutputsMixin, Backend):
         self.converted_path = d / "model.onnx"
         self.report = json.loads((d / "report.json").read_text())
         model = load_model(self.converted_path, load_external=True)
-        #: known defects of the installed evaluator this model reaches (:mod:`anpred.backends.reference_defects`)
-        self.defects = reference_defects(model)
+        #: known defects of the evaluator worked around in the copy it runs (as ``onnx-reference``'s): the
+        #: float64 basis must compute what the spec defines
+        self.workarounds = work_around(model) if self.options.get("workarounds", True) else {}
+        kernels = [inference_batchnorm_kernel()] if any("_batchnorm_test_mode" in w for w in self.workarounds.values()) else []
+        #: known defects of the installed evaluator this model still reaches (:mod:`anpred.backends.reference_defects`)
+        self.defects = {k: v for k, v in reference_defects(model).items() if k not in self.workarounds}
         try:
-            self.sess = ReferenceEvaluator(model)
+            self.sess = ReferenceEvaluator(model, new_ops=kernels or None)
         except Exception as err:  # noqa: BLE001 - the evaluator raises many types for unknown ops
             raise BackendError(f"{self.name}: onnx-reference cannot load the float64 copy "
                                f"({type(err).__name__}: {err})") from err

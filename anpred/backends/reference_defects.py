@@ -2,8 +2,8 @@
 the library itself (so the finding disappears when a fixed onnx is installed).
 
 :func:`work_around` rewrites the model the evaluator runs so that it computes what the ONNX spec
-defines where the library is known not to (``onnx-reference`` and its population members do so by
-default, option ``workarounds=False`` runs the library as it is; ``onnx-reference-fp64`` never): each
+defines where the library is known not to (``onnx-reference``, its population members and ``onnx-reference-fp64`` do so by default, option
+``workarounds=False`` runs the library as it is): each
 rewrite is exact (the spec's own equations or an equal operator), what was rewritten and why is in
 ``versions()`` (``reference_workarounds``) and in the report's notes, so the defect stays visible
 while the backend votes on every other value of the model. A probe that finds nothing (a fixed onnx)
