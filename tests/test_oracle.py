@@ -530,3 +530,43 @@ def test_reference_with_a_known_library_defect_is_the_last_choice():
     for s in _population(["ort", "onnx-reference"], n=2):
         o2.add(s)
     assert o2.finish().consensus["anchor/00/a"] == ["reference:onnx-reference"]  # the default priority
+
+
+def _majority_error(torch_extra=None, fp64=True, n=6, seed=3):
+    """ort, openvino and tvm share one error (1e-4 x a fixed pattern, as a sequential float32 sum they
+    all compute); torch is accurate (noise 3e-7) unless ``torch_extra`` (relative scale of its own,
+    independent error); onnx-reference-fp64 returns the truth."""
+    names = ["ort", "openvino", "tvm", "torch"]
+    o = Oracle(ANCHORS, _backends(names) + ([BackendInfo.make("onnx-reference-fp64", precision="fp64")] if fp64 else []))
+    rng = np.random.default_rng(seed)
+    shared = {a.name: rng.standard_normal(512) for a in ANCHORS}
+    for _ in range(n):
+        sample = {}
+        for a in ANCHORS:
+            true = rng.standard_normal(512)
+            sample[a.name] = {b: true * (1 + 3e-7 * rng.standard_normal(512)) + 1e-4 * shared[a.name]
+                              for b in ("ort", "openvino", "tvm")}
+            sample[a.name]["torch"] = true * (1 + 3e-7 * rng.standard_normal(512)) + \
+                (torch_extra * rng.standard_normal(512) if torch_extra else 0.0)
+            if fp64:
+                sample[a.name]["onnx-reference-fp64"] = true.astype(np.float64)
+        o.add(sample)
+    return o.finish()
+
+
+def test_float64_execution_arbitrates_a_majority_sharing_one_error():
+    """The consensus is a median: three families sharing one error outvote the accurate one, which is
+    flagged (docs/oracle.md, magika's LayerNorm). With the float64 execution in the run, the accurate one
+    is closer to it than the consensus at every anchor (nRMSE ~3e-7 vs ~1e-4): not flagged, with a note;
+    the float64 execution itself is not flagged either. A backend that is *further* from float64 than the
+    consensus (an error of its own, 1e-3) stays flagged."""
+    without = _majority_error(fp64=False)
+    assert [b for b, v in without.verdicts.items() if v.flagged] == ["torch"]
+    res = _majority_error()
+    assert not any(v.flagged for v in res.verdicts.values())
+    notes = [x for x in res.notes if x.startswith("torch: departs from the consensus") and "float64" in x]
+    assert len(notes) == 1 and "the majority shares an error" in notes[0]
+    cells = [c for c in res.cells if c.backend == "torch"]
+    assert all("closer to the float64 execution than the consensus" in c.reason for c in cells)
+    bad = _majority_error(torch_extra=1e-3)
+    assert [b for b, v in bad.verdicts.items() if v.flagged] == ["torch"]

@@ -132,6 +132,7 @@ class Oracle:
         # float64 execution(s) of the model: (anchor, voter) -> [sum d^2, sum c^2] against it
         self._fp64 = [b.name for b in backends if b.precision == "fp64"]
         self._fp64_sums: dict[tuple[str, str], list[float]] = {}
+        self._fp64_consensus: dict[str, list[float]] = {}  # anchor -> the consensus' (dd, cc) against fp64
         # pooled distances between family votes: error correlation (partial kernel sharing)
         self.indep = PairDistances()
         self.rho_merged: dict[str, dict[frozenset, float]] = {a.name: {} for a in self.anchors}  # last rho
@@ -302,7 +303,7 @@ class Oracle:
             if not np.isfinite(c).any():
                 self.all_nonfinite.add(a.name)
             if self._fp64 and self._fp64[0] in got:
-                self._add_fp64(a.name, got)
+                self._add_fp64(a.name, got, c)
             ref_tensor = Reference(c, undecided)
             done: list[tuple[np.ndarray, str, Any]] = []  # (tensor, ULP dtype, its Comparison)
             for b, x in got.items():
@@ -321,18 +322,56 @@ class Oracle:
                     done.append((x, dt, cmp))
                 acc.add(cmp)
 
-    def _add_fp64(self, anchor: str, got: dict[str, np.ndarray]) -> None:
-        """Each voter's squared deviation from the float64 execution at ``anchor`` (finite positions)."""
+    def _add_fp64(self, anchor: str, got: dict[str, np.ndarray], consensus: np.ndarray | None = None) -> None:
+        """Each voter's (and the consensus') squared deviation from the float64 execution at ``anchor``
+        (finite positions)."""
         ref = got[self._fp64[0]]
-        for b, x in got.items():
-            if not self.backends[b].votes:
-                continue
+        tensors = [((anchor, b), x) for b, x in got.items() if self.backends[b].votes]
+        if consensus is not None and consensus.shape == ref.shape:
+            tensors.append((None, consensus))
+        for key, x in tensors:
             ok = np.isfinite(x) & np.isfinite(ref)
             d = (x - ref)[ok]
             r = ref[ok]
-            s = self._fp64_sums.setdefault((anchor, b), [0.0, 0.0])
+            s = self._fp64_sums.setdefault(key, [0.0, 0.0]) if key else self._fp64_consensus.setdefault(anchor, [0.0, 0.0])
             s[0] += float(np.einsum("i,i->", d, d))
             s[1] += float(np.einsum("i,i->", r, r))
+
+    @property
+    def fp64_consensus_error(self) -> dict[str, float]:
+        """anchor -> pooled nRMSE of the consensus against the float64 execution (empty when no
+        ``fp64`` backend ran)."""
+        return {a: (math.sqrt(dd / cc) if cc > 0 else (0.0 if dd == 0 else math.inf))
+                for a, (dd, cc) in self._fp64_consensus.items()}
+
+    def _arbitrate(self, cells: dict[tuple[str, str], Cell]) -> list[str]:
+        """Accuracy arbitration by the float64 execution (where ``onnx-reference-fp64`` ran): a flagged
+        cell of an fp32 voter whose own deviation from the float64 execution is smaller than the
+        consensus' (pooled nRMSE, :attr:`fp64_error` vs :attr:`fp64_consensus_error`) departs from the
+        consensus because the consensus is less accurate there (a majority sharing one error, e.g. a
+        sequential float32 sum, docs/oracle.md): it is unflagged, with the two figures in its reason.
+        The float64 execution's own cells (0 from itself) are arbitrated alike. No constant: the
+        comparison is between two measurements of the run. Returns one note per backend arbitrated."""
+        if not self._fp64_consensus:
+            return []
+        mine, theirs = self.fp64_error, self.fp64_consensus_error
+        done: dict[str, list[str]] = {}
+        for (a, b), cell in cells.items():
+            info = self.backends[b]
+            arbiter = b == self._fp64[0]  # the float64 execution itself: 0 from itself by definition
+            if not cell.flagged or cell.nonfinite or not (arbiter or (info.votes and info.precision == "fp32")):
+                continue
+            e_b, e_c = (0.0 if arbiter else mine.get((a, b))), theirs.get(a)
+            if e_b is None or e_c is None or not e_b < e_c:
+                continue
+            cell.flagged = False
+            cell.reason = (f"not flagged: closer to the float64 execution than the consensus (nRMSE {e_b:.3g} "
+                           f"against {e_c:.3g}); the consensus shares an error here" + (f" [{cell.reason}]" if cell.reason else ""))
+            done.setdefault(b, []).append(f"{a} ({e_b:.2g} vs {e_c:.2g})")
+        return [f"{b}: departs from the consensus at {len(v)} anchor(s) but is closer to the float64 execution "
+                f"({self._fp64[0]}) than the consensus there, nRMSE {'; '.join(v[:4])}{' ...' if len(v) > 4 else ''}: "
+                "the majority shares an error (a less accurate computation), not flagged"
+                for b, v in done.items()]
 
     @property
     def fp64_error(self) -> dict[tuple[str, str], float]:
@@ -380,6 +419,7 @@ class Oracle:
         loc = Localizer(self.anchors, self.backends, self.cfg, self.descendants, self._part_of)
         if self.cfg.sustained_anchors >= 2:
             loc.mark_sustained(cells)
+        notes.extend(self._arbitrate(cells))
         verdicts = {b: backend_verdict(info, self.anchors, cells, gaps=self.gaps, ref_at=self.ref_at,
                                        samples=self.samples, localizer=loc)
                     for b, info in self.backends.items()}
