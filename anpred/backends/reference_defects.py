@@ -293,6 +293,8 @@ def work_around(model) -> dict[str, str]:
       the caller gives the evaluator :func:`inference_batchnorm_kernel` (the schema fills ``momentum``
       with its default 0.9 when the attribute is absent, so no rewrite of the node can avoid the
       blending);
+    - the main graph is sorted topologically with sub-graph reads counted
+      (:func:`passes.control_flow.stable_toposort`) when it is not;
     - recurrent nodes whose kernel departs from their equations (:func:`probe_recurrent`) are unrolled
       into elementary ops (:mod:`passes.recurrent`);
     - operators the evaluator has no kernel for at the model's opset and that have an exact
@@ -303,7 +305,15 @@ def work_around(model) -> dict[str, str]:
     from passes.frontend_rewrites import decompose_ops
     from passes.recurrent import RECURRENT_OPS, unroll_recurrent
 
+    from passes.control_flow import stable_toposort
+
     done: dict[str, str] = {}
+    moved = stable_toposort(model.graph)
+    if moved:  # the evaluator runs nodes in graph order; a sub-graph read of a later producer fails
+        done["(graph order)"] = (f"onnx.reference {onnx.__version__} runs nodes in the order given and fails on an If "
+                                 f"whose branches read a value produced after it (\"Unable to find input\"), an order "
+                                 f"ONNX Runtime accepts (onnxconverter-common, quantize_static write it): {moved} "
+                                 "node(s) sorted topologically")
     taken = {n.name for n in model.graph.node}
     for i, n in enumerate(model.graph.node):  # every node named: the findings are keyed by node name
         if not n.name:
