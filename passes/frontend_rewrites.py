@@ -1,6 +1,7 @@
 """Exact rewrites of a few ONNX constructs into equivalent ones a runtime's frontend accepts.
 
-Each rewrite keeps the values the ONNX spec defines (same outputs, same names) and is used by a
+Each rewrite keeps the values the ONNX spec defines up to the rounding of the operations it is
+written with (same outputs, same names; ``Erf`` is an approximation within 4.2e-7) and is used by a
 backend only where its own library refuses or lacks the original (see the backends' docstrings):
 
 - :class:`ScalarIfConditionPass`: an ``If`` whose condition has rank > 1 (or an unknown rank) gets
@@ -8,7 +9,7 @@ backend only where its own library refuses or lacks the original (see the backen
   rank; OpenVINO 2026.4's ONNX frontend refuses rank > 1 ("Rank of If condition input must be equal
   to 0 or 1"), e.g. ``Greater(ReduceMean(x, keepdims=1), 0)`` of a 2-D ``x``. Sub-graphs included.
 - :class:`DecomposePass`: operators replaced by the elementary ops their ONNX definition is written
-  in, for a runtime that has no kernel for them (:data:`DECOMPOSITIONS`). ``GlobalLpPool(x, p)`` (ONNX
+  in (``Erf``: by an approximation accurate to float32, below), for a runtime that has no kernel for them (:data:`DECOMPOSITIONS`). ``GlobalLpPool(x, p)`` (ONNX
   GlobalLpPool-2: "the Lp norm of the values over the spatial axes") becomes
   ``Pow(ReduceSum(Pow(Abs(x), p), spatial axes, keepdims=1), 1/p)`` (``p = 1`` and ``p = 2`` as
   ``ReduceL1`` / ``ReduceL2``, the norms themselves); it needs the input's rank (shape inference),
@@ -87,8 +88,7 @@ def _opset(model) -> int:
 class ScalarIfConditionPass(GraphPass):
     """Reshape every ``If`` condition of rank > 1 (or of unknown rank) to a scalar, in place (module
     docstring). Sub-graphs (branches, loop bodies) are walked too; their conditions' ranks are unknown
-    to shape inference of the main graph, so they are reshaped unless they are initializers of rank
-    <= 1."""
+    to shape inference of the main graph, so every one of them is reshaped (a scalar stays a scalar)."""
 
     in_place = True
 
@@ -175,9 +175,10 @@ def _global_lp_pool(node, rank: int | None, opset: int, taken: set[str], consts:
 
     if p in (1, 2):
         return [_reduce("ReduceL1" if p == 1 else "ReduceL2", x, y, axes, opset, base, taken, consts)]
+    cdt = np.dtype(dtype) if dtype is not None and np.dtype(dtype).kind == "f" else np.dtype(np.float32)
     pn, ipn = _fresh(taken, f"{base}/p"), _fresh(taken, f"{base}/inv_p")
-    consts.append(numpy_helper.from_array(np.asarray(float(p), np.float32), pn))
-    consts.append(numpy_helper.from_array(np.asarray(1.0 / float(p), np.float32), ipn))
+    consts.append(numpy_helper.from_array(np.asarray(float(p), cdt), pn))  # the input's type: Pow-7..11 asks one type
+    consts.append(numpy_helper.from_array(np.asarray(1.0 / float(p), cdt), ipn))
     a, ap, s = (_fresh(taken, f"{base}/{k}") for k in ("abs", "pow", "sum"))
     return [helper.make_node("Abs", [x], [a], name=_fresh(taken, f"{base}/Abs")),
             helper.make_node("Pow", [a, pn], [ap], name=_fresh(taken, f"{base}/Pow")),
@@ -194,16 +195,17 @@ ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7
 
 
 def _erf(node, rank, opset, taken, consts, dtype=None):
-    """``Erf`` as Eigen's rational approximation (:data:`ERF_P`, :data:`ERF_Q`), written with Clip,
-    Mul, Add and Div in float32 (another float input type is cast to float32 and back: in float16 the
-    smallest coefficients underflow). Measured in float32 against ``math.erf`` on 200,001 points of
+    """``Erf`` as Eigen's rational approximation (:data:`ERF_P`, :data:`ERF_Q`), written with Min, Max,
+    Mul, Add and Div in float32 (a float16 input is cast to float32 and back: in float16 the smallest
+    coefficients underflow; float64 is refused, the approximation being float32's: ValueError, the node
+    is kept). Measured in float32 against ``math.erf`` on 200,001 points of
     [-5, 5]: max |error| 4.2e-7, relative error <= 2.2e-7 for |x| < 0.5 (ONNX Runtime's Erf: 5.6e-8;
     TensorFlow's ``tf.math.erf``: 3.4e-7)."""
     from onnx import TensorProto, helper, numpy_helper
 
     dtype = np.dtype(dtype or np.float32)
-    if dtype.kind != "f":
-        raise ValueError(f"input of type {dtype} (float only)")
+    if dtype.kind != "f" or dtype.itemsize > 4:
+        raise ValueError(f"input of type {dtype} (float16/float32 only: the approximation is float32's)")
     base = node.name or node.output[0]
 
     def const(tag: str, v: float) -> str:
@@ -220,7 +222,7 @@ def _erf(node, rank, opset, taken, consts, dtype=None):
     src = node.input[0]
     if dtype != np.float32:
         src = op("Cast", [src], to=TensorProto.FLOAT)
-    x = op("Clip", [src, const("lo", -4.0), const("hi", 4.0)])
+    x = op("Max", [op("Min", [src, const("hi", 4.0)]), const("lo", -4.0)])  # Clip's bounds are inputs from opset 11 only
     x2 = op("Mul", [x, x])
 
     def horner(coeffs, tag):
@@ -246,8 +248,7 @@ DECOMPOSITIONS = {"GlobalLpPool": _global_lp_pool, "GlobalMaxPool": _global_pool
 
 class DecomposePass(GraphPass):
     """Replace the main graph's nodes of the given operator types (keys of :data:`DECOMPOSITIONS`) by
-    their elementary ops, in place (any float input type: ``Pow``'s exponent may be float32 beside a
-    float16 base)."""
+    their elementary ops, in place (constants in the input's float type)."""
 
     in_place = True
 
@@ -302,6 +303,10 @@ def fold_constant_fake_quantization(model) -> list[str]:
         for v in n.input:
             readers[v] = readers.get(v, 0) + 1
     outputs = {o.name for o in g.output}
+    for n in g.node:  # values read inside sub-graphs: their producers stay
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                outputs |= _all_names(sub)
 
     def scalar(name: str):
         t = inits.get(name)

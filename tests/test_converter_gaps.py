@@ -13,7 +13,7 @@ reproduced on a network built here and compared with ONNX Runtime on every ancho
    ``Conv_0/Conv2D__120`` against 6.6e-5 to 7.0e-5 for ort, openvino, tvm, mnn, litert): the consensus
    flagged the more accurate pair; asserted here on the reduction itself;
 4. onnx 1.23.2's ``onnx.reference`` ``GlobalMaxPool`` gives the wrong shape on rank-3/5 inputs, and its
-   ``BatchNormalization`` (opsets 9-13) with ``momentum`` mixes in batch statistics (ppocr-cls): the
+   ``BatchNormalization`` (opsets 9-13, ``momentum`` given or its default) mixes in batch statistics (ppocr-cls): the
    backends work around them by exact rewrites and name them (:mod:`anpred.backends.reference_defects`;
    ``workarounds=False`` runs the library as it is); the wrong results are asserted so that a fixed
    onnx shows up here;
@@ -310,7 +310,16 @@ def test_onnx_reference_batchnorm_momentum():
 
     x = {"x": rng.standard_normal((1, 4, 5, 5)).astype(np.float32)}
     ours = ReferenceEvaluator(m).run(None, x)[0]
-    assert np.abs(ours - _ort(m, x)["y"]).max() > 0.1  # the library's wrong values, left as they are
+    assert np.abs(ours - _ort(m, x)["y"]).max() > 0.1  # the library's wrong values
+    # without the attribute the schema's default momentum 0.9 applies: wrong alike, found alike
+    plain = _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn@1")],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])], ["y"], inits, opset=11)
+    assert list(reference_defects(plain)) == ["bn@1"]
+    assert np.abs(ReferenceEvaluator(plain).run(None, x)[0] - _ort(plain, x)["y"]).max() > 0.1
+    from anpred.backends.reference_defects import inference_batchnorm_kernel
+
+    fixed = ReferenceEvaluator(plain, new_ops=[inference_batchnorm_kernel()]).run(None, x)[0]
+    assert np.abs(fixed - _ort(plain, x)["y"]).max() <= RTOL * max(1.0, float(np.abs(fixed).max()))
 
 
 def test_reference_backend_names_the_defect(tmp_path):
@@ -351,8 +360,8 @@ def test_report_says_which_known_reference_defect_explains_a_flag(tmp_path, work
     """conv -> BatchNormalization(momentum, opset 11) -> relu run on ort, openvino and onnx-reference.
     With ``workarounds=False`` the reference's wrong BatchNormalization gets it flagged at the BN anchor,
     and the report's notes say which known defect of the installed library explains it (the run did not
-    fail: only the note tells). By default the momentum attribute (unused by the inference output) is
-    dropped in the reference's copy: nothing is flagged and the note says what was worked around."""
+    fail: only the note tells). By default the evaluator is given the library's own inference formula
+    for that node (momentum unused): nothing is flagged and the note says what was worked around."""
     from anpred.judge import check_run
     from anpred.run import BackendSpec, run_model
 
@@ -378,7 +387,8 @@ def test_report_says_which_known_reference_defect_explains_a_flag(tmp_path, work
         assert not [n for n in rep.notes if "explain a deviation" in n]  # no defect left unexplained
         notes = [n for n in rep.notes if n.startswith("onnx-reference: known defects of the installed library")
                  and "worked around" in n and "_batchnorm_test_mode" in n]
-    assert len(notes) == 1 and "BatchNormalization (opset 11) with a momentum attribute" in notes[0] and "bn" in notes[0]
+    assert len(notes) == 1 and "BatchNormalization (opset 11; momentum given or its default 0.9)" in notes[0] \
+        and "bn" in notes[0]
 
 
 # ---- magika end to end ----------------------------------------------------------------------------
@@ -466,3 +476,30 @@ def test_openvino_two_recurrent_layers_on_one_tensor(tmp_path):
     assert [b for b, v in rep.verdicts.items() if v.flagged] == ["openvino"]
     bad = {c.anchor for c in rep.cells if c.backend == "openvino" and c.flagged}
     assert bad and all("gru0" in a for a in bad), bad
+
+
+def test_float64_basis_works_around_the_evaluator_defects(tmp_path):
+    """onnx-reference-fp64 (the oracle's float64 basis) runs the same evaluator: conv -> BatchNormalization
+    (opset 11, no momentum attribute: the schema's 0.9 applies) -> GlobalMaxPool of a rank-3 tensor ->
+    Squeeze. Raw, it would blend batch statistics and fail on the Squeeze; with the workarounds it runs and
+    matches ONNX Runtime within float32 rounding (it is float64), and names what it worked around."""
+    from anpred.backends.fp64 import ReferenceFp64Backend
+    from anpred.manifest import AnchorManifest
+
+    rng = np.random.default_rng(2)
+    inits = [_f32("w", rng.normal(0, 0.3, (4, 3, 3)))] + \
+        [_f32(n, v) for n, v in (("s", rng.uniform(0.5, 2, 4)), ("b", rng.standard_normal(4)),
+                                 ("m", rng.standard_normal(4)), ("v", rng.uniform(0.5, 2, 4)))]
+    m = _model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1], name="conv"),
+                helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], name="bn"),
+                helper.make_node("GlobalMaxPool", ["n"], ["g"], name="gmp"),
+                helper.make_node("Squeeze", ["g"], ["y"], name="squeeze", axes=[2])],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 10])], ["y"], inits, opset=11)
+    path = _anchor(m, tmp_path / "f64.onnx")
+    x = {"x": rng.standard_normal((1, 3, 10)).astype(np.float32)}
+    with ReferenceFp64Backend() as b:
+        b.prepare(path, AnchorManifest.from_model(onnx.load(str(path))), tmp_path / "w")
+        assert sorted(b.workarounds) == ["bn", "gmp"] and b.defects == {}
+        got = b.run(x)["output/y"]
+    want = _ort(m, x)["y"]
+    assert got.dtype == np.float64 and np.abs(got - want).max() <= RTOL * max(1.0, float(np.abs(want).max()))

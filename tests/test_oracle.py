@@ -569,4 +569,29 @@ def test_float64_execution_arbitrates_a_majority_sharing_one_error():
     cells = [c for c in res.cells if c.backend == "torch"]
     assert all("closer to the float64 execution than the consensus" in c.reason for c in cells)
     bad = _majority_error(torch_extra=1e-3)
-    assert [b for b, v in bad.verdicts.items() if v.flagged] == ["torch"]
+    assert bad.verdicts["torch"].flagged and not any(x.startswith("torch: departs") for x in bad.notes)
+    # no independent voter is closer to float64 than the consensus there: the arbiter is not cleared
+    assert bad.verdicts["onnx-reference-fp64"].flagged
+
+
+def test_float64_arbiter_cannot_clear_its_own_library():
+    """The float64 execution runs on onnx.reference: where that library is wrong (an error shared by
+    onnx-reference and onnx-reference-fp64, 1e-3) and ort, openvino, tvm agree, onnx-reference is closer
+    to the (equally wrong) float64 execution than the consensus, yet it stays flagged (a voter on the
+    arbiter's library is never arbitrated), and the float64 execution itself stays flagged (no
+    independent voter backs it)."""
+    rng = np.random.default_rng(5)
+    o = Oracle(ANCHORS, _backends(["ort", "openvino", "tvm", "onnx-reference"])
+               + [BackendInfo.make("onnx-reference-fp64", precision="fp64")])
+    shared = {a.name: rng.standard_normal(512) for a in ANCHORS}
+    for _ in range(6):
+        sample = {}
+        for a in ANCHORS:
+            true = rng.standard_normal(512)
+            sample[a.name] = {b: true * (1 + 3e-7 * rng.standard_normal(512)) for b in ("ort", "openvino", "tvm")}
+            sample[a.name]["onnx-reference"] = true * (1 + 3e-7 * rng.standard_normal(512)) + 1e-3 * shared[a.name]
+            sample[a.name]["onnx-reference-fp64"] = true.astype(np.float64) + 1e-3 * shared[a.name]
+        o.add(sample)
+    res = o.finish()
+    assert sorted(b for b, v in res.verdicts.items() if v.flagged) == ["onnx-reference", "onnx-reference-fp64"]
+    assert not any("closer to the float64 execution" in n for n in res.notes)

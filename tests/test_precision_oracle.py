@@ -350,3 +350,19 @@ def test_a_tie_inside_a_family_abstains():
     assert sorted(b for b, v in res2.verdicts.items() if v.flagged) == ["openvino", "ort-noopt"]
     c = next(c for c in res2.cells if c.backend == "openvino")
     assert c.nonfinite == 64 and "NaN/Inf where the consensus is finite" in c.reason
+
+
+def test_int8_implementation_floor_without_a_step_is_never_below_fp32():
+    """opclass:misc's int8 model leaves a branch in float (no quantization step at its anchor): the
+    members differ there by float32 rounding (3.7e-8) and the population's cost is as small (2.6e-8);
+    sqrt(2) x that cost as the floor flagged onnx-reference-int8 for float32 rounding. The floor is now
+    at least the measured fp32 floor of that stage, and sqrt(2) x cost where that is larger."""
+    from anpred.defaults import OracleConfig
+    from anpred.judge.scales import floor_and_basis
+
+    cfg = OracleConfig()
+    floor, basis = floor_and_basis(cfg, "int8", 6, population=["ort-int8"], implementation=True, cost=2.62e-8)
+    assert floor == cfg.floor_at("fp32", 6) > 3.7e-8 and "fp32 floor" in basis
+    big = 10 * cfg.floor_at("fp32", 6)
+    assert floor_and_basis(cfg, "int8", 6, population=["ort-int8"], implementation=True, cost=big)[0] == \
+        pytest.approx(2 ** 0.5 * big)

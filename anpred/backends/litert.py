@@ -26,11 +26,12 @@ outputs in ``meta.json`` order) goes through ``tf.lite.TFLiteConverter.from_save
 signature_keys=["run"])`` (a few seconds; onnx2tf does not run again). A TF op with no TFLite
 builtin (it would need the Flex / TF Select delegate, which LiteRT does not ship) makes the
 conversion fail (:class:`FlexOpsError` names those ops from the converter's message). Where the ONNX
-op has an exact-to-float32 decomposition (``Erf``: Eigen's rational approximation, the one TensorFlow's
-own CPU kernel is built on; :data:`DECOMPOSED_OPERATORS`) or onnx2tf a pseudo operator (``Asin``,
-``Acos``, ``Atan``: :data:`PSEUDO_OPERATORS`), litert converts again with it (its own onnx2tf
-conversion then, no longer shared with ``tf``; ``decomposed_operators`` /
-``onnx2tf_pseudo_operators`` in the versions).
+op has a decomposition accurate to float32 (``Erf``: Eigen's rational approximation, the one
+TensorFlow's own CPU kernel is built on, max |error| 4.2e-7; :data:`DECOMPOSED_OPERATORS`), litert
+converts again with it (its own onnx2tf conversion then, no longer shared with ``tf``;
+``decomposed_operators`` in the versions). onnx2tf's own pseudo operators are not used: its pseudo
+Erf (Abramowitz-Stegun 7.1.26) loses 0.48% relative near 0 in float32, its pseudo Asin/Acos divide
+by |x| (NaN at 0).
 
 Anchors: the flatbuffer keeps the ``run`` signature; its outputs are named ``output_<i>`` by the
 position ``i`` in the endpoint's output list, i.e. ``meta.json``'s output order (the interpreter's
@@ -63,9 +64,6 @@ FORMAT = "anpred.litert/1"
 #: Erf (Abramowitz & Stegun 7.1.26): ``1 - poly * exp(-x^2)`` cancels in float32 for small |x|
 #: (relative error 0.5% at |x| < 0.5, measured), which flagged litert on a GELU model
 DECOMPOSED_OPERATORS = {"Erf": "Erf"}
-#: TF op -> onnx2tf's pseudo operator (``replace_to_pseudo_operators``) lowering the ONNX op that
-#: produces it to elementary TF ops, where there is no decomposition of ours
-PSEUDO_OPERATORS = {"Asin": "asin", "Acos": "acos", "Atan": "atan"}
 
 
 class FlexOpsError(BackendError):
@@ -103,8 +101,6 @@ class LiteRtBackend(TfOnnxBackend):
         import importlib.metadata as md
 
         v = {**super()._versions_impl(), "ai-edge-litert": md.version("ai-edge-litert")}
-        if getattr(self, "pseudo_operators", None):  # onnx2tf lowered these ONNX ops to elementary TF ops
-            v["onnx2tf_pseudo_operators"] = ",".join(self.pseudo_operators)
         if getattr(self, "decomposed_operators", None):  # decomposed in the graph before onnx2tf
             v["decomposed_operators"] = ",".join(self.decomposed_operators)
         return v
@@ -113,30 +109,24 @@ class LiteRtBackend(TfOnnxBackend):
         pass  # threads go to the interpreter; TensorFlow only converts here
 
     def _prepare_impl(self, model_path, manifest, workdir) -> None:
-        """As ``tf``'s; when the TFLite conversion needs TF ops without a builtin, onnx2tf converts
-        again (a conversion of litert's own, cached under its own key) with the ONNX operators that
-        produce them decomposed first (:data:`DECOMPOSED_OPERATORS`, the ``decompose`` option) or
-        lowered by onnx2tf's pseudo operators (:data:`PSEUDO_OPERATORS`); ``decomposed_operators`` /
-        ``onnx2tf_pseudo_operators`` in the versions say which. A TF op neither covers raises the
-        :class:`FlexOpsError`. The failed first attempt costs one TFLite conversion per prepare."""
+        """As ``tf``'s; when the TFLite conversion needs TF ops without a builtin whose ONNX operator
+        has a decomposition (:data:`DECOMPOSED_OPERATORS`), onnx2tf converts again (a conversion of
+        litert's own, cached under its own key: the ``decompose`` option) with those operators
+        decomposed first; ``decomposed_operators`` in the versions says which. Any other missing
+        builtin raises the :class:`FlexOpsError`. The failed first attempt costs one TFLite conversion
+        per prepare."""
         try:
             super()._prepare_impl(model_path, manifest, workdir)
             return
         except FlexOpsError as err:
-            o2t = dict(self.options.get("onnx2tf", {}))
-            have_p = set(o2t.get("replace_to_pseudo_operators") or [])
-            have_d = set(self.options.get("decompose") or [])
-            if any(op not in DECOMPOSED_OPERATORS and op not in PSEUDO_OPERATORS for op in err.ops):
+            have = set(self.options.get("decompose") or [])
+            if any(op not in DECOMPOSED_OPERATORS for op in err.ops):
                 raise
-            want_d = {DECOMPOSED_OPERATORS[op] for op in err.ops if op in DECOMPOSED_OPERATORS}
-            want_p = {PSEUDO_OPERATORS[op] for op in err.ops if op in PSEUDO_OPERATORS}
-            if want_d <= have_d and want_p <= have_p:
+            want = {DECOMPOSED_OPERATORS[op] for op in err.ops}
+            if want <= have:
                 raise
-            if want_p:
-                o2t["replace_to_pseudo_operators"] = sorted(have_p | want_p)
-            self.options = {**self.options, "onnx2tf": o2t, **({"decompose": sorted(have_d | want_d)} if want_d else {})}
-            self.pseudo_operators = sorted(want_p)
-            self.decomposed_operators = sorted(want_d)
+            self.options = {**self.options, "decompose": sorted(have | want)}
+            self.decomposed_operators = sorted(want)
         super()._prepare_impl(model_path, manifest, workdir)
 
     def _load_converted(self, cache_dir: Path) -> tuple[list[str], list[str]]:

@@ -20,18 +20,22 @@ reduced away) instead of ``[N, C, 1]``; a rank-5 ``[N, C, D, H, W]`` gives ``[N,
 ``Squeeze(axes=[2])`` fail (``AxisError: axis 2 is out of bounds for array of dimension 2``).
 ``GlobalAveragePool`` is probed alike (right in onnx 1.23.2).
 
-Also probed: ``BatchNormalization`` of opsets 9 to 13 with an explicit ``momentum`` attribute
-(``op_batch_normalization.py`` ``BatchNormalization_9``): the evaluator then normalizes with
+Also probed: ``BatchNormalization`` of opsets 9 to 13, with or without a ``momentum`` attribute (an
+absent one gets the schema's default 0.9) (``op_batch_normalization.py`` ``BatchNormalization_9``):
+the evaluator then normalizes with
 ``mean * momentum + batch_mean * (1 - momentum)`` (and the variance alike), the batch statistics of the
 input, where the operator (inference only in these opsets: one output) uses the given mean and
 variance. Paddle2ONNX writes ``momentum`` on every BatchNormalization: on ppocr-cls (opset 11) the
 evaluator's first BatchNormalization output is 0.10 nRMSE from ONNX Runtime's and the last anchor 0.32.
-The run does not fail there; the values are the library's (and the consensus can flag them).
+The run does not fail there: with ``workarounds=False`` the values are the library's (and the
+consensus flags them); by default the evaluator is given the library's own inference formula
+(:func:`inference_batchnorm_kernel`).
 """
 
 from __future__ import annotations
 
-__all__ = ["reference_defects", "probe_global_pool", "probe_batchnorm_momentum", "probe_recurrent", "work_around",
+__all__ = ["reference_defects", "probe_global_pool", "probe_batchnorm_momentum", "probe_recurrent_attribute",
+           "recurrent_defects", "RECURRENT_ATTRIBUTE_PROBES", "work_around",
            "inference_batchnorm_kernel", "evaluator_lacks",
            "failure_reason", "summarize", "PROBED_OPS", "RECURRENT_PROBE_TOLERANCE"]
 
@@ -40,16 +44,18 @@ PROBED_OPS = ("GlobalMaxPool", "GlobalAveragePool")
 
 
 def probe_batchnorm_momentum(opset: int) -> float:
-    """max |y - y_spec| of the installed ``onnx.reference`` ``BatchNormalization`` at ``opset`` with
-    ``momentum=0.9``, on ``x`` = arange(24) as [1, 2, 3, 4], mean 0, var 1, scale 1, bias 0, epsilon 0
-    (the spec's inference output is ``x`` itself); 0.0 when it computes the spec's formula."""
+    """max |y - y_spec| of the installed ``onnx.reference`` ``BatchNormalization`` at ``opset`` without a
+    ``momentum`` attribute (the schema's default 0.9 applies; onnx 1.23.2 then blends in the batch
+    statistics exactly as with an explicit 0.9), on ``x`` = arange(24) as [1, 2, 3, 4], mean 0, var 1,
+    scale 1, bias 0, epsilon 0 (the spec's inference output is ``x`` itself); 0.0 when it computes the
+    spec's formula."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
     from onnx.reference import ReferenceEvaluator
 
     inits = [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in
              (("s", [1, 1]), ("b", [0, 0]), ("m", [0, 0]), ("v", [1, 1]))]
-    node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], epsilon=0.0, momentum=0.9)
+    node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], epsilon=0.0)
     graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     x = np.arange(24, dtype=np.float32).reshape(1, 2, 3, 4)
@@ -86,6 +92,11 @@ def reference_defects(model) -> dict[str, str]:
     import onnx
 
     out = _batchnorm_defects(model)
+    for n in model.graph.node:
+        if n.op_type in ("LSTM", "GRU", "RNN") and n.domain in ("", "ai.onnx"):
+            found = recurrent_defects(n)
+            if found:
+                out[n.name or n.output[0]] = "; ".join(found)
     nodes = [n for n in model.graph.node if n.op_type in PROBED_OPS and n.domain in ("", "ai.onnx")]
     if not nodes:
         return out
@@ -111,13 +122,13 @@ def reference_defects(model) -> dict[str, str]:
 
 
 def _batchnorm_defects(model) -> dict[str, str]:
-    """The BatchNormalization nodes with a ``momentum`` attribute, at a default-domain opset 9 to 13,
-    when the installed evaluator's kernel there departs from the spec (:func:`probe_batchnorm_momentum`)."""
+    """The BatchNormalization nodes at a default-domain opset 9 to 13, with or without a ``momentum``
+    attribute (the evaluator fills an absent one with the schema's default 0.9), when the installed
+    evaluator's kernel there departs from the spec (:func:`probe_batchnorm_momentum`)."""
     import onnx
 
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
-    nodes = [n for n in model.graph.node if n.op_type == "BatchNormalization" and n.domain in ("", "ai.onnx")
-             and any(a.name == "momentum" for a in n.attribute)]
+    nodes = [n for n in model.graph.node if n.op_type == "BatchNormalization" and n.domain in ("", "ai.onnx")]
     if not nodes or not 9 <= opset <= 13:
         return {}
     if ("BatchNormalization", opset) not in _PROBES:
@@ -128,13 +139,13 @@ def _batchnorm_defects(model) -> dict[str, str]:
     dev = _PROBES["BatchNormalization", opset]
     if not dev:
         return {}
-    why = (f"onnx.reference {onnx.__version__} BatchNormalization (opset {opset}) with a momentum attribute "
+    why = (f"onnx.reference {onnx.__version__} BatchNormalization (opset {opset}; momentum given or its default 0.9) "
            "normalizes with the running mean/variance blended with the input's batch statistics "
            f"(mean * momentum + batch_mean * (1 - momentum)), not the given mean/variance (probe: off by {dev:.3g})")
     return {n.name or f"BatchNormalization#{k}": why for k, n in enumerate(nodes)}
 
 
-_PROBES: dict[tuple[str, int], object] = {}
+_PROBES: dict[tuple, object] = {}
 
 
 def _probe(op_type: str, rank: int) -> tuple[list, list]:
@@ -192,81 +203,92 @@ def evaluator_lacks(model) -> dict[str, str]:
 
 # ---- workarounds ------------------------------------------------------------------------------------
 #: relative departure (max |kernel - unrolled| / max(1, max |unrolled|), float32) above which the
-#: evaluator's recurrent kernel is taken to ignore an attribute of the node: the two compute the same
-#: equations in float32, which for the few probe steps agree to about 1e-6; an ignored activation,
-#: clip or input_forget departs by 1e-2 or more (measured on tests/test_converter_gaps.py's networks)
+#: evaluator's recurrent kernel is taken to ignore the probed attribute: kernel and unrolled equations
+#: compute the same float32 arithmetic, which over the probe's 3 steps agree to about 1e-6; an ignored
+#: clip, input_forget or activation departs by 1e-2 or more (measured: 0.26 to 0.83 on
+#: tests/test_converter_coverage.py's recurrent network)
 RECURRENT_PROBE_TOLERANCE = 1e-3
-#: time steps and batch of the recurrent probe when the model's are not static
-PROBE_STEPS = 3
+#: attribute of a recurrent operator -> the setting it is probed with (hidden 3, input 4, 3 steps,
+#: batch 2, weights and inputs N(0, 1) x 3 with seed 0: large enough for a clip of 0.05 to bind)
+RECURRENT_ATTRIBUTE_PROBES = {
+    "LSTM": {"clip": {"clip": 0.05}, "input_forget": {"input_forget": 1},
+             "activations": {"activations": ["HardSigmoid", "Relu", "Softsign"]}},
+    "GRU": {"clip": {"clip": 0.05}, "activations": {"activations": ["HardSigmoid", "Relu"]}},
+    "RNN": {"clip": {"clip": 0.05}, "activations": {"activations": ["Relu"]}},
+}
+_DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
 
 
-def probe_recurrent(model, node, types: dict) -> str | None:
-    """Whether the installed evaluator computes the recurrent ``node`` (``LSTM``/``GRU``/``RNN`` of
-    ``model``'s main graph; ``types``: value name -> ``TypeProto`` from shape inference) as its
-    equations define: the node alone, its weights converted to float32, is run by the evaluator on
-    N(0, 1) inputs (seed 0), once as it is and once unrolled into elementary ops
-    (:func:`passes.recurrent.unroll_recurrent`, the schema's equations). Returns the reason when the
-    kernel raises or departs by more than :data:`RECURRENT_PROBE_TOLERANCE`, None when it agrees or
-    when the probe cannot be built (a non-static shape, weights that are not initializers, a node the
-    unrolling keeps).
+def probe_recurrent_attribute(op: str, attribute: str) -> str | None:
+    """Whether the installed evaluator's ``op`` kernel (LSTM, GRU, RNN) honours ``attribute`` (a key of
+    :data:`RECURRENT_ATTRIBUTE_PROBES`): one node set as listed there is run by the evaluator as it is
+    and unrolled into the schema's equations (:func:`passes.recurrent.unroll_recurrent`, run by the
+    same evaluator). Returns the reason when the kernel raises or departs by more than
+    :data:`RECURRENT_PROBE_TOLERANCE`, None when it agrees. Cached per process.
 
     onnx 1.23.2 (``op_lstm.py``, ``op_gru.py``, ``op_rnn.py``): the LSTM and GRU kernels ignore
-    ``activations``, ``activation_alpha``/``beta``, ``clip``, ``input_forget`` and ``sequence_lens``
-    (parameters marked unused), RNN knows Tanh and Affine only ("Unknown activation function 'Relu'")."""
+    ``activations``, ``clip`` and ``input_forget`` (parameters marked unused), RNN knows Tanh and Affine
+    only ("Unknown activation function 'Relu'") and ignores ``clip``."""
+    key = ("recurrent", op, attribute)
+    if key in _PROBES:
+        return _PROBES[key]
     import copy
 
     import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
+    import onnx
+    from onnx import TensorProto, helper
     from onnx.reference import ReferenceEvaluator
 
+    from models.opclass import rnn_node
     from passes.recurrent import unroll_recurrent
 
-    inits = {t.name: t for t in model.graph.initializer}
-    probe_inits, probe_inputs, feeds = [], [], {}
     rng = np.random.default_rng(0)
-    for k, name in enumerate(node.input):
-        if not name:
-            continue
-        if name in inits:
-            arr = numpy_helper.to_array(inits[name])
-            if arr.dtype.kind == "f":
-                arr = arr.astype(np.float32)
-            probe_inits.append(numpy_helper.from_array(arr, name))
-            continue
-        t = types.get(name)
-        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in t.tensor_type.shape.dim] \
-            if t is not None and t.tensor_type.HasField("shape") else []
-        if not dims or 0 in dims or k == 4:  # a dynamic shape, or sequence_lens computed in the graph
-            return None
-        probe_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, dims))
-        feeds[name] = rng.standard_normal(dims).astype(np.float32)
-    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in node.output if o]
-    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=14)
-    probe = helper.make_model(helper.make_graph([copy.deepcopy(node)], "probe", probe_inputs, outs, probe_inits),
-                              opset_imports=[helper.make_opsetid("", opset)])
-    unrolled = copy.deepcopy(probe)
+    node, inits, outs = rnn_node(op, "probe", "x", 4, 3, "forward", rng, T=3, B=2,
+                                 **RECURRENT_ATTRIBUTE_PROBES[op][attribute])
+    for t in inits:  # weights N(0, 1) x 3: pre-activations well past the probed clip
+        arr = onnx.numpy_helper.to_array(t) * np.float32(3)
+        t.CopyFrom(onnx.numpy_helper.from_array(arr.astype(np.float32), t.name))
+    g = helper.make_graph([node], "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2, 4])],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
+    unrolled = copy.deepcopy(model)
+    x = {"x": (3 * rng.standard_normal((3, 2, 4))).astype(np.float32)}
+    why = None
     try:
-        if not unroll_recurrent(unrolled)["unrolled"]:
-            return None
-        want = ReferenceEvaluator(unrolled).run(None, feeds)
+        if unroll_recurrent(unrolled)["unrolled"]:
+            want = ReferenceEvaluator(unrolled).run(None, x)
+            try:
+                got = ReferenceEvaluator(model).run(None, x)
+                worst = max(float(np.abs(np.asarray(a, np.float64) - w).max() / max(1.0, float(np.abs(w).max())))
+                            for a, w in zip(got, want))
+                if worst > RECURRENT_PROBE_TOLERANCE:
+                    why = (f"onnx.reference {onnx.__version__} {op} ignores {attribute} (probe: off by {worst:.3g} "
+                           "relative to the unrolled equations)")
+            except Exception as err:  # noqa: BLE001 - the kernel cannot run the setting at all
+                why = f"onnx.reference {onnx.__version__} {op} cannot run {attribute} ({type(err).__name__}: {str(err)[:100]})"
     except Exception:  # noqa: BLE001 - no probe: the kernel is trusted
-        return None
-    import onnx
+        why = None
+    _PROBES[key] = why
+    return why
 
-    try:
-        got = ReferenceEvaluator(probe).run(None, feeds)
-    except Exception as err:  # noqa: BLE001 - the kernel cannot run this node at all
-        return (f"onnx.reference {onnx.__version__} {node.op_type} cannot run this node "
-                f"({type(err).__name__}: {str(err)[:120]})")
-    worst = max(float(np.abs(np.asarray(g, np.float64) - w).max() / max(1.0, float(np.abs(w).max())))
-                for g, w in zip(got, want))
-    if worst > RECURRENT_PROBE_TOLERANCE:
-        used = sorted(a.name for a in node.attribute if a.name in
-                      ("activations", "activation_alpha", "activation_beta", "clip", "input_forget"))
-        return (f"onnx.reference {onnx.__version__} {node.op_type} departs from its equations on this node by "
-                f"{worst:.3g} (relative; probe against the unrolled equations)"
-                + (f"; it ignores attributes the node sets: {', '.join(used)}" if used else ""))
-    return None
+
+def recurrent_defects(node) -> list[str]:
+    """The probed defects (:func:`probe_recurrent_attribute`) a recurrent ``node`` reaches: the
+    attributes it sets to something else than the default (``activations`` other than the schema's,
+    any ``clip``, ``input_forget`` = 1) that the installed kernel ignores or cannot run."""
+    from onnx import helper
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    used = []
+    if "clip" in attrs:
+        used.append("clip")
+    if node.op_type == "LSTM" and int(attrs.get("input_forget", 0)):
+        used.append("input_forget")
+    acts = [a.decode() if isinstance(a, bytes) else str(a) for a in attrs.get("activations", [])]
+    default = _DEFAULT_ACTIVATIONS[node.op_type]
+    if acts and [x.lower() for x in acts] != [x.lower() for x in default * (len(acts) // len(default) or 1)]:
+        used.append("activations")
+    return [why for u in used if (why := probe_recurrent_attribute(node.op_type, u))]
 
 
 def inference_batchnorm_kernel():
@@ -295,8 +317,9 @@ def work_around(model) -> dict[str, str]:
       blending);
     - the main graph is sorted topologically with sub-graph reads counted
       (:func:`passes.control_flow.stable_toposort`) when it is not;
-    - recurrent nodes whose kernel departs from their equations (:func:`probe_recurrent`) are unrolled
-      into elementary ops (:mod:`passes.recurrent`);
+    - recurrent nodes that set an attribute the kernel ignores (:func:`recurrent_defects`) are unrolled
+      into elementary ops (:mod:`passes.recurrent`); one that cannot be unrolled (a dynamic sequence
+      length) stays and :func:`reference_defects` names it;
     - operators the evaluator has no kernel for at the model's opset and that have an exact
       decomposition (:data:`passes.frontend_rewrites.DECOMPOSITIONS`: ``GlobalLpPool``) are decomposed.
     Nodes a rewrite cannot take (unknown rank, dynamic sequence length) are left as they are."""
@@ -330,21 +353,12 @@ def work_around(model) -> dict[str, str]:
             done[n.name] = (f"{found[n.name]}: computed by the library's own inference formula instead "
                             "(_batchnorm_test_mode, the kernel of its opset-14 BatchNormalization with training_mode=0)")
     recurrent = [n for n in model.graph.node if n.op_type in RECURRENT_OPS and n.domain in ("", "ai.onnx")]
-    if recurrent:
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-        except Exception:  # noqa: BLE001
-            inferred = model
-        types = {vi.name: vi.type for vi in list(inferred.graph.input) + list(inferred.graph.value_info)
-                 + list(inferred.graph.output)}
-        why = {}
-        for n in recurrent:
-            reason = probe_recurrent(model, n, types)
-            if reason:
-                why[n.name or n.output[0]] = reason
-        if why:
-            for name in unroll_recurrent(model, only=set(why))["unrolled"]:
-                done[name] = f"{why[name]}: unrolled into elementary ops"
+    why = {n.name: "; ".join(d) for n in recurrent if (d := recurrent_defects(n))}
+    if why:
+        info = unroll_recurrent(model, only=set(why))
+        for name in info["unrolled"]:
+            done[name] = f"{why[name]}: unrolled into elementary ops"
+        # kept (a dynamic sequence length ...): still LSTM/GRU/RNN nodes, reference_defects names them
     from passes.frontend_rewrites import DECOMPOSITIONS
 
     lacking = set(evaluator_lacks(model))  # default-domain ops by type

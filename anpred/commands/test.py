@@ -7,12 +7,13 @@ MODEL is an .onnx file, a zoo name (`anpred zoo` lists them), a factory module:f
 (torch.nn.Module or keras.Model, example_inputs), or `demo` (the trained YOLOv8n-DocLayNet on a
 rendered page and ultralytics' two photographs, and the trained PP-OCRv4 detector on rendered pages).
 
-Defaults: backends ort, openvino, torch, tf (fp32 voters), the fp16 population ort-fp16,
+Defaults: backends ort, openvino, torch, tf, tvm, mnn, ncnn, litert (fp32 voters), the fp16 population ort-fp16,
 ort-fp16-noopt, openvino-fp16, torch-fp16 and the int8 population ort-int8, ort-int8-noopt,
 openvino-int8, onnx-reference-int8 (one converted model per precision, cached; each member judged
 against the fp32 consensus and against its population), + torch-native for PyTorch origin, tf-native
 for Keras origin; inputs: a zoo model's real images, ultralytics' photographs (seeded
-crops) for other image models, seeded uniform arrays otherwise.
+crops) for other image models, seeded uniform arrays otherwise. Add onnx-reference-fp64 (a float64
+execution: it never votes) to let it arbitrate where a majority of the voters shares one error.
 
 examples:
   anpred test demo -o out/demo --overwrite

@@ -350,24 +350,45 @@ class Oracle:
         consensus' (pooled nRMSE, :attr:`fp64_error` vs :attr:`fp64_consensus_error`) departs from the
         consensus because the consensus is less accurate there (a majority sharing one error, e.g. a
         sequential float32 sum, docs/oracle.md): it is unflagged, with the two figures in its reason.
-        The float64 execution's own cells (0 from itself) are arbitrated alike. No constant: the
-        comparison is between two measurements of the run. Returns one note per backend arbitrated."""
+        A voter on the arbiter's own library (family ``onnx-reference``) is never arbitrated: it shares the
+        library's defects, and its closeness to the arbiter proves nothing. The float64 execution's own
+        flagged cells are cleared only at anchors where an independent fp32 voter is closer to it than the
+        consensus (else the arbiter departing alone is the library's defect, and stays flagged). No
+        constant: the comparison is between two measurements of the run. Returns one note per backend
+        arbitrated."""
         if not self._fp64_consensus:
             return []
         mine, theirs = self.fp64_error, self.fp64_consensus_error
+        arbiter = self._fp64[0]
+        # the library the float64 execution runs on (its family without "-fp64"): a voter on that library
+        # shares its defects, so its closeness to the arbiter proves nothing; it is never arbitrated
+        lib = self.backends[arbiter].family.removesuffix("-fp64")
         done: dict[str, list[str]] = {}
-        for (a, b), cell in cells.items():
-            info = self.backends[b]
-            arbiter = b == self._fp64[0]  # the float64 execution itself: 0 from itself by definition
-            if not cell.flagged or cell.nonfinite or not (arbiter or (info.votes and info.precision == "fp32")):
-                continue
-            e_b, e_c = (0.0 if arbiter else mine.get((a, b))), theirs.get(a)
-            if e_b is None or e_c is None or not e_b < e_c:
-                continue
+        backed: set[str] = set()  # anchors where an independent voter was found closer to float64
+
+        def closer(a: str, b: str) -> tuple[float, float] | None:
+            e_b, e_c = mine.get((a, b)), theirs.get(a)
+            return (e_b, e_c) if e_b is not None and e_c is not None and e_b < e_c else None
+
+        def clear(cell, e_b: float, e_c: float) -> None:
             cell.flagged = False
             cell.reason = (f"not flagged: closer to the float64 execution than the consensus (nRMSE {e_b:.3g} "
                            f"against {e_c:.3g}); the consensus shares an error here" + (f" [{cell.reason}]" if cell.reason else ""))
-            done.setdefault(b, []).append(f"{a} ({e_b:.2g} vs {e_c:.2g})")
+            done.setdefault(cell.backend, []).append(f"{cell.anchor} ({e_b:.2g} vs {e_c:.2g})")
+
+        for (a, b), cell in cells.items():
+            info = self.backends[b]
+            if not (info.votes and info.precision == "fp32") or info.family == lib or cell.nonfinite:
+                continue
+            pair = closer(a, b)
+            if pair is None:
+                continue
+            backed.add(a)
+            if cell.flagged:
+                clear(cell, *pair)
+        for (a, b), cell in cells.items():  # the arbiter itself: only where an independent voter backs it
+            if b == arbiter and cell.flagged and not cell.nonfinite and a in backed:
+                clear(cell, 0.0, theirs[a])
         return [f"{b}: departs from the consensus at {len(v)} anchor(s) but is closer to the float64 execution "
                 f"({self._fp64[0]}) than the consensus there, nRMSE {'; '.join(v[:4])}{' ...' if len(v) > 4 else ''}: "
                 "the majority shares an error (a less accurate computation), not flagged"
@@ -420,6 +441,12 @@ class Oracle:
         if self.cfg.sustained_anchors >= 2:
             loc.mark_sustained(cells)
         notes.extend(self._arbitrate(cells))
+        if not self._fp64 and self.population is None and any(
+                c.flagged and self.backends[c.backend].votes and self.backends[c.backend].precision == "fp32"
+                for c in cells.values()):
+            notes.append("an fp32 voter is flagged against the consensus; whether it is the less accurate one or a "
+                         "majority shares an error can be told by a float64 execution: add onnx-reference-fp64 to the "
+                         "backends (docs/oracle.md, the float64 arbiter)")
         verdicts = {b: backend_verdict(info, self.anchors, cells, gaps=self.gaps, ref_at=self.ref_at,
                                        samples=self.samples, localizer=loc)
                     for b, info in self.backends.items()}

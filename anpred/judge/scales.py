@@ -124,6 +124,13 @@ def floor_and_basis(cfg: OracleConfig, precision: str, stage: int, *, population
             return unit, f"population: {k} median of {peers}; floor = natural unit ({what})"
         floor = cfg.floor_at(precision, stage)
         if cost is not None and cost > 0:
+            # without a quantization step the members compute this anchor in float: never held finer than
+            # fp32 implementations are among themselves (the measured fp32 floor)
+            fp32 = cfg.floor_at("fp32", stage)
+            if math.sqrt(2.0) * cost < fp32:
+                return fp32, (f"population: {k} median of {peers}; floor = the measured fp32 floor {fp32:.3g} at this "
+                              f"stage (> sqrt(2) x the {precision} cost here {cost:.3g}: no quantization step known "
+                              "at this anchor, its members compute it in float)")
             return math.sqrt(2.0) * cost, (f"population: {k} median of {peers}; floor = sqrt(2) x the {precision} "
                                            f"cost here {cost:.3g} (no quantization step known at this anchor)")
         return floor, (f"population: {k} median of {peers}; floor = constant {precision} "
