@@ -289,7 +289,6 @@ def test_reference_names_a_recurrent_defect_it_cannot_unroll(tmp_path):
     """An LSTM with ``clip`` and a dynamic sequence length: the evaluator ignores the clip (library
     probe), the node cannot be unrolled (no static length), so the backend names the defect
     (``reference_defects``, and a failing or flagged run says so) instead of computing silently."""
-    import onnx
     from onnx import TensorProto, helper
 
     from anpred.backends.reference_defects import probe_recurrent_attribute, reference_defects, work_around
