@@ -117,3 +117,25 @@ def test_int8_backends_count_float32_ulps():
     from anpred.judge import ulp_dtype
 
     assert [ulp_dtype(p) for p in ("fp32", "fp16", "bf16", "int8")] == ["float32", "float16", "bfloat16", "float32"]
+
+
+def test_wasserstein_on_distribution_positions():
+    """A streamed run computes the Wasserstein distance of a tensor judged in full on its K sampled
+    positions (anpred.judge.positions): W1 equals scipy's on that subsample (normalized by the whole
+    consensus' std), and every other statistic stays the whole tensor's."""
+    from scipy.stats import wasserstein_distance
+
+    from anpred.judge.positions import sample_positions
+    from anpred.judge.stats import Reference
+
+    rng = np.random.default_rng(0)
+    c = rng.standard_normal(300_000)
+    x = (c + 1e-3 * rng.standard_normal(c.size)).astype(np.float32)
+    pos = sample_positions("output/y", c.size, 4096)
+    sub = Reference(c, distribution_positions=pos).compare(x).stats
+    full = Reference(c).compare(x).stats
+    want = wasserstein_distance(x[pos].astype(np.float64), c[pos]) / np.std(c)
+    assert sub.wasserstein == pytest.approx(want, rel=1e-9)
+    assert sub.wasserstein != full.wasserstein
+    for k in ("nrmse", "max_abs", "mean_abs", "cosine", "snr_db", "max_ulp"):
+        assert getattr(sub, k) == getattr(full, k)

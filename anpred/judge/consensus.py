@@ -69,6 +69,7 @@ from anpred.defaults import OracleConfig
 from anpred.judge.accumulate import Accumulator, Reservoir
 from anpred.judge.independence import PairDistances, merge_correlated
 from anpred.judge.localize import Localizer
+from anpred.judge.positions import sample_positions
 from anpred.judge.scales import cell_precision, floor_and_basis, natural_units
 from anpred.judge.stats import ErrorStats, Reference, ulp_dtype
 from anpred.judge.struct import AnchorInfo, BackendInfo, Cell, OracleResult
@@ -304,7 +305,7 @@ class Oracle:
                 self.all_nonfinite.add(a.name)
             if self._fp64 and self._fp64[0] in got:
                 self._add_fp64(a.name, got, c)
-            ref_tensor = Reference(c, undecided)
+            ref_tensor = Reference(c, undecided, distribution_positions=self._distribution_positions(a.name, c.size))
             done: list[tuple[np.ndarray, str, Any]] = []  # (tensor, ULP dtype, its Comparison)
             for b, x in got.items():
                 if b == ref:
@@ -321,6 +322,19 @@ class Oracle:
                     cmp = ref_tensor.compare(x, dt, distribution=self.population is None)
                     done.append((x, dt, cmp))
                 acc.add(cmp)
+
+    def _distribution_positions(self, anchor: str, size: int) -> np.ndarray | None:
+        """The positions the Wasserstein distance of ``anchor`` is computed on: with ``distribution_k``
+        set (a streamed run's ``--positions K``: :class:`anpred.judge.samples.SampleJudge` sets it), the
+        anchor's sampled positions (:func:`anpred.judge.positions.sample_positions`) for a tensor of more
+        than K elements (the outputs, judged in full otherwise); None: every element."""
+        k = getattr(self, "distribution_k", None)
+        if not k or size <= k:
+            return None
+        cache = self.__dict__.setdefault("_dist_pos", {})
+        if (anchor, size) not in cache:
+            cache[(anchor, size)] = sample_positions(anchor, size, k)
+        return cache[(anchor, size)]
 
     def _add_fp64(self, anchor: str, got: dict[str, np.ndarray], consensus: np.ndarray | None = None) -> None:
         """Each voter's (and the consensus') squared deviation from the float64 execution at ``anchor``

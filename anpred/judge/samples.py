@@ -110,6 +110,10 @@ class SampleJudge:
         self.aligner = run_aligner(store, run.usable)
         self.names = set(store.manifest.names())
         self.sampler = PositionSampler(store.manifest, positions) if positions else None
+        if self.sampler is not None and self.oracle is not None:
+            # the Wasserstein distance of the tensors judged in full (outputs) on K positions too: its sort
+            # was the largest part of a streamed page's judging (docs/task.md)
+            self.oracle.main.distribution_k = positions
 
     def add_store(self, store, ids: dict[str, str] | None = None, each=None) -> None:
         """Judge every sample of ``store`` (a run over the same model and backends); ``ids``: its

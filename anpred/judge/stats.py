@@ -178,9 +178,13 @@ class Reference:
             unless ``undecided`` marks them.
         undecided: boolean mask of ``c``'s shape (or None): positions where the families tied between
             finite and non-finite classes; they are excluded from every count and statistic.
+        distribution_positions: flat indices (int array) or None: where every value of both tensors
+            is finite, the Wasserstein distance (the one statistic that needs a sort) is computed on
+            these positions only (a streamed run's sampled positions, :mod:`anpred.judge.positions`);
+            every other statistic uses all elements.
     """
 
-    def __init__(self, c: np.ndarray, undecided: np.ndarray | None = None):
+    def __init__(self, c: np.ndarray, undecided: np.ndarray | None = None, distribution_positions=None):
         full = np.asarray(c, dtype=np.float64)
         self.shape = full.shape
         full = full.ravel()
@@ -199,10 +203,13 @@ class Reference:
         self._sorted: np.ndarray | None = None
         self._spread: float | None = None
         self._ulp: dict[str, np.ndarray] = {}
+        #: flat indices the Wasserstein distance is computed on when every value is finite (None: all)
+        self.distribution_positions = distribution_positions
 
     def _sorted_c(self) -> np.ndarray:
         if self._sorted is None:
-            self._sorted = np.sort(self.c)
+            pos = self.distribution_positions
+            self._sorted = np.sort(self.c if pos is None else self.c[pos])
         return self._sorted
 
     def _spread_c(self) -> float:
@@ -281,8 +288,10 @@ class Reference:
         else:
             spread = self._spread_c() if shared else _spread(co)
             sc = self._sorted_c() if shared else np.sort(co)
-            # equal-size, equal-weight samples: W1 = mean |x_(i) - c_(i)| (module docstring)
-            w = float(np.abs(_sorted(xo) - sc).mean()) / spread
+            pos = self.distribution_positions if shared else None
+            # equal-size, equal-weight samples: W1 = mean |x_(i) - c_(i)| (module docstring); on the
+            # distribution positions only when given (a streamed run's sampled positions)
+            w = float(np.abs(_sorted(xo if pos is None else xo[pos]) - sc).mean()) / spread
         if not distribution:
             pass
         elif max_abs > 0:
