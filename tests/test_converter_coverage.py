@@ -626,3 +626,28 @@ def test_conv_same_auto_pad_torch(tmp_path, auto_pad):
     y = next(v for k, v in got.items() if k.endswith("y"))
     assert y.shape == want.shape == (1, 4, 5, 4)
     assert np.abs(y - want).max() <= RTOL * max(1.0, np.abs(want).max())
+
+
+def test_reference_names_sequence_lens_it_ignores():
+    """onnx.reference's recurrent kernels ignore sequence_lens: a per-sample length given as a graph input
+    cannot be unrolled (it is not a constant) and is named in reference_defects; a constant equal to the
+    sequence length everywhere is harmless and names nothing."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from anpred.backends.reference_defects import reference_defects
+
+    rng = np.random.default_rng(0)
+    node, inits, outs = rnn_node("GRU", "g", "x", 4, 3, "forward", rng, T=5, B=2)
+    ins = (list(node.input) + [""] * 5)[:max(5, len(node.input))]
+    ins[4] = "lens"  # X, W, R, B, sequence_lens
+    del node.input[:]
+    node.input.extend(ins)
+    g = helper.make_graph([node], "r", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 2, 4]),
+                                        helper.make_tensor_value_info("lens", TensorProto.INT32, [2])],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
+    assert "ignores sequence_lens" in reference_defects(m)["g"]
+    m.graph.input.pop()
+    m.graph.initializer.append(onnx.numpy_helper.from_array(np.array([5, 5], np.int32), "lens"))
+    assert reference_defects(m) == {}

@@ -595,3 +595,26 @@ def test_float64_arbiter_cannot_clear_its_own_library():
     res = o.finish()
     assert sorted(b for b, v in res.verdicts.items() if v.flagged) == ["onnx-reference", "onnx-reference-fp64"]
     assert not any("closer to the float64 execution" in n for n in res.notes)
+
+
+def test_clean_voters_do_not_back_a_wrong_float64_arbiter():
+    """A wrong float64 execution (off by 1e-3) among clean voters ort, openvino, tvm: every voter and the
+    consensus sit at about the arbiter's own error, and one of them is nearer by float32 noise; that
+    backs nothing (only a voter that departs from the consensus itself can): the arbiter stays flagged at
+    every anchor, over several seeds."""
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        o = Oracle(ANCHORS, _backends(["ort", "openvino", "tvm"])
+                   + [BackendInfo.make("onnx-reference-fp64", precision="fp64")])
+        shared = {a.name: rng.standard_normal(512) for a in ANCHORS}
+        for _ in range(6):
+            sample = {}
+            for a in ANCHORS:
+                true = rng.standard_normal(512)
+                sample[a.name] = {b: true * (1 + 3e-7 * rng.standard_normal(512)) for b in ("ort", "openvino", "tvm")}
+                sample[a.name]["onnx-reference-fp64"] = true.astype(np.float64) + 1e-3 * shared[a.name]
+            o.add(sample)
+        res = o.finish()
+        assert res.verdicts["onnx-reference-fp64"].flagged, seed
+        assert all(c.flagged for c in res.cells if c.backend == "onnx-reference-fp64"), seed
+        assert not any("closer to the float64 execution" in n for n in res.notes), seed

@@ -139,3 +139,19 @@ def test_wasserstein_on_distribution_positions():
     assert sub.wasserstein != full.wasserstein
     for k in ("nrmse", "max_abs", "mean_abs", "cosine", "snr_db", "max_ulp"):
         assert getattr(sub, k) == getattr(full, k)
+
+
+def test_distribution_positions_ignored_with_agreed_nonfinite_values():
+    """Masked logits: the consensus and the backend agree on -inf at 2,000 places. The finite values
+    are then fewer than the tensor, so flat sampled positions would index past them (IndexError, or the
+    wrong values): the Wasserstein distance is then computed on every finite value."""
+    from anpred.judge.positions import sample_positions
+    from anpred.judge.stats import Reference
+
+    rng = np.random.default_rng(1)
+    c = rng.standard_normal(50_000)
+    c[:2000] = -np.inf
+    x = c.copy()
+    x[2000:] += 1e-4 * rng.standard_normal(48_000)
+    st = Reference(c, distribution_positions=sample_positions("output/logits", c.size, 4096)).compare(x).stats
+    assert st.wasserstein == Reference(c).compare(x).stats.wasserstein and np.isfinite(st.wasserstein)

@@ -95,6 +95,9 @@ def reference_defects(model) -> dict[str, str]:
     for n in model.graph.node:
         if n.op_type in ("LSTM", "GRU", "RNN") and n.domain in ("", "ai.onnx"):
             found = recurrent_defects(n)
+            why = _sequence_lens_defect(model, n)
+            if why:
+                found.append(why)
             if found:
                 out[n.name or n.output[0]] = "; ".join(found)
     nodes = [n for n in model.graph.node if n.op_type in PROBED_OPS and n.domain in ("", "ai.onnx")]
@@ -119,6 +122,33 @@ def reference_defects(model) -> dict[str, str]:
                 f"ONNX spec gives {want} (probed on a {[2 + i for i in range(r)]} input; its kernel reduces the "
                 "last two axes, not all spatial axes: right for rank 4 only)")
     return out
+
+
+def _sequence_lens_defect(model, node) -> str | None:
+    """onnx 1.23.2's LSTM/GRU/RNN kernels ignore ``sequence_lens`` (a parameter marked unused): the
+    reason when ``node`` gives one that is not a constant equal to the sequence length everywhere
+    (that one is harmless, and :mod:`passes.recurrent` unrolls such a node), else None."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    if len(node.input) < 5 or not node.input[4]:
+        return None
+    why = (f"onnx.reference {onnx.__version__} {node.op_type} ignores sequence_lens (every sequence is taken "
+           "at its full length)")
+    init = next((t for t in model.graph.initializer if t.name == node.input[4]), None)
+    if init is None:
+        return why
+    lens = numpy_helper.to_array(init)
+    layout = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "layout"), 0)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001
+        inferred = model
+    vi = next((v for v in list(inferred.graph.input) + list(inferred.graph.value_info) if v.name == node.input[0]), None)
+    dims = [d.dim_value if d.HasField("dim_value") else 0 for d in vi.type.tensor_type.shape.dim] if vi is not None else []
+    t = dims[1 if layout else 0] if len(dims) == 3 else 0
+    return None if t and lens.size and bool(np.all(lens == t)) else why
 
 
 def _batchnorm_defects(model) -> dict[str, str]:

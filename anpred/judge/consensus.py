@@ -366,8 +366,10 @@ class Oracle:
         sequential float32 sum, docs/oracle.md): it is unflagged, with the two figures in its reason.
         A voter on the arbiter's own library (family ``onnx-reference``) is never arbitrated: it shares the
         library's defects, and its closeness to the arbiter proves nothing. The float64 execution's own
-        flagged cells are cleared only at anchors where an independent fp32 voter is closer to it than the
-        consensus (else the arbiter departing alone is the library's defect, and stays flagged). No
+        flagged cells are cleared only at anchors where an independent fp32 voter that is flagged itself
+        (departs from the consensus) is closer to it than the consensus (else the arbiter departing alone
+        is the library's defect, and stays flagged; a clean voter nearer by float32 noise backs
+        nothing). No
         constant: the comparison is between two measurements of the run. Returns one note per backend
         arbitrated."""
         if not self._fp64_consensus:
@@ -378,31 +380,35 @@ class Oracle:
         # shares its defects, so its closeness to the arbiter proves nothing; it is never arbitrated
         lib = self.backends[arbiter].family.removesuffix("-fp64")
         done: dict[str, list[str]] = {}
-        backed: set[str] = set()  # anchors where an independent voter was found closer to float64
+        backed: dict[str, str] = {}  # anchor -> a flagged independent voter found closer to float64 there
 
         def closer(a: str, b: str) -> tuple[float, float] | None:
             e_b, e_c = mine.get((a, b)), theirs.get(a)
             return (e_b, e_c) if e_b is not None and e_c is not None and e_b < e_c else None
 
-        def clear(cell, e_b: float, e_c: float) -> None:
+        def clear(cell, e_b: float, e_c: float, by: str = "") -> None:
             cell.flagged = False
+            why = f"backed by {by}, which departs from the consensus too and is closer to float64; " if by else ""
             cell.reason = (f"not flagged: closer to the float64 execution than the consensus (nRMSE {e_b:.3g} "
-                           f"against {e_c:.3g}); the consensus shares an error here" + (f" [{cell.reason}]" if cell.reason else ""))
-            done.setdefault(cell.backend, []).append(f"{cell.anchor} ({e_b:.2g} vs {e_c:.2g})")
+                           f"against {e_c:.3g}); {why}the consensus shares an error here"
+                           + (f" [{cell.reason}]" if cell.reason else ""))
+            done.setdefault(cell.backend, []).append(f"{cell.anchor} ({e_b:.2g} vs {e_c:.2g}{', backed by ' + by if by else ''})")
 
         for (a, b), cell in cells.items():
             info = self.backends[b]
             if not (info.votes and info.precision == "fp32") or info.family == lib or cell.nonfinite:
                 continue
-            pair = closer(a, b)
+            pair = closer(a, b) if cell.flagged else None
             if pair is None:
                 continue
-            backed.add(a)
-            if cell.flagged:
-                clear(cell, *pair)
-        for (a, b), cell in cells.items():  # the arbiter itself: only where an independent voter backs it
+            # a voter that departs from the consensus itself and is closer to float64 (a clean voter that
+            # happens to be nearer by float32 noise does not count: with a wrong arbiter, every voter and
+            # the consensus sit at about the arbiter's own error)
+            backed.setdefault(a, b)
+            clear(cell, *pair)
+        for (a, b), cell in cells.items():  # the arbiter itself: only where such a voter backs it
             if b == arbiter and cell.flagged and not cell.nonfinite and a in backed:
-                clear(cell, 0.0, theirs[a])
+                clear(cell, 0.0, theirs[a], by=backed[a])
         return [f"{b}: departs from the consensus at {len(v)} anchor(s) but is closer to the float64 execution "
                 f"({self._fp64[0]}) than the consensus there, nRMSE {'; '.join(v[:4])}{' ...' if len(v) > 4 else ''}: "
                 "the majority shares an error (a less accurate computation), not flagged"

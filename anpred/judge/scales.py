@@ -96,7 +96,9 @@ def floor_and_basis(cfg: OracleConfig, precision: str, stage: int, *, population
             median nRMSE against the fp32 consensus); the floor is the larger of ``sqrt(2) * cost`` and
             the natural unit: two implementations whose errors are independent realizations of that
             cost differ by sqrt(2) times it (variances of independent errors add), the most two
-            correct implementations can differ by when each makes its own rounding decisions.
+            correct implementations can differ by when each makes its own rounding decisions. Without
+            a natural unit (no quantization step known at the anchor: its members compute it in
+            float), the floor is never below the measured fp32 floor of the stage.
         anchor_type: an fp32 voter at an anchor whose element type is ``precision`` (float16 ...):
             its peers decide, with ``k`` times that type's natural unit as the floor (implementations
             legitimately differ by a few roundings there: float32 arithmetic rounded to float16 at each

@@ -203,8 +203,9 @@ class Reference:
         self._sorted: np.ndarray | None = None
         self._spread: float | None = None
         self._ulp: dict[str, np.ndarray] = {}
-        #: flat indices the Wasserstein distance is computed on when every value is finite (None: all)
-        self.distribution_positions = distribution_positions
+        #: flat indices the Wasserstein distance is computed on (None: all); only where every value of
+        #: the consensus is finite (the finite values are then the whole tensor, and indices stay valid)
+        self.distribution_positions = distribution_positions if self.all_finite else None
 
     def _sorted_c(self) -> np.ndarray:
         if self._sorted is None:
