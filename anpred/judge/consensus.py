@@ -369,9 +369,8 @@ class Oracle:
         flagged cells are cleared only at anchors where an independent fp32 voter that is flagged itself
         (departs from the consensus) is closer to it than the consensus (else the arbiter departing alone
         is the library's defect, and stays flagged; a clean voter nearer by float32 noise backs
-        nothing). No
-        constant: the comparison is between two measurements of the run. Returns one note per backend
-        arbitrated."""
+        nothing). No constant: the comparison is between two measurements of the run. Returns one note
+        per backend arbitrated."""
         if not self._fp64_consensus:
             return []
         mine, theirs = self.fp64_error, self.fp64_consensus_error
