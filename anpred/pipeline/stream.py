@@ -244,6 +244,15 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                 state["checkpoint_error"] = why
                 print(f"stream: no checkpoint after {state['n']} samples ({why}): an interruption from now on "
                       f"cannot be resumed", file=sys.stderr, flush=True)
+        fault = os.environ.get("ANPRED_STREAM_FAULT", "")
+        if fault.startswith("sigint-after=") and state["n"] >= int(fault.split("=", 1)[1]) \
+                and not state.get("sigint_sent"):
+            # testing hook: a real Ctrl-C (SIGINT to the main thread) once that many samples are judged and
+            # checkpointed, whatever the load (a test that sends it on reading this line can come too late)
+            import signal
+
+            state["sigint_sent"] = True
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         rate = (state["n"] - n0) / (time.perf_counter() - t0)
         if not quiet:
             running = ("; ".join(f"{b}: {h}" for b, h in acc.running().items())
