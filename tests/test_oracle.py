@@ -574,25 +574,31 @@ def test_float64_execution_arbitrates_a_majority_sharing_one_error():
     assert bad.verdicts["onnx-reference-fp64"].flagged
 
 
+def _wrong_arbiter(seed: int, voters: list[str], sharing: tuple[str, ...] = ()):
+    """The oracle's result where the float64 execution is off by 1e-3 (a fixed pattern per anchor):
+    ``voters`` are clean (noise 3e-7), those in ``sharing`` carry the arbiter's error too (a defect of its
+    library); 6 samples of 512 values per anchor."""
+    rng = np.random.default_rng(seed)
+    o = Oracle(ANCHORS, _backends(voters) + [BackendInfo.make("onnx-reference-fp64", precision="fp64")])
+    shared = {a.name: rng.standard_normal(512) for a in ANCHORS}
+    for _ in range(6):
+        sample = {}
+        for a in ANCHORS:
+            true = rng.standard_normal(512)
+            sample[a.name] = {b: true * (1 + 3e-7 * rng.standard_normal(512))
+                              + (1e-3 * shared[a.name] if b in sharing else 0.0) for b in voters}
+            sample[a.name]["onnx-reference-fp64"] = true.astype(np.float64) + 1e-3 * shared[a.name]
+        o.add(sample)
+    return o.finish()
+
+
 def test_float64_arbiter_cannot_clear_its_own_library():
     """The float64 execution runs on onnx.reference: where that library is wrong (an error shared by
     onnx-reference and onnx-reference-fp64, 1e-3) and ort, openvino, tvm agree, onnx-reference is closer
     to the (equally wrong) float64 execution than the consensus, yet it stays flagged (a voter on the
     arbiter's library is never arbitrated), and the float64 execution itself stays flagged (no
     independent voter backs it)."""
-    rng = np.random.default_rng(5)
-    o = Oracle(ANCHORS, _backends(["ort", "openvino", "tvm", "onnx-reference"])
-               + [BackendInfo.make("onnx-reference-fp64", precision="fp64")])
-    shared = {a.name: rng.standard_normal(512) for a in ANCHORS}
-    for _ in range(6):
-        sample = {}
-        for a in ANCHORS:
-            true = rng.standard_normal(512)
-            sample[a.name] = {b: true * (1 + 3e-7 * rng.standard_normal(512)) for b in ("ort", "openvino", "tvm")}
-            sample[a.name]["onnx-reference"] = true * (1 + 3e-7 * rng.standard_normal(512)) + 1e-3 * shared[a.name]
-            sample[a.name]["onnx-reference-fp64"] = true.astype(np.float64) + 1e-3 * shared[a.name]
-        o.add(sample)
-    res = o.finish()
+    res = _wrong_arbiter(5, ["ort", "openvino", "tvm", "onnx-reference"], sharing=("onnx-reference",))
     assert sorted(b for b, v in res.verdicts.items() if v.flagged) == ["onnx-reference", "onnx-reference-fp64"]
     assert not any("closer to the float64 execution" in n for n in res.notes)
 
@@ -603,18 +609,7 @@ def test_clean_voters_do_not_back_a_wrong_float64_arbiter():
     backs nothing (only a voter that departs from the consensus itself can): the arbiter stays flagged at
     every anchor, over several seeds."""
     for seed in range(4):
-        rng = np.random.default_rng(seed)
-        o = Oracle(ANCHORS, _backends(["ort", "openvino", "tvm"])
-                   + [BackendInfo.make("onnx-reference-fp64", precision="fp64")])
-        shared = {a.name: rng.standard_normal(512) for a in ANCHORS}
-        for _ in range(6):
-            sample = {}
-            for a in ANCHORS:
-                true = rng.standard_normal(512)
-                sample[a.name] = {b: true * (1 + 3e-7 * rng.standard_normal(512)) for b in ("ort", "openvino", "tvm")}
-                sample[a.name]["onnx-reference-fp64"] = true.astype(np.float64) + 1e-3 * shared[a.name]
-            o.add(sample)
-        res = o.finish()
+        res = _wrong_arbiter(seed, ["ort", "openvino", "tvm"])
         assert res.verdicts["onnx-reference-fp64"].flagged, seed
         assert all(c.flagged for c in res.cells if c.backend == "onnx-reference-fp64"), seed
         assert not any("closer to the float64 execution" in n for n in res.notes), seed

@@ -74,13 +74,10 @@ def _runtime_precisions(compiled) -> dict[str, int]:
 
 
 def _has_if(graph) -> bool:
-    for n in graph.node:
-        if n.op_type == "If":
-            return True
-        for a in n.attribute:
-            if any(_has_if(g) for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)):
-                return True
-    return False
+    """Whether ``graph`` or a graph nested in it holds an ``If`` node."""
+    from anpred.onnx_io import iter_graphs
+
+    return any(n.op_type == "If" for g in iter_graphs(graph) for n in g.node)
 
 
 def _frontend_model(model_path: Path, workdir: Path) -> Path:

@@ -57,15 +57,6 @@ def reference_kernels(model) -> list:
     return [type("DequantizeLinear", (newest,), {"op_domain": ""})]
 
 
-def _subgraphs(graph):
-    """The graphs nested in ``graph``'s nodes (branches, loop bodies), recursively."""
-    for n in graph.node:
-        for a in n.attribute:
-            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                yield g
-                yield from _subgraphs(g)
-
-
 class ReferenceBackend(NamedOutputsMixin, Backend):
     name = "onnx-reference"
     family = "onnx-reference"
@@ -81,12 +72,14 @@ class ReferenceBackend(NamedOutputsMixin, Backend):
         (:func:`anpred.backends.reference_defects.work_around`, ``GlobalLpPool``; ``rewrite=False``:
         the library's own answer). Other domains are left to the run (``ai.onnx.ml`` has its own
         kernels; model-local functions are evaluated from their bodies)."""
+        from anpred.onnx_io import iter_graphs
         from passes.frontend_rewrites import DECOMPOSITIONS
 
+        nested = {n.op_type for g in list(iter_graphs(model.graph))[1:] for n in g.node}
         out = {}
         for key, why in evaluator_lacks(model).items():
-            if rewrite and key in DECOMPOSITIONS and any(n.op_type == key for n in model.graph.node) \
-                    and not any(n.op_type == key for g in _subgraphs(model.graph) for n in g.node):
+            if rewrite and key in DECOMPOSITIONS and key not in nested \
+                    and any(n.op_type == key for n in model.graph.node):
                 continue  # decomposed in the main graph before the evaluator loads it (the run says when not)
             out[key] = why
         return out
