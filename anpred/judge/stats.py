@@ -24,8 +24,11 @@ Formulas (``d = x - c`` over the finite positions, ``n`` of them; ``||.||`` is t
   ``n`` with equal weights, so W1 is computed with the quantile-function form
   ``W1 = (1/n) sum_i |x_(i) - c_(i)|`` over the sorted values (Villani 2009, Remark 2.19; for equal-size
   samples this is exactly what ``scipy.stats.wasserstein_distance`` returns: the tests check it to
-  1e-12). Measured on 102,400 values: 3.9 ms against scipy's 84 ms (CDF merge of both samples), and the
-  consensus' sorted values are shared by all backends (:class:`Reference`).
+  1e-12). Measured on 102,400 values: 3.9 ms against scipy's 84 ms (CDF merge of both samples). The
+  consensus is sorted once (an argsort) and shared by all backends (:class:`Reference`); each backend's
+  values are first put in the consensus' order, which leaves them nearly sorted wherever the backend
+  is close to the consensus, and then sorted by a merge sort that is linear on sorted runs
+  (:func:`_sorted_near`): the same sorted values, 10-20x faster for a close backend.
 * ``max_ulp = max |d| / ulp_dtype(c)``: the largest error in units in the last place of the backend's
   dtype at the consensus value (``numpy.spacing`` of ``|c|`` cast to that dtype; bfloat16 spacing is the
   float32 spacing times 2**16). Integer dtypes use an ULP of 1. ULPs near 0 are subnormal spacings, so
@@ -201,6 +204,7 @@ class Reference:
         self.undecided = None if und is None or not und.any() else und
         self.n_undecided = 0 if self.undecided is None else int(np.count_nonzero(self.undecided))
         self._sorted: np.ndarray | None = None
+        self._order: np.ndarray | None = None  # indices into self.c putting its distribution positions in order
         self._spread: float | None = None
         self._ulp: dict[str, np.ndarray] = {}
         #: flat indices the Wasserstein distance is computed on (None: all); only where every value of
@@ -208,9 +212,15 @@ class Reference:
         self.distribution_positions = distribution_positions if self.all_finite else None
 
     def _sorted_c(self) -> np.ndarray:
+        """The consensus' values at the distribution positions (all when None), sorted; also sets
+        ``_order``: the indices into ``self.c`` that give them (an argsort, the one sort of the
+        consensus, shared by every backend's :meth:`compare`)."""
         if self._sorted is None:
             pos = self.distribution_positions
-            self._sorted = np.sort(self.c if pos is None else self.c[pos])
+            cp = self.c if pos is None else self.c[pos]
+            order = np.argsort(cp)
+            self._sorted = cp[order]
+            self._order = order if pos is None else np.asarray(pos)[order]
         return self._sorted
 
     def _spread_c(self) -> float:
@@ -288,11 +298,14 @@ class Reference:
             w = 0.0
         else:
             spread = self._spread_c() if shared else _spread(co)
-            sc = self._sorted_c() if shared else np.sort(co)
-            pos = self.distribution_positions if shared else None
             # equal-size, equal-weight samples: W1 = mean |x_(i) - c_(i)| (module docstring); on the
             # distribution positions only when given (a streamed run's sampled positions)
-            w = float(np.abs(_sorted(xo if pos is None else xo[pos]) - sc).mean()) / spread
+            if shared:  # xo lies on the positions of self.c: put it in the consensus' order first
+                sc = self._sorted_c()
+                sx = _sorted_near(xo[self._order])
+            else:
+                sc, sx = np.sort(co), _sorted(xo)
+            w = float(np.abs(sx - sc).mean()) / spread
         if not distribution:
             pass
         elif max_abs > 0:
@@ -326,6 +339,25 @@ def _sorted(x: np.ndarray) -> np.ndarray:
     if np.array_equal(x32, x):
         return np.sort(x32)
     return np.sort(x)
+
+
+#: :func:`_sorted_near` takes the merge sort while fewer than this fraction of the values are above
+#: the value 64 places further on (the merge sort's time grows with how far values must move; measured
+#: on 65,536 float64 values put in the order of a reference they deviate from by Gaussian noise: 0.2 ms
+#: against the quicksort's 1.9 ms when they are close, equal at about this fraction, 3.7 ms against
+#: 1.8 ms when far). It chooses an algorithm only: both give the same sorted values.
+NEAR_SORTED_FRACTION = 0.1
+
+
+def _sorted_near(y: np.ndarray) -> np.ndarray:
+    """``np.sort(y)`` for ``y`` that is expected to be nearly sorted (a backend's values in the
+    consensus' order): numpy's stable sort (timsort/merge, linear on runs that are already in order)
+    when fewer than :data:`NEAR_SORTED_FRACTION` of the values exceed the one 64 places on, else
+    :func:`_sorted`. Same result either way."""
+    k = 64
+    if y.size > 4 * k and np.count_nonzero(y[k:] < y[:-k]) < NEAR_SORTED_FRACTION * y.size:
+        return np.sort(y, kind="stable")
+    return _sorted(y)
 
 
 def _spread(c: np.ndarray) -> float:
