@@ -31,18 +31,19 @@ class Reservoir:
         n = next(iter(arrays.values())).size
         if n == 0 or self.size <= 0:
             return
-        take = min(n, self.size)
-        idx = self.rng.choice(n, take, replace=False) if take < n else np.arange(n)
-        new = {k: v[idx] for k, v in arrays.items()}
         if not self.data:
-            self.data, self.seen = new, n
+            take = min(n, self.size)
+            idx = self.rng.choice(n, take, replace=False) if take < n else np.arange(n)
+            self.data, self.seen = {k: v[idx] for k, v in arrays.items()}, n
             return
         total = self.seen + n
-        keep_old = min(len(next(iter(self.data.values()))), round(self.size * self.seen / total))
-        keep_new = min(take, self.size - keep_old)
-        io = self.rng.choice(len(next(iter(self.data.values()))), keep_old, replace=False)
-        inew = self.rng.choice(take, keep_new, replace=False)
-        self.data = {k: np.concatenate([self.data[k][io], new[k][inew]]) for k in self.data}
+        held = len(next(iter(self.data.values())))
+        keep_old = min(held, round(self.size * self.seen / total))
+        keep_new = min(n, self.size - keep_old)
+        # a uniform sample of each side, drawn directly from its values (no intermediate sample)
+        io = self.rng.choice(held, keep_old, replace=False) if keep_old < held else slice(None)
+        inew = self.rng.choice(n, keep_new, replace=False)
+        self.data = {k: np.concatenate([self.data[k][io], arrays[k][inew]]) for k in self.data}
         self.seen = total
 
 
