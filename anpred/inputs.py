@@ -50,8 +50,8 @@ from anpred.errors import InputError
 from anpred.onnx_io import elem_type_name
 
 __all__ = ["IMAGE_EXTS", "ARRAY_EXTS", "input_files", "DISTRIBUTIONS", "PREPROCESS", "IMAGENET_MEAN", "IMAGENET_STD",
-           "LETTERBOX_PAD", "ModelInput", "model_inputs", "default_images_dir", "InputSpec", "check_sample",
-           "check_shapes_fit"]
+           "LETTERBOX_PAD", "ModelInput", "model_inputs", "default_images_dir", "InputSpec", "ArraySamples",
+           "check_sample", "check_shapes_fit"]
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 ARRAY_EXTS = (".npy", ".npz")
@@ -313,6 +313,45 @@ class InputSpec:
                 else:
                     arrays[inp.name] = rng.integers(0, 10, shape).astype(dt)
             yield f"random:{self.distribution}:seed={self.seed}#{i}", check_sample(arrays, inputs, shapes)
+
+
+class ArraySamples:
+    """Samples already in memory, given to :func:`anpred.run.run_model` in place of an
+    :class:`InputSpec` (a streamed dataset's chunk, read and preprocessed by its reader thread: no file
+    written and read back in between).
+
+    Args:
+        items: ``(source, {input name: array})`` per sample.
+        description: what the run records as its inputs (``run.json`` ``inputs``).
+        prewritten: per sample, ``(sha256, file)``: its :func:`anpred.run.store.sample_sha256` and a
+            ``.safetensors`` file of its arrays written beforehand (by the reader thread, while the
+            previous chunk ran), moved into the run instead of written there (:meth:`prewritten_for`);
+            None: the run hashes and writes them.
+    """
+
+    def __init__(self, items: list[tuple[str, dict[str, np.ndarray]]], description: dict[str, Any] | None = None,
+                 prewritten: list[tuple[str, Path] | None] | None = None):
+        self.items = list(items)
+        self.description = dict(description or {"kind": "arrays", "distribution": "arrays"})
+        self.prewritten = list(prewritten) if prewritten is not None else [None] * len(self.items)
+
+    def prewritten_for(self, i: int, arrays: dict[str, np.ndarray]) -> tuple[str, Path] | None:
+        """Sample ``i``'s ``(sha256, file)`` when ``arrays`` (as :meth:`samples` yielded them) are the
+        very arrays it was computed from; None where :func:`check_sample` cast or copied one."""
+        src = self.items[i][1]
+        if self.prewritten[i] is None or set(arrays) != set(src) or any(arrays[k] is not src[k] for k in src):
+            return None
+        return self.prewritten[i]
+
+    def samples(self, inputs: list["ModelInput"], hint: str = "") -> Iterator[tuple[str, dict[str, np.ndarray]]]:
+        """As :meth:`InputSpec.samples`. Raises InputError: an array that does not fit the inputs."""
+        if not inputs:
+            raise InputError("the model has no graph inputs to feed")
+        for src, arrays in self.items:
+            yield src, check_sample(arrays, inputs)
+
+    def describe(self, hint: str = "") -> dict[str, Any]:
+        return {**self.description, "samples": len(self.items)}
 
 
 def check_sample(arrays: dict[str, np.ndarray], inputs: list[ModelInput],

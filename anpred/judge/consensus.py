@@ -123,6 +123,11 @@ class Oracle:
         self.consensus_modes: dict[str, set[str]] = {a.name: set() for a in self.anchors}
         self.samples = 0
         self.sample_ids: list[str] = []
+        # the latest sample's consensus at each output anchor and each backend's (nRMSE, non-finite count)
+        # there, reused by a streamed run (anpred.pipeline.stream); replaced by add(), not pickled
+        self.last_consensus: dict[str, np.ndarray] = {}
+        self.last_nrmse: dict[tuple[str, str], tuple[float, int]] = {}
+        self._rho_merged_now = False  # set by _groups: families merged by error correlation at this anchor
         # largest finite |consensus| over the samples, for parts and their outputs (scale guard)
         self._part_of = {a.name: a.part_of for a in self.anchors if a.part_of}
         self._scaled = set(self._part_of) | set(self._part_of.values())
@@ -178,10 +183,12 @@ class Oracle:
         if len(groups) < self.cfg.min_voters:
             return [[f] for f in sorted(votes)]
         per = self.indep.d2.get(anchor or "", {})
+        self._rho_merged_now = False
         if anchor is not None and len(groups) >= 4 and self.cfg.correlated_rho < 1 and \
                 all(frozenset(p) in per for p in itertools.combinations([g[0] for g in groups], 2)):
             groups, merged = merge_correlated(per, groups, self.cfg.correlated_rho, self.cfg.min_voters)
             self.rho_merged[anchor].update(merged)
+            self._rho_merged_now = bool(merged)
         return groups
 
     def consensus(self, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray | None, str, str | None]:
@@ -240,6 +247,7 @@ class Oracle:
             absent: ``{backend: reason}`` for backends that stored nothing for this sample.
         """
         sid = sample_id if sample_id is not None else f"#{self.samples}"
+        self.last_consensus, self.last_nrmse = {}, {}
         self.samples += 1
         self.sample_ids.append(sid)
         unaligned = {tuple(k): v for k, v in (unaligned or {}).items()}
@@ -281,6 +289,7 @@ class Oracle:
                 for b in got:
                     self._gap(a.name, b, "no other backend to compare with here", sid)
                 continue
+            self._rho_merged_now = False
             c, mode, ref, groups, undecided = self._consensus(got, a.name)
             if c is None:
                 msg = ("the voting families tie between NaN/Inf and finite values at every element: no consensus"
@@ -290,6 +299,8 @@ class Oracle:
                     self._gap(a.name, b, msg, sid)
                 continue
             self.consensus_modes[a.name].add(mode)
+            if a.kind == "output" and not self._rho_merged_now:  # (else not what consensus() gives)
+                self.last_consensus[a.name] = c
             if a.name in self._scaled:
                 with np.errstate(invalid="ignore"):
                     m = float(np.nanmax(np.abs(np.where(np.isfinite(c), c, np.nan)))) if c.size else 0.0
@@ -310,6 +321,8 @@ class Oracle:
             for b, x in got.items():
                 if b == ref:
                     self.ref_at[(a.name, b)] = self.ref_at.get((a.name, b), 0) + 1
+                    if a.kind == "output":
+                        self.last_nrmse[(a.name, b)] = (0.0, 0)  # it is the consensus here
                     continue
                 acc = self.acc.get((a.name, b))
                 if acc is None:
@@ -322,12 +335,18 @@ class Oracle:
                     cmp = ref_tensor.compare(x, dt, distribution=self.population is None)
                     done.append((x, dt, cmp))
                 acc.add(cmp)
+                if a.kind == "output":
+                    self.last_nrmse[(a.name, b)] = (cmp.stats.nrmse, cmp.nonfinite)
+
+    def __getstate__(self):
+        st = self.__dict__.copy()  # (a checkpoint of a streamed run: the latest sample's tensors are not kept)
+        st["last_consensus"], st["last_nrmse"] = {}, {}
+        return st
 
     def _distribution_positions(self, anchor: str, size: int) -> np.ndarray | None:
-        """The positions the Wasserstein distance of ``anchor`` is computed on: with ``distribution_k``
-        set (a streamed run's ``--positions K``: :class:`anpred.judge.samples.SampleJudge` sets it), the
-        anchor's sampled positions (:func:`anpred.judge.positions.sample_positions`) for a tensor of more
-        than K elements (the outputs, judged in full otherwise); None: every element."""
+        """The positions the Wasserstein distance of ``anchor`` is computed on: ``distribution_k`` (set
+        by :class:`anpred.judge.samples.SampleJudge` in a streamed run) sampled positions
+        (:func:`anpred.judge.positions.sample_positions`) of a larger tensor; None: every element."""
         k = getattr(self, "distribution_k", None)
         if not k or size <= k:
             return None

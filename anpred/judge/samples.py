@@ -22,7 +22,7 @@ from anpred.defaults import OracleConfig
 from anpred.errors import JudgeError
 from anpred.align.rules import apply_rule
 from anpred.judge.populations import PopulationOracle
-from anpred.judge.positions import PositionSampler
+from anpred.judge.positions import DISTRIBUTION_POSITIONS, PositionSampler
 from anpred.run.positions import GATHERED_SUFFIX
 from anpred.judge.localize import DataFlow, run_dataflow
 from anpred.judge.parts import OutputPart, add_part_views
@@ -110,10 +110,11 @@ class SampleJudge:
         self.aligner = run_aligner(store, run.usable)
         self.names = set(store.manifest.names())
         self.sampler = PositionSampler(store.manifest, positions) if positions else None
-        if self.sampler is not None and self.oracle is not None:
-            # the Wasserstein distance of the tensors judged in full (outputs) on K positions too: its sort
-            # was the largest part of a streamed page's judging (docs/task.md)
-            self.oracle.main.distribution_k = positions
+        if self.sampler is not None and self.oracle is not None and cfg.primary != "wasserstein":
+            # the Wasserstein distance on DISTRIBUTION_POSITIONS positions of every larger tensor (outputs
+            # judged in full, intermediate anchors judged on K): its sort was the largest part of a
+            # streamed page's judging (docs/task.md)
+            self.oracle.main.distribution_k = min(positions, DISTRIBUTION_POSITIONS)
 
     def add_store(self, store, ids: dict[str, str] | None = None, each=None) -> None:
         """Judge every sample of ``store`` (a run over the same model and backends); ``ids``: its

@@ -21,7 +21,9 @@ The run folder keeps only the ``keep`` most deviating samples per backend (devia
 backend's outputs against the consensus', summed over the outputs), with every backend's tensors for
 them, run once more at the end with every anchor in full (for the report's plots and for ``anpred
 check RUN --drill``). Disk is bounded by three chunks of tensors (one judged, one queued, one running;
-only the first at full size), one chunk of inputs ahead, plus ``keep`` samples per backend. A progress
+only the first at full size) plus ``keep`` samples per backend; a reader thread reads, preprocesses,
+hashes and writes the next chunk's inputs while one runs (three chunks of inputs at most, in memory and
+on disk). A progress
 line per chunk gives samples/s and the running verdict (the task's headline per backend, else each
 backend's largest output deviation so far).
 
@@ -31,6 +33,7 @@ The report (status, verdicts, cells) covers every sample; ``report.stream`` reco
 from __future__ import annotations
 
 import heapq
+import math
 import os
 import queue
 import shutil
@@ -100,24 +103,14 @@ def _batched(it, n: int):
         yield buf
 
 
-def _out_dev(tensors, outs, voters, consensus) -> dict[str, float]:
-    """backend -> sum over the outputs of its nRMSE against the consensus (0 where it agrees)."""
+def _out_dev(outs: list[str], last: dict[tuple[str, str], tuple[float, int]]) -> dict[str, float]:
+    """backend -> sum over the output anchors of its nRMSE against the consensus in the sample just
+    judged (``last``: :attr:`anpred.judge.consensus.Oracle.last_nrmse`; 0 where it is the consensus,
+    inf where it has NaN/Inf where the consensus is finite)."""
     dev: dict[str, float] = {}
-    for a in outs:
-        per = tensors.get(a, {})
-        vv = {b: t for b, t in per.items() if b in voters}
-        c = consensus(vv) if vv else None
-        if c is None:
-            continue
-        c64 = np.asarray(c, np.float64)
-        den = float(np.linalg.norm(c64[np.isfinite(c64)])) or 1.0
-        for b, x in per.items():
-            d = np.asarray(x, np.float64) - c64
-            if (~np.isfinite(d) & np.isfinite(c64)).any():  # NaN/Inf where the consensus is finite
-                dev[b] = float("inf")
-                continue
-            d = d[np.isfinite(d)]
-            dev[b] = dev.get(b, 0.0) + float(np.linalg.norm(d)) / den
+    for (a, b), (nrmse, nonfinite) in last.items():
+        if a in outs:
+            dev[b] = float("inf") if nonfinite else dev.get(b, 0.0) + (nrmse if math.isfinite(nrmse) else float("inf"))
     return dev
 
 
@@ -216,15 +209,15 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
         judge, acc = state["judge"], state["acc"]
         main = judge.oracle.main if judge.oracle is not None else None
         outs = [a.name for a in store.manifest.anchors if a.kind == "output"]
-        voters = [b for b in judge.run.usable if main is not None and b in main.backends and main.backends[b].votes]
-        cons = (lambda per: main.consensus(per)[0]) if main is not None else (lambda per: None)
         devs: dict[str, dict[str, float]] = {}
 
         def each(rid: str, tensors) -> None:
             i = int(rid[1:])
-            if acc is not None and acc.add(tensors):  # labels are matched at the end, once every source is known
+            # the oracle's consensus of the outputs and each backend's nRMSE there, for this sample
+            cons, last = (main.last_consensus, main.last_nrmse) if main is not None else ({}, {})
+            if acc is not None and acc.add(tensors, consensus=cons):  # labels: matched at the end
                 state["added"].append(i)
-            devs[rid] = _out_dev(tensors, outs, voters, cons)
+            devs[rid] = _out_dev(outs, last)
             for b, d in devs[rid].items():
                 state["max_dev"][b] = max(state["max_dev"].get(b, 0.0), d)
 
@@ -283,23 +276,25 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
         samples = _skip_judged(samples, state["sources"][:state["n"]], state["shas"][:state["n"]])
     th = threading.Thread(target=judge_loop, daemon=True)
     th.start()
-    pool = WorkerPool(work / "workers", timeout_s=timeout_s, side_by_side=side_by_side)
+    # the chunks' tensors are read by the judge at once, then deleted: written through the page cache
+    pool = WorkerPool(work / "workers", timeout_s=timeout_s, side_by_side=side_by_side, direct_io=False)
     from anpred.run.driver import sigterm_raises
 
     restore_sigterm = sigterm_raises()  # SIGTERM while waiting for the judge: cleaned up as Ctrl-C
-    chunks = _prefetched(samples, chunk, work, state["sources"], first=state["n"])
+    chunks = _prefetched(samples, chunk, work, state["sources"], first=state["n"], description=inputs_description)
     try:
-        for k, folder, ids in chunks:
+        for k, part, ids in chunks:
             if state["error"] is not None:
                 break
             tr = time.perf_counter()
-            store = run_model(anchored, specs, folder, work / f"run{k}", timeout_s=timeout_s, overwrite=True,
+            store = run_model(anchored, specs, part, work / f"run{k}", timeout_s=timeout_s, overwrite=True,
                               progress=False, precheck=(k == 0), pool=pool)
+            del part
             state["seconds_run"] = state.get("seconds_run", 0.0) + time.perf_counter() - tr
             if k == 0:  # a backend refused by the pre-run coverage is not started again
                 st0 = store.statuses()
                 specs = [x for x in specs if st0.get(x.label) is None or st0[x.label].status != "unsupported"]
-            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(work / f"in{k}", ignore_errors=True)  # (what was not moved into the run)
             done.put((k, store, ids))
         _end_judge(done, th, drop=False)
         if os.environ.get("ANPRED_STREAM_FAULT") == "before-refill":  # testing hook: interrupted after the last checkpoint
@@ -391,13 +386,20 @@ def _size(path: Path) -> int | None:
         return None
 
 
-def _prefetched(samples, chunk: int, work: Path, sources: list[str], first: int = 0):
-    """``(k, folder, ids)`` per chunk of ``chunk`` samples: the chunk's inputs written to ``work/in<k>``
-    as ``.npz`` files (``ids``: chunk sample id -> the dataset's id; ``sources`` grows with each
-    sample's source; ``first``: the samples before it, already judged by a resumed run, are in
-    ``sources`` and skipped by ``samples``). A thread reads, preprocesses and writes the next chunk while
-    the caller runs the current one (at most one chunk ahead); its errors (an unreadable image) are
-    raised here. Closing the generator stops the thread."""
+def _prefetched(samples, chunk: int, work: Path, sources: list[str], first: int = 0,
+                description: dict[str, Any] | None = None):
+    """``(k, part, ids)`` per chunk of ``chunk`` samples: ``part`` the chunk's inputs in memory
+    (:class:`anpred.inputs.ArraySamples`, ``description`` its inputs' record; each sample also hashed
+    and written to ``work/in<k>``, to be moved into the chunk's run), ``ids`` chunk sample id ->
+    the dataset's id; ``sources`` grows with each sample's source; ``first``: the samples before it,
+    already judged by a resumed run, are in ``sources`` and skipped by ``samples``. A thread reads and
+    preprocesses the next chunk while the caller runs the current one (at most one chunk ahead, so at
+    most three chunks of inputs are in memory: the one running, the one queued, the one being read);
+    its errors (an unreadable image) are raised here. Closing the generator stops the thread."""
+    from anpred.inputs import ArraySamples
+    from anpred.run.store import sample_sha256
+    from anpred.tensorfile import storable, write_safetensors
+
     del sources[first:]
     q: "queue.Queue[Any]" = queue.Queue(maxsize=1)
     stop = threading.Event()
@@ -414,14 +416,20 @@ def _prefetched(samples, chunk: int, work: Path, sources: list[str], first: int 
     def produce() -> None:
         try:
             for k, part in enumerate(_batched(samples, chunk)):
-                folder = work / f"in{k}"
-                folder.mkdir()
                 ids = {}
+                pre: list = []
+                folder = work / f"in{k}"
+                folder.mkdir(parents=True, exist_ok=True)
                 for j, (src, arrays) in enumerate(part):
                     ids[f"s{j:04d}"] = f"s{len(sources):06d}"
-                    np.savez(folder / f"{j:06d}.npz", **arrays)
                     sources.append(src)
-                if not put((k, folder, ids)):
+                    # hashed and written here, beside the running chunk, then moved into the chunk's run
+                    if storable(arrays):
+                        write_safetensors(folder / f"{j:06d}.safetensors", arrays, direct=False)
+                        pre.append((sample_sha256(arrays), folder / f"{j:06d}.safetensors"))
+                    else:
+                        pre.append(None)
+                if not put((k, ArraySamples(part, description, pre), ids)):
                     return
             put(None)
         except BaseException as err:  # noqa: BLE001 - raised in the caller's thread

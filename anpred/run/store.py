@@ -130,10 +130,24 @@ class RunStore:
         return [s["id"] for s in self.meta["samples"]]
 
     def add_sample(self, sample_id: str, inputs: dict[str, np.ndarray], source: str = "",
-                   extra: dict[str, Any] | None = None) -> None:
-        """Record a sample (its :func:`sample_sha256`) and store its graph inputs."""
-        digest = sample_sha256(inputs)
-        if storable(inputs):  # buffered: every backend reads it again
+                   extra: dict[str, Any] | None = None, prewritten: tuple[str, Path] | None = None) -> None:
+        """Record a sample (its :func:`sample_sha256`) and store its graph inputs. ``prewritten``:
+        ``(sha256, file)`` computed and written beforehand for exactly these ``inputs`` (a streamed
+        dataset's reader thread, :class:`anpred.inputs.ArraySamples`): the ``.safetensors`` file is
+        moved in instead of written (written again where it cannot be moved)."""
+        moved = False
+        if prewritten is not None:
+            digest = prewritten[0]
+            try:
+                os.replace(prewritten[1], self.root / "inputs" / f"{sample_id}.safetensors")
+                moved = True
+            except OSError:
+                pass
+        else:
+            digest = sample_sha256(inputs)
+        if moved:
+            pass
+        elif storable(inputs):  # buffered: every backend reads it again
             write_safetensors(self.root / "inputs" / f"{sample_id}.safetensors", inputs, direct=False)
         else:
             np.savez(self.root / "inputs" / f"{sample_id}.npz", **inputs)

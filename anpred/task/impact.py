@@ -149,13 +149,18 @@ class TaskAccumulator:
         self.refs: list[Any] = []
         self.labels: list[Any] = []
 
-    def add(self, tensors: dict[str, dict[str, np.ndarray]], label: Any = None) -> bool:
+    def add(self, tensors: dict[str, dict[str, np.ndarray]], label: Any = None,
+            consensus: dict[str, np.ndarray] | None = None) -> bool:
         """One sample's aligned tensors (``{anchor: {backend: array}}``); ``label``: its ground truth
-        (None: unlabelled). False when no consensus of the outputs could be formed (not counted)."""
+        (None: unlabelled); ``consensus``: output anchor -> the consensus the oracle formed for this
+        sample (:attr:`anpred.judge.consensus.Oracle.last_consensus`; an output not in it is voted here).
+        False when no consensus of the outputs could be formed (not counted)."""
         cons = {}
         for a in self.outs:
             per = {b: t for b, t in tensors.get(a.name, {}).items() if b in self.voters}
-            c = self.consensus(per) if per else None
+            c = (consensus or {}).get(a.name)
+            if c is None:
+                c = self.consensus(per) if per else None
             if c is None:
                 return False
             cons[a.value] = c
