@@ -92,13 +92,23 @@ def zoo_image_samples(zm, folder: str | Path) -> Iterator[tuple[str, dict[str, n
         yield str(f), {name: zm.preprocess(arr)}
 
 
-def _batched(it, n: int):
+#: with sampled positions, the chunks after the first hold this many times the first's samples (at most
+#: 64): they store a few MB per sample instead of the first's hundreds, and a chunk's fixed cost (its
+#: run folder, one hand-off per backend, waiting for its last sample's write) was 0.27 s with four
+#: backends, 0.05 s a page in chunks of 5 DocLayNet pages (docs/task.md); three chunks of inputs stay
+#: in memory (the one running, the one queued, the one being read)
+LATER_CHUNK_FACTOR = 4
+
+
+def _batched(it, n: int, later: int | None = None):
+    """Lists of ``n`` items of ``it``, then of ``later`` (default ``n``); the last may be shorter."""
     buf = []
     for x in it:
         buf.append(x)
         if len(buf) == n:
             yield buf
             buf = []
+            n = later or n
     if buf:
         yield buf
 
@@ -125,7 +135,9 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
         anchored: the anchored model; backends: names or :class:`anpred.run.BackendSpec`.
         samples: ``(source, {input name: array})`` per sample (an iterator: read lazily).
         out_run: the run folder to create (it keeps ``keep`` samples per backend).
-        chunk: samples per chunk (memory and disk: three chunks of inputs and tensors at most).
+        chunk: samples per chunk (memory and disk: three chunks of inputs and tensors at most); with
+            sampled positions, the chunks after the first hold :data:`LATER_CHUNK_FACTOR` times as many
+            (at most 64, or ``chunk`` when larger).
         keep: most deviating samples kept per backend.
         oracle, config, allow_incomplete: as :func:`anpred.judge.check_run`.
         adapter, labels: the task (:mod:`anpred.task`), or None.
@@ -281,7 +293,10 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     from anpred.run.driver import sigterm_raises
 
     restore_sigterm = sigterm_raises()  # SIGTERM while waiting for the judge: cleaned up as Ctrl-C
-    chunks = _prefetched(samples, chunk, work, state["sources"], first=state["n"], description=inputs_description)
+    # the first chunk is stored in full; with sampled positions the later ones store a few MB a sample
+    later = min(max(chunk, 64), chunk * LATER_CHUNK_FACTOR) if positions else chunk
+    chunks = _prefetched(samples, chunk, work, state["sources"], first=state["n"], description=inputs_description,
+                         later=later)
     try:
         for k, part, ids in chunks:
             if state["error"] is not None:
@@ -324,7 +339,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     run, judge, final = state["run"], state["judge"], state["final"]
     # seconds_run: the chunks' runs as the driver waited for them (every backend, side by side or not);
     # seconds_judge: judging them (a thread beside the runs)
-    final.meta["stream"] = {"samples": state["n"], "chunk": chunk, "keep": keep, "side_by_side": side_by_side,
+    final.meta["stream"] = {"samples": state["n"], "chunk": chunk, "later_chunks": later, "keep": keep,
+                            "side_by_side": side_by_side,
                             "seconds_run": round(state.get("seconds_run", 0.0), 2),
                             "seconds_judge": round(state.get("seconds_judge", 0.0), 2),
                             "seconds_refill": round(state.get("seconds_refill", 0.0), 2),
@@ -349,7 +365,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                             f"(up to {max(big.values())}) judged on {positions} positions per sample, the same in every "
                             f"sample and backend; their maxima (max_abs, max_ulp) are over those positions, sums and "
                             f"means are estimates (docs/task.md, 'Sampled positions'); outputs judged in full")
-    report.notes.append(f"streamed: {state['n']} samples judged in chunks of {chunk} "
+    report.notes.append(f"streamed: {state['n']} samples judged in chunks of {chunk}"
+                        f"{f' (then {later})' if later != chunk else ''} "
                         f"({time.perf_counter() - t0:.0f} s); the run folder keeps the {keep} most deviating "
                         f"samples per backend ({len(final.sample_ids)} samples)")
     return report
@@ -387,15 +404,15 @@ def _size(path: Path) -> int | None:
 
 
 def _prefetched(samples, chunk: int, work: Path, sources: list[str], first: int = 0,
-                description: dict[str, Any] | None = None):
-    """``(k, part, ids)`` per chunk of ``chunk`` samples: ``part`` the chunk's inputs in memory
-    (:class:`anpred.inputs.ArraySamples`, ``description`` its inputs' record; each sample also hashed
-    and written to ``work/in<k>``, to be moved into the chunk's run), ``ids`` chunk sample id ->
-    the dataset's id; ``sources`` grows with each sample's source; ``first``: the samples before it,
-    already judged by a resumed run, are in ``sources`` and skipped by ``samples``. A thread reads and
-    preprocesses the next chunk while the caller runs the current one (at most one chunk ahead, so at
-    most three chunks of inputs are in memory: the one running, the one queued, the one being read);
-    its errors (an unreadable image) are raised here. Closing the generator stops the thread."""
+                description: dict[str, Any] | None = None, later: int | None = None):
+    """``(k, part, ids)`` per chunk of ``chunk`` samples (``later`` after the first): ``part`` the
+    chunk's inputs in memory (:class:`anpred.inputs.ArraySamples`, ``description`` its inputs' record;
+    each sample also hashed and written to ``work/in<k>``, to be moved into the chunk's run), ``ids``
+    chunk sample id -> the dataset's id; ``sources`` grows with each sample's source; ``first``: the
+    samples before it, already judged by a resumed run, are in ``sources`` and skipped by ``samples``.
+    A thread reads and preprocesses the next chunk while the caller runs the current one (at most one
+    chunk ahead, so at most three chunks of inputs are in memory: the one running, the one queued, the
+    one being read); its errors (an unreadable image) are raised here. Closing the generator stops the thread."""
     from anpred.inputs import ArraySamples
     from anpred.run.store import sample_sha256
     from anpred.tensorfile import storable, write_safetensors
@@ -415,7 +432,7 @@ def _prefetched(samples, chunk: int, work: Path, sources: list[str], first: int 
 
     def produce() -> None:
         try:
-            for k, part in enumerate(_batched(samples, chunk)):
+            for k, part in enumerate(_batched(samples, chunk, later)):
                 ids = {}
                 pre: list = []
                 folder = work / f"in{k}"
