@@ -4,7 +4,9 @@
 For a run folder (``anpred run`` / ``anpred test`` output with every anchor stored), judges it with
 every element (``positions=0``) and with each K of --positions, in one process, and reports per K:
 the judging time per sample, the largest relative change of a cell's pooled primary statistic over
-the (anchor, backend) cells of the sampled anchors (median and max), whether any cell's verdict or
+the (anchor, backend) cells of the sampled anchors (median and max), the same for the pooled
+Wasserstein distance (computed on min(K, DISTRIBUTION_POSITIONS) positions of every larger anchor,
+the outputs included), whether any cell's verdict or
 any backend's standing changed, and the cells whose relative change exceeds 10%. Usage::
 
     .venv/bin/python -m anpred test yolov8n-doclaynet --inputs PAGES --backends ort,openvino,torch,ort-int8 -o OUT
@@ -23,6 +25,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+
+from anpred.judge.positions import DISTRIBUTION_POSITIONS  # noqa: E402
 
 
 def judge(run_dir: str, k: int):
@@ -48,12 +53,16 @@ def main() -> None:
     rows = [{"positions": 0, "seconds_per_sample": round(t_full, 3)}]
     for k in [int(v) for v in a.positions.split(",")]:
         rep, t, _ = judge(a.run_dir, k)
-        rel, changed, big = [], [], []
+        rel, changed, big, w1 = [], [], [], []
         pairs = [(c, None) for c in rep.cells] + [(c, pop) for pop, cs in rep.population_cells.items() for c in cs]
         for c, pop in pairs:
+            w = full.cell(c.anchor, c.backend, pop)
+            if pop is None and w is not None and sizes.get(c.anchor, 0) > min(k, DISTRIBUTION_POSITIONS) and \
+                    np.isfinite(w.stats.wasserstein) and w.stats.wasserstein > 0:
+                # the Wasserstein distance (outputs included): on min(K, DISTRIBUTION_POSITIONS) positions
+                w1.append(abs(c.stats.wasserstein - w.stats.wasserstein) / w.stats.wasserstein)
             if c.anchor in outputs or sizes.get(c.anchor, 0) <= k:
                 continue
-            w = full.cell(c.anchor, c.backend, pop)
             if w is None or not np.isfinite(w.primary) or w.primary == 0:
                 continue
             r = abs(c.primary - w.primary) / abs(w.primary)
@@ -67,6 +76,8 @@ def main() -> None:
         rows.append({"positions": k, "seconds_per_sample": round(t, 3), "cells": len(rel),
                      "median_rel_change": float(np.median(rel)) if rel else None,
                      "max_rel_change": float(np.max(rel)) if rel else None,
+                     "wasserstein_cells": len(w1), "wasserstein_median_rel_change": float(np.median(w1)) if w1 else None,
+                     "wasserstein_max_rel_change": float(np.max(w1)) if w1 else None,
                      "verdicts_changed": changed, "cells_over_10pct": big[:10],
                      "standings_equal": standings == standings_full, "standings": standings,
                      **({} if standings == standings_full else {"standings_full": standings_full})})

@@ -257,3 +257,23 @@ def test_input_shapes_checked_against_dynamic_model():
     check_shapes_fit(m, {"x": (1, 3, 96, 128)})  # multiples of 32 fit
     with pytest.raises(InputError, match=r"x=1x3x250x250 does not fit the model: Add node"):
         check_shapes_fit(m, {"x": (1, 3, 250, 250)})
+
+
+def test_ort_thread_pools_sleep_instead_of_spinning_unless_asked():
+    """ONNX Runtime's thread pool spin-waits between operators by default, burning the core that the
+    runner's writer thread and a streamed run's judge need (docs/task.md). Every ONNX Runtime backend
+    (ort, its int8/fp16 variants) turns it off; ``spinning=True`` leaves ONNX Runtime's default."""
+    from onnx import TensorProto, helper
+
+    from anpred.backends import backend_class
+
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])]), opset_imports=[helper.make_opsetid("", 17)])
+    for name in ("ort", "ort-noopt", "ort-int8", "ort-fp16"):
+        so = backend_class(name)()._session(m.SerializeToString()).get_session_options()
+        assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0", name
+        assert so.get_session_config_entry("session.inter_op.allow_spinning") == "0", name
+    so = backend_class("ort")({"spinning": True})._session(m.SerializeToString()).get_session_options()
+    with pytest.raises(RuntimeError, match="does not have configuration"):  # not set: ONNX Runtime's default (spin)
+        so.get_session_config_entry("session.intra_op.allow_spinning")

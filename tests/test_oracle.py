@@ -613,3 +613,35 @@ def test_clean_voters_do_not_back_a_wrong_float64_arbiter():
         assert res.verdicts["onnx-reference-fp64"].flagged, seed
         assert all(c.flagged for c in res.cells if c.backend == "onnx-reference-fp64"), seed
         assert not any("closer to the float64 execution" in n for n in res.notes), seed
+
+
+def test_latest_output_consensus_and_nrmse_are_offered_for_reuse():
+    """After each sample, the oracle offers its consensus of every output anchor and each backend's
+    (nRMSE, non-finite count) there (a streamed run reuses them for its task metrics and its most
+    deviating samples instead of voting again): the consensus equals Oracle.consensus of the same
+    tensors, the nRMSE equals error_stats against it, a NaN where the consensus is finite is counted,
+    and neither outlives the next sample nor a pickle (a checkpoint)."""
+    import pickle
+
+    from anpred.judge import error_stats
+    from anpred.pipeline.stream import _out_dev
+
+    names = ["ort", "openvino", "torch", "ort-fp16"]
+    o = Oracle(ANCHORS, _backends(names))
+    samples = list(_population(names, n=2))
+    samples[1]["output/y"]["torch"] = samples[1]["output/y"]["torch"].copy()
+    samples[1]["output/y"]["torch"][3] = np.nan
+    o.add(samples[0])
+    c = o.consensus(samples[0]["output/y"])[0]
+    assert set(o.last_consensus) == {"output/y"} and np.array_equal(o.last_consensus["output/y"], c)
+    for b in names:
+        nrmse, nonfinite = o.last_nrmse[("output/y", b)]
+        assert nrmse == pytest.approx(error_stats(samples[0]["output/y"][b], c).nrmse, rel=1e-12) and nonfinite == 0
+    dev = _out_dev(["output/y"], o.last_nrmse)
+    assert dev == {b: o.last_nrmse[("output/y", b)][0] for b in names}
+    o.add(samples[1])
+    assert o.last_nrmse[("output/y", "torch")][1] == 1
+    assert _out_dev(["output/y"], o.last_nrmse)["torch"] == math.inf
+    assert not np.array_equal(o.last_consensus["output/y"], c)
+    restored = pickle.loads(pickle.dumps(o))
+    assert restored.last_consensus == {} and restored.last_nrmse == {} and restored.samples == 2

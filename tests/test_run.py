@@ -366,3 +366,39 @@ def test_stream_keeps_the_first_failure_with_its_chunk_and_sample(yolo, tmp_path
     assert st["ort-later"].reason.startswith("chunk of samples s000002..s000003: sample s000002: RuntimeError")
     assert st["ort-later"].versions.get("onnxruntime")
     assert rep.inputs["samples"] == 6
+
+
+def test_samples_in_memory_move_their_prewritten_inputs_in(tmp_path):
+    """A streamed chunk's inputs arrive in memory (anpred.inputs.ArraySamples), hashed and written by
+    the reader thread beforehand: run_model moves that file into the run and records that digest; a
+    sample whose arrays run_model has to cast (float64 for a float32 input) is hashed and written again
+    from the cast arrays, and its prewritten file is left alone."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from anpred.inputs import ArraySamples
+    from anpred.run.store import sample_sha256
+    from anpred.tensorfile import read_safetensors, write_safetensors
+
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])]), opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, tmp_path / "relu.onnx")
+    a32 = {"x": np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)}
+    a64 = {"x": np.array([[5.0, -6.0, 7.0, -8.0]], np.float64)}
+    pre = []
+    for i, a in enumerate((a32, a64)):
+        write_safetensors(tmp_path / f"pre{i}.safetensors", a, direct=False)
+        pre.append((sample_sha256(a), tmp_path / f"pre{i}.safetensors"))
+    part = ArraySamples([("page-a.png", a32), ("page-b.png", a64)], {"kind": "arrays", "path": "pages"}, pre)
+    store = run_model(tmp_path / "relu.onnx", ["ort"], part, tmp_path / "run", progress=False)
+    assert store.statuses()["ort"].status == "ok"
+    assert [s["source"] for s in store.meta["samples"]] == ["page-a.png", "page-b.png"]
+    assert store.meta["samples"][0]["sha256"] == pre[0][0] and not pre[0][1].exists()  # moved in
+    cast = {"x": a64["x"].astype(np.float32)}
+    assert store.meta["samples"][1]["sha256"] == sample_sha256(cast) != pre[1][0] and pre[1][1].exists()
+    assert read_safetensors(store.input_file("s0001"))["x"].dtype == np.float32
+    np.testing.assert_array_equal(store.read_inputs("s0000")["x"], a32["x"])
+    (y,) = store.read_anchors("ort", "s0001").values()  # the graph output, the one anchor
+    np.testing.assert_array_equal(y, np.maximum(cast["x"], 0))
+    assert store.meta["inputs"]["path"] == "pages" and store.meta["inputs"]["samples"] == 2

@@ -155,3 +155,49 @@ def test_distribution_positions_ignored_with_agreed_nonfinite_values():
     x[2000:] += 1e-4 * rng.standard_normal(48_000)
     st = Reference(c, distribution_positions=sample_positions("output/logits", c.size, 4096)).compare(x).stats
     assert st.wasserstein == Reference(c).compare(x).stats.wasserstein and np.isfinite(st.wasserstein)
+
+
+def test_wasserstein_in_the_consensus_order_equals_scipy():
+    """One Reference shared by several backends sorts the consensus once (an argsort) and each backend's
+    values in the consensus' order (a merge sort, linear on a close backend's nearly sorted runs, else
+    the quicksort): every W1 equals scipy's, for a close backend (merge path), a far one (quicksort
+    path), a permutation (W1 = 0), on distribution positions, and with NaN in the consensus or the
+    backend."""
+    from scipy.stats import wasserstein_distance
+
+    from anpred.judge.positions import sample_positions
+    from anpred.judge.stats import NEAR_SORTED_FRACTION, Reference, _sorted_near
+
+    rng = np.random.default_rng(7)
+    c = rng.standard_normal(40_000)
+    close = (c * (1 + 1e-6 * rng.standard_normal(c.size))).astype(np.float32)
+    far = (c + 0.5 * rng.standard_normal(c.size)).astype(np.float32)
+    perm = rng.permutation(c)
+    order = np.argsort(c)
+    n = c.size
+    # the two paths of _sorted_near are both taken here
+    assert np.count_nonzero(close[order][64:] < close[order][:-64]) < NEAR_SORTED_FRACTION * n
+    assert np.count_nonzero(far[order][64:] < far[order][:-64]) > NEAR_SORTED_FRACTION * n
+    for y in (close[order].astype(np.float64), far[order].astype(np.float64), perm):
+        assert np.array_equal(_sorted_near(y), np.sort(y))
+    ref = Reference(c)
+    for x in (close, far, perm):
+        want = wasserstein_distance(np.asarray(x, np.float64), c) / np.std(c)
+        assert ref.compare(x).stats.wasserstein == pytest.approx(want, rel=1e-12, abs=1e-18)
+    assert ref.compare(perm).stats.wasserstein == 0.0
+    pos = sample_positions("conv/out", n, 4096)
+    sub = Reference(c, distribution_positions=pos)
+    for x in (close, far):
+        want = wasserstein_distance(np.asarray(x, np.float64)[pos], c[pos]) / np.std(c)
+        assert sub.compare(x).stats.wasserstein == pytest.approx(want, rel=1e-12)
+    cn = c.copy()
+    cn[:100] = np.nan  # consensus NaN: the finite values are compared (the shared path over them)
+    fin = np.isfinite(cn)
+    w = Reference(cn).compare(close).stats.wasserstein
+    assert w == pytest.approx(wasserstein_distance(close[fin].astype(np.float64), cn[fin]) / np.std(cn[fin]),
+                              rel=1e-12)
+    xn = close.astype(np.float64)
+    xn[-50:] = np.nan  # backend NaN: compared where both are finite (not the shared order)
+    ok = np.isfinite(xn)
+    assert ref.compare(xn).stats.wasserstein == pytest.approx(
+        wasserstein_distance(xn[ok], c[ok]) / np.std(c[ok]), rel=1e-12)

@@ -92,12 +92,28 @@ def zoo_image_samples(zm, folder: str | Path) -> Iterator[tuple[str, dict[str, n
         yield str(f), {name: zm.preprocess(arr)}
 
 
-#: with sampled positions, the chunks after the first hold this many times the first's samples (at most
+#: where positions are sampled, the chunks after the first hold this many times the first's samples (at most
 #: 64): they store a few MB per sample instead of the first's hundreds, and a chunk's fixed cost (its
 #: run folder, one hand-off per backend, waiting for its last sample's write) was 0.27 s with four
 #: backends, 0.05 s a page in chunks of 5 DocLayNet pages (docs/task.md); three chunks of inputs stay
 #: in memory (the one running, the one queued, the one being read)
 LATER_CHUNK_FACTOR = 4
+
+
+def _samples_positions(anchored, k: int) -> bool:
+    """Whether a stream with ``--positions k`` samples some anchor: an intermediate anchor of the
+    model's manifest has a static shape of more than ``k`` elements."""
+    from anpred.run.model import load_anchored
+
+    if not k:
+        return False
+    for a in load_anchored(Path(anchored))[1].anchors:
+        n = 1
+        for d in a.shape or []:
+            n *= d if isinstance(d, int) and d > 0 else 1
+        if a.kind != "output" and n > k:
+            return True
+    return False
 
 
 def _batched(it, n: int, later: int | None = None):
@@ -135,9 +151,10 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
         anchored: the anchored model; backends: names or :class:`anpred.run.BackendSpec`.
         samples: ``(source, {input name: array})`` per sample (an iterator: read lazily).
         out_run: the run folder to create (it keeps ``keep`` samples per backend).
-        chunk: samples per chunk (memory and disk: three chunks of inputs and tensors at most); with
-            sampled positions, the chunks after the first hold :data:`LATER_CHUNK_FACTOR` times as many
-            (at most 64, or ``chunk`` when larger).
+        chunk: samples per chunk (memory and disk: three chunks of inputs and tensors at most); where
+            positions are sampled (an intermediate anchor of more than ``positions`` elements), the
+            chunks after the first hold :data:`LATER_CHUNK_FACTOR` times as many (at most 64, or
+            ``chunk`` when larger).
         keep: most deviating samples kept per backend.
         oracle, config, allow_incomplete: as :func:`anpred.judge.check_run`.
         adapter, labels: the task (:mod:`anpred.task`), or None.
@@ -293,8 +310,9 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     from anpred.run.driver import sigterm_raises
 
     restore_sigterm = sigterm_raises()  # SIGTERM while waiting for the judge: cleaned up as Ctrl-C
-    # the first chunk is stored in full; with sampled positions the later ones store a few MB a sample
-    later = min(max(chunk, 64), chunk * LATER_CHUNK_FACTOR) if positions else chunk
+    # the first chunk is stored in full; where positions will be sampled (an intermediate anchor of more
+    # than K elements in the manifest's static shapes) the later ones store a few MB a sample
+    later = min(max(chunk, 64), chunk * LATER_CHUNK_FACTOR) if _samples_positions(anchored, positions) else chunk
     chunks = _prefetched(samples, chunk, work, state["sources"], first=state["n"], description=inputs_description,
                          later=later)
     try:
@@ -520,6 +538,7 @@ def _refill_kept(final, anchored, specs: list, pool, folder: Path, timeout_s: fl
     """Run the kept samples whose tensors were stored as sampled positions once more, with every
     anchor in full, and store those tensors in the final run folder (for the report's plots and the
     drill-down). A backend that fails here keeps its sampled tensors."""
+    from anpred.inputs import ArraySamples
     from anpred.run import run_model
     from anpred.run.positions import GATHERED_SUFFIX
     from anpred.tensorfile import array_file_keys
@@ -531,18 +550,21 @@ def _refill_kept(final, anchored, specs: list, pool, folder: Path, timeout_s: fl
     rids = [s["id"] for s in final.meta.get("samples", []) if sampled(s["id"])]
     if not rids:
         return
-    inputs = folder / "inputs"
-    inputs.mkdir(parents=True, exist_ok=True)
-    for j, rid in enumerate(rids):
-        np.savez(inputs / f"{j:06d}.npz", **final.read_inputs(rid))
+    part = ArraySamples([(rid, final.read_inputs(rid)) for rid in rids], {"kind": "arrays", "kept": len(rids)})
     pool.gather.clear()
-    store = run_model(anchored, specs, inputs, folder / "run", timeout_s=timeout_s, overwrite=True, progress=False,
+    store = run_model(anchored, specs, part, folder / "run", timeout_s=timeout_s, overwrite=True, progress=False,
                       precheck=False, pool=pool)
     for j, rid in enumerate(rids):
         sid = f"s{j:04d}"
         for b, st in store.statuses().items():
-            if st.status == "ok" and store.anchor_file(b, sid):
-                final.write_anchors(b, rid, store.read_anchors(b, sid))
+            f = store.anchor_file(b, sid) if st.status == "ok" else None
+            if f is None:
+                continue
+            old = final.anchor_file(b, rid)
+            # moved, not copied (the full tensors of every kept sample would be on disk twice)
+            os.replace(f, final.backend_dir(b) / f"{rid}{f.suffix}")
+            if old is not None and old.suffix != f.suffix:
+                old.unlink(missing_ok=True)
     shutil.rmtree(folder, ignore_errors=True)
 
 
