@@ -349,10 +349,11 @@ def test_worker_pool_prepares_once_and_keeps_going_after_a_crash(yolo, tmp_path)
 
 
 def test_stream_keeps_the_first_failure_with_its_chunk_and_sample(yolo, tmp_path):
-    """A streamed run (chunks of 2) where one backend fails at the 3rd sample of the dataset: its final
-    status names that chunk and that sample by the dataset's ids (not a later chunk, not the chunk's
-    own numbering), keeps its details, and counts the samples it did run; the others judge all 6."""
-    from anpred.pipeline.stream import stream_test
+    """A streamed run (a first chunk of 2, then chunks of 2 x LATER_CHUNK_FACTOR: YOLOv8n's anchors are
+    sampled) where one backend fails at the 3rd sample of the dataset: its final status names that
+    chunk and that sample by the dataset's ids (not a later chunk, not the chunk's own numbering),
+    keeps its details, and counts the samples it did run; the others judge all 6."""
+    from anpred.pipeline.stream import LATER_CHUNK_FACTOR, stream_test
 
     rng = np.random.default_rng(0)
     samples = iter([(f"gen{i}", {"images": rng.random((1, 3, 224, 224), dtype=np.float32)}) for i in range(6)])
@@ -363,7 +364,9 @@ def test_stream_keeps_the_first_failure_with_its_chunk_and_sample(yolo, tmp_path
     st = RunStore.open(tmp_path / "run").statuses()
     assert st["ort"].status == "ok" and st["ort"].samples == 6
     assert st["ort-later"].status == "failed" and st["ort-later"].samples == 2
-    assert st["ort-later"].reason.startswith("chunk of samples s000002..s000003: sample s000002: RuntimeError")
+    last = min(2 + 2 * LATER_CHUNK_FACTOR, 6) - 1  # the second chunk: s000002 to the end (6 samples)
+    assert RunStore.open(tmp_path / "run").meta["stream"]["later_chunks"] == 2 * LATER_CHUNK_FACTOR
+    assert st["ort-later"].reason.startswith(f"chunk of samples s000002..s{last:06d}: sample s000002: RuntimeError")
     assert st["ort-later"].versions.get("onnxruntime")
     assert rep.inputs["samples"] == 6
 

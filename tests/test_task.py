@@ -322,6 +322,7 @@ def test_interrupted_stream_resumes_to_the_uninterrupted_report(digits, tmp_path
     resume of another run (other backends) is refused naming what differs."""
     import os
     import shutil
+    import signal
 
     model, inp, labels, eager, root = digits
     inp = Path(shutil.copytree(inp, tmp_path / "inputs"))
@@ -334,8 +335,11 @@ def test_interrupted_stream_resumes_to_the_uninterrupted_report(digits, tmp_path
     # a real SIGINT to the process' main thread once 20 samples are judged and checkpointed (the stream's
     # testing hook sends it: the test reading the progress line and signalling then came too late under
     # load, the whole run done by then)
+    # (SIG_DFL in the child: a job started in the background, like a CI step under nohup, inherits SIGINT
+    # ignored, and Python then installs no KeyboardInterrupt handler: the Ctrl-C would be ignored)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", "ANPRED_STREAM_FAULT": "sigint-after=20"})
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", "ANPRED_STREAM_FAULT": "sigint-after=20"},
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     rest = proc.stderr
     assert proc.returncode == 130, rest[-2000:]
     ck = tmp_path / ".out.stream"
