@@ -13,9 +13,14 @@ summed over chunks; each is slowed by the judge beside it, and with --side-by-si
 their preparation, and the backends' OWN inference over the same inputs measured apart (the same
 preprocessed pages through ``anpred run --mode stats``, one backend after the other, no judge), the
 ratio of the stream's wall time to that, peak RSS of the tree, peak disk of OUT, and the task
-headline of each backend. Usage (the numbers in docs/task.md, "Datasets, streamed")::
+headline of each backend. The own inference is timed around ``Backend.run`` alone in a process per
+backend (``_time_alone``: nothing written, no statistic computed beside it; earlier rounds used ``anpred
+run --mode stats``, whose writer thread folds every anchor into statistics beside the next run, about
+8% slower for ort). ``--own-only`` measures it again on an earlier output's pages. Usage (the numbers
+in docs/task.md, "Datasets, streamed")::
 
     .venv/bin/python benchmarks/bench_stream.py --pages 30,100 --out bench-stream [--side-by-side]
+    .venv/bin/python benchmarks/bench_stream.py --pages 1000 --out bench-stream --own-only
 """
 
 from __future__ import annotations
@@ -59,9 +64,11 @@ def _du(folder: Path) -> int:
     return total
 
 
-def _own_inference(anchored: Path, pages: Path, work: Path, backends: str) -> float:
-    """Sum over ``backends`` of their Backend.run seconds on ``pages`` (preprocessed as the zoo's
-    DocLayNet model does), run alone one after the other by ``anpred run --mode stats``."""
+def _own_inference(anchored: Path, pages: Path, work: Path, backends: str) -> tuple[float, dict[str, float]]:
+    """Sum over ``backends`` of their ``Backend.run`` seconds on ``pages`` (preprocessed as the zoo's
+    DocLayNet model does), each backend alone in its own process, one after the other, nothing else in
+    the process (:func:`_time_alone`: no tensor written, no statistic computed beside it); also per
+    backend."""
     import shutil
 
     import numpy as np
@@ -74,12 +81,40 @@ def _own_inference(anchored: Path, pages: Path, work: Path, backends: str) -> fl
     npz.mkdir(parents=True)
     for i, (_, arrays) in enumerate(zoo_image_samples(models.get("yolov8n-doclaynet"), pages)):
         np.savez(npz / f"{i:06d}.npz", **arrays)
-    subprocess.run([sys.executable, "-m", "anpred", "run", str(anchored), "--backends", backends, "--inputs", str(npz),
-                    "--mode", "stats", "-o", str(work / "run"), "--overwrite"], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    run = json.loads((work / "run" / "run.json").read_text())
+    per = {}
+    for b in backends.split(","):
+        out = subprocess.run([sys.executable, __file__, "--time-alone", b, "--model", str(anchored), "--out", str(npz)],
+                             cwd=ROOT, check=True, capture_output=True, text=True)
+        per[b] = float(out.stdout.strip().splitlines()[-1])
     shutil.rmtree(npz, ignore_errors=True)
-    return sum(b.get("seconds_run", 0.0) for b in run["backends"].values())
+    return sum(per.values()), per
+
+
+def _time_alone(name: str, model: Path, npz: Path) -> float:
+    """Seconds of ``Backend.run`` of backend ``name`` over every ``.npz`` in ``npz`` (each loaded
+    before its run, outside the timing), prepared once on ``model`` (an int8 backend calibrated on the
+    first 32 inputs, as a streamed run does), with the backend's defaults and nothing else running in
+    this process: the backend's own inference."""
+    import tempfile
+
+    import numpy as np
+
+    from anpred.backends import backend_class
+    from anpred.run.model import load_anchored
+
+    files = sorted(npz.glob("*.npz"))
+    cls = backend_class(name)
+    options = {"calibration": [str(f) for f in files[:32]]} if getattr(cls, "needs_calibration", False) else {}
+    b = cls(options)
+    b.prepare(model, load_anchored(model)[1], tempfile.mkdtemp(prefix="anpred-own-"))
+    total = 0.0
+    for f in files:
+        with np.load(f) as z:
+            x = {k: z[k] for k in z.files}
+        t = time.perf_counter()
+        b.run(x)
+        total += time.perf_counter() - t
+    return total
 
 
 def main(argv=None) -> int:
@@ -93,7 +128,20 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", default="ort,openvino,torch,ort-int8")
     ap.add_argument("--chunk", type=int, default=None, help="default: anpred's (1 GiB of anchor tensors)")
     ap.add_argument("--side-by-side", action="store_true", help="the backends of a chunk at once")
+    ap.add_argument("--own-only", action="store_true",
+                    help="measure only the backends' own inference again, on OUT's pages and run folders")
+    ap.add_argument("--time-alone", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.time_alone:  # (the child process of _own_inference)
+        print(_time_alone(a.time_alone, Path(a.model), Path(a.out)))
+        return 0
+    if a.own_only:
+        for n in [int(x) for x in a.pages.split(",")]:
+            own, per = _own_inference(Path(a.out) / f"run-{n}" / "anchored.onnx", Path(a.out) / f"pages-{n}",
+                                      Path(a.out) / f"own-{n}", a.backends)
+            print(json.dumps({"pages": n, "own_inference_s": own, "own_inference_per_backend_s": per}), flush=True)
+        return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -131,8 +179,10 @@ def main(argv=None) -> int:
         # the backends' own inference over the same inputs, measured apart: the same preprocessed pages run
         # through `anpred run` (mode stats: no tensors written), one backend after the other, nothing else
         # running (no judge): seconds_run summed over the backends
-        own = _own_inference(dst / "anchored.onnx", pages, out / f"own-{n}", a.backends)
+        own, per = _own_inference(dst / "anchored.onnx", pages, out / f"own-{n}", a.backends)
         row["own_inference_s"] = own
+        row["own_inference_per_backend_s"] = per
+        row["inference_per_backend_s"] = {b: v.get("seconds_run", 0.0) for b, v in run["backends"].items()}
         row["ratio_stream_to_own_inference"] = (test["seconds"].get("stream", 0) / own) if own else None
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -8,6 +8,8 @@ Options: ``threads`` (intra-op threads, default 0 = ONNX Runtime's choice).
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import numpy as np
@@ -60,12 +62,14 @@ class OrtBackend(NamedOutputsMixin, Backend):
     """ONNX Runtime, CPUExecutionProvider, ``ORT_ENABLE_ALL`` graph optimizations.
 
     Options: ``threads`` (``intra_op_num_threads``; 0: ONNX Runtime's default, one per physical core);
-    ``spinning`` (default False): whether the thread pool spin-waits for work between operators
-    (``session.intra_op.allow_spinning``/``inter_op``; ONNX Runtime's default is to spin). Off here,
-    as ncnn's OpenMP block time: a waiting thread sleeps, so the runner's tensor-writer thread and a
-    streamed run's judge get the core it would burn. Measured on YOLOv8n-DocLayNet at 1024 px, 2
-    cores, 10 pages (docs/task.md): alone 1.75 s spinning, 1.71 s not; beside 1.2 s of judging work
-    on another thread 2.73 s spinning, 2.05 s not.
+    ``spinning``: whether the thread pool spin-waits for work between operators
+    (``session.intra_op.allow_spinning``/``inter_op``). Default: ONNX Runtime's (spin), except where
+    the process shares its cores with a streamed run's judge (``ANPRED_THREAD_SPINNING=0``, set by
+    :class:`anpred.run.driver.WorkerPool` with ``direct_io=False``): there a waiting thread sleeps, as
+    ncnn's OpenMP block time 0, and the judge gets the core it would burn. Measured on
+    YOLOv8n-DocLayNet at 1024 px, 2 cores, 10 pages beside 1.2 s of judging work on another thread:
+    2.73 s spinning, 2.05 s not; alone spinning is the faster (a reviewer's 10 alternating repeats:
+    median 1.64 s against 1.94 s), so it stays the default elsewhere.
     """
 
     name = "ort"
@@ -108,7 +112,8 @@ class OrtBackend(NamedOutputsMixin, Backend):
         so = ort.SessionOptions()
         so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, self.opt_level)
         so.intra_op_num_threads = int(self.options.get("threads", 0))
-        if not self.options.get("spinning", False):  # (class docstring)
+        spin = self.options.get("spinning", os.environ.get("ANPRED_THREAD_SPINNING", "1") != "0")
+        if not spin:  # (class docstring)
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
             so.add_session_config_entry("session.inter_op.allow_spinning", "0")
         so.log_severity_level = 3

@@ -80,7 +80,8 @@ def add_arguments(parser):
                         help="run --inputs (a folder, 1000+ inputs) as a dataset: chunks judged as they come, memory "
                         "flat, only the most deviating samples kept on disk")
     parser.add_argument("--chunk", type=int, default=None, metavar="N",
-                        help="samples per chunk with --stream (default: 1 GiB of anchor tensors, at most 64)")
+                        help="samples per chunk with --stream (default: 1 GiB of anchor tensors, at most 64; where "
+                             "anchors are sampled, the chunks after the first hold 4x as many, at most 64)")
     parser.add_argument("--keep", type=int, default=4, metavar="K",
                         help="most deviating samples kept per backend with --stream (4)")
     parser.add_argument("--side-by-side", action="store_true",

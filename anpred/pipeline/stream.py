@@ -365,6 +365,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                             "seconds_checkpoint": round(state.get("seconds_checkpoint", 0.0), 2),
                             "checkpoint_bytes": _size(out_run.parent / stream_state.STATE_FILE),
                             "positions": positions,
+                            "wasserstein_positions": (getattr(judge.oracle.main, "distribution_k", None)
+                                                      if judge.oracle is not None else None),
                             "kept": {b: sorted(r for _, r in h) for b, h in state["heaps"].items()}}
     final.save_meta()
     report = finish(run, judge.judged())
@@ -383,6 +385,11 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                             f"(up to {max(big.values())}) judged on {positions} positions per sample, the same in every "
                             f"sample and backend; their maxima (max_abs, max_ulp) are over those positions, sums and "
                             f"means are estimates (docs/task.md, 'Sampled positions'); outputs judged in full")
+    dk = getattr(judge.oracle.main, "distribution_k", None) if judge.oracle is not None else None
+    if dk:  # the Wasserstein distance on fewer positions (anpred.judge.positions.DISTRIBUTION_POSITIONS)
+        report.notes.append(f"Wasserstein distance (W1): computed on {dk} sampled positions of every tensor of more "
+                            f"elements, the outputs included (an estimate; every other statistic of the outputs "
+                            f"uses every element; docs/task.md, 'Sampled positions')")
     report.notes.append(f"streamed: {state['n']} samples judged in chunks of {chunk}"
                         f"{f' (then {later})' if later != chunk else ''} "
                         f"({time.perf_counter() - t0:.0f} s); the run folder keeps the {keep} most deviating "

@@ -406,10 +406,12 @@ def _worker_env(python_path: list[str] | None = None, direct_io: bool = True) ->
     """The worker's environment: this one, with faulthandler on, the malloc tunables
     (:func:`worker_malloc_tunables`), this ``anpred`` first on ``PYTHONPATH``, then the spec's
     ``python_path`` folders (another release of the backend's library); ``direct_io=False``: its
-    tensor files are written through the page cache (``ANPRED_DIRECT_IO=0``)."""
+    tensor files are written through the page cache (``ANPRED_DIRECT_IO=0``) and its thread pools do
+    not spin (``ANPRED_THREAD_SPINNING=0``)."""
     env = dict(os.environ)
-    if not direct_io:
+    if not direct_io:  # (a streamed run: its judge reads the tensors at once and shares the cores)
         env["ANPRED_DIRECT_IO"] = "0"
+        env.setdefault("ANPRED_THREAD_SPINNING", "0")  # thread pools sleep when idle (anpred.backends.ort)
     env["PYTHONFAULTHANDLER"] = "1"
     env["GLIBC_TUNABLES"] = worker_malloc_tunables(env.get("GLIBC_TUNABLES", ""))
     pkg_parent = str(Path(__file__).resolve().parents[2])  # the folder holding the anpred package
@@ -479,7 +481,8 @@ class WorkerPool:
     ``direct_io``: False for runs whose tensors are read back at once and deleted (a streamed
     dataset's chunks, read by its judge while the next chunk runs): the workers write them through the
     page cache (``ANPRED_DIRECT_IO=0``, :func:`anpred.tensorfile.write_safetensors`), so the judge reads
-    them from memory, not from the device (measured in docs/task.md)."""
+    them from memory, not from the device, and their thread pools sleep instead of spin-waiting when
+    idle (``ANPRED_THREAD_SPINNING=0``: ONNX Runtime's), so the judge gets those cycles (docs/task.md)."""
 
     def __init__(self, work: str | Path, *, timeout_s: float = 600, side_by_side: bool = False, mode: str = "tensors",
                  direct_io: bool = True):

@@ -157,9 +157,9 @@ class TaskAccumulator:
         False when no consensus of the outputs could be formed (not counted)."""
         cons = {}
         for a in self.outs:
-            per = {b: t for b, t in tensors.get(a.name, {}).items() if b in self.voters}
             c = (consensus or {}).get(a.name)
-            if c is None:
+            if c is None:  # voted in float64, as the oracle votes (so both give the same consensus)
+                per = {b: np.asarray(t, np.float64) for b, t in tensors.get(a.name, {}).items() if b in self.voters}
                 c = self.consensus(per) if per else None
             if c is None:
                 return False
