@@ -59,10 +59,7 @@ def auto_chunk(manifest, n_backends: int, budget: int = CHUNK_BYTES, most: int =
     backends (static anchor shapes of the manifest; an unknown dim counts as 1), between 1 and ``most``."""
     per = 0
     for a in manifest.anchors:
-        n = 1
-        for d in a.shape or []:
-            n *= d if isinstance(d, int) and d > 0 else 1
-        per += n * np.dtype(a.dtype if a.dtype in np.sctypeDict else "float32").itemsize
+        per += _static_size(a) * np.dtype(a.dtype if a.dtype in np.sctypeDict else "float32").itemsize
     per *= max(1, n_backends)
     return int(max(1, min(most, budget // max(1, per))))
 
@@ -107,13 +104,15 @@ def _samples_positions(anchored, k: int) -> bool:
 
     if not k:
         return False
-    for a in load_anchored(Path(anchored))[1].anchors:
-        n = 1
-        for d in a.shape or []:
-            n *= d if isinstance(d, int) and d > 0 else 1
-        if a.kind != "output" and n > k:
-            return True
-    return False
+    return any(a.kind != "output" and _static_size(a) > k for a in load_anchored(Path(anchored))[1].anchors)
+
+
+def _static_size(anchor) -> int:
+    """Elements of an anchor by its manifest shape (an unknown dimension counts as 1)."""
+    n = 1
+    for d in anchor.shape or []:
+        n *= d if isinstance(d, int) and d > 0 else 1
+    return n
 
 
 def _batched(it, n: int, later: int | None = None):
