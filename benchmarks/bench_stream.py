@@ -81,10 +81,16 @@ def _own_inference(anchored: Path, pages: Path, work: Path, backends: str) -> tu
     npz.mkdir(parents=True)
     for i, (_, arrays) in enumerate(zoo_image_samples(models.get("yolov8n-doclaynet"), pages)):
         np.savez(npz / f"{i:06d}.npz", **arrays)
+    from anpred.run.driver import _worker_env
+
+    # the environment of anpred's own backend workers (the malloc tunables of
+    # anpred.run.driver.worker_malloc_tunables: without them openvino took 29% longer, torch 12%, ort 8% on
+    # 24 pages), so that the ratio measures what the stream adds, not what the tunables save
+    env = _worker_env()
     per = {}
     for b in backends.split(","):
         out = subprocess.run([sys.executable, __file__, "--time-alone", b, "--model", str(anchored), "--out", str(npz)],
-                             cwd=ROOT, check=True, capture_output=True, text=True)
+                             cwd=ROOT, check=True, capture_output=True, text=True, env=env)
         per[b] = float(out.stdout.strip().splitlines()[-1])
     shutil.rmtree(npz, ignore_errors=True)
     return sum(per.values()), per
@@ -184,6 +190,15 @@ def main(argv=None) -> int:
         row["own_inference_per_backend_s"] = per
         row["inference_per_backend_s"] = {b: v.get("seconds_run", 0.0) for b, v in run["backends"].items()}
         row["ratio_stream_to_own_inference"] = (test["seconds"].get("stream", 0) / own) if own else None
+        # where the time goes: before the first chunk is judged (workers started and prepared, int8
+        # calibrated, the first chunk run and judged in full), the chunks after it (steady state: seconds per
+        # sample against the own inference's), after the last one (the kept samples refilled, the report)
+        at = run.get("stream", {}).get("judged_at") or []
+        if len(at) >= 2 and own:
+            steady = (at[-1][1] - at[0][1]) / (at[-1][0] - at[0][0])
+            row["phases"] = {"until_first_chunk_judged_s": at[0][1], "steady_s_per_sample": steady,
+                             "steady_ratio_to_own": steady / (own / n),
+                             "after_last_chunk_s": test["seconds"].get("stream", 0) - at[-1][1]}
         rows.append(row)
         print(json.dumps(row), flush=True)
         if proc.returncode not in (0, 1):

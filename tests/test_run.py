@@ -405,3 +405,16 @@ def test_samples_in_memory_move_their_prewritten_inputs_in(tmp_path):
     (y,) = store.read_anchors("ort", "s0001").values()  # the graph output, the one anchor
     np.testing.assert_array_equal(y, np.maximum(cast["x"], 0))
     assert store.meta["inputs"]["path"] == "pages" and store.meta["inputs"]["samples"] == 2
+    # a streamed dataset keeps a sample by moving its files out of the chunk's run (RunStore.adopt_sample)
+    from anpred.run import RunStore
+
+    final = RunStore.create(tmp_path / "final", store.manifest)
+    sha = store.meta["samples"][1]["sha256"]
+    src_in, src_t = store.input_file("s0001"), store.anchor_file("ort", "s0001")
+    final.adopt_sample("s000042", store, "s0001", source="page-b.png")
+    assert final.meta["samples"] == [{"id": "s000042", "source": "page-b.png", "sha256": sha}]
+    assert not src_in.exists() and not src_t.exists()  # moved, not copied
+    assert sample_sha256(final.read_inputs("s000042")) == sha
+    np.testing.assert_array_equal(next(iter(final.read_anchors("ort", "s000042").values())), y)
+    with pytest.raises(KeyError, match="no sample s0009"):
+        final.adopt_sample("s000043", store, "s0009")

@@ -275,6 +275,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
             state["sigint_sent"] = True
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         rate = (state["n"] - n0) / (time.perf_counter() - t0)
+        state.setdefault("judged_at", []).append([state["n"], round(time.perf_counter() - t0, 2)])
         if not quiet:
             running = ("; ".join(f"{b}: {h}" for b, h in acc.running().items())
                        if acc is not None else
@@ -363,6 +364,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                             "seconds_refill": round(state.get("seconds_refill", 0.0), 2),
                             "seconds_checkpoint": round(state.get("seconds_checkpoint", 0.0), 2),
                             "checkpoint_bytes": _size(out_run.parent / stream_state.STATE_FILE),
+                            # [samples judged, seconds since the stream began] after each chunk (this process)
+                            "judged_at": state.get("judged_at", []),
                             "positions": positions,
                             "wasserstein_positions": (getattr(judge.oracle.main, "distribution_k", None)
                                                       if judge.oracle is not None else None),
@@ -612,12 +615,8 @@ def _keep(state, store, ids: dict[str, str], devs: dict[str, dict[str, float]], 
     for rid in sorted(kept_now):
         if rid in inv and rid not in state["kept"]:
             sid = inv[rid]
-            src = state["sources"][int(rid[1:])]
-            final.add_sample(rid, store.read_inputs(sid), source=src)
-            for b in store.statuses():
-                t = store.read_anchors(b, sid) if store.anchor_file(b, sid) else {}
-                if t:
-                    final.write_anchors(b, rid, t)
+            # its files are moved from the chunk's run (deleted once judged), not read and written again
+            final.adopt_sample(rid, store, sid, source=state["sources"][int(rid[1:])])
             state["kept"][rid] = True
             want.add(rid)
     for rid in [r for r in state["kept"] if r not in kept_now]:  # pushed out: its files go

@@ -153,6 +153,33 @@ class RunStore:
             np.savez(self.root / "inputs" / f"{sample_id}.npz", **inputs)
         self.meta["samples"].append({"id": sample_id, "source": source, "sha256": digest, **(extra or {})})
 
+    def adopt_sample(self, sample_id: str, other: "RunStore", other_id: str, source: str = "") -> None:
+        """Record sample ``other_id`` of the run ``other`` here as ``sample_id``: its input file and every
+        backend's anchor file are moved (``os.replace``; copied where they cannot be, e.g. another
+        file system), its SHA-256 taken from ``other``'s record. ``other`` loses those files: for a run
+        about to be deleted (a streamed dataset's chunk, :mod:`anpred.pipeline.stream`).
+
+        Raises:
+            KeyError: ``other`` has no sample ``other_id``.
+            FileNotFoundError: it has no input file for it."""
+        rec = next((s for s in other.meta["samples"] if s["id"] == other_id), None)
+        if rec is None:
+            raise KeyError(f"{other.root}: no sample {other_id}")
+        moves = [(other.input_file(other_id), self.root / "inputs")]
+        for b in other.meta["backends"]:
+            f = other.anchor_file(b, other_id)
+            if f is not None:
+                moves.append((f, self.backend_dir(b)))
+        for f, folder in moves:
+            folder.mkdir(parents=True, exist_ok=True)
+            dst = folder / f"{sample_id}{f.suffix}"
+            try:
+                os.replace(f, dst)
+            except OSError:
+                shutil.copyfile(f, dst)
+        self.meta["samples"].append({"id": sample_id, "source": source,
+                                     "sha256": rec.get("sha256") or sample_sha256(self.read_inputs(sample_id))})
+
     def remove_sample(self, sample_id: str) -> None:
         """Forget a sample: its inputs, every backend's tensors for it and its entry (meta saved by the
         caller)."""
