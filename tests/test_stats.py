@@ -201,3 +201,25 @@ def test_wasserstein_in_the_consensus_order_equals_scipy():
     ok = np.isfinite(xn)
     assert ref.compare(xn).stats.wasserstein == pytest.approx(
         wasserstein_distance(xn[ok], c[ok]) / np.std(c[ok]), rel=1e-12)
+
+
+def test_same_array_is_array_equal():
+    """The judge's bit-identity question (anpred.judge.stats.same_array) answers as np.array_equal:
+    a difference at one element off the ~256 it looks at first, NaN (equal to nothing), other
+    shapes, and strided (transposed) views."""
+    from anpred.judge.stats import same_array
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(65536)
+    cases = [(a, a.copy())]
+    for i in (0, 5, 65535):  # 5: between the elements sampled first
+        b = a.copy()
+        b[i] = np.nextafter(b[i], np.inf)
+        cases.append((a, b))
+    n = a.copy()
+    n[7] = np.nan
+    cases += [(n, n.copy()), (a, a[:-1]), (a.reshape(256, 256), a.reshape(256, 256).T),
+              (a.reshape(256, 256).T, a.reshape(256, 256).T.copy()), (np.zeros(0), np.zeros(0))]
+    got = [same_array(x, y) for x, y in cases]
+    assert got == [bool(np.array_equal(x, y)) for x, y in cases]
+    assert got == [True, False, False, False, False, False, False, True, True]

@@ -71,7 +71,7 @@ from anpred.judge.independence import PairDistances, merge_correlated
 from anpred.judge.localize import Localizer
 from anpred.judge.positions import sample_positions
 from anpred.judge.scales import cell_precision, floor_and_basis, natural_units
-from anpred.judge.stats import ErrorStats, Reference, ulp_dtype
+from anpred.judge.stats import ErrorStats, Reference, same_array, ulp_dtype
 from anpred.judge.struct import AnchorInfo, BackendInfo, Cell, OracleResult
 from anpred.judge.verdict import backend_verdict, gap_text, judge_cell
 
@@ -160,7 +160,7 @@ class Oracle:
     def _identical(self, a: np.ndarray, b: np.ndarray) -> bool:
         tol = self.cfg.correlated_nrmse
         if tol <= 0:
-            return bool(np.array_equal(a, b))  # NaN != NaN: agreeing on NaN is not shared kernels
+            return same_array(a, b)  # NaN != NaN: agreeing on NaN is not shared kernels
         d = (a - b).ravel()
         bb = float(np.einsum("i,i->", b.ravel(), b.ravel()))
         dd = float(np.einsum("i,i->", d, d))
@@ -330,7 +330,7 @@ class Oracle:
                 dt = ulp_dtype(cell_precision(self.backends[b].precision, a.dtype))
                 # a tensor bit-identical to one already compared (members of one population sharing a
                 # kernel path, correlated families) has the same Comparison: reuse it (no second sort)
-                cmp = next((c_ for y, d_, c_ in done if d_ == dt and np.array_equal(x, y)), None)
+                cmp = next((c_ for y, d_, c_ in done if d_ == dt and same_array(x, y)), None)
                 if cmp is None:
                     cmp = ref_tensor.compare(x, dt, distribution=self.population is None)
                     done.append((x, dt, cmp))

@@ -51,7 +51,7 @@ import numpy as np
 
 from anpred.onnx_io import from_json_float, json_float
 
-__all__ = ["DTYPE_ALIASES", "Comparison", "ErrorStats", "Reference", "canonical_dtype", "error_stats",
+__all__ = ["DTYPE_ALIASES", "Comparison", "ErrorStats", "Reference", "canonical_dtype", "error_stats", "same_array",
            "from_json_float", "json_float", "ulp", "ulp_dtype"]
 
 # Accepted dtype spellings -> canonical name.
@@ -329,6 +329,20 @@ class Reference:
         suppressed = int(np.count_nonzero(xf))
         same = (np.isnan(cv) & np.isnan(xv)) | (cv == xv)
         return suppressed, int(np.count_nonzero(~xf & ~same))
+
+
+def same_array(a: np.ndarray, b: np.ndarray) -> bool:
+    """``np.array_equal(a, b)`` (same shape, every element equal; NaN equals nothing), rejecting most
+    unequal pairs on about 256 evenly spaced elements first: two backends' tensors of one anchor
+    almost always differ there, and the full comparison (55 us for 65,536 float64 values, the judge's
+    most frequent question: is this backend's tensor bit-identical to another's) is then skipped."""
+    if a.shape != b.shape:
+        return False
+    if not (a.flags.c_contiguous and b.flags.c_contiguous):  # (a strided view: reshape would copy it)
+        return bool(np.array_equal(a, b))
+    step = max(1, a.size // 256)
+    fa, fb = a.reshape(-1), b.reshape(-1)
+    return bool(np.array_equal(fa[::step], fb[::step])) and bool(np.array_equal(a, b))
 
 
 def _sorted(x: np.ndarray) -> np.ndarray:
