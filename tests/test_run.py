@@ -4,6 +4,7 @@ input."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -312,6 +313,8 @@ def test_worker_pool_prepares_once_and_keeps_going_after_a_crash(yolo, tmp_path)
                               precheck=False, pool=pool)
             stores.append(store)
             pids.append({b: w["proc"].pid for b, w in pool.workers.items() if b in ("ort", "openvino")})
+            for pid in pids[-1].values():  # each its own process group (killed as one), in this session
+                assert os.getpgid(pid) == pid != os.getpgid(0) and os.getsid(pid) == os.getsid(0)
             st = store.statuses()
             assert st["ort"].status == "ok" and st["openvino"].status == "ok" and st["ort"].samples == 2
             assert st["ort-segv"].status == "crashed" and "SIGSEGV" in st["ort-segv"].reason
@@ -369,6 +372,23 @@ def test_stream_keeps_the_first_failure_with_its_chunk_and_sample(yolo, tmp_path
     assert st["ort-later"].reason.startswith(f"chunk of samples s000002..s{last:06d}: sample s000002: RuntimeError")
     assert st["ort-later"].versions.get("onnxruntime")
     assert rep.inputs["samples"] == 6
+
+
+def test_stream_threads_lower_their_priority():
+    """The stream's judge and reader threads raise their own nice value by JUDGE_NICE (capped at 19),
+    not the process's (the backends' workers, the driver's main thread keep theirs)."""
+    import threading
+
+    from anpred.pipeline.stream import JUDGE_NICE, _lower_priority
+
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    got = {}
+    th = threading.Thread(target=lambda: got.update(new=_lower_priority(),
+                                                    seen=os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+    th.start()
+    th.join()
+    assert JUDGE_NICE == 10 and got["new"] == got["seen"] == min(19, before + JUDGE_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
 
 
 def test_samples_in_memory_move_their_prewritten_inputs_in(tmp_path):

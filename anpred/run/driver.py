@@ -482,7 +482,13 @@ class WorkerPool:
     dataset's chunks, read by its judge while the next chunk runs): the workers write them through the
     page cache (``ANPRED_DIRECT_IO=0``, :func:`anpred.tensorfile.write_safetensors`), so the judge reads
     them from memory, not from the device, and their thread pools sleep instead of spin-waiting when
-    idle (``ANPRED_THREAD_SPINNING=0``: ONNX Runtime's), so the judge gets those cycles (docs/task.md)."""
+    idle (``ANPRED_THREAD_SPINNING=0``: ONNX Runtime's), so the judge gets those cycles (docs/task.md).
+
+    Each worker leads a process group of its own (killed as one) inside the driver's session, not a
+    session of its own: Linux's autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``)
+    shares the CPU between sessions first, so a worker in its own session took half of the cores from a
+    streamed run's judge and reader threads whatever their nice value; in one session the lower
+    priority of those threads (:data:`anpred.pipeline.stream.JUDGE_NICE`) holds."""
 
     def __init__(self, work: str | Path, *, timeout_s: float = 600, side_by_side: bool = False, mode: str = "tensors",
                  direct_io: bool = True):
@@ -511,7 +517,8 @@ class WorkerPool:
                                      str(wfd), "--parent", str(os.getpid()), "--feed", str(feed_r)],
                                     pass_fds=(wfd, feed_r), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, cwd=str(wdir),
-                                    env=_worker_env(python_path, direct_io=self.direct_io), start_new_session=True)
+                                    env=_worker_env(python_path, direct_io=self.direct_io),
+                                    process_group=0)  # (why not a session of its own: the class docstring)
         os.close(wfd)
         os.close(feed_r)
         return {"proc": proc, "rfd": rfd, "feed": os.fdopen(feed_w, "w"), "buf": b"", "prepared": False,
