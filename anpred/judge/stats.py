@@ -334,8 +334,9 @@ class Reference:
 def same_array(a: np.ndarray, b: np.ndarray) -> bool:
     """``np.array_equal(a, b)`` (same shape, every element equal; NaN equals nothing), rejecting most
     unequal pairs on about 256 evenly spaced elements first: two backends' tensors of one anchor
-    almost always differ there, and the full comparison (55 us for 65,536 float64 values, the judge's
-    most frequent question: is this backend's tensor bit-identical to another's) is then skipped."""
+    almost always differ there, and the full comparison (the judge's most frequent question: is this
+    backend's tensor bit-identical to another's?) is then skipped: 4.4 us instead of 19 us for two
+    differing arrays of 65,536 float64 values (2-core machine of docs/task.md)."""
     if a.shape != b.shape:
         return False
     if not (a.flags.c_contiguous and b.flags.c_contiguous):  # (a strided view: reshape would copy it)
