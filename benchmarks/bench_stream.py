@@ -11,7 +11,7 @@ judge and every backend worker) and the size of OUT. Reports per N: wall time of
 the sum over backends of their inference time inside the stream (``seconds_run`` of the run record,
 summed over chunks; each is slowed by the judge beside it, and with --side-by-side by the other backends) and of
 their preparation, and the backends' OWN inference over the same inputs measured apart (the same
-preprocessed pages through ``anpred run --mode stats``, one backend after the other, no judge), the
+preprocessed pages, each backend alone in a process of its own, one after the other, no judge), the
 ratio of the stream's wall time to that, peak RSS of the tree, peak disk of OUT, and the task
 headline of each backend. The own inference is timed around ``Backend.run`` alone in a process per
 backend (``_time_alone``: nothing written, no statistic computed beside it; earlier rounds used ``anpred
@@ -83,7 +83,8 @@ def _own_inference(anchored: Path, pages: Path, work: Path, backends: str) -> tu
         np.savez(npz / f"{i:06d}.npz", **arrays)
     from anpred.run.driver import _worker_env
 
-    # the environment of anpred's own backend workers (the malloc tunables of
+    # the environment of anpred's own backend workers, except that ONNX Runtime spins here (its default,
+    # faster alone; a stream's workers do not, beside the judge): the malloc tunables of
     # anpred.run.driver.worker_malloc_tunables: without them openvino took 29% longer, torch 12%, ort 8% on
     # 24 pages), so that the ratio measures what the stream adds, not what the tunables save
     env = _worker_env()
@@ -182,6 +183,45 @@ def main(argv=None) -> int:
                "stream_meta": {k: v for k, v in run.get("stream", {}).items() if k != "kept"},
                "headlines": {b: d["headline"] for b, d in rep["task"]["backends"].items()},
                "map50": {b: (d.get("truth") or {}).get("map50") for b, d in rep["task"]["backends"].items()}}
+        # the backends' own inference over the same inputs, measured apart (_own_inference, _time_alone)
+        own, per = _own_inference(Path(a.out) / f"run-{n}" / "anchored.onnx", Path(a.out) / f"pages-{n}",
+                                      Path(a.out) / f"own-{n}", a.backends)
+            print(json.dumps({"pages": n, "own_inference_s": own, "own_inference_per_backend_s": per}), flush=True)
+        return 0
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for n in [int(x) for x in a.pages.split(",")]:
+        pages = out / f"pages-{n}"
+        if not (pages / "truth.json").is_file():
+            write_pages_with_truth(pages, range(n))
+        dst = out / f"run-{n}"
+        cmd = [sys.executable, "-m", "anpred", "test", "yolov8n-doclaynet", "--inputs", str(pages), "--labels",
+               str(pages / "truth.json"), "--stream", *(["--chunk", str(a.chunk)] if a.chunk else []), "--backends", a.backends, "-o", str(dst),
+               "--overwrite", "-q", *(["--side-by-side"] if a.side_by_side else [])]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+        ps = psutil.Process(proc.pid)
+        peak_rss = peak_disk = 0
+        while proc.poll() is None:
+            peak_rss = max(peak_rss, _tree_rss(ps))
+            parent = dst.parent
+            peak_disk = max(peak_disk, sum(_du(p) for p in parent.glob(f".{dst.name}*")) + (_du(dst) if dst.exists() else 0))
+            time.sleep(0.2)
+        wall = time.perf_counter() - t0
+        text = proc.stdout.read().decode(errors="replace")
+        test = json.loads((dst / "test.json").read_text())
+        run = json.loads((dst / "run" / "run.json").read_text())
+        inf = sum(b.get("seconds_run", 0.0) for b in run["backends"].values())
+        prep = sum(b.get("seconds_prepare", 0.0) for b in run["backends"].values())
+        rep = json.loads((dst / "report.json").read_text())
+        row = {"pages": n, "rc": proc.returncode, "wall_s": wall, "stream_s": test["seconds"].get("stream"),
+               "inference_s": inf, "prepare_s": prep, "ratio_stream_to_inference": test["seconds"].get("stream", 0) / inf
+               if inf else None, "peak_rss_mib": peak_rss / 2**20, "peak_disk_mib": peak_disk / 2**20,
+               "kept_samples": len(run["samples"]), "disk_final_mib": _du(dst) / 2**20,
+               "stream_meta": {k: v for k, v in run.get("stream", {}).items() if k != "kept"},
+               "headlines": {b: d["headline"] for b, d in rep["task"]["backends"].items()},
+               "map50": {b: (d.get("truth") or {}).get("map50") for b, d in rep["task"]["backends"].items()}}
         # the backends' own inference over the same inputs, measured apart: the same preprocessed pages run
         # through `anpred run` (mode stats: no tensors written), one backend after the other, nothing else
         # running (no judge): seconds_run summed over the backends
@@ -190,6 +230,7 @@ def main(argv=None) -> int:
         row["own_inference_per_backend_s"] = per
         row["inference_per_backend_s"] = {b: v.get("seconds_run", 0.0) for b, v in run["backends"].items()}
         row["ratio_stream_to_own_inference"] = (test["seconds"].get("stream", 0) / own) if own else None
+        row["ratio_command_to_own_inference"] = (wall / own) if own else None  # resolving and the report included
         # where the time goes: before the first chunk is judged (workers started and prepared, int8
         # calibrated, the first chunk run and judged in full), the chunks after it (steady state: seconds per
         # sample against the own inference's), after the last one (the kept samples refilled, the report)

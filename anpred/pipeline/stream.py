@@ -224,6 +224,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     work.mkdir(parents=True)
     t0, n0 = time.perf_counter(), state["n"]
     done: "queue.Queue[tuple[int, Any, dict[str, str]] | None]" = queue.Queue(maxsize=1)
+    # set once the first chunk is judged (its alignment fixes the positions the workers gather) or the judge failed
+    gather_ready = threading.Event()
 
     def judge_chunk(k: int, store, ids: dict[str, str]) -> None:
         tj = time.perf_counter()
@@ -262,6 +264,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
         judge.add_store(store, ids, each)
         if k == 0 and judge.sampler is not None:  # the workers store the sampled positions from now on
             pool.gather.update(_gather_files(judge, work / "gather"))
+        if k == 0:
+            gather_ready.set()
         _keep(state, store, ids, devs, keep)
         state["n"] += len(ids)
         shutil.rmtree(store.root, ignore_errors=True)
@@ -303,6 +307,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                 judge_chunk(*item)
             except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
                 state["error"] = err
+                gather_ready.set()
 
     # the first samples (at most 32) calibrate the int8 backends once for the whole dataset, whatever the chunk
     import itertools
@@ -321,7 +326,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     restore_sigterm = sigterm_raises()  # SIGTERM while waiting for the judge: cleaned up as Ctrl-C
     # the first chunk is stored in full; where positions will be sampled (an intermediate anchor of more
     # than K elements in the manifest's static shapes) the later ones store a few MB a sample
-    later = min(max(chunk, 64), chunk * LATER_CHUNK_FACTOR) if _samples_positions(anchored, positions) else chunk
+    sampling = _samples_positions(anchored, positions)
+    later = min(max(chunk, 64), chunk * LATER_CHUNK_FACTOR) if sampling else chunk
     chunks = _prefetched(samples, chunk, work, state["sources"], first=state["n"], description=inputs_description,
                          later=later)
     try:
@@ -338,6 +344,11 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                 specs = [x for x in specs if st0.get(x.label) is None or st0[x.label].status != "unsupported"]
             shutil.rmtree(work / f"in{k}", ignore_errors=True)  # (what was not moved into the run)
             done.put((k, store, ids))
+            if k == 0 and sampling:
+                # the next chunk waits for the first one's judge (a few seconds, alone on the cores): from
+                # it on, every worker stores only the sampled positions, whatever the judge's priority
+                while not gather_ready.wait(0.5) and th.is_alive():
+                    pass
         _end_judge(done, th, drop=False)
         if os.environ.get("ANPRED_STREAM_FAULT") == "before-refill":  # testing hook: interrupted after the last checkpoint
             raise KeyboardInterrupt
