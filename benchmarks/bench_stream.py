@@ -184,47 +184,6 @@ def main(argv=None) -> int:
                "headlines": {b: d["headline"] for b, d in rep["task"]["backends"].items()},
                "map50": {b: (d.get("truth") or {}).get("map50") for b, d in rep["task"]["backends"].items()}}
         # the backends' own inference over the same inputs, measured apart (_own_inference, _time_alone)
-        own, per = _own_inference(Path(a.out) / f"run-{n}" / "anchored.onnx", Path(a.out) / f"pages-{n}",
-                                      Path(a.out) / f"own-{n}", a.backends)
-            print(json.dumps({"pages": n, "own_inference_s": own, "own_inference_per_backend_s": per}), flush=True)
-        return 0
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for n in [int(x) for x in a.pages.split(",")]:
-        pages = out / f"pages-{n}"
-        if not (pages / "truth.json").is_file():
-            write_pages_with_truth(pages, range(n))
-        dst = out / f"run-{n}"
-        cmd = [sys.executable, "-m", "anpred", "test", "yolov8n-doclaynet", "--inputs", str(pages), "--labels",
-               str(pages / "truth.json"), "--stream", *(["--chunk", str(a.chunk)] if a.chunk else []), "--backends", a.backends, "-o", str(dst),
-               "--overwrite", "-q", *(["--side-by-side"] if a.side_by_side else [])]
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
-        ps = psutil.Process(proc.pid)
-        peak_rss = peak_disk = 0
-        while proc.poll() is None:
-            peak_rss = max(peak_rss, _tree_rss(ps))
-            parent = dst.parent
-            peak_disk = max(peak_disk, sum(_du(p) for p in parent.glob(f".{dst.name}*")) + (_du(dst) if dst.exists() else 0))
-            time.sleep(0.2)
-        wall = time.perf_counter() - t0
-        text = proc.stdout.read().decode(errors="replace")
-        test = json.loads((dst / "test.json").read_text())
-        run = json.loads((dst / "run" / "run.json").read_text())
-        inf = sum(b.get("seconds_run", 0.0) for b in run["backends"].values())
-        prep = sum(b.get("seconds_prepare", 0.0) for b in run["backends"].values())
-        rep = json.loads((dst / "report.json").read_text())
-        row = {"pages": n, "rc": proc.returncode, "wall_s": wall, "stream_s": test["seconds"].get("stream"),
-               "inference_s": inf, "prepare_s": prep, "ratio_stream_to_inference": test["seconds"].get("stream", 0) / inf
-               if inf else None, "peak_rss_mib": peak_rss / 2**20, "peak_disk_mib": peak_disk / 2**20,
-               "kept_samples": len(run["samples"]), "disk_final_mib": _du(dst) / 2**20,
-               "stream_meta": {k: v for k, v in run.get("stream", {}).items() if k != "kept"},
-               "headlines": {b: d["headline"] for b, d in rep["task"]["backends"].items()},
-               "map50": {b: (d.get("truth") or {}).get("map50") for b, d in rep["task"]["backends"].items()}}
-        # the backends' own inference over the same inputs, measured apart: the same preprocessed pages run
-        # through `anpred run` (mode stats: no tensors written), one backend after the other, nothing else
-        # running (no judge): seconds_run summed over the backends
         own, per = _own_inference(dst / "anchored.onnx", pages, out / f"own-{n}", a.backends)
         row["own_inference_s"] = own
         row["own_inference_per_backend_s"] = per
