@@ -7,7 +7,9 @@ For each N in --pages, renders N document pages with their drawn boxes as ground
     anpred test yolov8n-doclaynet --inputs PAGES --labels PAGES/truth.json --stream --backends B -o OUT
 
 while polling (every 0.2 s, psutil) the resident memory of the whole process tree (the driver, its
-judge and every backend worker) and the size of OUT. Reports per N: wall time of the stream phase,
+judge and every backend worker), the size of OUT and of the chunk folders in memory-backed folders
+(``/dev/shm/anpred-stream-*``, :mod:`anpred.pipeline.scratch`: memory, reported apart and added to the
+tree's resident memory). Reports per N: wall time of the stream phase,
 the sum over backends of their inference time inside the stream (``seconds_run`` of the run record,
 summed over chunks; each is slowed by the judge beside it, and with --side-by-side by the other backends) and of
 their preparation, and the backends' OWN inference over the same inputs measured apart (the same
@@ -127,6 +129,7 @@ def _time_alone(name: str, model: Path, npz: Path) -> float:
 def main(argv=None) -> int:
     import psutil
 
+    from anpred.pipeline.scratch import MEMORY_FOLDERS, PREFIX
     from models.documents import write_pages_with_truth
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -163,11 +166,16 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
         ps = psutil.Process(proc.pid)
-        peak_rss = peak_disk = 0
+        peak_rss = peak_disk = peak_scratch = peak_total = 0
         while proc.poll() is None:
-            peak_rss = max(peak_rss, _tree_rss(ps))
+            rss = _tree_rss(ps)
+            peak_rss = max(peak_rss, rss)
             parent = dst.parent
             peak_disk = max(peak_disk, sum(_du(p) for p in parent.glob(f".{dst.name}*")) + (_du(dst) if dst.exists() else 0))
+            # the chunks in a memory-backed folder (anpred.pipeline.scratch): memory, not disk
+            scratch = sum(_du(p) for m in MEMORY_FOLDERS for p in Path(m).glob(PREFIX + "*"))
+            peak_scratch = max(peak_scratch, scratch)
+            peak_total = max(peak_total, rss + scratch)
             time.sleep(0.2)
         wall = time.perf_counter() - t0
         text = proc.stdout.read().decode(errors="replace")
@@ -179,6 +187,7 @@ def main(argv=None) -> int:
         row = {"pages": n, "rc": proc.returncode, "wall_s": wall, "stream_s": test["seconds"].get("stream"),
                "inference_s": inf, "prepare_s": prep, "ratio_stream_to_inference": test["seconds"].get("stream", 0) / inf
                if inf else None, "peak_rss_mib": peak_rss / 2**20, "peak_disk_mib": peak_disk / 2**20,
+               "peak_scratch_memory_mib": peak_scratch / 2**20, "peak_rss_plus_scratch_mib": peak_total / 2**20,
                "kept_samples": len(run["samples"]), "disk_final_mib": _du(dst) / 2**20,
                "stream_meta": {k: v for k, v in run.get("stream", {}).items() if k != "kept"},
                "headlines": {b: d["headline"] for b, d in rep["task"]["backends"].items()},

@@ -438,3 +438,111 @@ def test_samples_in_memory_move_their_prewritten_inputs_in(tmp_path):
     np.testing.assert_array_equal(next(iter(final.read_anchors("ort", "s000042").values())), y)
     with pytest.raises(KeyError, match="no sample s0009"):
         final.adopt_sample("s000043", store, "s0009")
+
+
+def test_adopt_sample_copies_where_it_cannot_move(tmp_path, monkeypatch):
+    """Where a kept sample's files cannot be moved (another file system: ``os.replace`` raises EXDEV),
+    ``RunStore.adopt_sample`` copies each under a temporary name and renames it: the same bytes arrive,
+    no ``.part`` file stays; a copy that fails leaves no file under the final name."""
+    import errno
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    from anpred.inputs import ArraySamples
+    from anpred.run import RunStore
+    from anpred.run import store as store_mod
+
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])]), opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, tmp_path / "relu.onnx")
+    x = {"x": np.array([[-1.0, 2.0, -3.0]], np.float32)}
+    src = run_model(tmp_path / "relu.onnx", ["ort"], ArraySamples([("a.png", x), ("b.png", x)], {}),
+                    tmp_path / "chunk", progress=False)
+    final = RunStore.create(tmp_path / "final", src.manifest)
+    real = os.replace
+
+    def cross_device(a, b):  # every move refused as between file systems; the rename of a copy allowed
+        if not str(a).endswith(".part"):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real(a, b)
+
+    monkeypatch.setattr(store_mod.os, "replace", cross_device)
+    want_in, want_t = src.input_file("s0000").read_bytes(), src.anchor_file("ort", "s0000").read_bytes()
+    final.adopt_sample("s000007", src, "s0000", source="a.png")
+    assert final.input_file("s000007").read_bytes() == want_in
+    assert final.anchor_file("ort", "s000007").read_bytes() == want_t
+    assert not list((tmp_path / "final").rglob("*.part"))
+
+    def half_copy(a, b):  # the device fills up half-way through the copy
+        Path(b).write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store_mod.shutil, "copyfile", half_copy)
+    with pytest.raises(OSError, match="No space left"):
+        final.adopt_sample("s000008", src, "s0001")
+    assert not list((tmp_path / "final" / "inputs").glob("s000008*"))
+    assert not list((tmp_path / "final").rglob("*.part"))
+
+
+def _a_memory_mount():
+    """A writable tmpfs mount point of this machine, or None."""
+    from anpred.pipeline.scratch import memory_backed
+
+    with open("/proc/mounts") as f:
+        for line in f:
+            mnt, kind = line.split()[1], line.split()[2]
+            if kind == "tmpfs" and os.access(mnt, os.W_OK) and memory_backed(mnt):
+                return Path(mnt)
+    return None
+
+
+def test_scratch_folder_takes_memory_only_where_the_chunks_fit(tmp_path, monkeypatch):
+    """A streamed run's chunk folder (anpred.pipeline.scratch): on a memory-backed mount with room for
+    the chunks' bound (and that bound within MEMORY_SHARE of the available memory), else beside -o;
+    ``ANPRED_STREAM_SCRATCH`` forces the disk or a folder; a mount that is not tmpfs is never taken."""
+    import shutil
+
+    from anpred.pipeline import scratch
+
+    monkeypatch.delenv("ANPRED_STREAM_SCRATCH", raising=False)
+    beside = tmp_path / "side" / "chunks"
+    assert scratch.scratch_folder(beside, 1, candidates=["/proc"]) == (beside, "disk") and beside.is_dir()
+    mem = _a_memory_mount()
+    if mem is not None:
+        got, kind = scratch.scratch_folder(beside, 1 << 20, candidates=[str(mem)])
+        try:
+            assert kind == "memory" and got.parent == mem and got.name.startswith(f"anpred-stream-{os.getpid()}-")
+            assert got.is_dir() and not any(got.iterdir())
+        finally:
+            got.rmdir()
+        free = shutil.disk_usage(mem).free
+        assert scratch.scratch_folder(beside, free + 1, candidates=[str(mem)]) == (beside, "disk")
+        avail = scratch._mem_available()
+        too_big = int(scratch.MEMORY_SHARE * avail) + 1
+        if too_big <= free:  # room on the mount, but more than the share of the available memory
+            assert scratch.scratch_folder(beside, too_big, candidates=[str(mem)]) == (beside, "disk")
+    monkeypatch.setenv("ANPRED_STREAM_SCRATCH", "disk")
+    assert scratch.scratch_folder(beside, 1, candidates=[str(mem or "/proc")]) == (beside, "disk")
+    monkeypatch.setenv("ANPRED_STREAM_SCRATCH", str(tmp_path / "given"))
+    got, kind = scratch.scratch_folder(beside, 1)
+    assert got.parent == tmp_path / "given" and kind == ("memory" if scratch.memory_backed(tmp_path) else "disk")
+
+
+def test_scratch_folders_of_dead_processes_are_removed(tmp_path):
+    """A run killed with SIGKILL leaves its memory-backed chunk folder: the next stream removes the
+    ``anpred-stream-<pid>-*`` folders whose process is gone and leaves the living ones'."""
+    import subprocess
+
+    from anpred.pipeline.scratch import PREFIX, remove_stale
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    dead = tmp_path / f"{PREFIX}{p.pid}-abc"
+    alive = tmp_path / f"{PREFIX}{os.getpid()}-def"
+    other = tmp_path / f"{PREFIX}notapid"
+    for d in (dead, alive, other):
+        (d / "run0").mkdir(parents=True)
+    assert remove_stale(tmp_path) == [dead]
+    assert not dead.exists() and alive.is_dir() and other.is_dir()

@@ -7,6 +7,7 @@ pages the project renders, with the boxes the renderer drew as ground truth (slo
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -218,6 +219,17 @@ def test_streamed_dataset_matches_the_run_in_one_piece(digits, tmp_path):
     assert 1 <= len(kept.sample_ids) <= 2 * 4 and kept.meta["stream"]["samples"] == N_TEST
     assert not (res.out / ".stream").exists() and kept.statuses()["ort"].samples == N_TEST
     assert "streamed: 60 samples judged in chunks of 25" in rep.notes[-1]
+    # no position sampled (the digits' anchors are under the default K): nothing waits for the first
+    # chunk's judge, every chunk is judged at JUDGE_NICE more than the caller's nice value
+    from anpred.pipeline.stream import JUDGE_NICE
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert kept.meta["stream"]["judge_nice"] == [min(19, base + JUDGE_NICE)] * 3
+    # the chunks lived in a memory-backed folder where one had room (anpred.pipeline.scratch), and it is gone
+    from anpred.pipeline.scratch import MEMORY_FOLDERS, PREFIX
+
+    assert kept.meta["stream"]["scratch"] in ("memory", "disk")
+    assert not [p for m in MEMORY_FOLDERS for p in Path(m).glob(f"{PREFIX}{os.getpid()}-*")]
 
 
 def test_labels_are_checked_before_anything_runs(digits, tmp_path):
@@ -274,7 +286,7 @@ def test_history_refuses_a_negative_margin(digits_run, digits):
     assert p.returncode == 2 and "--margin must be >= 0" in p.stderr
 
 
-def test_streamed_sampled_positions_equal_the_whole_run_at_those_positions(digits, tmp_path):
+def test_streamed_sampled_positions_equal_the_whole_run_at_those_positions(digits, tmp_path, monkeypatch):
     """``positions=200``: the digits' intermediate anchors (1024 and 512 values per sample) are judged on 200
     sampled positions; from the second chunk on, each backend's worker stores only those values. Every
     statistic equals the one-piece run's full tensors judged at the same positions, so the workers' gather
@@ -290,7 +302,11 @@ def test_streamed_sampled_positions_equal_the_whole_run_at_those_positions(digit
     kw = dict(backends=FP32[:3] + ["ort-int8"], inputs=str(inp), task="classify", labels=str(labels), quiet=True,
               stages=3)
     whole = anpred.test(str(model), out=tmp_path / "w", **kw)
+    # the chunks in a folder of their own (ANPRED_STREAM_SCRATCH; /dev/shm where it has room): the kept
+    # samples moved out of it, the folder removed at the end
+    monkeypatch.setenv("ANPRED_STREAM_SCRATCH", str(tmp_path / "scratch"))
     res = anpred.test(str(model), out=tmp_path / "s", stream=True, chunk=25, keep=2, positions=200, **kw)
+    assert (tmp_path / "scratch").is_dir() and not any((tmp_path / "scratch").iterdir())
     run = usable_backends(whole.run_dir, oracle="consensus", config=None, allow_incomplete=False)
     judge = SampleJudge(run, positions=200)
     judge.add_store(run.store)
@@ -310,6 +326,12 @@ def test_streamed_sampled_positions_equal_the_whole_run_at_those_positions(digit
     assert rep.task["backends"]["ort"]["truth"]["top1"] == pytest.approx(eager, abs=1e-12)
     kept = RunStore.open(res.run_dir)
     assert kept.meta["stream"]["positions"] == 200 and kept.meta["stream"]["seconds_refill"] > 0
+    # the runner waits for the first chunk's judge (the gathered positions): that one is judged at the
+    # caller's nice value, the later ones (beside the backends' runs) at JUDGE_NICE more
+    from anpred.pipeline.stream import JUDGE_NICE
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert kept.meta["stream"]["judge_nice"] == [base, min(19, base + JUDGE_NICE)]  # 25, then 35 samples
     for sid in kept.sample_ids:
         for b in kw["backends"]:
             keys = array_file_keys(kept.anchor_file(b, sid))
@@ -320,7 +342,6 @@ def test_interrupted_stream_resumes_to_the_uninterrupted_report(digits, tmp_path
     """Ctrl-C after the second of six chunks: the checkpoint stays beside -o; ``--resume`` skips the samples
     judged before and ends with the uninterrupted run's statistics, task metrics and input identity. A
     resume of another run (other backends) is refused naming what differs."""
-    import os
     import shutil
     import signal
 
@@ -421,7 +442,6 @@ def test_resume_after_the_last_checkpoint_stores_the_kept_samples_in_full(digits
     ANPRED_STREAM_FAULT=before-refill): the resume has nothing left to run, yet re-runs the kept samples, so the
     run folder holds no sampled values and ``anpred check`` judges it whole; a resume with other labels is
     refused (the task and labels are part of the checkpoint's fingerprint)."""
-    import os
 
     from anpred.run import RunStore
     from anpred.run.positions import GATHERED_SUFFIX

@@ -23,7 +23,7 @@ them, run once more at the end with every anchor in full (for the report's plots
 check RUN --drill``). Disk is bounded by three chunks of tensors (one judged, one queued, one running;
 only the first at full size) plus ``keep`` samples per backend; a reader thread reads, preprocesses,
 hashes and writes the next chunk's inputs while one runs (three chunks of inputs at most, in memory and
-on disk). A progress
+in the chunks' folder: a memory-backed one where it has room, :mod:`anpred.pipeline.scratch`). A progress
 line per chunk gives samples/s and the running verdict (the task's headline per backend, else each
 backend's largest output deviation so far). The judge and reader threads run at a lower priority
 (:data:`JUDGE_NICE`): the backends get the cores first.
@@ -58,11 +58,9 @@ CHUNK_BYTES = 1 << 30
 def auto_chunk(manifest, n_backends: int, budget: int = CHUNK_BYTES, most: int = 64) -> int:
     """Samples per chunk: ``budget`` bytes over the anchor bytes one sample writes for ``n_backends``
     backends (static anchor shapes of the manifest; an unknown dim counts as 1), between 1 and ``most``."""
-    per = 0
-    for a in manifest.anchors:
-        per += _static_size(a) * np.dtype(a.dtype if a.dtype in np.sctypeDict else "float32").itemsize
-    per *= max(1, n_backends)
-    return int(max(1, min(most, budget // max(1, per))))
+    from anpred.pipeline.scratch import sample_anchor_bytes
+
+    return int(max(1, min(most, budget // max(1, sample_anchor_bytes(manifest, n_backends)))))
 
 
 def zoo_image_samples(zm, folder: str | Path) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
@@ -200,7 +198,9 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     from anpred.run import BackendSpec
 
     out_run = Path(out_run)
-    work = out_run.parent / ".stream"
+    # beside -o: the int8 calibration inputs, the kept samples' re-run (moved into the final run), the
+    # chunks where no memory-backed folder has room for them (anpred.pipeline.scratch)
+    side = out_run.parent / ".stream"
     specs = [BackendSpec.coerce(b) for b in backends]
     fp = stream_state.fingerprint(anchored, specs, chunk=chunk, keep=keep, positions=positions, oracle=oracle,
                                   config=config, inputs=inputs_description, allow_incomplete=allow_incomplete,
@@ -220,8 +220,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
             print(f"stream: resuming after {state['n']} samples judged", file=sys.stderr, flush=True)
     else:
         (out_run.parent / stream_state.STATE_FILE).unlink(missing_ok=True)
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    shutil.rmtree(side, ignore_errors=True)
+    side.mkdir(parents=True)
     t0, n0 = time.perf_counter(), state["n"]
     done: "queue.Queue[tuple[int, Any, dict[str, str]] | None]" = queue.Queue(maxsize=1)
     # set once the first chunk is judged (its alignment fixes the positions the workers gather) or the judge failed
@@ -229,6 +229,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
 
     def judge_chunk(k: int, store, ids: dict[str, str]) -> None:
         tj = time.perf_counter()
+        if sys.platform.startswith("linux"):  # the judge's nice value for this chunk (run.json: stream.judge_nice)
+            state.setdefault("judge_nice", []).append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         try:
             _judge_chunk(k, store, ids)
         finally:
@@ -296,7 +298,11 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                   flush=True)
 
     def judge_loop() -> None:
-        _lower_priority()
+        # where positions are sampled the runner waits for the first chunk's judge: that one runs at the
+        # caller's priority (the cores are idle), the later ones at JUDGE_NICE
+        pending = sampling
+        if not pending:
+            _lower_priority()
         while True:
             item = done.get()
             if item is None:
@@ -308,15 +314,25 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
             except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
                 state["error"] = err
                 gather_ready.set()
+            if pending:
+                pending = False
+                _lower_priority()
 
     # the first samples (at most 32) calibrate the int8 backends once for the whole dataset, whatever the chunk
     import itertools
 
     head = list(itertools.islice(samples, 32))
-    specs = _calibrated(specs, head, work / "calibration")
+    specs = _calibrated(specs, head, side / "calibration")
     samples = itertools.chain(head, samples)
     if state["n"]:  # resumed: the samples judged before are read (their order and ids), not run
         samples = _skip_judged(samples, state["sources"][:state["n"]], state["shas"][:state["n"]])
+    # the first chunk is stored in full; where positions will be sampled (an intermediate anchor of more
+    # than K elements in the manifest's static shapes) the later ones store a few MB a sample
+    sampling = _samples_positions(anchored, positions)
+    later = min(max(chunk, 64), chunk * LATER_CHUNK_FACTOR) if sampling else chunk
+    from anpred.pipeline.scratch import scratch_bytes, scratch_folder
+
+    work, scratch = scratch_folder(side / "chunks", scratch_bytes(anchored, len(specs), chunk, later, head[:1]))
     th = threading.Thread(target=judge_loop, daemon=True)
     th.start()
     # the chunks' tensors are read by the judge at once, then deleted: written through the page cache
@@ -324,10 +340,6 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     from anpred.run.driver import sigterm_raises
 
     restore_sigterm = sigterm_raises()  # SIGTERM while waiting for the judge: cleaned up as Ctrl-C
-    # the first chunk is stored in full; where positions will be sampled (an intermediate anchor of more
-    # than K elements in the manifest's static shapes) the later ones store a few MB a sample
-    sampling = _samples_positions(anchored, positions)
-    later = min(max(chunk, 64), chunk * LATER_CHUNK_FACTOR) if sampling else chunk
     chunks = _prefetched(samples, chunk, work, state["sources"], first=state["n"], description=inputs_description,
                          later=later)
     try:
@@ -354,7 +366,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
             raise KeyboardInterrupt
         if state["error"] is None and state["final"] is not None and positions:
             tr = time.perf_counter()
-            _refill_kept(state["final"], anchored, specs, pool, work / "refill", timeout_s)
+            _refill_kept(state["final"], anchored, specs, pool, side / "refill", timeout_s)
             state["seconds_refill"] = time.perf_counter() - tr
     except BaseException:
         pool.kill()  # interrupted or failed: nothing more to run, no 30 s wait per worker
@@ -370,6 +382,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
             for log in (work / "workers").glob("*.log"):
                 shutil.copy2(log, out_run / "logs" / log.name)
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(side, ignore_errors=True)
     if state["error"] is not None:
         raise state["error"]
     if state["judge"] is None:
@@ -379,6 +392,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     # seconds_judge: judging them (a thread beside the runs)
     final.meta["stream"] = {"samples": state["n"], "chunk": chunk, "later_chunks": later, "keep": keep,
                             "side_by_side": side_by_side,
+                            # where the chunks lived: "memory" (a tmpfs) or "disk" (anpred.pipeline.scratch)
+                            "scratch": scratch,
                             "seconds_run": round(state.get("seconds_run", 0.0), 2),
                             "seconds_judge": round(state.get("seconds_judge", 0.0), 2),
                             "seconds_refill": round(state.get("seconds_refill", 0.0), 2),
@@ -386,6 +401,9 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                             "checkpoint_bytes": _size(out_run.parent / stream_state.STATE_FILE),
                             # [samples judged, seconds since the stream began] after each chunk (this process)
                             "judged_at": state.get("judged_at", []),
+                            # the judge thread's nice value per chunk (this process): the driver's for the
+                            # first chunk where positions are sampled, JUDGE_NICE more for the others
+                            "judge_nice": state.get("judge_nice", []),
                             "positions": positions,
                             "wasserstein_positions": (getattr(judge.oracle.main, "distribution_k", None)
                                                       if judge.oracle is not None else None),
@@ -517,9 +535,12 @@ def _prefetched(samples, chunk: int, work: Path, sources: list[str], first: int 
 
 def _lower_priority(increment: int | None = None) -> int | None:
     """Raise the calling thread's nice value by ``increment`` (default :data:`JUDGE_NICE`; at most 19;
-    Linux ``setpriority(2)`` on the thread id). Returns the new value, or None where the system refuses
-    (another OS, a sandbox): the thread then keeps its priority."""
+    Linux ``setpriority(2)`` on the thread id). Returns the new value, or None on another OS (not
+    tried: there the thread id may name another process) or where the system refuses (a sandbox): the
+    thread then keeps its priority."""
     inc = JUDGE_NICE if increment is None else increment
+    if not sys.platform.startswith("linux"):  # elsewhere a thread id is no PRIO_PROCESS target (another process')
+        return None
     try:
         tid = threading.get_native_id()
         new = min(19, os.getpriority(os.PRIO_PROCESS, tid) + inc)

@@ -155,8 +155,8 @@ class RunStore:
 
     def adopt_sample(self, sample_id: str, other: "RunStore", other_id: str, source: str = "") -> None:
         """Record sample ``other_id`` of the run ``other`` here as ``sample_id``: its input file and every
-        backend's anchor file are moved (``os.replace``; copied where they cannot be, e.g. another
-        file system), its SHA-256 taken from ``other``'s record. ``other`` loses those files: for a run
+        backend's anchor file are moved (``os.replace``; where they cannot be, e.g. another file
+        system, copied to a temporary name and renamed, so no half-written file takes the name), its SHA-256 taken from ``other``'s record. ``other`` loses those files: for a run
         about to be deleted (a streamed dataset's chunk, :mod:`anpred.pipeline.stream`).
 
         Raises:
@@ -175,8 +175,13 @@ class RunStore:
             dst = folder / f"{sample_id}{f.suffix}"
             try:
                 os.replace(f, dst)
-            except OSError:
-                shutil.copyfile(f, dst)
+            except OSError:  # copied under a temporary name, then renamed: no half-written file at dst
+                tmp = dst.with_name(dst.name + ".part")
+                try:
+                    shutil.copyfile(f, tmp)
+                    os.replace(tmp, dst)
+                finally:
+                    tmp.unlink(missing_ok=True)
         self.meta["samples"].append({"id": sample_id, "source": source,
                                      "sha256": rec.get("sha256") or sample_sha256(self.read_inputs(sample_id))})
 
