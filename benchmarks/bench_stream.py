@@ -8,7 +8,7 @@ For each N in --pages, renders N document pages with their drawn boxes as ground
 
 while polling (every 0.2 s, psutil) the resident memory of the whole process tree (the driver, its
 judge and every backend worker), the size of OUT and of the chunk folders in memory-backed folders
-(``/dev/shm/anpred-stream-*``, :mod:`anpred.pipeline.scratch`: memory, reported apart and added to the
+(``/dev/shm/anpred-stream-<its pid>-*``, :mod:`anpred.pipeline.scratch`: memory, reported apart and added to the
 tree's resident memory). Reports per N: wall time of the stream phase,
 the sum over backends of their inference time inside the stream (``seconds_run`` of the run record,
 summed over chunks; each is slowed by the judge beside it, and with --side-by-side by the other backends) and of
@@ -173,7 +173,7 @@ def main(argv=None) -> int:
             parent = dst.parent
             peak_disk = max(peak_disk, sum(_du(p) for p in parent.glob(f".{dst.name}*")) + (_du(dst) if dst.exists() else 0))
             # the chunks in a memory-backed folder (anpred.pipeline.scratch): memory, not disk
-            scratch = sum(_du(p) for m in MEMORY_FOLDERS for p in Path(m).glob(PREFIX + "*"))
+            scratch = sum(_du(p) for m in MEMORY_FOLDERS for p in Path(m).glob(f"{PREFIX}{proc.pid}-*"))
             peak_scratch = max(peak_scratch, scratch)
             peak_total = max(peak_total, rss + scratch)
             time.sleep(0.2)

@@ -469,8 +469,10 @@ def test_adopt_sample_copies_where_it_cannot_move(tmp_path, monkeypatch):
         return real(a, b)
 
     monkeypatch.setattr(store_mod.os, "replace", cross_device)
-    want_in, want_t = src.input_file("s0000").read_bytes(), src.anchor_file("ort", "s0000").read_bytes()
+    src_in, src_t = src.input_file("s0000"), src.anchor_file("ort", "s0000")
+    want_in, want_t = src_in.read_bytes(), src_t.read_bytes()
     final.adopt_sample("s000007", src, "s0000", source="a.png")
+    assert not src_in.exists() and not src_t.exists()  # moved, as os.replace would have
     assert final.input_file("s000007").read_bytes() == want_in
     assert final.anchor_file("ort", "s000007").read_bytes() == want_t
     assert not list((tmp_path / "final").rglob("*.part"))
@@ -486,63 +488,93 @@ def test_adopt_sample_copies_where_it_cannot_move(tmp_path, monkeypatch):
     assert not list((tmp_path / "final").rglob("*.part"))
 
 
-def _a_memory_mount():
-    """A writable tmpfs mount point of this machine, or None."""
-    from anpred.pipeline.scratch import memory_backed
-
-    with open("/proc/mounts") as f:
-        for line in f:
-            mnt, kind = line.split()[1], line.split()[2]
-            if kind == "tmpfs" and os.access(mnt, os.W_OK) and memory_backed(mnt):
-                return Path(mnt)
-    return None
-
-
 def test_scratch_folder_takes_memory_only_where_the_chunks_fit(tmp_path, monkeypatch):
     """A streamed run's chunk folder (anpred.pipeline.scratch): on a memory-backed mount with room for
-    the chunks' bound (and that bound within MEMORY_SHARE of the available memory), else beside -o;
-    ``ANPRED_STREAM_SCRATCH`` forces the disk or a folder; a mount that is not tmpfs is never taken."""
-    import shutil
+    the chunks' estimate, and that estimate within MEMORY_SHARE of the available memory, else beside -o;
+    ``ANPRED_STREAM_SCRATCH=disk`` forces the disk, ``memory`` drops the share, a folder is used as
+    given; a mount that is not memory-backed is never taken. (The mount's kind, its free bytes and the
+    available memory are set here: the decision, not this machine, is tested.)"""
+    from types import SimpleNamespace
 
     from anpred.pipeline import scratch
 
     monkeypatch.delenv("ANPRED_STREAM_SCRATCH", raising=False)
+    mem = tmp_path / "shm"
+    mem.mkdir()
     beside = tmp_path / "side" / "chunks"
-    assert scratch.scratch_folder(beside, 1, candidates=["/proc"]) == (beside, "disk") and beside.is_dir()
-    mem = _a_memory_mount()
-    if mem is not None:
-        got, kind = scratch.scratch_folder(beside, 1 << 20, candidates=[str(mem)])
-        try:
-            assert kind == "memory" and got.parent == mem and got.name.startswith(f"anpred-stream-{os.getpid()}-")
-            assert got.is_dir() and not any(got.iterdir())
-        finally:
-            got.rmdir()
-        free = shutil.disk_usage(mem).free
-        assert scratch.scratch_folder(beside, free + 1, candidates=[str(mem)]) == (beside, "disk")
-        avail = scratch._mem_available()
-        too_big = int(scratch.MEMORY_SHARE * avail) + 1
-        if too_big <= free:  # room on the mount, but more than the share of the available memory
-            assert scratch.scratch_folder(beside, too_big, candidates=[str(mem)]) == (beside, "disk")
+    gib = 1 << 30
+    monkeypatch.setattr(scratch, "memory_backed", lambda p: Path(p) == mem)
+    monkeypatch.setattr(scratch.shutil, "disk_usage", lambda p: SimpleNamespace(total=16 * gib, free=10 * gib))
+    monkeypatch.setattr(scratch, "_mem_available", lambda: 20 * gib)  # the share: 5 GiB
+    got, kind = scratch.scratch_folder(beside, 4 * gib, candidates=[str(tmp_path / "other"), str(mem)])
+    assert kind == "memory" and got.parent == mem and got.name.startswith(f"anpred-stream-{os.getpid()}-")
+    assert [p.name for p in got.iterdir()] == [scratch.LOCK]  # empty but for the run's lock
+    scratch.remove_scratch(got)
+    assert not got.exists() and str(got) not in scratch._held
+    assert scratch.scratch_folder(beside, 6 * gib, candidates=[str(mem)]) == (beside, "disk")  # over the share
+    assert scratch.scratch_folder(beside, 11 * gib, candidates=[str(mem)]) == (beside, "disk")  # over the free bytes
+    assert scratch.scratch_folder(beside, 1, candidates=[str(tmp_path / "other")]) == (beside, "disk")
+    assert beside.is_dir()
+    monkeypatch.setattr(scratch, "_mem_available", lambda: None)  # unknown: not taken
+    assert scratch.scratch_folder(beside, 1, candidates=[str(mem)]) == (beside, "disk")
+    monkeypatch.setenv("ANPRED_STREAM_SCRATCH", "memory")  # the share dropped, the free bytes still needed
+    got, kind = scratch.scratch_folder(beside, 9 * gib, candidates=[str(mem)])
+    assert kind == "memory" and got.parent == mem
+    scratch.remove_scratch(got)
+    assert scratch.scratch_folder(beside, 11 * gib, candidates=[str(mem)]) == (beside, "disk")
     monkeypatch.setenv("ANPRED_STREAM_SCRATCH", "disk")
-    assert scratch.scratch_folder(beside, 1, candidates=[str(mem or "/proc")]) == (beside, "disk")
-    monkeypatch.setenv("ANPRED_STREAM_SCRATCH", str(tmp_path / "given"))
+    assert scratch.scratch_folder(beside, 1, candidates=[str(mem)]) == (beside, "disk")
+    monkeypatch.setenv("ANPRED_STREAM_SCRATCH", str(mem / "given"))
     got, kind = scratch.scratch_folder(beside, 1)
-    assert got.parent == tmp_path / "given" and kind == ("memory" if scratch.memory_backed(tmp_path) else "disk")
+    assert got.parent == mem / "given" and kind == "disk"  # (only mem itself is memory-backed here)
+    scratch.remove_scratch(got)
 
 
-def test_scratch_folders_of_dead_processes_are_removed(tmp_path):
+def test_memory_backed_reads_the_mounts():
+    """``memory_backed``: the longest mount point above the folder, by /proc/mounts (Linux)."""
+    from anpred.pipeline.scratch import memory_backed
+
+    if not Path("/proc/mounts").is_file():
+        pytest.skip("no /proc/mounts (not Linux)")
+    mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines()]
+    kinds = {mnt: kind for mnt, kind in mounts}
+    assert memory_backed("/") == (kinds.get("/") == "tmpfs")
+    tmpfs = [m for m, k in mounts if k == "tmpfs" and os.path.isdir(m) and not any(
+        o != m and o.startswith(m.rstrip("/") + "/") for o, _ in mounts)]
+    if tmpfs:
+        assert memory_backed(tmpfs[0]) and memory_backed(os.path.join(tmpfs[0], "no", "such", "folder"))
+    proc = [m for m, k in mounts if m == "/proc"]
+    if proc:
+        assert not memory_backed("/proc/self")
+
+
+def test_scratch_folders_of_dead_runs_are_removed(tmp_path):
     """A run killed with SIGKILL leaves its memory-backed chunk folder: the next stream removes the
-    ``anpred-stream-<pid>-*`` folders whose process is gone and leaves the living ones'."""
+    ``anpred-stream-*`` folders whose lock no process holds, and leaves those of live runs (their lock
+    held, whatever their pid: another container sharing /dev/shm) and those without a lock file."""
     import subprocess
 
-    from anpred.pipeline.scratch import PREFIX, remove_stale
+    from anpred.pipeline import scratch
 
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    dead = tmp_path / f"{PREFIX}{p.pid}-abc"
-    alive = tmp_path / f"{PREFIX}{os.getpid()}-def"
-    other = tmp_path / f"{PREFIX}notapid"
-    for d in (dead, alive, other):
-        (d / "run0").mkdir(parents=True)
-    assert remove_stale(tmp_path) == [dead]
-    assert not dead.exists() and alive.is_dir() and other.is_dir()
+    (tmp_path / "anpred-stream-1-live").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(tmp_path / 'anpred-stream-1-live' / '.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        (tmp_path / "anpred-stream-1-live" / "run0").mkdir()
+        dead = tmp_path / "anpred-stream-2-dead"
+        (dead / "run0").mkdir(parents=True)
+        (dead / scratch.LOCK).write_text("")  # its process gone: nobody holds the lock
+        nolock = tmp_path / "anpred-stream-3-nolock"
+        (nolock / "run0").mkdir(parents=True)
+        mine = scratch._locked_folder(tmp_path)  # this process' live run
+        assert holder.stdout.readline().strip() == "held"
+        assert scratch.remove_stale(tmp_path) == [dead]
+        assert not dead.exists() and nolock.is_dir() and mine.is_dir() and (tmp_path / "anpred-stream-1-live").is_dir()
+        scratch.remove_scratch(mine)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert scratch.remove_stale(tmp_path) == [tmp_path / "anpred-stream-1-live"]  # its holder killed

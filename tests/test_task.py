@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -193,7 +194,7 @@ def test_doclaynet_detections_kept_and_true_map(tmp_path):
     assert f"ort-int8: 0 of {n} detections kept" in "\n".join(lines[:7])
 
 
-def test_streamed_dataset_matches_the_run_in_one_piece(digits, tmp_path):
+def test_streamed_dataset_matches_the_run_in_one_piece(digits, tmp_path, monkeypatch):
     """``--stream``: the 60 digits in chunks of 25 (the last one of 10), judged as they come: the same statistics at every
     (anchor, backend) as the same backends in one piece (int8 calibrated on the same first 32 samples),
     the same task metrics and input-set identity, and only the most deviating samples kept."""
@@ -203,6 +204,7 @@ def test_streamed_dataset_matches_the_run_in_one_piece(digits, tmp_path):
     kw = dict(backends=FP32[:3] + ["ort-int8"], inputs=str(inp), task="classify", labels=str(labels), quiet=True,
               stages=3)
     whole = anpred.test(str(model), out=tmp_path / "w", **kw).report
+    monkeypatch.setenv("ANPRED_STREAM_SCRATCH", "disk")  # the chunks beside -o (the other test: in memory)
     res = anpred.test(str(model), out=tmp_path / "s", stream=True, chunk=25, keep=2, **kw)
     rep = res.report
     assert rep.samples == N_TEST == whole.samples and rep.status == whole.status == "consistent"
@@ -224,12 +226,9 @@ def test_streamed_dataset_matches_the_run_in_one_piece(digits, tmp_path):
     from anpred.pipeline.stream import JUDGE_NICE
 
     base = os.getpriority(os.PRIO_PROCESS, 0)
-    assert kept.meta["stream"]["judge_nice"] == [min(19, base + JUDGE_NICE)] * 3
-    # the chunks lived in a memory-backed folder where one had room (anpred.pipeline.scratch), and it is gone
-    from anpred.pipeline.scratch import MEMORY_FOLDERS, PREFIX
-
-    assert kept.meta["stream"]["scratch"] in ("memory", "disk")
-    assert not [p for m in MEMORY_FOLDERS for p in Path(m).glob(f"{PREFIX}{os.getpid()}-*")]
+    if sys.platform.startswith("linux"):  # (thread priorities: Linux only)
+        assert kept.meta["stream"]["judge_nice"] == [min(19, base + JUDGE_NICE)] * 3
+    assert kept.meta["stream"]["scratch"] == "disk"
 
 
 def test_labels_are_checked_before_anything_runs(digits, tmp_path):
@@ -302,11 +301,21 @@ def test_streamed_sampled_positions_equal_the_whole_run_at_those_positions(digit
     kw = dict(backends=FP32[:3] + ["ort-int8"], inputs=str(inp), task="classify", labels=str(labels), quiet=True,
               stages=3)
     whole = anpred.test(str(model), out=tmp_path / "w", **kw)
-    # the chunks in a folder of their own (ANPRED_STREAM_SCRATCH; /dev/shm where it has room): the kept
-    # samples moved out of it, the folder removed at the end
-    monkeypatch.setenv("ANPRED_STREAM_SCRATCH", str(tmp_path / "scratch"))
-    res = anpred.test(str(model), out=tmp_path / "s", stream=True, chunk=25, keep=2, positions=200, **kw)
-    assert (tmp_path / "scratch").is_dir() and not any((tmp_path / "scratch").iterdir())
+    # the chunks in a folder of their own (ANPRED_STREAM_SCRATCH): on this machine's tmpfs where there is
+    # one (the kept samples then copied out of it onto the run folder's file system), the folder
+    # removed at the end
+    from anpred.pipeline.scratch import memory_backed
+
+    shm = Path("/dev/shm")
+    root = shm / f"anpred-test-{os.getpid()}" if shm.is_dir() and os.access(shm, os.W_OK) and memory_backed(shm) \
+        else tmp_path / "scratch"
+    monkeypatch.setenv("ANPRED_STREAM_SCRATCH", str(root))
+    try:
+        res = anpred.test(str(model), out=tmp_path / "s", stream=True, chunk=25, keep=2, positions=200, **kw)
+        assert root.is_dir() and not any(root.iterdir())
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert RunStore.open(res.run_dir).meta["stream"]["scratch"] == ("memory" if memory_backed(root.parent) else "disk")
     run = usable_backends(whole.run_dir, oracle="consensus", config=None, allow_incomplete=False)
     judge = SampleJudge(run, positions=200)
     judge.add_store(run.store)
@@ -331,7 +340,8 @@ def test_streamed_sampled_positions_equal_the_whole_run_at_those_positions(digit
     from anpred.pipeline.stream import JUDGE_NICE
 
     base = os.getpriority(os.PRIO_PROCESS, 0)
-    assert kept.meta["stream"]["judge_nice"] == [base, min(19, base + JUDGE_NICE)]  # 25, then 35 samples
+    if sys.platform.startswith("linux"):  # (thread priorities: Linux only)
+        assert kept.meta["stream"]["judge_nice"] == [base, min(19, base + JUDGE_NICE)]  # 25, then 35 samples
     for sid in kept.sample_ids:
         for b in kw["backends"]:
             keys = array_file_keys(kept.anchor_file(b, sid))
@@ -342,7 +352,6 @@ def test_interrupted_stream_resumes_to_the_uninterrupted_report(digits, tmp_path
     """Ctrl-C after the second of six chunks: the checkpoint stays beside -o; ``--resume`` skips the samples
     judged before and ends with the uninterrupted run's statistics, task metrics and input identity. A
     resume of another run (other backends) is refused naming what differs."""
-    import shutil
     import signal
 
     model, inp, labels, eager, root = digits
@@ -359,12 +368,15 @@ def test_interrupted_stream_resumes_to_the_uninterrupted_report(digits, tmp_path
     # (SIG_DFL in the child: a job started in the background, like a CI step under nohup, inherits SIGINT
     # ignored, and Python then installs no KeyboardInterrupt handler: the Ctrl-C would be ignored)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", "ANPRED_STREAM_FAULT": "sigint-after=20"},
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", "ANPRED_STREAM_FAULT": "sigint-after=20",
+                               "ANPRED_STREAM_SCRATCH": str(tmp_path / "scratch")},
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     rest = proc.stderr
     assert proc.returncode == 130, rest[-2000:]
     ck = tmp_path / ".out.stream"
     assert (ck / "state.pkl").is_file() and not out.exists() and "--resume" in rest
+    # the chunks' folder (ANPRED_STREAM_SCRATCH) removed on the way out, its lock released
+    assert (tmp_path / "scratch").is_dir() and not any((tmp_path / "scratch").iterdir())
     other = subprocess.run([a if a != backends else "ort,openvino,torch" for a in cmd] + ["--resume"],
                            capture_output=True, text=True)
     assert other.returncode == 2 and "made for another run: backends" in other.stderr, other.stderr[-2000:]
@@ -403,7 +415,6 @@ def test_interrupted_stream_resumes_to_the_uninterrupted_report(digits, tmp_path
 def test_labels_from_class_folders(digits, tmp_path):
     """``--labels folders``: INPUTS/<class>/<file> gives each sample its folder's class (sorted names); the
     same 60 digits give the labels file's top-1, streamed or not; a flat folder is refused, not labelled 0."""
-    import shutil
 
     from anpred.errors import AnpredError
 

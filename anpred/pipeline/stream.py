@@ -229,8 +229,11 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
 
     def judge_chunk(k: int, store, ids: dict[str, str]) -> None:
         tj = time.perf_counter()
-        if sys.platform.startswith("linux"):  # the judge's nice value for this chunk (run.json: stream.judge_nice)
-            state.setdefault("judge_nice", []).append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        try:  # the judge's nice value for this chunk (run.json: stream.judge_nice; Linux: per thread)
+            if sys.platform.startswith("linux"):
+                state.setdefault("judge_nice", []).append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        except OSError:
+            pass
         try:
             _judge_chunk(k, store, ids)
         finally:
@@ -268,6 +271,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
             pool.gather.update(_gather_files(judge, work / "gather"))
         if k == 0:
             gather_ready.set()
+            if sampling:  # the runner waited for this judge at the driver's priority: the rest at JUDGE_NICE
+                _lower_priority()
         _keep(state, store, ids, devs, keep)
         state["n"] += len(ids)
         shutil.rmtree(store.root, ignore_errors=True)
@@ -298,10 +303,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                   flush=True)
 
     def judge_loop() -> None:
-        # where positions are sampled the runner waits for the first chunk's judge: that one runs at the
-        # caller's priority (the cores are idle), the later ones at JUDGE_NICE
-        pending = sampling
-        if not pending:
+        if not sampling:  # (otherwise the runner waits for the first chunk's judge: lowered after it)
             _lower_priority()
         while True:
             item = done.get()
@@ -314,9 +316,6 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
             except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
                 state["error"] = err
                 gather_ready.set()
-            if pending:
-                pending = False
-                _lower_priority()
 
     # the first samples (at most 32) calibrate the int8 backends once for the whole dataset, whatever the chunk
     import itertools
@@ -330,19 +329,20 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     # than K elements in the manifest's static shapes) the later ones store a few MB a sample
     sampling = _samples_positions(anchored, positions)
     later = min(max(chunk, 64), chunk * LATER_CHUNK_FACTOR) if sampling else chunk
-    from anpred.pipeline.scratch import scratch_bytes, scratch_folder
+    from anpred.pipeline.scratch import remove_scratch, scratch_bytes, scratch_folder
 
-    work, scratch = scratch_folder(side / "chunks", scratch_bytes(anchored, len(specs), chunk, later, head[:1]))
     th = threading.Thread(target=judge_loop, daemon=True)
     th.start()
     # the chunks' tensors are read by the judge at once, then deleted: written through the page cache
-    pool = WorkerPool(work / "workers", timeout_s=timeout_s, side_by_side=side_by_side, direct_io=False)
+    pool = WorkerPool(side / "workers", timeout_s=timeout_s, side_by_side=side_by_side, direct_io=False)
     from anpred.run.driver import sigterm_raises
 
     restore_sigterm = sigterm_raises()  # SIGTERM while waiting for the judge: cleaned up as Ctrl-C
-    chunks = _prefetched(samples, chunk, work, state["sources"], first=state["n"], description=inputs_description,
-                         later=later)
+    work = chunks = None  # (the chunks' folder: in memory where it fits, anpred.pipeline.scratch)
     try:
+        work, scratch = scratch_folder(side / "chunks", scratch_bytes(anchored, len(specs), chunk, later, head[:1]))
+        chunks = _prefetched(samples, chunk, work, state["sources"], first=state["n"],
+                             description=inputs_description, later=later)
         for k, part, ids in chunks:
             if state["error"] is not None:
                 break
@@ -373,16 +373,19 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
         state["error"] = state["error"] or RuntimeError("stream interrupted")
         raise
     finally:
-        chunks.close()
-        restore_sigterm()
-        pool.close()
-        _end_judge(done, th)
-        if state["final"] is not None:  # the long-lived workers' logs, one per backend
-            (out_run / "logs").mkdir(exist_ok=True)
-            for log in (work / "workers").glob("*.log"):
-                shutil.copy2(log, out_run / "logs" / log.name)
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(side, ignore_errors=True)
+        try:
+            if chunks is not None:
+                chunks.close()
+            pool.close()
+            _end_judge(done, th)
+            if state["final"] is not None:  # the long-lived workers' logs, one per backend
+                (out_run / "logs").mkdir(exist_ok=True)
+                for log in (side / "workers").glob("*.log"):
+                    shutil.copy2(log, out_run / "logs" / log.name)
+        finally:  # (even when a second Ctrl-C or a SIGTERM interrupts the above: no memory left held)
+            remove_scratch(work)
+            shutil.rmtree(side, ignore_errors=True)
+            restore_sigterm()
     if state["error"] is not None:
         raise state["error"]
     if state["judge"] is None:

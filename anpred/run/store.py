@@ -156,7 +156,9 @@ class RunStore:
     def adopt_sample(self, sample_id: str, other: "RunStore", other_id: str, source: str = "") -> None:
         """Record sample ``other_id`` of the run ``other`` here as ``sample_id``: its input file and every
         backend's anchor file are moved (``os.replace``; where they cannot be, e.g. another file
-        system, copied to a temporary name and renamed, so no half-written file takes the name), its SHA-256 taken from ``other``'s record. ``other`` loses those files: for a run
+        system, copied to a temporary name, renamed, then the original removed: no half-written file
+        takes the name; a failure part-way leaves the files moved before it here, without a record),
+        its SHA-256 taken from ``other``'s record. ``other`` loses those files: for a run
         about to be deleted (a streamed dataset's chunk, :mod:`anpred.pipeline.stream`).
 
         Raises:
@@ -182,6 +184,7 @@ class RunStore:
                     os.replace(tmp, dst)
                 finally:
                     tmp.unlink(missing_ok=True)
+                f.unlink(missing_ok=True)  # moved, as os.replace would have
         self.meta["samples"].append({"id": sample_id, "source": source,
                                      "sha256": rec.get("sha256") or sample_sha256(self.read_inputs(sample_id))})
 
