@@ -509,6 +509,7 @@ def test_scratch_folder_takes_memory_only_where_the_chunks_fit(tmp_path, monkeyp
     got, kind = scratch.scratch_folder(beside, 4 * gib, candidates=[str(tmp_path / "other"), str(mem)])
     assert kind == "memory" and got.parent == mem and got.name.startswith(f"anpred-stream-{os.getpid()}-")
     assert [p.name for p in got.iterdir()] == [scratch.LOCK]  # empty but for the run's lock
+    assert not list(mem.glob(".anpred-new-*"))  # made and locked under a hidden name, then renamed
     scratch.remove_scratch(got)
     assert not got.exists() and str(got) not in scratch._held
     assert scratch.scratch_folder(beside, 6 * gib, candidates=[str(mem)]) == (beside, "disk")  # over the share
@@ -525,7 +526,7 @@ def test_scratch_folder_takes_memory_only_where_the_chunks_fit(tmp_path, monkeyp
     monkeypatch.setenv("ANPRED_STREAM_SCRATCH", "disk")
     assert scratch.scratch_folder(beside, 1, candidates=[str(mem)]) == (beside, "disk")
     monkeypatch.setenv("ANPRED_STREAM_SCRATCH", str(mem / "given"))
-    got, kind = scratch.scratch_folder(beside, 1)
+    got, kind = scratch.scratch_folder(beside, 1, candidates=[str(mem)])
     assert got.parent == mem / "given" and kind == "disk"  # (only mem itself is memory-backed here)
     scratch.remove_scratch(got)
 

@@ -13,7 +13,8 @@ and the kept samples' re-run stay beside ``-o``.
 :func:`scratch_bytes`, from the model's static shapes) and that estimate is at most
 :data:`MEMORY_SHARE` of the memory available (``MemAvailable``, and the memory cgroup's limit where
 one is set), else the folder beside ``-o``. ``ANPRED_STREAM_SCRATCH`` overrides: ``disk`` (beside
-``-o``), ``memory`` (a memory-backed folder with room, whatever the share) or a folder. A
+``-o``), ``memory`` (a memory-backed folder with room, whatever the share; else the disk, with a
+warning) or a folder. A
 memory-backed folder holds a lock file for the life of the run (``flock``); every stream first
 removes the ``anpred-stream-*`` folders whose lock is free (a run killed with SIGKILL or by the OOM
 killer could not remove its own; a live run in another container sharing ``/dev/shm`` holds its
@@ -27,6 +28,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -120,7 +122,8 @@ def remove_stale(root: str | Path) -> list[Path]:
     """Remove the ``anpred-stream-*`` folders of ``root`` whose lock file (:data:`LOCK`) no process
     holds: their run ended without removing them (SIGKILL, the OOM killer). A folder without a lock
     file, or whose lock is held (a live run, in this container or another sharing the folder), is left
-    alone. Returns the folders removed."""
+    alone (a run's folder gets its name only once its lock is held: :func:`_locked_folder`). Returns
+    the folders removed."""
     gone = []
     try:
         entries = list(Path(root).glob(PREFIX + "*"))
@@ -137,7 +140,7 @@ def remove_stale(root: str | Path) -> list[Path]:
             os.close(fd)
             continue  # held: a live run
         try:
-            shutil.rmtree(p, ignore_errors=True)
+            _remove(p)
         finally:
             os.close(fd)
         if not p.exists():
@@ -145,11 +148,39 @@ def remove_stale(root: str | Path) -> list[Path]:
     return gone
 
 
+def _remove(folder: Path) -> None:
+    """Remove ``folder``: everything but its lock file first, the lock file last (a folder that
+    survives part-way keeps its lock file, so a later stream can still reap it)."""
+    try:
+        children = [c for c in folder.iterdir() if c.name != LOCK]
+    except OSError:
+        return
+    for c in children:
+        if c.is_dir() and not c.is_symlink():
+            shutil.rmtree(c, ignore_errors=True)
+        else:
+            c.unlink(missing_ok=True)
+    if not any(c.name != LOCK for c in folder.iterdir()):
+        (folder / LOCK).unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _locked_folder(root: str | Path) -> Path:
-    """A new ``anpred-stream-<pid>-*`` folder under ``root`` holding its lock (until :func:`remove_scratch`)."""
-    folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root))
-    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    """A new ``anpred-stream-<pid>-*`` folder under ``root`` holding its lock (until :func:`remove_scratch`):
+    made and locked under a hidden name first, then renamed, so that no other stream's
+    :func:`remove_stale` sees it before its lock is held."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".anpred-new-{os.getpid()}-", dir=root))
+    fd = -1
+    try:
+        fd = os.open(tmp / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        folder = tmp.with_name(PREFIX + tmp.name[len(".anpred-new-"):])
+        os.rename(tmp, folder)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     _held[str(folder)] = fd
     return folder
 
@@ -158,10 +189,15 @@ def remove_scratch(folder: str | Path | None) -> None:
     """Remove a folder of :func:`scratch_folder` (its files, then its lock released); None: nothing."""
     if folder is None:
         return
-    shutil.rmtree(folder, ignore_errors=True)
-    fd = _held.pop(str(folder), None)
-    if fd is not None:
-        os.close(fd)
+    try:
+        if str(folder) in _held:
+            _remove(Path(folder))
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        fd = _held.pop(str(folder), None)
+        if fd is not None:
+            os.close(fd)
 
 
 def scratch_folder(beside: Path, need: int, *, candidates=None) -> tuple[Path, str]:
@@ -201,6 +237,9 @@ def scratch_folder(beside: Path, need: int, *, candidates=None) -> tuple[Path, s
                 return _locked_folder(c), "memory"
             except OSError:
                 continue
+    if env == "memory":
+        print(f"stream: ANPRED_STREAM_SCRATCH=memory but no memory-backed folder has {need} bytes free: the "
+              f"chunks go to {beside}", file=sys.stderr, flush=True)
     shutil.rmtree(beside, ignore_errors=True)
     beside.mkdir(parents=True)
     return beside, "disk"

@@ -20,10 +20,11 @@ full (task metrics, output verdicts).
 The run folder keeps only the ``keep`` most deviating samples per backend (deviation: the nRMSE of the
 backend's outputs against the consensus', summed over the outputs), with every backend's tensors for
 them, run once more at the end with every anchor in full (for the report's plots and for ``anpred
-check RUN --drill``). Disk is bounded by three chunks of tensors (one judged, one queued, one running;
-only the first at full size) plus ``keep`` samples per backend; a reader thread reads, preprocesses,
-hashes and writes the next chunk's inputs while one runs (three chunks of inputs at most, in memory and
-in the chunks' folder: a memory-backed one where it has room, :mod:`anpred.pipeline.scratch`). A progress
+check RUN --drill``). The chunks' folder (a memory-backed one where it has room, else beside the run:
+:mod:`anpred.pipeline.scratch`) holds three chunks of tensors at most (one judged, one queued, one
+running; only the first at full size) and five of inputs (those three, one queued by the reader, one
+being written: a reader thread reads, preprocesses, hashes and writes the next chunk's inputs while one
+runs); the disk, the ``keep`` samples per backend. A progress
 line per chunk gives samples/s and the running verdict (the task's headline per backend, else each
 backend's largest output deviation so far). The judge and reader threads run at a lower priority
 (:data:`JUDGE_NICE`): the backends get the cores first.
@@ -186,7 +187,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     from anpred.judge.positions import DEFAULT_POSITIONS
     from anpred.judge.samples import SampleJudge
     from anpred.run import RunStore, run_model
-    from anpred.run.driver import WorkerPool
+    from anpred.pipeline.scratch import remove_scratch, scratch_bytes, scratch_folder
+    from anpred.run.driver import WorkerPool, sigterm_raises
     from anpred.task.impact import load_labels, task_accumulator
 
     if chunk < 1 or keep < 0:
@@ -329,14 +331,10 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     # than K elements in the manifest's static shapes) the later ones store a few MB a sample
     sampling = _samples_positions(anchored, positions)
     later = min(max(chunk, 64), chunk * LATER_CHUNK_FACTOR) if sampling else chunk
-    from anpred.pipeline.scratch import remove_scratch, scratch_bytes, scratch_folder
-
     th = threading.Thread(target=judge_loop, daemon=True)
     th.start()
     # the chunks' tensors are read by the judge at once, then deleted: written through the page cache
     pool = WorkerPool(side / "workers", timeout_s=timeout_s, side_by_side=side_by_side, direct_io=False)
-    from anpred.run.driver import sigterm_raises
-
     restore_sigterm = sigterm_raises()  # SIGTERM while waiting for the judge: cleaned up as Ctrl-C
     work = chunks = None  # (the chunks' folder: in memory where it fits, anpred.pipeline.scratch)
     try:
@@ -383,9 +381,11 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                 for log in (side / "workers").glob("*.log"):
                     shutil.copy2(log, out_run / "logs" / log.name)
         finally:  # (even when a second Ctrl-C or a SIGTERM interrupts the above: no memory left held)
-            remove_scratch(work)
-            shutil.rmtree(side, ignore_errors=True)
-            restore_sigterm()
+            try:
+                remove_scratch(work)
+                shutil.rmtree(side, ignore_errors=True)
+            finally:
+                restore_sigterm()
     if state["error"] is not None:
         raise state["error"]
     if state["judge"] is None:
