@@ -32,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["scratch_folder", "remove_scratch", "scratch_bytes", "sample_anchor_bytes", "memory_backed",
+__all__ = ["scratch_folder", "static_size", "remove_scratch", "scratch_bytes", "sample_anchor_bytes", "memory_backed",
            "remove_stale", "MEMORY_FOLDERS", "MEMORY_SHARE", "PREFIX", "LOCK"]
 
 #: memory-backed folders tried in order (Linux: the POSIX shared-memory tmpfs)
@@ -245,33 +245,34 @@ def scratch_folder(beside: Path, need: int, *, candidates=None) -> tuple[Path, s
     return beside, "disk"
 
 
+def static_size(anchor) -> int:
+    """Elements of an anchor by its manifest shape (an unknown dimension counts as 1)."""
+    n = 1
+    for d in anchor.shape or []:
+        n *= d if isinstance(d, int) and d > 0 else 1
+    return n
+
+
 def sample_anchor_bytes(manifest, n_backends: int) -> int:
     """Bytes of anchor tensors one sample writes for ``n_backends`` backends, from the manifest's static
     shapes (an unknown dimension counts as 1; an unknown dtype as float32)."""
     import numpy as np
 
-    per = 0
-    for a in manifest.anchors:
-        n = 1
-        for d in a.shape or []:
-            n *= d if isinstance(d, int) and d > 0 else 1
-        per += n * np.dtype(a.dtype if a.dtype in np.sctypeDict else "float32").itemsize
+    per = sum(static_size(a) * np.dtype(a.dtype if a.dtype in np.sctypeDict else "float32").itemsize
+              for a in manifest.anchors)
     return per * max(1, n_backends)
 
 
-def scratch_bytes(anchored, n_backends: int, chunk: int, later: int, head: list) -> int:
+def scratch_bytes(manifest, n_backends: int, chunk: int, later: int, head: list) -> int:
     """Bytes a streamed run's chunk folder may hold at once (an estimate, not a bound): three chunks of
     anchor tensors stored in full (the one being judged, the one queued, the one running; where
     positions are sampled only the first is full, so this overestimates them) and five chunks of inputs
     of the larger chunk size (three in those runs, one queued by the reader, one being written).
-    ``anchored``: the anchored model (its manifest's static shapes, :func:`sample_anchor_bytes`: an
-    unknown dimension counts as 1, so a data-dependent shape is underestimated); ``head``:
+    ``manifest``: the anchored model's (its static shapes, :func:`sample_anchor_bytes`: an unknown
+    dimension counts as 1, so a data-dependent shape is underestimated); ``head``:
     ``[(source, {input name: array})]``, the first sample (its inputs' bytes stand for every
     sample's; empty: 0)."""
     import numpy as np
 
-    from anpred.run.model import load_anchored
-
     per_input = sum(np.asarray(a).nbytes for a in head[0][1].values()) if head else 0
-    return 3 * chunk * sample_anchor_bytes(load_anchored(Path(anchored))[1], n_backends) \
-        + 5 * max(chunk, later) * per_input
+    return 3 * chunk * sample_anchor_bytes(manifest, n_backends) + 5 * max(chunk, later) * per_input

@@ -48,6 +48,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from anpred.errors import AnpredError
+from anpred.pipeline.scratch import static_size
 
 __all__ = ["stream_test", "zoo_image_samples", "auto_chunk", "CHUNK_BYTES", "JUDGE_NICE", "LATER_CHUNK_FACTOR"]
 
@@ -104,22 +105,10 @@ JUDGE_NICE = 10
 LATER_CHUNK_FACTOR = 4
 
 
-def _samples_positions(anchored, k: int) -> bool:
+def _samples_positions(manifest, k: int) -> bool:
     """Whether a stream with ``--positions k`` samples some anchor: an intermediate anchor of the
-    model's manifest has a static shape of more than ``k`` elements."""
-    from anpred.run.model import load_anchored
-
-    if not k:
-        return False
-    return any(a.kind != "output" and _static_size(a) > k for a in load_anchored(Path(anchored))[1].anchors)
-
-
-def _static_size(anchor) -> int:
-    """Elements of an anchor by its manifest shape (an unknown dimension counts as 1)."""
-    n = 1
-    for d in anchor.shape or []:
-        n *= d if isinstance(d, int) and d > 0 else 1
-    return n
+    anchored model's ``manifest`` has a static shape of more than ``k`` elements."""
+    return bool(k) and any(a.kind != "output" and static_size(a) > k for a in manifest.anchors)
 
 
 def _batched(it, n: int, later: int | None = None):
@@ -329,7 +318,10 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
         samples = _skip_judged(samples, state["sources"][:state["n"]], state["shas"][:state["n"]])
     # the first chunk is stored in full; where positions will be sampled (an intermediate anchor of more
     # than K elements in the manifest's static shapes) the later ones store a few MB a sample
-    sampling = _samples_positions(anchored, positions)
+    from anpred.run.model import load_anchored
+
+    manifest = load_anchored(Path(anchored))[1]  # (read once: the sampling and the chunks' estimate)
+    sampling = _samples_positions(manifest, positions)
     later = min(max(chunk, 64), chunk * LATER_CHUNK_FACTOR) if sampling else chunk
     th = threading.Thread(target=judge_loop, daemon=True)
     th.start()
@@ -338,7 +330,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     restore_sigterm = sigterm_raises()  # SIGTERM while waiting for the judge: cleaned up as Ctrl-C
     work = chunks = None  # (the chunks' folder: in memory where it fits, anpred.pipeline.scratch)
     try:
-        work, scratch = scratch_folder(side / "chunks", scratch_bytes(anchored, len(specs), chunk, later, head[:1]))
+        work, scratch = scratch_folder(side / "chunks", scratch_bytes(manifest, len(specs), chunk, later, head[:1]))
         chunks = _prefetched(samples, chunk, work, state["sources"], first=state["n"],
                              description=inputs_description, later=later)
         for k, part, ids in chunks:
