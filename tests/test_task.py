@@ -554,3 +554,39 @@ def test_coco_map50_equals_cocoeval_summarize():
         ev.summarize()
     assert 0.3 < ev.stats[1] < 0.95
     assert coco_map50(truth, dets) == ev.stats[1]
+
+
+def test_split_threads_divides_the_cores_among_backends_side_by_side():
+    """``split_threads``: each backend that takes a ``threads`` option and was given none gets
+    ``cores // backends`` (at least 1); one given threads and one without the option (the ONNX
+    reference, pure numpy) are unchanged; labels and other options are kept."""
+    from anpred.run.spec import BackendSpec, split_threads
+
+    given = [BackendSpec("ort"), BackendSpec("openvino", "ov", {"x": 1}), BackendSpec("torch", options={"threads": 3}),
+             BackendSpec("onnx-reference")]
+    two = split_threads(given, cores=2)
+    assert [s.label for s in two] == ["ort", "ov", "torch", "onnx-reference"]
+    assert [s.options for s in two] == [{"threads": 1}, {"x": 1, "threads": 1}, {"threads": 3}, {}]
+    assert [s.options.get("threads") for s in split_threads(given, cores=16)] == [4, 4, 3, None]
+    assert [s.options["threads"] for s in split_threads(["ort", "ort-int8"], cores=7)] == [3, 3]
+    assert given[0].options == {}  # (the caller's specs are not changed)
+
+
+def test_side_by_side_stream_runs_each_backend_on_its_share_of_the_cores(digits, tmp_path):
+    """``--stream --side-by-side``: the backends of a chunk at once, each ONNX Runtime/OpenVINO worker
+    with ``cores // 3`` threads (recorded in ``stream.threads`` and in the run's backend specs, which
+    the drill-down re-runs with), the ONNX reference (no threads option) as it is; every digit judged."""
+    from anpred.run import RunStore
+    from anpred.run.spec import usable_cores
+
+    model, inp, labels, _, _ = digits
+    res = anpred.test(str(model), out=tmp_path / "s", backends=["ort", "openvino", "onnx-reference"], inputs=str(inp),
+                      task="classify", labels=str(labels), quiet=True, stages=3, stream=True, chunk=30, keep=1,
+                      side_by_side=True)
+    n = max(1, usable_cores() // 3)
+    run = RunStore.open(res.run_dir)
+    assert run.meta["stream"]["side_by_side"] is True and run.meta["stream"]["threads"] == {"ort": n, "openvino": n}
+    assert run.meta["backend_specs"]["ort"] == {"name": "ort", "options": {"threads": n}}
+    assert run.meta["backend_specs"]["onnx-reference"]["options"] == {}
+    assert res.report.samples == N_TEST and res.report.status == "consistent"
+    assert all(run.statuses()[b].samples == N_TEST for b in ("ort", "openvino", "onnx-reference"))

@@ -90,6 +90,9 @@ class Backend:
     #: GPUs one run of this backend needs (a campaign asks Ray for them, :mod:`anpred.campaign`);
     #: 0 for every CPU backend
     gpus: ClassVar[float] = 0.0
+    #: whether the backend takes a ``threads`` option (its intra-op thread count): backends run side
+    #: by side divide the cores among those that do (:func:`anpred.run.spec.split_threads`)
+    threads_option: ClassVar[bool] = False
 
     @classmethod
     def unsupported_ops(cls, model) -> dict[str, str]:

@@ -181,6 +181,8 @@ class MnnBackend(Backend):
         threads (int): MNN ``numThread`` (default 1).
     """
 
+    threads_option = True  # (the ``threads`` option)
+
     name = "mnn"
     family = "mnn"
     precision = "fp32"

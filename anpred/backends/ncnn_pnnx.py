@@ -80,6 +80,8 @@ _SHAPE = re.compile(r"#(\S+?)=\(([^)]*)\)(\w+)")
 class NcnnBackend(Backend):
     """pnnx (ONNX -> pnnx IR -> ncnn param/bin) + ncnn CPU kernels, fp32."""
 
+    threads_option = True  # (the ``threads`` option)
+
     name = "ncnn"
     family = "ncnn"
     precision = "fp32"

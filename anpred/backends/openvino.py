@@ -104,6 +104,7 @@ def _frontend_model(model_path: Path, workdir: Path) -> Path:
 
 
 class OpenVinoBackend(Backend):
+    threads_option = True  # (the ``threads`` option: INFERENCE_NUM_THREADS)
     name = "openvino"
     family = "openvino"
     precision = "fp32"

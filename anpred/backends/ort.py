@@ -72,6 +72,8 @@ class OrtBackend(NamedOutputsMixin, Backend):
     median 1.64 s against 1.94 s), so it stays the default elsewhere.
     """
 
+    threads_option = True  # (the ``threads`` option)
+
     name = "ort"
     family = "onnxruntime"
     precision = "fp32"

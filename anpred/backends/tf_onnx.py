@@ -127,6 +127,8 @@ class TfOnnxBackend(Backend):
         threads (int): TF intra-op threads (default: TF's default).
     """
 
+    threads_option = True  # (the ``threads`` option)
+
     name = "tf"
     family = "tensorflow"
     precision = "fp32"

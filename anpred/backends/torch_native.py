@@ -73,6 +73,8 @@ def _check_inputs(manifest: AnchorManifest, example: tuple) -> tuple[tuple, str]
 class TorchNativeBackend(Backend):
     """Eager PyTorch on the CPU, the model rebuilt from its factory; anchors via forward hooks."""
 
+    threads_option = True  # (the ``threads`` option)
+
     name = "torch-native"
     family = "torch"
     precision = "fp32"

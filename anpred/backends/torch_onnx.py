@@ -76,6 +76,8 @@ class TorchOnnxBackend(Backend):
         threads (int): ``torch.set_num_threads`` (default: leave torch's default).
     """
 
+    threads_option = True  # (the ``threads`` option)
+
     name = "torch"
     family = "torch"
     precision = "fp32"

@@ -85,8 +85,9 @@ def add_arguments(parser):
     parser.add_argument("--keep", type=int, default=4, metavar="K",
                         help="most deviating samples kept per backend with --stream (4)")
     parser.add_argument("--side-by-side", action="store_true",
-                        help="with --stream: the backends of a chunk run at once, each in its own long-lived worker "
-                        "(default: one after the other, each alone on the cores; faster on 2 cores, docs/task.md)")
+                        help="with --stream: the backends of a chunk run at once, each in its own long-lived worker, "
+                        "the cores divided among them (a backend's threads: cores // backends, at least 1; default: "
+                        "one after the other, each with its library's default threads; docs/task.md)")
     parser.add_argument("--positions", type=int, default=None, metavar="K",
                         help="with --stream: judge each intermediate anchor of more than K elements on K sampled "
                         "positions, stored so by the workers (default 65536; 0: every element; docs/task.md)")

@@ -101,8 +101,9 @@ def test(model: str | os.PathLike, *, out: str | os.PathLike | None = None,
             come, memory flat in the number of inputs; the run folder keeps the ``keep`` most deviating
             samples per backend (:mod:`anpred.pipeline.stream`); ``chunk`` None: as many samples as write
             1 GiB of anchor tensors over all backends (:func:`anpred.pipeline.stream.auto_chunk`, at most 64);
-            ``side_by_side``: the backends of a chunk run at once, each in its own long-lived worker
-            (default False: one after the other, each alone on the cores); ``positions``: intermediate
+            ``side_by_side``: the backends of a chunk run at once, each in its own long-lived worker,
+            the cores divided among them (:func:`anpred.run.spec.split_threads`; default False: one
+            after the other, each with its library's default threads); ``positions``: intermediate
             anchors judged on that many sampled positions (:mod:`anpred.judge.positions`; None: 65536;
             0: every element). A streamed run writes a checkpoint after each judged chunk into
             ``.<out name>.stream/`` beside ``out`` (removed once the run is complete); ``resume``

@@ -8,8 +8,8 @@ accumulators are streaming, so memory stays flat in the number of inputs) and by
 (:class:`anpred.task.impact.TaskAccumulator`), then deleted. While chunk ``k`` is judged (a thread),
 chunk ``k + 1`` runs: the judge works beside the backends. Each backend runs in ONE long-lived worker
 process for the whole dataset (:class:`anpred.run.driver.WorkerPool`: imported, converted and prepared
-once); the backends of a chunk run one after the other (``side_by_side``: at once, each in its own
-process).
+once); the backends of a chunk run one after the other (``side_by_side``: at once, the cores divided
+among them).
 
 Intermediate anchors of more than ``positions`` elements are judged on that many sampled positions
 (:mod:`anpred.judge.positions`); once the first chunk (stored in full) has fixed the alignment, each
@@ -155,8 +155,10 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
         adapter, labels: the task (:mod:`anpred.task`), or None.
         inputs_description: what the run records as its inputs.
         side_by_side: the backends of a chunk run at the same time, each in its own long-lived worker
-            (:class:`anpred.run.driver.WorkerPool`); default False: one after the other (each alone on the
-            cores: faster on 2 cores, where side by side they oversubscribe them; docs/task.md).
+            (:class:`anpred.run.driver.WorkerPool`), the cores divided among them
+            (:func:`anpred.run.spec.split_threads`: a backend given no ``threads`` option gets
+            ``cores // backends``, at least 1); default False: one after the other, each with its
+            library's default threads (docs/task.md, "Side by side").
         positions: every intermediate anchor of more than this many elements is judged on this many
             sampled positions (:mod:`anpred.judge.positions`; default
             :data:`anpred.judge.positions.DEFAULT_POSITIONS`; 0: every element), and from the second
@@ -186,7 +188,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     if positions < 0:
         raise AnpredError(f"stream: positions must be >= 0 (got {positions})")
     import anpred.pipeline.stream_state as stream_state
-    from anpred.run import BackendSpec
+    from anpred.run.spec import BackendSpec, split_threads
 
     out_run = Path(out_run)
     # beside -o: the int8 calibration inputs, the kept samples' re-run (moved into the final run), the
@@ -200,6 +202,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     state: dict[str, Any] = {"judge": None, "acc": None, "final": None, "n": 0, "sources": [],
                              "error": None, "heaps": {}, "kept": {}, "shas": [], "max_dev": {},
                              "added": []}
+    if side_by_side:  # the cores divided among the backends (after the fingerprint: a resume may have others)
+        specs = split_threads(specs)
     if resume:
         state.update(stream_state.load(out_run.parent, fp))
         state["final"] = RunStore.open(out_run)
@@ -387,6 +391,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     # seconds_judge: judging them (a thread beside the runs)
     final.meta["stream"] = {"samples": state["n"], "chunk": chunk, "later_chunks": later, "keep": keep,
                             "side_by_side": side_by_side,
+                            # intra-op threads per backend where the stream set them (side by side only)
+                            "threads": {x.label: x.options["threads"] for x in specs if "threads" in x.options},
                             # where the chunks lived: "memory" (a tmpfs) or "disk" (anpred.pipeline.scratch)
                             "scratch": scratch,
                             "seconds_run": round(state.get("seconds_run", 0.0), 2),
@@ -403,6 +409,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
                             "wasserstein_positions": (getattr(judge.oracle.main, "distribution_k", None)
                                                       if judge.oracle is not None else None),
                             "kept": {b: sorted(r for _, r in h) for b, h in state["heaps"].items()}}
+    final.meta["backend_specs"] = {x.label: {"name": x.name, "options": {k: v for k, v in x.options.items()
+                                                                         if k != "calibration"}} for x in specs}
     final.save_meta()
     report = finish(run, judge.judged())
     report.run_dir = str(out_run)
