@@ -22,6 +22,7 @@ run --mode stats``, whose writer thread folds every anchor into statistics besid
 in docs/task.md, "Datasets, streamed")::
 
     .venv/bin/python benchmarks/bench_stream.py --pages 30,100 --out bench-stream [--side-by-side]
+    .venv/bin/python benchmarks/bench_stream.py --pages 100,1000 --out /tmp/bs --side-by-side  # (the 1.07x row)
     .venv/bin/python benchmarks/bench_stream.py --pages 1000 --out bench-stream --own-only
 """
 
@@ -137,7 +138,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--backends", default="ort,openvino,torch,ort-int8")
     ap.add_argument("--chunk", type=int, default=None, help="default: anpred's (1 GiB of anchor tensors)")
-    ap.add_argument("--side-by-side", action="store_true", help="the backends of a chunk at once")
+    ap.add_argument("--side-by-side", action="store_true",
+                    help="the backends of a chunk at once, the cores divided among them (anpred.run.spec.split_threads)")
     ap.add_argument("--own-only", action="store_true",
                     help="measure only the backends' own inference again, on OUT's pages and run folders")
     ap.add_argument("--time-alone", help=argparse.SUPPRESS)
