@@ -242,6 +242,7 @@ def test_streamed_dataset_matches_the_run_in_one_piece(digits, tmp_path, monkeyp
     if _nice_allowed():  # (thread priorities: Linux, where the system lets a thread lower its own)
         assert kept.meta["stream"]["judge_nice"] == [min(19, base + JUDGE_NICE)] * 3
     assert kept.meta["stream"]["scratch"] == "disk"
+    assert kept.meta["stream"]["threads"] == {}  # one after the other: each library's default threads
 
 
 def test_labels_are_checked_before_anything_runs(digits, tmp_path):
@@ -572,21 +573,33 @@ def test_split_threads_divides_the_cores_among_backends_side_by_side():
     assert given[0].options == {}  # (the caller's specs are not changed)
 
 
-def test_side_by_side_stream_runs_each_backend_on_its_share_of_the_cores(digits, tmp_path):
-    """``--stream --side-by-side``: the backends of a chunk at once, each ONNX Runtime/OpenVINO worker
-    with ``cores // 3`` threads (recorded in ``stream.threads`` and in the run's backend specs, which
-    the drill-down re-runs with), the ONNX reference (no threads option) as it is; every digit judged."""
+def test_side_by_side_stream_runs_each_backend_on_its_share_of_the_cores(digits, tmp_path, monkeypatch):
+    """``--stream --side-by-side`` on a machine of 6 usable CPUs (the count set by the test): the
+    backends of a chunk at once, each ONNX Runtime/OpenVINO worker with 6 // 3 = 2 threads (recorded in
+    ``stream.threads`` and in the run's backend specs, which the drill-down re-runs with), the ONNX
+    reference (no threads option) as it is; every digit judged. The backends apply the option: an ONNX
+    Runtime session and an OpenVINO compiled model prepared with it report 2 threads."""
+    import anpred.run.spec as spec
+    from anpred.backends import backend_class
+    from anpred.drill.runner import run_specs
     from anpred.run import RunStore
-    from anpred.run.spec import usable_cores
+    from anpred.run.model import load_anchored
 
+    monkeypatch.setattr(spec, "usable_cores", lambda: 6)
     model, inp, labels, _, _ = digits
     res = anpred.test(str(model), out=tmp_path / "s", backends=["ort", "openvino", "onnx-reference"], inputs=str(inp),
                       task="classify", labels=str(labels), quiet=True, stages=3, stream=True, chunk=30, keep=1,
                       side_by_side=True)
-    n = max(1, usable_cores() // 3)
     run = RunStore.open(res.run_dir)
-    assert run.meta["stream"]["side_by_side"] is True and run.meta["stream"]["threads"] == {"ort": n, "openvino": n}
-    assert run.meta["backend_specs"]["ort"] == {"name": "ort", "options": {"threads": n}}
+    assert run.meta["stream"]["side_by_side"] is True and run.meta["stream"]["threads"] == {"ort": 2, "openvino": 2}
+    assert run.meta["backend_specs"]["ort"] == {"name": "ort", "options": {"threads": 2}}
     assert run.meta["backend_specs"]["onnx-reference"]["options"] == {}
+    assert run_specs(run)["openvino"].options == {"threads": 2}
+    anchored = Path(res.out) / "anchored.onnx"
+    ort_b, ov_b = backend_class("ort")({"threads": 2}), backend_class("openvino")({"threads": 2})
+    for b in (ort_b, ov_b):
+        b.prepare(anchored, load_anchored(anchored)[1], tmp_path / b.name)
+    assert ort_b.sess.get_session_options().intra_op_num_threads == 2
+    assert int(ov_b.compiled.get_property("INFERENCE_NUM_THREADS")) == 2
     assert res.report.samples == N_TEST and res.report.status == "consistent"
     assert all(run.statuses()[b].samples == N_TEST for b in ("ort", "openvino", "onnx-reference"))

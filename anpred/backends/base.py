@@ -90,8 +90,10 @@ class Backend:
     #: GPUs one run of this backend needs (a campaign asks Ray for them, :mod:`anpred.campaign`);
     #: 0 for every CPU backend
     gpus: ClassVar[float] = 0.0
-    #: whether the backend takes a ``threads`` option (its intra-op thread count): backends run side
-    #: by side divide the cores among those that do (:func:`anpred.run.spec.split_threads`)
+    #: whether the backend takes a ``threads`` option and its ``prepare`` applies it as the library's
+    #: intra-op thread count: backends run side by side divide the cores among those that do
+    #: (:func:`anpred.run.spec.split_threads`). Left False where a fixed default is deliberate (MNN: 1,
+    #: its results depend on the thread count) or nothing sets the threads (numpy, TVM, tf-native)
     threads_option: ClassVar[bool] = False
 
     @classmethod

@@ -181,8 +181,6 @@ class MnnBackend(Backend):
         threads (int): MNN ``numThread`` (default 1).
     """
 
-    threads_option = True  # (the ``threads`` option)
-
     name = "mnn"
     family = "mnn"
     precision = "fp32"

@@ -195,6 +195,8 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     # chunks where no memory-backed folder has room for them (anpred.pipeline.scratch)
     side = out_run.parent / ".stream"
     specs = [BackendSpec.coerce(b) for b in backends]
+    if side_by_side:  # the cores divided among the backends (in the fingerprint: resumed only with the same threads)
+        specs = split_threads(specs)
     fp = stream_state.fingerprint(anchored, specs, chunk=chunk, keep=keep, positions=positions, oracle=oracle,
                                   config=config, inputs=inputs_description, allow_incomplete=allow_incomplete,
                                   task=adapter.describe() if adapter is not None else None,
@@ -202,8 +204,6 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     state: dict[str, Any] = {"judge": None, "acc": None, "final": None, "n": 0, "sources": [],
                              "error": None, "heaps": {}, "kept": {}, "shas": [], "max_dev": {},
                              "added": []}
-    if side_by_side:  # the cores divided among the backends (after the fingerprint: a resume may have others)
-        specs = split_threads(specs)
     if resume:
         state.update(stream_state.load(out_run.parent, fp))
         state["final"] = RunStore.open(out_run)
@@ -391,7 +391,7 @@ def stream_test(anchored: str | Path, backends: list, samples: Iterator[tuple[st
     # seconds_judge: judging them (a thread beside the runs)
     final.meta["stream"] = {"samples": state["n"], "chunk": chunk, "later_chunks": later, "keep": keep,
                             "side_by_side": side_by_side,
-                            # intra-op threads per backend where the stream set them (side by side only)
+                            # intra-op threads per backend given a threads option (split_threads side by side)
                             "threads": {x.label: x.options["threads"] for x in specs if "threads" in x.options},
                             # where the chunks lived: "memory" (a tmpfs) or "disk" (anpred.pipeline.scratch)
                             "scratch": scratch,

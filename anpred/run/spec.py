@@ -104,12 +104,14 @@ def split_threads(specs: list, cores: int | None = None) -> list[BackendSpec]:
     """``specs`` (names or :class:`BackendSpec`) as they run side by side, at once, each in its own
     process: every backend that takes a ``threads`` option
     (:attr:`anpred.backends.base.Backend.threads_option`) and was not given one gets
-    ``max(1, cores // len(specs))`` intra-op threads; the others are returned unchanged (same label,
-    same options). ``cores``: default :func:`usable_cores`.
+    ``max(1, cores // len(specs))`` intra-op threads; the others are returned as they are. Order and
+    length are kept; the caller's specs are not changed. ``cores``: default :func:`usable_cores`
+    (logical CPUs). The numpy backends' BLAS threads and TensorFlow's inter-op pool are not set.
 
     Why: each library's default is one thread per core, so N backends at once run N times as many
     threads as there are cores, and a multi-threaded kernel whose thread is descheduled waits for it
-    at the end of every parallel region. With the cores divided there is nothing to wait for: on 2
+    at the end of every parallel region. With the cores divided (no more backends than cores) no
+    thread waits for another that lost its core: on 2
     cores, four DocLayNet backends side by side with one thread each ran a 20-page chunk in 14.5 s
     against 16.9 s one after the other with their default threads, judge beside them
     (docs/task.md, "Side by side"). A thread count can change a backend's rounding where the
@@ -125,7 +127,7 @@ def split_threads(specs: list, cores: int | None = None) -> list[BackendSpec]:
     for s in specs:
         try:
             takes = getattr(backend_class(s.name), "threads_option", False)
-        except BackendError:  # its library cannot be imported: the run says so, as without the split
+        except BackendError:  # its anpred module cannot be imported: the run says so, as without the split
             takes = False
         if takes and "threads" not in s.options:
             s = BackendSpec(s.name, s.label, {**s.options, "threads": n})
