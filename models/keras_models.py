@@ -24,7 +24,7 @@ def mobilenetv2(imgsz: int = 96, seed: int = 0):
     import keras
 
     from models.documents import photos
-    from models.zoo import PREPROCESS
+    from models.preprocess import PREPROCESS
 
     h, w = (imgsz, imgsz) if isinstance(imgsz, int) else tuple(imgsz)
     keras.utils.set_random_seed(seed)
@@ -45,7 +45,7 @@ def calibrate_batchnorm(model, hw: tuple[int, int], seed: int = 0) -> int:
     import keras
 
     from models.yolo import calibration_images
-    from models.zoo import PREPROCESS
+    from models.preprocess import PREPROCESS
 
     batch = np.concatenate([PREPROCESS["mobilenet"](im, hw) for im in calibration_images(seed)])
     bns = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
