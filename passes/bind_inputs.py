@@ -45,6 +45,7 @@ import numpy as np
 
 from anpred.errors import InputError
 from passes.base import GraphPass, PassResult
+from passes.protos import subgraph_reads
 
 __all__ = ["BindInputsPass", "bind_inputs", "coerce_value", "parse_bindings", "bindable_inputs", "fold_constant_layout",
            "MAX_ROUNDS", "LAYOUT_OPS"]
@@ -183,8 +184,8 @@ class BindInputsPass(GraphPass):
         import onnx
         from onnx import numpy_helper
 
-        from passes.fold_shapes import fold_shape_computations
         from passes.control_flow import inline_control_flow
+        from passes.fold_shapes import fold_shape_computations
 
         if not self.values:
             raise InputError("bind: no input given")
@@ -276,7 +277,7 @@ def _remove_dead(m) -> tuple[int, int]:
     keep = list(g.node)
     outputs = {o.name for o in g.output}
     while True:  # dead nodes, last first (ONNX ops have no side effects)
-        used = outputs | {x for n in keep for x in n.input} | _subgraph_reads(keep)
+        used = outputs | {x for n in keep for x in n.input} | subgraph_reads(keep)
         live = [n for n in keep if any(o and o in used for o in n.output)]
         if len(live) == len(keep):
             break
@@ -284,7 +285,7 @@ def _remove_dead(m) -> tuple[int, int]:
     removed_nodes = len(g.node) - len(keep)
     del g.node[:]
     g.node.extend(keep)
-    used = outputs | {x for n in keep for x in n.input} | _subgraph_reads(keep)
+    used = outputs | {x for n in keep for x in n.input} | subgraph_reads(keep)
     used_inits = [t for t in g.initializer if t.name in used]
     removed_inits = len(g.initializer) - len(used_inits)
     if removed_inits:
@@ -295,19 +296,6 @@ def _remove_dead(m) -> tuple[int, int]:
     del g.value_info[:]
     g.value_info.extend(vis)
     return removed_nodes, removed_inits
-
-
-def _subgraph_reads(nodes) -> set[str]:
-    """Every value name read inside the sub-graphs of ``nodes`` (outer-scope references included)."""
-    import onnx
-
-    names: set[str] = set()
-    for n in nodes:
-        for a in n.attribute:
-            for sg in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                names.update(x for sn in sg.node for x in sn.input if x)
-                names |= _subgraph_reads(sg.node)
-    return names
 
 
 def bind_inputs(model, values: Mapping[str, Any]):

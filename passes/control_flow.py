@@ -34,18 +34,12 @@ from typing import Any
 import numpy as np
 
 from passes.base import GraphPass, PassResult
+from passes.protos import attribute_proto
 
 __all__ = ["ControlFlowInlinePass", "inline_control_flow", "stable_toposort", "MAX_UNROLL"]
 
 #: largest constant trip count a Loop is unrolled for
 MAX_UNROLL = 64
-
-
-def _attr(node, name: str):
-    for a in node.attribute:
-        if a.name == name:
-            return a
-    return None
 
 
 def _defined(graph) -> set[str]:
@@ -167,7 +161,7 @@ class ControlFlowInlinePass(GraphPass):
     def _if(node, label: str, consts, opset: int):
         from onnx import helper, numpy_helper
 
-        then_g, else_g = _attr(node, "then_branch").g, _attr(node, "else_branch").g
+        then_g, else_g = attribute_proto(node, "then_branch").g, attribute_proto(node, "else_branch").g
         cond = node.input[0]
         if cond in consts:
             taken, tag = (then_g, "then") if bool(np.asarray(consts[cond]).reshape(-1)[0]) else (else_g, "else")
@@ -196,7 +190,7 @@ class ControlFlowInlinePass(GraphPass):
     def _loop(node, label: str, consts, opset: int):
         from onnx import helper, numpy_helper
 
-        body = _attr(node, "body").g
+        body = attribute_proto(node, "body").g
         ins = list(node.input) + [""] * (2 - len(node.input))
         m_name, c_name, carried = ins[0], ins[1], ins[2:]
         if not m_name or m_name not in consts:

@@ -70,6 +70,7 @@ from passes.anchor_nodes import is_anchor_node
 from passes.base import GraphPass, PassResult
 from passes.fault_truth import FaultError, FaultTruth
 from passes.faults_lowp import LOWP_KINDS, inject_lowp, lowp_applicable
+from passes.protos import attribute_value
 
 __all__ = ["FAULT_METADATA_KEY", "FAULT_KINDS", "LOWP_KINDS", "NORM_OPS", "PAD_OPS", "WEIGHT_OPS", "FaultError",
            "FaultInjectionPass", "applicable_nodes", "inject_fault", "node_stages"]
@@ -111,15 +112,6 @@ def _shape_of(model, value: str) -> list[int] | None:
     return None
 
 
-def _attr(node, name, default=None):
-    import onnx
-
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
-
-
 def _set_attr(node, name, value) -> None:
     import onnx
 
@@ -132,11 +124,11 @@ def _set_attr(node, name, value) -> None:
 def _same_pads(node, in_shape: list[int]) -> list[int] | None:
     """TensorFlow SAME pads for ``node`` on input spatial ``in_shape`` (N, C, *spatial)."""
     spatial = in_shape[2:]
-    kernel = _attr(node, "kernel_shape")
+    kernel = attribute_value(node, "kernel_shape")
     if kernel is None:
         return None
-    strides = _attr(node, "strides", [1] * len(spatial))
-    dil = _attr(node, "dilations", [1] * len(spatial))
+    strides = attribute_value(node, "strides", [1] * len(spatial))
+    dil = attribute_value(node, "dilations", [1] * len(spatial))
     begin, end = [], []
     for i, n in enumerate(spatial):
         out = -(-n // strides[i])
@@ -174,15 +166,15 @@ def _applicable(model, node, kind: str, init_names: set[str], constant: set[str]
     if kind == "rounding-mode":
         if node.op_type == "Round":
             return True
-        return node.op_type == "Resize" and _attr(node, "mode", b"nearest") in (b"nearest", "nearest")
+        return node.op_type == "Resize" and attribute_value(node, "mode", b"nearest") in (b"nearest", "nearest")
     if kind == "padding-same":
-        if node.op_type not in PAD_OPS or _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        if node.op_type not in PAD_OPS or attribute_value(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
             return False
         shape = _shape_of(model, node.input[0])
         if shape is None:
             return False
         same = _same_pads(node, shape)
-        pads = _attr(node, "pads", [0] * (2 * (len(shape) - 2)))
+        pads = attribute_value(node, "pads", [0] * (2 * (len(shape) - 2)))
         return same is not None and list(same) != list(pads)
     raise FaultError(f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
 
@@ -436,7 +428,7 @@ class FaultInjectionPass(GraphPass):
         return orig, f"Sigmoid {node.name} blended {m:g} with the fast sigmoid"
 
     def _inject_norm_epsilon(self, model, inferred, node, idx):
-        eps = float(_attr(node, "epsilon", 1e-5))
+        eps = float(attribute_value(node, "epsilon", 1e-5))
         _set_attr(node, "epsilon", eps * self.magnitude)
         return node.output[0], f"epsilon of {node.name} {eps:g} -> {eps * self.magnitude:g}"
 
@@ -470,7 +462,7 @@ class FaultInjectionPass(GraphPass):
         import onnx.helper as h
 
         if node.op_type == "Resize":
-            mode = _attr(node, "nearest_mode", b"round_prefer_floor")
+            mode = attribute_value(node, "nearest_mode", b"round_prefer_floor")
             mode = mode.decode() if isinstance(mode, bytes) else mode
             swap = {"floor": "ceil", "ceil": "floor", "round_prefer_floor": "round_prefer_ceil",
                     "round_prefer_ceil": "round_prefer_floor"}[mode]
@@ -494,7 +486,7 @@ class FaultInjectionPass(GraphPass):
     def _inject_padding_same(self, model, inferred, node, idx):
         shape = _shape_of(inferred, node.input[0])
         same = _same_pads(node, shape)
-        old = _attr(node, "pads", [0] * len(same))
+        old = attribute_value(node, "pads", [0] * len(same))
         _set_attr(node, "pads", [int(v) for v in same])
         return node.output[0], f"{node.op_type} {node.name} pads {list(old)} -> TF SAME {same}"
 

@@ -91,6 +91,7 @@ from __future__ import annotations
 import numpy as np
 
 from passes.fault_truth import FaultError
+from passes.protos import attribute_value
 
 __all__ = ["LOWP_KINDS", "ACCUMULATING_OPS", "QDQ_COMPUTE_OPS", "lowp_applicable", "inject_lowp"]
 
@@ -109,15 +110,6 @@ QDQ_COMPUTE_OPS = ("Conv", "MatMul", "Gemm")
 
 _FLOAT, _FLOAT16, _UINT8, _INT8, _UINT16, _INT16 = 1, 10, 2, 3, 4, 5
 _INT_RANGES = {_UINT8: (0, 255), _INT8: (-128, 127), _UINT16: (0, 65535), _INT16: (-32768, 32767)}
-
-
-def _attr(node, name, default=None):
-    import onnx
-
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
 
 
 def _value_info(inferred, value: str):
@@ -172,9 +164,9 @@ def _dq_scale(model, value: str, node, what: str) -> tuple[np.ndarray, int]:
     if dq is None or dq.op_type != "DequantizeLinear":
         raise FaultError(f"accumulator-saturation: the {what} of {node.op_type} {node.name!r} does not come from a "
                          "DequantizeLinear node")
-    if _attr(dq, "block_size", 0):
+    if attribute_value(dq, "block_size", 0):
         raise FaultError(f"accumulator-saturation: DequantizeLinear {dq.name!r} is blocked (block_size); not supported")
-    return _init_array(model, dq.input[1], "scale", dq).astype(np.float64), int(_attr(dq, "axis", 1))
+    return _init_array(model, dq.input[1], "scale", dq).astype(np.float64), int(attribute_value(dq, "axis", 1))
 
 
 def lowp_applicable(model, node, kind: str, constant: set[str], explicit: bool = False) -> bool:
@@ -185,12 +177,12 @@ def lowp_applicable(model, node, kind: str, constant: set[str], explicit: bool =
     accumulating ops)."""
     out = node.output[0] if node.output else ""
     if kind in ("quantize-rounding", "zero-point"):
-        if not _is_data_quantize(model, node, constant) or _attr(node, "block_size", 0):
+        if not _is_data_quantize(model, node, constant) or attribute_value(node, "block_size", 0):
             return False
         zp = node.input[2] if len(node.input) > 2 else ""
         if zp and _init(model, zp) is None:
             return False
-        t = _init(model, zp).data_type if zp else int(_attr(node, "output_dtype", 0) or _UINT8)
+        t = _init(model, zp).data_type if zp else int(attribute_value(node, "output_dtype", 0) or _UINT8)
         return t in _INT_RANGES
     if kind == "accumulator-saturation":
         if node.op_type not in QDQ_COMPUTE_OPS or len(node.input) < 2 or not out:
@@ -249,12 +241,12 @@ def _quantize_parts(model, inferred, node):
         zp = _init_array(model, zp_name, "zero point", node)
         ztype = zp_t.data_type
     else:
-        ztype = int(_attr(node, "output_dtype", 0) or _UINT8)
+        ztype = int(attribute_value(node, "output_dtype", 0) or _UINT8)
         zp = np.zeros(scale.shape, np.int64)
     if ztype not in _INT_RANGES:
         raise FaultError(f"QuantizeLinear {node.name!r}: zero point type {ztype} is not an 8/16-bit integer")
     rank = _rank(inferred, node.input[0])
-    axis = int(_attr(node, "axis", 1))
+    axis = int(attribute_value(node, "axis", 1))
     return (_broadcast(scale, axis, rank, node, "scale"), _broadcast(zp.astype(np.int64), axis, rank, node, "zero point"),
             ztype)
 
@@ -305,7 +297,7 @@ def _inject_zero_point(model, inferred, node, idx, magnitude: float):
         t = _init(model, zp_name)
         zp, ztype = numpy_helper.to_array(t), t.data_type
     else:
-        ztype = int(_attr(node, "output_dtype", 0) or _UINT8)
+        ztype = int(attribute_value(node, "output_dtype", 0) or _UINT8)
         scale = _init_array(model, node.input[1], "scale", node)
         zp = np.zeros(scale.shape, helper.tensor_dtype_to_np_dtype(ztype))
     lo, hi = _INT_RANGES[ztype]
@@ -340,7 +332,7 @@ def _inject_accumulator_saturation(model, inferred, node, idx, magnitude: float)
     rank = _rank(inferred, node.output[0])
     if s_w.size > 1:  # per output channel: Conv weight axis 0 -> output axis 1; MatMul/Gemm -> last axis
         w_rank = _rank(inferred, node.input[1]) or 2
-        want = 0 if node.op_type == "Conv" else (0 if node.op_type == "Gemm" and _attr(node, "transB", 0) else w_rank - 1)
+        want = 0 if node.op_type == "Conv" else (0 if node.op_type == "Gemm" and attribute_value(node, "transB", 0) else w_rank - 1)
         if w_axis % w_rank != want:
             raise FaultError(f"accumulator-saturation: the weight of {node.op_type} {node.name!r} is quantized along "
                              f"axis {w_axis}, not along its output channels")
@@ -348,7 +340,7 @@ def _inject_accumulator_saturation(model, inferred, node, idx, magnitude: float)
         s_w = _broadcast(s_w.ravel(), out_axis, rank, node, "weight scale")
     else:
         s_w = s_w.reshape(())
-    alpha = abs(float(_attr(node, "alpha", 1.0))) if node.op_type == "Gemm" else 1.0
+    alpha = abs(float(attribute_value(node, "alpha", 1.0))) if node.op_type == "Gemm" else 1.0
     bound = (2.0 ** (bits - 1) - 1) * float(s_x.ravel()[0]) * s_w * alpha
     import onnx
 

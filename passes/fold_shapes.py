@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from passes.protos import subgraph_reads
+
 __all__ = ["fold_shape_computations", "fold_constant_nodes", "FOLD_MAX_ELEMENTS", "FOLD_ROUNDS"]
 
 
@@ -126,7 +128,7 @@ def _fold_once(model, shapes: dict[str, list[int]]):
     if not folded:
         return model, 0
     keep = [n for i, n in enumerate(m.graph.node) if i not in folded]
-    used = {x for n in keep for x in n.input} | _subgraph_reads(keep)
+    used = {x for n in keep for x in n.input} | subgraph_reads(keep)
     del m.graph.node[:]
     m.graph.node.extend(keep)
     for name in sorted(derived & used):
@@ -162,21 +164,6 @@ def _single(node, feeds: list[tuple[str, np.ndarray]], opsets):
            for name, a in feeds]
     outs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
     return helper.make_model(helper.make_graph([node], "fold", ins, outs), opset_imports=opsets)
-
-
-def _subgraph_reads(nodes) -> set[str]:
-    """Every value name read inside the sub-graphs (If/Loop/Scan bodies) of ``nodes``."""
-    import onnx
-
-    names: set[str] = set()
-    for n in nodes:
-        for a in n.attribute:
-            graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
-            for g in graphs:
-                for sub in g.node:
-                    names.update(x for x in sub.input if x)
-                names |= _subgraph_reads(g.node)
-    return names
 
 
 def fold_constant_nodes(model) -> int:
