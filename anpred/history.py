@@ -128,6 +128,15 @@ def columns(con: sqlite3.Connection, table: str) -> set[str]:
     return {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
 
 
+def create(db: str | Path) -> None:
+    """Create the history ``db`` with the current schema (an existing one is migrated to it).
+
+    Raises:
+        AnpredError: ``db``'s folder does not exist, or ``db`` is not an anpred history database.
+    """
+    _connect(db, create=True).close()
+
+
 def open_history(db: str | Path) -> sqlite3.Connection:
     """A connection to the existing history ``db`` for reading, any schema 1 to 3 (not migrated: a
     column an older schema lacks is missing, :func:`columns` tells).

@@ -22,6 +22,7 @@ did not judge the anchor).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -106,7 +107,10 @@ def _standing(flagged, status) -> str:
     return "ok"
 
 
+@functools.lru_cache(maxsize=4096)
 def _versions(text: str | None) -> dict[str, str]:
+    """A verdict row's library versions without ``python`` and the ``<package> from`` folders; parsed
+    once per distinct text (a history repeats few version sets many times): the dict is shared, read only."""
     try:
         d = json.loads(text or "{}")
     except ValueError:
@@ -178,6 +182,8 @@ def _read_db(db: str, campaign: tuple[str | None, str | None], runs: list[dict],
                 continue
             cfg = by_run.get(rid) or {}
             index[rid] = len(runs)
+            if campaign[0] is not None and cfg.get("label"):  # a campaign's view: its models by their labels
+                model = cfg["label"]
             runs.append({"db": db, "id": rid, "created": created or "", "model": model, "inputs": ins,
                          "report": _report_path(report or cfg.get("report"), run_dir),
                          "campaign": cfg.get("campaign"), "label": cfg.get("label"), "config": cfg.get("id"),
@@ -230,6 +236,8 @@ def _anchor_values(db: str, runs: list[dict], series: list[Series]) -> None:
     try:
         con.execute("CREATE TEMP TABLE pick (run_id INTEGER, backend TEXT, anchor TEXT)")
         con.executemany("INSERT INTO pick VALUES (?,?,?)", want)
+        # indexed here, so SQLite scans ``cells`` once and probes this (not the other way round)
+        con.execute("CREATE INDEX temp.pick_key ON pick (run_id, backend, anchor)")
         for rid, b, v in con.execute("SELECT p.run_id, p.backend, c.primary_stat FROM pick p JOIN cells c ON "
                                      "c.run_id = p.run_id AND c.backend = p.backend AND c.anchor = p.anchor"):
             at[(rid, b)].nrmse = _fnum(v)
@@ -238,7 +246,8 @@ def _anchor_values(db: str, runs: list[dict], series: list[Series]) -> None:
 
 
 def _order(runs: list[dict], groups: dict) -> None:
-    """Points in time order: a campaign's runs at the time of its first run, in its order."""
+    """Points in time order: a campaign's runs at the time of its first run, in its order (each
+    run's place: ``runs[i]["rank"]``)."""
     first: dict[tuple, str] = {}
     for r in runs:
         if r["campaign_key"] is not None:
@@ -253,6 +262,8 @@ def _order(runs: list[dict], groups: dict) -> None:
 
     order = sorted(range(len(runs)), key=key)
     rank = {i: k for k, i in enumerate(order)}
+    for i, k in rank.items():
+        runs[i]["rank"] = k
     for s in groups.values():
         s.points.sort(key=lambda p: rank[p.run])
 
@@ -298,8 +309,9 @@ def _attach_bisections(series: list[Series], runs: list[dict], bisections: list[
 
 def collect(dbs: list[str | Path], *, margin: float = DEFAULT_MARGIN, campaign: str | None = None,
             campaign_folder: str | Path | None = None) -> History:
-    """Read the history databases ``dbs`` (module docstring). ``campaign``: only that campaign's runs
-    (``campaign_folder``: only the campaign written to that output folder).
+    """Read the history databases ``dbs`` (module docstring). ``campaign``: only that campaign's runs,
+    its models named by their labels in the campaign (``campaign_folder``: only the campaign written
+    to that output folder).
 
     Raises:
         AnpredError: a database is missing or not an anpred history database; ``margin`` < 0.
@@ -323,7 +335,8 @@ def collect(dbs: list[str | Path], *, margin: float = DEFAULT_MARGIN, campaign: 
         _anchor_values(db, runs, series)
     for s in series:
         _events(s, runs, margin)
-        metrics = [m for m in HIGHER_IS_BETTER if any(m in p.task for p in s.points)]
+        have = {m for p in s.points for m in p.task}
+        metrics = [m for m in HIGHER_IS_BETTER if m in have]
         truth = [m for m in metrics if m.startswith("truth.")]
         s.metric = (truth or metrics or [None])[0]
     _attach_bisections(series, runs, bis)

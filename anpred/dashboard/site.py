@@ -60,24 +60,37 @@ def _log100(x: float | None) -> int | None:
     return int(round(100 * math.log10(max(x, 1e-30)))) if math.isfinite(x) else None
 
 
-def _cell(s: Series, mi: int, bi: int, runs_map: dict[int, int], vers: dict[str, int]) -> dict[str, Any]:
-    """One cell's compact record (module docstring)."""
+def _rle(values: list) -> list[list]:
+    """``[[index, value], ...]`` where ``values`` changes (run-length: versions, origin stages and
+    culprits repeat over consecutive runs)."""
+    out: list[list] = []
+    for i, v in enumerate(values):
+        if not out or out[-1][1] != v:
+            out.append([i, v])
+    return out
+
+
+def _cell(s: Series, mi: int, bi: int, vers: dict[str, int]) -> dict[str, Any]:
+    """One cell's compact record (docs/dashboard.md "Size"; its runs ``r`` are added by
+    :func:`payload`): ``vr``, ``or``, ``cr`` run-length coded; ``w`` (the largest nRMSE anywhere)
+    only where the anchor's is missing, else its latest value ``wl``."""
     pts = s.points
-    d: dict[str, Any] = {
-        "m": mi, "b": bi, "a": s.anchor,
-        "r": [runs_map.setdefault(p.run, len(runs_map)) for p in pts],
-        "e": [_log100(p.nrmse) for p in pts],
-        "w": [_log100(p.worst) for p in pts],
-        "s": "".join(_CODE[p.standing] for p in pts),
-        "v": [vers.setdefault(_vkey(p.versions), len(vers)) for p in pts],
-        "o": [-1 if p.origin_stage is None or p.standing != "FLAGGED" else p.origin_stage for p in pts],
-        "c": [f"{p.culprit[0]} ({p.culprit[1]})" if p.culprit else None for p in pts],
-    }
+    d: dict[str, Any] = {"m": mi, "b": bi, "a": s.anchor, "p": pts[-1].precision or ""}
+    d["e"] = [_log100(p.nrmse) for p in pts]
+    if all(x is None for x in d["e"]):
+        d["w"] = [_log100(p.worst) for p in pts]
+    d["wl"] = _log100(pts[-1].worst)
+    d["s"] = "".join(_CODE[p.standing] for p in pts)
+    d["vr"] = _rle([vers.setdefault(_vkey(p.versions), len(vers)) for p in pts])
+    orig = [-1 if p.origin_stage is None or p.standing != "FLAGGED" else p.origin_stage for p in pts]
+    if any(x >= 0 for x in orig):
+        d["or"] = _rle(orig)
+    cul = [f"{p.culprit[0]} ({p.culprit[1]})" if p.culprit else None for p in pts]
+    if any(cul):
+        d["cr"] = _rle(cul)
     if s.metric is not None:
         d["k"] = s.metric
         d["t"] = [None if s.metric not in p.task else int(round(1e4 * p.task[s.metric])) for p in pts]
-    if not any(d["c"]):
-        del d["c"]
     ev = []
     for e in s.events:
         p, q = pts[e["point"]], pts[e["against"]]
@@ -114,18 +127,33 @@ def _first_bad(s: Series, before: dict[str, str], after: dict[str, str]) -> dict
 
 
 def payload(hist: History, site: Path, opts: SiteOptions) -> dict[str, Any]:
-    """The page's data (module docstring). ``site``: the folder the links are relative to."""
+    """The page's data (module docstring). ``site``: the folder the links are relative to. Runs are
+    numbered in time order; ``mr``: per model the runs of its cells (most cells share them)."""
     models = sorted({s.model for s in hist.series})
-    backends = sorted({(s.backend, s.family or "", s.precision or "") for s in hist.series})
+    backends = sorted({(s.backend, s.family or "") for s in hist.series})
     bnames = [b[0] for b in backends]
-    runs_map: dict[int, int] = {}
+    precs: dict[str, set[str]] = {}
+    for s in hist.series:
+        precs.setdefault(s.backend, set()).update(p.precision or "" for p in s.points)
+    used = sorted({p.run for s in hist.series for p in s.points}, key=lambda i: hist.runs[i]["rank"])
+    num = {i: k for k, i in enumerate(used)}
+    by_model: dict[str, list[int]] = {}
+    for s in hist.series:
+        by_model.setdefault(s.model, [])
+        by_model[s.model] = sorted(set(by_model[s.model]) | {num[p.run] for p in s.points})
     vers: dict[str, int] = {}
-    cells = [_cell(s, models.index(s.model), bnames.index(s.backend), runs_map, vers) for s in hist.series]
-    runs = [None] * len(runs_map)
-    for i, k in runs_map.items():
+    cells = []
+    for s in hist.series:
+        c = _cell(s, models.index(s.model), bnames.index(s.backend), vers)
+        own = [num[p.run] for p in s.points]
+        if own != by_model[s.model]:
+            c["r"] = own
+        cells.append(c)
+    runs = []
+    for i in used:
         r = hist.runs[i]
-        runs[k] = [r["created"][:19], _rel(r["report"], site), (r["inputs"] or "")[:8] or None, r["campaign"],
-                   r["label"], r["id"]]
+        runs.append([r["created"][:19], _rel(r["report"], site), (r["inputs"] or "")[:8] or None, r["campaign"],
+                     r["label"], r["id"]])
     camp = None
     if opts.campaign is not None:
         camp = dict(opts.campaign)
@@ -133,8 +161,8 @@ def payload(hist: History, site: Path, opts: SiteOptions) -> dict[str, Any]:
     return {"schema": "anpred.dashboard/1", "title": opts.title,
             "generated": opts.generated or time.strftime("%Y-%m-%dT%H:%M:%S"), "margin": hist.margin,
             "databases": [_rel(d, site) for d in hist.databases], "models": models,
-            "backends": [list(b) for b in backends], "runs": runs, "vers": list(vers), "cells": cells,
-            "campaign": camp}
+            "backends": [[b, fam, "/".join(sorted(precs[b])) or ""] for b, fam in backends], "runs": runs,
+            "mr": [by_model[m] for m in models], "vers": list(vers), "cells": cells, "campaign": camp}
 
 
 def render(data: dict[str, Any]) -> str:

@@ -201,7 +201,7 @@ def export_model_explorer(report, model_path: str | Path, out: str | Path, *,
 
     from anpred.onnx_io import atomic_write_text
 
-    model_path = Path(model_path)
+    model_path = Path(model_path).absolute()
     try:
         model = onnx.load(str(model_path), load_external_data=False)
     except Exception as err:  # noqa: BLE001 - onnx raises DecodeError, OSError ...
@@ -229,7 +229,7 @@ def export_model_explorer(report, model_path: str | Path, out: str | Path, *,
     files: dict[str, dict[str, Any]] = {}
     for b in report.verdicts:
         files.update(_backend_files(report, b, ctx))
-    out = Path(out)
+    out = Path(out).absolute()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:

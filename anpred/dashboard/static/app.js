@@ -13,6 +13,22 @@
   var VITEMS = D.vers.map(function (v) { return v ? v.split(" · ") : []; });
   var state = {model: "", backend: "", precision: "", version: "", changed: false};
   var BIN = 48; // sparkline points at most (wider series: the largest nRMSE of each bin)
+  var EAGER = 400; // sparklines drawn at once; the others when scrolled into view
+  function unrle(pairs, n, fill) { // [[index, value], ...] -> n values
+    var out = new Array(n), k = 0, cur = fill;
+    for (var i = 0; i < n; i++) {
+      while (pairs && k < pairs.length && pairs[k][0] <= i) { cur = pairs[k][1]; k++; }
+      out[i] = cur;
+    }
+    return out;
+  }
+  D.cells.forEach(function (c) {
+    var n = c.s.length;
+    if (!c.r) c.r = D.mr[c.m];
+    c.v = unrle(c.vr, n, 0);
+    c.o = unrle(c.or, n, -1);
+    c.c = c.cr ? unrle(c.cr, n, null) : null;
+  });
 
   function el(tag, attrs, text) {
     var e = document.createElement(tag);
@@ -52,7 +68,7 @@
     var b = D.backends[c.b];
     if (state.model && D.models[c.m].toLowerCase().indexOf(state.model.toLowerCase()) < 0) return false;
     if (state.backend && b[0] !== state.backend) return false;
-    if (state.precision && b[2] !== state.precision) return false;
+    if (state.precision && c.p !== state.precision) return false;
     if (!vw.idx.length) return false;
     if (state.changed && !vw.ev.length) return false;
     return true;
@@ -62,7 +78,7 @@
      points (red dots), version changes (grey ticks), regressions (red triangles) */
   function spark(c, vw, W, H, detail) {
     var idx = vw.idx, n = idx.length, step = detail ? 1 : Math.max(1, Math.ceil(n / BIN));
-    var bins = [], E = c.e.some(function (x) { return x !== null; }) ? c.e : c.w;
+    var bins = [], E = c.w || c.e;
     for (var s = 0; s < n; s += step) {
       var b = {e: null, t: null, fl: false, first: idx[s], last: idx[Math.min(n, s + step) - 1]};
       for (var j = s; j < Math.min(n, s + step); j++) {
@@ -142,7 +158,7 @@
     var lines = [D.models[c.m] + " / " + D.backends[c.b][0] + " (" + D.backends[c.b][2] + ")",
                  "latest: " + STAND[+c.s[i]] + (c.o[i] >= 0 ? " at stage " + c.o[i] : "") + ", run " + run[5] + " " + run[0],
                  "versions: " + (VITEMS[c.v[i]].join(", ") || "-"),
-                 "nRMSE at " + (c.a || "-") + ": " + fmt(c.e[i]) + " (largest anywhere " + fmt(c.w[i]) + ")"];
+                 "nRMSE at " + (c.a || "-") + ": " + fmt(c.e[i]) + " (largest anywhere " + fmt(c.wl) + ")"];
     if (c.k) lines.push(c.k + ": " + (c.t[i] === null ? "-" : (c.t[i] / 1e4).toFixed(4)));
     if (c.c && c.c[i]) lines.push("culprit: " + c.c[i]);
     vw.ev.forEach(function (e) {
@@ -152,10 +168,10 @@
     return lines.join("\n");
   }
 
-  function cellHtml(c, ci, vw) {
+  function cellHtml(c, ci, vw, eager) {
     var i = vw.idx[vw.idx.length - 1], st = +c.s[i], run = D.runs[c.r[i]];
     var label = STAND[st] + (c.o[i] >= 0 ? " s" + c.o[i] : "");
-    var sub = c.c && c.c[i] && st === 1 ? c.c[i].replace(/^.*\(/, "").replace(/\)$/, "") : fmt(c.e[i] !== null ? c.e[i] : c.w[i]);
+    var sub = c.c && c.c[i] && st === 1 ? c.c[i].replace(/^.*\(/, "").replace(/\)$/, "") : fmt(c.e[i] !== null ? c.e[i] : c.wl);
     var mark = "";
     if (vw.ev.some(function (e) { return e.k === "regression"; })) mark = "<span class='mk rg' title='regression'>&#9650;</span>";
     else if (vw.ev.length) mark = "<span class='mk fx' title='changed'>&#9670;</span>";
@@ -164,7 +180,8 @@
     var link = run[1] ? "<a class=rep href='" + esc(run[1]) + "' title='" + title + "'>" + text + "</a>"
                       : "<span class=rep title='" + title + "'>" + text + "</span>";
     return "<td class='c st" + st + (vw.ev.length ? " ev" : "") + "' data-cell='" + ci + "'>" + mark +
-           "<div class=spw data-cell='" + ci + "' title='" + title + "'>" + spark(c, vw, 92, 26, false) + "</div>" + link + "</td>";
+           "<div class='spw" + (eager ? "" : " lazy") + "' data-cell='" + ci + "' title='" + title + "'>" +
+           (eager ? spark(c, vw, 92, 26, false) : "") + "</div>" + link + "</td>";
   }
 
   function renderGrid() {
@@ -178,7 +195,7 @@
     });
     var mlist = Object.keys(models).map(Number).sort(function (a, b) { return a - b; });
     var blist = Object.keys(backs).map(Number).sort(function (a, b) { return a - b; });
-    var h = ["<thead><tr><th class=corner>model \\ backend</th>"];
+    var h = ["<thead><tr><th class=corner>model \\ backend</th>"], drawn = 0;
     blist.forEach(function (b) {
       h.push("<th title='" + esc(D.backends[b][1] + ", " + D.backends[b][2]) + "'>" + esc(D.backends[b][0]) + "</th>");
     });
@@ -187,16 +204,34 @@
       h.push("<tr><th class=model>" + esc(D.models[m]) + "</th>");
       blist.forEach(function (b) {
         var ci = byKey[m + "/" + b];
-        h.push(ci === undefined ? "<td class='c none'></td>" : cellHtml(D.cells[ci], ci, views[ci]));
+        h.push(ci === undefined ? "<td class='c none'></td>" : cellHtml(D.cells[ci], ci, views[ci], drawn++ < EAGER));
       });
       h.push("</tr>");
     });
     h.push("</tbody>");
     document.getElementById("grid").innerHTML = h.join("");
+    lazySparklines(views);
     renderChanges(views);
     var shown = Object.keys(byKey).length;
     document.getElementById("count").textContent = shown + " cells (" + mlist.length + " models x " + blist.length + " backends)";
     return shown;
+  }
+
+  var observer = null;
+  function lazySparklines(views) {
+    if (observer) observer.disconnect();
+    var todo = document.querySelectorAll("#grid .spw.lazy");
+    if (!todo.length) return;
+    var draw = function (t) {
+      var ci = +t.getAttribute("data-cell");
+      t.innerHTML = spark(D.cells[ci], views[ci], 92, 26, false);
+      t.classList.remove("lazy");
+    };
+    if (!window.IntersectionObserver) { todo.forEach(draw); return; }
+    observer = new IntersectionObserver(function (entries) {
+      entries.forEach(function (e) { if (e.isIntersecting) { draw(e.target); observer.unobserve(e.target); } });
+    }, {root: document.getElementById("gridwrap"), rootMargin: "200px"});
+    todo.forEach(function (t) { observer.observe(t); });
   }
 
   function renderChanges(views) {
@@ -260,7 +295,7 @@
     D.backends.forEach(function (b) { option(backend, b[0], b[0]); });
     var prec = el("select", {id: "f-precision"});
     option(prec, "", "all precisions");
-    Array.from(new Set(D.backends.map(function (b) { return b[2]; }))).sort().forEach(function (p) { if (p) option(prec, p, p); });
+    Array.from(new Set(D.cells.map(function (c) { return c.p; }))).sort().forEach(function (p) { if (p) option(prec, p, p); });
     var ver = el("select", {id: "f-version"});
     option(ver, "", "all library versions");
     var items = new Set();
@@ -325,5 +360,8 @@
   var shown = renderGrid();
   document.body.setAttribute("data-cells", String(shown));
   document.body.setAttribute("data-render-ms", performance.now().toFixed(0));
+  requestAnimationFrame(function () { // the next frame: the grid laid out and painted
+    setTimeout(function () { document.body.setAttribute("data-paint-ms", performance.now().toFixed(0)); }, 0);
+  });
   document.body.setAttribute("data-errors", String(window.__anpredErrors.length));
 })();
