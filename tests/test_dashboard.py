@@ -17,21 +17,21 @@ import pytest
 from anpred.history import DEFAULT_MARGIN, CampaignConfig, create, record_bisection, record_campaign, task_regressions, task_trend
 
 
-def _run(con, rid: int, model: str, inputs: str, created: str, verdicts: list[tuple], cells=(), tasks=(),
-         run_dir: str | None = None, report: str | None = None) -> None:
+def _run(con, rid: int, model: str, verdicts: list[tuple], **kw) -> None:
     """One run: ``verdicts`` = ``(backend, flagged, origin_anchor, origin_stage, worst_anchor, worst, status,
-    versions, culprit, culprit_op)``, ``cells`` = ``(backend, anchor, primary)``, ``tasks`` = ``(backend, metric, value)``."""
+    versions, culprit, culprit_op)``; ``kw``: ``inputs`` (its sha256), ``created``, ``cells`` = ``(backend,
+    anchor, primary)``, ``tasks`` = ``(backend, metric, value)``, ``run_dir``, ``report``."""
     con.execute("INSERT INTO runs (id, created, run_dir, model, model_sha256, machine, cpu, status, oracle, samples, "
                 "inputs, inputs_sha256, report) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (rid, created, run_dir or f"/nowhere/{rid}/run", model, "", "{}", "", "consistent", "consensus", 2, "{}",
-                 inputs, report))
+                (rid, kw.get("created", f"2026-01-01T00:00:{rid:02d}"), kw.get("run_dir") or f"/nowhere/{rid}/run", model,
+                 "", "{}", "", "consistent", "consensus", 2, "{}", kw.get("inputs", "A"), kw.get("report")))
     for b, fl, oa, os_, wa, wp, st, vers, cul, cop in verdicts:
         con.execute("INSERT INTO verdicts (run_id, backend, family, precision, versions, flagged, origin_anchor, "
                     "origin_stage, worst_anchor, worst_primary, status, culprit, culprit_op) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (rid, b, "onnxruntime", "fp32", json.dumps({"python": "3.11", **vers}), fl, oa, os_, wa, wp, st, cul, cop))
     con.executemany("INSERT INTO cells (run_id, backend, anchor, stage, primary_stat, flagged, stats) VALUES "
-                    "(?,?,?,0,?,0,'{}')", [(rid, *c) for c in cells])
-    con.executemany("INSERT INTO tasks VALUES (?,?,'classify',?,?)", [(rid, *t) for t in tasks])
+                    "(?,?,?,0,?,0,'{}')", [(rid, *c) for c in kw.get("cells", ())])
+    con.executemany("INSERT INTO tasks VALUES (?,?,'classify',?,?)", [(rid, *t) for t in kw.get("tasks", ())])
 
 
 def _ok(b="ort", wa="anchor/01/b", wp=1e-7, vers=None):
@@ -60,7 +60,7 @@ def test_regression_rule_is_anpred_history_s(db):
         plan = [("A", [_ok()], 0.90), ("A", [_ok()], 0.85), ("A", [_flagged()], 0.845), ("B", [_flagged()], 0.2),
                 ("B", [_ok()], 0.2), ("A", [_ok()], 0.845)]
         for k, (ins, ver, top1) in enumerate(plan, 1):
-            _run(con, k, "m", ins, f"2026-01-0{k}T00:00:00", ver, cells=[("ort", "anchor/01/b", 1e-7 * k)],
+            _run(con, k, "m", ver, inputs=ins, created=f"2026-01-0{k}T00:00:00", cells=[("ort", "anchor/01/b", 1e-7 * k)],
                  tasks=[("ort", "truth.top1", top1), ("ort", "unrelated_lower_is_better", 5.0 * k)])
     con.close()
     hist = collect([db])
@@ -87,11 +87,11 @@ def test_trend_anchor_and_origin_stage(db):
 
     con = sqlite3.connect(db)
     with con:
-        _run(con, 1, "m", "A", "2026-01-01", [_ok(wa="output/y", wp=3e-7)],
+        _run(con, 1, "m", [_ok(wa="output/y", wp=3e-7)],
              cells=[("ort", "anchor/02/c", 2e-7), ("ort", "output/y", 3e-7)])
-        _run(con, 2, "m", "A", "2026-01-02", [_flagged(oa="anchor/02/c", stage=2, wp=0.3)],
+        _run(con, 2, "m", [_flagged(oa="anchor/02/c", stage=2, wp=0.3)],
              cells=[("ort", "anchor/02/c", 0.3), ("ort", "output/y", 0.01)])
-        _run(con, 3, "m", "A", "2026-01-03", [_ok(wa="output/y", wp=4e-7)], cells=[("ort", "output/y", 4e-7)])
+        _run(con, 3, "m", [_ok(wa="output/y", wp=4e-7)], cells=[("ort", "output/y", 4e-7)])
     con.close()
     (s,) = collect([db]).series
     assert s.anchor == "anchor/02/c"
@@ -112,9 +112,9 @@ def test_campaign_order_and_bisection_first_bad(db, tmp_path):
         (reports / cid / "report.html").write_text("<html>report</html>")
     con = sqlite3.connect(db)
     with con:  # 1.21.0's configuration was judged first
-        _run(con, 1, "avgpool_net", "A", "2026-01-01T10:05", [_flagged(vers={"onnxruntime": "1.21.0"}, cul=(None, None))],
-             run_dir="/w/b/run")
-        _run(con, 2, "avgpool_net", "A", "2026-01-01T10:09", [_ok(vers={"onnxruntime": "1.20.1"})], run_dir="/w/a/run")
+        _run(con, 1, "avgpool_net", [_flagged(vers={"onnxruntime": "1.21.0"}, cul=(None, None))],
+             created="2026-01-01T10:05", run_dir="/w/b/run")
+        _run(con, 2, "avgpool_net", [_ok(vers={"onnxruntime": "1.20.1"})], created="2026-01-01T10:09", run_dir="/w/a/run")
     con.close()
     cfg = dict(label="net", backend_set="fp32", inputs="default", state="complete")
     record_campaign(db, "nightly", tmp_path / "out", "c.toml", [{"package": "onnxruntime", "versions": ["1.20.1", "1.21.0"],
@@ -187,7 +187,7 @@ def test_command_and_loopback_server(db, tmp_path, capsys):
 
     con = sqlite3.connect(db)
     with con:
-        _run(con, 1, "m", "A", "2026-01-01", [_ok()])
+        _run(con, 1, "m", [_ok()])
     con.close()
     assert main(["dashboard", str(db), "-o", str(tmp_path / "site")]) == 0
     assert "dashboard: " in capsys.readouterr().out

@@ -22,7 +22,7 @@
   node of each stage with the stage's local error (the stage replayed alone from the consensus) and
   carried error (the normal run) at its exit anchor, on a white-to-red ``gradient``;
 - ``index.json``: the files, the graph id, the culprit node per backend and the command that opens
-  them: ``model-explorer anchored.annotated.onnx --node_data_paths=a.json,b.json``.
+  them: ``model-explorer anchored.annotated.onnx --extensions=model_explorer_onnx --node_data_paths=a.json,b.json``.
 
 A node's stage is the first stage whose exit anchors depend on it (walking back from each stage's
 exits in stage order). A culprit inside an ``If``/``Loop`` body is drawn on the node holding the body.
@@ -245,7 +245,8 @@ def export_model_explorer(report, model_path: str | Path, out: str | Path, *,
         atomic_write_bytes(target, model.SerializeToString())
     index = {"model": str(target), "graph": gid, "files": sorted(files), "culprits": culprits,
              "annotated": annotate, "note": note,
-             "command": f"model-explorer {target} --node_data_paths=" + ",".join(str(out / f) for f in sorted(files))}
+             "command": f"model-explorer {target} --extensions=model_explorer_onnx --node_data_paths="
+                        + ",".join(str(out / f) for f in sorted(files))}
     atomic_write_text(out / "index.json", json.dumps(index, indent=1))
     return index
 
