@@ -98,3 +98,32 @@ def test_model_explorer_config_takes_the_export(exported):
     enc = json.loads(__import__("urllib.parse").parse.unquote(cfg.to_url_param_value()))
     assert enc["models"] == [{"url": index["model"]}]
     assert sorted(enc["nodeData"]) == sorted(str(out / f) for f in index["files"])
+
+
+def test_unnamed_nodes_get_ids_the_adapter_keeps(exported, tmp_path):
+    """A model whose nodes have no names (many exporters write none) or duplicate ones: the annotated
+    copy names every node uniquely, so every key is still a node id of Model Explorer's graph and the
+    culprit is found by its output tensor."""
+    import onnx
+    from model_explorer_onnx.main import ONNXAdapter
+
+    from anpred.report.json import read_json
+    from anpred.report.model_explorer import export_model_explorer
+
+    runs, _ = exported
+    m = onnx.load(str(runs["bad"] / "run" / "model.onnx"))
+    for k, n in enumerate(m.graph.node):
+        n.name = "" if k % 2 else "dup"
+    onnx.save(m, str(tmp_path / "unnamed.onnx"))
+    report = read_json(runs["bad"] / "report.json")
+    report.verdicts["openvino"].culprit = {"node": "softplus", "op_type": "Softplus", "output": "sp"}
+    index = export_model_explorer(report, tmp_path / "unnamed.onnx", tmp_path / "me")
+    names = [n.name for n in onnx.load(index["model"]).graph.node]
+    assert "" not in names and len(set(names)) == len(names)
+    (graph,) = [g for g in ONNXAdapter().convert(index["model"], {})["graphs"] if g.id == index["graph"]]
+    ids = {n.id for n in graph.nodes}
+    culprit = index["culprits"]["openvino"]
+    assert culprit in ids and next(n for n in onnx.load(index["model"]).graph.node if n.name == culprit).op_type == "Softplus"
+    for f in index["files"]:
+        (gd,) = json.loads((tmp_path / "me" / f).read_text()).values()
+        assert set(gd["results"]) <= ids

@@ -159,6 +159,7 @@
                  "latest: " + STAND[+c.s[i]] + (c.o[i] >= 0 ? " at stage " + c.o[i] : "") + ", run " + run[5] + " " + run[0],
                  "versions: " + (VITEMS[c.v[i]].join(", ") || "-"),
                  "nRMSE at " + (c.a || "-") + ": " + fmt(c.e[i]) + " (largest anywhere " + fmt(c.wl) + ")"];
+    if (run[3]) lines.push("campaign " + run[3] + (run[4] ? " (model " + run[4] + ")" : ""));
     if (c.k) lines.push(c.k + ": " + (c.t[i] === null ? "-" : (c.t[i] / 1e4).toFixed(4)));
     if (c.c && c.c[i]) lines.push("culprit: " + c.c[i]);
     vw.ev.forEach(function (e) {
