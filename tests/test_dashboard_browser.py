@@ -11,7 +11,7 @@ import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
-from pathlib import Path
+from urllib.parse import unquote
 
 import numpy as np
 import pytest
@@ -143,8 +143,8 @@ def test_dashboard_renders_the_grid_marks_regressions_and_links(site, tmp_path):
     assert rows[("clf", "ort", "regression")][3] == "truth.top1 0.9 -> 0.8 (-0.1 > margin 0.01)"
     # every link resolves (relative to the site); each cell links to its own run's report
     assert dom.hrefs and all(not h.startswith(("http:", "https:", "/")) for h in dom.hrefs)
-    assert all((site / h).resolve().is_file() for h in dom.hrefs), dom.hrefs
-    net_links = {b: (site / c["links"][0]).resolve() for b, c in grid["net"].items()}
+    assert all((site / unquote(h)).resolve().is_file() for h in dom.hrefs), dom.hrefs
+    net_links = {b: (site / unquote(c["links"][0])).resolve() for b, c in grid["net"].items()}
     assert set(net_links.values()) == {(site.parent / "bad" / "out" / "report.html").resolve()}
 
     shot = tmp_path / "dashboard.png"

@@ -42,10 +42,14 @@ class SiteOptions:
 
 
 def _rel(path: str | None, site: Path) -> str | None:
+    """``path`` as a URL relative to the folder ``site`` (percent-encoded: a ``#`` or a space in a
+    folder name stays part of the path)."""
+    from urllib.parse import quote
+
     if not path:
         return None
     try:
-        return Path(os.path.relpath(path, site)).as_posix()
+        return quote(Path(os.path.relpath(path, site)).as_posix())
     except ValueError:  # another drive (Windows): the absolute file URI
         return Path(path).absolute().as_uri()
 
