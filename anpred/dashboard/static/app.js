@@ -318,7 +318,7 @@
     var C = D.campaign;
     if (!C) return;
     var sec = document.getElementById("campaign");
-    var h = ["<h2>Campaign " + esc(C.name) + "</h2><p>" + esc(C.counts || "") + "</p>"];
+    var h = ["<h2>Configurations and runtime versions</h2><p>" + esc(C.counts || "") + "</p>"];
     h.push("<details" + (C.configs.some(function (c) { return c.state !== "complete"; }) ? " open" : "") +
            "><summary>Configurations (" + C.configs.length + ")</summary><table class=cfg><thead><tr><th>configuration</th><th>state</th><th>standing</th></tr></thead><tbody>");
     C.configs.forEach(function (c) {
