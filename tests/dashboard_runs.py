@@ -3,7 +3,8 @@
 :func:`net_runs`: ``anpred test net.onnx`` twice into one history database, on ort, openvino and
 onnx-reference: first a CNN whose Softplus sees inputs around 0 (every backend consistent), then the
 same graph with the Softplus inputs around -15, where OpenVINO 2026.4.1's CPU Softplus is wrong
-(docs/oracle.md), with the drill-down (culprit: the node ``softplus``). Both files are named
+(docs/oracle.md), with the drill-down (culprit: the node ``softplus``) and its Model Explorer export
+(``--model-explorer``: ``out/model-explorer/``). Both files are named
 ``net.onnx`` and take the same seeded inputs, so the history holds one model ``net`` whose openvino
 verdict changes from ok to FLAGGED: a real regression.
 """
@@ -61,7 +62,7 @@ def net_runs(root: Path) -> dict[str, Path]:
         root = Path(root)
         db = root / "history.sqlite"
         out = {"db": db}
-        for key, bias, rc_want, extra in (("good", 0.0, 0, []), ("bad", -15.0, 1, ["--drill"])):
+        for key, bias, rc_want, extra in (("good", 0.0, 0, []), ("bad", -15.0, 1, ["--drill", "--model-explorer"])):
             (root / key).mkdir(parents=True)
             model = net_onnx(root / key / "net.onnx", bias)
             so, se = io.StringIO(), io.StringIO()

@@ -39,6 +39,9 @@ def test_export_loads_in_model_explorer_and_names_the_culprit(exported):
     runs, out = exported
     index = json.loads((out / "index.json").read_text())
     assert index["culprits"] == {"openvino": "softplus"} and index["annotated"]
+    # anpred test --model-explorer wrote the same export into its report folder
+    from_test = json.loads((runs["bad"] / "model-explorer" / "index.json").read_text())
+    assert from_test["culprits"] == index["culprits"] and from_test["files"] == index["files"]
     graphs = ONNXAdapter().convert(index["model"], {})["graphs"]
     main = next(g for g in graphs if g.id == index["graph"])
     ids = {n.id for n in main.nodes}
