@@ -11,6 +11,15 @@ the empty table when appended to). :func:`task_regressions` compares two runs' t
 given only against the previous run on the same inputs (other inputs: ``inputs!=``). A report with
 status ``error`` is not appended (``anpred check`` says so). Schema 2 added the input columns; a
 schema-1 database is migrated when appended to and read as is (inputs unknown).
+
+Schema 3 (the dashboard, ``anpred dashboard``, docs/dashboard.md) adds ``runs.report`` (the HTML
+report's path, where the writer knew it), ``verdicts.culprit`` / ``culprit_op`` (the operator the
+drill-down named), and three tables: ``campaigns`` (one row per campaign output folder: name, file,
+version axes, counts), ``campaign_runs`` (per campaign configuration: label, backend set, input set,
+versions, its position in the campaign, state, report, and its run once judged) and ``bisections``
+(each ``anpred campaign --bisect`` result: package, model label, backend, ``first_bad``,
+``last_good``, origin stage and culprit). An older database is migrated (columns added, tables
+created) when written to, and read as is (the new columns read as unknown).
 """
 
 from __future__ import annotations
@@ -23,17 +32,18 @@ from typing import Any
 
 from anpred.errors import AnpredError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS runs (
   id INTEGER PRIMARY KEY AUTOINCREMENT, created TEXT, run_dir TEXT, model TEXT, model_sha256 TEXT,
-  machine TEXT, cpu TEXT, status TEXT, oracle TEXT, samples INTEGER, inputs TEXT, inputs_sha256 TEXT);
+  machine TEXT, cpu TEXT, status TEXT, oracle TEXT, samples INTEGER, inputs TEXT, inputs_sha256 TEXT,
+  report TEXT);
 CREATE TABLE IF NOT EXISTS verdicts (
   run_id INTEGER REFERENCES runs(id), backend TEXT, family TEXT, precision TEXT, versions TEXT,
   flagged INTEGER, origin_anchor TEXT, origin_stage INTEGER, worst_anchor TEXT, worst_primary REAL,
-  propagation TEXT, threshold_passed INTEGER, threshold_max_abs REAL, status TEXT);
+  propagation TEXT, threshold_passed INTEGER, threshold_max_abs REAL, status TEXT, culprit TEXT, culprit_op TEXT);
 CREATE TABLE IF NOT EXISTS cells (
   run_id INTEGER REFERENCES runs(id), backend TEXT, anchor TEXT, stage INTEGER, primary_stat REAL,
   flagged INTEGER, stats TEXT);
@@ -41,6 +51,26 @@ CREATE INDEX IF NOT EXISTS verdicts_backend ON verdicts(backend);
 CREATE TABLE IF NOT EXISTS tasks (
   run_id INTEGER REFERENCES runs(id), backend TEXT, task TEXT, metric TEXT, value REAL);
 """
+
+# schema 3: campaigns, their configurations and bisections (created on every write connection, so an
+# older database gains them when appended to)
+_DDL3 = """
+CREATE TABLE IF NOT EXISTS campaigns (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT, folder TEXT, file TEXT, updated TEXT, axes TEXT,
+  configurations INTEGER, complete INTEGER, failed INTEGER, UNIQUE (name, folder));
+CREATE TABLE IF NOT EXISTS campaign_runs (
+  campaign_id INTEGER REFERENCES campaigns(id), config_id TEXT, position INTEGER, label TEXT, backend_set TEXT,
+  inputs TEXT, versions TEXT, state TEXT, reason TEXT, report TEXT, run_id INTEGER REFERENCES runs(id),
+  UNIQUE (campaign_id, config_id));
+CREATE TABLE IF NOT EXISTS bisections (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, created TEXT, campaign TEXT, folder TEXT, package TEXT, model TEXT,
+  backend TEXT, good TEXT, bad TEXT, first_bad TEXT, last_good TEXT, standing_good TEXT, standing_first_bad TEXT,
+  origin_stage INTEGER, origin_anchor TEXT, culprit TEXT, culprit_op TEXT, report TEXT, probes TEXT);
+"""
+
+#: columns added by a schema migration: (table, column, type), applied when missing
+_ADDED = (("runs", "inputs", "TEXT"), ("runs", "inputs_sha256", "TEXT"), ("verdicts", "status", "TEXT"),
+          ("runs", "report", "TEXT"), ("verdicts", "culprit", "TEXT"), ("verdicts", "culprit_op", "TEXT"))
 
 #: task metrics where higher is better (a drop is a regression); ``truth.*`` are against the labels
 HIGHER_IS_BETTER = ("kept_fraction", "precision", "recall", "f1", "map50_vs_consensus", "top1_agreement",
@@ -68,20 +98,53 @@ def _connect(db: str | Path, create: bool) -> sqlite3.Connection:
         if create:
             con.executescript(_DDL)
             con.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            if con.execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0] == str(SCHEMA_VERSION):
+                con.executescript(_DDL3)
         ver = con.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-        if create and ver is not None and ver[0] == "1":  # schema 1 -> 2: input set identity
-            with con:
-                con.execute("ALTER TABLE runs ADD COLUMN inputs TEXT")
-                con.execute("ALTER TABLE runs ADD COLUMN inputs_sha256 TEXT")
-                con.execute("ALTER TABLE verdicts ADD COLUMN status TEXT")
-                con.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
+        if create and ver is not None and ver[0] in ("1", "2"):
+            _migrate(con)
             ver = (str(SCHEMA_VERSION),)
     except sqlite3.DatabaseError as err:
         raise AnpredError(f"{p} is not an anpred history database: {err}") from err
-    if ver is None or ver[0] not in ("1", str(SCHEMA_VERSION)):
+    if ver is None or ver[0] not in ("1", "2", str(SCHEMA_VERSION)):
         con.close()
         raise AnpredError(f"{p}: history schema {ver[0] if ver else None!r} (expected {SCHEMA_VERSION})")
     return con
+
+
+def _migrate(con: sqlite3.Connection) -> None:
+    """Schema 1 or 2 -> 3, in one transaction: the missing columns of :data:`_ADDED` (1 -> 2: the
+    input set identity; 2 -> 3: the report path and the culprit), then the schema-3 tables."""
+    with con:
+        for table, col, typ in _ADDED:
+            if col not in columns(con, table):
+                con.execute(f"ALTER TABLE {table} ADD COLUMN {col} {typ}")
+        con.executescript(_DDL3)
+        con.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
+
+
+def columns(con: sqlite3.Connection, table: str) -> set[str]:
+    """The column names of ``table`` (empty when the table does not exist)."""
+    return {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+
+
+def create(db: str | Path) -> None:
+    """Create the history ``db`` with the current schema (an existing one is migrated to it).
+
+    Raises:
+        AnpredError: ``db``'s folder does not exist, or ``db`` is not an anpred history database.
+    """
+    _connect(db, create=True).close()
+
+
+def open_history(db: str | Path) -> sqlite3.Connection:
+    """A connection to the existing history ``db`` for reading, any schema 1 to 3 (not migrated: a
+    column an older schema lacks is missing, :func:`columns` tells).
+
+    Raises:
+        AnpredError: ``db`` does not exist or is not an anpred history database.
+    """
+    return _connect(db, create=False)
 
 
 def _origin(v):
@@ -103,9 +166,10 @@ def _num(v):
     return None if v is None or (isinstance(v, float) and v != v) else float(v) if isinstance(v, (int, float)) else None
 
 
-def append(db: str | Path, report) -> int:
+def append(db: str | Path, report, report_html: str | Path | None = None) -> int:
     """Append one check report (a :class:`anpred.judge.CheckReport`) to ``db`` (created when missing);
-    returns the new run id. One transaction: either all rows are written or none.
+    returns the new run id. One transaction: either all rows are written or none. ``report_html``:
+    where its HTML report was written (absolute path stored; the dashboard links it), when known.
 
     Raises:
         AnpredError: ``db`` is not an anpred history database or cannot be written.
@@ -117,24 +181,26 @@ def append(db: str | Path, report) -> int:
             inputs = getattr(report, "inputs", {}) or {}
             cur = con.execute(
                 "INSERT INTO runs (created, run_dir, model, model_sha256, machine, cpu, status, oracle, samples, "
-                "inputs, inputs_sha256) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                "inputs, inputs_sha256, report) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (report.created, report.run_dir, name, sha, json.dumps(report.machine), report.machine.get("cpu", ""),
                  report.status, report.oracle, report.samples, json.dumps(inputs.get("description", {})),
-                 inputs.get("sha256")))
+                 inputs.get("sha256"), str(Path(report_html).absolute()) if report_html else None))
             rid = cur.lastrowid
             for b, info in report.backends.items():
                 v = report.verdicts.get(b)
                 t = report.threshold.get(b)
+                culprit = (getattr(v, "culprit", None) or {}) if v is not None else {}
                 con.execute(
                     "INSERT INTO verdicts (run_id, backend, family, precision, versions, flagged, origin_anchor, "
                     "origin_stage, worst_anchor, worst_primary, propagation, threshold_passed, threshold_max_abs, "
-                    "status) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    "status, culprit, culprit_op) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (rid, b, info.get("family"), info.get("precision"), json.dumps(info.get("versions", {})),
                      None if v is None else int(v.any_flagged), _origin(v).origin_anchor if v else None,
                      _origin(v).origin_stage if v else None, v.worst_anchor if v else None,
                      _num(v.worst_primary) if v else None, v.propagation if v else None,
                      None if t is None else int(t.passed), _num(t.max_abs) if t else None,
-                     _status(v) if v else ("unjudged" if b in report.unjudged_backends else None)))
+                     _status(v) if v else ("unjudged" if b in report.unjudged_backends else None),
+                     culprit.get("node"), culprit.get("op_type")))
             task = getattr(report, "task", None) or {}
             tname = (task.get("task") or {}).get("task")
             rows = []
@@ -378,3 +444,93 @@ def plot_trend(rows: list[TrendRow], path: str | Path, task_rows: list[TaskRow] 
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
     atomic_write_bytes(Path(path), buf.getvalue())
+
+
+@dataclass
+class CampaignConfig:
+    """One configuration of a campaign, as :func:`record_campaign` stores it (``campaign_runs``).
+
+    position: its index in the campaign's order (the dashboard orders a campaign's runs by it: the
+        runtime versions of an axis in the campaign's order); state: ``complete`` | ``failed``;
+    reason: why it failed; report: its HTML report's path; run_dir: the run folder its report names
+        (the key of its row in ``runs``; None when it failed).
+    """
+
+    config_id: str
+    position: int
+    label: str
+    backend_set: str
+    inputs: str
+    versions: dict[str, str]
+    state: str
+    reason: str = ""
+    report: str | None = None
+    run_dir: str | None = None
+
+
+def record_campaign(db: str | Path, name: str, folder: str | Path, file: str,
+                    axes: list[dict[str, Any]], configs: list[CampaignConfig]) -> int:
+    """Record (insert or update) the campaign ``name`` written to ``folder`` and its configurations;
+    each complete configuration is tied to its run (``runs.run_dir == run_dir``, the latest such run).
+    ``axes``: ``[{"package", "versions", "backends"}]``. Returns the campaign's id.
+
+    Raises:
+        AnpredError: ``db`` cannot be written or is not an anpred history database.
+    """
+    import time
+
+    con = _connect(db, create=True)
+    try:
+        with con:
+            con.execute("INSERT INTO campaigns (name, folder, file, updated, axes, configurations, complete, failed) "
+                        "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (name, folder) DO UPDATE SET file = excluded.file, "
+                        "updated = excluded.updated, axes = excluded.axes, configurations = excluded.configurations, "
+                        "complete = excluded.complete, failed = excluded.failed",
+                        (name, str(Path(folder).absolute()), str(file), time.strftime("%Y-%m-%dT%H:%M:%S"),
+                         json.dumps(axes), len(configs), sum(c.state == "complete" for c in configs),
+                         sum(c.state != "complete" for c in configs)))
+            cid = con.execute("SELECT id FROM campaigns WHERE name = ? AND folder = ?",
+                              (name, str(Path(folder).absolute()))).fetchone()[0]
+            for c in configs:
+                run = None
+                if c.run_dir is not None:
+                    row = con.execute("SELECT max(id) FROM runs WHERE run_dir = ?", (str(c.run_dir),)).fetchone()
+                    run = row[0] if row else None
+                con.execute("INSERT OR REPLACE INTO campaign_runs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                            (cid, c.config_id, c.position, c.label, c.backend_set, c.inputs, json.dumps(c.versions),
+                             c.state, c.reason, str(Path(c.report).absolute()) if c.report else None, run))
+    except sqlite3.DatabaseError as err:
+        raise AnpredError(f"cannot write history {db}: {err}") from err
+    finally:
+        con.close()
+    return cid
+
+
+def record_bisection(db: str | Path, result: dict[str, Any], campaign: str, folder: str | Path) -> int:
+    """Record one version bisection (:func:`anpred.campaign.bisect.bisect_versions`'s result) of the
+    campaign named ``campaign`` whose probes went to ``folder``; returns its id.
+
+    Raises:
+        AnpredError: ``db`` cannot be written or is not an anpred history database.
+    """
+    import time
+
+    culprit = result.get("culprit") or {}
+    con = _connect(db, create=True)
+    try:
+        with con:
+            cur = con.execute(
+                "INSERT INTO bisections (created, campaign, folder, package, model, backend, good, bad, first_bad, "
+                "last_good, standing_good, standing_first_bad, origin_stage, origin_anchor, culprit, culprit_op, "
+                "report, probes) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (time.strftime("%Y-%m-%dT%H:%M:%S"), campaign, str(Path(folder).absolute()), result.get("package"),
+                 result.get("model"), result.get("backend"), (result.get("candidates") or [None])[0],
+                 (result.get("candidates") or [None])[-1], result.get("first_bad"), result.get("last_good"),
+                 result.get("standing_good"), result.get("standing_first_bad"), result.get("origin_stage"),
+                 result.get("origin_anchor"), culprit.get("node"), culprit.get("op_type"), result.get("report"),
+                 json.dumps(result.get("probes") or [])))
+            return cur.lastrowid
+    except sqlite3.DatabaseError as err:
+        raise AnpredError(f"cannot write history {db}: {err}") from err
+    finally:
+        con.close()

@@ -25,6 +25,8 @@ pipq() {
 pipq --upgrade pip
 pipq -r requirements.txt
 pipq --no-deps -r requirements-nodeps.txt
+# optional: Model Explorer, to open a report's --model-explorer export (tests/test_model_explorer.py)
+pipq -r requirements-explorer.txt
 pipq --no-deps -e .
 # three ONNX Runtime releases around a real regression (AveragePool with count_include_pad=1 and
 # padding at the end only: wrong in 1.21.0 to 1.24.4), as wheels: the campaign's version-bisection

@@ -1,12 +1,16 @@
 """The campaign summary: ``OUT/campaign.json`` (every configuration's record, the version changes,
 Ray's resources, timings), ``OUT/summary.txt`` (the table :func:`format_table` prints) and
-``OUT/index.html`` (models x backends per backend set, input set and runtime version: verdict,
-origin stage, task impact, culprit operator, linked to each configuration's report; then per
-runtime version what changed)."""
+``OUT/index.html``: the dashboard's page (:mod:`anpred.dashboard`, the same design as ``anpred
+dashboard``) over the campaign's runs in its history database: models x backends, each cell the
+latest configuration's verdict (origin stage, culprit operator) with its trend over the campaign's
+configurations (the runtime versions of a version axis in the campaign's order), the changes marked
+and every cell linked to its report; above the grid the campaign's configurations (state, standing,
+failures with their reason) and, per runtime version, what changed. The campaign and its
+configurations are recorded in the history (:func:`anpred.history.record_campaign`), so ``anpred
+dashboard`` over several campaigns' histories shows the same."""
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 from typing import Any
 
@@ -98,50 +102,56 @@ def write_summary(campaign, result, db: Path) -> dict[str, Any]:
             f"  {c['model']} / {c['backend_set']} / {c['inputs']}: {c['package']} {c['from']} -> {c['to']}: "
             f"{c['backend']} {c['before']} -> {c['after']}" for c in changes)
     atomic_write_text(out / "summary.txt", text + "\n")
-    atomic_write_text(out / "index.html", _html(campaign, result, changes))
+    _index(campaign, result, db, changes)
     return summary
 
 
-def _html(campaign, result, changes) -> str:
-    e = html.escape
-    parts = [f"<!doctype html><meta charset=utf-8><title>campaign {e(campaign.name)}</title>",
-             "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:1em 0}"
-             "td,th{border:1px solid #ccc;padding:.25em .5em;font-size:90%}.f{background:#fdd}.x{background:#eee}"
-             ".ok{background:#efe}</style>",
-             f"<h1>Campaign {e(campaign.name)}</h1>",
-             f"<p>{len(result.records)} of {len(campaign.configurations)} configurations recorded; "
-             f"{sum(r.get('state') == 'complete' for r in result.records)} complete, {len(result.failed)} failed; "
-             f"{len(result.ran)} run now, {len(result.skipped)} found complete; {result.seconds:.0f} s.</p>"]
-    backends: list[str] = []
-    for r in result.records:
-        backends += [b for b in r.get("backends", {}) if b not in backends]
-    parts.append("<h2>Models &times; backends</h2><table><tr><th>configuration</th>" +
-                 "".join(f"<th>{e(b)}</th>" for b in backends) + "</tr>")
-    for r in result.records:
-        link = Path("configs") / r["id"] / "report.html" if r.get("state") == "complete" else None
-        name = e(_config_name(r))
-        head = f"<a href='{e(str(link))}'>{name}</a>" if link else name
-        if r.get("state") != "complete":
-            parts.append(f"<tr><td>{head}</td><td class=x colspan={len(backends)}>FAILED ({e(str(r.get('step')))}): "
-                         f"{e(str(r.get('reason', '')))}</td></tr>")
+def _configs(campaign, result) -> list:
+    """The campaign's configurations as the history records them (:class:`anpred.history.CampaignConfig`),
+    in the campaign's order; a complete one names its run folder (from its ``report.json``)."""
+    import json
+
+    from anpred.history import CampaignConfig
+
+    recs = {r["id"]: r for r in result.records}
+    out = []
+    for pos, c in enumerate(campaign.configurations):
+        r = recs.get(c.id)
+        if r is None:
             continue
-        cells = []
-        for b in backends:
-            row = r["backends"].get(b)
-            cls = "x" if row is None else "f" if row.get("flagged") or row.get("run") != "ok" else "ok"
-            cells.append(f"<td class={cls}>{e(cell_text(row))}</td>")
-        parts.append(f"<tr><td>{head}</td>{''.join(cells)}</tr>")
-    parts.append("</table>")
-    if campaign.axes:
-        parts.append("<h2>Per runtime version: what changed</h2>")
-        if changes:
-            parts.append("<table><tr><th>model / set / inputs</th><th>package</th><th>from</th><th>to</th>"
-                         "<th>backend</th><th>before</th><th>after</th></tr>")
-            for c in changes:
-                parts.append("<tr>" + "".join(f"<td>{e(str(x))}</td>" for x in (
-                    f"{c['model']} / {c['backend_set']} / {c['inputs']}", c["package"], c["from"], c["to"],
-                    c["backend"], c["before"], c["after"])) + "</tr>")
-            parts.append("</table>")
-        else:
-            parts.append("<p>No backend's standing changed between consecutive versions.</p>")
-    return "\n".join(parts)
+        run_dir = None
+        if r.get("state") == "complete":
+            try:
+                run_dir = json.loads((Path(r["folder"]) / "report.json").read_text()).get("run_dir")
+            except (OSError, ValueError):
+                run_dir = None
+        out.append(CampaignConfig(config_id=c.id, position=pos, label=c.label, backend_set=c.backend_set,
+                                  inputs=c.inputs_name, versions=dict(c.versions), state=r.get("state", "failed"),
+                                  reason=f"{r.get('step')}: {r.get('reason', '')}" if r.get("state") != "complete" else "",
+                                  report=r.get("report_html") if r.get("state") == "complete" else None,
+                                  run_dir=run_dir))
+    return out
+
+
+def _index(campaign, result, db: Path, changes) -> None:
+    """``OUT/index.html``: the campaign recorded in its history, then the dashboard's page over its
+    runs (module docstring)."""
+    from anpred.dashboard import SiteOptions, collect, write_site
+    from anpred.history import record_campaign
+
+    out = Path(result.out)
+    axes = [{"package": a.package, "versions": list(a.versions), "backends": list(a.backends)} for a in campaign.axes]
+    record_campaign(db, campaign.name, out, str(campaign.path), axes, _configs(campaign, result))
+    configs = []
+    for r in result.records:
+        ok = r.get("state") == "complete"
+        standing = "; ".join(f"{b} {cell_text(row)}" for b, row in r.get("backends", {}).items()) if ok else ""
+        configs.append({"name": _config_name(r), "state": r.get("state", "failed"), "standing": standing,
+                        "step": r.get("step"), "reason": r.get("reason", ""),
+                        "report": r.get("report_html") if ok else None})
+    counts = (f"{len(result.records)} of {len(campaign.configurations)} configurations recorded; "
+              f"{sum(r.get('state') == 'complete' for r in result.records)} complete, {len(result.failed)} failed; "
+              f"{len(result.ran)} run now, {len(result.skipped)} found complete; {result.seconds:.0f} s; history {db}")
+    view = {"name": campaign.name, "counts": counts, "configs": configs, "changes": changes, "axes": axes}
+    hist = collect([db], campaign=campaign.name, campaign_folder=out)
+    write_site(hist, out, SiteOptions(title=f"Campaign {campaign.name}", campaign=view))

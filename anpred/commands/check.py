@@ -54,11 +54,14 @@ def add_arguments(parser):
     parser.add_argument("--labels", default=None, metavar="FILE",
                         help="ground truth: class indices (.json list or mapping, .txt, or 'folders') or COCO JSON "
                         "(detect); reports each backend's accuracy and its delta to the consensus")
+    parser.add_argument("--model-explorer", metavar="DIR", default=None,
+                        help="export per-node data for Model Explorer (and Netron metadata) into DIR (docs/dashboard.md)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
 
 
 def main(args) -> int:
     import sys
+    from pathlib import Path
 
     from anpred.judge import check_run
     from anpred.report import format_text, write_html, write_json
@@ -87,10 +90,14 @@ def main(args) -> int:
         write_json(rep, args.json)
     if args.report:
         write_html(rep, args.report)
+    if args.model_explorer and rep.status != "error":
+        from anpred.report.model_explorer import export_model_explorer
+
+        export_model_explorer(rep, Path(args.run_dir) / "model.onnx", args.model_explorer)
     if args.history and rep.status != "error":
         from anpred.history import append
 
-        append(args.history, rep)
+        append(args.history, rep, report_html=args.report)
     elif args.history:
         print(f"anpred: history: {args.history} not appended: the run could not be judged (status error)",
               file=sys.stderr)

@@ -94,6 +94,9 @@ def add_arguments(parser):
     parser.add_argument("--resume", action="store_true",
                         help="with --stream: continue the interrupted streamed run of the same command from its "
                         "checkpoint (.<out name>.stream beside -o), skipping the samples it had judged")
+    parser.add_argument("--model-explorer", action="store_true",
+                        help="export per-node data for Model Explorer (and Netron metadata) into OUT/model-explorer "
+                        "(docs/dashboard.md)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 
@@ -147,4 +150,9 @@ def main(args) -> int:
     print(res.format_text())
     print("\nwhere each backend stands:")
     print(format_standing([res]))
+    if args.model_explorer and res.report.status != "error":
+        from anpred.report.model_explorer import export_model_explorer
+
+        me = export_model_explorer(res.report, res.anchored, res.out / "model-explorer")
+        print(f"\nModel Explorer: {me['command']}")
     return res.exit_code
