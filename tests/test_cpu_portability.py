@@ -173,8 +173,14 @@ def test_backend_computing_another_precision_is_judged_and_reported_as_computed(
             stage = next(a.stage for a in man.anchors if a.name == c.anchor)
             assert c.floor == pytest.approx(OracleConfig().floor_at("fp32", stage))  # not bf16's 0.3
             assert c.primary < c.floor
+    # the reason is given where the run's machine record shows a CPU without bf16 instructions (the
+    # note's cause then), and left out where the CPU has them (fp32 was computed for another reason)
+    machine = RunStore.open(tmp_path / "run").meta["machine"]
+    why = " (this CPU has no bf16 instructions: neither avx512_bf16 nor amx_bf16)" if (
+        machine["kernels"]["bf16"] == "none") else ""
+    assert machine["kernels"] == kernel_isa(machine["cpu_flags"])
     assert [n for n in rep.notes if n.startswith("precision: ")] == [
-        "precision: openvino-bf16 was asked for bf16 but computed in fp32; judged as fp32"]
+        f"precision: openvino-bf16 was asked for bf16 but computed in fp32{why}; judged as fp32"]
     # the reference backends were asked for what they computed: no note, no asterisk
     assert rep.verdicts["openvino"].precision_requested == "" and rep.verdicts["openvino"].votes
     text = format_text(rep)
