@@ -303,6 +303,7 @@ def yolo_run(tmp_path_factory):
                      str(run_models.ultralytics_assets()), out, timeout_s=300, progress=False)
 
 
+@pytest.mark.kernels
 @pytest.mark.slow  # YOLOv8n compiled by TVM (~30 s cold)
 def test_yolo_zoo_320_every_anchor_agrees_with_ort(yolo_run):
     man = yolo_run.manifest
@@ -339,6 +340,7 @@ def test_yolo_tvm_library_is_cached_single_threaded_and_portable(yolo_run, tmp_p
     assert b.versions()["tvm_llvm_cpu"] == "generic"
 
 
+@pytest.mark.kernels
 def test_mnn_unrolls_the_recurrent_variants_its_converter_lacks(tmp_path):
     """models.opclass's recurrent network (peepholes, clip, input_forget, other activations): MNN's
     converter refuses some LSTM variants ("These Op Not Support: ONNX::LSTM"); the backend converts the

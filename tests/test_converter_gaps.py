@@ -39,6 +39,18 @@ from onnx import TensorProto, helper, numpy_helper
 
 from anpred.errors import BackendError
 
+# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
+DEFECT_BOUND = (
+    "the bound separates a real defect or fault (errors of 1e-2 and more) from fp32 rounding: no ISA's "
+    "rounding comes near it")
+FP32_BOUND = (
+    "fp32 against fp32 (or an eager fp32 model), bounded relative to the tensor's scale (nRMSE, or max "
+    "error over max |reference|) well above the fp32 noise measured here; an ISA changes only the order "
+    "of float32 sums and the use of FMA, i.e. that noise by ULPs")
+FLOAT64_BOUND = (
+    "float64 throughout: bounds of 1e-12 and below against float64's 2.2e-16, whatever the summation "
+    "order")
+
 EPS32 = float(np.finfo(np.float32).eps)
 RTOL = 64 * EPS32
 
@@ -156,6 +168,7 @@ def test_split_multi_axis_slices_keeps_the_values():
     assert "reshape_0" in renamed and all(not set(n.name) & set("@:") for n in m.graph.node)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("name", ["tf", "litert"])
 def test_slice_net_on_onnx2tf(name, tmp_path):
     """tf and litert (one onnx2tf conversion, cached) on every anchor of :func:`slice_net`. Before the
@@ -210,6 +223,7 @@ def _mnn_raw(model, feeds, tmp: Path) -> np.ndarray:
     return np.array(out.read(), copy=True)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("op,rank", [("Add", 3), ("Div", 3), ("Add", 4)])
 def test_mnn_defect_one_element_constant_first(op, rank, tmp_path):
     """The MNN 3.6.1 defect, on MNN alone: scrambled values (off by more than 1 where |y| < 110). If this
@@ -261,6 +275,7 @@ def _fp32_bound(model, op: str, feeds) -> np.ndarray:
     return (err + 2 * u * y).reshape(got["y"].shape)
 
 
+@pytest.mark.kernels
 def test_mnn_backend_one_element_constants(tmp_path):
     """The mnn backend on every anchor of a GELU(tanh) block like magika's after a conv, its constants of
     shape [1, 1, 1] first: before the rewrite its output was off by up to 53.7 on magika."""
@@ -324,6 +339,7 @@ def test_onnx_reference_global_max_pool_shapes():
         assert got == want
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_onnx_reference_batchnorm_momentum():
     """onnx 1.23.2's BatchNormalization-9 with ``momentum`` mixes the input's batch statistics into the
     mean/variance (found on ppocr-cls: 0.10 nRMSE from ONNX Runtime at its first BatchNormalization).
@@ -389,6 +405,7 @@ def test_reference_backend_names_the_defect(tmp_path):
     assert b4.defects == {}
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 @pytest.mark.parametrize("workarounds", [False, True])
 def test_report_says_which_known_reference_defect_explains_a_flag(tmp_path, workarounds):
     """conv -> BatchNormalization(momentum, opset 11) -> relu run on ort, openvino and onnx-reference.
@@ -426,6 +443,7 @@ def test_report_says_which_known_reference_defect_explains_a_flag(tmp_path, work
 
 
 # ---- magika end to end ----------------------------------------------------------------------------
+@pytest.mark.kernels
 @pytest.mark.slow  # magika through onnx2tf, LiteRT and MNN (~30 s cold)
 def test_magika_on_the_fixed_backends(tmp_path):
     """magika (anchored, one real sample) through tf, litert and mnn against ONNX Runtime: every anchor
@@ -483,6 +501,7 @@ def _two_grus(path: Path) -> Path:
     return path
 
 
+@pytest.mark.kernels
 def test_openvino_two_recurrent_layers_on_one_tensor(tmp_path):
     """Found by the coverage matrix on opclass:recurrent (openvino flagged with its fp16/int8 members),
     confirmed against the float64 execution: OpenVINO 2026.4's CPU plugin computes the first of two
@@ -512,6 +531,7 @@ def test_openvino_two_recurrent_layers_on_one_tensor(tmp_path):
     assert bad and all("gru0" in a for a in bad), bad
 
 
+@pytest.mark.isa_independent(FLOAT64_BOUND)
 def test_float64_basis_works_around_the_evaluator_defects(tmp_path):
     """onnx-reference-fp64 (the oracle's float64 basis) runs the same evaluator: conv -> BatchNormalization
     (opset 11, no momentum attribute: the schema's 0.9 applies) -> GlobalMaxPool of a rank-3 tensor ->

@@ -20,6 +20,11 @@ import pytest
 from anpred.machine import RELEVANT_FLAGS, cpu_flags, int16_saturation_possible, kernel_isa, machine_info
 from anpred.judge import BackendInfo
 
+# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
+EMULATES_ITSELF = (
+    "runs its own process under the emulated EPYC-Rome (qemu-x86_64): the same expectation on every host, "
+    "and it cannot run nested inside the emulated run")
+
 TESTS = Path(__file__).parent
 AVX2_ONLY = ["sse4_2", "avx", "avx2", "fma", "f16c"]
 # tests/emulated_cpu.py's saturation probe on kernels that sum u8*s8 pairs in saturating int16: 32 pairs
@@ -28,6 +33,7 @@ AVX2_ONLY = ["sse4_2", "avx", "avx2", "fma", "f16c"]
 SATURATED = round(32 * 32767 / (255 * 127) / (64 / 255)) * 64 / 255
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("flags, u8s8, bf16, fp16", [
     (AVX2_ONLY, "avx2", "none", "storage"),
     (AVX2_ONLY + ["avx_vnni"], "avx-vnni", "none", "storage"),
@@ -43,6 +49,7 @@ def test_kernel_isa_from_flags(flags, u8s8, bf16, fp16):
     assert int16_saturation_possible(flags) == (u8s8 in ("avx512-core", "avx2", "sse"))
 
 
+@pytest.mark.kernels
 def test_machine_flags_are_what_this_process_can_execute():
     """The recorded flags follow cpuid as executed here (numpy's dispatcher table), not /proc/cpuinfo."""
     feats = np.__dict__.get("_core")._multiarray_umath.__cpu_features__
@@ -59,6 +66,7 @@ def test_machine_flags_are_what_this_process_can_execute():
     assert mi["cpu_flags"] == flags and mi["kernels"] == kernel_isa(flags)
 
 
+@pytest.mark.kernels
 def test_oracle_judges_the_precision_computed_not_the_one_asked():
     """openvino-bf16 compiled to fp32 is judged with fp32's floor; it still does not vote (a variant)."""
     asked_bf16_got_fp32 = BackendInfo.make("openvino-bf16", "openvino", "fp32", requested="bf16")
@@ -80,6 +88,7 @@ def _run_emulated(tmp_path, emulate: bool) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.kernels
 def test_native_cpu_recorded_and_judged(tmp_path):
     """On this machine: what OpenVINO compiled a bf16 hint to and the u8s8 kernel family follow the CPU."""
     got = _run_emulated(tmp_path, emulate=False)
@@ -108,6 +117,7 @@ def _qemu_version() -> tuple[int, ...]:
         return ()
 
 
+@pytest.mark.isa_independent(EMULATES_ITSELF)
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or sys.platform != "linux",
                     reason="emulates an x86-64 CPU in user mode: needs an x86-64 Linux host")
 @pytest.mark.skipif(_qemu_version() < (7, 2),
@@ -130,6 +140,7 @@ def test_emulated_cpu_without_avx512_vnni_bf16(tmp_path):
     assert got["saturation"]["fakequant"] == pytest.approx(64.0)
 
 
+@pytest.mark.kernels
 def test_backend_computing_another_precision_is_judged_and_reported_as_computed(tmp_path):
     """The whole path on any CPU: a run record in which ``openvino-bf16`` was asked for bf16 and computed
     in fp32 (what OpenVINO does on a CPU without bf16 instructions: here OpenVINO's f32 plugin itself

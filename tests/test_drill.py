@@ -20,6 +20,15 @@ from anpred.instrument import instrument_model
 from anpred.judge import check_run
 from tests.test_check import _inputs, avgpool_cnn, make_run, plain_cnn, softplus_cnn
 
+# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
+DEFECT_BOUND = (
+    "the bound separates a real defect or fault (errors of 1e-2 and more) from fp32 rounding: no ISA's "
+    "rounding comes near it")
+FP32_BOUND = (
+    "fp32 against fp32 (or an eager fp32 model), bounded relative to the tensor's scale (nRMSE, or max "
+    "error over max |reference|) well above the fp32 noise measured here; an ISA changes only the order "
+    "of float32 sums and the use of FMA, i.e. that noise by ULPs")
+
 BACKENDS = ["ort", "openvino", "torch", "onnx-reference"]
 
 
@@ -48,6 +57,7 @@ def _rerun_repro(repro: Path, tmp: Path):
     return check_run(store.root)
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_softplus_culprit_in_a_coarse_stage(softplus_drill, tmp_path):
     run, rep, res, man = softplus_drill
     assert rep.flagged_backends == ["openvino"]
@@ -125,6 +135,7 @@ def test_bisection_with_few_exposed_tensors(softplus_drill, tmp_path):
     assert all(p["exposed"] <= 2 for p in c["path"])
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_clean_run_has_no_culprit_and_local_error_at_noise(tmp_path):
     am, man = _coarse(plain_cnn, 3)
     run = make_run(tmp_path, am, man, _inputs([1, 3, 32, 32], 4, 2), backends=BACKENDS)

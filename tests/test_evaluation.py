@@ -17,6 +17,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the evaluation package
 import evaluation as ev  # noqa: E402
 
+# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
+DEFECT_BOUND = (
+    "the bound separates a real defect or fault (errors of 1e-2 and more) from fp32 rounding: no ISA's "
+    "rounding comes near it")
+
 KINDS = (("round", 8.0), ("approx-sigmoid", 1.0))  # bfloat16 rounding; the fast sigmoid in place of Sigmoid
 STAGES = (1, 3)
 
@@ -51,6 +56,7 @@ def test_clean_backends_ran_and_are_not_flagged(reduced):
     assert all(d["n_ref"] > 0 for d in clean.detections.values())
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 @pytest.mark.slow  # the reduced evaluation (clean YOLOv8n run on 9 backends + fault configurations)
 def test_ground_truth_recovered(reduced):
     _, _, _, faulty, _ = reduced

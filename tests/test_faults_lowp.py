@@ -22,6 +22,9 @@ from onnx import numpy_helper as nh
 
 from passes.faults import FAULT_KINDS, LOWP_KINDS, FaultError, applicable_nodes, inject_fault, node_stages
 
+# every test here touches a runtime's kernel arithmetic (tests/test_kernel_markers.py)
+pytestmark = pytest.mark.kernels
+
 
 def _convnet():
     rng = np.random.default_rng(0)

@@ -27,6 +27,9 @@ from onnx import TensorProto as TP
 
 from anpred.errors import BackendError
 
+# every test here touches a runtime's kernel arithmetic (tests/test_kernel_markers.py)
+pytestmark = pytest.mark.kernels
+
 INT8 = ["ort-int8", "ort-int8-noopt", "openvino-int8", "onnx-reference-int8"]
 FP16 = ["ort-fp16", "ort-fp16-noopt", "openvino-fp16", "onnx-reference-fp16", "torch-fp16"]
 INT8_STEPS_TO_FP32 = 8.0
