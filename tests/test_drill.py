@@ -216,6 +216,7 @@ def test_culprit_inside_an_if_body(tmp_path):
     assert [n.op_type for n in onnx.load(Path(c["repro"]) / "model.onnx").graph.node] == ["Softplus"]
 
 
+@pytest.mark.slow
 def test_anpred_test_drill_writes_repro_in_the_report_folder(tmp_path):
     """``anpred test MODEL --drill``: the drill runs in the partial folder; the culprit and its repro
     are named at their final place and the repro folder is there."""
