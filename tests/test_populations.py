@@ -432,7 +432,7 @@ def test_population_run_through_the_driver(net, tmp_path):
 
     path, man, cal, _ = net
     names = ["ort", "ort-int8", "openvino-int8", "onnx-reference-int8", "ort-fp16-noopt", "openvino-fp16"]
-    store = run_model(path, names, "random:uniform:seed=3:n=2", tmp_path / "run", timeout_s=120, progress=False)
+    store = run_model(path, names, "random:uniform:seed=3:n=2", tmp_path / "run", timeout_s=600, progress=False)
     st = store.statuses()
     for n in names:
         assert st[n].status == "ok" and st[n].anchors_captured == len(man.anchors), (n, st[n].reason)
