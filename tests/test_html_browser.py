@@ -53,7 +53,7 @@ class _Dom(HTMLParser):
 def _chromium(args, tmp_path):
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
            f"--user-data-dir={tmp_path / 'profile'}", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
 
 
 @pytest.fixture(scope="module")

@@ -144,11 +144,11 @@ def test_history_task_regression_exits_1(digits, digits_run):
     before = digits_run[0].report.task["backends"]["ort"]["truth"]["top1"]
     after = res2.report.task["backends"]["ort"]["truth"]["top1"]
     assert before - after > 0.05, (before, after)
-    p = subprocess.run([sys.executable, "-m", "anpred", "history", str(db)], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "anpred", "history", str(db)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     assert f"REGRESSION digits ort truth.top1: {before:.4g} -> {after:.4g}" in p.stdout
     p = subprocess.run([sys.executable, "-m", "anpred", "history", str(db), "--margin", "1"], capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=600)
     assert p.returncode == 0 and "no task metric dropped by more than 1" in p.stdout
 
 
@@ -316,7 +316,7 @@ def test_classify_nan_output_agrees_with_nothing():
 
 def test_history_refuses_a_negative_margin(digits_run, digits):
     p = subprocess.run([sys.executable, "-m", "anpred", "history", str(digits[4] / "history.sqlite"), "--margin", "-1"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode == 2 and "--margin must be >= 0" in p.stderr
 
 
