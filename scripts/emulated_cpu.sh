@@ -63,6 +63,7 @@ PY
 
 try() {  # try QEMU: the wrapper made with it passes the check
   [ -n "$1" ] && [ -x "$1" ] || return 1
+  set -- "$(realpath "$1")"  # the workers start elsewhere: an absolute path in the wrapper
   write_wrapper "$1"
   if msg=$("$EMU" "$PROBE" "$NAME" 2>&1); then
     echo "emulated_cpu: $EMU ready: $("$1" --version | head -1), EPYC-Rome (AVX2, no AVX-512; checked in a process and its child)"

@@ -158,6 +158,7 @@ def test_reduced_precision_models_are_real_conversions(yolo_model, tmp_path):
     assert set(res) == set(man.names()) and all(v.dtype == np.float32 for v in res.values())
 
 
+@pytest.mark.slow  # ~13 s (PP-OCR's detector on seven ONNX-runtime backends)
 @pytest.mark.isa_independent(FP32_BOUND)
 def test_ppocr_det_from_rapidocr_wheel(tmp_path):
     model = run_models.anchored_ppocr_det()

@@ -232,6 +232,7 @@ def test_campaign_file_errors(tmp_path):
     assert again.configurations[0].id.split(".")[-1] != first.id.split(".")[-1]
 
 
+@pytest.mark.slow  # ~15 s (Ray and a copied ONNX Runtime)
 def test_version_axis_runs_the_backend_on_that_environment(tmp_path):
     """A [[versions]] entry with an existing environment folder (here a copy of the installed
     onnxruntime package): the ort worker imports onnxruntime from that folder (recorded in its

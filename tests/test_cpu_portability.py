@@ -117,6 +117,7 @@ def _qemu_version() -> tuple[int, ...]:
         return ()
 
 
+@pytest.mark.slow  # ~17 s; .ci/run's emulated run (-m kernels) covers this CPU on every submission
 @pytest.mark.isa_independent(EMULATES_ITSELF)
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or sys.platform != "linux",
                     reason="emulates an x86-64 CPU in user mode: needs an x86-64 Linux host")

@@ -384,6 +384,7 @@ def test_streamed_sampled_positions_equal_the_whole_run_at_those_positions(digit
             assert not any(k.endswith(GATHERED_SUFFIX) for k in keys) and sampled <= set(keys)
 
 
+@pytest.mark.slow  # ~17 s (a stream interrupted, its resume refused three ways, then completed)
 @pytest.mark.isa_independent(SAME_DATA)
 def test_interrupted_stream_resumes_to_the_uninterrupted_report(digits, tmp_path):
     """Ctrl-C after the second of six chunks: the checkpoint stays beside -o; ``--resume`` skips the samples
