@@ -21,14 +21,7 @@ from anpred.align import (AlignmentError, AlignmentReport, Aligner, apply_rule, 
 from anpred.backends.base import AnchorCapture, BackendStatus
 from anpred.manifest import Anchor, AnchorManifest
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-FP32_BOUND = (
-    "fp32 against fp32 (or an eager fp32 model), bounded relative to the tensor's scale (nRMSE, or max "
-    "error over max |reference|) well above the fp32 noise measured here; an ISA changes only the order "
-    "of float32 sums and the use of FMA, i.e. that noise by ULPs")
-DEFECT_BOUND = (
-    "the bound separates a real defect or fault (errors of 1e-2 and more) from fp32 rounding: no ISA's "
-    "rounding comes near it")
+from isa_reasons import DEFECT_BOUND, FP32_BOUND
 
 FP32_NOISE = 1e-5  # normalised error after alignment between two fp32 libraries
 

@@ -18,11 +18,7 @@ from anpred.inputs import InputSpec, ModelInput, check_sample  # noqa: E402
 from anpred.machine import kernel_isa  # noqa: E402
 from anpred.run import run_model  # noqa: E402
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-FP32_BOUND = (
-    "fp32 against fp32 (or an eager fp32 model), bounded relative to the tensor's scale (nRMSE, or max "
-    "error over max |reference|) well above the fp32 noise measured here; an ISA changes only the order "
-    "of float32 sums and the use of FMA, i.e. that noise by ULPs")
+from isa_reasons import FP32_BOUND
 
 ONNX_BACKENDS = ["ort", "ort-noopt", "openvino", "openvino-bf16", "onnx-reference", "ort-fp16", "ort-int8"]
 FP32 = ["ort-noopt", "openvino", "onnx-reference", "torch", "tf"]

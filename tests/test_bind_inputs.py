@@ -12,10 +12,7 @@ import pytest
 
 from anpred.errors import InputError
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-NOT_A_KERNEL_VALUE = (
-    "the bound is on data prepared in Python or on counts, pixels, memory or times, not on a value a "
-    "runtime's kernel computed")
+from isa_reasons import NOT_A_KERNEL_VALUE
 
 
 def _ort(model):

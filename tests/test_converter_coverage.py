@@ -36,10 +36,7 @@ from anpred.errors import BackendError
 from models.opclass import feeds as _feeds
 from models.opclass import RECURRENT_OUTPUTS, misc_net, recurrent_net, rnn_node, torch_recurrent_net
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-DEFECT_BOUND = (
-    "the bound separates a real defect or fault (errors of 1e-2 and more) from fp32 rounding: no ISA's "
-    "rounding comes near it")
+from isa_reasons import DEFECT_BOUND
 
 EPS32 = float(np.finfo(np.float32).eps)
 RTOL = 64 * EPS32

@@ -39,17 +39,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from anpred.errors import BackendError
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-DEFECT_BOUND = (
-    "the bound separates a real defect or fault (errors of 1e-2 and more) from fp32 rounding: no ISA's "
-    "rounding comes near it")
-FP32_BOUND = (
-    "fp32 against fp32 (or an eager fp32 model), bounded relative to the tensor's scale (nRMSE, or max "
-    "error over max |reference|) well above the fp32 noise measured here; an ISA changes only the order "
-    "of float32 sums and the use of FMA, i.e. that noise by ULPs")
-FLOAT64_BOUND = (
-    "float64 throughout: bounds of 1e-12 and below against float64's 2.2e-16, whatever the summation "
-    "order")
+from isa_reasons import DEFECT_BOUND, FLOAT64_BOUND, FP32_BOUND
 
 EPS32 = float(np.finfo(np.float32).eps)
 RTOL = 64 * EPS32

@@ -20,10 +20,7 @@ import pytest
 from anpred.machine import RELEVANT_FLAGS, cpu_flags, int16_saturation_possible, kernel_isa, machine_info
 from anpred.judge import BackendInfo
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-EMULATES_ITSELF = (
-    "runs its own process under the emulated EPYC-Rome (qemu-x86_64): the same expectation on every host, "
-    "and it cannot run nested inside the emulated run")
+from isa_reasons import EMULATES_ITSELF
 
 TESTS = Path(__file__).parent
 AVX2_ONLY = ["sse4_2", "avx", "avx2", "fma", "f16c"]

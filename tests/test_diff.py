@@ -22,14 +22,7 @@ import pytest
 from anpred.cache import cache_key, cached_dir
 from anpred.diff import GraphDiff, diff_files, diff_models
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-FP32_BOUND = (
-    "fp32 against fp32 (or an eager fp32 model), bounded relative to the tensor's scale (nRMSE, or max "
-    "error over max |reference|) well above the fp32 noise measured here; an ISA changes only the order "
-    "of float32 sums and the use of FMA, i.e. that noise by ULPs")
-SAME_DATA = (
-    "the values bounded are recomputed here from the same stored tensors (float64 statistics, the same "
-    "backend's own results): no kernel of another CPU enters")
+from isa_reasons import FP32_BOUND, SAME_DATA
 
 VERSIONS = {p: md.version(p) for p in ("torch", "onnx", "tensorflow-cpu", "tf2onnx", "ultralytics")}
 

@@ -22,11 +22,7 @@ per anchor) 6.39e-6 torch-native, 9.57e-6 tf; 17 s with the onnx2tf conversion c
 import numpy as np
 import pytest
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-FP32_BOUND = (
-    "fp32 against fp32 (or an eager fp32 model), bounded relative to the tensor's scale (nRMSE, or max "
-    "error over max |reference|) well above the fp32 noise measured here; an ISA changes only the order "
-    "of float32 sums and the use of FMA, i.e. that noise by ULPs")
+from isa_reasons import FP32_BOUND
 
 # the trained model at its static 1024x1024 through onnx2tf (about 90 s cold): behind the `slow` marker
 pytestmark = pytest.mark.slow

@@ -17,10 +17,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the evaluation package
 import evaluation as ev  # noqa: E402
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-DEFECT_BOUND = (
-    "the bound separates a real defect or fault (errors of 1e-2 and more) from fp32 rounding: no ISA's "
-    "rounding comes near it")
+from isa_reasons import DEFECT_BOUND
 
 KINDS = (("round", 8.0), ("approx-sigmoid", 1.0))  # bfloat16 rounding; the fast sigmoid in place of Sigmoid
 STAGES = (1, 3)

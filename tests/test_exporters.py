@@ -10,11 +10,7 @@ import pytest
 
 from exporters import ExportError, load_factory, read_origin
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-FP32_BOUND = (
-    "fp32 against fp32 (or an eager fp32 model), bounded relative to the tensor's scale (nRMSE, or max "
-    "error over max |reference|) well above the fp32 noise measured here; an ISA changes only the order "
-    "of float32 sums and the use of FMA, i.e. that noise by ULPs")
+from isa_reasons import FP32_BOUND
 
 
 def small_torch(seed: int = 0):

@@ -23,10 +23,7 @@ import pytest
 
 from anpred.errors import BackendError
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-FLOAT64_BOUND = (
-    "float64 throughout: bounds of 1e-12 and below against float64's 2.2e-16, whatever the summation "
-    "order")
+from isa_reasons import FLOAT64_BOUND
 
 FP16_BACKENDS = ["ort", "ort-noopt", "openvino", "onnx-reference", "torch", "tf"]
 

@@ -21,10 +21,7 @@ from anpred.instrument import default_manifest_path, instrument_file, instrument
 from anpred.manifest import AnchorManifest
 from anpred.naming import output_anchor_name
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-NOT_A_KERNEL_VALUE = (
-    "the bound is on data prepared in Python or on counts, pixels, memory or times, not on a value a "
-    "runtime's kernel computed")
+from isa_reasons import NOT_A_KERNEL_VALUE
 
 IMGSZ = 160
 

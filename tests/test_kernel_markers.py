@@ -9,7 +9,8 @@ asserts a numeric bound on what it computed must therefore say which kind it is:
   again under an emulated AMD EPYC-Rome (AVX2, F16C; no AVX-512, VNNI or bf16:
   ``scripts/emulated_cpu.sh``), and fails when one fails there;
 - ``@pytest.mark.isa_independent("reason")``: the bound holds on every x86-64 CPU, and the reason says
-  why (a runtime compared with itself, a bound on float64 arithmetic done here, ...).
+  why (a runtime compared with itself, a bound on float64 arithmetic done here, ...): a string, a
+  module constant, or one of ``tests/isa_reasons.py``'s shared reasons imported by name.
 
 Either can be given to a test, its class, or its whole module (``pytestmark``). What counts:
 
@@ -31,6 +32,7 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
+REASONS = TESTS / "isa_reasons.py"  # the reasons shared by many modules
 # libraries and project modules that run a runtime, a converter or a backend (or export a model with one)
 RUNTIME_MODULES = ("onnxruntime", "openvino", "torch", "tensorflow", "keras", "tvm", "MNN", "ncnn", "pnnx",
                    "ai_edge_litert", "tflite_runtime", "onnx2tf", "onnx2torch", "tf2onnx", "onnxconverter_common",
@@ -112,6 +114,13 @@ def _marks(decorators: list[ast.expr], strings: dict[str, str]) -> dict[str, str
     return out
 
 
+def _strings(tree: ast.Module) -> dict[str, str]:
+    """The module-level string constants of ``tree``: name -> value."""
+    return {t.id: stmt.value.value for stmt in tree.body if isinstance(stmt, ast.Assign)
+            and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+            for t in stmt.targets if isinstance(t, ast.Name)}
+
+
 def _is_fixture(fn: ast.FunctionDef) -> bool:
     for d in fn.decorator_list:
         target = d.func if isinstance(d, ast.Call) else d
@@ -137,9 +146,11 @@ def _parse(path: Path) -> _Module:
     tree = ast.parse(path.read_text(), str(path))
     m = _Module(runtime_names={n for stmt in tree.body if isinstance(stmt, (ast.Import, ast.ImportFrom))
                                for n in _runtime_imports(stmt)})
-    strings = {t.id: stmt.value.value for stmt in tree.body if isinstance(stmt, ast.Assign)
-               and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
-               for t in stmt.targets if isinstance(t, ast.Name)}
+    strings = _strings(tree)
+    for stmt in tree.body:  # the shared reasons (tests/isa_reasons.py)
+        if isinstance(stmt, ast.ImportFrom) and stmt.module == REASONS.stem and REASONS.is_file():
+            shared = _strings(ast.parse(REASONS.read_text()))
+            strings.update({a.asname or a.name: shared[a.name] for a in stmt.names if a.name in shared})
     for stmt in tree.body:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             m.functions[stmt.name] = stmt

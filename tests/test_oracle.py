@@ -10,10 +10,7 @@ from anpred.defaults import OracleConfig, load_config
 from anpred.errors import AnpredError
 from anpred.judge import AnchorInfo, BackendInfo, Oracle, ThresholdCheck
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-SAME_DATA = (
-    "the values bounded are recomputed here from the same stored tensors (float64 statistics, the same "
-    "backend's own results): no kernel of another CPU enters")
+from isa_reasons import SAME_DATA
 
 ANCHORS = [AnchorInfo("anchor/00/a", 0), AnchorInfo("anchor/01/b", 1), AnchorInfo("anchor/02/c", 2),
            AnchorInfo("output/y", 3, kind="output")]

@@ -18,16 +18,7 @@ from anpred.cli import main as cli  # noqa: E402
 from anpred.errors import BackendError, OutputPathError  # noqa: E402
 from anpred.run import BackendSpec, StreamingStats, read_stats, run_model  # noqa: E402
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-SAME_DATA = (
-    "the values bounded are recomputed here from the same stored tensors (float64 statistics, the same "
-    "backend's own results): no kernel of another CPU enters")
-DEFECT_BOUND = (
-    "the bound separates a real defect or fault (errors of 1e-2 and more) from fp32 rounding: no ISA's "
-    "rounding comes near it")
-NOT_A_KERNEL_VALUE = (
-    "the bound is on data prepared in Python or on counts, pixels, memory or times, not on a value a "
-    "runtime's kernel computed")
+from isa_reasons import DEFECT_BOUND, NOT_A_KERNEL_VALUE, SAME_DATA
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +43,7 @@ HANGING_S = 3
 
 def test_crashing_backends_leave_the_others_intact(yolo, tmp_path):
     """Every fault kind in a backend's own process; the others' results are intact. The hanging one runs
-    beside a healthy one in a run of its own with a short limit (the limit is per run, not per backend)."""
+    alone, in a run of its own with a short limit (the limit is the run's, not a backend's)."""
     specs = ["ort",
              BackendSpec("ort", "ort-segv", {"_fault": "segfault"}),
              BackendSpec("ort-noopt", "noopt-abort", {"_fault": "abort", "_fault_at": "prepare"}),

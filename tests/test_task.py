@@ -19,20 +19,7 @@ import pytest
 import anpred
 from anpred.task import ClassifyAdapter, DenseAdapter, DetectAdapter, coco_map50
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-FP32_BOUND = (
-    "fp32 against fp32 (or an eager fp32 model), bounded relative to the tensor's scale (nRMSE, or max "
-    "error over max |reference|) well above the fp32 noise measured here; an ISA changes only the order "
-    "of float32 sums and the use of FMA, i.e. that noise by ULPs")
-DEFECT_BOUND = (
-    "the bound separates a real defect or fault (errors of 1e-2 and more) from fp32 rounding: no ISA's "
-    "rounding comes near it")
-NOT_A_KERNEL_VALUE = (
-    "the bound is on data prepared in Python or on counts, pixels, memory or times, not on a value a "
-    "runtime's kernel computed")
-SAME_DATA = (
-    "the values bounded are recomputed here from the same stored tensors (float64 statistics, the same "
-    "backend's own results): no kernel of another CPU enters")
+from isa_reasons import DEFECT_BOUND, FP32_BOUND, NOT_A_KERNEL_VALUE, SAME_DATA
 
 FP32 = ["ort", "openvino", "torch", "onnx-reference"]
 LOWP = ["ort-fp16", "openvino-fp16", "ort-int8", "openvino-int8"]

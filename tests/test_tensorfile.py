@@ -16,10 +16,7 @@ from anpred.manifest import AnchorManifest
 from anpred.run import RunStore, StreamingStats, worker_malloc_tunables
 from anpred.tensorfile import read_safetensors, storable, write_safetensors
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-SAME_DATA = (
-    "the values bounded are recomputed here from the same stored tensors (float64 statistics, the same "
-    "backend's own results): no kernel of another CPU enters")
+from isa_reasons import SAME_DATA
 
 
 def _arrays():

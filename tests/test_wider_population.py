@@ -21,14 +21,7 @@ from anpred.judge import check_run  # noqa: E402
 from anpred.onnx_io import save_model  # noqa: E402
 from anpred.run import run_model  # noqa: E402
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-DEFECT_BOUND = (
-    "the bound separates a real defect or fault (errors of 1e-2 and more) from fp32 rounding: no ISA's "
-    "rounding comes near it")
-FP32_BOUND = (
-    "fp32 against fp32 (or an eager fp32 model), bounded relative to the tensor's scale (nRMSE, or max "
-    "error over max |reference|) well above the fp32 noise measured here; an ISA changes only the order "
-    "of float32 sums and the use of FMA, i.e. that noise by ULPs")
+from isa_reasons import DEFECT_BOUND, FP32_BOUND
 
 FP32 = ["ort", "openvino", "torch", "tf", "tvm", "mnn", "ncnn", "litert"]
 # three onnx2tf conversions and eight backends per network: about 90 s each on 2 cores (cold cache)

@@ -8,17 +8,7 @@ import pytest
 
 from anpred.errors import AnpredError
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-FP32_BOUND = (
-    "fp32 against fp32 (or an eager fp32 model), bounded relative to the tensor's scale (nRMSE, or max "
-    "error over max |reference|) well above the fp32 noise measured here; an ISA changes only the order "
-    "of float32 sums and the use of FMA, i.e. that noise by ULPs")
-DEFECT_BOUND = (
-    "the bound separates a real defect or fault (errors of 1e-2 and more) from fp32 rounding: no ISA's "
-    "rounding comes near it")
-NOT_A_KERNEL_VALUE = (
-    "the bound is on data prepared in Python or on counts, pixels, memory or times, not on a value a "
-    "runtime's kernel computed")
+from isa_reasons import DEFECT_BOUND, FP32_BOUND, NOT_A_KERNEL_VALUE
 
 
 def _ort(path_or_bytes):

