@@ -8,7 +8,11 @@ process:
 1. ``default``: ``python -m pytest -q`` (README's test command minus the set-up; the default run
    deselects ``slow``, see ``pyproject.toml``), with an empty conversion cache;
 2. ``slow``: ``python -m pytest -q -m slow`` (the long cases: large conversions, full-resolution
-   YOLOs, the evaluation) with its own empty cache.
+   YOLOs, the evaluation) with its own empty cache;
+3. ``emulated`` (issue 32): ``-m "kernels and not slow"`` (what ``.ci/run`` runs under the emulated
+   AVX2-only CPU) twice, each with an empty cache: natively (``kernels-native``) and with the emulated
+   CPU's python (``--emu``, default ``.venv/bin/python-emu`` from ``scripts/emulated_cpu.sh``); the ratio
+   of the two wall times is what the emulation costs.
 
 For each: wall time (``time.perf_counter``, seconds), CPU time of the process tree (user + system,
 ``resource.getrusage(RUSAGE_CHILDREN)`` difference, seconds), pytest's closing line, exit status,
@@ -16,7 +20,7 @@ and the 1-minute load average before and after (``os.getloadavg``: the machine m
 ten slowest tests of each run (``--durations``) are printed. The interpreter is this one (the venv
 of the checkout; the clone imports its own sources first through ``PYTHONPATH``).
 
-Run: .venv/bin/python benchmarks/bench_tests.py [--only default|slow] [--json FILE]
+Run: .venv/bin/python benchmarks/bench_tests.py [--only default|slow|emulated] [--emu PYTHON] [--json FILE]
 """
 
 from __future__ import annotations
@@ -36,12 +40,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _run(clone: Path, cache: Path, marker_args: list[str]) -> dict:
+def _run(clone: Path, cache: Path, marker_args: list[str], python: str = sys.executable) -> dict:
     env = {**os.environ, "ANPRED_CACHE": str(cache), "PYTHONPATH": str(clone)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load0 = os.getloadavg()[0]
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=10",
+    proc = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=10",
                            "--basetemp", str(cache.parent / "basetemp"), *marker_args],
                           env=env, cwd=clone, capture_output=True, text=True)
     wall = time.perf_counter() - t
@@ -66,7 +70,9 @@ def _run(clone: Path, cache: Path, marker_args: list[str]) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=("default", "slow"), help="run one of the two")
+    ap.add_argument("--only", choices=("default", "slow", "emulated"), help="run one of the three")
+    ap.add_argument("--emu", default=str(ROOT / ".venv" / "bin" / "python-emu"),
+                    help="the emulated CPU's python (scripts/emulated_cpu.sh makes it)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="anpred-bench-tests-"))
@@ -76,12 +82,15 @@ def main() -> int:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True,
                               text=True).stdout.strip()
         results = {"commit": head, "cores": os.cpu_count()}
-        for name, marker in (("default", []), ("slow", ["-m", "slow"])):
-            if args.only and args.only != name:
+        kernels = ["-m", "kernels and not slow"]
+        runs = (("default", [], sys.executable, "default"), ("slow", ["-m", "slow"], sys.executable, "slow"),
+                ("kernels-native", kernels, sys.executable, "emulated"), ("emulated", kernels, args.emu, "emulated"))
+        for name, marker, python, group in runs:
+            if args.only and args.only != group or (not args.only and group == "emulated"):
                 continue
             cache = tmp / f"cache-{name}"
             cache.mkdir()
-            r = _run(clone, cache, marker)
+            r = _run(clone, cache, marker, python)
             results[name] = r
             print(f"{name:8} wall {r['wall_s']:7.1f} s  cpu {r['cpu_s']:7.1f} s  exit {r['rc']}  "
                   f"load {r['load_before']:.2f}->{r['load_after']:.2f}  {r['closing']}")
@@ -89,9 +98,13 @@ def main() -> int:
                 print(f"           {ln}")
             if r["tail"]:
                 print(r["tail"])
+        if "emulated" in results:
+            ratio = results["emulated"]["wall_s"] / results["kernels-native"]["wall_s"]
+            print(f"emulated / native wall time: {ratio:.1f}x")
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-        return 0 if all(results[k]["rc"] == 0 for k in ("default", "slow") if k in results) else 1
+        return 0 if all(results[k]["rc"] == 0 for k in ("default", "slow", "kernels-native", "emulated")
+                        if k in results) else 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -21,6 +21,8 @@ from anpred.align import (AlignmentError, AlignmentReport, Aligner, apply_rule, 
 from anpred.backends.base import AnchorCapture, BackendStatus
 from anpred.manifest import Anchor, AnchorManifest
 
+from isa_reasons import DEFECT_BOUND, FP32_BOUND
+
 FP32_NOISE = 1e-5  # normalised error after alignment between two fp32 libraries
 
 # anchor -> (regex of the ONNX value in the tf2onnx export, Keras layer, canonical layout)
@@ -157,6 +159,7 @@ def _tf_status(manifest, known=True, overrides=None):
 
 
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_keras_nhwc_vs_ort_nchw_known_rule(keras_case):
     m = keras_case["manifest"]
     al = Aligner(m, {"ort": _ort_status(m), "tf-native": _tf_status(m)})
@@ -188,6 +191,7 @@ def test_keras_nhwc_vs_ort_nchw_known_rule(keras_case):
     assert "permute [0, 3, 1, 2] [capture]" in rep.format_text()
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_segment_permutation_of_concatenated_heads_is_found_and_recorded(keras_case):
     """A Keras port concatenating the two heads in the other order: the layout is known, the head
     order is found from the data (against the ORT reference) and recorded."""
@@ -209,6 +213,7 @@ def test_segment_permutation_of_concatenated_heads_is_found_and_recorded(keras_c
     assert "segment order found by the data (check these: a port's order or a real defect): 1" in text
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_c_eq_h_eq_w_decided_by_data(keras_case):
     """pool1 is 1x8x8x8 in both libraries and the backend says nothing about its layout: three
     layout candidates fit the shape; the data picks NHWC -> NCHW with a decisive margin, once."""
@@ -240,6 +245,7 @@ def test_c_eq_h_eq_w_decided_by_data(keras_case):
     assert "ambiguous" in why and "[1, 8, 8, 8]" in why and "anchor/01/pool1" not in res.tensors
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_wrong_tensor_is_never_explained_away(keras_case):
     """The same architecture with other weights (seed 1): right shapes, wrong values. A naive
     permutation search fits noise (it lowers the error); the aligner keeps the difference: known
@@ -289,6 +295,7 @@ def test_wrong_tensor_is_never_explained_away(keras_case):
     assert any(u.anchor == "anchor/01/pool1" and u.backend == "tf-native" for u in rep.unaligned)
 
 
+@pytest.mark.kernels
 def test_float16_and_int8_aligned_to_float(keras_case):
     """onnxconverter-common's float16 model (float16 outputs) and onnxruntime's QDQ int8 model (raw
     uint8 QuantizeLinear output, scale/zero point from the model) are widened/dequantized."""
@@ -367,6 +374,7 @@ def test_float16_and_int8_aligned_to_float(keras_case):
     assert "zero point" in res.unaligned["anchor/00/relu1"]["ort-int8"]
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_flatten_and_batch_squeeze_and_bfloat16(keras_case, tmp_path):
     """Keras Flatten output (channels-last order) against the ONNX NCHW conv anchor; a torch module run
     on an unbatched input (C, H, W) and in bfloat16, through the run store, against its ONNX export."""
@@ -427,6 +435,7 @@ def test_flatten_and_batch_squeeze_and_bfloat16(keras_case, tmp_path):
     assert d[("anchor/00/relu", "torch-bf16")].rule == {"cast": "bfloat16"}
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_manifest_pins_override_and_bad_pins(keras_case):
     m0 = keras_case["manifest"]
     m = AnchorManifest.from_dict(m0.to_dict())
@@ -535,6 +544,7 @@ def yolo_run(yolo_anchored):
     return {"manifest": manifest, "statuses": statuses, "raw": raw, "feeds": feeds}
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 @pytest.mark.slow
 def test_yolov8n_onnx2tf_nhwc_vs_ort_nchw(yolo_run):
     from anpred.judge import error_stats
@@ -573,6 +583,7 @@ DEFECTS = {
 }
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 @pytest.mark.slow
 def test_onnx2tf_reorderings_stay_different(yolo_run):
     """onnx2tf runs the ONNX graph and reports its exact transform: a channel swap, flipped rows or
@@ -606,6 +617,7 @@ def test_onnx2tf_reorderings_stay_different(yolo_run):
             assert find_segment_permutation(got, ref, axes=[1]) is None
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 @pytest.mark.slow
 def test_onnx2tf_channel_swap_check_origin(yolo_run, tmp_path):
     """`anpred check` on a run whose tf (onnx2tf) model.4 has its channel halves swapped: tf is flagged
@@ -660,6 +672,7 @@ def _keras_run(keras_case, root: Path, tf_edit=None, pins=None) -> Path:
     return root
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_native_reorderings_in_check_report(keras_case, tmp_path):
     """tf-native (a separate Keras graph): its conv2 channel halves swapped is found as a segment order
     (a port could concatenate so) and *reported* by `anpred check` (note per anchor, counted in the text

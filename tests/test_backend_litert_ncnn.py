@@ -119,6 +119,7 @@ def _check_run(store, n_samples: int) -> dict[str, dict[str, float]]:
     return errs
 
 
+@pytest.mark.kernels
 @pytest.mark.slow  # an onnx2tf conversion and a pnnx one (~32 s cold); litert: the Slice net of test_converter_gaps, ncnn: its integer-input test run by default
 def test_small_cnn_every_anchor_on_litert_and_ncnn(cnn, tmp_path):
     store = run_model(cnn, ["ort", "litert", "ncnn"], f"random:uniform:seed=3:n=2:shape=1x3x{SIZE}x{SIZE}",
@@ -137,6 +138,7 @@ def test_small_cnn_every_anchor_on_litert_and_ncnn(cnn, tmp_path):
         assert caps[a.name]["target"] == f"out{k}"
 
 
+@pytest.mark.kernels
 @pytest.mark.slow
 def test_zoo_yolov8n_320_on_litert_and_ncnn(tmp_path):
     store = run_model(run_models.anchored_zoo_yolo(320), ["ort", "litert", "ncnn"],
@@ -199,6 +201,7 @@ def test_litert_refuses_tf_ops_without_tflite_builtin(tmp_path):
         LiteRtBackend().prepare(path, manifest, tmp_path / "w")
 
 
+@pytest.mark.kernels
 @pytest.mark.slow  # two onnx2tf conversions (~40 s cold)
 def test_litert_runs_erf_decomposed(tmp_path):
     """GELU (x * 0.5 * (1 + Erf(x / sqrt 2))) after a MatMul: TFLite has no builtin for TF's Erf, so the
@@ -259,6 +262,7 @@ def test_litert_unsupported_ops_from_onnx2tf_modules():
     assert "onnx2tf" in cls.coverage_basis
 
 
+@pytest.mark.kernels
 def test_ncnn_takes_integer_inputs_as_float32_cast_back_in_the_graph(tmp_path):
     """A uint8 image -> Cast -> Conv: ncnn Mats hold float32, so the backend declares the input float32
     and the Cast to float becomes an Identity (pnnx cannot lower a Cast: "todo Tensor.to"); exact for

@@ -251,6 +251,7 @@ def _constant_reshape_model(path: Path) -> np.ndarray:
     return grid
 
 
+@pytest.mark.kernels
 @pytest.mark.slow
 def test_tf_constant_reshape_needs_onnxsim_venv_not_on_path(tmp_path, monkeypatch):
     """Regression (YOLOv8n at 640 px): with the venv not on PATH, onnx2tf could not run its onnxsim

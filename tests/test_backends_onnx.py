@@ -18,6 +18,8 @@ from anpred.inputs import InputSpec, ModelInput, check_sample  # noqa: E402
 from anpred.machine import kernel_isa  # noqa: E402
 from anpred.run import run_model  # noqa: E402
 
+from isa_reasons import FP32_BOUND
+
 ONNX_BACKENDS = ["ort", "ort-noopt", "openvino", "openvino-bf16", "onnx-reference", "ort-fp16", "ort-int8"]
 FP32 = ["ort-noopt", "openvino", "onnx-reference", "torch", "tf"]
 CONVERTERS = ["torch", "tf"]
@@ -86,6 +88,7 @@ def test_yolo_every_backend_captures_every_anchor(yolo_run):
     assert [Path(s["source"]).name for s in yolo_run.meta["samples"]] == ["bus.jpg", "zidane.jpg"]
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 @pytest.mark.slow  # shares the ~50 s YOLOv8n-on-every-backend run (the default run's budget, issue 18)
 def test_yolo_tensors_dtype_shape_and_agreement(yolo_run):
     man = yolo_run.manifest
@@ -151,6 +154,8 @@ def test_reduced_precision_models_are_real_conversions(yolo_model, tmp_path):
     assert set(res) == set(man.names()) and all(v.dtype == np.float32 for v in res.values())
 
 
+@pytest.mark.slow  # ~13 s (PP-OCR's detector on seven ONNX-runtime backends)
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_ppocr_det_from_rapidocr_wheel(tmp_path):
     model = run_models.anchored_ppocr_det()
     spec = InputSpec(kind="random", distribution="images", seed=3, n=1, size=256)
@@ -180,6 +185,7 @@ def test_ppocr_det_from_rapidocr_wheel(tmp_path):
         assert rf[k].shape == ref[k].shape and np.isfinite(rf[k]).all()
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 @pytest.mark.slow
 def test_ppocr_det_dynamic_shape_on_converters(tmp_path):
     """The shipped PP-OCRv4 det keeps its dynamic input [N, 3, H, W]; tf (onnx2tf, input fixed to the

@@ -12,6 +12,8 @@ import pytest
 
 from anpred.errors import InputError
 
+from isa_reasons import NOT_A_KERNEL_VALUE
+
 
 def _ort(model):
     import onnxruntime as ort
@@ -65,6 +67,7 @@ def _if_net():
 X = np.array([[-1.5, -0.25, 0.5, 2.0]], np.float32)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("mode", [1, 0, 7])
 def test_bound_value_picks_its_branch_and_matches_ort(mode):
     import onnx
@@ -186,6 +189,7 @@ def test_pipeline_bind_option_drops_the_bound_input_from_given_files(tmp_path):
 FP32_FAMILIES_AT_LEAST = 5
 
 
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 @pytest.mark.slow
 def test_silero_vad_end_to_end_with_sr_bound(tmp_path):
     """The zoo binds silero's sr to 16000: anchors inside the STFT, the encoder, the LSTM and the
@@ -239,6 +243,7 @@ def _ort_anchors(path, feeds):
     return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
 
 
+@pytest.mark.kernels
 def test_ncnn_feeds_an_input_without_a_batch_axis_whole(tmp_path):
     """A recurrent-state-like input (2, 1, 8) has no unit batch axis: ncnn gets it under a unit batch
     (Squeeze in the converted copy) and agrees with ONNX Runtime on every anchor, the (2, 1, 8) output

@@ -25,6 +25,8 @@ from anpred.instrument import instrument_model
 from anpred.onnx_io import save_model
 from anpred.run import RunStore
 
+from isa_reasons import DEFECT_BOUND, FP32_BOUND
+
 BACKENDS = ["ort", "ort-noopt", "openvino", "onnx-reference", "torch", "tf"]
 CLEAN_BACKENDS = BACKENDS[:-1]  # clean fp32 with tf: tests/test_check_yolo.py
 
@@ -169,6 +171,7 @@ def clean_run(tmp_path_factory):
 
 
 # ---- acceptance ------------------------------------------------------------------------------------
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_clean_fp32_flags_nothing(clean_run):
     run, man = clean_run
     rep = check_run(run, oracle="both")
@@ -179,6 +182,7 @@ def test_clean_fp32_flags_nothing(clean_run):
     assert all(t.passed for t in rep.threshold.values())
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_openvino_softplus_defect_flagged_at_its_stage(softplus_run):
     run, man = softplus_run
     rep = check_run(run, oracle="both")
@@ -195,6 +199,7 @@ def test_openvino_softplus_defect_flagged_at_its_stage(softplus_run):
     assert peer < 1e-5
 
 
+@pytest.mark.kernels
 def test_ort_sigmoid_flushes_tiny_probabilities_and_is_flagged(tmp_path):
     """A real ONNX Runtime 1.32 CPU behaviour found by judging a detector's class scores part by part:
     its Sigmoid loses relative accuracy below x = -10 (2e-4 there, 17 % at -15, 116 % at -17) and
@@ -223,6 +228,7 @@ def test_ort_sigmoid_flushes_tiny_probabilities_and_is_flagged(tmp_path):
     assert c.primary > 1e-3 and c.primary > 100 * c.peer_level
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_openvino_avgpool_defect_flagged_at_its_stage(avgpool_run):
     run, man = avgpool_run
     rep = check_run(run)
@@ -587,6 +593,7 @@ def branch_cnn():
     return instrument_model(m, stages=6, anchors=["ta1", "tb1", "ta2"])
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_propagation_follows_the_faulty_branch_only(tmp_path):
     am, man = branch_cnn()
     names = [a.name for a in man.anchors]

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # t
 
 # 22 samples x 2 YOLOs x 6 fp32 backends (+3 reduced-precision ones) with the ONNX reference evaluator:
 # about 3 minutes cold, so behind the `slow` marker (`.ci/run` runs the slow cases after the default run)
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.kernels]
 
 IMGSZ = 160
 N_REAL, N_RANDOM = 2, 20

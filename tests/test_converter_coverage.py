@@ -36,6 +36,8 @@ from anpred.errors import BackendError
 from models.opclass import feeds as _feeds
 from models.opclass import RECURRENT_OUTPUTS, misc_net, recurrent_net, rnn_node, torch_recurrent_net
 
+from isa_reasons import DEFECT_BOUND
+
 EPS32 = float(np.finfo(np.float32).eps)
 RTOL = 64 * EPS32
 
@@ -122,6 +124,7 @@ def _misc_samples(path):
 
 
 # ---- tests ---------------------------------------------------------------------------------------
+@pytest.mark.kernels
 def test_unroll_pass_matches_onnx_semantics():
     """passes.recurrent on every (op, direction, initial state, layout) vs ONNX Runtime (layout 0) and
     onnx.reference (layout 1, which ONNX Runtime refuses); the pass keeps output names."""
@@ -179,6 +182,7 @@ def test_unroll_pass_keeps_what_it_cannot_unroll():
     assert [n.op_type for n in m.graph.node] == ["LSTM"]
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_recurrent_torch(nets, tmp_path):
     from anpred.backends.torch_onnx import TorchOnnxBackend
 
@@ -191,6 +195,7 @@ def test_recurrent_torch(nets, tmp_path):
                          "gru_f": True, "rnn_f": True, "rnn_b": True, "rnn_r": True}, fused
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 @pytest.mark.slow  # an onnx2tf conversion of the unrolled recurrent net (~45 s cold)
 def test_recurrent_tf(nets, tmp_path):
     from anpred.backends.tf_onnx import TfOnnxBackend
@@ -202,6 +207,7 @@ def test_recurrent_tf(nets, tmp_path):
                                                    "rnn_f", "rnn_b", "rnn_r"])
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 @pytest.mark.parametrize("backend", ["torch", pytest.param("tf", marks=pytest.mark.slow)])
 def test_torch_exported_recurrent(backend, nets, tmp_path):
     from anpred.backends import backend_class
@@ -211,6 +217,7 @@ def test_torch_exported_recurrent(backend, nets, tmp_path):
         assert {"output/prob", "output/h", "output/c", "output/hg", "output/hr"} <= set(errs)
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_misc_torch(nets, tmp_path):
     """Pooling variants, 18 outputs, uint8/int64/int32 inputs, If (both branches) and Loop: every
     anchor (the constant output included: onnx2torch keeps it)."""
@@ -223,6 +230,7 @@ def test_misc_torch(nets, tmp_path):
         assert set(b.inlined["inlined"]) == {"if", "const_if", "loop"}
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 @pytest.mark.slow  # an onnx2tf conversion (~15 s cold); torch covers the same classes in the default run
 def test_misc_tf(nets, tmp_path):
     """As test_misc_torch through onnx2tf: the outputs named ``...:0`` come back (they were dropped
@@ -238,6 +246,7 @@ def test_misc_tf(nets, tmp_path):
         assert set(b.conversion["inlined"]) == {"if", "const_if", "loop"}
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_misc_openvino_if_condition_made_scalar(nets, tmp_path):
     """OpenVINO's ONNX frontend refuses the misc net's If (condition ``Greater(ReduceMean(v,
     keepdims=1), 0)``, shape [1, 1]: "Rank of If condition input must be equal to 0 or 1"; ONNX allows
@@ -262,6 +271,7 @@ def test_misc_openvino_if_condition_made_scalar(nets, tmp_path):
         assert {"output/y_loop", "output/y_const_if", "output/loop_scan", "output/gmp"} <= set(errs)
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_reference_workarounds_recurrent(nets, tmp_path):
     """onnx.reference 1.23.2's LSTM/GRU kernels ignore ``clip``, ``input_forget`` and ``activations``, its
     RNN knows no Relu: found per node by the probe against the node's unrolled equations, those nodes are
@@ -304,6 +314,7 @@ def test_reference_names_a_recurrent_defect_it_cannot_unroll(tmp_path):
     assert list(found) == ["dyn"] and "ignores clip" in found["dyn"]
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_reference_misc_decomposes_global_lp_pool(nets, tmp_path):
     """onnx.reference has no GlobalLpPool kernel at opset 17: the pre-run coverage of the library alone
     says so, the backend's (after its decomposition) does not, and the run matches ORT on every anchor
@@ -321,6 +332,7 @@ def test_reference_misc_decomposes_global_lp_pool(nets, tmp_path):
         assert "output/glp" in errs and list(b.workarounds) == ["glp"]
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("opset", [17, 18])
 def test_global_lp_pool_decomposition_on_ort(opset):
     """passes.frontend_rewrites.DecomposePass: GlobalLpPool p = 1, 2, 3 on rank 3 and 4 inputs equals
@@ -347,6 +359,7 @@ def test_global_lp_pool_decomposition_on_ort(opset):
             assert float(np.max(np.abs(a - b))) <= RTOL * max(1.0, float(np.max(np.abs(a))))
 
 
+@pytest.mark.kernels
 def test_erf_decomposition_accuracy():
     """passes.frontend_rewrites: Erf as Eigen's float32 rational approximation, run by ONNX Runtime on
     200,001 points of [-5, 5] against math.erf: float32 max |error| 4.19e-7 and relative error <= 2.21e-7
@@ -390,6 +403,7 @@ def test_erf_decomposition_accuracy():
     assert "float64" in decompose_ops(m64, {"Erf"})["kept"]["erf"]
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_inlined_branch_reading_a_value_produced_after_its_if(tmp_path):
     """onnxconverter-common's float16 conversion of the misc net writes an If before the producer of a
     value its branches read (ONNX Runtime accepts that order); inlined as it stood, the branch came
@@ -441,6 +455,7 @@ def test_inlined_branch_reading_a_value_produced_after_its_if(tmp_path):
         assert float(np.max(np.abs(got - want))) <= RTOL
 
 
+@pytest.mark.kernels
 def test_openvino_int8_constant_fake_quantization_folded(tmp_path):
     """PP-OCR's pattern ``Add(Conv(...), Reshape(bias))`` quantized by the shared int8 recipe: the
     reshaped bias gets a QuantizeLinear/DequantizeLinear pair of its own, and OpenVINO 2026.4's
@@ -565,6 +580,7 @@ def test_unsupported_ops_tables(nets):
     assert backend_class("onnx-reference").unsupported_ops(misc) == {}  # decomposed before the evaluator runs
 
 
+@pytest.mark.kernels
 def test_batchnorm_on_a_tensor_of_unknown_rank_torch(tmp_path):
     """PP-OCRv4 rec: BatchNormalization whose input has no shape in value_info (its producer's shape
     is not inferable: here a Reshape to a shape given as a graph input); onnx2torch refused it ("spatial
@@ -596,6 +612,7 @@ def test_batchnorm_on_a_tensor_of_unknown_rank_torch(tmp_path):
     assert np.abs(y - want).max() <= RTOL * max(1.0, np.abs(want).max())
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER"])
 def test_conv_same_auto_pad_torch(tmp_path, auto_pad):
     """Conv with auto_pad SAME_* (stride 2, kernel 4, input 9x8: an odd total pad on H): onnx2torch refused

@@ -58,7 +58,7 @@ def test_run_skips_a_backend_whose_table_lacks_an_operator(tmp_path, capsys):
     manifest.to_model(anchored)
     onnx.save(anchored, str(tmp_path / "anchored.onnx"))
     store = run_model(tmp_path / "anchored.onnx", ["ort", "openvino", "onnx-reference"], "random:uniform:n=2",
-                      tmp_path / "run", progress=True, timeout_s=120)
+                      tmp_path / "run", progress=True, timeout_s=600)
     err = capsys.readouterr().err
     assert "pre-run coverage: openvino: cannot run the model: Det (no conversion rule" in err
     st = store.statuses()
@@ -85,7 +85,7 @@ def test_precheck_off_runs_the_backend_and_it_fails_naming_the_operator(tmp_path
     manifest.to_model(anchored)
     onnx.save(anchored, str(tmp_path / "anchored.onnx"))
     store = run_model(tmp_path / "anchored.onnx", ["ort", "openvino"], "random:uniform:n=1", tmp_path / "run",
-                      progress=False, timeout_s=120, precheck=False)
+                      progress=False, timeout_s=600, precheck=False)
     st = store.statuses()["openvino"]
     assert "coverage" not in store.meta
     assert st.status in ("unsupported", "failed") and "Det" in st.reason

@@ -20,6 +20,8 @@ import pytest
 from anpred.machine import RELEVANT_FLAGS, cpu_flags, int16_saturation_possible, kernel_isa, machine_info
 from anpred.judge import BackendInfo
 
+from isa_reasons import EMULATES_ITSELF
+
 TESTS = Path(__file__).parent
 AVX2_ONLY = ["sse4_2", "avx", "avx2", "fma", "f16c"]
 # tests/emulated_cpu.py's saturation probe on kernels that sum u8*s8 pairs in saturating int16: 32 pairs
@@ -28,6 +30,7 @@ AVX2_ONLY = ["sse4_2", "avx", "avx2", "fma", "f16c"]
 SATURATED = round(32 * 32767 / (255 * 127) / (64 / 255)) * 64 / 255
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("flags, u8s8, bf16, fp16", [
     (AVX2_ONLY, "avx2", "none", "storage"),
     (AVX2_ONLY + ["avx_vnni"], "avx-vnni", "none", "storage"),
@@ -43,6 +46,7 @@ def test_kernel_isa_from_flags(flags, u8s8, bf16, fp16):
     assert int16_saturation_possible(flags) == (u8s8 in ("avx512-core", "avx2", "sse"))
 
 
+@pytest.mark.kernels
 def test_machine_flags_are_what_this_process_can_execute():
     """The recorded flags follow cpuid as executed here (numpy's dispatcher table), not /proc/cpuinfo."""
     feats = np.__dict__.get("_core")._multiarray_umath.__cpu_features__
@@ -59,6 +63,7 @@ def test_machine_flags_are_what_this_process_can_execute():
     assert mi["cpu_flags"] == flags and mi["kernels"] == kernel_isa(flags)
 
 
+@pytest.mark.kernels
 def test_oracle_judges_the_precision_computed_not_the_one_asked():
     """openvino-bf16 compiled to fp32 is judged with fp32's floor; it still does not vote (a variant)."""
     asked_bf16_got_fp32 = BackendInfo.make("openvino-bf16", "openvino", "fp32", requested="bf16")
@@ -80,6 +85,7 @@ def _run_emulated(tmp_path, emulate: bool) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.kernels
 def test_native_cpu_recorded_and_judged(tmp_path):
     """On this machine: what OpenVINO compiled a bf16 hint to and the u8s8 kernel family follow the CPU."""
     got = _run_emulated(tmp_path, emulate=False)
@@ -108,6 +114,8 @@ def _qemu_version() -> tuple[int, ...]:
         return ()
 
 
+@pytest.mark.slow  # ~17 s; .ci/run's emulated run (-m kernels) covers this CPU on every submission
+@pytest.mark.isa_independent(EMULATES_ITSELF)
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or sys.platform != "linux",
                     reason="emulates an x86-64 CPU in user mode: needs an x86-64 Linux host")
 @pytest.mark.skipif(_qemu_version() < (7, 2),
@@ -130,6 +138,7 @@ def test_emulated_cpu_without_avx512_vnni_bf16(tmp_path):
     assert got["saturation"]["fakequant"] == pytest.approx(64.0)
 
 
+@pytest.mark.kernels
 def test_backend_computing_another_precision_is_judged_and_reported_as_computed(tmp_path):
     """The whole path on any CPU: a run record in which ``openvino-bf16`` was asked for bf16 and computed
     in fp32 (what OpenVINO does on a CPU without bf16 instructions: here OpenVINO's f32 plugin itself
@@ -173,8 +182,14 @@ def test_backend_computing_another_precision_is_judged_and_reported_as_computed(
             stage = next(a.stage for a in man.anchors if a.name == c.anchor)
             assert c.floor == pytest.approx(OracleConfig().floor_at("fp32", stage))  # not bf16's 0.3
             assert c.primary < c.floor
+    # the reason is given where the run's machine record shows a CPU without bf16 instructions (the
+    # note's cause then), and left out where the CPU has them (fp32 was computed for another reason)
+    machine = RunStore.open(tmp_path / "run").meta["machine"]
+    why = " (this CPU has no bf16 instructions: neither avx512_bf16 nor amx_bf16)" if (
+        machine["kernels"]["bf16"] == "none") else ""
+    assert machine["kernels"] == kernel_isa(machine["cpu_flags"])
     assert [n for n in rep.notes if n.startswith("precision: ")] == [
-        "precision: openvino-bf16 was asked for bf16 but computed in fp32; judged as fp32"]
+        f"precision: openvino-bf16 was asked for bf16 but computed in fp32{why}; judged as fp32"]
     # the reference backends were asked for what they computed: no note, no asterisk
     assert rep.verdicts["openvino"].precision_requested == "" and rep.verdicts["openvino"].votes
     text = format_text(rep)

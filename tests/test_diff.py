@@ -22,6 +22,8 @@ import pytest
 from anpred.cache import cache_key, cached_dir
 from anpred.diff import GraphDiff, diff_files, diff_models
 
+from isa_reasons import FP32_BOUND, SAME_DATA
+
 VERSIONS = {p: md.version(p) for p in ("torch", "onnx", "tensorflow-cpu", "tf2onnx", "ultralytics")}
 
 
@@ -161,6 +163,7 @@ def test_ort_offline_optimisation_fusions_are_found_and_named(yolo_path, yolo_or
     assert d2 == d
 
 
+@pytest.mark.kernels
 def test_fp16_conversion_casts_found(yolo_path):
     a = onnx.load(str(yolo_path))
     b = _fp16(a)
@@ -245,6 +248,7 @@ def test_stages_and_anchor_correspondence(anchored):
     assert quantized and min(a.stage for a in quantized) == min(r.stage for r in d.regions)
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_run_diff_names_first_moved_anchor(anchored, tmp_path):
     from anpred.diff import RunDiff, diff_runs
     from anpred.run import run_model
@@ -448,6 +452,7 @@ def fp16_runs(anchored, tmp_path_factory):
     return d
 
 
+@pytest.mark.isa_independent(SAME_DATA)
 def test_stats_mode_runs_are_compared_by_summaries(fp16_runs, anchored, tmp_path, capsys):
     from anpred.cli import main
     from anpred.diff import diff_runs
@@ -522,6 +527,7 @@ def test_run_diff_refuses_when_nothing_was_compared(fp16_runs, tmp_path, capsys)
     assert "not stored by ort in run B" in render_diff_html(runs=rd)
 
 
+@pytest.mark.isa_independent(SAME_DATA)
 def test_run_diff_backend_pairs(anchored, fp16_runs, tmp_path):
     from anpred.cli import main
     from anpred.defaults import OracleConfig

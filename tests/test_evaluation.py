@@ -17,6 +17,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the evaluation package
 import evaluation as ev  # noqa: E402
 
+from isa_reasons import DEFECT_BOUND
+
 KINDS = (("round", 8.0), ("approx-sigmoid", 1.0))  # bfloat16 rounding; the fast sigmoid in place of Sigmoid
 STAGES = (1, 3)
 
@@ -51,6 +53,7 @@ def test_clean_backends_ran_and_are_not_flagged(reduced):
     assert all(d["n_ref"] > 0 for d in clean.detections.values())
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 @pytest.mark.slow  # the reduced evaluation (clean YOLOv8n run on 9 backends + fault configurations)
 def test_ground_truth_recovered(reduced):
     _, _, _, faulty, _ = reduced

@@ -10,6 +10,8 @@ import pytest
 
 from exporters import ExportError, load_factory, read_origin
 
+from isa_reasons import FP32_BOUND
+
 
 def small_torch(seed: int = 0):
     """Factory: a Conv-BN-SiLU block, example input 1x3x16x16 (importable as test_exporters:small_torch)."""
@@ -69,6 +71,7 @@ def _ort(path, feed):
     return s.run(None, feed)
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 @pytest.mark.parametrize("dynamo", [True, False])
 def test_export_torch_matches_eager_and_records_origin(tmp_path, dynamo):
     import torch
@@ -109,6 +112,7 @@ def test_export_torch_bad_module_names_it(tmp_path):
         export_torch(torch.nn.ReLU(), (torch.rand(2),), tmp_path / "bad.onnx", opset=13)
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_export_keras_matches_keras(tmp_path):
     from test_native import keras_cnn
 
@@ -182,6 +186,7 @@ def test_dynamo_error_names_the_failing_nested_submodule(tmp_path):
     assert "\n" not in msg and not (tmp_path / "bad.onnx").exists()
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_torchscript_export_with_numpy_in_forward_is_refused(tmp_path):
     """TorchScript freezes a NumPy detour into a Constant (no graph input, output independent of the
     input, only TracerWarnings): refused with the submodule named. Dynamo traces the NumPy call as

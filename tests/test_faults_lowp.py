@@ -22,6 +22,9 @@ from onnx import numpy_helper as nh
 
 from passes.faults import FAULT_KINDS, LOWP_KINDS, FaultError, applicable_nodes, inject_fault, node_stages
 
+# every test here touches a runtime's kernel arithmetic (tests/test_kernel_markers.py)
+pytestmark = pytest.mark.kernels
+
 
 def _convnet():
     rng = np.random.default_rng(0)
@@ -92,12 +95,17 @@ def _expose(model, names):
     return m
 
 
-def _ort(model, x, level="ORT_ENABLE_ALL"):
+def _ort(model, x, level="ORT_ENABLE_ALL", x64quantprecision=False):
+    """Every graph output on ONNX Runtime CPU. ``x64quantprecision``: its session option of that name
+    (U8U8 integer kernels, where the u8s8 ones would sum pairs in saturating int16 on a CPU without
+    VNNI/AMX; no effect on a CPU with them)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    if x64quantprecision:
+        so.add_session_config_entry("session.x64quantprecision", "1")
     s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     return dict(zip([o.name for o in s.get_outputs()], s.run(None, {"x": x})))
 
@@ -344,12 +352,27 @@ def test_fault_survives_on_openvino_and_the_reference_evaluator(net, key, kind, 
     model) and on the ONNX reference evaluator: the fault's anchor moves as on ONNX Runtime (zero point:
     every unsaturated element one step up; truncation: about half the nonzero elements one step, none
     more; saturation: the same elements clipped, to the same values; overflow: +inf at the same
-    positions), so no runtime folds it away; earlier anchors stay as the clean model gives them."""
+    positions), so no runtime folds it away; earlier anchors stay as the clean model gives them.
+    Where the run's CPU makes ONNX Runtime's u8s8 kernels saturate int16 pairs (no VNNI/AMX:
+    anpred.machine), its clean QDQ model already differs from the others (measured under the emulated
+    AVX2-only EPYC-Rome: 23 steps at the first anchor, 8 at c1), and a fault that takes one operator
+    out of its integer path (quantize-rounding) changes 1037 elements there instead of 1035; ONNX
+    Runtime then runs with ``session.x64quantprecision=1`` (its U8U8 kernels) here, and its default
+    kernels are checked to differ from that (the saturation seen, not assumed)."""
+    from anpred.machine import int16_saturation_possible, machine_info
+
     model, man, x = net[key], net["manifest"], net["x"]
     variant, truth = inject_fault(model, kind, stage=stage, magnitude=magnitude, manifest=man)
     a = _anchor_out(man, stage)
+    ort_run = _ort
+    if key == "qdq" and int16_saturation_possible(machine_info()["cpu_flags"]):
+        def ort_run(m, x):  # noqa: E306 - ONNX Runtime's integer path without the int16 pairs
+            return _ort(m, x, x64quantprecision=True)
+
+        a0 = _anchor_out(man, 0)
+        assert not np.array_equal(_ort(model, x)[a0], ort_run(model, x)[a0])
     ref_change = None
-    for run in (_ort, _openvino, _reference):
+    for run in (ort_run, _openvino, _reference):
         clean, faulty = run(model, x), run(variant, x)
         for st in range(stage):
             e = _anchor_out(man, st)

@@ -23,6 +23,8 @@ import pytest
 
 from anpred.errors import BackendError
 
+from isa_reasons import FLOAT64_BOUND
+
 FP16_BACKENDS = ["ort", "ort-noopt", "openvino", "onnx-reference", "torch", "tf"]
 
 
@@ -177,6 +179,7 @@ def test_fp16_network_runs_on_every_backend_in_float16(fp16_run):
     assert all("declares float16" in c["reason"] for c in fp64.captures.values())
 
 
+@pytest.mark.kernels
 @pytest.mark.slow  # the float16 network on every backend: ~30 s cold
 def test_fp16_backends_differ_by_float16_rounding_only(fp16_run):
     """Against ORT and against the float64 execution, every backend's anchors differ by ordinary float16
@@ -207,6 +210,7 @@ def test_fp16_backends_differ_by_float16_rounding_only(fp16_run):
 
 
 # ---- dtypes the converters receive ---------------------------------------------------------------
+@pytest.mark.isa_independent(FLOAT64_BOUND)
 @pytest.mark.slow  # a second onnx2tf conversion (~25 s cold); the float16 case stays in the default run
 def test_tf_and_torch_take_float64_and_bfloat16_inputs(tmp_path):
     """float64 graph: tf (onnx2tf keeps float64) matches the float64 reference evaluator to ~1e-16.
@@ -247,6 +251,7 @@ def test_tf_and_torch_take_float64_and_bfloat16_inputs(tmp_path):
 
 
 # ---- onnx-reference-fp64 ----------------------------------------------------------------------------
+@pytest.mark.isa_independent(FLOAT64_BOUND)
 def test_fp64_is_float64_exact_on_a_network_computed_by_hand(tmp_path):
     base, w = small_network()
     path, man = _anchored(base, tmp_path, stages=8, anchors=["c", "n", "s", "r", "cat", "mm"])
@@ -318,6 +323,7 @@ def test_fp64_conversion_of_dtype_attributes_and_refusals():
         model_to_float64(qm)
 
 
+@pytest.mark.isa_independent(FLOAT64_BOUND)
 @pytest.mark.slow  # YOLOv8n in float64 on the reference evaluator and in torch (~30 s)
 def test_fp64_yolov8n_closer_to_torch_float64_than_fp32(tmp_path):
     """YOLOv8n at 320 px (13 anchors): the float64 copy on the reference evaluator vs onnx2torch's

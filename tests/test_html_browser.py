@@ -14,6 +14,8 @@ import pytest
 
 import pipeline_factories as pf
 
+from isa_reasons import NOT_A_KERNEL_VALUE
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (apt-get install -y chromium)")
 
@@ -48,7 +50,7 @@ class _Dom(HTMLParser):
 def _chromium(args, tmp_path):
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
            f"--user-data-dir={tmp_path / 'profile'}", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +60,7 @@ def report(tmp_path_factory):
     return folder / "report.html"
 
 
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_report_renders_in_headless_chromium(report, tmp_path):
     dom = _Dom()
     dom.feed(_chromium(["--dump-dom", report.as_uri()], tmp_path).stdout)

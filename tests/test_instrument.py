@@ -21,6 +21,8 @@ from anpred.instrument import default_manifest_path, instrument_file, instrument
 from anpred.manifest import AnchorManifest
 from anpred.naming import output_anchor_name
 
+from isa_reasons import NOT_A_KERNEL_VALUE
+
 IMGSZ = 160
 
 
@@ -401,6 +403,7 @@ def _cli_child(args: list[str]) -> tuple[int, str, int]:
     return r.returncode, r.stderr, rss
 
 
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_external_data_other_folder_refused_or_copied_streaming(tmp_path):
     """Another folder: refused (exit 2, one message naming both ways out, nothing written) unless
     --copy-external-data, which streams the weights next to the output: peak memory does not grow

@@ -12,6 +12,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from isa_reasons import FP32_BOUND
+
 IMGSZ = 160
 REL_TOL = 1e-4  # fp32 noise bound on max-abs error relative to the tensor's max magnitude
 
@@ -137,6 +139,7 @@ def _native_vs_ort(c):
     return errs, info, got
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_mapping_bar(case):
     from exporters.mapping import map_anchors
 
@@ -159,6 +162,7 @@ def test_mapping_bar(case):
             assert tgt == "" or tgt in names, f"{a.name}: target {tgt!r} is not a module"
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_native_agrees_with_ort(case):
     errs, info, _ = _native_vs_ort(case)
     mapped = [a.name for a in case.manifest.anchors if a.native[BACKEND[case.fw]]["status"] != "unmapped"]
@@ -168,6 +172,7 @@ def test_native_agrees_with_ort(case):
     assert max(errs.values()) > 0.0 or case.fw == "tf", f"suspiciously identical: {msg}"
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_torchscript_folded_bn_is_equivalent_and_internal_values_are_reported(tmp_path):
     """TorchScript export: a Conv output whose BatchNorm was folded maps to the BN module as
     'equivalent' (and agrees numerically); a Sigmoid inside SiLU is 'unmapped' naming the module."""
@@ -230,6 +235,7 @@ def v5_explicit(tmp_path_factory):
     return _build("yolov5n", tmp_path_factory.mktemp("v5x"), stages=6, extra=extra)
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_dynamo_relative_scopes_resolve_to_full_module_paths(v5_explicit):
     from exporters.mapping import map_anchors
 
@@ -304,6 +310,7 @@ def test_another_model_or_input_size_is_not_reported_as_exact(case):
         assert list(arr.shape) == list(man[name].shape), (name, arr.shape, man[name].shape)
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_every_value_of_yolov8n(tmp_path):
     """Backs docs/native-mapping.md: with every float activation of the dynamo YOLOv8n as an anchor,
     the mapped ones are captured by torch-native within fp32 noise of ORT and every unmapped one is a

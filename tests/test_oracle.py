@@ -10,6 +10,8 @@ from anpred.defaults import OracleConfig, load_config
 from anpred.errors import AnpredError
 from anpred.judge import AnchorInfo, BackendInfo, Oracle, ThresholdCheck
 
+from isa_reasons import SAME_DATA
+
 ANCHORS = [AnchorInfo("anchor/00/a", 0), AnchorInfo("anchor/01/b", 1), AnchorInfo("anchor/02/c", 2),
            AnchorInfo("output/y", 3, kind="output")]
 FP32 = ["ort", "ort-noopt", "openvino", "onnx-reference", "torch"]
@@ -615,6 +617,7 @@ def test_clean_voters_do_not_back_a_wrong_float64_arbiter():
         assert not any("closer to the float64 execution" in n for n in res.notes), seed
 
 
+@pytest.mark.isa_independent(SAME_DATA)
 def test_latest_output_consensus_and_nrmse_are_offered_for_reuse():
     """After each sample, the oracle offers its consensus of every output anchor and each backend's
     (nRMSE, non-finite count) there (a streamed run reuses them for its task metrics and its most

@@ -104,6 +104,7 @@ def _graph_with_constants():
     return m
 
 
+@pytest.mark.kernels
 def test_constants_and_shape_tensors_never_anchored():
     from anpred.instrument import instrument_model
 

@@ -14,12 +14,15 @@ import pytest
 import pipeline_factories as pf
 from anpred.cli import main as cli
 
+from isa_reasons import FP32_BOUND
+
 
 @pytest.fixture(scope="session")
 def root(tmp_path_factory):
     return tmp_path_factory.mktemp("pipeline")
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_onnx_path_flags_openvino_softplus(root):
     rc, out, err, folder = pf.softplus_cli(root)
     assert rc == 1, (out, err)
@@ -50,6 +53,7 @@ def test_onnx_path_flags_openvino_softplus(root):
     assert test_json["details"]["inputs"] == {"kind": "generated", "spec": "random:images:seed=0:n=3"}
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_factory_is_exported_mapped_and_consistent(root):
     rc, out, err, folder = pf.cli_run("factory", root, ["pipeline_factories:small_cnn", "--backends",
                                                         "ort,openvino,torch-native", "--stages", "6", "--samples", "2"])
@@ -80,6 +84,7 @@ def test_default_backends_follow_the_origin():
     assert "tf-native" in default_backends("tf") and "torch-native" not in default_backends("tf")
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 @pytest.mark.slow  # every default backend on PP-OCRv4, onnx2tf conversion included (about 70 s cold)
 def test_demo_pipeline_reduced(root):
     """The demo's PP-OCRv4 part at 96x128 on two rendered pages, every default backend."""
@@ -153,6 +158,7 @@ def test_demo_doclaynet_inputs_record_their_real_sources(tmp_path):
     assert len(list((tmp_path / "npz").glob("*.npz"))) == 4
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_zoo_name_cli(root):
     rc, out, err, folder = pf.cli_run("zoo", root, ["yolov8n", "--imgsz", "160", "--backends", "ort,openvino", "-n", "1"])
     assert rc == 0, (out, err)
@@ -172,6 +178,7 @@ def test_zoo_name_cli(root):
     assert re.search(rf"^openvino\s+consistent \(max nRMSE {biggest:.1e}\)$", out, re.M), out
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_keras_factory_is_exported_mapped_and_consistent(root):
     rc, out, err, folder = pf.cli_run("keras", root, ["pipeline_factories:small_keras", "--backends", "ort,tf-native",
                                                       "--stages", "4", "--samples", "1"])

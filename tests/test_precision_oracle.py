@@ -231,6 +231,7 @@ def test_reports_show_both_verdicts_and_scales(tmp_path):
 
 
 # ---- a model whose own tensors are float16 --------------------------------------------------------
+@pytest.mark.kernels
 def test_float16_network_judged_on_float16_scale_and_overflow_flagged_alone(tmp_path):
     """Issue 17 (2, acceptance): a network whose weights, activations, input and output are float16,
     on ONNX Runtime, OpenVINO, the reference evaluator and PyTorch (onnx2torch), plus a float64
@@ -298,6 +299,7 @@ def test_bit_identical_peers_do_not_make_a_correct_implementation_depart():
     assert not impl.flagged and impl.status == "consistent"
 
 
+@pytest.mark.kernels
 def test_float16_network_weight_fault_above_float16_noise_flagged(tmp_path):
     """Regression (review): OpenVINO given the float16 network with conv2's weights x 1.03 deviates by
     nRMSE ~0.024 at the Add after conv2, ~80 x its peers and ~40 float16 ULPs RMS; under the constant

@@ -19,6 +19,8 @@ import pytest
 import anpred
 from anpred.task import ClassifyAdapter, DenseAdapter, DetectAdapter, coco_map50
 
+from isa_reasons import DEFECT_BOUND, FP32_BOUND, NOT_A_KERNEL_VALUE, SAME_DATA
+
 FP32 = ["ort", "openvino", "torch", "onnx-reference"]
 LOWP = ["ort-fp16", "openvino-fp16", "ort-int8", "openvino-int8"]
 N_TRAIN, N_TEST = 1500, 60
@@ -90,6 +92,7 @@ def digits_run(digits):
     return res, eager
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_digits_top1_per_backend_against_labels(digits, digits_run):
     from anpred.run import RunStore
 
@@ -117,6 +120,7 @@ def test_digits_top1_per_backend_against_labels(digits, digits_run):
     assert d["task"]["backends"]["ort-int8"]["headline"].startswith("top-1 agrees with the consensus on ")
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_history_task_regression_exits_1(digits, digits_run):
     """Two runs of a model named alike on the same inputs, the second with a degraded classifier: the
     regression command exits 1 naming the drop; a margin larger than the drop exits 0."""
@@ -127,14 +131,15 @@ def test_history_task_regression_exits_1(digits, digits_run):
     before = digits_run[0].report.task["backends"]["ort"]["truth"]["top1"]
     after = res2.report.task["backends"]["ort"]["truth"]["top1"]
     assert before - after > 0.05, (before, after)
-    p = subprocess.run([sys.executable, "-m", "anpred", "history", str(db)], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "anpred", "history", str(db)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     assert f"REGRESSION digits ort truth.top1: {before:.4g} -> {after:.4g}" in p.stdout
     p = subprocess.run([sys.executable, "-m", "anpred", "history", str(db), "--margin", "1"], capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=600)
     assert p.returncode == 0 and "no task metric dropped by more than 1" in p.stdout
 
 
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_detect_adapter_counts_and_map():
     from models.detect import Detections
 
@@ -156,6 +161,7 @@ def test_detect_adapter_counts_and_map():
     assert coco_map50([ref], [empty]) == 0.0 and coco_map50([empty], [ref]) is None
 
 
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_classify_and_dense_adapters():
     c = ClassifyAdapter()
     ref = c.result({"y": np.array([[1.0, 3.0, 2.0]])})  # logits: softmax
@@ -169,6 +175,7 @@ def test_classify_and_dense_adapters():
     assert m["iou"] == pytest.approx(2 / 4)
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 @pytest.mark.slow  # the 1024x1024 detector on four backends (~40 s)
 def test_doclaynet_detections_kept_and_true_map(tmp_path):
     """The trained YOLOv8n-DocLayNet on three rendered pages: every fp32 backend keeps every consensus
@@ -207,6 +214,7 @@ def _nice_allowed() -> bool:
     return got[0] is not None
 
 
+@pytest.mark.isa_independent(SAME_DATA)
 def test_streamed_dataset_matches_the_run_in_one_piece(digits, tmp_path, monkeypatch):
     """``--stream``: the 60 digits in chunks of 25 (the last one of 10), judged as they come: the same statistics at every
     (anchor, backend) as the same backends in one piece (int8 calibrated on the same first 32 samples),
@@ -295,10 +303,11 @@ def test_classify_nan_output_agrees_with_nothing():
 
 def test_history_refuses_a_negative_margin(digits_run, digits):
     p = subprocess.run([sys.executable, "-m", "anpred", "history", str(digits[4] / "history.sqlite"), "--margin", "-1"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode == 2 and "--margin must be >= 0" in p.stderr
 
 
+@pytest.mark.isa_independent(SAME_DATA)
 def test_streamed_sampled_positions_equal_the_whole_run_at_those_positions(digits, tmp_path, monkeypatch):
     """``positions=200``: the digits' intermediate anchors (1024 and 512 values per sample) are judged on 200
     sampled positions; from the second chunk on, each backend's worker stores only those values. Every
@@ -362,6 +371,8 @@ def test_streamed_sampled_positions_equal_the_whole_run_at_those_positions(digit
             assert not any(k.endswith(GATHERED_SUFFIX) for k in keys) and sampled <= set(keys)
 
 
+@pytest.mark.slow  # ~17 s (a stream interrupted, its resume refused three ways, then completed)
+@pytest.mark.isa_independent(SAME_DATA)
 def test_interrupted_stream_resumes_to_the_uninterrupted_report(digits, tmp_path):
     """Ctrl-C after the second of six chunks: the checkpoint stays beside -o; ``--resume`` skips the samples
     judged before and ends with the uninterrupted run's statistics, task metrics and input identity. A
@@ -426,6 +437,7 @@ def test_interrupted_stream_resumes_to_the_uninterrupted_report(digits, tmp_path
     assert not ck.exists()
 
 
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_labels_from_class_folders(digits, tmp_path):
     """``--labels folders``: INPUTS/<class>/<file> gives each sample its folder's class (sorted names); the
     same 60 digits give the labels file's top-1, streamed or not; a flat folder is refused, not labelled 0."""
@@ -505,6 +517,7 @@ def test_resume_after_the_last_checkpoint_stores_the_kept_samples_in_full(digits
     assert json.loads((out2 / "report.json").read_text())["samples"] == N_TEST and not (tmp_path / ".out2.stream").exists()
 
 
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_coco_map50_equals_cocoeval_summarize():
     """coco_map50 evaluates only IoU 0.5, area all, 100 detections: the same number as pycocotools'
     full evaluation (``stats[1]`` of ``summarize``), on 60 images of noisy, missed, extra and

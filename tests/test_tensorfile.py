@@ -16,6 +16,8 @@ from anpred.manifest import AnchorManifest
 from anpred.run import RunStore, StreamingStats, worker_malloc_tunables
 from anpred.tensorfile import read_safetensors, storable, write_safetensors
 
+from isa_reasons import SAME_DATA
+
 
 def _arrays():
     rng = np.random.default_rng(7)
@@ -129,6 +131,7 @@ def test_direct_io_refused_falls_back_to_buffered(tmp_path, monkeypatch, where):
     assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
 
 
+@pytest.mark.isa_independent(SAME_DATA)
 @pytest.mark.parametrize("chunk", [3, 1 << 16])
 def test_chunked_summary_equals_the_two_pass_reference(monkeypatch, chunk):
     """The one-pass chunked summary (Chan et al. merge per chunk) against numpy's two-pass values, with

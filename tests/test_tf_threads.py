@@ -7,7 +7,10 @@ import os
 import numpy as np
 import pytest
 
+from isa_reasons import FP32_BOUND
 
+
+@pytest.mark.isa_independent(FP32_BOUND)
 @pytest.mark.slow
 def test_tf_threads_option_on_fresh_conversion(tmp_path):
     import onnx

@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 import pytest
 
+from isa_reasons import FP32_BOUND
+
 REL_TOL = 1e-4
 CASES = {
     "yolov5n": (160, ["torch-native", "tf", "ort"], 2),
@@ -64,6 +66,7 @@ def three(request, tmp_path_factory):
     return name, man, rep, store
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_every_anchor_is_captured_and_exact_in_three_libraries(three):
     name, man, rep, store = three
     st = store.statuses()
@@ -84,6 +87,7 @@ def test_every_anchor_is_captured_and_exact_in_three_libraries(three):
         assert rep.exact_fraction(b) == 1.0, rep.format_text()
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_three_libraries_agree_within_fp32_noise_after_alignment(three):
     from anpred.align import Aligner
 
@@ -113,6 +117,7 @@ def test_three_libraries_agree_within_fp32_noise_after_alignment(three):
     print(f"{name}: max relative error vs ort {max(worst.values()):.2e}")
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_anchored_pad_conv_graph_loads_in_ort_with_default_optimisations():
     """The reduction of the MobileNetV2 failure: anchors on the input of a Pad that ORT fuses into the
     following Conv, and on that Conv's output. With the anchor Identities appended in forward order

@@ -21,6 +21,8 @@ from anpred.judge import check_run  # noqa: E402
 from anpred.onnx_io import save_model  # noqa: E402
 from anpred.run import run_model  # noqa: E402
 
+from isa_reasons import DEFECT_BOUND, FP32_BOUND
+
 FP32 = ["ort", "openvino", "torch", "tf", "tvm", "mnn", "ncnn", "litert"]
 # three onnx2tf conversions and eight backends per network: about 90 s each on 2 cores (cold cache)
 pytestmark = pytest.mark.slow
@@ -38,6 +40,7 @@ def _run(tmp: Path, built, shape, n, seed):
     return check_run(tmp / "run"), man
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 @pytest.mark.parametrize("net,shape,op,flagged", [
     (softplus_cnn, [1, 3, 16, 16], "Softplus", ["openvino"]),
     # ncnn (through pnnx) divides the border windows by the whole kernel area like OpenVINO: bit-identical
@@ -63,6 +66,7 @@ def test_openvino_defects_flagged_among_eight_families(tmp_path, net, shape, op,
             assert rep.cell(anchor.name, b).primary < c.primary / 5, (b, rep.cell(anchor.name, b).primary)
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_clean_network_flags_nothing_among_eight_families(tmp_path):
     rep, man = _run(tmp_path, plain_cnn(), [1, 3, 32, 32], 4, 2)
     assert rep.status == "consistent", {b: v.status for b, v in rep.verdicts.items()}

