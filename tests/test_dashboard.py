@@ -205,3 +205,43 @@ def test_command_and_loopback_server(db, tmp_path, capsys):
         server.shutdown()
         server.server_close()
     assert Path(tmp_path / "site" / "index.html").is_file()
+
+
+def test_two_backend_sets_of_a_campaign_are_two_series(db, tmp_path):
+    """A campaign with two backend sets (docs/campaigns.md: fp32 and lowp) runs each model with both:
+    same label, inputs and versions, but each set forms its own consensus. ort consistent in fp32 and
+    FLAGGED in lowp is no regression (the two are not compared): one row per set, each cell the latest
+    verdict of its own set; a change within a set is still found."""
+    from anpred.dashboard import SiteOptions, collect
+    from anpred.dashboard.site import payload
+
+    fp32 = lambda: [_ok("ort"), _ok("openvino"), _ok("onnx-reference")]  # noqa: E731
+    lowp = lambda ort: [ort, _ok("openvino"), _ok("torch")]  # noqa: E731
+    plan = [("a1", "fp32", fp32()), ("b1", "lowp", lowp(_flagged("ort"))),
+            ("a2", "fp32", fp32()), ("b2", "lowp", lowp(_flagged("ort"))),
+            ("a3", "fp32", fp32()), ("b3", "lowp", lowp(_ok("ort")))]
+    con = sqlite3.connect(db)
+    with con:
+        for k, (_, _, verdicts) in enumerate(plan, 1):
+            _run(con, k, "net", verdicts, run_dir=f"/w/{k}/run")
+    con.close()
+    record_campaign(db, "nightly", tmp_path / "out", "c.toml", [],
+                    [CampaignConfig(cid, pos, label="net", backend_set=bset, inputs="default", state="complete",
+                                    versions={"onnxruntime": "1.32.0"}, run_dir=f"/w/{pos + 1}/run")
+                     for pos, (cid, bset, _) in enumerate(plan)])
+    for hist in (collect([db], campaign="nightly"), collect([db])):
+        # one change only: lowp's ort fixed in its last run (fp32 against lowp would alternate ok/FLAGGED)
+        assert [(s.backend, e["text"]) for s in hist.series for e in s.events] == [("ort", "FLAGGED -> ok")]
+        by = {(s.config, s.backend): s for s in hist.series}
+        assert sorted(by) == [("fp32", "onnx-reference"), ("fp32", "openvino"), ("fp32", "ort"),
+                              ("lowp", "openvino"), ("lowp", "ort"), ("lowp", "torch")]
+        assert [p.standing for p in by[("fp32", "ort")].points] == ["ok", "ok", "ok"]
+        assert [p.standing for p in by[("lowp", "ort")].points] == ["FLAGGED", "FLAGGED", "ok"]
+        assert by[("fp32", "ort")].events == []
+        assert [(e["kind"], e["text"]) for e in by[("lowp", "ort")].events] == [("fix", "FLAGGED -> ok")]
+        assert all(s.events == [] for k, s in by.items() if k != ("lowp", "ort"))
+        data = payload(hist, tmp_path, SiteOptions())
+        assert data["models"] == ["net · fp32", "net · lowp"]
+        latest = {(data["models"][c["m"]], data["backends"][c["b"]][0]): c["s"][-1] for c in data["cells"]}
+        assert latest[("net · fp32", "ort")] == "0" and latest[("net · lowp", "ort")] == "0"
+        assert len(latest) == 6

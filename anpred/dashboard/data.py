@@ -1,7 +1,9 @@
 """What the dashboard shows, read from one or more history databases (:mod:`anpred.history`).
 
 :func:`collect` reads every run, verdict, task metric, campaign configuration and bisection and
-returns :class:`Series` per (model, backend): the runs of that backend on that model in time order
+returns :class:`Series` per (model, configuration, backend), where a configuration is the backend
+set (the backends of the run: the consensus each verdict is judged against) and the input set
+(:func:`_group`): the runs of that backend on that model in that configuration in time order
 (a campaign's runs at the time of its first run, in the campaign's order of configurations: the
 runtime versions of a version axis in the order the campaign lists them), each a :class:`Point`.
 
@@ -66,13 +68,17 @@ class Point:
 
 @dataclass
 class Series:
-    """The points of one (model, backend), oldest first, with their regressions
-    (``{"point", "kind": regression | fix | change, "what": verdict | task, "text", "before", ...}``)."""
+    """The points of one (model, configuration, backend), oldest first (:func:`_group`), with their
+    regressions (``{"point", "kind": regression | fix | change, "what": verdict | task, "text", ...}``).
+    config: the configuration's label (backend set, input set); row: the grid's row label (the model,
+    with the configuration where the model has several)."""
 
     model: str
     backend: str
     family: str | None
     precision: str | None
+    config: str = ""
+    row: str = ""
     points: list[Point] = field(default_factory=list)
     anchor: str | None = None
     metric: str | None = None
@@ -165,10 +171,11 @@ def _read_bisections(con, db: str) -> list[dict[str, Any]]:
     return [{"db": db, **dict(zip(keys, r))} for r in rows]
 
 
-def _read_db(db: str, campaign: tuple[str | None, str | None], runs: list[dict], groups: dict
+def _read_db(db: str, campaign: tuple[str | None, str | None], runs: list[dict], raw: list[tuple]
              ) -> tuple[list[dict], list[dict]]:
-    """Append ``db``'s runs to ``runs`` and its points to ``groups[(model, backend)]``; returns its
-    campaigns and bisections. Only the runs of the campaign ``(name, folder)`` when a name is given."""
+    """Append ``db``'s runs to ``runs`` and its points to ``raw`` (``(backend, family, precision,
+    Point)``, grouped into series by :func:`_group`); returns its campaigns and bisections. Only the
+    runs of the campaign ``(name, folder)`` when a name is given."""
     con = open_history(db)
     try:
         camps, by_run = _read_campaigns(con, db, *campaign)
@@ -187,7 +194,8 @@ def _read_db(db: str, campaign: tuple[str | None, str | None], runs: list[dict],
             runs.append({"db": db, "id": rid, "created": created or "", "model": model, "inputs": ins,
                          "report": _report_path(report or cfg.get("report"), run_dir),
                          "campaign": cfg.get("campaign"), "label": cfg.get("label"), "config": cfg.get("id"),
-                         "position": cfg.get("position", 0), "campaign_key": cfg.get("campaign_key")})
+                         "position": cfg.get("position", 0), "campaign_key": cfg.get("campaign_key"),
+                         "backend_set": cfg.get("backend_set"), "inputs_name": cfg.get("inputs"), "backends": ()})
         task: dict[tuple[int, str], dict[str, float]] = {}
         if _table(con, "tasks"):
             for rid, b, metric, value in con.execute("SELECT run_id, backend, metric, value FROM tasks"):
@@ -200,14 +208,55 @@ def _read_db(db: str, campaign: tuple[str | None, str | None], runs: list[dict],
             if rid not in index:
                 continue
             i = index[rid]
-            s = groups.get((runs[i]["model"], b))
-            if s is None:
-                s = groups[(runs[i]["model"], b)] = Series(runs[i]["model"], b, fam, prec)
-            s.points.append(Point(i, _standing(fl, st), oa, os_, wa, _fnum(wp), _versions(vers), prec,
-                                  task.get((rid, b), {}), (cul, cop or "") if cul else None))
+            runs[i]["backends"] += (b,)
+            raw.append((b, fam, prec, Point(i, _standing(fl, st), oa, os_, wa, _fnum(wp), _versions(vers), prec,
+                                            task.get((rid, b), {}), (cul, cop or "") if cul else None)))
         return camps, _read_bisections(con, db)
     finally:
         con.close()
+
+
+def _group(runs: list[dict], raw: list[tuple]) -> dict[tuple, Series]:
+    """The series (module docstring): one per (model, configuration, backend), where a run's
+    configuration is its backend set (the backends that ran: they form the consensus every verdict is
+    judged against) and its input set (a campaign's ``inputs`` name; a run without one, such as a
+    bisection's drill-down run, takes the name of the configuration judged on the same
+    ``inputs_sha256``). The row label names the configuration (a campaign's backend set name, else
+    the backends joined by ``+``; the input set where the model has several) only where the model
+    has several configurations."""
+    for r in runs:
+        r["backends"] = tuple(sorted(set(r["backends"])))
+    named: dict[tuple, str] = {}  # (model, backends, inputs_sha256) -> the input set's name
+    for r in runs:
+        if r["inputs_name"]:
+            named.setdefault((r["model"], r["backends"], r["inputs"]), r["inputs_name"])
+    sets: dict[tuple, set[str]] = {}  # (model, backends, input set) -> the campaign's names of the set
+    for r in runs:
+        r["inputs_name"] = r["inputs_name"] or named.get((r["model"], r["backends"], r["inputs"]))
+        names = sets.setdefault((r["model"], r["backends"], r["inputs_name"]), set())
+        if r["backend_set"]:
+            names.add(r["backend_set"])
+    labels: dict[tuple, str] = {}
+    for (model, bset, ins), names in sets.items():
+        labels[(model, bset, ins)] = "/".join(sorted(names)) or "+".join(bset)
+    for key, lab in list(labels.items()):  # the same name for two backend sets (a set edited between campaigns)
+        if sum(1 for k, x in labels.items() if k[0] == key[0] and k[2] == key[2] and x == lab) > 1:
+            labels[key] = f"{lab} ({'+'.join(key[1])})"
+    for (model, bset, ins), lab in list(labels.items()):
+        if len({k[2] for k in labels if k[0] == model}) > 1:
+            labels[(model, bset, ins)] = f"{lab} · inputs {ins or '-'}"
+    several = {m for m in {k[0] for k in labels} if sum(1 for k in labels if k[0] == m) > 1}
+    groups: dict[tuple, Series] = {}
+    for b, fam, prec, p in raw:
+        r = runs[p.run]
+        ckey = (r["model"], r["backends"], r["inputs_name"])
+        s = groups.get((*ckey, b))
+        if s is None:
+            conf = labels[ckey]
+            row = f"{r['model']} · {conf}" if r["model"] in several else r["model"]
+            s = groups[(*ckey, b)] = Series(r["model"], b, fam, prec, config=conf, row=row)
+        s.points.append(p)
+    return groups
 
 
 def _choose_anchors(series: list[Series]) -> None:
@@ -321,15 +370,16 @@ def collect(dbs: list[str | Path], *, margin: float = DEFAULT_MARGIN, campaign: 
     if margin < 0 or not math.isfinite(margin):
         raise AnpredError(f"--margin must be a finite number >= 0 (got {margin:g})")
     runs: list[dict] = []
-    groups: dict[tuple[str, str], Series] = {}
+    raw: list[tuple] = []
     camps, bis = [], []
     for db in dbs:
         folder = str(Path(campaign_folder).absolute()) if campaign_folder is not None else None
-        c, b = _read_db(str(db), (campaign, folder), runs, groups)
+        c, b = _read_db(str(db), (campaign, folder), runs, raw)
         camps += c
         bis += b
+    groups = _group(runs, raw)
     _order(runs, groups)
-    series = sorted(groups.values(), key=lambda s: (s.model, s.backend))
+    series = sorted(groups.values(), key=lambda s: (s.row, s.backend))
     _choose_anchors(series)
     for db in dict.fromkeys(str(d) for d in dbs):
         _anchor_values(db, runs, series)

@@ -132,8 +132,9 @@ def _first_bad(s: Series, before: dict[str, str], after: dict[str, str]) -> dict
 
 def payload(hist: History, site: Path, opts: SiteOptions) -> dict[str, Any]:
     """The page's data (module docstring). ``site``: the folder the links are relative to. Runs are
-    numbered in time order; ``mr``: per model the runs of its cells (most cells share them)."""
-    models = sorted({s.model for s in hist.series})
+    numbered in time order; ``models``: the grid's rows (a model, with its configuration where it has
+    several: :attr:`Series.row`); ``mr``: per row the runs of its cells (most cells share them)."""
+    models = sorted({s.row or s.model for s in hist.series})  # the grid's rows: model, configuration
     backends = sorted({(s.backend, s.family or "") for s in hist.series})
     bnames = [b[0] for b in backends]
     precs: dict[str, set[str]] = {}
@@ -143,14 +144,14 @@ def payload(hist: History, site: Path, opts: SiteOptions) -> dict[str, Any]:
     num = {i: k for k, i in enumerate(used)}
     by_model: dict[str, list[int]] = {}
     for s in hist.series:
-        by_model.setdefault(s.model, [])
-        by_model[s.model] = sorted(set(by_model[s.model]) | {num[p.run] for p in s.points})
+        row = s.row or s.model
+        by_model[row] = sorted(set(by_model.get(row, [])) | {num[p.run] for p in s.points})
     vers: dict[str, int] = {}
     cells = []
     for s in hist.series:
-        c = _cell(s, models.index(s.model), bnames.index(s.backend), vers)
+        c = _cell(s, models.index(s.row or s.model), bnames.index(s.backend), vers)
         own = [num[p.run] for p in s.points]
-        if own != by_model[s.model]:
+        if own != by_model[s.row or s.model]:
             c["r"] = own
         cells.append(c)
     runs = []
