@@ -142,7 +142,10 @@ def test_campaign_order_and_bisection_first_bad(db, tmp_path):
     assert json.loads(blob.replace("<\\/", "</"))["cells"] == data["cells"]
     # self-contained: nothing loaded from elsewhere
     assert not re.search(r"<(script|img|link|iframe)[^>]+(src|href)=", text) and "http://" not in text
-    assert collect([db], campaign="other").series == []
+    from anpred.errors import AnpredError
+
+    with pytest.raises(AnpredError, match=r"no campaign 'other' in .*campaigns there: nightly"):
+        collect([db], campaign="other")
 
 
 def test_migration_from_schema_2(tmp_path):
@@ -245,3 +248,24 @@ def test_two_backend_sets_of_a_campaign_are_two_series(db, tmp_path):
         latest = {(data["models"][c["m"]], data["backends"][c["b"]][0]): c["s"][-1] for c in data["cells"]}
         assert latest[("net · fp32", "ort")] == "0" and latest[("net · lowp", "ort")] == "0"
         assert len(latest) == 6
+
+
+def test_unknown_campaign_is_an_error_and_an_empty_history_a_note(db, tmp_path, capsys):
+    """``--campaign NAME`` that the history does not record: exit 2, naming the campaigns there (a
+    history without campaigns says so); a history with no run: the site is written, with a note."""
+    from anpred.cli import main
+
+    assert main(["dashboard", str(db), "-o", str(tmp_path / "s0")]) == 0
+    err = capsys.readouterr().err
+    assert f"{db} hold(s) no run: the grid is empty" in err
+    assert "This history holds no run" in (tmp_path / "s0" / "index.html").read_text()
+    assert main(["dashboard", str(db), "-o", str(tmp_path / "s1"), "--campaign", "nightly"]) == 2
+    err = capsys.readouterr().err
+    assert "no campaign 'nightly' in " in err and "it records no campaign" in err
+    record_campaign(db, "weekly", tmp_path / "w", "w.toml", [], [])
+    record_campaign(db, "nightly-2", tmp_path / "n", "n.toml", [], [])
+    assert main(["dashboard", str(db), "-o", str(tmp_path / "s2"), "--campaign", "nightly"]) == 2
+    assert "no campaign 'nightly' in " in (err := capsys.readouterr().err) and "campaigns there: nightly-2, weekly" in err
+    assert not (tmp_path / "s2").exists()  # nothing written
+    assert main(["dashboard", str(db), "-o", str(tmp_path / "s3"), "--campaign", "weekly"]) == 0
+    assert "no run of campaign 'weekly'" in capsys.readouterr().err

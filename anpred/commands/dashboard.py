@@ -29,14 +29,21 @@ def add_arguments(parser):
 
 
 def main(args) -> int:
+    import sys
     import time
 
-    from anpred.dashboard import SiteOptions, build
+    from anpred.dashboard import SiteOptions, collect, write_site
+    from anpred.history import DEFAULT_MARGIN
 
     t0 = time.perf_counter()
-    opts = SiteOptions(title=args.title or "ANPRED dashboard")
-    page = build(args.db, args.output, margin=args.margin, campaign=args.campaign, opts=opts)
+    hist = collect(list(dict.fromkeys(args.db)), margin=DEFAULT_MARGIN if args.margin is None else args.margin,
+                   campaign=args.campaign)
+    page = write_site(hist, args.output, SiteOptions(title=args.title or "ANPRED dashboard"))
     print(f"dashboard: {page} ({page.stat().st_size / 1e6:.2f} MB, {time.perf_counter() - t0:.1f} s)")
+    if not hist.runs:
+        print(f"anpred: note: {', '.join(args.db)} hold(s) no run" + (f" of campaign {args.campaign!r}" if args.campaign
+              else "") + ": the grid is empty (runs are added by 'anpred test/check --history DB' or a campaign)",
+              file=sys.stderr)
     if args.serve:
         from anpred.dashboard.serve import serve
 

@@ -162,6 +162,15 @@ def _read_campaigns(con, db: str, campaign: str | None, folder: str | None) -> t
     return out, by_run
 
 
+def _campaign_names(db: str) -> list[str]:
+    """The names of the campaigns recorded in ``db`` (none before schema 3)."""
+    con = open_history(db)
+    try:
+        return [n for (n,) in con.execute("SELECT DISTINCT name FROM campaigns")] if _table(con, "campaigns") else []
+    finally:
+        con.close()
+
+
 def _read_bisections(con, db: str) -> list[dict[str, Any]]:
     if not _table(con, "bisections"):
         return []
@@ -363,7 +372,8 @@ def collect(dbs: list[str | Path], *, margin: float = DEFAULT_MARGIN, campaign: 
     to that output folder).
 
     Raises:
-        AnpredError: a database is missing or not an anpred history database; ``margin`` < 0.
+        AnpredError: a database is missing or not an anpred history database; ``margin`` < 0; no
+            campaign ``campaign`` in the databases (the message names those there).
     """
     from anpred.errors import AnpredError
 
@@ -377,6 +387,10 @@ def collect(dbs: list[str | Path], *, margin: float = DEFAULT_MARGIN, campaign: 
         c, b = _read_db(str(db), (campaign, folder), runs, raw)
         camps += c
         bis += b
+    if campaign is not None and not camps:
+        names = sorted({n for db in dbs for n in _campaign_names(str(db))})
+        raise AnpredError(f"no campaign {campaign!r} in {', '.join(str(d) for d in dbs)}; "
+                          + (f"campaigns there: {', '.join(names)}" if names else "it records no campaign"))
     groups = _group(runs, raw)
     _order(runs, groups)
     series = sorted(groups.values(), key=lambda s: (s.row, s.backend))
