@@ -43,7 +43,7 @@
   }
   function fmt(e) { // round(100 log10 x) -> "3.2e-7"
     if (e === null || e === undefined) return "-";
-    return Math.pow(10, e / 100).toExponential(1).replace("e-", "e-").replace("e+", "e");
+    return Math.pow(10, e / 100).toExponential(1).replace("e+", "e"); // "3.2e+0" -> "3.2e0"
   }
   function vdiff(a, b) { // the version items that differ between two version strings
     var A = VITEMS[a], B = VITEMS[b];
@@ -210,6 +210,8 @@
       h.push("</tr>");
     });
     h.push("</tbody>");
+    if (!D.cells.length) h = ["<caption id=empty>This history holds no run: nothing to show (runs are added by " +
+                              "<code>anpred test/check --history DB</code> or a campaign).</caption>"];
     document.getElementById("grid").innerHTML = h.join("");
     lazySparklines(views);
     renderChanges(views);
