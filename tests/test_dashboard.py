@@ -269,3 +269,43 @@ def test_unknown_campaign_is_an_error_and_an_empty_history_a_note(db, tmp_path, 
     assert not (tmp_path / "s2").exists()  # nothing written
     assert main(["dashboard", str(db), "-o", str(tmp_path / "s3"), "--campaign", "weekly"]) == 0
     assert "no run of campaign 'weekly'" in capsys.readouterr().err
+
+
+def test_serve_reaches_the_reports_beside_the_site(db, tmp_path):
+    """The usual layout: the site next to the run folders (``site/`` and ``runs/<k>/report.html``).
+    ``--serve`` serves their common parent with the site as the start page, so the page's relative
+    link (``../runs/1/report.html``) answers with the report; a path out of that folder (a symbolic
+    link) is refused."""
+    from urllib.parse import urljoin
+
+    from anpred.dashboard import collect, write_site
+    from anpred.dashboard.serve import serve_in_thread
+
+    home = tmp_path / "home"
+    (home / "runs" / "1").mkdir(parents=True)
+    (home / "runs" / "1" / "report.html").write_text("<html>the report of run 1</html>")
+    (tmp_path / "secret.txt").write_text("outside")
+    (home / "escape").symlink_to(tmp_path / "secret.txt")
+    con = sqlite3.connect(db)
+    with con:
+        _run(con, 1, "m", [_ok()], run_dir=str(home / "runs" / "1" / "run"))
+    con.close()
+    write_site(collect([db]), home / "site")
+    from anpred.dashboard.site import read_data
+
+    (link,) = [r[1] for r in read_data(home / "site" / "index.html")["runs"]]
+    assert link == "../runs/1/report.html"
+    server, url = serve_in_thread(home / "site")
+    try:
+        assert url == f"http://127.0.0.1:{server.server_address[1]}/site/index.html"
+        with urllib.request.urlopen(url, timeout=30) as r:
+            assert r.status == 200 and b"anpred-data" in r.read()
+        with urllib.request.urlopen(urljoin(url, link), timeout=30) as r:
+            assert r.status == 200 and r.read() == b"<html>the report of run 1</html>"
+        for bad in ("escape", "../secret.txt", "%2e%2e/secret.txt"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(urljoin(url, "/" + bad), timeout=30)
+            assert err.value.code == 404, bad
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -24,7 +24,7 @@ from typing import Any
 
 from anpred.dashboard.data import STANDINGS, History, Series
 
-__all__ = ["SiteOptions", "payload", "render", "write_site", "STATIC"]
+__all__ = ["SiteOptions", "payload", "read_data", "render", "write_site", "STATIC"]
 
 STATIC = Path(__file__).resolve().parent / "static"
 _CODE = {s: str(i) for i, s in enumerate(STANDINGS)}
@@ -189,6 +189,27 @@ def render(data: dict[str, Any]) -> str:
             "<section id=changes></section>\n"
             f"<script type='application/json' id=anpred-data>{blob}</script>\n<script>\n{js}</script>\n"
             "</body></html>\n")
+
+
+def read_data(page: str | Path) -> dict[str, Any]:
+    """The data block of a page :func:`render` wrote (:func:`payload`'s dict).
+
+    Raises:
+        AnpredError: ``page`` cannot be read or holds no dashboard data.
+    """
+    import re
+
+    from anpred.errors import AnpredError
+
+    try:
+        text = Path(page).read_text(encoding="utf-8")
+    except OSError as err:
+        raise AnpredError(f"cannot read {page}: {err}") from err
+    m = re.search(r"<script type='application/json' id=anpred-data>(.*?)</script>", text, re.DOTALL)
+    try:
+        return json.loads(m.group(1).replace("<\\/", "</")) if m else {}
+    except ValueError as err:
+        raise AnpredError(f"{page}: its dashboard data are not JSON: {err}") from err
 
 
 def write_site(hist: History, out: str | Path, opts: SiteOptions | None = None) -> Path:
