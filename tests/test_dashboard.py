@@ -232,7 +232,11 @@ def test_two_backend_sets_of_a_campaign_are_two_series(db, tmp_path):
                     [CampaignConfig(cid, pos, label="net", backend_set=bset, inputs="default", state="complete",
                                     versions={"onnxruntime": "1.32.0"}, run_dir=f"/w/{pos + 1}/run")
                      for pos, (cid, bset, _) in enumerate(plan)])
+    record_bisection(db, {"package": "onnxruntime", "model": "net", "backend": "ort", "candidates": ["1.31.0", "1.32.0"],
+                          "first_bad": "1.32.0", "last_good": "1.31.0"}, "nightly", tmp_path / "out")
     for hist in (collect([db], campaign="nightly"), collect([db])):
+        # the bisection probed the model's first configuration holding ort: the fp32 set
+        assert [(s.config, s.backend) for s in hist.series if s.bisections] == [("fp32", "ort")]
         # one change only: lowp's ort fixed in its last run (fp32 against lowp would alternate ok/FLAGGED)
         assert [(s.backend, e["text"]) for s in hist.series for e in s.events] == [("ort", "FLAGGED -> ok")]
         by = {(s.config, s.backend): s for s in hist.series}

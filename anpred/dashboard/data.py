@@ -71,7 +71,7 @@ class Series:
     """The points of one (model, configuration, backend), oldest first (:func:`_group`), with their
     regressions (``{"point", "kind": regression | fix | change, "what": verdict | task, "text", ...}``).
     config: the configuration's label (backend set, input set); row: the grid's row label (the model,
-    with the configuration where the model has several)."""
+    with the configuration where the model has several); sets: the campaigns' names of its backend set."""
 
     model: str
     backend: str
@@ -79,6 +79,7 @@ class Series:
     precision: str | None
     config: str = ""
     row: str = ""
+    sets: tuple[str, ...] = ()
     points: list[Point] = field(default_factory=list)
     anchor: str | None = None
     metric: str | None = None
@@ -263,7 +264,8 @@ def _group(runs: list[dict], raw: list[tuple]) -> dict[tuple, Series]:
         if s is None:
             conf = labels[ckey]
             row = f"{r['model']} · {conf}" if r["model"] in several else r["model"]
-            s = groups[(*ckey, b)] = Series(r["model"], b, fam, prec, config=conf, row=row)
+            s = groups[(*ckey, b)] = Series(r["model"], b, fam, prec, config=conf, row=row,
+                                            sets=tuple(sorted(sets[ckey])))
         s.points.append(p)
     return groups
 
@@ -349,19 +351,36 @@ def _events(s: Series, runs: list[dict], margin: float) -> None:
                                  "text": f"{m} {b:.4g} -> {v:.4g} (-{b - v:.4g} > margin {margin:g})"})
 
 
-def _attach_bisections(series: list[Series], runs: list[dict], bisections: list[dict]) -> None:
+def _bisected_set(b: dict[str, Any], by_id: dict[tuple, dict], campaigns: list[dict]) -> str | None:
+    """The backend set a bisection probed: the first configuration (in its campaign's order) of its
+    model label whose run holds its backend (:func:`anpred.campaign.bisect.bisect_versions`' base);
+    None when its campaign is not in the history read."""
+    for c in campaigns:
+        if c["name"] != b.get("campaign"):
+            continue
+        for cfg in sorted(c["configs"], key=lambda x: x["position"] or 0):
+            r = by_id.get((c["db"], cfg["run"]))
+            if cfg["label"] == b["model"] and r is not None and b["backend"] in r["backends"]:
+                return cfg["backend_set"]
+    return None
+
+
+def _attach_bisections(series: list[Series], runs: list[dict], bisections: list[dict], campaigns: list[dict]) -> None:
     """A bisection names a campaign's model label: tied to the series of the models its runs carry
-    that label (the label itself when no run does)."""
+    that label (the label itself when no run does), in the backend set it probed (:func:`_bisected_set`;
+    every set when that is unknown)."""
     models: dict[str, set[str]] = {}
     for r in runs:
         if r["label"]:
             models.setdefault(r["label"], set()).add(r["model"])
+    by_id = {(r["db"], r["id"]): r for r in runs}
     for b in bisections:
         if not b.get("first_bad"):
             continue
         names = models.get(b["model"], {b["model"]})
+        bset = _bisected_set(b, by_id, campaigns)
         for s in series:
-            if s.model in names and s.backend == b["backend"]:
+            if s.model in names and s.backend == b["backend"] and (bset is None or not s.sets or bset in s.sets):
                 s.bisections.append(b)
 
 
@@ -403,5 +422,5 @@ def collect(dbs: list[str | Path], *, margin: float = DEFAULT_MARGIN, campaign: 
         metrics = [m for m in HIGHER_IS_BETTER if m in have]
         truth = [m for m in metrics if m.startswith("truth.")]
         s.metric = (truth or metrics or [None])[0]
-    _attach_bisections(series, runs, bis)
+    _attach_bisections(series, runs, bis, camps)
     return History(runs, series, camps, bis, margin, [str(d) for d in dbs])
