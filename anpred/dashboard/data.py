@@ -35,7 +35,7 @@ from typing import Any
 
 from anpred.history import DEFAULT_MARGIN, HIGHER_IS_BETTER, columns, open_history
 
-__all__ = ["Point", "Series", "History", "collect", "STANDINGS", "SEVERITY"]
+__all__ = ["Point", "Series", "History", "collect", "package_names", "STANDINGS", "SEVERITY"]
 
 #: verdict words of a point (the cell's colour), and their severity for the regression rule
 STANDINGS = ("ok", "FLAGGED", "INCOMPLETE", "NOT JUDGED")
@@ -48,7 +48,7 @@ class Point:
 
     run: index into :attr:`History.runs`; standing: one of :data:`STANDINGS`; nrmse: at the series'
     anchor (unitless, None: not judged there); worst: the largest nRMSE of the run (any anchor);
-    versions: the backend's library versions (``python`` and ``<package> from`` left out);
+    versions: the backend's package versions (:func:`_versions`: run facts left out);
     task: higher-is-better task metrics (``metric -> value``); culprit: ``(node, op_type)`` the
     drill-down named, or None.
     """
@@ -114,15 +114,42 @@ def _standing(flagged, status) -> str:
     return "ok"
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1)
+def package_names() -> frozenset[str]:
+    """The names (canonical, PEP 503: :func:`packaging.utils.canonicalize_name`) that a backend's
+    ``versions`` record may use for a package: the import names the backends declare
+    (:data:`anpred.backends.FAMILY_PACKAGES`, :data:`~anpred.backends.BACKEND_PACKAGES`), their
+    distributions, and every distribution :mod:`importlib.metadata` knows here."""
+    from importlib import metadata
+
+    from packaging.utils import canonicalize_name
+
+    from anpred.backends import BACKEND_PACKAGES, FAMILY_PACKAGES
+
+    declared = {p for ps in (*FAMILY_PACKAGES.values(), *BACKEND_PACKAGES.values()) for p in ps}
+    dists = metadata.packages_distributions()  # import name -> distributions
+    names = declared | {d for p in declared for d in dists.get(p, ())}
+    names |= {d.metadata["Name"] for d in metadata.distributions() if d.metadata["Name"]}
+    return frozenset(canonicalize_name(n) for n in names)
+
+
+@functools.lru_cache(maxsize=2 ** 16)  # distinct texts: per backend, version set and model (its run facts)
 def _versions(text: str | None) -> dict[str, str]:
-    """A verdict row's library versions without ``python`` and the ``<package> from`` folders; parsed
-    once per distinct text (a history repeats few version sets many times): the dict is shared, read only."""
+    """A verdict row's library versions: only the packages' (:func:`package_names`; ``python``, the
+    ``<package> from`` folders and the run facts a backend records beside its versions, such as
+    ``openvino_runtime_precisions``, ``ort_optimized_ops`` or ``fp16_model_sha256``, left out: they
+    are not versions, and they change with the model, not with a release). Parsed once per distinct
+    text (a history repeats few version sets many times): the dict is shared, read only."""
+    from packaging.utils import canonicalize_name
+
     try:
         d = json.loads(text or "{}")
     except ValueError:
         return {}
-    return {k: str(v) for k, v in d.items() if k != "python" and not k.endswith(" from")}
+    known = package_names()
+    if not isinstance(d, dict):
+        return {}
+    return {k: str(v) for k, v in d.items() if k != "python" and canonicalize_name(k) in known}
 
 
 def _report_path(report: str | None, run_dir: str | None) -> str | None:
