@@ -248,7 +248,7 @@ def test_two_backend_sets_of_a_campaign_are_two_series(db, tmp_path):
         assert [(e["kind"], e["text"]) for e in by[("lowp", "ort")].events] == [("fix", "FLAGGED -> ok")]
         assert all(s.events == [] for k, s in by.items() if k != ("lowp", "ort"))
         data = payload(hist, tmp_path, SiteOptions())
-        assert data["models"] == ["net · fp32", "net · lowp"]
+        assert data["models"] == ["net · fp32", "net · lowp"] and data["nmodels"] == 1
         latest = {(data["models"][c["m"]], data["backends"][c["b"]][0]): c["s"][-1] for c in data["cells"]}
         assert latest[("net · fp32", "ort")] == "0" and latest[("net · lowp", "ort")] == "0"
         assert len(latest) == 6

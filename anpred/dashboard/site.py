@@ -166,6 +166,7 @@ def payload(hist: History, site: Path, opts: SiteOptions) -> dict[str, Any]:
     return {"schema": "anpred.dashboard/1", "title": opts.title,
             "generated": opts.generated or time.strftime("%Y-%m-%dT%H:%M:%S"), "margin": hist.margin,
             "databases": [_rel(d, site) for d in hist.databases], "models": models,
+            "nmodels": len({s.model for s in hist.series}),
             "backends": [[b, fam, "/".join(sorted(precs[b])) or ""] for b, fam in backends], "runs": runs,
             "mr": [by_model[m] for m in models], "vers": list(vers), "cells": cells, "campaign": camp}
 
