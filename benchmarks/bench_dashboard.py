@@ -2,7 +2,8 @@
 
 Builds a synthetic history database with the schema :mod:`anpred.history` writes (its own DDL,
 through :func:`anpred.history.record_bisection` and a first real connection): per model 200 runs,
-per run 30 backends (verdict rows with library versions that change every ~40 runs, 5 % of the
+per run 30 backends (verdict rows with library versions that change every ~40 runs, beside them the
+run facts real backends record in ``versions`` (:func:`_versions`), 5 % of the
 backends flagged after a version change, their origin anchor and culprit operator), per (run,
 backend) one cell per anchor (6 anchors; ``stats`` holds only the nRMSE, where a real report stores
 all statistics: the database is smaller than a real one, the dashboard reads none of them), task
@@ -41,6 +42,29 @@ PRECISIONS = ["fp32", "fp16", "int8"]
 OPS = ["Conv", "Softplus", "AveragePool", "Resize", "LayerNormalization", "Gelu", "MatMul"]
 
 
+def _versions(fam: str, prec: str, version: str, model: int, rng: random.Random) -> dict[str, str]:
+    """A verdict row's ``versions`` as the backends record them: the package's version, ``python``,
+    and the run facts some backends record beside it (per model: the converted model's hash, the
+    kernels' precisions, the ops after optimisation; they are not versions, the dashboard leaves them
+    out, but they make the rows as long and as varied as real ones)."""
+    v = {"python": "3.11.2", fam: version}
+    if fam == "openvino":
+        v["openvino_build"] = f"{version}-17911-83c047443de-releases/2026/4"
+        v["openvino_cpu_capabilities"] = "FP32 FP16 INT8 BIN EXPORT_IMPORT"
+        v["openvino_compiled_precision_hint"] = "f32"
+        v["openvino_runtime_precisions"] = f"Const/fp32:{4 + model % 7},Convolution/fp32:{8 + model % 5},Result/fp32:1"
+    if prec == "fp16":
+        v["onnxconverter-common"] = "1.14.0"
+        v["fp16_model_sha256"] = f"{model * 2654435761 % 2 ** 64:016x}" * 4
+        v["converted_weights"] = f"float16:{10 + model % 9},float32:0"
+        v["ort_optimized_ops"] = f"Conv:{6 + model % 4},Relu:{3 + model % 3},Cast:{2 + model % 2}"
+        v["ort_kernel_precisions"] = f"Conv/fp16:{6 + model % 4},Relu/fp16:{3 + model % 3}"
+    if prec == "int8":
+        v["int8_model_sha256"] = f"{model * 40503 % 2 ** 64:016x}" * 4
+        v["mlas_u8s8_kernel"] = rng.choice(["avx512vnni", "avx2"])
+    return v
+
+
 def synthetic(db: Path, models: int, backends: int, runs: int, seed: int = 0) -> dict[str, int]:
     """Write the synthetic history (module docstring) to ``db``; returns row counts."""
     from anpred.history import create
@@ -68,7 +92,7 @@ def synthetic(db: Path, models: int, backends: int, runs: int, seed: int = 0) ->
                              "consensus", 4, "{}", "inputs-a", None))
                 verdicts, cells, tasks = [], [], []
                 for b, (name, fam, prec) in enumerate(bnames):
-                    ver = {fam: f"{1 + b % 3}.{r // 40}.0"}
+                    ver = _versions(fam, prec, f"{1 + b % 3}.{r // 40}.0", m, rng)
                     flagged = (m, b) in bad and r >= bad[(m, b)]
                     base = {"fp32": 1e-7, "fp16": 1e-3, "int8": 2e-2}[prec]
                     vals = [base * (1 + k) * rng.uniform(0.7, 1.3) * (300 if flagged and k >= 2 else 1)
@@ -147,8 +171,9 @@ def main() -> None:
     page = write_site(hist, out / "site", SiteOptions(title="synthetic: dashboard benchmark"))
     t_build = time.perf_counter() - t
     regs = sum(e["kind"] == "regression" for s in hist.series for e in s.events)
+    items = {(k, v) for s in hist.series for p in s.points for k, v in p.versions.items()}
     print(f"site build: {t_build:.2f} s (collect {t_collect:.2f} s); {len(hist.series)} cells, {regs} regressions; "
-          f"index.html {page.stat().st_size / 2 ** 20:.2f} MiB")
+          f"{len(items)} library versions in the filter; index.html {page.stat().st_size / 2 ** 20:.2f} MiB")
     empty = out / "empty.html"
     empty.write_text("<!doctype html><body data-render-ms=0 data-cells=0 data-errors=0></body>")
     base = sorted(chromium_load(empty, out / "profile")[3] for _ in range(3))[1]

@@ -89,9 +89,11 @@ def small_keras(imgsz: int = 32, seed: int = 0):
     return model, (x0,)
 
 
-def softplus_onnx(path: Path) -> Path:
-    """Write the Softplus CNN (input ``x`` float32 (1, 3, 16, 16), output ``y`` (1, 4, 16, 16)):
-    conv -> relu -> conv (bias -15) -> Softplus -> conv -> relu -> conv. Returns ``path``."""
+def softplus_onnx(path: Path, bias: float = -15.0, name: str = "softplus_cnn") -> Path:
+    """Write the Softplus CNN (input ``x`` float32 (1, 3, 16, 16), output ``y`` (1, 4, 16, 16), opset
+    17, graph ``name``): conv -> relu -> conv (bias ``bias``: -15 puts the Softplus inputs around -15,
+    where OpenVINO 2026.4.1's CPU Softplus is wrong; 0 around 0) -> Softplus -> conv -> relu -> conv.
+    The weights are seeded: the same for every ``bias``. Returns ``path``."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -107,12 +109,12 @@ def softplus_onnx(path: Path) -> Path:
 
     conv("c0", "x", "t0", 3, 8)
     nodes.append(helper.make_node("Relu", ["t0"], ["r0"], name="relu0"))
-    conv("c1", "r0", "t1", 8, 8, bias=-15.0, scale=0.3)
+    conv("c1", "r0", "t1", 8, 8, bias=bias, scale=0.3)
     nodes.append(helper.make_node("Softplus", ["t1"], ["sp"], name="softplus"))
     conv("c2", "sp", "t2", 8, 8)
     nodes.append(helper.make_node("Relu", ["t2"], ["r2"], name="relu2"))
     conv("c3", "r2", "y", 8, 4)
-    g = helper.make_graph(nodes, "softplus_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+    g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8

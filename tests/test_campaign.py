@@ -309,7 +309,7 @@ def test_bisect_names_the_onnxruntime_release_and_operator(tmp_path):
     from pipeline_factories import avgpool_net_onnx
 
     from anpred.campaign import load_campaign, run_campaign
-    from anpred.campaign.bisect import bisect_versions
+    from anpred.campaign.bisect import BisectRequest, bisect_versions
 
     assert sorted(p.name.split("-")[1] for p in WHEELS.glob("onnxruntime-*.whl")) == ["1.20.1", "1.21.0", "1.24.4"], \
         "scripts/setup.sh downloads these wheels"
@@ -331,8 +331,9 @@ def test_bisect_names_the_onnxruntime_release_and_operator(tmp_path):
     assert [(c["from"], c["to"], c["backend"], c["before"]) for c in summary["version_changes"]] == [
         ("1.20.1", "1.21.0", "ort", "ok")]
 
-    b = bisect_versions(campaign, tmp_path / "bisect", package="onnxruntime", model="net", backend="ort",
-                        good="1.20.1", bad="1.24.4", versions=["1.20.1", "1.20.5", "1.21.0", "1.24.4"],
+    b = bisect_versions(campaign, tmp_path / "bisect",
+                        BisectRequest(package="onnxruntime", model="net", backend="ort", good="1.20.1", bad="1.24.4",
+                                      versions=["1.20.1", "1.20.5", "1.21.0", "1.24.4"]),
                         num_cpus=2, progress=False)
     assert b["first_bad"] == "1.21.0" and b["last_good"] == "1.20.1"
     # 1.20.5 does not exist (not in the wheel folder): skipped with its reason, not taken for the change

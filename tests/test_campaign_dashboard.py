@@ -24,7 +24,7 @@ def test_dashboard_over_a_campaign_with_two_onnxruntime_releases(tmp_path):
     from pipeline_factories import avgpool_net_onnx
 
     from anpred.campaign import load_campaign, run_campaign
-    from anpred.campaign.bisect import bisect_versions
+    from anpred.campaign.bisect import BisectRequest, bisect_versions
     from anpred.cli import main
     from anpred.dashboard import collect
     from anpred.dashboard.site import SiteOptions, payload
@@ -44,8 +44,9 @@ def test_dashboard_over_a_campaign_with_two_onnxruntime_releases(tmp_path):
     assert [r["state"] for r in res.records] == ["complete", "complete"]
     # the bisection in the campaign's folder: its probes are the campaign's configurations (not run again);
     # the first deviating release is run once more with the drill-down
-    b = bisect_versions(campaign, out, package="onnxruntime", model="net", backend="ort", good="1.20.1", bad="1.21.0",
-                        versions=["1.20.1", "1.21.0"], num_cpus=2, progress=False)
+    b = bisect_versions(campaign, out, BisectRequest(package="onnxruntime", model="net", backend="ort", good="1.20.1",
+                                                     bad="1.21.0", versions=["1.20.1", "1.21.0"]),
+                        num_cpus=2, progress=False)
     assert b["first_bad"] == "1.21.0" and b["culprit"] == {"node": "avgpool", "op_type": "AveragePool"}
 
     db = out / "history.sqlite"

@@ -142,7 +142,10 @@ def test_campaign_order_and_bisection_first_bad(db, tmp_path):
     assert json.loads(blob.replace("<\\/", "</"))["cells"] == data["cells"]
     # self-contained: nothing loaded from elsewhere
     assert not re.search(r"<(script|img|link|iframe)[^>]+(src|href)=", text) and "http://" not in text
-    assert collect([db], campaign="other").series == []
+    from anpred.errors import AnpredError
+
+    with pytest.raises(AnpredError, match=r"no campaign 'other' in .*campaigns there: nightly"):
+        collect([db], campaign="other")
 
 
 def test_migration_from_schema_2(tmp_path):
@@ -205,3 +208,108 @@ def test_command_and_loopback_server(db, tmp_path, capsys):
         server.shutdown()
         server.server_close()
     assert Path(tmp_path / "site" / "index.html").is_file()
+
+
+def test_two_backend_sets_of_a_campaign_are_two_series(db, tmp_path):
+    """A campaign with two backend sets (docs/campaigns.md: fp32 and lowp) runs each model with both:
+    same label, inputs and versions, but each set forms its own consensus. ort consistent in fp32 and
+    FLAGGED in lowp is no regression (the two are not compared): one row per set, each cell the latest
+    verdict of its own set; a change within a set is still found."""
+    from anpred.dashboard import SiteOptions, collect
+    from anpred.dashboard.site import payload
+
+    fp32 = lambda: [_ok("ort"), _ok("openvino"), _ok("onnx-reference")]  # noqa: E731
+    lowp = lambda ort: [ort, _ok("openvino"), _ok("torch")]  # noqa: E731
+    plan = [("a1", "fp32", fp32()), ("b1", "lowp", lowp(_flagged("ort"))),
+            ("a2", "fp32", fp32()), ("b2", "lowp", lowp(_flagged("ort"))),
+            ("a3", "fp32", fp32()), ("b3", "lowp", lowp(_ok("ort")))]
+    con = sqlite3.connect(db)
+    with con:
+        for k, (_, _, verdicts) in enumerate(plan, 1):
+            _run(con, k, "net", verdicts, run_dir=f"/w/{k}/run")
+    con.close()
+    record_campaign(db, "nightly", tmp_path / "out", "c.toml", [],
+                    [CampaignConfig(cid, pos, label="net", backend_set=bset, inputs="default", state="complete",
+                                    versions={"onnxruntime": "1.32.0"}, run_dir=f"/w/{pos + 1}/run")
+                     for pos, (cid, bset, _) in enumerate(plan)])
+    record_bisection(db, {"package": "onnxruntime", "model": "net", "backend": "ort", "candidates": ["1.31.0", "1.32.0"],
+                          "first_bad": "1.32.0", "last_good": "1.31.0"}, "nightly", tmp_path / "out")
+    for hist in (collect([db], campaign="nightly"), collect([db])):
+        # the bisection probed the model's first configuration holding ort: the fp32 set
+        assert [(s.config, s.backend) for s in hist.series if s.bisections] == [("fp32", "ort")]
+        # one change only: lowp's ort fixed in its last run (fp32 against lowp would alternate ok/FLAGGED)
+        assert [(s.backend, e["text"]) for s in hist.series for e in s.events] == [("ort", "FLAGGED -> ok")]
+        by = {(s.config, s.backend): s for s in hist.series}
+        assert sorted(by) == [("fp32", "onnx-reference"), ("fp32", "openvino"), ("fp32", "ort"),
+                              ("lowp", "openvino"), ("lowp", "ort"), ("lowp", "torch")]
+        assert [p.standing for p in by[("fp32", "ort")].points] == ["ok", "ok", "ok"]
+        assert [p.standing for p in by[("lowp", "ort")].points] == ["FLAGGED", "FLAGGED", "ok"]
+        assert by[("fp32", "ort")].events == []
+        assert [(e["kind"], e["text"]) for e in by[("lowp", "ort")].events] == [("fix", "FLAGGED -> ok")]
+        assert all(s.events == [] for k, s in by.items() if k != ("lowp", "ort"))
+        data = payload(hist, tmp_path, SiteOptions())
+        assert data["models"] == ["net · fp32", "net · lowp"] and data["nmodels"] == 1
+        latest = {(data["models"][c["m"]], data["backends"][c["b"]][0]): c["s"][-1] for c in data["cells"]}
+        assert latest[("net · fp32", "ort")] == "0" and latest[("net · lowp", "ort")] == "0"
+        assert len(latest) == 6
+
+
+def test_unknown_campaign_is_an_error_and_an_empty_history_a_note(db, tmp_path, capsys):
+    """``--campaign NAME`` that the history does not record: exit 2, naming the campaigns there (a
+    history without campaigns says so); a history with no run: the site is written, with a note."""
+    from anpred.cli import main
+
+    assert main(["dashboard", str(db), "-o", str(tmp_path / "s0")]) == 0
+    err = capsys.readouterr().err
+    assert f"{db} hold(s) no run: the grid is empty" in err
+    assert "This history holds no run" in (tmp_path / "s0" / "index.html").read_text()
+    assert main(["dashboard", str(db), "-o", str(tmp_path / "s1"), "--campaign", "nightly"]) == 2
+    err = capsys.readouterr().err
+    assert "no campaign 'nightly' in " in err and "it records no campaign" in err
+    record_campaign(db, "weekly", tmp_path / "w", "w.toml", [], [])
+    record_campaign(db, "nightly-2", tmp_path / "n", "n.toml", [], [])
+    assert main(["dashboard", str(db), "-o", str(tmp_path / "s2"), "--campaign", "nightly"]) == 2
+    assert "no campaign 'nightly' in " in (err := capsys.readouterr().err) and "campaigns there: nightly-2, weekly" in err
+    assert not (tmp_path / "s2").exists()  # nothing written
+    assert main(["dashboard", str(db), "-o", str(tmp_path / "s3"), "--campaign", "weekly"]) == 0
+    assert "no run of campaign 'weekly'" in capsys.readouterr().err
+
+
+def test_serve_reaches_the_reports_beside_the_site(db, tmp_path):
+    """The usual layout: the site next to the run folders (``site/`` and ``runs/<k>/report.html``).
+    ``--serve`` serves their common parent with the site as the start page, so the page's relative
+    link (``../runs/1/report.html``) answers with the report; a path out of that folder (a symbolic
+    link) is refused."""
+    from urllib.parse import urljoin
+
+    from anpred.dashboard import collect, write_site
+    from anpred.dashboard.serve import serve_in_thread
+
+    home = tmp_path / "home"
+    (home / "runs" / "1").mkdir(parents=True)
+    (home / "runs" / "1" / "report.html").write_text("<html>the report of run 1</html>")
+    (tmp_path / "secret.txt").write_text("outside")
+    (home / "escape").symlink_to(tmp_path / "secret.txt")
+    con = sqlite3.connect(db)
+    with con:
+        _run(con, 1, "m", [_ok()], run_dir=str(home / "runs" / "1" / "run"))
+    con.close()
+    write_site(collect([db]), home / "site")
+    from anpred.dashboard.site import read_data
+
+    (link,) = [r[1] for r in read_data(home / "site" / "index.html")["runs"]]
+    assert link == "../runs/1/report.html"
+    server, url = serve_in_thread(home / "site")
+    try:
+        assert url == f"http://127.0.0.1:{server.server_address[1]}/site/index.html"
+        with urllib.request.urlopen(url, timeout=30) as r:
+            assert r.status == 200 and b"anpred-data" in r.read()
+        with urllib.request.urlopen(urljoin(url, link), timeout=30) as r:
+            assert r.status == 200 and r.read() == b"<html>the report of run 1</html>"
+        for bad in ("escape", "../secret.txt", "%2e%2e/secret.txt"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(urljoin(url, "/" + bad), timeout=30)
+            assert err.value.code == 404, bad
+    finally:
+        server.shutdown()
+        server.server_close()

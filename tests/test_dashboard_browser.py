@@ -145,7 +145,8 @@ def test_dashboard_renders_the_grid_marks_regressions_and_links(site, tmp_path):
     assert dom.hrefs and all(not h.startswith(("http:", "https:", "/")) for h in dom.hrefs)
     assert all((site / unquote(h)).resolve().is_file() for h in dom.hrefs), dom.hrefs
     net_links = {b: (site / unquote(c["links"][0])).resolve() for b, c in grid["net"].items()}
-    assert set(net_links.values()) == {(site.parent / "bad" / "out" / "report.html").resolve()}
+    bad = net_runs(site.parent)["bad"]  # the session's runs (made by whichever test asked first)
+    assert set(net_links.values()) == {(bad / "report.html").resolve()}
 
     shot = tmp_path / "dashboard.png"
     _chromium([f"--screenshot={shot}", "--window-size=1100,700", page.as_uri()], tmp_path)
@@ -172,3 +173,134 @@ def test_filters_narrow_the_grid(site, tmp_path):
     dom.feed(_chromium(["--dump-dom", probe.as_uri()], tmp_path).stdout)
     assert dom.heads[1:] == ["openvino"] and dom.body.get("data-cells") == "2"
     assert dom.body.get("data-errors") == "0"
+
+
+class _Cdp:
+    """Headless Chromium driven through the DevTools protocol over a pipe (``--remote-debugging-pipe``:
+    JSON messages, each ended by a NUL byte, on file descriptors 3 and 4; no extra package): what a
+    page does after it loaded (an intersection observer's callbacks, a click) is awaited in real time,
+    where ``--dump-dom`` would read the DOM at an arbitrary moment."""
+
+    def __init__(self, profile):
+        import os
+
+        to_chrome, self._w = os.pipe()
+        self._r, from_chrome = os.pipe()
+
+        def fds():  # the child's descriptors 3 (reads our commands) and 4 (writes the answers); they
+            # survive the exec as inheritable copies (close_fds=False: Python's other descriptors are
+            # not inheritable, so nothing else leaks)
+            a, b = os.dup(to_chrome), os.dup(from_chrome)
+            os.dup2(a, 3)
+            os.dup2(b, 4)
+
+        self.proc = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
+                                      "--window-size=1200,800", f"--user-data-dir={profile}", "about:blank"],
+                                     close_fds=False, preexec_fn=fds, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        os.close(to_chrome)
+        os.close(from_chrome)
+        self._id, self._buf, self.session = 0, b"", None
+
+    def send(self, method, **params):
+        import json
+        import os
+
+        self._id += 1
+        msg = {"id": self._id, "method": method, "params": params}
+        if self.session and not method.startswith("Target."):
+            msg["sessionId"] = self.session
+        os.write(self._w, json.dumps(msg).encode() + b"\0")
+        while True:
+            while b"\0" not in self._buf:
+                chunk = os.read(self._r, 1 << 16)
+                assert chunk, "chromium closed the pipe"
+                self._buf += chunk
+            raw, self._buf = self._buf.split(b"\0", 1)
+            ans = json.loads(raw)
+            if ans.get("id") == self._id:
+                assert "error" not in ans, ans
+                return ans["result"]
+
+    def open(self, url):
+        target = self.send("Target.createTarget", url=url)["targetId"]
+        self.session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+
+    def eval(self, expression):
+        """``expression``'s value (a promise awaited; JSON-serialisable values); evaluated again while
+        the page is still replacing the first empty document (its context destroyed)."""
+        import time
+
+        for _ in range(200):
+            try:
+                res = self.send("Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True)
+                break
+            except AssertionError as err:
+                if "context was destroyed" not in str(err) and "Cannot find default execution context" not in str(err):
+                    raise
+                time.sleep(0.05)
+        assert "exceptionDetails" not in res, res["exceptionDetails"]
+        return res["result"].get("value")
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+def test_lazy_sparklines_and_detail_view_on_hundreds_of_cells(tmp_path):
+    """A synthetic history of 12 models x 40 backends x 2 runs (480 cells, more than the 400 drawn at
+    once): the others wait until in view; scrolling the grid to its far corner draws the last one (its
+    nRMSE line), and clicking it opens the detail view with its 2 runs (newest first). Driven through
+    the DevTools protocol (:class:`_Cdp`): the observer's callbacks come in rendering updates, awaited."""
+    import json
+    import sqlite3
+
+    from anpred.cli import main
+    from anpred.history import create
+
+    db = tmp_path / "h.sqlite"
+    create(db)
+    con = sqlite3.connect(db)
+    with con:
+        for rid in (1, 2):
+            for m in range(12):
+                run = (rid - 1) * 12 + m + 1
+                con.execute("INSERT INTO runs (id, created, run_dir, model, status, inputs_sha256) VALUES (?,?,?,?,?,?)",
+                            (run, f"2026-01-0{rid}T00:00:{m:02d}", f"/nowhere/{run}/run", f"m{m:02d}", "consistent", "A"))
+                for b in range(40):
+                    con.execute("INSERT INTO verdicts (run_id, backend, family, precision, versions, flagged, worst_anchor, "
+                                "worst_primary, status) VALUES (?,?,?,?,?,?,?,?,?)",
+                                (run, f"b{b:02d}", "onnxruntime", "fp32", json.dumps({"onnxruntime": f"1.{rid}.0"}), 0,
+                                 "output/y", 1e-7 * rid, "consistent"))
+                    con.execute("INSERT INTO cells (run_id, backend, anchor, stage, primary_stat, flagged, stats) VALUES "
+                                "(?,?,'output/y',0,?,0,'{}')", (run, f"b{b:02d}", 1e-7 * rid * (1 + b)))
+    con.close()
+    assert main(["dashboard", str(db), "-o", str(tmp_path / "site")]) == 0
+    cdp = _Cdp(tmp_path / "profile")
+    try:
+        cdp.open((tmp_path / "site" / "index.html").as_uri())
+        wait = """new Promise(function (ok) { (function poll(k) {
+            if (%s || k > 600) ok(k); else setTimeout(function () { poll(k + 1); }, 25); })(0); })"""
+        assert cdp.eval(wait % "document.body && document.body.hasAttribute('data-paint-ms')") <= 600
+        assert cdp.eval("[document.body.dataset.cells, document.body.dataset.errors]") == ["480", "0"]
+        # 400 drawn at once, the 80 others when in view (those already in view are drawn by now)
+        assert 0 < cdp.eval("document.querySelectorAll('#grid .spw.lazy').length") <= 80
+        before = cdp.eval("document.querySelectorAll('#grid .spw.lazy').length")
+        assert cdp.eval("var last = document.querySelector('#grid .spw[data-cell=\\'479\\']'); "
+                        "last.classList.contains('lazy') && !last.querySelector('svg')")
+        # scroll the grid to its far corner (m11 / b39) as a user would
+        cdp.eval("var w = document.getElementById('gridwrap'); w.scrollTop = w.scrollHeight; "
+                 "w.scrollLeft = w.scrollWidth; 0")
+        assert cdp.eval(wait % "document.querySelector('#grid .spw[data-cell=\\'479\\'] svg')") <= 600
+        last = "document.querySelector('#grid .spw[data-cell=\\'479\\']')"
+        assert cdp.eval(last + ".querySelectorAll('svg path.le').length") == 1  # its nRMSE line
+        assert cdp.eval("document.querySelectorAll('#grid .spw.lazy').length") < before
+        cdp.eval(last + ".click(); 0")
+        assert cdp.eval("document.getElementById('detail').hidden") is False
+        assert cdp.eval("document.querySelector('#detail h2').firstChild.textContent") == "m11 / b39 "
+        rows = cdp.eval("Array.from(document.querySelectorAll('#detail table.pts tbody tr'))"
+                        ".map(function (r) { return r.children[2].textContent; })")
+        assert rows == ["onnxruntime 1.2.0", "onnxruntime 1.1.0"]  # its 2 runs, newest first
+        assert cdp.eval("window.__anpredErrors.length") == 0
+    finally:
+        cdp.close()

@@ -30,7 +30,7 @@ from typing import Any
 
 from anpred.errors import AnpredError
 
-__all__ = ["bisect_versions", "available_versions", "format_bisection", "order_versions"]
+__all__ = ["bisect_versions", "BisectRequest", "available_versions", "format_bisection", "order_versions"]
 
 
 def available_versions(package: str, timeout_s: float = 120) -> list[str]:
@@ -77,18 +77,35 @@ def _probe_campaign(campaign, base_cfg, package: str, backends: list[str], versi
                                axes=[a for a in campaign.axes if a.package != package] + [axis])
 
 
-def bisect_versions(campaign, out: str | Path, *, package: str, model: str, backend: str, good: str, bad: str,
-                    versions: list[str] | None = None, address: str | None = None, num_cpus: int | None = None,
-                    progress: bool = True, drill: bool = True) -> dict[str, Any]:
-    """Find the first version of ``package`` in (``good``, ``bad``] where ``backend``'s standing on
-    ``model`` differs from its standing at ``good`` (see the module docstring).
+@dataclasses.dataclass(frozen=True)
+class BisectRequest:
+    """What a bisection looks for: the first version of ``package`` in (``good``, ``bad``] where
+    ``backend``'s standing on the campaign's model ``model`` (its label) differs from its standing at
+    ``good``.
+
+    versions: the candidate versions (default: :func:`available_versions`; ``good`` and ``bad`` are
+    added); drill: run the first deviating version once more with the drill-down (stage and operator).
+    """
+
+    package: str
+    model: str
+    backend: str
+    good: str
+    bad: str
+    versions: list[str] | None = None
+    drill: bool = True
+
+
+def bisect_versions(campaign, out: str | Path, request: BisectRequest, *, address: str | None = None,
+                    num_cpus: int | None = None, progress: bool = True) -> dict[str, Any]:
+    """Find the first version of ``request.package`` in (``good``, ``bad``] where ``request.backend``'s
+    standing on ``request.model`` differs from its standing at ``good`` (see the module docstring).
 
     Args:
         campaign: a loaded campaign (:func:`anpred.campaign.load_campaign`); ``out``: its output folder.
-        model: a model label of the campaign; backend: one of that configuration's backends.
-        good, bad: versions of ``package`` (``good`` before ``bad`` in version order).
-        versions: candidate versions (default: :func:`available_versions`); ``good`` and ``bad`` are added.
-        drill: run the first deviating version once more with the drill-down (stage and operator).
+        request: the package, the model label, one of that configuration's backends, ``good`` before
+            ``bad`` in version order, the candidates and whether to drill (:class:`BisectRequest`).
+        address, num_cpus: the Ray cluster (:func:`anpred.campaign.engine.start_ray`); progress: print it.
 
     Returns:
         ``{"package", "model", "backend", "candidates", "probes": [{"version", "standing", "id"}],
@@ -105,6 +122,8 @@ def bisect_versions(campaign, out: str | Path, *, package: str, model: str, back
     from anpred.campaign.summary import cell_text
     from anpred.onnx_io import atomic_write_text, to_json
 
+    package, model, backend, good, bad = request.package, request.model, request.backend, request.good, request.bad
+    versions, drill = request.versions, request.drill
     base = next((c for c in campaign.configurations if c.label == model and backend in c.backends), None)
     if base is None:
         labels = sorted({c.label for c in campaign.configurations})

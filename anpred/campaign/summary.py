@@ -1,8 +1,8 @@
 """The campaign summary: ``OUT/campaign.json`` (every configuration's record, the version changes,
 Ray's resources, timings), ``OUT/summary.txt`` (the table :func:`format_table` prints) and
 ``OUT/index.html``: the dashboard's page (:mod:`anpred.dashboard`, the same design as ``anpred
-dashboard``) over the campaign's runs in its history database: models x backends, each cell the
-latest configuration's verdict (origin stage, culprit operator) with its trend over the campaign's
+dashboard``) over the campaign's runs in its history database: models (a row per backend set where
+the campaign has several) x backends, each cell the latest configuration's verdict (origin stage, culprit operator) with its trend over the campaign's
 configurations (the runtime versions of a version axis in the campaign's order), the changes marked
 and every cell linked to its report; above the grid the campaign's configurations (state, standing,
 failures with their reason) and, per runtime version, what changed. The campaign and its

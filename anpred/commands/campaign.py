@@ -50,15 +50,16 @@ def main(args) -> int:
             print(f"{c.id}  {c.model}  [{','.join(c.backends)}]  {c.versions or ''}")
         return 0
     if args.bisect:
-        from anpred.campaign.bisect import bisect_versions, format_bisection
+        from anpred.campaign.bisect import BisectRequest, bisect_versions, format_bisection
 
         for opt in ("model", "backend", "good", "bad"):
             if not getattr(args, opt):
                 raise AnpredError(f"--bisect needs --{opt}")
         versions = [v.strip() for v in args.versions.split(",")] if args.versions else None
-        res = bisect_versions(campaign, args.output, package=args.bisect, model=args.model, backend=args.backend,
-                              good=args.good, bad=args.bad, versions=versions, address=args.address,
-                              num_cpus=args.cpus, progress=not args.quiet)
+        req = BisectRequest(package=args.bisect, model=args.model, backend=args.backend, good=args.good, bad=args.bad,
+                            versions=versions)
+        res = bisect_versions(campaign, args.output, req, address=args.address, num_cpus=args.cpus,
+                              progress=not args.quiet)
         print(format_bisection(res))
         return 0 if res.get("first_bad") else 1
     res = run_campaign(campaign, args.output, address=args.address, num_cpus=args.cpus, progress=not args.quiet)

@@ -71,6 +71,10 @@ def main(args) -> int:
 
         raise AnpredError("--drill needs the consensus oracle (--oracle consensus or both): the drill-down "
                           "judges every replay against the consensus of the backends")
+    if args.model_explorer:  # before any work: a bad DIR costs nothing
+        from anpred.report.model_explorer import check_export_folder
+
+        check_export_folder(args.model_explorer)
     rep = check_run(args.run_dir, oracle=args.oracle, atol=args.atol, rtol=args.rtol,
                     reference=args.reference, config=args.config, allow_incomplete=args.allow_incomplete)
     if args.task and rep.status != "error":
@@ -90,10 +94,6 @@ def main(args) -> int:
         write_json(rep, args.json)
     if args.report:
         write_html(rep, args.report)
-    if args.model_explorer and rep.status != "error":
-        from anpred.report.model_explorer import export_model_explorer
-
-        export_model_explorer(rep, Path(args.run_dir) / "model.onnx", args.model_explorer)
     if args.history and rep.status != "error":
         from anpred.history import append
 
@@ -101,6 +101,10 @@ def main(args) -> int:
     elif args.history:
         print(f"anpred: history: {args.history} not appended: the run could not be judged (status error)",
               file=sys.stderr)
+    if args.model_explorer and rep.status != "error":  # after the history: an export failure loses no verdict
+        from anpred.report.model_explorer import export_model_explorer
+
+        export_model_explorer(rep, Path(args.run_dir) / "model.onnx", args.model_explorer)
     if not args.quiet:
         print(format_text(rep))
     if rep.status == "error":

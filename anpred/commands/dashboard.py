@@ -24,19 +24,26 @@ def add_arguments(parser):
                         help="task-metric drop that counts as a regression (absolute; default 0.01, as anpred history)")
     parser.add_argument("--campaign", default=None, metavar="NAME", help="only the runs of this campaign")
     parser.add_argument("--title", default=None, help="the page's title (default: ANPRED dashboard)")
-    parser.add_argument("--serve", action="store_true", help="then serve SITE on 127.0.0.1 until Ctrl-C")
+    parser.add_argument("--serve", action="store_true", help="then serve SITE and the reports it links (their common folder) on 127.0.0.1 until Ctrl-C")
     parser.add_argument("--port", type=int, default=8000, metavar="N", help="with --serve: the port (default 8000; 0: any)")
 
 
 def main(args) -> int:
+    import sys
     import time
 
-    from anpred.dashboard import SiteOptions, build
+    from anpred.dashboard import SiteOptions, collect, write_site
+    from anpred.history import DEFAULT_MARGIN
 
     t0 = time.perf_counter()
-    opts = SiteOptions(title=args.title or "ANPRED dashboard")
-    page = build(args.db, args.output, margin=args.margin, campaign=args.campaign, opts=opts)
+    hist = collect(list(dict.fromkeys(args.db)), margin=DEFAULT_MARGIN if args.margin is None else args.margin,
+                   campaign=args.campaign)
+    page = write_site(hist, args.output, SiteOptions(title=args.title or "ANPRED dashboard"))
     print(f"dashboard: {page} ({page.stat().st_size / 1e6:.2f} MB, {time.perf_counter() - t0:.1f} s)")
+    if not hist.runs:
+        print(f"anpred: note: {', '.join(args.db)} hold(s) no run" + (f" of campaign {args.campaign!r}" if args.campaign
+              else "") + ": the grid is empty (runs are added by 'anpred test/check --history DB' or a campaign)",
+              file=sys.stderr)
     if args.serve:
         from anpred.dashboard.serve import serve
 

@@ -140,6 +140,12 @@ def main(args) -> int:
             raise AnpredError(f"--kwargs is not valid JSON: {err}") from err
         if not isinstance(kwargs, dict):
             raise AnpredError("--kwargs must be a JSON object")
+    if args.model_explorer and args.output:  # before any work: OUT/model-explorer must be writable
+        from pathlib import Path
+
+        from anpred.report.model_explorer import check_export_folder
+
+        check_export_folder(Path(args.output) / "model-explorer")
     res = test(args.model, out=args.output, backends=args.backends, inputs=args.inputs, samples=args.samples,
                stages=args.stages, max_cut_width=args.max_cut_width, imgsz=_imgsz(args.imgsz), seed=args.seed,
                factory_kwargs=kwargs, oracle=args.oracle, config=args.config, history=args.history,

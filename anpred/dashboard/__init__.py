@@ -29,7 +29,8 @@ def build(dbs: list[str | Path], out: str | Path, *, margin: float | None = None
     :data:`anpred.history.DEFAULT_MARGIN`); ``campaign``: only that campaign's runs.
 
     Raises:
-        AnpredError: a database is missing or unreadable; ``out`` cannot be written.
+        AnpredError: a database is missing or unreadable; no campaign ``campaign`` there; ``out``
+            cannot be written.
     """
     from anpred.history import DEFAULT_MARGIN
 

@@ -1,7 +1,9 @@
 """What the dashboard shows, read from one or more history databases (:mod:`anpred.history`).
 
 :func:`collect` reads every run, verdict, task metric, campaign configuration and bisection and
-returns :class:`Series` per (model, backend): the runs of that backend on that model in time order
+returns :class:`Series` per (model, configuration, backend), where a configuration is the backend
+set (the backends of the run: the consensus each verdict is judged against) and the input set
+(:func:`_group`): the runs of that backend on that model in that configuration in time order
 (a campaign's runs at the time of its first run, in the campaign's order of configurations: the
 runtime versions of a version axis in the order the campaign lists them), each a :class:`Point`.
 
@@ -33,7 +35,7 @@ from typing import Any
 
 from anpred.history import DEFAULT_MARGIN, HIGHER_IS_BETTER, columns, open_history
 
-__all__ = ["Point", "Series", "History", "collect", "STANDINGS", "SEVERITY"]
+__all__ = ["Point", "Series", "History", "collect", "package_names", "STANDINGS", "SEVERITY"]
 
 #: verdict words of a point (the cell's colour), and their severity for the regression rule
 STANDINGS = ("ok", "FLAGGED", "INCOMPLETE", "NOT JUDGED")
@@ -46,7 +48,7 @@ class Point:
 
     run: index into :attr:`History.runs`; standing: one of :data:`STANDINGS`; nrmse: at the series'
     anchor (unitless, None: not judged there); worst: the largest nRMSE of the run (any anchor);
-    versions: the backend's library versions (``python`` and ``<package> from`` left out);
+    versions: the backend's package versions (:func:`_versions`: run facts left out);
     task: higher-is-better task metrics (``metric -> value``); culprit: ``(node, op_type)`` the
     drill-down named, or None.
     """
@@ -66,13 +68,18 @@ class Point:
 
 @dataclass
 class Series:
-    """The points of one (model, backend), oldest first, with their regressions
-    (``{"point", "kind": regression | fix | change, "what": verdict | task, "text", "before", ...}``)."""
+    """The points of one (model, configuration, backend), oldest first (:func:`_group`), with their
+    regressions (``{"point", "kind": regression | fix | change, "what": verdict | task, "text", ...}``).
+    config: the configuration's label (backend set, input set); row: the grid's row label (the model,
+    with the configuration where the model has several); sets: the campaigns' names of its backend set."""
 
     model: str
     backend: str
     family: str | None
     precision: str | None
+    config: str = ""
+    row: str = ""
+    sets: tuple[str, ...] = ()
     points: list[Point] = field(default_factory=list)
     anchor: str | None = None
     metric: str | None = None
@@ -107,15 +114,42 @@ def _standing(flagged, status) -> str:
     return "ok"
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1)
+def package_names() -> frozenset[str]:
+    """The names (canonical, PEP 503: :func:`packaging.utils.canonicalize_name`) that a backend's
+    ``versions`` record may use for a package: the import names the backends declare
+    (:data:`anpred.backends.FAMILY_PACKAGES`, :data:`~anpred.backends.BACKEND_PACKAGES`), their
+    distributions, and every distribution :mod:`importlib.metadata` knows here."""
+    from importlib import metadata
+
+    from packaging.utils import canonicalize_name
+
+    from anpred.backends import BACKEND_PACKAGES, FAMILY_PACKAGES
+
+    declared = {p for ps in (*FAMILY_PACKAGES.values(), *BACKEND_PACKAGES.values()) for p in ps}
+    dists = metadata.packages_distributions()  # import name -> distributions
+    names = declared | {d for p in declared for d in dists.get(p, ())}
+    names |= {d.metadata["Name"] for d in metadata.distributions() if d.metadata["Name"]}
+    return frozenset(canonicalize_name(n) for n in names)
+
+
+@functools.lru_cache(maxsize=2 ** 16)  # distinct texts: per backend, version set and model (its run facts)
 def _versions(text: str | None) -> dict[str, str]:
-    """A verdict row's library versions without ``python`` and the ``<package> from`` folders; parsed
-    once per distinct text (a history repeats few version sets many times): the dict is shared, read only."""
+    """A verdict row's library versions: only the packages' (:func:`package_names`; ``python``, the
+    ``<package> from`` folders and the run facts a backend records beside its versions, such as
+    ``openvino_runtime_precisions``, ``ort_optimized_ops`` or ``fp16_model_sha256``, left out: they
+    are not versions, and they change with the model, not with a release). Parsed once per distinct
+    text (a history repeats few version sets many times): the dict is shared, read only."""
+    from packaging.utils import canonicalize_name
+
     try:
         d = json.loads(text or "{}")
     except ValueError:
         return {}
-    return {k: str(v) for k, v in d.items() if k != "python" and not k.endswith(" from")}
+    known = package_names()
+    if not isinstance(d, dict):
+        return {}
+    return {k: str(v) for k, v in d.items() if k != "python" and canonicalize_name(k) in known}
 
 
 def _report_path(report: str | None, run_dir: str | None) -> str | None:
@@ -156,6 +190,15 @@ def _read_campaigns(con, db: str, campaign: str | None, folder: str | None) -> t
     return out, by_run
 
 
+def _campaign_names(db: str) -> list[str]:
+    """The names of the campaigns recorded in ``db`` (none before schema 3)."""
+    con = open_history(db)
+    try:
+        return [n for (n,) in con.execute("SELECT DISTINCT name FROM campaigns")] if _table(con, "campaigns") else []
+    finally:
+        con.close()
+
+
 def _read_bisections(con, db: str) -> list[dict[str, Any]]:
     if not _table(con, "bisections"):
         return []
@@ -165,10 +208,11 @@ def _read_bisections(con, db: str) -> list[dict[str, Any]]:
     return [{"db": db, **dict(zip(keys, r))} for r in rows]
 
 
-def _read_db(db: str, campaign: tuple[str | None, str | None], runs: list[dict], groups: dict
+def _read_db(db: str, campaign: tuple[str | None, str | None], runs: list[dict], raw: list[tuple]
              ) -> tuple[list[dict], list[dict]]:
-    """Append ``db``'s runs to ``runs`` and its points to ``groups[(model, backend)]``; returns its
-    campaigns and bisections. Only the runs of the campaign ``(name, folder)`` when a name is given."""
+    """Append ``db``'s runs to ``runs`` and its points to ``raw`` (``(backend, family, precision,
+    Point)``, grouped into series by :func:`_group`); returns its campaigns and bisections. Only the
+    runs of the campaign ``(name, folder)`` when a name is given."""
     con = open_history(db)
     try:
         camps, by_run = _read_campaigns(con, db, *campaign)
@@ -187,7 +231,8 @@ def _read_db(db: str, campaign: tuple[str | None, str | None], runs: list[dict],
             runs.append({"db": db, "id": rid, "created": created or "", "model": model, "inputs": ins,
                          "report": _report_path(report or cfg.get("report"), run_dir),
                          "campaign": cfg.get("campaign"), "label": cfg.get("label"), "config": cfg.get("id"),
-                         "position": cfg.get("position", 0), "campaign_key": cfg.get("campaign_key")})
+                         "position": cfg.get("position", 0), "campaign_key": cfg.get("campaign_key"),
+                         "backend_set": cfg.get("backend_set"), "inputs_name": cfg.get("inputs"), "backends": ()})
         task: dict[tuple[int, str], dict[str, float]] = {}
         if _table(con, "tasks"):
             for rid, b, metric, value in con.execute("SELECT run_id, backend, metric, value FROM tasks"):
@@ -200,14 +245,56 @@ def _read_db(db: str, campaign: tuple[str | None, str | None], runs: list[dict],
             if rid not in index:
                 continue
             i = index[rid]
-            s = groups.get((runs[i]["model"], b))
-            if s is None:
-                s = groups[(runs[i]["model"], b)] = Series(runs[i]["model"], b, fam, prec)
-            s.points.append(Point(i, _standing(fl, st), oa, os_, wa, _fnum(wp), _versions(vers), prec,
-                                  task.get((rid, b), {}), (cul, cop or "") if cul else None))
+            runs[i]["backends"] += (b,)
+            raw.append((b, fam, prec, Point(i, _standing(fl, st), oa, os_, wa, _fnum(wp), _versions(vers), prec,
+                                            task.get((rid, b), {}), (cul, cop or "") if cul else None)))
         return camps, _read_bisections(con, db)
     finally:
         con.close()
+
+
+def _group(runs: list[dict], raw: list[tuple]) -> dict[tuple, Series]:
+    """The series (module docstring): one per (model, configuration, backend), where a run's
+    configuration is its backend set (the backends that ran: they form the consensus every verdict is
+    judged against) and its input set (a campaign's ``inputs`` name; a run without one, such as a
+    bisection's drill-down run, takes the name of the configuration judged on the same
+    ``inputs_sha256``). The row label names the configuration (a campaign's backend set name, else
+    the backends joined by ``+``; the input set where the model has several) only where the model
+    has several configurations."""
+    for r in runs:
+        r["backends"] = tuple(sorted(set(r["backends"])))
+    named: dict[tuple, str] = {}  # (model, backends, inputs_sha256) -> the input set's name
+    for r in runs:
+        if r["inputs_name"]:
+            named.setdefault((r["model"], r["backends"], r["inputs"]), r["inputs_name"])
+    sets: dict[tuple, set[str]] = {}  # (model, backends, input set) -> the campaign's names of the set
+    for r in runs:
+        r["inputs_name"] = r["inputs_name"] or named.get((r["model"], r["backends"], r["inputs"]))
+        names = sets.setdefault((r["model"], r["backends"], r["inputs_name"]), set())
+        if r["backend_set"]:
+            names.add(r["backend_set"])
+    labels: dict[tuple, str] = {}
+    for (model, bset, ins), names in sets.items():
+        labels[(model, bset, ins)] = "/".join(sorted(names)) or "+".join(bset)
+    for key, lab in list(labels.items()):  # the same name for two backend sets (a set edited between campaigns)
+        if sum(1 for k, x in labels.items() if k[0] == key[0] and k[2] == key[2] and x == lab) > 1:
+            labels[key] = f"{lab} ({'+'.join(key[1])})"
+    for (model, bset, ins), lab in list(labels.items()):
+        if len({k[2] for k in labels if k[0] == model}) > 1:
+            labels[(model, bset, ins)] = f"{lab} · inputs {ins or '-'}"
+    several = {m for m in {k[0] for k in labels} if sum(1 for k in labels if k[0] == m) > 1}
+    groups: dict[tuple, Series] = {}
+    for b, fam, prec, p in raw:
+        r = runs[p.run]
+        ckey = (r["model"], r["backends"], r["inputs_name"])
+        s = groups.get((*ckey, b))
+        if s is None:
+            conf = labels[ckey]
+            row = f"{r['model']} · {conf}" if r["model"] in several else r["model"]
+            s = groups[(*ckey, b)] = Series(r["model"], b, fam, prec, config=conf, row=row,
+                                            sets=tuple(sorted(sets[ckey])))
+        s.points.append(p)
+    return groups
 
 
 def _choose_anchors(series: list[Series]) -> None:
@@ -291,19 +378,36 @@ def _events(s: Series, runs: list[dict], margin: float) -> None:
                                  "text": f"{m} {b:.4g} -> {v:.4g} (-{b - v:.4g} > margin {margin:g})"})
 
 
-def _attach_bisections(series: list[Series], runs: list[dict], bisections: list[dict]) -> None:
+def _bisected_set(b: dict[str, Any], by_id: dict[tuple, dict], campaigns: list[dict]) -> str | None:
+    """The backend set a bisection probed: the first configuration (in its campaign's order) of its
+    model label whose run holds its backend (:func:`anpred.campaign.bisect.bisect_versions`' base);
+    None when its campaign is not in the history read."""
+    for c in campaigns:
+        if c["name"] != b.get("campaign"):
+            continue
+        for cfg in sorted(c["configs"], key=lambda x: x["position"] or 0):
+            r = by_id.get((c["db"], cfg["run"]))
+            if cfg["label"] == b["model"] and r is not None and b["backend"] in r["backends"]:
+                return cfg["backend_set"]
+    return None
+
+
+def _attach_bisections(series: list[Series], runs: list[dict], bisections: list[dict], campaigns: list[dict]) -> None:
     """A bisection names a campaign's model label: tied to the series of the models its runs carry
-    that label (the label itself when no run does)."""
+    that label (the label itself when no run does), in the backend set it probed (:func:`_bisected_set`;
+    every set when that is unknown)."""
     models: dict[str, set[str]] = {}
     for r in runs:
         if r["label"]:
             models.setdefault(r["label"], set()).add(r["model"])
+    by_id = {(r["db"], r["id"]): r for r in runs}
     for b in bisections:
         if not b.get("first_bad"):
             continue
         names = models.get(b["model"], {b["model"]})
+        bset = _bisected_set(b, by_id, campaigns)
         for s in series:
-            if s.model in names and s.backend == b["backend"]:
+            if s.model in names and s.backend == b["backend"] and (bset is None or not s.sets or bset in s.sets):
                 s.bisections.append(b)
 
 
@@ -314,22 +418,28 @@ def collect(dbs: list[str | Path], *, margin: float = DEFAULT_MARGIN, campaign: 
     to that output folder).
 
     Raises:
-        AnpredError: a database is missing or not an anpred history database; ``margin`` < 0.
+        AnpredError: a database is missing or not an anpred history database; ``margin`` < 0; no
+            campaign ``campaign`` in the databases (the message names those there).
     """
     from anpred.errors import AnpredError
 
     if margin < 0 or not math.isfinite(margin):
         raise AnpredError(f"--margin must be a finite number >= 0 (got {margin:g})")
     runs: list[dict] = []
-    groups: dict[tuple[str, str], Series] = {}
+    raw: list[tuple] = []
     camps, bis = [], []
     for db in dbs:
         folder = str(Path(campaign_folder).absolute()) if campaign_folder is not None else None
-        c, b = _read_db(str(db), (campaign, folder), runs, groups)
+        c, b = _read_db(str(db), (campaign, folder), runs, raw)
         camps += c
         bis += b
+    if campaign is not None and not camps:
+        names = sorted({n for db in dbs for n in _campaign_names(str(db))})
+        raise AnpredError(f"no campaign {campaign!r} in {', '.join(str(d) for d in dbs)}; "
+                          + (f"campaigns there: {', '.join(names)}" if names else "it records no campaign"))
+    groups = _group(runs, raw)
     _order(runs, groups)
-    series = sorted(groups.values(), key=lambda s: (s.model, s.backend))
+    series = sorted(groups.values(), key=lambda s: (s.row, s.backend))
     _choose_anchors(series)
     for db in dict.fromkeys(str(d) for d in dbs):
         _anchor_values(db, runs, series)
@@ -339,5 +449,5 @@ def collect(dbs: list[str | Path], *, margin: float = DEFAULT_MARGIN, campaign: 
         metrics = [m for m in HIGHER_IS_BETTER if m in have]
         truth = [m for m in metrics if m.startswith("truth.")]
         s.metric = (truth or metrics or [None])[0]
-    _attach_bisections(series, runs, bis)
+    _attach_bisections(series, runs, bis, camps)
     return History(runs, series, camps, bis, margin, [str(d) for d in dbs])

@@ -24,7 +24,7 @@ from typing import Any
 
 from anpred.dashboard.data import STANDINGS, History, Series
 
-__all__ = ["SiteOptions", "payload", "render", "write_site", "STATIC"]
+__all__ = ["SiteOptions", "payload", "read_data", "render", "write_site", "STATIC"]
 
 STATIC = Path(__file__).resolve().parent / "static"
 _CODE = {s: str(i) for i, s in enumerate(STANDINGS)}
@@ -132,8 +132,9 @@ def _first_bad(s: Series, before: dict[str, str], after: dict[str, str]) -> dict
 
 def payload(hist: History, site: Path, opts: SiteOptions) -> dict[str, Any]:
     """The page's data (module docstring). ``site``: the folder the links are relative to. Runs are
-    numbered in time order; ``mr``: per model the runs of its cells (most cells share them)."""
-    models = sorted({s.model for s in hist.series})
+    numbered in time order; ``models``: the grid's rows (a model, with its configuration where it has
+    several: :attr:`Series.row`); ``mr``: per row the runs of its cells (most cells share them)."""
+    models = sorted({s.row or s.model for s in hist.series})  # the grid's rows: model, configuration
     backends = sorted({(s.backend, s.family or "") for s in hist.series})
     bnames = [b[0] for b in backends]
     precs: dict[str, set[str]] = {}
@@ -143,14 +144,14 @@ def payload(hist: History, site: Path, opts: SiteOptions) -> dict[str, Any]:
     num = {i: k for k, i in enumerate(used)}
     by_model: dict[str, list[int]] = {}
     for s in hist.series:
-        by_model.setdefault(s.model, [])
-        by_model[s.model] = sorted(set(by_model[s.model]) | {num[p.run] for p in s.points})
+        row = s.row or s.model
+        by_model[row] = sorted(set(by_model.get(row, [])) | {num[p.run] for p in s.points})
     vers: dict[str, int] = {}
     cells = []
     for s in hist.series:
-        c = _cell(s, models.index(s.model), bnames.index(s.backend), vers)
+        c = _cell(s, models.index(s.row or s.model), bnames.index(s.backend), vers)
         own = [num[p.run] for p in s.points]
-        if own != by_model[s.model]:
+        if own != by_model[s.row or s.model]:
             c["r"] = own
         cells.append(c)
     runs = []
@@ -165,6 +166,7 @@ def payload(hist: History, site: Path, opts: SiteOptions) -> dict[str, Any]:
     return {"schema": "anpred.dashboard/1", "title": opts.title,
             "generated": opts.generated or time.strftime("%Y-%m-%dT%H:%M:%S"), "margin": hist.margin,
             "databases": [_rel(d, site) for d in hist.databases], "models": models,
+            "nmodels": len({s.model for s in hist.series}),
             "backends": [[b, fam, "/".join(sorted(precs[b])) or ""] for b, fam in backends], "runs": runs,
             "mr": [by_model[m] for m in models], "vers": list(vers), "cells": cells, "campaign": camp}
 
@@ -188,6 +190,27 @@ def render(data: dict[str, Any]) -> str:
             "<section id=changes></section>\n"
             f"<script type='application/json' id=anpred-data>{blob}</script>\n<script>\n{js}</script>\n"
             "</body></html>\n")
+
+
+def read_data(page: str | Path) -> dict[str, Any]:
+    """The data block of a page :func:`render` wrote (:func:`payload`'s dict).
+
+    Raises:
+        AnpredError: ``page`` cannot be read or holds no dashboard data.
+    """
+    import re
+
+    from anpred.errors import AnpredError
+
+    try:
+        text = Path(page).read_text(encoding="utf-8")
+    except OSError as err:
+        raise AnpredError(f"cannot read {page}: {err}") from err
+    m = re.search(r"<script type='application/json' id=anpred-data>(.*?)</script>", text, re.DOTALL)
+    try:
+        return json.loads(m.group(1).replace("<\\/", "</")) if m else {}
+    except ValueError as err:
+        raise AnpredError(f"{page}: its dashboard data are not JSON: {err}") from err
 
 
 def write_site(hist: History, out: str | Path, opts: SiteOptions | None = None) -> Path:

@@ -32,12 +32,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shlex
 from pathlib import Path
 from typing import Any
 
 from anpred.errors import AnpredError
 
-__all__ = ["export_model_explorer", "export_report_folder", "ANNOTATE_MAX_BYTES", "VERDICT_CODES"]
+__all__ = ["export_model_explorer", "export_report_folder", "check_export_folder", "ANNOTATE_MAX_BYTES",
+           "VERDICT_CODES"]
 
 #: the annotated copy is written only up to this size of the anchored model's files (bytes): it is a
 #: second copy of the weights; above it the overlay is keyed by the anchored model's own node names
@@ -46,6 +49,28 @@ ANNOTATE_MAX_BYTES = 256 * 2 ** 20
 VERDICT_CODES = {0: ("consistent", "#b7e4c0"), 1: ("flagged (carried)", "#f4a3a3"), 2: ("origin", "#d62728"),
                  3: ("culprit", "#ff00ff")}
 _BG = {"ok": "#b7e4c0", "flagged": "#f4a3a3", "origin": "#d62728", "culprit": "#ff00ff"}
+
+
+def check_export_folder(out: str | Path) -> Path:
+    """``out`` (absolute) when the export can be written there: an existing folder, or a path whose
+    nearest existing ancestor is a writable folder (checked before a run is judged, so a bad
+    ``--model-explorer DIR`` costs nothing and loses nothing).
+
+    Raises:
+        OutputPathError: ``out`` exists and is not a folder; an ancestor is a file; the folder it
+            would be created in is not writable.
+    """
+    from anpred.errors import OutputPathError
+
+    out = Path(out).absolute()
+    if out.exists() and not out.is_dir():
+        raise OutputPathError(f"--model-explorer {out}: exists and is not a folder")
+    base = next(p for p in (out, *out.parents) if p.exists())
+    if not base.is_dir():
+        raise OutputPathError(f"--model-explorer {out}: {base} is not a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise OutputPathError(f"--model-explorer {out}: {base} is not writable")
+    return out
 
 
 def _finite(x) -> float | None:
@@ -245,8 +270,9 @@ def export_model_explorer(report, model_path: str | Path, out: str | Path, *,
         atomic_write_bytes(target, model.SerializeToString())
     index = {"model": str(target), "graph": gid, "files": sorted(files), "culprits": culprits,
              "annotated": annotate, "note": note,
-             "command": f"model-explorer {target} --extensions=model_explorer_onnx --node_data_paths="
-                        + ",".join(str(out / f) for f in sorted(files))}
+             # shell-quoted: a folder name with a space or a quote still opens
+             "command": shlex.join(["model-explorer", str(target), "--extensions=model_explorer_onnx",
+                                    "--node_data_paths=" + ",".join(str(out / f) for f in sorted(files))])}
     atomic_write_text(out / "index.json", json.dumps(index, indent=1))
     return index
 

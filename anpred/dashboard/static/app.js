@@ -12,6 +12,7 @@
   var SEV = [0, 2, 1, 1];
   var VITEMS = D.vers.map(function (v) { return v ? v.split(" · ") : []; });
   var state = {model: "", backend: "", precision: "", version: "", changed: false};
+  var ROWS = D.nmodels !== undefined && D.nmodels !== D.models.length; // a model has several configurations
   var BIN = 48; // sparkline points at most (wider series: the largest nRMSE of each bin)
   var EAGER = 400; // sparklines drawn at once; the others when scrolled into view
   function unrle(pairs, n, fill) { // [[index, value], ...] -> n values
@@ -43,7 +44,7 @@
   }
   function fmt(e) { // round(100 log10 x) -> "3.2e-7"
     if (e === null || e === undefined) return "-";
-    return Math.pow(10, e / 100).toExponential(1).replace("e-", "e-").replace("e+", "e");
+    return Math.pow(10, e / 100).toExponential(1).replace("e+", "e"); // "3.2e+0" -> "3.2e0"
   }
   function vdiff(a, b) { // the version items that differ between two version strings
     var A = VITEMS[a], B = VITEMS[b];
@@ -210,11 +211,13 @@
       h.push("</tr>");
     });
     h.push("</tbody>");
+    if (!D.cells.length) h = ["<caption id=empty>This history holds no run: nothing to show (runs are added by " +
+                              "<code>anpred test/check --history DB</code> or a campaign).</caption>"];
     document.getElementById("grid").innerHTML = h.join("");
     lazySparklines(views);
     renderChanges(views);
     var shown = Object.keys(byKey).length;
-    document.getElementById("count").textContent = shown + " cells (" + mlist.length + " models x " + blist.length + " backends)";
+    document.getElementById("count").textContent = shown + " cells (" + mlist.length + (ROWS ? " rows" : " models") + " x " + blist.length + " backends)";
     return shown;
   }
 
@@ -344,7 +347,9 @@
 
   function renderSummary() {
     var nruns = D.runs.length;
-    document.getElementById("summary").innerHTML = esc(D.models.length + " models x " + D.backends.length + " backends, " + nruns +
+    var rows = ROWS ? D.models.length + " rows (" + D.nmodels + (D.nmodels === 1 ? " model" : " models") +
+      "; a row per backend set where a model has several)" : D.models.length + " models";
+    document.getElementById("summary").innerHTML = esc(rows + " x " + D.backends.length + " backends, " + nruns +
       " runs; regression: a verdict changed or a task metric fell by more than " + D.margin + " against the previous run on the same inputs; " +
       "generated " + D.generated) + "<br><span class=legend><i class=st0></i>ok <i class=st1></i>flagged <i class=st2></i>incomplete " +
       "<i class=st3></i>not judged &nbsp; <b class=rg>&#9650;</b> regression <b class=fx>&#9670;</b> changed/fixed &nbsp; " +
