@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "zoo": "zoo",
     "backends": "backends",
     "campaign": "campaign",
+    "conformance": "conformance",
 }
 
 

@@ -128,6 +128,7 @@ class TfOnnxBackend(Backend):
     """
 
     threads_option = True  # (the ``threads`` option)
+    constant_weights = True  # (its converter reads parameters as initializers: passes.bind_inputs.weight_inputs)
 
     name = "tf"
     family = "tensorflow"

@@ -77,6 +77,7 @@ class TorchOnnxBackend(Backend):
     """
 
     threads_option = True  # (the ``threads`` option)
+    constant_weights = True  # (its converter reads parameters as initializers: passes.bind_inputs.weight_inputs)
 
     name = "torch"
     family = "torch"
