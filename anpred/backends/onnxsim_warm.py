@@ -98,9 +98,14 @@ class _SubprocessProxy:
 
 
 @contextlib.contextmanager
-def warm_onnxsim() -> Iterator[OnnxsimServer]:
+def warm_onnxsim() -> Iterator[OnnxsimServer | None]:
     """For the duration, onnx2tf's ``onnxsim`` command calls run in the warm server (module
-    docstring). Not re-entrant across threads (one conversion at a time per process)."""
+    docstring). Not re-entrant across threads (one conversion at a time per process).
+    ``ANPRED_WARM_ONNXSIM=0`` in the environment leaves onnx2tf's own subprocess calls (yields None;
+    for measuring the difference, ``benchmarks/bench_conformance.py --profile-onnx2tf``)."""
+    if os.environ.get("ANPRED_WARM_ONNXSIM", "1") == "0":
+        yield None
+        return
     import onnx2tf.onnx2tf as o2t_module
 
     real = o2t_module.subprocess
