@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "backends": "backends",
     "campaign": "campaign",
     "conformance": "conformance",
+    "findings": "findings",
 }
 
 
