@@ -38,7 +38,8 @@ from anpred.conformance.cases import Case, load_case
 from anpred.conformance.truth import compare, truth_of
 from anpred.onnx_io import atomic_write_text
 
-__all__ = ["BatchOptions", "run_batch", "case_record", "judge_case", "CASES_DIR", "SCHEMA"]
+__all__ = ["BatchOptions", "run_batch", "case_record", "judge_case", "anchored_copy", "default_max_rss",
+           "CASES_DIR", "SCHEMA"]
 
 SCHEMA = "anpred.conformance/1"
 #: per-case records under the output folder
@@ -50,13 +51,28 @@ _ARBITRATED = "closer to the float64 execution"
 class BatchOptions:
     """How a batch runs: ``backends`` (registry names, run side by side with the cores divided),
     ``timeout_s`` (per case and backend: prepare and run), ``keep_runs`` (keep each case's run
-    folder under ``OUT/runs``), ``side_by_side`` (False: the backends one after the other)."""
+    folder under ``OUT/runs``), ``side_by_side`` (False: the backends one after the other),
+    ``max_rss_bytes`` (a worker above it is killed, :class:`anpred.run.warm.WarmPool`; None: the
+    default, :func:`default_max_rss`)."""
 
     backends: list[str]
     timeout_s: float = 120.0
     keep_runs: bool = False
     side_by_side: bool = True
+    max_rss_bytes: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+def default_max_rss() -> int:
+    """A worker's resident-memory limit in a conformance run: an eighth of the machine's physical
+    memory (``os.sysconf``; ten workers side by side), at least 2 GiB. A single-node case needs well
+    under 1 GiB on every backend (TensorFlow's workers, the largest, stayed under 0.6 GiB over the
+    suite's float32 cases); the limit stops a library that allocates without bound
+    (docs/conformance.md) before it starves the machine."""
+    import os
+
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(2 << 30, total // 8)
 
 
 def _bound_specs(case: Case, specs: list, work: Path) -> tuple[list, dict[str, list[str]]]:
@@ -238,7 +254,8 @@ def run_batch(folders: list[str], out: str | Path, opts: BatchOptions, progress:
 
     specs = [BackendSpec.coerce(s) for s in specs]
     work = out / ".work" / f"pool-{todo[0].name}-{int(time.time())}"
-    with WarmPool(work, timeout_s=opts.timeout_s, side_by_side=opts.side_by_side) as pool:
+    with WarmPool(work, timeout_s=opts.timeout_s, side_by_side=opts.side_by_side,
+                  max_rss_bytes=opts.max_rss_bytes or default_max_rss()) as pool:
         for i, folder in enumerate(todo):
             rec = _one_case(folder, out, pool, specs, opts)
             atomic_write_text(out / CASES_DIR / f"{folder.name}.json", json.dumps(rec, separators=(",", ":")))

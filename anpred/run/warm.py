@@ -18,6 +18,11 @@ Isolation is kept per backend and per model:
   model's status (``crashed`` / ``failed`` / ``timeout``), the process group is killed, and the next
   model gets a fresh worker (its status never says "in an earlier chunk": each model is a run of its own).
 
+Memory: with ``max_rss_bytes`` a watchdog thread reads each worker's resident set (``/proc/<pid>/statm``,
+every 0.5 s) and kills a worker above it (its process group); that model's status is ``crashed`` with
+the figure, and the next model gets a fresh worker. (Seen: MNN 3.6.1 on ONNX's ``test_onehot_with_axis``,
+whose ``depth`` is a float32 scalar 10.0, grew one worker to 19.9 GB until the machine ran out.)
+
 The backends of a run work one after the other or side by side (``side_by_side``), as in the base
 class. Each model's job and scratch folder is ``work/<label>/m<k>/``; a model's folder is removed when
 the model after the next starts (the backend may read its scratch files until it is closed).
@@ -27,7 +32,10 @@ Used by :mod:`anpred.conformance` (one run per ONNX node case); the one-shot pat
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -44,18 +52,45 @@ class WarmPool(WorkerPool):
 
     Args (keywords as :class:`~anpred.run.driver.WorkerPool`): ``work`` (job folders and the workers'
     logs ``work/<label>.log``), ``timeout_s`` (per model: prepare and run), ``side_by_side``,
-    ``direct_io``. Mode ``tensors`` only. Attributes: ``started`` (label -> worker processes started,
+    ``direct_io``; ``max_rss_bytes`` (a worker's resident memory above which it is killed; None: no
+    limit). Mode ``tensors`` only. Attributes: ``started`` (label -> worker processes started,
     a fresh one after each crash or timeout), ``models`` (runs served).
     """
 
     worker_args = ("--models",)
 
     def __init__(self, work: str | Path, *, timeout_s: float = 600, side_by_side: bool = False,
-                 direct_io: bool = True):
+                 direct_io: bool = True, max_rss_bytes: int | None = None):
         super().__init__(work, timeout_s=timeout_s, side_by_side=side_by_side, mode="tensors", direct_io=direct_io)
         self.started: dict[str, int] = {}
         self.models = 0
         self._folders: dict[str, list[Path]] = {}
+        self.max_rss_bytes = max_rss_bytes
+        self.over_memory: dict[int, int] = {}  # pid -> resident bytes when it was killed
+        self._stop = threading.Event()
+        if max_rss_bytes:
+            threading.Thread(target=self._watch_memory, name="warm-pool-rss", daemon=True).start()
+
+    def _watch_memory(self) -> None:
+        """Kill (SIGKILL to its process group) a worker whose resident set passes ``max_rss_bytes``."""
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not self._stop.wait(0.5):
+            for w in list(self.workers.values()):
+                pid = w["proc"].pid
+                try:
+                    rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+                except (OSError, ValueError, IndexError):
+                    continue
+                if rss > self.max_rss_bytes and pid not in self.over_memory:
+                    self.over_memory[pid] = rss
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+    def close(self) -> None:
+        self._stop.set()
+        super().close()
 
     def _survives(self, b: str, how: str) -> bool:
         """A worker that reported its model's status (``done``) serves the next model; one that crashed,
@@ -80,6 +115,12 @@ class WarmPool(WorkerPool):
                     del self.dead[spec.label]
                     w = self.workers.pop(spec.label)
                     self._close_fds(w)
+                    rss = self.over_memory.get(w["proc"].pid)
+                    if rss is not None:
+                        st = out[spec.label]
+                        st.status = "crashed"
+                        st.reason = (f"killed: resident memory {rss / 2**30:.2f} GiB over the pool's limit "
+                                     f"{self.max_rss_bytes / 2**30:.2f} GiB (while {'running' if w['prepared'] else 'preparing'})")
                 (self.work / spec.label / f"chunk{k}.json").unlink(missing_ok=True)
         return out
 
