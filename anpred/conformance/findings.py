@@ -14,8 +14,8 @@ A findings folder (``benchmarks/results/findings/`` in this repository) holds:
 
 :func:`render` writes ``docs/findings.md`` from those files alone (``anpred findings FOLDER -o
 docs/findings.md``). Defects are deduplicated by **library, operator and attribute class**
-(:func:`attribute_class`: the node's string and integer attribute values, the names of its float
-ones, its input count): the ``_example``/``_random`` variants of one case are one defect. A library is
+(:func:`attribute_class`: the node's string attribute values and 0/1 flags, the names of its other
+attributes, its input count): the ``_example``/``_random`` variants of one case are one defect. A library is
 the backend's, except that a deviation ``tf`` and ``litert`` share on a case is onnx2tf's (their
 common converter). Pairs where the float64 execution deviates from the expected output too (the
 suite's value disputed, or the tolerance too tight for float32) are listed apart, not as defects.
@@ -45,8 +45,10 @@ _VERSION_KEYS = {"onnxruntime": "onnxruntime", "openvino": "openvino", "onnx2tor
 
 
 def attribute_class(model_path: str | Path) -> str:
-    """The attribute class of a one-node (or few-node) model: per node ``op(attr=value, ...)`` with
-    string and integer attribute values, float attributes by name, and the number of inputs given."""
+    """The attribute class of a one-node (or few-node) model: per node ``op/<n>in(attr=value, ...)``
+    with the values of string attributes and of 0/1 integer flags (``ceil_mode``, ``keepdims``,
+    ``align_corners`` ...: each selects another code path), the other attributes by name (an axis, a
+    size, a list: the same code path at another value), and the number of inputs given."""
     import onnx
 
     m = onnx.load(str(model_path), load_external_data=False)
@@ -56,10 +58,8 @@ def attribute_class(model_path: str | Path) -> str:
         for a in sorted(n.attribute, key=lambda a: a.name):
             if a.type == onnx.AttributeProto.STRING:
                 attrs.append(f"{a.name}={a.s.decode(errors='replace')}")
-            elif a.type == onnx.AttributeProto.INT:
+            elif a.type == onnx.AttributeProto.INT and a.i in (0, 1):  # a flag: it selects a behaviour
                 attrs.append(f"{a.name}={a.i}")
-            elif a.type == onnx.AttributeProto.INTS:
-                attrs.append(f"{a.name}=[{len(a.ints)}]")
             else:
                 attrs.append(a.name)
         parts.append(f"{n.op_type}/{sum(1 for i in n.input if i)}in({','.join(attrs)})")

@@ -132,6 +132,28 @@ def anchored_copy(case: Case, work: Path) -> Path:
     return dst
 
 
+def _raw_where_unaligned(store, backends: list[str], sid: str, expected: dict[str, np.ndarray],
+                         aligned: dict[str, dict[str, np.ndarray]]) -> None:
+    """Where the aligner left an output out for a backend, its stored tensor as returned, when that
+    cannot hide a layout: the expected shape itself, a rank of 0 or 1 (a scalar the aligner does not
+    take), or another element count (then the ground truth names the wrong shape). A tensor of the
+    right size in another shape of rank >= 2 stays out (``no output of the expected shape``)."""
+    from anpred.judge.samples import read_tensors
+
+    for b in backends:
+        missing = [a for a in expected if a not in aligned.get(b, {})]
+        if not missing:
+            continue
+        raw = read_tensors(store, b, sid)
+        for a in missing:
+            t, ref = raw.get(a), expected[a]
+            if t is None:
+                continue
+            t = np.asarray(t)
+            if t.shape == ref.shape or t.ndim <= 1 or ref.ndim <= 1 or t.size != ref.size:
+                aligned.setdefault(b, {})[a] = t.astype(np.float64) if t.dtype.kind == "f" else t
+
+
 def judge_case(run_dir: Path, case: Case) -> dict[str, Any]:
     """The two judgments of one run folder of ``case`` (module docstring): per backend its run status,
     ground truth and oracle verdict; the consensus against the expected outputs."""
@@ -152,6 +174,7 @@ def judge_case(run_dir: Path, case: Case) -> dict[str, Any]:
         for anchor, per in tensors.items():
             for b, t in per.items():
                 aligned.setdefault(b, {})[anchor] = t
+        _raw_where_unaligned(store, ok, sid, expected, aligned)
     run = usable_backends(run_dir, oracle="consensus", allow_incomplete=True)
     report, consensus = run.report, {}
     if not report.problems:
