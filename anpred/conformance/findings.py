@@ -7,7 +7,8 @@ A findings folder (``benchmarks/results/findings/`` in this repository) holds:
   inputs and the suite's expected outputs; tiny), written by :func:`extract`;
 - ``confirm.json``: the repros re-run (``anpred conformance`` on ``repros/``, :func:`confirm`): a
   defect is *confirmed* when its library deviates again on its repro;
-- ``notes.json``: what a person found out about a defect, by its id: ``tracker`` (the library's
+- ``notes.json``: what a person found out about a defect, by its id (or ``"<library>|<operator>"`` for
+  every defect of that operator in that library): ``tracker`` (the library's
   public issue tracker: ``"title (#number)"`` or ``"not found"``, with the ``query`` searched),
   ``first_bad`` (the first bad release, from a version bisection, :mod:`anpred.campaign.bisect`),
   ``cause`` (one line, where known).
@@ -255,7 +256,7 @@ def _defect_table(title: str, items: list[dict[str, Any]], conf: dict, notes: di
                               "repro (re-run) | first bad release | tracker | cause |", "|---|---|---|---|---|---|---|---|---|"]
     for i, d in enumerate(items, 1):
         c = conf.get(d["id"], {})
-        n = notes.get(d["id"], {})
+        n = notes.get(d["id"]) or notes.get(f"{d['library']}|{d['op']}") or {}
         ver = ", ".join(f"{k} {v}" for k, v in d["versions"].items()) or "?"
         rerun = ("confirmed" if c.get("confirmed") else "not reproduced" if c else "not re-run")
         out.append("| " + " | ".join(_cell(x) for x in [

@@ -208,7 +208,8 @@ def judge_case(run_dir: Path, case: Case) -> dict[str, Any]:
             row["oracle"] = "unjudged"
             row["oracle_reason"] = str(report.unjudged_backends.get(b, "not judged"))[:300]
         backends[b] = row
-    wrong = {a: compare(consensus.get(a), e, case.rtol, case.atol) for a, e in expected.items()} if consensus else {}
+    # the consensus is judged where it was formed (an output no backend could be judged at has none)
+    wrong = {a: compare(consensus[a], e, case.rtol, case.atol) for a, e in expected.items() if a in consensus}
     return {"backends": backends, "oracle_status": report.status,
             "consensus_mode": {a: m for a, m in report.consensus.items() if a in expected},
             "consensus_wrong": any(not t.ok for t in wrong.values()) if wrong else None,
