@@ -243,3 +243,57 @@ def test_onnxsim_runs_are_served_by_one_warm_process(tmp_path):
     for k in (1, 2, 3):
         s = onnx.load(str(tmp_path / f"s{k}.onnx"))
         assert [n.op_type for n in s.graph.node] == ["Add"]
+
+
+def test_findings_deduplicate_and_render(tmp_path):
+    """The ledger from results alone: two variants of one Concat case (axis 0 and 1: the same code
+    path) deviating on tf and litert are one onnx2tf defect; a Flatten deviation on tf alone is
+    tensorflow's; a case where the float64 execution deviates too is disputed, not a defect; a failure
+    is counted apart; notes by library|operator reach the table."""
+    from anpred.conformance.findings import extract, render
+
+    cases = tmp_path / "cases"
+    x = np.zeros((2, 2), np.float32)
+    for name, node in (("test_concat_a0", h.make_node("Concat", ["x", "y"], ["z"], axis=0)),
+                       ("test_concat_a1", h.make_node("Concat", ["x", "y"], ["z"], axis=1)),
+                       ("test_flatten", h.make_node("Flatten", ["x"], ["z"])),
+                       ("test_disputed", h.make_node("Relu", ["x"], ["z"]))):
+        n_in = len(node.input)
+        _case(cases, name, _model([node], [(i, [2, 2]) for i in node.input], [("z", None)]), [x] * n_in, [x])
+
+    def row(truth, reason="", excess=0.0):
+        r = {"truth": truth, "reason": reason}
+        if truth == "deviates":
+            r["outputs"] = {"output/z": {"max_excess": excess}}
+        return r
+
+    ok = row("matches")
+    recs = [{"case": "test_concat_a0", "op": "Concat", "backends": {
+                "tf": row("deviates", "4 of 8 elements outside", 500.0), "litert": row("deviates", "4 of 8", 500.0),
+                "ort": ok, "onnx-reference-fp64": ok}},
+            {"case": "test_concat_a1", "op": "Concat", "backends": {
+                "tf": row("deviates", "2 of 8 elements outside", 20.0), "litert": row("deviates", "2 of 8", 20.0),
+                "ort": ok, "onnx-reference-fp64": ok}},
+            {"case": "test_flatten", "op": "Flatten", "backends": {
+                "tf": row("deviates", "110 of 120 elements outside", 1e5), "litert": ok, "ort": ok,
+                "onnx-reference-fp64": ok, "ncnn": row("failed", "prepare: BackendError: pnnx failed on test_flatten.onnx")}},
+            {"case": "test_disputed", "op": "Relu", "backends": {
+                "ort": row("deviates", "1 of 4", 2.0), "onnx-reference-fp64": row("deviates", "1 of 4", 2.0)}}]
+    folder = tmp_path / "findings"
+    folder.mkdir()
+    doc = {"plan": {"folder": str(cases), "backends": ["ort", "tf", "litert", "ncnn", "onnx-reference-fp64"]},
+           "versions": {"tf": {"onnx2tf": "1.29.24", "tensorflow": "2.20.0"}, "litert": {"onnx2tf": "1.29.24"}},
+           "records": recs}
+    (folder / "run.conformance.json").write_text(json.dumps(doc))
+    defects = extract([folder / "run.conformance.json"], folder, [cases])
+    real = {k: d for k, d in defects.items() if k != "disputed"}
+    assert sorted((d["library"], d["op"], len(d["cases"])) for d in real.values()) == \
+        [("onnx2tf", "Concat", 2), ("onnx2tf/tensorflow", "Flatten", 1)]
+    concat = next(d for d in real.values() if d["op"] == "Concat")
+    assert concat["example"] == "test_concat_a0" and concat["versions"] == {"onnx2tf": "1.29.24"}
+    assert (folder / "repros" / "test_concat_a0" / "model.onnx").is_file()
+    assert defects["disputed"]["cases"] == ["test_disputed (onnx-reference-fp64, ort)"]
+    (folder / "notes.json").write_text(json.dumps({"onnx2tf|Concat": {"tracker": "not found", "cause": "a cause"}}))
+    md = render(folder)
+    assert "**2 distinct numeric defects**" in md and "| not found | a cause |" in md
+    assert "| pnnx/ncnn | 1 | 0 | 1 |" in md

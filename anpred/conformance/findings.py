@@ -48,8 +48,9 @@ _VERSION_KEYS = {"onnxruntime": "onnxruntime", "openvino": "openvino", "onnx2tor
 def attribute_class(model_path: str | Path) -> str:
     """The attribute class of a one-node (or few-node) model: per node ``op/<n>in(attr=value, ...)``
     with the values of string attributes and of 0/1 integer flags (``ceil_mode``, ``keepdims``,
-    ``align_corners`` ...: each selects another code path), the other attributes by name (an axis, a
-    size, a list: the same code path at another value), and the number of inputs given."""
+    ``align_corners`` ...: each selects another code path), the other attributes by name (an axis,
+    whatever its value, a size, a list: the same code path at another value), and the number of
+    inputs given."""
     import onnx
 
     m = onnx.load(str(model_path), load_external_data=False)
@@ -59,7 +60,8 @@ def attribute_class(model_path: str | Path) -> str:
         for a in sorted(n.attribute, key=lambda a: a.name):
             if a.type == onnx.AttributeProto.STRING:
                 attrs.append(f"{a.name}={a.s.decode(errors='replace')}")
-            elif a.type == onnx.AttributeProto.INT and a.i in (0, 1):  # a flag: it selects a behaviour
+            elif a.type == onnx.AttributeProto.INT and a.i in (0, 1) and not a.name.endswith("axis"):
+                # a flag (ceil_mode, keepdims ...): it selects a behaviour; an axis is a position
                 attrs.append(f"{a.name}={a.i}")
             else:
                 attrs.append(a.name)
