@@ -78,9 +78,10 @@ def library_of(backends: set[str], b: str) -> str:
 
 
 def _kind(reason: str) -> str:
-    if reason.startswith("shape") or "no output of the expected shape" in reason:
+    """``shape``, ``dtype`` or ``numeric`` from a ground-truth reason (``<output>: `` may lead it)."""
+    if re.search(r"(^|: )shape \[", reason) or "no output of the expected shape" in reason:
         return "shape"
-    if reason.startswith("dtype"):
+    if re.search(r"(^|: )dtype ", reason):
         return "dtype"
     return "numeric"
 
@@ -112,7 +113,11 @@ def defects_of(results: list[dict[str, Any]], case_root: dict[str, Path]) -> dic
                 key = re.sub(r"[^A-Za-z0-9]+", "-", f"{lib}-{r['op']}-{cls}").strip("-").lower()[:120]
                 d = out.setdefault(key, {"id": key, "library": lib, "op": r["op"], "class": cls, "kind": kind,
                                          "backends": [], "cases": [], "error": rows[b].get("reason", ""),
-                                         "versions": {}, "example": r["case"], "excess": 0.0})
+                                         "versions": {}, "example": r["case"], "excess": 0.0, "shared": []})
+                # other libraries deviating on the same case: a deviation many share may be the spec's
+                for other in sorted({library_of(dev, o) for o in dev - {b, "onnx-reference-fp64"}} - {lib}):
+                    if other not in d["shared"]:
+                        d["shared"].append(other)
                 if b not in d["backends"]:
                     d["backends"].append(b)
                 if r["case"] not in d["cases"]:
@@ -238,9 +243,13 @@ def render(folder: Path) -> str:
              "", "Sources: " + "; ".join(f"{d['plan'].get('folder', '?').split('/share/')[-1]} ({len(d['records'])} cases, "
                                          f"{', '.join(d['plan'].get('backends', []))})" for d in results), "",
              f"**{len(numeric)} distinct numeric defects** ({len(confirmed)} confirmed by re-running their repro), "
-             f"{len(other)} wrong shapes/dtypes, converter failures counted apart below. A defect is one (library, "
-             "operator, attribute class); *spec* is the suite's expected output (ONNX's reference), and the float64 "
-             "execution (onnx-reference-fp64) matched it on every case listed.", ""]
+             f"{len(other)} wrong shapes/dtypes, converter failures counted apart below; "
+             f"{sum(1 for d in numeric if not d.get('shared'))} of the numeric defects are this library's alone on their "
+             "cases (*also deviating there* lists the other libraries that deviate on the same case: a deviation "
+             "several independent libraries share may be the spec's or the suite's, see ONNX Runtime's and OpenVINO's "
+             "lists in docs/conformance.md). A defect is one (library, operator, attribute class); *spec* is the "
+             "suite's expected output, and the float64 execution (onnx-reference-fp64) matched it on every case listed.",
+             ""]
     lines += _defect_table("Numeric defects", numeric, conf, notes)
     lines += _defect_table("Wrong shapes and dtypes", other, conf, notes)
     lines += _failure_section(_failures(results))
@@ -255,7 +264,8 @@ def _defect_table(title: str, items: list[dict[str, Any]], conf: dict, notes: di
     if not items:
         return []
     out = [f"## {title}", "", "| # | library (version) | operator / attribute class | cases | error against the spec | "
-                              "repro (re-run) | first bad release | tracker | cause |", "|---|---|---|---|---|---|---|---|---|"]
+                              "also deviating there | repro (re-run) | first bad release | tracker | cause |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for i, d in enumerate(items, 1):
         c = conf.get(d["id"], {})
         n = notes.get(d["id"]) or notes.get(f"{d['library']}|{d['op']}") or {}
@@ -264,7 +274,8 @@ def _defect_table(title: str, items: list[dict[str, Any]], conf: dict, notes: di
         out.append("| " + " | ".join(_cell(x) for x in [
             i, f"{d['library']} ({ver})", f"{d['op']}: `{d['class']}`",
             f"{len(d['cases'])}: {', '.join(d['cases'][:3])}{' ...' if len(d['cases']) > 3 else ''}",
-            d["error"][:200], f"`repros/{d['example']}` ({rerun})", n.get("first_bad", "not bisected"),
+            d["error"][:200], ", ".join(d.get("shared", [])) or "-", f"`repros/{d['example']}` ({rerun})",
+            n.get("first_bad", "not bisected"),
             n.get("tracker", "not searched"), n.get("cause", "")]) + " |")
     return out + [""]
 
