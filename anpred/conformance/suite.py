@@ -182,14 +182,17 @@ def write_results(out: Path, plan: dict[str, Any], records: list[dict[str, Any]]
 
 def _compact(rec: dict[str, Any]) -> dict[str, Any]:
     """A record for the results file: versions once per backend (in the file's ``versions``), reasons
-    cut to 300 characters."""
+    cut to 200 characters, the oracle's reason only where it flagged or could not judge the pair
+    (``pairs.tsv`` keeps them all)."""
     r = dict(rec)
     rows = {}
     for b, row in rec.get("backends", {}).items():
-        row = {k: v for k, v in row.items() if k != "versions"}
+        row = {k: v for k, v in row.items() if k != "versions" and v not in ("", None)}
+        if row.get("flagged") is False and "oracle_reason" in row:
+            del row["oracle_reason"]
         for k in ("reason", "oracle_reason"):
             if k in row:
-                row[k] = str(row[k])[:300]
+                row[k] = str(row[k])[:200]
         rows[b] = row
     r["backends"] = rows
     return r
