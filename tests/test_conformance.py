@@ -148,18 +148,18 @@ def test_warm_pool_runs_models_one_after_another_with_isolation(tmp_path):
 def test_warm_pool_kills_a_worker_over_its_memory_limit(tmp_path):
     """A worker whose resident set passes max_rss_bytes is killed: that model's status is `crashed`
     with the figure; the next model gets a fresh worker (killed again here: ONNX Runtime's import alone
-    is above 30 MB)."""
+    is above 16 MB)."""
     from anpred.inputs import ArraySamples
     from anpred.run.warm import WarmPool
 
     p = tmp_path / "m.onnx"
     onnx.save(_model([h.make_node("Relu", ["x"], ["y"])], [("x", [1, 3])], [("y", [1, 3])]), str(p))
     x = np.ones((1, 3), np.float32)
-    with WarmPool(tmp_path / "w", timeout_s=60, max_rss_bytes=30 << 20) as pool:
+    with WarmPool(tmp_path / "w", timeout_s=60, max_rss_bytes=16 << 20) as pool:
         for k in range(2):
             st = run_model(p, ["ort"], ArraySamples([("s", {"x": x})]), tmp_path / f"r{k}", progress=False,
                            precheck=False, pool=pool).statuses()["ort"]
-            assert st.status == "crashed" and "over the pool's limit 0.03 GiB" in st.reason, st.reason
+            assert st.status == "crashed" and "over the pool's limit 0.02 GiB" in st.reason, st.reason
         assert pool.started["ort"] == 2
 
 
