@@ -13,8 +13,8 @@ backend and case (issue 38), and where onnx2tf's conversion of one node spends i
    paid), with the simplifier's subprocess runs and with the warm server, cProfile splitting the
    time into the simplifier, onnx2tf's own graph building and the SavedModel export.
 
-Both 1 and 2 run in one invocation (ratios taken in one run), with a private conversion cache
-(``ANPRED_CACHE`` in ``--out``) so nothing is reused from earlier runs. Run through the slot
+Both 1 and 2 run in one invocation (ratios taken in one run), each with a private conversion cache
+(``ANPRED_CACHE`` in ``--out``: nothing is reused from earlier runs nor between the two). Run through the slot
 semaphore on the shared machine::
 
     /work/wt/heavy .venv/bin/python benchmarks/bench_conformance.py --out /tmp/bench-conf --cases 40 --cold 3
@@ -66,6 +66,8 @@ def _cold(cases: list[Path], out: Path, backends: list[str]) -> dict:
     from anpred.run.driver import run_model
 
     os.environ["ANPRED_WARM_ONNXSIM"] = "0"  # the workers inherit it: onnx2tf's own subprocess runs
+    warm_cache = os.environ.get("ANPRED_CACHE")
+    os.environ["ANPRED_CACHE"] = str(out / "cache")  # no conversion of the warm phase reused
     per = []
     prep: dict[str, list[float]] = {}
     try:
@@ -82,6 +84,8 @@ def _cold(cases: list[Path], out: Path, backends: list[str]) -> dict:
             print(f"cold {case.name}: {per[-1]:.1f} s", flush=True)
     finally:
         os.environ.pop("ANPRED_WARM_ONNXSIM", None)
+        if warm_cache is not None:
+            os.environ["ANPRED_CACHE"] = warm_cache
     return {"cases": len(per), "median_case_s": round(statistics.median(per), 2), "per_case_s": [round(x, 2) for x in per],
             "median_prepare_s": {b: round(statistics.median(v), 3) for b, v in prep.items()}}
 

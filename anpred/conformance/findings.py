@@ -240,7 +240,7 @@ def render(folder: Path) -> str:
              "the repro of each defect (`repros/<case>/`, ONNX's backend-test layout: re-run with `anpred conformance "
              "benchmarks/results/findings/repros --cases <case> --backends <backend> -o OUT`), their re-run "
              "(`confirm.json`) and the notes (`notes.json`: tracker search, first bad release, cause). Do not edit by hand.",
-             "", "Sources: " + "; ".join(f"{d['plan'].get('folder', '?').split('/share/')[-1]} ({len(d['records'])} cases, "
+             "", "Sources: " + "; ".join(f"{d['plan'].get('folder', '?')} ({len(d['records'])} cases, "
                                          f"{', '.join(d['plan'].get('backends', []))})" for d in results), "",
              f"**{len(numeric)} distinct numeric defects** ({len(confirmed)} confirmed by re-running their repro), "
              f"{len(other)} wrong shapes/dtypes, converter failures counted apart below; "

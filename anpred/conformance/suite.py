@@ -29,6 +29,7 @@ from anpred.onnx_io import atomic_write_text
 
 __all__ = ["ConformanceOptions", "run_conformance", "select_cases", "write_results", "FP32_BACKENDS"]
 
+_ROOT = str(Path(__file__).resolve().parents[2]) + "/"  # the folder holding the anpred package
 #: the fp32 backends of the suite run (the float64 execution included: the consensus' arbiter)
 FP32_BACKENDS = ["ort", "openvino", "torch", "tf", "tvm", "mnn", "ncnn", "litert", "onnx-reference",
                  "onnx-reference-fp64"]
@@ -72,8 +73,19 @@ def select_cases(folder: str | Path | None, patterns: list[str] | None, dtype: s
     return chosen, tensors
 
 
+def folder_text(folder: Path) -> str:
+    """How results name a case folder: inside this environment as ``<sys.prefix>/<relative path>``
+    (the suite installed by scripts/setup.sh: the same text on every machine), else its path."""
+    import sys
+
+    try:
+        return "<sys.prefix>/" + Path(folder).resolve().relative_to(Path(sys.prefix).resolve()).as_posix()
+    except ValueError:
+        return str(folder)
+
+
 def _plan(out: Path, folder: Path, cases: list[Path], opts: ConformanceOptions) -> dict[str, Any]:
-    plan = {"schema": SCHEMA, "folder": str(folder), "backends": opts.backends, "dtype": opts.dtype,
+    plan = {"schema": SCHEMA, "folder": folder_text(folder), "backends": opts.backends, "dtype": opts.dtype,
             "patterns": opts.patterns, "cases": [c.name for c in cases]}
     path = out / "plan.json"
     if path.is_file():
@@ -191,8 +203,8 @@ def _compact(rec: dict[str, Any]) -> dict[str, Any]:
         if row.get("flagged") is False and "oracle_reason" in row:
             del row["oracle_reason"]
         for k in ("reason", "oracle_reason"):
-            if k in row:
-                row[k] = str(row[k])[:200]
+            if k in row:  # (tracebacks in reasons: paths inside this checkout made relative to it)
+                row[k] = str(row[k]).replace(_ROOT, "")[:200]
         rows[b] = row
     r["backends"] = rows
     return r
