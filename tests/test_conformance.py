@@ -215,8 +215,8 @@ def test_conformance_judges_twice_and_scores_the_oracle(tmp_path):
 
 def test_onnxsim_runs_are_served_by_one_warm_process(tmp_path):
     """onnx2tf's `onnxsim IN OUT` command, routed by warm_onnxsim: the simplifier's own entry point
-    runs in one server process (same pid for two calls) and writes the simplified model (a Constant
-    feeding an Add folded away); a server killed between calls is replaced."""
+    runs in one server process (same pid for two calls) and writes the simplified model (the Add of
+    two constants folded away); a server killed between calls is replaced."""
     pytest.importorskip("onnxsim")
     pytest.importorskip("onnx2tf")
     import onnx2tf.onnx2tf as o2t
@@ -242,7 +242,7 @@ def test_onnxsim_runs_are_served_by_one_warm_process(tmp_path):
     assert o2t.subprocess is subprocess  # restored
     for k in (1, 2, 3):
         s = onnx.load(str(tmp_path / f"s{k}.onnx"))
-        assert [n.op_type for n in s.graph.node] == ["Add"]
+        assert [n.op_type for n in s.graph.node].count("Add") == 1  # c + c folded: one Add of the two left
 
 
 def test_findings_deduplicate_and_render(tmp_path):

@@ -48,11 +48,6 @@ class SubRunner:
             self.pool = None
 
 
-def _end_pool(pool) -> None:
-    """Close a warm pool and remove its job folders and logs."""
-    pool.close()
-    shutil.rmtree(pool.work, ignore_errors=True)
-
     def run(self, name: str, models: dict[str | None, Any], feeds: list[dict[str, np.ndarray]],
             backends: list[str]):
         """Run ``models[None]`` (``models[b]``: backend ``b``'s own version) on ``backends`` with
@@ -131,3 +126,9 @@ def departs_rule(rep, config):
               for b in rep.backends}
     loc = Localizer([], binfos, config, None, {})
     return lambda c: c is not None and loc.departs(c)
+
+
+def _end_pool(pool) -> None:
+    """Close a warm pool and remove its job folders and logs."""
+    pool.close()
+    shutil.rmtree(pool.work, ignore_errors=True)
