@@ -242,7 +242,9 @@ def render(folder: Path) -> str:
              "(`confirm.json`) and the notes (`notes.json`: tracker search, first bad release, cause). Do not edit by hand.",
              "", "Sources: " + "; ".join(f"{d['plan'].get('folder', '?')} ({len(d['records'])} cases, "
                                          f"{', '.join(d['plan'].get('backends', []))})" for d in results), "",
-             f"**{len(numeric)} distinct numeric defects** ({len(confirmed)} confirmed by re-running their repro), "
+             f"**{len(numeric)} distinct numeric defects** ({len(confirmed)} confirmed by re-running their repro; "
+             f"{sum(1 for d in numeric if '+' not in d['op'])} on single-operator cases, the others on a function's "
+             "expanded body, where the operator at fault is not isolated), "
              f"{len(other)} wrong shapes/dtypes, converter failures counted apart below; "
              f"{sum(1 for d in numeric if not d.get('shared'))} of the numeric defects are this library's alone on their "
              "cases (*also deviating there* lists the other libraries that deviate on the same case: a deviation "
