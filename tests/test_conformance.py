@@ -297,3 +297,32 @@ def test_findings_deduplicate_and_render(tmp_path):
     md = render(folder)
     assert "**2 distinct numeric defects**" in md and "| not found | a cause |" in md
     assert "| pnnx/ncnn | 1 | 0 | 1 |" in md
+
+
+@pytest.mark.slow
+def test_torch_backend_takes_one_tensor_as_the_first_output(tmp_path):
+    """Regression (found by the conformance run): onnx2torch's LayerNormalization returns Y alone for a
+    node declaring Y, Mean and InvStdDev; the torch backend handed Y's rows out as the three outputs
+    (Y of shape [4] for [3, 4]). Y is now Y (equal to ONNX Runtime's), the outputs not computed are
+    missing."""
+    from anpred.inputs import ArraySamples
+
+    x = np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)
+    w, b = np.full(4, 1.5, np.float32), np.full(4, 0.25, np.float32)
+    node = h.make_node("LayerNormalization", ["x", "w", "b"], ["y", "mean", "inv"], axis=-1)
+    g = h.make_graph([node], "g", [h.make_tensor_value_info("x", T.FLOAT, [3, 4])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [3, 4]), h.make_tensor_value_info("mean", T.FLOAT, [3, 1]),
+                      h.make_tensor_value_info("inv", T.FLOAT, [3, 1])],
+                     [nh.from_array(w, "w"), nh.from_array(b, "b")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "ln.onnx"))
+    store = run_model(tmp_path / "ln.onnx", ["torch"], ArraySamples([("s", {"x": x})]), tmp_path / "r", progress=False,
+                      precheck=False)
+    from anpred.judge import read_tensors
+
+    got = read_tensors(store, "torch", store.sample_ids[0])
+    ref = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * w + b
+    assert got["output/y"].shape == (3, 4)
+    np.testing.assert_allclose(got["output/y"], ref, rtol=1e-4, atol=1e-5)
+    assert "output/mean" not in got or got["output/mean"].shape == (3, 1)
