@@ -30,6 +30,8 @@ COMMANDS: dict[str, str] = {
     "backends": "backends",
     "campaign": "campaign",
     "dashboard": "dashboard",
+    "conformance": "conformance",
+    "findings": "findings",
 }
 
 

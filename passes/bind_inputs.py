@@ -48,7 +48,7 @@ from passes.base import GraphPass, PassResult
 from passes.protos import subgraph_reads
 
 __all__ = ["BindInputsPass", "bind_inputs", "coerce_value", "parse_bindings", "bindable_inputs", "fold_constant_layout",
-           "MAX_ROUNDS", "LAYOUT_OPS"]
+           "weight_inputs", "MAX_ROUNDS", "LAYOUT_OPS"]
 
 #: most fold + inline rounds (each inlines the Ifs whose conditions became constant)
 MAX_ROUNDS = 16
@@ -303,3 +303,28 @@ def bind_inputs(model, values: Mapping[str, Any]):
     docstring for ``info``. Raises InputError as the pass does."""
     r = BindInputsPass(values)(model)
     return r.model, r.info
+
+
+def weight_inputs(model) -> list[str]:
+    """The graph inputs of ``model`` that feed its operators as parameters rather than as data, in
+    graph order: inputs that main-graph nodes read only at an operand position >= 1 (a Conv's or
+    Gemm's ``W``/``B``, a normalization's ``scale``/``bias``, a Reshape's ``shape``, a
+    QuantizeLinear's ``y_scale``), never as a first operand nor inside a sub-graph. Where every graph
+    input would qualify, the first one is left out (something must remain fed).
+
+    ONNX's node conformance cases feed such values as graph inputs, where a real model holds them as
+    initializers; converters that need them constant (onnx2torch: ``KeyError: 'W'``; onnx2tf:
+    ``IndexError``) get them bound with :func:`bind_inputs` (:mod:`anpred.conformance`). On those values
+    the bound model computes what the original does (the same operators on the same values)."""
+    avail = bindable_inputs(model)
+    first: set[str] = set()
+    later: set[str] = set()
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            (first if i == 0 else later).add(name)
+    inner = _subgraph_reads(model.graph.node)
+    names = [vi.name for vi in model.graph.input if vi.name in avail]
+    out = [n for n in names if n in later and n not in first and n not in inner]
+    if out and len(out) == len(names):
+        out = out[1:]
+    return out

@@ -41,6 +41,67 @@ for v in 1.20.1 1.21.0 1.24.4; do
     if [ "$rc" -ne 0 ]; then echo "setup: 'pip download onnxruntime==$v' failed (exit $rc)" >&2; exit "$rc"; fi
   fi
 done
+# --- ONNX's node conformance cases (anpred conformance, docs/conformance.md) -------------------------
+# The 1,765 single-operator cases of onnx 1.22.0 (onnx/backend/test/data/node, 52 MB unpacked, Apache-2.0)
+# are in onnx's sdist on PyPI, not in its wheels. The sdist is fetched from the registry's simple index
+# (pip download would build its metadata), checked against its pinned sha256, and only the node cases and
+# onnx's LICENSE are extracted into .venv/share/anpred/onnx-1.22.0/ (the command's default folder).
+# ANPRED_ONNX_SDIST=/path/onnx-1.22.0.tar.gz uses a local copy (checked alike). Nothing downloads at run time.
+if [ ! -f .venv/share/anpred/onnx-1.22.0/COMPLETE ]; then
+  .venv/bin/python - <<'PY'
+import hashlib, os, re, shutil, subprocess, sys, tarfile, urllib.parse, urllib.request
+from pathlib import Path
+
+NAME, SHA256 = "onnx-1.22.0.tar.gz", "ef40c0aaf0b643857ea9306fc7eddce17eaf9fb0407e4801f1fc5758443a38e0"
+dest, cache = Path(".venv/share/anpred/onnx-1.22.0"), Path(".venv/anpred-data") / NAME
+
+
+def digest(p):
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+local = os.environ.get("ANPRED_ONNX_SDIST")
+if local:
+    src = Path(local)
+elif cache.is_file() and digest(cache) == SHA256:
+    src = cache
+else:
+    idx = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"], capture_output=True,
+                         text=True).stdout.strip() or "https://pypi.org/simple"
+    page_url = idx.rstrip("/") + "/onnx/"
+    page = urllib.request.urlopen(page_url, timeout=120).read().decode()
+    links = [urllib.parse.urljoin(page_url, h) for h in re.findall(r'href="([^"]+)"', page)]
+    url = next((u for u in links if urllib.parse.urlparse(u).path.endswith("/" + NAME)), None)
+    if url is None:
+        sys.exit(f"setup: {NAME} is not listed at {page_url}")
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".part")
+    with urllib.request.urlopen(url.split("#")[0], timeout=600) as r, open(tmp, "wb") as f:
+        shutil.copyfileobj(r, f)
+    tmp.replace(cache)
+    src = cache
+if digest(src) != SHA256:
+    sys.exit(f"setup: {src} does not have the pinned sha256 of {NAME} ({SHA256})")
+prefix = "onnx-1.22.0/onnx/backend/test/data/node/"
+part = dest.with_name(dest.name + ".partial")
+shutil.rmtree(part, ignore_errors=True)
+with tarfile.open(src) as tar:
+    members = [m for m in tar.getmembers() if (m.name.startswith(prefix) or m.name == "onnx-1.22.0/LICENSE")
+               and (m.isfile() or m.isdir())]
+    for m in members:
+        m.name = "LICENSE" if m.name.endswith("/LICENSE") else "node/" + m.name[len(prefix):]
+    tar.extractall(part, members=members, filter="data")
+cases = sum(1 for p in (part / "node").iterdir() if (p / "model.onnx").is_file())
+(part / "COMPLETE").write_text(f"{NAME} sha256 {SHA256}: {cases} node cases\n")
+shutil.rmtree(dest, ignore_errors=True)
+part.replace(dest)
+print(f"setup: {cases} ONNX node conformance cases in {dest}")
+PY
+fi
 .venv/bin/python - <<'PY'
 import importlib.util
 

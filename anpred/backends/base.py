@@ -95,6 +95,11 @@ class Backend:
     #: (:func:`anpred.run.spec.split_threads`). Left False where a fixed default is deliberate (MNN: 1,
     #: its results depend on the thread count) or nothing sets the threads (numpy, TVM, tf-native)
     threads_option: ClassVar[bool] = False
+    #: whether the backend's converter needs operator parameters (weights, biases, scales, shapes) as
+    #: initializers: graph inputs that feed operators as parameters
+    #: (:func:`passes.bind_inputs.weight_inputs`) are then bound to the fed values for it
+    #: (:mod:`anpred.conformance`; onnx2torch fails with ``KeyError: 'W'``, onnx2tf with ``IndexError``)
+    constant_weights: ClassVar[bool] = False
 
     @classmethod
     def unsupported_ops(cls, model) -> dict[str, str]:

@@ -128,6 +128,7 @@ class TfOnnxBackend(Backend):
     """
 
     threads_option = True  # (the ``threads`` option)
+    constant_weights = True  # (its converter reads parameters as initializers: passes.bind_inputs.weight_inputs)
 
     name = "tf"
     family = "tensorflow"
@@ -172,6 +173,7 @@ class TfOnnxBackend(Backend):
         import tensorflow as tf
         import tf_keras
 
+        from anpred.backends.onnxsim_warm import warm_onnxsim
         from anpred.convert import fold_constant_nodes, onnx2tf_calibration_file, working_directory
         from anpred.onnx_io import load_model
 
@@ -198,8 +200,10 @@ class TfOnnxBackend(Backend):
         t0 = time.perf_counter()
         o2t = dict(self.options.get("onnx2tf", {}))
         try:
+            # warm_onnxsim: onnx2tf's four onnxsim command runs go to one warm process (2.5 s each
+            # as new processes; anpred.backends.onnxsim_warm)
             with working_directory(scratch), _onnxsim_on_path(not o2t.get("not_use_onnxsim")), \
-                    contextlib.redirect_stdout(log):
+                    warm_onnxsim(), contextlib.redirect_stdout(log):
                 km = onnx2tf.convert(input_onnx_file_path=str(src), output_folder_path=str(scratch / "o2t"),
                                      disable_model_save=True, non_verbose=True,
                                      **o2t)

@@ -77,6 +77,7 @@ class TorchOnnxBackend(Backend):
     """
 
     threads_option = True  # (the ``threads`` option)
+    constant_weights = True  # (its converter reads parameters as initializers: passes.bind_inputs.weight_inputs)
 
     name = "torch"
     family = "torch"
@@ -229,7 +230,10 @@ class TorchOnnxBackend(Backend):
                     mapping = getattr(gm.get_submodule(n.target), "onnx_mapping", None)
                     if mapping is not None:
                         names = mapping.outputs
-                        if len(names) == 1:
+                        if len(names) == 1 or isinstance(out, torch.Tensor):
+                            # one tensor for a node of several outputs (onnx2torch's LayerNormalization
+                            # computes Y only): it is the first output, the others were not computed
+                            # (iterating the tensor would hand its rows out as the other outputs)
                             if names[0] in wanted:
                                 seen[names[0]] = out
                         else:

@@ -1,5 +1,5 @@
-"""Running subgraphs for the drill-down: a (sub)model on the drill's backends, each in its own process
-(:func:`anpred.run.run_model`), judged by the oracle (:func:`anpred.judge.check_run`); and reading the
+"""Running subgraphs for the drill-down: a (sub)model on the drill's backends, each in its own warm
+worker process (:func:`anpred.run.run_model` on a :class:`anpred.run.warm.WarmPool`), judged by the oracle (:func:`anpred.judge.check_run`); and reading the
 judged cells by ONNX value name with the localization rule (:meth:`anpred.judge.localize.Localizer.departs`).
 """
 
@@ -17,12 +17,36 @@ __all__ = ["SubRunner", "run_specs", "load_full", "value_cells", "departs_rule"]
 
 
 class SubRunner:
-    """Runs a (sub)model on the drill's backends from a list of input dicts, judges it, counts runs."""
+    """Runs a (sub)model on the drill's backends from a list of input dicts, judges it, counts runs.
+
+    The replays of one drill-down (the stage replay, the operator search, the repro's verification)
+    run on warm workers (:class:`anpred.run.warm.WarmPool`, started at the first run): each backend's
+    process, imports and converter stay up from one replay model to the next instead of starting again
+    for each; a crash or timeout still costs that replay only. The workers end when the runner is
+    closed or collected (:meth:`close`)."""
 
     def __init__(self, specs: dict[str, Any], out: Path, timeout_s: float, progress: bool, config):
         self.specs, self.out, self.timeout_s = specs, out, timeout_s
         self.progress, self.config = progress, config
         self.runs = 0
+        self.pool = None
+
+    def _pool(self):
+        if self.pool is None:
+            import weakref
+
+            from anpred.run.warm import WarmPool
+
+            self.pool = WarmPool(self.out / ".workers", timeout_s=self.timeout_s)
+            self._end = weakref.finalize(self, _end_pool, self.pool)  # (drill_run drops the runner when it returns)
+        return self.pool
+
+    def close(self) -> None:
+        """End the warm workers (the next run starts new ones)."""
+        if self.pool is not None:
+            self._end()
+            self.pool = None
+
 
     def run(self, name: str, models: dict[str | None, Any], feeds: list[dict[str, np.ndarray]],
             backends: list[str]):
@@ -53,7 +77,7 @@ class SubRunner:
             specs.append(BackendSpec(s.name, b, opts))
         self.runs += 1
         store = run_model(d / "model.onnx", specs, d / "inputs", d / "run", timeout_s=self.timeout_s,
-                          overwrite=True, progress=self.progress, precheck=False)
+                          overwrite=True, progress=self.progress, precheck=False, pool=self._pool())
         return store.root, check_run(store.root, config=self.config, allow_incomplete=True)
 
 
@@ -102,3 +126,9 @@ def departs_rule(rep, config):
               for b in rep.backends}
     loc = Localizer([], binfos, config, None, {})
     return lambda c: c is not None and loc.departs(c)
+
+
+def _end_pool(pool) -> None:
+    """Close a warm pool and remove its job folders and logs."""
+    pool.close()
+    shutil.rmtree(pool.work, ignore_errors=True)

@@ -49,7 +49,7 @@ from anpred.run.spec import MODES, BackendSpec, WorkerJob
 from anpred.run.store import RunStore
 
 __all__ = ["run_model", "Terminated", "format_summary", "WORKER_MALLOC_TUNABLES", "worker_malloc_tunables",
-           "WorkerPool", "sigterm_raises"]
+           "WorkerPool", "sigterm_raises", "make_job"]
 
 
 def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], inputs: Any, out_dir: str | Path,
@@ -316,7 +316,7 @@ def _precheck(store: RunStore, specs: list[BackendSpec], model_path: Path, progr
     return refused
 
 
-def _make_job(store: RunStore, spec: BackendSpec, model_path: Path, mode: str,
+def make_job(store: RunStore, spec: BackendSpec, model_path: Path, mode: str,
               input_shapes: dict[str, list[int]] | None, work: Path, log_path: Path):
     """The worker job of ``spec`` on ``store`` in folder ``work`` (its options without the runner's
     own keys; int8 calibration on the run's samples; the run's input shapes where the backend needs
@@ -350,7 +350,7 @@ def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str
     with a crash or timeout seen here); its resources go to ``store.meta["resources"][label]``."""
     from tqdm import tqdm
 
-    job, job_path, log_path, status_path, python_path = _make_job(store, spec, model_path, mode, input_shapes,
+    job, job_path, log_path, status_path, python_path = make_job(store, spec, model_path, mode, input_shapes,
                                                                   store.root / ".work" / spec.label,
                                                                   store.root / "logs" / f"{spec.label}.log")
     family = job.family
@@ -490,6 +490,9 @@ class WorkerPool:
     streamed run's judge and reader threads whatever their nice value; in one session the lower
     priority of those threads (:data:`anpred.pipeline.stream.JUDGE_NICE`) holds."""
 
+    #: extra arguments of the worker command (``--models``: :class:`anpred.run.warm.WarmPool`)
+    worker_args: tuple[str, ...] = ()
+
     def __init__(self, work: str | Path, *, timeout_s: float = 600, side_by_side: bool = False, mode: str = "tensors",
                  direct_io: bool = True):
         self.work = Path(work)
@@ -508,13 +511,14 @@ class WorkerPool:
 
     def _start(self, store: RunStore, spec: BackendSpec, model_path: Path, input_shapes) -> dict[str, Any]:
         wdir = self.work / spec.label
-        job, job_path, log_path, status_path, python_path = _make_job(store, spec, Path(model_path), self.mode,
+        job, job_path, log_path, status_path, python_path = make_job(store, spec, Path(model_path), self.mode,
                                                                       input_shapes, wdir, self.work / f"{spec.label}.log")
         rfd, wfd = os.pipe()
         feed_r, feed_w = os.pipe()
         with open(log_path, "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "anpred.run.worker", "--worker", str(job_path), "--fd",
-                                     str(wfd), "--parent", str(os.getpid()), "--feed", str(feed_r)],
+                                     str(wfd), "--parent", str(os.getpid()), "--feed", str(feed_r),
+                                     *self.worker_args],
                                     pass_fds=(wfd, feed_r), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, cwd=str(wdir),
                                     env=_worker_env(python_path, direct_io=self.direct_io),
@@ -612,11 +616,17 @@ class WorkerPool:
             res.update(seconds_wall=round(time.monotonic() - w["t0"], 3), seconds_prepare=round(st.seconds_prepare, 4),
                        worker="long-lived")
             store.meta.setdefault("resources", {})[b] = res
-            if st.status != "ok":
+            if st.status != "ok" and not self._survives(b, how):
                 self.dead[b] = st
                 self._kill(b)
             out[b] = st
         return out
+
+    def _survives(self, b: str, how: str) -> bool:
+        """Whether worker ``b``, whose chunk ended ``how`` (``done`` | ``failed`` | ``timeout`` | ``eof``)
+        with a status other than ``ok``, serves the next run: never here (one model: a failure is the
+        backend's for the stream); :class:`anpred.run.warm.WarmPool` keeps a worker that reported."""
+        return False
 
     def _lost(self, b: str, how: str, n: int) -> BackendStatus:
         """The status of a worker that timed out or ended without a chunk status (killed here): the

@@ -53,7 +53,9 @@ def sample_sha256(inputs: dict[str, np.ndarray]) -> str:
     h = hashlib.sha256()
     for k in sorted(inputs):
         h.update(k.encode())
-        h.update(memoryview(np.ascontiguousarray(inputs[k])).cast("B"))  # the same bytes, no copy
+        a = np.ascontiguousarray(inputs[k])
+        if a.size:  # (an empty array has no bytes, and memoryview refuses to cast a zero-length view)
+            h.update(memoryview(a).cast("B"))  # the same bytes, no copy
     return h.hexdigest()
 
 

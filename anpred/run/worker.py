@@ -27,7 +27,7 @@ import re
 import signal
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ from anpred.run.spec import WorkerJob
 from anpred.run.store import RunStore
 from anpred.run.streaming import STATS_SCHEMA, StreamingStats, sample_summary
 
-__all__ = ["short_reason", "run_job", "main"]
+__all__ = ["short_reason", "run_job", "prepare_backend", "Served", "main"]
 
 _UNSUPPORTED_RE = re.compile(r"not implemented|unsupported|not supported|NOT_IMPLEMENTED|No Op registered|"
                              r"could not find an implementation|no converter|is not available", re.I)
@@ -172,36 +172,106 @@ def _captured(st, manifest, returned: set[str]) -> None:
     st.anchors_captured = sum(1 for a in manifest.anchors if a.name in returned)
 
 
-def _serve(backend, manifest, st, label: str, feed_fd: int, emit, writer, fault_opts, resources_path: Path) -> None:
+def prepare_backend(job: WorkerJob, options: dict, st: BackendStatus, scratch: Path):
+    """Build ``job``'s backend with ``options`` and prepare it on ``job.model`` (the manifest of
+    ``job.store``), filling ``st`` (versions, ``seconds_prepare``, precision, quantization steps,
+    captures). Returns ``(backend, manifest)``. Raises whatever the backend raises."""
+    manifest = AnchorManifest.load(Path(job.store) / "manifest.json")
+    backend = backend_class(job.name)(options)
+    st.versions = backend.versions()
+    t0 = time.perf_counter()
+    backend.prepare(job.model, manifest, scratch)
+    st.seconds_prepare = time.perf_counter() - t0
+    st.precision, st.precision_requested = backend.effective_precision(), backend.precision
+    st.quant_steps = {k: float(v) for k, v in backend.quantization_steps().items()}
+    st.versions = backend.versions()
+    st.captures = {k: asdict(v) for k, v in backend.anchor_info().items()}
+    return backend, manifest
+
+
+@dataclass
+class Served:
+    """What a long-lived worker holds between chunks (:func:`_serve`): the prepared ``backend`` and its
+    ``manifest``, the worker's status ``st`` (as prepared), whether a failing chunk leaves the process
+    alive for the next model (``survive``: a worker serving many models, :class:`anpred.run.warm.WarmPool`)."""
+
+    backend: Any
+    manifest: Any
+    st: BackendStatus
+    label: str
+    survive: bool = False
+
+
+def _switch_model(srv: Served, job_path: str, emit) -> None:
+    """A worker serving many models (:class:`anpred.run.warm.WarmPool`): close the backend, build and
+    prepare one on the job in ``job_path`` (another model; the libraries stay imported, converters
+    warm). A failure leaves ``srv.backend`` None and ``srv.st`` with its status and reason."""
+    job = WorkerJob.load(job_path)
+    options = {k: v for k, v in job.options.items() if not k.startswith("_")}
+    if srv.backend is not None:
+        try:
+            srv.backend.close()
+        except Exception:  # noqa: BLE001 - the previous model's resources; the new one is unaffected
+            pass
+    srv.backend, srv.survive = None, True
+    srv.st = BackendStatus(name=job.label, family=job.family)
+    t0 = time.perf_counter()
+    try:
+        srv.backend, srv.manifest = prepare_backend(job, options, srv.st, Path(job_path).parent / "scratch")
+        srv.st.status = "running"
+        atomic_write_text(Path(job.status_path), to_json(srv.st.to_dict()))
+        emit("prepared")
+    except Exception as err:  # noqa: BLE001 - this model's status; the worker serves the next one
+        srv.st.status = _classify(err)
+        srv.st.reason = f"prepare: {short_reason(err)}"
+        srv.st.seconds_prepare = time.perf_counter() - t0
+        import traceback
+
+        traceback.print_exc()
+
+
+def _serve(srv: Served, feed_fd: int, emit, writer, fault_opts, resources_path: Path) -> None:
     """The long-lived worker's loop (:class:`anpred.run.driver.WorkerPool`): each line read from
-    ``feed_fd`` is a chunk ``{"k", "store", "samples", "status"[, "gather"]}`` (``gather``: a file of
-    :func:`anpred.run.positions.save_gather`); its samples run into that run
+    ``feed_fd`` is a chunk ``{"k", "store", "samples", "status"[, "gather"][, "job"]}`` (``gather``: a file of
+    :func:`anpred.run.positions.save_gather`; ``job``: a :class:`~anpred.run.spec.WorkerJob` file of
+    another model, prepared before the chunk runs, :func:`_switch_model`); its samples run into that run
     store, its status (this chunk's samples and times) is written to ``status``, then ``chunk K
-    done`` is emitted. A failing sample ends the process with that chunk's status written. Returns
-    when the driver closes the feed."""
+    done`` is emitted. A failing sample ends the process with that chunk's status written, unless
+    the worker serves many models (``srv.survive``, set by the first ``job``): then a Python exception
+    is that chunk's status (``chunk K done``) and the next chunk runs. Returns when the driver closes
+    the feed."""
     feed = os.fdopen(feed_fd, "r")
     spec_of: dict[str, Any] = {}
     for line in feed:
         req = json.loads(line)
+        if req.get("job"):
+            _switch_model(srv, req["job"], emit)
         g = req.get("gather")  # the anchors to store as their sampled positions (anpred.run.positions)
         if g and g not in spec_of:
             spec_of[g] = load_gather(g)
-        cst = BackendStatus.from_dict(st.to_dict())
+        cst = BackendStatus.from_dict(srv.st.to_dict())
+        if srv.backend is None:  # its model failed to prepare (a worker serving many models)
+            atomic_write_text(Path(req["status"]), to_json(cst.to_dict()))
+            emit(f"chunk {req['k']} done")
+            continue
         cst.status = "running"
         cursor: list = [None]
         try:
-            cstore = RunStore(Path(req["store"]), {}, manifest)
-            returned, run_s, loop_s = _sample_loop(backend, cstore, req["samples"], label, cst, emit, writer,
+            cstore = RunStore(Path(req["store"]), {}, srv.manifest)
+            returned, run_s, loop_s = _sample_loop(srv.backend, cstore, req["samples"], srv.label, cst, emit, writer,
                                                    fault_opts, cursor=cursor, gather_spec=spec_of.get(g) if g else None)
             cst.seconds_run = run_s
-            _captured(cst, manifest, returned)
-            cst.status, cst.reason = "ok", _missing_note(cst.captures, manifest)
+            _captured(cst, srv.manifest, returned)
+            cst.status, cst.reason = "ok", _missing_note(cst.captures, srv.manifest)
         except BaseException as err:  # noqa: BLE001 - the chunk's status, then the process ends
             cst.status = _classify(err)
             cst.reason = f"sample {cursor[0]}: {short_reason(err)}"
             atomic_write_text(Path(req["status"]), to_json(cst.to_dict()))
+            if srv.survive and isinstance(err, Exception):
+                emit(f"chunk {req['k']} done")
+                continue
             emit(f"chunk {req['k']} failed")
-            st.status, st.reason = cst.status, cst.reason
+            srv.st.status, srv.st.reason = cst.status, cst.reason
             return
         atomic_write_text(Path(req["status"]), to_json(cst.to_dict()))
         import resource
@@ -210,14 +280,16 @@ def _serve(backend, manifest, st, label: str, feed_fd: int, emit, writer, fault_
             {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
              "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}))
         emit(f"chunk {req['k']} done")
-        st.seconds_prepare = 0.0  # counted with the first chunk only
-    st.status = "ok"
+        srv.st.seconds_prepare = 0.0  # counted with the first chunk only
+    srv.st.status = "ok"
 
 
-def run_job(job_path: str, fd: int, feed_fd: int | None = None) -> None:
+def run_job(job_path: str, fd: int, feed_fd: int | None = None, models: bool = False) -> None:
     """Run the job in ``job_path`` (:class:`~anpred.run.spec.WorkerJob`), reporting progress lines on
     the pipe ``fd``; never returns (ends the process with ``os._exit(0)`` once the status is written).
-    With ``feed_fd``: prepare once, then run the chunks the driver sends on that pipe (:func:`_serve`)."""
+    With ``feed_fd``: prepare once, then run the chunks the driver sends on that pipe (:func:`_serve`).
+    With ``models`` too: nothing is prepared at start; every chunk names its model's job (a worker
+    serving many models, :class:`anpred.run.warm.WarmPool`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     job = WorkerJob.load(job_path)
@@ -244,17 +316,13 @@ def run_job(job_path: str, fd: int, feed_fd: int | None = None) -> None:
     # one writer thread: storing sample i (tensors, or summaries in stats mode) overlaps running i+1
     writer = ThreadPoolExecutor(max_workers=1)
     try:
-        backend = backend_class(job.name)(options)
-        st.versions = backend.versions()
+        if models and feed_fd is not None:
+            srv = Served(None, manifest, st, label, survive=True)
+            _serve(srv, feed_fd, emit, writer, fault_opts, status_path.with_name("resources.json"))
+            st = srv.st
+            return
         _fault(fault_opts, "prepare")
-        t0 = time.perf_counter()
-        backend.prepare(job.model, manifest, Path(job_path).parent / "scratch")
-        st.seconds_prepare = time.perf_counter() - t0
-        st.precision, st.precision_requested = backend.effective_precision(), backend.precision
-        st.quant_steps = {k: float(v) for k, v in backend.quantization_steps().items()}
-        st.versions = backend.versions()
-        info = backend.anchor_info()
-        st.captures = {k: asdict(v) for k, v in info.items()}
+        backend, manifest = prepare_backend(job, options, st, Path(job_path).parent / "scratch")
         st.status = "running"
         save()
         emit("prepared")
@@ -265,8 +333,9 @@ def run_job(job_path: str, fd: int, feed_fd: int | None = None) -> None:
             (root / "stats").mkdir(exist_ok=True)
             jsonl = open(root / "stats" / f"{label}.samples.jsonl", "w")
         if feed_fd is not None:  # a long-lived worker: chunks of samples from the driver until it closes the feed
-            _serve(backend, manifest, st, label, feed_fd, emit, writer, fault_opts,
-                   status_path.with_name("resources.json"))
+            srv = Served(backend, manifest, st, label)
+            _serve(srv, feed_fd, emit, writer, fault_opts, status_path.with_name("resources.json"))
+            st = srv.st  # (the last model's status, written by save())
             return
         returned, run_s, loop_s = _sample_loop(backend, store, job.samples, label, st, emit, writer, fault_opts,
                                                stats, jsonl, cursor)
@@ -314,10 +383,11 @@ def main(argv=None) -> None:
     p.add_argument("--fd", type=int, required=True, help="pipe for progress lines")
     p.add_argument("--parent", type=int, default=0, help="the driver's pid (the worker dies with it)")
     p.add_argument("--feed", type=int, default=None, help="pipe of chunks to run (a long-lived worker)")
+    p.add_argument("--models", action="store_true", help="with --feed: each chunk names its model's job")
     a = p.parse_args(argv)
     if a.parent:
         _die_with_parent(a.parent)
-    run_job(a.worker, a.fd, a.feed)
+    run_job(a.worker, a.fd, a.feed, a.models)
 
 
 if __name__ == "__main__":
