@@ -17,6 +17,7 @@ from onnx import numpy_helper as nh
 
 from anpred.run import run_model
 from anpred.run.spec import BackendSpec
+from isa_reasons import FP32_BOUND
 
 
 def _model(nodes, inputs, outputs, opset=17):
@@ -106,6 +107,7 @@ def test_empty_input_is_hashed():
     assert a != sample_sha256({"y": np.zeros((0, 3), np.float32)}) and len(a) == 64
 
 
+@pytest.mark.kernels
 def test_warm_pool_runs_models_one_after_another_with_isolation(tmp_path):
     """One ort process serves three different models (started once); a Python failure on one model
     (an operator ONNX Runtime lacks) is that model's status and the worker serves the next; a worker
@@ -300,6 +302,7 @@ def test_findings_deduplicate_and_render(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_torch_backend_takes_one_tensor_as_the_first_output(tmp_path):
     """Regression (found by the conformance run): onnx2torch's LayerNormalization returns Y alone for a
     node declaring Y, Mean and InvStdDev; the torch backend handed Y's rows out as the three outputs
