@@ -322,7 +322,7 @@ def weight_inputs(model) -> list[str]:
     for node in model.graph.node:
         for i, name in enumerate(node.input):
             (first if i == 0 else later).add(name)
-    inner = _subgraph_reads(model.graph.node)
+    inner = subgraph_reads(model.graph.node)
     names = [vi.name for vi in model.graph.input if vi.name in avail]
     out = [n for n in names if n in later and n not in first and n not in inner]
     if out and len(out) == len(names):

@@ -26,7 +26,6 @@ import fnmatch
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
