@@ -259,6 +259,7 @@ def _take_oracle(report: CheckReport, res: OracleResult, parts: list[OutputPart]
     report.unjudged_anchors, report.plot_data = res.unjudged_anchors, res.plot_data
     report.correlated = res.correlated
     report.independence = res.independence
+    report.splits = res.splits
     report.populations, report.population_cells = res.populations, res.population_cells
     report.scales = res.scales
     report.notes.extend(res.notes)
@@ -307,6 +308,9 @@ def _alignment_notes(report: CheckReport, rep) -> None:
     for d in segs:
         report.notes.append(f"alignment: {d.backend} at {d.anchor}: {describe_rule(d.rule)} found by the data "
                             f"(normalised error {d.runner_up:.3g} -> {d.error:.3g})")
+    for d in rep.alignments:
+        if d.layout_check:
+            report.notes.append(f"alignment: {d.backend} at {d.anchor}: {d.layout_check}")
     # the unaligned reasons reach the verdicts through the oracle (Oracle.add(unaligned=...))
 
 

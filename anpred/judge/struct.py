@@ -142,6 +142,10 @@ class Cell:
     units: dict[str, Any] = field(default_factory=dict)
     suppressed: int = 0
     undecided: int = 0
+    # "" for a cell judged on its values; "shape" (the backend returned another shape than the one the
+    # voting families agree on) or "missing" (it returned no value for a graph output they agree on):
+    # flagged deviations without statistics (anpred.judge.deviations)
+    deviation: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -323,6 +327,9 @@ class OracleResult:
     # anchor -> precision -> {"expected": nRMSE, "basis": text}: each precision's expected error there,
     # measured on the run (anpred.judge.populations.expected_scales)
     scales: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    # split votes between camps of families (anpred.judge.camps.SplitLog.summary): anchor, camps,
+    # decided_for (None: a tie), basis (float64 | count | tie), samples
+    splits: list[dict[str, Any]] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -374,6 +381,8 @@ class CheckReport:
     allow_incomplete: bool = False
     correlated: list[dict[str, Any]] = field(default_factory=list)
     independence: dict[str, Any] = field(default_factory=dict)
+    # split votes between camps of families (OracleResult.splits, anpred.judge.camps)
+    splits: list[dict[str, Any]] = field(default_factory=list)
     populations: dict[str, dict[str, Any]] = field(default_factory=dict)
     population_cells: dict[str, list[Cell]] = field(default_factory=dict)
     scales: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
@@ -445,7 +454,7 @@ class CheckReport:
             "unjudged_anchors": self.unjudged_anchors, "alignment": self.alignment,
             "problems": self.problems, "notes": self.notes, "incomplete": self.incomplete,
             "allow_incomplete": self.allow_incomplete, "correlated": self.correlated,
-            "independence": self.independence,
+            "independence": self.independence, "splits": json_safe(self.splits),
             "populations": self.populations,
             "population_cells": {p: [c.to_dict() for c in cs] for p, cs in self.population_cells.items()},
             "scales": {a: {p: {**v, "expected": json_float(v["expected"])} for p, v in per.items()}
@@ -472,7 +481,7 @@ class CheckReport:
                 unjudged_anchors=d.get("unjudged_anchors", {}), alignment=d.get("alignment", {}),
                 problems=d.get("problems", []), notes=d.get("notes", []), incomplete=d.get("incomplete", []),
                 allow_incomplete=bool(d.get("allow_incomplete", False)), correlated=d.get("correlated", []),
-                independence=d.get("independence", {}),
+                independence=d.get("independence", {}), splits=d.get("splits", []),
                 populations=d.get("populations", {}),
                 population_cells={p: [Cell.from_dict(c) for c in cs] for p, cs in d.get("population_cells", {}).items()},
                 scales={a: {p: {**v, "expected": from_json_float(v["expected"])} for p, v in per.items()}
