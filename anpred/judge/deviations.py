@@ -64,6 +64,7 @@ def deviation_cells(cells: dict[tuple[str, str], Cell], deviations: dict[tuple[s
             where = "" if len(sids) >= samples else f" (in {len(sids)} of {samples} samples)"
             label = {"shape": "wrong shape", "layout": "no layout of its tensor matches"}.get(k, "missing output")
             detail = why[len("not aligned: "):] if why.startswith("not aligned: ") else why
+            detail = detail[len("wrong shape: "):] if detail.startswith("wrong shape: ") else detail
             texts.append(f"{label}: {detail}{where}; the voting families agree on the anchor")
         reason = "; ".join(texts)
         cell = cells.get((a, b))
