@@ -72,6 +72,7 @@ from anpred.judge.camps import SplitLog, camp_distances, decide, form_camps
 from anpred.judge.deviations import deviation_cells, shape_gap
 from anpred.judge.independence import PairDistances, TruthErrors, merge_correlated
 from anpred.judge.localize import Localizer
+from anpred.judge.oracle_notes import basis_notes, correlated, correlated_notes, unjudged_anchors
 from anpred.judge.positions import sample_positions
 from anpred.judge.scales import cell_precision, floor_and_basis, natural_units
 from anpred.judge.stats import ErrorStats, Reference, same_array, ulp_dtype
@@ -145,6 +146,7 @@ class Oracle:
         # float64 execution, the families' errors against it (anpred.judge.independence)
         self.indep = PairDistances()
         self.truth_errors = TruthErrors()
+        self.truth_merged: set[tuple[str, frozenset]] = set()  # (anchor, group) merged by errors against the truth
         self.splits = SplitLog()  # split votes between camps of families (anpred.judge.camps)
         # (anchor, backend) -> (kind, reason) -> sample ids: a wrong shape or a missing output where the
         # voting families agree (anpred.judge.deviations)
@@ -207,6 +209,7 @@ class Oracle:
                 return singles
             groups, merged = self.truth_errors.merge(anchor, singles, self.cfg.correlated_rho)
             self.rho_merged[anchor].update(merged)
+            self.truth_merged.update((anchor, g) for g in merged)
             self._rho_merged_now = self._rho_merged_now or bool(merged)
             return groups
         groups: list[list[str]] = []
@@ -505,10 +508,10 @@ class Oracle:
                                        samples=self.samples, localizer=loc)
                     for b, info in self.backends.items()}
         consensus = {a.name: sorted(self.consensus_modes[a.name]) for a in self.anchors}
-        notes.extend(self._basis_notes(verdicts, consensus))
-        unjudged_anchors = self._unjudged_anchors(cells, notes)
-        correlated = self._correlated()
-        notes.extend(self._correlated_notes(correlated))
+        notes.extend(basis_notes(self, verdicts, consensus))
+        unjudged = unjudged_anchors(self, cells, notes)
+        corr = correlated(self)
+        notes.extend(correlated_notes(self, corr))
         for a, n in self.undecided.items():
             notes.append(f"anchor {a}: the votes tied between finite and NaN/Inf values at {n} element(s) "
                          "(summed over samples): undecided there, judged for no backend")
@@ -517,54 +520,9 @@ class Oracle:
                          "no finite value to compare, only whether each backend returns the same NaN/Inf")
         return OracleResult(
             cells=[cells[k] for a in self.anchors for k in [(a.name, b) for b in self.backends] if k in cells],
-            verdicts=verdicts, consensus=consensus, unjudged_anchors=unjudged_anchors, notes=notes,
-            correlated=correlated, samples=self.samples, independence=self.indep.summary(self.cfg.correlated_rho),
+            verdicts=verdicts, consensus=consensus, unjudged_anchors=unjudged, notes=notes,
+            correlated=corr, samples=self.samples, independence=self.indep.summary(self.cfg.correlated_rho),
             plot_data={k: acc.res.data for k, acc in self.acc.items()}, splits=self.splits.summary())
-
-    def _basis_notes(self, verdicts, consensus: dict[str, list[str]]) -> list[str]:
-        """Notes on what the verdicts rest on: the manifest order (data flow unknown), a reference."""
-        notes = []
-        if self.descendants is None and any(v.flagged for v in verdicts.values()):
-            notes.append("propagation follows the manifest order (the run's data flow is unknown): parallel "
-                         "branches interleave there, so ratios and non-monotonic marks may mix branches")
-        ref_modes = sorted({m for ms in consensus.values() for m in ms if m.startswith("reference:")})
-        if ref_modes:
-            notes.append("fewer than %d voting families at some anchors: consensus = %s (the reference is not judged "
-                         "there; verdicts rest on the noise floor and fewer peers)"
-                         % (self.cfg.min_voters, ", ".join(ref_modes)))
-        return notes
-
-    def _unjudged_anchors(self, cells: dict[tuple[str, str], Cell], notes: list[str]) -> dict[str, str]:
-        """Anchors no backend could be judged at -> why; a note per anchor with gaps (appended to ``notes``)."""
-        unjudged_anchors: dict[str, str] = {}
-        for a in self.anchors:
-            gaps = self.anchor_gaps.get(a.name)
-            if not gaps or a.part_of:
-                continue
-            text = gap_text(gaps, self.samples)
-            if not any(k[0] == a.name for k in cells):
-                unjudged_anchors[a.name] = text
-                notes.append(f"anchor {a.name} could not be judged: {text}")
-            else:
-                notes.append(f"anchor {a.name} could not be judged in some samples: {text}")
-        return unjudged_anchors
-
-    def _correlated_notes(self, correlated: list[dict[str, Any]]) -> list[str]:
-        cfg, notes = self.cfg, []
-        for c in correlated:
-            n_all = len(self.anchors)
-            tol = "bit-identical" if cfg.correlated_nrmse <= 0 else f"within nRMSE {cfg.correlated_nrmse:g}"
-            if c.get("rho"):
-                r = list(c["rho"].values())
-                tol = (f"error-correlated (three-cornered hat rho {min(r):.2f}-{max(r):.2f} >= correlated_rho "
-                       f"{cfg.correlated_rho:g}) or bit-identical")
-            differ = f"; judged apart at {', '.join(c['differ'][:4])}{' ...' if len(c['differ']) > 4 else ''}" \
-                if c["differ"] else ""
-            notes.append(f"correlated backends: {' and '.join(c['backends'])} (families {', '.join(c['families'])}) "
-                         f"gave {tol} tensors at {len(c['anchors'])} of {n_all} anchors (in {min(c['anchors'].values())}"
-                         f"-{max(c['anchors'].values())} of {self.samples} samples each): counted as one consensus vote "
-                         f"there (shared kernels){differ}")
-        return notes
 
     def _cells(self) -> dict[tuple[str, str], Cell]:
         """Every judged (anchor, backend), decided against its peers (:func:`judge_cell`) with the floor
@@ -637,19 +595,3 @@ class Oracle:
             return None
         ups = [x.name for x in self.anchors if x.name in self.steps and name in self.descendants.get(x.name, ())]
         return self.steps[ups[-1]] if ups else None
-
-    def _correlated(self) -> list[dict[str, Any]]:
-        groups: dict[frozenset, dict[str, int]] = {}
-        for a in self.anchors:
-            for g, n in self.merged[a.name].items():
-                groups.setdefault(g, {})[a.name] = n
-        out = []
-        for g, anchors in groups.items():
-            fams = sorted(g)
-            members = [b for b, i in self.backends.items() if i.votes and i.family in g]
-            differ = [a.name for a in self.anchors if a.name not in anchors and
-                      sum(1 for b in members if (a.name, b) in self.acc) >= 2]
-            rho = {a: r for a in anchors if (r := self.rho_merged[a].get(g)) is not None}
-            out.append({"families": fams, "backends": members, "anchors": anchors, "differ": differ,
-                        "kind": "error-correlated" if rho else "bit-identical", "rho": rho})
-        return out
