@@ -51,6 +51,7 @@ Distances are normalised errors (:func:`anpred.align.distance.normalized_error`)
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from typing import Any
@@ -509,12 +510,13 @@ class Aligner:
         e0 = normalized_error(aligned[b], cons)
         if not e0 > self.close_tol:
             return
-        st = self.statuses.get(b)
-        cap = anchor_capture((st.captures or {}).get(anchor.name) if st else None)
         base = {k: v for k, v in dec.rule.items() if k in ("cast", "dequantize")}
         scored = []
-        for c in shape_candidates(x.shape, cs, cap.layout, anchor.layout):
-            c = {**base, **c}
+        # every reading of the tensor's axes that gives the ONNX shape (rank <= 6: at most 720)
+        perms = [list(p) for p in itertools.permutations(range(x.ndim))
+                 if x.ndim <= 6 and tuple(x.shape[i] for i in p) == tuple(cs)]
+        for p in perms:
+            c = {**base, **({} if p == list(range(x.ndim)) else {"permute": p})}
             try:
                 scored.append((normalized_error(self._apply_checked(c, x, cs), cons), c))
             except ValueError:
