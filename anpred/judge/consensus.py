@@ -422,7 +422,7 @@ class Oracle:
             # kernel path, correlated families) has the same Comparison: reuse it (no second sort)
             cmp = next((c_ for y, d_, c_ in done if d_ == dt and same_array(x, y)), None)
             if cmp is None:
-                cmp = ref_tensor.compare(x, dt, distribution=self.population is None)
+                cmp = ref_tensor.compare(x, dt, distribution=self.population is None, ulp_quantile=self.cfg.ulp_quantile)
                 done.append((x, dt, cmp))
             acc.add(cmp)
             if a.kind == "output":
@@ -574,6 +574,10 @@ class Oracle:
                 units = natural_units(prec, st.max_abs, math.sqrt(acc.dd / acc.n) if acc.n else math.nan, rms, step)
                 if self.population is not None:
                     extra["k"] = self.cfg.k_for(self.population, population=True)
+                elif info.votes and prec == "fp32" and a.name not in self._scaled:
+                    # the wrong-tail rule: the ULP-error quantile against the same peers' (verdict.py)
+                    extra["peer_ulps"] = [(pooled[(a.name, p)].ulp_q, pooled[(a.name, p)].ulp_median) for p in peers
+                                          if not math.isnan(pooled[(a.name, p)].ulp_q)]
                 cells[(a.name, b)] = judge_cell(a, info, acc, st, levels, self.cfg,
                                                 self.consensus_max.get(a.name, 0.0), floor=floor, basis=basis,
                                                 units=units, **extra)

@@ -240,6 +240,12 @@ class BackendVerdict:
     # the isolated stage replay's role of each stage exit anchor (anpred.drill): introduced | amplified |
     # carried | clean; a propagation step into an ``introduced`` anchor has kind ``introduced``
     stage_roles: dict[str, str] = field(default_factory=dict)
+    # graded findings that do not flag (anpred.judge.populations.cost_warnings): a reduced-precision
+    # member losing a multiple of its population's cost, with the likely cause where the run knows it
+    warnings: list[str] = field(default_factory=list)
+    # {"anchor", "ratio", "nrmse", "peers"}: its largest cost ratio to its population (None: below
+    # OracleConfig.cost_factor, or not a reduced-precision member)
+    cost_ratio: dict[str, Any] | None = None
 
     @property
     def any_flagged(self) -> bool:

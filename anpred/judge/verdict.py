@@ -11,7 +11,16 @@ could not be judged, worst anchor) and hands origin and propagation to
 - **signal lost**: pooled cosine similarity with a nonzero consensus <= 0 flags whatever the floor,
   provided the peers are > k times closer;
 - **part range rule**: a part of an output is flagged only where its largest deviation also exceeds
-  the floor times its largest |consensus|.
+  the floor times its largest |consensus|;
+- **wrong tail** (fp32 voters): an error confined to small values (an activation's tail) is invisible
+  in nRMSE, which the large values dominate. A cell the nRMSE passes is flagged when the
+  ``ulp_quantile`` quantile of its error in ULPs of the consensus (``ErrorStats.ulp_q``: relative to
+  each element's magnitude) exceeds ``ulp_floor`` and ``k`` times its peers' median while the bulk,
+  the median ULP error (``ulp_median``), does not depart from the peers' (within ``origin_k`` times
+  theirs: a tail, not a broad error; a broad error below the floor also has large ULP errors where the
+  consensus is small, and stays the floor's to judge). Peers whose nRMSE median is 0 (bit-identical
+  to the consensus) leave it to the floor too. Not applied to an output judged part by part (its
+  parts judge its small-valued portions, with the part range rule) nor to the parts.
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ def _within_one_step(st: ErrorStats, units: dict | None) -> bool:
 def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: ErrorStats, peers: list[float],
                config: OracleConfig, consensus_max: float = 0.0, *, floor: float | None = None,
                basis: str = "", signal_peers: list[float] | None = None, units: dict | None = None,
-               k: float | None = None) -> Cell:
+               k: float | None = None, peer_ulps: list[float] | None = None) -> Cell:
     """The verdict of backend ``info`` at ``anchor`` (module docstring).
 
     Args:
@@ -61,6 +70,8 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
             (no more of the consensus than an all-zero tensor) counts as a lost signal too.
         units: the deviation in the natural unit of the precision (:func:`anpred.judge.scales.natural_units`).
         k: the outlier factor (default ``config.k_for(info.precision)``).
+        peer_ulps: the peers' ``(ulp_q, ulp_median)`` (:class:`ErrorStats`); given (fp32 voters), the
+            wrong-tail rule applies (module docstring).
     """
     cfg = config
     prim = float(getattr(st, cfg.primary))
@@ -110,6 +121,8 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
                       f"int8 grid point of the consensus' (max {units['max']:.3g} step <= 1.5) and the mean deviation "
                       f"{st.mean_signed / units['size']:+.3g} step is within half a step: the grid's resolution "
                       "(one-step rule)")
+        elif not flagged and peer_ulps is not None:
+            flagged, reason = _wrong_tail(st, peer_ulps, k, cfg, prim, thr, peer_level)
         elif flagged:
             why = [f"{cfg.primary} {prim:.3g} > floor {floor:.3g}"]
             if peer_level is not None:
@@ -123,6 +136,23 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
         floor=floor, peer_level=peer_level, threshold=thr, nonfinite=acc.nonfinite,
         flagged=flagged, reason=reason, range_ratio=range_ratio, basis=basis, units=units or {},
         suppressed=acc.suppressed + acc.mismatched, undecided=acc.undecided)
+
+
+def _wrong_tail(st: ErrorStats, peer_ulps: list[tuple[float, float]], k: float, cfg: OracleConfig, prim: float,
+                thr: float, peer_level: float | None) -> tuple[bool, str]:
+    """The wrong-tail rule (module docstring): ``(flagged, reason)``."""
+    q, med = st.ulp_q, st.ulp_median
+    if math.isnan(q) or not q > cfg.ulp_floor or not peer_ulps or not peer_level:
+        return False, ""
+    level = float(np.median([u for u, _ in peer_ulps]))
+    bulk = float(np.median([m for _, m in peer_ulps]))
+    # the bulk must not depart (the localization rule's factor origin_k; >= 1 ULP: a peer median of 0 is exactness)
+    if not (q > k * level and med <= cfg.origin_k * max(bulk, 1.0)):
+        return False, ""
+    return True, (f"wrong tail: the {cfg.ulp_quantile:g} quantile of the error in ULPs of the consensus {q:.3g} > "
+                  f"{k:g} x peers' median {level:.3g} and > ulp_floor {cfg.ulp_floor:g}, while its median ULP error "
+                  f"{med:.3g} is within origin_k {cfg.origin_k:g} x the peers' {bulk:.3g} ({cfg.primary} {prim:.3g}, under its threshold "
+                  f"{thr:.3g}): an error relative to each element's magnitude, on part of the values")
 
 
 def backend_verdict(info: BackendInfo, anchors: list[AnchorInfo], cells: dict[tuple[str, str], Cell], *,
