@@ -50,13 +50,17 @@ def test_onnx_layout_backends_are_aligned_by_identity_never_ambiguous():
     res = al.align("s0", {"ort": {"output/Y_h": x}})
     assert res.unaligned == {} and res.decisions[("output/Y_h", "ort")].source == "onnx-graph"
     al = Aligner(man, st)
-    res = al.align("s0", {"ort": {"output/Y_h": x}, "mnn": {"output/Y_h": x}, "tvm": {"output/Y_h": x[0]},
+    res = al.align("s0", {"ort": {"output/Y_h": x}, "mnn": {"output/Y_h": x}, "tvm": {"output/Y_h": x},
                           "tf": {"output/Y_h": np.swapaxes(x, 1, 2).copy()}})
     assert {b: d.source for (_, b), d in res.decisions.items()} == {"ort": "onnx-graph", "mnn": "onnx-graph",
                                                                    "tvm": "onnx-graph", "tf": "data"}
     assert res.decisions[("output/Y_h", "tf")].rule == {"permute": [0, 2, 1]}
-    res = Aligner(man, st).align("s0", {"ort": {"output/Y_h": x}, "mnn": {"output/Y_h": x[:, :2]}})
+    # another shape, an extra batch of 1 included (MNN returned [1, 1, 3, 3] on lstm_defaults), is a wrong shape
+    res = Aligner(man, st).align("s0", {"ort": {"output/Y_h": x}, "mnn": {"output/Y_h": x[:, :2]},
+                                        "tvm": {"output/Y_h": x[None]}})
     assert res.unaligned["output/Y_h"]["mnn"].startswith("wrong shape: mnn executes the ONNX graph")
+    assert res.unaligned["output/Y_h"]["tvm"].startswith("wrong shape: tvm executes the ONNX graph in its layout "
+                                                         "and returned shape [1, 1, 3, 3] (9 elements) for the ONNX shape [1, 3, 3]")
 
 
 def test_a_converters_reported_layout_is_checked_against_the_onnx_layout_backends():
