@@ -63,6 +63,16 @@ def test_onnx_layout_backends_are_aligned_by_identity_never_ambiguous():
                                                          "and returned shape [1, 1, 3, 3] (9 elements) for the ONNX shape [1, 3, 3]")
 
 
+def test_a_scalar_output_is_aligned():
+    """Regression (ONNX's softmax-cross-entropy node cases, a scalar loss): the identity rule turned a
+    0-d tensor into shape [1] and nothing was judged (exit 2)."""
+    man = _one_anchor("output/z", "z", [], "unknown")
+    st = {b: BackendStatus(b, f, captures={"output/z": AnchorCapture("exact").__dict__})
+          for b, f in (("ort", "onnxruntime"), ("openvino", "openvino"))}
+    res = Aligner(man, st).align("s0", {"ort": {"output/z": np.float32(1.5)}, "openvino": {"output/z": np.array(1.5)}})
+    assert res.unaligned == {} and res.tensors["output/z"]["ort"].shape == () and res.tensors["output/z"]["openvino"] == 1.5
+
+
 def test_a_converters_reported_layout_is_checked_against_the_onnx_layout_backends():
     """Class 3: tf reports NHWC (permute [0, 3, 1, 2]) but returns the tensor with H and W swapped on a
     square map. The ONNX-layout backends are aligned first and never against tf; tf's reported rule
