@@ -74,10 +74,10 @@ from anpred.judge.independence import PairDistances, TruthErrors, merge_correlat
 from anpred.judge.localize import Localizer
 from anpred.judge.oracle_notes import basis_notes, correlated, correlated_notes, unjudged_anchors
 from anpred.judge.positions import sample_positions
-from anpred.judge.scales import cell_precision, floor_and_basis, natural_units
+from anpred.judge.scales import cell_precision, floor_and_basis, natural_units, voter_floor
 from anpred.judge.stats import ErrorStats, Reference, same_array, ulp_dtype
 from anpred.judge.struct import AnchorInfo, BackendInfo, Cell, OracleResult
-from anpred.judge.verdict import backend_verdict, gap_text, judge_cell
+from anpred.judge.verdict import CellBasis, backend_verdict, gap_text, judge_cell
 from anpred.judge.votes import median_of, vote
 
 __all__ = ["Oracle", "median_of", "vote"]
@@ -177,15 +177,9 @@ class Oracle:
         return bool(np.isfinite(dd)) and (dd == 0.0 or (bb > 0 and math.sqrt(dd / bb) <= tol))
 
     def voter_floor(self, a: AnchorInfo | None) -> float:
-        """The floor an fp32 voter's deviation must exceed to be flagged at anchor ``a`` (stage 0 and
-        float32 when None): the measured constant, or ``k`` x the natural unit of a float16/bfloat16
-        anchor (:func:`anpred.judge.scales.floor_and_basis`). It is what makes a split between camps
-        material (:mod:`anpred.judge.camps`)."""
-        stage, dtype = (a.stage, a.dtype) if a is not None else (0, "float32")
-        prec = cell_precision("fp32", dtype)
-        if prec != "fp32":
-            return floor_and_basis(self.cfg, prec, stage, population=[], anchor_type=True)[0]
-        return floor_and_basis(self.cfg, prec, stage)[0]
+        """The fp32 voters' floor at anchor ``a`` (:func:`anpred.judge.scales.voter_floor`; stage 0 and
+        float32 when None): what makes a split between camps material (:mod:`anpred.judge.camps`)."""
+        return voter_floor(self.cfg, a.stage if a is not None else 0, a.dtype if a is not None else "float32")
 
     def _truth(self, arrays: dict[str, np.ndarray], a: AnchorInfo | None) -> np.ndarray | None:
         """The float64 execution's tensor at this anchor rounded to its element type (None: not here)."""
@@ -578,9 +572,8 @@ class Oracle:
                     # the wrong-tail rule: the ULP-error quantile against the same peers' (verdict.py)
                     extra["peer_ulps"] = [(pooled[(a.name, p)].ulp_q, pooled[(a.name, p)].ulp_median) for p in peers
                                           if not math.isnan(pooled[(a.name, p)].ulp_q)]
-                cells[(a.name, b)] = judge_cell(a, info, acc, st, levels, self.cfg,
-                                                self.consensus_max.get(a.name, 0.0), floor=floor, basis=basis,
-                                                units=units, **extra)
+                cells[(a.name, b)] = judge_cell(a, info, acc, st, levels, self.cfg, self.consensus_max.get(a.name, 0.0),
+                                                CellBasis(floor=floor, basis=basis, units=units, **extra))
         return cells
 
     def cost_for(self, anchor: str, backend: str) -> float | None:

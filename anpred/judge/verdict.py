@@ -26,6 +26,7 @@ could not be judged, worst anchor) and hands origin and propagation to
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from anpred.judge.localize import Localizer
 from anpred.judge.stats import ErrorStats
 from anpred.judge.struct import AnchorInfo, BackendInfo, BackendVerdict, Cell
 
-__all__ = ["backend_verdict", "gap_text", "judge_cell"]
+__all__ = ["CellBasis", "backend_verdict", "gap_text", "judge_cell"]
 
 
 def _within_one_step(st: ErrorStats, units: dict | None) -> bool:
@@ -51,10 +52,33 @@ def _within_one_step(st: ErrorStats, units: dict | None) -> bool:
     return units["max"] <= 1.5 + 1e-9 and abs(st.mean_signed) <= 0.5 * units["size"]
 
 
+@dataclass
+class CellBasis:
+    """What a cell is judged against besides its peers' primary statistic (:func:`judge_cell`).
+
+    Attributes:
+        floor: the threshold's lower bound (default ``config.floor_at(info.precision, stage)``);
+            ``basis`` says where it and the peers come from (:mod:`anpred.judge.scales`).
+        signal_peers: the primary statistic of the backends whose closeness makes a lost signal a
+            finding (default the peers): a reduced-precision backend's budget verdict passes the fp32
+            voters here, its population peers as the peers. With ``signal_peers`` given, an nRMSE >= 1
+            (no more of the consensus than an all-zero tensor) counts as a lost signal too.
+        units: the deviation in the natural unit of the precision (:func:`anpred.judge.scales.natural_units`).
+        k: the outlier factor (default ``config.k_for(info.precision)``).
+        peer_ulps: the peers' ``(ulp_q, ulp_median)`` (:class:`ErrorStats`); given (fp32 voters), the
+            wrong-tail rule applies (module docstring).
+    """
+
+    floor: float | None = None
+    basis: str = ""
+    signal_peers: list[float] | None = None
+    units: dict | None = None
+    k: float | None = None
+    peer_ulps: list[tuple[float, float]] | None = None
+
+
 def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: ErrorStats, peers: list[float],
-               config: OracleConfig, consensus_max: float = 0.0, *, floor: float | None = None,
-               basis: str = "", signal_peers: list[float] | None = None, units: dict | None = None,
-               k: float | None = None, peer_ulps: list[float] | None = None) -> Cell:
+               config: OracleConfig, consensus_max: float = 0.0, opts: CellBasis | None = None) -> Cell:
     """The verdict of backend ``info`` at ``anchor`` (module docstring).
 
     Args:
@@ -62,18 +86,11 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
         peers: the pooled primary statistic of each peer (judged backends of other, not merged
             families at this anchor, of the population the backend is judged in), NaN left out.
         consensus_max: for a part of an output, its largest finite |consensus| over the samples.
-        floor: the threshold's lower bound (default ``config.floor_at(info.precision, stage)``);
-            ``basis`` says where it and the peers come from (:mod:`anpred.judge.scales`).
-        signal_peers: the primary statistic of the backends whose closeness makes a lost signal a
-            finding (default ``peers``): a reduced-precision backend's budget verdict passes the fp32
-            voters here, its population peers in ``peers``. With ``signal_peers`` given, an nRMSE >= 1
-            (no more of the consensus than an all-zero tensor) counts as a lost signal too.
-        units: the deviation in the natural unit of the precision (:func:`anpred.judge.scales.natural_units`).
-        k: the outlier factor (default ``config.k_for(info.precision)``).
-        peer_ulps: the peers' ``(ulp_q, ulp_median)`` (:class:`ErrorStats`); given (fp32 voters), the
-            wrong-tail rule applies (module docstring).
+        opts: floor, basis, signal peers, units, k and the peers' ULP statistics (:class:`CellBasis`).
     """
     cfg = config
+    o = opts or CellBasis()
+    floor, basis, signal_peers, units, k, peer_ulps = o.floor, o.basis, o.signal_peers, o.units, o.k, o.peer_ulps
     prim = float(getattr(st, cfg.primary))
     peer_level = float(np.median(peers)) if peers else None
     if floor is None:
