@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from anpred.judge.votes import median_of
+
 __all__ = ["Decision", "SplitLog", "camp_distances", "decide", "form_camps"]
 
 _FAR = 1e300  # a finite stand-in for "infinitely far" (scipy's linkage needs finite distances)
@@ -62,7 +64,7 @@ def camp_distances(votes: dict[str, np.ndarray]) -> tuple[list[str], np.ndarray,
     fin = np.isfinite(stack)
     all_fin = bool(fin.all())
     if all_fin:
-        med = np.median(stack, axis=0)
+        med = median_of(list(stack))  # (a compare-exchange network: the same values as np.median, faster)
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
