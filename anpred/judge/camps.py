@@ -6,9 +6,9 @@ bit-identical results in every correct library. Agreement is therefore no eviden
 and a median over "merged" groups of agreeing families can hand a wrong minority the majority (issue
 33). So before anything is merged, the family votes of one anchor and sample are split into **camps**:
 
-    camp distance  D_ij = ||v_i - v_j||_2 / ||m||_2       (m: element-wise median of all family votes)
+    camp distance  D_ij = ||v_i - v_j||_2 / median_f ||v_f||_2
 
-over the elements where both votes are finite (non-finite values are voted on element by element,
+over the elements where every vote is finite (non-finite values are voted on element by element,
 :func:`anpred.judge.votes.vote`: a family returning NaN where the others agree on a finite value is
 flagged there, and is no camp of its own for it). Camps are the clusters of complete linkage
 (``scipy.cluster.hierarchy``) cut at the voters' noise floor ``t`` at the anchor (the floor a deviation
@@ -36,13 +36,11 @@ happens within a camp only, so it can no longer change who wins.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from anpred.judge.votes import median_of
 
 __all__ = ["Decision", "SplitLog", "camp_distances", "decide", "form_camps"]
 
@@ -56,29 +54,30 @@ def camp_distances(votes: dict[str, np.ndarray]) -> tuple[list[str], np.ndarray,
         votes: family -> vote (float64 arrays of one shape).
 
     Returns:
-        ``(families sorted, D (F x F, nRMSE, symmetric, 0 on the diagonal), ||m||_2)``; ``D`` is inf for
-        a nonzero difference where ``m`` is zero.
+        ``(families sorted, D (F x F, nRMSE, symmetric, 0 on the diagonal), scale)``: ``D_ij`` =
+        ``||v_i - v_j||_2 / scale`` over the elements where every vote is finite, ``scale`` the median
+        of the votes' norms there (robust: one wild family does not set it; the votes' norms differ by
+        their errors only); inf for a nonzero difference at scale 0.
     """
     fams = sorted(votes)
     stack = np.stack([np.asarray(votes[f], dtype=np.float64).ravel() for f in fams])
-    fin = np.isfinite(stack)
-    all_fin = bool(fin.all())
-    if all_fin:
-        med = median_of(list(stack))  # (a compare-exchange network: the same values as np.median, faster)
-    else:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
-            med = np.nanmedian(np.where(fin, stack, np.nan), axis=0)
-        med = med[np.isfinite(med)]
-    scale = float(np.sqrt(np.einsum("i,i->", med, med))) if med.size else 0.0
+    ok = np.isfinite(stack).all(axis=0)
+    if not ok.all():
+        stack = stack[:, ok]
+    norms = np.sqrt(np.einsum("ij,ij->i", stack, stack))
+    scale = float(np.median(norms)) if norms.size else 0.0
+    # one Gram matrix of the differences to the first vote (products of error size: no cancellation
+    # at the scale of the values, as in anpred.judge.independence.PairDistances)
+    e = stack[1:] - stack[0]
+    g = e @ e.T
+    dg = np.diag(g)
     n = len(fams)
-    d = np.zeros((n, n))
-    for i in range(n):
-        for j in range(i + 1, n):
-            ok = (fin[i] & fin[j]) if not all_fin else slice(None)
-            diff = stack[i][ok] - stack[j][ok]
-            dd = float(np.einsum("i,i->", diff, diff))
-            d[i, j] = d[j, i] = 0.0 if dd == 0 else (math.sqrt(dd) / scale if scale > 0 else math.inf)
+    d2 = np.zeros((n, n))
+    d2[0, 1:] = d2[1:, 0] = dg
+    d2[1:, 1:] = np.maximum(dg[:, None] + dg[None, :] - 2 * g, 0.0)
+    np.fill_diagonal(d2, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.where(d2 == 0, 0.0, np.sqrt(d2) / scale if scale > 0 else np.inf)
     return fams, d, scale
 
 

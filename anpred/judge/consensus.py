@@ -401,7 +401,7 @@ class Oracle:
         if self.arbiter.name is not None and self.arbiter.name in got:
             self.arbiter.add(a.name, got, c)
         ref_tensor = Reference(c, undecided, distribution_positions=self._distribution_positions(a.name, c.size))
-        done: list[tuple[np.ndarray, str, Any]] = []  # (tensor, ULP dtype, its Comparison)
+        done: list[tuple[np.ndarray, str, Any, Any]] = []  # (tensor, ULP dtype, quantile, its Comparison)
         for b, x in got.items():
             if b == ref:
                 self.ref_at[(a.name, b)] = self.ref_at.get((a.name, b), 0) + 1
@@ -411,13 +411,16 @@ class Oracle:
             acc = self.acc.get((a.name, b))
             if acc is None:
                 acc = self.acc[(a.name, b)] = Accumulator(self.cfg.primary, Reservoir(self.cfg.reservoir, self.rng))
-            dt = ulp_dtype(cell_precision(self.backends[b].precision, a.dtype))
+            prec = cell_precision(self.backends[b].precision, a.dtype)
+            dt = ulp_dtype(prec)
+            # the ULP quantiles only where the wrong-tail rule reads them (fp32 voters)
+            q = self.cfg.ulp_quantile if self.backends[b].votes and prec == "fp32" else None
             # a tensor bit-identical to one already compared (members of one population sharing a
             # kernel path, correlated families) has the same Comparison: reuse it (no second sort)
-            cmp = next((c_ for y, d_, c_ in done if d_ == dt and same_array(x, y)), None)
+            cmp = next((c_ for y, d_, q_, c_ in done if d_ == dt and q_ == q and same_array(x, y)), None)
             if cmp is None:
-                cmp = ref_tensor.compare(x, dt, distribution=self.population is None, ulp_quantile=self.cfg.ulp_quantile)
-                done.append((x, dt, cmp))
+                cmp = ref_tensor.compare(x, dt, distribution=self.population is None, ulp_quantile=q)
+                done.append((x, dt, q, cmp))
             acc.add(cmp)
             if a.kind == "output":
                 self.last_nrmse[(a.name, b)] = (cmp.stats.nrmse, cmp.nonfinite)

@@ -93,7 +93,8 @@ class ErrorStats:
             at the tensor's own resolution: a probability of 1e-8 in a tensor of boxes in pixels):
             the statistic of a wrong tail on small values, which nRMSE (dominated by the large
             ones) hides.
-        ulp_median: the median of the same per-element ULP errors (the bulk, beside the tail).
+        ulp_median: the median of the same per-element ULP errors (the bulk, beside the tail), over
+            evenly strided elements (at most ~16,384).
     """
 
     n: int
@@ -243,12 +244,13 @@ class Reference:
         return self._ulp[dtype]
 
     def compare(self, x: np.ndarray, dtype: str = "float32", distribution: bool = True,
-                ulp_quantile: float = 0.99) -> Comparison:
+                ulp_quantile: float | None = 0.99) -> Comparison:
         """Compare ``x`` (same number of elements as the reference, any real dtype) with it.
         ``distribution=False`` skips the statistics that need a sort or a per-element ULP
         (``wasserstein``, ``max_ulp`` and ``ulp_q`` are then NaN): the precision populations' second
         comparison (:mod:`anpred.judge.populations`) does not decide on them. ``ulp_quantile``: the
-        quantile ``ulp_q`` takes of the per-element ULP errors.
+        quantile ``ulp_q`` takes of the per-element ULP errors (None: ``ulp_q`` and ``ulp_median`` not
+        computed, NaN: only the fp32 voters' wrong-tail rule uses them; one partition per comparison).
 
         Raises:
             ValueError: ``x`` has another size, or ``dtype`` is unknown.
@@ -324,15 +326,17 @@ class Reference:
             u = self._ulp_c(dt) if shared else ulp(co, dt)
             eu = ad / u
             max_ulp = float(np.max(eu))
-            u_rms = float(ulp(np.array([math.sqrt(cc / n)]), dt)[0]) if cc > 0 else 0.0
-            eu = eu[np.abs(co) >= u_rms]
-            ulp_q = ulp_median = 0.0
+            u_rms = float(ulp(np.array([math.sqrt(cc / n)]), dt)[0]) if cc > 0 and ulp_quantile is not None else 0.0
+            eu = eu[np.abs(co) >= u_rms] if ulp_quantile is not None else eu[:0]
+            ulp_q = ulp_median = 0.0 if ulp_quantile is not None else float("nan")
             if eu.size:
                 k = min(eu.size - 1, max(0, int(math.ceil(ulp_quantile * eu.size)) - 1))
-                m = (eu.size - 1) // 2
-                # the order statistics at the quantile and the median (no interpolation): one partition, O(n)
-                part = np.partition(eu, [m, k])
-                ulp_q, ulp_median = float(part[k]), float(part[m])
+                # the order statistic at the quantile (no interpolation): one partition, 0.1 ms for
+                # 102,400 values; the median (the bulk, a coarser question) over evenly strided
+                # elements, at most ~16,384 (a full median partition costs 1.1 ms per comparison)
+                ulp_q = float(np.partition(eu, k)[k])
+                sub = eu[::max(1, eu.size // 16384)]
+                ulp_median = float(np.partition(sub, (sub.size - 1) // 2)[(sub.size - 1) // 2])
         else:
             max_ulp = ulp_q = ulp_median = 0.0
         st = ErrorStats(n=n, max_abs=max_abs, mean_abs=float(ad.mean()), mean_signed=float(d.mean()),
