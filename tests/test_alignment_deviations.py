@@ -177,14 +177,20 @@ def test_lstm_defaults_is_judged_on_the_onnx_layout_backends(tmp_path):
     """Class 2 on the observed case: lstm_defaults with its weights as graph inputs (X = [[1, 2], [3, 4],
     [5, 6]], W and R all 0.1): Y_h [1, 3, 3] fits identity and a transpose. Before, nothing was judged
     (``ort: layout ambiguous ... and no other backend to decide by``, exit 2); now ONNX Runtime, OpenVINO,
-    MNN and the reference evaluator are aligned by identity and judged, and agree."""
+    MNN and the reference evaluator are aligned by identity and judged: the three agree, and MNN, which
+    returns Y_h as [1, 1, 3, 3] (the Y output's shape, for ONNX's [1, 3, 3]), is flagged as a wrong
+    shape (class 4)."""
     inputs = {"X": np.arange(1, 7, dtype=np.float32).reshape(1, 3, 2), "W": np.full((1, 12, 2), 0.1, np.float32),
               "R": np.full((1, 12, 3), 0.1, np.float32)}
     run, man = _run(_lstm_defaults(), ["ort", "openvino", "mnn", "onnx-reference"], inputs, tmp_path)
     rep = check_run(run)
-    assert rep.status == "consistent", format_text(rep)
+    assert rep.flagged_backends == ["mnn"], format_text(rep)
     assert all(rep.verdicts[b].judged_anchors == len(man.anchors) for b in rep.verdicts)
-    assert rep.alignment["unaligned"] == []
+    for b in ("ort", "openvino", "onnx-reference"):
+        assert rep.verdicts[b].status == "consistent" and rep.verdicts[b].worst_primary < 1e-6, format_text(rep)
+    c = rep.cell("output/Y_h", "mnn")
+    assert c.deviation == "shape" and "returned shape [1, 1, 3, 3] (9 elements) for the ONNX shape [1, 3, 3]" in c.reason
+    assert [u["backend"] for u in rep.alignment["unaligned"]] == ["mnn"]
 
 
 def _roialign(opset: int = 16) -> onnx.ModelProto:
