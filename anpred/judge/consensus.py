@@ -505,6 +505,7 @@ class Oracle:
                                        samples=self.samples, localizer=loc)
                     for b, info in self.backends.items()}
         consensus = {a.name: sorted(self.consensus_modes[a.name]) for a in self.anchors}
+        notes.extend(w for v in verdicts.values() for w in v.warnings)  # wrong tails (graded findings)
         notes.extend(basis_notes(self, verdicts, consensus))
         unjudged = unjudged_anchors(self, cells, notes)
         corr = correlated(self)

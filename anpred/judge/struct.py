@@ -146,6 +146,8 @@ class Cell:
     # voting families agree on) or "missing" (it returned no value for a graph output they agree on):
     # flagged deviations without statistics (anpred.judge.deviations)
     deviation: str = ""
+    # the wrong-tail finding at this cell (anpred.judge.verdict: a graded finding, a warning, not a flag)
+    tail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

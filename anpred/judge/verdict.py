@@ -12,8 +12,9 @@ could not be judged, worst anchor) and hands origin and propagation to
   provided the peers are > k times closer;
 - **part range rule**: a part of an output is flagged only where its largest deviation also exceeds
   the floor times its largest |consensus|;
-- **wrong tail** (fp32 voters): an error confined to small values (an activation's tail) is invisible
-  in nRMSE, which the large values dominate. A cell the nRMSE passes is flagged when the
+- **wrong tail** (fp32 voters; a graded finding: ``Cell.tail`` and a warning of the verdict, never a
+  flag): an error confined to small values (an activation's tail) is invisible in nRMSE, which the
+  large values dominate. A cell the nRMSE passes carries the finding when the
   ``ulp_quantile`` quantile of its error in ULPs of the consensus (``ErrorStats.ulp_q``: relative to
   each element's magnitude) exceeds ``ulp_floor`` and ``k`` times its peers' median while the bulk,
   the median ULP error (``ulp_median``), does not depart from the peers' (within ``origin_k`` times
@@ -99,7 +100,7 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
         k = cfg.k_for(info.precision)
     thr = max(k * peer_level, floor) if peer_level is not None else floor
     ps = np.array(acc.per_sample) if acc.per_sample else np.array([np.nan])
-    reason = ""
+    reason = tail = ""
     # a part of an output: its largest deviation relative to its largest |consensus| value
     range_ratio = None
     if anchor.part_of:
@@ -139,7 +140,7 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
                       f"{st.mean_signed / units['size']:+.3g} step is within half a step: the grid's resolution "
                       "(one-step rule)")
         elif not flagged and peer_ulps is not None:
-            flagged, reason = _wrong_tail(st, peer_ulps, k, cfg, prim, thr, peer_level)
+            tail = _wrong_tail(st, peer_ulps, k, cfg, prim, thr, peer_level)[1]
         elif flagged:
             why = [f"{cfg.primary} {prim:.3g} > floor {floor:.3g}"]
             if peer_level is not None:
@@ -152,7 +153,7 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
         per_sample={"p50": float(np.median(ps)), "p90": float(np.quantile(ps, 0.9)), "max": float(np.max(ps))},
         floor=floor, peer_level=peer_level, threshold=thr, nonfinite=acc.nonfinite,
         flagged=flagged, reason=reason, range_ratio=range_ratio, basis=basis, units=units or {},
-        suppressed=acc.suppressed + acc.mismatched, undecided=acc.undecided)
+        suppressed=acc.suppressed + acc.mismatched, undecided=acc.undecided, tail=tail)
 
 
 def _wrong_tail(st: ErrorStats, peer_ulps: list[tuple[float, float]], k: float, cfg: OracleConfig, prim: float,
@@ -166,7 +167,7 @@ def _wrong_tail(st: ErrorStats, peer_ulps: list[tuple[float, float]], k: float, 
     # the bulk must not depart (the localization rule's factor origin_k; >= 1 ULP: a peer median of 0 is exactness)
     if not (q > k * level and med <= cfg.origin_k * max(bulk, 1.0)):
         return False, ""
-    return True, (f"wrong tail: the {cfg.ulp_quantile:g} quantile of the error in ULPs of the consensus {q:.3g} > "
+    return True, (f"wrong tail (a warning, not a flag): the {cfg.ulp_quantile:g} quantile of the error in ULPs of the consensus {q:.3g} > "
                   f"{k:g} x peers' median {level:.3g} and > ulp_floor {cfg.ulp_floor:g}, while its median ULP error "
                   f"{med:.3g} is within origin_k {cfg.origin_k:g} x the peers' {bulk:.3g} ({cfg.primary} {prim:.3g}, under its threshold "
                   f"{thr:.3g}): an error relative to each element's magnitude, on part of the values")
@@ -204,6 +205,11 @@ def backend_verdict(info: BackendInfo, anchors: list[AnchorInfo], cells: dict[tu
         profile.append((a, cell))
     v.judged_anchors = len(profile)
     v.samples = max((c.samples for _, c in profile), default=0)
+    tails = [(a, c) for a, c in profile if c.tail and not c.flagged]
+    if tails:
+        a0, c0 = tails[0]
+        more = f" (and {len(tails) - 1} more anchor(s): {', '.join(a.name for a, _ in tails[1:4])})" if len(tails) > 1 else ""
+        v.warnings.append(f"{b}: {c0.tail} at {a0.name}{more}")
     flagged = [(a, c) for a, c in profile if c.flagged]
     v.flagged = bool(flagged)
     v.flagged_anchors = [a.name for a, _ in flagged]
