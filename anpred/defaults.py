@@ -166,16 +166,16 @@ class OracleConfig:
             (partly shared kernels or conversion); 1 turns it off. Default and sensitivity:
             docs/oracle.md "Independence".
         ulp_quantile: the quantile over a tensor's elements of ``|x - c| / ulp(c)`` (the error relative
-            to each element's magnitude, in ULPs) that the wrong-tail rule judges
+            to each element's magnitude, in ULPs) that the wrong-tail warning judges
             (``ErrorStats.ulp_q``, pooled as the largest over samples). 0.99: a tail of 1 % of the
             elements is seen; the largest value alone (``max_ulp``) is one element's cancellation.
         cost_factor: a reduced-precision member that loses at least this many times the median of
             what its population's other families lose against the fp32 consensus (and is not flagged)
             gets a warning with the factor and the likely cause (issue 33; docs/oracle.md "A
             reduced-precision implementation that costs a multiple of its peers'").
-        ulp_floor: a cell of an fp32 voter is flagged by the wrong-tail rule only where its ``ulp_q``
-            exceeds ``k`` x its peers' median *and* this (ULPs). Measured: docs/oracle.md "Wrong
-            tails" (largest clean value and sensitivity).
+        ulp_floor: a cell of an fp32 voter carries the wrong-tail warning (a graded finding, never a
+            flag) only where its ``ulp_q`` exceeds ``k`` x its peers' median *and* this (ULPs).
+            Measured: docs/oracle.md "Wrong tails" (largest clean value and sensitivity).
     """
 
     primary: str = "nrmse"
