@@ -160,10 +160,22 @@ class OracleConfig:
             most this nRMSE (``||x_i - x_j|| / ||x_j||``; 0 = bit-identical) at every anchor and sample
             where both are judged (and where some other voter differs from them) are correlated (shared
             kernels): they are merged into one vote (:mod:`anpred.judge.consensus`).
-        correlated_rho: two voting families whose pooled error correlation at an anchor (three-cornered
-            hat over the family votes, :mod:`anpred.judge.independence`; needs four families) is at
-            least this are merged into one vote there (partly shared kernels or conversion); 1 turns
-            it off. Default and sensitivity: docs/oracle.md "Independence".
+        correlated_rho: two voting families whose pooled error correlation at an anchor (against the
+            float64 execution where it ran, else the three-cornered hat over the family votes within a
+            camp, :mod:`anpred.judge.independence`) is at least this are merged into one vote there
+            (partly shared kernels or conversion); 1 turns it off. Default and sensitivity:
+            docs/oracle.md "Independence".
+        ulp_quantile: the quantile over a tensor's elements of ``|x - c| / ulp(c)`` (the error relative
+            to each element's magnitude, in ULPs) that the wrong-tail warning judges
+            (``ErrorStats.ulp_q``, pooled as the largest over samples). 0.99: a tail of 1 % of the
+            elements is seen; the largest value alone (``max_ulp``) is one element's cancellation.
+        cost_factor: a reduced-precision member that loses at least this many times the median of
+            what its population's other families lose against the fp32 consensus (and is not flagged)
+            gets a warning with the factor and the likely cause (issue 33; docs/oracle.md "A
+            reduced-precision implementation that costs a multiple of its peers'").
+        ulp_floor: a cell of an fp32 voter carries the wrong-tail warning (a graded finding, never a
+            flag) only where its ``ulp_q`` exceeds ``k`` x its peers' median *and* this (ULPs).
+            Measured: docs/oracle.md "Wrong tails" (largest clean value and sensitivity).
     """
 
     primary: str = "nrmse"
@@ -190,6 +202,9 @@ class OracleConfig:
     threshold_rtol: float = 1e-5
     correlated_nrmse: float = 0.0
     correlated_rho: float = 0.8
+    ulp_quantile: float = 0.99
+    ulp_floor: float = 1024.0
+    cost_factor: float = 2.0
     families: dict[str, str] = field(default_factory=lambda: dict(FAMILIES))
     reduced_precision: dict[str, str] = field(default_factory=lambda: dict(REDUCED_PRECISION))
     reference_priority: list[str] = field(default_factory=lambda: list(REFERENCE_PRIORITY))
@@ -249,6 +264,11 @@ class OracleConfig:
         _number("threshold_rtol", self.threshold_rtol, 0.0, False)
         _number("correlated_nrmse", self.correlated_nrmse, 0.0, False)
         _number("correlated_rho", self.correlated_rho, 0.0, True)
+        _number("ulp_quantile", self.ulp_quantile, 0.0, True)
+        if self.ulp_quantile > 1:
+            raise AnpredError(f"oracle config ulp_quantile must be in (0, 1], got {self.ulp_quantile!r}")
+        _number("ulp_floor", self.ulp_floor, 0.0, False)
+        _number("cost_factor", self.cost_factor, 1.0, True)
         if self.correlated_rho > 1:
             raise AnpredError(f"oracle config correlated_rho must be in (0, 1] (1 = off), got {self.correlated_rho!r}")
         for key in ("families", "reduced_precision"):
@@ -294,7 +314,7 @@ class OracleConfig:
         for key in ("k", "floor", "depth_growth", "population_k"):
             setattr(cfg, key, {p: float(v) for p, v in getattr(cfg, key).items()})
         for key in ("propagation_band", "threshold_atol", "threshold_rtol", "correlated_nrmse", "correlated_rho", "origin_k",
-                    "origin_floor_fraction", "part_min_scale"):
+                    "origin_floor_fraction", "part_min_scale", "ulp_quantile", "ulp_floor", "cost_factor"):
             setattr(cfg, key, float(getattr(cfg, key)))
         return cfg
 

@@ -399,8 +399,8 @@ def test_missing_samples_are_reported(tmp_path, clean_run, capsys):
 
 
 def test_shape_mismatch_says_so(tmp_path, clean_run):
-    """Regression (review): an anchor every backend stored with the wrong shape was reported as
-    'fewer than two backends produced it (none)'."""
+    """Regression (review): an anchor three backends stored with the wrong shape was reported as
+    'fewer than two backends produced it (none)'; since issue 33 it is a flagged deviation, named."""
     run, man = clean_run
     run2 = _copy_run(run, tmp_path / "run")
     store = RunStore.open(run2)
@@ -411,9 +411,13 @@ def test_shape_mismatch_says_so(tmp_path, clean_run):
             t[name] = t[name][..., :-1]  # one column short: no alignment rule can fix it
             store.write_anchors(b, sid, t)
     rep = check_run(run2)
-    v = rep.verdicts["ort"]
-    assert "(none)" not in v.unjudged[name] and "shape" in v.unjudged[name], v.unjudged[name]
-    assert rep.status == "incomplete" and any(name in g and "shape" in g for g in rep.incomplete)
+    # issue 33 (class 4): the anchor's ONNX shape is known and torch and tf agree on it; the three
+    # runtimes of the ONNX graph returned another shape: a finding about each, flagged there, named
+    for b in ("ort", "openvino", "onnx-reference"):
+        c = rep.cell(name, b)
+        assert c.flagged and c.deviation == "shape" and "(none)" not in c.reason, c.reason
+        assert c.reason.startswith(f"wrong shape: {b} executes the ONNX graph in its layout and returned shape"), c.reason
+    assert rep.status == "flagged" and set(rep.flagged_backends) == {"ort", "openvino", "onnx-reference"}
 
 
 @pytest.mark.parametrize("ext", [".safetensors", ".npz"])

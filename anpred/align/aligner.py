@@ -9,15 +9,22 @@ A decision is taken once per ``(anchor, backend)`` and reused for later samples,
 
 1. ``manifest`` -- a rule pinned in ``anchor.alignment[backend]`` (manual override);
 2. ``capture`` -- ``statuses[backend].captures[anchor]["transform"]`` reported by the backend;
+   ``onnx-graph`` -- a backend that returns the ONNX layout by construction (:func:`returns_onnx_layout`:
+   ONNX Runtime, OpenVINO, the reference evaluator, onnx2torch, TVM, MNN, ncnn) is aligned by identity
+   (a batch of 1 added or squeezed at most); another shape is a *wrong shape* (``wrong shape: ...``), a
+   finding about the backend (:mod:`anpred.judge.deviations`), never "ambiguous";
 3. ``native`` -- ``anchor.native[backend]["transform"]`` recorded by the native mapping;
 4. ``layout`` -- the capture's ``layout`` against ``anchor.layout`` (``NHWC`` -> ``NCHW`` ...);
 5. ``shape`` -- shape inference as the fallback: the layout permutations (identity, channels-last to
    channels-first and back, with a batch of 1 added or squeezed), else any permutation of the non-1
    dims, else an order-preserving reshape (flatten) with the same element count;
 6. ``data`` -- when several candidates of step 5 fit the shape (``C == H == W``), the candidate
-   closest to the consensus of the other backends, if it is close (``error <= close_tol``) *and*
-   decisively closer than the runner-up (``runner_up >= min_margin * error``); otherwise the anchor is
-   *unaligned* for that backend on that sample (retried on the next one), never forced.
+   closest to the consensus of the ONNX-layout backends (the others' only when none is there), if it
+   is close (``error <= close_tol``) *and* decisively closer than the runner-up (``runner_up >=
+   min_margin * error``); otherwise the anchor is *unaligned* for that backend on that sample
+   (retried on the next one), never forced. The alignment is decided by the ONNX-layout backends
+   first: a converter's reported layout (onnx2tf's NHWC) is checked against their consensus where
+   the shape admits another candidate (:meth:`Aligner._check_converter`), never the reverse.
 
 A manifest pin is the user's explicit instruction: if it does not fit the tensor, the anchor is
 *unaligned* for that backend with the reason (never replaced by another rule); pins are validated
@@ -44,6 +51,7 @@ Distances are normalised errors (:func:`anpred.align.distance.normalized_error`)
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from typing import Any
@@ -51,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from anpred.align.backend_info import (NATIVE_BACKENDS, ONNX_FAMILIES, ONNX_GRAPH_BACKENDS, anchor_capture,
-                                       anchor_dtype)
+                                       anchor_dtype, returns_onnx_layout)
 from anpred.align.distance import normalized_error
 from anpred.align.rules import AlignmentError, apply_rule, describe_rule, layout_permutation, validate_rule
 from anpred.align.segments import SEGMENT_MAX_BLOCKS, channel_axis, find_segment_permutation
@@ -233,6 +241,8 @@ class Aligner:
                 used[(anchor.name, b)] = dec
         # segment search for freshly decided native-graph backends, then commit them
         for b, dec in fresh.items():
+            if b in aligned and dec.source in ("capture", "layout") and not returns_onnx_layout(b, self.statuses.get(b)):
+                self._check_converter(anchor, b, dec, np.asarray(raw[b]), cs, aligned)
             if b in aligned and self._segment_search_allowed(anchor, b, dec):
                 cons = self._consensus(aligned, exclude=b, references_only=True)
                 if cons is not None:
@@ -244,7 +254,10 @@ class Aligner:
         # data-driven choices
         for b, cands in pending.items():
             x = np.asarray(raw[b])
-            cons = self._consensus(aligned, exclude=b, references_only=False)
+            # the ONNX-layout backends decide; the others' consensus only when none of them is here
+            cons = self._consensus(aligned, exclude=b, references_only=True)
+            if cons is None:
+                cons = self._consensus(aligned, exclude=b, references_only=False)
             if cons is None:
                 unal[b] = (f"layout ambiguous ({len(cands)} candidates fit backend shape {list(x.shape)} -> canonical "
                            f"{list(cs)}: {'; '.join(describe_rule(c) for c in cands)}) and no other backend to decide by",
@@ -348,8 +361,9 @@ class Aligner:
         return np.median(np.stack(arrs), axis=0)
 
     def _reference_status(self, b: str) -> bool:
+        """An fp32 backend returning the ONNX layout by construction: the reference of alignment."""
         st = self.statuses.get(b)
-        return st is not None and st.family in ONNX_FAMILIES and (st.precision or "fp32") == "fp32"
+        return st is not None and returns_onnx_layout(b, st) and (st.precision or "fp32") == "fp32"
 
     # ---- decisions ------------------------------------------------------------------------------
     def _decide_known(self, anchor: Anchor, b: str, x: np.ndarray, cs: tuple[int, ...]):
@@ -376,6 +390,14 @@ class Aligner:
         if cap.transform:
             known.append((validate_rule(cap.transform, f"capture {anchor.name}/{b}"), "capture",
                           f"reported by the backend ({cap.layout or 'layout not given'})"))
+        needs_dq = x.dtype.kind in "iu" and _is_float_dtype(anchor.dtype)
+        if pin is None and not cap.transform and not needs_dq and returns_onnx_layout(b, st):
+            # the ONNX shape exactly: a batch of 1 added or dropped is another output than the graph's
+            if tuple(x.shape) != tuple(cs):
+                raise _Unaligned(f"wrong shape: {b} executes the ONNX graph in its layout and returned shape "
+                                 f"{list(x.shape)} ({x.size} elements) for the ONNX shape {list(cs)} "
+                                 f"({math.prod(cs)} elements)")
+            return make(dict(base), "onnx-graph", "executes the ONNX graph: the ONNX layout by definition"), None
         nat = (anchor.native or {}).get(b) or {}
         if nat.get("transform"):
             known.append((validate_rule(nat["transform"], f"native mapping {anchor.name}/{b}"), "native",
@@ -387,8 +409,7 @@ class Aligner:
             if p is not None:
                 r = {} if p == list(range(len(p))) else {"permute": p}
                 known.append((r, "layout", f"backend layout {lay_b}, canonical {lay_c}"))
-        # quantized data needs a scale; an integer anchor of the ONNX graph is compared as it is
-        needs_dq = x.dtype.kind in "iu" and _is_float_dtype(anchor.dtype)
+        # quantized data needs a scale; an integer anchor of the ONNX graph is compared as it is (needs_dq)
         for rule, source, detail in known:
             if "exclude" in rule:
                 return make(rule, source, detail), None
@@ -471,6 +492,42 @@ class Aligner:
             f"{len(cands)} candidates fit backend shape {list(x.shape)} -> {list(cs)}; closest to the "
             f"consensus of the other backends ({desc})")
         return dec, outs[bi], True
+
+    def _check_converter(self, anchor: Anchor, b: str, dec: AlignmentDecision, x: np.ndarray, cs: tuple[int, ...],
+                         aligned: dict[str, np.ndarray]) -> None:
+        """A converter's reported layout (capture transform or layout) checked against the consensus of
+        the ONNX-layout backends, never the reverse: when the reported rule's tensor does not match it
+        (normalised error > ``close_tol``) while another candidate the shape admits matches closely and
+        decisively (the data rule's two thresholds), the reported rule still stands (the converter's
+        tensor is judged as it claims to be, and deviates: H and W swapped is a defect, not a
+        representation) and :attr:`AlignmentDecision.layout_check` names the candidate that matches,
+        for the reader (e.g. ``permute [0, 1, 3, 2]``: the converter swapped two axes)."""
+        cons = self._consensus(aligned, exclude=b, references_only=True)
+        if cons is None:
+            return
+        e0 = normalized_error(aligned[b], cons)
+        if not e0 > self.close_tol:
+            return
+        base = {k: v for k, v in dec.rule.items() if k in ("cast", "dequantize")}
+        scored = []
+        # every reading of the tensor's axes that gives the ONNX shape (rank <= 6: at most 720)
+        perms = [list(p) for p in itertools.permutations(range(x.ndim))
+                 if x.ndim <= 6 and tuple(x.shape[i] for i in p) == tuple(cs)]
+        for p in perms:
+            c = {**base, **({} if p == list(range(x.ndim)) else {"permute": p})}
+            try:
+                scored.append((normalized_error(self._apply_checked(c, x, cs), cons), c))
+            except ValueError:
+                continue
+        scored.sort(key=lambda t: t[0])
+        if not scored or not scored[0][0] <= self.close_tol:
+            return
+        best, rule = scored[0]
+        runner = min([e0] + [e for e, _ in scored[1:]])
+        if runner >= self.min_margin * best and runner > 0:
+            dec.layout_check = (f"the reported rule '{describe_rule(dec.rule)}' does not match the ONNX-layout "
+                                f"backends (normalised error {e0:.3g}) while '{describe_rule(rule)}' does ({best:.3g}): "
+                                "the converter returns the tensor in another layout than it reports")
 
     # ---- segment permutations --------------------------------------------------------------------
     def _segment_check(self, anchor: Anchor, dec: AlignmentDecision, aligned: dict[str, np.ndarray], b: str,

@@ -240,7 +240,8 @@ def apply_rule(rule: dict[str, Any], x: np.ndarray, canonical_shape: tuple[int, 
             raise ValueError(f"segments {s} do not cover axis {ax} of shape {list(a.shape)}")
         idx = np.concatenate([np.arange(st, st + n) for st, n in s["order"]])
         a = np.take(a, idx, axis=ax)
-    return np.ascontiguousarray(a, dtype=np.float64)
+    # (np.ascontiguousarray makes a 0-d array 1-d: a scalar output, e.g. a loss, then never fitted)
+    return np.asarray(a, dtype=np.float64, order="C")
 
 
 def layout_permutation(src: str, dst: str) -> list[int] | None:

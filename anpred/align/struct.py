@@ -43,6 +43,8 @@ class AlignmentDecision:
         margin: ``runner_up / error`` (None when ``error`` is 0: an exact match).
         candidates: for data decisions, ``[{"rule": ..., "error": ...}]``.
         samples: samples aligned with this decision.
+        layout_check: where a converter's reported rule does not match the ONNX-layout backends but
+            another candidate does (the rule still stands: a defect or a mislabelled layout), which.
     """
 
     anchor: str
@@ -58,6 +60,9 @@ class AlignmentDecision:
     margin: float | None = None
     candidates: list[dict[str, Any]] = field(default_factory=list)
     samples: int = 0
+    #: a converter's reported rule checked against the ONNX-layout backends (Aligner._check_converter):
+    #: "" when it matches or nothing decides, else which other candidate matches them
+    layout_check: str = ""
 
     @property
     def identity(self) -> bool:

@@ -23,7 +23,9 @@ from anpred.manifest import AnchorManifest
 class AnchorCapture:
     """How a backend represents (or fails to capture) one anchor.
 
-    status: ``exact`` (same tensor), ``equivalent`` (same values after ``transform``), ``missing``.
+    status: ``exact`` (same tensor), ``equivalent`` (same values after ``transform``), ``missing``,
+        ``unverified`` (mapped, but the mapping could not be checked: e.g. a converted module whose result
+        structure a probe run could not see).
     layout: the layout the backend returns 4-D/3-D/5-D tensors in (``NCHW``/``NHWC``/...), when known.
     transform: a known rule for alignment, e.g. ``{"permute": [0, 3, 1, 2]}``; None when identity.
     reason: why it is missing (or how it was matched).

@@ -17,8 +17,15 @@ Conversion (:meth:`TorchOnnxBackend._prepare_impl`):
    submodules are named after ONNX nodes and carry their ONNX input/output value names.
 
 Capture by name: the GraphModule is executed node by node with a ``torch.fx.Interpreter``; the output
-of each converted submodule is recorded under the ONNX value names of its ``onnx_mapping`` (one
-entry per output of multi-output nodes such as Split). Anchors are taken from that table by their
+of each converted submodule is recorded under the ONNX value names of its ``onnx_mapping``, **by
+structure** (:func:`map_outputs`): a module returning a tuple of as many tensors as the node has
+outputs gives one per output (Split); a module returning one tensor for a multi-output node gives the
+node's first output only (onnx2torch's LayerNormalization returns ``Y`` alone, never ``Mean`` and
+``InvStdDev``; a tensor is never split along its first axis into "outputs"); any other structure maps
+nothing. ``prepare`` runs the converted graph once on ones (:func:`anpred.backends.lowp_fp16.validation_inputs`)
+when an anchor is a later output of a multi-output module, so that the capture status says what the
+structure allows: ``exact`` for a mapping checked by structure, ``missing`` with the reason for an
+output the module does not return, ``unverified`` when that run fails (mapped by position, unchecked). Anchors are taken from that table by their
 ``Anchor.value``, never from the GraphModule's outputs (onnx2torch returns one tuple per
 multi-output node and deduplicates graph outputs by producer, so output positions do not map back to
 ONNX output names reliably). Returned arrays are numpy arrays in ONNX layout (NCHW), in the dtype
@@ -203,6 +210,43 @@ class TorchOnnxBackend(Backend):
                 self._captures[a.name] = AnchorCapture(
                     "missing", a.layout, None, None, f"no onnx2torch submodule produces ONNX value {a.value!r}")
 
+        self._check_structure(model, manifest)
+
+    def _check_structure(self, model, manifest: AnchorManifest) -> None:
+        """Capture statuses by the structure of the multi-output modules' results (module docstring):
+        one run on ones where an anchor is a later output of a multi-output module."""
+        later = {}  # anchor value -> (module name, output index) for outputs after the first
+        for name, mod in self._gm.named_modules():
+            mapping = getattr(mod, "onnx_mapping", None)
+            if mapping is not None and len(mapping.outputs) > 1:
+                for k, v in enumerate(mapping.outputs[1:], 1):
+                    later[v] = (name, k, len(mapping.outputs), type(mod).__name__)
+        todo = [a for a in manifest.anchors if a.value in later and self._captures[a.name].status == "exact"]
+        if not todo:
+            return
+        from anpred.backends.lowp_fp16 import validation_inputs
+
+        shapes: dict[str, Any] = {}
+        try:
+            feeds = validation_inputs(model)
+            _capture_run(self._gm, [to_torch(feeds[n]) for n in self._input_names], set(), {}, shapes)
+        except Exception as err:  # noqa: BLE001 - any failure of the probe leaves the mapping unchecked
+            why = f"{type(err).__name__}: {' '.join(str(err).split())[:160]}"
+            for a in todo:
+                self._captures[a.name].status = "unverified"
+                self._captures[a.name].reason = ("mapped by the output's position; the onnx2torch module's result "
+                                                 f"structure could not be checked (run on ones failed: {why})")
+            return
+        for a in todo:
+            name, k, n, cls = later[a.value]
+            got = shapes.get(name)
+            if got != n:
+                what = "one tensor" if got == 1 else f"{got} values" if got is not None else "nothing"
+                self._captures[a.name] = AnchorCapture(
+                    "missing", a.layout, None, name,
+                    f"onnx2torch's {cls} returns {what} for the {n} outputs of the ONNX node: output {k} "
+                    f"({a.value!r}) has no counterpart")
+
     def anchor_info(self) -> dict[str, AnchorCapture]:
         return dict(self._captures)
 
@@ -214,37 +258,13 @@ class TorchOnnxBackend(Backend):
 
     def _run_impl(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
-        import torch.fx
 
         missing = [n for n in self._input_names if n not in inputs]
         if missing:
             raise InputError(f"backend torch: missing input(s) {', '.join(missing)}; expected {', '.join(self._input_names)}")
         wanted = {v for v, t in self._targets.items() if t not in ("input",)}
         seen: dict[str, Any] = {}
-        gm = self._gm
-
-        class _Capture(torch.fx.Interpreter):
-            def run_node(self, n):
-                out = super().run_node(n)
-                if n.op == "call_module":
-                    mapping = getattr(gm.get_submodule(n.target), "onnx_mapping", None)
-                    if mapping is not None:
-                        names = mapping.outputs
-                        if len(names) == 1 or isinstance(out, torch.Tensor):
-                            # one tensor for a node of several outputs (onnx2torch's LayerNormalization
-                            # computes Y only): it is the first output, the others were not computed
-                            # (iterating the tensor would hand its rows out as the other outputs)
-                            if names[0] in wanted:
-                                seen[names[0]] = out
-                        else:
-                            for v, o in zip(names, out):
-                                if v in wanted:
-                                    seen[v] = o
-                return out
-
-        args = [to_torch(inputs[n]) for n in self._input_names]
-        with torch.inference_mode():
-            _Capture(gm).run(*args)
+        _capture_run(self._gm, [to_torch(inputs[n]) for n in self._input_names], wanted, seen)
         result: dict[str, np.ndarray] = {}
         assert self.manifest is not None
         for a in self.manifest.anchors:
@@ -262,6 +282,40 @@ class TorchOnnxBackend(Backend):
     def close(self) -> None:
         self._gm = None
 
+
+
+def map_outputs(names: list[str] | tuple[str, ...], out) -> dict[str, Any]:
+    """The ONNX output names of a node -> the module's result values, by structure: a tuple/list of
+    ``len(names)`` values one per name; a single value (a tensor) for the first name only; any other
+    structure nothing (module docstring)."""
+    if isinstance(out, (tuple, list)):
+        return dict(zip(names, out)) if len(out) == len(names) else {}
+    return {names[0]: out} if names else {}
+
+
+def _capture_run(gm, args: list, wanted: set[str], seen: dict[str, Any], structure: dict[str, int] | None = None) -> None:
+    """Run ``gm`` (an onnx2torch GraphModule) on ``args`` node by node, recording the values of the ONNX
+    names in ``wanted`` into ``seen`` (:func:`map_outputs`); with ``structure``, per multi-output
+    module, the number of values its result holds (1 for a lone tensor)."""
+    import torch
+    import torch.fx
+
+    class _Capture(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if n.op == "call_module":
+                mapping = getattr(gm.get_submodule(n.target), "onnx_mapping", None)
+                if mapping is not None:
+                    names = tuple(mapping.outputs)
+                    if structure is not None and len(names) > 1:
+                        structure[n.target] = len(out) if isinstance(out, (tuple, list)) else 1
+                    for v, o in map_outputs(names, out).items():
+                        if v in wanted:
+                            seen[v] = o
+            return out
+
+    with torch.inference_mode():
+        _Capture(gm).run(*args)
 
 
 class TorchFp16Backend(PopulationMember, TorchOnnxBackend):

@@ -4,8 +4,9 @@ Contract: :class:`Accumulator` receives one :class:`anpred.judge.stats.Compariso
 pooled float64 sums (``sum d^2``, ``sum c^2``, ``sum x^2``, ``sum x c``), maxima, counts, the
 per-sample primary statistic and a bounded :class:`Reservoir` of values for the plots; nothing else of
 a sample's tensors is kept. :meth:`Accumulator.pooled` gives the population's :class:`ErrorStats`
-(nRMSE, SNR and cosine from the pooled sums; max_abs, max_ulp maxima; mean_abs, mean_signed over all
-elements; wasserstein the mean of per-sample values).
+(nRMSE, SNR and cosine from the pooled sums; max_abs, max_ulp and the ULP-error quantile ``ulp_q``
+maxima over the samples; mean_abs, mean_signed over all elements; wasserstein the mean of per-sample
+values).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Accumulator:
         self.sum_abs = self.sum_signed = 0.0
         self.max_abs = 0.0
         self.max_ulp = 0.0
+        self.ulp_q = self.ulp_median = 0.0  # the largest per-sample ULP-error quantile, median (NaN: not computed)
         self.w = []
         self.per_sample: list[float] = []
         self.nan = self.inf = self.nan_ref = self.inf_ref = 0
@@ -88,6 +90,8 @@ class Accumulator:
         self.max_abs = max(self.max_abs, s.max_abs)
         # NaN: not computed (a population oracle's comparison, Reference.compare(distribution=False))
         self.max_ulp = s.max_ulp if math.isnan(s.max_ulp) else max(self.max_ulp, s.max_ulp)
+        self.ulp_q = s.ulp_q if math.isnan(s.ulp_q) else max(self.ulp_q, s.ulp_q)
+        self.ulp_median = s.ulp_median if math.isnan(s.ulp_median) else max(self.ulp_median, s.ulp_median)
         self.w.append(s.wasserstein)
         self.per_sample.append(float(getattr(s, self.primary)))
         if self.res.size > 0:
@@ -112,4 +116,5 @@ class Accumulator:
             cos = max(-1.0, min(1.0, self.xc / math.sqrt(self.xx * self.cc)))
         return ErrorStats(n=self.n, max_abs=self.max_abs, mean_abs=self.sum_abs / self.n,
                           mean_signed=self.sum_signed / self.n, nrmse=nrmse, snr_db=snr, cosine=cos,
-                          wasserstein=float(np.mean(self.w)), max_ulp=self.max_ulp, **counts)
+                          wasserstein=float(np.mean(self.w)), max_ulp=self.max_ulp, ulp_q=self.ulp_q,
+                          ulp_median=self.ulp_median, **counts)

@@ -259,8 +259,10 @@ def _take_oracle(report: CheckReport, res: OracleResult, parts: list[OutputPart]
     report.unjudged_anchors, report.plot_data = res.unjudged_anchors, res.plot_data
     report.correlated = res.correlated
     report.independence = res.independence
+    report.splits = res.splits
     report.populations, report.population_cells = res.populations, res.population_cells
     report.scales = res.scales
+    cost_causes(report, res)
     report.notes.extend(res.notes)
     judged_parts = {c.anchor for c in res.cells} & {p.name for p in parts}
     if judged_parts:
@@ -269,6 +271,24 @@ def _take_oracle(report: CheckReport, res: OracleResult, parts: list[OutputPart]
         report.problems.append("no (anchor, backend) pair could be judged: " +
                                ("; ".join(f"{a}: {w}" for a, w in list(res.unjudged_anchors.items())[:3]) or
                                 "anchors missing in all backends"))
+
+
+def cost_causes(report: CheckReport, res: OracleResult) -> None:
+    """Append the likely cause to each cost warning of a reduced-precision member (issue 33, class 7):
+    ONNX Runtime's u8s8 kernels without VNNI/AMX sum pairs of products in saturating int16 (the run
+    record's ``versions["mlas_u8s8_kernel"]``, :func:`anpred.machine.kernel_isa`)."""
+    for b, v in res.verdicts.items():
+        if not v.warnings:
+            continue
+        kernel = ((report.backends.get(b) or {}).get("versions") or {}).get("mlas_u8s8_kernel")
+        if kernel not in ("avx512-core", "avx2", "sse"):
+            continue
+        cause = (f"; likely cause: ONNX Runtime's {kernel} u8s8 kernels on this CPU (no VNNI/AMX) sum pairs of "
+                 "u8 x s8 products in saturating int16 (quantize_static(reduce_range=True) is the documented remedy)")
+        for i, w in enumerate(v.warnings):
+            if w in res.notes:
+                res.notes[res.notes.index(w)] = w + cause
+            v.warnings[i] = w + cause
 
 
 def _with_part_rows(rows: list[dict[str, Any]], parts: list[OutputPart], judged: set[str]) -> list[dict[str, Any]]:
@@ -307,6 +327,9 @@ def _alignment_notes(report: CheckReport, rep) -> None:
     for d in segs:
         report.notes.append(f"alignment: {d.backend} at {d.anchor}: {describe_rule(d.rule)} found by the data "
                             f"(normalised error {d.runner_up:.3g} -> {d.error:.3g})")
+    for d in rep.alignments:
+        if d.layout_check:
+            report.notes.append(f"alignment: {d.backend} at {d.anchor}: {d.layout_check}")
     # the unaligned reasons reach the verdicts through the oracle (Oracle.add(unaligned=...))
 
 

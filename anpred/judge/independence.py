@@ -22,6 +22,16 @@ own error is ``sqrt(σ²_i / Σ_s ||c_s||²)``.
 
 A pair with ``ρ ≥ correlated_rho`` (:class:`anpred.defaults.OracleConfig`; docs/oracle.md gives the
 source of the default and its sensitivity) is merged into one vote, like bit-identical families.
+
+**With the truth** (issue 33). Where the float64 execution ran, the error of each family is seen
+directly, ``e_i = v_i − round(t)`` (``t`` the float64 execution's tensor rounded to the anchor's element
+type), and :class:`TruthErrors` pools ``Σ e_i·e_j`` per anchor:
+``ρ_ij = Σ e_i·e_j / sqrt(Σ e_i² · Σ e_j²)``, the plain correlation of the two errors. A family
+with zero error is correct and is never merged (correct implementations of an exact operator are
+bit-identical because they are correct); identical values alone are no evidence. The three-cornered
+hat is the estimate for runs without the truth, and it is applied within a camp only
+(:mod:`anpred.judge.camps`): measured against a consensus that deviating families pulled away, the
+correct families' "errors" are one and the same tensor and look perfectly correlated.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PairDistances", "error_correlation", "merge_correlated"]
+__all__ = ["PairDistances", "TruthErrors", "error_correlation", "merge_correlated"]
 
 
 def error_correlation(d2: dict[frozenset, float], families: list[str]) -> dict[frozenset, float]:
@@ -167,3 +177,64 @@ class PairDistances:
                  for p, v in sorted(vals.items(), key=lambda kv: sorted(kv[0]))}
         return {"method": "three-cornered hat (Gray & Allan 1974), pooled over samples per anchor",
                 "threshold": threshold, "pairs": pairs, "merged": merged}
+
+
+class TruthErrors:
+    """Per anchor, the pooled products of the families' errors against the truth (streaming; module
+    docstring, "With the truth").
+
+    :meth:`add` takes one sample's family votes and the truth at one anchor; :meth:`rho` the pooled
+    correlation of a pair; :meth:`merge` the groups of one camp merged by it."""
+
+    def __init__(self) -> None:
+        self.g: dict[str, dict[frozenset, float]] = {}  # anchor -> {frozenset({i, j}) or {i}: sum e_i e_j}
+
+    def add(self, anchor: str, votes: dict[str, np.ndarray], truth: np.ndarray) -> None:
+        """Accumulate ``Σ e_i·e_j`` (``e = vote − truth``, float64) over the elements where every vote and
+        the truth are finite."""
+        per = self.g.setdefault(anchor, {})
+        fams = sorted(votes)
+        t = np.asarray(truth, dtype=np.float64).ravel()
+        e = np.stack([np.asarray(votes[f], dtype=np.float64).ravel() for f in fams]) - t
+        ok = np.isfinite(e).all(axis=0)
+        if not ok.all():
+            e = e[:, ok]
+        g = e @ e.T
+        for a in range(len(fams)):
+            for b in range(a, len(fams)):
+                key = frozenset((fams[a], fams[b]))
+                per[key] = per.get(key, 0.0) + float(g[a, b])
+
+    def error(self, anchor: str, family: str) -> float | None:
+        """``Σ e²`` of ``family`` at ``anchor`` so far (None: never seen)."""
+        return self.g.get(anchor, {}).get(frozenset((family,)))
+
+    def rho(self, anchor: str, i: str, j: str) -> float | None:
+        """The pooled error correlation of ``i`` and ``j`` at ``anchor``; None when either has zero error
+        (a correct family is never merged) or the pair was never seen together."""
+        per = self.g.get(anchor, {})
+        ii, jj, ij = per.get(frozenset((i,))), per.get(frozenset((j,))), per.get(frozenset((i, j)))
+        if ii is None or jj is None or ij is None or not (ii > 0 and jj > 0):
+            return None
+        return max(-1.0, min(1.0, ij / math.sqrt(ii * jj)))
+
+    def merge(self, anchor: str, groups: list[list[str]], threshold: float) -> tuple[list[list[str]], dict[frozenset, float]]:
+        """Merge the groups (lists of families; the first is the group's corner) whose corners' error
+        correlation is at least ``threshold``, most correlated first, each family joining at most one
+        merge at a time (the corner of a merged group is its first family). Returns ``(groups,
+        {merged group: ρ at its merge})``."""
+        groups = [list(g) for g in groups]
+        merged: dict[frozenset, float] = {}
+        while len(groups) > 1:
+            best = None
+            for a, b in itertools.combinations(range(len(groups)), 2):
+                r = self.rho(anchor, groups[a][0], groups[b][0])
+                if r is not None and r >= threshold and (best is None or r > best[0]):
+                    best = (r, a, b)
+            if best is None:
+                break
+            r, a, b = best
+            groups[a].extend(groups[b])
+            del groups[b]
+            merged[frozenset(groups[a])] = r
+        return groups, merged

@@ -36,7 +36,7 @@ from anpred.defaults import OracleConfig
 from anpred.judge.consensus import Oracle
 from anpred.judge.struct import AnchorInfo, BackendInfo, OracleResult
 
-__all__ = ["PopulationOracle", "expected_scales", "populations_of", "precision_costs"]
+__all__ = ["PopulationOracle", "cost_warnings", "expected_scales", "populations_of", "precision_costs"]
 
 
 def populations_of(backends: list[BackendInfo]) -> dict[str, list[BackendInfo]]:
@@ -116,7 +116,43 @@ class PopulationOracle:
             res.populations[p] = info
             res.population_cells[p] = r.cells
         res.scales = expected_scales(self.main, res)
+        res.notes.extend(cost_warnings(res, self.cfg))
         return res
+
+
+def cost_warnings(res: OracleResult, cfg: OracleConfig) -> list[str]:
+    """The graded finding of issue 33 (class 7): a reduced-precision member that is not flagged but
+    loses at least ``cost_factor`` times what the other families of its population lose against the
+    fp32 consensus (its budget cell's ``primary / peer_level``, where the peers are its population),
+    at the anchor where that ratio is largest, among the anchors where its deviation is above one
+    rounding to the precision's grid (the natural unit: where the peers are exact, no ratio means
+    anything). Sets ``verdict.cost_ratio`` (``{"anchor", "ratio", "nrmse", "peers"}``) and appends
+    the warning to ``verdict.warnings``; returns the warnings (one note each). The likely cause (the
+    kernel note of the run's machine record) is added by :func:`anpred.judge.check.finish`."""
+    out = []
+    for b, v in res.verdicts.items():
+        if v.votes or v.flagged or v.precision in ("fp32", "fp64"):
+            continue
+        best = None
+        for c in res.cells:
+            if c.backend != b or not c.basis.startswith("population") or not c.peer_level or c.deviation:
+                continue
+            if not (c.primary > c.floor and c.primary == c.primary):
+                continue
+            r = c.primary / c.peer_level
+            if best is None or r > best[0]:
+                best = (r, c)
+        if best is None or best[0] < cfg.cost_factor:
+            continue
+        r, c = best
+        v.cost_ratio = {"anchor": c.anchor, "ratio": r, "nrmse": c.primary, "peers": c.peer_level}
+        text = (f"{b}: loses {r:.2g}x what the other {v.precision} implementations lose against the fp32 consensus "
+                f"at {c.anchor} (nRMSE {c.primary:.3g} against their median {c.peer_level:.3g}; >= cost_factor "
+                f"{cfg.cost_factor:g}): a less accurate implementation of the same {v.precision} model, not flagged "
+                f"(under {cfg.k_for(v.precision):g} x)")
+        v.warnings.append(text)
+        out.append(text)
+    return out
 
 
 def precision_costs(res: OracleResult, members: list[str]) -> dict[str, dict[str, float]]:

@@ -41,7 +41,7 @@ import numpy as np
 from anpred.defaults import OracleConfig
 
 __all__ = ["COARSENESS", "DTYPE_PRECISION", "UNIT_ROUNDOFF", "cell_precision", "floor_and_basis",
-           "natural_units", "unit_nrmse"]
+           "natural_units", "unit_nrmse", "voter_floor"]
 
 #: unit roundoff u = 2**-p of each float precision (p = significand bits incl. the implicit one)
 UNIT_ROUNDOFF: dict[str, float] = {"fp64": 2.0 ** -53, "fp32": 2.0 ** -24, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
@@ -144,6 +144,16 @@ def floor_and_basis(cfg: OracleConfig, precision: str, stage: int, *, population
     floor = cfg.floor_at(precision, stage)
     return floor, (f"constant fallback: the measured {precision} floor {cfg.floor.get(precision, cfg.floor['fp32']):g}"
                    f" x sqrt(1 + stage) ({fallback_why or 'no other implementation of this precision judged here'})")
+
+
+def voter_floor(cfg: OracleConfig, stage: int, dtype: str) -> float:
+    """The floor an fp32 voter's deviation must exceed to be flagged at an anchor of ``stage`` and
+    element type ``dtype``: the measured constant, or ``k`` x the natural unit of a float16/bfloat16
+    anchor (:func:`floor_and_basis`)."""
+    prec = cell_precision("fp32", dtype)
+    if prec != "fp32":
+        return floor_and_basis(cfg, prec, stage, population=[], anchor_type=True)[0]
+    return floor_and_basis(cfg, prec, stage)[0]
 
 
 def _k_text(cfg: OracleConfig, precision: str, implementation: bool) -> str:

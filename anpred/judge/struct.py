@@ -142,6 +142,12 @@ class Cell:
     units: dict[str, Any] = field(default_factory=dict)
     suppressed: int = 0
     undecided: int = 0
+    # "" for a cell judged on its values; "shape" (the backend returned another shape than the one the
+    # voting families agree on) or "missing" (it returned no value for a graph output they agree on):
+    # flagged deviations without statistics (anpred.judge.deviations)
+    deviation: str = ""
+    # the wrong-tail finding at this cell (anpred.judge.verdict: a graded finding, a warning, not a flag)
+    tail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -236,6 +242,12 @@ class BackendVerdict:
     # the isolated stage replay's role of each stage exit anchor (anpred.drill): introduced | amplified |
     # carried | clean; a propagation step into an ``introduced`` anchor has kind ``introduced``
     stage_roles: dict[str, str] = field(default_factory=dict)
+    # graded findings that do not flag (anpred.judge.populations.cost_warnings): a reduced-precision
+    # member losing a multiple of its population's cost, with the likely cause where the run knows it
+    warnings: list[str] = field(default_factory=list)
+    # {"anchor", "ratio", "nrmse", "peers"}: its largest cost ratio to its population (None: below
+    # OracleConfig.cost_factor, or not a reduced-precision member)
+    cost_ratio: dict[str, Any] | None = None
 
     @property
     def any_flagged(self) -> bool:
@@ -323,6 +335,9 @@ class OracleResult:
     # anchor -> precision -> {"expected": nRMSE, "basis": text}: each precision's expected error there,
     # measured on the run (anpred.judge.populations.expected_scales)
     scales: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    # split votes between camps of families (anpred.judge.camps.SplitLog.summary): anchor, camps,
+    # decided_for (None: a tie), basis (float64 | count | tie), samples
+    splits: list[dict[str, Any]] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -374,6 +389,8 @@ class CheckReport:
     allow_incomplete: bool = False
     correlated: list[dict[str, Any]] = field(default_factory=list)
     independence: dict[str, Any] = field(default_factory=dict)
+    # split votes between camps of families (OracleResult.splits, anpred.judge.camps)
+    splits: list[dict[str, Any]] = field(default_factory=list)
     populations: dict[str, dict[str, Any]] = field(default_factory=dict)
     population_cells: dict[str, list[Cell]] = field(default_factory=dict)
     scales: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
@@ -445,7 +462,7 @@ class CheckReport:
             "unjudged_anchors": self.unjudged_anchors, "alignment": self.alignment,
             "problems": self.problems, "notes": self.notes, "incomplete": self.incomplete,
             "allow_incomplete": self.allow_incomplete, "correlated": self.correlated,
-            "independence": self.independence,
+            "independence": self.independence, "splits": json_safe(self.splits),
             "populations": self.populations,
             "population_cells": {p: [c.to_dict() for c in cs] for p, cs in self.population_cells.items()},
             "scales": {a: {p: {**v, "expected": json_float(v["expected"])} for p, v in per.items()}
@@ -472,7 +489,7 @@ class CheckReport:
                 unjudged_anchors=d.get("unjudged_anchors", {}), alignment=d.get("alignment", {}),
                 problems=d.get("problems", []), notes=d.get("notes", []), incomplete=d.get("incomplete", []),
                 allow_incomplete=bool(d.get("allow_incomplete", False)), correlated=d.get("correlated", []),
-                independence=d.get("independence", {}),
+                independence=d.get("independence", {}), splits=d.get("splits", []),
                 populations=d.get("populations", {}),
                 population_cells={p: [Cell.from_dict(c) for c in cs] for p, cs in d.get("population_cells", {}).items()},
                 scales={a: {p: {**v, "expected": from_json_float(v["expected"])} for p, v in per.items()}

@@ -11,12 +11,23 @@ could not be judged, worst anchor) and hands origin and propagation to
 - **signal lost**: pooled cosine similarity with a nonzero consensus <= 0 flags whatever the floor,
   provided the peers are > k times closer;
 - **part range rule**: a part of an output is flagged only where its largest deviation also exceeds
-  the floor times its largest |consensus|.
+  the floor times its largest |consensus|;
+- **wrong tail** (fp32 voters; a graded finding: ``Cell.tail`` and a warning of the verdict, never a
+  flag): an error confined to small values (an activation's tail) is invisible in nRMSE, which the
+  large values dominate. A cell the nRMSE passes carries the finding when the
+  ``ulp_quantile`` quantile of its error in ULPs of the consensus (``ErrorStats.ulp_q``: relative to
+  each element's magnitude) exceeds ``ulp_floor`` and ``k`` times its peers' median while the bulk,
+  the median ULP error (``ulp_median``), does not depart from the peers' (within ``origin_k`` times
+  theirs: a tail, not a broad error; a broad error below the floor also has large ULP errors where the
+  consensus is small, and stays the floor's to judge). Peers whose nRMSE median is 0 (bit-identical
+  to the consensus) leave it to the floor too. Not applied to an output judged part by part (its
+  parts judge its small-valued portions, with the part range rule) nor to the parts.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,7 +37,7 @@ from anpred.judge.localize import Localizer
 from anpred.judge.stats import ErrorStats
 from anpred.judge.struct import AnchorInfo, BackendInfo, BackendVerdict, Cell
 
-__all__ = ["backend_verdict", "gap_text", "judge_cell"]
+__all__ = ["CellBasis", "backend_verdict", "gap_text", "judge_cell"]
 
 
 def _within_one_step(st: ErrorStats, units: dict | None) -> bool:
@@ -42,10 +53,33 @@ def _within_one_step(st: ErrorStats, units: dict | None) -> bool:
     return units["max"] <= 1.5 + 1e-9 and abs(st.mean_signed) <= 0.5 * units["size"]
 
 
+@dataclass
+class CellBasis:
+    """What a cell is judged against besides its peers' primary statistic (:func:`judge_cell`).
+
+    Attributes:
+        floor: the threshold's lower bound (default ``config.floor_at(info.precision, stage)``);
+            ``basis`` says where it and the peers come from (:mod:`anpred.judge.scales`).
+        signal_peers: the primary statistic of the backends whose closeness makes a lost signal a
+            finding (default the peers): a reduced-precision backend's budget verdict passes the fp32
+            voters here, its population peers as the peers. With ``signal_peers`` given, an nRMSE >= 1
+            (no more of the consensus than an all-zero tensor) counts as a lost signal too.
+        units: the deviation in the natural unit of the precision (:func:`anpred.judge.scales.natural_units`).
+        k: the outlier factor (default ``config.k_for(info.precision)``).
+        peer_ulps: the peers' ``(ulp_q, ulp_median)`` (:class:`ErrorStats`); given (fp32 voters), the
+            wrong-tail rule applies (module docstring).
+    """
+
+    floor: float | None = None
+    basis: str = ""
+    signal_peers: list[float] | None = None
+    units: dict | None = None
+    k: float | None = None
+    peer_ulps: list[tuple[float, float]] | None = None
+
+
 def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: ErrorStats, peers: list[float],
-               config: OracleConfig, consensus_max: float = 0.0, *, floor: float | None = None,
-               basis: str = "", signal_peers: list[float] | None = None, units: dict | None = None,
-               k: float | None = None) -> Cell:
+               config: OracleConfig, consensus_max: float = 0.0, opts: CellBasis | None = None) -> Cell:
     """The verdict of backend ``info`` at ``anchor`` (module docstring).
 
     Args:
@@ -53,16 +87,11 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
         peers: the pooled primary statistic of each peer (judged backends of other, not merged
             families at this anchor, of the population the backend is judged in), NaN left out.
         consensus_max: for a part of an output, its largest finite |consensus| over the samples.
-        floor: the threshold's lower bound (default ``config.floor_at(info.precision, stage)``);
-            ``basis`` says where it and the peers come from (:mod:`anpred.judge.scales`).
-        signal_peers: the primary statistic of the backends whose closeness makes a lost signal a
-            finding (default ``peers``): a reduced-precision backend's budget verdict passes the fp32
-            voters here, its population peers in ``peers``. With ``signal_peers`` given, an nRMSE >= 1
-            (no more of the consensus than an all-zero tensor) counts as a lost signal too.
-        units: the deviation in the natural unit of the precision (:func:`anpred.judge.scales.natural_units`).
-        k: the outlier factor (default ``config.k_for(info.precision)``).
+        opts: floor, basis, signal peers, units, k and the peers' ULP statistics (:class:`CellBasis`).
     """
     cfg = config
+    o = opts or CellBasis()
+    floor, basis, signal_peers, units, k, peer_ulps = o.floor, o.basis, o.signal_peers, o.units, o.k, o.peer_ulps
     prim = float(getattr(st, cfg.primary))
     peer_level = float(np.median(peers)) if peers else None
     if floor is None:
@@ -71,7 +100,7 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
         k = cfg.k_for(info.precision)
     thr = max(k * peer_level, floor) if peer_level is not None else floor
     ps = np.array(acc.per_sample) if acc.per_sample else np.array([np.nan])
-    reason = ""
+    reason = tail = ""
     # a part of an output: its largest deviation relative to its largest |consensus| value
     range_ratio = None
     if anchor.part_of:
@@ -110,6 +139,8 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
                       f"int8 grid point of the consensus' (max {units['max']:.3g} step <= 1.5) and the mean deviation "
                       f"{st.mean_signed / units['size']:+.3g} step is within half a step: the grid's resolution "
                       "(one-step rule)")
+        elif not flagged and peer_ulps is not None:
+            tail = _wrong_tail(st, peer_ulps, k, cfg, prim, thr, peer_level)[1]
         elif flagged:
             why = [f"{cfg.primary} {prim:.3g} > floor {floor:.3g}"]
             if peer_level is not None:
@@ -122,7 +153,24 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
         per_sample={"p50": float(np.median(ps)), "p90": float(np.quantile(ps, 0.9)), "max": float(np.max(ps))},
         floor=floor, peer_level=peer_level, threshold=thr, nonfinite=acc.nonfinite,
         flagged=flagged, reason=reason, range_ratio=range_ratio, basis=basis, units=units or {},
-        suppressed=acc.suppressed + acc.mismatched, undecided=acc.undecided)
+        suppressed=acc.suppressed + acc.mismatched, undecided=acc.undecided, tail=tail)
+
+
+def _wrong_tail(st: ErrorStats, peer_ulps: list[tuple[float, float]], k: float, cfg: OracleConfig, prim: float,
+                thr: float, peer_level: float | None) -> tuple[bool, str]:
+    """The wrong-tail rule (module docstring): ``(flagged, reason)``."""
+    q, med = st.ulp_q, st.ulp_median
+    if math.isnan(q) or not q > cfg.ulp_floor or not peer_ulps or not peer_level:
+        return False, ""
+    level = float(np.median([u for u, _ in peer_ulps]))
+    bulk = float(np.median([m for _, m in peer_ulps]))
+    # the bulk must not depart (the localization rule's factor origin_k; >= 1 ULP: a peer median of 0 is exactness)
+    if not (q > k * level and med <= cfg.origin_k * max(bulk, 1.0)):
+        return False, ""
+    return True, (f"wrong tail (a warning, not a flag): the {cfg.ulp_quantile:g} quantile of the error in ULPs of the consensus {q:.3g} > "
+                  f"{k:g} x peers' median {level:.3g} and > ulp_floor {cfg.ulp_floor:g}, while its median ULP error "
+                  f"{med:.3g} is within origin_k {cfg.origin_k:g} x the peers' {bulk:.3g} ({cfg.primary} {prim:.3g}, under its threshold "
+                  f"{thr:.3g}): an error relative to each element's magnitude, on part of the values")
 
 
 def backend_verdict(info: BackendInfo, anchors: list[AnchorInfo], cells: dict[tuple[str, str], Cell], *,
@@ -157,6 +205,11 @@ def backend_verdict(info: BackendInfo, anchors: list[AnchorInfo], cells: dict[tu
         profile.append((a, cell))
     v.judged_anchors = len(profile)
     v.samples = max((c.samples for _, c in profile), default=0)
+    tails = [(a, c) for a, c in profile if c.tail and not c.flagged]
+    if tails:
+        a0, c0 = tails[0]
+        more = f" (and {len(tails) - 1} more anchor(s): {', '.join(a.name for a, _ in tails[1:4])})" if len(tails) > 1 else ""
+        v.warnings.append(f"{b}: {c0.tail} at {a0.name}{more}")
     flagged = [(a, c) for a, c in profile if c.flagged]
     v.flagged = bool(flagged)
     v.flagged_anchors = [a.name for a, _ in flagged]

@@ -232,7 +232,9 @@ def format_text(report) -> str:
                 c = report.cell(v.origin_anchor, b, pop)
                 if pop:
                     b = f"{b} (implementation, {pop} population)"
-                if c is not None:
+                if c is not None and getattr(c, "deviation", ""):  # a wrong shape or missing output: no statistics
+                    lines.append(f"  {b} at origin {v.origin_anchor}: {c.reason}")
+                elif c is not None:
                     s = c.stats
                     why = c.reason or getattr(v, "origin_traced", "")
                     lines.append(f"  {b} at origin {v.origin_anchor}: {why}; max_abs {_g(s.max_abs)} "

@@ -1,0 +1,210 @@
+r"""Camps: which voting families agree, and which camp the consensus is taken from.
+
+Correct independent implementations agree exactly or to rounding *because* they are correct: exact
+operators (Mod, Round, comparisons, Where, Resize nearest, max pooling, data movement) give
+bit-identical results in every correct library. Agreement is therefore no evidence of shared kernels,
+and a median over "merged" groups of agreeing families can hand a wrong minority the majority (issue
+33). So before anything is merged, the family votes of one anchor and sample are split into **camps**:
+
+    camp distance  D_ij = ||v_i - v_j||_2 / median_f ||v_f||_2
+
+over the elements where every vote is finite (non-finite values are voted on element by element,
+:func:`anpred.judge.votes.vote`: a family returning NaN where the others agree on a finite value is
+flagged there, and is no camp of its own for it). Camps are the clusters of complete linkage
+(``scipy.cluster.hierarchy``) cut at the voters' noise floor ``t`` at the anchor (the floor a deviation
+must exceed to be flagged, :func:`anpred.judge.scales.floor_and_basis`): every two families of one camp
+are within ``t`` of each other, and two camps are apart by more than ``t``. A split into several camps
+is **material** by construction: a member of a camp the consensus is not taken from deviates from it by
+more than the floor, i.e. it can be flagged.
+
+**Decision.** One camp: nothing to decide (the ordinary median of every family). Several:
+
+1. *by the float64 execution* where it ran (``onnx-reference-fp64``): the truth ``t64`` rounded to the
+   anchor's element type; each camp's error is the nRMSE of its closest member (leaving out the
+   arbiter's own library, ``onnx-reference``: it shares the arbiter's defects, its closeness proves
+   nothing) against it; the camp closest to it is decided for, provided its error is within the floor
+   (a float64 execution that agrees with no camp is no arbiter: then step 2);
+2. *by the count of families* (never of merged groups: bit-identical families are counted each, since
+   correct ones are bit-identical): the largest camp, when it is strictly larger than every other;
+3. otherwise a **tie**: no consensus at that anchor and sample (reported, judged for no backend).
+
+Each decision is reported (:class:`SplitLog`): the camps, the one decided for and on what basis.
+Merging families into one vote (bit-identical or error-correlated, :mod:`anpred.judge.independence`)
+happens within a camp only, so it can no longer change who wins.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+__all__ = ["Decision", "SplitLog", "camp_distances", "decide", "form_camps"]
+
+_FAR = 1e300  # a finite stand-in for "infinitely far" (scipy's linkage needs finite distances)
+
+
+def camp_distances(votes: dict[str, np.ndarray]) -> tuple[list[str], np.ndarray, float]:
+    """Pairwise camp distances of the family votes (module docstring).
+
+    Args:
+        votes: family -> vote (float64 arrays of one shape).
+
+    Returns:
+        ``(families sorted, D (F x F, nRMSE, symmetric, 0 on the diagonal), scale)``: ``D_ij`` =
+        ``||v_i - v_j||_2 / scale`` over the elements where every vote is finite, ``scale`` the median
+        of the votes' norms there (robust: one wild family does not set it; the votes' norms differ by
+        their errors only); inf for a nonzero difference at scale 0.
+    """
+    fams = sorted(votes)
+    stack = np.stack([np.asarray(votes[f], dtype=np.float64).ravel() for f in fams])
+    ok = np.isfinite(stack).all(axis=0)
+    if not ok.all():
+        stack = stack[:, ok]
+    norms = np.sqrt(np.einsum("ij,ij->i", stack, stack))
+    scale = float(np.median(norms)) if norms.size else 0.0
+    # one Gram matrix of the differences to the first vote (products of error size: no cancellation
+    # at the scale of the values, as in anpred.judge.independence.PairDistances)
+    e = stack[1:] - stack[0]
+    g = e @ e.T
+    dg = np.diag(g)
+    n = len(fams)
+    d2 = np.zeros((n, n))
+    d2[0, 1:] = d2[1:, 0] = dg
+    d2[1:, 1:] = np.maximum(dg[:, None] + dg[None, :] - 2 * g, 0.0)
+    np.fill_diagonal(d2, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.where(d2 == 0, 0.0, np.sqrt(d2) / scale if scale > 0 else np.inf)
+    return fams, d, scale
+
+
+def form_camps(fams: list[str], d: np.ndarray, floor: float) -> list[list[str]]:
+    """Complete-linkage clusters of ``fams`` with distance matrix ``d`` cut at ``floor`` (every two
+    members of a camp within ``floor``), largest first (ties: by the first family's name)."""
+    n = len(fams)
+    if n == 1 or not (d > floor).any():
+        return [list(fams)]
+    from scipy.cluster.hierarchy import fcluster, linkage
+    from scipy.spatial.distance import squareform
+
+    cond = squareform(np.minimum(d, _FAR), checks=False)
+    labels = fcluster(linkage(cond, method="complete"), t=floor, criterion="distance")
+    camps: dict[int, list[str]] = {}
+    for f, lab in zip(fams, labels):
+        camps.setdefault(int(lab), []).append(f)
+    return sorted(camps.values(), key=lambda c: (-len(c), c[0]))
+
+
+@dataclass
+class Decision:
+    """The decision of one split: ``camps`` (lists of families, largest first), ``winner`` (index into
+    ``camps``, None for a tie), ``basis`` (``float64`` | ``count`` | ``tie``), ``truth_error``: per camp
+    the nRMSE of its closest independent member against the float64 execution (None where unknown)."""
+
+    camps: list[list[str]]
+    winner: int | None
+    basis: str
+    truth_error: list[float | None] = field(default_factory=list)
+
+
+def decide(camps: list[list[str]], votes: dict[str, np.ndarray], floor: float, truth: np.ndarray | None = None,
+           arbiter_library: str | None = None) -> Decision:
+    """Decide a split (module docstring).
+
+    Args:
+        camps: from :func:`form_camps` (at least two).
+        votes: family -> vote.
+        floor: the voters' floor at the anchor (nRMSE).
+        truth: the float64 execution's tensor rounded to the anchor's element type (None: not run here).
+        arbiter_library: the family of the library the float64 execution runs on (its members' closeness
+            to it does not count).
+    """
+    errs: list[float | None] = [None] * len(camps)
+    if truth is not None:
+        t = np.asarray(truth, dtype=np.float64).ravel()
+        tf = np.isfinite(t)
+        tt = float(np.einsum("i,i->", t[tf], t[tf]))
+        for k, camp in enumerate(camps):
+            best = None
+            for f in camp:
+                if f == arbiter_library:
+                    continue
+                v = np.asarray(votes[f], dtype=np.float64).ravel()
+                ok = np.isfinite(v) & tf
+                dv = v[ok] - t[ok]
+                dd = float(np.einsum("i,i->", dv, dv))
+                e = 0.0 if dd == 0 else (math.sqrt(dd / tt) if tt > 0 else math.inf)
+                best = e if best is None else min(best, e)
+            errs[k] = best
+        known = [(e, k) for k, e in enumerate(errs) if e is not None]
+        if known:
+            e, k = min(known)
+            if e <= floor and sum(1 for x, _ in known if x == e) == 1:
+                return Decision(camps, k, "float64", errs)
+    sizes = [len(c) for c in camps]
+    top = max(sizes)
+    if sizes.count(top) == 1:
+        return Decision(camps, sizes.index(top), "count", errs)
+    return Decision(camps, None, "tie", errs)
+
+
+class SplitLog:
+    """Per anchor, the splits seen over the samples: ``record`` one :class:`Decision`; ``summary``
+    gives one entry per (anchor, camps, winner, basis) with the number of samples; ``losers`` the
+    families that were on a camp not decided for (or tied) at an anchor in some sample."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple, dict[str, Any]] = {}
+        self._losers: dict[str, set[str]] = {}
+
+    def record(self, anchor: str, sample: str, dec: Decision) -> None:
+        camps = tuple(tuple(c) for c in dec.camps)
+        key = (anchor, camps, dec.winner, dec.basis)
+        e = self._seen.setdefault(key, {"anchor": anchor, "camps": [list(c) for c in camps],
+                                        "decided_for": list(camps[dec.winner]) if dec.winner is not None else None,
+                                        "basis": dec.basis, "samples": [], "truth_error": []})
+        e["samples"].append(sample)
+        e["truth_error"].append(dec.truth_error)
+        for k, c in enumerate(dec.camps):
+            if k != dec.winner:
+                self._losers.setdefault(anchor, set()).update(c)
+
+    def losers(self, anchor: str) -> set[str]:
+        return set(self._losers.get(anchor, ()))
+
+    def summary(self) -> list[dict[str, Any]]:
+        """JSON-ready entries: ``anchor``, ``camps``, ``decided_for`` (None: tie), ``basis``,
+        ``samples`` (count), ``sample_ids`` (first 8), ``truth_error`` (per camp, the largest over the
+        samples; None where not measured)."""
+        out = []
+        for e in self._seen.values():
+            per = list(zip(*e["truth_error"])) if e["truth_error"] else []
+            te = [max((x for x in col if x is not None), default=None) for col in per]
+            out.append({"anchor": e["anchor"], "camps": e["camps"], "decided_for": e["decided_for"],
+                        "basis": e["basis"], "samples": len(e["samples"]), "sample_ids": e["samples"][:8],
+                        "truth_error": te})
+        return out
+
+    def notes(self, samples: int) -> list[str]:
+        """One line per split entry (module docstring's wording)."""
+        lines = []
+        for e in self.summary():
+            camps = " | ".join("(" + ", ".join(c) + ")" for c in e["camps"])
+            head = f"anchor {e['anchor']}: split vote, the families form camps {camps} in {e['samples']} of {samples} sample(s)"
+            if e["basis"] == "tie":
+                lines.append(f"{head}: a tie (no camp has more families than every other) and no float64 execution "
+                             "agreeing with one camp within the floor: no consensus there, judged for no backend "
+                             "(add onnx-reference-fp64 to the backends to decide)")
+                continue
+            won = ", ".join(e["decided_for"])
+            if e["basis"] == "float64":
+                errs = ", ".join("-" if x is None else f"{x:.3g}" for x in e["truth_error"])
+                lines.append(f"{head}: decided for ({won}) by the float64 execution (nRMSE of each camp against it: "
+                             f"{errs})")
+            else:
+                counts = " against ".join(str(len(c)) for c in e["camps"])
+                lines.append(f"{head}: decided for ({won}) by the count of families ({counts})")
+        return lines
