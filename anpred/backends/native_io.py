@@ -11,6 +11,7 @@ import numpy as np
 
 from anpred.errors import BackendError, InputError
 from anpred.onnx_io import real_inputs
+from anpred.tensorfile import c_contiguous
 # the shape folding is a graph pass (passes.fold_shapes, shared with passes.bind_inputs), re-exported here
 from passes.fold_shapes import FOLD_MAX_ELEMENTS, FOLD_ROUNDS, fold_shape_computations
 
@@ -77,7 +78,7 @@ def check_sample(backend: str, inputs: dict[str, np.ndarray], graph: list[GraphI
     for gi in graph:
         if gi.name not in inputs:
             raise InputError(f"backend {backend}: missing input {gi.name!r}")
-        x = np.ascontiguousarray(inputs[gi.name])
+        x = c_contiguous(inputs[gi.name])
         want = (shapes or {}).get(gi.name)
         if want is not None and list(x.shape) != want:
             raise InputError(f"backend {backend}: input {gi.name!r} has shape {list(x.shape)}, but the model was "

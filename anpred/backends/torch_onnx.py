@@ -43,6 +43,7 @@ from anpred.backends.base import AnchorCapture, Backend
 from anpred.backends.lowp_models import PopulationMember
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
+from anpred.tensorfile import c_contiguous
 
 
 def to_torch(x: np.ndarray):
@@ -50,7 +51,7 @@ def to_torch(x: np.ndarray):
     stored by npz) goes through its uint16 bits, which ``torch.from_numpy`` cannot take directly."""
     import torch
 
-    a = np.ascontiguousarray(x)
+    a = c_contiguous(x)
     if a.dtype.name == "bfloat16" or (a.dtype.kind == "V" and a.dtype.itemsize == 2):
         return torch.from_numpy(a.view(np.uint16).view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
@@ -259,7 +260,6 @@ class TorchOnnxBackend(Backend):
         self._gm = None
 
 
-
 class TorchFp16Backend(PopulationMember, TorchOnnxBackend):
     """``torch-fp16``: the fp16 population's shared float16 model
     (:func:`anpred.backends.lowp_fp16.fp16_model`) converted with onnx2torch exactly as ``torch`` converts
@@ -315,7 +315,7 @@ class TorchFp16Backend(PopulationMember, TorchOnnxBackend):
                         where["node"], where["op"] = n.target, type(gm.get_submodule(n.target)).__name__
                     raise
 
-        args = [torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in self._input_names]
+        args = [torch.from_numpy(c_contiguous(inputs[n])) for n in self._input_names]
         try:
             with torch.inference_mode():
                 _Find(gm).run(*args)
