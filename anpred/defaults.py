@@ -95,6 +95,20 @@ REFERENCE_PRIORITY = ("onnx-reference", "ort-noopt", "ort", "torch-native", "tor
                       # float16 arithmetic per operation), not an optimized kernel library's fusions
                       "onnx-reference-int8", "ort-int8-noopt", "onnx-reference-fp16", "ort-fp16-noopt")
 
+#: Memory bounds of a run (:mod:`anpred.run.limits`, docs/run.md "Memory bounds"): the share of the
+#: memory available when a run starts (the smaller of MemAvailable and the room under the process's
+#: cgroup limit) that one backend worker's process tree, and the run's processes together, may hold
+#: (RSS) by default. Not a verdict threshold: it decides only when a runaway worker is stopped. The
+#: rest (20 %) is left to the machine's other processes and the page cache the run's tensor files
+#: go through. Sensitivity: the zoo models' workers peak at 0.1-1.3 GiB RSS (docs/run.md), so on any
+#: machine with 2 GiB available the default stops none of them; a bound 2x lower stops a worker only
+#: where less than ~3 GiB is available.
+MEMORY_BOUND_SHARE = 0.8
+#: Seconds between two samples of the workers' RSS by the driver (:class:`anpred.run.limits.MemoryWatch`):
+#: a worker can grow past its bound for at most this long before it is killed (measured overshoot in
+#: docs/run.md); one sample of a worker's process tree costs ~0.1 ms of the driver's CPU.
+MEMORY_POLL_S = 0.2
+
 
 @dataclass
 class OracleConfig:

@@ -1,0 +1,231 @@
+"""What guards a run against what it runs: memory bounds of the backend workers, the bad-input rule,
+the folder where a population's shared conversion records that it failed (:class:`RunGuards`), and
+the watchdog that holds the memory bounds (:class:`MemoryWatch`).
+
+Memory bounds (docs/run.md, "Memory bounds"): every backend worker process (with its children, e.g.
+a converter it starts) may hold at most ``backend_memory`` bytes of resident memory (RSS), and the
+run's processes together (the driver and its live workers) at most ``run_memory``. A worker over a
+bound is killed with its process group and its status is ``failed`` with the bound named; the other
+backends go on. The bounds are held by the driver polling the RSS of each worker's process tree with
+``psutil`` every :data:`anpred.defaults.MEMORY_POLL_S` seconds, not by ``RLIMIT_AS`` or a cgroup:
+
+- ``RLIMIT_AS`` bounds *virtual* address space, and runtimes reserve far more of it than they touch
+  (measured on one small model, ``benchmarks/bench_memory.py``: TensorFlow, OpenVINO and onnx2tf's
+  workers map 3-20x their RSS); a bound near the memory a backend may really use would make them fail
+  to start, and one far above it would not protect the machine;
+- a cgroup needs a writable, delegated cgroup hierarchy, which a user process rarely has (on cgroup v1
+  the process's own group belongs to the container or session manager).
+
+Default (:func:`machine_bounds`): :data:`anpred.defaults.MEMORY_BOUND_SHARE` of the memory available
+when the run starts, the smaller of the kernel's ``MemAvailable`` (``psutil.virtual_memory``) and the
+room left under this process's cgroup limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``), for
+each worker and for the run as a whole. ``ANPRED_MEMORY_BOUND`` / ``ANPRED_RUN_MEMORY_BOUND`` (GiB;
+``anpred run|test|campaign --memory-bound``) set them for every run of the process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from anpred.errors import AnpredError
+
+__all__ = ["RunGuards", "MemoryWatch", "machine_bounds", "parse_gib", "gib", "MEMORY_ENV", "RUN_MEMORY_ENV"]
+
+#: environment variables holding the per-backend and the overall bound in GiB (the CLI's --memory-bound)
+MEMORY_ENV = "ANPRED_MEMORY_BOUND"
+RUN_MEMORY_ENV = "ANPRED_RUN_MEMORY_BOUND"
+_GIB = 1 << 30
+
+
+def gib(n: float) -> str:
+    """``n`` bytes as ``"6.0 GiB"`` (``"512 MiB"`` below 1 GiB)."""
+    return f"{n / _GIB:.1f} GiB" if n >= _GIB else f"{n / (1 << 20):.0f} MiB"
+
+
+def parse_gib(value: Any, what: str = "memory bound") -> int:
+    """Bytes of a bound given in GiB (a number or its text). Raises AnpredError: not a positive number."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if not v > 0:
+        raise AnpredError(f"{what} must be a positive number of GiB (got {value!r})")
+    return int(v * _GIB)
+
+
+@dataclass
+class RunGuards:
+    """What a run guards against (a field left None takes its default at :meth:`resolved`).
+
+    Attributes:
+        backend_memory: bytes of RSS one backend worker (its process tree) may hold; None: the
+            environment's ``ANPRED_MEMORY_BOUND`` (GiB), else :func:`machine_bounds`.
+        run_memory: bytes the run's processes may hold together (driver and live workers); None:
+            ``ANPRED_RUN_MEMORY_BOUND``, else :func:`machine_bounds`.
+        bad_input_rule: raise InputError when every backend of the run failed on the same sample with a
+            shape error (:func:`anpred.run.outcome.inputs_misfit`). False where the run holds only a part
+            of the backends and the caller applies the rule over all of them (a campaign's
+            single-backend runs, :mod:`anpred.campaign.engine`).
+        shared_dir: the folder where the run's workers record a population's shared conversion that
+            failed (:mod:`anpred.backends.shared`); None: the run's own work folder. A campaign gives
+            each configuration one, shared by its single-backend runs.
+    """
+
+    backend_memory: int | None = None
+    run_memory: int | None = None
+    bad_input_rule: bool = True
+    shared_dir: str | None = None
+
+    def resolved(self) -> "RunGuards":
+        """A copy with both memory bounds in bytes (raises AnpredError on a malformed environment value)."""
+        auto = None
+        vals = []
+        for given, env in ((self.backend_memory, MEMORY_ENV), (self.run_memory, RUN_MEMORY_ENV)):
+            if given is None and os.environ.get(env):
+                given = parse_gib(os.environ[env], env)
+            if given is None:
+                auto = auto or machine_bounds()["bound"]
+                given = auto
+            vals.append(int(given))
+        return RunGuards(vals[0], vals[1], self.bad_input_rule, self.shared_dir)
+
+    def describe(self) -> dict[str, Any]:
+        """What ``run.json`` records (``memory_bounds``): both bounds, where they came from, the machine."""
+        src = {"backend_memory": "given" if self.backend_memory is not None else
+               ("environment" if os.environ.get(MEMORY_ENV) else "machine"),
+               "run_memory": "given" if self.run_memory is not None else
+               ("environment" if os.environ.get(RUN_MEMORY_ENV) else "machine")}
+        r = self.resolved()
+        return {"backend_bytes": r.backend_memory, "run_bytes": r.run_memory, "source": src,
+                "machine": machine_bounds()}
+
+
+def _cgroup_room() -> tuple[int | None, str]:
+    """Bytes left under this process's cgroup memory limit and the file it came from; (None, "") when
+    no limit applies (none set, or the files are not readable)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None, ""
+    for ln in lines:
+        hid, ctrl, path = (ln.split(":", 2) + ["", ""])[:3]
+        if hid == "0" and ctrl == "":  # cgroup v2
+            base = Path("/sys/fs/cgroup") / path.lstrip("/")
+            lim, use = base / "memory.max", base / "memory.current"
+        elif "memory" in ctrl.split(","):  # cgroup v1
+            base = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            lim, use = base / "memory.limit_in_bytes", base / "memory.usage_in_bytes"
+        else:
+            continue
+        try:
+            text = lim.read_text().strip()
+            if text == "max" or int(text) >= 1 << 60:  # v1 writes "no limit" as a page-rounded 2^63
+                continue
+            return max(0, int(text) - int(use.read_text().strip())), str(lim)
+        except (OSError, ValueError):
+            continue
+    return None, ""
+
+
+def machine_bounds() -> dict[str, Any]:
+    """The default bound of this machine now: ``{"available": bytes, "source": what limited it,
+    "share": MEMORY_BOUND_SHARE, "bound": share x available}``. Available: the smaller of
+    ``psutil.virtual_memory().available`` (Linux ``MemAvailable``) and the room under this process's
+    cgroup limit."""
+    import psutil
+
+    from anpred.defaults import MEMORY_BOUND_SHARE
+
+    avail, source = int(psutil.virtual_memory().available), "MemAvailable"
+    room, cg = _cgroup_room()
+    if room is not None and room < avail:
+        avail, source = room, f"cgroup limit ({cg})"
+    return {"available": avail, "source": source, "share": MEMORY_BOUND_SHARE,
+            "bound": int(avail * MEMORY_BOUND_SHARE)}
+
+
+def _tree_memory(pid: int) -> tuple[int, int]:
+    """``(RSS, virtual size)`` in bytes of process ``pid`` and all its descendants ((0, 0) when gone)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        procs = [p, *p.children(recursive=True)]
+    except psutil.Error:
+        return 0, 0
+    rss = vms = 0
+    for q in procs:
+        try:
+            mi = q.memory_info()
+        except psutil.Error:  # ended between the listing and the reading
+            continue
+        rss, vms = rss + mi.rss, vms + mi.vms
+    return rss, vms
+
+
+class MemoryWatch:
+    """The driver-side watchdog of a run's memory bounds (module docstring).
+
+    Register each worker with :meth:`watch` (the leader of its own process group), call :meth:`check`
+    while waiting for it (at least every :attr:`interval` seconds), :meth:`forget` it when it ended.
+    ``peak[label]`` / ``peak_vms[label]``: the largest RSS / virtual size seen of that worker's tree
+    (bytes; the virtual size is recorded to show why ``RLIMIT_AS`` is not used)."""
+
+    def __init__(self, guards: RunGuards | None = None):
+        from anpred.defaults import MEMORY_POLL_S
+
+        g = (guards or RunGuards()).resolved()
+        self.backend_bytes, self.run_bytes = int(g.backend_memory), int(g.run_memory)
+        self.interval = MEMORY_POLL_S
+        self.pids: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+        self.peak_vms: dict[str, int] = {}
+        self.killed: dict[str, str] = {}
+        self._last = 0.0
+
+    def watch(self, label: str, pid: int) -> None:
+        self.pids[label] = pid
+        self.killed.pop(label, None)
+
+    def forget(self, label: str) -> None:
+        self.pids.pop(label, None)
+
+    def check(self, force: bool = False) -> dict[str, str]:
+        """Sample the watched workers (at most once per :attr:`interval` unless ``force``); kill the
+        process group of each worker over ``backend_bytes``, and, while the run's processes together
+        are over ``run_bytes``, of the largest one. Returns label -> reason of those killed now."""
+        now = time.monotonic()
+        if not self.pids or (not force and now - self._last < self.interval):
+            return {}
+        self._last = now
+        mem = {b: _tree_memory(pid) for b, pid in self.pids.items()}
+        rss = {b: m[0] for b, m in mem.items()}
+        for b, (r, v) in mem.items():
+            self.peak[b] = max(self.peak.get(b, 0), r)
+            self.peak_vms[b] = max(self.peak_vms.get(b, 0), v)
+        out = {}
+        for b, r in rss.items():
+            if r > self.backend_bytes:
+                out[b] = (f"{b}: exceeded the memory bound of {gib(self.backend_bytes)} per backend (RSS {gib(r)}); "
+                          f"killed. Raise it with --memory-bound GIB ({MEMORY_ENV}) if the model needs more")
+        live = {b: r for b, r in rss.items() if b not in out}
+        driver = _tree_memory(os.getpid())[0] - sum(rss.values())  # the driver itself (its workers are its children)
+        while live and driver + sum(live.values()) > self.run_bytes:
+            b = max(live, key=live.get)
+            out[b] = (f"{b}: exceeded the run's overall memory bound of {gib(self.run_bytes)} (the run's processes "
+                      f"together: RSS {gib(driver + sum(live.values()))}, this worker {gib(live[b])}, the largest); "
+                      f"killed. Raise it with {RUN_MEMORY_ENV}=GIB")
+            del live[b]
+        for b in out:
+            try:
+                os.killpg(self.pids[b], signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.killed[b] = out[b]
+            self.forget(b)
+        return out
