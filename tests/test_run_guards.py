@@ -269,3 +269,24 @@ def test_an_already_quantized_model_skips_the_int8_population(tmp_path):
         assert st[b].status == "unsupported"
         assert st[b].reason == ("skipped: the model is already quantized (DynamicQuantizeLinear:1, MatMulInteger:1); "
                                 "the int8 population quantizes a float model (quantize_static), which this is not")
+
+
+def test_the_drill_note_gives_each_left_out_backends_own_reason(tmp_path):
+    from anpred.drill import drill_run
+    from anpred.instrument import instrument_model
+    from anpred.judge import check_run
+    from anpred.run import BackendSpec, run_model
+
+    from tests.test_native_failures import empty_concat
+
+    am, man = instrument_model(onnx.load(str(empty_concat(tmp_path / "m.onnx"))), stages=2)
+    man.to_model(am)
+    onnx.save(am, str(tmp_path / "anchored.onnx"))
+    specs = ["ort", "onnx-reference", "openvino", "ort-fp16", BackendSpec("ort-noopt", "broken", {"_fault": "raise"})]
+    run_model(tmp_path / "anchored.onnx", specs, "random:normal:n=2", tmp_path / "run", progress=False)
+    report = check_run(tmp_path / "run", allow_incomplete=True)
+    res = drill_run(tmp_path / "run", report, tmp_path / "drill")
+    (note,) = [n for n in res["notes"] if n.startswith("drill: not replayed: ")]
+    assert "broken (failed: sample s0000: RuntimeError: fault injected by the _fault option)" in note, note
+    assert "ort-fp16 (fp16: a reduced-precision copy, not replayed)" in note
+    assert "native graphs" not in note
