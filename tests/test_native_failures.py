@@ -62,7 +62,7 @@ def test_a_concat_of_an_empty_tensor_runs_on_every_backend(tmp_path):
     for b in backends[:-1]:
         assert st[b].status == "ok", (b, st[b].reason)
     # ONNX Runtime 1.32's fused QLinearConcat crashed on an empty input at 2 intra-op threads on a held-out
-    # model (docs/findings.md); on this case it runs, and a crash would be named, not a bare stack
+    # model (docs/run.md, "Findings seen while testing"); on this case it runs, and a crash would be named, not a bare stack
     assert st["ort-int8"].status == "ok" or st["ort-int8"].reason.startswith("crash of onnxruntime")
     assert st["tvm"].versions["tvm_empty_inputs_dropped"] == "1"
     assert "not cached" not in st["tvm"].versions["tvm_cache"]

@@ -290,3 +290,53 @@ def test_the_drill_note_gives_each_left_out_backends_own_reason(tmp_path):
     assert "broken (failed: sample s0000: RuntimeError: fault injected by the _fault option)" in note, note
     assert "ort-fp16 (fp16: a reduced-precision copy, not replayed)" in note
     assert "native graphs" not in note
+
+
+def convtranspose_output_shape(path: Path) -> Path:
+    """ONNX's ``convtranspose_output_shape`` case (strides 3x2, output_shape 10x8), weights as an
+    initializer: ncnn (pnnx) computes a 9-column output where ONNX asks 8 and its run fails with a
+    shape error; the other backends compute it."""
+    w = nh.from_array(np.random.default_rng(0).standard_normal((1, 2, 3, 3)).astype(np.float32), "w")
+    node = h.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[3, 2], output_shape=[10, 8], name="convt")
+    g = h.make_graph([node], "convt", [h.make_tensor_value_info("x", T.FLOAT, [1, 1, 3, 3])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 2, 10, 8])], [w])
+    return _save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+
+
+CAMPAIGN = """
+[campaign]
+name = "shape-rule"
+retries = 0
+timeout = 300
+
+[defaults]
+samples = 1
+
+[[models]]
+model = "convt.onnx"
+
+[backend_sets]
+fp32 = ["ort", "onnx-reference", "ncnn"]
+
+[resources]
+cpus = 1
+memory_gb = 1
+"""
+
+
+@pytest.mark.slow  # ~40 s: an embedded Ray
+def test_a_campaign_fails_the_backend_not_the_configuration_on_one_shape_error(tmp_path):
+    """`anpred test`'s bad-input rule over all of a configuration's backends: ncnn's shape error is
+    ncnn's failure, and the other backends are judged (the campaign used to fail the configuration
+    with 'every backend (ncnn) failed on sample s0000 with a shape error')."""
+    from anpred.campaign import load_campaign, run_campaign
+
+    convtranspose_output_shape(tmp_path / "convt.onnx")
+    (tmp_path / "campaign.toml").write_text(CAMPAIGN)
+    res = run_campaign(load_campaign(tmp_path / "campaign.toml"), tmp_path / "out", num_cpus=2, progress=False)
+    (rec,) = res.records
+    assert rec["state"] == "complete", rec.get("reason")
+    assert rec["backends"]["ncnn"]["run"] == "failed"
+    assert "shape" in rec["backends"]["ncnn"]["reason"]
+    assert rec["backends"]["ort"]["run"] == "ok" and rec["backends"]["onnx-reference"]["run"] == "ok"
+    assert rec["backends"]["ort"]["verdict"] in ("ok", "consistent", "reference"), rec["backends"]["ort"]

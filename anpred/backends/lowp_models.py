@@ -48,7 +48,8 @@ from anpred.backends.lowp_fp16 import fp16_model, record_of
 from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 
-__all__ = ["INT8_RECIPE", "QUANTIZED_OPS", "AlreadyQuantized", "quantized_ops", "int8_model", "int8_record", "fp16_model", "model_precision", "anchor_quant_steps",
+__all__ = ["INT8_RECIPE", "QUANTIZED_OPS", "AlreadyQuantized", "quantized_ops", "int8_model", "int8_record",
+           "fp16_model", "model_precision", "anchor_quant_steps",
            "faulted_model", "PopulationMember"]
 
 #: the int8 recipe (part of the cache key; today's ``ort-int8`` recipe)
@@ -129,8 +130,9 @@ def int8_model(model_path: str | Path, calibration_files: list[str], max_calibra
 
     found = quantized_ops(model_path)
     if found:
-        raise AlreadyQuantized(f"skipped: the model is already quantized ({', '.join(f'{k}:{v}' for k, v in found.items())}"
-                               "); the int8 population quantizes a float model (quantize_static), which this is not")
+        ops = ", ".join(f"{k}:{v}" for k, v in found.items())
+        raise AlreadyQuantized(f"skipped: the model is already quantized ({ops}); the int8 population quantizes "
+                               "a float model (quantize_static), which this is not")
     files = [str(f) for f in calibration_files][: int(max_calibration)]
     if not files:
         raise BackendError("the int8 model needs calibration inputs (options['calibration']: .safetensors/.npz "

@@ -71,7 +71,8 @@ from anpred.backends.native_io import decisive_line, native_stderr
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
 
-FORMAT = "anpred.ncnn_pnnx/3"  # 2: integer inputs fed as float32 and cast back in the graph; 3: empty Concat inputs dropped
+# 2: integer inputs fed as float32 and cast back in the graph; 3: empty Concat inputs dropped
+FORMAT = "anpred.ncnn_pnnx/3"
 PNNX_MAX_IR = 13  # the IR version of the onnxruntime pnnx embeds (1.30)
 _LOWP_FLAGS = ("use_fp16_packed", "use_fp16_storage", "use_fp16_arithmetic", "use_bf16_packed", "use_bf16_storage",
                "use_int8_inference", "use_int8_packed", "use_int8_storage", "use_int8_arithmetic")

@@ -94,8 +94,9 @@ from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 from anpred.onnx_io import model_ops
 
-FORMAT = "anpred.tvm_relax/5"  # 2: shape computations folded at the concrete shapes; 3: repeated; 4: recurrent unrolled;
+# 2: shape computations folded at the concrete shapes; 3: repeated; 4: recurrent unrolled;
 # 5: empty Concat inputs dropped, the exported library checked to load back
+FORMAT = "anpred.tvm_relax/5"
 #: ops the Relax importer handles itself, outside the converter table (``_construct_nodes``)
 DIRECT_OPS = ("If",)
 LIBRARY = "model.so"

@@ -336,7 +336,8 @@ def load_campaign(path: str | Path) -> Campaign:
                    ("memory_bound", (int, float))):
         if k in head and (not isinstance(head[k], typ) or isinstance(head[k], bool)):
             raise AnpredError(f"{path}: [campaign] {k} = {head[k]!r} has the wrong type")
-    if int(head.get("retries", 2)) < 0 or float(head.get("timeout", 600)) <= 0 or float(head.get("memory_bound", 1)) <= 0:
+    if int(head.get("retries", 2)) < 0 or float(head.get("timeout", 600)) <= 0 or \
+            float(head.get("memory_bound", 1)) <= 0:
         raise AnpredError(f"{path}: [campaign] retries must be >= 0, timeout and memory_bound > 0")
     models = raw.get("models") or []
     sets = raw.get("backend_sets") or {}

@@ -96,7 +96,7 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
     A backend that fails, crashes, times out or passes a memory bound does not raise: see the statuses
     in the store.
     """
-    from anpred.inputs import ArraySamples, InputSpec, check_shapes_fit, model_inputs
+    from anpred.inputs import ArraySamples, InputSpec
     from anpred.onnx_io import sha256_file
 
     if mode not in MODES:
@@ -119,15 +119,6 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
     in_spec = inputs if isinstance(inputs, ArraySamples) else InputSpec.parse(inputs, preprocess=preprocess)
     out = Path(out_dir).absolute()
     _check_out_dir(out, overwrite)
-    for anc in [out.parent, *out.parent.parents]:
-        if anc.exists():
-            if not anc.is_dir():
-                raise OutputPathError(f"cannot create {out}: {anc} is a file, not a folder (nothing was written)")
-            break
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise OutputPathError(f"cannot create {out.parent}: {err.strerror or err}") from err
     hint = " ".join([model_path.name, model.producer_name, model.doc_string] +
                     [f"{p.key} {p.value}" for p in model.metadata_props if p.key != "anpred.manifest"] +
                     [str(manifest.model.get("source", ""))])
@@ -144,30 +135,13 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
             "manifest_source": man_source})
         store.meta["model"].update(copy_model(model_path, model, tmp))
         run_model_path = tmp / "model.onnx"
-        minputs = model_inputs(model)
-        checked: set = set()
-        first_shapes: dict[str, list[int]] | None = None
-        same_shapes = True
-        for i, (src, arrays) in enumerate(in_spec.samples(minputs, hint)):
-            key = tuple((k, tuple(v.shape)) for k, v in sorted(arrays.items()))
-            if key not in checked:
-                check_shapes_fit(model, {k: tuple(v.shape) for k, v in arrays.items()})
-                checked.add(key)
-            shapes = {k: list(v.shape) for k, v in arrays.items()}
-            if first_shapes is None:
-                first_shapes = shapes
-            same_shapes = same_shapes and shapes == first_shapes
-            pre = in_spec.prewritten_for(i, arrays) if isinstance(in_spec, ArraySamples) else None
-            store.add_sample(f"s{i:04d}", arrays, source=src, prewritten=pre)
-        # the shapes actually fed (``size`` in the spec only applies to dynamic dims)
-        store.meta["inputs"]["input_shapes"] = first_shapes if same_shapes else "varies by sample"
+        shape_hint = _store_samples(store, in_spec, model, hint)
         store.meta["backend_specs"] = {s.label: {"name": s.name, "options": json.loads(to_json(s.options))} for s in specs}
         for s in specs:
             if "model" in s.options:
                 store.meta["backend_specs"][s.label]["model_sha256"] = sha256_file(s.options["model"])
         store.meta["memory_bounds"] = guards.describe()
         store.save_meta()
-        shape_hint = first_shapes if same_shapes else None
         shared = Path(guards.shared_dir) if guards.shared_dir else tmp / ".work" / "shared"
         refused = precheck_refusals(store, specs, run_model_path, progress) if precheck else {}
         for spec in specs:
@@ -219,6 +193,31 @@ def sigterm_raises(replace: bool = False):
     return lambda: signal.signal(signal.SIGTERM, old)
 
 
+def _store_samples(store: RunStore, in_spec, model, hint: str) -> dict[str, list[int]] | None:
+    """Check every sample of ``in_spec`` against ``model`` (:func:`anpred.inputs.check_shapes_fit`, once
+    per distinct shape) and add it to ``store``; records the shapes fed in ``meta["inputs"]["input_shapes"]``
+    (``size`` in the spec applies only to dynamic dims). Returns them, None when they vary by sample.
+    Raises InputError."""
+    from anpred.inputs import ArraySamples, check_shapes_fit, model_inputs
+
+    checked: set = set()
+    first_shapes: dict[str, list[int]] | None = None
+    same_shapes = True
+    for i, (src, arrays) in enumerate(in_spec.samples(model_inputs(model), hint)):
+        key = tuple((k, tuple(v.shape)) for k, v in sorted(arrays.items()))
+        if key not in checked:
+            check_shapes_fit(model, {k: tuple(v.shape) for k, v in arrays.items()})
+            checked.add(key)
+        shapes = {k: list(v.shape) for k, v in arrays.items()}
+        if first_shapes is None:
+            first_shapes = shapes
+        same_shapes = same_shapes and shapes == first_shapes
+        pre = in_spec.prewritten_for(i, arrays) if isinstance(in_spec, ArraySamples) else None
+        store.add_sample(f"s{i:04d}", arrays, source=src, prewritten=pre)
+    store.meta["inputs"]["input_shapes"] = first_shapes if same_shapes else "varies by sample"
+    return first_shapes if same_shapes else None
+
+
 def _check_out_dir(out: Path, overwrite: bool) -> None:
     if out.exists():
         if not out.is_dir():
@@ -229,6 +228,15 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
             if not overwrite:
                 raise OutputPathError(f"{out} already holds a run; choose another -o or pass --overwrite "
                                       "(nothing was written)")
+    for anc in [out.parent, *out.parent.parents]:
+        if anc.exists():
+            if not anc.is_dir():
+                raise OutputPathError(f"cannot create {out}: {anc} is a file, not a folder (nothing was written)")
+            break
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputPathError(f"cannot create {out.parent}: {err.strerror or err}") from err
 
 
 @dataclass
@@ -388,9 +396,8 @@ class WorkerPool:
 
     def _start(self, store: RunStore, spec: BackendSpec, model_path: Path, input_shapes) -> dict[str, Any]:
         wdir = self.work / spec.label
-        job, job_path, log_path, status_path, python_path = make_job(store, spec, Path(model_path), self.mode,
-                                                                      input_shapes, wdir, self.work / f"{spec.label}.log",
-                                                                      self.shared)
+        job, job_path, log_path, status_path, python_path = make_job(
+            store, spec, Path(model_path), self.mode, input_shapes, wdir, self.work / f"{spec.label}.log", self.shared)
         rfd, wfd = os.pipe()
         feed_r, feed_w = os.pipe()
         with open(log_path, "ab") as log:

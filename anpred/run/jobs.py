@@ -41,7 +41,8 @@ def worker_malloc_tunables(existing: str = "") -> str:
     return ":".join([x for x in [existing] if x] + add)
 
 
-def precheck_refusals(store: RunStore, specs: list[BackendSpec], model_path: Path, progress: bool) -> dict[str, BackendStatus]:
+def precheck_refusals(store: RunStore, specs: list[BackendSpec], model_path: Path,
+                      progress: bool) -> dict[str, BackendStatus]:
     """Pre-run coverage of every backend (on the model it will run: its ``model`` option, else the
     run's), stored in ``store.meta["coverage"]`` and printed (with ``progress``). Returns the statuses
     of the backends not to start (``unsupported``, reason naming the operators)."""

@@ -60,7 +60,8 @@ def format_summary(store) -> str:
     for label, st in store.statuses().items():
         prec = f"{st.precision} ({st.precision_requested} asked)" if st.precision_differs else st.precision
         rows.append((label, st.family, st.status, prec, str(st.samples), f"{st.seconds_prepare:.2f}",
-                     f"{st.seconds_run:.2f}", f"{st.anchors_captured}/{total}", st.reason.splitlines()[0][:80] if st.reason else ""))
+                     f"{st.seconds_run:.2f}", f"{st.anchors_captured}/{total}",
+                     st.reason.splitlines()[0][:80] if st.reason else ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
