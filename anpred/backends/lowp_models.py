@@ -12,7 +12,10 @@ A *population* is the set of backends that run the **same** reduced-precision mo
 
 Both are cached with :mod:`anpred.cache` under kinds ``lowp-int8`` / ``lowp-fp16``, **not keyed by
 backend name**, so every member of a population reads the very same file (same sha256, recorded as
-``int8_model_sha256`` / ``fp16_model_sha256`` in the backend's versions).
+``int8_model_sha256`` / ``fp16_model_sha256`` in the backend's versions). In a run the conversion is
+attempted once: one that failed or hung fails every later member at once with its reason
+(:mod:`anpred.backends.shared`). A model that is already quantized (:func:`quantized_ops`) has no int8
+model: its int8 members are ``unsupported``, reason ``skipped: the model is already quantized (...)``.
 
 Members mix in :class:`PopulationMember`, which gives them:
 
