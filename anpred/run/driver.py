@@ -533,7 +533,7 @@ class WorkerPool:
         stage = "running samples" if w["prepared"] else "preparing"
         done = w.get("done", 0)
         st.samples, st.seconds_run = done, 0.0
-        if how == "memory":
+        if how == "memory" or b in self.memory.killed:  # (an idle worker of another group is watched too)
             st.status, st.reason = "failed", f"{self.memory.killed[b]} while {stage} ({done}/{n} samples done)"
             return st
         if how == "timeout":
