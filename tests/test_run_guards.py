@@ -75,6 +75,22 @@ def test_a_worker_over_its_memory_bound_is_failed_and_the_others_survive(tmp_pat
     assert store.meta["resources"]["ort"]["peak_rss_watched_bytes"] < bound
 
 
+def test_a_long_lived_worker_over_its_bound_is_failed(tmp_path):
+    """The same bound on a :class:`WorkerPool`'s workers (a streamed dataset's)."""
+    from anpred.run import run_model
+    from anpred.run.driver import WorkerPool
+    from anpred.run.limits import RunGuards
+
+    m = dilated_conv(tmp_path / "dilated.onnx")
+    with WorkerPool(tmp_path / "workers", guards=RunGuards(backend_memory=768 * MIB)) as pool:
+        store = run_model(m, ["ort", "onnx-reference"], "random:normal:n=1", tmp_path / "run", progress=False,
+                          precheck=False, pool=pool)
+    st = store.statuses()
+    assert st["ort"].status == "ok"
+    assert st["onnx-reference"].status == "failed"
+    assert st["onnx-reference"].reason.startswith("onnx-reference: exceeded the memory bound of 768 MiB per backend")
+
+
 def test_the_runs_overall_bound_stops_the_largest_worker(tmp_path):
     import psutil
 
@@ -324,7 +340,6 @@ memory_gb = 1
 """
 
 
-@pytest.mark.slow  # ~40 s: an embedded Ray
 def test_a_campaign_fails_the_backend_not_the_configuration_on_one_shape_error(tmp_path):
     """`anpred test`'s bad-input rule over all of a configuration's backends: ncnn's shape error is
     ncnn's failure, and the other backends are judged (the campaign used to fail the configuration
