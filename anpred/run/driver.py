@@ -281,10 +281,12 @@ def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str
     over = ctx.watch.killed.get(spec.label)
     stage = "running samples" if prepared else "preparing"
     if over:
-        st.status, st.reason, st.samples = "failed", f"{over} while {stage} ({done}/{n} samples done)", done
+        st.status, st.samples = "failed", done
+        st.reason = ctx.watch.reason(spec.label, f"{stage} ({done}/{n} samples done)")
     elif timed_out:
         st.status = "timeout"
-        st.reason = f"no result within {timeout_s:g} s (killed while {stage}; {done}/{n} samples done)"
+        st.reason = (f"no result within {timeout_s:g} s (killed while {stage}; {done}/{n} samples done); "
+                     "raise it with --timeout S if the backend needs longer")
         st.samples = done
     elif st.status not in ("ok", "failed", "unsupported"):
         st = lost_status(st, proc.returncode, prepared, done, n, log_path, store.sample_ids)
@@ -534,11 +536,12 @@ class WorkerPool:
         done = w.get("done", 0)
         st.samples, st.seconds_run = done, 0.0
         if how == "memory" or b in self.memory.killed:  # (an idle worker of another group is watched too)
-            st.status, st.reason = "failed", f"{self.memory.killed[b]} while {stage} ({done}/{n} samples done)"
+            st.status, st.reason = "failed", self.memory.reason(b, f"{stage} ({done}/{n} samples done)")
             return st
         if how == "timeout":
             st.status = "timeout"
-            st.reason = f"no result within {self.timeout_s:g} s (killed while {stage}; {done}/{n} samples done)"
+            st.reason = (f"no result within {self.timeout_s:g} s (killed while {stage}; {done}/{n} samples done); "
+                         "raise it with --timeout S if the backend needs longer")
             return st
         return lost_status(st, w["proc"].returncode, w["prepared"], done, n, w["log"], w.get("samples") or [])
 

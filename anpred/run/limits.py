@@ -195,6 +195,14 @@ class MemoryWatch:
     def forget(self, label: str) -> None:
         self.pids.pop(label, None)
 
+    def reason(self, label: str, stage: str) -> str:
+        """The status reason of a worker this watch killed: the bound and the RSS seen, the ``stage``
+        (e.g. ``"running samples (0/1 samples done)"``), what to do."""
+        cause = self.killed[label]
+        advice = (f"raise it with {RUN_MEMORY_ENV}=GIB" if "overall" in cause else
+                  f"raise it with --memory-bound GIB ({MEMORY_ENV}) if the model needs more")
+        return f"{cause} while {stage}; killed: {advice}"
+
     def check(self, force: bool = False) -> dict[str, str]:
         """Sample the watched workers (at most once per :attr:`interval` unless ``force``); kill the
         process group of each worker over ``backend_bytes``, and, while the run's processes together
@@ -211,15 +219,13 @@ class MemoryWatch:
         out = {}
         for b, r in rss.items():
             if r > self.backend_bytes:
-                out[b] = (f"{b}: exceeded the memory bound of {gib(self.backend_bytes)} per backend (RSS {gib(r)}); "
-                          f"killed. Raise it with --memory-bound GIB ({MEMORY_ENV}) if the model needs more")
+                out[b] = f"{b}: exceeded the memory bound of {gib(self.backend_bytes)} per backend (RSS {gib(r)})"
         live = {b: r for b, r in rss.items() if b not in out}
         driver = _tree_memory(os.getpid())[0] - sum(rss.values())  # the driver itself (its workers are its children)
         while live and driver + sum(live.values()) > self.run_bytes:
             b = max(live, key=live.get)
             out[b] = (f"{b}: exceeded the run's overall memory bound of {gib(self.run_bytes)} (the run's processes "
-                      f"together: RSS {gib(driver + sum(live.values()))}, this worker {gib(live[b])}, the largest); "
-                      f"killed. Raise it with {RUN_MEMORY_ENV}=GIB")
+                      f"together: RSS {gib(driver + sum(live.values()))}, this worker {gib(live[b])}, the largest)")
             del live[b]
         for b in out:
             try:
