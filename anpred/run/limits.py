@@ -9,10 +9,11 @@ bound is killed with its process group and its status is ``failed`` with the bou
 backends go on. The bounds are held by the driver polling the RSS of each worker's process tree with
 ``psutil`` every :data:`anpred.defaults.MEMORY_POLL_S` seconds, not by ``RLIMIT_AS`` or a cgroup:
 
-- ``RLIMIT_AS`` bounds *virtual* address space, and runtimes reserve far more of it than they touch
-  (measured on one small model, ``benchmarks/bench_memory.py``: TensorFlow, OpenVINO and onnx2tf's
-  workers map 3-20x their RSS); a bound near the memory a backend may really use would make them fail
-  to start, and one far above it would not protect the machine;
+- ``RLIMIT_AS`` bounds *virtual* address space, and runtimes reserve more of it than they touch, each
+  by its own factor (measured on one small CNN, ``benchmarks/bench_memory.py``: the workers map 2.2x
+  (tensorflow) to 5.2x (openvino) their RSS; glibc reserves a 64 MiB arena per thread, so the factor
+  grows with the cores): one limit on virtual memory is a different limit on resident memory for every
+  runtime and machine, and it cannot bound the run as a whole;
 - a cgroup needs a writable, delegated cgroup hierarchy, which a user process rarely has (on cgroup v1
   the process's own group belongs to the container or session manager).
 
@@ -40,6 +41,8 @@ __all__ = ["RunGuards", "MemoryWatch", "machine_bounds", "parse_gib", "gib", "ME
 MEMORY_ENV = "ANPRED_MEMORY_BOUND"
 RUN_MEMORY_ENV = "ANPRED_RUN_MEMORY_BOUND"
 _GIB = 1 << 30
+# Linux with CONFIG_PROC_CHILDREN (every distribution kernel): a process's children without a scan of /proc
+_PROC_CHILDREN = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
 
 
 def gib(n: float) -> str:
@@ -149,23 +152,56 @@ def machine_bounds() -> dict[str, Any]:
             "bound": int(avail * MEMORY_BOUND_SHARE)}
 
 
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and its descendants: Linux's ``/proc/<pid>/task/<tid>/children`` (no scan of every
+    process: ``psutil``'s ``children(recursive=True)`` reads all of ``/proc``, 4.5 ms a sample on this
+    busy machine against 0.3 ms), else ``psutil``."""
+    if not _PROC_CHILDREN:
+        return _psutil_descendants(pid)
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:  # ended
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+            except (OSError, ValueError):  # the thread ended meanwhile
+                continue
+    return out
+
+
+def _psutil_descendants(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+    except psutil.Error:
+        return [pid]
+
+
 def _tree_memory(pid: int) -> tuple[int, int]:
     """``(RSS, virtual size)`` in bytes of process ``pid`` and all its descendants ((0, 0) when gone)."""
     import psutil
 
-    try:
-        p = psutil.Process(pid)
-        procs = [p, *p.children(recursive=True)]
-    except psutil.Error:
-        return 0, 0
     rss = vms = 0
-    for q in procs:
+    for q in _descendants(pid):
         try:
-            mi = q.memory_info()
+            mi = psutil.Process(q).memory_info()
         except psutil.Error:  # ended between the listing and the reading
             continue
         rss, vms = rss + mi.rss, vms + mi.vms
     return rss, vms
+
+
+def _own_rss() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
 
 
 class MemoryWatch:
@@ -221,7 +257,7 @@ class MemoryWatch:
             if r > self.backend_bytes:
                 out[b] = f"{b}: exceeded the memory bound of {gib(self.backend_bytes)} per backend (RSS {gib(r)})"
         live = {b: r for b, r in rss.items() if b not in out}
-        driver = _tree_memory(os.getpid())[0] - sum(rss.values())  # the driver itself (its workers are its children)
+        driver = _own_rss()  # the run's processes: the driver and its live workers
         while live and driver + sum(live.values()) > self.run_bytes:
             b = max(live, key=live.get)
             out[b] = (f"{b}: exceeded the run's overall memory bound of {gib(self.run_bytes)} (the run's processes "
