@@ -186,6 +186,7 @@ def test_a_segfault_is_named_a_crash_of_the_library_with_its_stage(tmp_path):
     assert segv.status == "crashed" and segv.samples == 1
     # the innermost frame of faulthandler's stack: ctypes.string_at (the fault hook reads address 0)
     assert segv.reason.startswith("crash of ctypes (SIGSEGV in string_at, __init__.py:"), segv.reason
+    assert "), called from worker._fault while running sample s0001" in segv.reason
     assert "while running sample s0001 (1/3 samples done)" in segv.reason
     assert "full stack in logs/segv.log" in segv.reason
     ab = st["abort"]
@@ -355,3 +356,24 @@ def test_a_campaign_fails_the_backend_not_the_configuration_on_one_shape_error(t
     assert "shape" in rec["backends"]["ncnn"]["reason"]
     assert rec["backends"]["ort"]["run"] == "ok" and rec["backends"]["onnx-reference"]["run"] == "ok"
     assert rec["backends"]["ort"]["verdict"] in ("ok", "consistent", "reference"), rec["backends"]["ort"]
+
+
+def test_a_crash_in_a_converters_operator_module_names_the_operator(tmp_path):
+    """faulthandler's dump as Python writes it for a crash inside a converter's per-operator module
+    (the frames' format: ``File "PATH", line N in FUNC``; innermost first)."""
+    from anpred.run.outcome import crash_reason
+
+    (tmp_path / "tf.log").write_text(
+        "Fatal Python error: Segmentation fault\n\nThread 0x00007f01 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n\n'
+        "Current thread 0x00007f02 (most recent call first):\n"
+        '  File "/v/lib/python3.11/site-packages/onnx2tf/ops/Conv.py", line 80 in make_node\n'
+        '  File "/v/lib/python3.11/site-packages/onnx2tf/onnx2tf.py", line 1200 in convert\n'
+        '  File "/w/anpred/backends/tf_onnx.py", line 300 in _convert\n'
+        '  File "/w/anpred/run/worker.py", line 250 in run_job\n\nExtension modules: numpy (total: 1)\n')
+    assert crash_reason(-11, "preparing", 0, 2, tmp_path / "tf.log").startswith(
+        "crash of onnx2tf (SIGSEGV in make_node, Conv.py:80) at operator Conv, called from tf_onnx._convert while "
+        "preparing (0/2 samples done)")
+    (tmp_path / "empty.log").write_text("")
+    assert crash_reason(-6, "preparing", 0, 2, tmp_path / "empty.log").startswith(
+        "crash of the backend's native code (SIGABRT; no Python stack in the log) while preparing")

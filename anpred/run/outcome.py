@@ -126,8 +126,9 @@ def _operator_in(frames: list[tuple[str, int, str]]) -> str:
 def crash_reason(rc: int, stage: str, done: int, n: int, log_path: Path) -> str:
     """A worker killed by signal ``-rc`` named as a crash of the library it was in: the signal, the
     package and function of the innermost frame of faulthandler's stack in the worker log, the ONNX
-    operator where the stack names one, the stage (``preparing`` or ``running sample ...``) from the
-    worker's last progress, and where the full stack is."""
+    operator where the stack names one, the backend's own step that called the library (its innermost
+    ``anpred`` frame, e.g. ``ort._run_impl``), the stage (``preparing`` or ``running sample ...``) from
+    the worker's last progress, and where the full stack is."""
     try:
         sig = signal.Signals(-rc).name
     except ValueError:
@@ -142,6 +143,9 @@ def crash_reason(rc: int, stage: str, done: int, n: int, log_path: Path) -> str:
         op = _operator_in(frames)
         if op:
             where += f" at operator {op}"
+        own = next(((f, fn) for f, _, fn in frames if _library_of(f) == "anpred"), None)
+        if own is not None and _library_of(path) != "anpred":  # the step of the backend that called it
+            where += f", called from {Path(own[0]).stem}.{own[1]}"
     else:
         where = f"the backend's native code ({sig}; no Python stack in the log)"
     return (f"crash of {where} while {stage} ({done}/{n} samples done): the process died in native code, "
