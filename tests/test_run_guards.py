@@ -377,3 +377,35 @@ def test_a_crash_in_a_converters_operator_module_names_the_operator(tmp_path):
     (tmp_path / "empty.log").write_text("")
     assert crash_reason(-6, "preparing", 0, 2, tmp_path / "empty.log").startswith(
         "crash of the backend's native code (SIGABRT; no Python stack in the log) while preparing")
+
+
+def test_a_stale_attempt_of_a_process_killed_from_outside_is_attempted_again(tmp_path, monkeypatch):
+    """An attempt record whose process is gone and that no driver settled (a Ray worker killed from
+    outside, its task retried): the conversion is attempted again; a failure record refuses at once."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    import anpred.backends.shared as shared
+
+    monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(shared, "SETTLE_WAIT_S", 0.3)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    (folder / "kind-k1.attempt.json").write_text(json.dumps({"label": "a", "pid": int(gone.stdout),
+                                                             "host": socket.gethostname()}))
+    built = []
+    shared.set_scope(folder, "b")
+    try:
+        d = shared.shared_cached_dir("kind", "k1", lambda tmp: built.append((tmp / "x").write_text("1")), "the x", "p")
+        assert built and (d / "x").read_text() == "1" and not (folder / "kind-k1.attempt.json").exists()
+        shared.settle(folder, "a", "unused")  # nothing of a's is left to settle
+        assert not (folder / "kind-k1.failed.json").exists()
+        (folder / "kind-k2.failed.json").write_text(json.dumps({"label": "a", "reason": "timeout: 600 s"}))
+        with pytest.raises(Exception, match=r"the x failed once for the p population in this run \(in a: timeout"):
+            shared.shared_cached_dir("kind", "k2", lambda tmp: built.append(2), "the x", "p")
+        assert built[-1] != 2
+    finally:
+        shared.set_scope(None, None)

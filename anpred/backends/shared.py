@@ -16,9 +16,13 @@ finish. Here the run keeps a record per conversion in its *shared folder* (the r
   exception, by the driver (:func:`settle`) for a worker that ended while building it (timeout,
   memory bound, crash; the reason is that worker's status).
 
-A later member finding a failure record, or an attempt record of a process that is gone, raises
-:class:`~anpred.errors.BackendError` at once: ``"<what> failed once for the <population> population
-in this run (in <label>: <reason>); not tried again"``. Outside a worker (no shared folder set with
+A later member finding a failure record raises :class:`~anpred.errors.BackendError` at once:
+``"<what> failed once for the <population> population in this run (in <label>: <reason>); not tried
+again"``. An attempt record of a process that is gone, with no failure record after
+:data:`SETTLE_WAIT_S` (its driver settles it within a poll interval of the kill; a campaign's members
+run side by side and the next one takes the cache's lock the moment the killed one drops it), was
+left by a worker whose driver died too (a Ray worker killed from outside, then retried): it is
+removed and the conversion attempted again. Outside a worker (no shared folder set with
 :func:`set_scope`) the conversion is a plain :func:`anpred.cache.cached_dir`.
 """
 
@@ -27,12 +31,17 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Callable
 
 from anpred.errors import BackendError
 
-__all__ = ["set_scope", "shared_cached_dir", "settle"]
+__all__ = ["set_scope", "shared_cached_dir", "settle", "SETTLE_WAIT_S"]
+
+#: seconds a member waits for the driver of a killed builder to record its failure (the driver's
+#: watch loop polls every 0.2 s, anpred.defaults.MEMORY_POLL_S, and settles right after the kill)
+SETTLE_WAIT_S = 5.0
 
 _scope: dict[str, str | None] = {"dir": None, "label": None}
 
@@ -90,11 +99,14 @@ def shared_cached_dir(kind: str, key: str, build: Callable[[Path], None], what: 
 
     def check() -> None:
         rec = _read(failed)
+        if rec is None and (att := _read(attempt)) is not None and not _alive(att):
+            deadline = time.monotonic() + SETTLE_WAIT_S
+            while rec is None and time.monotonic() < deadline:  # its driver records why it was killed
+                time.sleep(0.1)
+                rec = _read(failed)
+            if rec is None:  # no driver recorded a failure: a stale record of a process killed from outside
+                attempt.unlink(missing_ok=True)
         if rec is not None:
-            raise _refuse(what, population, rec)
-        rec = _read(attempt)
-        if rec is not None and not _alive(rec):
-            rec["reason"] = rec.get("reason") or "its worker ended before the conversion finished"
             raise _refuse(what, population, rec)
 
     def guarded(tmp: Path) -> None:  # runs under the cache's lock, only when the entry is not built

@@ -258,6 +258,8 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
             envs = _environments(campaign, todo)
             for c in todo:
                 state[c.id] = {"prep": None, "statuses": {}, "lost": {}}
+                # a shared conversion that failed in an earlier invocation is attempted again in this one
+                shutil.rmtree(out / ".work" / c.id / "shared", ignore_errors=True)
                 pending[prep_r.remote(c, str(out / ".work" / c.id), paths)] = ("prepare", c, None)
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1)
@@ -345,7 +347,8 @@ def _inputs_misfit(statuses: dict[str, dict[str, Any]]) -> str | None:
     from anpred.run.outcome import inputs_misfit
 
     keys = {f.name for f in fields(BackendStatus)}  # (a task adds its own keys, e.g. task_seconds)
-    return inputs_misfit(BackendStatus.from_dict({k: v for k, v in d.items() if k in keys}) for d in statuses.values())
+    return inputs_misfit(BackendStatus.from_dict({k: v for k, v in d.items() if k in keys})
+                         for d in statuses.values())
 
 
 def _atomic_json(path: Path, obj: Any) -> None:
