@@ -140,7 +140,7 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
         for s in specs:
             if "model" in s.options:
                 store.meta["backend_specs"][s.label]["model_sha256"] = sha256_file(s.options["model"])
-        store.meta["memory_bounds"] = guards.describe()
+        store.meta["memory_bounds"] = watch.record
         store.save_meta()
         shared = Path(guards.shared_dir) if guards.shared_dir else tmp / ".work" / "shared"
         refused = precheck_refusals(store, specs, run_model_path, progress) if precheck else {}

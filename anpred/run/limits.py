@@ -84,28 +84,24 @@ class RunGuards:
     bad_input_rule: bool = True
     shared_dir: str | None = None
 
-    def resolved(self) -> "RunGuards":
-        """A copy with both memory bounds in bytes (raises AnpredError on a malformed environment value)."""
-        auto = None
+    def resolved(self, machine: dict[str, Any] | None = None) -> "RunGuards":
+        """A copy with both memory bounds in bytes; ``machine``: :func:`machine_bounds` when already
+        read (else read here if a bound needs it). Raises AnpredError on a malformed environment value."""
         vals = []
         for given, env in ((self.backend_memory, MEMORY_ENV), (self.run_memory, RUN_MEMORY_ENV)):
             if given is None and os.environ.get(env):
                 given = parse_gib(os.environ[env], env)
             if given is None:
-                auto = auto or machine_bounds()["bound"]
-                given = auto
+                machine = machine or machine_bounds()
+                given = machine["bound"]
             vals.append(int(given))
         return RunGuards(vals[0], vals[1], self.bad_input_rule, self.shared_dir)
 
-    def describe(self) -> dict[str, Any]:
-        """What ``run.json`` records (``memory_bounds``): both bounds, where they came from, the machine."""
-        src = {"backend_memory": "given" if self.backend_memory is not None else
-               ("environment" if os.environ.get(MEMORY_ENV) else "machine"),
-               "run_memory": "given" if self.run_memory is not None else
-               ("environment" if os.environ.get(RUN_MEMORY_ENV) else "machine")}
-        r = self.resolved()
-        return {"backend_bytes": r.backend_memory, "run_bytes": r.run_memory, "source": src,
-                "machine": machine_bounds()}
+    def sources(self) -> dict[str, str]:
+        """Where each bound comes from: ``given`` (this object), ``environment``, ``machine``."""
+        return {k: "given" if v is not None else ("environment" if os.environ.get(env) else "machine")
+                for k, v, env in (("backend_memory", self.backend_memory, MEMORY_ENV),
+                                  ("run_memory", self.run_memory, RUN_MEMORY_ENV))}
 
 
 def _cgroup_room() -> tuple[int | None, str]:
@@ -215,8 +211,13 @@ class MemoryWatch:
     def __init__(self, guards: RunGuards | None = None):
         from anpred.defaults import MEMORY_POLL_S
 
-        g = (guards or RunGuards()).resolved()
+        guards = guards or RunGuards()
+        machine = machine_bounds()
+        g = guards.resolved(machine)
         self.backend_bytes, self.run_bytes = int(g.backend_memory), int(g.run_memory)
+        #: what ``run.json`` records as ``memory_bounds``: both bounds, their sources, the machine's figure
+        self.record = {"backend_bytes": self.backend_bytes, "run_bytes": self.run_bytes, "source": guards.sources(),
+                       "machine": machine}
         self.interval = MEMORY_POLL_S
         self.pids: dict[str, int] = {}
         self.peak: dict[str, int] = {}
