@@ -114,20 +114,20 @@ def _cgroup_room() -> tuple[int | None, str]:
     for ln in lines:
         hid, ctrl, path = (ln.split(":", 2) + ["", ""])[:3]
         if hid == "0" and ctrl == "":  # cgroup v2
-            base = Path("/sys/fs/cgroup") / path.lstrip("/")
-            lim, use = base / "memory.max", base / "memory.current"
+            root, names = Path("/sys/fs/cgroup"), ("memory.max", "memory.current")
         elif "memory" in ctrl.split(","):  # cgroup v1
-            base = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-            lim, use = base / "memory.limit_in_bytes", base / "memory.usage_in_bytes"
+            root, names = Path("/sys/fs/cgroup/memory"), ("memory.limit_in_bytes", "memory.usage_in_bytes")
         else:
             continue
-        try:
-            text = lim.read_text().strip()
-            if text == "max" or int(text) >= 1 << 60:  # v1 writes "no limit" as a page-rounded 2^63
+        # the group's folder; in a container whose cgroup namespace is not its own, the mount's root is it
+        for base in (root / path.lstrip("/"), root):
+            try:
+                text = (base / names[0]).read_text().strip()
+                if text == "max" or int(text) >= 1 << 60:  # v1 writes "no limit" as a page-rounded 2^63
+                    break
+                return max(0, int(text) - int((base / names[1]).read_text().strip())), str(base / names[0])
+            except (OSError, ValueError):
                 continue
-            return max(0, int(text) - int(use.read_text().strip())), str(lim)
-        except (OSError, ValueError):
-            continue
     return None, ""
 
 
