@@ -73,6 +73,12 @@ def test_a_worker_over_its_memory_bound_is_failed_and_the_others_survive(tmp_pat
     assert run.meta["memory_bounds"]["backend_bytes"] == bound
     assert run.meta["memory_bounds"]["source"]["backend_memory"] == "given"
     assert store.meta["resources"]["ort"]["peak_rss_watched_bytes"] < bound
+    # the report judges the others and says why onnx-reference is not judged
+    from anpred.judge import check_run
+
+    rep = check_run(tmp_path / "run", allow_incomplete=True)
+    assert "ort" in rep.verdicts and rep.verdicts["openvino"].judged_anchors == 1
+    assert "exceeded the memory bound of 768 MiB" in rep.unjudged_backends["onnx-reference"]
 
 
 def test_a_long_lived_worker_over_its_bound_is_failed(tmp_path):
