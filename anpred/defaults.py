@@ -95,6 +95,21 @@ REFERENCE_PRIORITY = ("onnx-reference", "ort-noopt", "ort", "torch-native", "tor
                       # float16 arithmetic per operation), not an optimized kernel library's fusions
                       "onnx-reference-int8", "ort-int8-noopt", "onnx-reference-fp16", "ort-fp16-noopt")
 
+#: Memory bounds of a run (:mod:`anpred.run.limits`, docs/run.md "Memory bounds"): the share of the
+#: memory available when a run starts (the smaller of MemAvailable and the room under the process's
+#: cgroup limit) that one backend worker's process tree, and the run's processes together, may hold
+#: (RSS) by default. Not a verdict threshold: it decides only when a runaway worker is stopped. The
+#: rest (20 %) is left to the machine's other processes and the page cache the run's tensor files
+#: go through. Sensitivity: one small CNN's workers peak at 38-547 MiB RSS (docs/run.md "Memory
+#: bounds"; YOLOv8n's ort worker 209 MiB at 640 px), so with 2 GiB available the default (1.6 GiB)
+#: stops none of them; at a share of 0.4, tf/litert (547 MiB) would be stopped below ~1.4 GiB available.
+MEMORY_BOUND_SHARE = 0.8
+#: Seconds between two samples of the workers' RSS by the driver (:class:`anpred.run.limits.MemoryWatch`):
+#: a worker can grow past its bound for at most this long before it is killed (measured overshoot
+#: 4-66 MiB on a worker allocating ~1.6 GB at once, docs/run.md); one sample of a worker's process
+#: tree costs 0.09 ms of the driver's CPU (0.05 % of a core at this interval).
+MEMORY_POLL_S = 0.2
+
 
 @dataclass
 class OracleConfig:

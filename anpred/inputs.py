@@ -48,6 +48,7 @@ import numpy as np
 
 from anpred.errors import InputError
 from anpred.onnx_io import elem_type_name
+from anpred.tensorfile import c_contiguous
 
 __all__ = ["IMAGE_EXTS", "ARRAY_EXTS", "input_files", "DISTRIBUTIONS", "PREPROCESS", "IMAGENET_MEAN", "IMAGENET_STD",
            "LETTERBOX_PAD", "ModelInput", "model_inputs", "default_images_dir", "InputSpec", "ArraySamples",
@@ -380,7 +381,7 @@ def check_sample(arrays: dict[str, np.ndarray], inputs: list[ModelInput],
                 a = a.astype(want)
             else:
                 raise InputError(f"input {inp.name!r}: dtype {a.dtype} cannot feed the model's {want}")
-        out[inp.name] = np.ascontiguousarray(a)
+        out[inp.name] = c_contiguous(a)
     return out
 
 

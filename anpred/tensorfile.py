@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SAFETENSORS_DTYPES", "storable", "write_safetensors", "read_safetensors", "array_file_keys", "read_array_file"]
+__all__ = ["SAFETENSORS_DTYPES", "c_contiguous", "storable", "write_safetensors", "read_safetensors", "array_file_keys", "read_array_file"]
 
 #: numpy dtype -> safetensors dtype string (safetensors spec; little-endian only; bfloat16 as an
 #: ``ml_dtypes`` array). Arrays of any other dtype (big-endian, float8, complex, strings, objects)
@@ -59,6 +59,14 @@ _ORDER_KEY = "anpred.order"
 _CACHE_MAX = 256 << 20  # larger staging buffers are not kept after the write
 _local = threading.local()
 _direct_refused: set[int] = set()  # st_dev of file systems that refused O_DIRECT
+
+
+def c_contiguous(a, dtype=None) -> np.ndarray:
+    """``a`` as a C-contiguous ndarray (of ``dtype`` when given) **of the same rank**: a 0-d (scalar)
+    array stays 0-d. Use it instead of ``np.ascontiguousarray``, which returns at least 1-d (numpy's
+    documented behaviour): a scalar graph input fed as ``[1]`` fails on every runtime that checks the
+    input's shape (OpenVINO, TVM, ncnn, TensorFlow, LiteRT on ONNX's ``clip_splitbounds``)."""
+    return np.require(np.asarray(a, dtype=dtype), requirements="C")
 
 
 def storable(arrays: dict[str, np.ndarray]) -> bool:

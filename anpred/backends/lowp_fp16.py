@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from anpred.errors import BackendError
+from anpred.tensorfile import c_contiguous
 
 __all__ = ["FP16_EXTRA_OP_BLOCK_LIST", "MAX_NODE_RETRIES", "FP16_RECIPE", "fp16_model", "validation_inputs",
            "validate_onnxruntime", "failing_node", "sample_digest"]
@@ -96,7 +97,7 @@ def sample_digest(sample: "str | Path | dict[str, np.ndarray] | None") -> str:
         h.update(Path(sample).read_bytes())
     else:
         for k in sorted(sample):
-            a = np.ascontiguousarray(sample[k])
+            a = c_contiguous(sample[k])
             h.update(f"{k}|{a.dtype}|{a.shape}".encode())
             h.update(a.tobytes())
     return h.hexdigest()
@@ -274,12 +275,14 @@ def fp16_model(model_path: str | Path, sample_inputs: "str | Path | dict[str, np
 
     Cache: :func:`anpred.cache.cached_dir` kind ``lowp-fp16``, key = model content, both converters'
     versions, :data:`FP16_RECIPE`, the extra block list, the validation sample's sha256. Not keyed by
-    backend: every member of the fp16 population reads the same file.
+    backend: every member of the fp16 population reads the same file. In a run's worker it is
+    attempted once per run (:func:`anpred.backends.shared.shared_cached_dir`).
 
     Raises:
-        BackendError: unreadable model or no attempt succeeded.
+        BackendError: unreadable model or no attempt succeeded, now or earlier in this run.
     """
-    from anpred.cache import cache_key, cached_dir
+    from anpred.backends.shared import shared_cached_dir
+    from anpred.cache import cache_key
     from anpred.onnx_io import load_model, save_model, sha256_file
 
     model_path = Path(model_path)
@@ -298,7 +301,8 @@ def fp16_model(model_path: str | Path, sample_inputs: "str | Path | dict[str, np
         save_model(m16, tmp / "model.onnx")
         (tmp / "record.json").write_text(json.dumps(record, indent=1))
 
-    d = cached_dir("lowp-fp16", key, build)
+    # once per run for every member (anpred.backends.shared): a conversion that failed or hung is not started again
+    d = shared_cached_dir("lowp-fp16", key, build, "the float16 conversion", "fp16")
     record = json.loads((d / "record.json").read_text())
     record["fp16_model_sha256"] = sha256_file(d / "model.onnx")
     return d / "model.onnx", record

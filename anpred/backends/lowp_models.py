@@ -12,7 +12,10 @@ A *population* is the set of backends that run the **same** reduced-precision mo
 
 Both are cached with :mod:`anpred.cache` under kinds ``lowp-int8`` / ``lowp-fp16``, **not keyed by
 backend name**, so every member of a population reads the very same file (same sha256, recorded as
-``int8_model_sha256`` / ``fp16_model_sha256`` in the backend's versions).
+``int8_model_sha256`` / ``fp16_model_sha256`` in the backend's versions). In a run the conversion is
+attempted once: one that failed or hung fails every later member at once with its reason
+(:mod:`anpred.backends.shared`). A model that is already quantized (:func:`quantized_ops`) has no int8
+model: its int8 members are ``unsupported``, reason ``skipped: the model is already quantized (...)``.
 
 Members mix in :class:`PopulationMember`, which gives them:
 
@@ -48,7 +51,8 @@ from anpred.backends.lowp_fp16 import fp16_model, record_of
 from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 
-__all__ = ["INT8_RECIPE", "int8_model", "int8_record", "fp16_model", "model_precision", "anchor_quant_steps",
+__all__ = ["INT8_RECIPE", "QUANTIZED_OPS", "AlreadyQuantized", "quantized_ops", "int8_model", "int8_record",
+           "fp16_model", "model_precision", "anchor_quant_steps",
            "faulted_model", "PopulationMember"]
 
 #: the int8 recipe (part of the cache key; today's ``ort-int8`` recipe)
@@ -79,6 +83,34 @@ class _CalibrationReader:
         return read_array_file(f)
 
 
+#: operators of a model that is already quantized (ONNX's and ONNX Runtime's ``com.microsoft`` domain);
+#: besides these, every ``QLinear*`` and ``DynamicQuantize*`` operator
+QUANTIZED_OPS = ("QuantizeLinear", "DequantizeLinear", "MatMulInteger", "ConvInteger", "MatMulIntegerToFloat",
+                 "QGemm", "QAttention", "QEmbedLayerNormalization", "QOrderedMatMul")
+
+
+class AlreadyQuantized(BackendError):
+    """The int8 population was asked to quantize a model that is already quantized (its message starts
+    with ``skipped:``; the worker records the member as ``unsupported`` with it: ``skipped``)."""
+
+    skipped = True
+
+
+def quantized_ops(model_path: str | Path) -> dict[str, int]:
+    """``{op type: count}`` of the quantized operators (:data:`QUANTIZED_OPS`, ``QLinear*``,
+    ``DynamicQuantize*``) in the model at ``model_path``, subgraphs included; empty for a float model."""
+    import collections
+
+    import onnx
+
+    from anpred.onnx_io import iter_graphs
+
+    m = onnx.load(str(model_path), load_external_data=False)
+    found = collections.Counter(n.op_type for g in iter_graphs(m.graph) for n in g.node
+                                if n.op_type in QUANTIZED_OPS or n.op_type.startswith(("QLinear", "DynamicQuantize")))
+    return dict(sorted(found.items()))
+
+
 def int8_model(model_path: str | Path, calibration_files: list[str], max_calibration: int = 32) -> Path:
     """The static QDQ int8 model of ``model_path`` (recipe in the module docstring), cached.
 
@@ -91,10 +123,19 @@ def int8_model(model_path: str | Path, calibration_files: list[str], max_calibra
         path of ``model.onnx`` in the cache (``record.json`` beside it: :func:`int8_record`).
 
     Raises:
-        BackendError: no calibration files, or the quantizer failed (its error text included).
+        AlreadyQuantized: the model holds quantized operators (:func:`quantized_ops`): there is no
+            float model to quantize; the member's status is ``unsupported``, reason ``skipped: ...``.
+        BackendError: no calibration files, or the quantizer failed (its error text included), now or
+            earlier in this run (:func:`anpred.backends.shared.shared_cached_dir`).
     """
-    from anpred.cache import cache_key, cached_dir
+    from anpred.backends.shared import shared_cached_dir
+    from anpred.cache import cache_key
 
+    found = quantized_ops(model_path)
+    if found:
+        ops = ", ".join(f"{k}:{v}" for k, v in found.items())
+        raise AlreadyQuantized(f"skipped: the model is already quantized ({ops}); the int8 population quantizes "
+                               "a float model (quantize_static), which this is not")
     files = [str(f) for f in calibration_files][: int(max_calibration)]
     if not files:
         raise BackendError("the int8 model needs calibration inputs (options['calibration']: .safetensors/.npz "
@@ -123,7 +164,8 @@ def int8_model(model_path: str | Path, calibration_files: list[str], max_calibra
             "int8_recipe": "QDQ, activations uint8, weights int8, per-tensor, MinMax",
             "int8_calibration_samples": str(len(files))}, indent=1))
 
-    return cached_dir("lowp-int8", key, build) / "model.onnx"
+    # once per run for every member (anpred.backends.shared): a quantization that failed is not started again
+    return shared_cached_dir("lowp-int8", key, build, "the int8 quantization (QDQ)", "int8") / "model.onnx"
 
 
 def int8_record(path: str | Path) -> dict[str, str]:

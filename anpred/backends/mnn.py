@@ -88,6 +88,7 @@ from anpred.backends.ort import output_anchor_map
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
 from anpred.onnx_io import model_ops
+from anpred.tensorfile import c_contiguous
 
 FORMAT = "anpred.mnn/3"  # 2: one-element constants of binary ops made scalars (anpred.backends.mnn_prepare); 3: unsupported recurrent variants unrolled
 CONVERTER_ARGS = ("--useGeluApproximation", "0", "--alignDenormalizedValue", "0")
@@ -290,7 +291,7 @@ class MnnBackend(Backend):
     def _feed(self, gi, x: np.ndarray):
         F = self._F
         if x.dtype.kind == "f" or x.dtype.name == "bfloat16":
-            return F.const(np.ascontiguousarray(x, np.float32), list(x.shape), F.NCHW, F.float)
+            return F.const(c_contiguous(x, np.float32), list(x.shape), F.NCHW, F.float)
         if x.dtype == np.uint8:
             return F.const(x, list(x.shape), F.NCHW, F.uint8)
         if x.dtype.kind in "iub":
@@ -298,7 +299,7 @@ class MnnBackend(Backend):
             if not np.array_equal(y, x):
                 raise InputError(f"backend mnn: input {gi.name!r}: values outside int32, which MNN computes "
                                  f"{x.dtype} tensors in")
-            return F.const(np.ascontiguousarray(y), list(x.shape), F.NCHW, F.int)
+            return F.const(c_contiguous(y), list(x.shape), F.NCHW, F.int)
         raise InputError(f"backend mnn: input {gi.name!r} of dtype {x.dtype} cannot be fed to MNN")
 
     def _run_impl(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,21 +1,29 @@
 """Inputs and outputs of backends that compile or convert an ONNX graph into another runtime's own
 model (``tvm``, ``mnn``): the graph's real inputs, their concrete shapes, and the dtype an anchor is
-returned in.
+returned in; what their native library writes to stderr while loading (:func:`native_stderr`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import sys
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
 
 from anpred.errors import BackendError, InputError
 from anpred.onnx_io import real_inputs
+from anpred.tensorfile import c_contiguous
 # the shape folding is a graph pass (passes.fold_shapes, shared with passes.bind_inputs), re-exported here
 from passes.fold_shapes import FOLD_MAX_ELEMENTS, FOLD_ROUNDS, fold_shape_computations
 
 __all__ = ["GraphInput", "graph_inputs", "concrete_shapes", "check_sample", "as_declared", "fold_shape_computations",
-           "FOLD_MAX_ELEMENTS", "FOLD_ROUNDS"]
+           "FOLD_MAX_ELEMENTS", "FOLD_ROUNDS", "native_stderr", "decisive_line"]
+
+_DECISIVE = re.compile(r"fail|error|invalid|cannot|can't|unsupported|not supported|unknown|mismatch", re.I)
 
 
 @dataclass
@@ -77,7 +85,7 @@ def check_sample(backend: str, inputs: dict[str, np.ndarray], graph: list[GraphI
     for gi in graph:
         if gi.name not in inputs:
             raise InputError(f"backend {backend}: missing input {gi.name!r}")
-        x = np.ascontiguousarray(inputs[gi.name])
+        x = c_contiguous(inputs[gi.name])
         want = (shapes or {}).get(gi.name)
         if want is not None and list(x.shape) != want:
             raise InputError(f"backend {backend}: input {gi.name!r} has shape {list(x.shape)}, but the model was "
@@ -104,3 +112,34 @@ def as_declared(y: np.ndarray, dtype: str) -> tuple[np.ndarray, str]:
     if y.dtype.kind == "f" and want.kind == "f" and want.itemsize < y.dtype.itemsize:
         return y.astype(want), f"computed in {y.dtype.name}, rounded to the declared {dtype}"
     return y, f"returned as {y.dtype.name}; the graph declares {dtype}"
+
+
+@contextlib.contextmanager
+def native_stderr():
+    """Capture what native code writes to file descriptor 2 during the block (a C library's
+    ``fprintf(stderr, ...)``, which Python's ``sys.stderr`` never sees): yields a list that holds the
+    captured lines after the block. The text is written on to the real stderr as well, so the worker
+    log keeps it. Used to put a library's own reason into a status (ncnn's ``layer load_model 2 empty
+    failed``)."""
+    lines: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read().decode(errors="replace")
+            os.write(2, text.encode())
+            lines.extend(ln.strip() for ln in text.splitlines() if ln.strip())
+
+
+def decisive_line(lines: list[str]) -> str:
+    """The line of a native library's output that says what went wrong: the last one naming a failure
+    or an error, else the last line; '' for none."""
+    hits = [ln for ln in lines if _DECISIVE.search(ln)]
+    return (hits or lines or [""])[-1][:300]

@@ -67,10 +67,12 @@ from typing import Any
 import numpy as np
 
 from anpred.backends.base import AnchorCapture, Backend
+from anpred.backends.native_io import decisive_line, native_stderr
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
 
-FORMAT = "anpred.ncnn_pnnx/2"  # 2: integer inputs fed as float32 and cast back in the graph
+# 2: integer inputs fed as float32 and cast back in the graph; 3: empty Concat inputs dropped
+FORMAT = "anpred.ncnn_pnnx/3"
 PNNX_MAX_IR = 13  # the IR version of the onnxruntime pnnx embeds (1.30)
 _LOWP_FLAGS = ("use_fp16_packed", "use_fp16_storage", "use_fp16_arithmetic", "use_bf16_packed", "use_bf16_storage",
                "use_int8_inference", "use_int8_packed", "use_int8_storage", "use_int8_arithmetic")
@@ -170,6 +172,9 @@ class NcnnBackend(Backend):
         _float_for_int_inputs(model, getattr(self, "int_inputs", {}))
         _add_unit_batch(model, unbatched)
         _batch_gathers_as_squeeze(model)
+        from passes.empty_inputs import drop_empty_concat_inputs
+
+        drop_empty_concat_inputs(model)  # ncnn cannot load a zero-size MemoryData (exact: they add nothing)
         onnx.save(model, str(out / "model.onnx"))
         arg = ",".join("[" + ",".join(str(s) for s in ([1] if n in unbatched else []) + list(shapes[n])) + "]f32"
                        for n in shapes)
@@ -259,9 +264,13 @@ class NcnnBackend(Backend):
             setattr(opt, k, v)
         if self.options.get("threads"):
             opt.num_threads = int(self.options["threads"])
-        if net.load_param(str(self.cache_dir / "model.ncnn.param")) != 0 or \
-                net.load_model(str(self.cache_dir / "model.ncnn.bin")) != 0:
-            raise BackendError(f"ncnn: cannot load the converted model in {self.cache_dir}")
+        with native_stderr() as said:  # ncnn names the layer it could not load on stderr only
+            loaded = net.load_param(str(self.cache_dir / "model.ncnn.param")) == 0 and \
+                net.load_model(str(self.cache_dir / "model.ncnn.bin")) == 0
+        if not loaded:
+            why = decisive_line(said) or "no message from ncnn"
+            raise BackendError(f"ncnn: cannot load the converted model: {why} (ncnn {ncnn.__version__}; the "
+                               f"converted model.ncnn.param/.bin are in {self.cache_dir}: remove it to convert again)")
         self.net = net
 
     def anchor_info(self) -> dict[str, AnchorCapture]:

@@ -22,6 +22,7 @@ from anpred.backends.base import AnchorCapture, Backend
 from anpred.backends.torch_native import origin_factory
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
+from anpred.tensorfile import c_contiguous
 
 BACKEND = "tf-native"
 
@@ -101,7 +102,7 @@ class TfNativeBackend(Backend):
                     fits = True
             if not fits:
                 raise InputError(f"{self.name}: input {n!r} has shape {x.shape}; Keras input {kname!r} expects {kshape}")
-            feed.append(np.ascontiguousarray(x))
+            feed.append(c_contiguous(x))
         return feed
 
     def _run_impl(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -75,6 +75,7 @@ from anpred.backends.tf_prepare import prepare_for_onnx2tf
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
 from anpred.onnx_io import elem_type_name
+from anpred.tensorfile import c_contiguous
 
 FORMAT = "anpred.tf_onnx/6"  # 2: onnxsim found (scripts folder on PATH); 3: Constant nodes -> initializers;
 # 4: control flow inlined, recurrent layers unrolled, outputs renamed (prepare_for_onnx2tf); 5: multi-axis Slices split; 6: node names TF-safe
@@ -432,7 +433,7 @@ class TfOnnxBackend(Backend):
             perm = self._input_perm[inp["name"]]
             if perm is not None:
                 x = np.transpose(x, perm)
-            args.append(_feed(inp["name"], np.ascontiguousarray(x), self._input_dtype.get(inp["name"]), self.name))
+            args.append(_feed(inp["name"], c_contiguous(x), self._input_dtype.get(inp["name"]), self.name))
         outs = self._invoke(args)
         result = {}
         assert self.manifest is not None

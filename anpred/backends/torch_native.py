@@ -22,6 +22,7 @@ import numpy as np
 from anpred.backends.base import AnchorCapture, Backend
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
+from anpred.tensorfile import c_contiguous
 from exporters.mapping import shape_matches
 
 BACKEND = "torch-native"
@@ -198,7 +199,7 @@ class TorchNativeBackend(Backend):
         missing = [n for n in names if n not in inputs]
         if missing:
             raise InputError(f"{self.name}: missing input(s) {', '.join(missing)}; model inputs: {', '.join(names)}")
-        args = tuple(torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in names)
+        args = tuple(torch.from_numpy(c_contiguous(inputs[n])) for n in names)
         got = self._forward(args)
         for name in list(got):  # capture-time check: never return a tensor of another shape
             if not shape_matches(got[name].shape, self._shapes.get(name)):

@@ -50,6 +50,7 @@ from anpred.backends.base import AnchorCapture, Backend
 from anpred.backends.lowp_models import PopulationMember
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
+from anpred.tensorfile import c_contiguous
 
 
 def to_torch(x: np.ndarray):
@@ -57,7 +58,7 @@ def to_torch(x: np.ndarray):
     stored by npz) goes through its uint16 bits, which ``torch.from_numpy`` cannot take directly."""
     import torch
 
-    a = np.ascontiguousarray(x)
+    a = c_contiguous(x)
     if a.dtype.name == "bfloat16" or (a.dtype.kind == "V" and a.dtype.itemsize == 2):
         return torch.from_numpy(a.view(np.uint16).view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
@@ -373,7 +374,7 @@ class TorchFp16Backend(PopulationMember, TorchOnnxBackend):
                         where["node"], where["op"] = n.target, type(gm.get_submodule(n.target)).__name__
                     raise
 
-        args = [torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in self._input_names]
+        args = [torch.from_numpy(c_contiguous(inputs[n])) for n in self._input_names]
         try:
             with torch.inference_mode():
                 _Find(gm).run(*args)

@@ -94,7 +94,9 @@ from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 from anpred.onnx_io import model_ops
 
-FORMAT = "anpred.tvm_relax/4"  # 2: shape computations folded at the concrete shapes; 3: repeated; 4: recurrent unrolled
+# 2: shape computations folded at the concrete shapes; 3: repeated; 4: recurrent unrolled;
+# 5: empty Concat inputs dropped, the exported library checked to load back
+FORMAT = "anpred.tvm_relax/5"
 #: ops the Relax importer handles itself, outside the converter table (``_construct_nodes``)
 DIRECT_OPS = ("If",)
 LIBRARY = "model.so"
@@ -182,6 +184,7 @@ class TvmBackend(Backend):
         self.seconds_compile = 0.0
         self.shape_nodes_folded = 0
         self.unrolled = 0
+        self.empty_inputs_dropped = 0
 
     def _versions_impl(self) -> dict[str, str]:
         import tvm
@@ -193,6 +196,7 @@ class TvmBackend(Backend):
             v["tvm_cache"] = self.cache_note or ("hit" if self.cache_hit else "compiled")
             v["tvm_shape_nodes_folded"] = str(self._meta.get("shape_nodes_folded", 0))
             v["tvm_unrolled"] = str(self._meta.get("unrolled", 0))
+            v["tvm_empty_inputs_dropped"] = str(self._meta.get("empty_inputs_dropped", 0))
         return v
 
     # ---- compilation ------------------------------------------------------------------------
@@ -224,6 +228,10 @@ class TvmBackend(Backend):
                                    "unrolled: " + "; ".join(f"{k}: {v}" for k, v in info["kept"].items()))
             self.unrolled = len(info["unrolled"])
         model, self.shape_nodes_folded = fold_shape_computations(model, shapes)
+        from passes.empty_inputs import drop_empty_concat_inputs
+
+        # its exported library cannot hold a zero-size constant (it does not load back); they add nothing
+        self.empty_inputs_dropped = drop_empty_concat_inputs(model)
         log = io.StringIO()
         try:
             with warnings.catch_warnings(), contextlib.redirect_stdout(log):
@@ -267,22 +275,34 @@ class TvmBackend(Backend):
             meta["seconds_compile"] = round(self.seconds_compile, 3)
             meta["shape_nodes_folded"] = self.shape_nodes_folded
             meta["unrolled"] = self.unrolled
+            meta["empty_inputs_dropped"] = self.empty_inputs_dropped
 
             def build(tmp: Path) -> None:
                 exe.export_library(str(tmp / LIBRARY))
+                try:  # cache only a library that loads back (one that does not would fail every later run)
+                    tvm.runtime.load_module(str(tmp / LIBRARY))
+                except Exception as err:  # noqa: BLE001 - TVM raises its own error types
+                    raise BackendError(_reload_failure(err)) from err
                 (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
 
             try:
                 self.cache_dir = cached_dir("tvm", key, build)
+            except BackendError as err:
+                self.cache_note = f"not cached: {err}; run from the executable compiled in memory"
             except Exception as err:  # noqa: BLE001 - no C++ compiler/linker: run uncached
                 self.cache_note = f"not cached: export_library failed ({type(err).__name__}: {_first_line(str(err))})"
         else:
             self.cache_dir = final
+        self._lib = exe
         if self.cache_dir is not None:
             meta = json.loads((self.cache_dir / "meta.json").read_text())
-            self._lib = tvm.runtime.load_module(str(self.cache_dir / LIBRARY))
-        else:
-            self._lib = exe
+            try:
+                self._lib = tvm.runtime.load_module(str(self.cache_dir / LIBRARY))
+            except Exception as err:  # noqa: BLE001 - a cached library that does not load: compiled anew, in memory
+                self.cache_note = (f"the cached library in {self.cache_dir} does not load: {_reload_failure(err)}; "
+                                   "compiled again in memory (remove that folder to cache it anew)")
+                self.cache_dir, self.cache_hit = None, False
+                self._lib = self._compile(model, shapes, target)
         self._meta = meta
         self._vm = relax.VirtualMachine(self._lib, tvm.cpu())
         fetch, self._captures = output_anchor_map(meta["outputs"], manifest)
@@ -324,6 +344,17 @@ def _to_numpy(v) -> np.ndarray:
     if hasattr(v, "numpy"):
         return np.array(v.numpy(), copy=True)
     return np.asarray([int(d) for d in v], dtype=np.int64)
+
+
+def _reload_failure(err: BaseException) -> str:
+    """Why an exported Relax library does not load back, in words: TVM's ``Tensor::Load`` fails
+    (``Invalid DLTensor file format``) on a constant it wrote itself when it cannot read it back; the
+    zero-size constant of an empty tensor does that (:mod:`passes.empty_inputs`)."""
+    text = _first_line(str(err))
+    if "Invalid DLTensor file format" in str(err):
+        return ("the exported library does not load back (TVM's Tensor::Load: 'Invalid DLTensor file format', "
+                "a constant TVM wrote but cannot read back, e.g. a zero-size tensor)")
+    return f"the exported library does not load back ({type(err).__name__}: {text})"
 
 
 def _first_line(text: str, limit: int = 300) -> str:

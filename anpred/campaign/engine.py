@@ -258,6 +258,8 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
             envs = _environments(campaign, todo)
             for c in todo:
                 state[c.id] = {"prep": None, "statuses": {}, "lost": {}}
+                # a shared conversion that failed in an earlier invocation is attempted again in this one
+                shutil.rmtree(out / ".work" / c.id / "shared", ignore_errors=True)
                 pending[prep_r.remote(c, str(out / ".work" / c.id), paths)] = ("prepare", c, None)
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1)
@@ -289,7 +291,7 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
                         if res.get("gpus"):
                             opts["num_gpus"] = res["gpus"]
                         r = run_r.options(**opts).remote(cfg, b, str(out / ".work" / cfg.id), value, envp,
-                                                         campaign.timeout_s, paths)
+                                                         campaign.timeout_s, paths, campaign.memory_bound_gb)
                         pending[r] = ("run", cfg, b)
                 elif step == "run":
                     if err is None:
@@ -313,6 +315,10 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
                     if st["lost"]:  # a lost backend fails the configuration; finished runs are kept for a re-run
                         fail(cfg, "run", "; ".join(f"{b}: {r}" for b, r in st["lost"].items()))
                         continue
+                    misfit = _inputs_misfit(st["statuses"])  # anpred test's rule, over all its backends
+                    if misfit:
+                        fail(cfg, "run", f"InputError: {misfit}")
+                        continue
                     r = judge_r.remote(cfg, str(out / ".work" / cfg.id), str(out / "configs" / cfg.id), st["prep"],
                                        st["statuses"], {}, meta, paths)
                     pending[r] = ("judge", cfg, None)
@@ -329,6 +335,20 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
     if (out / ".work").is_dir() and not any((out / ".work").iterdir()):
         shutil.rmtree(out / ".work", ignore_errors=True)
     return result
+
+
+def _inputs_misfit(statuses: dict[str, dict[str, Any]]) -> str | None:
+    """The bad-input rule of a run (:func:`anpred.run.outcome.inputs_misfit`) over the statuses of all
+    the configuration's single-backend runs (backend -> status dict): one backend's shape error is
+    that backend's failure, every backend's on the same sample is bad input."""
+    from dataclasses import fields
+
+    from anpred.backends.base import BackendStatus
+    from anpred.run.outcome import inputs_misfit
+
+    keys = {f.name for f in fields(BackendStatus)}  # (a task adds its own keys, e.g. task_seconds)
+    return inputs_misfit(BackendStatus.from_dict({k: v for k, v in d.items() if k in keys})
+                         for d in statuses.values())
 
 
 def _atomic_json(path: Path, obj: Any) -> None:

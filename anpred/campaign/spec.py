@@ -7,6 +7,8 @@ A campaign file::
     name = "zoo-nightly"
     retries = 2              # Ray retries of a task whose worker crashed, was killed or whose node died
     timeout = 600            # seconds per backend run (prepare + all samples), as `anpred test --timeout`
+    memory_bound = 6         # GiB of RSS per backend worker, as `--memory-bound` (default: from each
+                             # node's available memory, anpred.run.limits)
     history = "history.sqlite"   # relative to the output folder (default OUT/history.sqlite)
 
     [defaults]               # options of every configuration (`anpred test`'s, by their Python names)
@@ -139,6 +141,7 @@ class Campaign:
     configurations: list[Configuration]
     axes: list[VersionAxis]
     raw: dict[str, Any]
+    memory_bound_gb: float | None = None
 
     def axis_for(self, backend: str) -> list[VersionAxis]:
         return [a for a in self.axes if backend in a.backends]
@@ -160,7 +163,7 @@ _TYPES = {"inputs": str, "samples": int, "stages": int, "max_cut_width": int, "s
           "allow_incomplete": bool, "imgsz": (int, list)}
 #: the keys of the campaign file's tables
 _TOP = {"campaign", "defaults", "models", "backend_sets", "inputs", "versions", "resources"}
-_HEAD = {"name", "retries", "timeout", "history"}
+_HEAD = {"name", "retries", "timeout", "history", "memory_bound"}
 
 
 def _options(table: dict[str, Any], where: str) -> dict[str, Any]:
@@ -329,11 +332,13 @@ def load_campaign(path: str | Path) -> Campaign:
     unknown = sorted(set(head) - _HEAD)
     if unknown:
         raise AnpredError(f"{path}: unknown key(s) in [campaign]: {', '.join(unknown)}; known: {', '.join(sorted(_HEAD))}")
-    for k, typ in (("retries", int), ("timeout", (int, float)), ("name", str), ("history", str)):
+    for k, typ in (("retries", int), ("timeout", (int, float)), ("name", str), ("history", str),
+                   ("memory_bound", (int, float))):
         if k in head and (not isinstance(head[k], typ) or isinstance(head[k], bool)):
             raise AnpredError(f"{path}: [campaign] {k} = {head[k]!r} has the wrong type")
-    if int(head.get("retries", 2)) < 0 or float(head.get("timeout", 600)) <= 0:
-        raise AnpredError(f"{path}: [campaign] retries must be >= 0 and timeout > 0")
+    if int(head.get("retries", 2)) < 0 or float(head.get("timeout", 600)) <= 0 or \
+            float(head.get("memory_bound", 1)) <= 0:
+        raise AnpredError(f"{path}: [campaign] retries must be >= 0, timeout and memory_bound > 0")
     models = raw.get("models") or []
     sets = raw.get("backend_sets") or {}
     if not models:
@@ -376,4 +381,5 @@ def load_campaign(path: str | Path) -> Campaign:
         raise AnpredError(f"{path}: configurations with the same id (repeated model/set/input names): {dups}")
     return Campaign(name=str(head.get("name") or path.stem), path=path, base=base,
                     retries=int(head.get("retries", 2)), timeout_s=float(head.get("timeout", 600)),
-                    history=str(head.get("history", "history.sqlite")), configurations=configs, axes=axes, raw=raw)
+                    history=str(head.get("history", "history.sqlite")), configurations=configs, axes=axes, raw=raw,
+                    memory_bound_gb=float(head["memory_bound"]) if "memory_bound" in head else None)

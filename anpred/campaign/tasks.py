@@ -91,12 +91,19 @@ def prepare_configuration(cfg, work: str | Path, paths: list[str]):
 
 
 def run_backend(cfg, backend: str, work: str | Path, prep, env_paths: list[str], timeout_s: float,
-                paths: list[str]) -> dict[str, Any]:
+                paths: list[str], memory_bound_gb: float | None = None) -> dict[str, Any]:
     """Step 2: ``backend`` on the prepared samples into ``runs/<backend>`` (kept from an earlier
     attempt when complete). Returns its :class:`anpred.backends.base.BackendStatus` as a dict (a
-    backend that fails, crashes or times out is a status, not an exception)."""
+    backend that fails, crashes, times out or passes its memory bound is a status, not an exception).
+
+    The run holds one backend of the configuration, so it does not apply the bad-input rule (the
+    engine applies it over all the configuration's backends, :func:`anpred.run.outcome.inputs_misfit`),
+    and its population's shared conversion records go to the configuration's ``shared`` folder (one
+    attempt for all its runs, :mod:`anpred.backends.shared`). ``memory_bound_gb``: the worker's bound
+    (None: from this node's available memory, :mod:`anpred.run.limits`)."""
     from anpred.pipeline.subject import PythonPath
     from anpred.run import BackendSpec, RunStore, run_model
+    from anpred.run.limits import RunGuards, parse_gib
 
     t0 = time.perf_counter()
     work = Path(work)
@@ -112,9 +119,11 @@ def run_backend(cfg, backend: str, work: str | Path, prep, env_paths: list[str],
             # the configuration's runtime versions: the spec's python_path (recorded with the run, so the
             # judge's drill-down runs the same release)
             spec = BackendSpec(backend, backend, {"python_path": [str(p) for p in env_paths]} if env_paths else {})
+            guards = RunGuards(backend_memory=parse_gib(memory_bound_gb) if memory_bound_gb else None,
+                               bad_input_rule=False, shared_dir=str(work / "shared"))
             with import_paths(paths), PythonPath(prep.sys_path):
                 run_model(work / "build" / "anchored.onnx", [spec], prep.spec, out, mode="tensors",
-                          timeout_s=timeout_s, progress=False, overwrite=True)
+                          timeout_s=timeout_s, progress=False, overwrite=True, guards=guards)
     finally:
         pid_file.unlink(missing_ok=True)
     st = RunStore.open(out).statuses()[backend].to_dict()

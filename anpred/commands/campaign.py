@@ -36,6 +36,9 @@ def add_arguments(parser):
     parser.add_argument("--bad", default=None, help="with --bisect: a later version where it deviates")
     parser.add_argument("--versions", default=None, metavar="LIST",
                         help="with --bisect: the candidate versions, comma-separated (default: pip index versions)")
+    parser.add_argument("--memory-bound", type=float, default=None, metavar="GIB",
+                        help="GiB of resident memory each backend worker may hold (overrides the file's "
+                             "[campaign] memory_bound; default: 80%% of each node's available memory)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 
@@ -45,6 +48,11 @@ def main(args) -> int:
     from anpred.errors import AnpredError
 
     campaign = load_campaign(args.file)
+    if args.memory_bound is not None:
+        from anpred.run.limits import parse_gib
+
+        parse_gib(args.memory_bound, "--memory-bound")  # a malformed value fails before Ray starts
+        campaign.memory_bound_gb = float(args.memory_bound)
     if args.list:
         for c in campaign.configurations:
             print(f"{c.id}  {c.model}  [{','.join(c.backends)}]  {c.versions or ''}")

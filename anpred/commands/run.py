@@ -37,17 +37,23 @@ def add_arguments(parser):
                         help="start every backend, even one whose operator table lacks an operator of the model "
                              "(default: such a backend is not started, its status is 'unsupported' naming the "
                              "operators)")
+    parser.add_argument("--memory-bound", type=float, default=None, metavar="GIB",
+                        help="GiB of resident memory each backend worker may hold; one that passes it is stopped and "
+                             "'failed' (default: 80%% of the memory available at the start; docs/run.md)")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
 
 
 def main(args) -> int:
     from anpred.backends import parse_backends
     from anpred.run import format_summary, run_model
+    from anpred.run.limits import RunGuards, parse_gib
 
     names = parse_backends(args.backends)
+    guards = RunGuards(backend_memory=parse_gib(args.memory_bound, "--memory-bound")
+                       if args.memory_bound is not None else None)
     store = run_model(args.model, names, args.inputs, args.output, mode=args.mode, timeout_s=args.timeout,
                       overwrite=args.overwrite, progress=False if args.quiet else True, preprocess=args.preprocess,
-                      precheck=not args.no_precheck)
+                      precheck=not args.no_precheck, guards=guards)
     if args.quiet:
         print(format_summary(store))
     print(f"run stored in {store.root}")

@@ -97,6 +97,9 @@ def add_arguments(parser):
     parser.add_argument("--model-explorer", action="store_true",
                         help="export per-node data for Model Explorer (and Netron metadata) into OUT/model-explorer "
                         "(docs/dashboard.md)")
+    parser.add_argument("--memory-bound", type=float, default=None, metavar="GIB",
+                        help="GiB of resident memory each backend worker may hold; one that passes it is stopped and "
+                             "'failed' (default: 80%% of the memory available at the start; docs/run.md)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 
@@ -115,6 +118,14 @@ def main(args) -> int:
 
     from anpred.errors import AnpredError
     from anpred.pipeline import demo, format_standing, test
+
+    if args.memory_bound is not None:  # every run of this process (the test's, its drill-down's, a stream's)
+        import os
+
+        from anpred.run.limits import MEMORY_ENV, parse_gib
+
+        parse_gib(args.memory_bound, "--memory-bound")
+        os.environ[MEMORY_ENV] = str(args.memory_bound)
 
     if args.model == "demo":
         for opt in ("inputs", "kwargs", "history", "imgsz", "bind", "task", "labels", "stream"):

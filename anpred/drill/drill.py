@@ -72,6 +72,26 @@ class DrillConfig:
     keep_runs: bool = False
 
 
+def _left_out(report, specs, statuses, left: list[str]) -> dict[str, str]:
+    """Why each backend of ``left`` is not replayed, in the order the replay's conditions are checked:
+    it did not run (its status and the first line of its reason), it runs a native graph or no spec
+    of the run, it computed in reduced precision, it does not vote."""
+    out = {}
+    for b in left:
+        st = statuses.get(b)
+        if st is None or b not in specs:
+            out[b] = "not a backend of this run's specs"
+        elif st.status != "ok":
+            out[b] = f"{st.status}: {(st.reason or 'no reason given').splitlines()[0][:160]}"
+        elif b in NATIVE:
+            out[b] = "a native graph: no ONNX subgraph of its own"
+        elif report.backends[b]["precision"] != "fp32":
+            out[b] = f"{report.backends[b]['precision']}: a reduced-precision copy, not replayed"
+        else:
+            out[b] = "not a voter here"
+    return out
+
+
 def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
               drill: DrillConfig | None = None, progress: bool = False) -> dict[str, Any]:
     """Isolated stage replay, drill-down and repro of the judged run ``run_dir`` (module docstring).
@@ -125,8 +145,8 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
             and report.verdicts[b].votes]
     left = [b for b in report.backends if b not in part]
     if left:
-        notes.append(f"drill: not replayed: {', '.join(left)} (only fp32 voters that ran the ONNX model are "
-                     "replayed; native graphs and reduced-precision copies have no ONNX subgraph of their own)")
+        notes.append("drill: not replayed: " + "; ".join(f"{b} ({why})" for b, why in
+                                                         _left_out(report, specs, statuses, left).items()))
     alt = {b: Path(specs[b].options["model"]) for b in part if "model" in specs[b].options}
     model = load_full(mpath)
     models = {b: load_full(p) for b, p in alt.items()}

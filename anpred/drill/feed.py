@@ -14,6 +14,8 @@ from typing import Iterator
 
 import numpy as np
 
+from anpred.tensorfile import c_contiguous
+
 __all__ = ["consensus_samples", "backend_samples"]
 
 
@@ -60,7 +62,7 @@ def consensus_samples(run_dir: str | Path, anchors: list[str], *, exclude: tuple
             c, _, _ = orc.consensus(per)
             if c is not None:  # in the model's dtype (the aligner and the median work in float64)
                 dt = np.dtype(dtypes.get(a) or next(iter(per.values())).dtype)
-                out[a] = np.ascontiguousarray(c.astype(dt, copy=False))
+                out[a] = c_contiguous(c.astype(dt, copy=False))
         yield sid, out
 
 

@@ -29,32 +29,38 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import select
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from anpred.backends import REGISTRY, backend_class
+from anpred.backends import REGISTRY
 from anpred.backends.base import BackendStatus
 from anpred.errors import AnpredError, BackendError, OutputPathError
 from anpred.folders import commit_partial, partial_dir
 from anpred.onnx_io import to_json
+from anpred.run.jobs import (WORKER_MALLOC_TUNABLES, make_job, precheck_refusals, read_status, worker_env,
+                              worker_malloc_tunables)
+from anpred.run.jobs import worker_env as _worker_env  # noqa: F401 - its earlier name (tests, benchmarks)
+from anpred.run.limits import MemoryWatch, RunGuards
 from anpred.run.model import copy_model, load_anchored
-from anpred.run.spec import MODES, BackendSpec, WorkerJob
+from anpred.run.outcome import format_summary, lost_status, raise_if_inputs_misfit
+from anpred.run.spec import MODES, BackendSpec
 from anpred.run.store import RunStore
 
 __all__ = ["run_model", "Terminated", "format_summary", "WORKER_MALLOC_TUNABLES", "worker_malloc_tunables",
-           "WorkerPool", "sigterm_raises", "make_job"]
+           "WorkerPool", "sigterm_raises", "RunGuards", "make_job"]
 
 
 def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], inputs: Any, out_dir: str | Path,
               *, mode: str = "tensors", timeout_s: float = 600, overwrite: bool = False, progress: bool = True,
-              preprocess: str | None = None, precheck: bool = True, pool: "WorkerPool | None" = None):
+              preprocess: str | None = None, precheck: bool = True, pool: "WorkerPool | None" = None,
+              guards: RunGuards | None = None):
     """Run the anchored model on every backend and return the :class:`~anpred.run.store.RunStore`.
 
     Args:
@@ -77,16 +83,20 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
         pool: a :class:`WorkerPool` whose long-lived workers run the backends (prepared once for
             a stream of runs) instead of one new process per backend and run; mode ``tensors`` only.
             Its workers run ``model_path`` itself (not the run folder's copy), prepared by the first
-            run: every run of one pool must use the same model.
+            run: every run of one pool must use the same model. The pool holds its own memory bounds.
+        guards: memory bounds, the bad-input rule, the shared-conversion folder
+            (:class:`anpred.run.limits.RunGuards`; None: the defaults, bounds from the machine or
+            ``ANPRED_MEMORY_BOUND``). Recorded in ``run.json["memory_bounds"]``.
 
     Raises:
         BackendError: unknown backend or duplicate labels (before anything is written).
         InputError: missing/unreadable inputs, inputs that do not fit the model.
         OutputPathError: ``out_dir`` holds another run (without ``overwrite``) or other files.
         ModelLoadError: the model is not readable ONNX.
-    A backend that fails, crashes or times out does not raise: see the statuses in the store.
+    A backend that fails, crashes, times out or passes a memory bound does not raise: see the statuses
+    in the store.
     """
-    from anpred.inputs import ArraySamples, InputSpec, check_shapes_fit, model_inputs
+    from anpred.inputs import ArraySamples, InputSpec
     from anpred.onnx_io import sha256_file
 
     if mode not in MODES:
@@ -102,20 +112,13 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
         raise AnpredError(f"timeout must be positive (got {timeout_s})")
     if pool is not None and mode != "tensors":
         raise AnpredError("a WorkerPool runs mode 'tensors' only")
+    guards = guards or RunGuards()
+    watch = MemoryWatch(guards)  # (raises on a malformed ANPRED_MEMORY_BOUND before anything is written)
     model_path = Path(model_path).resolve()
     model, manifest, man_source = load_anchored(model_path)
     in_spec = inputs if isinstance(inputs, ArraySamples) else InputSpec.parse(inputs, preprocess=preprocess)
     out = Path(out_dir).absolute()
     _check_out_dir(out, overwrite)
-    for anc in [out.parent, *out.parent.parents]:
-        if anc.exists():
-            if not anc.is_dir():
-                raise OutputPathError(f"cannot create {out}: {anc} is a file, not a folder (nothing was written)")
-            break
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise OutputPathError(f"cannot create {out.parent}: {err.strerror or err}") from err
     hint = " ".join([model_path.name, model.producer_name, model.doc_string] +
                     [f"{p.key} {p.value}" for p in model.metadata_props if p.key != "anpred.manifest"] +
                     [str(manifest.model.get("source", ""))])
@@ -132,39 +135,26 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
             "manifest_source": man_source})
         store.meta["model"].update(copy_model(model_path, model, tmp))
         run_model_path = tmp / "model.onnx"
-        minputs = model_inputs(model)
-        checked: set = set()
-        first_shapes: dict[str, list[int]] | None = None
-        same_shapes = True
-        for i, (src, arrays) in enumerate(in_spec.samples(minputs, hint)):
-            key = tuple((k, tuple(v.shape)) for k, v in sorted(arrays.items()))
-            if key not in checked:
-                check_shapes_fit(model, {k: tuple(v.shape) for k, v in arrays.items()})
-                checked.add(key)
-            shapes = {k: list(v.shape) for k, v in arrays.items()}
-            if first_shapes is None:
-                first_shapes = shapes
-            same_shapes = same_shapes and shapes == first_shapes
-            pre = in_spec.prewritten_for(i, arrays) if isinstance(in_spec, ArraySamples) else None
-            store.add_sample(f"s{i:04d}", arrays, source=src, prewritten=pre)
-        # the shapes actually fed (``size`` in the spec only applies to dynamic dims)
-        store.meta["inputs"]["input_shapes"] = first_shapes if same_shapes else "varies by sample"
+        shape_hint = _store_samples(store, in_spec, model, hint)
         store.meta["backend_specs"] = {s.label: {"name": s.name, "options": json.loads(to_json(s.options))} for s in specs}
         for s in specs:
             if "model" in s.options:
                 store.meta["backend_specs"][s.label]["model_sha256"] = sha256_file(s.options["model"])
+        store.meta["memory_bounds"] = watch.record
         store.save_meta()
-        shape_hint = first_shapes if same_shapes else None
-        refused = _precheck(store, specs, run_model_path, progress) if precheck else {}
+        shared = Path(guards.shared_dir) if guards.shared_dir else tmp / ".work" / "shared"
+        refused = precheck_refusals(store, specs, run_model_path, progress) if precheck else {}
         for spec in specs:
             if spec.label in refused:
                 store.set_status(refused[spec.label])
             elif pool is None:
-                store.set_status(_run_backend(store, spec, run_model_path, mode, timeout_s, progress, shape_hint))
+                store.set_status(_run_backend(store, spec, run_model_path, mode, timeout_s, progress,
+                                              _RunContext(shape_hint, watch, shared)))
         if pool is not None:
             for st in pool.run(store, [s for s in specs if s.label not in refused], model_path, shape_hint).values():
                 store.set_status(st)
-        _raise_if_all_failed_on_shapes(store)
+        if guards.bad_input_rule:
+            raise_if_inputs_misfit(store)
         shutil.rmtree(tmp / ".work", ignore_errors=True)
         commit_partial(tmp, out)
     except BaseException:
@@ -203,6 +193,31 @@ def sigterm_raises(replace: bool = False):
     return lambda: signal.signal(signal.SIGTERM, old)
 
 
+def _store_samples(store: RunStore, in_spec, model, hint: str) -> dict[str, list[int]] | None:
+    """Check every sample of ``in_spec`` against ``model`` (:func:`anpred.inputs.check_shapes_fit`, once
+    per distinct shape) and add it to ``store``; records the shapes fed in ``meta["inputs"]["input_shapes"]``
+    (``size`` in the spec applies only to dynamic dims). Returns them, None when they vary by sample.
+    Raises InputError."""
+    from anpred.inputs import ArraySamples, check_shapes_fit, model_inputs
+
+    checked: set = set()
+    first_shapes: dict[str, list[int]] | None = None
+    same_shapes = True
+    for i, (src, arrays) in enumerate(in_spec.samples(model_inputs(model), hint)):
+        key = tuple((k, tuple(v.shape)) for k, v in sorted(arrays.items()))
+        if key not in checked:
+            check_shapes_fit(model, {k: tuple(v.shape) for k, v in arrays.items()})
+            checked.add(key)
+        shapes = {k: list(v.shape) for k, v in arrays.items()}
+        if first_shapes is None:
+            first_shapes = shapes
+        same_shapes = same_shapes and shapes == first_shapes
+        pre = in_spec.prewritten_for(i, arrays) if isinstance(in_spec, ArraySamples) else None
+        store.add_sample(f"s{i:04d}", arrays, source=src, prewritten=pre)
+    store.meta["inputs"]["input_shapes"] = first_shapes if same_shapes else "varies by sample"
+    return first_shapes if same_shapes else None
+
+
 def _check_out_dir(out: Path, overwrite: bool) -> None:
     if out.exists():
         if not out.is_dir():
@@ -213,147 +228,39 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
             if not overwrite:
                 raise OutputPathError(f"{out} already holds a run; choose another -o or pass --overwrite "
                                       "(nothing was written)")
-
-
-_SHAPE_FAIL_RE = re.compile(r"shape|dimension|Incompatible|broadcast|size mismatch|Sizes of tensors|"
-                            r"must match|invalid size|cannot reshape", re.I)
-
-
-def _raise_if_all_failed_on_shapes(store) -> None:
-    """Bad input detected by the backends themselves: when *every* backend failed (not crashed) while
-    running the same sample and every reason is a shape error, the sample does not fit the model.
-    Raises InputError (one line) instead of storing a run in which nothing ran."""
-    from anpred.errors import InputError
-
-    sts = list(store.statuses().values())
-    if not sts or any(s.status not in ("failed", "unsupported") for s in sts):
-        return
-    where = {s.reason.split(":", 1)[0] for s in sts}
-    if len(where) != 1 or not next(iter(where)).startswith("sample ") or \
-            not all(_SHAPE_FAIL_RE.search(s.reason) for s in sts):
-        return
-    sid = next(iter(where)).split()[1]
-    src = next((x.get("source", "") for x in store.meta["samples"] if x["id"] == sid), "")
-    first = sts[0].reason.split(":", 1)[1].strip().splitlines()[0][:240]
-    raise InputError(f"the inputs do not fit the model: every backend ({', '.join(s.name for s in sts)}) failed on "
-                     f"sample {sid} ({src}) with a shape error, e.g. {sts[0].name}: {first}")
-
-
-def format_summary(store) -> str:
-    """The end-of-run table: backend, family, status, precision, samples, seconds (prepare / run),
-    anchors captured of the manifest's, and the reason when not ok."""
-    total = len(store.manifest.anchors)
-    rows = [("backend", "family", "status", "precision", "samples", "prepare s", "run s", "anchors", "reason")]
-    for label, st in store.statuses().items():
-        prec = f"{st.precision} ({st.precision_requested} asked)" if st.precision_differs else st.precision
-        rows.append((label, st.family, st.status, prec, str(st.samples), f"{st.seconds_prepare:.2f}",
-                     f"{st.seconds_run:.2f}", f"{st.anchors_captured}/{total}", st.reason.splitlines()[0][:80] if st.reason else ""))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-#: glibc malloc settings of every backend worker (see :func:`worker_malloc_tunables`)
-WORKER_MALLOC_TUNABLES = {"glibc.malloc.mmap_threshold": str(256 << 20), "glibc.malloc.trim_threshold": str(1 << 30)}
-
-
-def worker_malloc_tunables(existing: str = "") -> str:
-    """``GLIBC_TUNABLES`` for a backend worker: ``existing`` plus :data:`WORKER_MALLOC_TUNABLES` for
-    the malloc settings it does not set itself (a user's own settings win).
-
-    Why: every sample allocates the same large arrays again (inputs, the backend's outputs: 19 MB per
-    sample for YOLOv8n at 640x640). With glibc's defaults, blocks above the dynamic mmap threshold
-    (at most 32 MiB) are ``mmap``-ed and freed blocks at the top of the heap are trimmed, so each
-    sample faults in fresh pages again: measured 5 ms per 19 MB sample on the 2-core VM of
-    docs/run.md, where a fresh page costs ~2-4 us. A fixed 256 MiB mmap threshold and a 1 GiB trim
-    threshold keep those blocks in the heap for reuse; memory stays bounded by one sample's working
-    set (peak RSS in docs/run.md). Other C libraries ignore the variable."""
-    have = {kv.split("=", 1)[0] for kv in existing.split(":") if "=" in kv}
-    add = [f"{k}={v}" for k, v in WORKER_MALLOC_TUNABLES.items() if k not in have]
-    return ":".join([x for x in [existing] if x] + add)
-
-
-def _tail(path: Path, n: int = 6) -> str:
-    """The last ``n`` non-empty lines of a worker log, led by Python's fatal-error line if any."""
+    for anc in [out.parent, *out.parent.parents]:
+        if anc.exists():
+            if not anc.is_dir():
+                raise OutputPathError(f"cannot create {out}: {anc} is a file, not a folder (nothing was written)")
+            break
     try:
-        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    fatal = [ln for ln in lines if ln.startswith("Fatal Python error")]
-    return " | ".join(fatal[-1:] + lines[-n:])[-800:]
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputPathError(f"cannot create {out.parent}: {err.strerror or err}") from err
 
 
-def _precheck(store: RunStore, specs: list[BackendSpec], model_path: Path, progress: bool) -> dict[str, BackendStatus]:
-    """Pre-run coverage of every backend (on the model it will run: its ``model`` option, else the
-    run's), stored in ``store.meta["coverage"]`` and printed (with ``progress``). Returns the statuses
-    of the backends not to start (``unsupported``, reason naming the operators)."""
-    from anpred.backends.coverage import format_coverage, precheck, refusal
+@dataclass
+class _RunContext:
+    """What every backend of one run shares: the input shapes fed (None: they vary), the memory
+    watchdog, the folder of the shared-conversion records."""
 
-    groups: dict[str, dict[str, str]] = {}
-    for s in specs:
-        groups.setdefault(str(Path(s.options.get("model", model_path)).resolve()), {})[s.label] = s.name
-    coverage: dict[str, dict] = {}
-    for path, names in groups.items():
-        coverage.update(precheck(path, names))
-    coverage = {s.label: coverage[s.label] for s in specs}
-    store.meta["coverage"] = coverage
-    store.save_meta()
-    lines = format_coverage(coverage)
-    if progress:
-        print("pre-run coverage: " + ("; ".join(lines) if lines else
-                                      "no backend's operator table lacks an operator of the model"), file=sys.stderr)
-    refused = {}
-    for s in specs:
-        row = coverage[s.label]
-        if row.get("ops"):
-            try:
-                nominal = backend_class(s.name).precision
-            except BackendError:
-                nominal = "fp32"
-            refused[s.label] = BackendStatus(name=s.label, family=s.family(), status="unsupported", reason=refusal(row),
-                                             precision=nominal, precision_requested=nominal)
-    return refused
-
-
-def make_job(store: RunStore, spec: BackendSpec, model_path: Path, mode: str,
-              input_shapes: dict[str, list[int]] | None, work: Path, log_path: Path):
-    """The worker job of ``spec`` on ``store`` in folder ``work`` (its options without the runner's
-    own keys; int8 calibration on the run's samples; the run's input shapes where the backend needs
-    them). Returns ``(job, job path, log path, status path, python_path folders)``."""
-    work.mkdir(parents=True, exist_ok=True)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    status_path = work / "status.json"
-    options = dict(spec.options)
-    model = Path(options.pop("model", model_path)).resolve()
-    python_path = [str(f) for f in options.pop("python_path", None) or []]
-    family = spec.family()
-    options.pop("family", None)
-    try:
-        cls = backend_class(spec.name)
-    except BackendError:
-        cls = None
-    if getattr(cls, "needs_calibration", False) and "calibration" not in options:
-        options["calibration"] = [str(store.input_file(sid)) for sid in store.sample_ids]
-    if getattr(cls, "needs_input_shapes", False) and input_shapes and "input_shapes" not in options:
-        options["input_shapes"] = input_shapes  # the run's concrete input shapes (all samples share them)
-    job = WorkerJob(store=str(store.root), name=spec.name, label=spec.label, family=family, options=options,
-                    model=str(model), mode=mode, samples=store.sample_ids, status_path=str(status_path))
-    job_path = work / "job.json"
-    job.save(job_path)
-    return job, job_path, log_path, status_path, python_path
+    input_shapes: dict[str, list[int]] | None
+    watch: MemoryWatch
+    shared: Path
 
 
 def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str, timeout_s: float, progress: bool,
-                 input_shapes: dict[str, list[int]] | None = None) -> BackendStatus:
+                 ctx: _RunContext) -> BackendStatus:
     """Run one backend in its own worker process and return its status (the worker's, completed
-    with a crash or timeout seen here); its resources go to ``store.meta["resources"][label]``."""
+    with a crash, timeout or memory bound seen here); its resources go to
+    ``store.meta["resources"][label]``."""
     from tqdm import tqdm
 
-    job, job_path, log_path, status_path, python_path = make_job(store, spec, model_path, mode, input_shapes,
+    from anpred.backends.shared import settle
+
+    job, job_path, log_path, status_path, python_path = make_job(store, spec, model_path, mode, ctx.input_shapes,
                                                                   store.root / ".work" / spec.label,
-                                                                  store.root / "logs" / f"{spec.label}.log")
-    family = job.family
+                                                                  store.root / "logs" / f"{spec.label}.log", ctx.shared)
     n = len(store.sample_ids)
     rfd, wfd = os.pipe()
     start = time.monotonic()
@@ -361,68 +268,47 @@ def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str
         proc = subprocess.Popen([sys.executable, "-m", "anpred.run.worker", "--worker", str(job_path), "--fd", str(wfd),
                                  "--parent", str(os.getpid())],
                                 pass_fds=(wfd,), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=str(job_path.parent), env=_worker_env(python_path), start_new_session=True)
+                                cwd=str(job_path.parent), env=worker_env(python_path), start_new_session=True)
     os.close(wfd)
+    ctx.watch.watch(spec.label, proc.pid)
     bar = tqdm(total=n, desc=f"{spec.label:>14}", unit="sample", disable=not progress, leave=True, file=sys.stderr)
-    done, prepared, timed_out = _watch(proc, rfd, start, timeout_s, bar)
+    try:
+        done, prepared, timed_out = _watch(proc, rfd, start, timeout_s, bar, ctx.watch)
+    finally:
+        ctx.watch.forget(spec.label)
     elapsed = time.monotonic() - start
-    st = None
-    if status_path.is_file():
-        try:
-            st = BackendStatus.from_dict(json.loads(status_path.read_text()))
-        except (OSError, json.JSONDecodeError, TypeError):
-            st = None
-    if st is None:
-        st = BackendStatus(name=spec.label, family=family)
-    final = st.status in ("ok", "failed", "unsupported")
-    if timed_out:
-        stage = "running samples" if prepared else "preparing"
+    st = read_status(status_path) or BackendStatus(name=spec.label, family=job.family)
+    over = ctx.watch.killed.get(spec.label)
+    stage = "running samples" if prepared else "preparing"
+    if over:
+        st.status, st.samples = "failed", done
+        st.reason = ctx.watch.reason(spec.label, f"{stage} ({done}/{n} samples done)")
+    elif timed_out:
         st.status = "timeout"
-        st.reason = f"no result within {timeout_s:g} s (killed while {stage}; {done}/{n} samples done)"
+        st.reason = (f"no result within {timeout_s:g} s (killed while {stage}; {done}/{n} samples done); "
+                     "raise it with --timeout S if the backend needs longer")
         st.samples = done
-    elif not final:
-        rc = proc.returncode
-        if rc is not None and rc < 0:
-            try:
-                sig = signal.Signals(-rc).name
-            except ValueError:
-                sig = f"signal {-rc}"
-            st.status, what = "crashed", f"process killed by {sig}"
-        else:
-            st.status, what = "failed", f"process exited with status {rc} without a result"
-        stage = "running samples" if prepared else "preparing"
-        st.reason = f"{what} while {stage} ({done}/{n} samples done); log: {_tail(log_path, 4)}"
-        st.samples = done
+    elif st.status not in ("ok", "failed", "unsupported"):
+        st = lost_status(st, proc.returncode, prepared, done, n, log_path, store.sample_ids)
+    if st.status != "ok":  # a shared conversion it left unfinished failed with it, once for its population
+        settle(ctx.shared, spec.label, st.reason)
     res_path = status_path.with_name("resources.json")
     resources = json.loads(res_path.read_text()) if res_path.is_file() else {}
     resources["seconds_wall"] = round(elapsed, 3)  # process start to exit, as seen by the driver
+    # the worker's process tree as the memory watchdog sampled it (anpred.run.limits)
+    resources["peak_rss_watched_bytes"] = ctx.watch.peak.get(spec.label, 0)
+    resources["peak_vms_watched_bytes"] = ctx.watch.peak_vms.get(spec.label, 0)
     store.meta.setdefault("resources", {})[spec.label] = resources
     if st.status != "ok" and not prepared:
         st.seconds_prepare = st.seconds_prepare or elapsed
     return st
 
 
-def _worker_env(python_path: list[str] | None = None, direct_io: bool = True) -> dict[str, str]:
-    """The worker's environment: this one, with faulthandler on, the malloc tunables
-    (:func:`worker_malloc_tunables`), this ``anpred`` first on ``PYTHONPATH``, then the spec's
-    ``python_path`` folders (another release of the backend's library); ``direct_io=False``: its
-    tensor files are written through the page cache (``ANPRED_DIRECT_IO=0``) and its thread pools do
-    not spin (``ANPRED_THREAD_SPINNING=0``)."""
-    env = dict(os.environ)
-    if not direct_io:  # (a streamed run: its judge reads the tensors at once and shares the cores)
-        env["ANPRED_DIRECT_IO"] = "0"
-        env.setdefault("ANPRED_THREAD_SPINNING", "0")  # thread pools sleep when idle (anpred.backends.ort)
-    env["PYTHONFAULTHANDLER"] = "1"
-    env["GLIBC_TUNABLES"] = worker_malloc_tunables(env.get("GLIBC_TUNABLES", ""))
-    pkg_parent = str(Path(__file__).resolve().parents[2])  # the folder holding the anpred package
-    parts = [pkg_parent, *(python_path or [])] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    return env
-
-
-def _watch(proc: subprocess.Popen, rfd: int, start: float, timeout_s: float, bar) -> tuple[int, bool, bool]:
+def _watch(proc: subprocess.Popen, rfd: int, start: float, timeout_s: float, bar,
+           memory: MemoryWatch) -> tuple[int, bool, bool]:
     """Follow the worker's progress lines on ``rfd`` (closed here) on the progress ``bar`` (closed
-    here) until it exits or ``timeout_s`` after ``start`` passes; a worker still running then is
+    here) until it exits, ``timeout_s`` after ``start`` passes, or ``memory`` kills it (its
+    :meth:`~anpred.run.limits.MemoryWatch.check` between reads); a worker still running then is
     killed with its process group. Returns ``(samples done, prepared, timed out)``."""
     done, prepared, timed_out, buf = 0, False, False, b""
     bar.set_postfix_str("preparing")
@@ -432,7 +318,9 @@ def _watch(proc: subprocess.Popen, rfd: int, start: float, timeout_s: float, bar
             if remaining <= 0:
                 timed_out = True
                 break
-            ready, _, _ = select.select([rfd], [], [], min(remaining, 1.0))
+            ready, _, _ = select.select([rfd], [], [], min(remaining, memory.interval))
+            if memory.check():
+                break
             if not ready:
                 continue
             chunk = os.read(rfd, 4096)
@@ -494,8 +382,10 @@ class WorkerPool:
     worker_args: tuple[str, ...] = ()
 
     def __init__(self, work: str | Path, *, timeout_s: float = 600, side_by_side: bool = False, mode: str = "tensors",
-                 direct_io: bool = True):
+                 direct_io: bool = True, guards: RunGuards | None = None):
         self.work = Path(work)
+        self.memory = MemoryWatch(guards)  # the memory bounds of its workers (anpred.run.limits)
+        self.shared = Path(guards.shared_dir) if guards and guards.shared_dir else self.work / "shared"
         self.timeout_s, self.side_by_side, self.mode = timeout_s, side_by_side, mode
         self.direct_io = direct_io
         self.workers: dict[str, dict[str, Any]] = {}
@@ -511,8 +401,8 @@ class WorkerPool:
 
     def _start(self, store: RunStore, spec: BackendSpec, model_path: Path, input_shapes) -> dict[str, Any]:
         wdir = self.work / spec.label
-        job, job_path, log_path, status_path, python_path = make_job(store, spec, Path(model_path), self.mode,
-                                                                      input_shapes, wdir, self.work / f"{spec.label}.log")
+        job, job_path, log_path, status_path, python_path = make_job(
+            store, spec, Path(model_path), self.mode, input_shapes, wdir, self.work / f"{spec.label}.log", self.shared)
         rfd, wfd = os.pipe()
         feed_r, feed_w = os.pipe()
         with open(log_path, "ab") as log:
@@ -521,10 +411,11 @@ class WorkerPool:
                                      *self.worker_args],
                                     pass_fds=(wfd, feed_r), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, cwd=str(wdir),
-                                    env=_worker_env(python_path, direct_io=self.direct_io),
+                                    env=worker_env(python_path, direct_io=self.direct_io),
                                     process_group=0)  # (why not a session of its own: the class docstring)
         os.close(wfd)
         os.close(feed_r)
+        self.memory.watch(spec.label, proc.pid)
         return {"proc": proc, "rfd": rfd, "feed": os.fdopen(feed_w, "w"), "buf": b"", "prepared": False,
                 "log": log_path, "status": status_path, "family": job.family, "spec": spec}
 
@@ -556,6 +447,7 @@ class WorkerPool:
                 w["chunk_status"] = self.work / b / f"chunk{k}.json"
                 w["t0"] = time.monotonic()
                 w["done"] = 0
+                w["samples"] = store.sample_ids
                 try:
                     req = {"k": k, "store": str(store.root), "samples": store.sample_ids,
                            "status": str(w["chunk_status"])}
@@ -578,9 +470,13 @@ class WorkerPool:
                 if now > deadline[b]:
                     ended[b] = "timeout"
                     del pending[fd]
+            for b in self.memory.check():
+                if b in deadline:
+                    ended[b] = "memory"
+                    pending = {fd: x for fd, x in pending.items() if x != b}
             if not pending:
                 break
-            ready, _, _ = select.select(list(pending), [], [], 1.0)
+            ready, _, _ = select.select(list(pending), [], [], self.memory.interval)
             for fd in ready:
                 b = pending[fd]
                 w = self.workers[b]
@@ -617,8 +513,11 @@ class WorkerPool:
                        worker="long-lived")
             store.meta.setdefault("resources", {})[b] = res
             if st.status != "ok" and not self._survives(b, how):
+                from anpred.backends.shared import settle
+
                 self.dead[b] = st
                 self._kill(b)
+                settle(self.shared, b, st.reason)  # its unfinished shared conversion failed, for its population
             out[b] = st
         return out
 
@@ -646,16 +545,15 @@ class WorkerPool:
         stage = "running samples" if w["prepared"] else "preparing"
         done = w.get("done", 0)
         st.samples, st.seconds_run = done, 0.0
+        if how == "memory" or b in self.memory.killed:  # (an idle worker of another group is watched too)
+            st.status, st.reason = "failed", self.memory.reason(b, f"{stage} ({done}/{n} samples done)")
+            return st
         if how == "timeout":
             st.status = "timeout"
-            st.reason = f"no result within {self.timeout_s:g} s (killed while {stage}; {done}/{n} samples done)"
+            st.reason = (f"no result within {self.timeout_s:g} s (killed while {stage}; {done}/{n} samples done); "
+                         "raise it with --timeout S if the backend needs longer")
             return st
-        rc = w["proc"].returncode
-        what = (f"process killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 and -rc in
-                signal.valid_signals() else f"process exited with status {rc} without a result")
-        st.status = "crashed" if rc is not None and rc < 0 else "failed"
-        st.reason = f"{what} while {stage} ({done}/{n} samples done); log: {_tail(w['log'], 4)}"
-        return st
+        return lost_status(st, w["proc"].returncode, w["prepared"], done, n, w["log"], w.get("samples") or [])
 
     @staticmethod
     def _sigkill(w: dict[str, Any]) -> None:
@@ -666,6 +564,7 @@ class WorkerPool:
                 pass
 
     def _kill(self, b: str) -> None:
+        self.memory.forget(b)
         self._sigkill(self.workers[b])
         self.workers[b]["proc"].wait()
 

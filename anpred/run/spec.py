@@ -8,7 +8,8 @@ Contract of a worker job (``.work/<label>/job.json`` in the partial run folder, 
      "family": status family, "options": backend constructor options (runner keys removed, except
      the testing hooks "_fault"/"_fault_at"), "model": the anchored ONNX to run, "mode": "tensors" |
      "stats", "samples": sample ids in run order, "status_path": where the worker writes its
-     BackendStatus (JSON; "resources.json" beside it: peak RSS and loop seconds)}
+     BackendStatus (JSON; "resources.json" beside it: peak RSS and loop seconds), "shared_dir": the
+     folder of the run's shared-conversion records (:mod:`anpred.backends.shared`; "" for none)}
 
 The worker's result is the :class:`~anpred.backends.base.BackendStatus` written to ``status_path``;
 the driver completes it (crash, timeout) and stores it in the run folder (:mod:`anpred.run.store`).
@@ -148,6 +149,7 @@ class WorkerJob:
     mode: str
     samples: list[str]
     status_path: str
+    shared_dir: str = ""
 
     def save(self, path: str | Path) -> None:
         """Write the job as JSON (:func:`anpred.onnx_io.to_json`: values JSON lacks become text)."""

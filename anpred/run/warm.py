@@ -129,7 +129,7 @@ class WarmPool(WorkerPool):
         here when it has none)."""
         wdir = self.work / spec.label / f"m{k}"
         job, job_path, _, status_path, _ = make_job(store, spec, model_path, self.mode, input_shapes, wdir,
-                                                    self.work / f"{spec.label}.log")
+                                                    self.work / f"{spec.label}.log", self.shared)
         if spec.label not in self.workers:
             self.workers[spec.label] = self._start(store, spec, model_path, input_shapes)
             self.started[spec.label] = self.started.get(spec.label, 0) + 1

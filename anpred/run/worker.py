@@ -35,6 +35,7 @@ import numpy as np
 
 from anpred.backends import backend_class
 from anpred.backends.base import AnchorCapture, BackendStatus
+from anpred.backends.shared import set_scope
 from anpred.manifest import AnchorManifest
 from anpred.onnx_io import atomic_write_text, to_json
 from anpred.run.positions import gather, load_gather
@@ -62,9 +63,10 @@ def short_reason(err: BaseException, limit: int = 600) -> str:
 
 
 def _classify(err: BaseException) -> str:
-    """``unsupported`` for a missing operator/feature (NotImplementedError or such a message), else
+    """``unsupported`` for a missing operator/feature (NotImplementedError or such a message) or a
+    backend that does not apply to the model (an exception whose class sets ``skipped = True``), else
     ``failed``."""
-    if isinstance(err, NotImplementedError) or _UNSUPPORTED_RE.search(str(err)):
+    if isinstance(err, NotImplementedError) or getattr(err, "skipped", False) or _UNSUPPORTED_RE.search(str(err)):
         return "unsupported"
     return "failed"
 
@@ -301,6 +303,7 @@ def run_job(job_path: str, fd: int, feed_fd: int | None = None, models: bool = F
     store = RunStore(root, {}, manifest)
     st = BackendStatus(name=label, family=job.family)
     status_path = Path(job.status_path)
+    set_scope(job.shared_dir or None, label)  # a population's shared conversion: once per run
 
     def save():
         atomic_write_text(status_path, to_json(st.to_dict()))
@@ -362,7 +365,8 @@ def run_job(job_path: str, fd: int, feed_fd: int | None = None, models: bool = F
     except BaseException as err:  # noqa: BLE001 - every failure becomes this backend's status
         st.status = _classify(err)
         where = f"sample {cursor[0]}" if stage == "running" else "prepare"
-        st.reason = f"{where}: {short_reason(err)}"
+        # a backend that does not apply to the model says so first ("skipped: ..."), not as an error
+        st.reason = str(err) if getattr(err, "skipped", False) else f"{where}: {short_reason(err)}"
         import traceback
 
         traceback.print_exc()
