@@ -64,12 +64,20 @@ class DrillConfig:
     timeout_s: per backend and per replay run, seconds.
     keep_runs: keep the drill rounds' run folders (``<out>/stage-<backend>/``; each holds copies of the
         subgraph models); by default only the replay run, ``repro/`` and ``drill.json`` stay.
+    max_repro_runs: repro runs per culprit (the operator alone, each grown or minimised subgraph,
+        :mod:`anpred.drill.grow`, and the stage prefix; each run is one sub-run on every replayed
+        backend).
+    neighbour_radius: dataflow edges around the anchor where a flagged backend departs first within
+        which a node's value is compared with the backend's tensor there (:mod:`anpred.drill.neighbours`;
+        one sub-run on the peers per flagged backend; 0: not done).
     """
 
     max_samples: int = 4
     max_exposed: int = 64
     timeout_s: float = 600.0
     keep_runs: bool = False
+    max_repro_runs: int = 6
+    neighbour_radius: int = 2
 
 
 def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
@@ -213,9 +221,36 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
         culprit["located_by"] = "replay" if intro else "traced origin"
         result["culprits"][b] = culprit
         v.culprit = culprit
+    # 4. a departure that is a neighbouring node's value (a fused activation returned for its input)
+    result["neighbours"] = _neighbours(runner, model, run_dir, report, part, feeds, samples, drill, out)
     result.update(runs=runner.runs, seconds=round(time.perf_counter() - t0, 1))
     (out / "drill.json").write_text(json.dumps(result, indent=2, default=str))
     return result
+
+
+def _neighbours(runner, model, run_dir, report, part, feeds, samples, drill, out) -> dict[str, Any]:
+    """Per flagged backend of ``part``, the neighbouring node whose value it returned at the anchor where
+    it departs first (:func:`anpred.drill.neighbours.neighbour_match`); backends without one are left out."""
+    from anpred.drill.neighbours import neighbour_match
+
+    found: dict[str, Any] = {}
+    runner_out = runner.out
+    runner.out = out / "neighbours"
+    try:
+        for b in part:
+            v = report.verdicts[b]
+            if not v.flagged or drill.neighbour_radius < 1:
+                continue
+            anchors = list(dict.fromkeys(a for a in (v.origin_anchor, v.first_flagged_anchor) if a))
+            m = neighbour_match(runner, model, run_dir, report, b, anchors, feeds, samples, part,
+                                drill.neighbour_radius)
+            if m is not None:
+                found[b] = m
+    finally:
+        runner.out = runner_out
+        if not drill.keep_runs:
+            shutil.rmtree(out / "neighbours", ignore_errors=True)
+    return found
 
 
 def _use_roles(v, prof: list[dict[str, Any]], notes: list[str], b: str) -> None:

@@ -109,7 +109,7 @@ def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]
                    "rounds": search.rounds, "path": search.path, "stage_nodes": len(sub.graph.node)}
         culprit["shared_with"] = search.shared
         culprit.update(_repro(runner, node, val, last, search.exposed, sub, own, sfeeds, ins, backend, peers,
-                              cfg, repro_dir, set(search.shared)))
+                              cfg, drill, repro_dir, set(search.shared)))
         return culprit
     finally:
         runner.out = runner_out
@@ -214,25 +214,35 @@ class _Search:
 
 
 def _repro(runner, node, out_val, last_rep, exposed, sub, own, sfeeds, ins, backend, peers,
-           cfg, repro_dir: Path, shared: set[str] = frozenset()) -> dict[str, Any]:
+           cfg, drill, repro_dir: Path, shared: set[str] = frozenset()) -> dict[str, Any]:
     """Write and verify the repro of ``node`` (module docstring), cut out of the stage's subgraph
-    ``sub`` (``own``: the backend's own version). Returns the culprit's repro keys."""
+    ``sub`` (``own``: the backend's own version): the operator alone, else the smallest connected
+    subgraph around it that reproduces (:class:`anpred.drill.grow.Growth`), else the stage prefix up to
+    it. Returns the culprit's repro keys (``repro``, ``reproduced``, ``scope``, ``flagged_in_repro``,
+    ``repro_nodes``: the node names the repro kept, ``repro_search``: each subgraph tried)."""
     from anpred.drill.feed import backend_samples, consensus_samples
-    from anpred.drill.graphs import expose, extract
+    from anpred.drill.graphs import expose
+    from anpred.drill.grow import Growth
 
     run_dir, rep = last_rep
-    inits = {t.name for t in sub.graph.initializer}
-    consts = {v for n in sub.graph.node if n.op_type == "Constant" for v in n.output}
-    node_ins = [v for v in node.input if v and v not in inits and v not in consts]
-    need = [v for v in node_ins if v not in ins and v not in exposed]
-    if need:  # the operator's inputs were not exposed in the last round: one more run exposes them
-        models = {None: expose(sub, need + [out_val])}
+    grow = Growth(sub, node, out_val, max(1, drill.max_exposed))
+    # the rings whose cut values one run can expose (max_exposed), the operator's own inputs always
+    sets: list[list[str]] = []
+    for s in grow.rings():
+        if sets and len(grow.values(sets + [s])) > drill.max_exposed:
+            break
+        sets.append(s)
+    known = set(ins) | set(exposed)
+    need = grow.values(sets)
+    if any(v not in known for v in need):  # one more run exposes them (and the operator's output)
+        need = list(dict.fromkeys(need + [out_val]))
+        models = {None: expose(sub, need)}
         if own is not None:
-            models[backend] = expose(own, need + [out_val])
+            models[backend] = expose(own, need)
         run_dir, rep = runner.run("inputs", models, sfeeds, peers)
     by_value = {a["value"]: a["name"] for a in rep.anchors if a.get("value")}
-    inner = [v for v in node_ins if v not in ins]
-    cons = dict(consensus_samples(run_dir, [by_value[v] for v in inner + [out_val]], exclude=(backend,)))
+    inner = [v for v in dict.fromkeys(need + [out_val]) if v not in ins and v in by_value]
+    cons = dict(consensus_samples(run_dir, [by_value[v] for v in inner], exclude=(backend,)))
     mine = dict(backend_samples(run_dir, backend, [by_value[out_val]]))
     # the sample where the backend deviates most at the operator's output
     worst, best = 0, -1.0
@@ -244,32 +254,77 @@ def _repro(runner, node, out_val, last_rep, exposed, sub, own, sfeeds, ins, back
         if d > best:
             worst, best = i, d
     sid = sorted(cons)[worst]
-    feed = {v: (sfeeds[worst][v] if v in ins else cons[sid][by_value[v]]) for v in node_ins}
-    tries = [("operator", {v: feed[v] for v in node_ins}),
-             ("stage prefix", {v: sfeeds[worst][v] for v in ins})]
-    repro_dir = Path(repro_dir)
-    for scope, inputs in tries:
+    known_values = {v: sfeeds[worst][v] for v in ins}
+    known_values.update({v: cons[sid][by_value[v]] for v in inner if by_value[v] in cons[sid]})
+    trial = _Trial(runner, sub, own, backend, peers, cfg, shared, node, Path(repro_dir))
+
+    def attempt(keys: list[str], scope: str) -> bool:
+        cin, couts = grow.cut(keys)
+        if any(v not in known_values for v in cin):
+            return False
+        return trial.run({v: known_values[v] for v in cin}, couts, scope, [grow.nodes[k].name or k for k in keys])
+
+    runs = 1
+    ok = attempt([grow.culprit], "operator")
+    search: list[dict[str, Any]] = [{"nodes": 1, "kept": [node.name], "reproduced": ok}]
+    if not ok and len(sets) > 1:
+        kept, n, log = grow.search(lambda k: attempt(k, "subgraph"), max(0, drill.max_repro_runs - 1),
+                                     known_bad=[[grow.culprit]])
+        runs += n
+        search += log
+        ok = kept is not None
+    if not ok and runs < drill.max_repro_runs:  # the whole stage up to the operator, from its entries
+        ok = trial.run({v: sfeeds[worst][v] for v in ins}, [out_val], "stage prefix", None)
+        search.append({"nodes": None, "kept": "stage prefix", "reproduced": ok})
+    if not ok:
+        return {"repro": None, "reproduced": False, "scope": None, "flagged_in_repro": False,
+                "repro_nodes": [], "repro_search": search}
+    return {"repro": str(repro_dir), "reproduced": True, "scope": trial.scope, "flagged_in_repro": trial.flagged,
+            "repro_nodes": trial.kept, "repro_search": search}
+
+
+class _Trial:
+    """One candidate repro: cut out, run on the backend and its peers, kept (written) when it
+    reproduces: the backend departs from its peers at the culprit's output and no peer is flagged (but
+    those that showed the same departure in the stage). The last kept one is in ``repro_dir``."""
+
+    def __init__(self, runner, sub, own, backend, peers, cfg, shared, node, repro_dir: Path):
+        self.runner, self.sub, self.own, self.backend, self.peers = runner, sub, own, backend, peers
+        self.cfg, self.shared, self.node, self.repro_dir = cfg, shared, node, repro_dir
+        self.out_val = None
+        self.scope, self.flagged, self.kept = None, False, []
+        self.n = 0
+
+    def run(self, inputs: dict[str, np.ndarray], outs: list[str], scope: str, kept: list[str] | None) -> bool:
+        from anpred.drill.graphs import extract
+
+        out_val = outs[0]
         try:
-            m = extract(sub, inputs, [out_val])
-            mo = extract(own, inputs, [out_val]) if own is not None else None
+            m = extract(self.sub, inputs, outs)
+            mo = extract(self.own, inputs, outs) if self.own is not None else None
         except AnpredError:
-            continue
-        models = {None: m, **({backend: mo} if mo is not None else {})}
-        rdir, rrep = runner.run(f"repro-{scope.replace(' ', '-')}", models, [inputs], peers)
-        departs = departs_rule(rrep, cfg)
+            return False
+        self.n += 1
+        models = {None: m, **({self.backend: mo} if mo is not None else {})}
+        name = f"repro-{scope.replace(' ', '-')}" + (f"-{self.n}" if scope == "subgraph" else "")
+        rdir, rrep = self.runner.run(name, models, [inputs], self.peers)
+        departs = departs_rule(rrep, self.cfg)
         cells = value_cells(rrep, {out_val: out_val})[out_val]
         # no peer flagged, except those that showed the same departure in the stage (a shared defect)
-        flagged_peers = [b for b in rrep.flagged_backends if b != backend and b not in shared]
-        if departs(cells.get(backend)) and not flagged_peers:
-            flagged = backend in rrep.flagged_backends
-            _write(repro_dir, m, mo, inputs, rdir, rrep, backend, peers, node, scope, cells, flagged,
-                   runner.specs[backend].name, runner.specs[backend].options.get("python_path"))
-            return {"repro": str(repro_dir), "reproduced": True, "scope": scope, "flagged_in_repro": flagged}
-    return {"repro": None, "reproduced": False, "scope": None, "flagged_in_repro": False}
+        flagged_peers = [b for b in rrep.flagged_backends if b != self.backend and b not in self.shared]
+        if not (departs(cells.get(self.backend)) and not flagged_peers):
+            return False
+        flagged = self.backend in rrep.flagged_backends
+        data_nodes = kept if kept is not None else [n.name for n in m.graph.node if n.op_type != "Constant"]
+        spec = self.runner.specs[self.backend]
+        _write(self.repro_dir, m, mo, inputs, rdir, rrep, self.backend, self.peers, self.node, scope, cells, flagged,
+               spec.name, spec.options.get("python_path"), data_nodes)
+        self.scope, self.flagged, self.kept = scope, flagged, data_nodes
+        return True
 
 
 def _write(repro_dir: Path, m, mo, inputs, rdir, rrep, backend, peers, node, scope, cells, flagged: bool,
-           registry_name: str, python_path: list[str] | None = None) -> None:
+           registry_name: str, python_path: list[str] | None = None, kept: list[str] = ()) -> None:
     import json
     import os
 
@@ -326,9 +381,14 @@ def _write(repro_dir: Path, m, mo, inputs, rdir, rrep, backend, peers, node, sco
                   f"`outputs/{backend}.npz` with `expected.npz`:\n\n    {cmd}\n")
     (repro_dir / "README.md").write_text(
         f"# {backend}: {node.op_type} `{node.name}` departs from its peers\n\n"
-        f"Scope: {scope} ({len(m.graph.node)} node(s)); inputs: the consensus values this "
-        f"{'operator' if scope == 'operator' else 'stage'} received (`inputs.npz`).\n"
+        f"Scope: {scope} ({len(kept) or len(m.graph.node)} operator(s): {', '.join(kept) or node.name}"
+        + ("; grown from the culprit because the operator alone does not reproduce" if scope == "subgraph" else "")
+        + f"); inputs: the consensus values {'this operator' if scope == 'operator' else 'these operators'} "
+        f"received (`inputs.npz`).\n"
         f"{backend}'s {rrep.config.get('primary', 'nrmse')} against the consensus of the others: "
         f"{mine.primary:.3g} ({ratio:.3g} x the peers' median; flagged: {'yes' if flagged else 'no'}); "
         f"peers: {', '.join(others)}.\n"
         f"`expected.npz`: the consensus; `outputs/<backend>.npz`: each backend's own outputs.\n\n{rerun}")
+    if mo is None and backend in REGISTRY:  # the same command as a script
+        (repro_dir / "reproduce.sh").write_text(f"#!/bin/sh\n# exits 1 while {backend} is flagged\ncd \"$(dirname \"$0\")\"\n"
+                                                f"exec {cmd}\n")
