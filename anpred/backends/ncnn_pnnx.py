@@ -88,6 +88,26 @@ class NcnnBackend(Backend):
     coverage_basis = ""  # pnnx has no ONNX op table: an op it cannot lower is found at conversion
     needs_input_shapes = True
 
+    node_basis = ("ANPRED's ncnn input rule (ncnn Mats hold float32); pnnx on a one-node model of each node "
+                  "(cached by content)")
+
+    @classmethod
+    def refused_nodes(cls, model) -> dict[str, str]:
+        """The inputs this backend's input rule refuses (:func:`_input_dtype_refusal`: a bool or
+        floating input other than float32) and the nodes pnnx refuses alone (:func:`pnnx_probe`:
+        an op it leaves as ``todo``, a layer ncnn does not know, a crash of pnnx)."""
+        from anpred.onnx_io import elem_type_name
+
+        inits = {t.name for t in model.graph.initializer}
+        out = {}
+        for vi in model.graph.input:
+            if vi.name not in inits:
+                why = _input_dtype_refusal(vi.name, elem_type_name(vi.type.tensor_type.elem_type))
+                if why:
+                    out[f"input {vi.name}"] = why
+        out.update(pnnx_probe().refusals(model))
+        return out
+
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)
         self.net = None
@@ -124,9 +144,8 @@ class NcnnBackend(Backend):
             dt = elem_type_name(vi.type.tensor_type.elem_type)
             if dt in _INT_INPUTS:  # fed as float32 (exact below 2^24), cast back inside the graph
                 self.int_inputs[vi.name] = dt
-            elif dt != "float32":
-                raise BackendError(f"ncnn: input {vi.name!r} is {dt}; ncnn Mats hold float32 and this backend feeds "
-                                   "float32 inputs and integer ones (cast back in the graph) only")
+            elif why := _input_dtype_refusal(vi.name, dt):
+                raise BackendError(why)
             dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
                     for d in vi.type.tensor_type.shape.dim]
             shape = [int(s) for s in given[vi.name]] if vi.name in given else dims
@@ -362,6 +381,75 @@ def _batch_gathers_as_squeeze(model) -> int:
 
 #: integer input types fed to ncnn as float32 (its Mats hold float32): exact for |v| <= 2^24
 _INT_INPUTS = ("int8", "uint8", "int16", "uint16", "int32", "int64")
+#: seconds of pnnx probes per model in the pre-run coverage (docs/backends-converters.md, "Pre-run
+#: coverage": about 0.3 s a probe; answers are cached by node content, so a model seen before costs none)
+PNNX_PROBE_BUDGET_S = 30.0
+
+
+def _input_dtype_refusal(name: str, dtype: str) -> str:
+    """Why an input of element type ``dtype`` cannot be fed to ncnn ("" when it can: float32 and the
+    integer types of :data:`_INT_INPUTS`, fed as float32 and cast back in the graph)."""
+    if dtype == "float32" or dtype in _INT_INPUTS:
+        return ""
+    return (f"ncnn: input {name!r} is {dtype}; ncnn Mats hold float32 and this backend feeds float32 inputs and "
+            "integer ones (cast back in the graph) only")
+
+
+def _pnnx_convert(path: Path, tmp: Path) -> str:
+    """pnnx on the one-node model at ``path`` (a probe, :class:`anpred.backends.converter_probe.NodeProbe`):
+    "" when it lowers onto known ncnn layers, else why not (``todo <op>``, unknown layers, pnnx's exit
+    status: a signal is a crash)."""
+    import shutil
+
+    import onnx
+    import pnnx
+
+    from anpred.onnx_io import elem_type_name
+
+    m = onnx.load(str(path))
+    inits = {t.name for t in m.graph.initializer}
+    args = []
+    for vi in m.graph.input:
+        if vi.name in inits:
+            continue
+        dt = elem_type_name(vi.type.tensor_type.elem_type)
+        code = {"float32": "f32", "int64": "i64", "int32": "i32"}.get(dt)
+        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        if code is None or not dims:
+            return ""  # not a probe pnnx can be asked (the conversion of the whole model will say)
+        args.append("[" + ",".join(map(str, dims)) + "]" + code)
+    work = tmp / f"pnnx-{path.stem}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    shutil.copy(path, work / "model.onnx")
+    try:
+        proc = subprocess.run([pnnx.EXEC_PATH, "model.onnx", f"inputshape={','.join(args)}", "fp16=0", "device=cpu"],
+                              cwd=str(work), capture_output=True, text=True, errors="replace", timeout=120,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return "pnnx took more than 120 s on this node alone"
+    log = proc.stdout + proc.stderr
+    todo = sorted({mm.group(1) for mm in re.finditer(r"^todo (\S+)", log, re.M)})
+    if proc.returncode < 0:
+        return f"pnnx crashed on this node alone (signal {-proc.returncode})"
+    if todo:
+        return f"pnnx cannot lower {', '.join(todo)} onto ncnn layers (todo)"
+    if proc.returncode != 0 or not (work / "model.ncnn.param").is_file():
+        return f"pnnx failed on this node alone (exit status {proc.returncode}): {_log_errors(log)}"
+    unknown = _unknown_layers(work / "model.ncnn.param")
+    if unknown:
+        return f"ncnn does not know the layer type(s) {', '.join(unknown)} pnnx lowers it to"
+    return ""
+
+
+def pnnx_probe():
+    """The pnnx :class:`~anpred.backends.converter_probe.NodeProbe` of the pre-run coverage."""
+    import importlib.metadata as md
+
+    from anpred.backends.converter_probe import NodeProbe
+
+    return NodeProbe("pnnx", f"pnnx {md.version('pnnx')} ncnn {md.version('ncnn')} {FORMAT}", _pnnx_convert,
+                     PNNX_PROBE_BUDGET_S)
 
 
 def _float_for_int_inputs(model, ints: dict[str, str]) -> None:

@@ -16,11 +16,13 @@ departs from the anchor's consensus. The closest match is reported.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["neighbour_nodes", "neighbour_match"]
+__all__ = ["Replayed", "neighbour_nodes", "neighbour_match"]
 
 
 def neighbour_nodes(model, value: str, radius: int) -> list[tuple[Any, int, str]]:
@@ -99,18 +101,29 @@ def _reached(model, outputs: list[str], given: set[str]) -> list[str]:
     return sorted(out)
 
 
-def neighbour_match(runner, model, run_dir, report, backend: str, anchors: list[str],
-                    feeds: list[dict[str, np.ndarray]], samples: list[str], peers: list[str], radius: int
-                    ) -> dict[str, Any] | None:
+@dataclass
+class Replayed:
+    """What :func:`neighbour_match` needs of the drill: the sub-run ``runner``
+    (:class:`anpred.drill.runner.SubRunner`), the run's anchored ``model`` (with its weights), the judged
+    run ``run_dir`` and its ``report`` (:class:`anpred.judge.CheckReport`), per sample of ``samples`` the
+    consensus ``feeds`` (ONNX value -> array: graph inputs and stage entries), the replayed ``peers``."""
+
+    runner: Any
+    model: Any
+    run_dir: Path
+    report: Any
+    feeds: list[dict[str, np.ndarray]]
+    samples: list[str]
+    peers: list[str]
+
+
+def neighbour_match(data: Replayed, backend: str, anchors: list[str], radius: int) -> dict[str, Any] | None:
     """The neighbour whose value ``backend`` returned at one of ``anchors`` (module docstring), or None.
 
     Args:
-        runner: the drill's :class:`anpred.drill.runner.SubRunner`.
-        model: the run's anchored model (with its weights).
-        run_dir: the judged run; ``report``: its :class:`anpred.judge.CheckReport`.
+        data: the drill's run, model, consensus feeds and peers (:class:`Replayed`; the backend is left
+            out of the sub-run).
         backend: the flagged backend; ``anchors``: the anchors where it departs first (origin first).
-        feeds: per sample of ``samples``, ONNX value -> consensus array (graph inputs, stage entries).
-        peers: the replayed backends (``backend`` is left out of the sub-run).
         radius: dataflow edges around each anchor's producer.
 
     Returns:
@@ -124,7 +137,11 @@ def neighbour_match(runner, model, run_dir, report, backend: str, anchors: list[
     from anpred.errors import AnpredError
     from anpred.judge.stats import error_stats
 
-    by_name = {a.name: a for a in report_manifest(run_dir).anchors}
+    from anpred.run import RunStore
+
+    runner, model, run_dir, report = data.runner, data.model, data.run_dir, data.report
+    feeds, samples, peers = data.feeds, data.samples, data.peers
+    by_name = {a.name: a for a in RunStore.open(run_dir).manifest.anchors}
     prod = producers(model)
     stat = (report.config or {}).get("primary", "nrmse")
     others = [b for b in peers if b != backend]
@@ -179,10 +196,3 @@ def neighbour_match(runner, model, run_dir, report, backend: str, anchors: list[
         if best is not None:
             return best
     return best
-
-
-def report_manifest(run_dir):
-    """The manifest of the run in ``run_dir``."""
-    from anpred.run import RunStore
-
-    return RunStore.open(run_dir).manifest

@@ -20,6 +20,7 @@ operator's output (the localization rule), and no peer may be flagged.
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import numpy as np
 from anpred.drill.runner import departs_rule, value_cells
 from anpred.errors import AnpredError
 
-__all__ = ["drill_stage"]
+__all__ = ["DrillCase", "drill_stage"]
 
 
 def _spread(values: list[str], lo: int, hi: int, k: int) -> list[int]:
@@ -43,8 +44,34 @@ def _spread(values: list[str], lo: int, hi: int, k: int) -> list[int]:
     return idx
 
 
-def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]], backend: str,
-                peers: list[str], cfg, drill, repro_dir: Path, work: Path) -> dict[str, Any]:
+@dataclass
+class DrillCase:
+    """One flagged backend's drill-down: ``runner`` (the drill's :class:`anpred.drill.runner.SubRunner`),
+    ``backend`` (the flagged one), ``peers`` (every replayed backend, ``backend`` included), ``cfg`` (the
+    oracle's :class:`anpred.defaults.OracleConfig`), ``drill`` (:class:`anpred.drill.DrillConfig`),
+    ``shared``: the peers that showed the same departure in the stage (a shared defect)."""
+
+    runner: Any
+    backend: str
+    peers: list[str]
+    cfg: Any
+    drill: Any
+    shared: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _StageSub:
+    """The stage's subgraph ``sub`` (``own``: the backend's own version, or None), its inputs ``ins``
+    (entries and graph inputs) and their values per sample ``sfeeds``."""
+
+    sub: Any
+    own: Any
+    ins: list[str]
+    sfeeds: list[dict[str, np.ndarray]]
+
+
+def drill_stage(case: DrillCase, model, own_model, cut, feeds: list[dict[str, np.ndarray]], repro_dir: Path,
+                work: Path) -> dict[str, Any]:
     """Find the first operator of stage ``cut`` whose output ``backend`` departs at, and its repro.
 
     When that operator bears subgraphs (``If``, ``Loop``), its bodies are inlined into the stage
@@ -53,12 +80,10 @@ def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]
     goes on among the inlined operators, one level down.
 
     Args:
-        runner: the drill's :class:`anpred.drill.runner.SubRunner`.
-        model: the run's anchored model; ``own_model``: the model ``backend`` ran, when its own.
+        case: the backend, its peers, the runner and the rules (:class:`DrillCase`).
+        model: the run's anchored model; ``own_model``: the model the backend ran, when its own.
         cut: the stage (:class:`anpred.drill.graphs.StageCut`).
         feeds: per sample, ONNX value -> consensus array (entries and graph inputs).
-        backend: the flagged backend; ``peers``: every replayed backend (``backend`` included).
-        cfg: the oracle's :class:`anpred.defaults.OracleConfig`; ``drill``: :class:`DrillConfig`.
         repro_dir: where the repro goes; ``work``: scratch folder of the rounds.
 
     Returns:
@@ -69,6 +94,7 @@ def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]
     """
     from anpred.drill.graphs import extract, producers, topo_values
 
+    runner, backend, peers, cfg, drill = case.runner, case.backend, case.peers, case.cfg, case.drill
     runner_out = runner.out
     runner.out = work
     try:
@@ -108,8 +134,8 @@ def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]
                    "peers_nrmse": float(np.median(others)) if others else None,
                    "rounds": search.rounds, "path": search.path, "stage_nodes": len(sub.graph.node)}
         culprit["shared_with"] = search.shared
-        culprit.update(_repro(runner, node, val, last, search.exposed, sub, own, sfeeds, ins, backend, peers,
-                              cfg, drill, repro_dir, set(search.shared)))
+        case.shared = set(search.shared)
+        culprit.update(_repro(case, _StageSub(sub, own, ins, sfeeds), node, val, last, search.exposed, repro_dir))
         return culprit
     finally:
         runner.out = runner_out
@@ -213,8 +239,8 @@ class _Search:
             cands = [v for v in cands if v in keep and v not in clean]
 
 
-def _repro(runner, node, out_val, last_rep, exposed, sub, own, sfeeds, ins, backend, peers,
-           cfg, drill, repro_dir: Path, shared: set[str] = frozenset()) -> dict[str, Any]:
+def _repro(case: DrillCase, stage: _StageSub, node, out_val: str, last_rep, exposed: list[str],
+           repro_dir: Path) -> dict[str, Any]:
     """Write and verify the repro of ``node`` (module docstring), cut out of the stage's subgraph
     ``sub`` (``own``: the backend's own version): the operator alone, else the smallest connected
     subgraph around it that reproduces (:class:`anpred.drill.grow.Growth`), else the stage prefix up to
@@ -224,6 +250,8 @@ def _repro(runner, node, out_val, last_rep, exposed, sub, own, sfeeds, ins, back
     from anpred.drill.graphs import expose
     from anpred.drill.grow import Growth
 
+    runner, backend, peers, drill = case.runner, case.backend, case.peers, case.drill
+    sub, own, ins, sfeeds = stage.sub, stage.own, stage.ins, stage.sfeeds
     run_dir, rep = last_rep
     grow = Growth(sub, node, out_val, max(1, drill.max_exposed))
     # the rings whose cut values one run can expose (max_exposed), the operator's own inputs always
@@ -256,7 +284,7 @@ def _repro(runner, node, out_val, last_rep, exposed, sub, own, sfeeds, ins, back
     sid = sorted(cons)[worst]
     known_values = {v: sfeeds[worst][v] for v in ins}
     known_values.update({v: cons[sid][by_value[v]] for v in inner if by_value[v] in cons[sid]})
-    trial = _Trial(runner, sub, own, backend, peers, cfg, shared, node, Path(repro_dir))
+    trial = _Trial(case, stage, node, Path(repro_dir))
 
     def attempt(keys: list[str], scope: str) -> bool:
         cin, couts = grow.cut(keys)
@@ -288,16 +316,15 @@ class _Trial:
     reproduces: the backend departs from its peers at the culprit's output and no peer is flagged (but
     those that showed the same departure in the stage). The last kept one is in ``repro_dir``."""
 
-    def __init__(self, runner, sub, own, backend, peers, cfg, shared, node, repro_dir: Path):
-        self.runner, self.sub, self.own, self.backend, self.peers = runner, sub, own, backend, peers
-        self.cfg, self.shared, self.node, self.repro_dir = cfg, shared, node, repro_dir
-        self.out_val = None
+    def __init__(self, case: DrillCase, stage: _StageSub, node, repro_dir: Path):
+        self.case, self.sub, self.own, self.node, self.repro_dir = case, stage.sub, stage.own, node, repro_dir
         self.scope, self.flagged, self.kept = None, False, []
         self.n = 0
 
     def run(self, inputs: dict[str, np.ndarray], outs: list[str], scope: str, kept: list[str] | None) -> bool:
         from anpred.drill.graphs import extract
 
+        case = self.case
         out_val = outs[0]
         try:
             m = extract(self.sub, inputs, outs)
@@ -305,26 +332,37 @@ class _Trial:
         except AnpredError:
             return False
         self.n += 1
-        models = {None: m, **({self.backend: mo} if mo is not None else {})}
+        models = {None: m, **({case.backend: mo} if mo is not None else {})}
         name = f"repro-{scope.replace(' ', '-')}" + (f"-{self.n}" if scope == "subgraph" else "")
-        rdir, rrep = self.runner.run(name, models, [inputs], self.peers)
-        departs = departs_rule(rrep, self.cfg)
+        rdir, rrep = case.runner.run(name, models, [inputs], case.peers)
+        departs = departs_rule(rrep, case.cfg)
         cells = value_cells(rrep, {out_val: out_val})[out_val]
         # no peer flagged, except those that showed the same departure in the stage (a shared defect)
-        flagged_peers = [b for b in rrep.flagged_backends if b != self.backend and b not in self.shared]
-        if not (departs(cells.get(self.backend)) and not flagged_peers):
+        flagged_peers = [b for b in rrep.flagged_backends if b != case.backend and b not in case.shared]
+        if not (departs(cells.get(case.backend)) and not flagged_peers):
             return False
-        flagged = self.backend in rrep.flagged_backends
+        flagged = case.backend in rrep.flagged_backends
         data_nodes = kept if kept is not None else [n.name for n in m.graph.node if n.op_type != "Constant"]
-        spec = self.runner.specs[self.backend]
-        _write(self.repro_dir, m, mo, inputs, rdir, rrep, self.backend, self.peers, self.node, scope, cells, flagged,
-               spec.name, spec.options.get("python_path"), data_nodes)
+        _write(self.repro_dir, (m, mo), inputs, (rdir, rrep), case, self.node,
+               _Kept(scope, cells, flagged, data_nodes))
         self.scope, self.flagged, self.kept = scope, flagged, data_nodes
         return True
 
 
-def _write(repro_dir: Path, m, mo, inputs, rdir, rrep, backend, peers, node, scope, cells, flagged: bool,
-           registry_name: str, python_path: list[str] | None = None, kept: list[str] = ()) -> None:
+@dataclass
+class _Kept:
+    """What a kept repro shows: its ``scope``, the culprit output's ``cells`` (backend -> Cell), whether
+    the backend is ``flagged`` there, the operators it ``kept``."""
+
+    scope: str
+    cells: dict[str, Any]
+    flagged: bool
+    kept: list[str]
+
+
+def _write(repro_dir: Path, models, inputs, run, case: DrillCase, node, shown: _Kept) -> None:
+    """Write the repro folder (module docstring): ``models`` = (model, the backend's own or None),
+    ``run`` = (run folder, report) of the run that reproduced it."""
     import json
     import os
 
@@ -332,6 +370,12 @@ def _write(repro_dir: Path, m, mo, inputs, rdir, rrep, backend, peers, node, sco
     from anpred.drill.feed import backend_samples, consensus_samples
     from anpred.onnx_io import save_model
 
+    m, mo = models
+    rdir, rrep = run
+    backend, peers = case.backend, case.peers
+    scope, cells, flagged, kept = shown.scope, shown.cells, shown.flagged, shown.kept
+    spec = case.runner.specs[backend]
+    registry_name, python_path = spec.name, spec.options.get("python_path")
     if repro_dir.exists():
         shutil.rmtree(repro_dir)
     (repro_dir / "outputs").mkdir(parents=True)
