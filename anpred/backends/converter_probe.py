@@ -14,8 +14,9 @@ not implemented``). Two ways to learn such limits without a hand-kept table:
 - :class:`NodeProbe` converts a one-node model built from each node (its attributes; its constant
   inputs as initializers; its other inputs as graph inputs of the node's inferred type and shape) with
   a converter that is a separate program (``mnnconvert``), caching each answer by the node's content
-  (:func:`node_signature`) under ``<cache>/coverage-probe/<tool>/``: a node of the same signature is
-  never probed twice, in this model or another, while the converter's version is the same.
+  (:func:`node_signature`: attributes, dtypes, ranks, small constants) under
+  ``<cache>/coverage-probe/<tool>/``: a node of the same signature is never probed twice, in this model
+  or another, while the converter's version is the same.
 
 Both return ``{op key: reason}`` in the coverage's format (:func:`anpred.onnx_io.model_ops` keys), the
 reason naming the nodes (the first, and how many more).
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -33,8 +35,10 @@ __all__ = ["onnx2torch_refusals", "NodeProbe", "node_signature", "one_node_model
 
 #: constant inputs up to this many elements enter a node's signature with their values (shape targets,
 #: axes, clip bounds: values a converter's decision depends on); larger ones (weights) with their
-#: dtype and shape only
+#: dtype and rank only
 SIGNATURE_VALUE_ELEMENTS = 64
+#: the most probes run at once (each a converter process of its own)
+PROBE_WORKERS = 4
 
 
 def grouped(refusals: list[tuple[str, str, str]]) -> dict[str, str]:
@@ -106,16 +110,17 @@ def _tensor_digest(t) -> dict[str, Any]:
     from onnx import numpy_helper
 
     arr = numpy_helper.to_array(t)
-    d = {"dtype": str(arr.dtype), "shape": list(arr.shape)}
-    if arr.size <= SIGNATURE_VALUE_ELEMENTS:
-        d["values"] = hashlib.sha256(arr.tobytes()).hexdigest()[:16]
-    return d
+    if arr.size > SIGNATURE_VALUE_ELEMENTS:  # weights: what they hold does not decide a conversion
+        return {"dtype": str(arr.dtype), "rank": arr.ndim}
+    return {"dtype": str(arr.dtype), "shape": list(arr.shape), "values": hashlib.sha256(arr.tobytes()).hexdigest()[:16]}
 
 
 def node_signature(node, inputs: list[dict[str, Any]], opset: dict[str, int]) -> str:
     """The content key of one node for a probe: op type, domain, opset, every attribute (serialized),
-    and per input its kind (constant or not), dtype and shape, with the values of small constants
-    (:data:`SIGNATURE_VALUE_ELEMENTS`). sha256 hex."""
+    and per input its kind (constant or not), dtype and rank, with the shape and values of small
+    constants (:data:`SIGNATURE_VALUE_ELEMENTS`). sha256 hex. Shapes of the other inputs are not in it: a
+    converter's support follows the attributes, dtypes and ranks (a Conv of 16 or of 64 channels converts
+    alike), so the answer for one node serves every node of the same signature."""
     attrs = sorted((a.name, hashlib.sha256(a.SerializeToString()).hexdigest()[:16]) for a in node.attribute)
     body = {"op": node.op_type, "domain": node.domain, "opset": opset.get(node.domain, opset.get("", 0)),
             "attrs": attrs, "inputs": inputs, "outputs": len(node.output)}
@@ -147,7 +152,7 @@ def one_node_model(model, node, types: dict[str, tuple[int, Any]], consts: dict[
             return None, None
         if v not in {i.name for i in ins}:
             ins.append(helper.make_tensor_value_info(v, elem, list(shape)))
-        sig.append({"kind": "input", "elem": elem, "shape": list(shape)})
+        sig.append({"kind": "input", "elem": elem, "rank": len(shape)})
     outs = []
     for v in node.output:
         if v:
@@ -184,10 +189,52 @@ class NodeProbe:
         return cache_root() / "coverage-probe" / self.tool
 
     def refusals(self, model) -> dict[str, str]:
-        """``{op key: reason}`` of the nodes of ``model`` (weights loaded) the converter refuses alone."""
+        """``{op key: reason}`` of the nodes of ``model`` (weights loaded) the converter refuses alone.
+        Uncached signatures are probed in parallel (:data:`PROBE_WORKERS` at most), within
+        :attr:`budget_s`."""
         import tempfile
+        from concurrent.futures import ThreadPoolExecutor
 
         from anpred.onnx_io import atomic_write_text, save_model
+
+        folder = self._folder()
+        folder.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        nodes = self._keyed(model)  # [(node, key, one-node model)]
+        answers: dict[str, str] = {}
+        for _, key, _ in nodes:
+            f = folder / f"{key}.json"
+            if key not in answers and f.is_file():
+                try:
+                    answers[key] = json.loads(f.read_text())["refused"]
+                    self.cached += 1
+                except (OSError, ValueError, KeyError):
+                    pass
+        todo = list({key: (n, one) for n, key, one in nodes if key not in answers}.items())
+        workers = max(1, min(PROBE_WORKERS, os.cpu_count() or 1))
+        with tempfile.TemporaryDirectory(prefix="anpred-probe-") as tmp, ThreadPoolExecutor(workers) as pool:
+            for i in range(0, len(todo), workers):
+                if time.perf_counter() - t0 > self.budget_s:
+                    self.unprobed += len(todo) - i
+                    break
+                batch = todo[i:i + workers]
+                paths = []
+                for key, (_, one) in batch:
+                    paths.append(Path(tmp) / f"{key[:16]}.onnx")
+                    save_model(one, paths[-1])
+                for (key, (n, _)), why in zip(batch, pool.map(lambda q: self.convert(q, Path(tmp)), paths)):
+                    answers[key] = why
+                    self.probed += 1
+                    atomic_write_text(folder / f"{key}.json", json.dumps(
+                        {"refused": why, "op": n.op_type, "tool": self.tool, "version": self.version}))
+        found = [(_op_key(n), n.name or n.output[0], f"{self.tool}: {answers[key]}")
+                 for n, key, _ in nodes if answers.get(key)]
+        return grouped(found)
+
+    def _keyed(self, model) -> list[tuple[Any, str, Any]]:
+        """``[(node, content key, one-node model)]`` for the nodes of ``model`` a probe can ask: not
+        ``Constant``, every input static and none computed from constants or shapes (folded in the
+        model: alone it would be a graph input the converter may refuse for that reason only)."""
         from passes.graph import build_index
         from passes.shapes import infer_value_types
 
@@ -198,42 +245,12 @@ class NodeProbe:
             if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
                 consts[n.output[0]] = n.attribute[0].t
         opset = {o.domain: o.version for o in model.opset_import}
-        folder = self._folder()
-        folder.mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
-        found = []
-        seen: dict[str, str] = {}
-        with tempfile.TemporaryDirectory(prefix="anpred-probe-") as tmp:
-            for n in model.graph.node:
-                if n.op_type == "Constant":
-                    continue
-                # an input computed from constants or shapes is folded in the model: alone it would be a
-                # graph input the converter may refuse for that reason only; such nodes are not probed
-                if any(v and v not in consts and not index.is_data(v) for v in n.input):
-                    continue
-                one, sig = one_node_model(model, n, types, consts)
-                if one is None:
-                    continue
-                key = hashlib.sha256(f"{self.version}\0{node_signature(n, sig, opset)}".encode()).hexdigest()
-                why = seen.get(key)
-                f = folder / f"{key}.json"
-                if why is None and f.is_file():
-                    try:
-                        why = json.loads(f.read_text())["refused"]
-                        self.cached += 1
-                    except (OSError, ValueError, KeyError):
-                        why = None
-                if why is None:
-                    if time.perf_counter() - t0 > self.budget_s:
-                        self.unprobed += 1
-                        continue
-                    path = Path(tmp) / f"{key[:16]}.onnx"
-                    save_model(one, path)
-                    why = self.convert(path, Path(tmp))
-                    self.probed += 1
-                    atomic_write_text(f, json.dumps({"refused": why, "op": n.op_type, "tool": self.tool,
-                                                     "version": self.version}))
-                seen[key] = why
-                if why:
-                    found.append((_op_key(n), n.name or n.output[0], f"{self.tool}: {why}"))
-        return grouped(found)
+        out = []
+        for n in model.graph.node:
+            if n.op_type == "Constant" or any(v and v not in consts and not index.is_data(v) for v in n.input):
+                continue
+            one, sig = one_node_model(model, n, types, consts)
+            if one is not None:
+                out.append((n, hashlib.sha256(f"{self.version}\0{node_signature(n, sig, opset)}".encode()).hexdigest(),
+                            one))
+        return out
