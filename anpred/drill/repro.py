@@ -246,69 +246,91 @@ def _repro(case: DrillCase, stage: _StageSub, node, out_val: str, last_rep, expo
     subgraph around it that reproduces (:class:`anpred.drill.grow.Growth`), else the stage prefix up to
     it. Returns the culprit's repro keys (``repro``, ``reproduced``, ``scope``, ``flagged_in_repro``,
     ``repro_nodes``: the node names the repro kept, ``repro_search``: each subgraph tried)."""
-    from anpred.drill.feed import backend_samples, consensus_samples
-    from anpred.drill.graphs import expose
     from anpred.drill.grow import Growth
 
-    runner, backend, peers, drill = case.runner, case.backend, case.peers, case.drill
-    sub, own, ins, sfeeds = stage.sub, stage.own, stage.ins, stage.sfeeds
-    run_dir, rep = last_rep
-    grow = Growth(sub, node, out_val, max(1, drill.max_exposed))
-    # the rings whose cut values one run can expose (max_exposed), the operator's own inputs always
+    drill, sfeeds, ins = case.drill, stage.sfeeds, stage.ins
+    grow = Growth(stage.sub, node, out_val, max(1, drill.max_exposed))
+    # the rings whose cut values one run can expose (max_exposed)
     sets: list[list[str]] = []
     for s in grow.rings():
         if sets and len(grow.values(sets + [s])) > drill.max_exposed:
             break
         sets.append(s)
-    known = set(ins) | set(exposed)
-    need = grow.values(sets)
-    if any(v not in known for v in need):  # one more run exposes them (and the operator's output)
-        need = list(dict.fromkeys(need + [out_val]))
-        models = {None: expose(sub, need)}
-        if own is not None:
-            models[backend] = expose(own, need)
-        run_dir, rep = runner.run("inputs", models, sfeeds, peers)
-    by_value = {a["value"]: a["name"] for a in rep.anchors if a.get("value")}
-    inner = [v for v in dict.fromkeys(need + [out_val]) if v not in ins and v in by_value]
-    cons = dict(consensus_samples(run_dir, [by_value[v] for v in inner], exclude=(backend,)))
-    mine = dict(backend_samples(run_dir, backend, [by_value[out_val]]))
-    # the sample where the backend deviates most at the operator's output
-    worst, best = 0, -1.0
-    for i, sid in enumerate(sorted(cons)):
-        c, x = cons[sid].get(by_value[out_val]), mine.get(sid, {}).get(by_value[out_val])
-        if c is None or x is None:
-            continue
-        d = float(np.linalg.norm((x.astype(np.float64) - c).ravel()))
-        if d > best:
-            worst, best = i, d
-    sid = sorted(cons)[worst]
-    known_values = {v: sfeeds[worst][v] for v in ins}
-    known_values.update({v: cons[sid][by_value[v]] for v in inner if by_value[v] in cons[sid]})
+    # the operator alone first, with the values the last round exposed (one more run if it did not)
+    values = _Values(case, stage, out_val, last_rep, exposed)
+    values.learn(grow.cut([grow.culprit])[0])
     trial = _Trial(case, stage, node, Path(repro_dir))
 
     def attempt(keys: list[str], scope: str) -> bool:
         cin, couts = grow.cut(keys)
-        if any(v not in known_values for v in cin):
+        if any(v not in values.known for v in cin):
             return False
-        return trial.run({v: known_values[v] for v in cin}, couts, scope, [grow.nodes[k].name or k for k in keys])
+        return trial.run({v: values.known[v] for v in cin}, couts, scope, [grow.nodes[k].name or k for k in keys])
 
     runs = 1
     ok = attempt([grow.culprit], "operator")
     search: list[dict[str, Any]] = [{"nodes": 1, "kept": [node.name], "reproduced": ok}]
     if not ok and len(sets) > 1:
+        values.learn(grow.values(sets))  # every value a grown subgraph may read at its cut: one run
         kept, n, log = grow.search(lambda k: attempt(k, "subgraph"), max(0, drill.max_repro_runs - 1),
-                                     known_bad=[[grow.culprit]])
+                                   known_bad=[[grow.culprit]])
         runs += n
         search += log
         ok = kept is not None
     if not ok and runs < drill.max_repro_runs:  # the whole stage up to the operator, from its entries
-        ok = trial.run({v: sfeeds[worst][v] for v in ins}, [out_val], "stage prefix", None)
+        ok = trial.run({v: sfeeds[values.worst][v] for v in ins}, [out_val], "stage prefix", None)
         search.append({"nodes": None, "kept": "stage prefix", "reproduced": ok})
     if not ok:
         return {"repro": None, "reproduced": False, "scope": None, "flagged_in_repro": False,
                 "repro_nodes": [], "repro_search": search}
     return {"repro": str(repro_dir), "reproduced": True, "scope": trial.scope, "flagged_in_repro": trial.flagged,
             "repro_nodes": trial.kept, "repro_search": search}
+
+
+class _Values:
+    """The consensus values of the stage's inner tensors in the sample where the backend deviates most
+    at the culprit's output (``worst``: its index in the stage feeds), learnt from the last drill round
+    or from one more run that exposes the missing ones (:meth:`learn`)."""
+
+    def __init__(self, case: DrillCase, stage: _StageSub, out_val: str, last_rep, exposed: list[str]):
+        self.case, self.stage, self.out_val = case, stage, out_val
+        self.run_dir, self.rep = last_rep
+        self.exposed = set(exposed)
+        self.worst: int | None = None
+        self.known: dict[str, np.ndarray] = {}
+
+    def learn(self, values: list[str]) -> None:
+        """Know ``values`` (inner values or stage inputs): one run exposing the inner ones unless the
+        last run exposed them all."""
+        from anpred.drill.feed import backend_samples, consensus_samples
+        from anpred.drill.graphs import expose
+
+        case, stage = self.case, self.stage
+        inner = [v for v in dict.fromkeys(values + [self.out_val]) if v not in stage.ins]
+        if any(v not in self.exposed for v in inner):
+            models = {None: expose(stage.sub, inner)}
+            if stage.own is not None:
+                models[case.backend] = expose(stage.own, inner)
+            self.run_dir, self.rep = case.runner.run(f"inputs{len(self.known)}", models, stage.sfeeds, case.peers)
+            self.exposed = set(inner)
+        by_value = {a["value"]: a["name"] for a in self.rep.anchors if a.get("value")}
+        inner = [v for v in inner if v in by_value]
+        cons = dict(consensus_samples(self.run_dir, [by_value[v] for v in inner], exclude=(case.backend,)))
+        order = sorted(cons)
+        if self.worst is None:  # the sample where the backend deviates most at the operator's output
+            mine = dict(backend_samples(self.run_dir, case.backend, [by_value[self.out_val]]))
+            best = -1.0
+            self.worst = 0
+            for i, sid in enumerate(order):
+                c, x = cons[sid].get(by_value[self.out_val]), mine.get(sid, {}).get(by_value[self.out_val])
+                if c is None or x is None:
+                    continue
+                d = float(np.linalg.norm((x.astype(np.float64) - c).ravel()))
+                if d > best:
+                    self.worst, best = i, d
+            self.known.update({v: stage.sfeeds[self.worst][v] for v in stage.ins})
+        sid = order[self.worst]
+        self.known.update({v: cons[sid][by_value[v]] for v in inner if by_value[v] in cons[sid]})
 
 
 class _Trial:
