@@ -119,3 +119,20 @@ def test_cubic_grid_sample_crashes_pnnx_in_the_whole_model_too(tmp_path):
     st = run_model(path, ["ncnn"], tmp_path / "in", tmp_path / "run", progress=False, timeout_s=300,
                    precheck=False).statuses()["ncnn"]
     assert st.status in ("failed", "unsupported") and "pnnx" in st.reason, st.reason
+
+
+def test_cli_backends_names_the_converters_refusals(tmp_path, capsys):
+    import json
+
+    from anpred.cli import main
+
+    path = limits_model(tmp_path / "limits.onnx")
+    assert main(["backends", "--model", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "torch: cannot run the model: Reshape (onnx2torch: \"allowzero=1\" is not implemented (node 'reshape_az'))" in out
+    assert "ncnn: cannot run the model: input mask (ncnn: input 'mask' is bool" in out
+    row = next(ln for ln in out.splitlines() if ln.startswith("torch "))
+    assert " lacks " in row
+    assert main(["backends", "--model", str(path), "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["torch"]["coverage"]["nodes"] == ["Reshape", "Clip"] and rows["ort"]["coverage"]["ops"] == {}
