@@ -7,7 +7,7 @@ about 1-1.5 s).
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_coverage.py [--backends torch,ncnn,mnn,ort,openvino,tf]
+    .venv/bin/python benchmarks/bench_coverage.py [--backends torch,ncnn,ort,openvino,tf]
 
 Prints one line per (model, backend): table seconds, node-check seconds cold and warm, the probes run.
 docs/backends-converters.md ("Pre-run coverage") quotes it.
@@ -42,7 +42,7 @@ def _models(tmp: Path) -> dict[str, Path]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--backends", default="torch,ncnn,mnn,ort,openvino,tf")
+    ap.add_argument("--backends", default="torch,ncnn,ort,openvino,tf")
     args = ap.parse_args(argv)
     from anpred.backends import backend_class
     from anpred.onnx_io import load_model

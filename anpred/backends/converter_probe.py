@@ -13,7 +13,7 @@ not implemented``). Two ways to learn such limits without a hand-kept table:
   ``torch.fx`` graph is built; the cost is the converters' (weights copied into torch modules).
 - :class:`NodeProbe` converts a one-node model built from each node (its attributes; its constant
   inputs as initializers; its other inputs as graph inputs of the node's inferred type and shape) with
-  a converter that is a separate program (``mnnconvert``), caching each answer by the node's content
+  a converter that is a separate program (pnnx, :func:`anpred.backends.ncnn_pnnx.pnnx_probe`), caching each answer by the node's content
   (:func:`node_signature`: attributes, dtypes, ranks, small constants) under
   ``<cache>/coverage-probe/<tool>/``: a node of the same signature is never probed twice, in this model
   or another, while the converter's version is the same.
@@ -169,7 +169,7 @@ class NodeProbe:
     """Probe a converter program on one-node models, cached by node content (module docstring).
 
     Args:
-        tool: the cache folder's name (e.g. ``"mnnconvert"``).
+        tool: the cache folder's name (e.g. ``"pnnx"``).
         version: the converter's version (part of every key: another version is probed anew).
         convert: ``(onnx model path, scratch folder) -> "" | reason``: runs the converter on one
             one-node model; "" when it converts, else the converter's decisive line.

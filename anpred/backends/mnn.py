@@ -138,30 +138,6 @@ def device_line() -> str:
     return _DEVICE_LINE
 
 
-#: seconds of mnnconvert probes per model in the pre-run coverage (about 0.05 s a probe; cached by node
-#: content: docs/backends-converters.md, "Pre-run coverage")
-MNN_PROBE_BUDGET_S = 20.0
-
-
-def _mnnconvert_probe(path: Path, tmp: Path) -> str:
-    """MNN's converter on the one-node model at ``path`` (:class:`anpred.backends.converter_probe.NodeProbe`):
-    "" when it converts, else its decisive line ("These Op Not Support: ...", "Converted Failed!", a
-    signal)."""
-    cmd = [sys.executable, "-c", _CONVERT, "mnnconvert", "-f", "ONNX", "--modelFile", str(path),
-           "--MNNModel", str(tmp / f"{path.stem}.mnn"), "--bizCode", "anpred", *CONVERTER_ARGS]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, errors="replace")
-    except subprocess.TimeoutExpired:
-        return "mnnconvert took more than 120 s on this node alone"
-    log = [ln.strip() for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
-    if r.returncode < 0:
-        return f"mnnconvert crashed on this node alone (signal {-r.returncode})"
-    bad = [ln for ln in log if "Not Support" in ln or "Converted Failed" in ln]
-    if bad or r.returncode != 0:
-        return (bad or log[-1:] or [f"exit status {r.returncode}"])[0][:300]
-    return ""
-
-
 @lru_cache(maxsize=1)
 def converter_ops() -> frozenset[str] | None:
     """The ONNX op types MNN's converter supports, from ``mnnconvert -f ONNX --OP`` (run in a child
@@ -210,19 +186,6 @@ class MnnBackend(Backend):
     precision = "fp32"
     coverage_basis = "MNN converter's ONNX op list (mnnconvert -f ONNX --OP)"
     winograd = False
-
-    node_basis = "mnnconvert on a one-node model of each node (cached by content)"
-
-    @classmethod
-    def refused_nodes(cls, model) -> dict[str, str]:
-        """The nodes MNN's converter refuses alone (:func:`_mnnconvert_probe`: "These Op Not Support",
-        "Converted Failed", a crash)."""
-        from importlib import metadata
-
-        from anpred.backends.converter_probe import NodeProbe
-
-        return NodeProbe("mnnconvert", f"mnn {metadata.version('mnn')} {FORMAT} {CONVERTER_ARGS}", _mnnconvert_probe,
-                         MNN_PROBE_BUDGET_S).refusals(model)
 
     @classmethod
     def unsupported_ops(cls, model) -> dict[str, str]:

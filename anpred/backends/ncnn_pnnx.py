@@ -89,7 +89,7 @@ class NcnnBackend(Backend):
     needs_input_shapes = True
 
     node_basis = ("ANPRED's ncnn input rule (ncnn Mats hold float32); pnnx on a one-node model of each node "
-                  "(cached by content)")
+                  "with float32 inputs (cached by content)")
 
     @classmethod
     def refused_nodes(cls, model) -> dict[str, str]:
@@ -105,7 +105,17 @@ class NcnnBackend(Backend):
                 why = _input_dtype_refusal(vi.name, elem_type_name(vi.type.tensor_type.elem_type))
                 if why:
                     out[f"input {vi.name}"] = why
-        out.update(pnnx_probe().refusals(model))
+        # the graph pnnx is given: recurrent nodes unrolled, batch Gathers as Squeeze (as _convert does)
+        import onnx
+
+        from passes.recurrent import RECURRENT_OPS, unroll_recurrent
+
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        if any(n.op_type in RECURRENT_OPS for n in m.graph.node):
+            unroll_recurrent(m)
+        _batch_gathers_as_squeeze(m)
+        out.update(pnnx_probe().refusals(m))
         return out
 
     def __init__(self, options: dict[str, Any] | None = None):
@@ -397,8 +407,10 @@ def _input_dtype_refusal(name: str, dtype: str) -> str:
 
 def _pnnx_convert(path: Path, tmp: Path) -> str:
     """pnnx on the one-node model at ``path`` (a probe, :class:`anpred.backends.converter_probe.NodeProbe`):
-    "" when it lowers onto known ncnn layers, else why not (``todo <op>``, unknown layers, pnnx's exit
-    status: a signal is a crash)."""
+    a refusal pnnx states (``todo <op>``, a layer ncnn does not know) or a crash (a signal); "" otherwise,
+    also when a node with other than float32 inputs is not asked (alone its integer inputs would be graph
+    inputs, unlike in its model) and when pnnx fails alone without saying why (the node may convert in
+    its model: not refused on that evidence)."""
     import shutil
 
     import onnx
@@ -412,12 +424,12 @@ def _pnnx_convert(path: Path, tmp: Path) -> str:
     for vi in m.graph.input:
         if vi.name in inits:
             continue
-        dt = elem_type_name(vi.type.tensor_type.elem_type)
-        code = {"float32": "f32", "int64": "i64", "int32": "i32"}.get(dt)
         dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-        if code is None or not dims:
-            return ""  # not a probe pnnx can be asked (the conversion of the whole model will say)
-        args.append("[" + ",".join(map(str, dims)) + "]" + code)
+        if elem_type_name(vi.type.tensor_type.elem_type) != "float32" or not dims:
+            # an integer or scalar tensor alone is not what pnnx sees in the model (indices, shapes):
+            # not asked (the conversion of the whole model will say)
+            return ""
+        args.append("[" + ",".join(map(str, dims)) + "]f32")
     work = tmp / f"pnnx-{path.stem}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
@@ -435,7 +447,7 @@ def _pnnx_convert(path: Path, tmp: Path) -> str:
     if todo:
         return f"pnnx cannot lower {', '.join(todo)} onto ncnn layers (todo)"
     if proc.returncode != 0 or not (work / "model.ncnn.param").is_file():
-        return f"pnnx failed on this node alone (exit status {proc.returncode}): {_log_errors(log)}"
+        return ""  # a failure alone that pnnx does not state: the node may convert in its model
     unknown = _unknown_layers(work / "model.ncnn.param")
     if unknown:
         return f"ncnn does not know the layer type(s) {', '.join(unknown)} pnnx lowers it to"
