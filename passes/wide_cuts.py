@@ -9,7 +9,7 @@ many nodes it holds (a CRNN: 768 of 902 nodes in the last stage, every anchor in
 
 :class:`WideCuts` finds the stages of a first choice that hold more than their share of the *nodes*
 (over ``max(2 / K, 0.2)`` of the live nodes, the share rule of the cost note in
-:mod:`passes.partition`) with no admissible cut inside, lists the cuts inside them of width up to
+:mod:`passes.partition`, and at least :data:`LONG_BLOCK_MIN_NODES`) with no admissible cut inside, lists the cuts inside them of width up to
 ``wide_cut_width`` (:data:`WIDE_CUT_WIDTH`) whose tensors together hold no more elements than a
 ``1 / K`` share of all the data tensors the model computes (exposing them costs no more memory than the
 activations of one stage of fair size), and gives the partition a cost that counts nodes as well as FLOPs (:meth:`WideCuts.blended`:
@@ -27,7 +27,12 @@ from passes.cost import NO_TYPE, numel
 from passes.cuts import sweep_cuts
 from passes.graph import GraphIndex
 
-__all__ = ["USUAL_CUT_WIDTH", "WIDE_CUT_WIDTH", "WideCuts"]
+__all__ = ["LONG_BLOCK_MIN_NODES", "USUAL_CUT_WIDTH", "WIDE_CUT_WIDTH", "WideCuts"]
+
+#: the fewest live nodes a long block holds before it is cut inside: the drill-down exposes up to 64 inner
+#: tensors of a stage per round (``anpred.drill.DrillConfig.max_exposed``), so a stage of up to 64
+#: operators is searched in one round and needs no wider cut to be observable (docs/instrument.md)
+LONG_BLOCK_MIN_NODES = 64
 
 #: the usual most tensors of a cut (``--max-cut-width``'s default); a smaller one asks for narrow cuts
 #: only, and no wide cut is added
@@ -73,7 +78,8 @@ class WideCuts:
     def inside(self, stages, costs_of: list[float], cands, wanted: int) -> list[tuple[int, tuple[str, ...]]]:
         """Wide candidates ``[(position, tensors)]`` inside the long blocks of ``stages`` (a first
         choice): runs of nodes between consecutive admissible cuts (``cands``, the narrow ones) of one
-        stage holding over ``max(2 / K, 0.2)`` of the live nodes (``wanted``: K). ``costs_of``: the cost
+        stage holding over ``max(2 / K, 0.2)`` of the live nodes (``wanted``: K) and at least
+        :data:`LONG_BLOCK_MIN_NODES`. ``costs_of``: the cost
         of each position (0 for dead and constant nodes). Empty when no block is long or the wide width
         is not wider."""
         if self.wide <= self.narrow or wanted < 2:
@@ -87,7 +93,7 @@ class WideCuts:
             bounds = [st.first - 1] + [p for p in pos if st.first <= p < st.last] + [st.last]
             for a, b in zip(bounds, bounds[1:]):
                 nodes = sum(counted[a + 1:b + 1])
-                if nodes > share * total_nodes:
+                if nodes > share * total_nodes and nodes >= LONG_BLOCK_MIN_NODES:
                     spans.append((a + 1, b, nodes / total_nodes, sum(costs_of[a + 1:b + 1])))
         if not spans:
             return []
