@@ -65,7 +65,7 @@ def partition_model(model, *, stages: int | None = None, max_cut_width: int = 4,
 
 
 def instrument_model(model, *, stages: int | None = None, max_cut_width: int = 4, anchors=(),
-                     source_path=None):
+                     source_path=None, wide_cut_width: int | None = None):
     """Instrument an ``onnx.ModelProto`` (pure: the input is not modified).
 
     Args:
@@ -74,6 +74,9 @@ def instrument_model(model, *, stages: int | None = None, max_cut_width: int = 4
         max_cut_width: most tensors per cut (1 = single-tensor dominator cuts only).
         anchors: extra tensor names to expose (``--anchor``).
         source_path: the model's file, recorded in ``manifest.model`` (with its sha256).
+        wide_cut_width: most tensors per cut inside a long block no cut of ``max_cut_width`` splits
+            (:mod:`passes.wide_cuts`; None: :data:`passes.wide_cuts.WIDE_CUT_WIDTH`; ``max_cut_width``
+            or less: no wide cuts).
 
     Returns:
         ``(anchored_model, manifest)``. Re-instrumenting an instrumented model with the same options
@@ -93,7 +96,8 @@ def instrument_model(model, *, stages: int | None = None, max_cut_width: int = 4
         stored = None
     info = dict(stored.model) if stored is not None and stored.model else _model_info(model, source_path)
     with gc_paused():  # see passes.base.gc_paused
-        part = StagePartitioner(stages, max_cut_width, list(anchors)).propose(model)
+        wide = {} if wide_cut_width is None else {"wide_cut_width": wide_cut_width}
+        part = StagePartitioner(stages, max_cut_width, list(anchors), **wide).propose(model)
         res = PassManager([AnchorInsertionPass(part, info)])(model)
     return res.model, res.info["AnchorInsertionPass"]["manifest"]
 

@@ -40,6 +40,7 @@ from passes.anchor_nodes import has_anchor_nodes, strip_anchor_nodes
 from passes.base import gc_paused
 from passes.cost import HEAVY_OPS, NO_TYPE, layout_hint, node_cost, numel
 from passes.cuts import CutPolicy, sweep_cuts
+from passes.wide_cuts import USUAL_CUT_WIDTH, WIDE_CUT_WIDTH, WideCuts
 from passes.exporter import detect_exporter, scope_style
 from passes.graph import GraphIndex, build_index
 from passes.plan import AnchorPlan, Partition, Stage
@@ -108,6 +109,64 @@ def _node_costs(index: GraphIndex, cost_types) -> tuple[list[float], str]:
     return costs, "flops"
 
 
+def _stages(chosen, n: int, prefix: list[float], total: float, outputs: list[str]) -> list[Stage]:
+    """The stages closed by the ``chosen`` cuts ``[(position, tensors)]`` (ascending) over ``n`` nodes;
+    ``prefix``: cumulative cost per position; the last stage closes with the graph ``outputs``."""
+    stages: list[Stage] = []
+    first = 0
+    for i, (pos, cut) in enumerate(chosen):
+        stages.append(Stage(i, first, pos, pos - first + 1, prefix[pos] - (prefix[first - 1] if first else 0.0), list(cut)))
+        first = pos + 1
+    stages.append(Stage(len(chosen), first, n - 1, n - first, total - (prefix[first - 1] if first else 0.0),
+                        list(outputs)))
+    return stages
+
+
+def _plan_anchors(index: GraphIndex, stages: list[Stage], chosen, explicit_names: list[str], types,
+                  module_output_scope, framework: str) -> tuple[list[AnchorPlan], list[AnchorPlan]]:
+    """``(inner, outputs)``: the anchors of the ``chosen`` cuts (``[(position, tensors)]``) and of the
+    ``explicit_names`` (kind ``boundary``/``explicit``, in topological order), then the graph outputs
+    (kind ``output``, in graph-output order). ``module_output_scope(p)``: the coarsest module whose last
+    node is at position ``p``, and its depth."""
+    stage_lasts = [st.last for st in stages]
+    out_set = set(index.graph_outputs)
+
+    def stage_of(p: int) -> int:
+        return bisect.bisect_left(stage_lasts, p)
+
+    def plan_anchor(v: str, kind: str) -> AnchorPlan:
+        p = index.producer.get(v, -1)
+        node = index.nodes[p] if p >= 0 else None
+        scope = module_output_scope(p)[0] if p >= 0 else ""
+        et, shape = types.get(v, (0, None))
+        return AnchorPlan(
+            value=v, kind=kind, stage=stages[-1].index if kind == "output" else (stage_of(p) if p >= 0 else 0),
+            order=p, producer=(node.name if node is not None else ""),
+            op_type=(node.op_type if node is not None else ""), scope=scope, label=scope or v,
+            elem_type=et, shape=list(shape) if shape is not None else None,
+            layout=layout_hint(index, v, types, framework))
+
+    explicit = set(explicit_names)
+    seen: set[str] = set()
+    inner: list[AnchorPlan] = []
+    for _, cut in chosen:
+        for v in cut:
+            if v not in seen:
+                seen.add(v)
+                inner.append(plan_anchor(v, "explicit" if v in explicit else "boundary"))
+    for v in explicit_names:
+        if v not in seen and v not in out_set:
+            seen.add(v)
+            inner.append(plan_anchor(v, "explicit"))
+    inner.sort(key=lambda a: (a.order, a.value))
+    outs = []
+    for v in index.graph_outputs:
+        if v not in seen:
+            seen.add(v)
+            outs.append(plan_anchor(v, "output"))
+    return inner, outs
+
+
 class StagePartitioner:
     """Propose the stage partition of a model: an analysis, the model is never modified (the
     rewrite is :class:`passes.anchors.AnchorInsertionPass`, given the proposal).
@@ -120,6 +179,11 @@ class StagePartitioner:
         anchors: explicit tensor names to expose as well (kind ``explicit``).
         policy: how cuts are scored and chosen (:class:`~passes.cuts.CutPolicy`; default the
             documented penalties and :func:`~passes.cuts.choose_cuts`).
+        wide_cut_width: the most tensors of a cut taken inside a long block that no cut of
+            ``max_cut_width`` splits (:class:`~passes.wide_cuts.WideCuts`; default
+            :data:`~passes.wide_cuts.WIDE_CUT_WIDTH`, or none when ``max_cut_width`` is below the usual
+            :data:`~passes.wide_cuts.USUAL_CUT_WIDTH`: narrow cuts were asked for); at most
+            ``max_cut_width`` disables them.
 
     Raises:
         GraphError: ``stages`` < 1 or ``max_cut_width`` < 1 (here); no inputs, a cycle, a dangling
@@ -127,7 +191,7 @@ class StagePartitioner:
     """
 
     def __init__(self, stages: int | None = None, max_cut_width: int = 4, anchors=(),
-                 policy: CutPolicy | None = None):
+                 policy: CutPolicy | None = None, wide_cut_width: int | None = None):
         if stages is not None and stages < 1:
             raise GraphError(f"--stages must be at least 1 (got {stages})")
         if max_cut_width < 1:
@@ -136,6 +200,9 @@ class StagePartitioner:
         self.max_cut_width = max_cut_width
         self.anchors = list(anchors)
         self.policy = policy if policy is not None else CutPolicy()
+        if wide_cut_width is None:  # a width below the usual one asks for narrow cuts only
+            wide_cut_width = WIDE_CUT_WIDTH if max_cut_width >= USUAL_CUT_WIDTH else max_cut_width
+        self.wide_cut_width = max(wide_cut_width, max_cut_width)
 
     def propose(self, model, index: GraphIndex | None = None) -> Partition:
         """The partition of ``model``; an anchored model is partitioned as the model without its
@@ -195,40 +262,49 @@ class StagePartitioner:
         if untyped:  # an output needs an element type
             cands = [c for c in cands if untyped.isdisjoint(c[1])]
         nonfloat = set(odd) | missing
-        out_set = set(index.graph_outputs)
 
         # choose boundaries
         live_data = sum(1 for c in costs if c > 0)
         auto = max(1, min(DEFAULT_STAGES, live_data // 4))
         wanted = self.stages if self.stages is not None else auto
-        K = min(wanted, len(cands) + 1)
         notes: list[str] = []
-        if K < wanted:
-            what = f"asked for {wanted} stages" if self.stages is not None else f"automatic choice: {wanted} stages"
-            notes.append(f"{what}, but the graph has only {len(cands)} admissible cuts of width <= "
-                         f"{self.max_cut_width}, so {K} stages" +
-                         (" (a larger --max-cut-width allows more)" if self.max_cut_width < 8 else ""))
         has_scopes = any(mods)
         policy = self.policy
 
+        wide = WideCuts(index, self.max_cut_width, self.wide_cut_width, cost_types, untyped)
+
         def penalty(cut) -> float:
             depths = [module_output_scope(index.producer[v])[1] for v in cut] if has_scopes else None
-            return policy.penalty(len(cut), depths, not nonfloat.isdisjoint(cut))
+            return policy.penalty(wide.effective_width(len(cut)), depths, not nonfloat.isdisjoint(cut))
 
-        if has_scopes or nonfloat:
-            pens = [penalty(c) for _, c in cands]
-        else:  # only the width term
-            pens = [policy.width * (w - 1) for w in map(len, (c for _, c in cands))]
-        picks = policy.choose([prefix[p] for p, _ in cands], pens, total, K)
-        chosen = [(cands[k][0], sorted(cands[k][1], key=lambda v: (index.producer[v], v))) for k in picks]
-        # stages
-        stages: list[Stage] = []
-        first = 0
-        for i, (pos, cut) in enumerate(chosen):
-            stages.append(Stage(i, first, pos, pos - first + 1, prefix[pos] - (prefix[first - 1] if first else 0.0), list(cut)))
-            first = pos + 1
-        stages.append(Stage(len(chosen), first, n - 1, n - first,
-                            total - (prefix[first - 1] if first else 0.0), list(index.graph_outputs)))
+        def penalties(cs) -> list[float]:
+            if has_scopes or nonfloat:
+                return [penalty(c) for _, c in cs]
+            # only the width term
+            return [policy.width * (wide.effective_width(w) - 1) for w in map(len, (c for _, c in cs))]
+
+        K = min(wanted, len(cands) + 1)
+        picks = policy.choose([prefix[p] for p, _ in cands], penalties(cands), total, K)
+        chosen = [cands[k] for k in picks]
+        # a stage holding most of the nodes with no admissible cut inside (an unrolled recurrent block,
+        # a stack of layers reading shared tensors): wider cuts inside it, and the choice made again
+        more = wide.inside(_stages(chosen, n, prefix, total, index.graph_outputs), costs, cands, wanted)
+        narrow_count = len(cands)
+        if more:
+            cands = sorted(cands + more)
+            K = min(wanted, len(cands) + 1)
+            blend = wide.blended(costs, cands)
+            picks = policy.choose(blend, penalties(cands), 1.0, K)
+            chosen = [cands[k] for k in picks]
+            notes += wide.notes(chosen)
+        if K < wanted:
+            what = f"asked for {wanted} stages" if self.stages is not None else f"automatic choice: {wanted} stages"
+            wider = f" (and {len(cands) - narrow_count} wider ones inside long blocks)" if len(cands) > narrow_count else ""
+            notes.insert(0, f"{what}, but the graph has only {narrow_count} admissible cuts of width <= "
+                         f"{self.max_cut_width}{wider}, so {K} stages" +
+                         (" (a larger --max-cut-width allows more)" if self.max_cut_width < 8 else ""))
+        chosen = [(p, sorted(c, key=lambda v: (index.producer[v], v))) for p, c in chosen]
+        stages = _stages(chosen, n, prefix, total, index.graph_outputs)
         if K > 1 and total > 0:
             cand_pos = [p for p, _ in cands]
             for st in stages:  # a stage far over its share that no admissible cut could split
@@ -236,47 +312,13 @@ class StagePartitioner:
                         bisect.bisect_left(cand_pos, st.first) == bisect.bisect_left(cand_pos, st.last):
                     notes.append(f"stage {st.index} carries {100 * st.cost / total:.0f}% of the cost: no admissible "
                                  f"cut of width <= {self.max_cut_width} lies inside it (nodes {st.first}..{st.last})")
-        stage_lasts = [st.last for st in stages]
-
-        def stage_of(p: int) -> int:
-            return bisect.bisect_left(stage_lasts, p)
-
-        # anchors
-        def plan_anchor(v: str, kind: str) -> AnchorPlan:
-            p = index.producer.get(v, -1)
-            node = index.nodes[p] if p >= 0 else None
-            scope = module_output_scope(p)[0] if p >= 0 else ""
-            et, shape = types.get(v, (0, None))
-            return AnchorPlan(
-                value=v, kind=kind, stage=stages[-1].index if kind == "output" else (stage_of(p) if p >= 0 else 0),
-                order=p, producer=(node.name if node is not None else ""),
-                op_type=(node.op_type if node is not None else ""), scope=scope, label=scope or v,
-                elem_type=et, shape=list(shape) if shape is not None else None,
-                layout=layout_hint(index, v, types, framework))
-
-        explicit = set(self.anchors)
-        seen: set[str] = set()
-        inner: list[AnchorPlan] = []
-        for _, cut in chosen:
-            for v in cut:
-                if v not in seen:
-                    seen.add(v)
-                    inner.append(plan_anchor(v, "explicit" if v in explicit else "boundary"))
-        for v in self.anchors:
-            if v not in seen and v not in out_set:
-                seen.add(v)
-                inner.append(plan_anchor(v, "explicit"))
-        inner.sort(key=lambda a: (a.order, a.value))
-        outs = []
-        for v in index.graph_outputs:
-            if v not in seen:
-                seen.add(v)
-                outs.append(plan_anchor(v, "output"))
+        inner, outs = _plan_anchors(index, stages, chosen, self.anchors, types, module_output_scope, framework)
 
         return Partition(
             stages=stages, anchors=inner + outs,
             options={"stages": self.stages, "max_cut_width": self.max_cut_width, "anchors": list(self.anchors),
-                     "notes": notes},
-            framework=framework, cost_unit=cost_unit, total_cost=total, num_nodes=n, candidates=len(cands),
+                     "notes": notes, "wide_cut_width": self.wide_cut_width, "wide_candidates": len(cands) - narrow_count,
+                     "wide_cuts": [{"after": p, "width": len(c)} for p, c in chosen if len(c) > self.max_cut_width]},
+            framework=framework, cost_unit=cost_unit, total_cost=total, num_nodes=n, candidates=narrow_count,
             node_order=list(index.file_index),
             value_names=set(index.producer) | set(index.graph_inputs) | index.initializers)

@@ -114,6 +114,21 @@ class Backend:
         model compilation; imports the backend's library. Never raises for a well-formed model."""
         return {}
 
+    #: how :meth:`refused_nodes` knows (e.g. "onnx2torch's converters called on each node"); "" = it
+    #: is not asked below the operator name
+    node_basis: ClassVar[str] = ""
+
+    @classmethod
+    def refused_nodes(cls, model) -> dict[str, str]:
+        """Pre-run coverage below the operator name: the nodes and inputs of ``model`` (an
+        ``onnx.ModelProto`` with its weights) this backend's converter or input rule refuses for their
+        attributes, dtypes or shapes, as ``{key: reason}`` (key: the op key as in
+        :meth:`unsupported_ops`, or ``input <name>``; the reason names the converter and the nodes).
+        Asked of the converter itself where it can be (:mod:`anpred.backends.converter_probe`), never a
+        hand-kept table. ``{}``: none known (:attr:`node_basis` "" means not asked). Never raises for a
+        well-formed model."""
+        return {}
+
     def __init__(self, options: dict[str, Any] | None = None):
         self.options = dict(options or {})
         self.manifest: AnchorManifest | None = None

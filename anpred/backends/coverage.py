@@ -2,7 +2,11 @@
 
 Each backend class answers :meth:`anpred.backends.base.Backend.unsupported_ops` from its library's own
 table (a converter's registry, a frontend's convert map, an operator folder), without converting or
-compiling the model. :func:`precheck` asks every backend of a run in one child process
+compiling the model, and :meth:`~anpred.backends.base.Backend.refused_nodes` below the operator name: the
+attribute, dtype and input limits its converter states, asked of the converter itself node by node
+(:mod:`anpred.backends.converter_probe`: onnx2torch's converters called on each node; pnnx run on a
+one-node model of each node, cached by the node's content) or the backend's own input rule (ncnn:
+float32 and integer inputs only). :func:`precheck` asks every backend of a run in one child process
 (``python -m anpred.backends.coverage``), so that the libraries are imported there and not in the
 driver, and a library that crashes on import costs only the check (its backend is then "unknown").
 
@@ -27,10 +31,12 @@ FORMAT = "anpred.coverage/1"
 
 
 def unsupported_by(model_path: str | Path, names: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """In this process: ``{label: {"backend", "basis", "ops": {op key: reason}, "error"}}`` for
-    ``names`` (``{label: registry name}``) on the ONNX model at ``model_path`` (read with its weights).
-    ``basis`` is the backend's :attr:`~anpred.backends.base.Backend.coverage_basis` ("" when it has
-    no table: its support is known only after converting); ``error`` is the reason the check itself
+    """In this process: ``{label: {"backend", "basis", "ops": {op key: reason}, "error", "node_basis",
+    "nodes"}}`` for ``names`` (``{label: registry name}``) on the ONNX model at ``model_path`` (read with
+    its weights). ``basis`` is the backend's :attr:`~anpred.backends.base.Backend.coverage_basis` ("" when
+    it has no table: its support is known only after converting); ``ops`` holds the table's missing
+    operators and the refusals :meth:`~anpred.backends.base.Backend.refused_nodes` found (their keys
+    listed in ``nodes``, their source in ``node_basis``); ``error`` is the reason the check itself
     failed ("" otherwise: an unknown backend, a library that does not import)."""
     from anpred.backends import backend_class
 
@@ -40,11 +46,17 @@ def unsupported_by(model_path: str | Path, names: dict[str, str]) -> dict[str, d
     model = load_model(model_path, load_external=True)
     out: dict[str, dict[str, Any]] = {}
     for label, name in names.items():
-        row: dict[str, Any] = {"backend": name, "basis": "", "ops": {}, "error": ""}
+        row: dict[str, Any] = {"backend": name, "basis": "", "ops": {}, "error": "", "node_basis": "", "nodes": []}
         try:
             cls = backend_class(name)
             row["basis"] = cls.coverage_basis
             row["ops"] = dict(cls.unsupported_ops(model)) if cls.coverage_basis else {}
+            row["node_basis"] = cls.node_basis
+            if cls.node_basis:  # attribute, dtype and input limits, asked of the converter (converter_probe)
+                for key, why in cls.refused_nodes(model).items():
+                    if key not in row["ops"]:
+                        row["ops"][key] = why
+                        row["nodes"].append(key)
         except Exception as err:  # a library that fails to import: the run will say more
             row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
         out[label] = row
@@ -155,16 +167,31 @@ def format_coverage(coverage: dict[str, dict[str, Any]], limit: int = 6) -> list
             continue
         items = [f"{op} ({why})" if why else op for op, why in list(ops.items())[:limit]]
         more = f" and {len(ops) - limit} more" if len(ops) > limit else ""
-        lines.append(f"{label}: cannot run the model: {'; '.join(items)}{more} [{row.get('basis') or 'no table'}]")
+        lines.append(f"{label}: cannot run the model: {'; '.join(items)}{more} [{_bases(row)}]")
     return lines
+
+
+def _bases(row: dict[str, Any]) -> str:
+    """What a row's refusals come from: the operator table, the converter asked node by node, or both."""
+    nodes = set(row.get("nodes") or [])
+    parts = []
+    if set(row.get("ops") or {}) - nodes:
+        parts.append(row.get("basis") or "no table")
+    if nodes:
+        parts.append(row.get("node_basis") or "the converter")
+    return "; ".join(parts) or row.get("basis") or "no table"
 
 
 def refusal(row: dict[str, Any]) -> str:
     """The ``unsupported`` status reason of a backend not started because of ``row``'s operators."""
     ops = row.get("ops") or {}
+    nodes = set(row.get("nodes") or [])
     listed = "; ".join(f"{op}: {why}" if why else op for op, why in ops.items())
-    return (f"not run: the model uses {len(ops)} operator(s) missing from its "
-            f"{row.get('basis') or 'table'} (pre-run coverage): {listed}")
+    if not nodes:
+        return (f"not run: the model uses {len(ops)} operator(s) missing from its "
+                f"{row.get('basis') or 'table'} (pre-run coverage): {listed}")
+    return (f"not run: the pre-run coverage found {len(ops)} operator(s) or input(s) it refuses "
+            f"({_bases(row)}): {listed}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -90,6 +90,36 @@ class NcnnBackend(Backend):
     coverage_basis = ""  # pnnx has no ONNX op table: an op it cannot lower is found at conversion
     needs_input_shapes = True
 
+    node_basis = ("ANPRED's ncnn input rule (ncnn Mats hold float32); pnnx on a one-node model of each node "
+                  "with float32 inputs (cached by content)")
+
+    @classmethod
+    def refused_nodes(cls, model) -> dict[str, str]:
+        """The inputs this backend's input rule refuses (:func:`_input_dtype_refusal`: a bool or
+        floating input other than float32) and the nodes pnnx refuses alone (:func:`pnnx_probe`:
+        an op it leaves as ``todo``, a layer ncnn does not know, a crash of pnnx)."""
+        from anpred.onnx_io import elem_type_name
+
+        inits = {t.name for t in model.graph.initializer}
+        out = {}
+        for vi in model.graph.input:
+            if vi.name not in inits:
+                why = _input_dtype_refusal(vi.name, elem_type_name(vi.type.tensor_type.elem_type))
+                if why:
+                    out[f"input {vi.name}"] = why
+        # the graph pnnx is given: recurrent nodes unrolled, batch Gathers as Squeeze (as _convert does)
+        import onnx
+
+        from passes.recurrent import RECURRENT_OPS, unroll_recurrent
+
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        if any(n.op_type in RECURRENT_OPS for n in m.graph.node):
+            unroll_recurrent(m)
+        _batch_gathers_as_squeeze(m)
+        out.update(pnnx_probe().refusals(m))
+        return out
+
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)
         self.net = None
@@ -126,9 +156,8 @@ class NcnnBackend(Backend):
             dt = elem_type_name(vi.type.tensor_type.elem_type)
             if dt in _INT_INPUTS:  # fed as float32 (exact below 2^24), cast back inside the graph
                 self.int_inputs[vi.name] = dt
-            elif dt != "float32":
-                raise BackendError(f"ncnn: input {vi.name!r} is {dt}; ncnn Mats hold float32 and this backend feeds "
-                                   "float32 inputs and integer ones (cast back in the graph) only")
+            elif why := _input_dtype_refusal(vi.name, dt):
+                raise BackendError(why)
             dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
                     for d in vi.type.tensor_type.shape.dim]
             shape = [int(s) for s in given[vi.name]] if vi.name in given else dims
@@ -373,6 +402,77 @@ def _batch_gathers_as_squeeze(model) -> int:
 
 #: integer input types fed to ncnn as float32 (its Mats hold float32): exact for |v| <= 2^24
 _INT_INPUTS = ("int8", "uint8", "int16", "uint16", "int32", "int64")
+#: seconds of pnnx probes per model in the pre-run coverage (docs/backends-converters.md, "Pre-run
+#: coverage": about 0.3 s a probe; answers are cached by node content, so a model seen before costs none)
+PNNX_PROBE_BUDGET_S = 30.0
+
+
+def _input_dtype_refusal(name: str, dtype: str) -> str:
+    """Why an input of element type ``dtype`` cannot be fed to ncnn ("" when it can: float32 and the
+    integer types of :data:`_INT_INPUTS`, fed as float32 and cast back in the graph)."""
+    if dtype == "float32" or dtype in _INT_INPUTS:
+        return ""
+    return (f"ncnn: input {name!r} is {dtype}; ncnn Mats hold float32 and this backend feeds float32 inputs and "
+            "integer ones (cast back in the graph) only")
+
+
+def _pnnx_convert(path: Path, tmp: Path) -> str:
+    """pnnx on the one-node model at ``path`` (a probe, :class:`anpred.backends.converter_probe.NodeProbe`):
+    a refusal pnnx states (``todo <op>``, a layer ncnn does not know) or a crash (a signal); "" otherwise,
+    also when a node with other than float32 inputs is not asked (alone its integer inputs would be graph
+    inputs, unlike in its model) and when pnnx fails alone without saying why (the node may convert in
+    its model: not refused on that evidence)."""
+    import shutil
+
+    import onnx
+    import pnnx
+
+    from anpred.onnx_io import elem_type_name
+
+    m = onnx.load(str(path))
+    inits = {t.name for t in m.graph.initializer}
+    args = []
+    for vi in m.graph.input:
+        if vi.name in inits:
+            continue
+        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        if elem_type_name(vi.type.tensor_type.elem_type) != "float32" or not dims:
+            # an integer or scalar tensor alone is not what pnnx sees in the model (indices, shapes):
+            # not asked (the conversion of the whole model will say)
+            return ""
+        args.append("[" + ",".join(map(str, dims)) + "]f32")
+    work = tmp / f"pnnx-{path.stem}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    shutil.copy(path, work / "model.onnx")
+    try:
+        proc = subprocess.run([pnnx.EXEC_PATH, "model.onnx", f"inputshape={','.join(args)}", "fp16=0", "device=cpu"],
+                              cwd=str(work), capture_output=True, text=True, errors="replace", timeout=120,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return "pnnx took more than 120 s on this node alone"
+    log = proc.stdout + proc.stderr
+    todo = sorted({mm.group(1) for mm in re.finditer(r"^todo (\S+)", log, re.M)})
+    if proc.returncode < 0:
+        return f"pnnx crashed on this node alone (signal {-proc.returncode})"
+    if todo:
+        return f"pnnx cannot lower {', '.join(todo)} onto ncnn layers (todo)"
+    if proc.returncode != 0 or not (work / "model.ncnn.param").is_file():
+        return ""  # a failure alone that pnnx does not state: the node may convert in its model
+    unknown = _unknown_layers(work / "model.ncnn.param")
+    if unknown:
+        return f"ncnn does not know the layer type(s) {', '.join(unknown)} pnnx lowers it to"
+    return ""
+
+
+def pnnx_probe():
+    """The pnnx :class:`~anpred.backends.converter_probe.NodeProbe` of the pre-run coverage."""
+    import importlib.metadata as md
+
+    from anpred.backends.converter_probe import NodeProbe
+
+    return NodeProbe("pnnx", f"pnnx {md.version('pnnx')} ncnn {md.version('ncnn')} {FORMAT}", _pnnx_convert,
+                     PNNX_PROBE_BUDGET_S)
 
 
 def _float_for_int_inputs(model, ints: dict[str, str]) -> None:

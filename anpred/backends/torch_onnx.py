@@ -131,6 +131,17 @@ class TorchOnnxBackend(Backend):
                 out[key] = f"onnx2torch has no converter for {op} (any version)"
         return out
 
+    node_basis = "onnx2torch's converters called on each node (the NotImplementedError they raise)"
+
+    @classmethod
+    def refused_nodes(cls, model) -> dict[str, str]:
+        """The nodes whose onnx2torch converter refuses their attributes or inputs
+        (:func:`anpred.backends.converter_probe.onnx2torch_refusals`: e.g. Reshape ``allowzero=1``, Clip
+        with computed min/max)."""
+        from anpred.backends.converter_probe import onnx2torch_refusals
+
+        return onnx2torch_refusals(model)
+
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)
         self._gm = None

@@ -3,7 +3,8 @@ the libraries it needs with their installed versions, whether it can run here, a
 ``anpred test`` runs it by default.
 
 With a model: the pre-run coverage of every installed backend on it (the operators its own table
-lacks, :mod:`anpred.backends.coverage`; "?" where a backend has no table: only a run can tell).
+lacks and the nodes or inputs its converter refuses when asked node by node,
+:mod:`anpred.backends.coverage`; "?" where a backend has neither: only a run can tell).
 
 Examples:
   anpred backends
@@ -42,7 +43,7 @@ def main(args) -> int:
         cov = precheck(args.model, {r["name"]: r["name"] for r in rows if r["installed"]})
         for r in rows:
             c = cov.get(r["name"])
-            r["coverage"] = None if c is None else {k: c.get(k) for k in ("basis", "ops", "error")}
+            r["coverage"] = None if c is None else {k: c.get(k) for k in ("basis", "ops", "error", "node_basis", "nodes")}
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -53,13 +54,14 @@ def main(args) -> int:
         model = ""
         if args.model:
             c = r.get("coverage") or {}
-            model = f"{'lacks' if c.get('ops') else 'ok' if c.get('basis') else '?':<7}"
+            model = f"{'lacks' if c.get('ops') else 'ok' if c.get('basis') or c.get('node_basis') else '?':<7}"
         print(f"{r['name']:<22}{r['family']:<21}{r['precision']:<6}{'yes' if r['installed'] else 'NO':<10}"
               f"{'yes' if r['default'] else '':<8}{model}{libs}" + (f"  ({r['reason']})" if r["reason"] else ""))
     if args.model:
         from anpred.backends.coverage import format_coverage
 
         lines = format_coverage({r["name"]: r["coverage"] for r in rows if r.get("coverage")})
-        print("\n".join(["", f"pre-run coverage of {args.model}:"] + (lines or ["every table has every operator"])
-                        + ["(?: no operator table; only a run can tell)"]))
+        print("\n".join(["", f"pre-run coverage of {args.model}:"]
+                        + (lines or ["no table lacks an operator and no converter asked refuses a node"])
+                        + ["(?: no operator table and no converter asked; only a run can tell)"]))
     return 0

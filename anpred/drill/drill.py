@@ -64,12 +64,20 @@ class DrillConfig:
     timeout_s: per backend and per replay run, seconds.
     keep_runs: keep the drill rounds' run folders (``<out>/stage-<backend>/``; each holds copies of the
         subgraph models); by default only the replay run, ``repro/`` and ``drill.json`` stay.
+    max_repro_runs: repro runs per culprit (the operator alone, each grown or minimised subgraph,
+        :mod:`anpred.drill.grow`, and the stage prefix; each run is one sub-run on every replayed
+        backend).
+    neighbour_radius: dataflow edges around the anchor where a flagged backend departs first within
+        which a node's value is compared with the backend's tensor there (:mod:`anpred.drill.neighbours`;
+        one sub-run on the peers per flagged backend; 0: not done).
     """
 
     max_samples: int = 4
     max_exposed: int = 64
     timeout_s: float = 600.0
     keep_runs: bool = False
+    max_repro_runs: int = 6
+    neighbour_radius: int = 2
 
 
 def _left_out(report, specs, statuses, left: list[str]) -> dict[str, str]:
@@ -182,11 +190,51 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
     _, rrep = runner.run("replay", {None: rmodel, **ralt}, rfeeds, part)
     if rrep.problems:
         notes.append("drill: the stage replay could not be judged: " + "; ".join(rrep.problems)[:600])
+    ctx = _Ctx(runner, report, Path(run_dir), model, models, cuts, feeds, samples, part, cfg, drill, out, notes)
+    for b, prof in _stage_profiles(ctx, rrep, rout).items():
+        result["stages"][b] = prof
+        _use_roles(report.verdicts.get(b), prof, notes, b)
+    # 2.-3. drill-down and repro for each flagged fp32 voter
+    result["culprits"] = _culprits(ctx, result["stages"])
+    # 4. a departure that is a neighbouring node's value (a fused activation returned for its input)
+    result["neighbours"] = _neighbours(ctx)
+    result.update(runs=runner.runs, seconds=round(time.perf_counter() - t0, 1))
+    (out / "drill.json").write_text(json.dumps(result, indent=2, default=str))
+    return result
+
+
+@dataclass
+class _Ctx:
+    """What the drill's steps share: the sub-run ``runner``, the judged ``report`` of ``run_dir``, the
+    run's anchored ``model`` (``models``: the backends' own), the stage ``cuts``, the consensus
+    ``feeds`` of ``samples``, the replayed backends ``part``, the oracle ``cfg``, the ``drill`` bounds,
+    the output folder ``out`` and the ``notes``."""
+
+    runner: Any
+    report: Any
+    run_dir: Path
+    model: Any
+    models: dict[str, Any]
+    cuts: list[Any]
+    feeds: list[dict[str, np.ndarray]]
+    samples: list[str]
+    part: list[str]
+    cfg: Any
+    drill: DrillConfig
+    out: Path
+    notes: list[str]
+
+
+def _stage_profiles(ctx: _Ctx, rrep, rout) -> dict[str, list[dict[str, Any]]]:
+    """Per replayed backend, per stage exit anchor of the replay (``rrep``; ``rout``: replay output ->
+    (stage, anchor)): the local and carried error and the stage's role (module docstring, step 1)."""
+    report, cfg = ctx.report, ctx.cfg
     departs_r = departs_rule(rrep, cfg)
     cells = value_cells(rrep, {k: k for k in rout})
     band = cfg.propagation_band
-    entries_of = {c.index: c.entries for c in cuts}
-    for b in part:
+    entries_of = {c.index: c.entries for c in ctx.cuts}
+    out = {}
+    for b in ctx.part:
         prof = []
         for new, (k, anchor) in rout.items():
             lc = cells.get(new, {}).get(b)
@@ -206,36 +254,68 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
             prof.append({"stage": k, "anchor": anchor, "local": _f(local), "carried": _f(carried),
                          "received": _f(max(got) if got else None),
                          "peers_local": _f(float(np.median(peers)) if peers else None), "role": role})
-        result["stages"][b] = prof
-        _use_roles(report.verdicts.get(b), prof, notes, b)
+        out[b] = prof
+    return out
 
-    # 2.-3. drill-down and repro for each flagged fp32 voter
-    for b in part:
-        v = report.verdicts[b]
+
+def _culprits(ctx: _Ctx, stages: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Drill-down and repro (steps 2-3) for each flagged voter of ``ctx.part``; ``stages``: the stage
+    profiles. Returns backend -> culprit (also set as ``verdicts[b].culprit``)."""
+    from anpred.drill.repro import DrillCase
+
+    out, drill = ctx.out, ctx.drill
+    found = {}
+    for b in ctx.part:
+        v = ctx.report.verdicts[b]
         if not v.flagged:
             continue
-        intro = [p["stage"] for p in result["stages"][b] if p["role"] == "introduced"]
+        intro = [p["stage"] for p in stages[b] if p["role"] == "introduced"]
         k = intro[0] if intro else v.origin_stage
-        cut = next((c for c in cuts if c.index == k), None)
+        cut = next((c for c in ctx.cuts if c.index == k), None)
         if cut is None:
-            notes.append(f"drill: {b}: origin stage {k} not replayable")
+            ctx.notes.append(f"drill: {b}: origin stage {k} not replayable")
             continue
         try:
-            culprit = drill_stage(runner, model, models.get(b), cut, feeds, b, part, cfg, drill,
-                                  out / "repro" / b, out / f"stage-{b}")
+            culprit = drill_stage(DrillCase(ctx.runner, b, ctx.part, ctx.cfg, drill), ctx.model, ctx.models.get(b),
+                                  cut, ctx.feeds, out / "repro" / b, out / f"stage-{b}")
         except AnpredError as err:
-            notes.append(f"drill: {b}: {err}")
+            ctx.notes.append(f"drill: {b}: {err}")
             continue
         finally:
             if not drill.keep_runs:
                 shutil.rmtree(out / f"stage-{b}", ignore_errors=True)
         culprit["stage"], culprit["backend"] = k, b
         culprit["located_by"] = "replay" if intro else "traced origin"
-        result["culprits"][b] = culprit
+        found[b] = culprit
         v.culprit = culprit
-    result.update(runs=runner.runs, seconds=round(time.perf_counter() - t0, 1))
-    (out / "drill.json").write_text(json.dumps(result, indent=2, default=str))
-    return result
+    return found
+
+
+def _neighbours(ctx: _Ctx) -> dict[str, Any]:
+    """Per flagged backend of ``ctx.part``, the neighbouring node whose value it returned at the anchor
+    where it departs first (:func:`anpred.drill.neighbours.neighbour_match`); backends without one are
+    left out."""
+    from anpred.drill.neighbours import Replayed, neighbour_match
+
+    found: dict[str, Any] = {}
+    runner = ctx.runner
+    runner_out = runner.out
+    runner.out = ctx.out / "neighbours"
+    data = Replayed(runner, ctx.model, ctx.run_dir, ctx.report, ctx.feeds, ctx.samples, ctx.part)
+    try:
+        for b in ctx.part:
+            v = ctx.report.verdicts[b]
+            if not v.flagged or ctx.drill.neighbour_radius < 1:
+                continue
+            anchors = list(dict.fromkeys(a for a in (v.origin_anchor, v.first_flagged_anchor) if a))
+            m = neighbour_match(data, b, anchors, ctx.drill.neighbour_radius)
+            if m is not None:
+                found[b] = m
+    finally:
+        runner.out = runner_out
+        if not ctx.drill.keep_runs:
+            shutil.rmtree(ctx.out / "neighbours", ignore_errors=True)
+    return found
 
 
 def _use_roles(v, prof: list[dict[str, Any]], notes: list[str], b: str) -> None:

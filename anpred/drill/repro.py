@@ -20,6 +20,7 @@ operator's output (the localization rule), and no peer may be flagged.
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import numpy as np
 from anpred.drill.runner import departs_rule, value_cells
 from anpred.errors import AnpredError
 
-__all__ = ["drill_stage"]
+__all__ = ["DrillCase", "drill_stage"]
 
 
 def _spread(values: list[str], lo: int, hi: int, k: int) -> list[int]:
@@ -43,8 +44,34 @@ def _spread(values: list[str], lo: int, hi: int, k: int) -> list[int]:
     return idx
 
 
-def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]], backend: str,
-                peers: list[str], cfg, drill, repro_dir: Path, work: Path) -> dict[str, Any]:
+@dataclass
+class DrillCase:
+    """One flagged backend's drill-down: ``runner`` (the drill's :class:`anpred.drill.runner.SubRunner`),
+    ``backend`` (the flagged one), ``peers`` (every replayed backend, ``backend`` included), ``cfg`` (the
+    oracle's :class:`anpred.defaults.OracleConfig`), ``drill`` (:class:`anpred.drill.DrillConfig`),
+    ``shared``: the peers that showed the same departure in the stage (a shared defect)."""
+
+    runner: Any
+    backend: str
+    peers: list[str]
+    cfg: Any
+    drill: Any
+    shared: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _StageSub:
+    """The stage's subgraph ``sub`` (``own``: the backend's own version, or None), its inputs ``ins``
+    (entries and graph inputs) and their values per sample ``sfeeds``."""
+
+    sub: Any
+    own: Any
+    ins: list[str]
+    sfeeds: list[dict[str, np.ndarray]]
+
+
+def drill_stage(case: DrillCase, model, own_model, cut, feeds: list[dict[str, np.ndarray]], repro_dir: Path,
+                work: Path) -> dict[str, Any]:
     """Find the first operator of stage ``cut`` whose output ``backend`` departs at, and its repro.
 
     When that operator bears subgraphs (``If``, ``Loop``), its bodies are inlined into the stage
@@ -53,12 +80,10 @@ def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]
     goes on among the inlined operators, one level down.
 
     Args:
-        runner: the drill's :class:`anpred.drill.runner.SubRunner`.
-        model: the run's anchored model; ``own_model``: the model ``backend`` ran, when its own.
+        case: the backend, its peers, the runner and the rules (:class:`DrillCase`).
+        model: the run's anchored model; ``own_model``: the model the backend ran, when its own.
         cut: the stage (:class:`anpred.drill.graphs.StageCut`).
         feeds: per sample, ONNX value -> consensus array (entries and graph inputs).
-        backend: the flagged backend; ``peers``: every replayed backend (``backend`` included).
-        cfg: the oracle's :class:`anpred.defaults.OracleConfig`; ``drill``: :class:`DrillConfig`.
         repro_dir: where the repro goes; ``work``: scratch folder of the rounds.
 
     Returns:
@@ -69,6 +94,7 @@ def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]
     """
     from anpred.drill.graphs import extract, producers, topo_values
 
+    runner, backend, peers, cfg, drill = case.runner, case.backend, case.peers, case.cfg, case.drill
     runner_out = runner.out
     runner.out = work
     try:
@@ -108,8 +134,8 @@ def drill_stage(runner, model, own_model, cut, feeds: list[dict[str, np.ndarray]
                    "peers_nrmse": float(np.median(others)) if others else None,
                    "rounds": search.rounds, "path": search.path, "stage_nodes": len(sub.graph.node)}
         culprit["shared_with"] = search.shared
-        culprit.update(_repro(runner, node, val, last, search.exposed, sub, own, sfeeds, ins, backend, peers,
-                              cfg, repro_dir, set(search.shared)))
+        case.shared = set(search.shared)
+        culprit.update(_repro(case, _StageSub(sub, own, ins, sfeeds), node, val, last, search.exposed, repro_dir))
         return culprit
     finally:
         runner.out = runner_out
@@ -213,63 +239,152 @@ class _Search:
             cands = [v for v in cands if v in keep and v not in clean]
 
 
-def _repro(runner, node, out_val, last_rep, exposed, sub, own, sfeeds, ins, backend, peers,
-           cfg, repro_dir: Path, shared: set[str] = frozenset()) -> dict[str, Any]:
+def _repro(case: DrillCase, stage: _StageSub, node, out_val: str, last_rep, exposed: list[str],
+           repro_dir: Path) -> dict[str, Any]:
     """Write and verify the repro of ``node`` (module docstring), cut out of the stage's subgraph
-    ``sub`` (``own``: the backend's own version). Returns the culprit's repro keys."""
-    from anpred.drill.feed import backend_samples, consensus_samples
-    from anpred.drill.graphs import expose, extract
+    ``sub`` (``own``: the backend's own version): the operator alone, else the smallest connected
+    subgraph around it that reproduces (:class:`anpred.drill.grow.Growth`), else the stage prefix up to
+    it. Returns the culprit's repro keys (``repro``, ``reproduced``, ``scope``, ``flagged_in_repro``,
+    ``repro_nodes``: the node names the repro kept, ``repro_search``: each subgraph tried)."""
+    from anpred.drill.grow import Growth
 
-    run_dir, rep = last_rep
-    inits = {t.name for t in sub.graph.initializer}
-    consts = {v for n in sub.graph.node if n.op_type == "Constant" for v in n.output}
-    node_ins = [v for v in node.input if v and v not in inits and v not in consts]
-    need = [v for v in node_ins if v not in ins and v not in exposed]
-    if need:  # the operator's inputs were not exposed in the last round: one more run exposes them
-        models = {None: expose(sub, need + [out_val])}
-        if own is not None:
-            models[backend] = expose(own, need + [out_val])
-        run_dir, rep = runner.run("inputs", models, sfeeds, peers)
-    by_value = {a["value"]: a["name"] for a in rep.anchors if a.get("value")}
-    inner = [v for v in node_ins if v not in ins]
-    cons = dict(consensus_samples(run_dir, [by_value[v] for v in inner + [out_val]], exclude=(backend,)))
-    mine = dict(backend_samples(run_dir, backend, [by_value[out_val]]))
-    # the sample where the backend deviates most at the operator's output
-    worst, best = 0, -1.0
-    for i, sid in enumerate(sorted(cons)):
-        c, x = cons[sid].get(by_value[out_val]), mine.get(sid, {}).get(by_value[out_val])
-        if c is None or x is None:
-            continue
-        d = float(np.linalg.norm((x.astype(np.float64) - c).ravel()))
-        if d > best:
-            worst, best = i, d
-    sid = sorted(cons)[worst]
-    feed = {v: (sfeeds[worst][v] if v in ins else cons[sid][by_value[v]]) for v in node_ins}
-    tries = [("operator", {v: feed[v] for v in node_ins}),
-             ("stage prefix", {v: sfeeds[worst][v] for v in ins})]
-    repro_dir = Path(repro_dir)
-    for scope, inputs in tries:
+    drill, sfeeds, ins = case.drill, stage.sfeeds, stage.ins
+    grow = Growth(stage.sub, node, out_val, max(1, drill.max_exposed))
+    # the rings whose cut values one run can expose (max_exposed)
+    sets: list[list[str]] = []
+    for s in grow.rings():
+        if sets and len(grow.values(sets + [s])) > drill.max_exposed:
+            break
+        sets.append(s)
+    # the operator alone first, with the values the last round exposed (one more run if it did not)
+    values = _Values(case, stage, out_val, last_rep, exposed)
+    values.learn(grow.cut([grow.culprit])[0])
+    trial = _Trial(case, stage, node, Path(repro_dir))
+
+    def attempt(keys: list[str], scope: str) -> bool:
+        cin, couts = grow.cut(keys)
+        if any(v not in values.known for v in cin):
+            return False
+        return trial.run({v: values.known[v] for v in cin}, couts, scope, [grow.nodes[k].name or k for k in keys])
+
+    runs = 1
+    ok = attempt([grow.culprit], "operator")
+    search: list[dict[str, Any]] = [{"nodes": 1, "kept": [node.name], "reproduced": ok}]
+    if not ok and len(sets) > 1:
+        values.learn(grow.values(sets))  # every value a grown subgraph may read at its cut: one run
+        kept, n, log = grow.search(lambda k: attempt(k, "subgraph"), max(0, drill.max_repro_runs - 1),
+                                   known_bad=[[grow.culprit]])
+        runs += n
+        search += log
+        ok = kept is not None
+    if not ok and runs < drill.max_repro_runs:  # the whole stage up to the operator, from its entries
+        ok = trial.run({v: sfeeds[values.worst][v] for v in ins}, [out_val], "stage prefix", None)
+        search.append({"nodes": None, "kept": "stage prefix", "reproduced": ok})
+    if not ok:
+        return {"repro": None, "reproduced": False, "scope": None, "flagged_in_repro": False,
+                "repro_nodes": [], "repro_search": search}
+    return {"repro": str(repro_dir), "reproduced": True, "scope": trial.scope, "flagged_in_repro": trial.flagged,
+            "repro_nodes": trial.kept, "repro_search": search}
+
+
+class _Values:
+    """The consensus values of the stage's inner tensors in the sample where the backend deviates most
+    at the culprit's output (``worst``: its index in the stage feeds), learnt from the last drill round
+    or from one more run that exposes the missing ones (:meth:`learn`)."""
+
+    def __init__(self, case: DrillCase, stage: _StageSub, out_val: str, last_rep, exposed: list[str]):
+        self.case, self.stage, self.out_val = case, stage, out_val
+        self.run_dir, self.rep = last_rep
+        self.exposed = set(exposed)
+        self.worst: int | None = None
+        self.known: dict[str, np.ndarray] = {}
+
+    def learn(self, values: list[str]) -> None:
+        """Know ``values`` (inner values or stage inputs): one run exposing the inner ones unless the
+        last run exposed them all."""
+        from anpred.drill.feed import backend_samples, consensus_samples
+        from anpred.drill.graphs import expose
+
+        case, stage = self.case, self.stage
+        inner = [v for v in dict.fromkeys(values + [self.out_val]) if v not in stage.ins]
+        if any(v not in self.exposed for v in inner):
+            models = {None: expose(stage.sub, inner)}
+            if stage.own is not None:
+                models[case.backend] = expose(stage.own, inner)
+            self.run_dir, self.rep = case.runner.run(f"inputs{len(self.known)}", models, stage.sfeeds, case.peers)
+            self.exposed = set(inner)
+        by_value = {a["value"]: a["name"] for a in self.rep.anchors if a.get("value")}
+        inner = [v for v in inner if v in by_value]
+        cons = dict(consensus_samples(self.run_dir, [by_value[v] for v in inner], exclude=(case.backend,)))
+        order = sorted(cons)
+        if self.worst is None:  # the sample where the backend deviates most at the operator's output
+            mine = dict(backend_samples(self.run_dir, case.backend, [by_value[self.out_val]]))
+            best = -1.0
+            self.worst = 0
+            for i, sid in enumerate(order):
+                c, x = cons[sid].get(by_value[self.out_val]), mine.get(sid, {}).get(by_value[self.out_val])
+                if c is None or x is None:
+                    continue
+                d = float(np.linalg.norm((x.astype(np.float64) - c).ravel()))
+                if d > best:
+                    self.worst, best = i, d
+            self.known.update({v: stage.sfeeds[self.worst][v] for v in stage.ins})
+        sid = order[self.worst]
+        self.known.update({v: cons[sid][by_value[v]] for v in inner if by_value[v] in cons[sid]})
+
+
+class _Trial:
+    """One candidate repro: cut out, run on the backend and its peers, kept (written) when it
+    reproduces: the backend departs from its peers at the culprit's output and no peer is flagged (but
+    those that showed the same departure in the stage). The last kept one is in ``repro_dir``."""
+
+    def __init__(self, case: DrillCase, stage: _StageSub, node, repro_dir: Path):
+        self.case, self.sub, self.own, self.node, self.repro_dir = case, stage.sub, stage.own, node, repro_dir
+        self.scope, self.flagged, self.kept = None, False, []
+        self.n = 0
+
+    def run(self, inputs: dict[str, np.ndarray], outs: list[str], scope: str, kept: list[str] | None) -> bool:
+        from anpred.drill.graphs import extract
+
+        case = self.case
+        out_val = outs[0]
         try:
-            m = extract(sub, inputs, [out_val])
-            mo = extract(own, inputs, [out_val]) if own is not None else None
+            m = extract(self.sub, inputs, outs)
+            mo = extract(self.own, inputs, outs) if self.own is not None else None
         except AnpredError:
-            continue
-        models = {None: m, **({backend: mo} if mo is not None else {})}
-        rdir, rrep = runner.run(f"repro-{scope.replace(' ', '-')}", models, [inputs], peers)
-        departs = departs_rule(rrep, cfg)
+            return False
+        self.n += 1
+        models = {None: m, **({case.backend: mo} if mo is not None else {})}
+        name = f"repro-{scope.replace(' ', '-')}" + (f"-{self.n}" if scope == "subgraph" else "")
+        rdir, rrep = case.runner.run(name, models, [inputs], case.peers)
+        departs = departs_rule(rrep, case.cfg)
         cells = value_cells(rrep, {out_val: out_val})[out_val]
         # no peer flagged, except those that showed the same departure in the stage (a shared defect)
-        flagged_peers = [b for b in rrep.flagged_backends if b != backend and b not in shared]
-        if departs(cells.get(backend)) and not flagged_peers:
-            flagged = backend in rrep.flagged_backends
-            _write(repro_dir, m, mo, inputs, rdir, rrep, backend, peers, node, scope, cells, flagged,
-                   runner.specs[backend].name, runner.specs[backend].options.get("python_path"))
-            return {"repro": str(repro_dir), "reproduced": True, "scope": scope, "flagged_in_repro": flagged}
-    return {"repro": None, "reproduced": False, "scope": None, "flagged_in_repro": False}
+        flagged_peers = [b for b in rrep.flagged_backends if b != case.backend and b not in case.shared]
+        if not (departs(cells.get(case.backend)) and not flagged_peers):
+            return False
+        flagged = case.backend in rrep.flagged_backends
+        data_nodes = kept if kept is not None else [n.name for n in m.graph.node if n.op_type != "Constant"]
+        _write(self.repro_dir, (m, mo), inputs, (rdir, rrep), case, self.node,
+               _Kept(scope, cells, flagged, data_nodes))
+        self.scope, self.flagged, self.kept = scope, flagged, data_nodes
+        return True
 
 
-def _write(repro_dir: Path, m, mo, inputs, rdir, rrep, backend, peers, node, scope, cells, flagged: bool,
-           registry_name: str, python_path: list[str] | None = None) -> None:
+@dataclass
+class _Kept:
+    """What a kept repro shows: its ``scope``, the culprit output's ``cells`` (backend -> Cell), whether
+    the backend is ``flagged`` there, the operators it ``kept``."""
+
+    scope: str
+    cells: dict[str, Any]
+    flagged: bool
+    kept: list[str]
+
+
+def _write(repro_dir: Path, models, inputs, run, case: DrillCase, node, shown: _Kept) -> None:
+    """Write the repro folder (module docstring): ``models`` = (model, the backend's own or None),
+    ``run`` = (run folder, report) of the run that reproduced it."""
     import json
     import os
 
@@ -277,6 +392,12 @@ def _write(repro_dir: Path, m, mo, inputs, rdir, rrep, backend, peers, node, sco
     from anpred.drill.feed import backend_samples, consensus_samples
     from anpred.onnx_io import save_model
 
+    m, mo = models
+    rdir, rrep = run
+    backend, peers = case.backend, case.peers
+    scope, cells, flagged, kept = shown.scope, shown.cells, shown.flagged, shown.kept
+    spec = case.runner.specs[backend]
+    registry_name, python_path = spec.name, spec.options.get("python_path")
     if repro_dir.exists():
         shutil.rmtree(repro_dir)
     (repro_dir / "outputs").mkdir(parents=True)
@@ -326,9 +447,14 @@ def _write(repro_dir: Path, m, mo, inputs, rdir, rrep, backend, peers, node, sco
                   f"`outputs/{backend}.npz` with `expected.npz`:\n\n    {cmd}\n")
     (repro_dir / "README.md").write_text(
         f"# {backend}: {node.op_type} `{node.name}` departs from its peers\n\n"
-        f"Scope: {scope} ({len(m.graph.node)} node(s)); inputs: the consensus values this "
-        f"{'operator' if scope == 'operator' else 'stage'} received (`inputs.npz`).\n"
+        f"Scope: {scope} ({len(kept) or len(m.graph.node)} operator(s): {', '.join(kept) or node.name}"
+        + ("; grown from the culprit because the operator alone does not reproduce" if scope == "subgraph" else "")
+        + f"); inputs: the consensus values {'this operator' if scope == 'operator' else 'these operators'} "
+        f"received (`inputs.npz`).\n"
         f"{backend}'s {rrep.config.get('primary', 'nrmse')} against the consensus of the others: "
         f"{mine.primary:.3g} ({ratio:.3g} x the peers' median; flagged: {'yes' if flagged else 'no'}); "
         f"peers: {', '.join(others)}.\n"
         f"`expected.npz`: the consensus; `outputs/<backend>.npz`: each backend's own outputs.\n\n{rerun}")
+    if mo is None and backend in REGISTRY:  # the same command as a script
+        (repro_dir / "reproduce.sh").write_text(f"#!/bin/sh\n# exits 1 while {backend} is flagged\ncd \"$(dirname \"$0\")\"\n"
+                                                f"exec {cmd}\n")

@@ -449,6 +449,8 @@ def _instrument(subject: Subject, imgsz, stages, max_cut_width, details: dict[st
     n_anchors = sum(a.kind != "output" for a in manifest.anchors)
     log(f"instrumented {subject.onnx_path.name}: {len(manifest.stages)} stages, {n_anchors} anchors + "
         f"{len(manifest.anchors) - n_anchors} outputs", quiet)
+    for note in manifest.partition.get("notes", []):  # e.g. wide cuts inside a long block (passes.wide_cuts)
+        log(f"partition: {note}", quiet)
     return anchored, manifest
 
 

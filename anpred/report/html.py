@@ -236,11 +236,18 @@ def _drill(report) -> list[str]:
                                 [f"round {p['round']} ({e(p.get('where', ''))}): {p['exposed']} tensors exposed, first departing "
                                  f"<code>{e(p['first'])}</code> ({e(p['op_type'])})" for p in c.get("path", [])] +
                                 [f"<b>{e(c['op_type'])} <code>{e(c['node'])}</code></b>"])
-        rep = (f"repro <code>{e(str(c['repro']))}</code> (re-run, reproduced; scope {e(str(c.get('scope')))}; "
+        scope = c.get("scope")
+        if scope == "subgraph":  # grown from the culprit (anpred.drill.grow): the operators it kept
+            scope = f"subgraph of {len(c.get('repro_nodes') or [])} operators: {', '.join(c.get('repro_nodes') or [])}"
+        rep = (f"repro <code>{e(str(c['repro']))}</code> (re-run, reproduced; scope {e(str(scope))}; "
                f"{'flagged' if c.get('flagged_in_repro') else 'departs, below the floor'} there)"
                if c.get("reproduced") else "unconfirmed: no standalone repro reproduced it")
         out.append(f"<p class='flag'><b>{e(b)}</b>: {steps}; local nRMSE {_fmt(c.get('local_nrmse'))} vs peers "
                    f"{_fmt(c.get('peers_nrmse'))}; {rep}</p>")
+    for b, m in (d.get("neighbours") or {}).items():  # a neighbour's value returned (anpred.drill.neighbours)
+        from anpred.report.text import neighbour_line
+
+        out.append(f"<p class='flag'>{e(neighbour_line(b, m))}</p>")
     stages = d.get("stages") or {}
     if stages:
         out.append("<table><tr><th>backend</th>" + "".join(f"<th>s{p['stage']} {e(p['anchor'])}<br>local / carried</th>"

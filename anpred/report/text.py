@@ -150,12 +150,28 @@ def task_lines(report) -> list[str]:
 
 def culprit_line(b: str, c: dict) -> str:
     """One line naming a drilled backend's culprit operator and its repro."""
-    rep = (f"repro {c['repro']} (re-run: reproduced, {c.get('scope')}; "
+    scope = c.get("scope")
+    if scope == "subgraph":  # grown from the culprit (anpred.drill.grow): the operators it kept
+        scope = f"subgraph of {len(c.get('repro_nodes') or [])} operators: {', '.join(c.get('repro_nodes') or [])}"
+    rep = (f"repro {c['repro']} (re-run: reproduced, {scope}; "
            f"{'flagged' if c.get('flagged_in_repro') else 'departs, below the floor'} there)" if c.get("reproduced")
            else "unconfirmed: no standalone repro reproduced it")
     inside = f" inside {c['body_of']}" if c.get("body_of") else ""
     return (f"culprit {b}: {c['op_type']} '{c['node']}'{inside} in stage {c.get('stage')} (output {c.get('output')}): "
             f"local nRMSE {_g(c.get('local_nrmse'), '.3g')} vs peers {_g(c.get('peers_nrmse'), '.3g')}; {rep}")
+
+
+def neighbour_line(b: str, m: dict) -> str:
+    """One line saying that a backend returned a neighbouring node's value for an anchor
+    (:mod:`anpred.drill.neighbours`): ``mnn returns Relu(x) for anchor x ...``."""
+    x = m["anchor"]
+    what = f"{m['op_type']}(x)" if m["side"] == "downstream" and m["distance"] == 1 else f"the value of {m['op_type']}"
+    where = {"downstream": "after", "upstream": "before", "beside": "beside"}[m["side"]]
+    return (f"{b} returns {what} for anchor x = {x}: its tensor there equals the output of {m['op_type']} "
+            f"'{m['node']}' ({m['distance']} node(s) {where} {m['producer_op']} '{m['producer']}', which computes x; "
+            f"{m['statistic']} {_g(m['to_neighbour'], '.2g')} against it, threshold {_g(m['threshold'], '.2g')}, "
+            f"against the consensus {_g(m['to_consensus'], '.2g')}): the backend fused or moved that operator, the "
+            "anchor's own value is not observable there")
 
 
 def drill_lines(report) -> list[str]:
@@ -169,7 +185,10 @@ def drill_lines(report) -> list[str]:
         lines.append("  " + culprit_line(b, c))
     for b, v in report.verdicts.items():
         if v.flagged and v.votes and b not in (d.get("culprits") or {}) and b in (d.get("stages") or {}):
-            lines.append(f"  culprit {b}: none found (see the notes)")
+            lines.append(f"  culprit {b}: none found" + (" (see the notes)" if b not in (d.get("neighbours") or {})
+                                                          else ": its tensor is a neighbouring node's value, below"))
+    for b, m in (d.get("neighbours") or {}).items():
+        lines.append("  " + neighbour_line(b, m))
     stages = d.get("stages") or {}
     if stages:
         lines.append("  stage replay (local: the stage alone from the consensus; carried: the normal run; "

@@ -1,0 +1,138 @@
+"""Pre-run coverage below the operator name (issue 34, item 3): attribute, dtype and input limits the
+converters state, asked of the converters themselves. onnx2torch refuses Reshape with ``allowzero=1``
+and Clip with computed min/max (its converters raise NotImplementedError); ncnn's backend feeds float32
+and integer inputs only (a bool input is refused); pnnx crashes on GridSample ``mode=cubic``. The
+pre-run coverage must say so, the run must mark those backends ``unsupported`` with the reason, and each
+refusal is checked against the converter run on the whole model (no precheck: the same failure)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+
+def limits_model(path):
+    """x[1, 4, 6] -> Reshape(allowzero=1, [1, 4, 3, 2]) -> Relu -> Clip(min = ReduceMin(x), max =
+    0.5 ReduceMax(x)) -> Reshape back -> Where(mask, ., 0), ``mask`` a bool input: every operator is in
+    every table."""
+    nodes = [h.make_node("Reshape", ["x", "shape"], ["r"], name="reshape_az", allowzero=1),
+             h.make_node("Relu", ["r"], ["a"], name="relu"),
+             h.make_node("ReduceMin", ["x"], ["lo"], name="lo", keepdims=0),
+             h.make_node("ReduceMax", ["x"], ["hi0"], name="hi0", keepdims=0),
+             h.make_node("Mul", ["hi0", "half"], ["hi"], name="hi"),
+             h.make_node("Clip", ["a", "lo", "hi"], ["c"], name="clip_dyn"),
+             h.make_node("Reshape", ["c", "back"], ["c2"], name="back"),
+             h.make_node("Where", ["mask", "c2", "zero"], ["y"], name="where")]
+    inits = [nh.from_array(np.array([1, 4, 3, 2], np.int64), "shape"), nh.from_array(np.array(0.5, np.float32), "half"),
+             nh.from_array(np.array([1, 4, 6], np.int64), "back"), nh.from_array(np.array(0.0, np.float32), "zero")]
+    g = h.make_graph(nodes, "limits", [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 6]),
+                                       h.make_tensor_value_info("mask", T.BOOL, [1, 4, 6])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 6])], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m, full_check=True)
+    onnx.save(m, str(path))
+    return path
+
+
+def cubic_grid_model(path):
+    """x[1, 2, 6, 6] -> Conv 1x1 -> GridSample(mode="cubic") with a grid computed from x -> y."""
+    rng = np.random.default_rng(0)
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             h.make_node("Tanh", ["g0"], ["grid"], name="grid"),
+             h.make_node("GridSample", ["c", "grid"], ["y"], name="sample", mode="cubic")]
+    g = h.make_graph(nodes, "cubic", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 6, 6]),
+                                      h.make_tensor_value_info("g0", T.FLOAT, [1, 4, 4, 2])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 2, 4, 4])],
+                     [nh.from_array(rng.standard_normal((2, 2, 1, 1)).astype(np.float32), "w")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m, full_check=True)
+    onnx.save(m, str(path))
+    return path
+
+
+def test_converters_asked_node_by_node(tmp_path, monkeypatch):
+    from anpred.backends.coverage import format_coverage, unsupported_by
+
+    monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))  # the probes' own answers, not cached ones
+    rows = unsupported_by(limits_model(tmp_path / "limits.onnx"), {"torch": "torch", "ncnn": "ncnn", "ort": "ort"})
+    assert rows["torch"]["ops"] == {
+        "Reshape": "onnx2torch: \"allowzero=1\" is not implemented (node 'reshape_az')",
+        "Clip": "onnx2torch: Dynamic value of min/max is not implemented (node 'clip_dyn')"}
+    assert rows["torch"]["nodes"] == ["Reshape", "Clip"]  # not the operator table: the converters
+    assert list(rows["ncnn"]["ops"]) == ["input mask"] and "'mask' is bool" in rows["ncnn"]["ops"]["input mask"]
+    assert rows["ort"]["ops"] == {}
+    lines = format_coverage(rows)
+    assert any(ln.startswith("torch: cannot run the model: Reshape (onnx2torch: \"allowzero=1\" is not implemented")
+               and ln.endswith("[onnx2torch's converters called on each node (the NotImplementedError they raise)]")
+               for ln in lines)
+    # a node pnnx crashes on, found by converting that node alone; cached by the node's content
+    path = cubic_grid_model(tmp_path / "cubic.onnx")
+    rows = unsupported_by(path, {"ncnn": "ncnn"})
+    assert rows["ncnn"]["ops"] == {"GridSample": "pnnx: pnnx crashed on this node alone (signal 11) (node 'sample')"}
+    probes = sorted((tmp_path / "cache" / "coverage-probe" / "pnnx").glob("*.json"))
+    assert len(probes) >= 3  # Conv, Tanh, GridSample (and the first model's nodes)
+    from anpred.backends.ncnn_pnnx import pnnx_probe
+
+    probe = pnnx_probe()
+    again = probe.refusals(onnx.load(str(path)))
+    assert again == {"GridSample": "pnnx: pnnx crashed on this node alone (signal 11) (node 'sample')"}
+    assert probe.probed == 0 and probe.cached == 3  # every answer from the cache
+
+
+def test_run_marks_the_refused_backends_and_the_converters_agree(tmp_path):
+    """The run does not start torch and ncnn on the limits model (``unsupported``, the converter's words);
+    run without the precheck, each fails at conversion for the reason the coverage gave."""
+    from anpred.run import run_model
+
+    path = limits_model(tmp_path / "limits.onnx")
+    rng = np.random.default_rng(0)
+    (tmp_path / "in").mkdir()
+    np.savez(tmp_path / "in" / "0000.npz", x=rng.standard_normal((1, 4, 6)).astype(np.float32),
+             mask=rng.random((1, 4, 6)) > 0.5)
+    store = run_model(path, ["ort", "torch", "ncnn"], tmp_path / "in", tmp_path / "run", progress=False, timeout_s=300)
+    st = store.statuses()
+    assert st["ort"].status == "ok"
+    assert st["torch"].status == "unsupported" and "\"allowzero=1\" is not implemented" in st["torch"].reason
+    assert st["torch"].reason.startswith("not run: the pre-run coverage found 2 operator(s) or input(s) it refuses")
+    assert st["ncnn"].status == "unsupported" and "input mask" in st["ncnn"].reason
+    free = run_model(path, ["torch", "ncnn"], tmp_path / "in", tmp_path / "run2", progress=False, timeout_s=300,
+                     precheck=False)
+    st = free.statuses()
+    assert st["torch"].status in ("failed", "unsupported") and "\"allowzero=1\" is not implemented" in st["torch"].reason
+    assert st["ncnn"].status in ("failed", "unsupported") and "'mask' is bool" in st["ncnn"].reason
+
+
+def test_cubic_grid_sample_crashes_pnnx_in_the_whole_model_too(tmp_path):
+    """The probe's refusal checked against the converter: ncnn's conversion of the whole model fails."""
+    from anpred.run import run_model
+
+    path = cubic_grid_model(tmp_path / "cubic.onnx")
+    (tmp_path / "in").mkdir()
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "in" / "0000.npz", x=rng.standard_normal((1, 2, 6, 6)).astype(np.float32),
+             g0=rng.standard_normal((1, 4, 4, 2)).astype(np.float32))
+    st = run_model(path, ["ncnn"], tmp_path / "in", tmp_path / "run", progress=False, timeout_s=300,
+                   precheck=False).statuses()["ncnn"]
+    assert st.status in ("failed", "unsupported") and "pnnx" in st.reason, st.reason
+
+
+def test_cli_backends_names_the_converters_refusals(tmp_path, capsys):
+    import json
+
+    from anpred.cli import main
+
+    path = limits_model(tmp_path / "limits.onnx")
+    assert main(["backends", "--model", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "torch: cannot run the model: Reshape (onnx2torch: \"allowzero=1\" is not implemented (node 'reshape_az'))" in out
+    assert "ncnn: cannot run the model: input mask (ncnn: input 'mask' is bool" in out
+    row = next(ln for ln in out.splitlines() if ln.startswith("torch "))
+    assert " lacks " in row
+    assert main(["backends", "--model", str(path), "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["torch"]["coverage"]["nodes"] == ["Reshape", "Clip"] and rows["ort"]["coverage"]["ops"] == {}
