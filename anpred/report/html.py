@@ -261,7 +261,7 @@ def write_html(report, path: str | Path) -> None:
 
     matplotlib.use("Agg", force=False)
     from anpred.onnx_io import atomic_write_text
-    from anpred.report.text import format_text, propagation_line, verdict_word
+    from anpred.report.text import format_text, propagation_line, verdict_word, witness_lines
 
     primary = report.config.get("primary", "nrmse")
     e = html.escape
@@ -308,7 +308,9 @@ def write_html(report, path: str | Path) -> None:
                 word += f"; implementation: {verdict_word(v.implementation)}"
             judged = f"{v.judged_anchors} / {len(report.anchors)}" + (f" ({len(v.partial)} on part of the samples)"
                                                                     if v.partial else "")
-            parts.append(f"<tr class='{cls}'><td>{e(b)}</td><td>{e(v.family)}</td><td>{e(v.precision)}"
+            role = (report.backends.get(b) or {}).get("role")
+            shown = b + (f" ({role})" if role in ("witness", "arbiter") else "")
+            parts.append(f"<tr class='{cls}'><td>{e(shown)}</td><td>{e(v.family)}</td><td>{e(v.precision)}"
                          + (f" ({e(v.precision_requested)} asked)" if getattr(v, "precision_requested", "") else "")
                          + "</td>"
                          f"<td>{'yes' if v.votes else 'no'}</td><td>{e(word)}</td><td>{e(judged)}</td>"
@@ -318,6 +320,7 @@ def write_html(report, path: str | Path) -> None:
                          f"<td>{e(v.propagation)}{' (non-monotonic)' if v.non_monotonic else ''}</td>"
                          f"<td>{len(v.flagged_anchors)}</td></tr>")
         parts.append("</table>")
+        parts.extend(f"<p class='small'>{e(line.strip())}</p>" for line in witness_lines(report))
         for n in report.notes:  # what the machine changed: precision computed != asked, int8 kernel family
             if n.startswith(("precision: ", "kernels: ")):
                 parts.append(f"<p class='small'><b>{e(n.split(':', 1)[0])}</b>: {e(n.split(':', 1)[1].strip())}</p>")
