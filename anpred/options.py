@@ -24,12 +24,12 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Iterable
+from typing import Any
 
-from anpred.errors import AnpredError
+from anpred.errors import AnpredError, InputError
 
 __all__ = ["JudgeOptions", "RunOptions", "ModelOptions", "InputOptions", "StreamOptions", "OutputOptions",
-           "TestOptions", "add_verbose", "PRECISIONS"]
+           "TestOptions", "add_verbose", "PRECISIONS", "parse_input_shapes"]
 
 #: the reduced precisions whose population ``--precision`` adds (``anpred.pipeline.choices.POPULATIONS``)
 PRECISIONS = ("fp16", "int8")
@@ -334,9 +334,33 @@ class TestOptions:
         return self.run.backends
 
 
-def names(values: Iterable[str] | str | None) -> list[str]:
-    """A comma-separated text or a list of names as a list (empty entries kept for the caller's check)."""
-    if values is None:
-        return []
-    text = values if isinstance(values, str) else ",".join(str(v) for v in values)
-    return [v.strip() for v in text.split(",")]
+def parse_input_shapes(value: Any) -> dict[str, tuple[int, ...]]:
+    """``{name: shape}`` from ``"NAME:1x45,NAME2:1x3x64x64"`` or a mapping of name -> sequence.
+
+    Raises:
+        InputError: an entry without ``NAME:`` or with a dimension that is not a positive integer.
+    """
+    if isinstance(value, dict):
+        items = [(str(k), v) for k, v in value.items()]
+    else:
+        items = []
+        for part in str(value).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            name, sep, dims = part.rpartition(":")
+            if not sep or not name:
+                raise InputError(f"--input-shapes entry {part!r} is not NAME:DIMS (e.g. ids:1x45)")
+            items.append((name, dims.lower().split("x")))
+    out: dict[str, tuple[int, ...]] = {}
+    for name, dims in items:
+        try:
+            shape = tuple(int(d) for d in dims)
+        except (TypeError, ValueError) as err:
+            raise InputError(f"--input-shapes {name}: {dims!r} is not a shape like 1x45") from err
+        if any(d < 1 for d in shape):
+            raise InputError(f"--input-shapes {name}: dimensions must be positive, got {'x'.join(map(str, shape))}")
+        out[name] = shape
+    if not out:
+        raise InputError("--input-shapes is empty (give NAME:1x45,...)")
+    return out

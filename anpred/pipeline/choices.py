@@ -145,7 +145,7 @@ def check_test_options(opts) -> list[str] | None:
     if inputs is not None and not str(inputs).startswith("random:") and not Path(inputs).exists():
         raise InputError(f"inputs {inputs}: no such file or folder")
     if opts.feed.input_shapes is not None:
-        from anpred.pipeline.shapes import parse_input_shapes
+        from anpred.options import parse_input_shapes
 
         opts.feed.input_shapes = parse_input_shapes(opts.feed.input_shapes)
     history = opts.output.history

@@ -25,6 +25,7 @@ of the project:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -34,7 +35,8 @@ from typing import Any
 
 from anpred.errors import AnpredError
 from anpred.options import TestOptions
-from anpred.pipeline.choices import DEFAULT_SAMPLES, check_native_backends, check_test_options, default_backends
+from anpred.pipeline.choices import (DEFAULT_SAMPLES, NATIVE_BACKEND, check_native_backends, check_test_options,
+                                     default_backends)
 from anpred.pipeline.folder import (finish_run_store, keep_checkpoint, prepare_out, relocated,
                                     stream_checkpoint_dir)
 from anpred.pipeline.progress import log
@@ -233,8 +235,9 @@ def _prepare(subject: Subject, tmp: Path, opts: TestOptions, backends: list[str]
     for b, why in plan.skipped.items():
         log(f"{b} skipped: {why}", opts.output.quiet)
     names = plan.names
-    mapping = map_native(subject, manifest, anchored, names, backends is not None, tmp, details, seconds,
-                         opts.output.quiet)
+    native = NATIVE_BACKEND.get(subject.framework)
+    with timed(seconds, "map") if native in names else contextlib.nullcontext():
+        mapping = map_native(subject, manifest, anchored, names, backends is not None, tmp, details, opts.output.quiet)
     plan.subjects = [b for b in plan.subjects if b in names]
     details["backends"] = plan.to_dict()
     adapter = task_adapter(subject, opts.judge.task)

@@ -24,45 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from anpred.errors import InputError
+from anpred.options import parse_input_shapes
 
 __all__ = ["parse_input_shapes", "check_stated_shapes", "Bucket", "scan_inputs", "declared_shapes", "bucket_model", "resolve_shapes",
            "index_ranges", "shape_text"]
 
 
 def shape_text(shape) -> str:
+    """``(1, None, 45)`` -> ``1x?x45``."""
     return "x".join("?" if d is None else str(d) for d in shape)
-
-
-def parse_input_shapes(value: Any) -> dict[str, tuple[int, ...]]:
-    """``{name: shape}`` from ``"NAME:1x45,NAME2:1x3x64x64"`` or a mapping of name -> sequence.
-
-    Raises:
-        InputError: an entry without ``NAME:`` or with a dimension that is not a positive integer.
-    """
-    if isinstance(value, dict):
-        items = [(str(k), v) for k, v in value.items()]
-    else:
-        items = []
-        for part in str(value).split(","):
-            part = part.strip()
-            if not part:
-                continue
-            name, sep, dims = part.rpartition(":")
-            if not sep or not name:
-                raise InputError(f"--input-shapes entry {part!r} is not NAME:DIMS (e.g. ids:1x45)")
-            items.append((name, dims.lower().split("x")))
-    out: dict[str, tuple[int, ...]] = {}
-    for name, dims in items:
-        try:
-            shape = tuple(int(d) for d in dims)
-        except (TypeError, ValueError) as err:
-            raise InputError(f"--input-shapes {name}: {dims!r} is not a shape like 1x45") from err
-        if any(d < 1 for d in shape):
-            raise InputError(f"--input-shapes {name}: dimensions must be positive, got {shape_text(shape)}")
-        out[name] = shape
-    if not out:
-        raise InputError("--input-shapes is empty (give NAME:1x45,...)")
-    return out
 
 
 def check_stated_shapes(proto, shapes: dict[str, tuple[int, ...]]) -> None:

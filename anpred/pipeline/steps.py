@@ -94,7 +94,7 @@ def _bind(subject: Subject, proto, values: dict[str, Any], details: dict[str, An
 
 
 def map_native(subject: Subject, manifest, anchored, names: list[str], explicit: bool, tmp: Path,
-         details: dict[str, Any], seconds: dict[str, float], quiet: bool) -> dict[str, dict[str, int]]:
+               details: dict[str, Any], quiet: bool) -> dict[str, dict[str, int]]:
     """Map the anchors onto the native model when its native backend runs (``tmp/mapping.json``).
     Returns native backend -> counts. A model that cannot be mapped raises when the backends were
     given, else its native backend is left out of ``names`` (``details["native_left_out"]``)."""
@@ -104,27 +104,26 @@ def map_native(subject: Subject, manifest, anchored, names: list[str], explicit:
     native = NATIVE_BACKEND.get(subject.framework)
     if native is None or native not in names:
         return mapping
-    with timed(seconds, "map"):
-        from exporters.mapping import MappingError, map_anchors
+    from exporters.mapping import MappingError, map_anchors
 
-        try:
-            with PythonPath(subject.sys_path), QuietLogger("ultralytics"):
-                net, example = native_model(subject)
-                rep = map_anchors(manifest, net, subject.framework, onnx_model=anchored,
-                                  example_inputs=tuple(example) if subject.framework == "torch" else None)
-            mapping[native] = rep.counts(native)
-            atomic_write_text(tmp / "mapping.json", to_json(rep.to_dict(), indent=1))
-            c = mapping[native]
-            log(f"mapped anchors onto the {subject.framework} model: {c['exact']} exact, {c['equivalent']} "
-                f"equivalent, {c['unmapped']} unmapped", quiet)
-        except MappingError as err:
-            if explicit:
-                raise
-            names.remove(native)
-            log(f"{native} left out: {err}", quiet)
-            details["native_left_out"] = str(err)
-        finally:
-            net = example = None
+    try:
+        with PythonPath(subject.sys_path), QuietLogger("ultralytics"):
+            net, example = native_model(subject)
+            rep = map_anchors(manifest, net, subject.framework, onnx_model=anchored,
+                              example_inputs=tuple(example) if subject.framework == "torch" else None)
+        mapping[native] = rep.counts(native)
+        atomic_write_text(tmp / "mapping.json", to_json(rep.to_dict(), indent=1))
+        c = mapping[native]
+        log(f"mapped anchors onto the {subject.framework} model: {c['exact']} exact, {c['equivalent']} "
+            f"equivalent, {c['unmapped']} unmapped", quiet)
+    except MappingError as err:
+        if explicit:
+            raise
+        names.remove(native)
+        log(f"{native} left out: {err}", quiet)
+        details["native_left_out"] = str(err)
+    finally:
+        net = example = None
     return mapping
 
 
