@@ -7,8 +7,9 @@ Real runtimes on real exported models; the option and shape checks need no backe
 from __future__ import annotations
 
 import json
+import contextlib
+import io
 import sys
-import this
 
 import numpy as np
 import pytest
@@ -21,7 +22,9 @@ from anpred.errors import AnpredError, InputError
 
 # ---- models and inputs built here ----------------------------------------------------------------
 def _zen_lines() -> list[str]:
-    """Real sentences: the Zen of Python (the stdlib's ``this``, ROT13-decoded)."""
+    """Real sentences: the Zen of Python (the stdlib's ``this``, ROT13-decoded; it prints them on import)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        import this
     text = "".join(this.d.get(c, c) for c in this.s)
     return [ln for ln in text.splitlines() if ln.strip()]
 

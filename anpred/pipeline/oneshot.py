@@ -219,7 +219,7 @@ def _prepare(subject: Subject, tmp: Path, opts: TestOptions, backends: list[str]
     """Shapes, instrument, choose the backends, map, save the anchored model and choose the task
     adapter (labels checked)."""
     from anpred.pipeline.shapes import resolve_shapes
-    from anpred.pipeline.witnesses import plan_backends
+    from anpred.pipeline.witnesses import not_installed, plan_backends
 
     details: dict[str, Any] = {"subject": subject.to_dict()}
     declared, buckets = resolve_shapes(subject, opts, tmp)
@@ -228,17 +228,19 @@ def _prepare(subject: Subject, tmp: Path, opts: TestOptions, backends: list[str]
     names = list(backends) if backends is not None else list(dict.fromkeys(default_backends(
         subject.framework, opts.run.precision, opts.run.all_backends) + list(opts.run.also)))
     check_native_backends(names, subject.framework, subject.label, subject.kind)
+    missing = {} if backends is not None else not_installed(names)  # a default not installed: skipped
+    names = [b for b in names if b not in missing]
+    native = NATIVE_BACKEND.get(subject.framework)
+    with timed(seconds, "map") if native in names else contextlib.nullcontext():
+        mapping = map_native(subject, manifest, anchored, names, backends is not None, tmp, details, opts.output.quiet)
     save_anchored(subject, anchored, manifest, tmp)
     with timed(seconds, "plan"):
         plan = plan_backends(names, backends is not None, tmp / "anchored.onnx", _n_samples(opts, buckets),
                              witnesses=opts.run.witnesses, min_families=_min_voters(opts), quiet=opts.output.quiet)
+    plan.skipped = {**missing, **plan.skipped}
     for b, why in plan.skipped.items():
         log(f"{b} skipped: {why}", opts.output.quiet)
     names = plan.names
-    native = NATIVE_BACKEND.get(subject.framework)
-    with timed(seconds, "map") if native in names else contextlib.nullcontext():
-        mapping = map_native(subject, manifest, anchored, names, backends is not None, tmp, details, opts.output.quiet)
-    plan.subjects = [b for b in plan.subjects if b in names]
     details["backends"] = plan.to_dict()
     adapter = task_adapter(subject, opts.judge.task)
     if opts.judge.labels is not None:  # checked before anything runs

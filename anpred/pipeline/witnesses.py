@@ -24,7 +24,8 @@ from typing import Any
 from anpred.pipeline.choices import ALL_FP32
 from anpred.pipeline.progress import log
 
-__all__ = ["WITNESS_CANDIDATES", "ARBITER", "MIN_FAMILIES", "BackendPlan", "plan_backends", "apply_roles"]
+__all__ = ["WITNESS_CANDIDATES", "ARBITER", "MIN_FAMILIES", "BackendPlan", "not_installed", "plan_backends",
+           "apply_roles"]
 
 #: the backends a witness is chosen from: one per independent fp32 family
 WITNESS_CANDIDATES: tuple[str, ...] = ALL_FP32 + ("onnx-reference",)
@@ -68,6 +69,16 @@ def _voting_families(names: list[str], rows: dict[str, dict[str, Any]]) -> list[
         if info.votes and info.family not in fams:
             fams.append(info.family)
     return fams
+
+
+def not_installed(names: list[str]) -> dict[str, str]:
+    """``{backend: reason}`` for the backends of ``names`` whose libraries are not installed
+    (:func:`anpred.backends.backend_table`; the reason names the extra that brings them)."""
+    from anpred.backends import backend_table
+
+    rows = {r["name"]: r for r in backend_table()}
+    return {b: rows.get(b, {}).get("reason") or "not installed" for b in names
+            if not rows.get(b, {}).get("installed", False)}
 
 
 def plan_backends(names: list[str], explicit: bool, model_path: Path, samples: int, *, witnesses: bool = True,
