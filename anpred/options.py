@@ -127,8 +127,8 @@ class RunOptions:
         precision: reduced precisions whose population joins the defaults (``fp16``, ``int8``).
         all_backends: every family and both populations (the full default set).
         timeout_s: per backend limit in seconds (prepare + all samples).
-        side_by_side: the backends run at once, the cores divided among them
-            (:func:`anpred.run.spec.split_threads`; streamed runs).
+        side_by_side: the backends run at once, each in its own worker, the cores divided among
+            them (:func:`anpred.run.spec.split_threads`).
         also: backends run beside the defaults and treated as defaults (skipped where they cannot
             run; the demo's int8 population); ignored with ``backends``.
     """
@@ -158,9 +158,9 @@ class RunOptions:
         g.add_argument("--timeout", dest="timeout_s", type=float, default=600.0, metavar="S",
                        help="seconds per backend for preparing and running (default 600)")
         g.add_argument("--side-by-side", action="store_true",
-                       help="with --stream: the backends of a chunk run at once, each in its own long-lived worker, "
-                       "the cores divided among them (a backend's threads: cores // backends, at least 1; default: "
-                       "one after the other, each with its library's default threads; docs/task.md)")
+                       help="the backends run at once (with --stream: those of a chunk), each in its own worker, the "
+                       "cores divided among them (a backend's threads: cores // backends, at least 1; default: one "
+                       "after the other, each with its library's default threads; docs/run.md, docs/task.md)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "RunOptions":

@@ -279,7 +279,9 @@ def prepare_samples(prep: Prepared, subject: Subject, tmp: Path, opts: TestOptio
 
 def _run(subject: Subject, prep: Prepared, tmp: Path, final: Path, opts: TestOptions) -> dict[str, Any]:
     """Run the backends into ``tmp/run`` (the run store names the final paths), per shape bucket
-    when there are several; record what each backend cost (:func:`anpred.pipeline.costs.record`).
+    when there are several, side by side with ``opts.run.side_by_side`` (long-lived workers, the cores
+    divided among them: :func:`anpred.run.spec.split_threads`); record what each backend cost
+    (:func:`anpred.pipeline.costs.record`).
     Returns the backends' statuses."""
     from anpred.onnx_io import load_model, sha256_file
     from anpred.pipeline.costs import model_size, record
@@ -298,6 +300,14 @@ def _run(subject: Subject, prep: Prepared, tmp: Path, final: Path, opts: TestOpt
             prep.buckets = None
             store = RunStore.open(tmp / "run")
             prep.spec = str(opts.feed.inputs)
+        elif opts.run.side_by_side:  # at once, each in its own worker, the cores divided among them
+            from anpred.run.driver import WorkerPool
+            from anpred.run.spec import split_threads
+
+            with WorkerPool(tmp / ".pool", timeout_s=opts.run.timeout_s, side_by_side=True) as pool:
+                store = run_model(tmp / "anchored.onnx", split_threads(prep.names), prep.spec, tmp / "run",
+                                  mode="tensors", timeout_s=opts.run.timeout_s, progress=not quiet, pool=pool)
+            shutil.rmtree(tmp / ".pool", ignore_errors=True)
         else:
             store = run_model(tmp / "anchored.onnx", prep.names, prep.spec, tmp / "run", mode="tensors",
                               timeout_s=opts.run.timeout_s, progress=not quiet, preprocess=None)
