@@ -313,6 +313,8 @@ def _run(subject: Subject, prep: Prepared, tmp: Path, final: Path, opts: TestOpt
                               timeout_s=opts.run.timeout_s, progress=not quiet, preprocess=None)
     record(store.statuses(), sha256_file(tmp / "anchored.onnx"),
            model_size(load_model(tmp / "anchored.onnx", load_external=False)), store.meta)
+    if prep.plan is not None and prep.plan.witnesses:  # who ran as a witness, for later readers of the run
+        store.meta["roles"] = {b: prep.plan.witnesses.get(b, "subject") for b in prep.names}
     return finish_run_store(store, subject.label, prep.spec, prep.details["inputs"], tmp, final)
 
 

@@ -174,6 +174,24 @@ def _choose(plan: BackendPlan, cands: list[str], cov: dict[str, dict], need: int
         plan.why += f" (only {len(chosen)} of {need} witnesses found)"
 
 
+def _voted(report, plan: BackendPlan) -> str:
+    """Where each witness voted: the anchors whose consensus median counted its family
+    (``report.consensus``: ``median:<families>``), or why it did not vote."""
+    out = []
+    n = len(report.consensus)
+    for b, role in plan.witnesses.items():
+        row = report.backends.get(b) or {}
+        if role == "arbiter" or not row.get("votes", False):
+            out.append(f"{b} arbitrates (never votes)" if role == "arbiter" else f"{b} does not vote")
+            continue
+        fam = row.get("family", b)
+        k = sum(1 for modes in report.consensus.values() for m in modes
+                if str(m).startswith("median:") and fam in str(m)[len("median:"):].replace("+", ",").split(","))
+        out.append(f"{b} voted at {k} of {n} anchors" if row.get("status") == "ok" else
+                   f"{b} did not run ({row.get('status')})")
+    return ", ".join(out)
+
+
 def apply_roles(report, plan: BackendPlan) -> None:
     """Mark the witnesses in ``report`` (a :class:`anpred.judge.CheckReport`): ``role`` in its backend
     table (``subject`` | ``witness`` | ``arbiter``), ``report.witnesses`` (why they were added, how
@@ -192,8 +210,8 @@ def apply_roles(report, plan: BackendPlan) -> None:
     report.notes.extend(f"witness {line} (about the witness: the verdict of the backends under test does not depend "
                         f"on it)" for line in moved)
     if plan.witnesses:
-        report.notes.append(f"witnesses: {plan.why}; judged like the others, but a witness's verdict is about the "
-                            "witness, not the backends under test")
+        report.notes.append(f"witnesses: {plan.why}; {_voted(report, plan)}; judged like the others, but a "
+                            "witness's verdict is about the witness, not the backends under test")
     report.notes.extend(f"skipped: {b}: {why}" for b, why in plan.skipped.items())
     if report.problems:
         report.status = "error"
