@@ -96,8 +96,8 @@ def _dispatch(main, args) -> int:
 
             traceback.print_exc()
         msg = (str(err).splitlines() or [""])[0][:300]
-        print(f"anpred: internal error: {type(err).__name__}: {msg} (a bug; rerun with -v for the "
-              "traceback)", file=sys.stderr)
+        print(f"anpred: internal error: {type(err).__name__}: {msg} (a bug; rerun with -v or ANPRED_DEBUG=1 "
+              "for the traceback)", file=sys.stderr)
         return 3
 
 
