@@ -18,7 +18,7 @@ status, the 1-minute load average before and after (``os.getloadavg``; the machi
 time depends on it) and the per-phase seconds of each model's ``test.json``. The warm demo's "where
 each backend stands" table is printed verbatim. The temporary folder is removed at the end.
 
-Run: .venv/bin/python benchmarks/bench_demo.py [--only demo|yolo] [--all] [--keep-output FILE]
+Run: .venv/bin/python benchmarks/bench_demo.py [--only demo|yolo] [--all] [--side-by-side] [--keep-output FILE]
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=("demo", "yolo"), default=None, help="measure one command only")
     ap.add_argument("--all", action="store_true", help="the full set (anpred test ... --all)")
+    ap.add_argument("--side-by-side", action="store_true",
+                    help="the backends at once, the cores divided (anpred test ... --side-by-side)")
     ap.add_argument("--keep-output", metavar="FILE", help="also write the warm demo's stdout to FILE")
     args = ap.parse_args()
     commands = {"demo": ["demo"], "yolo": ["yolov8n", "--imgsz", "320"]}
@@ -75,12 +77,14 @@ def main() -> int:
             cache = tmp / f"cache-{what}"
             cache.mkdir()
             for name in ("cold", "warm"):
-                r = _run(argv + (["--all"] if args.all else []), tmp / what, cache)
+                extra = (["--all"] if args.all else []) + (["--side-by-side"] if args.side_by_side else [])
+                r = _run(argv + extra, tmp / what, cache)
                 rows.append((what, name, r))
                 if r["rc"] not in (0, 1):
                     print(f"{what} {name} run failed (exit {r['rc']}):\n{r['stderr'][-3000:]}", file=sys.stderr)
                     return 2
-        print(f"machine: {os.cpu_count()} CPUs; {'full set (--all)' if args.all else 'default backends'}")
+        print(f"machine: {os.cpu_count()} CPUs; {'full set (--all)' if args.all else 'default backends'}"
+              f"{', side by side' if args.side_by_side else ', one after the other'}")
         print(f"{'command':<8}{'run':<6}{'exit':>5}{'wall s':>9}{'CPU s':>9}{'load before':>13}{'load after':>12}")
         for what, name, r in rows:
             print(f"{what:<8}{name:<6}{r['rc']:>5}{r['wall']:>9.1f}{r['cpu']:>9.1f}{r['load_before']:>13.2f}"
