@@ -27,6 +27,7 @@ for heavy in torch tensorflow tvm MNN ncnn ai_edge_litert ray ultralytics; do
   fi
 done
 cd "$WORK"  # the installed package, not this tree
+export ANPRED_CACHE="$WORK/cache"  # empty: no conversion and no measured cost from another run
 "$WORK/venv/bin/anpred" backends
 "$VPY" - <<'PY'
 import numpy as np, onnx

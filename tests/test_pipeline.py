@@ -162,7 +162,11 @@ def test_zoo_name_cli(root):
     rc, out, err, folder = pf.cli_run("zoo", root, ["yolov8n", "--imgsz", "160", "--backends", "ort,openvino", "-n", "1"])
     assert rc == 0, (out, err)
     t = json.loads((folder / "test.json").read_text())
-    assert t["model"] == "yolov8n" and t["backends"] == ["ort", "openvino"] and t["status"] == "consistent"
+    assert t["model"] == "yolov8n" and t["backends"][:2] == ["ort", "openvino"] and t["status"] == "consistent"
+    # two runtimes named: both judged, against a consensus the witnesses complete (issue 35)
+    plan = t["details"]["backends"]
+    assert plan["subjects"] == ["ort", "openvino"] and t["backends"][2:] == list(plan["witnesses"])
+    assert t["standing"]["ort"].startswith("consistent") and t["standing"]["openvino"].startswith("consistent")
     assert t["details"]["inputs"]["sources"] == ["ultralytics/assets/bus.jpg"]
     run = json.loads((folder / "run" / "run.json").read_text())
     assert run["inputs"]["path"] == str(folder / "run" / "inputs") and (folder / "run" / "inputs").is_dir()
