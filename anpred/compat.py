@@ -1,6 +1,6 @@
 """Import shims: packages that declare torchvision (which must not be installed here: no
 torchvision build works beside CPU torch 2.13, docs/run.md "Install"), and the TOML reader of
-Python 3.10 (:func:`toml_reader`).
+Python 3.10 (:func:`toml_reader`, :func:`own_process_group`, :func:`chdir`).
 
 - onnx2torch imports torchvision at import time only for its NMS/RoiAlign converters: a stub module is
   placed in ``sys.modules`` while importing it and removed afterwards.
@@ -91,3 +91,23 @@ def toml_reader():
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
     return tomllib
+
+
+def own_process_group() -> dict:
+    """The ``subprocess.Popen`` keyword that puts the child in a process group of its own inside this
+    session: ``process_group=0`` (Python 3.11+), else ``preexec_fn=os.setpgrp`` (Python 3.10)."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"preexec_fn": os.setpgrp}
+
+
+@contextlib.contextmanager
+def chdir(path):
+    """``contextlib.chdir`` (Python 3.11+) for Python 3.10 too: the working directory is ``path``
+    for the block."""
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)

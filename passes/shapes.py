@@ -151,14 +151,15 @@ def infer_value_types(model, produced: list[str] | None = None, *, data_prop: bo
                 break
     if incomplete:
         try:
-            import contextlib
             import tempfile
 
             from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
+            from anpred.compat import chdir
+
             # on incomplete inference it saves "sym_shape_infer_temp.onnx" into the working
             # directory: run it in a scratch one so the user's folder is left alone
-            with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):
+            with tempfile.TemporaryDirectory() as scratch, chdir(scratch):
                 sym = SymbolicShapeInference.infer_shapes(light, auto_merge=True)
             if sym is not None:
                 _collect_types(sym.graph, types)
