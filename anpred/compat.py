@@ -1,6 +1,6 @@
 """Import shims: packages that declare torchvision (which must not be installed here: no
 torchvision build works beside CPU torch 2.13, docs/run.md "Install"), and the TOML reader of
-Python 3.10 (:func:`toml_reader`, :func:`own_process_group`, :func:`chdir`).
+Python 3.10 (:func:`toml_reader`, :func:`own_process_group`).
 
 - onnx2torch imports torchvision at import time only for its NMS/RoiAlign converters: a stub module is
   placed in ``sys.modules`` while importing it and removed afterwards.
@@ -99,15 +99,3 @@ def own_process_group() -> dict:
     if sys.version_info >= (3, 11):
         return {"process_group": 0}
     return {"preexec_fn": os.setpgrp}
-
-
-@contextlib.contextmanager
-def chdir(path):
-    """``contextlib.chdir`` (Python 3.11+) for Python 3.10 too: the working directory is ``path``
-    for the block."""
-    old = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(old)
