@@ -89,8 +89,6 @@ def plan_backends(names: list[str], explicit: bool, model_path: Path, samples: i
     ``min_families``: the oracle's ``min_voters`` (:class:`anpred.defaults.OracleConfig`)."""
     from anpred.backends import backend_table
     from anpred.backends.coverage import precheck, refusal
-    from anpred.onnx_io import load_model, sha256_file
-    from anpred.pipeline.costs import estimate, model_size
 
     rows = {r["name"]: r for r in backend_table()}
     plan = BackendPlan(subjects=list(names))
@@ -99,39 +97,47 @@ def plan_backends(names: list[str], explicit: bool, model_path: Path, samples: i
             if not rows.get(b, {}).get("installed", False):
                 plan.skipped[b] = rows.get(b, {}).get("reason") or "not installed"
                 plan.subjects.remove(b)
+    need = min_families - len(_voting_families(plan.subjects, rows))
+    cands = _candidates(plan, rows, model_path, samples) if witnesses and need > 0 else []
+    # the pre-run coverage of the default backends and of the cheapest candidates (cached by model)
+    ask = ([] if explicit else list(plan.subjects)) + (cands[:need + 1] if need > 0 else []) + (
+        [ARBITER] if ARBITER in plan.costs and need > 0 else [])
+    cov = precheck(model_path, {b: b for b in ask}) if ask else {}
+    for b in [] if explicit else list(plan.subjects):
+        if (cov.get(b) or {}).get("ops"):
+            plan.skipped[b] = refusal(cov[b])
+            plan.subjects.remove(b)
     families = _voting_families(plan.subjects, rows)
     need = min_families - len(families)
-    cands: list[str] = []
-    if witnesses and need > 0:
-        sha, size = sha256_file(model_path), model_size(load_model(model_path, load_external=False))
-        for b in WITNESS_CANDIDATES:
-            row = rows.get(b, {})
-            if b in plan.subjects or row.get("family") in families:
-                continue
-            if not row.get("installed", False):
-                continue
-            plan.costs[b] = estimate(b, sha, size, samples)
-            cands.append(b)
-        cands.sort(key=lambda b: (plan.costs[b]["seconds"] is None, plan.costs[b]["seconds"] or 0.0))
-        if rows.get(ARBITER, {}).get("installed") and ARBITER not in plan.subjects:
-            plan.costs[ARBITER] = estimate(ARBITER, sha, size, samples)
-    # the pre-run coverage of the default backends and of the cheapest candidates (cached by model)
-    ask = ([] if explicit else list(plan.subjects)) + cands[:need + 1] + ([ARBITER] if ARBITER in plan.costs else [])
-    cov = precheck(model_path, {b: b for b in ask}) if ask else {}
-    if not explicit:
-        for b in list(plan.subjects):
-            if (cov.get(b) or {}).get("ops"):
-                plan.skipped[b] = refusal(cov[b])
-                plan.subjects.remove(b)
-        families = _voting_families(plan.subjects, rows)
-        need = min_families - len(families)
     if need <= 0 or not witnesses:
         plan.why = (f"the backends under test give {len(families)} voting fp32 families ({', '.join(families)})"
                     + ("" if need <= 0 else "; witnesses off (--no-witnesses): one of them is the reference"))
+        plan.costs = {}
         return plan
+    # (candidates asked for now where the coverage left fewer families than the defaults gave)
+    cands = [b for b in cands or _candidates(plan, rows, model_path, samples) if rows[b]["family"] not in families]
     _choose(plan, cands, cov, need, families, model_path)
     log(f"witnesses: {', '.join(f'{b} ({r})' for b, r in plan.witnesses.items()) or 'none'}: {plan.why}", quiet)
     return plan
+
+
+def _candidates(plan: BackendPlan, rows: dict[str, dict], model_path: Path, samples: int) -> list[str]:
+    """The installed witness candidates of families other than the subjects', cheapest first by their
+    estimated seconds on this model (:func:`anpred.pipeline.costs.estimate`, into ``plan.costs``; the
+    arbiter's estimate too where it is installed)."""
+    from anpred.onnx_io import load_model, sha256_file
+    from anpred.pipeline.costs import estimate, model_size
+
+    families = {rows.get(b, {}).get("family") for b in plan.subjects}
+    sha, size = sha256_file(model_path), model_size(load_model(model_path, load_external=False))
+    cands = [b for b in WITNESS_CANDIDATES if b not in plan.subjects and rows.get(b, {}).get("installed", False)
+             and rows[b].get("family") not in families]
+    for b in cands:
+        plan.costs[b] = estimate(b, sha, size, samples)
+    cands.sort(key=lambda b: (plan.costs[b]["seconds"] is None, plan.costs[b]["seconds"] or 0.0))
+    if rows.get(ARBITER, {}).get("installed") and ARBITER not in plan.subjects:
+        plan.costs[ARBITER] = estimate(ARBITER, sha, size, samples)
+    return cands
 
 
 def _choose(plan: BackendPlan, cands: list[str], cov: dict[str, dict], need: int, families: list[str],
