@@ -311,3 +311,27 @@ def test_text_and_signal_models_on_every_family(text, tmp_path):
             if st == "ok" and b in res.verdicts:
                 assert not res.verdicts[b].flagged, (model, b, res.verdicts[b].origin_anchor)
         print(model, {b: (s, res.reasons.get(b, "")[:120]) for b, s in res.statuses.items()}, file=sys.stderr)
+
+
+def test_witness_costs_are_measured_recorded_and_scaled(tmp_path, monkeypatch):
+    """The cost that orders the witnesses: a prior until this machine has run the backend, then the
+    same model's latest run, or the median rates of other models scaled to this one."""
+    from anpred.backends.base import BackendStatus
+    from anpred.pipeline.costs import PRIOR_MODEL, PRIOR_SECONDS, costs_file, estimate, model_size, record
+
+    monkeypatch.setenv("ANPRED_CACHE", str(tmp_path))
+    size = {"nodes": 2 * PRIOR_MODEL["nodes"], "params": 3 * PRIOR_MODEL["params"]}
+    prep, smp = PRIOR_SECONDS["mnn"]
+    assert estimate("mnn", "sha-a", size, 2) == {"seconds": round(2 * prep + 2 * 3 * smp, 3),
+                                                 "basis": "prior (YOLOv8n 320, docs/run.md)"}
+    assert estimate("no-such-backend", "sha-a", size, 2)["seconds"] is None
+    st = BackendStatus(name="w", family="mnn", status="ok", samples=4, seconds_prepare=0.5, seconds_run=2.0)
+    meta = {"backend_specs": {"w": {"name": "mnn"}}, "resources": {"w": {"seconds_wall": 3.5}}}
+    record({"w": st, "x": BackendStatus(name="x", family="ort", status="failed")}, "sha-a",
+           {"nodes": 100, "params": 1000}, meta)
+    data = json.loads(costs_file().read_text())
+    assert list(data) == ["mnn"] and data["mnn"][0]["prepare_s"] == 1.5 and data["mnn"][0]["sample_s"] == 0.5
+    assert estimate("mnn", "sha-a", size, 3) == {"seconds": 1.5 + 3 * 0.5, "basis": "this model"}
+    other = estimate("mnn", "sha-b", {"nodes": 200, "params": 4000}, 1)
+    assert other == {"seconds": round(1.5 / 100 * 200 + 0.5 / 1000 * 4000, 3), "basis": "1 run here"}
+    assert model_size(_gather_net()) == {"nodes": 3, "params": 30}
