@@ -128,7 +128,8 @@ def estimate(name: str, model_sha: str, size: dict[str, Any], samples: int) -> d
     if obs:
         per_node = statistics.median(o["prepare_s"] / max(1, o["nodes"]) for o in obs)
         per_param = statistics.median(o["sample_s"] / max(1, o["params"]) for o in obs)
-        return {"seconds": round(per_node * nodes + samples * per_param * params, 3), "basis": f"{len(obs)} run{'' if len(obs) == 1 else 's'} here"}
+        runs = f"{len(obs)} run{'' if len(obs) == 1 else 's'} here"
+        return {"seconds": round(per_node * nodes + samples * per_param * params, 3), "basis": runs}
     if name not in PRIOR_SECONDS:
         return {"seconds": None, "basis": "never measured"}
     prep, smp = PRIOR_SECONDS[name]
