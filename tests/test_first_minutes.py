@@ -200,7 +200,8 @@ def test_one_definition_of_the_judge_options_for_test_check_and_the_api():
         TestOptions.make(resume=True)
     for bad, msg in ((RunOptions(precision=("fp8",)), "unknown precision fp8"),
                      (RunOptions(backends="ort,tvm", all_backends=True), "with --backends name every backend"),
-                     (JudgeOptions(atol=-1.0), "non-negative"), (JudgeOptions(drill=True, oracle="threshold"), "--drill")):
+                     (JudgeOptions(atol=-1.0), "non-negative"),
+                     (JudgeOptions(drill=True, oracle="threshold"), "--drill")):
         with pytest.raises(AnpredError, match=msg):
             bad.validate()
 

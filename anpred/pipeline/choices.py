@@ -16,7 +16,8 @@ from typing import Iterable
 
 from anpred.errors import AnpredError, BackendError, InputError, OutputPathError
 
-__all__ = ["ONNX_BACKENDS", "QUICK_FP32", "ALL_FP32", "POPULATIONS", "FULL_BACKENDS", "NATIVE_BACKEND", "DEFAULT_SAMPLES", "DEFAULT_IMGSZ", "default_backends",
+__all__ = ["ONNX_BACKENDS", "QUICK_FP32", "ALL_FP32", "POPULATIONS", "FULL_BACKENDS", "NATIVE_BACKEND",
+           "DEFAULT_SAMPLES", "DEFAULT_IMGSZ", "default_backends",
            "parse_backend_list", "check_native_backends", "check_test_options"]
 
 #: The fp32 voters ``anpred test`` runs by default: five independent kernel libraries chosen by their

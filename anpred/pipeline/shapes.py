@@ -26,7 +26,8 @@ from typing import Any
 from anpred.errors import InputError
 from anpred.options import parse_input_shapes
 
-__all__ = ["parse_input_shapes", "check_stated_shapes", "Bucket", "scan_inputs", "declared_shapes", "bucket_model", "resolve_shapes",
+__all__ = ["parse_input_shapes", "check_stated_shapes", "Bucket", "scan_inputs", "declared_shapes", "bucket_model",
+           "resolve_shapes",
            "index_ranges", "shape_text"]
 
 
