@@ -84,7 +84,7 @@ def backend_table() -> list[dict]:
         versions: dict[str, str | None] = {}
         for pkg in dict.fromkeys(FAMILY_PACKAGES.get(family, ()) + BACKEND_PACKAGES.get(name, ())):
             dist = (dists.get(pkg) or [None])[0]
-            versions[dist or pkg] = metadata.version(dist) if dist else None
+            versions[dist or pkg] = metadata.version(dist) if dist else _located_version(pkg)
         missing = [d for d, v in versions.items() if v is None]
         extra = FAMILY_EXTRA.get(family)
         if missing and not reason:
@@ -94,6 +94,24 @@ def backend_table() -> list[dict]:
         rows.append({"name": name, "family": family, "precision": precision, "packages": versions,
                      "installed": not reason, "reason": reason, "extra": extra})
     return rows
+
+
+def _located_version(pkg: str) -> str | None:
+    """The version of import package ``pkg`` when :func:`importlib.metadata.packages_distributions` did
+    not name its distribution (Python 3.10 reads only ``top_level.txt``, which numpy's and onnx's wheels
+    lack): the distribution of the same name (``-`` for ``_``, lower case), else ``"installed"`` where
+    the package can be located; None where it cannot (not imported either way)."""
+    import importlib.util
+    from importlib import metadata
+
+    if importlib.util.find_spec(pkg) is None:
+        return None
+    for dist in dict.fromkeys((pkg, pkg.replace("_", "-"), pkg.lower(), pkg.lower().replace("_", "-"))):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "installed"
 
 
 def backend_class(name: str):
