@@ -86,3 +86,21 @@ def test_the_cli_and_the_pipeline_import_no_runtime():
             f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
+
+
+def test_backends_listing_finds_packages_without_top_level_names(monkeypatch):
+    """Python 3.10's ``packages_distributions`` reads only ``top_level.txt`` (numpy's and onnx's wheels
+    have none): the core's reference evaluator must still be listed as installed, with its versions
+    (regression: on 3.10 it was "not installed", so ``-b ort,openvino`` got no witness)."""
+    from importlib import metadata
+
+    import numpy
+    import onnx
+
+    from anpred.backends import backend_table
+
+    monkeypatch.setattr(metadata, "packages_distributions", lambda: {})
+    rows = {r["name"]: r for r in backend_table()}
+    assert rows["onnx-reference"]["installed"], rows["onnx-reference"]
+    assert rows["onnx-reference"]["packages"] == {"onnx": onnx.__version__, "numpy": numpy.__version__}
+    assert rows["onnx-reference-fp64"]["installed"]
