@@ -334,5 +334,7 @@ def test_witness_costs_are_measured_recorded_and_scaled(tmp_path, monkeypatch):
     assert list(data) == ["mnn"] and data["mnn"][0]["prepare_s"] == 1.5 and data["mnn"][0]["sample_s"] == 0.5
     assert estimate("mnn", "sha-a", size, 3) == {"seconds": 1.5 + 3 * 0.5, "basis": "this model"}
     other = estimate("mnn", "sha-b", {"nodes": 200, "params": 4000}, 1)
-    assert other == {"seconds": round(1.5 / 100 * 200 + 0.5 / 1000 * 4000, 3), "basis": "1 run here"}
+    assert other == {"seconds": 1.5 + 0.5 * 4000 / 1000, "basis": "1 run here, nearest 1000 weights"}
+    record({"w": st}, "sha-c", {"nodes": 5000, "params": 10 ** 6}, meta)  # a larger model: the nearer one wins
+    assert estimate("mnn", "sha-d", {"nodes": 1, "params": 2 * 10 ** 6}, 2)["seconds"] == 1.5 + 2 * 0.5 * 2
     assert model_size(_gather_net()) == {"nodes": 3, "params": 30}

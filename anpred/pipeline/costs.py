@@ -4,8 +4,9 @@ After every one-shot run :func:`record` appends, per backend that ran, what it t
 prepare, i.e. convert or compile the model, and to run each sample, from the backend's status) with
 the model's size (nodes, weight elements) to ``<cache>/costs/<machine>.json`` (:func:`machine_key`:
 CPU model and core count). :func:`estimate` predicts a backend's seconds on a model from those
-records: the same model's latest observation when there is one, else the median seconds per node
-(preparing) and per weight element (running) over the backend's observations, scaled to the model.
+records: the same model's latest observation when there is one, else the observation of the nearest
+model size (weight elements, on a log scale): its seconds to start and prepare, and its seconds per
+sample scaled by the ratio of weight elements.
 A backend never measured here falls back to :data:`PRIOR_SECONDS`, measured on YOLOv8n at 320 with an
 empty conversion cache (docs/run.md), and is marked so.
 """
@@ -13,8 +14,8 @@ empty conversion cache (docs/run.md), and is marked so.
 from __future__ import annotations
 
 import json
+import math
 import os
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,8 @@ def record(statuses: dict[str, Any], model_sha: str, size: dict[str, Any], meta:
 def estimate(name: str, model_sha: str, size: dict[str, Any], samples: int) -> dict[str, Any]:
     """The predicted seconds of backend ``name`` on a model (its sha256 and :func:`model_size`) for
     ``samples`` samples: ``{"seconds", "basis"}``, basis ``this model`` (its latest observation
-    here), ``N runs here`` (scaled from this machine's observations of other models) or ``prior``
+    here), ``N runs here, nearest W weights`` (the run of the nearest model size on this machine, its
+    samples scaled by the weights) or ``prior``
     (:data:`PRIOR_SECONDS` scaled; ``seconds`` None for a backend without one)."""
     obs = _load().get(name) or []
     same = [o for o in obs if o.get("model") == model_sha]
@@ -126,10 +128,12 @@ def estimate(name: str, model_sha: str, size: dict[str, Any], samples: int) -> d
         return {"seconds": round(o["prepare_s"] + samples * o["sample_s"], 3), "basis": "this model"}
     nodes, params = max(1, int(size["nodes"])), max(1, int(size["params"]))
     if obs:
-        per_node = statistics.median(o["prepare_s"] / max(1, o["nodes"]) for o in obs)
-        per_param = statistics.median(o["sample_s"] / max(1, o["params"]) for o in obs)
+        # the run of the nearest model size here: starting a backend (imports, a converter) costs about
+        # the same whatever the model, its samples scale with the weights
+        near = min(obs, key=lambda o: abs(math.log(max(1, o["params"]) / params)))
         runs = f"{len(obs)} run{'' if len(obs) == 1 else 's'} here"
-        return {"seconds": round(per_node * nodes + samples * per_param * params, 3), "basis": runs}
+        secs = near["prepare_s"] + samples * near["sample_s"] * params / max(1, near["params"])
+        return {"seconds": round(secs, 3), "basis": f"{runs}, nearest {near['params']} weights"}
     if name not in PRIOR_SECONDS:
         return {"seconds": None, "basis": "never measured"}
     prep, smp = PRIOR_SECONDS[name]
