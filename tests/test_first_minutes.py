@@ -337,4 +337,6 @@ def test_witness_costs_are_measured_recorded_and_scaled(tmp_path, monkeypatch):
     assert other == {"seconds": 1.5 + 0.5 * 4000 / 1000, "basis": "1 run here, nearest 1000 weights"}
     record({"w": st}, "sha-c", {"nodes": 5000, "params": 10 ** 6}, meta)  # a larger model: the nearer one wins
     assert estimate("mnn", "sha-d", {"nodes": 1, "params": 2 * 10 ** 6}, 2)["seconds"] == 1.5 + 2 * 0.5 * 2
+    # more than NEAR_FACTOR (10x) from every run here: the prior, scaled
+    assert estimate("mnn", "sha-e", size | {"params": 10 ** 8}, 1)["basis"].startswith("prior")
     assert model_size(_gather_net()) == {"nodes": 3, "params": 30}

@@ -5,8 +5,8 @@ prepare, i.e. convert or compile the model, and to run each sample, from the bac
 the model's size (nodes, weight elements) to ``<cache>/costs/<machine>.json`` (:func:`machine_key`:
 CPU model and core count). :func:`estimate` predicts a backend's seconds on a model from those
 records: the same model's latest observation when there is one, else the observation of the nearest
-model size (weight elements, on a log scale): its seconds to start and prepare, and its seconds per
-sample scaled by the ratio of weight elements.
+model size (weight elements, within :data:`NEAR_FACTOR`): its seconds to start and prepare, and its
+seconds per sample scaled by the ratio of weight elements.
 A backend never measured here falls back to :data:`PRIOR_SECONDS`, measured on YOLOv8n at 320 with an
 empty conversion cache (docs/run.md), and is marked so.
 """
@@ -35,6 +35,11 @@ PRIOR_SECONDS: dict[str, tuple[float, float]] = {
 PRIOR_MODEL = {"nodes": 244, "params": 3_158_094}
 #: most observations kept per backend (the latest)
 KEEP = 50
+#: a run of another model here predicts this one's cost when their weights are within this factor
+#: (else the prior): per-sample times of models 100x smaller are mostly per-call overhead (the text model
+#: of tests/test_first_minutes.py, 7 k weights, scaled to YOLOv8n's 3.2 M predicted mnn 3.7 s, tf 682 s,
+#: against 1.0 s and 28 s measured)
+NEAR_FACTOR = 10.0
 
 
 def machine_key() -> str:
@@ -118,8 +123,8 @@ def record(statuses: dict[str, Any], model_sha: str, size: dict[str, Any], meta:
 def estimate(name: str, model_sha: str, size: dict[str, Any], samples: int) -> dict[str, Any]:
     """The predicted seconds of backend ``name`` on a model (its sha256 and :func:`model_size`) for
     ``samples`` samples: ``{"seconds", "basis"}``, basis ``this model`` (its latest observation
-    here), ``N runs here, nearest W weights`` (the run of the nearest model size on this machine, its
-    samples scaled by the weights) or ``prior``
+    here), ``N runs here, nearest W weights`` (the run of the nearest model size on this machine, within
+    :data:`NEAR_FACTOR` of its weights, its samples scaled by the weights) or ``prior``
     (:data:`PRIOR_SECONDS` scaled; ``seconds`` None for a backend without one)."""
     obs = _load().get(name) or []
     same = [o for o in obs if o.get("model") == model_sha]
@@ -127,10 +132,13 @@ def estimate(name: str, model_sha: str, size: dict[str, Any], samples: int) -> d
         o = same[-1]
         return {"seconds": round(o["prepare_s"] + samples * o["sample_s"], 3), "basis": "this model"}
     nodes, params = max(1, int(size["nodes"])), max(1, int(size["params"]))
-    if obs:
-        # the run of the nearest model size here: starting a backend (imports, a converter) costs about
-        # the same whatever the model, its samples scale with the weights
-        near = min(obs, key=lambda o: abs(math.log(max(1, o["params"]) / params)))
+    near = min(obs, key=lambda o: abs(math.log(max(1, o["params"]) / params))) if obs else None
+    # a run of a model within NEAR_FACTOR of this one's weights here; farther, the per-sample time of a
+    # small model (mostly the per-call overhead) says little about a large one: the prior, if any
+    if near is not None and (abs(math.log(max(1, near["params"]) / params)) <= math.log(NEAR_FACTOR)
+                             or name not in PRIOR_SECONDS):
+        # starting a backend (imports, a converter) costs about the same whatever the model; its
+        # samples scale with the weights
         runs = f"{len(obs)} run{'' if len(obs) == 1 else 's'} here"
         secs = near["prepare_s"] + samples * near["sample_s"] * params / max(1, near["params"])
         return {"seconds": round(secs, 3), "basis": f"{runs}, nearest {near['params']} weights"}
