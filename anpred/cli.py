@@ -4,7 +4,7 @@ Each subcommand lives in ``anpred/commands/<name>.py`` and exposes ``HELP`` (one
 ``add_arguments(parser)`` and ``main(args) -> int``; heavy imports happen inside ``main``. Exit status
 (:data:`EXIT_CODES`): 0 success / all judged and consistent, 1 a backend flagged or the verdict
 incomplete (check/test; see ``anpred check --help``), 2 bad input (an :class:`AnpredError`), 3 internal
-error (an unexpected exception: one line, the traceback with ``ANPRED_DEBUG=1``).
+error (an unexpected exception: one line, the traceback with ``-v`` or ``ANPRED_DEBUG=1``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ EXIT_CODES = {
     1: "check/test: a backend flagged, or the verdict incomplete (something could not be judged; "
        "0 instead with 'check --allow-incomplete')",
     2: "bad input (unreadable model/run/config, bad option): one line on stderr",
-    3: "internal error (a bug): one line on stderr; rerun with ANPRED_DEBUG=1 for the traceback",
+    3: "internal error (a bug): one line on stderr; rerun with -v (or ANPRED_DEBUG=1) for the traceback",
 }
 EPILOG = "exit status:\n" + "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items())
 
@@ -57,14 +57,24 @@ def build_parser() -> argparse.ArgumentParser:
         "against the consensus and localize where a deviation is born.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_verbose(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         mod = _module(name)
         p = sub.add_parser(name, help=mod.HELP, description=(mod.__doc__ or mod.HELP).strip(),
                            formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
         mod.add_arguments(p)
+        add_verbose(p, argparse.SUPPRESS)
         p.set_defaults(_main=mod.main)
     return parser
+
+
+def add_verbose(parser: argparse.ArgumentParser, default=False) -> None:
+    """``-v/--verbose`` (before or after the subcommand): an internal error prints its traceback, as
+    ``ANPRED_DEBUG=1`` does (:func:`anpred.options.add_verbose`)."""
+    from anpred.options import add_verbose as add
+
+    add(parser, default)
 
 
 def _dispatch(main, args) -> int:
@@ -84,13 +94,13 @@ def _dispatch(main, args) -> int:
         print("anpred: interrupted", file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001 - a bug must not exit 1 ("flagged")
-        if os.environ.get("ANPRED_DEBUG"):
+        if getattr(args, "verbose", False) or os.environ.get("ANPRED_DEBUG"):
             import traceback
 
             traceback.print_exc()
         msg = (str(err).splitlines() or [""])[0][:300]
-        print(f"anpred: internal error: {type(err).__name__}: {msg} (a bug; rerun with ANPRED_DEBUG=1 for the "
-              "traceback)", file=sys.stderr)
+        print(f"anpred: internal error: {type(err).__name__}: {msg} (a bug; rerun with -v or ANPRED_DEBUG=1 "
+              "for the traceback)", file=sys.stderr)
         return 3
 
 
@@ -109,6 +119,7 @@ def instrument_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="anpred-instrument", description=(mod.__doc__ or mod.HELP).strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     mod.add_arguments(p)
+    add_verbose(p)
     args = p.parse_args(argv)
     return _dispatch(mod.main, args)
 

@@ -1,5 +1,6 @@
-"""Import shims for packages that declare torchvision (which must not be installed here: no
-torchvision build works beside CPU torch 2.13; see ../shared/NOTES-dependencies.md).
+"""Import shims: packages that declare torchvision (which must not be installed here: no
+torchvision build works beside CPU torch 2.13, docs/run.md "Install"), and the TOML reader of
+Python 3.10 (:func:`toml_reader`, :func:`own_process_group`).
 
 - onnx2torch imports torchvision at import time only for its NMS/RoiAlign converters: a stub module is
   placed in ``sys.modules`` while importing it and removed afterwards.
@@ -80,3 +81,21 @@ def import_ultralytics():
             return importlib.import_module("ultralytics")
     finally:
         importlib.metadata.version = _real_version
+
+
+def toml_reader():
+    """The TOML reader module: the standard library's ``tomllib`` (Python 3.11+), else ``tomli``, its
+    backport (a core dependency on Python 3.10); both have ``loads`` and ``TOMLDecodeError``."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    return tomllib
+
+
+def own_process_group() -> dict:
+    """The ``subprocess.Popen`` keyword that puts the child in a process group of its own inside this
+    session: ``process_group=0`` (Python 3.11+), else ``preexec_fn=os.setpgrp`` (Python 3.10)."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"preexec_fn": os.setpgrp}

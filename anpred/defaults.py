@@ -362,9 +362,9 @@ def load_config(path: str | Path | None) -> OracleConfig:
         raise AnpredError(f"cannot read config {p}: {err.strerror or err}") from err
     try:
         if p.suffix.lower() == ".toml":
-            import tomllib
+            from anpred.compat import toml_reader
 
-            data = tomllib.loads(text)
+            data = toml_reader().loads(text)
         else:
             data = json.loads(text)
     except (ValueError, json.JSONDecodeError) as err:

@@ -151,15 +151,21 @@ def infer_value_types(model, produced: list[str] | None = None, *, data_prop: bo
                 break
     if incomplete:
         try:
-            import contextlib
+            import os
             import tempfile
 
             from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
             # on incomplete inference it saves "sym_shape_infer_temp.onnx" into the working
             # directory: run it in a scratch one so the user's folder is left alone
-            with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):
-                sym = SymbolicShapeInference.infer_shapes(light, auto_merge=True)
+            # (os.chdir, not contextlib.chdir: Python 3.10 has none)
+            with tempfile.TemporaryDirectory() as scratch:
+                old = os.getcwd()
+                os.chdir(scratch)
+                try:
+                    sym = SymbolicShapeInference.infer_shapes(light, auto_merge=True)
+                finally:
+                    os.chdir(old)
             if sym is not None:
                 _collect_types(sym.graph, types)
         except Exception:  # noqa: BLE001 - unsupported op or missing weights: keep what we have

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Set up ANPRED in ./.venv (Python 3.11): the tested dependency set, the packages that must be
-# installed without their declared dependencies, and ANPRED itself (editable). Idempotent.
-# Exits non-zero when any install step fails or an installed part cannot be imported.
+# Set up ANPRED in ./.venv (Python 3.11 by default; PYTHON=python3.12 or python3.10 for another).
+#   bash scripts/setup.sh              everything: the tested dependency set (requirements.txt), the
+#                                      packages that must be installed without their declared
+#                                      dependencies (requirements-nodeps.txt), ANPRED itself (editable)
+#   bash scripts/setup.sh ort openvino only those extras of pyproject.toml (the light install), with
+#                                      their --no-deps companions (requirements-nodeps.txt "extra:" tags)
+# Idempotent. Exits non-zero when any install step fails or an installed part cannot be imported.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
+EXTRAS=("$@")
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
@@ -23,6 +28,17 @@ pipq() {
 }
 
 pipq --upgrade pip
+if [ ${#EXTRAS[@]} -gt 0 ]; then
+  # the light install: the core and the extras named, then their --no-deps companions
+  (IFS=,; pipq -e ".[${EXTRAS[*]}]")
+  for extra in "${EXTRAS[@]}"; do
+    mapfile -t pins < <(sed -n "s/^\([^#[:space:]][^#]*[^#[:space:]]\)[[:space:]]*# extra: $extra\$/\1/p" requirements-nodeps.txt)
+    if [ ${#pins[@]} -gt 0 ]; then pipq --no-deps "${pins[@]}"; fi
+  done
+  .venv/bin/python -c "import anpred.cli, anpred.pipeline, anpred.judge, anpred.report; print('anpred set up with the extras: $*')"
+  .venv/bin/anpred backends
+  exit 0
+fi
 pipq -r requirements.txt
 pipq --no-deps -r requirements-nodeps.txt
 # optional: Model Explorer, to open a report's --model-explorer export (tests/test_model_explorer.py)

@@ -93,3 +93,52 @@ def test_fast_cli_examples_run(capsys, argv, expect):
 
     assert main(argv) == 0
     assert expect in capsys.readouterr().out
+
+
+def _ticked(text: str) -> list[str]:
+    return re.findall(r"`([a-z0-9-]+)`", text)
+
+
+def test_readme_defaults_match_the_code():
+    """README's "Defaults of `anpred test`" names the code's default set, populations, full set,
+    witness rule, samples and image size; the oracle summary's numbers are the config's."""
+    from anpred.defaults import OracleConfig
+    from anpred.pipeline.choices import (ALL_FP32, DEFAULT_IMGSZ, DEFAULT_SAMPLES, NATIVE_BACKEND, POPULATIONS,
+                                         QUICK_FP32)
+
+    text = _section("Defaults of `anpred test`")
+    items = [b for b in re.split(r"\n- ", "\n" + text.strip()) if b.strip()]
+
+    def bullet(prefix: str) -> str:
+        return next(b for b in items if b.lstrip("- ").startswith(prefix))
+
+    backends = bullet("backends:")
+    assert _ticked(backends.split("(")[0]) == list(QUICK_FP32)
+    assert set(_ticked(backends)) - set(QUICK_FP32) == set(NATIVE_BACKEND.values())
+    fp16, int8 = bullet("`--precision fp16`").split("; ")
+    assert _ticked(fp16) == list(POPULATIONS["fp16"]) and _ticked(int8) == list(POPULATIONS["int8"])
+    assert _ticked(bullet("`--all`")) == ["--all"] + list(ALL_FP32)
+    cfg = OracleConfig()
+    assert f"fewer than {cfg.min_voters} voting fp32 families" in bullet("witnesses:")
+    inputs = bullet("inputs:")
+    assert f"; {DEFAULT_SAMPLES} samples;" in inputs and f"sides {DEFAULT_IMGSZ} " in inputs
+    oracle = " ".join(_section("The oracle in plain terms").split())
+    assert f"`k` = {cfg.k['fp32']:g} times" in oracle
+    assert float(re.search(r"fp32 floor \(([0-9.e-]+),", oracle).group(1)) == cfg.floor["fp32"]
+    assert "at least three families" in oracle and cfg.min_voters == 3
+    for word in ("precision population", "*budget*", "*implementation*", "witnesses", "float64"):
+        assert word in oracle, word
+
+
+def test_readme_shows_the_two_runtime_case_and_the_light_install():
+    first = _section("Your model on your runtimes")
+    assert "anpred test model.onnx -b ort,openvino" in first and "--no-witnesses" in first
+    install = _section("Install")
+    assert 'pip install ".[ort,openvino]"' in install and "bash scripts/setup.sh ort openvino" in install
+    from anpred.compat import toml_reader
+
+    extras = toml_reader().loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra in extras:
+        if extra != "test":
+            assert f"`{extra}`" in install, extra
+    assert "docs/demo.md" in README and (ROOT / "docs" / "demo.md").is_file()

@@ -54,6 +54,11 @@ FAMILY_PACKAGES: dict[str, tuple[str, ...]] = {
     "litert": ("ai_edge_litert", "onnx2tf", "tensorflow"),
     "ncnn": ("ncnn", "pnnx"),
 }
+#: the pip extra of ANPRED (pyproject.toml) that brings a family's packages (``pip install
+#: "anpred[torch]"``); a family missing here needs nothing beyond the core
+FAMILY_EXTRA: dict[str, str] = {
+    "onnxruntime": "ort", "openvino": "openvino", "torch": "torch", "tensorflow": "tf", "tvm": "tvm",
+    "mnn": "mnn", "litert": "litert", "ncnn": "ncnn"}
 #: extra packages of some backends beyond their family's (the float16 converter of the fp16 models)
 BACKEND_PACKAGES: dict[str, tuple[str, ...]] = {
     b: ("onnxconverter_common",) for b in ("ort-fp16", "ort-fp16-noopt", "openvino-fp16", "onnx-reference-fp16",
@@ -62,7 +67,8 @@ BACKEND_PACKAGES: dict[str, tuple[str, ...]] = {
 
 def backend_table() -> list[dict]:
     """Every registered backend as ``{"name", "family", "precision", "packages": {distribution or
-    import name: version or None}, "installed": bool, "reason"}``, in registry order. ``precision`` is the nominal one (what is
+    import name: version or None}, "installed": bool, "reason", "extra"}`` (``extra``: the pip extra
+    that brings it, :data:`FAMILY_EXTRA`, None for the core), in registry order. ``precision`` is the nominal one (what is
     asked; the run record has what was computed). Nothing heavy is imported: backend modules import
     their runtimes lazily, versions come from :mod:`importlib.metadata`."""
     from importlib import metadata
@@ -78,13 +84,34 @@ def backend_table() -> list[dict]:
         versions: dict[str, str | None] = {}
         for pkg in dict.fromkeys(FAMILY_PACKAGES.get(family, ()) + BACKEND_PACKAGES.get(name, ())):
             dist = (dists.get(pkg) or [None])[0]
-            versions[dist or pkg] = metadata.version(dist) if dist else None
+            versions[dist or pkg] = metadata.version(dist) if dist else _located_version(pkg)
         missing = [d for d, v in versions.items() if v is None]
+        extra = FAMILY_EXTRA.get(family)
         if missing and not reason:
-            reason = "not installed: " + ", ".join(missing)
+            reason = "not installed: " + ", ".join(missing) + (
+                f" (the '{extra}' extra: bash scripts/setup.sh {extra}, or pip install \"anpred[{extra}]\" and its "
+                f"--no-deps companions in requirements-nodeps.txt)" if extra else "")
         rows.append({"name": name, "family": family, "precision": precision, "packages": versions,
-                     "installed": not reason, "reason": reason})
+                     "installed": not reason, "reason": reason, "extra": extra})
     return rows
+
+
+def _located_version(pkg: str) -> str | None:
+    """The version of import package ``pkg`` when :func:`importlib.metadata.packages_distributions` did
+    not name its distribution (Python 3.10 reads only ``top_level.txt``, which numpy's and onnx's wheels
+    lack): the distribution of the same name (``-`` for ``_``, lower case), else ``"installed"`` where
+    the package can be located; None where it cannot (not imported either way)."""
+    import importlib.util
+    from importlib import metadata
+
+    if importlib.util.find_spec(pkg) is None:
+        return None
+    for dist in dict.fromkeys((pkg, pkg.replace("_", "-"), pkg.lower(), pkg.lower().replace("_", "-"))):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "installed"
 
 
 def backend_class(name: str):

@@ -63,12 +63,12 @@ import itertools
 import json
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from anpred.campaign.tasks import import_paths
+from anpred.compat import toml_reader
 from anpred.errors import AnpredError
 
 __all__ = ["Campaign", "Configuration", "VersionAxis", "load_campaign", "config_id", "TEST_OPTIONS"]
@@ -311,6 +311,7 @@ def load_campaign(path: str | Path) -> Campaign:
     from anpred.pipeline import parse_backend_list
 
     path = Path(path).resolve()
+    tomllib = toml_reader()
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as err:

@@ -85,7 +85,7 @@ def prepare_configuration(cfg, work: str | Path, paths: list[str]):
     opts = _test_options(cfg, ("inputs", "samples", "stages", "max_cut_width", "imgsz", "seed", "factory_kwargs",
                                "bind", "task", "labels"))
     with import_paths(paths):
-        prep = prepare_test(cfg.model, build, backends=cfg.backends, quiet=True, **opts)
+        prep = prepare_test(cfg.model, build, backends=cfg.backends, **opts)
     _atomic_pickle(prep, done)
     return prep
 
@@ -184,6 +184,7 @@ def judge_configuration(cfg, work: str | Path, final: str | Path, prep, statuses
     Returns the configuration's record (:func:`record_of`)."""
     from anpred.folders import commit_partial
     from anpred.onnx_io import atomic_write_text, to_json
+    from anpred.options import JudgeOptions, TestOptions
     from anpred.pipeline.oneshot import finish_run_store, finish_test, relocated
 
     t0 = time.perf_counter()
@@ -197,10 +198,11 @@ def judge_configuration(cfg, work: str | Path, final: str | Path, prep, statuses
     store = merge_runs(runs, build / "run", lost)
     sts = finish_run_store(store, prep.label, prep.spec, prep.details.get("inputs") or {}, build, final)
     opts = cfg.options
+    judge = JudgeOptions(oracle=opts.get("oracle", "consensus"), config=opts.get("config"),
+                         allow_incomplete=bool(opts.get("allow_incomplete")), labels=opts.get("labels"),
+                         drill=bool(opts.get("drill")))
     with import_paths(paths):
-        result = finish_test(prep, build, final, statuses=sts, oracle=opts.get("oracle", "consensus"),
-                             config=opts.get("config"), allow_incomplete=bool(opts.get("allow_incomplete")),
-                             labels=opts.get("labels"), drill=bool(opts.get("drill")), quiet=True,
+        result = finish_test(prep, build, final, statuses=sts, opts=TestOptions.make(judge=judge, quiet=True),
                              seconds=dict(prep.seconds or {}))
     result.details = relocated(result.details, build, final)
     result.seconds["judge"] = time.perf_counter() - t0

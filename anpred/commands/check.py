@@ -28,35 +28,19 @@ HELP = "judge a run folder against the consensus of its backends; write reports"
 
 
 def add_arguments(parser):
+    from anpred.options import JudgeOptions
+
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by 'anpred run'")
     parser.add_argument("--report", metavar="HTML", help="write the HTML report (plots embedded) here")
     parser.add_argument("--json", metavar="JSON", help="write the JSON report (schema anpred.check/1) here")
-    parser.add_argument("--oracle", choices=("consensus", "threshold", "both"), default="consensus",
-                        help="consensus (default), threshold baseline, or both side by side")
-    parser.add_argument("--atol", type=float, default=None, help="threshold baseline absolute tolerance (1e-5)")
-    parser.add_argument("--rtol", type=float, default=None, help="threshold baseline relative tolerance (1e-5)")
-    parser.add_argument("--reference", default=None,
-                        help="reference backend (threshold baseline; consensus with fewer than 3 voting families)")
-    parser.add_argument("--config", metavar="F", help="TOML/JSON file overriding the oracle defaults")
     parser.add_argument("--history", metavar="DB", help="append the verdict to this SQLite history database")
-    parser.add_argument("--allow-incomplete", action="store_true",
-                        help="exit 0 when nothing is flagged even if something could not be judged "
-                        "(the report still says INCOMPLETE and lists the gaps)")
-    parser.add_argument("--drill", action="store_true",
-                        help="replay each stage alone from the consensus (local vs carried error) and drill each "
-                        "flagged backend down to the operator, with a standalone repro (RUN_DIR/drill/repro/<backend>)")
-    parser.add_argument("--task", default=None, metavar="TASK",
-                        help="task metrics of every backend against the consensus: detect | classify | dense | "
-                        "module:function (a user adapter)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    JudgeOptions.add_arguments(parser)
     parser.add_argument("--task-layout", default=None, choices=("yolov8", "yolov5"),
                         help="detector output layout for --task detect (default yolov8)")
     parser.add_argument("--task-output", default=None, metavar="NAME", help="the output the task reads (several outputs)")
-    parser.add_argument("--labels", default=None, metavar="FILE",
-                        help="ground truth: class indices (.json list or mapping, .txt, or 'folders') or COCO JSON "
-                        "(detect); reports each backend's accuracy and its delta to the consensus")
     parser.add_argument("--model-explorer", metavar="DIR", default=None,
                         help="export per-node data for Model Explorer (and Netron metadata) into DIR (docs/dashboard.md)")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
 
 
 def main(args) -> int:
@@ -64,19 +48,16 @@ def main(args) -> int:
     from pathlib import Path
 
     from anpred.judge import check_run
+    from anpred.options import JudgeOptions
     from anpred.report import format_text, write_html, write_json
 
-    if args.drill and args.oracle == "threshold":
-        from anpred.errors import AnpredError
-
-        raise AnpredError("--drill needs the consensus oracle (--oracle consensus or both): the drill-down "
-                          "judges every replay against the consensus of the backends")
+    judge = JudgeOptions.from_args(args)
+    judge.validate()
     if args.model_explorer:  # before any work: a bad DIR costs nothing
         from anpred.report.model_explorer import check_export_folder
 
         check_export_folder(args.model_explorer)
-    rep = check_run(args.run_dir, oracle=args.oracle, atol=args.atol, rtol=args.rtol,
-                    reference=args.reference, config=args.config, allow_incomplete=args.allow_incomplete)
+    rep = check_run(args.run_dir, **judge.check_kwargs())
     if args.task and rep.status != "error":
         from anpred.task import load_adapter, task_impact
 

@@ -411,7 +411,21 @@ class CheckReport:
 
     @property
     def flagged_backends(self) -> list[str]:
-        """Backends flagged by the selected oracle(s), in run order."""
+        """Backends under test flagged by the selected oracle(s), in run order (a witness's flag,
+        ``backends[b]["role"]`` ``witness`` or ``arbiter``, is about the witness:
+        :attr:`flagged_witnesses`)."""
+        return [b for b in self._flagged() if not self.is_witness(b)]
+
+    @property
+    def flagged_witnesses(self) -> list[str]:
+        """Witnesses (added to reach a consensus, :mod:`anpred.pipeline.witnesses`) flagged, in run order."""
+        return [b for b in self._flagged() if self.is_witness(b)]
+
+    def is_witness(self, backend: str) -> bool:
+        """Whether ``backend`` ran as a witness or the arbiter, not as a backend under test."""
+        return (self.backends.get(backend) or {}).get("role") in ("witness", "arbiter")
+
+    def _flagged(self) -> list[str]:
         out = []
         for b in self.backends:
             v = self.verdicts.get(b)

@@ -1,7 +1,7 @@
 """The one-shot pipeline: from a model to a verdict in one call (``anpred test`` / ``anpred.test``).
 
     result = anpred.test("yolov8n-doclaynet", out="out/doclaynet")   # a zoo name
-    result = anpred.test("model.onnx", backends=["ort", "openvino", "torch"], samples=4)
+    result = anpred.test("model.onnx", backends=["ort", "openvino"], samples=4)  # + witnesses
     result = anpred.test("mypkg.nets:small_cnn", out="out/cnn")        # a factory module:function
     if not result:                                                      # truthy when consistent
         print(result.flagged_backends, result.report_html)
@@ -14,8 +14,13 @@ the walk:
   ``module:function``) resolved into a :class:`Subject` (exported when needed);
 - :mod:`anpred.pipeline.samples`: dynamic input dimensions fixed, the samples chosen (a zoo model's
   real images, given inputs, seeded random ones);
-- :mod:`anpred.pipeline.oneshot`: :func:`test`, the walk resolve -> instrument -> map -> prepare
-  inputs -> run -> check -> write reports, in the report folder;
+- :mod:`anpred.pipeline.shapes`, :mod:`anpred.pipeline.buckets`: input shapes from the user, shape buckets;
+- :mod:`anpred.pipeline.witnesses`, :mod:`anpred.pipeline.costs`: which backends run (witnesses by
+  measured cost, defaults skipped with their reason);
+- :mod:`anpred.pipeline.steps`, :mod:`anpred.pipeline.folder`, :mod:`anpred.pipeline.streamed`: the
+  steps, the report folder, the streamed step;
+- :mod:`anpred.pipeline.oneshot`: :func:`test`, the walk resolve -> shapes -> instrument -> choose the
+  backends -> map -> prepare inputs -> run -> check -> write reports, in the report folder;
 - :mod:`anpred.pipeline.result`: :class:`TestResult`, :class:`DemoResult`, :func:`format_standing`;
 - :mod:`anpred.pipeline.demos`: :func:`demo` (README's first command; a module name apart from the
   function's);
@@ -32,18 +37,21 @@ an error or an interrupt leaves nothing half-written)::
     out/report.json, report.html verdict (anpred.check/1) and HTML report
     out/test.json                what was tested: model, options, inputs, backends, phase timings
 
-Default backends (:func:`default_backends`): ``ort``, ``openvino``, ``torch`` (onnx2torch), ``tf``
-(onnx2tf), the fp16 population (``ort-fp16``, ``ort-fp16-noopt``, ``openvino-fp16``, ``torch-fp16``:
-one float16 model) and the int8 population (``ort-int8``, ``ort-int8-noopt``, ``openvino-int8``,
-``onnx-reference-int8``: one QDQ model), plus ``torch-native``
-(PyTorch origin) or ``tf-native`` (Keras origin). Default inputs: a zoo model's own real images
-(ultralytics' photographs, rendered document pages or text lines) with its own preprocessing; for
-other models with an image input (4-D, 3 channels) the ultralytics photographs with seeded random
-crops (``random:images``), otherwise seeded uniform random arrays (``random:uniform``).
+Default backends (:func:`default_backends`): ``ort``, ``openvino``, ``torch`` (onnx2torch), ``mnn``,
+``ncnn`` (five independent fp32 families, the quickest by measured cost), plus ``torch-native``
+(PyTorch origin) or ``tf-native`` (Keras origin); ``precision`` adds the fp16 and int8 populations,
+``all_backends`` every family (:data:`ALL_FP32`) and both populations. A default backend that is not
+installed or cannot take the model is skipped with its reason; named backends giving fewer than three
+voting families get witnesses (:mod:`anpred.pipeline.witnesses`). Default inputs: a zoo model's own real
+images (ultralytics' photographs, rendered document pages or text lines) with its own preprocessing;
+for other models with an image input (4-D, 3 channels) the ultralytics photographs with seeded random
+crops (``random:images``), otherwise seeded uniform random arrays (``random:uniform``); given arrays
+fix the dynamic dimensions, in shape buckets when they differ (:mod:`anpred.pipeline.shapes`).
 """
 
-from anpred.pipeline.choices import (DEFAULT_IMGSZ, DEFAULT_SAMPLES, NATIVE_BACKEND, ONNX_BACKENDS,
-                                     check_native_backends, default_backends, parse_backend_list)
+from anpred.pipeline.choices import (ALL_FP32, DEFAULT_IMGSZ, DEFAULT_SAMPLES, NATIVE_BACKEND, ONNX_BACKENDS,
+                                     POPULATIONS, QUICK_FP32, check_native_backends, default_backends,
+                                     parse_backend_list)
 from anpred.pipeline.demos import DEMO_MODELS, demo
 from anpred.pipeline.oneshot import test
 from anpred.pipeline.result import TEST_SCHEMA, DemoResult, TestResult, format_standing
@@ -52,4 +60,5 @@ from anpred.pipeline.subject import Subject, resolve_model
 
 __all__ = ["test", "demo", "resolve_model", "default_backends", "parse_backend_list", "check_native_backends",
            "Subject", "TestResult", "DemoResult", "ONNX_BACKENDS", "NATIVE_BACKEND", "DEMO_MODELS",
-           "format_standing", "DEFAULT_SAMPLES", "DEFAULT_IMGSZ", "TEST_SCHEMA", "SOURCES_FILE"]
+           "format_standing", "DEFAULT_SAMPLES", "DEFAULT_IMGSZ", "TEST_SCHEMA", "SOURCES_FILE", "QUICK_FP32",
+           "ALL_FP32", "POPULATIONS"]

@@ -1,7 +1,8 @@
 """What the one-shot pipeline chooses when the user does not, and the checks of what the user chose.
 
-- backends: :data:`ONNX_BACKENDS` for every model plus the native one of its origin framework
-  (:data:`NATIVE_BACKEND`, :func:`default_backends`); a given list is validated
+- backends: :data:`QUICK_FP32` (the quick fp32 set) for every model plus the native one of its origin
+  framework (:data:`NATIVE_BACKEND`, :func:`default_backends`); the full set and the precision
+  populations on request (:data:`ALL_FP32`, :data:`POPULATIONS`); a given list is validated
   (:func:`parse_backend_list`) and a native backend must fit the model (:func:`check_native_backends`);
 - samples: :data:`DEFAULT_SAMPLES`; input size of dynamic dimensions: :data:`DEFAULT_IMGSZ`;
 - the options of :func:`anpred.pipeline.test` are checked before any work (:func:`check_test_options`):
@@ -15,19 +16,31 @@ from typing import Iterable
 
 from anpred.errors import AnpredError, BackendError, InputError, OutputPathError
 
-__all__ = ["ONNX_BACKENDS", "NATIVE_BACKEND", "DEFAULT_SAMPLES", "DEFAULT_IMGSZ", "default_backends",
+__all__ = ["ONNX_BACKENDS", "QUICK_FP32", "ALL_FP32", "POPULATIONS", "FULL_BACKENDS", "NATIVE_BACKEND",
+           "DEFAULT_SAMPLES", "DEFAULT_IMGSZ", "default_backends",
            "parse_backend_list", "check_native_backends", "check_test_options"]
 
-#: Backends that run any ONNX model, in run order (fp32 voters first: eight families, independent
-#: kernel libraries, docs/backends-converters.md; ``onnx-reference`` left out for its cost and
-#: ``mnn-winograd`` for its larger rounding error; then the reduced-precision
-#: populations: each runs ONE converted model, cached, on three families, so that each member is also
-#: judged against its own population (docs/oracle.md). The fp16 population leaves out
-#: ``onnx-reference-fp16`` (numpy float16: ~100x ORT's time per sample), the int8 one keeps
-#: ``onnx-reference-int8`` (its third family; ~70x ORT's time per sample, measured on yolov8n 320).
-ONNX_BACKENDS: tuple[str, ...] = ("ort", "openvino", "torch", "tf", "tvm", "mnn", "ncnn", "litert",
-                                  "ort-fp16", "ort-fp16-noopt", "openvino-fp16", "torch-fp16",
-                                  "ort-int8", "ort-int8-noopt", "openvino-int8", "onnx-reference-int8")
+#: The fp32 voters ``anpred test`` runs by default: five independent kernel libraries chosen by their
+#: measured cost (docs/run.md, "The default backends"; ``benchmarks/bench_demo.py``): on YOLOv8n at 320
+#: with an empty conversion cache each took 0.9-5.4 s wall (ort 0.9, mnn 1.0, openvino 1.1, torch 2.1,
+#: ncnn 5.4 s) where ``tvm`` took 11.8 s (TVM's compilation) and ``tf`` 28.5 s (onnx2tf), which
+#: ``litert`` shares. The others are one flag away (``--all``) or witnesses.
+QUICK_FP32: tuple[str, ...] = ("ort", "openvino", "torch", "mnn", "ncnn")
+#: Every independent fp32 family that runs any ONNX model (``--all``; ``onnx-reference`` left out for
+#: its cost and ``mnn-winograd`` for its larger rounding error; both can be named).
+ALL_FP32: tuple[str, ...] = ("ort", "openvino", "torch", "tf", "tvm", "mnn", "ncnn", "litert")
+#: The reduced-precision populations (``--precision fp16,int8``): each runs ONE converted model, cached,
+#: on three families, so that each member is also judged against its own population (docs/oracle.md).
+#: The fp16 population leaves out ``onnx-reference-fp16`` (numpy float16: ~100x ORT's time per sample),
+#: the int8 one keeps ``onnx-reference-int8`` (its third family; ~70x ORT's time per sample, measured on
+#: yolov8n 320).
+POPULATIONS: dict[str, tuple[str, ...]] = {
+    "fp16": ("ort-fp16", "ort-fp16-noopt", "openvino-fp16", "torch-fp16"),
+    "int8": ("ort-int8", "ort-int8-noopt", "openvino-int8", "onnx-reference-int8")}
+#: Backends that run any ONNX model by default, in run order (the quick fp32 set).
+ONNX_BACKENDS: tuple[str, ...] = QUICK_FP32
+#: The full set (``--all``): every fp32 family, then both populations.
+FULL_BACKENDS: tuple[str, ...] = ALL_FP32 + POPULATIONS["fp16"] + POPULATIONS["int8"]
 #: The native backend of each origin framework.
 NATIVE_BACKEND = {"torch": "torch-native", "tf": "tf-native"}
 #: Samples per test when ``samples`` is not given.
@@ -36,13 +49,21 @@ DEFAULT_SAMPLES = 3
 DEFAULT_IMGSZ = 640
 
 
-def default_backends(framework: str) -> list[str]:
+def default_backends(framework: str, precision: Iterable[str] = (), all_backends: bool = False) -> list[str]:
     """The backends that apply to a model of origin ``framework`` (``onnx`` | ``torch`` | ``tf``):
-    :data:`ONNX_BACKENDS` plus the native one (:data:`NATIVE_BACKEND`) inserted after the fp32
-    voters."""
-    out = list(ONNX_BACKENDS)
+    :data:`QUICK_FP32` (:data:`ALL_FP32` with ``all_backends``), the native one
+    (:data:`NATIVE_BACKEND`) after the fp32 voters, then the populations of ``precision`` (both with
+    ``all_backends``; :data:`POPULATIONS`).
+
+    Raises:
+        AnpredError: an unknown precision."""
+    out = list(ALL_FP32 if all_backends else QUICK_FP32)
     if framework in NATIVE_BACKEND:
-        out.insert(out.index("ort-fp16"), NATIVE_BACKEND[framework])
+        out.append(NATIVE_BACKEND[framework])
+    for p in (tuple(POPULATIONS) if all_backends else tuple(precision)):
+        if p not in POPULATIONS:
+            raise AnpredError(f"unknown precision {p!r}; known: {', '.join(POPULATIONS)}")
+        out.extend(b for b in POPULATIONS[p] if b not in out)
     return out
 
 
@@ -104,32 +125,31 @@ def check_native_backends(names: Iterable[str] | None, framework: str, label: st
                            f"{label}: {why}; nothing was written")
 
 
-def check_test_options(*, oracle: str, samples: int | None, stages: int | None,
-                       backends: Iterable[str] | str | None, inputs: str | None,
-                       config: str | Path | None, history: str | Path | None) -> list[str] | None:
-    """Check the options of :func:`anpred.pipeline.test` before any work; returns the backend list
-    (:func:`parse_backend_list`).
+def check_test_options(opts) -> list[str] | None:
+    """Check the options of :func:`anpred.pipeline.test` (a :class:`anpred.options.TestOptions`)
+    before any work; returns the backend list (:func:`parse_backend_list`; None: the defaults).
 
     Raises:
-        AnpredError: an unknown oracle, ``stages`` < 1, a bad config file; InputError: ``samples`` < 1,
-        ``inputs`` that do not exist; BackendError: see :func:`parse_backend_list`; OutputPathError:
-        a ``history`` database whose folder does not exist.
+        AnpredError: a bad judge or run option (:meth:`anpred.options.JudgeOptions.validate`,
+        :meth:`anpred.options.RunOptions.validate`), ``stages`` < 1; InputError: ``samples`` < 1,
+        ``inputs`` that do not exist, malformed ``input_shapes``; BackendError: see
+        :func:`parse_backend_list`; OutputPathError: a ``history`` database whose folder does not exist.
     """
-    from anpred.judge import ORACLES
-
-    if oracle not in ORACLES:
-        raise AnpredError(f"unknown oracle {oracle!r}; known: {', '.join(ORACLES)}")
+    opts.judge.validate()
+    opts.run.validate()
+    samples, stages, inputs = opts.feed.samples, opts.build.stages, opts.feed.inputs
     if samples is not None and samples < 1:
         raise InputError(f"samples must be at least 1 (got {samples})")
     if stages is not None and stages < 1:
         raise AnpredError(f"stages must be at least 1 (got {stages})")
-    names = parse_backend_list(backends)
+    names = parse_backend_list(opts.run.backends)
     if inputs is not None and not str(inputs).startswith("random:") and not Path(inputs).exists():
         raise InputError(f"inputs {inputs}: no such file or folder")
-    if config is not None:
-        from anpred.defaults import load_config
+    if opts.feed.input_shapes is not None:
+        from anpred.options import parse_input_shapes
 
-        load_config(config)  # a bad config is bad input: fail before any work
+        opts.feed.input_shapes = parse_input_shapes(opts.feed.input_shapes)
+    history = opts.output.history
     if history is not None and not Path(history).absolute().parent.is_dir():
         raise OutputPathError(f"{history}: folder {Path(history).absolute().parent} does not exist")
     return names

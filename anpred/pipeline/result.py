@@ -76,7 +76,9 @@ class TestResult:
     def standing(self) -> dict[str, str]:
         """Backend -> one word and a detail: ``consistent (max nRMSE X)`` (X: the largest pooled nRMSE
         over the judged anchors, :meth:`anpred.judge.CheckReport.largest_primary`), ``FLAGGED at <origin anchor>``,
-        ``consensus (reference)``, ``unjudged``, or the run status (``failed: <reason>``)."""
+        ``consensus (reference)``, ``unjudged``, or the run status (``failed: <reason>``); a witness's
+        is prefixed ``witness:`` (the arbiter's ``arbiter:``): it is about the witness
+        (:mod:`anpred.pipeline.witnesses`)."""
         out = {}
         for b in self.backends:
             st = self.statuses.get(b, "?")
@@ -100,6 +102,9 @@ class TestResult:
             else:
                 out[b] = "unjudged (used as the consensus reference)" if any(
                     f"reference:{b}" in str(c) for c in self.report.consensus.values()) else "unjudged"
+            role = (self.report.backends.get(b) or {}).get("role")
+            if role in ("witness", "arbiter"):
+                out[b] = f"{role}: {out[b]}"
         return out
 
     def format_text(self) -> str:

@@ -9,7 +9,8 @@
   not fed with one image (byte values, audio chunks with a recurrent state and a sample rate) the
   arrays of its generator (:meth:`models.zoo.ZooModel.real_samples`), each with its real source; the
   user's inputs as given; otherwise the ultralytics photographs with seeded random crops for an image
-  input (:func:`image_input`: 4-D, 3 channels), seeded uniform random arrays for any other;
+  input (:func:`image_input`: 4-D, 3 channels; where the ultralytics wheel is installed), seeded
+  uniform random arrays for any other;
 - inputs bound to constants (:mod:`passes.bind_inputs`) are not fed: left out of a zoo model's
   samples, and dropped from given ``.npz`` files, which must hold the bound value
   (:func:`drop_bound_inputs`);
@@ -20,6 +21,7 @@ An image folder may name each image's real source in :data:`SOURCES_FILE` (the d
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -166,9 +168,14 @@ def prepare_inputs(subject, anchored, inputs: str | None, samples: int | None, s
             spec, info["sources"] = str(folder), stripped
             info["bound_dropped"] = sorted(bound)
     else:
-        dist = "images" if img is not None else "uniform"
+        # ultralytics' two photographs where its wheel is installed (the 'zoo' extra), else seeded arrays
+        photos = img is not None and importlib.util.find_spec("ultralytics") is not None
+        dist = "images" if photos else "uniform"
         spec = f"random:{dist}:seed={seed}:n={n}"
         info = {"kind": "generated", "spec": spec}
+        if img is not None and not photos:
+            info["note"] = "an image input, but no photographs to crop (ultralytics, the 'zoo' extra, is not installed)"
+            log(f"inputs: {info['note']}: seeded uniform arrays", quiet)
     if bound:
         info["bound"] = bound
     log(f"inputs: {info.get('spec') or ', '.join(info['sources'])}", quiet)

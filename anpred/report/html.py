@@ -261,6 +261,48 @@ def _drill(report) -> list[str]:
     return out
 
 
+def _verdict_table(report, primary: str) -> list[str]:
+    """The verdict table (a witness marked with its role), the witnesses' lines and the notes of
+    what the machine changed (precision computed != asked, int8 kernel family)."""
+    from anpred.report.text import verdict_word, witness_lines
+
+    e = html.escape
+    parts: list[str] = []
+    if not report.verdicts:
+        return parts
+    parts.append("<h2>Verdicts</h2><table><tr><th>backend</th><th>family</th><th>precision</th><th>votes</th>"
+                 "<th>verdict</th><th>anchors judged</th><th>origin stage</th><th>origin anchor</th>"
+                 f"<th>max {e(primary)} (anchor)</th><th>most deviant anchor (highest &times; threshold)</th>"
+                 f"<th>its {e(primary)}</th><th>&times; threshold</th><th>propagation</th><th>flagged anchors</th></tr>")
+    for b, v in report.verdicts.items():
+        cls = "flag" if v.any_flagged else ("ok" if v.status in ("consistent", "reference") else "gap")
+        word = {"ok": "consistent"}.get(verdict_word(v), verdict_word(v))
+        if v.implementation is not None:
+            word += f"; implementation: {verdict_word(v.implementation)}"
+        judged = f"{v.judged_anchors} / {len(report.anchors)}" + (f" ({len(v.partial)} on part of the samples)"
+                                                                if v.partial else "")
+        role = (report.backends.get(b) or {}).get("role")
+        shown = b + (f" ({role})" if role in ("witness", "arbiter") else "")
+        parts.append(f"<tr class='{cls}'><td>{e(shown)}</td><td>{e(v.family)}</td><td>{e(v.precision)}"
+                     + (f" ({e(v.precision_requested)} asked)" if getattr(v, "precision_requested", "") else "")
+                     + "</td>"
+                     f"<td>{'yes' if v.votes else 'no'}</td><td>{e(word)}</td><td>{e(judged)}</td>"
+                     f"<td>{_fmt(v.origin_stage)}</td><td>{_fmt(v.origin_anchor)}</td>"
+                     f"<td>{_largest(report, b)}</td><td>{_fmt(v.worst_anchor)}</td>"
+                     f"<td>{_fmt(v.worst_primary)}</td><td>{_fmt(v.worst_ratio_to_threshold)}</td>"
+                     f"<td>{e(v.propagation)}{' (non-monotonic)' if v.non_monotonic else ''}</td>"
+                     f"<td>{len(v.flagged_anchors)}</td></tr>")
+    parts.append("</table>")
+    parts.extend(f"<p class='small'>{e(line.strip())}</p>" for line in witness_lines(report))
+    for n in report.notes:  # what the machine changed: precision computed != asked, int8 kernel family
+        if n.startswith(("precision: ", "kernels: ")):
+            parts.append(f"<p class='small'><b>{e(n.split(':', 1)[0])}</b>: {e(n.split(':', 1)[1].strip())}</p>")
+    for b, v in report.verdicts.items():
+        if v.flagged and getattr(v, "origin_traced", ""):
+            parts.append(f"<p class='small'>{e(b)}: origin {e(v.origin_traced)}.</p>")
+    return parts
+
+
 def write_html(report, path: str | Path) -> None:
     """Write the HTML report of ``report`` to ``path`` (atomically; plots embedded as base64 PNG).
     Raises OutputPathError when ``path`` cannot be written."""
@@ -268,7 +310,7 @@ def write_html(report, path: str | Path) -> None:
 
     matplotlib.use("Agg", force=False)
     from anpred.onnx_io import atomic_write_text
-    from anpred.report.text import format_text, propagation_line, verdict_word
+    from anpred.report.text import format_text, propagation_line
 
     primary = report.config.get("primary", "nrmse")
     e = html.escape
@@ -303,34 +345,7 @@ def write_html(report, path: str | Path) -> None:
                      + "".join(f"<tr><td>{e(p.replace('|', ' ~ '))}</td><td>{v['rho_median']:.3f}</td>"
                                f"<td>{v['rho_max']:.3f}</td><td>{v['anchors']}</td></tr>" for p, v in pairs.items())
                      + "</table>")
-    if report.verdicts:
-        parts.append("<h2>Verdicts</h2><table><tr><th>backend</th><th>family</th><th>precision</th><th>votes</th>"
-                     "<th>verdict</th><th>anchors judged</th><th>origin stage</th><th>origin anchor</th>"
-                     f"<th>max {e(primary)} (anchor)</th><th>most deviant anchor (highest &times; threshold)</th>"
-                     f"<th>its {e(primary)}</th><th>&times; threshold</th><th>propagation</th><th>flagged anchors</th></tr>")
-        for b, v in report.verdicts.items():
-            cls = "flag" if v.any_flagged else ("ok" if v.status in ("consistent", "reference") else "gap")
-            word = {"ok": "consistent"}.get(verdict_word(v), verdict_word(v))
-            if v.implementation is not None:
-                word += f"; implementation: {verdict_word(v.implementation)}"
-            judged = f"{v.judged_anchors} / {len(report.anchors)}" + (f" ({len(v.partial)} on part of the samples)"
-                                                                    if v.partial else "")
-            parts.append(f"<tr class='{cls}'><td>{e(b)}</td><td>{e(v.family)}</td><td>{e(v.precision)}"
-                         + (f" ({e(v.precision_requested)} asked)" if getattr(v, "precision_requested", "") else "")
-                         + "</td>"
-                         f"<td>{'yes' if v.votes else 'no'}</td><td>{e(word)}</td><td>{e(judged)}</td>"
-                         f"<td>{_fmt(v.origin_stage)}</td><td>{_fmt(v.origin_anchor)}</td>"
-                         f"<td>{_largest(report, b)}</td><td>{_fmt(v.worst_anchor)}</td>"
-                         f"<td>{_fmt(v.worst_primary)}</td><td>{_fmt(v.worst_ratio_to_threshold)}</td>"
-                         f"<td>{e(v.propagation)}{' (non-monotonic)' if v.non_monotonic else ''}</td>"
-                         f"<td>{len(v.flagged_anchors)}</td></tr>")
-        parts.append("</table>")
-        for n in report.notes:  # what the machine changed: precision computed != asked, int8 kernel family
-            if n.startswith(("precision: ", "kernels: ")):
-                parts.append(f"<p class='small'><b>{e(n.split(':', 1)[0])}</b>: {e(n.split(':', 1)[1].strip())}</p>")
-        for b, v in report.verdicts.items():
-            if v.flagged and getattr(v, "origin_traced", ""):
-                parts.append(f"<p class='small'>{e(b)}: origin {e(v.origin_traced)}.</p>")
+    parts.extend(_verdict_table(report, primary))
     parts.extend(_drill(report))
     parts.extend(_populations(report, primary))
     parts.extend(_scales(report))

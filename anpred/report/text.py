@@ -202,6 +202,27 @@ def drill_lines(report) -> list[str]:
     return lines
 
 
+def _is_witness(report, b: str) -> bool:
+    return (report.backends.get(b) or {}).get("role") in ("witness", "arbiter")
+
+
+def witness_lines(report) -> list[str]:
+    """The witnesses of the verdict table (``(w)``: added to reach a consensus of independent
+    families, :mod:`anpred.pipeline.witnesses`), and those flagged: about the witness, not the
+    backends under test."""
+    wit = [b for b in report.backends if _is_witness(report, b)]
+    if not wit:
+        return []
+    out = ["  (w): witness, added to reach a consensus (" + ", ".join(
+        f"{b}{' = the float64 arbiter' if report.backends[b].get('role') == 'arbiter' else ''}" for b in wit)
+        + "): judged too, but its verdict is about the witness; the status is the backends' under test"]
+    flagged = getattr(report, "flagged_witnesses", [])
+    if flagged:
+        out.append(f"  witness(es) flagged: {', '.join(flagged)} (a deviation of the witness's library, not of the "
+                   "backends under test)")
+    return out
+
+
 def format_text(report) -> str:
     """The terminal summary of ``report`` (a :class:`anpred.judge.CheckReport`) as one string."""
     lines = []
@@ -213,13 +234,15 @@ def format_text(report) -> str:
         lines.append("cannot be judged:")
         lines.extend(f"  - {p}" for p in report.problems)
     primary = report.config.get("primary", "nrmse")
-    w = max([16] + [len(b) + 2 for b in report.verdicts])  # the backend column
+    w = max([16] + [len(b) + 6 for b in report.verdicts])  # the backend column (" (w)": a witness)
+    fw = max([16] + [len(v.family) + 2 for v in report.verdicts.values()])  # the family column
     if report.verdicts:
         lines.append("")
-        lines.append(f"{'backend':<{w}}{'family':<16}{'prec':<6}{'verdict':<11}{'judged':>9} {'origin':<28}"
+        lines.append(f"{'backend':<{w}}{'family':<{fw}}{'prec':<6}{'verdict':<11}{'judged':>9} {'origin':<28}"
                      f"{'max ' + primary:>10} {'at anchor':<26}{'max x thr':>9} {'at anchor':<26}{'propagation':>11}")
         n_anchors = len(report.anchors)
         for b, v in report.verdicts.items():
+            shown = b + (" (w)" if _is_witness(report, b) else "")
             origin = f"s{v.origin_stage} {v.origin_anchor}" if v.origin_anchor else "-"
             prop = v.propagation + ("*" if v.non_monotonic else "")
             judged = f"{v.judged_anchors}/{n_anchors}" + ("~" if v.partial else "")
@@ -228,12 +251,13 @@ def format_text(report) -> str:
             prec = v.precision + ("*" if getattr(v, "precision_requested", "") else "")
             impl = v.implementation is not None and v.implementation.flagged
             word = ("FLAGGED" + ("+i" if v.flagged else ":i")) if impl else verdict_word(v)
-            lines.append(f"{b:<{w}}{v.family:<16}{prec:<6}{word:<11}{judged:>9} {origin[:27]:<28}"
+            lines.append(f"{shown:<{w}}{v.family:<{fw}}{prec:<6}{word:<11}{judged:>9} {origin[:27]:<28}"
                          f"{_g(big_v):>10} {big_a[:25]:<26}{_g(v.worst_ratio_to_threshold, '.2f'):>9} "
                          f"{(v.worst_anchor or '-')[:25]:<26}{prop:>11}")
         if any(v.implementation is not None and v.implementation.flagged for v in report.verdicts.values()):
             lines.append("  FLAGGED:i: flagged by its implementation verdict only (against its precision population); "
                          "FLAGGED+i: by both verdicts")
+        lines.extend(witness_lines(report))
         lines.append("  judged: anchors judged / anchors (~: some judged on fewer samples than the run has); "
                      f"max {primary}: the largest {primary} over judged anchors; max x thr: the highest ratio of "
                      f"{primary} to its anchor's threshold (flagged above 1)")

@@ -41,6 +41,7 @@ from typing import Any, Iterable
 
 from anpred.backends import REGISTRY
 from anpred.backends.base import BackendStatus
+from anpred.compat import own_process_group
 from anpred.errors import AnpredError, BackendError, OutputPathError
 from anpred.folders import commit_partial, partial_dir
 from anpred.onnx_io import to_json
@@ -412,7 +413,7 @@ class WorkerPool:
                                     pass_fds=(wfd, feed_r), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, cwd=str(wdir),
                                     env=worker_env(python_path, direct_io=self.direct_io),
-                                    process_group=0)  # (why not a session of its own: the class docstring)
+                                    **own_process_group())  # (not a session of its own: the class docstring)
         os.close(wfd)
         os.close(feed_r)
         self.memory.watch(spec.label, proc.pid)
