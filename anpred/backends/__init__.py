@@ -37,6 +37,11 @@ REGISTRY: dict[str, str] = {
     "mnn-winograd": "anpred.backends.mnn:MnnWinogradBackend",
     "litert": "anpred.backends.litert:LiteRtBackend",
     "ncnn": "anpred.backends.ncnn_pnnx:NcnnBackend",
+    # ExecuTorch (issue 37): opt-in by name; fp32 voters of their own families, then population members
+    "executorch": "anpred.backends.executorch:ExecutorchBackend",
+    "executorch-xnnpack": "anpred.backends.executorch:ExecutorchXnnpackBackend",
+    "executorch-native": "anpred.backends.executorch:ExecutorchNativeBackend",
+    "executorch-xnnpack-native": "anpred.backends.executorch:ExecutorchXnnpackNativeBackend",
 }
 
 
@@ -53,6 +58,8 @@ FAMILY_PACKAGES: dict[str, tuple[str, ...]] = {
     "mnn": ("MNN",),
     "litert": ("ai_edge_litert", "onnx2tf", "tensorflow"),
     "ncnn": ("ncnn", "pnnx"),
+    "executorch": ("executorch", "torch", "onnx2torch"),
+    "xnnpack": ("executorch", "torch", "onnx2torch"),
 }
 #: extra packages of some backends beyond their family's (the float16 converter of the fp16 models)
 BACKEND_PACKAGES: dict[str, tuple[str, ...]] = {
