@@ -42,6 +42,13 @@ REGISTRY: dict[str, str] = {
     "executorch-xnnpack": "anpred.backends.executorch:ExecutorchXnnpackBackend",
     "executorch-native": "anpred.backends.executorch:ExecutorchNativeBackend",
     "executorch-xnnpack-native": "anpred.backends.executorch:ExecutorchXnnpackNativeBackend",
+    "executorch-fp16": "anpred.backends.executorch_lowp:ExecutorchFp16Backend",
+    "executorch-xnnpack-fp16": "anpred.backends.executorch_lowp:ExecutorchXnnpackFp16Backend",
+    "torch-pt2e-int8": "anpred.backends.executorch_lowp:TorchPt2eInt8Backend",
+    "executorch-int8": "anpred.backends.executorch_lowp:ExecutorchInt8Backend",
+    "executorch-xnnpack-int8": "anpred.backends.executorch_lowp:ExecutorchXnnpackInt8Backend",
+    "torch-pt2e-int8-dynamic": "anpred.backends.executorch_lowp:TorchPt2eInt8DynamicBackend",
+    "executorch-xnnpack-int8-dynamic": "anpred.backends.executorch_lowp:ExecutorchXnnpackInt8DynamicBackend",
 }
 
 
@@ -64,7 +71,11 @@ FAMILY_PACKAGES: dict[str, tuple[str, ...]] = {
 #: extra packages of some backends beyond their family's (the float16 converter of the fp16 models)
 BACKEND_PACKAGES: dict[str, tuple[str, ...]] = {
     b: ("onnxconverter_common",) for b in ("ort-fp16", "ort-fp16-noopt", "openvino-fp16", "onnx-reference-fp16",
-                                           "torch-fp16")}
+                                           "torch-fp16", "executorch-fp16", "executorch-xnnpack-fp16")}
+# the PT2E int8 members quantize with torchao's PT2E flow and ExecuTorch's XNNPACKQuantizer
+BACKEND_PACKAGES.update({b: ("executorch", "torchao") for b in (
+    "torch-pt2e-int8", "executorch-int8", "executorch-xnnpack-int8", "torch-pt2e-int8-dynamic",
+    "executorch-xnnpack-int8-dynamic")})
 
 
 def backend_table() -> list[dict]:

@@ -30,20 +30,29 @@ the program without anchors too).
 from __future__ import annotations
 
 import hashlib
-import json
+import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from anpred.backends.base import AnchorCapture, Backend
-from anpred.backends.executorch_lower import EtProgram, cached_lowering, et_versions, lower, summary
-from anpred.backends.executorch_program import NativeSource, OnnxSource, TracedProgram
-from anpred.errors import BackendError, InputError
+from anpred.backends.executorch_etdump import EtdumpProgram
+from anpred.backends.executorch_lower import EtProgram, Lowered, cached_lowering, et_versions, lower, summary
+from anpred.backends.executorch_program import NativeSource, OnnxSource, TracedProgram, first_line
+from anpred.errors import InputError
 from anpred.manifest import AnchorManifest
 
-__all__ = ["ExecutorchBackend", "ExecutorchXnnpackBackend", "ExecutorchNativeBackend",
-           "ExecutorchXnnpackNativeBackend", "source_digest", "check_sample", "observer_effect"]
+__all__ = [
+    "ExecutorchBackend",
+    "ExecutorchNativeBackend",
+    "ExecutorchXnnpackBackend",
+    "ExecutorchXnnpackNativeBackend",
+    "check_sample",
+    "etdump_writers",
+    "observer_effect",
+    "source_digest",
+]
 
 
 def source_digest() -> str:
@@ -75,6 +84,23 @@ def observer_effect(with_anchors: list[np.ndarray], without: list[np.ndarray]) -
     return {"bit_identical": same, "max_abs_diff": max(diffs) if diffs else 0.0}
 
 
+def etdump_writers(anchored: dict[str, Any], bare: dict[str, Any], outputs: list[str]) -> dict[str, list] | str:
+    """Anchor name -> ``[instruction, element]`` of the program without anchor outputs that writes it,
+    from the lowering reports of the program with them (``anchored``, outputs ``outputs``) and without
+    (``bare``); the reason as a string where the ETDump capture cannot be used."""
+    if anchored.get("instructions") != bare.get("instructions"):
+        return ("the programs with and without anchor outputs execute different operators: ETDump instruction "
+                "indices do not carry over")
+    if anchored.get("partitions") or bare.get("partitions"):
+        return "a delegate's partitions log no tensor inside them in ETDump"
+    writers = {}
+    for name, w in zip(outputs, anchored.get("output_writers", [])):
+        if w is None:
+            return f"anchor {name} is not written by a kernel call (an input, a constant or a moved value)"
+        writers[name] = w
+    return writers
+
+
 class ExecutorchBackend(Backend):
     """``executorch``: the anchored ONNX model (onnx2torch, ``torch.export``) on ExecuTorch's CPU kernels,
     no delegate (module docstring)."""
@@ -84,6 +110,10 @@ class ExecutorchBackend(Backend):
     precision = "fp32"
     origin: ClassVar[str] = "onnx"
     flow: ClassVar[str] = "portable"
+    #: how anchors are read: ``etdump`` (ExecuTorch's intermediate-output capture, no extra outputs; the
+    #: programs without a delegate) or ``outputs`` (extra program outputs; XNNPACK logs no tensor inside
+    #: its partitions)
+    capture: ClassVar[str] = "etdump"
 
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)
@@ -122,48 +152,76 @@ class ExecutorchBackend(Backend):
         assert self.source is not None
         return self.source.traced(with_anchors, sample)
 
-    def _build(self, sample) -> "Any":
-        """Export, lower (with anchors; and without, for the observer effect), return the anchored
-        :class:`~anpred.backends.executorch_lower.Lowered` with the observer entries in its report."""
-        import tempfile
-
+    def _build(self, sample) -> Lowered:
+        """Export and lower the program with anchor outputs and, for the observer effect and the ETDump
+        capture, the program without them; run both on the check sample. Returns the program this
+        backend runs (the one without anchor outputs where ETDump captures the anchors) with the
+        lowering report, ``outputs``, ``capture`` and ``observer`` entries."""
         traced = self._traced(True, sample)
         what = f"{self.name} program"
         low = lower(traced.program, self.flow, what)
-        low.report["outputs"] = traced.outputs
-        low.report["notes"] = traced.notes
-        if not self.options.get("observer", True):
+        low.report.update(outputs=traced.outputs, notes=traced.notes, capture={"kind": "outputs", "reason": (
+            "extra program outputs: an XNNPACK partition logs only its own outputs in ETDump" if self.capture != "etdump"
+            else "extra program outputs")})
+        if not self.options.get("observer", True) and self.capture != "etdump":
             return low
         bare = self._traced(False, sample)
         low0 = lower(bare.program, self.flow, what + " without anchor outputs")
+        args = [x.numpy() for x in traced.example]
         with tempfile.TemporaryDirectory() as tmp:
             p1, p0 = Path(tmp) / "a.pte", Path(tmp) / "b.pte"
             p1.write_bytes(low.pte)
             p0.write_bytes(low0.pte)
-            args = [x.numpy() for x in traced.example]
             got1 = dict(zip(traced.outputs, EtProgram(p1).run(args)))
             got0 = EtProgram(p0).run(args)
-        effect = observer_effect([got1[n] for n in bare.outputs], got0)
-        low.report["observer"] = {"partitions_without_anchors": low0.report["partitions"],
-                                  "partitions_with_anchors": low.report["partitions"],
-                                  "outputs_compared": bare.outputs, **effect}
-        return low
+            writers = etdump_writers(low.report, low0.report, traced.outputs) if self.capture == "etdump" else None
+            if isinstance(writers, dict):
+                try:
+                    got_e = EtdumpProgram(p0, writers, bare.outputs, low0.report["debug_buffer_bytes"]).run(args)
+                except Exception as err:  # noqa: BLE001 - measured: ETDump 1.5.1 logs no float16 tensor
+                    writers = f"ETDump failed on the check sample: {first_line(err)}"
+        observer = {"partitions_without_anchors": low0.report["partitions"],
+                    "partitions_with_anchors": low.report["partitions"], "outputs_compared": bare.outputs,
+                    **observer_effect([got1[n] for n in bare.outputs], got0)}
+        if not isinstance(writers, dict):
+            if writers is not None:
+                low.report["capture"]["reason"] = writers
+            low.report["observer"] = observer
+            return low
+        # the ETDump capture: anchors read from the debug buffer of the program without anchor outputs,
+        # compared with the extra outputs of the anchored program on the same sample
+        low0.report.update(outputs=traced.outputs, notes=traced.notes, observer=observer, capture={
+            "kind": "etdump", "writers": writers, "program_outputs": bare.outputs,
+            "vs_extra_outputs": observer_effect([got1[n] for n in traced.outputs], [got_e[n] for n in traced.outputs])})
+        return Lowered(low0.pte, low0.report)
 
     def _prepare_impl(self, model_path: Path, manifest: AnchorManifest, workdir: Path) -> None:
         self.source = self._source(model_path, manifest, workdir)
         sample, sample_id = check_sample(self.options)
         key = self._cache_key(self._program_path(model_path, manifest), manifest, sample_id, self._key_extra())
         pte, self.report = cached_lowering(key, lambda: self._build(sample))
-        self.program = EtProgram(pte)
+        capture = self.report.get("capture", {})
+        if capture.get("kind") == "etdump":
+            self.program = EtdumpProgram(pte, capture["writers"], capture["program_outputs"],
+                                         self.report["debug_buffer_bytes"])
+        else:
+            self.program = EtProgram(pte)
         self._outputs = list(self.report["outputs"])
         self._info = self.source.captures()
+        ops = self.report.get("instructions", [])
         for a in manifest.anchors:
             cap = self._info.get(a.name)
             if cap is None or cap.status == "missing":
                 continue
-            if a.name in self._outputs:
-                cap.reason = (f"output {self._outputs.index(a.name)} of the ExecuTorch program (an extra output; "
-                              f"source: {cap.target or cap.reason})")
+            src = cap.target or cap.reason
+            if a.name in capture.get("writers", {}) and a.name not in capture.get("program_outputs", []):
+                instr = capture["writers"][a.name][0]
+                cap.reason = (f"ETDump: written by instruction {instr} ({ops[instr] if instr < len(ops) else '?'}) of the "
+                              f"program without anchor outputs, read from its debug buffer (source: {src})")
+            elif a.name in self._outputs:
+                cap.reason = (f"output {self._outputs.index(a.name)} of the ExecuTorch program"
+                              + (" (an extra output" if capture.get("kind") != "etdump" else " (a model output")
+                              + f"; source: {src})")
             elif not (self.origin == "onnx" and cap.reason in ("graph input", "initializer")):
                 cap.status, cap.reason = "missing", "not an output of the exported program"
 
@@ -183,8 +241,11 @@ class ExecutorchBackend(Backend):
         missing = [n for n in names if n not in inputs]
         if missing:
             raise InputError(f"{self.name}: missing input(s) {', '.join(missing)}; model inputs: {', '.join(names)}")
-        outs = self.program.run([inputs[n] for n in names])
-        res = dict(zip(self._outputs, outs))
+        arrays = [inputs[n] for n in names]
+        if isinstance(self.program, EtdumpProgram):
+            res = self.program.run(arrays)
+        else:
+            res = dict(zip(self._outputs, self.program.run(arrays)))
         res.update({k: v for k, v in self.source.constants(inputs).items() if k not in res})
         return res
 
@@ -199,6 +260,7 @@ class ExecutorchXnnpackBackend(ExecutorchBackend):
     name = "executorch-xnnpack"
     family = "xnnpack"
     flow = "xnnpack"
+    capture = "outputs"
 
 
 class ExecutorchNativeBackend(ExecutorchBackend):
@@ -214,6 +276,3 @@ class ExecutorchXnnpackNativeBackend(ExecutorchXnnpackBackend):
     name = "executorch-xnnpack-native"
     origin = "native"
 
-
-def json_digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()

@@ -31,10 +31,21 @@ from typing import Any
 
 import numpy as np
 
+from anpred.backends.executorch_etdump import debug_buffer_bytes, operator_sequence, output_writers
 from anpred.errors import BackendError
 
-__all__ = ["Lowered", "lower", "delegation_report", "failing_node", "optimized_ops", "EtProgram", "et_versions",
-           "et_runtime", "cached_lowering", "summary"]
+__all__ = [
+    "EtProgram",
+    "Lowered",
+    "cached_lowering",
+    "delegation_report",
+    "et_runtime",
+    "et_versions",
+    "failing_node",
+    "lower",
+    "optimized_ops",
+    "summary",
+]
 
 
 @dataclass
@@ -66,7 +77,7 @@ def optimized_ops() -> frozenset[str]:
     (empty when the wheel has none)."""
     import executorch  # a namespace package: no __file__
 
-    lib = Path(list(executorch.__path__)[0]) / "lib" / "libexecutorch_kernels_optimized.so"
+    lib = Path(next(iter(executorch.__path__))) / "lib" / "libexecutorch_kernels_optimized.so"
     if not lib.is_file():
         return frozenset()
     names = re.findall(rb"\d+opt_([a-z0-9_]+?)_out", lib.read_bytes())
@@ -144,12 +155,17 @@ def lower(program, flow: str, what: str) -> Lowered:
         edge = to_edge_transform_and_lower(program, partitioner=partitioner,
                                            compile_config=EdgeCompileConfig(_check_ir_validity=not quantized))
         report = delegation_report(edge)
-        pte = edge.to_executorch().buffer
-    except Exception as err:  # noqa: BLE001 - lowering raises many types
+        et = edge.to_executorch()
+        pte = et.buffer
+    except Exception as err:
         where = failing_node(err.__traceback__)
         text = " ".join(str(err).split())[:300]
         raise BackendError(f"ExecuTorch {flow} lowering of {what} failed"
                            + (f" at operator {where}" if where else "") + f": {type(err).__name__}: {text}") from err
+    # what the ETDump capture needs (anpred.backends.executorch_etdump)
+    report["instructions"] = operator_sequence(et.executorch_program)
+    report["output_writers"] = output_writers(et.executorch_program)
+    report["debug_buffer_bytes"] = debug_buffer_bytes(et.executorch_program)
     return Lowered(pte, report)
 
 
@@ -170,7 +186,7 @@ class EtProgram:
         runtime = et_runtime()
         try:
             self.method = runtime.load_program(str(self.path)).load_method("forward")
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             raise BackendError(f"ExecuTorch runtime cannot load {self.path.name}: {type(err).__name__}: {err}") from err
 
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -202,7 +218,8 @@ def summary(report: dict[str, Any]) -> dict[str, str]:
            "executorch_outside_ops": ",".join(f"{k}:{v}@{report.get('outside_kernels', {}).get(k, '?')}"
                                               for k, v in report.get("outside_ops", {}).items())}
     for k, v in report.items():
-        if k not in ("partitions", "delegated_ops", "outside_ops", "outside_kernels"):
+        if k not in ("partitions", "delegated_ops", "outside_ops", "outside_kernels", "instructions",
+                     "output_writers", "debug_buffer_bytes"):
             out[f"executorch_{k}"] = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
     return out
 

@@ -40,7 +40,7 @@ from anpred.backends.torch_onnx import TorchOnnxBackend
 from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 
-__all__ = ["TracedProgram", "OnnxSource", "NativeSource", "export_module", "first_line"]
+__all__ = ["NativeSource", "OnnxSource", "TracedProgram", "example_inputs", "export_module", "first_line"]
 
 
 @dataclass
@@ -75,7 +75,7 @@ def export_module(module, example: tuple, what: str):
     try:
         with torch.no_grad():
             return torch.export.export(module, example, strict=False)
-    except Exception as err:  # noqa: BLE001 - torch.export raises many types
+    except Exception as err:
         raise BackendError(f"torch.export cannot capture {what} (unsupported): {first_line(err)}") from err
 
 
@@ -117,7 +117,7 @@ def _bind_initializers(gm) -> int:
             continue
         dyn, consts = [], []
 
-        def sub(a):
+        def sub(a, dyn=dyn, consts=consts):
             if a.op != "get_attr":
                 dyn.append(a)
                 return ("dyn", len(dyn) - 1)
@@ -145,7 +145,7 @@ def trace_to_aten(gm, example: tuple, what: str):
     (``unsupported``, first line of the error) when the module reads a value that depends on the
     input's data."""
     import torch
-    import torch.fx.experimental.proxy_tensor as proxy_tensor
+    from torch.fx.experimental import proxy_tensor
 
     old = proxy_tensor.CONSTANT_NUMEL_LIMIT
     # a shape or an axis list read back with .tolist() must stay a constant; any size is fine here,
@@ -154,13 +154,13 @@ def trace_to_aten(gm, example: tuple, what: str):
     try:
         with torch.no_grad():
             return proxy_tensor.make_fx(gm, tracing_mode="real", pre_dispatch=True)(*example)
-    except Exception as err:  # noqa: BLE001 - tracing raises many types
+    except Exception as err:
         raise BackendError(f"torch.export cannot capture {what} (unsupported): {first_line(err)}") from err
     finally:
         proxy_tensor.CONSTANT_NUMEL_LIMIT = old
 
 
-def _example(manifest: AnchorManifest, names: list[str], sample: dict[str, np.ndarray] | None) -> tuple:
+def example_inputs(manifest: AnchorManifest, names: list[str], sample: dict[str, np.ndarray] | None) -> tuple:
     """The tensors to trace with: ``sample``'s arrays when given, else seeded uniform [0, 1) arrays of
     the manifest's (static) input shapes and dtypes."""
     import torch
@@ -243,7 +243,7 @@ class OnnxSource(TorchOnnxBackend):
         gm.recompile()
         what = f"the onnx2torch module of {self.model_path.name}"
         try:
-            example = _example(self.manifest, self._input_names, sample)
+            example = example_inputs(self.manifest, self._input_names, sample)
             traced = trace_to_aten(gm, example, what)
         finally:
             out_node.args = saved
@@ -352,7 +352,7 @@ class NativeSource(TorchNativeBackend):
         if not names:  # an output that is not mapped: the root module's outputs stand for the model's
             names = [a.name for a in self.manifest.anchors if a.name in self._targets][:1]
         wrapper = _anchored_native(self.module, self._targets, names)
-        example = _example(self.manifest, self._inputs, sample)
+        example = example_inputs(self.manifest, self._inputs, sample)
         ep = export_module(wrapper, example, f"{type(self.module).__name__} (factory {self.options.get('factory') or ''})")
         return TracedProgram(ep, list(self._inputs), names, example, wrapper, [])
 

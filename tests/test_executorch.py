@@ -1,0 +1,149 @@
+"""ExecuTorch backends (issue 37) on a real small CNN: the fp32 voters of both origins vote and are
+judged, the PT2E int8 and the fp16 populations are judged, the lowering report and the observer effect
+are recorded, and bad input (a model torch.export cannot capture, a lowering that fails) gives a clear
+status while the rest of the run goes on. YOLOv8n (ONNX origin and native) is behind ``slow``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+pytest.importorskip("executorch")
+
+import pipeline_factories as pf
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("executorch")
+
+
+def _run(root, name, backends, samples=2):
+    rc, out, err, folder = pf.cli_run(name, root, ["pipeline_factories:small_cnn", "--backends", ",".join(backends),
+                                                   "--stages", "4", "--samples", str(samples), "--allow-incomplete"])
+    statuses = json.loads((folder / "run" / "run.json").read_text())["backends"]
+    return rc, out, err, json.loads((folder / "report.json").read_text()), statuses
+
+
+def test_fp32_backends_of_both_origins_vote_and_record_what_ran_where(root):
+    backends = ["ort", "torch", "executorch", "executorch-xnnpack", "executorch-native", "executorch-xnnpack-native"]
+    rc, out, err, rep, st = _run(root, "fp32", backends)
+    assert rc == 0, (out, err)
+    for b in backends[2:]:
+        s = st[b]
+        assert s["status"] == "ok", (b, s["reason"])
+        v = rep["verdicts"][b]
+        assert v["votes"] and not v["flagged"] and v["judged_anchors"] == len(s["captures"]), (b, v)
+        assert all(c["status"] == "exact" for c in s["captures"].values()), s["captures"]
+        ver = s["versions"]
+        assert ver["executorch"] == "1.5.1" and ver["executorch_origin"] == ("native" if "native" in b else "onnx")
+        observer = json.loads(ver["executorch_observer"])
+        # the small CNN's anchors are outputs of ops XNNPACK produces anyway: nothing changes
+        assert observer["partitions_with_anchors"] == observer["partitions_without_anchors"]
+        assert observer["bit_identical"] is True
+        if "xnnpack" in b:
+            assert int(ver["executorch_partitions"]) == 1 and ver["executorch_outside_ops"] == ""
+            assert "aten_convolution_default:3" in ver["executorch_delegated_ops"]
+        else:
+            assert ver["executorch_partitions"] == "0" and ver["executorch_delegated_ops"] == ""
+            kernels = dict(x.split(":")[0:1] + [x.split("@")[1]] for x in ver["executorch_outside_ops"].split(","))
+            assert kernels["aten_convolution_default"] == "portable"  # no optimized convolution in 1.5.1
+            assert kernels["aten_add_tensor"] == "optimized"
+    assert {rep["verdicts"][b]["family"] for b in backends[2:]} == {"executorch", "xnnpack"}
+
+
+def test_pt2e_int8_population_is_judged_with_quantization_steps(root):
+    members = ["torch-pt2e-int8", "executorch-int8", "executorch-xnnpack-int8"]
+    rc, out, err, rep, st = _run(root, "int8", ["ort", "torch", "openvino"] + members, samples=3)
+    assert rc in (0, 1), (out, err)
+    sha = {st[b]["versions"]["pt2e_program_sha256"] for b in members}
+    assert len(sha) == 1 and "" not in sha  # one quantized program, three implementations
+    for b in members:
+        s = st[b]
+        assert s["status"] == "ok" and s["precision"] == "int8", (b, s["reason"])
+        assert s["versions"]["pt2e_calibration_samples"] == "3"  # calibrated on the run's samples
+        assert s["quant_steps"] and all(0 < q < 1 for q in s["quant_steps"].values()), s["quant_steps"]
+        v = rep["verdicts"][b]
+        assert v["judged_against"] == "fp32 consensus" and v["implementation"]["judged_against"] == "int8 population"
+        assert sorted(v["population"]) == sorted(members)
+    # the quantized program on XNNPACK is one partition; the portable one runs quantize/dequantize kernels
+    assert st["executorch-xnnpack-int8"]["versions"]["executorch_partitions"] == "1"
+    assert "quantized_decomposed_quantize_per_tensor_default" in st["executorch-int8"]["versions"]["executorch_outside_ops"]
+    # the same scale everywhere: the steps come from the one program
+    assert st["executorch-int8"]["quant_steps"] == st["executorch-xnnpack-int8"]["quant_steps"]
+
+
+def test_fp16_members_run_the_populations_float16_model(root):
+    members = ["torch-fp16", "executorch-fp16", "executorch-xnnpack-fp16"]
+    rc, out, err, rep, st = _run(root, "fp16", ["ort", "torch", "openvino"] + members)
+    assert rc in (0, 1), (out, err)
+    sha = {st[b]["versions"]["fp16_model_sha256"] for b in members}
+    assert len(sha) == 1  # the very same float16 ONNX model
+    for b in members[1:]:
+        s = st[b]
+        assert s["status"] == "ok" and s["precision"] == "fp16", (b, s["reason"])
+        assert rep["verdicts"][b]["implementation"]["judged_against"] == "fp16 population"
+    assert int(st["executorch-xnnpack-fp16"]["versions"]["executorch_partitions"]) >= 1
+
+
+def _reshape_by_input(path):
+    """An ONNX model whose Reshape takes its shape from a graph input: onnx2torch reads that tensor's
+    values (``torch.any(shape == 0)``), which ``torch.export`` cannot capture."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])
+    s = helper.make_tensor_value_info("s", TensorProto.INT64, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x, s], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, str(path))
+    np.savez(path.with_suffix(".npz"), x=np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 6),
+             s=np.array([3, 4], dtype=np.int64))
+
+
+def test_a_model_torch_export_cannot_capture_is_unsupported_and_the_run_goes_on(tmp_path):
+    from anpred.backends import backend_class
+    from anpred.errors import BackendError
+    from anpred.instrument import instrument_file
+    from anpred.manifest import AnchorManifest
+    from anpred.run import run_model
+
+    _reshape_by_input(tmp_path / "m.onnx")
+    manifest = instrument_file(tmp_path / "m.onnx", tmp_path / "a.onnx", stages=1)
+    assert isinstance(manifest, AnchorManifest)
+    with pytest.raises(BackendError, match=r"torch\.export cannot capture .*\(unsupported\): RuntimeError: "):
+        backend_class("executorch-xnnpack")({"observer": False}).prepare(tmp_path / "a.onnx", manifest, tmp_path / "w")
+    run_model(tmp_path / "a.onnx", ["ort", "torch", "executorch"], str(tmp_path / "m.npz"), tmp_path / "run",
+              progress=False)
+    st = json.loads((tmp_path / "run" / "run.json").read_text())["backends"]
+    assert st["executorch"]["status"] == "unsupported"
+    assert "torch.export cannot capture" in st["executorch"]["reason"]
+    assert st["ort"]["status"] == "ok" and st["torch"]["status"] == "ok"
+
+
+def test_a_lowering_failure_names_the_operator():
+    """PT2E dynamic quantization of a Conv followed by a Linear does not lower to XNNPACK 1.5.1: the
+    error names the Linear being lowered."""
+    import torch
+
+    from anpred.backends.executorch_lower import lower
+    from anpred.backends.executorch_lowp import quantize_pt2e
+    from anpred.backends.executorch_program import TracedProgram
+    from anpred.errors import BackendError
+
+    class ConvLinear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.fc = torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(6, 5)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.conv(x)))
+
+    torch.manual_seed(0)
+    m, x = ConvLinear().eval(), torch.rand(1, 3, 8, 8)
+    ep = torch.export.export(m, (x,))
+    q = quantize_pt2e(TracedProgram(ep, ["x"], ["y"], (x,)), [(x,)], "dynamic")
+    with pytest.raises(BackendError, match=r"xnnpack lowering of .* failed at operator aten\.linear\.default "):
+        lower(q, "xnnpack", "the test program")
