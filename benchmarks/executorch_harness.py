@@ -25,7 +25,7 @@ Usage (from the repository root; about 40 minutes for the whole operator suite o
     PYTHONPATH=$PWD .venv/bin/python benchmarks/executorch_harness.py --out benchmarks/results/executorch-harness
     ... --filter test_conv2d   # a subset (pytest -k expression)
 
-Writes ``cases.json`` (one record per test case) and ``table.md`` (the per-operator table and the
+Writes ``cases.jsonl`` (one record per test case, as each is judged), ``cases.json`` and ``table.md`` (the per-operator table and the
 counts) under ``--out`` and prints the counts.
 """
 
@@ -44,6 +44,7 @@ import numpy as np
 FLOWS = ("xnnpack", "xnnpack_static_int8_per_channel")
 CASES: list[dict] = []
 _CURRENT: dict = {}
+SINK: list[Path] = []  # the cases.jsonl being written
 
 
 def _np(t) -> np.ndarray:
@@ -84,9 +85,13 @@ def install_capture() -> None:
         summary = original_run_test(model, inputs, flow, test_name, test_base_name, subtest_index, params, **kw)
         stats = [{"max": float(s.error_max), "mae": float(s.error_mae), "sqnr": float(s.sqnr)}
                  for s in summary.tensor_error_statistics]
-        CASES.append({"flow": flow.name, "test": test_name, "base": test_base_name, "subtest": subtest_index,
-                      "result": summary.result.name, "error": str(summary.error or "")[:300], "their_stats": stats,
-                      "model": model_copy, **_CURRENT})
+        case = {"flow": flow.name, "test": test_name, "base": test_base_name, "subtest": subtest_index,
+                "result": summary.result.name, "error": str(summary.error or "")[:300], "their_stats": stats,
+                "model": model_copy, **_CURRENT}
+        CASES.append(row_of(case))  # judged at once, written at once: a cut run keeps what it did
+        if SINK:
+            with open(SINK[0], "a") as f:
+                f.write(json.dumps(CASES[-1], default=str) + "\n")
         return summary
 
     tester_mod.Tester.run_method_and_compare_outputs = compare
@@ -174,10 +179,23 @@ def judge(case: dict) -> dict:
     if v is not None and getattr(v, "implementation", None) is not None:
         out["implementation"] = "flagged" if v.implementation.flagged else "consistent"
     if case["flow"] != "xnnpack":
+        # the quantizer annotates some operators only (conv, linear, add, ...): the others stay fp32
+        out["quantized"] = any("quantize_per" in str(n.target) for n in case["exported"].graph.nodes)
         base = [float(np.sqrt(np.sum((g - t) ** 2) / max(np.sum(t ** 2), 1e-300)))
                 for g, t in zip(runs["torch-pt2e-int8"], truth)]
         out["fake_quant_nrmse_vs_fp64"] = max(base) if base else None
     return out
+
+
+def row_of(c: dict) -> dict:
+    """The JSON record of a captured case, ANPRED's verdict included where it was compared."""
+    row = {k: v for k, v in c.items() if k not in ("model", "inputs", "reference", "output", "exported")}
+    if c.get("output") is not None and c["result"] in ("SUCCESS", "OUTPUT_MISMATCH_FAIL"):
+        try:
+            row.update(judge(c))
+        except Exception as err:  # noqa: BLE001 - a case ANPRED cannot redo is listed as such
+            row["anpred_error"] = f"{type(err).__name__}: {str(err)[:200]}"
+    return row
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -203,6 +221,8 @@ def table(rows: list[dict]) -> str:
             continue
         st = x["their_stats"][0] if x["their_stats"] else {}
         verdict = x["anpred"] + (f" (impl. {x['implementation']})" if "implementation" in x else "")
+        if x.get("quantized") is False:
+            verdict += " (not quantized)"
         lines.append(f"| {x['flow']} | {x['test']} | {x['result']} | {st.get('max', float('nan')):.3g} / "
                      f"{st.get('sqnr', float('nan')):.1f} | {verdict} | {', '.join(x['culprit']) or '-'} | "
                      f"{x['nrmse_vs_fp64']:.2e} | {x['max_abs_vs_fp64']:.2e} |")
@@ -213,22 +233,22 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--filter", default=None, help="pytest -k expression")
+    ap.add_argument("--summarize", action="store_true", help="only rebuild table.md and the counts from cases.jsonl")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.summarize:  # the tables of a run cut short, from its cases.jsonl
+        rows = [json.loads(ln) for ln in (out / "cases.jsonl").read_text().splitlines() if ln.strip()]
+        (out / "table.md").write_text(table(rows))
+        print(json.dumps(summarize(rows), indent=1))
+        return 0
+    (out / "cases.jsonl").unlink(missing_ok=True)
+    SINK.append(out / "cases.jsonl")
     install_capture()
     t0 = time.perf_counter()
     run_suite(FLOWS, args.filter)
     t_suite = time.perf_counter() - t0
-    rows = []
-    for c in CASES:
-        row = {k: v for k, v in c.items() if k not in ("model", "inputs", "reference", "output", "exported")}
-        if c.get("output") is not None and c["result"] in ("SUCCESS", "OUTPUT_MISMATCH_FAIL"):
-            try:
-                row.update(judge(c))
-            except Exception as err:  # noqa: BLE001 - a case ANPRED cannot redo is listed as such
-                row["anpred_error"] = f"{type(err).__name__}: {str(err)[:200]}"
-        rows.append(row)
+    rows = CASES
     summary = {"counts": summarize(rows), "seconds_suite": round(t_suite, 1),
                "seconds_total": round(time.perf_counter() - t0, 1), "command": " ".join(sys.argv)}
     (out / "cases.json").write_text(json.dumps({"summary": summary, "cases": rows}, indent=1, default=str))

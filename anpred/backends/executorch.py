@@ -114,6 +114,9 @@ class ExecutorchBackend(Backend):
     #: programs without a delegate) or ``outputs`` (extra program outputs; XNNPACK logs no tensor inside
     #: its partitions)
     capture: ClassVar[str] = "etdump"
+    #: the runner passes the run's input files as ``options["calibration"]``: the first is the check
+    #: sample (tracing, the observer effect), the int8 members calibrate on them
+    needs_calibration: ClassVar[bool] = True
 
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)
