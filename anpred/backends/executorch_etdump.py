@@ -95,6 +95,7 @@ class EtdumpProgram:
         Raises:
             BackendError: an anchor's instruction logged no tensor (the debug buffer overflowed, or the
                 runtime skipped it)."""
+        import executorch.kernels.quantized  # noqa: F401 - quantized kernels (see executorch_lower.et_runtime)
         import torch
         from executorch.devtools import Inspector
         from executorch.runtime import Runtime

@@ -170,8 +170,13 @@ def lower(program, flow: str, what: str) -> Lowered:
 
 
 def et_runtime():
-    """ExecuTorch's runtime (``executorch.runtime.Runtime``). At first load on x86 its cpuinfo prints
-    ``Failed to open midr file ...`` on stderr (an ARM register it probes): harmless."""
+    """ExecuTorch's runtime (``executorch.runtime.Runtime``) with the quantized kernel library
+    registered: the pybindings' runtime has quantize/dequantize kernels only once
+    ``executorch.kernels.quantized`` is imported (a program from the cache, loaded in a fresh process,
+    otherwise fails with ``Missing operator: quantized_decomposed::dequantize_per_tensor.out``). At
+    first load on x86 its cpuinfo prints ``Failed to open midr file ...`` on stderr (an ARM register it
+    probes): harmless."""
+    import executorch.kernels.quantized  # noqa: F401 - registers the quantized kernels
     from executorch.runtime import Runtime
 
     return Runtime.get()
