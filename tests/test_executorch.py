@@ -211,3 +211,28 @@ def test_a_cached_quantized_program_runs_in_a_fresh_process(tmp_path):
     # values, within one quantization step of the output
     step = max(float(n.args[1]) for n in q.graph.nodes if "dequantize_per_tensor" in str(n.target))
     assert got.shape == want.shape and np.max(np.abs(got - want)) <= step
+
+
+def test_an_empty_initializer_is_serialized(tmp_path):
+    """Regression (YOLOv8n-DocLayNet, exported by ultralytics): the empty ``roi`` initializer of its Resize
+    nodes became a program constant with strides ``(0,)``, which ExecuTorch refused to serialize
+    (``0 in strides is not supported for ExecuTorch``); constants now get row-major strides."""
+    from anpred.backends import backend_class
+    from anpred.instrument import instrument_file
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 6, 6])
+    roi = helper.make_tensor("roi", TensorProto.FLOAT, [0], [])
+    scales = helper.make_tensor("scales", TensorProto.FLOAT, [4], [1.0, 1.0, 2.0, 2.0])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Resize", ["r", "roi", "scales"], ["y"], mode="nearest")]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [roi, scales]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    manifest = instrument_file(tmp_path / "m.onnx", tmp_path / "a.onnx", stages=1)
+    b = backend_class("executorch-xnnpack")({"observer": False})
+    b.prepare(tmp_path / "a.onnx", manifest, tmp_path / "w")
+    xv = np.linspace(-1, 1, 18, dtype=np.float32).reshape(1, 2, 3, 3)
+    got = b.run({"x": xv})
+    out = next(a.name for a in manifest.anchors if a.kind == "output")
+    np.testing.assert_array_equal(got[out], np.maximum(xv, 0).repeat(2, axis=2).repeat(2, axis=3))

@@ -153,11 +153,38 @@ def trace_to_aten(gm, example: tuple, what: str):
     proxy_tensor.CONSTANT_NUMEL_LIMIT = 1 << 24
     try:
         with torch.no_grad():
-            return proxy_tensor.make_fx(gm, tracing_mode="real", pre_dispatch=True)(*example)
-    except Exception as err:
+            traced = proxy_tensor.make_fx(gm, tracing_mode="real", pre_dispatch=True)(*example)
+    except Exception as err:  # tracing raises many types
         raise BackendError(f"torch.export cannot capture {what} (unsupported): {first_line(err)}") from err
     finally:
         proxy_tensor.CONSTANT_NUMEL_LIMIT = old
+    _materialize_constants(traced)
+    return traced
+
+
+def _materialize_constants(module) -> int:
+    """Give every tensor constant of a traced module its own contiguous storage. A propagated constant
+    can be a view with zero strides (an ``expand`` of an initializer, measured on YOLOv8n-DocLayNet's
+    head), which ExecuTorch refuses to serialize (``0 in strides is not supported for ExecuTorch``).
+    Returns how many were copied."""
+    import torch
+
+    def fresh(t):  # row-major strides, even for size-1 dimensions (a view's may be 0 there)
+        return torch.empty(t.shape, dtype=t.dtype).copy_(t)
+
+    def strided(t) -> bool:
+        return not t.is_contiguous() or 0 in t.stride()
+
+    copied = 0
+    for name, value in list(vars(module).items()):
+        if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) and strided(value):
+            setattr(module, name, fresh(value))
+            copied += 1
+    for name, buf in list(module.named_buffers(recurse=False)):
+        if strided(buf):
+            module.register_buffer(name, fresh(buf))
+            copied += 1
+    return copied
 
 
 def example_inputs(manifest: AnchorManifest, names: list[str], sample: dict[str, np.ndarray] | None) -> tuple:
