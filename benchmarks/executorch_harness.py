@@ -229,6 +229,44 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def operator_of(base: str, ops: list[str]) -> str:
+    """The operator of a test (``test_conv2d_simple`` -> ``conv2d``): the longest operator test file
+    name (``operators/test_<op>.py``) the test's base name starts with."""
+    hits = [op for op in ops if base.startswith(f"test_{op}")]
+    return max(hits, key=len) if hits else base
+
+
+def operator_table(rows: list[dict]) -> str:
+    """One row per operator: both flows' verdicts side by side (docs/executorch.md)."""
+    from executorch.backends.test import suite
+
+    ops = sorted(f.stem[5:] for f in (Path(suite.__file__).parent / "operators").glob("test_*.py"))
+    per: dict[str, dict[str, list]] = {}
+    for x in rows:
+        per.setdefault(operator_of(x.get("base") or x["test"], ops), {}).setdefault(x["flow"], []).append(x)
+
+    def cell(xs: list[dict]) -> str:
+        done = [x for x in xs if "anpred" in x]
+        if not done:
+            why = sorted({x["result"] for x in xs})
+            return f"- ({', '.join(why)}) | - | - | -"
+        ok = sum(x["result"] == "SUCCESS" for x in done)
+        flagged = [x for x in done if x["anpred"] == "flagged"]
+        culprits = sorted({c for x in flagged for c in x["culprit"]})
+        imp = sum(x.get("implementation") == "flagged" for x in done)
+        worst = max((x["nrmse_vs_fp64"] or 0.0) for x in done)
+        unq = sum(x.get("quantized") is False for x in done)
+        return (f"{ok}/{len(done)}" + (f" ({unq} not quantized)" if unq else "") + f" | {len(flagged)}"
+                + (f" (impl. {imp})" if imp else "") + f" | {', '.join(culprits) or '-'} | {worst:.1e}")
+
+    lines = [("| operator | xnnpack: their pass / compared | ANPRED flags | culprit | max nRMSE vs float64 | "
+              "int8: their pass / compared | ANPRED flags (budget; impl.) | culprit | max nRMSE vs float64 |"),
+             "|---|---|---|---|---|---|---|---|---|"]
+    for op in sorted(per):
+        lines.append(f"| {op} | {cell(per[op].get(FLOWS[0], []))} | {cell(per[op].get(FLOWS[1], []))} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -240,6 +278,7 @@ def main(argv=None) -> int:
     if args.summarize:  # the tables of a run cut short, from its cases.jsonl
         rows = [json.loads(ln) for ln in (out / "cases.jsonl").read_text().splitlines() if ln.strip()]
         (out / "table.md").write_text(table(rows))
+        (out / "operators.md").write_text(operator_table(rows))
         print(json.dumps(summarize(rows), indent=1))
         return 0
     (out / "cases.jsonl").unlink(missing_ok=True)
@@ -253,6 +292,7 @@ def main(argv=None) -> int:
                "seconds_total": round(time.perf_counter() - t0, 1), "command": " ".join(sys.argv)}
     (out / "cases.json").write_text(json.dumps({"summary": summary, "cases": rows}, indent=1, default=str))
     (out / "table.md").write_text(table(rows))
+    (out / "operators.md").write_text(operator_table(rows))
     print(json.dumps(summary, indent=1))
     return 0
 
