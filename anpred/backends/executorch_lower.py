@@ -217,14 +217,19 @@ def cached_lowering(key: str, build) -> tuple[Path, dict[str, Any]]:
 
 def summary(report: dict[str, Any]) -> dict[str, str]:
     """The lowering report as ``versions()`` strings: ``executorch_partitions``,
-    ``executorch_delegated_ops``, ``executorch_outside_ops`` (``op:count@kernels``)."""
+    ``executorch_delegated_ops``, ``executorch_outside_ops`` (``op:count@kernels``),
+    ``executorch_capture`` and ``executorch_observer`` (JSON)."""
     out = {"executorch_partitions": str(report.get("partitions", 0)),
            "executorch_delegated_ops": ",".join(f"{k}:{v}" for k, v in report.get("delegated_ops", {}).items()),
            "executorch_outside_ops": ",".join(f"{k}:{v}@{report.get('outside_kernels', {}).get(k, '?')}"
                                               for k, v in report.get("outside_ops", {}).items())}
-    for k, v in report.items():
-        if k not in ("partitions", "delegated_ops", "outside_ops", "outside_kernels", "instructions",
-                     "output_writers", "debug_buffer_bytes"):
-            out[f"executorch_{k}"] = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+    # the capture and the observer effect, without their per-anchor details (instruction of each anchor,
+    # outputs compared): versions() is stored with every history entry
+    if "capture" in report:
+        out["executorch_capture"] = json.dumps({k: v for k, v in report["capture"].items() if k != "writers"},
+                                               sort_keys=True)
+    if "observer" in report:
+        out["executorch_observer"] = json.dumps({k: v for k, v in report["observer"].items()
+                                                 if k != "outputs_compared"}, sort_keys=True)
     return out
 
