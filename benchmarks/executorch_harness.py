@@ -32,6 +32,7 @@ counts) under ``--out`` and prints the counts.
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import json
 import sys
@@ -98,14 +99,16 @@ def install_capture() -> None:
     runner.run_test = run_test
 
 
-def run_suite(flows: tuple[str, ...], filt: str | None) -> int:
-    """ExecuTorch's operator suite under pytest for ``flows`` (its conftest.py parametrizes the flows)."""
+def run_suite(flows: tuple[str, ...], filt: str | None, from_op: str | None = None) -> int:
+    """ExecuTorch's operator suite under pytest for ``flows`` (its conftest.py parametrizes the flows);
+    ``from_op``: only the operator files from ``test_<from_op>.py`` on, in name order (to resume)."""
     import pytest
     from executorch.backends.test import suite
 
     root = Path(suite.__file__).parent / "operators"
     marks = " or ".join(f"flow_{f}" for f in flows)
-    args = [str(root), "-q", "-m", marks, "-p", "no:cacheprovider", "-p", "no:randomly", "--rootdir", str(root.parent),
+    files = [str(f) for f in sorted(root.glob("test_*.py")) if not from_op or f.stem >= f"test_{from_op}"]
+    args = [*(files if from_op else [str(root)]), "-q", "-m", marks, "-p", "no:cacheprovider", "-p", "no:randomly", "--rootdir", str(root.parent),
             "-W", "ignore"]
     if filt:
         args += ["-k", filt]
@@ -209,7 +212,12 @@ def summarize(rows: list[dict]) -> dict:
         out[flow] = {"compared": len(r), "their_pass": len(passed), "their_output_mismatch": len(failed),
                      "their_pass_anpred_flags": sum(x["anpred"] == "flagged" for x in passed),
                      "their_fail_anpred_within_cost": sum(x["anpred"] == "consistent" for x in failed),
-                     "not_compared": sum(1 for x in rows if x["flow"] == flow and "anpred" not in x)}
+                     "not_compared": sum(1 for x in rows if x["flow"] == flow and "anpred" not in x),
+                     "results": dict(sorted(collections.Counter(
+                         x["result"] for x in rows if x["flow"] == flow).items()))}
+        if flow != "xnnpack":  # the quantized program itself against float64, whatever the verdicts
+            out[flow]["their_pass_program_nrmse_over_0.5"] = sum(
+                (x.get("fake_quant_nrmse_vs_fp64") or 0) > 0.5 for x in passed)
     return out
 
 
@@ -271,6 +279,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--filter", default=None, help="pytest -k expression")
+    ap.add_argument("--from-op", default=None, help="resume: the operator test files from test_<OP>.py on")
     ap.add_argument("--summarize", action="store_true", help="only rebuild table.md and the counts from cases.jsonl")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -285,7 +294,7 @@ def main(argv=None) -> int:
     SINK.append(out / "cases.jsonl")
     install_capture()
     t0 = time.perf_counter()
-    run_suite(FLOWS, args.filter)
+    run_suite(FLOWS, args.filter, args.from_op)
     t_suite = time.perf_counter() - t0
     rows = CASES
     summary = {"counts": summarize(rows), "seconds_suite": round(t_suite, 1),
