@@ -123,7 +123,15 @@ def _portable(program, inputs) -> list:
     with tempfile.TemporaryDirectory() as tmp:
         p = Path(tmp) / "m.pte"
         p.write_bytes(low.pte)
-        return EtProgram(p).run([x.numpy() for x in inputs])
+        return EtProgram(p).run([x.numpy() for x in _leaves(inputs)])
+
+
+def _leaves(inputs) -> list:
+    """The tensors of (possibly nested) inputs in order: a program's flat input list."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return [x for x in tree_leaves(inputs) if isinstance(x, torch.Tensor)]
 
 
 def _fp32_runs(case: dict) -> dict[str, list]:
@@ -136,7 +144,9 @@ def _fp32_runs(case: dict) -> dict[str, list]:
     with torch.no_grad():
         eager = [_np(t) for t in _outputs(model(*inputs))]
         m64 = copy.deepcopy(model).double()
-        truth = [_np(t) for t in _outputs(m64(*[x.double() if x.is_floating_point() else x for x in inputs]))]
+        as64 = torch.utils._pytree.tree_map(
+            lambda x: x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x, tuple(inputs))
+        truth = [_np(t) for t in _outputs(m64(*as64))]
         ep = torch.export.export(model, tuple(inputs), strict=False)
     runs = {"torch": eager, "fp64": truth, "executorch": [np.asarray(o, np.float64) for o in _portable(ep, inputs)]}
     if case["flow"] == "xnnpack":
@@ -146,7 +156,7 @@ def _fp32_runs(case: dict) -> dict[str, list]:
         with tempfile.TemporaryDirectory() as tmp:
             p = Path(tmp) / "m.pte"
             p.write_bytes(low.pte)
-            runs["xnnpack"] = [np.asarray(o, np.float64) for o in EtProgram(p).run([x.numpy() for x in inputs])]
+            runs["xnnpack"] = [np.asarray(o, np.float64) for o in EtProgram(p).run([x.numpy() for x in _leaves(inputs)])]
     return runs
 
 
