@@ -56,6 +56,9 @@ def test_fp32_backends_of_both_origins_vote_and_record_what_ran_where(root):
         assert observer["bit_identical"] is True
         if "xnnpack" in b:
             assert int(ver["executorch_partitions"]) == 1 and ver["executorch_outside_ops"] == ""
+            # what computed each anchor: all inside the one partition here (a partial delegation names
+            # the kernel outside it, anchor by anchor)
+            assert all("computed in an XNNPACK partition" in c["reason"] for c in s["captures"].values())
             assert "aten_convolution_default:3" in ver["executorch_delegated_ops"]
         else:
             assert ver["executorch_partitions"] == "0" and ver["executorch_delegated_ops"] == ""

@@ -38,7 +38,15 @@ import numpy as np
 
 from anpred.backends.base import AnchorCapture, Backend
 from anpred.backends.executorch_etdump import EtdumpProgram
-from anpred.backends.executorch_lower import EtProgram, Lowered, cached_lowering, et_versions, lower, summary
+from anpred.backends.executorch_lower import (
+    EtProgram,
+    Lowered,
+    cached_lowering,
+    et_versions,
+    kernel_library_of,
+    lower,
+    summary,
+)
 from anpred.backends.executorch_program import NativeSource, OnnxSource, TracedProgram, first_line
 from anpred.errors import InputError
 from anpred.manifest import AnchorManifest
@@ -222,11 +230,22 @@ class ExecutorchBackend(Backend):
                 cap.reason = (f"ETDump: written by instruction {instr} ({ops[instr] if instr < len(ops) else '?'}) of the "
                               f"program without anchor outputs, read from its debug buffer (source: {src})")
             elif a.name in self._outputs:
-                cap.reason = (f"output {self._outputs.index(a.name)} of the ExecuTorch program"
+                i = self._outputs.index(a.name)
+                cap.reason = (f"output {i} of the ExecuTorch program"
                               + (" (an extra output" if capture.get("kind") != "etdump" else " (a model output")
-                              + f"; source: {src})")
+                              + f"; {self._written_by(i)}; source: {src})")
             elif not (self.origin == "onnx" and cap.reason in ("graph input", "initializer")):
                 cap.status, cap.reason = "missing", "not an output of the exported program"
+
+    def _written_by(self, position: int) -> str:
+        """Who computes program output ``position``: the delegate, or the kernel (and its library) that
+        runs outside it (a partial delegation, per anchor)."""
+        writers, ops = self.report.get("output_writers", []), self.report.get("instructions", [])
+        w = writers[position] if position < len(writers) else None
+        if w is None:
+            return "computed in an XNNPACK partition" if self.report.get("partitions") else "not a kernel's output"
+        op = ops[w[0]] if w[0] < len(ops) else "?"
+        return f"computed by {op} ({kernel_library_of(op)} kernel{', outside the delegate' if self.flow != 'portable' else ''})"
 
     def _program_path(self, model_path: Path, manifest: AnchorManifest) -> Path:
         """The model file the program is exported from (the population's converted model for fp16)."""

@@ -42,6 +42,7 @@ __all__ = [
     "et_runtime",
     "et_versions",
     "failing_node",
+    "kernel_library_of",
     "lower",
     "optimized_ops",
     "summary",
@@ -92,6 +93,15 @@ def _kernel_library(op: str) -> str:
     base = re.sub(r"^aten_", "", op)
     base = re.sub(r"_(default|tensor|scalar|vec|int|dim|self|out|intlist|using_ints|tensor_mode)$", "", base)
     base = re.sub(r"_copy$", "", base)
+    return "optimized" if base in optimized_ops() else "portable"
+
+
+def kernel_library_of(instruction: str) -> str:
+    """``optimized``/``portable``/``quantized`` for a kernel as the execution plan names it
+    (``aten::add.out``, ``aten::convolution.out``, ``quantized_decomposed::quantize_per_tensor.out``)."""
+    if instruction.startswith("quantized_decomposed"):
+        return "quantized"
+    base = re.sub(r"_copy$", "", instruction.split("::")[-1].split(".")[0])
     return "optimized" if base in optimized_ops() else "portable"
 
 
