@@ -361,10 +361,11 @@ def format_task_trend(rows: list[TaskRow]) -> str:
     groups: dict[tuple[str, str, str], list[TaskRow]] = {}
     for r in rows:
         groups.setdefault((r.model, r.backend, r.metric), []).append(r)
-    out = [f"{'model':<22}{'backend':<16}{'metric':<22}values by run (run id: value)"]
+    wb = max([16] + [len(b) + 1 for _, b, _ in groups])  # backend names in full (executorch-xnnpack-int8)
+    out = [f"{'model':<22}{'backend':<{wb}}{'metric':<22}values by run (run id: value)"]
     for (m, b, k), rs in groups.items():
         vals = "  ".join(f"{r.run_id}: {'-' if r.value is None else f'{r.value:.4g}'}" for r in rs)
-        out.append(f"{m[:21]:<22}{b[:15]:<16}{k[:21]:<22}{vals}")
+        out.append(f"{m[:21]:<22}{b:<{wb}}{k[:21]:<22}{vals}")
     return "\n".join(out)
 
 
@@ -374,7 +375,8 @@ def format_trend(rows: list[TrendRow]) -> str:
     inputs (``inputs!=`` when the inputs changed), origin and versions."""
     if not rows:
         return "(no entries)"
-    out = [f"{'model':<22}{'backend':<16}{'run':>5}  {'created':<26}{'inputs':<9}{'verdict':<9}{'worst':>11}"
+    wb = max([16] + [len(r.backend) + 1 for r in rows])
+    out = [f"{'model':<22}{'backend':<{wb}}{'run':>5}  {'created':<26}{'inputs':<9}{'verdict':<9}{'worst':>11}"
            f"{'change':>10}  {'origin':<30}versions"]
     groups: dict[tuple[str, str], list[TrendRow]] = {}
     for r in rows:
@@ -394,7 +396,7 @@ def format_trend(rows: list[TrendRow]) -> str:
                 ch = f"x{r.worst_primary / prev.worst_primary:.2f}"
             vers = ",".join(f"{k}={v}" for k, v in r.versions.items() if k != "python")
             ins = (r.inputs_sha256 or "?")[:8]
-            out.append(f"{m[:21]:<22}{b:<16}{r.run_id:>5}  {r.created:<26}{ins:<9}{verdict:<9}{w:>11}{ch:>10}  "
+            out.append(f"{m[:21]:<22}{b:<{wb}}{r.run_id:>5}  {r.created:<26}{ins:<9}{verdict:<9}{w:>11}{ch:>10}  "
                        f"{(r.origin_anchor or '-')[:29]:<30}{vers}")
             prev = r
     return "\n".join(out)

@@ -130,6 +130,7 @@ import onnx2tf, onnxconverter_common, tf2onnx  # noqa: F401
 import tvm, ncnn, ai_edge_litert  # noqa: F401 - the runtime families of issue 18
 import pycocotools.cocoeval, sklearn.datasets  # noqa: F401 - task metrics (issue 20)
 import ray  # noqa: F401 - campaigns (issue 21)
+import executorch.exir, executorch.runtime, executorch.devtools, torchao  # noqa: F401 - ExecuTorch (issue 37)
 from anpred.backends.mnn import import_mnn
 
 import_mnn()  # MNN prints its CPU features on import: kept off stdout there

@@ -37,6 +37,18 @@ REGISTRY: dict[str, str] = {
     "mnn-winograd": "anpred.backends.mnn:MnnWinogradBackend",
     "litert": "anpred.backends.litert:LiteRtBackend",
     "ncnn": "anpred.backends.ncnn_pnnx:NcnnBackend",
+    # ExecuTorch (issue 37): opt-in by name; fp32 voters of their own families, then population members
+    "executorch": "anpred.backends.executorch:ExecutorchBackend",
+    "executorch-xnnpack": "anpred.backends.executorch:ExecutorchXnnpackBackend",
+    "executorch-native": "anpred.backends.executorch:ExecutorchNativeBackend",
+    "executorch-xnnpack-native": "anpred.backends.executorch:ExecutorchXnnpackNativeBackend",
+    "executorch-fp16": "anpred.backends.executorch_lowp:ExecutorchFp16Backend",
+    "executorch-xnnpack-fp16": "anpred.backends.executorch_lowp:ExecutorchXnnpackFp16Backend",
+    "torch-pt2e-int8": "anpred.backends.executorch_lowp:TorchPt2eInt8Backend",
+    "executorch-int8": "anpred.backends.executorch_lowp:ExecutorchInt8Backend",
+    "executorch-xnnpack-int8": "anpred.backends.executorch_lowp:ExecutorchXnnpackInt8Backend",
+    "torch-pt2e-int8-dynamic": "anpred.backends.executorch_lowp:TorchPt2eInt8DynamicBackend",
+    "executorch-xnnpack-int8-dynamic": "anpred.backends.executorch_lowp:ExecutorchXnnpackInt8DynamicBackend",
 }
 
 
@@ -53,6 +65,8 @@ FAMILY_PACKAGES: dict[str, tuple[str, ...]] = {
     "mnn": ("MNN",),
     "litert": ("ai_edge_litert", "onnx2tf", "tensorflow"),
     "ncnn": ("ncnn", "pnnx"),
+    "executorch": ("executorch", "torch", "onnx2torch"),
+    "xnnpack": ("executorch", "torch", "onnx2torch"),
 }
 #: the pip extra of ANPRED (pyproject.toml) that brings a family's packages (``pip install
 #: "anpred[torch]"``); a family missing here needs nothing beyond the core
@@ -62,7 +76,11 @@ FAMILY_EXTRA: dict[str, str] = {
 #: extra packages of some backends beyond their family's (the float16 converter of the fp16 models)
 BACKEND_PACKAGES: dict[str, tuple[str, ...]] = {
     b: ("onnxconverter_common",) for b in ("ort-fp16", "ort-fp16-noopt", "openvino-fp16", "onnx-reference-fp16",
-                                           "torch-fp16")}
+                                           "torch-fp16", "executorch-fp16", "executorch-xnnpack-fp16")}
+# the PT2E int8 members quantize with torchao's PT2E flow and ExecuTorch's XNNPACKQuantizer
+BACKEND_PACKAGES.update({b: ("executorch", "torchao") for b in (
+    "torch-pt2e-int8", "executorch-int8", "executorch-xnnpack-int8", "torch-pt2e-int8-dynamic",
+    "executorch-xnnpack-int8-dynamic")})
 
 
 def backend_table() -> list[dict]:

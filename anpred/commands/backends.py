@@ -47,7 +47,8 @@ def main(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"{'BACKEND':<22}{'FAMILY':<21}{'PREC':<6}{'INSTALLED':<10}{'DEFAULT':<8}"
+    wn = max([22] + [len(r["name"]) + 1 for r in rows])  # the longest name (executorch-xnnpack-int8-dynamic)
+    print(f"{'BACKEND':<{wn}}{'FAMILY':<21}{'PREC':<6}{'INSTALLED':<10}{'DEFAULT':<8}"
           + ("MODEL  " if args.model else "") + "LIBRARIES")
     for r in rows:
         libs = ", ".join(f"{d} {v or '-'}" for d, v in r["packages"].items())
@@ -55,7 +56,7 @@ def main(args) -> int:
         if args.model:
             c = r.get("coverage") or {}
             model = f"{'lacks' if c.get('ops') else 'ok' if c.get('basis') or c.get('node_basis') else '?':<7}"
-        print(f"{r['name']:<22}{r['family']:<21}{r['precision']:<6}{'yes' if r['installed'] else 'NO':<10}"
+        print(f"{r['name']:<{wn}}{r['family']:<21}{r['precision']:<6}{'yes' if r['installed'] else 'NO':<10}"
               f"{'yes' if r['default'] else '':<8}{model}{libs}" + (f"  ({r['reason']})" if r["reason"] else ""))
     if args.model:
         from anpred.backends.coverage import format_coverage

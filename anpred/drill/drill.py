@@ -50,7 +50,7 @@ from anpred.errors import AnpredError
 __all__ = ["DrillConfig", "drill_run"]
 
 #: backends that do not run the run's ONNX model (their own native graph): no subgraph to cut
-NATIVE = ("torch-native", "tf-native")
+NATIVE = ("torch-native", "tf-native", "executorch-native", "executorch-xnnpack-native")
 
 
 @dataclass

@@ -1,0 +1,241 @@
+"""ExecuTorch backends (issue 37) on a real small CNN: the fp32 voters of both origins vote and are
+judged, the PT2E int8 population is judged, the lowering report, the capture used and the observer
+effect are recorded, and bad input (a model torch.export cannot capture, a lowering that fails) gives a
+clear status while the rest of the run goes on. The fp16 members and the drill-down are behind
+``slow``; the YOLOv8n acceptance run is ``benchmarks/executorch_yolo.py`` (docs/executorch.md)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+pytest.importorskip("executorch")
+
+import pipeline_factories as pf
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("executorch")
+
+
+FP32 = ["executorch", "executorch-xnnpack", "executorch-native", "executorch-xnnpack-native"]
+INT8 = ["torch-pt2e-int8", "executorch-int8", "executorch-xnnpack-int8"]
+FP16 = ["torch-fp16", "executorch-fp16", "executorch-xnnpack-fp16"]
+
+
+def _run(root, key="executorch"):
+    """One run of the small CNN (3 samples) per key: ``executorch``: ort, torch, the ExecuTorch voters
+    of both origins and the PT2E int8 population (about 80 s on 2 cores); ``executorch-fp16``: ort, torch,
+    openvino and the fp16 members."""
+    backends = ["ort", "torch"] + FP32 + INT8 if key == "executorch" else ["ort", "torch", "openvino"] + FP16
+    rc, out, err, folder = pf.cli_run(key, root, ["pipeline_factories:small_cnn", "--backends", ",".join(backends),
+                                                  "--stages", "4", "--samples", "3", "--allow-incomplete"])
+    statuses = json.loads((folder / "run" / "run.json").read_text())["backends"]
+    return rc, out, err, json.loads((folder / "report.json").read_text()), statuses
+
+
+def test_fp32_backends_of_both_origins_vote_and_record_what_ran_where(root):
+    rc, out, err, rep, st = _run(root)
+    assert rc in (0, 1), (out, err)
+    for b in FP32:
+        s = st[b]
+        assert s["status"] == "ok", (b, s["reason"])
+        v = rep["verdicts"][b]
+        assert v["votes"] and not v["flagged"] and v["judged_anchors"] == len(s["captures"]), (b, v)
+        assert all(c["status"] == "exact" for c in s["captures"].values()), s["captures"]
+        ver = s["versions"]
+        assert ver["executorch"] == "1.5.1" and ver["executorch_origin"] == ("native" if "native" in b else "onnx")
+        observer = json.loads(ver["executorch_observer"])
+        # the small CNN's anchors are outputs of ops XNNPACK produces anyway: nothing changes
+        assert observer["partitions_with_anchors"] == observer["partitions_without_anchors"]
+        assert observer["bit_identical"] is True
+        if "xnnpack" in b:
+            assert int(ver["executorch_partitions"]) == 1 and ver["executorch_outside_ops"] == ""
+            # what computed each anchor: all inside the one partition here (a partial delegation names
+            # the kernel outside it, anchor by anchor)
+            assert all("computed in an XNNPACK partition" in c["reason"] for c in s["captures"].values())
+            assert "aten_convolution_default:3" in ver["executorch_delegated_ops"]
+        else:
+            assert ver["executorch_partitions"] == "0" and ver["executorch_delegated_ops"] == ""
+            kernels = dict(x.split(":")[0:1] + [x.split("@")[1]] for x in ver["executorch_outside_ops"].split(","))
+            assert kernels["aten_convolution_default"] == "portable"  # no optimized convolution in 1.5.1
+            assert kernels["aten_add_tensor"] == "optimized"
+    assert {rep["verdicts"][b]["family"] for b in FP32} == {"executorch", "xnnpack"}
+    # ExecuTorch's own capture where there is no delegate, checked against the extra outputs
+    cap = json.loads(st["executorch"]["versions"]["executorch_capture"])
+    assert cap["kind"] == "etdump" and cap["vs_extra_outputs"]["bit_identical"] is True
+    assert json.loads(st["executorch-xnnpack"]["versions"]["executorch_capture"])["kind"] == "outputs"
+
+
+def test_pt2e_int8_population_is_judged_with_quantization_steps(root):
+    members = INT8
+    _, _, _, rep, st = _run(root)
+    sha = {st[b]["versions"]["pt2e_program_sha256"] for b in members}
+    assert len(sha) == 1 and "" not in sha  # one quantized program, three implementations
+    for b in members:
+        s = st[b]
+        assert s["status"] == "ok" and s["precision"] == "int8", (b, s["reason"])
+        assert s["versions"]["pt2e_calibration_samples"] == "3"  # calibrated on the run's samples
+        assert s["quant_steps"] and all(0 < q < 1 for q in s["quant_steps"].values()), s["quant_steps"]
+        v = rep["verdicts"][b]
+        assert v["judged_against"] == "fp32 consensus" and v["implementation"]["judged_against"] == "int8 population"
+        assert sorted(v["population"]) == sorted(members)
+    # the quantized program on XNNPACK is one partition; the portable one runs quantize/dequantize kernels
+    assert st["executorch-xnnpack-int8"]["versions"]["executorch_partitions"] == "1"
+    assert "quantized_decomposed_quantize_per_tensor_default" in st["executorch-int8"]["versions"]["executorch_outside_ops"]
+    # the same scale everywhere: the steps come from the one program
+    assert st["executorch-int8"]["quant_steps"] == st["executorch-xnnpack-int8"]["quant_steps"]
+
+
+@pytest.mark.slow  # ~60 s: a run of its own (ExecuTorch's portable float16 kernels are slow)
+def test_fp16_members_run_the_populations_float16_model(root):
+    members = FP16
+    _, _, _, rep, st = _run(root, "executorch-fp16")
+    sha = {st[b]["versions"]["fp16_model_sha256"] for b in members}
+    assert len(sha) == 1  # the very same float16 ONNX model
+    for b in members[1:]:
+        s = st[b]
+        assert s["status"] == "ok" and s["precision"] == "fp16", (b, s["reason"])
+        assert rep["verdicts"][b]["implementation"]["judged_against"] == "fp16 population"
+    assert int(st["executorch-xnnpack-fp16"]["versions"]["executorch_partitions"]) >= 1
+    # ETDump 1.5.1 logs no float16 tensor: the portable fp16 member falls back to extra outputs and says why
+    cap = json.loads(st["executorch-fp16"]["versions"]["executorch_capture"])
+    assert cap["kind"] == "outputs" and "ETDump failed" in cap["reason"], cap
+
+
+def _reshape_by_input(path):
+    """An ONNX model whose Reshape takes its shape from a graph input: onnx2torch reads that tensor's
+    values (``torch.any(shape == 0)``), which ``torch.export`` cannot capture."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])
+    s = helper.make_tensor_value_info("s", TensorProto.INT64, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x, s], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, str(path))
+    np.savez(path.with_suffix(".npz"), x=np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 6),
+             s=np.array([3, 4], dtype=np.int64))
+
+
+def test_a_model_torch_export_cannot_capture_is_unsupported_and_the_run_goes_on(tmp_path):
+    from anpred.backends import backend_class
+    from anpred.errors import BackendError
+    from anpred.instrument import instrument_file
+    from anpred.manifest import AnchorManifest
+    from anpred.run import run_model
+
+    _reshape_by_input(tmp_path / "m.onnx")
+    manifest = instrument_file(tmp_path / "m.onnx", tmp_path / "a.onnx", stages=1)
+    assert isinstance(manifest, AnchorManifest)
+    with pytest.raises(BackendError, match=r"torch\.export cannot capture .*\(unsupported\): RuntimeError: "):
+        backend_class("executorch-xnnpack")({"observer": False}).prepare(tmp_path / "a.onnx", manifest, tmp_path / "w")
+    run_model(tmp_path / "a.onnx", ["ort", "torch", "executorch"], str(tmp_path / "m.npz"), tmp_path / "run",
+              progress=False)
+    st = json.loads((tmp_path / "run" / "run.json").read_text())["backends"]
+    assert st["executorch"]["status"] == "unsupported"
+    assert "torch.export cannot capture" in st["executorch"]["reason"]
+    assert st["ort"]["status"] == "ok" and st["torch"]["status"] == "ok"
+
+
+def test_a_lowering_failure_names_the_operator():
+    """PT2E dynamic quantization of a Conv followed by a Linear does not lower to XNNPACK 1.5.1: the
+    error names the Linear being lowered."""
+    import torch
+
+    from anpred.backends.executorch_lower import lower
+    from anpred.backends.executorch_lowp import quantize_pt2e
+    from anpred.backends.executorch_program import TracedProgram
+    from anpred.errors import BackendError
+
+    class ConvLinear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.fc = torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(6, 5)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.conv(x)))
+
+    torch.manual_seed(0)
+    m, x = ConvLinear().eval(), torch.rand(1, 3, 8, 8)
+    ep = torch.export.export(m, (x,))
+    q = quantize_pt2e(TracedProgram(ep, ["x"], ["y"], (x,)), [(x,)], "dynamic")
+    with pytest.raises(BackendError, match=r"xnnpack lowering of .* failed at operator aten\.linear\.default "):
+        lower(q, "xnnpack", "the test program")
+
+
+@pytest.mark.slow  # ~2 min: every stage replayed on each voter, two ExecuTorch lowerings per stage
+def test_drill_replays_the_executorch_backends(root):
+    from anpred.drill import drill_run
+    from anpred.judge import check_run
+
+    _run(root)
+    run = root / "executorch" / "run"
+    rep = check_run(run, allow_incomplete=True)
+    res = drill_run(run, rep, root / "drill")
+    assert "executorch-native" not in res["stages"]  # a native graph has no ONNX subgraph to replay
+    for b in ("executorch", "executorch-xnnpack"):
+        prof = res["stages"][b]
+        assert prof and all(p["role"] == "clean" for p in prof), prof
+        for p in prof:  # fp32 noise of a replayed stage: below its anchor's floor
+            assert 0 <= p["local"] < rep.cell(p["anchor"], b).floor, (b, p)
+
+
+def test_a_cached_quantized_program_runs_in_a_fresh_process(tmp_path):
+    """Regression: a quantized portable program loaded from the cache in a new worker failed with
+    ``Missing operator: quantized_decomposed::dequantize_per_tensor.out`` (the runtime registers the
+    quantized kernels only when ``executorch.kernels.quantized`` is imported, which quantizing did)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from anpred.backends.executorch_lower import lower
+    from anpred.backends.executorch_lowp import quantize_pt2e
+    from anpred.backends.executorch_program import TracedProgram
+
+    torch.manual_seed(0)
+    m, x = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval(), torch.rand(1, 3, 8, 8)
+    q = quantize_pt2e(TracedProgram(torch.export.export(m, (x,)), ["x"], ["y"], (x,)), [(x,)], "static")
+    (tmp_path / "q.pte").write_bytes(lower(q, "portable", "the test program").pte)
+    np.save(tmp_path / "x.npy", x.numpy())
+    out = q.module()(x)
+    want = (out[0] if isinstance(out, (tuple, list)) else out).detach().numpy()
+    code = ("import sys, numpy as np; from anpred.backends.executorch_lower import EtProgram; "
+            "out = EtProgram(sys.argv[1]).run([np.load(sys.argv[2])]); np.save(sys.argv[3], out[0])")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "q.pte"), str(tmp_path / "x.npy"),
+                        str(tmp_path / "y.npy")], capture_output=True, text=True, timeout=300, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = np.load(tmp_path / "y.npy")
+    # ExecuTorch's quantize/dequantize around its portable convolution: the fake-quantized program's
+    # values, within one quantization step of the output
+    step = max(float(n.args[1]) for n in q.graph.nodes if "dequantize_per_tensor" in str(n.target))
+    assert got.shape == want.shape and np.max(np.abs(got - want)) <= step
+
+
+def test_an_empty_initializer_is_serialized(tmp_path):
+    """Regression (YOLOv8n-DocLayNet, exported by ultralytics): the empty ``roi`` initializer of its Resize
+    nodes became a program constant with strides ``(0,)``, which ExecuTorch refused to serialize
+    (``0 in strides is not supported for ExecuTorch``); constants now get row-major strides."""
+    from anpred.backends import backend_class
+    from anpred.instrument import instrument_file
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 6, 6])
+    roi = helper.make_tensor("roi", TensorProto.FLOAT, [0], [])
+    scales = helper.make_tensor("scales", TensorProto.FLOAT, [4], [1.0, 1.0, 2.0, 2.0])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Resize", ["r", "roi", "scales"], ["y"], mode="nearest")]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [roi, scales]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    manifest = instrument_file(tmp_path / "m.onnx", tmp_path / "a.onnx", stages=1)
+    b = backend_class("executorch-xnnpack")({"observer": False})
+    b.prepare(tmp_path / "a.onnx", manifest, tmp_path / "w")
+    xv = np.linspace(-1, 1, 18, dtype=np.float32).reshape(1, 2, 3, 3)
+    got = b.run({"x": xv})
+    out = next(a.name for a in manifest.anchors if a.kind == "output")
+    np.testing.assert_array_equal(got[out], np.maximum(xv, 0).repeat(2, axis=2).repeat(2, axis=3))
