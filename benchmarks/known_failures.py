@@ -78,7 +78,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     doc = json.loads(a.results.read_text())
     records = doc["records"]
-    lines = [f"# Known failures of ONNX Runtime and OpenVINO against ANPRED's conformance run", "",
+    lines = ["# Known failures of ONNX Runtime and OpenVINO against ANPRED's conformance run", "",
              f"Run: {len(records)} cases of {doc['plan'].get('folder', '?')} "
              f"({doc['plan'].get('dtype', '?')}); versions: "
              + "; ".join(f"{b} {v.get('onnxruntime') or v.get('openvino')}" for b, v in doc.get("versions", {}).items()

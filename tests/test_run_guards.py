@@ -17,7 +17,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from anpred.backends.base import BackendStatus
-from anpred.errors import AnpredError, InputError
+from anpred.errors import AnpredError
 
 MIB = 1 << 20
 
@@ -388,7 +388,6 @@ def test_a_crash_in_a_converters_operator_module_names_the_operator(tmp_path):
 def test_a_stale_attempt_of_a_process_killed_from_outside_is_attempted_again(tmp_path, monkeypatch):
     """An attempt record whose process is gone and that no driver settled (a Ray worker killed from
     outside, its task retried): the conversion is attempted again; a failure record refuses at once."""
-    import json
     import socket
     import subprocess
     import sys
