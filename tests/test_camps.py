@@ -189,6 +189,7 @@ def _resize_cnn() -> onnx.ModelProto:
     return m
 
 
+@pytest.mark.kernels  # which Resize rounding each runtime's kernel takes decides the camps
 def test_resize_rounding_camps_on_real_runtimes(tmp_path):
     """A Resize whose ties onnx2torch and MNN round down (nearest = floor) while ONNX Runtime, OpenVINO
     and the reference evaluator round them up as the spec says: five families, a split of 3 against 2

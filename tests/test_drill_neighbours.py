@@ -6,6 +6,7 @@ Relu(x) for anchor x". Real runtimes: ort, mnn, onnx-reference."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -13,6 +14,7 @@ from onnx import numpy_helper as nh
 from anpred.instrument import instrument_model
 from anpred.judge import check_run
 from tests.test_check import make_run
+from isa_reasons import DEFECT_BOUND
 
 BACKENDS = ["ort", "mnn", "onnx-reference"]
 
@@ -37,6 +39,7 @@ def gemm_mlp():
     return instrument_model(m, anchors=["h0", "h1"], stages=3), rng
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_mnn_returns_the_activation_for_the_gemm_anchor(tmp_path):
     from anpred.drill import drill_run
     from anpred.report.text import drill_lines

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 import anpred
 from anpred.cli import main as cli
 from anpred.errors import AnpredError, InputError
+from isa_reasons import FP32_BOUND
 
 
 # ---- models and inputs built here ----------------------------------------------------------------
@@ -234,6 +235,7 @@ def test_defaults_are_the_quick_set_and_the_full_set_is_one_flag_away():
 
 
 # ---- real runs -----------------------------------------------------------------------------------
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_two_runtimes_are_judged_with_witnesses_on_token_ids_of_three_lengths(text, tmp_path):
     """``anpred test text.onnx -b ort,openvino --inputs sentences/``: three shape buckets (three real
     sentences of three lengths, one length twice), both backends judged against a consensus of three

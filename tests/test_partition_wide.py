@@ -15,6 +15,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from anpred.instrument import instrument_model
+from isa_reasons import NOT_A_KERNEL_VALUE
 
 
 def crnn_onnx(path, cell: str, steps: int = 8, hidden: int = 16):
@@ -126,6 +127,7 @@ def test_shared_stack_is_cut_between_layers_with_wide_cuts():
     assert not man0.partition["wide_cuts"] and max(_stage_shares(man0)) > 0.85
 
 
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_unrolled_recurrent_layers_are_cut_inside(cell, tmp_path):
     m = crnn_onnx(tmp_path / f"crnn-{cell}.onnx", cell)

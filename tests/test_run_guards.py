@@ -18,6 +18,7 @@ from onnx import numpy_helper as nh
 
 from anpred.backends.base import BackendStatus
 from anpred.errors import AnpredError
+from isa_reasons import FP32_BOUND
 
 MIB = 1 << 20
 
@@ -50,6 +51,7 @@ def clip_scalar_bounds(path: Path) -> Path:
 
 
 # ---- memory bounds ------------------------------------------------------------------------------
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_a_worker_over_its_memory_bound_is_failed_and_the_others_survive(tmp_path):
     from anpred.run import RunStore, run_model
     from anpred.run.limits import RunGuards
