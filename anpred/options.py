@@ -97,7 +97,7 @@ class JudgeOptions:
     def validate(self) -> None:
         """Raises AnpredError: an unknown oracle, a negative tolerance, ``drill`` with the threshold
         oracle alone, a bad config file (read now: nothing runs before it is known good)."""
-        from anpred.judge import ORACLES
+        from anpred.defaults import ORACLES
 
         if self.oracle not in ORACLES:
             raise AnpredError(f"unknown oracle {self.oracle!r}; known: {', '.join(ORACLES)}")
@@ -210,7 +210,7 @@ class InputOptions:
 
     Attributes:
         inputs: a folder or file of images / ``.npy`` / ``.npz``, or ``random:...``
-            (:mod:`anpred.inputs`); None: the zoo model's real samples, photographs, or seeded arrays.
+            (:mod:`anpred.run.inputs`); None: the zoo model's real samples, photographs, or seeded arrays.
         samples: number of generated samples (default 3).
         input_shapes: ``{input name: shape}`` or ``"NAME:1x45,NAME2:1x3x64x64"``: the dynamic
             dimensions fixed without given inputs (:func:`anpred.pipeline.shapes.parse_input_shapes`).
