@@ -210,7 +210,7 @@ class InputOptions:
 
     Attributes:
         inputs: a folder or file of images / ``.npy`` / ``.npz``, or ``random:...``
-            (:mod:`anpred.run.inputs`); None: the zoo model's real samples, photographs, or seeded arrays.
+            (:mod:`anpred.inputs`); None: the zoo model's real samples, photographs, or seeded arrays.
         samples: number of generated samples (default 3).
         input_shapes: ``{input name: shape}`` or ``"NAME:1x45,NAME2:1x3x64x64"``: the dynamic
             dimensions fixed without given inputs (:func:`anpred.pipeline.shapes.parse_input_shapes`).

@@ -62,7 +62,7 @@ def _warm(cases: list[Path], out: Path, backends: list[str]) -> dict:
 def _cold(cases: list[Path], out: Path, backends: list[str]) -> dict:
     from anpred.conformance.cases import load_case
     from anpred.conformance.runner import anchored_copy, judge_case
-    from anpred.run.inputs import ArraySamples
+    from anpred.inputs import ArraySamples
     from anpred.run.driver import run_model
 
     os.environ["ANPRED_WARM_ONNXSIM"] = "0"  # the workers inherit it: onnx2tf's own subprocess runs

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import run_models  # noqa: E402
 
 from anpred.errors import InputError  # noqa: E402
-from anpred.run.inputs import InputSpec, ModelInput, check_sample  # noqa: E402
+from anpred.inputs import InputSpec, ModelInput, check_sample  # noqa: E402
 from anpred.machine import kernel_isa  # noqa: E402
 from anpred.run import run_model  # noqa: E402
 
@@ -132,7 +132,7 @@ def test_reduced_precision_models_are_real_conversions(yolo_model, tmp_path):
 
     man = AnchorManifest.from_model(onnx.load(str(yolo_model), load_external_data=False))
     spec = InputSpec.parse("random:images:seed=0:n=2")
-    from anpred.run.inputs import model_inputs
+    from anpred.inputs import model_inputs
 
     cal = []
     for i, (_, arr) in enumerate(spec.samples(model_inputs(onnx.load(str(yolo_model))), "yolo")):
@@ -257,7 +257,7 @@ def test_npz_inputs_stacked_and_bad_ones(tmp_path):
 def test_input_shapes_checked_against_dynamic_model():
     import onnx
 
-    from anpred.run.inputs import check_shapes_fit
+    from anpred.inputs import check_shapes_fit
 
     m = onnx.load(str(run_models.anchored_ppocr_det()), load_external_data=False)
     check_shapes_fit(m, {"x": (1, 3, 96, 128)})  # multiples of 32 fit

@@ -103,7 +103,7 @@ def _inputs(shape, n, seed=0, image=False):
     out = [rng.random(shape, dtype=np.float32) for _ in range(n)]
     if image:  # a real photograph (shipped with ultralytics), resized to the input
         import cv2
-        from anpred.run.inputs import default_images_dir
+        from anpred.inputs import default_images_dir
 
         imgs = sorted(p for p in default_images_dir().iterdir() if p.suffix.lower() in (".jpg", ".png"))
         for p in imgs[:2]:

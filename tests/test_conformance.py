@@ -112,7 +112,7 @@ def test_warm_pool_runs_models_one_after_another_with_isolation(tmp_path):
     """One ort process serves three different models (started once); a Python failure on one model
     (an operator ONNX Runtime lacks) is that model's status and the worker serves the next; a worker
     that segfaults on its 2nd sample is `crashed` for that model and the next model gets a fresh one."""
-    from anpred.run.inputs import ArraySamples
+    from anpred.inputs import ArraySamples
     from anpred.run.warm import WarmPool
 
     x = np.array([[-1.0, 0.5, 2.0]], np.float32)
@@ -151,7 +151,7 @@ def test_warm_pool_kills_a_worker_over_its_memory_limit(tmp_path):
     """A worker whose resident set passes max_rss_bytes is killed: that model's status is `crashed`
     with the figure; the next model gets a fresh worker (killed again here: ONNX Runtime's import alone
     is above 16 MB)."""
-    from anpred.run.inputs import ArraySamples
+    from anpred.inputs import ArraySamples
     from anpred.run.warm import WarmPool
 
     p = tmp_path / "m.onnx"
@@ -169,7 +169,7 @@ def test_warm_pool_kills_a_worker_over_its_memory_limit(tmp_path):
 def test_onnx2torch_needs_the_weights_bound(tmp_path):
     """The regression of the issue: onnx2torch on a Conv whose W is a graph input fails (KeyError: 'W');
     bound as an initializer (as the conformance run does for it) it converts and runs."""
-    from anpred.run.inputs import ArraySamples
+    from anpred.inputs import ArraySamples
 
     d = _conv_case(tmp_path, np.random.default_rng(0))
     from anpred.conformance.cases import load_case
@@ -308,7 +308,7 @@ def test_torch_backend_takes_one_tensor_as_the_first_output(tmp_path):
     node declaring Y, Mean and InvStdDev; the torch backend handed Y's rows out as the three outputs
     (Y of shape [4] for [3, 4]). Y is now Y (equal to ONNX Runtime's), the outputs not computed are
     missing."""
-    from anpred.run.inputs import ArraySamples
+    from anpred.inputs import ArraySamples
 
     x = np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)
     w, b = np.full(4, 1.5, np.float32), np.full(4, 0.25, np.float32)

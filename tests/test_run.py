@@ -434,7 +434,7 @@ def test_samples_in_memory_move_their_prewritten_inputs_in(tmp_path):
     import onnx
     from onnx import TensorProto, helper
 
-    from anpred.run.inputs import ArraySamples
+    from anpred.inputs import ArraySamples
     from anpred.run.store import sample_sha256
     from anpred.tensorfile import read_safetensors, write_safetensors
 
@@ -484,7 +484,7 @@ def test_adopt_sample_copies_where_it_cannot_move(tmp_path, monkeypatch):
     import onnx
     from onnx import TensorProto, helper
 
-    from anpred.run.inputs import ArraySamples
+    from anpred.inputs import ArraySamples
     from anpred.run import RunStore
     from anpred.run import store as store_mod
 

@@ -136,7 +136,7 @@ def test_bounds_from_the_machine_and_the_environment(monkeypatch):
 
 # ---- inputs keep their rank ---------------------------------------------------------------------
 def test_scalar_inputs_are_fed_as_0d_arrays(tmp_path):
-    from anpred.run.inputs import InputSpec, check_sample, model_inputs
+    from anpred.inputs import InputSpec, check_sample, model_inputs
     from anpred.run import RunStore, run_model
 
     m = clip_scalar_bounds(tmp_path / "clip.onnx")

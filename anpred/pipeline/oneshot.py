@@ -120,7 +120,7 @@ def _check_folder_labels(opts: TestOptions) -> None:
     """``--labels folders`` with an input folder: the class folders checked before anything runs."""
     inputs = opts.feed.inputs
     if opts.judge.labels == "folders" and inputs is not None and Path(str(inputs)).is_dir():
-        from anpred.run.inputs import ARRAY_EXTS, IMAGE_EXTS, input_files
+        from anpred.inputs import ARRAY_EXTS, IMAGE_EXTS, input_files
         from anpred.task import load_labels
 
         load_labels("folders", [{"id": f.name, "source": str(f)} for f in input_files(Path(str(inputs)),

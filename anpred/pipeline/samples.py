@@ -106,7 +106,7 @@ def fix_static_inputs(proto, hw: tuple[int, int], shapes: dict[str, tuple[int | 
 
 def image_input(proto) -> tuple[str, list[int], str] | None:
     """``(name, shape, layout)`` of a single 4-D 3-channel float input, else None."""
-    from anpred.run.inputs import model_inputs
+    from anpred.inputs import model_inputs
 
     ins = model_inputs(proto)
     if len(ins) != 1:
@@ -123,7 +123,7 @@ def image_input(proto) -> tuple[str, list[int], str] | None:
 
 def is_images(inputs) -> bool:
     """Whether ``inputs`` is an image file, or a folder holding images and no ``.npy`` / ``.npz``."""
-    from anpred.run.inputs import ARRAY_EXTS, IMAGE_EXTS, input_files
+    from anpred.inputs import ARRAY_EXTS, IMAGE_EXTS, input_files
 
     p = Path(inputs)
     if p.is_file():
@@ -196,7 +196,7 @@ def zoo_samples(zm, n: int, inputs: str | None, folder: Path, input_name: str | 
     """
     import numpy as np
 
-    from anpred.run.inputs import IMAGE_EXTS, input_files
+    from anpred.inputs import IMAGE_EXTS, input_files
 
     if inputs is not None and zm.entry.inputs:
         raise InputError(f"{zm.name} is not fed with images ({zm.inputs_text()}): give .npz files with these "
@@ -246,7 +246,7 @@ def drop_bound_inputs(inputs: str, bound: dict[str, Any], folder: Path) -> dict[
     import numpy as np
 
     p = Path(inputs)
-    from anpred.run.inputs import input_files
+    from anpred.inputs import input_files
 
     files = input_files(p, (".npz", ".npy")) if p.is_dir() else [p]
     want = {k: np.asarray(v) for k, v in bound.items()}

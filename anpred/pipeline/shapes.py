@@ -3,7 +3,7 @@ the samples grouped into shape buckets.
 
 - :func:`parse_input_shapes`: ``"ids:1x45,mask:1x45"`` (or a mapping) -> ``{name: (1, 45)}``;
 - :func:`scan_inputs`: every sample of the given ``.npz`` / ``.npy`` inputs read once against the
-  graph inputs: names, ranks and static dimensions checked (:func:`anpred.run.inputs.check_sample`), an
+  graph inputs: names, ranks and static dimensions checked (:func:`anpred.inputs.check_sample`), an
   integer input that indexes a table checked against its range (:func:`index_ranges`), and the
   samples grouped by shape set into :class:`Bucket` s (one per distinct set of input shapes, batch
   included);
@@ -39,7 +39,7 @@ def shape_text(shape) -> str:
 def check_stated_shapes(proto, shapes: dict[str, tuple[int, ...]]) -> None:
     """Raises InputError where ``shapes`` names something that is not a graph input, or contradicts
     an input's rank or a static dimension."""
-    from anpred.run.inputs import model_inputs
+    from anpred.inputs import model_inputs
 
     ins = {i.name: i for i in model_inputs(proto)}
     unknown = sorted(set(shapes) - set(ins))
@@ -121,7 +121,7 @@ def scan_inputs(proto, spec: str, skip: tuple[str, ...] = (), keep_arrays: bool 
         rank or a static dimension; an index outside its table (:func:`index_ranges`); an
         unreadable file.
     """
-    from anpred.run.inputs import InputSpec, model_inputs
+    from anpred.inputs import InputSpec, model_inputs
 
     ins = [i for i in model_inputs(proto) if i.name not in skip]
     ranges = index_ranges(proto)

@@ -75,7 +75,7 @@ def zoo_image_samples(zm, folder: str | Path) -> Iterator[tuple[str, dict[str, n
     from PIL import Image
 
     from anpred.errors import InputError
-    from anpred.run.inputs import IMAGE_EXTS, input_files
+    from anpred.inputs import IMAGE_EXTS, input_files
 
     files = input_files(Path(folder), IMAGE_EXTS)
     if not files:
@@ -481,7 +481,7 @@ def _prefetched(samples, chunk: int, work: Path, sources: list[str], first: int 
     A thread reads and preprocesses the next chunk while the caller runs the current one (at most one
     chunk ahead, so at most three chunks of inputs are in memory: the one running, the one queued, the
     one being read); its errors (an unreadable image) are raised here. Closing the generator stops the thread."""
-    from anpred.run.inputs import ArraySamples
+    from anpred.inputs import ArraySamples
     from anpred.run.store import sample_sha256
     from anpred.tensorfile import storable, write_safetensors
 
@@ -606,7 +606,7 @@ def _refill_kept(final, anchored, specs: list, pool, folder: Path, timeout_s: fl
     """Run the kept samples whose tensors were stored as sampled positions once more, with every
     anchor in full, and store those tensors in the final run folder (for the report's plots and the
     drill-down). A backend that fails here keeps its sampled tensors."""
-    from anpred.run.inputs import ArraySamples
+    from anpred.inputs import ArraySamples
     from anpred.run import run_model
     from anpred.run.positions import GATHERED_SUFFIX
     from anpred.tensorfile import array_file_keys

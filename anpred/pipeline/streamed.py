@@ -19,8 +19,8 @@ __all__ = ["stream_step"]
 
 def _samples(subject: Subject, anchored, inputs: str):
     """``(samples iterator, description)`` of the dataset ``inputs``: a zoo image model's images
-    preprocessed by the model, else :meth:`anpred.run.inputs.InputSpec.samples`."""
-    from anpred.run.inputs import InputSpec, model_inputs
+    preprocessed by the model, else :meth:`anpred.inputs.InputSpec.samples`."""
+    from anpred.inputs import InputSpec, model_inputs
     from anpred.pipeline.samples import is_images
     from anpred.pipeline.stream import zoo_image_samples
 

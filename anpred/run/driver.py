@@ -68,9 +68,9 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
         model_path: an anchored ``.onnx`` (manifest in its metadata, or ``<stem>.anchors.json`` beside
             it; a model without one is run with its graph outputs as the only anchors).
         backends: registry names or :class:`BackendSpec` objects, run in this order.
-        inputs: an :class:`anpred.run.inputs.InputSpec`, or its text form (a folder, a ``.npz``/``.npy``/
+        inputs: an :class:`anpred.inputs.InputSpec`, or its text form (a folder, a ``.npz``/``.npy``/
             image file, or ``random:uniform|normal|images[:seed=S][:n=N][:shape=...]``), or samples in
-            memory (:class:`anpred.run.inputs.ArraySamples`).
+            memory (:class:`anpred.inputs.ArraySamples`).
         out_dir: the run folder to create (its parent folders are created).
         mode: ``tensors`` (store every anchor tensor) or ``stats`` (streaming statistics only).
         timeout_s: per backend limit in seconds for preparing and running all samples.
@@ -97,7 +97,7 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
     A backend that fails, crashes, times out or passes a memory bound does not raise: see the statuses
     in the store.
     """
-    from anpred.run.inputs import ArraySamples, InputSpec
+    from anpred.inputs import ArraySamples, InputSpec
     from anpred.onnx_io import sha256_file
 
     if mode not in MODES:
@@ -190,11 +190,11 @@ def sigterm_raises(replace: bool = False):
 
 
 def _store_samples(store: RunStore, in_spec, model, hint: str) -> dict[str, list[int]] | None:
-    """Check every sample of ``in_spec`` against ``model`` (:func:`anpred.run.inputs.check_shapes_fit`, once
+    """Check every sample of ``in_spec`` against ``model`` (:func:`anpred.inputs.check_shapes_fit`, once
     per distinct shape) and add it to ``store``; records the shapes fed in ``meta["inputs"]["input_shapes"]``
     (``size`` in the spec applies only to dynamic dims). Returns them, None when they vary by sample.
     Raises InputError."""
-    from anpred.run.inputs import ArraySamples, check_shapes_fit, model_inputs
+    from anpred.inputs import ArraySamples, check_shapes_fit, model_inputs
 
     checked: set = set()
     first_shapes: dict[str, list[int]] | None = None

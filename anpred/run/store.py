@@ -135,7 +135,7 @@ class RunStore:
                    extra: dict[str, Any] | None = None, prewritten: tuple[str, Path] | None = None) -> None:
         """Record a sample (its :func:`sample_sha256`) and store its graph inputs. ``prewritten``:
         ``(sha256, file)`` computed and written beforehand for exactly these ``inputs`` (a streamed
-        dataset's reader thread, :class:`anpred.run.inputs.ArraySamples`): the ``.safetensors`` file is
+        dataset's reader thread, :class:`anpred.inputs.ArraySamples`): the ``.safetensors`` file is
         moved in instead of written (written again where it cannot be moved)."""
         moved = False
         if prewritten is not None:
