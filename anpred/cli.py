@@ -85,7 +85,7 @@ def _dispatch(main, args) -> int:
         print(f"anpred: error: {msg}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt as err:
-        from anpred.run import Terminated
+        from anpred.errors import Terminated
 
         if isinstance(err, Terminated):
             print(f"anpred: {err}; nothing half-written was left (a campaign keeps its finished configurations)",

@@ -42,17 +42,12 @@ def _torchvision_stub():
         sys.modules.pop("torchvision.ops", None)
 
 
-def import_onnx2torch():
-    """Import and return the ``onnx2torch`` module without torchvision, with ANPRED's converters
-    registered in its registry (:func:`anpred.torch_converters.register`: LSTM/GRU/RNN,
-    GlobalMaxPool, GlobalLpPool, LpPool, AveragePool/MaxPool with ``SAME_*``/asymmetric pads and
-    AveragePool ``ceil_mode``)."""
+def import_onnx2torch_bare():
+    """Import and return the ``onnx2torch`` module without torchvision, its registry as onnx2torch
+    ships it (:func:`anpred.backends.torch_converters.import_onnx2torch` adds ANPRED's converters)."""
     if "onnx2torch" not in sys.modules:
         with _torchvision_stub():
             importlib.import_module("onnx2torch")
-    from anpred.torch_converters import register
-
-    register()
     return sys.modules["onnx2torch"]
 
 

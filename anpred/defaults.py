@@ -64,6 +64,10 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 # Statistics the oracle can use as its primary statistic (all "larger is worse").
 PRIMARY_STATISTICS = ("nrmse", "mean_abs", "max_abs", "wasserstein")
 
+#: the oracles ``check_run`` can apply (``--oracle``; :mod:`anpred.options` checks it without importing
+#: the judge)
+ORACLES = ("consensus", "threshold", "both")
+
 # Kernel families: one consensus vote each (DESIGN.md). Backends not listed use their
 # BackendStatus.family, else their own name.
 FAMILIES: dict[str, str] = {

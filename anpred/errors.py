@@ -30,3 +30,9 @@ class InputError(AnpredError):
 
 class JudgeError(AnpredError):
     """A run folder cannot be judged (fewer than two usable backends, mismatched manifests)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM received by the driver during :func:`anpred.run.run_model` (raised by its handler so that
+    the worker process groups are killed and the partial run folder removed, as for Ctrl-C). Not an
+    AnpredError: the CLI exits 143 (128 + SIGTERM), as for a signal."""

@@ -97,7 +97,7 @@ class JudgeOptions:
     def validate(self) -> None:
         """Raises AnpredError: an unknown oracle, a negative tolerance, ``drill`` with the threshold
         oracle alone, a bad config file (read now: nothing runs before it is known good)."""
-        from anpred.judge import ORACLES
+        from anpred.defaults import ORACLES
 
         if self.oracle not in ORACLES:
             raise AnpredError(f"unknown oracle {self.oracle!r}; known: {', '.join(ORACLES)}")

@@ -1,7 +1,7 @@
 """Benchmark: the dashboard (``anpred dashboard``) at 100 models x 30 backends x 200 runs.
 
-Builds a synthetic history database with the schema :mod:`anpred.history` writes (its own DDL,
-through :func:`anpred.history.record_bisection` and a first real connection): per model 200 runs,
+Builds a synthetic history database with the schema :mod:`anpred.report.history` writes (its own DDL,
+through :func:`anpred.report.history.record_bisection` and a first real connection): per model 200 runs,
 per run 30 backends (verdict rows with library versions that change every ~40 runs, beside them the
 run facts real backends record in ``versions`` (:func:`_versions`), 5 % of the
 backends flagged after a version change, their origin anchor and culprit operator), per (run,
@@ -67,7 +67,7 @@ def _versions(fam: str, prec: str, version: str, model: int, rng: random.Random)
 
 def synthetic(db: Path, models: int, backends: int, runs: int, seed: int = 0) -> dict[str, int]:
     """Write the synthetic history (module docstring) to ``db``; returns row counts."""
-    from anpred.history import create
+    from anpred.report.history import create
 
     rng = random.Random(seed)
     create(db)
@@ -115,7 +115,7 @@ def synthetic(db: Path, models: int, backends: int, runs: int, seed: int = 0) ->
                 counts["cells"] += len(cells)
                 counts["tasks"] += len(tasks)
     con.close()
-    from anpred.history import record_bisection
+    from anpred.report.history import record_bisection
 
     for (m, b), r in list(bad.items())[:50]:
         name, fam, _ = bnames[b]

@@ -272,7 +272,7 @@ class RecurrentUnrollPass(GraphPass):
 
     ``info``: ``{"unrolled": [node names], "kept": {node name: reason}}``. Needs the weights loaded
     (``W``, ``R``, ``B``, ``P`` are read as arrays); ``Constant`` nodes should be folded to
-    initializers first (:func:`anpred.convert.fold_constant_nodes`).
+    initializers first (:func:`anpred.backends.convert.fold_constant_nodes`).
     """
 
     in_place = True

@@ -123,7 +123,8 @@ import importlib.util
 
 import onnx, onnxruntime, openvino, safetensors, tensorflow, torch  # noqa: F401
 import anpred, exporters, models, passes  # noqa: F401
-from anpred.compat import import_onnx2torch, import_ultralytics
+from anpred.backends.torch_converters import import_onnx2torch
+from anpred.compat import import_ultralytics
 
 import_onnx2torch(); import_ultralytics()
 import onnx2tf, onnxconverter_common, tf2onnx  # noqa: F401

@@ -476,7 +476,7 @@ def test_internal_error_exits_3_not_1(capsys, monkeypatch):
 # ---- reports and history ---------------------------------------------------------------------------
 def test_reports_cli_and_history(tmp_path, avgpool_run, capsys):
     from anpred.cli import main
-    from anpred.history import trend
+    from anpred.report.history import trend
 
     run, _ = avgpool_run
     js, html, db, png = tmp_path / "r.json", tmp_path / "r.html", tmp_path / "h.db", tmp_path / "t.png"
@@ -504,7 +504,7 @@ def test_history_records_inputs_and_says_when_a_run_is_skipped(tmp_path, avgpool
 
     from anpred.backends.base import BackendStatus
     from anpred.cli import main
-    from anpred.history import SCHEMA_VERSION, format_trend, trend
+    from anpred.report.history import SCHEMA_VERSION, format_trend, trend
 
     run, _ = avgpool_run
     db = tmp_path / "h.db"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from anpred.history import DEFAULT_MARGIN, CampaignConfig, create, record_bisection, record_campaign, task_regressions, task_trend
+from anpred.report.history import DEFAULT_MARGIN, CampaignConfig, create, record_bisection, record_campaign, task_regressions, task_trend
 
 
 def _run(con, rid: int, model: str, verdicts: list[tuple], **kw) -> None:

@@ -99,7 +99,7 @@ def _chromium(args, tmp_path):
 def site(tmp_path_factory):
     """The history (two real runs, then synthetic task rows) and the site built over it."""
     from anpred.cli import main
-    from anpred.history import append
+    from anpred.report.history import append
     from anpred.report.json import read_json
 
     root = tmp_path_factory.mktemp("dash")
@@ -256,7 +256,7 @@ def test_lazy_sparklines_and_detail_view_on_hundreds_of_cells(tmp_path):
     import sqlite3
 
     from anpred.cli import main
-    from anpred.history import create
+    from anpred.report.history import create
 
     db = tmp_path / "h.sqlite"
     create(db)

@@ -283,7 +283,7 @@ def test_fp64_conversion_of_dtype_attributes_and_refusals():
     from onnx import numpy_helper as nh
     from onnx.reference import ReferenceEvaluator
 
-    from anpred.convert import model_to_float64
+    from passes.float64 import model_to_float64
 
     nodes = [h.make_node("Constant", [], ["k"], value_float=0.1, name="const"),
              h.make_node("Shape", ["x"], ["shp"]),

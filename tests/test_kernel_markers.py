@@ -37,7 +37,7 @@ REASONS = TESTS / "isa_reasons.py"  # the reasons shared by many modules
 RUNTIME_MODULES = ("onnxruntime", "openvino", "torch", "tensorflow", "keras", "tvm", "MNN", "ncnn", "pnnx",
                    "ai_edge_litert", "tflite_runtime", "onnx2tf", "onnx2torch", "tf2onnx", "onnxconverter_common",
                    "onnx.reference", "anpred.backends", "anpred.run", "anpred.pipeline", "anpred.task",
-                   "anpred.campaign", "anpred.drill", "anpred.convert", "anpred.torch_converters", "models",
+                   "anpred.campaign", "anpred.drill", "models",
                    "exporters", "run_models", "pipeline_factories")
 TOLERANCE_CALLS = frozenset({"approx", "allclose", "isclose", "assert_allclose", "assert_array_almost_equal",
                              "assert_almost_equal", "assert_array_max_ulp", "assert_array_almost_equal_nulp"})

@@ -34,7 +34,7 @@ def _anchored(name, folder):
     import models
     from anpred.instrument import instrument_model
     from exporters import load_factory
-    from anpred.convert import onnx2torch_missing
+    from anpred.backends.onnx2torch_compat import onnx2torch_missing
     from exporters.mapping import map_anchors
 
     imgsz, _, n = CASES[name]

@@ -69,9 +69,10 @@ def onnx2torch_refusals(model) -> dict[str, str]:
     names it)."""
     import onnx
 
-    from anpred.compat import import_onnx2torch
-    from anpred.convert import fold_constant_nodes, fold_identity_initializers, onnx2torch_compat
-    from anpred.torch_converters import explicit_same_pads
+    from anpred.backends.torch_converters import import_onnx2torch
+    from anpred.backends.convert import fold_constant_nodes, fold_identity_initializers
+    from anpred.backends.onnx2torch_compat import onnx2torch_compat
+    from anpred.backends.torch_converters import explicit_same_pads
     from passes.control_flow import inline_control_flow
 
     m = onnx.ModelProto()

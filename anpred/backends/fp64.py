@@ -2,7 +2,7 @@
 
 The numerically faithful execution the oracle measures each anchor's expected error against: every
 float32/float16/bfloat16 tensor of the model (weights, constants, graph input/output and value_info
-types, floating dtype attributes) is widened to float64 by :func:`anpred.convert.model_to_float64`
+types, floating dtype attributes) is widened to float64 by :func:`passes.float64.model_to_float64`
 and the copy runs on the reference evaluator's numpy kernels, which compute in their inputs' dtype.
 Operators the ONNX spec does not allow in double (e.g. ``QuantizeLinear`` before opset 19,
 ``DequantizeLinear`` outputs), operators without an ONNX schema and operators onnx.reference computes
@@ -84,7 +84,7 @@ class ReferenceFp64Backend(NamedOutputsMixin, Backend):
         return v
 
     def _convert(self, model_path: Path, out: Path) -> None:
-        from anpred.convert import model_to_float64
+        from passes.float64 import model_to_float64
         from anpred.onnx_io import load_model, save_model
 
         copy, report = model_to_float64(load_model(model_path, load_external=True))

@@ -223,7 +223,7 @@ class OpenVinoBackend(Backend):
                 raise
             import onnx
 
-            from anpred.convert import fold_constant_nodes
+            from anpred.backends.convert import fold_constant_nodes
             from anpred.onnx_io import load_model
             from passes.bind_inputs import fold_constant_layout
             from passes.frontend_rewrites import fold_constant_fake_quantization

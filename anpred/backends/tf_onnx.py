@@ -175,7 +175,7 @@ class TfOnnxBackend(Backend):
         import tf_keras
 
         from anpred.backends.onnxsim_warm import warm_onnxsim
-        from anpred.convert import fold_constant_nodes, onnx2tf_calibration_file, working_directory
+        from anpred.backends.convert import fold_constant_nodes, onnx2tf_calibration_file, working_directory
         from anpred.onnx_io import load_model
 
         scratch = out / "scratch"

@@ -2,15 +2,15 @@
 
 Conversion (:meth:`TorchOnnxBackend._prepare_impl`):
 1. the model is loaded with its weights; ``Constant`` nodes become initializers and
-   ``Identity(initializer)`` nodes are folded (:func:`anpred.convert.fold_constant_nodes`,
-   :func:`anpred.convert.fold_identity_initializers`; onnx2torch reads Conv weights from
+   ``Identity(initializer)`` nodes are folded (:func:`anpred.backends.convert.fold_constant_nodes`,
+   :func:`anpred.backends.convert.fold_identity_initializers`; onnx2torch reads Conv weights from
    initializers only);
    ``If``/``Loop`` nodes are inlined (:class:`passes.control_flow.ControlFlowInlinePass`: constant
    conditions, both branches + ``Where``, constant trip counts unrolled), which onnx2torch lacks;
-2. ANPRED's converters are in onnx2torch's registry (:mod:`anpred.torch_converters`: LSTM/GRU/RNN,
+2. ANPRED's converters are in onnx2torch's registry (:mod:`anpred.backends.torch_converters`: LSTM/GRU/RNN,
    GlobalMaxPool, LpPool, SAME_* pooling ...) and converters for operator versions newer than onnx2torch
    knows are registered
-   (:func:`anpred.convert.onnx2torch_compat`; dynamo exports use opset 18+);
+   (:func:`anpred.backends.onnx2torch_compat.onnx2torch_compat`; dynamo exports use opset 18+);
 3. every node is checked for a converter first, so a missing operator gives one
    :class:`~anpred.errors.BackendError` that names all of them (``Op-version (node ...)``);
 4. ``onnx2torch.convert(model, attach_onnx_mapping=True)`` builds a ``torch.fx.GraphModule`` whose
@@ -90,18 +90,19 @@ class TorchOnnxBackend(Backend):
     name = "torch"
     family = "torch"
     precision = "fp32"
-    coverage_basis = "onnx2torch converter registry (with ANPRED's converters, anpred.torch_converters)"
+    coverage_basis = "onnx2torch converter registry (with ANPRED's converters, anpred.backends.torch_converters)"
 
     @classmethod
     def unsupported_ops(cls, model) -> dict[str, str]:
         """The operators of ``model`` (sub-graphs included) without a converter in onnx2torch's registry
-        at the model's opset, after ANPRED's additions (:func:`anpred.compat.import_onnx2torch`,
-        :func:`anpred.convert.onnx2torch_compat`). Registry keys are ``(domain, op_type, since_version)``;
+        at the model's opset, after ANPRED's additions (:func:`anpred.backends.torch_converters.import_onnx2torch`,
+        :func:`anpred.backends.onnx2torch_compat.onnx2torch_compat`). Registry keys are ``(domain, op_type, since_version)``;
         the version asked is the schema's ``since_version`` at the model's import of the op's domain.
         An op that has converters for other versions only is keyed ``op@opset``. Attribute-dependent
         refusals (e.g. ``Resize`` antialias) are found only when converting."""
-        from anpred.compat import import_onnx2torch
-        from anpred.convert import onnx2torch_compat, since_version
+        from anpred.backends.torch_converters import import_onnx2torch
+        from anpred.backends.convert import since_version
+        from anpred.backends.onnx2torch_compat import onnx2torch_compat
         from anpred.onnx_io import model_ops
 
         import_onnx2torch()  # first: onnx2torch imports torchvision, stubbed there
@@ -164,8 +165,9 @@ class TorchOnnxBackend(Backend):
         import torch
         from onnx import numpy_helper
 
-        from anpred.compat import import_onnx2torch
-        from anpred.convert import fold_constant_nodes, fold_identity_initializers, onnx2torch_compat, onnx2torch_unsupported
+        from anpred.backends.torch_converters import import_onnx2torch
+        from anpred.backends.convert import fold_constant_nodes, fold_identity_initializers
+        from anpred.backends.onnx2torch_compat import onnx2torch_compat, onnx2torch_unsupported
         from anpred.onnx_io import load_model
 
         if "threads" in self.options:
@@ -176,7 +178,7 @@ class TorchOnnxBackend(Backend):
         fold_constant_nodes(model)
         fold_identity_initializers(model)
         self.inlined = inline_control_flow(model)  # onnx2torch has no If/Loop converter
-        from anpred.torch_converters import explicit_same_pads
+        from anpred.backends.torch_converters import explicit_same_pads
 
         self.same_pads = explicit_same_pads(model)  # onnx2torch's Conv refuses auto_pad SAME_*
         o2t = import_onnx2torch()

@@ -194,7 +194,7 @@ def bisect_versions(campaign, out: str | Path, request: BisectRequest, *, addres
         if own:
             ray.shutdown()
     atomic_write_text(Path(out) / "bisect.json", to_json(result, indent=1))
-    from anpred.history import record_bisection  # the dashboard shows the first bad version
+    from anpred.report.history import record_bisection  # the dashboard shows the first bad version
 
     db = Path(campaign.history) if Path(campaign.history).is_absolute() else Path(out) / campaign.history
     record_bisection(db, result, campaign.name, out)

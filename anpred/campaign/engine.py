@@ -359,7 +359,7 @@ def _atomic_json(path: Path, obj: Any) -> None:
 
 def _append_history(db: Path, folder: Path) -> None:
     """Append the configuration's report to the history once (keyed by its run folder)."""
-    from anpred.history import append, has_run
+    from anpred.report.history import append, has_run
     from anpred.report.json import read_json
 
     try:

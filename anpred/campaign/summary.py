@@ -6,7 +6,7 @@ the campaign has several) x backends, each cell the latest configuration's verdi
 configurations (the runtime versions of a version axis in the campaign's order), the changes marked
 and every cell linked to its report; above the grid the campaign's configurations (state, standing,
 failures with their reason) and, per runtime version, what changed. The campaign and its
-configurations are recorded in the history (:func:`anpred.history.record_campaign`), so ``anpred
+configurations are recorded in the history (:func:`anpred.report.history.record_campaign`), so ``anpred
 dashboard`` over several campaigns' histories shows the same."""
 
 from __future__ import annotations
@@ -107,11 +107,11 @@ def write_summary(campaign, result, db: Path) -> dict[str, Any]:
 
 
 def _configs(campaign, result) -> list:
-    """The campaign's configurations as the history records them (:class:`anpred.history.CampaignConfig`),
+    """The campaign's configurations as the history records them (:class:`anpred.report.history.CampaignConfig`),
     in the campaign's order; a complete one names its run folder (from its ``report.json``)."""
     import json
 
-    from anpred.history import CampaignConfig
+    from anpred.report.history import CampaignConfig
 
     recs = {r["id"]: r for r in result.records}
     out = []
@@ -137,7 +137,7 @@ def _index(campaign, result, db: Path, changes) -> None:
     """``OUT/index.html``: the campaign recorded in its history, then the dashboard's page over its
     runs (module docstring)."""
     from anpred.dashboard import SiteOptions, collect, write_site
-    from anpred.history import record_campaign
+    from anpred.report.history import record_campaign
 
     out = Path(result.out)
     axes = [{"package": a.package, "versions": list(a.versions), "backends": list(a.backends)} for a in campaign.axes]

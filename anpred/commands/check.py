@@ -76,7 +76,7 @@ def main(args) -> int:
     if args.report:
         write_html(rep, args.report)
     if args.history and rep.status != "error":
-        from anpred.history import append
+        from anpred.report.history import append
 
         append(args.history, rep, report_html=args.report)
     elif args.history:

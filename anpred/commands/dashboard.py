@@ -33,7 +33,7 @@ def main(args) -> int:
     import time
 
     from anpred.dashboard import SiteOptions, collect, write_site
-    from anpred.history import DEFAULT_MARGIN
+    from anpred.report.history import DEFAULT_MARGIN
 
     t0 = time.perf_counter()
     hist = collect(list(dict.fromkeys(args.db)), margin=DEFAULT_MARGIN if args.margin is None else args.margin,

@@ -18,7 +18,7 @@ def add_arguments(parser):
 
 
 def main(args) -> int:
-    from anpred.history import (DEFAULT_MARGIN, format_task_trend, format_trend, plot_trend, task_regressions,
+    from anpred.report.history import (DEFAULT_MARGIN, format_task_trend, format_trend, plot_trend, task_regressions,
                                 task_trend, trend)
 
     rows = trend(args.db, args.model)

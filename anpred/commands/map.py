@@ -48,7 +48,7 @@ def main(args) -> int:
     from pathlib import Path
 
     from anpred.backends import backend_class, parse_backends
-    from anpred.convert import onnx2torch_missing
+    from anpred.backends.onnx2torch_compat import onnx2torch_missing
     from anpred.errors import InputError
     from anpred.manifest import AnchorManifest
     from anpred.onnx_io import atomic_write_text, load_model, save_model

@@ -26,13 +26,13 @@ def build(dbs: list[str | Path], out: str | Path, *, margin: float | None = None
           opts: SiteOptions | None = None) -> Path:
     """:func:`collect` the databases ``dbs`` and :func:`write_site` to ``out``; returns the page's path.
     ``margin``: task-metric drop that counts as a regression (default
-    :data:`anpred.history.DEFAULT_MARGIN`); ``campaign``: only that campaign's runs.
+    :data:`anpred.report.history.DEFAULT_MARGIN`); ``campaign``: only that campaign's runs.
 
     Raises:
         AnpredError: a database is missing or unreadable; no campaign ``campaign`` there; ``out``
             cannot be written.
     """
-    from anpred.history import DEFAULT_MARGIN
+    from anpred.report.history import DEFAULT_MARGIN
 
     hist = collect(list(dict.fromkeys(str(d) for d in dbs)), margin=DEFAULT_MARGIN if margin is None else margin,
                    campaign=campaign)

@@ -1,4 +1,4 @@
-"""What the dashboard shows, read from one or more history databases (:mod:`anpred.history`).
+"""What the dashboard shows, read from one or more history databases (:mod:`anpred.report.history`).
 
 :func:`collect` reads every run, verdict, task metric, campaign configuration and bisection and
 returns :class:`Series` per (model, configuration, backend), where a configuration is the backend
@@ -12,8 +12,8 @@ on the same inputs (``inputs_sha256``), as ``anpred history`` does:
 
 - a **verdict change**: the standing (``ok``, ``FLAGGED``, ``INCOMPLETE``, ``NOT JUDGED``) differs;
   a regression when the new one is worse (ok < incomplete / not judged < flagged), a fix when better;
-- a **task-metric drop**: a higher-is-better metric (:data:`anpred.history.HIGHER_IS_BETTER`) fell by
-  more than ``margin`` (absolute; default :data:`anpred.history.DEFAULT_MARGIN`, the same rule and
+- a **task-metric drop**: a higher-is-better metric (:data:`anpred.report.history.HIGHER_IS_BETTER`) fell by
+  more than ``margin`` (absolute; default :data:`anpred.report.history.DEFAULT_MARGIN`, the same rule and
   default as ``anpred history --margin``).
 
 The trend statistic is the nRMSE against the consensus at the series' *origin anchor*: the origin
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from anpred.history import DEFAULT_MARGIN, HIGHER_IS_BETTER, columns, open_history
+from anpred.report.history import DEFAULT_MARGIN, HIGHER_IS_BETTER, columns, open_history
 
 __all__ = ["Point", "Series", "History", "collect", "package_names", "STANDINGS", "SEVERITY"]
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from anpred.defaults import OracleConfig
+from anpred.defaults import ORACLES, OracleConfig
 from anpred.errors import AnpredError
 from anpred.judge.stats import ErrorStats, from_json_float, json_float
 from anpred.onnx_io import json_safe
@@ -42,8 +42,6 @@ __all__ = ["ORACLES", "SCHEMA", "AnchorInfo", "BackendInfo", "BackendVerdict", "
 
 #: schema of :meth:`CheckReport.to_dict`
 SCHEMA = "anpred.check/1"
-#: the oracles ``check_run`` can apply
-ORACLES = ("consensus", "threshold", "both")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ of the project:
 8. **check**: align and judge (:func:`anpred.judge.check_run`), the witnesses marked
    (:func:`anpred.pipeline.witnesses.apply_roles`);
 9. **write the reports**: ``report.json`` (schema ``anpred.check/1``), ``report.html``, then, once
-   committed, ``test.json`` and optionally a history database row (:func:`anpred.history.append`).
+   committed, ``test.json`` and optionally a history database row (:func:`anpred.report.history.append`).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def test(model: str | os.PathLike, out: str | os.PathLike | None = None, **optio
     if opts.stream is not None:
         shutil.rmtree(stream_checkpoint_dir(final), ignore_errors=True)
     if opts.output.history is not None and result.report.status != "error":
-        from anpred.history import append
+        from anpred.report.history import append
 
         append(opts.output.history, result.report)
     seconds["total"] = time.perf_counter() - t_start

@@ -42,7 +42,7 @@ from typing import Any, Iterable
 from anpred.backends import REGISTRY
 from anpred.backends.base import BackendStatus
 from anpred.compat import own_process_group
-from anpred.errors import AnpredError, BackendError, OutputPathError
+from anpred.errors import AnpredError, BackendError, OutputPathError, Terminated
 from anpred.folders import commit_partial, partial_dir
 from anpred.onnx_io import to_json
 from anpred.run.jobs import (WORKER_MALLOC_TUNABLES, make_job, precheck_refusals, read_status, worker_env,
@@ -169,11 +169,6 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
     if progress:
         print(format_summary(result), file=sys.stderr)
     return result
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM received by the driver during :func:`run_model` (raised by its handler so that the
-    worker process groups are killed and the partial run folder removed, as for Ctrl-C)."""
 
 
 def sigterm_raises(replace: bool = False):
