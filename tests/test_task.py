@@ -518,6 +518,31 @@ def test_resume_after_the_last_checkpoint_stores_the_kept_samples_in_full(digits
     assert json.loads((out2 / "report.json").read_text())["samples"] == N_TEST and not (tmp_path / ".out2.stream").exists()
 
 
+@pytest.mark.isa_independent(SAME_DATA)
+def test_injected_hooks_interrupt_the_stream_and_resume_finishes_it(digits, tmp_path):
+    """Testing hooks injected through the Python API (``StreamOptions.hooks``, no environment variable) see
+    each judged chunk's count; a KeyboardInterrupt while the report is written leaves the checkpoint and the
+    run folder beside -o, and ``resume`` writes the report without judging a sample again."""
+    from anpred.run import RunStore
+
+    model, inp, labels, eager, root = digits
+    seen = []
+
+    class Hooks(stream_faults.InterruptAt):
+        def judged(self, n: int) -> None:
+            seen.append(n)
+
+    kw = dict(backends=FP32[:3], inputs=str(inp), quiet=True, stages=3, stream=True, chunk=25)
+    with pytest.raises(KeyboardInterrupt):
+        anpred.test(str(model), out=tmp_path / "s", hooks=Hooks("after_stream"), **kw)
+    assert seen == [25, 50, N_TEST]
+    ck = tmp_path / ".s.stream"
+    assert (ck / "state.pkl").is_file() and (ck / "run").is_dir() and not (tmp_path / "s").exists()
+    res = anpred.test(str(model), out=tmp_path / "s", resume=True, **kw)
+    assert res.report.samples == N_TEST and not ck.exists()
+    assert RunStore.open(res.run_dir).meta["stream"]["judged_at"] == []  # no chunk judged by the resume
+
+
 @pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_coco_map50_equals_cocoeval_summarize():
     """coco_map50 evaluates only IoU 0.5, area all, 100 detections: the same number as pycocotools'
