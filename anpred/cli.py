@@ -104,12 +104,16 @@ def _dispatch(main, args) -> int:
         return 3
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, stream_hooks=None) -> int:
+    """``anpred ARGS``: the exit code of the command. ``stream_hooks``: testing hooks of a streamed
+    run (:class:`anpred.pipeline.stream_hooks.StreamHooks`), injected by a test that runs the command
+    line in a process of its own; the ``anpred`` command itself has none."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_main", None):
         parser.print_help()
         return 2
+    args.stream_hooks = stream_hooks
     return _dispatch(args._main, args)
 
 

@@ -226,12 +226,14 @@ class StreamOptions:
     """A dataset streamed in chunks (:mod:`anpred.pipeline.stream`): ``chunk`` samples per chunk
     (None: :func:`anpred.pipeline.stream.auto_chunk`), the ``keep`` most deviating samples kept per
     backend, intermediate anchors judged on ``positions`` sampled positions (None: 65536; 0: all),
-    ``resume`` an interrupted run from its checkpoint."""
+    ``resume`` an interrupted run from its checkpoint. ``hooks``: testing hooks injected by a test
+    (:class:`anpred.pipeline.stream_hooks.StreamHooks`; None: none; no command-line option sets them)."""
 
     chunk: int | None = None
     keep: int = 4
     positions: int | None = None
     resume: bool = False
+    hooks: Any = None
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -258,7 +260,9 @@ class StreamOptions:
             if args.resume:
                 raise AnpredError("--resume continues an interrupted streamed run: it needs --stream")
             return None
-        return cls(chunk=args.chunk, keep=int(args.keep), positions=args.positions, resume=bool(args.resume))
+        # (stream_hooks: set by anpred.cli.main's caller, a test, never by an option)
+        return cls(chunk=args.chunk, keep=int(args.keep), positions=args.positions, resume=bool(args.resume),
+                   hooks=getattr(args, "stream_hooks", None))
 
 
 @dataclass

@@ -708,7 +708,7 @@ def test_latest_output_consensus_and_nrmse_are_offered_for_reuse():
     import pickle
 
     from anpred.judge import error_stats
-    from anpred.pipeline.stream import _out_dev
+    from anpred.pipeline.stream_kept import output_deviation
 
     names = ["ort", "openvino", "torch", "ort-fp16"]
     o = Oracle(ANCHORS, _backends(names))
@@ -721,11 +721,11 @@ def test_latest_output_consensus_and_nrmse_are_offered_for_reuse():
     for b in names:
         nrmse, nonfinite = o.last_nrmse[("output/y", b)]
         assert nrmse == pytest.approx(error_stats(samples[0]["output/y"][b], c).nrmse, rel=1e-12) and nonfinite == 0
-    dev = _out_dev(["output/y"], o.last_nrmse)
+    dev = output_deviation(["output/y"], o.last_nrmse)
     assert dev == {b: o.last_nrmse[("output/y", b)][0] for b in names}
     o.add(samples[1])
     assert o.last_nrmse[("output/y", "torch")][1] == 1
-    assert _out_dev(["output/y"], o.last_nrmse)["torch"] == math.inf
+    assert output_deviation(["output/y"], o.last_nrmse)["torch"] == math.inf
     assert not np.array_equal(o.last_consensus["output/y"], c)
     restored = pickle.loads(pickle.dumps(o))
     assert restored.last_consensus == {} and restored.last_nrmse == {} and restored.samples == 2

@@ -391,12 +391,14 @@ def test_stream_keeps_the_first_failure_with_its_chunk_and_sample(yolo, tmp_path
     sampled) where one backend fails at the 3rd sample of the dataset: its final status names that
     chunk and that sample by the dataset's ids (not a later chunk, not the chunk's own numbering),
     keeps its details, and counts the samples it did run; the others judge all 6."""
+    from anpred.options import JudgeOptions, RunOptions, StreamOptions
     from anpred.pipeline.stream import LATER_CHUNK_FACTOR, stream_test
 
     rng = np.random.default_rng(0)
     samples = iter([(f"gen{i}", {"images": rng.random((1, 3, 224, 224), dtype=np.float32)}) for i in range(6)])
     specs = ["ort", "openvino", "onnx-reference", BackendSpec("ort", "ort-later", {"_fault": "raise", "_fault_after": 2})]
-    rep = stream_test(yolo, specs, samples, tmp_path / "run", chunk=2, keep=1, quiet=True, allow_incomplete=True)
+    rep = stream_test(yolo, samples, tmp_path / "run", run=RunOptions(backends=specs), quiet=True,
+                      judge=JudgeOptions(allow_incomplete=True), stream=StreamOptions(chunk=2, keep=1))
     from anpred.run import RunStore
 
     st = RunStore.open(tmp_path / "run").statuses()
@@ -414,11 +416,12 @@ def test_stream_threads_lower_their_priority():
     not the process's (the backends' workers, the driver's main thread keep theirs)."""
     import threading
 
-    from anpred.pipeline.stream import JUDGE_NICE, _lower_priority
+    from anpred.pipeline.stream import JUDGE_NICE
+    from anpred.pipeline.stream_inputs import lower_priority
 
     before = os.getpriority(os.PRIO_PROCESS, 0)
     got = {}
-    th = threading.Thread(target=lambda: got.update(new=_lower_priority(),
+    th = threading.Thread(target=lambda: got.update(new=lower_priority(),
                                                     seen=os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
     th.start()
     th.join()

@@ -20,6 +20,7 @@ import anpred
 from anpred.task import ClassifyAdapter, DenseAdapter, DetectAdapter, coco_map50
 
 from isa_reasons import DEFECT_BOUND, FP32_BOUND, NOT_A_KERNEL_VALUE, SAME_DATA
+import stream_faults
 
 FP32 = ["ort", "openvino", "torch", "onnx-reference"]
 LOWP = ["ort-fp16", "openvino-fp16", "ort-int8", "openvino-int8"]
@@ -205,10 +206,10 @@ def _nice_allowed() -> bool:
     """Whether a thread here may raise its own nice value (probed in a thread of its own)."""
     import threading
 
-    from anpred.pipeline.stream import _lower_priority
+    from anpred.pipeline.stream_inputs import lower_priority
 
     got = []
-    th = threading.Thread(target=lambda: got.append(_lower_priority()))
+    th = threading.Thread(target=lambda: got.append(lower_priority()))
     th.start()
     th.join()
     return got[0] is not None
@@ -388,13 +389,13 @@ def test_interrupted_stream_resumes_to_the_uninterrupted_report(digits, tmp_path
     whole = anpred.test(str(model), out=tmp_path / "whole", backends=backends.split(","), inputs=str(inp),
                         task="classify", labels=str(labels), quiet=True, stages=3, stream=True, chunk=10).report
     # a real SIGINT to the process' main thread once 20 samples are judged and checkpointed (the stream's
-    # testing hook sends it: the test reading the progress line and signalling then came too late under
-    # load, the whole run done by then)
+    # testing hook sends it, injected by tests/stream_faults.py: the test reading the progress line and
+    # signalling then came too late under load, the whole run done by then)
     # (SIG_DFL in the child: a job started in the background, like a CI step under nohup, inherits SIGINT
     # ignored, and Python then installs no KeyboardInterrupt handler: the Ctrl-C would be ignored)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", "ANPRED_STREAM_FAULT": "sigint-after=20",
-                               "ANPRED_STREAM_SCRATCH": str(tmp_path / "scratch")},
+    proc = subprocess.run(stream_faults.command("sigint-after=20") + cmd[3:], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                            "ANPRED_STREAM_SCRATCH": str(tmp_path / "scratch")},
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     rest = proc.stderr
     assert proc.returncode == 130, rest[-2000:]
@@ -476,7 +477,7 @@ def test_labels_from_class_folders(digits, tmp_path):
 @pytest.mark.slow  # four streamed runs of the digits through subprocesses (~20 s)
 def test_resume_after_the_last_checkpoint_stores_the_kept_samples_in_full(digits, tmp_path):
     """Interrupted once every chunk is judged but before the kept samples are run again in full (testing hook
-    ANPRED_STREAM_FAULT=before-refill): the resume has nothing left to run, yet re-runs the kept samples, so the
+    ``before-refill``, tests/stream_faults.py): the resume has nothing left to run, yet re-runs the kept samples, so the
     run folder holds no sampled values and ``anpred check`` judges it whole; a resume with other labels is
     refused (the task and labels are part of the checkpoint's fingerprint)."""
 
@@ -489,7 +490,7 @@ def test_resume_after_the_last_checkpoint_stores_the_kept_samples_in_full(digits
     cmd = [sys.executable, "-m", "anpred", "test", str(model), "--inputs", str(inp), "--task", "classify", "--labels",
            str(labels), "--stream", "--chunk", "20", "--positions", "200", "--stages", "3", "--backends",
            "ort,openvino,torch", "-o", str(out)]
-    first = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "ANPRED_STREAM_FAULT": "before-refill"})
+    first = subprocess.run(stream_faults.command("before-refill") + cmd[3:], capture_output=True, text=True)
     assert first.returncode == 130 and "--resume" in first.stderr, first.stderr[-2000:]
     other = subprocess.run([a for a in cmd if a not in ("--labels", str(labels))] + ["--resume"], capture_output=True,
                            text=True)
@@ -509,12 +510,37 @@ def test_resume_after_the_last_checkpoint_stores_the_kept_samples_in_full(digits
     # writes the report without running anything again
     out2 = tmp_path / "out2"
     cmd2 = cmd[:-1] + [str(out2)]
-    late = subprocess.run(cmd2, capture_output=True, text=True, env={**os.environ, "ANPRED_STREAM_FAULT": "after-stream"})
+    late = subprocess.run(stream_faults.command("after-stream") + cmd2[3:], capture_output=True, text=True)
     assert late.returncode == 130 and "--resume" in late.stderr, late.stderr[-2000:]
     assert (tmp_path / ".out2.stream" / "state.pkl").is_file() and (tmp_path / ".out2.stream" / "run").is_dir()
     again = subprocess.run(cmd2 + ["--resume"], capture_output=True, text=True)
     assert again.returncode == 0 and "stream: resuming after 60 samples judged" in again.stderr, again.stderr[-2000:]
     assert json.loads((out2 / "report.json").read_text())["samples"] == N_TEST and not (tmp_path / ".out2.stream").exists()
+
+
+@pytest.mark.isa_independent(SAME_DATA)
+def test_injected_hooks_interrupt_the_stream_and_resume_finishes_it(digits, tmp_path):
+    """Testing hooks injected through the Python API (``StreamOptions.hooks``, no environment variable) see
+    each judged chunk's count; a KeyboardInterrupt while the report is written leaves the checkpoint and the
+    run folder beside -o, and ``resume`` writes the report without judging a sample again."""
+    from anpred.run import RunStore
+
+    model, inp, labels, eager, root = digits
+    seen = []
+
+    class Hooks(stream_faults.InterruptAt):
+        def judged(self, n: int) -> None:
+            seen.append(n)
+
+    kw = dict(backends=FP32[:3], inputs=str(inp), quiet=True, stages=3, stream=True, chunk=25)
+    with pytest.raises(KeyboardInterrupt):
+        anpred.test(str(model), out=tmp_path / "s", hooks=Hooks("after_stream"), **kw)
+    assert seen == [25, 50, N_TEST]
+    ck = tmp_path / ".s.stream"
+    assert (ck / "state.pkl").is_file() and (ck / "run").is_dir() and not (tmp_path / "s").exists()
+    res = anpred.test(str(model), out=tmp_path / "s", resume=True, **kw)
+    assert res.report.samples == N_TEST and not ck.exists()
+    assert RunStore.open(res.run_dir).meta["stream"]["judged_at"] == []  # no chunk judged by the resume
 
 
 @pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)

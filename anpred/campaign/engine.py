@@ -204,9 +204,6 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
         Terminated: SIGTERM (Ctrl-C: KeyboardInterrupt) during the run; finished configurations
             stay, the embedded Ray is stopped, a re-run resumes.
     """
-    import ray
-    from tqdm import tqdm
-
     from anpred.campaign.summary import write_summary
 
     t0 = time.perf_counter()
@@ -215,6 +212,25 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
         raise AnpredError(f"{out} exists and is not a folder")
     configs = [c for c in campaign.configurations if only is None or c.id in only]
     db = out / campaign.history if not Path(campaign.history).is_absolute() else Path(campaign.history)
+    records, todo, skipped = _complete(configs, out, db)
+    ray_info: dict[str, Any] = {}
+    if todo:
+        steps = _Steps(campaign, out, db, records, progress)
+        ray_info = steps.run(todo, address=address, num_cpus=num_cpus, total=len(configs), done=len(skipped))
+    ordered = [records[c.id] for c in configs if c.id in records]
+    result = CampaignResult(out=out, records=ordered, ran=[c.id for c in todo], skipped=skipped,
+                            seconds=time.perf_counter() - t0, ray=ray_info)
+    if summary:
+        write_summary(campaign, result, db)
+    if (out / ".work").is_dir() and not any((out / ".work").iterdir()):
+        shutil.rmtree(out / ".work", ignore_errors=True)
+    return result
+
+
+def _complete(configs: list[Configuration], out: Path,
+              db: Path) -> tuple[dict[str, dict[str, Any]], list[Configuration], list[str]]:
+    """``(records, todo, skipped)``: the records of the configurations complete in ``out`` (their
+    verdicts appended to the history ``db`` once), the configurations to run, the ids skipped."""
     records: dict[str, dict[str, Any]] = {}
     todo: list[Configuration] = []
     skipped = []
@@ -226,115 +242,149 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
             _append_history(db, out / "configs" / c.id)
         else:
             todo.append(c)
-    ray_info: dict[str, Any] = {}
-    own_ray = False
-    if todo:
+    return records, todo, skipped
+
+
+class _Steps:
+    """The steps of the configurations to run, each submitted to Ray once what it needs has ended:
+    prepare, then one run per backend, then judge (module docstring). ``records`` gets each
+    configuration's record as it completes or fails."""
+
+    def __init__(self, campaign: Campaign, out: Path, db: Path, records: dict[str, dict[str, Any]],
+                 progress: bool) -> None:
+        self.campaign, self.out, self.db, self.records, self.progress = campaign, out, db, records, progress
+        self.pending: dict[Any, tuple[str, Configuration, str | None]] = {}
+        self.state: dict[str, dict[str, Any]] = {}
+        self.envs: dict[tuple[str, str], str | Exception] = {}
+
+    def run(self, todo: list[Configuration], *, address: str | None, num_cpus: int | None, total: int,
+            done: int) -> dict[str, Any]:
+        """Run ``todo`` on Ray (joined at ``address``, else an embedded one, stopped at the end) until
+        every step has ended; ``total``, ``done``: the progress bar's configurations. Returns Ray's
+        address and resources (:func:`start_ray`)."""
+        import ray
+        from tqdm import tqdm
+
+        campaign, out = self.campaign, self.out
         own_ray = not ray.is_initialized() and not address
         ray_info = start_ray(address, num_cpus)  # before anything is written: a bad address loses nothing
         for sub in ("configs", ".work", "failed"):
             (out / sub).mkdir(parents=True, exist_ok=True)
         restore = sigterm_raises(replace=True)  # instead of Ray's handler, which aborts
-        paths = list(dict.fromkeys([os.getcwd(), str(campaign.base)]))
+        self.paths = list(dict.fromkeys([os.getcwd(), str(campaign.base)]))
         retries = max(0, int(campaign.retries))
-        prep_r = _remote(prepare_configuration, num_cpus=1, max_retries=retries)
-        run_r = _remote(run_backend, max_retries=retries)
-        judge_r = _remote(judge_configuration, num_cpus=1, max_retries=retries)
-        meta = {"name": campaign.name, "file": str(campaign.path)}
-        pending: dict[Any, tuple[str, Configuration, str | None]] = {}
-        state: dict[str, dict[str, Any]] = {}
-        bar = tqdm(total=len(configs), initial=len(skipped), desc=f"campaign {campaign.name}", unit="config",
-                   disable=not progress, leave=True)
-
-        def fail(cfg: Configuration, step: str, reason: str) -> None:
-            rec = {**cfg.to_dict(), "state": "failed", "step": step, "reason": reason,
-                   "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            records[cfg.id] = rec
-            _atomic_json(out / "failed" / f"{cfg.id}.json", rec)
-            bar.update(1)
-            if progress:
-                bar.write(f"failed {cfg.id} ({step}): {reason[:200]}")
-
+        self.prep_r = _remote(prepare_configuration, num_cpus=1, max_retries=retries)
+        self.run_r = _remote(run_backend, max_retries=retries)
+        self.judge_r = _remote(judge_configuration, num_cpus=1, max_retries=retries)
+        self.meta = {"name": campaign.name, "file": str(campaign.path)}
+        self.bar = tqdm(total=total, initial=done, desc=f"campaign {campaign.name}", unit="config",
+                        disable=not self.progress, leave=True)
         try:
-            envs = _environments(campaign, todo)
+            self.envs = _environments(campaign, todo)
             for c in todo:
-                state[c.id] = {"prep": None, "statuses": {}, "lost": {}}
+                self.state[c.id] = {"prep": None, "statuses": {}, "lost": {}}
                 # a shared conversion that failed in an earlier invocation is attempted again in this one
                 shutil.rmtree(out / ".work" / c.id / "shared", ignore_errors=True)
-                pending[prep_r.remote(c, str(out / ".work" / c.id), paths)] = ("prepare", c, None)
-            while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1)
-                ref = ready[0]
-                step, cfg, backend = pending.pop(ref)
-                st = state[cfg.id]
-                try:
-                    value = ray.get(ref)
-                    err = None
-                except Exception as e:  # noqa: BLE001 - any failure of a step is that step's result
-                    value, err = None, e
-                if step == "prepare":
-                    if err is not None:
-                        fail(cfg, "prepare", _reason(err))
-                        continue
-                    st["prep"] = value
-                    for b in cfg.backends:
-                        try:
-                            envp = _env_paths(campaign, cfg, b, envs)
-                        except AnpredError as e:
-                            st["lost"][b] = f"environment: {e}"
-                            continue
-                        res = cfg.resources.get(b, {})
-                        why = _infeasible(res)
-                        if why is not None:  # Ray would wait for it forever
-                            st["lost"][b] = why
-                            continue
-                        opts = {"num_cpus": res.get("cpus", 1), "memory": int(res.get("memory_gb", 2) * 2 ** 30)}
-                        if res.get("gpus"):
-                            opts["num_gpus"] = res["gpus"]
-                        r = run_r.options(**opts).remote(cfg, b, str(out / ".work" / cfg.id), value, envp,
-                                                         campaign.timeout_s, paths, campaign.memory_bound_gb)
-                        pending[r] = ("run", cfg, b)
-                elif step == "run":
-                    if err is None:
-                        st["statuses"][backend] = value
-                    else:
-                        st["lost"][backend] = _reason(err)
-                        if progress:
-                            bar.write(f"lost {cfg.id} / {backend}: {st['lost'][backend][:200]}")
-                elif step == "judge":
-                    if err is not None:
-                        fail(cfg, "judge", _reason(err))
-                        continue
-                    records[cfg.id] = value
-                    (out / "failed" / f"{cfg.id}.json").unlink(missing_ok=True)
-                    _append_history(db, out / "configs" / cfg.id)
-                    bar.update(1)
-                    continue
-                if step in ("prepare", "run") and st["prep"] is not None and \
-                        len(st["statuses"]) + len(st["lost"]) == len(cfg.backends) and "judging" not in st:
-                    st["judging"] = True
-                    if st["lost"]:  # a lost backend fails the configuration; finished runs are kept for a re-run
-                        fail(cfg, "run", "; ".join(f"{b}: {r}" for b, r in st["lost"].items()))
-                        continue
-                    misfit = _inputs_misfit(st["statuses"])  # anpred test's rule, over all its backends
-                    if misfit:
-                        fail(cfg, "run", f"InputError: {misfit}")
-                        continue
-                    r = judge_r.remote(cfg, str(out / ".work" / cfg.id), str(out / "configs" / cfg.id), st["prep"],
-                                       st["statuses"], {}, meta, paths)
-                    pending[r] = ("judge", cfg, None)
+                self.pending[self.prep_r.remote(c, str(out / ".work" / c.id), self.paths)] = ("prepare", c, None)
+            self._wait_all()
         finally:
-            bar.close()
+            self.bar.close()
             restore()
             if own_ray:
                 ray.shutdown()
-    ordered = [records[c.id] for c in configs if c.id in records]
-    result = CampaignResult(out=out, records=ordered, ran=[c.id for c in todo], skipped=skipped,
-                            seconds=time.perf_counter() - t0, ray=ray_info)
-    if summary:
-        write_summary(campaign, result, db)
-    if (out / ".work").is_dir() and not any((out / ".work").iterdir()):
-        shutil.rmtree(out / ".work", ignore_errors=True)
-    return result
+        return ray_info
+
+    def _wait_all(self) -> None:
+        """Take each step as it ends and submit what it unblocks, until none is pending."""
+        import ray
+
+        while self.pending:
+            ready, _ = ray.wait(list(self.pending), num_returns=1)
+            ref = ready[0]
+            step, cfg, backend = self.pending.pop(ref)
+            try:
+                value = ray.get(ref)
+                err = None
+            except Exception as e:  # noqa: BLE001 - any failure of a step is that step's result
+                value, err = None, e
+            if step == "judge":
+                self._judged(cfg, value, err)
+            elif step == "prepare" and err is not None:
+                self._fail(cfg, "prepare", _reason(err))
+            else:
+                if step == "prepare":
+                    self._submit_runs(cfg, value)
+                else:
+                    self._ran(cfg, backend, value, err)
+                self._judge_when_ran(cfg)
+
+    def _fail(self, cfg: Configuration, step: str, reason: str) -> None:
+        rec = {**cfg.to_dict(), "state": "failed", "step": step, "reason": reason,
+               "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        self.records[cfg.id] = rec
+        _atomic_json(self.out / "failed" / f"{cfg.id}.json", rec)
+        self.bar.update(1)
+        if self.progress:
+            self.bar.write(f"failed {cfg.id} ({step}): {reason[:200]}")
+
+    def _submit_runs(self, cfg: Configuration, prep: Any) -> None:
+        """The configuration is prepared (``prep``): one run task per backend, with its resources and
+        environment; a backend that cannot get either is lost with the reason."""
+        st = self.state[cfg.id]
+        st["prep"] = prep
+        for b in cfg.backends:
+            try:
+                envp = _env_paths(self.campaign, cfg, b, self.envs)
+            except AnpredError as e:
+                st["lost"][b] = f"environment: {e}"
+                continue
+            res = cfg.resources.get(b, {})
+            why = _infeasible(res)
+            if why is not None:  # Ray would wait for it forever
+                st["lost"][b] = why
+                continue
+            opts = {"num_cpus": res.get("cpus", 1), "memory": int(res.get("memory_gb", 2) * 2 ** 30)}
+            if res.get("gpus"):
+                opts["num_gpus"] = res["gpus"]
+            r = self.run_r.options(**opts).remote(cfg, b, str(self.out / ".work" / cfg.id), prep, envp,
+                                                  self.campaign.timeout_s, self.paths, self.campaign.memory_bound_gb)
+            self.pending[r] = ("run", cfg, b)
+
+    def _ran(self, cfg: Configuration, backend: str, value: Any, err: BaseException | None) -> None:
+        st = self.state[cfg.id]
+        if err is None:
+            st["statuses"][backend] = value
+        else:
+            st["lost"][backend] = _reason(err)
+            if self.progress:
+                self.bar.write(f"lost {cfg.id} / {backend}: {st['lost'][backend][:200]}")
+
+    def _judge_when_ran(self, cfg: Configuration) -> None:
+        """Once every backend of the configuration has run or is lost: the judge task, or the
+        configuration fails (a lost backend, every backend's shape error on one sample)."""
+        st = self.state[cfg.id]
+        if st["prep"] is not None and len(st["statuses"]) + len(st["lost"]) == len(cfg.backends) \
+                and "judging" not in st:
+            st["judging"] = True
+            if st["lost"]:  # a lost backend fails the configuration; finished runs are kept for a re-run
+                self._fail(cfg, "run", "; ".join(f"{b}: {r}" for b, r in st["lost"].items()))
+                return
+            misfit = _inputs_misfit(st["statuses"])  # anpred test's rule, over all its backends
+            if misfit:
+                self._fail(cfg, "run", f"InputError: {misfit}")
+                return
+            r = self.judge_r.remote(cfg, str(self.out / ".work" / cfg.id), str(self.out / "configs" / cfg.id),
+                                    st["prep"], st["statuses"], {}, self.meta, self.paths)
+            self.pending[r] = ("judge", cfg, None)
+
+    def _judged(self, cfg: Configuration, value: Any, err: BaseException | None) -> None:
+        if err is not None:
+            self._fail(cfg, "judge", _reason(err))
+            return
+        self.records[cfg.id] = value
+        (self.out / "failed" / f"{cfg.id}.json").unlink(missing_ok=True)
+        _append_history(self.db, self.out / "configs" / cfg.id)
+        self.bar.update(1)
 
 
 def _inputs_misfit(statuses: dict[str, dict[str, Any]]) -> str | None:

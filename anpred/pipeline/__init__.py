@@ -19,6 +19,11 @@ the walk:
   measured cost, defaults skipped with their reason);
 - :mod:`anpred.pipeline.steps`, :mod:`anpred.pipeline.folder`, :mod:`anpred.pipeline.streamed`: the
   steps, the report folder, the streamed step;
+- :mod:`anpred.pipeline.stream`: a dataset run and judged in chunks, a driver over named steps: its
+  inputs (:mod:`anpred.pipeline.stream_inputs`), the chunks' judge (:mod:`anpred.pipeline.stream_judge`),
+  the kept samples (:mod:`anpred.pipeline.stream_kept`), its state and checkpoint
+  (:mod:`anpred.pipeline.stream_state`), its testing hooks (:mod:`anpred.pipeline.stream_hooks`);
+  :mod:`anpred.pipeline.scratch`: where its chunks live;
 - :mod:`anpred.pipeline.oneshot`: :func:`test`, the walk resolve -> shapes -> instrument -> choose the
   backends -> map -> prepare inputs -> run -> check -> write reports, in the report folder;
 - :mod:`anpred.pipeline.result`: :class:`TestResult`, :class:`DemoResult`, :func:`format_standing`;

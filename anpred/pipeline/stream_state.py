@@ -11,6 +11,9 @@ the same order. An interruption loses at most the chunks in flight (run but not 
 The checkpoint names what it belongs to (:func:`fingerprint`: the anchored model's bytes, the
 backends and their options, chunk, keep, positions, oracle and configuration, the input set's
 description); a resume with anything else is refused with what differs.
+
+:class:`StreamState` is where the stream stands (what a checkpoint keeps, and the timings of this
+process); :class:`StreamPlan` what it was asked to do (its options resolved, its folders, its backends).
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ import hashlib
 import json
 import os
 import pickle
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from anpred.errors import AnpredError
 
-__all__ = ["STATE_FILE", "ResumeRefused", "fingerprint", "save", "load", "reconcile"]
+__all__ = ["STATE_FILE", "ResumeRefused", "StreamPlan", "StreamState", "fingerprint", "save", "load", "reconcile"]
 
 STATE_FILE = "state.pkl"
 
@@ -32,9 +36,107 @@ STATE_FILE = "state.pkl"
 class ResumeRefused(AnpredError):
     """A checkpoint that cannot be resumed (missing, unreadable, made for another run, inputs changed)."""
 SCHEMA = "anpred.stream-state/1"
-#: what a checkpoint keeps of the stream's state (anpred.pipeline.stream.stream_test)
+#: what a checkpoint keeps of the stream's state (:class:`StreamState`, anpred.pipeline.stream.stream_test)
 KEYS = ("n", "sources", "added", "shas", "heaps", "kept", "max_dev", "judge", "acc", "run",
         "seconds_run", "seconds_judge", "statuses")
+
+
+@dataclass
+class StreamPlan:
+    """What a streamed run was asked to do, its options resolved (:func:`anpred.pipeline.stream.open_stream`).
+
+    Attributes:
+        anchored: the anchored model; out_run: the run folder being built (it keeps ``keep`` samples
+            per backend); side: the transient folder beside it (calibration inputs, workers' logs, the
+            kept samples' re-run, chunks on disk).
+        specs: the :class:`anpred.run.BackendSpec` still running (a backend that failed before a resume,
+            or that the first chunk's pre-run coverage refused, leaves the list).
+        chunk: samples in the first chunk; later: in the others (more where positions are sampled);
+            keep: most deviating samples kept per backend; positions: sampled positions per
+            intermediate anchor (0: every element); sampling: whether some anchor is sampled.
+        timeout_s, side_by_side: as :class:`anpred.options.RunOptions`.
+        judge: the :class:`anpred.options.JudgeOptions` (oracle, config, allow_incomplete, labels);
+            adapter: the task adapter (:mod:`anpred.task`) or None.
+        inputs_description: what the run records as its inputs.
+        quiet: no progress lines; checkpoint: write the checkpoint after each judged chunk.
+        fingerprint: what a checkpoint must match (:func:`fingerprint`).
+        hooks: the testing hooks (:class:`anpred.pipeline.stream_hooks.StreamHooks`).
+        manifest: the anchored model's manifest; t0: ``time.perf_counter()`` when the stream began;
+            n0: samples judged before it (a resume); scratch: where the chunks live, ``memory`` or
+            ``disk`` (:func:`anpred.pipeline.scratch.scratch_folder`).
+    """
+
+    anchored: Path
+    out_run: Path
+    side: Path
+    specs: list
+    chunk: int
+    keep: int
+    positions: int
+    timeout_s: float
+    side_by_side: bool
+    judge: Any
+    adapter: Any
+    inputs_description: dict[str, Any] | None
+    quiet: bool
+    checkpoint: bool
+    fingerprint: dict[str, Any]
+    hooks: Any
+    manifest: Any = None
+    later: int = 0
+    sampling: bool = False
+    t0: float = 0.0
+    n0: int = 0
+    scratch: str = ""
+
+
+@dataclass
+class StreamState:
+    """Where a streamed run stands (the fields of :data:`KEYS` are what a checkpoint keeps).
+
+    Attributes:
+        n: samples judged; sources: each sample's source (the reader thread may be ahead of ``n``);
+            shas: each judged sample's input digest (:func:`anpred.run.store.sample_sha256`);
+            added: the samples the task accumulator took (their labels are matched at the end).
+        judge: the :class:`anpred.judge.samples.SampleJudge` (None until the first chunk is judged);
+            run: its usable backends (:func:`anpred.judge.check.usable_backends`); acc: the task
+            accumulator or None; final: the run folder being built (:class:`anpred.run.RunStore`).
+        heaps: backend -> heap of ``(deviation, sample id)`` of its most deviating samples; kept:
+            the sample ids in ``final``; max_dev: backend -> largest output deviation so far.
+        statuses: the backends' statuses at the checkpoint (dicts; set by a resume).
+        error: what stopped the judge or the run (re-raised in the caller's thread).
+        seconds_run, seconds_judge, seconds_refill, seconds_checkpoint: wall seconds of this process.
+        checkpoint_error: why a checkpoint could not be written (none written after it).
+        judged_at: ``[samples judged, seconds since the stream began]`` after each chunk;
+        judge_nice: the judge thread's nice value per chunk (Linux).
+    """
+
+    n: int = 0
+    sources: list[str] = field(default_factory=list)
+    shas: list[str] = field(default_factory=list)
+    added: list[int] = field(default_factory=list)
+    judge: Any = None
+    run: Any = None
+    acc: Any = None
+    final: Any = None
+    heaps: dict[str, list] = field(default_factory=dict)
+    kept: dict[str, bool] = field(default_factory=dict)
+    max_dev: dict[str, float] = field(default_factory=dict)
+    statuses: dict[str, dict] | None = None
+    error: BaseException | None = None
+    seconds_run: float = 0.0
+    seconds_judge: float = 0.0
+    seconds_refill: float = 0.0
+    seconds_checkpoint: float = 0.0
+    checkpoint_error: str | None = None
+    judged_at: list[list[float]] = field(default_factory=list)
+    judge_nice: list[int] = field(default_factory=list)
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """Take the values of a checkpoint (:func:`load`); a value it lacks (None) keeps its default."""
+        for k in KEYS:
+            if data.get(k) is not None:
+                setattr(self, k, data[k])
 
 
 def fingerprint(anchored: str | Path, specs: list, **options: Any) -> dict[str, Any]:
@@ -49,13 +151,13 @@ def fingerprint(anchored: str | Path, specs: list, **options: Any) -> dict[str, 
             **{k: json.loads(json.dumps(v, sort_keys=True, default=str)) for k, v in options.items()}}
 
 
-def save(folder: Path, state: dict[str, Any], fp: dict[str, Any]) -> str | None:
+def save(folder: Path, state: StreamState, fp: dict[str, Any]) -> str | None:
     """Write the checkpoint of ``state`` (the samples judged so far) into ``folder/state.pkl``.
     Returns None, or why it could not be written (a user's task adapter that cannot be pickled, a
     full disk): the run goes on without a newer checkpoint."""
-    data = {"schema": SCHEMA, "fingerprint": fp, **{k: state.get(k) for k in KEYS}}
-    data["sources"] = list(state["sources"][:state["n"]])  # the reader thread may be ahead of the judge
-    final = state.get("final")  # the backends' statuses summed over the chunks judged (counts, times, failures)
+    data = {"schema": SCHEMA, "fingerprint": fp, **{k: getattr(state, k) for k in KEYS}}
+    data["sources"] = list(state.sources[:state.n])  # the reader thread may be ahead of the judge
+    final = state.final  # the backends' statuses summed over the chunks judged (counts, times, failures)
     data["statuses"] = {b: st.to_dict() for b, st in final.statuses().items()} if final is not None else {}
     tmp = folder / (STATE_FILE + ".tmp")
     try:
@@ -72,7 +174,7 @@ def save(folder: Path, state: dict[str, Any], fp: dict[str, Any]) -> str | None:
 
 
 def load(folder: Path, fp: dict[str, Any]) -> dict[str, Any]:
-    """The checkpoint in ``folder`` (a dict of :data:`KEYS`).
+    """The checkpoint in ``folder`` (a dict of :data:`KEYS`: :meth:`StreamState.restore`).
 
     Raises:
         AnpredError: no checkpoint there, an unreadable one, or one made for another run (what differs

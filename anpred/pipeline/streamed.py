@@ -4,8 +4,8 @@ chunks by :func:`anpred.pipeline.stream.stream_test`, its checkpoint beside the 
 
 from __future__ import annotations
 
-import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +54,10 @@ def stream_step(subject: Subject, prep, opts, tmp: Path, final: Path) -> tuple[A
 
     Raises:
         AnpredError: no ``--inputs`` (or generated ones), ``resume`` without a checkpoint."""
-    from anpred.pipeline.stream import stream_test
+    from anpred.pipeline.stream import StreamHooks, StreamInputs, stream_test
     from anpred.run import RunStore
 
-    inputs, st, quiet, judge = opts.feed.inputs, opts.stream, opts.output.quiet, opts.judge
+    inputs, st, quiet = opts.feed.inputs, opts.stream, opts.output.quiet
     if inputs is None or str(inputs).startswith("random:"):
         raise AnpredError("--stream needs --inputs: a folder of images or .npz/.npy files")
     samples, desc = _samples(subject, prep.anchored, inputs)
@@ -70,17 +70,16 @@ def stream_step(subject: Subject, prep, opts, tmp: Path, final: Path) -> tuple[A
     ck = _checkpoint(final, st.resume, quiet)
     prep.details["inputs"] = {"kind": "streamed", "spec": str(inputs), "chunk": chunk, "keep": st.keep,
                               "side_by_side": bool(opts.run.side_by_side), "positions": st.positions}
+    hooks = st.hooks or StreamHooks()
     with PythonPath(subject.sys_path):
-        report = stream_test(tmp / "anchored.onnx", prep.names, samples, ck / "run", chunk=chunk, keep=st.keep,
-                             side_by_side=bool(opts.run.side_by_side), positions=st.positions,
-                             timeout_s=opts.run.timeout_s, quiet=quiet, oracle=judge.oracle, config=judge.config,
-                             allow_incomplete=judge.allow_incomplete, adapter=prep.adapter, labels=judge.labels,
-                             inputs_description=desc, checkpoint=True, resume=st.resume)
+        report = stream_test(tmp / "anchored.onnx", StreamInputs(samples, desc), ck / "run",
+                             run=replace(opts.run, backends=prep.names, side_by_side=bool(opts.run.side_by_side)),
+                             judge=replace(opts.judge, task=prep.adapter), stream=replace(st, chunk=chunk, hooks=hooks),
+                             quiet=quiet, checkpoint=True)
     # the run folder joins the report being built; the checkpoint stays until the report is committed
     # (test(): an interruption while reporting moves the run folder back beside it)
     shutil.move(str(ck / "run"), str(tmp / "run"))
-    if os.environ.get("ANPRED_STREAM_FAULT") == "after-stream":  # testing hook: interrupted while reporting
-        raise KeyboardInterrupt
+    hooks.after_stream()  # testing hook: a test interrupts here, while reporting
     report.run_dir = str(final / "run")
     store = RunStore.open(tmp / "run")
     store.meta.setdefault("model", {})["name"] = subject.label
