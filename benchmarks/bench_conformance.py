@@ -14,10 +14,10 @@ backend and case (issue 38), and where onnx2tf's conversion of one node spends i
    time into the simplifier, onnx2tf's own graph building and the SavedModel export.
 
 Both 1 and 2 run in one invocation (ratios taken in one run), each with a private conversion cache
-(``ANPRED_CACHE`` in ``--out``: nothing is reused from earlier runs nor between the two). Run through the slot
-semaphore on the shared machine::
+(``ANPRED_CACHE`` in ``--out``: nothing is reused from earlier runs nor between the two). Run it on an
+otherwise idle machine::
 
-    /work/wt/heavy .venv/bin/python benchmarks/bench_conformance.py --out /tmp/bench-conf --cases 40 --cold 3
+    .venv/bin/python benchmarks/bench_conformance.py --out /tmp/bench-conf --cases 40 --cold 3
 """
 
 from __future__ import annotations

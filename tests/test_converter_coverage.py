@@ -1,5 +1,5 @@
 """Converter coverage (issue 18, deliverable 2): operator classes the converter backends ``torch``
-(onnx2torch + :mod:`anpred.torch_converters`) and ``tf`` (onnx2tf + its pre-conversion step
+(onnx2torch + :mod:`anpred.backends.torch_converters`) and ``tf`` (onnx2tf + its pre-conversion step
 :func:`anpred.backends.tf_prepare.prepare_for_onnx2tf`) lacked or mishandled, each on a network built
 here with seeded random weights, anchored with ``anpred.instrument`` and compared with ONNX Runtime
 on every anchor:
@@ -575,7 +575,7 @@ def test_unsupported_ops_tables(nets):
     # a version onnx2torch lacks while it has others: keyed op@opset
     new = copy.deepcopy(misc)
     new.opset_import[0].version = 21
-    assert "Cast@21" not in backend_class("torch").unsupported_ops(new)  # added by anpred.convert
+    assert "Cast@21" not in backend_class("torch").unsupported_ops(new)  # added by anpred.backends.onnx2torch_compat
     assert any(k.startswith("GlobalLpPool") for k in backend_class("onnx-reference").unsupported_ops(misc, rewrite=False))
     assert backend_class("onnx-reference").unsupported_ops(misc) == {}  # decomposed before the evaluator runs
 

@@ -392,7 +392,15 @@ class Aligner:
                           f"reported by the backend ({cap.layout or 'layout not given'})"))
         needs_dq = x.dtype.kind in "iu" and _is_float_dtype(anchor.dtype)
         if pin is None and not cap.transform and not needs_dq and returns_onnx_layout(b, st):
-            # the ONNX shape exactly: a batch of 1 added or dropped is another output than the graph's
+            # the ONNX shape exactly at the model's outputs: a batch of 1 added or dropped is another output
+            # than the graph's. At an inner anchor (a tensor exposed by the instrumentation, not an output
+            # of the user's model) unit axes added or dropped keep the elements in their order (MNN returns
+            # a Gemm's [N, C] as the [N, C, 1, 1] of the convolution it runs): reshaped, said so
+            if tuple(x.shape) != tuple(cs) and getattr(anchor, "kind", "output") != "output" \
+                    and _unit_axes_only(x.shape, cs):
+                return make({**base, "reshape": True}, "onnx-graph",
+                            f"executes the ONNX graph; its tensor at this inner anchor has unit axes added or "
+                            f"dropped ({list(x.shape)} for {list(cs)}, the same elements in the same order)"), None
             if tuple(x.shape) != tuple(cs):
                 raise _Unaligned(f"wrong shape: {b} executes the ONNX graph in its layout and returned shape "
                                  f"{list(x.shape)} ({x.size} elements) for the ONNX shape {list(cs)} "
@@ -555,3 +563,9 @@ class Aligner:
 
 def _is_float_dtype(name: str) -> bool:
     return str(name).startswith(("float", "bfloat")) or not name
+
+
+def _unit_axes_only(shape, canonical) -> bool:
+    """Whether ``shape`` and ``canonical`` differ only by axes of size 1 (the same sizes > 1 in the same
+    order, hence the same elements in the same row-major order)."""
+    return [d for d in shape if d != 1] == [d for d in canonical if d != 1]

@@ -72,7 +72,7 @@ FAMILY_PACKAGES: dict[str, tuple[str, ...]] = {
 #: "anpred[torch]"``); a family missing here needs nothing beyond the core
 FAMILY_EXTRA: dict[str, str] = {
     "onnxruntime": "ort", "openvino": "openvino", "torch": "torch", "tensorflow": "tf", "tvm": "tvm",
-    "mnn": "mnn", "litert": "litert", "ncnn": "ncnn"}
+    "mnn": "mnn", "litert": "litert", "ncnn": "ncnn", "executorch": "executorch", "xnnpack": "executorch"}
 #: extra packages of some backends beyond their family's (the float16 converter of the fp16 models)
 BACKEND_PACKAGES: dict[str, tuple[str, ...]] = {
     b: ("onnxconverter_common",) for b in ("ort-fp16", "ort-fp16-noopt", "openvino-fp16", "onnx-reference-fp16",

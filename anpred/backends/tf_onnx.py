@@ -4,9 +4,9 @@ Conversion (cached in :mod:`anpred.cache` under ``onnx2tf/<key>``, key = sha256 
 onnx2tf version + options + this module's format version):
 1. the model (weights included) is copied into a scratch folder: onnx2tf rewrites its input file
    with the onnxsim result, and reads its calibration array from the working directory, where
-   :func:`anpred.convert.onnx2tf_calibration_file` puts a deterministic local one (it would
+   :func:`anpred.backends.convert.onnx2tf_calibration_file` puts a deterministic local one (it would
    otherwise download it for 4-D 3-channel inputs with batch <= 20). In the copy, ``Constant``
-   nodes become initializers (:func:`anpred.convert.fold_constant_nodes`; onnx2tf failed on them: PP-OCRv4 det
+   nodes become initializers (:func:`anpred.backends.convert.fold_constant_nodes`; onnx2tf failed on them: PP-OCRv4 det
    at 256x256), control flow is inlined, recurrent layers are unrolled and graph outputs renamed
    (:func:`prepare_for_onnx2tf`; what it did is in ``meta.json`` and :attr:`TfOnnxBackend.conversion`), and during the conversion the interpreter's scripts folder is put first on ``PATH``
    so that onnx2tf's ``onnxsim`` subprocess runs (:func:`_onnxsim_on_path`; without it onnx2tf

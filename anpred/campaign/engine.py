@@ -18,7 +18,7 @@ raised by a step (a model that cannot be loaded) is not retried: it fails the sa
 Resume: a configuration whose report folder ``OUT/configs/<id>`` holds its record
 (:data:`anpred.campaign.tasks.CONFIG_FILE`) is complete and skipped; an interrupted campaign loses at
 most the steps in flight. The history database gets one run per configuration (and so one verdict
-row per configuration and backend), appended by this driver, once (:func:`anpred.history.has_run`).
+row per configuration and backend), appended by this driver, once (:func:`anpred.report.history.has_run`).
 
 Conversions are cached and shared by all tasks (``ANPRED_CACHE``, built once under a file lock,
 :func:`anpred.cache.cached_dir`); on a cluster point ``ANPRED_CACHE`` and the output folder at a file

@@ -51,7 +51,7 @@ def converter_entries(manifest: AnchorManifest, onnx_model, backends=CONVERTER_B
     - ``torch`` (onnx2torch): every submodule is named after its ONNX node and records its ONNX
       output value names, so an anchor is *exact* (fetched by its ONNX value name, ONNX layout) when
       onnx2torch has a converter for every node (``checks["torch"]``, e.g. ``anpred map``'s, after
-      the compatibility converters of :func:`anpred.convert.onnx2torch_compat`; without a check the
+      the compatibility converters of :mod:`anpred.backends.onnx2torch_compat`; without a check the
       coverage is not verified); otherwise every anchor is unmapped, the reason naming the
       unconvertible nodes.
     - ``tf`` (onnx2tf): every anchor is a graph output of the anchored model and comes back under
