@@ -136,3 +136,35 @@ def test_cli_backends_names_the_converters_refusals(tmp_path, capsys):
     assert main(["backends", "--model", str(path), "--json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["torch"]["coverage"]["nodes"] == ["Reshape", "Clip"] and rows["ort"]["coverage"]["ops"] == {}
+
+
+def test_anchor_identities_do_not_lose_ncnn(tmp_path, monkeypatch):
+    """pnnx folds an Identity away; alone it leaves an empty graph and crashes (signal 11). Every anchor
+    of an instrumented model is an Identity: the probe asks such a crash again with a consumer of the
+    node's outputs, so ncnn is not refused, and it runs the anchored model (regression: ncnn was
+    'unsupported' on every anchored model)."""
+    from anpred.backends.coverage import unsupported_by
+    from anpred.backends.ncnn_pnnx import pnnx_probe
+    from anpred.instrument import instrument_model
+    from anpred.run import run_model
+
+    monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["c"], ["r"], name="relu"),
+             h.make_node("Conv", ["r", "w2"], ["y"], name="conv2")]
+    g = h.make_graph(nodes, "cr", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 8, 8])],
+                     [nh.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+                      nh.from_array(rng.standard_normal((4, 4, 1, 1)).astype(np.float32), "w2")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    anchored, _ = instrument_model(m, stages=2)
+    assert any(n.op_type == "Identity" for n in anchored.graph.node)
+    onnx.save(anchored, str(tmp_path / "anchored.onnx"))
+    probe = pnnx_probe()
+    assert probe.refusals(anchored) == {}
+    assert unsupported_by(tmp_path / "anchored.onnx", {"ncnn": "ncnn"})["ncnn"]["ops"] == {}
+    store = run_model(tmp_path / "anchored.onnx", ["ncnn", "onnx-reference"], "random:normal:n=1", tmp_path / "run",
+                      progress=False)
+    assert store.statuses()["ncnn"].status == "ok", store.statuses()["ncnn"].reason

@@ -422,10 +422,8 @@ def _pnnx_convert(path: Path, tmp: Path) -> str:
     also when a node with other than float32 inputs is not asked (alone its integer inputs would be graph
     inputs, unlike in its model) and when pnnx fails alone without saying why (the node may convert in
     its model: not refused on that evidence)."""
-    import shutil
 
     import onnx
-    import pnnx
 
     from anpred.onnx_io import elem_type_name
 
@@ -442,18 +440,22 @@ def _pnnx_convert(path: Path, tmp: Path) -> str:
             return ""
         args.append("[" + ",".join(map(str, dims)) + "]f32")
     work = tmp / f"pnnx-{path.stem}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    shutil.copy(path, work / "model.onnx")
     try:
-        proc = subprocess.run([pnnx.EXEC_PATH, "model.onnx", f"inputshape={','.join(args)}", "fp16=0", "device=cpu"],
-                              cwd=str(work), capture_output=True, text=True, errors="replace", timeout=120,
-                              stdin=subprocess.DEVNULL)
+        proc = _run_pnnx(m, work, args)
     except subprocess.TimeoutExpired:
         return "pnnx took more than 120 s on this node alone"
     log = proc.stdout + proc.stderr
     todo = sorted({mm.group(1) for mm in re.finditer(r"^todo (\S+)", log, re.M)})
     if proc.returncode < 0:
+        # a node pnnx folds away (Identity) leaves an empty graph alone, which crashes it: asked again with
+        # a consumer of its outputs, a crash that does not come back was the empty graph's, not the node's
+        consumed = _with_consumers(m)
+        try:
+            again = _run_pnnx(consumed, tmp / f"pnnx-{path.stem}-consumed", args) if consumed is not None else proc
+        except subprocess.TimeoutExpired:
+            again = proc
+        if again.returncode >= 0:
+            return ""
         return f"pnnx crashed on this node alone (signal {-proc.returncode})"
     if todo:
         return f"pnnx cannot lower {', '.join(todo)} onto ncnn layers (todo)"
@@ -465,13 +467,48 @@ def _pnnx_convert(path: Path, tmp: Path) -> str:
     return ""
 
 
+def _run_pnnx(model, work: Path, args: list[str]):
+    """pnnx on ``model`` (saved as ``work/model.onnx``, ``work`` emptied first) with the float32 input
+    shapes ``args``: the finished process. Raises subprocess.TimeoutExpired past 120 s."""
+    import shutil
+
+    import onnx
+    import pnnx
+
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    onnx.save(model, str(work / "model.onnx"))
+    return subprocess.run([pnnx.EXEC_PATH, "model.onnx", f"inputshape={','.join(args)}", "fp16=0", "device=cpu"],
+                          cwd=str(work), capture_output=True, text=True, errors="replace", timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
+def _with_consumers(model):
+    """A copy of the one-node ``model`` whose float32 outputs each feed a ``Neg`` that becomes the graph
+    output (so that the node is not the whole graph); None when it has no float32 output."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    outs = [o for o in m.graph.output if o.type.tensor_type.elem_type == TensorProto.FLOAT]
+    if not outs:
+        return None
+    for o in outs:
+        new = f"{o.name}__anpred_consumer"
+        m.graph.node.append(helper.make_node("Neg", [o.name], [new], name=new))
+        o.name = new
+    return m
+
+
 def pnnx_probe():
     """The pnnx :class:`~anpred.backends.converter_probe.NodeProbe` of the pre-run coverage."""
     import importlib.metadata as md
 
     from anpred.backends.converter_probe import NodeProbe
 
-    return NodeProbe("pnnx", f"pnnx {md.version('pnnx')} ncnn {md.version('ncnn')} {FORMAT}", _pnnx_convert,
+    # "probe/2": a crash alone is asked again with consumers (answers of probe/1 are not reused)
+    return NodeProbe("pnnx", f"pnnx {md.version('pnnx')} ncnn {md.version('ncnn')} {FORMAT} probe/2", _pnnx_convert,
                      PNNX_PROBE_BUDGET_S)
 
 
