@@ -97,6 +97,38 @@ def test_camps_form_by_complete_linkage_at_the_floor_and_a_tie_is_undecided():
     assert form_camps(fams, d, 1e-2) == [fams]
 
 
+@pytest.mark.parametrize("fp64", [False, True])
+def test_independent_rounding_near_the_floor_forms_no_camps(fp64):
+    """Six correct families whose float32 results differ by independent noise at 0.9x the floor (e.g.
+    sequential sums in a LayerNormalization) and a seventh, wrong one: the correct families stay one
+    camp and consistent (before: cut at the floor alone, the noise broke them into camps of one, a tie,
+    every family unjudged; with the float64 execution, three of them flagged), the wrong one is flagged."""
+    from anpred.judge.camps import camp_cut
+
+    rng = np.random.default_rng(3)
+    truth = rng.standard_normal(4096)
+    fams = ["ort", "openvino", "torch", "tvm", "ncnn", "onnx-reference"]
+    o0 = Oracle([AnchorInfo("output/z", 0, kind="output")], [BackendInfo.make(b) for b in fams])
+    floor = o0.voter_floor(AnchorInfo("output/z", 0, kind="output"))
+    sigma = 0.9 * floor * np.sqrt(np.mean(truth ** 2))
+    tensors = {b: truth + rng.normal(0, sigma, truth.shape) for b in fams}
+    tensors["mnn"] = truth * 1.01  # an error of 1e-2: a defect
+    infos = [BackendInfo.make(b) for b in tensors]
+    if fp64:
+        tensors["onnx-reference-fp64"] = truth.copy()
+        infos.append(BackendInfo.make("onnx-reference-fp64", precision="fp64"))
+    o = Oracle([AnchorInfo("output/z", 0, kind="output")], infos)
+    o.add({"output/z": tensors})
+    res = o.finish()
+    assert sorted(b for b, v in res.verdicts.items() if v.flagged) == ["mnn"], format_text(res)
+    for b in fams:
+        assert res.verdicts[b].status == "consistent", (b, format_text(res))
+    # at most one split: the six correct families (one camp) against mnn
+    assert all(sp["camps"] == [sp["decided_for"], ["mnn"]] and len(sp["decided_for"]) == 6 for sp in res.splits)
+    names, d, _ = camp_distances({b: tensors[b] for b in fams})
+    assert floor < d[d > 0].min() and camp_cut(d, floor, 10.0) > d.max()  # noise past the floor, under the cut
+
+
 # ---- real runtimes ---------------------------------------------------------------------------------
 def _mod_model() -> onnx.ModelProto:
     node = helper.make_node("Mod", ["x", "y"], ["z"], fmod=1)

@@ -263,7 +263,7 @@ class Oracle:
                         self.truth_errors.add(anchor, votes, truth)
                 floor = self.voter_floor(a)
                 names, dist, _ = camp_distances(votes)
-                camps = form_camps(names, dist, floor) if self.population is None else [names]
+                camps = form_camps(names, dist, floor, self.cfg.k_for("fp32")) if self.population is None else [names]
                 dec = None
                 if len(camps) > 1:
                     dec = decide(camps, votes, floor, truth, self.arbiter.library)
