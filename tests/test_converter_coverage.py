@@ -655,7 +655,7 @@ def test_reference_names_sequence_lens_it_ignores():
     from anpred.backends.reference_defects import reference_defects
 
     rng = np.random.default_rng(0)
-    node, inits, outs = rnn_node("GRU", "g", "x", 4, 3, "forward", rng, T=5, B=2)
+    node, inits, outs = rnn_node("GRU", "g", "x", 4, 3, "forward", rng, B=2)
     ins = (list(node.input) + [""] * 5)[:max(5, len(node.input))]
     ins[4] = "lens"  # X, W, R, B, sequence_lens
     del node.input[:]

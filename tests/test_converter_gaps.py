@@ -479,7 +479,7 @@ def _two_grus(path: Path) -> Path:
     rng = np.random.default_rng(0)
     nodes, inits, outs = [], [], []
     for k in range(2):
-        n, i, o = rnn_node("GRU", f"gru{k}", "x", 4, 3, "forward", rng, T=3, B=2, lbr=1)
+        n, i, o = rnn_node("GRU", f"gru{k}", "x", 4, 3, "forward", rng, B=2, lbr=1)
         nodes.append(n)
         inits += i
         outs += o

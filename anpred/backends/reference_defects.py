@@ -273,7 +273,7 @@ def probe_recurrent_attribute(op: str, attribute: str) -> str | None:
     from passes.recurrent import unroll_recurrent
 
     rng = np.random.default_rng(0)
-    node, inits, outs = rnn_node(op, "probe", "x", 4, 3, "forward", rng, T=3, B=2,
+    node, inits, outs = rnn_node(op, "probe", "x", 4, 3, "forward", rng, B=2,
                                  **RECURRENT_ATTRIBUTE_PROBES[op][attribute])
     for t in inits:  # weights N(0, 1) x 3: pre-activations well past the probed clip
         arr = onnx.numpy_helper.to_array(t) * np.float32(3)
