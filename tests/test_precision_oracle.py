@@ -360,11 +360,13 @@ def test_int8_implementation_floor_without_a_step_is_never_below_fp32():
     sqrt(2) x that cost as the floor flagged onnx-reference-int8 for float32 rounding. The floor is now
     at least the measured fp32 floor of that stage, and sqrt(2) x cost where that is larger."""
     from anpred.defaults import OracleConfig
-    from anpred.judge.scales import floor_and_basis
+    from anpred.judge.scales import CellMeasures, floor_and_basis
 
     cfg = OracleConfig()
-    floor, basis = floor_and_basis(cfg, "int8", 6, population=["ort-int8"], implementation=True, cost=2.62e-8)
+    floor, basis = floor_and_basis(cfg, "int8", 6, population=["ort-int8"], implementation=True,
+                                   measured=CellMeasures(cost=2.62e-8))
     assert floor == cfg.floor_at("fp32", 6) > 3.7e-8 and "fp32 floor" in basis
     big = 10 * cfg.floor_at("fp32", 6)
-    assert floor_and_basis(cfg, "int8", 6, population=["ort-int8"], implementation=True, cost=big)[0] == \
+    assert floor_and_basis(cfg, "int8", 6, population=["ort-int8"], implementation=True,
+                           measured=CellMeasures(cost=big))[0] == \
         pytest.approx(2 ** 0.5 * big)
