@@ -81,8 +81,8 @@ def usable_backends(run_dir: str | Path, *, oracle: str = "consensus", atol: flo
         raise AnpredError("--atol and --rtol must be non-negative")
     store = RunStore.open(run_dir)
     table, usable = _backend_table(store, cfg)
-    report = _new_report(run_dir, store, oracle, cfg, table, atol=atol, rtol=rtol, reference=reference,
-                         allow_incomplete=allow_incomplete)
+    settings = {**cfg.to_dict(), "atol": atol, "rtol": rtol, "reference": reference}
+    report = _new_report(run_dir, store, oracle, table, settings, allow_incomplete)
     if reference is not None and reference not in table:
         raise AnpredError(f"reference backend {reference!r} is not in this run; backends: {', '.join(table) or '(none)'}")
     if reference is not None and reference not in usable:
@@ -143,10 +143,11 @@ def _backend_table(store, config: OracleConfig) -> tuple[dict[str, dict[str, Any
     return table, usable
 
 
-def _new_report(run_dir, store, oracle: str, cfg: OracleConfig, table: dict[str, dict[str, Any]], *,
-                atol: float, rtol: float, reference: str | None, allow_incomplete: bool) -> CheckReport:
+def _new_report(run_dir, store, oracle: str, table: dict[str, dict[str, Any]], settings: dict[str, Any],
+                allow_incomplete: bool) -> CheckReport:
     """The report before any sample is judged (status ``error``): run identity, anchors, backend table,
-    configuration, the backends that did not run, the precision notes."""
+    configuration (``settings``: the oracle configuration with the threshold baseline's atol, rtol and
+    reference), the backends that did not run, the precision notes."""
     manifest = store.manifest
     unjudged = {name: f"run status {row['status']}" + (f": {row['reason']}" if row["reason"] else "")
                 for name, row in table.items() if row["status"] != "ok"}
@@ -156,7 +157,7 @@ def _new_report(run_dir, store, oracle: str, cfg: OracleConfig, table: dict[str,
         model=dict(store.meta.get("model") or manifest.model), machine=store.meta.get("machine", {}),
         anchors=[{"name": a.name, "stage": a.stage, "kind": a.kind, "op_type": a.op_type, "dtype": a.dtype,
                   "producer": a.producer, "value": a.value} for a in manifest.anchors],
-        backends=table, config={**cfg.to_dict(), "atol": atol, "rtol": rtol, "reference": reference},
+        backends=table, config=settings,
         unjudged_backends=unjudged, allow_incomplete=bool(allow_incomplete), inputs=_inputs_identity(store))
     report.notes.extend(precision_notes(table, report.machine))
     report.notes.extend(f"{b}: the installed library has known defects this model reaches, which explain a "
