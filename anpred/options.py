@@ -29,10 +29,13 @@ from typing import Any
 from anpred.errors import AnpredError, InputError
 
 __all__ = ["JudgeOptions", "RunOptions", "ModelOptions", "InputOptions", "StreamOptions", "OutputOptions",
-           "TestOptions", "add_verbose", "PRECISIONS", "parse_input_shapes"]
+           "TestOptions", "add_verbose", "PRECISIONS", "ORACLES", "parse_input_shapes"]
 
 #: the reduced precisions whose population ``--precision`` adds (``anpred.pipeline.choices.POPULATIONS``)
 PRECISIONS = ("fp16", "int8")
+#: the oracles of ``--oracle`` (:func:`anpred.judge.check_run`; docs/oracle.md); defined here, beside the
+#: judge options, so that validating them imports nothing of the judge
+ORACLES = ("consensus", "threshold", "both")
 
 
 @dataclass
@@ -97,8 +100,6 @@ class JudgeOptions:
     def validate(self) -> None:
         """Raises AnpredError: an unknown oracle, a negative tolerance, ``drill`` with the threshold
         oracle alone, a bad config file (read now: nothing runs before it is known good)."""
-        from anpred.judge import ORACLES
-
         if self.oracle not in ORACLES:
             raise AnpredError(f"unknown oracle {self.oracle!r}; known: {', '.join(ORACLES)}")
         if (self.atol is not None and self.atol < 0) or (self.rtol is not None and self.rtol < 0):

@@ -36,14 +36,13 @@ from anpred.defaults import OracleConfig
 from anpred.errors import AnpredError
 from anpred.judge.stats import ErrorStats, from_json_float, json_float
 from anpred.onnx_io import json_safe
+from anpred.options import ORACLES  # the oracles check_run can apply (defined with the judge options)
 
 __all__ = ["ORACLES", "SCHEMA", "AnchorInfo", "BackendInfo", "BackendVerdict", "Cell", "CheckReport", "OracleResult",
            "Step", "ThresholdResult"]
 
 #: schema of :meth:`CheckReport.to_dict`
 SCHEMA = "anpred.check/1"
-#: the oracles ``check_run`` can apply
-ORACLES = ("consensus", "threshold", "both")
 
 
 # ------------------------------------------------------------------------------------------------
