@@ -22,6 +22,7 @@ from anpred.backends.base import AnchorCapture, BackendStatus
 from anpred.manifest import Anchor, AnchorManifest
 
 from isa_reasons import DEFECT_BOUND, FP32_BOUND
+from ort_session import ort_outputs
 
 FP32_NOISE = 1e-5  # normalised error after alignment between two fp32 libraries
 
@@ -86,13 +87,6 @@ def _expose(model, values):
     return model
 
 
-def _ort_run(model_bytes: bytes, feeds, names):
-    import onnxruntime as ort
-
-    s = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
-    return dict(zip(names, s.run(names, feeds)))
-
-
 @pytest.fixture(scope="module")
 def keras_case(tmp_path_factory):
     """Keras model natively (TF) and via tf2onnx in ORT, 2 samples; plus a wrong model (seed 1)."""
@@ -124,7 +118,7 @@ def keras_case(tmp_path_factory):
     model_bytes = proto.SerializeToString()
     ort_out, keras_out = [], []
     for feeds in samples:
-        r = _ort_run(model_bytes, feeds, list(values.values()))
+        r = ort_outputs(model_bytes, feeds, list(values.values()))
         ort_out.append({a: r[values[a]] for a in ANCHORS})
         outs = [np.asarray(t) for t in native([feeds["x"], feeds["s"], feeds["v"]])]
         keras_out.append(dict(zip(ANCHORS, outs[:-1])) | {"cat_swapped": outs[-1]})
@@ -308,7 +302,7 @@ def test_float16_and_int8_aligned_to_float(keras_case):
     names = list(values.values())
     fp16 = float16.convert_float_to_float16(onnx.ModelProto.FromString(proto.SerializeToString()), keep_io_types=False)
     feeds16 = [{k: v.astype(np.float16) for k, v in f.items()} for f in keras_case["samples"]]
-    out16 = [_ort_run(fp16.SerializeToString(), f, names) for f in feeds16]
+    out16 = [ort_outputs(fp16.SerializeToString(), f, names) for f in feeds16]
     assert out16[0][values["anchor/00/relu1"]].dtype == np.float16
 
     import tempfile
@@ -338,7 +332,7 @@ def test_float16_and_int8_aligned_to_float(keras_case):
     scale, zp = float(inits[ql.input[1]]), int(inits[ql.input[2]])
     q = _expose(q, [ql.output[0]])
     qnames = names + [ql.output[0]]
-    outq = [_ort_run(q.SerializeToString(), f, qnames) for f in keras_case["samples"]]
+    outq = [ort_outputs(q.SerializeToString(), f, qnames) for f in keras_case["samples"]]
     assert outq[0][ql.output[0]].dtype == np.uint8
 
     caps_q = {a.name: AnchorCapture("exact", a.layout).__dict__ for a in m.anchors}

@@ -16,6 +16,8 @@ import pytest
 
 from anpred.errors import BackendError
 
+from ort_session import ort_outputs, ort_session
+
 YOLO_SIZE = 192
 FP32_RTOL = 1e-4  # max |backend - ort| / max |ort| per anchor: fp32 noise (measured 5e-8..3e-6)
 # PP-OCR only: floor of the scale. PP-OCR's sigmoid output is ~1e-8 everywhere on random inputs, where ORT's
@@ -89,19 +91,8 @@ def _manifest(path: Path):
 
 
 def _inputs(path: Path, seed: int = 0) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
-
-    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(seed)
-    return {i.name: rng.random([int(d) for d in i.shape], dtype=np.float32) for i in s.get_inputs()}
-
-
-def _ort(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
-
-    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in s.get_outputs()]
-    return dict(zip(names, s.run(names, feeds)))
+    return {i.name: rng.random([int(d) for d in i.shape], dtype=np.float32) for i in ort_session(path).get_inputs()}
 
 
 def _compare(backend, path: Path, tmp: Path, floor: float = 0.0,
@@ -111,7 +102,7 @@ def _compare(backend, path: Path, tmp: Path, floor: float = 0.0,
     max |y - r| / max(max |r|, floor). ``feeds`` default: seeded uniform inputs of the static shapes."""
     manifest = _manifest(path)
     feeds = _inputs(path) if feeds is None else feeds
-    ref = _ort(path, feeds)
+    ref = ort_outputs(path, feeds)
     backend.prepare(path, manifest, tmp)
     got = backend.run(feeds)
     info = backend.anchor_info()

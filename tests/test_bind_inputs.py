@@ -13,16 +13,7 @@ import pytest
 from anpred.errors import InputError
 
 from isa_reasons import NOT_A_KERNEL_VALUE
-
-
-def _ort(model):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString() if not isinstance(model, str) else model, so,
-                                providers=["CPUExecutionProvider"])
+from ort_session import ort_outputs, ort_session
 
 
 def _if_net():
@@ -89,12 +80,12 @@ def test_bound_value_picks_its_branch_and_matches_ort(mode):
         ({"Where", "Neg"} <= ops and not ops & {"Relu", "Sigmoid", "Tanh"})
     for flag in (True, False):
         f = np.array([flag])
-        want = _ort(model).run(None, {"x": X, "mode": np.array(mode, np.int64), "flag": f})
-        got = _ort(bound).run(None, {"x": X, "flag": f})
+        want = ort_session(model, threads=1, quiet=True).run(None, {"x": X, "mode": np.array(mode, np.int64), "flag": f})
+        got = ort_session(bound, threads=1, quiet=True).run(None, {"x": X, "flag": f})
         for a, b in zip(want, got):
             np.testing.assert_array_equal(a, b)
     # the values by hand: mode 1 -> relu(2x) + sigmoid(x); otherwise x + 1 - where(flag, x, -x)
-    y = _ort(bound).run(["y"], {"x": X, "flag": np.array([True])})[0]
+    y = ort_session(bound, threads=1, quiet=True).run(["y"], {"x": X, "flag": np.array([True])})[0]
     hand = np.maximum(2 * X, 0) + 1 / (1 + np.exp(-X.astype(np.float64))) if mode == 1 else X + 1 - X
     np.testing.assert_allclose(y, hand, rtol=1e-6)
 
@@ -236,13 +227,6 @@ def _anchored(model, path):
     return man
 
 
-def _ort_anchors(path, feeds):
-    import onnxruntime as ort
-
-    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
-
-
 @pytest.mark.kernels
 def test_ncnn_feeds_an_input_without_a_batch_axis_whole(tmp_path):
     """A recurrent-state-like input (2, 1, 8) has no unit batch axis: ncnn gets it under a unit batch
@@ -265,7 +249,7 @@ def test_ncnn_feeds_an_input_without_a_batch_axis_whole(tmp_path):
     man = _anchored(m, path)
     rs = np.random.RandomState(1)
     feeds = {"x": rs.randn(1, 8).astype(np.float32), "s": rs.randn(2, 1, 8).astype(np.float32)}
-    ref = _ort_anchors(path, feeds)
+    ref = ort_outputs(path, feeds)
     with NcnnBackend({}) as b:
         b.prepare(path, man, tmp_path / "w")
         got = b.run(feeds)
@@ -297,7 +281,7 @@ def test_torch_pads_reflect_and_edge_on_any_rank(tmp_path, mode, shape, pads):
     path = tmp_path / "pad.onnx"
     man = _anchored(m, path)
     feeds = {"x": np.random.RandomState(2).randn(*shape).astype(np.float32)}
-    ref = _ort_anchors(path, feeds)
+    ref = ort_outputs(path, feeds)
     with TorchOnnxBackend({}) as b:
         b.prepare(path, man, tmp_path / "w")
         got = b.run(feeds)

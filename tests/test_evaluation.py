@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # t
 import evaluation as ev  # noqa: E402
 
 from isa_reasons import DEFECT_BOUND
+from ort_session import ort_anchors
 
 KINDS = (("round", 8.0), ("approx-sigmoid", 1.0))  # bfloat16 rounding; the fast sigmoid in place of Sigmoid
 STAGES = (1, 3)
@@ -207,19 +208,9 @@ def test_cli_rejects_bad_requests_before_running(tmp_path, capsys):
 
 
 # -- the fault pass on the kinds the YOLOs cannot show: norm-epsilon (BatchNorm kept) and Round ------
-def _ort_anchors(model, manifest, feeds):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    out = dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
-    return {a.name: out[a.name if a.kind != "output" else a.value] for a in manifest.anchors}
-
-
 def _assert_differs_exactly_from(model, manifest, variant, truth, feeds):
-    clean = _ort_anchors(model, manifest, feeds)
-    faulty = _ort_anchors(variant, manifest, feeds)
+    clean = ort_anchors(model, manifest, feeds, threads=1)
+    faulty = ort_anchors(variant, manifest, feeds, threads=1)
     diff = {a.name: float(np.abs(faulty[a.name].astype(np.float64) - clean[a.name]).max()) for a in manifest.anchors}
     stage = {a.name: a.stage for a in manifest.anchors}
     up = {k: d for k, d in diff.items() if stage[k] < truth.stage}

@@ -22,6 +22,8 @@ from onnx import numpy_helper as nh
 
 from passes.faults import FAULT_KINDS, LOWP_KINDS, FaultError, applicable_nodes, inject_fault, node_stages
 
+from ort_session import ort_outputs
+
 # every test here touches a runtime's kernel arithmetic (tests/test_kernel_markers.py)
 pytestmark = pytest.mark.kernels
 
@@ -96,18 +98,9 @@ def _expose(model, names):
 
 
 def _ort(model, x, level="ORT_ENABLE_ALL", x64quantprecision=False):
-    """Every graph output on ONNX Runtime CPU. ``x64quantprecision``: its session option of that name
-    (U8U8 integer kernels, where the u8s8 ones would sum pairs in saturating int16 on a CPU without
-    VNNI/AMX; no effect on a CPU with them)."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-    if x64quantprecision:
-        so.add_session_config_entry("session.x64quantprecision", "1")
-    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, {"x": x})))
+    """Every graph output on ONNX Runtime CPU (2 threads), as :func:`_openvino` and :func:`_reference` run
+    the model (``x64quantprecision``: tests/ort_session.py)."""
+    return ort_outputs(model, {"x": x}, threads=2, level=level, x64quantprecision=x64quantprecision)
 
 
 def _openvino(model, x):

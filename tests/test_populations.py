@@ -27,6 +27,8 @@ from onnx import TensorProto as TP
 
 from anpred.errors import BackendError
 
+from ort_session import ort_outputs
+
 # every test here touches a runtime's kernel arithmetic (tests/test_kernel_markers.py)
 pytestmark = pytest.mark.kernels
 
@@ -68,20 +70,6 @@ def small_net(seed: int = 0, size: int = 32):
     m.ir_version = 8
     onnx.checker.check_model(m)
     return m
-
-
-def ort_outputs(model, feeds, x64quantprecision: bool = False):
-    """Every graph output of ``model`` (ModelProto or path) on ONNX Runtime CPU, fp32 reference.
-    ``x64quantprecision``: ONNX Runtime's session option of that name (its U8U8 integer kernels, where
-    the u8s8 ones would sum pairs in saturating int16 on a CPU without VNNI; no effect elsewhere)."""
-    import onnxruntime as ort
-
-    src = model if isinstance(model, str) else model.SerializeToString()
-    so = ort.SessionOptions()
-    if x64quantprecision:
-        so.add_session_config_entry("session.x64quantprecision", "1")
-    s = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
 
 
 def anchors_of(outputs: dict, manifest) -> dict:

@@ -19,18 +19,12 @@ from anpred.errors import BackendError, OutputPathError  # noqa: E402
 from anpred.run import BackendSpec, StreamingStats, read_stats, run_model  # noqa: E402
 
 from isa_reasons import DEFECT_BOUND, NOT_A_KERNEL_VALUE, SAME_DATA
+from ort_session import ort_outputs
 
 
 @pytest.fixture(scope="session")
 def yolo():
     return run_models.anchored_yolo()
-
-
-def _plain_ort(model, x):
-    import onnxruntime as ort
-
-    s = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, {"images": x})))
 
 
 # A limit for hangs only: the healthy backends of these tests finish in seconds alone, and must not be
@@ -70,7 +64,7 @@ def test_crashing_backends_leave_the_others_intact(yolo, tmp_path):
     assert st["ort"].anchors_captured == n and st["openvino"].anchors_captured == n
     # the surviving results equal a plain InferenceSession on the same stored inputs
     for sid in store.sample_ids:
-        plain = _plain_ort(yolo, store.read_inputs(sid)["images"])
+        plain = ort_outputs(yolo, {"images": store.read_inputs(sid)["images"]})
         got = store.read_anchors("ort", sid)
         for a in store.manifest.anchors:
             key = a.name if a.name in plain else a.value
@@ -369,7 +363,7 @@ def test_worker_pool_prepares_once_and_keeps_going_after_a_crash(yolo, tmp_path)
     assert pids[0] == pids[1] == pids[2]
     for store in stores:
         for sid in store.sample_ids:
-            plain = _plain_ort(yolo, store.read_inputs(sid)["images"])
+            plain = ort_outputs(yolo, {"images": store.read_inputs(sid)["images"]})
             got = store.read_anchors("ort", sid)
             for a in store.manifest.anchors:
                 key = a.name if a.name in plain else a.value

