@@ -58,7 +58,7 @@ def error_correlation(d2: dict[frozenset, float], families: list[str]) -> dict[f
     def var(i: str, without: str) -> float:
         others = [f for f in fs if f not in (i, without)]
         est = [(d2[frozenset((i, k))] + d2[frozenset((i, l))] - d2[frozenset((k, l))]) / 2
-               for k, l in itertools.combinations(others, 2)]
+               for k, l in itertools.combinations(others, 2)]  # noqa: E741 - k, l as in the module docstring
         return float(np.median(est))
 
     for i, j in itertools.combinations(fs, 2):
