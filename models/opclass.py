@@ -175,7 +175,8 @@ def misc_net():
     ]
     then_g = helper.make_graph([N("MatMul", ["a", "wv"], ["t_out"], name="then_mm")], "then", [],
                                [helper.make_tensor_value_info("t_out", TP.FLOAT, [2, 4])])
-    else_g = helper.make_graph([N("Neg", ["a"], ["e_neg"], name="else_neg"), N("Relu", ["e_neg"], ["e_out"], name="else_relu")],
+    else_g = helper.make_graph([N("Neg", ["a"], ["e_neg"], name="else_neg"),
+                                N("Relu", ["e_neg"], ["e_out"], name="else_relu")],
                                "else", [], [helper.make_tensor_value_info("e_out", TP.FLOAT, [2, 4])])
     const_then = helper.make_graph([N("Sigmoid", ["a"], ["ct_out"], name="cthen_sig")], "cthen", [],
                                    [helper.make_tensor_value_info("ct_out", TP.FLOAT, [2, 4])])
@@ -187,7 +188,8 @@ def misc_net():
          N("Identity", ["cond_in"], ["cond_out"], name="body_cond")], "body",
         [helper.make_tensor_value_info("i", TP.INT64, []), helper.make_tensor_value_info("cond_in", TP.BOOL, []),
          helper.make_tensor_value_info("v_in", TP.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("cond_out", TP.BOOL, []), helper.make_tensor_value_info("v_out", TP.FLOAT, [2, 4]),
+        [helper.make_tensor_value_info("cond_out", TP.BOOL, []),
+         helper.make_tensor_value_info("v_out", TP.FLOAT, [2, 4]),
          helper.make_tensor_value_info("row_max", TP.FLOAT, [2])])
     nodes = [
         N("Cast", ["img"], ["imgf"], name="cast_img", to=TP.FLOAT),

@@ -144,7 +144,8 @@ def _tf_status(manifest, known=True, overrides=None):
     for a in manifest.anchors:
         r = len(a.shape)
         if known and a.layout in NATIVE_LAYOUT and a.name != "anchor/03/gap":
-            caps[a.name] = AnchorCapture("equivalent", NATIVE_LAYOUT[a.layout], {"permute": [0, r - 1, *range(1, r - 1)]},
+            caps[a.name] = AnchorCapture("equivalent", NATIVE_LAYOUT[a.layout],
+                                         {"permute": [0, r - 1, *range(1, r - 1)]},
                                          target=a.name).__dict__
         else:
             caps[a.name] = AnchorCapture("equivalent", None, None, target=a.name).__dict__
@@ -336,7 +337,8 @@ def test_float16_and_int8_aligned_to_float(keras_case):
     assert outq[0][ql.output[0]].dtype == np.uint8
 
     caps_q = {a.name: AnchorCapture("exact", a.layout).__dict__ for a in m.anchors}
-    caps_q["anchor/00/relu1"] = AnchorCapture("exact", "NCHW", {"dequantize": {"scale": scale, "zero_point": zp}}).__dict__
+    caps_q["anchor/00/relu1"] = AnchorCapture("exact", "NCHW",
+                                              {"dequantize": {"scale": scale, "zero_point": zp}}).__dict__
     st = {"ort": _ort_status(m), "ort-fp16": _ort_status(m, "ort-fp16", "fp16"),
           "ort-int8": _ort_status(m, "ort-int8", "int8", caps_q)}
     al = Aligner(m, st)
@@ -351,7 +353,8 @@ def test_float16_and_int8_aligned_to_float(keras_case):
             t = res.tensors[a]
             assert t["ort-fp16"].dtype == np.float64 and t["ort-int8"].shape == t["ort"].shape
             errs16.append(normalized_error(t["ort-fp16"], t["ort"]))
-        errs8.append(normalized_error(res.tensors["anchor/00/relu1"]["ort-int8"], res.tensors["anchor/00/relu1"]["ort"]))
+        errs8.append(normalized_error(res.tensors["anchor/00/relu1"]["ort-int8"],
+                                      res.tensors["anchor/00/relu1"]["ort"]))
     # fp16: visibly not fp32, well within fp16's precision; int8: a quantization-level error
     print(f"\nfp16 normalised error max {max(errs16):.2e}; int8 relu1 {max(errs8):.2e}")
     assert 1e-5 < max(errs16) < 2e-2, errs16
@@ -401,7 +404,8 @@ def test_flatten_and_batch_squeeze_and_bfloat16(keras_case, tmp_path):
         bf = net[:2].to(torch.bfloat16)(x.to(torch.bfloat16)).view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     assert unbatched.shape == (5, 6, 6) and ref.shape == (1, 5, 6, 6)
     man = AnchorManifest(anchors=[Anchor("anchor/00/relu", "r", 0, 0, "", "Relu", [1, 5, 6, 6], "float32", "NCHW"),
-                                  Anchor("anchor/01/relu_flat", "r2", 0, 1, "", "Relu", [1, 5, 6, 6], "float32", "NCHW")])
+                                  Anchor("anchor/01/relu_flat", "r2", 0, 1, "", "Relu", [1, 5, 6, 6], "float32",
+                                         "NCHW")])
     store = RunStore.create(tmp_path / "run", man)
     store.add_sample("s0000", {"x": x.numpy()})
     store.write_anchors("ort", "s0000", {"anchor/00/relu": ref, "anchor/01/relu_flat": ref})
@@ -448,8 +452,10 @@ def test_manifest_pins_override_and_bad_pins(keras_case):
     with pytest.raises(AlignmentError, match="unknown alignment rule key"):
         Aligner(m, {"tf-native": _tf_status(m)}).align("s0", {"tf-native": {"anchor/01/pool1": k["anchor/01/pool1"]}})
     # a tensor that fits nothing is unaligned with its shapes
-    res = Aligner(m0, {"ort": _ort_status(m0)}).align("s0", {"ort": {"anchor/00/relu1": np.zeros((1, 7, 16, 16), np.float32)}})
-    assert "[1, 7, 16, 16]" in res.unaligned["anchor/00/relu1"]["ort"] and "[1, 8, 16, 16]" in res.unaligned["anchor/00/relu1"]["ort"]
+    wrong = {"ort": {"anchor/00/relu1": np.zeros((1, 7, 16, 16), np.float32)}}
+    res = Aligner(m0, {"ort": _ort_status(m0)}).align("s0", wrong)
+    unfit = res.unaligned["anchor/00/relu1"]["ort"]
+    assert "[1, 7, 16, 16]" in unfit and "[1, 8, 16, 16]" in unfit
 
 
 def test_cli_align_prints_report_and_writes_json(keras_case, tmp_path, capsys):
@@ -683,7 +689,8 @@ def test_native_reorderings_in_check_report(keras_case, tmp_path):
 
     rep = check_run(_keras_run(keras_case, tmp_path / "run", edit))
     seg = [a for a in rep.alignment["alignments"] if "segments" in a["rule"]]
-    assert [(a["anchor"], a["rule"]["segments"]) for a in seg] == [("anchor/02/conv2", {"axis": 1, "order": [[8, 8], [0, 8]]})]
+    assert [(a["anchor"], a["rule"]["segments"])
+            for a in seg] == [("anchor/02/conv2", {"axis": 1, "order": [[8, 8], [0, 8]]})]
     assert seg[0]["source"] == "data" and seg[0]["error"] < FP32_NOISE
     text = format_text(rep)
     print("\n" + "\n".join(ln for ln in text.splitlines() if "alignment" in ln))
@@ -727,10 +734,11 @@ def test_pins_that_do_not_fit_leave_the_anchor_unaligned(keras_case, yolo_run, t
     rep = check_run(run)
     why = rep.unjudged_anchors["anchor/00/relu1"]
     assert "not aligned: tf-native: manifest pin 'permute [0, 2, 1]' does not fit" in why
-    assert rep.verdicts["tf-native"].unjudged["anchor/00/relu1"].startswith("not aligned: manifest pin 'permute [0, 2, 1]'")
+    why_unjudged = rep.verdicts["tf-native"].unjudged["anchor/00/relu1"]
+    assert why_unjudged.startswith("not aligned: manifest pin 'permute [0, 2, 1]'")
     text = format_text(rep)
-    assert "note: anchor anchor/00/relu1 could not be judged: fewer than two backends produced it (ort); not aligned: " \
-           "tf-native: manifest pin 'permute [0, 2, 1]'" in text
+    assert ("note: anchor anchor/00/relu1 could not be judged: fewer than two backends produced it (ort); "
+            "not aligned: tf-native: manifest pin 'permute [0, 2, 1]'") in text
     assert "note: alignment warning: manifest pin for unknown backend 'tff' at anchor/02/conv2" in text
     assert "report_error" not in rep.alignment and rep.alignment["schema"] == "anpred.alignment/1"
 

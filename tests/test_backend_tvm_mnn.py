@@ -122,7 +122,8 @@ def test_ops_network_every_anchor_agrees_with_ort(ops_run):
                 worst[b, a.name] = max(worst.get((b, a.name), 0.0), _eps_units(got[a.name], ref[a.name]))
     assert max(worst.values()) <= 32, {k: round(v, 1) for k, v in worst.items() if v > 32}
     # ...and they are not trivially equal to ORT everywhere (independent kernels)
-    assert any(v > 0 for k, v in worst.items() if k[0] == "tvm") and any(v > 0 for k, v in worst.items() if k[0] == "mnn")
+    assert any(v > 0 for k, v in worst.items()
+               if k[0] == "tvm") and any(v > 0 for k, v in worst.items() if k[0] == "mnn")
 
 
 def test_ops_network_records_target_precision_and_kernels(ops_run):
@@ -133,7 +134,8 @@ def test_ops_network_records_target_precision_and_kernels(ops_run):
     assert mv["mnn"] == "3.6.1" or mv["mnn"].startswith("3.")
     assert mv["mnn_precision"] == "Precision_High" and mv["mnn_winograd"].startswith("off") and mv["mnn_threads"] == "1"
     flags = run.meta["machine"]["cpu_flags"]
-    want = "avx512 (pack 16)" if "avx512bw" in flags else ("avx2+fma (pack 8)" if {"avx2", "fma"} <= set(flags) else None)
+    want = "avx512 (pack 16)" if "avx512bw" in flags else ("avx2+fma (pack 8)" if {"avx2", "fma"} <= set(flags)
+                                                           else None)
     if want:
         assert mv["mnn_cpu_kernels"] == want
     assert run.meta["inputs"]["input_shapes"]["x"] == [1, 3, 40, 40]  # what tvm compiled for

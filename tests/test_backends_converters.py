@@ -148,7 +148,8 @@ def test_tf_yolov8n_dynamo_nhwc_and_cache(yolo, tmp_path):
         four_d = [a for a in manifest.anchors if len(a.shape) == 4]
         assert four_d, "the anchored YOLOv8n should expose 4-D anchors"
         for a in four_d:  # onnx2tf's convention, verified by shape: NHWC, permute back to NCHW
-            assert info[a.name].layout == "NHWC" and info[a.name].transform == {"permute": [0, 3, 1, 2]}, (a.name, info[a.name])
+            assert info[a.name].layout == "NHWC", (a.name, info[a.name])
+            assert info[a.name].transform == {"permute": [0, 3, 1, 2]}, (a.name, info[a.name])
         assert b.versions()["onnx2tf"] and b.versions()["tensorflow"] == __import__("tensorflow").__version__
     with TfOnnxBackend() as again:  # second prepare: conversion comes from the cache
         again.prepare(yolo, manifest, tmp_path)

@@ -29,11 +29,14 @@ def _if_net():
     def c(name, v):
         return h.make_node("Constant", [], [name], value=nh.from_array(np.asarray(v), name))
 
-    inner_then = h.make_graph([h.make_node("Sigmoid", ["x"], ["it"])], "it", [], [h.make_tensor_value_info("it", T.FLOAT, None)])
-    inner_else = h.make_graph([h.make_node("Tanh", ["x"], ["ie"])], "ie", [], [h.make_tensor_value_info("ie", T.FLOAT, None)])
+    inner_then = h.make_graph([h.make_node("Sigmoid", ["x"], ["it"])], "it", [],
+                              [h.make_tensor_value_info("it", T.FLOAT, None)])
+    inner_else = h.make_graph([h.make_node("Tanh", ["x"], ["ie"])], "ie", [],
+                              [h.make_tensor_value_info("ie", T.FLOAT, None)])
     then_g = h.make_graph([
         c("two", np.float32(2)), h.make_node("Mul", ["x", "two"], ["m"]), h.make_node("Relu", ["m"], ["r"]),
-        h.make_node("Shape", ["x"], ["sh"]), c("one_i", np.array(1, np.int64)), h.make_node("Gather", ["sh", "one_i"], ["w"]),
+        h.make_node("Shape", ["x"], ["sh"]), c("one_i", np.array(1, np.int64)),
+                           h.make_node("Gather", ["sh", "one_i"], ["w"]),
         c("four", np.array(4, np.int64)), h.make_node("Equal", ["w", "four"], ["is4"]),
         h.make_node("If", ["is4"], ["inner"], then_branch=inner_then, else_branch=inner_else),
         h.make_node("Add", ["r", "inner"], ["ta"])], "then", [], [h.make_tensor_value_info("ta", T.FLOAT, [1, 4])])
@@ -80,7 +83,8 @@ def test_bound_value_picks_its_branch_and_matches_ort(mode):
         ({"Where", "Neg"} <= ops and not ops & {"Relu", "Sigmoid", "Tanh"})
     for flag in (True, False):
         f = np.array([flag])
-        want = ort_session(model, threads=1, quiet=True).run(None, {"x": X, "mode": np.array(mode, np.int64), "flag": f})
+        want = ort_session(model, threads=1, quiet=True).run(None,
+                                                             {"x": X, "mode": np.array(mode, np.int64), "flag": f})
         got = ort_session(bound, threads=1, quiet=True).run(None, {"x": X, "flag": f})
         for a, b in zip(want, got):
             np.testing.assert_array_equal(a, b)
@@ -128,9 +132,11 @@ def test_constant_layout_folds_exactly():
     from passes.bind_inputs import fold_constant_layout
 
     w = np.arange(24, dtype=np.float32).reshape(8, 3)
-    inits = [nh.from_array(w, "w"), nh.from_array(np.array([0], np.int64), "s0"), nh.from_array(np.array([4], np.int64), "s4"),
+    inits = [nh.from_array(w, "w"), nh.from_array(np.array([0], np.int64), "s0"),
+             nh.from_array(np.array([4], np.int64), "s4"),
              nh.from_array(np.array([8], np.int64), "s8"), nh.from_array(np.array([0], np.int64), "ax")]
-    nodes = [h.make_node("Slice", ["w", "s0", "s4", "ax"], ["lo"]), h.make_node("Slice", ["w", "s4", "s8", "ax"], ["hi"]),
+    nodes = [h.make_node("Slice", ["w", "s0", "s4", "ax"], ["lo"]),
+             h.make_node("Slice", ["w", "s4", "s8", "ax"], ["hi"]),
              h.make_node("Concat", ["hi", "lo"], ["wr"], axis=0), h.make_node("Unsqueeze", ["wr", "ax"], ["w3"]),
              h.make_node("Mul", ["w3", "w3"], ["sq"]), h.make_node("Add", ["x", "sq"], ["y"])]
     from onnx import TensorProto as T
@@ -207,7 +213,8 @@ def test_silero_vad_end_to_end_with_sr_bound(tmp_path):
     assert not r.flagged_backends, r.flagged_backends
     assert r.status == ("consistent" if len(ok) == len(backends) else "incomplete")
     store = RunStore.open(tmp_path / "t" / "run")
-    out = next(a["name"] for a in man["anchors"] if a["kind"] == "output" and "output" in a["name"] and "stateN" not in a["name"])
+    out = next(a["name"] for a in man["anchors"] if a["kind"] == "output" and "output" in a["name"]
+               and "stateN" not in a["name"])
     sources = t["details"]["inputs"]["sources"]
     assert "voiced" in sources[0] and "silence" in sources[1]
     for b in ok:
@@ -240,8 +247,10 @@ def test_ncnn_feeds_an_input_without_a_batch_axis_whole(tmp_path):
 
     g = h.make_graph([h.make_node("Mul", ["s", "two"], ["m"]), h.make_node("Tanh", ["m"], ["t"]),
                       h.make_node("Add", ["t", "x"], ["y"]), h.make_node("Relu", ["x"], ["z"])], "g",
-                     [h.make_tensor_value_info("x", T.FLOAT, [1, 8]), h.make_tensor_value_info("s", T.FLOAT, [2, 1, 8])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [2, 1, 8]), h.make_tensor_value_info("z", T.FLOAT, [1, 8])],
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 8]),
+                      h.make_tensor_value_info("s", T.FLOAT, [2, 1, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [2, 1, 8]),
+                      h.make_tensor_value_info("z", T.FLOAT, [1, 8])],
                      initializer=[nh.from_array(np.float32(2), "two")])
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
@@ -274,7 +283,8 @@ def test_torch_pads_reflect_and_edge_on_any_rank(tmp_path, mode, shape, pads):
 
     out = [s + pads[i] + pads[i + len(shape)] for i, s in enumerate(shape)]
     g = h.make_graph([h.make_node("Pad", ["x", "pads"], ["p"], mode=mode), h.make_node("Neg", ["p"], ["y"])], "g",
-                     [h.make_tensor_value_info("x", T.FLOAT, list(shape))], [h.make_tensor_value_info("y", T.FLOAT, out)],
+                     [h.make_tensor_value_info("x", T.FLOAT, list(shape))],
+                     [h.make_tensor_value_info("y", T.FLOAT, out)],
                      initializer=[nh.from_array(np.array(pads, np.int64), "pads")])
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
     m.ir_version = 8

@@ -158,8 +158,10 @@ def test_unroll_pass_matches_onnx_semantics():
                     assert info["unrolled"] == ["n"] and not any(n.op_type == op for n in u.graph.node)
                     x = rng.normal(0, 1, (2, 5, 4) if layout else (5, 2, 4)).astype(np.float32)
                     want = (ReferenceEvaluator(m).run(None, {"x": x}) if layout else
-                            ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x}))
-                    got = ort.InferenceSession(u.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+                            ort.InferenceSession(m.SerializeToString(),
+                                                 providers=["CPUExecutionProvider"]).run(None, {"x": x}))
+                    got = ort.InferenceSession(u.SerializeToString(),
+                                               providers=["CPUExecutionProvider"]).run(None, {"x": x})
                     for a, b in zip(want, got):
                         assert a.shape == b.shape
                         worst = max(worst, float(np.max(np.abs(a - b))))
@@ -173,8 +175,10 @@ def test_unroll_pass_keeps_what_it_cannot_unroll():
 
     rng = np.random.default_rng(0)
     node, inits, outs = rnn_node("LSTM", "dyn", "x", 4, 3, "forward", rng)
-    g = onnx.helper.make_graph([node], "r", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["T", 2, 4])],
-                               [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in outs], inits)
+    g = onnx.helper.make_graph([node], "r",
+                               [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["T", 2, 4])],
+                               [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in outs],
+                               inits)
     m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)])
     info = unroll_recurrent(m)
     assert info["unrolled"] == [] and "not static" in info["kept"]["dyn"]
@@ -527,11 +531,14 @@ def test_control_flow_kept_is_a_clear_error(tmp_path):
 
     body = helper.make_graph([helper.make_node("Relu", ["v_in"], ["v_out"], name="b_relu"),
                               helper.make_node("Identity", ["cond_in"], ["cond_out"], name="b_cond")], "body",
-                             [helper.make_tensor_value_info("i", TP.INT64, []), helper.make_tensor_value_info("cond_in", TP.BOOL, []),
+                             [helper.make_tensor_value_info("i", TP.INT64, []),
+                              helper.make_tensor_value_info("cond_in", TP.BOOL, []),
                               helper.make_tensor_value_info("v_in", TP.FLOAT, [2])],
-                             [helper.make_tensor_value_info("cond_out", TP.BOOL, []), helper.make_tensor_value_info("v_out", TP.FLOAT, [2])])
+                             [helper.make_tensor_value_info("cond_out", TP.BOOL, []),
+                              helper.make_tensor_value_info("v_out", TP.FLOAT, [2])])
     g = helper.make_graph([helper.make_node("Loop", ["n", "", "x"], ["y"], name="loop", body=body)], "dyn",
-                          [helper.make_tensor_value_info("x", TP.FLOAT, [2]), helper.make_tensor_value_info("n", TP.INT64, [])],
+                          [helper.make_tensor_value_info("x", TP.FLOAT, [2]),
+                           helper.make_tensor_value_info("n", TP.INT64, [])],
                           [helper.make_tensor_value_info("y", TP.FLOAT, [2])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     path = tmp_path / "loop.onnx"
@@ -569,7 +576,8 @@ def test_unsupported_ops_tables(nets):
     new = copy.deepcopy(misc)
     new.opset_import[0].version = 21
     assert "Cast@21" not in backend_class("torch").unsupported_ops(new)  # added by anpred.convert
-    assert any(k.startswith("GlobalLpPool") for k in backend_class("onnx-reference").unsupported_ops(misc, rewrite=False))
+    assert any(k.startswith("GlobalLpPool")
+               for k in backend_class("onnx-reference").unsupported_ops(misc, rewrite=False))
     assert backend_class("onnx-reference").unsupported_ops(misc) == {}  # decomposed before the evaluator runs
 
 
@@ -589,7 +597,8 @@ def test_batchnorm_on_a_tensor_of_unknown_rank_torch(tmp_path):
         [nh.from_array(rng.standard_normal(4).astype(np.float32), n) for n in ("b", "m")]
     g = h.make_graph([h.make_node("Reshape", ["x", "shape"], ["r"]),
                       h.make_node("BatchNormalization", ["r", "s", "b", "m", "v"], ["y"], name="bn")], "bn",
-                     [h.make_tensor_value_info("x", T.FLOAT, [1, 24]), h.make_tensor_value_info("shape", T.INT64, [None])],
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 24]),
+                      h.make_tensor_value_info("shape", T.INT64, [None])],
                      [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 14)])
     m.ir_version = 8
@@ -622,7 +631,8 @@ def test_conv_same_auto_pad_torch(tmp_path, auto_pad):
     w = nh.from_array(rng.normal(0, 0.2, (4, 3, 4, 4)).astype(np.float32), "w")
     g = h.make_graph([h.make_node("Conv", ["x", "w"], ["c"], auto_pad=auto_pad, strides=[2, 2]),
                       h.make_node("Relu", ["c"], ["y"])], "same",
-                     [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 9, 8])], [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 9, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)],
                      [w])
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8

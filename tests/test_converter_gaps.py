@@ -267,7 +267,8 @@ def test_mnn_backend_one_element_constants(tmp_path):
 
     rng = np.random.default_rng(3)
     c = lambda n, v: _f32(n, np.full((1, 1, 1), v))  # noqa: E731
-    inits = [_f32("w", rng.standard_normal((8, 16, 3, 1)) * 0.3), _i64("ax3", [3]), _f32("b", rng.standard_normal((1, 8, 1))),
+    inits = [_f32("w", rng.standard_normal((8, 16, 3, 1)) * 0.3), _i64("ax3", [3]),
+             _f32("b", rng.standard_normal((1, 8, 1))),
              c("k0", 0.044715), c("k1", 0.7978846), c("one", 1.0), c("half", 0.5)]
     nodes = [helper.make_node("Conv", ["x", "w"], ["cv"], kernel_shape=[3, 1]),
              helper.make_node("Squeeze", ["cv", "ax3"], ["s"]), helper.make_node("Add", ["s", "b"], ["a"]),
@@ -276,7 +277,8 @@ def test_mnn_backend_one_element_constants(tmp_path):
              helper.make_node("Mul", ["k1", "m3"], ["m4"]), helper.make_node("Tanh", ["m4"], ["t"]),
              helper.make_node("Add", ["one", "t"], ["t1"]), helper.make_node("Mul", ["half", "t1"], ["t2"]),
              helper.make_node("Mul", ["a", "t2"], ["gelu"]), helper.make_node("Max", ["half", "gelu"], ["y"])]
-    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 1])], ["a", "gelu", "y"], inits)
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 1])], ["a", "gelu", "y"],
+               inits)
     x = {"x": rng.standard_normal((1, 16, 20, 1)).astype(np.float32)}
     _compare(MnnBackend({}), _anchor(m, tmp_path / "gelu.onnx"), tmp_path / "work", x)
 

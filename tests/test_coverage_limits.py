@@ -103,7 +103,8 @@ def test_run_marks_the_refused_backends_and_the_converters_agree(tmp_path):
     free = run_model(path, ["torch", "ncnn"], tmp_path / "in", tmp_path / "run2", progress=False, timeout_s=300,
                      precheck=False)
     st = free.statuses()
-    assert st["torch"].status in ("failed", "unsupported") and "\"allowzero=1\" is not implemented" in st["torch"].reason
+    assert st["torch"].status in ("failed",
+                                  "unsupported") and "\"allowzero=1\" is not implemented" in st["torch"].reason
     assert st["ncnn"].status in ("failed", "unsupported") and "'mask' is bool" in st["ncnn"].reason
 
 
@@ -129,7 +130,8 @@ def test_cli_backends_names_the_converters_refusals(tmp_path, capsys):
     path = limits_model(tmp_path / "limits.onnx")
     assert main(["backends", "--model", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "torch: cannot run the model: Reshape (onnx2torch: \"allowzero=1\" is not implemented (node 'reshape_az'))" in out
+    assert ("torch: cannot run the model: Reshape (onnx2torch: \"allowzero=1\" is not implemented "
+            "(node 'reshape_az'))") in out
     assert "ncnn: cannot run the model: input mask (ncnn: input 'mask' is bool" in out
     row = next(ln for ln in out.splitlines() if ln.startswith("torch "))
     assert " lacks " in row

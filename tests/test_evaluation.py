@@ -184,7 +184,8 @@ def test_outputs_tables_and_plots_are_written(reduced, tmp_path):
     payload = cli.write_outputs(args, tmp_path, [null, *faulty], {"yolov8n": clean}, {"yolov8n": setup},
                                 {"yolov8n": {"configs": 1 + len(faulty)}}, 0.0, plots_=True)
     got = json.loads((tmp_path / "results.json").read_text())
-    assert got["summary"]["yolov8n"]["configs"] == payload["summary"]["yolov8n"]["configs"] == len(faulty)  # faulty ones
+    # faulty ones
+    assert got["summary"]["yolov8n"]["configs"] == payload["summary"]["yolov8n"]["configs"] == len(faulty)
     assert "yolov8n" in (tmp_path / "summary.md").read_text()
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
     # (no per-model detection-vs-magnitude plot: one magnitude per kind here)
@@ -286,4 +287,5 @@ def test_round_op_rounding_mode_differs_exactly_from_injection_stage():
     assert len({a.stage for a in man.anchors}) >= 3
     x = (rng.integers(-8, 9, (1, 1, 16, 16)) / 4).astype(np.float32)  # 2x: ties at every odd quarter
     up, down = _assert_differs_exactly_from(model, man, variant, truth, {"x": x})
-    assert truth.stage > 0 and up, f"the Round node should not sit in the first stage (nothing upstream tested): {man.stages} {[(a.name, a.stage) for a in man.anchors]}"
+    assert truth.stage > 0 and up, ("the Round node should not sit in the first stage (nothing upstream tested): "
+                                    f"{man.stages} {[(a.name, a.stage) for a in man.anchors]}")

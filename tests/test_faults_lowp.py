@@ -76,7 +76,8 @@ def net(tmp_path_factory):
             return next(self.it, None)
 
     logging.getLogger().setLevel(logging.ERROR)
-    out = {"anchored": am, "manifest": man, "x": np.random.default_rng(5).normal(size=(1, 3, 16, 16)).astype(np.float32)}
+    out = {"anchored": am, "manifest": man,
+           "x": np.random.default_rng(5).normal(size=(1, 3, 16, 16)).astype(np.float32)}
     for key, pc in (("qdq", False), ("qdq_pc", True)):
         quantize_static(str(d / "am.onnx"), str(d / f"{key}.onnx"), Reader(), quant_format=QuantFormat.QDQ,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=pc)

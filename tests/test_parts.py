@@ -120,7 +120,8 @@ def test_what_is_not_split():
                          [_vi("a", [1, 4, 10]), _vi("b", [1, 3, 10])], [_vi("out", [1, 70])],
                          [nh.from_array(np.array([1, 70], np.int64), "s")])
     assert output_parts(mixed, {"o": "out"}) == {}
-    const = _graph_model([h.make_node("Sigmoid", ["b"], ["cls"]), h.make_node("Concat", ["k", "cls", "b"], ["out"], axis=1)],
+    const = _graph_model([h.make_node("Sigmoid", ["b"], ["cls"]),
+                          h.make_node("Concat", ["k", "cls", "b"], ["out"], axis=1)],
                          [_vi("b", [1, 3, 10])], [_vi("out", [1, 10, 10])],
                          [nh.from_array(np.zeros((1, 4, 10), np.float32), "k")])
     got = output_parts(const, {"o": "out"})["o"]
@@ -141,8 +142,10 @@ def detector_head(cls_bias: float, seed: int = 0, px: float = 300.0, cls_scale: 
     c1, i1 = _conv("c1", "r0", "t1", 8, 8, rng)
     cb, ib = _conv("cbox", "r1", "tb", 8, 4, rng, bias=1.0)
     cc, ic = _conv("ccls", "r1", "tc", 8, 6, rng, bias=cls_bias, scale=cls_scale)
-    nodes = [c0, h.make_node("Relu", ["t0"], ["r0"], name="relu0"), c1, h.make_node("Relu", ["t1"], ["r1"], name="relu1"),
-             cb, h.make_node("Relu", ["tb"], ["rb"], name="relub"), h.make_node("Mul", ["rb", "px"], ["box"], name="scale"),
+    nodes = [c0, h.make_node("Relu", ["t0"], ["r0"], name="relu0"), c1,
+             h.make_node("Relu", ["t1"], ["r1"], name="relu1"),
+             cb, h.make_node("Relu", ["tb"], ["rb"], name="relub"),
+             h.make_node("Mul", ["rb", "px"], ["box"], name="scale"),
              cc, h.make_node("Sigmoid", ["tc"], ["cls"], name="sigmoid"),
              h.make_node("Concat", ["box", "cls"], ["y"], name="cat", axis=1)]
     inits = i0 + i1 + ib + ic + [nh.from_array(np.array(px, np.float32), "px")]
@@ -354,7 +357,8 @@ def test_a_part_below_its_range_does_not_depart():
     c = next(c for c in res.cells if c.anchor == C and c.backend == "ort")
     assert c.primary > 4 * c.peer_level and c.primary > 0.1 * c.floor  # departs by the S test alone
     assert c.range_ratio < 0.1 * c.floor
-    a0, a1 = (next(x for x in res.cells if x.anchor == n and x.backend == "ort") for n in ("anchor/00/A0", "anchor/01/A1"))
+    a0, a1 = (next(x for x in res.cells if x.anchor == n and x.backend == "ort")
+              for n in ("anchor/00/A0", "anchor/01/A1"))
     assert all(x.primary > 4 * x.peer_level and x.primary < x.floor for x in (a0, a1))
     assert not res.verdicts["ort"].flagged, res.verdicts["ort"].flagged_anchors
 
@@ -366,7 +370,8 @@ def test_part_gaps_are_not_reported_twice():
 
     from anpred.judge import AnchorInfo, BackendInfo, Cell, Oracle
 
-    anchors = [AnchorInfo("a", 0), AnchorInfo("o[:, 0:2]", 1, kind="part", part_of="o"), AnchorInfo("o", 1, kind="output")]
+    anchors = [AnchorInfo("a", 0), AnchorInfo("o[:, 0:2]", 1, kind="part", part_of="o"),
+               AnchorInfo("o", 1, kind="output")]
     names = ["ort", "openvino", "onnx-reference", "torch"]
     o = Oracle(anchors, [BackendInfo.make(b) for b in names])
     rng = np.random.default_rng(0)

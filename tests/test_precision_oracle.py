@@ -261,7 +261,8 @@ def test_float16_network_judged_on_float16_scale_and_overflow_flagged_alone(tmp_
     bad, truth = inject_fault(m, "fp16-overflow", node="conv2", magnitude=16, manifest=man)
     bad_path = tmp_path / "overflow.onnx"
     onnx.save(bad, str(bad_path))
-    specs = [BackendSpec(b) for b in names if b != "openvino"] + [BackendSpec("openvino", options={"model": str(bad_path)})]
+    specs = [BackendSpec(b) for b in names
+             if b != "openvino"] + [BackendSpec("openvino", options={"model": str(bad_path)})]
     store2 = run_model(path, specs, "random:normal:seed=0:n=2", tmp_path / "run2", progress=False, timeout_s=300)
     rep2 = check_run(store2.root)
     assert rep2.flagged_backends == ["openvino"], format_text(rep2)
@@ -295,7 +296,8 @@ def test_bit_identical_peers_do_not_make_a_correct_implementation_depart():
     impl = res.verdicts["openvino-int8"].implementation
     c = next(c for c in res.population_cells["int8"] if c.backend == "openvino-int8" and c.anchor == "anchor/00/a")
     assert c.peer_level == 0.0 and 0 < c.primary < c.threshold
-    assert c.floor == pytest.approx(math.sqrt(2) * STEP / math.sqrt(12), rel=0.1) and "sqrt(2) x the int8 cost" in c.basis
+    assert c.floor == pytest.approx(math.sqrt(2) * STEP / math.sqrt(12),
+                                    rel=0.1) and "sqrt(2) x the int8 cost" in c.basis
     assert not impl.flagged and impl.status == "consistent"
 
 

@@ -136,7 +136,8 @@ def test_cli_run_and_bad_input_exit_2_nothing_overwritten(yolo, tmp_path, capsys
     out = tmp_path / "runs" / "a"
     assert cli(["run", str(yolo), "-b", "ort", "-i", "random:images:n=1", "-o", str(out), "-q"]) == 0
     text = capsys.readouterr().out
-    assert "ort" in text and "ok" in text and f"{len(json.loads((out / 'manifest.json').read_text())['anchors'])}/" in text
+    n_anchors = len(json.loads((out / "manifest.json").read_text())["anchors"])
+    assert "ort" in text and "ok" in text and f"{n_anchors}/" in text
     shapes = json.loads((out / "run.json").read_text())["inputs"]["input_shapes"]  # review: size 640 was recorded
     assert list(shapes.values()) == [[1, 3, 224, 224]]  # the static 224 px model's, not the 640 default
     before = (out / "run.json").read_bytes()
@@ -165,7 +166,8 @@ def test_cli_run_and_bad_input_exit_2_nothing_overwritten(yolo, tmp_path, capsys
         assert (out / "run.json").read_bytes() == before  # the earlier run is untouched
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["a"]  # no partial folder left
     assert not (tmp_path / "afile").is_dir()
-    assert cli(["run", str(tmp_path / "nothere.onnx"), "-b", "ort", "-i", "random:uniform", "-o", str(tmp_path / "b")]) == 2
+    assert cli(["run", str(tmp_path / "nothere.onnx"), "-b", "ort", "-i", "random:uniform", "-o",
+                str(tmp_path / "b")]) == 2
 
 
 @pytest.mark.isa_independent(DEFECT_BOUND)
@@ -389,7 +391,8 @@ def test_stream_keeps_the_first_failure_with_its_chunk_and_sample(yolo, tmp_path
 
     rng = np.random.default_rng(0)
     samples = iter([(f"gen{i}", {"images": rng.random((1, 3, 224, 224), dtype=np.float32)}) for i in range(6)])
-    specs = ["ort", "openvino", "onnx-reference", BackendSpec("ort", "ort-later", {"_fault": "raise", "_fault_after": 2})]
+    specs = ["ort", "openvino", "onnx-reference",
+             BackendSpec("ort", "ort-later", {"_fault": "raise", "_fault_after": 2})]
     rep = stream_test(yolo, specs, samples, tmp_path / "run", chunk=2, keep=1, quiet=True, allow_incomplete=True)
     from anpred.run import RunStore
 

@@ -19,7 +19,8 @@ with its own ``InnerProduct``/``MatMul``, ``BinaryOp`` and activation layers. pn
 along the batch axis ("unbind along batch axis 0 is not supported", left as a ``torch.unbind`` layer
 ncnn lacks): a ``Gather`` of the index 0 (or -1) on axis 0 of a tensor whose first dimension is 1
 (the unrolled time step of a one-step sequence) is rewritten as the equal ``Squeeze(axis 0)`` (a
-scalar index) or ``Identity`` (a one-element index list) (:func:`_batch_gathers_as_squeeze`). pnnx's onnxruntime accepts ONNX IR versions up to 13, so a newer
+scalar index) or ``Identity`` (a one-element index list) (:func:`_batch_gathers_as_squeeze`). pnnx's onnxruntime accepts
+ONNX IR versions up to 13, so a newer
 ``ir_version`` is lowered to 13 in the scratch copy (IR 14 adds no operator semantics).
 
 Blob names: pnnx's ``canonicalize`` (``tools/pnnx/src/pass_onnx/canonicalize.cpp``) renames the
@@ -265,7 +266,8 @@ class NcnnBackend(Backend):
             ps = pnnx_shapes.get(blob)
             reason = ""
             if blob not in produced:
-                reason = f"graph output {k} ({by_anchor[a.name]!r}) -> blob {blob!r}, which model.ncnn.param does not produce"
+                reason = (f"graph output {k} ({by_anchor[a.name]!r}) -> blob {blob!r}, "
+                          "which model.ncnn.param does not produce")
             elif onnx_shape is None or any(d is None for d in onnx_shape):
                 reason = f"ONNX shape of {by_anchor[a.name]!r} unknown at the converted input shapes"
             elif ps is not None and ps != onnx_shape:

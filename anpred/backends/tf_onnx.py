@@ -8,18 +8,18 @@ onnx2tf version + options + this module's format version):
    otherwise download it for 4-D 3-channel inputs with batch <= 20). In the copy, ``Constant``
    nodes become initializers (:func:`anpred.convert.fold_constant_nodes`; onnx2tf failed on them: PP-OCRv4 det
    at 256x256), control flow is inlined, recurrent layers are unrolled and graph outputs renamed
-   (:func:`prepare_for_onnx2tf`; what it did is in ``meta.json`` and :attr:`TfOnnxBackend.conversion`), and during the conversion the interpreter's scripts folder is put first on ``PATH``
-   so that onnx2tf's ``onnxsim`` subprocess runs (:func:`_onnxsim_on_path`; without it onnx2tf
-   silently skips simplification and failed on YOLOv8n at 640 px); a missing ``onnxsim`` is a
-   :class:`~anpred.errors.BackendError`;
+   (:func:`prepare_for_onnx2tf`; what it did is in ``meta.json`` and :attr:`TfOnnxBackend.conversion`), and during the
+   conversion the interpreter's scripts folder is put first on ``PATH`` so that onnx2tf's ``onnxsim`` subprocess runs
+   (:func:`_onnxsim_on_path`; without it onnx2tf silently skips simplification and failed on YOLOv8n at 640 px); a
+   missing ``onnxsim`` is a :class:`~anpred.errors.BackendError`;
 2. ``onnx2tf.convert(..., disable_model_save=True)`` returns the tf_keras model; ``sys.exit`` calls
    are turned into :class:`~anpred.errors.BackendError` with onnx2tf's own error lines as reason,
    exceptions into one with the failing ONNX node (onnx2tf's ``onnx_op_name``) and the message's first
    line;
 3. the keras model's outputs are in the order of the (simplified) ONNX graph outputs; that order,
    onnx2tf's per-output layout flag (``model.onnx_output_layouts``: True = channels-last) and the
-   TF shapes are written to ``meta.json``, and the model is saved as a TF SavedModel (``tf_keras.export.ExportArchive``) whose ``run``
-   function returns the outputs as a list in that order.
+   TF shapes are written to ``meta.json``, and the model is saved as a TF SavedModel (``tf_keras.export.ExportArchive``)
+   whose ``run`` function returns the outputs as a list in that order.
 
 Dynamic input dimensions: onnx2tf's conversion of a graph with dynamic spatial dimensions bakes the
 sizes of its own dummy inference into some ops (PP-OCRv4 det, dynamic, run at 256x256: ``Incompatible
@@ -38,9 +38,9 @@ alone cannot decide: ``[None, 3, None, None]`` vs ``[None, None, None, 3]`` fits
 Running: the SavedModel's ``run`` is called with the inputs transposed to that layout.
 Anchors are the anchored model's graph outputs and are found by name in ``meta.json``: the output
 named after the anchor (``anpred.instrument`` adds ``Identity(value) -> <anchor name>``), else the
-output named after the anchor's ONNX value (original outputs). Each anchor's layout is reported per anchor (:meth:`TfOnnxBackend.anchor_info`):
-channels-last anchors (onnx2tf's flag, checked against the anchor's concrete ONNX shape: the
-manifest's when static, else ONNX shape inference at the converted input shapes) are
+output named after the anchor's ONNX value (original outputs). Each anchor's layout is reported per anchor
+(:meth:`TfOnnxBackend.anchor_info`): channels-last anchors (onnx2tf's flag, checked against the anchor's concrete ONNX
+shape: the manifest's when static, else ONNX shape inference at the converted input shapes) are
 ``exact`` (a layout change is the same tensor, as in :mod:`exporters.mapping`) with layout ``NHWC``
 (``NWC``/``NDHWC`` for 3-D/5-D) and transform ``{"permute": [0, r-1, 1, ..., r-2]}`` (e.g.
 ``[0, 3, 1, 2]`` NHWC -> NCHW); the others ``exact`` without transform.
@@ -48,9 +48,10 @@ manifest's when static, else ONNX shape inference at the converted input shapes)
 Dtypes: onnx2tf turns float16 graph inputs into float32 and computes float16 graphs in float32
 (``onnx2tf/ops/Input.py``; ``auto_cast`` in ``utils/common_functions.py``). Each sample is cast to the
 dtype of the SavedModel's input signature when that cast is exact (float16/bfloat16 -> float32);
-a narrowing floating cast is refused at ``prepare`` (:func:`~anpred.backends.tf_dtypes.input_dtype`). Each anchor is returned
-in the dtype the ONNX graph declares for it (manifest ``dtype``): where the converted model returns
-another floating type the value is cast and the capture's reason says so (:func:`~anpred.backends.tf_dtypes.output_dtype_note`).
+a narrowing floating cast is refused at ``prepare`` (:func:`~anpred.backends.tf_dtypes.input_dtype`). Each anchor is
+returned in the dtype the ONNX graph declares for it (manifest ``dtype``): where the converted model returns
+another floating type the value is cast and the capture's reason says so
+(:func:`~anpred.backends.tf_dtypes.output_dtype_note`).
 
 Returned arrays are numpy arrays in the converted model's layout (never aligned here), in the
 anchors' ONNX dtypes.
@@ -79,7 +80,8 @@ from anpred.onnx_io import elem_type_name
 from anpred.tensorfile import c_contiguous
 
 FORMAT = "anpred.tf_onnx/6"  # 2: onnxsim found (scripts folder on PATH); 3: Constant nodes -> initializers;
-# 4: control flow inlined, recurrent layers unrolled, outputs renamed (prepare_for_onnx2tf); 5: multi-axis Slices split; 6: node names TF-safe
+# 4: control flow inlined, recurrent layers unrolled, outputs renamed (prepare_for_onnx2tf); 5: multi-axis Slices split;
+# 6: node names TF-safe
 _CHANNELS_LAST = {3: "NWC", 4: "NHWC", 5: "NDHWC"}
 
 
@@ -210,7 +212,8 @@ class TfOnnxBackend(Backend):
                                      disable_model_save=True, non_verbose=True,
                                      **o2t)
         except SystemExit as err:
-            raise BackendError(f"onnx2tf failed on {model_path.name} (sys.exit({err.code})): {_errors(log.getvalue())}") from err
+            raise BackendError(f"onnx2tf failed on {model_path.name} (sys.exit({err.code})): "
+                               f"{_errors(log.getvalue())}") from err
         except BackendError:
             raise
         except Exception as err:
@@ -238,7 +241,8 @@ class TfOnnxBackend(Backend):
             "outputs": [{"value": n, "tf_shape": [d if d is None else int(d) for d in o.shape],
                          "channels_last": bool(layouts.get(sn, False))} for sn, n, o in zip(safe, names, km.outputs)],
             "inputs": [{"name": i.name,
-                        "onnx_shape": [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim],
+                        "onnx_shape": [d.dim_value if d.HasField("dim_value") else None
+                                       for d in i.type.tensor_type.shape.dim],
                         "tf_shape": [d if d is None else int(d) for d in ki.shape],
                         "dtype": ki.dtype.name if hasattr(ki.dtype, "name") else str(ki.dtype)}
                        for i, ki in zip(onnx_inputs, km.inputs)],
@@ -273,9 +277,11 @@ class TfOnnxBackend(Backend):
         graph_inputs = [i for i in model.graph.input if i.name not in inits]
         no_bf16 = bfloat16_uses(model)
         if no_bf16:
-            raise BackendError(f"{self.name}: onnx2tf has no bfloat16 (its ONNX->TF dtype table, onnx2tf/utils/enums.py "
+            raise BackendError(f"{self.name}: onnx2tf has no bfloat16 (its ONNX->TF dtype table, "
+                               "onnx2tf/utils/enums.py "
                                "ONNX_DTYPES_TO_TF_DTYPES, lacks BFLOAT16, and it declares a bfloat16 graph input as "
-                               "TensorFlow quint16: onnx_graphsurgeon gives the bare element type 16, which tf.as_dtype "
+                               "TensorFlow quint16: onnx_graphsurgeon gives the bare element type 16, "
+                               "which tf.as_dtype "
                                f"reads as DT_QUINT16); bfloat16 here: {'; '.join(no_bf16[:5])}"
                                + (" ..." if len(no_bf16) > 5 else ""))
         fixed = self._fixed_shapes(graph_inputs)
@@ -365,7 +371,8 @@ class TfOnnxBackend(Backend):
             raise BackendError(f"{self.name}: converted input {name!r} has rank {len(tn)}, the ONNX input {r}")
         c = on[1] if r > 1 else None
         if channels_last and c is not None and tn[-1] is not None and tn[-1] != c:
-            raise BackendError(f"{self.name}: input {name!r}: onnx2tf should have made it channels-last, but its TF shape "
+            raise BackendError(f"{self.name}: input {name!r}: onnx2tf should have made it channels-last, "
+                               "but its TF shape "
                                f"{tn} does not end with the ONNX channel count {c} (ONNX {on})")
         if not channels_last and c is not None and tn[1] is not None and tn[1] != c:
             raise BackendError(f"{self.name}: input {name!r} kept channels-first, but TF shape {tn} vs ONNX {on}")
@@ -376,9 +383,11 @@ class TfOnnxBackend(Backend):
         # the anchor; an original output keeps its ONNX name (the anchor's value).
         key = a.name if a.name in self._index else a.value
         i = self._index.get(key)
-        if i is None and (a.name in self._meta.get("constant_outputs", ()) or a.value in self._meta.get("constant_outputs", ())):
+        if i is None and (a.name in self._meta.get("constant_outputs", ())
+                          or a.value in self._meta.get("constant_outputs", ())):
             return AnchorCapture("missing", None, None, None,
-                                 f"ONNX value {a.value!r} is a constant (it depends on no graph input): onnxsim folds it "
+                                 f"ONNX value {a.value!r} is a constant (it depends on no graph input): "
+                                 "onnxsim folds it "
                                  "and onnx2tf returns no tensor for a constant output")
         if i is None:
             return AnchorCapture("missing", None, None, None,
@@ -430,7 +439,8 @@ class TfOnnxBackend(Backend):
             want = (self.fixed_shapes or {}).get(inp["name"])
             if want is not None and list(x.shape) != want:
                 raise InputError(f"backend {self.name}: input {inp['name']!r} has shape {list(x.shape)}, but the model "
-                                 f"was converted at {want} (onnx2tf needs fixed input shapes; run samples of one shape)")
+                                 f"was converted at {want} (onnx2tf needs fixed input shapes; "
+                                 "run samples of one shape)")
             perm = self._input_perm[inp["name"]]
             if perm is not None:
                 x = np.transpose(x, perm)

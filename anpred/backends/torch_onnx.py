@@ -25,7 +25,8 @@ node's first output only (onnx2torch's LayerNormalization returns ``Y`` alone, n
 nothing. ``prepare`` runs the converted graph once on ones (:func:`anpred.backends.lowp_fp16.validation_inputs`)
 when an anchor is a later output of a multi-output module, so that the capture status says what the
 structure allows: ``exact`` for a mapping checked by structure, ``missing`` with the reason for an
-output the module does not return, ``unverified`` when that run fails (mapped by position, unchecked). Anchors are taken from that table by their
+output the module does not return, ``unverified`` when that run fails (mapped by position, unchecked). Anchors are taken
+from that table by their
 ``Anchor.value``, never from the GraphModule's outputs (onnx2torch returns one tuple per
 multi-output node and deduplicates graph outputs by producer, so output positions do not map back to
 ONNX output names reliably). Returned arrays are numpy arrays in ONNX layout (NCHW), in the dtype
@@ -165,7 +166,8 @@ class TorchOnnxBackend(Backend):
         from onnx import numpy_helper
 
         from anpred.compat import import_onnx2torch
-        from anpred.convert import fold_constant_nodes, fold_identity_initializers, onnx2torch_compat, onnx2torch_unsupported
+        from anpred.convert import (fold_constant_nodes, fold_identity_initializers, onnx2torch_compat,
+                                    onnx2torch_unsupported)
         from anpred.onnx_io import load_model
 
         if "threads" in self.options:
@@ -273,7 +275,8 @@ class TorchOnnxBackend(Backend):
 
         missing = [n for n in self._input_names if n not in inputs]
         if missing:
-            raise InputError(f"backend torch: missing input(s) {', '.join(missing)}; expected {', '.join(self._input_names)}")
+            raise InputError(f"backend torch: missing input(s) {', '.join(missing)}; expected "
+                             f"{', '.join(self._input_names)}")
         wanted = {v for v, t in self._targets.items() if t not in ("input",)}
         seen: dict[str, Any] = {}
         _capture_run(self._gm, [to_torch(inputs[n]) for n in self._input_names], wanted, seen)
@@ -305,7 +308,8 @@ def map_outputs(names: list[str] | tuple[str, ...], out) -> dict[str, Any]:
     return {names[0]: out} if names else {}
 
 
-def _capture_run(gm, args: list, wanted: set[str], seen: dict[str, Any], structure: dict[str, int] | None = None) -> None:
+def _capture_run(gm, args: list, wanted: set[str], seen: dict[str, Any],
+                 structure: dict[str, int] | None = None) -> None:
     """Run ``gm`` (an onnx2torch GraphModule) on ``args`` node by node, recording the values of the ONNX
     names in ``wanted`` into ``seen`` (:func:`map_outputs`); with ``structure``, per multi-output
     module, the number of values its result holds (1 for a lone tensor)."""

@@ -84,7 +84,8 @@ def usable_backends(run_dir: str | Path, *, oracle: str = "consensus", atol: flo
     settings = {**cfg.to_dict(), "atol": atol, "rtol": rtol, "reference": reference}
     report = _new_report(run_dir, store, oracle, table, settings, allow_incomplete)
     if reference is not None and reference not in table:
-        raise AnpredError(f"reference backend {reference!r} is not in this run; backends: {', '.join(table) or '(none)'}")
+        raise AnpredError(f"reference backend {reference!r} is not in this run; backends: "
+                          f"{', '.join(table) or '(none)'}")
     if reference is not None and reference not in usable:
         report.problems.append(f"reference backend {reference!r} is not usable "
                                f"({report.unjudged_backends.get(reference)})")
@@ -190,7 +191,8 @@ def precision_notes(table: dict[str, dict[str, Any]], machine: dict[str, Any]) -
         kernel = (row.get("versions") or {}).get("mlas_u8s8_kernel")
         if kernel in ("avx512-core", "avx2", "sse"):
             notes.append(f"kernels: {b} ran ONNX Runtime's {kernel} u8s8 kernels (no VNNI/AMX on this CPU): pairs of "
-                         "u8 x s8 products are summed in saturating int16, so its int8 results differ from a VNNI CPU's")
+                         "u8 x s8 products are summed in saturating int16, "
+                         "so its int8 results differ from a VNNI CPU's")
     return notes
 
 
@@ -233,7 +235,8 @@ def _drop_mismatched(store, report: CheckReport, usable: list[str]) -> None:
             unjudged[b] = "no tensors stored for any sample"
             usable.remove(b)
     if len(usable) < 2:
-        report.problems.append(f"fewer than two usable backends after reading the tensors ({', '.join(usable) or 'none'})")
+        report.problems.append("fewer than two usable backends after reading the tensors "
+                               f"({', '.join(usable) or 'none'})")
 
 
 def inputs_sha256(sample_digests) -> str:
@@ -324,7 +327,8 @@ def _alignment_notes(report: CheckReport, rep) -> None:
     segs = rep.segments_by_data
     if segs:
         report.notes.append(f"alignment: {len(segs)} segment order(s) found by the data (a port's concatenation "
-                            "order, or a real channel-order defect; pin the rule or 'exclude' in manifest.json to decide)")
+                            "order, or a real channel-order defect; pin the rule or 'exclude' in manifest.json "
+                            "to decide)")
     for d in segs:
         report.notes.append(f"alignment: {d.backend} at {d.anchor}: {describe_rule(d.rule)} found by the data "
                             f"(normalised error {d.runner_up:.3g} -> {d.error:.3g})")

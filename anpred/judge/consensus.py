@@ -375,7 +375,8 @@ class Oracle:
             else:
                 self._gap(a.name, b, w, sid)
         if c is None:
-            msg = {"undecided": "the voting families tie between NaN/Inf and finite values at every element: no consensus",
+            msg = {"undecided": "the voting families tie between NaN/Inf and finite values at every element: "
+                                "no consensus",
                    "tie": "split vote: the families form camps of equal size and no float64 execution decides "
                           "(see the note on the split): no consensus"}.get(
                 mode, "no finite value in any voting backend (all NaN/Inf): no consensus")

@@ -218,7 +218,8 @@ class TruthErrors:
             return None
         return max(-1.0, min(1.0, ij / math.sqrt(ii * jj)))
 
-    def merge(self, anchor: str, groups: list[list[str]], threshold: float) -> tuple[list[list[str]], dict[frozenset, float]]:
+    def merge(self, anchor: str, groups: list[list[str]],
+              threshold: float) -> tuple[list[list[str]], dict[frozenset, float]]:
         """Merge the groups (lists of families; the first is the group's corner) whose corners' error
         correlation is at least ``threshold``, most correlated first, each family joining at most one
         merge at a time (the corner of a merged group is its first family). Returns ``(groups,

@@ -26,5 +26,6 @@ from anpred.run.store import SCHEMA, RunStore
 from anpred.run.streaming import STATS_SCHEMA, StreamingStats, read_stats, sample_summary
 
 __all__ = ["run_model", "Terminated", "format_summary", "WORKER_MALLOC_TUNABLES", "worker_malloc_tunables",
-           "RunGuards", "copy_model", "load_anchored", "FAULTS", "MODES", "BackendSpec", "RunSettings", "WorkerJob", "SCHEMA", "RunStore",
+           "RunGuards", "copy_model", "load_anchored", "FAULTS", "MODES", "BackendSpec", "RunSettings", "WorkerJob",
+           "SCHEMA", "RunStore",
            "STATS_SCHEMA", "StreamingStats", "read_stats", "sample_summary"]

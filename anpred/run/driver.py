@@ -127,7 +127,8 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
         store.meta["model"].update(copy_model(model_path, model, tmp))
         run_model_path = tmp / "model.onnx"
         shape_hint = _store_samples(store, in_spec, model, hint)
-        store.meta["backend_specs"] = {s.label: {"name": s.name, "options": json.loads(to_json(s.options))} for s in specs}
+        store.meta["backend_specs"] = {s.label: {"name": s.name, "options": json.loads(to_json(s.options))}
+                                       for s in specs}
         for s in specs:
             if "model" in s.options:
                 store.meta["backend_specs"][s.label]["model_sha256"] = sha256_file(s.options["model"])

@@ -373,7 +373,8 @@ def run_job(job_path: str, fd: int, feed_fd: int | None = None, models: bool = F
              "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}))
     except SystemExit as err:
         st.status = "failed"
-        st.reason = (f"sys.exit({err.code}) called while {stage}" + (f" sample {cursor[0]}" if stage == "running" else "")
+        st.reason = (f"sys.exit({err.code}) called while {stage}"
+                     + (f" sample {cursor[0]}" if stage == "running" else "")
                      + " (a converter exiting the process; see logs/" + label + ".log)")
     except BaseException as err:  # noqa: BLE001 - every failure becomes this backend's status
         st.status = _classify(err)

@@ -73,7 +73,8 @@ def map_keras(manifest, model, g: GraphIndex) -> dict[str, dict[str, Any]]:
                 out[a.name] = make_entry(tgt, "exact", f"the model input {tgt!r} (Keras layout), transposed by tf2onnx "
                                          f"with perm {perm}", {"permute": perm})
             else:
-                out[a.name] = make_entry("", "unmapped", f"value {v!r} transposes graph input {inp!r}, which is no Keras "
+                out[a.name] = make_entry("", "unmapped",
+                                         f"value {v!r} transposes graph input {inp!r}, which is no Keras "
                                          f"InputLayer of {model.name!r}")
             continue
         if L is None:

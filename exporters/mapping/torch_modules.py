@@ -158,8 +158,9 @@ def _probe_torch(module, example_inputs) -> "_Probe":
         with torch.no_grad():
             out = module(*[torch.as_tensor(x) if not isinstance(x, torch.Tensor) else x for x in example_inputs])
     except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise MappingError(f"probing {type(module).__name__} on the example inputs failed: "
-                           f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}") from err
+                           f"{type(err).__name__}: {first}") from err
     finally:
         for h in handles:
             h.remove()
