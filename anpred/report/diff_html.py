@@ -112,8 +112,8 @@ def render_diff_html(graph=None, runs=None, title: str = "anpred diff") -> str:
                      "<th>status</th><th>transform</th><th>reason</th></tr>")
             for a in graph.anchors:
                 P.append(f"<tr><td>{e(a.anchor)}</td><td>{e(str(a.a_value))}</td><td>{e(str(a.b_value))}</td>"
-                         f"<td>{e(a.status)}</td><td>{e(str(a.transform or ''))}</td><td "
-                         f"class='small'>{e(a.reason)}</td></tr>")
+                         f"<td>{e(a.status)}</td><td>{e(str(a.transform or ''))}</td>"
+                         f"<td class='small'>{e(a.reason)}</td></tr>")
             P.append("</table>")
     if runs is not None:
         P.append(f"<h2>Anchors ({e(runs.statistic)} of B against A, worst sample)</h2><table><tr><th>anchor</th>"
