@@ -336,8 +336,7 @@ def markdown(p: dict) -> str:
     for name, c in p["clean"].items():
         lines += [f"### {name}: clean run, reduced-precision backends and detections", "",
                   "| backend | ANPRED flagged | origin stage | worst anchor | worst nRMSE | propagation | "
-                  "non-monotonic | "
-                  "baseline critical tol | detections (n) | changed vs consensus | mean IoU |",
+                  "non-monotonic | baseline critical tol | detections (n) | changed vs consensus | mean IoU |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for b, v in c["verdicts"].items():
             d = c["detections"].get(b, {})

@@ -275,8 +275,7 @@ def test_lazy_sparklines_and_detail_view_on_hundreds_of_cells(tmp_path):
                              "A"))
                 for b in range(40):
                     con.execute("INSERT INTO verdicts (run_id, backend, family, precision, versions, flagged, "
-                                "worst_anchor, "
-                                "worst_primary, status) VALUES (?,?,?,?,?,?,?,?,?)",
+                                "worst_anchor, worst_primary, status) VALUES (?,?,?,?,?,?,?,?,?)",
                                 (run, f"b{b:02d}", "onnxruntime", "fp32", json.dumps({"onnxruntime": f"1.{rid}.0"}), 0,
                                  "output/y", 1e-7 * rid, "consistent"))
                     con.execute("INSERT INTO cells (run_id, backend, anchor, stage, primary_stat, flagged, stats) "

@@ -278,11 +278,10 @@ class TfOnnxBackend(Backend):
         no_bf16 = bfloat16_uses(model)
         if no_bf16:
             raise BackendError(f"{self.name}: onnx2tf has no bfloat16 (its ONNX->TF dtype table, "
-                               "onnx2tf/utils/enums.py "
-                               "ONNX_DTYPES_TO_TF_DTYPES, lacks BFLOAT16, and it declares a bfloat16 graph input as "
+                               "onnx2tf/utils/enums.py ONNX_DTYPES_TO_TF_DTYPES, lacks BFLOAT16, and it declares a "
+                               "bfloat16 graph input as "
                                "TensorFlow quint16: onnx_graphsurgeon gives the bare element type 16, "
-                               "which tf.as_dtype "
-                               f"reads as DT_QUINT16); bfloat16 here: {'; '.join(no_bf16[:5])}"
+                               f"which tf.as_dtype reads as DT_QUINT16); bfloat16 here: {'; '.join(no_bf16[:5])}"
                                + (" ..." if len(no_bf16) > 5 else ""))
         fixed = self._fixed_shapes(graph_inputs)
         self.fixed_shapes = fixed
@@ -372,8 +371,7 @@ class TfOnnxBackend(Backend):
         c = on[1] if r > 1 else None
         if channels_last and c is not None and tn[-1] is not None and tn[-1] != c:
             raise BackendError(f"{self.name}: input {name!r}: onnx2tf should have made it channels-last, "
-                               "but its TF shape "
-                               f"{tn} does not end with the ONNX channel count {c} (ONNX {on})")
+                               f"but its TF shape {tn} does not end with the ONNX channel count {c} (ONNX {on})")
         if not channels_last and c is not None and tn[1] is not None and tn[1] != c:
             raise BackendError(f"{self.name}: input {name!r} kept channels-first, but TF shape {tn} vs ONNX {on}")
         return _to_channels_last(r) if channels_last else None
@@ -387,8 +385,7 @@ class TfOnnxBackend(Backend):
                           or a.value in self._meta.get("constant_outputs", ())):
             return AnchorCapture("missing", None, None, None,
                                  f"ONNX value {a.value!r} is a constant (it depends on no graph input): "
-                                 "onnxsim folds it "
-                                 "and onnx2tf returns no tensor for a constant output")
+                                 "onnxsim folds it and onnx2tf returns no tensor for a constant output")
         if i is None:
             return AnchorCapture("missing", None, None, None,
                                  f"ONNX value {a.value!r} is not an output of the onnx2tf model "
