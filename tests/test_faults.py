@@ -38,7 +38,7 @@ def _downstream_values(model, value: str) -> set[str]:
 def test_fault_differs_exactly_from_injection_stage(anchored_yolov8n, yolov8n_model, kind, magnitude):
     model, manifest = anchored_yolov8n
     x = yolov8n_model.real_inputs(1)[0]
-    clean = ort_anchors(model, manifest, {"images": x}, threads=2)
+    clean = ort_anchors(model, manifest, {model.graph.input[0].name: x}, threads=2)
     stages = sorted({a.stage for a in manifest.anchors if a.kind == "boundary"})
     tried = 0
     for stage in (stages[1], stages[len(stages) // 2]):
@@ -50,7 +50,7 @@ def test_fault_differs_exactly_from_injection_stage(anchored_yolov8n, yolov8n_mo
         assert truth.stage == stage and truth.kind == kind
         stored = {p.key: p.value for p in variant.metadata_props}[FAULT_METADATA_KEY]
         assert json.loads(stored)["node"] == truth.node
-        faulty = ort_anchors(variant, manifest, {"images": x}, threads=2)
+        faulty = ort_anchors(variant, manifest, {variant.graph.input[0].name: x}, threads=2)
         down = _downstream_values(model, truth.value)
         for a in manifest.anchors:  # by data flow: every anchor the fault cannot reach is bit-identical
             d = float(np.abs(faulty[a.name].astype(np.float64) - clean[a.name]).max())
