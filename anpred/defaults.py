@@ -135,8 +135,8 @@ class OracleConfig:
             ``stat > origin_k * median(peers' stat)`` and ``stat > origin_floor_fraction * floor``.
             Measured: clean fp32 backends reach at most 2.1x their peers' median at anchors, so
             ``origin_k = 4`` leaves ~2x (at the parts of outputs far more where a part is nearly all 0,
-            where the part range rule decides instead: docs/oracle.md); the floor fraction keeps bit-identical peers (median 0) from
-            making any nonzero difference a departure.
+            where the part range rule decides instead: docs/oracle.md); the floor fraction keeps bit-identical peers
+            (median 0) from making any nonzero difference a departure.
         sustained_anchors: a voting backend that departs from its peers (the rule above) at this many
             judged anchors in a row along the data flow (each the next anchor downstream of the
             previous) is flagged at each of them, even below the floor: one anchor at 4x its peers
@@ -297,9 +297,12 @@ class OracleConfig:
                 raise AnpredError(f"oracle config {key!r} must map backend names to non-empty strings, got {table!r}")
         for b, p in self.reduced_precision.items():
             if p not in PRECISIONS:
-                raise AnpredError(f"oracle config reduced_precision.{b}: unknown precision {p!r}; known: {', '.join(PRECISIONS)}")
-        if not isinstance(self.reference_priority, list) or not all(isinstance(b, str) for b in self.reference_priority):
-            raise AnpredError(f"oracle config reference_priority must be a list of backend names, got {self.reference_priority!r}")
+                raise AnpredError(f"oracle config reduced_precision.{b}: unknown precision {p!r}; known: "
+                                  f"{', '.join(PRECISIONS)}")
+        if not isinstance(self.reference_priority,
+                          list) or not all(isinstance(b, str) for b in self.reference_priority):
+            raise AnpredError("oracle config reference_priority must be a list of backend names, got "
+                              f"{self.reference_priority!r}")
         return self
 
     @classmethod
@@ -332,7 +335,8 @@ class OracleConfig:
         cfg.validate()
         for key in ("k", "floor", "depth_growth", "population_k"):
             setattr(cfg, key, {p: float(v) for p, v in getattr(cfg, key).items()})
-        for key in ("propagation_band", "threshold_atol", "threshold_rtol", "correlated_nrmse", "correlated_rho", "origin_k",
+        for key in ("propagation_band", "threshold_atol", "threshold_rtol", "correlated_nrmse", "correlated_rho",
+                    "origin_k",
                     "origin_floor_fraction", "part_min_scale", "ulp_quantile", "ulp_floor", "cost_factor"):
             setattr(cfg, key, float(getattr(cfg, key)))
         return cfg
@@ -340,7 +344,8 @@ class OracleConfig:
 
 def _number(key: str, v: Any, lo: float, strict: bool) -> None:
     """A finite real number (not a bool) ``> lo`` (strict) or ``>= lo``; else AnpredError."""
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v > lo if strict else v >= lo)
+    ok = isinstance(v, (int, float)) and not isinstance(v,
+                                                        bool) and math.isfinite(v) and (v > lo if strict else v >= lo)
     if not ok:
         raise AnpredError(f"oracle config {key} must be a finite number {'>' if strict else '>='} {lo:g}, got {v!r}")
 
@@ -372,7 +377,8 @@ def load_config(path: str | Path | None) -> OracleConfig:
         else:
             data = json.loads(text)
     except (ValueError, json.JSONDecodeError) as err:
-        raise AnpredError(f"config {p} is not valid {'TOML' if p.suffix.lower() == '.toml' else 'JSON'}: {err}") from err
+        kind = "TOML" if p.suffix.lower() == ".toml" else "JSON"
+        raise AnpredError(f"config {p} is not valid {kind}: {err}") from err
     if not isinstance(data, dict):
         raise AnpredError(f"config {p}: expected a table/object at the top")
     data = copy.deepcopy(data.get("oracle", data))

@@ -26,10 +26,13 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+# ORACLES: the oracles of ``--oracle`` (:func:`anpred.judge.check_run`), in the shared defaults so that
+# validating them imports nothing of the judge
+from anpred.defaults import ORACLES
 from anpred.errors import AnpredError, InputError
 
 __all__ = ["JudgeOptions", "RunOptions", "ModelOptions", "InputOptions", "StreamOptions", "OutputOptions",
-           "TestOptions", "add_verbose", "PRECISIONS", "parse_input_shapes"]
+           "TestOptions", "add_verbose", "PRECISIONS", "ORACLES", "parse_input_shapes"]
 
 #: the reduced precisions whose population ``--precision`` adds (``anpred.pipeline.choices.POPULATIONS``)
 PRECISIONS = ("fp16", "int8")
@@ -97,8 +100,6 @@ class JudgeOptions:
     def validate(self) -> None:
         """Raises AnpredError: an unknown oracle, a negative tolerance, ``drill`` with the threshold
         oracle alone, a bad config file (read now: nothing runs before it is known good)."""
-        from anpred.defaults import ORACLES
-
         if self.oracle not in ORACLES:
             raise AnpredError(f"unknown oracle {self.oracle!r}; known: {', '.join(ORACLES)}")
         if (self.atol is not None and self.atol < 0) or (self.rtol is not None and self.rtol < 0):

@@ -36,7 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SAFETENSORS_DTYPES", "c_contiguous", "storable", "write_safetensors", "read_safetensors", "array_file_keys", "read_array_file"]
+__all__ = ["SAFETENSORS_DTYPES", "c_contiguous", "storable", "write_safetensors", "read_safetensors", "array_file_keys",
+           "read_array_file"]
 
 #: numpy dtype -> safetensors dtype string (safetensors spec; little-endian only; bfloat16 as an
 #: ``ml_dtypes`` array). Arrays of any other dtype (big-endian, float8, complex, strings, objects)

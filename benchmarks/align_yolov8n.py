@@ -63,7 +63,8 @@ def main() -> None:
     graph = onnx.load(str(path), load_external_data=False).graph
     inits = {i.name for i in graph.initializer}
     rng = np.random.default_rng(0)
-    samples = [{i.name: rng.random((1, 3, a.size, a.size), dtype=np.float32) for i in graph.input if i.name not in inits}
+    samples = [{i.name: rng.random((1, 3, a.size, a.size), dtype=np.float32) for i in graph.input
+                if i.name not in inits}
                for _ in range(a.samples)]
     runs: list[dict] = [{} for _ in samples]
     statuses = {}
@@ -107,7 +108,8 @@ def main() -> None:
         half = ref.shape[1] // 2
         sw = np.concatenate([ref[:, half:], ref[:, :half]], axis=1)
         r, ms = timed(lambda: find_segment_permutation(sw, ref, axes=[1]))
-        print(f"channel-axis search on {name} {list(ref.shape)} with channel halves swapped: {r and r[0]} in {ms:.1f} ms")
+        print(f"channel-axis search on {name} {list(ref.shape)} with channel halves swapped: "
+              f"{r and r[0]} in {ms:.1f} ms")
     r, ms = timed(lambda: find_segment_permutation(other, out, axes=[1]))
     print(f"channel-axis search against another sample's output: {r} in {ms:.1f} ms")
     # levels along axis 2: found only when that axis is asked for (the aligner does not: pin such a rule)

@@ -167,7 +167,8 @@ def main() -> None:
     anpred = str(Path(sys.executable).with_name("anpred"))
     res: dict = {"models": [m for m, _ in models], "backends": backends, "cpus": args.cpus, "samples": args.samples}
     if not args.no_warmup:
-        res["warmup"] = timed([anpred, "campaign", str(camp), "-o", str(out / "warmup"), "-q", "--cpus", str(args.cpus)],
+        res["warmup"] = timed([anpred, "campaign", str(camp), "-o", str(out / "warmup"), "-q", "--cpus",
+                               str(args.cpus)],
                               out / "warmup.log")
         print("warm-up", res["warmup"], flush=True)
     seq = {"wall_s": 0.0, "peak_pss_gib": 0.0, "rc": []}

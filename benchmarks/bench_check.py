@@ -37,7 +37,8 @@ def kernels():
     stack = np.stack(votes)
     print("kernels on 102,400 float64 values (ms per call):")
     print(f"  median of 5 votes: network {_t(lambda: median_of(votes), 20):.2f}   np.median(axis=0) "
-          f"{_t(lambda: np.median(stack, axis=0), 20):.2f}   identical: {np.array_equal(median_of(votes), np.median(stack, axis=0))}")
+          f"{_t(lambda: np.median(stack, axis=0), 20):.2f}   identical: "
+          f"{np.array_equal(median_of(votes), np.median(stack, axis=0))}")
     print(f"  W1: sorted differences {_t(lambda: np.abs(np.sort(d) - np.sort(c)).mean(), 20):.2f}   "
           f"(consensus sorted once: {_t(lambda: np.abs(np.sort(d) - c).mean(), 20):.2f})   scipy "
           f"{_t(lambda: wasserstein_distance(d, c), 5):.2f}")

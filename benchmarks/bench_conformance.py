@@ -86,7 +86,8 @@ def _cold(cases: list[Path], out: Path, backends: list[str]) -> dict:
         os.environ.pop("ANPRED_WARM_ONNXSIM", None)
         if warm_cache is not None:
             os.environ["ANPRED_CACHE"] = warm_cache
-    return {"cases": len(per), "median_case_s": round(statistics.median(per), 2), "per_case_s": [round(x, 2) for x in per],
+    return {"cases": len(per), "median_case_s": round(statistics.median(per), 2),
+            "per_case_s": [round(x, 2) for x in per],
             "median_prepare_s": {b: round(statistics.median(v), 3) for b, v in prep.items()}}
 
 

@@ -86,8 +86,8 @@ def synthetic(db: Path, models: int, backends: int, runs: int, seed: int = 0) ->
             for r in range(runs):
                 rid += 1
                 created = (t0 + datetime.timedelta(hours=6 * r, seconds=m)).isoformat()
-                con.execute("INSERT INTO runs (id, created, run_dir, model, model_sha256, machine, cpu, status, oracle, "
-                            "samples, inputs, inputs_sha256, report) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                con.execute("INSERT INTO runs (id, created, run_dir, model, model_sha256, machine, cpu, status, "
+                            "oracle, samples, inputs, inputs_sha256, report) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                             (rid, created, f"/nowhere/m{m}/r{r}/run", f"model-{m:03d}", "", "{}", "", "consistent",
                              "consensus", 4, "{}", "inputs-a", None))
                 verdicts, cells, tasks = [], [], []
@@ -98,8 +98,10 @@ def synthetic(db: Path, models: int, backends: int, runs: int, seed: int = 0) ->
                     vals = [base * (1 + k) * rng.uniform(0.7, 1.3) * (300 if flagged and k >= 2 else 1)
                             for k in range(len(anchors))]
                     worst = max(range(len(anchors)), key=lambda k: vals[k])
-                    verdicts.append((rid, name, fam, prec, json.dumps(ver), int(flagged), anchors[2] if flagged else None,
-                                     2 if flagged else None, anchors[worst], vals[worst], "amplified" if flagged else "none",
+                    verdicts.append((rid, name, fam, prec, json.dumps(ver), int(flagged),
+                                     anchors[2] if flagged else None,
+                                     2 if flagged else None, anchors[worst], vals[worst],
+                                     "amplified" if flagged else "none",
                                      None, None, "flagged" if flagged else "consistent",
                                      f"node{m}_{b}" if flagged else None, OPS[(m + b) % len(OPS)] if flagged else None))
                     cells += [(rid, name, a, k, vals[k], int(flagged and k >= 2), json.dumps({"nrmse": vals[k]}))
@@ -120,8 +122,10 @@ def synthetic(db: Path, models: int, backends: int, runs: int, seed: int = 0) ->
     for (m, b), r in list(bad.items())[:50]:
         name, fam, _ = bnames[b]
         record_bisection(db, {"package": fam, "model": f"model-{m:03d}", "backend": name, "candidates": ["a", "b"],
-                              "first_bad": f"{1 + b % 3}.{r // 40}.0", "last_good": f"{1 + b % 3}.{max(0, r // 40 - 1)}.0",
-                              "origin_stage": 2, "culprit": {"node": f"node{m}_{b}", "op_type": OPS[(m + b) % len(OPS)]}},
+                              "first_bad": f"{1 + b % 3}.{r // 40}.0",
+                              "last_good": f"{1 + b % 3}.{max(0, r // 40 - 1)}.0",
+                              "origin_stage": 2,
+                              "culprit": {"node": f"node{m}_{b}", "op_type": OPS[(m + b) % len(OPS)]}},
                          "synthetic", db.parent)
         counts["bisections"] += 1
     return counts

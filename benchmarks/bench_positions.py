@@ -48,7 +48,8 @@ def main() -> None:
     ap.add_argument("--positions", default="4096,16384,65536")
     a = ap.parse_args()
     full, t_full, manifest = judge(a.run_dir, 0)
-    sizes = {x.name: int(np.prod(x.shape)) for x in manifest.anchors if x.shape and all(isinstance(d, int) for d in x.shape)}
+    sizes = {x.name: int(np.prod(x.shape)) for x in manifest.anchors if x.shape
+             and all(isinstance(d, int) for d in x.shape)}
     outputs = {x.name for x in manifest.anchors if x.kind == "output"}
     rows = [{"positions": 0, "seconds_per_sample": round(t_full, 3)}]
     for k in [int(v) for v in a.positions.split(",")]:
@@ -76,7 +77,8 @@ def main() -> None:
         rows.append({"positions": k, "seconds_per_sample": round(t, 3), "cells": len(rel),
                      "median_rel_change": float(np.median(rel)) if rel else None,
                      "max_rel_change": float(np.max(rel)) if rel else None,
-                     "wasserstein_cells": len(w1), "wasserstein_median_rel_change": float(np.median(w1)) if w1 else None,
+                     "wasserstein_cells": len(w1),
+                     "wasserstein_median_rel_change": float(np.median(w1)) if w1 else None,
                      "wasserstein_max_rel_change": float(np.max(w1)) if w1 else None,
                      "verdicts_changed": changed, "cells_over_10pct": big[:10],
                      "standings_equal": standings == standings_full, "standings": standings,

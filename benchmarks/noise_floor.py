@@ -77,7 +77,8 @@ def summarize(results, margin: float):
     cfg = OracleConfig()
     out = {}
     for p in ("fp32", "fp16", "bf16", "int8"):
-        cells = [(r["model"], c) for r in results for c in r["cells"] if c["precision"] == p and not _excluded(r["model"], c)]
+        cells = [(r["model"], c) for r in results for c in r["cells"] if c["precision"] == p
+                 and not _excluded(r["model"], c)]
         if not cells:
             continue
         need = [(c["nrmse"] / math.sqrt(1 + cfg.depth_growth[p] * c["stage"]), m, c) for m, c in cells]
@@ -87,8 +88,10 @@ def summarize(results, margin: float):
         for n, m, c in need:
             per_model[m] = max(per_model.get(m, 0.0), n)
         floor = _round_up(margin * worst_need)
-        out[p] = {"cells": len(cells), "max_nrmse": raw, "max_at": f"{rm} {rc['backend']} {rc['anchor']} (stage {rc['stage']})",
-                  "max_stage0_need": worst_need, "need_at": f"{wm} {wc['backend']} {wc['anchor']} (stage {wc['stage']})",
+        out[p] = {"cells": len(cells), "max_nrmse": raw,
+                  "max_at": f"{rm} {rc['backend']} {rc['anchor']} (stage {rc['stage']})",
+                  "max_stage0_need": worst_need,
+                  "need_at": f"{wm} {wc['backend']} {wc['anchor']} (stage {wc['stage']})",
                   "per_model_need": per_model, "derived_floor": floor, "margin": margin,
                   "current_floor": cfg.floor[p], "current_margin": cfg.floor[p] / worst_need}
     return out
@@ -122,9 +125,11 @@ def main():
     results = []
     for spec in args.models.split(","):
         name, _, size = spec.partition(":")
-        r = measure(name, int(size) if size else None, work, args.real, args.random, args.reuse, args.no_reference_above)
+        r = measure(name, int(size) if size else None, work, args.real, args.random, args.reuse,
+                    args.no_reference_above)
         results.append(r)
-        print(f"== {name} {size or ''}: {r['samples']} samples, status {r['status']}, run {r['seconds_run'] or 0:.0f} s, "
+        print(f"== {name} {size or ''}: {r['samples']} samples, status {r['status']}, "
+              f"run {r['seconds_run'] or 0:.0f} s, "
               f"check {r['seconds_check']:.1f} s; " + ", ".join(f"{b} {s}" for b, s in r["backends"].items()))
         for c in r["correlated"]:
             print(f"   correlated: {' + '.join(c['backends'])} at {len(c['anchors'])} anchors; apart at {c['differ']}")

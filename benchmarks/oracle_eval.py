@@ -72,14 +72,16 @@ def doc_default_magnitudes() -> dict[str, tuple[float, ...]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=f"{DOC},yolov8n,yolov5n")
     # the fp32 evaluation's kinds: the reduced-precision implementation kinds (passes.faults_lowp)
     # are measured by benchmarks/population_eval.py on the converted models
     ap.add_argument("--kinds", default=",".join(ev.DEFAULT_MAGNITUDES))
     ap.add_argument("--stages", default="all", help="comma-separated stage indices, or 'all'")
     ap.add_argument("--magnitudes", default=None, help='e.g. "round=16,11,8;weight-ulp=256,4096"')
-    ap.add_argument("--doc-magnitudes", default=None, help="override for yolov8n-doclaynet (default: middle and largest)")
+    ap.add_argument("--doc-magnitudes", default=None,
+                    help="override for yolov8n-doclaynet (default: middle and largest)")
     ap.add_argument("--imgsz", type=int, default=320, help="input side of resizable models (doclaynet: 1024, static)")
     ap.add_argument("--real", type=int, default=2)
     ap.add_argument("--random", type=int, default=2)
@@ -242,10 +244,12 @@ def findings(results: list[ev.ConfigResult], cleans: dict[str, ev.CleanSummary])
         for a, k in zip(anchors, ch):
             if a["kind"] != "output" and k is not None:
                 stage_ch.setdefault(a["stage"], k)
-        pts = [(stage_ch.get(r.truth["stage"]), r.output_nrmse / r.injected_nrmse) for r in rs if stage_ch.get(r.truth["stage"])]
+        pts = [(stage_ch.get(r.truth["stage"]), r.output_nrmse / r.injected_nrmse) for r in rs
+               if stage_ch.get(r.truth["stage"])]
         if len(pts) >= 4:
             rho, p = spearmanr([x for x, _ in pts], [y for _, y in pts])
-            out["dimension_sensitive"][f"{name}/faults:amplification-vs-channels"] = {"spearman_rho": float(rho), "p": float(p), "n": len(pts)}
+            out["dimension_sensitive"][f"{name}/faults:amplification-vs-channels"] = {
+                "spearman_rho": float(rho), "p": float(p), "n": len(pts)}
         det = [r for r in results if r.model == name and r.kind and r.flagged]
         out["non_monotonic"][name] = {"detected": len(det), "non_monotonic": sum(1 for r in det if r.non_monotonic),
                                       "masked": sum(1 for r in det if r.propagation == "masked"),
@@ -298,15 +302,18 @@ def markdown(p: dict) -> str:
     lines = []
     methods = ["anpred"] + [f"threshold@{t:g}" for t in ev.TOLERANCES]
     for scope, s in p["summary"].items():
-        trained = "" if scope == "all" else (" (trained weights)" if p["models"][scope]["trained"] else " (seeded random weights)")
+        trained = "" if scope == "all" else (" (trained weights)" if p["models"][scope]["trained"]
+                                             else " (seeded random weights)")
         lines += [f"### {scope}{trained}", "", f"{s['configs']} faulty configurations, {s['null_configs']} null; "
-                  f"not applicable: " + (", ".join(f"{k} at stages {v}" for k, v in s["skipped"].items()) or "none"), ""]
+                  f"not applicable: " + (", ".join(f"{k} at stages {v}" for k, v in s["skipped"].items()) or "none"),
+                  ""]
         lines += ["Detection rate (faulty backend flagged) per kind and magnitude:", "",
                   "| kind | magnitude | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
         det = s["detection"]
         for kind in sorted(k for k in det["anpred"] if k != "all"):
             for mag in mag_order(kind, det["anpred"][kind]):
-                lines.append(f"| {kind} | {mag} | " + " | ".join(_pct(det[m].get(kind, {}).get(mag)) for m in methods) + " |")
+                lines.append(f"| {kind} | {mag} | " + " | ".join(_pct(det[m].get(kind, {}).get(mag)) for m in methods)
+                             + " |")
         lines.append("| **all** | | " + " | ".join(_pct(det[m]["all"]["all"]) for m in methods) + " |")
         fa = s["false_alarm"]
         lines += ["", "False-alarm rate (clean fp32 backend verdicts flagged):", "",
@@ -319,15 +326,18 @@ def markdown(p: dict) -> str:
         for k, v in loc["by_kind"].items():
             lines.append(f"| {k} | {_pct(v['top1'])} | {_pct(v['within_one'])} |")
         b = p["bars"][scope]
-        lines += ["", f"Bars: detection >= best zero-false-alarm baseline ({', '.join(b['detection']['zero_false_alarm_baselines']) or 'none'}): "
+        lines += ["",
+                  "Bars: detection >= best zero-false-alarm baseline "
+                  f"({', '.join(b['detection']['zero_false_alarm_baselines']) or 'none'}): "
                   f"{_bar_detection(b['detection'])}; "
                   f"false alarms 0 on clean: {'met' if b['false_alarm']['met'] else 'NOT met'}; "
                   f"top-1 >= 90%: {'met' if b['localization']['met'] else 'NOT met'}.", ""]
     # clean runs: reduced precision and detections
     for name, c in p["clean"].items():
         lines += [f"### {name}: clean run, reduced-precision backends and detections", "",
-                  "| backend | ANPRED flagged | origin stage | worst anchor | worst nRMSE | propagation | non-monotonic | "
-                  "baseline critical tol | detections (n) | changed vs consensus | mean IoU |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| backend | ANPRED flagged | origin stage | worst anchor | worst nRMSE | propagation | "
+                  "non-monotonic | baseline critical tol | detections (n) | changed vs consensus | mean IoU |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for b, v in c["verdicts"].items():
             d = c["detections"].get(b, {})
             tol = c["threshold_max"].get(b, {}).get("critical_tolerance")
@@ -339,21 +349,24 @@ def markdown(p: dict) -> str:
     # end-result impact of faults
     lines += ["### End-result impact of injected faults (detections vs the clean consensus, summed over samples)", "",
               "| model | kind | magnitude | configs | ANPRED flagged | mean injected nRMSE | mean output nRMSE | "
-              "mean changed detections (real inputs) | configs changing any detection (real) |", "|---|---|---|---|---|---|---|---|---|"]
+              "mean changed detections (real inputs) | configs changing any detection (real) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     rows: dict = {}
     for r in p["configs"]:
         if not r["kind"] or r["skipped"]:
             continue
         rows.setdefault((r["model"], r["kind"], r["magnitude"]), []).append(r)
     null = {r["model"]: r for r in p["configs"] if r["kind"] is None}
-    for (m, k, mag), rs in sorted(rows.items(), key=lambda x: (x[0][0], x[0][1], -x[0][2] if x[0][1] == "round" else x[0][2])):
+    for (m, k, mag), rs in sorted(rows.items(),
+                                  key=lambda x: (x[0][0], x[0][1], -x[0][2] if x[0][1] == "round" else x[0][2])):
         real = [r["detections_by_kind"].get("real", {}).get("changed", 0) for r in rs]
         base = null.get(m, {}).get("detections_by_kind", {}).get("real", {}).get("changed", 0)
         lines.append(f"| {m} | {k} | {mag:g} | {len(rs)} | {sum(r['flagged'] for r in rs)} | "
                      f"{_g(_mean(r['injected_nrmse'] for r in rs))} | {_g(_mean(r['output_nrmse'] for r in rs))} | "
                      f"{_g(_mean(real))} | {sum(1 for x in real if x > base)} |")
     lines += ["", "Null configuration (clean model in the fault slot), changed detections on real inputs: " +
-              ", ".join(f"{m}: {r.get('detections_by_kind', {}).get('real', {}).get('changed', '-')}" for m, r in null.items()), ""]
+              ", ".join(f"{m}: {r.get('detections_by_kind', {}).get('real', {}).get('changed', '-')}"
+                        for m, r in null.items()), ""]
     lines += ["### Findings (numbers)", "", "```json", json.dumps(p["findings"], indent=1), "```", ""]
     lines += [f"Timings: {json.dumps(p['timings'])}; wall {p['wall_s']} s.", ""]
     return "\n".join(lines)

@@ -141,7 +141,8 @@ def evaluate_model(name: str, work: Path, *, imgsz: int | None, n_real: int, n_r
     old_clean: dict[str, Any] = {}
     for b in {t for _, _, t in faults if t in ok}:
         pop = INT8 if b in INT8 else FP16
-        only = ev.link_run(Path(setup.clean_dir), work / "fp32-only-clean" / b, [x for x in ok if x not in pop or x == b])
+        only = ev.link_run(Path(setup.clean_dir), work / "fp32-only-clean" / b,
+                           [x for x in ok if x not in pop or x == b])
         old_clean[b] = _flags(check_run(only.root, config=cfg))[b]
     all_stages = [s.index for s in man.stages] if stages is None else stages
     inputs = Path(setup.anchored).parent / "inputs"
@@ -175,7 +176,8 @@ def evaluate_model(name: str, work: Path, *, imgsz: int | None, n_real: int, n_r
             row.update({"detected": det, "origin_stage": where,
                         "implementation": bool(flags[target]["implementation"]),
                         "budget_new": sorted(set(flags[target]["budget"]) - set(clean_flags[target]["budget"])),
-                        "others_flagged": sorted(b for b in flags if b != target and _new(flags[b], clean_flags.get(b))[0]),
+                        "others_flagged": sorted(b for b in flags if b != target
+                                                 and _new(flags[b], clean_flags.get(b))[0]),
                         "fp32_only_detected": odet, "fp32_only_origin": owhere,
                         "output_nrmse": _output_nrmse(rep, target, outputs)})
             res["faults"].append(row)

@@ -264,7 +264,8 @@ def export_torch(module, example_inputs: tuple, path, *, dynamo: bool = True, op
     import onnx
 
     with export_folder("export-torch", key, build, cache) as (folder, hit, seconds):
-        real_opset = next((o.version for o in onnx.load(str(folder / "model.onnx"), load_external_data=False).opset_import
+        real_opset = next((o.version
+                           for o in onnx.load(str(folder / "model.onnx"), load_external_data=False).opset_import
                            if o.domain in ("", "ai.onnx")), opset)
         origin = make_origin("torch", exporter, real_opset, factory, factory_kwargs)
         write_with_origin(folder / "model.onnx", path, origin)

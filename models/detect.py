@@ -167,7 +167,8 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
 
 
-def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float = 0.45, max_det: int = 300) -> np.ndarray:
+def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float = 0.45,
+        max_det: int = 300) -> np.ndarray:
     """Class-aware non-maximum suppression with OpenCV (``cv2.dnn.NMSBoxesBatched``).
 
     Args:

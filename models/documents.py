@@ -170,94 +170,132 @@ def render_page(seed: int = 0, size: tuple[int, int] = (1024, 1280)) -> Page:
 
 
 def _render_page(seed: int, W: int, H: int, compact: int) -> Page:
-    from PIL import Image, ImageDraw
+    """One drawing of :func:`render_page`'s layout, top to bottom (the random draws in this order);
+    ``compact`` 1 leaves out the paragraph after the section header, 2 also lowers the figure."""
+    d = _PageDraw(seed, W, H)
+    d.header_footer()
+    y = d.title(int(0.07 * H))
+    y = d.paragraph(y) or y
+    y = d.table(y)
+    y = d.section_header(y)
+    if compact:
+        d.paragraph(d.bottom)  # the same random draws, nothing drawn: room for the figure and the list
+    else:
+        y = d.paragraph(y) or y
+    y = d.figure(y, int(H * (0.12 if compact >= 2 else 0.2)))
+    y = d.bulleted_list(y)
+    y += d.gap / 2
+    while True:
+        ny = d.paragraph(y)
+        if ny is None:
+            break
+        y = ny
+    return d.page
 
-    rng = np.random.default_rng(seed)
-    img = Image.new("RGB", (W, H), (255, 255, 255))
-    draw = ImageDraw.Draw(img)
-    page = Page(image=img)
-    s = W / 1024
-    margin = int(0.08 * W)
-    left, right = margin, W - margin
-    width = right - left
-    wr = _Writer(page, draw, left, right)
-    f_small, f_body = font(max(8, int(15 * s))), font(max(9, int(19 * s)))
-    f_sec, f_title = font(max(10, int(26 * s))), font(max(12, int(int(rng.integers(54, 62)) * s)))
-    gap = int(22 * s)
 
-    # page header and footer
-    hdr = f"{' '.join(str(rng.choice(_WORDS)) for _ in range(3)).title()} - Vol. {int(rng.integers(1, 40))}"
-    box, _ = wr.text_block([hdr], int(0.03 * H), f_small, fill=(90, 90, 90))
-    page.add("Page-header", box)
-    num = str(int(rng.integers(1, 300)))
-    box, _ = wr.text_block([num], int(0.955 * H), f_small, x=W / 2 - draw.textlength(num, font=f_small) / 2,
-                           fill=(90, 90, 90))
-    page.add("Page-footer", box)
-    bottom = int(0.93 * H)
+class _PageDraw:
+    """A page being drawn: its seeded generator, canvas, fonts (scaled with the width ``W``) and
+    column; each block method draws at height ``y`` (pixels) and returns the height below it."""
 
-    y = int(0.07 * H)
-    title = " ".join(str(rng.choice(_WORDS)) for _ in range(int(rng.integers(6, 10)))).title()
-    box, y = wr.text_block(_wrap(draw, title, f_title, int(0.8 * width)), y, f_title, gap=1.2, center=True,
-                           stroke=max(1, int(1.5 * s)))
-    page.add("Title", box)
-    y += gap / 2
-    authors = ", ".join(f"{str(rng.choice(_WORDS)).title()} {chr(65 + int(rng.integers(0, 26)))}." for _ in range(int(rng.integers(2, 5))))
-    box, y = wr.text_block([authors], y, f_body, center=True)
-    page.add("Text", box)
-    y += gap
+    def __init__(self, seed: int, W: int, H: int):
+        from PIL import Image, ImageDraw
 
-    def paragraph(y, n_lo=2, n_hi=4):
-        text = " ".join(_sentence(rng) for _ in range(int(rng.integers(n_lo, n_hi + 1))))
-        lines = _wrap(draw, text, f_body, width)
-        if y + len(lines) * f_body.size * 1.35 > bottom:
-            return None
-        box, y = wr.text_block(lines, y, f_body, gap=1.35)
+        self.rng = rng = np.random.default_rng(seed)
+        img = Image.new("RGB", (W, H), (255, 255, 255))
+        self.draw = ImageDraw.Draw(img)
+        self.page = Page(image=img)
+        self.W, self.H = W, H
+        self.s = s = W / 1024
+        margin = int(0.08 * W)
+        self.left, self.right = margin, W - margin
+        self.width = self.right - self.left
+        self.wr = _Writer(self.page, self.draw, self.left, self.right)
+        self.f_small, self.f_body = font(max(8, int(15 * s))), font(max(9, int(19 * s)))
+        self.f_sec, self.f_title = font(max(10, int(26 * s))), font(max(12, int(int(rng.integers(54, 62)) * s)))
+        self.gap = int(22 * s)
+        self.bottom = int(0.93 * H)
+
+    def header_footer(self) -> None:
+        rng, draw, wr, page, f_small, W, H = self.rng, self.draw, self.wr, self.page, self.f_small, self.W, self.H
+        hdr = f"{' '.join(str(rng.choice(_WORDS)) for _ in range(3)).title()} - Vol. {int(rng.integers(1, 40))}"
+        box, _ = wr.text_block([hdr], int(0.03 * H), f_small, fill=(90, 90, 90))
+        page.add("Page-header", box)
+        num = str(int(rng.integers(1, 300)))
+        box, _ = wr.text_block([num], int(0.955 * H), f_small, x=W / 2 - draw.textlength(num, font=f_small) / 2,
+                               fill=(90, 90, 90))
+        page.add("Page-footer", box)
+
+    def title(self, y: float) -> float:
+        """The title (centred, stroked) and the author line below it."""
+        rng, wr, page, gap = self.rng, self.wr, self.page, self.gap
+        title = " ".join(str(rng.choice(_WORDS)) for _ in range(int(rng.integers(6, 10)))).title()
+        box, y = wr.text_block(_wrap(self.draw, title, self.f_title, int(0.8 * self.width)), y, self.f_title,
+                               gap=1.2, center=True, stroke=max(1, int(1.5 * self.s)))
+        page.add("Title", box)
+        y += gap / 2
+        authors = ", ".join(f"{str(rng.choice(_WORDS)).title()} {chr(65 + int(rng.integers(0, 26)))}."
+                            for _ in range(int(rng.integers(2, 5))))
+        box, y = wr.text_block([authors], y, self.f_body, center=True)
         page.add("Text", box)
         return y + gap
 
-    y = paragraph(y) or y
+    def paragraph(self, y: float, n_lo: int = 2, n_hi: int = 4) -> float | None:
+        """A paragraph of ``n_lo``..``n_hi`` sentences; None (nothing drawn) when it would pass the bottom."""
+        f_body = self.f_body
+        text = " ".join(_sentence(self.rng) for _ in range(int(self.rng.integers(n_lo, n_hi + 1))))
+        lines = _wrap(self.draw, text, f_body, self.width)
+        if y + len(lines) * f_body.size * 1.35 > self.bottom:
+            return None
+        box, y = self.wr.text_block(lines, y, f_body, gap=1.35)
+        self.page.add("Text", box)
+        return y + self.gap
 
-    # table with caption above
-    ncol, nrow = int(rng.integers(3, 6)), int(rng.integers(4, 8))
-    cap = f"Table {int(rng.integers(1, 9))}: " + _sentence(rng, 4, 8)
-    box, y = wr.text_block(_wrap(draw, cap, f_small, width), y, f_small)
-    page.add("Caption", box)
-    y += int(6 * s)
-    row_h = int(f_body.size * 1.7)
-    tw = int(width * rng.uniform(0.7, 1.0))
-    tx0 = left + (width - tw) // 2
-    col_w = tw / ncol
-    ty0 = y
-    for r in range(nrow + 1):
-        draw.line([(tx0, ty0 + r * row_h), (tx0 + tw, ty0 + r * row_h)], fill=(0, 0, 0), width=2 if r in (0, 1, nrow) else 1)
-    for c in range(ncol + 1):
-        draw.line([(tx0 + c * col_w, ty0), (tx0 + c * col_w, ty0 + nrow * row_h)], fill=(0, 0, 0), width=1)
-    for r in range(nrow):
-        for c in range(ncol):
-            if r == 0:
-                cell = str(rng.choice(_WORDS)).capitalize()
-            elif c == 0:
-                cell = str(rng.choice(_WORDS))
-            else:
-                cell = f"{rng.uniform(0, 100):.{int(rng.integers(1, 4))}f}"
-            draw.text((tx0 + c * col_w + 6 * s, ty0 + r * row_h + 0.3 * f_body.size), cell, font=f_body, fill=(0, 0, 0))
-    page.add("Table", (tx0, ty0, tx0 + tw, ty0 + nrow * row_h))
-    y = ty0 + nrow * row_h + 1.5 * gap
+    def table(self, y: float) -> float:
+        """A ruled table of words and numbers with its caption above."""
+        rng, draw, s, width, f_body, f_small = self.rng, self.draw, self.s, self.width, self.f_body, self.f_small
+        ncol, nrow = int(rng.integers(3, 6)), int(rng.integers(4, 8))
+        cap = f"Table {int(rng.integers(1, 9))}: " + _sentence(rng, 4, 8)
+        box, y = self.wr.text_block(_wrap(draw, cap, f_small, width), y, f_small)
+        self.page.add("Caption", box)
+        y += int(6 * s)
+        row_h = int(f_body.size * 1.7)
+        tw = int(width * rng.uniform(0.7, 1.0))
+        tx0 = self.left + (width - tw) // 2
+        col_w = tw / ncol
+        ty0 = y
+        for r in range(nrow + 1):
+            draw.line([(tx0, ty0 + r * row_h), (tx0 + tw, ty0 + r * row_h)], fill=(0, 0, 0),
+                      width=2 if r in (0, 1, nrow) else 1)
+        for c in range(ncol + 1):
+            draw.line([(tx0 + c * col_w, ty0), (tx0 + c * col_w, ty0 + nrow * row_h)], fill=(0, 0, 0), width=1)
+        for r in range(nrow):
+            for c in range(ncol):
+                if r == 0:
+                    cell = str(rng.choice(_WORDS)).capitalize()
+                elif c == 0:
+                    cell = str(rng.choice(_WORDS))
+                else:
+                    cell = f"{rng.uniform(0, 100):.{int(rng.integers(1, 4))}f}"
+                draw.text((tx0 + c * col_w + 6 * s, ty0 + r * row_h + 0.3 * f_body.size), cell, font=f_body,
+                          fill=(0, 0, 0))
+        self.page.add("Table", (tx0, ty0, tx0 + tw, ty0 + nrow * row_h))
+        return ty0 + nrow * row_h + 1.5 * self.gap
 
-    sec = f"{int(rng.integers(1, 6))}. " + " ".join(str(rng.choice(_WORDS)) for _ in range(int(rng.integers(1, 4)))).title()
-    box, y = wr.text_block([sec], y, f_sec)
-    page.add("Section-header", box)
-    y += gap / 2
-    if compact:
-        paragraph(bottom)  # the same random draws, nothing drawn: room for the figure and the list
-    else:
-        y = paragraph(y) or y
+    def section_header(self, y: float) -> float:
+        rng = self.rng
+        number = int(rng.integers(1, 6))  # drawn before the words: a seed keeps giving the same page
+        sec = f"{number}. " + " ".join(str(rng.choice(_WORDS)) for _ in range(int(rng.integers(1, 4)))).title()
+        box, y = self.wr.text_block([sec], y, self.f_sec)
+        self.page.add("Section-header", box)
+        return y + self.gap / 2
 
-    # figure: a chart, caption below
-    fh = int(H * (0.12 if compact >= 2 else 0.2))
-    if y + fh + 3 * gap < bottom:
+    def figure(self, y: float, fh: int) -> float:
+        """A bar or line chart ``fh`` pixels high with its caption below, when it fits above the bottom."""
+        rng, draw, page, width, gap = self.rng, self.draw, self.page, self.width, self.gap
+        if y + fh + 3 * gap >= self.bottom:
+            return y
         fw = int(width * rng.uniform(0.5, 0.8))
-        fx0 = left + (width - fw) // 2
+        fx0 = self.left + (width - fw) // 2
         fy0 = int(y)
         draw.rectangle([fx0, fy0, fx0 + fw, fy0 + fh], fill=(245, 245, 250), outline=(60, 60, 60))
         ax0, ay1 = fx0 + int(0.1 * fw), fy0 + int(0.9 * fh)
@@ -278,28 +316,24 @@ def _render_page(seed: int, W: int, H: int, compact: int) -> Page:
         page.add("Picture", (fx0, fy0, fx0 + fw, fy0 + fh))
         y = fy0 + fh + gap / 2
         cap = f"Figure {int(rng.integers(1, 9))}: " + _sentence(rng, 5, 10)
-        box, y = wr.text_block(_wrap(draw, cap, f_small, width), y, f_small)
+        box, y = self.wr.text_block(_wrap(draw, cap, self.f_small, width), y, self.f_small)
         page.add("Caption", box)
-        y += gap
+        return y + gap
 
-    # bulleted list
-    for _ in range(int(rng.integers(2, 5))):
-        lines = _wrap(draw, _sentence(rng, 5, 16), f_body, width - int(30 * s))
-        if y + len(lines) * f_body.size * 1.35 > bottom:
-            break
-        r = f_body.size * 0.18
-        cy = y + f_body.size * 0.55
-        draw.ellipse([left + 8 * s - r, cy - r, left + 8 * s + r, cy + r], fill=(0, 0, 0))
-        box, y = wr.text_block(lines, y, f_body, x=left + int(30 * s), gap=1.35)
-        page.add("List-item", (left + 8 * s - r, min(box[1], cy - r), box[2], box[3]))
-        y += gap / 3
-    y += gap / 2
-    while True:
-        ny = paragraph(y)
-        if ny is None:
-            break
-        y = ny
-    return page
+    def bulleted_list(self, y: float) -> float:
+        """2-4 bulleted items, as many as fit above the bottom."""
+        rng, draw, s, left, f_body = self.rng, self.draw, self.s, self.left, self.f_body
+        for _ in range(int(rng.integers(2, 5))):
+            lines = _wrap(draw, _sentence(rng, 5, 16), f_body, self.width - int(30 * s))
+            if y + len(lines) * f_body.size * 1.35 > self.bottom:
+                break
+            r = f_body.size * 0.18
+            cy = y + f_body.size * 0.55
+            draw.ellipse([left + 8 * s - r, cy - r, left + 8 * s + r, cy + r], fill=(0, 0, 0))
+            box, y = self.wr.text_block(lines, y, f_body, x=left + int(30 * s), gap=1.35)
+            self.page.add("List-item", (left + 8 * s - r, min(box[1], cy - r), box[2], box[3]))
+            y += self.gap / 3
+        return y
 
 
 def render_text_line(seed: int = 0, height: int = 48, max_width: int = 320) -> tuple[np.ndarray, str]:

@@ -83,7 +83,8 @@ def exporter_id(framework: str) -> str:
 
 
 def export_versions(framework: str) -> dict:
-    pkgs = ("torch", "onnxscript", "onnx", "ultralytics") if framework == "torch" else ("tensorflow", "keras", "tf2onnx", "onnx")
+    pkgs = ("torch", "onnxscript", "onnx",
+            "ultralytics") if framework == "torch" else ("tensorflow", "keras", "tf2onnx", "onnx")
     return {p: package_version(p) for p in pkgs}
 
 

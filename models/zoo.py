@@ -77,8 +77,8 @@ class ZooModel:
             return
         hw = entry.input_hw if imgsz is None else _hw(imgsz)
         if hw != entry.input_hw and not entry.resizable:
-            raise AnpredError(f"{entry.name} takes only {entry.input_hw[0]}x{entry.input_hw[1]} inputs (static ONNX file), "
-                              f"not {hw[0]}x{hw[1]}")
+            raise AnpredError(f"{entry.name} takes only {entry.input_hw[0]}x{entry.input_hw[1]} inputs "
+                              f"(static ONNX file), not {hw[0]}x{hw[1]}")
         if entry.origin in ("torch", "onnx") and entry.preprocessing == "yolo" and (hw[0] % 32 or hw[1] % 32):
             raise AnpredError(f"{entry.name}: input size must be a multiple of 32, got {hw[0]}x{hw[1]}")
         if min(hw) < 32:
@@ -161,7 +161,8 @@ class ZooModel:
         """Metadata: name, origin, trained, weights, task, ``input_shape`` (see :attr:`input_shape`),
         ``inputs`` ([{name, dtype, shape, note}]; one unnamed NCHW float32 for image models), native,
         factory, preprocessing (how the real samples are made), classes, description."""
-        notes = REAL_SAMPLES_NOTES[self.entry.real_samples] if self.entry.inputs else PREPROCESS_NOTES[self.entry.preprocessing]
+        notes = (REAL_SAMPLES_NOTES[self.entry.real_samples] if self.entry.inputs
+                 else PREPROCESS_NOTES[self.entry.preprocessing])
         return {"name": self.name, "origin": self.origin, "trained": self.trained, "weights": self.weights_note,
                 "task": self.entry.task, "input_shape": list(self.input_shape),
                 "inputs": [{"name": i.name, "dtype": i.dtype, "shape": list(i.shape), "note": i.note,
@@ -297,7 +298,8 @@ class ZooModel:
         return getattr(importlib.import_module(mod), fn)(self, int(n), seed)
 
     def __repr__(self) -> str:
-        return f"ZooModel({self.name!r}, input_shape={self.input_shape}, origin={self.origin!r}, trained={self.trained})"
+        return (f"ZooModel({self.name!r}, input_shape={self.input_shape}, origin={self.origin!r}, "
+                f"trained={self.trained})")
 
 
 def _check_n_seed(n: int, seed: int) -> int:

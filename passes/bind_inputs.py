@@ -143,7 +143,8 @@ def coerce_value(name: str, value: Any, dtype: str, dims: list[int | None] | Non
     if a.dtype.kind not in "biuf":
         raise InputError(f"bind {name}={value!r}: input {name!r} is {dtype}; give a number "
                          f"{'or a nested list of numbers ' if dims else ''}(JSON)")
-    shape_txt = "?" if dims is None else ("scalar" if not dims else "x".join("?" if d is None else str(d) for d in dims))
+    shape_txt = "?" if dims is None else ("scalar" if not dims
+                                          else "x".join("?" if d is None else str(d) for d in dims))
     if dims is not None and (a.ndim != len(dims) or any(d is not None and d != s for d, s in zip(dims, a.shape))):
         raise InputError(f"bind {name}: value of shape {'x'.join(map(str, a.shape)) or 'scalar'} does not fit the "
                          f"input's shape {shape_txt}")
@@ -219,7 +220,8 @@ class BindInputsPass(GraphPass):
         layout = fold_constant_layout(m)
         removed_nodes, removed_inits = _remove_dead(m)
         return PassResult(m, True, {
-            "bound": {n: {"dtype": str(a.dtype), "shape": list(a.shape), "value": a.tolist()} for n, a in arrays.items()},
+            "bound": {n: {"dtype": str(a.dtype), "shape": list(a.shape), "value": a.tolist()}
+                      for n, a in arrays.items()},
             "folded": folded, "inlined": inlined,
             "ifs_left": [nd.name or nd.output[0] for nd in m.graph.node if nd.op_type == "If"],
             "constants_lifted": lifted, "layout_folded": layout, "removed_nodes": removed_nodes,

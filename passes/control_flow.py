@@ -183,7 +183,8 @@ class ControlFlowInlinePass(GraphPass):
         nodes = tn + en + [helper.make_node("Reshape", [cond, shape.name], [scalar], name=f"{label}/cond_reshape")]
         for a, b, o in zip(then_g.output, else_g.output, node.output):
             if o:
-                nodes.append(helper.make_node("Where", [scalar, touts[a.name], eouts[b.name]], [o], name=f"{label}/select/{o}"))
+                nodes.append(helper.make_node("Where", [scalar, touts[a.name], eouts[b.name]], [o],
+                                              name=f"{label}/select/{o}"))
         return nodes, ti + ei + [shape]
 
     @staticmethod
@@ -203,7 +204,8 @@ class ControlFlowInlinePass(GraphPass):
         iter_in, cond_in = body.input[0].name, body.input[1].name
         cond_out = body.output[0].name
         body_consts = {t.name for t in body.initializer}
-        passthrough = cond_out == cond_in or any(n.op_type == "Identity" and n.output[0] == cond_out and n.input[0] == cond_in
+        passthrough = cond_out == cond_in or any(n.op_type == "Identity" and n.output[0] == cond_out
+                                                 and n.input[0] == cond_in
                                                  for n in body.node)
         const_true = cond_out in body_consts and _const_bool_true(
             cond_out, {t.name: numpy_helper.to_array(t) for t in body.initializer})

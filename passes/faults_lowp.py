@@ -225,7 +225,8 @@ def _broadcast(arr: np.ndarray, axis: int, rank: int | None, node, what: str) ->
     if arr.size == 1:
         return arr.reshape(())
     if rank is None:
-        raise FaultError(f"{node.op_type} {node.name!r}: per-axis {what} needs the input's rank (shape inference failed)")
+        raise FaultError(f"{node.op_type} {node.name!r}: per-axis {what} needs the input's rank "
+                         "(shape inference failed)")
     axis = axis % rank
     shape = [1] * rank
     shape[axis] = arr.size
@@ -247,7 +248,8 @@ def _quantize_parts(model, inferred, node):
         raise FaultError(f"QuantizeLinear {node.name!r}: zero point type {ztype} is not an 8/16-bit integer")
     rank = _rank(inferred, node.input[0])
     axis = int(attribute_value(node, "axis", 1))
-    return (_broadcast(scale, axis, rank, node, "scale"), _broadcast(zp.astype(np.int64), axis, rank, node, "zero point"),
+    return (_broadcast(scale, axis, rank, node, "scale"),
+            _broadcast(zp.astype(np.int64), axis, rank, node, "zero point"),
             ztype)
 
 
@@ -332,7 +334,8 @@ def _inject_accumulator_saturation(model, inferred, node, idx, magnitude: float)
     rank = _rank(inferred, node.output[0])
     if s_w.size > 1:  # per output channel: Conv weight axis 0 -> output axis 1; MatMul/Gemm -> last axis
         w_rank = _rank(inferred, node.input[1]) or 2
-        want = 0 if node.op_type == "Conv" else (0 if node.op_type == "Gemm" and attribute_value(node, "transB", 0) else w_rank - 1)
+        want = 0 if node.op_type == "Conv" else (0 if node.op_type == "Gemm" and attribute_value(node, "transB", 0)
+                                                 else w_rank - 1)
         if w_axis % w_rank != want:
             raise FaultError(f"accumulator-saturation: the weight of {node.op_type} {node.name!r} is quantized along "
                              f"axis {w_axis}, not along its output channels")

@@ -9,8 +9,9 @@ backend only where its own library refuses or lacks the original (see the backen
   rank; OpenVINO 2026.4's ONNX frontend refuses rank > 1 ("Rank of If condition input must be equal
   to 0 or 1"), e.g. ``Greater(ReduceMean(x, keepdims=1), 0)`` of a 2-D ``x``. Sub-graphs included.
 - :class:`DecomposePass`: operators replaced by the elementary ops their ONNX definition is written
-  in (``Erf``: by an approximation accurate to float32, below), for a runtime that has no kernel for them (:data:`DECOMPOSITIONS`). ``GlobalLpPool(x, p)`` (ONNX
-  GlobalLpPool-2: "the Lp norm of the values over the spatial axes") becomes
+  in (``Erf``: by an approximation accurate to float32, below), for a runtime that has no kernel for them
+  (:data:`DECOMPOSITIONS`). ``GlobalLpPool(x, p)`` (ONNX GlobalLpPool-2: "the Lp norm of the values over the spatial
+  axes") becomes
   ``Pow(ReduceSum(Pow(Abs(x), p), spatial axes, keepdims=1), 1/p)`` (``p = 1`` and ``p = 2`` as
   ``ReduceL1`` / ``ReduceL2``, the norms themselves); it needs the input's rank (shape inference),
   else the node is kept with the reason. ``GlobalMaxPool`` / ``GlobalAveragePool`` become
@@ -222,7 +223,8 @@ def _erf(node, rank, opset, taken, consts, dtype=None):
     src = node.input[0]
     if dtype != np.float32:
         src = op("Cast", [src], to=TensorProto.FLOAT)
-    x = op("Max", [op("Min", [src, const("hi", 4.0)]), const("lo", -4.0)])  # Clip's bounds are inputs from opset 11 only
+    # Clip's bounds are inputs from opset 11 only
+    x = op("Max", [op("Min", [src, const("hi", 4.0)]), const("lo", -4.0)])
     x2 = op("Mul", [x, x])
 
     def horner(coeffs, tag):

@@ -158,6 +158,53 @@ def build_lenient_index(graph) -> GraphIndex:
 
 def _build_index(graph, strict: bool, skip=None) -> GraphIndex:
     """:func:`build_index` (``strict``) or :func:`build_lenient_index`."""
+    initializers, graph_inputs, graph_outputs, file_nodes = _graph_ends(graph, strict, skip)
+    n_nodes = len(file_nodes)
+    file_ops = [n.op_type for n in file_nodes]
+    ins, outs = _node_values(file_nodes, file_ops)
+    known = initializers.union(graph_inputs)
+    prod_file, consumers, is_sorted = _file_producers(file_nodes, ins, outs, known, strict)
+    for v in graph_outputs:
+        if strict and v not in prod_file and v not in known:
+            raise GraphError(f"graph output {v!r} is not produced by any node")
+
+    if is_sorted:
+        order = list(range(n_nodes))
+        nodes = file_nodes
+        producer = prod_file
+    else:
+        order = _topological_order(file_nodes, ins, prod_file)
+        nodes = [file_nodes[i] for i in order]
+        ins = [ins[i] for i in order]
+        outs = [outs[i] for i in order]
+        producer = {}
+        for pos, out in enumerate(outs):
+            for v in out:
+                producer[v] = pos
+        consumers = {}
+        for pos, inp in enumerate(ins):
+            for v in inp:
+                c = consumers.get(v)
+                if c is None:
+                    consumers[v] = [pos]
+                elif c[-1] != pos:
+                    c.append(pos)
+    op_types = file_ops if is_sorted else [file_ops[i] for i in order]
+    constant, shape_only, data_node = _value_kinds(op_types, ins, outs, initializers)
+    live = _liveness(ins, outs, graph_outputs)
+    return GraphIndex(nodes=nodes, file_index=order, inputs=ins, outputs=outs, producer=producer,
+                      consumers=consumers, graph_inputs=graph_inputs, initializers=initializers,
+                      graph_outputs=graph_outputs, constant=constant, shape_only=shape_only, live=live,
+                      is_sorted=is_sorted, op_types=op_types, data_node=data_node)
+
+
+def _graph_ends(graph, strict: bool, skip) -> tuple[set[str], list[str], list[str], list]:
+    """``(initializer names, graph input names that are no initializer, graph output names, nodes)``;
+    the nodes ``skip`` selects are left out, and so are the graph outputs only they produce.
+
+    Raises:
+        GraphError: ``strict`` and the graph has no inputs or no outputs.
+    """
     initializers = {t.name for t in graph.initializer}
     initializers.update(t.values.name for t in graph.sparse_initializer)
     graph_inputs = [i.name for i in graph.input if i.name not in initializers]
@@ -174,8 +221,12 @@ def _build_index(graph, strict: bool, skip=None) -> GraphIndex:
             graph_outputs = [v for v in graph_outputs if v not in gone]
     if strict and not graph_outputs:
         raise GraphError("the graph has no outputs (nothing is computed for anyone: nothing to instrument)")
+    return initializers, graph_inputs, graph_outputs, file_nodes
 
-    n_nodes = len(file_nodes)
+
+def _node_values(file_nodes: list, file_ops: list[str]) -> tuple[list[list[str]], list[list[str]]]:
+    """``(inputs, outputs)`` per node, omitted optional ones dropped; a node's inputs include the
+    outer values its sub-graphs read."""
     # slicing a repeated field is the cheapest way to read it from Python (one list, no iterator)
     ins: list[list[str]] = [n.input[:] for n in file_nodes]
     outs: list[list[str]] = [n.output[:] for n in file_nodes]
@@ -183,7 +234,6 @@ def _build_index(graph, strict: bool, skip=None) -> GraphIndex:
         for i, lst in enumerate(lists):
             if "" in lst:  # omitted optional inputs/outputs
                 lists[i] = [v for v in lst if v]
-    file_ops = [n.op_type for n in file_nodes]
     for i, node in enumerate(file_nodes):
         # sub-graphs hang off If/Loop/Scan/SequenceMap, or ops of other domains
         if (file_ops[i] in _SUBGRAPH_OPS or node.domain not in ("", "ai.onnx")) and \
@@ -192,7 +242,18 @@ def _build_index(graph, strict: bool, skip=None) -> GraphIndex:
             if extra:
                 have = set(ins[i])
                 ins[i] += [v for v in extra if v not in have]
-    known = initializers.union(graph_inputs)
+    return ins, outs
+
+
+def _file_producers(file_nodes: list, ins: list[list[str]], outs: list[list[str]], known: set[str],
+                    strict: bool) -> tuple[dict[str, int], dict[str, list[int]], bool]:
+    """``(producer, consumers, is_sorted)`` by file position: value -> producing node, value -> reading
+    nodes, and whether every node comes after the producers of its inputs.
+
+    Raises:
+        GraphError: a value produced twice (or produced and also an input/initializer); ``strict`` and a
+            node reads a value nothing provides.
+    """
     prod_file: dict[str, int] = {}
     for i, out in enumerate(outs):
         for v in out:
@@ -202,7 +263,7 @@ def _build_index(graph, strict: bool, skip=None) -> GraphIndex:
             prod_file[v] = i
     is_sorted = True
     get = prod_file.get
-    consumers: dict[str, list[int]] = {}  # by file position; renumbered below if the file is unsorted
+    consumers: dict[str, list[int]] = {}  # by file position; renumbered by the caller if the file is unsorted
     cget = consumers.get
     for i, inp in enumerate(ins):
         for v in inp:
@@ -218,62 +279,52 @@ def _build_index(graph, strict: bool, skip=None) -> GraphIndex:
                 consumers[v] = [i]
             elif c[-1] != i:
                 c.append(i)
-    for v in graph_outputs:
-        if strict and v not in prod_file and v not in known:
-            raise GraphError(f"graph output {v!r} is not produced by any node")
+    return prod_file, consumers, is_sorted
 
-    if is_sorted:
-        order = list(range(n_nodes))
-        nodes = file_nodes
-        producer = prod_file
-    else:
-        # Kahn's algorithm, min-heap on file position: keeps the file order wherever it is valid.
-        indeg = [0] * n_nodes
-        succ: list[list[int]] = [[] for _ in range(n_nodes)]
-        for i, inp in enumerate(ins):
-            for v in inp:
-                p = get(v)
-                if p is not None:
-                    succ[p].append(i)
-                    indeg[i] += 1
-        heap = [i for i in range(n_nodes) if indeg[i] == 0]
-        heapq.heapify(heap)
-        order = []
-        while heap:
-            i = heapq.heappop(heap)
-            order.append(i)
-            for j in succ[i]:
-                indeg[j] -= 1
-                if indeg[j] == 0:
-                    heapq.heappush(heap, j)
-        if len(order) != n_nodes:
-            stuck = next(i for i in range(n_nodes) if indeg[i] > 0)
-            nm = file_nodes[stuck].name or file_nodes[stuck].op_type
-            raise GraphError(f"the graph has a cycle ({n_nodes - len(order)} nodes on or behind it, "
-                             f"e.g. node {nm!r})")
-        nodes = [file_nodes[i] for i in order]
-        ins = [ins[i] for i in order]
-        outs = [outs[i] for i in order]
-        producer = {}
-        for pos, out in enumerate(outs):
-            for v in out:
-                producer[v] = pos
-    if not is_sorted:
-        consumers = {}
-        for pos, inp in enumerate(ins):
-            for v in inp:
-                c = consumers.get(v)
-                if c is None:
-                    consumers[v] = [pos]
-                elif c[-1] != pos:
-                    c.append(pos)
-    op_types = file_ops if is_sorted else [file_ops[i] for i in order]
 
-    # constant / shape-only propagation (forward, in topological order; set operations run in C)
+def _topological_order(file_nodes: list, ins: list[list[str]], prod_file: dict[str, int]) -> list[int]:
+    """File positions in a topological order (Kahn's algorithm, min-heap on file position: keeps the
+    file order wherever it is valid).
+
+    Raises:
+        GraphError: the graph has a cycle (the message names a node on or behind it).
+    """
+    n_nodes = len(file_nodes)
+    get = prod_file.get
+    indeg = [0] * n_nodes
+    succ: list[list[int]] = [[] for _ in range(n_nodes)]
+    for i, inp in enumerate(ins):
+        for v in inp:
+            p = get(v)
+            if p is not None:
+                succ[p].append(i)
+                indeg[i] += 1
+    heap = [i for i in range(n_nodes) if indeg[i] == 0]
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        i = heapq.heappop(heap)
+        order.append(i)
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(heap, j)
+    if len(order) != n_nodes:
+        stuck = next(i for i in range(n_nodes) if indeg[i] > 0)
+        nm = file_nodes[stuck].name or file_nodes[stuck].op_type
+        raise GraphError(f"the graph has a cycle ({n_nodes - len(order)} nodes on or behind it, "
+                         f"e.g. node {nm!r})")
+    return order
+
+
+def _value_kinds(op_types: list[str], ins: list[list[str]], outs: list[list[str]],
+                 initializers: set[str]) -> tuple[set[str], set[str], list[bool]]:
+    """``(constant values, shape-only values, data_node per node)``: constant / shape-only propagation,
+    forward in topological order (set operations run in C)."""
     constant: set[str] = set(initializers)
     shape_only: set[str] = set()
     not_data: set[str] = set(initializers)  # constant | shape_only
-    data_node = [True] * n_nodes
+    data_node = [True] * len(op_types)
     for pos, op in enumerate(op_types):
         inp = ins[pos]
         if not_data.issuperset(inp):  # incl. no inputs (Constant)
@@ -287,17 +338,16 @@ def _build_index(graph, strict: bool, skip=None) -> GraphIndex:
             shape_only.update(outs[pos])
             not_data.update(outs[pos])
             data_node[pos] = False
+    return constant, shape_only, data_node
 
-    # liveness (backward): a node is live if one of its outputs is a graph output or is read by a
-    # live node (``needed``: every value a live node reads, plus the graph outputs)
-    live = [False] * n_nodes
+
+def _liveness(ins: list[list[str]], outs: list[list[str]], graph_outputs: list[str]) -> list[bool]:
+    """Per node, in topological order, whether it is live (backward): one of its outputs is a graph
+    output or is read by a live node (``needed``: every value a live node reads, plus the graph outputs)."""
+    live = [False] * len(outs)
     needed = set(graph_outputs)
-    for pos in range(n_nodes - 1, -1, -1):
+    for pos in range(len(outs) - 1, -1, -1):
         if not needed.isdisjoint(outs[pos]):
             live[pos] = True
             needed.update(ins[pos])
-
-    return GraphIndex(nodes=nodes, file_index=order, inputs=ins, outputs=outs, producer=producer,
-                      consumers=consumers, graph_inputs=graph_inputs, initializers=initializers,
-                      graph_outputs=graph_outputs, constant=constant, shape_only=shape_only, live=live,
-                      is_sorted=is_sorted, op_types=op_types, data_node=data_node)
+    return live

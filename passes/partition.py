@@ -115,7 +115,8 @@ def _stages(chosen, n: int, prefix: list[float], total: float, outputs: list[str
     stages: list[Stage] = []
     first = 0
     for i, (pos, cut) in enumerate(chosen):
-        stages.append(Stage(i, first, pos, pos - first + 1, prefix[pos] - (prefix[first - 1] if first else 0.0), list(cut)))
+        stages.append(Stage(i, first, pos, pos - first + 1, prefix[pos] - (prefix[first - 1] if first else 0.0),
+                            list(cut)))
         first = pos + 1
     stages.append(Stage(len(chosen), first, n - 1, n - first, total - (prefix[first - 1] if first else 0.0),
                         list(outputs)))
@@ -299,7 +300,8 @@ class StagePartitioner:
             notes += wide.notes(chosen)
         if K < wanted:
             what = f"asked for {wanted} stages" if self.stages is not None else f"automatic choice: {wanted} stages"
-            wider = f" (and {len(cands) - narrow_count} wider ones inside long blocks)" if len(cands) > narrow_count else ""
+            wider = (f" (and {len(cands) - narrow_count} wider ones inside long blocks)"
+                     if len(cands) > narrow_count else "")
             notes.insert(0, f"{what}, but the graph has only {narrow_count} admissible cuts of width <= "
                          f"{self.max_cut_width}{wider}, so {K} stages" +
                          (" (a larger --max-cut-width allows more)" if self.max_cut_width < 8 else ""))
@@ -317,7 +319,8 @@ class StagePartitioner:
         return Partition(
             stages=stages, anchors=inner + outs,
             options={"stages": self.stages, "max_cut_width": self.max_cut_width, "anchors": list(self.anchors),
-                     "notes": notes, "wide_cut_width": self.wide_cut_width, "wide_candidates": len(cands) - narrow_count,
+                     "notes": notes, "wide_cut_width": self.wide_cut_width,
+                     "wide_candidates": len(cands) - narrow_count,
                      "wide_cuts": [{"after": p, "width": len(c)} for p, c in chosen if len(c) > self.max_cut_width]},
             framework=framework, cost_unit=cost_unit, total_cost=total, num_nodes=n, candidates=narrow_count,
             node_order=list(index.file_index),

@@ -232,8 +232,10 @@ def _unroll(node, inits: dict[str, np.ndarray], types: dict[str, Any], taken: se
                 o = em.act(fa[0], em.clip(em.add(go, em.mul(c, peep[1]), bias[1]), clip, dtype), dtype)
                 h = em.mul(o, em.act(fa[2], c, dtype))
             elif op == "GRU":
-                z = em.act(fa[0], em.clip(em.add(em.matmul(xt, Wt[0]), em.matmul(h, Rt[0]), bias[0]), clip, dtype), dtype)
-                rr = em.act(fa[0], em.clip(em.add(em.matmul(xt, Wt[1]), em.matmul(h, Rt[1]), bias[1]), clip, dtype), dtype)
+                z = em.act(fa[0], em.clip(em.add(em.matmul(xt, Wt[0]), em.matmul(h, Rt[0]), bias[0]), clip, dtype),
+                           dtype)
+                rr = em.act(fa[0], em.clip(em.add(em.matmul(xt, Wt[1]), em.matmul(h, Rt[1]), bias[1]), clip, dtype),
+                            dtype)
                 wbh, rbh = em.const(wb[2].astype(dtype), "b"), em.const(rb[2].astype(dtype), "b")
                 if lbr:
                     rec = em.mul(rr, em.add(em.matmul(h, Rt[2]), rbh) if h is not None else rbh)
@@ -243,7 +245,8 @@ def _unroll(node, inits: dict[str, np.ndarray], types: dict[str, Any], taken: se
                 one_minus_z = em.op("Sub", [em.const(np.array(1, dtype), "one"), z])
                 h = em.add(em.mul(one_minus_z, hh), em.mul(z, h))
             else:
-                h = em.act(fa[0], em.clip(em.add(em.matmul(xt, Wt[0]), em.matmul(h, Rt[0]), bias[0]), clip, dtype), dtype)
+                h = em.act(fa[0], em.clip(em.add(em.matmul(xt, Wt[0]), em.matmul(h, Rt[0]), bias[0]), clip, dtype),
+                           dtype)
             y_d[t] = h
         ys.append(y_d)
         hs.append(h)

@@ -8,8 +8,9 @@
   in Python): ``y = Mean(Relu(Add(Mul(x, a), b)), x)`` (4 nodes) with small shared initializers.
 
 Every ``long_every``-th block also averages with the input of the block ``long_every`` blocks back (a
-long skip, one ``Mean`` node, so values stay finite over thousands of blocks), so cuts between those points are 2 tensors wide and the single-tensor cuts are the
-long-skip outputs. The model passes ``onnx.checker`` and runs in ONNX Runtime.
+long skip, one ``Mean`` node, so values stay finite over thousands of blocks), so cuts between those points are 2
+tensors wide and the single-tensor cuts are the long-skip outputs. The model passes ``onnx.checker`` and runs in ONNX
+Runtime.
 """
 
 from __future__ import annotations

@@ -9,12 +9,13 @@ many nodes it holds (a CRNN: 768 of 902 nodes in the last stage, every anchor in
 
 :class:`WideCuts` finds the stages of a first choice that hold more than their share of the *nodes*
 (over ``max(2 / K, 0.2)`` of the live nodes, the share rule of the cost note in
-:mod:`passes.partition`, and at least :data:`LONG_BLOCK_MIN_NODES`) with no admissible cut inside, lists the cuts inside them of width up to
+:mod:`passes.partition`, and at least :data:`LONG_BLOCK_MIN_NODES`) with no admissible cut inside, lists the cuts inside
+them of width up to
 ``wide_cut_width`` (:data:`WIDE_CUT_WIDTH`) whose tensors together hold no more elements than a
 ``1 / K`` share of all the data tensors the model computes (exposing them costs no more memory than the
-activations of one stage of fair size), and gives the partition a cost that counts nodes as well as FLOPs (:meth:`WideCuts.blended`:
-half the FLOPs share, half the node share), so that the re-made choice places cuts inside the block
-(a recurrent block is cheap in FLOPs but holds most of the operators a defect can sit in). Every wide
+activations of one stage of fair size), and gives the partition a cost that counts nodes as well as FLOPs
+(:meth:`WideCuts.blended`: half the FLOPs share, half the node share), so that the re-made choice places cuts inside the
+block (a recurrent block is cheap in FLOPs but holds most of the operators a defect can sit in). Every wide
 cut taken is stated in the partition's notes and in ``options["wide_cuts"]`` (the manifest's
 ``partition``).
 """
@@ -133,7 +134,8 @@ class WideCuts:
             if inside:
                 out.append(f"{head}: cut inside it by {len(inside)} wide cut(s) of {min(inside)}..{max(inside)} "
                            f"tensors (more than --max-cut-width {self.narrow}; at most {self.wide}, each no larger in "
-                           "elements than a 1/K share of the model's activations); the stages are balanced on FLOPs and "
+                           "elements than a 1/K share of the model's activations); "
+                           "the stages are balanced on FLOPs and "
                            "node count together")
             elif any(x[:2] == (a, b) for x in self.none_inside):
                 out.append(f"{head}: no cut of at most {self.wide} tensors (and no larger than a 1/K share of the "

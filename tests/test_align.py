@@ -22,6 +22,7 @@ from anpred.backends.base import AnchorCapture, BackendStatus
 from anpred.manifest import Anchor, AnchorManifest
 
 from isa_reasons import DEFECT_BOUND, FP32_BOUND
+from ort_session import ort_outputs
 
 FP32_NOISE = 1e-5  # normalised error after alignment between two fp32 libraries
 
@@ -86,13 +87,6 @@ def _expose(model, values):
     return model
 
 
-def _ort_run(model_bytes: bytes, feeds, names):
-    import onnxruntime as ort
-
-    s = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
-    return dict(zip(names, s.run(names, feeds)))
-
-
 @pytest.fixture(scope="module")
 def keras_case(tmp_path_factory):
     """Keras model natively (TF) and via tf2onnx in ORT, 2 samples; plus a wrong model (seed 1)."""
@@ -124,7 +118,7 @@ def keras_case(tmp_path_factory):
     model_bytes = proto.SerializeToString()
     ort_out, keras_out = [], []
     for feeds in samples:
-        r = _ort_run(model_bytes, feeds, list(values.values()))
+        r = ort_outputs(model_bytes, feeds, list(values.values()))
         ort_out.append({a: r[values[a]] for a in ANCHORS})
         outs = [np.asarray(t) for t in native([feeds["x"], feeds["s"], feeds["v"]])]
         keras_out.append(dict(zip(ANCHORS, outs[:-1])) | {"cat_swapped": outs[-1]})
@@ -150,7 +144,8 @@ def _tf_status(manifest, known=True, overrides=None):
     for a in manifest.anchors:
         r = len(a.shape)
         if known and a.layout in NATIVE_LAYOUT and a.name != "anchor/03/gap":
-            caps[a.name] = AnchorCapture("equivalent", NATIVE_LAYOUT[a.layout], {"permute": [0, r - 1, *range(1, r - 1)]},
+            caps[a.name] = AnchorCapture("equivalent", NATIVE_LAYOUT[a.layout],
+                                         {"permute": [0, r - 1, *range(1, r - 1)]},
                                          target=a.name).__dict__
         else:
             caps[a.name] = AnchorCapture("equivalent", None, None, target=a.name).__dict__
@@ -308,7 +303,7 @@ def test_float16_and_int8_aligned_to_float(keras_case):
     names = list(values.values())
     fp16 = float16.convert_float_to_float16(onnx.ModelProto.FromString(proto.SerializeToString()), keep_io_types=False)
     feeds16 = [{k: v.astype(np.float16) for k, v in f.items()} for f in keras_case["samples"]]
-    out16 = [_ort_run(fp16.SerializeToString(), f, names) for f in feeds16]
+    out16 = [ort_outputs(fp16.SerializeToString(), f, names) for f in feeds16]
     assert out16[0][values["anchor/00/relu1"]].dtype == np.float16
 
     import tempfile
@@ -338,11 +333,12 @@ def test_float16_and_int8_aligned_to_float(keras_case):
     scale, zp = float(inits[ql.input[1]]), int(inits[ql.input[2]])
     q = _expose(q, [ql.output[0]])
     qnames = names + [ql.output[0]]
-    outq = [_ort_run(q.SerializeToString(), f, qnames) for f in keras_case["samples"]]
+    outq = [ort_outputs(q.SerializeToString(), f, qnames) for f in keras_case["samples"]]
     assert outq[0][ql.output[0]].dtype == np.uint8
 
     caps_q = {a.name: AnchorCapture("exact", a.layout).__dict__ for a in m.anchors}
-    caps_q["anchor/00/relu1"] = AnchorCapture("exact", "NCHW", {"dequantize": {"scale": scale, "zero_point": zp}}).__dict__
+    caps_q["anchor/00/relu1"] = AnchorCapture("exact", "NCHW",
+                                              {"dequantize": {"scale": scale, "zero_point": zp}}).__dict__
     st = {"ort": _ort_status(m), "ort-fp16": _ort_status(m, "ort-fp16", "fp16"),
           "ort-int8": _ort_status(m, "ort-int8", "int8", caps_q)}
     al = Aligner(m, st)
@@ -357,7 +353,8 @@ def test_float16_and_int8_aligned_to_float(keras_case):
             t = res.tensors[a]
             assert t["ort-fp16"].dtype == np.float64 and t["ort-int8"].shape == t["ort"].shape
             errs16.append(normalized_error(t["ort-fp16"], t["ort"]))
-        errs8.append(normalized_error(res.tensors["anchor/00/relu1"]["ort-int8"], res.tensors["anchor/00/relu1"]["ort"]))
+        errs8.append(normalized_error(res.tensors["anchor/00/relu1"]["ort-int8"],
+                                      res.tensors["anchor/00/relu1"]["ort"]))
     # fp16: visibly not fp32, well within fp16's precision; int8: a quantization-level error
     print(f"\nfp16 normalised error max {max(errs16):.2e}; int8 relu1 {max(errs8):.2e}")
     assert 1e-5 < max(errs16) < 2e-2, errs16
@@ -407,7 +404,8 @@ def test_flatten_and_batch_squeeze_and_bfloat16(keras_case, tmp_path):
         bf = net[:2].to(torch.bfloat16)(x.to(torch.bfloat16)).view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     assert unbatched.shape == (5, 6, 6) and ref.shape == (1, 5, 6, 6)
     man = AnchorManifest(anchors=[Anchor("anchor/00/relu", "r", 0, 0, "", "Relu", [1, 5, 6, 6], "float32", "NCHW"),
-                                  Anchor("anchor/01/relu_flat", "r2", 0, 1, "", "Relu", [1, 5, 6, 6], "float32", "NCHW")])
+                                  Anchor("anchor/01/relu_flat", "r2", 0, 1, "", "Relu", [1, 5, 6, 6], "float32",
+                                         "NCHW")])
     store = RunStore.create(tmp_path / "run", man)
     store.add_sample("s0000", {"x": x.numpy()})
     store.write_anchors("ort", "s0000", {"anchor/00/relu": ref, "anchor/01/relu_flat": ref})
@@ -454,8 +452,10 @@ def test_manifest_pins_override_and_bad_pins(keras_case):
     with pytest.raises(AlignmentError, match="unknown alignment rule key"):
         Aligner(m, {"tf-native": _tf_status(m)}).align("s0", {"tf-native": {"anchor/01/pool1": k["anchor/01/pool1"]}})
     # a tensor that fits nothing is unaligned with its shapes
-    res = Aligner(m0, {"ort": _ort_status(m0)}).align("s0", {"ort": {"anchor/00/relu1": np.zeros((1, 7, 16, 16), np.float32)}})
-    assert "[1, 7, 16, 16]" in res.unaligned["anchor/00/relu1"]["ort"] and "[1, 8, 16, 16]" in res.unaligned["anchor/00/relu1"]["ort"]
+    wrong = {"ort": {"anchor/00/relu1": np.zeros((1, 7, 16, 16), np.float32)}}
+    res = Aligner(m0, {"ort": _ort_status(m0)}).align("s0", wrong)
+    unfit = res.unaligned["anchor/00/relu1"]["ort"]
+    assert "[1, 7, 16, 16]" in unfit and "[1, 8, 16, 16]" in unfit
 
 
 def test_cli_align_prints_report_and_writes_json(keras_case, tmp_path, capsys):
@@ -689,7 +689,8 @@ def test_native_reorderings_in_check_report(keras_case, tmp_path):
 
     rep = check_run(_keras_run(keras_case, tmp_path / "run", edit))
     seg = [a for a in rep.alignment["alignments"] if "segments" in a["rule"]]
-    assert [(a["anchor"], a["rule"]["segments"]) for a in seg] == [("anchor/02/conv2", {"axis": 1, "order": [[8, 8], [0, 8]]})]
+    assert [(a["anchor"], a["rule"]["segments"])
+            for a in seg] == [("anchor/02/conv2", {"axis": 1, "order": [[8, 8], [0, 8]]})]
     assert seg[0]["source"] == "data" and seg[0]["error"] < FP32_NOISE
     text = format_text(rep)
     print("\n" + "\n".join(ln for ln in text.splitlines() if "alignment" in ln))
@@ -733,10 +734,11 @@ def test_pins_that_do_not_fit_leave_the_anchor_unaligned(keras_case, yolo_run, t
     rep = check_run(run)
     why = rep.unjudged_anchors["anchor/00/relu1"]
     assert "not aligned: tf-native: manifest pin 'permute [0, 2, 1]' does not fit" in why
-    assert rep.verdicts["tf-native"].unjudged["anchor/00/relu1"].startswith("not aligned: manifest pin 'permute [0, 2, 1]'")
+    why_unjudged = rep.verdicts["tf-native"].unjudged["anchor/00/relu1"]
+    assert why_unjudged.startswith("not aligned: manifest pin 'permute [0, 2, 1]'")
     text = format_text(rep)
-    assert "note: anchor anchor/00/relu1 could not be judged: fewer than two backends produced it (ort); not aligned: " \
-           "tf-native: manifest pin 'permute [0, 2, 1]'" in text
+    assert ("note: anchor anchor/00/relu1 could not be judged: fewer than two backends produced it (ort); "
+            "not aligned: tf-native: manifest pin 'permute [0, 2, 1]'") in text
     assert "note: alignment warning: manifest pin for unknown backend 'tff' at anchor/02/conv2" in text
     assert "report_error" not in rep.alignment and rep.alignment["schema"] == "anpred.alignment/1"
 

@@ -60,7 +60,8 @@ def test_onnx_layout_backends_are_aligned_by_identity_never_ambiguous():
                                         "tvm": {"output/Y_h": x[None]}})
     assert res.unaligned["output/Y_h"]["mnn"].startswith("wrong shape: mnn executes the ONNX graph")
     assert res.unaligned["output/Y_h"]["tvm"].startswith("wrong shape: tvm executes the ONNX graph in its layout "
-                                                         "and returned shape [1, 1, 3, 3] (9 elements) for the ONNX shape [1, 3, 3]")
+                                                         "and returned shape [1, 1, 3, 3] (9 elements) "
+                                                         "for the ONNX shape [1, 3, 3]")
 
 
 def test_a_scalar_output_is_aligned():
@@ -70,7 +71,8 @@ def test_a_scalar_output_is_aligned():
     st = {b: BackendStatus(b, f, captures={"output/z": AnchorCapture("exact").__dict__})
           for b, f in (("ort", "onnxruntime"), ("openvino", "openvino"))}
     res = Aligner(man, st).align("s0", {"ort": {"output/z": np.float32(1.5)}, "openvino": {"output/z": np.array(1.5)}})
-    assert res.unaligned == {} and res.tensors["output/z"]["ort"].shape == () and res.tensors["output/z"]["openvino"] == 1.5
+    z = res.tensors["output/z"]
+    assert res.unaligned == {} and z["ort"].shape == () and z["openvino"] == 1.5
 
 
 def test_a_converters_reported_layout_is_checked_against_the_onnx_layout_backends():
@@ -81,10 +83,12 @@ def test_a_converters_reported_layout_is_checked_against_the_onnx_layout_backend
     y = np.random.default_rng(0).standard_normal((1, 2, 4, 4)).astype(np.float32)
     caps = {"output/Y": AnchorCapture("exact", "NHWC", {"permute": [0, 3, 1, 2]}).__dict__}
     st = {"ort": BackendStatus("ort", "onnxruntime", captures={"output/Y": AnchorCapture("exact", "NCHW").__dict__}),
-          "openvino": BackendStatus("openvino", "openvino", captures={"output/Y": AnchorCapture("exact", "NCHW").__dict__}),
+          "openvino": BackendStatus("openvino", "openvino",
+                                    captures={"output/Y": AnchorCapture("exact", "NCHW").__dict__}),
           "tf": BackendStatus("tf", "tensorflow", captures=caps)}
     swapped = np.transpose(y, (0, 3, 2, 1)).copy()  # NHWC of y with H and W swapped
-    res = Aligner(man, st).align("s0", {"ort": {"output/Y": y}, "openvino": {"output/Y": y}, "tf": {"output/Y": swapped}})
+    res = Aligner(man, st).align("s0",
+                                 {"ort": {"output/Y": y}, "openvino": {"output/Y": y}, "tf": {"output/Y": swapped}})
     d = res.decisions[("output/Y", "tf")]
     assert d.rule == {"permute": [0, 3, 1, 2]} and d.source == "capture"
     assert "does not match the ONNX-layout backends" in d.layout_check and "permute [0, 3, 2, 1]" in d.layout_check
@@ -107,7 +111,8 @@ def test_wrong_shape_and_missing_output_where_peers_agree_are_flagged_deviations
     res = o.finish()
     assert sorted(b for b, v in res.verdicts.items() if v.flagged) == ["mnn", "torch"]
     t = next(c for c in res.cells if c.backend == "torch")
-    assert t.deviation == "shape" and t.reason.startswith("wrong shape: shape [15] differs from the other backends' shape [30]")
+    assert t.deviation == "shape"
+    assert t.reason.startswith("wrong shape: shape [15] differs from the other backends' shape [30]")
     m = next(c for c in res.cells if c.backend == "mnn")
     assert m.deviation == "missing" and m.reason.startswith("missing output: not captured: onnx2torch's X")
     assert res.verdicts["tvm"].status == "unjudged" and "backend failed" in res.verdicts["tvm"].unjudged["output/y"]
@@ -189,7 +194,8 @@ def test_lstm_defaults_is_judged_on_the_onnx_layout_backends(tmp_path):
     for b in ("ort", "openvino", "onnx-reference"):
         assert rep.verdicts[b].status == "consistent" and rep.verdicts[b].worst_primary < 1e-6, format_text(rep)
     c = rep.cell("output/Y_h", "mnn")
-    assert c.deviation == "shape" and "returned shape [1, 1, 3, 3] (9 elements) for the ONNX shape [1, 3, 3]" in c.reason
+    assert c.deviation == "shape"
+    assert "returned shape [1, 1, 3, 3] (9 elements) for the ONNX shape [1, 3, 3]" in c.reason
     assert [u["backend"] for u in rep.alignment["unaligned"]] == ["mnn"]
 
 

@@ -37,7 +37,8 @@ def _cnn_onnx(path: Path) -> None:
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.SiLU())
+            self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16),
+                                            torch.nn.SiLU())
             self.down = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 3, stride=2, padding=1), torch.nn.ReLU(),
                                             torch.nn.MaxPool2d(2))
             self.side = torch.nn.Sequential(torch.nn.AvgPool2d(2), torch.nn.Conv2d(16, 8, 1))
@@ -120,7 +121,9 @@ def _check_run(store, n_samples: int) -> dict[str, dict[str, float]]:
 
 
 @pytest.mark.kernels
-@pytest.mark.slow  # an onnx2tf conversion and a pnnx one (~32 s cold); litert: the Slice net of test_converter_gaps, ncnn: its integer-input test run by default
+# an onnx2tf conversion and a pnnx one (~32 s cold); litert: the Slice net of test_converter_gaps, ncnn: its
+# integer-input test run by default
+@pytest.mark.slow
 def test_small_cnn_every_anchor_on_litert_and_ncnn(cnn, tmp_path):
     store = run_model(cnn, ["ort", "litert", "ncnn"], f"random:uniform:seed=3:n=2:shape=1x3x{SIZE}x{SIZE}",
                       tmp_path / "run", timeout_s=300, progress=False)
@@ -230,7 +233,8 @@ def test_litert_runs_erf_decomposed(tmp_path):
     path = tmp_path / "gelu.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     manifest = AnchorManifest(anchors=[Anchor("anchor/00/e", "e", 0, 0, "erf", "Erf", [1, 8, 32], "float32"),
-                                       Anchor("output/y", "y", 1, 1, "gelu", "Mul", [1, 8, 32], "float32", kind="output")])
+                                       Anchor("output/y", "y", 1, 1, "gelu", "Mul", [1, 8, 32], "float32",
+                                              kind="output")])
     import onnxruntime as ort
 
     x = rng.normal(0, 1, (1, 8, 16)).astype(np.float32)

@@ -29,6 +29,7 @@ from anpred.backends.tvm_relax import TvmBackend  # noqa: E402
 from anpred.errors import BackendError  # noqa: E402
 from anpred.instrument import instrument_file  # noqa: E402
 from anpred.run import run_model  # noqa: E402
+from ort_session import ort_outputs
 
 EPS32 = float(np.finfo(np.float32).eps)
 NATIVE = ["tvm", "mnn"]
@@ -121,7 +122,8 @@ def test_ops_network_every_anchor_agrees_with_ort(ops_run):
                 worst[b, a.name] = max(worst.get((b, a.name), 0.0), _eps_units(got[a.name], ref[a.name]))
     assert max(worst.values()) <= 32, {k: round(v, 1) for k, v in worst.items() if v > 32}
     # ...and they are not trivially equal to ORT everywhere (independent kernels)
-    assert any(v > 0 for k, v in worst.items() if k[0] == "tvm") and any(v > 0 for k, v in worst.items() if k[0] == "mnn")
+    assert any(v > 0 for k, v in worst.items()
+               if k[0] == "tvm") and any(v > 0 for k, v in worst.items() if k[0] == "mnn")
 
 
 def test_ops_network_records_target_precision_and_kernels(ops_run):
@@ -132,7 +134,8 @@ def test_ops_network_records_target_precision_and_kernels(ops_run):
     assert mv["mnn"] == "3.6.1" or mv["mnn"].startswith("3.")
     assert mv["mnn_precision"] == "Precision_High" and mv["mnn_winograd"].startswith("off") and mv["mnn_threads"] == "1"
     flags = run.meta["machine"]["cpu_flags"]
-    want = "avx512 (pack 16)" if "avx512bw" in flags else ("avx2+fma (pack 8)" if {"avx2", "fma"} <= set(flags) else None)
+    want = "avx512 (pack 16)" if "avx512bw" in flags else ("avx2+fma (pack 8)" if {"avx2", "fma"} <= set(flags)
+                                                           else None)
     if want:
         assert mv["mnn_cpu_kernels"] == want
     assert run.meta["inputs"]["input_shapes"]["x"] == [1, 3, 40, 40]  # what tvm compiled for
@@ -166,8 +169,8 @@ def test_fold_shape_computations_keeps_the_values(tmp_path):
     x = np.random.RandomState(0).randn(1, 2, 3, 4).astype(np.float32)
     onnx.save(m, str(tmp_path / "a.onnx"))
     onnx.save(folded, str(tmp_path / "b.onnx"))
-    ref = _ort(tmp_path / "a.onnx", {"x": x})["y"]
-    np.testing.assert_array_equal(_ort(tmp_path / "b.onnx", {"x": x})["y"], ref)
+    ref = ort_outputs(tmp_path / "a.onnx", {"x": x})["y"]
+    np.testing.assert_array_equal(ort_outputs(tmp_path / "b.onnx", {"x": x})["y"], ref)
     # TVM's importer refuses this Reshape target unfolded ("Reshape requires the input new shape to be
     # Shape"); the tvm backend folds it at the run's shapes and runs
     man = instrument_file(str(tmp_path / "a.onnx"), str(tmp_path / "a.anchored.onnx"))
@@ -226,13 +229,6 @@ def _mish_model(d: Path) -> Path:
     return d / "mish.onnx"
 
 
-def _ort(model: Path, feeds: dict) -> dict:
-    import onnxruntime as ort
-
-    s = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
-
-
 def test_tvm_unrolls_the_lstm_its_frontend_lacks_and_mnn_runs_it(tmp_path):
     """TVM 0.27's Relax ONNX frontend has no LSTM converter: the backend unrolls the bidirectional LSTM
     with initial states first (passes.recurrent), so it is not listed as unsupported, and TVM then
@@ -245,7 +241,7 @@ def test_tvm_unrolls_the_lstm_its_frontend_lacks_and_mnn_runs_it(tmp_path):
     rs = np.random.RandomState(0)
     feeds = {"x": rs.randn(1, 6, 8).astype(np.float32), "h0": rs.randn(2, 1, 12).astype(np.float32),
              "c0": rs.randn(2, 1, 12).astype(np.float32)}
-    ref = _ort(tmp_path / "lstm.a.onnx", feeds)
+    ref = ort_outputs(tmp_path / "lstm.a.onnx", feeds)
     for cls in (TvmBackend, MnnBackend):
         with cls({}) as b:
             b.prepare(tmp_path / "lstm.a.onnx", man, tmp_path / f"w-{cls.name}")
@@ -271,7 +267,7 @@ def test_mnn_lacks_mish_and_hardmax_which_tvm_runs(tmp_path):
     with pytest.raises(BackendError, match=r"not supported by MNN's ONNX converter: .*Hardmax.*Mish|Mish.*Hardmax"):
         MnnBackend({}).prepare(tmp_path / "mish.a.onnx", man, tmp_path / "w")
     x = np.random.RandomState(2).randn(1, 2, 5, 5).astype(np.float32)
-    ref = _ort(tmp_path / "mish.a.onnx", {"x": x})
+    ref = ort_outputs(tmp_path / "mish.a.onnx", {"x": x})
     with TvmBackend({}) as b:
         b.prepare(tmp_path / "mish.a.onnx", man, tmp_path / "w")
         got = b.run({"x": x})

@@ -16,6 +16,8 @@ import pytest
 
 from anpred.errors import BackendError
 
+from ort_session import ort_outputs, ort_session
+
 YOLO_SIZE = 192
 FP32_RTOL = 1e-4  # max |backend - ort| / max |ort| per anchor: fp32 noise (measured 5e-8..3e-6)
 # PP-OCR only: floor of the scale. PP-OCR's sigmoid output is ~1e-8 everywhere on random inputs, where ORT's
@@ -89,19 +91,8 @@ def _manifest(path: Path):
 
 
 def _inputs(path: Path, seed: int = 0) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
-
-    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(seed)
-    return {i.name: rng.random([int(d) for d in i.shape], dtype=np.float32) for i in s.get_inputs()}
-
-
-def _ort(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
-
-    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in s.get_outputs()]
-    return dict(zip(names, s.run(names, feeds)))
+    return {i.name: rng.random([int(d) for d in i.shape], dtype=np.float32) for i in ort_session(path).get_inputs()}
 
 
 def _compare(backend, path: Path, tmp: Path, floor: float = 0.0,
@@ -111,7 +102,7 @@ def _compare(backend, path: Path, tmp: Path, floor: float = 0.0,
     max |y - r| / max(max |r|, floor). ``feeds`` default: seeded uniform inputs of the static shapes."""
     manifest = _manifest(path)
     feeds = _inputs(path) if feeds is None else feeds
-    ref = _ort(path, feeds)
+    ref = ort_outputs(path, feeds)
     backend.prepare(path, manifest, tmp)
     got = backend.run(feeds)
     info = backend.anchor_info()
@@ -157,7 +148,8 @@ def test_tf_yolov8n_dynamo_nhwc_and_cache(yolo, tmp_path):
         four_d = [a for a in manifest.anchors if len(a.shape) == 4]
         assert four_d, "the anchored YOLOv8n should expose 4-D anchors"
         for a in four_d:  # onnx2tf's convention, verified by shape: NHWC, permute back to NCHW
-            assert info[a.name].layout == "NHWC" and info[a.name].transform == {"permute": [0, 3, 1, 2]}, (a.name, info[a.name])
+            assert info[a.name].layout == "NHWC", (a.name, info[a.name])
+            assert info[a.name].transform == {"permute": [0, 3, 1, 2]}, (a.name, info[a.name])
         assert b.versions()["onnx2tf"] and b.versions()["tensorflow"] == __import__("tensorflow").__version__
     with TfOnnxBackend() as again:  # second prepare: conversion comes from the cache
         again.prepare(yolo, manifest, tmp_path)

@@ -51,7 +51,8 @@ def test_yolo_every_backend_captures_every_anchor(yolo_run):
     for name, s in st.items():
         assert s.status == "ok", (name, s.reason)
         assert s.samples == 2
-        assert s.anchors_captured == len(man.anchors), (name, {k: v for k, v in s.captures.items() if v["status"] != "exact"})
+        assert s.anchors_captured == len(man.anchors), (name,
+                                                        {k: v for k, v in s.captures.items() if v["status"] != "exact"})
         assert s.versions["python"]
         assert s.seconds_run > 0
     assert st["ort"].versions["onnxruntime"] == __import__("onnxruntime").__version__
@@ -160,7 +161,8 @@ def test_ppocr_det_from_rapidocr_wheel(tmp_path):
     model = run_models.anchored_ppocr_det()
     spec = InputSpec(kind="random", distribution="images", seed=3, n=1, size=256)
     # every ONNX-runtime backend of issue 3 (tf and torch run it in the dynamic-shape test below)
-    store = run_model(model, ["ort", "ort-noopt", "openvino", "openvino-bf16", "onnx-reference", "ort-fp16", "ort-int8"],
+    store = run_model(model,
+                      ["ort", "ort-noopt", "openvino", "openvino-bf16", "onnx-reference", "ort-fp16", "ort-int8"],
                       spec, tmp_path / "ocr", timeout_s=300, progress=False)
     n = len(store.manifest.anchors)
     assert n >= 8

@@ -13,16 +13,7 @@ import pytest
 from anpred.errors import InputError
 
 from isa_reasons import NOT_A_KERNEL_VALUE
-
-
-def _ort(model):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString() if not isinstance(model, str) else model, so,
-                                providers=["CPUExecutionProvider"])
+from ort_session import ort_outputs, ort_session
 
 
 def _if_net():
@@ -38,11 +29,14 @@ def _if_net():
     def c(name, v):
         return h.make_node("Constant", [], [name], value=nh.from_array(np.asarray(v), name))
 
-    inner_then = h.make_graph([h.make_node("Sigmoid", ["x"], ["it"])], "it", [], [h.make_tensor_value_info("it", T.FLOAT, None)])
-    inner_else = h.make_graph([h.make_node("Tanh", ["x"], ["ie"])], "ie", [], [h.make_tensor_value_info("ie", T.FLOAT, None)])
+    inner_then = h.make_graph([h.make_node("Sigmoid", ["x"], ["it"])], "it", [],
+                              [h.make_tensor_value_info("it", T.FLOAT, None)])
+    inner_else = h.make_graph([h.make_node("Tanh", ["x"], ["ie"])], "ie", [],
+                              [h.make_tensor_value_info("ie", T.FLOAT, None)])
     then_g = h.make_graph([
         c("two", np.float32(2)), h.make_node("Mul", ["x", "two"], ["m"]), h.make_node("Relu", ["m"], ["r"]),
-        h.make_node("Shape", ["x"], ["sh"]), c("one_i", np.array(1, np.int64)), h.make_node("Gather", ["sh", "one_i"], ["w"]),
+        h.make_node("Shape", ["x"], ["sh"]), c("one_i", np.array(1, np.int64)),
+                           h.make_node("Gather", ["sh", "one_i"], ["w"]),
         c("four", np.array(4, np.int64)), h.make_node("Equal", ["w", "four"], ["is4"]),
         h.make_node("If", ["is4"], ["inner"], then_branch=inner_then, else_branch=inner_else),
         h.make_node("Add", ["r", "inner"], ["ta"])], "then", [], [h.make_tensor_value_info("ta", T.FLOAT, [1, 4])])
@@ -89,12 +83,13 @@ def test_bound_value_picks_its_branch_and_matches_ort(mode):
         ({"Where", "Neg"} <= ops and not ops & {"Relu", "Sigmoid", "Tanh"})
     for flag in (True, False):
         f = np.array([flag])
-        want = _ort(model).run(None, {"x": X, "mode": np.array(mode, np.int64), "flag": f})
-        got = _ort(bound).run(None, {"x": X, "flag": f})
+        want = ort_session(model, threads=1, quiet=True).run(None,
+                                                             {"x": X, "mode": np.array(mode, np.int64), "flag": f})
+        got = ort_session(bound, threads=1, quiet=True).run(None, {"x": X, "flag": f})
         for a, b in zip(want, got):
             np.testing.assert_array_equal(a, b)
     # the values by hand: mode 1 -> relu(2x) + sigmoid(x); otherwise x + 1 - where(flag, x, -x)
-    y = _ort(bound).run(["y"], {"x": X, "flag": np.array([True])})[0]
+    y = ort_session(bound, threads=1, quiet=True).run(["y"], {"x": X, "flag": np.array([True])})[0]
     hand = np.maximum(2 * X, 0) + 1 / (1 + np.exp(-X.astype(np.float64))) if mode == 1 else X + 1 - X
     np.testing.assert_allclose(y, hand, rtol=1e-6)
 
@@ -137,9 +132,11 @@ def test_constant_layout_folds_exactly():
     from passes.bind_inputs import fold_constant_layout
 
     w = np.arange(24, dtype=np.float32).reshape(8, 3)
-    inits = [nh.from_array(w, "w"), nh.from_array(np.array([0], np.int64), "s0"), nh.from_array(np.array([4], np.int64), "s4"),
+    inits = [nh.from_array(w, "w"), nh.from_array(np.array([0], np.int64), "s0"),
+             nh.from_array(np.array([4], np.int64), "s4"),
              nh.from_array(np.array([8], np.int64), "s8"), nh.from_array(np.array([0], np.int64), "ax")]
-    nodes = [h.make_node("Slice", ["w", "s0", "s4", "ax"], ["lo"]), h.make_node("Slice", ["w", "s4", "s8", "ax"], ["hi"]),
+    nodes = [h.make_node("Slice", ["w", "s0", "s4", "ax"], ["lo"]),
+             h.make_node("Slice", ["w", "s4", "s8", "ax"], ["hi"]),
              h.make_node("Concat", ["hi", "lo"], ["wr"], axis=0), h.make_node("Unsqueeze", ["wr", "ax"], ["w3"]),
              h.make_node("Mul", ["w3", "w3"], ["sq"]), h.make_node("Add", ["x", "sq"], ["y"])]
     from onnx import TensorProto as T
@@ -216,7 +213,8 @@ def test_silero_vad_end_to_end_with_sr_bound(tmp_path):
     assert not r.flagged_backends, r.flagged_backends
     assert r.status == ("consistent" if len(ok) == len(backends) else "incomplete")
     store = RunStore.open(tmp_path / "t" / "run")
-    out = next(a["name"] for a in man["anchors"] if a["kind"] == "output" and "output" in a["name"] and "stateN" not in a["name"])
+    out = next(a["name"] for a in man["anchors"] if a["kind"] == "output" and "output" in a["name"]
+               and "stateN" not in a["name"])
     sources = t["details"]["inputs"]["sources"]
     assert "voiced" in sources[0] and "silence" in sources[1]
     for b in ok:
@@ -236,13 +234,6 @@ def _anchored(model, path):
     return man
 
 
-def _ort_anchors(path, feeds):
-    import onnxruntime as ort
-
-    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
-
-
 @pytest.mark.kernels
 def test_ncnn_feeds_an_input_without_a_batch_axis_whole(tmp_path):
     """A recurrent-state-like input (2, 1, 8) has no unit batch axis: ncnn gets it under a unit batch
@@ -256,8 +247,10 @@ def test_ncnn_feeds_an_input_without_a_batch_axis_whole(tmp_path):
 
     g = h.make_graph([h.make_node("Mul", ["s", "two"], ["m"]), h.make_node("Tanh", ["m"], ["t"]),
                       h.make_node("Add", ["t", "x"], ["y"]), h.make_node("Relu", ["x"], ["z"])], "g",
-                     [h.make_tensor_value_info("x", T.FLOAT, [1, 8]), h.make_tensor_value_info("s", T.FLOAT, [2, 1, 8])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [2, 1, 8]), h.make_tensor_value_info("z", T.FLOAT, [1, 8])],
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 8]),
+                      h.make_tensor_value_info("s", T.FLOAT, [2, 1, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [2, 1, 8]),
+                      h.make_tensor_value_info("z", T.FLOAT, [1, 8])],
                      initializer=[nh.from_array(np.float32(2), "two")])
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
@@ -265,7 +258,7 @@ def test_ncnn_feeds_an_input_without_a_batch_axis_whole(tmp_path):
     man = _anchored(m, path)
     rs = np.random.RandomState(1)
     feeds = {"x": rs.randn(1, 8).astype(np.float32), "s": rs.randn(2, 1, 8).astype(np.float32)}
-    ref = _ort_anchors(path, feeds)
+    ref = ort_outputs(path, feeds)
     with NcnnBackend({}) as b:
         b.prepare(path, man, tmp_path / "w")
         got = b.run(feeds)
@@ -290,14 +283,15 @@ def test_torch_pads_reflect_and_edge_on_any_rank(tmp_path, mode, shape, pads):
 
     out = [s + pads[i] + pads[i + len(shape)] for i, s in enumerate(shape)]
     g = h.make_graph([h.make_node("Pad", ["x", "pads"], ["p"], mode=mode), h.make_node("Neg", ["p"], ["y"])], "g",
-                     [h.make_tensor_value_info("x", T.FLOAT, list(shape))], [h.make_tensor_value_info("y", T.FLOAT, out)],
+                     [h.make_tensor_value_info("x", T.FLOAT, list(shape))],
+                     [h.make_tensor_value_info("y", T.FLOAT, out)],
                      initializer=[nh.from_array(np.array(pads, np.int64), "pads")])
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
     m.ir_version = 8
     path = tmp_path / "pad.onnx"
     man = _anchored(m, path)
     feeds = {"x": np.random.RandomState(2).randn(*shape).astype(np.float32)}
-    ref = _ort_anchors(path, feeds)
+    ref = ort_outputs(path, feeds)
     with TorchOnnxBackend({}) as b:
         b.prepare(path, man, tmp_path / "w")
         got = b.run(feeds)

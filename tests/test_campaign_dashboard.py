@@ -63,7 +63,8 @@ def test_dashboard_over_a_campaign_with_two_onnxruntime_releases(tmp_path):
     assert by["openvino"].events == [] and by["onnx-reference"].events == []
     data = payload(hist, site, SiteOptions())
     (ev,) = next(c for c in data["cells"] if data["backends"][c["b"]][0] == "ort")["x"]
-    assert ev["fb"] == "onnxruntime 1.21.0 (bisected; last as before: 1.20.1, stage 1)" and ev["cu"] == "avgpool (AveragePool)"
+    assert ev["fb"] == "onnxruntime 1.21.0 (bisected; last as before: 1.20.1, stage 1)"
+    assert ev["cu"] == "avgpool (AveragePool)"
     links = [unquote(r[1]) for r in data["runs"] if r[1]]
     assert len(links) == len(data["runs"])
     assert all(link and (site / link).resolve().is_file() for link in links), links
@@ -75,7 +76,8 @@ def test_dashboard_over_a_campaign_with_two_onnxruntime_releases(tmp_path):
     camp = collect([db], campaign="nightly", campaign_folder=out)
     assert {s.model for s in camp.series} == {"net"} and [len(s.points) for s in camp.series] == [2, 2, 2]
     if CHROMIUM is not None:
-        dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'p'}",
+        dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                              f"--user-data-dir={tmp_path / 'p'}",
                               "--dump-dom", (out / "index.html").as_uri()], capture_output=True, text=True, timeout=120,
                              check=True).stdout
         assert 'data-errors="0"' in dom and 'data-cells="3"' in dom

@@ -77,11 +77,13 @@ def sigmoid_cnn():
 
 
 def avgpool_cnn():
-    """conv (stride 2: 8x8 -> 4x4) -> relu -> AveragePool(k3, s2, p1, ceil_mode=1, count_include_pad=1) -> conv -> relu -> conv."""
+    """conv (stride 2: 8x8 -> 4x4) -> relu -> AveragePool(k3, s2, p1, ceil_mode=1, count_include_pad=1) -> conv -> relu
+    -> conv."""
     rng = np.random.default_rng(1)
     pool = h.make_node("AveragePool", ["r0"], ["p"], name="avgpool", kernel_shape=[3, 3], strides=[2, 2],
                        pads=[1, 1, 1, 1], ceil_mode=1, count_include_pad=1)
-    chain = [_conv("c0", "x", "t0", 3, 8, rng, stride=2, bias=0.5), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
+    chain = [_conv("c0", "x", "t0", 3, 8, rng, stride=2, bias=0.5),
+             (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
              (pool, []), _conv("c1", "p", "t1", 8, 8, rng, k=1, pad=0),
              (h.make_node("Relu", ["t1"], ["r1"], name="relu1"), []), _conv("c2", "r1", "y", 8, 4, rng, k=1, pad=0)]
     return _model("avgpool_cnn", chain, [1, 3, 8, 8], [1, 4, 3, 3], 6)
@@ -91,8 +93,10 @@ def plain_cnn():
     rng = np.random.default_rng(2)
     chain = [_conv("c0", "x", "t0", 3, 16, rng), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
              _conv("c1", "r0", "t1", 16, 16, rng, stride=2),
-             (h.make_node("Sigmoid", ["t1"], ["s1"], name="sig"), []), (h.make_node("Mul", ["t1", "s1"], ["m1"], name="silu"), []),
-             _conv("c2", "m1", "t2", 16, 16, rng), (h.make_node("MaxPool", ["t2"], ["p2"], name="pool", kernel_shape=[2, 2], strides=[2, 2]), []),
+             (h.make_node("Sigmoid", ["t1"], ["s1"], name="sig"), []),
+             (h.make_node("Mul", ["t1", "s1"], ["m1"], name="silu"), []),
+             _conv("c2", "m1", "t2", 16, 16, rng),
+             (h.make_node("MaxPool", ["t2"], ["p2"], name="pool", kernel_shape=[2, 2], strides=[2, 2]), []),
              _conv("c3", "p2", "y", 16, 8, rng, k=1, pad=0)]
     return _model("plain_cnn", chain, [1, 3, 32, 32], [1, 8, 8, 8], 6)
 
@@ -256,7 +260,8 @@ def test_injected_bf16_rounding_flagged_at_injection_stage(tmp_path):
             init.CopyFrom(nh.from_array(bits.view(np.float32), init.name))
     fpath = tmp_path / "faulty.onnx"
     save_model(faulty, fpath)
-    run = make_run(tmp_path, am, man, _inputs([1, 3, 32, 32], 4, 5), backends=["ort", "ort-noopt", "openvino", "onnx-reference"],
+    run = make_run(tmp_path, am, man, _inputs([1, 3, 32, 32], 4, 5),
+                   backends=["ort", "ort-noopt", "openvino", "onnx-reference"],
                    models={"ort": fpath})
     rep = check_run(run)
     stage = next(a.stage for a in man.anchors if a.producer == target)
@@ -416,7 +421,8 @@ def test_shape_mismatch_says_so(tmp_path, clean_run):
     for b in ("ort", "openvino", "onnx-reference"):
         c = rep.cell(name, b)
         assert c.flagged and c.deviation == "shape" and "(none)" not in c.reason, c.reason
-        assert c.reason.startswith(f"wrong shape: {b} executes the ONNX graph in its layout and returned shape"), c.reason
+        assert c.reason.startswith(f"wrong shape: {b} executes the ONNX graph in its layout and returned shape"), \
+            c.reason
     assert rep.status == "flagged" and set(rep.flagged_backends) == {"ort", "openvino", "onnx-reference"}
 
 
@@ -448,7 +454,8 @@ def test_unreadable_run_data_and_bad_config_exit_2(tmp_path, clean_run, capsys, 
     err = capsys.readouterr().err
     kind = "BadZipFile" if ext == ".npz" else "ValueError"
     assert len(err.strip().splitlines()) == 1 and f"unreadable tensor file ({kind}" in err
-    for bad in ('{"min_voters": "abc"}', '{"threshold_atol": "x"}', '{"propagation_band": 0}', '{"floor": {"fp32": true}}'):
+    for bad in ('{"min_voters": "abc"}', '{"threshold_atol": "x"}', '{"propagation_band": 0}',
+                '{"floor": {"fp32": true}}'):
         cfg = tmp_path / "c.json"
         cfg.write_text(bad)
         assert main(["check", str(run), "--config", str(cfg)]) == 2
@@ -488,7 +495,8 @@ def test_reports_cli_and_history(tmp_path, avgpool_run, capsys):
     assert rep.verdicts["openvino"].origin_anchor and rep.cells[0].stats.n > 0
     text = html.read_text()
     assert text.count("data:image/png;base64,") >= 3 and "Heatmap" in text and "Verdicts" in text
-    assert main(["check", str(run), "--history", str(db), "-q", "--oracle", "threshold", "--atol", "1", "--rtol", "1"]) == 0
+    assert main(["check", str(run), "--history", str(db), "-q", "--oracle", "threshold", "--atol", "1", "--rtol",
+                 "1"]) == 0
     rows = trend(db)
     ov = [r for r in rows if r.backend == "openvino"]
     assert len(ov) == 2 and ov[0].flagged is True and ov[1].threshold_passed is True
@@ -544,7 +552,8 @@ def test_history_records_inputs_and_says_when_a_run_is_skipped(tmp_path, avgpool
         CREATE TABLE cells (run_id INTEGER, backend TEXT, anchor TEXT, stage INTEGER, primary_stat REAL,
           flagged INTEGER, stats TEXT);
         INSERT INTO runs VALUES (1, 't', 'r', 'm', '', '{}', '', 'consistent', 'consensus', 2);
-        INSERT INTO verdicts VALUES (1, 'ort', 'onnxruntime', 'fp32', '{}', 0, NULL, NULL, NULL, 1e-7, 'none', NULL, NULL);
+        INSERT INTO verdicts VALUES (1, 'ort', 'onnxruntime', 'fp32', '{}', 0, NULL, NULL, NULL, 1e-7, 'none',
+          NULL, NULL);
     """)
     con.commit()
     con.close()

@@ -175,7 +175,8 @@ def test_onnx2torch_needs_the_weights_bound(tmp_path):
     from anpred.conformance.cases import load_case
 
     c = load_case(d)
-    store = run_model(c.model, ["torch"], ArraySamples([("s", c.inputs)]), tmp_path / "r", progress=False, precheck=False)
+    store = run_model(c.model, ["torch"], ArraySamples([("s", c.inputs)]), tmp_path / "r", progress=False,
+                      precheck=False)
     assert store.statuses()["torch"].status == "failed" and "'W'" in store.statuses()["torch"].reason
 
 
@@ -192,7 +193,8 @@ def test_conformance_judges_twice_and_scores_the_oracle(tmp_path):
     x = rng.standard_normal((2, 3)).astype(np.float32)
     y = np.maximum(x, 0)
     y[0, 0] += 0.5  # a wrong expected value
-    _case(cases, "test_relu_wrong_expected", _model([h.make_node("Relu", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3])]),
+    _case(cases, "test_relu_wrong_expected",
+          _model([h.make_node("Relu", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3])]),
           [x], [y])
     _case(cases, "test_sigmoid", _model([h.make_node("Sigmoid", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3])]),
           [x], [(1 / (1 + np.exp(-x.astype(np.float64)))).astype(np.float32)])
@@ -278,7 +280,8 @@ def test_findings_deduplicate_and_render(tmp_path):
                 "ort": ok, "onnx-reference-fp64": ok}},
             {"case": "test_flatten", "op": "Flatten", "backends": {
                 "tf": row("deviates", "110 of 120 elements outside", 1e5), "litert": ok, "ort": ok,
-                "onnx-reference-fp64": ok, "ncnn": row("failed", "prepare: BackendError: pnnx failed on test_flatten.onnx")}},
+                "onnx-reference-fp64": ok, "ncnn": row("failed",
+                                                       "prepare: BackendError: pnnx failed on test_flatten.onnx")}},
             {"case": "test_disputed", "op": "Relu", "backends": {
                 "ort": row("deviates", "1 of 4", 2.0), "onnx-reference-fp64": row("deviates", "1 of 4", 2.0)}}]
     folder = tmp_path / "findings"

@@ -40,6 +40,7 @@ from onnx import TensorProto, helper, numpy_helper
 from anpred.errors import BackendError
 
 from isa_reasons import DEFECT_BOUND, FLOAT64_BOUND, FP32_BOUND
+from ort_session import ort_outputs
 
 EPS32 = float(np.finfo(np.float32).eps)
 RTOL = 64 * EPS32
@@ -62,13 +63,6 @@ def _f32(name, a):
     return numpy_helper.from_array(np.asarray(a, np.float32), name)
 
 
-def _ort(model, feeds):
-    import onnxruntime as ort
-
-    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
-
-
 def _anchor(model, path: Path) -> Path:
     from anpred.instrument import instrument_model
 
@@ -84,7 +78,7 @@ def _compare(backend, path: Path, workdir: Path, feeds: dict[str, np.ndarray]) -
     from anpred.manifest import AnchorManifest
 
     manifest = AnchorManifest.from_model(onnx.load(str(path), load_external_data=False))
-    ref = _ort(onnx.load(str(path)), feeds)
+    ref = ort_outputs(onnx.load(str(path)), feeds)
     backend.prepare(path, manifest, workdir)
     info = backend.anchor_info()
     got = backend.run(feeds)
@@ -141,7 +135,7 @@ def test_split_multi_axis_slices_keeps_the_values():
 
     m = slice_net()
     x = {"x": np.random.default_rng(1).standard_normal((1, 108)).astype(np.float32)}
-    before = _ort(m, x)
+    before = ort_outputs(m, x)
     done = split_multi_axis_slices(m)
     assert done == ["slice:noop", "slice@magika", "slice@ch", "slice@unsorted"]
     slices = [n for n in m.graph.node if n.op_type == "Slice"]
@@ -149,7 +143,7 @@ def test_split_multi_axis_slices_keeps_the_values():
     assert len(slices) == 4 + 1 + 2 + 2
     assert all(numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == n.input[3])).size == 1
                for n in slices)
-    after = _ort(m, x)
+    after = ort_outputs(m, x)
     for k in before:
         assert np.array_equal(before[k], after[k]), k
     assert before["y_ch"].shape == (1, 4, 5, 1) and np.array_equal(before["y_ch"], before["y_un"])
@@ -222,7 +216,7 @@ def test_mnn_defect_one_element_constant_first(op, rank, tmp_path):
 
     m = one_element_const_net(op, rank)
     x = {"x": np.random.default_rng(1).standard_normal((1, 16, 20, 1)).astype(np.float32)}
-    ref = _ort(m, x)["y"]
+    ref = ort_outputs(m, x)["y"]
     wrong = _mnn_raw(m, x, tmp_path)
     assert wrong.shape == ref.shape and np.abs(wrong - ref).max() > 1.0, "MNN computes it right now"
     assert prepare_for_mnn(m)["scalar_constants"] == [f"node {2 if rank == 3 else 1}: k {[1] * rank} -> scalar"]
@@ -256,7 +250,7 @@ def _fp32_bound(model, op: str, feeds) -> np.ndarray:
     ds = n * u / (1 - n * u) * s_abs
     exposed = onnx.ModelProto.FromString(model.SerializeToString())
     exposed.graph.output.append(helper.make_tensor_value_info(src, TensorProto.FLOAT, None))
-    got = _ort(exposed, feeds)
+    got = ort_outputs(exposed, feeds)
     s, y = got[src].astype(np.float64).reshape(ds.shape), np.abs(got["y"].astype(np.float64)).reshape(ds.shape)
     if op == "Div":
         err = abs(k) * 2 * ds / (np.abs(s) * np.maximum(np.abs(s) - 2 * ds, np.finfo(np.float64).tiny))
@@ -273,7 +267,8 @@ def test_mnn_backend_one_element_constants(tmp_path):
 
     rng = np.random.default_rng(3)
     c = lambda n, v: _f32(n, np.full((1, 1, 1), v))  # noqa: E731
-    inits = [_f32("w", rng.standard_normal((8, 16, 3, 1)) * 0.3), _i64("ax3", [3]), _f32("b", rng.standard_normal((1, 8, 1))),
+    inits = [_f32("w", rng.standard_normal((8, 16, 3, 1)) * 0.3), _i64("ax3", [3]),
+             _f32("b", rng.standard_normal((1, 8, 1))),
              c("k0", 0.044715), c("k1", 0.7978846), c("one", 1.0), c("half", 0.5)]
     nodes = [helper.make_node("Conv", ["x", "w"], ["cv"], kernel_shape=[3, 1]),
              helper.make_node("Squeeze", ["cv", "ax3"], ["s"]), helper.make_node("Add", ["s", "b"], ["a"]),
@@ -282,7 +277,8 @@ def test_mnn_backend_one_element_constants(tmp_path):
              helper.make_node("Mul", ["k1", "m3"], ["m4"]), helper.make_node("Tanh", ["m4"], ["t"]),
              helper.make_node("Add", ["one", "t"], ["t1"]), helper.make_node("Mul", ["half", "t1"], ["t2"]),
              helper.make_node("Mul", ["a", "t2"], ["gelu"]), helper.make_node("Max", ["half", "gelu"], ["y"])]
-    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 1])], ["a", "gelu", "y"], inits)
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 1])], ["a", "gelu", "y"],
+               inits)
     x = {"x": rng.standard_normal((1, 16, 20, 1)).astype(np.float32)}
     _compare(MnnBackend({}), _anchor(m, tmp_path / "gelu.onnx"), tmp_path / "work", x)
 
@@ -350,16 +346,16 @@ def test_onnx_reference_batchnorm_momentum():
 
     x = {"x": rng.standard_normal((1, 4, 5, 5)).astype(np.float32)}
     ours = ReferenceEvaluator(m).run(None, x)[0]
-    assert np.abs(ours - _ort(m, x)["y"]).max() > 0.1  # the library's wrong values
+    assert np.abs(ours - ort_outputs(m, x)["y"]).max() > 0.1  # the library's wrong values
     # without the attribute the schema's default momentum 0.9 applies: wrong alike, found alike
     plain = _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn@1")],
                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])], ["y"], inits, opset=11)
     assert list(reference_defects(plain)) == ["bn@1"]
-    assert np.abs(ReferenceEvaluator(plain).run(None, x)[0] - _ort(plain, x)["y"]).max() > 0.1
+    assert np.abs(ReferenceEvaluator(plain).run(None, x)[0] - ort_outputs(plain, x)["y"]).max() > 0.1
     from anpred.backends.reference_defects import inference_batchnorm_kernel
 
     fixed = ReferenceEvaluator(plain, new_ops=[inference_batchnorm_kernel()]).run(None, x)[0]
-    assert np.abs(fixed - _ort(plain, x)["y"]).max() <= RTOL * max(1.0, float(np.abs(fixed).max()))
+    assert np.abs(fixed - ort_outputs(plain, x)["y"]).max() <= RTOL * max(1.0, float(np.abs(fixed).max()))
 
 
 def test_reference_backend_names_the_defect(tmp_path):
@@ -380,7 +376,7 @@ def test_reference_backend_names_the_defect(tmp_path):
     assert "GlobalMaxPool on a rank-3 input" in fixed.versions()["reference_workarounds"]
     x = np.random.default_rng(0).standard_normal((1, 4, 6)).astype(np.float32)
     got = fixed.run({"x": x})
-    assert np.array_equal(got["output/y"], _ort(m, {"x": x})["y"])  # the max of each channel: exact
+    assert np.array_equal(got["output/y"], ort_outputs(m, {"x": x})["y"])  # the max of each channel: exact
     b = ReferenceBackend({"workarounds": False})
     b.prepare(path, AnchorManifest.from_model(onnx.load(str(path))), tmp_path / "w")
     assert list(b.defects) == ["gmp"] and "reference_defects" in b.versions()
@@ -479,7 +475,7 @@ def _two_grus(path: Path) -> Path:
     rng = np.random.default_rng(0)
     nodes, inits, outs = [], [], []
     for k in range(2):
-        n, i, o = rnn_node("GRU", f"gru{k}", "x", 4, 3, "forward", rng, T=3, B=2, lbr=1)
+        n, i, o = rnn_node("GRU", f"gru{k}", "x", 4, 3, "forward", rng, B=2, lbr=1)
         nodes.append(n)
         inits += i
         outs += o
@@ -505,7 +501,7 @@ def test_openvino_two_recurrent_layers_on_one_tensor(tmp_path):
 
     path = _two_grus(tmp_path / "two_grus.onnx")
     x = {"x": np.random.default_rng(1).normal(0, 1, (3, 2, 4)).astype(np.float32)}
-    want = _ort(onnx.load(str(path)), x)
+    want = ort_outputs(onnx.load(str(path)), x)
     core = ov.Core()
     cm = core.compile_model(core.read_model(str(path)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     got = cm(x)
@@ -545,5 +541,5 @@ def test_float64_basis_works_around_the_evaluator_defects(tmp_path):
         b.prepare(path, AnchorManifest.from_model(onnx.load(str(path))), tmp_path / "w")
         assert sorted(b.workarounds) == ["bn", "gmp"] and b.defects == {}
         got = b.run(x)["output/y"]
-    want = _ort(m, x)["y"]
+    want = ort_outputs(m, x)["y"]
     assert got.dtype == np.float64 and np.abs(got - want).max() <= RTOL * max(1.0, float(np.abs(want).max()))

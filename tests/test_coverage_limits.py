@@ -76,7 +76,7 @@ def test_converters_asked_node_by_node(tmp_path, monkeypatch):
     assert rows["ncnn"]["ops"] == {"GridSample": "pnnx: pnnx crashed on this node alone (signal 11) (node 'sample')"}
     probes = sorted((tmp_path / "cache" / "coverage-probe" / "pnnx").glob("*.json"))
     assert len(probes) >= 3  # Conv, Tanh, GridSample (and the first model's nodes)
-    from anpred.backends.ncnn_pnnx import pnnx_probe
+    from anpred.backends.ncnn_probe import pnnx_probe
 
     probe = pnnx_probe()
     again = probe.refusals(onnx.load(str(path)))
@@ -103,7 +103,8 @@ def test_run_marks_the_refused_backends_and_the_converters_agree(tmp_path):
     free = run_model(path, ["torch", "ncnn"], tmp_path / "in", tmp_path / "run2", progress=False, timeout_s=300,
                      precheck=False)
     st = free.statuses()
-    assert st["torch"].status in ("failed", "unsupported") and "\"allowzero=1\" is not implemented" in st["torch"].reason
+    assert st["torch"].status in ("failed",
+                                  "unsupported") and "\"allowzero=1\" is not implemented" in st["torch"].reason
     assert st["ncnn"].status in ("failed", "unsupported") and "'mask' is bool" in st["ncnn"].reason
 
 
@@ -129,7 +130,8 @@ def test_cli_backends_names_the_converters_refusals(tmp_path, capsys):
     path = limits_model(tmp_path / "limits.onnx")
     assert main(["backends", "--model", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "torch: cannot run the model: Reshape (onnx2torch: \"allowzero=1\" is not implemented (node 'reshape_az'))" in out
+    assert ("torch: cannot run the model: Reshape (onnx2torch: \"allowzero=1\" is not implemented "
+            "(node 'reshape_az'))") in out
     assert "ncnn: cannot run the model: input mask (ncnn: input 'mask' is bool" in out
     row = next(ln for ln in out.splitlines() if ln.startswith("torch "))
     assert " lacks " in row
@@ -144,7 +146,7 @@ def test_anchor_identities_do_not_lose_ncnn(tmp_path, monkeypatch):
     node's outputs, so ncnn is not refused, and it runs the anchored model (regression: ncnn was
     'unsupported' on every anchored model)."""
     from anpred.backends.coverage import unsupported_by
-    from anpred.backends.ncnn_pnnx import pnnx_probe
+    from anpred.backends.ncnn_probe import pnnx_probe
     from anpred.instrument import instrument_model
     from anpred.run import run_model
 

@@ -67,7 +67,8 @@ def test_machine_flags_are_what_this_process_can_execute():
 def test_oracle_judges_the_precision_computed_not_the_one_asked():
     """openvino-bf16 compiled to fp32 is judged with fp32's floor; it still does not vote (a variant)."""
     asked_bf16_got_fp32 = BackendInfo.make("openvino-bf16", "openvino", "fp32", requested="bf16")
-    assert (asked_bf16_got_fp32.precision, asked_bf16_got_fp32.requested, asked_bf16_got_fp32.votes) == ("fp32", "bf16", False)
+    assert (asked_bf16_got_fp32.precision, asked_bf16_got_fp32.requested,
+            asked_bf16_got_fp32.votes) == ("fp32", "bf16", False)
     real_bf16 = BackendInfo.make("openvino-bf16", "openvino", "bf16", requested="bf16")
     assert (real_bf16.precision, real_bf16.requested, real_bf16.votes) == ("bf16", "bf16", False)
     # runs written before the requested precision was recorded: the reduced-precision table decides
@@ -131,7 +132,8 @@ def test_emulated_cpu_without_avx512_vnni_bf16(tmp_path):
     assert got["ov_hint"] == "fp32" and got["ov_effective"] == "fp32" and got["ov_finite"]
     assert (got["judged_as"], got["requested"], got["votes"]) == ("fp32", "bf16", False)
     assert got["u8s8"] == "avx2"
-    assert got["notes"][0].startswith("precision: openvino-bf16 was asked for bf16 but computed in fp32 (this CPU has no bf16")
+    assert got["notes"][0].startswith("precision: openvino-bf16 was asked for bf16 but computed in fp32 (this CPU has "
+                                      "no bf16")
     assert got["notes"][1].startswith("kernels: ort-int8 ran ONNX Runtime's avx2 u8s8 kernels")
     # and they do saturate: 32 pairs of 255*127*2 clipped to 32767 (tests/emulated_cpu.py)
     assert got["saturation"]["int8"] == pytest.approx(SATURATED, rel=1e-6)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from anpred.report.history import DEFAULT_MARGIN, CampaignConfig, create, record_bisection, record_campaign, task_regressions, task_trend
+from anpred.report.history import (DEFAULT_MARGIN, CampaignConfig, create, record_bisection, record_campaign,
+                                   task_regressions, task_trend)
 
 
 def _run(con, rid: int, model: str, verdicts: list[tuple], **kw) -> None:
@@ -23,12 +24,15 @@ def _run(con, rid: int, model: str, verdicts: list[tuple], **kw) -> None:
     anchor, primary)``, ``tasks`` = ``(backend, metric, value)``, ``run_dir``, ``report``."""
     con.execute("INSERT INTO runs (id, created, run_dir, model, model_sha256, machine, cpu, status, oracle, samples, "
                 "inputs, inputs_sha256, report) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (rid, kw.get("created", f"2026-01-01T00:00:{rid:02d}"), kw.get("run_dir") or f"/nowhere/{rid}/run", model,
+                (rid, kw.get("created", f"2026-01-01T00:00:{rid:02d}"), kw.get("run_dir") or f"/nowhere/{rid}/run",
+                 model,
                  "", "{}", "", "consistent", "consensus", 2, "{}", kw.get("inputs", "A"), kw.get("report")))
     for b, fl, oa, os_, wa, wp, st, vers, cul, cop in verdicts:
         con.execute("INSERT INTO verdicts (run_id, backend, family, precision, versions, flagged, origin_anchor, "
-                    "origin_stage, worst_anchor, worst_primary, status, culprit, culprit_op) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (rid, b, "onnxruntime", "fp32", json.dumps({"python": "3.11", **vers}), fl, oa, os_, wa, wp, st, cul, cop))
+                    "origin_stage, worst_anchor, worst_primary, status, culprit, culprit_op) VALUES "
+                    "(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (rid, b, "onnxruntime", "fp32", json.dumps({"python": "3.11", **vers}), fl, oa, os_, wa, wp, st,
+                     cul, cop))
     con.executemany("INSERT INTO cells (run_id, backend, anchor, stage, primary_stat, flagged, stats) VALUES "
                     "(?,?,?,0,?,0,'{}')", [(rid, *c) for c in kw.get("cells", ())])
     con.executemany("INSERT INTO tasks VALUES (?,?,'classify',?,?)", [(rid, *t) for t in kw.get("tasks", ())])
@@ -60,7 +64,8 @@ def test_regression_rule_is_anpred_history_s(db):
         plan = [("A", [_ok()], 0.90), ("A", [_ok()], 0.85), ("A", [_flagged()], 0.845), ("B", [_flagged()], 0.2),
                 ("B", [_ok()], 0.2), ("A", [_ok()], 0.845)]
         for k, (ins, ver, top1) in enumerate(plan, 1):
-            _run(con, k, "m", ver, inputs=ins, created=f"2026-01-0{k}T00:00:00", cells=[("ort", "anchor/01/b", 1e-7 * k)],
+            _run(con, k, "m", ver, inputs=ins, created=f"2026-01-0{k}T00:00:00",
+                 cells=[("ort", "anchor/01/b", 1e-7 * k)],
                  tasks=[("ort", "truth.top1", top1), ("ort", "unrelated_lower_is_better", 5.0 * k)])
     con.close()
     hist = collect([db])
@@ -74,7 +79,8 @@ def test_regression_rule_is_anpred_history_s(db):
     rows = task_trend(db)
     for k in range(1, 7):  # anpred history's rule on the history as it stood after run k
         theirs = {(r["run"], r["against"], r["metric"]) for r in task_regressions([r for r in rows if r.run_id <= k])}
-        ours = {(e["point"] + 1, e["against"] + 1, "truth.top1") for e in s.events if e["what"] == "task" and e["point"] + 1 == k}
+        ours = {(e["point"] + 1, e["against"] + 1, "truth.top1") for e in s.events if e["what"] == "task" and e["point"]
+                + 1 == k}
         assert ours == theirs, k
     # a wider margin: the 0.05 drop is no longer a regression
     assert [e["what"] for e in collect([db], margin=0.06).series[0].events] == ["verdict"] * 3
@@ -114,16 +120,21 @@ def test_campaign_order_and_bisection_first_bad(db, tmp_path):
     with con:  # 1.21.0's configuration was judged first
         _run(con, 1, "avgpool_net", [_flagged(vers={"onnxruntime": "1.21.0"}, cul=(None, None))],
              created="2026-01-01T10:05", run_dir="/w/b/run")
-        _run(con, 2, "avgpool_net", [_ok(vers={"onnxruntime": "1.20.1"})], created="2026-01-01T10:09", run_dir="/w/a/run")
+        _run(con, 2, "avgpool_net", [_ok(vers={"onnxruntime": "1.20.1"})], created="2026-01-01T10:09",
+             run_dir="/w/a/run")
     con.close()
     cfg = dict(label="net", backend_set="fp32", inputs="default", state="complete")
-    record_campaign(db, "nightly", tmp_path / "out", "c.toml", [{"package": "onnxruntime", "versions": ["1.20.1", "1.21.0"],
+    record_campaign(db, "nightly", tmp_path / "out", "c.toml",
+                    [{"package": "onnxruntime", "versions": ["1.20.1", "1.21.0"],
                                                                   "backends": ["ort"]}],
-                    [CampaignConfig("a", 0, versions={"onnxruntime": "1.20.1"}, report=str(reports / "a" / "report.html"),
+                    [CampaignConfig("a", 0, versions={"onnxruntime": "1.20.1"},
+                                    report=str(reports / "a" / "report.html"),
                                     run_dir="/w/a/run", **cfg),
-                     CampaignConfig("b", 1, versions={"onnxruntime": "1.21.0"}, report=str(reports / "b" / "report.html"),
+                     CampaignConfig("b", 1, versions={"onnxruntime": "1.21.0"},
+                                    report=str(reports / "b" / "report.html"),
                                     run_dir="/w/b/run", **cfg)])
-    record_bisection(db, {"package": "onnxruntime", "model": "net", "backend": "ort", "candidates": ["1.20.1", "1.21.0"],
+    record_bisection(db,
+                     {"package": "onnxruntime", "model": "net", "backend": "ort", "candidates": ["1.20.1", "1.21.0"],
                           "first_bad": "1.21.0", "last_good": "1.20.1", "origin_stage": 1,
                           "culprit": {"node": "avgpool", "op_type": "AveragePool"}}, "nightly", tmp_path / "bisect")
     hist = collect([db], campaign="nightly")
@@ -134,7 +145,8 @@ def test_campaign_order_and_bisection_first_bad(db, tmp_path):
     data = payload(hist, site, SiteOptions())
     (cell,) = data["cells"]
     (ev,) = cell["x"]
-    assert ev["fb"] == "onnxruntime 1.21.0 (bisected; last as before: 1.20.1, stage 1)" and ev["cu"] == "avgpool (AveragePool)"
+    assert ev["fb"] == "onnxruntime 1.21.0 (bisected; last as before: 1.20.1, stage 1)"
+    assert ev["cu"] == "avgpool (AveragePool)"
     assert [data["runs"][i][1] for i in data["mr"][0]] == ["configs/a/report.html", "configs/b/report.html"]
     page = write_site(hist, site, SiteOptions(title="t"))
     text = page.read_text()
@@ -232,7 +244,8 @@ def test_two_backend_sets_of_a_campaign_are_two_series(db, tmp_path):
                     [CampaignConfig(cid, pos, label="net", backend_set=bset, inputs="default", state="complete",
                                     versions={"onnxruntime": "1.32.0"}, run_dir=f"/w/{pos + 1}/run")
                      for pos, (cid, bset, _) in enumerate(plan)])
-    record_bisection(db, {"package": "onnxruntime", "model": "net", "backend": "ort", "candidates": ["1.31.0", "1.32.0"],
+    record_bisection(db,
+                     {"package": "onnxruntime", "model": "net", "backend": "ort", "candidates": ["1.31.0", "1.32.0"],
                           "first_bad": "1.32.0", "last_good": "1.31.0"}, "nightly", tmp_path / "out")
     for hist in (collect([db], campaign="nightly"), collect([db])):
         # the bisection probed the model's first configuration holding ort: the fp32 set
@@ -269,7 +282,8 @@ def test_unknown_campaign_is_an_error_and_an_empty_history_a_note(db, tmp_path, 
     record_campaign(db, "weekly", tmp_path / "w", "w.toml", [], [])
     record_campaign(db, "nightly-2", tmp_path / "n", "n.toml", [], [])
     assert main(["dashboard", str(db), "-o", str(tmp_path / "s2"), "--campaign", "nightly"]) == 2
-    assert "no campaign 'nightly' in " in (err := capsys.readouterr().err) and "campaigns there: nightly-2, weekly" in err
+    err = capsys.readouterr().err
+    assert "no campaign 'nightly' in " in err and "campaigns there: nightly-2, weekly" in err
     assert not (tmp_path / "s2").exists()  # nothing written
     assert main(["dashboard", str(db), "-o", str(tmp_path / "s3"), "--campaign", "weekly"]) == 0
     assert "no run of campaign 'weekly'" in capsys.readouterr().err

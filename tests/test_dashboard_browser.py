@@ -19,7 +19,8 @@ import pytest
 from dashboard_runs import net_runs
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (apt-get install -y chromium)")
+pytestmark = pytest.mark.skipif(CHROMIUM is None,
+                                reason="headless Chromium not installed (apt-get install -y chromium)")
 
 
 class _Grid(HTMLParser):
@@ -129,8 +130,10 @@ def test_dashboard_renders_the_grid_marks_regressions_and_links(site, tmp_path):
     assert sorted(grid) == ["clf", "net"]
     label = {m: {b: c["label"] for b, c in row.items()} for m, row in grid.items()}
     assert label["net"]["openvino"].startswith("FLAGGED s")
-    assert {b: x.split()[0] for b, x in label["net"].items()} == {"onnx-reference": "ok", "openvino": "FLAGGED", "ort": "ok"}
-    assert {b: x.split()[0] for b, x in label["clf"].items()} == {"onnx-reference": "ok", "openvino": "FLAGGED", "ort": "ok"}
+    assert {b: x.split()[0]
+            for b, x in label["net"].items()} == {"onnx-reference": "ok", "openvino": "FLAGGED", "ort": "ok"}
+    assert {b: x.split()[0]
+            for b, x in label["clf"].items()} == {"onnx-reference": "ok", "openvino": "FLAGGED", "ort": "ok"}
     assert "Softplus" in grid["net"]["openvino"]["text"]  # the culprit operator the drill-down named
     assert "st1" in grid["net"]["openvino"]["class"] and "st0" in grid["net"]["ort"]["class"]
     # the regressions: net/openvino (verdict) and clf/ort (top-1 -0.10); nothing else marked
@@ -194,7 +197,8 @@ class _Cdp:
             os.dup2(a, 3)
             os.dup2(b, 4)
 
-        self.proc = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
+        self.proc = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                                      "--remote-debugging-pipe",
                                       "--window-size=1200,800", f"--user-data-dir={profile}", "about:blank"],
                                      close_fds=False, preexec_fn=fds, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
@@ -265,15 +269,17 @@ def test_lazy_sparklines_and_detail_view_on_hundreds_of_cells(tmp_path):
         for rid in (1, 2):
             for m in range(12):
                 run = (rid - 1) * 12 + m + 1
-                con.execute("INSERT INTO runs (id, created, run_dir, model, status, inputs_sha256) VALUES (?,?,?,?,?,?)",
-                            (run, f"2026-01-0{rid}T00:00:{m:02d}", f"/nowhere/{run}/run", f"m{m:02d}", "consistent", "A"))
+                con.execute("INSERT INTO runs (id, created, run_dir, model, status, inputs_sha256) "
+                            "VALUES (?,?,?,?,?,?)",
+                            (run, f"2026-01-0{rid}T00:00:{m:02d}", f"/nowhere/{run}/run", f"m{m:02d}", "consistent",
+                             "A"))
                 for b in range(40):
-                    con.execute("INSERT INTO verdicts (run_id, backend, family, precision, versions, flagged, worst_anchor, "
-                                "worst_primary, status) VALUES (?,?,?,?,?,?,?,?,?)",
+                    con.execute("INSERT INTO verdicts (run_id, backend, family, precision, versions, flagged, "
+                                "worst_anchor, worst_primary, status) VALUES (?,?,?,?,?,?,?,?,?)",
                                 (run, f"b{b:02d}", "onnxruntime", "fp32", json.dumps({"onnxruntime": f"1.{rid}.0"}), 0,
                                  "output/y", 1e-7 * rid, "consistent"))
-                    con.execute("INSERT INTO cells (run_id, backend, anchor, stage, primary_stat, flagged, stats) VALUES "
-                                "(?,?,'output/y',0,?,0,'{}')", (run, f"b{b:02d}", 1e-7 * rid * (1 + b)))
+                    con.execute("INSERT INTO cells (run_id, backend, anchor, stage, primary_stat, flagged, stats) "
+                                "VALUES (?,?,'output/y',0,?,0,'{}')", (run, f"b{b:02d}", 1e-7 * rid * (1 + b)))
     con.close()
     assert main(["dashboard", str(db), "-o", str(tmp_path / "site")]) == 0
     cdp = _Cdp(tmp_path / "profile")

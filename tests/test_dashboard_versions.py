@@ -30,7 +30,8 @@ def test_versions_are_the_packages_not_the_run_facts(tmp_path, capsys):
     raw = {b: json.loads(v) for b, v in con.execute("SELECT backend, versions FROM verdicts")}
     con.close()
     assert sorted(raw) == ["onnx-reference", "openvino", "ort", "ort-fp16"]
-    facts = {b: sorted(k for k in v if canonicalize_name(k) not in package_names() and k != "python") for b, v in raw.items()}
+    facts = {b: sorted(k for k in v if canonicalize_name(k) not in package_names() and k != "python")
+             for b, v in raw.items()}
     assert facts["openvino"] and facts["ort-fp16"], facts  # the rows do carry run facts
     hist = collect([db])
     got = {s.backend: s.points[-1].versions for s in hist.series}

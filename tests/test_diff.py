@@ -153,7 +153,8 @@ def test_ort_offline_optimisation_fusions_are_found_and_named(yolo_path, yolo_or
     fused = [r for r in d.regions if r.kind == "fused"]
     assert Counter(r.label for r in fused) == {"Sigmoid+Mul -> QuickGelu(com.microsoft)": n_qg}
     # every QuickGelu of B is in exactly one fused region; the one Sigmoid ORT left alone matched
-    assert sorted(x for r in fused for x in r.b_nodes) == sorted(n.name for n in b.graph.node if n.op_type == "QuickGelu")
+    assert sorted(x for r in fused
+                  for x in r.b_nodes) == sorted(n.name for n in b.graph.node if n.op_type == "QuickGelu")
     assert len(d.only_a) == 2 * n_qg and sum(r.op_type == "Sigmoid" for r in d.only_a) == n_qg < n_sig_a
     assert d.matched == len(b.graph.node) - n_qg
     # all Conv nodes kept, unchanged
@@ -553,7 +554,8 @@ def test_run_diff_backend_pairs(anchored, fp16_runs, tmp_path):
     xa = RunStore.open(d / "ta").read_anchors("ort", c.worst_sample)[out.anchor]
     xb = RunStore.open(tmp_path / "rf").read_anchors("ort-fp16", c.worst_sample)[out.anchor]
     assert c.value == pytest.approx(error_stats(xb, xa).nrmse, rel=1e-9) and c.value > 0
-    rc = main(["diff", str(d / "ta"), str(tmp_path / "rf"), "--pair", "ort=ort-fp16", "--json", str(tmp_path / "p.json")])
+    rc = main(["diff", str(d / "ta"), str(tmp_path / "rf"), "--pair", "ort=ort-fp16", "--json",
+               str(tmp_path / "p.json")])
     assert rc in (0, 1) and json.loads((tmp_path / "p.json").read_text())["backends"] == ["ort=ort-fp16"]
     assert main(["diff", str(d / "ta"), str(tmp_path / "rf"), "--pair", "ort"]) == 2
 

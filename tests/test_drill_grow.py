@@ -84,7 +84,8 @@ def _chain_model(ops):
         prev = f"v{i}"
     nodes.append(h.make_node("Neg", ["v1"], ["side"], name="side"))
     g = h.make_graph(nodes, "chain", [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
-                     [h.make_tensor_value_info(prev, T.FLOAT, [2, 3]), h.make_tensor_value_info("side", T.FLOAT, [2, 3])])
+                     [h.make_tensor_value_info(prev, T.FLOAT, [2, 3]),
+                      h.make_tensor_value_info("side", T.FLOAT, [2, 3])])
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
 
 

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # t
 import evaluation as ev  # noqa: E402
 
 from isa_reasons import DEFECT_BOUND
+from ort_session import ort_anchors
 
 KINDS = (("round", 8.0), ("approx-sigmoid", 1.0))  # bfloat16 rounding; the fast sigmoid in place of Sigmoid
 STAGES = (1, 3)
@@ -183,7 +184,8 @@ def test_outputs_tables_and_plots_are_written(reduced, tmp_path):
     payload = cli.write_outputs(args, tmp_path, [null, *faulty], {"yolov8n": clean}, {"yolov8n": setup},
                                 {"yolov8n": {"configs": 1 + len(faulty)}}, 0.0, plots_=True)
     got = json.loads((tmp_path / "results.json").read_text())
-    assert got["summary"]["yolov8n"]["configs"] == payload["summary"]["yolov8n"]["configs"] == len(faulty)  # faulty ones
+    # faulty ones
+    assert got["summary"]["yolov8n"]["configs"] == payload["summary"]["yolov8n"]["configs"] == len(faulty)
     assert "yolov8n" in (tmp_path / "summary.md").read_text()
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
     # (no per-model detection-vs-magnitude plot: one magnitude per kind here)
@@ -207,19 +209,9 @@ def test_cli_rejects_bad_requests_before_running(tmp_path, capsys):
 
 
 # -- the fault pass on the kinds the YOLOs cannot show: norm-epsilon (BatchNorm kept) and Round ------
-def _ort_anchors(model, manifest, feeds):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    out = dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
-    return {a.name: out[a.name if a.kind != "output" else a.value] for a in manifest.anchors}
-
-
 def _assert_differs_exactly_from(model, manifest, variant, truth, feeds):
-    clean = _ort_anchors(model, manifest, feeds)
-    faulty = _ort_anchors(variant, manifest, feeds)
+    clean = ort_anchors(model, manifest, feeds, threads=1)
+    faulty = ort_anchors(variant, manifest, feeds, threads=1)
     diff = {a.name: float(np.abs(faulty[a.name].astype(np.float64) - clean[a.name]).max()) for a in manifest.anchors}
     stage = {a.name: a.stage for a in manifest.anchors}
     up = {k: d for k, d in diff.items() if stage[k] < truth.stage}
@@ -295,4 +287,5 @@ def test_round_op_rounding_mode_differs_exactly_from_injection_stage():
     assert len({a.stage for a in man.anchors}) >= 3
     x = (rng.integers(-8, 9, (1, 1, 16, 16)) / 4).astype(np.float32)  # 2x: ties at every odd quarter
     up, down = _assert_differs_exactly_from(model, man, variant, truth, {"x": x})
-    assert truth.stage > 0 and up, f"the Round node should not sit in the first stage (nothing upstream tested): {man.stages} {[(a.name, a.stage) for a in man.anchors]}"
+    assert truth.stage > 0 and up, ("the Round node should not sit in the first stage (nothing upstream tested): "
+                                    f"{man.stages} {[(a.name, a.stage) for a in man.anchors]}")

@@ -87,7 +87,8 @@ def test_pt2e_int8_population_is_judged_with_quantization_steps(root):
         assert sorted(v["population"]) == sorted(members)
     # the quantized program on XNNPACK is one partition; the portable one runs quantize/dequantize kernels
     assert st["executorch-xnnpack-int8"]["versions"]["executorch_partitions"] == "1"
-    assert "quantized_decomposed_quantize_per_tensor_default" in st["executorch-int8"]["versions"]["executorch_outside_ops"]
+    outside = st["executorch-int8"]["versions"]["executorch_outside_ops"]
+    assert "quantized_decomposed_quantize_per_tensor_default" in outside
     # the same scale everywhere: the steps come from the one program
     assert st["executorch-int8"]["quant_steps"] == st["executorch-xnnpack-int8"]["quant_steps"]
 

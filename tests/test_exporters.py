@@ -5,12 +5,12 @@ import json
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from exporters import ExportError, load_factory, read_origin
 
 from isa_reasons import FP32_BOUND
+from ort_session import ort_outputs
 
 
 def small_torch(seed: int = 0):
@@ -64,13 +64,6 @@ def _torch_classes():
     return DataDependent, Nested, WithNumpy
 
 
-def _ort(path, feed):
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    return s.run(None, feed)
-
-
 @pytest.mark.isa_independent(FP32_BOUND)
 @pytest.mark.parametrize("dynamo", [True, False])
 def test_export_torch_matches_eager_and_records_origin(tmp_path, dynamo):
@@ -87,7 +80,7 @@ def test_export_torch_matches_eager_and_records_origin(tmp_path, dynamo):
     assert not list(tmp_path.glob("*.data"))  # weights inside the file
     assert read_origin(model) == r.origin == {"framework": "torch", "exporter": r.exporter, "opset": r.opset,
                                               "factory": "test_exporters:small_torch", "kwargs": {"seed": 0}}
-    (got,) = _ort(r.path, {model.graph.input[0].name: ex[0].numpy()})
+    (got,) = ort_outputs(r.path, {model.graph.input[0].name: ex[0].numpy()}, quiet=True).values()
     with torch.no_grad():
         want = m(*ex).numpy()
     err = float(np.abs(got - want).max() / np.abs(want).max())
@@ -123,7 +116,7 @@ def test_export_keras_matches_keras(tmp_path):
     assert r.exporter == "tf2onnx" and r.opset == 17 and read_origin(onnx.load(str(r.path)))["factory"]
     model = onnx.load(str(r.path))
     assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim] == [1, 32, 32, 3]  # NHWC kept
-    (got,) = _ort(r.path, {model.graph.input[0].name: ex[0]})
+    (got,) = ort_outputs(r.path, {model.graph.input[0].name: ex[0]}, quiet=True).values()
     want = np.asarray(m(ex[0], training=False))
     err = float(np.abs(got - want).max() / np.abs(want).max())
     assert err < 1e-5, f"ORT vs Keras max relative error {err:.2e}"
@@ -207,9 +200,9 @@ def test_torchscript_export_with_numpy_in_forward_is_refused(tmp_path):
     assert not (tmp_path / "ts.onnx").exists()
     r = export_torch(m, (x,), tmp_path / "dyn.onnx", dynamo=True, cache=False)
     model = onnx.load(str(r.path))
-    (got,) = _ort(r.path, {model.graph.input[0].name: x.numpy()})
+    (got,) = ort_outputs(r.path, {model.graph.input[0].name: x.numpy()}, quiet=True).values()
     x2 = torch.rand(1, 3, 5, 5)  # another input: a frozen trace would return the first result
-    (got2,) = _ort(r.path, {model.graph.input[0].name: x2.numpy()})
+    (got2,) = ort_outputs(r.path, {model.graph.input[0].name: x2.numpy()}, quiet=True).values()
     with torch.no_grad():
         want, want2 = m(x).numpy(), m(x2).numpy()
     assert np.abs(got - want).max() < 1e-6 and np.abs(got2 - want2).max() < 1e-6

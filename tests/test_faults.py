@@ -11,6 +11,7 @@ import pytest
 
 from anpred.errors import AnpredError
 from passes.faults import FAULT_METADATA_KEY, FaultError, applicable_nodes, inject_fault
+from ort_session import ort_anchors
 
 
 @pytest.fixture(scope="session")
@@ -20,17 +21,6 @@ def anchored_yolov8n(yolov8n_onnx):
     from anpred.instrument import instrument_model
 
     return instrument_model(onnx.load(yolov8n_onnx))
-
-
-def _run_anchors(model, manifest, x):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in s.get_outputs()]
-    out = dict(zip(names, s.run(None, {s.get_inputs()[0].name: x})))
-    return {a.name: out[a.name if a.kind != "output" else a.value] for a in manifest.anchors}
 
 
 def _downstream_values(model, value: str) -> set[str]:
@@ -48,7 +38,7 @@ def _downstream_values(model, value: str) -> set[str]:
 def test_fault_differs_exactly_from_injection_stage(anchored_yolov8n, yolov8n_model, kind, magnitude):
     model, manifest = anchored_yolov8n
     x = yolov8n_model.real_inputs(1)[0]
-    clean = _run_anchors(model, manifest, x)
+    clean = ort_anchors(model, manifest, {model.graph.input[0].name: x}, threads=2)
     stages = sorted({a.stage for a in manifest.anchors if a.kind == "boundary"})
     tried = 0
     for stage in (stages[1], stages[len(stages) // 2]):
@@ -60,7 +50,7 @@ def test_fault_differs_exactly_from_injection_stage(anchored_yolov8n, yolov8n_mo
         assert truth.stage == stage and truth.kind == kind
         stored = {p.key: p.value for p in variant.metadata_props}[FAULT_METADATA_KEY]
         assert json.loads(stored)["node"] == truth.node
-        faulty = _run_anchors(variant, manifest, x)
+        faulty = ort_anchors(variant, manifest, {variant.graph.input[0].name: x}, threads=2)
         down = _downstream_values(model, truth.value)
         for a in manifest.anchors:  # by data flow: every anchor the fault cannot reach is bit-identical
             d = float(np.abs(faulty[a.name].astype(np.float64) - clean[a.name]).max())

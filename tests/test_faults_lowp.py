@@ -22,6 +22,8 @@ from onnx import numpy_helper as nh
 
 from passes.faults import FAULT_KINDS, LOWP_KINDS, FaultError, applicable_nodes, inject_fault, node_stages
 
+from ort_session import ort_outputs
+
 # every test here touches a runtime's kernel arithmetic (tests/test_kernel_markers.py)
 pytestmark = pytest.mark.kernels
 
@@ -74,7 +76,8 @@ def net(tmp_path_factory):
             return next(self.it, None)
 
     logging.getLogger().setLevel(logging.ERROR)
-    out = {"anchored": am, "manifest": man, "x": np.random.default_rng(5).normal(size=(1, 3, 16, 16)).astype(np.float32)}
+    out = {"anchored": am, "manifest": man,
+           "x": np.random.default_rng(5).normal(size=(1, 3, 16, 16)).astype(np.float32)}
     for key, pc in (("qdq", False), ("qdq_pc", True)):
         quantize_static(str(d / "am.onnx"), str(d / f"{key}.onnx"), Reader(), quant_format=QuantFormat.QDQ,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=pc)
@@ -96,18 +99,9 @@ def _expose(model, names):
 
 
 def _ort(model, x, level="ORT_ENABLE_ALL", x64quantprecision=False):
-    """Every graph output on ONNX Runtime CPU. ``x64quantprecision``: its session option of that name
-    (U8U8 integer kernels, where the u8s8 ones would sum pairs in saturating int16 on a CPU without
-    VNNI/AMX; no effect on a CPU with them)."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-    if x64quantprecision:
-        so.add_session_config_entry("session.x64quantprecision", "1")
-    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, {"x": x})))
+    """Every graph output on ONNX Runtime CPU (2 threads), as :func:`_openvino` and :func:`_reference` run
+    the model (``x64quantprecision``: tests/ort_session.py)."""
+    return ort_outputs(model, {"x": x}, threads=2, level=level, x64quantprecision=x64quantprecision)
 
 
 def _openvino(model, x):

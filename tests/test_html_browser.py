@@ -17,7 +17,8 @@ import pipeline_factories as pf
 from isa_reasons import NOT_A_KERNEL_VALUE
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (apt-get install -y chromium)")
+pytestmark = pytest.mark.skipif(CHROMIUM is None,
+                                reason="headless Chromium not installed (apt-get install -y chromium)")
 
 
 class _Dom(HTMLParser):

@@ -244,7 +244,8 @@ def test_real_model_is_instrumented(name, model_path, tmp_path_factory):
         arr = res[a.name]
         assert arr.dtype == np.dtype(a.dtype) and np.isfinite(arr).all()
         assert len(arr.shape) == len(a.shape)
-        assert all(d is None or isinstance(d, str) or d == s for d, s in zip(a.shape, arr.shape)), (a.name, a.shape, arr.shape)
+        assert all(d is None or isinstance(d, str) or d == s
+                   for d, s in zip(a.shape, arr.shape)), (a.name, a.shape, arr.shape)
     print(f"{name}: {manifest.partition['num_nodes']} nodes, {len(manifest.stages)} stages, {len(inner)} anchors: "
           f"{', '.join(a.name for a in inner)}")
 
@@ -349,7 +350,8 @@ def test_external_data_next_to_source_is_referenced(model_path, tmp_path):
               location="m.weights")
     assert (src_dir / "m.weights").stat().st_size > 10_000_000
     man = instrument_file(src_dir / "m.onnx", src_dir / "anchored.onnx")
-    assert sorted(p.name for p in src_dir.iterdir()) == ["anchored.anchors.json", "anchored.onnx", "m.onnx", "m.weights"]
+    assert sorted(p.name for p in src_dir.iterdir()) == ["anchored.anchors.json", "anchored.onnx", "m.onnx",
+                                                         "m.weights"]
     assert (src_dir / "m.weights").stat().st_nlink == 1  # referenced: no link, no copy
     assert (src_dir / "anchored.onnx").stat().st_size < (src_dir / "m.onnx").stat().st_size + 50_000
     assert external_data_files(onnx.load(str(src_dir / "anchored.onnx"), load_external_data=False)) == ["m.weights"]
@@ -369,7 +371,8 @@ def _big_weights_model(folder: Path) -> Path:
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array((0.02 * rng.standard_normal((3600, 3600), dtype=np.float32)), "W")
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
              helper.make_node("Tanh", ["r"], ["t"], name="tanh"), helper.make_node("Sigmoid", ["t"], ["y"], name="sig")]
     g = helper.make_graph(nodes, "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3600])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3600])], initializer=[w])
@@ -432,7 +435,8 @@ def test_external_data_other_folder_refused_or_copied_streaming(tmp_path):
     rc, err, rss_copy = _cli_child([str(src), "-o", str(out_dir / "a.onnx"), "--copy-external-data", "--stages", "3"])
     assert rc == 0, err
     weights = (src.parent / "big.onnx.data").stat().st_size
-    print(f"peak RSS: referenced {rss_ref / 1e6:.1f} MB, copied {rss_copy / 1e6:.1f} MB (weights {weights / 1e6:.1f} MB)")
+    print(f"peak RSS: referenced {rss_ref / 1e6:.1f} MB, copied {rss_copy / 1e6:.1f} MB "
+          f"(weights {weights / 1e6:.1f} MB)")
     assert rss_copy - rss_ref < 0.25 * weights, (rss_ref, rss_copy)
     assert sorted(p.name for p in out_dir.iterdir()) == ["a.anchors.json", "a.onnx", "a.onnx.data"]
     assert filecmp.cmp(out_dir / "a.onnx.data", src.parent / "big.onnx.data", shallow=False)
@@ -444,7 +448,8 @@ def test_external_data_other_folder_refused_or_copied_streaming(tmp_path):
     x = {"x": np.random.default_rng(1).standard_normal((1, 3600), dtype=np.float32)}
     y = anch.run(None, x)
     assert np.array_equal(plain.run(None, x)[0], y[0]) and len(y) == len(anch.get_outputs()) == 3
-    assert onnx.load(str(out_dir / "a.onnx"), load_external_data=False).graph.initializer[0].external_data[0].value == "a.onnx.data"
+    assert onnx.load(str(out_dir / "a.onnx"),
+                     load_external_data=False).graph.initializer[0].external_data[0].value == "a.onnx.data"
 
 
 def test_output_files_get_the_umask_mode(tmp_path):

@@ -5,7 +5,12 @@ statement counts, also those inside functions.
   ``anpred.backends.torch_native`` -> ``anpred.backends``);
 - ``passes/`` and ``exporters/`` import from ``anpred/`` only the shared core;
 - no module imports another module's private name (``from m import _x``);
-- no module over 700 lines.
+- no import cycle between folders (``anpred/<sub>``, the modules at the top of ``anpred/``, ``passes``,
+  ``exporters``, ``models``; ``anpred``'s entry points, its ``__init__``, ``__main__`` and ``cli``,
+  import everything and count apart);
+- no module over 600 lines, no function over 120 lines, no function with more than 8 parameters
+  (``self``/``cls`` not counted) except those that mirror an external schema (:data:`SCHEMA_MIRRORS`).
+  A limit is met by splitting by meaning, never by joining lines or deleting comments (issue 36).
 """
 
 from __future__ import annotations
@@ -20,7 +25,23 @@ ROOT = Path(__file__).resolve().parent.parent
 TOPS = ("anpred", "passes", "exporters", "models")
 CORE = {"anpred.errors", "anpred.manifest", "anpred.naming", "anpred.onnx_io", "anpred.cache", "anpred.folders",
         "anpred.compat", "anpred.machine", "anpred.defaults"}
-MAX_LINES = 700
+MAX_LINES = 600
+MAX_FUNCTION_LINES = 120  # end_lineno - lineno + 1 (decorators not counted)
+MAX_PARAMETERS = 8
+ENTRY_POINTS = {"anpred", "anpred.__main__", "anpred.cli"}
+#: functions whose parameters mirror an external schema, allowed more than MAX_PARAMETERS; each says so in
+#: its docstring
+SCHEMA_MIRRORS = {
+    "models.opclass:rnn_node",  # the ONNX RNN/LSTM/GRU inputs and attributes
+    # the ONNX pooling attributes (kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, ...)
+    "anpred.backends.torch_converters:_window_pool_class.<locals>.OnnxWindowPool.__init__",
+}
+# the lists of offenders being split (issue 36) are empty now; kept as the place a split in progress is
+# named (a listed name that no longer offends fails test_temporary_lists_are_current)
+TEMPORARY_LONG_MODULES: set[str] = set()
+TEMPORARY_LONG_FUNCTIONS: set[str] = set()
+TEMPORARY_MANY_PARAMETERS: set[str] = set()
+TEMPORARY_FOLDER_STRAGGLERS: set[str] = set()
 
 
 def _modules(root: Path) -> dict[str, Path]:
@@ -109,10 +130,98 @@ def test_no_private_name_imported_across_modules(graph):
     assert graph[2] == []
 
 
-def test_no_module_over_700_lines(graph):
+def folder(m: str, mods: dict[str, Path]) -> str:
+    """The folder unit of module ``m``: ``anpred.<sub>`` for ``anpred``'s subpackages, ``anpred`` for the
+    modules at its top (the shared core), ``anpred:entry`` for its entry points, else the top folder."""
+    parts = m.split(".")
+    if parts[0] != "anpred":
+        return parts[0]
+    if m in ENTRY_POINTS:
+        return "anpred:entry"
+    if len(parts) >= 3 or mods[m].name == "__init__.py":
+        return ".".join(parts[:2])
+    return "anpred"
+
+
+def folder_cycles(mods: dict[str, Path], edges: dict[str, set[str]], skip=frozenset()) -> list[list[str]]:
+    """The cycles between folders (:func:`folder`), each as its sorted folders; the imports of the
+    modules in ``skip`` are left out."""
+    g = nx.DiGraph([(folder(a, mods), folder(b, mods)) for a, bs in edges.items() if a not in skip for b in bs
+                    if folder(a, mods) != folder(b, mods)])
+    return sorted(sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1)
+
+
+def test_no_import_cycle_between_folders(graph):
+    mods, edges, _ = graph
+    assert folder_cycles(mods, edges, TEMPORARY_FOLDER_STRAGGLERS) == []
+
+
+def functions(path: Path, module: str):
+    """``(qualified name, lines, parameters)`` of every function of the module at ``path``, nested ones
+    included (``module:Class.method``, ``module:f.<locals>.g``); parameters without ``self``/``cls``."""
+    found = []
+
+    def visit(node, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = child.args
+                names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+                names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+                qual = prefix + child.name
+                found.append((f"{module}:{qual}", child.end_lineno - child.lineno + 1,
+                              len([n for n in names if n not in ("self", "cls")])))
+                visit(child, qual + ".<locals>.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(path.read_text(), str(path)), "")
+    return found
+
+
+@pytest.fixture(scope="module")
+def all_functions(graph):
+    return [f for m, p in graph[0].items() for f in functions(p, m)]
+
+
+def test_no_module_over_600_lines(graph):
     mods = graph[0]
     long = {m: n for m, p in mods.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert long == {}
+    assert {m: n for m, n in long.items() if m not in TEMPORARY_LONG_MODULES} == {}
+
+
+def test_no_function_over_120_lines(all_functions):
+    long = {name: n for name, n, _ in all_functions if n > MAX_FUNCTION_LINES}
+    assert {k: n for k, n in long.items() if k not in TEMPORARY_LONG_FUNCTIONS} == {}
+
+
+def test_no_function_with_more_than_8_parameters(all_functions):
+    many = {name: n for name, _, n in all_functions if n > MAX_PARAMETERS}
+    allowed = SCHEMA_MIRRORS | TEMPORARY_MANY_PARAMETERS
+    assert {k: n for k, n in many.items() if k not in allowed} == {}
+
+
+def test_schema_mirrors_say_so(graph):
+    """Each allowed long signature states the schema it mirrors in its docstring."""
+    mods = graph[0]
+    for name in SCHEMA_MIRRORS:
+        module, qualname = name.split(":")
+        node = ast.parse(mods[module].read_text())
+        for part in qualname.replace(".<locals>", "").split("."):  # down the nesting of the qualified name
+            node = next(n for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part)
+        assert "schema" in (ast.get_docstring(node) or ""), name
+
+
+def test_temporary_lists_are_current(graph, all_functions):
+    """An entry of the TEMPORARY lists that no longer offends is to be removed (the lists only shrink)."""
+    mods, edges, _ = graph
+    long_modules = {m for m, p in mods.items() if len(p.read_text().splitlines()) > MAX_LINES}
+    long_functions = {name for name, n, _ in all_functions if n > MAX_FUNCTION_LINES}
+    many = {name for name, _, n in all_functions if n > MAX_PARAMETERS}
+    stale = (TEMPORARY_LONG_MODULES - long_modules) | (TEMPORARY_LONG_FUNCTIONS - long_functions) | \
+        (TEMPORARY_MANY_PARAMETERS - many) | (SCHEMA_MIRRORS - many) | (TEMPORARY_FOLDER_STRAGGLERS - set(mods))
+    assert stale == set(), "no longer offending: remove from the lists in tests/test_layout.py"
 
 
 def test_the_checks_see_a_cycle_and_a_private_import(tmp_path):
@@ -126,3 +235,20 @@ def test_the_checks_see_a_cycle_and_a_private_import(tmp_path):
     g = nx.DiGraph([(a, b) for a, bs in edges.items() for b in bs])
     assert [sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1] == [["anpred.a", "anpred.b"]]
     assert private == ["anpred.a imports anpred.b._g"]
+
+
+def test_the_checks_see_a_folder_cycle_and_long_functions(tmp_path):
+    """A cycle between folders made by modules that form no cycle themselves, and the function limits."""
+    for d in ("anpred", "anpred/run", "passes"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "__init__.py").write_text("")
+    (tmp_path / "anpred" / "core.py").write_text("X = 1\n")
+    (tmp_path / "anpred" / "step.py").write_text("from anpred.run import go\n")
+    (tmp_path / "anpred" / "run" / "go.py").write_text("from anpred.core import X\n")
+    (tmp_path / "passes" / "p.py").write_text("from anpred.core import X\n")
+    mods, edges, _ = import_graph(tmp_path)
+    assert folder_cycles(mods, edges) == [["anpred", "anpred.run"]]
+    assert folder_cycles(mods, edges, {"anpred.step"}) == []
+    src = "class C:\n    def m(self, a, b, c, d, e, f, g, h, *i):\n" + "        x = 1\n" * 120
+    (tmp_path / "passes" / "long.py").write_text(src)
+    assert functions(tmp_path / "passes" / "long.py", "passes.long") == [("passes.long:C.m", 121, 9)]

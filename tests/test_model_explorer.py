@@ -127,7 +127,8 @@ def test_unnamed_nodes_get_ids_the_adapter_keeps(exported, tmp_path):
     (graph,) = [g for g in ONNXAdapter().convert(index["model"], {})["graphs"] if g.id == index["graph"]]
     ids = {n.id for n in graph.nodes}
     culprit = index["culprits"]["openvino"]
-    assert culprit in ids and next(n for n in onnx.load(index["model"]).graph.node if n.name == culprit).op_type == "Softplus"
+    assert culprit in ids and next(n for n in onnx.load(index["model"]).graph.node
+                                   if n.name == culprit).op_type == "Softplus"
     for f in index["files"]:
         (gd,) = json.loads((tmp_path / "me" / f).read_text()).values()
         assert set(gd["results"]) <= ids

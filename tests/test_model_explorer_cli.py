@@ -60,6 +60,7 @@ def test_index_command_is_shell_quoted(tmp_path_factory, tmp_path):
     index = export_report_folder(runs["bad"], out)
     argv = shlex.split(index["command"])
     files = ",".join(str(out.absolute() / f) for f in sorted(index["files"]))
-    assert argv == ["model-explorer", str(out.absolute() / "anchored.annotated.onnx"), "--extensions=model_explorer_onnx",
+    assert argv == ["model-explorer", str(out.absolute() / "anchored.annotated.onnx"),
+                    "--extensions=model_explorer_onnx",
                     f"--node_data_paths={files}"]
     assert json.loads((out / "index.json").read_text())["command"] == index["command"]

@@ -9,10 +9,10 @@ measured values are printed in the assertion messages and recorded in docs/nativ
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from isa_reasons import FP32_BOUND
+from ort_session import ort_anchors
 
 IMGSZ = 160
 REL_TOL = 1e-4  # fp32 noise bound on max-abs error relative to the tensor's max magnitude
@@ -107,20 +107,12 @@ def case(request, tmp_path_factory):
     return _build(request.param, tmp_path_factory.mktemp(request.param))
 
 
-def _ort_anchors(c):
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    s = ort.InferenceSession(str(c.path), so, providers=["CPUExecutionProvider"])
-    iname = c.manifest.model["inputs"][0]["name"]
-    outs = dict(zip([o.name for o in s.get_outputs()], s.run(None, {iname: np.asarray(c.example[0])})))
-    return iname, {a.name: outs[a.value if a.kind == "output" else a.name] for a in c.manifest.anchors}
-
-
 def _native_vs_ort(c):
     from anpred.backends import backend_class
 
     b = backend_class(BACKEND[c.fw])()
-    iname, ref = _ort_anchors(c)
+    iname = c.manifest.model["inputs"][0]["name"]
+    ref = ort_anchors(c.path, c.manifest, {iname: np.asarray(c.example[0])}, quiet=True)
     with b:
         b.prepare(c.path, c.manifest, c.path.parent / "work")
         got = b.run({iname: np.asarray(c.example[0])})

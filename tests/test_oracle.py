@@ -595,7 +595,8 @@ def _majority_error(torch_extra=None, fp64=True, n=6, seed=3, shared_scale=1e-4,
     sum they all compute); torch is accurate (noise 3e-7) unless ``torch_extra`` (relative scale of its
     own, independent error); onnx-reference-fp64 returns the truth."""
     names = ["ort", "openvino", "tvm", "torch"]
-    o = Oracle(ANCHORS, _backends(names) + ([BackendInfo.make("onnx-reference-fp64", precision="fp64")] if fp64 else []),
+    o = Oracle(ANCHORS,
+               _backends(names) + ([BackendInfo.make("onnx-reference-fp64", precision="fp64")] if fp64 else []),
                config)
     rng = np.random.default_rng(seed)
     shared = {a.name: rng.standard_normal(512) for a in ANCHORS}
@@ -644,7 +645,8 @@ def test_float64_execution_measures_a_shared_error_below_the_floor():
     assert [b for b, v in without.verdicts.items() if v.flagged] == ["torch"]
     res = _majority_error(shared_scale=5e-6)
     assert res.splits == [] and not any(v.flagged for v in res.verdicts.values())
-    assert [(c["families"], c["kind"]) for c in res.correlated] == [(["onnxruntime", "openvino", "tvm"], "error-correlated")]
+    assert [(c["families"], c["kind"])
+            for c in res.correlated] == [(["onnxruntime", "openvino", "tvm"], "error-correlated")]
     assert min(res.correlated[0]["rho"].values()) > 0.99
     off = OracleConfig(correlated_rho=1.0)
     res = _majority_error(shared_scale=5e-6, config=off)

@@ -120,7 +120,8 @@ def test_what_is_not_split():
                          [_vi("a", [1, 4, 10]), _vi("b", [1, 3, 10])], [_vi("out", [1, 70])],
                          [nh.from_array(np.array([1, 70], np.int64), "s")])
     assert output_parts(mixed, {"o": "out"}) == {}
-    const = _graph_model([h.make_node("Sigmoid", ["b"], ["cls"]), h.make_node("Concat", ["k", "cls", "b"], ["out"], axis=1)],
+    const = _graph_model([h.make_node("Sigmoid", ["b"], ["cls"]),
+                          h.make_node("Concat", ["k", "cls", "b"], ["out"], axis=1)],
                          [_vi("b", [1, 3, 10])], [_vi("out", [1, 10, 10])],
                          [nh.from_array(np.zeros((1, 4, 10), np.float32), "k")])
     got = output_parts(const, {"o": "out"})["o"]
@@ -141,8 +142,10 @@ def detector_head(cls_bias: float, seed: int = 0, px: float = 300.0, cls_scale: 
     c1, i1 = _conv("c1", "r0", "t1", 8, 8, rng)
     cb, ib = _conv("cbox", "r1", "tb", 8, 4, rng, bias=1.0)
     cc, ic = _conv("ccls", "r1", "tc", 8, 6, rng, bias=cls_bias, scale=cls_scale)
-    nodes = [c0, h.make_node("Relu", ["t0"], ["r0"], name="relu0"), c1, h.make_node("Relu", ["t1"], ["r1"], name="relu1"),
-             cb, h.make_node("Relu", ["tb"], ["rb"], name="relub"), h.make_node("Mul", ["rb", "px"], ["box"], name="scale"),
+    nodes = [c0, h.make_node("Relu", ["t0"], ["r0"], name="relu0"), c1,
+             h.make_node("Relu", ["t1"], ["r1"], name="relu1"),
+             cb, h.make_node("Relu", ["tb"], ["rb"], name="relub"),
+             h.make_node("Mul", ["rb", "px"], ["box"], name="scale"),
              cc, h.make_node("Sigmoid", ["tc"], ["cls"], name="sigmoid"),
              h.make_node("Concat", ["box", "cls"], ["y"], name="cat", axis=1)]
     inits = i0 + i1 + ib + ic + [nh.from_array(np.array(px, np.float32), "px")]
@@ -280,8 +283,8 @@ def _part_oracle(fault: str, n: int = 6, seed: int = 0, a1_noise: float = 1e-5):
                AnchorInfo("output/OUT[:, 0:400]", 2, kind="part", part_of="output/OUT"),
                AnchorInfo("output/OUT[:, 400:500]", 2, kind="part", part_of="output/OUT"),
                AnchorInfo("output/OUT", 2, kind="output")]
-    B, C, O = "output/OUT[:, 0:400]", "output/OUT[:, 400:500]", "output/OUT"
-    desc = {"anchor/00/A0": {"anchor/01/A1", B, C, O}, "anchor/01/A1": {C, O}, B: {O}, C: {O}, O: set()}
+    B, C, OUT = "output/OUT[:, 0:400]", "output/OUT[:, 400:500]", "output/OUT"
+    desc = {"anchor/00/A0": {"anchor/01/A1", B, C, OUT}, "anchor/01/A1": {C, OUT}, B: {OUT}, C: {OUT}, OUT: set()}
     names = ["ort", "openvino", "onnx-reference", "torch", "tf"] + (["fault"] if fault == "carried" else [])
     infos = [BackendInfo.make(b) if b != "fault" else BackendInfo("fault", "fault") for b in names]
     o = Oracle(anchors, infos, descendants=desc)
@@ -307,11 +310,11 @@ def _part_oracle(fault: str, n: int = 6, seed: int = 0, a1_noise: float = 1e-5):
             out = np.concatenate([xb, xc], axis=1)
             sample.setdefault("anchor/00/A0", {})[b] = x0
             sample.setdefault("anchor/01/A1", {})[b] = x1
-            sample.setdefault(O, {})[b] = out
+            sample.setdefault(OUT, {})[b] = out
             sample.setdefault(B, {})[b] = out[:, :400]
             sample.setdefault(C, {})[b] = out[:, 400:]
         o.add(sample)
-    return o.finish(), (B, C, O)
+    return o.finish(), (B, C, OUT)
 
 
 def test_propagation_to_the_whole_output_and_the_part_flag():
@@ -319,13 +322,13 @@ def test_propagation_to_the_whole_output_and_the_part_flag():
     part, origin traced back to A1; the propagation profile and trend follow the data flow to the whole
     output (diluted there by the boxes: attenuated; the text line and the verdict agree), and the output
     counts as flagged through its part (not masked)."""
-    res, (B, C, O) = _part_oracle("carried")
+    res, (B, C, OUT) = _part_oracle("carried")
     v = res.verdicts["fault"]
     assert v.flagged_anchors == [C] and v.origin_anchor == "anchor/01/A1" and v.output_flagged
-    assert v.profile_anchors == ["anchor/01/A1", O]
+    assert v.profile_anchors == ["anchor/01/A1", OUT]
     (step,) = v.steps
-    assert step.dst == O and step.kind == "attenuated" and v.propagation == "attenuated" and not v.non_monotonic
-    whole = next(c for c in res.cells if c.anchor == O and c.backend == "fault")
+    assert step.dst == OUT and step.kind == "attenuated" and v.propagation == "attenuated" and not v.non_monotonic
+    whole = next(c for c in res.cells if c.anchor == OUT and c.backend == "fault")
     assert not whole.flagged and whole.primary < whole.floor
     assert not any(res.verdicts[b].flagged for b in res.verdicts if b != "fault")
 
@@ -336,11 +339,11 @@ def test_a_flagged_origin_does_not_vanish_into_an_output_whose_part_is_flagged()
     from anpred.judge import CheckReport
     from anpred.report.text import propagation_line
 
-    res, (B, C, O) = _part_oracle("carried", a1_noise=1e-4)
+    res, (B, C, OUT) = _part_oracle("carried", a1_noise=1e-4)
     v = res.verdicts["fault"]
     assert v.flagged_anchors == ["anchor/01/A1", C] and v.origin_anchor == "anchor/01/A1" and v.output_flagged
     (step,) = v.steps
-    assert step.dst == O and step.kind == "attenuated" and v.propagation == "attenuated"
+    assert step.dst == OUT and step.kind == "attenuated" and v.propagation == "attenuated"
     rep = CheckReport(run_dir="-", status="flagged", oracle="consensus", verdicts=res.verdicts, cells=res.cells)
     assert propagation_line(rep, "fault").endswith(f"(flagged at {C})")
 
@@ -350,11 +353,12 @@ def test_a_part_below_its_range_does_not_depart():
     part's RMS there too, but its largest deviation there is 1e-6 of the part's range: not a departure
     (part range rule), so A0 -> A1 -> class part is not a run of 3 and nothing is flagged. Without the
     departure half of the rule the sustained rule would flag all three."""
-    res, (B, C, O) = _part_oracle("tail")
+    res, (B, C, OUT) = _part_oracle("tail")
     c = next(c for c in res.cells if c.anchor == C and c.backend == "ort")
     assert c.primary > 4 * c.peer_level and c.primary > 0.1 * c.floor  # departs by the S test alone
     assert c.range_ratio < 0.1 * c.floor
-    a0, a1 = (next(x for x in res.cells if x.anchor == n and x.backend == "ort") for n in ("anchor/00/A0", "anchor/01/A1"))
+    a0, a1 = (next(x for x in res.cells if x.anchor == n and x.backend == "ort")
+              for n in ("anchor/00/A0", "anchor/01/A1"))
     assert all(x.primary > 4 * x.peer_level and x.primary < x.floor for x in (a0, a1))
     assert not res.verdicts["ort"].flagged, res.verdicts["ort"].flagged_anchors
 
@@ -366,7 +370,8 @@ def test_part_gaps_are_not_reported_twice():
 
     from anpred.judge import AnchorInfo, BackendInfo, Cell, Oracle
 
-    anchors = [AnchorInfo("a", 0), AnchorInfo("o[:, 0:2]", 1, kind="part", part_of="o"), AnchorInfo("o", 1, kind="output")]
+    anchors = [AnchorInfo("a", 0), AnchorInfo("o[:, 0:2]", 1, kind="part", part_of="o"),
+               AnchorInfo("o", 1, kind="output")]
     names = ["ort", "openvino", "onnx-reference", "torch"]
     o = Oracle(anchors, [BackendInfo.make(b) for b in names])
     rng = np.random.default_rng(0)

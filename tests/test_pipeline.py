@@ -1,7 +1,7 @@
 """The one-shot pipeline (``anpred test`` / ``anpred.test``) end to end on real runtimes: an ``.onnx``
 path holding a real OpenVINO defect (flagged, exit 1), a PyTorch factory and a Keras factory
-(exported, mapped onto the native model, consistent), a zoo name, the demo's pipeline at reduced size (trained PP-OCRv4 on rendered pages,
-every default backend), and user errors (one line, exit 2, nothing written)."""
+(exported, mapped onto the native model, consistent), a zoo name, the demo's pipeline at reduced size (trained PP-OCRv4
+on rendered pages, every default backend), and user errors (one line, exit 2, nothing written)."""
 
 from __future__ import annotations
 
@@ -132,7 +132,8 @@ def test_demo_pipeline_reduced(root):
     fp16 = run["backends"]["ort-fp16"]
     assert fp16["precision"] == "fp16" and r.verdicts["ort-fp16"].precision == "fp16", fp16
     # regression: provenance names the final folder, not the deleted partial one
-    assert run["inputs"]["path"] == str(r.out / "run" / "inputs") and len(list((r.out / "run" / "inputs").iterdir())) == 2
+    inputs = r.out / "run" / "inputs"
+    assert run["inputs"]["path"] == str(inputs) and len(list(inputs.iterdir())) == 2
     assert run["model"]["path"] == str(r.out / "anchored.onnx") and rep["run_dir"] == str(r.out / "run")
     assert not [p for p in root.iterdir() if p.name.startswith(".")]
     for f in ("demo.json", "ppocr-det/test.json", "ppocr-det/report.json", "ppocr-det/run/run.json"):
@@ -165,7 +166,8 @@ def test_demo_doclaynet_inputs_record_their_real_sources(tmp_path):
 
 @pytest.mark.isa_independent(FP32_BOUND)
 def test_zoo_name_cli(root):
-    rc, out, err, folder = pf.cli_run("zoo", root, ["yolov8n", "--imgsz", "160", "--backends", "ort,openvino", "-n", "1"])
+    rc, out, err, folder = pf.cli_run("zoo", root,
+                                      ["yolov8n", "--imgsz", "160", "--backends", "ort,openvino", "-n", "1"])
     assert rc == 0, (out, err)
     t = json.loads((folder / "test.json").read_text())
     assert t["model"] == "yolov8n" and t["backends"][:2] == ["ort", "openvino"] and t["status"] == "consistent"
@@ -220,7 +222,8 @@ def test_keras_factory_is_exported_mapped_and_consistent(root):
     (["{tmp}/softplus.onnx", "--backends", "ort"], "one backend (ort) cannot be judged"),
     (["{tmp}/softplus.onnx", "--backends", "ort,,openvino"], "empty entry in the backend list 'ort,,openvino'"),
     (["{tmp}/softplus.onnx", "--backends", "ort,torch-native"], "softplus: it is a .onnx without a native factory"),
-    (["yolov8n", "--backends", "ort,tf-native"], "yolov8n: it is of PyTorch origin: its native framework is torch (use torch-native)"),
+    (["yolov8n", "--backends", "ort,tf-native"],
+     "yolov8n: it is of PyTorch origin: its native framework is torch (use torch-native)"),
     (["pipeline_factories:small_keras", "--backends", "ort,torch-native"],
      "small_keras: it is of Keras origin: its native framework is tf (use tf-native)"),
 ])

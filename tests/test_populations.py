@@ -27,6 +27,8 @@ from onnx import TensorProto as TP
 
 from anpred.errors import BackendError
 
+from ort_session import ort_outputs
+
 # every test here touches a runtime's kernel arithmetic (tests/test_kernel_markers.py)
 pytestmark = pytest.mark.kernels
 
@@ -46,7 +48,8 @@ def small_net(seed: int = 0, size: int = 32):
 
     def conv(name, x, ci, co, k=3, s=1):
         w = (rng.standard_normal((co, ci, k, k)) * np.sqrt(2 / (ci * k * k))).astype(np.float32)
-        inits.extend([nh.from_array(w, name + ".w"), nh.from_array((rng.standard_normal(co) * 0.1).astype(np.float32), name + ".b")])
+        inits.extend([nh.from_array(w, name + ".w"),
+                      nh.from_array((rng.standard_normal(co) * 0.1).astype(np.float32), name + ".b")])
         nodes.append(h.make_node("Conv", [x, name + ".w", name + ".b"], [name], kernel_shape=[k, k], pads=[k // 2] * 4,
                                  strides=[s, s], name=name + "_conv"))
         return name
@@ -68,20 +71,6 @@ def small_net(seed: int = 0, size: int = 32):
     m.ir_version = 8
     onnx.checker.check_model(m)
     return m
-
-
-def ort_outputs(model, feeds, x64quantprecision: bool = False):
-    """Every graph output of ``model`` (ModelProto or path) on ONNX Runtime CPU, fp32 reference.
-    ``x64quantprecision``: ONNX Runtime's session option of that name (its U8U8 integer kernels, where
-    the u8s8 ones would sum pairs in saturating int16 on a CPU without VNNI; no effect elsewhere)."""
-    import onnxruntime as ort
-
-    src = model if isinstance(model, str) else model.SerializeToString()
-    so = ort.SessionOptions()
-    if x64quantprecision:
-        so.add_session_config_entry("session.x64quantprecision", "1")
-    s = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
 
 
 def anchors_of(outputs: dict, manifest) -> dict:
@@ -145,7 +134,8 @@ def test_int8_members_run_one_shared_qdq_model(net, members):
     # opset-19 DequantizeLinear kernel for this opset-17 model, ORT's u8s8 kernel family is named
     ov = members["openvino-int8"][0].versions()
     assert ov["openvino_kernel_precision"] in ("u8", "i8"), ov["openvino_runtime_precisions"]
-    assert "Convolution/u8" in ov["openvino_runtime_precisions"] or "Convolution/i8" in ov["openvino_runtime_precisions"]
+    precisions = ov["openvino_runtime_precisions"]
+    assert "Convolution/u8" in precisions or "Convolution/i8" in precisions
     assert members["onnx-reference-int8"][0].versions()["reference_kernels"].startswith("DequantizeLinear<-")
     assert "mlas_u8s8_kernel" in members["ort-int8"][0].versions()
     assert "mlas_u8s8_kernel" not in members["ort-int8-noopt"][0].versions()
@@ -274,7 +264,8 @@ FAILURE_CLASSES = {
         h.make_node("Mul", ["ramp", "k"], ["ramp2"], name="mulk"),
         h.make_node("Add", ["x", "ramp2"], ["y"], name="add")],
         [nh.from_array(np.array(3, np.int64), "i3"), nh.from_array(np.array(0, np.float32), "zero"),
-         nh.from_array(np.array(1, np.float32), "one"), nh.from_array(np.array(0.1, np.float32), "k")], "range"), "cast"),
+         nh.from_array(np.array(1, np.float32), "one"), nh.from_array(np.array(0.1, np.float32), "k")], "range"),
+                   "cast"),
     # an op with integer outputs feeding float math: TopK indices -> Cast(to=FLOAT) -> Mul
     "integer-op": (lambda: _model([
         _conv(), h.make_node("TopK", ["c", "kk"], ["v", "ix"], axis=3, name="topk"),
@@ -356,7 +347,8 @@ def test_fp16_conversion_names_both_converters_when_all_fail(tmp_path, monkeypat
     monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))
     g = h.make_graph([h.make_node("Relu", ["x"], ["r"], name="relu"),
                       h.make_node("Mystery", ["r"], ["y"], domain="com.example", name="mystery")], "bad",
-                     [h.make_tensor_value_info("x", TP.FLOAT, [1, 4])], [h.make_tensor_value_info("y", TP.FLOAT, [1, 4])])
+                     [h.make_tensor_value_info("x", TP.FLOAT, [1, 4])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [1, 4])])
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.example", 1)])
     onnx.save(m, str(tmp_path / "bad.onnx"))
     with pytest.raises(BackendError) as e:
@@ -412,7 +404,8 @@ def test_fault_hook_changes_only_the_faulted_member(net, members, tmp_path):
         assert sha256_file(members[n][0].converted_path) == sha256_file(clean8)
     # fp16: round the float32 output of the blocked Resize (the float16 weights are not float32, so
     # weight-ulp does not apply there and says so)
-    f16 = backend_class("ort-fp16")({"calibration": cal, "fault": {"kind": "round", "node": "up_resize", "magnitude": 6}})
+    f16 = backend_class("ort-fp16")({"calibration": cal,
+                                     "fault": {"kind": "round", "node": "up_resize", "magnitude": 6}})
     f16.prepare(path, man, tmp_path / "f16")
     r16 = f16.run(x)
     clean16 = members["ort-fp16"][1]

@@ -261,7 +261,8 @@ def test_float16_network_judged_on_float16_scale_and_overflow_flagged_alone(tmp_
     bad, truth = inject_fault(m, "fp16-overflow", node="conv2", magnitude=16, manifest=man)
     bad_path = tmp_path / "overflow.onnx"
     onnx.save(bad, str(bad_path))
-    specs = [BackendSpec(b) for b in names if b != "openvino"] + [BackendSpec("openvino", options={"model": str(bad_path)})]
+    specs = [BackendSpec(b) for b in names
+             if b != "openvino"] + [BackendSpec("openvino", options={"model": str(bad_path)})]
     store2 = run_model(path, specs, "random:normal:seed=0:n=2", tmp_path / "run2", progress=False, timeout_s=300)
     rep2 = check_run(store2.root)
     assert rep2.flagged_backends == ["openvino"], format_text(rep2)
@@ -295,7 +296,8 @@ def test_bit_identical_peers_do_not_make_a_correct_implementation_depart():
     impl = res.verdicts["openvino-int8"].implementation
     c = next(c for c in res.population_cells["int8"] if c.backend == "openvino-int8" and c.anchor == "anchor/00/a")
     assert c.peer_level == 0.0 and 0 < c.primary < c.threshold
-    assert c.floor == pytest.approx(math.sqrt(2) * STEP / math.sqrt(12), rel=0.1) and "sqrt(2) x the int8 cost" in c.basis
+    assert c.floor == pytest.approx(math.sqrt(2) * STEP / math.sqrt(12),
+                                    rel=0.1) and "sqrt(2) x the int8 cost" in c.basis
     assert not impl.flagged and impl.status == "consistent"
 
 
@@ -360,11 +362,13 @@ def test_int8_implementation_floor_without_a_step_is_never_below_fp32():
     sqrt(2) x that cost as the floor flagged onnx-reference-int8 for float32 rounding. The floor is now
     at least the measured fp32 floor of that stage, and sqrt(2) x cost where that is larger."""
     from anpred.defaults import OracleConfig
-    from anpred.judge.scales import floor_and_basis
+    from anpred.judge.scales import CellMeasures, floor_and_basis
 
     cfg = OracleConfig()
-    floor, basis = floor_and_basis(cfg, "int8", 6, population=["ort-int8"], implementation=True, cost=2.62e-8)
+    floor, basis = floor_and_basis(cfg, "int8", 6, population=["ort-int8"], implementation=True,
+                                   measured=CellMeasures(cost=2.62e-8))
     assert floor == cfg.floor_at("fp32", 6) > 3.7e-8 and "fp32 floor" in basis
     big = 10 * cfg.floor_at("fp32", 6)
-    assert floor_and_basis(cfg, "int8", 6, population=["ort-int8"], implementation=True, cost=big)[0] == \
+    assert floor_and_basis(cfg, "int8", 6, population=["ort-int8"], implementation=True,
+                           measured=CellMeasures(cost=big))[0] == \
         pytest.approx(2 ** 0.5 * big)

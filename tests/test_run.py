@@ -19,18 +19,12 @@ from anpred.errors import BackendError, OutputPathError  # noqa: E402
 from anpred.run import BackendSpec, StreamingStats, read_stats, run_model  # noqa: E402
 
 from isa_reasons import DEFECT_BOUND, NOT_A_KERNEL_VALUE, SAME_DATA
+from ort_session import ort_outputs
 
 
 @pytest.fixture(scope="session")
 def yolo():
     return run_models.anchored_yolo()
-
-
-def _plain_ort(model, x):
-    import onnxruntime as ort
-
-    s = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, {"images": x})))
 
 
 # A limit for hangs only: the healthy backends of these tests finish in seconds alone, and must not be
@@ -70,7 +64,7 @@ def test_crashing_backends_leave_the_others_intact(yolo, tmp_path):
     assert st["ort"].anchors_captured == n and st["openvino"].anchors_captured == n
     # the surviving results equal a plain InferenceSession on the same stored inputs
     for sid in store.sample_ids:
-        plain = _plain_ort(yolo, store.read_inputs(sid)["images"])
+        plain = ort_outputs(yolo, {"images": store.read_inputs(sid)["images"]})
         got = store.read_anchors("ort", sid)
         for a in store.manifest.anchors:
             key = a.name if a.name in plain else a.value
@@ -142,7 +136,8 @@ def test_cli_run_and_bad_input_exit_2_nothing_overwritten(yolo, tmp_path, capsys
     out = tmp_path / "runs" / "a"
     assert cli(["run", str(yolo), "-b", "ort", "-i", "random:images:n=1", "-o", str(out), "-q"]) == 0
     text = capsys.readouterr().out
-    assert "ort" in text and "ok" in text and f"{len(json.loads((out / 'manifest.json').read_text())['anchors'])}/" in text
+    n_anchors = len(json.loads((out / "manifest.json").read_text())["anchors"])
+    assert "ort" in text and "ok" in text and f"{n_anchors}/" in text
     shapes = json.loads((out / "run.json").read_text())["inputs"]["input_shapes"]  # review: size 640 was recorded
     assert list(shapes.values()) == [[1, 3, 224, 224]]  # the static 224 px model's, not the 640 default
     before = (out / "run.json").read_bytes()
@@ -171,7 +166,8 @@ def test_cli_run_and_bad_input_exit_2_nothing_overwritten(yolo, tmp_path, capsys
         assert (out / "run.json").read_bytes() == before  # the earlier run is untouched
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["a"]  # no partial folder left
     assert not (tmp_path / "afile").is_dir()
-    assert cli(["run", str(tmp_path / "nothere.onnx"), "-b", "ort", "-i", "random:uniform", "-o", str(tmp_path / "b")]) == 2
+    assert cli(["run", str(tmp_path / "nothere.onnx"), "-b", "ort", "-i", "random:uniform", "-o",
+                str(tmp_path / "b")]) == 2
 
 
 @pytest.mark.isa_independent(DEFECT_BOUND)
@@ -369,7 +365,7 @@ def test_worker_pool_prepares_once_and_keeps_going_after_a_crash(yolo, tmp_path)
     assert pids[0] == pids[1] == pids[2]
     for store in stores:
         for sid in store.sample_ids:
-            plain = _plain_ort(yolo, store.read_inputs(sid)["images"])
+            plain = ort_outputs(yolo, {"images": store.read_inputs(sid)["images"]})
             got = store.read_anchors("ort", sid)
             for a in store.manifest.anchors:
                 key = a.name if a.name in plain else a.value
@@ -396,7 +392,8 @@ def test_stream_keeps_the_first_failure_with_its_chunk_and_sample(yolo, tmp_path
 
     rng = np.random.default_rng(0)
     samples = iter([(f"gen{i}", {"images": rng.random((1, 3, 224, 224), dtype=np.float32)}) for i in range(6)])
-    specs = ["ort", "openvino", "onnx-reference", BackendSpec("ort", "ort-later", {"_fault": "raise", "_fault_after": 2})]
+    specs = ["ort", "openvino", "onnx-reference",
+             BackendSpec("ort", "ort-later", {"_fault": "raise", "_fault_after": 2})]
     rep = stream_test(yolo, samples, tmp_path / "run", run=RunOptions(backends=specs), quiet=True,
                       judge=JudgeOptions(allow_incomplete=True), stream=StreamOptions(chunk=2, keep=1))
     from anpred.run import RunStore

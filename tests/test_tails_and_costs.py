@@ -75,7 +75,8 @@ def test_a_wrong_tail_is_a_warning_and_fp32_noise_or_a_broad_subfloor_error_is_n
     cell = next(c for c in res.cells if c.backend == "openvino")
     assert cell.tail.startswith("wrong tail (a warning, not a flag): the 0.99 quantile of the error in ULPs")
     assert not cell.flagged and cell.primary < cell.threshold and cell.reason == ""
-    assert res.verdicts["openvino"].warnings[0].startswith("openvino: wrong tail") and res.verdicts["openvino"].status == "consistent"
+    ov = res.verdicts["openvino"]
+    assert ov.warnings[0].startswith("openvino: wrong tail") and ov.status == "consistent"
     assert any(n.startswith("openvino: wrong tail") for n in res.notes)
     assert _warned(judge(_tail_case(0.0))) == []
     broad = _tail_case(0.0, frac=0.0)
@@ -103,9 +104,11 @@ def test_onnx_runtime_sigmoid_tail_is_a_wrong_tail_on_real_runtimes(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.uniform(-3, 3, (1, 400)).astype(np.float32)
     x[0, ::10] = rng.uniform(-17, -14, 40).astype(np.float32)
-    run, _ = _run(_sigmoid_tail_model(), ["ort", "ort-noopt", "openvino", "onnx-reference", "torch"], {"x": x}, tmp_path)
+    run, _ = _run(_sigmoid_tail_model(), ["ort", "ort-noopt", "openvino", "onnx-reference", "torch"], {"x": x},
+                  tmp_path)
     rep = check_run(run)
-    assert rep.status == "consistent" and sorted(b for b, v in rep.verdicts.items() if v.warnings) == ["ort", "ort-noopt"], \
+    assert rep.status == "consistent" and sorted(b for b, v in rep.verdicts.items()
+                                                 if v.warnings) == ["ort", "ort-noopt"], \
         format_text(rep)
     c = next(c for c in rep.cells if c.backend == "ort" and c.tail)
     assert c.tail.startswith("wrong tail") and c.primary < c.threshold and c.stats.ulp_q > 1e4

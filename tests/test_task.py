@@ -132,7 +132,8 @@ def test_history_task_regression_exits_1(digits, digits_run):
     before = digits_run[0].report.task["backends"]["ort"]["truth"]["top1"]
     after = res2.report.task["backends"]["ort"]["truth"]["top1"]
     assert before - after > 0.05, (before, after)
-    p = subprocess.run([sys.executable, "-m", "anpred", "history", str(db)], capture_output=True, text=True, timeout=600)
+    p = subprocess.run([sys.executable, "-m", "anpred", "history", str(db)], capture_output=True, text=True,
+                       timeout=600)
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     assert f"REGRESSION digits ort truth.top1: {before:.4g} -> {after:.4g}" in p.stdout
     p = subprocess.run([sys.executable, "-m", "anpred", "history", str(db), "--margin", "1"], capture_output=True,
@@ -217,8 +218,8 @@ def _nice_allowed() -> bool:
 
 @pytest.mark.isa_independent(SAME_DATA)
 def test_streamed_dataset_matches_the_run_in_one_piece(digits, tmp_path, monkeypatch):
-    """``--stream``: the 60 digits in chunks of 25 (the last one of 10), judged as they come: the same statistics at every
-    (anchor, backend) as the same backends in one piece (int8 calibrated on the same first 32 samples),
+    """``--stream``: the 60 digits in chunks of 25 (the last one of 10), judged as they come: the same statistics at
+    every (anchor, backend) as the same backends in one piece (int8 calibrated on the same first 32 samples),
     the same task metrics and input-set identity, and only the most deviating samples kept."""
     from anpred.run import RunStore
 
@@ -291,7 +292,8 @@ def test_user_adapter_module_function(digits, digits_run, tmp_path, monkeypatch)
     t = task_impact(res.run_dir, load_adapter("myadapt:make"))
     assert t["task"] == {"task": "argmax", "adapter": "myadapt:make"}
     assert t["backends"]["ort"]["headline"] == "same class 1.00"
-    assert t["backends"]["ort-int8"]["metrics"]["same"] == res.report.task["backends"]["ort-int8"]["metrics"]["top1_agreement"]
+    report_metrics = res.report.task["backends"]["ort-int8"]["metrics"]
+    assert t["backends"]["ort-int8"]["metrics"]["same"] == report_metrics["top1_agreement"]
 
 
 def test_classify_nan_output_agrees_with_nothing():
@@ -515,7 +517,8 @@ def test_resume_after_the_last_checkpoint_stores_the_kept_samples_in_full(digits
     assert (tmp_path / ".out2.stream" / "state.pkl").is_file() and (tmp_path / ".out2.stream" / "run").is_dir()
     again = subprocess.run(cmd2 + ["--resume"], capture_output=True, text=True)
     assert again.returncode == 0 and "stream: resuming after 60 samples judged" in again.stderr, again.stderr[-2000:]
-    assert json.loads((out2 / "report.json").read_text())["samples"] == N_TEST and not (tmp_path / ".out2.stream").exists()
+    assert json.loads((out2 / "report.json").read_text())["samples"] == N_TEST
+    assert not (tmp_path / ".out2.stream").exists()
 
 
 @pytest.mark.isa_independent(SAME_DATA)

@@ -22,7 +22,8 @@ from isa_reasons import SAME_DATA
 def _arrays():
     rng = np.random.default_rng(7)
     return {"anchor/01/model.2": rng.standard_normal((1, 3, 5, 7)).astype(np.float32),
-            "output/idx": np.arange(5, dtype=np.int64), "flag": np.array(True), "half": rng.random((2, 3)).astype(np.float16),
+            "output/idx": np.arange(5, dtype=np.int64), "flag": np.array(True),
+            "half": rng.random((2, 3)).astype(np.float16),
             "empty": np.zeros((0, 4), np.float32), "q": np.arange(9, dtype=np.uint8).reshape(3, 3),
             "nhwc": rng.standard_normal((1, 4, 3, 2)).astype(np.float32).transpose(0, 3, 1, 2),  # not C-contiguous
             "scalar": np.float64(2.5), "i8": np.array([-128, 127], np.int8)}
@@ -178,7 +179,8 @@ def test_run_stores_safetensors_and_the_worker_gets_the_tunables(tmp_path):
     from anpred.run import run_model
 
     g = h.make_graph([h.make_node("Relu", ["x"], ["r"], name="relu"), h.make_node("Sigmoid", ["r"], ["y"], name="sig")],
-                     "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 8])], [h.make_tensor_value_info("y", T.FLOAT, [1, 8])])
+                     "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 8])])
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     onnx.save(m, tmp_path / "m.onnx")
     instrument_file(tmp_path / "m.onnx", tmp_path / "a.onnx")
@@ -191,8 +193,10 @@ def test_run_stores_safetensors_and_the_worker_gets_the_tunables(tmp_path):
         assert p.suffix == ".safetensors"
         lib = stn.load_file(str(p))
         want = dict(zip(names, sess.run(None, store.read_inputs(sid))))
-        assert set(lib) == set(want) == set(store.manifest.names()) and all(np.array_equal(lib[k], want[k]) for k in want)
-    assert store.meta["resources"]["ort"]["glibc_tunables"] == worker_malloc_tunables(os.environ.get("GLIBC_TUNABLES", ""))
+        assert set(lib) == set(want) == set(store.manifest.names())
+        assert all(np.array_equal(lib[k], want[k]) for k in want)
+    want_tunables = worker_malloc_tunables(os.environ.get("GLIBC_TUNABLES", ""))
+    assert store.meta["resources"]["ort"]["glibc_tunables"] == want_tunables
     assert json.loads((store.root / "run.json").read_text())["backends"]["ort"]["status"] == "ok"
 
 

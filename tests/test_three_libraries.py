@@ -55,7 +55,8 @@ def _anchored(name, folder):
     return path, npz, man, rep
 
 
-@pytest.fixture(scope="module", params=[pytest.param(c, marks=pytest.mark.slow) if c != "mobilenetv2-keras" else c for c in CASES])
+@pytest.fixture(scope="module",
+                params=[pytest.param(c, marks=pytest.mark.slow) if c != "mobilenetv2-keras" else c for c in CASES])
 def three(request, tmp_path_factory):
     from anpred.run import run_model
 

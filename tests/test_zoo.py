@@ -9,15 +9,7 @@ import pytest
 from anpred.errors import AnpredError
 
 from isa_reasons import DEFECT_BOUND, FP32_BOUND, NOT_A_KERNEL_VALUE
-
-
-def _ort(path_or_bytes):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    src = path_or_bytes if isinstance(path_or_bytes, bytes) else str(path_or_bytes)
-    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+from ort_session import ort_session
 
 
 def _run1(sess, x):
@@ -67,7 +59,7 @@ def test_yolov8n_native_matches_its_export(yolov8n_model, yolov8n_onnx):
     assert x.shape == (1, 3, 320, 320) and x.dtype == np.float32
     with torch.no_grad():
         eager = yolov8n_model.native()(torch.from_numpy(x)).numpy()
-    out = _run1(_ort(yolov8n_onnx), x)[0]
+    out = _run1(ort_session(yolov8n_onnx, threads=2), x)[0]
     assert out.shape == eager.shape == (1, 84, 2100)
     assert np.abs(out - eager).max() <= 1e-5 * np.abs(eager).max()
     # rebuilt deterministically: a second build gives the same outputs bit for bit
@@ -91,7 +83,7 @@ def test_yolov5n_has_the_anchor_based_head(yolov5n_model, yolov5n_onnx):
         eager = net(torch.from_numpy(x)).numpy()
     assert eager.shape == (1, 3 * (40 * 40 + 20 * 20 + 10 * 10), 85)
     assert 0 < eager[0, :, 4:].min() and eager[0, :, 4:].max() < 1  # sigmoid scores
-    out = _run1(_ort(yolov5n_onnx), x)[0]
+    out = _run1(ort_session(yolov5n_onnx, threads=2), x)[0]
     assert out.shape == eager.shape
     assert np.abs(out - eager).max() <= 1e-4 * np.abs(eager).max()
 
@@ -141,7 +133,7 @@ def doclaynet_eager_and_ort(doclaynet_model, doclaynet_onnx):
     known = {vi.name: vi for vi in proto.graph.value_info}
     proto.graph.output.extend([known[values[i]] for i in sorted(values)])
     x = doclaynet_model.real_inputs(1)[0]
-    ort_out = _run1(_ort(proto.SerializeToString()), x)
+    ort_out = _run1(ort_session(proto.SerializeToString(), threads=2), x)
     net = doclaynet_model.native()
     acts = {}
     hooks = [net.model[i].register_forward_hook(lambda _m, _i, o, i=i: acts.__setitem__(i, o.numpy())) for i in values]
@@ -177,7 +169,7 @@ def test_doclaynet_finds_title_table_picture_and_text_on_rendered_pages(doclayne
     from models.detect import Detections, box_iou, decode, match_detections, yolo_input
     from models.documents import render_page
 
-    sess = _ort(doclaynet_onnx)
+    sess = ort_session(doclaynet_onnx, threads=2)
     for seed in (0, 1):
         page = render_page(seed)
         x, info = yolo_input(page.image, (1024, 1024))
@@ -324,7 +316,7 @@ def test_keras_model_builds_offline_and_exports(zoo):
     assert np.abs(outs[0] - outs[1]).max() > 1e-3  # the output depends on the input (calibrated BN)
     model2, _ = m.build_native()
     assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), model2.get_weights()))
-    out = _run1(_ort(m.onnx_path()), x)[0]
+    out = _run1(ort_session(m.onnx_path(), threads=2), x)[0]
     assert np.abs(out - np.asarray(model(x))).max() < 1e-5
 
 
@@ -336,7 +328,7 @@ def test_ppocr_det_finds_text_on_rendered_page(ppocr_det_onnx):
     m = models.get("ppocr-det", imgsz=(640, 512))
     x = m.real_inputs(1)[0]
     assert x.shape == (1, 3, 640, 512) and -1.0 <= x.min() and x.max() <= 1.0
-    prob = _run1(_ort(ppocr_det_onnx), x)[0]
+    prob = _run1(ort_session(ppocr_det_onnx, threads=2), x)[0]
     assert prob.shape == (1, 1, 640, 512)
     page = render_page(0)
     sy, sx = 640 / page.image.height, 512 / page.image.width
@@ -354,7 +346,7 @@ def test_ppocr_rec_reads_rendered_text_lines(zoo):
     path = m.onnx_path()
     meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
     chars = ["<blank>"] + meta["character"].splitlines() + [" "]
-    sess = _ort(path)
+    sess = ort_session(path, threads=2)
     for i, x in enumerate(m.real_inputs(3)):
         assert x.shape == (1, 3, 48, 320)
         idx = _run1(sess, x)[0][0].argmax(1)

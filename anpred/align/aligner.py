@@ -204,7 +204,8 @@ class Aligner:
         unal: dict[str, tuple[str, np.ndarray | None, Any]] = {}
         if cs is None:
             for b, x in raw.items():
-                unal[b] = (f"canonical shape {anchor.shape} cannot be resolved from the backends' shapes", x, anchor.shape)
+                unal[b] = (f"canonical shape {anchor.shape} cannot be resolved from the backends' shapes", x,
+                           anchor.shape)
             return aligned, unal
         pending: dict[str, list[dict[str, Any]]] = {}  # backend -> candidate rules (data needed)
         fresh: dict[str, AlignmentDecision] = {}  # decided on this sample (segment check pending)
@@ -241,7 +242,8 @@ class Aligner:
                 used[(anchor.name, b)] = dec
         # segment search for freshly decided native-graph backends, then commit them
         for b, dec in fresh.items():
-            if b in aligned and dec.source in ("capture", "layout") and not returns_onnx_layout(b, self.statuses.get(b)):
+            if b in aligned and dec.source in ("capture",
+                                               "layout") and not returns_onnx_layout(b, self.statuses.get(b)):
                 self._check_converter(anchor, b, dec, np.asarray(raw[b]), cs, aligned)
             if b in aligned and self._segment_search_allowed(anchor, b, dec):
                 cons = self._consensus(aligned, exclude=b, references_only=True)
@@ -260,7 +262,8 @@ class Aligner:
                 cons = self._consensus(aligned, exclude=b, references_only=False)
             if cons is None:
                 unal[b] = (f"layout ambiguous ({len(cands)} candidates fit backend shape {list(x.shape)} -> canonical "
-                           f"{list(cs)}: {'; '.join(describe_rule(c) for c in cands)}) and no other backend to decide by",
+                           f"{list(cs)}: {'; '.join(describe_rule(c) for c in cands)}) "
+                           "and no other backend to decide by",
                            x, cs)
                 continue
             res = self._choose(anchor, b, x, cs, cands, cons)
@@ -424,7 +427,8 @@ class Aligner:
             rule = {**base, **rule} if "cast" not in rule else dict(rule)
             if needs_dq and "dequantize" not in rule:
                 if source == "manifest":
-                    raise _Unaligned(f"manifest pin '{describe_rule(rule)}' cannot be applied: {x.dtype} tensor of shape "
+                    raise _Unaligned(f"manifest pin '{describe_rule(rule)}' cannot be applied: "
+                                     f"{x.dtype} tensor of shape "
                                      f"{list(x.shape)} for a {anchor.dtype} anchor and no 'dequantize' in the pin")
                 notes.append(f"{source} rule ignored: integer tensor without scale/zero point")
                 continue
@@ -435,7 +439,8 @@ class Aligner:
             if source == "manifest":  # the user's explicit instruction: never replaced by another rule
                 raise _Unaligned(f"manifest pin '{describe_rule(rule)}' does not fit backend shape {list(x.shape)} -> "
                                  f"canonical {list(cs)}; fix or remove anchors[].alignment[{b!r}] in manifest.json")
-            notes.append(f"{source} rule '{describe_rule(rule)}' does not fit backend shape {list(x.shape)} -> {list(cs)}")
+            notes.append(f"{source} rule '{describe_rule(rule)}' does not fit backend shape {list(x.shape)} -> "
+                         f"{list(cs)}")
         if needs_dq:
             # maybe a dequantize without layout info was given: use it as a base for shape inference
             dq = next((r["dequantize"] for r, _, _ in known if "dequantize" in r), None)
@@ -448,7 +453,8 @@ class Aligner:
         if not cands:
             return None, None
         if len(cands) == 1:
-            return make(cands[0], "shape", note + f"only candidate fitting backend shape {list(x.shape)} -> {list(cs)}"), None
+            return make(cands[0], "shape",
+                        note + f"only candidate fitting backend shape {list(x.shape)} -> {list(cs)}"), None
         self._notes[(anchor.name, b)] = note
         return None, cands
 
@@ -534,7 +540,8 @@ class Aligner:
         runner = min([e0] + [e for e, _ in scored[1:]])
         if runner >= self.min_margin * best and runner > 0:
             dec.layout_check = (f"the reported rule '{describe_rule(dec.rule)}' does not match the ONNX-layout "
-                                f"backends (normalised error {e0:.3g}) while '{describe_rule(rule)}' does ({best:.3g}): "
+                                f"backends (normalised error {e0:.3g}) "
+                                f"while '{describe_rule(rule)}' does ({best:.3g}): "
                                 "the converter returns the tensor in another layout than it reports")
 
     # ---- segment permutations --------------------------------------------------------------------

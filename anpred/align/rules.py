@@ -113,7 +113,8 @@ def _validate_segments(seg: Any, where: str) -> dict[str, Any]:
     for st, n in sorted(order):
         if st != nxt:
             what = "overlap (a slice used twice)" if st < nxt else f"gap (slices {nxt}..{st - 1} dropped)"
-            raise AlignmentError(f"{where}: 'segments' order {order} is not a bijection of 0..{sum(n for _, n in order) - 1}: "
+            raise AlignmentError(f"{where}: 'segments' order {order} is not a bijection of "
+                                 f"0..{sum(n for _, n in order) - 1}: "
                                  f"{what} at {st}; every slice must appear exactly once")
         nxt = st + n
     return {"axis": axis, "order": order}
@@ -225,7 +226,8 @@ def apply_rule(rule: dict[str, Any], x: np.ndarray, canonical_shape: tuple[int, 
         a = a.reshape(rule["view"])
     if "permute" in rule:
         if len(rule["permute"]) != a.ndim:
-            raise ValueError(f"permute {rule['permute']} needs rank {len(rule['permute'])}, tensor has shape {list(a.shape)}")
+            raise ValueError(f"permute {rule['permute']} needs rank {len(rule['permute'])}, "
+                             f"tensor has shape {list(a.shape)}")
         a = np.transpose(a, rule["permute"])
     if rule.get("reshape"):
         if canonical_shape is None:

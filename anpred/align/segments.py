@@ -39,7 +39,8 @@ def channel_axis(layout: str | None, rank: int) -> int | None:
 def find_segment_permutation(x: np.ndarray, m: np.ndarray, close_tol: float = 0.5, min_margin: float = 4.0,
                              max_axis: int = 16384, *, axes: list[int] | None = None,
                              max_blocks: int = SEGMENT_MAX_BLOCKS,
-                             min_block_fraction: float = SEGMENT_MIN_BLOCK_FRACTION) -> tuple[dict[str, Any], float] | None:
+                             min_block_fraction: float = SEGMENT_MIN_BLOCK_FRACTION
+                             ) -> tuple[dict[str, Any], float] | None:
     """Find an axis along which ``x`` is ``m`` cut into a few contiguous blocks put in another order.
 
     Each slice ``x[i]`` goes to the one ``m[j]`` it matches decisively (error <= ``close_tol``, every

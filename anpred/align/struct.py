@@ -150,7 +150,8 @@ class AlignmentReport:
             how = src
             if src == "data":
                 how = "data: " + "; ".join(
-                    f"{i.anchor} error {i.error:.3g} vs runner-up {_fmt(i.runner_up)} (margin {_fmt(i.margin, 'exact')})"
+                    f"{i.anchor} error {i.error:.3g} vs runner-up {_fmt(i.runner_up)} (margin "
+                    f"{_fmt(i.margin, 'exact')})"
                     for i in items[:cap])
             lines.append(f"  {b}: {desc} [{how}] ({len(items)}) {names}")
             for i in items[:cap]:

@@ -86,8 +86,8 @@ BACKEND_PACKAGES.update({b: ("executorch", "torchao") for b in (
 def backend_table() -> list[dict]:
     """Every registered backend as ``{"name", "family", "precision", "packages": {distribution or
     import name: version or None}, "installed": bool, "reason", "extra"}`` (``extra``: the pip extra
-    that brings it, :data:`FAMILY_EXTRA`, None for the core), in registry order. ``precision`` is the nominal one (what is
-    asked; the run record has what was computed). Nothing heavy is imported: backend modules import
+    that brings it, :data:`FAMILY_EXTRA`, None for the core), in registry order. ``precision`` is the nominal one (what
+    is asked; the run record has what was computed). Nothing heavy is imported: backend modules import
     their runtimes lazily, versions come from :mod:`importlib.metadata`."""
     from importlib import metadata
 

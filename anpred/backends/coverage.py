@@ -79,7 +79,8 @@ def _cache_key(model_sha: str, name: str) -> str | None:
 @functools.lru_cache(maxsize=1)
 def _sources() -> str:
     """One digest of the code the tables' answers depend on: every module of ``anpred.backends``,
-    ``passes`` (graph fixes before conversion), ``anpred/backends/convert.py``, ``anpred/backends/onnx2torch_compat.py``, ``anpred/compat.py``,
+    ``passes`` (graph fixes before conversion), ``anpred/backends/convert.py``,
+    ``anpred/backends/onnx2torch_compat.py``, ``anpred/compat.py``,
     ``anpred/onnx_io.py`` (sha256 of their contents, in name order)."""
     import hashlib
     import importlib.util

@@ -171,9 +171,9 @@ class ExecutorchBackend(Backend):
         traced = self._traced(True, sample)
         what = f"{self.name} program"
         low = lower(traced.program, self.flow, what)
-        low.report.update(outputs=traced.outputs, notes=traced.notes, capture={"kind": "outputs", "reason": (
-            "extra program outputs: an XNNPACK partition logs only its own outputs in ETDump" if self.capture != "etdump"
-            else "extra program outputs")})
+        reason = ("extra program outputs: an XNNPACK partition logs only its own outputs in ETDump"
+                  if self.capture != "etdump" else "extra program outputs")
+        low.report.update(outputs=traced.outputs, notes=traced.notes, capture={"kind": "outputs", "reason": reason})
         if not self.options.get("observer", True) and self.capture != "etdump":
             return low
         bare = self._traced(False, sample)
@@ -227,8 +227,8 @@ class ExecutorchBackend(Backend):
             src = cap.target or cap.reason
             if a.name in capture.get("writers", {}) and a.name not in capture.get("program_outputs", []):
                 instr = capture["writers"][a.name][0]
-                cap.reason = (f"ETDump: written by instruction {instr} ({ops[instr] if instr < len(ops) else '?'}) of the "
-                              f"program without anchor outputs, read from its debug buffer (source: {src})")
+                cap.reason = (f"ETDump: written by instruction {instr} ({ops[instr] if instr < len(ops) else '?'}) "
+                              f"of the program without anchor outputs, read from its debug buffer (source: {src})")
             elif a.name in self._outputs:
                 i = self._outputs.index(a.name)
                 cap.reason = (f"output {i} of the ExecuTorch program"
@@ -245,7 +245,8 @@ class ExecutorchBackend(Backend):
         if w is None:
             return "computed in an XNNPACK partition" if self.report.get("partitions") else "not a kernel's output"
         op = ops[w[0]] if w[0] < len(ops) else "?"
-        return f"computed by {op} ({kernel_library_of(op)} kernel{', outside the delegate' if self.flow != 'portable' else ''})"
+        outside = ", outside the delegate" if self.flow != "portable" else ""
+        return f"computed by {op} ({kernel_library_of(op)} kernel{outside})"
 
     def _program_path(self, model_path: Path, manifest: AnchorManifest) -> Path:
         """The model file the program is exported from (the population's converted model for fp16)."""

@@ -76,7 +76,8 @@ def debug_buffer_bytes(et_program) -> int:
     for v in _plan(et_program).values:
         t = v.val
         if type(t).__name__ == "Tensor":
-            total += math.prod(int(d) for d in t.sizes) * _ITEMSIZE.get(int(getattr(t.scalar_type, "value", t.scalar_type)), 8)
+            total += math.prod(int(d)
+                               for d in t.sizes) * _ITEMSIZE.get(int(getattr(t.scalar_type, "value", t.scalar_type)), 8)
     return total + (1 << 20)
 
 

@@ -135,7 +135,8 @@ def pt2e_program(backend: ExecutorchBackend, model_path: Path, manifest: AnchorM
     quantization step), ``recipe``, ``calibration_samples`` and ``pt2e_program_sha256``."""
     from anpred.cache import cache_key, cached_dir
 
-    files = [str(f) for f in (backend.options.get("calibration") or [])][: int(backend.options.get("max_calibration", 32))]
+    files = [str(f)
+             for f in (backend.options.get("calibration") or [])][: int(backend.options.get("max_calibration", 32))]
     digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in files)).hexdigest()
     origin = ({k: backend.options.get(k) for k in ("factory", "factory_kwargs")} if backend.origin == "native" else {})
     key = cache_key("pt2e", Path(model_path), [(a.name, a.value, a.kind) for a in manifest.anchors], backend.origin,
@@ -149,7 +150,8 @@ def pt2e_program(backend: ExecutorchBackend, model_path: Path, manifest: AnchorM
         traced = backend.source.traced(with_anchors, sample)
         ep = quantize_pt2e(traced, _calibration(files, traced.inputs), scheme)
         torch.export.save(ep, str(tmp / "program.pt2"))
-        record = {"outputs": traced.outputs, "inputs": traced.inputs, "steps": output_steps(ep.graph_module, traced.outputs),
+        record = {"outputs": traced.outputs, "inputs": traced.inputs,
+                  "steps": output_steps(ep.graph_module, traced.outputs),
                   "recipe": f"PT2E XNNPACKQuantizer get_symmetric_quantization_config({PT2E_SCHEMES[scheme]})",
                   "calibration_samples": len(files) or 1}
         (tmp / "record.json").write_text(json.dumps(record, indent=1))

@@ -375,12 +375,14 @@ class NativeSource(TorchNativeBackend):
     def traced(self, with_anchors: bool, sample: dict[str, np.ndarray] | None = None) -> TracedProgram:
         """As :meth:`OnnxSource.traced`; ``with_anchors=False`` returns the output anchors only."""
         assert self.manifest is not None
-        names = [a.name for a in self.manifest.anchors if a.name in self._targets and (with_anchors or a.kind == "output")]
+        names = [a.name for a in self.manifest.anchors if a.name in self._targets
+                 and (with_anchors or a.kind == "output")]
         if not names:  # an output that is not mapped: the root module's outputs stand for the model's
             names = [a.name for a in self.manifest.anchors if a.name in self._targets][:1]
         wrapper = _anchored_native(self.module, self._targets, names)
         example = example_inputs(self.manifest, self._inputs, sample)
-        ep = export_module(wrapper, example, f"{type(self.module).__name__} (factory {self.options.get('factory') or ''})")
+        ep = export_module(wrapper, example,
+                           f"{type(self.module).__name__} (factory {self.options.get('factory') or ''})")
         return TracedProgram(ep, list(self._inputs), names, example, wrapper, [])
 
     def _run_impl(self, inputs):

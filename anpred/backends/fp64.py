@@ -105,14 +105,16 @@ class ReferenceFp64Backend(NamedOutputsMixin, Backend):
         except BackendError:
             raise
         except Exception as err:  # protobuf/numpy errors of a malformed model
-            raise BackendError(f"{self.name}: float64 conversion failed ({type(err).__name__}: {str(err)[:500]})") from err
+            raise BackendError(f"{self.name}: float64 conversion failed "
+                               f"({type(err).__name__}: {str(err)[:500]})") from err
         self.converted_path = d / "model.onnx"
         self.report = json.loads((d / "report.json").read_text())
         model = load_model(self.converted_path, load_external=True)
         #: known defects of the evaluator worked around in the copy it runs (as ``onnx-reference``'s): the
         #: float64 basis must compute what the spec defines
         self.workarounds = work_around(model) if self.options.get("workarounds", True) else {}
-        kernels = [inference_batchnorm_kernel()] if any("_batchnorm_test_mode" in w for w in self.workarounds.values()) else []
+        kernels = [inference_batchnorm_kernel()] if any("_batchnorm_test_mode" in w
+                                                        for w in self.workarounds.values()) else []
         #: known defects of the installed evaluator this model still reaches (:mod:`anpred.backends.reference_defects`)
         self.defects = {k: v for k, v in reference_defects(model).items() if k not in self.workarounds}
         try:

@@ -136,7 +136,8 @@ class LiteRtBackend(TfOnnxBackend):
 
         # TensorFlow's version from its metadata: importing it (seconds) is needed only to convert
         key = cache_key(self.conversion_key, "tflite", _dist_version("tensorflow"), FORMAT)
-        tdir = cached_dir("litert", key, lambda tmp: saved_model_to_tflite(cache_dir / "saved_model", tmp / "model.tflite"))
+        tdir = cached_dir("litert", key,
+                          lambda tmp: saved_model_to_tflite(cache_dir / "saved_model", tmp / "model.tflite"))
         self.tflite_path = tdir / "model.tflite"
         threads = int(self.options.get("threads") or os.cpu_count() or 1)
         try:

@@ -90,7 +90,9 @@ from anpred.manifest import AnchorManifest
 from anpred.onnx_io import model_ops
 from anpred.tensorfile import c_contiguous
 
-FORMAT = "anpred.mnn/3"  # 2: one-element constants of binary ops made scalars (anpred.backends.mnn_prepare); 3: unsupported recurrent variants unrolled
+# 2: one-element constants of binary ops made scalars (anpred.backends.mnn_prepare); 3: unsupported recurrent variants
+# unrolled
+FORMAT = "anpred.mnn/3"
 CONVERTER_ARGS = ("--useGeluApproximation", "0", "--alignDenormalizedValue", "0")
 PRECISION_HIGH = 1  # MNN::BackendConfig::Precision_High (MNNForwardType.h: Normal 0, High 1, Low 2, Low_BF16 3)
 WINOGRAD_MEMORY_LEVEL = 3  # MNN::Interpreter::HintMode (Interpreter.hpp)

@@ -19,7 +19,8 @@ with its own ``InnerProduct``/``MatMul``, ``BinaryOp`` and activation layers. pn
 along the batch axis ("unbind along batch axis 0 is not supported", left as a ``torch.unbind`` layer
 ncnn lacks): a ``Gather`` of the index 0 (or -1) on axis 0 of a tensor whose first dimension is 1
 (the unrolled time step of a one-step sequence) is rewritten as the equal ``Squeeze(axis 0)`` (a
-scalar index) or ``Identity`` (a one-element index list) (:func:`_batch_gathers_as_squeeze`). pnnx's onnxruntime accepts ONNX IR versions up to 13, so a newer
+scalar index) or ``Identity`` (a one-element index list) (:func:`_batch_gathers_as_squeeze`). pnnx's onnxruntime accepts
+ONNX IR versions up to 13, so a newer
 ``ir_version`` is lowered to 13 in the scratch copy (IR 14 adds no operator semantics).
 
 Blob names: pnnx's ``canonicalize`` (``tools/pnnx/src/pass_onnx/canonicalize.cpp``) renames the
@@ -68,6 +69,7 @@ import numpy as np
 
 from anpred.backends.base import AnchorCapture, Backend
 from anpred.backends.native_io import decisive_line, native_stderr
+from anpred.backends.ncnn_param import param_layers, unknown_layers
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
 
@@ -96,8 +98,9 @@ class NcnnBackend(Backend):
     @classmethod
     def refused_nodes(cls, model) -> dict[str, str]:
         """The inputs this backend's input rule refuses (:func:`_input_dtype_refusal`: a bool or
-        floating input other than float32) and the nodes pnnx refuses alone (:func:`pnnx_probe`:
-        an op it leaves as ``todo``, a layer ncnn does not know, a crash of pnnx)."""
+        floating input other than float32) and the nodes pnnx refuses alone
+        (:func:`anpred.backends.ncnn_probe.pnnx_probe`: an op it leaves as ``todo``, a layer ncnn does not
+        know, a crash of pnnx that comes back with a consumer)."""
         from anpred.onnx_io import elem_type_name
 
         inits = {t.name for t in model.graph.initializer}
@@ -117,6 +120,8 @@ class NcnnBackend(Backend):
         if any(n.op_type in RECURRENT_OPS for n in m.graph.node):
             unroll_recurrent(m)
         _batch_gathers_as_squeeze(m)
+        from anpred.backends.ncnn_probe import pnnx_probe
+
         out.update(pnnx_probe().refusals(m))
         return out
 
@@ -216,7 +221,7 @@ class NcnnBackend(Backend):
             raise BackendError(f"ncnn: pnnx failed on {model_path.name} (exit status {proc.returncode})"
                                + (f", ops it could not convert: {', '.join(todo)}" if todo else "")
                                + f": {_log_errors(log)}")
-        unknown = _unknown_layers(out / "model.ncnn.param")
+        unknown = unknown_layers(out / "model.ncnn.param")
         if unknown or todo:
             raise BackendError("ncnn: pnnx could not lower ONNX op(s) " + ", ".join(sorted(set(todo) | set(unknown)))
                                + " onto ncnn layers (pnnx log 'todo <op>'"
@@ -265,7 +270,8 @@ class NcnnBackend(Backend):
             ps = pnnx_shapes.get(blob)
             reason = ""
             if blob not in produced:
-                reason = f"graph output {k} ({by_anchor[a.name]!r}) -> blob {blob!r}, which model.ncnn.param does not produce"
+                reason = (f"graph output {k} ({by_anchor[a.name]!r}) -> blob {blob!r}, "
+                          "which model.ncnn.param does not produce")
             elif onnx_shape is None or any(d is None for d in onnx_shape):
                 reason = f"ONNX shape of {by_anchor[a.name]!r} unknown at the converted input shapes"
             elif ps is not None and ps != onnx_shape:
@@ -402,11 +408,6 @@ def _batch_gathers_as_squeeze(model) -> int:
 
 #: integer input types fed to ncnn as float32 (its Mats hold float32): exact for |v| <= 2^24
 _INT_INPUTS = ("int8", "uint8", "int16", "uint16", "int32", "int64")
-#: seconds of pnnx probes per model in the pre-run coverage (docs/backends-converters.md, "Pre-run
-#: coverage": about 0.3 s a probe; answers are cached by node content, so a model seen before costs none)
-PNNX_PROBE_BUDGET_S = 30.0
-
-
 def _input_dtype_refusal(name: str, dtype: str) -> str:
     """Why an input of element type ``dtype`` cannot be fed to ncnn ("" when it can: float32 and the
     integer types of :data:`_INT_INPUTS`, fed as float32 and cast back in the graph)."""
@@ -414,102 +415,6 @@ def _input_dtype_refusal(name: str, dtype: str) -> str:
         return ""
     return (f"ncnn: input {name!r} is {dtype}; ncnn Mats hold float32 and this backend feeds float32 inputs and "
             "integer ones (cast back in the graph) only")
-
-
-def _pnnx_convert(path: Path, tmp: Path) -> str:
-    """pnnx on the one-node model at ``path`` (a probe, :class:`anpred.backends.converter_probe.NodeProbe`):
-    a refusal pnnx states (``todo <op>``, a layer ncnn does not know) or a crash (a signal); "" otherwise,
-    also when a node with other than float32 inputs is not asked (alone its integer inputs would be graph
-    inputs, unlike in its model) and when pnnx fails alone without saying why (the node may convert in
-    its model: not refused on that evidence)."""
-
-    import onnx
-
-    from anpred.onnx_io import elem_type_name
-
-    m = onnx.load(str(path))
-    inits = {t.name for t in m.graph.initializer}
-    args = []
-    for vi in m.graph.input:
-        if vi.name in inits:
-            continue
-        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-        if elem_type_name(vi.type.tensor_type.elem_type) != "float32" or not dims:
-            # an integer or scalar tensor alone is not what pnnx sees in the model (indices, shapes):
-            # not asked (the conversion of the whole model will say)
-            return ""
-        args.append("[" + ",".join(map(str, dims)) + "]f32")
-    work = tmp / f"pnnx-{path.stem}"
-    try:
-        proc = _run_pnnx(m, work, args)
-    except subprocess.TimeoutExpired:
-        return "pnnx took more than 120 s on this node alone"
-    log = proc.stdout + proc.stderr
-    todo = sorted({mm.group(1) for mm in re.finditer(r"^todo (\S+)", log, re.M)})
-    if proc.returncode < 0:
-        # a node pnnx folds away (Identity) leaves an empty graph alone, which crashes it: asked again with
-        # a consumer of its outputs, a crash that does not come back was the empty graph's, not the node's
-        consumed = _with_consumers(m)
-        try:
-            again = _run_pnnx(consumed, tmp / f"pnnx-{path.stem}-consumed", args) if consumed is not None else proc
-        except subprocess.TimeoutExpired:
-            again = proc
-        if again.returncode >= 0:
-            return ""
-        return f"pnnx crashed on this node alone (signal {-proc.returncode})"
-    if todo:
-        return f"pnnx cannot lower {', '.join(todo)} onto ncnn layers (todo)"
-    if proc.returncode != 0 or not (work / "model.ncnn.param").is_file():
-        return ""  # a failure alone that pnnx does not state: the node may convert in its model
-    unknown = _unknown_layers(work / "model.ncnn.param")
-    if unknown:
-        return f"ncnn does not know the layer type(s) {', '.join(unknown)} pnnx lowers it to"
-    return ""
-
-
-def _run_pnnx(model, work: Path, args: list[str]):
-    """pnnx on ``model`` (saved as ``work/model.onnx``, ``work`` emptied first) with the float32 input
-    shapes ``args``: the finished process. Raises subprocess.TimeoutExpired past 120 s."""
-    import shutil
-
-    import onnx
-    import pnnx
-
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    onnx.save(model, str(work / "model.onnx"))
-    return subprocess.run([pnnx.EXEC_PATH, "model.onnx", f"inputshape={','.join(args)}", "fp16=0", "device=cpu"],
-                          cwd=str(work), capture_output=True, text=True, errors="replace", timeout=120,
-                          stdin=subprocess.DEVNULL)
-
-
-def _with_consumers(model):
-    """A copy of the one-node ``model`` whose float32 outputs each feed a ``Neg`` that becomes the graph
-    output (so that the node is not the whole graph); None when it has no float32 output."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    outs = [o for o in m.graph.output if o.type.tensor_type.elem_type == TensorProto.FLOAT]
-    if not outs:
-        return None
-    for o in outs:
-        new = f"{o.name}__anpred_consumer"
-        m.graph.node.append(helper.make_node("Neg", [o.name], [new], name=new))
-        o.name = new
-    return m
-
-
-def pnnx_probe():
-    """The pnnx :class:`~anpred.backends.converter_probe.NodeProbe` of the pre-run coverage."""
-    import importlib.metadata as md
-
-    from anpred.backends.converter_probe import NodeProbe
-
-    # "probe/2": a crash alone is asked again with consumers (answers of probe/1 are not reused)
-    return NodeProbe("pnnx", f"pnnx {md.version('pnnx')} ncnn {md.version('ncnn')} {FORMAT} probe/2", _pnnx_convert,
-                     PNNX_PROBE_BUDGET_S)
 
 
 def _float_for_int_inputs(model, ints: dict[str, str]) -> None:
@@ -581,22 +486,10 @@ def _log_errors(log: str, n: int = 6) -> str:
     return " | ".join((errs or lines)[-n:])[-800:] or "no message"
 
 
-def _param_layers(path: Path) -> list[list[str]]:
-    """The layer lines of an ncnn/pnnx ``.param`` file (after the magic and count lines), split."""
-    return [ln.split() for ln in path.read_text().splitlines()[2:] if ln.strip()]
-
-
-def _unknown_layers(path: Path) -> list[str]:
-    """Layer types in an ncnn ``.param`` that ncnn's layer registry does not know."""
-    import ncnn
-
-    return sorted({f[0] for f in _param_layers(path) if ncnn.layer_to_index(f[0]) < 0})
-
-
 def _produced_blobs(path: Path) -> set[str]:
     """Every blob some layer of an ncnn ``.param`` writes (``type name n_in n_out ins... outs...``)."""
     out = set()
-    for f in _param_layers(path):
+    for f in param_layers(path):
         nin, nout = int(f[2]), int(f[3])
         out.update(f[4 + nin: 4 + nin + nout])
     return out
@@ -607,7 +500,7 @@ def _pnnx_output_shapes(path: Path) -> dict[str, list[int]]:
     shapes = {}
     if not path.is_file():
         return shapes
-    for f in _param_layers(path):
+    for f in param_layers(path):
         if f[0] == "pnnx.Output":
             m = _SHAPE.search(" ".join(f[4:]))
             if m:

@@ -246,7 +246,8 @@ def onnx2torch_unsupported(model) -> list[str]:
             get_converter(node.op_type, ver, domain=dom)
         except NotImplementedError:
             sv = since_version(node.op_type, ver, dom)
-            missing.append(f"{(dom + '.') if dom else ''}{node.op_type}-{sv or ver} (node {node.name or node.output[0]!r})")
+            where = node.name or node.output[0]
+            missing.append(f"{(dom + '.') if dom else ''}{node.op_type}-{sv or ver} (node {where!r})")
     return missing
 
 

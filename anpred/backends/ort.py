@@ -19,7 +19,8 @@ from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 
 
-def output_anchor_map(output_names: list[str], manifest: AnchorManifest) -> tuple[dict[str, str], dict[str, AnchorCapture]]:
+def output_anchor_map(output_names: list[str],
+                      manifest: AnchorManifest) -> tuple[dict[str, str], dict[str, AnchorCapture]]:
     """Map the model's output names to anchors: returns ``({output name: anchor name}, captures)``.
 
     The instrumentation pass exposes an inner anchor as ``Identity(value) -> <anchor name>`` (graph

@@ -48,7 +48,8 @@ def reference_kernels(model) -> list:
     DequantizeLinear kernel when the model's default-domain opset is below 19 and it has
     DequantizeLinear nodes (module docstring); else ``[]``."""
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
-    if opset >= 19 or not any(n.op_type == "DequantizeLinear" and n.domain in ("", "ai.onnx") for n in model.graph.node):
+    if opset >= 19 or not any(n.op_type == "DequantizeLinear" and n.domain in ("", "ai.onnx")
+                              for n in model.graph.node):
         return []
     from onnx.reference.ops import op_dequantize_linear as dq
 

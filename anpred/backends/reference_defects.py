@@ -2,7 +2,8 @@
 the library itself (so the finding disappears when a fixed onnx is installed).
 
 :func:`work_around` rewrites the model the evaluator runs so that it computes what the ONNX spec
-defines where the library is known not to (``onnx-reference``, its population members and ``onnx-reference-fp64`` do so by default, option
+defines where the library is known not to (``onnx-reference``, its population members and ``onnx-reference-fp64`` do so
+by default, option
 ``workarounds=False`` runs the library as it is): each
 rewrite is exact (the spec's own equations or an equal operator), what was rewritten and why is in
 ``versions()`` (``reference_workarounds``) and in the report's notes, so the defect stays visible
@@ -59,7 +60,8 @@ def probe_batchnorm_momentum(opset: int) -> float:
     graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     x = np.arange(24, dtype=np.float32).reshape(1, 2, 3, 4)
-    y = ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])).run(None, {"x": x})[0]
+    y = ReferenceEvaluator(helper.make_model(graph,
+                                             opset_imports=[helper.make_opsetid("", opset)])).run(None, {"x": x})[0]
     return float(np.abs(np.asarray(y, np.float64) - x).max())
 
 
@@ -145,8 +147,10 @@ def _sequence_lens_defect(model, node) -> str | None:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # noqa: BLE001
         inferred = model
-    vi = next((v for v in list(inferred.graph.input) + list(inferred.graph.value_info) if v.name == node.input[0]), None)
-    dims = [d.dim_value if d.HasField("dim_value") else 0 for d in vi.type.tensor_type.shape.dim] if vi is not None else []
+    vi = next((v for v in list(inferred.graph.input) + list(inferred.graph.value_info) if v.name == node.input[0]),
+              None)
+    dims = [d.dim_value if d.HasField("dim_value") else 0
+            for d in vi.type.tensor_type.shape.dim] if vi is not None else []
     t = dims[1 if layout else 0] if len(dims) == 3 else 0
     return None if t and lens.size and bool(np.all(lens == t)) else why
 
@@ -273,7 +277,7 @@ def probe_recurrent_attribute(op: str, attribute: str) -> str | None:
     from passes.recurrent import unroll_recurrent
 
     rng = np.random.default_rng(0)
-    node, inits, outs = rnn_node(op, "probe", "x", 4, 3, "forward", rng, T=3, B=2,
+    node, inits, outs = rnn_node(op, "probe", "x", 4, 3, "forward", rng, B=2,
                                  **RECURRENT_ATTRIBUTE_PROBES[op][attribute])
     for t in inits:  # weights N(0, 1) x 3: pre-activations well past the probed clip
         arr = onnx.numpy_helper.to_array(t) * np.float32(3)
@@ -295,7 +299,8 @@ def probe_recurrent_attribute(op: str, attribute: str) -> str | None:
                     why = (f"onnx.reference {onnx.__version__} {op} ignores {attribute} (probe: off by {worst:.3g} "
                            "relative to the unrolled equations)")
             except Exception as err:  # noqa: BLE001 - the kernel cannot run the setting at all
-                why = f"onnx.reference {onnx.__version__} {op} cannot run {attribute} ({type(err).__name__}: {str(err)[:100]})"
+                why = (f"onnx.reference {onnx.__version__} {op} cannot run {attribute} "
+                       f"({type(err).__name__}: {str(err)[:100]})")
     except Exception:  # noqa: BLE001 - no probe: the kernel is trusted
         why = None
     _PROBES[key] = why
@@ -381,7 +386,8 @@ def work_around(model) -> dict[str, str]:
     for n in model.graph.node:
         if n.op_type == "BatchNormalization" and n.name in found:
             done[n.name] = (f"{found[n.name]}: computed by the library's own inference formula instead "
-                            "(_batchnorm_test_mode, the kernel of its opset-14 BatchNormalization with training_mode=0)")
+                            "(_batchnorm_test_mode, the kernel of its opset-14 BatchNormalization with "
+                            "training_mode=0)")
     recurrent = [n for n in model.graph.node if n.op_type in RECURRENT_OPS and n.domain in ("", "ai.onnx")]
     why = {n.name: "; ".join(d) for n in recurrent if (d := recurrent_defects(n))}
     if why:
@@ -395,5 +401,6 @@ def work_around(model) -> dict[str, str]:
     if lacking & set(DECOMPOSITIONS):
         info = decompose_ops(model, lacking & set(DECOMPOSITIONS))
         for name in info["rewritten"]:
-            done[name] = f"onnx.reference {onnx.__version__} has no kernel for this operator at the model's opset: decomposed"
+            done[name] = (f"onnx.reference {onnx.__version__} has no kernel for this operator at the model's opset: "
+                          "decomposed")
     return done

@@ -63,8 +63,10 @@ class TfNativeBackend(Backend):
         self._order: list[tuple[str, int]] = []
         for a in manifest.anchors:
             e = a.native[BACKEND]
-            cap = AnchorCapture(status=e["status"], layout="NHWC" if (e.get("transform") or {}).get("permute") else a.layout,
-                                transform=e.get("transform"), target=e.get("target") or None, reason=e.get("reason", ""))
+            cap = AnchorCapture(status=e["status"],
+                                layout="NHWC" if (e.get("transform") or {}).get("permute") else a.layout,
+                                transform=e.get("transform"), target=e.get("target") or None,
+                                reason=e.get("reason", ""))
             if e["status"] == "unmapped":
                 cap.status = "missing"
             else:
@@ -101,7 +103,8 @@ class TfNativeBackend(Backend):
                     x = xt
                     fits = True
             if not fits:
-                raise InputError(f"{self.name}: input {n!r} has shape {x.shape}; Keras input {kname!r} expects {kshape}")
+                raise InputError(f"{self.name}: input {n!r} has shape {x.shape}; "
+                                 f"Keras input {kname!r} expects {kshape}")
             feed.append(c_contiguous(x))
         return feed
 

@@ -8,18 +8,18 @@ onnx2tf version + options + this module's format version):
    otherwise download it for 4-D 3-channel inputs with batch <= 20). In the copy, ``Constant``
    nodes become initializers (:func:`anpred.backends.convert.fold_constant_nodes`; onnx2tf failed on them: PP-OCRv4 det
    at 256x256), control flow is inlined, recurrent layers are unrolled and graph outputs renamed
-   (:func:`prepare_for_onnx2tf`; what it did is in ``meta.json`` and :attr:`TfOnnxBackend.conversion`), and during the conversion the interpreter's scripts folder is put first on ``PATH``
-   so that onnx2tf's ``onnxsim`` subprocess runs (:func:`_onnxsim_on_path`; without it onnx2tf
-   silently skips simplification and failed on YOLOv8n at 640 px); a missing ``onnxsim`` is a
-   :class:`~anpred.errors.BackendError`;
+   (:func:`prepare_for_onnx2tf`; what it did is in ``meta.json`` and :attr:`TfOnnxBackend.conversion`), and during the
+   conversion the interpreter's scripts folder is put first on ``PATH`` so that onnx2tf's ``onnxsim`` subprocess runs
+   (:func:`_onnxsim_on_path`; without it onnx2tf silently skips simplification and failed on YOLOv8n at 640 px); a
+   missing ``onnxsim`` is a :class:`~anpred.errors.BackendError`;
 2. ``onnx2tf.convert(..., disable_model_save=True)`` returns the tf_keras model; ``sys.exit`` calls
    are turned into :class:`~anpred.errors.BackendError` with onnx2tf's own error lines as reason,
    exceptions into one with the failing ONNX node (onnx2tf's ``onnx_op_name``) and the message's first
    line;
 3. the keras model's outputs are in the order of the (simplified) ONNX graph outputs; that order,
    onnx2tf's per-output layout flag (``model.onnx_output_layouts``: True = channels-last) and the
-   TF shapes are written to ``meta.json``, and the model is saved as a TF SavedModel (``tf_keras.export.ExportArchive``) whose ``run``
-   function returns the outputs as a list in that order.
+   TF shapes are written to ``meta.json``, and the model is saved as a TF SavedModel (``tf_keras.export.ExportArchive``)
+   whose ``run`` function returns the outputs as a list in that order.
 
 Dynamic input dimensions: onnx2tf's conversion of a graph with dynamic spatial dimensions bakes the
 sizes of its own dummy inference into some ops (PP-OCRv4 det, dynamic, run at 256x256: ``Incompatible
@@ -38,9 +38,9 @@ alone cannot decide: ``[None, 3, None, None]`` vs ``[None, None, None, 3]`` fits
 Running: the SavedModel's ``run`` is called with the inputs transposed to that layout.
 Anchors are the anchored model's graph outputs and are found by name in ``meta.json``: the output
 named after the anchor (``anpred.instrument`` adds ``Identity(value) -> <anchor name>``), else the
-output named after the anchor's ONNX value (original outputs). Each anchor's layout is reported per anchor (:meth:`TfOnnxBackend.anchor_info`):
-channels-last anchors (onnx2tf's flag, checked against the anchor's concrete ONNX shape: the
-manifest's when static, else ONNX shape inference at the converted input shapes) are
+output named after the anchor's ONNX value (original outputs). Each anchor's layout is reported per anchor
+(:meth:`TfOnnxBackend.anchor_info`): channels-last anchors (onnx2tf's flag, checked against the anchor's concrete ONNX
+shape: the manifest's when static, else ONNX shape inference at the converted input shapes) are
 ``exact`` (a layout change is the same tensor, as in :mod:`exporters.mapping`) with layout ``NHWC``
 (``NWC``/``NDHWC`` for 3-D/5-D) and transform ``{"permute": [0, r-1, 1, ..., r-2]}`` (e.g.
 ``[0, 3, 1, 2]`` NHWC -> NCHW); the others ``exact`` without transform.
@@ -48,9 +48,10 @@ manifest's when static, else ONNX shape inference at the converted input shapes)
 Dtypes: onnx2tf turns float16 graph inputs into float32 and computes float16 graphs in float32
 (``onnx2tf/ops/Input.py``; ``auto_cast`` in ``utils/common_functions.py``). Each sample is cast to the
 dtype of the SavedModel's input signature when that cast is exact (float16/bfloat16 -> float32);
-a narrowing floating cast is refused at ``prepare`` (:func:`_input_dtype`). Each anchor is returned
-in the dtype the ONNX graph declares for it (manifest ``dtype``): where the converted model returns
-another floating type the value is cast and the capture's reason says so (:func:`_output_dtype_note`).
+a narrowing floating cast is refused at ``prepare`` (:func:`~anpred.backends.tf_dtypes.input_dtype`). Each anchor is
+returned in the dtype the ONNX graph declares for it (manifest ``dtype``): where the converted model returns
+another floating type the value is cast and the capture's reason says so
+(:func:`~anpred.backends.tf_dtypes.output_dtype_note`).
 
 Returned arrays are numpy arrays in the converted model's layout (never aligned here), in the
 anchors' ONNX dtypes.
@@ -71,6 +72,7 @@ from typing import Any
 import numpy as np
 
 from anpred.backends.base import AnchorCapture, Backend
+from anpred.backends.tf_dtypes import bfloat16_uses, feed, input_dtype, output_dtype_note, signature_dtypes
 from anpred.backends.tf_prepare import prepare_for_onnx2tf
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
@@ -78,7 +80,8 @@ from anpred.onnx_io import elem_type_name
 from anpred.tensorfile import c_contiguous
 
 FORMAT = "anpred.tf_onnx/6"  # 2: onnxsim found (scripts folder on PATH); 3: Constant nodes -> initializers;
-# 4: control flow inlined, recurrent layers unrolled, outputs renamed (prepare_for_onnx2tf); 5: multi-axis Slices split; 6: node names TF-safe
+# 4: control flow inlined, recurrent layers unrolled, outputs renamed (prepare_for_onnx2tf); 5: multi-axis Slices split;
+# 6: node names TF-safe
 _CHANNELS_LAST = {3: "NWC", 4: "NHWC", 5: "NDHWC"}
 
 
@@ -209,7 +212,8 @@ class TfOnnxBackend(Backend):
                                      disable_model_save=True, non_verbose=True,
                                      **o2t)
         except SystemExit as err:
-            raise BackendError(f"onnx2tf failed on {model_path.name} (sys.exit({err.code})): {_errors(log.getvalue())}") from err
+            raise BackendError(f"onnx2tf failed on {model_path.name} (sys.exit({err.code})): "
+                               f"{_errors(log.getvalue())}") from err
         except BackendError:
             raise
         except Exception as err:
@@ -237,7 +241,8 @@ class TfOnnxBackend(Backend):
             "outputs": [{"value": n, "tf_shape": [d if d is None else int(d) for d in o.shape],
                          "channels_last": bool(layouts.get(sn, False))} for sn, n, o in zip(safe, names, km.outputs)],
             "inputs": [{"name": i.name,
-                        "onnx_shape": [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim],
+                        "onnx_shape": [d.dim_value if d.HasField("dim_value") else None
+                                       for d in i.type.tensor_type.shape.dim],
                         "tf_shape": [d if d is None else int(d) for d in ki.shape],
                         "dtype": ki.dtype.name if hasattr(ki.dtype, "name") else str(ki.dtype)}
                        for i, ki in zip(onnx_inputs, km.inputs)],
@@ -272,10 +277,11 @@ class TfOnnxBackend(Backend):
         graph_inputs = [i for i in model.graph.input if i.name not in inits]
         no_bf16 = bfloat16_uses(model)
         if no_bf16:
-            raise BackendError(f"{self.name}: onnx2tf has no bfloat16 (its ONNX->TF dtype table, onnx2tf/utils/enums.py "
-                               "ONNX_DTYPES_TO_TF_DTYPES, lacks BFLOAT16, and it declares a bfloat16 graph input as "
-                               "TensorFlow quint16: onnx_graphsurgeon gives the bare element type 16, which tf.as_dtype "
-                               f"reads as DT_QUINT16); bfloat16 here: {'; '.join(no_bf16[:5])}"
+            raise BackendError(f"{self.name}: onnx2tf has no bfloat16 (its ONNX->TF dtype table, "
+                               "onnx2tf/utils/enums.py ONNX_DTYPES_TO_TF_DTYPES, lacks BFLOAT16, and it declares a "
+                               "bfloat16 graph input as "
+                               "TensorFlow quint16: onnx_graphsurgeon gives the bare element type 16, "
+                               f"which tf.as_dtype reads as DT_QUINT16); bfloat16 here: {'; '.join(no_bf16[:5])}"
                                + (" ..." if len(no_bf16) > 5 else ""))
         fixed = self._fixed_shapes(graph_inputs)
         self.fixed_shapes = fixed
@@ -295,14 +301,14 @@ class TfOnnxBackend(Backend):
         self._input_perm = {inp["name"]: self._input_layout(inp) for inp in self._meta["inputs"]}
         self._concrete = _concrete_output_shapes(model, fixed) if fixed else {}
         declared = {vi.name: elem_type_name(vi.type.tensor_type.elem_type) for vi in graph_inputs}
-        self._input_dtype = {inp["name"]: _input_dtype(inp["name"], declared.get(inp["name"], ""), want)
+        self._input_dtype = {inp["name"]: input_dtype(inp["name"], declared.get(inp["name"], ""), want)
                              for inp, want in zip(self._meta["inputs"], in_dtypes)}
         self._out_cast = {}
         for a in manifest.anchors:
             cap = self._describe(a)
             i = self._index.get(a.name if a.name in self._index else a.value)
             if cap.status != "missing" and i is not None and i < len(out_dtypes):
-                note = _output_dtype_note(a.dtype, out_dtypes[i])
+                note = output_dtype_note(a.dtype, out_dtypes[i])
                 if note:
                     self._out_cast[a.name] = a.dtype
                     cap.reason = f"{cap.reason}; {note}"
@@ -325,7 +331,7 @@ class TfOnnxBackend(Backend):
         loaded = tf.saved_model.load(str(cache_dir / "saved_model"))
         self._loaded = loaded
         self._fn = loaded.run
-        return _signature_dtypes(self._fn)
+        return signature_dtypes(self._fn)
 
     def _invoke(self, args: list[np.ndarray]) -> list:
         """Run the loaded model on ``args`` (in ``meta.json`` input order, converted layout and dtype);
@@ -364,8 +370,8 @@ class TfOnnxBackend(Backend):
             raise BackendError(f"{self.name}: converted input {name!r} has rank {len(tn)}, the ONNX input {r}")
         c = on[1] if r > 1 else None
         if channels_last and c is not None and tn[-1] is not None and tn[-1] != c:
-            raise BackendError(f"{self.name}: input {name!r}: onnx2tf should have made it channels-last, but its TF shape "
-                               f"{tn} does not end with the ONNX channel count {c} (ONNX {on})")
+            raise BackendError(f"{self.name}: input {name!r}: onnx2tf should have made it channels-last, "
+                               f"but its TF shape {tn} does not end with the ONNX channel count {c} (ONNX {on})")
         if not channels_last and c is not None and tn[1] is not None and tn[1] != c:
             raise BackendError(f"{self.name}: input {name!r} kept channels-first, but TF shape {tn} vs ONNX {on}")
         return _to_channels_last(r) if channels_last else None
@@ -375,10 +381,11 @@ class TfOnnxBackend(Backend):
         # the anchor; an original output keeps its ONNX name (the anchor's value).
         key = a.name if a.name in self._index else a.value
         i = self._index.get(key)
-        if i is None and (a.name in self._meta.get("constant_outputs", ()) or a.value in self._meta.get("constant_outputs", ())):
+        if i is None and (a.name in self._meta.get("constant_outputs", ())
+                          or a.value in self._meta.get("constant_outputs", ())):
             return AnchorCapture("missing", None, None, None,
-                                 f"ONNX value {a.value!r} is a constant (it depends on no graph input): onnxsim folds it "
-                                 "and onnx2tf returns no tensor for a constant output")
+                                 f"ONNX value {a.value!r} is a constant (it depends on no graph input): "
+                                 "onnxsim folds it and onnx2tf returns no tensor for a constant output")
         if i is None:
             return AnchorCapture("missing", None, None, None,
                                  f"ONNX value {a.value!r} is not an output of the onnx2tf model "
@@ -429,11 +436,12 @@ class TfOnnxBackend(Backend):
             want = (self.fixed_shapes or {}).get(inp["name"])
             if want is not None and list(x.shape) != want:
                 raise InputError(f"backend {self.name}: input {inp['name']!r} has shape {list(x.shape)}, but the model "
-                                 f"was converted at {want} (onnx2tf needs fixed input shapes; run samples of one shape)")
+                                 f"was converted at {want} (onnx2tf needs fixed input shapes; "
+                                 "run samples of one shape)")
             perm = self._input_perm[inp["name"]]
             if perm is not None:
                 x = np.transpose(x, perm)
-            args.append(_feed(inp["name"], c_contiguous(x), self._input_dtype.get(inp["name"]), self.name))
+            args.append(feed(inp["name"], c_contiguous(x), self._input_dtype.get(inp["name"]), self.name))
         outs = self._invoke(args)
         result = {}
         assert self.manifest is not None
@@ -481,108 +489,6 @@ def _onnxsim_on_path(required: bool):
             os.environ.pop("PATH", None)
         else:
             os.environ["PATH"] = old
-
-
-def bfloat16_uses(model) -> list[str]:
-    """Where the main graph of ``model`` holds bfloat16: graph inputs/outputs, initializers, ``Cast``/
-    ``CastLike`` nodes to bfloat16 and value_info entries (``"input 'x'"``, ``"Cast node 'c'"``...)."""
-    import onnx
-
-    bf16 = onnx.TensorProto.BFLOAT16
-    g = model.graph
-    found = [f"input {vi.name!r}" for vi in g.input if vi.type.tensor_type.elem_type == bf16]
-    found += [f"output {vi.name!r}" for vi in g.output if vi.type.tensor_type.elem_type == bf16]
-    found += [f"initializer {t.name!r}" for t in g.initializer if t.data_type == bf16]
-    found += [f"{n.op_type} node {n.name or n.output[0]!r}" for n in g.node
-              if any(a.name == "to" and a.i == bf16 for a in n.attribute)]
-    found += [f"value {vi.name!r}" for vi in g.value_info if vi.type.tensor_type.elem_type == bf16]
-    return found
-
-
-def _signature_dtypes(fn) -> tuple[list[str], list[str]]:
-    """``(input dtypes, output dtypes)`` (numpy names, in order) of the saved ``run`` endpoint's one
-    concrete function (read from the SavedModel, so cached conversions of older formats work)."""
-    cf = fn.concrete_functions[0]
-    outs = cf.structured_outputs
-    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-    return ([np.dtype(spec.dtype.as_numpy_dtype).name for spec in cf.structured_input_signature[0]],
-            [np.dtype(spec.dtype.as_numpy_dtype).name for spec in outs])
-
-
-def _float_info(name: str):
-    """``ml_dtypes.finfo`` of a floating dtype name (float16/32/64, bfloat16), None otherwise."""
-    import ml_dtypes
-
-    try:
-        dt = np.dtype(getattr(ml_dtypes, name)) if name == "bfloat16" else np.dtype(name)
-    except TypeError:
-        return None
-    return ml_dtypes.finfo(dt) if dt.kind == "f" or name == "bfloat16" else None
-
-
-def _widens(src: str, dst: str) -> bool:
-    """True when every value of floating dtype ``src`` is exactly a value of floating dtype ``dst``."""
-    a, b = _float_info(src), _float_info(dst)
-    return a is not None and b is not None and b.nmant >= a.nmant and b.maxexp >= a.maxexp and b.minexp <= a.minexp
-
-
-def _input_dtype(name: str, declared: str, converted: str) -> str | None:
-    """The dtype a sample of ONNX input ``name`` (declared ``declared``) is cast to before the
-    converted model takes it (dtype ``converted``); None when no cast is needed.
-
-    onnx2tf declares every float16 graph input float32 (``onnx2tf/ops/Input.py``: ``dtype =
-    graph_input.dtype if graph_input.dtype != np.float16 else np.float32``) and computes the float16
-    graph in float32 (``utils/common_functions.py``: ``auto_cast`` turns every float16 constant and
-    tensor into float32); TensorFlow refuses a float16 tensor for a float32 signature (``Can not cast
-    TensorSpec ... float16 to ... float32``). A floating input is cast when the cast is exact (float16
-    or bfloat16 -> float32/float64, float32 -> float64); other dtypes are cast per sample with a check
-    that every value survives (:func:`_feed`).
-
-    Raises:
-        BackendError: the converted input is a floating type narrower than the ONNX input's (feeding
-            it would round the inputs), or a floating input became a non-floating one.
-    """
-    if not declared or declared == converted:
-        return None
-    fd, fc = _float_info(declared), _float_info(converted)
-    if fd is not None and fc is not None and not _widens(declared, converted):
-        raise BackendError(f"tf: onnx2tf made the {declared} input {name!r} {converted}: feeding it would round "
-                           f"every input value (onnx2tf keeps an input's dtype except float16 -> float32)")
-    if (fd is None) != (fc is None):
-        raise BackendError(f"tf: onnx2tf made the {declared} input {name!r} {converted}; the sample cannot be fed "
-                           "without changing its values")
-    return converted
-
-
-def _feed(name: str, x: np.ndarray, dtype: str | None, backend: str = "tf") -> np.ndarray:
-    """``x`` cast to ``dtype`` (None: unchanged); an integer cast that changes a value raises
-    :class:`~anpred.errors.InputError` (naming ``backend``)."""
-    if dtype is None or x.dtype.name == dtype:
-        return x
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return x.astype(ml_dtypes.bfloat16)
-    y = x.astype(dtype)
-    if x.dtype.kind != "f" and x.dtype.name != "bfloat16" and not np.array_equal(y.astype(x.dtype), x):
-        raise InputError(f"backend {backend}: input {name!r}: the converted model takes {dtype}, and casting this "
-                         f"{x.dtype} sample to it changes values")
-    return y
-
-
-def _output_dtype_note(declared: str, returned: str) -> str:
-    """How an anchor returned as ``returned`` by the converted model relates to the ONNX graph's
-    ``declared`` dtype, when both are floating and differ ("" otherwise, no cast). The anchor is then
-    cast to ``declared``: rounded when the converted model computed it in a wider type (onnx2tf
-    computes float16 graphs in float32), widened (without the precision it lacks) when narrower."""
-    if not declared or declared == returned or _float_info(declared) is None or _float_info(returned) is None:
-        return ""
-    if _widens(declared, returned):
-        return (f"onnx2tf computed this {declared} tensor in {returned} (onnx2tf turns float16 inputs and constants "
-                f"into float32: ops/Input.py, utils/common_functions.py auto_cast); rounded to {declared} "
-                "as the ONNX graph declares it")
-    return (f"returned as {returned} by the converted model, cast to {declared} as the ONNX graph declares it "
-            f"(values keep {returned} precision)")
 
 
 def _first_line(text: str, limit: int = 300) -> str:

@@ -148,10 +148,11 @@ def _window_pool_class():
         ``avg_pool`` with ``divisor_override=1`` and are divided by the number of counted cells per
         window (from the same pooling of a 0/1 mask)."""
 
-        # the parameters mirror the ONNX pooling schema's attributes (kernel_shape, strides, dilations,
-        # pads, auto_pad, ceil_mode, count_include_pad; LpPool p): hence more than 8
         def __init__(self, kind: str, kernel, strides, dilations, pads, auto_pad: str, ceil_mode: int,
                      count_include_pad: int, p: float = 2.0):
+            """``kind``: max | avg | lp; the others mirror the ONNX pooling schema's attributes
+            (kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, count_include_pad; LpPool's
+            p): hence more than 8 parameters."""
             super().__init__()
             self.kind, self.kernel, self.strides, self.dilations = kind, list(kernel), list(strides), list(dilations)
             self.pads, self.auto_pad, self.ceil_mode = list(pads), auto_pad, int(ceil_mode)
@@ -161,7 +162,8 @@ def _window_pool_class():
             import torch.nn.functional as F
 
             if r == 1:  # avg_pool1d has no divisor_override: run it as 2-D with a unit axis
-                return F.avg_pool2d(x.unsqueeze(2), [1, self.kernel[0]], [1, self.strides[0]], divisor_override=1).squeeze(2)
+                return F.avg_pool2d(x.unsqueeze(2), [1, self.kernel[0]], [1, self.strides[0]],
+                                    divisor_override=1).squeeze(2)
             fn = F.avg_pool2d if r == 2 else F.avg_pool3d
             return fn(x, self.kernel, self.strides, divisor_override=1)
 

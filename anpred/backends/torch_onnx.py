@@ -25,7 +25,8 @@ node's first output only (onnx2torch's LayerNormalization returns ``Y`` alone, n
 nothing. ``prepare`` runs the converted graph once on ones (:func:`anpred.backends.lowp_fp16.validation_inputs`)
 when an anchor is a later output of a multi-output module, so that the capture status says what the
 structure allows: ``exact`` for a mapping checked by structure, ``missing`` with the reason for an
-output the module does not return, ``unverified`` when that run fails (mapped by position, unchecked). Anchors are taken from that table by their
+output the module does not return, ``unverified`` when that run fails (mapped by position, unchecked). Anchors are taken
+from that table by their
 ``Anchor.value``, never from the GraphModule's outputs (onnx2torch returns one tuple per
 multi-output node and deduplicates graph outputs by producer, so output positions do not map back to
 ONNX output names reliably). Returned arrays are numpy arrays in ONNX layout (NCHW), in the dtype
@@ -96,7 +97,8 @@ class TorchOnnxBackend(Backend):
     def unsupported_ops(cls, model) -> dict[str, str]:
         """The operators of ``model`` (sub-graphs included) without a converter in onnx2torch's registry
         at the model's opset, after ANPRED's additions (:func:`anpred.backends.torch_converters.import_onnx2torch`,
-        :func:`anpred.backends.onnx2torch_compat.onnx2torch_compat`). Registry keys are ``(domain, op_type, since_version)``;
+        :func:`anpred.backends.onnx2torch_compat.onnx2torch_compat`). Registry keys are
+        ``(domain, op_type, since_version)``;
         the version asked is the schema's ``since_version`` at the model's import of the op's domain.
         An op that has converters for other versions only is keyed ``op@opset``. Attribute-dependent
         refusals (e.g. ``Resize`` antialias) are found only when converting."""
@@ -275,7 +277,8 @@ class TorchOnnxBackend(Backend):
 
         missing = [n for n in self._input_names if n not in inputs]
         if missing:
-            raise InputError(f"backend torch: missing input(s) {', '.join(missing)}; expected {', '.join(self._input_names)}")
+            raise InputError(f"backend torch: missing input(s) {', '.join(missing)}; expected "
+                             f"{', '.join(self._input_names)}")
         wanted = {v for v, t in self._targets.items() if t not in ("input",)}
         seen: dict[str, Any] = {}
         _capture_run(self._gm, [to_torch(inputs[n]) for n in self._input_names], wanted, seen)
@@ -307,7 +310,8 @@ def map_outputs(names: list[str] | tuple[str, ...], out) -> dict[str, Any]:
     return {names[0]: out} if names else {}
 
 
-def _capture_run(gm, args: list, wanted: set[str], seen: dict[str, Any], structure: dict[str, int] | None = None) -> None:
+def _capture_run(gm, args: list, wanted: set[str], seen: dict[str, Any],
+                 structure: dict[str, int] | None = None) -> None:
     """Run ``gm`` (an onnx2torch GraphModule) on ``args`` node by node, recording the values of the ONNX
     names in ``wanted`` into ``seen`` (:func:`map_outputs`); with ``structure``, per multi-output
     module, the number of values its result holds (1 for a lone tensor)."""

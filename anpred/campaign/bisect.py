@@ -10,8 +10,8 @@ holds the backend, with ``package`` at the probed version for the backends of th
 (``OUT/configs``). The standing compared is the verdict word of the backend (``ok``, ``FLAGGED
 s<stage>``, a run failure: :func:`anpred.campaign.summary.cell_text` without its task headline).
 A search over n candidates runs about log2(n) + 2 configurations (the two ends, then the halvings);
-the first deviating version is then run once more with the drill-down (log2(n) + 3 in all), so the result names the stage and the operator (for fp32
-ONNX backends).
+the first deviating version is then run once more with the drill-down (log2(n) + 3 in all), so the result names the
+stage and the operator (for fp32 ONNX backends).
 
 The result (``OUT/bisect.json``): ``first_bad``, ``last_good``, their standings, the probes in
 order, ``origin_stage``/``origin_anchor`` and ``culprit`` (node, op_type) at ``first_bad``. A
@@ -66,7 +66,8 @@ def _probe_campaign(campaign, base_cfg, package: str, backends: list[str], versi
         versions_map = {**{k: x for k, x in base_cfg.versions.items() if k != package}, package: v}
         # the campaign's own id for the same test (model content, options, versions): a probe reuses a
         # configuration the campaign finished, and an edited model is probed anew
-        cid = config_id(base_cfg.label, base_cfg.backend_set, base_cfg.inputs_name, base_cfg.model_key or base_cfg.model,
+        cid = config_id(base_cfg.label, base_cfg.backend_set, base_cfg.inputs_name,
+                        base_cfg.model_key or base_cfg.model,
                         base_cfg.backends, base_cfg.options, versions_map, campaign.base)
         configs.append(Configuration(id=cid, model=base_cfg.model, label=base_cfg.label,
                                      backend_set=base_cfg.backend_set, backends=base_cfg.backends,
@@ -127,7 +128,8 @@ def bisect_versions(campaign, out: str | Path, request: BisectRequest, *, addres
     base = next((c for c in campaign.configurations if c.label == model and backend in c.backends), None)
     if base is None:
         labels = sorted({c.label for c in campaign.configurations})
-        raise AnpredError(f"no configuration of model {model!r} holds backend {backend!r} (models: {', '.join(labels)})")
+        raise AnpredError(f"no configuration of model {model!r} holds backend {backend!r} (models: "
+                          f"{', '.join(labels)})")
     cands = order_versions(list(versions) + [good, bad] if versions else available_versions(package) + [good, bad])
     if cands.index(good) >= cands.index(bad):
         raise AnpredError(f"--good {good} must come before --bad {bad} in version order")
@@ -222,9 +224,11 @@ def format_bisection(res: dict[str, Any]) -> str:
     """The bisection's probes and its conclusion, as lines of text."""
     lines = [f"bisect {res['package']} for {res['model']} / {res['backend']}: "
              f"{len(res['candidates'])} candidate versions, {len(res['probes'])} probed"]
-    lines += [f"  {p['version']:<12} {p['standing'] or 'skipped: ' + p.get('skipped', '')[:150]}" for p in res["probes"]]
+    lines += [f"  {p['version']:<12} {p['standing'] or 'skipped: ' + p.get('skipped', '')[:150]}"
+              for p in res["probes"]]
     if res.get("first_bad"):
-        where = f" at stage {res['origin_stage']} ({res['origin_anchor']})" if res.get("origin_stage") is not None else ""
+        where = (f" at stage {res['origin_stage']} ({res['origin_anchor']})"
+                 if res.get("origin_stage") is not None else "")
         op = f", operator {res['culprit']['node']} ({res['culprit']['op_type']})" if res.get("culprit") else ""
         lines.append(f"first version where {res['backend']} changes: {res['package']} {res['first_bad']} "
                      f"(last as before: {res['last_good']}): {res.get('standing_first_bad')}{where}{op}")

@@ -280,7 +280,8 @@ def config_id(label: str, set_name: str, inputs_name: str, model_key: str, backe
     canonical JSON of the model's content key, backends, options (paths under ``base`` relative)
     and versions. The bisection's probes use it too, so a probe and the campaign's configuration of
     the same test share one result."""
-    stem = ".".join([_slug(label), _slug(set_name), _slug(inputs_name)] + [_slug(f"{p}-{v}") for p, v in versions.items()])
+    stem = ".".join([_slug(label), _slug(set_name), _slug(inputs_name)]
+                    + [_slug(f"{p}-{v}") for p, v in versions.items()])
     canon = json.dumps({"model": model_key, "backends": backends, "options": _portable(options, base),
                         "versions": versions}, sort_keys=True, default=str)
     return f"{stem}.{hashlib.sha256(canon.encode()).hexdigest()[:8]}"
@@ -332,7 +333,8 @@ def load_campaign(path: str | Path) -> Campaign:
     head = raw.get("campaign", {})
     unknown = sorted(set(head) - _HEAD)
     if unknown:
-        raise AnpredError(f"{path}: unknown key(s) in [campaign]: {', '.join(unknown)}; known: {', '.join(sorted(_HEAD))}")
+        raise AnpredError(f"{path}: unknown key(s) in [campaign]: {', '.join(unknown)}; known: "
+                          f"{', '.join(sorted(_HEAD))}")
     for k, typ in (("retries", int), ("timeout", (int, float)), ("name", str), ("history", str),
                    ("memory_bound", (int, float))):
         if k in head and (not isinstance(head[k], typ) or isinstance(head[k], bool)):

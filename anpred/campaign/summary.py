@@ -2,9 +2,9 @@
 Ray's resources, timings), ``OUT/summary.txt`` (the table :func:`format_table` prints) and
 ``OUT/index.html``: the dashboard's page (:mod:`anpred.dashboard`, the same design as ``anpred
 dashboard``) over the campaign's runs in its history database: models (a row per backend set where
-the campaign has several) x backends, each cell the latest configuration's verdict (origin stage, culprit operator) with its trend over the campaign's
-configurations (the runtime versions of a version axis in the campaign's order), the changes marked
-and every cell linked to its report; above the grid the campaign's configurations (state, standing,
+the campaign has several) x backends, each cell the latest configuration's verdict (origin stage, culprit operator) with
+its trend over the campaign's configurations (the runtime versions of a version axis in the campaign's order), the
+changes marked and every cell linked to its report; above the grid the campaign's configurations (state, standing,
 failures with their reason) and, per runtime version, what changed. The campaign and its
 configurations are recorded in the history (:func:`anpred.report.history.record_campaign`), so ``anpred
 dashboard`` over several campaigns' histories shows the same."""
@@ -69,7 +69,8 @@ def version_changes(campaign, records: list[dict[str, Any]]) -> list[dict[str, A
         for c in campaign.configurations:
             if axis.package in c.versions and c.id in done:
                 rest = tuple(sorted((p, v) for p, v in c.versions.items() if p != axis.package))
-                groups.setdefault((c.label, c.backend_set, c.inputs_name, rest), {})[c.versions[axis.package]] = done[c.id]
+                groups.setdefault((c.label, c.backend_set, c.inputs_name, rest),
+                                  {})[c.versions[axis.package]] = done[c.id]
         for (label, bset, inp, _), by_ver in groups.items():
             vers = [v for v in axis.versions if v in by_ver]
             for a, b in zip(vers, vers[1:]):
@@ -127,7 +128,8 @@ def _configs(campaign, result) -> list:
                 run_dir = None
         out.append(CampaignConfig(config_id=c.id, position=pos, label=c.label, backend_set=c.backend_set,
                                   inputs=c.inputs_name, versions=dict(c.versions), state=r.get("state", "failed"),
-                                  reason=f"{r.get('step')}: {r.get('reason', '')}" if r.get("state") != "complete" else "",
+                                  reason=f"{r.get('step')}: {r.get('reason', '')}" if r.get("state") != "complete"
+                                  else "",
                                   report=r.get("report_html") if r.get("state") == "complete" else None,
                                   run_dir=run_dir))
     return out

@@ -65,7 +65,8 @@ def main(args) -> int:
                               f"{', '.join(statuses) or '(none)'}")
         unknown = [b for b in backends if b not in statuses]
         if unknown:
-            raise AnpredError(f"backend(s) {', '.join(unknown)} not in this run; it has: {', '.join(statuses) or '(none)'}")
+            raise AnpredError(f"backend(s) {', '.join(unknown)} not in this run; it has: "
+                              f"{', '.join(statuses) or '(none)'}")
     else:
         backends = store.ok_backends()
     if not backends:

@@ -43,7 +43,8 @@ def main(args) -> int:
         cov = precheck(args.model, {r["name"]: r["name"] for r in rows if r["installed"]})
         for r in rows:
             c = cov.get(r["name"])
-            r["coverage"] = None if c is None else {k: c.get(k) for k in ("basis", "ops", "error", "node_basis", "nodes")}
+            r["coverage"] = None if c is None else {k: c.get(k)
+                                                    for k in ("basis", "ops", "error", "node_basis", "nodes")}
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0

@@ -38,9 +38,11 @@ def add_arguments(parser):
     JudgeOptions.add_arguments(parser)
     parser.add_argument("--task-layout", default=None, choices=("yolov8", "yolov5"),
                         help="detector output layout for --task detect (default yolov8)")
-    parser.add_argument("--task-output", default=None, metavar="NAME", help="the output the task reads (several outputs)")
+    parser.add_argument("--task-output", default=None, metavar="NAME",
+                        help="the output the task reads (several outputs)")
     parser.add_argument("--model-explorer", metavar="DIR", default=None,
-                        help="export per-node data for Model Explorer (and Netron metadata) into DIR (docs/dashboard.md)")
+                        help="export per-node data for Model Explorer (and Netron metadata) "
+                             "into DIR (docs/dashboard.md)")
 
 
 def main(args) -> int:

@@ -24,8 +24,10 @@ def add_arguments(parser):
                         help="task-metric drop that counts as a regression (absolute; default 0.01, as anpred history)")
     parser.add_argument("--campaign", default=None, metavar="NAME", help="only the runs of this campaign")
     parser.add_argument("--title", default=None, help="the page's title (default: ANPRED dashboard)")
-    parser.add_argument("--serve", action="store_true", help="then serve SITE and the reports it links (their common folder) on 127.0.0.1 until Ctrl-C")
-    parser.add_argument("--port", type=int, default=8000, metavar="N", help="with --serve: the port (default 8000; 0: any)")
+    parser.add_argument("--serve", action="store_true",
+                        help="then serve SITE and the reports it links (their common folder) on 127.0.0.1 until Ctrl-C")
+    parser.add_argument("--port", type=int, default=8000, metavar="N",
+                        help="with --serve: the port (default 8000; 0: any)")
 
 
 def main(args) -> int:

@@ -25,7 +25,8 @@ HELP = "diff two ONNX graphs (structure) or two run folders (numbers, anchor by 
 def add_arguments(parser):
     parser.add_argument("a", metavar="A", help="an .onnx file or a run folder")
     parser.add_argument("b", metavar="B", help="an .onnx file or a run folder (same kind as A)")
-    parser.add_argument("--json", metavar="F", help="write the diff as JSON (schema anpred.graphdiff/1 or anpred.rundiff/1)")
+    parser.add_argument("--json", metavar="F",
+                        help="write the diff as JSON (schema anpred.graphdiff/1 or anpred.rundiff/1)")
     parser.add_argument("--html", metavar="F", help="write the HTML page (stages side by side)")
     parser.add_argument("--config", metavar="F", help="TOML/JSON file overriding the oracle defaults (runs only)")
     parser.add_argument("--backends", metavar="LIST", help="comma-separated backends to compare (runs only)")

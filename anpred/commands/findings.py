@@ -21,7 +21,8 @@ def add_arguments(parser):
     parser.add_argument("--extract", action="store_true",
                         help="derive the defects from FOLDER/*.conformance.json and copy each defect's repro case")
     parser.add_argument("--cases-from", default=None, metavar="DIRS",
-                        help="with --extract: comma-separated case folders to copy repros from (default: the node suite)")
+                        help="with --extract: comma-separated case folders to copy repros from (default: "
+                             "the node suite)")
     parser.add_argument("--confirm", action="store_true", help="re-run every repro on the backends of the results")
     parser.add_argument("--backends", default=None, metavar="LIST", help="with --confirm (default: the fp32 backends)")
 

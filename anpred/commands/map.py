@@ -27,7 +27,8 @@ def add_arguments(parser):
     parser.add_argument("model", help="anchored .onnx file (from anpred-instrument)")
     parser.add_argument("--factory", metavar="MODULE:FUNCTION",
                         help="rebuilds the native model: returns (model, example_inputs)")
-    parser.add_argument("--kwargs", default=None, metavar="JSON", help="keyword arguments for the factory (JSON object)")
+    parser.add_argument("--kwargs", default=None, metavar="JSON",
+                        help="keyword arguments for the factory (JSON object)")
     parser.add_argument("--framework", choices=["torch", "tf"], default=None,
                         help="native framework (default: from the origin or the exporter)")
     parser.add_argument("--manifest", default=None, metavar="PATH",

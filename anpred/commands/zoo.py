@@ -17,7 +17,8 @@ HELP = "list the model zoo (origin, input shape, trained or seeded); print a mod
 def add_arguments(parser):
     parser.add_argument("name", nargs="?", metavar="NAME", help="a zoo model: show its details")
     parser.add_argument("--imgsz", type=int, nargs="+", metavar="N", help="input size: N or H W (resizable models)")
-    parser.add_argument("--onnx", action="store_true", help="print the model's ONNX file path (builds/exports if needed)")
+    parser.add_argument("--onnx", action="store_true",
+                        help="print the model's ONNX file path (builds/exports if needed)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 

@@ -112,7 +112,8 @@ def format_summary(summary: dict[str, Any], records: list[dict[str, Any]], backe
             lines.append(row[0].ljust(width) + "  " + "  ".join(c[:12].ljust(12) for c in row[1:]))
         lines.append("(! flagged by the oracle, ? not judged by it)")
         lines.append("")
-    lines.append(f"{summary['cases']} cases" + (f", {summary['errors']} not run (see the records)" if summary["errors"] else ""))
+    lines.append(f"{summary['cases']} cases"
+                 + (f", {summary['errors']} not run (see the records)" if summary["errors"] else ""))
     lines.append("backend".ljust(22) + "".join(t.rjust(13) for t in TRUTHS))
     for b, c in summary["backends"].items():
         lines.append(b.ljust(22) + "".join(str(c[t]).rjust(13) for t in TRUTHS))

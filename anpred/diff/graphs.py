@@ -39,8 +39,8 @@ class DiffGraph:
     """Index over one ONNX graph: topological node list, producers, consumers, constants, types.
 
     Attributes: ``model``, ``path``; ``nodes`` (``NodeProto`` in topological order); ``init``
-    (initializer name -> ``TensorProto``); ``index`` (the graph index); ``inputs`` (real graph inputs), ``outputs``; ``producer``
-    (value -> ``(position, output slot)``), ``consumers`` (value -> ``[(position, input slot), ...]``);
+    (initializer name -> ``TensorProto``); ``index`` (the graph index); ``inputs`` (real graph inputs), ``outputs``;
+    ``producer`` (value -> ``(position, output slot)``), ``consumers`` (value -> ``[(position, input slot), ...]``);
     ``ids`` (node name, or ``#<position>`` for an unnamed node); ``op`` (op types); ``types`` (see
     :func:`value_types`); ``manifest`` (the anchor manifest or None); ``stage`` (ANPRED stage per
     node or None, filled from the manifest here and completed by :func:`anpred.diff.stages.spread_stages`).

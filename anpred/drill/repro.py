@@ -434,7 +434,8 @@ def _write(repro_dir: Path, models, inputs, run, case: DrillCase, node, shown: _
                   f"{backend} is a label of the Python API (backend {registry_name}). ")
                  + "Rerun it through the Python API (it prints the flagged backends):\n\n"
                  "    python -c \"from anpred.run import BackendSpec, run_model; "
-                 f"from anpred.judge import check_run; s = run_model('model.onnx', [*{[p for p in peers if p != backend]!r}, "
+                 "from anpred.judge import check_run; s = run_model('model.onnx', "
+                 f"[*{[p for p in peers if p != backend]!r}, "
                  f"BackendSpec({registry_name!r}, {backend!r}, {opts})], 'inputs.npz', 'rerun', overwrite=True); "
                  "print(check_run(s.root).flagged_backends)\"\n\n"
                  "(`anpred test model.onnx ...` below runs `model.onnx` on the registry backends only.)\n\n"
@@ -456,5 +457,6 @@ def _write(repro_dir: Path, models, inputs, run, case: DrillCase, node, shown: _
         f"peers: {', '.join(others)}.\n"
         f"`expected.npz`: the consensus; `outputs/<backend>.npz`: each backend's own outputs.\n\n{rerun}")
     if mo is None and backend in REGISTRY:  # the same command as a script
-        (repro_dir / "reproduce.sh").write_text(f"#!/bin/sh\n# exits 1 while {backend} is flagged\ncd \"$(dirname \"$0\")\"\n"
+        (repro_dir / "reproduce.sh").write_text(f"#!/bin/sh\n# exits 1 while {backend} is flagged\n"
+                                                "cd \"$(dirname \"$0\")\"\n"
                                                 f"exec {cmd}\n")

@@ -1,6 +1,7 @@
 """Running subgraphs for the drill-down: a (sub)model on the drill's backends, each in its own warm
-worker process (:func:`anpred.run.run_model` on a :class:`anpred.run.warm.WarmPool`), judged by the oracle (:func:`anpred.judge.check_run`); and reading the
-judged cells by ONNX value name with the localization rule (:meth:`anpred.judge.localize.Localizer.departs`).
+worker process (:func:`anpred.run.run_model` on a :class:`anpred.run.warm.WarmPool`), judged by the oracle
+(:func:`anpred.judge.check_run`); and reading the judged cells by ONNX value name with the localization rule
+(:meth:`anpred.judge.localize.Localizer.departs`).
 """
 
 from __future__ import annotations

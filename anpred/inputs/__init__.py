@@ -197,7 +197,8 @@ class InputSpec:
                 elif k == "preprocess":
                     kw["preprocess"] = v
                 else:
-                    raise InputError(f"malformed input spec {text!r}: unknown key {k!r} (seed, n, shape, size, dir, preprocess)")
+                    raise InputError(f"malformed input spec {text!r}: unknown key {k!r} "
+                                     "(seed, n, shape, size, dir, preprocess)")
             except ValueError as err:
                 raise InputError(f"malformed input spec {text!r}: {k}={v!r} is not an integer") from err
         kw.update({k: v for k, v in overrides.items() if v is not None})
@@ -281,7 +282,8 @@ class InputSpec:
             batch = shapes[img_input.name][0] if img_input.layout in ("NCHW", "NHWC") else 1
             for start in range(0, len(images), batch):
                 group = [images[(start + k) % len(images)] for k in range(batch)]
-                arr = np.concatenate([_preprocess(_read_image(g), img_input, shapes[img_input.name], prep) for g in group])
+                arr = np.concatenate([_preprocess(_read_image(g), img_input, shapes[img_input.name], prep)
+                                      for g in group])
                 yield ",".join(str(g) for g in group), check_sample({img_input.name: arr}, inputs, shapes)
 
     def _random(self, inputs, shapes, prep):
@@ -496,6 +498,7 @@ def check_shapes_fit(model, shapes: dict[str, tuple[int, ...]]) -> None:
         hit = _SHAPE_ERR.search(str(err))
         if hit and "Incompatible" in hit.group(3):
             txt = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in shapes.items())
-            raise InputError(f"input shape {txt} does not fit the model: {hit.group(1)} node {hit.group(2) or '(unnamed)'!r}: "
+            node = hit.group(2) or "(unnamed)"
+            raise InputError(f"input shape {txt} does not fit the model: {hit.group(1)} node {node!r}: "
                              f"{hit.group(3).strip()} (ONNX shape inference; e.g. a spatial size the "
                              "network's strides do not divide)") from err

@@ -169,7 +169,8 @@ def format_partition_table(manifest: AnchorManifest) -> str:
             a = by_name.get(b)
             tail = (b, a.value if a else "", _fmt_shape(a.shape) if a else "", a.dtype if a else "")
             rows.append((head if i == 0 else ("",) * 5) + tail)
-    extra = [a for a in manifest.anchors if a.kind == "explicit" and not any(a.name in s.boundary for s in manifest.stages)]
+    extra = [a for a in manifest.anchors
+             if a.kind == "explicit" and not any(a.name in s.boundary for s in manifest.stages)]
     for a in extra:
         rows.append((str(a.stage), "", "", "", "", a.name + " (explicit)", a.value, _fmt_shape(a.shape), a.dtype))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

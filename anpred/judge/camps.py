@@ -216,7 +216,8 @@ class SplitLog:
         lines = []
         for e in self.summary():
             camps = " | ".join("(" + ", ".join(c) + ")" for c in e["camps"])
-            head = f"anchor {e['anchor']}: split vote, the families form camps {camps} in {e['samples']} of {samples} sample(s)"
+            head = (f"anchor {e['anchor']}: split vote, the families form camps {camps} in {e['samples']} of "
+                    f"{samples} sample(s)")
             if e["basis"] == "tie":
                 lines.append(f"{head}: a tie (no camp has more families than every other) and no float64 execution "
                              "agreeing with one camp within the floor: no consensus there, judged for no backend "

@@ -81,10 +81,11 @@ def usable_backends(run_dir: str | Path, *, oracle: str = "consensus", atol: flo
         raise AnpredError("--atol and --rtol must be non-negative")
     store = RunStore.open(run_dir)
     table, usable = _backend_table(store, cfg)
-    report = _new_report(run_dir, store, oracle, cfg, table, atol=atol, rtol=rtol, reference=reference,
-                         allow_incomplete=allow_incomplete)
+    settings = {**cfg.to_dict(), "atol": atol, "rtol": rtol, "reference": reference}
+    report = _new_report(run_dir, store, oracle, table, settings, allow_incomplete)
     if reference is not None and reference not in table:
-        raise AnpredError(f"reference backend {reference!r} is not in this run; backends: {', '.join(table) or '(none)'}")
+        raise AnpredError(f"reference backend {reference!r} is not in this run; backends: "
+                          f"{', '.join(table) or '(none)'}")
     if reference is not None and reference not in usable:
         report.problems.append(f"reference backend {reference!r} is not usable "
                                f"({report.unjudged_backends.get(reference)})")
@@ -143,10 +144,11 @@ def _backend_table(store, config: OracleConfig) -> tuple[dict[str, dict[str, Any
     return table, usable
 
 
-def _new_report(run_dir, store, oracle: str, cfg: OracleConfig, table: dict[str, dict[str, Any]], *,
-                atol: float, rtol: float, reference: str | None, allow_incomplete: bool) -> CheckReport:
+def _new_report(run_dir, store, oracle: str, table: dict[str, dict[str, Any]], settings: dict[str, Any],
+                allow_incomplete: bool) -> CheckReport:
     """The report before any sample is judged (status ``error``): run identity, anchors, backend table,
-    configuration, the backends that did not run, the precision notes."""
+    configuration (``settings``: the oracle configuration with the threshold baseline's atol, rtol and
+    reference), the backends that did not run, the precision notes."""
     manifest = store.manifest
     unjudged = {name: f"run status {row['status']}" + (f": {row['reason']}" if row["reason"] else "")
                 for name, row in table.items() if row["status"] != "ok"}
@@ -156,7 +158,7 @@ def _new_report(run_dir, store, oracle: str, cfg: OracleConfig, table: dict[str,
         model=dict(store.meta.get("model") or manifest.model), machine=store.meta.get("machine", {}),
         anchors=[{"name": a.name, "stage": a.stage, "kind": a.kind, "op_type": a.op_type, "dtype": a.dtype,
                   "producer": a.producer, "value": a.value} for a in manifest.anchors],
-        backends=table, config={**cfg.to_dict(), "atol": atol, "rtol": rtol, "reference": reference},
+        backends=table, config=settings,
         unjudged_backends=unjudged, allow_incomplete=bool(allow_incomplete), inputs=_inputs_identity(store))
     report.notes.extend(precision_notes(table, report.machine))
     report.notes.extend(f"{b}: the installed library has known defects this model reaches, which explain a "
@@ -189,7 +191,8 @@ def precision_notes(table: dict[str, dict[str, Any]], machine: dict[str, Any]) -
         kernel = (row.get("versions") or {}).get("mlas_u8s8_kernel")
         if kernel in ("avx512-core", "avx2", "sse"):
             notes.append(f"kernels: {b} ran ONNX Runtime's {kernel} u8s8 kernels (no VNNI/AMX on this CPU): pairs of "
-                         "u8 x s8 products are summed in saturating int16, so its int8 results differ from a VNNI CPU's")
+                         "u8 x s8 products are summed in saturating int16, "
+                         "so its int8 results differ from a VNNI CPU's")
     return notes
 
 
@@ -232,7 +235,8 @@ def _drop_mismatched(store, report: CheckReport, usable: list[str]) -> None:
             unjudged[b] = "no tensors stored for any sample"
             usable.remove(b)
     if len(usable) < 2:
-        report.problems.append(f"fewer than two usable backends after reading the tensors ({', '.join(usable) or 'none'})")
+        report.problems.append("fewer than two usable backends after reading the tensors "
+                               f"({', '.join(usable) or 'none'})")
 
 
 def inputs_sha256(sample_digests) -> str:
@@ -323,7 +327,8 @@ def _alignment_notes(report: CheckReport, rep) -> None:
     segs = rep.segments_by_data
     if segs:
         report.notes.append(f"alignment: {len(segs)} segment order(s) found by the data (a port's concatenation "
-                            "order, or a real channel-order defect; pin the rule or 'exclude' in manifest.json to decide)")
+                            "order, or a real channel-order defect; pin the rule or 'exclude' in manifest.json "
+                            "to decide)")
     for d in segs:
         report.notes.append(f"alignment: {d.backend} at {d.anchor}: {describe_rule(d.rule)} found by the data "
                             f"(normalised error {d.runner_up:.3g} -> {d.error:.3g})")

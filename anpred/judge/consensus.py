@@ -74,10 +74,10 @@ from anpred.judge.independence import PairDistances, TruthErrors, merge_correlat
 from anpred.judge.localize import Localizer
 from anpred.judge.oracle_notes import basis_notes, correlated, correlated_notes, unjudged_anchors
 from anpred.judge.positions import sample_positions
-from anpred.judge.scales import cell_precision, floor_and_basis, natural_units, voter_floor
+from anpred.judge.scales import CellMeasures, cell_precision, floor_and_basis, natural_units, voter_floor
 from anpred.judge.stats import ErrorStats, Reference, same_array, ulp_dtype
 from anpred.judge.struct import AnchorInfo, BackendInfo, Cell, OracleResult
-from anpred.judge.verdict import CellBasis, backend_verdict, gap_text, judge_cell
+from anpred.judge.verdict import CellBasis, backend_verdict, judge_cell
 from anpred.judge.votes import median_of, vote
 
 __all__ = ["Oracle", "median_of", "vote"]
@@ -375,7 +375,8 @@ class Oracle:
             else:
                 self._gap(a.name, b, w, sid)
         if c is None:
-            msg = {"undecided": "the voting families tie between NaN/Inf and finite values at every element: no consensus",
+            msg = {"undecided": "the voting families tie between NaN/Inf and finite values at every element: "
+                                "no consensus",
                    "tie": "split vote: the families form camps of equal size and no float64 execution decides "
                           "(see the note on the split): no consensus"}.get(
                 mode, "no finite value in any voting backend (all NaN/Inf): no consensus")
@@ -558,9 +559,9 @@ class Oracle:
                     peers = voters if info.votes else \
                         [p for p in judged if p != b and not self.backends[p].votes
                          and self.backends[p].precision == info.precision and self.backends[p].family != info.family]
-                    floor, basis = floor_and_basis(self.cfg, prec, a.stage, population=peers, step=step, rms=rms,
-                                                   implementation=self.population is not None,
-                                                   cost=self.cost_for(a.name, b))
+                    measured = CellMeasures(step=step, rms=rms, cost=self.cost_for(a.name, b))
+                    floor, basis = floor_and_basis(self.cfg, prec, a.stage, population=peers, measured=measured,
+                                                   implementation=self.population is not None)
                     if not info.votes:  # budget verdict: the population's cost; the signal is the fp32 voters'
                         extra["signal_peers"] = [v for v in (self._primary(pooled[(a.name, p)]) for p in voters)
                                                  if not math.isnan(v)]

@@ -31,8 +31,8 @@ _MISSING = ("anchor missing in this backend's output", "not captured: ")
 
 def shape_gap(anchor: AnchorInfo, why: str, absent: bool, backend: str = "") -> str:
     """``"shape"``, ``"layout"`` (no candidate layout of the tensor matches the ONNX-layout backends'
-    consensus: every reading of it deviates), ``"missing"`` or ``""`` (an ordinary gap) for the reason ``why`` a backend could not
-    be compared at ``anchor`` (module docstring); ``absent``: the backend stored nothing for the sample."""
+    consensus: every reading of it deviates), ``"missing"`` or ``""`` (an ordinary gap) for the reason ``why`` a backend
+    could not be compared at ``anchor`` (module docstring); ``absent``: the backend stored nothing for the sample."""
     if absent or anchor.part_of or backend in NATIVE_BACKENDS:
         return ""
     if _SHAPE in why:
@@ -46,7 +46,8 @@ def shape_gap(anchor: AnchorInfo, why: str, absent: bool, backend: str = "") -> 
     return ""
 
 
-def deviation_cells(cells: dict[tuple[str, str], Cell], deviations: dict[tuple[str, str], dict[tuple[str, str], list[str]]],
+def deviation_cells(cells: dict[tuple[str, str], Cell],
+                    deviations: dict[tuple[str, str], dict[tuple[str, str], list[str]]],
                     anchors: list[AnchorInfo], backends: dict[str, BackendInfo], samples: int) -> None:
     """Flag every (anchor, backend) of ``deviations`` (``(kind, reason) -> sample ids``) in ``cells``:
     a new cell without statistics (``primary`` = inf: no tensor to compare) or, where the backend was

@@ -58,7 +58,7 @@ def error_correlation(d2: dict[frozenset, float], families: list[str]) -> dict[f
     def var(i: str, without: str) -> float:
         others = [f for f in fs if f not in (i, without)]
         est = [(d2[frozenset((i, k))] + d2[frozenset((i, l))] - d2[frozenset((k, l))]) / 2
-               for k, l in itertools.combinations(others, 2)]
+               for k, l in itertools.combinations(others, 2)]  # noqa: E741 - k, l as in the module docstring
         return float(np.median(est))
 
     for i, j in itertools.combinations(fs, 2):
@@ -218,7 +218,8 @@ class TruthErrors:
             return None
         return max(-1.0, min(1.0, ij / math.sqrt(ii * jj)))
 
-    def merge(self, anchor: str, groups: list[list[str]], threshold: float) -> tuple[list[list[str]], dict[frozenset, float]]:
+    def merge(self, anchor: str, groups: list[list[str]],
+              threshold: float) -> tuple[list[list[str]], dict[frozenset, float]]:
         """Merge the groups (lists of families; the first is the group's corner) whose corners' error
         correlation is at least ``threshold``, most correlated first, each family joining at most one
         merge at a time (the corner of a merged group is its first family). Returns ``(groups,

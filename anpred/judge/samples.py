@@ -29,7 +29,8 @@ from anpred.judge.parts import OutputPart, add_part_views
 from anpred.judge.struct import AnchorInfo, BackendInfo, CheckReport
 from anpred.judge.threshold import ThresholdCheck
 
-__all__ = ["Judged", "Judging", "SampleJudge", "aligned_sample", "run_aligner", "judge_samples", "judged_anchors", "quant_steps", "read_tensors", "tensor_file"]
+__all__ = ["Judged", "Judging", "SampleJudge", "aligned_sample", "run_aligner", "judge_samples", "judged_anchors",
+           "quant_steps", "read_tensors", "tensor_file"]
 
 
 @dataclass
@@ -104,7 +105,8 @@ class SampleJudge:
             bi.defects = (report.backends[bi.name].get("versions") or {}).get("reference_defects", "")
         self.binfos = binfos
         self.oracle = PopulationOracle(judged_anchors(store.manifest, flow.parts), binfos, cfg, reference=run.reference,
-                                       descendants=flow.descendants, steps=quant_steps(store, run.usable, report.notes)) \
+                                       descendants=flow.descendants,
+                                       steps=quant_steps(store, run.usable, report.notes)) \
             if consensus else None
         self.threshold = _threshold_check(run, binfos) if report.oracle in ("threshold", "both") else None
         self.aligner = run_aligner(store, run.usable)

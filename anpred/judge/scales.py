@@ -34,13 +34,14 @@ float16's scale (:func:`cell_precision`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from anpred.defaults import OracleConfig
 
-__all__ = ["COARSENESS", "DTYPE_PRECISION", "UNIT_ROUNDOFF", "cell_precision", "floor_and_basis",
+__all__ = ["COARSENESS", "DTYPE_PRECISION", "UNIT_ROUNDOFF", "CellMeasures", "cell_precision", "floor_and_basis",
            "natural_units", "unit_nrmse", "voter_floor"]
 
 #: unit roundoff u = 2**-p of each float precision (p = significand bits incl. the implicit one)
@@ -79,21 +80,35 @@ def unit_nrmse(precision: str, step: float | None = None, rms: float | None = No
     return UNIT_ROUNDOFF.get(precision, UNIT_ROUNDOFF["fp32"]) / math.sqrt(3.0)
 
 
+@dataclass(frozen=True)
+class CellMeasures:
+    """What the run measured at one judged cell, for its floor (:func:`floor_and_basis`).
+
+    Attributes:
+        step, rms: int8's quantization step at the anchor and the consensus RMS (:func:`unit_nrmse`;
+            None: not known).
+        cost: implementation verdicts: the precision's own cost at this anchor (its population's
+            median nRMSE against the fp32 consensus; None: not measured).
+    """
+
+    step: float | None = None
+    rms: float | None = None
+    cost: float | None = None
+
+
 def floor_and_basis(cfg: OracleConfig, precision: str, stage: int, *, population: list[str] | None = None,
-                    step: float | None = None, rms: float | None = None, fallback_why: str = "",
-                    implementation: bool = False, cost: float | None = None,
-                    anchor_type: bool = False) -> tuple[float, str]:
+                    measured: CellMeasures | None = None, fallback_why: str = "",
+                    implementation: bool = False, anchor_type: bool = False) -> tuple[float, str]:
     """``(floor, basis)`` of one cell (module docstring).
 
     Args:
         precision: the cell's precision (:func:`cell_precision`).
         population: the peers of the backend's population judged at this anchor (None: the backend is
             an fp32 voter judged against the fp32 consensus with the measured constant floor).
-        step, rms: int8's quantization step and the consensus RMS (:func:`unit_nrmse`).
+        measured: the cell's quantization step, consensus RMS and cost (None: none known).
         fallback_why: why no population peer was there (for the basis text).
         implementation: the cell belongs to an implementation verdict (its factor is ``population_k``).
-        cost: implementation verdicts: the precision's own cost at this anchor (its population's
-            median nRMSE against the fp32 consensus); the floor is the larger of ``sqrt(2) * cost`` and
+            With a ``measured.cost``, the floor is the larger of ``sqrt(2) * cost`` and
             the natural unit: two implementations whose errors are independent realizations of that
             cost differ by sqrt(2) times it (variances of independent errors add), the most two
             correct implementations can differ by when each makes its own rounding decisions. Without
@@ -104,6 +119,8 @@ def floor_and_basis(cfg: OracleConfig, precision: str, stage: int, *, population
             legitimately differ by a few roundings there: float32 arithmetic rounded to float16 at each
             output vs float16 arithmetic, ~4e-4 on the float16 test network, 1.4 x one rounding).
     """
+    m = measured or CellMeasures()
+    step, rms, cost = m.step, m.rms, m.cost
     if population is None:
         floor = cfg.floor_at(precision, stage)
         return floor, (f"constant: the measured {precision} floor {cfg.floor.get(precision, cfg.floor['fp32']):g}"

@@ -82,7 +82,8 @@ class BackendInfo:
             prec = "fp32"
         if asked not in cfg.floor:
             asked = "fp32"
-        return cls(name=name, family=fam, precision=prec, votes=(reduced is None and asked == "fp32" and prec == "fp32"),
+        return cls(name=name, family=fam, precision=prec,
+                   votes=(reduced is None and asked == "fp32" and prec == "fp32"),
                    requested=asked)
 
 
@@ -164,7 +165,8 @@ class Cell:
             if k in d:
                 d[k] = from_json_float(d[k])
         d["per_sample"] = {k: from_json_float(v) for k, v in d["per_sample"].items()}
-        d["units"] = {k: (from_json_float(v) if k in ("size", "max", "rms") else v) for k, v in d.get("units", {}).items()}
+        d["units"] = {k: (from_json_float(v) if k in ("size", "max", "rms") else v)
+                      for k, v in d.get("units", {}).items()}
         return cls(**d)
 
 
@@ -503,7 +505,8 @@ class CheckReport:
                 allow_incomplete=bool(d.get("allow_incomplete", False)), correlated=d.get("correlated", []),
                 independence=d.get("independence", {}), splits=d.get("splits", []),
                 populations=d.get("populations", {}),
-                population_cells={p: [Cell.from_dict(c) for c in cs] for p, cs in d.get("population_cells", {}).items()},
+                population_cells={p: [Cell.from_dict(c) for c in cs]
+                                  for p, cs in d.get("population_cells", {}).items()},
                 scales={a: {p: {**v, "expected": from_json_float(v["expected"])} for p, v in per.items()}
                         for a, per in d.get("scales", {}).items()},
                 drill=d.get("drill", {}), task=d.get("task", {}))

@@ -123,8 +123,9 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
         flagged, reason = False, "no finite value to judge"
     elif lost and not prim > thr:
         flagged = True
-        reason = (f"signal lost: cosine similarity {st.cosine:.3g} with the consensus "
-                  f"({'every value 0' if acc.xx == 0 else 'no positive correlation' if st.cosine <= 0 else 'nRMSE >= 1, no closer than an all-zero tensor'}; "
+        lost = ("every value 0" if acc.xx == 0 else "no positive correlation" if st.cosine <= 0
+                else "nRMSE >= 1, no closer than an all-zero tensor")
+        reason = (f"signal lost: cosine similarity {st.cosine:.3g} with the consensus ({lost}; "
                   f"{cfg.primary} {prim:.3g}, under the threshold {thr:.3g})")
     else:
         flagged = bool(prim > thr)
@@ -167,9 +168,11 @@ def _wrong_tail(st: ErrorStats, peer_ulps: list[tuple[float, float]], k: float, 
     # the bulk must not depart (the localization rule's factor origin_k; >= 1 ULP: a peer median of 0 is exactness)
     if not (q > k * level and med <= cfg.origin_k * max(bulk, 1.0)):
         return False, ""
-    return True, (f"wrong tail (a warning, not a flag): the {cfg.ulp_quantile:g} quantile of the error in ULPs of the consensus {q:.3g} > "
+    return True, (f"wrong tail (a warning, not a flag): the {cfg.ulp_quantile:g} quantile of the error in ULPs of the "
+                  f"consensus {q:.3g} > "
                   f"{k:g} x peers' median {level:.3g} and > ulp_floor {cfg.ulp_floor:g}, while its median ULP error "
-                  f"{med:.3g} is within origin_k {cfg.origin_k:g} x the peers' {bulk:.3g} ({cfg.primary} {prim:.3g}, under its threshold "
+                  f"{med:.3g} is within origin_k {cfg.origin_k:g} x the peers' {bulk:.3g} ({cfg.primary} {prim:.3g}, "
+                  "under its threshold "
                   f"{thr:.3g}): an error relative to each element's magnitude, on part of the values")
 
 
@@ -208,7 +211,8 @@ def backend_verdict(info: BackendInfo, anchors: list[AnchorInfo], cells: dict[tu
     tails = [(a, c) for a, c in profile if c.tail and not c.flagged]
     if tails:
         a0, c0 = tails[0]
-        more = f" (and {len(tails) - 1} more anchor(s): {', '.join(a.name for a, _ in tails[1:4])})" if len(tails) > 1 else ""
+        more = (f" (and {len(tails) - 1} more anchor(s): {', '.join(a.name for a, _ in tails[1:4])})"
+                if len(tails) > 1 else "")
         v.warnings.append(f"{b}: {c0.tail} at {a0.name}{more}")
     flagged = [(a, c) for a, c in profile if c.flagged]
     v.flagged = bool(flagged)

@@ -30,7 +30,8 @@ from anpred.errors import InputError
 from anpred.pipeline.choices import DEFAULT_IMGSZ, DEFAULT_SAMPLES
 from anpred.pipeline.progress import log
 
-__all__ = ["SOURCES_FILE", "input_hw", "zoo_input_shapes", "fix_static_inputs", "image_input", "is_images", "prepare_inputs",
+__all__ = ["SOURCES_FILE", "input_hw", "zoo_input_shapes", "fix_static_inputs", "image_input", "is_images",
+           "prepare_inputs",
            "zoo_samples", "zoo_sources", "record_zoo_inputs", "drop_bound_inputs"]
 
 #: In an image folder given as inputs: ``{file name: real source}`` recorded in test.json instead of the path.
@@ -291,7 +292,8 @@ def record_zoo_inputs(store, sources: list[str] | dict[str, str], run_dir: Path)
     file in order, or ``{file name: source}``."""
     given = isinstance(sources, dict)
     store.meta["inputs"] = {**store.meta.get("inputs", {}), "path": str(run_dir / "inputs"),
-                            "kind": ("given inputs, bound inputs dropped" if given else "zoo real samples, preprocessed")
+                            "kind": ("given inputs, bound inputs dropped" if given
+                                     else "zoo real samples, preprocessed")
                             + " (stored in the run)", "sources": list(sources.values()) if given else sources}
     real = dict(sources) if given else {f"s{i:04d}.npz": src for i, src in enumerate(sources)}
     for smp in store.meta.get("samples", []):  # each sample: its real source and where it is stored

@@ -145,7 +145,8 @@ def _backends(run: RunOptions) -> list:
     if not names:
         raise AnpredError("stream: no backend to run (RunOptions.backends)")
     specs = [BackendSpec.coerce(b) for b in names]
-    if run.side_by_side:  # the cores divided among the backends (in the fingerprint: resumed only with the same threads)
+    # side by side: the cores divided among the backends (in the fingerprint: resumed only with the same threads)
+    if run.side_by_side:
         specs = split_threads(specs)
     return specs
 
@@ -346,9 +347,9 @@ def write_report(plan: StreamPlan, state: StreamState):
     if judge.sampler is not None and judge.sampler.sampled_sizes():
         big = judge.sampler.sampled_sizes()
         report.notes.append(f"sampled positions: {len(big)} intermediate anchor(s) of more than {positions} elements "
-                            f"(up to {max(big.values())}) judged on {positions} positions per sample, the same in every "
-                            f"sample and backend; their maxima (max_abs, max_ulp) are over those positions, sums and "
-                            f"means are estimates (docs/task.md, 'Sampled positions'); outputs judged in full")
+                            f"(up to {max(big.values())}) judged on {positions} positions per sample, the same in "
+                            f"every sample and backend; their maxima (max_abs, max_ulp) are over those positions, "
+                            f"sums and means are estimates (docs/task.md, 'Sampled positions'); outputs judged in full")
     dk = getattr(judge.oracle.main, "distribution_k", None) if judge.oracle is not None else None
     if dk:  # the Wasserstein distance on fewer positions (anpred.judge.positions.DISTRIBUTION_POSITIONS)
         report.notes.append(f"Wasserstein distance (W1): computed on {dk} sampled positions of every tensor of more "

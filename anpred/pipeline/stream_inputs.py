@@ -196,7 +196,8 @@ def calibrated(specs: list, head: list, folder: Path) -> list:
     out = []
     for s in specs:
         spec = BackendSpec.coerce(s)
-        if files and getattr(backend_class(spec.name), "needs_calibration", False) and "calibration" not in spec.options:
+        if files and getattr(backend_class(spec.name), "needs_calibration", False) \
+                and "calibration" not in spec.options:
             spec = BackendSpec(spec.name, spec.label, {**spec.options, "calibration": files})
         out.append(spec)
     return out

@@ -65,7 +65,8 @@ def keep_samples(state, store, ids: dict[str, str], devs: dict[str, dict[str, fl
         if st.status != "ok" and not st.reason.startswith("chunk "):
             reason = st.reason
             for local, glob in ids.items():  # the dataset's sample ids, not the chunk's
-                reason = reason.replace(f"sample {local}:", f"sample {glob}:").replace(f"sample {local} ", f"sample {glob} ")
+                reason = reason.replace(f"sample {local}:", f"sample {glob}:")
+                reason = reason.replace(f"sample {local} ", f"sample {glob} ")
             st.reason = f"chunk of samples {min(ids.values())}..{max(ids.values())}: {reason}"
         final.set_status(st)
     final.save_meta()

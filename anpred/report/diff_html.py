@@ -83,13 +83,15 @@ def render_diff_html(graph=None, runs=None, title: str = "anpred diff") -> str:
             P.append("<p class='small'>Opset imports: " + ", ".join(
                 f"{e(c.what)} {e(str(c.a))} &rarr; {e(str(c.b))}" for c in graph.opset) + "</p>")
         if graph.io:
-            P.append("<p class='small'>Graph inputs/outputs: " + "<br>".join(e(c.describe()) for c in graph.io) + "</p>")
+            P.append("<p class='small'>Graph inputs/outputs: " + "<br>".join(e(c.describe()) for c in graph.io)
+                     + "</p>")
         P.append("<p class='small'><span class='chip same'>matched</span><span class='chip changed'>changed"
                  "</span><span class='chip only'>only in this graph</span></p>")
         P.append("<table><tr><th>stage</th><th>graph A</th><th>graph B</th><th>regions</th>"
                  + ("<th>max deviation</th>" if dev else "") + "</tr>")
         for st in graph.stages:
-            regs = "<br>".join(f"<b>{e(graph.regions[k].kind)}</b>: {e(graph.regions[k].label)}" for k in st.regions[:20])
+            regs = "<br>".join(f"<b>{e(graph.regions[k].kind)}</b>: {e(graph.regions[k].label)}"
+                               for k in st.regions[:20])
             if len(st.regions) > 20:
                 regs += f"<br>… {len(st.regions) - 20} more"
             P.append(f"<tr><td>{'all' if st.index < 0 else st.index}</td><td>{_chips(st.a_ops)}</td>"
@@ -110,7 +112,8 @@ def render_diff_html(graph=None, runs=None, title: str = "anpred diff") -> str:
                      "<th>status</th><th>transform</th><th>reason</th></tr>")
             for a in graph.anchors:
                 P.append(f"<tr><td>{e(a.anchor)}</td><td>{e(str(a.a_value))}</td><td>{e(str(a.b_value))}</td>"
-                         f"<td>{e(a.status)}</td><td>{e(str(a.transform or ''))}</td><td class='small'>{e(a.reason)}</td></tr>")
+                         f"<td>{e(a.status)}</td><td>{e(str(a.transform or ''))}</td>"
+                         f"<td class='small'>{e(a.reason)}</td></tr>")
             P.append("</table>")
     if runs is not None:
         P.append(f"<h2>Anchors ({e(runs.statistic)} of B against A, worst sample)</h2><table><tr><th>anchor</th>"

@@ -58,7 +58,8 @@ def _heatmap(report, primary: str) -> str:
                 ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="xx",
                                            edgecolor="0.5" if a in v.unjudged else "orange", lw=0.5))
     fig.colorbar(im, ax=ax, label=f"log10 {primary} vs consensus")
-    ax.set_title(f"{primary} per backend and anchor (red: flagged; hatched grey: not judged, orange: part of the samples)")
+    ax.set_title(f"{primary} per backend and anchor (red: flagged; hatched grey: not judged, orange: "
+                 "part of the samples)")
     return _png(fig)
 
 
@@ -174,7 +175,8 @@ def _populations(report, primary: str) -> list[str]:
                           "FLAGGED" if x.flagged else "ok"])
             out.append(f"<tr class='{'flag' if flag else ''}'><td>{e(a['name'])}</td>"
                        + "".join(f"<td>{x}</td>" for x in cols)
-                       + f"<td>{e(c.basis if c is not None else '')}</td><td>{e(ic.basis if ic is not None else '')}</td></tr>")
+                       + f"<td>{e(c.basis if c is not None else '')}</td>"
+                         f"<td>{e(ic.basis if ic is not None else '')}</td></tr>")
         out.append("</table>")
     for p, info in (getattr(report, "populations", None) or {}).items():
         out.extend(f"<p class='small'><b>{e(p)} population</b>: {e(n)}</p>" for n in info.get("notes", []))
@@ -233,7 +235,8 @@ def _drill(report) -> list[str]:
            "operator whose output departs from the peers, and its standalone repro.</p>"]
     for b, c in (d.get("culprits") or {}).items():
         steps = " &rarr; ".join([f"stage {e(str(c.get('stage')))} ({c.get('stage_nodes')} operators)"] +
-                                [f"round {p['round']} ({e(p.get('where', ''))}): {p['exposed']} tensors exposed, first departing "
+                                [f"round {p['round']} ({e(p.get('where', ''))}): {p['exposed']} tensors exposed, "
+                                 "first departing "
                                  f"<code>{e(p['first'])}</code> ({e(p['op_type'])})" for p in c.get("path", [])] +
                                 [f"<b>{e(c['op_type'])} <code>{e(c['node'])}</code></b>"])
         scope = c.get("scope")
@@ -273,7 +276,8 @@ def _verdict_table(report, primary: str) -> list[str]:
     parts.append("<h2>Verdicts</h2><table><tr><th>backend</th><th>family</th><th>precision</th><th>votes</th>"
                  "<th>verdict</th><th>anchors judged</th><th>origin stage</th><th>origin anchor</th>"
                  f"<th>max {e(primary)} (anchor)</th><th>most deviant anchor (highest &times; threshold)</th>"
-                 f"<th>its {e(primary)}</th><th>&times; threshold</th><th>propagation</th><th>flagged anchors</th></tr>")
+                 f"<th>its {e(primary)}</th><th>&times; threshold</th><th>propagation</th><th>flagged anchors</th>"
+                 "</tr>")
     for b, v in report.verdicts.items():
         cls = "flag" if v.any_flagged else ("ok" if v.status in ("consistent", "reference") else "gap")
         word = {"ok": "consistent"}.get(verdict_word(v), verdict_word(v))
@@ -324,7 +328,8 @@ def write_html(report, path: str | Path) -> None:
              f"primary statistic <b>{e(primary)}</b>, schema {e(report.schema)}</p>"]
     parts.extend(_task(report))
     if report.problems:
-        parts.append("<h2>Could not be judged</h2><ul>" + "".join(f"<li>{e(p)}</li>" for p in report.problems) + "</ul>")
+        parts.append("<h2>Could not be judged</h2><ul>" + "".join(f"<li>{e(p)}</li>" for p in report.problems)
+                     + "</ul>")
     gaps = getattr(report, "incomplete", []) or []
     if gaps:
         note = " (exit 0: --allow-incomplete)" if getattr(report, "allow_incomplete", False) else ""
@@ -332,13 +337,16 @@ def write_html(report, path: str | Path) -> None:
                      + "".join(f"<li>{e(g)}</li>" for g in gaps) + "</ul>")
     for c in getattr(report, "correlated", []) or []:
         how = ("bit-identical or error-correlated tensors (three-cornered hat rho "
-               f"{min(c['rho'].values()):.2f}-{max(c['rho'].values()):.2f})") if c.get("rho") else "bit-identical tensors"
+               f"{min(c['rho'].values()):.2f}-{max(c['rho'].values()):.2f})"
+               if c.get("rho") else "bit-identical tensors")
         parts.append(f"<p>Correlated backends: <b>{e(' + '.join(c['backends']))}</b> gave {e(how)} at "
-                     f"{len(c['anchors'])} of {len(report.anchors)} anchors and were counted as one consensus vote there"
+                     f"{len(c['anchors'])} of {len(report.anchors)} anchors and were counted as one consensus "
+                     "vote there"
                      + (f" (judged apart at {e(', '.join(c['differ']))})" if c.get("differ") else "") + ".</p>")
     pairs = (getattr(report, "independence", None) or {}).get("pairs") or {}
     if pairs:
-        parts.append("<h2>Independence of the voting families</h2><p>Error correlation rho of each pair (three-cornered "
+        parts.append("<h2>Independence of the voting families</h2>"
+                     "<p>Error correlation rho of each pair (three-cornered "
                      "hat over the family votes, median over anchors; groups merged at rho &ge; "
                      f"{e(str(report.config.get('correlated_rho')))} are one corner)</p><table><tr><th>pair</th>"
                      "<th>rho (median)</th><th>rho (max)</th><th>anchors</th></tr>"
@@ -351,11 +359,13 @@ def write_html(report, path: str | Path) -> None:
     parts.extend(_scales(report))
     if report.threshold:
         parts.append("<h2>Threshold baseline (final outputs)</h2><table><tr><th>backend</th><th>reference</th>"
-                     "<th>atol</th><th>rtol</th><th>result</th><th>failed / total</th><th>max abs</th><th>max rel</th></tr>")
+                     "<th>atol</th><th>rtol</th><th>result</th><th>failed / total</th><th>max abs</th><th>max rel</th>"
+                     "</tr>")
         for b, t in report.threshold.items():
             parts.append(f"<tr class='{'ok' if t.passed else 'flag'}'><td>{e(b)}</td><td>{e(t.reference)}</td>"
                          f"<td>{t.atol:g}</td><td>{t.rtol:g}</td><td>{'pass' if t.passed else 'FAIL'}</td>"
-                         f"<td>{t.failed_elements} / {t.total_elements}</td><td>{_fmt(t.max_abs)}</td><td>{_fmt(t.max_rel)}</td></tr>")
+                         f"<td>{t.failed_elements} / {t.total_elements}</td><td>{_fmt(t.max_abs)}</td>"
+                         f"<td>{_fmt(t.max_rel)}</td></tr>")
         parts.append("</table>")
     if report.cells:
         parts.append(f"<h2>Heatmap</h2><img src='{_heatmap(report, primary)}'>")
@@ -386,7 +396,8 @@ def write_html(report, path: str | Path) -> None:
                 parts.append(f"<p>{len(flagged) - MAX_DETAIL} more flagged cells not plotted (see the table).</p>")
         parts.append("<h2>All cells</h2><table><tr><th>anchor</th><th>backend</th><th>samples</th>"
                      f"<th>{e(primary)}</th><th>p90/sample</th><th>peers' median</th><th>floor</th><th>threshold</th>"
-                     "<th>max abs</th><th>SNR dB</th><th>cosine</th><th>W1</th><th>max ULP</th><th>NaN/Inf</th><th>verdict</th></tr>")
+                     "<th>max abs</th><th>SNR dB</th><th>cosine</th><th>W1</th><th>max ULP</th><th>NaN/Inf</th>"
+                     "<th>verdict</th></tr>")
         for c in report.cells:
             s = c.stats
             parts.append(f"<tr class='{'flag' if c.flagged else ''}'><td>{e(c.anchor)}</td><td>{e(c.backend)}</td>"

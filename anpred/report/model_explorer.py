@@ -153,7 +153,8 @@ def _backend_files(report, b: str, ctx: dict[str, Any]) -> dict[str, dict[str, A
         code[node_of[c.anchor]] = {"value": {"ok": 0, "flagged": 1, "origin": 2}[kind]}
     if culprit is not None:
         local = _finite((v.culprit or {}).get("local_nrmse")) if v is not None and v.culprit else None
-        nrmse[culprit] = {"value": local if local is not None else 0.0, "bgColor": _BG["culprit"], "textColor": "#ffffff"}
+        nrmse[culprit] = {"value": local if local is not None else 0.0, "bgColor": _BG["culprit"],
+                          "textColor": "#ffffff"}
         code[culprit] = {"value": 3}
     thresholds = [{"value": k, "bgColor": col} for k, (_, col) in VERDICT_CODES.items()]
     files = {f"{b}.nrmse.json": _graph_data(f"{b}: nRMSE vs consensus", nrmse),

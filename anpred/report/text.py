@@ -1,6 +1,7 @@
 """Terminal summary of a :class:`anpred.judge.CheckReport`: one line per backend (verdict, origin stage,
-the largest primary statistic and its anchor, the highest ratio to threshold and its anchor), the statistics at each origin, the propagation profile with the ratio
-between consecutive anchors, the threshold baseline, and everything that could not be judged."""
+the largest primary statistic and its anchor, the highest ratio to threshold and its anchor), the statistics at each
+origin, the propagation profile with the ratio between consecutive anchors, the threshold baseline, and everything that
+could not be judged."""
 
 from __future__ import annotations
 
@@ -138,7 +139,8 @@ def task_lines(report) -> list[str]:
             key = "top1" if "top1" in tr else "map50"
             v = tr.get(key)
             acc = (f"; {key} {v:.4f}" if v is not None else f"; {key} -") + \
-                (f" ({tr['delta_to_consensus']:+.4f} vs the consensus)" if tr.get("delta_to_consensus") is not None else "")
+                (f" ({tr['delta_to_consensus']:+.4f} vs the consensus)" if tr.get("delta_to_consensus") is not None
+                 else "")
         lines.append(f"  {b}: {d['headline']}{acc}")
     ct = t.get("consensus_truth") or {}
     if ct:
@@ -270,7 +272,8 @@ def format_text(report) -> str:
         if any(v.non_monotonic for v in report.verdicts.values()):
             lines.append("  * non-monotonic propagation (amplified and attenuated after the origin)")
         for b, v, pop in [(b, v, None) for b, v in report.verdicts.items()] + \
-                [(b, v.implementation, v.precision) for b, v in report.verdicts.items() if v.implementation is not None]:
+                [(b, v.implementation, v.precision) for b, v in report.verdicts.items()
+                 if v.implementation is not None]:
             if v.flagged and v.origin_anchor:
                 c = report.cell(v.origin_anchor, b, pop)
                 if pop:
@@ -285,7 +288,8 @@ def format_text(report) -> str:
                                  f"{_g(s.cosine, '.6f')} W1 {_g(s.wasserstein)} max_ulp {_g(s.max_ulp, '.3g')} "
                                  f"nan {s.nan} inf {s.inf}")
         lines.append("")
-        lines.append(f"propagation ({primary} at the first judged anchor, then the ratio to the previous judged anchor; "
+        lines.append(f"propagation ({primary} at the first judged anchor, "
+                     "then the ratio to the previous judged anchor; "
                      "^ amplified, v attenuated, * flagged):")
         for b in report.verdicts:
             lines.append(f"  {b:<{w}}{propagation_line(report, b)}")
@@ -293,14 +297,16 @@ def format_text(report) -> str:
     if report.threshold:
         lines.append("")
         any_ref = next(iter(report.threshold.values())).reference
-        lines.append(f"threshold baseline vs {any_ref} (atol {report.config.get('atol')}, rtol {report.config.get('rtol')}):")
+        lines.append(f"threshold baseline vs {any_ref} (atol {report.config.get('atol')}, rtol "
+                     f"{report.config.get('rtol')}):")
         for b, t in report.threshold.items():
             lines.append(f"  {b:<16}{'pass' if t.passed else 'FAIL':<6} {t.failed_elements}/{t.total_elements} "
                          f"elements out of tolerance, max abs {_g(t.max_abs)}, max rel {_g(t.max_rel)}")
     for c in getattr(report, "correlated", []) or []:
         lines.append(f"correlated: {' + '.join(c['backends'])} merged into one consensus vote at "
                      f"{len(c['anchors'])} of {len(report.anchors)} anchors ("
-                     + (f"bit-identical or error-correlated, rho {min(c['rho'].values()):.2f}-{max(c['rho'].values()):.2f}"
+                     + ("bit-identical or error-correlated, rho "
+                        f"{min(c['rho'].values()):.2f}-{max(c['rho'].values()):.2f}"
                         if c.get("rho") else "bit-identical tensors") + ")")
     pairs = (getattr(report, "independence", None) or {}).get("pairs") or {}
     if pairs:

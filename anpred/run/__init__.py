@@ -21,10 +21,11 @@ The worker module is not imported here (``python -m anpred.run.worker`` runs it 
 from anpred.run.driver import WORKER_MALLOC_TUNABLES, Terminated, format_summary, run_model, worker_malloc_tunables
 from anpred.run.limits import RunGuards
 from anpred.run.model import copy_model, load_anchored
-from anpred.run.spec import FAULTS, MODES, BackendSpec, WorkerJob
+from anpred.run.spec import FAULTS, MODES, BackendSpec, RunSettings, WorkerJob
 from anpred.run.store import SCHEMA, RunStore
 from anpred.run.streaming import STATS_SCHEMA, StreamingStats, read_stats, sample_summary
 
 __all__ = ["run_model", "Terminated", "format_summary", "WORKER_MALLOC_TUNABLES", "worker_malloc_tunables",
-           "RunGuards", "copy_model", "load_anchored", "FAULTS", "MODES", "BackendSpec", "WorkerJob", "SCHEMA", "RunStore",
+           "RunGuards", "copy_model", "load_anchored", "FAULTS", "MODES", "BackendSpec", "RunSettings", "WorkerJob",
+           "SCHEMA", "RunStore",
            "STATS_SCHEMA", "StreamingStats", "read_stats", "sample_summary"]

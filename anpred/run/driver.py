@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -51,7 +52,7 @@ from anpred.run.jobs import worker_env as _worker_env  # noqa: F401 - its earlie
 from anpred.run.limits import MemoryWatch, RunGuards
 from anpred.run.model import copy_model, load_anchored
 from anpred.run.outcome import format_summary, lost_status, raise_if_inputs_misfit
-from anpred.run.spec import MODES, BackendSpec
+from anpred.run.spec import MODES, BackendSpec, RunSettings
 from anpred.run.store import RunStore
 
 __all__ = ["run_model", "Terminated", "format_summary", "WORKER_MALLOC_TUNABLES", "worker_malloc_tunables",
@@ -59,9 +60,7 @@ __all__ = ["run_model", "Terminated", "format_summary", "WORKER_MALLOC_TUNABLES"
 
 
 def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], inputs: Any, out_dir: str | Path,
-              *, mode: str = "tensors", timeout_s: float = 600, overwrite: bool = False, progress: bool = True,
-              preprocess: str | None = None, precheck: bool = True, pool: "WorkerPool | None" = None,
-              guards: RunGuards | None = None):
+              settings: RunSettings | None = None, **fields: Any):
     """Run the anchored model on every backend and return the :class:`~anpred.run.store.RunStore`.
 
     Args:
@@ -72,22 +71,10 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
             image file, or ``random:uniform|normal|images[:seed=S][:n=N][:shape=...]``), or samples in
             memory (:class:`anpred.inputs.ArraySamples`).
         out_dir: the run folder to create (its parent folders are created).
-        mode: ``tensors`` (store every anchor tensor) or ``stats`` (streaming statistics only).
-        timeout_s: per backend limit in seconds for preparing and running all samples.
-        overwrite: replace ``out_dir`` if it holds a run (only once the new run is complete).
-        progress: show a tqdm bar per backend and print the summary table (stderr).
-        preprocess: image preprocessing override (``yolo`` | ``imagenet`` | ``unit``).
-        precheck: before running, ask every backend's operator table which operators of the model it
-            lacks (:mod:`anpred.backends.coverage`, in a child process; ``meta["coverage"]``); a
-            backend with a known missing operator is not started and gets status ``unsupported``
-            naming the operators. False: run every backend.
-        pool: a :class:`WorkerPool` whose long-lived workers run the backends (prepared once for
-            a stream of runs) instead of one new process per backend and run; mode ``tensors`` only.
-            Its workers run ``model_path`` itself (not the run folder's copy), prepared by the first
-            run: every run of one pool must use the same model. The pool holds its own memory bounds.
-        guards: memory bounds, the bad-input rule, the shared-conversion folder
-            (:class:`anpred.run.limits.RunGuards`; None: the defaults, bounds from the machine or
-            ``ANPRED_MEMORY_BOUND``). Recorded in ``run.json["memory_bounds"]``.
+        settings: how it runs (:class:`~anpred.run.spec.RunSettings`: mode, timeout, overwrite,
+            progress, preprocessing, precheck, worker pool, guards; None: the defaults).
+        fields: fields of :class:`~anpred.run.spec.RunSettings` by name (``timeout_s=60``,
+            ``progress=False``), overriding those of ``settings``; another name is a ``TypeError``.
 
     Raises:
         BackendError: unknown backend or duplicate labels (before anything is written).
@@ -100,6 +87,9 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
     from anpred.inputs import ArraySamples, InputSpec
     from anpred.onnx_io import sha256_file
 
+    cfg = dataclasses.replace(settings or RunSettings(), **fields)
+    mode, timeout_s, overwrite, progress = cfg.mode, cfg.timeout_s, cfg.overwrite, cfg.progress
+    precheck, pool, guards = cfg.precheck, cfg.pool, cfg.guards
     if mode not in MODES:
         raise AnpredError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
     specs = [BackendSpec.coerce(b) for b in backends]
@@ -117,7 +107,7 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
     watch = MemoryWatch(guards)  # (raises on a malformed ANPRED_MEMORY_BOUND before anything is written)
     model_path = Path(model_path).resolve()
     model, manifest, man_source = load_anchored(model_path)
-    in_spec = inputs if isinstance(inputs, ArraySamples) else InputSpec.parse(inputs, preprocess=preprocess)
+    in_spec = inputs if isinstance(inputs, ArraySamples) else InputSpec.parse(inputs, preprocess=cfg.preprocess)
     out = Path(out_dir).absolute()
     _check_out_dir(out, overwrite)
     hint = " ".join([model_path.name, model.producer_name, model.doc_string] +
@@ -137,7 +127,8 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
         store.meta["model"].update(copy_model(model_path, model, tmp))
         run_model_path = tmp / "model.onnx"
         shape_hint = _store_samples(store, in_spec, model, hint)
-        store.meta["backend_specs"] = {s.label: {"name": s.name, "options": json.loads(to_json(s.options))} for s in specs}
+        store.meta["backend_specs"] = {s.label: {"name": s.name, "options": json.loads(to_json(s.options))}
+                                       for s in specs}
         for s in specs:
             if "model" in s.options:
                 store.meta["backend_specs"][s.label]["model_sha256"] = sha256_file(s.options["model"])

@@ -27,7 +27,7 @@ from anpred.backends import REGISTRY, backend_class
 from anpred.errors import BackendError
 from anpred.onnx_io import to_json
 
-__all__ = ["MODES", "FAULTS", "BackendSpec", "WorkerJob", "split_threads", "usable_cores"]
+__all__ = ["MODES", "FAULTS", "BackendSpec", "RunSettings", "WorkerJob", "split_threads", "usable_cores"]
 
 #: run modes: ``tensors`` stores every anchor tensor, ``stats`` streaming statistics only
 MODES = ("tensors", "stats")
@@ -37,6 +37,40 @@ _LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 # Families of backends whose module cannot be imported (recorded status still needs one).
 _FAMILY_GUESS = {"ort": "onnxruntime", "openvino": "openvino", "onnx-reference": "onnx-reference",
                  "torch": "torch", "tf": "tensorflow"}
+
+
+@dataclass
+class RunSettings:
+    """How :func:`anpred.run.driver.run_model` runs (its fields are also accepted by name there).
+
+    Attributes:
+        mode: ``tensors`` (store every anchor tensor) or ``stats`` (streaming statistics only).
+        timeout_s: per backend limit in seconds for preparing and running all samples.
+        overwrite: replace the run folder if it holds a run (only once the new run is complete).
+        progress: show a tqdm bar per backend and print the summary table (stderr).
+        preprocess: image preprocessing override (``yolo`` | ``imagenet`` | ``unit``).
+        precheck: before running, ask every backend's operator table which operators of the model it
+            lacks (:mod:`anpred.backends.coverage`, in a child process; ``meta["coverage"]``); a
+            backend with a known missing operator is not started and gets status ``unsupported``
+            naming the operators. False: run every backend.
+        pool: a :class:`anpred.run.driver.WorkerPool` whose long-lived workers run the backends
+            (prepared once for a stream of runs) instead of one new process per backend and run; mode
+            ``tensors`` only. Its workers run the model file itself (not the run folder's copy),
+            prepared by the first run: every run of one pool must use the same model. The pool holds
+            its own memory bounds.
+        guards: memory bounds, the bad-input rule, the shared-conversion folder
+            (:class:`anpred.run.limits.RunGuards`; None: the defaults, bounds from the machine or
+            ``ANPRED_MEMORY_BOUND``). Recorded in ``run.json["memory_bounds"]``.
+    """
+
+    mode: str = "tensors"
+    timeout_s: float = 600
+    overwrite: bool = False
+    progress: bool = True
+    preprocess: str | None = None
+    precheck: bool = True
+    pool: Any = None
+    guards: Any = None
 
 
 @dataclass

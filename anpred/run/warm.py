@@ -120,7 +120,8 @@ class WarmPool(WorkerPool):
                         st = out[spec.label]
                         st.status = "crashed"
                         st.reason = (f"killed: resident memory {rss / 2**30:.2f} GiB over the pool's limit "
-                                     f"{self.max_rss_bytes / 2**30:.2f} GiB (while {'running' if w['prepared'] else 'preparing'})")
+                                     f"{self.max_rss_bytes / 2**30:.2f} GiB (while "
+                                     f"{'running' if w['prepared'] else 'preparing'})")
                 (self.work / spec.label / f"chunk{k}.json").unlink(missing_ok=True)
         return out
 

@@ -127,13 +127,26 @@ def _write_summaries(stats: dict[str, StreamingStats], jsonl, sid: str, res: dic
     jsonl.flush()
 
 
-def _sample_loop(backend, store, samples, label, st, emit, writer, fault_opts, stats=None, jsonl=None,
-                 cursor: list | None = None, gather_spec=None):
-    """Run ``samples`` (sample ids of ``store``) through the prepared ``backend``, storing each
-    sample's anchors (or, with ``stats``, its summaries) on the ``writer`` thread while the next one
-    runs; ``st.samples`` and the progress lines follow; ``cursor[0]`` is the sample in progress (for
-    the caller's error message). ``gather_spec`` (:func:`anpred.run.positions.load_gather`): the
-    anchors stored as their sampled positions only. Returns ``(anchors returned by every sample,
+@dataclass
+class SampleSink:
+    """Where :func:`_sample_loop` puts each sample's anchors, on the ``writer`` thread
+    (``concurrent.futures.ThreadPoolExecutor``, one worker) while the next sample runs: the run
+    ``store`` under the backend's ``label`` (with ``gather_spec``, :func:`anpred.run.positions.load_gather`,
+    only their sampled positions), or, with ``stats`` (anchor -> ``StreamingStats``), their summaries
+    with one line per sample in ``jsonl`` (an open text file)."""
+
+    store: RunStore
+    label: str
+    writer: Any
+    stats: dict[str, StreamingStats] | None = None
+    jsonl: Any = None
+    gather_spec: Any = None
+
+
+def _sample_loop(backend, samples, sink: SampleSink, st, emit, fault_opts, cursor: list | None = None):
+    """Run ``samples`` (sample ids of ``sink.store``) through the prepared ``backend``, handing each
+    sample's anchors to ``sink``; ``st.samples`` and the progress lines follow; ``cursor[0]`` is the
+    sample in progress (for the caller's error message). Returns ``(anchors returned by every sample,
     seconds in Backend.run, seconds of the loop)``."""
     cursor = cursor if cursor is not None else [None]
     returned: set[str] | None = None
@@ -143,7 +156,7 @@ def _sample_loop(backend, store, samples, label, st, emit, writer, fault_opts, s
     st.samples = 0
     for i, sid in enumerate(samples):
         cursor[0] = sid
-        inputs = store.read_inputs(sid)
+        inputs = sink.store.read_inputs(sid)
         t = time.perf_counter()
         res = backend.run(inputs)
         run_s += time.perf_counter() - t
@@ -153,10 +166,10 @@ def _sample_loop(backend, store, samples, label, st, emit, writer, fault_opts, s
             st.dtypes = {k: str(np.asarray(v).dtype) for k, v in res.items()}
         if pending is not None:
             pending.result()
-        if stats is None:
-            pending = writer.submit(store.write_anchors, label, sid, gather(res, gather_spec))
+        if sink.stats is None:
+            pending = sink.writer.submit(sink.store.write_anchors, sink.label, sid, gather(res, sink.gather_spec))
         else:
-            pending = writer.submit(_write_summaries, stats, jsonl, sid, res)
+            pending = sink.writer.submit(_write_summaries, sink.stats, sink.jsonl, sid, res)
         st.samples = i + 1
         emit(f"sample {i + 1}")
     if pending is not None:
@@ -260,8 +273,8 @@ def _serve(srv: Served, feed_fd: int, emit, writer, fault_opts, resources_path: 
         cursor: list = [None]
         try:
             cstore = RunStore(Path(req["store"]), {}, srv.manifest)
-            returned, run_s, loop_s = _sample_loop(srv.backend, cstore, req["samples"], srv.label, cst, emit, writer,
-                                                   fault_opts, cursor=cursor, gather_spec=spec_of.get(g) if g else None)
+            sink = SampleSink(cstore, srv.label, writer, gather_spec=spec_of.get(g) if g else None)
+            returned, run_s, loop_s = _sample_loop(srv.backend, req["samples"], sink, cst, emit, fault_opts, cursor)
             cst.seconds_run = run_s
             _captured(cst, srv.manifest, returned)
             cst.status, cst.reason = "ok", _missing_note(cst.captures, srv.manifest)
@@ -340,8 +353,8 @@ def run_job(job_path: str, fd: int, feed_fd: int | None = None, models: bool = F
             _serve(srv, feed_fd, emit, writer, fault_opts, status_path.with_name("resources.json"))
             st = srv.st  # (the last model's status, written by save())
             return
-        returned, run_s, loop_s = _sample_loop(backend, store, job.samples, label, st, emit, writer, fault_opts,
-                                               stats, jsonl, cursor)
+        sink = SampleSink(store, label, writer, stats, jsonl)
+        returned, run_s, loop_s = _sample_loop(backend, job.samples, sink, st, emit, fault_opts, cursor)
         st.seconds_run = run_s
         _captured(st, manifest, returned)
         if stats is not None:
@@ -360,7 +373,8 @@ def run_job(job_path: str, fd: int, feed_fd: int | None = None, models: bool = F
              "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}))
     except SystemExit as err:
         st.status = "failed"
-        st.reason = (f"sys.exit({err.code}) called while {stage}" + (f" sample {cursor[0]}" if stage == "running" else "")
+        st.reason = (f"sys.exit({err.code}) called while {stage}"
+                     + (f" sample {cursor[0]}" if stage == "running" else "")
                      + " (a converter exiting the process; see logs/" + label + ".log)")
     except BaseException as err:  # noqa: BLE001 - every failure becomes this backend's status
         st.status = _classify(err)

@@ -101,7 +101,8 @@ class DetectAdapter(TaskAdapter):
             got = per.shape[0] if self.layout == "yolov8" else per.shape[1]
             if got != want:
                 raise AnpredError(f"detect: a {self.layout} head of {nc} classes has {want} "
-                                  f"{'rows' if self.layout == 'yolov8' else 'columns'}, the output has shape {out.shape} "
+                                  f"{'rows' if self.layout == 'yolov8' else 'columns'}, "
+                                  f"the output has shape {out.shape} "
                                   "(another layout? --task-layout)")
         elif per.ndim == 2 and self.layout == "yolov8" and per.shape[0] > per.shape[1]:
             raise AnpredError(f"detect: output {out.shape} looks like (anchors, values), not yolov8's "
@@ -126,7 +127,8 @@ class DetectAdapter(TaskAdapter):
         f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
         return {"consensus_detections": int(n_ref), "detections": int(n), "kept": int(k), "kept_fraction": recall,
                 "precision": precision, "recall": recall, "f1": f1,
-                "mean_iou": sums["iou_sum"] / k if k else None, "mean_score_shift": sums["shift_sum"] / k if k else None,
+                "mean_iou": sums["iou_sum"] / k if k else None,
+                "mean_score_shift": sums["shift_sum"] / k if k else None,
                 "map50_vs_consensus": coco_map50(refs, results)}
 
     def headline(self, metrics) -> str:

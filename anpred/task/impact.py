@@ -31,9 +31,9 @@ __all__ = ["task_impact", "load_labels", "TaskAccumulator", "task_accumulator", 
 
 def load_labels(spec: str | Path | list | dict | None, samples: list[dict[str, Any]], task: str,
                 require: bool = True) -> list[Any] | None:
-    """Per sample of ``samples`` (a run's ``meta["samples"]``: ``{"id", "source"}`` each, run order), the label: a class index (classify) or a
-    :class:`models.detect.Detections` (detect); None where a sample has none. ``spec``: see the module
-    docstring (or an already-built list/dict).
+    """Per sample of ``samples`` (a run's ``meta["samples"]``: ``{"id", "source"}`` each, run order), the label: a class
+    index (classify) or a :class:`models.detect.Detections` (detect); None where a sample has none. ``spec``: see the
+    module docstring (or an already-built list/dict).
 
     Raises:
         AnpredError: an unreadable file, a label that is not an integer, a COCO file without

@@ -141,7 +141,8 @@ def clean_summary(setup: ModelSetup) -> CleanSummary:
         if c.backend in profile and c.anchor in pos:
             profile[c.backend][pos[c.anchor]] = finite(c.primary)
     return CleanSummary(
-        model=setup.name, reference=ref, backends=list(setup.backends), report={"status": rep.status, "notes": rep.notes,
+        model=setup.name, reference=ref, backends=list(setup.backends),
+                        report={"status": rep.status, "notes": rep.notes,
                                                 "consensus": rep.consensus},
         flagged=rep.flagged_backends, verdicts={b: v.to_dict() for b, v in rep.verdicts.items()},
         profile=profile,

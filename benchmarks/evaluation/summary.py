@@ -51,7 +51,8 @@ def summarize(results: list[ConfigResult], cleans: dict[str, CleanSummary | dict
                 for mag, c in det[m][k].items():
                     c["rate"] = c["k"] / c["n"] if c["n"] else None
             tot = [r for r in faulty]
-            hit = sum(1 for r in tot if ({"anpred": r.flagged, **{f"threshold@{t}": v for t, v in r.threshold.items()}}[m]))
+            hit = sum(1 for r in tot
+                      if ({"anpred": r.flagged, **{f"threshold@{t}": v for t, v in r.threshold.items()}}[m]))
             det[m]["all"] = {"all": _rate(hit, len(tot))}
         # false alarms (rates over backend verdicts). All-clean configurations: the clean run's fp32
         # backends and the null configurations' backends (the clean ones and the fault slot running the
@@ -63,7 +64,8 @@ def summarize(results: list[ConfigResult], cleans: dict[str, CleanSummary | dict
         n_fb = sum(len(_clean_backends(cleans, r.model)) for r in faulty)
         k_fb = sum(len(r.clean_flagged) for r in faulty)
         fa["anpred"] = {"clean_configs": _rate(k_cc, n_cc), "clean_backends_of_faulty": _rate(k_fb, n_fb),
-                        "faulty_configs_with_false_alarm": _rate(sum(1 for r in faulty if r.clean_flagged), len(faulty))}
+                        "faulty_configs_with_false_alarm": _rate(sum(1 for r in faulty if r.clean_flagged),
+                                                                 len(faulty))}
         for t in TOLERANCES:
             key = f"{t:g}"
             k = n = kf = nf = 0
@@ -87,7 +89,9 @@ def summarize(results: list[ConfigResult], cleans: dict[str, CleanSummary | dict
         for k in sorted({r.kind for r in detected}):
             d = [r for r in detected if r.kind == k]
             loc["by_kind"][k] = {"top1": _rate(sum(1 for r in d if r.origin_stage == r.truth["stage"]), len(d)),
-                                 "within_one": _rate(sum(1 for r in d if abs((r.origin_stage or 0) - r.truth["stage"]) <= 1), len(d))}
+                                 "within_one": _rate(sum(1 for r in d
+                                                         if abs((r.origin_stage or 0) - r.truth["stage"]) <= 1),
+                                                     len(d))}
         prop = {"flagged": len([r for r in faulty if r.flagged]),
                 "masked": sum(1 for r in faulty if r.flagged and r.propagation == "masked"),
                 "non_monotonic": sum(1 for r in faulty if r.flagged and r.non_monotonic),
@@ -129,7 +133,8 @@ def bars(summary: dict[str, Any]) -> dict[str, Any]:
             for mag, c in mags.items():
                 a = det["anpred"].get(k, {}).get(mag, {})
                 if c["rate"] is not None and (a.get("rate") or 0) < c["rate"]:
-                    viol.append({"baseline": m, "kind": k, "magnitude": mag, "anpred": a.get("rate"), "baseline_rate": c["rate"]})
+                    viol.append({"baseline": m, "kind": k, "magnitude": mag, "anpred": a.get("rate"),
+                                 "baseline_rate": c["rate"]})
     fa_rate = fa["anpred"]["clean_configs"]["rate"]
     top1 = summary["localization"]["top1"]["rate"]
     n = summary.get("configs", 0)

@@ -76,8 +76,8 @@ def converter_entries(manifest: AnchorManifest, onnx_model, backends=CONVERTER_B
                 elif a.value in g.producer:
                     node = g.nodes[g.producer[a.value]]
                     ents[a.name] = make_entry(node.name or a.value, "exact",
-                                              f"output {a.value!r} of the onnx2torch submodule converted from ONNX node "
-                                              f"{node.name or node.op_type!r} ({node.op_type}), ONNX layout")
+                                              f"output {a.value!r} of the onnx2torch submodule converted from "
+                                              f"ONNX node {node.name or node.op_type!r} ({node.op_type}), ONNX layout")
                 elif a.value in known:
                     ents[a.name] = make_entry(a.value, "exact", "graph input or initializer of the converted graph")
                 else:
@@ -85,7 +85,8 @@ def converter_entries(manifest: AnchorManifest, onnx_model, backends=CONVERTER_B
             out[b] = ents
         elif b == "tf":
             out[b] = {a.name: (make_entry(a.name if a.kind != "output" else a.value, "exact",
-                                          "graph output of the onnx2tf model, fetched by name; its layout (channels-last "
+                                          "graph output of the onnx2tf model, fetched by name; "
+                                          "its layout (channels-last "
                                           "for most 3-5-D tensors) is recorded when the backend is prepared "
                                           "(anpred map --backends tf)")
                                if a.value in known else

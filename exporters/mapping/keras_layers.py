@@ -15,7 +15,7 @@ __all__ = ["map_keras"]
 
 
 def _keras_layer_resolver(model, g: GraphIndex):
-    names = {l.name for l in model.layers}
+    names = {layer.name for layer in model.layers}
     first = {n.name.split("/")[0] for n in g.nodes if "/" in n.name}
     suffix = ""
     for f in first:
@@ -67,13 +67,14 @@ def map_keras(manifest, model, g: GraphIndex) -> dict[str, dict[str, Any]]:
         if node.op_type == "Transpose" and node.input[0] in g.graph_inputs:
             inp = node.input[0]
             perm = next((list(at.ints) for at in node.attribute if at.name == "perm"), None)
-            in_layers = {l.name for l in model.layers if type(l).__name__ == "InputLayer"}
+            in_layers = {layer.name for layer in model.layers if type(layer).__name__ == "InputLayer"}
             tgt = inp if inp in in_layers else inp.split(":")[0]
             if tgt in in_layers and perm:
                 out[a.name] = make_entry(tgt, "exact", f"the model input {tgt!r} (Keras layout), transposed by tf2onnx "
                                          f"with perm {perm}", {"permute": perm})
             else:
-                out[a.name] = make_entry("", "unmapped", f"value {v!r} transposes graph input {inp!r}, which is no Keras "
+                out[a.name] = make_entry("", "unmapped",
+                                         f"value {v!r} transposes graph input {inp!r}, which is no Keras "
                                          f"InputLayer of {model.name!r}")
             continue
         if L is None:

@@ -158,8 +158,9 @@ def _probe_torch(module, example_inputs) -> "_Probe":
         with torch.no_grad():
             out = module(*[torch.as_tensor(x) if not isinstance(x, torch.Tensor) else x for x in example_inputs])
     except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise MappingError(f"probing {type(module).__name__} on the example inputs failed: "
-                           f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}") from err
+                           f"{type(err).__name__}: {first}") from err
     finally:
         for h in handles:
             h.remove()
@@ -177,6 +178,215 @@ def shape_matches(native, onnx_shape) -> bool:
     return all(not isinstance(d, int) or d <= 0 or int(n) == d for n, d in zip(native, onnx_shape))
 
 
+class _TorchPairing:
+    """What pairing anchors with a module's hooks needs: the module's paths (shared instances apart),
+    the exporter's scope stack of every ONNX node, the probe's per-call shapes, and the note on an
+    example input whose shape differs from the ONNX input's."""
+
+    def __init__(self, manifest, module, g: GraphIndex, exporter: str, example_inputs, notes: list[str]):
+        import torch
+
+        self.torch, self.module, self.g, self.exporter = torch, module, g, exporter
+        # every path, shared instances included (ultralytics' Conv modules share one SiLU instance: the
+        # default named_modules() lists it once); a shared instance cannot be a hook target
+        self.modules = modules = dict(module.named_modules(remove_duplicate=False))
+        uses: dict[int, list[str]] = {}
+        for pth, mod in modules.items():
+            uses.setdefault(id(mod), []).append(pth)
+        self.shared = {p: ps for ps in uses.values() if len(ps) > 1 for p in ps}
+        export_class: dict[str, str] = {}
+        self.stacks = _torch_stacks(g, exporter, modules, export_class)
+        self.scoped = {m for s in self.stacks for m in s}
+        self.root = root = type(module).__name__
+        self.input_note = input_note = ""
+        for spec, x in zip(manifest.model.get("inputs", []), example_inputs or ()):
+            shp = tuple(getattr(x, "shape", ()))
+            if not shape_matches(shp, spec.get("shape")):
+                self.input_note = input_note = (f"the factory's example input has shape {list(shp)} but the ONNX "
+                                                f"input {spec['name']!r} is {spec.get('shape')}")
+                notes.append(input_note + ": shapes of the native tensors may differ")
+                break
+        try:
+            self.probe = _probe_torch(module, example_inputs) if example_inputs is not None else None
+        except MappingError as err:
+            raise MappingError(f"{err}" + (f" ({input_note})" if input_note else "")) from err.__cause__
+        self.orig_outputs = [o["name"] for o in manifest.model.get("outputs", [])] or None
+        self.output_order = self.orig_outputs or [b.value for b in manifest.anchors if b.kind == "output"]
+
+        # classes the export recorded vs the native module's (dynamo only): a different model
+        wrong_class = {p: (type(modules[p]).__name__, c) for p, c in export_class.items()
+                       if p in modules and type(modules[p]).__name__ != c}
+        if wrong_class:  # another architecture: tensors at equal paths and shapes would still differ
+            ex = ", ".join(f"{p!r} is {n} (export: {c})" for p, (n, c) in list(wrong_class.items())[:3])
+            raise MappingError(f"the native {root} is not the exported model: {len(wrong_class)} module(s) have "
+                               f"another class than the export recorded ({ex}); was it exported from another "
+                               "factory or with other arguments?")
+        self.origs = set(self.output_order)
+        self.leaving_cache: dict[str, list[str]] = {}
+
+    @staticmethod
+    def split_call(path: str) -> tuple[str, int]:
+        m = _CALL.fullmatch(path)
+        return m.group(1), int(m.group(2) or 0)
+
+    def probed(self, table: dict[str, list], path: str):
+        """(known, shape) of a module call's single tensor; known False without a probe."""
+        if self.probe is None:
+            return False, None  # unknown: assume a single tensor, verified when the backend prepares
+        base, call = self.split_call(path)
+        calls = table.get(base) or []
+        return True, (calls[call] if call < len(calls) else None)
+
+    def folded_bn(self, conv_path: str) -> str | None:
+        """A BatchNorm registered right after ``conv_path`` in its parent that no ONNX node carries."""
+        base, _ = self.split_call(conv_path)
+        parent, _, leaf = base.rpartition(".")
+        pmod = self.modules.get(parent) if parent else self.module
+        if pmod is None:
+            return None
+        names = [n for n, _ in pmod.named_children()]
+        if leaf not in names:
+            return None
+        i = names.index(leaf)
+        for nxt in names[i + 1:i + 2]:
+            cand = f"{parent}.{nxt}" if parent else nxt
+            if (isinstance(self.modules.get(cand), self.torch.nn.modules.batchnorm._BatchNorm)
+                    and cand not in self.scoped):
+                return cand
+        return None
+
+    def leaving_values(self, base: str) -> list[str]:
+        """Values leaving module ``base`` (one per call), in topological order of their producers."""
+        g, stacks = self.g, self.stacks
+        if base not in self.leaving_cache:
+            vals = []
+            for i, n in enumerate(g.nodes):
+                if base not in stacks[i]:
+                    continue
+                for o in n.output:
+                    if o and (o in self.origs or any(base not in stacks[c] for c in g.consumers.get(o, []))):
+                        vals.append(o)
+            self.leaving_cache[base] = vals
+        return self.leaving_cache[base]
+
+    def check(self, entry: dict[str, Any], shape, ashape) -> dict[str, Any]:
+        """Turn an exact/equivalent entry whose probed native shape differs from the ONNX shape into an
+        unmapped one that says so."""
+        if shape is None or shape_matches(shape, ashape):
+            return entry
+        why = (f"shape mismatch: {entry['target']} gives {list(shape)} in the native {self.root}, the ONNX value "
+               f"has {list(ashape)}")
+        return make_entry(entry["target"], "unmapped", why + (f" ({self.input_note})" if self.input_note else ""))
+
+    def pair(self, a) -> tuple[dict[str, Any], bool]:
+        """``(entry, rejected for its shape)`` of anchor ``a``: the output of a module the value leaves,
+        else the input of a module it enters, else a tensor of the root module's output."""
+        g, v = self.g, a.value
+        if v not in g.producer:
+            return make_entry("", "unmapped", f"value {v!r} has no producer node in the ONNX graph "
+                              "(a graph input or a constant): nothing to capture natively"), False
+        pi = g.producer[v]
+        node = g.nodes[pi]
+        S = self.stacks[pi]
+        cons = [self.stacks[c] for c in g.consumers.get(v, [])]
+        is_output = (v in self.orig_outputs) if self.orig_outputs else a.kind == "output"
+        if is_output:
+            cons.append([])
+        # instrumentation-only outputs do not count as consumers
+        j = min((prefix_len(S, c) for c in cons), default=len(S))
+        entry = self.module_output(a, node, S[j:])
+        if entry is not None and entry["status"] != "unmapped":
+            return entry, False
+        if entry is not None and entry["reason"].startswith("shape mismatch"):
+            return entry, True
+        entry = self.module_input(a, S, entry)
+        if entry is not None and entry["status"] == "exact":
+            return entry, False
+        if entry is not None and entry["reason"].startswith("shape mismatch"):
+            return entry, True
+        if is_output:
+            return self.root_output(a)
+        where = S[-1] if S else "the root module"
+        return entry if entry is not None else make_entry(
+            "", "unmapped", f"value {v!r} ({node.op_type}) is internal to the forward of module {where!r}: "
+            "neither a module output nor a module input, so no forward hook can observe it"), False
+
+    def module_output(self, a, node, leaves: list[str]) -> dict[str, Any] | None:
+        """The entry of ``a`` as the forward output of one of the modules its value ``leaves``
+        (outermost first); the last refusal, or None, when none is a target."""
+        v, probe, root, shared = a.value, self.probe, self.root, self.shared
+        entry = None
+        for path in leaves:
+            base, _ = self.split_call(path)
+            if base not in self.modules:
+                entry = make_entry(path, "unmapped", f"module {base!r} named by the exporter does not exist in {root}")
+                continue
+            if base in shared:
+                entry = make_entry(path, "unmapped", f"module {base!r} is one instance shared by "
+                                   f"{len(shared[base])} paths ({', '.join(shared[base][:3])} ...): "
+                                   "a forward hook cannot tell its calls apart")
+                continue
+            known, shape = self.probed(probe.out_shape if probe else {}, path)
+            if known and shape is None:
+                continue  # returns several tensors (or none): not a target itself
+            mod = self.modules[base]
+            if node.op_type == "Conv" and isinstance(mod, self.torch.nn.modules.conv._ConvNd):
+                bn = self.folded_bn(path)
+                if bn is not None:
+                    bshape = self.probed(probe.out_shape if probe else {}, bn)[1]
+                    return self.check(make_entry(bn, "equivalent",
+                                                 f"BatchNorm {bn!r} was folded into Conv {base!r} by the exporter; "
+                                                 f"the ONNX value {v!r} equals the output of {bn!r}"), bshape, a.shape)
+            calls = len(probe.out_shape.get(base, [])) if probe is not None else 1
+            if calls > 1 and "@" not in path and self.exporter == "torch.onnx.dynamo":
+                leaving = self.leaving_values(base)
+                if len(leaving) != calls or v not in leaving:
+                    entry = make_entry(path, "unmapped", f"module {base!r} is called {calls} times and the ONNX "
+                                       f"graph shows {len(leaving)} outputs of it: cannot tell which call "
+                                       f"produced {v!r}")
+                    continue
+                path = f"{base}@{leaving.index(v)}"
+                shape = self.probed(probe.out_shape, path)[1]
+            return self.check(make_entry(path, "exact", f"forward output of {path} ({type(mod).__name__})"),
+                              shape, a.shape)
+        return entry
+
+    def module_input(self, a, S: list[str], entry: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The entry of ``a`` as the single tensor input of a module its value enters (``S``: the
+        producer's scope stack); ``entry`` (the refusal so far) when none is a target."""
+        probe = self.probe
+        for c_idx in self.g.consumers.get(a.value, []):
+            Sc = self.stacks[c_idx]
+            k = prefix_len(S, Sc)
+            for path in Sc[k:]:
+                base, _ = self.split_call(path)
+                if base not in self.modules or base in self.shared:
+                    continue
+                known, shape = self.probed(probe.in_shape if probe else {}, path)
+                if known and shape is None:
+                    continue
+                entry = self.check(make_entry(f"{path}:input", "exact",
+                                              f"the single tensor input of {base} "
+                                              f"({type(self.modules[base]).__name__})"),
+                                   shape, a.shape)
+                break
+            if entry is not None and (entry["status"] == "exact" or entry["reason"].startswith("shape mismatch")):
+                break
+        return entry
+
+    def root_output(self, a) -> tuple[dict[str, Any], bool]:
+        """``(entry, rejected for its shape)`` of graph output ``a`` as a tensor of the root module's output."""
+        v, probe, orig_outputs, root = a.value, self.probe, self.orig_outputs, self.root
+        k = self.output_order.index(v)
+        if probe is not None and orig_outputs is not None and len(probe.leaves) != len(orig_outputs):
+            return make_entry(f":output[{k}]", "unmapped",
+                              f"{root} returns {len(probe.leaves)} tensors but the ONNX graph has "
+                              f"{len(orig_outputs)} outputs: cannot pair output {v!r}"), False
+        e = self.check(make_entry(f":output[{k}]", "exact", f"tensor {k} of {root}'s output"),
+                       probe.leaves[k] if probe is not None else None, a.shape)
+        return e, e["status"] == "unmapped"
+
+
 def map_torch(manifest, module, g: GraphIndex, exporter: str, example_inputs,
               notes: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Per anchor of ``manifest``, its ``torch-native`` entry on ``module`` (``g``: the anchored
@@ -189,199 +399,18 @@ def map_torch(manifest, module, g: GraphIndex, exporter: str, example_inputs,
 
     if not isinstance(module, torch.nn.Module):
         raise MappingError(f"framework 'torch' needs a torch.nn.Module, got {type(module).__name__}")
-    notes = [] if notes is None else notes
-    # every path, shared instances included (ultralytics' Conv modules share one SiLU instance: the
-    # default named_modules() lists it once); a shared instance cannot be a hook target
-    modules = dict(module.named_modules(remove_duplicate=False))
-    uses: dict[int, list[str]] = {}
-    for pth, mod in modules.items():
-        uses.setdefault(id(mod), []).append(pth)
-    shared = {p: ps for ps in uses.values() if len(ps) > 1 for p in ps}
-    export_class: dict[str, str] = {}
-    stacks = _torch_stacks(g, exporter, modules, export_class)
-    scoped = {m for s in stacks for m in s}
-    root = type(module).__name__
-    input_note = ""
-    for spec, x in zip(manifest.model.get("inputs", []), example_inputs or ()):
-        shp = tuple(getattr(x, "shape", ()))
-        if not shape_matches(shp, spec.get("shape")):
-            input_note = (f"the factory's example input has shape {list(shp)} but the ONNX input "
-                          f"{spec['name']!r} is {spec.get('shape')}")
-            notes.append(input_note + ": shapes of the native tensors may differ")
-            break
-    try:
-        probe = _probe_torch(module, example_inputs) if example_inputs is not None else None
-    except MappingError as err:
-        raise MappingError(f"{err}" + (f" ({input_note})" if input_note else "")) from err.__cause__
-    orig_outputs = [o["name"] for o in manifest.model.get("outputs", [])] or None
-
-    # classes the export recorded vs the native module's (dynamo only): a different model
-    wrong_class = {p: (type(modules[p]).__name__, c) for p, c in export_class.items()
-                   if p in modules and type(modules[p]).__name__ != c}
-    if wrong_class:  # another architecture: tensors at equal paths and shapes would still differ
-        ex = ", ".join(f"{p!r} is {n} (export: {c})" for p, (n, c) in list(wrong_class.items())[:3])
-        raise MappingError(f"the native {root} is not the exported model: {len(wrong_class)} module(s) have "
-                           f"another class than the export recorded ({ex}); was it exported from another "
-                           "factory or with other arguments?")
-
-    def split_call(path: str) -> tuple[str, int]:
-        m = _CALL.fullmatch(path)
-        return m.group(1), int(m.group(2) or 0)
-
-    def probed(table: dict[str, list], path: str):
-        """(known, shape) of a module call's single tensor; known False without a probe."""
-        if probe is None:
-            return False, None  # unknown: assume a single tensor, verified when the backend prepares
-        base, call = split_call(path)
-        calls = table.get(base) or []
-        return True, (calls[call] if call < len(calls) else None)
-
-    def folded_bn(conv_path: str) -> str | None:
-        """A BatchNorm registered right after ``conv_path`` in its parent that no ONNX node carries."""
-        base, _ = split_call(conv_path)
-        parent, _, leaf = base.rpartition(".")
-        pmod = modules.get(parent) if parent else module
-        if pmod is None:
-            return None
-        names = [n for n, _ in pmod.named_children()]
-        if leaf not in names:
-            return None
-        i = names.index(leaf)
-        for nxt in names[i + 1:i + 2]:
-            cand = f"{parent}.{nxt}" if parent else nxt
-            if isinstance(modules.get(cand), torch.nn.modules.batchnorm._BatchNorm) and cand not in scoped:
-                return cand
-        return None
-
-    origs = set(orig_outputs or [b.value for b in manifest.anchors if b.kind == "output"])
-    leaving_cache: dict[str, list[str]] = {}
-
-    def leaving_values(base: str) -> list[str]:
-        """Values leaving module ``base`` (one per call), in topological order of their producers."""
-        if base not in leaving_cache:
-            vals = []
-            for i, n in enumerate(g.nodes):
-                if base not in stacks[i]:
-                    continue
-                for o in n.output:
-                    if o and (o in origs or any(base not in stacks[c] for c in g.consumers.get(o, []))):
-                        vals.append(o)
-            leaving_cache[base] = vals
-        return leaving_cache[base]
-
-    def check(entry: dict[str, Any], shape, ashape) -> dict[str, Any]:
-        """Turn an exact/equivalent entry whose probed native shape differs from the ONNX shape into an
-        unmapped one that says so."""
-        if shape is None or shape_matches(shape, ashape):
-            return entry
-        why = (f"shape mismatch: {entry['target']} gives {list(shape)} in the native {root}, the ONNX value "
-               f"has {list(ashape)}")
-        return make_entry(entry["target"], "unmapped", why + (f" ({input_note})" if input_note else ""))
-
+    pairing = _TorchPairing(manifest, module, g, exporter, example_inputs, [] if notes is None else notes)
     out: dict[str, dict[str, Any]] = {}
     shape_rejected = 0
     for a in manifest.anchors:
-        v = a.value
-        if v not in g.producer:
-            out[a.name] = make_entry("", "unmapped", f"value {v!r} has no producer node in the ONNX graph "
-                                     "(a graph input or a constant): nothing to capture natively")
-            continue
-        pi = g.producer[v]
-        node = g.nodes[pi]
-        S = stacks[pi]
-        cons = [stacks[c] for c in g.consumers.get(v, [])]
-        is_output = (v in orig_outputs) if orig_outputs else a.kind == "output"
-        if is_output:
-            cons.append([])
-        # instrumentation-only outputs do not count as consumers
-        j = min((prefix_len(S, c) for c in cons), default=len(S))
-        entry = None
-        for path in S[j:]:  # modules the value leaves, outermost first
-            base, _ = split_call(path)
-            if base not in modules:
-                entry = make_entry(path, "unmapped", f"module {base!r} named by the exporter does not exist in {root}")
-                continue
-            if base in shared:
-                entry = make_entry(path, "unmapped", f"module {base!r} is one instance shared by {len(shared[base])} paths "
-                                   f"({', '.join(shared[base][:3])} ...): a forward hook cannot tell its calls apart")
-                continue
-            known, shape = probed(probe.out_shape if probe else {}, path)
-            if known and shape is None:
-                continue  # returns several tensors (or none): not a target itself
-            mod = modules[base]
-            if node.op_type == "Conv" and isinstance(mod, torch.nn.modules.conv._ConvNd):
-                bn = folded_bn(path)
-                if bn is not None:
-                    bshape = probed(probe.out_shape if probe else {}, bn)[1]
-                    entry = check(make_entry(bn, "equivalent",
-                                             f"BatchNorm {bn!r} was folded into Conv {base!r} by the exporter; the ONNX "
-                                             f"value {v!r} equals the output of {bn!r}"), bshape, a.shape)
-                    break
-            calls = len(probe.out_shape.get(base, [])) if probe is not None else 1
-            if calls > 1 and "@" not in path and exporter == "torch.onnx.dynamo":
-                leaving = leaving_values(base)
-                if len(leaving) != calls or v not in leaving:
-                    entry = make_entry(path, "unmapped", f"module {base!r} is called {calls} times and the ONNX graph "
-                                       f"shows {len(leaving)} outputs of it: cannot tell which call produced {v!r}")
-                    continue
-                path = f"{base}@{leaving.index(v)}"
-                shape = probed(probe.out_shape, path)[1]
-            entry = check(make_entry(path, "exact", f"forward output of {path} ({type(mod).__name__})"), shape, a.shape)
-            break
-        if entry is not None and entry["status"] != "unmapped":
-            out[a.name] = entry
-            continue
-        if entry is not None and entry["reason"].startswith("shape mismatch"):
-            out[a.name] = entry
-            shape_rejected += 1
-            continue
-        # the input of a module the value enters
-        for c_idx in g.consumers.get(v, []):
-            Sc = stacks[c_idx]
-            k = prefix_len(S, Sc)
-            for path in Sc[k:]:
-                base, _ = split_call(path)
-                if base not in modules or base in shared:
-                    continue
-                known, shape = probed(probe.in_shape if probe else {}, path)
-                if known and shape is None:
-                    continue
-                entry = check(make_entry(f"{path}:input", "exact",
-                                         f"the single tensor input of {base} ({type(modules[base]).__name__})"),
-                              shape, a.shape)
-                break
-            if entry is not None and (entry["status"] == "exact" or entry["reason"].startswith("shape mismatch")):
-                break
-        if entry is not None and entry["status"] == "exact":
-            out[a.name] = entry
-            continue
-        if entry is not None and entry["reason"].startswith("shape mismatch"):
-            out[a.name] = entry
-            shape_rejected += 1
-            continue
-        if is_output:
-            order = orig_outputs or [b.value for b in manifest.anchors if b.kind == "output"]
-            k = order.index(v)
-            if probe is not None and orig_outputs is not None and len(probe.leaves) != len(orig_outputs):
-                out[a.name] = make_entry(f":output[{k}]", "unmapped",
-                                         f"{root} returns {len(probe.leaves)} tensors but the ONNX graph has "
-                                         f"{len(orig_outputs)} outputs: cannot pair output {v!r}")
-            else:
-                e = check(make_entry(f":output[{k}]", "exact", f"tensor {k} of {root}'s output"),
-                          probe.leaves[k] if probe is not None else None, a.shape)
-                shape_rejected += e["status"] == "unmapped"
-                out[a.name] = e
-            continue
-        where = S[-1] if S else "the root module"
-        out[a.name] = entry if entry is not None else make_entry(
-            "", "unmapped", f"value {v!r} ({node.op_type}) is internal to the forward of module {where!r}: "
-            "neither a module output nor a module input, so no forward hook can observe it")
+        out[a.name], rejected = pairing.pair(a)
+        shape_rejected += rejected
     mapped = sum(e["status"] != "unmapped" for e in out.values())
     if not mapped and shape_rejected:
         first = next(e["reason"] for e in out.values() if e["reason"].startswith(("shape mismatch", "module")))
-        raise MappingError(f"the native {root} does not match the ONNX graph: none of {len(out)} anchors maps "
-                           f"({shape_rejected} shape mismatch(es)); "
+        input_note = pairing.input_note
+        raise MappingError(f"the native {pairing.root} does not match the ONNX graph: none of {len(out)} anchors "
+                           f"maps ({shape_rejected} shape mismatch(es)); "
                            f"first: {first}" + (f"; {input_note}" if input_note and input_note not in first else "")
                            + "; was it exported from another factory or with other arguments?")
     return out
-
