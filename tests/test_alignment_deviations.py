@@ -21,6 +21,7 @@ from anpred.judge import AnchorInfo, BackendInfo, Oracle, check_run
 from anpred.manifest import Anchor, AnchorManifest
 from anpred.report.text import format_text
 from tests.test_camps import _run
+from isa_reasons import NOT_A_KERNEL_VALUE
 
 
 def _status(name: str, family: str, **cap) -> BackendStatus:
@@ -165,6 +166,33 @@ def test_layer_normalization_torch_capture_and_missing_outputs(tmp_path):
     for out in ("output/Mean", "output/InvStdDev"):
         c = rep.cell(out, "torch")
         assert c.flagged and c.deviation == "missing" and "returns one tensor for the 3 outputs" in c.reason, c.reason
+
+
+def _pool_same_upper(op: str) -> onnx.ModelProto:
+    """ONNX's averagepool_2d_same_upper / maxpool_2d_same_upper: x [1, 3, 32, 32], kernel 2x2, SAME_UPPER."""
+    node = helper.make_node(op, ["x"], ["y"], kernel_shape=[2, 2], auto_pad="SAME_UPPER")
+    g = helper.make_graph([node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 32, 32])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 12)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
+@pytest.mark.parametrize("op", ["AveragePool", "MaxPool"])
+def test_a_backend_that_returns_no_value_is_a_missing_output(op, tmp_path):
+    """The observed node cases (review of issue 33): MNN runs the SAME_UPPER pools with status ok and
+    returns no value at all. Before, it was "not judged: no tensors stored for any sample"; now it is
+    flagged at the output as a missing output, and the others are consistent."""
+    names = ["ort", "openvino", "onnx-reference", "mnn"]
+    run, man = _run(_pool_same_upper(op), names, "random:normal:seed=0:n=2", tmp_path)
+    rep = check_run(run)
+    assert rep.flagged_backends == ["mnn"], format_text(rep)
+    c = rep.cell("output/y", "mnn")
+    assert c.flagged and c.deviation == "missing" and c.reason.startswith("missing output: "), c.reason
+    assert "mnn" not in rep.unjudged_backends
+    for b in ("ort", "openvino", "onnx-reference"):
+        assert rep.verdicts[b].status == "consistent", (b, format_text(rep))
 
 
 def _lstm_defaults() -> onnx.ModelProto:

@@ -231,9 +231,12 @@ def _drop_mismatched(store, report: CheckReport, usable: list[str]) -> None:
         elif foreign:
             report.notes.append(f"{b}: {len(foreign)} stored anchor(s) not in the run's manifest ignored "
                                 f"(e.g. {foreign[0]!r}): mismatched manifests?")
-        elif not keys:
+        elif not keys and (store.meta["backends"].get(b, {}).get("status") != "ok"
+                           or not tensor_file(store, b, first).exists()):
             unjudged[b] = "no tensors stored for any sample"
             usable.remove(b)
+        # (an empty file while it ran every sample: it returned no value, a missing output where the
+        # voting families agree, anpred.judge.deviations; not a gap)
     if len(usable) < 2:
         report.problems.append("fewer than two usable backends after reading the tensors "
                                f"({', '.join(usable) or 'none'})")

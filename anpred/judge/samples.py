@@ -211,9 +211,12 @@ def aligned_sample(store, aligner, usable: list[str], sid: str, names: set[str],
     raw, absent, pre = {}, {}, {}
     for b in usable:
         t = read_tensors(store, b, sid)
-        if not t:
+        if not t and (store.meta["backends"].get(b, {}).get("status") != "ok"
+                      or not tensor_file(store, b, sid).exists()):
             absent[b] = "no tensors stored for this sample"
             continue
+        # (a backend that ran every sample and stored an empty file for this one returned no value: its
+        # outputs are missing where the voting families agree, anpred.judge.deviations)
         raw[b] = {k: v for k, v in t.items() if k in names}
         for k, v in t.items():  # stored by the worker as the anchor's sampled positions (anpred.run.positions)
             if k.endswith(GATHERED_SUFFIX) and k[:-len(GATHERED_SUFFIX)] in names:
