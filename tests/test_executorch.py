@@ -70,6 +70,11 @@ def test_fp32_backends_of_both_origins_vote_and_record_what_ran_where(root):
     cap = json.loads(st["executorch"]["versions"]["executorch_capture"])
     assert cap["kind"] == "etdump" and cap["vs_extra_outputs"]["bit_identical"] is True
     assert json.loads(st["executorch-xnnpack"]["versions"]["executorch_capture"])["kind"] == "outputs"
+    # the report says so, one note per ExecuTorch backend (not only a string in run.json's versions)
+    notes = [n for n in rep["notes"] if n.startswith("observer effect: ")]
+    assert not set(FP32) - {n.split(":")[1].strip() for n in notes}
+    assert "observer effect: executorch-xnnpack: 1 delegate partition(s) with the anchors' extra outputs, 1 without; " \
+        "the model's outputs bit-identical with and without them" in notes
 
 
 def test_pt2e_int8_population_is_judged_with_quantization_steps(root):

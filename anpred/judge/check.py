@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,7 @@ def _new_report(run_dir, store, oracle: str, table: dict[str, dict[str, Any]], s
         backends=table, config=settings,
         unjudged_backends=unjudged, allow_incomplete=bool(allow_incomplete), inputs=_inputs_identity(store))
     report.notes.extend(precision_notes(table, report.machine))
+    report.notes.extend(observer_notes(table))
     report.notes.extend(f"{b}: the installed library has known defects this model reaches, which explain a "
                         f"deviation here: {row['versions']['reference_defects']}"
                         for b, row in table.items() if (row.get("versions") or {}).get("reference_defects"))
@@ -169,6 +171,29 @@ def _new_report(run_dir, store, oracle: str, table: dict[str, dict[str, Any]], s
                         f"{row['versions']['reference_workarounds']}"
                         for b, row in table.items() if (row.get("versions") or {}).get("reference_workarounds"))
     return report
+
+
+def observer_notes(table: dict[str, dict[str, Any]]) -> list[str]:
+    """One note per ExecuTorch backend (its record's ``versions["executorch_observer"]``,
+    :func:`anpred.backends.executorch.observer_effect`): the delegate's partitions with and without the
+    anchors' extra outputs, and whether those outputs changed the model's own outputs (the observer
+    effect: bit-identical, or the largest absolute difference, in the outputs' units)."""
+    notes = []
+    for b, row in table.items():
+        raw = (row.get("versions") or {}).get("executorch_observer")
+        if not raw or row.get("status", "ok") != "ok":
+            continue
+        try:
+            obs = json.loads(raw)
+        except (TypeError, ValueError):
+            continue
+        parts = (f"{obs.get('partitions_with_anchors', '?')} delegate partition(s) with the anchors' extra outputs, "
+                 f"{obs.get('partitions_without_anchors', '?')} without")
+        effect = ("the model's outputs bit-identical with and without them" if obs.get("bit_identical") else
+                  f"the extra outputs change the model's outputs by up to {obs.get('max_abs_diff', float('nan')):.3g} "
+                  "(absolute; the observer effect: its anchors are judged on the program with them)")
+        notes.append(f"observer effect: {b}: {parts}; {effect}")
+    return notes
 
 
 def precision_notes(table: dict[str, dict[str, Any]], machine: dict[str, Any]) -> list[str]:
