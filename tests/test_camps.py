@@ -129,6 +129,36 @@ def test_independent_rounding_near_the_floor_forms_no_camps(fp64):
     assert floor < d[d > 0].min() and camp_cut(d, floor, 10.0) > d.max()  # noise past the floor, under the cut
 
 
+@pytest.mark.parametrize("fp64", [True, False])
+def test_every_family_off_in_its_own_way_is_not_one_camp(fp64):
+    """A new user's Resize (cubic, half_pixel_symmetric, exclude_outside): ONNX Runtime correct, tf, mnn and
+    ncnn off by 7-30 % each in its own way. Cut by the voters' spread they formed one camp and the
+    threshold (10 x the peers' median error) passed everyone. Now: with the float64 execution the three
+    are flagged and ort is consistent; without it the vote is a tie (no consensus: unjudged, never
+    "consistent")."""
+    rng = np.random.default_rng(5)
+    truth = rng.standard_normal(2048)
+    tensors = {"ort": truth + 3e-7 * rng.standard_normal(truth.shape)}
+    for b, e in (("tf", 0.07), ("mnn", 0.2), ("ncnn", 0.17)):
+        tensors[b] = truth + e * rng.standard_normal(truth.shape)
+    infos = [BackendInfo.make(b) for b in tensors]
+    if fp64:
+        tensors["onnx-reference-fp64"] = truth.copy()
+        infos.append(BackendInfo.make("onnx-reference-fp64", precision="fp64"))
+    o = Oracle([AnchorInfo("output/y", 0, kind="output")], infos)
+    o.add({"output/y": tensors})
+    res = o.finish()
+    if fp64:
+        assert sorted(b for b, v in res.verdicts.items() if v.flagged) == ["mnn", "ncnn", "tf"], format_text(res)
+        assert res.verdicts["ort"].status == "consistent"
+        (split,) = res.splits
+        assert split["basis"] == "float64" and split["decided_for"] == ["onnxruntime"]
+    else:
+        assert not any(v.flagged for v in res.verdicts.values())
+        assert all(res.verdicts[b].status != "consistent" for b in ("ort", "tf", "mnn", "ncnn")), format_text(res)
+        assert [sp["basis"] for sp in res.splits] == ["tie"]
+
+
 # ---- real runtimes ---------------------------------------------------------------------------------
 def _mod_model() -> onnx.ModelProto:
     node = helper.make_node("Mod", ["x", "y"], ["z"], fmod=1)

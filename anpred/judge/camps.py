@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 
-__all__ = ["Decision", "SplitLog", "camp_cut", "camp_distances", "decide", "form_camps"]
+__all__ = ["Decision", "SplitLog", "camp_cut", "camp_distances", "decide", "form_camps", "truth_camps", "vote_camps"]
 
 _FAR = 1e300  # a finite stand-in for "infinitely far" (scipy's linkage needs finite distances)
 
@@ -118,7 +118,61 @@ def camp_cut(d: np.ndarray, floor: float, k: float | None = None) -> float:
         return floor
     off = np.where(np.eye(len(d), dtype=bool), np.inf, d)
     spread = float(np.median(off.min(axis=1)))
-    return max(floor, k * spread) if np.isfinite(spread) else floor
+    if not np.isfinite(spread) or spread > 2 * floor:
+        # nearest families further apart than 2x the floor: by the triangle inequality at least one of
+        # each such pair is beyond the floor of any common truth, i.e. the voters disagree beyond
+        # rounding; cut at the floor, so that such disagreement is a split (decided, or a tie: no
+        # consensus), never one camp whose spread raises every threshold
+        return floor
+    return max(floor, k * spread)
+
+
+def truth_camps(fams: list[str], votes: dict[str, np.ndarray], truth: np.ndarray, floor: float, k: float,
+                arbiter_library: str | None = None) -> list[list[str]] | None:
+    """Camps decided by the float64 execution ``truth`` (rounded to the anchor's type), or None when it
+    is no credible arbiter here (no family other than its own library within ``floor`` of it).
+
+    The families within ``floor`` of the truth (nRMSE; the arbiter's own library left out: its closeness
+    proves nothing) set the level of correct rounding ``r`` (their median error); the camp decided for
+    holds every family within ``max(floor, k * r)`` of the truth, the others form camps by distance
+    (:func:`form_camps`). Returns ``[fams]`` when every family is within it (no split). Why: where the
+    truth is known, agreement among the others cannot outvote it (every family off by 7-30 % but one,
+    each in its own way, formed one camp by the voters' spread), and rounding near the floor is not a
+    split (six families at 0.9x the floor are within ``k * r`` of the truth)."""
+    t = np.asarray(truth, dtype=np.float64).ravel()
+    tf = np.isfinite(t)
+    tt = float(np.einsum("i,i->", t[tf], t[tf]))
+    errs: dict[str, float] = {}
+    for f in fams:
+        v = np.asarray(votes[f], dtype=np.float64).ravel()
+        if v.shape != t.shape:
+            return None
+        ok = np.isfinite(v) & tf
+        dv = v[ok] - t[ok]
+        dd = float(np.einsum("i,i->", dv, dv))
+        errs[f] = 0.0 if dd == 0 else (math.sqrt(dd / tt) if tt > 0 else math.inf)
+    good = [e for f, e in errs.items() if e <= floor and f != arbiter_library]
+    if not good:
+        return None
+    cut = max(floor, k * float(np.median(good)))
+    won = [f for f in fams if errs[f] <= cut]
+    rest = [f for f in fams if errs[f] > cut]
+    if not rest:
+        return [list(fams)]
+    if len(rest) == 1:
+        camps = [won, rest]
+    else:
+        names, d, _ = camp_distances({f: votes[f] for f in rest})
+        camps = [won] + form_camps(names, d, floor, k)
+    return sorted(camps, key=lambda c: (-len(c), c[0]))  # largest first, as form_camps
+
+
+def vote_camps(fams: list[str], d: np.ndarray, votes: dict[str, np.ndarray], floor: float,
+               truth: np.ndarray | None, k: float, arbiter_library: str | None = None) -> list[list[str]]:
+    """The camps of one anchor and sample: decided by the float64 execution where it is a credible
+    arbiter here (:func:`truth_camps`), else by distance (:func:`form_camps`)."""
+    camps = truth_camps(fams, votes, truth, floor, k, arbiter_library) if truth is not None else None
+    return camps if camps is not None else form_camps(fams, d, floor, k)
 
 
 @dataclass

@@ -68,7 +68,7 @@ import numpy as np
 from anpred.defaults import OracleConfig
 from anpred.judge.accumulate import Accumulator, Reservoir
 from anpred.judge.arbiter import Arbiter, truth_of
-from anpred.judge.camps import SplitLog, camp_distances, decide, form_camps
+from anpred.judge.camps import SplitLog, camp_distances, decide, vote_camps
 from anpred.judge.deviations import deviation_cells, shape_gap
 from anpred.judge.independence import PairDistances, TruthErrors, merge_correlated
 from anpred.judge.localize import Localizer
@@ -263,7 +263,8 @@ class Oracle:
                         self.truth_errors.add(anchor, votes, truth)
                 floor = self.voter_floor(a)
                 names, dist, _ = camp_distances(votes)
-                camps = form_camps(names, dist, floor, self.cfg.k_for("fp32")) if self.population is None else [names]
+                camps = [names] if self.population is not None else vote_camps(
+                    names, dist, votes, floor, truth, self.cfg.k_for("fp32"), self.arbiter.library)
                 dec = None
                 if len(camps) > 1:
                     dec = decide(camps, votes, floor, truth, self.arbiter.library)
