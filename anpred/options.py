@@ -12,7 +12,9 @@ fields (the pattern of Polygraphy's ``tools/args``):
   inputs, stages, cut width);
 - :class:`InputOptions`: the samples (inputs, samples, input shapes);
 - :class:`StreamOptions`: a dataset streamed in chunks (``--stream``);
-- :class:`OutputOptions`: the report folder, the history, progress and tracebacks.
+- :class:`OutputOptions`: the report folder, the history, progress and tracebacks;
+- :func:`add_timeout` (a backend's time limit), :func:`add_memory_bound` (a backend worker's memory
+  bound): one definition each for ``anpred run``, ``anpred test`` and ``anpred campaign``.
 
 :class:`TestOptions` holds one of each for :func:`anpred.pipeline.test`; :meth:`TestOptions.make`
 also takes the groups' fields by name (``anpred.test(m, backends=[...], samples=2)``), each routed to
@@ -32,7 +34,8 @@ from anpred.defaults import ORACLES
 from anpred.errors import AnpredError, InputError
 
 __all__ = ["JudgeOptions", "RunOptions", "ModelOptions", "InputOptions", "StreamOptions", "OutputOptions",
-           "TestOptions", "add_verbose", "PRECISIONS", "ORACLES", "parse_input_shapes"]
+           "TestOptions", "add_verbose", "add_timeout", "add_memory_bound", "MEMORY_BOUND_DETAIL", "PRECISIONS",
+           "ORACLES", "parse_input_shapes"]
 
 #: the reduced precisions whose population ``--precision`` adds (``anpred.pipeline.choices.POPULATIONS``)
 PRECISIONS = ("fp16", "int8")
@@ -156,8 +159,7 @@ class RunOptions:
         g.add_argument("--no-witnesses", dest="witnesses", action="store_false",
                        help="do not add witness families when the backends give fewer than three voting fp32 "
                        "families (then one of them is the reference and is not judged)")
-        g.add_argument("--timeout", dest="timeout_s", type=float, default=600.0, metavar="S",
-                       help="seconds per backend for preparing and running (default 600)")
+        add_timeout(g)
         g.add_argument("--side-by-side", action="store_true",
                        help="the backends run at once (with --stream: those of a chunk), each in its own worker, the "
                        "cores divided among them (a backend's threads: cores // backends, at least 1; default: one "
@@ -275,6 +277,50 @@ class OutputOptions:
     history: Any = None
     overwrite: bool = False
     quiet: bool = False
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser, *, quiet_help: str, explorer_into: str | None = None) -> None:
+        """``--history DB``, ``--model-explorer`` and ``-q/--quiet`` of ``anpred check`` and ``anpred test``.
+
+        ``quiet_help``: what ``-q`` silences in this command (progress only, or everything but errors).
+        ``explorer_into``: where the Model Explorer export goes when ``--model-explorer`` is a flag (a
+        folder named by the command, e.g. ``OUT/model-explorer``); None: the option takes the folder
+        (``--model-explorer DIR``)."""
+        parser.add_argument("--history", metavar="DB", default=None,
+                            help="append the verdict to this SQLite history database")
+        explorer = "export per-node data for Model Explorer (and Netron metadata) into {} (docs/dashboard.md)"
+        if explorer_into is None:
+            parser.add_argument("--model-explorer", metavar="DIR", default=None, help=explorer.format("DIR"))
+        else:
+            parser.add_argument("--model-explorer", action="store_true", help=explorer.format(explorer_into))
+        parser.add_argument("-q", "--quiet", action="store_true", help=quiet_help)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "OutputOptions":
+        """``overwrite``: False where the command has no ``--overwrite`` (``anpred check``)."""
+        return cls(history=args.history, overwrite=bool(getattr(args, "overwrite", False)), quiet=args.quiet)
+
+
+def add_timeout(parser: Any) -> None:
+    """``--timeout S`` (``args.timeout_s``): seconds a backend may take to prepare and run all samples,
+    :attr:`RunOptions.timeout_s` and :attr:`anpred.run.spec.RunSettings.timeout_s` (``anpred run``,
+    ``anpred test``). ``parser``: a parser or an argument group."""
+    parser.add_argument("--timeout", dest="timeout_s", type=float, default=600.0, metavar="S",
+                        help="seconds per backend for preparing and running (default 600)")
+
+
+#: what ``--memory-bound`` does in a command that runs backends here (``anpred run``, ``anpred test``)
+MEMORY_BOUND_DETAIL = ("; one that passes it is stopped and 'failed' (default: 80%% of the memory available at "
+                       "the start; docs/run.md)")
+
+
+def add_memory_bound(parser: Any, detail: str = MEMORY_BOUND_DETAIL) -> None:
+    """``--memory-bound GIB`` (``args.memory_bound``, a float or None): the resident memory each backend
+    worker may hold (:class:`anpred.run.limits.RunGuards`; the command checks it with
+    :func:`anpred.run.limits.parse_gib`). ``detail``: what follows in the help (the command's default
+    and where the bound comes from; ``%%`` for a percent sign)."""
+    parser.add_argument("--memory-bound", type=float, default=None, metavar="GIB",
+                        help="GiB of resident memory each backend worker may hold" + detail)
 
 
 def add_verbose(parser: argparse.ArgumentParser, default: Any = False) -> None:

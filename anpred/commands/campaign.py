@@ -22,6 +22,8 @@ HELP = "run a campaign of models x backends x inputs x runtime versions on Ray, 
 
 
 def add_arguments(parser):
+    from anpred.options import add_memory_bound
+
     parser.add_argument("file", metavar="CAMPAIGN", help="campaign file (TOML, docs/campaigns.md)")
     parser.add_argument("-o", "--output", metavar="OUT", required=True, help="campaign output folder")
     parser.add_argument("--address", default=None, metavar="ADDR",
@@ -36,9 +38,8 @@ def add_arguments(parser):
     parser.add_argument("--bad", default=None, help="with --bisect: a later version where it deviates")
     parser.add_argument("--versions", default=None, metavar="LIST",
                         help="with --bisect: the candidate versions, comma-separated (default: pip index versions)")
-    parser.add_argument("--memory-bound", type=float, default=None, metavar="GIB",
-                        help="GiB of resident memory each backend worker may hold (overrides the file's "
-                             "[campaign] memory_bound; default: 80%% of each node's available memory)")
+    add_memory_bound(parser, detail=" (overrides the file's [campaign] memory_bound; default: 80%% of each node's "
+                     "available memory)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 

@@ -28,21 +28,17 @@ HELP = "judge a run folder against the consensus of its backends; write reports"
 
 
 def add_arguments(parser):
-    from anpred.options import JudgeOptions
+    from anpred.options import JudgeOptions, OutputOptions
 
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by 'anpred run'")
     parser.add_argument("--report", metavar="HTML", help="write the HTML report (plots embedded) here")
     parser.add_argument("--json", metavar="JSON", help="write the JSON report (schema anpred.check/1) here")
-    parser.add_argument("--history", metavar="DB", help="append the verdict to this SQLite history database")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    OutputOptions.add_arguments(parser, quiet_help="print nothing but errors")
     JudgeOptions.add_arguments(parser)
     parser.add_argument("--task-layout", default=None, choices=("yolov8", "yolov5"),
                         help="detector output layout for --task detect (default yolov8)")
     parser.add_argument("--task-output", default=None, metavar="NAME",
                         help="the output the task reads (several outputs)")
-    parser.add_argument("--model-explorer", metavar="DIR", default=None,
-                        help="export per-node data for Model Explorer (and Netron metadata) "
-                             "into DIR (docs/dashboard.md)")
 
 
 def main(args) -> int:

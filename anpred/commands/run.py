@@ -20,6 +20,7 @@ HELP = "run an anchored model on several backends (isolated processes) and store
 
 def add_arguments(parser):
     from anpred.backends import REGISTRY
+    from anpred.options import add_memory_bound, add_timeout
 
     parser.add_argument("model", help="anchored ONNX model (from anpred instrument)")
     parser.add_argument("--backends", "-b", required=True,
@@ -29,17 +30,14 @@ def add_arguments(parser):
     parser.add_argument("--mode", choices=("tensors", "stats"), default="tensors",
                         help="tensors: store every anchor tensor; stats: streaming statistics only")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
-    parser.add_argument("--timeout", type=float, default=600.0, metavar="S",
-                        help="seconds per backend for preparing and running (default 600)")
+    add_timeout(parser)
     parser.add_argument("--preprocess", choices=("auto", "yolo", "imagenet", "unit"), default=None,
                         help="image preprocessing (default auto: yolo letterbox for YOLO models, else imagenet)")
     parser.add_argument("--no-precheck", action="store_true",
                         help="start every backend, even one whose operator table lacks an operator of the model "
                              "(default: such a backend is not started, its status is 'unsupported' naming the "
                              "operators)")
-    parser.add_argument("--memory-bound", type=float, default=None, metavar="GIB",
-                        help="GiB of resident memory each backend worker may hold; one that passes it is stopped and "
-                             "'failed' (default: 80%% of the memory available at the start; docs/run.md)")
+    add_memory_bound(parser)
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
 
 
@@ -51,7 +49,7 @@ def main(args) -> int:
     names = parse_backends(args.backends)
     guards = RunGuards(backend_memory=parse_gib(args.memory_bound, "--memory-bound")
                        if args.memory_bound is not None else None)
-    store = run_model(args.model, names, args.inputs, args.output, mode=args.mode, timeout_s=args.timeout,
+    store = run_model(args.model, names, args.inputs, args.output, mode=args.mode, timeout_s=args.timeout_s,
                       overwrite=args.overwrite, progress=False if args.quiet else True, preprocess=args.preprocess,
                       precheck=not args.no_precheck, guards=guards)
     if args.quiet:

@@ -52,7 +52,7 @@ HELP = "one shot: export, instrument, map, run, align, judge and report a model 
 
 
 def add_arguments(parser):
-    from anpred.options import JudgeOptions, RunOptions, StreamOptions
+    from anpred.options import JudgeOptions, OutputOptions, RunOptions, StreamOptions, add_memory_bound
 
     parser.add_argument("model", metavar="MODEL",
                         help="an .onnx file, a zoo name, a factory module:function, or 'demo'")
@@ -74,16 +74,10 @@ def add_arguments(parser):
     parser.add_argument("--bind", action="append", default=None, metavar="NAME=VALUE",
                         help="bind a configuration input to a constant (JSON value, e.g. sr=16000); repeatable")
     parser.add_argument("--kwargs", metavar="JSON", default=None, help="keyword arguments for a factory, as JSON")
-    parser.add_argument("--history", metavar="DB", default=None, help="append the verdict to this SQLite database")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an earlier test (or demo) in OUT, once the new one is complete")
-    parser.add_argument("--model-explorer", action="store_true",
-                        help="export per-node data for Model Explorer (and Netron metadata) into OUT/model-explorer "
-                        "(docs/dashboard.md)")
-    parser.add_argument("--memory-bound", type=float, default=None, metavar="GIB",
-                        help="GiB of resident memory each backend worker may hold; one that passes it is stopped and "
-                             "'failed' (default: 80%% of the memory available at the start; docs/run.md)")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    OutputOptions.add_arguments(parser, quiet_help="no progress output", explorer_into="OUT/model-explorer")
+    add_memory_bound(parser)
     RunOptions.add_arguments(parser)
     JudgeOptions.add_arguments(parser, task_help="task metrics against the consensus: detect | classify | dense | "
                                "module:function | none (default: the zoo entry's task)")
@@ -126,7 +120,7 @@ def options(args):
         build=ModelOptions(imgsz=_imgsz(args.imgsz), seed=args.seed, factory_kwargs=_kwargs(args.kwargs),
                            bind=args.bind, stages=args.stages, max_cut_width=args.max_cut_width),
         feed=InputOptions(inputs=args.inputs, samples=args.samples, input_shapes=args.input_shapes),
-        output=OutputOptions(history=args.history, overwrite=args.overwrite, quiet=args.quiet),
+        output=OutputOptions.from_args(args),
         stream=StreamOptions.from_args(args))
 
 

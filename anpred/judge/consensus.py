@@ -18,7 +18,8 @@ Per sample and anchor (formulas and defaults: ``docs/oracle.md``, :mod:`anpred.d
    **Correlated families** are merged: family votes that are bit-identical at this anchor and sample
    (nRMSE between them <= ``correlated_nrmse``, default 0) while another family's vote differs count as
    one vote (e.g. TensorFlow and OpenVINO both running oneDNN kernels), as long as at least
-   ``min_voters`` distinct votes remain; the result lists where this happened.
+   ``min_voters`` distinct votes remain; the result lists where this happened
+   (:mod:`anpred.judge.families`).
 2. Each backend's deviation from ``c`` (:class:`anpred.judge.stats.Reference`), accumulated over samples
    (:mod:`anpred.judge.accumulate`).
    Every (anchor, backend, sample) that could not be judged is recorded with its reason: a verdict
@@ -58,7 +59,6 @@ branch the fault cannot reach are left out.
 
 from __future__ import annotations
 
-import itertools
 import math
 import warnings
 from typing import Any
@@ -70,7 +70,7 @@ from anpred.judge.accumulate import Accumulator, Reservoir
 from anpred.judge.arbiter import Arbiter, truth_of
 from anpred.judge.camps import SplitLog, camp_distances, decide, vote_camps
 from anpred.judge.deviations import deviation_cells, shape_gap
-from anpred.judge.independence import PairDistances, TruthErrors, merge_correlated
+from anpred.judge.families import FamilyGroups
 from anpred.judge.localize import Localizer
 from anpred.judge.oracle_notes import basis_notes, correlated, correlated_notes, unjudged_anchors
 from anpred.judge.positions import sample_positions
@@ -123,8 +123,6 @@ class Oracle:
         self.gaps: dict[tuple[str, str], dict[str, list[str]]] = {}
         self.anchor_gaps: dict[str, dict[str, list[str]]] = {}  # anchor -> reason -> sample ids
         self.ref_at: dict[tuple[str, str], int] = {}  # (anchor, backend) -> samples it was the consensus
-        self.merged: dict[str, dict[frozenset, int]] = {a.name: {} for a in self.anchors}
-        self.apart: dict[str, dict[frozenset, int]] = {a.name: {} for a in self.anchors}
         self.consensus_modes: dict[str, set[str]] = {a.name: set() for a in self.anchors}
         self.samples = 0
         self.sample_ids: list[str] = []
@@ -132,7 +130,6 @@ class Oracle:
         # there, reused by a streamed run (anpred.pipeline.stream); replaced by add(), not pickled
         self.last_consensus: dict[str, np.ndarray] = {}
         self.last_nrmse: dict[tuple[str, str], tuple[float, int]] = {}
-        self._rho_merged_now = False  # set by _groups: families merged by error correlation at this anchor
         # largest finite |consensus| over the samples, for parts and their outputs (scale guard)
         self._part_of = {a.name: a.part_of for a in self.anchors if a.part_of}
         self._scaled = set(self._part_of) | set(self._part_of.values())
@@ -142,16 +139,12 @@ class Oracle:
         self.all_nonfinite: set[str] = set()  # anchors whose consensus was NaN/Inf everywhere (agreed on)
         # float64 execution(s) of the model: distances from it, the arbitration (anpred.judge.arbiter)
         self.arbiter = Arbiter(self.backends, [b.name for b in backends if b.precision == "fp64"])
-        # pooled distances between family votes: error correlation (partial kernel sharing); with the
-        # float64 execution, the families' errors against it (anpred.judge.independence)
-        self.indep = PairDistances()
-        self.truth_errors = TruthErrors()
-        self.truth_merged: set[tuple[str, frozenset]] = set()  # (anchor, group) merged by errors against the truth
+        # which families count as one vote (shared kernels), measured on the run (anpred.judge.families)
+        self.families = FamilyGroups(self.cfg, [a.name for a in self.anchors])
         self.splits = SplitLog()  # split votes between camps of families (anpred.judge.camps)
         # (anchor, backend) -> (kind, reason) -> sample ids: a wrong shape or a missing output where the
         # voting families agree (anpred.judge.deviations)
         self.deviations: dict[tuple[str, str], dict[tuple[str, str], list[str]]] = {}
-        self.rho_merged: dict[str, dict[frozenset, float]] = {a.name: {} for a in self.anchors}  # last rho
 
     # ---- consensus ------------------------------------------------------------------------------
     def _pick_reference(self, present: list[str]) -> str | None:
@@ -167,15 +160,6 @@ class Oracle:
         voters.sort(key=lambda b: bool(self.backends[b].defects))
         return voters[0] if voters else None
 
-    def _identical(self, a: np.ndarray, b: np.ndarray) -> bool:
-        tol = self.cfg.correlated_nrmse
-        if tol <= 0:
-            return same_array(a, b)  # NaN != NaN: agreeing on NaN is not shared kernels
-        d = (a - b).ravel()
-        bb = float(np.einsum("i,i->", b.ravel(), b.ravel()))
-        dd = float(np.einsum("i,i->", d, d))
-        return bool(np.isfinite(dd)) and (dd == 0.0 or (bb > 0 and math.sqrt(dd / bb) <= tol))
-
     def voter_floor(self, a: AnchorInfo | None) -> float:
         """The fp32 voters' floor at anchor ``a`` (:func:`anpred.judge.scales.voter_floor`; stage 0 and
         float32 when None): what makes a split between camps material (:mod:`anpred.judge.camps`)."""
@@ -187,42 +171,6 @@ class Oracle:
         if name is None or name not in arrays:
             return None
         return truth_of(arrays[name], a.dtype if a is not None else "float32")
-
-    def _groups(self, votes: dict[str, np.ndarray], anchor: str | None = None, truth: bool = False) -> list[list[str]]:
-        """The families of one camp grouped into votes. With the truth (``truth``: the float64 execution
-        ran at this anchor and sample, its errors are in :attr:`truth_errors`): groups whose errors
-        against it correlate by at least ``correlated_rho`` are merged (:class:`TruthErrors`; a family
-        with zero error is never merged). Without it: families whose votes are identical
-        (``correlated_nrmse``) are grouped, but not when all are identical (nothing tells correlation
-        from agreement) or when fewer than ``min_voters`` distinct votes would remain; then, at
-        ``anchor``, groups whose pooled three-cornered-hat correlation so far is at least
-        ``correlated_rho`` are merged, most correlated first, while ``min_voters`` groups remain."""
-        singles = [[f] for f in sorted(votes)]
-        if anchor is not None and truth:
-            if self.cfg.correlated_rho >= 1:
-                return singles
-            groups, merged = self.truth_errors.merge(anchor, singles, self.cfg.correlated_rho)
-            self.rho_merged[anchor].update(merged)
-            self.truth_merged.update((anchor, g) for g in merged)
-            self._rho_merged_now = self._rho_merged_now or bool(merged)
-            return groups
-        groups: list[list[str]] = []
-        for f in sorted(votes):
-            for g in groups:
-                if self._identical(votes[f], votes[g[0]]):
-                    g.append(f)
-                    break
-            else:
-                groups.append([f])
-        if len(groups) < self.cfg.min_voters:
-            return singles
-        per = self.indep.d2.get(anchor or "", {})
-        if anchor is not None and len(groups) >= 4 and self.cfg.correlated_rho < 1 and \
-                all(frozenset(p) in per for p in itertools.combinations([g[0] for g in groups], 2)):
-            groups, merged = merge_correlated(per, groups, self.cfg.correlated_rho, self.cfg.min_voters)
-            self.rho_merged[anchor].update(merged)
-            self._rho_merged_now = self._rho_merged_now or bool(merged)
-        return groups
 
     def consensus(self, arrays: dict[str, np.ndarray], anchor: AnchorInfo | None = None
                   ) -> tuple[np.ndarray | None, str, str | None]:
@@ -258,9 +206,7 @@ class Oracle:
                 if truth is not None and truth.shape != next(iter(votes.values())).shape:
                     truth = None
                 if anchor is not None:
-                    self.indep.add(anchor, votes)
-                    if truth is not None:
-                        self.truth_errors.add(anchor, votes, truth)
+                    self.families.measure(anchor, votes, truth)
                 floor = self.voter_floor(a)
                 names, dist, _ = camp_distances(votes)
                 camps = [names] if self.population is not None else vote_camps(
@@ -274,7 +220,7 @@ class Oracle:
                         return None, "tie", None, [], None, dec
                 groups = []
                 for k, camp in enumerate(camps):
-                    g = self._groups({f: votes[f] for f in camp}, anchor, truth is not None)
+                    g = self.families.groups({f: votes[f] for f in camp}, anchor, truth is not None)
                     groups.extend(g)
                     if dec is None or k == dec.winner:
                         mine = g
@@ -366,7 +312,7 @@ class Oracle:
         """Form the consensus of anchor ``a`` in sample ``sid`` and compare every backend in ``got``
         with it; the backends in ``why`` are gaps, or deviations (a wrong shape, a missing output) where
         at least two voting families agree (:func:`anpred.judge.deviations.shape_gap`)."""
-        self._rho_merged_now = False
+        self.families.merged_now = False
         c, mode, ref, groups, undecided, dec = self._consensus(got, a, sid)
         agreeing = len({self.backends[b].family for b in got if self.backends[b].votes})
         for b, w in why.items():
@@ -386,15 +332,13 @@ class Oracle:
                 self._gap(a.name, b, msg, sid)
             return
         self.consensus_modes[a.name].add(mode)
-        if a.kind == "output" and not self._rho_merged_now and dec is None:  # (else not what consensus() gives)
+        if a.kind == "output" and not self.families.merged_now and dec is None:  # (else not what consensus() gives)
             self.last_consensus[a.name] = c
         if a.name in self._scaled:
             with np.errstate(invalid="ignore"):
                 m = float(np.nanmax(np.abs(np.where(np.isfinite(c), c, np.nan)))) if c.size else 0.0
             self.consensus_max[a.name] = max(self.consensus_max.get(a.name, 0.0), m)
-        for g in groups:
-            if len(g) > 1:
-                self.merged[a.name][frozenset(g)] = self.merged[a.name].get(frozenset(g), 0) + 1
+        self.families.count(a.name, groups)
         if undecided is not None:
             key = a.name if ref is None else f"{a.name} (reference {ref}: its NaN/Inf)"
             self.undecided[key] = self.undecided.get(key, 0) + int(np.count_nonzero(undecided))
@@ -459,14 +403,6 @@ class Oracle:
     def _primary(self, s: ErrorStats) -> float:
         return float(getattr(s, self.cfg.primary))
 
-    def _merged_families(self, anchor: str, family: str) -> set[str]:
-        out: set[str] = set()
-        for g in self.merged.get(anchor, {}):
-            if family in g:
-                out |= g
-        out.discard(family)
-        return out
-
     def _guard_parts(self, notes: list[str]) -> None:
         """Leave out the parts that fail the scale guard (``part_min_scale``): from here on
         ``self.anchors`` holds the anchors that are judged (manifest anchors and kept parts)."""
@@ -521,7 +457,7 @@ class Oracle:
         return OracleResult(
             cells=[cells[k] for a in self.anchors for k in [(a.name, b) for b in self.backends] if k in cells],
             verdicts=verdicts, consensus=consensus, unjudged_anchors=unjudged, notes=notes,
-            correlated=corr, samples=self.samples, independence=self.indep.summary(self.cfg.correlated_rho),
+            correlated=corr, samples=self.samples, independence=self.families.indep.summary(self.cfg.correlated_rho),
             plot_data={k: acc.res.data for k, acc in self.acc.items()}, splits=self.splits.summary())
 
     def _cells(self) -> dict[tuple[str, str], Cell]:
@@ -537,7 +473,7 @@ class Oracle:
             for b in judged:
                 info = self.backends[b]
                 acc = self.acc[(a.name, b)]
-                corr = self._merged_families(a.name, info.family)
+                corr = self.families.merged_with(a.name, info.family)
                 # peers: other (not merged) families; after a split, only those never on a losing camp
                 # there (the deviation a camp not decided for shows is no level of ordinary noise)
                 losers = self.splits.losers(a.name)

@@ -65,7 +65,7 @@ def correlated_notes(o, correlated: list[dict[str, Any]]) -> list[str]:
 def correlated(o) -> list[dict[str, Any]]:
     groups: dict[frozenset, dict[str, int]] = {}
     for a in o.anchors:
-        for g, n in o.merged[a.name].items():
+        for g, n in o.families.merged[a.name].items():
             groups.setdefault(g, {})[a.name] = n
     out = []
     for g, anchors in groups.items():
@@ -73,8 +73,8 @@ def correlated(o) -> list[dict[str, Any]]:
         members = [b for b, i in o.backends.items() if i.votes and i.family in g]
         differ = [a.name for a in o.anchors if a.name not in anchors and
                   sum(1 for b in members if (a.name, b) in o.acc) >= 2]
-        rho = {a: r for a in anchors if (r := o.rho_merged[a].get(g)) is not None}
-        by_truth = any((a, g) in o.truth_merged for a in anchors)
+        rho = {a: r for a in anchors if (r := o.families.rho_merged[a].get(g)) is not None}
+        by_truth = any((a, g) in o.families.truth_merged for a in anchors)
         out.append({"families": fams, "backends": members, "anchors": anchors, "differ": differ,
                     "kind": "error-correlated" if rho else "bit-identical", "rho": rho,
                     "basis": "float64" if by_truth else ("three-cornered hat" if rho else "identical")})

@@ -4,6 +4,8 @@ what every backend saw in a run folder.
 - :mod:`anpred.run.spec`: what a run is asked to do (:class:`BackendSpec`, the worker's job);
 - :mod:`anpred.run.driver`: :func:`run_model` (one worker process per backend, timeouts, signals,
   the partial-folder commit, the summary table);
+- :mod:`anpred.run.pool`: :class:`WorkerPool`, long-lived workers that serve a stream of runs
+  (:mod:`anpred.run.warm`: across models);
 - :mod:`anpred.run.jobs`: a worker's job file and environment, the pre-run coverage refusals;
 - :mod:`anpred.run.limits`: what guards a run (:class:`RunGuards`: memory bounds held by an RSS
   watchdog, the bad-input rule, the shared-conversion folder);
@@ -21,11 +23,13 @@ The worker module is not imported here (``python -m anpred.run.worker`` runs it 
 from anpred.run.driver import WORKER_MALLOC_TUNABLES, Terminated, format_summary, run_model, worker_malloc_tunables
 from anpred.run.limits import RunGuards
 from anpred.run.model import copy_model, load_anchored
+from anpred.run.pool import WorkerPool
 from anpred.run.spec import FAULTS, MODES, BackendSpec, RunSettings, WorkerJob
 from anpred.run.store import SCHEMA, RunStore
 from anpred.run.streaming import STATS_SCHEMA, StreamingStats, read_stats, sample_summary
 
 __all__ = ["run_model", "Terminated", "format_summary", "WORKER_MALLOC_TUNABLES", "worker_malloc_tunables",
-           "RunGuards", "copy_model", "load_anchored", "FAULTS", "MODES", "BackendSpec", "RunSettings", "WorkerJob",
+           "WorkerPool", "RunGuards", "copy_model", "load_anchored", "FAULTS", "MODES", "BackendSpec", "RunSettings",
+           "WorkerJob",
            "SCHEMA", "RunStore",
            "STATS_SCHEMA", "StreamingStats", "read_stats", "sample_summary"]

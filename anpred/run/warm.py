@@ -40,7 +40,8 @@ import time
 from pathlib import Path
 
 from anpred.backends.base import BackendStatus
-from anpred.run.driver import WorkerPool, make_job
+from anpred.run.jobs import make_job
+from anpred.run.pool import WorkerPool
 from anpred.run.spec import BackendSpec
 from anpred.run.store import RunStore
 
