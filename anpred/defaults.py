@@ -77,7 +77,7 @@ FAMILIES: dict[str, str] = {
     "tf": "tensorflow", "tf-native": "tensorflow",
     "onnx-reference": "onnx-reference",
     "onnx-reference-fp64": "onnx-reference-fp64",
-    # reduced-precision population members (issue 17): families as for fp32
+    # reduced-precision population members: families as for fp32
     "ort-int8-noopt": "onnxruntime", "ort-fp16-noopt": "onnxruntime",
     "openvino-int8": "openvino", "openvino-fp16": "openvino",
     "onnx-reference-int8": "onnx-reference", "onnx-reference-fp16": "onnx-reference",
@@ -86,7 +86,7 @@ FAMILIES: dict[str, str] = {
 
 # Reduced-precision variants: judged against the consensus, never voting.
 REDUCED_PRECISION: dict[str, str] = {"ort-fp16": "fp16", "ort-int8": "int8", "openvino-bf16": "bf16",
-                                     # population members (issue 17): the precision of their population
+                                     # population members: the precision of their population
                                      "ort-int8-noopt": "int8", "openvino-int8": "int8", "onnx-reference-int8": "int8",
                                      "ort-fp16-noopt": "fp16", "openvino-fp16": "fp16", "onnx-reference-fp16": "fp16",
                                      "torch-fp16": "fp16"}
@@ -190,7 +190,7 @@ class OracleConfig:
             elements is seen; the largest value alone (``max_ulp``) is one element's cancellation.
         cost_factor: a reduced-precision member that loses at least this many times the median of
             what its population's other families lose against the fp32 consensus (and is not flagged)
-            gets a warning with the factor and the likely cause (issue 33; docs/oracle.md "A
+            gets a warning with the factor and the likely cause (docs/oracle.md "A
             reduced-precision implementation that costs a multiple of its peers'").
         ulp_floor: a cell of an fp32 voter carries the wrong-tail warning (a graded finding, never a
             flag) only where its ``ulp_q`` exceeds ``k`` x its peers' median *and* this (ULPs).

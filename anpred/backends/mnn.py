@@ -313,7 +313,7 @@ class MnnBackend(Backend):
             outs = [outs]
         if len(outs) != len(self._outputs):
             # which value is which output is unknown: none is returned, and each asked output is a missing
-            # output the oracle flags as this backend's deviation where the others agree (issue 33)
+            # output the oracle flags as this backend's deviation where the others agree
             for src in self._outputs:
                 self._captures[self._fetch[src]].reason = (f"MNN returned {len(outs)} outputs for the "
                                                            f"{len(self._outputs)} asked")

@@ -1,4 +1,4 @@
-"""Judging large intermediate anchors on sampled positions (streamed datasets, issue 20).
+"""Judging large intermediate anchors on sampled positions (streamed datasets).
 
 A streamed run judges every sample, and an intermediate anchor of a detector at 1024 px holds millions
 of values per backend and sample (YOLOv8n-DocLayNet: 12 M per backend and page over 13 anchors).
