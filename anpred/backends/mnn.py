@@ -144,7 +144,7 @@ def device_line() -> str:
 @lru_cache(maxsize=1)
 def converter_ops() -> frozenset[str] | None:
     """The ONNX op types MNN's converter supports, from ``mnnconvert -f ONNX --OP`` (run in a child
-    process; about 0.1 s); None when the list cannot be read."""
+    process); None when the list cannot be read."""
     try:
         r = subprocess.run([sys.executable, "-c", _CONVERT, "mnnconvert", "-f", "ONNX", "--OP"],
                            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
