@@ -109,9 +109,8 @@ REFERENCE_PRIORITY = ("onnx-reference", "ort-noopt", "ort", "torch-native", "tor
 #: stops none of them; at a share of 0.4, tf/litert (547 MiB) would be stopped below ~1.4 GiB available.
 MEMORY_BOUND_SHARE = 0.8
 #: Seconds between two samples of the workers' RSS by the driver (:class:`anpred.run.limits.MemoryWatch`):
-#: a worker can grow past its bound for at most this long before it is killed (measured overshoot
-#: 4-66 MiB on a worker allocating ~1.6 GB at once, docs/run.md); one sample of a worker's process
-#: tree costs 0.09 ms of the driver's CPU (0.05 % of a core at this interval).
+#: a worker can grow past its bound for at most this long before it is killed; short, since one sample
+#: of a worker's process tree costs the driver little (overshoot and cost: docs/run.md, 'Memory bounds').
 MEMORY_POLL_S = 0.2
 
 
