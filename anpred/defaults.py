@@ -77,7 +77,7 @@ FAMILIES: dict[str, str] = {
     "tf": "tensorflow", "tf-native": "tensorflow",
     "onnx-reference": "onnx-reference",
     "onnx-reference-fp64": "onnx-reference-fp64",
-    # reduced-precision population members (issue 17): families as for fp32
+    # reduced-precision population members: families as for fp32
     "ort-int8-noopt": "onnxruntime", "ort-fp16-noopt": "onnxruntime",
     "openvino-int8": "openvino", "openvino-fp16": "openvino",
     "onnx-reference-int8": "onnx-reference", "onnx-reference-fp16": "onnx-reference",
@@ -86,7 +86,7 @@ FAMILIES: dict[str, str] = {
 
 # Reduced-precision variants: judged against the consensus, never voting.
 REDUCED_PRECISION: dict[str, str] = {"ort-fp16": "fp16", "ort-int8": "int8", "openvino-bf16": "bf16",
-                                     # population members (issue 17): the precision of their population
+                                     # population members: the precision of their population
                                      "ort-int8-noopt": "int8", "openvino-int8": "int8", "onnx-reference-int8": "int8",
                                      "ort-fp16-noopt": "fp16", "openvino-fp16": "fp16", "onnx-reference-fp16": "fp16",
                                      "torch-fp16": "fp16"}
@@ -109,9 +109,8 @@ REFERENCE_PRIORITY = ("onnx-reference", "ort-noopt", "ort", "torch-native", "tor
 #: stops none of them; at a share of 0.4, tf/litert (547 MiB) would be stopped below ~1.4 GiB available.
 MEMORY_BOUND_SHARE = 0.8
 #: Seconds between two samples of the workers' RSS by the driver (:class:`anpred.run.limits.MemoryWatch`):
-#: a worker can grow past its bound for at most this long before it is killed (measured overshoot
-#: 4-66 MiB on a worker allocating ~1.6 GB at once, docs/run.md); one sample of a worker's process
-#: tree costs 0.09 ms of the driver's CPU (0.05 % of a core at this interval).
+#: a worker can grow past its bound for at most this long before it is killed; short, since one sample
+#: of a worker's process tree costs the driver little (overshoot and cost: docs/run.md, 'Memory bounds').
 MEMORY_POLL_S = 0.2
 
 
@@ -190,7 +189,7 @@ class OracleConfig:
             elements is seen; the largest value alone (``max_ulp``) is one element's cancellation.
         cost_factor: a reduced-precision member that loses at least this many times the median of
             what its population's other families lose against the fp32 consensus (and is not flagged)
-            gets a warning with the factor and the likely cause (issue 33; docs/oracle.md "A
+            gets a warning with the factor and the likely cause (docs/oracle.md "A
             reduced-precision implementation that costs a multiple of its peers'").
         ulp_floor: a cell of an fp32 voter carries the wrong-tail warning (a graded finding, never a
             flag) only where its ``ulp_q`` exceeds ``k`` x its peers' median *and* this (ULPs).

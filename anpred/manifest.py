@@ -45,7 +45,7 @@ class Anchor:
         native: per backend, how the anchor maps onto that backend's native graph (filled by
             ``exporters.mapping``): ``{"torch-native": {"target": "model.4", "status": "exact",
             "transform": None}}``.
-        alignment: per backend, a pinned alignment rule overriding inference (issue 5), e.g.
+        alignment: per backend, a pinned alignment rule overriding inference, e.g.
             ``{"tf": {"permute": [0, 3, 1, 2]}}``.
     """
 

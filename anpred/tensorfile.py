@@ -12,8 +12,8 @@ bytes, contiguous, little-endian, C order. Files are read with the ``safetensors
 
 Why not ``safetensors.numpy.save_file`` or ``np.savez``: a run stores every anchor of every sample
 (19 MB per sample for YOLOv8n at 640x640). Buffered writes allocate that much fresh page cache per
-sample, and on the 2-core VM this project is measured on a fresh page costs ~4 us (25 ms per sample,
-against 33 ms of inference; ``np.savez`` also CRC-32s every byte). The writer therefore copies the
+sample, and fresh pages cost nearly as much as the inference (docs/run.md, 'Measurements: page
+faults'; ``np.savez`` also CRC-32s every byte). The writer therefore copies the
 sample into one reused, page-aligned buffer and writes it with ``O_DIRECT`` (Linux ``open(2)``), which
 bypasses the page cache; the file is then truncated to its exact length. Where ``O_DIRECT`` is
 unavailable or refused (tmpfs, macOS, ``ANPRED_DIRECT_IO=0``) the same bytes are written buffered.

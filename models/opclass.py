@@ -1,4 +1,4 @@
-"""Networks built per operator class (issue 18, deliverable 2): the classes converters lack or
+"""Networks built per operator class: the classes converters lack or
 mishandle, each with seeded random weights, for ``tests/test_converter_coverage.py`` and
 ``benchmarks/coverage.py`` (:data:`NETWORKS`, :func:`build`, :func:`feeds`).
 

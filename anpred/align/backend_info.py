@@ -33,7 +33,7 @@ ONNX_GRAPH_BACKENDS = frozenset({"ort", "ort-noopt", "ort-fp16", "ort-int8", "op
                                  # population members: the shared converted model of the anchored graph
                                  "ort-int8-noopt", "openvino-int8", "onnx-reference-int8", "ort-fp16-noopt",
                                  "openvino-fp16", "onnx-reference-fp16", "torch-fp16",
-                                 # converters of the ONNX graph onto other runtimes (issue 33)
+                                 # converters of the ONNX graph onto other runtimes
                                  "tvm", "mnn", "ncnn", "litert"})
 #: backends that execute the ONNX graph *in the ONNX layout*: the runtimes of the graph itself (ONNX
 #: Runtime, OpenVINO, the reference evaluator and its float64 copy) and the converters that keep the

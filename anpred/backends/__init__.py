@@ -37,7 +37,7 @@ REGISTRY: dict[str, str] = {
     "mnn-winograd": "anpred.backends.mnn:MnnWinogradBackend",
     "litert": "anpred.backends.litert:LiteRtBackend",
     "ncnn": "anpred.backends.ncnn_pnnx:NcnnBackend",
-    # ExecuTorch (issue 37): opt-in by name; fp32 voters of their own families, then population members
+    # ExecuTorch: opt-in by name; fp32 voters of their own families, then population members
     "executorch": "anpred.backends.executorch:ExecutorchBackend",
     "executorch-xnnpack": "anpred.backends.executorch:ExecutorchXnnpackBackend",
     "executorch-native": "anpred.backends.executorch:ExecutorchNativeBackend",

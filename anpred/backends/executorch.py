@@ -1,4 +1,4 @@
-"""ExecuTorch backends (issue 37): the model exported with ``torch.export``, lowered to a ``.pte`` and
+"""ExecuTorch backends: the model exported with ``torch.export``, lowered to a ``.pte`` and
 run in ExecuTorch's runtime (``executorch.runtime``), anchors read as program outputs.
 
 fp32 voters, one family each (they share no kernels with each other beyond what the report shows):

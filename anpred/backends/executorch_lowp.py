@@ -1,4 +1,4 @@
-"""ExecuTorch's reduced-precision flows as population members (issue 37, deliverables 1 and 4).
+"""ExecuTorch's reduced-precision flows as population members.
 
 **int8, the PT2E scheme.** One quantized program per (model, anchors, origin, calibration samples,
 scheme, versions), cached (kind ``executorch-pt2e``, ``torch.export.save`` of the converted program):

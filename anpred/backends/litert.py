@@ -18,7 +18,7 @@ Family: ``litert``. Kernels are independent of ``tensorflow``'s, but the *conver
 the same cached onnx2tf SavedModel (:class:`anpred.backends.tf_onnx.TfOnnxBackend`, cache folder
 ``onnx2tf/<key>``) is the source of the flatbuffer, so a defect of onnx2tf (a wrong lowering) shows
 in both ``tf`` and ``litert`` alike: the two share their converter but not their kernels (the partial
-sharing issue 18's independence measurement has to find).
+sharing the oracle's independence measurement has to find, :mod:`anpred.judge.independence`).
 
 Conversion (cached under ``litert/<key>``, key = the onnx2tf conversion key + TensorFlow version +
 :data:`FORMAT`): the SavedModel's ``run`` endpoint (``tf_keras.export.ExportArchive``, a list of

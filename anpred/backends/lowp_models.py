@@ -1,6 +1,6 @@
 """Reduced-precision populations: the shared converted models and the mixin of their members.
 
-A *population* is the set of backends that run the **same** reduced-precision model (issue 17):
+A *population* is the set of backends that run the **same** reduced-precision model:
 
 * int8: :func:`int8_model`, one static QDQ model per (model content, quantizer version, recipe,
   calibration data): ``onnxruntime.quantization.quantize_static`` with ``QuantFormat.QDQ``,
@@ -29,7 +29,8 @@ Members mix in :class:`PopulationMember`, which gives them:
 * anchors returned in another dtype than the manifest's are cast to it (exact for float16 ->
   float32) and their capture says so.
 
-Fault hook (issue 17, evidence): ``options["fault"] = {"kind", "node", "stage", "magnitude", "seed"}``
+Fault hook (evidence for the population verdict, docs/evaluation.md):
+``options["fault"] = {"kind", "node", "stage", "magnitude", "seed"}``
 makes this member alone run ``passes.faults.inject_fault(<converted model>, ...)``
 (:func:`faulted_model`, cached separately under kind ``lowp-fault``, keyed by the converted file, the
 fault and the sources of the ``passes`` package); its peers keep the clean converted model. The ground

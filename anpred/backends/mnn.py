@@ -144,7 +144,7 @@ def device_line() -> str:
 @lru_cache(maxsize=1)
 def converter_ops() -> frozenset[str] | None:
     """The ONNX op types MNN's converter supports, from ``mnnconvert -f ONNX --OP`` (run in a child
-    process; about 0.1 s); None when the list cannot be read."""
+    process); None when the list cannot be read."""
     try:
         r = subprocess.run([sys.executable, "-c", _CONVERT, "mnnconvert", "-f", "ONNX", "--OP"],
                            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
@@ -313,7 +313,7 @@ class MnnBackend(Backend):
             outs = [outs]
         if len(outs) != len(self._outputs):
             # which value is which output is unknown: none is returned, and each asked output is a missing
-            # output the oracle flags as this backend's deviation where the others agree (issue 33)
+            # output the oracle flags as this backend's deviation where the others agree
             for src in self._outputs:
                 self._captures[self._fetch[src]].reason = (f"MNN returned {len(outs)} outputs for the "
                                                            f"{len(self._outputs)} asked")

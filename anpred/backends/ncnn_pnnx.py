@@ -349,7 +349,7 @@ class NcnnBackend(Backend):
             y = np.array(mat, dtype=np.float32)
             if y.size != int(np.prod(self._shape[a])):
                 # another number of values than the ONNX shape holds: returned as ncnn gave it, a wrong
-                # shape the oracle flags as this backend's deviation (issue 33), the others' results kept
+                # shape the oracle flags as this backend's deviation, the others' results kept
                 out[a] = y
                 continue
             y = y.reshape(self._shape[a])

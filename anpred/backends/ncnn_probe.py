@@ -11,8 +11,8 @@ from pathlib import Path
 
 from anpred.backends.ncnn_param import unknown_layers
 
-#: seconds of pnnx probes per model in the pre-run coverage (docs/backends-converters.md, "Pre-run
-#: coverage": about 0.3 s a probe; answers are cached by node content, so a model seen before costs none)
+#: seconds of pnnx probes per model in the pre-run coverage (what a probe costs: docs/backends-converters.md,
+#: "Pre-run coverage"; answers are cached by node content, so a model seen before costs none)
 PNNX_PROBE_BUDGET_S = 30.0
 
 

@@ -3,10 +3,9 @@
 onnx2tf simplifies its input by running the ``onnxsim`` *command* three times in a row, and once more
 after its own graph edits (``onnx2tf/onnx2tf.py``: ``subprocess.check_output(["onnxsim", IN, OUT,
 ...])``; it calls the command rather than the library "due to unstable script execution of onnxsim in
-v0.4.8"). Each call starts a Python interpreter that imports onnx, onnxruntime and onnxsim: measured
-here (onnx2tf 1.29.24, onnxsim 0.8.1, 2 cores shared), 2.5 s per call, 7.4 s of the 7.5 s onnx2tf
-spent on a single-node model (``benchmarks/bench_conformance.py --profile-onnx2tf``); the
-simplification itself takes milliseconds, TF graph building and the SavedModel round trip 0.1 s.
+v0.4.8"). Each call starts a Python interpreter that imports onnx, onnxruntime and onnxsim, which on a
+small model is nearly all of onnx2tf's time (docs/backends-converters.md, 'Measurements: onnxsim
+calls'; ``benchmarks/bench_conformance.py --profile-onnx2tf``).
 
 :func:`warm_onnxsim` routes those calls, for the duration of a conversion, to one long-lived child
 process (:class:`OnnxsimServer`, started at the first call and kept for the next conversions of the

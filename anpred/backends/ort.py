@@ -67,10 +67,8 @@ class OrtBackend(NamedOutputsMixin, Backend):
     (``session.intra_op.allow_spinning``/``inter_op``). Default: ONNX Runtime's (spin), except where
     the process shares its cores with a streamed run's judge (``ANPRED_THREAD_SPINNING=0``, set by
     :class:`anpred.run.driver.WorkerPool` with ``direct_io=False``): there a waiting thread sleeps, as
-    ncnn's OpenMP block time 0, and the judge gets the core it would burn. Measured on
-    YOLOv8n-DocLayNet at 1024 px, 2 cores, 10 pages beside 1.2 s of judging work on another thread:
-    2.73 s spinning, 2.05 s not; alone spinning is the faster (a reviewer's 10 alternating repeats:
-    median 1.64 s against 1.94 s), so it stays the default elsewhere.
+    ncnn's OpenMP block time 0, and the judge gets the core it would burn. Alone, spinning is the
+    faster, so it stays the default elsewhere (docs/run.md, 'Measurements: ONNX Runtime spinning').
     """
 
     threads_option = True  # (the ``threads`` option)

@@ -1,6 +1,7 @@
 """``onnx-reference``: the ONNX reference implementation (``onnx.reference.ReferenceEvaluator``,
 numpy kernels). It is *not* a gold reference (it has had precision bugs of its own) and votes in the
-consensus like any other backend. Slow: about 1 s per YOLOv8n sample at 320x320 on one core.
+consensus like any other backend. Slow (numpy kernels; docs/run.md, 'The default set is
+chosen by measured cost').
 
 Population members (:mod:`anpred.backends.lowp_models`):
 

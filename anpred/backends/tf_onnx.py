@@ -204,7 +204,7 @@ class TfOnnxBackend(Backend):
         t0 = time.perf_counter()
         o2t = dict(self.options.get("onnx2tf", {}))
         try:
-            # warm_onnxsim: onnx2tf's four onnxsim command runs go to one warm process (2.5 s each
+            # warm_onnxsim: onnx2tf's four onnxsim command runs go to one warm process (each
             # as new processes; anpred.backends.onnxsim_warm)
             with working_directory(scratch), _onnxsim_on_path(not o2t.get("not_use_onnxsim")), \
                     warm_onnxsim(), contextlib.redirect_stdout(log):

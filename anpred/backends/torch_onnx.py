@@ -34,8 +34,8 @@ the converted graph computes them in (float16 for a float16 graph, which torch c
 float16 CPU kernels; bfloat16 inputs and outputs pass through their bits, :func:`to_torch`,
 :func:`to_numpy`).
 
-Conversion takes well under a second (``onnx2torch.convert`` 0.09-0.28 s for YOLOv8n at 224 px,
-benchmarks/bench_run.py), so it is not cached.
+Conversion takes well under a second (docs/backends-converters.md, 'Measurements: onnx2torch
+conversion'), so it is not cached.
 Effective precision: fp32 (eager CPU kernels; no autocast).
 """
 

@@ -33,8 +33,9 @@ refused (:class:`~anpred.errors.InputError`).
 Cache: the compiled library (``exe.export_library``, linked by TVM's ``tvm.contrib.cc`` with the
 system's C++ compiler) and ``meta.json`` are stored with :func:`anpred.cache.cached_dir` under
 ``tvm/<key>``, key = sha256 of the model file + TVM version + concrete input shapes + target JSON +
-:data:`FORMAT`; a later prepare loads it with ``tvm.runtime.load_module`` (about 0.03 s instead of
-about 9 s for YOLOv8n at 320 px). Where the library cannot be exported (no C++ compiler), the
+:data:`FORMAT`; a later prepare loads it with ``tvm.runtime.load_module`` instead of compiling again (hundreds of
+times faster: docs/backends-converters.md, 'Measurements: TVM compilation').
+Where the library cannot be exported (no C++ compiler), the
 executable compiled in memory is used and not cached (``versions()["tvm_cache"]`` says why).
 
 Anchors: graph outputs of the anchored model. The Relax ``main`` returns a tensor for a one-output

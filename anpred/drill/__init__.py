@@ -1,4 +1,4 @@
-"""The DRILL step: from the origin stage to the operator (issue 19).
+"""The DRILL step: from the origin stage to the operator.
 
 - :mod:`anpred.drill.graphs`: stage cuts, the side-by-side replay model, exposing a stage's inner
   tensors, one operator alone (:class:`onnx.utils.Extractor`, :func:`onnx.compose.add_prefix_graph`);

@@ -3,8 +3,8 @@ r"""Camps: which voting families agree, and which camp the consensus is taken fr
 Correct independent implementations agree exactly or to rounding *because* they are correct: exact
 operators (Mod, Round, comparisons, Where, Resize nearest, max pooling, data movement) give
 bit-identical results in every correct library. Agreement is therefore no evidence of shared kernels,
-and a median over "merged" groups of agreeing families can hand a wrong minority the majority (issue
-33). So before anything is merged, the family votes of one anchor and sample are split into **camps**:
+and a median over "merged" groups of agreeing families can hand a wrong minority the majority. So
+before anything is merged, the family votes of one anchor and sample are split into **camps**:
 
     camp distance  D_ij = ||v_i - v_j||_2 / median_f ||v_f||_2
 

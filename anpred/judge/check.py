@@ -306,7 +306,7 @@ def _take_oracle(report: CheckReport, res: OracleResult, parts: list[OutputPart]
 
 
 def cost_causes(report: CheckReport, res: OracleResult) -> None:
-    """Append the likely cause to each cost warning of a reduced-precision member (issue 33, class 7):
+    """Append the likely cause to each cost warning of a reduced-precision member:
     ONNX Runtime's u8s8 kernels without VNNI/AMX sum pairs of products in saturating int16 (the run
     record's ``versions["mlas_u8s8_kernel"]``, :func:`anpred.machine.kernel_isa`)."""
     for b, v in res.verdicts.items():

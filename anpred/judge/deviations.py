@@ -1,4 +1,4 @@
-"""A wrong shape or a missing output is a deviation, not a gap (issue 33, class 4).
+"""A wrong shape or a missing output is a deviation, not a gap.
 
 A backend that returns another shape than the one the voting families agree on, or no value for a
 graph output they agree on, has deviated: the finding is about that backend, and it is flagged at the

@@ -23,7 +23,7 @@ own error is ``sqrt(σ²_i / Σ_s ||c_s||²)``.
 A pair with ``ρ ≥ correlated_rho`` (:class:`anpred.defaults.OracleConfig`; docs/oracle.md gives the
 source of the default and its sensitivity) is merged into one vote, like bit-identical families.
 
-**With the truth** (issue 33). Where the float64 execution ran, the error of each family is seen
+**With the truth.** Where the float64 execution ran, the error of each family is seen
 directly, ``e_i = v_i − round(t)`` (``t`` the float64 execution's tensor rounded to the anchor's element
 type), and :class:`TruthErrors` pools ``Σ e_i·e_j`` per anchor:
 ``ρ_ij = Σ e_i·e_j / sqrt(Σ e_i² · Σ e_j²)``, the plain correlation of the two errors. A family

@@ -121,7 +121,7 @@ class PopulationOracle:
 
 
 def cost_warnings(res: OracleResult, cfg: OracleConfig) -> list[str]:
-    """The graded finding of issue 33 (class 7): a reduced-precision member that is not flagged but
+    """A graded finding (a warning, never a flag): a reduced-precision member that is not flagged but
     loses at least ``cost_factor`` times what the other families of its population lose against the
     fp32 consensus (its budget cell's ``primary / peer_level``, where the peers are its population),
     at the anchor where that ratio is largest, among the anchors where its deviation is above one

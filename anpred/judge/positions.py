@@ -1,9 +1,9 @@
-"""Judging large intermediate anchors on sampled positions (streamed datasets, issue 20).
+"""Judging large intermediate anchors on sampled positions (streamed datasets).
 
 A streamed run judges every sample, and an intermediate anchor of a detector at 1024 px holds millions
 of values per backend and sample (YOLOv8n-DocLayNet: 12 M per backend and page over 13 anchors).
-Statistics over all of them cost far more than the inference (about 1.4 s of judging per page for four
-backends on two cores against 0.5 s of inference: ``benchmarks/bench_stream.py``). So a streamed run
+Statistics over all of them cost far more than the inference (docs/task.md, 'Measurements: judging in
+full'; ``benchmarks/bench_stream.py``). So a streamed run
 judges each intermediate anchor of more than ``K`` elements on the same ``K`` element positions of its
 canonical (ONNX) layout in every sample and every backend: a uniform random sample without replacement,
 drawn once per (anchor, element count) from a generator seeded by the anchor's name (reproducible).

@@ -20,20 +20,19 @@ __all__ = ["ONNX_BACKENDS", "QUICK_FP32", "ALL_FP32", "POPULATIONS", "FULL_BACKE
            "DEFAULT_SAMPLES", "DEFAULT_IMGSZ", "default_backends",
            "parse_backend_list", "check_native_backends", "check_test_options"]
 
-#: The fp32 voters ``anpred test`` runs by default: five independent kernel libraries chosen by their
-#: measured cost (docs/run.md, "The default backends"; ``benchmarks/bench_demo.py``): on YOLOv8n at 320
-#: with an empty conversion cache each took 0.9-5.4 s wall (ort 0.9, mnn 1.0, openvino 1.1, torch 2.1,
-#: ncnn 5.4 s) where ``tvm`` took 11.8 s (TVM's compilation) and ``tf`` 28.5 s (onnx2tf), which
-#: ``litert`` shares. The others are one flag away (``--all``) or witnesses.
+#: The fp32 voters ``anpred test`` runs by default: the five cheapest independent kernel libraries
+#: (docs/run.md, "The default set is chosen by measured cost"; ``benchmarks/bench_demo.py``); ``tvm``
+#: (TVM's compilation) and ``tf`` (onnx2tf, which ``litert`` shares) cost several times more. The others
+#: are one flag away (``--all``) or witnesses.
 QUICK_FP32: tuple[str, ...] = ("ort", "openvino", "torch", "mnn", "ncnn")
 #: Every independent fp32 family that runs any ONNX model (``--all``; ``onnx-reference`` left out for
 #: its cost and ``mnn-winograd`` for its larger rounding error; both can be named).
 ALL_FP32: tuple[str, ...] = ("ort", "openvino", "torch", "tf", "tvm", "mnn", "ncnn", "litert")
 #: The reduced-precision populations (``--precision fp16,int8``): each runs ONE converted model, cached,
 #: on three families, so that each member is also judged against its own population (docs/oracle.md).
-#: The fp16 population leaves out ``onnx-reference-fp16`` (numpy float16: ~100x ORT's time per sample),
-#: the int8 one keeps ``onnx-reference-int8`` (its third family; ~70x ORT's time per sample, measured on
-#: yolov8n 320).
+#: The fp16 population leaves out ``onnx-reference-fp16`` (numpy float16: the slowest member), the int8
+#: one keeps ``onnx-reference-int8`` (its third family, though numpy too; docs/run.md, 'Measurements:
+#: numpy reference members').
 POPULATIONS: dict[str, tuple[str, ...]] = {
     "fp16": ("ort-fp16", "ort-fp16-noopt", "openvino-fp16", "torch-fp16"),
     "int8": ("ort-int8", "ort-int8-noopt", "openvino-int8", "onnx-reference-int8")}

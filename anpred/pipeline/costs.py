@@ -22,11 +22,10 @@ from typing import Any
 __all__ = ["PRIOR_SECONDS", "machine_key", "model_size", "record", "estimate", "costs_file"]
 
 #: Seconds (to start and prepare, to run one sample) of each fp32 family and the float64 arbiter on
-#: YOLOv8n at 320x320 (anchored: 244 nodes, 3.16 M weight elements, 3 samples), cold conversion cache,
-#: 2-core AMD EPYC, commit 21086fc (``anpred test yolov8n --imgsz 320 -b ...``: run.json
-#: ``resources[b].seconds_wall`` - ``seconds_run``, and ``seconds_run`` / 3; ``litert`` alone: its
-#: onnx2tf conversion, which ``tf`` had made in that run, counted as ``tf``'s; docs/run.md). Used only
-#: until this machine has measured the backend.
+#: YOLOv8n at 320x320 (:data:`PRIOR_MODEL`): run.json ``resources[b].seconds_wall`` - ``seconds_run``,
+#: and ``seconds_run`` per sample, cold conversion cache (how and where measured: docs/run.md, "The
+#: default set is chosen by measured cost"; ``litert``'s measured alone, with the onnx2tf conversion it
+#: otherwise shares with ``tf``). Used only until this machine has measured the backend.
 PRIOR_SECONDS: dict[str, tuple[float, float]] = {
     "ort": (0.78, 0.02), "openvino": (1.01, 0.02), "mnn": (0.87, 0.03), "torch": (1.93, 0.05),
     "onnx-reference": (1.16, 0.59), "onnx-reference-fp64": (1.13, 0.68), "litert": (25.0, 0.04),
@@ -36,9 +35,8 @@ PRIOR_MODEL = {"nodes": 244, "params": 3_158_094}
 #: most observations kept per backend (the latest)
 KEEP = 50
 #: a run of another model here predicts this one's cost when their weights are within this factor
-#: (else the prior): per-sample times of models 100x smaller are mostly per-call overhead (the text model
-#: of tests/test_first_minutes.py, 7 k weights, scaled to YOLOv8n's 3.2 M predicted mnn 3.7 s, tf 682 s,
-#: against 1.0 s and 28 s measured)
+#: (else the prior): per-sample times of much smaller models are mostly per-call overhead, so scaling
+#: them by weights overestimates a large model many times (docs/run.md, "Witnesses")
 NEAR_FACTOR = 10.0
 
 

@@ -27,9 +27,9 @@ __all__ = ["DEMO_MODELS", "DEMO_POPULATION", "demo", "demo_doclaynet_images"]
 DEMO_MODELS: tuple[str, ...] = ("yolov8n-doclaynet", "ppocr-det")
 #: The reduced-precision backends of the demo: the int8 population on ONNX Runtime's and OpenVINO's
 #: integer kernels (the QDQ copy that loses DocLayNet's class probabilities, two families). Left out for
-#: the demo's time (measured cold, ``benchmarks/bench_demo.py``): ``ort-int8-noopt`` (the same family as
-#: ``ort-int8``), ``onnx-reference-int8`` (numpy, ~70x ORT's time per sample) and the fp16 population:
-#: one flag away (``--precision fp16,int8``, ``--all``).
+#: the demo's time (docs/run.md, "The default set is chosen by measured cost"): ``ort-int8-noopt`` (the
+#: same family as ``ort-int8``), ``onnx-reference-int8`` (numpy, many times ORT's time per sample) and
+#: the fp16 population: one flag away (``--precision fp16,int8``, ``--all``).
 DEMO_POPULATION: tuple[str, ...] = ("ort-int8", "openvino-int8")
 
 

@@ -1,12 +1,10 @@
 """Where a streamed run keeps its transient files (:mod:`anpred.pipeline.stream`).
 
 A streamed dataset writes, per chunk, its inputs and every backend's anchor tensors, reads them back
-at once in the judge and deletes them: on DocLayNet pages about 18 MB a page. On a disk the kernel
-writes them back to the device beside the backends (6.7 GB in a 200-page run), and a memory-backed file
-system (``tmpfs``: ``/dev/shm`` on Linux) keeps them in memory: the same 200 pages with four backends
-on 2 cores took 184.6 s with the chunks on ``/dev/shm`` against 190.8 s on the disk (backends'
-inference inside the stream 147.8 s against 155.2 s; single runs; docs/task.md, "Where the chunks
-live"). The final run folder, the checkpoint, the int8 calibration files, the workers' prepared models
+at once in the judge and deletes them. On a disk the kernel writes them back to the device beside
+the backends, and a memory-backed file system (``tmpfs``: ``/dev/shm`` on Linux) keeps them in memory,
+which makes the stream faster (docs/task.md, "Where the chunks live").
+The final run folder, the checkpoint, the int8 calibration files, the workers' prepared models
 and the kept samples' re-run stay beside ``-o``.
 
 :func:`scratch_folder` picks the memory-backed folder where it has room for the chunks (the estimate
@@ -40,10 +38,9 @@ MEMORY_FOLDERS = ("/dev/shm",)
 
 #: the chunks go to memory only where their estimate is at most this share of the memory available at
 #: the start: the rest stays for the backends' processes and the judge. A documented default, not a
-#: measurement of the run (the backends' own peak is not known before they run); its source: on
-#: DocLayNet with four backends the processes peaked at 5.18-5.36 GiB and the chunks' estimate is
-#: 3.86 GiB (1.48 GiB measured at peak; benchmarks/results/bench_stream_1000_scratch.json), so a
-#: 24 GiB machine (22 GiB available) uses memory and an 8 GiB one does not
+#: measurement of the run (the backends' own peak is not known before they run); its source, the
+#: processes' peak and the chunks' estimate on DocLayNet with four backends: docs/task.md, "Where the
+#: chunks live"
 MEMORY_SHARE = 0.25
 
 PREFIX = "anpred-stream-"

@@ -1,4 +1,4 @@
-"""Datasets, streamed: ``anpred test MODEL --inputs DIR --stream`` (issue 20).
+"""Datasets, streamed: ``anpred test MODEL --inputs DIR --stream``.
 
 The samples are read lazily (a thread reads, preprocesses and writes the next chunk's inputs while the
 current one runs) and run in chunks of ``chunk`` samples: each chunk is one
@@ -74,10 +74,10 @@ def auto_chunk(manifest, n_backends: int, budget: int = CHUNK_BYTES, most: int =
 
 
 #: where positions are sampled, the chunks after the first hold this many times the first's samples (at most
-#: 64): they store a few MB per sample instead of the first's hundreds, and a chunk's fixed cost (its
-#: run folder, one hand-off per backend, waiting for its last sample's write) was 0.27 s with four
-#: backends, 0.05 s a page in chunks of 5 DocLayNet pages (docs/task.md); three chunks of inputs stay
-#: in memory (the one running, the one queued, the one being read)
+#: 64): they store a few MB per sample instead of the first's hundreds, and a chunk has a fixed cost
+#: (its run folder, one hand-off per backend, waiting for its last sample's write) that small chunks pay
+#: per page (docs/task.md, 'Measurements: chunk overhead'); three chunks of inputs stay in memory (the
+#: one running, the one queued, the one being read)
 LATER_CHUNK_FACTOR = 4
 
 

@@ -56,9 +56,9 @@ def zoo_image_samples(zm, folder: str | Path) -> Iterator[tuple[str, dict[str, n
 
 #: nice increment of the stream's judge and input-reader threads: the backends' workers (at the driver's
 #: nice value, in its session: :class:`anpred.run.driver.WorkerPool`) get the cores first, and the judge
-#: works beside them with what they leave, at no cost to their parallel regions. Measured on 300
-#: DocLayNet pages with four backends on 2 cores (docs/task.md): stream 275.7 s at 0, 235.6 s at 10,
-#: 248.9 s at 19 (there the judge starves beside the backends that spin and the runner waits for it)
+#: works beside them with what they leave, at no cost to their parallel regions. Not the lowest
+#: priority: at +19 the judge starves beside the backends that spin and the runner waits for it
+#: (docs/task.md, 'Who gets the cores')
 JUDGE_NICE = 10
 
 

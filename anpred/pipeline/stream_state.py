@@ -1,4 +1,4 @@
-"""Checkpoints of a streamed dataset run, to resume it after an interruption (issue 20).
+"""Checkpoints of a streamed dataset run, to resume it after an interruption.
 
 After each chunk is judged, :func:`save` writes the judge's whole state (the oracle's streaming
 accumulators and alignment decisions, the task accumulator, the kept-sample heaps, the sources and

@@ -32,8 +32,8 @@ def worker_malloc_tunables(existing: str = "") -> str:
     Why: every sample allocates the same large arrays again (inputs, the backend's outputs: 19 MB per
     sample for YOLOv8n at 640x640). With glibc's defaults, blocks above the dynamic mmap threshold
     (at most 32 MiB) are ``mmap``-ed and freed blocks at the top of the heap are trimmed, so each
-    sample faults in fresh pages again: measured 5 ms per 19 MB sample on the 2-core VM of
-    docs/run.md, where a fresh page costs ~2-4 us. A fixed 256 MiB mmap threshold and a 1 GiB trim
+    sample faults in fresh pages again (what that costs: docs/run.md, 'Measurements: page faults').
+    A fixed 256 MiB mmap threshold and a 1 GiB trim
     threshold keep those blocks in the heap for reuse; memory stays bounded by one sample's working
     set (peak RSS in docs/run.md). Other C libraries ignore the variable."""
     have = {kv.split("=", 1)[0] for kv in existing.split(":") if "=" in kv}

@@ -150,8 +150,8 @@ def machine_bounds() -> dict[str, Any]:
 
 def _descendants(pid: int) -> list[int]:
     """``pid`` and its descendants: Linux's ``/proc/<pid>/task/<tid>/children`` (no scan of every
-    process: ``psutil``'s ``children(recursive=True)`` reads all of ``/proc``, 4.5 ms a sample on this
-    busy machine against 0.3 ms), else ``psutil``."""
+    process: ``psutil``'s ``children(recursive=True)`` reads all of ``/proc``, many times slower:
+    docs/run.md, 'Memory bounds'), else ``psutil``."""
     if not _PROC_CHILDREN:
         return _psutil_descendants(pid)
     out, todo = [], [pid]

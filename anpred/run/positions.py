@@ -1,4 +1,4 @@
-"""Sampled positions of large anchors, gathered inside a backend's worker (streamed datasets, issue 20).
+"""Sampled positions of large anchors, gathered inside a backend's worker (streamed datasets).
 
 A streamed run (:mod:`anpred.pipeline.stream`) judges an intermediate anchor on a fixed set of ``K``
 element positions of its canonical (ONNX) layout (:mod:`anpred.judge.positions`). Once the judge has

@@ -146,12 +146,9 @@ def split_threads(specs: list, cores: int | None = None) -> list[BackendSpec]:
     Why: each library's default is one thread per core, so N backends at once run N times as many
     threads as there are cores, and a multi-threaded kernel whose thread is descheduled waits for it
     at the end of every parallel region. With the cores divided (no more backends than cores) no
-    thread waits for another that lost its core: on 2
-    cores, four DocLayNet backends side by side with one thread each ran a 20-page chunk in 14.5 s
-    against 16.9 s one after the other with their default threads, judge beside them
-    (docs/task.md, "Side by side"). A thread count can change a backend's rounding where the
-    library splits a reduction among threads: ONNX Runtime's and OpenVINO's DocLayNet anchors were
-    bit-identical at 1 and 2 threads, PyTorch's differed by up to 5.6e-3 (absolute) on 3 pages.
+    thread waits for another that lost its core (docs/task.md, "Side by side", has the timings).
+    A thread count can change a backend's rounding where the library splits a reduction among
+    threads (PyTorch's, measured there).
 
     Raises:
         BackendError: an unknown backend name.

@@ -1,4 +1,4 @@
-"""The TASK step: what a deviation costs the user (issue 20).
+"""The TASK step: what a deviation costs the user.
 
 - :mod:`anpred.task.adapters`: outputs -> task results (detection, classification, dense maps, or a
   user's ``module:function``) and their comparison with the consensus' results;

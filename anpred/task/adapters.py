@@ -141,8 +141,8 @@ def coco_map50(truth: list[Any], dets: list[Any]) -> float | None:
     IoU 0.50, area all, 100 detections), computed as ``summarize`` does (the mean of the precision
     table where it is defined) with only that IoU threshold, area range and detection limit evaluated:
     COCO matches each threshold and area range on its own, so the number is the same, in a quarter of
-    the time of the default ten thresholds, four ranges and three limits (0.61 s against 2.34 s for
-    1,000 images of 14 boxes; docs/task.md). None when ``truth`` holds no box (AP undefined)."""
+    the time of the default ten thresholds, four ranges and three limits (docs/task.md).
+    None when ``truth`` holds no box (AP undefined)."""
     import contextlib
     import io
 
