@@ -2,7 +2,7 @@ r"""Independence of the voting families, measured on the run: the error correlat
 
 Two families that share kernels, or a converter that lowers onto the same kernels, make the same
 rounding errors; their votes then count twice in a median. Bit-identical votes are merged already
-(:meth:`anpred.judge.consensus.Oracle._groups`); this module measures *partial* sharing.
+(:meth:`anpred.judge.families.FamilyGroups.groups`); this module measures *partial* sharing.
 
 Method: the **three-cornered hat** (J. E. Gray and D. W. Allan, "A method for estimating the frequency
 stability of an individual oscillator", 28th Annual Symposium on Frequency Control, 1974; with the
