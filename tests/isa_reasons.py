@@ -21,3 +21,6 @@ NOT_A_KERNEL_VALUE = (
 EMULATES_ITSELF = (
     "runs its own process under the emulated EPYC-Rome (qemu-x86_64): the same expectation on every host, "
     "and it cannot run nested inside the emulated run")
+EXACT_OPS = (
+    "exact operators only (data movement, Max/Relu/Clip, comparisons, casts, integer shapes): every correct "
+    "kernel on every CPU returns the same bits, so an exact equality holds on any x86-64 CPU")

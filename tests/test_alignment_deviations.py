@@ -21,7 +21,7 @@ from anpred.judge import AnchorInfo, BackendInfo, Oracle, check_run
 from anpred.manifest import Anchor, AnchorManifest
 from anpred.report.text import format_text
 from tests.test_camps import _run
-from isa_reasons import NOT_A_KERNEL_VALUE
+from isa_reasons import EXACT_OPS, NOT_A_KERNEL_VALUE
 
 
 def _status(name: str, family: str, **cap) -> BackendStatus:
@@ -76,6 +76,7 @@ def test_a_scalar_output_is_aligned():
     assert res.unaligned == {} and z["ort"].shape == () and z["openvino"] == 1.5
 
 
+@pytest.mark.isa_independent(EXACT_OPS)
 def test_a_converters_reported_layout_is_checked_against_the_onnx_layout_backends():
     """Class 3: tf reports NHWC (permute [0, 3, 1, 2]) but returns the tensor with H and W swapped on a
     square map. The ONNX-layout backends are aligned first and never against tf; tf's reported rule

@@ -12,7 +12,7 @@ import pytest
 
 from anpred.errors import InputError
 
-from isa_reasons import NOT_A_KERNEL_VALUE
+from isa_reasons import EXACT_OPS, NOT_A_KERNEL_VALUE
 from ort_session import ort_outputs, ort_session
 
 
@@ -272,6 +272,7 @@ def test_ncnn_feeds_an_input_without_a_batch_axis_whole(tmp_path):
 @pytest.mark.parametrize("mode,shape,pads", [("reflect", (1, 10), [0, 3, 0, 2]),
                                               ("edge", (3, 4), [1, 0, 0, 2]),
                                               ("reflect", (1, 2, 3, 4, 5), [0, 0, 0, 1, 2, 0, 0, 0, 2, 1])])
+@pytest.mark.isa_independent(EXACT_OPS)
 def test_torch_pads_reflect_and_edge_on_any_rank(tmp_path, mode, shape, pads):
     """onnx2torch's Pad gives F.pad tensors it cannot pad in reflect/edge mode (a 2-D audio chunk);
     OnnxModePad folds the leading axes into one channel axis: equal to ONNX Runtime."""

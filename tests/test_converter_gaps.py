@@ -39,7 +39,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from anpred.errors import BackendError
 
-from isa_reasons import DEFECT_BOUND, FLOAT64_BOUND, FP32_BOUND
+from isa_reasons import DEFECT_BOUND, EXACT_OPS, FLOAT64_BOUND, FP32_BOUND
 from ort_session import ort_outputs
 
 EPS32 = float(np.finfo(np.float32).eps)
@@ -130,6 +130,7 @@ def slice_net():
                   ["y_sq", "y_ch", "y_un", "y_sm"], inits)
 
 
+@pytest.mark.isa_independent(EXACT_OPS)
 def test_split_multi_axis_slices_keeps_the_values():
     from anpred.backends.tf_prepare import split_multi_axis_slices, tf_safe_node_names
 
@@ -284,6 +285,7 @@ def test_mnn_backend_one_element_constants(tmp_path):
 
 
 # ---- 3: reduction accuracy (why torch and tf left the consensus on magika) ---------------------------
+@pytest.mark.kernels  # ONNX Runtime's ReduceSum order of float32 sums: ISA-dependent
 def test_reduce_sum_accumulation_against_float64():
     """ReduceSum over axis 1 of x^2, x [1, 512, 256] (magika's LayerNorm_0/Sum_1 shape): ONNX Runtime equals a
     sequential float32 accumulation bit for bit; torch's and TensorFlow's sums are several times closer to
@@ -358,6 +360,7 @@ def test_onnx_reference_batchnorm_momentum():
     assert np.abs(fixed - ort_outputs(plain, x)["y"]).max() <= RTOL * max(1.0, float(np.abs(fixed).max()))
 
 
+@pytest.mark.isa_independent(EXACT_OPS)
 def test_reference_backend_names_the_defect(tmp_path):
     """magika's pattern: GlobalMaxPool of [1, C, L] then Squeeze(axes [2]). By default onnx-reference
     computes it as ReduceMax over the spatial axis (an exact rewrite, named in reference_workarounds)

@@ -5,11 +5,13 @@ widening's report (the widening itself: tests/test_fp16_models.py)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from passes import Float64Pass, PassManager
+from isa_reasons import FLOAT64_BOUND
 
 
 def _model():
@@ -22,6 +24,7 @@ def _model():
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
 
 
+@pytest.mark.isa_independent(FLOAT64_BOUND)
 def test_float64_pass_widens_a_copy_and_keeps_the_float_slot():
     model = _model()
     before = model.SerializeToString()

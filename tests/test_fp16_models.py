@@ -23,7 +23,7 @@ import pytest
 
 from anpred.errors import BackendError
 
-from isa_reasons import FLOAT64_BOUND
+from isa_reasons import EXACT_OPS, FLOAT64_BOUND
 
 FP16_BACKENDS = ["ort", "ort-noopt", "openvino", "onnx-reference", "torch", "tf"]
 
@@ -274,6 +274,7 @@ def test_fp64_is_float64_exact_on_a_network_computed_by_hand(tmp_path):
         assert e64 < 1e-5 * e32, (a.name, e64, e32)
 
 
+@pytest.mark.isa_independent(EXACT_OPS)
 def test_fp64_conversion_of_dtype_attributes_and_refusals():
     """Constant value_float, ConstantOfShape without value, EyeLike, Cast to float16: all float64 in
     the copy (checked by running it); QuantizeLinear-13 (no double for x in the spec) is refused by name."""

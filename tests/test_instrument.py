@@ -21,7 +21,7 @@ from anpred.instrument import default_manifest_path, instrument_file, instrument
 from anpred.manifest import AnchorManifest
 from anpred.naming import output_anchor_name
 
-from isa_reasons import NOT_A_KERNEL_VALUE
+from isa_reasons import NOT_A_KERNEL_VALUE, SAME_DATA
 
 IMGSZ = 160
 
@@ -338,6 +338,7 @@ def _check_source_loads(path: Path) -> None:
     onnx.checker.check_model(str(path), full_check=True)
 
 
+@pytest.mark.isa_independent(SAME_DATA)
 def test_external_data_next_to_source_is_referenced(model_path, tmp_path):
     import onnx
     import onnxruntime as ort

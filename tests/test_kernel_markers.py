@@ -18,9 +18,12 @@ Either can be given to a test, its class, or its whole module (``pytestmark``). 
   module's or ``conftest.py``'s) refers to a name imported from one of :data:`RUNTIME_MODULES`
   (imports inside functions and ``pytest.importorskip("...")`` count);
 - *asserts a numeric bound*: an ``assert`` (or a ``numpy.testing.assert_*`` call) with an order
-  comparison (``<``, ``<=``, ``>``, ``>=``) involving a float literal or an UPPER_CASE constant, or a
+  comparison (``<``, ``<=``, ``>``, ``>=``) involving a float literal or an UPPER_CASE constant, a
   tolerance (``pytest.approx``, ``np.allclose``, ``np.isclose``, ``assert_allclose``,
-  ``assert_array_almost_equal``, ``rtol=``/``atol=``), in the test or a function of its module it calls.
+  ``assert_array_almost_equal``, ``rtol=``/``atol=``) or an exact equality of arrays (``np.array_equal``,
+  ``assert_array_equal``: bit-identity depends on the kernels too), in the test or a function of its
+  module it calls. Not seen (a limit of reading the source): order comparisons against integer literals
+  or lowercase variables and equality of strings that quote a computed value.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ RUNTIME_MODULES = ("onnxruntime", "openvino", "torch", "tensorflow", "keras", "t
                    "anpred.campaign", "anpred.drill", "models",
                    "exporters", "run_models", "pipeline_factories")
 TOLERANCE_CALLS = frozenset({"approx", "allclose", "isclose", "assert_allclose", "assert_array_almost_equal",
-                             "assert_almost_equal", "assert_array_max_ulp", "assert_array_almost_equal_nulp"})
+                             "assert_almost_equal", "assert_array_max_ulp", "assert_array_almost_equal_nulp",
+                             # exact equality of computed arrays: bit-identity depends on the kernels too
+                             "array_equal", "assert_array_equal"})
 TOLERANCE_KEYWORDS = frozenset({"rtol", "atol", "rel", "abs"})
 MARKERS = ("kernels", "isa_independent")
 
@@ -276,13 +281,17 @@ def test_reason():
 class TestClass:
     def test_in_class(self):
         assert _run(1) == pytest.approx(2)
+
+def test_exact():
+    np.testing.assert_array_equal(_run(1), np.ones(3))
 ''')
     (tmp_path / "test_b.py").write_text(
         "import pytest\nimport torch\n\npytestmark = [pytest.mark.kernels]\n\n\ndef test_m():\n"
         "    assert torch.ones(1).item() > 0.5\n")
     got = unmarked([tmp_path / "test_a.py", tmp_path / "test_b.py"], tmp_path / "conftest.py")
     assert got == ["test_a.py::test_helper: bound at line 12", "test_a.py::test_fixture: bound at line 15",
-                   "test_a.py::test_inline: bound at line 19", "test_a.py::test_no_reason: bound at line 33"]
+                   "test_a.py::test_inline: bound at line 19", "test_a.py::test_no_reason: bound at line 33",
+                   "test_a.py::test_exact: bound at line 45"]
 
 
 def test_the_markers_are_registered_and_ci_runs_the_kernels_subset_emulated():

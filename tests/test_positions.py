@@ -9,6 +9,7 @@ import pytest
 from anpred.align.rules import apply_rule
 from anpred.judge.positions import PositionSampler, sample_positions
 from anpred.run.positions import GATHERED_SUFFIX, backend_indices, gather, load_gather, save_gather
+from isa_reasons import SAME_DATA
 
 
 @pytest.mark.parametrize("rule, backend_shape", [
@@ -19,6 +20,7 @@ from anpred.run.positions import GATHERED_SUFFIX, backend_indices, gather, load_
     ({"segments": {"axis": 1, "order": [[4, 2], [0, 4]]}}, [1, 6, 5, 4]),  # heads concatenated in another order
     ({"dequantize": {"scale": 0.5, "zero_point": 3}, "permute": [0, 3, 1, 2]}, [1, 5, 4, 6]),
 ])
+@pytest.mark.isa_independent(SAME_DATA)
 def test_backend_indices_pick_the_canonical_positions(rule, backend_shape):
     """x (the backend's tensor) gathered at the mapped indices == apply_rule(rule, x) at the positions."""
     canonical = [1, 6, 5, 4]
@@ -47,6 +49,7 @@ def test_positions_are_reproducible_and_small_anchors_stay_whole():
     assert sample_positions("anchor/03/x", 500, 500) is None and sample_positions("anchor/03/x", 10, 0) is None
 
 
+@pytest.mark.isa_independent(SAME_DATA)
 def test_gather_file_round_trip_and_worker_gather(tmp_path):
     """The worker stores an anchor of the recorded shape as its values at the indices; another shape
     (a dynamic dim) and the anchors not listed stay whole."""

@@ -35,6 +35,7 @@ HANG_S = 600
 HANGING_S = 3
 
 
+@pytest.mark.isa_independent(SAME_DATA)
 def test_crashing_backends_leave_the_others_intact(yolo, tmp_path):
     """Every fault kind in a backend's own process; the others' results are intact. The hanging one runs
     alone, in a run of its own with a short limit (the limit is the run's, not a backend's)."""
@@ -426,6 +427,7 @@ def test_stream_threads_lower_their_priority():
     assert os.getpriority(os.PRIO_PROCESS, 0) == before
 
 
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_samples_in_memory_move_their_prewritten_inputs_in(tmp_path):
     """A streamed chunk's inputs arrive in memory (anpred.inputs.ArraySamples), hashed and written by
     the reader thread beforehand: run_model moves that file into the run and records that digest; a

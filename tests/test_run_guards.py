@@ -19,7 +19,7 @@ from onnx import numpy_helper as nh
 
 from anpred.backends.base import BackendStatus
 from anpred.errors import AnpredError
-from isa_reasons import FP32_BOUND
+from isa_reasons import EXACT_OPS, FP32_BOUND
 
 MIB = 1 << 20
 
@@ -138,6 +138,7 @@ def test_bounds_from_the_machine_and_the_environment(monkeypatch):
 
 
 # ---- inputs keep their rank ---------------------------------------------------------------------
+@pytest.mark.isa_independent(EXACT_OPS)
 def test_scalar_inputs_are_fed_as_0d_arrays(tmp_path):
     from anpred.inputs import InputSpec, check_sample, model_inputs
     from anpred.run import RunStore, run_model

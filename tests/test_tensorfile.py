@@ -167,6 +167,7 @@ def test_worker_malloc_tunables_keep_the_users_settings():
     assert out.endswith("glibc.malloc.mmap_threshold=268435456")
 
 
+@pytest.mark.isa_independent(SAME_DATA)
 def test_run_stores_safetensors_and_the_worker_gets_the_tunables(tmp_path):
     """A real ort run: tensors land as .safetensors that the safetensors package reads back, equal to
     a plain InferenceSession.run; the worker's environment carried the malloc tunables."""

@@ -234,6 +234,7 @@ def test_rendered_page_is_deterministic_and_complete():
             render_page(bad)
 
 
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_real_images_honour_the_seed(doclaynet_model):
     import models
     from anpred.pipeline.samples import zoo_sources as _zoo_sources
