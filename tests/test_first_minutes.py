@@ -231,7 +231,8 @@ def test_defaults_are_the_quick_set_and_the_full_set_is_one_flag_away():
     assert default_backends("torch") == list(QUICK_FP32) + ["torch-native"]
     assert default_backends("onnx", precision=("int8",)) == list(QUICK_FP32) + list(POPULATIONS["int8"])
     full = default_backends("tf", all_backends=True)
-    assert full == list(ALL_FP32) + ["tf-native"] + list(POPULATIONS["fp16"]) + list(POPULATIONS["int8"])
+    assert full == list(ALL_FP32) + ["onnx-reference-fp64", "tf-native"] + list(POPULATIONS["fp16"]) + \
+        list(POPULATIONS["int8"])
 
 
 # ---- real runs -----------------------------------------------------------------------------------

@@ -80,8 +80,8 @@ def test_default_backends_follow_the_origin():
             "ort-int8", "ort-int8-noopt", "openvino-int8", "onnx-reference-int8"]
     fp32 = ["ort", "openvino", "torch", "tf", "tvm", "mnn", "ncnn", "litert"]  # eight families (issue 18): --all
     quick = ["ort", "openvino", "torch", "mnn", "ncnn"]  # the default (issue 35): the five cheapest, measured
-    assert default_backends("onnx", all_backends=True) == fp32 + pops
-    assert default_backends("torch", all_backends=True) == fp32 + ["torch-native"] + pops
+    assert default_backends("onnx", all_backends=True) == fp32 + ["onnx-reference-fp64"] + pops
+    assert default_backends("torch", all_backends=True) == fp32 + ["onnx-reference-fp64", "torch-native"] + pops
     assert default_backends("onnx") == quick and default_backends("torch") == quick + ["torch-native"]
     assert default_backends("onnx", ("fp16", "int8")) == quick + pops
     assert "tf-native" in default_backends("tf") and "torch-native" not in default_backends("tf")

@@ -103,8 +103,8 @@ def test_readme_defaults_match_the_code():
     """README's "Defaults of `anpred test`" names the code's default set, populations, full set,
     witness rule, samples and image size; the oracle summary's numbers are the config's."""
     from anpred.defaults import OracleConfig
-    from anpred.pipeline.choices import (ALL_FP32, DEFAULT_IMGSZ, DEFAULT_SAMPLES, NATIVE_BACKEND, POPULATIONS,
-                                         QUICK_FP32)
+    from anpred.pipeline.choices import (ALL_FP32, ARBITER_BACKEND, DEFAULT_IMGSZ, DEFAULT_SAMPLES, NATIVE_BACKEND,
+                                         POPULATIONS, QUICK_FP32)
 
     text = _section("Defaults of `anpred test`")
     items = [b for b in re.split(r"\n- ", "\n" + text.strip()) if b.strip()]
@@ -117,7 +117,7 @@ def test_readme_defaults_match_the_code():
     assert set(_ticked(backends)) - set(QUICK_FP32) == set(NATIVE_BACKEND.values())
     fp16, int8 = bullet("`--precision fp16`").split("; ")
     assert _ticked(fp16) == list(POPULATIONS["fp16"]) and _ticked(int8) == list(POPULATIONS["int8"])
-    assert _ticked(bullet("`--all`")) == ["--all"] + list(ALL_FP32)
+    assert _ticked(bullet("`--all`")) == ["--all"] + list(ALL_FP32) + [ARBITER_BACKEND]
     cfg = OracleConfig()
     assert f"fewer than {cfg.min_voters} voting fp32 families" in bullet("witnesses:")
     inputs = bullet("inputs:")

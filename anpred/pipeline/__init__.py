@@ -45,8 +45,8 @@ an error or an interrupt leaves nothing half-written)::
 Default backends (:func:`default_backends`): ``ort``, ``openvino``, ``torch`` (onnx2torch), ``mnn``,
 ``ncnn`` (five independent fp32 families, the quickest by measured cost), plus ``torch-native``
 (PyTorch origin) or ``tf-native`` (Keras origin); ``precision`` adds the fp16 and int8 populations,
-``all_backends`` every family (:data:`ALL_FP32`) and both populations. A default backend that is not
-installed or cannot take the model is skipped with its reason; named backends giving fewer than three
+``all_backends`` every family (:data:`ALL_FP32`), the float64 execution and both populations. A
+default backend that is not installed or cannot take the model is skipped with its reason; named backends giving fewer than three
 voting families get witnesses (:mod:`anpred.pipeline.witnesses`). Default inputs: a zoo model's own real
 images (ultralytics' photographs, rendered document pages or text lines) with its own preprocessing;
 for other models with an image input (4-D, 3 channels) the ultralytics photographs with seeded random

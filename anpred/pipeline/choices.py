@@ -16,7 +16,8 @@ from typing import Iterable
 
 from anpred.errors import AnpredError, BackendError, InputError, OutputPathError
 
-__all__ = ["ONNX_BACKENDS", "QUICK_FP32", "ALL_FP32", "POPULATIONS", "FULL_BACKENDS", "NATIVE_BACKEND",
+__all__ = ["ONNX_BACKENDS", "QUICK_FP32", "ALL_FP32", "ARBITER_BACKEND", "POPULATIONS", "FULL_BACKENDS",
+           "NATIVE_BACKEND",
            "DEFAULT_SAMPLES", "DEFAULT_IMGSZ", "default_backends",
            "parse_backend_list", "check_native_backends", "check_test_options"]
 
@@ -38,8 +39,11 @@ POPULATIONS: dict[str, tuple[str, ...]] = {
     "int8": ("ort-int8", "ort-int8-noopt", "openvino-int8", "onnx-reference-int8")}
 #: Backends that run any ONNX model by default, in run order (the quick fp32 set).
 ONNX_BACKENDS: tuple[str, ...] = QUICK_FP32
-#: The full set (``--all``): every fp32 family, then both populations.
-FULL_BACKENDS: tuple[str, ...] = ALL_FP32 + POPULATIONS["fp16"] + POPULATIONS["int8"]
+#: The float64 execution (the arbiter of split votes, docs/oracle.md): part of the full set (``--all``)
+#: so that a vote split between families is decided by the truth, not left a tie.
+ARBITER_BACKEND = "onnx-reference-fp64"
+#: The full set (``--all``): every fp32 family, the float64 execution, then both populations.
+FULL_BACKENDS: tuple[str, ...] = ALL_FP32 + (ARBITER_BACKEND,) + POPULATIONS["fp16"] + POPULATIONS["int8"]
 #: The native backend of each origin framework.
 NATIVE_BACKEND = {"torch": "torch-native", "tf": "tf-native"}
 #: Samples per test when ``samples`` is not given.
@@ -50,13 +54,13 @@ DEFAULT_IMGSZ = 640
 
 def default_backends(framework: str, precision: Iterable[str] = (), all_backends: bool = False) -> list[str]:
     """The backends that apply to a model of origin ``framework`` (``onnx`` | ``torch`` | ``tf``):
-    :data:`QUICK_FP32` (:data:`ALL_FP32` with ``all_backends``), the native one
+    :data:`QUICK_FP32` (:data:`ALL_FP32` and :data:`ARBITER_BACKEND` with ``all_backends``), the native one
     (:data:`NATIVE_BACKEND`) after the fp32 voters, then the populations of ``precision`` (both with
     ``all_backends``; :data:`POPULATIONS`).
 
     Raises:
         AnpredError: an unknown precision."""
-    out = list(ALL_FP32 if all_backends else QUICK_FP32)
+    out = list(ALL_FP32) + [ARBITER_BACKEND] if all_backends else list(QUICK_FP32)
     if framework in NATIVE_BACKEND:
         out.append(NATIVE_BACKEND[framework])
     for p in (tuple(POPULATIONS) if all_backends else tuple(precision)):

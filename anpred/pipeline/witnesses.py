@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from anpred.pipeline.choices import ALL_FP32
+from anpred.pipeline.choices import ALL_FP32, ARBITER_BACKEND
 from anpred.pipeline.progress import log
 
 __all__ = ["WITNESS_CANDIDATES", "ARBITER", "MIN_FAMILIES", "BackendPlan", "not_installed", "plan_backends",
@@ -30,7 +30,7 @@ __all__ = ["WITNESS_CANDIDATES", "ARBITER", "MIN_FAMILIES", "BackendPlan", "not_
 #: the backends a witness is chosen from: one per independent fp32 family
 WITNESS_CANDIDATES: tuple[str, ...] = ALL_FP32 + ("onnx-reference",)
 #: the float64 execution: never votes, arbitrates where a majority of the voters shares one error
-ARBITER = "onnx-reference-fp64"
+ARBITER = ARBITER_BACKEND
 #: voting fp32 families a consensus median needs (the oracle's ``min_voters``, anpred/defaults.py)
 MIN_FAMILIES = 3
 
