@@ -48,7 +48,8 @@ Default backends (:func:`default_backends`): ``ort``, ``openvino``, ``torch`` (o
 ``all_backends`` every family (:data:`ALL_FP32`), the float64 execution and both populations. A
 default backend that is not installed or cannot take the model is skipped with its reason; named
 backends giving fewer than three voting families get witnesses (:mod:`anpred.pipeline.witnesses`).
-Default inputs: a zoo model's own real images (ultralytics' photographs, rendered document pages or text lines) with its own preprocessing;
+Default inputs: a zoo model's own real images (ultralytics' photographs, rendered document pages or
+text lines) with its own preprocessing;
 for other models with an image input (4-D, 3 channels) the ultralytics photographs with seeded random
 crops (``random:images``), otherwise seeded uniform random arrays (``random:uniform``); given arrays
 fix the dynamic dimensions, in shape buckets when they differ (:mod:`anpred.pipeline.shapes`).
