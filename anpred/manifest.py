@@ -103,6 +103,17 @@ class AnchorManifest:
     def by_value(self) -> dict[str, Anchor]:
         return {a.value: a for a in self.anchors}
 
+    def counts(self) -> str:
+        """``"2 stages, 1 anchor + 1 output"``: the stage, inner-anchor and output-anchor counts, each
+        noun singular for a count of 1 (as the CLI and ``anpred test`` print them)."""
+        inner = sum(a.kind != "output" for a in self.anchors)
+        outs = len(self.anchors) - inner
+
+        def n(k: int, noun: str) -> str:
+            return f"{k} {noun}" if k == 1 else f"{k} {noun}s"
+
+        return f"{n(len(self.stages), 'stage')}, {n(inner, 'anchor')} + {n(outs, 'output')}"
+
     # ---- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -47,9 +47,14 @@ from passes.plan import AnchorPlan, Partition, Stage
 from passes.scopes import node_modules
 from passes.shapes import FLOAT_TYPES, fix_input_dims, infer_value_types
 
-__all__ = ["DEFAULT_STAGES", "StagePartitioner"]
+__all__ = ["DEFAULT_STAGES", "MIN_STAGE_NODES", "StagePartitioner"]
 
 DEFAULT_STAGES = 8
+#: the automatic stage count gives each stage at least this many live data nodes
+#: (``min(DEFAULT_STAGES, live nodes // MIN_STAGE_NODES)``), so that a small graph is not anchored after
+#: nearly every operator (each anchor is a graph output a runtime must keep, which can split a fusion
+#: such as Conv+Relu); ``--stages K`` overrides it (docs/instrument.md)
+MIN_STAGE_NODES = 4
 
 
 def _check_anchors(index: GraphIndex, anchors: list[str]) -> None:
@@ -107,6 +112,14 @@ def _node_costs(index: GraphIndex, cost_types) -> tuple[list[float], str]:
     if data_nodes == 0 or unknown > data_nodes // 2:
         return [1.0 if live[p] and data_node[p] else 0.0 for p in range(n)], "nodes"
     return costs, "flops"
+
+
+def _small_graph_note(stages: int, live_nodes: int, cuts: int) -> str:
+    """Why the automatic choice gave fewer than :data:`DEFAULT_STAGES` stages although ``cuts``
+    admissible cuts would allow more, and how to get more."""
+    return (f"automatic choice: {stages} {'stage' if stages == 1 else 'stages'} for {live_nodes} live nodes "
+            f"(at least {MIN_STAGE_NODES} nodes per stage, by design: fewer would anchor nearly every "
+            f"operator); the graph has {cuts} admissible cuts: --stages N gives up to {cuts + 1} stages")
 
 
 def _stages(chosen, n: int, prefix: list[float], total: float, outputs: list[str]) -> list[Stage]:
@@ -266,7 +279,7 @@ class StagePartitioner:
 
         # choose boundaries
         live_data = sum(1 for c in costs if c > 0)
-        auto = max(1, min(DEFAULT_STAGES, live_data // 4))
+        auto = max(1, min(DEFAULT_STAGES, live_data // MIN_STAGE_NODES))
         wanted = self.stages if self.stages is not None else auto
         notes: list[str] = []
         has_scopes = any(mods)
@@ -305,12 +318,14 @@ class StagePartitioner:
             notes.insert(0, f"{what}, but the graph has only {narrow_count} admissible cuts of width <= "
                          f"{self.max_cut_width}{wider}, so {K} stages" +
                          (" (a larger --max-cut-width allows more)" if self.max_cut_width < 8 else ""))
+        elif self.stages is None and wanted < DEFAULT_STAGES and K < len(cands) + 1:
+            notes.insert(0, _small_graph_note(wanted, live_data, len(cands)))
         chosen = [(p, sorted(c, key=lambda v: (index.producer[v], v))) for p, c in chosen]
         stages = _stages(chosen, n, prefix, total, index.graph_outputs)
         if K > 1 and total > 0:
             cand_pos = [p for p, _ in cands]
-            for st in stages:  # a stage far over its share that no admissible cut could split
-                if st.cost > max(2.0 / K, 0.2) * total and \
+            for st in stages:  # a stage far over its share that no admissible cut could split (one node: none can)
+                if st.last > st.first and st.cost > max(2.0 / K, 0.2) * total and \
                         bisect.bisect_left(cand_pos, st.first) == bisect.bisect_left(cand_pos, st.last):
                     notes.append(f"stage {st.index} carries {100 * st.cost / total:.0f}% of the cost: no admissible "
                                  f"cut of width <= {self.max_cut_width} lies inside it (nodes {st.first}..{st.last})")

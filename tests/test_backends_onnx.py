@@ -240,7 +240,8 @@ def test_npz_inputs_stacked_and_bad_ones(tmp_path):
     got = list(InputSpec.parse(tmp_path / "a.npz").samples(inp))
     assert len(got) == 4 and got[2][1]["x"].dtype == np.float32 and got[2][0].endswith("a.npz[2]")
     np.save(tmp_path / "b.npy", np.zeros((1, 3, 9, 8), np.float32))
-    with pytest.raises(InputError, match=r"shape \(1, 3, 9, 8\) does not fit the model's 1x3x8x8"):
+    with pytest.raises(InputError,
+                       match=r"^input 'x' \(b.npy\): shape \(1, 3, 9, 8\) does not fit the model's 1x3x8x8"):
         list(InputSpec.parse(tmp_path / "b.npy").samples(inp))
     with pytest.raises(InputError, match="missing"):
         check_sample({"y": np.zeros((1, 3, 8, 8), np.float32)}, inp)

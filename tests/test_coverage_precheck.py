@@ -67,6 +67,14 @@ def test_run_skips_a_backend_whose_table_lacks_an_operator(tmp_path, capsys):
     assert st["openvino"].reason.startswith("not run: the model uses 1 operator(s) missing from its OpenVINO's ONNX "
                                             "frontend (conversion without compilation) (pre-run coverage): Det:")
     assert not (tmp_path / "run" / "logs" / "openvino.log").exists()  # never started
+    # the end-of-run table cuts the long reason with "..." and gives it in full below (it was cut silently)
+    from anpred.run import format_summary
+    from anpred.run.outcome import REASON_WIDTH
+
+    table = format_summary(store).splitlines()
+    row = next(ln for ln in table if ln.startswith("openvino "))
+    assert row.endswith(st["openvino"].reason[:REASON_WIDTH - 3] + "...")
+    assert table[table.index("reasons in full:") + 1] == f"  openvino: {st['openvino'].reason}"
     assert store.meta["coverage"]["openvino"]["ops"] == {"Det": "no conversion rule in OpenVINO's ONNX frontend"}
     # the report lists it with the backends that did not run, with the operator
     rep = check_run(tmp_path / "run", allow_incomplete=True)
@@ -140,3 +148,59 @@ def test_cli_backends_with_a_model_names_the_missing_operator(tmp_path, capsys):
     assert rows["openvino-fp16"]["coverage"]["ops"] == {"Det": "no conversion rule in OpenVINO's ONNX frontend"}
     assert rows["ort"]["coverage"]["ops"] == {}
     assert main(["backends", "--model", str(tmp_path / "missing.onnx")]) == 2
+
+
+def _custom_net(tmp_path):
+    """The Det network with its Relu replaced by ``my.ops::FancyRelu`` (a custom operator no library has)."""
+    m = onnx.load(str(_det_net(tmp_path / "det.onnx")))
+    m.graph.node[1].domain, m.graph.node[1].op_type = "my.ops", "FancyRelu"
+    m.opset_import.append(helper.make_opsetid("my.ops", 1))
+    onnx.save(m, str(tmp_path / "custom.onnx"))
+    return tmp_path / "custom.onnx"
+
+
+def test_reference_coverage_refuses_a_custom_domain_and_witness_claims_need_coverage(tmp_path):
+    """A new user's custom operator: onnx-reference's coverage left other domains to the run, so it was
+    added as a witness "that takes the model" and failed with NotImplementedError. Its table (and the
+    float64 execution's, the same evaluator) now refuses a domain the evaluator has no kernels for,
+    keeps ai.onnx.ml, and a witness is said to take the model only where its coverage says so."""
+    from anpred.backends.coverage import unsupported_by
+    from anpred.pipeline.witnesses import takes_model
+
+    path = _custom_net(tmp_path)
+    rows = unsupported_by(path, {"ref": "onnx-reference", "fp64": "onnx-reference-fp64", "ort": "ort"})
+    why = ("onnx.reference has no kernel for domain 'my.ops' (it runs the ONNX domains and the model's own "
+           "functions only)")
+    assert rows["ref"]["ops"] == rows["fp64"]["ops"] == {"my.ops::FancyRelu": why}
+    assert not takes_model(rows["ref"]) and not takes_model(rows["fp64"])
+    # ai.onnx.ml has the evaluator's own kernels: Binarizer is not refused, an unknown ml op is
+    ml = helper.make_graph([helper.make_node("Binarizer", ["x"], ["b"], domain="ai.onnx.ml", threshold=0.5),
+                            helper.make_node("Nope", ["b"], ["y"], domain="ai.onnx.ml")], "ml",
+                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+    onnx.save(helper.make_model(ml, opset_imports=opsets), str(tmp_path / "ml.onnx"))
+    ml_rows = unsupported_by(tmp_path / "ml.onnx", {"ref": "onnx-reference"})
+    assert list(ml_rows["ref"]["ops"]) == ["ai.onnx.ml::Nope"]
+    # the det network: ort's table takes it, openvino's refuses Det, torch-native has no table (not claimed)
+    det = unsupported_by(tmp_path / "det.onnx", {"ort": "ort", "ov": "openvino", "tn": "torch-native"})
+    assert [takes_model(det[k]) for k in ("ort", "ov", "tn")] == [True, False, False]
+
+
+def test_every_named_backend_refused_stops_before_running(tmp_path, capsys):
+    """``-b ort,openvino`` on a model with a custom operator: the coverage refuses both, so the test
+    stops before anything runs with one line naming the operator, exit 2, nothing written (it used to
+    add a witness, start 4 workers, write a report and exit 2)."""
+    from anpred.cli import main
+
+    path = _custom_net(tmp_path)
+    out = tmp_path / "out"
+    before = set(tmp_path.rglob("*"))
+    rc = main(["test", str(path), "-b", "ort,openvino", "-o", str(out), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err, err
+    ov = "openvino: no conversion rule in OpenVINO's ONNX frontend"
+    assert err == ("anpred: error: the pre-run coverage refuses the model on every backend named (ort, openvino): "
+                   "2 operator(s) they lack: my.ops::FancyRelu (ort: no ONNX Runtime schema for 'FancyRelu' in "
+                   f"domain 'my.ops'; {ov}), Det ({ov}); nothing was run or written"), err
+    assert set(tmp_path.rglob("*")) == before and not out.exists()

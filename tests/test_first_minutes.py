@@ -151,8 +151,12 @@ def test_given_inputs_make_buckets_and_bad_samples_get_one_line(tmp_path):
     for name, arrays, msg in (
             ("range", {"ids": np.array([[1, 10]]), "x": x}, r"value 10 is outside \[-10, 9\].*10-row table.*'embed'"),
             ("static", {"ids": np.array([[1]]), "x": np.zeros((1, 4), np.float32)},
-             r"input 'x': shape \(1, 4\) does not fit the model's 1x3"),
-            ("names", {"tokens": np.array([[1]]), "x": x}, r"missing \['ids'\], unexpected \['tokens'\]")):
+             r"input 'x' \(static.npz\): shape \(1, 4\) does not fit the model's 1x3"),
+            # a new user's float token ids: the error names the file, as the range error does
+            ("dtype", {"ids": np.array([[1.0, 2.0]], np.float32), "x": x},
+             r"^input 'ids' \(dtype.npz\): dtype float32 cannot feed the model's int64$"),
+            ("names", {"tokens": np.array([[1]]), "x": x},
+             r"^inputs \(names.npz\) do not fit the model: missing \['ids'\], unexpected \['tokens'\]")):
         f = tmp_path / f"{name}.npz"
         np.savez(f, **arrays)
         with pytest.raises(InputError, match=msg):

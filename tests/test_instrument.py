@@ -562,7 +562,7 @@ def test_cli_writes_and_lists(model_path, tmp_path, capsys):
     assert rc == 0
     man = AnchorManifest.load(tmp_path / "m.json")
     inner = sum(a.kind != "output" for a in man.anchors)
-    assert f"5 stages, {inner} anchors + {len(man.anchors) - inner} outputs = {len(man.anchors)} in the manifest" in out
+    assert f"5 stages, {inner} anchors + 1 output = {len(man.anchors)} in the manifest" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.onnx", "m.json"]
     assert len(man.stages) == 5 and man.by_value()[target].kind == "explicit"
     assert man.by_value()[target].scope == "model.4"

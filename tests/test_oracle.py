@@ -731,3 +731,33 @@ def test_latest_output_consensus_and_nrmse_are_offered_for_reuse():
     assert not np.array_equal(o.last_consensus["output/y"], c)
     restored = pickle.loads(pickle.dumps(o))
     assert restored.last_consensus == {} and restored.last_nrmse == {} and restored.samples == 2
+
+
+def test_independence_line_says_merged_or_not_and_from_how_many_anchors():
+    """A new user's Resize run printed "merged at rho >= 0.8: mnn~onnxruntime 1.00" while nothing was
+    merged (report.json: ``"merged": {}``) and the rho came from one anchor. The line now names the
+    pairs the oracle merged (and at how many anchors), then the pairs at the threshold it did not merge,
+    each with the number of anchors its rho was measured at."""
+    from anpred.judge.oracle_notes import independence_line
+
+    names = ["ort", "onnx-reference", "openvino", "tf"]
+    runs = {}
+    for rho in (0.8, 1.0):  # 1.0: the error-correlation merge off
+        o = Oracle(ANCHORS, _backends(names), OracleConfig(correlated_rho=rho))
+        for s in _shared_deviation(names, 8e-6, identical=False):
+            o.add(s)
+        runs[rho] = o.finish()
+    # merged at the three anchors after the deviation starts: said so, and no "not merged"
+    assert [len(c["anchors"]) for c in runs[0.8].correlated] == [3]
+    line = independence_line(runs[0.8].independence, runs[0.8].correlated, 0.8)
+    assert "openvino~tensorflow merged into one vote at 3 anchors" in line and "not merged" not in line, line
+    # the same pair correlated at every anchor, but this run merged nothing: the line must not say merged
+    pair = runs[1.0].independence["pairs"]["openvino|tensorflow"]
+    assert runs[1.0].correlated == [] and pair["anchors"] == 4 and pair["rho_median"] > 0.99
+    line = independence_line(runs[1.0].independence, runs[1.0].correlated, 0.8)
+    assert "openvino~tensorflow 1.00 from 4 anchors, not merged" in line and "merged into" not in line, line
+    # the user's case, one anchor: singular; above every pair: the highest, with its anchor count
+    one = {"pairs": {"mnn|onnxruntime": {"rho_median": 1.0, "rho_max": 1.0, "anchors": 1},
+                     "mnn|ncnn": {"rho_median": -0.4, "rho_max": -0.4, "anchors": 1}}, "merged": {}}
+    assert "): mnn~onnxruntime 1.00 from 1 anchor, not merged (" in independence_line(one, [], 0.8)
+    assert "no pair at or above it; highest mnn~onnxruntime 1.00 from 1 anchor" in independence_line(one, [], 1.01)

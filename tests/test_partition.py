@@ -335,3 +335,75 @@ def test_declared_pass_contracts_are_enforced():
     # the digest leaves weight values out (O(graph)); every other part counts
     d = model_digest(model)
     assert {"graph.node", "graph.initializer", "graph.input", "graph.output", "opset_import"} <= set(d)
+
+
+def _small_cnn(blocks: int = 4):
+    """``blocks`` x (Conv 3x3 + Relu), then ReduceMean over H, W, Gemm to 10 classes and Softmax: the
+    shape of a hand-built small CNN (``2 * blocks + 3`` nodes, every position a single-tensor cut)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, x, c = [], [], "image", 3
+    for b in range(blocks):
+        w = numpy_helper.from_array((0.1 * rng.standard_normal((16, c, 3, 3))).astype(np.float32), f"w{b}")
+        inits.append(w)
+        nodes += [helper.make_node("Conv", [x, f"w{b}"], [f"c{b}"], pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{b}"], [f"r{b}"])]
+        x, c = f"r{b}", 16
+    inits += [numpy_helper.from_array(rng.standard_normal((16, 10)).astype(np.float32), "fc"),
+              numpy_helper.from_array(np.array([2, 3], np.int64), "axes")]
+    nodes += [helper.make_node("ReduceMean", [x, "axes"], ["m"], keepdims=0),
+              helper.make_node("Gemm", ["m", "fc"], ["g"]),
+              helper.make_node("Softmax", ["g"], ["prob"])]
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 10])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_small_graph_automatic_stage_count_is_explained(tmp_path, capsys):
+    """A new user's 4-block CNN (11 nodes, 10 admissible cuts) got 2 stages with no word why: the
+    automatic count keeps MIN_STAGE_NODES (4) live nodes per stage; a note now says so and how to get
+    more, and the counts read in the singular for one."""
+    import onnx
+
+    from anpred.cli import instrument_main
+    from anpred.instrument import instrument_model
+    from passes.partition import MIN_STAGE_NODES
+
+    model = _small_cnn()
+    _, man = instrument_model(model)
+    assert MIN_STAGE_NODES == 4 and len(man.stages) == 11 // 4 == 2
+    assert man.partition["candidate_cuts"] == 10
+    assert man.partition["notes"] == [
+        "automatic choice: 2 stages for 11 live nodes (at least 4 nodes per stage, by design: fewer would "
+        "anchor nearly every operator); the graph has 10 admissible cuts: --stages N gives up to 11 stages"]
+    assert man.counts() == "2 stages, 1 anchor + 1 output"
+    # what the note promises holds
+    _, man11 = instrument_model(model, stages=11)
+    assert len(man11.stages) == 11 and man11.partition["notes"] == []
+    assert man11.counts() == "11 stages, 10 anchors + 1 output"
+    # a single node: one stage, nothing to explain (no cut)
+    _, one = instrument_model(_one_node())
+    assert one.counts() == "1 stage, 0 anchors + 1 output" and one.partition["notes"] == []
+    # a graph large enough for the default 8 stages: no note
+    big = StagePartitioner().propose(skip_chain_model(200, kind="conv"))
+    assert len(big.stages) == 8 and not any("automatic choice" in n for n in big.options["notes"])
+    # the CLI prints the note and the counts
+    path = tmp_path / "cnn.onnx"
+    onnx.save(model, str(path))
+    assert instrument_main([str(path), "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "11 nodes, 2 stages, 1 anchor + 1 output (" in out
+    assert "note: automatic choice: 2 stages for 11 live nodes" in out
+
+
+def _one_node():
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "one",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])

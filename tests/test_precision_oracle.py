@@ -22,7 +22,7 @@ from anpred.instrument import instrument_model
 from anpred.judge import AnchorInfo, BackendInfo, check_run
 from anpred.judge.consensus import vote
 from anpred.judge.populations import PopulationOracle
-from anpred.judge.scales import cell_precision, floor_and_basis, unit_nrmse
+from anpred.judge.scales import cell_precision, floor_and_basis, floor_basis_of, unit_nrmse
 from anpred.report.text import format_text
 from tests.test_check import make_run
 
@@ -134,7 +134,9 @@ def test_clean_int8_population_no_implementation_verdict():
     # the budget's expected level: the population's cost, the error of rounding to the grid:
     # STEP / sqrt(12) relative to a unit normal, ~0.0144 (plus the 2% one-step differences)
     c = next(c for c in res.cells if c.backend == "ort-int8" and c.anchor == "anchor/01/b")
-    assert 0.012 < c.peer_level < 0.02 and c.basis.startswith("population: 10 x median of openvino-int8")
+    assert 0.012 < c.peer_level < 0.02 and c.threshold_by == "peers" and c.threshold == 10 * c.peer_level
+    assert c.basis.startswith(f"threshold {c.threshold:.3g} = 10 x the peers' median {c.peer_level:.3g} (above the "
+                              f"floor {c.floor:.3g}); population: 10 x median of openvino-int8")
     assert c.floor == pytest.approx(STEP / math.sqrt(12) / 1.0, rel=0.05)  # natural unit, RMS of c ~ 1
     assert c.units["unit"] == "int8 step" and c.units["size"] == STEP and 0.2 < c.units["rms"] < 0.5
 
@@ -174,12 +176,49 @@ def test_destroyed_output_never_consistent():
         assert "signal lost" in c.reason
 
 
+def test_basis_names_the_term_that_set_the_threshold():
+    """A new user's Resize: the fp32 voters differ by ~0.18 nRMSE, so the threshold 1.77 was 10 x the
+    peers' median, yet the basis read only "constant: the measured fp32 floor 2e-05 ...". The basis now
+    leads with the term that set the threshold (``threshold_by``), with both values."""
+    cfg = OracleConfig()
+    # every family off by its own 0.05 would split the vote into camps (no consensus): 1e-5 relative
+    # noise per family puts the peers' median (~9e-6) x 10 above the floor (2.8e-5 at stage 1)
+    for noise, term in ((1e-7, "floor"), (1e-5, "peers")):
+        rng = np.random.default_rng(1)
+        o = PopulationOracle(ANCHORS, _infos(FP32), cfg)
+        for s in range(3):
+            sample = {}
+            for a in ANCHORS:
+                true = rng.standard_normal(2048)
+                sample[a.name] = {b: true * (1 + noise * rng.standard_normal(2048)) for b in FP32}
+            o.add(sample, sample_id=f"s{s}")
+        res = o.finish()
+        c = next(c for c in res.cells if c.backend == "ort" and c.anchor == "anchor/01/b")
+        floor = cfg.floor_at("fp32", 1)
+        assert c.floor == floor and c.threshold_by == term and not c.flagged
+        tail = "; peers: 10 x median of the other voting families; floor = constant: the measured fp32 floor 2e-05"
+        if term == "peers":
+            assert 5e-6 < c.peer_level < 2e-5 and c.threshold == pytest.approx(10 * c.peer_level)
+            want = (f"threshold {c.threshold:.3g} = 10 x the peers' median {c.peer_level:.3g} "
+                    f"(above the floor {floor:.3g})")
+        else:
+            assert c.peer_level < 1e-6 and c.threshold == floor
+            want = (f"threshold {floor:.3g} = the floor (10 x the peers' median {c.peer_level:.3g} = "
+                    f"{10 * c.peer_level:.3g} is not above it)")
+        assert c.basis.startswith(want + tail), c.basis
+    # no peer at all: the floor, said so
+    from anpred.judge.scales import threshold_basis
+
+    assert threshold_basis(2e-5, 10.0, None, 2e-5, "x") == ("floor",
+                                                            "threshold 2e-05 = the floor (no peer judged here); x")
+
+
 def test_population_of_one_falls_back_to_the_constant():
     res = _judge(FP32 + ["ort-int8"])
     v = res.verdicts["ort-int8"]
     assert v.implementation is None and not v.flagged
     c = next(c for c in res.cells if c.backend == "ort-int8" and c.anchor == "anchor/01/b")
-    assert c.basis.startswith("constant fallback") and c.floor == OracleConfig().floor_at("int8", 1)
+    assert floor_basis_of(c.basis).startswith("constant fallback") and c.floor == OracleConfig().floor_at("int8", 1)
     assert any("only ort-int8 computed in int8" in n for n in res.notes)
 
 
@@ -191,7 +230,8 @@ def test_scales_follow_the_anchor_dtype_and_the_precision():
     assert unit_nrmse("int8") is None
     cfg = OracleConfig()
     f, basis = floor_and_basis(cfg, "fp16", 2)
-    assert f == pytest.approx(0.03 * math.sqrt(3)) and basis.startswith("constant")
+    assert f == pytest.approx(0.03 * math.sqrt(3)) and basis.startswith("peers: 10 x median of the other voting "
+                                                                      "families; floor = constant")
 
 
 def test_reports_show_both_verdicts_and_scales(tmp_path):
@@ -212,7 +252,9 @@ def test_reports_show_both_verdicts_and_scales(tmp_path):
     assert "openvino-int8" in text and "FLAGGED:i" in text
     line = next(ln for ln in text.splitlines() if ln.strip().startswith("implementation: FLAGGED"))
     assert "origin s2 anchor/02/c" in line and "its peers' spread" in line and "RMS in int8 step (0.05)" in line
-    assert "budget:         ok worst" in text and "the population's cost" in text and "      basis: population" in text
+    assert "budget:         ok worst" in text and "the population's cost" in text
+    assert any(ln.startswith("      basis: threshold ") and "; population: 10 x median of " in ln
+               for ln in text.splitlines())
     lines = text.splitlines()
     i = lines.index(line)
     prof = next(ln for ln in lines[i:] if ln.startswith("      profile: "))
@@ -223,7 +265,8 @@ def test_reports_show_both_verdicts_and_scales(tmp_path):
     v = back.verdicts["openvino-int8"]
     assert v.implementation.flagged and v.implementation.judged_against == "int8 population"
     c = back.cell("anchor/02/c", "openvino-int8", "int8")
-    assert c.flagged and c.units["unit"] == "int8 step" and c.basis.startswith("population: 10 x median")
+    assert c.flagged and c.units["unit"] == "int8 step"
+    assert floor_basis_of(c.basis).startswith("population: 10 x median")
     write_html(rep, tmp_path / "r.html")
     page = (tmp_path / "r.html").read_text()
     assert "Reduced precision: budget and implementation verdicts" in page

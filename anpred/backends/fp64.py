@@ -63,6 +63,17 @@ class ReferenceFp64Backend(NamedOutputsMixin, Backend):
     name = "onnx-reference-fp64"
     family = "onnx-reference-fp64"
     precision = "fp64"
+    coverage_basis = "onnx.reference.ops, as for onnx-reference (the float64 copy runs on the same evaluator)"
+
+    @classmethod
+    def unsupported_ops(cls, model) -> dict[str, str]:
+        """The operators the reference evaluator cannot run
+        (:meth:`anpred.backends.reference.ReferenceBackend.unsupported_ops`): the float64 copy runs on
+        it, so none of those runs here either. What the copy itself refuses (an operator the spec does
+        not allow in double) is known only when it is made (``prepare``)."""
+        from anpred.backends.reference import ReferenceBackend
+
+        return ReferenceBackend.unsupported_ops(model)
 
     def _versions_impl(self):
         import onnx

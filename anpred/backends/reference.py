@@ -72,8 +72,9 @@ class ReferenceBackend(NamedOutputsMixin, Backend):
         (``onnx.reference.ops.load_op`` at the model's opset; context-dependent functions count as
         supported), nor run after the exact decompositions the backend applies
         (:func:`anpred.backends.reference_defects.work_around`, ``GlobalLpPool``; ``rewrite=False``:
-        the library's own answer). Other domains are left to the run (``ai.onnx.ml`` has its own
-        kernels; model-local functions are evaluated from their bodies)."""
+        the library's own answer). In other domains: the operators the evaluator has no kernel for
+        (a custom domain; :func:`anpred.backends.reference_defects.evaluator_lacks`); model-local
+        functions are evaluated from their bodies."""
         from anpred.onnx_io import iter_graphs
         from passes.frontend_rewrites import DECOMPOSITIONS
 

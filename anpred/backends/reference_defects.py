@@ -210,11 +210,39 @@ def summarize(defects: dict[str, str]) -> str:
                      for why, ns in by.items())
 
 
+#: the non-default domains ``onnx.reference.ReferenceEvaluator`` has kernels for, and the module of
+#: their ``load_op`` (the evaluator's own dispatch, ``ReferenceEvaluator._load_impl``)
+EVALUATOR_DOMAINS = {"ai.onnx.ml": "onnx.reference.ops.aionnxml",
+                     "ai.onnx.preview": "onnx.reference.ops.aionnx_preview",
+                     "ai.onnx.preview.training": "onnx.reference.ops.aionnx_preview_training",
+                     "experimental": "onnx.reference.ops.experimental"}
+
+
+def _domain_lacks(dom: str, op: str, opset: int) -> str:
+    """Why ``onnx.reference`` has no kernel for ``op`` of the non-default domain ``dom`` ("" when it
+    has one). Model-local functions never reach here (:func:`anpred.onnx_io.model_ops` lists their
+    bodies' operators instead)."""
+    import importlib
+
+    mod = EVALUATOR_DOMAINS.get(dom)
+    if mod is None:
+        return (f"onnx.reference has no kernel for domain {dom!r} (it runs the ONNX domains and the model's "
+                "own functions only)")
+    try:
+        importlib.import_module(mod).load_op(dom, op, opset or None)
+    except Exception as err:  # noqa: BLE001 - NotImplementedError or a version lookup failure
+        return f"onnx.reference has no kernel for {dom}::{op} ({type(err).__name__})"
+    return ""
+
+
 def evaluator_lacks(model) -> dict[str, str]:
-    """``{op type: reason}`` for the default-domain operators of ``model`` (sub-graphs included) that
-    the installed ``onnx.reference`` can neither load a kernel class for nor expand from the schema's
-    function body (``onnx.reference.ops.load_op`` at the model's opset; context-dependent functions
-    count as supported). Other domains are not listed."""
+    """``{op key: reason}`` for the operators of ``model`` (sub-graphs included) the installed
+    ``onnx.reference`` cannot run: in the default domain, those it can neither load a kernel class for
+    nor expand from the schema's function body (``onnx.reference.ops.load_op`` at the model's opset;
+    context-dependent functions count as supported); in another domain, those without a kernel of the
+    evaluator's own (``ai.onnx.ml``, ``ai.onnx.preview``, ``ai.onnx.preview.training``,
+    ``experimental``), e.g. a custom operator (:func:`_domain_lacks`). Model-local functions count
+    as their bodies."""
     from onnx.reference import ReferenceEvaluator
     from onnx.reference.ops import load_op
 
@@ -223,6 +251,9 @@ def evaluator_lacks(model) -> dict[str, str]:
     out = {}
     for key, (dom, op, opset) in model_ops(model).items():
         if dom:
+            why = _domain_lacks(dom, op, opset)
+            if why:
+                out[key] = why
             continue
         try:
             load_op(dom, op, opset, evaluator_cls=ReferenceEvaluator)

@@ -54,9 +54,7 @@ def main(args) -> int:
         _, manifest = instrument_model(model, stages=args.stages, max_cut_width=args.max_cut_width,
                                        anchors=args.anchor, source_path=args.model)
         p = manifest.partition
-        print(f"{args.model}: {p['num_nodes']} nodes, {len(manifest.stages)} stages, "
-              f"{sum(a.kind != 'output' for a in manifest.anchors)} anchors + "
-              f"{sum(a.kind == 'output' for a in manifest.anchors)} outputs "
+        print(f"{args.model}: {p['num_nodes']} nodes, {manifest.counts()} "
               f"(exporter: {p['framework']}, cost: {p['cost_unit']}, {p['candidate_cuts']} admissible cuts)")
         for note in p.get("notes", []):
             print(f"note: {note}")
@@ -68,9 +66,7 @@ def main(args) -> int:
                                anchors=args.anchor, manifest_path=args.manifest,
                                copy_external_data=args.copy_external_data)
     man = args.manifest or default_manifest_path(args.output)
-    inner = sum(a.kind != 'output' for a in manifest.anchors)
-    print(f"wrote {args.output} ({len(manifest.stages)} stages, {inner} anchors + "
-          f"{len(manifest.anchors) - inner} outputs = {len(manifest.anchors)} in the manifest) and {man}")
+    print(f"wrote {args.output} ({manifest.counts()} = {len(manifest.anchors)} in the manifest) and {man}")
     for note in manifest.partition.get("notes", []):
         print(f"note: {note}")
     return 0

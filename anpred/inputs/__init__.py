@@ -52,7 +52,7 @@ from anpred.tensorfile import c_contiguous
 
 __all__ = ["IMAGE_EXTS", "ARRAY_EXTS", "input_files", "DISTRIBUTIONS", "PREPROCESS", "IMAGENET_MEAN", "IMAGENET_STD",
            "LETTERBOX_PAD", "ModelInput", "model_inputs", "default_images_dir", "InputSpec", "ArraySamples",
-           "check_sample", "check_shapes_fit"]
+           "check_sample", "check_shapes_fit", "source_label"]
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 ARRAY_EXTS = (".npy", ".npz")
@@ -276,7 +276,7 @@ class InputSpec:
         for f in files:
             if f.suffix.lower() in ARRAY_EXTS:
                 for src, arrays in _array_samples(f, inputs):
-                    yield src, check_sample(arrays, inputs, shapes)
+                    yield src, check_sample(arrays, inputs, shapes, src)
         if images:
             img_input = _image_input(inputs)
             batch = shapes[img_input.name][0] if img_input.layout in ("NCHW", "NHWC") else 1
@@ -284,7 +284,8 @@ class InputSpec:
                 group = [images[(start + k) % len(images)] for k in range(batch)]
                 arr = np.concatenate([_preprocess(_read_image(g), img_input, shapes[img_input.name], prep)
                                       for g in group])
-                yield ",".join(str(g) for g in group), check_sample({img_input.name: arr}, inputs, shapes)
+                src = ",".join(str(g) for g in group)
+                yield src, check_sample({img_input.name: arr}, inputs, shapes, src)
 
     def _random(self, inputs, shapes, prep):
         rng = np.random.default_rng(self.seed)
@@ -351,38 +352,47 @@ class ArraySamples:
         if not inputs:
             raise InputError("the model has no graph inputs to feed")
         for src, arrays in self.items:
-            yield src, check_sample(arrays, inputs)
+            yield src, check_sample(arrays, inputs, source=src)
 
     def describe(self, hint: str = "") -> dict[str, Any]:
         return {**self.description, "samples": len(self.items)}
 
 
+def source_label(source: str) -> str:
+    """The short name of a sample's source for an error message: each file's name (``a.npz``,
+    ``batch.npz[3]``, ``x.jpg,y.jpg``), other sources (``random:...``) as they are."""
+    return ",".join(Path(part).name or part for part in str(source).split(",")) if source else ""
+
+
 def check_sample(arrays: dict[str, np.ndarray], inputs: list[ModelInput],
-                 shapes: dict[str, list[int]] | None = None) -> dict[str, np.ndarray]:
+                 shapes: dict[str, list[int]] | None = None, source: str = "") -> dict[str, np.ndarray]:
     """Check one sample against the graph inputs and return it cast to the inputs' dtypes.
 
     Every graph input must be present, no other key; ranks and static dimensions must match (and the
     concrete ``shapes`` when given for dynamic ones is *not* enforced: files may carry any size).
-    Raises InputError naming the input, the expected and the given shape.
+    ``source``: where the sample came from (a file, ``file.npz[j]``), named in the errors
+    (:func:`source_label`).
+    Raises InputError naming the input, the sample's source, the expected and the given shape or dtype.
     """
+    where = f" ({source_label(source)})" if source else ""
     names = {i.name for i in inputs}
     extra = sorted(set(arrays) - names)
     missing = sorted(names - set(arrays))
     if missing or extra:
-        raise InputError(f"inputs do not fit the model: missing {missing or 'none'}, unexpected {extra or 'none'} "
-                         f"(graph inputs: {', '.join(sorted(names))})")
+        raise InputError(f"inputs{where} do not fit the model: missing {missing or 'none'}, unexpected "
+                         f"{extra or 'none'} (graph inputs: {', '.join(sorted(names))})")
     out = {}
     for inp in inputs:
         a = np.asarray(arrays[inp.name])
         want = np.dtype(inp.dtype)
         shape_txt = "x".join(str(d) if d is not None else "?" for d in inp.shape)
         if a.ndim != len(inp.shape) or any(isinstance(d, int) and d != s for d, s in zip(inp.shape, a.shape)):
-            raise InputError(f"input {inp.name!r}: shape {tuple(a.shape)} does not fit the model's {shape_txt}")
+            raise InputError(f"input {inp.name!r}{where}: shape {tuple(a.shape)} does not fit the model's {shape_txt}")
         if a.dtype != want:
             if a.dtype.kind == want.kind or (a.dtype.kind in "iu" and want.kind in "iu"):
                 a = a.astype(want)
             else:
-                raise InputError(f"input {inp.name!r}: dtype {a.dtype} cannot feed the model's {want}")
+                raise InputError(f"input {inp.name!r}{where}: dtype {a.dtype} cannot feed the model's {want}")
         out[inp.name] = c_contiguous(a)
     return out
 

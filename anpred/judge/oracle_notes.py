@@ -9,7 +9,7 @@ from typing import Any
 from anpred.judge.struct import Cell
 from anpred.judge.verdict import gap_text
 
-__all__ = ["basis_notes", "correlated", "correlated_notes", "unjudged_anchors"]
+__all__ = ["basis_notes", "correlated", "correlated_notes", "independence_line", "merged_pairs", "unjudged_anchors"]
 
 
 def basis_notes(o, verdicts, consensus: dict[str, list[str]]) -> list[str]:
@@ -79,3 +79,44 @@ def correlated(o) -> list[dict[str, Any]]:
                     "kind": "error-correlated" if rho else "bit-identical", "rho": rho,
                     "basis": "float64" if by_truth else ("three-cornered hat" if rho else "identical")})
     return out
+
+
+def merged_pairs(correlated_groups: list[dict[str, Any]]) -> dict[str, int]:
+    """``{"a|b": anchors}``: each pair of families the oracle counted as one vote (a group of
+    :func:`correlated`, pairs named in sorted order) and at how many anchors it did."""
+    out: dict[str, int] = {}
+    for c in correlated_groups:
+        fams = sorted(c["families"])
+        for i, a in enumerate(fams):
+            for b in fams[i + 1:]:
+                out[f"{a}|{b}"] = max(out.get(f"{a}|{b}", 0), len(c["anchors"]))
+    return out
+
+
+def independence_line(independence: dict[str, Any], correlated_groups: list[dict[str, Any]],
+                      threshold: float) -> str:
+    """One line on the voting families' error correlation (``independence``: the oracle's
+    :meth:`anpred.judge.independence.PairDistances.summary`; ``correlated_groups``: :func:`correlated`):
+    the pairs the oracle merged into one vote and at how many anchors, then the pairs at or above
+    ``threshold`` (``correlated_rho``) it did not merge (a merge also needs the nearest-corner guard
+    and enough votes left, docs/oracle.md), each with the number of anchors its median rho was
+    measured at; with neither, the highest pair. "" when no pair was measured or merged."""
+    pairs = independence.get("pairs") or {}
+    merged = merged_pairs(correlated_groups)
+    if not pairs and not merged:
+        return ""
+
+    def n_anchors(n: int) -> str:
+        return f"{n} {'anchor' if n == 1 else 'anchors'}"
+
+    def pair(p: str, v: dict[str, Any]) -> str:
+        return f"{p.replace('|', '~')} {v['rho_median']:.2f} from {n_anchors(v['anchors'])}"
+
+    items = [f"{p.replace('|', '~')} merged into one vote at {n_anchors(m)}" for p, m in sorted(merged.items())]
+    top = sorted(pairs.items(), key=lambda kv: -kv[1]["rho_median"])
+    items += [pair(p, v) + ", not merged" for p, v in top if v["rho_median"] >= threshold and p not in merged]
+    if not items:
+        items = [f"no pair at or above it; highest {pair(*top[0])}"]
+    return (f"independence (error correlation of the voting families, three-cornered hat; a pair at rho >= "
+            f"{threshold:g} is a candidate to merge into one vote): " + "; ".join(items)
+            + f" (rho: median over the anchors where a pair was measured apart; {len(pairs)} pairs measured)")

@@ -34,6 +34,7 @@ import numpy as np
 
 from anpred.defaults import OracleConfig
 from anpred.judge.consensus import Oracle
+from anpred.judge.scales import floor_basis_of
 from anpred.judge.struct import AnchorInfo, BackendInfo, OracleResult
 
 __all__ = ["PopulationOracle", "cost_warnings", "expected_scales", "populations_of", "precision_costs"]
@@ -135,7 +136,8 @@ def cost_warnings(res: OracleResult, cfg: OracleConfig) -> list[str]:
             continue
         best = None
         for c in res.cells:
-            if c.backend != b or not c.basis.startswith("population") or not c.peer_level or c.deviation:
+            by_population = floor_basis_of(c.basis).startswith("population")
+            if c.backend != b or not by_population or not c.peer_level or c.deviation:
                 continue
             if not (c.primary > c.floor and c.primary == c.primary):
                 continue

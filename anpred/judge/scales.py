@@ -42,7 +42,7 @@ import numpy as np
 from anpred.defaults import OracleConfig
 
 __all__ = ["COARSENESS", "DTYPE_PRECISION", "UNIT_ROUNDOFF", "CellMeasures", "cell_precision", "floor_and_basis",
-           "natural_units", "unit_nrmse", "voter_floor"]
+           "floor_basis_of", "natural_units", "threshold_basis", "unit_nrmse", "voter_floor"]
 
 #: unit roundoff u = 2**-p of each float precision (p = significand bits incl. the implicit one)
 UNIT_ROUNDOFF: dict[str, float] = {"fp64": 2.0 ** -53, "fp32": 2.0 ** -24, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
@@ -123,7 +123,8 @@ def floor_and_basis(cfg: OracleConfig, precision: str, stage: int, *, population
     step, rms, cost = m.step, m.rms, m.cost
     if population is None:
         floor = cfg.floor_at(precision, stage)
-        return floor, (f"constant: the measured {precision} floor {cfg.floor.get(precision, cfg.floor['fp32']):g}"
+        return floor, (f"peers: {cfg.k_for(precision):g} x median of the other voting families; floor = constant: "
+                       f"the measured {precision} floor {cfg.floor.get(precision, cfg.floor['fp32']):g}"
                        f" x sqrt(1 + {cfg.depth_growth.get(precision, 1.0):g} x stage) (docs/oracle.md)")
     unit = unit_nrmse(precision, step, rms)
     if anchor_type and unit is not None:
@@ -161,6 +162,35 @@ def floor_and_basis(cfg: OracleConfig, precision: str, stage: int, *, population
     floor = cfg.floor_at(precision, stage)
     return floor, (f"constant fallback: the measured {precision} floor {cfg.floor.get(precision, cfg.floor['fp32']):g}"
                    f" x sqrt(1 + stage) ({fallback_why or 'no other implementation of this precision judged here'})")
+
+
+#: separates the term that set a cell's threshold from the basis of its peers and floor (:func:`threshold_basis`)
+BASIS_SEP = "; "
+
+
+def threshold_basis(threshold: float, k: float, peer_level: float | None, floor: float,
+                    floor_basis: str) -> tuple[str, str]:
+    """``(term, basis)`` of a cell whose threshold is ``max(k * peer_level, floor)``
+    (:func:`anpred.judge.verdict.judge_cell`): ``term`` is ``"peers"`` or ``"floor"``, whichever set it,
+    and ``basis`` says so with both values, then where the peers and the floor come from
+    (:func:`floor_and_basis`), e.g. ``threshold 1.77 = 10 x the peers' median 0.177 (above the floor
+    2e-05); peers: 10 x median of the other voting families; floor = constant: ...``.
+    All values are the cell's primary statistic (nRMSE by default, dimensionless)."""
+    if peer_level is not None and k * peer_level > floor:
+        term, text = "peers", (f"threshold {threshold:.3g} = {k:g} x the peers' median {peer_level:.3g} "
+                               f"(above the floor {floor:.3g})")
+    elif peer_level is not None:
+        term, text = "floor", (f"threshold {threshold:.3g} = the floor ({k:g} x the peers' median "
+                               f"{peer_level:.3g} = {k * peer_level:.3g} is not above it)")
+    else:
+        term, text = "floor", f"threshold {threshold:.3g} = the floor (no peer judged here)"
+    return term, text + (BASIS_SEP + floor_basis if floor_basis else "")
+
+
+def floor_basis_of(basis: str) -> str:
+    """Where the peers and the floor come from (:func:`floor_and_basis`) in a cell's ``basis``
+    (:func:`threshold_basis`)."""
+    return basis.split(BASIS_SEP, 1)[1] if BASIS_SEP in basis else basis
 
 
 def voter_floor(cfg: OracleConfig, stage: int, dtype: str) -> float:

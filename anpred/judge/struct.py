@@ -117,8 +117,9 @@ class Cell:
     pooled primary statistic; ``peer_level`` the median of peers' (None: no peers), ``threshold``
     ``max(k * peer_level, floor)`` (the floor alone without peers). ``range_ratio``: for a part of an
     output only, ``max_abs / max |consensus|`` over the samples (unitless; the part range rule).
-    ``basis``: where the floor and the peers come from (:mod:`anpred.judge.scales`: the population
-    measured on the run, a natural unit of the precision, or a documented constant). ``units``: the
+    ``basis``: which term set the threshold (``threshold_by``: the peers or the floor, with both
+    values), then where the floor and the peers come from (:func:`anpred.judge.scales.threshold_basis`:
+    the population measured on the run, a natural unit of the precision, or a documented constant). ``units``: the
     deviation in the natural unit of the precision (``{"unit": "int8 step"|"float16 ULP"|...,
     "size": ..., "max": ..., "rms": ...}``; empty for fp32). ``suppressed``: positions where the
     consensus is a decided NaN/Inf and the backend is not; ``undecided``: positions the families tied on.
@@ -140,6 +141,8 @@ class Cell:
     basis: str = ""
     units: dict[str, Any] = field(default_factory=dict)
     suppressed: int = 0
+    # which term set ``threshold``: "peers" (k x peer_level) or "floor" ("" in reports written before)
+    threshold_by: str = ""
     undecided: int = 0
     # "" for a cell judged on its values; "shape" (the backend returned another shape than the one the
     # voting families agree on) or "missing" (it returned no value for a graph output they agree on):

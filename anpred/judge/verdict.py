@@ -34,6 +34,7 @@ import numpy as np
 from anpred.defaults import OracleConfig
 from anpred.judge.accumulate import Accumulator
 from anpred.judge.localize import Localizer
+from anpred.judge.scales import threshold_basis
 from anpred.judge.stats import ErrorStats
 from anpred.judge.struct import AnchorInfo, BackendInfo, BackendVerdict, Cell
 
@@ -99,6 +100,7 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
     if k is None:
         k = cfg.k_for(info.precision)
     thr = max(k * peer_level, floor) if peer_level is not None else floor
+    threshold_by, basis = threshold_basis(thr, k, peer_level, floor, basis)
     ps = np.array(acc.per_sample) if acc.per_sample else np.array([np.nan])
     reason = tail = ""
     # a part of an output: its largest deviation relative to its largest |consensus| value
@@ -153,7 +155,8 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
         anchor=anchor.name, backend=info.name, samples=acc.samples, stats=st, primary=prim,
         per_sample={"p50": float(np.median(ps)), "p90": float(np.quantile(ps, 0.9)), "max": float(np.max(ps))},
         floor=floor, peer_level=peer_level, threshold=thr, nonfinite=acc.nonfinite,
-        flagged=flagged, reason=reason, range_ratio=range_ratio, basis=basis, units=units or {},
+        flagged=flagged, reason=reason, range_ratio=range_ratio, basis=basis, threshold_by=threshold_by,
+        units=units or {},
         suppressed=acc.suppressed + acc.mismatched, undecided=acc.undecided, tail=tail)
 
 

@@ -63,9 +63,7 @@ def instrument(subject: Subject, model_opts, shapes: dict[str, tuple] | None, de
         manifest.model["origin"] = dict(subject.origin)
     if details.get("bound_inputs"):
         manifest.model["bound_inputs"] = details["bound_inputs"]
-    n_anchors = sum(a.kind != "output" for a in manifest.anchors)
-    log(f"instrumented {subject.onnx_path.name}: {len(manifest.stages)} stages, {n_anchors} anchors + "
-        f"{len(manifest.anchors) - n_anchors} outputs", quiet)
+    log(f"instrumented {subject.onnx_path.name}: {manifest.counts()}", quiet)
     for note in manifest.partition.get("notes", []):  # e.g. wide cuts inside a long block (passes.wide_cuts)
         log(f"partition: {note}", quiet)
     return anchored, manifest

@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from anpred.errors import BackendError
 from anpred.pipeline.choices import ALL_FP32, ARBITER_BACKEND
 from anpred.pipeline.progress import log
 
 __all__ = ["WITNESS_CANDIDATES", "ARBITER", "MIN_FAMILIES", "BackendPlan", "not_installed", "plan_backends",
-           "apply_roles"]
+           "apply_roles", "refused_by_all", "takes_model"]
 
 #: the backends a witness is chosen from: one per independent fp32 family
 WITNESS_CANDIDATES: tuple[str, ...] = ALL_FP32 + ("onnx-reference",)
@@ -86,7 +87,11 @@ def plan_backends(names: list[str], explicit: bool, model_path: Path, samples: i
     """The backends to run on the anchored model at ``model_path`` (``names``: the named backends when
     ``explicit``, else the defaults) with ``samples`` samples; see the module docstring.
     ``witnesses`` False: none added (a run of fewer than three families judges against a reference);
-    ``min_families``: the oracle's ``min_voters`` (:class:`anpred.defaults.OracleConfig`)."""
+    ``min_families``: the oracle's ``min_voters`` (:class:`anpred.defaults.OracleConfig`).
+
+    Raises:
+        BackendError: the pre-run coverage refuses the model on every backend under test (named, or
+            the installed defaults): nothing would be judged (:func:`refused_by_all`)."""
     from anpred.backends import backend_table
     from anpred.backends.coverage import precheck, refusal
 
@@ -100,13 +105,15 @@ def plan_backends(names: list[str], explicit: bool, model_path: Path, samples: i
     need = min_families - len(_voting_families(plan.subjects, rows))
     cands = _candidates(plan, rows, model_path, samples) if witnesses and need > 0 else []
     # the pre-run coverage of the default backends and of the cheapest candidates (cached by model)
-    ask = ([] if explicit else list(plan.subjects)) + (cands[:need + 1] if need > 0 else []) + (
+    ask = list(plan.subjects) + (cands[:need + 1] if need > 0 else []) + (
         [ARBITER] if ARBITER in plan.costs and need > 0 else [])
     cov = precheck(model_path, {b: b for b in ask}) if ask else {}
-    for b in [] if explicit else list(plan.subjects):
-        if (cov.get(b) or {}).get("ops"):
-            plan.skipped[b] = refusal(cov[b])
-            plan.subjects.remove(b)
+    refused = {b: cov[b] for b in plan.subjects if (cov.get(b) or {}).get("ops")}
+    if plan.subjects and len(refused) == len(plan.subjects):
+        raise BackendError(refused_by_all(refused, explicit))
+    for b in [] if explicit else list(refused):  # a named backend counts: the run says why it did not run
+        plan.skipped[b] = refusal(cov[b])
+        plan.subjects.remove(b)
     families = _voting_families(plan.subjects, rows)
     need = min_families - len(families)
     if need <= 0 or not witnesses:
@@ -119,6 +126,30 @@ def plan_backends(names: list[str], explicit: bool, model_path: Path, samples: i
     _choose(plan, cands, cov, need, families, model_path)
     log(f"witnesses: {', '.join(f'{b} ({r})' for b, r in plan.witnesses.items()) or 'none'}: {plan.why}", quiet)
     return plan
+
+
+def refused_by_all(refused: dict[str, dict[str, Any]], explicit: bool, limit: int = 4) -> str:
+    """The one-line error when the pre-run coverage (:func:`anpred.backends.coverage.precheck` rows,
+    ``refused``: backend -> row) refuses the model on every backend under test: the operators, each
+    with the backends that lack it and why (the first ``limit`` operators)."""
+    per_op: dict[str, list[str]] = {}
+    for b, row in refused.items():
+        for op, why in (row.get("ops") or {}).items():
+            per_op.setdefault(op, []).append(f"{b}: {why}" if why else b)
+    items = [f"{op} ({'; '.join(whys)})" for op, whys in list(per_op.items())[:limit]]
+    more = f" and {len(per_op) - limit} more" if len(per_op) > limit else ""
+    which = "named" if explicit else "under test (the installed defaults)"
+    return (f"the pre-run coverage refuses the model on every backend {which} ({', '.join(refused)}): "
+            f"{len(per_op)} operator(s) they lack: {', '.join(items)}{more}; nothing was run or written")
+
+
+def takes_model(row: dict[str, Any] | None) -> bool:
+    """Whether a pre-run coverage row says the backend takes the model: it was asked (an operator
+    table, ``basis``, or its converter node by node, ``node_basis``), the check did not fail, and
+    nothing is refused. A backend asked neither way (its support known only once it converts) is not
+    claimed to take the model."""
+    return (bool(row) and bool(row.get("basis") or row.get("node_basis")) and not row.get("error")
+            and not row.get("ops"))
 
 
 def _candidates(plan: BackendPlan, rows: dict[str, dict], model_path: Path, samples: int) -> list[str]:
@@ -147,6 +178,7 @@ def _choose(plan: BackendPlan, cands: list[str], cov: dict[str, dict], need: int
     from anpred.backends.coverage import precheck, refusal
 
     chosen: list[str] = []
+    unknown: list[str] = []  # no operator table: taken, but not claimed to take the model
     for b in cands:
         if len(chosen) == need:
             break
@@ -155,6 +187,8 @@ def _choose(plan: BackendPlan, cands: list[str], cov: dict[str, dict], need: int
             plan.skipped[b] = f"witness candidate: {refusal(row)}"
             continue
         chosen.append(b)
+        if not takes_model(row):
+            unknown.append(b)
     for b in chosen:
         plan.witnesses[b] = "witness"
     if ARBITER in plan.costs:
@@ -170,10 +204,14 @@ def _choose(plan: BackendPlan, cands: list[str], cov: dict[str, dict], need: int
 
     have = f"{len(families)} voting fp32 famil{'y' if len(families) == 1 else 'ies'}" + (
         f" ({', '.join(families)})" if families else "")
+    takes = "" if len(unknown) == len(chosen) else (
+        f" that take{'' if len(chosen) - len(unknown) > 1 else 's'} the model (pre-run coverage)")
     plan.why = (f"the backends under test give {have}; a consensus needs {len(families) + need}: "
                 + (f"{', '.join(chosen)} added as witness{'es' if len(chosen) > 1 else ''}, the cheapest installed "
-                   f"independent famil{'ies' if len(chosen) > 1 else 'y'} that take{'' if len(chosen) > 1 else 's'} "
-                   f"the model by measured cost ({'; '.join(cost(b) for b in chosen)})" if chosen
+                   f"independent famil{'ies' if len(chosen) > 1 else 'y'}{takes} by measured cost "
+                   f"({'; '.join(cost(b) for b in chosen)})"
+                   + (f" ({', '.join(unknown)}: no operator table, whether it takes the model is known once it "
+                      "runs)" if unknown else "") if chosen
                    else "no installed independent family can take the model")
                 + (f"; {ARBITER} added as the float64 arbiter" if ARBITER in plan.witnesses else ""))
     if len(chosen) < need:

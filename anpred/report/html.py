@@ -345,13 +345,19 @@ def write_html(report, path: str | Path) -> None:
                      + (f" (judged apart at {e(', '.join(c['differ']))})" if c.get("differ") else "") + ".</p>")
     pairs = (getattr(report, "independence", None) or {}).get("pairs") or {}
     if pairs:
+        from anpred.judge.oracle_notes import merged_pairs
+
+        merged = merged_pairs(getattr(report, "correlated", []) or [])
         parts.append("<h2>Independence of the voting families</h2>"
                      "<p>Error correlation rho of each pair (three-cornered "
-                     "hat over the family votes, median over anchors; groups merged at rho &ge; "
-                     f"{e(str(report.config.get('correlated_rho')))} are one corner)</p><table><tr><th>pair</th>"
-                     "<th>rho (median)</th><th>rho (max)</th><th>anchors</th></tr>"
+                     "hat over the family votes, median over the anchors where the pair was measured; a pair at "
+                     f"rho &ge; {e(str(report.config.get('correlated_rho')))} is a candidate to merge into one "
+                     "vote, merged where the nearest-corner guard passes and enough votes remain)</p><table><tr>"
+                     "<th>pair</th><th>rho (median)</th><th>rho (max)</th><th>anchors measured</th>"
+                     "<th>merged into one vote at</th></tr>"
                      + "".join(f"<tr><td>{e(p.replace('|', ' ~ '))}</td><td>{v['rho_median']:.3f}</td>"
-                               f"<td>{v['rho_max']:.3f}</td><td>{v['anchors']}</td></tr>" for p, v in pairs.items())
+                               f"<td>{v['rho_max']:.3f}</td><td>{v['anchors']}</td>"
+                               f"<td>{merged.get(p, 0)} anchors</td></tr>" for p, v in pairs.items())
                      + "</table>")
     parts.extend(_verdict_table(report, primary))
     parts.extend(_drill(report))

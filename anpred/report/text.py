@@ -308,15 +308,12 @@ def format_text(report) -> str:
                      + ("bit-identical or error-correlated, rho "
                         f"{min(c['rho'].values()):.2f}-{max(c['rho'].values()):.2f}"
                         if c.get("rho") else "bit-identical tensors") + ")")
-    pairs = (getattr(report, "independence", None) or {}).get("pairs") or {}
-    if pairs:
-        thr = float(report.config.get("correlated_rho", 0.8))
-        top = sorted(pairs.items(), key=lambda kv: -kv[1]["rho_median"])
-        hi = [f"{p.replace('|', '~')} {v['rho_median']:.2f}" for p, v in top if v["rho_median"] >= thr]
-        lines.append(f"independence (error correlation of the voting families, three-cornered hat; merged at rho >= "
-                     f"{thr:g}): " + (", ".join(hi) if hi else f"no pair at or above it; highest "
-                                       f"{top[0][0].replace('|', '~')} {top[0][1]['rho_median']:.2f}")
-                     + f" (median over anchors, {len(pairs)} pairs measured)")
+    from anpred.judge.oracle_notes import independence_line
+
+    indep = independence_line(getattr(report, "independence", None) or {}, getattr(report, "correlated", []) or [],
+                              float(report.config.get("correlated_rho", 0.8)))
+    if indep:
+        lines.append(indep)
     gaps = getattr(report, "incomplete", []) or []
     if gaps:
         lines.append("")

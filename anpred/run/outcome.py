@@ -52,19 +52,31 @@ def raise_if_inputs_misfit(store) -> None:
         raise InputError(why)
 
 
+#: the most characters of a reason the end-of-run table shows in its column; a longer one is cut there
+#: with "..." and given in full under the table
+REASON_WIDTH = 80
+
+
 def format_summary(store) -> str:
     """The end-of-run table: backend, family, status, precision, samples, seconds (prepare / run),
-    anchors captured of the manifest's, and the reason when not ok."""
+    anchors captured of the manifest's, and the reason when not ok (its first line; one longer than
+    :data:`REASON_WIDTH` is cut with "..." in the table and given in full below it)."""
     total = len(store.manifest.anchors)
     rows = [("backend", "family", "status", "precision", "samples", "prepare s", "run s", "anchors", "reason")]
+    full: list[str] = []
     for label, st in store.statuses().items():
         prec = f"{st.precision} ({st.precision_requested} asked)" if st.precision_differs else st.precision
+        reason = st.reason.strip().splitlines()[0] if st.reason and st.reason.strip() else ""
+        if len(reason) > REASON_WIDTH:
+            full.append(f"  {label}: {reason}")
+            reason = reason[:REASON_WIDTH - 3] + "..."
         rows.append((label, st.family, st.status, prec, str(st.samples), f"{st.seconds_prepare:.2f}",
-                     f"{st.seconds_run:.2f}", f"{st.anchors_captured}/{total}",
-                     st.reason.splitlines()[0][:80] if st.reason else ""))
+                     f"{st.seconds_run:.2f}", f"{st.anchors_captured}/{total}", reason))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    if full:
+        lines += ["reasons in full:"] + full
     return "\n".join(lines)
 
 
