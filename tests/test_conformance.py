@@ -253,7 +253,7 @@ def test_findings_deduplicate_and_render(tmp_path):
     """The ledger from results alone: two variants of one Concat case (axis 0 and 1: the same code
     path) deviating on tf and litert are one onnx2tf defect; a Flatten deviation on tf alone is
     tensorflow's; a case where the float64 execution deviates too is disputed, not a defect; a failure
-    is counted apart; notes by library|operator reach the table."""
+    is counted apart; notes by library|operator and by defect id (merged) reach the table."""
     from anpred.conformance.findings import extract, render
 
     cases = tmp_path / "cases"
@@ -298,9 +298,14 @@ def test_findings_deduplicate_and_render(tmp_path):
     assert concat["example"] == "test_concat_a0" and concat["versions"] == {"onnx2tf": "1.29.24"}
     assert (folder / "repros" / "test_concat_a0" / "model.onnx").is_file()
     assert defects["disputed"]["cases"] == ["test_disputed (onnx-reference-fp64, ort)"]
-    (folder / "notes.json").write_text(json.dumps({"onnx2tf|Concat": {"tracker": "not found", "cause": "a cause"}}))
+    flatten = next(k for k, d in real.items() if d["op"] == "Flatten")
+    (folder / "notes.json").write_text(json.dumps({"onnx2tf|Concat": {"tracker": "not found", "cause": "a cause"},
+                                                   "onnx2tf/tensorflow|Flatten": {"tracker": "#1"},
+                                                   flatten: {"first_bad": "onnx2tf 1.2.0 (last good 1.1.0)"}}))
     md = render(folder)
-    assert "**2 distinct numeric defects**" in md and "| not found | a cause |" in md
+    assert "**2 distinct numeric defects**" in md and "| not bisected | not found | a cause |" in md
+    # a defect's own note (its bisection) is merged over its operator's (the tracker)
+    assert "| onnx2tf 1.2.0 (last good 1.1.0) | #1 |  |" in md
     assert "| pnnx/ncnn | 1 | 0 | 1 |" in md
 
 

@@ -290,11 +290,13 @@ class NcnnBackend(Backend):
         opt = net.opt
         opt.use_vulkan_compute = False
         for flag in _LOWP_FLAGS:
-            setattr(opt, flag, False)
+            if hasattr(opt, flag):  # an older ncnn (a version bisection) lacks the bf16 flags: no such path
+                setattr(opt, flag, False)
         # OpenMP threads sleep at once instead of spinning 20 ms (ncnn's default) after each layer, so
         # that they do not take the core of the runner's tensor-writer thread (options["ncnn"] may set
         # it back); timing in docs/backends-converters.md
-        opt.openmp_blocktime = 0
+        if hasattr(opt, "openmp_blocktime"):
+            opt.openmp_blocktime = 0
         for k, v in extra.items():
             setattr(opt, k, v)
         if self.options.get("threads"):
@@ -313,7 +315,7 @@ class NcnnBackend(Backend):
 
     def effective_precision(self) -> str:
         opt = self.net.opt if self.net is not None else None
-        if opt is not None and (opt.use_bf16_storage or opt.use_bf16_packed):
+        if opt is not None and (getattr(opt, "use_bf16_storage", False) or getattr(opt, "use_bf16_packed", False)):
             return "bf16"
         if opt is not None and (opt.use_fp16_storage or opt.use_fp16_arithmetic or opt.use_fp16_packed):
             return "fp16"

@@ -7,10 +7,11 @@ A findings folder (``benchmarks/results/findings/`` in this repository) holds:
   inputs and the suite's expected outputs; tiny), written by :func:`extract`;
 - ``confirm.json``: the repros re-run (``anpred conformance`` on ``repros/``, :func:`confirm`): a
   defect is *confirmed* when its library deviates again on its repro;
-- ``notes.json``: what a person found out about a defect, by its id (or ``"<library>|<operator>"`` for
-  every defect of that operator in that library): ``tracker`` (the library's
+- ``notes.json``: what a person found out about a defect, by ``"<library>|<operator>"`` (every defect
+  of that operator in that library) and by defect id (its fields win): ``tracker`` (the library's
   public issue tracker: ``"title (#number)"`` or ``"not found"``, with the ``query`` searched),
-  ``first_bad`` (the first bad release, from a version bisection, :mod:`anpred.campaign.bisect`),
+  ``first_bad`` (the first bad release, from a version bisection of the repro,
+  ``benchmarks/bisect_findings.py``, results in ``bisect/``; ``bisect``: its command),
   ``cause`` (one line, where known).
 
 :func:`render` writes ``docs/findings.md`` from those files alone (``anpred findings FOLDER -o
@@ -240,7 +241,10 @@ def render(folder: Path) -> str:
              "the repro of each defect (`repros/<case>/`, ONNX's backend-test layout: re-run with `anpred conformance "
              "benchmarks/results/findings/repros --cases <case> --backends <backend> -o OUT`), their re-run "
              "(`confirm.json`) and the notes (`notes.json`: tracker search, first bad release, "
-             "cause). Do not edit by hand.",
+             "cause). The first bad releases come from `benchmarks/bisect_findings.py` (each release of the "
+             "package installed apart and run on the repro against the expected outputs; results and commands in "
+             "`bisect/*.json`, method in docs/conformance.md, *Version bisection of the ledger*). "
+             "Do not edit by hand.",
              "", "Sources: " + "; ".join(f"{d['plan'].get('folder', '?')} ({len(d['records'])} cases, "
                                          f"{', '.join(d['plan'].get('backends', []))})" for d in results), "",
              f"**{len(numeric)} distinct numeric defects** ({len(confirmed)} confirmed by re-running their repro; "
@@ -273,7 +277,8 @@ def _defect_table(title: str, items: list[dict[str, Any]], conf: dict, notes: di
            "|---|---|---|---|---|---|---|---|---|---|"]
     for i, d in enumerate(items, 1):
         c = conf.get(d["id"], {})
-        n = notes.get(d["id"]) or notes.get(f"{d['library']}|{d['op']}") or {}
+        # a defect's own note (its first bad release, from a bisection of its repro) over its operator's
+        n = {**notes.get(f"{d['library']}|{d['op']}", {}), **notes.get(d["id"], {})}
         ver = ", ".join(f"{k} {v}" for k, v in d["versions"].items()) or "?"
         rerun = ("confirmed" if c.get("confirmed") else "not reproduced" if c else "not re-run")
         out.append("| " + " | ".join(_cell(x) for x in [
