@@ -20,9 +20,10 @@ the releases at 0, 1/8, 1/4 ... 7/8 of the list that runs, narrowed by a binary 
 oldest one after the last that does not: old releases fail with the venv's numpy or TensorFlow)
 decides: if it deviates too the defect is "present in every release tried (oldest..newest)";
 otherwise a binary search between them finds the first deviating release (about log2(n) probes;
-the cases at the same probe run together, so one install serves them all). ``--all`` probes every candidate instead (for packages with few releases).
+the cases at the same probe run together, so one install serves them all). ``--all`` probes every
+candidate instead (for packages with few releases).
 
-Usage (from the repository root; heavy, run through the machine's slot semaphore)::
+Usage (from the repository root; heavy: each probe installs a release and runs the repros)::
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bisect_findings.py --package MNN --backend mnn \\
         --cases test_round,test_logsoftmax_large_number --all -o benchmarks/results/findings/bisect/mnn.json
