@@ -59,10 +59,17 @@ def test_openvino_defects_flagged_among_eight_families(tmp_path, net, shape, op,
     assert c.stats.mean_signed < 0 and c.primary > 0.05  # OpenVINO's values too low (docs/oracle.md)
     if "ncnn" in flagged:
         assert rep.cell(anchor.name, "ncnn").primary == pytest.approx(c.primary, rel=1e-6)
+    # Softplus far below 0: the families that compute log(1 + exp(x)) in float32 lose ~10 % to
+    # cancellation there (tvm, mnn, ncnn: bit-identical), litert 22 %, ort/torch/tf within 4e-7 of the
+    # float64 result: a 3-to-3 tie, its members not judged there, litert and OpenVINO judged against the
+    # nearest tied camp (anpred.judge.ties, docs/oracle.md "Camps")
+    unjudged = {b for b in FP32 if rep.cell(anchor.name, b) is None}
+    assert unjudged == ({"ort", "torch", "tf", "tvm", "mnn", "ncnn"} if op == "Softplus" else set())
+    if unjudged:
+        (split,) = [sp for sp in rep.splits if sp["anchor"] == anchor.name]
+        assert split["basis"] == "tie"
     for b in FP32:
-        if b not in flagged:  # far closer to the consensus than OpenVINO (Softplus far below 0: the
-            # families that compute log(1 + exp(x)) in float32 lose up to ~20 % to cancellation there,
-            # tvm/mnn/ncnn/litert 0.09-0.22 nRMSE, ort/torch/tf 0.03 (docs/oracle.md "Real defects seen"))
+        if b not in flagged and b not in unjudged:  # far closer to the consensus than OpenVINO
             assert rep.cell(anchor.name, b).primary < c.primary / 5, (b, rep.cell(anchor.name, b).primary)
 
 

@@ -29,7 +29,8 @@ more than the floor, i.e. it can be flagged.
    (a float64 execution that agrees with no camp is no arbiter: then step 2);
 2. *by the count of families* (never of merged groups: bit-identical families are counted each, since
    correct ones are bit-identical): the largest camp, when it is strictly larger than every other;
-3. otherwise a **tie**: no consensus at that anchor and sample (reported, judged for no backend).
+3. otherwise a **tie**: no consensus at that anchor and sample (reported); only the backends outside
+   the tied camps are judged there, against the nearest tied camp (:mod:`anpred.judge.ties`).
 
 Each decision is reported (:class:`SplitLog`): the camps, the one decided for and on what basis.
 Merging families into one vote (bit-identical or error-correlated, :mod:`anpred.judge.independence`)
@@ -113,18 +114,14 @@ def camp_cut(d: np.ndarray, floor: float, k: float | None = None) -> float:
     noise broke the families into camps of one and the vote into ties (a regression measured on
     6 families with independent noise at 0.9x the floor: every family unjudged). Families that agree
     exactly or to rounding have nearest neighbours at 0 or at their rounding, so a wrong minority (or a
-    wrong plurality of one shared converter) still forms a camp of its own."""
+    wrong plurality of one shared converter) still forms a camp of its own. Where every family is off in
+    its own way (no two agree to rounding) they are one camp by their spread: only the float64 execution
+    can tell them apart there (:func:`truth_camps`)."""
     if k is None or len(d) < 2:
         return floor
     off = np.where(np.eye(len(d), dtype=bool), np.inf, d)
     spread = float(np.median(off.min(axis=1)))
-    if not np.isfinite(spread) or spread > 2 * floor:
-        # nearest families further apart than 2x the floor: by the triangle inequality at least one of
-        # each such pair is beyond the floor of any common truth, i.e. the voters disagree beyond
-        # rounding; cut at the floor, so that such disagreement is a split (decided, or a tie: no
-        # consensus), never one camp whose spread raises every threshold
-        return floor
-    return max(floor, k * spread)
+    return max(floor, k * spread) if np.isfinite(spread) else floor
 
 
 def truth_camps(fams: list[str], votes: dict[str, np.ndarray], truth: np.ndarray, floor: float, k: float,
@@ -273,8 +270,13 @@ class SplitLog:
             head = (f"anchor {e['anchor']}: split vote, the families form camps {camps} in {e['samples']} of "
                     f"{samples} sample(s)")
             if e["basis"] == "tie":
+                top = max(len(c) for c in e["camps"])
+                rest = [f for c in e["camps"] if len(c) < top for f in c]
+                judged = (f"the tied camps' members not judged there; {', '.join(rest)} judged against the nearest "
+                          "tied camp (a deviation from every candidate, anpred.judge.ties)"
+                          if rest else "judged for no voting family")
                 lines.append(f"{head}: a tie (no camp has more families than every other) and no float64 execution "
-                             "agreeing with one camp within the floor: no consensus there, judged for no backend "
+                             f"agreeing with one camp within the floor: no consensus there, {judged} "
                              "(add onnx-reference-fp64 to the backends to decide)")
                 continue
             won = ", ".join(e["decided_for"])

@@ -76,6 +76,7 @@ from anpred.judge.oracle_notes import basis_notes, correlated, correlated_notes,
 from anpred.judge.positions import sample_positions
 from anpred.judge.scales import CellMeasures, cell_precision, floor_and_basis, natural_units, voter_floor
 from anpred.judge.stats import ErrorStats, Reference, same_array, ulp_dtype
+from anpred.judge.ties import TieCandidates
 from anpred.judge.struct import AnchorInfo, BackendInfo, Cell, OracleResult
 from anpred.judge.verdict import CellBasis, backend_verdict, judge_cell
 from anpred.judge.votes import median_of, vote
@@ -145,6 +146,10 @@ class Oracle:
         # (anchor, backend) -> (kind, reason) -> sample ids: a wrong shape or a missing output where the
         # voting families agree (anpred.judge.deviations)
         self.deviations: dict[tuple[str, str], dict[tuple[str, str], list[str]]] = {}
+        # a tie (no consensus): anchor -> the candidates' disagreement, and the backends judged outside
+        # the tied camps against the nearest candidate (anpred.judge.ties)
+        self.tie_levels: dict[str, list[float]] = {}
+        self.tie_judged: dict[str, set[str]] = {}
 
     # ---- consensus ------------------------------------------------------------------------------
     def _pick_reference(self, present: list[str]) -> str | None:
@@ -327,9 +332,16 @@ class Oracle:
                    "tie": "split vote: the families form camps of equal size and no float64 execution decides "
                           "(see the note on the split): no consensus"}.get(
                 mode, "no finite value in any voting backend (all NaN/Inf): no consensus")
-            self.anchor_gaps.setdefault(a.name, {}).setdefault(msg, []).append(sid)
+            family_of = {b: (self.backends[b].family if self.backends[b].votes else None) for b in got}
+            tie = TieCandidates(dec, got, family_of) if mode == "tie" else None
+            outside = {b: x for b, x in got.items() if tie is not None and tie.outside(b, family_of)}
+            if not outside:
+                self.anchor_gaps.setdefault(a.name, {}).setdefault(msg, []).append(sid)
             for b in got:
-                self._gap(a.name, b, msg, sid)
+                if b not in outside:
+                    self._gap(a.name, b, msg, sid)
+            if outside:
+                self._judge_outside_tie(a, tie, outside)
             return
         self.consensus_modes[a.name].add(mode)
         if a.kind == "output" and not self.families.merged_now and dec is None:  # (else not what consensus() gives)
@@ -354,13 +366,8 @@ class Oracle:
                 if a.kind == "output":
                     self.last_nrmse[(a.name, b)] = (0.0, 0)  # it is the consensus here
                 continue
-            acc = self.acc.get((a.name, b))
-            if acc is None:
-                acc = self.acc[(a.name, b)] = Accumulator(self.cfg.primary, Reservoir(self.cfg.reservoir, self.rng))
-            prec = cell_precision(self.backends[b].precision, a.dtype)
-            dt = ulp_dtype(prec)
-            # the ULP quantiles only where the wrong-tail rule reads them (fp32 voters)
-            q = self.cfg.ulp_quantile if self.backends[b].votes and prec == "fp32" else None
+            acc = self._acc(a.name, b)
+            dt, q = self._compare_args(a, b)
             # a tensor bit-identical to one already compared (members of one population sharing a
             # kernel path, correlated families) has the same Comparison: reuse it (no second sort)
             cmp = next((c_ for y, d_, q_, c_ in done if d_ == dt and q_ == q and same_array(x, y)), None)
@@ -370,6 +377,32 @@ class Oracle:
             acc.add(cmp)
             if a.kind == "output":
                 self.last_nrmse[(a.name, b)] = (cmp.stats.nrmse, cmp.nonfinite)
+
+    def _acc(self, anchor: str, backend: str) -> Accumulator:
+        acc = self.acc.get((anchor, backend))
+        if acc is None:
+            acc = self.acc[(anchor, backend)] = Accumulator(self.cfg.primary, Reservoir(self.cfg.reservoir, self.rng))
+        return acc
+
+    def _compare_args(self, a: AnchorInfo, backend: str) -> tuple[str, float | None]:
+        """``(ULP dtype, ULP quantile)`` of ``backend``'s comparison at anchor ``a``: the ULP quantiles
+        only where the wrong-tail rule reads them (fp32 voters)."""
+        prec = cell_precision(self.backends[backend].precision, a.dtype)
+        return ulp_dtype(prec), (self.cfg.ulp_quantile if self.backends[backend].votes and prec == "fp32" else None)
+
+    def _judge_outside_tie(self, a: AnchorInfo, tie: TieCandidates, outside: dict[str, np.ndarray]) -> None:
+        """Judge the backends outside a tied split against the nearest candidate; record the
+        candidates' own disagreement as their peers' level (:mod:`anpred.judge.ties`)."""
+        prim = self.cfg.primary
+        dt32 = ulp_dtype(cell_precision("fp32", a.dtype))
+        self.tie_levels.setdefault(a.name, []).extend(
+            tie.levels(lambda r, x: float(getattr(r.compare(x, dt32, ulp_quantile=None).stats, prim))))
+        for b, x in outside.items():
+            dt, q = self._compare_args(a, b)
+            cmp = tie.nearest(lambda r: r.compare(x, dt, distribution=self.population is None, ulp_quantile=q),
+                              lambda cm: float(getattr(cm.stats, prim)))
+            self._acc(a.name, b).add(cmp)
+            self.tie_judged.setdefault(a.name, set()).add(b)
 
     def __getstate__(self):
         st = self.__dict__.copy()  # (a checkpoint of a streamed run: the latest sample's tensors are not kept)
@@ -505,6 +538,10 @@ class Oracle:
                         if not peers:
                             peers = voters  # no population peer: today's rule, the constant floor decides
                 levels = [self._primary(pooled[(a.name, p)]) for p in peers]
+                if info.votes and b in self.tie_judged.get(a.name, ()):
+                    levels += self.tie_levels.get(a.name, [])  # judged against a candidate of a tie
+                    basis += ("; at a tie (no consensus): judged against the nearest tied camp, the tied camps' "
+                              "distance from each other counted as a peer's level")
                 levels = [v for v in levels if not math.isnan(v)]
                 st = pooled[(a.name, b)]
                 units = natural_units(prec, st.max_abs, math.sqrt(acc.dd / acc.n) if acc.n else math.nan, rms, step)
