@@ -181,10 +181,11 @@ def test_onnx2torch_needs_the_weights_bound(tmp_path):
 
 
 def test_conformance_judges_twice_and_scores_the_oracle(tmp_path):
-    """Three cases in ONNX's layout on ort, onnx-reference and torch (in this process, no Ray):
+    """Four cases in ONNX's layout on ort, onnx-reference and torch (in this process, no Ray):
     Conv with weights as inputs (torch gets W and B bound and matches, the record says so); a Relu
     case whose expected output is wrong at one element (every backend deviates: the consensus
-    fails the suite's test); Sigmoid within the case's own tolerance. The score counts them."""
+    fails the suite's test); Sigmoid within the case's own tolerance; a random generator (no truth).
+    The score counts them."""
     from anpred.conformance.suite import ConformanceOptions, run_conformance
 
     rng = np.random.default_rng(1)
@@ -198,9 +199,17 @@ def test_conformance_judges_twice_and_scores_the_oracle(tmp_path):
           [x], [y])
     _case(cases, "test_sigmoid", _model([h.make_node("Sigmoid", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3])]),
           [x], [(1 / (1 + np.exp(-x.astype(np.float64)))).astype(np.float32)])
+    # a generator (ONNX's test_bernoulli_seed_expanded draws with RandomUniformLike): one draw is expected,
+    # which binds no backend: truth "random", counted neither as matching nor as deviating
+    _case(cases, "test_random_uniform_like",
+          _model([h.make_node("RandomUniformLike", ["x"], ["y"], seed=0.0)], [("x", [2, 3])], [("y", [2, 3])]),
+          [x], [rng.random((2, 3)).astype(np.float32)])
     opts = ConformanceOptions(backends=["ort", "onnx-reference", "torch"], ray=False, progress=False, batch=2)
     res = run_conformance(cases, tmp_path / "out", opts)
     rec = {r["case"]: r for r in res["records"]}
+    rnd = rec["test_random_uniform_like"]["backends"]
+    assert rnd["ort"]["truth"] == "random" and "RandomUniformLike" in rnd["ort"]["reason"], rnd["ort"]
+    assert not rec["test_random_uniform_like"]["consensus_wrong"]
     conv = rec["test_conv_weights_as_inputs"]
     assert conv["bound"] == {"torch": ["W", "B"]}
     assert {b: r["truth"] for b, r in conv["backends"].items()} == {"ort": "matches", "onnx-reference": "matches",

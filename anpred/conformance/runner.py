@@ -11,7 +11,9 @@ one run folder (:func:`anpred.run.run_model` with the pool, no coverage precheck
    ``anpred check``); the consensus it formed at each output is kept
    (``oracle.main.last_consensus``) to tell whether the consensus itself is right;
 2. **the ground truth**: each backend's aligned outputs against the expected outputs with the suite's
-   tolerance (:mod:`anpred.conformance.truth`).
+   tolerance (:mod:`anpred.conformance.truth`); ``random`` for a graph that draws random numbers
+   (:data:`RANDOM_OPS`: ONNX fixes no generator, so the suite's expected outputs, one generator's draw,
+   bind no backend; such pairs count neither as matching nor as deviating).
 
 Inputs that are weights: for a backend whose converter needs parameters as initializers
 (:attr:`anpred.backends.base.Backend.constant_weights`) the case's weight inputs
@@ -45,6 +47,9 @@ SCHEMA = "anpred.conformance/1"
 #: per-case records under the output folder
 CASES_DIR = "cases"
 _ARBITRATED = "closer to the float64 execution"
+#: the generator operators of the ONNX standard (their outputs are draws; ONNX fixes no generator)
+RANDOM_OPS = frozenset({"Bernoulli", "Multinomial", "RandomNormal", "RandomNormalLike", "RandomUniform",
+                        "RandomUniformLike"})
 
 
 @dataclass
@@ -164,6 +169,7 @@ def judge_case(run_dir: Path, case: Case) -> dict[str, Any]:
 
     store = RunStore.open(run_dir)
     statuses = store.statuses()
+    random_ops = sorted(set(case.op.split("+")) & RANDOM_OPS)
     expected = {output_anchor_name(o): e for o, e in zip(case.outputs, case.expected)}
     ok = [b for b, st in statuses.items() if st.status == "ok"]
     aligned: dict[str, dict[str, np.ndarray]] = {}
@@ -193,6 +199,9 @@ def judge_case(run_dir: Path, case: Case) -> dict[str, Any]:
             row.update(truth="matches" if matches else "deviates", reason=why)
             if not matches:
                 row["outputs"] = per
+            if random_ops:  # the expected outputs are one generator's draw: they bind no backend
+                row.update(truth="random", reason=f"the graph draws random numbers ({', '.join(random_ops)}): "
+                                                  "ONNX fixes no generator, the expected outputs bind no backend")
         else:
             row.update(truth="unsupported" if st.status == "unsupported" else "failed",
                        reason=f"{st.status}: {st.reason}" if st.status not in ("failed", "unsupported") else st.reason)
@@ -209,7 +218,8 @@ def judge_case(run_dir: Path, case: Case) -> dict[str, Any]:
             row["oracle_reason"] = str(report.unjudged_backends.get(b, "not judged"))[:300]
         backends[b] = row
     # the consensus is judged where it was formed (an output no backend could be judged at has none)
-    wrong = {a: compare(consensus[a], e, case.rtol, case.atol) for a, e in expected.items() if a in consensus}
+    wrong = {a: compare(consensus[a], e, case.rtol, case.atol) for a, e in expected.items()
+             if a in consensus and not random_ops}
     return {"backends": backends, "oracle_status": report.status,
             "consensus_mode": {a: m for a, m in report.consensus.items() if a in expected},
             "consensus_wrong": any(not t.ok for t in wrong.values()) if wrong else None,

@@ -22,7 +22,7 @@ from typing import Any
 
 __all__ = ["load_records", "summarize", "format_summary", "matrix_rows", "TRUTHS"]
 
-TRUTHS = ("matches", "deviates", "unsupported", "failed")
+TRUTHS = ("matches", "deviates", "random", "unsupported", "failed")
 
 
 def load_records(out: str | Path) -> list[dict[str, Any]]:
