@@ -5,8 +5,9 @@ TVM's table (``onnx_frontend._get_convert_map``) says whether the frontend has a
 operator; the converter itself states further limits on attributes, dtypes and inputs (``RoiAlign only
 supports avg and max modes``, ``GroupNormalization-18 currently only supports float32 inputs``,
 ``Type ... for scale is currently unsupported`` for computed Resize scales, ``KeyError: 'num_heads'`` on
-the standard ``Attention``, ``no value in Constant`` for a ``Constant`` holding ``value_float``). :func:`tvm_probe` converts a one-node model of each node with
-``from_onnx`` in this process (a few milliseconds a node; answers cached by node content) and counts
+the standard ``Attention``, ``no value in Constant`` for a ``Constant`` holding ``value_float``).
+:func:`tvm_probe` converts a one-node model of each node with ``from_onnx`` in this process (a few
+milliseconds a node; answers cached by node content) and counts
 as a refusal an error the frontend's Python code raises (:data:`REFUSING`, ``tvm.error.OpError``); an
 error of TVM's C++ checks is not counted (it may depend on the rest of the graph: the run says it).
 """
