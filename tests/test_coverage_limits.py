@@ -170,3 +170,42 @@ def test_anchor_identities_do_not_lose_ncnn(tmp_path, monkeypatch):
     store = run_model(tmp_path / "anchored.onnx", ["ncnn", "onnx-reference"], "random:normal:n=1", tmp_path / "run",
                       progress=False)
     assert store.statuses()["ncnn"].status == "ok", store.statuses()["ncnn"].reason
+
+
+def constant_float_model(path):
+    """x[1, 3, 4] -> Mul(x, Constant(value_float=1.6733)) -> Relu -> y: the shape of ONNX's expanded
+    function bodies (Selu, Elu, HardSigmoid, LeakyRelu ...), which hold their attributes as
+    ``Constant`` nodes with ``value_float``."""
+    nodes = [h.make_node("Constant", [], ["k"], name="alpha", value_float=1.6733),
+             h.make_node("Mul", ["x", "k"], ["m"], name="mul"), h.make_node("Relu", ["m"], ["y"], name="relu")]
+    g = h.make_graph(nodes, "constant_float", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 4])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 3, 4])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 18)])
+    m.ir_version = 8
+    onnx.checker.check_model(m, full_check=True)
+    onnx.save(m, str(path))
+    return path
+
+
+def test_tvm_frontend_asked_node_by_node_and_the_whole_model_agrees(tmp_path, monkeypatch):
+    """TVM's Relax ONNX frontend refuses a ``Constant`` holding ``value_float`` (``ValueError: no value in
+    Constant``; 21 of ONNX's expanded node cases failed on it at run time, none was foreseen by the
+    operator table). The coverage asks the frontend node by node and says so; run without the
+    precheck, the whole model fails for that reason; the limits and cubic models convert (nothing
+    refused)."""
+    from anpred.backends.coverage import unsupported_by
+    from anpred.run import run_model
+
+    monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))
+    path = constant_float_model(tmp_path / "cf.onnx")
+    row = unsupported_by(path, {"tvm": "tvm"})["tvm"]
+    assert row["ops"] == {"Constant": "tvm: the Relax ONNX frontend refuses it alone: ValueError: no value in "
+                                      "Constant (node 'alpha')"}, row
+    assert row["nodes"] == ["Constant"] and row["node_basis"].startswith("TVM's Relax ONNX frontend")
+    for other in (limits_model(tmp_path / "limits.onnx"), cubic_grid_model(tmp_path / "cubic.onnx")):
+        assert unsupported_by(other, {"tvm": "tvm"})["tvm"]["ops"] == {}
+    (tmp_path / "in").mkdir()
+    np.savez(tmp_path / "in" / "0000.npz", x=np.ones((1, 3, 4), np.float32))
+    st = run_model(path, ["tvm"], tmp_path / "in", tmp_path / "run", progress=False, timeout_s=300,
+                   precheck=False).statuses()["tvm"]
+    assert st.status in ("failed", "unsupported") and "no value in Constant" in st.reason, st.reason

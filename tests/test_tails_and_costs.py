@@ -167,3 +167,54 @@ def test_the_kernel_note_is_named_as_the_likely_cause():
         w = res.verdicts["ort-int8"].warnings[0]
         assert ("likely cause: ONNX Runtime's avx2 u8s8 kernels" in w and "saturating int16" in w) == named
         assert any(n == w for n in res.notes)
+
+
+# ---- a tail most families share: seen against the float64 execution ------------------------------------
+def test_a_tail_most_families_share_is_a_warning_against_the_float64_execution():
+    """ONNX's `mish` node case as the oracle saw it (docs/oracle.md, "Wrong tails"): five families 1e-3
+    off relative to the float64 result on the small outputs, ort and the reference evaluator exact. Against
+    the peers the shared tail is the consensus' own (no warning); with the float64 execution in the run
+    the three with the tail carry the warning (their ULP quantile against it > 10 x ort's), the exact
+    ones not, and nothing is flagged."""
+    rng = np.random.default_rng(4)
+    n = 4000
+    true = rng.standard_normal(n)
+    tail = rng.random(n) < 0.1
+    true[tail] = 10.0 ** rng.uniform(-7, -5, tail.sum())
+    exact = true.astype(np.float32).astype(np.float64)
+    t = {"ort": exact.copy(), "onnx-reference": exact.copy()}
+    for b in ("openvino", "tvm", "torch"):
+        t[b] = np.where(tail, exact * (1 + 1e-3 * rng.choice([-1.0, 1.0], n)), exact)
+    for fp64 in (False, True):
+        tensors, infos = dict(t), [BackendInfo.make(b) for b in t]
+        if fp64:
+            tensors["onnx-reference-fp64"] = true
+            infos.append(BackendInfo.make("onnx-reference-fp64", precision="fp64"))
+        o = Oracle([AnchorInfo("output/y", 0, kind="output")], infos)
+        o.add({"output/y": tensors})
+        res = o.finish()
+        assert not any(v.flagged for v in res.verdicts.values()), format_text(res)
+        warned = sorted(b for b, v in res.verdicts.items() if v.warnings)
+        assert warned == (["openvino", "torch", "tvm"] if fp64 else []), format_text(res)
+    c = next(c for c in res.cells if c.backend == "tvm")
+    assert c.tail.startswith("wrong tail against the float64 execution") and "> 10 x ort's" in c.tail
+
+
+@pytest.mark.kernels
+def test_mish_tail_on_real_runtimes_is_a_warning_against_the_float64_execution(tmp_path):
+    """ONNX's `mish` node case (opset 18, x = linspace(-10, 10, 10000)) on ort, tvm and the float64
+    execution: TVM lowers Mish to tanh(softplus(x)) in float32 and loses ~8e3 ULPs (1e-3 relative) on the
+    small outputs far below zero, ort is within a few ULPs of the float64 result; tvm carries the
+    wrong-tail warning against the float64 execution, ort not, the run is consistent (with two fp32
+    families the peer rule cannot tell which one has the tail)."""
+    g = helper.make_graph([helper.make_node("Mish", ["x"], ["y"])], "mish",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [10000])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [10000])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    x = np.linspace(-10, 10, 10000, dtype=np.float32)
+    run, _ = _run(model, ["ort", "tvm", "onnx-reference-fp64"], {"x": x[None]}, tmp_path)
+    rep = check_run(run)
+    assert rep.status == "consistent", format_text(rep)
+    assert [b for b, v in rep.verdicts.items() if v.warnings] == ["tvm"], format_text(rep)
+    c = next(c for c in rep.cells if c.backend == "tvm" and c.tail)
+    assert c.tail.startswith("wrong tail against the float64 execution") and c.stats.nrmse < c.threshold

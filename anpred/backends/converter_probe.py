@@ -176,10 +176,14 @@ class NodeProbe:
             one-node model; "" when it converts, else the converter's decisive line.
         budget_s: the most seconds of probing per model; nodes not probed within it are counted in
             :attr:`unprobed` (never refused).
+        constants: probe ``Constant`` nodes too (a converter that refuses some of their attributes,
+            e.g. TVM's ``value_float``); else they are the constant inputs of the others.
     """
 
-    def __init__(self, tool: str, version: str, convert: Callable[[Path, Path], str], budget_s: float):
+    def __init__(self, tool: str, version: str, convert: Callable[[Path, Path], str], budget_s: float,
+                 constants: bool = False):
         self.tool, self.version, self.convert, self.budget_s = tool, version, convert, budget_s
+        self.constants = constants
         self.unprobed = 0
         self.probed = 0
         self.cached = 0
@@ -248,7 +252,8 @@ class NodeProbe:
         opset = {o.domain: o.version for o in model.opset_import}
         out = []
         for n in model.graph.node:
-            if n.op_type == "Constant" or any(v and v not in consts and not index.is_data(v) for v in n.input):
+            if (n.op_type == "Constant" and not self.constants) or \
+                    any(v and v not in consts and not index.is_data(v) for v in n.input):
                 continue
             one, sig = one_node_model(model, n, types, consts)
             if one is not None:

@@ -172,6 +172,31 @@ class TvmBackend(Backend):
         return {key: f"no converter for {op_type} in TVM {tvm.__version__}'s Relax ONNX frontend"
                 for key, (_d, op_type, _v) in model_ops(model).items() if op_type not in table}
 
+    node_basis = "TVM's Relax ONNX frontend on a one-node model of each node (cached by content)"
+
+    @classmethod
+    def refused_nodes(cls, model) -> dict[str, str]:
+        """The nodes TVM's Relax ONNX frontend refuses alone (:func:`anpred.backends.tvm_probe.tvm_probe`),
+        on the graph the backend imports: control flow inlined, recurrent nodes unrolled where their
+        shapes are static (as :meth:`_compile` does; the frontend has neither)."""
+        import onnx
+
+        from anpred.backends.tvm_probe import tvm_probe
+        from passes.recurrent import RECURRENT_OPS, unroll_recurrent
+
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        if any(n.op_type in ("If", "Loop") for n in m.graph.node):
+            from passes.control_flow import inline_control_flow
+
+            inline_control_flow(m)
+        if any(n.op_type in RECURRENT_OPS for n in m.graph.node):
+            try:
+                unroll_recurrent(m)  # what stays recurrent is named by the run (no converter)
+            except Exception:  # noqa: BLE001 - not unrollable here: the run names it
+                pass
+        return tvm_probe().refusals(m)
+
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)
         self._vm = None

@@ -16,6 +16,8 @@ import math
 
 import numpy as np
 
+from anpred.defaults import OracleConfig
+from anpred.judge.stats import Reference
 from anpred.judge.struct import BackendInfo, Cell
 
 __all__ = ["Arbiter", "truth_of"]
@@ -49,6 +51,9 @@ class Arbiter:
         self.fp64 = list(fp64)
         self.sums: dict[tuple[str, str], list[float]] = {}  # (anchor, voter) -> [sum d^2, sum c^2]
         self.consensus_sums: dict[str, list[float]] = {}  # anchor -> the consensus' (dd, cc) against fp64
+        # (anchor, voter) -> [ulp_q, ulp_median] of its error in ULPs of the float64 result rounded to the
+        # anchor's type, the largest over the samples (the wrong tail against the truth, :meth:`tails`)
+        self.ulps: dict[tuple[str, str], list[float]] = {}
 
     @property
     def name(self) -> str | None:
@@ -59,11 +64,25 @@ class Arbiter:
         """The family of the library the float64 execution runs on (its family without ``-fp64``)."""
         return self.backends[self.fp64[0]].family.removesuffix("-fp64") if self.fp64 else None
 
-    def add(self, anchor: str, got: dict[str, np.ndarray], consensus: np.ndarray | None = None) -> None:
+    def add(self, anchor: str, got: dict[str, np.ndarray], consensus: np.ndarray | None = None,
+            ulp: tuple[str, str, float] | None = None) -> None:
         """Each voter's (and the consensus') squared deviation from the float64 execution at ``anchor``
-        (finite positions)."""
+        (finite positions). ``ulp``: ``(anchor element type, ULP dtype, quantile)``: also each fp32
+        voter's error in ULPs of the float64 result rounded to that type
+        (:meth:`anpred.judge.stats.Reference.compare`'s ``ulp_q`` and ``ulp_median``), for :meth:`tails`."""
         ref = got[self.fp64[0]]
         tensors = [((anchor, b), x) for b, x in got.items() if self.backends[b].votes]
+        if ulp is not None:
+            dtype, udt, q = ulp
+            truth = Reference(truth_of(ref, dtype))
+            for (_, b), x in tensors:
+                if self.backends[b].precision != "fp32":
+                    continue
+                st = truth.compare(x, udt, ulp_quantile=q).stats
+                if math.isnan(st.ulp_q):
+                    continue
+                u = self.ulps.setdefault((anchor, b), [0.0, 0.0])
+                u[0], u[1] = max(u[0], st.ulp_q), max(u[1], st.ulp_median)
         if consensus is not None and consensus.shape == ref.shape:
             tensors.append((None, consensus))
         for key, x in tensors:
@@ -130,6 +149,42 @@ class Arbiter:
                 f"({arbiter}) than the consensus there, nRMSE {'; '.join(v[:4])}{' ...' if len(v) > 4 else ''}: "
                 "the majority shares an error (a less accurate computation), not flagged"
                 for b, v in done.items()]
+
+    def tails(self, cells: dict[tuple[str, str], Cell], cfg: OracleConfig, skip: set[str]) -> None:
+        """The wrong-tail warning against the float64 execution (docs/oracle.md, "Wrong tails"): a cell of
+        an fp32 voter the nRMSE passes, whose ``ulp_q`` against the float64 result exceeds ``ulp_floor``
+        and ``k`` (fp32) times that of the most accurate *other* independent family at the anchor
+        (leaving out the arbiter's own library, which shares its formulas) while its ``ulp_median`` stays
+        within ``origin_k`` times that family's (>= 1 ULP: a tail, not a broad error), carries
+        ``Cell.tail`` (a warning, never a flag). Unlike the rule against the peers it sees a tail that
+        most families share (it is then the consensus' own): one independent library computing the
+        small values to a few ULPs shows the tail is not the type's limit. ``skip``: anchors judged part
+        by part and the parts (their range rule judges the small values). The verdicts carry the
+        warnings (:func:`anpred.judge.verdict.backend_verdict`)."""
+        lib, k = self.library, cfg.k_for("fp32")
+        by_anchor: dict[str, dict[str, list[float]]] = {}
+        for (a, b), u in self.ulps.items():
+            by_anchor.setdefault(a, {})[b] = u
+        for a, per in by_anchor.items():
+            if a in skip:
+                continue
+            for b, (q, med) in per.items():
+                cell = cells.get((a, b))
+                fam = self.backends[b].family
+                if cell is None or cell.flagged or cell.tail or cell.deviation or fam == lib or not q > cfg.ulp_floor:
+                    continue
+                others = [(u[0], u[1], o) for o, u in per.items()
+                          if self.backends[o].family not in (fam, lib)]
+                if not others:
+                    continue
+                best_q, best_med, best = min(others)
+                if q > k * max(best_q, 1.0) and med <= cfg.origin_k * max(best_med, 1.0):
+                    cell.tail = (f"wrong tail against the float64 execution (a warning, not a flag): the "
+                                 f"{cfg.ulp_quantile:g} quantile of the error in ULPs of the float64 result {q:.3g} > "
+                                 f"{k:g} x {best}'s {best_q:.3g} (the most accurate independent family here) and > "
+                                 f"ulp_floor {cfg.ulp_floor:g}, while its median ULP error {med:.3g} is within "
+                                 f"origin_k {cfg.origin_k:g} x {best}'s {best_med:.3g}: an error relative to each "
+                                 "element's magnitude on part of the values, shared or not by the consensus")
 
 
 def _nrmse(dd: float, cc: float) -> float:

@@ -357,7 +357,10 @@ class Oracle:
         if not np.isfinite(c).any():
             self.all_nonfinite.add(a.name)
         if self.arbiter.name is not None and self.arbiter.name in got:
-            self.arbiter.add(a.name, got, c)
+            # ULPs against the truth for the wrong-tail warning (fp32 oracle; not the parts: range rule)
+            ulp = (a.dtype, ulp_dtype(cell_precision("fp32", a.dtype)), self.cfg.ulp_quantile) \
+                if self.population is None and a.name not in self._scaled else None
+            self.arbiter.add(a.name, got, c, ulp)
         ref_tensor = Reference(c, undecided, distribution_positions=self._distribution_positions(a.name, c.size))
         done: list[tuple[np.ndarray, str, Any, Any]] = []  # (tensor, ULP dtype, quantile, its Comparison)
         for b, x in got.items():
@@ -465,6 +468,7 @@ class Oracle:
             loc.mark_sustained(cells)
         deviation_cells(cells, self.deviations, self.anchors, self.backends, self.samples)
         notes.extend(self.arbiter.arbitrate(cells))
+        self.arbiter.tails(cells, self.cfg, self._scaled)
         notes.extend(self.splits.notes(self.samples))
         if self.arbiter.name is None and self.population is None and any(
                 c.flagged and self.backends[c.backend].votes and self.backends[c.backend].precision == "fp32"

@@ -21,7 +21,9 @@ could not be judged, worst anchor) and hands origin and propagation to
   theirs: a tail, not a broad error; a broad error below the floor also has large ULP errors where the
   consensus is small, and stays the floor's to judge). Peers whose nRMSE median is 0 (bit-identical
   to the consensus) leave it to the floor too. Not applied to an output judged part by part (its
-  parts judge its small-valued portions, with the part range rule) nor to the parts.
+  parts judge its small-valued portions, with the part range rule) nor to the parts. Where the float64
+  execution ran, the same warning is also given against it, which sees a tail most families share
+  (:meth:`anpred.judge.arbiter.Arbiter.tails`).
 """
 
 from __future__ import annotations
