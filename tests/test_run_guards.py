@@ -165,6 +165,32 @@ def test_scalar_inputs_are_fed_as_0d_arrays(tmp_path):
         np.testing.assert_array_equal(run.read_anchors(b, "s0000")["output/y"], np.array([-1.0, 0.5, 1.0], np.float32))
 
 
+@pytest.mark.isa_independent(EXACT_OPS)
+def test_onnx2tf_scalar_inputs_are_fed_and_its_clip_ignoring_a_tensor_min_is_flagged(tmp_path):
+    """onnx2tf converts a 0-d input to a one-element rank-1 one: tf and litert are fed it reshaped (they
+    failed with "converted input 'min' has rank 1" before). Then onnx2tf 1.29.24's Clip with tensor
+    bounds applies only ``max`` (ops/Clip.py builds tf.minimum alone when ``min`` is not a constant; the
+    same with bounds computed in the graph, docs/run.md): x = -2 stays -2 where the bound is -1, and the
+    oracle flags both."""
+    from anpred.judge import check_run
+    from anpred.run import RunStore, run_model
+
+    m = clip_scalar_bounds(tmp_path / "clip.onnx")
+    np.savez(tmp_path / "s.npz", x=np.array([-2.0, 0.5, 3.0], np.float32), min=np.float32(-1), max=np.float32(1))
+    # (two families against the one conversion of tf and litert: a tie the float64 execution decides)
+    store = run_model(m, ["ort", "onnx-reference", "tf", "litert", "onnx-reference-fp64"], str(tmp_path / "s.npz"),
+                      tmp_path / "run", progress=False)
+    st = store.statuses()
+    assert {b: s.status for b, s in st.items()} == {b: "ok" for b in st}, {b: s.reason for b, s in st.items()}
+    run = RunStore.open(tmp_path / "run")
+    for b in ("tf", "litert"):
+        np.testing.assert_array_equal(run.read_anchors(b, "s0000")["output/y"], np.array([-2.0, 0.5, 1.0], np.float32))
+    rep = check_run(tmp_path / "run")
+    assert sorted(b for b, v in rep.verdicts.items() if v.flagged) == ["litert", "tf"], rep.notes
+    (split,) = rep.splits
+    assert split["basis"] == "float64" and split["decided_for"] == ["onnx-reference", "onnxruntime"]
+
+
 # ---- bad input: the rule over all of a run's backends ------------------------------------------------
 def _st(name: str, status: str, reason: str) -> BackendStatus:
     return BackendStatus(name=name, family=name, status=status, reason=reason)

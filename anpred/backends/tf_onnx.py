@@ -366,6 +366,8 @@ class TfOnnxBackend(Backend):
         keep = set(o2t.get("keep_ncw_or_nchw_or_ncdhw_input_names") or ()) | \
             set(o2t.get("keep_shape_absolutely_input_names") or ())
         channels_last = r in _CHANNELS_LAST and name not in keep
+        if r == 0 and len(tn) == 1 and tn[0] in (1, None):
+            return None  # onnx2tf makes a 0-d (scalar) input a one-element rank-1 one: fed reshaped (_run_impl)
         if len(tn) != r:
             raise BackendError(f"{self.name}: converted input {name!r} has rank {len(tn)}, the ONNX input {r}")
         c = on[1] if r > 1 else None
@@ -441,6 +443,8 @@ class TfOnnxBackend(Backend):
             perm = self._input_perm[inp["name"]]
             if perm is not None:
                 x = np.transpose(x, perm)
+            if x.ndim == 0 and len(inp["tf_shape"]) == 1:
+                x = x.reshape(1)  # a scalar input onnx2tf converted to one element of rank 1 (_input_layout)
             args.append(feed(inp["name"], c_contiguous(x), self._input_dtype.get(inp["name"]), self.name))
         outs = self._invoke(args)
         result = {}
