@@ -134,8 +134,8 @@ def test_every_family_off_in_its_own_way_is_not_one_camp(fp64):
     """A new user's Resize (cubic, half_pixel_symmetric, exclude_outside): ONNX Runtime correct, tf, mnn and
     ncnn off by 7-30 % each in its own way. Cut by the voters' spread they formed one camp and the
     threshold (10 x the peers' median error) passed everyone, even with the float64 execution in the run.
-    Now with it the three are flagged and ort is consistent. Without it they stay one camp (the stated
-    limit, docs/oracle.md): nobody flagged, and the split log empty."""
+    Now with it the three are flagged and ort is consistent; without it the vote is a tie (no two agree
+    to rounding, nothing tells who is right: no consensus, unjudged, never "consistent")."""
     rng = np.random.default_rng(5)
     truth = rng.standard_normal(2048)
     tensors = {"ort": truth + 3e-7 * rng.standard_normal(truth.shape)}
@@ -154,7 +154,31 @@ def test_every_family_off_in_its_own_way_is_not_one_camp(fp64):
         (split,) = res.splits
         assert split["basis"] == "float64" and split["decided_for"] == ["onnxruntime"]
     else:
-        assert not any(v.flagged for v in res.verdicts.values()) and res.splits == [], format_text(res)
+        assert not any(v.flagged for v in res.verdicts.values())
+        assert all(res.verdicts[b].status != "consistent" for b in ("ort", "tf", "mnn", "ncnn")), format_text(res)
+        assert [sp["basis"] for sp in res.splits] == ["tie"]
+
+
+@pytest.mark.parametrize("errors", [(0.1, 0.15, 0.2), (0.05, 0.1, 0.3)])
+def test_three_correct_families_outvote_three_each_off_in_its_own_way(errors):
+    """A review's case: three bit-identical correct families and tf, mnn, ncnn each off in its own way
+    (nRMSE 5-30 %), no float64 execution. Cut by the voters' spread (median nearest distance 0.05) the
+    six were one camp and nobody was flagged, or tf and mnn joined the correct camp; cut at the floor
+    (the spread beyond 2 x the floor) the correct camp wins by count, 3 against 1 each: the three are
+    flagged, the correct ones consistent."""
+    rng = np.random.default_rng(11)
+    truth = rng.standard_normal(2048)
+    tensors = {b: truth.copy() for b in ("ort", "openvino", "torch")}
+    for b, e in zip(("tf", "mnn", "ncnn"), errors):
+        tensors[b] = truth + e * rng.standard_normal(truth.shape)
+    o = Oracle([AnchorInfo("output/y", 0, kind="output")], [BackendInfo.make(b) for b in tensors])
+    o.add({"output/y": tensors})
+    res = o.finish()
+    assert sorted(b for b, v in res.verdicts.items() if v.flagged) == ["mnn", "ncnn", "tf"], format_text(res)
+    for b in ("ort", "openvino", "torch"):
+        assert res.verdicts[b].status == "consistent" and res.verdicts[b].worst_primary == 0.0
+    (split,) = res.splits
+    assert split["basis"] == "count" and split["decided_for"] == ["onnxruntime", "openvino", "torch"]
 
 
 def test_a_backend_outside_a_tie_is_judged_against_the_nearest_candidate():

@@ -346,3 +346,29 @@ def test_torch_backend_takes_one_tensor_as_the_first_output(tmp_path):
     assert got["output/y"].shape == (3, 4)
     np.testing.assert_allclose(got["output/y"], ref, rtol=1e-4, atol=1e-5)
     assert "output/mean" not in got or got["output/mean"].shape == (3, 1)
+
+
+def test_the_consensus_is_scored_after_a_split_too(tmp_path):
+    """A review of issue 33: the consensus was scored against the expected outputs only where it was
+    formed without a split or a merge, so a split decided for a wrong majority (ONNX's
+    resize_downsample_scales_*_align_corners: ort, openvino, torch, mnn bit-identical, the spec's value
+    elsewhere) left ``consensus_wrong`` empty. Here: Resize nearest (``round_prefer_ceil``, a tie at every
+    other pixel) on ort and onnx-reference, which follow it, and torch, which rounds down (a camp of
+    its own: the split is decided for the two by count); the case's expected output is the floor
+    rounding, so the consensus fails the suite's test and the record says so."""
+    from anpred.conformance.suite import ConformanceOptions, run_conformance
+
+    x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    scales = nh.from_array(np.array([1, 1, 0.5, 0.5], np.float32), "scales")
+    node = h.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest", nearest_mode="round_prefer_ceil",
+                       coordinate_transformation_mode="half_pixel")
+    m = _model([node], [("x", [1, 1, 4, 4])], [("y", [1, 1, 2, 2])], opset=13)
+    m.graph.initializer.append(scales)
+    floor_rounding = x[:, :, 0::2, 0::2]  # what torch returns (its nearest floors: pixel 2k, not 2k + 1)
+    _case(tmp_path / "cases", "test_resize_rounding", m, [x], [floor_rounding.copy()])
+    opts = ConformanceOptions(backends=["ort", "onnx-reference", "torch"], ray=False, progress=False, batch=1)
+    rec = run_conformance(tmp_path / "cases", tmp_path / "out", opts)["records"][0]
+    truth = {b: r["truth"] for b, r in rec["backends"].items()}
+    assert truth == {"ort": "deviates", "onnx-reference": "deviates", "torch": "matches"}, rec
+    assert "split" in rec["consensus_mode"]["output/y"][0], rec["consensus_mode"]
+    assert rec["consensus_wrong"] is True and "of 4 elements" in rec["consensus_reason"]

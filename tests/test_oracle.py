@@ -761,3 +761,28 @@ def test_independence_line_says_merged_or_not_and_from_how_many_anchors():
                      "mnn|ncnn": {"rho_median": -0.4, "rho_max": -0.4, "anchors": 1}}, "merged": {}}
     assert "): mnn~onnxruntime 1.00 from 1 anchor, not merged (" in independence_line(one, [], 0.8)
     assert "no pair at or above it; highest mnn~onnxruntime 1.00 from 1 anchor" in independence_line(one, [], 1.01)
+
+
+def test_finite_values_where_the_consensus_is_nan_are_never_arbitrated():
+    """ONNX's attention_4d..._causal_expanded on litert (a review of issue 33): every other family returns
+    NaN at the fully masked rows, litert finite values there, and over the finite positions it was closer
+    to the float64 execution than the consensus, so the arbitration cleared its flag (a miss against the
+    expected outputs). A non-finite disagreement either way is no accuracy question: litert stays
+    flagged, for the finite values where the consensus is NaN."""
+    rng = np.random.default_rng(2)
+    truth = rng.standard_normal(64)
+    truth[:8] = np.nan  # the masked rows: NaN in the expected output and the float64 execution
+    t = {b: truth + 1e-6 * rng.standard_normal(64) for b in ("ort", "openvino", "torch")}
+    lit = truth.copy()
+    lit[:8] = 0.0  # finite where everyone else (and the truth) is NaN; exact elsewhere
+    t["litert"] = lit
+    t["onnx-reference-fp64"] = truth.copy()
+    infos = [BackendInfo.make(b) for b in ("ort", "openvino", "torch", "litert")]
+    infos.append(BackendInfo.make("onnx-reference-fp64", precision="fp64"))
+    o = Oracle([AnchorInfo("output/y", 0, kind="output")], infos)
+    o.add({"output/y": t})
+    res = o.finish()
+    cell = next(c for c in res.cells if c.backend == "litert")
+    assert res.verdicts["litert"].flagged and cell.suppressed == 8, cell.reason
+    assert "closer to the float64 execution" not in cell.reason
+    assert o.fp64_error[("output/y", "litert")] < o.fp64_consensus_error["output/y"]  # it was closer

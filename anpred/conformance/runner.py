@@ -9,7 +9,7 @@ one run folder (:func:`anpred.run.run_model` with the pool, no coverage precheck
 1. **the oracle**: the run judged by the consensus (:func:`anpred.judge.usable_backends` ->
    :func:`anpred.judge.judge_samples` -> :func:`anpred.judge.finish`, the public steps of
    ``anpred check``); the consensus it formed at each output is kept
-   (``oracle.main.last_consensus``) to tell whether the consensus itself is right;
+   (``oracle.main.formed_consensus``, after a split or a merge too) to tell whether the consensus itself is right;
 2. **the ground truth**: each backend's aligned outputs against the expected outputs with the suite's
    tolerance (:mod:`anpred.conformance.truth`); ``random`` for a graph that draws random numbers
    (:data:`RANDOM_OPS`: ONNX fixes no generator, so the suite's expected outputs, one generator's draw,
@@ -186,7 +186,7 @@ def judge_case(run_dir: Path, case: Case) -> dict[str, Any]:
     if not report.problems:
         judged = judge_samples(run)
         if judged.oracle is not None:
-            consensus = dict(judged.oracle.main.last_consensus)
+            consensus = dict(judged.oracle.main.formed_consensus)  # wherever formed (splits, merges too)
         report = finish(run, judged)
     backends = {}
     for b, st in statuses.items():

@@ -110,9 +110,9 @@ class Arbiter:
         figures in its reason. A voter on the arbiter's own library is never arbitrated (it shares the
         library's defects). The float64 execution's own flagged cells are cleared only at anchors where
         an independent fp32 voter that is flagged itself is closer to it than the consensus (a clean
-        voter nearer by float32 noise backs nothing). A wrong shape or a missing output is never
-        arbitrated. No constant: two measurements of the run are compared. Returns one note per backend
-        arbitrated."""
+        voter nearer by float32 noise backs nothing). A wrong shape, a missing output or a non-finite
+        disagreement (either way) is never arbitrated. No constant: two measurements of the run are
+        compared. Returns one note per backend arbitrated."""
         if not self.consensus_sums:
             return []
         mine, theirs = self.error, self.consensus_error
@@ -135,7 +135,10 @@ class Arbiter:
 
         for (a, b), cell in cells.items():
             info = self.backends[b]
-            if not (info.votes and info.precision == "fp32") or info.family == lib or cell.nonfinite or cell.deviation:
+            # non-finite disagreement either way (NaN/Inf where the consensus is finite, or finite values
+            # where it decided NaN/Inf) and wrong shapes are no accuracy question: never arbitrated
+            if not (info.votes and info.precision == "fp32") or info.family == lib or cell.nonfinite or \
+                    cell.suppressed or cell.deviation:
                 continue
             pair = closer(a, b) if cell.flagged else None
             if pair is None:

@@ -114,14 +114,20 @@ def camp_cut(d: np.ndarray, floor: float, k: float | None = None) -> float:
     noise broke the families into camps of one and the vote into ties (a regression measured on
     6 families with independent noise at 0.9x the floor: every family unjudged). Families that agree
     exactly or to rounding have nearest neighbours at 0 or at their rounding, so a wrong minority (or a
-    wrong plurality of one shared converter) still forms a camp of its own. Where every family is off in
-    its own way (no two agree to rounding) they are one camp by their spread: only the float64 execution
-    can tell them apart there (:func:`truth_camps`)."""
+    wrong plurality of one shared converter) still forms a camp of its own. But the floor alone when
+    ``s > 2 * floor``: two families each within the floor of a common truth are at most ``2 * floor``
+    apart (triangle inequality), so nearest families further apart disagree beyond rounding; cut by
+    their spread, such voters (every family off in its own way, or three correct families against three
+    each off in its own way) were one camp whose spread raised every threshold and nobody was flagged.
+    Cut at the floor they form camps: decided by the float64 execution (:func:`truth_camps`), by count,
+    or a tie (no consensus there, :mod:`anpred.judge.ties`)."""
     if k is None or len(d) < 2:
         return floor
     off = np.where(np.eye(len(d), dtype=bool), np.inf, d)
     spread = float(np.median(off.min(axis=1)))
-    return max(floor, k * spread) if np.isfinite(spread) else floor
+    if not np.isfinite(spread) or spread > 2 * floor:
+        return floor
+    return max(floor, k * spread)
 
 
 def truth_camps(fams: list[str], votes: dict[str, np.ndarray], truth: np.ndarray, floor: float, k: float,

@@ -131,6 +131,9 @@ class Oracle:
         # there, reused by a streamed run (anpred.pipeline.stream); replaced by add(), not pickled
         self.last_consensus: dict[str, np.ndarray] = {}
         self.last_nrmse: dict[tuple[str, str], tuple[float, int]] = {}
+        # the latest sample's consensus at each output anchor wherever one was formed (after a split or
+        # a merge too; last_consensus holds only what consensus() gives): what the conformance scores
+        self.formed_consensus: dict[str, np.ndarray] = {}
         # largest finite |consensus| over the samples, for parts and their outputs (scale guard)
         self._part_of = {a.name: a.part_of for a in self.anchors if a.part_of}
         self._scaled = set(self._part_of) | set(self._part_of.values())
@@ -262,7 +265,7 @@ class Oracle:
             absent: ``{backend: reason}`` for backends that stored nothing for this sample.
         """
         sid = sample_id if sample_id is not None else f"#{self.samples}"
-        self.last_consensus, self.last_nrmse = {}, {}
+        self.last_consensus, self.last_nrmse, self.formed_consensus = {}, {}, {}
         self.samples += 1
         self.sample_ids.append(sid)
         unaligned = {tuple(k): v for k, v in (unaligned or {}).items()}
@@ -346,6 +349,8 @@ class Oracle:
         self.consensus_modes[a.name].add(mode)
         if a.kind == "output" and not self.families.merged_now and dec is None:  # (else not what consensus() gives)
             self.last_consensus[a.name] = c
+        if a.kind == "output":
+            self.formed_consensus[a.name] = c
         if a.name in self._scaled:
             with np.errstate(invalid="ignore"):
                 m = float(np.nanmax(np.abs(np.where(np.isfinite(c), c, np.nan)))) if c.size else 0.0
@@ -409,7 +414,7 @@ class Oracle:
 
     def __getstate__(self):
         st = self.__dict__.copy()  # (a checkpoint of a streamed run: the latest sample's tensors are not kept)
-        st["last_consensus"], st["last_nrmse"] = {}, {}
+        st["last_consensus"], st["last_nrmse"], st["formed_consensus"] = {}, {}, {}
         return st
 
     def _distribution_positions(self, anchor: str, size: int) -> np.ndarray | None:
