@@ -8,7 +8,9 @@ store counted once):
 
 1. warm-up: the campaign once (fills the conversion cache; not counted);
 2. ``sequential``: one ``anpred test`` command per configuration, one after another, same options;
-3. ``ray``: ``anpred campaign OUT/campaign.toml -o OUT/ray --cpus C`` (embedded local Ray);
+3. ``ray``: ``anpred campaign OUT/campaign.toml -o OUT/ray --cpus C --batch B`` (embedded local Ray;
+   ``--batch`` 0 by default: one task per backend run, the task structure the scaling simulation
+   replays; batches on warm workers are measured by ``benchmarks/bench_campaign_warm.py``);
 4. Ray's own overhead, measured apart: ``ray.init`` + ``ray.shutdown`` wall time, the round trip of
    200 empty tasks (per-task overhead), and the memory of the idle embedded Ray (raylet, GCS, the
    pre-started workers).
@@ -157,6 +159,7 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--cpus", type=int, default=os.cpu_count())
     ap.add_argument("--no-warmup", action="store_true")
+    ap.add_argument("--batch", type=int, default=0, help="the campaign's --batch (default 0: one task per backend run)")
     args = ap.parse_args()
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
@@ -186,8 +189,8 @@ def main() -> None:
     import shutil
 
     shutil.rmtree(out / "ray", ignore_errors=True)
-    res["ray"] = timed([anpred, "campaign", str(camp), "-o", str(out / "ray"), "-q", "--cpus", str(args.cpus)],
-                       out / "ray.log")
+    res["ray"] = timed([anpred, "campaign", str(camp), "-o", str(out / "ray"), "-q", "--cpus", str(args.cpus),
+                        "--batch", str(args.batch)], out / "ray.log")
     print("ray", res["ray"], flush=True)
     res["ray_overhead"] = ray_overhead(args.cpus)
     print("ray overhead", res["ray_overhead"], flush=True)

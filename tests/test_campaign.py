@@ -28,6 +28,8 @@ CAMPAIGN = """
 name = "kill-test"
 retries = 1
 timeout = 300
+# one Ray task per backend run: the kills target the task of one backend (batches: tests/test_campaign_warm.py)
+batch = 0
 
 [defaults]
 samples = 2

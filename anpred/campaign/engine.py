@@ -9,6 +9,13 @@ Tasks (Ray remote functions over :mod:`anpred.campaign.tasks`):
   under the task (:func:`anpred.run.run_model`), so a backend crash is a status, not a lost task;
 - one **judge** task per configuration when all its run tasks have ended.
 
+Configurations in the default environment (no pinned runtime version) do not get one run task per
+backend: once prepared they are queued, and each batch of them (``[campaign] batch``,
+:func:`anpred.campaign.warm.batch_size`) is one **batch** task that runs them one after the other on
+warm workers (:func:`anpred.campaign.warm.run_configurations`: a backend's process, imports and
+converter stay up across the batch; a crash or timeout is still that backend's status on that
+configuration, and the next configuration gets a fresh worker). Their judge tasks are the same.
+
 Faults: every task has ``max_retries = campaign.retries`` (Ray re-executes a task whose worker
 process died, was killed or whose node died); a step that still fails is reported with its reason
 (``OUT/failed/<id>.json``, the summary), never blocks the other configurations, and keeps what it
@@ -38,6 +45,8 @@ from typing import Any
 from anpred.campaign.spec import Campaign, Configuration
 from anpred.campaign.tasks import (CONFIG_FILE, judge_configuration, prepare_configuration, read_record,
                                    run_backend)
+from anpred.campaign.warm import (WarmBatch, batch_resources, batch_size, batchable, run_configurations,
+                                  warm_statuses)
 from anpred.errors import AnpredError
 from anpred.run.driver import sigterm_raises
 
@@ -222,6 +231,8 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
                             seconds=time.perf_counter() - t0, ray=ray_info)
     if summary:
         write_summary(campaign, result, db)
+    for pool in (out / ".work").glob(".pool-*"):  # left by a batch task whose process was killed (no task runs now)
+        shutil.rmtree(pool, ignore_errors=True)
     if (out / ".work").is_dir() and not any((out / ".work").iterdir()):
         shutil.rmtree(out / ".work", ignore_errors=True)
     return result
@@ -256,6 +267,9 @@ class _Steps:
         self.pending: dict[Any, tuple[str, Configuration, str | None]] = {}
         self.state: dict[str, dict[str, Any]] = {}
         self.envs: dict[tuple[str, str], str | Exception] = {}
+        self.warm: set[str] = set()  # the configurations run in batches on warm workers
+        self.queue: list[Configuration] = []  # prepared, waiting for their batch
+        self.batch = 1
 
     def run(self, todo: list[Configuration], *, address: str | None, num_cpus: int | None, total: int,
             done: int) -> dict[str, Any]:
@@ -276,6 +290,8 @@ class _Steps:
         self.prep_r = _remote(prepare_configuration, num_cpus=1, max_retries=retries)
         self.run_r = _remote(run_backend, max_retries=retries)
         self.judge_r = _remote(judge_configuration, num_cpus=1, max_retries=retries)
+        self.batch_r = _remote(run_configurations, max_retries=retries)
+        self._plan_batches(todo)
         self.meta = {"name": campaign.name, "file": str(campaign.path)}
         self.bar = tqdm(total=total, initial=done, desc=f"campaign {campaign.name}", unit="config",
                         disable=not self.progress, leave=True)
@@ -307,16 +323,68 @@ class _Steps:
                 err = None
             except Exception as e:  # noqa: BLE001 - any failure of a step is that step's result
                 value, err = None, e
-            if step == "judge":
+            if step == "batch":
+                self._batch_ran(cfg, value, err)
+            elif step == "judge":
                 self._judged(cfg, value, err)
             elif step == "prepare" and err is not None:
                 self._fail(cfg, "prepare", _reason(err))
             else:
-                if step == "prepare":
+                if step == "prepare" and cfg.id in self.warm:
+                    self.state[cfg.id]["prep"] = value
+                    self.queue.append(cfg)
+                elif step == "prepare":
                     self._submit_runs(cfg, value)
                 else:
                     self._ran(cfg, backend, value, err)
                 self._judge_when_ran(cfg)
+            self._flush()
+
+    def _plan_batches(self, todo: list[Configuration]) -> None:
+        """Which configurations of ``todo`` run in batches on warm workers (in the default environment,
+        with resources a node has; ``[campaign] batch = 0``: none) and how many per batch."""
+        import ray
+
+        if self.campaign.batch == 0:
+            return
+        self.warm = {c.id for c in todo if batchable(c) and _infeasible(batch_resources([c])) is None}
+        cpus = float(ray.cluster_resources().get("CPU", 1))
+        task_cpus = batch_resources([c for c in todo if c.id in self.warm])["cpus"]
+        self.batch = batch_size(self.campaign.batch, len(self.warm), cpus, task_cpus)
+
+    def _flush(self) -> None:
+        """Submit the queued configurations as batch tasks: each full batch, and what is left once no
+        configuration is being prepared any more."""
+        preparing = any(step == "prepare" for step, _, _ in self.pending.values())
+        order = {c.id: i for i, c in enumerate(self.campaign.configurations)}
+        self.queue.sort(key=lambda c: order.get(c.id, 0))  # a batch runs in the campaign's order
+        while len(self.queue) >= self.batch or (self.queue and not preparing):
+            cfgs, self.queue = self.queue[:self.batch], self.queue[self.batch:]
+            res = batch_resources(cfgs)
+            opts = {"num_cpus": res["cpus"], "memory": int(res["memory_gb"] * 2 ** 30)}
+            if res["gpus"]:
+                opts["num_gpus"] = res["gpus"]
+            wb = WarmBatch(out=str(self.out), timeout_s=self.campaign.timeout_s, paths=self.paths,
+                           memory_bound_gb=self.campaign.memory_bound_gb, name=cfgs[0].id)
+            r = self.batch_r.options(**opts).remote([(c, self.state[c.id]["prep"]) for c in cfgs], wb)
+            self.pending[r] = ("batch", cfgs, None)
+
+    def _batch_ran(self, cfgs: list[Configuration], value: Any, err: BaseException | None) -> None:
+        """A batch task ended: each configuration's statuses go to its judge; a configuration whose run
+        raised fails its run step; a batch task lost after its retries keeps the runs it committed
+        (:func:`anpred.campaign.warm.warm_statuses`) and fails the others with Ray's reason."""
+        for cfg in cfgs:
+            res = (value or {}).get(cfg.id)
+            if res is None:
+                sts = warm_statuses(self.out / ".work" / cfg.id, cfg.backends)
+                res = {"statuses": sts} if sts is not None else \
+                    {"error": f"batch task of {', '.join(cfg.backends)}: {_reason(err) if err else 'no result'}"}
+            if "error" in res:
+                self.state[cfg.id]["judging"] = True
+                self._fail(cfg, "run", res["error"])
+                continue
+            self.state[cfg.id]["statuses"] = res["statuses"]
+            self._judge_when_ran(cfg)
 
     def _fail(self, cfg: Configuration, step: str, reason: str) -> None:
         rec = {**cfg.to_dict(), "state": "failed", "step": step, "reason": reason,

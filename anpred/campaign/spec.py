@@ -10,6 +10,8 @@ A campaign file::
     memory_bound = 6         # GiB of RSS per backend worker, as `--memory-bound` (default: from each
                              # node's available memory, anpred.run.limits)
     history = "history.sqlite"   # relative to the output folder (default OUT/history.sqlite)
+    batch = 8                # configurations per warm-worker batch task (default: anpred.campaign.warm.
+                             # DEFAULT_BATCH or fewer to fill the CPUs; 0: one task per backend run)
 
     [defaults]               # options of every configuration (`anpred test`'s, by their Python names)
     samples = 2
@@ -142,6 +144,9 @@ class Campaign:
     axes: list[VersionAxis]
     raw: dict[str, Any]
     memory_bound_gb: float | None = None
+    #: configurations per warm-worker batch task (:mod:`anpred.campaign.warm`); None: its default; 0:
+    #: every configuration's backends in single-backend run tasks
+    batch: int | None = None
 
     def axis_for(self, backend: str) -> list[VersionAxis]:
         return [a for a in self.axes if backend in a.backends]
@@ -163,7 +168,7 @@ _TYPES = {"inputs": str, "samples": int, "stages": int, "max_cut_width": int, "s
           "allow_incomplete": bool, "imgsz": (int, list)}
 #: the keys of the campaign file's tables
 _TOP = {"campaign", "defaults", "models", "backend_sets", "inputs", "versions", "resources"}
-_HEAD = {"name", "retries", "timeout", "history", "memory_bound"}
+_HEAD = {"name", "retries", "timeout", "history", "memory_bound", "batch"}
 
 
 def _options(table: dict[str, Any], where: str) -> dict[str, Any]:
@@ -336,12 +341,12 @@ def load_campaign(path: str | Path) -> Campaign:
         raise AnpredError(f"{path}: unknown key(s) in [campaign]: {', '.join(unknown)}; known: "
                           f"{', '.join(sorted(_HEAD))}")
     for k, typ in (("retries", int), ("timeout", (int, float)), ("name", str), ("history", str),
-                   ("memory_bound", (int, float))):
+                   ("memory_bound", (int, float)), ("batch", int)):
         if k in head and (not isinstance(head[k], typ) or isinstance(head[k], bool)):
             raise AnpredError(f"{path}: [campaign] {k} = {head[k]!r} has the wrong type")
     if int(head.get("retries", 2)) < 0 or float(head.get("timeout", 600)) <= 0 or \
-            float(head.get("memory_bound", 1)) <= 0:
-        raise AnpredError(f"{path}: [campaign] retries must be >= 0, timeout and memory_bound > 0")
+            float(head.get("memory_bound", 1)) <= 0 or int(head.get("batch", 0)) < 0:
+        raise AnpredError(f"{path}: [campaign] retries and batch must be >= 0, timeout and memory_bound > 0")
     models = raw.get("models") or []
     sets = raw.get("backend_sets") or {}
     if not models:
@@ -385,4 +390,5 @@ def load_campaign(path: str | Path) -> Campaign:
     return Campaign(name=str(head.get("name") or path.stem), path=path, base=base,
                     retries=int(head.get("retries", 2)), timeout_s=float(head.get("timeout", 600)),
                     history=str(head.get("history", "history.sqlite")), configurations=configs, axes=axes, raw=raw,
-                    memory_bound_gb=float(head["memory_bound"]) if "memory_bound" in head else None)
+                    memory_bound_gb=float(head["memory_bound"]) if "memory_bound" in head else None,
+                    batch=int(head["batch"]) if "batch" in head else None)

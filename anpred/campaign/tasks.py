@@ -7,11 +7,14 @@ Work folder of a configuration: ``OUT/.work/<id>/`` (kept until the configuratio
     prepared.pkl      the prepared test (:class:`anpred.pipeline.oneshot.Prepared`), written atomically
     runs/<backend>/   one single-backend run store per backend (:func:`anpred.run.run_model`, committed
                       atomically by the driver of that run)
+    warm/             or one run store of all the backends, run on warm workers (:mod:`anpred.campaign.warm`)
 
 1. :func:`prepare_configuration`: resolve, instrument, map, choose the samples (``anpred test``'s
    steps before the run, :func:`anpred.pipeline.oneshot.prepare_test`).
 2. :func:`run_backend`: one backend in its own worker process on the prepared samples, with the
-   configuration's runtime versions first on its ``PYTHONPATH`` (:mod:`anpred.campaign.envs`).
+   configuration's runtime versions first on its ``PYTHONPATH`` (:mod:`anpred.campaign.envs`); or,
+   for a configuration in the default environment, all its backends in one run on warm workers
+   shared with the other configurations of its batch (``warm/``, :mod:`anpred.campaign.warm`).
 3. :func:`judge_configuration`: the single-backend runs merged into one run store (files hard-linked,
    samples checked to be the same), judged, task metrics, drill-down, reports; the report folder is
    committed to ``OUT/configs/<id>`` in one rename (:func:`anpred.folders.commit_partial`), so a
@@ -80,7 +83,8 @@ def prepare_configuration(cfg, work: str | Path, paths: list[str]):
         return pickle.loads(done.read_bytes())
     build = work / "build"
     shutil.rmtree(build, ignore_errors=True)
-    shutil.rmtree(work / "runs", ignore_errors=True)  # runs of an earlier preparation do not fit this one
+    for runs in ("runs", "warm"):  # runs of an earlier preparation do not fit this one
+        shutil.rmtree(work / runs, ignore_errors=True)
     build.mkdir(parents=True)
     opts = _test_options(cfg, ("inputs", "samples", "stages", "max_cut_width", "imgsz", "seed", "factory_kwargs",
                                "bind", "task", "labels"))
@@ -132,7 +136,8 @@ def run_backend(cfg, backend: str, work: str | Path, prep, env_paths: list[str],
 
 
 def merge_runs(runs: dict[str, Path], dst: Path, lost: dict[str, str] | None = None):
-    """Merge single-backend run stores (backend -> folder, same model and samples) into one run store
+    """Merge single-backend run stores (backend -> folder, same model and samples; backends mapped to
+    the first backend's folder are taken from it whole) into one run store
     at ``dst`` (tensor files hard-linked where the file system allows, else copied); ``lost``: backend
     -> reason for backends whose task was lost (status ``crashed``). Returns the merged RunStore.
 
@@ -158,6 +163,8 @@ def merge_runs(runs: dict[str, Path], dst: Path, lost: dict[str, str] | None = N
     store = RunStore.open(dst)
     hashes = [s.get("sha256") for s in store.meta.get("samples", [])]
     for b in labels[1:]:
+        if runs[b] == first:  # a run of several backends (a warm run): copied whole above
+            continue
         other = RunStore.open(runs[b])
         if [s.get("sha256") for s in other.meta.get("samples", [])] != hashes:
             raise AnpredError(f"the run of {b} saw other samples than {labels[0]}'s: runs cannot be merged")
@@ -194,7 +201,8 @@ def judge_configuration(cfg, work: str | Path, final: str | Path, prep, statuses
         shutil.rmtree(work, ignore_errors=True)
         return done
     build = work / "build"
-    runs = {b: work / "runs" / b for b in cfg.backends if b in statuses}
+    # a backend's run: its single-backend run, or the configuration's warm run (anpred.campaign.warm)
+    runs = {b: work / statuses[b].get("run_folder", f"runs/{b}") for b in cfg.backends if b in statuses}
     store = merge_runs(runs, build / "run", lost)
     sts = finish_run_store(store, prep.label, prep.spec, prep.details.get("inputs") or {}, build, final)
     opts = cfg.options
@@ -213,6 +221,9 @@ def judge_configuration(cfg, work: str | Path, final: str | Path, prep, statuses
     record["timings"] = {"prepare": round((prep.seconds or {}).get("prepare", 0.0), 3),
                          "runs": {b: s.get("task_seconds") for b, s in statuses.items()},
                          "judge": round(time.perf_counter() - t0, 3)}
+    warm = {b: s["warm"] for b, s in statuses.items() if s.get("warm")}
+    if warm:  # run on warm workers: the batch, each backend's worker pid and whether it was started for this one
+        record["timings"]["warm"] = warm
     atomic_write_text(build / CONFIG_FILE, to_json(record, indent=1))
     final.parent.mkdir(parents=True, exist_ok=True)
     commit_partial(build, final)

@@ -29,6 +29,9 @@ def add_arguments(parser):
     parser.add_argument("--address", default=None, metavar="ADDR",
                         help="join this Ray cluster (auto, host:port, ray://host:port); default: an embedded local Ray")
     parser.add_argument("--cpus", type=int, default=None, metavar="N", help="CPUs of the embedded Ray (default: all)")
+    parser.add_argument("--batch", type=int, default=None, metavar="N",
+                        help="configurations per warm-worker batch task (overrides [campaign] batch; 0: one task "
+                             "per backend run; default: up to 8, fewer to fill the CPUs)")
     parser.add_argument("--list", action="store_true", help="print the configurations and exit")
     parser.add_argument("--bisect", metavar="PACKAGE", default=None,
                         help="bisect the releases of PACKAGE between --good and --bad for --model")
@@ -54,6 +57,10 @@ def main(args) -> int:
 
         parse_gib(args.memory_bound, "--memory-bound")  # a malformed value fails before Ray starts
         campaign.memory_bound_gb = float(args.memory_bound)
+    if args.batch is not None:
+        if args.batch < 0:
+            raise AnpredError(f"--batch must be >= 0 (got {args.batch})")
+        campaign.batch = args.batch
     if args.list:
         for c in campaign.configurations:
             print(f"{c.id}  {c.model}  [{','.join(c.backends)}]  {c.versions or ''}")

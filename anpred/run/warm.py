@@ -26,7 +26,8 @@ whose ``depth`` is a float32 scalar 10.0, grew one worker to 19.9 GB until the m
 The backends of a run work one after the other or side by side (``side_by_side``), as in the base
 class. Each model's job and scratch folder is ``work/<label>/m<k>/``; a model's folder is removed when
 the model after the next starts (the backend may read its scratch files until it is closed).
-Used by :mod:`anpred.conformance` (one run per ONNX node case); the one-shot path can use it the same way.
+Used by :mod:`anpred.conformance` (one run per ONNX node case) and by campaigns
+(:mod:`anpred.campaign.warm`: one run per configuration); the one-shot path can use it the same way.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pathlib import Path
 
 from anpred.backends.base import BackendStatus
 from anpred.run.jobs import make_job
+from anpred.run.limits import RunGuards
 from anpred.run.pool import WorkerPool
 from anpred.run.spec import BackendSpec
 from anpred.run.store import RunStore
@@ -53,16 +55,21 @@ class WarmPool(WorkerPool):
 
     Args (keywords as :class:`~anpred.run.driver.WorkerPool`): ``work`` (job folders and the workers'
     logs ``work/<label>.log``), ``timeout_s`` (per model: prepare and run), ``side_by_side``,
-    ``direct_io``; ``max_rss_bytes`` (a worker's resident memory above which it is killed; None: no
-    limit). Mode ``tensors`` only. Attributes: ``started`` (label -> worker processes started,
-    a fresh one after each crash or timeout), ``models`` (runs served).
+    ``direct_io``, ``guards`` (the memory bounds of :class:`anpred.run.limits.RunGuards`, watched as
+    in a one-shot run: a worker over its bound is that model's ``failed`` status; None: the
+    defaults); ``max_rss_bytes`` (a worker's resident memory above which it is killed, a
+    ``crashed`` status; None: no such limit). Mode ``tensors`` only. Attributes: ``started`` (label
+    -> worker processes started, a fresh one after each crash or timeout), ``models`` (runs served),
+    ``shared`` (the folder of the shared-conversion records the next model's jobs name,
+    :mod:`anpred.backends.shared`: a campaign points it at each configuration's own folder).
     """
 
     worker_args = ("--models",)
 
     def __init__(self, work: str | Path, *, timeout_s: float = 600, side_by_side: bool = False,
-                 direct_io: bool = True, max_rss_bytes: int | None = None):
-        super().__init__(work, timeout_s=timeout_s, side_by_side=side_by_side, mode="tensors", direct_io=direct_io)
+                 direct_io: bool = True, max_rss_bytes: int | None = None, guards: RunGuards | None = None):
+        super().__init__(work, timeout_s=timeout_s, side_by_side=side_by_side, mode="tensors", direct_io=direct_io,
+                         guards=guards)
         self.started: dict[str, int] = {}
         self.models = 0
         self._folders: dict[str, list[Path]] = {}
