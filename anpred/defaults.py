@@ -87,10 +87,11 @@ FAMILIES: dict[str, str] = {
 # Families that run another family's conversion of the ONNX graph: in the count that decides a split
 # between camps (anpred.judge.camps.decide) they are one unit with it, since the conversion fixes the
 # graph's semantics for both (a converter's wrong rule is bit-identical in both). Structural, not a
-# measurement: litert runs the tf backend's onnx2tf SavedModel (anpred/backends/litert.py); the
-# ExecuTorch backends lower the torch backend's onnx2torch module (anpred/backends/executorch.py).
-# Kernel sharing is measured, not declared (anpred.judge.independence).
-CONVERSION_UNITS: dict[str, str] = {"litert": "tensorflow", "executorch": "torch", "xnnpack": "torch"}
+# measurement: litert runs the tf backend's onnx2tf SavedModel (anpred/backends/litert.py). Not the
+# ExecuTorch backends: from an ONNX model they lower the torch backend's onnx2torch module, but from a
+# native PyTorch model they share no conversion (the module is the specification), and the count does
+# not see the origin. Kernel sharing is measured, not declared (anpred.judge.independence).
+CONVERSION_UNITS: dict[str, str] = {"litert": "tensorflow"}
 
 # Reduced-precision variants: judged against the consensus, never voting.
 REDUCED_PRECISION: dict[str, str] = {"ort-fp16": "fp16", "ort-int8": "int8", "openvino-bf16": "bf16",
