@@ -84,6 +84,15 @@ FAMILIES: dict[str, str] = {
     "torch-fp16": "torch",
 }
 
+# Families that run another family's conversion of the ONNX graph: in the count that decides a split
+# between camps (anpred.judge.camps.decide) they are one unit with it, since the conversion fixes the
+# graph's semantics for both (a converter's wrong rule is bit-identical in both). Structural, not a
+# measurement: litert runs the tf backend's onnx2tf SavedModel (anpred/backends/litert.py). Not the
+# ExecuTorch backends: from an ONNX model they lower the torch backend's onnx2torch module, but from a
+# native PyTorch model they share no conversion (the module is the specification), and the count does
+# not see the origin. Kernel sharing is measured, not declared (anpred.judge.independence).
+CONVERSION_UNITS: dict[str, str] = {"litert": "tensorflow"}
+
 # Reduced-precision variants: judged against the consensus, never voting.
 REDUCED_PRECISION: dict[str, str] = {"ort-fp16": "fp16", "ort-int8": "int8", "openvino-bf16": "bf16",
                                      # population members: the precision of their population
@@ -194,6 +203,9 @@ class OracleConfig:
         ulp_floor: a cell of an fp32 voter carries the wrong-tail warning (a graded finding, never a
             flag) only where its ``ulp_q`` exceeds ``k`` x its peers' median *and* this (ULPs).
             Measured: docs/oracle.md "Wrong tails" (largest clean value and sensitivity).
+        conversion_units: family -> the family whose conversion of the ONNX graph it runs
+            (:data:`CONVERSION_UNITS`): one unit with it in the count that decides a split between
+            camps (docs/oracle.md "Camps").
     """
 
     primary: str = "nrmse"
@@ -224,6 +236,7 @@ class OracleConfig:
     ulp_floor: float = 1024.0
     cost_factor: float = 2.0
     families: dict[str, str] = field(default_factory=lambda: dict(FAMILIES))
+    conversion_units: dict[str, str] = field(default_factory=lambda: dict(CONVERSION_UNITS))
     reduced_precision: dict[str, str] = field(default_factory=lambda: dict(REDUCED_PRECISION))
     reference_priority: list[str] = field(default_factory=lambda: list(REFERENCE_PRIORITY))
 
@@ -289,7 +302,7 @@ class OracleConfig:
         _number("cost_factor", self.cost_factor, 1.0, True)
         if self.correlated_rho > 1:
             raise AnpredError(f"oracle config correlated_rho must be in (0, 1] (1 = off), got {self.correlated_rho!r}")
-        for key in ("families", "reduced_precision"):
+        for key in ("families", "reduced_precision", "conversion_units"):
             table = getattr(self, key)
             if not isinstance(table, dict) or not all(isinstance(k, str) and isinstance(v, str) and v
                                                       for k, v in table.items()):

@@ -97,6 +97,22 @@ def test_camps_form_by_complete_linkage_at_the_floor_and_a_tie_is_undecided():
     assert form_camps(fams, d, 1e-2) == [fams]
 
 
+def test_one_conversion_counts_once_in_a_split():
+    """litert runs the tf backend's onnx2tf conversion: where the conversion is wrong both are
+    bit-identical and wrong. Counted as two families, ort and openvino against tf and litert was a tie
+    (nothing judged, a new user's Clip with tensor bounds); counted by conversion it is 2 against 1."""
+    from anpred.defaults import CONVERSION_UNITS
+
+    base = np.linspace(-1, 1, 64)
+    votes = {"onnxruntime": base, "openvino": base + 1e-9, "tensorflow": base + 0.5, "litert": base + 0.5}
+    fams, d, _ = camp_distances(votes)
+    camps = form_camps(fams, d, 2e-5)
+    assert decide(camps, votes, 2e-5).basis == "tie"
+    dec = decide(camps, votes, 2e-5, units=CONVERSION_UNITS)
+    assert dec.basis == "count" and camps[dec.winner] == ["onnxruntime", "openvino"]
+    assert dict(zip(map(tuple, camps), dec.counts)) == {("onnxruntime", "openvino"): 2, ("litert", "tensorflow"): 1}
+
+
 @pytest.mark.parametrize("fp64", [False, True])
 def test_independent_rounding_near_the_floor_forms_no_camps(fp64):
     """Six correct families whose float32 results differ by independent noise at 0.9x the floor (e.g.

@@ -209,3 +209,44 @@ def test_tvm_frontend_asked_node_by_node_and_the_whole_model_agrees(tmp_path, mo
     st = run_model(path, ["tvm"], tmp_path / "in", tmp_path / "run", progress=False, timeout_s=300,
                    precheck=False).statuses()["tvm"]
     assert st.status in ("failed", "unsupported") and "no value in Constant" in st.reason, st.reason
+
+
+def attention_model(path):
+    """torch.nn.MultiheadAttention (embed 32, 4 heads) after a LayerNorm, exported with torch.onnx's
+    TorchScript exporter at a static [1, 10, 32]: its graph holds the head-splitting arithmetic (Mod,
+    Div, Reshape ...) that pnnx fuses into one MultiHeadAttention layer."""
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(32)
+            self.attn = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+
+        def forward(self, x):
+            h = self.norm(x)
+            return self.attn(h, h, h, need_weights=False)[0] + x
+
+    torch.manual_seed(0)
+    torch.onnx.export(Block().eval(), (torch.zeros(1, 10, 32),), str(path), input_names=["x"], output_names=["y"],
+                      opset_version=17, dynamo=False)
+    return path
+
+
+def test_a_node_that_crashes_pnnx_alone_but_vanishes_in_its_model_is_not_refused(tmp_path, monkeypatch):
+    """A new user's attention block: a node of its head arithmetic crashes pnnx alone (signal), so the
+    coverage refused ncnn, while pnnx converts the whole model (the block becomes one MultiHeadAttention
+    layer). A crash alone is now checked on the whole model; the cubic GridSample, which crashes the
+    whole conversion too, stays refused."""
+    from anpred.backends.ncnn_pnnx import NcnnBackend
+    from anpred.backends.ncnn_probe import converts_whole, pnnx_probe
+
+    monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))
+    m = onnx.load(str(attention_model(tmp_path / "attn.onnx")))
+    alone = pnnx_probe().refusals(m)
+    assert list(alone) == ["Mod"] and "crashed on this node alone" in alone["Mod"], alone
+    assert converts_whole(m)
+    assert NcnnBackend.refused_nodes(m) == {}, alone
+    cubic = onnx.load(str(cubic_grid_model(tmp_path / "cubic.onnx")))
+    assert not converts_whole(cubic)
+    assert "GridSample" in NcnnBackend.refused_nodes(cubic)

@@ -204,3 +204,25 @@ def test_every_named_backend_refused_stops_before_running(tmp_path, capsys):
                    "2 operator(s) they lack: my.ops::FancyRelu (ort: no ONNX Runtime schema for 'FancyRelu' in "
                    f"domain 'my.ops'; {ov}), Det ({ov}); nothing was run or written"), err
     assert set(tmp_path.rglob("*")) == before and not out.exists()
+
+
+def test_a_named_backend_the_coverage_refuses_gives_no_vote_and_witnesses_make_up_for_it(tmp_path, monkeypatch):
+    """A new user's ``-b ort,openvino,tvm`` on a model with a ``Constant`` holding ``value_float`` (TVM's
+    frontend refuses it, found node by node): tvm stays among the named backends (the run says why it did
+    not run) but was counted as a third voting family, so no witness was added, ort became the
+    unjudged reference and the status was incomplete. Now the refused backend gives no vote: a witness
+    and the float64 arbiter are added."""
+    from anpred.pipeline.witnesses import plan_backends
+
+    monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))
+    k = helper.make_node("Constant", [], ["k"], name="alpha", value_float=1.5)
+    g = helper.make_graph([k, helper.make_node("Mul", ["x", "k"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+                          "cf", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    path = tmp_path / "cf.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    plan = plan_backends(["ort", "openvino", "tvm"], True, path, 1)
+    assert plan.subjects == ["ort", "openvino", "tvm"]  # named: it stays, the run names the refusal
+    roles = list(plan.witnesses.values())
+    assert roles.count("witness") == 1 and roles[-1] == "arbiter", plan.to_dict()
+    assert "give 2 voting fp32 families (onnxruntime, openvino)" in plan.why

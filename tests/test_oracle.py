@@ -786,3 +786,29 @@ def test_finite_values_where_the_consensus_is_nan_are_never_arbitrated():
     assert res.verdicts["litert"].flagged and cell.suppressed == 8, cell.reason
     assert "closer to the float64 execution" not in cell.reason
     assert o.fp64_error[("output/y", "litert")] < o.fp64_consensus_error["output/y"]  # it was closer
+
+
+def test_an_all_zero_consensus_gives_inf_without_warnings_or_nan_ratios():
+    """A new user's Softplus far below zero: three families returning 0 outvote two returning the tiny
+    true values, so the consensus is all zero and the others' nRMSE is inf at every anchor. The per-sample
+    percentiles interpolated between infinities (numpy's "invalid value encountered in scalar subtract"
+    leaked to the user) and the propagation read "x nan". Now: p90 inf, no warning, the step inf -> inf
+    "stable" at ratio 1."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    anchors = [AnchorInfo("anchor/00/a", 0), AnchorInfo("anchor/01/b", 1), AnchorInfo("output/y", 2, kind="output")]
+    fams = ["tvm", "mnn", "ncnn", "ort", "torch"]
+    o = Oracle(anchors, [BackendInfo.make(b) for b in fams])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            x = rng.random(64) * 1e-9
+            o.add({a.name: {b: (np.zeros(64) if b in ("tvm", "mnn", "ncnn") else x.copy()) for b in fams}
+                   for a in anchors})
+        res = o.finish()
+    v = res.verdicts["ort"]
+    assert v.flagged and v.worst_primary == math.inf
+    assert [(s.ratio, s.kind) for s in v.steps] == [(1.0, "stable"), (1.0, "stable")]
+    c = next(c for c in res.cells if c.backend == "ort")
+    assert c.per_sample == {"p50": math.inf, "p90": math.inf, "max": math.inf}

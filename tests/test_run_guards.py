@@ -177,9 +177,10 @@ def test_onnx2tf_scalar_inputs_are_fed_and_its_clip_ignoring_a_tensor_min_is_fla
 
     m = clip_scalar_bounds(tmp_path / "clip.onnx")
     np.savez(tmp_path / "s.npz", x=np.array([-2.0, 0.5, 3.0], np.float32), min=np.float32(-1), max=np.float32(1))
-    # (two families against the one conversion of tf and litert: a tie the float64 execution decides)
-    store = run_model(m, ["ort", "onnx-reference", "tf", "litert", "onnx-reference-fp64"], str(tmp_path / "s.npz"),
-                      tmp_path / "run", progress=False)
+    # two families against tf and litert, which run one onnx2tf conversion: decided for the two by count,
+    # 2 against 1 (defaults.CONVERSION_UNITS; counted as two families it was a tie, nothing judged)
+    store = run_model(m, ["ort", "onnx-reference", "tf", "litert"], str(tmp_path / "s.npz"), tmp_path / "run",
+                      progress=False)
     st = store.statuses()
     assert {b: s.status for b, s in st.items()} == {b: "ok" for b in st}, {b: s.reason for b, s in st.items()}
     run = RunStore.open(tmp_path / "run")
@@ -188,7 +189,9 @@ def test_onnx2tf_scalar_inputs_are_fed_and_its_clip_ignoring_a_tensor_min_is_fla
     rep = check_run(tmp_path / "run")
     assert sorted(b for b, v in rep.verdicts.items() if v.flagged) == ["litert", "tf"], rep.notes
     (split,) = rep.splits
-    assert split["basis"] == "float64" and split["decided_for"] == ["onnx-reference", "onnxruntime"]
+    assert split["basis"] == "count" and split["decided_for"] == ["onnx-reference", "onnxruntime"]
+    assert dict(zip(map(tuple, split["camps"]), split["counts"])) == {("litert", "tensorflow"): 1,
+                                                                      ("onnx-reference", "onnxruntime"): 2}
 
 
 # ---- bad input: the rule over all of a run's backends ------------------------------------------------

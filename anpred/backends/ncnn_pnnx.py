@@ -120,9 +120,15 @@ class NcnnBackend(Backend):
         if any(n.op_type in RECURRENT_OPS for n in m.graph.node):
             unroll_recurrent(m)
         _batch_gathers_as_squeeze(m)
-        from anpred.backends.ncnn_probe import pnnx_probe
+        from anpred.backends.ncnn_probe import converts_whole, pnnx_probe
 
-        out.update(pnnx_probe().refusals(m))
+        found = pnnx_probe().refusals(m)
+        crashed = [k for k, why in found.items() if "crashed on this node alone" in why]
+        if crashed and converts_whole(m):
+            # a node that crashes pnnx alone may vanish in its model (pnnx fuses an attention block,
+            # Mod included, into one MultiHeadAttention layer): the whole model converts, no refusal
+            found = {k: why for k, why in found.items() if k not in crashed}
+        out.update(found)
         return out
 
     def __init__(self, options: dict[str, Any] | None = None):

@@ -67,6 +67,31 @@ def _pnnx_convert(path: Path, tmp: Path) -> str:
     return ""
 
 
+def converts_whole(model) -> bool:
+    """Whether pnnx converts the whole ``model`` (its graph inputs float32 with static shapes; else not
+    asked: False) to an ncnn graph: the check of a crash that a node's probe alone saw (a node that
+    crashes pnnx alone may vanish in a fused pattern of its model)."""
+    import tempfile
+
+    from anpred.onnx_io import elem_type_name
+
+    inits = {t.name for t in model.graph.initializer}
+    args = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in vi.type.tensor_type.shape.dim]
+        if elem_type_name(vi.type.tensor_type.elem_type) != "float32" or not dims or min(dims) <= 0:
+            return False
+        args.append("[" + ",".join(map(str, dims)) + "]f32")
+    with tempfile.TemporaryDirectory(prefix="anpred-pnnx-whole-") as tmp:
+        try:
+            proc = _run_pnnx(model, Path(tmp) / "whole", args)
+        except subprocess.TimeoutExpired:
+            return False
+        return proc.returncode == 0 and (Path(tmp) / "whole" / "model.ncnn.param").is_file()
+
+
 def _run_pnnx(model, work: Path, args: list[str]):
     """pnnx on ``model`` (saved as ``work/model.onnx``, ``work`` emptied first) with the float32 input
     shapes ``args``: the finished process. Raises subprocess.TimeoutExpired past 120 s."""

@@ -28,7 +28,8 @@ more than the floor, i.e. it can be flagged.
    nothing) against it; the camp closest to it is decided for, provided its error is within the floor
    (a float64 execution that agrees with no camp is no arbiter: then step 2);
 2. *by the count of families* (never of merged groups: bit-identical families are counted each, since
-   correct ones are bit-identical): the largest camp, when it is strictly larger than every other;
+   correct ones are bit-identical; but families that run one conversion of the graph count once,
+   :func:`camp_counts`): the largest camp, when it is strictly larger than every other;
 3. otherwise a **tie**: no consensus at that anchor and sample (reported); only the backends outside
    the tied camps are judged there, against the nearest tied camp (:mod:`anpred.judge.ties`).
 
@@ -188,10 +189,20 @@ class Decision:
     winner: int | None
     basis: str
     truth_error: list[float | None] = field(default_factory=list)
+    #: per camp, its count of independent conversions (:func:`camp_counts`)
+    counts: list[int] = field(default_factory=list)
+
+
+def camp_counts(camps: list[list[str]], units: dict[str, str] | None = None) -> list[int]:
+    """Per camp, the number of its families counted as independent: families that run another family's
+    conversion of the graph (``units``: family -> that family, :data:`anpred.defaults.CONVERSION_UNITS`)
+    count once with it (litert with tensorflow: one onnx2tf conversion)."""
+    units = units or {}
+    return [len({units.get(f, f) for f in c}) for c in camps]
 
 
 def decide(camps: list[list[str]], votes: dict[str, np.ndarray], floor: float, truth: np.ndarray | None = None,
-           arbiter_library: str | None = None) -> Decision:
+           arbiter_library: str | None = None, units: dict[str, str] | None = None) -> Decision:
     """Decide a split (module docstring).
 
     Args:
@@ -201,6 +212,7 @@ def decide(camps: list[list[str]], votes: dict[str, np.ndarray], floor: float, t
         truth: the float64 execution's tensor rounded to the anchor's element type (None: not run here).
         arbiter_library: the family of the library the float64 execution runs on (its members' closeness
             to it does not count).
+        units: family -> the family whose conversion it runs (:func:`camp_counts`).
     """
     errs: list[float | None] = [None] * len(camps)
     if truth is not None:
@@ -223,12 +235,12 @@ def decide(camps: list[list[str]], votes: dict[str, np.ndarray], floor: float, t
         if known:
             e, k = min(known)
             if e <= floor and sum(1 for x, _ in known if x == e) == 1:
-                return Decision(camps, k, "float64", errs)
-    sizes = [len(c) for c in camps]
+                return Decision(camps, k, "float64", errs, camp_counts(camps, units))
+    sizes = camp_counts(camps, units)
     top = max(sizes)
     if sizes.count(top) == 1:
-        return Decision(camps, sizes.index(top), "count", errs)
-    return Decision(camps, None, "tie", errs)
+        return Decision(camps, sizes.index(top), "count", errs, sizes)
+    return Decision(camps, None, "tie", errs, sizes)
 
 
 class SplitLog:
@@ -245,7 +257,8 @@ class SplitLog:
         key = (anchor, camps, dec.winner, dec.basis)
         e = self._seen.setdefault(key, {"anchor": anchor, "camps": [list(c) for c in camps],
                                         "decided_for": list(camps[dec.winner]) if dec.winner is not None else None,
-                                        "basis": dec.basis, "samples": [], "truth_error": []})
+                                        "basis": dec.basis, "samples": [], "truth_error": [],
+                                        "counts": list(dec.counts) or [len(c) for c in camps]})
         e["samples"].append(sample)
         e["truth_error"].append(dec.truth_error)
         for k, c in enumerate(dec.camps):
@@ -265,7 +278,7 @@ class SplitLog:
             te = [max((x for x in col if x is not None), default=None) for col in per]
             out.append({"anchor": e["anchor"], "camps": e["camps"], "decided_for": e["decided_for"],
                         "basis": e["basis"], "samples": len(e["samples"]), "sample_ids": e["samples"][:8],
-                        "truth_error": te})
+                        "truth_error": te, "counts": e.get("counts") or [len(c) for c in e["camps"]]})
         return out
 
     def notes(self, samples: int) -> list[str]:
@@ -276,8 +289,8 @@ class SplitLog:
             head = (f"anchor {e['anchor']}: split vote, the families form camps {camps} in {e['samples']} of "
                     f"{samples} sample(s)")
             if e["basis"] == "tie":
-                top = max(len(c) for c in e["camps"])
-                rest = [f for c in e["camps"] if len(c) < top for f in c]
+                top = max(e["counts"])
+                rest = [f for c, n in zip(e["camps"], e["counts"]) if n < top for f in c]
                 judged = (f"the tied camps' members not judged there; {', '.join(rest)} judged against the nearest "
                           "tied camp (a deviation from every candidate, anpred.judge.ties)"
                           if rest else "judged for no voting family")
@@ -291,6 +304,6 @@ class SplitLog:
                 lines.append(f"{head}: decided for ({won}) by the float64 execution (nRMSE of each camp against it: "
                              f"{errs})")
             else:
-                counts = " against ".join(str(len(c)) for c in e["camps"])
+                counts = " against ".join(str(n) for n in e["counts"])
                 lines.append(f"{head}: decided for ({won}) by the count of families ({counts})")
         return lines

@@ -221,7 +221,7 @@ class Oracle:
                     names, dist, votes, floor, truth, self.cfg.k_for("fp32"), self.arbiter.library)
                 dec = None
                 if len(camps) > 1:
-                    dec = decide(camps, votes, floor, truth, self.arbiter.library)
+                    dec = decide(camps, votes, floor, truth, self.arbiter.library, self.cfg.conversion_units)
                     if anchor is not None:
                         self.splits.record(anchor, sample, dec)
                     if dec.winner is None:

@@ -189,7 +189,9 @@ class Localizer:
         v.profile_anchors = [a.name for a, _ in path]
         band = self.cfg.propagation_band
         for (a0, c0), (a1, c1) in zip(path, path[1:]):
-            if c0.primary > 0:
+            if math.isinf(c0.primary) and math.isinf(c1.primary):
+                r, kind = 1.0, "stable"  # against an all-zero consensus at both (nRMSE inf): no ratio, it persists
+            elif c0.primary > 0:
                 r = c1.primary / c0.primary
                 kind = "amplified" if r > band else ("attenuated" if r < 1 / band else "stable")
             else:

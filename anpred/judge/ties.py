@@ -43,8 +43,9 @@ class TieCandidates:
     """
 
     def __init__(self, dec: Decision, got: dict[str, np.ndarray], family_of: dict[str, str | None]):
-        top = max(len(c) for c in dec.camps)
-        camps = [c for c in dec.camps if len(c) == top]
+        sizes = dec.counts or [len(c) for c in dec.camps]  # independent conversions per camp
+        top = max(sizes)
+        camps = [c for c, n in zip(dec.camps, sizes) if n == top]
         self.tied = {f for c in camps for f in c}
         self.refs: list[Reference] = []
         for camp in camps:

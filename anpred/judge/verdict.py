@@ -155,11 +155,21 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
             reason = " and ".join(why)
     return Cell(
         anchor=anchor.name, backend=info.name, samples=acc.samples, stats=st, primary=prim,
-        per_sample={"p50": float(np.median(ps)), "p90": float(np.quantile(ps, 0.9)), "max": float(np.max(ps))},
+        per_sample=_per_sample(ps),
         floor=floor, peer_level=peer_level, threshold=thr, nonfinite=acc.nonfinite,
         flagged=flagged, reason=reason, range_ratio=range_ratio, basis=basis, threshold_by=threshold_by,
         units=units or {},
         suppressed=acc.suppressed + acc.mismatched, undecided=acc.undecided, tail=tail)
+
+
+def _per_sample(ps) -> dict[str, float]:
+    """The per-sample primary statistic's median, 90th percentile and largest value. An infinite value
+    (a nonzero tensor against an all-zero consensus: nRMSE inf) is taken as it is: no interpolation
+    between infinities (inf - inf, numpy's warning, a NaN)."""
+    v = np.asarray(ps, dtype=np.float64)
+    how = "linear" if np.isfinite(v).all() else "higher"
+    return {"p50": float(np.quantile(v, 0.5, method=how)), "p90": float(np.quantile(v, 0.9, method=how)),
+            "max": float(np.max(v))}
 
 
 def _wrong_tail(st: ErrorStats, peer_ulps: list[tuple[float, float]], k: float, cfg: OracleConfig, prim: float,

@@ -114,7 +114,8 @@ def plan_backends(names: list[str], explicit: bool, model_path: Path, samples: i
     for b in [] if explicit else list(refused):  # a named backend counts: the run says why it did not run
         plan.skipped[b] = refusal(cov[b])
         plan.subjects.remove(b)
-    families = _voting_families(plan.subjects, rows)
+    # ... but gives no vote: the families that will vote are those of the subjects the coverage takes
+    families = _voting_families([b for b in plan.subjects if b not in refused], rows)
     need = min_families - len(families)
     if need <= 0 or not witnesses:
         plan.why = (f"the backends under test give {len(families)} voting fp32 families ({', '.join(families)})"

@@ -314,7 +314,7 @@ def write_html(report, path: str | Path) -> None:
 
     matplotlib.use("Agg", force=False)
     from anpred.onnx_io import atomic_write_text
-    from anpred.report.text import format_text, propagation_line
+    from anpred.report.text import PROPAGATION_LEGEND, format_text, propagation_line
 
     primary = report.config.get("primary", "nrmse")
     e = html.escape
@@ -377,7 +377,7 @@ def write_html(report, path: str | Path) -> None:
         parts.append(f"<h2>Heatmap</h2><img src='{_heatmap(report, primary)}'>")
         parts.append(f"<h2>Propagation profile</h2><img src='{_profiles(report, primary)}'>")
         parts.append(f"<p>{e(primary)} at the first judged anchor, then the ratio to the previous judged anchor "
-                     "(^ amplified, v attenuated, * flagged):</p><table><tr><th>backend</th><th>profile</th></tr>"
+                     f"({e(PROPAGATION_LEGEND)}):</p><table><tr><th>backend</th><th>profile</th></tr>"
                      + "".join(f"<tr><td>{e(b)}</td><td><code>{e(propagation_line(report, b))}</code></td></tr>"
                                for b in report.verdicts)
                      + "".join(f"<tr><td>{e(b)} (implementation, {e(v.precision)} population)</td><td><code>"

@@ -20,6 +20,9 @@ VERDICT_WORDS = {"flagged": "FLAGGED", "consistent": "ok", "incomplete": "INCOMP
                  "reference": "reference"}
 _KIND_MARK = {"amplified": "^", "attenuated": "v", "stable": "", "appeared": "!", "vanished": "-", "clean": "",
               "introduced": "+"}  # introduced: born in that stage (the drill-down's isolated stage replay)
+#: the legend of every mark a propagation line can carry (:func:`propagation_line`)
+PROPAGATION_LEGEND = ("^ amplified, v attenuated, ! appeared (zero before), - vanished (flagged before, under its "
+                      "threshold now), x? no ratio (zero before), * flagged")
 
 
 def verdict_word(v) -> str:
@@ -289,8 +292,7 @@ def format_text(report) -> str:
                                  f"nan {s.nan} inf {s.inf}")
         lines.append("")
         lines.append(f"propagation ({primary} at the first judged anchor, "
-                     "then the ratio to the previous judged anchor; "
-                     "^ amplified, v attenuated, * flagged):")
+                     f"then the ratio to the previous judged anchor; {PROPAGATION_LEGEND}):")
         for b in report.verdicts:
             lines.append(f"  {b:<{w}}{propagation_line(report, b)}")
     lines.extend(drill_lines(report))
