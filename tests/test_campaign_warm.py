@@ -8,6 +8,8 @@ that configuration's status, and the next configuration gets fresh workers)."""
 
 from __future__ import annotations
 
+import json
+
 import shutil
 from pathlib import Path
 
@@ -163,6 +165,9 @@ def test_a_worker_killed_on_one_configuration_leaves_the_others_and_the_next_get
     assert (big["state"], big["status"]) == ("complete", "error"), big
     for b, r in big["backends"].items():
         assert r["run"] == "failed" and "exceeded the memory bound of 614 MiB per backend" in r["reason"], (b, r)
+    # the bound the pool enforced is the one run.json records (a review found the machine default there)
+    meta = json.loads((tmp_path / "out" / "configs" / by["a"]["id"] / "run" / "run.json").read_text())
+    assert meta["memory_bounds"]["backend_bytes"] == int(0.6 * 2 ** 30), meta["memory_bounds"]
     for b in ("ort", "onnx-reference"):
         wa, wb = by["a"]["timings"]["warm"][b], by["b"]["timings"]["warm"][b]
         assert wa["batch"] == wb["batch"] == by["a"]["id"], (wa, wb)  # one batch, in the campaign's order

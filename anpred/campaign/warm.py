@@ -155,10 +155,9 @@ def _pool_for(prep, pools: dict, pool_dir: Path, opts: WarmBatch):
 
 def _run_one(cfg, prep, pools: dict, pool_dir: Path, opts: WarmBatch) -> dict[str, Any]:
     """One configuration's run on its warm pool (kept when an earlier attempt committed it)."""
-    from anpred.errors import AnpredError
     from anpred.pipeline.subject import PythonPath
     from anpred.run import BackendSpec, run_model
-    from anpred.run.limits import RunGuards
+    from anpred.run.limits import RunGuards, parse_gib
 
     work = Path(opts.out) / ".work" / cfg.id
     t0 = time.perf_counter()
@@ -175,8 +174,10 @@ def _run_one(cfg, prep, pools: dict, pool_dir: Path, opts: WarmBatch) -> dict[st
         with PythonPath(prep.sys_path):
             run_model(work / "build" / "anchored.onnx", [BackendSpec(b, b, {}) for b in cfg.backends], prep.spec,
                       work / WARM_RUN, mode="tensors", timeout_s=opts.timeout_s, progress=False, overwrite=True,
-                      guards=RunGuards(bad_input_rule=False, shared_dir=str(work / "shared")), pool=pool)
-    except (AnpredError, OSError, ValueError) as err:  # this configuration's; the batch goes on
+                      # the pool's memory bound (it enforces it) recorded in run.json, as a one-shot run does
+                      guards=RunGuards(backend_memory=parse_gib(opts.memory_bound_gb) if opts.memory_bound_gb else None,
+                                       bad_input_rule=False, shared_dir=str(work / "shared")), pool=pool)
+    except Exception as err:  # noqa: BLE001 - any failure of one configuration is its own; the batch goes on
         return {"error": " ".join(f"{type(err).__name__}: {err}".split())[:600]}
     finally:
         pid_file.unlink(missing_ok=True)
