@@ -1,7 +1,8 @@
 r"""Ties: the backends outside a split that no rule decides (:mod:`anpred.judge.camps`).
 
-A tie leaves an anchor without a consensus: two or more camps of the largest size, and no float64
-execution agreeing with one of them within the floor. Every *candidate* (the element-wise median of one
+A tie leaves an anchor without a consensus: two or more camps of the largest count (families, one per
+conversion: :func:`anpred.judge.camps.camp_counts`), and no float64 execution agreeing with one of them
+within the floor. Every *candidate* (the element-wise median of one
 tied camp's members) may be the right value; a backend outside the tied camps is judged against the
 candidate **nearest** to it (its smallest primary statistic): a deviation from that one is a deviation
 from every candidate, whichever is right. Its peers' level is the candidates' own disagreement (each
@@ -37,7 +38,7 @@ class TieCandidates:
         family_of: backend -> its family (voters only; other backends map to None).
 
     Attributes:
-        tied: the families of the tied camps (every camp of the largest size).
+        tied: the families of the tied camps (every camp of the largest count).
         refs: one :class:`Reference` per tied camp (the element-wise median of its members, NaN/Inf
             voted on element by element, :func:`anpred.judge.votes.vote`).
     """
