@@ -14,6 +14,15 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 
+def _save(g, opset: int, path):
+    """The graph ``g`` as a checked model (IR 8, the default domain at ``opset``) saved at ``path``."""
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.checker.check_model(m, full_check=True)
+    onnx.save(m, str(path))
+    return path
+
+
 def limits_model(path):
     """x[1, 4, 6] -> Reshape(allowzero=1, [1, 4, 3, 2]) -> Relu -> Clip(min = ReduceMin(x), max =
     0.5 ReduceMax(x)) -> Reshape back -> Where(mask, ., 0), ``mask`` a bool input: every operator is in
@@ -31,11 +40,7 @@ def limits_model(path):
     g = h.make_graph(nodes, "limits", [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 6]),
                                        h.make_tensor_value_info("mask", T.BOOL, [1, 4, 6])],
                      [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 6])], inits)
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.checker.check_model(m, full_check=True)
-    onnx.save(m, str(path))
-    return path
+    return _save(g, 17, path)
 
 
 def cubic_grid_model(path):
@@ -48,11 +53,7 @@ def cubic_grid_model(path):
                                       h.make_tensor_value_info("g0", T.FLOAT, [1, 4, 4, 2])],
                      [h.make_tensor_value_info("y", T.FLOAT, [1, 2, 4, 4])],
                      [nh.from_array(rng.standard_normal((2, 2, 1, 1)).astype(np.float32), "w")])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.checker.check_model(m, full_check=True)
-    onnx.save(m, str(path))
-    return path
+    return _save(g, 17, path)
 
 
 def test_converters_asked_node_by_node(tmp_path, monkeypatch):
@@ -180,11 +181,7 @@ def constant_float_model(path):
              h.make_node("Mul", ["x", "k"], ["m"], name="mul"), h.make_node("Relu", ["m"], ["y"], name="relu")]
     g = h.make_graph(nodes, "constant_float", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 4])],
                      [h.make_tensor_value_info("y", T.FLOAT, [1, 3, 4])])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 18)])
-    m.ir_version = 8
-    onnx.checker.check_model(m, full_check=True)
-    onnx.save(m, str(path))
-    return path
+    return _save(g, 18, path)
 
 
 def test_tvm_frontend_asked_node_by_node_and_the_whole_model_agrees(tmp_path, monkeypatch):

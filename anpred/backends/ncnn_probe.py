@@ -25,20 +25,12 @@ def _pnnx_convert(path: Path, tmp: Path) -> str:
 
     import onnx
 
-    from anpred.onnx_io import elem_type_name
-
     m = onnx.load(str(path))
-    inits = {t.name for t in m.graph.initializer}
-    args = []
-    for vi in m.graph.input:
-        if vi.name in inits:
-            continue
-        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-        if elem_type_name(vi.type.tensor_type.elem_type) != "float32" or not dims:
-            # an integer or scalar tensor alone is not what pnnx sees in the model (indices, shapes):
-            # not asked (the conversion of the whole model will say)
-            return ""
-        args.append("[" + ",".join(map(str, dims)) + "]f32")
+    args = _float32_shapes(m)
+    if args is None:
+        # an integer or scalar tensor alone is not what pnnx sees in the model (indices, shapes): not
+        # asked (the conversion of the whole model will say)
+        return ""
     work = tmp / f"pnnx-{path.stem}"
     try:
         proc = _run_pnnx(m, work, args)
@@ -73,6 +65,20 @@ def converts_whole(model) -> bool:
     crashes pnnx alone may vanish in a fused pattern of its model)."""
     import tempfile
 
+    args = _float32_shapes(model)
+    if args is None:
+        return False
+    with tempfile.TemporaryDirectory(prefix="anpred-pnnx-whole-") as tmp:
+        try:
+            proc = _run_pnnx(model, Path(tmp) / "whole", args)
+        except subprocess.TimeoutExpired:
+            return False
+        return proc.returncode == 0 and (Path(tmp) / "whole" / "model.ncnn.param").is_file()
+
+
+def _float32_shapes(model) -> list[str] | None:
+    """pnnx's ``inputshape`` items (``[1,3,8,8]f32``) of ``model``'s graph inputs (initializers left
+    out); None when one is not float32 or has no static shape of rank >= 1."""
     from anpred.onnx_io import elem_type_name
 
     inits = {t.name for t in model.graph.initializer}
@@ -82,14 +88,9 @@ def converts_whole(model) -> bool:
             continue
         dims = [d.dim_value if d.HasField("dim_value") else 0 for d in vi.type.tensor_type.shape.dim]
         if elem_type_name(vi.type.tensor_type.elem_type) != "float32" or not dims or min(dims) <= 0:
-            return False
+            return None
         args.append("[" + ",".join(map(str, dims)) + "]f32")
-    with tempfile.TemporaryDirectory(prefix="anpred-pnnx-whole-") as tmp:
-        try:
-            proc = _run_pnnx(model, Path(tmp) / "whole", args)
-        except subprocess.TimeoutExpired:
-            return False
-        return proc.returncode == 0 and (Path(tmp) / "whole" / "model.ncnn.param").is_file()
+    return args
 
 
 def _run_pnnx(model, work: Path, args: list[str]):
