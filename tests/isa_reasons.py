@@ -24,3 +24,10 @@ EMULATES_ITSELF = (
 EXACT_OPS = (
     "exact operators only (data movement, Max/Relu/Clip, comparisons, casts, integer shapes): every correct "
     "kernel on every CPU returns the same bits, so an exact equality holds on any x86-64 CPU")
+SAME_RUNTIME = (
+    "one runtime compared with itself on the same CPU (the model with an injected fault against the clean "
+    "one): whatever kernels a CPU selects, both runs use them, so untouched values stay bit-identical and "
+    "the fault's change stays non-zero")
+ONE_STEP = (
+    "the bound is one quantization step: another summation order, or a value rounded the other way at a "
+    "tie, moves a quantized output by at most one step on any CPU")

@@ -17,7 +17,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the evaluation package
 import evaluation as ev  # noqa: E402
 
-from isa_reasons import DEFECT_BOUND
+from isa_reasons import DEFECT_BOUND, SAME_DATA, SAME_RUNTIME
 from ort_session import ort_anchors
 
 KINDS = (("round", 8.0), ("approx-sigmoid", 1.0))  # bfloat16 rounding; the fast sigmoid in place of Sigmoid
@@ -73,6 +73,7 @@ def test_ground_truth_recovered(reduced):
         assert r.injected_nrmse > 1e-4
 
 
+@pytest.mark.isa_independent(SAME_DATA)
 @pytest.mark.slow  # the reduced evaluation (clean YOLOv8n run on 9 backends + fault configurations)
 def test_threshold_baseline_is_consistent_with_its_critical_tolerance(reduced):
     _, clean, _, faulty, _ = reduced
@@ -223,6 +224,7 @@ def _assert_differs_exactly_from(model, manifest, variant, truth, feeds):
     return up, down
 
 
+@pytest.mark.isa_independent(SAME_RUNTIME)
 @pytest.mark.parametrize("name", ["ppocr-det", "ppocr-rec"])
 def test_norm_epsilon_differs_exactly_from_injection_stage(name):
     """PP-OCR keeps BatchNormalization nodes (the YOLOs fuse theirs): epsilon x1000 at the first stage

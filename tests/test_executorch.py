@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 pytest.importorskip("executorch")
 
 import pipeline_factories as pf
-from isa_reasons import EXACT_OPS
+from isa_reasons import EXACT_OPS, ONE_STEP
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +191,7 @@ def test_drill_replays_the_executorch_backends(root):
             assert 0 <= p["local"] < rep.cell(p["anchor"], b).floor, (b, p)
 
 
+@pytest.mark.isa_independent(ONE_STEP)
 def test_a_cached_quantized_program_runs_in_a_fresh_process(tmp_path):
     """Regression: a quantized portable program loaded from the cache in a new worker failed with
     ``Missing operator: quantized_decomposed::dequantize_per_tensor.out`` (the runtime registers the

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from isa_reasons import SAME_RUNTIME
 
 from anpred.errors import AnpredError
 from passes.faults import FAULT_METADATA_KEY, FaultError, applicable_nodes, inject_fault
@@ -35,6 +36,7 @@ def _downstream_values(model, value: str) -> set[str]:
 
 @pytest.mark.parametrize("kind,magnitude", [("round", 8), ("approx-sigmoid", 1.0), ("weight-ulp", 64),
                                             ("padding-same", None)])
+@pytest.mark.isa_independent(SAME_RUNTIME)
 def test_fault_differs_exactly_from_injection_stage(anchored_yolov8n, yolov8n_model, kind, magnitude):
     model, manifest = anchored_yolov8n
     x = yolov8n_model.real_inputs(1)[0]

@@ -18,17 +18,21 @@ Either can be given to a test, its class, or its whole module (``pytestmark``). 
   module's or ``conftest.py``'s) refers to a name imported from one of :data:`RUNTIME_MODULES`
   (imports inside functions and ``pytest.importorskip("...")`` count);
 - *asserts a numeric bound*: an ``assert`` (or a ``numpy.testing.assert_*`` call) with an order
-  comparison (``<``, ``<=``, ``>``, ``>=``) involving a float literal or an UPPER_CASE constant, a
-  tolerance (``pytest.approx``, ``np.allclose``, ``np.isclose``, ``assert_allclose``,
-  ``assert_array_almost_equal``, ``rtol=``/``atol=``) or an exact equality of arrays (``np.array_equal``,
-  ``assert_array_equal``: bit-identity depends on the kernels too), in the test or a function of its
-  module it calls. Not seen (a limit of reading the source): order comparisons against integer literals
-  or lowercase variables and equality of strings that quote a computed value.
+  comparison (``<``, ``<=``, ``>``, ``>=``) involving a float literal or an UPPER_CASE constant, or any
+  order comparison one side of which names a measure (:data:`MEASURE_WORDS`: ``nrmse <= tol``,
+  ``row["ulps"] < 4``, ``err > 0``) or reduces an array (:data:`REDUCTIONS`: ``np.abs(a - b).max() <= step``)
+  outside a ``len(...)``; a tolerance (``pytest.approx``, ``np.allclose``, ``np.isclose``,
+  ``assert_allclose``, ``assert_array_almost_equal``, ``rtol=``/``atol=``) or an exact equality of arrays
+  (``np.array_equal``, ``assert_array_equal``: bit-identity depends on the kernels too), in the test or a
+  function of its module it calls. Not seen (a limit of reading the source): an order comparison of two
+  lowercase names neither of which names a measure (``assert a < b``) and equality of strings that quote
+  a computed value.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +52,11 @@ TOLERANCE_CALLS = frozenset({"approx", "allclose", "isclose", "assert_allclose",
                              "array_equal", "assert_array_equal"})
 TOLERANCE_KEYWORDS = frozenset({"rtol", "atol", "rel", "abs"})
 MARKERS = ("kernels", "isa_independent")
+# words that name a measure of computed values in an order comparison (``nrmse < tol``, ``r["ulps"] <= 4``)
+MEASURE_WORDS = re.compile(r"(?i)(rmse|err|ulp|snr|sqnr|cos|ratio|dist|diff|delta|tol|mae|max_abs|deviat|drift)")
+# reductions of an array whose result an order comparison bounds (``np.abs(a - b).max() < 1e-6``)
+REDUCTIONS = frozenset({"max", "amax", "nanmax", "mean", "nanmean", "norm", "abs", "std", "sqrt", "median",
+                        "percentile", "quantile"})
 
 
 def _is_runtime(module: str) -> bool:
@@ -76,6 +85,24 @@ def _imports_runtime_inline(fn: ast.AST) -> bool:
     return False
 
 
+def _names_a_measure(node: ast.AST) -> bool:
+    """Whether ``node`` holds a measure of computed values: a name, attribute or string key from
+    :data:`MEASURE_WORDS` (``nrmse``, ``r.error``, ``row["ulps"]``) or a reduction of an array
+    (:data:`REDUCTIONS`: ``np.abs(a - b).max()``)."""
+    counted = {id(c) for n in ast.walk(node) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "len"
+               for c in ast.walk(n)}  # a count (``len(errors) >= 3``) is not a measure
+    for s in ast.walk(node):
+        if id(s) in counted:
+            continue
+        word = (s.id if isinstance(s, ast.Name) else s.attr if isinstance(s, ast.Attribute)
+                else s.value if isinstance(s, ast.Constant) and isinstance(s.value, str) else None)
+        if word is not None and MEASURE_WORDS.search(word):
+            return True
+        if isinstance(s, ast.Call) and getattr(s.func, "attr", getattr(s.func, "id", "")) in REDUCTIONS:
+            return True
+    return False
+
+
 def _is_bound(expr: ast.AST) -> bool:
     for n in ast.walk(expr):
         if isinstance(n, ast.Compare) and any(isinstance(o, (ast.Lt, ast.LtE, ast.Gt, ast.GtE)) for o in n.ops):
@@ -84,6 +111,9 @@ def _is_bound(expr: ast.AST) -> bool:
                     return True
                 if isinstance(s, ast.Name) and len(s.id) > 1 and s.id.isupper():
                     return True
+            # against an integer literal or a lowercase variable: a bound when a side measures computed values
+            if _names_a_measure(n):
+                return True
         if isinstance(n, ast.Call):
             if getattr(n.func, "attr", getattr(n.func, "id", "")) in TOLERANCE_CALLS:
                 return True
@@ -235,7 +265,8 @@ def test_every_test_bounding_a_runtime_result_says_whether_it_depends_on_the_cpu
 
 def test_the_check_sees_an_unmarked_test(tmp_path):
     """The rule can fail: a runtime through a module helper, a conftest fixture or an inline import,
-    a bound by constant, float literal or tolerance; markers on the test, its class or its module; an
+    a bound by constant, float literal, tolerance, a measure against an integer or a reduction against a
+    variable (a count is not a bound); markers on the test, its class or its module; an
     ``isa_independent`` without a reason does not count."""
     (tmp_path / "conftest.py").write_text(
         "import pytest\n\n\n@pytest.fixture\ndef sess():\n    import onnxruntime\n    return onnxruntime\n")
@@ -284,6 +315,18 @@ class TestClass:
 
 def test_exact():
     np.testing.assert_array_equal(_run(1), np.ones(3))
+
+def test_measure_against_int():
+    nrmse = _run(1)
+    assert nrmse <= 4
+
+def test_reduction_against_name():
+    got, step = _run(1), 2
+    assert np.abs(got - 1).max() <= step
+
+def test_count_is_not_a_measure():
+    errors = _run(1)
+    assert len(errors) >= 3
 ''')
     (tmp_path / "test_b.py").write_text(
         "import pytest\nimport torch\n\npytestmark = [pytest.mark.kernels]\n\n\ndef test_m():\n"
@@ -291,7 +334,8 @@ def test_exact():
     got = unmarked([tmp_path / "test_a.py", tmp_path / "test_b.py"], tmp_path / "conftest.py")
     assert got == ["test_a.py::test_helper: bound at line 12", "test_a.py::test_fixture: bound at line 15",
                    "test_a.py::test_inline: bound at line 19", "test_a.py::test_no_reason: bound at line 33",
-                   "test_a.py::test_exact: bound at line 45"]
+                   "test_a.py::test_exact: bound at line 45", "test_a.py::test_measure_against_int: bound at line 49",
+                   "test_a.py::test_reduction_against_name: bound at line 53"]
 
 
 def test_the_markers_are_registered_and_ci_runs_the_kernels_subset_emulated():

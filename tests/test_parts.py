@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from isa_reasons import DEFECT_BOUND
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -264,6 +265,7 @@ def test_part_range_rule_keeps_sub_range_deviations_unflagged(tmp_path):
     assert Cell.from_dict(c.to_dict()).range_ratio == c.range_ratio
 
 
+@pytest.mark.isa_independent(DEFECT_BOUND)
 def test_fault_part_passes_the_range_rule(head_fault_run):
     run, man, _ = head_fault_run
     out = next(a for a in man.anchors if a.kind == "output")
