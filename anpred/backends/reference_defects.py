@@ -270,8 +270,8 @@ def evaluator_lacks(model) -> dict[str, str]:
 #: relative departure (max |kernel - unrolled| / max(1, max |unrolled|), float32) above which the
 #: evaluator's recurrent kernel is taken to ignore the probed attribute: kernel and unrolled equations
 #: compute the same float32 arithmetic, which over the probe's 3 steps agree to about 1e-6; an ignored
-#: clip, input_forget or activation departs by 1e-2 or more (measured: 0.26 to 0.83 on
-#: tests/test_converter_coverage.py's recurrent network)
+#: clip, input_forget or activation departs by 1e-2 or more (docs/backends-converters.md,
+#: 'Measurements: recurrent attribute probes')
 RECURRENT_PROBE_TOLERANCE = 1e-3
 #: attribute of a recurrent operator -> the setting it is probed with (hidden 3, input 4, 3 steps,
 #: batch 2, weights and inputs N(0, 1) x 3 with seed 0: large enough for a clip of 0.05 to bind)
