@@ -192,7 +192,7 @@ class OracleConfig:
             Measured: docs/oracle.md "Wrong tails" (largest clean value and sensitivity).
         conversion_units: family -> the family whose conversion of the ONNX graph it runs
             (:data:`CONVERSION_UNITS`): one unit with it in the count that decides a split between
-            camps (docs/oracle.md "Camps").
+            camps (docs/oracle.md "Consensus", its decision of a split).
     """
 
     primary: str = "nrmse"

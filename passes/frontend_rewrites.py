@@ -1,8 +1,9 @@
 """Exact rewrites of a few ONNX constructs into equivalent ones a runtime's frontend accepts.
 
 Each rewrite keeps the values the ONNX spec defines up to the rounding of the operations it is
-written with (same outputs, same names; ``Erf`` is an approximation within 4.2e-7) and is used by a
-backend only where its own library refuses or lacks the original (see the backends' docstrings):
+written with (same outputs, same names; ``Erf`` is Eigen's float32 approximation, its error in
+docs/backends-converters.md, 'Measurements: Erf decomposition') and is used by a backend only where
+its own library refuses or lacks the original (see the backends' docstrings):
 
 - :class:`ScalarIfConditionPass`: an ``If`` whose condition has rank > 1 (or an unknown rank) gets
   ``Reshape(cond, [])`` (a scalar) in front. ONNX (If-1..21) asks for a one-element condition of any

@@ -12,6 +12,8 @@ comments of ``anpred``, ``passes``, ``exporters`` and ``models`` for measurement
 
 A pointer to docs/ carries no figure and is not a passage. A line that must keep a figure is listed in
 :data:`ALLOWED` with the reason; a new passage anywhere else fails :func:`test_no_measurement_passages`.
+Every pointer must name an existing page and section (:func:`test_pointers_name_existing_sections`), so
+that a figure moved to docs/ stays findable.
 """
 
 from __future__ import annotations
@@ -179,3 +181,35 @@ def test_allowed_and_pending_are_current():
     stale += [p for p in PENDING if not any(rel == p for rel, _, _, _ in found)]
     assert not stale, "no longer a passage, take it off the list: " + ", ".join(stale)
     assert all(reason.strip() for reason in [*ALLOWED.values(), *PENDING.values()])
+
+
+# a pointer from the code to a section of docs/: ``docs/run.md, 'Measurements: page faults'`` or
+# ``docs/oracle.md "Consensus"``; each part of the title (split at ": ") names a heading or a bold lead-in
+_POINTER = re.compile(r"docs/([\w.-]+\.md),?\s*(?:'([^']+)'|\"([^\"]+)\")")
+
+
+def pointers_in(text: str, docs: Path) -> list[str]:
+    """The pointers of ``text`` whose page or section under ``docs`` does not exist."""
+    broken = []
+    for m in _POINTER.finditer(text):
+        page = docs / m.group(1)
+        title = m.group(2) or m.group(3)
+        heads = [ln.lower() for ln in page.read_text().splitlines() if ln.startswith(("#", "**"))] \
+            if page.exists() else []
+        if not all(any(part.strip().lower() in h for h in heads) for part in title.split(": ")):
+            broken.append(m.group(0))
+    return broken
+
+
+def test_pointers_name_existing_sections(tmp_path):
+    (tmp_path / "run.md").write_text("# Run\n\n## Measurements (cited by the code)\n\n### page faults\n")
+    assert not pointers_in("(docs/run.md, 'Measurements: page faults')", tmp_path)
+    assert pointers_in("(docs/run.md, 'Measurements: spinning')", tmp_path)
+    assert pointers_in("(docs/task.md, 'Measurements')", tmp_path)  # no such page
+    broken = []
+    for top in TOPS:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            for first, block in _blocks(path):
+                text = " ".join(ln.strip().lstrip("#:").strip() for ln in block.splitlines())
+                broken += [f"{path.relative_to(ROOT).as_posix()}:{first} {p}" for p in pointers_in(text, ROOT / "docs")]
+    assert not broken, "pointers to a docs/ section that does not exist:\n" + "\n".join(broken)

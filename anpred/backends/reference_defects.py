@@ -26,8 +26,8 @@ absent one gets the schema's default 0.9) (``op_batch_normalization.py`` ``Batch
 the evaluator then normalizes with
 ``mean * momentum + batch_mean * (1 - momentum)`` (and the variance alike), the batch statistics of the
 input, where the operator (inference only in these opsets: one output) uses the given mean and
-variance. Paddle2ONNX writes ``momentum`` on every BatchNormalization: on ppocr-cls (opset 11) the
-evaluator's first BatchNormalization output is 0.10 nRMSE from ONNX Runtime's and the last anchor 0.32.
+variance. Paddle2ONNX writes ``momentum`` on every BatchNormalization, so the PP-OCR models reach it
+(how far on ppocr-cls: docs/backends-converters.md, 'Measurements: defects on real models').
 The run does not fail there: with ``workarounds=False`` the values are the library's (and the
 consensus flags them); by default the evaluator is given the library's own inference formula
 (:func:`inference_batchnorm_kernel`).
