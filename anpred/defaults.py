@@ -27,22 +27,13 @@ of the zoo's yolov8n and yolov5n (320x320, seeded, BN-calibrated; 2 photographs 
 the trained yolov8n-doclaynet (1024x1024) and PP-OCRv4 det (320x320; 2 + 6 inputs each), judged with
 the default oracle; per precision the largest stage-0 need ``S / sqrt(1 + s)`` over every (model,
 anchor, backend) cell, diagnosed defects left out (listed in the script). ``floor = 4 x need``,
-rounded up to one significant digit: 4 because the four models' needs already spread 4-6x, so the
-margin over the worst measured model is of the order of that spread.
-
-=========  ==========================  ======================================  =====
-precision  backend measured            largest need (where)                    floor
-=========  ==========================  ======================================  =====
-fp32       ort, ort-noopt, openvino,   3.64e-6 (yolov5n onnx-reference, st. 6)  2e-5
-           torch, tf, onnx-reference
-fp16       ort-fp16                    5.18e-3 (yolov8n, stage 4)               0.03
-bf16       openvino-bf16 (avx512_bf16) 5.17e-2 (yolov5n, stage 6)               0.3
-int8       ort-int8                    0.477 (ppocr-det, stage 0)               2
-=========  ==========================  ======================================  =====
+rounded up to one significant digit: 4 because the four models' needs already spread about that much,
+so the margin over the worst measured model is of the order of that spread. The needs, per precision
+and model, and the margins: docs/oracle.md, 'Defaults, measured'.
 
 int8's floor is above 1 (an nRMSE of 1 is the error of a zero output): ORT's static QDQ int8
-(``quantize_static``, as ``ort-int8`` builds it) deviates by 0.12-0.48 already at the first anchor of
-these models, so a dtype-level floor cannot tell its rounding from a defect. These constants are the
+(``quantize_static``, as ``ort-int8`` builds it) deviates by tenths of the signal already at the
+first anchor of these models, so a dtype-level floor cannot tell its rounding from a defect. These constants are the
 **fallback** of a reduced precision with no population on the run (one member): where several
 implementations computed the same reduced model, its budget and implementation verdicts take their
 scale from the run (:mod:`anpred.judge.populations`, :mod:`anpred.judge.scales`, ``docs/oracle.md``).
@@ -112,10 +103,9 @@ REFERENCE_PRIORITY = ("onnx-reference", "ort-noopt", "ort", "torch-native", "tor
 #: memory available when a run starts (the smaller of MemAvailable and the room under the process's
 #: cgroup limit) that one backend worker's process tree, and the run's processes together, may hold
 #: (RSS) by default. Not a verdict threshold: it decides only when a runaway worker is stopped. The
-#: rest (20 %) is left to the machine's other processes and the page cache the run's tensor files
-#: go through. Sensitivity: one small CNN's workers peak at 38-547 MiB RSS (docs/run.md "Memory
-#: bounds"; YOLOv8n's ort worker 209 MiB at 640 px), so with 2 GiB available the default (1.6 GiB)
-#: stops none of them; at a share of 0.4, tf/litert (547 MiB) would be stopped below ~1.4 GiB available.
+#: rest is left to the machine's other processes and the page cache the run's tensor files go
+#: through. Source and sensitivity (the workers' peaks, the memory at which a smaller share would
+#: stop one): docs/run.md, 'Memory bounds'.
 MEMORY_BOUND_SHARE = 0.8
 #: Seconds between two samples of the workers' RSS by the driver (:class:`anpred.run.limits.MemoryWatch`):
 #: a worker can grow past its bound for at most this long before it is killed; short, since one sample
@@ -141,10 +131,10 @@ class OracleConfig:
             flagged). From its first flagged anchor the origin is traced back along the data flow to
             the earliest anchor from which the backend *departs* from its peers without a break:
             ``stat > origin_k * median(peers' stat)`` and ``stat > origin_floor_fraction * floor``.
-            Measured: clean fp32 backends reach at most 2.1x their peers' median at anchors, so
-            ``origin_k = 4`` leaves ~2x (at the parts of outputs far more where a part is nearly all 0,
-            where the part range rule decides instead: docs/oracle.md); the floor fraction keeps bit-identical peers
-            (median 0) from making any nonzero difference a departure.
+            ``origin_k = 4`` leaves about a factor 2 over the largest ratio clean fp32 backends reach
+            (docs/oracle.md, 'Verdict', has the figure; at the parts of outputs far more where a part is
+            nearly all 0, where the part range rule decides instead); the floor fraction keeps
+            bit-identical peers (median 0) from making any nonzero difference a departure.
         sustained_anchors: a voting backend that departs from its peers (the rule above) at this many
             judged anchors in a row along the data flow (each the next anchor downstream of the
             previous) is flagged at each of them, even below the floor: one anchor at 4x its peers
@@ -154,11 +144,10 @@ class OracleConfig:
         signal_lost: flag a backend of any precision at an anchor where its pooled cosine similarity with
             the consensus is <= 0 while the consensus is nonzero (and its peers are more than ``k`` times
             closer): the tensor carries none of the consensus' signal, e.g. all zeros (nRMSE exactly 1,
-            cosine 0). Needed because int8's floor (2) lies above the nRMSE of a zero tensor. Measured:
-            ort-int8 zeroes the class probabilities of every YOLO in the zoo (the output Concat is
-            quantized with one scale for boxes in pixels and probabilities; docs/oracle.md); the
-            lowest clean pooled cosine of any reduced-precision cell elsewhere is 0.59 (ort-int8,
-            PP-OCRv4 det output), of fp32 ones > 0.9999.
+            cosine 0). Needed because int8's floor (2) lies above the nRMSE of a zero tensor: ort-int8
+            zeroes the class probabilities of every YOLO in the zoo (the output Concat is quantized
+            with one scale for boxes in pixels and probabilities), while clean cells keep a clearly
+            positive cosine (the lowest clean values: docs/oracle.md, 'Verdict').
         split_outputs: judge each part of a concatenated output on its own as well (:mod:`anpred.judge.parts`):
             an output that packs quantities of different scales (YOLO's boxes in pixels and class
             probabilities in 0..1) hides a change confined to its small-valued part in the whole
@@ -168,19 +157,17 @@ class OracleConfig:
         part_min_scale: scale guard of those parts: a part is judged on its own only when its largest
             |consensus| over the samples is at least this fraction of its output's (dimensionless).
             Parts below it are negligible next to the rest of the tensor and are judged only as part of
-            it. Measured (docs/oracle.md): class probabilities of random-weight YOLOv8n on photographs
-            reach 6.5e-6 of the output's largest value (boxes), where ONNX Runtime's Sigmoid, accurate
-            to ~1e-7 in absolute terms, is 66x its peers in relative terms; saturated or trained class
-            parts on ordinary inputs reach 3.2e-4 to 1.3e-3 (yolov8n-doclaynet 9.2e-4; nearly blank
-            pages 1.05e-4, where the range rule, not this guard, keeps clean backends unflagged).
+            it. Source and sensitivity (docs/oracle.md, 'Verdict'): the class probabilities of
+            random-weight YOLOv8n on photographs lie below it, where ONNX Runtime's Sigmoid, accurate in
+            absolute terms, is many times its peers in relative terms; saturated or trained class parts
+            on ordinary inputs lie above it.
         population_k: per reduced precision, the outlier factor of the *implementation* verdict (a
             member of a precision population against the median of its peers' deviation from the
-            population's consensus; docs/oracle.md), the same 10 as ``k``. Measured on clean zoo runs
-            (``benchmarks/population_eval.py``: yolov8n, yolov5n, yolov8s, yolov5s at 320): the largest
-            fp16 ratio to the peers' median is 6.4 (onnx-reference-fp16, numpy float16 arithmetic
-            where the others compute in float32); int8 ratios are unbounded (peers that agree
-            bit-exactly), and there the implementation floor, the precision's own cost at the anchor,
-            keeps clean runs unflagged (largest clean ratio to the threshold 0.78, mobilenetv2-keras).
+            population's consensus; docs/oracle.md), the same 10 as ``k``: above the largest fp16 ratio
+            to the peers' median on clean zoo runs (``benchmarks/population_eval.py``); int8 ratios are
+            unbounded (peers that agree bit-exactly), and there the implementation floor, the
+            precision's own cost at the anchor, keeps clean runs unflagged (figures: docs/oracle.md,
+            'Precision populations').
         reservoir: values kept per (anchor, backend) for the HTML histograms (uniform reservoir).
         threshold_atol, threshold_rtol: defaults of the threshold baseline (Polygraphy's 1e-5/1e-5).
         correlated_nrmse: two voting backends of different families whose aligned tensors differ by at
@@ -205,17 +192,18 @@ class OracleConfig:
             Measured: docs/oracle.md "Wrong tails" (largest clean value and sensitivity).
         conversion_units: family -> the family whose conversion of the ONNX graph it runs
             (:data:`CONVERSION_UNITS`): one unit with it in the count that decides a split between
-            camps (docs/oracle.md "Camps").
+            camps (docs/oracle.md "Consensus", its decision of a split).
     """
 
     primary: str = "nrmse"
     k: dict[str, float] = field(default_factory=lambda: {"fp32": 10.0, "fp16": 10.0, "bf16": 10.0, "int8": 10.0})
     floor: dict[str, float] = field(default_factory=lambda: {
-        # 4 x the largest measured clean need S/sqrt(1+s) over the zoo (module docstring)
-        "fp32": 2e-5,  # need 3.64e-6
-        "fp16": 0.03,  # need 5.18e-3
-        "bf16": 0.3,   # need 5.17e-2
-        "int8": 2.0,   # need 0.477
+        # 4 x the largest measured clean need S/sqrt(1+s) over the zoo (module docstring; the needs:
+        # docs/oracle.md, 'Defaults, measured')
+        "fp32": 2e-5,
+        "fp16": 0.03,
+        "bf16": 0.3,
+        "int8": 2.0,
     })
     depth_growth: dict[str, float] = field(default_factory=lambda: {p: 1.0 for p in PRECISIONS})
     min_voters: int = 3

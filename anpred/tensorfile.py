@@ -11,7 +11,7 @@ bytes, contiguous, little-endian, C order. Files are read with the ``safetensors
 (:func:`read_safetensors`); they are written here (:func:`write_safetensors`) for speed only:
 
 Why not ``safetensors.numpy.save_file`` or ``np.savez``: a run stores every anchor of every sample
-(19 MB per sample for YOLOv8n at 640x640). Buffered writes allocate that much fresh page cache per
+(tens of megabytes per sample for YOLOv8n at 640x640). Buffered writes allocate that much fresh page cache per
 sample, and fresh pages cost nearly as much as the inference (docs/run.md, 'Measurements: page
 faults'; ``np.savez`` also CRC-32s every byte). The writer therefore copies the
 sample into one reused, page-aligned buffer and writes it with ``O_DIRECT`` (Linux ``open(2)``), which

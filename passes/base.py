@@ -146,8 +146,8 @@ def gc_paused():
 
     The passes allocate tens of thousands of small lists/tuples per 10k-node graph and create no
     reference cycles (everything is freed by reference counting), but each allocation burst makes the
-    collector walk every tracked object again: 10-20% of the partition's time on the synthetic
-    10.5k-node graph (benchmarks/bench_instrument.py)."""
+    collector walk every tracked object again (its share of the partition's time: docs/instrument.md,
+    'Speed')."""
     was = gc.isenabled()
     gc.disable()
     try:

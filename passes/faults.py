@@ -39,7 +39,7 @@ merged here):
 
 ``quantize-rounding``
     One data QuantizeLinear rounding half away from zero [0] or truncating toward zero [1] instead
-    of half to even (OpenVINO's FakeQuantize; ONNX Runtime's float16 QuantizeLinear, #18576).
+    of half to even (OpenVINO's FakeQuantize; ONNX Runtime's float16 QuantizeLinear, microsoft/onnxruntime#18576).
 ``zero-point``
     One QuantizeLinear's zero point off by k steps [k]; its DequantizeLinear keeps the original.
 ``accumulator-saturation``

@@ -16,7 +16,7 @@ passes ``onnx.checker``. Kinds (``magnitude`` in brackets):
     (microsoft/onnxruntime#25045, OpenVINO EP: QuantizeLinear results one step off at ties; tract
     had the same rounding, sonos/tract#2850); 1 (default): truncation toward zero, ONNX Runtime's
     class: its CPU float16 QuantizeLinear cast ``x / scale`` to int without rounding
-    (microsoft/onnxruntime#18576, fixed by PR #32452: 2041 of 4096 float16 inputs one step off, all
+    (microsoft/onnxruntime#18576, fixed by microsoft/onnxruntime#32452: 2041 of 4096 float16 inputs one step off, all
     toward zero)]. Mode 0 changes only exact ties of ``x / scale``, which continuous activations
     practically never hit (measured: no element changed at any stage of the test network nor of
     YOLOv8n, one real image);
@@ -50,8 +50,8 @@ passes ``onnx.checker``. Kinds (``magnitude`` in brackets):
     narrower type's range. The AVX2 u8s8 kernels of ONNX Runtime's MLAS (``VPMADDUBSW``) saturate
     each *pair* of products to int16 instead (see tests/emulated_cpu.py: 64 computed as 32.376), not
     the whole sum (public reports of that class: microsoft/onnxruntime#6004, an int8 BERT wrong on an
-    AVX2-only CPU; #16105, QLinearConv wrong on the AVX2 kernel, right on AVX-512); both are the same
-    class: an intermediate narrower than the int32 accumulator the
+    AVX2-only CPU; microsoft/onnxruntime#16105, QLinearConv wrong on the AVX2 kernel, right on
+    AVX-512); both are the same class: an intermediate narrower than the int32 accumulator the
     ONNX QLinear/QDQ semantics assume clips dot products whose magnitude exceeds its range, leaving
     every smaller one exact, so the deviation is a one-sided loss concentrated on the
     largest-magnitude outputs. Clipping the sum is the deterministic, kernel-independent member of
@@ -72,8 +72,8 @@ passes ``onnx.checker``. Kinds (``magnitude`` in brackets):
     comparison is made in float32, where 65520 / 2**m is exact. A float32 output (an op the converter
     kept in float32) gets the same overflow and keeps its float32 values elsewhere (no extra float16
     rounding: one fault, not two). The default m = 14 (threshold 3.999) is where the fault is active
-    on ordinary activations: measured on YOLOv8n at 320 px (one real image), m = 8 and 12 produced no
-    infinity at any stage, m = 14 made 0.1-5 % of a stage's anchor elements infinite, m = 16 28-98 %.
+    on ordinary activations without making most of a stage infinite (the sweep over m on YOLOv8n:
+    docs/evaluation.md, 'Measurements: fp16-overflow threshold').
     Class: float16 accumulators or outputs that overflow where float32 would not (ROCm/AMDMIGraphX#850,
     fp16 reduce/GEMM/convolution accumulation overflow; microsoft/onnxruntime#26732, a WebGPU float16
     MatMul accumulator overflowing on a real model; vllm-project/vllm#33972, Marlin's fp16
@@ -82,7 +82,7 @@ passes ``onnx.checker``. Kinds (``magnitude`` in brackets):
 Runtimes must compute the rewrite in float32 (or float16 for ``fp16-overflow``'s own tensor): on a CPU
 with bf16 (AVX512_BF16/AMX), OpenVINO's default inference precision is bf16, which rounds the
 rewrite's float operators (``x / scale`` to 8 significant bits) and so changes the fault itself
-(measured: mode 0 then moves 0.5-0.8 % nRMSE at the anchor, where f32 moves nothing); compile with
+(docs/evaluation.md, 'Measurements: bf16 and the rewritten faults'); compile with
 ``INFERENCE_PRECISION_HINT`` f32 (the tests do).
 """
 

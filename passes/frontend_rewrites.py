@@ -1,8 +1,9 @@
 """Exact rewrites of a few ONNX constructs into equivalent ones a runtime's frontend accepts.
 
 Each rewrite keeps the values the ONNX spec defines up to the rounding of the operations it is
-written with (same outputs, same names; ``Erf`` is an approximation within 4.2e-7) and is used by a
-backend only where its own library refuses or lacks the original (see the backends' docstrings):
+written with (same outputs, same names; ``Erf`` is Eigen's float32 approximation, its error in
+docs/backends-converters.md, 'Measurements: Erf decomposition') and is used by a backend only where
+its own library refuses or lacks the original (see the backends' docstrings):
 
 - :class:`ScalarIfConditionPass`: an ``If`` whose condition has rank > 1 (or an unknown rank) gets
   ``Reshape(cond, [])`` (a scalar) in front. ONNX (If-1..21) asks for a one-element condition of any
@@ -199,9 +200,8 @@ def _erf(node, rank, opset, taken, consts, dtype=None):
     """``Erf`` as Eigen's rational approximation (:data:`ERF_P`, :data:`ERF_Q`), written with Min, Max,
     Mul, Add and Div in float32 (a float16 input is cast to float32 and back: in float16 the smallest
     coefficients underflow; float64 is refused, the approximation being float32's: ValueError, the node
-    is kept). Measured in float32 against ``math.erf`` on 200,001 points of
-    [-5, 5]: max |error| 4.2e-7, relative error <= 2.2e-7 for |x| < 0.5 (ONNX Runtime's Erf: 5.6e-8;
-    TensorFlow's ``tf.math.erf``: 3.4e-7)."""
+    is kept). Its error against ``math.erf``, with ONNX Runtime's and TensorFlow's beside it:
+    docs/backends-converters.md, 'Measurements: Erf decomposition'."""
     from onnx import TensorProto, helper, numpy_helper
 
     dtype = np.dtype(dtype or np.float32)

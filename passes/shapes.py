@@ -37,7 +37,8 @@ def _decode_type(tp) -> tuple[int, list[Any] | None]:
 def _collect_types(g, types) -> None:
     """Add ``name -> (elem_type, shape)`` for ``g``'s value_info, inputs, outputs and initializers.
     Types are decoded once per distinct serialised ``TypeProto`` (most tensors of a network share a
-    few types), which makes this about 4x faster than decoding every dim of every value."""
+    few types), which is much faster than decoding every dim of every value (docs/instrument.md,
+    'Speed')."""
     get = types.get
     decoded: dict[bytes, tuple[int, list[Any] | None]] = {}
     for vis in (g.value_info, g.input, g.output):
@@ -123,8 +124,8 @@ def infer_value_types(model, produced: list[str] | None = None, *, data_prop: bo
     """``value -> (elem_type, shape)`` for inputs, outputs, initializers and every intermediate.
 
     ONNX shape inference first (``strict_mode=False, data_prop=True``, on :func:`weightless_copy`;
-    ``data_prop=False`` saves ~15% where no shape is computed from tensor values, i.e. no ``Shape``/
-    ``Size`` node);
+    ``data_prop=False`` where no shape is computed from tensor values, i.e. no ``Shape``/``Size``
+    node, since data propagation costs time there for nothing: docs/instrument.md, 'Speed');
     if it leaves dims unknown (typically Slice/Reshape targets computed from ``Shape`` in TorchScript
     exports), ONNX Runtime's symbolic shape inference (``onnxruntime.tools.symbolic_shape_infer``)
     fills them, when the inputs are static (with symbolic inputs it only yields sympy expressions,

@@ -27,11 +27,12 @@ signature_keys=["run"])`` (a few seconds; onnx2tf does not run again). A TF op w
 builtin (it would need the Flex / TF Select delegate, which LiteRT does not ship) makes the
 conversion fail (:class:`FlexOpsError` names those ops from the converter's message). Where the ONNX
 op has a decomposition accurate to float32 (``Erf``: Eigen's rational approximation, the one
-TensorFlow's own CPU kernel is built on, max |error| 4.2e-7; :data:`DECOMPOSED_OPERATORS`), litert
+TensorFlow's own CPU kernel is built on; :data:`DECOMPOSED_OPERATORS`), litert
 converts again with it (its own onnx2tf conversion then, no longer shared with ``tf``;
 ``decomposed_operators`` in the versions). onnx2tf's own pseudo operators are not used: its pseudo
-Erf (Abramowitz-Stegun 7.1.26) loses 0.48% relative near 0 in float32, its pseudo Asin/Acos divide
-by |x| (NaN at 0).
+Erf (Abramowitz-Stegun 7.1.26) cancels near 0 in float32, its pseudo Asin/Acos divide by |x| (NaN at
+0); both approximations' errors: docs/backends-converters.md, 'Runtime gaps and defects taken by exact
+rewrites'.
 
 Anchors: the flatbuffer keeps the ``run`` signature; its outputs are named ``output_<i>`` by the
 position ``i`` in the endpoint's output list, i.e. ``meta.json``'s output order (the interpreter's
@@ -60,9 +61,10 @@ FORMAT = "anpred.litert/1"
 
 #: TF op (as the TFLite converter names it among the ops it has no builtin for) -> the ONNX operator
 #: producing it, decomposed into elementary ops before onnx2tf (:mod:`passes.frontend_rewrites`:
-#: ``Erf`` as Eigen's float32 rational approximation, max |error| 4.2e-7). Not onnx2tf's own pseudo
-#: Erf (Abramowitz & Stegun 7.1.26): ``1 - poly * exp(-x^2)`` cancels in float32 for small |x|
-#: (relative error 0.5% at |x| < 0.5, measured), which flagged litert on a GELU model
+#: ``Erf`` as Eigen's float32 rational approximation). Not onnx2tf's own pseudo Erf (Abramowitz &
+#: Stegun 7.1.26): ``1 - poly * exp(-x^2)`` cancels in float32 for small |x|, which flagged litert on
+#: a GELU model (both errors: docs/backends-converters.md, 'Runtime gaps and defects taken by exact
+#: rewrites')
 DECOMPOSED_OPERATORS = {"Erf": "Erf"}
 
 

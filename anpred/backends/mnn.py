@@ -36,14 +36,13 @@ packed GEMM, with Strassen recursion only where MNN's cost model finds it cheape
 ``DenseConvolutionTiledExecutor`` (im2col + packed GEMM) or Winograd:
 
 - ``mnn``: Winograd off (``RuntimeManager.set_hint(WINOGRAD_MEMORY_LEVEL=3, 0)``; with 0,
-  ``ConvolutionFloatFactory.cpp`` never creates a Winograd executor). Measured on YOLOv8n at 320 px
-  (the two ultralytics photographs), every anchor then agrees with ONNX Runtime within 1.1e-5 of its
-  largest value, as TVM's do;
+  ``ConvolutionFloatFactory.cpp`` never creates a Winograd executor): every anchor then agrees with
+  ONNX Runtime as closely as TVM's do (docs/backends-converters.md, 'Measurements: MNN Winograd');
 - ``mnn-winograd``: MNN's default (level 3): 3x3 stride-1 convolutions run as Winograd F(n, 3) with
   the unit MNN's cost model picks (it depends on the thread count and shapes;
   ``ConvolutionPackFreeWinograd`` with AVX-512, ``ConvolutionPackWinograd`` otherwise). Its fp32
-  rounding error is about 100x the direct convolution's on YOLOv8n (up to 9.7e-4 of an anchor's
-  largest value; 4.2e-4 vs 1.5e-6 at ``model.4``): a variant, one vote with ``mnn``.
+  rounding error is a multiple of the direct convolution's (same section): a variant, one vote with
+  ``mnn``.
 
 ``versions()`` records ``mnn``, ``mnn_precision`` (``Precision_High`` asked), ``mnn_winograd``,
 ``mnn_threads``, ``mnn_cpu_kernels`` and ``mnn_device`` (the line MNN prints about the CPU at import,

@@ -11,8 +11,8 @@ converted graph ends in MNN's ``NC4HW4 -> NCHW`` conversion of the op's output, 
 with the constant second (which is right), so the runtime's ``BinaryOp`` computes the result in the
 first operand's ``NCHW`` layout and the conversion then reads it as packed data. The same constant as
 a scalar (shape ``[]``) or of a lower rank, or placed second, is computed right. Found on magika
-(tf2onnx's ``Add(const_fold_opt [1,1,1] = 1.0, Tanh(...))`` in its tanh GELU after ``Conv_0``):
-``ApplyActivation_1/Mul_5`` nRMSE 0.99 against the consensus, values off by up to 53.7.
+(tf2onnx's ``Add(const_fold_opt [1,1,1] = 1.0, Tanh(...))`` in its tanh GELU after ``Conv_0``; what it
+did there: docs/backends-converters.md, 'Measurements: defects on real models').
 
 Rewrite: such a constant (an initializer with one element, in an op of :data:`BROADCAST_BINARY`) is
 replaced by a scalar initializer of the same value and dtype when every other operand's rank is known

@@ -26,8 +26,8 @@ absent one gets the schema's default 0.9) (``op_batch_normalization.py`` ``Batch
 the evaluator then normalizes with
 ``mean * momentum + batch_mean * (1 - momentum)`` (and the variance alike), the batch statistics of the
 input, where the operator (inference only in these opsets: one output) uses the given mean and
-variance. Paddle2ONNX writes ``momentum`` on every BatchNormalization: on ppocr-cls (opset 11) the
-evaluator's first BatchNormalization output is 0.10 nRMSE from ONNX Runtime's and the last anchor 0.32.
+variance. Paddle2ONNX writes ``momentum`` on every BatchNormalization, so the PP-OCR models reach it
+(how far on ppocr-cls: docs/backends-converters.md, 'Measurements: defects on real models').
 The run does not fail there: with ``workarounds=False`` the values are the library's (and the
 consensus flags them); by default the evaluator is given the library's own inference formula
 (:func:`inference_batchnorm_kernel`).
@@ -270,8 +270,8 @@ def evaluator_lacks(model) -> dict[str, str]:
 #: relative departure (max |kernel - unrolled| / max(1, max |unrolled|), float32) above which the
 #: evaluator's recurrent kernel is taken to ignore the probed attribute: kernel and unrolled equations
 #: compute the same float32 arithmetic, which over the probe's 3 steps agree to about 1e-6; an ignored
-#: clip, input_forget or activation departs by 1e-2 or more (measured: 0.26 to 0.83 on
-#: tests/test_converter_coverage.py's recurrent network)
+#: clip, input_forget or activation departs by 1e-2 or more (docs/backends-converters.md,
+#: 'Measurements: recurrent attribute probes')
 RECURRENT_PROBE_TOLERANCE = 1e-3
 #: attribute of a recurrent operator -> the setting it is probed with (hidden 3, input 4, 3 steps,
 #: batch 2, weights and inputs N(0, 1) x 3 with seed 0: large enough for a clip of 0.05 to bind)

@@ -5,9 +5,10 @@ Every member of a reduced-precision population runs the same converted model (th
 of the fp16 population, the one QDQ model of the int8 population: :mod:`anpred.backends.lowp_models`),
 built once into the conversion cache (:func:`anpred.cache.cached_dir`). Nothing is cached when the
 build fails, so without a record each member started it again: a float16 conversion that hung until
-``ort-fp16``'s timeout (600 s) was started again by ``ort-fp16-noopt``, and the default run could not
-finish. Here the run keeps a record per conversion in its *shared folder* (the run's
-``.work/shared``; a campaign's configuration gives its single-backend runs one folder,
+``ort-fp16``'s timeout was started again by ``ort-fp16-noopt``, and the default run could not finish
+(docs/run.md, 'Shared conversions of a population'). Here the run keeps a record per conversion in
+its *shared folder* (the run's ``.work/shared``; a campaign's configuration gives its single-backend
+runs one folder,
 :class:`anpred.run.limits.RunGuards`):
 
 - ``<kind>-<key>.attempt.json`` (``label``, ``pid``, ``host``) while a worker builds it, under the

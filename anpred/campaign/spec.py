@@ -80,7 +80,7 @@ TEST_OPTIONS = ("inputs", "samples", "stages", "max_cut_width", "imgsz", "seed",
                 "config", "bind", "drill", "task", "labels", "allow_incomplete")
 #: default Ray resources of one backend run: one core (a 2-core machine runs two backends side by
 #: side) and 2 GiB, about 3x the largest peak RSS of one backend process in the measured campaign
-#: (0.63 GiB: tf on PP-OCRv4 rec; docs/campaigns.md "Measured"). Ray reserves them logically: too
+#: (docs/campaigns.md, 'Measured: figures behind defaults'). Ray reserves them logically: too
 #: high runs fewer backends at once, too low lets them oversubscribe memory. Override in
 #: ``[resources]`` (large inputs such as DocLayNet at 1024x1024 need more).
 DEFAULT_RESOURCES = {"cpus": 1.0, "memory_gb": 2.0, "gpus": 0.0}

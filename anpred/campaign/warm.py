@@ -42,10 +42,11 @@ __all__ = ["WarmBatch", "DEFAULT_BATCH", "WARM_RUN", "batchable", "batch_size", 
 
 #: configurations per batch task when neither ``[campaign] batch`` nor ``--batch`` sets it: at most
 #: this many, and fewer when that leaves a Ray CPU without a batch (``ceil(configurations / slots)``,
-#: :func:`batch_size`). A batch pays each backend's process start and imports once (1-5 s per backend
-#: for torch, TensorFlow, OpenVINO; docs/campaigns.md "Measured"), so 8 configurations cut that cost
-#: by 8x; a larger batch saves little more while its configurations wait longer for their judge (a
-#: batch task returns when all its configurations have run) and the progress bar moves in bigger steps.
+#: :func:`batch_size`). A batch pays each backend's process start and imports once (seconds per
+#: backend for torch, TensorFlow, OpenVINO: docs/campaigns.md, 'Measured: figures behind defaults'),
+#: so 8 configurations cut that cost by 8x; a larger batch saves little more while its configurations
+#: wait longer for their judge (a batch task returns when all its configurations have run) and the
+#: progress bar moves in bigger steps.
 DEFAULT_BATCH = 8
 #: a batched configuration's run folder under ``OUT/.work/<id>/`` (all its backends in one run store)
 WARM_RUN = "warm"

@@ -70,10 +70,9 @@ class BatchOptions:
 
 def default_max_rss() -> int:
     """A worker's resident-memory limit in a conformance run: an eighth of the machine's physical
-    memory (``os.sysconf``; ten workers side by side), at least 2 GiB. A single-node case needs well
-    under 1 GiB on every backend (TensorFlow's workers, the largest, stayed under 0.6 GiB over the
-    suite's float32 cases); the limit stops a library that allocates without bound
-    (docs/conformance.md) before it starves the machine."""
+    memory (``os.sysconf``; ten workers side by side), at least 2 GiB, well above what a single-node
+    case needs on any backend (docs/conformance.md, 'Measured: worker memory'); the limit stops a
+    library that allocates without bound (docs/conformance.md) before it starves the machine."""
     import os
 
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -112,8 +112,8 @@ def camp_cut(d: np.ndarray, floor: float, k: float | None = None) -> float:
 
     Why the spread: a split must be one the verdict would act on. Independent correct libraries differ
     by their rounding, which can reach the floor (sequential float32 sums); cut at the floor alone, such
-    noise broke the families into camps of one and the vote into ties (a regression measured on
-    6 families with independent noise at 0.9x the floor: every family unjudged). Families that agree
+    noise broke the families into camps of one and the vote into ties, every family unjudged (the
+    regression: ``tests/test_camps.py::test_independent_rounding_near_the_floor_forms_no_camps``). Families that agree
     exactly or to rounding have nearest neighbours at 0 or at their rounding, so a wrong minority (or a
     wrong plurality of one shared converter) still forms a camp of its own. But the floor alone when
     ``s > 2 * floor``: two families each within the floor of a common truth are at most ``2 * floor``
@@ -140,9 +140,10 @@ def truth_camps(fams: list[str], votes: dict[str, np.ndarray], truth: np.ndarray
     proves nothing) set the level of correct rounding ``r`` (their median error); the camp decided for
     holds every family within ``max(floor, k * r)`` of the truth, the others form camps by distance
     (:func:`form_camps`). Returns ``[fams]`` when every family is within it (no split). Why: where the
-    truth is known, agreement among the others cannot outvote it (every family off by 7-30 % but one,
-    each in its own way, formed one camp by the voters' spread), and rounding near the floor is not a
-    split (six families at 0.9x the floor are within ``k * r`` of the truth)."""
+    truth is known, agreement among the others cannot outvote it (every family but one off in its own
+    way formed one camp by the voters' spread: ``tests/test_camps.py``,
+    ``test_every_family_off_in_its_own_way_is_not_one_camp``), and rounding near the floor is not a
+    split (families with independent noise just under the floor are within ``k * r`` of the truth)."""
     t = np.asarray(truth, dtype=np.float64).ravel()
     tf = np.isfinite(t)
     tt = float(np.einsum("i,i->", t[tf], t[tf]))

@@ -68,8 +68,8 @@ class PopulationOracle:
         self.pops: dict[str, Oracle] = {}
         # the sustained-departure rule is the fp32 voters' (their peers differ by float rounding only):
         # within a population, implementations that share one kernel path are bit-identical at the first
-        # anchors, which makes any other correct implementation an "infinite" departure there (measured:
-        # openvino-int8 on yolov8n, 0.07% of elements one step off, at 4 anchors in a row), so the
+        # anchors, which makes any other correct implementation an "infinite" departure there (seen on
+        # openvino-int8: docs/oracle.md, 'Measurements: bit-identical population members'), so the
         # implementation verdict rests on the threshold alone
         pop_cfg = dataclasses.replace(self.cfg, sustained_anchors=0, reservoir=0)  # (plots: the fp32 oracle's)
         for p, members in self.groups.items():

@@ -13,9 +13,8 @@ What it changes (docs/task.md, "Sampled positions", has the measured sensitivity
 - sums and means (nRMSE, SNR, cosine similarity, mean absolute and signed error, the Wasserstein
   distance of the value distributions) are estimates of the full tensor's from ``K`` values (a
   simple random sample: the standard error of a mean of squared errors falls as ``1/sqrt(K)``, its
-  size set by how unevenly the error is spread). Measured on YOLOv8n-DocLayNet, 52 (anchor, backend)
-  cells (``benchmarks/bench_positions.py``): median 0.46 %, max 2.0 % relative change of the pooled
-  primary statistic at ``K = 65536``, no verdict changed;
+  size set by how unevenly the error is spread; the change it makes at the default ``K`` on
+  YOLOv8n-DocLayNet, where no verdict changed, is in that section of docs/task.md);
 - maxima (``max_abs``, ``max_ulp``) are maxima over the sampled positions: an error confined to fewer
   than about ``N / K`` positions of an anchor can be missed *at that anchor*; it is still seen where it
   propagates (every later anchor) and at the outputs, which are never sampled;

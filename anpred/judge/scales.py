@@ -117,7 +117,8 @@ def floor_and_basis(cfg: OracleConfig, precision: str, stage: int, *, population
         anchor_type: an fp32 voter at an anchor whose element type is ``precision`` (float16 ...):
             its peers decide, with ``k`` times that type's natural unit as the floor (implementations
             legitimately differ by a few roundings there: float32 arithmetic rounded to float16 at each
-            output vs float16 arithmetic, ~4e-4 on the float16 test network, 1.4 x one rounding).
+            output vs float16 arithmetic; docs/oracle.md, 'The element type of the anchor', has the
+            figure).
     """
     m = measured or CellMeasures()
     step, rms, cost = m.step, m.rms, m.cost

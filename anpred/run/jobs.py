@@ -29,8 +29,8 @@ def worker_malloc_tunables(existing: str = "") -> str:
     """``GLIBC_TUNABLES`` for a backend worker: ``existing`` plus :data:`WORKER_MALLOC_TUNABLES` for
     the malloc settings it does not set itself (a user's own settings win).
 
-    Why: every sample allocates the same large arrays again (inputs, the backend's outputs: 19 MB per
-    sample for YOLOv8n at 640x640). With glibc's defaults, blocks above the dynamic mmap threshold
+    Why: every sample allocates the same large arrays again (inputs, the backend's outputs: tens of
+    megabytes per sample for YOLOv8n at 640x640). With glibc's defaults, blocks above the dynamic mmap threshold
     (at most 32 MiB) are ``mmap``-ed and freed blocks at the top of the heap are trimmed, so each
     sample faults in fresh pages again (what that costs: docs/run.md, 'Measurements: page faults').
     A fixed 256 MiB mmap threshold and a 1 GiB trim

@@ -10,10 +10,9 @@ backends go on. The bounds are held by the driver polling the RSS of each worker
 ``psutil`` every :data:`anpred.defaults.MEMORY_POLL_S` seconds, not by ``RLIMIT_AS`` or a cgroup:
 
 - ``RLIMIT_AS`` bounds *virtual* address space, and runtimes reserve more of it than they touch, each
-  by its own factor (measured on one small CNN, ``benchmarks/bench_memory.py``: the workers map 2.2x
-  (tensorflow) to 5.2x (openvino) their RSS; glibc reserves a 64 MiB arena per thread, so the factor
-  grows with the cores): one limit on virtual memory is a different limit on resident memory for every
-  runtime and machine, and it cannot bound the run as a whole;
+  by its own factor, which grows with the cores (glibc reserves a malloc arena per thread; the factors:
+  docs/run.md, 'Memory bounds'): one limit on virtual memory is a different limit on resident memory
+  for every runtime and machine, and it cannot bound the run as a whole;
 - a cgroup needs a writable, delegated cgroup hierarchy, which a user process rarely has (on cgroup v1
   the process's own group belongs to the container or session manager).
 

@@ -20,8 +20,8 @@ Isolation is kept per backend and per model:
 
 Memory: with ``max_rss_bytes`` a watchdog thread reads each worker's resident set (``/proc/<pid>/statm``,
 every 0.5 s) and kills a worker above it (its process group); that model's status is ``crashed`` with
-the figure, and the next model gets a fresh worker. (Seen: MNN 3.6.1 on ONNX's ``test_onehot_with_axis``,
-whose ``depth`` is a float32 scalar 10.0, grew one worker to 19.9 GB until the machine ran out.)
+the figure, and the next model gets a fresh worker. (Why: one library can take the machine down on
+one node case; the case and its figure: docs/conformance.md, 'Measured'.)
 
 The backends of a run work one after the other or side by side (``side_by_side``), as in the base
 class. Each model's job and scratch folder is ``work/<label>/m<k>/``; a model's folder is removed when
