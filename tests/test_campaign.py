@@ -263,6 +263,7 @@ def test_version_axis_runs_the_backend_on_that_environment(tmp_path):
     assert "onnxruntime copy" in (tmp_path / "out" / "index.html").read_text()
 
 
+@pytest.mark.slow  # ~11 s: Ray clusters started and refused
 def test_unmeetable_resources_and_unreachable_cluster_fail_with_a_reason(tmp_path):
     """A backend asking more memory than any node has fails its configuration with the reason
     (Ray would wait forever); an address where no cluster listens is refused before anything is

@@ -141,6 +141,7 @@ def test_batched_records_equal_the_one_shot_path(tmp_path):
     assert [r["backends"]["torch"]["run"] for r in ref.records] == ["ok", "unsupported", "ok"]
 
 
+@pytest.mark.slow  # ~30 s: a memory-bound kill and a fresh worker; the batching itself stays in the default run
 def test_a_worker_killed_on_one_configuration_leaves_the_others_and_the_next_gets_a_fresh_one(tmp_path):
     """ort and onnx-reference on three configurations in one batch, the middle one an Expand net whose
     1 GiB intermediate passes the campaign's memory bound (0.6 GiB): both workers are killed on it

@@ -40,6 +40,7 @@ def _run(root, key="executorch"):
     return rc, out, err, json.loads((folder / "report.json").read_text()), statuses
 
 
+@pytest.mark.slow  # ~80 s: the shared run of both origins (4 ExecuTorch voters, the PT2E population); the default run keeps the cheaper ExecuTorch cases below
 def test_fp32_backends_of_both_origins_vote_and_record_what_ran_where(root):
     rc, out, err, rep, st = _run(root)
     assert rc in (0, 1), (out, err)
@@ -78,6 +79,7 @@ def test_fp32_backends_of_both_origins_vote_and_record_what_ran_where(root):
         "the model's outputs bit-identical with and without them" in notes
 
 
+@pytest.mark.slow  # the same ~80 s run as the test above
 def test_pt2e_int8_population_is_judged_with_quantization_steps(root):
     members = INT8
     _, _, _, rep, st = _run(root)

@@ -440,6 +440,7 @@ def test_interrupted_stream_resumes_to_the_uninterrupted_report(digits, tmp_path
     assert not ck.exists()
 
 
+@pytest.mark.slow  # ~18 s: a task run over class folders; the other label sources stay in the default run
 @pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_labels_from_class_folders(digits, tmp_path):
     """``--labels folders``: INPUTS/<class>/<file> gives each sample its folder's class (sorted names); the
