@@ -50,7 +50,7 @@ def _rerun_repro(repro: Path, tmp: Path):
     return check_run(store.root)
 
 
-@pytest.mark.slow  # ~15 s with its fixture: a drill-down on real runtimes; test_drill_grow.py keeps one in the default run
+@pytest.mark.slow  # ~10 s: a drill-down on real runtimes; test_drill_grow.py keeps one in the default run
 @pytest.mark.isa_independent(DEFECT_BOUND)
 def test_softplus_culprit_in_a_coarse_stage(softplus_drill, tmp_path):
     run, rep, res, man = softplus_drill
