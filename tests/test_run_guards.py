@@ -284,6 +284,9 @@ def test_a_shared_conversion_killed_by_its_timeout_is_not_started_again(tmp_path
     monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))  # (a finished quantization would stay cached)
     m = deep_cnn(tmp_path / "deep.onnx")
     guards = RunGuards(bad_input_rule=False, shared_dir=str(tmp_path / "shared"))
+    # a race that must be won by the timeout: the deep CNN's QDQ quantization takes about 12 s on the 2-core
+    # EPYC this is written on, 4x the 3 s (and longer under load); a CPU more than 4x faster single-threaded
+    # would finish it in time and this test would see "ok"
     s1 = run_model(m, ["ort-int8"], "random:normal:n=2", tmp_path / "r1", progress=False, timeout_s=3, guards=guards)
     st1 = s1.statuses()["ort-int8"]
     assert st1.status == "timeout" and "killed while preparing" in st1.reason
@@ -293,7 +296,8 @@ def test_a_shared_conversion_killed_by_its_timeout_is_not_started_again(tmp_path
     assert st2.status == "failed"
     assert "the int8 quantization (QDQ) failed once for the int8 population in this run (in ort-int8: no result " \
            "within 3 s (killed while preparing" in st2.reason, st2.reason
-    assert s2.meta["resources"]["ort-int8-noopt"]["seconds_wall"] < 60  # not another quantization
+    # not another quantization: no quantized model was written in the shared folder (the killed one left none)
+    assert not list((tmp_path / "shared").rglob("*.onnx")), list((tmp_path / "shared").rglob("*"))
 
 
 def already_quantized(path: Path) -> Path:

@@ -262,11 +262,10 @@ def test_labels_are_checked_before_anything_runs(digits, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     for lab, task in ((str(labels), "none"), (str(bad), "classify")):
-        t0 = __import__("time").perf_counter()
         with pytest.raises(AnpredError, match="labels"):
             anpred.test(str(model), out=tmp_path / "o", backends=FP32[:2], inputs=str(inp), task=task, labels=lab,
                         quiet=True)
-        assert __import__("time").perf_counter() - t0 < 20 and not (tmp_path / "o").exists()
+        assert not (tmp_path / "o").exists()  # refused before any backend ran: no output folder was made
 
 
 def test_user_adapter_module_function(digits, digits_run, tmp_path, monkeypatch):
