@@ -65,3 +65,47 @@ def ppocr_det_onnx():
     import models
 
     return models.get("ppocr-det").onnx_path()
+
+
+@pytest.fixture(scope="session")
+def keras_case(tmp_path_factory):
+    """The alignment tests' Keras case (tests/align_cases.py): the model natively in TensorFlow and via
+    tf2onnx in onnxruntime, 2 samples, plus a wrong model; shared by test_align_keras.py and
+    test_align_onnx2tf.py."""
+    from align_cases import build_keras_case
+
+    return build_keras_case(tmp_path_factory.mktemp("keras"))
+
+
+@pytest.fixture(scope="session")
+def digits(tmp_path_factory):
+    """The task tests' digits case (tests/task_digits.py): ``(model.onnx, inputs folder, labels.txt, eager
+    top-1 on the test digits, root)``; shared by test_task_metrics.py and test_task_stream.py."""
+    from task_digits import build_digits
+
+    return build_digits(tmp_path_factory.mktemp("digits"))
+
+
+# the ``anpred check`` tests' runs (tests/check_runs.py), shared by test_check_*.py: each run once a session
+@pytest.fixture(scope="session")
+def softplus_run(tmp_path_factory):
+    """``(run folder, manifest)``: the Softplus CNN (OpenVINO's defect below -10) on six backends."""
+    import check_runs
+
+    return check_runs.softplus_run(tmp_path_factory.mktemp("softplus"))
+
+
+@pytest.fixture(scope="session")
+def avgpool_run(tmp_path_factory):
+    """``(run folder, manifest)``: the AveragePool CNN (OpenVINO's ceil_mode defect) on six backends."""
+    import check_runs
+
+    return check_runs.avgpool_run(tmp_path_factory.mktemp("avgpool"))
+
+
+@pytest.fixture(scope="session")
+def clean_run(tmp_path_factory):
+    """``(run folder, manifest)``: the plain CNN on the five clean fp32 backends."""
+    import check_runs
+
+    return check_runs.clean_run(tmp_path_factory.mktemp("clean"))

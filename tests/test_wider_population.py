@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_check import avgpool_cnn, plain_cnn, softplus_cnn  # noqa: E402
+from check_runs import avgpool_cnn, plain_cnn, softplus_cnn  # noqa: E402
 
 from anpred.judge import check_run  # noqa: E402
 from anpred.onnx_io import save_model  # noqa: E402
