@@ -109,3 +109,20 @@ def clean_run(tmp_path_factory):
     import check_runs
 
     return check_runs.clean_run(tmp_path_factory.mktemp("clean"))
+
+
+# the ``anpred diff`` tests' YOLOv8n (tests/diff_cases.py), shared by test_diff_graphs.py and test_diff_runs.py
+@pytest.fixture(scope="session")
+def yolo_path():
+    """Path of the cached YOLOv8n export at 160 px (``anpred diff``'s tests)."""
+    import diff_cases
+
+    return diff_cases.yolo_path()
+
+
+@pytest.fixture(scope="session")
+def yolo_ort_path(yolo_path, tmp_path_factory):
+    """Path of ``yolo_path`` after ONNX Runtime's extended offline optimisation."""
+    import diff_cases
+
+    return diff_cases.yolo_ort_path(yolo_path, tmp_path_factory.mktemp("ortopt") / "yolo_ext.onnx")
