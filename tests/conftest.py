@@ -126,3 +126,12 @@ def yolo_ort_path(yolo_path, tmp_path_factory):
     import diff_cases
 
     return diff_cases.yolo_ort_path(yolo_path, tmp_path_factory.mktemp("ortopt") / "yolo_ext.onnx")
+
+
+@pytest.fixture(scope="session")
+def model_path(tmp_path_factory):
+    """``get(name) -> Path`` of the instrumentation tests' real models (tests/instrument_models.py:
+    ``MODELS``), each built once a session; shared by test_instrument.py and test_instrument_files.py."""
+    from instrument_models import model_getter
+
+    return model_getter(tmp_path_factory.mktemp("instrument-models"))
