@@ -135,3 +135,12 @@ def model_path(tmp_path_factory):
     from instrument_models import model_getter
 
     return model_getter(tmp_path_factory.mktemp("instrument-models"))
+
+
+@pytest.fixture(scope="session")
+def yolo():
+    """Path of the run driver tests' anchored YOLOv8n at 224 px (tests/run_models.py, cached across
+    sessions); shared by test_run_isolation.py and test_run_driver.py."""
+    import run_models
+
+    return run_models.anchored_yolo()
