@@ -27,7 +27,7 @@ CLEAN_BACKENDS = BACKENDS[:-1]  # clean fp32 with tf: tests/test_check_yolo.py
 
 
 # ---- models ----------------------------------------------------------------------------------------
-def _conv(name, x, y, cin, cout, rng, k=3, stride=1, pad=1, bias=0.0, scale=None):
+def conv_layer(name, x, y, cin, cout, rng, k=3, stride=1, pad=1, bias=0.0, scale=None):
     w = (rng.standard_normal((cout, cin, k, k)) * (scale or 1.0 / np.sqrt(cin * k * k))).astype(np.float32)
     b = (bias + 0.05 * rng.standard_normal(cout)).astype(np.float32)
     node = h.make_node("Conv", [x, f"{name}.w", f"{name}.b"], [y], name=name, kernel_shape=[k, k],
@@ -35,7 +35,7 @@ def _conv(name, x, y, cin, cout, rng, k=3, stride=1, pad=1, bias=0.0, scale=None
     return node, [nh.from_array(w, f"{name}.w"), nh.from_array(b, f"{name}.b")]
 
 
-def _model(name, chain, in_shape, out_shape, stages):
+def cnn_model(name, chain, in_shape, out_shape, stages):
     nodes, inits = [], []
     for n, i in chain:
         nodes.append(n)
@@ -52,12 +52,12 @@ def _activation_cnn(op: str, value: str, bias: float, seed: int):
     """conv -> relu -> conv (bias ``bias``: the activation's inputs far below 0) -> ``op`` (output
     ``value``) -> conv -> relu -> conv."""
     rng = np.random.default_rng(seed)
-    chain = [_conv("c0", "x", "t0", 3, 8, rng), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
-             _conv("c1", "r0", "t1", 8, 8, rng, bias=bias, scale=0.3),
+    chain = [conv_layer("c0", "x", "t0", 3, 8, rng), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
+             conv_layer("c1", "r0", "t1", 8, 8, rng, bias=bias, scale=0.3),
              (h.make_node(op, ["t1"], [value], name=op.lower()), []),
-             _conv("c2", value, "t2", 8, 8, rng), (h.make_node("Relu", ["t2"], ["r2"], name="relu2"), []),
-             _conv("c3", "r2", "y", 8, 4, rng)]
-    return _model(f"{op.lower()}_cnn", chain, [1, 3, 16, 16], [1, 4, 16, 16], 7)
+             conv_layer("c2", value, "t2", 8, 8, rng), (h.make_node("Relu", ["t2"], ["r2"], name="relu2"), []),
+             conv_layer("c3", "r2", "y", 8, 4, rng)]
+    return cnn_model(f"{op.lower()}_cnn", chain, [1, 3, 16, 16], [1, 4, 16, 16], 7)
 
 
 def softplus_cnn():
@@ -77,23 +77,24 @@ def avgpool_cnn():
     rng = np.random.default_rng(1)
     pool = h.make_node("AveragePool", ["r0"], ["p"], name="avgpool", kernel_shape=[3, 3], strides=[2, 2],
                        pads=[1, 1, 1, 1], ceil_mode=1, count_include_pad=1)
-    chain = [_conv("c0", "x", "t0", 3, 8, rng, stride=2, bias=0.5),
+    chain = [conv_layer("c0", "x", "t0", 3, 8, rng, stride=2, bias=0.5),
              (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
-             (pool, []), _conv("c1", "p", "t1", 8, 8, rng, k=1, pad=0),
-             (h.make_node("Relu", ["t1"], ["r1"], name="relu1"), []), _conv("c2", "r1", "y", 8, 4, rng, k=1, pad=0)]
-    return _model("avgpool_cnn", chain, [1, 3, 8, 8], [1, 4, 3, 3], 6)
+             (pool, []), conv_layer("c1", "p", "t1", 8, 8, rng, k=1, pad=0),
+             (h.make_node("Relu", ["t1"], ["r1"], name="relu1"), []),
+             conv_layer("c2", "r1", "y", 8, 4, rng, k=1, pad=0)]
+    return cnn_model("avgpool_cnn", chain, [1, 3, 8, 8], [1, 4, 3, 3], 6)
 
 
 def plain_cnn():
     rng = np.random.default_rng(2)
-    chain = [_conv("c0", "x", "t0", 3, 16, rng), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
-             _conv("c1", "r0", "t1", 16, 16, rng, stride=2),
+    chain = [conv_layer("c0", "x", "t0", 3, 16, rng), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
+             conv_layer("c1", "r0", "t1", 16, 16, rng, stride=2),
              (h.make_node("Sigmoid", ["t1"], ["s1"], name="sig"), []),
              (h.make_node("Mul", ["t1", "s1"], ["m1"], name="silu"), []),
-             _conv("c2", "m1", "t2", 16, 16, rng),
+             conv_layer("c2", "m1", "t2", 16, 16, rng),
              (h.make_node("MaxPool", ["t2"], ["p2"], name="pool", kernel_shape=[2, 2], strides=[2, 2]), []),
-             _conv("c3", "p2", "y", 16, 8, rng, k=1, pad=0)]
-    return _model("plain_cnn", chain, [1, 3, 32, 32], [1, 8, 8, 8], 6)
+             conv_layer("c3", "p2", "y", 16, 8, rng, k=1, pad=0)]
+    return cnn_model("plain_cnn", chain, [1, 3, 32, 32], [1, 8, 8, 8], 6)
 
 
 # ---- runs ------------------------------------------------------------------------------------------
@@ -184,11 +185,11 @@ def branch_cnn():
     Nodes are in file order c0, relu0, a1, b1, relua1, a2, concat, c3, so the manifest interleaves the
     branches (ta1, tb1, ra1, ta2): tb1 sits between two branch-A anchors but is not downstream of a1."""
     rng = np.random.default_rng(3)
-    chain = [_conv("c0", "x", "t0", 3, 8, rng), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
-             _conv("a1", "r0", "ta1", 8, 8, rng), _conv("b1", "r0", "tb1", 8, 8, rng),
-             (h.make_node("Relu", ["ta1"], ["ra1"], name="relua1"), []), _conv("a2", "ra1", "ta2", 8, 8, rng),
+    chain = [conv_layer("c0", "x", "t0", 3, 8, rng), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
+             conv_layer("a1", "r0", "ta1", 8, 8, rng), conv_layer("b1", "r0", "tb1", 8, 8, rng),
+             (h.make_node("Relu", ["ta1"], ["ra1"], name="relua1"), []), conv_layer("a2", "ra1", "ta2", 8, 8, rng),
              (h.make_node("Concat", ["ta2", "tb1"], ["cat"], name="concat", axis=1), []),
-             _conv("c3", "cat", "y", 16, 4, rng)]
+             conv_layer("c3", "cat", "y", 16, 4, rng)]
     nodes, inits = [], []
     for n, i in chain:
         nodes.append(n)

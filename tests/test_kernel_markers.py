@@ -47,7 +47,7 @@ RUNTIME_MODULES = ("onnxruntime", "openvino", "torch", "tensorflow", "keras", "t
                    "anpred.campaign", "anpred.drill", "models",
                    "exporters", "run_models", "pipeline_factories",
                    # the tests' shared helper modules that build a case on a runtime (issue 36's splits)
-                   "align_cases", "task_digits", "check_runs", "diff_cases")
+                   "align_cases", "task_digits", "diff_cases")
 TOLERANCE_CALLS = frozenset({"approx", "allclose", "isclose", "assert_allclose", "assert_array_almost_equal",
                              "assert_almost_equal", "assert_array_max_ulp", "assert_array_almost_equal_nulp",
                              # exact equality of computed arrays: bit-identity depends on the kernels too
