@@ -1,4 +1,4 @@
-"""Issue 18 acceptance: the two real OpenVINO 2026.4.1 defects of tests/test_check.py (Softplus far
+"""Issue 18 acceptance: the two real OpenVINO 2026.4.1 defects of tests/test_check_defects.py (Softplus far
 below zero; AveragePool with ceil_mode and count_include_pad) are still flagged when the consensus
 holds the eight fp32 families of the default set (onnxruntime, openvino, torch, tensorflow, tvm, mnn,
 ncnn, litert), each backend in its own process, with the origin at the defective operator's anchor:
