@@ -1,5 +1,7 @@
 """Shared session fixtures: zoo models and their ONNX files (built once per session, exports cached
-with anpred.cache across sessions). Sizes are small to keep the suite fast on 2 cores."""
+with anpred.cache across sessions), and the cases that the modules of one split test file share (built
+by the helper modules beside them: align_cases, task_digits, check_runs, diff_cases, instrument_models,
+run_models), each once a session. Sizes are small to keep the suite fast on 2 cores."""
 
 from __future__ import annotations
 
