@@ -48,18 +48,11 @@ print(time.perf_counter() - t)
 """
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--size", type=int, default=640)  # YOLOv8n's own input size
-    ap.add_argument("--n", type=int, default=20)
-    a = ap.parse_args()
-    model = run_models.anchored_zoo_yolo(a.size)
-    tmp = Path(tempfile.mkdtemp(prefix="anpred-bench-"))
-    # 1. overhead, both storage modes (tensors: every anchor to safetensors; stats: summaries only)
-    t0 = time.perf_counter()
-    print(f"YOLOv8n {a.size}px, {a.n} inputs")
+def overhead(model: Path, tmp: Path, n_inputs: int) -> float:
+    """Prints the driver's overhead over a plain InferenceSession loop on ``n_inputs`` inputs in both storage
+    modes; returns the plain loop's best total seconds (stats mode)."""
     for mode in ("tensors", "stats"):
-        runs = [run_model(model, ["ort"], f"random:images:seed=0:n={a.n}", tmp / f"ort-{mode}{k}", mode=mode,
+        runs = [run_model(model, ["ort"], f"random:images:seed=0:n={n_inputs}", tmp / f"ort-{mode}{k}", mode=mode,
                           progress=False) for k in range(3)]  # best of 3, like the plain loop (shared machine)
         store = min(runs, key=lambda r: r.meta["resources"]["ort"]["seconds_loop"])
         st = store.statuses()["ort"]
@@ -79,21 +72,30 @@ def main():
               "(best of 3; all: "
               + ", ".join(f"{r.meta['resources']['ort']['seconds_loop']:.3f}" for r in runs) + ")")
         print(f"[{mode}] driver: worker process wall / prepare    {wall:.2f} s / {st.seconds_prepare:.2f} s")
+    return plain
+
+
+def whole_call(model: Path, tmp: Path, n_inputs: int, plain: float) -> None:
+    """Prints the whole run_model call's cost per sample against ``plain`` (seconds for ``n_inputs`` inputs)."""
     # the whole run_model call per sample, one-time costs removed by difference: (T(n+1) - T(1)) / n
     # includes what the worker loop does not: the driver decoding/letterboxing each input image,
     # hashing it and storing it in the run (inputs/<sample>.safetensors)
     whole = {}
-    for n in (1, a.n + 1):
+    for n in (1, n_inputs + 1):
         ts = []
         for k in range(3):
             t = time.perf_counter()
             run_model(model, ["ort"], f"random:images:seed=0:n={n}", tmp / f"whole-{n}-{k}", progress=False)
             ts.append(time.perf_counter() - t)
         whole[n] = min(ts)
-    per = (whole[a.n + 1] - whole[1]) / a.n
-    print(f"[whole] run_model(n=1) {whole[1]:.3f} s, run_model(n={a.n + 1}) {whole[a.n + 1]:.3f} s (best of 3 each): "
-          f"{per * 1e3:.1f} ms per sample vs plain {plain / a.n * 1e3:.1f} ms: ratio {per * a.n / plain:.2f}x")
-    print(f"overhead part: {time.perf_counter() - t0:.1f} s")
+    per = (whole[n_inputs + 1] - whole[1]) / n_inputs
+    print(f"[whole] run_model(n=1) {whole[1]:.3f} s, run_model(n={n_inputs + 1}) {whole[n_inputs + 1]:.3f} s "
+          f"(best of 3 each): {per * 1e3:.1f} ms per sample vs plain {plain / n_inputs * 1e3:.1f} ms: "
+          f"ratio {per * n_inputs / plain:.2f}x")
+
+
+def memory(model: Path, tmp: Path) -> None:
+    """Prints the ort worker's peak RSS in both storage modes for 20 and 80 inputs."""
     # 3. memory (before torch/tf are imported here: a worker's ru_maxrss includes its parent's
     # resident pages at fork)
     for n in (20, 80):
@@ -102,7 +104,10 @@ def main():
                           progress=False)
             print(f"peak RSS ort worker, {mode:7s} n={n}: {s.meta['resources']['ort']['peak_rss_bytes'] / 2**20:.0f} "
                   "MiB")
-    # 2. conversion
+
+
+def conversion(model: Path, tmp: Path) -> None:
+    """Prints onnx2torch's conversion and the backends' prepare seconds on an empty cache and a hit."""
     import onnx
 
     from anpred.backends.tf_onnx import TfOnnxBackend
@@ -140,6 +145,23 @@ def main():
             os.environ.pop("ANPRED_CACHE", None)
         else:
             os.environ["ANPRED_CACHE"] = old
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", type=int, default=640)  # YOLOv8n's own input size
+    ap.add_argument("--n", type=int, default=20)
+    a = ap.parse_args()
+    model = run_models.anchored_zoo_yolo(a.size)
+    tmp = Path(tempfile.mkdtemp(prefix="anpred-bench-"))
+    t0 = time.perf_counter()
+    print(f"YOLOv8n {a.size}px, {a.n} inputs")
+    # 1. overhead, both storage modes (tensors: every anchor to safetensors; stats: summaries only)
+    plain = overhead(model, tmp, a.n)
+    whole_call(model, tmp, a.n, plain)
+    print(f"overhead part: {time.perf_counter() - t0:.1f} s")
+    memory(model, tmp)
+    conversion(model, tmp)
     import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)

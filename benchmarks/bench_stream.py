@@ -127,12 +127,77 @@ def _time_alone(name: str, model: Path, npz: Path) -> float:
     return total
 
 
-def main(argv=None) -> int:
+def bench_pages(n: int, out: Path, a: argparse.Namespace) -> dict:
+    """Runs ``anpred test --stream`` on ``n`` rendered pages (written into OUT/pages-N once) into OUT/run-N,
+    watching the process tree's RSS, the run's disk and the memory-backed scratch; prints and returns its
+    row (seconds, MiB, ratios to the backends' own inference, the phases)."""
     import psutil
 
     from anpred.pipeline.scratch import MEMORY_FOLDERS, PREFIX
     from models.documents import write_pages_with_truth
 
+    pages = out / f"pages-{n}"
+    if not (pages / "truth.json").is_file():
+        write_pages_with_truth(pages, range(n))
+    dst = out / f"run-{n}"
+    cmd = [sys.executable, "-m", "anpred", "test", "yolov8n-doclaynet", "--inputs", str(pages), "--labels",
+           str(pages / "truth.json"), "--stream", *(["--chunk", str(a.chunk)] if a.chunk else []), "--backends",
+           a.backends, "-o", str(dst),
+           "--overwrite", "-q", *(["--side-by-side"] if a.side_by_side else [])]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+    ps = psutil.Process(proc.pid)
+    peak_rss = peak_disk = peak_scratch = peak_total = 0
+    while proc.poll() is None:
+        rss = _tree_rss(ps)
+        peak_rss = max(peak_rss, rss)
+        parent = dst.parent
+        peak_disk = max(peak_disk,
+                        sum(_du(p) for p in parent.glob(f".{dst.name}*")) + (_du(dst) if dst.exists() else 0))
+        # the chunks in a memory-backed folder (anpred.pipeline.scratch): memory, not disk
+        scratch = sum(_du(p) for m in MEMORY_FOLDERS for p in Path(m).glob(f"{PREFIX}{proc.pid}-*"))
+        peak_scratch = max(peak_scratch, scratch)
+        peak_total = max(peak_total, rss + scratch)
+        time.sleep(0.2)
+    wall = time.perf_counter() - t0
+    text = proc.stdout.read().decode(errors="replace")
+    test = json.loads((dst / "test.json").read_text())
+    run = json.loads((dst / "run" / "run.json").read_text())
+    inf = sum(b.get("seconds_run", 0.0) for b in run["backends"].values())
+    prep = sum(b.get("seconds_prepare", 0.0) for b in run["backends"].values())
+    rep = json.loads((dst / "report.json").read_text())
+    row = {"pages": n, "rc": proc.returncode, "wall_s": wall, "stream_s": test["seconds"].get("stream"),
+           "inference_s": inf, "prepare_s": prep,
+           "ratio_stream_to_inference": test["seconds"].get("stream", 0) / inf
+           if inf else None, "peak_rss_mib": peak_rss / 2**20, "peak_disk_mib": peak_disk / 2**20,
+           "peak_scratch_memory_mib": peak_scratch / 2**20, "peak_rss_plus_scratch_mib": peak_total / 2**20,
+           "kept_samples": len(run["samples"]), "disk_final_mib": _du(dst) / 2**20,
+           "stream_meta": {k: v for k, v in run.get("stream", {}).items() if k != "kept"},
+           "headlines": {b: d["headline"] for b, d in rep["task"]["backends"].items()},
+           "map50": {b: (d.get("truth") or {}).get("map50") for b, d in rep["task"]["backends"].items()}}
+    # the backends' own inference over the same inputs, measured apart (_own_inference, _time_alone)
+    own, per = _own_inference(dst / "anchored.onnx", pages, out / f"own-{n}", a.backends)
+    row["own_inference_s"] = own
+    row["own_inference_per_backend_s"] = per
+    row["inference_per_backend_s"] = {b: v.get("seconds_run", 0.0) for b, v in run["backends"].items()}
+    row["ratio_stream_to_own_inference"] = (test["seconds"].get("stream", 0) / own) if own else None
+    row["ratio_command_to_own_inference"] = (wall / own) if own else None  # resolving and the report included
+    # where the time goes: before the first chunk is judged (workers started and prepared, int8
+    # calibrated, the first chunk run and judged in full), the chunks after it (steady state: seconds per
+    # sample against the own inference's), after the last one (the kept samples refilled, the report)
+    at = run.get("stream", {}).get("judged_at") or []
+    if len(at) >= 2 and own:
+        steady = (at[-1][1] - at[0][1]) / (at[-1][0] - at[0][0])
+        row["phases"] = {"until_first_chunk_judged_s": at[0][1], "steady_s_per_sample": steady,
+                         "steady_ratio_to_own": steady / (own / n),
+                         "after_last_chunk_s": test["seconds"].get("stream", 0) - at[-1][1]}
+    print(json.dumps(row), flush=True)
+    if proc.returncode not in (0, 1):
+        print(text[-3000:])
+    return row
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pages", default="30,100")
     ap.add_argument("--out", required=True)
@@ -159,65 +224,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for n in [int(x) for x in a.pages.split(",")]:
-        pages = out / f"pages-{n}"
-        if not (pages / "truth.json").is_file():
-            write_pages_with_truth(pages, range(n))
-        dst = out / f"run-{n}"
-        cmd = [sys.executable, "-m", "anpred", "test", "yolov8n-doclaynet", "--inputs", str(pages), "--labels",
-               str(pages / "truth.json"), "--stream", *(["--chunk", str(a.chunk)] if a.chunk else []), "--backends",
-               a.backends, "-o", str(dst),
-               "--overwrite", "-q", *(["--side-by-side"] if a.side_by_side else [])]
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
-        ps = psutil.Process(proc.pid)
-        peak_rss = peak_disk = peak_scratch = peak_total = 0
-        while proc.poll() is None:
-            rss = _tree_rss(ps)
-            peak_rss = max(peak_rss, rss)
-            parent = dst.parent
-            peak_disk = max(peak_disk,
-                            sum(_du(p) for p in parent.glob(f".{dst.name}*")) + (_du(dst) if dst.exists() else 0))
-            # the chunks in a memory-backed folder (anpred.pipeline.scratch): memory, not disk
-            scratch = sum(_du(p) for m in MEMORY_FOLDERS for p in Path(m).glob(f"{PREFIX}{proc.pid}-*"))
-            peak_scratch = max(peak_scratch, scratch)
-            peak_total = max(peak_total, rss + scratch)
-            time.sleep(0.2)
-        wall = time.perf_counter() - t0
-        text = proc.stdout.read().decode(errors="replace")
-        test = json.loads((dst / "test.json").read_text())
-        run = json.loads((dst / "run" / "run.json").read_text())
-        inf = sum(b.get("seconds_run", 0.0) for b in run["backends"].values())
-        prep = sum(b.get("seconds_prepare", 0.0) for b in run["backends"].values())
-        rep = json.loads((dst / "report.json").read_text())
-        row = {"pages": n, "rc": proc.returncode, "wall_s": wall, "stream_s": test["seconds"].get("stream"),
-               "inference_s": inf, "prepare_s": prep,
-               "ratio_stream_to_inference": test["seconds"].get("stream", 0) / inf
-               if inf else None, "peak_rss_mib": peak_rss / 2**20, "peak_disk_mib": peak_disk / 2**20,
-               "peak_scratch_memory_mib": peak_scratch / 2**20, "peak_rss_plus_scratch_mib": peak_total / 2**20,
-               "kept_samples": len(run["samples"]), "disk_final_mib": _du(dst) / 2**20,
-               "stream_meta": {k: v for k, v in run.get("stream", {}).items() if k != "kept"},
-               "headlines": {b: d["headline"] for b, d in rep["task"]["backends"].items()},
-               "map50": {b: (d.get("truth") or {}).get("map50") for b, d in rep["task"]["backends"].items()}}
-        # the backends' own inference over the same inputs, measured apart (_own_inference, _time_alone)
-        own, per = _own_inference(dst / "anchored.onnx", pages, out / f"own-{n}", a.backends)
-        row["own_inference_s"] = own
-        row["own_inference_per_backend_s"] = per
-        row["inference_per_backend_s"] = {b: v.get("seconds_run", 0.0) for b, v in run["backends"].items()}
-        row["ratio_stream_to_own_inference"] = (test["seconds"].get("stream", 0) / own) if own else None
-        row["ratio_command_to_own_inference"] = (wall / own) if own else None  # resolving and the report included
-        # where the time goes: before the first chunk is judged (workers started and prepared, int8
-        # calibrated, the first chunk run and judged in full), the chunks after it (steady state: seconds per
-        # sample against the own inference's), after the last one (the kept samples refilled, the report)
-        at = run.get("stream", {}).get("judged_at") or []
-        if len(at) >= 2 and own:
-            steady = (at[-1][1] - at[0][1]) / (at[-1][0] - at[0][0])
-            row["phases"] = {"until_first_chunk_judged_s": at[0][1], "steady_s_per_sample": steady,
-                             "steady_ratio_to_own": steady / (own / n),
-                             "after_last_chunk_s": test["seconds"].get("stream", 0) - at[-1][1]}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        if proc.returncode not in (0, 1):
-            print(text[-3000:])
+        rows.append(bench_pages(n, out, a))
     (out / "bench_stream.json").write_text(json.dumps(rows, indent=1))
     return 0
 

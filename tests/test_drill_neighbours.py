@@ -13,7 +13,7 @@ from onnx import numpy_helper as nh
 
 from anpred.instrument import instrument_model
 from anpred.judge import check_run
-from tests.test_check import make_run
+from check_runs import make_run
 from isa_reasons import DEFECT_BOUND
 
 BACKENDS = ["ort", "mnn", "onnx-reference"]

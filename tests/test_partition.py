@@ -44,7 +44,7 @@ def test_single_tensor_cuts_are_the_dominators(which, tmp_path):
     if which == "synthetic":
         model = skip_chain_model(600, kind="conv", long_every=4)
     else:
-        from test_instrument import yolo_onnx
+        from instrument_models import yolo_onnx
 
         model = onnx.load(str(yolo_onnx("yolov8n.yaml", which.endswith("dynamo"))))
     index = build_index(model.graph)
@@ -180,7 +180,7 @@ def test_choose_cuts_is_the_exact_optimum_on_small_cases():
 def _yolo320():
     import onnx
 
-    from test_instrument import yolo_onnx
+    from instrument_models import yolo_onnx
 
     return onnx.load(str(yolo_onnx("yolov8n.yaml", False, 320)))
 

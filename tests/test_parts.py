@@ -26,7 +26,7 @@ from anpred.defaults import OracleConfig
 from anpred.instrument import instrument_model
 from anpred.onnx_io import save_model
 from anpred.judge import output_parts
-from tests.test_check import _conv, _inputs, make_run
+from check_runs import conv_layer as _conv, make_run, random_inputs as _inputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the evaluation package
 

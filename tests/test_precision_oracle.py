@@ -24,7 +24,7 @@ from anpred.judge.consensus import vote
 from anpred.judge.populations import PopulationOracle
 from anpred.judge.scales import cell_precision, floor_and_basis, floor_basis_of, unit_nrmse
 from anpred.report.text import format_text
-from tests.test_check import make_run
+from check_runs import make_run
 
 
 # ---- non-finite votes --------------------------------------------------------------------------

@@ -384,7 +384,7 @@ memory_gb = 1
 """
 
 
-@pytest.mark.slow  # ~11 s: a Ray campaign; the bad-input rule itself is in test_run.py's default cases
+@pytest.mark.slow  # ~11 s: a Ray campaign; the bad-input rule itself is in test_run_driver.py's default cases
 def test_a_campaign_fails_the_backend_not_the_configuration_on_one_shape_error(tmp_path):
     """`anpred test`'s bad-input rule over all of a configuration's backends: ncnn's shape error is
     ncnn's, and the other backends are judged (the campaign used to fail the configuration with

@@ -1,4 +1,4 @@
-"""Issue 18 acceptance: the two real OpenVINO 2026.4.1 defects of tests/test_check.py (Softplus far
+"""Issue 18 acceptance: the two real OpenVINO 2026.4.1 defects of tests/test_check_defects.py (Softplus far
 below zero; AveragePool with ceil_mode and count_include_pad) are still flagged when the consensus
 holds the eight fp32 families of the default set (onnxruntime, openvino, torch, tensorflow, tvm, mnn,
 ncnn, litert), each backend in its own process, with the origin at the defective operator's anchor:
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_check import avgpool_cnn, plain_cnn, softplus_cnn  # noqa: E402
+from check_runs import avgpool_cnn, plain_cnn, softplus_cnn  # noqa: E402
 
 from anpred.judge import check_run  # noqa: E402
 from anpred.onnx_io import save_model  # noqa: E402

@@ -1,15 +1,15 @@
-"""Alignment (anpred.align) on tensors produced by real libraries.
+"""Alignment (anpred.align) on tensors produced by real libraries: the Keras case.
 
 Canonical side: a Keras model exported with tf2onnx (exporters.tf_export, cached) and run in
 onnxruntime with intermediate values exposed as outputs (NCHW/NCW/NCDHW). Other side: the same Keras
 model run natively in TensorFlow (NHWC/NWC/NDHWC), onnxconverter-common's float16 model and
-onnxruntime's QDQ quantization in onnxruntime, a torch model run unbatched and in bfloat16, and
-YOLOv8n converted with onnx2tf (backend ``tf``). Nothing stands in for a converter.
+onnxruntime's QDQ quantization in onnxruntime, and a torch model run unbatched and in bfloat16
+(tests/align_cases.py builds the case). Nothing stands in for a converter. YOLOv8n through onnx2tf:
+tests/test_align_onnx2tf.py.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 
@@ -23,141 +23,13 @@ from anpred.manifest import Anchor, AnchorManifest
 
 from isa_reasons import DEFECT_BOUND, FP32_BOUND
 from ort_session import ort_outputs
-
-FP32_NOISE = 1e-5  # normalised error after alignment between two fp32 libraries
-
-# anchor -> (regex of the ONNX value in the tf2onnx export, Keras layer, canonical layout)
-_F = r"functional(_\d+)?/"
-ANCHORS = {
-    "anchor/00/relu1": (_F + r"relu1(_\d+)?/Relu:0", "relu1", "NCHW"),
-    "anchor/01/pool1": (_F + r"pool1(_\d+)?/MaxPool2d:0", "pool1", "NCHW"),
-    "anchor/02/conv2": (_F + r"conv2(_\d+)?/Relu:0", "conv2", "NCHW"),
-    "anchor/03/gap": (_F + r"gap(_\d+)?/Mean:0", "gap", "NCHW"),
-    "anchor/04/cat": (_F + r"cat(_\d+)?/concat:0", "cat", "NCHW"),
-    "anchor/05/c1d": (_F + r"c1d(_\d+)?/Relu:0", "c1d", "NCW"),
-    "anchor/06/c3d": (_F + r"c3d(_\d+)?/Relu:0", "c3d", "NCDHW"),
-    "output/flat": (r"flat", "flat", "unknown"),
-}
-NATIVE_LAYOUT = {"NCHW": "NHWC", "NCW": "NWC", "NCDHW": "NDHWC"}
+from align_cases import ANCHORS, FP32_NOISE, expose_outputs, keras_run, ort_status, tf_status
 
 
-def _keras_model(seed: int):
-    import keras
-
-    keras.utils.set_random_seed(seed)
-    k = keras.layers
-    x = keras.Input((16, 16, 3), batch_size=1, name="x")
-    s = keras.Input((32, 4), batch_size=1, name="s")
-    v = keras.Input((6, 6, 6, 2), batch_size=1, name="v")
-    h = k.Conv2D(8, 3, padding="same", name="conv1")(x)
-    h = k.BatchNormalization(name="bn1")(h)
-    h = k.ReLU(name="relu1")(h)
-    h = k.MaxPooling2D(2, name="pool1")(h)  # 1x8x8x8: C == H == W
-    h2 = k.Conv2D(16, 3, padding="same", activation="relu", name="conv2")(h)
-    g = k.GlobalAveragePooling2D(name="gap")(h2)
-    ha = k.Conv2D(4, 1, name="head_a")(h2)
-    hb = k.Conv2D(6, 1, name="head_b")(h2)
-    cat = k.Concatenate(name="cat")([ha, hb])
-    f = k.Flatten(name="flat")(h2)
-    out = k.Dense(10, name="dense")(g)
-    c1 = k.Conv1D(6, 3, padding="same", activation="relu", name="c1d")(s)
-    c3 = k.Conv3D(4, 3, padding="same", activation="relu", name="c3d")(v)
-    model = keras.Model([x, s, v], [out, f, cat, c1, c3])
-    # BatchNorm statistics away from the identity, so the folded conv is not trivial
-    bn = model.get_layer("bn1")
-    rng = np.random.default_rng(seed)
-    bn.set_weights([rng.uniform(0.5, 1.5, 8), rng.normal(0, 0.2, 8), rng.normal(0, 0.2, 8), rng.uniform(0.5, 2, 8)])
-    # the "Keras port" concatenating the two heads in the other order (same layers, same weights)
-    swapped = k.Concatenate(name="cat_swapped")([hb, ha])
-    names = [spec[1] for spec in ANCHORS.values()]
-    native = keras.Model([x, s, v], [model.get_layer(n).output if n != "cat" else cat for n in names] + [swapped])
-    return model, native
-
-
-def _expose(model, values):
-    """Add ONNX values as graph outputs (types from ONNX shape inference)."""
-    import onnx
-
-    inferred = onnx.shape_inference.infer_shapes(model)
-    vi = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
-    have = {o.name for o in model.graph.output}
-    for v in values:
-        if v not in have:
-            model.graph.output.append(vi[v])
-    return model
-
-
-@pytest.fixture(scope="module")
-def keras_case(tmp_path_factory):
-    """Keras model natively (TF) and via tf2onnx in ORT, 2 samples; plus a wrong model (seed 1)."""
-    import onnx
-
-    from exporters.tf_export import export_keras
-
-    tmp = tmp_path_factory.mktemp("keras")
-    model, native = _keras_model(0)
-    export_keras(model, tmp / "k.onnx")
-    proto = onnx.load(str(tmp / "k.onnx"))
-    node_outs = {o for n in proto.graph.node for o in n.output}
-    values = {}
-    for a, (pattern, _, _) in ANCHORS.items():
-        hits = [o for o in node_outs if re.fullmatch(pattern, o)]
-        assert len(hits) == 1, (a, hits)
-        values[a] = hits[0]
-    proto = _expose(proto, list(values.values()))
-    shapes = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in proto.graph.output}
-    anchors = [Anchor(name=a, value=values[a], stage=i, order=i, producer="", op_type="", shape=shapes[values[a]],
-                      dtype="float32", layout=ANCHORS[a][2]) for i, a in enumerate(ANCHORS)]
-    manifest = AnchorManifest(anchors=anchors)
-    rng = np.random.default_rng(0)
-    samples = []
-    for _ in range(2):
-        samples.append({"x": rng.normal(size=(1, 16, 16, 3)).astype(np.float32),
-                        "s": rng.normal(size=(1, 32, 4)).astype(np.float32),
-                        "v": rng.normal(size=(1, 6, 6, 6, 2)).astype(np.float32)})
-    model_bytes = proto.SerializeToString()
-    ort_out, keras_out = [], []
-    for feeds in samples:
-        r = ort_outputs(model_bytes, feeds, list(values.values()))
-        ort_out.append({a: r[values[a]] for a in ANCHORS})
-        outs = [np.asarray(t) for t in native([feeds["x"], feeds["s"], feeds["v"]])]
-        keras_out.append(dict(zip(ANCHORS, outs[:-1])) | {"cat_swapped": outs[-1]})
-    _, wrong_native = _keras_model(1)
-    wrong = []
-    for feeds in samples:
-        outs = [np.asarray(t) for t in wrong_native([feeds["x"], feeds["s"], feeds["v"]])]
-        wrong.append(dict(zip(ANCHORS, outs[:-1])))
-    return {"manifest": manifest, "proto": proto, "values": values, "samples": samples, "ort": ort_out,
-            "keras": keras_out, "wrong": wrong}
-
-
-def _ort_status(manifest, name="ort", precision="fp32", captures=None):
-    caps = captures or {a.name: AnchorCapture("exact", a.layout if a.layout != "unknown" else None).__dict__
-                        for a in manifest.anchors}
-    return BackendStatus(name=name, family="onnxruntime", status="ok", precision=precision, captures=caps)
-
-
-def _tf_status(manifest, known=True, overrides=None):
-    """What a TensorFlow backend reports: channels-last layout and the permutation back (``known``), or
-    nothing about the layout (``known=False``)."""
-    caps = {}
-    for a in manifest.anchors:
-        r = len(a.shape)
-        if known and a.layout in NATIVE_LAYOUT and a.name != "anchor/03/gap":
-            caps[a.name] = AnchorCapture("equivalent", NATIVE_LAYOUT[a.layout],
-                                         {"permute": [0, r - 1, *range(1, r - 1)]},
-                                         target=a.name).__dict__
-        else:
-            caps[a.name] = AnchorCapture("equivalent", None, None, target=a.name).__dict__
-    caps.update(overrides or {})
-    return BackendStatus(name="tf-native", family="tensorflow", status="ok", captures=caps)
-
-
-# ------------------------------------------------------------------------------------------------
 @pytest.mark.isa_independent(FP32_BOUND)
 def test_keras_nhwc_vs_ort_nchw_known_rule(keras_case):
     m = keras_case["manifest"]
-    al = Aligner(m, {"ort": _ort_status(m), "tf-native": _tf_status(m)})
+    al = Aligner(m, {"ort": ort_status(m), "tf-native": tf_status(m)})
     for sid, (o, k) in enumerate(zip(keras_case["ort"], keras_case["keras"])):
         raw_k = {a: k[a] for a in ANCHORS}
         assert raw_k["anchor/00/relu1"].shape == (1, 16, 16, 8) and o["anchor/00/relu1"].shape == (1, 8, 16, 16)
@@ -191,7 +63,7 @@ def test_segment_permutation_of_concatenated_heads_is_found_and_recorded(keras_c
     """A Keras port concatenating the two heads in the other order: the layout is known, the head
     order is found from the data (against the ORT reference) and recorded."""
     m = keras_case["manifest"]
-    al = Aligner(m, {"ort": _ort_status(m), "tf-native": _tf_status(m)})
+    al = Aligner(m, {"ort": ort_status(m), "tf-native": tf_status(m)})
     for sid, (o, k) in enumerate(zip(keras_case["ort"], keras_case["keras"])):
         raw = {"anchor/04/cat": k["cat_swapped"]}  # heads b (6 ch) then a (4 ch)
         res = al.align(f"s{sid}", {"ort": {"anchor/04/cat": o["anchor/04/cat"]}, "tf-native": raw})
@@ -213,7 +85,7 @@ def test_c_eq_h_eq_w_decided_by_data(keras_case):
     """pool1 is 1x8x8x8 in both libraries and the backend says nothing about its layout: three
     layout candidates fit the shape; the data picks NHWC -> NCHW with a decisive margin, once."""
     m = keras_case["manifest"]
-    st = {"ort": _ort_status(m), "tf-native": _tf_status(m, known=False)}
+    st = {"ort": ort_status(m), "tf-native": tf_status(m, known=False)}
     al = Aligner(m, st)
     first = None
     for sid, (o, k) in enumerate(zip(keras_case["ort"], keras_case["keras"])):
@@ -251,7 +123,7 @@ def test_wrong_tensor_is_never_explained_away(keras_case):
     m = keras_case["manifest"]
     o, w = keras_case["ort"][0], keras_case["wrong"][0]
     # known layout: aligned, and exactly as different as the raw tensor
-    al = Aligner(m, {"ort": _ort_status(m), "tf-native": _tf_status(m)})
+    al = Aligner(m, {"ort": ort_status(m), "tf-native": tf_status(m)})
     res = al.align("s0", {"ort": o, "tf-native": {a: w[a] for a in ANCHORS}})
     a = "anchor/02/conv2"
     got = res.tensors[a]["tf-native"]
@@ -273,7 +145,7 @@ def test_wrong_tensor_is_never_explained_away(keras_case):
     assert normalized_error(naive.reshape(ref.shape), ref) < e  # noise fitted
     assert find_segment_permutation(plain, ref) is None
     # ambiguous layout (1x8x8x8, no layout reported): a naive argmin would pick a candidate anyway
-    al2 = Aligner(m, {"ort": _ort_status(m), "tf-native": _tf_status(m, known=False)})
+    al2 = Aligner(m, {"ort": ort_status(m), "tf-native": tf_status(m, known=False)})
     res2 = al2.align("s0", {"ort": o, "tf-native": {a: w[a] for a in ANCHORS}})
     why = res2.unaligned["anchor/01/pool1"]["tf-native"]
     assert "no candidate matches the consensus" in why and "[1, 8, 8, 8]" in why
@@ -281,7 +153,7 @@ def test_wrong_tensor_is_never_explained_away(keras_case):
     # the correct tensor with a genuine small error still gets its true layout and keeps the error
     k = keras_case["keras"][0]["anchor/01/pool1"].copy()
     k[0, 2, 3, :] += 0.5  # one pixel wrong in every channel
-    res3 = Aligner(m, {"ort": _ort_status(m), "tf-native": _tf_status(m, known=False)}).align(
+    res3 = Aligner(m, {"ort": ort_status(m), "tf-native": tf_status(m, known=False)}).align(
         "s0", {"ort": {"anchor/01/pool1": o["anchor/01/pool1"]}, "tf-native": {"anchor/01/pool1": k}})
     t = res3.tensors["anchor/01/pool1"]
     diff = t["tf-native"] - t["ort"]
@@ -331,7 +203,7 @@ def test_float16_and_int8_aligned_to_float(keras_case):
     dql = next(n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == relu)
     ql = next(n for n in q.graph.node if n.op_type == "QuantizeLinear" and n.output[0] == dql.input[0])
     scale, zp = float(inits[ql.input[1]]), int(inits[ql.input[2]])
-    q = _expose(q, [ql.output[0]])
+    q = expose_outputs(q, [ql.output[0]])
     qnames = names + [ql.output[0]]
     outq = [ort_outputs(q.SerializeToString(), f, qnames) for f in keras_case["samples"]]
     assert outq[0][ql.output[0]].dtype == np.uint8
@@ -339,8 +211,8 @@ def test_float16_and_int8_aligned_to_float(keras_case):
     caps_q = {a.name: AnchorCapture("exact", a.layout).__dict__ for a in m.anchors}
     caps_q["anchor/00/relu1"] = AnchorCapture("exact", "NCHW",
                                               {"dequantize": {"scale": scale, "zero_point": zp}}).__dict__
-    st = {"ort": _ort_status(m), "ort-fp16": _ort_status(m, "ort-fp16", "fp16"),
-          "ort-int8": _ort_status(m, "ort-int8", "int8", caps_q)}
+    st = {"ort": ort_status(m), "ort-fp16": ort_status(m, "ort-fp16", "fp16"),
+          "ort-int8": ort_status(m, "ort-int8", "int8", caps_q)}
     al = Aligner(m, st)
     errs16, errs8 = [], []
     for sid in range(2):
@@ -365,7 +237,7 @@ def test_float16_and_int8_aligned_to_float(keras_case):
     dq = (outq[0][ql.output[0]].astype(np.float64) - zp) * scale
     assert np.array_equal(apply_rule(d[("anchor/00/relu1", "ort-int8")].rule, outq[0][ql.output[0]], None), dq)
     # an integer tensor with no scale/zero point is never guessed
-    st2 = {"ort": st["ort"], "ort-int8": _ort_status(m, "ort-int8", "int8")}
+    st2 = {"ort": st["ort"], "ort-int8": ort_status(m, "ort-int8", "int8")}
     res = Aligner(m, st2).align("s0", {"ort": keras_case["ort"][0],
                                        "ort-int8": {"anchor/00/relu1": outq[0][ql.output[0]]}})
     assert "zero point" in res.unaligned["anchor/00/relu1"]["ort-int8"]
@@ -383,7 +255,7 @@ def test_flatten_and_batch_squeeze_and_bfloat16(keras_case, tmp_path):
 
     m = keras_case["manifest"]
     o, k = keras_case["ort"][0], keras_case["keras"][0]
-    al = Aligner(m, {"ort": _ort_status(m), "tf-native": _tf_status(m, known=False)})
+    al = Aligner(m, {"ort": ort_status(m), "tf-native": tf_status(m, known=False)})
     res = al.align("s0", {"ort": {"anchor/02/conv2": o["anchor/02/conv2"]},
                           "tf-native": {"anchor/02/conv2": k["output/flat"]}})  # (1, 1024) HWC order
     dec = al.decisions[("anchor/02/conv2", "tf-native")]
@@ -440,20 +312,20 @@ def test_manifest_pins_override_and_bad_pins(keras_case):
     m["anchor/01/pool1"].alignment = {"tf-native": {"permute": [0, 3, 1, 2]}}
     m["anchor/00/relu1"].alignment = {"tf-native": {"exclude": "known to differ (issue 123)"}}
     o, k = keras_case["ort"][0], keras_case["keras"][0]
-    al = Aligner(m, {"ort": _ort_status(m), "tf-native": _tf_status(m, known=False)})
+    al = Aligner(m, {"ort": ort_status(m), "tf-native": tf_status(m, known=False)})
     res = al.align("s0", {"ort": o, "tf-native": {a: k[a] for a in ANCHORS}})
     assert al.decisions[("anchor/01/pool1", "tf-native")].source == "manifest"
     assert normalized_error(res.tensors["anchor/01/pool1"]["tf-native"], o["anchor/01/pool1"]) < FP32_NOISE
     assert "issue 123" in res.unaligned["anchor/00/relu1"]["tf-native"]
     m["anchor/01/pool1"].alignment = {"tf-native": {"permute": [0, 3, 3, 2]}}
     with pytest.raises(AlignmentError, match="not a permutation"):
-        Aligner(m, {"tf-native": _tf_status(m)}).align("s0", {"tf-native": {"anchor/01/pool1": k["anchor/01/pool1"]}})
+        Aligner(m, {"tf-native": tf_status(m)}).align("s0", {"tf-native": {"anchor/01/pool1": k["anchor/01/pool1"]}})
     m["anchor/01/pool1"].alignment = {"tf-native": {"transpose": [0, 3, 1, 2]}}
     with pytest.raises(AlignmentError, match="unknown alignment rule key"):
-        Aligner(m, {"tf-native": _tf_status(m)}).align("s0", {"tf-native": {"anchor/01/pool1": k["anchor/01/pool1"]}})
+        Aligner(m, {"tf-native": tf_status(m)}).align("s0", {"tf-native": {"anchor/01/pool1": k["anchor/01/pool1"]}})
     # a tensor that fits nothing is unaligned with its shapes
     wrong = {"ort": {"anchor/00/relu1": np.zeros((1, 7, 16, 16), np.float32)}}
-    res = Aligner(m0, {"ort": _ort_status(m0)}).align("s0", wrong)
+    res = Aligner(m0, {"ort": ort_status(m0)}).align("s0", wrong)
     unfit = res.unaligned["anchor/00/relu1"]["ort"]
     assert "[1, 7, 16, 16]" in unfit and "[1, 8, 16, 16]" in unfit
 
@@ -469,8 +341,8 @@ def test_cli_align_prints_report_and_writes_json(keras_case, tmp_path, capsys):
         store.add_sample(s, feeds)
         store.write_anchors("ort", s, o)
         store.write_anchors("tf-native", s, {a: k[a] for a in ANCHORS})
-    store.set_status(_ort_status(m))
-    store.set_status(_tf_status(m, known=False))
+    store.set_status(ort_status(m))
+    store.set_status(tf_status(m, known=False))
     out = tmp_path / "align.json"
     assert main(["align", str(tmp_path / "run"), "--json", str(out)]) == 0
     text = capsys.readouterr().out
@@ -480,196 +352,6 @@ def test_cli_align_prints_report_and_writes_json(keras_case, tmp_path, capsys):
     assert rep.samples == 2 and any(a.source == "data" and a.anchor == "anchor/01/pool1" for a in rep.alignments)
     assert main(["align", str(tmp_path / "nothing")]) == 2
     assert "not a run folder" in capsys.readouterr().err
-
-
-# ------------------------------------------------------------------------------------------------
-YOLO_SIZE = 192  # the converter tests' anchored YOLOv8n (same cache key: the onnx2tf conversion is shared)
-
-
-@pytest.fixture(scope="module")
-def yolo_anchored() -> Path:
-    from anpred.cache import cache_key, cached_dir
-
-    def build(d: Path) -> None:
-        import onnx
-        import torch
-
-        from anpred.compat import import_ultralytics
-        from anpred.instrument import instrument_model
-        from exporters.torch_export import export_torch
-
-        ul = import_ultralytics()
-        torch.manual_seed(0)
-        net = ul.YOLO("yolov8n.yaml").model.eval()
-        net.model[-1].export = True
-        export_torch(net, (torch.rand(1, 3, YOLO_SIZE, YOLO_SIZE),), d / "yolov8n.onnx", dynamo=True, cache=False)
-        model, manifest = instrument_model(onnx.load(str(d / "yolov8n.onnx")), stages=6, source_path=d / "yolov8n.onnx")
-        manifest.to_model(model)
-        onnx.save(model, str(d / "yolov8n.anchored.onnx"))
-
-    d = cached_dir("test-models", cache_key("converters-yolov8n-dynamo", YOLO_SIZE, 1), build)
-    return d / "yolov8n.anchored.onnx"
-
-
-def _model4(manifest) -> str:
-    """The anchor of module ``model.4``'s output (its stage index depends on the partition)."""
-    (name,) = [a.name for a in manifest.anchors if a.scope == "model.4"]
-    return name
-
-
-@pytest.fixture(scope="module")
-def yolo_run(yolo_anchored):
-    """YOLOv8n (192 px) run through the real ``ort`` and ``tf`` (onnx2tf, cached) backends, 2 samples."""
-    import onnx
-
-    from anpred.backends import backend_class
-
-    manifest = AnchorManifest.from_model(onnx.load(str(yolo_anchored), load_external_data=False))
-    rng = np.random.default_rng(0)
-    graph = onnx.load(str(yolo_anchored), load_external_data=False).graph
-    inits = {i.name for i in graph.initializer}
-    feeds = [{i.name: rng.random((1, 3, YOLO_SIZE, YOLO_SIZE), dtype=np.float32) for i in graph.input
-              if i.name not in inits} for _ in range(2)]
-    statuses, raw = {}, {}
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in ("ort", "tf"):
-            cls = backend_class(name)
-            with cls({}) as b:  # (TF threads cannot be set once TF ran in this process)
-                b.prepare(yolo_anchored, manifest, Path(tmp) / name)
-                raw[name] = [b.run(f) for f in feeds]
-                statuses[name] = BackendStatus(name, cls.family, "ok",
-                                               captures={a: c.__dict__ for a, c in b.anchor_info().items()})
-    return {"manifest": manifest, "statuses": statuses, "raw": raw, "feeds": feeds}
-
-
-@pytest.mark.isa_independent(FP32_BOUND)
-@pytest.mark.slow
-def test_yolov8n_onnx2tf_nhwc_vs_ort_nchw(yolo_run):
-    from anpred.judge import error_stats
-
-    manifest, statuses = yolo_run["manifest"], yolo_run["statuses"]
-    raw = {b: yolo_run["raw"][b][0] for b in ("ort", "tf")}
-    al = Aligner(manifest, statuses)
-    res = al.align("s0000", raw)
-    assert not res.unaligned
-    four_d = [a for a in manifest.anchors if len(a.shape) == 4]
-    assert four_d
-    worst = 0.0
-    for a in manifest.anchors:
-        t = res.tensors[a.name]
-        e = error_stats(t["tf"], t["ort"]).nrmse
-        worst = max(worst, e)
-        assert t["tf"].shape == tuple(a.shape) and t["tf"].dtype == np.float64
-        assert e < FP32_NOISE, (a.name, e)  # nRMSE, the oracle's statistic
-    for a in four_d:
-        d = al.decisions[(a.name, "tf")]
-        assert d.source == "capture" and d.rule == {"permute": [0, 3, 1, 2]}, (a.name, d)
-        assert raw["tf"][a.name].shape != tuple(a.shape) or a.shape[1] == a.shape[3]
-    print(f"\nyolov8n {YOLO_SIZE}: {len(four_d)} 4-D anchors by the known rule; worst nRMSE {worst:.2e}")
-    assert math.isfinite(worst)
-    # the text report lists every anchor of a group (no cut at 6)
-    text = al.report().format_text()
-    line = next(ln for ln in text.splitlines() if ln.startswith("  tf: permute [0, 3, 1, 2] [capture]"))
-    assert f"({len(four_d)})" in line and all(a.name in line for a in four_d) and "..." not in line
-
-
-# real converter output with a defect put into one anchor (NHWC as onnx2tf returns it)
-DEFECTS = {
-    "channel halves swapped": lambda t: np.concatenate([t[..., 32:], t[..., :32]], axis=3),
-    "rows flipped": lambda t: t[:, ::-1].copy(),
-    "3-column roll": lambda t: np.roll(t, 3, axis=2),
-}
-
-
-@pytest.mark.isa_independent(DEFECT_BOUND)
-@pytest.mark.slow
-def test_onnx2tf_reorderings_stay_different(yolo_run):
-    """onnx2tf runs the ONNX graph and reports its exact transform: a channel swap, flipped rows or
-    rolled columns in its output is a defect. Each stays exactly as different as it is after the
-    known permutation (no segment search), although an unrestricted search fits all three."""
-    from anpred.judge import error_stats
-
-    manifest, statuses = yolo_run["manifest"], yolo_run["statuses"]
-    a = _model4(yolo_run["manifest"])
-    assert manifest[a].shape == [1, 64, 24, 24]
-    for what, defect in DEFECTS.items():
-        al = Aligner(manifest, statuses)
-        tf = dict(yolo_run["raw"]["tf"][0])
-        tf[a] = defect(tf[a])
-        res = al.align("s0000", {"ort": yolo_run["raw"]["ort"][0], "tf": tf})
-        d = al.decisions[(a, "tf")]
-        assert d.source == "capture" and d.rule == {"permute": [0, 3, 1, 2]}, (what, d)
-        got, ref = res.tensors[a]["tf"], res.tensors[a]["ort"]
-        assert np.array_equal(got, np.transpose(tf[a], [0, 3, 1, 2]).astype(np.float64))
-        nrmse = error_stats(got, ref).nrmse
-        unrestricted = find_segment_permutation(got, ref, max_blocks=10 ** 6, min_block_fraction=0.0)
-        print(f"\ntf {what}: nRMSE kept {nrmse:.3f}; an unrestricted search would fit "
-              f"{unrestricted and (unrestricted[0]['axis'], len(unrestricted[0]['order']), f'{unrestricted[1]:.1e}')}")
-        assert nrmse > 0.1, (what, nrmse)
-        assert not al.report().segments_by_data
-        if what != "rows flipped":  # (24 single rows: below the 2-slice floor even unrestricted)
-            assert unrestricted is not None and unrestricted[1] < FP32_NOISE
-        # the restricted search along the channel axis (what a native backend would get) rejects the flip
-        # and the roll outright
-        if what != "channel halves swapped":
-            assert find_segment_permutation(got, ref, axes=[1]) is None
-
-
-@pytest.mark.isa_independent(DEFECT_BOUND)
-@pytest.mark.slow
-def test_onnx2tf_channel_swap_check_origin(yolo_run, tmp_path):
-    """`anpred check` on a run whose tf (onnx2tf) model.4 has its channel halves swapped: tf is flagged
-    with the origin at that anchor's stage, not one stage late, and no segment order is reported."""
-    from anpred.judge import check_run
-    from anpred.run import RunStore
-
-    a4 = _model4(yolo_run["manifest"])
-    stage4 = yolo_run["manifest"][a4].stage
-    store = RunStore.create(tmp_path / "run", yolo_run["manifest"])
-    for i, feeds in enumerate(yolo_run["feeds"]):
-        s = f"s{i:04d}"
-        store.add_sample(s, feeds)
-        store.write_anchors("ort", s, yolo_run["raw"]["ort"][i])
-        tf = dict(yolo_run["raw"]["tf"][i])
-        tf[a4] = DEFECTS["channel halves swapped"](tf[a4])
-        store.write_anchors("tf", s, tf)
-    for st in yolo_run["statuses"].values():
-        store.set_status(st)
-    rep = check_run(tmp_path / "run")
-    v = rep.verdicts["tf"]
-    c = rep.cell(a4, "tf")
-    print(f"\ncheck: tf {rep.status}, origin {v.origin_anchor} (stage {v.origin_stage}), nRMSE there {c.primary:.3f}")
-    assert rep.status == "flagged" and v.flagged and v.origin_anchor == a4 and v.origin_stage == stage4
-    assert c.flagged and c.primary > 0.1
-    assert not any("segment" in n for n in rep.notes) and not rep.alignment["unaligned"]
-
-
-def _keras_run(keras_case, root: Path, tf_edit=None, pins=None) -> Path:
-    """A run folder of the Keras case: ``ort`` (tf2onnx export) and ``tf-native`` (Keras), 2 samples;
-    ``tf_edit(sample_tensors)`` puts a defect into the native tensors; ``pins`` are written into the run's
-    manifest.json under ``anchors[i].alignment`` (where a user writes them)."""
-    import json
-
-    from anpred.run import RunStore
-
-    m = keras_case["manifest"]
-    store = RunStore.create(root, m)
-    for sid, (feeds, o, k) in enumerate(zip(keras_case["samples"], keras_case["ort"], keras_case["keras"])):
-        s = f"s{sid:04d}"
-        store.add_sample(s, feeds)
-        store.write_anchors("ort", s, o)
-        t = {a: k[a] for a in ANCHORS}
-        store.write_anchors("tf-native", s, tf_edit(t) if tf_edit else t)
-    store.set_status(_ort_status(m))
-    store.set_status(_tf_status(m))
-    if pins:
-        d = json.loads((root / "manifest.json").read_text())
-        for a in d["anchors"]:
-            a["alignment"] = pins.get(a["name"], {})
-        (root / "manifest.json").write_text(json.dumps(d))
-    return root
 
 
 @pytest.mark.isa_independent(FP32_BOUND)
@@ -687,7 +369,7 @@ def test_native_reorderings_in_check_report(keras_case, tmp_path):
         t["anchor/01/pool1"] = np.roll(t["anchor/01/pool1"], 3, axis=2)
         return t
 
-    rep = check_run(_keras_run(keras_case, tmp_path / "run", edit))
+    rep = check_run(keras_run(keras_case, tmp_path / "run", edit))
     seg = [a for a in rep.alignment["alignments"] if "segments" in a["rule"]]
     assert [(a["anchor"], a["rule"]["segments"])
             for a in seg] == [("anchor/02/conv2", {"axis": 1, "order": [[8, 8], [0, 8]]})]
@@ -706,41 +388,6 @@ def test_native_reorderings_in_check_report(keras_case, tmp_path):
     o, k = keras_case["ort"][0]["anchor/02/conv2"], keras_case["keras"][0]["anchor/02/conv2"]
     rev = np.transpose(k[..., ::-1], [0, 3, 1, 2])
     assert find_segment_permutation(rev, o, axes=[1]) is None
-
-
-@pytest.mark.slow  # needs the onnx2tf YOLOv8n run (yolo_run: about 40 s cold)
-def test_pins_that_do_not_fit_leave_the_anchor_unaligned(keras_case, yolo_run, tmp_path):
-    """A pin is never silently replaced: one that does not fit the shapes makes the anchor unaligned for
-    that backend with the reason, and `anpred check` says so; a pin for an unknown backend is a warning."""
-    from anpred.judge import check_run
-    from anpred.report.text import format_text
-
-    # on the onnx2tf output (4-D NHWC) of YOLOv8n
-    a = _model4(yolo_run["manifest"])
-    for pin, shown in [({"permute": [0, 2, 1]}, "permute [0, 2, 1]"), ({"view": [1, 2, 3]}, "view [1, 2, 3]")]:
-        m = AnchorManifest.from_dict(yolo_run["manifest"].to_dict())
-        m[a].alignment = {"tf": pin, "tff": {"permute": [0, 3, 1, 2]}}
-        al = Aligner(m, yolo_run["statuses"])
-        res = al.align("s0000", {b: yolo_run["raw"][b][0] for b in ("ort", "tf")})
-        why = res.unaligned[a]["tf"]
-        assert f"manifest pin '{shown}' does not fit backend shape [1, 24, 24, 64] -> canonical [1, 64, 24, 24]" in why
-        assert "tf" not in res.tensors[a] and (a, "tf") not in al.decisions
-        rep = al.report()
-        assert [w for w in rep.warnings if "'tff'" in w and a in w]
-        assert "warning: manifest pin for unknown backend 'tff'" in rep.format_text()
-    # through anpred check: the unaligned reason reaches the report (not just "fewer than two backends")
-    run = _keras_run(keras_case, tmp_path / "run", pins={"anchor/00/relu1": {"tf-native": {"permute": [0, 2, 1]}},
-                                                         "anchor/02/conv2": {"tff": {"exclude": "typo"}}})
-    rep = check_run(run)
-    why = rep.unjudged_anchors["anchor/00/relu1"]
-    assert "not aligned: tf-native: manifest pin 'permute [0, 2, 1]' does not fit" in why
-    why_unjudged = rep.verdicts["tf-native"].unjudged["anchor/00/relu1"]
-    assert why_unjudged.startswith("not aligned: manifest pin 'permute [0, 2, 1]'")
-    text = format_text(rep)
-    assert ("note: anchor anchor/00/relu1 could not be judged: fewer than two backends produced it (ort); "
-            "not aligned: tf-native: manifest pin 'permute [0, 2, 1]'") in text
-    assert "note: alignment warning: manifest pin for unknown backend 'tff' at anchor/02/conv2" in text
-    assert "report_error" not in rep.alignment and rep.alignment["schema"] == "anpred.alignment/1"
 
 
 BAD_PINS = [
@@ -765,14 +412,14 @@ def test_bad_pins_rejected_with_one_message(keras_case, pin, message):
     m = AnchorManifest.from_dict(keras_case["manifest"].to_dict())
     m["anchor/01/pool1"].alignment = {"tf-native": pin}
     with pytest.raises(AlignmentError, match=re.escape(message)) as err:
-        Aligner(m, {"ort": _ort_status(m)})  # validated when made, before any work
+        Aligner(m, {"ort": ort_status(m)})  # validated when made, before any work
     assert "manifest pin anchor/01/pool1/tf-native" in str(err.value)
 
 
 def test_cli_bad_pins_and_options_exit_2(keras_case, tmp_path, capsys):
     from anpred.cli import main
 
-    run = _keras_run(keras_case, tmp_path / "run")
+    run = keras_run(keras_case, tmp_path / "run")
     for args, message in [(["--close-tol", "inf"], "--close-tol must be in (0, 1)"),
                           (["--close-tol", "0"], "--close-tol must be in (0, 1)"),
                           (["--min-margin", "inf"], "--min-margin must be a finite number > 1"),
@@ -785,7 +432,7 @@ def test_cli_bad_pins_and_options_exit_2(keras_case, tmp_path, capsys):
     for pin, message in [({"permute": "abc"}, "'permute' must be a non-empty list of integers"),
                          ({"permute": [0, 3, 1, 2], "dequantize": {"zero_point": 3}}, "'dequantize' must be"),
                          ({"segments": {"axis": 1, "order": [[0, 8], [0, 8]]}}, "not a bijection")]:
-        bad = _keras_run(keras_case, tmp_path / f"bad{len(message)}", pins={"anchor/01/pool1": {"tf-native": pin}})
+        bad = keras_run(keras_case, tmp_path / f"bad{len(message)}", pins={"anchor/01/pool1": {"tf-native": pin}})
         for cmd in ("align", "check"):
             assert main([cmd, str(bad)]) == 2, (cmd, pin)
             cap = capsys.readouterr()
