@@ -243,7 +243,7 @@ def test_float16_and_int8_aligned_to_float(keras_case):
     assert "zero point" in res.unaligned["anchor/00/relu1"]["ort-int8"]
 
 
-@pytest.mark.isa_independent(FP32_BOUND)
+@pytest.mark.kernels  # torch's bfloat16 convolution: bf16 instructions where the CPU has them, fp32 where not
 def test_flatten_and_batch_squeeze_and_bfloat16(keras_case, tmp_path):
     """Keras Flatten output (channels-last order) against the ONNX NCHW conv anchor; a torch module run
     on an unbatched input (C, H, W) and in bfloat16, through the run store, against its ONNX export."""

@@ -21,7 +21,7 @@ from anpred.judge import AnchorInfo, BackendInfo, Oracle, check_run
 from anpred.manifest import Anchor, AnchorManifest
 from anpred.report.text import format_text
 from tests.test_camps import _run
-from isa_reasons import EXACT_OPS, NOT_A_KERNEL_VALUE
+from isa_reasons import EXACT_OPS, FP32_BOUND, NOT_A_KERNEL_VALUE
 
 
 def _status(name: str, family: str, **cap) -> BackendStatus:
@@ -148,6 +148,7 @@ def _layer_norm() -> onnx.ModelProto:
     return m
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_layer_normalization_torch_capture_and_missing_outputs(tmp_path):
     """Classes 4 and 5 on the observed case (layer_normalization_3d_axis_negative_1_epsilon, weights as
     initializers): onnx2torch's LayerNormalization returns Y alone. Before, Y's capture was ``Y[0]`` and
@@ -207,6 +208,7 @@ def _lstm_defaults() -> onnx.ModelProto:
     return m
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_lstm_defaults_is_judged_on_the_onnx_layout_backends(tmp_path):
     """Class 2 on the observed case: lstm_defaults with its weights as graph inputs (X = [[1, 2], [3, 4],
     [5, 6]], W and R all 0.1): Y_h [1, 3, 3] fits identity and a transpose. Before, nothing was judged

@@ -15,6 +15,7 @@ from urllib.parse import unquote
 
 import numpy as np
 import pytest
+from isa_reasons import NOT_A_KERNEL_VALUE
 
 from dashboard_runs import net_runs
 
@@ -116,6 +117,7 @@ def site(tmp_path_factory):
     return root / "site"
 
 
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_dashboard_renders_the_grid_marks_regressions_and_links(site, tmp_path):
     page = site / "index.html"
     res = _chromium(["--dump-dom", page.as_uri()], tmp_path)

@@ -251,6 +251,7 @@ def test_norm_epsilon_differs_exactly_from_injection_stage(name):
     _assert_differs_exactly_from(model, man, variant, truth, {model.graph.input[0].name: x})
 
 
+@pytest.mark.isa_independent(SAME_RUNTIME)
 def test_round_op_rounding_mode_differs_exactly_from_injection_stage():
     """No zoo model has a ``Round`` node, so a small conv net with one (quantise-like ``Round(2 x)``
     between convolutions) is built with onnx.helper; its inputs are multiples of 0.25 so that ``2 x``

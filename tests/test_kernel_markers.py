@@ -24,9 +24,15 @@ Either can be given to a test, its class, or its whole module (``pytestmark``). 
   outside a ``len(...)``; a tolerance (``pytest.approx``, ``np.allclose``, ``np.isclose``,
   ``assert_allclose``, ``assert_array_almost_equal``, ``rtol=``/``atol=``) or an exact equality of arrays
   (``np.array_equal``, ``assert_array_equal``: bit-identity depends on the kernels too), in the test or a
-  function of its module it calls. Not seen (a limit of reading the source): an order comparison of two
-  lowercase names neither of which names a measure (``assert a < b``) and equality of strings that quote
-  a computed value.
+  function of its module it calls; ``(a == b).all()`` counts as an exact equality of arrays. Not seen (a
+  limit of reading the source): an order comparison of two lowercase names neither of which names a
+  measure (``assert a < b``), equality of strings that quote a computed value, ``pytest.fail`` under an
+  ``if``, ``unittest``'s ``self.assert*`` and helpers reached through a class or another module's function
+  that is not a test helper module.
+
+*Runs a runtime* also counts: ``import anpred`` (the API's ``test``/``check``), ``sys.executable`` (a test
+that starts ``python -m anpred ...`` or a worker), and a helper module of the tests (``tests/<name>.py``:
+``run_models``, ``check_runs``, another test module) that imports a runtime itself or through another one.
 """
 
 from __future__ import annotations
@@ -44,12 +50,13 @@ REASONS = TESTS / "isa_reasons.py"  # the reasons shared by many modules
 RUNTIME_MODULES = ("onnxruntime", "openvino", "torch", "tensorflow", "keras", "tvm", "MNN", "ncnn", "pnnx",
                    "ai_edge_litert", "tflite_runtime", "onnx2tf", "onnx2torch", "tf2onnx", "onnxconverter_common",
                    "onnx.reference", "anpred.backends", "anpred.run", "anpred.pipeline", "anpred.task",
-                   "anpred.campaign", "anpred.drill", "models",
-                   "exporters", "run_models", "pipeline_factories",
-                   # the tests' shared helper modules that build a case on a runtime (issue 36's splits)
-                   "align_cases", "task_digits", "diff_cases")
+                   "anpred.campaign", "anpred.drill", "anpred.cli", "anpred.commands", "anpred.conformance",
+                   "models", "exporters")
+# ``import anpred`` / ``from anpred import test``: the Python API's test and check run the backends
+RUNTIME_API = "anpred"
 TOLERANCE_CALLS = frozenset({"approx", "allclose", "isclose", "assert_allclose", "assert_array_almost_equal",
                              "assert_almost_equal", "assert_array_max_ulp", "assert_array_almost_equal_nulp",
+                             "assert_close", "assert_array_less",
                              # exact equality of computed arrays: bit-identity depends on the kernels too
                              "array_equal", "assert_array_equal"})
 TOLERANCE_KEYWORDS = frozenset({"rtol", "atol", "rel", "abs"})
@@ -62,7 +69,35 @@ REDUCTIONS = frozenset({"max", "amax", "nanmax", "mean", "nanmean", "norm", "abs
 
 
 def _is_runtime(module: str) -> bool:
-    return any(module == m or module.startswith(m + ".") for m in RUNTIME_MODULES)
+    """A module of :data:`RUNTIME_MODULES`, the API package itself, or one of the tests' own helper modules
+    (``tests/<name>.py``, imported as ``name`` or ``tests.name``: ``run_models``, ``check_runs``, another
+    test module) that imports one of them, directly or through another helper module."""
+    if module == RUNTIME_API or any(module == m or module.startswith(m + ".") for m in RUNTIME_MODULES):
+        return True
+    return _helper_runs_a_runtime(module.removeprefix("tests."))
+
+
+_HELPERS: dict[Path, bool] = {}
+_FOLDERS = [TESTS]  # where the tests' helper modules are looked for (the folders of the modules read)
+
+
+def _helper_runs_a_runtime(name: str) -> bool:
+    paths = [f / f"{name}.py" for f in _FOLDERS if "." not in name and (f / f"{name}.py").is_file()]
+    if not paths:
+        return False
+    path = paths[0]
+    if path not in _HELPERS:
+        _HELPERS[path] = False  # an import cycle between helpers sees nothing new
+        tree = ast.parse(path.read_text(), str(path))
+        _HELPERS[path] = any(_runtime_imports(n) or _starts_python(n) for n in ast.walk(tree)
+                             if isinstance(n, (ast.Import, ast.ImportFrom, ast.Attribute)))
+    return _HELPERS[path]
+
+
+def _starts_python(node: ast.AST) -> bool:
+    """``sys.executable``: a test that starts Python (``python -m anpred ...``, a worker) runs what it runs."""
+    return (isinstance(node, ast.Attribute) and node.attr == "executable" and isinstance(node.value, ast.Name)
+            and node.value.id == "sys")
 
 
 def _runtime_imports(node: ast.AST) -> set[str]:
@@ -81,6 +116,8 @@ def _imports_runtime_inline(fn: ast.AST) -> bool:
     for n in ast.walk(fn):
         if isinstance(n, (ast.Import, ast.ImportFrom)) and _runtime_imports(n):
             return True
+        if _starts_python(n):
+            return True
         if (isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", "")) == "importorskip"
                 and n.args and isinstance(n.args[0], ast.Constant) and _is_runtime(str(n.args[0].value))):
             return True
@@ -93,11 +130,13 @@ def _names_a_measure(node: ast.AST) -> bool:
     (:data:`REDUCTIONS`: ``np.abs(a - b).max()``)."""
     counted = {id(c) for n in ast.walk(node) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "len"
                for c in ast.walk(n)}  # a count (``len(errors) >= 3``) is not a measure
+    keys = {id(n.slice) for n in ast.walk(node) if isinstance(n, ast.Subscript)}  # ``row["ulps"]``, not "--atol"
     for s in ast.walk(node):
         if id(s) in counted:
             continue
         word = (s.id if isinstance(s, ast.Name) else s.attr if isinstance(s, ast.Attribute)
-                else s.value if isinstance(s, ast.Constant) and isinstance(s.value, str) else None)
+                else s.value if isinstance(s, ast.Constant) and isinstance(s.value, str) and id(s) in keys
+                else None)
         if word is not None and MEASURE_WORDS.search(word):
             return True
         if isinstance(s, ast.Call) and getattr(s.func, "attr", getattr(s.func, "id", "")) in REDUCTIONS:
@@ -118,6 +157,10 @@ def _is_bound(expr: ast.AST) -> bool:
                 return True
         if isinstance(n, ast.Call):
             if getattr(n.func, "attr", getattr(n.func, "id", "")) in TOLERANCE_CALLS:
+                return True
+            # ``(a == b).all()``: an exact equality of arrays, element by element
+            if (getattr(n.func, "attr", "") in ("all", "any") and isinstance(n.func, ast.Attribute)
+                    and any(isinstance(c, ast.Compare) for c in ast.walk(n.func.value))):
                 return True
             if any(k.arg in TOLERANCE_KEYWORDS for k in n.keywords):
                 return True
@@ -242,6 +285,7 @@ class _Uses:
 def unmarked(paths: list[Path], conftest: Path) -> list[str]:
     """``"file::test: bound at line N"`` for each test that runs a runtime and asserts a numeric bound
     without ``kernels`` or an ``isa_independent`` with a reason."""
+    _FOLDERS[:] = sorted({p.parent for p in paths}) or [TESTS]
     cf = _parse(conftest) if conftest.is_file() else _Module()
     out = []
     for path in paths:
@@ -268,7 +312,8 @@ def test_every_test_bounding_a_runtime_result_says_whether_it_depends_on_the_cpu
 def test_the_check_sees_an_unmarked_test(tmp_path):
     """The rule can fail: a runtime through a module helper, a conftest fixture or an inline import,
     a bound by constant, float literal, tolerance, a measure against an integer or a reduction against a
-    variable (a count is not a bound); markers on the test, its class or its module; an
+    variable (a count is not a bound); a helper module of the tests that imports a runtime, ``sys.executable``,
+    the API package; ``assert_close`` and ``(a == b).all()``; markers on the test, its class or its module; an
     ``isa_independent`` without a reason does not count."""
     (tmp_path / "conftest.py").write_text(
         "import pytest\n\n\n@pytest.fixture\ndef sess():\n    import onnxruntime\n    return onnxruntime\n")
@@ -329,7 +374,30 @@ def test_reduction_against_name():
 def test_count_is_not_a_measure():
     errors = _run(1)
     assert len(errors) >= 3
+
+def test_helper_module(tmp_path):
+    from case_helpers import build
+    assert build() < 0.5
+
+def test_helper_module_without_runtime():
+    from plain_helpers import build
+    assert build() < 0.5
+
+def test_subprocess():
+    import subprocess, sys
+    out = subprocess.run([sys.executable, "-m", "anpred", "test"], capture_output=True)
+    assert (np.frombuffer(out.stdout) == 1).all()
+
+def test_api_assert_close():
+    import anpred
+    torch_testing.assert_close(anpred.test("m.onnx"), 1)
+
+def test_cli_option_set():
+    flat = _run(1)
+    assert {"--atol", "--rtol"} <= set(flat)
 ''')
+    (tmp_path / "case_helpers.py").write_text("from anpred.run import run_model\n\ndef build():\n    return run_model()\n")
+    (tmp_path / "plain_helpers.py").write_text("import numpy as np\n\ndef build():\n    return np.float32(0)\n")
     (tmp_path / "test_b.py").write_text(
         "import pytest\nimport torch\n\npytestmark = [pytest.mark.kernels]\n\n\ndef test_m():\n"
         "    assert torch.ones(1).item() > 0.5\n")
@@ -337,7 +405,9 @@ def test_count_is_not_a_measure():
     assert got == ["test_a.py::test_helper: bound at line 12", "test_a.py::test_fixture: bound at line 15",
                    "test_a.py::test_inline: bound at line 19", "test_a.py::test_no_reason: bound at line 33",
                    "test_a.py::test_exact: bound at line 45", "test_a.py::test_measure_against_int: bound at line 49",
-                   "test_a.py::test_reduction_against_name: bound at line 53"]
+                   "test_a.py::test_reduction_against_name: bound at line 53",
+                   "test_a.py::test_helper_module: bound at line 61",
+                   "test_a.py::test_subprocess: bound at line 70", "test_a.py::test_api_assert_close: bound at line 74"]
 
 
 def test_the_markers_are_registered_and_ci_runs_the_kernels_subset_emulated():

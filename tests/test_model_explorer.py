@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from isa_reasons import SAME_DATA
 
 from dashboard_runs import net_runs
 
@@ -28,6 +29,7 @@ def exported(tmp_path_factory):
     return runs, out
 
 
+@pytest.mark.isa_independent(SAME_DATA)
 def test_export_loads_in_model_explorer_and_names_the_culprit(exported):
     import dacite
     import onnx

