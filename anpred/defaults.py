@@ -121,6 +121,11 @@ MEMORY_BOUND_SHARE = 0.8
 #: a worker can grow past its bound for at most this long before it is killed; short, since one sample
 #: of a worker's process tree costs the driver little (overshoot and cost: docs/run.md, 'Memory bounds').
 MEMORY_POLL_S = 0.2
+#: Seconds of onnx2tf probes per model in the pre-run coverage of ``tf`` and ``litert``
+#: (:mod:`anpred.backends.tf_probe`), the probe worker's start (TensorFlow's import) included; nodes not
+#: probed within it are not refused (the run finds their failures). Not a verdict threshold: it bounds
+#: what the coverage may cost. Source and sensitivity: docs/backends-converters.md, "Pre-run coverage".
+ONNX2TF_PROBE_BUDGET_S = 60.0
 
 
 @dataclass
