@@ -13,7 +13,8 @@ not implemented``). Two ways to learn such limits without a hand-kept table:
   ``torch.fx`` graph is built; the cost is the converters' (weights copied into torch modules).
 - :class:`NodeProbe` converts a one-node model built from each node (its attributes; its constant
   inputs as initializers; its other inputs as graph inputs of the node's inferred type and shape) with
-  a converter that is a separate program (pnnx, :func:`anpred.backends.ncnn_probe.pnnx_probe`), caching each answer by
+  a converter that is a separate program or process (pnnx, :func:`anpred.backends.ncnn_probe.pnnx_probe`; onnx2tf
+  in one warm worker, :func:`anpred.backends.tf_probe.onnx2tf_probe`), caching each answer by
   the node's content (:func:`node_signature`: attributes, dtypes, ranks, small constants) under
   ``<cache>/coverage-probe/<tool>/``: a node of the same signature is never probed twice, in this model
   or another, while the converter's version is the same.

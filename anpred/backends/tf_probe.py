@@ -46,7 +46,7 @@ __all__ = ["ONNX2TF_NODE_BASIS", "Onnx2tfWorker", "onnx2tf_probe", "onnx2tf_refu
 ONNX2TF_NODE_BASIS = ("onnx2tf on a one-node model of each node, in one warm worker (what onnx2tf states: its "
                       "ERROR lines before sys.exit, NotImplementedError; cached by content)")
 #: the probe's own revision, part of every cache key (a change of what counts as a refusal asks anew)
-REVISION = "anpred.tf_probe/1"
+REVISION = "anpred.tf_probe/1"  # (bump when what counts as a refusal changes)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -83,8 +83,7 @@ def convert_alone(path: Path, scratch: Path, whole: bool = False) -> dict[str, s
     except SystemExit:
         out["refused"] = f"onnx2tf stops on this node: {_first_error(log.getvalue())}"
     except NotImplementedError as err:
-        text = _ANSI.sub("", str(err)).strip()
-        out["refused"] = f"NotImplementedError: {_first_line(text.removeprefix('ERROR:').strip())}"
+        out["refused"] = f"NotImplementedError: {_first_line(str(err))}"
     except Exception as err:  # noqa: BLE001 - not a stated limit (alone: the node may convert in its model)
         if isinstance(err, ModuleNotFoundError) and "OP is not yet implemented" in _ANSI.sub("", log.getvalue()):
             out["refused"] = _first_error(log.getvalue())
@@ -110,7 +109,9 @@ def _clear_session() -> None:
 
 
 def _first_line(text: str, limit: int = 240) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
+    """The first line of ``text`` (ANSI colours and onnx2tf's ``ERROR:`` prefix removed), cut at ``limit``."""
+    text = _ANSI.sub("", text).strip().removeprefix("ERROR:").strip()
+    line = text.splitlines()[0] if text else ""
     return line if len(line) <= limit else line[:limit] + " ..."
 
 
