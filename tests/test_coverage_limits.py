@@ -7,8 +7,11 @@ refusal is checked against the converter run on the whole model (no precheck: th
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -247,3 +250,76 @@ def test_a_node_that_crashes_pnnx_alone_but_vanishes_in_its_model_is_not_refused
     cubic = onnx.load(str(cubic_grid_model(tmp_path / "cubic.onnx")))
     assert not converts_whole(cubic)
     assert "GridSample" in NcnnBackend.refused_nodes(cubic)
+
+
+def dilated_pool_model(path):
+    """x[1, 2, 8, 8, 8] -> Conv 1x1x1 -> MaxPool(kernel 2, dilations 2, strides 2, 3-D) -> y: onnx2tf 1.29
+    refuses a dilated MaxPool with strides in 3-D (``ops/MaxPool.py`` raises ``NotImplementedError``)
+    and converts the Conv."""
+    w = np.random.default_rng(2).standard_normal((2, 2, 1, 1, 1)).astype(np.float32)
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             h.make_node("MaxPool", ["c"], ["y"], name="pool", kernel_shape=[2, 2, 2], dilations=[2, 2, 2],
+                         strides=[2, 2, 2])]
+    g = h.make_graph(nodes, "dilated_pool", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 8, 8, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 2, 3, 3, 3])], [nh.from_array(w, "w")])
+    return _save(g, 17, path)
+
+
+DILATED_POOL_REFUSAL = ("onnx2tf: NotImplementedError: Dilated MaxPool with strides is not supported for 3D and "
+                        "above for now. (node 'pool')")
+
+
+def test_onnx2tf_asked_node_by_node(tmp_path, monkeypatch):
+    """The coverage asks onnx2tf itself, node by node (a one-node model of each node converted in one
+    worker process): the dilated 3-D MaxPool is refused for ``tf`` and ``litert`` in onnx2tf's words, the
+    Conv is not; the answers are cached by the node's content (the second asking converts nothing)."""
+    from anpred.backends.coverage import unsupported_by
+    from anpred.backends.tf_probe import onnx2tf_probe
+
+    monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))
+    path = dilated_pool_model(tmp_path / "pool.onnx")
+    rows = unsupported_by(path, {"tf": "tf", "litert": "litert"})
+    for label in ("tf", "litert"):
+        assert rows[label]["ops"] == {"MaxPool": DILATED_POOL_REFUSAL}, rows[label]
+        assert rows[label]["nodes"] == ["MaxPool"] and rows[label]["node_basis"].startswith("onnx2tf on a one-node")
+    answers = {json.loads(f.read_text())["op"]: json.loads(f.read_text())["refused"]
+               for f in (tmp_path / "cache" / "coverage-probe" / "onnx2tf").glob("*.json")}
+    assert answers == {"Conv": "", "MaxPool": DILATED_POOL_REFUSAL.removeprefix("onnx2tf: ").removesuffix(
+        " (node 'pool')")}
+    probe = onnx2tf_probe()
+    assert probe.refusals(onnx.load(str(path))) == {"MaxPool": DILATED_POOL_REFUSAL}
+    assert probe.probed == 0 and probe.cached == 2 and probe.worker.proc is None  # no worker started
+
+
+@pytest.mark.slow
+def test_onnx2tf_refusal_agrees_with_the_run(tmp_path):
+    """The probe's refusal checked against the backend: run without the precheck, ``tf`` stops at the
+    MaxPool with the same words; with it, ``tf`` is not started (``unsupported``, the refusal named)."""
+    from anpred.run import run_model
+
+    path = dilated_pool_model(tmp_path / "pool.onnx")
+    (tmp_path / "in").mkdir()
+    x = np.random.default_rng(3).standard_normal((1, 2, 8, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "in" / "0000.npz", x=x)
+    st = run_model(path, ["tf"], tmp_path / "in", tmp_path / "run", progress=False, timeout_s=300,
+                   precheck=False).statuses()["tf"]
+    assert st.status in ("failed", "unsupported") and \
+        "Dilated MaxPool with strides is not supported for 3D and above" in st.reason, st.reason
+    st = run_model(path, ["ort", "tf"], tmp_path / "in", tmp_path / "run2", progress=False,
+                   timeout_s=300).statuses()
+    assert st["ort"].status == "ok"
+    assert st["tf"].status == "unsupported" and DILATED_POOL_REFUSAL in st["tf"].reason, st["tf"].reason
+
+
+def test_onnx2tf_nodes_not_probed_within_the_budget_are_not_refused(tmp_path, monkeypatch):
+    """With no time left (a budget of 0 s) no worker starts, no node is refused, every signature is
+    counted unprobed and nothing is cached (the next coverage asks again)."""
+    from anpred.backends.tf_probe import onnx2tf_probe, onnx2tf_refusals
+
+    monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))
+    model = onnx.load(str(dilated_pool_model(tmp_path / "pool.onnx")))
+    probe = onnx2tf_probe(budget_s=0.0)
+    assert probe.refusals(model) == {}
+    assert (probe.probed, probe.cached, probe.unprobed) == (0, 0, 2) and probe.worker.proc is None
+    assert not list((tmp_path / "cache" / "coverage-probe" / "onnx2tf").glob("*.json"))
+    assert onnx2tf_refusals(model, budget_s=0.0) == {}

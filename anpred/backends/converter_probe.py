@@ -13,7 +13,8 @@ not implemented``). Two ways to learn such limits without a hand-kept table:
   ``torch.fx`` graph is built; the cost is the converters' (weights copied into torch modules).
 - :class:`NodeProbe` converts a one-node model built from each node (its attributes; its constant
   inputs as initializers; its other inputs as graph inputs of the node's inferred type and shape) with
-  a converter that is a separate program (pnnx, :func:`anpred.backends.ncnn_probe.pnnx_probe`), caching each answer by
+  a converter that is a separate program or process (pnnx, :func:`anpred.backends.ncnn_probe.pnnx_probe`; onnx2tf
+  in one warm worker, :func:`anpred.backends.tf_probe.onnx2tf_probe`), caching each answer by
   the node's content (:func:`node_signature`: attributes, dtypes, ranks, small constants) under
   ``<cache>/coverage-probe/<tool>/``: a node of the same signature is never probed twice, in this model
   or another, while the converter's version is the same.
@@ -172,15 +173,16 @@ class NodeProbe:
     Args:
         tool: the cache folder's name (e.g. ``"pnnx"``).
         version: the converter's version (part of every key: another version is probed anew).
-        convert: ``(onnx model path, scratch folder) -> "" | reason``: runs the converter on one
-            one-node model; "" when it converts, else the converter's decisive line.
+        convert: ``(onnx model path, scratch folder) -> "" | reason | None``: runs the converter on one
+            one-node model; "" when it converts, else the converter's decisive line; None when it gave
+            no answer (out of time: counted in :attr:`unprobed`, not cached).
         budget_s: the most seconds of probing per model; nodes not probed within it are counted in
             :attr:`unprobed` (never refused).
         constants: probe ``Constant`` nodes too (a converter that refuses some of their attributes,
             e.g. TVM's ``value_float``); else they are the constant inputs of the others.
     """
 
-    def __init__(self, tool: str, version: str, convert: Callable[[Path, Path], str], budget_s: float,
+    def __init__(self, tool: str, version: str, convert: Callable[[Path, Path], str | None], budget_s: float,
                  constants: bool = False):
         self.tool, self.version, self.convert, self.budget_s = tool, version, convert, budget_s
         self.constants = constants
@@ -228,6 +230,9 @@ class NodeProbe:
                     paths.append(Path(tmp) / f"{key[:16]}.onnx")
                     save_model(one, paths[-1])
                 for (key, (n, _)), why in zip(batch, pool.map(lambda q: self.convert(q, Path(tmp)), paths)):
+                    if why is None:  # no answer (the converter ran out of the budget): not refused, not cached
+                        self.unprobed += 1
+                        continue
                     answers[key] = why
                     self.probed += 1
                     atomic_write_text(folder / f"{key}.json", json.dumps(

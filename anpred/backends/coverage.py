@@ -4,8 +4,9 @@ Each backend class answers :meth:`anpred.backends.base.Backend.unsupported_ops` 
 table (a converter's registry, a frontend's convert map, an operator folder), without converting or
 compiling the model, and :meth:`~anpred.backends.base.Backend.refused_nodes` below the operator name: the
 attribute, dtype and input limits its converter states, asked of the converter itself node by node
-(:mod:`anpred.backends.converter_probe`: onnx2torch's converters called on each node; pnnx run on a
-one-node model of each node, cached by the node's content) or the backend's own input rule (ncnn:
+(:mod:`anpred.backends.converter_probe`: onnx2torch's converters called on each node; pnnx, TVM's
+frontend and onnx2tf (:mod:`anpred.backends.tf_probe`) run on a one-node model of each node, cached by
+the node's content) or the backend's own input rule (ncnn:
 float32 and integer inputs only). :func:`precheck` asks every backend of a run in one child process
 (``python -m anpred.backends.coverage``), so that the libraries are imported there and not in the
 driver, and a library that crashes on import costs only the check (its backend is then "unknown").

@@ -74,6 +74,7 @@ import numpy as np
 from anpred.backends.base import AnchorCapture, Backend
 from anpred.backends.tf_dtypes import bfloat16_uses, feed, input_dtype, output_dtype_note, signature_dtypes
 from anpred.backends.tf_prepare import prepare_for_onnx2tf
+from anpred.backends.tf_probe import ONNX2TF_NODE_BASIS
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
 from anpred.onnx_io import elem_type_name
@@ -142,6 +143,14 @@ class TfOnnxBackend(Backend):
     @classmethod
     def unsupported_ops(cls, model) -> dict[str, str]:
         return onnx2tf_unsupported_ops(model)
+
+    node_basis = ONNX2TF_NODE_BASIS
+
+    @classmethod
+    def refused_nodes(cls, model) -> dict[str, str]:
+        from anpred.backends.tf_probe import onnx2tf_refusals  # (shared with litert)
+
+        return onnx2tf_refusals(model)
 
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)
