@@ -114,11 +114,9 @@ MEMORY_POLL_S = 0.2
 #: Seconds of onnx2tf probes per model in the pre-run coverage of ``tf`` and ``litert``
 #: (:mod:`anpred.backends.tf_probe`), the probe worker's start (TensorFlow's import) and a whole-model
 #: check included; nodes not probed within it are not refused (the run finds their failures). Not a
-#: verdict threshold: it bounds what the coverage may cost (as the pnnx and TVM probes' 30 s). Source
-#: (``benchmarks/bench_tf_probe.py``, docs/backends-converters.md "Pre-run coverage"): the worker starts
-#: in 2.4-4.5 s and converts a one-node model in 0.05-0.5 s (YOLOv8n's 62 node signatures: 8.3 s cold,
-#: 0.1 s from the cache). Sensitivity: 30 s covers about 200 new signatures on this 2-core machine; at
-#: 5 s YOLOv8n would be probed only in part (its unprobed nodes not refused, never a false refusal).
+#: verdict threshold: it bounds what the coverage may cost, as the pnnx budget does. Source and
+#: sensitivity (what the worker's start and one node cost, how much of a model a smaller budget probes):
+#: docs/backends-converters.md, 'Measurements: onnx2tf probe budget'.
 ONNX2TF_PROBE_BUDGET_S = 30.0
 
 

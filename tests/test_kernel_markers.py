@@ -396,7 +396,8 @@ def test_cli_option_set():
     flat = _run(1)
     assert {"--atol", "--rtol"} <= set(flat)
 ''')
-    (tmp_path / "case_helpers.py").write_text("from anpred.run import run_model\n\ndef build():\n    return run_model()\n")
+    (tmp_path / "case_helpers.py").write_text(
+        "from anpred.run import run_model\n\ndef build():\n    return run_model()\n")
     (tmp_path / "plain_helpers.py").write_text("import numpy as np\n\ndef build():\n    return np.float32(0)\n")
     (tmp_path / "test_b.py").write_text(
         "import pytest\nimport torch\n\npytestmark = [pytest.mark.kernels]\n\n\ndef test_m():\n"
