@@ -283,3 +283,40 @@ def test_an_empty_initializer_is_serialized(tmp_path):
     got = b.run({"x": xv})
     out = next(a.name for a in manifest.anchors if a.kind == "output")
     np.testing.assert_array_equal(got[out], np.maximum(xv, 0).repeat(2, axis=2).repeat(2, axis=3))
+
+
+def test_etdump_reads_an_operator_that_writes_tensors_of_several_shapes(tmp_path):
+    """Regression (yolov5n): ETDump logs a tensor-list output (``split_with_sizes_copy``) as one nested
+    list; its tensors of different shapes made ``np.asarray`` raise (``inhomogeneous shape``), and every
+    program holding such a split fell back to extra outputs. The split's second output (3 channels,
+    element 1 of the list) is read back from the debug buffer, bit-identical to the extra output."""
+    import torch
+
+    from anpred.backends.executorch import etdump_writers
+    from anpred.backends.executorch_etdump import EtdumpProgram
+    from anpred.backends.executorch_lower import EtProgram, lower
+
+    class Split(torch.nn.Module):
+        def __init__(self, anchored: bool):
+            super().__init__()
+            self.anchored = anchored
+
+        def forward(self, x):
+            a, b = torch.split(x, [2, 3], dim=1)  # two tensors of different shapes
+            y = torch.cat([a.sigmoid(), b * 2.0], 1)
+            return (b, y) if self.anchored else (y,)
+
+    x = torch.linspace(-2, 2, 40).reshape(1, 5, 8)
+    low = lower(torch.export.export(Split(True), (x,)), "portable", "anchored")
+    low0 = lower(torch.export.export(Split(False), (x,)), "portable", "bare")
+    writers = etdump_writers(low.report, low0.report, ["b", "y"])
+    assert isinstance(writers, dict), writers
+    assert writers["b"][1] == 1  # element 1 of the split's output list
+    assert "aten::split_with_sizes_copy" in low0.report["instructions"][writers["b"][0]]
+    tmp = tmp_path
+    (tmp / "a.pte").write_bytes(low.pte)
+    (tmp / "b.pte").write_bytes(low0.pte)
+    got = EtdumpProgram(tmp / "b.pte", writers, ["y"], low0.report["debug_buffer_bytes"]).run([x.numpy()])
+    b, y = EtProgram(tmp / "a.pte").run([x.numpy()])
+    assert got["b"].shape == (1, 3, 8) and got["b"].tobytes() == np.asarray(b).tobytes()
+    assert got["y"].tobytes() == np.asarray(y).tobytes()
