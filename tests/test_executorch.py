@@ -114,11 +114,13 @@ def test_pt2e_and_qdq_int8_members_form_separate_populations(root):
             for b, kind in [(INT8[0], "pt2e_program"), (QDQ[0], "int8_model")]}
     assert set(rep["populations"]) == keys
     for members in (INT8, QDQ):
+        key = next(k for k in keys if ("pt2e" in k) == (members is INT8))
         for b in members:
             assert st[b]["status"] == "ok" and st[b]["precision"] == "int8", (b, st[b]["reason"])
             v = rep["verdicts"][b]
             assert sorted(v["population"]) == sorted(members), (b, v["population"])
-            assert not v["flagged"] and not v["implementation"]["flagged"], b
+            # (its verdicts themselves depend on the CPU's int8 kernels: the test asserts who judges whom)
+            assert v["implementation"]["judged_against"] == f"{key} population", (b, v["implementation"])
             # the budget verdict's peers are the same program's members only
             budget = [c for c in rep["cells"] if c["backend"] == b and "population:" in c["basis"]]
             assert budget, b
@@ -126,7 +128,6 @@ def test_pt2e_and_qdq_int8_members_form_separate_populations(root):
                 peers = c["basis"].split("population: ")[1].split(";")[0]
                 assert not [o for o in INT8 + QDQ if o in peers and o not in members], (b, c["basis"])
         # both verdicts in the steps (scales) of the program the member ran, not the other program's
-        key = next(k for k in keys if ("pt2e" in k) == (members is INT8))
         for cells in (rep["cells"], rep["population_cells"][key]):
             got = [(c["backend"], c["anchor"], c["units"]["size"]) for c in cells
                    if c["backend"] in members and (c.get("units") or {}).get("unit") == "int8 step"]
