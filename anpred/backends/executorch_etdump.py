@@ -132,5 +132,18 @@ class EtdumpProgram:
                 if iid is None or not ev.debug_data or iid in logged:
                     continue
                 logged[iid] = [t.detach().clone().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
-                               for t in ev.debug_data]
+                               for t in _flat(ev.debug_data)]
         return logged
+
+
+def _flat(data) -> list[Any]:
+    """An event's ``debug_data`` as one list of tensors: an operator that writes a tensor list
+    (``split_with_sizes_copy``, ``unbind_copy``) logs it as one nested list, whose tensors may differ
+    in shape (yolov5n's head splits ``(1, 3, 40, 40, 85)`` into 2, 2 and 81 channels)."""
+    out: list[Any] = []
+    for t in data:
+        if isinstance(t, (list, tuple)):
+            out.extend(_flat(t))
+        else:
+            out.append(t)
+    return out

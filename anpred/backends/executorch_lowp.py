@@ -17,8 +17,9 @@ exported again. Its implementations, one population (``precision`` int8):
   dequantize -> operator -> quantize into its integer kernels (QS8/QC8W).
 
 ``*-int8-dynamic`` (``executorch-xnnpack-int8-dynamic``, ``torch-pt2e-int8-dynamic``): the dynamic
-per-channel scheme (activations quantized per call), a **different** program: run it without the
-static members (populations group by precision, :mod:`anpred.judge.populations`). Where XNNPACK cannot
+per-channel scheme (activations quantized per call), a **different** program: beside the static
+members (or the ONNX QDQ ones) it forms a population of its own, told apart by ``pt2e_program_sha256``
+(:mod:`anpred.judge.populations`). Where XNNPACK cannot
 lower it (measured: a Linear after a Conv in one program, ``Weight and Input should both be
 quantized``) the member fails with the operator named.
 

@@ -110,6 +110,9 @@ class Oracle:
         # (their implementation verdicts, :mod:`anpred.judge.populations`)
         self.population = population
         self.steps = dict(steps or {})  # anchor -> int8 quantization step (scale) in the QDQ model
+        # backend -> its own program's steps where the run's int8 members ran several programs
+        # (anpred.judge.populations: the QDQ model and a PT2E program quantize with other scales)
+        self.member_steps: dict[str, dict[str, float]] = {}
         # population oracles: anchor -> member -> its deviation from the fp32 consensus, set by
         # anpred.judge.populations before finish(): the precision's cost, a floor of the
         # implementation verdict (cost_for)
@@ -523,7 +526,7 @@ class Oracle:
                           if p != b and self.backends[p].votes and self.backends[p].family != info.family
                           and self.backends[p].family not in corr and self.backends[p].family not in losers]
                 prec = cell_precision(info.precision, a.dtype)
-                step = self._step(a)
+                step = self._step(a, b)
                 rms = math.sqrt(acc.cc / acc.n) if acc.n else None
                 extra: dict[str, Any] = {}
                 if info.votes and self.population is None and prec != "fp32" and prec != info.precision:
@@ -537,7 +540,8 @@ class Oracle:
                 else:
                     peers = voters if info.votes else \
                         [p for p in judged if p != b and not self.backends[p].votes
-                         and self.backends[p].precision == info.precision and self.backends[p].family != info.family]
+                         and self.backends[p].precision == info.precision and self.backends[p].family != info.family
+                         and self.backends[p].program == info.program]  # one program's population (populations.py)
                     measured = CellMeasures(step=step, rms=rms, cost=self.cost_for(a.name, b))
                     floor, basis = floor_and_basis(self.cfg, prec, a.stage, population=peers, measured=measured,
                                                    implementation=self.population is not None)
@@ -570,13 +574,15 @@ class Oracle:
         others = [v for b, v in self.costs.get(anchor, {}).items() if b != backend]
         return float(np.median(others)) if others else None
 
-    def _step(self, a: AnchorInfo) -> float | None:
+    def _step(self, a: AnchorInfo, backend: str | None = None) -> float | None:
         """int8 quantization step of anchor ``a`` (a part: its output's; an anchor without its own:
-        the nearest ancestor anchor's that has one, through the data flow when known)."""
+        the nearest ancestor anchor's that has one, through the data flow when known), in the program
+        ``backend`` ran where :attr:`member_steps` has it, else the run's."""
+        steps = self.member_steps.get(backend or "") or self.steps
         name = a.part_of or a.name
-        if name in self.steps:
-            return self.steps[name]
+        if name in steps:
+            return steps[name]
         if self.descendants is None:
             return None
-        ups = [x.name for x in self.anchors if x.name in self.steps and name in self.descendants.get(x.name, ())]
-        return self.steps[ups[-1]] if ups else None
+        ups = [x.name for x in self.anchors if x.name in steps and name in self.descendants.get(x.name, ())]
+        return steps[ups[-1]] if ups else None

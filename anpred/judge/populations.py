@@ -3,8 +3,11 @@
 Contract: :class:`PopulationOracle` has the interface of :class:`anpred.judge.consensus.Oracle`
 (:meth:`add` one aligned sample, :meth:`finish` an :class:`anpred.judge.struct.OracleResult`) and runs
 one fp32 oracle plus one oracle per *precision population*: the reduced-precision backends that
-computed the same reduced model (``precision`` int8, fp16, bf16 as read back from the run record),
-when at least two of them ran. Each reduced-precision backend then gets two verdicts:
+computed the same reduced model (``precision`` int8, fp16, bf16 as read back from the run record, and
+the program they ran, :func:`program_of`), when at least two of them ran. Members of one precision
+that ran different programs (the ONNX QDQ model of ``ort-int8`` and ExecuTorch's PT2E program: other
+observers, scales and granularity) are different populations, never judged against each other, and
+a note says so. Each reduced-precision backend then gets two verdicts:
 
 - **budget** (its main verdict, ``judged_against == "fp32 consensus"``): against the fp32 consensus,
   with the precision's cost *measured by its population* as the reference level (``k`` times the
@@ -28,6 +31,7 @@ falls back to the measured per-precision constant (the basis of each cell says w
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import numpy as np
@@ -37,17 +41,53 @@ from anpred.judge.consensus import Oracle
 from anpred.judge.scales import floor_basis_of
 from anpred.judge.struct import AnchorInfo, BackendInfo, OracleResult
 
-__all__ = ["PopulationOracle", "cost_warnings", "expected_scales", "populations_of", "precision_costs"]
+__all__ = ["PopulationOracle", "cost_warnings", "expected_scales", "populations_of", "precision_costs", "program_of",
+           "scheme_notes"]
+
+#: run-record entries (``versions()``) holding the sha256 of the reduced program a member ran:
+#: ``<kind>_model_sha256`` (the shared ONNX models of :mod:`anpred.backends.lowp_models`: ``int8_model``,
+#: ``fp16_model``) and ``<kind>_program_sha256`` (``pt2e_program``, :mod:`anpred.backends.executorch_lowp`)
+_PROGRAM_KEY = re.compile(r"^(\w+_(?:model|program))_sha256$")
+
+
+def program_of(versions: dict[str, Any] | None) -> str:
+    """The reduced program a population member ran, from its run record's ``versions``:
+    ``"<kind>:<first 12 hex digits of its sha256>"`` (e.g. ``pt2e_program:3f2a...``) of the first such
+    entry in key order (:data:`_PROGRAM_KEY`), "" when none is recorded (older runs, ``openvino-bf16``
+    which runs the fp32 model)."""
+    for k in sorted(versions or {}):
+        m = _PROGRAM_KEY.match(k)
+        if m and versions[k]:
+            return f"{m.group(1)}:{str(versions[k])[:12]}"
+    return ""
 
 
 def populations_of(backends: list[BackendInfo]) -> dict[str, list[BackendInfo]]:
-    """Reduced-precision backends (non-voting, precision other than fp32) grouped by precision, in
-    the given order: ``{"int8": [...], "fp16": [...]}``."""
-    out: dict[str, list[BackendInfo]] = {}
+    """Reduced-precision backends (non-voting, precision other than fp32) grouped by precision and
+    program (:attr:`BackendInfo.program`), in the given order. A precision whose members ran one
+    program is keyed by the precision (``{"int8": [...], "fp16": [...]}``); one whose members ran
+    several has one population per program, keyed ``"<precision> (<program>)"`` (e.g.
+    ``"int8 (int8_model:0a1b...)"`` and ``"int8 (pt2e_program:3f2a...)"``)."""
+    groups: dict[tuple[str, str], list[BackendInfo]] = {}
     for b in backends:
         if not b.votes and b.precision not in ("fp32", "fp64"):
-            out.setdefault(b.precision, []).append(b)
-    return out
+            groups.setdefault((b.precision, b.program), []).append(b)
+    count: dict[str, int] = {}
+    for p, _ in groups:
+        count[p] = count.get(p, 0) + 1
+    return {(p if count[p] == 1 else f"{p} ({prog or 'program not recorded'})"): members
+            for (p, prog), members in groups.items()}
+
+
+def scheme_notes(groups: dict[str, list[BackendInfo]]) -> list[str]:
+    """One warning per precision whose members ran different programs (``groups``: :func:`populations_of`):
+    they are judged as separate populations, each against its own program's cost."""
+    per: dict[str, list[str]] = {}
+    for key, members in groups.items():
+        per.setdefault(members[0].precision, []).append(f"{key}: {', '.join(m.name for m in members)}")
+    return [f"{p}: the run holds {len(keys)} different {p} programs (different quantization or conversion "
+            f"schemes), judged as separate populations, never one against the other: {'; '.join(keys)}"
+            for p, keys in per.items() if len(keys) > 1]
 
 
 class PopulationOracle:
@@ -74,10 +114,9 @@ class PopulationOracle:
         pop_cfg = dataclasses.replace(self.cfg, sustained_anchors=0, reservoir=0)  # (plots: the fp32 oracle's)
         for p, members in self.groups.items():
             if len(members) >= 2:
-                infos = [BackendInfo(name=b.name, family=b.family, precision=p, votes=True, requested=b.requested,
-                                     defects=b.defects) for b in members]
-                self.pops[p] = Oracle(anchors, infos, pop_cfg, seed=seed, descendants=descendants, population=p,
-                                      steps=steps)
+                infos = [dataclasses.replace(b, votes=True) for b in members]
+                self.pops[p] = Oracle(anchors, infos, pop_cfg, seed=seed, descendants=descendants,
+                                      population=members[0].precision, steps=steps)
 
     @property
     def samples(self) -> int:
@@ -99,9 +138,11 @@ class PopulationOracle:
         res = self.main.finish()
         for p, members in self.groups.items():
             if p not in self.pops:
-                res.notes.append(f"{p}: only {members[0].name} computed in {p}: no population to compare its "
+                what = members[0].precision if p == members[0].precision else f"this {members[0].precision} program"
+                res.notes.append(f"{p}: only {members[0].name} computed in {what}: no population to compare its "
                                  f"implementation with; its verdict against the fp32 consensus uses the constant "
-                                 f"{p} floor (docs/oracle.md)")
+                                 f"{members[0].precision} floor (docs/oracle.md)")
+        res.notes.extend(scheme_notes(self.groups))
         for p, oracle in self.pops.items():
             oracle.costs = precision_costs(res, [m.name for m in self.groups[p]])
             r = oracle.finish()
@@ -173,7 +214,8 @@ def expected_scales(main: Oracle, res: OracleResult) -> dict[str, dict[str, dict
     """Per anchor, each precision's expected error (nRMSE), measured on the run: ``fp32`` the median
     of the fp32 voters' deviation from a float64 execution of the model (``onnx-reference-fp64``, when
     it ran: :attr:`Oracle.fp64_error`); each reduced precision the median of its population's
-    deviation from the fp32 consensus (what the precision costs there)."""
+    deviation from the fp32 consensus (what the precision costs there), keyed as :func:`populations_of`
+    keys the populations (one entry per program where a precision's members ran several)."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     groups = populations_of(list(main.backends.values()))
     by = {(c.anchor, c.backend): c for c in res.cells}

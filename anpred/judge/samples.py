@@ -21,7 +21,7 @@ import numpy as np
 from anpred.defaults import OracleConfig
 from anpred.errors import JudgeError
 from anpred.align.rules import apply_rule
-from anpred.judge.populations import PopulationOracle
+from anpred.judge.populations import PopulationOracle, populations_of, program_of
 from anpred.judge.positions import DISTRIBUTION_POSITIONS, PositionSampler
 from anpred.run.positions import GATHERED_SUFFIX
 from anpred.judge.localize import DataFlow, run_dataflow
@@ -103,11 +103,19 @@ class SampleJudge:
                   for b in run.usable]
         for bi in binfos:  # known defects of its library that the model reaches (anpred.backends.reference_defects)
             bi.defects = (report.backends[bi.name].get("versions") or {}).get("reference_defects", "")
+            # the reduced program it ran: one population per program (anpred.judge.populations)
+            bi.program = program_of(report.backends[bi.name].get("versions"))
         self.binfos = binfos
         self.oracle = PopulationOracle(judged_anchors(store.manifest, flow.parts), binfos, cfg, reference=run.reference,
-                                       descendants=flow.descendants,
-                                       steps=quant_steps(store, run.usable, report.notes)) \
+                                       descendants=flow.descendants, steps=self._steps(store, binfos)) \
             if consensus else None
+        if self.oracle is not None:  # each population's natural units: the steps of the program its members ran
+            for key, members in self.oracle.groups.items():
+                steps = quant_steps(store, [m.name for m in members], report.notes)
+                if key in self.oracle.pops:
+                    self.oracle.pops[key].steps = steps
+                if key != members[0].precision:  # several programs of one precision: each member's own
+                    self.oracle.main.member_steps.update({m.name: steps for m in members})
         self.threshold = _threshold_check(run, binfos) if report.oracle in ("threshold", "both") else None
         self.aligner = run_aligner(store, run.usable)
         self.names = set(store.manifest.names())
@@ -117,6 +125,16 @@ class SampleJudge:
             # judged in full, intermediate anchors judged on K): its sort was the largest part of a
             # streamed page's judging (docs/task.md)
             self.oracle.main.distribution_k = min(positions, DISTRIBUTION_POSITIONS)
+
+    def _steps(self, store, binfos: list[BackendInfo]) -> dict[str, float]:
+        """The run's int8 quantization steps (:func:`quant_steps`); its note that they differ between
+        backends only where one program's members differ (several programs differ by design, and each
+        member is then given its own program's steps)."""
+        notes: list[str] = []
+        steps = quant_steps(store, self.run.usable, notes)
+        if all(key == members[0].precision for key, members in populations_of(binfos).items()):
+            self.run.report.notes.extend(notes)
+        return steps
 
     def add_store(self, store, ids: dict[str, str] | None = None, each=None) -> None:
         """Judge every sample of ``store`` (a run over the same model and backends); ``ids``: its

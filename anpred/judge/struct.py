@@ -65,6 +65,10 @@ class BackendInfo:
     # ``versions["reference_defects"]``); such a backend is the consensus reference only when no
     # other candidate is left
     defects: str = ""
+    # the reduced-precision program a population member ran (:func:`anpred.judge.populations.program_of`,
+    # e.g. ``int8_model:<sha256 prefix>`` the ONNX QDQ model, ``pt2e_program:...`` ExecuTorch's PT2E one);
+    # members of one precision that ran different programs form different populations; "" unknown
+    program: str = ""
 
     @classmethod
     def make(cls, name: str, family: str | None = None, precision: str | None = None,

@@ -186,6 +186,8 @@ def _populations(report, primary: str) -> list[str]:
 def _scales(report) -> list[str]:
     scales = getattr(report, "scales", None) or {}
     precs = [p for p in ("fp32", "fp16", "bf16", "int8") if any(p in v for v in scales.values())]
+    # a precision whose members ran several programs: one column per program's population (populations_of)
+    precs += sorted({k for v in scales.values() for k in v} - set(precs))
     if not precs:
         return []
     e = html.escape

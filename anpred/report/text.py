@@ -86,15 +86,17 @@ def _scale_lines(report) -> list[str]:
     """Each anchor's expected error per precision, measured on the run (``report.scales``)."""
     scales = getattr(report, "scales", None) or {}
     precs = [p for p in ("fp32", "fp16", "bf16", "int8") if any(p in v for v in scales.values())]
+    # a precision whose members ran several programs: one column per program's population (populations_of)
+    precs += sorted({k for v in scales.values() for k in v} - set(precs))
     if not precs:
         return []
     w = max(len(a) for a in scales) + 2
     out = ["", "expected error per anchor and precision (nRMSE measured on this run; fp32: the voters against a "
            "float64 execution; reduced precisions: the population's median against the fp32 consensus):",
-           "  " + f"{'anchor':<{w}}" + "".join(f"{p:>10}" for p in precs)]
+           "  " + f"{'anchor':<{w}}" + "".join(f"{p:>{max(10, len(p) + 2)}}" for p in precs)]
     for a, per in scales.items():
-        out.append("  " + f"{a:<{w}}" + "".join(f"{_g(per[p]['expected'], '.2e') if p in per else '-':>10}"
-                                                for p in precs))
+        out.append("  " + f"{a:<{w}}" + "".join(
+            f"{_g(per[p]['expected'], '.2e') if p in per else '-':>{max(10, len(p) + 2)}}" for p in precs))
     return out
 
 
