@@ -236,15 +236,16 @@ def attention_model(path):
 def test_a_node_that_crashes_pnnx_alone_but_vanishes_in_its_model_is_not_refused(tmp_path, monkeypatch):
     """A new user's attention block: a node of its head arithmetic crashes pnnx alone (signal), so the
     coverage refused ncnn, while pnnx converts the whole model (the block becomes one MultiHeadAttention
-    layer). A crash alone is now checked on the whole model; the cubic GridSample, which crashes the
-    whole conversion too, stays refused."""
+    layer). The Mod reads two constants only: it is folded in its model and no longer asked at all
+    (tests below); a crash alone is still checked on the whole model, and the cubic GridSample, which
+    crashes the whole conversion too, stays refused."""
     from anpred.backends.ncnn_pnnx import NcnnBackend
     from anpred.backends.ncnn_probe import converts_whole, pnnx_probe
 
     monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))
     m = onnx.load(str(attention_model(tmp_path / "attn.onnx")))
     alone = pnnx_probe().refusals(m)
-    assert list(alone) == ["Mod"] and "crashed on this node alone" in alone["Mod"], alone
+    assert alone == {}, alone
     assert converts_whole(m)
     assert NcnnBackend.refused_nodes(m) == {}, alone
     cubic = onnx.load(str(cubic_grid_model(tmp_path / "cubic.onnx")))
@@ -294,17 +295,24 @@ def test_onnx2tf_asked_node_by_node(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_onnx2tf_refusal_agrees_with_the_run(tmp_path):
     """The probe's refusal checked against the backend: run without the precheck, ``tf`` stops at the
-    MaxPool with the same words; with it, ``tf`` is not started (``unsupported``, the refusal named)."""
+    MaxPool with the same words (no terminal colour codes), and ``litert``, which shares its onnx2tf
+    conversion, fails at once with that reason instead of converting again; with the precheck, ``tf`` is
+    not started (``unsupported``, the refusal named)."""
     from anpred.run import run_model
 
     path = dilated_pool_model(tmp_path / "pool.onnx")
     (tmp_path / "in").mkdir()
     x = np.random.default_rng(3).standard_normal((1, 2, 8, 8, 8)).astype(np.float32)
     np.savez(tmp_path / "in" / "0000.npz", x=x)
-    st = run_model(path, ["tf"], tmp_path / "in", tmp_path / "run", progress=False, timeout_s=300,
-                   precheck=False).statuses()["tf"]
+    both = run_model(path, ["tf", "litert"], tmp_path / "in", tmp_path / "run", progress=False, timeout_s=300,
+                     precheck=False).statuses()
+    st = both["tf"]
     assert st.status in ("failed", "unsupported") and \
         "Dilated MaxPool with strides is not supported for 3D and above" in st.reason, st.reason
+    assert "\x1b[" not in st.reason, st.reason
+    lite = both["litert"]
+    assert lite.status == st.status and "the onnx2tf conversion failed once for the tf and litert population in this " \
+        "run (in tf: " in lite.reason and lite.reason.endswith("not tried again"), lite.reason
     st = run_model(path, ["ort", "tf"], tmp_path / "in", tmp_path / "run2", progress=False,
                    timeout_s=300).statuses()
     assert st["ort"].status == "ok"
@@ -323,3 +331,25 @@ def test_onnx2tf_nodes_not_probed_within_the_budget_are_not_refused(tmp_path, mo
     assert (probe.probed, probe.cached, probe.unprobed) == (0, 0, 2) and probe.worker.proc is None
     assert not list((tmp_path / "cache" / "coverage-probe" / "onnx2tf").glob("*.json"))
     assert onnx2tf_refusals(model, budget_s=0.0) == {}
+
+
+def test_a_node_of_constants_only_is_not_probed(tmp_path, monkeypatch):
+    """A review's false refusal: ONNX's expanded LayerNormalization casts a ``Constant`` (its epsilon);
+    pnnx alone keeps that Cast as a ``pnnx.Expression`` ncnn does not know, so the coverage refused ncnn,
+    while the whole model converts (the Cast folded) and runs. A node whose every input is a constant is
+    folded in its model and is not probed."""
+    from anpred.backends.ncnn_pnnx import NcnnBackend
+    from anpred.backends.ncnn_probe import pnnx_probe
+
+    monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))
+    eps = h.make_node("Constant", [], ["eps"], value=nh.from_array(np.array(1e-5, np.float64)))
+    cast = h.make_node("Cast", ["eps"], ["eps32"], to=T.FLOAT, name="eps_cast")
+    relu = h.make_node("Relu", ["x"], ["r"], name="relu")
+    add = h.make_node("Add", ["r", "eps32"], ["y"], name="add")
+    g = h.make_graph([eps, cast, relu, add], "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4])])
+    m = onnx.load(str(_save(g, 17, tmp_path / "eps.onnx")))
+    probe = pnnx_probe()
+    # asked: the Relu; not the Cast (constants only) nor the Add (it reads a value computed from constants)
+    assert [n.name for n, _, _ in probe._keyed(m)] == ["relu"]  # noqa: SLF001 - which nodes are asked
+    assert probe.refusals(m) == {} and NcnnBackend.refused_nodes(m) == {}

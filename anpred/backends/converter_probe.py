@@ -244,7 +244,10 @@ class NodeProbe:
     def _keyed(self, model) -> list[tuple[Any, str, Any]]:
         """``[(node, content key, one-node model)]`` for the nodes of ``model`` a probe can ask: not
         ``Constant``, every input static and none computed from constants or shapes (folded in the
-        model: alone it would be a graph input the converter may refuse for that reason only)."""
+        model: alone it would be a graph input the converter may refuse for that reason only), and not
+        every input a constant (a node of constants only is folded in the model, where alone a converter
+        may keep it as an expression it cannot lower: pnnx's ``pnnx.Expression`` for a ``Cast`` of a
+        ``Constant``, which ncnn does not know)."""
         from passes.graph import build_index
         from passes.shapes import infer_value_types
 
@@ -260,6 +263,8 @@ class NodeProbe:
             if (n.op_type == "Constant" and not self.constants) or \
                     any(v and v not in consts and not index.is_data(v) for v in n.input):
                 continue
+            if n.op_type != "Constant" and any(n.input) and all(v in consts for v in n.input if v):
+                continue  # constants only: folded in the model
             one, sig = one_node_model(model, n, types, consts)
             if one is not None:
                 out.append((n, hashlib.sha256(f"{self.version}\0{node_signature(n, sig, opset)}".encode()).hexdigest(),

@@ -227,7 +227,7 @@ class TfOnnxBackend(Backend):
             raise
         except Exception as err:
             raise BackendError(f"onnx2tf failed on {model_path.name}{_failed_op(log.getvalue(), prep['node_names'])}: "
-                               f"{type(err).__name__}: {_first_line(str(err))}") from err
+                               f"{type(err).__name__}: {_first_line(_ANSI.sub('', str(err)))}") from err
         if km is None:
             raise BackendError(f"onnx2tf returned no model for {model_path.name}: {_errors(log.getvalue())}")
         seconds = time.perf_counter() - t0
@@ -276,7 +276,8 @@ class TfOnnxBackend(Backend):
     def _prepare_impl(self, model_path: Path, manifest: AnchorManifest, workdir: Path) -> None:
         import importlib.metadata as md
 
-        from anpred.cache import cache_key, cache_root, cached_dir
+        from anpred.backends.shared import shared_cached_dir
+        from anpred.cache import cache_key, cache_root
 
         from anpred.onnx_io import load_model
 
@@ -301,7 +302,9 @@ class TfOnnxBackend(Backend):
         self.conversion_key = key
         t0 = time.perf_counter()
         self.cache_hit = (cache_root() / "onnx2tf" / key).is_dir()
-        self.cache_dir = cached_dir("onnx2tf", key, lambda tmp: self._convert(model_path, tmp, fixed))
+        # one onnx2tf conversion for tf and litert, attempted once per run (a failure or a hang is not paid twice)
+        self.cache_dir = shared_cached_dir("onnx2tf", key, lambda tmp: self._convert(model_path, tmp, fixed),
+                                           "the onnx2tf conversion", "tf and litert")
         self._meta = json.loads((self.cache_dir / "meta.json").read_text())
         self.seconds_convert = 0.0 if self.cache_hit else time.perf_counter() - t0
 
