@@ -5,6 +5,8 @@ model) and :func:`format_standing` (where each backend stands, one column per mo
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -145,6 +147,23 @@ class DemoResult:
         return next((s for s in ("error", "flagged", "incomplete") if s in statuses), "consistent")
 
 
+#: characters of a backend's standing in the table (the full reason is in the report and run.json)
+STANDING_WIDTH = 100
+# the coverage's refusal, "not run: the pre-run coverage found N operator(s) ... (how it asked): OPS": the
+# operators first (anpred.backends.coverage.refusal)
+_REFUSAL = re.compile(r"not run: the (?:pre-run coverage found \d+ operator\(s\) or input\(s\) it refuses \(.*?\)"
+                      r"|model uses \d+ operator\(s\) missing from its .*? \(pre-run coverage\)): ")
+
+
+def _cell(backend: str, standing: str) -> str:
+    """``standing`` shortened to :data:`STANDING_WIDTH` with what a reader acts on first: the refused
+    operators of a coverage refusal, a failure's reason without the exception class and the backend's
+    own name repeated (``failed: prepare: pnnx could not lower ...``)."""
+    text = _REFUSAL.sub("refused by the pre-run coverage: ", standing)
+    text = re.sub(r"\b(BackendError|AnpredError|RuntimeError): ", "", text).replace(f": {backend}: ", ": ")
+    return text if len(text) <= STANDING_WIDTH else text[:STANDING_WIDTH - 3] + "..."
+
+
 def format_standing(results: Iterable[TestResult]) -> str:
     """Where each backend stands, one row per backend and one column per model."""
     results = list(results)
@@ -153,7 +172,7 @@ def format_standing(results: Iterable[TestResult]) -> str:
         backends += [b for b in r.backends if b not in backends]
     rows = [["backend"] + [r.model for r in results]]
     for b in backends:
-        rows.append([b] + [(r.standing().get(b) or "-")[:70] for r in results])
+        rows.append([b] + [_cell(b, r.standing().get(b) or "-") for r in results])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
