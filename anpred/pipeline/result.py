@@ -155,7 +155,7 @@ _REFUSAL = re.compile(r"not run: the (?:pre-run coverage found \d+ operator\(s\)
                       r"|model uses \d+ operator\(s\) missing from its .*? \(pre-run coverage\)): ")
 
 
-def _cell(backend: str, standing: str) -> str:
+def standing_cell(backend: str, standing: str) -> str:
     """``standing`` shortened to :data:`STANDING_WIDTH` with what a reader acts on first: the refused
     operators of a coverage refusal, a failure's reason without the exception class and the backend's
     own name repeated (``failed: prepare: pnnx could not lower ...``)."""
@@ -172,7 +172,7 @@ def format_standing(results: Iterable[TestResult]) -> str:
         backends += [b for b in r.backends if b not in backends]
     rows = [["backend"] + [r.model for r in results]]
     for b in backends:
-        rows.append([b] + [_cell(b, r.standing().get(b) or "-") for r in results])
+        rows.append([b] + [standing_cell(b, r.standing().get(b) or "-") for r in results])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
