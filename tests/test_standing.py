@@ -13,8 +13,8 @@ def test_a_coverage_refusal_shows_the_operators_first():
     cell = standing_cell("torch", "unsupported: " + refusal(row))
     assert cell.startswith("unsupported: refused by the pre-run coverage: GridSample: onnx2torch has no converter")
     assert len(cell) <= STANDING_WIDTH
-    table = standing_cell("openvino", "unsupported: " + refusal({"ops": {"Foo": ""}, "basis": "OpenVINO's ONNX frontend"}))
-    assert table == "unsupported: refused by the pre-run coverage: Foo"
+    row = {"ops": {"Foo": ""}, "basis": "OpenVINO's ONNX frontend"}
+    assert standing_cell("openvino", "unsupported: " + refusal(row)) == "unsupported: refused by the pre-run coverage: Foo"
 
 
 def test_a_failure_drops_the_exception_class_and_the_repeated_backend_name():
