@@ -14,7 +14,8 @@ def test_a_coverage_refusal_shows_the_operators_first():
     assert cell.startswith("unsupported: refused by the pre-run coverage: GridSample: onnx2torch has no converter")
     assert len(cell) <= STANDING_WIDTH
     row = {"ops": {"Foo": ""}, "basis": "OpenVINO's ONNX frontend"}
-    assert standing_cell("openvino", "unsupported: " + refusal(row)) == "unsupported: refused by the pre-run coverage: Foo"
+    want = "unsupported: refused by the pre-run coverage: Foo"
+    assert standing_cell("openvino", "unsupported: " + refusal(row)) == want
 
 
 def test_a_failure_drops_the_exception_class_and_the_repeated_backend_name():
