@@ -138,15 +138,10 @@ def torch_recurrent_net(path: Path):
     return onnx.load(str(path))
 
 
-def misc_net():
-    """Pooling, multi-output heads, integer inputs and control flow in one opset-17 graph (one
-    conversion per converter). Inputs: img uint8 (1, 3, 9, 10), tok int64 (1, 7), cnt int32 (1, 5),
-    v float32 (2, 4). 18 graph outputs."""
-    import onnx
-    from onnx import TensorProto as TP, helper, numpy_helper
+def _misc_initializers(rng) -> list:
+    """The initializers of :func:`misc_net` (weights drawn from ``rng`` in this order)."""
+    from onnx import numpy_helper
 
-    rng = np.random.default_rng(0)
-    N = helper.make_node
     arr = numpy_helper.from_array
     inits = [arr(rng.normal(0, .02, (4, 3, 3, 3)).astype(np.float32), "w1"),
              arr(rng.normal(0, .3, (2, 4, 1, 1)).astype(np.float32), "w_cls"),
@@ -157,7 +152,17 @@ def misc_net():
              arr(rng.normal(0, .5, (4, 4)).astype(np.float32), "wv"),
              arr(np.array(0, np.float32), "zero"), arr(np.array(3, np.int64), "M"),
              arr(np.array(True), "true"), arr(np.array([True]), "const_cond")]
-    pools = [
+    return inits
+
+
+def _misc_pools() -> list:
+    """The pooling nodes of :func:`misc_net` on ``fr`` (each its own graph output): global max and Lp,
+    Lp, max and average pooling with SAME_UPPER/SAME_LOWER padding, ceil mode, count_include_pad and
+    asymmetric pads."""
+    from onnx import helper
+
+    N = helper.make_node
+    return [
         N("GlobalMaxPool", ["fr"], ["gmp"], name="gmp"),
         N("GlobalLpPool", ["fr"], ["glp"], name="glp", p=2),
         N("LpPool", ["fr"], ["lp"], name="lp", kernel_shape=[2, 2], strides=[2, 2], p=2),
@@ -173,6 +178,14 @@ def misc_net():
           pads=[1, 1, 1, 1], ceil_mode=1, count_include_pad=1),
         N("AveragePool", ["fr"], ["ap_asym"], name="ap_asym", kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 0]),
     ]
+
+
+def _misc_subgraphs() -> tuple:
+    """``(then, else, constant then, constant else, loop body)`` graphs of :func:`misc_net`'s two ``If``
+    and its ``Loop`` (over the outer values ``a`` and ``wv``)."""
+    from onnx import TensorProto as TP, helper
+
+    N = helper.make_node
     then_g = helper.make_graph([N("MatMul", ["a", "wv"], ["t_out"], name="then_mm")], "then", [],
                                [helper.make_tensor_value_info("t_out", TP.FLOAT, [2, 4])])
     else_g = helper.make_graph([N("Neg", ["a"], ["e_neg"], name="else_neg"),
@@ -191,6 +204,21 @@ def misc_net():
         [helper.make_tensor_value_info("cond_out", TP.BOOL, []),
          helper.make_tensor_value_info("v_out", TP.FLOAT, [2, 4]),
          helper.make_tensor_value_info("row_max", TP.FLOAT, [2])])
+    return then_g, else_g, const_then, const_else, body
+
+
+def misc_net():
+    """Pooling, multi-output heads, integer inputs and control flow in one opset-17 graph (one
+    conversion per converter). Inputs: img uint8 (1, 3, 9, 10), tok int64 (1, 7), cnt int32 (1, 5),
+    v float32 (2, 4). 18 graph outputs."""
+    import onnx
+    from onnx import TensorProto as TP, helper
+
+    rng = np.random.default_rng(0)
+    N = helper.make_node
+    inits = _misc_initializers(rng)
+    pools = _misc_pools()
+    then_g, else_g, const_then, const_else, body = _misc_subgraphs()
     nodes = [
         N("Cast", ["img"], ["imgf"], name="cast_img", to=TP.FLOAT),
         N("Conv", ["imgf", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),

@@ -311,24 +311,13 @@ class StagePartitioner:
             picks = policy.choose(blend, penalties(cands), 1.0, K)
             chosen = [cands[k] for k in picks]
             notes += wide.notes(chosen)
-        if K < wanted:
-            what = f"asked for {wanted} stages" if self.stages is not None else f"automatic choice: {wanted} stages"
-            wider = (f" (and {len(cands) - narrow_count} wider ones inside long blocks)"
-                     if len(cands) > narrow_count else "")
-            notes.insert(0, f"{what}, but the graph has only {narrow_count} admissible cuts of width <= "
-                         f"{self.max_cut_width}{wider}, so {K} stages" +
-                         (" (a larger --max-cut-width allows more)" if self.max_cut_width < 8 else ""))
-        elif self.stages is None and wanted < DEFAULT_STAGES and K < len(cands) + 1:
-            notes.insert(0, _small_graph_note(wanted, live_data, len(cands)))
+        count_note = self._stage_count_note(wanted, K, narrow_count, len(cands), live_data)
+        if count_note:
+            notes.insert(0, count_note)
         chosen = [(p, sorted(c, key=lambda v: (index.producer[v], v))) for p, c in chosen]
         stages = _stages(chosen, n, prefix, total, index.graph_outputs)
         if K > 1 and total > 0:
-            cand_pos = [p for p, _ in cands]
-            for st in stages:  # a stage far over its share that no admissible cut could split (one node: none can)
-                if st.last > st.first and st.cost > max(2.0 / K, 0.2) * total and \
-                        bisect.bisect_left(cand_pos, st.first) == bisect.bisect_left(cand_pos, st.last):
-                    notes.append(f"stage {st.index} carries {100 * st.cost / total:.0f}% of the cost: no admissible "
-                                 f"cut of width <= {self.max_cut_width} lies inside it (nodes {st.first}..{st.last})")
+            notes.extend(self._heavy_stage_notes(stages, [p for p, _ in cands], K, total))
         inner, outs = _plan_anchors(index, stages, chosen, self.anchors, types, module_output_scope, framework)
 
         return Partition(
@@ -340,3 +329,29 @@ class StagePartitioner:
             framework=framework, cost_unit=cost_unit, total_cost=total, num_nodes=n, candidates=narrow_count,
             node_order=list(index.file_index),
             value_names=set(index.producer) | set(index.graph_inputs) | index.initializers)
+
+    def _stage_count_note(self, wanted: int, K: int, narrow_count: int, n_cands: int, live_data: int) -> str:
+        """Why the partition has fewer stages than ``wanted`` (``K`` chosen from ``narrow_count``
+        admissible cuts, ``n_cands`` with the wider ones; ``live_data``: the live data nodes), or why the
+        automatic choice took fewer than the default on a small graph; "" when neither."""
+        if K < wanted:
+            what = f"asked for {wanted} stages" if self.stages is not None else f"automatic choice: {wanted} stages"
+            wider = (f" (and {n_cands - narrow_count} wider ones inside long blocks)"
+                     if n_cands > narrow_count else "")
+            return (f"{what}, but the graph has only {narrow_count} admissible cuts of width <= "
+                    f"{self.max_cut_width}{wider}, so {K} stages" +
+                    (" (a larger --max-cut-width allows more)" if self.max_cut_width < 8 else ""))
+        if self.stages is None and wanted < DEFAULT_STAGES and K < n_cands + 1:
+            return _small_graph_note(wanted, live_data, n_cands)
+        return ""
+
+    def _heavy_stage_notes(self, stages, cand_pos: list[int], K: int, total: float) -> list[str]:
+        """A note per stage far over its share of the cost (``K`` stages, ``total`` cost) that no admissible
+        cut (at the positions ``cand_pos``, sorted) could split."""
+        notes = []
+        for st in stages:  # a stage far over its share that no admissible cut could split (one node: none can)
+            if st.last > st.first and st.cost > max(2.0 / K, 0.2) * total and \
+                    bisect.bisect_left(cand_pos, st.first) == bisect.bisect_left(cand_pos, st.last):
+                notes.append(f"stage {st.index} carries {100 * st.cost / total:.0f}% of the cost: no admissible "
+                             f"cut of width <= {self.max_cut_width} lies inside it (nodes {st.first}..{st.last})")
+        return notes

@@ -2,8 +2,13 @@
 ``unsupported: not run: the pre-run coverage found 2 operator(s) or inpu`` and ``ncnn failed: prepare:
 BackendError: ncnn: pnnx could not lower ONNX op(s) T``, cut before the operator)."""
 
+import pytest
+from isa_reasons import NOT_A_KERNEL_VALUE
+
 from anpred.backends.coverage import refusal
 from anpred.pipeline.result import STANDING_WIDTH, standing_cell
+
+pytestmark = [pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)]  # text lengths, no runtime runs
 
 
 def test_a_coverage_refusal_shows_the_operators_first():

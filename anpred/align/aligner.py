@@ -43,6 +43,7 @@ a wrong tensor matches nothing and stays as it is (different), so the oracle see
 accepted segment order is recorded with ``source="data"`` and listed by
 :attr:`AlignmentReport.segments_by_data` (``anpred check`` adds a note per anchor and backend).
 
+Steps 1 to 5 are :func:`anpred.align.known_rules.decide_known`.
 Distances are normalised errors (:func:`anpred.align.distance.normalized_error`), rules are those of
 :mod:`anpred.align.rules`, shape candidates come from :mod:`anpred.align.shapes`, segment orders from
 :func:`anpred.align.segments.find_segment_permutation`; the results are the types of
@@ -61,19 +62,15 @@ import numpy as np
 from anpred.align.backend_info import (NATIVE_BACKENDS, ONNX_FAMILIES, ONNX_GRAPH_BACKENDS, anchor_capture,
                                        anchor_dtype, returns_onnx_layout)
 from anpred.align.distance import normalized_error
-from anpred.align.rules import AlignmentError, apply_rule, describe_rule, layout_permutation, validate_rule
+from anpred.align.known_rules import Unaligned, decide_known, no_fit_reason
+from anpred.align.rules import AlignmentError, apply_rule, describe_rule, validate_rule
 from anpred.align.segments import SEGMENT_MAX_BLOCKS, channel_axis, find_segment_permutation
-from anpred.align.shapes import fit_rule, shape_candidates
 from anpred.align.struct import AlignedSample, AlignmentDecision, AlignmentReport, UnalignedEntry
 from anpred.backends.base import BackendStatus
 from anpred.errors import AnpredError
 from anpred.manifest import Anchor, AnchorManifest
 
 __all__ = ["Aligner"]
-
-
-class _Unaligned(Exception):
-    """Internal: this (anchor, backend) cannot be aligned; the message is the reason (with shapes)."""
 
 
 class Aligner:
@@ -214,11 +211,11 @@ class Aligner:
             if dec is None:
                 try:
                     dec, cands = self._decide_known(anchor, b, np.asarray(x), cs)
-                except _Unaligned as why:
+                except Unaligned as why:
                     unal[b] = (str(why), x, cs)
                     continue
                 if dec is None and cands is None:
-                    unal[b] = (self._no_fit_reason(anchor, x, cs), x, cs)
+                    unal[b] = (no_fit_reason(anchor, x, cs), x, cs)
                     continue
                 if dec is None:
                     pending[b] = cands
@@ -371,100 +368,11 @@ class Aligner:
     # ---- decisions ------------------------------------------------------------------------------
     def _decide_known(self, anchor: Anchor, b: str, x: np.ndarray, cs: tuple[int, ...]):
         """Return ``(decision, None)`` when known rules or the shape decide, ``(None, candidates)`` when
-        the data must decide, ``(None, None)`` when nothing fits."""
-        st = self.statuses.get(b)
-        cap = anchor_capture((st.captures or {}).get(anchor.name) if st else None)
-        dt = anchor_dtype(x, st, anchor.name)
-        base: dict[str, Any] = {}
-        notes = []
-        if dt == "bfloat16" or (x.dtype.type is np.void and x.dtype.itemsize == 2):
-            base["cast"] = "bfloat16"
-        elif x.dtype.kind == "f" and x.dtype.itemsize < 4:
-            base["cast"] = str(x.dtype)
-
-        def make(rule, source, detail):
-            return AlignmentDecision(anchor=anchor.name, backend=b, rule=rule, source=source, detail=detail,
-                                     backend_shape=list(x.shape), canonical_shape=list(cs), backend_dtype=dt)
-
-        known: list[tuple[dict[str, Any], str, str]] = []
-        pin = self._pins.get((anchor.name, b))
-        if pin is not None:
-            known.append((pin, "manifest", "pinned in the manifest"))
-        if cap.transform:
-            known.append((validate_rule(cap.transform, f"capture {anchor.name}/{b}"), "capture",
-                          f"reported by the backend ({cap.layout or 'layout not given'})"))
-        needs_dq = x.dtype.kind in "iu" and _is_float_dtype(anchor.dtype)
-        if pin is None and not cap.transform and not needs_dq and returns_onnx_layout(b, st):
-            # the ONNX shape exactly at the model's outputs: a batch of 1 added or dropped is another output
-            # than the graph's. At an inner anchor (a tensor exposed by the instrumentation, not an output
-            # of the user's model) unit axes added or dropped keep the elements in their order (MNN returns
-            # a Gemm's [N, C] as the [N, C, 1, 1] of the convolution it runs): reshaped, said so
-            if tuple(x.shape) != tuple(cs) and getattr(anchor, "kind", "output") != "output" \
-                    and _unit_axes_only(x.shape, cs):
-                return make({**base, "reshape": True}, "onnx-graph",
-                            f"executes the ONNX graph; its tensor at this inner anchor has unit axes added or "
-                            f"dropped ({list(x.shape)} for {list(cs)}, the same elements in the same order)"), None
-            if tuple(x.shape) != tuple(cs):
-                raise _Unaligned(f"wrong shape: {b} executes the ONNX graph in its layout and returned shape "
-                                 f"{list(x.shape)} ({x.size} elements) for the ONNX shape {list(cs)} "
-                                 f"({math.prod(cs)} elements)")
-            return make(dict(base), "onnx-graph", "executes the ONNX graph: the ONNX layout by definition"), None
-        nat = (anchor.native or {}).get(b) or {}
-        if nat.get("transform"):
-            known.append((validate_rule(nat["transform"], f"native mapping {anchor.name}/{b}"), "native",
-                          f"native mapping to {nat.get('target', '?')}"))
-        lay_b = (cap.layout or "").upper()
-        lay_c = (anchor.layout or "").upper()
-        if lay_b and lay_b != "UNKNOWN" and lay_c and lay_c != "UNKNOWN":
-            p = layout_permutation(lay_b, lay_c)
-            if p is not None:
-                r = {} if p == list(range(len(p))) else {"permute": p}
-                known.append((r, "layout", f"backend layout {lay_b}, canonical {lay_c}"))
-        # quantized data needs a scale; an integer anchor of the ONNX graph is compared as it is (needs_dq)
-        for rule, source, detail in known:
-            if "exclude" in rule:
-                return make(rule, source, detail), None
-            rule = {**base, **rule} if "cast" not in rule else dict(rule)
-            if needs_dq and "dequantize" not in rule:
-                if source == "manifest":
-                    raise _Unaligned(f"manifest pin '{describe_rule(rule)}' cannot be applied: "
-                                     f"{x.dtype} tensor of shape "
-                                     f"{list(x.shape)} for a {anchor.dtype} anchor and no 'dequantize' in the pin")
-                notes.append(f"{source} rule ignored: integer tensor without scale/zero point")
-                continue
-            fitted = fit_rule(rule, x.shape, cs)
-            if fitted is not None:
-                r, how = fitted
-                return make(r, source, detail + (f"; {how}" if how else "")), None
-            if source == "manifest":  # the user's explicit instruction: never replaced by another rule
-                raise _Unaligned(f"manifest pin '{describe_rule(rule)}' does not fit backend shape {list(x.shape)} -> "
-                                 f"canonical {list(cs)}; fix or remove anchors[].alignment[{b!r}] in manifest.json")
-            notes.append(f"{source} rule '{describe_rule(rule)}' does not fit backend shape {list(x.shape)} -> "
-                         f"{list(cs)}")
-        if needs_dq:
-            # maybe a dequantize without layout info was given: use it as a base for shape inference
-            dq = next((r["dequantize"] for r, _, _ in known if "dequantize" in r), None)
-            if dq is None:
-                return None, None
-            base["dequantize"] = dq
-        cands = shape_candidates(x.shape, cs, cap.layout, anchor.layout)
-        cands = [{**base, **c} for c in cands]
-        note = ("; ".join(notes) + "; ") if notes else ""
-        if not cands:
-            return None, None
-        if len(cands) == 1:
-            return make(cands[0], "shape",
-                        note + f"only candidate fitting backend shape {list(x.shape)} -> {list(cs)}"), None
-        self._notes[(anchor.name, b)] = note
-        return None, cands
-
-    def _no_fit_reason(self, anchor: Anchor, x, cs) -> str:
-        x = np.asarray(x)
-        if x.dtype.kind in "iu" and _is_float_dtype(anchor.dtype):
-            return (f"{x.dtype} tensor of shape {list(x.shape)} for a {anchor.dtype} anchor and no scale/zero point "
-                    f"to dequantize it (report them in the capture's transform)")
-        return (f"no alignment fits: backend shape {list(x.shape)} ({x.size} elements) vs canonical {list(cs)} "
-                f"({math.prod(cs)} elements)")
+        the data must decide, ``(None, None)`` when nothing fits (:func:`anpred.align.known_rules.decide_known`)."""
+        dec, cands, note = decide_known(anchor, b, x, cs, self.statuses.get(b), self._pins.get((anchor.name, b)))
+        if cands is not None:
+            self._notes[(anchor.name, b)] = note
+        return dec, cands
 
     def _apply_checked(self, rule, x, cs) -> np.ndarray:
         a = apply_rule(rule, x, cs)
@@ -567,12 +475,3 @@ class Aligner:
         dec.margin = (e0 / e1) if e1 > 0 else None
         aligned[b] = apply_rule({"segments": seg}, x, x.shape)
 
-
-def _is_float_dtype(name: str) -> bool:
-    return str(name).startswith(("float", "bfloat")) or not name
-
-
-def _unit_axes_only(shape, canonical) -> bool:
-    """Whether ``shape`` and ``canonical`` differ only by axes of size 1 (the same sizes > 1 in the same
-    order, hence the same elements in the same row-major order)."""
-    return [d for d in shape if d != 1] == [d for d in canonical if d != 1]

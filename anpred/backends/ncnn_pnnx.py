@@ -19,7 +19,8 @@ with its own ``InnerProduct``/``MatMul``, ``BinaryOp`` and activation layers. pn
 along the batch axis ("unbind along batch axis 0 is not supported", left as a ``torch.unbind`` layer
 ncnn lacks): a ``Gather`` of the index 0 (or -1) on axis 0 of a tensor whose first dimension is 1
 (the unrolled time step of a one-step sequence) is rewritten as the equal ``Squeeze(axis 0)`` (a
-scalar index) or ``Identity`` (a one-element index list) (:func:`_batch_gathers_as_squeeze`). pnnx's onnxruntime accepts
+scalar index) or ``Identity`` (a one-element index list)
+(:func:`anpred.backends.ncnn_graph.batch_gathers_as_squeeze`). pnnx's onnxruntime accepts
 ONNX IR versions up to 13, so a newer
 ``ir_version`` is lowered to 13 in the scratch copy (IR 14 adds no operator semantics).
 
@@ -69,6 +70,8 @@ import numpy as np
 
 from anpred.backends.base import AnchorCapture, Backend
 from anpred.backends.native_io import decisive_line, native_stderr
+from anpred.backends.ncnn_graph import (INT_INPUTS, add_unit_batch, batch_gathers_as_squeeze, float_for_int_inputs,
+                                        input_dtype_refusal)
 from anpred.backends.ncnn_param import param_layers, unknown_layers
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
@@ -97,7 +100,7 @@ class NcnnBackend(Backend):
 
     @classmethod
     def refused_nodes(cls, model) -> dict[str, str]:
-        """The inputs this backend's input rule refuses (:func:`_input_dtype_refusal`: a bool or
+        """The inputs this backend's input rule refuses (:func:`input_dtype_refusal`: a bool or
         floating input other than float32) and the nodes pnnx refuses alone
         (:func:`anpred.backends.ncnn_probe.pnnx_probe`: an op it leaves as ``todo``, a layer ncnn does not
         know, a crash of pnnx that comes back with a consumer)."""
@@ -107,7 +110,7 @@ class NcnnBackend(Backend):
         out = {}
         for vi in model.graph.input:
             if vi.name not in inits:
-                why = _input_dtype_refusal(vi.name, elem_type_name(vi.type.tensor_type.elem_type))
+                why = input_dtype_refusal(vi.name, elem_type_name(vi.type.tensor_type.elem_type))
                 if why:
                     out[f"input {vi.name}"] = why
         # the graph pnnx is given: recurrent nodes unrolled, batch Gathers as Squeeze (as _convert does)
@@ -119,7 +122,7 @@ class NcnnBackend(Backend):
         m.CopyFrom(model)
         if any(n.op_type in RECURRENT_OPS for n in m.graph.node):
             unroll_recurrent(m)
-        _batch_gathers_as_squeeze(m)
+        batch_gathers_as_squeeze(m)
         from anpred.backends.ncnn_probe import converts_whole, pnnx_probe
 
         found = pnnx_probe().refusals(m)
@@ -165,9 +168,9 @@ class NcnnBackend(Backend):
             if vi.name in inits:
                 continue
             dt = elem_type_name(vi.type.tensor_type.elem_type)
-            if dt in _INT_INPUTS:  # fed as float32 (exact below 2^24), cast back inside the graph
+            if dt in INT_INPUTS:  # fed as float32 (exact below 2^24), cast back inside the graph
                 self.int_inputs[vi.name] = dt
-            elif why := _input_dtype_refusal(vi.name, dt):
+            elif why := input_dtype_refusal(vi.name, dt):
                 raise BackendError(why)
             dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
                     for d in vi.type.tensor_type.shape.dim]
@@ -209,9 +212,9 @@ class NcnnBackend(Backend):
         if any(n.op_type in RECURRENT_OPS for n in model.graph.node):
             unroll_recurrent(model)  # pnnx has no ONNX recurrent import; a node it cannot unroll stays (todo)
         unbatched = [n for n in getattr(self, "unbatched", []) if n in shapes]
-        _float_for_int_inputs(model, getattr(self, "int_inputs", {}))
-        _add_unit_batch(model, unbatched)
-        _batch_gathers_as_squeeze(model)
+        float_for_int_inputs(model, getattr(self, "int_inputs", {}))
+        add_unit_batch(model, unbatched)
+        batch_gathers_as_squeeze(model)
         from passes.empty_inputs import drop_empty_concat_inputs
 
         drop_empty_concat_inputs(model)  # ncnn cannot load a zero-size MemoryData (exact: they add nothing)
@@ -366,126 +369,6 @@ class NcnnBackend(Backend):
 
     def close(self) -> None:
         self.net = None
-
-
-def _batch_gathers_as_squeeze(model) -> int:
-    """In place: every ``Gather(data, i)`` with ``axis`` 0, ``i`` an initializer equal to 0 or -1 (a
-    scalar, or a list of one), and ``data`` of first dimension 1 (ONNX shape inference at the model's
-    static input shapes) becomes ``Squeeze(data, axes=[0])`` (scalar ``i``) or ``Identity(data)``
-    (``[i]``): the same values and shape. Returns how many."""
-    import onnx
-    from onnx import helper, numpy_helper
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - no shapes: nothing rewritten
-        return 0
-    first = {}
-    for vi in list(inferred.graph.input) + list(inferred.graph.value_info):
-        dims = vi.type.tensor_type.shape.dim
-        if len(dims) and dims[0].HasField("dim_value"):
-            first[vi.name] = dims[0].dim_value
-    for t in model.graph.initializer:
-        if len(t.dims):
-            first[t.name] = t.dims[0]
-    inits = {t.name: t for t in model.graph.initializer}
-    opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    n_done = 0
-    for k, n in enumerate(model.graph.node):
-        if n.op_type != "Gather" or n.domain not in ("", "ai.onnx") or n.input[1] not in inits:
-            continue
-        axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
-        idx = numpy_helper.to_array(inits[n.input[1]])
-        if axis != 0 or idx.ndim > 1 or idx.size != 1 or int(idx.reshape(-1)[0]) not in (0, -1) \
-                or first.get(n.input[0]) != 1:
-            continue
-        if idx.ndim == 1:
-            new = helper.make_node("Identity", [n.input[0]], [n.output[0]], name=n.name or n.output[0])
-        elif opset >= 13:
-            ax = f"{n.output[0]}__anpred_axes0"
-            if ax not in inits:
-                inits[ax] = numpy_helper.from_array(np.array([0], np.int64), ax)
-                model.graph.initializer.append(inits[ax])
-            new = helper.make_node("Squeeze", [n.input[0], ax], [n.output[0]], name=n.name or n.output[0])
-        else:
-            new = helper.make_node("Squeeze", [n.input[0]], [n.output[0]], name=n.name or n.output[0], axes=[0])
-        model.graph.node[k].CopyFrom(new)
-        n_done += 1
-    return n_done
-
-
-#: integer input types fed to ncnn as float32 (its Mats hold float32): exact for |v| <= 2^24
-_INT_INPUTS = ("int8", "uint8", "int16", "uint16", "int32", "int64")
-def _input_dtype_refusal(name: str, dtype: str) -> str:
-    """Why an input of element type ``dtype`` cannot be fed to ncnn ("" when it can: float32 and the
-    integer types of :data:`_INT_INPUTS`, fed as float32 and cast back in the graph)."""
-    if dtype == "float32" or dtype in _INT_INPUTS:
-        return ""
-    return (f"ncnn: input {name!r} is {dtype}; ncnn Mats hold float32 and this backend feeds float32 inputs and "
-            "integer ones (cast back in the graph) only")
-
-
-def _float_for_int_inputs(model, ints: dict[str, str]) -> None:
-    """In place: each integer graph input in ``ints`` (name -> numpy dtype name) is declared float32
-    (ncnn Mats hold float32); an input read only through ``Cast``s to float32 keeps its name and those
-    Casts become Identities, any other is renamed ``<name>__anpred_float`` and ``Cast`` back to its
-    integer type into the original name (pnnx may fail to lower that Cast: its error names it). The
-    samples are fed as float32, exact for |v| <= 2^24 (checked at run time)."""
-    from onnx import TensorProto, helper
-
-    nodes = []
-    for vi in model.graph.input:
-        if vi.name not in ints:
-            continue
-        orig = vi.name
-        to = vi.type.tensor_type.elem_type
-        vi.type.tensor_type.elem_type = TensorProto.FLOAT
-        users = [n for n in model.graph.node if orig in n.input]
-        if users and all(n.op_type == "Cast" and any(a.name == "to" and a.i == TensorProto.FLOAT for a in n.attribute)
-                         for n in users):
-            # read only through Casts to float32: those become Identities of the float input (the values are
-            # the same integers), since pnnx cannot lower a Cast onto an ncnn layer ("todo Tensor.to")
-            for n in users:
-                del n.attribute[:]
-                n.op_type = "Identity"
-            continue
-        vi.name = f"{orig}__anpred_float"
-        nodes.append(helper.make_node("Cast", [vi.name], [orig], name=f"anpred_int/{orig}", to=to))
-    for n in reversed(nodes):
-        model.graph.node.insert(0, n)
-
-
-def _add_unit_batch(model, names: list[str]) -> None:
-    """In place: each graph input in ``names`` (shape S) becomes ``<name>__anpred_batched`` of shape
-    ``[1, *S]``, followed by ``Squeeze(axis 0)`` into the original name, so that pnnx's batch axis is
-    a unit one and the input's own dims all reach the ncnn Mat."""
-    from onnx import helper, numpy_helper
-
-    if not names:
-        return
-    opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    nodes = []
-    for vi in model.graph.input:
-        if vi.name not in names:
-            continue
-        orig = vi.name
-        vi.name = f"{orig}__anpred_batched"
-        shape = vi.type.tensor_type.shape
-        old = [type(d)() for d in shape.dim]
-        for o, d in zip(old, shape.dim):
-            o.CopyFrom(d)
-        del shape.dim[:]
-        shape.dim.add().dim_value = 1
-        for o in old:
-            shape.dim.add().CopyFrom(o)
-        if opset >= 13:
-            axes = numpy_helper.from_array(np.array([0], np.int64), f"{orig}__anpred_axes")
-            model.graph.initializer.append(axes)
-            nodes.append(helper.make_node("Squeeze", [vi.name, axes.name], [orig], name=f"anpred_unbatch/{orig}"))
-        else:
-            nodes.append(helper.make_node("Squeeze", [vi.name], [orig], name=f"anpred_unbatch/{orig}", axes=[0]))
-    for n in reversed(nodes):
-        model.graph.node.insert(0, n)
 
 
 def _log_errors(log: str, n: int = 6) -> str:

@@ -10,8 +10,8 @@ onnx2tf version + options + this module's format version):
    at 256x256), control flow is inlined, recurrent layers are unrolled and graph outputs renamed
    (:func:`prepare_for_onnx2tf`; what it did is in ``meta.json`` and :attr:`TfOnnxBackend.conversion`), and during the
    conversion the interpreter's scripts folder is put first on ``PATH`` so that onnx2tf's ``onnxsim`` subprocess runs
-   (:func:`_onnxsim_on_path`; without it onnx2tf silently skips simplification and failed on YOLOv8n at 640 px); a
-   missing ``onnxsim`` is a :class:`~anpred.errors.BackendError`;
+   (:func:`~anpred.backends.onnx2tf_call.onnxsim_on_path`; without it onnx2tf silently skips simplification and
+   failed on YOLOv8n at 640 px); a missing ``onnxsim`` is a :class:`~anpred.errors.BackendError`;
 2. ``onnx2tf.convert(..., disable_model_save=True)`` returns the tf_keras model; ``sys.exit`` calls
    are turned into :class:`~anpred.errors.BackendError` with onnx2tf's own error lines as reason,
    exceptions into one with the failing ONNX node (onnx2tf's ``onnx_op_name``) and the message's first
@@ -60,10 +60,8 @@ Effective precision: fp32 (TF CPU kernels, no mixed precision policy; a float16 
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import re
 import shutil
 import time
 from pathlib import Path
@@ -72,8 +70,9 @@ from typing import Any
 import numpy as np
 
 from anpred.backends.base import AnchorCapture, Backend
+from anpred.backends.onnx2tf_call import (converted_io, export_saved_model, fix_input_dims, run_onnx2tf,
+                                          scratch_model)
 from anpred.backends.tf_dtypes import bfloat16_uses, feed, input_dtype, output_dtype_note, signature_dtypes
-from anpred.backends.tf_prepare import prepare_for_onnx2tf
 from anpred.backends.tf_probe import ONNX2TF_NODE_BASIS
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
@@ -181,65 +180,23 @@ class TfOnnxBackend(Backend):
 
     # ---- conversion ------------------------------------------------------------------------
     def _convert(self, model_path: Path, out: Path, fixed: dict[str, list[int]] | None = None) -> None:
-        import onnx
-        import onnx2tf
-        import tensorflow as tf
-        import tf_keras
+        """Convert ``model_path`` with onnx2tf into ``out`` (``saved_model/``, ``meta.json``, ``onnx2tf.log``;
+        steps 1 to 3 of the module docstring, :mod:`anpred.backends.onnx2tf_call`); ``fixed``: input name ->
+        concrete shape for the dynamic input dimensions.
 
-        from anpred.backends.onnxsim_warm import warm_onnxsim
-        from anpred.backends.convert import fold_constant_nodes, onnx2tf_calibration_file, working_directory
-        from anpred.onnx_io import load_model
+        Raises:
+            BackendError: onnx2tf failed, returned no model, or outputs that cannot be mapped to anchors.
+        """
+        import onnx
 
         scratch = out / "scratch"
         scratch.mkdir()
-        model = load_model(model_path, load_external=True)
-        for t in model.graph.initializer:  # store weights inline in the scratch copy
-            del t.external_data[:]
-            t.data_location = onnx.TensorProto.DEFAULT
-        if fixed:
-            _fix_input_dims(model, fixed)
-        # onnx2tf's binary-op validation does not take a Constant node's TF constant for a constant and
-        # fails ("... Found: 3.0", PP-OCRv4 det at 256x256); initializers reach it as NumPy arrays
-        fold_constant_nodes(model)
-        if self.options.get("decompose"):  # elementary ops instead (passes.frontend_rewrites)
-            from passes.frontend_rewrites import decompose_ops
-
-            decompose_ops(model, set(self.options["decompose"]))
-        prep = prepare_for_onnx2tf(model)
-        src = scratch / "model.onnx"
-        onnx.save(model, str(src))
-        onnx2tf_calibration_file(scratch)
+        src, prep = scratch_model(model_path, scratch, fixed, self.options.get("decompose"))
         log = io.StringIO()
         t0 = time.perf_counter()
-        o2t = dict(self.options.get("onnx2tf", {}))
-        try:
-            # warm_onnxsim: onnx2tf's four onnxsim command runs go to one warm process (each
-            # as new processes; anpred.backends.onnxsim_warm)
-            with working_directory(scratch), _onnxsim_on_path(not o2t.get("not_use_onnxsim")), \
-                    warm_onnxsim(), contextlib.redirect_stdout(log):
-                km = onnx2tf.convert(input_onnx_file_path=str(src), output_folder_path=str(scratch / "o2t"),
-                                     disable_model_save=True, non_verbose=True,
-                                     **o2t)
-        except SystemExit as err:
-            raise BackendError(f"onnx2tf failed on {model_path.name} (sys.exit({err.code})): "
-                               f"{_errors(log.getvalue())}") from err
-        except BackendError:
-            raise
-        except Exception as err:
-            raise BackendError(f"onnx2tf failed on {model_path.name}{_failed_op(log.getvalue(), prep['node_names'])}: "
-                               f"{type(err).__name__}: {_first_line(_ANSI.sub('', str(err)))}") from err
-        if km is None:
-            raise BackendError(f"onnx2tf returned no model for {model_path.name}: {_errors(log.getvalue())}")
+        km = run_onnx2tf(src, dict(self.options.get("onnx2tf", {})), log, model_path.name, prep["node_names"])
         seconds = time.perf_counter() - t0
         simplified = onnx.load(str(src), load_external_data=False)  # onnx2tf wrote its onnxsim result here
-        safe = [o.name for o in simplified.graph.output]
-        if len(safe) != len(km.outputs):
-            raise BackendError(f"onnx2tf produced {len(km.outputs)} outputs for {len(safe)} ONNX outputs; "
-                               "cannot map them back to anchors")
-        names = [prep["outputs"].get(n, n) for n in safe]  # back to the anchored model's output names
-        layouts = dict(getattr(km, "onnx_output_layouts", {}) or {})
-        inits = {t.name for t in simplified.graph.initializer}
-        onnx_inputs = [i for i in simplified.graph.input if i.name not in inits]
         meta = {
             "format": FORMAT,
             "seconds_convert": seconds,
@@ -247,28 +204,9 @@ class TfOnnxBackend(Backend):
             "unrolled": prep["unrolled"],
             "inlined": prep["inlined"],
             "slices_split": prep["slices_split"],
-            "outputs": [{"value": n, "tf_shape": [d if d is None else int(d) for d in o.shape],
-                         "channels_last": bool(layouts.get(sn, False))} for sn, n, o in zip(safe, names, km.outputs)],
-            "inputs": [{"name": i.name,
-                        "onnx_shape": [d.dim_value if d.HasField("dim_value") else None
-                                       for d in i.type.tensor_type.shape.dim],
-                        "tf_shape": [d if d is None else int(d) for d in ki.shape],
-                        "dtype": ki.dtype.name if hasattr(ki.dtype, "name") else str(ki.dtype)}
-                       for i, ki in zip(onnx_inputs, km.inputs)],
+            **converted_io(km, simplified, prep["outputs"]),
         }
-        specs = [tf.TensorSpec(ki.shape, ki.dtype) for ki in km.inputs]
-
-        def run(*xs):
-            out = km(list(xs), training=False)
-            return list(out) if isinstance(out, (list, tuple)) else [out]
-
-        # tf_keras's ExportArchive tracks the variables onnx2tf creates outside keras layers (a plain
-        # tf.saved_model.save fails on PP-OCR with "references an 'untracked' resource").
-        archive = tf_keras.export.ExportArchive()
-        archive.track(km)
-        archive.add_endpoint(name="run", fn=run, input_signature=specs)
-        with contextlib.redirect_stdout(log):  # it prints the endpoint signatures
-            archive.write_out(str(out / "saved_model"))
+        export_saved_model(km, out / "saved_model", log)
         (out / "meta.json").write_text(json.dumps(meta, indent=1))
         (out / "onnx2tf.log").write_text(log.getvalue())
         shutil.rmtree(scratch, ignore_errors=True)
@@ -472,67 +410,6 @@ class TfOnnxBackend(Backend):
         self._loaded = None
 
 
-@contextlib.contextmanager
-def _onnxsim_on_path(required: bool):
-    """Put the running interpreter's scripts folder (``sysconfig.get_path("scripts")``, e.g.
-    ``.venv/bin``) first on ``PATH`` for the duration, and check that the ``onnxsim`` command is found.
-
-    onnx2tf simplifies its input by running the *command* ``onnxsim`` in a subprocess
-    (``onnx2tf.py``: ``subprocess.check_output(["onnxsim", ...])``); when a venv's Python is run
-    without activating the venv, that command is not on ``PATH``, onnx2tf only warns (a warning
-    ``non_verbose`` hides) and converts the unsimplified graph. On such graphs onnx2tf's ``Reshape``
-    fails for a constant input of rank >= 3 (it transposes the NumPy constant into an eager tensor and
-    builds a validation ``tf_keras.Model`` with it as output: "Output tensors of a Functional model must
-    be the output of a TensorFlow `Layer` ... Found: [[[0.5 0.5] ..." on YOLOv8n's anchor grid at 640 px).
-
-    Raises:
-        BackendError: ``required`` and no ``onnxsim`` command in the scripts folder or on ``PATH``.
-    """
-    import os
-    import sysconfig
-
-    old = os.environ.get("PATH")
-    scripts = sysconfig.get_path("scripts")
-    os.environ["PATH"] = os.pathsep.join(p for p in (scripts, old) if p)
-    try:
-        if required and shutil.which("onnxsim") is None:
-            raise BackendError(f"tf: the onnxsim command (package onnxsim) is not in {scripts} nor on PATH; "
-                               "onnx2tf would silently convert the unsimplified graph (install onnxsim, or pass "
-                               "the onnx2tf option not_use_onnxsim=True to accept that)")
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("PATH", None)
-        else:
-            os.environ["PATH"] = old
-
-
-def _first_line(text: str, limit: int = 300) -> str:
-    """The first line of an exception message, cut at ``limit`` characters (onnx2tf's messages may
-    print a whole constant array)."""
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return line if len(line) <= limit else line[:limit] + " ..."
-
-
-def _failed_op(log: str, renamed: dict[str, str] | None = None) -> str:
-    """`` at ONNX node <name>`` from onnx2tf's ``onnx_op_name:`` error line, or ``""``; a node name that
-    :func:`~anpred.backends.tf_prepare.tf_safe_node_names` changed is given as the model's (``renamed``:
-    new -> original)."""
-    m = re.search(r"onnx_op_name:\s*(\S+)", _ANSI.sub("", log))
-    return f" at ONNX node {(renamed or {}).get(m.group(1), m.group(1))}" if m else ""
-
-
-def _fix_input_dims(model, shapes: dict[str, list[int]]) -> None:
-    """Set the dims of the named graph inputs to ``shapes`` in place; graph output shapes and
-    value_info (which may hold the old symbolic dims) are cleared for re-inference."""
-    for vi in model.graph.input:
-        if vi.name in shapes:
-            for d, v in zip(vi.type.tensor_type.shape.dim, shapes[vi.name]):
-                d.Clear()
-                d.dim_value = int(v)
-    del model.graph.value_info[:]
-
-
 def _concrete_output_shapes(model, shapes: dict[str, list[int]]) -> dict[str, list[int | None]]:
     """Graph output name -> shape by ONNX shape inference (data propagation) with the inputs fixed
     to ``shapes``; empty when inference fails."""
@@ -540,7 +417,7 @@ def _concrete_output_shapes(model, shapes: dict[str, list[int]]) -> dict[str, li
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    _fix_input_dims(m, shapes)
+    fix_input_dims(m, shapes)
     for o in m.graph.output:
         o.type.tensor_type.ClearField("shape")
     try:
@@ -553,13 +430,3 @@ def _concrete_output_shapes(model, shapes: dict[str, list[int]]) -> dict[str, li
 
 def _match(shape, ref) -> bool:
     return len(shape) == len(ref) and all(s is None or r is None or s == r for s, r in zip(shape, ref))
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _errors(log: str) -> str:
-    """onnx2tf's ERROR lines (ANSI colours removed), else the log's last lines."""
-    lines = [_ANSI.sub("", ln).strip() for ln in log.splitlines() if ln.strip()]
-    errs = [ln for ln in lines if "ERROR" in ln]
-    return " | ".join((errs or lines)[-6:]) or "no message"

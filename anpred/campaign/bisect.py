@@ -121,19 +121,10 @@ def bisect_versions(campaign, out: str | Path, request: BisectRequest, *, addres
 
     from anpred.campaign.engine import run_campaign, start_ray
     from anpred.campaign.summary import cell_text
-    from anpred.onnx_io import atomic_write_text, to_json
 
     package, model, backend, good, bad = request.package, request.model, request.backend, request.good, request.bad
-    versions, drill = request.versions, request.drill
-    base = next((c for c in campaign.configurations if c.label == model and backend in c.backends), None)
-    if base is None:
-        labels = sorted({c.label for c in campaign.configurations})
-        raise AnpredError(f"no configuration of model {model!r} holds backend {backend!r} (models: "
-                          f"{', '.join(labels)})")
-    cands = order_versions(list(versions) + [good, bad] if versions else available_versions(package) + [good, bad])
-    if cands.index(good) >= cands.index(bad):
-        raise AnpredError(f"--good {good} must come before --bad {bad} in version order")
-    cands = cands[cands.index(good):cands.index(bad) + 1]
+    drill = request.drill
+    base, cands = _candidates(campaign, request)
     axis_src = next((a for a in campaign.axes if a.package == package), None)
     backends = list(axis_src.backends) if axis_src else [backend]
     if backend not in backends:
@@ -174,33 +165,68 @@ def bisect_versions(campaign, out: str | Path, request: BisectRequest, *, addres
         elif s_good == s_bad:
             result["note"] = f"{backend} stands the same at {good} and {bad} ({s_good}): nothing to bisect"
         else:
-            live = list(cands)  # standing(live[lo]) == s_good, standing(live[hi]) != s_good
-            lo, hi = 0, len(live) - 1
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                s_mid = standing(live[mid])
-                if s_mid is None:  # skipped: the search goes on without it
-                    del live[mid]
-                    hi -= 1
-                elif s_mid == s_good:
-                    lo = mid
-                else:
-                    hi = mid
-            result.update(first_bad=live[hi], last_good=live[lo], standing_first_bad=standing(live[hi]))
+            last_good, first_bad = _first_change(cands, standing, s_good)
+            result.update(first_bad=first_bad, last_good=last_good, standing_first_bad=standing(first_bad))
             skipped = [p["version"] for p in probes if p["standing"] is None]
             if skipped:
                 result["note"] = (f"skipped (could not be run): {', '.join(skipped)}; the change lies between "
-                                  f"{live[lo]} and {live[hi]}")
-            result.update(_where(probe, out, by_version[live[hi]], backend, drill, progress))
+                                  f"{last_good} and {first_bad}")
+            result.update(_where(probe, out, by_version[first_bad], backend, drill, progress))
     finally:
         if own:
             ray.shutdown()
-    atomic_write_text(Path(out) / "bisect.json", to_json(result, indent=1))
+    _save(campaign, out, result)
+    return result
+
+
+def _save(campaign, out: str | Path, result: dict[str, Any]) -> None:
+    """Write ``result`` to ``out/bisect.json`` and record it in the campaign's history database."""
+    from anpred.onnx_io import atomic_write_text, to_json
     from anpred.report.history import record_bisection  # the dashboard shows the first bad version
 
+    atomic_write_text(Path(out) / "bisect.json", to_json(result, indent=1))
     db = Path(campaign.history) if Path(campaign.history).is_absolute() else Path(out) / campaign.history
     record_bisection(db, result, campaign.name, out)
-    return result
+
+
+def _candidates(campaign, request: BisectRequest) -> tuple[Any, list[str]]:
+    """``(base configuration, candidate versions)``: the campaign's configuration of ``request.model``
+    holding ``request.backend``, and the versions from ``good`` to ``bad`` in version order (the given
+    ones, else those the package index lists).
+
+    Raises:
+        AnpredError: no such configuration; ``good`` not before ``bad``; the versions cannot be listed.
+    """
+    package, model, backend, good, bad = request.package, request.model, request.backend, request.good, request.bad
+    versions = request.versions
+    base = next((c for c in campaign.configurations if c.label == model and backend in c.backends), None)
+    if base is None:
+        labels = sorted({c.label for c in campaign.configurations})
+        raise AnpredError(f"no configuration of model {model!r} holds backend {backend!r} (models: "
+                          f"{', '.join(labels)})")
+    cands = order_versions(list(versions) + [good, bad] if versions else available_versions(package) + [good, bad])
+    if cands.index(good) >= cands.index(bad):
+        raise AnpredError(f"--good {good} must come before --bad {bad} in version order")
+    return base, cands[cands.index(good):cands.index(bad) + 1]
+
+
+def _first_change(cands: list[str], standing, s_good: str) -> tuple[str, str]:
+    """``(last good, first bad)``: the binary search over the candidate versions ``cands`` (the first
+    stands ``s_good``, the last does not) for the first whose ``standing(version)`` differs from
+    ``s_good``; a version that cannot be run (standing None) is skipped."""
+    live = list(cands)  # standing(live[lo]) == s_good, standing(live[hi]) != s_good
+    lo, hi = 0, len(live) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        s_mid = standing(live[mid])
+        if s_mid is None:  # skipped: the search goes on without it
+            del live[mid]
+            hi -= 1
+        elif s_mid == s_good:
+            lo = mid
+        else:
+            hi = mid
+    return live[lo], live[hi]
 
 
 def _where(probe, out, cfg, backend: str, drill: bool, progress: bool) -> dict[str, Any]:

@@ -305,26 +305,14 @@ def _portable(opts: dict[str, Any], base: Path) -> dict[str, Any]:
     return out
 
 
-def load_campaign(path: str | Path) -> Campaign:
-    """Read and expand a campaign file (format: the module docstring).
+def _campaign_table(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The ``[campaign]`` table of the campaign file ``path`` (``raw``: its parsed TOML), after checking
+    the tables' kinds and names and the ``[campaign]`` keys' names, types and ranges.
 
     Raises:
-        AnpredError: an unreadable file, invalid TOML, no models or no backend set, an unknown
-            table, [campaign] key, option or resource key, an option of the wrong type, a backend set
-            with fewer than two backends, a model file or an inputs/config/labels path that does
-            not exist, two configurations with one id.
+        AnpredError: an unknown table or ``[campaign]`` key, a table of the wrong kind, a key of the
+            wrong type or out of range.
     """
-    from anpred.pipeline import parse_backend_list
-
-    path = Path(path).resolve()
-    tomllib = toml_reader()
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise AnpredError(f"cannot read campaign file {path}: {err.strerror or err}") from err
-    except tomllib.TOMLDecodeError as err:
-        raise AnpredError(f"{path} is not valid TOML: {err}") from err
-    base = path.parent
     unknown = sorted(set(raw) - _TOP)
     if unknown:
         raise AnpredError(f"{path}: unknown table(s) {', '.join(unknown)}; known: {', '.join(sorted(_TOP))}")
@@ -347,6 +335,30 @@ def load_campaign(path: str | Path) -> Campaign:
     if int(head.get("retries", 2)) < 0 or float(head.get("timeout", 600)) <= 0 or \
             float(head.get("memory_bound", 1)) <= 0 or int(head.get("batch", 0)) < 0:
         raise AnpredError(f"{path}: [campaign] retries and batch must be >= 0, timeout and memory_bound > 0")
+    return head
+
+
+def load_campaign(path: str | Path) -> Campaign:
+    """Read and expand a campaign file (format: the module docstring).
+
+    Raises:
+        AnpredError: an unreadable file, invalid TOML, no models or no backend set, an unknown
+            table, [campaign] key, option or resource key, an option of the wrong type, a backend set
+            with fewer than two backends, a model file or an inputs/config/labels path that does
+            not exist, two configurations with one id.
+    """
+    from anpred.pipeline import parse_backend_list
+
+    path = Path(path).resolve()
+    tomllib = toml_reader()
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise AnpredError(f"cannot read campaign file {path}: {err.strerror or err}") from err
+    except tomllib.TOMLDecodeError as err:
+        raise AnpredError(f"{path} is not valid TOML: {err}") from err
+    base = path.parent
+    head = _campaign_table(raw, path)
     models = raw.get("models") or []
     sets = raw.get("backend_sets") or {}
     if not models:

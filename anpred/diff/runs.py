@@ -267,7 +267,6 @@ def diff_runs(run_a: str | Path, run_b: str | Path, *, config=None, backends: li
             the reasons).
     """
     from anpred.defaults import OracleConfig
-    from anpred.judge import error_stats
     from anpred.run import RunStore
 
     cfg = config or OracleConfig()
@@ -280,14 +279,7 @@ def diff_runs(run_a: str | Path, run_b: str | Path, *, config=None, backends: li
                          f"the configured primary statistic is {cfg.primary!r}: use primary = \"nrmse\" "
                          "or rerun with --mode tensors")
     statistic = STATS_STATISTIC if mode == "stats" else cfg.primary
-    ka, kb = _sample_keys(A), _sample_keys(B)
-    by_hash: dict[str, str] = {}
-    for sid, h in kb.items():
-        by_hash.setdefault(h, sid)
-    samples = [[sid, by_hash[h]] for sid, h in ka.items() if h and h in by_hash]
-    if not samples:
-        raise JudgeError("the runs share no sample with identical inputs (sha256 of the input arrays); "
-                         "run both on the same inputs (anpred run --inputs ...)")
+    samples = _shared_samples(A, B)
     graph = None
     need = with_graph or not {a.name for a in A.manifest.anchors} <= {a.name for a in B.manifest.anchors}
     if need and (A.root / "model.onnx").is_file() and (B.root / "model.onnx").is_file():
@@ -296,6 +288,46 @@ def diff_runs(run_a: str | Path, run_b: str | Path, *, config=None, backends: li
     Side = _SummarySide if mode == "stats" else _TensorSide
     side_a = Side(A, "A", [x for x, _ in bpairs])
     side_b = Side(B, "B", [y for _, y in bpairs])
+    worst, missing = _worst_per_cell(samples, side_a, side_b, apairs, bpairs, mode == "stats", cfg.primary)
+    anchors_out, first, first_by, stage_dev = _anchor_diffs(apairs, bpairs, worst, missing, cfg, (sa, sb), statistic)
+    labels = [_label(x, y) for x, y in bpairs]
+    rd = RunDiff(str(run_a), str(run_b), statistic, labels, samples, anchors_out, first, first_by,
+                 {k: float(v) for k, v in stage_dev.items()}, skipped, unpaired, graph if with_graph else None,
+                 mode, [[x, y] for x, y in bpairs], unpaired_b)
+    if rd.compared == 0:
+        nc = rd.not_compared()
+        reasons = "; ".join(f"{a} on {b}: {why}" for a, b, why in nc[:3]) or "no anchor of A has a counterpart in B"
+        raise JudgeError(f"no anchor could be compared between the runs ({len(apairs)} paired anchor(s), "
+                         f"{len(unpaired)} of A unpaired, {len(nc)} cell(s) not compared: {reasons}"
+                         f"{' ...' if len(nc) > 3 else ''}); nothing was compared, so no verdict")
+    return rd
+
+
+def _shared_samples(A, B) -> list[list[str]]:
+    """``[[sample id in A, sample id in B]]`` of the samples with identical inputs (sha256 of the input
+    arrays) in both runs.
+
+    Raises:
+        JudgeError: none.
+    """
+    ka, kb = _sample_keys(A), _sample_keys(B)
+    by_hash: dict[str, str] = {}
+    for sid, h in kb.items():
+        by_hash.setdefault(h, sid)
+    samples = [[sid, by_hash[h]] for sid, h in ka.items() if h and h in by_hash]
+    if not samples:
+        raise JudgeError("the runs share no sample with identical inputs (sha256 of the input arrays); "
+                         "run both on the same inputs (anpred run --inputs ...)")
+    return samples
+
+
+def _worst_per_cell(samples, side_a, side_b, apairs, bpairs, stats_mode: bool, primary: str):
+    """``(worst, missing)`` over the shared ``samples``: (anchor, pair label) -> ``(value, sample id of A,
+    statistics, samples compared)`` of the sample where B deviates most from A (a sample with new NaN/Inf
+    first), and anchor -> pair label -> why it was not compared. ``stats_mode``: the runs' summaries
+    (:data:`STATS_STATISTIC`), else the tensors' ``primary`` statistic."""
+    from anpred.judge import error_stats
+
     worst: dict[tuple[str, str], tuple[float, str, Any, int]] = {}
     missing: dict[str, dict[str, str]] = {}
     for sid_a, sid_b in samples:
@@ -309,7 +341,7 @@ def diff_runs(run_a: str | Path, run_b: str | Path, *, config=None, backends: li
                     why = why_a.get((anc.name, x)) if xa is None else why_b.get((bname, y))
                     missing.setdefault(anc.name, {})[lab] = why or "not available"
                     continue
-                if mode == "stats":
+                if stats_mode:
                     v, st = _summary_stat(xb, xa)
                     bad, bad_ref = st["nan"] + st["inf"], st["nan_ref"] + st["inf_ref"]
                 else:
@@ -317,7 +349,7 @@ def diff_runs(run_a: str | Path, run_b: str | Path, *, config=None, backends: li
                         missing.setdefault(anc.name, {})[lab] = f"shapes differ: {list(xa.shape)} vs {list(xb.shape)}"
                         continue
                     st = error_stats(xb, xa, dtype="float32")
-                    v = getattr(st, cfg.primary)
+                    v = getattr(st, primary)
                     bad, bad_ref = st.nan + st.inf, st.nan_ref + st.inf_ref
                     st = st.to_dict()
                 key = (anc.name, lab)
@@ -327,6 +359,15 @@ def diff_runs(run_a: str | Path, run_b: str | Path, *, config=None, backends: li
                     worst[key] = (v, sid_a, {**st, "_bad": bad, "_bad_ref": bad_ref}, n)
                 else:
                     worst[key] = (*prev[:3], n)
+    return worst, missing
+
+
+def _anchor_diffs(apairs, bpairs, worst, missing, cfg, statuses, statistic: str):
+    """``(anchor diffs, first, first_by, stage deviation)``: each paired anchor's cells in graph order,
+    a cell moved when its worst value is above the floor of the pair's precisions (``statuses``: the
+    runs' backend statuses, A's and B's) or it has new NaN/Inf; the first moved cell, the first moved
+    anchor per pair label, and the largest value per stage."""
+    sa, sb = statuses
     anchors_out: list[AnchorDiff] = []
     stage_dev: dict[str, float] = {}
     first: dict[str, Any] | None = None
@@ -353,17 +394,7 @@ def diff_runs(run_a: str | Path, run_b: str | Path, *, config=None, backends: li
                     first = {"anchor": anc.name, "backend": lab, "stage": anc.stage, "value": float(v),
                              "floor": floor, "statistic": statistic}
         anchors_out.append(ad)
-    labels = [_label(x, y) for x, y in bpairs]
-    rd = RunDiff(str(run_a), str(run_b), statistic, labels, samples, anchors_out, first, first_by,
-                 {k: float(v) for k, v in stage_dev.items()}, skipped, unpaired, graph if with_graph else None,
-                 mode, [[x, y] for x, y in bpairs], unpaired_b)
-    if rd.compared == 0:
-        nc = rd.not_compared()
-        reasons = "; ".join(f"{a} on {b}: {why}" for a, b, why in nc[:3]) or "no anchor of A has a counterpart in B"
-        raise JudgeError(f"no anchor could be compared between the runs ({len(apairs)} paired anchor(s), "
-                         f"{len(unpaired)} of A unpaired, {len(nc)} cell(s) not compared: {reasons}"
-                         f"{' ...' if len(nc) > 3 else ''}); nothing was compared, so no verdict")
-    return rd
+    return anchors_out, first, first_by, stage_dev
 
 
 def _gt(a: float, b: float) -> bool:

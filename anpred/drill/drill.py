@@ -122,7 +122,6 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
         AnpredError: the run has no stored tensors (``stats`` mode) or no model file.
     """
     from anpred.defaults import OracleConfig
-    from anpred.drill.feed import consensus_samples
     from anpred.drill.graphs import replay_model, stage_cuts
     from anpred.run import RunStore
 
@@ -136,11 +135,7 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
 
     known = {f.name for f in fields(OracleConfig)}
     cfg = OracleConfig.from_dict({k: v for k, v in (report.config or {}).items() if k in known})
-    mpath = Path(store.root) / "model.onnx"
-    if not mpath.is_file():
-        mpath = Path(store.meta.get("model", {}).get("path", ""))
-    if not mpath.is_file():
-        raise AnpredError(f"{run_dir}: the run's model is not available (no model.onnx in the run folder)")
+    mpath = _model_path(store, run_dir)
     out = (Path(out_dir) if out_dir is not None else Path(store.root) / "drill").absolute()
     if out.exists():
         shutil.rmtree(out)
@@ -171,13 +166,7 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
     cuts = stage_cuts(model, manifest)
     entry_anchors = sorted({e for c in cuts for e in c.entries})
     by_name = {a.name: a for a in manifest.anchors}
-    feeds: list[dict[str, np.ndarray]] = []
-    cons = dict(consensus_samples(run_dir, entry_anchors, samples=samples, config=cfg))
-    for sid in samples:
-        f = dict(store.read_inputs(sid))
-        for a, arr in cons[sid].items():
-            f[by_name[a].value] = arr
-        feeds.append(f)
+    feeds = _consensus_feeds(store, run_dir, entry_anchors, samples, cfg)
     missing = [a for a in entry_anchors if any(by_name[a].value not in f for f in feeds)]
     if missing:
         notes.append(f"drill: no consensus at {', '.join(missing[:4])}: the stages they enter are not replayed")
@@ -201,6 +190,37 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
     result.update(runs=runner.runs, seconds=round(time.perf_counter() - t0, 1))
     (out / "drill.json").write_text(json.dumps(result, indent=2, default=str))
     return result
+
+
+def _model_path(store, run_dir: str | Path) -> Path:
+    """The run's model: ``model.onnx`` in the run folder, else the path its meta records.
+
+    Raises:
+        AnpredError: neither exists.
+    """
+    mpath = Path(store.root) / "model.onnx"
+    if not mpath.is_file():
+        mpath = Path(store.meta.get("model", {}).get("path", ""))
+    if not mpath.is_file():
+        raise AnpredError(f"{run_dir}: the run's model is not available (no model.onnx in the run folder)")
+    return mpath
+
+
+def _consensus_feeds(store, run_dir: str | Path, entry_anchors: list[str], samples: list[str],
+                     cfg) -> list[dict[str, np.ndarray]]:
+    """Per sample: its stored inputs and the consensus (oracle ``cfg``) at each of the ``entry_anchors``,
+    under the anchor's ONNX value name (an anchor without a consensus there is left out)."""
+    from anpred.drill.feed import consensus_samples
+
+    by_name = {a.name: a for a in store.manifest.anchors}
+    feeds: list[dict[str, np.ndarray]] = []
+    cons = dict(consensus_samples(run_dir, entry_anchors, samples=samples, config=cfg))
+    for sid in samples:
+        f = dict(store.read_inputs(sid))
+        for a, arr in cons[sid].items():
+            f[by_name[a].value] = arr
+        feeds.append(f)
+    return feeds
 
 
 @dataclass

@@ -59,7 +59,6 @@ branch the fault cannot reach are left out.
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
@@ -69,16 +68,17 @@ from anpred.defaults import OracleConfig
 from anpred.judge.accumulate import Accumulator, Reservoir
 from anpred.judge.arbiter import Arbiter, truth_of
 from anpred.judge.camps import SplitLog, camp_distances, decide, vote_camps
+from anpred.judge.cells import judge_cells
 from anpred.judge.deviations import deviation_cells, shape_gap
 from anpred.judge.families import FamilyGroups
 from anpred.judge.localize import Localizer
 from anpred.judge.oracle_notes import basis_notes, correlated, correlated_notes, unjudged_anchors
 from anpred.judge.positions import sample_positions
-from anpred.judge.scales import CellMeasures, cell_precision, floor_and_basis, natural_units, voter_floor
-from anpred.judge.stats import ErrorStats, Reference, same_array, ulp_dtype
+from anpred.judge.scales import cell_precision, voter_floor
+from anpred.judge.stats import Reference, same_array, ulp_dtype
 from anpred.judge.ties import TieCandidates
-from anpred.judge.struct import AnchorInfo, BackendInfo, Cell, OracleResult
-from anpred.judge.verdict import CellBasis, backend_verdict, judge_cell
+from anpred.judge.struct import AnchorInfo, BackendInfo, OracleResult
+from anpred.judge.verdict import backend_verdict
 from anpred.judge.votes import median_of, vote
 
 __all__ = ["Oracle", "median_of", "vote"]
@@ -444,9 +444,6 @@ class Oracle:
         return self.arbiter.consensus_error
 
     # ---- verdicts -------------------------------------------------------------------------------
-    def _primary(self, s: ErrorStats) -> float:
-        return float(getattr(s, self.cfg.primary))
-
     def _guard_parts(self, notes: list[str]) -> None:
         """Leave out the parts that fail the scale guard (``part_min_scale``): from here on
         ``self.anchors`` holds the anchors that are judged (manifest anchors and kept parts)."""
@@ -470,7 +467,7 @@ class Oracle:
         """Decide every (anchor, backend) over the samples seen, then each backend's verdict."""
         notes: list[str] = []
         self._guard_parts(notes)
-        cells = self._cells()
+        cells = judge_cells(self, self._scaled)
         loc = Localizer(self.anchors, self.backends, self.cfg, self.descendants, self._part_of)
         if self.cfg.sustained_anchors >= 2:
             loc.mark_sustained(cells)
@@ -505,84 +502,8 @@ class Oracle:
             correlated=corr, samples=self.samples, independence=self.families.indep.summary(self.cfg.correlated_rho),
             plot_data={k: acc.res.data for k, acc in self.acc.items()}, splits=self.splits.summary())
 
-    def _cells(self) -> dict[tuple[str, str], Cell]:
-        """Every judged (anchor, backend), decided against its peers (:func:`judge_cell`) with the floor
-        and basis of :mod:`anpred.judge.scales`: fp32 voters against their fp32 peers; a
-        reduced-precision backend of the fp32 oracle (its *budget* verdict) against the other families
-        of its own precision population, measured against the fp32 consensus, its lost-signal test
-        against the fp32 voters; members of a population oracle against each other."""
-        cells: dict[tuple[str, str], Cell] = {}
-        pooled = {k: acc.pooled() for k, acc in self.acc.items()}
-        for a in self.anchors:
-            judged = [b for b in self.backends if (a.name, b) in pooled]
-            for b in judged:
-                info = self.backends[b]
-                acc = self.acc[(a.name, b)]
-                corr = self.families.merged_with(a.name, info.family)
-                # peers: other (not merged) families; after a split, only those never on a losing camp
-                # there (the deviation a camp not decided for shows is no level of ordinary noise)
-                losers = self.splits.losers(a.name)
-                voters = [p for p in judged
-                          if p != b and self.backends[p].votes and self.backends[p].family != info.family
-                          and self.backends[p].family not in corr and self.backends[p].family not in losers]
-                prec = cell_precision(info.precision, a.dtype)
-                step = self._step(a, b)
-                rms = math.sqrt(acc.cc / acc.n) if acc.n else None
-                extra: dict[str, Any] = {}
-                if info.votes and self.population is None and prec != "fp32" and prec != info.precision:
-                    # a tensor of the model's own reduced type (float16 weights and activations): its
-                    # peers' spread, with the natural unit of that type as the floor
-                    peers = voters
-                    floor, basis = floor_and_basis(self.cfg, prec, a.stage, population=peers, anchor_type=True)
-                elif info.votes and self.population is None:
-                    peers = voters
-                    floor, basis = floor_and_basis(self.cfg, prec, a.stage)
-                else:
-                    peers = voters if info.votes else \
-                        [p for p in judged if p != b and not self.backends[p].votes
-                         and self.backends[p].precision == info.precision and self.backends[p].family != info.family
-                         and self.backends[p].program == info.program]  # one program's population (populations.py)
-                    measured = CellMeasures(step=step, rms=rms, cost=self.cost_for(a.name, b))
-                    floor, basis = floor_and_basis(self.cfg, prec, a.stage, population=peers, measured=measured,
-                                                   implementation=self.population is not None)
-                    if not info.votes:  # budget verdict: the population's cost; the signal is the fp32 voters'
-                        extra["signal_peers"] = [v for v in (self._primary(pooled[(a.name, p)]) for p in voters)
-                                                 if not math.isnan(v)]
-                        if not peers:
-                            peers = voters  # no population peer: today's rule, the constant floor decides
-                levels = [self._primary(pooled[(a.name, p)]) for p in peers]
-                if info.votes and b in self.tie_judged.get(a.name, ()):
-                    levels += self.tie_levels.get(a.name, [])  # judged against a candidate of a tie
-                    basis += ("; at a tie (no consensus): judged against the nearest tied camp, the tied camps' "
-                              "distance from each other counted as a peer's level")
-                levels = [v for v in levels if not math.isnan(v)]
-                st = pooled[(a.name, b)]
-                units = natural_units(prec, st.max_abs, math.sqrt(acc.dd / acc.n) if acc.n else math.nan, rms, step)
-                if self.population is not None:
-                    extra["k"] = self.cfg.k_for(self.population, population=True)
-                elif info.votes and prec == "fp32" and a.name not in self._scaled:
-                    # the wrong-tail rule: the ULP-error quantile against the same peers' (verdict.py)
-                    extra["peer_ulps"] = [(pooled[(a.name, p)].ulp_q, pooled[(a.name, p)].ulp_median) for p in peers
-                                          if not math.isnan(pooled[(a.name, p)].ulp_q)]
-                cells[(a.name, b)] = judge_cell(a, info, acc, st, levels, self.cfg, self.consensus_max.get(a.name, 0.0),
-                                                CellBasis(floor=floor, basis=basis, units=units, **extra))
-        return cells
-
     def cost_for(self, anchor: str, backend: str) -> float | None:
         """The precision's cost at ``anchor`` for ``backend``'s implementation verdict: the median
         deviation of the population's *other* members from the fp32 consensus (None when unknown)."""
         others = [v for b, v in self.costs.get(anchor, {}).items() if b != backend]
         return float(np.median(others)) if others else None
-
-    def _step(self, a: AnchorInfo, backend: str | None = None) -> float | None:
-        """int8 quantization step of anchor ``a`` (a part: its output's; an anchor without its own:
-        the nearest ancestor anchor's that has one, through the data flow when known), in the program
-        ``backend`` ran where :attr:`member_steps` has it, else the run's."""
-        steps = self.member_steps.get(backend or "") or self.steps
-        name = a.part_of or a.name
-        if name in steps:
-            return steps[name]
-        if self.descendants is None:
-            return None
-        ups = [x.name for x in self.anchors if x.name in steps and name in self.descendants.get(x.name, ())]
-        return steps[ups[-1]] if ups else None

@@ -111,6 +111,72 @@ def _shapes(model) -> dict[str, tuple[int | None, ...] | None]:
     return out
 
 
+def _node_of(idx, v: str):
+    """The node producing value ``v`` in the graph of index ``idx`` (None: a graph input or initializer)."""
+    pos = idx.producer.get(v)
+    return None if pos is None else idx.nodes[pos]
+
+
+def _concat_axis(node, rank: int) -> int | None:
+    """The axis of ``Concat`` ``node`` in a tensor of rank ``rank`` (None: missing or out of range)."""
+    ax = next((a.i for a in node.attribute if a.name == "axis"), None)
+    if ax is None:
+        return None
+    ax = ax + rank if ax < 0 else ax
+    return ax if 0 <= ax < rank else None
+
+
+def _split(idx, shapes: dict, value: str, axis_map, depth: int, nested: bool) -> list[tuple[str, tuple]] | None:
+    """Parts of ``value`` (an ONNX value) as ``(source value, index into the output)``; ``axis_map``
+    maps an axis of ``value`` to an axis of the output (None: not representable). None: ``value``
+    is not split (a leaf). ``nested``: split the inputs of the ``Concat`` further. ``idx``: the graph's
+    index (``passes.graph.build_index``); ``shapes``: value -> static shape."""
+    node = _node_of(idx, value)
+    if node is None or depth > 8:
+        return None
+    shp = shapes.get(value)
+    if shp is None:
+        return None
+    if node.op_type in _PASS_OPS:
+        src = node.input[0] if node.input else ""
+        s_in = shapes.get(src)
+        if s_in is None:
+            return None
+        if node.op_type == "Identity":
+            return _split(idx, shapes, src, axis_map, depth + 1, nested)
+        if node.op_type == "Transpose":
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            if perm is None:
+                perm = list(range(len(s_in)))[::-1]
+            # output axis j reads input axis perm[j]
+            inv = {perm[j]: j for j in range(len(perm))}
+            return _split(idx, shapes, src, lambda a: axis_map(inv[a]) if a in inv else None, depth + 1, nested)
+        # Reshape: the trailing axes from the (later) concatenation axis on must be kept as they are
+        return _split(idx, shapes, src, _reshape_map(s_in, shp, axis_map), depth + 1, nested)
+    if node.op_type != "Concat":
+        return None
+    ax = _concat_axis(node, len(shp))
+    out_ax = axis_map(ax) if ax is not None else None
+    if out_ax is None:
+        return None
+    sizes = [shapes.get(i) for i in node.input]
+    if any(s is None or len(s) != len(shp) or s[ax] is None for s in sizes):
+        return None  # the slices need every size along the axis (other axes may be symbolic)
+    parts, off = [], 0
+    for inp, s in zip(node.input, sizes):
+        n = s[ax]
+        if n == 0:
+            continue
+        sub = _split(idx, shapes, inp, axis_map, depth + 1, nested) if nested else None
+        here = ((out_ax, off, off + n),)
+        if sub is None:
+            parts.append((inp, here))
+        else:
+            parts.extend((v, here + ix) for v, ix in sub)
+        off += n
+    return parts
+
+
 def output_parts(model, outputs: dict[str, str], skip_values: set[str] | frozenset = frozenset(),
                  max_parts: int = MAX_PARTS, index=None) -> dict[str, list[OutputPart]]:
     """The parts of each concatenated output (module docstring).
@@ -133,79 +199,19 @@ def output_parts(model, outputs: dict[str, str], skip_values: set[str] | frozens
     except Exception:  # noqa: BLE001 - a graph that cannot be indexed has no parts (check reports it elsewhere)
         return {}
 
-    def node_of(v):
-        pos = idx.producer.get(v)
-        return None if pos is None else idx.nodes[pos]
-
-    if not any((n := node_of(v)) is not None and (n.op_type == "Concat" or n.op_type in _PASS_OPS)
+    if not any((n := _node_of(idx, v)) is not None and (n.op_type == "Concat" or n.op_type in _PASS_OPS)
                for v in outputs.values()):
         return {}  # no output assembled by a Concat: skip shape inference (seconds on large graphs)
     shapes = _shapes(model)
-
-    def concat_axis(node, rank):
-        ax = next((a.i for a in node.attribute if a.name == "axis"), None)
-        if ax is None:
-            return None
-        ax = ax + rank if ax < 0 else ax
-        return ax if 0 <= ax < rank else None
-
-    def split(value: str, axis_map, depth: int, nested: bool) -> list[tuple[str, tuple]] | None:
-        """Parts of ``value`` (an ONNX value) as ``(source value, index into the output)``; ``axis_map``
-        maps an axis of ``value`` to an axis of the output (None: not representable). None: ``value``
-        is not split (a leaf). ``nested``: split the inputs of the ``Concat`` further."""
-        node = node_of(value)
-        if node is None or depth > 8:
-            return None
-        shp = shapes.get(value)
-        if shp is None:
-            return None
-        if node.op_type in _PASS_OPS:
-            src = node.input[0] if node.input else ""
-            s_in = shapes.get(src)
-            if s_in is None:
-                return None
-            if node.op_type == "Identity":
-                return split(src, axis_map, depth + 1, nested)
-            if node.op_type == "Transpose":
-                perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-                if perm is None:
-                    perm = list(range(len(s_in)))[::-1]
-                # output axis j reads input axis perm[j]
-                inv = {perm[j]: j for j in range(len(perm))}
-                return split(src, lambda a: axis_map(inv[a]) if a in inv else None, depth + 1, nested)
-            # Reshape: the trailing axes from the (later) concatenation axis on must be kept as they are
-            return split(src, _reshape_map(s_in, shp, axis_map), depth + 1, nested)
-        if node.op_type != "Concat":
-            return None
-        ax = concat_axis(node, len(shp))
-        out_ax = axis_map(ax) if ax is not None else None
-        if out_ax is None:
-            return None
-        sizes = [shapes.get(i) for i in node.input]
-        if any(s is None or len(s) != len(shp) or s[ax] is None for s in sizes):
-            return None  # the slices need every size along the axis (other axes may be symbolic)
-        parts, off = [], 0
-        for inp, s in zip(node.input, sizes):
-            n = s[ax]
-            if n == 0:
-                continue
-            sub = split(inp, axis_map, depth + 1, nested) if nested else None
-            here = ((out_ax, off, off + n),)
-            if sub is None:
-                parts.append((inp, here))
-            else:
-                parts.extend((v, here + ix) for v, ix in sub)
-            off += n
-        return parts
 
     result: dict[str, list[OutputPart]] = {}
     for anchor, value in outputs.items():
         oshape = shapes.get(value)
         if oshape is None:
             continue
-        leaves = split(value, lambda a: a, 0, True)
+        leaves = _split(idx, shapes, value, lambda a: a, 0, True)
         if leaves and len(leaves) > max_parts:  # too fine: the top Concat's inputs only
-            leaves = split(value, lambda a: a, 0, False)
+            leaves = _split(idx, shapes, value, lambda a: a, 0, False)
         if not leaves or len(leaves) < 2 or len(leaves) > max_parts:
             continue
         made = []

@@ -179,6 +179,26 @@ class Comparison:
     undecided: int = 0
 
 
+def _energy_statistics(dd: float, cc: float, xx: float, xc: float) -> tuple[float, float, float]:
+    """``(nrmse, snr_db, cosine)`` from the sums of squares of the difference (``dd``), the consensus
+    (``cc``) and ``x`` (``xx``), and the dot product ``xc``; the limits where a sum is zero (nRMSE 0 and
+    SNR +inf for identical tensors, cosine 1 for two zero tensors)."""
+    if dd == 0.0:
+        nrmse, snr = 0.0, float("inf")
+    elif cc == 0.0:
+        nrmse, snr = float("inf"), float("-inf")
+    else:
+        nrmse = math.sqrt(dd / cc)
+        snr = 10.0 * math.log10(cc / dd)
+    if xx == 0.0 and cc == 0.0:
+        cosine = 1.0
+    elif xx == 0.0 or cc == 0.0:
+        cosine = 0.0
+    else:
+        cosine = float(min(1.0, max(-1.0, xc / math.sqrt(xx * cc))))
+    return nrmse, snr, cosine
+
+
 class Reference:
     """A reference tensor (the consensus) prepared once for comparing several tensors with it.
 
@@ -292,59 +312,61 @@ class Reference:
         dd = _dot(d, d)
         xx = _dot(xo, xo)
         xc = _dot(xo, co)
-        if dd == 0.0:
-            nrmse, snr = 0.0, float("inf")
-        elif cc == 0.0:
-            nrmse, snr = float("inf"), float("-inf")
-        else:
-            nrmse = math.sqrt(dd / cc)
-            snr = 10.0 * math.log10(cc / dd)
-        if xx == 0.0 and cc == 0.0:
-            cosine = 1.0
-        elif xx == 0.0 or cc == 0.0:
-            cosine = 0.0
-        else:
-            cosine = float(min(1.0, max(-1.0, xc / math.sqrt(xx * cc))))
+        nrmse, snr, cosine = _energy_statistics(dd, cc, xx, xc)
         max_abs = float(ad.max())
         if not distribution:
             w = max_ulp = float("nan")
         elif dd == 0.0:
             w = 0.0
         else:
-            spread = self._spread_c() if shared else _spread(co)
-            # equal-size, equal-weight samples: W1 = mean |x_(i) - c_(i)| (module docstring); on the
-            # distribution positions only when given (a streamed run's sampled positions)
-            if shared:  # xo lies on the positions of self.c: put it in the consensus' order first
-                sc = self._sorted_c()
-                sx = _sorted_near(xo[self._order])
-            else:
-                sc, sx = np.sort(co), _sorted(xo)
-            w = float(np.abs(sx - sc).mean()) / spread
+            w = self._wasserstein(xo, co, shared)
         ulp_q = ulp_median = float("nan")
         if not distribution:
             pass
         elif max_abs > 0:
-            u = self._ulp_c(dt) if shared else ulp(co, dt)
-            eu = ad / u
-            max_ulp = float(np.max(eu))
-            u_rms = float(ulp(np.array([math.sqrt(cc / n)]), dt)[0]) if cc > 0 and ulp_quantile is not None else 0.0
-            eu = eu[np.abs(co) >= u_rms] if ulp_quantile is not None else eu[:0]
-            ulp_q = ulp_median = 0.0 if ulp_quantile is not None else float("nan")
-            if eu.size:
-                k = min(eu.size - 1, max(0, int(math.ceil(ulp_quantile * eu.size)) - 1))
-                # the order statistic at the quantile (no interpolation): one partition; the median
-                # (the bulk, a coarser question) over evenly strided elements, at most ~16,384, since a
-                # full median partition per comparison costs ten times more
-                # (docs/oracle.md, 'Measurements: statistics kernels')
-                ulp_q = float(np.partition(eu, k)[k])
-                sub = eu[::max(1, eu.size // 16384)]
-                ulp_median = float(np.partition(sub, (sub.size - 1) // 2)[(sub.size - 1) // 2])
+            max_ulp, ulp_q, ulp_median = self._ulp_errors(ad, co, cc, dt, shared, ulp_quantile)
         else:
             max_ulp = ulp_q = ulp_median = 0.0
         st = ErrorStats(n=n, max_abs=max_abs, mean_abs=float(ad.mean()), mean_signed=float(d.mean()),
                         nrmse=nrmse, snr_db=snr, cosine=cosine, wasserstein=w, max_ulp=max_ulp, ulp_q=ulp_q,
                         ulp_median=ulp_median, **counts)
         return Comparison(st, dd, cc, xx, xc, nonfinite, d, xo, co, suppressed, mismatched, self.n_undecided)
+
+    def _wasserstein(self, xo: np.ndarray, co: np.ndarray, shared: bool) -> float:
+        """W1 between ``xo`` and the consensus values ``co`` at the same positions, over the consensus'
+        spread; ``shared``: ``xo`` lies on every position of the reference (its sorted order reused)."""
+        spread = self._spread_c() if shared else _spread(co)
+        # equal-size, equal-weight samples: W1 = mean |x_(i) - c_(i)| (module docstring); on the
+        # distribution positions only when given (a streamed run's sampled positions)
+        if shared:  # xo lies on the positions of self.c: put it in the consensus' order first
+            sc = self._sorted_c()
+            sx = _sorted_near(xo[self._order])
+        else:
+            sc, sx = np.sort(co), _sorted(xo)
+        return float(np.abs(sx - sc).mean()) / spread
+
+    def _ulp_errors(self, ad: np.ndarray, co: np.ndarray, cc: float, dt: str, shared: bool,
+                    ulp_quantile: float | None) -> tuple[float, float, float]:
+        """``(max_ulp, ulp_q, ulp_median)`` of the absolute errors ``ad`` in ULPs of ``dt`` at the consensus
+        values ``co`` (``cc``: their sum of squares; ``shared``: on every position of the reference);
+        ``ulp_q``/``ulp_median`` over the elements where ``|co|`` is at least the ULP of the consensus' RMS, NaN when
+        ``ulp_quantile`` is None (see :meth:`compare`)."""
+        u = self._ulp_c(dt) if shared else ulp(co, dt)
+        eu = ad / u
+        max_ulp = float(np.max(eu))
+        u_rms = float(ulp(np.array([math.sqrt(cc / co.size)]), dt)[0]) if cc > 0 and ulp_quantile is not None else 0.0
+        eu = eu[np.abs(co) >= u_rms] if ulp_quantile is not None else eu[:0]
+        ulp_q = ulp_median = 0.0 if ulp_quantile is not None else float("nan")
+        if eu.size:
+            k = min(eu.size - 1, max(0, int(math.ceil(ulp_quantile * eu.size)) - 1))
+            # the order statistic at the quantile (no interpolation): one partition; the median
+            # (the bulk, a coarser question) over evenly strided elements, at most ~16,384, since a
+            # full median partition per comparison costs ten times more
+            # (docs/oracle.md, 'Measurements: statistics kernels')
+            ulp_q = float(np.partition(eu, k)[k])
+            sub = eu[::max(1, eu.size // 16384)]
+            ulp_median = float(np.partition(sub, (sub.size - 1) // 2)[(sub.size - 1) // 2])
+        return max_ulp, ulp_q, ulp_median
 
     def _nonfinite_votes(self, x: np.ndarray, xfin: np.ndarray) -> tuple[int, int]:
         """``(suppressed, mismatched)`` at the consensus' decided non-finite positions: ``x`` finite

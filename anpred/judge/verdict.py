@@ -114,15 +114,7 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
     no_signal = st.n > 0 and acc.cc > 0 and (st.cosine <= 0.0 or (signal_peers is not None and st.nrmse >= 1.0))
     lost = cfg.signal_lost and no_signal and (sig_level is None or prim > k * sig_level)
     if acc.nonfinite or acc.suppressed or acc.mismatched:
-        flagged = True
-        what = []
-        if acc.nonfinite:
-            what.append(f"{acc.nonfinite} NaN/Inf where the consensus is finite")
-        if acc.suppressed:
-            what.append(f"{acc.suppressed} finite values where the consensus is NaN/Inf (NaN suppressed)")
-        if acc.mismatched:
-            what.append(f"{acc.mismatched} NaN/Inf of another kind than the consensus'")
-        reason = "; ".join(what)
+        flagged, reason = True, _nonfinite_reason(acc)
     elif st.n == 0:
         flagged, reason = False, "no finite value to judge"
     elif lost and not prim > thr:
@@ -147,12 +139,7 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
         elif not flagged and peer_ulps is not None:
             tail = _wrong_tail(st, peer_ulps, k, cfg, prim, thr, peer_level)[1]
         elif flagged:
-            why = [f"{cfg.primary} {prim:.3g} > floor {floor:.3g}"]
-            if peer_level is not None:
-                why.append(f"> {k:g} x peers' median {peer_level:.3g}")
-            if range_ratio is not None:
-                why.append(f"largest deviation {range_ratio:.3g} of the part's largest value")
-            reason = " and ".join(why)
+            reason = _flag_reason(f"{cfg.primary} {prim:.3g}", floor, k, peer_level, range_ratio)
     return Cell(
         anchor=anchor.name, backend=info.name, samples=acc.samples, stats=st, primary=prim,
         per_sample=_per_sample(ps),
@@ -160,6 +147,29 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
         flagged=flagged, reason=reason, range_ratio=range_ratio, basis=basis, threshold_by=threshold_by,
         units=units or {},
         suppressed=acc.suppressed + acc.mismatched, undecided=acc.undecided, tail=tail)
+
+
+def _nonfinite_reason(acc: Accumulator) -> str:
+    """What the backend's NaN/Inf differ in from the consensus' (counts over the samples)."""
+    what = []
+    if acc.nonfinite:
+        what.append(f"{acc.nonfinite} NaN/Inf where the consensus is finite")
+    if acc.suppressed:
+        what.append(f"{acc.suppressed} finite values where the consensus is NaN/Inf (NaN suppressed)")
+    if acc.mismatched:
+        what.append(f"{acc.mismatched} NaN/Inf of another kind than the consensus'")
+    return "; ".join(what)
+
+
+def _flag_reason(value: str, floor: float, k: float, peer_level: float | None, range_ratio: float | None) -> str:
+    """Why a cell is flagged: its statistic (``value``: name and value) above the floor, above ``k`` x the
+    peers' median, and for a part its largest deviation relative to the part's largest value."""
+    why = [f"{value} > floor {floor:.3g}"]
+    if peer_level is not None:
+        why.append(f"> {k:g} x peers' median {peer_level:.3g}")
+    if range_ratio is not None:
+        why.append(f"largest deviation {range_ratio:.3g} of the part's largest value")
+    return " and ".join(why)
 
 
 def _per_sample(ps) -> dict[str, float]:

@@ -20,6 +20,9 @@ versions, its position in the campaign, state, report, and its run once judged) 
 (each ``anpred campaign --bisect`` result: package, model label, backend, ``first_bad``,
 ``last_good``, origin stage and culprit). An older database is migrated (columns added, tables
 created) when written to, and read as is (the new columns read as unknown).
+
+The schema and the connections are in :mod:`anpred.report.history_schema`, the campaigns and bisections
+in :mod:`anpred.report.history_campaigns`; both re-exported here.
 """
 
 from __future__ import annotations
@@ -31,46 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from anpred.errors import AnpredError
+# the schema and the connections, re-exported here (SCHEMA_VERSION, columns, create, open_history)
+from anpred.report.history_schema import SCHEMA_VERSION, columns, connect, create, open_history
+# the campaigns and bisections, re-exported here
+from anpred.report.history_campaigns import CampaignConfig, record_bisection, record_campaign
 
-SCHEMA_VERSION = 3
-
-_DDL = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
-CREATE TABLE IF NOT EXISTS runs (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, created TEXT, run_dir TEXT, model TEXT, model_sha256 TEXT,
-  machine TEXT, cpu TEXT, status TEXT, oracle TEXT, samples INTEGER, inputs TEXT, inputs_sha256 TEXT,
-  report TEXT);
-CREATE TABLE IF NOT EXISTS verdicts (
-  run_id INTEGER REFERENCES runs(id), backend TEXT, family TEXT, precision TEXT, versions TEXT,
-  flagged INTEGER, origin_anchor TEXT, origin_stage INTEGER, worst_anchor TEXT, worst_primary REAL,
-  propagation TEXT, threshold_passed INTEGER, threshold_max_abs REAL, status TEXT, culprit TEXT, culprit_op TEXT);
-CREATE TABLE IF NOT EXISTS cells (
-  run_id INTEGER REFERENCES runs(id), backend TEXT, anchor TEXT, stage INTEGER, primary_stat REAL,
-  flagged INTEGER, stats TEXT);
-CREATE INDEX IF NOT EXISTS verdicts_backend ON verdicts(backend);
-CREATE TABLE IF NOT EXISTS tasks (
-  run_id INTEGER REFERENCES runs(id), backend TEXT, task TEXT, metric TEXT, value REAL);
-"""
-
-# schema 3: campaigns, their configurations and bisections (created on every write connection, so an
-# older database gains them when appended to)
-_DDL3 = """
-CREATE TABLE IF NOT EXISTS campaigns (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT, folder TEXT, file TEXT, updated TEXT, axes TEXT,
-  configurations INTEGER, complete INTEGER, failed INTEGER, UNIQUE (name, folder));
-CREATE TABLE IF NOT EXISTS campaign_runs (
-  campaign_id INTEGER REFERENCES campaigns(id), config_id TEXT, position INTEGER, label TEXT, backend_set TEXT,
-  inputs TEXT, versions TEXT, state TEXT, reason TEXT, report TEXT, run_id INTEGER REFERENCES runs(id),
-  UNIQUE (campaign_id, config_id));
-CREATE TABLE IF NOT EXISTS bisections (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, created TEXT, campaign TEXT, folder TEXT, package TEXT, model TEXT,
-  backend TEXT, good TEXT, bad TEXT, first_bad TEXT, last_good TEXT, standing_good TEXT, standing_first_bad TEXT,
-  origin_stage INTEGER, origin_anchor TEXT, culprit TEXT, culprit_op TEXT, report TEXT, probes TEXT);
-"""
-
-#: columns added by a schema migration: (table, column, type), applied when missing
-_ADDED = (("runs", "inputs", "TEXT"), ("runs", "inputs_sha256", "TEXT"), ("verdicts", "status", "TEXT"),
-          ("runs", "report", "TEXT"), ("verdicts", "culprit", "TEXT"), ("verdicts", "culprit_op", "TEXT"))
+__all__ = ["SCHEMA_VERSION", "HIGHER_IS_BETTER", "DEFAULT_MARGIN", "columns", "create", "open_history",
+           "model_identity", "append", "TrendRow", "has_run", "trend", "TaskRow", "task_trend", "task_regressions",
+           "format_task_trend", "format_trend", "plot_trend", "CampaignConfig", "record_campaign", "record_bisection"]
 
 #: task metrics where higher is better (a drop is a regression); ``truth.*`` are against the labels
 HIGHER_IS_BETTER = ("kept_fraction", "precision", "recall", "f1", "map50_vs_consensus", "top1_agreement",
@@ -85,66 +56,6 @@ def model_identity(report) -> tuple[str, str]:
     m = report.model or {}
     name = m.get("name") or Path(str(m.get("path") or m.get("source") or m.get("source_path") or "model")).name
     return str(name), str(m.get("sha256") or "")
-
-
-def _connect(db: str | Path, create: bool) -> sqlite3.Connection:
-    p = Path(db)
-    if not create and not p.is_file():
-        raise AnpredError(f"{p}: no such history database")
-    if create and not p.parent.is_dir():
-        raise AnpredError(f"{p}: folder {p.parent} does not exist")
-    try:
-        con = sqlite3.connect(str(p))
-        if create:
-            con.executescript(_DDL)
-            con.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            if con.execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0] == str(SCHEMA_VERSION):
-                con.executescript(_DDL3)
-        ver = con.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-        if create and ver is not None and ver[0] in ("1", "2"):
-            _migrate(con)
-            ver = (str(SCHEMA_VERSION),)
-    except sqlite3.DatabaseError as err:
-        raise AnpredError(f"{p} is not an anpred history database: {err}") from err
-    if ver is None or ver[0] not in ("1", "2", str(SCHEMA_VERSION)):
-        con.close()
-        raise AnpredError(f"{p}: history schema {ver[0] if ver else None!r} (expected {SCHEMA_VERSION})")
-    return con
-
-
-def _migrate(con: sqlite3.Connection) -> None:
-    """Schema 1 or 2 -> 3, in one transaction: the missing columns of :data:`_ADDED` (1 -> 2: the
-    input set identity; 2 -> 3: the report path and the culprit), then the schema-3 tables."""
-    with con:
-        for table, col, typ in _ADDED:
-            if col not in columns(con, table):
-                con.execute(f"ALTER TABLE {table} ADD COLUMN {col} {typ}")
-        con.executescript(_DDL3)
-        con.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
-
-
-def columns(con: sqlite3.Connection, table: str) -> set[str]:
-    """The column names of ``table`` (empty when the table does not exist)."""
-    return {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
-
-
-def create(db: str | Path) -> None:
-    """Create the history ``db`` with the current schema (an existing one is migrated to it).
-
-    Raises:
-        AnpredError: ``db``'s folder does not exist, or ``db`` is not an anpred history database.
-    """
-    _connect(db, create=True).close()
-
-
-def open_history(db: str | Path) -> sqlite3.Connection:
-    """A connection to the existing history ``db`` for reading, any schema 1 to 3 (not migrated: a
-    column an older schema lacks is missing, :func:`columns` tells).
-
-    Raises:
-        AnpredError: ``db`` does not exist or is not an anpred history database.
-    """
-    return _connect(db, create=False)
 
 
 def _origin(v):
@@ -175,7 +86,7 @@ def append(db: str | Path, report, report_html: str | Path | None = None) -> int
         AnpredError: ``db`` is not an anpred history database or cannot be written.
     """
     name, sha = model_identity(report)
-    con = _connect(db, create=True)
+    con = connect(db, create=True)
     try:
         with con:
             inputs = getattr(report, "inputs", {}) or {}
@@ -247,7 +158,7 @@ def has_run(db: str | Path, run_dir: str) -> bool:
     exist): a campaign appends each configuration once, also when resumed."""
     if not Path(db).is_file():
         return False
-    con = _connect(db, create=False)
+    con = connect(db, create=False)
     try:
         return con.execute("SELECT 1 FROM runs WHERE run_dir = ? LIMIT 1", (str(run_dir),)).fetchone() is not None
     finally:
@@ -257,7 +168,7 @@ def has_run(db: str | Path, run_dir: str) -> bool:
 def trend(db: str | Path, model: str | None = None) -> list[TrendRow]:
     """All (run, backend) rows of ``db`` in time order, optionally for one model name.
     Raises AnpredError when ``db`` is missing or not a history database."""
-    con = _connect(db, create=False)
+    con = connect(db, create=False)
     try:
         cols = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
         extra = "r.inputs_sha256, r.inputs, v.status" if "inputs_sha256" in cols else "NULL, NULL, NULL"
@@ -296,7 +207,7 @@ class TaskRow:
 def task_trend(db: str | Path, model: str | None = None) -> list[TaskRow]:
     """Every task metric of ``db`` (run order). An older database without the ``tasks`` table has none.
     Raises AnpredError when ``db`` is missing or not a history database."""
-    con = _connect(db, create=False)
+    con = connect(db, create=False)
     try:
         if not con.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='tasks'").fetchone():
             return []
@@ -446,93 +357,3 @@ def plot_trend(rows: list[TrendRow], path: str | Path, task_rows: list[TaskRow] 
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
     atomic_write_bytes(Path(path), buf.getvalue())
-
-
-@dataclass
-class CampaignConfig:
-    """One configuration of a campaign, as :func:`record_campaign` stores it (``campaign_runs``).
-
-    position: its index in the campaign's order (the dashboard orders a campaign's runs by it: the
-        runtime versions of an axis in the campaign's order); state: ``complete`` | ``failed``;
-    reason: why it failed; report: its HTML report's path; run_dir: the run folder its report names
-        (the key of its row in ``runs``; None when it failed).
-    """
-
-    config_id: str
-    position: int
-    label: str
-    backend_set: str
-    inputs: str
-    versions: dict[str, str]
-    state: str
-    reason: str = ""
-    report: str | None = None
-    run_dir: str | None = None
-
-
-def record_campaign(db: str | Path, name: str, folder: str | Path, file: str,
-                    axes: list[dict[str, Any]], configs: list[CampaignConfig]) -> int:
-    """Record (insert or update) the campaign ``name`` written to ``folder`` and its configurations;
-    each complete configuration is tied to its run (``runs.run_dir == run_dir``, the latest such run).
-    ``axes``: ``[{"package", "versions", "backends"}]``. Returns the campaign's id.
-
-    Raises:
-        AnpredError: ``db`` cannot be written or is not an anpred history database.
-    """
-    import time
-
-    con = _connect(db, create=True)
-    try:
-        with con:
-            con.execute("INSERT INTO campaigns (name, folder, file, updated, axes, configurations, complete, failed) "
-                        "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (name, folder) DO UPDATE SET file = excluded.file, "
-                        "updated = excluded.updated, axes = excluded.axes, configurations = excluded.configurations, "
-                        "complete = excluded.complete, failed = excluded.failed",
-                        (name, str(Path(folder).absolute()), str(file), time.strftime("%Y-%m-%dT%H:%M:%S"),
-                         json.dumps(axes), len(configs), sum(c.state == "complete" for c in configs),
-                         sum(c.state != "complete" for c in configs)))
-            cid = con.execute("SELECT id FROM campaigns WHERE name = ? AND folder = ?",
-                              (name, str(Path(folder).absolute()))).fetchone()[0]
-            for c in configs:
-                run = None
-                if c.run_dir is not None:
-                    row = con.execute("SELECT max(id) FROM runs WHERE run_dir = ?", (str(c.run_dir),)).fetchone()
-                    run = row[0] if row else None
-                con.execute("INSERT OR REPLACE INTO campaign_runs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                            (cid, c.config_id, c.position, c.label, c.backend_set, c.inputs, json.dumps(c.versions),
-                             c.state, c.reason, str(Path(c.report).absolute()) if c.report else None, run))
-    except sqlite3.DatabaseError as err:
-        raise AnpredError(f"cannot write history {db}: {err}") from err
-    finally:
-        con.close()
-    return cid
-
-
-def record_bisection(db: str | Path, result: dict[str, Any], campaign: str, folder: str | Path) -> int:
-    """Record one version bisection (:func:`anpred.campaign.bisect.bisect_versions`'s result) of the
-    campaign named ``campaign`` whose probes went to ``folder``; returns its id.
-
-    Raises:
-        AnpredError: ``db`` cannot be written or is not an anpred history database.
-    """
-    import time
-
-    culprit = result.get("culprit") or {}
-    con = _connect(db, create=True)
-    try:
-        with con:
-            cur = con.execute(
-                "INSERT INTO bisections (created, campaign, folder, package, model, backend, good, bad, first_bad, "
-                "last_good, standing_good, standing_first_bad, origin_stage, origin_anchor, culprit, culprit_op, "
-                "report, probes) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (time.strftime("%Y-%m-%dT%H:%M:%S"), campaign, str(Path(folder).absolute()), result.get("package"),
-                 result.get("model"), result.get("backend"), (result.get("candidates") or [None])[0],
-                 (result.get("candidates") or [None])[-1], result.get("first_bad"), result.get("last_good"),
-                 result.get("standing_good"), result.get("standing_first_bad"), result.get("origin_stage"),
-                 result.get("origin_anchor"), culprit.get("node"), culprit.get("op_type"), result.get("report"),
-                 json.dumps(result.get("probes") or [])))
-            return cur.lastrowid
-    except sqlite3.DatabaseError as err:
-        raise AnpredError(f"cannot write history {db}: {err}") from err
-    finally:
-        con.close()

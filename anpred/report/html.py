@@ -316,7 +316,7 @@ def write_html(report, path: str | Path) -> None:
 
     matplotlib.use("Agg", force=False)
     from anpred.onnx_io import atomic_write_text
-    from anpred.report.text import PROPAGATION_LEGEND, format_text, propagation_line
+    from anpred.report.text import format_text
 
     primary = report.config.get("primary", "nrmse")
     e = html.escape
@@ -337,6 +337,32 @@ def write_html(report, path: str | Path) -> None:
         note = " (exit 0: --allow-incomplete)" if getattr(report, "allow_incomplete", False) else ""
         parts.append(f"<h2 class='gap'>Not judged ({len(gaps)}): the verdict is incomplete{e(note)}</h2><ul>"
                      + "".join(f"<li>{e(g)}</li>" for g in gaps) + "</ul>")
+    parts.extend(_independence(report))
+    parts.extend(_verdict_table(report, primary))
+    parts.extend(_drill(report))
+    parts.extend(_populations(report, primary))
+    parts.extend(_scales(report))
+    if report.threshold:
+        parts.append("<h2>Threshold baseline (final outputs)</h2><table><tr><th>backend</th><th>reference</th>"
+                     "<th>atol</th><th>rtol</th><th>result</th><th>failed / total</th><th>max abs</th><th>max rel</th>"
+                     "</tr>")
+        for b, t in report.threshold.items():
+            parts.append(f"<tr class='{'ok' if t.passed else 'flag'}'><td>{e(b)}</td><td>{e(t.reference)}</td>"
+                         f"<td>{t.atol:g}</td><td>{t.rtol:g}</td><td>{'pass' if t.passed else 'FAIL'}</td>"
+                         f"<td>{t.failed_elements} / {t.total_elements}</td><td>{_fmt(t.max_abs)}</td>"
+                         f"<td>{_fmt(t.max_rel)}</td></tr>")
+        parts.append("</table>")
+    if report.cells:
+        parts.extend(_cell_sections(report, primary))
+    parts.append(f"<h2>Summary</h2><pre>{e(format_text(report))}</pre></body></html>")
+    atomic_write_text(Path(path), "\n".join(parts))
+
+
+def _independence(report) -> list[str]:
+    """The correlated backends counted as one consensus vote, and the error correlation of each pair of
+    voting families (with where the pair was merged)."""
+    e = html.escape
+    parts = []
     for c in getattr(report, "correlated", []) or []:
         how = ("bit-identical or error-correlated tensors (three-cornered hat rho "
                f"{min(c['rho'].values()):.2f}-{max(c['rho'].values()):.2f})"
@@ -361,59 +387,53 @@ def write_html(report, path: str | Path) -> None:
                                f"<td>{v['rho_max']:.3f}</td><td>{v['anchors']}</td>"
                                f"<td>{merged.get(p, 0)} anchors</td></tr>" for p, v in pairs.items())
                      + "</table>")
-    parts.extend(_verdict_table(report, primary))
-    parts.extend(_drill(report))
-    parts.extend(_populations(report, primary))
-    parts.extend(_scales(report))
-    if report.threshold:
-        parts.append("<h2>Threshold baseline (final outputs)</h2><table><tr><th>backend</th><th>reference</th>"
-                     "<th>atol</th><th>rtol</th><th>result</th><th>failed / total</th><th>max abs</th><th>max rel</th>"
-                     "</tr>")
-        for b, t in report.threshold.items():
-            parts.append(f"<tr class='{'ok' if t.passed else 'flag'}'><td>{e(b)}</td><td>{e(t.reference)}</td>"
-                         f"<td>{t.atol:g}</td><td>{t.rtol:g}</td><td>{'pass' if t.passed else 'FAIL'}</td>"
-                         f"<td>{t.failed_elements} / {t.total_elements}</td><td>{_fmt(t.max_abs)}</td>"
-                         f"<td>{_fmt(t.max_rel)}</td></tr>")
-        parts.append("</table>")
-    if report.cells:
-        parts.append(f"<h2>Heatmap</h2><img src='{_heatmap(report, primary)}'>")
-        parts.append(f"<h2>Propagation profile</h2><img src='{_profiles(report, primary)}'>")
-        parts.append(f"<p>{e(primary)} at the first judged anchor, then the ratio to the previous judged anchor "
-                     f"({e(PROPAGATION_LEGEND)}):</p><table><tr><th>backend</th><th>profile</th></tr>"
-                     + "".join(f"<tr><td>{e(b)}</td><td><code>{e(propagation_line(report, b))}</code></td></tr>"
-                               for b in report.verdicts)
-                     + "".join(f"<tr><td>{e(b)} (implementation, {e(v.precision)} population)</td><td><code>"
-                               f"{e(propagation_line(report, b, v.precision))}</code></td></tr>"
-                               for b, v in report.verdicts.items() if v.implementation is not None)
-                     + "</table>")
-        steps = [(b, s) for b, v in report.verdicts.items() for s in v.steps if v.flagged]
-        if steps:
-            parts.append("<h3>Steps of flagged backends</h3><table><tr><th>backend</th><th>from</th><th>to</th>"
-                         "<th>ratio</th><th>kind</th></tr>" + "".join(
-                             f"<tr><td>{e(b)}</td><td>{e(s.src)}</td><td>{e(s.dst)}</td><td>{_fmt(s.ratio)}</td>"
-                             f"<td>{e(s.kind)}</td></tr>" for b, s in steps) + "</table>")
-        flagged = [c for c in report.cells if c.flagged]
-        if flagged:
-            parts.append("<h2>Flagged anchors</h2>")
-            for c in flagged[:MAX_DETAIL]:
-                img = _detail(report, c.anchor, c.backend)
-                parts.append(f"<h3>{e(c.backend)} at {e(c.anchor)}</h3><p>{e(c.reason)}</p>")
-                if img:
-                    parts.append(f"<img src='{img}'>")
-            if len(flagged) > MAX_DETAIL:
-                parts.append(f"<p>{len(flagged) - MAX_DETAIL} more flagged cells not plotted (see the table).</p>")
-        parts.append("<h2>All cells</h2><table><tr><th>anchor</th><th>backend</th><th>samples</th>"
-                     f"<th>{e(primary)}</th><th>p90/sample</th><th>peers' median</th><th>floor</th><th>threshold</th>"
-                     "<th>max abs</th><th>SNR dB</th><th>cosine</th><th>W1</th><th>max ULP</th><th>NaN/Inf</th>"
-                     "<th>verdict</th></tr>")
-        for c in report.cells:
-            s = c.stats
-            parts.append(f"<tr class='{'flag' if c.flagged else ''}'><td>{e(c.anchor)}</td><td>{e(c.backend)}</td>"
-                         f"<td>{c.samples}</td><td>{_fmt(c.primary)}</td><td>{_fmt(c.per_sample.get('p90'))}</td>"
-                         f"<td>{_fmt(c.peer_level)}</td><td>{_fmt(c.floor)}</td><td>{_fmt(c.threshold)}</td>"
-                         f"<td>{_fmt(s.max_abs)}</td><td>{_fmt(s.snr_db)}</td><td>{_fmt(s.cosine)}</td>"
-                         f"<td>{_fmt(s.wasserstein)}</td><td>{_fmt(s.max_ulp)}</td><td>{s.nan}/{s.inf}</td>"
-                         f"<td>{'FLAGGED' if c.flagged else 'ok'}</td></tr>")
-        parts.append("</table>")
-    parts.append(f"<h2>Summary</h2><pre>{e(format_text(report))}</pre></body></html>")
-    atomic_write_text(Path(path), "\n".join(parts))
+    return parts
+
+
+def _cell_sections(report, primary: str) -> list[str]:
+    """The sections over the judged cells: the heatmap, the propagation profiles and steps, the flagged
+    anchors' detail plots (at most :data:`MAX_DETAIL`) and the table of all cells."""
+    from anpred.report.text import PROPAGATION_LEGEND, propagation_line
+
+    e = html.escape
+    parts = []
+    parts.append(f"<h2>Heatmap</h2><img src='{_heatmap(report, primary)}'>")
+    parts.append(f"<h2>Propagation profile</h2><img src='{_profiles(report, primary)}'>")
+    parts.append(f"<p>{e(primary)} at the first judged anchor, then the ratio to the previous judged anchor "
+                 f"({e(PROPAGATION_LEGEND)}):</p><table><tr><th>backend</th><th>profile</th></tr>"
+                 + "".join(f"<tr><td>{e(b)}</td><td><code>{e(propagation_line(report, b))}</code></td></tr>"
+                           for b in report.verdicts)
+                 + "".join(f"<tr><td>{e(b)} (implementation, {e(v.precision)} population)</td><td><code>"
+                           f"{e(propagation_line(report, b, v.precision))}</code></td></tr>"
+                           for b, v in report.verdicts.items() if v.implementation is not None)
+                 + "</table>")
+    steps = [(b, s) for b, v in report.verdicts.items() for s in v.steps if v.flagged]
+    if steps:
+        parts.append("<h3>Steps of flagged backends</h3><table><tr><th>backend</th><th>from</th><th>to</th>"
+                     "<th>ratio</th><th>kind</th></tr>" + "".join(
+                         f"<tr><td>{e(b)}</td><td>{e(s.src)}</td><td>{e(s.dst)}</td><td>{_fmt(s.ratio)}</td>"
+                         f"<td>{e(s.kind)}</td></tr>" for b, s in steps) + "</table>")
+    flagged = [c for c in report.cells if c.flagged]
+    if flagged:
+        parts.append("<h2>Flagged anchors</h2>")
+        for c in flagged[:MAX_DETAIL]:
+            img = _detail(report, c.anchor, c.backend)
+            parts.append(f"<h3>{e(c.backend)} at {e(c.anchor)}</h3><p>{e(c.reason)}</p>")
+            if img:
+                parts.append(f"<img src='{img}'>")
+        if len(flagged) > MAX_DETAIL:
+            parts.append(f"<p>{len(flagged) - MAX_DETAIL} more flagged cells not plotted (see the table).</p>")
+    parts.append("<h2>All cells</h2><table><tr><th>anchor</th><th>backend</th><th>samples</th>"
+                 f"<th>{e(primary)}</th><th>p90/sample</th><th>peers' median</th><th>floor</th><th>threshold</th>"
+                 "<th>max abs</th><th>SNR dB</th><th>cosine</th><th>W1</th><th>max ULP</th><th>NaN/Inf</th>"
+                 "<th>verdict</th></tr>")
+    for c in report.cells:
+        s = c.stats
+        parts.append(f"<tr class='{'flag' if c.flagged else ''}'><td>{e(c.anchor)}</td><td>{e(c.backend)}</td>"
+                     f"<td>{c.samples}</td><td>{_fmt(c.primary)}</td><td>{_fmt(c.per_sample.get('p90'))}</td>"
+                     f"<td>{_fmt(c.peer_level)}</td><td>{_fmt(c.floor)}</td><td>{_fmt(c.threshold)}</td>"
+                     f"<td>{_fmt(s.max_abs)}</td><td>{_fmt(s.snr_db)}</td><td>{_fmt(s.cosine)}</td>"
+                     f"<td>{_fmt(s.wasserstein)}</td><td>{_fmt(s.max_ulp)}</td><td>{s.nan}/{s.inf}</td>"
+                     f"<td>{'FLAGGED' if c.flagged else 'ok'}</td></tr>")
+    parts.append("</table>")
+    return parts

@@ -276,22 +276,7 @@ def format_text(report) -> str:
         lines.extend(_scale_lines(report))
         if any(v.non_monotonic for v in report.verdicts.values()):
             lines.append("  * non-monotonic propagation (amplified and attenuated after the origin)")
-        for b, v, pop in [(b, v, None) for b, v in report.verdicts.items()] + \
-                [(b, v.implementation, v.precision) for b, v in report.verdicts.items()
-                 if v.implementation is not None]:
-            if v.flagged and v.origin_anchor:
-                c = report.cell(v.origin_anchor, b, pop)
-                if pop:
-                    b = f"{b} (implementation, {pop} population)"
-                if c is not None and getattr(c, "deviation", ""):  # a wrong shape or missing output: no statistics
-                    lines.append(f"  {b} at origin {v.origin_anchor}: {c.reason}")
-                elif c is not None:
-                    s = c.stats
-                    why = c.reason or getattr(v, "origin_traced", "")
-                    lines.append(f"  {b} at origin {v.origin_anchor}: {why}; max_abs {_g(s.max_abs)} "
-                                 f"mean_signed {_g(s.mean_signed)} snr {_g(s.snr_db, '.1f')} dB cosine "
-                                 f"{_g(s.cosine, '.6f')} W1 {_g(s.wasserstein)} max_ulp {_g(s.max_ulp, '.3g')} "
-                                 f"nan {s.nan} inf {s.inf}")
+        lines.extend(_origin_lines(report))
         lines.append("")
         lines.append(f"propagation ({primary} at the first judged anchor, "
                      f"then the ratio to the previous judged anchor; {PROPAGATION_LEGEND}):")
@@ -318,6 +303,38 @@ def format_text(report) -> str:
                               float(report.config.get("correlated_rho", 0.8)))
     if indep:
         lines.append(indep)
+    lines.extend(_gap_lines(report))
+    for n in report.notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)
+
+
+def _origin_lines(report) -> list[str]:
+    """For each flagged verdict (the implementation verdicts too): its origin anchor's reason and
+    statistics (a wrong shape or missing output: the reason alone)."""
+    lines = []
+    for b, v, pop in [(b, v, None) for b, v in report.verdicts.items()] + \
+            [(b, v.implementation, v.precision) for b, v in report.verdicts.items()
+             if v.implementation is not None]:
+        if v.flagged and v.origin_anchor:
+            c = report.cell(v.origin_anchor, b, pop)
+            if pop:
+                b = f"{b} (implementation, {pop} population)"
+            if c is not None and getattr(c, "deviation", ""):  # a wrong shape or missing output: no statistics
+                lines.append(f"  {b} at origin {v.origin_anchor}: {c.reason}")
+            elif c is not None:
+                s = c.stats
+                why = c.reason or getattr(v, "origin_traced", "")
+                lines.append(f"  {b} at origin {v.origin_anchor}: {why}; max_abs {_g(s.max_abs)} "
+                             f"mean_signed {_g(s.mean_signed)} snr {_g(s.snr_db, '.1f')} dB cosine "
+                             f"{_g(s.cosine, '.6f')} W1 {_g(s.wasserstein)} max_ulp {_g(s.max_ulp, '.3g')} "
+                             f"nan {s.nan} inf {s.inf}")
+    return lines
+
+
+def _gap_lines(report) -> list[str]:
+    """What was not judged (the verdict is incomplete there), at most :data:`MAX_GAP_LINES` per backend."""
+    lines = []
     gaps = getattr(report, "incomplete", []) or []
     if gaps:
         lines.append("")
@@ -333,6 +350,4 @@ def format_text(report) -> str:
             lines.append(f"  - {g}")
         if hidden:
             lines.append(f"  ... {hidden} more (see the JSON report's 'incomplete')")
-    for n in report.notes:
-        lines.append(f"note: {n}")
-    return "\n".join(lines)
+    return lines

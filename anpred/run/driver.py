@@ -87,24 +87,11 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
     in the store.
     """
     from anpred.inputs import ArraySamples, InputSpec
-    from anpred.onnx_io import sha256_file
 
     cfg = dataclasses.replace(settings or RunSettings(), **fields)
     mode, timeout_s, overwrite, progress = cfg.mode, cfg.timeout_s, cfg.overwrite, cfg.progress
     precheck, pool, guards = cfg.precheck, cfg.pool, cfg.guards
-    if mode not in MODES:
-        raise AnpredError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
-    specs = [BackendSpec.coerce(b) for b in backends]
-    if not specs:
-        raise BackendError("no backend given; known backends: " + ", ".join(REGISTRY))
-    labels = [s.label for s in specs]
-    dups = sorted({x for x in labels if labels.count(x) > 1})
-    if dups:
-        raise BackendError(f"backend label(s) used twice: {', '.join(dups)} (give each spec its own label)")
-    if not timeout_s or timeout_s <= 0:
-        raise AnpredError(f"timeout must be positive (got {timeout_s})")
-    if pool is not None and mode != "tensors":
-        raise AnpredError("a WorkerPool runs mode 'tensors' only")
+    specs = _checked_specs(backends, cfg)
     guards = guards or RunGuards()
     watch = MemoryWatch(guards)  # (raises on a malformed ANPRED_MEMORY_BOUND before anything is written)
     model_path = Path(model_path).resolve()
@@ -129,11 +116,7 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
         store.meta["model"].update(copy_model(model_path, model, tmp))
         run_model_path = tmp / "model.onnx"
         shape_hint = _store_samples(store, in_spec, model, hint)
-        store.meta["backend_specs"] = {s.label: {"name": s.name, "options": json.loads(to_json(s.options))}
-                                       for s in specs}
-        for s in specs:
-            if "model" in s.options:
-                store.meta["backend_specs"][s.label]["model_sha256"] = sha256_file(s.options["model"])
+        _record_specs(store, specs)
         store.meta["memory_bounds"] = watch.record
         store.save_meta()
         shared = Path(guards.shared_dir) if guards.shared_dir else tmp / ".work" / "shared"
@@ -162,6 +145,43 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
     if progress:
         print(format_summary(result), file=sys.stderr)
     return result
+
+
+def _checked_specs(backends: Iterable["str | BackendSpec"], cfg: RunSettings) -> list[BackendSpec]:
+    """The backends as :class:`BackendSpec` objects, after checking them and the run settings ``cfg``.
+
+    Raises:
+        BackendError: no backend, an unknown one, or a label used twice.
+        AnpredError: an unknown mode, a timeout that is not positive, a worker pool with a mode other
+            than ``tensors``.
+    """
+    mode, timeout_s, pool = cfg.mode, cfg.timeout_s, cfg.pool
+    if mode not in MODES:
+        raise AnpredError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    specs = [BackendSpec.coerce(b) for b in backends]
+    if not specs:
+        raise BackendError("no backend given; known backends: " + ", ".join(REGISTRY))
+    labels = [s.label for s in specs]
+    dups = sorted({x for x in labels if labels.count(x) > 1})
+    if dups:
+        raise BackendError(f"backend label(s) used twice: {', '.join(dups)} (give each spec its own label)")
+    if not timeout_s or timeout_s <= 0:
+        raise AnpredError(f"timeout must be positive (got {timeout_s})")
+    if pool is not None and mode != "tensors":
+        raise AnpredError("a WorkerPool runs mode 'tensors' only")
+    return specs
+
+
+def _record_specs(store: RunStore, specs: list[BackendSpec]) -> None:
+    """Record each backend's registry name and options in ``store.meta["backend_specs"]`` (with the
+    sha256 of a model file given as an option)."""
+    from anpred.onnx_io import sha256_file
+
+    store.meta["backend_specs"] = {s.label: {"name": s.name, "options": json.loads(to_json(s.options))}
+                                   for s in specs}
+    for s in specs:
+        if "model" in s.options:
+            store.meta["backend_specs"][s.label]["model_sha256"] = sha256_file(s.options["model"])
 
 
 def sigterm_raises(replace: bool = False):

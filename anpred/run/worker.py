@@ -359,18 +359,9 @@ def run_job(job_path: str, fd: int, feed_fd: int | None = None, models: bool = F
         _captured(st, manifest, returned)
         if stats is not None:
             jsonl.close()
-            atomic_write_text(root / "stats" / f"{label}.json", json.dumps(
-                {"schema": STATS_SCHEMA, "backend": label, "samples": st.samples,
-                 "anchors": {k: s.to_dict() for k, s in stats.items() if s.samples}}, indent=1))
+            _write_stats(root / "stats" / f"{label}.json", label, st.samples, stats)
         st.status, st.reason = "ok", _missing_note(st.captures, manifest)
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-        # seconds_loop: the sample loop as the worker saw it (reading inputs, Backend.run, storing
-        # anchors or statistics, waiting for the last write), one-time start/prepare excluded
-        atomic_write_text(status_path.with_name("resources.json"), json.dumps(
-            {"peak_rss_bytes": peak, "seconds_loop": round(loop_s, 4), "seconds_prepare": round(st.seconds_prepare, 4),
-             "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}))
+        _write_resources(status_path.with_name("resources.json"), loop_s, st.seconds_prepare)
     except SystemExit as err:
         st.status = "failed"
         st.reason = (f"sys.exit({err.code}) called while {stage}"
@@ -392,6 +383,27 @@ def run_job(job_path: str, fd: int, feed_fd: int | None = None, models: bool = F
             sys.stderr.flush()
             pipe.close()
             os._exit(0)  # skip interpreter teardown (some runtimes crash there)
+
+
+def _write_stats(path: Path, label: str, samples: int, stats: dict[str, StreamingStats]) -> None:
+    """Write the stats-mode summary of backend ``label`` over ``samples`` samples: each anchor's
+    streaming statistics (anchors without a sample left out)."""
+    atomic_write_text(path, json.dumps(
+        {"schema": STATS_SCHEMA, "backend": label, "samples": samples,
+         "anchors": {k: s.to_dict() for k, s in stats.items() if s.samples}}, indent=1))
+
+
+def _write_resources(path: Path, loop_s: float, prepare_s: float) -> None:
+    """Write the worker's resources: its peak RSS (bytes), the sample loop's and the prepare's seconds,
+    and ``GLIBC_TUNABLES``."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    # seconds_loop: the sample loop as the worker saw it (reading inputs, Backend.run, storing
+    # anchors or statistics, waiting for the last write), one-time start/prepare excluded
+    atomic_write_text(path, json.dumps(
+        {"peak_rss_bytes": peak, "seconds_loop": round(loop_s, 4), "seconds_prepare": round(prepare_s, 4),
+         "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}))
 
 
 def main(argv=None) -> None:
