@@ -38,7 +38,7 @@ COMMANDS: dict[str, str] = {
 EXIT_CODES = {
     0: "success; check/test: every backend judged everywhere and consistent",
     1: "check/test: a backend flagged, or the verdict incomplete (something could not be judged; "
-       "0 instead with 'check --allow-incomplete')",
+    "0 instead with 'check --allow-incomplete')",
     2: "bad input (unreadable model/run/config, bad option): one line on stderr",
     3: "internal error (a bug): one line on stderr; rerun with -v (or ANPRED_DEBUG=1) for the traceback",
 }
@@ -55,14 +55,20 @@ def build_parser() -> argparse.ArgumentParser:
         description="Anchor-based precision testing of deep learning libraries: instrument a model "
         "with stage anchors, run it on several runtimes, align the anchors, judge each backend "
         "against the consensus and localize where a deviation is born.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_verbose(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         mod = _module(name)
-        p = sub.add_parser(name, help=mod.HELP, description=(mod.__doc__ or mod.HELP).strip(),
-                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+        p = sub.add_parser(
+            name,
+            help=mod.HELP,
+            description=(mod.__doc__ or mod.HELP).strip(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog=EPILOG,
+        )
         mod.add_arguments(p)
         add_verbose(p, argparse.SUPPRESS)
         p.set_defaults(_main=mod.main)
@@ -88,8 +94,10 @@ def _dispatch(main, args) -> int:
         from anpred.errors import Terminated
 
         if isinstance(err, Terminated):
-            print(f"anpred: {err}; nothing half-written was left (a campaign keeps its finished configurations)",
-                  file=sys.stderr)
+            print(
+                f"anpred: {err}; nothing half-written was left (a campaign keeps its finished configurations)",
+                file=sys.stderr,
+            )
             return 143  # 128 + SIGTERM
         print("anpred: interrupted", file=sys.stderr)
         return 130
@@ -99,8 +107,11 @@ def _dispatch(main, args) -> int:
 
             traceback.print_exc()
         msg = (str(err).splitlines() or [""])[0][:300]
-        print(f"anpred: internal error: {type(err).__name__}: {msg} (a bug; rerun with -v or ANPRED_DEBUG=1 "
-              "for the traceback)", file=sys.stderr)
+        print(
+            f"anpred: internal error: {type(err).__name__}: {msg} (a bug; rerun with -v or ANPRED_DEBUG=1 "
+            "for the traceback)",
+            file=sys.stderr,
+        )
         return 3
 
 
@@ -120,8 +131,11 @@ def main(argv: list[str] | None = None, *, stream_hooks=None) -> int:
 def instrument_main(argv: list[str] | None = None) -> int:
     """``anpred-instrument``: the same as ``anpred instrument``."""
     mod = _module("instrument")
-    p = argparse.ArgumentParser(prog="anpred-instrument", description=(mod.__doc__ or mod.HELP).strip(),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="anpred-instrument",
+        description=(mod.__doc__ or mod.HELP).strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     mod.add_arguments(p)
     add_verbose(p)
     args = p.parse_args(argv)

@@ -62,16 +62,25 @@ ORACLES = ("consensus", "threshold", "both")
 # Kernel families: one consensus vote each (DESIGN.md). Backends not listed use their
 # BackendStatus.family, else their own name.
 FAMILIES: dict[str, str] = {
-    "ort": "onnxruntime", "ort-noopt": "onnxruntime", "ort-fp16": "onnxruntime", "ort-int8": "onnxruntime",
-    "openvino": "openvino", "openvino-bf16": "openvino",
-    "torch": "torch", "torch-native": "torch",
-    "tf": "tensorflow", "tf-native": "tensorflow",
+    "ort": "onnxruntime",
+    "ort-noopt": "onnxruntime",
+    "ort-fp16": "onnxruntime",
+    "ort-int8": "onnxruntime",
+    "openvino": "openvino",
+    "openvino-bf16": "openvino",
+    "torch": "torch",
+    "torch-native": "torch",
+    "tf": "tensorflow",
+    "tf-native": "tensorflow",
     "onnx-reference": "onnx-reference",
     "onnx-reference-fp64": "onnx-reference-fp64",
     # reduced-precision population members: families as for fp32
-    "ort-int8-noopt": "onnxruntime", "ort-fp16-noopt": "onnxruntime",
-    "openvino-int8": "openvino", "openvino-fp16": "openvino",
-    "onnx-reference-int8": "onnx-reference", "onnx-reference-fp16": "onnx-reference",
+    "ort-int8-noopt": "onnxruntime",
+    "ort-fp16-noopt": "onnxruntime",
+    "openvino-int8": "openvino",
+    "openvino-fp16": "openvino",
+    "onnx-reference-int8": "onnx-reference",
+    "onnx-reference-fp16": "onnx-reference",
     "torch-fp16": "torch",
 }
 
@@ -85,19 +94,38 @@ FAMILIES: dict[str, str] = {
 CONVERSION_UNITS: dict[str, str] = {"litert": "tensorflow"}
 
 # Reduced-precision variants: judged against the consensus, never voting.
-REDUCED_PRECISION: dict[str, str] = {"ort-fp16": "fp16", "ort-int8": "int8", "openvino-bf16": "bf16",
-                                     # population members: the precision of their population
-                                     "ort-int8-noopt": "int8", "openvino-int8": "int8", "onnx-reference-int8": "int8",
-                                     "ort-fp16-noopt": "fp16", "openvino-fp16": "fp16", "onnx-reference-fp16": "fp16",
-                                     "torch-fp16": "fp16"}
+REDUCED_PRECISION: dict[str, str] = {
+    "ort-fp16": "fp16",
+    "ort-int8": "int8",
+    "openvino-bf16": "bf16",
+    # population members: the precision of their population
+    "ort-int8-noopt": "int8",
+    "openvino-int8": "int8",
+    "onnx-reference-int8": "int8",
+    "ort-fp16-noopt": "fp16",
+    "openvino-fp16": "fp16",
+    "onnx-reference-fp16": "fp16",
+    "torch-fp16": "fp16",
+}
 
 # Order in which a fallback reference is chosen when fewer than min_voters families vote.
-REFERENCE_PRIORITY = ("onnx-reference", "ort-noopt", "ort", "torch-native", "torch", "openvino",
-                      "tf-native", "tf",
-                      # within a precision population with fewer than min_voters families: the members
-                      # that compute the reduced graph as the ONNX specification writes it (float QDQ /
-                      # float16 arithmetic per operation), not an optimized kernel library's fusions
-                      "onnx-reference-int8", "ort-int8-noopt", "onnx-reference-fp16", "ort-fp16-noopt")
+REFERENCE_PRIORITY = (
+    "onnx-reference",
+    "ort-noopt",
+    "ort",
+    "torch-native",
+    "torch",
+    "openvino",
+    "tf-native",
+    "tf",
+    # within a precision population with fewer than min_voters families: the members
+    # that compute the reduced graph as the ONNX specification writes it (float QDQ /
+    # float16 arithmetic per operation), not an optimized kernel library's fusions
+    "onnx-reference-int8",
+    "ort-int8-noopt",
+    "onnx-reference-fp16",
+    "ort-fp16-noopt",
+)
 
 #: Memory bounds of a run (:mod:`anpred.run.limits`, docs/run.md "Memory bounds"): the share of the
 #: memory available when a run starts (the smaller of MemAvailable and the room under the process's
@@ -204,14 +232,16 @@ class OracleConfig:
 
     primary: str = "nrmse"
     k: dict[str, float] = field(default_factory=lambda: {"fp32": 10.0, "fp16": 10.0, "bf16": 10.0, "int8": 10.0})
-    floor: dict[str, float] = field(default_factory=lambda: {
-        # 4 x the largest measured clean need S/sqrt(1+s) over the zoo (module docstring; the needs:
-        # docs/oracle.md, 'Defaults, measured')
-        "fp32": 2e-5,
-        "fp16": 0.03,
-        "bf16": 0.3,
-        "int8": 2.0,
-    })
+    floor: dict[str, float] = field(
+        default_factory=lambda: {
+            # 4 x the largest measured clean need S/sqrt(1+s) over the zoo (module docstring; the needs:
+            # docs/oracle.md, 'Defaults, measured')
+            "fp32": 2e-5,
+            "fp16": 0.03,
+            "bf16": 0.3,
+            "int8": 2.0,
+        }
+    )
     depth_growth: dict[str, float] = field(default_factory=lambda: {p: 1.0 for p in PRECISIONS})
     min_voters: int = 3
     propagation_band: float = 2.0
@@ -259,8 +289,12 @@ class OracleConfig:
         """
         if self.primary not in PRIMARY_STATISTICS:
             raise AnpredError(f"unknown primary statistic {self.primary!r}; known: {', '.join(PRIMARY_STATISTICS)}")
-        for key, lo, strict in (("k", 1.0, False), ("floor", 0.0, True), ("depth_growth", 0.0, False),
-                                ("population_k", 1.0, False)):
+        for key, lo, strict in (
+            ("k", 1.0, False),
+            ("floor", 0.0, True),
+            ("depth_growth", 0.0, False),
+            ("population_k", 1.0, False),
+        ):
             table = getattr(self, key)
             if not isinstance(table, dict):
                 raise AnpredError(f"oracle config {key!r} must be a table/object of precision -> number, got {table!r}")
@@ -299,17 +333,21 @@ class OracleConfig:
             raise AnpredError(f"oracle config correlated_rho must be in (0, 1] (1 = off), got {self.correlated_rho!r}")
         for key in ("families", "reduced_precision", "conversion_units"):
             table = getattr(self, key)
-            if not isinstance(table, dict) or not all(isinstance(k, str) and isinstance(v, str) and v
-                                                      for k, v in table.items()):
+            if not isinstance(table, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and v for k, v in table.items()
+            ):
                 raise AnpredError(f"oracle config {key!r} must map backend names to non-empty strings, got {table!r}")
         for b, p in self.reduced_precision.items():
             if p not in PRECISIONS:
-                raise AnpredError(f"oracle config reduced_precision.{b}: unknown precision {p!r}; known: "
-                                  f"{', '.join(PRECISIONS)}")
-        if not isinstance(self.reference_priority,
-                          list) or not all(isinstance(b, str) for b in self.reference_priority):
-            raise AnpredError("oracle config reference_priority must be a list of backend names, got "
-                              f"{self.reference_priority!r}")
+                raise AnpredError(
+                    f"oracle config reduced_precision.{b}: unknown precision {p!r}; known: {', '.join(PRECISIONS)}"
+                )
+        if not isinstance(self.reference_priority, list) or not all(
+            isinstance(b, str) for b in self.reference_priority
+        ):
+            raise AnpredError(
+                f"oracle config reference_priority must be a list of backend names, got {self.reference_priority!r}"
+            )
         return self
 
     @classmethod
@@ -342,17 +380,28 @@ class OracleConfig:
         cfg.validate()
         for key in ("k", "floor", "depth_growth", "population_k"):
             setattr(cfg, key, {p: float(v) for p, v in getattr(cfg, key).items()})
-        for key in ("propagation_band", "threshold_atol", "threshold_rtol", "correlated_nrmse", "correlated_rho",
-                    "origin_k",
-                    "origin_floor_fraction", "part_min_scale", "ulp_quantile", "ulp_floor", "cost_factor"):
+        for key in (
+            "propagation_band",
+            "threshold_atol",
+            "threshold_rtol",
+            "correlated_nrmse",
+            "correlated_rho",
+            "origin_k",
+            "origin_floor_fraction",
+            "part_min_scale",
+            "ulp_quantile",
+            "ulp_floor",
+            "cost_factor",
+        ):
             setattr(cfg, key, float(getattr(cfg, key)))
         return cfg
 
 
 def _number(key: str, v: Any, lo: float, strict: bool) -> None:
     """A finite real number (not a bool) ``> lo`` (strict) or ``>= lo``; else AnpredError."""
-    ok = isinstance(v, (int, float)) and not isinstance(v,
-                                                        bool) and math.isfinite(v) and (v > lo if strict else v >= lo)
+    ok = (
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v > lo if strict else v >= lo)
+    )
     if not ok:
         raise AnpredError(f"oracle config {key} must be a finite number {'>' if strict else '>='} {lo:g}, got {v!r}")
 

@@ -20,13 +20,36 @@ import platform
 from functools import lru_cache
 
 # Flags that change numerics of reduced-precision kernels (x86 names from /proc/cpuinfo).
-RELEVANT_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni",
-                  "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile", "avx512_fp16")
+RELEVANT_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "amx_bf16",
+    "amx_int8",
+    "amx_tile",
+    "avx512_fp16",
+)
 
 # /proc/cpuinfo name -> numpy's __cpu_features__ name (cpuid probed in-process)
-_NUMPY_NAMES = {"sse4_2": "SSE42", "avx": "AVX", "avx2": "AVX2", "fma": "FMA3", "f16c": "F16C",
-                "avx512f": "AVX512F", "avx512bw": "AVX512BW", "avx512_vnni": "AVX512VNNI",
-                "avx512_bf16": "AVX512BF16", "avx512_fp16": "AVX512FP16"}
+_NUMPY_NAMES = {
+    "sse4_2": "SSE42",
+    "avx": "AVX",
+    "avx2": "AVX2",
+    "fma": "FMA3",
+    "f16c": "F16C",
+    "avx512f": "AVX512F",
+    "avx512bw": "AVX512BW",
+    "avx512_vnni": "AVX512VNNI",
+    "avx512_bf16": "AVX512BF16",
+    "avx512_fp16": "AVX512FP16",
+}
 
 
 def _proc_cpuinfo() -> tuple[str, set[str]]:
@@ -73,8 +96,12 @@ def _cpuid_extra(avx2: bool, avx512f: bool) -> dict[str, bool] | None:
     except Exception:  # noqa: BLE001 - a native probe that fails leaves /proc/cpuinfo as the source
         return None
     amx = avx512f and amx_os
-    return {"avx_vnni": avx2 and bool(eax71 >> 4 & 1), "amx_bf16": amx and bool(edx >> 22 & 1),
-            "amx_tile": amx and bool(edx >> 24 & 1), "amx_int8": amx and bool(edx >> 25 & 1)}
+    return {
+        "avx_vnni": avx2 and bool(eax71 >> 4 & 1),
+        "amx_bf16": amx and bool(edx >> 22 & 1),
+        "amx_tile": amx and bool(edx >> 24 & 1),
+        "amx_int8": amx and bool(edx >> 25 & 1),
+    }
 
 
 def cpu_flags() -> tuple[list[str], str]:
@@ -93,11 +120,12 @@ def cpu_flags() -> tuple[list[str], str]:
     extra = _cpuid_extra(avx2, avx512f)
     source = "cpuid"
     if extra is None:
-        extra = {"avx_vnni": "avx_vnni" in have and avx2,
-                 **{f: f in have and avx512f for f in ("amx_bf16", "amx_tile", "amx_int8")}}
+        extra = {
+            "avx_vnni": "avx_vnni" in have and avx2,
+            **{f: f in have and avx512f for f in ("amx_bf16", "amx_tile", "amx_int8")},
+        }
         source = "cpuid+cpuinfo"
-    flags = [f for f in RELEVANT_FLAGS
-             if (bool(feats.get(_NUMPY_NAMES[f], False)) if f in _NUMPY_NAMES else extra[f])]
+    flags = [f for f in RELEVANT_FLAGS if (bool(feats.get(_NUMPY_NAMES[f], False)) if f in _NUMPY_NAMES else extra[f])]
     return flags, source
 
 
@@ -129,9 +157,11 @@ def kernel_isa(flags: list[str] | tuple[str, ...]) -> dict[str, str]:
         u8s8 = "avx2"
     else:
         u8s8 = "sse"
-    return {"int8_u8s8": u8s8,
-            "bf16": "native" if {"avx512_bf16", "amx_bf16"} & f else "none",
-            "fp16": "native" if "avx512_fp16" in f else ("storage" if "f16c" in f else "none")}
+    return {
+        "int8_u8s8": u8s8,
+        "bf16": "native" if {"avx512_bf16", "amx_bf16"} & f else "none",
+        "fp16": "native" if "avx512_fp16" in f else ("storage" if "f16c" in f else "none"),
+    }
 
 
 def int16_saturation_possible(flags: list[str] | tuple[str, ...]) -> bool:

@@ -24,10 +24,28 @@ from pathlib import Path
 
 from anpred.errors import ModelLoadError, OutputPathError
 
-__all__ = ["sha256_file", "load_model", "external_data_files", "save_model", "AtomicFiles",
-           "atomic_write_bytes", "atomic_write_text", "file_mode", "check_writable_dir",
-           "ExternalDataPlacementError", "json_default", "to_json", "json_safe", "json_float",
-           "from_json_float", "elem_type_name", "iter_graphs", "model_ops", "op_key", "real_inputs"]
+__all__ = [
+    "sha256_file",
+    "load_model",
+    "external_data_files",
+    "save_model",
+    "AtomicFiles",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "file_mode",
+    "check_writable_dir",
+    "ExternalDataPlacementError",
+    "json_default",
+    "to_json",
+    "json_safe",
+    "json_float",
+    "from_json_float",
+    "elem_type_name",
+    "iter_graphs",
+    "model_ops",
+    "op_key",
+    "real_inputs",
+]
 
 
 class ExternalDataPlacementError(OutputPathError):
@@ -168,8 +186,6 @@ def check_writable_dir(path: str | Path) -> None:
     os.unlink(probe)
 
 
-
-
 class AtomicFiles:
     """Write several files all-or-nothing: each is staged as a temporary file in its destination
     folder and renamed into place by :meth:`commit`; on an error (or :meth:`discard`) every staged
@@ -275,14 +291,17 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def _placement_message(src_dir: Path, dst_dir: Path, locs: list[str]) -> str:
-    return (f"the model keeps its weights in external file(s) {', '.join(locs)} in {src_dir}; ONNX Runtime, "
-            f"OpenVINO and onnx refuse weight paths outside the model's folder, so a model written to {dst_dir} "
-            "could not load them: write the output in the same folder as the source model, or copy the "
-            "weight files into the output folder (anpred-instrument --copy-external-data)")
+    return (
+        f"the model keeps its weights in external file(s) {', '.join(locs)} in {src_dir}; ONNX Runtime, "
+        f"OpenVINO and onnx refuse weight paths outside the model's folder, so a model written to {dst_dir} "
+        "could not load them: write the output in the same folder as the source model, or copy the "
+        "weight files into the output folder (anpred-instrument --copy-external-data)"
+    )
 
 
-def plan_external_data(model, path: Path, source_path: Path | None, copy_external_data: bool,
-                       locations: list[str] | None = None) -> dict[str, tuple[Path, str]]:
+def plan_external_data(
+    model, path: Path, source_path: Path | None, copy_external_data: bool, locations: list[str] | None = None
+) -> dict[str, tuple[Path, str]]:
     """Decide where the external weights of ``model`` (read from ``source_path``'s folder) go when
     the model is written to ``path``. Returns ``{old location: (source file, new location)}`` for the
     files to copy (empty: nothing to copy, the locations stay as they are).
@@ -310,9 +329,15 @@ def plan_external_data(model, path: Path, source_path: Path | None, copy_externa
     return plan
 
 
-def save_model(model, path: str | Path, source_path: str | Path | None = None, *,
-               copy_external_data: bool = False, extra_files: dict | None = None,
-               external_locations: list[str] | None = None) -> list[Path]:
+def save_model(
+    model,
+    path: str | Path,
+    source_path: str | Path | None = None,
+    *,
+    copy_external_data: bool = False,
+    extra_files: dict | None = None,
+    external_locations: list[str] | None = None,
+) -> list[Path]:
     """Save ``model`` to ``path`` atomically (with ``extra_files``, ``{path: bytes}``, in the same
     all-or-nothing write).
 
@@ -336,8 +361,9 @@ def save_model(model, path: str | Path, source_path: str | Path | None = None, *
     d = path.parent if str(path.parent) else Path(".")
     if not d.is_dir():
         raise OutputPathError(f"{path}: folder {d} does not exist")
-    plan = plan_external_data(model, path, Path(source_path) if source_path is not None else None,
-                              copy_external_data, external_locations)
+    plan = plan_external_data(
+        model, path, Path(source_path) if source_path is not None else None, copy_external_data, external_locations
+    )
     if plan:
         import onnx
 

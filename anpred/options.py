@@ -33,9 +33,22 @@ from typing import Any
 from anpred.defaults import ORACLES
 from anpred.errors import AnpredError, InputError
 
-__all__ = ["JudgeOptions", "RunOptions", "ModelOptions", "InputOptions", "StreamOptions", "OutputOptions",
-           "TestOptions", "add_verbose", "add_timeout", "add_memory_bound", "MEMORY_BOUND_DETAIL", "PRECISIONS",
-           "ORACLES", "parse_input_shapes"]
+__all__ = [
+    "JudgeOptions",
+    "RunOptions",
+    "ModelOptions",
+    "InputOptions",
+    "StreamOptions",
+    "OutputOptions",
+    "TestOptions",
+    "add_verbose",
+    "add_timeout",
+    "add_memory_bound",
+    "MEMORY_BOUND_DETAIL",
+    "PRECISIONS",
+    "ORACLES",
+    "parse_input_shapes",
+]
 
 #: the reduced precisions whose population ``--precision`` adds (``anpred.pipeline.choices.POPULATIONS``)
 PRECISIONS = ("fp16", "int8")
@@ -71,25 +84,48 @@ class JudgeOptions:
     def add_arguments(parser: argparse.ArgumentParser, *, task_help: str = "") -> None:
         """The judge options of ``anpred check`` and ``anpred test``."""
         g = parser.add_argument_group("judge options")
-        g.add_argument("--oracle", choices=("consensus", "threshold", "both"), default="consensus",
-                       help="consensus (default), threshold baseline, or both side by side")
+        g.add_argument(
+            "--oracle",
+            choices=("consensus", "threshold", "both"),
+            default="consensus",
+            help="consensus (default), threshold baseline, or both side by side",
+        )
         g.add_argument("--atol", type=float, default=None, help="threshold baseline absolute tolerance (1e-5)")
         g.add_argument("--rtol", type=float, default=None, help="threshold baseline relative tolerance (1e-5)")
-        g.add_argument("--reference", default=None, metavar="BACKEND",
-                       help="reference backend (threshold baseline; consensus with fewer than 3 voting families)")
+        g.add_argument(
+            "--reference",
+            default=None,
+            metavar="BACKEND",
+            help="reference backend (threshold baseline; consensus with fewer than 3 voting families)",
+        )
         g.add_argument("--config", metavar="F", default=None, help="TOML/JSON file overriding the oracle defaults")
-        g.add_argument("--allow-incomplete", action="store_true",
-                       help="exit 0 when nothing is flagged even if something could not be judged (the report "
-                       "still says INCOMPLETE and lists the gaps)")
-        g.add_argument("--drill", action="store_true",
-                       help="replay each stage alone from the consensus (local vs carried error) and drill each "
-                       "flagged backend down to the operator, with a standalone repro (<run>/drill/repro/<backend>)")
-        g.add_argument("--task", default=None, metavar="TASK",
-                       help=task_help or "task metrics of every backend against the consensus: detect | classify | "
-                       "dense | module:function (a user adapter)")
-        g.add_argument("--labels", default=None, metavar="FILE",
-                       help="ground truth for --task: class indices (.json list or mapping, .txt, or 'folders') or "
-                       "COCO JSON (detect); each backend's accuracy and its delta to the consensus")
+        g.add_argument(
+            "--allow-incomplete",
+            action="store_true",
+            help="exit 0 when nothing is flagged even if something could not be judged (the report "
+            "still says INCOMPLETE and lists the gaps)",
+        )
+        g.add_argument(
+            "--drill",
+            action="store_true",
+            help="replay each stage alone from the consensus (local vs carried error) and drill each "
+            "flagged backend down to the operator, with a standalone repro (<run>/drill/repro/<backend>)",
+        )
+        g.add_argument(
+            "--task",
+            default=None,
+            metavar="TASK",
+            help=task_help
+            or "task metrics of every backend against the consensus: detect | classify | "
+            "dense | module:function (a user adapter)",
+        )
+        g.add_argument(
+            "--labels",
+            default=None,
+            metavar="FILE",
+            help="ground truth for --task: class indices (.json list or mapping, .txt, or 'folders') or "
+            "COCO JSON (detect); each backend's accuracy and its delta to the consensus",
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "JudgeOptions":
@@ -97,8 +133,14 @@ class JudgeOptions:
 
     def check_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of :func:`anpred.judge.check_run`."""
-        return {"oracle": self.oracle, "atol": self.atol, "rtol": self.rtol, "reference": self.reference,
-                "config": self.config, "allow_incomplete": self.allow_incomplete}
+        return {
+            "oracle": self.oracle,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "reference": self.reference,
+            "config": self.config,
+            "allow_incomplete": self.allow_incomplete,
+        }
 
     def validate(self) -> None:
         """Raises AnpredError: an unknown oracle, a negative tolerance, ``drill`` with the threshold
@@ -108,8 +150,10 @@ class JudgeOptions:
         if (self.atol is not None and self.atol < 0) or (self.rtol is not None and self.rtol < 0):
             raise AnpredError("--atol and --rtol must be non-negative")
         if self.drill and self.oracle == "threshold":
-            raise AnpredError("--drill needs the consensus oracle (--oracle consensus or both): the drill-down "
-                              "judges every replay against the consensus of the backends")
+            raise AnpredError(
+                "--drill needs the consensus oracle (--oracle consensus or both): the drill-down "
+                "judges every replay against the consensus of the backends"
+            )
         if self.config is not None and isinstance(self.config, (str, os.PathLike)):
             from anpred.defaults import load_config
 
@@ -148,28 +192,54 @@ class RunOptions:
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group("run options")
-        g.add_argument("--backends", "-b", metavar="LIST", default=None,
-                       help="comma-separated backends under test (default: the quick set, `anpred backends` "
-                       "marks it; a default backend not installed or unable to take the model is skipped)")
-        g.add_argument("--precision", metavar="LIST", default=None,
-                       help="add the reduced-precision populations to the defaults: fp16, int8 or fp16,int8 "
-                       "(one converted model each, several implementations)")
-        g.add_argument("--all", dest="all_backends", action="store_true",
-                       help="every fp32 family and both precision populations (the full set; slow)")
-        g.add_argument("--no-witnesses", dest="witnesses", action="store_false",
-                       help="do not add witness families when the backends give fewer than three voting fp32 "
-                       "families (then one of them is the reference and is not judged)")
+        g.add_argument(
+            "--backends",
+            "-b",
+            metavar="LIST",
+            default=None,
+            help="comma-separated backends under test (default: the quick set, `anpred backends` "
+            "marks it; a default backend not installed or unable to take the model is skipped)",
+        )
+        g.add_argument(
+            "--precision",
+            metavar="LIST",
+            default=None,
+            help="add the reduced-precision populations to the defaults: fp16, int8 or fp16,int8 "
+            "(one converted model each, several implementations)",
+        )
+        g.add_argument(
+            "--all",
+            dest="all_backends",
+            action="store_true",
+            help="every fp32 family and both precision populations (the full set; slow)",
+        )
+        g.add_argument(
+            "--no-witnesses",
+            dest="witnesses",
+            action="store_false",
+            help="do not add witness families when the backends give fewer than three voting fp32 "
+            "families (then one of them is the reference and is not judged)",
+        )
         add_timeout(g)
-        g.add_argument("--side-by-side", action="store_true",
-                       help="the backends run at once (with --stream: those of a chunk), each in its own worker, the "
-                       "cores divided among them (a backend's threads: cores // backends, at least 1; default: one "
-                       "after the other, each with its library's default threads; docs/run.md, docs/task.md)")
+        g.add_argument(
+            "--side-by-side",
+            action="store_true",
+            help="the backends run at once (with --stream: those of a chunk), each in its own worker, the "
+            "cores divided among them (a backend's threads: cores // backends, at least 1; default: one "
+            "after the other, each with its library's default threads; docs/run.md, docs/task.md)",
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "RunOptions":
         prec = tuple(p.strip() for p in (args.precision or "").split(",") if p.strip())
-        return cls(backends=args.backends, witnesses=args.witnesses, precision=prec,
-                   all_backends=args.all_backends, timeout_s=args.timeout_s, side_by_side=args.side_by_side)
+        return cls(
+            backends=args.backends,
+            witnesses=args.witnesses,
+            precision=prec,
+            all_backends=args.all_backends,
+            timeout_s=args.timeout_s,
+            side_by_side=args.side_by_side,
+        )
 
     def validate(self) -> None:
         """Raises AnpredError: an unknown precision, ``--precision``/``--all`` with a backend list,
@@ -180,8 +250,9 @@ class RunOptions:
         if bad:
             raise AnpredError(f"unknown precision {', '.join(bad)} for --precision; known: {', '.join(PRECISIONS)}")
         if self.backends is not None and (self.precision or self.all_backends):
-            raise AnpredError("--precision and --all choose the default backends; with --backends name every "
-                              "backend instead")
+            raise AnpredError(
+                "--precision and --all choose the default backends; with --backends name every backend instead"
+            )
         if not self.timeout_s or self.timeout_s <= 0:
             raise AnpredError(f"timeout must be positive (got {self.timeout_s})")
 
@@ -241,20 +312,37 @@ class StreamOptions:
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group("stream options")
-        g.add_argument("--stream", action="store_true",
-                       help="run --inputs (a folder, 1000+ inputs) as a dataset: chunks judged as they come, memory "
-                       "flat, only the most deviating samples kept on disk")
-        g.add_argument("--chunk", type=int, default=None, metavar="N",
-                       help="samples per chunk with --stream (default: 1 GiB of anchor tensors, at most 64; where "
-                       "anchors are sampled, the chunks after the first hold 4x as many, at most 64)")
-        g.add_argument("--keep", type=int, default=4, metavar="K",
-                       help="most deviating samples kept per backend with --stream (4)")
-        g.add_argument("--positions", type=int, default=None, metavar="K",
-                       help="with --stream: judge each intermediate anchor of more than K elements on K sampled "
-                       "positions, stored so by the workers (default 65536; 0: every element; docs/task.md)")
-        g.add_argument("--resume", action="store_true",
-                       help="with --stream: continue the interrupted streamed run of the same command from its "
-                       "checkpoint (.<out name>.stream beside -o), skipping the samples it had judged")
+        g.add_argument(
+            "--stream",
+            action="store_true",
+            help="run --inputs (a folder, 1000+ inputs) as a dataset: chunks judged as they come, memory "
+            "flat, only the most deviating samples kept on disk",
+        )
+        g.add_argument(
+            "--chunk",
+            type=int,
+            default=None,
+            metavar="N",
+            help="samples per chunk with --stream (default: 1 GiB of anchor tensors, at most 64; where "
+            "anchors are sampled, the chunks after the first hold 4x as many, at most 64)",
+        )
+        g.add_argument(
+            "--keep", type=int, default=4, metavar="K", help="most deviating samples kept per backend with --stream (4)"
+        )
+        g.add_argument(
+            "--positions",
+            type=int,
+            default=None,
+            metavar="K",
+            help="with --stream: judge each intermediate anchor of more than K elements on K sampled "
+            "positions, stored so by the workers (default 65536; 0: every element; docs/task.md)",
+        )
+        g.add_argument(
+            "--resume",
+            action="store_true",
+            help="with --stream: continue the interrupted streamed run of the same command from its "
+            "checkpoint (.<out name>.stream beside -o), skipping the samples it had judged",
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "StreamOptions | None":
@@ -264,8 +352,13 @@ class StreamOptions:
                 raise AnpredError("--resume continues an interrupted streamed run: it needs --stream")
             return None
         # (stream_hooks: set by anpred.cli.main's caller, a test, never by an option)
-        return cls(chunk=args.chunk, keep=int(args.keep), positions=args.positions, resume=bool(args.resume),
-                   hooks=getattr(args, "stream_hooks", None))
+        return cls(
+            chunk=args.chunk,
+            keep=int(args.keep),
+            positions=args.positions,
+            resume=bool(args.resume),
+            hooks=getattr(args, "stream_hooks", None),
+        )
 
 
 @dataclass
@@ -286,8 +379,9 @@ class OutputOptions:
         ``explorer_into``: where the Model Explorer export goes when ``--model-explorer`` is a flag (a
         folder named by the command, e.g. ``OUT/model-explorer``); None: the option takes the folder
         (``--model-explorer DIR``)."""
-        parser.add_argument("--history", metavar="DB", default=None,
-                            help="append the verdict to this SQLite history database")
+        parser.add_argument(
+            "--history", metavar="DB", default=None, help="append the verdict to this SQLite history database"
+        )
         explorer = "export per-node data for Model Explorer (and Netron metadata) into {} (docs/dashboard.md)"
         if explorer_into is None:
             parser.add_argument("--model-explorer", metavar="DIR", default=None, help=explorer.format("DIR"))
@@ -305,13 +399,20 @@ def add_timeout(parser: Any) -> None:
     """``--timeout S`` (``args.timeout_s``): seconds a backend may take to prepare and run all samples,
     :attr:`RunOptions.timeout_s` and :attr:`anpred.run.spec.RunSettings.timeout_s` (``anpred run``,
     ``anpred test``). ``parser``: a parser or an argument group."""
-    parser.add_argument("--timeout", dest="timeout_s", type=float, default=600.0, metavar="S",
-                        help="seconds per backend for preparing and running (default 600)")
+    parser.add_argument(
+        "--timeout",
+        dest="timeout_s",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="seconds per backend for preparing and running (default 600)",
+    )
 
 
 #: what ``--memory-bound`` does in a command that runs backends here (``anpred run``, ``anpred test``)
-MEMORY_BOUND_DETAIL = ("; one that passes it is stopped and 'failed' (default: 80%% of the memory available at "
-                       "the start; docs/run.md)")
+MEMORY_BOUND_DETAIL = (
+    "; one that passes it is stopped and 'failed' (default: 80%% of the memory available at the start; docs/run.md)"
+)
 
 
 def add_memory_bound(parser: Any, detail: str = MEMORY_BOUND_DETAIL) -> None:
@@ -319,19 +420,34 @@ def add_memory_bound(parser: Any, detail: str = MEMORY_BOUND_DETAIL) -> None:
     worker may hold (:class:`anpred.run.limits.RunGuards`; the command checks it with
     :func:`anpred.run.limits.parse_gib`). ``detail``: what follows in the help (the command's default
     and where the bound comes from; ``%%`` for a percent sign)."""
-    parser.add_argument("--memory-bound", type=float, default=None, metavar="GIB",
-                        help="GiB of resident memory each backend worker may hold" + detail)
+    parser.add_argument(
+        "--memory-bound",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="GiB of resident memory each backend worker may hold" + detail,
+    )
 
 
 def add_verbose(parser: argparse.ArgumentParser, default: Any = False) -> None:
     """``-v/--verbose``: an internal error prints its traceback (as ``ANPRED_DEBUG=1`` does).
     ``default`` ``argparse.SUPPRESS`` on a subcommand keeps a ``-v`` given before it."""
-    parser.add_argument("-v", "--verbose", action="store_true", default=default,
-                        help="print the traceback of an internal error (as ANPRED_DEBUG=1)")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=default,
+        help="print the traceback of an internal error (as ANPRED_DEBUG=1)",
+    )
 
 
-_GROUPS = {"judge": JudgeOptions, "run": RunOptions, "build": ModelOptions, "feed": InputOptions,
-           "output": OutputOptions}
+_GROUPS = {
+    "judge": JudgeOptions,
+    "run": RunOptions,
+    "build": ModelOptions,
+    "feed": InputOptions,
+    "output": OutputOptions,
+}
 
 
 @dataclass

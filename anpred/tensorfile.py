@@ -36,16 +36,31 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SAFETENSORS_DTYPES", "c_contiguous", "storable", "write_safetensors", "read_safetensors", "array_file_keys",
-           "read_array_file"]
+__all__ = [
+    "SAFETENSORS_DTYPES",
+    "c_contiguous",
+    "storable",
+    "write_safetensors",
+    "read_safetensors",
+    "array_file_keys",
+    "read_array_file",
+]
 
 #: numpy dtype -> safetensors dtype string (safetensors spec; little-endian only; bfloat16 as an
 #: ``ml_dtypes`` array). Arrays of any other dtype (big-endian, float8, complex, strings, objects)
 #: are not stored this way (the run store falls back to ``.npz`` for them).
 SAFETENSORS_DTYPES: dict[np.dtype, str] = {
-    np.dtype("<f8"): "F64", np.dtype("<f4"): "F32", np.dtype("<f2"): "F16",
-    np.dtype("<i8"): "I64", np.dtype("<u8"): "U64", np.dtype("<i4"): "I32", np.dtype("<u4"): "U32",
-    np.dtype("<i2"): "I16", np.dtype("<u2"): "U16", np.dtype("i1"): "I8", np.dtype("u1"): "U8",
+    np.dtype("<f8"): "F64",
+    np.dtype("<f4"): "F32",
+    np.dtype("<f2"): "F16",
+    np.dtype("<i8"): "I64",
+    np.dtype("<u8"): "U64",
+    np.dtype("<i4"): "I32",
+    np.dtype("<u4"): "U32",
+    np.dtype("<i2"): "I16",
+    np.dtype("<u2"): "U16",
+    np.dtype("i1"): "I8",
+    np.dtype("u1"): "U8",
     np.dtype("?"): "BOOL",
 }
 try:  # bfloat16 arrays (ml_dtypes, which onnx depends on): safetensors reads "BF16" back as such.
@@ -122,8 +137,11 @@ def write_safetensors(path: str | Path, arrays: dict[str, np.ndarray], *, direct
         a = arrs[k]
         if a.dtype not in SAFETENSORS_DTYPES:
             raise ValueError(f"{k}: dtype {a.dtype} has no safetensors dtype")
-        header[k] = {"dtype": SAFETENSORS_DTYPES[a.dtype], "shape": list(a.shape),
-                     "data_offsets": [off, off + a.nbytes]}
+        header[k] = {
+            "dtype": SAFETENSORS_DTYPES[a.dtype],
+            "shape": list(a.shape),
+            "data_offsets": [off, off + a.nbytes],
+        }
         off += a.nbytes
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * (-(8 + len(h)) % 8)  # data start 8-aligned (what safetensors itself writes)
@@ -138,7 +156,7 @@ def write_safetensors(path: str | Path, arrays: dict[str, np.ndarray], *, direct
         a = arrs[k]
         n = a.nbytes
         if n:
-            buf[pos:pos + n] = a.reshape(-1).view(np.uint8)
+            buf[pos : pos + n] = a.reshape(-1).view(np.uint8)
         pos += n
     buf[total:padded] = 0
     view = memoryview(buf)

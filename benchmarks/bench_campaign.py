@@ -40,8 +40,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-MODELS = [("yolov8n", {"imgsz": 160}), ("yolov5n", {"imgsz": 160}), ("ppocr-rec", {}), ("ppocr-cls", {}),
-          ("mobilenetv2-keras", {})]
+MODELS = [
+    ("yolov8n", {"imgsz": 160}),
+    ("yolov5n", {"imgsz": 160}),
+    ("ppocr-rec", {}),
+    ("ppocr-cls", {}),
+    ("mobilenetv2-keras", {}),
+]
 BACKENDS = ["ort", "openvino", "torch", "tf", "tvm", "mnn", "ncnn", "litert", "ort-fp16", "ort-int8"]
 
 
@@ -83,12 +88,20 @@ def timed(cmd: list[str], log: Path) -> dict:
         rc = proc.wait()
         mem.stop.set()
         mem.join()
-    return {"wall_s": round(time.perf_counter() - t, 1), "peak_pss_gib": round(mem.peak / 2 ** 30, 2), "rc": rc}
+    return {"wall_s": round(time.perf_counter() - t, 1), "peak_pss_gib": round(mem.peak / 2**30, 2), "rc": rc}
 
 
 def write_campaign(path: Path, models, backends, samples: int, stages: int) -> None:
-    lines = ['[campaign]', 'name = "bench"', 'retries = 1', '', '[defaults]', f'samples = {samples}',
-             f'stages = {stages}', '']
+    lines = [
+        '[campaign]',
+        'name = "bench"',
+        'retries = 1',
+        '',
+        '[defaults]',
+        f'samples = {samples}',
+        f'stages = {stages}',
+        '',
+    ]
     for name, opts in models:
         lines += ['[[models]]', f'model = "{name}"'] + [f'{k} = {json.dumps(v)}' for k, v in opts.items()] + ['']
     lines += ['[backend_sets]', f'all = {json.dumps(backends)}', '']
@@ -170,14 +183,28 @@ def main() -> None:
     anpred = str(Path(sys.executable).with_name("anpred"))
     res: dict = {"models": [m for m, _ in models], "backends": backends, "cpus": args.cpus, "samples": args.samples}
     if not args.no_warmup:
-        res["warmup"] = timed([anpred, "campaign", str(camp), "-o", str(out / "warmup"), "-q", "--cpus",
-                               str(args.cpus)],
-                              out / "warmup.log")
+        res["warmup"] = timed(
+            [anpred, "campaign", str(camp), "-o", str(out / "warmup"), "-q", "--cpus", str(args.cpus)],
+            out / "warmup.log",
+        )
         print("warm-up", res["warmup"], flush=True)
     seq = {"wall_s": 0.0, "peak_pss_gib": 0.0, "rc": []}
     for name, opts in models:
-        cmd = [anpred, "test", name, "--backends", ",".join(backends), "--samples", str(args.samples), "--stages",
-               str(args.stages), "-o", str(out / "sequential" / name), "--overwrite", "-q"]
+        cmd = [
+            anpred,
+            "test",
+            name,
+            "--backends",
+            ",".join(backends),
+            "--samples",
+            str(args.samples),
+            "--stages",
+            str(args.stages),
+            "-o",
+            str(out / "sequential" / name),
+            "--overwrite",
+            "-q",
+        ]
         if "imgsz" in opts:
             cmd += ["--imgsz", str(opts["imgsz"])]
         r = timed(cmd, out / f"sequential-{name}.log")
@@ -189,8 +216,21 @@ def main() -> None:
     import shutil
 
     shutil.rmtree(out / "ray", ignore_errors=True)
-    res["ray"] = timed([anpred, "campaign", str(camp), "-o", str(out / "ray"), "-q", "--cpus", str(args.cpus),
-                        "--batch", str(args.batch)], out / "ray.log")
+    res["ray"] = timed(
+        [
+            anpred,
+            "campaign",
+            str(camp),
+            "-o",
+            str(out / "ray"),
+            "-q",
+            "--cpus",
+            str(args.cpus),
+            "--batch",
+            str(args.batch),
+        ],
+        out / "ray.log",
+    )
     print("ray", res["ray"], flush=True)
     res["ray_overhead"] = ray_overhead(args.cpus)
     print("ray overhead", res["ray_overhead"], flush=True)
@@ -198,8 +238,13 @@ def main() -> None:
     recs = [r for r in summary["records"] if r.get("state") == "complete"]
     res["complete"] = len(recs)
     res["configurations"] = summary["configurations"]
-    res["task_seconds_sum"] = round(sum((r["timings"]["prepare"] + sum(v or 0 for v in r["timings"]["runs"].values())
-                                         + r["timings"]["judge"]) for r in recs), 1)
+    res["task_seconds_sum"] = round(
+        sum(
+            (r["timings"]["prepare"] + sum(v or 0 for v in r["timings"]["runs"].values()) + r["timings"]["judge"])
+            for r in recs
+        ),
+        1,
+    )
     ov = res["ray_overhead"]["task_overhead_ms"] / 1e3
     res["simulated_wall_s"] = {n: round(simulate(recs, n, ov), 1) for n in (1, 2, 4, 8, 16)}
     res["ratio_ray_to_sequential"] = round(res["ray"]["wall_s"] / max(seq["wall_s"], 1e-9), 3)

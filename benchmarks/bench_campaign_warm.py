@@ -34,10 +34,24 @@ sys.path.insert(0, str(ROOT))
 
 BACKENDS = ["ort", "openvino", "torch", "onnx-reference"]
 #: (operator, attributes) of the single-node models, on a 1x4x8x8 input (Conv/MatMul take weights)
-OPS = [("Relu", {}), ("Sigmoid", {}), ("Tanh", {}), ("Softplus", {}), ("Elu", {"alpha": 0.5}),
-       ("LeakyRelu", {"alpha": 0.1}), ("Softmax", {"axis": 1}), ("Conv", {"pads": [1, 1, 1, 1]}),
-       ("MatMul", {}), ("AveragePool", {"kernel_shape": [2, 2]}), ("MaxPool", {"kernel_shape": [2, 2]}),
-       ("HardSigmoid", {}), ("Erf", {}), ("Abs", {}), ("Neg", {}), ("Exp", {})]
+OPS = [
+    ("Relu", {}),
+    ("Sigmoid", {}),
+    ("Tanh", {}),
+    ("Softplus", {}),
+    ("Elu", {"alpha": 0.5}),
+    ("LeakyRelu", {"alpha": 0.1}),
+    ("Softmax", {"axis": 1}),
+    ("Conv", {"pads": [1, 1, 1, 1]}),
+    ("MatMul", {}),
+    ("AveragePool", {"kernel_shape": [2, 2]}),
+    ("MaxPool", {"kernel_shape": [2, 2]}),
+    ("HardSigmoid", {}),
+    ("Erf", {}),
+    ("Abs", {}),
+    ("Neg", {}),
+    ("Exp", {}),
+]
 
 
 def write_models(folder: Path, n: int) -> list[Path]:
@@ -59,9 +73,13 @@ def write_models(folder: Path, n: int) -> list[Path]:
         elif op.endswith("Pool"):
             yshape = [1, 4, 7, 7]
         ins += [t.name for t in inits]
-        g = helper.make_graph([helper.make_node(op, ins, ["y"], name=op.lower(), **attrs)], f"{op}{i}",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, yshape)], initializer=inits)
+        g = helper.make_graph(
+            [helper.make_node(op, ins, ["y"], name=op.lower(), **attrs)],
+            f"{op}{i}",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, yshape)],
+            initializer=inits,
+        )
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
         m.ir_version = 8
         onnx.checker.check_model(m)
@@ -72,8 +90,16 @@ def write_models(folder: Path, n: int) -> list[Path]:
 
 
 def write_campaign(path: Path, models: list[Path], backends: list[str], samples: int) -> None:
-    lines = ["[campaign]", 'name = "bench-warm"', "retries = 1", "", "[defaults]", f"samples = {samples}",
-             "stages = 1", ""]
+    lines = [
+        "[campaign]",
+        'name = "bench-warm"',
+        "retries = 1",
+        "",
+        "[defaults]",
+        f"samples = {samples}",
+        "stages = 1",
+        "",
+    ]
     for m in models:
         lines += ["[[models]]", f'model = "{m.relative_to(path.parent)}"', ""]
     lines += ["[backend_sets]", f"fp32 = {json.dumps(backends)}", ""]
@@ -92,10 +118,18 @@ def campaign(anpred: str, camp: Path, out: Path, cpus: int, batch: int | None) -
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
     wall = time.perf_counter() - t
     recs = json.loads((out / "campaign.json").read_text())["records"]
-    standing = {r["id"]: {b: (x.get("run"), x.get("verdict")) for b, x in r.get("backends", {}).items()}
-                if r.get("state") == "complete" else r.get("reason", "failed") for r in recs}
-    return {"wall_s": round(wall, 1), "rc": rc, "complete": sum(r.get("state") == "complete" for r in recs),
-            "standing": standing}
+    standing = {
+        r["id"]: {b: (x.get("run"), x.get("verdict")) for b, x in r.get("backends", {}).items()}
+        if r.get("state") == "complete"
+        else r.get("reason", "failed")
+        for r in recs
+    }
+    return {
+        "wall_s": round(wall, 1),
+        "rc": rc,
+        "complete": sum(r.get("state") == "complete" for r in recs),
+        "standing": standing,
+    }
 
 
 def main() -> int:
@@ -124,11 +158,16 @@ def main() -> int:
     res.update({k: {x: v for x, v in r.items() if x != "standing"} for k, r in (("one_shot", one), ("batched", warm))})
     res["same_records"] = same
     res["ratio_batched_to_one_shot"] = round(warm["wall_s"] / max(one["wall_s"], 1e-9), 3)
-    res["per_configuration_s"] = {"one_shot": round(one["wall_s"] / args.models, 2),
-                                  "batched": round(warm["wall_s"] / args.models, 2)}
+    res["per_configuration_s"] = {
+        "one_shot": round(one["wall_s"] / args.models, 2),
+        "batched": round(warm["wall_s"] / args.models, 2),
+    }
     if not same:
-        diff = {k: (one["standing"].get(k), warm["standing"].get(k)) for k in one["standing"]
-                if one["standing"].get(k) != warm["standing"].get(k)}
+        diff = {
+            k: (one["standing"].get(k), warm["standing"].get(k))
+            for k in one["standing"]
+            if one["standing"].get(k) != warm["standing"].get(k)
+        }
         res["differences"] = diff
     (out / "result.json").write_text(json.dumps(res, indent=1))
     print(json.dumps(res, indent=1))

@@ -10,6 +10,7 @@
 
 Usage: .venv/bin/python benchmarks/bench_check.py [--run DIR] [--work /tmp/anpred-bench-check] [--repeat 3] [--profile]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,12 +37,16 @@ def kernels():
     d, c = votes[0], votes[1]
     stack = np.stack(votes)
     print("kernels on 102,400 float64 values (ms per call):")
-    print(f"  median of 5 votes: network {_t(lambda: median_of(votes), 20):.2f}   np.median(axis=0) "
-          f"{_t(lambda: np.median(stack, axis=0), 20):.2f}   identical: "
-          f"{np.array_equal(median_of(votes), np.median(stack, axis=0))}")
-    print(f"  W1: sorted differences {_t(lambda: np.abs(np.sort(d) - np.sort(c)).mean(), 20):.2f}   "
-          f"(consensus sorted once: {_t(lambda: np.abs(np.sort(d) - c).mean(), 20):.2f})   scipy "
-          f"{_t(lambda: wasserstein_distance(d, c), 5):.2f}")
+    print(
+        f"  median of 5 votes: network {_t(lambda: median_of(votes), 20):.2f}   np.median(axis=0) "
+        f"{_t(lambda: np.median(stack, axis=0), 20):.2f}   identical: "
+        f"{np.array_equal(median_of(votes), np.median(stack, axis=0))}"
+    )
+    print(
+        f"  W1: sorted differences {_t(lambda: np.abs(np.sort(d) - np.sort(c)).mean(), 20):.2f}   "
+        f"(consensus sorted once: {_t(lambda: np.abs(np.sort(d) - c).mean(), 20):.2f})   scipy "
+        f"{_t(lambda: wasserstein_distance(d, c), 5):.2f}"
+    )
     print(f"  sum d*d: einsum {_t(lambda: np.einsum('i,i->', d, d), 200):.3f}   BLAS @ {_t(lambda: d @ d, 200):.3f}")
 
 
@@ -51,8 +56,15 @@ def build_run(work: Path) -> Path:
     clean = work / "yolov8n-320" / "clean"
     if not (clean / "run.json").exists():
         t0 = time.monotonic()
-        prepare_model("yolov8n", work / "yolov8n-320", imgsz=320, n_real=2, n_random=20,
-                      backends=("ort", "ort-noopt", "openvino", "torch", "tf", "onnx-reference"), lowp=())
+        prepare_model(
+            "yolov8n",
+            work / "yolov8n-320",
+            imgsz=320,
+            n_real=2,
+            n_random=20,
+            backends=("ort", "ort-noopt", "openvino", "torch", "tf", "onnx-reference"),
+            lowp=(),
+        )
         print(f"built {clean} in {time.monotonic() - t0:.0f} s")
     return clean
 
@@ -70,8 +82,10 @@ def main():
     for i in range(args.repeat):
         w0, c0 = time.perf_counter(), time.process_time()
         rep = check_run(run)
-        print(f"check_run {run}: {rep.samples} samples x {len(rep.verdicts)} backends x {len(rep.anchors)} anchors: "
-              f"wall {time.perf_counter() - w0:.2f} s, CPU {time.process_time() - c0:.2f} s, status {rep.status}")
+        print(
+            f"check_run {run}: {rep.samples} samples x {len(rep.verdicts)} backends x {len(rep.anchors)} anchors: "
+            f"wall {time.perf_counter() - w0:.2f} s, CPU {time.process_time() - c0:.2f} s, status {rep.status}"
+        )
     if args.profile:
         import cProfile
         import pstats

@@ -52,11 +52,18 @@ def _warm(cases: list[Path], out: Path, backends: list[str]) -> dict:
     total = time.perf_counter() - t0
     recs = load_records(out)
     per = [r["seconds"] for r in recs]
-    prep = {b: statistics.median([r["backends"][b]["seconds_prepare"] for r in recs if b in r.get("backends", {})])
-            for b in backends}
-    return {"cases": len(recs), "seconds_total": round(total, 1), "median_case_s": round(statistics.median(per), 3),
-            "p90_case_s": round(sorted(per)[int(0.9 * (len(per) - 1))], 3),
-            "mean_case_s_incl_startup": round(total / len(recs), 3), "median_prepare_s": prep}
+    prep = {
+        b: statistics.median([r["backends"][b]["seconds_prepare"] for r in recs if b in r.get("backends", {})])
+        for b in backends
+    }
+    return {
+        "cases": len(recs),
+        "seconds_total": round(total, 1),
+        "median_case_s": round(statistics.median(per), 3),
+        "p90_case_s": round(sorted(per)[int(0.9 * (len(per) - 1))], 3),
+        "mean_case_s_incl_startup": round(total / len(recs), 3),
+        "median_prepare_s": prep,
+    }
 
 
 def _cold(cases: list[Path], out: Path, backends: list[str]) -> dict:
@@ -75,8 +82,14 @@ def _cold(cases: list[Path], out: Path, backends: list[str]) -> dict:
             case = load_case(c)
             t0 = time.perf_counter()
             model = anchored_copy(case, out / "work")
-            store = run_model(model, backends, ArraySamples([(case.name, case.inputs)]), out / "runs" / case.name,
-                              progress=False, precheck=False)
+            store = run_model(
+                model,
+                backends,
+                ArraySamples([(case.name, case.inputs)]),
+                out / "runs" / case.name,
+                progress=False,
+                precheck=False,
+            )
             judge_case(out / "runs" / case.name, case)
             per.append(time.perf_counter() - t0)
             for b, st in store.statuses().items():
@@ -86,9 +99,12 @@ def _cold(cases: list[Path], out: Path, backends: list[str]) -> dict:
         os.environ.pop("ANPRED_WARM_ONNXSIM", None)
         if warm_cache is not None:
             os.environ["ANPRED_CACHE"] = warm_cache
-    return {"cases": len(per), "median_case_s": round(statistics.median(per), 2),
-            "per_case_s": [round(x, 2) for x in per],
-            "median_prepare_s": {b: round(statistics.median(v), 3) for b, v in prep.items()}}
+    return {
+        "cases": len(per),
+        "median_case_s": round(statistics.median(per), 2),
+        "per_case_s": [round(x, 2) for x in per],
+        "median_prepare_s": {b: round(statistics.median(v), 3) for b, v in prep.items()},
+    }
 
 
 def _profile_onnx2tf(case_dir: Path, out: Path) -> dict:
@@ -101,8 +117,9 @@ def _profile_onnx2tf(case_dir: Path, out: Path) -> dict:
 
     res = {}
     cls = backend_class("tf")
-    for k, (label, warm) in enumerate((("imports (not counted)", "1"), ("onnxsim subprocesses", "0"),
-                                       ("warm onnxsim server", "1"))):
+    for k, (label, warm) in enumerate(
+        (("imports (not counted)", "1"), ("onnxsim subprocesses", "0"), ("warm onnxsim server", "1"))
+    ):
         os.environ["ANPRED_WARM_ONNXSIM"] = warm
         os.environ["ANPRED_CACHE"] = str(out / f"cache-profile-{k}")
         _, manifest, _ = load_anchored(case_dir / "model.onnx")
@@ -117,11 +134,15 @@ def _profile_onnx2tf(case_dir: Path, out: Path) -> dict:
         def cum(fragment: str) -> float:
             return max((v[3] for key, v in stats.items() if fragment in f"{key[0]}:{key[2]}"), default=0.0)
 
-        res[label] = {"seconds": round(total, 3), "onnx2tf.convert": round(cum("onnx2tf.py:convert"), 3),
-                      "simplifier (subprocess / server calls)": round(cum("subprocess.py:check_output") +
-                                                                      cum("onnxsim_warm.py:call"), 3),
-                      "SavedModel export": round(cum("export_lib.py:write_out"), 3),
-                      "SavedModel load": round(cum("tf_onnx.py:_load_converted"), 3)}
+        res[label] = {
+            "seconds": round(total, 3),
+            "onnx2tf.convert": round(cum("onnx2tf.py:convert"), 3),
+            "simplifier (subprocess / server calls)": round(
+                cum("subprocess.py:check_output") + cum("onnxsim_warm.py:call"), 3
+            ),
+            "SavedModel export": round(cum("export_lib.py:write_out"), 3),
+            "SavedModel load": round(cum("tf_onnx.py:_load_converted"), 3),
+        }
     os.environ.pop("ANPRED_WARM_ONNXSIM", None)
     return res
 
@@ -151,7 +172,7 @@ def main(argv=None) -> None:
     res["warm"] = _warm(cases, a.out / "warm", backends)
     print(json.dumps(res["warm"], indent=1), flush=True)
     if a.cold:
-        res["cold"] = _cold(cases[:a.cold], a.out / "cold", backends)
+        res["cold"] = _cold(cases[: a.cold], a.out / "cold", backends)
         res["ratio_median_cold_over_warm"] = round(res["cold"]["median_case_s"] / res["warm"]["median_case_s"], 1)
     (a.out / "bench_conformance.json").write_text(json.dumps(res, indent=1))
     print(json.dumps({k: v for k, v in res.items() if k not in ("onnx2tf_profile",)}, indent=1))

@@ -63,8 +63,10 @@ def main(argv=None) -> int:
                 warm = cls.refused_nodes(model)
                 t3 = time.perf_counter()
                 assert cold == warm
-                print(f"  {b:<10} table {t1 - t0:6.2f} s  nodes cold {t2 - t1:6.2f} s  warm {t3 - t2:6.2f} s  "
-                      f"refused {sorted(ops) + sorted(cold)}")
+                print(
+                    f"  {b:<10} table {t1 - t0:6.2f} s  nodes cold {t2 - t1:6.2f} s  warm {t3 - t2:6.2f} s  "
+                    f"refused {sorted(ops) + sorted(cold)}"
+                )
     return 0
 
 

@@ -43,16 +43,25 @@ def _run(argv: list[str], out: Path, cache: Path) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load0 = os.getloadavg()[0]
     t = time.perf_counter()
-    proc = subprocess.run([str(ANPRED), "test", *argv, "-o", str(out), "--overwrite"], env=env, cwd=ROOT,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(ANPRED), "test", *argv, "-o", str(out), "--overwrite"], env=env, cwd=ROOT, capture_output=True, text=True
+    )
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     phases = {}
     for tj in sorted(out.rglob("test.json")):
         phases[tj.parent.name] = {k: round(v, 1) for k, v in json.loads(tj.read_text())["seconds"].items()}
-    return {"wall": wall, "cpu": cpu, "rc": proc.returncode, "load_before": load0, "load_after": os.getloadavg()[0],
-            "stdout": proc.stdout, "stderr": proc.stderr, "phases": phases}
+    return {
+        "wall": wall,
+        "cpu": cpu,
+        "rc": proc.returncode,
+        "load_before": load0,
+        "load_after": os.getloadavg()[0],
+        "stdout": proc.stdout,
+        "stderr": proc.stderr,
+        "phases": phases,
+    }
 
 
 def _standing(text: str) -> str:
@@ -63,8 +72,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=("demo", "yolo"), default=None, help="measure one command only")
     ap.add_argument("--all", action="store_true", help="the full set (anpred test ... --all)")
-    ap.add_argument("--side-by-side", action="store_true",
-                    help="the backends at once, the cores divided (anpred test ... --side-by-side)")
+    ap.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="the backends at once, the cores divided (anpred test ... --side-by-side)",
+    )
     ap.add_argument("--keep-output", metavar="FILE", help="also write the warm demo's stdout to FILE")
     args = ap.parse_args()
     commands = {"demo": ["demo"], "yolo": ["yolov8n", "--imgsz", "320"]}
@@ -83,12 +95,16 @@ def main() -> int:
                 if r["rc"] not in (0, 1):
                     print(f"{what} {name} run failed (exit {r['rc']}):\n{r['stderr'][-3000:]}", file=sys.stderr)
                     return 2
-        print(f"machine: {os.cpu_count()} CPUs; {'full set (--all)' if args.all else 'default backends'}"
-              f"{', side by side' if args.side_by_side else ', one after the other'}")
+        print(
+            f"machine: {os.cpu_count()} CPUs; {'full set (--all)' if args.all else 'default backends'}"
+            f"{', side by side' if args.side_by_side else ', one after the other'}"
+        )
         print(f"{'command':<8}{'run':<6}{'exit':>5}{'wall s':>9}{'CPU s':>9}{'load before':>13}{'load after':>12}")
         for what, name, r in rows:
-            print(f"{what:<8}{name:<6}{r['rc']:>5}{r['wall']:>9.1f}{r['cpu']:>9.1f}{r['load_before']:>13.2f}"
-                  f"{r['load_after']:>12.2f}")
+            print(
+                f"{what:<8}{name:<6}{r['rc']:>5}{r['wall']:>9.1f}{r['cpu']:>9.1f}{r['load_before']:>13.2f}"
+                f"{r['load_after']:>12.2f}"
+            )
         for what, name, r in rows:
             for model, ph in r["phases"].items():
                 print(f"  {what} {name} {model}: " + ", ".join(f"{k} {v}" for k, v in ph.items()))

@@ -32,16 +32,25 @@ def build(blocks: int, ch: int = 8, hw: int = 8) -> onnx.ModelProto:
     x = "x"
     for b in range(blocks):
         w1, w2 = f"w{b}a", f"w{b}b"
-        inits += [numpy_helper.from_array(rng.standard_normal((ch, ch, 3, 3)).astype(np.float32) * 0.05, w1),
-                  numpy_helper.from_array(rng.standard_normal((ch, ch, 1, 1)).astype(np.float32) * 0.05, w2)]
-        nodes += [helper.make_node("Conv", [x, w1], [f"c{b}"], name=f"conv{b}a", pads=[1, 1, 1, 1]),
-                  helper.make_node("Sigmoid", [f"c{b}"], [f"s{b}"], name=f"sig{b}"),
-                  helper.make_node("Mul", [f"c{b}", f"s{b}"], [f"m{b}"], name=f"silu{b}"),
-                  helper.make_node("Conv", [f"m{b}", w2], [f"d{b}"], name=f"conv{b}b"),
-                  helper.make_node("Add", [x, f"d{b}"], [f"r{b}"], name=f"add{b}")]
+        inits += [
+            numpy_helper.from_array(rng.standard_normal((ch, ch, 3, 3)).astype(np.float32) * 0.05, w1),
+            numpy_helper.from_array(rng.standard_normal((ch, ch, 1, 1)).astype(np.float32) * 0.05, w2),
+        ]
+        nodes += [
+            helper.make_node("Conv", [x, w1], [f"c{b}"], name=f"conv{b}a", pads=[1, 1, 1, 1]),
+            helper.make_node("Sigmoid", [f"c{b}"], [f"s{b}"], name=f"sig{b}"),
+            helper.make_node("Mul", [f"c{b}", f"s{b}"], [f"m{b}"], name=f"silu{b}"),
+            helper.make_node("Conv", [f"m{b}", w2], [f"d{b}"], name=f"conv{b}b"),
+            helper.make_node("Add", [x, f"d{b}"], [f"r{b}"], name=f"add{b}"),
+        ]
         x = f"r{b}"
-    g = helper.make_graph(nodes, "bench", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, ch, hw, hw])],
-                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, ch, hw, hw])], inits)
+    g = helper.make_graph(
+        nodes,
+        "bench",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, ch, hw, hw])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, ch, hw, hw])],
+        inits,
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -74,9 +83,11 @@ def real_graph(path: Path) -> None:
     fused = sum(n.domain == "com.microsoft" for n in b.graph.node)
     t = time.perf_counter()
     dd = diff_models(a, b)
-    print(f"{path.name} ({len(a.graph.node)} nodes) vs its ORT-extended copy, all names scrambled: "
-          f"{time.perf_counter() - t:.2f} s  matched {dd.matched} of {len(b.graph.node) - fused} surviving "
-          f"nodes {dd.match_counts}; regions {dd.region_counts()}")
+    print(
+        f"{path.name} ({len(a.graph.node)} nodes) vs its ORT-extended copy, all names scrambled: "
+        f"{time.perf_counter() - t:.2f} s  matched {dd.matched} of {len(b.graph.node) - fused} surviving "
+        f"nodes {dd.match_counts}; regions {dd.region_counts()}"
+    )
 
 
 def main() -> None:
@@ -105,8 +116,10 @@ def main() -> None:
     print(f"A: {len(a.graph.node)} nodes; B (ORT extended, {t_ort:.1f} s): {len(b.graph.node)} nodes")
     t = time.perf_counter()
     d = diff_models(a, b)
-    print(f"A vs ORT-optimised B: {time.perf_counter() - t:.2f} s  matched {d.matched} {d.match_counts}; "
-          f"fusions {d.fusions()}")
+    print(
+        f"A vs ORT-optimised B: {time.perf_counter() - t:.2f} s  matched {d.matched} {d.match_counts}; "
+        f"fusions {d.fusions()}"
+    )
     r = copy.deepcopy(a)
     for i, n in enumerate(r.graph.node):
         n.name = f"renamed_{i}"
@@ -130,8 +143,10 @@ def main() -> None:
     t = time.perf_counter()
     d = diff_models(a, s)
     wrong = sum(1 for m in d.changed if m.op_type != "Conv" and any(c.kind == "rewired" for c in m.changes))
-    print(f"A vs B with all node and value names changed: {time.perf_counter() - t:.2f} s  matched {d.matched} "
-          f"{d.match_counts}; fusions {d.fusions()}; rewired pairs {wrong}")
+    print(
+        f"A vs B with all node and value names changed: {time.perf_counter() - t:.2f} s  matched {d.matched} "
+        f"{d.match_counts}; fusions {d.fusions()}; rewired pairs {wrong}"
+    )
     if args.skip_networkx:
         return
     # networkx VF2 for comparison (exact isomorphism only; cannot express a diff)

@@ -51,14 +51,30 @@ def bench(kind: str, nodes: int, repeat: int, cli_repeat: int, tmp: Path) -> dic
         inst_cpu.append(time.process_time() - c)
     b, i = statistics.median(base), statistics.median(inst)
     bc, ic = statistics.median(base_cpu), statistics.median(inst_cpu)
-    res = {"kind": kind, "nodes": man.partition["num_nodes"], "size_mb": src.stat().st_size / 1e6,
-           "load_save_s": b, "instrument_s": i, "ratio": i / b, "load_save_cpu_s": bc, "instrument_cpu_s": ic,
-           "ratio_cpu": ic / bc, "stages": len(man.stages), "anchors": sum(a.kind != "output" for a in man.anchors)}
+    res = {
+        "kind": kind,
+        "nodes": man.partition["num_nodes"],
+        "size_mb": src.stat().st_size / 1e6,
+        "load_save_s": b,
+        "instrument_s": i,
+        "ratio": i / b,
+        "load_save_cpu_s": bc,
+        "instrument_cpu_s": ic,
+        "ratio_cpu": ic / bc,
+        "stages": len(man.stages),
+        "anchors": sum(a.kind != "output" for a in man.anchors),
+    }
     if cli_repeat > 0:
         exe = Path(sys.executable).with_name("anpred-instrument")
-        cli = [str(exe)] if exe.exists() else [sys.executable, "-c",
-                                               "import sys; from anpred.cli import instrument_main; "
-                                                                   "sys.exit(instrument_main())"]
+        cli = (
+            [str(exe)]
+            if exe.exists()
+            else [
+                sys.executable,
+                "-c",
+                "import sys; from anpred.cli import instrument_main; sys.exit(instrument_main())",
+            ]
+        )
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         plain = [sys.executable, "-c", f"import onnx; onnx.save(onnx.load({str(src)!r}), {str(tmp / 'copy.onnx')!r})"]
         pb, pi = [], []
@@ -67,11 +83,15 @@ def bench(kind: str, nodes: int, repeat: int, cli_repeat: int, tmp: Path) -> dic
             subprocess.run(plain, check=True, env=env)
             pb.append(time.perf_counter() - t)
             t = time.perf_counter()
-            subprocess.run(cli + [str(src), "-o", str(tmp / "cli.onnx")], check=True, env=env,
-                           stdout=subprocess.DEVNULL)
+            subprocess.run(
+                cli + [str(src), "-o", str(tmp / "cli.onnx")], check=True, env=env, stdout=subprocess.DEVNULL
+            )
             pi.append(time.perf_counter() - t)
-        res.update(cli_load_save_s=statistics.median(pb), cli_instrument_s=statistics.median(pi),
-                   cli_ratio=statistics.median(pi) / statistics.median(pb))
+        res.update(
+            cli_load_save_s=statistics.median(pb),
+            cli_instrument_s=statistics.median(pi),
+            cli_ratio=statistics.median(pi) / statistics.median(pb),
+        )
     return res
 
 
@@ -86,16 +106,20 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         for k in kinds:
             r = bench(k, a.nodes, a.repeat, a.cli_repeat, Path(d))
-            print(f"{r['kind']:>11}: {r['nodes']} nodes, {r['size_mb']:.1f} MB, {r['stages']} stages, "
-                  f"{r['anchors']} anchors\n"
-                  f"  in-process wall: onnx load+save {r['load_save_s']:.3f} s | instrument {r['instrument_s']:.3f} s "
-                  f"| ratio {r['ratio']:.2f}x (bar 5x)\n"
-                  f"  in-process CPU : onnx load+save {r['load_save_cpu_s']:.3f} s | instrument "
-                  f"{r['instrument_cpu_s']:.3f} s | "
-                  f"ratio {r['ratio_cpu']:.2f}x")
+            print(
+                f"{r['kind']:>11}: {r['nodes']} nodes, {r['size_mb']:.1f} MB, {r['stages']} stages, "
+                f"{r['anchors']} anchors\n"
+                f"  in-process wall: onnx load+save {r['load_save_s']:.3f} s | instrument {r['instrument_s']:.3f} s "
+                f"| ratio {r['ratio']:.2f}x (bar 5x)\n"
+                f"  in-process CPU : onnx load+save {r['load_save_cpu_s']:.3f} s | instrument "
+                f"{r['instrument_cpu_s']:.3f} s | "
+                f"ratio {r['ratio_cpu']:.2f}x"
+            )
             if "cli_ratio" in r:
-                print(f"  processes wall : python -c load+save {r['cli_load_save_s']:.3f} s | anpred-instrument "
-                      f"{r['cli_instrument_s']:.3f} s | ratio {r['cli_ratio']:.2f}x")
+                print(
+                    f"  processes wall : python -c load+save {r['cli_load_save_s']:.3f} s | anpred-instrument "
+                    f"{r['cli_instrument_s']:.3f} s | ratio {r['cli_ratio']:.2f}x"
+                )
     return 0
 
 

@@ -38,11 +38,18 @@ def small_cnn(path: Path) -> Path:
     rng = np.random.default_rng(0)
     w1 = nh.from_array(rng.standard_normal((16, 3, 3, 3)).astype(np.float32) * 0.2, "w1")
     w2 = nh.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.1, "w2")
-    nodes = [h.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
-             h.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-             h.make_node("Conv", ["r1", "w2"], ["y"], pads=[1, 1, 1, 1], name="conv2")]
-    g = h.make_graph(nodes, "cnn", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 64, 64])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 16, 64, 64])], [w1, w2])
+    nodes = [
+        h.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        h.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        h.make_node("Conv", ["r1", "w2"], ["y"], pads=[1, 1, 1, 1], name="conv2"),
+    ]
+    g = h.make_graph(
+        nodes,
+        "cnn",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 64, 64])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 16, 64, 64])],
+        [w1, w2],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.save(m, str(path))
@@ -61,8 +68,9 @@ def main() -> None:
     out: dict = {"rss_vs_vms": {}, "overshoot": [], "poll_ms": None}
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        store = run_model(small_cnn(d / "cnn.onnx"), args.backends.split(","), "random:normal:n=2", d / "run",
-                          progress=False)
+        store = run_model(
+            small_cnn(d / "cnn.onnx"), args.backends.split(","), "random:normal:n=2", d / "run", progress=False
+        )
         print(f"{'backend':<16}{'status':<10}{'peak RSS':>12}{'peak VMS':>12}{'VMS/RSS':>9}")
         for b, st in store.statuses().items():
             r = store.meta["resources"][b]
@@ -72,21 +80,29 @@ def main() -> None:
         bound = 768 << 20
         m = dilated_conv(d / "dilated.onnx")
         for k in range(args.repeats):
-            s = run_model(m, ["onnx-reference"], "random:normal:n=1", d / f"mem{k}", progress=False,
-                          guards=RunGuards(backend_memory=bound), precheck=False)
+            s = run_model(
+                m,
+                ["onnx-reference"],
+                "random:normal:n=1",
+                d / f"mem{k}",
+                progress=False,
+                guards=RunGuards(backend_memory=bound),
+                precheck=False,
+            )
             st = s.statuses()["onnx-reference"]
             peak = s.meta["resources"]["onnx-reference"]["peak_rss_watched_bytes"]
             hit = re.search(r"RSS ([\d.]+) (GiB|MiB)", st.reason)
-            out["overshoot"].append({"status": st.status, "peak_rss": peak, "bound": bound,
-                                     "reason": st.reason[:200]})
-            print(f"dilated Conv, bound {gib(bound)}: {st.status}, RSS at the kill {hit.group(0) if hit else '?'} "
-                  f"(+{(peak - bound) / (1 << 20):.0f} MiB over the bound)")
+            out["overshoot"].append({"status": st.status, "peak_rss": peak, "bound": bound, "reason": st.reason[:200]})
+            print(
+                f"dilated Conv, bound {gib(bound)}: {st.status}, RSS at the kill {hit.group(0) if hit else '?'} "
+                f"(+{(peak - bound) / (1 << 20):.0f} MiB over the bound)"
+            )
     w = MemoryWatch(RunGuards(backend_memory=1 << 40, run_memory=1 << 40))
     w.watch("self", os.getpid())
     t = time.perf_counter()
     for _ in range(1000):
         w.check(force=True)
-    out["poll_ms"] = (time.perf_counter() - t)
+    out["poll_ms"] = time.perf_counter() - t
     print(f"one sample of a process tree: {out['poll_ms']:.3f} ms")
     res = ROOT / "benchmarks" / "results"
     res.mkdir(exist_ok=True)

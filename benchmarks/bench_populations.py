@@ -51,8 +51,10 @@ def main(argv=None) -> int:
         wall, cpu, n = _time(folder.root, a.repeat)
         rows.append((name, n, wall, cpu))
         print(f"{name:<24} {n:>2} backends  check_run {wall:6.2f} s wall  {cpu:6.2f} s CPU (best of {a.repeat})")
-    print(f"ratio population / previous set: {rows[1][3] / rows[0][3]:.2f}x CPU, {rows[1][2] / rows[0][2]:.2f}x wall; "
-          f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    print(
+        f"ratio population / previous set: {rows[1][3] / rows[0][3]:.2f}x CPU, {rows[1][2] / rows[0][2]:.2f}x wall; "
+        f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+    )
     return 0
 
 

@@ -48,8 +48,9 @@ def main() -> None:
     ap.add_argument("--positions", default="4096,16384,65536")
     a = ap.parse_args()
     full, t_full, manifest = judge(a.run_dir, 0)
-    sizes = {x.name: int(np.prod(x.shape)) for x in manifest.anchors if x.shape
-             and all(isinstance(d, int) for d in x.shape)}
+    sizes = {
+        x.name: int(np.prod(x.shape)) for x in manifest.anchors if x.shape and all(isinstance(d, int) for d in x.shape)
+    }
     outputs = {x.name for x in manifest.anchors if x.kind == "output"}
     rows = [{"positions": 0, "seconds_per_sample": round(t_full, 3)}]
     for k in [int(v) for v in a.positions.split(",")]:
@@ -58,8 +59,13 @@ def main() -> None:
         pairs = [(c, None) for c in rep.cells] + [(c, pop) for pop, cs in rep.population_cells.items() for c in cs]
         for c, pop in pairs:
             w = full.cell(c.anchor, c.backend, pop)
-            if pop is None and w is not None and sizes.get(c.anchor, 0) > min(k, DISTRIBUTION_POSITIONS) and \
-                    np.isfinite(w.stats.wasserstein) and w.stats.wasserstein > 0:
+            if (
+                pop is None
+                and w is not None
+                and sizes.get(c.anchor, 0) > min(k, DISTRIBUTION_POSITIONS)
+                and np.isfinite(w.stats.wasserstein)
+                and w.stats.wasserstein > 0
+            ):
                 # the Wasserstein distance (outputs included): on min(K, DISTRIBUTION_POSITIONS) positions
                 w1.append(abs(c.stats.wasserstein - w.stats.wasserstein) / w.stats.wasserstein)
             if c.anchor in outputs or sizes.get(c.anchor, 0) <= k:
@@ -74,15 +80,23 @@ def main() -> None:
                 changed.append(f"{c.anchor}/{c.backend}{'/' + pop if pop else ''}: flagged {w.flagged} -> {c.flagged}")
         standings = {b: (v.status, v.origin_anchor) for b, v in rep.verdicts.items()}
         standings_full = {b: (v.status, v.origin_anchor) for b, v in full.verdicts.items()}
-        rows.append({"positions": k, "seconds_per_sample": round(t, 3), "cells": len(rel),
-                     "median_rel_change": float(np.median(rel)) if rel else None,
-                     "max_rel_change": float(np.max(rel)) if rel else None,
-                     "wasserstein_cells": len(w1),
-                     "wasserstein_median_rel_change": float(np.median(w1)) if w1 else None,
-                     "wasserstein_max_rel_change": float(np.max(w1)) if w1 else None,
-                     "verdicts_changed": changed, "cells_over_10pct": big[:10],
-                     "standings_equal": standings == standings_full, "standings": standings,
-                     **({} if standings == standings_full else {"standings_full": standings_full})})
+        rows.append(
+            {
+                "positions": k,
+                "seconds_per_sample": round(t, 3),
+                "cells": len(rel),
+                "median_rel_change": float(np.median(rel)) if rel else None,
+                "max_rel_change": float(np.max(rel)) if rel else None,
+                "wasserstein_cells": len(w1),
+                "wasserstein_median_rel_change": float(np.median(w1)) if w1 else None,
+                "wasserstein_max_rel_change": float(np.max(w1)) if w1 else None,
+                "verdicts_changed": changed,
+                "cells_over_10pct": big[:10],
+                "standings_equal": standings == standings_full,
+                "standings": standings,
+                **({} if standings == standings_full else {"standings_full": standings_full}),
+            }
+        )
     for r in rows:
         print(json.dumps(r))
 

@@ -52,25 +52,47 @@ def overhead(model: Path, tmp: Path, n_inputs: int) -> float:
     """Prints the driver's overhead over a plain InferenceSession loop on ``n_inputs`` inputs in both storage
     modes; returns the plain loop's best total seconds (stats mode)."""
     for mode in ("tensors", "stats"):
-        runs = [run_model(model, ["ort"], f"random:images:seed=0:n={n_inputs}", tmp / f"ort-{mode}{k}", mode=mode,
-                          progress=False) for k in range(3)]  # best of 3, like the plain loop (shared machine)
+        runs = [
+            run_model(
+                model, ["ort"], f"random:images:seed=0:n={n_inputs}", tmp / f"ort-{mode}{k}", mode=mode, progress=False
+            )
+            for k in range(3)
+        ]  # best of 3, like the plain loop (shared machine)
         store = min(runs, key=lambda r: r.meta["resources"]["ort"]["seconds_loop"])
         st = store.statuses()["ort"]
         res = store.meta["resources"]["ort"]
         loop, wall = res["seconds_loop"], res["seconds_wall"]
-        plains = [float(subprocess.run([sys.executable, "-c", PLAIN, str(model), str(store.root)], check=True,
-                                       capture_output=True, text=True).stdout) for _ in range(3)]
+        plains = [
+            float(
+                subprocess.run(
+                    [sys.executable, "-c", PLAIN, str(model), str(store.root)],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
+            )
+            for _ in range(3)
+        ]
         plain = min(plains)
-        per = sum(np.asarray(v).nbytes for v in store.read_anchors("ort", store.sample_ids[0]).values()) \
-            if mode == "tensors" else None
+        per = (
+            sum(np.asarray(v).nbytes for v in store.read_anchors("ort", store.sample_ids[0]).values())
+            if mode == "tensors"
+            else None
+        )
         print(f"[{mode}] {len(store.manifest.anchors)} anchors" + (f", {per / 1e6:.1f} MB per sample" if per else ""))
-        print(f"[{mode}] plain InferenceSession.run total        {plain:.3f} s (best of 3: "
-              + ", ".join(f"{p:.3f}" for p in plains) + ")")
-        print(f"[{mode}] driver: Backend.run total                {st.seconds_run:.3f} s  ratio "
-              f"{st.seconds_run / plain:.2f}x")
-        print(f"[{mode}] driver: sample loop incl. I/O (worker)   {loop:.3f} s  ratio {loop / plain:.2f}x "
-              "(best of 3; all: "
-              + ", ".join(f"{r.meta['resources']['ort']['seconds_loop']:.3f}" for r in runs) + ")")
+        print(
+            f"[{mode}] plain InferenceSession.run total        {plain:.3f} s (best of 3: "
+            + ", ".join(f"{p:.3f}" for p in plains)
+            + ")"
+        )
+        print(
+            f"[{mode}] driver: Backend.run total                {st.seconds_run:.3f} s  ratio "
+            f"{st.seconds_run / plain:.2f}x"
+        )
+        print(
+            f"[{mode}] driver: sample loop incl. I/O (worker)   {loop:.3f} s  ratio {loop / plain:.2f}x "
+            "(best of 3; all: " + ", ".join(f"{r.meta['resources']['ort']['seconds_loop']:.3f}" for r in runs) + ")"
+        )
         print(f"[{mode}] driver: worker process wall / prepare    {wall:.2f} s / {st.seconds_prepare:.2f} s")
     return plain
 
@@ -89,9 +111,11 @@ def whole_call(model: Path, tmp: Path, n_inputs: int, plain: float) -> None:
             ts.append(time.perf_counter() - t)
         whole[n] = min(ts)
     per = (whole[n_inputs + 1] - whole[1]) / n_inputs
-    print(f"[whole] run_model(n=1) {whole[1]:.3f} s, run_model(n={n_inputs + 1}) {whole[n_inputs + 1]:.3f} s "
-          f"(best of 3 each): {per * 1e3:.1f} ms per sample vs plain {plain / n_inputs * 1e3:.1f} ms: "
-          f"ratio {per * n_inputs / plain:.2f}x")
+    print(
+        f"[whole] run_model(n=1) {whole[1]:.3f} s, run_model(n={n_inputs + 1}) {whole[n_inputs + 1]:.3f} s "
+        f"(best of 3 each): {per * 1e3:.1f} ms per sample vs plain {plain / n_inputs * 1e3:.1f} ms: "
+        f"ratio {per * n_inputs / plain:.2f}x"
+    )
 
 
 def memory(model: Path, tmp: Path) -> None:
@@ -100,10 +124,12 @@ def memory(model: Path, tmp: Path) -> None:
     # resident pages at fork)
     for n in (20, 80):
         for mode in ("tensors", "stats"):
-            s = run_model(model, ["ort"], f"random:normal:seed=1:n={n}", tmp / f"m-{mode}-{n}", mode=mode,
-                          progress=False)
-            print(f"peak RSS ort worker, {mode:7s} n={n}: {s.meta['resources']['ort']['peak_rss_bytes'] / 2**20:.0f} "
-                  "MiB")
+            s = run_model(
+                model, ["ort"], f"random:normal:seed=1:n={n}", tmp / f"m-{mode}-{n}", mode=mode, progress=False
+            )
+            print(
+                f"peak RSS ort worker, {mode:7s} n={n}: {s.meta['resources']['ort']['peak_rss_bytes'] / 2**20:.0f} MiB"
+            )
 
 
 def conversion(model: Path, tmp: Path) -> None:
@@ -124,22 +150,39 @@ def conversion(model: Path, tmp: Path) -> None:
     print("onnx2torch convert / whole torch prepare (3 runs): " + ", ".join(f"{c:.2f}/{p:.2f} s" for c, p in conv))
     old = os.environ.get("ANPRED_CACHE")
     os.environ["ANPRED_CACHE"] = str(tmp / "cache")  # empty cache: a real onnx2tf conversion
-    backends = ["ort", "ort-noopt", "openvino", "openvino-bf16", "onnx-reference", "ort-fp16", "ort-int8", "torch",
-                "tf"]
+    backends = [
+        "ort",
+        "ort-noopt",
+        "openvino",
+        "openvino-bf16",
+        "onnx-reference",
+        "ort-fp16",
+        "ort-int8",
+        "torch",
+        "tf",
+    ]
     try:
         for rep in ("first (empty cache)", "second (cache hit)"):
             s = run_model(model, backends, "random:images:seed=5:n=2", tmp / f"conv-{rep.split()[0]}", progress=False)
-            print(f"prepare seconds, {rep} run: " + ", ".join(
-                f"{k} {v.seconds_prepare:.2f}" + ("" if v.status == "ok" else f" [{v.status}]")
-                                                              for k, v in s.statuses().items()))
-            print(f"process wall seconds, {rep} run: " + ", ".join(
-                f"{k} {v['seconds_wall']:.1f}" for k, v in s.meta["resources"].items()))
+            print(
+                f"prepare seconds, {rep} run: "
+                + ", ".join(
+                    f"{k} {v.seconds_prepare:.2f}" + ("" if v.status == "ok" else f" [{v.status}]")
+                    for k, v in s.statuses().items()
+                )
+            )
+            print(
+                f"process wall seconds, {rep} run: "
+                + ", ".join(f"{k} {v['seconds_wall']:.1f}" for k, v in s.meta["resources"].items())
+            )
         tb = TfOnnxBackend()
         t = time.perf_counter()
         tb.prepare(model, man, tmp / "w-tf")
         hit_s = time.perf_counter() - t
-        print(f"onnx2tf: onnx2tf.convert alone {tb._meta['seconds_convert']:.1f} s (cache meta.json); "
-              f"tf prepare on a cache hit, in-process (SavedModel load) {hit_s:.2f} s")
+        print(
+            f"onnx2tf: onnx2tf.convert alone {tb._meta['seconds_convert']:.1f} s (cache meta.json); "
+            f"tf prepare on a cache hit, in-process (SavedModel load) {hit_s:.2f} s"
+        )
     finally:
         if old is None:
             os.environ.pop("ANPRED_CACHE", None)

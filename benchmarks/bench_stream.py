@@ -93,8 +93,14 @@ def _own_inference(anchored: Path, pages: Path, work: Path, backends: str) -> tu
     env = _worker_env()
     per = {}
     for b in backends.split(","):
-        out = subprocess.run([sys.executable, __file__, "--time-alone", b, "--model", str(anchored), "--out", str(npz)],
-                             cwd=ROOT, check=True, capture_output=True, text=True, env=env)
+        out = subprocess.run(
+            [sys.executable, __file__, "--time-alone", b, "--model", str(anchored), "--out", str(npz)],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         per[b] = float(out.stdout.strip().splitlines()[-1])
     shutil.rmtree(npz, ignore_errors=True)
     return sum(per.values()), per
@@ -140,10 +146,26 @@ def bench_pages(n: int, out: Path, a: argparse.Namespace) -> dict:
     if not (pages / "truth.json").is_file():
         write_pages_with_truth(pages, range(n))
     dst = out / f"run-{n}"
-    cmd = [sys.executable, "-m", "anpred", "test", "yolov8n-doclaynet", "--inputs", str(pages), "--labels",
-           str(pages / "truth.json"), "--stream", *(["--chunk", str(a.chunk)] if a.chunk else []), "--backends",
-           a.backends, "-o", str(dst),
-           "--overwrite", "-q", *(["--side-by-side"] if a.side_by_side else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "anpred",
+        "test",
+        "yolov8n-doclaynet",
+        "--inputs",
+        str(pages),
+        "--labels",
+        str(pages / "truth.json"),
+        "--stream",
+        *(["--chunk", str(a.chunk)] if a.chunk else []),
+        "--backends",
+        a.backends,
+        "-o",
+        str(dst),
+        "--overwrite",
+        "-q",
+        *(["--side-by-side"] if a.side_by_side else []),
+    ]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
     ps = psutil.Process(proc.pid)
@@ -152,8 +174,9 @@ def bench_pages(n: int, out: Path, a: argparse.Namespace) -> dict:
         rss = _tree_rss(ps)
         peak_rss = max(peak_rss, rss)
         parent = dst.parent
-        peak_disk = max(peak_disk,
-                        sum(_du(p) for p in parent.glob(f".{dst.name}*")) + (_du(dst) if dst.exists() else 0))
+        peak_disk = max(
+            peak_disk, sum(_du(p) for p in parent.glob(f".{dst.name}*")) + (_du(dst) if dst.exists() else 0)
+        )
         # the chunks in a memory-backed folder (anpred.pipeline.scratch): memory, not disk
         scratch = sum(_du(p) for m in MEMORY_FOLDERS for p in Path(m).glob(f"{PREFIX}{proc.pid}-*"))
         peak_scratch = max(peak_scratch, scratch)
@@ -166,15 +189,24 @@ def bench_pages(n: int, out: Path, a: argparse.Namespace) -> dict:
     inf = sum(b.get("seconds_run", 0.0) for b in run["backends"].values())
     prep = sum(b.get("seconds_prepare", 0.0) for b in run["backends"].values())
     rep = json.loads((dst / "report.json").read_text())
-    row = {"pages": n, "rc": proc.returncode, "wall_s": wall, "stream_s": test["seconds"].get("stream"),
-           "inference_s": inf, "prepare_s": prep,
-           "ratio_stream_to_inference": test["seconds"].get("stream", 0) / inf
-           if inf else None, "peak_rss_mib": peak_rss / 2**20, "peak_disk_mib": peak_disk / 2**20,
-           "peak_scratch_memory_mib": peak_scratch / 2**20, "peak_rss_plus_scratch_mib": peak_total / 2**20,
-           "kept_samples": len(run["samples"]), "disk_final_mib": _du(dst) / 2**20,
-           "stream_meta": {k: v for k, v in run.get("stream", {}).items() if k != "kept"},
-           "headlines": {b: d["headline"] for b, d in rep["task"]["backends"].items()},
-           "map50": {b: (d.get("truth") or {}).get("map50") for b, d in rep["task"]["backends"].items()}}
+    row = {
+        "pages": n,
+        "rc": proc.returncode,
+        "wall_s": wall,
+        "stream_s": test["seconds"].get("stream"),
+        "inference_s": inf,
+        "prepare_s": prep,
+        "ratio_stream_to_inference": test["seconds"].get("stream", 0) / inf if inf else None,
+        "peak_rss_mib": peak_rss / 2**20,
+        "peak_disk_mib": peak_disk / 2**20,
+        "peak_scratch_memory_mib": peak_scratch / 2**20,
+        "peak_rss_plus_scratch_mib": peak_total / 2**20,
+        "kept_samples": len(run["samples"]),
+        "disk_final_mib": _du(dst) / 2**20,
+        "stream_meta": {k: v for k, v in run.get("stream", {}).items() if k != "kept"},
+        "headlines": {b: d["headline"] for b, d in rep["task"]["backends"].items()},
+        "map50": {b: (d.get("truth") or {}).get("map50") for b, d in rep["task"]["backends"].items()},
+    }
     # the backends' own inference over the same inputs, measured apart (_own_inference, _time_alone)
     own, per = _own_inference(dst / "anchored.onnx", pages, out / f"own-{n}", a.backends)
     row["own_inference_s"] = own
@@ -188,9 +220,12 @@ def bench_pages(n: int, out: Path, a: argparse.Namespace) -> dict:
     at = run.get("stream", {}).get("judged_at") or []
     if len(at) >= 2 and own:
         steady = (at[-1][1] - at[0][1]) / (at[-1][0] - at[0][0])
-        row["phases"] = {"until_first_chunk_judged_s": at[0][1], "steady_s_per_sample": steady,
-                         "steady_ratio_to_own": steady / (own / n),
-                         "after_last_chunk_s": test["seconds"].get("stream", 0) - at[-1][1]}
+        row["phases"] = {
+            "until_first_chunk_judged_s": at[0][1],
+            "steady_s_per_sample": steady,
+            "steady_ratio_to_own": steady / (own / n),
+            "after_last_chunk_s": test["seconds"].get("stream", 0) - at[-1][1],
+        }
     print(json.dumps(row), flush=True)
     if proc.returncode not in (0, 1):
         print(text[-3000:])
@@ -203,11 +238,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--backends", default="ort,openvino,torch,ort-int8")
     ap.add_argument("--chunk", type=int, default=None, help="default: anpred's (1 GiB of anchor tensors)")
-    ap.add_argument("--side-by-side", action="store_true",
-                    help="the backends of a chunk at once, the cores divided among them "
-                         "(anpred.run.spec.split_threads)")
-    ap.add_argument("--own-only", action="store_true",
-                    help="measure only the backends' own inference again, on OUT's pages and run folders")
+    ap.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="the backends of a chunk at once, the cores divided among them (anpred.run.spec.split_threads)",
+    )
+    ap.add_argument(
+        "--own-only",
+        action="store_true",
+        help="measure only the backends' own inference again, on OUT's pages and run folders",
+    )
     ap.add_argument("--time-alone", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -216,8 +256,12 @@ def main(argv=None) -> int:
         return 0
     if a.own_only:
         for n in [int(x) for x in a.pages.split(",")]:
-            own, per = _own_inference(Path(a.out) / f"run-{n}" / "anchored.onnx", Path(a.out) / f"pages-{n}",
-                                      Path(a.out) / f"own-{n}", a.backends)
+            own, per = _own_inference(
+                Path(a.out) / f"run-{n}" / "anchored.onnx",
+                Path(a.out) / f"pages-{n}",
+                Path(a.out) / f"own-{n}",
+                a.backends,
+            )
             print(json.dumps({"pages": n, "own_inference_s": own, "own_inference_per_backend_s": per}), flush=True)
         return 0
     out = Path(a.out)

@@ -45,9 +45,24 @@ def _run(clone: Path, cache: Path, marker_args: list[str], python: str = sys.exe
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load0 = os.getloadavg()[0]
     t = time.perf_counter()
-    proc = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=10",
-                           "--basetemp", str(cache.parent / "basetemp"), *marker_args],
-                          env=env, cwd=clone, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            python,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--durations=10",
+            "--basetemp",
+            str(cache.parent / "basetemp"),
+            *marker_args,
+        ],
+        env=env,
+        cwd=clone,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -63,28 +78,43 @@ def _run(clone: Path, cache: Path, marker_args: list[str], python: str = sys.exe
             durations.append(ln)
         elif on and durations:
             break
-    return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "rc": proc.returncode, "closing": closing.strip("= "),
-            "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2), "slowest": durations,
-            "tail": "" if proc.returncode == 0 else proc.stdout[-4000:] + proc.stderr[-2000:]}
+    return {
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
+        "rc": proc.returncode,
+        "closing": closing.strip("= "),
+        "load_before": round(load0, 2),
+        "load_after": round(os.getloadavg()[0], 2),
+        "slowest": durations,
+        "tail": "" if proc.returncode == 0 else proc.stdout[-4000:] + proc.stderr[-2000:],
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=("default", "slow", "emulated"), help="run one of the three")
-    ap.add_argument("--emu", default=str(ROOT / ".venv" / "bin" / "python-emu"),
-                    help="the emulated CPU's python (scripts/emulated_cpu.sh makes it)")
+    ap.add_argument(
+        "--emu",
+        default=str(ROOT / ".venv" / "bin" / "python-emu"),
+        help="the emulated CPU's python (scripts/emulated_cpu.sh makes it)",
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="anpred-bench-tests-"))
     try:
         clone = tmp / "clone"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True,
-                              text=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True, text=True
+        ).stdout.strip()
         results = {"commit": head, "cores": os.cpu_count()}
         kernels = ["-m", "kernels and not slow"]
-        runs = (("default", [], sys.executable, "default"), ("slow", ["-m", "slow"], sys.executable, "slow"),
-                ("kernels-native", kernels, sys.executable, "emulated"), ("emulated", kernels, args.emu, "emulated"))
+        runs = (
+            ("default", [], sys.executable, "default"),
+            ("slow", ["-m", "slow"], sys.executable, "slow"),
+            ("kernels-native", kernels, sys.executable, "emulated"),
+            ("emulated", kernels, args.emu, "emulated"),
+        )
         for name, marker, python, group in runs:
             if args.only and args.only != group or (not args.only and group == "emulated"):
                 continue
@@ -92,8 +122,10 @@ def main() -> int:
             cache.mkdir()
             r = _run(clone, cache, marker, python)
             results[name] = r
-            print(f"{name:8} wall {r['wall_s']:7.1f} s  cpu {r['cpu_s']:7.1f} s  exit {r['rc']}  "
-                  f"load {r['load_before']:.2f}->{r['load_after']:.2f}  {r['closing']}")
+            print(
+                f"{name:8} wall {r['wall_s']:7.1f} s  cpu {r['cpu_s']:7.1f} s  exit {r['rc']}  "
+                f"load {r['load_before']:.2f}->{r['load_after']:.2f}  {r['closing']}"
+            )
             for ln in r["slowest"]:
                 print(f"           {ln}")
             if r["tail"]:
@@ -103,8 +135,11 @@ def main() -> int:
             print(f"emulated / native wall time: {ratio:.1f}x")
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-        return 0 if all(results[k]["rc"] == 0 for k in ("default", "slow", "kernels-native", "emulated")
-                        if k in results) else 1
+        return (
+            0
+            if all(results[k]["rc"] == 0 for k in ("default", "slow", "kernels-native", "emulated") if k in results)
+            else 1
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -64,11 +64,16 @@ def main(argv=None) -> int:
             missed += failed and not refused
             false += bool(refused) and not failed
             tag = "FALSE REFUSAL" if refused and not failed else "foreseen" if refused else "missed" if failed else ""
-            print(f"{case:<60} {status:<11} {dt:5.2f} s {tag:<13} {json.dumps(refused)[:200]}"
-                  + (f"  | run: {reason[:160]}" if failed else ""), flush=True)
+            print(
+                f"{case:<60} {status:<11} {dt:5.2f} s {tag:<13} {json.dumps(refused)[:200]}"
+                + (f"  | run: {reason[:160]}" if failed else ""),
+                flush=True,
+            )
         n_failed = sum(1 for c in cases if c[2] in ("failed", "crashed", "unsupported"))
-        print(f"{len(cases)} cases: tf failed {n_failed}; foreseen {foreseen}, missed {missed}, "
-              f"false refusals {false}; probe {total:.1f} s in all (a worker per case, cold cache)")
+        print(
+            f"{len(cases)} cases: tf failed {n_failed}; foreseen {foreseen}, missed {missed}, "
+            f"false refusals {false}; probe {total:.1f} s in all (a worker per case, cold cache)"
+        )
         if args.zoo:
             from anpred.pipeline.subject import resolve_model
 
@@ -77,8 +82,11 @@ def main(argv=None) -> int:
             for run in ("cold", "warm"):
                 t0 = time.perf_counter()
                 refused = onnx2tf_refusals(model)
-                print(f"yolov8n-320 ({len(model.graph.node)} nodes) {run}: {time.perf_counter() - t0:.1f} s, "
-                      f"refused {refused}", flush=True)
+                print(
+                    f"yolov8n-320 ({len(model.graph.node)} nodes) {run}: {time.perf_counter() - t0:.1f} s, "
+                    f"refused {refused}",
+                    flush=True,
+                )
     return 0
 
 

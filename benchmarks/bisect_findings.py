@@ -51,8 +51,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 REPROS = ROOT / "benchmarks" / "results" / "findings" / "repros"
 #: backend -> the key of the package's version in the run record's ``versions[backend]``
-VERSION_KEY = {"mnn": "mnn", "tf": "onnx2tf", "litert": "onnx2tf", "ort": "onnxruntime", "ncnn": "ncnn",
-               "tvm": "tvm", "torch": "onnx2torch", "openvino": "openvino"}
+VERSION_KEY = {
+    "mnn": "mnn",
+    "tf": "onnx2tf",
+    "litert": "onnx2tf",
+    "ort": "onnxruntime",
+    "ncnn": "ncnn",
+    "tvm": "tvm",
+    "torch": "onnx2torch",
+    "openvino": "openvino",
+}
 
 
 def install(package: str, version: str, work: Path, find_links: str | None) -> tuple[Path | None, str]:
@@ -61,8 +69,18 @@ def install(package: str, version: str, work: Path, find_links: str | None) -> t
     target = work / "envs" / f"{package}-{version}"
     if (target / ".done").is_file():
         return target, ""
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "-q",
-           "--target", str(target), f"{package}=={version}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "-q",
+        "--target",
+        str(target),
+        f"{package}=={version}",
+    ]
     if find_links:
         cmd[4:4] = ["--find-links", find_links]
     try:
@@ -85,17 +103,39 @@ def run_cases(args, version: str, cases: list[str]) -> dict[str, dict]:
     # a folder per case list: anpred conformance resumes a folder only with the same plan
     tag = hashlib.sha256(",".join(cases).encode()).hexdigest()[:8]
     out = args.work / "runs" / f"{args.backend}-{version}-{tag}"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), str(ROOT)]),
-               ANPRED_CACHE=str(args.work / "cache"))
-    cmd = [sys.executable, "-m", "anpred", "conformance", str(args.repros), "--cases", ",".join(cases),
-           "--backends", args.backend, "-o", str(out), "--no-ray", "-q", "--timeout", str(args.timeout)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(ROOT),
-                          timeout=args.timeout * len(cases) + 300)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), str(ROOT)]), ANPRED_CACHE=str(args.work / "cache"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "anpred",
+        "conformance",
+        str(args.repros),
+        "--cases",
+        ",".join(cases),
+        "--backends",
+        args.backend,
+        "-o",
+        str(out),
+        "--no-ray",
+        "-q",
+        "--timeout",
+        str(args.timeout),
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=args.timeout * len(cases) + 300
+    )
     res_file = out / "conformance.json"
     if not res_file.is_file():
         tail = (proc.stderr or proc.stdout).strip()[-300:]
-        return {c: {"standing": None, "reason": f"conformance failed: {tail}", "imported": None,
-                    "seconds": time.time() - t0} for c in cases}
+        return {
+            c: {
+                "standing": None,
+                "reason": f"conformance failed: {tail}",
+                "imported": None,
+                "seconds": time.time() - t0,
+            }
+            for c in cases
+        }
     res = json.loads(res_file.read_text())
     recorded = (res.get("versions") or {}).get(args.backend) or {}
     # the version the worker imported: the package's own key (pnnx under the ncnn backend), else the backend's
@@ -111,11 +151,16 @@ def run_cases(args, version: str, cases: list[str]) -> dict[str, dict]:
             word, reason = None, f"the worker imported {args.package} {imported}, not {version}"
         elif word not in ("matches", "deviates"):
             reason, word = f"{word}: {reason}"[:300], None
-        found[rec["case"]] = {"standing": word, "reason": reason[:300], "imported": imported,
-                              "seconds": round(time.time() - t0, 1)}
+        found[rec["case"]] = {
+            "standing": word,
+            "reason": reason[:300],
+            "imported": imported,
+            "seconds": round(time.time() - t0, 1),
+        }
     for c in cases:
-        found.setdefault(c, {"standing": None, "reason": "no record", "imported": imported,
-                             "seconds": round(time.time() - t0, 1)})
+        found.setdefault(
+            c, {"standing": None, "reason": "no record", "imported": imported, "seconds": round(time.time() - t0, 1)}
+        )
     return found
 
 
@@ -140,8 +185,14 @@ def search(prober: Prober, cands: list[str], cases: list[str]) -> dict[str, dict
     it matches, and the newest), or present in all releases tried."""
     last = len(cands) - 1
     at_new = prober.standing(cands[last], cases)
-    answer = {c: {"note": f"{cands[last]}: {at_new[c] or 'could not be run'}; nothing to bisect",
-                  "tried": _tried(prober, cands, c)} for c in cases if at_new[c] != "deviates"}
+    answer = {
+        c: {
+            "note": f"{cands[last]}: {at_new[c] or 'could not be run'}; nothing to bisect",
+            "tried": _tried(prober, cands, c),
+        }
+        for c in cases
+        if at_new[c] != "deviates"
+    }
     live = [c for c in cases if at_new[c] == "deviates"]
     # the oldest runnable release: the first of a few spread ones that runs, then narrowed to the
     # oldest between it and the last one before it that does not (releases too old for the venv's
@@ -172,16 +223,18 @@ def search(prober: Prober, cands: list[str], cases: list[str]) -> dict[str, dict
             dev[c] = [good[-1], last]
     skipped = _narrow(prober, cands, dev, lambda s: s == "deviates", skip=True)
     for c, (lo, hi) in dev.items():
-        answer[c] = {"first_bad": cands[hi], "last_good": cands[lo],
-                     "skipped_between": [cands[i] for i in sorted(skipped[c]) if lo < i < hi],
-                     "tried": _tried(prober, cands, c)}
+        answer[c] = {
+            "first_bad": cands[hi],
+            "last_good": cands[lo],
+            "skipped_between": [cands[i] for i in sorted(skipped[c]) if lo < i < hi],
+            "tried": _tried(prober, cands, c),
+        }
     return answer
 
 
 def _tried(prober: Prober, cands: list[str], case: str) -> dict[str, str]:
     """The releases that ran on ``case``, oldest first, with their standing."""
-    return {v: prober.seen[(v, case)]["standing"] for v in cands
-            if prober.seen.get((v, case), {}).get("standing")}
+    return {v: prober.seen[(v, case)]["standing"] for v in cands if prober.seen.get((v, case), {}).get("standing")}
 
 
 def _narrow(prober: Prober, cands: list[str], bounds: dict[str, list[int]], is_hi, *, skip: bool) -> dict[str, set]:
@@ -247,10 +300,15 @@ def main(argv: list[str] | None = None) -> int:
         answer = {c: _from_all(prober, cands, c) for c in cases}
     else:
         answer = search(prober, cands, cases)
-    result = {"command": "PYTHONPATH=$PWD .venv/bin/python benchmarks/bisect_findings.py "
-                         + shlex.join(argv),
-              "package": args.package, "backend": args.backend, "candidates": cands,
-              "seconds": round(time.time() - t0, 1), "answer": answer, "probes": prober.log}
+    result = {
+        "command": "PYTHONPATH=$PWD .venv/bin/python benchmarks/bisect_findings.py " + shlex.join(argv),
+        "package": args.package,
+        "backend": args.backend,
+        "candidates": cands,
+        "seconds": round(time.time() - t0, 1),
+        "answer": answer,
+        "probes": prober.log,
+    }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=1) + "\n")
     for c, a in answer.items():
@@ -275,13 +333,18 @@ def first_bad_text(package: str, a: dict) -> str | None:
     """The ledger's ``first_bad`` text for one answer (None: nothing bisected)."""
     tried = a.get("tried") or {}
     if "first_bad" in a:
-        back = [v for v, s in tried.items() if s == "deviates" and v in tried and
-                list(tried).index(v) < list(tried).index(a["last_good"])]
+        back = [
+            v
+            for v, s in tried.items()
+            if s == "deviates" and v in tried and list(tried).index(v) < list(tried).index(a["last_good"])
+        ]
         also = f"; also deviating in the older {', '.join(back)}" if back else ""
         return f"{package} {a['first_bad']} (last good {a['last_good']}{also})"
     if "present_in_all" in a:
-        return (f"present in every release tried ({package} {a['present_in_all'][0]}..{a['present_in_all'][1]}, "
-                f"{len(tried)} tried)")
+        return (
+            f"present in every release tried ({package} {a['present_in_all'][0]}..{a['present_in_all'][1]}, "
+            f"{len(tried)} tried)"
+        )
     if tried and list(tried.values())[-1] == "matches":  # the newest release matches now: a flaky repro
         seen = ", ".join(f"{v} {s}" for v, s in tried.items())
         return f"not bisected: the repro matches at the newest release on re-run ({package}: {seen})"
@@ -289,9 +352,16 @@ def first_bad_text(package: str, a: dict) -> str | None:
 
 
 #: package bisected -> the ledger libraries its answers belong to
-LIBRARY_OF = {"MNN": ("MNN",), "onnxruntime": ("onnxruntime",), "ncnn": ("pnnx/ncnn",), "pnnx": ("pnnx/ncnn",),
-              "onnx2tf": ("onnx2tf", "onnx2tf/tensorflow", "onnx2tf/litert"), "apache-tvm": ("tvm (relax frontend)",),
-              "openvino": ("openvino",), "onnx2torch": ("onnx2torch/torch",)}
+LIBRARY_OF = {
+    "MNN": ("MNN",),
+    "onnxruntime": ("onnxruntime",),
+    "ncnn": ("pnnx/ncnn",),
+    "pnnx": ("pnnx/ncnn",),
+    "onnx2tf": ("onnx2tf", "onnx2tf/tensorflow", "onnx2tf/litert"),
+    "apache-tvm": ("tvm (relax frontend)",),
+    "openvino": ("openvino",),
+    "onnx2torch": ("onnx2torch/torch",),
+}
 
 
 def record(results: list[Path], findings: Path) -> int:

@@ -14,6 +14,7 @@ Usage:
   yolov8s:320,yolov5s:320,ppocr-rec,mobilenetv2-keras,ppocr-det:320]
       [--real 2] [--random 6] [--work /tmp/anpred-holdout] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,12 +47,23 @@ def measure(name: str, size: int | None, work: Path, real: int, random: int) -> 
             worst_ratio, worst_where = r, f"{c.backend} at {c.anchor} (S {c.primary:.3g})"
         if c.nonfinite or (c.primary > cfg.origin_k * c.peer_level and c.primary > cfg.origin_floor_fraction * c.floor):
             dep[c.backend].append(c.anchor)
-    flagged = {b: {"anchors": v.flagged_anchors,
-                   "rules": sorted({_rule(rep.cell(a, b).reason) for a in v.flagged_anchors})}
-               for b, v in rep.verdicts.items() if v.flagged}
-    return {"model": name, "size": size, "samples": rep.samples, "backends": sorted(rep.verdicts),
-            "status": rep.status, "flagged": flagged, "worst_ratio_to_peers": worst_ratio, "where": worst_where,
-            "departures": {b: a for b, a in dep.items() if a}, "seconds": round(time.perf_counter() - t0, 1)}
+    flagged = {
+        b: {"anchors": v.flagged_anchors, "rules": sorted({_rule(rep.cell(a, b).reason) for a in v.flagged_anchors})}
+        for b, v in rep.verdicts.items()
+        if v.flagged
+    }
+    return {
+        "model": name,
+        "size": size,
+        "samples": rep.samples,
+        "backends": sorted(rep.verdicts),
+        "status": rep.status,
+        "flagged": flagged,
+        "worst_ratio_to_peers": worst_ratio,
+        "where": worst_where,
+        "departures": {b: a for b, a in dep.items() if a},
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def _rule(reason: str) -> str:
@@ -75,9 +87,12 @@ def main():
         name, _, size = spec.partition(":")
         r = measure(name, int(size) if size else None, Path(a.work), a.real, a.random)
         out.append(r)
-        print(f"{name}:{size or '-'} {r['samples']} samples, {len(r['backends'])} backends, {r['seconds']} s: "
-              f"status {r['status']}; flagged {r['flagged'] or 'none'}; clean voters: largest S / peers' median "
-              f"{r['worst_ratio_to_peers']:.2f} ({r['where']}); departures {r['departures'] or 'none'}", flush=True)
+        print(
+            f"{name}:{size or '-'} {r['samples']} samples, {len(r['backends'])} backends, {r['seconds']} s: "
+            f"status {r['status']}; flagged {r['flagged'] or 'none'}; clean voters: largest S / peers' median "
+            f"{r['worst_ratio_to_peers']:.2f} ({r['where']}); departures {r['departures'] or 'none'}",
+            flush=True,
+        )
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
 

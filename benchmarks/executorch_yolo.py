@@ -22,8 +22,18 @@ import sys
 import time
 from pathlib import Path
 
-FP32 = ["ort", "openvino", "torch", "litert", "torch-native", "executorch", "executorch-xnnpack", "executorch-native",
-        "executorch-xnnpack-native", "onnx-reference-fp64"]
+FP32 = [
+    "ort",
+    "openvino",
+    "torch",
+    "litert",
+    "torch-native",
+    "executorch",
+    "executorch-xnnpack",
+    "executorch-native",
+    "executorch-xnnpack-native",
+    "onnx-reference-fp64",
+]
 FP16 = ["ort-fp16", "torch-fp16", "executorch-fp16", "executorch-xnnpack-fp16"]
 INT8 = ["torch-pt2e-int8", "executorch-int8", "executorch-xnnpack-int8"]
 
@@ -35,13 +45,22 @@ def summarize(folder: Path) -> dict:
     out: dict = {"status": rep["status"], "backends": {}}
     for name, st in run["backends"].items():
         v = st.get("versions", {})
-        row = {"status": st["status"], "reason": st.get("reason", "")[:300], "precision": st.get("precision"),
-               "seconds_prepare": round(st.get("seconds_prepare", 0), 1),
-               "seconds_run": round(st.get("seconds_run", 0), 2)}
+        row = {
+            "status": st["status"],
+            "reason": st.get("reason", "")[:300],
+            "precision": st.get("precision"),
+            "seconds_prepare": round(st.get("seconds_prepare", 0), 1),
+            "seconds_run": round(st.get("seconds_run", 0), 2),
+        }
         for k in ("executorch_partitions", "executorch_outside_ops", "executorch_observer", "executorch_capture"):
             if k in v:
-                row[k] = v[k] if k != "executorch_capture" else json.loads(v[k]).get("kind") + ": " + str(
-                    json.loads(v[k]).get("reason") or json.loads(v[k]).get("vs_extra_outputs"))
+                row[k] = (
+                    v[k]
+                    if k != "executorch_capture"
+                    else json.loads(v[k]).get("kind")
+                    + ": "
+                    + str(json.loads(v[k]).get("reason") or json.loads(v[k]).get("vs_extra_outputs"))
+                )
         verdict = rep["verdicts"].get(name) or {}
         row["verdict"] = ("flagged" if verdict.get("flagged") else verdict.get("status")) if verdict else None
         row["worst_nrmse"] = verdict.get("worst_primary")
@@ -52,8 +71,9 @@ def summarize(folder: Path) -> dict:
     ind = rep.get("independence") or {}
     out["independence"] = {p: v for p, v in (ind.get("pairs") or {}).items() if "xnnpack" in p or "litert" in p}
     out["merged"] = ind.get("merged")
-    out["correlated"] = [{k: c[k] for k in ("families", "kind", "anchors", "rho") if k in c}
-                         for c in rep.get("correlated") or []]
+    out["correlated"] = [
+        {k: c[k] for k in ("families", "kind", "anchors", "rho") if k in c} for c in rep.get("correlated") or []
+    ]
     out["task"] = {b: t.get("headline") for b, t in ((rep.get("task") or {}).get("backends") or {}).items()}
     return out
 
@@ -67,9 +87,26 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", default=",".join(FP32 + FP16 + INT8))
     args = ap.parse_args(argv)
     out = Path(args.out)
-    cmd = [sys.executable, "-m", "anpred", "test", args.model, "--imgsz", args.imgsz, "--samples", args.samples,
-           "--backends", args.backends, "-o", str(out), "--overwrite", "--allow-incomplete", "--quiet",
-           "--timeout", "1800"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "anpred",
+        "test",
+        args.model,
+        "--imgsz",
+        args.imgsz,
+        "--samples",
+        args.samples,
+        "--backends",
+        args.backends,
+        "-o",
+        str(out),
+        "--overwrite",
+        "--allow-incomplete",
+        "--quiet",
+        "--timeout",
+        "1800",
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     res = {"command": " ".join(cmd), "rc": proc.returncode, "seconds": round(time.perf_counter() - t0, 1)}

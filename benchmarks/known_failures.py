@@ -49,8 +49,12 @@ def _listed(case: str, pats: list[tuple[re.Pattern, str]]) -> str | None:
 
 def compare(records: list[dict], backend: str, pats: list[tuple[re.Pattern, str]]) -> dict[str, list[str]]:
     """The three groups (module docstring) for ``backend`` on the cases of ``records``."""
-    groups: dict[str, list[str]] = {"listed_deviating": [], "listed_failing": [], "deviating_not_listed": [],
-                                    "listed_matching": []}
+    groups: dict[str, list[str]] = {
+        "listed_deviating": [],
+        "listed_failing": [],
+        "deviating_not_listed": [],
+        "listed_matching": [],
+    }
     for r in records:
         row = r.get("backends", {}).get(backend)
         if row is None:
@@ -78,20 +82,29 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     doc = json.loads(a.results.read_text())
     records = doc["records"]
-    lines = ["# Known failures of ONNX Runtime and OpenVINO against ANPRED's conformance run", "",
-             f"Run: {len(records)} cases of {doc['plan'].get('folder', '?')} "
-             f"({doc['plan'].get('dtype', '?')}); versions: "
-             + "; ".join(f"{b} {v.get('onnxruntime') or v.get('openvino')}" for b, v in doc.get("versions", {}).items()
-                         if b in ("ort", "openvino")), ""]
+    lines = [
+        "# Known failures of ONNX Runtime and OpenVINO against ANPRED's conformance run",
+        "",
+        f"Run: {len(records)} cases of {doc['plan'].get('folder', '?')} "
+        f"({doc['plan'].get('dtype', '?')}); versions: "
+        + "; ".join(
+            f"{b} {v.get('onnxruntime') or v.get('openvino')}"
+            for b, v in doc.get("versions", {}).items()
+            if b in ("ort", "openvino")
+        ),
+        "",
+    ]
     for backend, path, src in (("ort", a.ort, a.source_ort), ("openvino", a.openvino, a.source_openvino)):
         if path is None:
             continue
         g = compare(records, backend, _patterns(path))
         lines += [f"## {backend} (list: {src})", ""]
-        for key, title in (("listed_deviating", "listed, and ANPRED finds it deviating"),
-                           ("listed_failing", "listed, and ANPRED finds it failing (no output)"),
-                           ("deviating_not_listed", "deviating, not listed (candidate new defects)"),
-                           ("listed_matching", "listed, but ANPRED finds it matching")):
+        for key, title in (
+            ("listed_deviating", "listed, and ANPRED finds it deviating"),
+            ("listed_failing", "listed, and ANPRED finds it failing (no output)"),
+            ("deviating_not_listed", "deviating, not listed (candidate new defects)"),
+            ("listed_matching", "listed, but ANPRED finds it matching"),
+        ):
             items = g[key]
             lines.append(f"- **{title}**: {len(items)}" + (": " + "; ".join(items) if items else ""))
         lines.append("")

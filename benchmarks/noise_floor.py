@@ -19,6 +19,7 @@ Usage:
 ``--reuse`` judges an existing run folder ``WORK/<name>-<size>/clean`` instead of running again.
 Models larger than ``--no-reference-above`` pixels per side skip onnx-reference (seconds per sample).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,9 @@ CLEAN = ("ort", "ort-noopt", "openvino", "torch", "tf", "onnx-reference")
 # (model, backend, anchor or "*") -> diagnosis
 EXCLUDE = {
     ("ppocr-det", "onnx-reference", "*"): "onnx 1.23.2 ReferenceEvaluator BatchNormalization opset 9-13: wrong values "
-                                          "(0.26 max error on a 4-channel repro; opset 14+ right)",
+    "(0.26 max error on a 4-channel repro; opset 14+ right)",
     ("ppocr-det", "ort-fp16", "output/sigmoid_0.tmp_0"): "fp16 range overflow in the head: sigmoid 1.0 where fp32 "
-                                                         "gives <= 5e-5 (nRMSE 6.1; the anchor before is 4e-3)",
+    "gives <= 5e-5 (nRMSE 6.1; the anchor before is 4e-3)",
 }
 LOWP = ("ort-fp16", "ort-int8", "openvino-bf16")
 
@@ -52,8 +53,15 @@ def measure(name: str, size: int | None, work: Path, real: int, random: int, reu
         side = size or max(models.get(name).hw)
         backends = [b for b in CLEAN if not (b == "onnx-reference" and side > no_ref_above)]
         t0 = time.monotonic()
-        prepare_model(name, folder, imgsz=size if entry.resizable else None, n_real=real, n_random=random,
-                      backends=backends, lowp=LOWP)
+        prepare_model(
+            name,
+            folder,
+            imgsz=size if entry.resizable else None,
+            n_real=real,
+            n_random=random,
+            backends=backends,
+            lowp=LOWP,
+        )
         seconds = time.monotonic() - t0
     t0 = time.monotonic()
     rep = check_run(clean, config=OracleConfig(reservoir=0))
@@ -62,13 +70,31 @@ def measure(name: str, size: int | None, work: Path, real: int, random: int, reu
     rows = []
     for c in rep.cells:
         v = rep.verdicts[c.backend]
-        rows.append({"anchor": c.anchor, "stage": stage[c.anchor], "backend": c.backend, "precision": v.precision,
-                     "votes": v.votes, "nrmse": c.primary, "p90_sample": c.per_sample["p90"],
-                     "flagged": c.flagged, "x_threshold": c.primary / c.threshold})
-    return {"model": name, "size": size, "samples": rep.samples, "status": rep.status,
-            "backends": {b: v.status for b, v in rep.verdicts.items()}, "seconds_run": seconds,
-            "seconds_check": check_s, "correlated": rep.correlated, "versions":
-            {b: i.get("versions", {}) for b, i in rep.backends.items()}, "cells": rows}
+        rows.append(
+            {
+                "anchor": c.anchor,
+                "stage": stage[c.anchor],
+                "backend": c.backend,
+                "precision": v.precision,
+                "votes": v.votes,
+                "nrmse": c.primary,
+                "p90_sample": c.per_sample["p90"],
+                "flagged": c.flagged,
+                "x_threshold": c.primary / c.threshold,
+            }
+        )
+    return {
+        "model": name,
+        "size": size,
+        "samples": rep.samples,
+        "status": rep.status,
+        "backends": {b: v.status for b, v in rep.verdicts.items()},
+        "seconds_run": seconds,
+        "seconds_check": check_s,
+        "correlated": rep.correlated,
+        "versions": {b: i.get("versions", {}) for b, i in rep.backends.items()},
+        "cells": rows,
+    }
 
 
 def summarize(results, margin: float):
@@ -77,8 +103,9 @@ def summarize(results, margin: float):
     cfg = OracleConfig()
     out = {}
     for p in ("fp32", "fp16", "bf16", "int8"):
-        cells = [(r["model"], c) for r in results for c in r["cells"] if c["precision"] == p
-                 and not _excluded(r["model"], c)]
+        cells = [
+            (r["model"], c) for r in results for c in r["cells"] if c["precision"] == p and not _excluded(r["model"], c)
+        ]
         if not cells:
             continue
         need = [(c["nrmse"] / math.sqrt(1 + cfg.depth_growth[p] * c["stage"]), m, c) for m, c in cells]
@@ -88,12 +115,18 @@ def summarize(results, margin: float):
         for n, m, c in need:
             per_model[m] = max(per_model.get(m, 0.0), n)
         floor = _round_up(margin * worst_need)
-        out[p] = {"cells": len(cells), "max_nrmse": raw,
-                  "max_at": f"{rm} {rc['backend']} {rc['anchor']} (stage {rc['stage']})",
-                  "max_stage0_need": worst_need,
-                  "need_at": f"{wm} {wc['backend']} {wc['anchor']} (stage {wc['stage']})",
-                  "per_model_need": per_model, "derived_floor": floor, "margin": margin,
-                  "current_floor": cfg.floor[p], "current_margin": cfg.floor[p] / worst_need}
+        out[p] = {
+            "cells": len(cells),
+            "max_nrmse": raw,
+            "max_at": f"{rm} {rc['backend']} {rc['anchor']} (stage {rc['stage']})",
+            "max_stage0_need": worst_need,
+            "need_at": f"{wm} {wc['backend']} {wc['anchor']} (stage {wc['stage']})",
+            "per_model_need": per_model,
+            "derived_floor": floor,
+            "margin": margin,
+            "current_floor": cfg.floor[p],
+            "current_margin": cfg.floor[p] / worst_need,
+        }
     return out
 
 
@@ -106,7 +139,7 @@ def _round_up(v: float) -> float:
     if v <= 0:
         return v
     e = math.floor(math.log10(v))
-    m = math.ceil(v / 10 ** e - 1e-9)
+    m = math.ceil(v / 10**e - 1e-9)
     return float(f"{m}e{e}")
 
 
@@ -125,12 +158,15 @@ def main():
     results = []
     for spec in args.models.split(","):
         name, _, size = spec.partition(":")
-        r = measure(name, int(size) if size else None, work, args.real, args.random, args.reuse,
-                    args.no_reference_above)
+        r = measure(
+            name, int(size) if size else None, work, args.real, args.random, args.reuse, args.no_reference_above
+        )
         results.append(r)
-        print(f"== {name} {size or ''}: {r['samples']} samples, status {r['status']}, "
-              f"run {r['seconds_run'] or 0:.0f} s, "
-              f"check {r['seconds_check']:.1f} s; " + ", ".join(f"{b} {s}" for b, s in r["backends"].items()))
+        print(
+            f"== {name} {size or ''}: {r['samples']} samples, status {r['status']}, "
+            f"run {r['seconds_run'] or 0:.0f} s, "
+            f"check {r['seconds_check']:.1f} s; " + ", ".join(f"{b} {s}" for b, s in r["backends"].items())
+        )
         for c in r["correlated"]:
             print(f"   correlated: {' + '.join(c['backends'])} at {len(c['anchors'])} anchors; apart at {c['differ']}")
         by_b: dict[str, list] = {}
@@ -138,16 +174,22 @@ def main():
             by_b.setdefault(c["backend"], []).append(c)
         for b, cs in by_b.items():
             w = max(cs, key=lambda c: c["x_threshold"])
-            print(f"   {b:<15} max nRMSE {max(c['nrmse'] for c in cs):.3g}  worst x threshold {w['x_threshold']:.3g} "
-                  f"at {w['anchor']} (stage {w['stage']})")
+            print(
+                f"   {b:<15} max nRMSE {max(c['nrmse'] for c in cs):.3g}  worst x threshold {w['x_threshold']:.3g} "
+                f"at {w['anchor']} (stage {w['stage']})"
+            )
     for key, why in EXCLUDE.items():
         print(f"excluded from the floors: {' '.join(key)}: {why}")
     summ = summarize(results, args.margin)
-    print(f"\n{'prec':<6}{'cells':>6}{'max nRMSE':>11}{'max S/sqrt(1+s)':>17}{'derived floor':>15}{'current':>9}"
-          f"{'cur. margin':>12}  where")
+    print(
+        f"\n{'prec':<6}{'cells':>6}{'max nRMSE':>11}{'max S/sqrt(1+s)':>17}{'derived floor':>15}{'current':>9}"
+        f"{'cur. margin':>12}  where"
+    )
     for p, s in summ.items():
-        print(f"{p:<6}{s['cells']:>6}{s['max_nrmse']:>11.3g}{s['max_stage0_need']:>17.3g}{s['derived_floor']:>15.3g}"
-              f"{s['current_floor']:>9.3g}{s['current_margin']:>11.2f}x  {s['need_at']}")
+        print(
+            f"{p:<6}{s['cells']:>6}{s['max_nrmse']:>11.3g}{s['max_stage0_need']:>17.3g}{s['derived_floor']:>15.3g}"
+            f"{s['current_floor']:>9.3g}{s['current_margin']:>11.2f}x  {s['need_at']}"
+        )
         print("      per model: " + ", ".join(f"{m} {v:.3g}" for m, v in s["per_model_need"].items()))
     if args.json:
         from anpred.onnx_io import to_json

@@ -73,16 +73,18 @@ def doc_default_magnitudes() -> dict[str, tuple[float, ...]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--models", default=f"{DOC},yolov8n,yolov5n")
     # the fp32 evaluation's kinds: the reduced-precision implementation kinds (passes.faults_lowp)
     # are measured by benchmarks/population_eval.py on the converted models
     ap.add_argument("--kinds", default=",".join(ev.DEFAULT_MAGNITUDES))
     ap.add_argument("--stages", default="all", help="comma-separated stage indices, or 'all'")
     ap.add_argument("--magnitudes", default=None, help='e.g. "round=16,11,8;weight-ulp=256,4096"')
-    ap.add_argument("--doc-magnitudes", default=None,
-                    help="override for yolov8n-doclaynet (default: middle and largest)")
+    ap.add_argument(
+        "--doc-magnitudes", default=None, help="override for yolov8n-doclaynet (default: middle and largest)"
+    )
     ap.add_argument("--imgsz", type=int, default=320, help="input side of resizable models (doclaynet: 1024, static)")
     ap.add_argument("--real", type=int, default=2)
     ap.add_argument("--random", type=int, default=2)
@@ -140,22 +142,33 @@ def run(args) -> int:
         doc = name == DOC
         print(f"== {name}: clean run", file=sys.stderr, flush=True)
         t0 = time.monotonic()
-        setup = ev.prepare_model(name, out / name, imgsz=None if doc else args.imgsz,
-                                 n_real=args.doc_real if doc else args.real,
-                                 n_random=args.doc_random if doc else args.random, seed=args.seed, progress=True,
-                                 stages=stages)
+        setup = ev.prepare_model(
+            name,
+            out / name,
+            imgsz=None if doc else args.imgsz,
+            n_real=args.doc_real if doc else args.real,
+            n_random=args.doc_random if doc else args.random,
+            seed=args.seed,
+            progress=True,
+            stages=stages,
+        )
         setups[name] = setup
         clean = cleans[name] = ev.clean_summary(setup)
         t1 = time.monotonic()
         grid = ev.configurations(setup, kinds, stages, doc_mags if doc else mags)
         grid = [(None, None, None)] + grid
         for kind, stage, mag in tqdm(grid, desc=name, unit="cfg", file=sys.stderr):
-            r = ev.run_configuration(setup, clean, kind, stage, mag, out / name / "configs", seed=args.seed,
-                                     keep=args.keep_runs)
+            r = ev.run_configuration(
+                setup, clean, kind, stage, mag, out / name / "configs", seed=args.seed, keep=args.keep_runs
+            )
             results.append(r)
-        timings[name] = {"clean_run_s": round(setup.seconds_clean, 1), "clean_judge_s": round(clean.seconds, 1),
-                         "configs_s": round(time.monotonic() - t1, 1), "total_s": round(time.monotonic() - t0, 1),
-                         "configs": len(grid)}
+        timings[name] = {
+            "clean_run_s": round(setup.seconds_clean, 1),
+            "clean_judge_s": round(clean.seconds, 1),
+            "configs_s": round(time.monotonic() - t1, 1),
+            "total_s": round(time.monotonic() - t0, 1),
+            "configs": len(grid),
+        }
         print(f"   {name}: {timings[name]}", file=sys.stderr, flush=True)
         write_outputs(args, out, results, cleans, setups, timings, t_all, plots_=False)
     write_outputs(args, out, results, cleans, setups, timings, t_all, plots_=not args.no_plots)
@@ -170,13 +183,21 @@ def write_outputs(args, out, results, cleans, setups, timings, t_all, plots_: bo
 
     summary = ev.summarize(results, cleans)
     bars = {scope: ev.bars(s) for scope, s in summary.items()}
-    payload = {"command": " ".join([sys.executable.split('/')[-1], *sys.argv]), "code_version": _code_version(),
-               "machine": machine_info(),
-               "versions": _versions(), "args": vars(args), "timings": timings,
-               "wall_s": round(time.monotonic() - t_all, 1),
-               "models": {n: dict(vars(s)) for n, s in setups.items()},
-               "clean": {n: c.to_dict() for n, c in cleans.items()}, "summary": summary, "bars": bars,
-               "findings": findings(results, cleans), "configs": [r.to_dict() for r in results]}
+    payload = {
+        "command": " ".join([sys.executable.split('/')[-1], *sys.argv]),
+        "code_version": _code_version(),
+        "machine": machine_info(),
+        "versions": _versions(),
+        "args": vars(args),
+        "timings": timings,
+        "wall_s": round(time.monotonic() - t_all, 1),
+        "models": {n: dict(vars(s)) for n, s in setups.items()},
+        "clean": {n: c.to_dict() for n, c in cleans.items()},
+        "summary": summary,
+        "bars": bars,
+        "findings": findings(results, cleans),
+        "configs": [r.to_dict() for r in results],
+    }
     ev.save_results(out / "results.json", payload)
     (out / "summary.md").write_text(markdown(payload))
     if plots_:
@@ -215,8 +236,10 @@ def findings(results: list[ev.ConfigResult], cleans: dict[str, ev.CleanSummary])
     out: dict = {"stage_concentrated": {}, "dimension_sensitive": {}, "non_monotonic": {}}
     for name, c in cleans.items():
         anchors = c.anchors
-        ch = [a["shape"][1] if a.get("shape") and len(a["shape"]) > 1 and isinstance(a["shape"][1], int) else None
-              for a in anchors]
+        ch = [
+            a["shape"][1] if a.get("shape") and len(a["shape"]) > 1 and isinstance(a["shape"][1], int) else None
+            for a in anchors
+        ]
         for b in ev.LOWP_BACKENDS:
             prof = c.profile.get(b)
             if not prof:
@@ -230,31 +253,47 @@ def findings(results: list[ev.ConfigResult], cleans: dict[str, ev.CleanSummary])
             total_up = sum(ups)
             verdict = c.verdicts.get(b, {})
             out["stage_concentrated"][f"{name}/{b}"] = {
-                "first_value": vals[0][1], "max_value": max(v for _, v in vals),
+                "first_value": vals[0][1],
+                "max_value": max(v for _, v in vals),
                 "largest_step_share_of_growth": (max(ups) / total_up) if total_up > 0 else None,
                 "largest_step_at": anchors[vals[int(np.argmax(steps)) + 1][0]]["name"] if steps else None,
-                "origin_stage": verdict.get("origin_stage"), "flagged": verdict.get("flagged"),
-                "propagation": verdict.get("propagation"), "non_monotonic": verdict.get("non_monotonic")}
+                "origin_stage": verdict.get("origin_stage"),
+                "flagged": verdict.get("flagged"),
+                "propagation": verdict.get("propagation"),
+                "non_monotonic": verdict.get("non_monotonic"),
+            }
             pairs = [(ch[i], v) for i, v in vals if ch[i] is not None and anchors[i]["kind"] != "output"]
             if len(pairs) >= 4:
                 rho, p = spearmanr([x for x, _ in pairs], [y for _, y in pairs])
                 out["dimension_sensitive"][f"{name}/{b}"] = {"spearman_rho": float(rho), "p": float(p), "n": len(pairs)}
-        rs = [r for r in results if r.model == name and r.kind and not r.skipped and r.injected_nrmse and r.output_nrmse
-              and r.truth]
+        rs = [
+            r
+            for r in results
+            if r.model == name and r.kind and not r.skipped and r.injected_nrmse and r.output_nrmse and r.truth
+        ]
         stage_ch = {}
         for a, k in zip(anchors, ch):
             if a["kind"] != "output" and k is not None:
                 stage_ch.setdefault(a["stage"], k)
-        pts = [(stage_ch.get(r.truth["stage"]), r.output_nrmse / r.injected_nrmse) for r in rs
-               if stage_ch.get(r.truth["stage"])]
+        pts = [
+            (stage_ch.get(r.truth["stage"]), r.output_nrmse / r.injected_nrmse)
+            for r in rs
+            if stage_ch.get(r.truth["stage"])
+        ]
         if len(pts) >= 4:
             rho, p = spearmanr([x for x, _ in pts], [y for _, y in pts])
             out["dimension_sensitive"][f"{name}/faults:amplification-vs-channels"] = {
-                "spearman_rho": float(rho), "p": float(p), "n": len(pts)}
+                "spearman_rho": float(rho),
+                "p": float(p),
+                "n": len(pts),
+            }
         det = [r for r in results if r.model == name and r.kind and r.flagged]
-        out["non_monotonic"][name] = {"detected": len(det), "non_monotonic": sum(1 for r in det if r.non_monotonic),
-                                      "masked": sum(1 for r in det if r.propagation == "masked"),
-                                      "true_profile_non_monotonic": sum(1 for r in det if _true_nonmono(r))}
+        out["non_monotonic"][name] = {
+            "detected": len(det),
+            "non_monotonic": sum(1 for r in det if r.non_monotonic),
+            "masked": sum(1 for r in det if r.propagation == "masked"),
+            "true_profile_non_monotonic": sum(1 for r in det if _true_nonmono(r)),
+        }
     return out
 
 
@@ -273,8 +312,12 @@ def _code_version() -> str:
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         if out.returncode == 0 and (root / ".git").exists():
-            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            dirty = subprocess.run(
+                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
             return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
@@ -303,71 +346,113 @@ def markdown(p: dict) -> str:
     lines = []
     methods = ["anpred"] + [f"threshold@{t:g}" for t in ev.TOLERANCES]
     for scope, s in p["summary"].items():
-        trained = "" if scope == "all" else (" (trained weights)" if p["models"][scope]["trained"]
-                                             else " (seeded random weights)")
-        lines += [f"### {scope}{trained}", "", f"{s['configs']} faulty configurations, {s['null_configs']} null; "
-                  f"not applicable: " + (", ".join(f"{k} at stages {v}" for k, v in s["skipped"].items()) or "none"),
-                  ""]
-        lines += ["Detection rate (faulty backend flagged) per kind and magnitude:", "",
-                  "| kind | magnitude | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
+        trained = (
+            ""
+            if scope == "all"
+            else (" (trained weights)" if p["models"][scope]["trained"] else " (seeded random weights)")
+        )
+        lines += [
+            f"### {scope}{trained}",
+            "",
+            f"{s['configs']} faulty configurations, {s['null_configs']} null; "
+            f"not applicable: " + (", ".join(f"{k} at stages {v}" for k, v in s["skipped"].items()) or "none"),
+            "",
+        ]
+        lines += [
+            "Detection rate (faulty backend flagged) per kind and magnitude:",
+            "",
+            "| kind | magnitude | " + " | ".join(methods) + " |",
+            "|---|---|" + "---|" * len(methods),
+        ]
         det = s["detection"]
         for kind in sorted(k for k in det["anpred"] if k != "all"):
             for mag in mag_order(kind, det["anpred"][kind]):
-                lines.append(f"| {kind} | {mag} | " + " | ".join(_pct(det[m].get(kind, {}).get(mag)) for m in methods)
-                             + " |")
+                lines.append(
+                    f"| {kind} | {mag} | " + " | ".join(_pct(det[m].get(kind, {}).get(mag)) for m in methods) + " |"
+                )
         lines.append("| **all** | | " + " | ".join(_pct(det[m]["all"]["all"]) for m in methods) + " |")
         fa = s["false_alarm"]
-        lines += ["", "False-alarm rate (clean fp32 backend verdicts flagged):", "",
-                  "| method | all-clean configurations | clean backends of faulty configurations |", "|---|---|---|"]
+        lines += [
+            "",
+            "False-alarm rate (clean fp32 backend verdicts flagged):",
+            "",
+            "| method | all-clean configurations | clean backends of faulty configurations |",
+            "|---|---|---|",
+        ]
         for m in methods:
             lines.append(f"| {m} | {_pct(fa[m]['clean_configs'])} | {_pct(fa[m]['clean_backends_of_faulty'])} |")
         loc = s["localization"]
-        lines += ["", f"Localization over ANPRED's detections: top-1 {_pct(loc['top1'])}, within one stage "
-                  f"{_pct(loc['within_one'])}.", "", "| kind | top-1 | within one |", "|---|---|---|"]
+        lines += [
+            "",
+            f"Localization over ANPRED's detections: top-1 {_pct(loc['top1'])}, within one stage "
+            f"{_pct(loc['within_one'])}.",
+            "",
+            "| kind | top-1 | within one |",
+            "|---|---|---|",
+        ]
         for k, v in loc["by_kind"].items():
             lines.append(f"| {k} | {_pct(v['top1'])} | {_pct(v['within_one'])} |")
         b = p["bars"][scope]
-        lines += ["",
-                  "Bars: detection >= best zero-false-alarm baseline "
-                  f"({', '.join(b['detection']['zero_false_alarm_baselines']) or 'none'}): "
-                  f"{_bar_detection(b['detection'])}; "
-                  f"false alarms 0 on clean: {'met' if b['false_alarm']['met'] else 'NOT met'}; "
-                  f"top-1 >= 90%: {'met' if b['localization']['met'] else 'NOT met'}.", ""]
+        lines += [
+            "",
+            "Bars: detection >= best zero-false-alarm baseline "
+            f"({', '.join(b['detection']['zero_false_alarm_baselines']) or 'none'}): "
+            f"{_bar_detection(b['detection'])}; "
+            f"false alarms 0 on clean: {'met' if b['false_alarm']['met'] else 'NOT met'}; "
+            f"top-1 >= 90%: {'met' if b['localization']['met'] else 'NOT met'}.",
+            "",
+        ]
     # clean runs: reduced precision and detections
     for name, c in p["clean"].items():
-        lines += [f"### {name}: clean run, reduced-precision backends and detections", "",
-                  "| backend | ANPRED flagged | origin stage | worst anchor | worst nRMSE | propagation | "
-                  "non-monotonic | baseline critical tol | detections (n) | changed vs consensus | mean IoU |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"### {name}: clean run, reduced-precision backends and detections",
+            "",
+            "| backend | ANPRED flagged | origin stage | worst anchor | worst nRMSE | propagation | "
+            "non-monotonic | baseline critical tol | detections (n) | changed vs consensus | mean IoU |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for b, v in c["verdicts"].items():
             d = c["detections"].get(b, {})
             tol = c["threshold_max"].get(b, {}).get("critical_tolerance")
-            lines.append(f"| {b} | {v['flagged']} | {v['origin_stage']} | {v['worst_anchor']} | "
-                         f"{_g(v['worst_primary'])} | {v['propagation']} | {v['non_monotonic']} | "
-                         f"{_g(tol) if b != c['reference'] else '(reference)'} | {d.get('n', '-')} | "
-                         f"{d.get('changed', '-')} | {_g(d.get('mean_iou'))} |")
+            lines.append(
+                f"| {b} | {v['flagged']} | {v['origin_stage']} | {v['worst_anchor']} | "
+                f"{_g(v['worst_primary'])} | {v['propagation']} | {v['non_monotonic']} | "
+                f"{_g(tol) if b != c['reference'] else '(reference)'} | {d.get('n', '-')} | "
+                f"{d.get('changed', '-')} | {_g(d.get('mean_iou'))} |"
+            )
         lines.append("")
     # end-result impact of faults
-    lines += ["### End-result impact of injected faults (detections vs the clean consensus, summed over samples)", "",
-              "| model | kind | magnitude | configs | ANPRED flagged | mean injected nRMSE | mean output nRMSE | "
-              "mean changed detections (real inputs) | configs changing any detection (real) |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "### End-result impact of injected faults (detections vs the clean consensus, summed over samples)",
+        "",
+        "| model | kind | magnitude | configs | ANPRED flagged | mean injected nRMSE | mean output nRMSE | "
+        "mean changed detections (real inputs) | configs changing any detection (real) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     rows: dict = {}
     for r in p["configs"]:
         if not r["kind"] or r["skipped"]:
             continue
         rows.setdefault((r["model"], r["kind"], r["magnitude"]), []).append(r)
     null = {r["model"]: r for r in p["configs"] if r["kind"] is None}
-    for (m, k, mag), rs in sorted(rows.items(),
-                                  key=lambda x: (x[0][0], x[0][1], -x[0][2] if x[0][1] == "round" else x[0][2])):
+    for (m, k, mag), rs in sorted(
+        rows.items(), key=lambda x: (x[0][0], x[0][1], -x[0][2] if x[0][1] == "round" else x[0][2])
+    ):
         real = [r["detections_by_kind"].get("real", {}).get("changed", 0) for r in rs]
         base = null.get(m, {}).get("detections_by_kind", {}).get("real", {}).get("changed", 0)
-        lines.append(f"| {m} | {k} | {mag:g} | {len(rs)} | {sum(r['flagged'] for r in rs)} | "
-                     f"{_g(_mean(r['injected_nrmse'] for r in rs))} | {_g(_mean(r['output_nrmse'] for r in rs))} | "
-                     f"{_g(_mean(real))} | {sum(1 for x in real if x > base)} |")
-    lines += ["", "Null configuration (clean model in the fault slot), changed detections on real inputs: " +
-              ", ".join(f"{m}: {r.get('detections_by_kind', {}).get('real', {}).get('changed', '-')}"
-                        for m, r in null.items()), ""]
+        lines.append(
+            f"| {m} | {k} | {mag:g} | {len(rs)} | {sum(r['flagged'] for r in rs)} | "
+            f"{_g(_mean(r['injected_nrmse'] for r in rs))} | {_g(_mean(r['output_nrmse'] for r in rs))} | "
+            f"{_g(_mean(real))} | {sum(1 for x in real if x > base)} |"
+        )
+    lines += [
+        "",
+        "Null configuration (clean model in the fault slot), changed detections on real inputs: "
+        + ", ".join(
+            f"{m}: {r.get('detections_by_kind', {}).get('real', {}).get('changed', '-')}" for m, r in null.items()
+        ),
+        "",
+    ]
     lines += ["### Findings (numbers)", "", "```json", json.dumps(p["findings"], indent=1), "```", ""]
     lines += [f"Timings: {json.dumps(p['timings'])}; wall {p['wall_s']} s.", ""]
     return "\n".join(lines)

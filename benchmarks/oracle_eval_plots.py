@@ -54,8 +54,14 @@ def _plot_detection(p: dict, out: Path, plt, methods: list[str], styles: dict) -
                 ax.plot(xs, [np.nan if y is None else y for y in ys], label=m, **styles[m])
             ax.set_xticks(xs, mags)
             ax.set_title(k)
-            ax.set_xlabel({"round": "significand bits p (fewer = larger fault)", "weight-ulp": "ULPs",
-                           "approx-sigmoid": "blend weight", "norm-epsilon": "epsilon factor"}.get(k, "magnitude"))
+            ax.set_xlabel(
+                {
+                    "round": "significand bits p (fewer = larger fault)",
+                    "weight-ulp": "ULPs",
+                    "approx-sigmoid": "blend weight",
+                    "norm-epsilon": "epsilon factor",
+                }.get(k, "magnitude")
+            )
             ax.set_ylim(-0.05, 1.05)
         axes[0][0].set_ylabel("detection rate")
         axes[0][-1].legend(fontsize=7, loc="lower right")
@@ -106,12 +112,23 @@ def _plot_propagation(p: dict, out: Path, plt) -> None:
         ax = axes[0]
         for b, prof in c["profile"].items():
             ys = [np.nan if v is None or v <= 0 else v for v in prof]
-            ax.plot(range(len(ys)), ys, marker="o", ms=3, label=b, lw=2 if b in ev.LOWP_BACKENDS else 1,
-                    ls="-" if b in ev.LOWP_BACKENDS else ":")
+            ax.plot(
+                range(len(ys)),
+                ys,
+                marker="o",
+                ms=3,
+                label=b,
+                lw=2 if b in ev.LOWP_BACKENDS else 1,
+                ls="-" if b in ev.LOWP_BACKENDS else ":",
+            )
         ax.set_yscale("log")
         ax.set_title(f"{name}: clean run, nRMSE vs consensus per anchor")
-        ax.set_xticks(range(len(names)), [n.replace("anchor/", "").replace("output/", "out:")[:18] for n in names],
-                      rotation=70, fontsize=6)
+        ax.set_xticks(
+            range(len(names)),
+            [n.replace("anchor/", "").replace("output/", "out:")[:18] for n in names],
+            rotation=70,
+            fontsize=6,
+        )
         ax.legend(fontsize=6)
         ax = axes[1]
         rs = [r for r in p["configs"] if r["model"] == name and r["kind"] and not r["skipped"] and r["flagged"]]
@@ -120,14 +137,18 @@ def _plot_propagation(p: dict, out: Path, plt) -> None:
             key = (r["kind"], r["stage"])
             if key not in pick or abs(r["magnitude"]) > abs(pick[key]["magnitude"]):
                 pick[key] = r
-        chosen = sorted(pick.values(), key=lambda r: (r["kind"], r["stage"]))[::max(1, len(pick) // 8)][:8]
+        chosen = sorted(pick.values(), key=lambda r: (r["kind"], r["stage"]))[:: max(1, len(pick) // 8)][:8]
         for r in chosen:
             ys = [np.nan if v is None or v <= 0 else v for v in r["true_profile"]]
             ax.plot(range(len(ys)), ys, marker=".", label=f"{r['kind']}@{r['stage']} m={r['magnitude']:g}")
         ax.set_yscale("log")
         ax.set_title(f"{name}: injected faults, true nRMSE vs clean ort per anchor")
-        ax.set_xticks(range(len(names)), [n.replace("anchor/", "").replace("output/", "out:")[:18] for n in names],
-                      rotation=70, fontsize=6)
+        ax.set_xticks(
+            range(len(names)),
+            [n.replace("anchor/", "").replace("output/", "out:")[:18] for n in names],
+            rotation=70,
+            fontsize=6,
+        )
         ax.legend(fontsize=6)
         fig.tight_layout()
         fig.savefig(out / f"eval_propagation_{name}.png", dpi=90)

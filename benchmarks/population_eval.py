@@ -47,10 +47,16 @@ FP32 = ("ort", "openvino", "onnx-reference", "torch")
 INT8 = ("ort-int8", "ort-int8-noopt", "openvino-int8", "onnx-reference-int8")
 FP16 = ("ort-fp16", "ort-fp16-noopt", "openvino-fp16", "onnx-reference-fp16", "torch-fp16")
 # (kind, magnitude, target backend); stages from --stages
-FAULTS = (("quantize-rounding", 1, "ort-int8"), ("zero-point", 1, "openvino-int8"),
-          ("zero-point", 4, "openvino-int8"), ("zero-point", 4, "onnx-reference-int8"),
-          ("accumulator-saturation", 16, "ort-int8"), ("fp16-overflow", 14, "ort-fp16"),
-          ("fp16-overflow", 14, "openvino-fp16"), ("fp16-overflow", 14, "torch-fp16"))
+FAULTS = (
+    ("quantize-rounding", 1, "ort-int8"),
+    ("zero-point", 1, "openvino-int8"),
+    ("zero-point", 4, "openvino-int8"),
+    ("zero-point", 4, "onnx-reference-int8"),
+    ("accumulator-saturation", 16, "ort-int8"),
+    ("fp16-overflow", 14, "ort-fp16"),
+    ("fp16-overflow", 14, "openvino-fp16"),
+    ("fp16-overflow", 14, "torch-fp16"),
+)
 
 
 def _add_backend(store, side) -> None:
@@ -72,9 +78,12 @@ def _flags(rep) -> dict[str, Any]:
     out = {}
     for b, v in rep.verdicts.items():
         impl = v.implementation
-        out[b] = {"budget": sorted(v.flagged_anchors), "implementation": sorted(impl.flagged_anchors) if impl else [],
-                  "implementation_origin": impl.origin_stage if impl and impl.flagged else None,
-                  "first_stage": {a: stage.get(a) for a in v.flagged_anchors}}
+        out[b] = {
+            "budget": sorted(v.flagged_anchors),
+            "implementation": sorted(impl.flagged_anchors) if impl else [],
+            "implementation_origin": impl.origin_stage if impl and impl.flagged else None,
+            "first_stage": {a: stage.get(a) for a in v.flagged_anchors},
+        }
     return out
 
 
@@ -98,9 +107,17 @@ def _reused_setup(name: str, work: Path):
     store = RunStore.open(work / "clean")
     st = store.statuses()
     ok = [b for b, x in st.items() if x.status == "ok"]
-    return ev.ModelSetup(name=name, trained=False, imgsz=(0, 0), layout=None, anchored=str(work / "anchored.onnx"),
-                         clean_dir=str(work / "clean"), samples={sid: "" for sid in store.sample_ids},
-                         backends=[b for b in ok if b in FP32], lowp=[b for b in ok if b not in FP32])
+    return ev.ModelSetup(
+        name=name,
+        trained=False,
+        imgsz=(0, 0),
+        layout=None,
+        anchored=str(work / "anchored.onnx"),
+        clean_dir=str(work / "clean"),
+        samples={sid: "" for sid in store.sample_ids},
+        backends=[b for b in ok if b in FP32],
+        lowp=[b for b in ok if b not in FP32],
+    )
 
 
 def _fp32_only_clean_flags(setup, work: Path, ok: list[str], targets: set[str], cfg) -> dict[str, Any]:
@@ -112,14 +129,24 @@ def _fp32_only_clean_flags(setup, work: Path, ok: list[str], targets: set[str], 
     old_clean: dict[str, Any] = {}
     for b in targets:
         pop = INT8 if b in INT8 else FP16
-        only = ev.link_run(Path(setup.clean_dir), work / "fp32-only-clean" / b,
-                           [x for x in ok if x not in pop or x == b])
+        only = ev.link_run(
+            Path(setup.clean_dir), work / "fp32-only-clean" / b, [x for x in ok if x not in pop or x == b]
+        )
         old_clean[b] = _flags(check_run(only.root, config=cfg))[b]
     return old_clean
 
 
-def evaluate_model(name: str, work: Path, *, imgsz: int | None, n_real: int, n_random: int,
-                   stages: list[int] | None, faults=FAULTS, reuse: bool = False) -> dict[str, Any]:
+def evaluate_model(
+    name: str,
+    work: Path,
+    *,
+    imgsz: int | None,
+    n_real: int,
+    n_random: int,
+    stages: list[int] | None,
+    faults=FAULTS,
+    reuse: bool = False,
+) -> dict[str, Any]:
     from anpred.judge import check_run
     from anpred.run import BackendSpec, RunStore, run_model
 
@@ -127,8 +154,16 @@ def evaluate_model(name: str, work: Path, *, imgsz: int | None, n_real: int, n_r
     if reuse and (work / "clean" / "run.json").is_file():
         setup = _reused_setup(name, work)
     else:
-        setup = ev.prepare_model(name, work, imgsz=imgsz, n_real=n_real, n_random=n_random,
-                                 backends=list(FP32), lowp=list(INT8 + FP16), stages=stages)
+        setup = ev.prepare_model(
+            name,
+            work,
+            imgsz=imgsz,
+            n_real=n_real,
+            n_random=n_random,
+            backends=list(FP32),
+            lowp=list(INT8 + FP16),
+            stages=stages,
+        )
     clean_s = time.monotonic() - t0
     from evaluation.measures import judge_config
 
@@ -140,15 +175,30 @@ def evaluate_model(name: str, work: Path, *, imgsz: int | None, n_real: int, n_r
     man = store.manifest
     outputs = [a.name for a in man.anchors if a.kind == "output"]
     stats = {b: s for b, s in store.statuses().items()}
-    res: dict[str, Any] = {"model": name, "imgsz": imgsz, "samples": len(store.sample_ids),
-                           "seconds_clean_run": round(clean_s, 1), "seconds_clean_check": round(check_s, 1),
-                           "backends": {b: {"status": s.status, "precision": s.precision, "reason": s.reason[:300],
-                                            "seconds_prepare": round(s.seconds_prepare, 1),
-                                            "seconds_run": round(s.seconds_run, 1)} for b, s in stats.items()},
-                           "clean": {"status": clean.status, "flags": _flags(clean),
-                                     "scales": clean.scales,
-                                     "output_nrmse": {b: _output_nrmse(clean, b, outputs) for b in clean.verdicts}},
-                           "faults": []}
+    res: dict[str, Any] = {
+        "model": name,
+        "imgsz": imgsz,
+        "samples": len(store.sample_ids),
+        "seconds_clean_run": round(clean_s, 1),
+        "seconds_clean_check": round(check_s, 1),
+        "backends": {
+            b: {
+                "status": s.status,
+                "precision": s.precision,
+                "reason": s.reason[:300],
+                "seconds_prepare": round(s.seconds_prepare, 1),
+                "seconds_run": round(s.seconds_run, 1),
+            }
+            for b, s in stats.items()
+        },
+        "clean": {
+            "status": clean.status,
+            "flags": _flags(clean),
+            "scales": clean.scales,
+            "output_nrmse": {b: _output_nrmse(clean, b, outputs) for b in clean.verdicts},
+        },
+        "faults": [],
+    }
     ok = [b for b, s in stats.items() if s.status == "ok"]
     clean_flags = _flags(clean)
     old_clean = _fp32_only_clean_flags(setup, work, ok, {t for _, _, t in faults if t in ok}, cfg)
@@ -166,28 +216,40 @@ def evaluate_model(name: str, work: Path, *, imgsz: int | None, n_real: int, n_r
             spec = BackendSpec(target, options={"fault": {"kind": kind, "stage": st, "magnitude": mag, "seed": 0}})
             side = run_model(setup.anchored, [spec], inputs, side_dir, overwrite=True, progress=False)
             sst = side.statuses()[target]
-            row: dict[str, Any] = {"kind": kind, "magnitude": mag, "target": target, "stage": st,
-                                   "status": sst.status, "reason": sst.reason[:300]}
+            row: dict[str, Any] = {
+                "kind": kind,
+                "magnitude": mag,
+                "target": target,
+                "stage": st,
+                "status": sst.status,
+                "reason": sst.reason[:300],
+            }
             if sst.status != "ok":
                 res["faults"].append(row)
                 continue
             full = ev.link_run(Path(setup.clean_dir), cdir / "populations", [b for b in ok if b != target])
             _add_backend(full, side)
             rep = check_run(full.root, config=cfg)
-            only = ev.link_run(Path(setup.clean_dir), cdir / "fp32-only",
-                             [b for b in ok if b != target and b not in pop])
+            only = ev.link_run(
+                Path(setup.clean_dir), cdir / "fp32-only", [b for b in ok if b != target and b not in pop]
+            )
             _add_backend(only, side)
             old = check_run(only.root, config=cfg)
             flags = _flags(rep)
             det, where = _new(flags[target], clean_flags.get(target))
             odet, owhere = _new(_flags(old)[target], old_clean.get(target))
-            row.update({"detected": det, "origin_stage": where,
-                        "implementation": bool(flags[target]["implementation"]),
-                        "budget_new": sorted(set(flags[target]["budget"]) - set(clean_flags[target]["budget"])),
-                        "others_flagged": sorted(b for b in flags if b != target
-                                                 and _new(flags[b], clean_flags.get(b))[0]),
-                        "fp32_only_detected": odet, "fp32_only_origin": owhere,
-                        "output_nrmse": _output_nrmse(rep, target, outputs)})
+            row.update(
+                {
+                    "detected": det,
+                    "origin_stage": where,
+                    "implementation": bool(flags[target]["implementation"]),
+                    "budget_new": sorted(set(flags[target]["budget"]) - set(clean_flags[target]["budget"])),
+                    "others_flagged": sorted(b for b in flags if b != target and _new(flags[b], clean_flags.get(b))[0]),
+                    "fp32_only_detected": odet,
+                    "fp32_only_origin": owhere,
+                    "output_nrmse": _output_nrmse(rep, target, outputs),
+                }
+            )
             res["faults"].append(row)
             shutil.rmtree(cdir, ignore_errors=True)
     return res
@@ -212,8 +274,10 @@ def summarize(results: list[dict[str, Any]]) -> str:
         bud = [f"{b} ({', '.join(f['budget'])})" for b, f in r["clean"]["flags"].items() if f["budget"]]
         lines.append(f"  {r['model']}: implementation {impl or 'none'}; budget {bud or 'none'}")
     lines.append(f"best fixed tolerance (largest clean output nRMSE per precision): {tol}")
-    lines.append(f"{'kind':<24}{'target':<16}{'runs':>5}{'pop det':>9}{'pop loc':>9}{'fp32 det':>9}"
-                 f"{'fp32 loc':>9}{'tol det':>8}{'false al':>9}")
+    lines.append(
+        f"{'kind':<24}{'target':<16}{'runs':>5}{'pop det':>9}{'pop loc':>9}{'fp32 det':>9}"
+        f"{'fp32 loc':>9}{'tol det':>8}{'false al':>9}"
+    )
     rows: dict[tuple, list] = {}
     for r in results:
         for f in r["faults"]:
@@ -227,15 +291,20 @@ def summarize(results: list[dict[str, Any]]) -> str:
         oloc = sum(f["fp32_only_detected"] and f["fp32_only_origin"] == f["stage"] for f in fs)
         tdet = sum(f["output_nrmse"] > tol.get(p, float("inf")) for f in fs)
         fa = sum(bool(f["others_flagged"]) for f in fs)
-        lines.append(f"{kind + ' ' + format(mag, 'g'):<24}{target:<16}{len(fs):>5}{det:>9}{loc:>9}{odet:>9}"
-                     f"{oloc:>9}{tdet:>8}{fa:>9}")
+        lines.append(
+            f"{kind + ' ' + format(mag, 'g'):<24}{target:<16}{len(fs):>5}{det:>9}{loc:>9}{odet:>9}"
+            f"{oloc:>9}{tdet:>8}{fa:>9}"
+        )
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="yolov8n:320,yolov5n:320",
-                    help="zoo names, each optionally with ':SIZE' (square input of a resizable model)")
+    ap.add_argument(
+        "--models",
+        default="yolov8n:320,yolov5n:320",
+        help="zoo names, each optionally with ':SIZE' (square input of a resizable model)",
+    )
     ap.add_argument("--real", type=int, default=2)
     ap.add_argument("--random", type=int, default=1)
     ap.add_argument("--stages", default=None, help="comma-separated stage indices (default all)")
@@ -251,14 +320,25 @@ def main(argv=None) -> int:
     for spec in a.models.split(","):
         m, _, size = spec.partition(":")
         try:
-            results.append(evaluate_model(m, out / m, imgsz=int(size) if size else None, n_real=a.real,
-                                          n_random=a.random, stages=stages, faults=() if a.clean_only else FAULTS,
-                                          reuse=a.reuse))
+            results.append(
+                evaluate_model(
+                    m,
+                    out / m,
+                    imgsz=int(size) if size else None,
+                    n_real=a.real,
+                    n_random=a.random,
+                    stages=stages,
+                    faults=() if a.clean_only else FAULTS,
+                    reuse=a.reuse,
+                )
+            )
         except ev.EvaluationError as err:  # one model failing its clean run does not end the evaluation
-            results.append({"model": m, "error": str(err)[:2000], "clean": {"flags": {}, "output_nrmse": {}},
-                            "faults": []})
-        (out / "results.json").write_text(json.dumps({"results": results, "seconds": time.monotonic() - t0},
-                                                     indent=1, default=str))
+            results.append(
+                {"model": m, "error": str(err)[:2000], "clean": {"flags": {}, "output_nrmse": {}}, "faults": []}
+            )
+        (out / "results.json").write_text(
+            json.dumps({"results": results, "seconds": time.monotonic() - t0}, indent=1, default=str)
+        )
     print(summarize(results))
     print(f"wall {time.monotonic() - t0:.0f} s")
     return 0

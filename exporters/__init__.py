@@ -15,8 +15,17 @@ from typing import Any
 
 from anpred.errors import AnpredError
 
-__all__ = ["ExportError", "ExportResult", "export_folder", "framework_of", "load_factory", "make_origin",
-           "read_origin", "write_with_origin", "ORIGIN_KEY"]
+__all__ = [
+    "ExportError",
+    "ExportResult",
+    "export_folder",
+    "framework_of",
+    "load_factory",
+    "make_origin",
+    "read_origin",
+    "write_with_origin",
+    "ORIGIN_KEY",
+]
 
 
 class ExportError(AnpredError):
@@ -54,8 +63,9 @@ class ExportResult:
         return d
 
 
-def make_origin(framework: str, exporter: str, opset: int, factory: str | None,
-                kwargs: dict[str, Any] | None) -> dict[str, Any]:
+def make_origin(
+    framework: str, exporter: str, opset: int, factory: str | None, kwargs: dict[str, Any] | None
+) -> dict[str, Any]:
     """The ``manifest.model["origin"]`` dict (see docs/DESIGN.md)."""
     origin: dict[str, Any] = {"framework": framework, "exporter": exporter, "opset": int(opset)}
     if factory:
@@ -106,8 +116,9 @@ def framework_of(model) -> str:
     names = {f"{c.__module__}.{c.__qualname__}" for c in mods}
     if "torch.nn.modules.module.Module" in names:
         return "torch"
-    if any(n.startswith(("keras.", "tf_keras.", "keras.src.")) and n.endswith("Model") for n in names) or \
-            any(c.__module__.startswith(("keras", "tf_keras")) for c in mods):
+    if any(n.startswith(("keras.", "tf_keras.", "keras.src.")) and n.endswith("Model") for n in names) or any(
+        c.__module__.startswith(("keras", "tf_keras")) for c in mods
+    ):
         return "tf"
     return "unknown"
 
@@ -134,8 +145,9 @@ def load_factory(spec: str, kwargs: dict[str, Any] | None = None):
         out = fn(**dict(kwargs or {}))
     except Exception as err:  # any error of user code: one line naming the factory, the cause chained
         first = (str(err).strip().splitlines() or [""])[0]
-        raise ExportError(f"factory {spec!r} raised {type(err).__name__} when called with {dict(kwargs or {})}: "
-                          f"{first}") from err
+        raise ExportError(
+            f"factory {spec!r} raised {type(err).__name__} when called with {dict(kwargs or {})}: {first}"
+        ) from err
     if not (isinstance(out, tuple) and len(out) == 2):
         raise ExportError(f"factory {spec!r} must return (model, example_inputs), got {type(out).__name__}")
     model, example = out
@@ -173,4 +185,3 @@ def export_folder(kind: str, key: str, build, cache: bool = True):
     finally:
         if not cache:
             shutil.rmtree(folder, ignore_errors=True)
-

@@ -118,9 +118,16 @@ def _layer_of(node_name: str, model) -> str:
     return "/".join(parts[1:-1]) or seg
 
 
-def export_keras(model, path, *, opset: int | None = None, batch_size: int | None = 1,
-                 factory: str | None = None, factory_kwargs: dict[str, Any] | None = None,
-                 cache: bool = True) -> ExportResult:
+def export_keras(
+    model,
+    path,
+    *,
+    opset: int | None = None,
+    batch_size: int | None = 1,
+    factory: str | None = None,
+    factory_kwargs: dict[str, Any] | None = None,
+    cache: bool = True,
+) -> ExportResult:
     """Export the Keras ``model`` to ONNX at ``path`` with tf2onnx.
 
     Args:
@@ -156,22 +163,36 @@ def export_keras(model, path, *, opset: int | None = None, batch_size: int | Non
             proto, _ = tf2onnx.convert.from_keras(model, input_signature=spec, opset=opset)
         except Exception as err:
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise ExportError(f"cannot export Keras model {model.name!r} with tf2onnx (opset {opset}): "
-                              f"{type(err).__name__}: {first}") from err
+            raise ExportError(
+                f"cannot export Keras model {model.name!r} with tf2onnx (opset {opset}): {type(err).__name__}: {first}"
+            ) from err
         unsupported = unsupported_nodes(proto)
         if unsupported:
-            names = ", ".join(f"layer {_layer_of(n.name, model)!r} -> {n.domain or 'ai.onnx'}:{n.op_type} "
-                              f"(node {n.name!r})" for n in unsupported[:5])
+            names = ", ".join(
+                f"layer {_layer_of(n.name, model)!r} -> {n.domain or 'ai.onnx'}:{n.op_type} (node {n.name!r})"
+                for n in unsupported[:5]
+            )
             more = f" and {len(unsupported) - 5} more" if len(unsupported) > 5 else ""
-            raise ExportError(f"cannot export Keras model {model.name!r}: tf2onnx does not support {names}{more}: "
-                              "no ONNX operator schema of that name and domain at the model's opset "
-                              "(tf2onnx copied the TensorFlow op unchanged)")
+            raise ExportError(
+                f"cannot export Keras model {model.name!r}: tf2onnx does not support {names}{more}: "
+                "no ONNX operator schema of that name and domain at the model's opset "
+                "(tf2onnx copied the TensorFlow op unchanged)"
+            )
         (tmp / "model.onnx").write_bytes(proto.SerializeToString())
 
-    key = cache_key("export-keras/1", _model_digest(model), [[s.name, s.dtype.name, list(s.shape)] for s in spec],
-                    opset, versions)
+    key = cache_key(
+        "export-keras/1", _model_digest(model), [[s.name, s.dtype.name, list(s.shape)] for s in spec], opset, versions
+    )
     with export_folder("export-keras", key, build, cache) as (folder, hit, seconds):
         origin = make_origin("tf", "tf2onnx", opset, factory, factory_kwargs)
         write_with_origin(folder / "model.onnx", path, origin)
-    return ExportResult(path=path, framework="tf", exporter="tf2onnx", versions=versions, opset=opset,
-                        origin=origin, seconds=seconds, cached=hit)
+    return ExportResult(
+        path=path,
+        framework="tf",
+        exporter="tf2onnx",
+        versions=versions,
+        opset=opset,
+        origin=origin,
+        seconds=seconds,
+        cached=hit,
+    )

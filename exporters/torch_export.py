@@ -179,19 +179,28 @@ def _check_trace(path: Path, module, cls: str, example_inputs: tuple, tracer_war
         w = tracer_warnings[0]
         where = _module_at(module, w.filename, w.lineno)
         who = f"{_label(module, where)} " if where is not None else ""
-        detail = (f"; {who}at {w.filename}:{w.lineno}: TracerWarning: "
-                  f"{str(w.message).strip().splitlines()[0]}")
+        detail = f"; {who}at {w.filename}:{w.lineno}: TracerWarning: {str(w.message).strip().splitlines()[0]}"
         if len(tracer_warnings) > 1:
             detail += f" (+{len(tracer_warnings) - 1} more TracerWarning(s))"
     what = "; ".join(problems) or "tracing is input-specific"
-    raise ExportError(f"cannot export module {cls} with torch.onnx.torchscript: {what}{detail}. The trace froze "
-                      "values computed outside torch (NumPy, Python numbers) into constants, so the ONNX model "
-                      "would not compute the module; use torch ops in forward, or the dynamo exporter")
+    raise ExportError(
+        f"cannot export module {cls} with torch.onnx.torchscript: {what}{detail}. The trace froze "
+        "values computed outside torch (NumPy, Python numbers) into constants, so the ONNX model "
+        "would not compute the module; use torch ops in forward, or the dynamo exporter"
+    )
 
 
-def export_torch(module, example_inputs: tuple, path, *, dynamo: bool = True, opset: int | None = None,
-                 factory: str | None = None, factory_kwargs: dict[str, Any] | None = None,
-                 cache: bool = True) -> ExportResult:
+def export_torch(
+    module,
+    example_inputs: tuple,
+    path,
+    *,
+    dynamo: bool = True,
+    opset: int | None = None,
+    factory: str | None = None,
+    factory_kwargs: dict[str, Any] | None = None,
+    cache: bool = True,
+) -> ExportResult:
     """Export ``module`` (put in ``eval()`` mode) called on ``example_inputs`` to ONNX at ``path``.
 
     Args:
@@ -240,34 +249,52 @@ def export_torch(module, example_inputs: tuple, path, *, dynamo: bool = True, op
 
         out = tmp / "model.onnx"
         try:
-            with torch.no_grad(), warnings.catch_warnings(record=True) as caught, \
-                    contextlib.redirect_stdout(io.StringIO()):
+            with (
+                torch.no_grad(),
+                warnings.catch_warnings(record=True) as caught,
+                contextlib.redirect_stdout(io.StringIO()),
+            ):
                 warnings.simplefilter("always", torch.jit.TracerWarning)
                 if dynamo:
-                    prog = torch.onnx.export(module, example_inputs, dynamo=True, opset_version=opset,
-                                             external_data=False, verbose=False)
+                    prog = torch.onnx.export(
+                        module, example_inputs, dynamo=True, opset_version=opset, external_data=False, verbose=False
+                    )
                     prog.save(str(out), external_data=False)
                 else:
-                    torch.onnx.export(module, example_inputs, str(out), dynamo=False, opset_version=opset,
-                                      do_constant_folding=True)
+                    torch.onnx.export(
+                        module, example_inputs, str(out), dynamo=False, opset_version=opset, do_constant_folding=True
+                    )
         except Exception as err:  # the exporters raise many types; name the submodule and the real error
-            raise ExportError(f"cannot export module {cls} with {exporter} (opset {opset}): "
-                              f"{describe_export_error(err, module)}") from err
+            raise ExportError(
+                f"cannot export module {cls} with {exporter} (opset {opset}): {describe_export_error(err, module)}"
+            ) from err
         if not out.is_file():
             raise ExportError(f"{exporter} wrote no file for module {cls}")
         if not dynamo:
             tracer = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
             _check_trace(out, module, cls, example_inputs, tracer)
 
-    key = cache_key("export-torch/1", _module_digest(module), _inputs_spec(example_inputs), exporter, opset,
-                    versions)
+    key = cache_key("export-torch/1", _module_digest(module), _inputs_spec(example_inputs), exporter, opset, versions)
     import onnx
 
     with export_folder("export-torch", key, build, cache) as (folder, hit, seconds):
-        real_opset = next((o.version
-                           for o in onnx.load(str(folder / "model.onnx"), load_external_data=False).opset_import
-                           if o.domain in ("", "ai.onnx")), opset)
+        real_opset = next(
+            (
+                o.version
+                for o in onnx.load(str(folder / "model.onnx"), load_external_data=False).opset_import
+                if o.domain in ("", "ai.onnx")
+            ),
+            opset,
+        )
         origin = make_origin("torch", exporter, real_opset, factory, factory_kwargs)
         write_with_origin(folder / "model.onnx", path, origin)
-    return ExportResult(path=path, framework="torch", exporter=exporter, versions=versions, opset=int(real_opset),
-                        origin=origin, seconds=seconds, cached=hit)
+    return ExportResult(
+        path=path,
+        framework="torch",
+        exporter=exporter,
+        versions=versions,
+        opset=int(real_opset),
+        origin=origin,
+        seconds=seconds,
+        cached=hit,
+    )

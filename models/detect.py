@@ -133,8 +133,10 @@ class Detections:
         """
         if isinstance(name_or_id, str):
             if self.class_names is None:
-                raise InputError(f"class {name_or_id!r} given by name, but these detections have no class names; "
-                                 "pass an integer class id")
+                raise InputError(
+                    f"class {name_or_id!r} given by name, but these detections have no class names; "
+                    "pass an integer class id"
+                )
             if name_or_id not in self.class_names:
                 raise InputError(f"unknown class {name_or_id!r}; known: {', '.join(self.class_names)}")
             cid = self.class_names.index(name_or_id)
@@ -167,8 +169,9 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
 
 
-def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float = 0.45,
-        max_det: int = 300) -> np.ndarray:
+def nms(
+    boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float = 0.45, max_det: int = 300
+) -> np.ndarray:
     """Class-aware non-maximum suppression with OpenCV (``cv2.dnn.NMSBoxesBatched``).
 
     Args:
@@ -183,16 +186,27 @@ def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float =
     if len(boxes) == 0:
         return np.zeros(0, dtype=np.int64)
     xywh = np.column_stack([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]])
-    keep = cv2.dnn.NMSBoxesBatched(xywh.tolist(), np.asarray(scores, dtype=np.float64).tolist(),
-                                   np.asarray(classes, dtype=np.int64).astype(np.int32).tolist(), 0.0, float(iou))
+    keep = cv2.dnn.NMSBoxesBatched(
+        xywh.tolist(),
+        np.asarray(scores, dtype=np.float64).tolist(),
+        np.asarray(classes, dtype=np.int64).astype(np.int32).tolist(),
+        0.0,
+        float(iou),
+    )
     keep = np.asarray(keep, dtype=np.int64).reshape(-1)
     keep = keep[np.argsort(-np.asarray(scores)[keep], kind="stable")]
     return keep[:max_det]
 
 
-def decode(output: np.ndarray, layout: str = "yolov8", conf: float = 0.25, iou: float = 0.45,
-           class_names: tuple[str, ...] | None = None, letterbox_info: LetterboxInfo | None = None,
-           max_det: int = 300) -> Detections:
+def decode(
+    output: np.ndarray,
+    layout: str = "yolov8",
+    conf: float = 0.25,
+    iou: float = 0.45,
+    class_names: tuple[str, ...] | None = None,
+    letterbox_info: LetterboxInfo | None = None,
+    max_det: int = 300,
+) -> Detections:
     """Decode one image's raw detector output into final detections: confidence threshold, then
     class-aware NMS (:func:`nms`), then (optionally) letterbox undo to original image pixels.
 
@@ -214,13 +228,17 @@ def decode(output: np.ndarray, layout: str = "yolov8", conf: float = 0.25, iou: 
         raise InputError(f"detector output must be 2-D per image, got shape {np.shape(output)}")
     if layout == "yolov8":
         if out.shape[0] < 5:
-            raise InputError(f"yolov8 detector output must have 4 box rows and at least 1 class row "
-                             f"(shape (4 + nc, A)), got {out.shape[0]} rows: shape {np.shape(output)}")
+            raise InputError(
+                f"yolov8 detector output must have 4 box rows and at least 1 class row "
+                f"(shape (4 + nc, A)), got {out.shape[0]} rows: shape {np.shape(output)}"
+            )
         boxes, cls_scores = out[:4].T, out[4:].T
     elif layout == "yolov5":
         if out.shape[1] < 6:
-            raise InputError(f"yolov5 detector output must have 4 box columns, objectness and at least 1 "
-                             f"class column (shape (A, 5 + nc)), got {out.shape[1]} columns: shape {np.shape(output)}")
+            raise InputError(
+                f"yolov5 detector output must have 4 box columns, objectness and at least 1 "
+                f"class column (shape (A, 5 + nc)), got {out.shape[1]} columns: shape {np.shape(output)}"
+            )
         boxes, cls_scores = out[:, :4], out[:, 5:] * out[:, 4:5]
     else:
         raise InputError(f"unknown detector output layout {layout!r}; known: yolov8, yolov5")
@@ -267,6 +285,9 @@ def match_detections(a: Detections, b: Detections, iou: float = 0.5, same_class:
     else:
         r = c = np.zeros(0, dtype=np.int64)
     pairs = np.column_stack([r, c]).astype(np.int64).reshape(-1, 2)
-    return Match(pairs=pairs, ious=m[r, c] if m.size else np.zeros(0),
-                 unmatched_a=np.setdiff1d(np.arange(len(a)), r).astype(np.int64),
-                 unmatched_b=np.setdiff1d(np.arange(len(b)), c).astype(np.int64))
+    return Match(
+        pairs=pairs,
+        ious=m[r, c] if m.size else np.zeros(0),
+        unmatched_a=np.setdiff1d(np.arange(len(a)), r).astype(np.int64),
+        unmatched_b=np.setdiff1d(np.arange(len(b)), c).astype(np.int64),
+    )

@@ -58,8 +58,10 @@ def rebuild_torch():
     state = model.state_dict()
     missing = [k for k in state if k not in weights or tuple(weights[k].shape) != tuple(state[k].shape)]
     if missing:
-        raise AnpredError(f"yolov8n-doclaynet rebuild: {len(missing)} of {len(state)} state-dict keys have no "
-                          f"matching ONNX initializer (first: {missing[:3]})")
+        raise AnpredError(
+            f"yolov8n-doclaynet rebuild: {len(missing)} of {len(state)} state-dict keys have no "
+            f"matching ONNX initializer (first: {missing[:3]})"
+        )
     model.load_state_dict({k: torch.from_numpy(np.array(weights[k])) for k in state}, strict=True)
     for p in model.parameters():
         p.requires_grad_(False)

@@ -18,8 +18,19 @@ import numpy as np
 
 from anpred.errors import AnpredError
 
-DOCLAYNET_CLASSES = ("Caption", "Footnote", "Formula", "List-item", "Page-footer", "Page-header", "Picture",
-                     "Section-header", "Table", "Text", "Title")
+DOCLAYNET_CLASSES = (
+    "Caption",
+    "Footnote",
+    "Formula",
+    "List-item",
+    "Page-footer",
+    "Page-header",
+    "Picture",
+    "Section-header",
+    "Table",
+    "Text",
+    "Title",
+)
 
 _WORDS = (
     "the model of data layer network result method value test error output input precision analysis "
@@ -114,8 +125,17 @@ class _Writer:
     def __init__(self, page: Page, draw, left: int, right: int):
         self.page, self.draw, self.left, self.right = page, draw, left, right
 
-    def text_block(self, lines: list[str], y: float, fnt, x: float | None = None, gap: float = 1.3, fill=(0, 0, 0),
-                   center: bool = False, stroke: int = 0):
+    def text_block(
+        self,
+        lines: list[str],
+        y: float,
+        fnt,
+        x: float | None = None,
+        gap: float = 1.3,
+        fill=(0, 0, 0),
+        center: bool = False,
+        stroke: int = 0,
+    ):
         boxes = []
         size = fnt.size
         for line in lines:
@@ -130,8 +150,17 @@ class _Writer:
         return _union(boxes), y
 
 
-PAGE_CLASSES = ("Title", "Text", "List-item", "Table", "Picture", "Caption", "Section-header", "Page-header",
-                "Page-footer")
+PAGE_CLASSES = (
+    "Title",
+    "Text",
+    "List-item",
+    "Table",
+    "Picture",
+    "Caption",
+    "Section-header",
+    "Page-header",
+    "Page-footer",
+)
 
 
 def render_page(seed: int = 0, size: tuple[int, int] = (1024, 1280)) -> Page:
@@ -221,20 +250,29 @@ class _PageDraw:
         box, _ = wr.text_block([hdr], int(0.03 * H), f_small, fill=(90, 90, 90))
         page.add("Page-header", box)
         num = str(int(rng.integers(1, 300)))
-        box, _ = wr.text_block([num], int(0.955 * H), f_small, x=W / 2 - draw.textlength(num, font=f_small) / 2,
-                               fill=(90, 90, 90))
+        box, _ = wr.text_block(
+            [num], int(0.955 * H), f_small, x=W / 2 - draw.textlength(num, font=f_small) / 2, fill=(90, 90, 90)
+        )
         page.add("Page-footer", box)
 
     def title(self, y: float) -> float:
         """The title (centred, stroked) and the author line below it."""
         rng, wr, page, gap = self.rng, self.wr, self.page, self.gap
         title = " ".join(str(rng.choice(_WORDS)) for _ in range(int(rng.integers(6, 10)))).title()
-        box, y = wr.text_block(_wrap(self.draw, title, self.f_title, int(0.8 * self.width)), y, self.f_title,
-                               gap=1.2, center=True, stroke=max(1, int(1.5 * self.s)))
+        box, y = wr.text_block(
+            _wrap(self.draw, title, self.f_title, int(0.8 * self.width)),
+            y,
+            self.f_title,
+            gap=1.2,
+            center=True,
+            stroke=max(1, int(1.5 * self.s)),
+        )
         page.add("Title", box)
         y += gap / 2
-        authors = ", ".join(f"{str(rng.choice(_WORDS)).title()} {chr(65 + int(rng.integers(0, 26)))}."
-                            for _ in range(int(rng.integers(2, 5))))
+        authors = ", ".join(
+            f"{str(rng.choice(_WORDS)).title()} {chr(65 + int(rng.integers(0, 26)))}."
+            for _ in range(int(rng.integers(2, 5)))
+        )
         box, y = wr.text_block([authors], y, self.f_body, center=True)
         page.add("Text", box)
         return y + gap
@@ -264,8 +302,11 @@ class _PageDraw:
         col_w = tw / ncol
         ty0 = y
         for r in range(nrow + 1):
-            draw.line([(tx0, ty0 + r * row_h), (tx0 + tw, ty0 + r * row_h)], fill=(0, 0, 0),
-                      width=2 if r in (0, 1, nrow) else 1)
+            draw.line(
+                [(tx0, ty0 + r * row_h), (tx0 + tw, ty0 + r * row_h)],
+                fill=(0, 0, 0),
+                width=2 if r in (0, 1, nrow) else 1,
+            )
         for c in range(ncol + 1):
             draw.line([(tx0 + c * col_w, ty0), (tx0 + c * col_w, ty0 + nrow * row_h)], fill=(0, 0, 0), width=1)
         for r in range(nrow):
@@ -276,8 +317,9 @@ class _PageDraw:
                     cell = str(rng.choice(_WORDS))
                 else:
                     cell = f"{rng.uniform(0, 100):.{int(rng.integers(1, 4))}f}"
-                draw.text((tx0 + c * col_w + 6 * s, ty0 + r * row_h + 0.3 * f_body.size), cell, font=f_body,
-                          fill=(0, 0, 0))
+                draw.text(
+                    (tx0 + c * col_w + 6 * s, ty0 + r * row_h + 0.3 * f_body.size), cell, font=f_body, fill=(0, 0, 0)
+                )
         self.page.add("Table", (tx0, ty0, tx0 + tw, ty0 + nrow * row_h))
         return ty0 + nrow * row_h + 1.5 * self.gap
 
@@ -343,8 +385,10 @@ def render_text_line(seed: int = 0, height: int = 48, max_width: int = 320) -> t
     from PIL import Image, ImageDraw
 
     rng = np.random.default_rng(seed)
-    parts = [str(rng.choice(_WORDS)) if rng.random() < 0.75 else f"{rng.uniform(0, 1000):.1f}"
-             for _ in range(int(rng.integers(2, 5)))]
+    parts = [
+        str(rng.choice(_WORDS)) if rng.random() < 0.75 else f"{rng.uniform(0, 1000):.1f}"
+        for _ in range(int(rng.integers(2, 5)))
+    ]
     fnt = font(int(height * 0.6))
     text = " ".join(parts)
     probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
@@ -384,9 +428,20 @@ def write_pages_with_truth(folder, seeds, input_hw: tuple[int, int] = (1024, 102
             for b in boxes:
                 x0, y0 = b[0] * info.ratio + info.pad[0], b[1] * info.ratio + info.pad[1]
                 x1, y1 = b[2] * info.ratio + info.pad[0], b[3] * info.ratio + info.pad[1]
-                anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": DOCLAYNET_CLASSES.index(cls) + 1,
-                             "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0), "iscrowd": 0})
-    coco = {"images": images, "annotations": anns,
-            "categories": [{"id": i + 1, "name": n} for i, n in enumerate(DOCLAYNET_CLASSES)]}
+                anns.append(
+                    {
+                        "id": len(anns) + 1,
+                        "image_id": i + 1,
+                        "category_id": DOCLAYNET_CLASSES.index(cls) + 1,
+                        "bbox": [x0, y0, x1 - x0, y1 - y0],
+                        "area": (x1 - x0) * (y1 - y0),
+                        "iscrowd": 0,
+                    }
+                )
+    coco = {
+        "images": images,
+        "annotations": anns,
+        "categories": [{"id": i + 1, "name": n} for i, n in enumerate(DOCLAYNET_CLASSES)],
+    }
     (folder / "truth.json").write_text(json.dumps(coco))
     return coco

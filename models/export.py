@@ -27,8 +27,17 @@ def package_version(pkg: str) -> str:
         return "absent"
 
 
-def export_native(framework: str, model, example_inputs, path: Path, *, dynamo: bool = True, opset: int | None = None,
-                  factory: str | None = None, factory_kwargs: dict | None = None) -> str:
+def export_native(
+    framework: str,
+    model,
+    example_inputs,
+    path: Path,
+    *,
+    dynamo: bool = True,
+    opset: int | None = None,
+    factory: str | None = None,
+    factory_kwargs: dict | None = None,
+) -> str:
     """Export a native model to ONNX at ``path`` (one file, weights inside) with
     ``exporters.torch_export.export_torch`` / ``exporters.tf_export.export_keras`` (which record the
     factory in the model's ``anpred.origin`` metadata); without the ``exporters`` package, with
@@ -45,8 +54,15 @@ def export_native(framework: str, model, example_inputs, path: Path, *, dynamo: 
         if framework == "torch":
             from exporters.torch_export import export_torch
 
-            export_torch(model, tuple(example_inputs), path, dynamo=dynamo, opset=opset, factory=factory,
-                         factory_kwargs=factory_kwargs)
+            export_torch(
+                model,
+                tuple(example_inputs),
+                path,
+                dynamo=dynamo,
+                opset=opset,
+                factory=factory,
+                factory_kwargs=factory_kwargs,
+            )
             return "exporters.torch_export"
         from exporters.tf_export import export_keras
 
@@ -83,8 +99,9 @@ def exporter_id(framework: str) -> str:
 
 
 def export_versions(framework: str) -> dict:
-    pkgs = ("torch", "onnxscript", "onnx",
-            "ultralytics") if framework == "torch" else ("tensorflow", "keras", "tf2onnx", "onnx")
+    pkgs = (
+        ("torch", "onnxscript", "onnx", "ultralytics")
+        if framework == "torch"
+        else ("tensorflow", "keras", "tf2onnx", "onnx")
+    )
     return {p: package_version(p) for p in pkgs}
-
-

@@ -24,9 +24,19 @@ from anpred.errors import AnpredError
 
 from models.packages import package_file
 
-__all__ = ["MAGIKA_FILES", "magika_config", "magika_labels", "magika_features", "magika_samples", "SILERO_SR",
-           "SILERO_CHUNK",
-           "SILERO_CONTEXT", "synthetic_speech", "silero_stream", "silero_samples"]
+__all__ = [
+    "MAGIKA_FILES",
+    "magika_config",
+    "magika_labels",
+    "magika_features",
+    "magika_samples",
+    "SILERO_SR",
+    "SILERO_CHUNK",
+    "SILERO_CONTEXT",
+    "synthetic_speech",
+    "silero_stream",
+    "silero_samples",
+]
 
 
 # ---- magika: byte values of real files ---------------------------------------------------------
@@ -76,8 +86,9 @@ def magika_labels() -> tuple[str, ...] | None:
         return None
 
 
-def magika_features(data: bytes, beg_size: int = 1024, end_size: int = 1024, block_size: int = 4096,
-                    padding_token: int = 256) -> np.ndarray:
+def magika_features(
+    data: bytes, beg_size: int = 1024, end_size: int = 1024, block_size: int = 4096, padding_token: int = 256
+) -> np.ndarray:
     """magika's features v2 of a file's content: ``int32 (beg_size + end_size,)``, values 0..255 (bytes)
     or ``padding_token``.
 
@@ -89,8 +100,8 @@ def magika_features(data: bytes, beg_size: int = 1024, end_size: int = 1024, blo
     n = min(block_size, len(data))
     beg = list(data[:n].lstrip()[:beg_size])
     beg += [padding_token] * (beg_size - len(beg))
-    tail = data[len(data) - n:].rstrip()
-    end = list(tail[max(0, len(tail) - end_size):])
+    tail = data[len(data) - n :].rstrip()
+    end = list(tail[max(0, len(tail) - end_size) :])
     end = [padding_token] * (end_size - len(end)) + end
     return np.asarray(beg + end, dtype=np.int32)
 
@@ -139,8 +150,11 @@ def _syllable(rng: np.random.Generator, dur: float, f0: float) -> np.ndarray:
 
     n = int(dur * SILERO_SR)
     t = np.arange(n) / SILERO_SR
-    f = f0 * (1 + 0.08 * np.sin(2 * np.pi * rng.uniform(2, 4) * t + rng.uniform(0, 6))) * (
-        1 + 0.01 * rng.standard_normal(n))
+    f = (
+        f0
+        * (1 + 0.08 * np.sin(2 * np.pi * rng.uniform(2, 4) * t + rng.uniform(0, 6)))
+        * (1 + 0.01 * rng.standard_normal(n))
+    )
     src = np.diff(np.floor(np.cumsum(f / SILERO_SR)), prepend=0.0)
     src = lfilter([1.0], [1.0, -0.5], lfilter([1.0], [1.0, -0.97], src))
     formants = _VOWELS[int(rng.integers(len(_VOWELS)))]
@@ -201,7 +215,7 @@ def silero_stream(model_path: str | Path, audio: np.ndarray, chunks: int) -> tup
     context = np.zeros((1, SILERO_CONTEXT), np.float32)
     states, probs = [state], []
     for k in range(chunks):
-        x = np.concatenate([context, audio[None, k * SILERO_CHUNK:(k + 1) * SILERO_CHUNK]], axis=1)
+        x = np.concatenate([context, audio[None, k * SILERO_CHUNK : (k + 1) * SILERO_CHUNK]], axis=1)
         out, state = sess.run(["output", "stateN"], {"input": x, "state": state, "sr": np.array(SILERO_SR, np.int64)})
         context = x[:, -SILERO_CONTEXT:]
         states.append(np.asarray(state, np.float32))
@@ -219,7 +233,7 @@ def silero_samples(zm, n: int, seed: int) -> list[tuple[str, dict[str, np.ndarra
     """
     segments = max(1, (n + 1) // 2)
     audio, speech, pauses = synthetic_speech(seed, segments)
-    chunk_rms = np.sqrt(np.mean(audio[:len(audio) // SILERO_CHUNK * SILERO_CHUNK].reshape(-1, SILERO_CHUNK) ** 2, 1))
+    chunk_rms = np.sqrt(np.mean(audio[: len(audio) // SILERO_CHUNK * SILERO_CHUNK].reshape(-1, SILERO_CHUNK) ** 2, 1))
     picks = []
     for i in range(n):
         j = i // 2
@@ -232,10 +246,13 @@ def silero_samples(zm, n: int, seed: int) -> list[tuple[str, dict[str, np.ndarra
     out = []
     for k, kind, j in picks:
         start = k * SILERO_CHUNK
-        ctx = audio[max(0, start - SILERO_CONTEXT):start]
-        x = np.concatenate([np.zeros(SILERO_CONTEXT - len(ctx), np.float32), ctx, audio[start:start + SILERO_CHUNK]])
-        src = (f"synthetic speech seed {seed}: {kind} chunk {k} (t = {start / SILERO_SR:.3f} s, "
-               f"{'utterance' if kind == 'voiced' else 'pause after utterance'} {j}), state after {k} chunks")
-        out.append((src, {"input": x[None].astype(np.float32), "state": states[k],
-                          "sr": np.array(SILERO_SR, dtype=np.int64)}))
+        ctx = audio[max(0, start - SILERO_CONTEXT) : start]
+        x = np.concatenate([np.zeros(SILERO_CONTEXT - len(ctx), np.float32), ctx, audio[start : start + SILERO_CHUNK]])
+        src = (
+            f"synthetic speech seed {seed}: {kind} chunk {k} (t = {start / SILERO_SR:.3f} s, "
+            f"{'utterance' if kind == 'voiced' else 'pause after utterance'} {j}), state after {k} chunks"
+        )
+        out.append(
+            (src, {"input": x[None].astype(np.float32), "state": states[k], "sr": np.array(SILERO_SR, dtype=np.int64)})
+        )
     return out

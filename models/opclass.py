@@ -19,11 +19,20 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["NETWORKS", "build", "feeds", "misc_net", "recurrent_net", "rnn_node", "torch_recurrent_net",
-           "RECURRENT_OUTPUTS"]
+__all__ = [
+    "NETWORKS",
+    "build",
+    "feeds",
+    "misc_net",
+    "recurrent_net",
+    "rnn_node",
+    "torch_recurrent_net",
+    "RECURRENT_OUTPUTS",
+]
 
-RECURRENT_OUTPUTS = [f"{n}.{o}" for n in ("lstm_f", "lstm_b", "lstm_r") for o in ("Y", "Y_h", "Y_c")] + \
-    [f"{n}.{o}" for n in ("gru_r", "gru_b", "gru_f", "rnn_f", "rnn_b", "rnn_r") for o in ("Y", "Y_h")]
+RECURRENT_OUTPUTS = [f"{n}.{o}" for n in ("lstm_f", "lstm_b", "lstm_r") for o in ("Y", "Y_h", "Y_c")] + [
+    f"{n}.{o}" for n in ("gru_r", "gru_b", "gru_f", "rnn_f", "rnn_b", "rnn_r") for o in ("Y", "Y_h")
+]
 
 
 def rnn_node(op, name, x, F, H, direction, rng, states=(), lbr=None, P=False, B=2, **attrs):
@@ -42,19 +51,21 @@ def rnn_node(op, name, x, F, H, direction, rng, states=(), lbr=None, P=False, B=
 
     D = 2 if direction == "bidirectional" else 1
     G = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
-    inits = [numpy_helper.from_array(rng.normal(0, .5, (D, G * H, F)).astype(np.float32), f"{name}.W"),
-             numpy_helper.from_array(rng.normal(0, .5, (D, G * H, H)).astype(np.float32), f"{name}.R"),
-             numpy_helper.from_array(rng.normal(0, .5, (D, 2 * G * H)).astype(np.float32), f"{name}.B")]
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (D, G * H, F)).astype(np.float32), f"{name}.W"),
+        numpy_helper.from_array(rng.normal(0, 0.5, (D, G * H, H)).astype(np.float32), f"{name}.R"),
+        numpy_helper.from_array(rng.normal(0, 0.5, (D, 2 * G * H)).astype(np.float32), f"{name}.B"),
+    ]
     ins = [x, f"{name}.W", f"{name}.R", f"{name}.B", ""]
     for s in states:  # "h0"/"c0" graph inputs, or "init" for initializer states
         if s == "init":
-            for k in (["h", "c"] if op == "LSTM" else ["h"]):
+            for k in ["h", "c"] if op == "LSTM" else ["h"]:
                 inits.append(numpy_helper.from_array(rng.normal(0, 1, (D, B, H)).astype(np.float32), f"{name}.{k}0"))
                 ins.append(f"{name}.{k}0")
         else:
             ins.append(s)
     if P:
-        inits.append(numpy_helper.from_array(rng.normal(0, .5, (D, 3 * H)).astype(np.float32), f"{name}.P"))
+        inits.append(numpy_helper.from_array(rng.normal(0, 0.5, (D, 3 * H)).astype(np.float32), f"{name}.P"))
         ins += [""] * (7 - len(ins)) + [f"{name}.P"]
     outs = [f"{name}.Y", f"{name}.Y_h"] + ([f"{name}.Y_c"] if op == "LSTM" else [])
     if lbr is not None:
@@ -82,21 +93,41 @@ def recurrent_net():
     add("LSTM", "lstm_f", "x", 4, 3, "forward", states=("h0", "c0"), P=True, clip=0.7)
     add("LSTM", "lstm_b", "x", 4, 3, "bidirectional")
     add("LSTM", "lstm_r", "x", 4, 3, "reverse", states=("init",), input_forget=1)
-    nodes += [helper.make_node("Transpose", ["lstm_b.Y"], ["lstm_b.t"], name="chain_t", perm=[0, 2, 1, 3]),
-              helper.make_node("Reshape", ["lstm_b.t", "chain_shape"], ["chain"], name="chain_r")]
+    nodes += [
+        helper.make_node("Transpose", ["lstm_b.Y"], ["lstm_b.t"], name="chain_t", perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["lstm_b.t", "chain_shape"], ["chain"], name="chain_r"),
+    ]
     inits.append(numpy_helper.from_array(np.array([3, 2, 6], np.int64), "chain_shape"))
     add("GRU", "gru_r", "chain", 6, 3, "reverse", states=("h0",), lbr=0)
-    add("GRU", "gru_b", "x", 4, 3, "bidirectional", states=("init",), lbr=1,
-        activations=["Sigmoid", "Relu", "HardSigmoid", "Tanh"], activation_alpha=[0.3], activation_beta=[0.4],
-        clip=1.0)
+    add(
+        "GRU",
+        "gru_b",
+        "x",
+        4,
+        3,
+        "bidirectional",
+        states=("init",),
+        lbr=1,
+        activations=["Sigmoid", "Relu", "HardSigmoid", "Tanh"],
+        activation_alpha=[0.3],
+        activation_beta=[0.4],
+        clip=1.0,
+    )
     add("GRU", "gru_f", "x", 4, 3, "forward", lbr=1)
     add("RNN", "rnn_f", "x", 4, 3, "forward", states=("h0",), activations=["Relu"])
     add("RNN", "rnn_b", "x", 4, 3, "bidirectional")
     add("RNN", "rnn_r", "x", 4, 3, "reverse", states=("init",))
-    g = helper.make_graph(nodes, "recurrent", [helper.make_tensor_value_info("x", TP.FLOAT, [3, 2, 4]),
-                                               helper.make_tensor_value_info("h0", TP.FLOAT, [1, 2, 3]),
-                                               helper.make_tensor_value_info("c0", TP.FLOAT, [1, 2, 3])],
-                          [helper.make_tensor_value_info(o, TP.FLOAT, None) for o in outs], inits)
+    g = helper.make_graph(
+        nodes,
+        "recurrent",
+        [
+            helper.make_tensor_value_info("x", TP.FLOAT, [3, 2, 4]),
+            helper.make_tensor_value_info("h0", TP.FLOAT, [1, 2, 3]),
+            helper.make_tensor_value_info("c0", TP.FLOAT, [1, 2, 3]),
+        ],
+        [helper.make_tensor_value_info(o, TP.FLOAT, None) for o in outs],
+        inits,
+    )
     m = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
     del m.graph.value_info[:]
     onnx.checker.check_model(m)
@@ -133,8 +164,15 @@ def torch_recurrent_net(path: Path):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "batch_size other than 1 ... define the initial states as inputs"
-        torch.onnx.export(Net().eval(), args, str(path), dynamo=False, opset_version=17,
-                          input_names=["x", "h0", "c0"], output_names=["prob", "h", "c", "hg", "hr"])
+        torch.onnx.export(
+            Net().eval(),
+            args,
+            str(path),
+            dynamo=False,
+            opset_version=17,
+            input_names=["x", "h0", "c0"],
+            output_names=["prob", "h", "c", "hg", "hr"],
+        )
     return onnx.load(str(path))
 
 
@@ -143,15 +181,19 @@ def _misc_initializers(rng) -> list:
     from onnx import numpy_helper
 
     arr = numpy_helper.from_array
-    inits = [arr(rng.normal(0, .02, (4, 3, 3, 3)).astype(np.float32), "w1"),
-             arr(rng.normal(0, .3, (2, 4, 1, 1)).astype(np.float32), "w_cls"),
-             arr(rng.normal(0, 1, (10, 6)).astype(np.float32), "emb"),
-             arr(rng.normal(0, .5, (6, 5)).astype(np.float32), "wt"),
-             arr(np.array(0.01, np.float32), "scale"),
-             arr(np.arange(6, dtype=np.float32).reshape(1, 6), "const_a"),
-             arr(rng.normal(0, .5, (4, 4)).astype(np.float32), "wv"),
-             arr(np.array(0, np.float32), "zero"), arr(np.array(3, np.int64), "M"),
-             arr(np.array(True), "true"), arr(np.array([True]), "const_cond")]
+    inits = [
+        arr(rng.normal(0, 0.02, (4, 3, 3, 3)).astype(np.float32), "w1"),
+        arr(rng.normal(0, 0.3, (2, 4, 1, 1)).astype(np.float32), "w_cls"),
+        arr(rng.normal(0, 1, (10, 6)).astype(np.float32), "emb"),
+        arr(rng.normal(0, 0.5, (6, 5)).astype(np.float32), "wt"),
+        arr(np.array(0.01, np.float32), "scale"),
+        arr(np.arange(6, dtype=np.float32).reshape(1, 6), "const_a"),
+        arr(rng.normal(0, 0.5, (4, 4)).astype(np.float32), "wv"),
+        arr(np.array(0, np.float32), "zero"),
+        arr(np.array(3, np.int64), "M"),
+        arr(np.array(True), "true"),
+        arr(np.array([True]), "const_cond"),
+    ]
     return inits
 
 
@@ -170,12 +212,37 @@ def _misc_pools() -> list:
         N("MaxPool", ["fr"], ["mp_sl"], name="mp_sl", kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_LOWER"),
         N("MaxPool", ["fr"], ["mp_ceil"], name="mp_ceil", kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1),
         N("AveragePool", ["fr"], ["ap_su"], name="ap_su", kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER"),
-        N("AveragePool", ["fr"], ["ap_sl1"], name="ap_sl1", kernel_shape=[2, 2], strides=[2, 2],
-          auto_pad="SAME_LOWER", count_include_pad=1),
-        N("AveragePool", ["fr"], ["ap_ceil0"], name="ap_ceil0", kernel_shape=[3, 3], strides=[2, 2],
-          pads=[1, 1, 1, 1], ceil_mode=1),
-        N("AveragePool", ["fr"], ["ap_ceil1"], name="ap_ceil1", kernel_shape=[3, 3], strides=[2, 2],
-          pads=[1, 1, 1, 1], ceil_mode=1, count_include_pad=1),
+        N(
+            "AveragePool",
+            ["fr"],
+            ["ap_sl1"],
+            name="ap_sl1",
+            kernel_shape=[2, 2],
+            strides=[2, 2],
+            auto_pad="SAME_LOWER",
+            count_include_pad=1,
+        ),
+        N(
+            "AveragePool",
+            ["fr"],
+            ["ap_ceil0"],
+            name="ap_ceil0",
+            kernel_shape=[3, 3],
+            strides=[2, 2],
+            pads=[1, 1, 1, 1],
+            ceil_mode=1,
+        ),
+        N(
+            "AveragePool",
+            ["fr"],
+            ["ap_ceil1"],
+            name="ap_ceil1",
+            kernel_shape=[3, 3],
+            strides=[2, 2],
+            pads=[1, 1, 1, 1],
+            ceil_mode=1,
+            count_include_pad=1,
+        ),
         N("AveragePool", ["fr"], ["ap_asym"], name="ap_asym", kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 0]),
     ]
 
@@ -186,24 +253,49 @@ def _misc_subgraphs() -> tuple:
     from onnx import TensorProto as TP, helper
 
     N = helper.make_node
-    then_g = helper.make_graph([N("MatMul", ["a", "wv"], ["t_out"], name="then_mm")], "then", [],
-                               [helper.make_tensor_value_info("t_out", TP.FLOAT, [2, 4])])
-    else_g = helper.make_graph([N("Neg", ["a"], ["e_neg"], name="else_neg"),
-                                N("Relu", ["e_neg"], ["e_out"], name="else_relu")],
-                               "else", [], [helper.make_tensor_value_info("e_out", TP.FLOAT, [2, 4])])
-    const_then = helper.make_graph([N("Sigmoid", ["a"], ["ct_out"], name="cthen_sig")], "cthen", [],
-                                   [helper.make_tensor_value_info("ct_out", TP.FLOAT, [2, 4])])
-    const_else = helper.make_graph([N("Tanh", ["a"], ["ce_out"], name="celse_tanh")], "celse", [],
-                                   [helper.make_tensor_value_info("ce_out", TP.FLOAT, [2, 4])])
+    then_g = helper.make_graph(
+        [N("MatMul", ["a", "wv"], ["t_out"], name="then_mm")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t_out", TP.FLOAT, [2, 4])],
+    )
+    else_g = helper.make_graph(
+        [N("Neg", ["a"], ["e_neg"], name="else_neg"), N("Relu", ["e_neg"], ["e_out"], name="else_relu")],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e_out", TP.FLOAT, [2, 4])],
+    )
+    const_then = helper.make_graph(
+        [N("Sigmoid", ["a"], ["ct_out"], name="cthen_sig")],
+        "cthen",
+        [],
+        [helper.make_tensor_value_info("ct_out", TP.FLOAT, [2, 4])],
+    )
+    const_else = helper.make_graph(
+        [N("Tanh", ["a"], ["ce_out"], name="celse_tanh")],
+        "celse",
+        [],
+        [helper.make_tensor_value_info("ce_out", TP.FLOAT, [2, 4])],
+    )
     body = helper.make_graph(
-        [N("MatMul", ["v_in", "wv"], ["mm"], name="body_mm"), N("Tanh", ["mm"], ["v_out"], name="body_tanh"),
-         N("ReduceMax", ["v_out"], ["row_max"], name="body_max", axes=[1], keepdims=0),
-         N("Identity", ["cond_in"], ["cond_out"], name="body_cond")], "body",
-        [helper.make_tensor_value_info("i", TP.INT64, []), helper.make_tensor_value_info("cond_in", TP.BOOL, []),
-         helper.make_tensor_value_info("v_in", TP.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("cond_out", TP.BOOL, []),
-         helper.make_tensor_value_info("v_out", TP.FLOAT, [2, 4]),
-         helper.make_tensor_value_info("row_max", TP.FLOAT, [2])])
+        [
+            N("MatMul", ["v_in", "wv"], ["mm"], name="body_mm"),
+            N("Tanh", ["mm"], ["v_out"], name="body_tanh"),
+            N("ReduceMax", ["v_out"], ["row_max"], name="body_max", axes=[1], keepdims=0),
+            N("Identity", ["cond_in"], ["cond_out"], name="body_cond"),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TP.INT64, []),
+            helper.make_tensor_value_info("cond_in", TP.BOOL, []),
+            helper.make_tensor_value_info("v_in", TP.FLOAT, [2, 4]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TP.BOOL, []),
+            helper.make_tensor_value_info("v_out", TP.FLOAT, [2, 4]),
+            helper.make_tensor_value_info("row_max", TP.FLOAT, [2]),
+        ],
+    )
     return then_g, else_g, const_then, const_else, body
 
 
@@ -242,15 +334,34 @@ def misc_net():
         N("If", ["const_cond"], ["y_const_if"], name="const_if", then_branch=const_then, else_branch=const_else),
         N("Loop", ["M", "true", "y_if"], ["y_loop", "loop_scan"], name="loop", body=body),
     ]
-    outs = [p.output[0] for p in pools] + ["head/cls:0", "cls_s", "cls_s_copy", "tokens:0", "tok_copy",
-                                            "const_out", "y_const_if", "y_loop", "loop_scan"]
-    g = helper.make_graph(nodes, "misc", [helper.make_tensor_value_info("img", TP.UINT8, [1, 3, 9, 10]),
-                                          helper.make_tensor_value_info("tok", TP.INT64, [1, 7]),
-                                          helper.make_tensor_value_info("cnt", TP.INT32, [1, 5]),
-                                          helper.make_tensor_value_info("v", TP.FLOAT, [2, 4])],
-                          [helper.make_tensor_value_info(o, TP.FLOAT if o != "tok_copy" else TP.INT64,
-                                                         {"y_loop": [2, 4], "loop_scan": [3, 2]}.get(o)) for o in outs],
-                          inits)
+    outs = [p.output[0] for p in pools] + [
+        "head/cls:0",
+        "cls_s",
+        "cls_s_copy",
+        "tokens:0",
+        "tok_copy",
+        "const_out",
+        "y_const_if",
+        "y_loop",
+        "loop_scan",
+    ]
+    g = helper.make_graph(
+        nodes,
+        "misc",
+        [
+            helper.make_tensor_value_info("img", TP.UINT8, [1, 3, 9, 10]),
+            helper.make_tensor_value_info("tok", TP.INT64, [1, 7]),
+            helper.make_tensor_value_info("cnt", TP.INT32, [1, 5]),
+            helper.make_tensor_value_info("v", TP.FLOAT, [2, 4]),
+        ],
+        [
+            helper.make_tensor_value_info(
+                o, TP.FLOAT if o != "tok_copy" else TP.INT64, {"y_loop": [2, 4], "loop_scan": [3, 2]}.get(o)
+            )
+            for o in outs
+        ],
+        inits,
+    )
     m = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
     del m.graph.value_info[:]
     onnx.checker.check_model(m)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+
 # preprocessing: image (PIL or HxWx3 uint8 RGB) -> float32 (1, 3, H, W)
 def _pre_yolo(image, hw):
     from models.detect import yolo_input
@@ -78,8 +79,14 @@ def _pre_picodet(image, hw):
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None].astype(np.float32))
 
 
-PREPROCESS = {"yolo": _pre_yolo, "ppocr-det": _pre_ppocr_det, "ppocr-rec": _pre_ppocr_rec, "mobilenet": _pre_mobilenet,
-              "ppocr-cls": _pre_ppocr_rec, "picodet": _pre_picodet}
+PREPROCESS = {
+    "yolo": _pre_yolo,
+    "ppocr-det": _pre_ppocr_det,
+    "ppocr-rec": _pre_ppocr_rec,
+    "mobilenet": _pre_mobilenet,
+    "ppocr-cls": _pre_ppocr_rec,
+    "picodet": _pre_picodet,
+}
 
 PREPROCESS_NOTES = {
     "yolo": "letterbox to HxW (bilinear, pad 114, centred), RGB, /255, NCHW",
@@ -87,7 +94,7 @@ PREPROCESS_NOTES = {
     "ppocr-rec": "BGR, resize to height H keeping aspect (width <= W), (x/255-0.5)/0.5, zero pad right, NCHW",
     "mobilenet": "RGB, bilinear resize to HxW, x/127.5-1, NCHW (the Keras model transposes to NHWC inside)",
     "ppocr-cls": "RapidOCR TextClassifier.resize_norm_img: BGR, resize to height H keeping aspect (width <= W), "
-                 "(x/255-0.5)/0.5, zero pad right, NCHW",
+    "(x/255-0.5)/0.5, zero pad right, NCHW",
     "picodet": "rapid_layout PPPreProcess: BGR, bilinear resize to HxW, (x/255 - ImageNet mean)/std on BGR, NCHW",
 }
 
@@ -95,13 +102,14 @@ PREPROCESS_NOTES = {
 # ----------------------------------------------------------------------------------------------
 # real inputs: lists of uint8 RGB images
 
+
 def _images_photos(n: int, seed: int) -> list:
     from models.documents import photos
     from models.yolo import calibration_images
 
     out = photos()[:n]
     if n > len(out):
-        out += calibration_images(seed=1000 + seed, n=n + 2)[2:n - len(out) + 2]
+        out += calibration_images(seed=1000 + seed, n=n + 2)[2 : n - len(out) + 2]
     return out[:n]
 
 
@@ -127,8 +135,12 @@ def _images_text_lines(n: int, seed: int) -> list:
     return [render_text_line(seed + i)[0] for i in range(n)]
 
 
-REAL_IMAGES = {"photos": _images_photos, "pages": _images_pages, "pages+photos": _images_pages_and_photos,
-               "text-lines": _images_text_lines}
+REAL_IMAGES = {
+    "photos": _images_photos,
+    "pages": _images_pages,
+    "pages+photos": _images_pages_and_photos,
+    "text-lines": _images_text_lines,
+}
 
 
 # real samples of models not fed with one image: "module:function" (zm, n, seed) -> [(source, {name: array})]
@@ -137,10 +149,8 @@ REAL_SAMPLES = {"magika-files": "models.nonimage:magika_samples", "silero-speech
 
 REAL_SAMPLES_NOTES = {
     "magika-files": "bytes of real files of installed packages (models.nonimage.MAGIKA_FILES), magika's features v2: "
-                    "first 1024 bytes after lstrip + last 1024 before rstrip of at most 4096 read, padding token 256",
+    "first 1024 bytes after lstrip + last 1024 before rstrip of at most 4096 read, padding token 256",
     "silero-speech": "16 kHz synthetic voiced signal (formant synthesis, seeded) and pauses: "
-                     "voiced and silent 512-sample "
-                     "chunks alternately, 64 context samples prepended, state of the model after the preceding chunks",
+    "voiced and silent 512-sample "
+    "chunks alternately, 64 context samples prepended, state of the model after the preceding chunks",
 }
-
-

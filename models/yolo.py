@@ -87,8 +87,9 @@ def make_anchor_detect_class():
                 if self.training:
                     z.append(xi)
                     continue
-                yv, xv = torch.meshgrid(torch.arange(ny, dtype=xi.dtype), torch.arange(nx, dtype=xi.dtype),
-                                        indexing="ij")
+                yv, xv = torch.meshgrid(
+                    torch.arange(ny, dtype=xi.dtype), torch.arange(nx, dtype=xi.dtype), indexing="ij"
+                )
                 grid = torch.stack((xv, yv), 2).view(1, 1, ny, nx, 2) - 0.5
                 anchor_grid = self.anchors[i].view(1, self.na, 1, 1, 2)
                 xy, wh, conf = xi.sigmoid().split((2, 2, self.nc + 1), 4)
@@ -178,7 +179,7 @@ def calibrate_batchnorm(model, images: list[np.ndarray], imgsz: int = CALIB_IMGS
     model.train()
     with torch.no_grad():
         for i in range(0, len(x), batch):
-            model(torch.from_numpy(x[i:i + batch]))
+            model(torch.from_numpy(x[i : i + batch]))
     for bn, mom in zip(bns, momenta):
         bn.momentum = mom
     model.eval()
@@ -258,13 +259,84 @@ def yolov5s(imgsz: int = 640, seed: int = 0):
 
 
 COCO_NAMES = (
-    "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat", "traffic light",
-    "fire hydrant", "stop sign", "parking meter", "bench", "bird", "cat", "dog", "horse", "sheep", "cow",
-    "elephant", "bear", "zebra", "giraffe", "backpack", "umbrella", "handbag", "tie", "suitcase", "frisbee",
-    "skis", "snowboard", "sports ball", "kite", "baseball bat", "baseball glove", "skateboard", "surfboard",
-    "tennis racket", "bottle", "wine glass", "cup", "fork", "knife", "spoon", "bowl", "banana", "apple",
-    "sandwich", "orange", "broccoli", "carrot", "hot dog", "pizza", "donut", "cake", "chair", "couch",
-    "potted plant", "bed", "dining table", "toilet", "tv", "laptop", "mouse", "remote", "keyboard",
-    "cell phone", "microwave", "oven", "toaster", "sink", "refrigerator", "book", "clock", "vase", "scissors",
-    "teddy bear", "hair drier", "toothbrush",
+    "person",
+    "bicycle",
+    "car",
+    "motorcycle",
+    "airplane",
+    "bus",
+    "train",
+    "truck",
+    "boat",
+    "traffic light",
+    "fire hydrant",
+    "stop sign",
+    "parking meter",
+    "bench",
+    "bird",
+    "cat",
+    "dog",
+    "horse",
+    "sheep",
+    "cow",
+    "elephant",
+    "bear",
+    "zebra",
+    "giraffe",
+    "backpack",
+    "umbrella",
+    "handbag",
+    "tie",
+    "suitcase",
+    "frisbee",
+    "skis",
+    "snowboard",
+    "sports ball",
+    "kite",
+    "baseball bat",
+    "baseball glove",
+    "skateboard",
+    "surfboard",
+    "tennis racket",
+    "bottle",
+    "wine glass",
+    "cup",
+    "fork",
+    "knife",
+    "spoon",
+    "bowl",
+    "banana",
+    "apple",
+    "sandwich",
+    "orange",
+    "broccoli",
+    "carrot",
+    "hot dog",
+    "pizza",
+    "donut",
+    "cake",
+    "chair",
+    "couch",
+    "potted plant",
+    "bed",
+    "dining table",
+    "toilet",
+    "tv",
+    "laptop",
+    "mouse",
+    "remote",
+    "keyboard",
+    "cell phone",
+    "microwave",
+    "oven",
+    "toaster",
+    "sink",
+    "refrigerator",
+    "book",
+    "clock",
+    "vase",
+    "scissors",
+    "teddy bear",
+    "hair drier",
+    "toothbrush",
 )

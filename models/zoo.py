@@ -77,8 +77,10 @@ class ZooModel:
             return
         hw = entry.input_hw if imgsz is None else _hw(imgsz)
         if hw != entry.input_hw and not entry.resizable:
-            raise AnpredError(f"{entry.name} takes only {entry.input_hw[0]}x{entry.input_hw[1]} inputs "
-                              f"(static ONNX file), not {hw[0]}x{hw[1]}")
+            raise AnpredError(
+                f"{entry.name} takes only {entry.input_hw[0]}x{entry.input_hw[1]} inputs "
+                f"(static ONNX file), not {hw[0]}x{hw[1]}"
+            )
         if entry.origin in ("torch", "onnx") and entry.preprocessing == "yolo" and (hw[0] % 32 or hw[1] % 32):
             raise AnpredError(f"{entry.name}: input size must be a multiple of 32, got {hw[0]}x{hw[1]}")
         if min(hw) < 32:
@@ -153,22 +155,41 @@ class ZooModel:
         "trained", "onnx"}``; ``framework`` is the native model's framework when one exists (a
         shipped ONNX with a native rebuild, such as yolov8n-doclaynet, records ``"torch"`` and
         ``"onnx": "shipped"``)."""
-        return {"framework": self.entry.native_framework or "onnx", "factory": self.entry.factory,
-                "kwargs": self.factory_kwargs, "zoo": self.name, "trained": self.trained,
-                "onnx": "shipped" if self.entry.onnx_file else "exported"}
+        return {
+            "framework": self.entry.native_framework or "onnx",
+            "factory": self.entry.factory,
+            "kwargs": self.factory_kwargs,
+            "zoo": self.name,
+            "trained": self.trained,
+            "onnx": "shipped" if self.entry.onnx_file else "exported",
+        }
 
     def info(self) -> dict:
         """Metadata: name, origin, trained, weights, task, ``input_shape`` (see :attr:`input_shape`),
         ``inputs`` ([{name, dtype, shape, note}]; one unnamed NCHW float32 for image models), native,
         factory, preprocessing (how the real samples are made), classes, description."""
-        notes = (REAL_SAMPLES_NOTES[self.entry.real_samples] if self.entry.inputs
-                 else PREPROCESS_NOTES[self.entry.preprocessing])
-        return {"name": self.name, "origin": self.origin, "trained": self.trained, "weights": self.weights_note,
-                "task": self.entry.task, "input_shape": list(self.input_shape),
-                "inputs": [{"name": i.name, "dtype": i.dtype, "shape": list(i.shape), "note": i.note,
-                            "bind": i.bind} for i in self.inputs],
-                "native": self.entry.native_framework, "factory": self.entry.factory, "preprocessing": notes,
-                "classes": len(self.class_names) if self.class_names else None, "description": self.entry.description}
+        notes = (
+            REAL_SAMPLES_NOTES[self.entry.real_samples]
+            if self.entry.inputs
+            else PREPROCESS_NOTES[self.entry.preprocessing]
+        )
+        return {
+            "name": self.name,
+            "origin": self.origin,
+            "trained": self.trained,
+            "weights": self.weights_note,
+            "task": self.entry.task,
+            "input_shape": list(self.input_shape),
+            "inputs": [
+                {"name": i.name, "dtype": i.dtype, "shape": list(i.shape), "note": i.note, "bind": i.bind}
+                for i in self.inputs
+            ],
+            "native": self.entry.native_framework,
+            "factory": self.entry.factory,
+            "preprocessing": notes,
+            "classes": len(self.class_names) if self.class_names else None,
+            "description": self.entry.description,
+        }
 
     # -- building --------------------------------------------------------------------------
     def build_native(self):
@@ -210,13 +231,30 @@ class ZooModel:
         from anpred.cache import cache_key, cached_dir
 
         fw = self.entry.native_framework
-        key = cache_key("zoo-onnx", RECIPE_VERSION, self.name, self.seed, list(self.hw), exporter_id(fw),
-                        bool(dynamo) if fw == "torch" else None, opset, export_versions(fw))
+        key = cache_key(
+            "zoo-onnx",
+            RECIPE_VERSION,
+            self.name,
+            self.seed,
+            list(self.hw),
+            exporter_id(fw),
+            bool(dynamo) if fw == "torch" else None,
+            opset,
+            export_versions(fw),
+        )
 
         def build(tmp: Path):
             model, ex = self.build_native()
-            exporter = export_native(fw, model, ex, tmp / "model.onnx", dynamo=dynamo, opset=opset,
-                                     factory=self.entry.factory, factory_kwargs=self.factory_kwargs)
+            exporter = export_native(
+                fw,
+                model,
+                ex,
+                tmp / "model.onnx",
+                dynamo=dynamo,
+                opset=opset,
+                factory=self.entry.factory,
+                factory_kwargs=self.factory_kwargs,
+            )
             (tmp / "exporter.txt").write_text(exporter + "\n")
 
         return cached_dir("zoo-onnx", key, build) / "model.onnx"
@@ -224,8 +262,9 @@ class ZooModel:
     # -- inputs ----------------------------------------------------------------------------
     def _image_model(self, what: str) -> None:
         if self.entry.inputs:
-            raise AnpredError(f"{self.name} is not fed with an image ({self.inputs_text()}): no {what}; "
-                              "use real_samples()")
+            raise AnpredError(
+                f"{self.name} is not fed with an image ({self.inputs_text()}): no {what}; use real_samples()"
+            )
 
     def preprocess(self, image) -> np.ndarray:
         """``image`` (PIL image or ``(H, W, 3)`` uint8 RGB) -> ``float32 (1, 3, H, W)`` network input
@@ -278,8 +317,9 @@ class ZooModel:
                 page += 1
         return out
 
-    def real_samples(self, n: int, seed: int | None = None,
-                     input_name: str | None = None) -> list[tuple[str, dict[str, np.ndarray]]]:
+    def real_samples(
+        self, n: int, seed: int | None = None, input_name: str | None = None
+    ) -> list[tuple[str, dict[str, np.ndarray]]]:
         """``n`` real samples ``(source, {graph input name: array})`` ready for the ONNX model.
 
         Image models: ``{input_name: real_inputs(...)[i]}`` with the sources of :meth:`image_sources`
@@ -298,8 +338,9 @@ class ZooModel:
         return getattr(importlib.import_module(mod), fn)(self, int(n), seed)
 
     def __repr__(self) -> str:
-        return (f"ZooModel({self.name!r}, input_shape={self.input_shape}, origin={self.origin!r}, "
-                f"trained={self.trained})")
+        return (
+            f"ZooModel({self.name!r}, input_shape={self.input_shape}, origin={self.origin!r}, trained={self.trained})"
+        )
 
 
 def _check_n_seed(n: int, seed: int) -> int:

@@ -22,7 +22,27 @@ from passes.partition import StagePartitioner
 from passes.plan import AnchorPlan, Partition, Stage
 from passes.recurrent import RecurrentUnrollPass
 
-__all__ = ["GraphPass", "PassError", "PassManager", "PassResult", "gc_paused", "model_digest", "GraphIndex",
-           "build_index", "ANCHOR_NODE_PREFIX", "is_anchor_node", "strip_anchor_nodes", "detect_exporter",
-           "StagePartitioner", "CutPolicy", "Partition", "AnchorPlan", "Stage", "AnchorInsertionPass",
-           "build_manifest", "RecurrentUnrollPass", "ControlFlowInlinePass", "Float64Pass"]
+__all__ = [
+    "GraphPass",
+    "PassError",
+    "PassManager",
+    "PassResult",
+    "gc_paused",
+    "model_digest",
+    "GraphIndex",
+    "build_index",
+    "ANCHOR_NODE_PREFIX",
+    "is_anchor_node",
+    "strip_anchor_nodes",
+    "detect_exporter",
+    "StagePartitioner",
+    "CutPolicy",
+    "Partition",
+    "AnchorPlan",
+    "Stage",
+    "AnchorInsertionPass",
+    "build_manifest",
+    "RecurrentUnrollPass",
+    "ControlFlowInlinePass",
+    "Float64Pass",
+]

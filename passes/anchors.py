@@ -38,8 +38,9 @@ def build_manifest(partition: Partition, taken: set[str] = frozenset(), model_in
     """Name the partition's anchors (see :mod:`anpred.naming`) and build the manifest (no model
     edits). ``taken`` are value names already used in the graph: anchor names never collide with
     them."""
-    raw = [output_anchor_name(a.value) if a.kind == "output" else anchor_name(a.stage, a.label)
-           for a in partition.anchors]
+    raw = [
+        output_anchor_name(a.value) if a.kind == "output" else anchor_name(a.stage, a.label) for a in partition.anchors
+    ]
     names = uniquify(raw)
     for i, nm in enumerate(names):  # an existing value with the same name: suffix until free
         k = 0
@@ -51,16 +52,34 @@ def build_manifest(partition: Partition, taken: set[str] = frozenset(), model_in
     anchors = []
     by_value: dict[str, str] = {}
     for a, nm in zip(partition.anchors, names):
-        anchors.append(Anchor(name=nm, value=a.value, stage=a.stage, order=a.order, producer=a.producer,
-                              op_type=a.op_type, shape=list(a.shape) if a.shape is not None else [],
-                              dtype=elem_type_name(a.elem_type), layout=a.layout, scope=a.scope, kind=a.kind))
+        anchors.append(
+            Anchor(
+                name=nm,
+                value=a.value,
+                stage=a.stage,
+                order=a.order,
+                producer=a.producer,
+                op_type=a.op_type,
+                shape=list(a.shape) if a.shape is not None else [],
+                dtype=elem_type_name(a.elem_type),
+                layout=a.layout,
+                scope=a.scope,
+                kind=a.kind,
+            )
+        )
         by_value[a.value] = nm
-    stages = [dataclasses.replace(s, cost=float(s.cost), boundary=[by_value[v] for v in s.boundary if v in by_value])
-              for s in partition.stages]
+    stages = [
+        dataclasses.replace(s, cost=float(s.cost), boundary=[by_value[v] for v in s.boundary if v in by_value])
+        for s in partition.stages
+    ]
     part = dict(partition.options)
-    part.update(framework=partition.framework, cost_unit=partition.cost_unit,
-                total_cost=float(partition.total_cost), num_nodes=partition.num_nodes,
-                candidate_cuts=partition.candidates)
+    part.update(
+        framework=partition.framework,
+        cost_unit=partition.cost_unit,
+        total_cost=float(partition.total_cost),
+        num_nodes=partition.num_nodes,
+        candidate_cuts=partition.candidates,
+    )
     return AnchorManifest(anchors=anchors, stages=stages, model=dict(model_info or {}), partition=part)
 
 
@@ -106,8 +125,12 @@ class AnchorInsertionPass(GraphPass):
         have_nodes = [(n.name, n.input[0], n.output[0]) for n in g.node if is_anchor_node(n)]
         stored = AnchorManifest.from_model(model) if any(p.key == METADATA_KEY for p in model.metadata_props) else None
         n_orig_out = len(g.output) - len(have_nodes)
-        if have_nodes == want_nodes and stored is not None and stored.to_dict() == manifest.to_dict() and \
-                [o.name for o in g.output[n_orig_out:]] == [a.name for a in inner]:
+        if (
+            have_nodes == want_nodes
+            and stored is not None
+            and stored.to_dict() == manifest.to_dict()
+            and [o.name for o in g.output[n_orig_out:]] == [a.name for a in inner]
+        ):
             return PassResult(model, False, {"manifest": manifest})
 
         out = onnx.ModelProto()
@@ -122,8 +145,9 @@ class AnchorInsertionPass(GraphPass):
         for a in inner:
             plan = plans[a.value]
             if not plan.elem_type:
-                raise GraphError(f"cannot expose {a.value!r}: its element type is unknown (shape inference "
-                                 "could not determine it)")
+                raise GraphError(
+                    f"cannot expose {a.value!r}: its element type is unknown (shape inference could not determine it)"
+                )
             og.output.append(helper.make_tensor_value_info(a.name, plan.elem_type, plan.shape))
         for a in node_order:  # reverse topological order of the producers (see the module docstring)
             og.node.append(helper.make_node("Identity", [a.value], [a.name], name=f"{ANCHOR_NODE_PREFIX}{a.name}"))

@@ -46,7 +46,7 @@ def _feed(h, fd, value) -> None:
     h.update(fd.name.encode())
     repeated = fd.is_repeated
     if fd.type == fd.TYPE_MESSAGE:
-        for m in (value if repeated else (value,)):
+        for m in value if repeated else (value,):
             b = m.SerializeToString()
             h.update(len(b).to_bytes(8, "little"))
             h.update(b)
@@ -110,8 +110,9 @@ class GraphPass:
             after = model_digest(model)
             if after != before:
                 parts = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-                raise PassError(f"{self.name} declares in_place=False but modified its input model "
-                                f"({', '.join(parts)})")
+                raise PassError(
+                    f"{self.name} declares in_place=False but modified its input model ({', '.join(parts)})"
+                )
         self.ensures(result.model)
         return result
 

@@ -47,15 +47,36 @@ from anpred.errors import InputError
 from passes.base import GraphPass, PassResult
 from passes.protos import subgraph_reads
 
-__all__ = ["BindInputsPass", "bind_inputs", "coerce_value", "parse_bindings", "bindable_inputs", "fold_constant_layout",
-           "weight_inputs", "MAX_ROUNDS", "LAYOUT_OPS"]
+__all__ = [
+    "BindInputsPass",
+    "bind_inputs",
+    "coerce_value",
+    "parse_bindings",
+    "bindable_inputs",
+    "fold_constant_layout",
+    "weight_inputs",
+    "MAX_ROUNDS",
+    "LAYOUT_OPS",
+]
 
 #: most fold + inline rounds (each inlines the Ifs whose conditions became constant)
 MAX_ROUNDS = 16
 #: operators that only move, select or copy values (no arithmetic, no rounding): evaluated on constants
 #: by :func:`fold_constant_layout`
-LAYOUT_OPS = ("Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Slice", "Gather",
-              "Split", "Expand", "Tile")
+LAYOUT_OPS = (
+    "Identity",
+    "Reshape",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Flatten",
+    "Concat",
+    "Slice",
+    "Gather",
+    "Split",
+    "Expand",
+    "Tile",
+)
 #: largest result (elements) :func:`fold_constant_layout` writes (a Tile/Expand may grow a constant)
 LAYOUT_FOLD_MAX = 1 << 24
 
@@ -141,13 +162,18 @@ def coerce_value(name: str, value: Any, dtype: str, dims: list[int | None] | Non
     except (ValueError, TypeError) as err:
         raise InputError(f"bind {name}={value!r}: not an array ({err})") from err
     if a.dtype.kind not in "biuf":
-        raise InputError(f"bind {name}={value!r}: input {name!r} is {dtype}; give a number "
-                         f"{'or a nested list of numbers ' if dims else ''}(JSON)")
-    shape_txt = "?" if dims is None else ("scalar" if not dims
-                                          else "x".join("?" if d is None else str(d) for d in dims))
+        raise InputError(
+            f"bind {name}={value!r}: input {name!r} is {dtype}; give a number "
+            f"{'or a nested list of numbers ' if dims else ''}(JSON)"
+        )
+    shape_txt = (
+        "?" if dims is None else ("scalar" if not dims else "x".join("?" if d is None else str(d) for d in dims))
+    )
     if dims is not None and (a.ndim != len(dims) or any(d is not None and d != s for d, s in zip(dims, a.shape))):
-        raise InputError(f"bind {name}: value of shape {'x'.join(map(str, a.shape)) or 'scalar'} does not fit the "
-                         f"input's shape {shape_txt}")
+        raise InputError(
+            f"bind {name}: value of shape {'x'.join(map(str, a.shape)) or 'scalar'} does not fit the "
+            f"input's shape {shape_txt}"
+        )
     if want.kind == "b":
         if not np.isin(a, (0, 1)).all():
             raise InputError(f"bind {name}={value!r}: input {name!r} is bool; give true/false or 0/1")
@@ -193,8 +219,9 @@ class BindInputsPass(GraphPass):
         avail = bindable_inputs(model)
         unknown = sorted(set(self.values) - set(avail))
         if unknown:
-            raise InputError(f"bind: no graph input named {', '.join(map(repr, unknown))}; the model's inputs: "
-                             f"{_inputs_text(avail)}")
+            raise InputError(
+                f"bind: no graph input named {', '.join(map(repr, unknown))}; the model's inputs: {_inputs_text(avail)}"
+            )
         if len(self.values) == len(avail):
             raise InputError(f"bind: binding every graph input ({', '.join(avail)}) leaves nothing to feed")
         arrays = {n: coerce_value(n, v, *avail[n]) for n, v in self.values.items()}
@@ -219,13 +246,22 @@ class BindInputsPass(GraphPass):
         lifted = fold_constant_nodes(m)
         layout = fold_constant_layout(m)
         removed_nodes, removed_inits = _remove_dead(m)
-        return PassResult(m, True, {
-            "bound": {n: {"dtype": str(a.dtype), "shape": list(a.shape), "value": a.tolist()}
-                      for n, a in arrays.items()},
-            "folded": folded, "inlined": inlined,
-            "ifs_left": [nd.name or nd.output[0] for nd in m.graph.node if nd.op_type == "If"],
-            "constants_lifted": lifted, "layout_folded": layout, "removed_nodes": removed_nodes,
-            "removed_initializers": removed_inits})
+        return PassResult(
+            m,
+            True,
+            {
+                "bound": {
+                    n: {"dtype": str(a.dtype), "shape": list(a.shape), "value": a.tolist()} for n, a in arrays.items()
+                },
+                "folded": folded,
+                "inlined": inlined,
+                "ifs_left": [nd.name or nd.output[0] for nd in m.graph.node if nd.op_type == "If"],
+                "constants_lifted": lifted,
+                "layout_folded": layout,
+                "removed_nodes": removed_nodes,
+                "removed_initializers": removed_inits,
+            },
+        )
 
 
 def fold_constant_layout(model) -> int:
@@ -244,15 +280,21 @@ def fold_constant_layout(model) -> int:
     keep, folded = [], 0
     for n in g.node:
         ins = [x for x in n.input if x]
-        if (n.domain not in ("", "ai.onnx") or n.op_type not in LAYOUT_OPS or not ins
-                or any(x not in inits for x in ins) or any(o in outputs for o in n.output)):
+        if (
+            n.domain not in ("", "ai.onnx")
+            or n.op_type not in LAYOUT_OPS
+            or not ins
+            or any(x not in inits for x in ins)
+            or any(o in outputs for o in n.output)
+        ):
             keep.append(n)
             continue
         feeds = {x: numpy_helper.to_array(inits[x]) for x in ins}
         vi = [helper.make_tensor_value_info(x, inits[x].data_type, list(inits[x].dims)) for x in ins]
-        one = helper.make_model(helper.make_graph([n], "fold", vi, [helper.make_empty_tensor_value_info(o)
-                                                                       for o in n.output if o]),
-                                opset_imports=list(model.opset_import))
+        one = helper.make_model(
+            helper.make_graph([n], "fold", vi, [helper.make_empty_tensor_value_info(o) for o in n.output if o]),
+            opset_imports=list(model.opset_import),
+        )
         try:
             res = ReferenceEvaluator(one).run(None, feeds)
         except Exception:  # noqa: BLE001 - left to the runtime

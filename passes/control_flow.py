@@ -44,8 +44,11 @@ MAX_UNROLL = 64
 
 def _defined(graph) -> set[str]:
     """Values a (sub-)graph defines itself: node outputs, initializers, its inputs."""
-    return ({o for n in graph.node for o in n.output if o} | {t.name for t in graph.initializer}
-            | {i.name for i in graph.input})
+    return (
+        {o for n in graph.node for o in n.output if o}
+        | {t.name for t in graph.initializer}
+        | {i.name for i in graph.input}
+    )
 
 
 def _rename_refs(graph, mapping: dict[str, str]) -> None:
@@ -129,18 +132,28 @@ class ControlFlowInlinePass(GraphPass):
         changed = True
         while changed:
             changed = False
-            consts = {t.name: numpy_helper.to_array(t) for t in g.initializer
-                      if t.data_type in (9, 7, 6) and len(t.dims) <= 1 and int(np.prod(t.dims or [1])) == 1}
+            consts = {
+                t.name: numpy_helper.to_array(t)
+                for t in g.initializer
+                if t.data_type in (9, 7, 6) and len(t.dims) <= 1 and int(np.prod(t.dims or [1])) == 1
+            }
             new_nodes, new_inits = [], []
             for node in g.node:
                 label = node.name or node.output[0]
-                if node.domain not in ("", "ai.onnx") or node.op_type not in ("If", "Loop") or label in info["kept"] \
-                        or (self.constant_only and (node.op_type != "If" or node.input[0] not in consts)):
+                if (
+                    node.domain not in ("", "ai.onnx")
+                    or node.op_type not in ("If", "Loop")
+                    or label in info["kept"]
+                    or (self.constant_only and (node.op_type != "If" or node.input[0] not in consts))
+                ):
                     new_nodes.append(node)
                     continue
                 try:
-                    nodes, inits = (self._if(node, label, consts, opset) if node.op_type == "If"
-                                    else self._loop(node, label, consts, opset))
+                    nodes, inits = (
+                        self._if(node, label, consts, opset)
+                        if node.op_type == "If"
+                        else self._loop(node, label, consts, opset)
+                    )
                 except ValueError as err:
                     info["kept"][label] = f"{node.op_type}: {err}"
                     new_nodes.append(node)
@@ -183,8 +196,9 @@ class ControlFlowInlinePass(GraphPass):
         nodes = tn + en + [helper.make_node("Reshape", [cond, shape.name], [scalar], name=f"{label}/cond_reshape")]
         for a, b, o in zip(then_g.output, else_g.output, node.output):
             if o:
-                nodes.append(helper.make_node("Where", [scalar, touts[a.name], eouts[b.name]], [o],
-                                              name=f"{label}/select/{o}"))
+                nodes.append(
+                    helper.make_node("Where", [scalar, touts[a.name], eouts[b.name]], [o], name=f"{label}/select/{o}")
+                )
         return nodes, ti + ei + [shape]
 
     @staticmethod
@@ -204,17 +218,18 @@ class ControlFlowInlinePass(GraphPass):
         iter_in, cond_in = body.input[0].name, body.input[1].name
         cond_out = body.output[0].name
         body_consts = {t.name for t in body.initializer}
-        passthrough = cond_out == cond_in or any(n.op_type == "Identity" and n.output[0] == cond_out
-                                                 and n.input[0] == cond_in
-                                                 for n in body.node)
+        passthrough = cond_out == cond_in or any(
+            n.op_type == "Identity" and n.output[0] == cond_out and n.input[0] == cond_in for n in body.node
+        )
         const_true = cond_out in body_consts and _const_bool_true(
-            cond_out, {t.name: numpy_helper.to_array(t) for t in body.initializer})
+            cond_out, {t.name: numpy_helper.to_array(t) for t in body.initializer}
+        )
         if not (passthrough or const_true):
             raise ValueError("the body computes its continuation condition (data-dependent trip count)")
         n_car = len(carried)
         v_in = [i.name for i in body.input[2:]]
-        v_out = [o.name for o in body.output[1:1 + n_car]]
-        scan_out = [o.name for o in body.output[1 + n_car:]]
+        v_out = [o.name for o in body.output[1 : 1 + n_car]]
+        scan_out = [o.name for o in body.output[1 + n_car :]]
         true = numpy_helper.from_array(np.array(True), f"{label}/true")
         inits, nodes = [true], []
         cur = list(carried)
@@ -283,8 +298,10 @@ def stable_toposort(graph) -> int:
         for o in n.output:
             if o:
                 producer[o] = k
-    deps = [{producer[v] for v in set(n.input) | _outer_reads(n) if v in producer and producer[v] != k}
-             for k, n in enumerate(nodes)]
+    deps = [
+        {producer[v] for v in set(n.input) | _outer_reads(n) if v in producer and producer[v] != k}
+        for k, n in enumerate(nodes)
+    ]
     users: dict[int, list[int]] = {}
     for k, ds in enumerate(deps):
         for d in ds:

@@ -15,19 +15,81 @@ __all__ = ["HEAVY_OPS", "NO_TYPE", "numel", "node_cost", "layout_hint"]
 
 #: ops through which a tensor keeps its layout (for the layout hint): elementwise ops and
 #: rank-preserving data movement (Pad, Slice, Concat along any axis ...).
-_LAYOUT_KEEP = frozenset({
-    "Relu", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "HardSwish", "Clip", "Mul",
-    "Add", "Sub", "Div", "Pow", "Sqrt", "Exp", "Log", "Abs", "Neg", "Identity", "Cast", "Erf", "Softplus",
-    "PRelu", "Gelu", "Mish", "Max", "Min", "Dropout", "Where", "Mean", "Sum", "Reciprocal", "Floor", "Ceil",
-    "Round", "Sign", "Softsign", "ThresholdedRelu", "Celu", "Sin", "Cos", "QuantizeLinear", "DequantizeLinear",
-    # rank-preserving data movement: the axes keep their meaning
-    "Pad", "Slice", "Split", "Concat", "Softmax", "LogSoftmax", "Tile", "Expand", "ReverseSequence",
-})
-_NCHW_OPS = frozenset({
-    "Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
-    "BatchNormalization", "InstanceNormalization", "LpPool", "DepthToSpace", "SpaceToDepth", "Upsample",
-    "Resize",
-})
+_LAYOUT_KEEP = frozenset(
+    {
+        "Relu",
+        "Sigmoid",
+        "Tanh",
+        "LeakyRelu",
+        "Elu",
+        "Selu",
+        "HardSigmoid",
+        "HardSwish",
+        "Clip",
+        "Mul",
+        "Add",
+        "Sub",
+        "Div",
+        "Pow",
+        "Sqrt",
+        "Exp",
+        "Log",
+        "Abs",
+        "Neg",
+        "Identity",
+        "Cast",
+        "Erf",
+        "Softplus",
+        "PRelu",
+        "Gelu",
+        "Mish",
+        "Max",
+        "Min",
+        "Dropout",
+        "Where",
+        "Mean",
+        "Sum",
+        "Reciprocal",
+        "Floor",
+        "Ceil",
+        "Round",
+        "Sign",
+        "Softsign",
+        "ThresholdedRelu",
+        "Celu",
+        "Sin",
+        "Cos",
+        "QuantizeLinear",
+        "DequantizeLinear",
+        # rank-preserving data movement: the axes keep their meaning
+        "Pad",
+        "Slice",
+        "Split",
+        "Concat",
+        "Softmax",
+        "LogSoftmax",
+        "Tile",
+        "Expand",
+        "ReverseSequence",
+    }
+)
+_NCHW_OPS = frozenset(
+    {
+        "Conv",
+        "ConvTranspose",
+        "MaxPool",
+        "AveragePool",
+        "GlobalAveragePool",
+        "GlobalMaxPool",
+        "BatchNormalization",
+        "InstanceNormalization",
+        "LpPool",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "Upsample",
+        "Resize",
+    }
+)
 HEAVY_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "MatMulInteger", "QLinearMatMul"})
 NO_TYPE = (0, None)  # the type of a value shape inference did not reach
 
@@ -79,8 +141,9 @@ def layout_hint(index: GraphIndex, value: str, types, framework: str) -> str:
         p = index.producer.get(v)
         if p is None:
             if v in index.graph_inputs:
-                return ({3: "NWC", 4: "NHWC", 5: "NDHWC"} if framework == "tf2onnx"
-                        else {3: "NCW", 4: "NCHW", 5: "NCDHW"}).get(rank, "unknown")
+                return (
+                    {3: "NWC", 4: "NHWC", 5: "NDHWC"} if framework == "tf2onnx" else {3: "NCW", 4: "NCHW", 5: "NCDHW"}
+                ).get(rank, "unknown")
             return "unknown"
         node = index.nodes[p]
         if node.op_type == "Transpose":
@@ -93,12 +156,14 @@ def layout_hint(index: GraphIndex, value: str, types, framework: str) -> str:
         if node.op_type in _NCHW_OPS:
             return {3: "NCW", 4: "NCHW", 5: "NCDHW"}.get(rank, "unknown")
         if node.op_type in _LAYOUT_KEEP:
-            nxt = [u for u in index.inputs[p] if index.is_data(u) and
-                   len(types.get(u, (0, [None] * rank))[1] or []) == rank]
+            nxt = [
+                u
+                for u in index.inputs[p]
+                if index.is_data(u) and len(types.get(u, (0, [None] * rank))[1] or []) == rank
+            ]
             if not nxt:
                 return "unknown"
             v = nxt[0]
             continue
         return "unknown"
     return "unknown"
-

@@ -167,7 +167,7 @@ def match_targets(P, pen, total: float, stages: int, m: int) -> list[int]:
     step = total / stages if total > 0 else 1.0
     back = np.zeros((m, C), dtype=np.int64)
     f = np.abs(P - step) / step + pen
-    f[C - m + 1:] = np.inf  # leave room for the later cuts
+    f[C - m + 1 :] = np.inf  # leave room for the later cuts
     for j in range(1, m):
         pm = np.minimum.accumulate(f)
         am = np.zeros(C, dtype=np.int64)
@@ -177,7 +177,7 @@ def match_targets(P, pen, total: float, stages: int, m: int) -> list[int]:
         f = prev + np.abs(P - step * (j + 1)) / step + pen
         f[:j] = np.inf
         if C - m + j + 1 < C:
-            f[C - m + j + 1:] = np.inf
+            f[C - m + j + 1 :] = np.inf
         back[j] = np.r_[0, am[:-1]]
     k = int(np.argmin(f))
     picks = [k]

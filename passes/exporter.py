@@ -29,8 +29,12 @@ CLASS_KEY = "pkg.torch.onnx.class_hierarchy"  # node metadata: module class stac
 EXPORTERS = ("torch.onnx.dynamo", "torch.onnx.torchscript", "tf2onnx", "paddle", "unknown")
 
 #: exporter -> the partition's name for how node scopes are written (``manifest.partition["framework"]``)
-SCOPE_STYLE = {"torch.onnx.dynamo": "torch-dynamo", "torch.onnx.torchscript": "torch-script",
-               "tf2onnx": "tf2onnx", "paddle": "paddle"}
+SCOPE_STYLE = {
+    "torch.onnx.dynamo": "torch-dynamo",
+    "torch.onnx.torchscript": "torch-script",
+    "tf2onnx": "tf2onnx",
+    "paddle": "paddle",
+}
 
 
 def _has_scopes(nodes) -> bool:

@@ -72,8 +72,19 @@ from passes.fault_truth import FaultError, FaultTruth
 from passes.faults_lowp import LOWP_KINDS, inject_lowp, lowp_applicable
 from passes.protos import attribute_value
 
-__all__ = ["FAULT_METADATA_KEY", "FAULT_KINDS", "LOWP_KINDS", "NORM_OPS", "PAD_OPS", "WEIGHT_OPS", "FaultError",
-           "FaultInjectionPass", "applicable_nodes", "inject_fault", "node_stages"]
+__all__ = [
+    "FAULT_METADATA_KEY",
+    "FAULT_KINDS",
+    "LOWP_KINDS",
+    "NORM_OPS",
+    "PAD_OPS",
+    "WEIGHT_OPS",
+    "FaultError",
+    "FaultInjectionPass",
+    "applicable_nodes",
+    "inject_fault",
+    "node_stages",
+]
 
 FAULT_METADATA_KEY = "anpred.fault"
 
@@ -149,11 +160,11 @@ def _constant_values(model) -> set[str]:
     return const
 
 
-def _applicable(model, node, kind: str, init_names: set[str], constant: set[str] | None = None,
-                explicit: bool = False) -> bool:
+def _applicable(
+    model, node, kind: str, init_names: set[str], constant: set[str] | None = None, explicit: bool = False
+) -> bool:
     if kind in LOWP_KINDS:
-        return lowp_applicable(model, node, kind, _constant_values(model) if constant is None else constant,
-                               explicit)
+        return lowp_applicable(model, node, kind, _constant_values(model) if constant is None else constant, explicit)
     out = node.output[0] if node.output else ""
     if kind == "round":
         return bool(out) and _float_elem(model, out)
@@ -194,7 +205,7 @@ def _reaches(nodes, start: int, last: int, targets: set[str]) -> bool:
     live = set(nodes[start].output)
     if live & targets:
         return True
-    for n in nodes[start + 1:last + 1]:
+    for n in nodes[start + 1 : last + 1]:
         if live.intersection(n.input):
             live.update(n.output)
             if live & targets:
@@ -237,9 +248,11 @@ def _anchor_outputs(model, manifest) -> dict[int, list[str]]:
             missing.append(name)
         by_stage.setdefault(a.stage, []).append(name)
     if missing:
-        raise FaultError(f"the model does not expose {len(missing)} of the manifest's anchors as graph outputs "
-                         f"(e.g. {missing[0]!r}): stage= needs the anchored model or a conversion of it that "
-                         "keeps its anchors")
+        raise FaultError(
+            f"the model does not expose {len(missing)} of the manifest's anchors as graph outputs "
+            f"(e.g. {missing[0]!r}): stage= needs the anchored model or a conversion of it that "
+            "keeps its anchors"
+        )
     return by_stage
 
 
@@ -290,8 +303,16 @@ class FaultInjectionPass(GraphPass):
 
     in_place = False
 
-    def __init__(self, kind: str, *, node: str | None = None, stage: int | None = None,
-                 magnitude: float | None = None, manifest=None, seed: int = 0):
+    def __init__(
+        self,
+        kind: str,
+        *,
+        node: str | None = None,
+        stage: int | None = None,
+        magnitude: float | None = None,
+        manifest=None,
+        seed: int = 0,
+    ):
         if kind not in FAULT_KINDS:
             raise FaultError(f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
         if (node is None) == (stage is None):
@@ -326,24 +347,34 @@ class FaultInjectionPass(GraphPass):
                 raise FaultError(f"fault {self.kind!r} does not apply to node {self.node!r} ({nodes[idx].op_type})")
         elif anchored:
             st = self._stage()
-            cands = [i for i in range(st.first, min(st.last, len(nodes) - 1) + 1)
-                     if _applicable(inferred, nodes[i], self.kind, inits, const)]
+            cands = [
+                i
+                for i in range(st.first, min(st.last, len(nodes) - 1) + 1)
+                if _applicable(inferred, nodes[i], self.kind, inits, const)
+            ]
             stage_values = {a.value for a in self.manifest.anchors if a.stage == self.stage}
             # The applicable node closest to the stage's end whose output reaches one of this stage's
             # own anchors: its effect is first observable at this stage, through the fewest operators
             # (so not masked, e.g. by a MaxPool, before the anchor).
-            idx = next((i for i in reversed(cands)
-                        if _reaches(nodes, i, st.last, stage_values)), None)
+            idx = next((i for i in reversed(cands) if _reaches(nodes, i, st.last, stage_values)), None)
         else:  # a converted model: the stage's nodes by tensor names (node_stages), last in topological order
             self._stage()
             from passes.graph import build_index
 
             order = build_index(model.graph).file_index
-            idx = next((i for i in reversed(order) if stages[i] == self.stage
-                        and _applicable(inferred, nodes[i], self.kind, inits, const)), None)
+            idx = next(
+                (
+                    i
+                    for i in reversed(order)
+                    if stages[i] == self.stage and _applicable(inferred, nodes[i], self.kind, inits, const)
+                ),
+                None,
+            )
         if idx is None:
-            raise FaultError(f"fault {self.kind!r} has no applicable node in stage {self.stage} "
-                             "whose output reaches that stage's anchors")
+            raise FaultError(
+                f"fault {self.kind!r} has no applicable node in stage {self.stage} "
+                "whose output reaches that stage's anchors"
+            )
         node = nodes[idx]
         name, op_type = node.name, node.op_type  # before injection: a replaced node may be gone or renamed
         if self.kind in LOWP_KINDS:
@@ -395,11 +426,15 @@ class FaultInjectionPass(GraphPass):
         raw, orig = self._reroute(model, node)
         c = self._const(model, f"{orig}__anpred_fault_c", float(2 ** (24 - p) + 1))
         t, d = f"{orig}__anpred_fault_t", f"{orig}__anpred_fault_d"
-        self._insert_after(model, idx, [
-            h.make_node("Mul", [raw, c], [t], name=f"{node.name}__anpred_fault_mul"),
-            h.make_node("Sub", [t, raw], [d], name=f"{node.name}__anpred_fault_sub1"),
-            h.make_node("Sub", [t, d], [orig], name=f"{node.name}__anpred_fault_sub2"),
-        ])
+        self._insert_after(
+            model,
+            idx,
+            [
+                h.make_node("Mul", [raw, c], [t], name=f"{node.name}__anpred_fault_mul"),
+                h.make_node("Sub", [t, raw], [d], name=f"{node.name}__anpred_fault_sub1"),
+                h.make_node("Sub", [t, d], [orig], name=f"{node.name}__anpred_fault_sub2"),
+            ],
+        )
         return orig, f"{orig} rounded to {p} significand bits (Veltkamp splitting)"
 
     def _inject_approx_sigmoid(self, model, inferred, node, idx):
@@ -415,16 +450,20 @@ class FaultInjectionPass(GraphPass):
         one = self._const(model, pre + "_one", 1.0)
         w_exact = self._const(model, pre + "_w0", 1.0 - m)
         w_fast = self._const(model, pre + "_w1", m)
-        self._insert_after(model, idx, [
-            h.make_node("Abs", [x], [pre + "_abs"], name=pre + "_n0"),
-            h.make_node("Add", [pre + "_abs", one], [pre + "_den"], name=pre + "_n1"),
-            h.make_node("Div", [x, pre + "_den"], [pre + "_q"], name=pre + "_n2"),
-            h.make_node("Mul", [pre + "_q", half], [pre + "_qh"], name=pre + "_n3"),
-            h.make_node("Add", [pre + "_qh", half], [pre + "_fast"], name=pre + "_n4"),
-            h.make_node("Mul", [raw, w_exact], [pre + "_a"], name=pre + "_n5"),
-            h.make_node("Mul", [pre + "_fast", w_fast], [pre + "_b"], name=pre + "_n6"),
-            h.make_node("Add", [pre + "_a", pre + "_b"], [orig], name=pre + "_n7"),
-        ])
+        self._insert_after(
+            model,
+            idx,
+            [
+                h.make_node("Abs", [x], [pre + "_abs"], name=pre + "_n0"),
+                h.make_node("Add", [pre + "_abs", one], [pre + "_den"], name=pre + "_n1"),
+                h.make_node("Div", [x, pre + "_den"], [pre + "_q"], name=pre + "_n2"),
+                h.make_node("Mul", [pre + "_q", half], [pre + "_qh"], name=pre + "_n3"),
+                h.make_node("Add", [pre + "_qh", half], [pre + "_fast"], name=pre + "_n4"),
+                h.make_node("Mul", [raw, w_exact], [pre + "_a"], name=pre + "_n5"),
+                h.make_node("Mul", [pre + "_fast", w_fast], [pre + "_b"], name=pre + "_n6"),
+                h.make_node("Add", [pre + "_a", pre + "_b"], [orig], name=pre + "_n7"),
+            ],
+        )
         return orig, f"Sigmoid {node.name} blended {m:g} with the fast sigmoid"
 
     def _inject_norm_epsilon(self, model, inferred, node, idx):
@@ -464,8 +503,12 @@ class FaultInjectionPass(GraphPass):
         if node.op_type == "Resize":
             mode = attribute_value(node, "nearest_mode", b"round_prefer_floor")
             mode = mode.decode() if isinstance(mode, bytes) else mode
-            swap = {"floor": "ceil", "ceil": "floor", "round_prefer_floor": "round_prefer_ceil",
-                    "round_prefer_ceil": "round_prefer_floor"}[mode]
+            swap = {
+                "floor": "ceil",
+                "ceil": "floor",
+                "round_prefer_floor": "round_prefer_ceil",
+                "round_prefer_ceil": "round_prefer_floor",
+            }[mode]
             _set_attr(node, "nearest_mode", swap)
             return node.output[0], f"Resize {node.name} nearest_mode {mode} -> {swap}"
         # Round: half-to-even -> half-away-from-zero
@@ -474,13 +517,17 @@ class FaultInjectionPass(GraphPass):
         pre = f"{orig}__anpred_fault"
         half = self._const(model, pre + "_half", 0.5)
         node.op_type = "Identity"  # keep the node; its output is unused after rerouting
-        self._insert_after(model, idx, [
-            h.make_node("Abs", [x], [pre + "_abs"], name=pre + "_n0"),
-            h.make_node("Add", [pre + "_abs", half], [pre + "_s"], name=pre + "_n1"),
-            h.make_node("Floor", [pre + "_s"], [pre + "_f"], name=pre + "_n2"),
-            h.make_node("Sign", [x], [pre + "_sg"], name=pre + "_n3"),
-            h.make_node("Mul", [pre + "_f", pre + "_sg"], [orig], name=pre + "_n4"),
-        ])
+        self._insert_after(
+            model,
+            idx,
+            [
+                h.make_node("Abs", [x], [pre + "_abs"], name=pre + "_n0"),
+                h.make_node("Add", [pre + "_abs", half], [pre + "_s"], name=pre + "_n1"),
+                h.make_node("Floor", [pre + "_s"], [pre + "_f"], name=pre + "_n2"),
+                h.make_node("Sign", [x], [pre + "_sg"], name=pre + "_n3"),
+                h.make_node("Mul", [pre + "_f", pre + "_sg"], [orig], name=pre + "_n4"),
+            ],
+        )
         return orig, f"Round {node.name} half-to-even -> half-away-from-zero"
 
     def _inject_padding_same(self, model, inferred, node, idx):
@@ -491,8 +538,16 @@ class FaultInjectionPass(GraphPass):
         return node.output[0], f"{node.op_type} {node.name} pads {list(old)} -> TF SAME {same}"
 
 
-def inject_fault(model, kind: str, *, node: str | None = None, stage: int | None = None,
-                 magnitude: float | None = None, manifest=None, seed: int = 0):
+def inject_fault(
+    model,
+    kind: str,
+    *,
+    node: str | None = None,
+    stage: int | None = None,
+    magnitude: float | None = None,
+    manifest=None,
+    seed: int = 0,
+):
     """Return ``(variant ModelProto, FaultTruth)``; see :class:`FaultInjectionPass`."""
     r = FaultInjectionPass(kind, node=node, stage=stage, magnitude=magnitude, manifest=manifest, seed=seed)(model)
     return r.model, r.info["truth"]

@@ -97,11 +97,15 @@ __all__ = ["LOWP_KINDS", "ACCUMULATING_OPS", "QDQ_COMPUTE_OPS", "lowp_applicable
 
 # kind -> (default magnitude, description)
 LOWP_KINDS: dict[str, tuple[float, str]] = {
-    "quantize-rounding": (1.0, "one QuantizeLinear rounding half away from zero (0) or truncating (1) "
-                               "instead of half to even"),
+    "quantize-rounding": (
+        1.0,
+        "one QuantizeLinear rounding half away from zero (0) or truncating (1) instead of half to even",
+    ),
     "zero-point": (1.0, "one QuantizeLinear's zero point off by k steps (its DequantizeLinear keeps it)"),
-    "accumulator-saturation": (16.0, "one quantized Conv/MatMul/Gemm accumulation saturating at a "
-                                     "signed integer of that many bits"),
+    "accumulator-saturation": (
+        16.0,
+        "one quantized Conv/MatMul/Gemm accumulation saturating at a signed integer of that many bits",
+    ),
     "fp16-overflow": (14.0, "one accumulation overflowing float16 as if its output were scaled by 2**m"),
 }
 
@@ -145,8 +149,10 @@ def _init_array(model, name: str, what: str, node) -> np.ndarray:
 
     t = _init(model, name)
     if t is None:
-        raise FaultError(f"{what} {name!r} of {node.op_type} {node.name!r} is not an initializer; "
-                         "only constant initializers are supported")
+        raise FaultError(
+            f"{what} {name!r} of {node.op_type} {node.name!r} is not an initializer; "
+            "only constant initializers are supported"
+        )
     return numpy_helper.to_array(t)
 
 
@@ -162,8 +168,10 @@ def _dq_scale(model, value: str, node, what: str) -> tuple[np.ndarray, int]:
     """Scale array and axis of the DequantizeLinear producing ``value`` (input ``what`` of ``node``)."""
     dq = _producer(model, value)
     if dq is None or dq.op_type != "DequantizeLinear":
-        raise FaultError(f"accumulator-saturation: the {what} of {node.op_type} {node.name!r} does not come from a "
-                         "DequantizeLinear node")
+        raise FaultError(
+            f"accumulator-saturation: the {what} of {node.op_type} {node.name!r} does not come from a "
+            "DequantizeLinear node"
+        )
     if attribute_value(dq, "block_size", 0):
         raise FaultError(f"accumulator-saturation: DequantizeLinear {dq.name!r} is blocked (block_size); not supported")
     return _init_array(model, dq.input[1], "scale", dq).astype(np.float64), int(attribute_value(dq, "axis", 1))
@@ -188,8 +196,12 @@ def lowp_applicable(model, node, kind: str, constant: set[str], explicit: bool =
         if node.op_type not in QDQ_COMPUTE_OPS or len(node.input) < 2 or not out:
             return False
         srcs = [_producer(model, v) for v in node.input[:2]]
-        return all(p is not None and p.op_type == "DequantizeLinear" and _init(model, p.input[1]) is not None
-                   for p in srcs) and node.input[0] not in constant
+        return (
+            all(
+                p is not None and p.op_type == "DequantizeLinear" and _init(model, p.input[1]) is not None for p in srcs
+            )
+            and node.input[0] not in constant
+        )
     if kind == "fp16-overflow":
         if not out or out in constant or _elem(model, out) not in (_FLOAT, _FLOAT16):
             return False
@@ -225,8 +237,9 @@ def _broadcast(arr: np.ndarray, axis: int, rank: int | None, node, what: str) ->
     if arr.size == 1:
         return arr.reshape(())
     if rank is None:
-        raise FaultError(f"{node.op_type} {node.name!r}: per-axis {what} needs the input's rank "
-                         "(shape inference failed)")
+        raise FaultError(
+            f"{node.op_type} {node.name!r}: per-axis {what} needs the input's rank (shape inference failed)"
+        )
     axis = axis % rank
     shape = [1] * rank
     shape[axis] = arr.size
@@ -248,9 +261,11 @@ def _quantize_parts(model, inferred, node):
         raise FaultError(f"QuantizeLinear {node.name!r}: zero point type {ztype} is not an 8/16-bit integer")
     rank = _rank(inferred, node.input[0])
     axis = int(attribute_value(node, "axis", 1))
-    return (_broadcast(scale, axis, rank, node, "scale"),
-            _broadcast(zp.astype(np.int64), axis, rank, node, "zero point"),
-            ztype)
+    return (
+        _broadcast(scale, axis, rank, node, "scale"),
+        _broadcast(zp.astype(np.int64), axis, rank, node, "zero point"),
+        ztype,
+    )
 
 
 def _inject_quantize_rounding(model, inferred, node, idx, magnitude: float):
@@ -258,8 +273,9 @@ def _inject_quantize_rounding(model, inferred, node, idx, magnitude: float):
 
     mode = int(magnitude)
     if magnitude != mode or mode not in (0, 1):
-        raise FaultError(f"quantize-rounding: magnitude must be 0 (half away from zero) or 1 (truncation), "
-                         f"got {magnitude:g}")
+        raise FaultError(
+            f"quantize-rounding: magnitude must be 0 (half away from zero) or 1 (truncation), got {magnitude:g}"
+        )
     scale, zp, ztype = _quantize_parts(model, inferred, node)
     fdt = onnx.helper.tensor_dtype_to_np_dtype(_init(model, node.input[1]).data_type)
     lo, hi = _INT_RANGES[ztype]
@@ -305,8 +321,10 @@ def _inject_zero_point(model, inferred, node, idx, magnitude: float):
     lo, hi = _INT_RANGES[ztype]
     new = zp.astype(np.int64) + k
     if new.min() < lo or new.max() > hi:
-        raise FaultError(f"zero-point: zero point {zp.ravel().tolist()[:4]} {'+' if k > 0 else '-'} {abs(k)} of "
-                         f"QuantizeLinear {node.name!r} leaves the range {lo}..{hi} of its type")
+        raise FaultError(
+            f"zero-point: zero point {zp.ravel().tolist()[:4]} {'+' if k > 0 else '-'} {abs(k)} of "
+            f"QuantizeLinear {node.name!r} leaves the range {lo}..{hi} of its type"
+        )
     new_name = f"{node.output[0]}__anpred_fault_zp"
     model.graph.initializer.append(numpy_helper.from_array(new.astype(zp.dtype), new_name))
     while len(node.input) < 3:
@@ -329,16 +347,23 @@ def _inject_accumulator_saturation(model, inferred, node, idx, magnitude: float)
     s_x, _ = _dq_scale(model, node.input[0], node, "input")
     s_w, w_axis = _dq_scale(model, node.input[1], node, "weight")
     if s_x.size != 1:
-        raise FaultError(f"accumulator-saturation: the input of {node.op_type} {node.name!r} is quantized per axis; "
-                         "only a per-tensor input scale is supported")
+        raise FaultError(
+            f"accumulator-saturation: the input of {node.op_type} {node.name!r} is quantized per axis; "
+            "only a per-tensor input scale is supported"
+        )
     rank = _rank(inferred, node.output[0])
     if s_w.size > 1:  # per output channel: Conv weight axis 0 -> output axis 1; MatMul/Gemm -> last axis
         w_rank = _rank(inferred, node.input[1]) or 2
-        want = 0 if node.op_type == "Conv" else (0 if node.op_type == "Gemm" and attribute_value(node, "transB", 0)
-                                                 else w_rank - 1)
+        want = (
+            0
+            if node.op_type == "Conv"
+            else (0 if node.op_type == "Gemm" and attribute_value(node, "transB", 0) else w_rank - 1)
+        )
         if w_axis % w_rank != want:
-            raise FaultError(f"accumulator-saturation: the weight of {node.op_type} {node.name!r} is quantized along "
-                             f"axis {w_axis}, not along its output channels")
+            raise FaultError(
+                f"accumulator-saturation: the weight of {node.op_type} {node.name!r} is quantized along "
+                f"axis {w_axis}, not along its output channels"
+            )
         out_axis = 1 if node.op_type == "Conv" else -1
         s_w = _broadcast(s_w.ravel(), out_axis, rank, node, "weight scale")
     else:
@@ -355,8 +380,10 @@ def _inject_accumulator_saturation(model, inferred, node, idx, magnitude: float)
     for k, n in enumerate(b.nodes):
         model.graph.node.insert(idx + 1 + k, n)
     first = float(np.asarray(bound).ravel()[0])
-    return orig, (f"{node.op_type} {node.name} accumulates in int{bits}: output clipped to +-{first:.6g}"
-                  + (" (per channel)" if np.asarray(bound).size > 1 else ""))
+    return orig, (
+        f"{node.op_type} {node.name} accumulates in int{bits}: output clipped to +-{first:.6g}"
+        + (" (per channel)" if np.asarray(bound).size > 1 else "")
+    )
 
 
 def _inject_fp16_overflow(model, inferred, node, idx, magnitude: float):
@@ -365,7 +392,7 @@ def _inject_fp16_overflow(model, inferred, node, idx, magnitude: float):
         raise FaultError(f"fp16-overflow: the scale exponent m must be an integer in 0..100, got {magnitude:g}")
     elem = _elem(inferred, node.output[0])
     fdt = np.float16 if elem == _FLOAT16 else np.float32
-    threshold = 65520.0 / 2.0 ** m  # float16(v) is +-inf iff |v| >= 65520 (round to nearest, 65504 = max)
+    threshold = 65520.0 / 2.0**m  # float16(v) is +-inf iff |v| >= 65520 (round to nearest, 65504 = max)
     raw, orig = _reroute(node)
     b = _Builder(model, f"{orig}__anpred_fault")
     a32 = b.op("Abs", [b.op("Cast", [raw], to=_FLOAT) if elem == _FLOAT16 else raw])
@@ -374,12 +401,17 @@ def _inject_fp16_overflow(model, inferred, node, idx, magnitude: float):
     b.op("Where", [fin, raw, inf], orig)
     for k, n in enumerate(b.nodes):
         model.graph.node.insert(idx + 1 + k, n)
-    return orig, (f"{node.op_type} {node.name} overflows float16 as if scaled by 2**{m}: +-inf where "
-                  f"|y| >= {threshold:.6g}")
+    return orig, (
+        f"{node.op_type} {node.name} overflows float16 as if scaled by 2**{m}: +-inf where |y| >= {threshold:.6g}"
+    )
 
 
-_INJECT = {"quantize-rounding": _inject_quantize_rounding, "zero-point": _inject_zero_point,
-           "accumulator-saturation": _inject_accumulator_saturation, "fp16-overflow": _inject_fp16_overflow}
+_INJECT = {
+    "quantize-rounding": _inject_quantize_rounding,
+    "zero-point": _inject_zero_point,
+    "accumulator-saturation": _inject_accumulator_saturation,
+    "fp16-overflow": _inject_fp16_overflow,
+}
 
 
 def inject_lowp(model, inferred, node, idx: int, kind: str, magnitude: float) -> tuple[str, str]:

@@ -164,12 +164,15 @@ class _Widening:
         if node.op_type in REFERENCE_FLOAT32_ONLY and dom == "":
             self.problems.append(f"{node.op_type} {where}: onnx.reference computes it in float32 only")
         try:
-            schema = defs.get_schema(node.op_type, max_inclusive_version=self.opsets.get(dom, self.opsets.get("", 1)),
-                                     domain=dom)
+            schema = defs.get_schema(
+                node.op_type, max_inclusive_version=self.opsets.get(dom, self.opsets.get("", 1)), domain=dom
+            )
         except Exception:  # noqa: BLE001 - SchemaError: custom domain or model-local function
             if floats_in or floats_out or dom:
-                self.problems.append(f"{node.op_type} {where}: no ONNX schema for domain {dom or 'ai.onnx'!r}; "
-                                     "cannot tell whether it accepts double")
+                self.problems.append(
+                    f"{node.op_type} {where}: no ONNX schema for domain {dom or 'ai.onnx'!r}; "
+                    "cannot tell whether it accepts double"
+                )
             return [node]
         label = f"{node.op_type}-{schema.since_version} {where}"
         pre, post = self.slots(node, schema, label, back)
@@ -185,8 +188,10 @@ class _Widening:
         gets a Cast. Returns the Casts to put before and after the node."""
         params = {t.type_param_str: list(t.allowed_type_strs) for t in schema.type_constraints}
         pre, post = [], []
-        for kind, names, formal in (("input", list(node.input), schema.inputs),
-                                    ("output", list(node.output), schema.outputs)):
+        for kind, names, formal in (
+            ("input", list(node.input), schema.inputs),
+            ("output", list(node.output), schema.outputs),
+        ):
             for v, fp in _slots(formal, names):
                 if not self.is_float(v):
                     continue
@@ -196,8 +201,10 @@ class _Widening:
                     want = want.replace(f, "(double)")
                 if fp.type_str in params:
                     if want not in params[fp.type_str]:
-                        self.problems.append(f"{label}: {kind} {fp.name!r} is {have}, the spec's {fp.type_str} allows "
-                                             f"{', '.join(params[fp.type_str])}")
+                        self.problems.append(
+                            f"{label}: {kind} {fp.name!r} is {have}, the spec's {fp.type_str} allows "
+                            f"{', '.join(params[fp.type_str])}"
+                        )
                     continue
                 # a slot typed tensor(float) by the spec itself: keep that type at the slot
                 self.keep_float_slot(node, kind, v, back, (pre, post))
@@ -262,8 +269,12 @@ class _Widening:
                 node.attribute.remove(a)
                 node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(arr)))
                 self.counts["widened_tensors"] += 1
-        if node.op_type == "ConstantOfShape" and dom == "" and floats_out \
-                and not any(a.name == "value" for a in node.attribute):
+        if (
+            node.op_type == "ConstantOfShape"
+            and dom == ""
+            and floats_out
+            and not any(a.name == "value" for a in node.attribute)
+        ):
             node.attribute.append(helper.make_attribute("value", helper.make_tensor("value", 11, [1], [0.0])))
             self.counts["widened_tensors"] += 1
 
@@ -329,8 +340,11 @@ def model_to_float64(model) -> tuple[Any, dict[str, Any]]:
     widening.graph(model.graph)
     problems = widening.problems
     if problems:
-        raise BackendError(f"no float64 copy: {len(problems)} node(s) do not take double: " + "; ".join(problems[:10])
-                           + (" ..." if len(problems) > 10 else ""))
+        raise BackendError(
+            f"no float64 copy: {len(problems)} node(s) do not take double: "
+            + "; ".join(problems[:10])
+            + (" ..." if len(problems) > 10 else "")
+        )
     _check_types(model, original)
     return model, {**widening.counts, "casts_inserted": widening.casts}
 

@@ -100,8 +100,11 @@ def _fold_once(model, shapes: dict[str, list[int]]):
         if n.op_type == "Constant":
             consts[n.output[0]] = n
             continue
-        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute) or \
-                n.op_type in _NOT_FOLDED or any(o in outputs for o in n.output):
+        if (
+            any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)
+            or n.op_type in _NOT_FOLDED
+            or any(o in outputs for o in n.output)
+        ):
             continue
         ins = [x for x in n.input if x]
         if n.op_type in ("Shape", "Size"):
@@ -160,8 +163,10 @@ def _single(node, feeds: list[tuple[str, np.ndarray]], opsets):
     """A one-node model running ``node`` on inputs of the given arrays' dtypes/shapes."""
     from onnx import helper
 
-    ins = [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.asarray(a).dtype), list(np.shape(a)))
-           for name, a in feeds]
+    ins = [
+        helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.asarray(a).dtype), list(np.shape(a)))
+        for name, a in feeds
+    ]
     outs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
     return helper.make_model(helper.make_graph([node], "fold", ins, outs), opset_imports=opsets)
 
@@ -178,9 +183,13 @@ def fold_constant_nodes(model) -> int:
     outputs = {o.name for o in graph.output}
     keep, folded = [], 0
     for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output[0] not in outputs \
-                and len(node.attribute) == 1 and node.attribute[0].name in (
-                    "value", "value_float", "value_floats", "value_int", "value_ints"):
+        if (
+            node.op_type == "Constant"
+            and node.domain in ("", "ai.onnx")
+            and node.output[0] not in outputs
+            and len(node.attribute) == 1
+            and node.attribute[0].name in ("value", "value_float", "value_floats", "value_int", "value_ints")
+        ):
             attr = node.attribute[0]
             if attr.name == "value":
                 t = onnx.TensorProto()

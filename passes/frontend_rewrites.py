@@ -34,8 +34,14 @@ import numpy as np
 
 from passes.base import GraphPass, PassResult
 
-__all__ = ["ScalarIfConditionPass", "DecomposePass", "DECOMPOSITIONS", "scalar_if_conditions", "decompose_ops",
-           "fold_constant_fake_quantization"]
+__all__ = [
+    "ScalarIfConditionPass",
+    "DecomposePass",
+    "DECOMPOSITIONS",
+    "scalar_if_conditions",
+    "decompose_ops",
+    "fold_constant_fake_quantization",
+]
 
 
 def _fresh(taken: set[str], base: str) -> str:
@@ -112,8 +118,14 @@ class ScalarIfConditionPass(GraphPass):
                     r = ranks.get(n.input[0]) if main else None
                     if r is None or r > 1:
                         out = _fresh(taken, f"{n.input[0]}_scalar")
-                        new.append(helper.make_node("Reshape", [n.input[0], shape_name], [out],
-                                                    name=_fresh(taken, f"{n.name or 'if'}/condition_scalar")))
+                        new.append(
+                            helper.make_node(
+                                "Reshape",
+                                [n.input[0], shape_name],
+                                [out],
+                                name=_fresh(taken, f"{n.name or 'if'}/condition_scalar"),
+                            )
+                        )
                         n.input[0] = out
                         info["rewritten"].append(n.name or n.output[0])
                 new.append(n)
@@ -158,8 +170,18 @@ def _global_pool(op: str):
     def build(node, rank, opset, taken, consts, dtype=None):
         if rank is None or rank < 3:
             raise ValueError("the input's rank is not known (shape inference)")
-        return [_reduce(op, node.input[0], node.output[0], list(range(2, rank)), opset, node.name or node.output[0],
-                        taken, consts)]
+        return [
+            _reduce(
+                op,
+                node.input[0],
+                node.output[0],
+                list(range(2, rank)),
+                opset,
+                node.name or node.output[0],
+                taken,
+                consts,
+            )
+        ]
 
     return build
 
@@ -182,18 +204,32 @@ def _global_lp_pool(node, rank: int | None, opset: int, taken: set[str], consts:
     consts.append(numpy_helper.from_array(np.asarray(float(p), cdt), pn))  # the input's type: Pow-7..11 asks one type
     consts.append(numpy_helper.from_array(np.asarray(1.0 / float(p), cdt), ipn))
     a, ap, s = (_fresh(taken, f"{base}/{k}") for k in ("abs", "pow", "sum"))
-    return [helper.make_node("Abs", [x], [a], name=_fresh(taken, f"{base}/Abs")),
-            helper.make_node("Pow", [a, pn], [ap], name=_fresh(taken, f"{base}/Pow")),
-            _reduce("ReduceSum", ap, s, axes, opset, base, taken, consts),
-            helper.make_node("Pow", [s, ipn], [y], name=_fresh(taken, f"{base}/root"))]
+    return [
+        helper.make_node("Abs", [x], [a], name=_fresh(taken, f"{base}/Abs")),
+        helper.make_node("Pow", [a, pn], [ap], name=_fresh(taken, f"{base}/Pow")),
+        _reduce("ReduceSum", ap, s, axes, opset, base, taken, consts),
+        helper.make_node("Pow", [s, ipn], [y], name=_fresh(taken, f"{base}/root")),
+    ]
 
 
 #: Eigen's float32 erf (``generic_fast_erf_float``, Eigen 3.4 ``SpecialFunctionsImpl.h``, also XLA's):
 #: ``erf(x) = x * P(x^2) / Q(x^2)`` on ``x`` clamped to [-4, 4]; coefficients from the highest power
-ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
-         -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
-ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
-         -1.42647390514189e-02)
+ERF_P = (
+    -2.72614225801306e-10,
+    2.77068142495902e-08,
+    -2.10102402082508e-06,
+    -5.69250639462346e-05,
+    -7.34990630326855e-04,
+    -2.95459980854025e-03,
+    -1.60960333262415e-02,
+)
+ERF_Q = (
+    -1.45660718464996e-05,
+    -2.13374055278905e-04,
+    -1.68282697438203e-03,
+    -7.37332916720468e-03,
+    -1.42647390514189e-02,
+)
 
 
 def _erf(node, rank, opset, taken, consts, dtype=None):
@@ -237,15 +273,18 @@ def _erf(node, rank, opset, taken, consts, dtype=None):
     if dtype == np.float32:
         op("Div", [p, horner(ERF_Q, "q")], node.output[0])
     else:
-        op("Cast", [op("Div", [p, horner(ERF_Q, "q")])], node.output[0],
-           to=helper.np_dtype_to_tensor_dtype(dtype))
+        op("Cast", [op("Div", [p, horner(ERF_Q, "q")])], node.output[0], to=helper.np_dtype_to_tensor_dtype(dtype))
     return nodes
 
 
 #: op type -> builder ``(node, input rank or None, opset, taken names, initializers out, input dtype)
 #: -> nodes``
-DECOMPOSITIONS = {"GlobalLpPool": _global_lp_pool, "GlobalMaxPool": _global_pool("ReduceMax"),
-                  "GlobalAveragePool": _global_pool("ReduceMean"), "Erf": _erf}
+DECOMPOSITIONS = {
+    "GlobalLpPool": _global_lp_pool,
+    "GlobalMaxPool": _global_pool("ReduceMax"),
+    "GlobalAveragePool": _global_pool("ReduceMean"),
+    "Erf": _erf,
+}
 
 
 class DecomposePass(GraphPass):
@@ -260,8 +299,13 @@ class DecomposePass(GraphPass):
 
     def call(self, model) -> PassResult:
         info: dict[str, Any] = {"rewritten": [], "kept": {}}
-        targets = [n for n in model.graph.node if n.op_type in self.ops and n.domain in ("", "ai.onnx")
-                   and (self.only is None or (n.name or n.output[0]) in self.only)]
+        targets = [
+            n
+            for n in model.graph.node
+            if n.op_type in self.ops
+            and n.domain in ("", "ai.onnx")
+            and (self.only is None or (n.name or n.output[0]) in self.only)
+        ]
         if not targets:
             return PassResult(model, False, info)
         ranks, opset, taken, consts = _ranks(model), _opset(model), _all_names(model.graph), []
@@ -272,8 +316,9 @@ class DecomposePass(GraphPass):
                 new.append(n)
                 continue
             try:
-                new.extend(DECOMPOSITIONS[n.op_type](n, ranks.get(n.input[0]), opset, taken, consts,
-                                                     dtypes.get(n.input[0])))
+                new.extend(
+                    DECOMPOSITIONS[n.op_type](n, ranks.get(n.input[0]), opset, taken, consts, dtypes.get(n.input[0]))
+                )
                 info["rewritten"].append(n.name or n.output[0])
             except ValueError as err:
                 info["kept"][n.name or n.output[0]] = f"{n.op_type}: {err}"

@@ -31,8 +31,9 @@ __all__ = ["build_lenient_index", "SHAPE_OPS", "GraphIndex", "build_index", "sub
 SHAPE_OPS = frozenset({"Shape", "Size"})
 #: standard ops that carry sub-graphs (GRAPH/GRAPHS attributes)
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
-_NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                               "Multinomial", "Bernoulli"})
+_NONDETERMINISTIC = frozenset(
+    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+)
 
 
 def subgraph_outer_refs(node) -> list[str]:
@@ -98,8 +99,11 @@ class GraphIndex:
 
     def is_data(self, value: str) -> bool:
         """True if ``value`` carries activations: depends on the inputs' values, not only shapes."""
-        return value not in self.constant and value not in self.shape_only and (
-            value in self.producer or value in self._input_set)
+        return (
+            value not in self.constant
+            and value not in self.shape_only
+            and (value in self.producer or value in self._input_set)
+        )
 
     @property
     def _input_set(self) -> set[str]:
@@ -192,10 +196,23 @@ def _build_index(graph, strict: bool, skip=None) -> GraphIndex:
     op_types = file_ops if is_sorted else [file_ops[i] for i in order]
     constant, shape_only, data_node = _value_kinds(op_types, ins, outs, initializers)
     live = _liveness(ins, outs, graph_outputs)
-    return GraphIndex(nodes=nodes, file_index=order, inputs=ins, outputs=outs, producer=producer,
-                      consumers=consumers, graph_inputs=graph_inputs, initializers=initializers,
-                      graph_outputs=graph_outputs, constant=constant, shape_only=shape_only, live=live,
-                      is_sorted=is_sorted, op_types=op_types, data_node=data_node)
+    return GraphIndex(
+        nodes=nodes,
+        file_index=order,
+        inputs=ins,
+        outputs=outs,
+        producer=producer,
+        consumers=consumers,
+        graph_inputs=graph_inputs,
+        initializers=initializers,
+        graph_outputs=graph_outputs,
+        constant=constant,
+        shape_only=shape_only,
+        live=live,
+        is_sorted=is_sorted,
+        op_types=op_types,
+        data_node=data_node,
+    )
 
 
 def _graph_ends(graph, strict: bool, skip) -> tuple[set[str], list[str], list[str], list]:
@@ -236,8 +253,9 @@ def _node_values(file_nodes: list, file_ops: list[str]) -> tuple[list[list[str]]
                 lists[i] = [v for v in lst if v]
     for i, node in enumerate(file_nodes):
         # sub-graphs hang off If/Loop/Scan/SequenceMap, or ops of other domains
-        if (file_ops[i] in _SUBGRAPH_OPS or node.domain not in ("", "ai.onnx")) and \
-                any(a.type == 5 or a.type == 10 for a in node.attribute):  # GRAPH(S)
+        if (file_ops[i] in _SUBGRAPH_OPS or node.domain not in ("", "ai.onnx")) and any(
+            a.type == 5 or a.type == 10 for a in node.attribute
+        ):  # GRAPH(S)
             extra = subgraph_outer_refs(node)
             if extra:
                 have = set(ins[i])
@@ -245,8 +263,9 @@ def _node_values(file_nodes: list, file_ops: list[str]) -> tuple[list[list[str]]
     return ins, outs
 
 
-def _file_producers(file_nodes: list, ins: list[list[str]], outs: list[list[str]], known: set[str],
-                    strict: bool) -> tuple[dict[str, int], dict[str, list[int]], bool]:
+def _file_producers(
+    file_nodes: list, ins: list[list[str]], outs: list[list[str]], known: set[str], strict: bool
+) -> tuple[dict[str, int], dict[str, list[int]], bool]:
     """``(producer, consumers, is_sorted)`` by file position: value -> producing node, value -> reading
     nodes, and whether every node comes after the producers of its inputs.
 
@@ -312,13 +331,13 @@ def _topological_order(file_nodes: list, ins: list[list[str]], prod_file: dict[s
     if len(order) != n_nodes:
         stuck = next(i for i in range(n_nodes) if indeg[i] > 0)
         nm = file_nodes[stuck].name or file_nodes[stuck].op_type
-        raise GraphError(f"the graph has a cycle ({n_nodes - len(order)} nodes on or behind it, "
-                         f"e.g. node {nm!r})")
+        raise GraphError(f"the graph has a cycle ({n_nodes - len(order)} nodes on or behind it, e.g. node {nm!r})")
     return order
 
 
-def _value_kinds(op_types: list[str], ins: list[list[str]], outs: list[list[str]],
-                 initializers: set[str]) -> tuple[set[str], set[str], list[bool]]:
+def _value_kinds(
+    op_types: list[str], ins: list[list[str]], outs: list[list[str]], initializers: set[str]
+) -> tuple[set[str], set[str], list[bool]]:
     """``(constant values, shape-only values, data_node per node)``: constant / shape-only propagation,
     forward in topological order (set operations run in C)."""
     constant: set[str] = set(initializers)

@@ -70,8 +70,10 @@ def _check_anchors(index: GraphIndex, anchors: list[str]) -> None:
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
             raise GraphError(f"--anchor {a!r}: no tensor of that name in the graph{hint}")
         if not index.is_data(a):
-            raise GraphError(f"--anchor {a!r} is computed from constants or shapes only; it is not an "
-                             "activation and cannot be an anchor")
+            raise GraphError(
+                f"--anchor {a!r} is computed from constants or shapes only; it is not an "
+                "activation and cannot be an anchor"
+            )
 
 
 def _node_costs(index: GraphIndex, cost_types) -> tuple[list[float], str]:
@@ -117,9 +119,11 @@ def _node_costs(index: GraphIndex, cost_types) -> tuple[list[float], str]:
 def _small_graph_note(stages: int, live_nodes: int, cuts: int) -> str:
     """Why the automatic choice gave fewer than :data:`DEFAULT_STAGES` stages although ``cuts``
     admissible cuts would allow more, and how to get more."""
-    return (f"automatic choice: {stages} {'stage' if stages == 1 else 'stages'} for {live_nodes} live nodes "
-            f"(at least {MIN_STAGE_NODES} nodes per stage, by design: fewer would anchor nearly every "
-            f"operator); the graph has {cuts} admissible cuts: --stages N gives up to {cuts + 1} stages")
+    return (
+        f"automatic choice: {stages} {'stage' if stages == 1 else 'stages'} for {live_nodes} live nodes "
+        f"(at least {MIN_STAGE_NODES} nodes per stage, by design: fewer would anchor nearly every "
+        f"operator); the graph has {cuts} admissible cuts: --stages N gives up to {cuts + 1} stages"
+    )
 
 
 def _stages(chosen, n: int, prefix: list[float], total: float, outputs: list[str]) -> list[Stage]:
@@ -128,16 +132,25 @@ def _stages(chosen, n: int, prefix: list[float], total: float, outputs: list[str
     stages: list[Stage] = []
     first = 0
     for i, (pos, cut) in enumerate(chosen):
-        stages.append(Stage(i, first, pos, pos - first + 1, prefix[pos] - (prefix[first - 1] if first else 0.0),
-                            list(cut)))
+        stages.append(
+            Stage(i, first, pos, pos - first + 1, prefix[pos] - (prefix[first - 1] if first else 0.0), list(cut))
+        )
         first = pos + 1
-    stages.append(Stage(len(chosen), first, n - 1, n - first, total - (prefix[first - 1] if first else 0.0),
-                        list(outputs)))
+    stages.append(
+        Stage(len(chosen), first, n - 1, n - first, total - (prefix[first - 1] if first else 0.0), list(outputs))
+    )
     return stages
 
 
-def _plan_anchors(index: GraphIndex, stages: list[Stage], chosen, explicit_names: list[str], types,
-                  module_output_scope, framework: str) -> tuple[list[AnchorPlan], list[AnchorPlan]]:
+def _plan_anchors(
+    index: GraphIndex,
+    stages: list[Stage],
+    chosen,
+    explicit_names: list[str],
+    types,
+    module_output_scope,
+    framework: str,
+) -> tuple[list[AnchorPlan], list[AnchorPlan]]:
     """``(inner, outputs)``: the anchors of the ``chosen`` cuts (``[(position, tensors)]``) and of the
     ``explicit_names`` (kind ``boundary``/``explicit``, in topological order), then the graph outputs
     (kind ``output``, in graph-output order). ``module_output_scope(p)``: the coarsest module whose last
@@ -154,11 +167,18 @@ def _plan_anchors(index: GraphIndex, stages: list[Stage], chosen, explicit_names
         scope = module_output_scope(p)[0] if p >= 0 else ""
         et, shape = types.get(v, (0, None))
         return AnchorPlan(
-            value=v, kind=kind, stage=stages[-1].index if kind == "output" else (stage_of(p) if p >= 0 else 0),
-            order=p, producer=(node.name if node is not None else ""),
-            op_type=(node.op_type if node is not None else ""), scope=scope, label=scope or v,
-            elem_type=et, shape=list(shape) if shape is not None else None,
-            layout=layout_hint(index, v, types, framework))
+            value=v,
+            kind=kind,
+            stage=stages[-1].index if kind == "output" else (stage_of(p) if p >= 0 else 0),
+            order=p,
+            producer=(node.name if node is not None else ""),
+            op_type=(node.op_type if node is not None else ""),
+            scope=scope,
+            label=scope or v,
+            elem_type=et,
+            shape=list(shape) if shape is not None else None,
+            layout=layout_hint(index, v, types, framework),
+        )
 
     explicit = set(explicit_names)
     seen: set[str] = set()
@@ -204,8 +224,14 @@ class StagePartitioner:
             value, an unknown or constant ``anchors`` name (:meth:`propose`).
     """
 
-    def __init__(self, stages: int | None = None, max_cut_width: int = 4, anchors=(),
-                 policy: CutPolicy | None = None, wide_cut_width: int | None = None):
+    def __init__(
+        self,
+        stages: int | None = None,
+        max_cut_width: int = 4,
+        anchors=(),
+        policy: CutPolicy | None = None,
+        wide_cut_width: int | None = None,
+    ):
         if stages is not None and stages < 1:
             raise GraphError(f"--stages must be at least 1 (got {stages})")
         if max_cut_width < 1:
@@ -321,14 +347,25 @@ class StagePartitioner:
         inner, outs = _plan_anchors(index, stages, chosen, self.anchors, types, module_output_scope, framework)
 
         return Partition(
-            stages=stages, anchors=inner + outs,
-            options={"stages": self.stages, "max_cut_width": self.max_cut_width, "anchors": list(self.anchors),
-                     "notes": notes, "wide_cut_width": self.wide_cut_width,
-                     "wide_candidates": len(cands) - narrow_count,
-                     "wide_cuts": [{"after": p, "width": len(c)} for p, c in chosen if len(c) > self.max_cut_width]},
-            framework=framework, cost_unit=cost_unit, total_cost=total, num_nodes=n, candidates=narrow_count,
+            stages=stages,
+            anchors=inner + outs,
+            options={
+                "stages": self.stages,
+                "max_cut_width": self.max_cut_width,
+                "anchors": list(self.anchors),
+                "notes": notes,
+                "wide_cut_width": self.wide_cut_width,
+                "wide_candidates": len(cands) - narrow_count,
+                "wide_cuts": [{"after": p, "width": len(c)} for p, c in chosen if len(c) > self.max_cut_width],
+            },
+            framework=framework,
+            cost_unit=cost_unit,
+            total_cost=total,
+            num_nodes=n,
+            candidates=narrow_count,
             node_order=list(index.file_index),
-            value_names=set(index.producer) | set(index.graph_inputs) | index.initializers)
+            value_names=set(index.producer) | set(index.graph_inputs) | index.initializers,
+        )
 
     def _stage_count_note(self, wanted: int, K: int, narrow_count: int, n_cands: int, live_data: int) -> str:
         """Why the partition has fewer stages than ``wanted`` (``K`` chosen from ``narrow_count``
@@ -336,11 +373,12 @@ class StagePartitioner:
         automatic choice took fewer than the default on a small graph; "" when neither."""
         if K < wanted:
             what = f"asked for {wanted} stages" if self.stages is not None else f"automatic choice: {wanted} stages"
-            wider = (f" (and {n_cands - narrow_count} wider ones inside long blocks)"
-                     if n_cands > narrow_count else "")
-            return (f"{what}, but the graph has only {narrow_count} admissible cuts of width <= "
-                    f"{self.max_cut_width}{wider}, so {K} stages" +
-                    (" (a larger --max-cut-width allows more)" if self.max_cut_width < 8 else ""))
+            wider = f" (and {n_cands - narrow_count} wider ones inside long blocks)" if n_cands > narrow_count else ""
+            return (
+                f"{what}, but the graph has only {narrow_count} admissible cuts of width <= "
+                f"{self.max_cut_width}{wider}, so {K} stages"
+                + (" (a larger --max-cut-width allows more)" if self.max_cut_width < 8 else "")
+            )
         if self.stages is None and wanted < DEFAULT_STAGES and K < n_cands + 1:
             return _small_graph_note(wanted, live_data, n_cands)
         return ""
@@ -350,8 +388,13 @@ class StagePartitioner:
         cut (at the positions ``cand_pos``, sorted) could split."""
         notes = []
         for st in stages:  # a stage far over its share that no admissible cut could split (one node: none can)
-            if st.last > st.first and st.cost > max(2.0 / K, 0.2) * total and \
-                    bisect.bisect_left(cand_pos, st.first) == bisect.bisect_left(cand_pos, st.last):
-                notes.append(f"stage {st.index} carries {100 * st.cost / total:.0f}% of the cost: no admissible "
-                             f"cut of width <= {self.max_cut_width} lies inside it (nodes {st.first}..{st.last})")
+            if (
+                st.last > st.first
+                and st.cost > max(2.0 / K, 0.2) * total
+                and bisect.bisect_left(cand_pos, st.first) == bisect.bisect_left(cand_pos, st.last)
+            ):
+                notes.append(
+                    f"stage {st.index} carries {100 * st.cost / total:.0f}% of the cost: no admissible "
+                    f"cut of width <= {self.max_cut_width} lies inside it (nodes {st.first}..{st.last})"
+                )
         return notes

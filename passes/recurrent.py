@@ -47,10 +47,19 @@ __all__ = ["RecurrentUnrollPass", "RECURRENT_OPS", "unroll_recurrent"]
 RECURRENT_OPS = {"LSTM": 4, "GRU": 3, "RNN": 1}  # op -> gates
 _DEFAULT_ACTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
 # activation -> (default alpha, default beta), ONNX LSTM-14 "Activation functions"
-_ACTS = {"Relu": (None, None), "Tanh": (None, None), "Sigmoid": (None, None), "Softsign": (None, None),
-         "Softplus": (None, None), "Affine": (1.0, 0.0), "LeakyRelu": (0.01, None),
-         "ThresholdedRelu": (1.0, None), "ScaledTanh": (1.0, 1.0), "HardSigmoid": (0.2, 0.5),
-         "Elu": (1.0, None)}
+_ACTS = {
+    "Relu": (None, None),
+    "Tanh": (None, None),
+    "Sigmoid": (None, None),
+    "Softsign": (None, None),
+    "Softplus": (None, None),
+    "Affine": (1.0, 0.0),
+    "LeakyRelu": (0.01, None),
+    "ThresholdedRelu": (1.0, None),
+    "ScaledTanh": (1.0, 1.0),
+    "HardSigmoid": (0.2, 0.5),
+    "Elu": (1.0, None),
+}
 
 
 def _attrs(node) -> dict[str, Any]:
@@ -207,18 +216,18 @@ def _unroll(node, inits: dict[str, np.ndarray], types: dict[str, Any], taken: se
     ys, hs, cs = [], [], []
     for d in range(D):
         reverse = direction == "reverse" or d == 1
-        fa = acts[d * per:(d + 1) * per]
-        Wt = [em.const(W[d, g * H:(g + 1) * H, :].T, "w") for g in range(G)]
-        Rt = [em.const(R[d, g * H:(g + 1) * H, :].T, "r") for g in range(G)]
-        wb = [Bv[d, g * H:(g + 1) * H] for g in range(G)]
-        rb = [Bv[d, (G + g) * H:(G + g + 1) * H] for g in range(G)]
+        fa = acts[d * per : (d + 1) * per]
+        Wt = [em.const(W[d, g * H : (g + 1) * H, :].T, "w") for g in range(G)]
+        Rt = [em.const(R[d, g * H : (g + 1) * H, :].T, "r") for g in range(G)]
+        wb = [Bv[d, g * H : (g + 1) * H] for g in range(G)]
+        rb = [Bv[d, (G + g) * H : (G + g + 1) * H] for g in range(G)]
         bias = [em.const((wb[g] + rb[g]).astype(dtype), "b") for g in range(G)]
         hidx = em.const(np.array(d, np.int64), "d") if (h0 or c0) else ""
         h = em.op("Gather", [h0, hidx], axis=s_axis) if h0 else None
         c = em.op("Gather", [c0, hidx], axis=s_axis) if c0 else None
-        peep = ([em.const(P[d, k * H:(k + 1) * H], "p") for k in range(3)] if P is not None else [None] * 3)
+        peep = [em.const(P[d, k * H : (k + 1) * H], "p") for k in range(3)] if P is not None else [None] * 3
         y_d = [None] * T
-        for t in (range(T - 1, -1, -1) if reverse else range(T)):
+        for t in range(T - 1, -1, -1) if reverse else range(T):
             xt = xs[t]
             if op == "LSTM":
                 gi, go, gf, gc = (em.add(em.matmul(xt, Wt[g]), em.matmul(h, Rt[g])) for g in range(4))
@@ -232,10 +241,12 @@ def _unroll(node, inits: dict[str, np.ndarray], types: dict[str, Any], taken: se
                 o = em.act(fa[0], em.clip(em.add(go, em.mul(c, peep[1]), bias[1]), clip, dtype), dtype)
                 h = em.mul(o, em.act(fa[2], c, dtype))
             elif op == "GRU":
-                z = em.act(fa[0], em.clip(em.add(em.matmul(xt, Wt[0]), em.matmul(h, Rt[0]), bias[0]), clip, dtype),
-                           dtype)
-                rr = em.act(fa[0], em.clip(em.add(em.matmul(xt, Wt[1]), em.matmul(h, Rt[1]), bias[1]), clip, dtype),
-                            dtype)
+                z = em.act(
+                    fa[0], em.clip(em.add(em.matmul(xt, Wt[0]), em.matmul(h, Rt[0]), bias[0]), clip, dtype), dtype
+                )
+                rr = em.act(
+                    fa[0], em.clip(em.add(em.matmul(xt, Wt[1]), em.matmul(h, Rt[1]), bias[1]), clip, dtype), dtype
+                )
                 wbh, rbh = em.const(wb[2].astype(dtype), "b"), em.const(rb[2].astype(dtype), "b")
                 if lbr:
                     rec = em.mul(rr, em.add(em.matmul(h, Rt[2]), rbh) if h is not None else rbh)
@@ -245,8 +256,9 @@ def _unroll(node, inits: dict[str, np.ndarray], types: dict[str, Any], taken: se
                 one_minus_z = em.op("Sub", [em.const(np.array(1, dtype), "one"), z])
                 h = em.add(em.mul(one_minus_z, hh), em.mul(z, h))
             else:
-                h = em.act(fa[0], em.clip(em.add(em.matmul(xt, Wt[0]), em.matmul(h, Rt[0]), bias[0]), clip, dtype),
-                           dtype)
+                h = em.act(
+                    fa[0], em.clip(em.add(em.matmul(xt, Wt[0]), em.matmul(h, Rt[0]), bias[0]), clip, dtype), dtype
+                )
             y_d[t] = h
         ys.append(y_d)
         hs.append(h)
@@ -289,8 +301,13 @@ class RecurrentUnrollPass(GraphPass):
         from onnx import numpy_helper
 
         g = model.graph
-        targets = [n for n in g.node if n.op_type in RECURRENT_OPS and n.domain in ("", "ai.onnx")
-                   and (self.only is None or (n.name or n.output[0]) in self.only)]
+        targets = [
+            n
+            for n in g.node
+            if n.op_type in RECURRENT_OPS
+            and n.domain in ("", "ai.onnx")
+            and (self.only is None or (n.name or n.output[0]) in self.only)
+        ]
         info: dict[str, Any] = {"unrolled": [], "kept": {}}
         if not targets:
             return PassResult(model, False, info)
@@ -298,12 +315,18 @@ class RecurrentUnrollPass(GraphPass):
             inferred = onnx.shape_inference.infer_shapes(model)
         except Exception:  # noqa: BLE001 - shapes from the model's own value_info then
             inferred = model
-        types = {vi.name: vi.type for vi in list(inferred.graph.input) + list(inferred.graph.value_info)
-                 + list(inferred.graph.output)}
+        types = {
+            vi.name: vi.type
+            for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output)
+        }
         wanted = {v for n in targets for v in n.input[1:] if v}
         inits = {t.name: numpy_helper.to_array(t) for t in g.initializer if t.name in wanted}
-        taken = {v for n in g.node for v in list(n.input) + list(n.output)} | {n.name for n in g.node} \
-            | {t.name for t in g.initializer} | {i.name for i in g.input}
+        taken = (
+            {v for n in g.node for v in list(n.input) + list(n.output)}
+            | {n.name for n in g.node}
+            | {t.name for t in g.initializer}
+            | {i.name for i in g.input}
+        )
         opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
         new_nodes, added = [], []
         for n in g.node:

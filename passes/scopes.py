@@ -62,8 +62,6 @@ def _strip_keras3_suffix(mods: list[list[str]], model_names: set[str]) -> list[l
     return [[_TRACE_SUFFIX.sub("", m[0])] if m else [] for m in mods]
 
 
-
-
 def node_modules(model, index: GraphIndex, framework: str) -> list[list[str]]:
     """Per topological position, the source modules enclosing the node, coarse to fine ("" never)."""
     out: list[list[str]] = []
@@ -93,4 +91,3 @@ def node_modules(model, index: GraphIndex, framework: str) -> list[list[str]]:
     else:
         out = [[]] * len(index.nodes)  # one shared empty list: never appended to
     return out
-

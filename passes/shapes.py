@@ -119,8 +119,9 @@ def weightless_copy(model, fixed_inputs: dict[str, list[int]] | None = None):
     return m
 
 
-def infer_value_types(model, produced: list[str] | None = None, *, data_prop: bool = True,
-                      weightless: bool = False) -> dict[str, tuple[int, list[Any] | None]]:
+def infer_value_types(
+    model, produced: list[str] | None = None, *, data_prop: bool = True, weightless: bool = False
+) -> dict[str, tuple[int, list[Any] | None]]:
     """``value -> (elem_type, shape)`` for inputs, outputs, initializers and every intermediate.
 
     ONNX shape inference first (``strict_mode=False, data_prop=True``, on :func:`weightless_copy`;
@@ -184,13 +185,22 @@ def fix_input_dims(model, copy: bool = True):
     fixed (first dim 1, others :data:`COST_DIM`) for the cost estimate only, or None if all input
     dims are static (with ``copy=False``: True instead of the copy)."""
     inits = {t.name for t in model.graph.initializer}
-    dyn = [i for i in model.graph.input if i.name not in inits and i.type.HasField("tensor_type")
-           and any(not d.HasField("dim_value") or d.dim_value <= 0 for d in i.type.tensor_type.shape.dim)]
+    dyn = [
+        i
+        for i in model.graph.input
+        if i.name not in inits
+        and i.type.HasField("tensor_type")
+        and any(not d.HasField("dim_value") or d.dim_value <= 0 for d in i.type.tensor_type.shape.dim)
+    ]
     if not dyn:
         return None
     if not copy:
         return True
-    fixed = {i.name: [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (1 if k == 0 else COST_DIM)
-                      for k, d in enumerate(i.type.tensor_type.shape.dim)] for i in dyn}
+    fixed = {
+        i.name: [
+            d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (1 if k == 0 else COST_DIM)
+            for k, d in enumerate(i.type.tensor_type.shape.dim)
+        ]
+        for i in dyn
+    }
     return weightless_copy(model, fixed)
-

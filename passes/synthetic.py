@@ -18,8 +18,9 @@ from __future__ import annotations
 __all__ = ["skip_chain_model"]
 
 
-def skip_chain_model(num_nodes: int = 10_500, channels: int = 8, long_every: int = 8, seed: int = 0,
-                     kind: str = "conv"):
+def skip_chain_model(
+    num_nodes: int = 10_500, channels: int = 8, long_every: int = 8, seed: int = 0, kind: str = "conv"
+):
     """Return an ``onnx.ModelProto`` (opset 17, IR 8) with at least ``num_nodes`` nodes.
 
     Raises:
@@ -36,10 +37,14 @@ def skip_chain_model(num_nodes: int = 10_500, channels: int = 8, long_every: int
     shape = [1, c, 8, 8]
     inits = []
     if kind == "elementwise":
-        inits += [numpy_helper.from_array((1.0 + 0.01 * rng.standard_normal((1, c, 1, 1))).astype(np.float32), f"a{k}")
-                  for k in range(4)]
-        inits += [numpy_helper.from_array((0.01 * rng.standard_normal((1, c, 1, 1))).astype(np.float32), f"b{k}")
-                  for k in range(4)]
+        inits += [
+            numpy_helper.from_array((1.0 + 0.01 * rng.standard_normal((1, c, 1, 1))).astype(np.float32), f"a{k}")
+            for k in range(4)
+        ]
+        inits += [
+            numpy_helper.from_array((0.01 * rng.standard_normal((1, c, 1, 1))).astype(np.float32), f"b{k}")
+            for k in range(4)
+        ]
     nodes = []
     x = "x"
     anchor_in = x
@@ -48,20 +53,36 @@ def skip_chain_model(num_nodes: int = 10_500, channels: int = 8, long_every: int
         p = f"/layer{blk}"
         if kind == "conv":
             for j in (1, 2):
-                inits.append(numpy_helper.from_array(
-                    (0.005 * rng.standard_normal((c, c, 3, 3))).astype(np.float32), f"layer{blk}.conv{j}.weight"))
-                inits.append(numpy_helper.from_array(
-                    (0.01 * rng.standard_normal(c)).astype(np.float32), f"layer{blk}.conv{j}.bias"))
+                inits.append(
+                    numpy_helper.from_array(
+                        (0.005 * rng.standard_normal((c, c, 3, 3))).astype(np.float32), f"layer{blk}.conv{j}.weight"
+                    )
+                )
+                inits.append(
+                    numpy_helper.from_array(
+                        (0.01 * rng.standard_normal(c)).astype(np.float32), f"layer{blk}.conv{j}.bias"
+                    )
+                )
             nodes += [
-                helper.make_node("Conv", [x, f"layer{blk}.conv1.weight", f"layer{blk}.conv1.bias"],
-                                 [f"{p}/conv1/Conv_output_0"], name=f"{p}/conv1/Conv", kernel_shape=[3, 3],
-                                 pads=[1, 1, 1, 1]),
-                helper.make_node("Relu", [f"{p}/conv1/Conv_output_0"], [f"{p}/relu1/Relu_output_0"],
-                                 name=f"{p}/relu1/Relu"),
-                helper.make_node("Conv", [f"{p}/relu1/Relu_output_0", f"layer{blk}.conv2.weight",
-                                          f"layer{blk}.conv2.bias"],
-                                 [f"{p}/conv2/Conv_output_0"], name=f"{p}/conv2/Conv", kernel_shape=[3, 3],
-                                 pads=[1, 1, 1, 1]),
+                helper.make_node(
+                    "Conv",
+                    [x, f"layer{blk}.conv1.weight", f"layer{blk}.conv1.bias"],
+                    [f"{p}/conv1/Conv_output_0"],
+                    name=f"{p}/conv1/Conv",
+                    kernel_shape=[3, 3],
+                    pads=[1, 1, 1, 1],
+                ),
+                helper.make_node(
+                    "Relu", [f"{p}/conv1/Conv_output_0"], [f"{p}/relu1/Relu_output_0"], name=f"{p}/relu1/Relu"
+                ),
+                helper.make_node(
+                    "Conv",
+                    [f"{p}/relu1/Relu_output_0", f"layer{blk}.conv2.weight", f"layer{blk}.conv2.bias"],
+                    [f"{p}/conv2/Conv_output_0"],
+                    name=f"{p}/conv2/Conv",
+                    kernel_shape=[3, 3],
+                    pads=[1, 1, 1, 1],
+                ),
                 helper.make_node("Add", [f"{p}/conv2/Conv_output_0", x], [f"{p}/Add_output_0"], name=f"{p}/Add"),
                 helper.make_node("Relu", [f"{p}/Add_output_0"], [f"{p}/relu2/Relu_output_0"], name=f"{p}/relu2/Relu"),
             ]
@@ -80,7 +101,8 @@ def skip_chain_model(num_nodes: int = 10_500, channels: int = 8, long_every: int
             x = anchor_in = f"{p}/LongSkip_output_0"
     nodes.append(helper.make_node("Identity", [x], ["y"], name="/output/Identity"))
     graph = helper.make_graph(
-        nodes, f"skip_chain_{kind}",
+        nodes,
+        f"skip_chain_{kind}",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
         initializer=inits,

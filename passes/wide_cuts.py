@@ -93,9 +93,9 @@ class WideCuts:
         for st in stages:  # the runs of nodes between consecutive admissible cuts inside the stage
             bounds = [st.first - 1] + [p for p in pos if st.first <= p < st.last] + [st.last]
             for a, b in zip(bounds, bounds[1:]):
-                nodes = sum(counted[a + 1:b + 1])
+                nodes = sum(counted[a + 1 : b + 1])
                 if nodes > share * total_nodes and nodes >= LONG_BLOCK_MIN_NODES:
-                    spans.append((a + 1, b, nodes / total_nodes, sum(costs_of[a + 1:b + 1])))
+                    spans.append((a + 1, b, nodes / total_nodes, sum(costs_of[a + 1 : b + 1])))
         if not spans:
             return []
         total_cost = sum(costs_of) or 1.0
@@ -129,15 +129,21 @@ class WideCuts:
         out = []
         for a, b, ns, cs in self.long:
             inside = [len(c) for p, c in chosen if a <= p < b and len(c) > self.narrow]
-            head = (f"nodes {a}..{b} held {100 * ns:.0f}% of the nodes ({100 * cs:.0f}% of the cost) with no cut of "
-                    f"width <= {self.narrow} inside (an unrolled recurrent block or layers reading shared tensors)")
+            head = (
+                f"nodes {a}..{b} held {100 * ns:.0f}% of the nodes ({100 * cs:.0f}% of the cost) with no cut of "
+                f"width <= {self.narrow} inside (an unrolled recurrent block or layers reading shared tensors)"
+            )
             if inside:
-                out.append(f"{head}: cut inside it by {len(inside)} wide cut(s) of {min(inside)}..{max(inside)} "
-                           f"tensors (more than --max-cut-width {self.narrow}; at most {self.wide}, each no larger in "
-                           "elements than a 1/K share of the model's activations); "
-                           "the stages are balanced on FLOPs and "
-                           "node count together")
+                out.append(
+                    f"{head}: cut inside it by {len(inside)} wide cut(s) of {min(inside)}..{max(inside)} "
+                    f"tensors (more than --max-cut-width {self.narrow}; at most {self.wide}, each no larger in "
+                    "elements than a 1/K share of the model's activations); "
+                    "the stages are balanced on FLOPs and "
+                    "node count together"
+                )
             elif any(x[:2] == (a, b) for x in self.none_inside):
-                out.append(f"{head}: no cut of at most {self.wide} tensors (and no larger than a 1/K share of the "
-                           "model's activations) lies inside it either")
+                out.append(
+                    f"{head}: no cut of at most {self.wide} tensors (and no larger than a 1/K share of the "
+                    "model's activations) lies inside it either"
+                )
         return out

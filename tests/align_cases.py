@@ -99,15 +99,31 @@ def build_keras_case(tmp: Path) -> dict:
         values[a] = hits[0]
     proto = expose_outputs(proto, list(values.values()))
     shapes = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in proto.graph.output}
-    anchors = [Anchor(name=a, value=values[a], stage=i, order=i, producer="", op_type="", shape=shapes[values[a]],
-                      dtype="float32", layout=ANCHORS[a][2]) for i, a in enumerate(ANCHORS)]
+    anchors = [
+        Anchor(
+            name=a,
+            value=values[a],
+            stage=i,
+            order=i,
+            producer="",
+            op_type="",
+            shape=shapes[values[a]],
+            dtype="float32",
+            layout=ANCHORS[a][2],
+        )
+        for i, a in enumerate(ANCHORS)
+    ]
     manifest = AnchorManifest(anchors=anchors)
     rng = np.random.default_rng(0)
     samples = []
     for _ in range(2):
-        samples.append({"x": rng.normal(size=(1, 16, 16, 3)).astype(np.float32),
-                        "s": rng.normal(size=(1, 32, 4)).astype(np.float32),
-                        "v": rng.normal(size=(1, 6, 6, 6, 2)).astype(np.float32)})
+        samples.append(
+            {
+                "x": rng.normal(size=(1, 16, 16, 3)).astype(np.float32),
+                "s": rng.normal(size=(1, 32, 4)).astype(np.float32),
+                "v": rng.normal(size=(1, 6, 6, 6, 2)).astype(np.float32),
+            }
+        )
     model_bytes = proto.SerializeToString()
     ort_out, keras_out = [], []
     for feeds in samples:
@@ -120,13 +136,21 @@ def build_keras_case(tmp: Path) -> dict:
     for feeds in samples:
         outs = [np.asarray(t) for t in wrong_native([feeds["x"], feeds["s"], feeds["v"]])]
         wrong.append(dict(zip(ANCHORS, outs[:-1])))
-    return {"manifest": manifest, "proto": proto, "values": values, "samples": samples, "ort": ort_out,
-            "keras": keras_out, "wrong": wrong}
+    return {
+        "manifest": manifest,
+        "proto": proto,
+        "values": values,
+        "samples": samples,
+        "ort": ort_out,
+        "keras": keras_out,
+        "wrong": wrong,
+    }
 
 
 def ort_status(manifest, name="ort", precision="fp32", captures=None):
-    caps = captures or {a.name: AnchorCapture("exact", a.layout if a.layout != "unknown" else None).__dict__
-                        for a in manifest.anchors}
+    caps = captures or {
+        a.name: AnchorCapture("exact", a.layout if a.layout != "unknown" else None).__dict__ for a in manifest.anchors
+    }
     return BackendStatus(name=name, family="onnxruntime", status="ok", precision=precision, captures=caps)
 
 
@@ -137,9 +161,9 @@ def tf_status(manifest, known=True, overrides=None):
     for a in manifest.anchors:
         r = len(a.shape)
         if known and a.layout in NATIVE_LAYOUT and a.name != "anchor/03/gap":
-            caps[a.name] = AnchorCapture("equivalent", NATIVE_LAYOUT[a.layout],
-                                         {"permute": [0, r - 1, *range(1, r - 1)]},
-                                         target=a.name).__dict__
+            caps[a.name] = AnchorCapture(
+                "equivalent", NATIVE_LAYOUT[a.layout], {"permute": [0, r - 1, *range(1, r - 1)]}, target=a.name
+            ).__dict__
         else:
             caps[a.name] = AnchorCapture("equivalent", None, None, target=a.name).__dict__
     caps.update(overrides or {})

@@ -30,8 +30,9 @@ CLEAN_BACKENDS = BACKENDS[:-1]  # clean fp32 with tf: tests/test_check_yolo.py
 def conv_layer(name, x, y, cin, cout, rng, k=3, stride=1, pad=1, bias=0.0, scale=None):
     w = (rng.standard_normal((cout, cin, k, k)) * (scale or 1.0 / np.sqrt(cin * k * k))).astype(np.float32)
     b = (bias + 0.05 * rng.standard_normal(cout)).astype(np.float32)
-    node = h.make_node("Conv", [x, f"{name}.w", f"{name}.b"], [y], name=name, kernel_shape=[k, k],
-                       strides=[stride] * 2, pads=[pad] * 4)
+    node = h.make_node(
+        "Conv", [x, f"{name}.w", f"{name}.b"], [y], name=name, kernel_shape=[k, k], strides=[stride] * 2, pads=[pad] * 4
+    )
     return node, [nh.from_array(w, f"{name}.w"), nh.from_array(b, f"{name}.b")]
 
 
@@ -40,8 +41,13 @@ def cnn_model(name, chain, in_shape, out_shape, stages):
     for n, i in chain:
         nodes.append(n)
         inits += i
-    g = h.make_graph(nodes, name, [h.make_tensor_value_info("x", T.FLOAT, in_shape)],
-                     [h.make_tensor_value_info("y", T.FLOAT, out_shape)], inits)
+    g = h.make_graph(
+        nodes,
+        name,
+        [h.make_tensor_value_info("x", T.FLOAT, in_shape)],
+        [h.make_tensor_value_info("y", T.FLOAT, out_shape)],
+        inits,
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.checker.check_model(m)
@@ -52,11 +58,15 @@ def _activation_cnn(op: str, value: str, bias: float, seed: int):
     """conv -> relu -> conv (bias ``bias``: the activation's inputs far below 0) -> ``op`` (output
     ``value``) -> conv -> relu -> conv."""
     rng = np.random.default_rng(seed)
-    chain = [conv_layer("c0", "x", "t0", 3, 8, rng), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
-             conv_layer("c1", "r0", "t1", 8, 8, rng, bias=bias, scale=0.3),
-             (h.make_node(op, ["t1"], [value], name=op.lower()), []),
-             conv_layer("c2", value, "t2", 8, 8, rng), (h.make_node("Relu", ["t2"], ["r2"], name="relu2"), []),
-             conv_layer("c3", "r2", "y", 8, 4, rng)]
+    chain = [
+        conv_layer("c0", "x", "t0", 3, 8, rng),
+        (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
+        conv_layer("c1", "r0", "t1", 8, 8, rng, bias=bias, scale=0.3),
+        (h.make_node(op, ["t1"], [value], name=op.lower()), []),
+        conv_layer("c2", value, "t2", 8, 8, rng),
+        (h.make_node("Relu", ["t2"], ["r2"], name="relu2"), []),
+        conv_layer("c3", "r2", "y", 8, 4, rng),
+    ]
     return cnn_model(f"{op.lower()}_cnn", chain, [1, 3, 16, 16], [1, 4, 16, 16], 7)
 
 
@@ -75,25 +85,40 @@ def avgpool_cnn():
     """conv (stride 2: 8x8 -> 4x4) -> relu -> AveragePool(k3, s2, p1, ceil_mode=1, count_include_pad=1) -> conv -> relu
     -> conv."""
     rng = np.random.default_rng(1)
-    pool = h.make_node("AveragePool", ["r0"], ["p"], name="avgpool", kernel_shape=[3, 3], strides=[2, 2],
-                       pads=[1, 1, 1, 1], ceil_mode=1, count_include_pad=1)
-    chain = [conv_layer("c0", "x", "t0", 3, 8, rng, stride=2, bias=0.5),
-             (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
-             (pool, []), conv_layer("c1", "p", "t1", 8, 8, rng, k=1, pad=0),
-             (h.make_node("Relu", ["t1"], ["r1"], name="relu1"), []),
-             conv_layer("c2", "r1", "y", 8, 4, rng, k=1, pad=0)]
+    pool = h.make_node(
+        "AveragePool",
+        ["r0"],
+        ["p"],
+        name="avgpool",
+        kernel_shape=[3, 3],
+        strides=[2, 2],
+        pads=[1, 1, 1, 1],
+        ceil_mode=1,
+        count_include_pad=1,
+    )
+    chain = [
+        conv_layer("c0", "x", "t0", 3, 8, rng, stride=2, bias=0.5),
+        (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
+        (pool, []),
+        conv_layer("c1", "p", "t1", 8, 8, rng, k=1, pad=0),
+        (h.make_node("Relu", ["t1"], ["r1"], name="relu1"), []),
+        conv_layer("c2", "r1", "y", 8, 4, rng, k=1, pad=0),
+    ]
     return cnn_model("avgpool_cnn", chain, [1, 3, 8, 8], [1, 4, 3, 3], 6)
 
 
 def plain_cnn():
     rng = np.random.default_rng(2)
-    chain = [conv_layer("c0", "x", "t0", 3, 16, rng), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
-             conv_layer("c1", "r0", "t1", 16, 16, rng, stride=2),
-             (h.make_node("Sigmoid", ["t1"], ["s1"], name="sig"), []),
-             (h.make_node("Mul", ["t1", "s1"], ["m1"], name="silu"), []),
-             conv_layer("c2", "m1", "t2", 16, 16, rng),
-             (h.make_node("MaxPool", ["t2"], ["p2"], name="pool", kernel_shape=[2, 2], strides=[2, 2]), []),
-             conv_layer("c3", "p2", "y", 16, 8, rng, k=1, pad=0)]
+    chain = [
+        conv_layer("c0", "x", "t0", 3, 16, rng),
+        (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
+        conv_layer("c1", "r0", "t1", 16, 16, rng, stride=2),
+        (h.make_node("Sigmoid", ["t1"], ["s1"], name="sig"), []),
+        (h.make_node("Mul", ["t1", "s1"], ["m1"], name="silu"), []),
+        conv_layer("c2", "m1", "t2", 16, 16, rng),
+        (h.make_node("MaxPool", ["t2"], ["p2"], name="pool", kernel_shape=[2, 2], strides=[2, 2]), []),
+        conv_layer("c3", "p2", "y", 16, 8, rng, k=1, pad=0),
+    ]
     return cnn_model("plain_cnn", chain, [1, 3, 32, 32], [1, 8, 8, 8], 6)
 
 
@@ -144,9 +169,17 @@ def make_run(tmp, anchored, manifest, inputs, backends=BACKENDS, models=None):
             be.prepare((models or {}).get(b, mpath), manifest, tmp / "work" / b)
             for i, x in enumerate(inputs):
                 store.write_anchors(b, f"s{i:04d}", be.run({"x": x}))
-            store.set_status(BackendStatus(name=b, family=cls.family, status="ok", versions=be.versions(),
-                                           precision=be.effective_precision(), samples=len(inputs),
-                                           captures={k: asdict(v) for k, v in be.anchor_info().items()}))
+            store.set_status(
+                BackendStatus(
+                    name=b,
+                    family=cls.family,
+                    status="ok",
+                    versions=be.versions(),
+                    precision=be.effective_precision(),
+                    samples=len(inputs),
+                    captures={k: asdict(v) for k, v in be.anchor_info().items()},
+                )
+            )
     store.save_meta()
     return tmp / "run"
 
@@ -169,8 +202,7 @@ def clean_run(tmp):
     """``(run folder, manifest)`` of the plain CNN run on :data:`CLEAN_BACKENDS`, 10 samples (2
     photographs); written under the folder ``tmp``."""
     am, man = plain_cnn()
-    return make_run(tmp, am, man, random_inputs([1, 3, 32, 32], 10, 2, image=True),
-                    backends=CLEAN_BACKENDS), man
+    return make_run(tmp, am, man, random_inputs([1, 3, 32, 32], 10, 2, image=True), backends=CLEAN_BACKENDS), man
 
 
 def copy_run(src, dst):
@@ -185,17 +217,27 @@ def branch_cnn():
     Nodes are in file order c0, relu0, a1, b1, relua1, a2, concat, c3, so the manifest interleaves the
     branches (ta1, tb1, ra1, ta2): tb1 sits between two branch-A anchors but is not downstream of a1."""
     rng = np.random.default_rng(3)
-    chain = [conv_layer("c0", "x", "t0", 3, 8, rng), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
-             conv_layer("a1", "r0", "ta1", 8, 8, rng), conv_layer("b1", "r0", "tb1", 8, 8, rng),
-             (h.make_node("Relu", ["ta1"], ["ra1"], name="relua1"), []), conv_layer("a2", "ra1", "ta2", 8, 8, rng),
-             (h.make_node("Concat", ["ta2", "tb1"], ["cat"], name="concat", axis=1), []),
-             conv_layer("c3", "cat", "y", 16, 4, rng)]
+    chain = [
+        conv_layer("c0", "x", "t0", 3, 8, rng),
+        (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
+        conv_layer("a1", "r0", "ta1", 8, 8, rng),
+        conv_layer("b1", "r0", "tb1", 8, 8, rng),
+        (h.make_node("Relu", ["ta1"], ["ra1"], name="relua1"), []),
+        conv_layer("a2", "ra1", "ta2", 8, 8, rng),
+        (h.make_node("Concat", ["ta2", "tb1"], ["cat"], name="concat", axis=1), []),
+        conv_layer("c3", "cat", "y", 16, 4, rng),
+    ]
     nodes, inits = [], []
     for n, i in chain:
         nodes.append(n)
         inits += i
-    g = h.make_graph(nodes, "branch_cnn", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 16, 16])], inits)
+    g = h.make_graph(
+        nodes,
+        "branch_cnn",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 16, 16])],
+        inits,
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.checker.check_model(m)

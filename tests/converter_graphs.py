@@ -20,8 +20,9 @@ RTOL = 64 * EPS32
 
 # ---- helpers -------------------------------------------------------------------------------------
 def gap_model(nodes, inputs, outputs, inits, opset=15):
-    g = helper.make_graph(nodes, "gap", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
-                                                  for o in outputs], inits)
+    g = helper.make_graph(
+        nodes, "gap", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 8
     return m

@@ -36,8 +36,24 @@ def net_runs(root: Path) -> dict[str, Path]:
             model = softplus_onnx(root / key / "net.onnx", bias=bias, name="net")
             so, se = io.StringIO(), io.StringIO()
             with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
-                rc = main(["test", str(model), "--backends", "ort,openvino,onnx-reference", "--stages", "7",
-                           "--samples", "2", "--history", str(db), "-o", str(root / key / "out"), "--quiet", *extra])
+                rc = main(
+                    [
+                        "test",
+                        str(model),
+                        "--backends",
+                        "ort,openvino,onnx-reference",
+                        "--stages",
+                        "7",
+                        "--samples",
+                        "2",
+                        "--history",
+                        str(db),
+                        "-o",
+                        str(root / key / "out"),
+                        "--quiet",
+                        *extra,
+                    ]
+                )
             assert rc == rc_want, (key, rc, so.getvalue()[-2000:], se.getvalue()[-2000:])
             out[key] = root / key / "out"
         _RUNS["net"] = out

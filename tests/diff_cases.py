@@ -76,8 +76,9 @@ def build_cnn_pair(d: Path) -> None:
             return self.fc(x.mean((2, 3)))
 
     torch.manual_seed(0)
-    torch.onnx.export(Net().eval(), (torch.zeros(1, 3, 32, 32),), str(d / "torch.onnx"), dynamo=True,
-                      external_data=False)
+    torch.onnx.export(
+        Net().eval(), (torch.zeros(1, 3, 32, 32),), str(d / "torch.onnx"), dynamo=True, external_data=False
+    )
 
 
 def yolo_path() -> Path:

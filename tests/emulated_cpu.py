@@ -27,10 +27,13 @@ def saturation_probe(workdir: Path) -> dict[str, float]:
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     k = 64
-    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "sat",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
-                          [numpy_helper.from_array(np.ones((k, 8), np.float32), "W")])
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "sat",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [numpy_helper.from_array(np.ones((k, 8), np.float32), "W")],
+    )
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(workdir / "sat.onnx"))
 
     class Reader(CalibrationDataReader):
@@ -40,11 +43,19 @@ def saturation_probe(workdir: Path) -> dict[str, float]:
         def get_next(self):
             return next(self.it, None)
 
-    quantize_static(str(workdir / "sat.onnx"), str(workdir / "sat.q.onnx"), Reader(), quant_format=QuantFormat.QDQ,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    quantize_static(
+        str(workdir / "sat.onnx"),
+        str(workdir / "sat.q.onnx"),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+    )
     out = {}
-    for key, level in (("int8", ort.GraphOptimizationLevel.ORT_ENABLE_ALL),
-                       ("fakequant", ort.GraphOptimizationLevel.ORT_DISABLE_ALL)):
+    for key, level in (
+        ("int8", ort.GraphOptimizationLevel.ORT_ENABLE_ALL),
+        ("fakequant", ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
+    ):
         so = ort.SessionOptions()
         so.graph_optimization_level = level
         sess = ort.InferenceSession(str(workdir / "sat.q.onnx"), so, providers=["CPUExecutionProvider"])
@@ -62,14 +73,31 @@ def main(workdir: str) -> None:
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.normal(size=(8, 3, 3, 3)).astype(np.float32), "w")
-    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], [w])
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [w],
+    )
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     d = Path(workdir)
     onnx.save(model, str(d / "m.onnx"))
-    man = AnchorManifest(anchors=[Anchor(name="output/y", value="y", stage=0, order=0, producer="", op_type="Conv",
-                                         shape=[1, 8, 16, 16], dtype="float32", kind="output")])
+    man = AnchorManifest(
+        anchors=[
+            Anchor(
+                name="output/y",
+                value="y",
+                stage=0,
+                order=0,
+                producer="",
+                op_type="Conv",
+                shape=[1, 8, 16, 16],
+                dtype="float32",
+                kind="output",
+            )
+        ]
+    )
     x = rng.normal(size=(1, 3, 16, 16)).astype(np.float32)
     np.savez(d / "x.npz", x=x)
     ov = OpenVinoBf16Backend({})
@@ -79,14 +107,27 @@ def main(workdir: str) -> None:
     q.prepare(d / "m.onnx", man, d / "q")
     info = BackendInfo.make("openvino-bf16", "openvino", ov.effective_precision(), requested=ov.precision)
     mi = machine_info()
-    table = {"openvino-bf16": {"precision": info.precision, "precision_requested": info.requested, "versions": {}},
-             "ort-int8": {"precision": "int8", "precision_requested": "int8", "versions": q.versions()}}
-    print(json.dumps({"cpu_flags": mi["cpu_flags"], "kernels": mi["kernels"],
-                      "ov_hint": ov.versions()["openvino_compiled_precision_hint"],
-                      "ov_effective": ov.effective_precision(), "ov_finite": bool(np.isfinite(y_ov).all()),
-                      "judged_as": info.precision, "requested": info.requested, "votes": info.votes,
-                      "u8s8": q.versions()["mlas_u8s8_kernel"], "notes": precision_notes(table, mi),
-                      "saturation": saturation_probe(d)}))
+    table = {
+        "openvino-bf16": {"precision": info.precision, "precision_requested": info.requested, "versions": {}},
+        "ort-int8": {"precision": "int8", "precision_requested": "int8", "versions": q.versions()},
+    }
+    print(
+        json.dumps(
+            {
+                "cpu_flags": mi["cpu_flags"],
+                "kernels": mi["kernels"],
+                "ov_hint": ov.versions()["openvino_compiled_precision_hint"],
+                "ov_effective": ov.effective_precision(),
+                "ov_finite": bool(np.isfinite(y_ov).all()),
+                "judged_as": info.precision,
+                "requested": info.requested,
+                "votes": info.votes,
+                "u8s8": q.versions()["mlas_u8s8_kernel"],
+                "notes": precision_notes(table, mi),
+                "saturation": saturation_probe(d),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

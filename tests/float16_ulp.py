@@ -9,4 +9,4 @@ import numpy as np
 def fp16_ulp(x: np.ndarray) -> float:
     """One float16 ULP at the largest |x| (2**(e - 10) for 2**e <= max|x| < 2**(e+1); normal range)."""
     m = float(np.abs(x).max())
-    return 2.0 ** (np.floor(np.log2(m)) - 10) if m > 0 else 2.0 ** -24
+    return 2.0 ** (np.floor(np.log2(m)) - 10) if m > 0 else 2.0**-24

@@ -25,8 +25,9 @@ def yolo_onnx(cfg: str, dynamo: bool, size: int = IMGSZ) -> Path:
     """ultralytics ``cfg`` (seeded random weights, one-output export head) exported by torch."""
     from anpred.cache import cache_key, cached_dir
 
-    key = cache_key("test-instrument-yolo/1", cfg, dynamo, size, md.version("torch"), md.version("ultralytics"),
-                    md.version("onnx"))
+    key = cache_key(
+        "test-instrument-yolo/1", cfg, dynamo, size, md.version("torch"), md.version("ultralytics"), md.version("onnx")
+    )
 
     def build(tmp: Path) -> None:
         import torch

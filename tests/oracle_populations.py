@@ -6,8 +6,12 @@ import numpy as np
 
 from anpred.judge import AnchorInfo, BackendInfo, Oracle
 
-ANCHORS = [AnchorInfo("anchor/00/a", 0), AnchorInfo("anchor/01/b", 1), AnchorInfo("anchor/02/c", 2),
-           AnchorInfo("output/y", 3, kind="output")]
+ANCHORS = [
+    AnchorInfo("anchor/00/a", 0),
+    AnchorInfo("anchor/01/b", 1),
+    AnchorInfo("anchor/02/c", 2),
+    AnchorInfo("output/y", 3, kind="output"),
+]
 FP32 = ["ort", "ort-noopt", "openvino", "onnx-reference", "torch"]
 
 

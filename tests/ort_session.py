@@ -15,8 +15,14 @@ from pathlib import Path
 from typing import Any
 
 
-def ort_session(model: Any, *, threads: int | None = None, level: str | None = None, x64quantprecision: bool = False,
-            quiet: bool = False):
+def ort_session(
+    model: Any,
+    *,
+    threads: int | None = None,
+    level: str | None = None,
+    x64quantprecision: bool = False,
+    quiet: bool = False,
+):
     """An ``onnxruntime.InferenceSession`` on ``model`` with the CPU execution provider."""
     import onnxruntime as ort
 

@@ -83,8 +83,14 @@ def small_keras(imgsz: int = 32, seed: int = 0):
     rng = np.random.default_rng(seed)
     bn = model.get_layer("stem_bn")
     gamma, beta, mean, var = bn.get_weights()
-    bn.set_weights([gamma, beta, rng.uniform(-0.2, 0.2, mean.shape).astype(np.float32),
-                    rng.uniform(0.5, 1.5, var.shape).astype(np.float32)])
+    bn.set_weights(
+        [
+            gamma,
+            beta,
+            rng.uniform(-0.2, 0.2, mean.shape).astype(np.float32),
+            rng.uniform(0.5, 1.5, var.shape).astype(np.float32),
+        ]
+    )
     x0 = rng.random((1, 3, imgsz, imgsz), dtype=np.float32)
     return model, (x0,)
 
@@ -104,8 +110,11 @@ def softplus_onnx(path: Path, bias: float = -15.0, name: str = "softplus_cnn") -
         w = (rng.standard_normal((cout, cin, 3, 3)) * (scale or 1.0 / np.sqrt(cin * 9))).astype(np.float32)
         b = (bias + 0.05 * rng.standard_normal(cout)).astype(np.float32)
         inits.extend([numpy_helper.from_array(w, f"{name}.w"), numpy_helper.from_array(b, f"{name}.b")])
-        nodes.append(helper.make_node("Conv", [x, f"{name}.w", f"{name}.b"], [y], name=name, kernel_shape=[3, 3],
-                                      pads=[1, 1, 1, 1]))
+        nodes.append(
+            helper.make_node(
+                "Conv", [x, f"{name}.w", f"{name}.b"], [y], name=name, kernel_shape=[3, 3], pads=[1, 1, 1, 1]
+            )
+        )
 
     conv("c0", "x", "t0", 3, 8)
     nodes.append(helper.make_node("Relu", ["t0"], ["r0"], name="relu0"))
@@ -114,8 +123,13 @@ def softplus_onnx(path: Path, bias: float = -15.0, name: str = "softplus_cnn") -
     conv("c2", "sp", "t2", 8, 8)
     nodes.append(helper.make_node("Relu", ["t2"], ["r2"], name="relu2"))
     conv("c3", "r2", "y", 8, 4)
-    g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], inits)
+    g = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])],
+        inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.checker.check_model(m)
@@ -136,15 +150,29 @@ def avgpool_net_onnx(path: Path) -> Path:
     rng = np.random.default_rng(0)
     w1 = (rng.standard_normal((4, 3, 3, 3)) / np.sqrt(27)).astype(np.float32)
     w2 = (rng.standard_normal((4, 4, 3, 3)) / np.sqrt(36)).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
-             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-             helper.make_node("AveragePool", ["r1"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1],
-                              count_include_pad=1, name="avgpool"),
-             helper.make_node("Conv", ["p", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
-             helper.make_node("Relu", ["c2"], ["y"], name="relu2")]
-    g = helper.make_graph(nodes, "avgpool_net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
-                          [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node(
+            "AveragePool",
+            ["r1"],
+            ["p"],
+            kernel_shape=[3, 3],
+            strides=[2, 2],
+            pads=[0, 0, 1, 1],
+            count_include_pad=1,
+            name="avgpool",
+        ),
+        helper.make_node("Conv", ["p", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("Relu", ["c2"], ["y"], name="relu2"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "avgpool_net",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)], ir_version=8)
     onnx.checker.check_model(m)
     onnx.save(m, path)

@@ -45,8 +45,9 @@ def _export_yolo(out: Path, size: int) -> None:
         if type(m).__name__ == "Detect":
             m.export = True  # one output tensor (1, 84, N) as in ultralytics' own ONNX export
     x = torch.rand(1, 3, size, size)
-    torch.onnx.export(model, x, str(out), dynamo=False, opset_version=17, input_names=["images"],
-                      output_names=["output0"])
+    torch.onnx.export(
+        model, x, str(out), dynamo=False, opset_version=17, input_names=["images"], output_names=["output0"]
+    )
 
 
 def _hand_anchor(src: Path, dst: Path, scope_re: str, every: int = 1) -> None:
@@ -79,10 +80,20 @@ def _hand_anchor(src: Path, dst: Path, scope_re: str, every: int = 1) -> None:
         tt = vi.type.tensor_type
         shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
         name = anchor_name(len(stages), scope)
-        anchors.append(Anchor(name=name, value=v, stage=len(stages), order=i, producer=node.name,
-                              op_type=node.op_type, shape=shape,
-                              dtype=onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name,
-                              layout="NCHW" if len(shape) == 4 else "unknown", scope=scope))
+        anchors.append(
+            Anchor(
+                name=name,
+                value=v,
+                stage=len(stages),
+                order=i,
+                producer=node.name,
+                op_type=node.op_type,
+                shape=shape,
+                dtype=onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name,
+                layout="NCHW" if len(shape) == 4 else "unknown",
+                scope=scope,
+            )
+        )
         stages.append(Stage(len(stages), first, i, i - first + 1, float(i - first + 1), [name]))
         first = i + 1
         if v not in outs:
@@ -91,11 +102,20 @@ def _hand_anchor(src: Path, dst: Path, scope_re: str, every: int = 1) -> None:
     for o in model.graph.output[: len(outs)]:
         tt = o.type.tensor_type
         shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
-        anchors.append(Anchor(name=output_anchor_name(o.name), value=o.name, stage=last_stage,
-                              order=len(model.graph.node) - 1, producer="", op_type="", shape=shape,
-                              dtype=onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name, kind="output"))
-    man = AnchorManifest(anchors=anchors, stages=stages, model={"source": str(src)},
-                         partition={"hand_made": True})
+        anchors.append(
+            Anchor(
+                name=output_anchor_name(o.name),
+                value=o.name,
+                stage=last_stage,
+                order=len(model.graph.node) - 1,
+                producer="",
+                op_type="",
+                shape=shape,
+                dtype=onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name,
+                kind="output",
+            )
+        )
+    man = AnchorManifest(anchors=anchors, stages=stages, model={"source": str(src)}, partition={"hand_made": True})
     man.to_model(model)
     onnx.save(model, str(dst))
     man.save(dst.with_suffix(".manifest.json"))

@@ -23,15 +23,20 @@ def train_digits_cnn(seed: int = 0):
     x = (d.images / 16.0).astype(np.float32)[:, None]
     y = d.target.astype(np.int64)
     torch.manual_seed(seed)
-    net = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
-                              torch.nn.Conv2d(16, 32, 3, stride=2, padding=1), torch.nn.ReLU(),
-                              torch.nn.Flatten(), torch.nn.Linear(32 * 16, 10))
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(32 * 16, 10),
+    )
     opt = torch.optim.Adam(net.parameters(), 1e-2)
     xt, yt = torch.from_numpy(x[:N_TRAIN]), torch.from_numpy(y[:N_TRAIN])
     for _ in range(12):
         perm = torch.randperm(N_TRAIN)
         for i in range(0, N_TRAIN, 100):
-            idx = perm[i:i + 100]
+            idx = perm[i : i + 100]
             opt.zero_grad()
             torch.nn.functional.cross_entropy(net(xt[idx]), yt[idx]).backward()
             opt.step()
@@ -44,17 +49,26 @@ def build_digits(root: Path):
     import torch
 
     net, x, y = train_digits_cnn()
-    torch.onnx.export(net, (torch.from_numpy(x[:1]),), str(root / "digits.onnx"), input_names=["x"],
-                      output_names=["logits"], dynamo=False)
+    torch.onnx.export(
+        net,
+        (torch.from_numpy(x[:1]),),
+        str(root / "digits.onnx"),
+        input_names=["x"],
+        output_names=["logits"],
+        dynamo=False,
+    )
     inp = root / "inputs"
     inp.mkdir()
     test = range(N_TRAIN, N_TRAIN + N_TEST)
     for i in test:
-        np.savez(inp / f"{i:04d}.npz", x=x[i:i + 1])
+        np.savez(inp / f"{i:04d}.npz", x=x[i : i + 1])
     (root / "labels.txt").write_text("\n".join(str(int(y[i])) for i in test))
     with torch.no_grad():
-        eager = float((net(torch.from_numpy(x[N_TRAIN:N_TRAIN + N_TEST])).argmax(1).numpy() ==
-                       y[N_TRAIN:N_TRAIN + N_TEST]).mean())
+        eager = float(
+            (
+                net(torch.from_numpy(x[N_TRAIN : N_TRAIN + N_TEST])).argmax(1).numpy() == y[N_TRAIN : N_TRAIN + N_TEST]
+            ).mean()
+        )
     # a degraded copy (the last layer's weights with noise): the same model name, a lower top-1
     bad = root / "bad"
     bad.mkdir()

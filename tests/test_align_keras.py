@@ -16,8 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from anpred.align import (AlignmentError, AlignmentReport, Aligner, apply_rule, find_segment_permutation,
-                          normalized_error)
+from anpred.align import (
+    AlignmentError,
+    AlignmentReport,
+    Aligner,
+    apply_rule,
+    find_segment_permutation,
+    normalized_error,
+)
 from anpred.backends.base import AnchorCapture, BackendStatus
 from anpred.manifest import Anchor, AnchorManifest
 
@@ -35,15 +41,26 @@ def test_keras_nhwc_vs_ort_nchw_known_rule(keras_case):
         assert raw_k["anchor/00/relu1"].shape == (1, 16, 16, 8) and o["anchor/00/relu1"].shape == (1, 8, 16, 16)
         res = al.align(f"s{sid}", {"ort": o, "tf-native": raw_k})
         assert not res.unaligned.get("anchor/00/relu1")
-        for a in ["anchor/00/relu1", "anchor/01/pool1", "anchor/02/conv2", "anchor/03/gap", "anchor/05/c1d",
-                  "anchor/06/c3d", "output/flat"]:
+        for a in [
+            "anchor/00/relu1",
+            "anchor/01/pool1",
+            "anchor/02/conv2",
+            "anchor/03/gap",
+            "anchor/05/c1d",
+            "anchor/06/c3d",
+            "output/flat",
+        ]:
             t = res.tensors[a]
             assert t["tf-native"].dtype == np.float64 and t["tf-native"].shape == tuple(m[a].shape)
             e = normalized_error(t["tf-native"], t["ort"])
             assert e < FP32_NOISE, (a, e)
     d = al.decisions
-    for a, perm in [("anchor/00/relu1", [0, 3, 1, 2]), ("anchor/01/pool1", [0, 3, 1, 2]),
-                    ("anchor/05/c1d", [0, 2, 1]), ("anchor/06/c3d", [0, 4, 1, 2, 3])]:
+    for a, perm in [
+        ("anchor/00/relu1", [0, 3, 1, 2]),
+        ("anchor/01/pool1", [0, 3, 1, 2]),
+        ("anchor/05/c1d", [0, 2, 1]),
+        ("anchor/06/c3d", [0, 4, 1, 2, 3]),
+    ]:
         assert d[(a, "tf-native")].source == "capture" and d[(a, "tf-native")].rule == {"permute": perm}
         assert d[(a, "tf-native")].samples == 2
     # Keras GlobalAveragePooling2D (1, 16) vs ONNX GlobalAveragePool (1, 16, 1, 1): shape decides
@@ -95,8 +112,10 @@ def test_c_eq_h_eq_w_decided_by_data(keras_case):
         dec = res.decisions[("anchor/01/pool1", "tf-native")]
         first = first or dec
         assert dec is first  # taken once, reused
-    print(f"\npool1 data decision: error {dec.error:.2e}, runner-up {dec.runner_up:.3f}, "
-          f"candidates {[round(c['error'], 4) for c in dec.candidates]}")
+    print(
+        f"\npool1 data decision: error {dec.error:.2e}, runner-up {dec.runner_up:.3f}, "
+        f"candidates {[round(c['error'], 4) for c in dec.candidates]}"
+    )
     assert dec.source == "data" and dec.rule == {"permute": [0, 3, 1, 2]}
     assert len(dec.candidates) == 3 and dec.error < FP32_NOISE and dec.runner_up > 0.3
     assert dec.margin is None or dec.margin > 1e4
@@ -140,8 +159,10 @@ def test_wrong_tensor_is_never_explained_away(keras_case):
     naive = np.empty_like(A)
     naive[cols] = A[rows]
     assert not np.array_equal(cols, np.arange(16))
-    print(f"\nwrong conv2: error {e:.3f} kept; naive channel assignment would give "
-          f"{normalized_error(naive.reshape(ref.shape), ref):.3f}")
+    print(
+        f"\nwrong conv2: error {e:.3f} kept; naive channel assignment would give "
+        f"{normalized_error(naive.reshape(ref.shape), ref):.3f}"
+    )
     assert normalized_error(naive.reshape(ref.shape), ref) < e  # noise fitted
     assert find_segment_permutation(plain, ref) is None
     # ambiguous layout (1x8x8x8, no layout reported): a naive argmin would pick a candidate anyway
@@ -154,7 +175,8 @@ def test_wrong_tensor_is_never_explained_away(keras_case):
     k = keras_case["keras"][0]["anchor/01/pool1"].copy()
     k[0, 2, 3, :] += 0.5  # one pixel wrong in every channel
     res3 = Aligner(m, {"ort": ort_status(m), "tf-native": tf_status(m, known=False)}).align(
-        "s0", {"ort": {"anchor/01/pool1": o["anchor/01/pool1"]}, "tf-native": {"anchor/01/pool1": k}})
+        "s0", {"ort": {"anchor/01/pool1": o["anchor/01/pool1"]}, "tf-native": {"anchor/01/pool1": k}}
+    )
     t = res3.tensors["anchor/01/pool1"]
     diff = t["tf-native"] - t["ort"]
     assert np.allclose(diff[0, :, 2, 3], 0.5, atol=1e-5) and np.abs(diff).sum() == pytest.approx(4.0, abs=1e-3)
@@ -194,8 +216,15 @@ def test_float16_and_int8_aligned_to_float(keras_case):
         # reduce_range (7-bit weights): ONNX Runtime's documented remedy for the int16 saturation of its
         # u8s8 kernels on x86 without VNNI (VPMADDUBSW); with it the int8 result does not depend on the
         # CPU's instruction set, which this alignment test must not (checked both ways, docs/run.md)
-        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, reduce_range=True,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        quantize_static(
+            str(src),
+            str(dst),
+            Reader(),
+            quant_format=QuantFormat.QDQ,
+            reduce_range=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+        )
         q = onnx.load(str(dst))
     inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
     relu = values["anchor/00/relu1"]
@@ -209,24 +238,31 @@ def test_float16_and_int8_aligned_to_float(keras_case):
     assert outq[0][ql.output[0]].dtype == np.uint8
 
     caps_q = {a.name: AnchorCapture("exact", a.layout).__dict__ for a in m.anchors}
-    caps_q["anchor/00/relu1"] = AnchorCapture("exact", "NCHW",
-                                              {"dequantize": {"scale": scale, "zero_point": zp}}).__dict__
-    st = {"ort": ort_status(m), "ort-fp16": ort_status(m, "ort-fp16", "fp16"),
-          "ort-int8": ort_status(m, "ort-int8", "int8", caps_q)}
+    caps_q["anchor/00/relu1"] = AnchorCapture(
+        "exact", "NCHW", {"dequantize": {"scale": scale, "zero_point": zp}}
+    ).__dict__
+    st = {
+        "ort": ort_status(m),
+        "ort-fp16": ort_status(m, "ort-fp16", "fp16"),
+        "ort-int8": ort_status(m, "ort-int8", "int8", caps_q),
+    }
     al = Aligner(m, st)
     errs16, errs8 = [], []
     for sid in range(2):
-        raw = {"ort": keras_case["ort"][sid],
-               "ort-fp16": {a: out16[sid][v] for a, v in values.items()},
-               "ort-int8": {a: outq[sid][v] for a, v in values.items()} | {"anchor/00/relu1": outq[sid][ql.output[0]]}}
+        raw = {
+            "ort": keras_case["ort"][sid],
+            "ort-fp16": {a: out16[sid][v] for a, v in values.items()},
+            "ort-int8": {a: outq[sid][v] for a, v in values.items()} | {"anchor/00/relu1": outq[sid][ql.output[0]]},
+        }
         res = al.align(f"s{sid}", raw)
         assert not res.unaligned
         for a in ANCHORS:
             t = res.tensors[a]
             assert t["ort-fp16"].dtype == np.float64 and t["ort-int8"].shape == t["ort"].shape
             errs16.append(normalized_error(t["ort-fp16"], t["ort"]))
-        errs8.append(normalized_error(res.tensors["anchor/00/relu1"]["ort-int8"],
-                                      res.tensors["anchor/00/relu1"]["ort"]))
+        errs8.append(
+            normalized_error(res.tensors["anchor/00/relu1"]["ort-int8"], res.tensors["anchor/00/relu1"]["ort"])
+        )
     # fp16: visibly not fp32, well within fp16's precision; int8: a quantization-level error
     print(f"\nfp16 normalised error max {max(errs16):.2e}; int8 relu1 {max(errs8):.2e}")
     assert 1e-5 < max(errs16) < 2e-2, errs16
@@ -238,8 +274,9 @@ def test_float16_and_int8_aligned_to_float(keras_case):
     assert np.array_equal(apply_rule(d[("anchor/00/relu1", "ort-int8")].rule, outq[0][ql.output[0]], None), dq)
     # an integer tensor with no scale/zero point is never guessed
     st2 = {"ort": st["ort"], "ort-int8": ort_status(m, "ort-int8", "int8")}
-    res = Aligner(m, st2).align("s0", {"ort": keras_case["ort"][0],
-                                       "ort-int8": {"anchor/00/relu1": outq[0][ql.output[0]]}})
+    res = Aligner(m, st2).align(
+        "s0", {"ort": keras_case["ort"][0], "ort-int8": {"anchor/00/relu1": outq[0][ql.output[0]]}}
+    )
     assert "zero point" in res.unaligned["anchor/00/relu1"]["ort-int8"]
 
 
@@ -256,8 +293,9 @@ def test_flatten_and_batch_squeeze_and_bfloat16(keras_case, tmp_path):
     m = keras_case["manifest"]
     o, k = keras_case["ort"][0], keras_case["keras"][0]
     al = Aligner(m, {"ort": ort_status(m), "tf-native": tf_status(m, known=False)})
-    res = al.align("s0", {"ort": {"anchor/02/conv2": o["anchor/02/conv2"]},
-                          "tf-native": {"anchor/02/conv2": k["output/flat"]}})  # (1, 1024) HWC order
+    res = al.align(
+        "s0", {"ort": {"anchor/02/conv2": o["anchor/02/conv2"]}, "tf-native": {"anchor/02/conv2": k["output/flat"]}}
+    )  # (1, 1024) HWC order
     dec = al.decisions[("anchor/02/conv2", "tf-native")]
     assert dec.source == "data" and dec.rule == {"view": [1, 8, 8, 16], "permute": [0, 3, 1, 2]}
     assert normalized_error(res.tensors["anchor/02/conv2"]["tf-native"], o["anchor/02/conv2"]) < FP32_NOISE
@@ -268,16 +306,20 @@ def test_flatten_and_batch_squeeze_and_bfloat16(keras_case, tmp_path):
     path = export_torch(net[:2], (x,), tmp_path / "t.onnx", dynamo=False).path
     import onnxruntime as ort
 
-    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {
-        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs()[0].name: x.numpy()})[0]
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs()[0].name: x.numpy()}
+    )[0]
     with torch.no_grad():
         unbatched = net[:2](x[0]).numpy()  # torch accepts (C, H, W): batch squeezed
         flat = net(x[0]).numpy()  # torch.flatten of (C, H, W): NCHW order
         bf = net[:2].to(torch.bfloat16)(x.to(torch.bfloat16)).view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     assert unbatched.shape == (5, 6, 6) and ref.shape == (1, 5, 6, 6)
-    man = AnchorManifest(anchors=[Anchor("anchor/00/relu", "r", 0, 0, "", "Relu", [1, 5, 6, 6], "float32", "NCHW"),
-                                  Anchor("anchor/01/relu_flat", "r2", 0, 1, "", "Relu", [1, 5, 6, 6], "float32",
-                                         "NCHW")])
+    man = AnchorManifest(
+        anchors=[
+            Anchor("anchor/00/relu", "r", 0, 0, "", "Relu", [1, 5, 6, 6], "float32", "NCHW"),
+            Anchor("anchor/01/relu_flat", "r2", 0, 1, "", "Relu", [1, 5, 6, 6], "float32", "NCHW"),
+        ]
+    )
     store = RunStore.create(tmp_path / "run", man)
     store.add_sample("s0000", {"x": x.numpy()})
     store.write_anchors("ort", "s0000", {"anchor/00/relu": ref, "anchor/01/relu_flat": ref})
@@ -286,8 +328,16 @@ def test_flatten_and_batch_squeeze_and_bfloat16(keras_case, tmp_path):
     caps = {a.name: AnchorCapture("exact", "NCHW").__dict__ for a in man.anchors}
     store.set_status(BackendStatus("ort", "onnxruntime", "ok", captures=caps))
     store.set_status(BackendStatus("torch-native", "torch", "ok", captures=caps))
-    store.set_status(BackendStatus("torch-bf16", "torch", "ok", precision="bf16", captures=caps,
-                                   dtypes={a.name: "bfloat16" for a in man.anchors}))
+    store.set_status(
+        BackendStatus(
+            "torch-bf16",
+            "torch",
+            "ok",
+            precision="bf16",
+            captures=caps,
+            dtypes={a.name: "bfloat16" for a in man.anchors},
+        )
+    )
     r = RunStore.open(tmp_path / "run")
     assert r.read_anchors("torch-bf16", "s0000")["anchor/00/relu"].dtype.kind == "V"  # npz drops bfloat16
     al = Aligner(r.manifest, r.statuses())
@@ -371,8 +421,9 @@ def test_native_reorderings_in_check_report(keras_case, tmp_path):
 
     rep = check_run(keras_run(keras_case, tmp_path / "run", edit))
     seg = [a for a in rep.alignment["alignments"] if "segments" in a["rule"]]
-    assert [(a["anchor"], a["rule"]["segments"])
-            for a in seg] == [("anchor/02/conv2", {"axis": 1, "order": [[8, 8], [0, 8]]})]
+    assert [(a["anchor"], a["rule"]["segments"]) for a in seg] == [
+        ("anchor/02/conv2", {"axis": 1, "order": [[8, 8], [0, 8]]})
+    ]
     assert seg[0]["source"] == "data" and seg[0]["error"] < FP32_NOISE
     text = format_text(rep)
     print("\n" + "\n".join(ln for ln in text.splitlines() if "alignment" in ln))
@@ -420,18 +471,22 @@ def test_cli_bad_pins_and_options_exit_2(keras_case, tmp_path, capsys):
     from anpred.cli import main
 
     run = keras_run(keras_case, tmp_path / "run")
-    for args, message in [(["--close-tol", "inf"], "--close-tol must be in (0, 1)"),
-                          (["--close-tol", "0"], "--close-tol must be in (0, 1)"),
-                          (["--min-margin", "inf"], "--min-margin must be a finite number > 1"),
-                          (["--backends", ","], "--backends ',' names no backend; this run has: ort, tf-native"),
-                          (["--json", str(tmp_path)], "is a folder"),
-                          (["--json", str(tmp_path / "no" / "a.json")], "does not exist")]:
+    for args, message in [
+        (["--close-tol", "inf"], "--close-tol must be in (0, 1)"),
+        (["--close-tol", "0"], "--close-tol must be in (0, 1)"),
+        (["--min-margin", "inf"], "--min-margin must be a finite number > 1"),
+        (["--backends", ","], "--backends ',' names no backend; this run has: ort, tf-native"),
+        (["--json", str(tmp_path)], "is a folder"),
+        (["--json", str(tmp_path / "no" / "a.json")], "does not exist"),
+    ]:
         assert main(["align", str(run), *args]) == 2, args
         cap = capsys.readouterr()
         assert cap.out == "" and message in cap.err and "Traceback" not in cap.err, (args, cap)
-    for pin, message in [({"permute": "abc"}, "'permute' must be a non-empty list of integers"),
-                         ({"permute": [0, 3, 1, 2], "dequantize": {"zero_point": 3}}, "'dequantize' must be"),
-                         ({"segments": {"axis": 1, "order": [[0, 8], [0, 8]]}}, "not a bijection")]:
+    for pin, message in [
+        ({"permute": "abc"}, "'permute' must be a non-empty list of integers"),
+        ({"permute": [0, 3, 1, 2], "dequantize": {"zero_point": 3}}, "'dequantize' must be"),
+        ({"segments": {"axis": 1, "order": [[0, 8], [0, 8]]}}, "not a bijection"),
+    ]:
         bad = keras_run(keras_case, tmp_path / f"bad{len(message)}", pins={"anchor/01/pool1": {"tf-native": pin}})
         for cmd in ("align", "check"):
             assert main([cmd, str(bad)]) == 2, (cmd, pin)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from anpred.align import (Aligner, find_segment_permutation)
+from anpred.align import Aligner, find_segment_permutation
 from anpred.backends.base import BackendStatus
 from anpred.manifest import AnchorManifest
 
@@ -64,8 +64,10 @@ def yolo_run(yolo_anchored):
     rng = np.random.default_rng(0)
     graph = onnx.load(str(yolo_anchored), load_external_data=False).graph
     inits = {i.name for i in graph.initializer}
-    feeds = [{i.name: rng.random((1, 3, YOLO_SIZE, YOLO_SIZE), dtype=np.float32) for i in graph.input
-              if i.name not in inits} for _ in range(2)]
+    feeds = [
+        {i.name: rng.random((1, 3, YOLO_SIZE, YOLO_SIZE), dtype=np.float32) for i in graph.input if i.name not in inits}
+        for _ in range(2)
+    ]
     statuses, raw = {}, {}
     import tempfile
 
@@ -75,8 +77,9 @@ def yolo_run(yolo_anchored):
             with cls({}) as b:  # (TF threads cannot be set once TF ran in this process)
                 b.prepare(yolo_anchored, manifest, Path(tmp) / name)
                 raw[name] = [b.run(f) for f in feeds]
-                statuses[name] = BackendStatus(name, cls.family, "ok",
-                                               captures={a: c.__dict__ for a, c in b.anchor_info().items()})
+                statuses[name] = BackendStatus(
+                    name, cls.family, "ok", captures={a: c.__dict__ for a, c in b.anchor_info().items()}
+                )
     return {"manifest": manifest, "statuses": statuses, "raw": raw, "feeds": feeds}
 
 
@@ -140,9 +143,11 @@ def test_onnx2tf_reorderings_stay_different(yolo_run):
         got, ref = res.tensors[a]["tf"], res.tensors[a]["ort"]
         assert np.array_equal(got, np.transpose(tf[a], [0, 3, 1, 2]).astype(np.float64))
         nrmse = error_stats(got, ref).nrmse
-        unrestricted = find_segment_permutation(got, ref, max_blocks=10 ** 6, min_block_fraction=0.0)
-        print(f"\ntf {what}: nRMSE kept {nrmse:.3f}; an unrestricted search would fit "
-              f"{unrestricted and (unrestricted[0]['axis'], len(unrestricted[0]['order']), f'{unrestricted[1]:.1e}')}")
+        unrestricted = find_segment_permutation(got, ref, max_blocks=10**6, min_block_fraction=0.0)
+        print(
+            f"\ntf {what}: nRMSE kept {nrmse:.3f}; an unrestricted search would fit "
+            f"{unrestricted and (unrestricted[0]['axis'], len(unrestricted[0]['order']), f'{unrestricted[1]:.1e}')}"
+        )
         assert nrmse > 0.1, (what, nrmse)
         assert not al.report().segments_by_data
         if what != "rows flipped":  # (24 single rows: below the 2-slice floor even unrestricted)
@@ -203,15 +208,23 @@ def test_pins_that_do_not_fit_leave_the_anchor_unaligned(keras_case, yolo_run, t
         assert [w for w in rep.warnings if "'tff'" in w and a in w]
         assert "warning: manifest pin for unknown backend 'tff'" in rep.format_text()
     # through anpred check: the unaligned reason reaches the report (not just "fewer than two backends")
-    run = keras_run(keras_case, tmp_path / "run", pins={"anchor/00/relu1": {"tf-native": {"permute": [0, 2, 1]}},
-                                                         "anchor/02/conv2": {"tff": {"exclude": "typo"}}})
+    run = keras_run(
+        keras_case,
+        tmp_path / "run",
+        pins={
+            "anchor/00/relu1": {"tf-native": {"permute": [0, 2, 1]}},
+            "anchor/02/conv2": {"tff": {"exclude": "typo"}},
+        },
+    )
     rep = check_run(run)
     why = rep.unjudged_anchors["anchor/00/relu1"]
     assert "not aligned: tf-native: manifest pin 'permute [0, 2, 1]' does not fit" in why
     why_unjudged = rep.verdicts["tf-native"].unjudged["anchor/00/relu1"]
     assert why_unjudged.startswith("not aligned: manifest pin 'permute [0, 2, 1]'")
     text = format_text(rep)
-    assert ("note: anchor anchor/00/relu1 could not be judged: fewer than two backends produced it (ort); "
-            "not aligned: tf-native: manifest pin 'permute [0, 2, 1]'") in text
+    assert (
+        "note: anchor anchor/00/relu1 could not be judged: fewer than two backends produced it (ort); "
+        "not aligned: tf-native: manifest pin 'permute [0, 2, 1]'"
+    ) in text
     assert "note: alignment warning: manifest pin for unknown backend 'tff' at anchor/02/conv2" in text
     assert "report_error" not in rep.alignment and rep.alignment["schema"] == "anpred.alignment/1"

@@ -29,8 +29,18 @@ def _status(name: str, family: str, **cap) -> BackendStatus:
 
 
 def _one_anchor(name: str, value: str, shape: list[int], layout: str) -> AnchorManifest:
-    a = Anchor(name=name, value=value, stage=0, order=0, producer="n0", op_type="Op", kind="output", shape=shape,
-               dtype="float32", layout=layout)
+    a = Anchor(
+        name=name,
+        value=value,
+        stage=0,
+        order=0,
+        producer="n0",
+        op_type="Op",
+        kind="output",
+        shape=shape,
+        dtype="float32",
+        layout=layout,
+    )
     return AnchorManifest(anchors=[a])
 
 
@@ -45,32 +55,50 @@ def test_onnx_layout_backends_are_aligned_by_identity_never_ambiguous():
     by the data against the ONNX-layout backends; one of them returning another shape is a wrong shape."""
     man = _manifest()
     x = np.arange(9, dtype=np.float32).reshape(1, 3, 3)
-    st = {b: _status(b, f, status="exact") for b, f in
-          (("ort", "onnxruntime"), ("mnn", "mnn"), ("tvm", "tvm"), ("tf", "tensorflow"))}
+    st = {
+        b: _status(b, f, status="exact")
+        for b, f in (("ort", "onnxruntime"), ("mnn", "mnn"), ("tvm", "tvm"), ("tf", "tensorflow"))
+    }
     al = Aligner(man, {"ort": st["ort"]})
     res = al.align("s0", {"ort": {"output/Y_h": x}})
     assert res.unaligned == {} and res.decisions[("output/Y_h", "ort")].source == "onnx-graph"
     al = Aligner(man, st)
-    res = al.align("s0", {"ort": {"output/Y_h": x}, "mnn": {"output/Y_h": x}, "tvm": {"output/Y_h": x},
-                          "tf": {"output/Y_h": np.swapaxes(x, 1, 2).copy()}})
-    assert {b: d.source for (_, b), d in res.decisions.items()} == {"ort": "onnx-graph", "mnn": "onnx-graph",
-                                                                   "tvm": "onnx-graph", "tf": "data"}
+    res = al.align(
+        "s0",
+        {
+            "ort": {"output/Y_h": x},
+            "mnn": {"output/Y_h": x},
+            "tvm": {"output/Y_h": x},
+            "tf": {"output/Y_h": np.swapaxes(x, 1, 2).copy()},
+        },
+    )
+    assert {b: d.source for (_, b), d in res.decisions.items()} == {
+        "ort": "onnx-graph",
+        "mnn": "onnx-graph",
+        "tvm": "onnx-graph",
+        "tf": "data",
+    }
     assert res.decisions[("output/Y_h", "tf")].rule == {"permute": [0, 2, 1]}
     # another shape, an extra batch of 1 included (MNN returned [1, 1, 3, 3] on lstm_defaults), is a wrong shape
-    res = Aligner(man, st).align("s0", {"ort": {"output/Y_h": x}, "mnn": {"output/Y_h": x[:, :2]},
-                                        "tvm": {"output/Y_h": x[None]}})
+    res = Aligner(man, st).align(
+        "s0", {"ort": {"output/Y_h": x}, "mnn": {"output/Y_h": x[:, :2]}, "tvm": {"output/Y_h": x[None]}}
+    )
     assert res.unaligned["output/Y_h"]["mnn"].startswith("wrong shape: mnn executes the ONNX graph")
-    assert res.unaligned["output/Y_h"]["tvm"].startswith("wrong shape: tvm executes the ONNX graph in its layout "
-                                                         "and returned shape [1, 1, 3, 3] (9 elements) "
-                                                         "for the ONNX shape [1, 3, 3]")
+    assert res.unaligned["output/Y_h"]["tvm"].startswith(
+        "wrong shape: tvm executes the ONNX graph in its layout "
+        "and returned shape [1, 1, 3, 3] (9 elements) "
+        "for the ONNX shape [1, 3, 3]"
+    )
 
 
 def test_a_scalar_output_is_aligned():
     """Regression (ONNX's softmax-cross-entropy node cases, a scalar loss): the identity rule turned a
     0-d tensor into shape [1] and nothing was judged (exit 2)."""
     man = _one_anchor("output/z", "z", [], "unknown")
-    st = {b: BackendStatus(b, f, captures={"output/z": AnchorCapture("exact").__dict__})
-          for b, f in (("ort", "onnxruntime"), ("openvino", "openvino"))}
+    st = {
+        b: BackendStatus(b, f, captures={"output/z": AnchorCapture("exact").__dict__})
+        for b, f in (("ort", "onnxruntime"), ("openvino", "openvino"))
+    }
     res = Aligner(man, st).align("s0", {"ort": {"output/z": np.float32(1.5)}, "openvino": {"output/z": np.array(1.5)}})
     z = res.tensors["output/z"]
     assert res.unaligned == {} and z["ort"].shape == () and z["openvino"] == 1.5
@@ -84,13 +112,17 @@ def test_a_converters_reported_layout_is_checked_against_the_onnx_layout_backend
     man = _one_anchor("output/Y", "Y", [1, 2, 4, 4], "NCHW")
     y = np.random.default_rng(0).standard_normal((1, 2, 4, 4)).astype(np.float32)
     caps = {"output/Y": AnchorCapture("exact", "NHWC", {"permute": [0, 3, 1, 2]}).__dict__}
-    st = {"ort": BackendStatus("ort", "onnxruntime", captures={"output/Y": AnchorCapture("exact", "NCHW").__dict__}),
-          "openvino": BackendStatus("openvino", "openvino",
-                                    captures={"output/Y": AnchorCapture("exact", "NCHW").__dict__}),
-          "tf": BackendStatus("tf", "tensorflow", captures=caps)}
+    st = {
+        "ort": BackendStatus("ort", "onnxruntime", captures={"output/Y": AnchorCapture("exact", "NCHW").__dict__}),
+        "openvino": BackendStatus(
+            "openvino", "openvino", captures={"output/Y": AnchorCapture("exact", "NCHW").__dict__}
+        ),
+        "tf": BackendStatus("tf", "tensorflow", captures=caps),
+    }
     swapped = np.transpose(y, (0, 3, 2, 1)).copy()  # NHWC of y with H and W swapped
-    res = Aligner(man, st).align("s0",
-                                 {"ort": {"output/Y": y}, "openvino": {"output/Y": y}, "tf": {"output/Y": swapped}})
+    res = Aligner(man, st).align(
+        "s0", {"ort": {"output/Y": y}, "openvino": {"output/Y": y}, "tf": {"output/Y": swapped}}
+    )
     d = res.decisions[("output/Y", "tf")]
     assert d.rule == {"permute": [0, 3, 1, 2]} and d.source == "capture"
     assert "does not match the ONNX-layout backends" in d.layout_check and "permute [0, 3, 2, 1]" in d.layout_check
@@ -107,9 +139,11 @@ def test_wrong_shape_and_missing_output_where_peers_agree_are_flagged_deviations
     names = ["ort", "openvino", "onnx-reference", "torch", "tvm", "mnn"]
     o = Oracle([a], [BackendInfo.make(b) for b in names])
     y = np.linspace(-1, 1, 30)
-    o.add({"output/y": {"ort": y, "openvino": y, "onnx-reference": y, "torch": y[:15]}},
-          unaligned={("output/y", "mnn"): "not captured: onnx2torch's X returns one tensor"},
-          absent={"tvm": "backend failed"})
+    o.add(
+        {"output/y": {"ort": y, "openvino": y, "onnx-reference": y, "torch": y[:15]}},
+        unaligned={("output/y", "mnn"): "not captured: onnx2torch's X returns one tensor"},
+        absent={"tvm": "backend failed"},
+    )
     res = o.finish()
     assert sorted(b for b, v in res.verdicts.items() if v.flagged) == ["mnn", "torch"]
     t = next(c for c in res.cells if c.backend == "torch")
@@ -139,10 +173,17 @@ def _layer_norm() -> onnx.ModelProto:
     node = helper.make_node("LayerNormalization", ["X", "W", "B"], ["Y", "Mean", "InvStdDev"], axis=-1, epsilon=0.1)
     rng = np.random.default_rng(0)
     inits = [onnx.numpy_helper.from_array(rng.standard_normal(5).astype(np.float32), n) for n in ("W", "B")]
-    g = helper.make_graph([node], "ln", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3, 5])],
-                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3, 5]),
-                           helper.make_tensor_value_info("Mean", TensorProto.FLOAT, [2, 3, 1]),
-                           helper.make_tensor_value_info("InvStdDev", TensorProto.FLOAT, [2, 3, 1])], inits)
+    g = helper.make_graph(
+        [node],
+        "ln",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3, 5])],
+        [
+            helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3, 5]),
+            helper.make_tensor_value_info("Mean", TensorProto.FLOAT, [2, 3, 1]),
+            helper.make_tensor_value_info("InvStdDev", TensorProto.FLOAT, [2, 3, 1]),
+        ],
+        inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     return m
@@ -173,8 +214,12 @@ def test_layer_normalization_torch_capture_and_missing_outputs(tmp_path):
 def _pool_same_upper(op: str) -> onnx.ModelProto:
     """ONNX's averagepool_2d_same_upper / maxpool_2d_same_upper: x [1, 3, 32, 32], kernel 2x2, SAME_UPPER."""
     node = helper.make_node(op, ["x"], ["y"], kernel_shape=[2, 2], auto_pad="SAME_UPPER")
-    g = helper.make_graph([node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 32, 32])])
+    g = helper.make_graph(
+        [node],
+        "pool",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 32, 32])],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 12)])
     m.ir_version = 8
     return m
@@ -199,10 +244,16 @@ def test_a_backend_that_returns_no_value_is_a_missing_output(op, tmp_path):
 
 def _lstm_defaults() -> onnx.ModelProto:
     node = helper.make_node("LSTM", ["X", "W", "R"], ["", "Y_h"], hidden_size=3)
-    g = helper.make_graph([node], "lstm", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, 2]),
-                                           helper.make_tensor_value_info("W", TensorProto.FLOAT, [1, 12, 2]),
-                                           helper.make_tensor_value_info("R", TensorProto.FLOAT, [1, 12, 3])],
-                          [helper.make_tensor_value_info("Y_h", TensorProto.FLOAT, [1, 3, 3])])
+    g = helper.make_graph(
+        [node],
+        "lstm",
+        [
+            helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, 2]),
+            helper.make_tensor_value_info("W", TensorProto.FLOAT, [1, 12, 2]),
+            helper.make_tensor_value_info("R", TensorProto.FLOAT, [1, 12, 3]),
+        ],
+        [helper.make_tensor_value_info("Y_h", TensorProto.FLOAT, [1, 3, 3])],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
     m.ir_version = 8
     return m
@@ -216,8 +267,11 @@ def test_lstm_defaults_is_judged_on_the_onnx_layout_backends(tmp_path):
     MNN and the reference evaluator are aligned by identity and judged: the three agree, and MNN, which
     returns Y_h as [1, 1, 3, 3] (the Y output's shape, for ONNX's [1, 3, 3]), is flagged as a wrong
     shape (class 4)."""
-    inputs = {"X": np.arange(1, 7, dtype=np.float32).reshape(1, 3, 2), "W": np.full((1, 12, 2), 0.1, np.float32),
-              "R": np.full((1, 12, 3), 0.1, np.float32)}
+    inputs = {
+        "X": np.arange(1, 7, dtype=np.float32).reshape(1, 3, 2),
+        "W": np.full((1, 12, 2), 0.1, np.float32),
+        "R": np.full((1, 12, 3), 0.1, np.float32),
+    }
     run, man = _run(_lstm_defaults(), ["ort", "openvino", "mnn", "onnx-reference"], inputs, tmp_path)
     rep = check_run(run)
     assert rep.flagged_backends == ["mnn"], format_text(rep)
@@ -231,12 +285,26 @@ def test_lstm_defaults_is_judged_on_the_onnx_layout_backends(tmp_path):
 
 
 def _roialign(opset: int = 16) -> onnx.ModelProto:
-    node = helper.make_node("RoiAlign", ["X", "rois", "batch_indices"], ["Y"], output_height=5, output_width=5,
-                            sampling_ratio=2, spatial_scale=1.0, coordinate_transformation_mode="half_pixel")
-    g = helper.make_graph([node], "roialign", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 1, 10, 10]),
-                                               helper.make_tensor_value_info("rois", TensorProto.FLOAT, [3, 4]),
-                                               helper.make_tensor_value_info("batch_indices", TensorProto.INT64, [3])],
-                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, 1, 5, 5])])
+    node = helper.make_node(
+        "RoiAlign",
+        ["X", "rois", "batch_indices"],
+        ["Y"],
+        output_height=5,
+        output_width=5,
+        sampling_ratio=2,
+        spatial_scale=1.0,
+        coordinate_transformation_mode="half_pixel",
+    )
+    g = helper.make_graph(
+        [node],
+        "roialign",
+        [
+            helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 1, 10, 10]),
+            helper.make_tensor_value_info("rois", TensorProto.FLOAT, [3, 4]),
+            helper.make_tensor_value_info("batch_indices", TensorProto.INT64, [3]),
+        ],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, 1, 5, 5])],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 8
     return m
@@ -248,9 +316,11 @@ def test_roialign_tf_is_flagged_and_the_onnx_layout_backends_judged(tmp_path):
     [5, 5, 9, 9]]): onnx2tf's tf is wrong (nRMSE ~0.3-0.9 against the expected output). Before, the
     ONNX-graph backends were checked against tf alone, left unaligned, nothing judged (exit 2). Now they
     are judged (consistent) and tf is flagged."""
-    inputs = {"X": np.random.default_rng(0).random((1, 1, 10, 10), dtype=np.float32),
-              "rois": np.array([[0, 0, 9, 9], [0, 5, 4, 9], [5, 5, 9, 9]], np.float32),
-              "batch_indices": np.zeros(3, np.int64)}
+    inputs = {
+        "X": np.random.default_rng(0).random((1, 1, 10, 10), dtype=np.float32),
+        "rois": np.array([[0, 0, 9, 9], [0, 5, 4, 9], [5, 5, 9, 9]], np.float32),
+        "batch_indices": np.zeros(3, np.int64),
+    }
     run, _ = _run(_roialign(), ["ort", "openvino", "onnx-reference", "tf"], inputs, tmp_path)
     rep = check_run(run)
     assert rep.flagged_backends == ["tf"], format_text(rep)

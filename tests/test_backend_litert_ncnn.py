@@ -37,18 +37,20 @@ def _cnn_onnx(path: Path) -> None:
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16),
-                                            torch.nn.SiLU())
-            self.down = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 3, stride=2, padding=1), torch.nn.ReLU(),
-                                            torch.nn.MaxPool2d(2))
+            self.stem = torch.nn.Sequential(
+                torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.SiLU()
+            )
+            self.down = torch.nn.Sequential(
+                torch.nn.Conv2d(16, 32, 3, stride=2, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2)
+            )
             self.side = torch.nn.Sequential(torch.nn.AvgPool2d(2), torch.nn.Conv2d(16, 8, 1))
             self.up = torch.nn.Upsample(scale_factor=2, mode="nearest")
             self.mix = torch.nn.Conv2d(40, 24, 3, padding=1)
             self.head = torch.nn.Linear(24, 10)
 
         def forward(self, x):
-            s = self.stem(x)                       # 16 x 32 x 32
-            d = self.up(self.down(s))              # 32 x 16 x 16
+            s = self.stem(x)  # 16 x 32 x 32
+            d = self.up(self.down(s))  # 32 x 16 x 16
             m = self.mix(torch.cat([d, self.side(s)], 1))
             m = m * torch.sigmoid(m)
             return torch.softmax(self.head(m.mean((2, 3))), -1)
@@ -58,8 +60,15 @@ def _cnn_onnx(path: Path) -> None:
     with torch.no_grad():  # non-trivial BatchNorm statistics
         net.stem[1].running_mean.uniform_(-0.5, 0.5)
         net.stem[1].running_var.uniform_(0.5, 2.0)
-    torch.onnx.export(net, (torch.rand(1, 3, SIZE, SIZE),), str(path), dynamo=False, opset_version=17,
-                      input_names=["x"], output_names=["probs"])
+    torch.onnx.export(
+        net,
+        (torch.rand(1, 3, SIZE, SIZE),),
+        str(path),
+        dynamo=False,
+        opset_version=17,
+        input_names=["x"],
+        output_names=["probs"],
+    )
 
 
 @pytest.fixture(scope="session")
@@ -125,8 +134,14 @@ def _check_run(store, n_samples: int) -> dict[str, dict[str, float]]:
 # integer-input test run by default
 @pytest.mark.slow
 def test_small_cnn_every_anchor_on_litert_and_ncnn(cnn, tmp_path):
-    store = run_model(cnn, ["ort", "litert", "ncnn"], f"random:uniform:seed=3:n=2:shape=1x3x{SIZE}x{SIZE}",
-                      tmp_path / "run", timeout_s=300, progress=False)
+    store = run_model(
+        cnn,
+        ["ort", "litert", "ncnn"],
+        f"random:uniform:seed=3:n=2:shape=1x3x{SIZE}x{SIZE}",
+        tmp_path / "run",
+        timeout_s=300,
+        progress=False,
+    )
     assert len(store.manifest.anchors) >= 4
     errs = _check_run(store, 2)
     # the values differ from ORT's (independent kernels), they are not a copy
@@ -144,13 +159,23 @@ def test_small_cnn_every_anchor_on_litert_and_ncnn(cnn, tmp_path):
 @pytest.mark.kernels
 @pytest.mark.slow
 def test_zoo_yolov8n_320_on_litert_and_ncnn(tmp_path):
-    store = run_model(run_models.anchored_zoo_yolo(320), ["ort", "litert", "ncnn"],
-                      str(run_models.ultralytics_assets()), tmp_path / "yolo", timeout_s=600, progress=False)
+    store = run_model(
+        run_models.anchored_zoo_yolo(320),
+        ["ort", "litert", "ncnn"],
+        str(run_models.ultralytics_assets()),
+        tmp_path / "yolo",
+        timeout_s=600,
+        progress=False,
+    )
     assert len(store.manifest.anchors) >= 8
     _check_run(store, 2)  # asserts every anchor against ORT
     st = store.statuses()
-    print({b: (round(st[b].seconds_prepare, 1), round(1000 * st[b].seconds_run / st[b].samples, 1))
-           for b in ("ort", "litert", "ncnn")})
+    print(
+        {
+            b: (round(st[b].seconds_prepare, 1), round(1000 * st[b].seconds_run / st[b].samples, 1))
+            for b in ("ort", "litert", "ncnn")
+        }
+    )
 
 
 def _det_model(path: Path):
@@ -162,12 +187,20 @@ def _det_model(path: Path):
 
     g = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Det", ["r"], ["y"], name="det")],
-        "det", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1]),
-         helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 4, 4])])
+        "det",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1]),
+            helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 4, 4]),
+        ],
+    )
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return AnchorManifest(anchors=[Anchor("anchor/00/r", "r", 0, 0, "relu", "Relu", [1, 4, 4], "float32"),
-                                   Anchor("output/y", "y", 1, 1, "det", "Det", [1], "float32", kind="output")])
+    return AnchorManifest(
+        anchors=[
+            Anchor("anchor/00/r", "r", 0, 0, "relu", "Relu", [1, 4, 4], "float32"),
+            Anchor("output/y", "y", 1, 1, "det", "Det", [1], "float32", kind="output"),
+        ]
+    )
 
 
 def test_ncnn_refuses_what_pnnx_cannot_lower_and_other_batches(tmp_path):
@@ -219,22 +252,36 @@ def test_litert_runs_erf_decomposed(tmp_path):
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.normal(0, 1, (16, 32)).astype(np.float32), "w")
-    consts = [numpy_helper.from_array(np.asarray(v, np.float32), n)
-              for n, v in (("rs2", 1 / np.sqrt(2)), ("one", 1.0), ("half", 0.5))]
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
-             helper.make_node("Mul", ["h", "rs2"], ["hs"], name="scale"),
-             helper.make_node("Erf", ["hs"], ["e"], name="erf"),
-             helper.make_node("Add", ["e", "one"], ["e1"], name="add1"),
-             helper.make_node("Mul", ["h", "e1"], ["he"], name="mul"),
-             helper.make_node("Mul", ["he", "half"], ["y"], name="gelu")]
-    g = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32]),
-                           helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, 8, 32])], [w] + consts)
+    consts = [
+        numpy_helper.from_array(np.asarray(v, np.float32), n)
+        for n, v in (("rs2", 1 / np.sqrt(2)), ("one", 1.0), ("half", 0.5))
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+        helper.make_node("Mul", ["h", "rs2"], ["hs"], name="scale"),
+        helper.make_node("Erf", ["hs"], ["e"], name="erf"),
+        helper.make_node("Add", ["e", "one"], ["e1"], name="add1"),
+        helper.make_node("Mul", ["h", "e1"], ["he"], name="mul"),
+        helper.make_node("Mul", ["he", "half"], ["y"], name="gelu"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "gelu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32]),
+            helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, 8, 32]),
+        ],
+        [w] + consts,
+    )
     path = tmp_path / "gelu.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    manifest = AnchorManifest(anchors=[Anchor("anchor/00/e", "e", 0, 0, "erf", "Erf", [1, 8, 32], "float32"),
-                                       Anchor("output/y", "y", 1, 1, "gelu", "Mul", [1, 8, 32], "float32",
-                                              kind="output")])
+    manifest = AnchorManifest(
+        anchors=[
+            Anchor("anchor/00/e", "e", 0, 0, "erf", "Erf", [1, 8, 32], "float32"),
+            Anchor("output/y", "y", 1, 1, "gelu", "Mul", [1, 8, 32], "float32", kind="output"),
+        ]
+    )
     import onnxruntime as ort
 
     x = rng.normal(0, 1, (1, 8, 16)).astype(np.float32)
@@ -252,10 +299,15 @@ def test_litert_unsupported_ops_from_onnx2tf_modules():
     from onnx import TensorProto, helper
 
     g = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("CastLike", ["r", "x"], ["c"]),
-         helper.make_node("Frobnicate", ["c"], ["y"], domain="com.example")],
-        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+        [
+            helper.make_node("Relu", ["x"], ["r"]),
+            helper.make_node("CastLike", ["r", "x"], ["c"]),
+            helper.make_node("Frobnicate", ["c"], ["y"], domain="com.example"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
     from anpred.backends import backend_class
 
@@ -279,18 +331,27 @@ def test_ncnn_takes_integer_inputs_as_float32_cast_back_in_the_graph(tmp_path):
 
     rng = np.random.default_rng(0)
     w = nh.from_array(rng.normal(0, 0.05, (4, 3, 3, 3)).astype(np.float32), "w")
-    nodes = [h.make_node("Cast", ["img"], ["f"], to=T.FLOAT), h.make_node("Conv", ["f", "w"], ["c"], pads=[1, 1, 1, 1]),
-             h.make_node("Relu", ["c"], ["y"])]
-    g = h.make_graph(nodes, "u8", [h.make_tensor_value_info("img", T.UINT8, [1, 3, 8, 8])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 8, 8])], [w])
+    nodes = [
+        h.make_node("Cast", ["img"], ["f"], to=T.FLOAT),
+        h.make_node("Conv", ["f", "w"], ["c"], pads=[1, 1, 1, 1]),
+        h.make_node("Relu", ["c"], ["y"]),
+    ]
+    g = h.make_graph(
+        nodes,
+        "u8",
+        [h.make_tensor_value_info("img", T.UINT8, [1, 3, 8, 8])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 8, 8])],
+        [w],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     am, man = instrument_model(m)
     man.to_model(am)
     onnx.save(am, str(tmp_path / "a.onnx"))
     np.savez(tmp_path / "x.npz", img=rng.integers(0, 256, (2, 1, 3, 8, 8)).astype(np.uint8))
-    store = run_model(tmp_path / "a.onnx", ["ort", "ncnn"], tmp_path / "x.npz", tmp_path / "run", progress=False,
-                      timeout_s=300)
+    store = run_model(
+        tmp_path / "a.onnx", ["ort", "ncnn"], tmp_path / "x.npz", tmp_path / "run", progress=False, timeout_s=300
+    )
     st = store.statuses()["ncnn"]
     assert st.status == "ok", st.reason
     for sid in store.sample_ids:
@@ -301,6 +362,6 @@ def test_ncnn_takes_integer_inputs_as_float32_cast_back_in_the_graph(tmp_path):
 
     with NcnnBackend({"input_shapes": {"img": [1, 3, 8, 8]}}) as be:
         be.prepare(tmp_path / "a.onnx", man, tmp_path / "w")
-        big = np.full((1, 3, 8, 8), 2 ** 25, np.int64)
+        big = np.full((1, 3, 8, 8), 2**25, np.int64)
         with pytest.raises(InputError, match="beyond 2\\^24"):
             be.run({"img": big})

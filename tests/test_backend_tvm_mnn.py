@@ -91,16 +91,26 @@ def ops_run(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("ops")
     x, ids = torch.rand(1, 3, 32, 32), torch.randint(0, 50, (1, 7))
-    torch.onnx.export(_ops_net(), (x, ids), str(d / "ops.onnx"), dynamo=False, opset_version=17,
-                      input_names=["x", "ids"], output_names=["probs", "feat"],
-                      dynamic_axes={"x": {2: "h", 3: "w"}, "ids": {1: "n"}})
+    torch.onnx.export(
+        _ops_net(),
+        (x, ids),
+        str(d / "ops.onnx"),
+        dynamo=False,
+        opset_version=17,
+        input_names=["x", "ids"],
+        output_names=["probs", "feat"],
+        dynamic_axes={"x": {2: "h", 3: "w"}, "ids": {1: "n"}},
+    )
     man = instrument_file(str(d / "ops.onnx"), str(d / "ops.anchored.onnx"))
     rs = np.random.RandomState(0)
     samples = d / "in"
     samples.mkdir()
     for i in range(2):
-        np.savez(samples / f"s{i}.npz", x=rs.rand(1, 3, 40, 40).astype(np.float32) * 2 - 0.5,
-                 ids=rs.randint(0, 50, (1, 7)).astype(np.int64))
+        np.savez(
+            samples / f"s{i}.npz",
+            x=rs.rand(1, 3, 40, 40).astype(np.float32) * 2 - 0.5,
+            ids=rs.randint(0, 50, (1, 7)).astype(np.int64),
+        )
     run = run_model(d / "ops.anchored.onnx", ["ort", *NATIVE], str(samples), d / "run", timeout_s=300, progress=False)
     return run, man, d / "ops.anchored.onnx"
 
@@ -124,8 +134,9 @@ def test_ops_network_every_anchor_agrees_with_ort(ops_run):
                 worst[b, a.name] = max(worst.get((b, a.name), 0.0), _eps_units(got[a.name], ref[a.name]))
     assert max(worst.values()) <= 32, {k: round(v, 1) for k, v in worst.items() if v > 32}
     # ...and they are not trivially equal to ORT everywhere (independent kernels)
-    assert any(v > 0 for k, v in worst.items()
-               if k[0] == "tvm") and any(v > 0 for k, v in worst.items() if k[0] == "mnn")
+    assert any(v > 0 for k, v in worst.items() if k[0] == "tvm") and any(
+        v > 0 for k, v in worst.items() if k[0] == "mnn"
+    )
 
 
 def test_ops_network_records_target_precision_and_kernels(ops_run):
@@ -136,8 +147,9 @@ def test_ops_network_records_target_precision_and_kernels(ops_run):
     assert mv["mnn"] == "3.6.1" or mv["mnn"].startswith("3.")
     assert mv["mnn_precision"] == "Precision_High" and mv["mnn_winograd"].startswith("off") and mv["mnn_threads"] == "1"
     flags = run.meta["machine"]["cpu_flags"]
-    want = "avx512 (pack 16)" if "avx512bw" in flags else ("avx2+fma (pack 8)" if {"avx2", "fma"} <= set(flags)
-                                                           else None)
+    want = (
+        "avx512 (pack 16)" if "avx512bw" in flags else ("avx2+fma (pack 8)" if {"avx2", "fma"} <= set(flags) else None)
+    )
     if want:
         assert mv["mnn_cpu_kernels"] == want
     assert run.meta["inputs"]["input_shapes"]["x"] == [1, 3, 40, 40]  # what tvm compiled for
@@ -152,18 +164,24 @@ def test_fold_shape_computations_keeps_the_values(tmp_path):
     from anpred.backends.native_io import fold_shape_computations
 
     i64 = lambda name, v: numpy_helper.from_array(np.asarray(v, np.int64), name)  # noqa: E731
-    nodes = [helper.make_node("Relu", ["x"], ["r"]),
-             helper.make_node("Shape", ["r"], ["s"]),
-             helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
-             helper.make_node("Slice", ["sf", "b", "e"], ["hw"]),
-             helper.make_node("Cast", ["hw"], ["hwi"], to=TensorProto.INT64),
-             helper.make_node("Mul", ["hwi", "two"], ["hw2"]),
-             helper.make_node("Concat", ["one", "hw2"], ["target"], axis=0),
-             helper.make_node("Reshape", ["r", "target"], ["y0"]),
-             helper.make_node("Sigmoid", ["y0"], ["y"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, "h", "w"])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [i64("b", [2]), i64("e", [4]), i64("two", [1, 1]), i64("one", [2])])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Shape", ["r"], ["s"]),
+        helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
+        helper.make_node("Slice", ["sf", "b", "e"], ["hw"]),
+        helper.make_node("Cast", ["hw"], ["hwi"], to=TensorProto.INT64),
+        helper.make_node("Mul", ["hwi", "two"], ["hw2"]),
+        helper.make_node("Concat", ["one", "hw2"], ["target"], axis=0),
+        helper.make_node("Reshape", ["r", "target"], ["y0"]),
+        helper.make_node("Sigmoid", ["y0"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, "h", "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [i64("b", [2]), i64("e", [4]), i64("two", [1, 1]), i64("one", [2])],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     folded, n = fold_shape_computations(m, {"x": [1, 2, 3, 4]})
     assert n == 6 and [x.op_type for x in folded.graph.node] == ["Relu", "Reshape", "Sigmoid"]
@@ -212,8 +230,15 @@ def _lstm_model(d: Path) -> Path:
 
     torch.manual_seed(0)
     args = (torch.rand(1, 6, 8), torch.rand(2, 1, 12), torch.rand(2, 1, 12))
-    torch.onnx.export(Rnn().eval(), args, str(d / "lstm.onnx"), dynamo=False, opset_version=17,
-                      input_names=["x", "h0", "c0"], output_names=["y", "h"])
+    torch.onnx.export(
+        Rnn().eval(),
+        args,
+        str(d / "lstm.onnx"),
+        dynamo=False,
+        opset_version=17,
+        input_names=["x", "h0", "c0"],
+        output_names=["y", "h"],
+    )
     return d / "lstm.onnx"
 
 
@@ -221,13 +246,19 @@ def _mish_model(d: Path) -> Path:
     """Conv -> Mish -> Hardmax (opset 18), both activations graph outputs."""
     rs = np.random.RandomState(1)
     g = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-         helper.make_node("Mish", ["c"], ["m"], name="mish"),
-         helper.make_node("Hardmax", ["m"], ["y"], axis=-1, name="hardmax")], "mish",
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+            helper.make_node("Mish", ["c"], ["m"], name="mish"),
+            helper.make_node("Hardmax", ["m"], ["y"], axis=-1, name="hardmax"),
+        ],
+        "mish",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 5])],
-        [helper.make_tensor_value_info("m", TensorProto.FLOAT, [1, 3, 5, 5]),
-         helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 5, 5])],
-        [numpy_helper.from_array(rs.randn(3, 2, 3, 3).astype(np.float32), "w")])
+        [
+            helper.make_tensor_value_info("m", TensorProto.FLOAT, [1, 3, 5, 5]),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 5, 5]),
+        ],
+        [numpy_helper.from_array(rs.randn(3, 2, 3, 3).astype(np.float32), "w")],
+    )
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(d / "mish.onnx"))
     return d / "mish.onnx"
 
@@ -242,8 +273,11 @@ def test_tvm_unrolls_the_lstm_its_frontend_lacks_and_mnn_runs_it(tmp_path):
     assert "LSTM" not in str(TvmBackend.unsupported_ops(m)) and TvmBackend.coverage_basis
     assert MnnBackend.unsupported_ops(m) == {}
     rs = np.random.RandomState(0)
-    feeds = {"x": rs.randn(1, 6, 8).astype(np.float32), "h0": rs.randn(2, 1, 12).astype(np.float32),
-             "c0": rs.randn(2, 1, 12).astype(np.float32)}
+    feeds = {
+        "x": rs.randn(1, 6, 8).astype(np.float32),
+        "h0": rs.randn(2, 1, 12).astype(np.float32),
+        "c0": rs.randn(2, 1, 12).astype(np.float32),
+    }
     ref = ort_outputs(tmp_path / "lstm.a.onnx", feeds)
     for cls in (TvmBackend, MnnBackend):
         with cls({}) as b:
@@ -281,8 +315,7 @@ def test_mnn_lacks_mish_and_hardmax_which_tvm_runs(tmp_path):
 
 
 def test_import_mnn_keeps_its_cpu_line_out_of_stdout():
-    code = ("from anpred.backends.mnn import import_mnn, device_line; import_mnn(); "
-            "print('LINE=' + device_line())")
+    code = "from anpred.backends.mnn import import_mnn, device_line; import_mnn(); print('LINE=' + device_line())"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("\n") == 1 and r.stdout.startswith("LINE="), r.stdout
@@ -299,8 +332,14 @@ def test_backends_listed_with_family_and_version():
 @pytest.fixture(scope="module")
 def yolo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("yolo") / "run"
-    return run_model(run_models.anchored_zoo_yolo(320), ["ort", *NATIVE, "mnn-winograd"],
-                     str(run_models.ultralytics_assets()), out, timeout_s=300, progress=False)
+    return run_model(
+        run_models.anchored_zoo_yolo(320),
+        ["ort", *NATIVE, "mnn-winograd"],
+        str(run_models.ultralytics_assets()),
+        out,
+        timeout_s=300,
+        progress=False,
+    )
 
 
 @pytest.mark.kernels
@@ -357,8 +396,14 @@ def test_mnn_unrolls_the_recurrent_variants_its_converter_lacks(tmp_path):
     am, man = instrument_model(onnx.load(str(p)), stages=3)
     man.to_model(am)
     onnx.save(am, str(tmp_path / "a.onnx"))
-    store = run_model(tmp_path / "a.onnx", ["ort", "mnn"], str(p.with_suffix(".inputs.npz")), tmp_path / "run",
-                      progress=False, timeout_s=600)
+    store = run_model(
+        tmp_path / "a.onnx",
+        ["ort", "mnn"],
+        str(p.with_suffix(".inputs.npz")),
+        tmp_path / "run",
+        progress=False,
+        timeout_s=600,
+    )
     st = store.statuses()["mnn"]
     assert st.status == "ok", st.reason
     for sid in store.sample_ids:

@@ -73,8 +73,9 @@ def ppocr() -> Path:
         from onnx.tools.update_model_dims import update_inputs_outputs_dims
 
         m = onnx.load(str(src))
-        m = update_inputs_outputs_dims(m, {m.graph.input[0].name: [1, 3, 96, 128]},
-                                       {m.graph.output[0].name: [1, 1, 96, 128]})
+        m = update_inputs_outputs_dims(
+            m, {m.graph.input[0].name: [1, 3, 96, 128]}, {m.graph.output[0].name: [1, 1, 96, 128]}
+        )
         onnx.save(m, str(d / "det.onnx"))
         _anchor_file(d / "det.onnx", d / "det.anchored.onnx")
 
@@ -95,8 +96,9 @@ def _inputs(path: Path, seed: int = 0) -> dict[str, np.ndarray]:
     return {i.name: rng.random([int(d) for d in i.shape], dtype=np.float32) for i in ort_session(path).get_inputs()}
 
 
-def _compare(backend, path: Path, tmp: Path, floor: float = 0.0,
-             feeds: dict[str, np.ndarray] | None = None) -> dict[str, float]:
+def _compare(
+    backend, path: Path, tmp: Path, floor: float = 0.0, feeds: dict[str, np.ndarray] | None = None
+) -> dict[str, float]:
     """Prepare/run ``backend`` on ``path``; check it captures every anchor and agrees with ORT
     (after undoing the reported transform). Returns the relative error per anchor:
     max |y - r| / max(max |r|, floor). ``feeds`` default: seeded uniform inputs of the static shapes."""
@@ -172,12 +174,18 @@ def _unsupported_model(path: Path) -> None:
     from onnx import TensorProto, helper
 
     g = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["r"], name="relu"),
-         helper.make_node("CastLike", ["r", "x"], ["c"], name="castlike"),
-         helper.make_node("Det", ["c"], ["y"], name="det")],
-        "unsupported", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1]),
-         helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 4, 4])])
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu"),
+            helper.make_node("CastLike", ["r", "x"], ["c"], name="castlike"),
+            helper.make_node("Det", ["c"], ["y"], name="det"),
+        ],
+        "unsupported",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1]),
+            helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 4, 4]),
+        ],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(m)
     onnx.save(m, str(path))
@@ -190,9 +198,12 @@ def test_unsupported_operator_is_a_clear_error(tmp_path):
 
     path = tmp_path / "unsupported.onnx"
     _unsupported_model(path)
-    manifest = AnchorManifest(anchors=[
-        Anchor("anchor/00/r", "r", 0, 0, "relu", "Relu", [1, 4, 4], "float32"),
-        Anchor("output/y", "y", 1, 2, "det", "Det", [1], "float32", kind="output")])
+    manifest = AnchorManifest(
+        anchors=[
+            Anchor("anchor/00/r", "r", 0, 0, "relu", "Relu", [1, 4, 4], "float32"),
+            Anchor("output/y", "y", 1, 2, "det", "Det", [1], "float32", kind="output"),
+        ]
+    )
     with pytest.raises(BackendError, match=r"Det-11 \(node 'det'\)"):
         TorchOnnxBackend().prepare(path, manifest, tmp_path / "w")
     with pytest.raises(BackendError, match="onnx2tf failed.*CastLike"):
@@ -208,8 +219,11 @@ def ppocr_dynamic() -> Path:
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("rapidocr_onnxruntime is not installed")
     src = Path(list(spec.submodule_search_locations)[0]) / "models" / "ch_PP-OCRv4_det_infer.onnx"
-    d = cached_dir("test-models", cache_key("converters-ppocr-det-dynamic", src, 1),
-                   lambda d: _anchor_file(src, d / "det.anchored.onnx"))
+    d = cached_dir(
+        "test-models",
+        cache_key("converters-ppocr-det-dynamic", src, 1),
+        lambda d: _anchor_file(src, d / "det.anchored.onnx"),
+    )
     return d / "det.anchored.onnx"
 
 
@@ -234,11 +248,15 @@ def _constant_reshape_model(path: Path) -> np.ndarray:
 
     grid = np.stack(np.meshgrid(np.arange(4) + 0.5, np.arange(4) + 0.5), -1).astype(np.float32)
     g = helper.make_graph(
-        [helper.make_node("Reshape", ["grid", "shape"], ["flat"], name="reshape_grid"),
-         helper.make_node("Add", ["x", "flat"], ["y"], name="add")],
-        "constant_reshape", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
+        [
+            helper.make_node("Reshape", ["grid", "shape"], ["flat"], name="reshape_grid"),
+            helper.make_node("Add", ["x", "flat"], ["y"], name="add"),
+        ],
+        "constant_reshape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
-        [numpy_helper.from_array(grid, "grid"), numpy_helper.from_array(np.array([1, 32], np.int64), "shape")])
+        [numpy_helper.from_array(grid, "grid"), numpy_helper.from_array(np.array([1, 32], np.int64), "shape")],
+    )
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return grid
 
@@ -259,8 +277,7 @@ def test_tf_constant_reshape_needs_onnxsim_venv_not_on_path(tmp_path, monkeypatc
     monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))  # convert every time (tiny: ~5 s)
     path = tmp_path / "constant_reshape.onnx"
     grid = _constant_reshape_model(path)
-    manifest = AnchorManifest(anchors=[Anchor("output/y", "y", 0, 0, "add", "Add", [1, 32], "float32",
-                                              kind="output")])
+    manifest = AnchorManifest(anchors=[Anchor("output/y", "y", 0, 0, "add", "Add", [1, 32], "float32", kind="output")])
     x = np.random.default_rng(0).random((1, 32), dtype=np.float32)
     with TfOnnxBackend() as b:
         b.prepare(path, manifest, tmp_path / "w")
@@ -283,8 +300,7 @@ def test_tf_missing_onnxsim_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(sysconfig, "get_path", lambda name, *a, **k: str(empty))
     path = tmp_path / "constant_reshape.onnx"
     _constant_reshape_model(path)
-    manifest = AnchorManifest(anchors=[Anchor("output/y", "y", 0, 0, "add", "Add", [1, 32], "float32",
-                                              kind="output")])
+    manifest = AnchorManifest(anchors=[Anchor("output/y", "y", 0, 0, "add", "Add", [1, 32], "float32", kind="output")])
     with pytest.raises(BackendError, match="onnxsim command .* not in"):
         TfOnnxBackend().prepare(path, manifest, tmp_path / "w")
     assert not any((tmp_path / "cache").rglob("meta.json"))  # nothing half-written

@@ -28,9 +28,11 @@ def test_a_missing_library_is_named(monkeypatch):
     monkeypatch.setitem(backends.FAMILY_PACKAGES, "openvino", ("openvino", "no_such_package_anpred"))
     rows = {r["name"]: r for r in backends.backend_table()}
     assert not rows["openvino"]["installed"]
-    assert rows["openvino"]["reason"] == ("not installed: no_such_package_anpred (the 'openvino' extra: bash "
-                                          "scripts/setup.sh openvino, or pip install \"anpred[openvino]\" and its "
-                                          "--no-deps companions in requirements-nodeps.txt)")
+    assert rows["openvino"]["reason"] == (
+        "not installed: no_such_package_anpred (the 'openvino' extra: bash "
+        "scripts/setup.sh openvino, or pip install \"anpred[openvino]\" and its "
+        "--no-deps companions in requirements-nodeps.txt)"
+    )
     assert rows["ort"]["installed"]
 
 

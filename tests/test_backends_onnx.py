@@ -33,8 +33,9 @@ def yolo_model():
 @pytest.fixture(scope="session")
 def yolo_run(yolo_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "yolo"
-    return run_model(yolo_model, ONNX_BACKENDS + CONVERTERS, str(run_models.ultralytics_assets()), out,
-                     timeout_s=300, progress=False)
+    return run_model(
+        yolo_model, ONNX_BACKENDS + CONVERTERS, str(run_models.ultralytics_assets()), out, timeout_s=300, progress=False
+    )
 
 
 def _rel(a, b):
@@ -51,8 +52,10 @@ def test_yolo_every_backend_captures_every_anchor(yolo_run):
     for name, s in st.items():
         assert s.status == "ok", (name, s.reason)
         assert s.samples == 2
-        assert s.anchors_captured == len(man.anchors), (name,
-                                                        {k: v for k, v in s.captures.items() if v["status"] != "exact"})
+        assert s.anchors_captured == len(man.anchors), (
+            name,
+            {k: v for k, v in s.captures.items() if v["status"] != "exact"},
+        )
         assert s.versions["python"]
         assert s.seconds_run > 0
     assert st["ort"].versions["onnxruntime"] == __import__("onnxruntime").__version__
@@ -74,8 +77,10 @@ def test_yolo_every_backend_captures_every_anchor(yolo_run):
         assert ov16["openvino_compiled_precision_hint"] == "fp32"
         assert st["openvino-bf16"].precision == "fp32" and "Convolution/bf16" not in conv16, conv16
         assert st["openvino-bf16"].precision_differs
-    assert st["openvino-bf16"].precision == max(
-        (k for k in conv16 if k.startswith("Convolution/")), key=lambda k: int(conv16[k])).split("/")[1]
+    assert (
+        st["openvino-bf16"].precision
+        == max((k for k in conv16 if k.startswith("Convolution/")), key=lambda k: int(conv16[k])).split("/")[1]
+    )
     assert st["ort-int8"].versions["mlas_u8s8_kernel"] == kernel_isa(flags)["int8_u8s8"]
     assert st["ort-fp16"].precision == "fp16"
     n16, n32 = (int(x.split(":")[1]) for x in st["ort-fp16"].versions["converted_weights"].split(","))
@@ -161,9 +166,14 @@ def test_ppocr_det_from_rapidocr_wheel(tmp_path):
     model = run_models.anchored_ppocr_det()
     spec = InputSpec(kind="random", distribution="images", seed=3, n=1, size=256)
     # every ONNX-runtime backend of issue 3 (tf and torch run it in the dynamic-shape test below)
-    store = run_model(model,
-                      ["ort", "ort-noopt", "openvino", "openvino-bf16", "onnx-reference", "ort-fp16", "ort-int8"],
-                      spec, tmp_path / "ocr", timeout_s=300, progress=False)
+    store = run_model(
+        model,
+        ["ort", "ort-noopt", "openvino", "openvino-bf16", "onnx-reference", "ort-fp16", "ort-int8"],
+        spec,
+        tmp_path / "ocr",
+        timeout_s=300,
+        progress=False,
+    )
     n = len(store.manifest.anchors)
     assert n >= 8
     for name, s in store.statuses().items():
@@ -197,8 +207,14 @@ def test_ppocr_det_dynamic_shape_on_converters(tmp_path):
 
     dims = onnx.load(str(model), load_external_data=False).graph.input[0].type.tensor_type.shape.dim
     assert [d.dim_value for d in dims] == [0, 3, 0, 0]  # dynamic N, H, W in the model run
-    store = run_model(model, ["ort", "tf", "torch"], "random:images:seed=1:n=2:shape=1x3x96x128",
-                      tmp_path / "dyn", timeout_s=300, progress=False)
+    store = run_model(
+        model,
+        ["ort", "tf", "torch"],
+        "random:images:seed=1:n=2:shape=1x3x96x128",
+        tmp_path / "dyn",
+        timeout_s=300,
+        progress=False,
+    )
     st = store.statuses()
     n = len(store.manifest.anchors)
     for name, s in st.items():
@@ -240,8 +256,9 @@ def test_npz_inputs_stacked_and_bad_ones(tmp_path):
     got = list(InputSpec.parse(tmp_path / "a.npz").samples(inp))
     assert len(got) == 4 and got[2][1]["x"].dtype == np.float32 and got[2][0].endswith("a.npz[2]")
     np.save(tmp_path / "b.npy", np.zeros((1, 3, 9, 8), np.float32))
-    with pytest.raises(InputError,
-                       match=r"^input 'x' \(b.npy\): shape \(1, 3, 9, 8\) does not fit the model's 1x3x8x8"):
+    with pytest.raises(
+        InputError, match=r"^input 'x' \(b.npy\): shape \(1, 3, 9, 8\) does not fit the model's 1x3x8x8"
+    ):
         list(InputSpec.parse(tmp_path / "b.npy").samples(inp))
     with pytest.raises(InputError, match="missing"):
         check_sample({"y": np.zeros((1, 3, 8, 8), np.float32)}, inp)
@@ -279,9 +296,15 @@ def test_ort_thread_pools_sleep_instead_of_spinning_beside_a_judge(monkeypatch):
     from anpred.backends import backend_class
     from anpred.run.driver import _worker_env
 
-    m = helper.make_model(helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])]), opset_imports=[helper.make_opsetid("", 17)])
+    m = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
 
     def entry(name, options=None):
         so = backend_class(name)(options)._session(m.SerializeToString()).get_session_options()

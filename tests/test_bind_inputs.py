@@ -29,30 +29,58 @@ def _if_net():
     def c(name, v):
         return h.make_node("Constant", [], [name], value=nh.from_array(np.asarray(v), name))
 
-    inner_then = h.make_graph([h.make_node("Sigmoid", ["x"], ["it"])], "it", [],
-                              [h.make_tensor_value_info("it", T.FLOAT, None)])
-    inner_else = h.make_graph([h.make_node("Tanh", ["x"], ["ie"])], "ie", [],
-                              [h.make_tensor_value_info("ie", T.FLOAT, None)])
-    then_g = h.make_graph([
-        c("two", np.float32(2)), h.make_node("Mul", ["x", "two"], ["m"]), h.make_node("Relu", ["m"], ["r"]),
-        h.make_node("Shape", ["x"], ["sh"]), c("one_i", np.array(1, np.int64)),
-                           h.make_node("Gather", ["sh", "one_i"], ["w"]),
-        c("four", np.array(4, np.int64)), h.make_node("Equal", ["w", "four"], ["is4"]),
-        h.make_node("If", ["is4"], ["inner"], then_branch=inner_then, else_branch=inner_else),
-        h.make_node("Add", ["r", "inner"], ["ta"])], "then", [], [h.make_tensor_value_info("ta", T.FLOAT, [1, 4])])
-    else_g = h.make_graph([
-        c("one_f", np.float32(1)), h.make_node("Add", ["x", "one_f"], ["e1"]), h.make_node("Neg", ["x"], ["nx"]),
-        h.make_node("Where", ["flag", "x", "nx"], ["wx"]), h.make_node("Sub", ["e1", "wx"], ["eb"])],
-        "else", [], [h.make_tensor_value_info("eb", T.FLOAT, [1, 4])])
-    nodes = [h.make_node("Constant", [], ["k1"], value=nh.from_array(np.array(1, np.int64), "k1")),
-             h.make_node("Equal", ["mode", "k1"], ["cond"]),
-             h.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g, name="the_if"),
-             h.make_node("Mul", ["x", "three"], ["z"])]
-    g = h.make_graph(nodes, "ifnet", [h.make_tensor_value_info("x", T.FLOAT, [1, 4]),
-                                      h.make_tensor_value_info("mode", T.INT64, []),
-                                      h.make_tensor_value_info("flag", T.BOOL, [1])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4]), h.make_tensor_value_info("z", T.FLOAT, [1, 4])],
-                     initializer=[nh.from_array(np.float32(3), "three")])
+    inner_then = h.make_graph(
+        [h.make_node("Sigmoid", ["x"], ["it"])], "it", [], [h.make_tensor_value_info("it", T.FLOAT, None)]
+    )
+    inner_else = h.make_graph(
+        [h.make_node("Tanh", ["x"], ["ie"])], "ie", [], [h.make_tensor_value_info("ie", T.FLOAT, None)]
+    )
+    then_g = h.make_graph(
+        [
+            c("two", np.float32(2)),
+            h.make_node("Mul", ["x", "two"], ["m"]),
+            h.make_node("Relu", ["m"], ["r"]),
+            h.make_node("Shape", ["x"], ["sh"]),
+            c("one_i", np.array(1, np.int64)),
+            h.make_node("Gather", ["sh", "one_i"], ["w"]),
+            c("four", np.array(4, np.int64)),
+            h.make_node("Equal", ["w", "four"], ["is4"]),
+            h.make_node("If", ["is4"], ["inner"], then_branch=inner_then, else_branch=inner_else),
+            h.make_node("Add", ["r", "inner"], ["ta"]),
+        ],
+        "then",
+        [],
+        [h.make_tensor_value_info("ta", T.FLOAT, [1, 4])],
+    )
+    else_g = h.make_graph(
+        [
+            c("one_f", np.float32(1)),
+            h.make_node("Add", ["x", "one_f"], ["e1"]),
+            h.make_node("Neg", ["x"], ["nx"]),
+            h.make_node("Where", ["flag", "x", "nx"], ["wx"]),
+            h.make_node("Sub", ["e1", "wx"], ["eb"]),
+        ],
+        "else",
+        [],
+        [h.make_tensor_value_info("eb", T.FLOAT, [1, 4])],
+    )
+    nodes = [
+        h.make_node("Constant", [], ["k1"], value=nh.from_array(np.array(1, np.int64), "k1")),
+        h.make_node("Equal", ["mode", "k1"], ["cond"]),
+        h.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g, name="the_if"),
+        h.make_node("Mul", ["x", "three"], ["z"]),
+    ]
+    g = h.make_graph(
+        nodes,
+        "ifnet",
+        [
+            h.make_tensor_value_info("x", T.FLOAT, [1, 4]),
+            h.make_tensor_value_info("mode", T.INT64, []),
+            h.make_tensor_value_info("flag", T.BOOL, [1]),
+        ],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 4]), h.make_tensor_value_info("z", T.FLOAT, [1, 4])],
+        initializer=[nh.from_array(np.float32(3), "three")],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     return m
@@ -79,12 +107,16 @@ def test_bound_value_picks_its_branch_and_matches_ort(mode):
     assert len(info["inlined"]) == (2 if mode == 1 else 1)
     assert info["bound"] == {"mode": {"dtype": "int64", "shape": [], "value": mode}}
     ops = {n.op_type for n in bound.graph.node}
-    assert ({"Relu", "Sigmoid"} <= ops and not ops & {"Tanh", "Where"}) if mode == 1 else \
-        ({"Where", "Neg"} <= ops and not ops & {"Relu", "Sigmoid", "Tanh"})
+    assert (
+        ({"Relu", "Sigmoid"} <= ops and not ops & {"Tanh", "Where"})
+        if mode == 1
+        else ({"Where", "Neg"} <= ops and not ops & {"Relu", "Sigmoid", "Tanh"})
+    )
     for flag in (True, False):
         f = np.array([flag])
-        want = ort_session(model, threads=1, quiet=True).run(None,
-                                                             {"x": X, "mode": np.array(mode, np.int64), "flag": f})
+        want = ort_session(model, threads=1, quiet=True).run(
+            None, {"x": X, "mode": np.array(mode, np.int64), "flag": f}
+        )
         got = ort_session(bound, threads=1, quiet=True).run(None, {"x": X, "flag": f})
         for a, b in zip(want, got):
             np.testing.assert_array_equal(a, b)
@@ -98,15 +130,18 @@ def test_bind_errors_name_the_inputs_and_the_misfit():
     from passes.bind_inputs import bind_inputs, parse_bindings
 
     model = _if_net()
-    with pytest.raises(InputError, match=r"no graph input named 'sr'.*x \(float32 1x4\), mode \(int64 scalar\), "
-                                         r"flag \(bool 1\)"):
+    with pytest.raises(
+        InputError,
+        match=r"no graph input named 'sr'.*x \(float32 1x4\), mode \(int64 scalar\), "
+        r"flag \(bool 1\)",
+    ):
         bind_inputs(model, {"sr": 16000})
     with pytest.raises(InputError, match=r"shape 2 does not fit the input's shape scalar"):
         bind_inputs(model, {"mode": [1, 2]})
     with pytest.raises(InputError, match="not an integer"):
         bind_inputs(model, {"mode": 1.5})
     with pytest.raises(InputError, match="outside the range of int64"):
-        bind_inputs(model, {"mode": 2.0 ** 70})
+        bind_inputs(model, {"mode": 2.0**70})
     with pytest.raises(InputError, match="give a number"):
         bind_inputs(model, {"mode": "fast"})
     with pytest.raises(InputError, match="bool; give true/false"):
@@ -132,17 +167,30 @@ def test_constant_layout_folds_exactly():
     from passes.bind_inputs import fold_constant_layout
 
     w = np.arange(24, dtype=np.float32).reshape(8, 3)
-    inits = [nh.from_array(w, "w"), nh.from_array(np.array([0], np.int64), "s0"),
-             nh.from_array(np.array([4], np.int64), "s4"),
-             nh.from_array(np.array([8], np.int64), "s8"), nh.from_array(np.array([0], np.int64), "ax")]
-    nodes = [h.make_node("Slice", ["w", "s0", "s4", "ax"], ["lo"]),
-             h.make_node("Slice", ["w", "s4", "s8", "ax"], ["hi"]),
-             h.make_node("Concat", ["hi", "lo"], ["wr"], axis=0), h.make_node("Unsqueeze", ["wr", "ax"], ["w3"]),
-             h.make_node("Mul", ["w3", "w3"], ["sq"]), h.make_node("Add", ["x", "sq"], ["y"])]
+    inits = [
+        nh.from_array(w, "w"),
+        nh.from_array(np.array([0], np.int64), "s0"),
+        nh.from_array(np.array([4], np.int64), "s4"),
+        nh.from_array(np.array([8], np.int64), "s8"),
+        nh.from_array(np.array([0], np.int64), "ax"),
+    ]
+    nodes = [
+        h.make_node("Slice", ["w", "s0", "s4", "ax"], ["lo"]),
+        h.make_node("Slice", ["w", "s4", "s8", "ax"], ["hi"]),
+        h.make_node("Concat", ["hi", "lo"], ["wr"], axis=0),
+        h.make_node("Unsqueeze", ["wr", "ax"], ["w3"]),
+        h.make_node("Mul", ["w3", "w3"], ["sq"]),
+        h.make_node("Add", ["x", "sq"], ["y"]),
+    ]
     from onnx import TensorProto as T
 
-    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 8, 3])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 8, 3])], initializer=inits)
+    g = h.make_graph(
+        nodes,
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 8, 3])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 8, 3])],
+        initializer=inits,
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     assert fold_constant_layout(m) == 4
     assert [n.op_type for n in m.graph.node] == ["Mul", "Add"]
@@ -162,10 +210,21 @@ def test_pipeline_bind_option_drops_the_bound_input_from_given_files(tmp_path):
     feeds = tmp_path / "in"
     feeds.mkdir()
     for i in range(2):
-        np.savez(feeds / f"s{i}.npz", x=rng.standard_normal((1, 4)).astype(np.float32), mode=np.array(1, np.int64),
-                 flag=np.array([bool(i)]))
-    r = anpred.test(path, out=tmp_path / "t", backends=["ort", "openvino"], inputs=str(feeds), bind={"mode": 1},
-                    quiet=True, witnesses=False)
+        np.savez(
+            feeds / f"s{i}.npz",
+            x=rng.standard_normal((1, 4)).astype(np.float32),
+            mode=np.array(1, np.int64),
+            flag=np.array([bool(i)]),
+        )
+    r = anpred.test(
+        path,
+        out=tmp_path / "t",
+        backends=["ort", "openvino"],
+        inputs=str(feeds),
+        bind={"mode": 1},
+        quiet=True,
+        witnesses=False,
+    )
     assert r.statuses == {"ort": "ok", "openvino": "ok"}
     t = json.loads((tmp_path / "t" / "test.json").read_text())
     assert t["details"]["bound_inputs"] == {"mode": 1} and t["details"]["binding"]["inlined"] == 2
@@ -176,8 +235,21 @@ def test_pipeline_bind_option_drops_the_bound_input_from_given_files(tmp_path):
     assert "mode" not in {i.name for i in anchored.graph.input}
     assert not any(n.op_type == "If" for n in anchored.graph.node)
     # the files feed mode = 1: binding 0 contradicts them (exit 2, nothing written)
-    rc = cli(["test", str(path), "--backends", "ort,openvino", "--inputs", str(feeds), "--bind", "mode=0",
-              "-o", str(tmp_path / "u"), "-q"])
+    rc = cli(
+        [
+            "test",
+            str(path),
+            "--backends",
+            "ort,openvino",
+            "--inputs",
+            str(feeds),
+            "--bind",
+            "mode=0",
+            "-o",
+            str(tmp_path / "u"),
+            "-q",
+        ]
+    )
     assert rc == 2 and not (tmp_path / "u").exists()
     rc = cli(["test", str(path), "--backends", "ort,openvino", "--bind", "rate=3", "-o", str(tmp_path / "v"), "-q"])
     assert rc == 2 and not (tmp_path / "v").exists()
@@ -213,8 +285,11 @@ def test_silero_vad_end_to_end_with_sr_bound(tmp_path):
     assert not r.flagged_backends, r.flagged_backends
     assert r.status == ("consistent" if len(ok) == len(backends) else "incomplete")
     store = RunStore.open(tmp_path / "t" / "run")
-    out = next(a["name"] for a in man["anchors"] if a["kind"] == "output" and "output" in a["name"]
-               and "stateN" not in a["name"])
+    out = next(
+        a["name"]
+        for a in man["anchors"]
+        if a["kind"] == "output" and "output" in a["name"] and "stateN" not in a["name"]
+    )
     sources = t["details"]["inputs"]["sources"]
     assert "voiced" in sources[0] and "silence" in sources[1]
     for b in ok:
@@ -245,13 +320,18 @@ def test_ncnn_feeds_an_input_without_a_batch_axis_whole(tmp_path):
 
     from anpred.backends.ncnn_pnnx import NcnnBackend
 
-    g = h.make_graph([h.make_node("Mul", ["s", "two"], ["m"]), h.make_node("Tanh", ["m"], ["t"]),
-                      h.make_node("Add", ["t", "x"], ["y"]), h.make_node("Relu", ["x"], ["z"])], "g",
-                     [h.make_tensor_value_info("x", T.FLOAT, [1, 8]),
-                      h.make_tensor_value_info("s", T.FLOAT, [2, 1, 8])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [2, 1, 8]),
-                      h.make_tensor_value_info("z", T.FLOAT, [1, 8])],
-                     initializer=[nh.from_array(np.float32(2), "two")])
+    g = h.make_graph(
+        [
+            h.make_node("Mul", ["s", "two"], ["m"]),
+            h.make_node("Tanh", ["m"], ["t"]),
+            h.make_node("Add", ["t", "x"], ["y"]),
+            h.make_node("Relu", ["x"], ["z"]),
+        ],
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 8]), h.make_tensor_value_info("s", T.FLOAT, [2, 1, 8])],
+        [h.make_tensor_value_info("y", T.FLOAT, [2, 1, 8]), h.make_tensor_value_info("z", T.FLOAT, [1, 8])],
+        initializer=[nh.from_array(np.float32(2), "two")],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     path = tmp_path / "state.onnx"
@@ -269,9 +349,14 @@ def test_ncnn_feeds_an_input_without_a_batch_axis_whole(tmp_path):
     assert got[next(a.name for a in man.anchors if a.value == "y")].shape == (2, 1, 8)
 
 
-@pytest.mark.parametrize("mode,shape,pads", [("reflect", (1, 10), [0, 3, 0, 2]),
-                                              ("edge", (3, 4), [1, 0, 0, 2]),
-                                              ("reflect", (1, 2, 3, 4, 5), [0, 0, 0, 1, 2, 0, 0, 0, 2, 1])])
+@pytest.mark.parametrize(
+    "mode,shape,pads",
+    [
+        ("reflect", (1, 10), [0, 3, 0, 2]),
+        ("edge", (3, 4), [1, 0, 0, 2]),
+        ("reflect", (1, 2, 3, 4, 5), [0, 0, 0, 1, 2, 0, 0, 0, 2, 1]),
+    ],
+)
 @pytest.mark.isa_independent(EXACT_OPS)
 def test_torch_pads_reflect_and_edge_on_any_rank(tmp_path, mode, shape, pads):
     """onnx2torch's Pad gives F.pad tensors it cannot pad in reflect/edge mode (a 2-D audio chunk);
@@ -283,10 +368,13 @@ def test_torch_pads_reflect_and_edge_on_any_rank(tmp_path, mode, shape, pads):
     from anpred.backends.torch_onnx import TorchOnnxBackend
 
     out = [s + pads[i] + pads[i + len(shape)] for i, s in enumerate(shape)]
-    g = h.make_graph([h.make_node("Pad", ["x", "pads"], ["p"], mode=mode), h.make_node("Neg", ["p"], ["y"])], "g",
-                     [h.make_tensor_value_info("x", T.FLOAT, list(shape))],
-                     [h.make_tensor_value_info("y", T.FLOAT, out)],
-                     initializer=[nh.from_array(np.array(pads, np.int64), "pads")])
+    g = h.make_graph(
+        [h.make_node("Pad", ["x", "pads"], ["p"], mode=mode), h.make_node("Neg", ["p"], ["y"])],
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, list(shape))],
+        [h.make_tensor_value_info("y", T.FLOAT, out)],
+        initializer=[nh.from_array(np.array(pads, np.int64), "pads")],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
     m.ir_version = 8
     path = tmp_path / "pad.onnx"

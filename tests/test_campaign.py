@@ -105,8 +105,9 @@ class Killer(threading.Thread):
 def _history(db: Path) -> list[tuple[str, str]]:
     con = sqlite3.connect(str(db))
     try:
-        return con.execute("SELECT runs.run_dir, verdicts.backend FROM verdicts JOIN runs ON runs.id = "
-                           "verdicts.run_id").fetchall()
+        return con.execute(
+            "SELECT runs.run_dir, verdicts.backend FROM verdicts JOIN runs ON runs.id = verdicts.run_id"
+        ).fetchall()
     finally:
         con.close()
 
@@ -145,7 +146,8 @@ def test_campaign_kill_and_resume(tmp_path):
     assert not (out / "configs" / ids["cnn16"]).exists()  # nothing half-written
     # the killed-and-retried configuration is complete with every backend run
     assert {b: r["run"] for b, r in states["cnn8"]["backends"].items()} == dict.fromkeys(
-        ["ort", "openvino", "torch", "onnx-reference"], "ok")
+        ["ort", "openvino", "torch", "onnx-reference"], "ok"
+    )
     # the real defect: openvino flagged on the Softplus CNN, the drill-down names the operator
     sp = states["softplus"]["backends"]
     assert sp["openvino"]["flagged"] and sp["openvino"]["culprit_op"] == "Softplus"
@@ -196,10 +198,12 @@ def test_campaign_file_errors(tmp_path):
         load("[[models]]\nmodel = 'yolov8n'\n[backend_sets]\na = ['ort']\n")
     with pytest.raises(AnpredError, match="no such file"):
         load("[[models]]\nmodel = 'missing.onnx'\n[backend_sets]\na = ['ort', 'openvino']\n")
-    c = load("[[models]]\nmodel = 'yolov8n'\nimgsz = 160\n[[models]]\nmodel = 'yolov5n'\n"
-             "[backend_sets]\na = ['ort', 'openvino']\nb = ['ort', 'torch', 'tf']\n"
-             "[inputs]\ndefault = {}\nrnd = { inputs = 'random:normal:n=2' }\n"
-             "[[versions]]\npackage = 'onnxruntime'\nversions = ['1.31.1', '1.32.0']\nbackends = ['ort']\n")
+    c = load(
+        "[[models]]\nmodel = 'yolov8n'\nimgsz = 160\n[[models]]\nmodel = 'yolov5n'\n"
+        "[backend_sets]\na = ['ort', 'openvino']\nb = ['ort', 'torch', 'tf']\n"
+        "[inputs]\ndefault = {}\nrnd = { inputs = 'random:normal:n=2' }\n"
+        "[[versions]]\npackage = 'onnxruntime'\nversions = ['1.31.1', '1.32.0']\nbackends = ['ort']\n"
+    )
     assert len(c.configurations) == 2 * 2 * 2 * 2  # models x sets x inputs x versions
     first = c.configurations[0]
     assert first.id.startswith("yolov8n.a.default.onnxruntime-1.31.1.") and first.options["imgsz"] == 160
@@ -213,14 +217,20 @@ def test_campaign_file_errors(tmp_path):
     with pytest.raises(AnpredError, match="samples = 'two' has the wrong type"):
         load("[defaults]\nsamples = 'two'\n[[models]]\nmodel = 'yolov8n'\n[backend_sets]\na = ['ort', 'openvino']\n")
     with pytest.raises(AnpredError, match="inputs = 'nowhere/'.*no such file or folder"):
-        load("[[models]]\nmodel = 'yolov8n'\n[backend_sets]\na = ['ort', 'openvino']\n"
-             "[inputs]\nmine = { inputs = 'nowhere/' }\n")
+        load(
+            "[[models]]\nmodel = 'yolov8n'\n[backend_sets]\na = ['ort', 'openvino']\n"
+            "[inputs]\nmine = { inputs = 'nowhere/' }\n"
+        )
     ok_head = "[[models]]\nmodel = 'yolov8n'\n[backend_sets]\na = ['ort', 'openvino']\n"
-    for bad, msg in [("[resources]\ncpus = 'two'\n", "cpus = 'two': a number"),
-                     ("[resources.backends.ort]\nmemgb = 3\n", "unknown key.*backends.ort.memgb"),
-                     ("[[versions]]\npackage = 'onnxruntime'\nbackends = ['ort']\nversions = ['1']\nfind_link = 'x'\n",
-                      "unknown key.*find_link"),
-                     ("[inputs]\nx = 'random:normal:n=3'\n", "each input set is a table")]:
+    for bad, msg in [
+        ("[resources]\ncpus = 'two'\n", "cpus = 'two': a number"),
+        ("[resources.backends.ort]\nmemgb = 3\n", "unknown key.*backends.ort.memgb"),
+        (
+            "[[versions]]\npackage = 'onnxruntime'\nbackends = ['ort']\nversions = ['1']\nfind_link = 'x'\n",
+            "unknown key.*find_link",
+        ),
+        ("[inputs]\nx = 'random:normal:n=3'\n", "each input set is a table"),
+    ]:
         with pytest.raises(AnpredError, match=msg):
             load(ok_head + bad)
     with pytest.raises(AnpredError, match="write \\[\\[models\\]\\], not \\[models\\]"):
@@ -253,7 +263,8 @@ def test_version_axis_runs_the_backend_on_that_environment(tmp_path):
         '[campaign]\nname = "v"\n[defaults]\nsamples = 1\nstages = 2\n'
         '[[models]]\nmodel = "pipeline_factories:small_cnn"\nname = "cnn8"\n'
         '[backend_sets]\nfp32 = ["ort", "openvino"]\n'
-        f'[[versions]]\npackage = "onnxruntime"\nbackends = ["ort"]\npaths = {{ "copy" = "{env}" }}\n')
+        f'[[versions]]\npackage = "onnxruntime"\nbackends = ["ort"]\npaths = {{ "copy" = "{env}" }}\n'
+    )
     res = run_campaign(load_campaign(base / "v.toml"), tmp_path / "out", num_cpus=2, progress=False)
     rec = res.records[0]
     assert rec["state"] == "complete" and rec["versions"] == {"onnxruntime": "copy"}
@@ -271,10 +282,12 @@ def test_unmeetable_resources_and_unreachable_cluster_fail_with_a_reason(tmp_pat
     from anpred.campaign import load_campaign, run_campaign
 
     base = _campaign_dir(tmp_path / "c")
-    (base / "r.toml").write_text('[campaign]\nname = "r"\n[defaults]\nsamples = 1\nstages = 2\n'
-                                 '[[models]]\nmodel = "softplus.onnx"\n'
-                                 '[backend_sets]\nfp32 = ["ort", "openvino"]\n'
-                                 '[resources.backends.openvino]\nmemory_gb = 100000\n')
+    (base / "r.toml").write_text(
+        '[campaign]\nname = "r"\n[defaults]\nsamples = 1\nstages = 2\n'
+        '[[models]]\nmodel = "softplus.onnx"\n'
+        '[backend_sets]\nfp32 = ["ort", "openvino"]\n'
+        '[resources.backends.openvino]\nmemory_gb = 100000\n'
+    )
     campaign = load_campaign(base / "r.toml")
     t = time.perf_counter()
     res = run_campaign(campaign, tmp_path / "out", num_cpus=2, progress=False)
@@ -314,15 +327,17 @@ def test_bisect_names_the_onnxruntime_release_and_operator(tmp_path):
     from anpred.campaign import load_campaign, run_campaign
     from anpred.campaign.bisect import BisectRequest, bisect_versions
 
-    assert sorted(p.name.split("-")[1] for p in WHEELS.glob("onnxruntime-*.whl")) == ["1.20.1", "1.21.0", "1.24.4"], \
+    assert sorted(p.name.split("-")[1] for p in WHEELS.glob("onnxruntime-*.whl")) == ["1.20.1", "1.21.0", "1.24.4"], (
         "scripts/setup.sh downloads these wheels"
+    )
     avgpool_net_onnx(tmp_path / "avgpool_net.onnx")
     (tmp_path / "b.toml").write_text(
         '[campaign]\nname = "bisect"\n[defaults]\nsamples = 2\nstages = 3\n'
         '[[models]]\nmodel = "avgpool_net.onnx"\nname = "net"\n'
         '[backend_sets]\nfp32 = ["ort", "openvino", "onnx-reference"]\n'
         f'[[versions]]\npackage = "onnxruntime"\nbackends = ["ort"]\nversions = ["1.20.1", "1.21.0"]\n'
-        f'find_links = "{WHEELS}"\n')
+        f'find_links = "{WHEELS}"\n'
+    )
     campaign = load_campaign(tmp_path / "b.toml")
     res = run_campaign(campaign, tmp_path / "out", num_cpus=2, progress=False)
     by_ver = {r["versions"]["onnxruntime"]: r for r in res.records}
@@ -332,16 +347,31 @@ def test_bisect_names_the_onnxruntime_release_and_operator(tmp_path):
     assert not by_ver["1.21.0"]["backends"]["openvino"]["flagged"]
     summary = json.loads((tmp_path / "out" / "campaign.json").read_text())
     assert [(c["from"], c["to"], c["backend"], c["before"]) for c in summary["version_changes"]] == [
-        ("1.20.1", "1.21.0", "ort", "ok")]
+        ("1.20.1", "1.21.0", "ort", "ok")
+    ]
 
-    b = bisect_versions(campaign, tmp_path / "bisect",
-                        BisectRequest(package="onnxruntime", model="net", backend="ort", good="1.20.1", bad="1.24.4",
-                                      versions=["1.20.1", "1.20.5", "1.21.0", "1.24.4"]),
-                        num_cpus=2, progress=False)
+    b = bisect_versions(
+        campaign,
+        tmp_path / "bisect",
+        BisectRequest(
+            package="onnxruntime",
+            model="net",
+            backend="ort",
+            good="1.20.1",
+            bad="1.24.4",
+            versions=["1.20.1", "1.20.5", "1.21.0", "1.24.4"],
+        ),
+        num_cpus=2,
+        progress=False,
+    )
     assert b["first_bad"] == "1.21.0" and b["last_good"] == "1.20.1"
     # 1.20.5 does not exist (not in the wheel folder): skipped with its reason, not taken for the change
     assert [(p["version"], p["standing"]) for p in b["probes"]] == [
-        ("1.20.1", "ok"), ("1.24.4", "FLAGGED s1"), ("1.20.5", None), ("1.21.0", "FLAGGED s1")]
+        ("1.20.1", "ok"),
+        ("1.24.4", "FLAGGED s1"),
+        ("1.20.5", None),
+        ("1.21.0", "FLAGGED s1"),
+    ]
     assert "cannot install onnxruntime==1.20.5" in b["probes"][2]["skipped"]
     # a probe is the campaign's own configuration of that test (same id: its result is shared)
     assert b["probes"][0]["id"] == by_ver["1.20.1"]["id"] and b["probes"][3]["id"] == by_ver["1.21.0"]["id"]
@@ -365,19 +395,35 @@ def test_campaign_joins_an_existing_cluster(tmp_path):
     from anpred.cli import main
 
     base = _campaign_dir(tmp_path / "c")
-    (base / "one.toml").write_text('[campaign]\nname = "cluster"\n[defaults]\nsamples = 1\nstages = 2\n'
-                                   '[[models]]\nmodel = "pipeline_factories:small_cnn"\nname = "cnn8"\n'
-                                   '[backend_sets]\nfp32 = ["ort", "openvino", "onnx-reference"]\n')
+    (base / "one.toml").write_text(
+        '[campaign]\nname = "cluster"\n[defaults]\nsamples = 1\nstages = 2\n'
+        '[[models]]\nmodel = "pipeline_factories:small_cnn"\nname = "cnn8"\n'
+        '[backend_sets]\nfp32 = ["ort", "openvino", "onnx-reference"]\n'
+    )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ray_cli = str(Path(sys.executable).with_name("ray"))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    subprocess.run([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-                    "--disable-usage-stats"], check=True, capture_output=True, cwd=base, env=env)
+    subprocess.run(
+        [
+            ray_cli,
+            "start",
+            "--head",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=base,
+        env=env,
+    )
     try:
-        rc = main(["campaign", str(base / "one.toml"), "-o", str(tmp_path / "out"), "--address", f"127.0.0.1:{port}",
-                   "-q"])
+        rc = main(
+            ["campaign", str(base / "one.toml"), "-o", str(tmp_path / "out"), "--address", f"127.0.0.1:{port}", "-q"]
+        )
         rec = json.loads((tmp_path / "out" / "campaign.json").read_text())
         assert rc == 0 and rec["complete"] == 1
         assert rec["ray"]["resources"]["CPU"] == 2.0

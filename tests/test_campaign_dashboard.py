@@ -37,16 +37,28 @@ def test_dashboard_over_a_campaign_with_two_onnxruntime_releases(tmp_path):
         '[[models]]\nmodel = "avgpool_net.onnx"\nname = "net"\n'
         '[backend_sets]\nfp32 = ["ort", "openvino", "onnx-reference"]\n'
         f'[[versions]]\npackage = "onnxruntime"\nbackends = ["ort"]\nversions = ["1.20.1", "1.21.0"]\n'
-        f'find_links = "{WHEELS}"\n')
+        f'find_links = "{WHEELS}"\n'
+    )
     campaign = load_campaign(tmp_path / "c.toml")
     out = tmp_path / "out"
     res = run_campaign(campaign, out, num_cpus=2, progress=False)
     assert [r["state"] for r in res.records] == ["complete", "complete"]
     # the bisection in the campaign's folder: its probes are the campaign's configurations (not run again);
     # the first deviating release is run once more with the drill-down
-    b = bisect_versions(campaign, out, BisectRequest(package="onnxruntime", model="net", backend="ort", good="1.20.1",
-                                                     bad="1.21.0", versions=["1.20.1", "1.21.0"]),
-                        num_cpus=2, progress=False)
+    b = bisect_versions(
+        campaign,
+        out,
+        BisectRequest(
+            package="onnxruntime",
+            model="net",
+            backend="ort",
+            good="1.20.1",
+            bad="1.21.0",
+            versions=["1.20.1", "1.21.0"],
+        ),
+        num_cpus=2,
+        progress=False,
+    )
     assert b["first_bad"] == "1.21.0" and b["culprit"] == {"node": "avgpool", "op_type": "AveragePool"}
 
     db = out / "history.sqlite"
@@ -76,10 +88,21 @@ def test_dashboard_over_a_campaign_with_two_onnxruntime_releases(tmp_path):
     camp = collect([db], campaign="nightly", campaign_folder=out)
     assert {s.model for s in camp.series} == {"net"} and [len(s.points) for s in camp.series] == [2, 2, 2]
     if CHROMIUM is not None:
-        dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
-                              f"--user-data-dir={tmp_path / 'p'}",
-                              "--dump-dom", (out / "index.html").as_uri()], capture_output=True, text=True, timeout=120,
-                             check=True).stdout
+        dom = subprocess.run(
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                f"--user-data-dir={tmp_path / 'p'}",
+                "--dump-dom",
+                (out / "index.html").as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
         assert 'data-errors="0"' in dom and 'data-cells="3"' in dom
         assert "onnxruntime 1.20.1 -&gt; 1.21.0" not in dom  # the version-change table lists from/to apart
         assert "<td>1.20.1</td><td>1.21.0</td><td>ort</td><td>ok</td>" in dom

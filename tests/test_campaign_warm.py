@@ -20,8 +20,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 
 def _save(nodes, name, x_shape, y_shape, inits, path: Path) -> None:
-    g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)], initializer=inits)
+    g = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+        initializer=inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.checker.check_model(m)
@@ -31,10 +36,14 @@ def _save(nodes, name, x_shape, y_shape, inits, path: Path) -> None:
 def conv_net(path: Path, seed: int, act: str) -> None:
     """Conv (2 -> 4 channels, 3x3, seeded weights) then ``act``; input 1x2x8x8."""
     rng = np.random.default_rng(seed)
-    inits = [numpy_helper.from_array(rng.normal(size=(4, 2, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(rng.normal(size=(4,)).astype(np.float32), "b")]
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node(act, ["c"], ["y"], name="act")]
+    inits = [
+        numpy_helper.from_array(rng.normal(size=(4, 2, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.normal(size=(4,)).astype(np.float32), "b"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node(act, ["c"], ["y"], name="act"),
+    ]
     _save(nodes, f"conv{seed}", [1, 2, 8, 8], [1, 4, 8, 8], inits, path)
 
 
@@ -42,31 +51,52 @@ def det_net(path: Path) -> None:
     """Conv -> Reshape to 4 matrices of 3x3 -> Det: ONNX Runtime and the reference evaluator run
     Det, onnx2torch has no converter for it."""
     rng = np.random.default_rng(3)
-    inits = [numpy_helper.from_array(rng.normal(size=(4, 1, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(np.array([1, 4, 3, 3], np.int64), "shape")]
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Reshape", ["c", "shape"], ["m"], name="reshape"),
-             helper.make_node("Det", ["m"], ["y"], name="det")]
+    inits = [
+        numpy_helper.from_array(rng.normal(size=(4, 1, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array([1, 4, 3, 3], np.int64), "shape"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Reshape", ["c", "shape"], ["m"], name="reshape"),
+        helper.make_node("Det", ["m"], ["y"], name="det"),
+    ]
     _save(nodes, "det_net", [1, 1, 3, 3], [1, 4], inits, path)
 
 
 def expand_net(path: Path, gib: float) -> None:
     """x (1x4) expanded to ``gib`` GiB of float32, then its mean over the long axis: one intermediate
     tensor of that size in every backend that materializes Expand."""
-    n = int(gib * 2 ** 30 / 16)
+    n = int(gib * 2**30 / 16)
     inits = [numpy_helper.from_array(np.array([n, 4], np.int64), "shape")]
-    nodes = [helper.make_node("Expand", ["x", "shape"], ["e"], name="expand"),
-             helper.make_node("ReduceMean", ["e"], ["y"], name="mean", axes=[0], keepdims=1)]
+    nodes = [
+        helper.make_node("Expand", ["x", "shape"], ["e"], name="expand"),
+        helper.make_node("ReduceMean", ["e"], ["y"], name="mean", axes=[0], keepdims=1),
+    ]
     _save(nodes, "expand_net", [1, 4], [1, 4], inits, path)
 
 
 def _write(base: Path, models: list[str], backends: list[str], head: str = "") -> Path:
-    lines = ["[campaign]", 'name = "warm"', "retries = 0", "timeout = 300", head, "[defaults]", "samples = 2",
-             "stages = 2", ""]
+    lines = [
+        "[campaign]",
+        'name = "warm"',
+        "retries = 0",
+        "timeout = 300",
+        head,
+        "[defaults]",
+        "samples = 2",
+        "stages = 2",
+        "",
+    ]
     for m in models:
         lines += ["[[models]]", f'model = "{m}"', ""]
-    lines += ["[backend_sets]", f"fp32 = {backends!r}".replace("'", '"'), "", "[resources]", "cpus = 1",
-              "memory_gb = 1"]
+    lines += [
+        "[backend_sets]",
+        f"fp32 = {backends!r}".replace("'", '"'),
+        "",
+        "[resources]",
+        "cpus = 1",
+        "memory_gb = 1",
+    ]
     path = base / "campaign.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -76,8 +106,12 @@ def _standing(rec: dict) -> dict:
     """What a configuration's record says about each backend (the content the one-shot and the
     batched paths must agree on)."""
     keys = ("run", "verdict", "flagged", "origin_anchor", "origin_stage")
-    return {"state": rec["state"], "status": rec.get("status"), "exit_code": rec.get("exit_code"),
-            "backends": {b: {k: r.get(k) for k in keys} for b, r in rec.get("backends", {}).items()}}
+    return {
+        "state": rec["state"],
+        "status": rec.get("status"),
+        "exit_code": rec.get("exit_code"),
+        "backends": {b: {k: r.get(k) for k in keys} for b, r in rec.get("backends", {}).items()},
+    }
 
 
 def _three(base: Path) -> list[str]:
@@ -105,11 +139,16 @@ def test_a_batch_runs_on_one_worker_per_backend_and_resumes(tmp_path):
     by = {r["label"]: r for r in res.records}
     # (the Det configuration is incomplete: one of its backends did not run)
     assert [(by[m]["state"], by[m]["status"]) for m in ("a", "det", "b")] == [
-        ("complete", "consistent"), ("complete", "incomplete"), ("complete", "consistent")]
+        ("complete", "consistent"),
+        ("complete", "incomplete"),
+        ("complete", "consistent"),
+    ]
     tr = by["det"]["backends"]["torch"]
     assert tr["run"] == "unsupported" and "Det" in tr["reason"], tr
-    assert {b: r["run"] for b, r in by["det"]["backends"].items() if b != "torch"} == {"ort": "ok",
-                                                                                     "onnx-reference": "ok"}
+    assert {b: r["run"] for b, r in by["det"]["backends"].items() if b != "torch"} == {
+        "ort": "ok",
+        "onnx-reference": "ok",
+    }
     assert by["a"]["backends"]["torch"]["run"] == "ok" and by["b"]["backends"]["torch"]["run"] == "ok"
     for b in BACKENDS:
         w = [by[m]["timings"]["warm"][b] for m in ("a", "det", "b")]
@@ -131,10 +170,12 @@ def test_batched_records_equal_the_one_shot_path(tmp_path):
     base = tmp_path / "c"
     base.mkdir()
     models = _three(base)
-    res = run_campaign(load_campaign(_write(base, models, BACKENDS, "batch = 3")), tmp_path / "warm", num_cpus=2,
-                       progress=False)
-    ref = run_campaign(load_campaign(_write(base, models, BACKENDS, "batch = 0")), tmp_path / "one", num_cpus=2,
-                       progress=False)
+    res = run_campaign(
+        load_campaign(_write(base, models, BACKENDS, "batch = 3")), tmp_path / "warm", num_cpus=2, progress=False
+    )
+    ref = run_campaign(
+        load_campaign(_write(base, models, BACKENDS, "batch = 0")), tmp_path / "one", num_cpus=2, progress=False
+    )
     assert [r["id"] for r in res.records] == [r["id"] for r in ref.records]  # (batch is no part of the id)
     assert [_standing(r) for r in res.records] == [_standing(r) for r in ref.records]
     assert all("warm" in r["timings"] for r in res.records) and all("warm" not in r["timings"] for r in ref.records)
@@ -155,8 +196,9 @@ def test_a_worker_killed_on_one_configuration_leaves_the_others_and_the_next_get
     conv_net(base / "a.onnx", 0, "Relu")
     expand_net(base / "big.onnx", 1.0)
     conv_net(base / "b.onnx", 1, "Tanh")
-    camp = load_campaign(_write(base, ["a.onnx", "big.onnx", "b.onnx"], ["ort", "onnx-reference"],
-                                "batch = 3\nmemory_bound = 0.6"))
+    camp = load_campaign(
+        _write(base, ["a.onnx", "big.onnx", "b.onnx"], ["ort", "onnx-reference"], "batch = 3\nmemory_bound = 0.6")
+    )
     res = run_campaign(camp, tmp_path / "out", num_cpus=2, progress=False)
     by = {r["label"]: r for r in res.records}
     for m in ("a", "b"):
@@ -168,7 +210,7 @@ def test_a_worker_killed_on_one_configuration_leaves_the_others_and_the_next_get
         assert r["run"] == "failed" and "exceeded the memory bound of 614 MiB per backend" in r["reason"], (b, r)
     # the bound the pool enforced is the one run.json records (a review found the machine default there)
     meta = json.loads((tmp_path / "out" / "configs" / by["a"]["id"] / "run" / "run.json").read_text())
-    assert meta["memory_bounds"]["backend_bytes"] == int(0.6 * 2 ** 30), meta["memory_bounds"]
+    assert meta["memory_bounds"]["backend_bytes"] == int(0.6 * 2**30), meta["memory_bounds"]
     for b in ("ort", "onnx-reference"):
         wa, wb = by["a"]["timings"]["warm"][b], by["b"]["timings"]["warm"][b]
         assert wa["batch"] == wb["batch"] == by["a"]["id"], (wa, wb)  # one batch, in the campaign's order

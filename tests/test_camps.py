@@ -61,11 +61,14 @@ def test_mod_correct_majority_is_the_consensus(fp64):
     for b in CORRECT:
         assert res.verdicts[b].status == "consistent" and res.verdicts[b].worst_primary == 0.0
     cell = next(c for c in res.cells if c.backend == "tf")
-    assert cell.primary == pytest.approx(np.linalg.norm(np.mod(MOD_X, MOD_Y) - np.fmod(MOD_X, MOD_Y))
-                                         / np.linalg.norm(np.fmod(MOD_X, MOD_Y)), rel=1e-6)
+    assert cell.primary == pytest.approx(
+        np.linalg.norm(np.mod(MOD_X, MOD_Y) - np.fmod(MOD_X, MOD_Y)) / np.linalg.norm(np.fmod(MOD_X, MOD_Y)), rel=1e-6
+    )
     (split,) = res.splits
-    assert split["camps"] == [["ncnn", "onnx-reference", "onnxruntime", "openvino", "torch", "tvm"],
-                              ["litert", "mnn", "tensorflow"]]
+    assert split["camps"] == [
+        ["ncnn", "onnx-reference", "onnxruntime", "openvino", "torch", "tvm"],
+        ["litert", "mnn", "tensorflow"],
+    ]
     assert split["decided_for"] == split["camps"][0] and split["basis"] == ("float64" if fp64 else "count")
     # the six bit-identical correct families are not "correlated": agreement is not shared kernels
     assert not any("onnxruntime" in c["families"] for c in res.correlated)
@@ -87,8 +90,9 @@ def test_camps_form_by_complete_linkage_at_the_floor_and_a_tie_is_undecided():
     # a truth near no camp (its error above the floor) decides nothing
     assert decide(camps, votes, 2e-5, truth=base + 0.5).basis == "tie"
     # the arbiter's library alone in a camp: its closeness to the truth does not count
-    lone = form_camps(["a", "onnx-reference", "z"], camp_distances(
-        {"a": base, "onnx-reference": base + 1e-3, "z": base})[1], 2e-5)
+    lone = form_camps(
+        ["a", "onnx-reference", "z"], camp_distances({"a": base, "onnx-reference": base + 1e-3, "z": base})[1], 2e-5
+    )
     assert lone == [["a", "z"], ["onnx-reference"]]
     v3 = {"a": base, "onnx-reference": base + 1e-3, "z": base}
     dec = decide(lone, v3, 2e-5, truth=base + 1e-3, arbiter_library="onnx-reference")
@@ -126,7 +130,7 @@ def test_independent_rounding_near_the_floor_forms_no_camps(fp64):
     fams = ["ort", "openvino", "torch", "tvm", "ncnn", "onnx-reference"]
     o0 = Oracle([AnchorInfo("output/z", 0, kind="output")], [BackendInfo.make(b) for b in fams])
     floor = o0.voter_floor(AnchorInfo("output/z", 0, kind="output"))
-    sigma = 0.9 * floor * np.sqrt(np.mean(truth ** 2))
+    sigma = 0.9 * floor * np.sqrt(np.mean(truth**2))
     tensors = {b: truth + rng.normal(0, sigma, truth.shape) for b in fams}
     tensors["mnn"] = truth * 1.01  # an error of 1e-2: a defect
     infos = [BackendInfo.make(b) for b in tensors]
@@ -233,9 +237,15 @@ def test_a_backend_outside_a_tie_is_judged_against_the_nearest_candidate():
 # ---- real runtimes ---------------------------------------------------------------------------------
 def _mod_model() -> onnx.ModelProto:
     node = helper.make_node("Mod", ["x", "y"], ["z"], fmod=1)
-    g = helper.make_graph([node], "mod", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6]),
-                                          helper.make_tensor_value_info("y", TensorProto.FLOAT, [6])],
-                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [6])])
+    g = helper.make_graph(
+        [node],
+        "mod",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [6]),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [6]),
+        ],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [6])],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
     return m
@@ -308,15 +318,30 @@ def _resize_cnn() -> onnx.ModelProto:
     rng = np.random.default_rng(0)
     w1 = (0.5 * rng.standard_normal((4, 1, 3, 3))).astype(np.float32)
     w2 = (0.3 * rng.standard_normal((2, 4, 3, 3))).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("Resize", ["r1", "", "scales"], ["up"], mode="nearest", nearest_mode="round_prefer_ceil",
-                              coordinate_transformation_mode="asymmetric"),
-             helper.make_node("Conv", ["up", "w2"], ["y"], pads=[1, 1, 1, 1])]
-    g = helper.make_graph(nodes, "resize_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 16, 16])],
-                          [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
-                           numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node(
+            "Resize",
+            ["r1", "", "scales"],
+            ["up"],
+            mode="nearest",
+            nearest_mode="round_prefer_ceil",
+            coordinate_transformation_mode="asymmetric",
+        ),
+        helper.make_node("Conv", ["up", "w2"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "resize_cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 16, 16])],
+        [
+            numpy_helper.from_array(w1, "w1"),
+            numpy_helper.from_array(w2, "w2"),
+            numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+        ],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
     return m

@@ -139,8 +139,9 @@ def test_missing_samples_are_reported(tmp_path, clean_run, capsys):
     v = rep.verdicts["openvino"]
     assert rep.status == "incomplete" and v.status == "incomplete" and v.samples == 10 and not v.unjudged
     assert len(v.partial) == len(man.anchors)
-    assert set(v.partial.values()) == {"judged on 10 of 12 samples; no tensors stored for this sample "
-                                       "(in 2 of 12 samples: s0004, s0005)"}
+    assert set(v.partial.values()) == {
+        "judged on 10 of 12 samples; no tensors stored for this sample (in 2 of 12 samples: s0004, s0005)"
+    }
     assert main(["check", str(run2)]) == 1
     out = capsys.readouterr().out
     assert "judged on 10 of 12 samples" in out and f"{len(man.anchors)}/{len(man.anchors)}~" in out
@@ -164,8 +165,9 @@ def test_shape_mismatch_says_so(tmp_path, clean_run):
     for b in ("ort", "openvino", "onnx-reference"):
         c = rep.cell(name, b)
         assert c.flagged and c.deviation == "shape" and "(none)" not in c.reason, c.reason
-        assert c.reason.startswith(f"wrong shape: {b} executes the ONNX graph in its layout and returned shape"), \
+        assert c.reason.startswith(f"wrong shape: {b} executes the ONNX graph in its layout and returned shape"), (
             c.reason
+        )
     assert rep.status == "flagged" and set(rep.flagged_backends) == {"ort", "openvino", "onnx-reference"}
 
 
@@ -186,8 +188,9 @@ def test_unreadable_run_data_and_bad_config_exit_2(tmp_path, clean_run, capsys, 
         t = store.read_anchors("torch", "s0003")
         (run2 / "tensors" / "torch" / "s0003.safetensors").unlink()
         np.savez(run2 / "tensors" / "torch" / "s0003.npz", **{file_key(k): v for k, v in t.items()})
-        assert {k: v.tolist() for k, v in store.read_anchors("torch", "s0003").items()} == \
-            {k: v.tolist() for k, v in t.items()}
+        assert {k: v.tolist() for k, v in store.read_anchors("torch", "s0003").items()} == {
+            k: v.tolist() for k, v in t.items()
+        }
         assert check_run(run2).status == check_run(run).status
     f = run2 / "tensors" / "torch" / f"s0003{ext}"
     f.write_bytes(f.read_bytes()[:200])
@@ -197,8 +200,12 @@ def test_unreadable_run_data_and_bad_config_exit_2(tmp_path, clean_run, capsys, 
     err = capsys.readouterr().err
     kind = "BadZipFile" if ext == ".npz" else "ValueError"
     assert len(err.strip().splitlines()) == 1 and f"unreadable tensor file ({kind}" in err
-    for bad in ('{"min_voters": "abc"}', '{"threshold_atol": "x"}', '{"propagation_band": 0}',
-                '{"floor": {"fp32": true}}'):
+    for bad in (
+        '{"min_voters": "abc"}',
+        '{"threshold_atol": "x"}',
+        '{"propagation_band": 0}',
+        '{"floor": {"fp32": true}}',
+    ):
         cfg = tmp_path / "c.json"
         cfg.write_text(bad)
         assert main(["check", str(run), "--config", str(cfg)]) == 2

@@ -66,16 +66,26 @@ def test_ort_sigmoid_flushes_tiny_probabilities_and_is_flagged(tmp_path):
     import onnxruntime as ort
 
     x = np.array([-10, -15, -17, -18, -20], np.float32)
-    g = h.make_graph([h.make_node("Sigmoid", ["x"], ["y"])], "s", [h.make_tensor_value_info("x", T.FLOAT, [5])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [5])])
-    y = ort.InferenceSession(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString(),
-                             providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    g = h.make_graph(
+        [h.make_node("Sigmoid", ["x"], ["y"])],
+        "s",
+        [h.make_tensor_value_info("x", T.FLOAT, [5])],
+        [h.make_tensor_value_info("y", T.FLOAT, [5])],
+    )
+    y = ort.InferenceSession(
+        h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString(), providers=["CPUExecutionProvider"]
+    ).run(None, {"x": x})[0]
     true = 1 / (1 + np.exp(-x.astype(np.float64)))
     rel = (y - true) / true
     assert abs(rel[0]) > 1e-4 and rel[2] > 0.5 and y[3] == 0 and y[4] == 0
     am, man = sigmoid_cnn()
-    run = make_run(tmp_path, am, man, random_inputs([1, 3, 16, 16], 4, 3),
-                   backends=["ort", "ort-noopt", "openvino", "onnx-reference", "torch"])
+    run = make_run(
+        tmp_path,
+        am,
+        man,
+        random_inputs([1, 3, 16, 16], 4, 3),
+        backends=["ort", "ort-noopt", "openvino", "onnx-reference", "torch"],
+    )
     rep = check_run(run)
     assert sorted(b for b, v in rep.verdicts.items() if v.flagged) == ["ort", "ort-noopt"]
     sg = next(a for a in man.anchors if a.op_type == "Sigmoid")
@@ -113,9 +123,14 @@ def test_injected_bf16_rounding_flagged_at_injection_stage(tmp_path):
             init.CopyFrom(nh.from_array(bits.view(np.float32), init.name))
     fpath = tmp_path / "faulty.onnx"
     save_model(faulty, fpath)
-    run = make_run(tmp_path, am, man, random_inputs([1, 3, 32, 32], 4, 5),
-                   backends=["ort", "ort-noopt", "openvino", "onnx-reference"],
-                   models={"ort": fpath})
+    run = make_run(
+        tmp_path,
+        am,
+        man,
+        random_inputs([1, 3, 32, 32], 4, 5),
+        backends=["ort", "ort-noopt", "openvino", "onnx-reference"],
+        models={"ort": fpath},
+    )
     rep = check_run(run)
     stage = next(a.stage for a in man.anchors if a.producer == target)
     assert [b for b, v in rep.verdicts.items() if v.flagged] == ["ort"]
@@ -137,8 +152,14 @@ def test_propagation_follows_the_faulty_branch_only(tmp_path):
             init.CopyFrom(nh.from_array(bits.view(np.float32), init.name))
     fpath = tmp_path / "faulty.onnx"
     save_model(faulty, fpath)
-    run = make_run(tmp_path, am, man, random_inputs([1, 3, 16, 16], 4, 7),
-                   backends=["ort", "ort-noopt", "openvino", "onnx-reference"], models={"ort": fpath})
+    run = make_run(
+        tmp_path,
+        am,
+        man,
+        random_inputs([1, 3, 16, 16], 4, 7),
+        backends=["ort", "ort-noopt", "openvino", "onnx-reference"],
+        models={"ort": fpath},
+    )
     shutil.copyfile(tmp_path / "model.onnx", run / "model.onnx")  # as the run driver stores it
     rep = check_run(run)
     v = rep.verdicts["ort"]

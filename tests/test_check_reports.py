@@ -29,8 +29,10 @@ def test_reports_cli_and_history(tmp_path, avgpool_run, capsys):
     assert rep.verdicts["openvino"].origin_anchor and rep.cells[0].stats.n > 0
     text = html.read_text()
     assert text.count("data:image/png;base64,") >= 3 and "Heatmap" in text and "Verdicts" in text
-    assert main(["check", str(run), "--history", str(db), "-q", "--oracle", "threshold", "--atol", "1", "--rtol",
-                 "1"]) == 0
+    assert (
+        main(["check", str(run), "--history", str(db), "-q", "--oracle", "threshold", "--atol", "1", "--rtol", "1"])
+        == 0
+    )
     rows = trend(db)
     ov = [r for r in rows if r.backend == "openvino"]
     assert len(ov) == 2 and ov[0].flagged is True and ov[1].threshold_passed is True

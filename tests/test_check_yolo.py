@@ -36,8 +36,15 @@ def yolo_reports(tmp_path_factory):
 
     out = {}
     for name, lowp in (("yolov8n", LOWP), ("yolov5n", ())):
-        setup = prepare_model(name, tmp_path_factory.mktemp(name), imgsz=IMGSZ, n_real=N_REAL, n_random=N_RANDOM,
-                              backends=CLEAN, lowp=lowp)
+        setup = prepare_model(
+            name,
+            tmp_path_factory.mktemp(name),
+            imgsz=IMGSZ,
+            n_real=N_REAL,
+            n_random=N_RANDOM,
+            backends=CLEAN,
+            lowp=lowp,
+        )
         out[name] = (setup, check_run(setup.clean_dir))
     return out
 
@@ -187,8 +194,10 @@ def test_bf16_between_fp16_and_int8(yolo_reports):
 
     _, rep = yolo_reports["yolov8n"]
     if kernel_isa(rep.machine["cpu_flags"])["bf16"] != "native":
-        pytest.skip("this CPU has no bf16 instructions (avx512_bf16, amx_bf16): OpenVINO computes the bf16 "
-                    "hint in fp32 (judged as fp32: test_reduced_precision_against_fp32_peers)")
+        pytest.skip(
+            "this CPU has no bf16 instructions (avx512_bf16, amx_bf16): OpenVINO computes the bf16 "
+            "hint in fp32 (judged as fp32: test_reduced_precision_against_fp32_peers)"
+        )
     assert rep.verdicts["openvino-bf16"].precision == "bf16"
     for a in (x["name"] for x in rep.anchors):
         s16, sbf, s8 = (rep.cell(a, b).primary for b in ("ort-fp16", "openvino-bf16", "ort-int8"))

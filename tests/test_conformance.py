@@ -21,8 +21,12 @@ from isa_reasons import FP32_BOUND, NOT_A_KERNEL_VALUE
 
 
 def _model(nodes, inputs, outputs, opset=17):
-    g = h.make_graph(nodes, "g", [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in inputs],
-                     [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in outputs])
+    g = h.make_graph(
+        nodes,
+        "g",
+        [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in inputs],
+        [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in outputs],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
     m.ir_version = 8
     return m
@@ -50,22 +54,33 @@ def _conv_case(root, rng):
     y = np.zeros((1, 3, 3, 3))
     for i in range(3):
         for j in range(3):
-            y[0, :, i, j] = np.einsum("ckl,ockl->o", x[0, :, i:i + 3, j:j + 3].astype(np.float64), w.astype(np.float64))
+            y[0, :, i, j] = np.einsum(
+                "ckl,ockl->o", x[0, :, i : i + 3, j : j + 3].astype(np.float64), w.astype(np.float64)
+            )
     y += b[None, :, None, None]
-    m = _model([h.make_node("Conv", ["x", "W", "B"], ["y"])], [("x", [1, 2, 5, 5]), ("W", [3, 2, 3, 3]), ("B", [3])],
-               [("y", [1, 3, 3, 3])])
+    m = _model(
+        [h.make_node("Conv", ["x", "W", "B"], ["y"])],
+        [("x", [1, 2, 5, 5]), ("W", [3, 2, 3, 3]), ("B", [3])],
+        [("y", [1, 3, 3, 3])],
+    )
     return _case(root, "test_conv_weights_as_inputs", m, [x, w, b], [y.astype(np.float32)])
 
 
 def test_weight_inputs_are_the_operator_parameters():
     from passes.bind_inputs import bind_inputs, weight_inputs
 
-    conv = _model([h.make_node("Conv", ["x", "W", "B"], ["y"])], [("x", [1, 1, 3, 3]), ("W", [1, 1, 1, 1]), ("B", [1])],
-                  [("y", None)])
+    conv = _model(
+        [h.make_node("Conv", ["x", "W", "B"], ["y"])],
+        [("x", [1, 1, 3, 3]), ("W", [1, 1, 1, 1]), ("B", [1])],
+        [("y", None)],
+    )
     assert weight_inputs(conv) == ["W", "B"]
     # read as a first operand somewhere: data, not a parameter
-    mixed = _model([h.make_node("Add", ["x", "s"], ["a"]), h.make_node("Mul", ["s", "a"], ["y"])],
-                   [("x", [2]), ("s", [2])], [("y", None)])
+    mixed = _model(
+        [h.make_node("Add", ["x", "s"], ["a"]), h.make_node("Mul", ["s", "a"], ["y"])],
+        [("x", [2]), ("s", [2])],
+        [("y", None)],
+    )
     assert weight_inputs(mixed) == []
     # every input would qualify (all read at position >= 1 only): the first stays fed
     only = _model([h.make_node("Concat", ["", "a", "b"], ["y"], axis=0)], [("a", [2]), ("b", [2])], [("y", None)])
@@ -131,8 +146,15 @@ def test_warm_pool_runs_models_one_after_another_with_isolation(tmp_path):
     with WarmPool(tmp_path / "w", timeout_s=60, side_by_side=True) as pool:
         st = {}
         for k, path in enumerate([models[0], bad, models[1], models[2]]):
-            store = run_model(path, specs, ArraySamples([("s", {"x": x})]), tmp_path / f"r{k}", progress=False,
-                              precheck=False, pool=pool)
+            store = run_model(
+                path,
+                specs,
+                ArraySamples([("s", {"x": x})]),
+                tmp_path / f"r{k}",
+                progress=False,
+                precheck=False,
+                pool=pool,
+            )
             st[k] = store.statuses()
             if path != bad:
                 from anpred.judge import read_tensors
@@ -160,8 +182,15 @@ def test_warm_pool_kills_a_worker_over_its_memory_limit(tmp_path):
     x = np.ones((1, 3), np.float32)
     with WarmPool(tmp_path / "w", timeout_s=60, max_rss_bytes=16 << 20) as pool:
         for k in range(2):
-            st = run_model(p, ["ort"], ArraySamples([("s", {"x": x})]), tmp_path / f"r{k}", progress=False,
-                           precheck=False, pool=pool).statuses()["ort"]
+            st = run_model(
+                p,
+                ["ort"],
+                ArraySamples([("s", {"x": x})]),
+                tmp_path / f"r{k}",
+                progress=False,
+                precheck=False,
+                pool=pool,
+            ).statuses()["ort"]
             assert st.status == "crashed" and "over the pool's limit 0.02 GiB" in st.reason, st.reason
         assert pool.started["ort"] == 2
 
@@ -176,8 +205,9 @@ def test_onnx2torch_needs_the_weights_bound(tmp_path):
     from anpred.conformance.cases import load_case
 
     c = load_case(d)
-    store = run_model(c.model, ["torch"], ArraySamples([("s", c.inputs)]), tmp_path / "r", progress=False,
-                      precheck=False)
+    store = run_model(
+        c.model, ["torch"], ArraySamples([("s", c.inputs)]), tmp_path / "r", progress=False, precheck=False
+    )
     assert store.statuses()["torch"].status == "failed" and "'W'" in store.statuses()["torch"].reason
 
 
@@ -195,16 +225,29 @@ def test_conformance_judges_twice_and_scores_the_oracle(tmp_path):
     x = rng.standard_normal((2, 3)).astype(np.float32)
     y = np.maximum(x, 0)
     y[0, 0] += 0.5  # a wrong expected value
-    _case(cases, "test_relu_wrong_expected",
-          _model([h.make_node("Relu", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3])]),
-          [x], [y])
-    _case(cases, "test_sigmoid", _model([h.make_node("Sigmoid", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3])]),
-          [x], [(1 / (1 + np.exp(-x.astype(np.float64)))).astype(np.float32)])
+    _case(
+        cases,
+        "test_relu_wrong_expected",
+        _model([h.make_node("Relu", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3])]),
+        [x],
+        [y],
+    )
+    _case(
+        cases,
+        "test_sigmoid",
+        _model([h.make_node("Sigmoid", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3])]),
+        [x],
+        [(1 / (1 + np.exp(-x.astype(np.float64)))).astype(np.float32)],
+    )
     # a generator (ONNX's test_bernoulli_seed_expanded draws with RandomUniformLike): one draw is expected,
     # which binds no backend: truth "random", counted neither as matching nor as deviating
-    _case(cases, "test_random_uniform_like",
-          _model([h.make_node("RandomUniformLike", ["x"], ["y"], seed=0.0)], [("x", [2, 3])], [("y", [2, 3])]),
-          [x], [rng.random((2, 3)).astype(np.float32)])
+    _case(
+        cases,
+        "test_random_uniform_like",
+        _model([h.make_node("RandomUniformLike", ["x"], ["y"], seed=0.0)], [("x", [2, 3])], [("y", [2, 3])]),
+        [x],
+        [rng.random((2, 3)).astype(np.float32)],
+    )
     opts = ConformanceOptions(backends=["ort", "onnx-reference", "torch"], ray=False, progress=False, batch=2)
     res = run_conformance(cases, tmp_path / "out", opts)
     rec = {r["case"]: r for r in res["records"]}
@@ -213,8 +256,11 @@ def test_conformance_judges_twice_and_scores_the_oracle(tmp_path):
     assert not rec["test_random_uniform_like"]["consensus_wrong"]
     conv = rec["test_conv_weights_as_inputs"]
     assert conv["bound"] == {"torch": ["W", "B"]}
-    assert {b: r["truth"] for b, r in conv["backends"].items()} == {"ort": "matches", "onnx-reference": "matches",
-                                                                    "torch": "matches"}
+    assert {b: r["truth"] for b, r in conv["backends"].items()} == {
+        "ort": "matches",
+        "onnx-reference": "matches",
+        "torch": "matches",
+    }
     wrong = rec["test_relu_wrong_expected"]
     assert {r["truth"] for r in wrong["backends"].values()} == {"deviates"} and wrong["consensus_wrong"] is True
     assert "1 of 6 elements" in wrong["backends"]["ort"]["reason"]
@@ -238,8 +284,9 @@ def test_onnxsim_runs_are_served_by_one_warm_process(tmp_path):
     from anpred.backends.onnxsim_warm import warm_onnxsim
 
     c = h.make_node("Constant", [], ["c"], value=nh.from_array(np.array([1.0, 2.0], np.float32)))
-    m = _model([c, h.make_node("Add", ["c", "c"], ["cc"]), h.make_node("Add", ["x", "cc"], ["y"])], [("x", [2])],
-               [("y", [2])])
+    m = _model(
+        [c, h.make_node("Add", ["c", "c"], ["cc"]), h.make_node("Add", ["x", "cc"], ["y"])], [("x", [2])], [("y", [2])]
+    )
     src = tmp_path / "m.onnx"
     onnx.save(m, str(src))
     with warm_onnxsim() as server:
@@ -268,10 +315,12 @@ def test_findings_deduplicate_and_render(tmp_path):
 
     cases = tmp_path / "cases"
     x = np.zeros((2, 2), np.float32)
-    for name, node in (("test_concat_a0", h.make_node("Concat", ["x", "y"], ["z"], axis=0)),
-                       ("test_concat_a1", h.make_node("Concat", ["x", "y"], ["z"], axis=1)),
-                       ("test_flatten", h.make_node("Flatten", ["x"], ["z"])),
-                       ("test_disputed", h.make_node("Relu", ["x"], ["z"]))):
+    for name, node in (
+        ("test_concat_a0", h.make_node("Concat", ["x", "y"], ["z"], axis=0)),
+        ("test_concat_a1", h.make_node("Concat", ["x", "y"], ["z"], axis=1)),
+        ("test_flatten", h.make_node("Flatten", ["x"], ["z"])),
+        ("test_disputed", h.make_node("Relu", ["x"], ["z"])),
+    ):
         n_in = len(node.input)
         _case(cases, name, _model([node], [(i, [2, 2]) for i in node.input], [("z", None)]), [x] * n_in, [x])
 
@@ -282,36 +331,72 @@ def test_findings_deduplicate_and_render(tmp_path):
         return r
 
     ok = row("matches")
-    recs = [{"case": "test_concat_a0", "op": "Concat", "backends": {
-                "tf": row("deviates", "4 of 8 elements outside", 500.0), "litert": row("deviates", "4 of 8", 500.0),
-                "ort": ok, "onnx-reference-fp64": ok}},
-            {"case": "test_concat_a1", "op": "Concat", "backends": {
-                "tf": row("deviates", "2 of 8 elements outside", 20.0), "litert": row("deviates", "2 of 8", 20.0),
-                "ort": ok, "onnx-reference-fp64": ok}},
-            {"case": "test_flatten", "op": "Flatten", "backends": {
-                "tf": row("deviates", "110 of 120 elements outside", 1e5), "litert": ok, "ort": ok,
-                "onnx-reference-fp64": ok, "ncnn": row("failed",
-                                                       "prepare: BackendError: pnnx failed on test_flatten.onnx")}},
-            {"case": "test_disputed", "op": "Relu", "backends": {
-                "ort": row("deviates", "1 of 4", 2.0), "onnx-reference-fp64": row("deviates", "1 of 4", 2.0)}}]
+    recs = [
+        {
+            "case": "test_concat_a0",
+            "op": "Concat",
+            "backends": {
+                "tf": row("deviates", "4 of 8 elements outside", 500.0),
+                "litert": row("deviates", "4 of 8", 500.0),
+                "ort": ok,
+                "onnx-reference-fp64": ok,
+            },
+        },
+        {
+            "case": "test_concat_a1",
+            "op": "Concat",
+            "backends": {
+                "tf": row("deviates", "2 of 8 elements outside", 20.0),
+                "litert": row("deviates", "2 of 8", 20.0),
+                "ort": ok,
+                "onnx-reference-fp64": ok,
+            },
+        },
+        {
+            "case": "test_flatten",
+            "op": "Flatten",
+            "backends": {
+                "tf": row("deviates", "110 of 120 elements outside", 1e5),
+                "litert": ok,
+                "ort": ok,
+                "onnx-reference-fp64": ok,
+                "ncnn": row("failed", "prepare: BackendError: pnnx failed on test_flatten.onnx"),
+            },
+        },
+        {
+            "case": "test_disputed",
+            "op": "Relu",
+            "backends": {"ort": row("deviates", "1 of 4", 2.0), "onnx-reference-fp64": row("deviates", "1 of 4", 2.0)},
+        },
+    ]
     folder = tmp_path / "findings"
     folder.mkdir()
-    doc = {"plan": {"folder": str(cases), "backends": ["ort", "tf", "litert", "ncnn", "onnx-reference-fp64"]},
-           "versions": {"tf": {"onnx2tf": "1.29.24", "tensorflow": "2.20.0"}, "litert": {"onnx2tf": "1.29.24"}},
-           "records": recs}
+    doc = {
+        "plan": {"folder": str(cases), "backends": ["ort", "tf", "litert", "ncnn", "onnx-reference-fp64"]},
+        "versions": {"tf": {"onnx2tf": "1.29.24", "tensorflow": "2.20.0"}, "litert": {"onnx2tf": "1.29.24"}},
+        "records": recs,
+    }
     (folder / "run.conformance.json").write_text(json.dumps(doc))
     defects = extract([folder / "run.conformance.json"], folder, [cases])
     real = {k: d for k, d in defects.items() if k != "disputed"}
-    assert sorted((d["library"], d["op"], len(d["cases"])) for d in real.values()) == \
-        [("onnx2tf", "Concat", 2), ("onnx2tf/tensorflow", "Flatten", 1)]
+    assert sorted((d["library"], d["op"], len(d["cases"])) for d in real.values()) == [
+        ("onnx2tf", "Concat", 2),
+        ("onnx2tf/tensorflow", "Flatten", 1),
+    ]
     concat = next(d for d in real.values() if d["op"] == "Concat")
     assert concat["example"] == "test_concat_a0" and concat["versions"] == {"onnx2tf": "1.29.24"}
     assert (folder / "repros" / "test_concat_a0" / "model.onnx").is_file()
     assert defects["disputed"]["cases"] == ["test_disputed (onnx-reference-fp64, ort)"]
     flatten = next(k for k, d in real.items() if d["op"] == "Flatten")
-    (folder / "notes.json").write_text(json.dumps({"onnx2tf|Concat": {"tracker": "not found", "cause": "a cause"},
-                                                   "onnx2tf/tensorflow|Flatten": {"tracker": "#1"},
-                                                   flatten: {"first_bad": "onnx2tf 1.2.0 (last good 1.1.0)"}}))
+    (folder / "notes.json").write_text(
+        json.dumps(
+            {
+                "onnx2tf|Concat": {"tracker": "not found", "cause": "a cause"},
+                "onnx2tf/tensorflow|Flatten": {"tracker": "#1"},
+                flatten: {"first_bad": "onnx2tf 1.2.0 (last good 1.1.0)"},
+            }
+        )
+    )
     md = render(folder)
     assert "**2 distinct numeric defects**" in md and "| not bisected | not found | a cause |" in md
     # a defect's own note (its bisection) is merged over its operator's (the tracker)
@@ -331,15 +416,23 @@ def test_torch_backend_takes_one_tensor_as_the_first_output(tmp_path):
     x = np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)
     w, b = np.full(4, 1.5, np.float32), np.full(4, 0.25, np.float32)
     node = h.make_node("LayerNormalization", ["x", "w", "b"], ["y", "mean", "inv"], axis=-1)
-    g = h.make_graph([node], "g", [h.make_tensor_value_info("x", T.FLOAT, [3, 4])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [3, 4]), h.make_tensor_value_info("mean", T.FLOAT, [3, 1]),
-                      h.make_tensor_value_info("inv", T.FLOAT, [3, 1])],
-                     [nh.from_array(w, "w"), nh.from_array(b, "b")])
+    g = h.make_graph(
+        [node],
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [3, 4])],
+        [
+            h.make_tensor_value_info("y", T.FLOAT, [3, 4]),
+            h.make_tensor_value_info("mean", T.FLOAT, [3, 1]),
+            h.make_tensor_value_info("inv", T.FLOAT, [3, 1]),
+        ],
+        [nh.from_array(w, "w"), nh.from_array(b, "b")],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.save(m, str(tmp_path / "ln.onnx"))
-    store = run_model(tmp_path / "ln.onnx", ["torch"], ArraySamples([("s", {"x": x})]), tmp_path / "r", progress=False,
-                      precheck=False)
+    store = run_model(
+        tmp_path / "ln.onnx", ["torch"], ArraySamples([("s", {"x": x})]), tmp_path / "r", progress=False, precheck=False
+    )
     from anpred.judge import read_tensors
 
     got = read_tensors(store, "torch", store.sample_ids[0])
@@ -361,8 +454,14 @@ def test_the_consensus_is_scored_after_a_split_too(tmp_path):
 
     x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
     scales = nh.from_array(np.array([1, 1, 0.5, 0.5], np.float32), "scales")
-    node = h.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest", nearest_mode="round_prefer_ceil",
-                       coordinate_transformation_mode="half_pixel")
+    node = h.make_node(
+        "Resize",
+        ["x", "", "scales"],
+        ["y"],
+        mode="nearest",
+        nearest_mode="round_prefer_ceil",
+        coordinate_transformation_mode="half_pixel",
+    )
     m = _model([node], [("x", [1, 1, 4, 4])], [("y", [1, 1, 2, 2])], opset=13)
     m.graph.initializer.append(scales)
     floor_rounding = x[:, :, 0::2, 0::2]  # what torch returns (its nearest floors: pixel 2k, not 2k + 1)

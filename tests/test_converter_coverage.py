@@ -54,8 +54,14 @@ def _anchor(model, path: Path, extra=()) -> Path:
     return path
 
 
-def _compare(backend, path: Path, workdir: Path, samples: list[dict[str, np.ndarray]],
-             allow_missing: dict[str, str] | None = None, known: dict[str, str] | None = None) -> dict[str, float]:
+def _compare(
+    backend,
+    path: Path,
+    workdir: Path,
+    samples: list[dict[str, np.ndarray]],
+    allow_missing: dict[str, str] | None = None,
+    known: dict[str, str] | None = None,
+) -> dict[str, float]:
     """Prepare ``backend`` on the anchored ``path``, run every sample, compare every anchor with ONNX
     Runtime on the same anchored model (after the capture's reported transform). Anchors in
     ``allow_missing`` (name -> regex its reason must match) may be missing. Anchors in ``known`` are a
@@ -96,8 +102,9 @@ def _compare(backend, path: Path, workdir: Path, samples: list[dict[str, np.ndar
                 continue
             assert y.shape == r.shape, f"{backend.name} {a.name}: shape {y.shape} vs ort {r.shape}"
             if (known or {}).get(a.name) == "departs":
-                assert float(np.max(np.abs(y.astype(np.float64) - r))) > 1e-2 * max(1.0, float(np.max(np.abs(r)))), \
+                assert float(np.max(np.abs(y.astype(np.float64) - r))) > 1e-2 * max(1.0, float(np.max(np.abs(r)))), (
                     f"{backend.name} {a.name}: the known defect is gone"
+                )
                 continue
             err = float(np.max(np.abs(y.astype(np.float64) - r))) if r.size else 0.0
             tol = RTOL * max(1.0, float(np.max(np.abs(r))) if r.size else 0.0)
@@ -112,9 +119,11 @@ def nets(tmp_path_factory):
     d = tmp_path_factory.mktemp("coverage-nets")
     rec = recurrent_net()
     rec_outs = [o.name for o in rec.graph.output]
-    return {"recurrent": _anchor(rec, d / "recurrent.onnx", rec_outs),
-            "misc": _anchor(misc_net(), d / "misc.onnx", ["y_if", "fr"]),
-            "torch_rnn": _anchor(torch_recurrent_net(d / "torch_rnn_src.onnx"), d / "torch_rnn.onnx")}
+    return {
+        "recurrent": _anchor(rec, d / "recurrent.onnx", rec_outs),
+        "misc": _anchor(misc_net(), d / "misc.onnx", ["y_if", "fr"]),
+        "torch_rnn": _anchor(torch_recurrent_net(d / "torch_rnn_src.onnx"), d / "torch_rnn.onnx"),
+    }
 
 
 def _misc_samples(path):
@@ -130,8 +139,17 @@ def test_recurrent_torch(nets, tmp_path):
         assert {f"output/{v}" for v in RECURRENT_OUTPUTS} <= set(errs)
         fused = {n: m.fused for n, m in b.graph_module.named_modules() if type(m).__name__ == "OnnxRecurrent"}
         # torch's own layers where they compute the ONNX equations, the step loop elsewhere
-        assert fused == {"lstm_f": False, "lstm_b": True, "lstm_r": False, "gru_r": False, "gru_b": False,
-                         "gru_f": True, "rnn_f": True, "rnn_b": True, "rnn_r": True}, fused
+        assert fused == {
+            "lstm_f": False,
+            "lstm_b": True,
+            "lstm_r": False,
+            "gru_r": False,
+            "gru_b": False,
+            "gru_f": True,
+            "rnn_f": True,
+            "rnn_b": True,
+            "rnn_r": True,
+        }, fused
 
 
 @pytest.mark.isa_independent(DEFECT_BOUND)
@@ -142,8 +160,9 @@ def test_recurrent_tf(nets, tmp_path):
     with TfOnnxBackend() as b:
         errs = _compare(b, nets["recurrent"], tmp_path, [_feeds(nets["recurrent"], 1)])
         assert {f"output/{v}" for v in RECURRENT_OUTPUTS} <= set(errs)
-        assert sorted(b.conversion["unrolled"]) == sorted(["lstm_f", "lstm_b", "lstm_r", "gru_r", "gru_b", "gru_f",
-                                                   "rnn_f", "rnn_b", "rnn_r"])
+        assert sorted(b.conversion["unrolled"]) == sorted(
+            ["lstm_f", "lstm_b", "lstm_r", "gru_r", "gru_b", "gru_f", "rnn_f", "rnn_b", "rnn_r"]
+        )
 
 
 @pytest.mark.isa_independent(DEFECT_BOUND)
@@ -164,8 +183,18 @@ def test_misc_torch(nets, tmp_path):
 
     with TorchOnnxBackend() as b:
         errs = _compare(b, nets["misc"], tmp_path, _misc_samples(nets["misc"]))
-        assert {"output/head/cls:0", "output/tokens:0", "output/tok_copy", "output/const_out", "output/loop_scan",
-                "output/y_loop", "output/y_const_if", "output/gmp", "output/lp", "output/ap_ceil1"} <= set(errs)
+        assert {
+            "output/head/cls:0",
+            "output/tokens:0",
+            "output/tok_copy",
+            "output/const_out",
+            "output/loop_scan",
+            "output/y_loop",
+            "output/y_const_if",
+            "output/gmp",
+            "output/lp",
+            "output/ap_ceil1",
+        } <= set(errs)
         assert set(b.inlined["inlined"]) == {"if", "const_if", "loop"}
 
 
@@ -177,10 +206,24 @@ def test_misc_tf(nets, tmp_path):
     from anpred.backends.tf_onnx import TfOnnxBackend
 
     with TfOnnxBackend() as b:
-        errs = _compare(b, nets["misc"], tmp_path, _misc_samples(nets["misc"]),
-                        allow_missing={"output/const_out": "is a constant .*onnx2tf returns no tensor"})
-        assert {"output/head/cls:0", "output/tokens:0", "output/tok_copy", "output/loop_scan", "output/y_loop",
-                "output/y_const_if", "output/gmp", "output/lp", "output/ap_ceil1"} <= set(errs)
+        errs = _compare(
+            b,
+            nets["misc"],
+            tmp_path,
+            _misc_samples(nets["misc"]),
+            allow_missing={"output/const_out": "is a constant .*onnx2tf returns no tensor"},
+        )
+        assert {
+            "output/head/cls:0",
+            "output/tokens:0",
+            "output/tok_copy",
+            "output/loop_scan",
+            "output/y_loop",
+            "output/y_const_if",
+            "output/gmp",
+            "output/lp",
+            "output/ap_ceil1",
+        } <= set(errs)
         assert b.conversion["constant_outputs"] == ["const_out"]
         assert set(b.conversion["inlined"]) == {"if", "const_if", "loop"}
 
@@ -263,17 +306,31 @@ def test_inlined_branch_reading_a_value_produced_after_its_if(tmp_path):
     from anpred.backends.torch_onnx import TorchOnnxBackend
     from passes.control_flow import inline_control_flow
 
-    then_g = helper.make_graph([helper.make_node("Sigmoid", ["a"], ["t"], name="then_sig")], "then", [],
-                               [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 3])])
-    else_g = helper.make_graph([helper.make_node("Neg", ["a"], ["e"], name="else_neg")], "else", [],
-                               [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 3])])
-    nodes = [helper.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g),
-             helper.make_node("Relu", ["v"], ["a"], name="relu_v"),  # produced after the If that reads it
-             helper.make_node("ReduceMax", ["v"], ["m"], name="max_v", keepdims=0),
-             helper.make_node("Greater", ["m", "zero"], ["c"], name="gt")]
-    g = helper.make_graph(nodes, "late", [helper.make_tensor_value_info("v", TensorProto.FLOAT, [2, 3])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
-                          [numpy_helper.from_array(np.array(0, np.float32), "zero")])
+    then_g = helper.make_graph(
+        [helper.make_node("Sigmoid", ["a"], ["t"], name="then_sig")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 3])],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Neg", ["a"], ["e"], name="else_neg")],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 3])],
+    )
+    nodes = [
+        helper.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g),
+        helper.make_node("Relu", ["v"], ["a"], name="relu_v"),  # produced after the If that reads it
+        helper.make_node("ReduceMax", ["v"], ["m"], name="max_v", keepdims=0),
+        helper.make_node("Greater", ["m", "zero"], ["c"], name="gt"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "late",
+        [helper.make_tensor_value_info("v", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [numpy_helper.from_array(np.array(0, np.float32), "zero")],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     probe = copy.deepcopy(m)
     info = inline_control_flow(probe)
@@ -284,8 +341,10 @@ def test_inlined_branch_reading_a_value_produced_after_its_if(tmp_path):
         produced.update(n.output)
     path = _anchor(m, tmp_path / "late.onnx", ["a"])
     rng = np.random.default_rng(0)
-    samples = [{"v": np.abs(rng.standard_normal((2, 3))).astype(np.float32)},
-               {"v": -np.abs(rng.standard_normal((2, 3))).astype(np.float32)}]
+    samples = [
+        {"v": np.abs(rng.standard_normal((2, 3))).astype(np.float32)},
+        {"v": -np.abs(rng.standard_normal((2, 3))).astype(np.float32)},
+    ]
     with TorchOnnxBackend() as b:
         errs = _compare(b, path, tmp_path / "w", samples)
         assert "output/y" in errs
@@ -328,8 +387,9 @@ def test_unsupported_ops_tables(nets):
     new = copy.deepcopy(misc)
     new.opset_import[0].version = 21
     assert "Cast@21" not in backend_class("torch").unsupported_ops(new)  # added by anpred.backends.onnx2torch_compat
-    assert any(k.startswith("GlobalLpPool")
-               for k in backend_class("onnx-reference").unsupported_ops(misc, rewrite=False))
+    assert any(
+        k.startswith("GlobalLpPool") for k in backend_class("onnx-reference").unsupported_ops(misc, rewrite=False)
+    )
     assert backend_class("onnx-reference").unsupported_ops(misc) == {}  # decomposed before the evaluator runs
 
 
@@ -345,13 +405,19 @@ def test_batchnorm_on_a_tensor_of_unknown_rank_torch(tmp_path):
     from anpred.manifest import AnchorManifest
 
     rng = np.random.default_rng(0)
-    inits = [nh.from_array(rng.uniform(0.5, 2, 4).astype(np.float32), n) for n in ("s", "v")] + \
-        [nh.from_array(rng.standard_normal(4).astype(np.float32), n) for n in ("b", "m")]
-    g = h.make_graph([h.make_node("Reshape", ["x", "shape"], ["r"]),
-                      h.make_node("BatchNormalization", ["r", "s", "b", "m", "v"], ["y"], name="bn")], "bn",
-                     [h.make_tensor_value_info("x", T.FLOAT, [1, 24]),
-                      h.make_tensor_value_info("shape", T.INT64, [None])],
-                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    inits = [nh.from_array(rng.uniform(0.5, 2, 4).astype(np.float32), n) for n in ("s", "v")] + [
+        nh.from_array(rng.standard_normal(4).astype(np.float32), n) for n in ("b", "m")
+    ]
+    g = h.make_graph(
+        [
+            h.make_node("Reshape", ["x", "shape"], ["r"]),
+            h.make_node("BatchNormalization", ["r", "s", "b", "m", "v"], ["y"], name="bn"),
+        ],
+        "bn",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 24]), h.make_tensor_value_info("shape", T.INT64, [None])],
+        [h.make_tensor_value_info("y", T.FLOAT, None)],
+        inits,
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 14)])
     m.ir_version = 8
     path = _anchor(m, tmp_path / "bn.onnx")
@@ -381,11 +447,13 @@ def test_conv_same_auto_pad_torch(tmp_path, auto_pad):
 
     rng = np.random.default_rng(0)
     w = nh.from_array(rng.normal(0, 0.2, (4, 3, 4, 4)).astype(np.float32), "w")
-    g = h.make_graph([h.make_node("Conv", ["x", "w"], ["c"], auto_pad=auto_pad, strides=[2, 2]),
-                      h.make_node("Relu", ["c"], ["y"])], "same",
-                     [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 9, 8])],
-                     [h.make_tensor_value_info("y", T.FLOAT, None)],
-                     [w])
+    g = h.make_graph(
+        [h.make_node("Conv", ["x", "w"], ["c"], auto_pad=auto_pad, strides=[2, 2]), h.make_node("Relu", ["c"], ["y"])],
+        "same",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 9, 8])],
+        [h.make_tensor_value_info("y", T.FLOAT, None)],
+        [w],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     path = _anchor(m, tmp_path / "same.onnx")

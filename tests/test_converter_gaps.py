@@ -74,26 +74,43 @@ def slice_net():
     ``y_sm`` = Softmax(y_sq, axis 1) by a node named ``Softmax@0``."""
     rng = np.random.default_rng(0)
     big = 2**31 - 1
-    inits = [i64("shp", [1, 9, 12]), i64("ax3", [3]),
-             i64("s0", [0, 0, 0, 0]), i64("e0", [10**9] * 4), i64("a0", [0, 2, 1, 3]), i64("st0", [1, 1, 1, 1]),
-             f32("w", rng.standard_normal((8, 12, 3, 1)) * 0.3),
-             i64("e1", [big, big, big, 1]), i64("a1", [0, 1, 2, 3]),
-             f32("b", rng.standard_normal((1, 8, 1))),
-             i64("s2", [2, 1]), i64("e2", [6, 6]), i64("a2", [1, 2]),
-             i64("s3", [1, 2]), i64("e3", [6, 6]), i64("a3", [2, 1])]
-    nodes = [helper.make_node("Reshape", ["x", "shp"], ["r"], name="reshape@0"),
-             helper.make_node("Unsqueeze", ["r", "ax3"], ["u"]),
-             helper.make_node("Slice", ["u", "s0", "e0", "a0", "st0"], ["u2"], name="slice:noop"),
-             helper.make_node("Transpose", ["u2"], ["t"], perm=[0, 2, 1, 3]),
-             helper.make_node("Conv", ["t", "w"], ["c"], kernel_shape=[3, 1], name="conv@0"),
-             helper.make_node("Slice", ["c", "s0", "e1", "a1"], ["c1"], name="slice@magika"),
-             helper.make_node("Squeeze", ["c1", "ax3"], ["sq"]),
-             helper.make_node("Add", ["sq", "b"], ["y_sq"]),
-             helper.make_node("Slice", ["c", "s2", "e2", "a2"], ["y_ch"], name="slice@ch"),
-             helper.make_node("Slice", ["c", "s3", "e3", "a3"], ["y_un"], name="slice@unsorted"),
-             helper.make_node("Softmax", ["y_sq"], ["y_sm"], axis=1, name="Softmax@0")]
-    return gap_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 108])],
-                  ["y_sq", "y_ch", "y_un", "y_sm"], inits)
+    inits = [
+        i64("shp", [1, 9, 12]),
+        i64("ax3", [3]),
+        i64("s0", [0, 0, 0, 0]),
+        i64("e0", [10**9] * 4),
+        i64("a0", [0, 2, 1, 3]),
+        i64("st0", [1, 1, 1, 1]),
+        f32("w", rng.standard_normal((8, 12, 3, 1)) * 0.3),
+        i64("e1", [big, big, big, 1]),
+        i64("a1", [0, 1, 2, 3]),
+        f32("b", rng.standard_normal((1, 8, 1))),
+        i64("s2", [2, 1]),
+        i64("e2", [6, 6]),
+        i64("a2", [1, 2]),
+        i64("s3", [1, 2]),
+        i64("e3", [6, 6]),
+        i64("a3", [2, 1]),
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["x", "shp"], ["r"], name="reshape@0"),
+        helper.make_node("Unsqueeze", ["r", "ax3"], ["u"]),
+        helper.make_node("Slice", ["u", "s0", "e0", "a0", "st0"], ["u2"], name="slice:noop"),
+        helper.make_node("Transpose", ["u2"], ["t"], perm=[0, 2, 1, 3]),
+        helper.make_node("Conv", ["t", "w"], ["c"], kernel_shape=[3, 1], name="conv@0"),
+        helper.make_node("Slice", ["c", "s0", "e1", "a1"], ["c1"], name="slice@magika"),
+        helper.make_node("Squeeze", ["c1", "ax3"], ["sq"]),
+        helper.make_node("Add", ["sq", "b"], ["y_sq"]),
+        helper.make_node("Slice", ["c", "s2", "e2", "a2"], ["y_ch"], name="slice@ch"),
+        helper.make_node("Slice", ["c", "s3", "e3", "a3"], ["y_un"], name="slice@unsorted"),
+        helper.make_node("Softmax", ["y_sq"], ["y_sm"], axis=1, name="Softmax@0"),
+    ]
+    return gap_model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 108])],
+        ["y_sq", "y_ch", "y_un", "y_sm"],
+        inits,
+    )
 
 
 @pytest.mark.isa_independent(EXACT_OPS)
@@ -108,8 +125,9 @@ def test_split_multi_axis_slices_keeps_the_values():
     slices = [n for n in m.graph.node if n.op_type == "Slice"]
     # the no-op Slice's ends are 1e9 (< 2^31 - 1: kept per axis), magika's keeps only axis 3, the others 2 each
     assert len(slices) == 4 + 1 + 2 + 2
-    assert all(numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == n.input[3])).size == 1
-               for n in slices)
+    assert all(
+        numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == n.input[3])).size == 1 for n in slices
+    )
     after = ort_outputs(m, x)
     for k in before:
         assert np.array_equal(before[k], after[k]), k
@@ -157,9 +175,25 @@ def _mnn_raw(model, feeds, tmp: Path) -> np.ndarray:
 
     src, dst = tmp / "m.onnx", tmp / "m.mnn"
     onnx.save(model, str(src))
-    subprocess.run([sys.executable, "-c", "import sys, _tools; _tools.mnnconvert(sys.argv[1:])", "mnnconvert",
-                    "-f", "ONNX", "--modelFile", str(src), "--MNNModel", str(dst), "--bizCode", "anpred-test"],
-                   capture_output=True, check=True, cwd=str(tmp))
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, _tools; _tools.mnnconvert(sys.argv[1:])",
+            "mnnconvert",
+            "-f",
+            "ONNX",
+            "--modelFile",
+            str(src),
+            "--MNNModel",
+            str(dst),
+            "--bizCode",
+            "anpred-test",
+        ],
+        capture_output=True,
+        check=True,
+        cwd=str(tmp),
+    )
     import_mnn()  # kept off stdout: MNN prints its CPU features on import
     import MNN.expr as F
     import MNN.nn as nn
@@ -212,8 +246,8 @@ def _fp32_bound(model, op: str, feeds) -> np.ndarray:
     w, k = inits["w"], float(inits[k_name].ravel()[0])
     x = np.abs(feeds["x"][0, :, :, 0].astype(np.float64))  # [cin, 20]; the kernel is 3x1, no padding
     n_out = x.shape[1] - w.shape[2] + 1
-    s_abs = sum(np.abs(w[:, :, kh, 0]) @ x[:, kh:kh + n_out] for kh in range(w.shape[2]))  # [cout, n_out]
-    u, n = 2.0 ** -24, w.shape[1] * w.shape[2]
+    s_abs = sum(np.abs(w[:, :, kh, 0]) @ x[:, kh : kh + n_out] for kh in range(w.shape[2]))  # [cout, n_out]
+    u, n = 2.0**-24, w.shape[1] * w.shape[2]
     ds = n * u / (1 - n * u) * s_abs
     exposed = onnx.ModelProto.FromString(model.SerializeToString())
     exposed.graph.output.append(helper.make_tensor_value_info(src, TensorProto.FLOAT, None))
@@ -234,18 +268,33 @@ def test_mnn_backend_one_element_constants(tmp_path):
 
     rng = np.random.default_rng(3)
     c = lambda n, v: f32(n, np.full((1, 1, 1), v))  # noqa: E731
-    inits = [f32("w", rng.standard_normal((8, 16, 3, 1)) * 0.3), i64("ax3", [3]),
-             f32("b", rng.standard_normal((1, 8, 1))),
-             c("k0", 0.044715), c("k1", 0.7978846), c("one", 1.0), c("half", 0.5)]
-    nodes = [helper.make_node("Conv", ["x", "w"], ["cv"], kernel_shape=[3, 1]),
-             helper.make_node("Squeeze", ["cv", "ax3"], ["s"]), helper.make_node("Add", ["s", "b"], ["a"]),
-             helper.make_node("Mul", ["k0", "a"], ["m0"]), helper.make_node("Mul", ["a", "m0"], ["m1"]),
-             helper.make_node("Mul", ["a", "m1"], ["m2"]), helper.make_node("Add", ["a", "m2"], ["m3"]),
-             helper.make_node("Mul", ["k1", "m3"], ["m4"]), helper.make_node("Tanh", ["m4"], ["t"]),
-             helper.make_node("Add", ["one", "t"], ["t1"]), helper.make_node("Mul", ["half", "t1"], ["t2"]),
-             helper.make_node("Mul", ["a", "t2"], ["gelu"]), helper.make_node("Max", ["half", "gelu"], ["y"])]
-    m = gap_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 1])], ["a", "gelu", "y"],
-               inits)
+    inits = [
+        f32("w", rng.standard_normal((8, 16, 3, 1)) * 0.3),
+        i64("ax3", [3]),
+        f32("b", rng.standard_normal((1, 8, 1))),
+        c("k0", 0.044715),
+        c("k1", 0.7978846),
+        c("one", 1.0),
+        c("half", 0.5),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["cv"], kernel_shape=[3, 1]),
+        helper.make_node("Squeeze", ["cv", "ax3"], ["s"]),
+        helper.make_node("Add", ["s", "b"], ["a"]),
+        helper.make_node("Mul", ["k0", "a"], ["m0"]),
+        helper.make_node("Mul", ["a", "m0"], ["m1"]),
+        helper.make_node("Mul", ["a", "m1"], ["m2"]),
+        helper.make_node("Add", ["a", "m2"], ["m3"]),
+        helper.make_node("Mul", ["k1", "m3"], ["m4"]),
+        helper.make_node("Tanh", ["m4"], ["t"]),
+        helper.make_node("Add", ["one", "t"], ["t1"]),
+        helper.make_node("Mul", ["half", "t1"], ["t2"]),
+        helper.make_node("Mul", ["a", "t2"], ["gelu"]),
+        helper.make_node("Max", ["half", "gelu"], ["y"]),
+    ]
+    m = gap_model(
+        nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 1])], ["a", "gelu", "y"], inits
+    )
     x = {"x": rng.standard_normal((1, 16, 20, 1)).astype(np.float32)}
     _compare(MnnBackend({}), anchor_outputs(m, tmp_path / "gelu.onnx"), tmp_path / "work", x)
 
@@ -254,9 +303,9 @@ def test_mnn_backend_one_element_constants(tmp_path):
 @pytest.mark.kernels  # ONNX Runtime's ReduceSum order of float32 sums: ISA-dependent
 def test_reduce_sum_accumulation_against_float64():
     """ReduceSum over axis 1 of x^2, x [1, 512, 256] (magika's LayerNorm_0/Sum_1 shape): ONNX Runtime equals a
-    sequential float32 accumulation bit for bit; torch's and TensorFlow's sums are several times closer to
-    the float64 sum. Measured: median relative error ort 2.0e-7, torch 3.9e-8, tf 6.2e-8 here (on magika's own
-LayerNorm input: 8.7e-7, 4.2e-8, 2.4e-7)."""
+        sequential float32 accumulation bit for bit; torch's and TensorFlow's sums are several times closer to
+        the float64 sum. Measured: median relative error ort 2.0e-7, torch 3.9e-8, tf 6.2e-8 here (on magika's own
+    LayerNorm input: 8.7e-7, 4.2e-8, 2.4e-7)."""
     import onnxruntime as ort
     import tensorflow as tf
     import torch
@@ -264,17 +313,26 @@ LayerNorm input: 8.7e-7, 4.2e-8, 2.4e-7)."""
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((1, 512, 256)) + 2.0).astype(np.float32)  # mean 2, std 1: like a LayerNorm input
     sq = x * x
-    m = gap_model([helper.make_node("ReduceSum", ["x", "ax"], ["y"], keepdims=0)],
-               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512, 256])], ["y"], [i64("ax", [1])])
+    m = gap_model(
+        [helper.make_node("ReduceSum", ["x", "ax"], ["y"], keepdims=0)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512, 256])],
+        ["y"],
+        [i64("ax", [1])],
+    )
     y_ort = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": sq})[0]
     seq = np.zeros((1, 256), np.float32)
     for i in range(512):
         seq += sq[:, i, :]
     assert np.array_equal(y_ort, seq)
     exact = sq.astype(np.float64).sum(1)
-    rel = {k: float(np.median(np.abs(v.astype(np.float64) - exact) / exact)) for k, v in
-           {"ort": y_ort, "torch": torch.sum(torch.from_numpy(sq), dim=1).numpy(),
-            "tf": tf.reduce_sum(tf.constant(sq), axis=1).numpy()}.items()}
+    rel = {
+        k: float(np.median(np.abs(v.astype(np.float64) - exact) / exact))
+        for k, v in {
+            "ort": y_ort,
+            "torch": torch.sum(torch.from_numpy(sq), dim=1).numpy(),
+            "tf": tf.reduce_sum(tf.constant(sq), axis=1).numpy(),
+        }.items()
+    }
     print(f"\nmedian relative error vs float64: {rel}")
     assert rel["torch"] * 3 < rel["ort"] and rel["tf"] * 2 < rel["ort"]
 
@@ -312,7 +370,7 @@ def test_magika_on_the_fixed_backends(tmp_path):
             perm = ((st.captures.get(a) or {}).get("transform") or {}).get("permute")
             y = np.transpose(y, perm) if perm else y
             r = r.astype(np.float64)
-            nrmse = float(np.sqrt(np.mean((y - r) ** 2) / max(np.mean(r ** 2), 1e-30)))
+            nrmse = float(np.sqrt(np.mean((y - r) ** 2) / max(np.mean(r**2), 1e-30)))
             print(f"\n{name} {a}: nRMSE vs ort {nrmse:.3g}, max abs {float(np.abs(y - r).max()):.3g}", end="")
             assert nrmse <= 2e-4, f"{name} {a}: nRMSE {nrmse:.3g}"
 
@@ -330,8 +388,13 @@ def _two_grus(path: Path) -> Path:
         nodes.append(n)
         inits += i
         outs += o
-    g = helper.make_graph(nodes, "two_grus", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2, 4])],
-                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], inits)
+    g = helper.make_graph(
+        nodes,
+        "two_grus",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2, 4])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
+        inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
     m.ir_version = 8
     onnx.save(m, str(path))
@@ -360,8 +423,14 @@ def test_openvino_two_recurrent_layers_on_one_tensor(tmp_path):
     assert err["gru0.Y"] > 0.1 and err["gru1.Y"] < 1e-6, err
     anchored = anchor_outputs(onnx.load(str(path)), tmp_path / "anchored.onnx")
     np.savez(tmp_path / "in.npz", **x)
-    run_model(anchored, ["ort", "openvino", "torch", "onnx-reference"], str(tmp_path / "in.npz"), tmp_path / "run",
-              progress=False, timeout_s=300)
+    run_model(
+        anchored,
+        ["ort", "openvino", "torch", "onnx-reference"],
+        str(tmp_path / "in.npz"),
+        tmp_path / "run",
+        progress=False,
+        timeout_s=300,
+    )
     rep = check_run(tmp_path / "run")
     assert [b for b, v in rep.verdicts.items() if v.flagged] == ["openvino"]
     bad = {c.anchor for c in rep.cells if c.backend == "openvino" and c.flagged}

@@ -36,29 +36,54 @@ def test_unroll_pass_matches_onnx_semantics():
         for direction in ("forward", "reverse", "bidirectional"):
             for states in ((), ("init",)):
                 for layout in (0, 1):
-                    node, inits, outs = rnn_node(op, "n", "x", 4, 3, direction, rng, states=states,
-                                                  lbr=(1 if direction == "reverse" else 0) if op == "GRU" else None,
-                                                  layout=layout)
+                    node, inits, outs = rnn_node(
+                        op,
+                        "n",
+                        "x",
+                        4,
+                        3,
+                        direction,
+                        rng,
+                        states=states,
+                        lbr=(1 if direction == "reverse" else 0) if op == "GRU" else None,
+                        layout=layout,
+                    )
                     if layout:  # initializer states in the batch-first layout [B, D, H]
                         for t in inits:
                             if t.name.endswith("0"):
                                 dims = list(t.dims)
-                                t.CopyFrom(onnx.numpy_helper.from_array(
-                                    np.ascontiguousarray(onnx.numpy_helper.to_array(t).transpose(1, 0, 2)), t.name))
+                                t.CopyFrom(
+                                    onnx.numpy_helper.from_array(
+                                        np.ascontiguousarray(onnx.numpy_helper.to_array(t).transpose(1, 0, 2)), t.name
+                                    )
+                                )
                                 assert list(t.dims) == [dims[1], dims[0], dims[2]]
-                    g = onnx.helper.make_graph([node], "r", [onnx.helper.make_tensor_value_info(
-                        "x", onnx.TensorProto.FLOAT, [2, 5, 4] if layout else [5, 2, 4])],
-                        [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in outs], inits)
+                    g = onnx.helper.make_graph(
+                        [node],
+                        "r",
+                        [
+                            onnx.helper.make_tensor_value_info(
+                                "x", onnx.TensorProto.FLOAT, [2, 5, 4] if layout else [5, 2, 4]
+                            )
+                        ],
+                        [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in outs],
+                        inits,
+                    )
                     m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 14)])
                     u = copy.deepcopy(m)
                     info = unroll_recurrent(u)
                     assert info["unrolled"] == ["n"] and not any(n.op_type == op for n in u.graph.node)
                     x = rng.normal(0, 1, (2, 5, 4) if layout else (5, 2, 4)).astype(np.float32)
-                    want = (ReferenceEvaluator(m).run(None, {"x": x}) if layout else
-                            ort.InferenceSession(m.SerializeToString(),
-                                                 providers=["CPUExecutionProvider"]).run(None, {"x": x}))
-                    got = ort.InferenceSession(u.SerializeToString(),
-                                               providers=["CPUExecutionProvider"]).run(None, {"x": x})
+                    want = (
+                        ReferenceEvaluator(m).run(None, {"x": x})
+                        if layout
+                        else ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+                            None, {"x": x}
+                        )
+                    )
+                    got = ort.InferenceSession(u.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+                        None, {"x": x}
+                    )
                     for a, b in zip(want, got):
                         assert a.shape == b.shape
                         worst = max(worst, float(np.max(np.abs(a - b))))
@@ -72,10 +97,13 @@ def test_unroll_pass_keeps_what_it_cannot_unroll():
 
     rng = np.random.default_rng(0)
     node, inits, outs = rnn_node("LSTM", "dyn", "x", 4, 3, "forward", rng)
-    g = onnx.helper.make_graph([node], "r",
-                               [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["T", 2, 4])],
-                               [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in outs],
-                               inits)
+    g = onnx.helper.make_graph(
+        [node],
+        "r",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["T", 2, 4])],
+        [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in outs],
+        inits,
+    )
     m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)])
     info = unroll_recurrent(m)
     assert info["unrolled"] == [] and "not static" in info["kept"]["dyn"]
@@ -93,8 +121,13 @@ def test_reference_names_a_recurrent_defect_it_cannot_unroll(tmp_path):
     assert "LSTM ignores clip" in probe_recurrent_attribute("LSTM", "clip")
     rng = np.random.default_rng(0)
     node, inits, outs = rnn_node("LSTM", "dyn", "x", 4, 3, "forward", rng, clip=0.5)
-    g = helper.make_graph([node], "r", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "N", 4])],
-                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], inits)
+    g = helper.make_graph(
+        [node],
+        "r",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "N", 4])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
+        inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
     assert work_around(m) == {} and [n.op_type for n in m.graph.node] == ["LSTM"]
     found = reference_defects(m)
@@ -114,8 +147,12 @@ def test_global_lp_pool_decomposition_on_ort(opset):
     rng = np.random.default_rng(0)
     for shape in ([2, 3, 7], [1, 4, 5, 6]):
         nodes = [helper.make_node("GlobalLpPool", ["x"], [f"y{p}"], name=f"glp{p}", p=p) for p in (1, 2, 3)]
-        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info(f"y{p}", TensorProto.FLOAT, None) for p in (1, 2, 3)])
+        g = helper.make_graph(
+            nodes,
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+            [helper.make_tensor_value_info(f"y{p}", TensorProto.FLOAT, None) for p in (1, 2, 3)],
+        )
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
         d = copy.deepcopy(m)
         assert decompose_ops(d, {"GlobalLpPool"})["rewritten"] == ["glp1", "glp2", "glp3"]
@@ -145,9 +182,12 @@ def test_erf_decomposition_accuracy():
 
     x32 = np.linspace(-5, 5, 200001).astype(np.float32)
     for dtype, elem, bound in ((np.float32, TensorProto.FLOAT, 4.2e-7), (np.float16, TensorProto.FLOAT16, 2.5e-4)):
-        g = helper.make_graph([helper.make_node("Erf", ["x"], ["y"], name="erf")], "g",
-                              [helper.make_tensor_value_info("x", elem, [x32.size])],
-                              [helper.make_tensor_value_info("y", elem, [x32.size])])
+        g = helper.make_graph(
+            [helper.make_node("Erf", ["x"], ["y"], name="erf")],
+            "g",
+            [helper.make_tensor_value_info("x", elem, [x32.size])],
+            [helper.make_tensor_value_info("y", elem, [x32.size])],
+        )
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 10 if dtype == np.float16 else 17)])
         m.ir_version = 8
         d = copy.deepcopy(m)
@@ -161,13 +201,22 @@ def test_erf_decomposition_accuracy():
             small = np.abs(x) < 0.5
             assert (err / np.maximum(np.abs(exact), 1e-30))[small].max() <= 2.3e-7
             t = np.float32(1) / (np.float32(1) + np.float32(0.3275911) * np.abs(x))
-            poly = ((((np.float32(1.061405429) * t - np.float32(1.453152027)) * t + np.float32(1.421413741)) * t
-                     - np.float32(0.284496736)) * t + np.float32(0.254829592)) * t
+            poly = (
+                (
+                    ((np.float32(1.061405429) * t - np.float32(1.453152027)) * t + np.float32(1.421413741)) * t
+                    - np.float32(0.284496736)
+                )
+                * t
+                + np.float32(0.254829592)
+            ) * t
             pseudo = np.sign(x) * (np.float32(1) - poly * np.exp(-x * x))
             assert (np.abs(pseudo - exact) / np.maximum(np.abs(exact), 1e-30))[small].max() > 1e-3
-    g64 = helper.make_graph([helper.make_node("Erf", ["x"], ["y"], name="erf")], "g",
-                            [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [4])],
-                            [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [4])])
+    g64 = helper.make_graph(
+        [helper.make_node("Erf", ["x"], ["y"], name="erf")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [4])],
+    )
     m64 = helper.make_model(g64, opset_imports=[helper.make_opsetid("", 17)])
     assert "float64" in decompose_ops(m64, {"Erf"})["kept"]["erf"]
 
@@ -190,16 +239,25 @@ def test_openvino_int8_constant_fake_quantization_folded(tmp_path):
     from anpred.manifest import AnchorManifest
 
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.normal(0, .3, (2, 3, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(rng.normal(0, 1, (2,)).astype(np.float32), "b"),
-             numpy_helper.from_array(np.array([1, 2, 1, 1], np.int64), "shp")]
-    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["g"], name="gap"),
-             helper.make_node("Conv", ["g", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Reshape", ["b", "shp"], ["rb"], name="reshape_bias"),
-             helper.make_node("Add", ["c", "rb"], ["a"], name="add_bias"),
-             helper.make_node("Relu", ["a"], ["y"], name="relu")]
-    g = helper.make_graph(nodes, "bias_add", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 1, 1])], inits)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.3, (2, 3, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.normal(0, 1, (2,)).astype(np.float32), "b"),
+        numpy_helper.from_array(np.array([1, 2, 1, 1], np.int64), "shp"),
+    ]
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["g"], name="gap"),
+        helper.make_node("Conv", ["g", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Reshape", ["b", "shp"], ["rb"], name="reshape_bias"),
+        helper.make_node("Add", ["c", "rb"], ["a"], name="add_bias"),
+        helper.make_node("Relu", ["a"], ["y"], name="relu"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "bias_add",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 1, 1])],
+        inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
     from anpred.instrument import instrument_model
@@ -243,23 +301,34 @@ def test_control_flow_kept_is_a_clear_error(tmp_path):
     from anpred.backends.torch_onnx import TorchOnnxBackend
     from anpred.manifest import Anchor, AnchorManifest
 
-    body = helper.make_graph([helper.make_node("Relu", ["v_in"], ["v_out"], name="b_relu"),
-                              helper.make_node("Identity", ["cond_in"], ["cond_out"], name="b_cond")], "body",
-                             [helper.make_tensor_value_info("i", TP.INT64, []),
-                              helper.make_tensor_value_info("cond_in", TP.BOOL, []),
-                              helper.make_tensor_value_info("v_in", TP.FLOAT, [2])],
-                             [helper.make_tensor_value_info("cond_out", TP.BOOL, []),
-                              helper.make_tensor_value_info("v_out", TP.FLOAT, [2])])
-    g = helper.make_graph([helper.make_node("Loop", ["n", "", "x"], ["y"], name="loop", body=body)], "dyn",
-                          [helper.make_tensor_value_info("x", TP.FLOAT, [2]),
-                           helper.make_tensor_value_info("n", TP.INT64, [])],
-                          [helper.make_tensor_value_info("y", TP.FLOAT, [2])])
+    body = helper.make_graph(
+        [
+            helper.make_node("Relu", ["v_in"], ["v_out"], name="b_relu"),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"], name="b_cond"),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TP.INT64, []),
+            helper.make_tensor_value_info("cond_in", TP.BOOL, []),
+            helper.make_tensor_value_info("v_in", TP.FLOAT, [2]),
+        ],
+        [helper.make_tensor_value_info("cond_out", TP.BOOL, []), helper.make_tensor_value_info("v_out", TP.FLOAT, [2])],
+    )
+    g = helper.make_graph(
+        [helper.make_node("Loop", ["n", "", "x"], ["y"], name="loop", body=body)],
+        "dyn",
+        [helper.make_tensor_value_info("x", TP.FLOAT, [2]), helper.make_tensor_value_info("n", TP.INT64, [])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, [2])],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     path = tmp_path / "loop.onnx"
     onnx.save(m, str(path))
     manifest = AnchorManifest(anchors=[Anchor("output/y", "y", 0, 0, "loop", "Loop", [2], "float32", kind="output")])
-    with pytest.raises(BackendError, match=r"Loop-16 \(node 'loop'\).*not inlined: loop: Loop: the trip count M is "
-                                           r"absent or not a constant"):
+    with pytest.raises(
+        BackendError,
+        match=r"Loop-16 \(node 'loop'\).*not inlined: loop: Loop: the trip count M is "
+        r"absent or not a constant",
+    ):
         TorchOnnxBackend().prepare(path, manifest, tmp_path / "w")
     from anpred.backends.torch_onnx import TorchOnnxBackend as T
 
@@ -277,13 +346,20 @@ def test_reference_names_sequence_lens_it_ignores():
 
     rng = np.random.default_rng(0)
     node, inits, outs = rnn_node("GRU", "g", "x", 4, 3, "forward", rng, B=2)
-    ins = (list(node.input) + [""] * 5)[:max(5, len(node.input))]
+    ins = (list(node.input) + [""] * 5)[: max(5, len(node.input))]
     ins[4] = "lens"  # X, W, R, B, sequence_lens
     del node.input[:]
     node.input.extend(ins)
-    g = helper.make_graph([node], "r", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 2, 4]),
-                                        helper.make_tensor_value_info("lens", TensorProto.INT32, [2])],
-                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], inits)
+    g = helper.make_graph(
+        [node],
+        "r",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 2, 4]),
+            helper.make_tensor_value_info("lens", TensorProto.INT32, [2]),
+        ],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
+        inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
     assert "ignores sequence_lens" in reference_defects(m)["g"]
     m.graph.input.pop()

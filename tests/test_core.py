@@ -10,8 +10,18 @@ from anpred.run import RunStore
 
 
 def _manifest():
-    a = Anchor(name=anchor_name(3, "model.4"), value="v", stage=3, order=7, producer="n", op_type="Conv",
-               shape=[1, "c", 8, None], dtype="float32", layout="NCHW", scope="model.4")
+    a = Anchor(
+        name=anchor_name(3, "model.4"),
+        value="v",
+        stage=3,
+        order=7,
+        producer="n",
+        op_type="Conv",
+        shape=[1, "c", 8, None],
+        dtype="float32",
+        layout="NCHW",
+        scope="model.4",
+    )
     return AnchorManifest(anchors=[a], stages=[Stage(0, 0, 7, 8, 8.0, [a.name])])
 
 

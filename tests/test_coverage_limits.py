@@ -30,32 +30,47 @@ def limits_model(path):
     """x[1, 4, 6] -> Reshape(allowzero=1, [1, 4, 3, 2]) -> Relu -> Clip(min = ReduceMin(x), max =
     0.5 ReduceMax(x)) -> Reshape back -> Where(mask, ., 0), ``mask`` a bool input: every operator is in
     every table."""
-    nodes = [h.make_node("Reshape", ["x", "shape"], ["r"], name="reshape_az", allowzero=1),
-             h.make_node("Relu", ["r"], ["a"], name="relu"),
-             h.make_node("ReduceMin", ["x"], ["lo"], name="lo", keepdims=0),
-             h.make_node("ReduceMax", ["x"], ["hi0"], name="hi0", keepdims=0),
-             h.make_node("Mul", ["hi0", "half"], ["hi"], name="hi"),
-             h.make_node("Clip", ["a", "lo", "hi"], ["c"], name="clip_dyn"),
-             h.make_node("Reshape", ["c", "back"], ["c2"], name="back"),
-             h.make_node("Where", ["mask", "c2", "zero"], ["y"], name="where")]
-    inits = [nh.from_array(np.array([1, 4, 3, 2], np.int64), "shape"), nh.from_array(np.array(0.5, np.float32), "half"),
-             nh.from_array(np.array([1, 4, 6], np.int64), "back"), nh.from_array(np.array(0.0, np.float32), "zero")]
-    g = h.make_graph(nodes, "limits", [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 6]),
-                                       h.make_tensor_value_info("mask", T.BOOL, [1, 4, 6])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 6])], inits)
+    nodes = [
+        h.make_node("Reshape", ["x", "shape"], ["r"], name="reshape_az", allowzero=1),
+        h.make_node("Relu", ["r"], ["a"], name="relu"),
+        h.make_node("ReduceMin", ["x"], ["lo"], name="lo", keepdims=0),
+        h.make_node("ReduceMax", ["x"], ["hi0"], name="hi0", keepdims=0),
+        h.make_node("Mul", ["hi0", "half"], ["hi"], name="hi"),
+        h.make_node("Clip", ["a", "lo", "hi"], ["c"], name="clip_dyn"),
+        h.make_node("Reshape", ["c", "back"], ["c2"], name="back"),
+        h.make_node("Where", ["mask", "c2", "zero"], ["y"], name="where"),
+    ]
+    inits = [
+        nh.from_array(np.array([1, 4, 3, 2], np.int64), "shape"),
+        nh.from_array(np.array(0.5, np.float32), "half"),
+        nh.from_array(np.array([1, 4, 6], np.int64), "back"),
+        nh.from_array(np.array(0.0, np.float32), "zero"),
+    ]
+    g = h.make_graph(
+        nodes,
+        "limits",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 6]), h.make_tensor_value_info("mask", T.BOOL, [1, 4, 6])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 6])],
+        inits,
+    )
     return _save(g, 17, path)
 
 
 def cubic_grid_model(path):
     """x[1, 2, 6, 6] -> Conv 1x1 -> GridSample(mode="cubic") with a grid computed from x -> y."""
     rng = np.random.default_rng(0)
-    nodes = [h.make_node("Conv", ["x", "w"], ["c"], name="conv"),
-             h.make_node("Tanh", ["g0"], ["grid"], name="grid"),
-             h.make_node("GridSample", ["c", "grid"], ["y"], name="sample", mode="cubic")]
-    g = h.make_graph(nodes, "cubic", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 6, 6]),
-                                      h.make_tensor_value_info("g0", T.FLOAT, [1, 4, 4, 2])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 2, 4, 4])],
-                     [nh.from_array(rng.standard_normal((2, 2, 1, 1)).astype(np.float32), "w")])
+    nodes = [
+        h.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+        h.make_node("Tanh", ["g0"], ["grid"], name="grid"),
+        h.make_node("GridSample", ["c", "grid"], ["y"], name="sample", mode="cubic"),
+    ]
+    g = h.make_graph(
+        nodes,
+        "cubic",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 6, 6]), h.make_tensor_value_info("g0", T.FLOAT, [1, 4, 4, 2])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 2, 4, 4])],
+        [nh.from_array(rng.standard_normal((2, 2, 1, 1)).astype(np.float32), "w")],
+    )
     return _save(g, 17, path)
 
 
@@ -66,14 +81,17 @@ def test_converters_asked_node_by_node(tmp_path, monkeypatch):
     rows = unsupported_by(limits_model(tmp_path / "limits.onnx"), {"torch": "torch", "ncnn": "ncnn", "ort": "ort"})
     assert rows["torch"]["ops"] == {
         "Reshape": "onnx2torch: \"allowzero=1\" is not implemented (node 'reshape_az')",
-        "Clip": "onnx2torch: Dynamic value of min/max is not implemented (node 'clip_dyn')"}
+        "Clip": "onnx2torch: Dynamic value of min/max is not implemented (node 'clip_dyn')",
+    }
     assert rows["torch"]["nodes"] == ["Reshape", "Clip"]  # not the operator table: the converters
     assert list(rows["ncnn"]["ops"]) == ["input mask"] and "'mask' is bool" in rows["ncnn"]["ops"]["input mask"]
     assert rows["ort"]["ops"] == {}
     lines = format_coverage(rows)
-    assert any(ln.startswith("torch: cannot run the model: Reshape (onnx2torch: \"allowzero=1\" is not implemented")
-               and ln.endswith("[onnx2torch's converters called on each node (the NotImplementedError they raise)]")
-               for ln in lines)
+    assert any(
+        ln.startswith("torch: cannot run the model: Reshape (onnx2torch: \"allowzero=1\" is not implemented")
+        and ln.endswith("[onnx2torch's converters called on each node (the NotImplementedError they raise)]")
+        for ln in lines
+    )
     # a node pnnx crashes on, found by converting that node alone; cached by the node's content
     path = cubic_grid_model(tmp_path / "cubic.onnx")
     rows = unsupported_by(path, {"ncnn": "ncnn"})
@@ -96,19 +114,24 @@ def test_run_marks_the_refused_backends_and_the_converters_agree(tmp_path):
     path = limits_model(tmp_path / "limits.onnx")
     rng = np.random.default_rng(0)
     (tmp_path / "in").mkdir()
-    np.savez(tmp_path / "in" / "0000.npz", x=rng.standard_normal((1, 4, 6)).astype(np.float32),
-             mask=rng.random((1, 4, 6)) > 0.5)
+    np.savez(
+        tmp_path / "in" / "0000.npz",
+        x=rng.standard_normal((1, 4, 6)).astype(np.float32),
+        mask=rng.random((1, 4, 6)) > 0.5,
+    )
     store = run_model(path, ["ort", "torch", "ncnn"], tmp_path / "in", tmp_path / "run", progress=False, timeout_s=300)
     st = store.statuses()
     assert st["ort"].status == "ok"
     assert st["torch"].status == "unsupported" and "\"allowzero=1\" is not implemented" in st["torch"].reason
     assert st["torch"].reason.startswith("not run: the pre-run coverage found 2 operator(s) or input(s) it refuses")
     assert st["ncnn"].status == "unsupported" and "input mask" in st["ncnn"].reason
-    free = run_model(path, ["torch", "ncnn"], tmp_path / "in", tmp_path / "run2", progress=False, timeout_s=300,
-                     precheck=False)
+    free = run_model(
+        path, ["torch", "ncnn"], tmp_path / "in", tmp_path / "run2", progress=False, timeout_s=300, precheck=False
+    )
     st = free.statuses()
-    assert st["torch"].status in ("failed",
-                                  "unsupported") and "\"allowzero=1\" is not implemented" in st["torch"].reason
+    assert (
+        st["torch"].status in ("failed", "unsupported") and "\"allowzero=1\" is not implemented" in st["torch"].reason
+    )
     assert st["ncnn"].status in ("failed", "unsupported") and "'mask' is bool" in st["ncnn"].reason
 
 
@@ -119,10 +142,14 @@ def test_cubic_grid_sample_crashes_pnnx_in_the_whole_model_too(tmp_path):
     path = cubic_grid_model(tmp_path / "cubic.onnx")
     (tmp_path / "in").mkdir()
     rng = np.random.default_rng(1)
-    np.savez(tmp_path / "in" / "0000.npz", x=rng.standard_normal((1, 2, 6, 6)).astype(np.float32),
-             g0=rng.standard_normal((1, 4, 4, 2)).astype(np.float32))
-    st = run_model(path, ["ncnn"], tmp_path / "in", tmp_path / "run", progress=False, timeout_s=300,
-                   precheck=False).statuses()["ncnn"]
+    np.savez(
+        tmp_path / "in" / "0000.npz",
+        x=rng.standard_normal((1, 2, 6, 6)).astype(np.float32),
+        g0=rng.standard_normal((1, 4, 4, 2)).astype(np.float32),
+    )
+    st = run_model(
+        path, ["ncnn"], tmp_path / "in", tmp_path / "run", progress=False, timeout_s=300, precheck=False
+    ).statuses()["ncnn"]
     assert st.status in ("failed", "unsupported") and "pnnx" in st.reason, st.reason
 
 
@@ -134,8 +161,9 @@ def test_cli_backends_names_the_converters_refusals(tmp_path, capsys):
     path = limits_model(tmp_path / "limits.onnx")
     assert main(["backends", "--model", str(path)]) == 0
     out = capsys.readouterr().out
-    assert ("torch: cannot run the model: Reshape (onnx2torch: \"allowzero=1\" is not implemented "
-            "(node 'reshape_az'))") in out
+    assert (
+        "torch: cannot run the model: Reshape (onnx2torch: \"allowzero=1\" is not implemented (node 'reshape_az'))"
+    ) in out
     assert "ncnn: cannot run the model: input mask (ncnn: input 'mask' is bool" in out
     row = next(ln for ln in out.splitlines() if ln.startswith("torch "))
     assert " lacks " in row
@@ -156,13 +184,21 @@ def test_anchor_identities_do_not_lose_ncnn(tmp_path, monkeypatch):
 
     monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))
     rng = np.random.default_rng(0)
-    nodes = [h.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             h.make_node("Relu", ["c"], ["r"], name="relu"),
-             h.make_node("Conv", ["r", "w2"], ["y"], name="conv2")]
-    g = h.make_graph(nodes, "cr", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 8, 8])],
-                     [nh.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
-                      nh.from_array(rng.standard_normal((4, 4, 1, 1)).astype(np.float32), "w2")])
+    nodes = [
+        h.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        h.make_node("Relu", ["c"], ["r"], name="relu"),
+        h.make_node("Conv", ["r", "w2"], ["y"], name="conv2"),
+    ]
+    g = h.make_graph(
+        nodes,
+        "cr",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 8, 8])],
+        [
+            nh.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+            nh.from_array(rng.standard_normal((4, 4, 1, 1)).astype(np.float32), "w2"),
+        ],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     anchored, _ = instrument_model(m, stages=2)
@@ -171,8 +207,9 @@ def test_anchor_identities_do_not_lose_ncnn(tmp_path, monkeypatch):
     probe = pnnx_probe()
     assert probe.refusals(anchored) == {}
     assert unsupported_by(tmp_path / "anchored.onnx", {"ncnn": "ncnn"})["ncnn"]["ops"] == {}
-    store = run_model(tmp_path / "anchored.onnx", ["ncnn", "onnx-reference"], "random:normal:n=1", tmp_path / "run",
-                      progress=False)
+    store = run_model(
+        tmp_path / "anchored.onnx", ["ncnn", "onnx-reference"], "random:normal:n=1", tmp_path / "run", progress=False
+    )
     assert store.statuses()["ncnn"].status == "ok", store.statuses()["ncnn"].reason
 
 
@@ -180,10 +217,17 @@ def constant_float_model(path):
     """x[1, 3, 4] -> Mul(x, Constant(value_float=1.6733)) -> Relu -> y: the shape of ONNX's expanded
     function bodies (Selu, Elu, HardSigmoid, LeakyRelu ...), which hold their attributes as
     ``Constant`` nodes with ``value_float``."""
-    nodes = [h.make_node("Constant", [], ["k"], name="alpha", value_float=1.6733),
-             h.make_node("Mul", ["x", "k"], ["m"], name="mul"), h.make_node("Relu", ["m"], ["y"], name="relu")]
-    g = h.make_graph(nodes, "constant_float", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 4])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 3, 4])])
+    nodes = [
+        h.make_node("Constant", [], ["k"], name="alpha", value_float=1.6733),
+        h.make_node("Mul", ["x", "k"], ["m"], name="mul"),
+        h.make_node("Relu", ["m"], ["y"], name="relu"),
+    ]
+    g = h.make_graph(
+        nodes,
+        "constant_float",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 4])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 3, 4])],
+    )
     return _save(g, 18, path)
 
 
@@ -199,15 +243,17 @@ def test_tvm_frontend_asked_node_by_node_and_the_whole_model_agrees(tmp_path, mo
     monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))
     path = constant_float_model(tmp_path / "cf.onnx")
     row = unsupported_by(path, {"tvm": "tvm"})["tvm"]
-    assert row["ops"] == {"Constant": "tvm: the Relax ONNX frontend refuses it alone: ValueError: no value in "
-                                      "Constant (node 'alpha')"}, row
+    assert row["ops"] == {
+        "Constant": "tvm: the Relax ONNX frontend refuses it alone: ValueError: no value in Constant (node 'alpha')"
+    }, row
     assert row["nodes"] == ["Constant"] and row["node_basis"].startswith("TVM's Relax ONNX frontend")
     for other in (limits_model(tmp_path / "limits.onnx"), cubic_grid_model(tmp_path / "cubic.onnx")):
         assert unsupported_by(other, {"tvm": "tvm"})["tvm"]["ops"] == {}
     (tmp_path / "in").mkdir()
     np.savez(tmp_path / "in" / "0000.npz", x=np.ones((1, 3, 4), np.float32))
-    st = run_model(path, ["tvm"], tmp_path / "in", tmp_path / "run", progress=False, timeout_s=300,
-                   precheck=False).statuses()["tvm"]
+    st = run_model(
+        path, ["tvm"], tmp_path / "in", tmp_path / "run", progress=False, timeout_s=300, precheck=False
+    ).statuses()["tvm"]
     assert st.status in ("failed", "unsupported") and "no value in Constant" in st.reason, st.reason
 
 
@@ -228,8 +274,15 @@ def attention_model(path):
             return self.attn(h, h, h, need_weights=False)[0] + x
 
     torch.manual_seed(0)
-    torch.onnx.export(Block().eval(), (torch.zeros(1, 10, 32),), str(path), input_names=["x"], output_names=["y"],
-                      opset_version=17, dynamo=False)
+    torch.onnx.export(
+        Block().eval(),
+        (torch.zeros(1, 10, 32),),
+        str(path),
+        input_names=["x"],
+        output_names=["y"],
+        opset_version=17,
+        dynamo=False,
+    )
     return path
 
 
@@ -258,16 +311,26 @@ def dilated_pool_model(path):
     refuses a dilated MaxPool with strides in 3-D (``ops/MaxPool.py`` raises ``NotImplementedError``)
     and converts the Conv."""
     w = np.random.default_rng(2).standard_normal((2, 2, 1, 1, 1)).astype(np.float32)
-    nodes = [h.make_node("Conv", ["x", "w"], ["c"], name="conv"),
-             h.make_node("MaxPool", ["c"], ["y"], name="pool", kernel_shape=[2, 2, 2], dilations=[2, 2, 2],
-                         strides=[2, 2, 2])]
-    g = h.make_graph(nodes, "dilated_pool", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 8, 8, 8])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 2, 3, 3, 3])], [nh.from_array(w, "w")])
+    nodes = [
+        h.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+        h.make_node(
+            "MaxPool", ["c"], ["y"], name="pool", kernel_shape=[2, 2, 2], dilations=[2, 2, 2], strides=[2, 2, 2]
+        ),
+    ]
+    g = h.make_graph(
+        nodes,
+        "dilated_pool",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 8, 8, 8])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 2, 3, 3, 3])],
+        [nh.from_array(w, "w")],
+    )
     return _save(g, 17, path)
 
 
-DILATED_POOL_REFUSAL = ("onnx2tf: NotImplementedError: Dilated MaxPool with strides is not supported for 3D and "
-                        "above for now. (node 'pool')")
+DILATED_POOL_REFUSAL = (
+    "onnx2tf: NotImplementedError: Dilated MaxPool with strides is not supported for 3D and "
+    "above for now. (node 'pool')"
+)
 
 
 def test_onnx2tf_asked_node_by_node(tmp_path, monkeypatch):
@@ -283,10 +346,14 @@ def test_onnx2tf_asked_node_by_node(tmp_path, monkeypatch):
     for label in ("tf", "litert"):
         assert rows[label]["ops"] == {"MaxPool": DILATED_POOL_REFUSAL}, rows[label]
         assert rows[label]["nodes"] == ["MaxPool"] and rows[label]["node_basis"].startswith("onnx2tf on a one-node")
-    answers = {json.loads(f.read_text())["op"]: json.loads(f.read_text())["refused"]
-               for f in (tmp_path / "cache" / "coverage-probe" / "onnx2tf").glob("*.json")}
-    assert answers == {"Conv": "", "MaxPool": DILATED_POOL_REFUSAL.removeprefix("onnx2tf: ").removesuffix(
-        " (node 'pool')")}
+    answers = {
+        json.loads(f.read_text())["op"]: json.loads(f.read_text())["refused"]
+        for f in (tmp_path / "cache" / "coverage-probe" / "onnx2tf").glob("*.json")
+    }
+    assert answers == {
+        "Conv": "",
+        "MaxPool": DILATED_POOL_REFUSAL.removeprefix("onnx2tf: ").removesuffix(" (node 'pool')"),
+    }
     probe = onnx2tf_probe()
     assert probe.refusals(onnx.load(str(path))) == {"MaxPool": DILATED_POOL_REFUSAL}
     assert probe.probed == 0 and probe.cached == 2 and probe.worker.proc is None  # no worker started
@@ -304,17 +371,22 @@ def test_onnx2tf_refusal_agrees_with_the_run(tmp_path):
     (tmp_path / "in").mkdir()
     x = np.random.default_rng(3).standard_normal((1, 2, 8, 8, 8)).astype(np.float32)
     np.savez(tmp_path / "in" / "0000.npz", x=x)
-    both = run_model(path, ["tf", "litert"], tmp_path / "in", tmp_path / "run", progress=False, timeout_s=300,
-                     precheck=False).statuses()
+    both = run_model(
+        path, ["tf", "litert"], tmp_path / "in", tmp_path / "run", progress=False, timeout_s=300, precheck=False
+    ).statuses()
     st = both["tf"]
-    assert st.status in ("failed", "unsupported") and \
-        "Dilated MaxPool with strides is not supported for 3D and above" in st.reason, st.reason
+    assert (
+        st.status in ("failed", "unsupported")
+        and "Dilated MaxPool with strides is not supported for 3D and above" in st.reason
+    ), st.reason
     assert "\x1b[" not in st.reason, st.reason
     lite = both["litert"]
-    assert lite.status == st.status and "the onnx2tf conversion failed once for the tf and litert population in this " \
-        "run (in tf: " in lite.reason and lite.reason.endswith("not tried again"), lite.reason
-    st = run_model(path, ["ort", "tf"], tmp_path / "in", tmp_path / "run2", progress=False,
-                   timeout_s=300).statuses()
+    assert (
+        lite.status == st.status
+        and "the onnx2tf conversion failed once for the tf and litert population in this run (in tf: " in lite.reason
+        and lite.reason.endswith("not tried again")
+    ), lite.reason
+    st = run_model(path, ["ort", "tf"], tmp_path / "in", tmp_path / "run2", progress=False, timeout_s=300).statuses()
     assert st["ort"].status == "ok"
     assert st["tf"].status == "unsupported" and DILATED_POOL_REFUSAL in st["tf"].reason, st["tf"].reason
 
@@ -346,8 +418,12 @@ def test_a_node_of_constants_only_is_not_probed(tmp_path, monkeypatch):
     cast = h.make_node("Cast", ["eps"], ["eps32"], to=T.FLOAT, name="eps_cast")
     relu = h.make_node("Relu", ["x"], ["r"], name="relu")
     add = h.make_node("Add", ["r", "eps32"], ["y"], name="add")
-    g = h.make_graph([eps, cast, relu, add], "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4])])
+    g = h.make_graph(
+        [eps, cast, relu, add],
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 4])],
+    )
     m = onnx.load(str(_save(g, 17, tmp_path / "eps.onnx")))
     probe = pnnx_probe()
     # asked: the Relu; not the Cast (constants only) nor the Add (it reads a value computed from constants)

@@ -16,12 +16,19 @@ def _det_net(path):
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.normal(size=(4, 1, 3, 3)).astype(np.float32), "w")
     shape = numpy_helper.from_array(np.array([1, 4, 3, 3], np.int64), "shape")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"], name="relu"),
-             helper.make_node("Reshape", ["r", "shape"], ["m"], name="reshape"),
-             helper.make_node("Det", ["m"], ["y"], name="det")]
-    g = helper.make_graph(nodes, "det_net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 3, 3])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], initializer=[w, shape])
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Reshape", ["r", "shape"], ["m"], name="reshape"),
+        helper.make_node("Det", ["m"], ["y"], name="det"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "det_net",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        initializer=[w, shape],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.checker.check_model(m)
@@ -57,15 +64,23 @@ def test_run_skips_a_backend_whose_table_lacks_an_operator(tmp_path, capsys):
     anchored, manifest = instrument_model(onnx.load(str(_det_net(tmp_path / "det.onnx"))))
     manifest.to_model(anchored)
     onnx.save(anchored, str(tmp_path / "anchored.onnx"))
-    store = run_model(tmp_path / "anchored.onnx", ["ort", "openvino", "onnx-reference"], "random:uniform:n=2",
-                      tmp_path / "run", progress=True, timeout_s=600)
+    store = run_model(
+        tmp_path / "anchored.onnx",
+        ["ort", "openvino", "onnx-reference"],
+        "random:uniform:n=2",
+        tmp_path / "run",
+        progress=True,
+        timeout_s=600,
+    )
     err = capsys.readouterr().err
     assert "pre-run coverage: openvino: cannot run the model: Det (no conversion rule" in err
     st = store.statuses()
     assert st["ort"].status == "ok" and st["onnx-reference"].status == "ok"
     assert st["openvino"].status == "unsupported" and st["openvino"].samples == 0
-    assert st["openvino"].reason.startswith("not run: the model uses 1 operator(s) missing from its OpenVINO's ONNX "
-                                            "frontend (conversion without compilation) (pre-run coverage): Det:")
+    assert st["openvino"].reason.startswith(
+        "not run: the model uses 1 operator(s) missing from its OpenVINO's ONNX "
+        "frontend (conversion without compilation) (pre-run coverage): Det:"
+    )
     assert not (tmp_path / "run" / "logs" / "openvino.log").exists()  # never started
     # the end-of-run table cuts the long reason with "..." and gives it in full below (it was cut silently)
     from anpred.run import format_summary
@@ -73,7 +88,7 @@ def test_run_skips_a_backend_whose_table_lacks_an_operator(tmp_path, capsys):
 
     table = format_summary(store).splitlines()
     row = next(ln for ln in table if ln.startswith("openvino "))
-    assert row.endswith(st["openvino"].reason[:REASON_WIDTH - 3] + "...")
+    assert row.endswith(st["openvino"].reason[: REASON_WIDTH - 3] + "...")
     assert table[table.index("reasons in full:") + 1] == f"  openvino: {st['openvino'].reason}"
     assert store.meta["coverage"]["openvino"]["ops"] == {"Det": "no conversion rule in OpenVINO's ONNX frontend"}
     # the report lists it with the backends that did not run, with the operator
@@ -93,8 +108,15 @@ def test_precheck_off_runs_the_backend_and_it_fails_naming_the_operator(tmp_path
     anchored, manifest = instrument_model(onnx.load(str(_det_net(tmp_path / "det.onnx"))))
     manifest.to_model(anchored)
     onnx.save(anchored, str(tmp_path / "anchored.onnx"))
-    store = run_model(tmp_path / "anchored.onnx", ["ort", "openvino"], "random:uniform:n=1", tmp_path / "run",
-                      progress=False, timeout_s=600, precheck=False)
+    store = run_model(
+        tmp_path / "anchored.onnx",
+        ["ort", "openvino"],
+        "random:uniform:n=1",
+        tmp_path / "run",
+        progress=False,
+        timeout_s=600,
+        precheck=False,
+    )
     st = store.statuses()["openvino"]
     assert "coverage" not in store.meta
     assert st.status in ("unsupported", "failed") and "Det" in st.reason
@@ -169,15 +191,21 @@ def test_reference_coverage_refuses_a_custom_domain_and_witness_claims_need_cove
 
     path = _custom_net(tmp_path)
     rows = unsupported_by(path, {"ref": "onnx-reference", "fp64": "onnx-reference-fp64", "ort": "ort"})
-    why = ("onnx.reference has no kernel for domain 'my.ops' (it runs the ONNX domains and the model's own "
-           "functions only)")
+    why = (
+        "onnx.reference has no kernel for domain 'my.ops' (it runs the ONNX domains and the model's own functions only)"
+    )
     assert rows["ref"]["ops"] == rows["fp64"]["ops"] == {"my.ops::FancyRelu": why}
     assert not takes_model(rows["ref"]) and not takes_model(rows["fp64"])
     # ai.onnx.ml has the evaluator's own kernels: Binarizer is not refused, an unknown ml op is
-    ml = helper.make_graph([helper.make_node("Binarizer", ["x"], ["b"], domain="ai.onnx.ml", threshold=0.5),
-                            helper.make_node("Nope", ["b"], ["y"], domain="ai.onnx.ml")], "ml",
-                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    ml = helper.make_graph(
+        [
+            helper.make_node("Binarizer", ["x"], ["b"], domain="ai.onnx.ml", threshold=0.5),
+            helper.make_node("Nope", ["b"], ["y"], domain="ai.onnx.ml"),
+        ],
+        "ml",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
     onnx.save(helper.make_model(ml, opset_imports=opsets), str(tmp_path / "ml.onnx"))
     ml_rows = unsupported_by(tmp_path / "ml.onnx", {"ref": "onnx-reference"})
@@ -200,9 +228,11 @@ def test_every_named_backend_refused_stops_before_running(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "\n" not in err, err
     ov = "openvino: no conversion rule in OpenVINO's ONNX frontend"
-    assert err == ("anpred: error: the pre-run coverage refuses the model on every backend named (ort, openvino): "
-                   "2 operator(s) they lack: my.ops::FancyRelu (ort: no ONNX Runtime schema for 'FancyRelu' in "
-                   f"domain 'my.ops'; {ov}), Det ({ov}); nothing was run or written"), err
+    assert err == (
+        "anpred: error: the pre-run coverage refuses the model on every backend named (ort, openvino): "
+        "2 operator(s) they lack: my.ops::FancyRelu (ort: no ONNX Runtime schema for 'FancyRelu' in "
+        f"domain 'my.ops'; {ov}), Det ({ov}); nothing was run or written"
+    ), err
     assert set(tmp_path.rglob("*")) == before and not out.exists()
 
 
@@ -216,9 +246,12 @@ def test_a_named_backend_the_coverage_refuses_gives_no_vote_and_witnesses_make_u
 
     monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))
     k = helper.make_node("Constant", [], ["k"], name="alpha", value_float=1.5)
-    g = helper.make_graph([k, helper.make_node("Mul", ["x", "k"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
-                          "cf", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    g = helper.make_graph(
+        [k, helper.make_node("Mul", ["x", "k"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+        "cf",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
     path = tmp_path / "cf.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(path))
     plan = plan_backends(["ort", "openvino", "tvm"], True, path, 1)

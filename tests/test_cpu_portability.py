@@ -31,15 +31,23 @@ SATURATED = round(32 * 32767 / (255 * 127) / (64 / 255)) * 64 / 255
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("flags, u8s8, bf16, fp16", [
-    (AVX2_ONLY, "avx2", "none", "storage"),
-    (AVX2_ONLY + ["avx_vnni"], "avx-vnni", "none", "storage"),
-    (AVX2_ONLY + ["avx512f", "avx512bw"], "avx512-core", "none", "storage"),
-    (AVX2_ONLY + ["avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"], "avx512-vnni", "native", "storage"),
-    (AVX2_ONLY + ["avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16",
-                  "avx512_fp16"], "amx", "native", "native"),
-    (["sse4_2"], "sse", "none", "none"),
-])
+@pytest.mark.parametrize(
+    "flags, u8s8, bf16, fp16",
+    [
+        (AVX2_ONLY, "avx2", "none", "storage"),
+        (AVX2_ONLY + ["avx_vnni"], "avx-vnni", "none", "storage"),
+        (AVX2_ONLY + ["avx512f", "avx512bw"], "avx512-core", "none", "storage"),
+        (AVX2_ONLY + ["avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"], "avx512-vnni", "native", "storage"),
+        (
+            AVX2_ONLY
+            + ["avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16", "avx512_fp16"],
+            "amx",
+            "native",
+            "native",
+        ),
+        (["sse4_2"], "sse", "none", "none"),
+    ],
+)
 def test_kernel_isa_from_flags(flags, u8s8, bf16, fp16):
     k = kernel_isa(flags)
     assert k == {"int8_u8s8": u8s8, "bf16": bf16, "fp16": fp16}
@@ -55,6 +63,7 @@ def test_machine_flags_are_what_this_process_can_execute():
     # avx_vnni by the instruction too (CPUID.(EAX=7,ECX=1):EAX[4]), never from the host's /proc/cpuinfo,
     # which an emulator passes through (the CI machine's AVX-VNNI showed up under qemu's EPYC-Rome)
     import cpuid
+
     assert ("avx_vnni" in flags) == (feats["AVX2"] and bool(cpuid.cpuid_count(7, 1)[0] >> 4 & 1))
     assert ("avx2" in flags) == feats["AVX2"] and ("avx512f" in flags) == feats["AVX512F"]
     assert ("avx512_vnni" in flags) == feats["AVX512VNNI"] and ("avx512_bf16" in flags) == feats["AVX512BF16"]
@@ -67,8 +76,11 @@ def test_machine_flags_are_what_this_process_can_execute():
 def test_oracle_judges_the_precision_computed_not_the_one_asked():
     """openvino-bf16 compiled to fp32 is judged with fp32's floor; it still does not vote (a variant)."""
     asked_bf16_got_fp32 = BackendInfo.make("openvino-bf16", "openvino", "fp32", requested="bf16")
-    assert (asked_bf16_got_fp32.precision, asked_bf16_got_fp32.requested,
-            asked_bf16_got_fp32.votes) == ("fp32", "bf16", False)
+    assert (asked_bf16_got_fp32.precision, asked_bf16_got_fp32.requested, asked_bf16_got_fp32.votes) == (
+        "fp32",
+        "bf16",
+        False,
+    )
     real_bf16 = BackendInfo.make("openvino-bf16", "openvino", "bf16", requested="bf16")
     assert (real_bf16.precision, real_bf16.requested, real_bf16.votes) == ("bf16", "bf16", False)
     # runs written before the requested precision was recorded: the reduced-precision table decides
@@ -96,7 +108,8 @@ def test_native_cpu_recorded_and_judged(tmp_path):
     assert got["u8s8"] == k["int8_u8s8"] and got["ov_finite"] and not got["votes"]
     assert any(n.startswith("precision: openvino-bf16") for n in got["notes"]) == (want_bf16 != "bf16")
     assert any(n.startswith("kernels: ort-int8") for n in got["notes"]) == int16_saturation_possible(
-        machine_info()["cpu_flags"])
+        machine_info()["cpu_flags"]
+    )
     # the kernel family's behaviour, not only its name: int16 pairs saturate exactly where it says so
     sat = got["saturation"]
     assert sat["fakequant"] == pytest.approx(64.0)
@@ -117,11 +130,15 @@ def _qemu_version() -> tuple[int, ...]:
 
 @pytest.mark.slow  # ~17 s; .ci/run's emulated run (-m kernels) covers this CPU on every submission
 @pytest.mark.isa_independent(EMULATES_ITSELF)
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or sys.platform != "linux",
-                    reason="emulates an x86-64 CPU in user mode: needs an x86-64 Linux host")
-@pytest.mark.skipif(_qemu_version() < (7, 2),
-                    reason="needs qemu-x86_64 >= 7.2 (Debian package qemu-user; TCG emulates AVX2 from 7.2 on) "
-                           "to emulate a CPU without AVX-512/VNNI/bf16")
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64") or sys.platform != "linux",
+    reason="emulates an x86-64 CPU in user mode: needs an x86-64 Linux host",
+)
+@pytest.mark.skipif(
+    _qemu_version() < (7, 2),
+    reason="needs qemu-x86_64 >= 7.2 (Debian package qemu-user; TCG emulates AVX2 from 7.2 on) "
+    "to emulate a CPU without AVX-512/VNNI/bf16",
+)
 def test_emulated_cpu_without_avx512_vnni_bf16(tmp_path):
     """Under an emulated EPYC-Rome: no AVX-512/VNNI/bf16 seen, OpenVINO compiles the bf16 hint to fp32 and
     the run is judged as fp32 with a note saying so; ONNX Runtime's int8 runs its AVX2 u8s8 kernels and
@@ -132,8 +149,9 @@ def test_emulated_cpu_without_avx512_vnni_bf16(tmp_path):
     assert got["ov_hint"] == "fp32" and got["ov_effective"] == "fp32" and got["ov_finite"]
     assert (got["judged_as"], got["requested"], got["votes"]) == ("fp32", "bf16", False)
     assert got["u8s8"] == "avx2"
-    assert got["notes"][0].startswith("precision: openvino-bf16 was asked for bf16 but computed in fp32 (this CPU has "
-                                      "no bf16")
+    assert got["notes"][0].startswith(
+        "precision: openvino-bf16 was asked for bf16 but computed in fp32 (this CPU has no bf16"
+    )
     assert got["notes"][1].startswith("kernels: ort-int8 ran ONNX Runtime's avx2 u8s8 kernels")
     # and they do saturate: 32 pairs of 255*127*2 clipped to 32767 (tests/emulated_cpu.py)
     assert got["saturation"]["int8"] == pytest.approx(SATURATED, rel=1e-6)
@@ -161,16 +179,28 @@ def test_backend_computing_another_precision_is_judged_and_reported_as_computed(
     for i, (cin, cout) in enumerate([(3, 8), (8, 8), (8, 4)]):
         w = (rng.normal(size=(cout, cin, 3, 3)) / np.sqrt(9 * cin)).astype(np.float32)
         inits.append(numpy_helper.from_array(w, f"w{i}"))
-        nodes += [helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]),
-                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}")]
+        nodes += [
+            helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"),
+        ]
         x = f"r{i}"
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 4, 16, 16])], inits)
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 4, 16, 16])],
+        inits,
+    )
     anchored, man = instrument_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), stages=3)
     path = tmp_path / "m.onnx"
     save_model(anchored, path)
-    store = run_model(path, ["ort", "onnx-reference", "openvino", BackendSpec("openvino", label="openvino-bf16")],
-                      "random:uniform:seed=1:n=2", tmp_path / "run", progress=False)
+    store = run_model(
+        path,
+        ["ort", "onnx-reference", "openvino", BackendSpec("openvino", label="openvino-bf16")],
+        "random:uniform:seed=1:n=2",
+        tmp_path / "run",
+        progress=False,
+    )
     st = store.statuses()["openvino-bf16"]
     assert st.status == "ok" and (st.precision, st.precision_requested) == ("fp32", "fp32")
     st.precision_requested = "bf16"  # the record of a CPU without bf16: bf16 asked, fp32 compiled
@@ -187,11 +217,15 @@ def test_backend_computing_another_precision_is_judged_and_reported_as_computed(
     # the reason is given where the run's machine record shows a CPU without bf16 instructions (the
     # note's cause then), and left out where the CPU has them (fp32 was computed for another reason)
     machine = RunStore.open(tmp_path / "run").meta["machine"]
-    why = " (this CPU has no bf16 instructions: neither avx512_bf16 nor amx_bf16)" if (
-        machine["kernels"]["bf16"] == "none") else ""
+    why = (
+        " (this CPU has no bf16 instructions: neither avx512_bf16 nor amx_bf16)"
+        if (machine["kernels"]["bf16"] == "none")
+        else ""
+    )
     assert machine["kernels"] == kernel_isa(machine["cpu_flags"])
     assert [n for n in rep.notes if n.startswith("precision: ")] == [
-        f"precision: openvino-bf16 was asked for bf16 but computed in fp32{why}; judged as fp32"]
+        f"precision: openvino-bf16 was asked for bf16 but computed in fp32{why}; judged as fp32"
+    ]
     # the reference backends were asked for what they computed: no note, no asterisk
     assert rep.verdicts["openvino"].precision_requested == "" and rep.verdicts["openvino"].votes
     text = format_text(rep)

@@ -14,27 +14,51 @@ from pathlib import Path
 
 import pytest
 
-from anpred.report.history import (DEFAULT_MARGIN, CampaignConfig, create, record_bisection, record_campaign,
-                                   task_regressions, task_trend)
+from anpred.report.history import (
+    DEFAULT_MARGIN,
+    CampaignConfig,
+    create,
+    record_bisection,
+    record_campaign,
+    task_regressions,
+    task_trend,
+)
 
 
 def _run(con, rid: int, model: str, verdicts: list[tuple], **kw) -> None:
     """One run: ``verdicts`` = ``(backend, flagged, origin_anchor, origin_stage, worst_anchor, worst, status,
     versions, culprit, culprit_op)``; ``kw``: ``inputs`` (its sha256), ``created``, ``cells`` = ``(backend,
     anchor, primary)``, ``tasks`` = ``(backend, metric, value)``, ``run_dir``, ``report``."""
-    con.execute("INSERT INTO runs (id, created, run_dir, model, model_sha256, machine, cpu, status, oracle, samples, "
-                "inputs, inputs_sha256, report) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (rid, kw.get("created", f"2026-01-01T00:00:{rid:02d}"), kw.get("run_dir") or f"/nowhere/{rid}/run",
-                 model,
-                 "", "{}", "", "consistent", "consensus", 2, "{}", kw.get("inputs", "A"), kw.get("report")))
+    con.execute(
+        "INSERT INTO runs (id, created, run_dir, model, model_sha256, machine, cpu, status, oracle, samples, "
+        "inputs, inputs_sha256, report) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        (
+            rid,
+            kw.get("created", f"2026-01-01T00:00:{rid:02d}"),
+            kw.get("run_dir") or f"/nowhere/{rid}/run",
+            model,
+            "",
+            "{}",
+            "",
+            "consistent",
+            "consensus",
+            2,
+            "{}",
+            kw.get("inputs", "A"),
+            kw.get("report"),
+        ),
+    )
     for b, fl, oa, os_, wa, wp, st, vers, cul, cop in verdicts:
-        con.execute("INSERT INTO verdicts (run_id, backend, family, precision, versions, flagged, origin_anchor, "
-                    "origin_stage, worst_anchor, worst_primary, status, culprit, culprit_op) VALUES "
-                    "(?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (rid, b, "onnxruntime", "fp32", json.dumps({"python": "3.11", **vers}), fl, oa, os_, wa, wp, st,
-                     cul, cop))
-    con.executemany("INSERT INTO cells (run_id, backend, anchor, stage, primary_stat, flagged, stats) VALUES "
-                    "(?,?,?,0,?,0,'{}')", [(rid, *c) for c in kw.get("cells", ())])
+        con.execute(
+            "INSERT INTO verdicts (run_id, backend, family, precision, versions, flagged, origin_anchor, "
+            "origin_stage, worst_anchor, worst_primary, status, culprit, culprit_op) VALUES "
+            "(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (rid, b, "onnxruntime", "fp32", json.dumps({"python": "3.11", **vers}), fl, oa, os_, wa, wp, st, cul, cop),
+        )
+    con.executemany(
+        "INSERT INTO cells (run_id, backend, anchor, stage, primary_stat, flagged, stats) VALUES (?,?,?,0,?,0,'{}')",
+        [(rid, *c) for c in kw.get("cells", ())],
+    )
     con.executemany("INSERT INTO tasks VALUES (?,?,'classify',?,?)", [(rid, *t) for t in kw.get("tasks", ())])
 
 
@@ -61,26 +85,44 @@ def test_regression_rule_is_anpred_history_s(db):
 
     con = sqlite3.connect(db)
     with con:
-        plan = [("A", [_ok()], 0.90), ("A", [_ok()], 0.85), ("A", [_flagged()], 0.845), ("B", [_flagged()], 0.2),
-                ("B", [_ok()], 0.2), ("A", [_ok()], 0.845)]
+        plan = [
+            ("A", [_ok()], 0.90),
+            ("A", [_ok()], 0.85),
+            ("A", [_flagged()], 0.845),
+            ("B", [_flagged()], 0.2),
+            ("B", [_ok()], 0.2),
+            ("A", [_ok()], 0.845),
+        ]
         for k, (ins, ver, top1) in enumerate(plan, 1):
-            _run(con, k, "m", ver, inputs=ins, created=f"2026-01-0{k}T00:00:00",
-                 cells=[("ort", "anchor/01/b", 1e-7 * k)],
-                 tasks=[("ort", "truth.top1", top1), ("ort", "unrelated_lower_is_better", 5.0 * k)])
+            _run(
+                con,
+                k,
+                "m",
+                ver,
+                inputs=ins,
+                created=f"2026-01-0{k}T00:00:00",
+                cells=[("ort", "anchor/01/b", 1e-7 * k)],
+                tasks=[("ort", "truth.top1", top1), ("ort", "unrelated_lower_is_better", 5.0 * k)],
+            )
     con.close()
     hist = collect([db])
     (s,) = hist.series
     got = [(e["point"] + 1, e["against"] + 1, e["kind"], e["what"], e["text"]) for e in s.events]
-    assert got == [(2, 1, "regression", "task", "truth.top1 0.9 -> 0.85 (-0.05 > margin 0.01)"),
-                   (3, 2, "regression", "verdict", "ok -> FLAGGED at stage 1"),
-                   (5, 4, "fix", "verdict", "FLAGGED -> ok"),
-                   (6, 3, "fix", "verdict", "FLAGGED -> ok")]
+    assert got == [
+        (2, 1, "regression", "task", "truth.top1 0.9 -> 0.85 (-0.05 > margin 0.01)"),
+        (3, 2, "regression", "verdict", "ok -> FLAGGED at stage 1"),
+        (5, 4, "fix", "verdict", "FLAGGED -> ok"),
+        (6, 3, "fix", "verdict", "FLAGGED -> ok"),
+    ]
     assert hist.margin == DEFAULT_MARGIN
     rows = task_trend(db)
     for k in range(1, 7):  # anpred history's rule on the history as it stood after run k
         theirs = {(r["run"], r["against"], r["metric"]) for r in task_regressions([r for r in rows if r.run_id <= k])}
-        ours = {(e["point"] + 1, e["against"] + 1, "truth.top1") for e in s.events if e["what"] == "task" and e["point"]
-                + 1 == k}
+        ours = {
+            (e["point"] + 1, e["against"] + 1, "truth.top1")
+            for e in s.events
+            if e["what"] == "task" and e["point"] + 1 == k
+        }
         assert ours == theirs, k
     # a wider margin: the 0.05 drop is no longer a regression
     assert [e["what"] for e in collect([db], margin=0.06).series[0].events] == ["verdict"] * 3
@@ -93,10 +135,16 @@ def test_trend_anchor_and_origin_stage(db):
 
     con = sqlite3.connect(db)
     with con:
-        _run(con, 1, "m", [_ok(wa="output/y", wp=3e-7)],
-             cells=[("ort", "anchor/02/c", 2e-7), ("ort", "output/y", 3e-7)])
-        _run(con, 2, "m", [_flagged(oa="anchor/02/c", stage=2, wp=0.3)],
-             cells=[("ort", "anchor/02/c", 0.3), ("ort", "output/y", 0.01)])
+        _run(
+            con, 1, "m", [_ok(wa="output/y", wp=3e-7)], cells=[("ort", "anchor/02/c", 2e-7), ("ort", "output/y", 3e-7)]
+        )
+        _run(
+            con,
+            2,
+            "m",
+            [_flagged(oa="anchor/02/c", stage=2, wp=0.3)],
+            cells=[("ort", "anchor/02/c", 0.3), ("ort", "output/y", 0.01)],
+        )
         _run(con, 3, "m", [_ok(wa="output/y", wp=4e-7)], cells=[("ort", "output/y", 4e-7)])
     con.close()
     (s,) = collect([db]).series
@@ -118,25 +166,59 @@ def test_campaign_order_and_bisection_first_bad(db, tmp_path):
         (reports / cid / "report.html").write_text("<html>report</html>")
     con = sqlite3.connect(db)
     with con:  # 1.21.0's configuration was judged first
-        _run(con, 1, "avgpool_net", [_flagged(vers={"onnxruntime": "1.21.0"}, cul=(None, None))],
-             created="2026-01-01T10:05", run_dir="/w/b/run")
-        _run(con, 2, "avgpool_net", [_ok(vers={"onnxruntime": "1.20.1"})], created="2026-01-01T10:09",
-             run_dir="/w/a/run")
+        _run(
+            con,
+            1,
+            "avgpool_net",
+            [_flagged(vers={"onnxruntime": "1.21.0"}, cul=(None, None))],
+            created="2026-01-01T10:05",
+            run_dir="/w/b/run",
+        )
+        _run(
+            con, 2, "avgpool_net", [_ok(vers={"onnxruntime": "1.20.1"})], created="2026-01-01T10:09", run_dir="/w/a/run"
+        )
     con.close()
     cfg = dict(label="net", backend_set="fp32", inputs="default", state="complete")
-    record_campaign(db, "nightly", tmp_path / "out", "c.toml",
-                    [{"package": "onnxruntime", "versions": ["1.20.1", "1.21.0"],
-                                                                  "backends": ["ort"]}],
-                    [CampaignConfig("a", 0, versions={"onnxruntime": "1.20.1"},
-                                    report=str(reports / "a" / "report.html"),
-                                    run_dir="/w/a/run", **cfg),
-                     CampaignConfig("b", 1, versions={"onnxruntime": "1.21.0"},
-                                    report=str(reports / "b" / "report.html"),
-                                    run_dir="/w/b/run", **cfg)])
-    record_bisection(db,
-                     {"package": "onnxruntime", "model": "net", "backend": "ort", "candidates": ["1.20.1", "1.21.0"],
-                          "first_bad": "1.21.0", "last_good": "1.20.1", "origin_stage": 1,
-                          "culprit": {"node": "avgpool", "op_type": "AveragePool"}}, "nightly", tmp_path / "bisect")
+    record_campaign(
+        db,
+        "nightly",
+        tmp_path / "out",
+        "c.toml",
+        [{"package": "onnxruntime", "versions": ["1.20.1", "1.21.0"], "backends": ["ort"]}],
+        [
+            CampaignConfig(
+                "a",
+                0,
+                versions={"onnxruntime": "1.20.1"},
+                report=str(reports / "a" / "report.html"),
+                run_dir="/w/a/run",
+                **cfg,
+            ),
+            CampaignConfig(
+                "b",
+                1,
+                versions={"onnxruntime": "1.21.0"},
+                report=str(reports / "b" / "report.html"),
+                run_dir="/w/b/run",
+                **cfg,
+            ),
+        ],
+    )
+    record_bisection(
+        db,
+        {
+            "package": "onnxruntime",
+            "model": "net",
+            "backend": "ort",
+            "candidates": ["1.20.1", "1.21.0"],
+            "first_bad": "1.21.0",
+            "last_good": "1.20.1",
+            "origin_stage": 1,
+            "culprit": {"node": "avgpool", "op_type": "AveragePool"},
+        },
+        "nightly",
+        tmp_path / "bisect",
+    )
     hist = collect([db], campaign="nightly")
     (s,) = hist.series
     assert [p.versions for p in s.points] == [{"onnxruntime": "1.20.1"}, {"onnxruntime": "1.21.0"}]
@@ -190,7 +272,8 @@ def test_migration_from_schema_2(tmp_path):
     assert {"culprit", "culprit_op"} <= {r[1] for r in con.execute("PRAGMA table_info(verdicts)")}
     assert "report" in {r[1] for r in con.execute("PRAGMA table_info(runs)")}
     assert {"campaigns", "campaign_runs", "bisections", "tasks"} <= {
-        r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")
+    }
     con.close()
     (s,) = collect([old]).series
     assert s.points[0].origin_stage == 1
@@ -232,29 +315,66 @@ def test_two_backend_sets_of_a_campaign_are_two_series(db, tmp_path):
 
     fp32 = lambda: [_ok("ort"), _ok("openvino"), _ok("onnx-reference")]  # noqa: E731
     lowp = lambda ort: [ort, _ok("openvino"), _ok("torch")]  # noqa: E731
-    plan = [("a1", "fp32", fp32()), ("b1", "lowp", lowp(_flagged("ort"))),
-            ("a2", "fp32", fp32()), ("b2", "lowp", lowp(_flagged("ort"))),
-            ("a3", "fp32", fp32()), ("b3", "lowp", lowp(_ok("ort")))]
+    plan = [
+        ("a1", "fp32", fp32()),
+        ("b1", "lowp", lowp(_flagged("ort"))),
+        ("a2", "fp32", fp32()),
+        ("b2", "lowp", lowp(_flagged("ort"))),
+        ("a3", "fp32", fp32()),
+        ("b3", "lowp", lowp(_ok("ort"))),
+    ]
     con = sqlite3.connect(db)
     with con:
         for k, (_, _, verdicts) in enumerate(plan, 1):
             _run(con, k, "net", verdicts, run_dir=f"/w/{k}/run")
     con.close()
-    record_campaign(db, "nightly", tmp_path / "out", "c.toml", [],
-                    [CampaignConfig(cid, pos, label="net", backend_set=bset, inputs="default", state="complete",
-                                    versions={"onnxruntime": "1.32.0"}, run_dir=f"/w/{pos + 1}/run")
-                     for pos, (cid, bset, _) in enumerate(plan)])
-    record_bisection(db,
-                     {"package": "onnxruntime", "model": "net", "backend": "ort", "candidates": ["1.31.0", "1.32.0"],
-                          "first_bad": "1.32.0", "last_good": "1.31.0"}, "nightly", tmp_path / "out")
+    record_campaign(
+        db,
+        "nightly",
+        tmp_path / "out",
+        "c.toml",
+        [],
+        [
+            CampaignConfig(
+                cid,
+                pos,
+                label="net",
+                backend_set=bset,
+                inputs="default",
+                state="complete",
+                versions={"onnxruntime": "1.32.0"},
+                run_dir=f"/w/{pos + 1}/run",
+            )
+            for pos, (cid, bset, _) in enumerate(plan)
+        ],
+    )
+    record_bisection(
+        db,
+        {
+            "package": "onnxruntime",
+            "model": "net",
+            "backend": "ort",
+            "candidates": ["1.31.0", "1.32.0"],
+            "first_bad": "1.32.0",
+            "last_good": "1.31.0",
+        },
+        "nightly",
+        tmp_path / "out",
+    )
     for hist in (collect([db], campaign="nightly"), collect([db])):
         # the bisection probed the model's first configuration holding ort: the fp32 set
         assert [(s.config, s.backend) for s in hist.series if s.bisections] == [("fp32", "ort")]
         # one change only: lowp's ort fixed in its last run (fp32 against lowp would alternate ok/FLAGGED)
         assert [(s.backend, e["text"]) for s in hist.series for e in s.events] == [("ort", "FLAGGED -> ok")]
         by = {(s.config, s.backend): s for s in hist.series}
-        assert sorted(by) == [("fp32", "onnx-reference"), ("fp32", "openvino"), ("fp32", "ort"),
-                              ("lowp", "openvino"), ("lowp", "ort"), ("lowp", "torch")]
+        assert sorted(by) == [
+            ("fp32", "onnx-reference"),
+            ("fp32", "openvino"),
+            ("fp32", "ort"),
+            ("lowp", "openvino"),
+            ("lowp", "ort"),
+            ("lowp", "torch"),
+        ]
         assert [p.standing for p in by[("fp32", "ort")].points] == ["ok", "ok", "ok"]
         assert [p.standing for p in by[("lowp", "ort")].points] == ["FLAGGED", "FLAGGED", "ok"]
         assert by[("fp32", "ort")].events == []

@@ -20,8 +20,9 @@ from isa_reasons import NOT_A_KERNEL_VALUE
 from dashboard_runs import net_runs
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None,
-                                reason="headless Chromium not installed (apt-get install -y chromium)")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="headless Chromium not installed (apt-get install -y chromium)"
+)
 
 
 class _Grid(HTMLParser):
@@ -92,8 +93,17 @@ class _Grid(HTMLParser):
 
 
 def _chromium(args, tmp_path):
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--enable-logging=stderr",
-           "--v=0", f"--user-data-dir={tmp_path / 'profile'}", *args]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--enable-logging=stderr",
+        "--v=0",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
 
 
@@ -132,10 +142,16 @@ def test_dashboard_renders_the_grid_marks_regressions_and_links(site, tmp_path):
     assert sorted(grid) == ["clf", "net"]
     label = {m: {b: c["label"] for b, c in row.items()} for m, row in grid.items()}
     assert label["net"]["openvino"].startswith("FLAGGED s")
-    assert {b: x.split()[0]
-            for b, x in label["net"].items()} == {"onnx-reference": "ok", "openvino": "FLAGGED", "ort": "ok"}
-    assert {b: x.split()[0]
-            for b, x in label["clf"].items()} == {"onnx-reference": "ok", "openvino": "FLAGGED", "ort": "ok"}
+    assert {b: x.split()[0] for b, x in label["net"].items()} == {
+        "onnx-reference": "ok",
+        "openvino": "FLAGGED",
+        "ort": "ok",
+    }
+    assert {b: x.split()[0] for b, x in label["clf"].items()} == {
+        "onnx-reference": "ok",
+        "openvino": "FLAGGED",
+        "ort": "ok",
+    }
     assert "Softplus" in grid["net"]["openvino"]["text"]  # the culprit operator the drill-down named
     assert "st1" in grid["net"]["openvino"]["class"] and "st0" in grid["net"]["ort"]["class"]
     # the regressions: net/openvino (verdict) and clf/ort (top-1 -0.10); nothing else marked
@@ -171,9 +187,14 @@ def test_filters_narrow_the_grid(site, tmp_path):
     appended to a copy sets the select as a user would) holds one column."""
     page = (site / "index.html").read_text()
     probe = site / "filtered.html"
-    probe.write_text(page.replace("</body>", "<script>var s=document.getElementById('f-backend');s.value='openvino';"
-                                  "s.dispatchEvent(new Event('change'));document.body.setAttribute('data-cells',"
-                                  "document.querySelectorAll('#grid td.c:not(.none)').length);</script></body>"))
+    probe.write_text(
+        page.replace(
+            "</body>",
+            "<script>var s=document.getElementById('f-backend');s.value='openvino';"
+            "s.dispatchEvent(new Event('change'));document.body.setAttribute('data-cells',"
+            "document.querySelectorAll('#grid td.c:not(.none)').length);</script></body>",
+        )
+    )
     dom = _Grid()
     dom.feed(_chromium(["--dump-dom", probe.as_uri()], tmp_path).stdout)
     assert dom.heads[1:] == ["openvino"] and dom.body.get("data-cells") == "2"
@@ -199,11 +220,22 @@ class _Cdp:
             os.dup2(a, 3)
             os.dup2(b, 4)
 
-        self.proc = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
-                                      "--remote-debugging-pipe",
-                                      "--window-size=1200,800", f"--user-data-dir={profile}", "about:blank"],
-                                     close_fds=False, preexec_fn=fds, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--remote-debugging-pipe",
+                "--window-size=1200,800",
+                f"--user-data-dir={profile}",
+                "about:blank",
+            ],
+            close_fds=False,
+            preexec_fn=fds,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.close(to_chrome)
         os.close(from_chrome)
         self._id, self._buf, self.session = 0, b"", None
@@ -271,17 +303,31 @@ def test_lazy_sparklines_and_detail_view_on_hundreds_of_cells(tmp_path):
         for rid in (1, 2):
             for m in range(12):
                 run = (rid - 1) * 12 + m + 1
-                con.execute("INSERT INTO runs (id, created, run_dir, model, status, inputs_sha256) "
-                            "VALUES (?,?,?,?,?,?)",
-                            (run, f"2026-01-0{rid}T00:00:{m:02d}", f"/nowhere/{run}/run", f"m{m:02d}", "consistent",
-                             "A"))
+                con.execute(
+                    "INSERT INTO runs (id, created, run_dir, model, status, inputs_sha256) VALUES (?,?,?,?,?,?)",
+                    (run, f"2026-01-0{rid}T00:00:{m:02d}", f"/nowhere/{run}/run", f"m{m:02d}", "consistent", "A"),
+                )
                 for b in range(40):
-                    con.execute("INSERT INTO verdicts (run_id, backend, family, precision, versions, flagged, "
-                                "worst_anchor, worst_primary, status) VALUES (?,?,?,?,?,?,?,?,?)",
-                                (run, f"b{b:02d}", "onnxruntime", "fp32", json.dumps({"onnxruntime": f"1.{rid}.0"}), 0,
-                                 "output/y", 1e-7 * rid, "consistent"))
-                    con.execute("INSERT INTO cells (run_id, backend, anchor, stage, primary_stat, flagged, stats) "
-                                "VALUES (?,?,'output/y',0,?,0,'{}')", (run, f"b{b:02d}", 1e-7 * rid * (1 + b)))
+                    con.execute(
+                        "INSERT INTO verdicts (run_id, backend, family, precision, versions, flagged, "
+                        "worst_anchor, worst_primary, status) VALUES (?,?,?,?,?,?,?,?,?)",
+                        (
+                            run,
+                            f"b{b:02d}",
+                            "onnxruntime",
+                            "fp32",
+                            json.dumps({"onnxruntime": f"1.{rid}.0"}),
+                            0,
+                            "output/y",
+                            1e-7 * rid,
+                            "consistent",
+                        ),
+                    )
+                    con.execute(
+                        "INSERT INTO cells (run_id, backend, anchor, stage, primary_stat, flagged, stats) "
+                        "VALUES (?,?,'output/y',0,?,0,'{}')",
+                        (run, f"b{b:02d}", 1e-7 * rid * (1 + b)),
+                    )
     con.close()
     assert main(["dashboard", str(db), "-o", str(tmp_path / "site")]) == 0
     cdp = _Cdp(tmp_path / "profile")
@@ -294,11 +340,14 @@ def test_lazy_sparklines_and_detail_view_on_hundreds_of_cells(tmp_path):
         # 400 drawn at once, the 80 others when in view (those already in view are drawn by now)
         assert 0 < cdp.eval("document.querySelectorAll('#grid .spw.lazy').length") <= 80
         before = cdp.eval("document.querySelectorAll('#grid .spw.lazy').length")
-        assert cdp.eval("var last = document.querySelector('#grid .spw[data-cell=\\'479\\']'); "
-                        "last.classList.contains('lazy') && !last.querySelector('svg')")
+        assert cdp.eval(
+            "var last = document.querySelector('#grid .spw[data-cell=\\'479\\']'); "
+            "last.classList.contains('lazy') && !last.querySelector('svg')"
+        )
         # scroll the grid to its far corner (m11 / b39) as a user would
-        cdp.eval("var w = document.getElementById('gridwrap'); w.scrollTop = w.scrollHeight; "
-                 "w.scrollLeft = w.scrollWidth; 0")
+        cdp.eval(
+            "var w = document.getElementById('gridwrap'); w.scrollTop = w.scrollHeight; w.scrollLeft = w.scrollWidth; 0"
+        )
         assert cdp.eval(wait % "document.querySelector('#grid .spw[data-cell=\\'479\\'] svg')") <= 600
         last = "document.querySelector('#grid .spw[data-cell=\\'479\\']')"
         assert cdp.eval(last + ".querySelectorAll('svg path.le').length") == 1  # its nRMSE line
@@ -306,8 +355,10 @@ def test_lazy_sparklines_and_detail_view_on_hundreds_of_cells(tmp_path):
         cdp.eval(last + ".click(); 0")
         assert cdp.eval("document.getElementById('detail').hidden") is False
         assert cdp.eval("document.querySelector('#detail h2').firstChild.textContent") == "m11 / b39 "
-        rows = cdp.eval("Array.from(document.querySelectorAll('#detail table.pts tbody tr'))"
-                        ".map(function (r) { return r.children[2].textContent; })")
+        rows = cdp.eval(
+            "Array.from(document.querySelectorAll('#detail table.pts tbody tr'))"
+            ".map(function (r) { return r.children[2].textContent; })"
+        )
         assert rows == ["onnxruntime 1.2.0", "onnxruntime 1.1.0"]  # its 2 runs, newest first
         assert cdp.eval("window.__anpredErrors.length") == 0
     finally:

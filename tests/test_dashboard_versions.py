@@ -23,15 +23,31 @@ def test_versions_are_the_packages_not_the_run_facts(tmp_path, capsys):
 
     model = softplus_onnx(tmp_path / "net.onnx", bias=0.0, name="net")
     db = tmp_path / "h.sqlite"
-    rc = main(["test", str(model), "--backends", "ort,openvino,onnx-reference,ort-fp16", "--stages", "3", "--samples",
-               "2", "--history", str(db), "-o", str(tmp_path / "out"), "-q"])
+    rc = main(
+        [
+            "test",
+            str(model),
+            "--backends",
+            "ort,openvino,onnx-reference,ort-fp16",
+            "--stages",
+            "3",
+            "--samples",
+            "2",
+            "--history",
+            str(db),
+            "-o",
+            str(tmp_path / "out"),
+            "-q",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err[-2000:]
     con = sqlite3.connect(db)
     raw = {b: json.loads(v) for b, v in con.execute("SELECT backend, versions FROM verdicts")}
     con.close()
     assert sorted(raw) == ["onnx-reference", "openvino", "ort", "ort-fp16"]
-    facts = {b: sorted(k for k in v if canonicalize_name(k) not in package_names() and k != "python")
-             for b, v in raw.items()}
+    facts = {
+        b: sorted(k for k in v if canonicalize_name(k) not in package_names() and k != "python") for b, v in raw.items()
+    }
     assert facts["openvino"] and facts["ort-fp16"], facts  # the rows do carry run facts
     hist = collect([db])
     got = {s.backend: s.points[-1].versions for s in hist.series}
@@ -42,5 +58,9 @@ def test_versions_are_the_packages_not_the_run_facts(tmp_path, capsys):
     assert got["ort-fp16"] == {"onnxruntime": ort}  # its fp16 model's facts left out
     # what the page offers in the library-version filter: "<package> <version>" items only
     items = {x for v in payload(hist, tmp_path, SiteOptions())["vers"] for x in v.split(" · ") if x}
-    assert items == {f"onnxruntime {ort}", f"openvino {ov}", f"onnx {metadata.version('onnx')}",
-                     f"numpy {metadata.version('numpy')}"}
+    assert items == {
+        f"onnxruntime {ort}",
+        f"openvino {ov}",
+        f"onnx {metadata.version('onnx')}",
+        f"numpy {metadata.version('numpy')}",
+    }

@@ -63,8 +63,9 @@ def test_ort_offline_optimisation_fusions_are_found_and_named(yolo_path, yolo_or
     fused = [r for r in d.regions if r.kind == "fused"]
     assert Counter(r.label for r in fused) == {"Sigmoid+Mul -> QuickGelu(com.microsoft)": n_qg}
     # every QuickGelu of B is in exactly one fused region; the one Sigmoid ORT left alone matched
-    assert sorted(x for r in fused
-                  for x in r.b_nodes) == sorted(n.name for n in b.graph.node if n.op_type == "QuickGelu")
+    assert sorted(x for r in fused for x in r.b_nodes) == sorted(
+        n.name for n in b.graph.node if n.op_type == "QuickGelu"
+    )
     assert len(d.only_a) == 2 * n_qg and sum(r.op_type == "Sigmoid" for r in d.only_a) == n_qg < n_sig_a
     assert d.matched == len(b.graph.node) - n_qg
     # all Conv nodes kept, unchanged
@@ -89,7 +90,7 @@ def test_fp16_conversion_casts_found(yolo_path):
     assert w.a.startswith("float32") and w.b.startswith("float16")
     # the max difference is the fp16 rounding of the weights: real, non-zero, below 2**-11 relative
     wa = onnx.numpy_helper.to_array(next(t for t in a.graph.initializer if t.name == a.graph.node[0].input[1]))
-    assert 0 < w.max_abs_diff <= np.abs(wa).max() * 2.0 ** -11
+    assert 0 < w.max_abs_diff <= np.abs(wa).max() * 2.0**-11
 
 
 def test_keras_vs_torch_matched_by_structure(cnn_pair):
@@ -115,8 +116,17 @@ def test_cli_graph_diff_and_bad_input(yolo_path, yolo_ort_path, tmp_path, capsys
 
     assert main(["diff", str(yolo_path), str(yolo_path)]) == 0
     assert "identical" in capsys.readouterr().out
-    rc = main(["diff", str(yolo_path), str(yolo_ort_path), "--json", str(tmp_path / "g.json"),
-               "--html", str(tmp_path / "g.html")])
+    rc = main(
+        [
+            "diff",
+            str(yolo_path),
+            str(yolo_ort_path),
+            "--json",
+            str(tmp_path / "g.json"),
+            "--html",
+            str(tmp_path / "g.html"),
+        ]
+    )
     assert rc == 1 and "QuickGelu" in capsys.readouterr().out
     assert "QuickGelu" in (tmp_path / "g.html").read_text()
     bad = tmp_path / "bad.onnx"
@@ -172,8 +182,12 @@ def test_contrib_domain_defaults_are_not_changes(yolo_path, tmp_path):
     nchwc = [n for n in b.graph.node if n.domain == "com.microsoft.nchwc"]
     assert len(nchwc) > 40
     d = diff_files(yolo_path, allopt)
-    spelled = [(m.a, c.what, c.a, c.b) for m in d.changed for c in m.changes
-               if c.kind == "attribute" and c.what in ("auto_pad", "group", "ceil_mode", "storage_order")]
+    spelled = [
+        (m.a, c.what, c.a, c.b)
+        for m in d.changed
+        for c in m.changes
+        if c.kind == "attribute" and c.what in ("auto_pad", "group", "ceil_mode", "storage_order")
+    ]
     assert spelled == []
     doms = [m for m in d.changed if any(c.kind == "domain" for c in m.changes)]
     assert len(doms) == sum(n.name in {m.b for m in doms} for n in nchwc) > 40
@@ -190,8 +204,21 @@ def test_cli_run_only_options_and_file_modes(yolo_path, yolo_ort_path, tmp_path,
         assert not (tmp_path / "n.json").exists()
     old = os.umask(0o022)
     try:
-        assert main(["diff", str(yolo_path), str(yolo_ort_path), "-q", "--json", str(tmp_path / "g.json"),
-                     "--html", str(tmp_path / "g.html")]) == 1
+        assert (
+            main(
+                [
+                    "diff",
+                    str(yolo_path),
+                    str(yolo_ort_path),
+                    "-q",
+                    "--json",
+                    str(tmp_path / "g.json"),
+                    "--html",
+                    str(tmp_path / "g.html"),
+                ]
+            )
+            == 1
+        )
     finally:
         os.umask(old)
     for f in ("g.json", "g.html"):

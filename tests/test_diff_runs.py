@@ -44,8 +44,14 @@ def anchored(yolo_path, tmp_path_factory):
 
     first = man.stages[3].first
     late = [n.name for i, n in enumerate(am.graph.node) if i >= first and n.op_type == "Conv"]
-    quantize_static(str(d / "a.onnx"), str(d / "b.onnx"), Reader(), quant_format=QuantFormat.QDQ,
-                    nodes_to_quantize=late, op_types_to_quantize=["Conv"])
+    quantize_static(
+        str(d / "a.onnx"),
+        str(d / "b.onnx"),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        nodes_to_quantize=late,
+        op_types_to_quantize=["Conv"],
+    )
     return d / "a.onnx", d / "b.onnx", man
 
 
@@ -84,8 +90,9 @@ def test_run_diff_names_first_moved_anchor(anchored, tmp_path):
     rd = diff_runs(tmp_path / "ra", tmp_path / "rb")
     # the first anchor that moved is the first one that the structural diff sees behind a Q/DQ pair
     order = {a.name: a.order for a in man.anchors}
-    quantized = sorted((order[a.anchor], a.anchor) for a in rd.graph.anchors
-                       if a.transform and a.transform.get("quantized"))
+    quantized = sorted(
+        (order[a.anchor], a.anchor) for a in rd.graph.anchors if a.transform and a.transform.get("quantized")
+    )
     assert rd.moved and rd.first_moved["anchor"] == quantized[0][1], rd.summary()
     for a in rd.anchors:
         assert a.cells, a.missing
@@ -96,8 +103,18 @@ def test_run_diff_names_first_moved_anchor(anchored, tmp_path):
     # CLI: exit 1 on a difference, JSON and HTML written
     from anpred.cli import main
 
-    rc = main(["diff", str(tmp_path / "ra"), str(tmp_path / "rb"), "--json", str(tmp_path / "d.json"),
-               "--html", str(tmp_path / "d.html"), "-q"])
+    rc = main(
+        [
+            "diff",
+            str(tmp_path / "ra"),
+            str(tmp_path / "rb"),
+            "--json",
+            str(tmp_path / "d.json"),
+            "--html",
+            str(tmp_path / "d.html"),
+            "-q",
+        ]
+    )
     assert rc == 1
     assert json.loads((tmp_path / "d.json").read_text())["first_moved"]["anchor"] == rd.first_moved["anchor"]
     assert rd.first_moved["anchor"] in (tmp_path / "d.html").read_text()
@@ -291,7 +308,8 @@ def test_run_diff_backend_pairs(anchored, fp16_runs, tmp_path):
     xa = RunStore.open(d / "ta").read_anchors("ort", c.worst_sample)[out.anchor]
     xb = RunStore.open(tmp_path / "rf").read_anchors("ort-fp16", c.worst_sample)[out.anchor]
     assert c.value == pytest.approx(error_stats(xb, xa).nrmse, rel=1e-9) and c.value > 0
-    rc = main(["diff", str(d / "ta"), str(tmp_path / "rf"), "--pair", "ort=ort-fp16", "--json",
-               str(tmp_path / "p.json")])
+    rc = main(
+        ["diff", str(d / "ta"), str(tmp_path / "rf"), "--pair", "ort=ort-fp16", "--json", str(tmp_path / "p.json")]
+    )
     assert rc in (0, 1) and json.loads((tmp_path / "p.json").read_text())["backends"] == ["ort=ort-fp16"]
     assert main(["diff", str(d / "ta"), str(tmp_path / "rf"), "--pair", "ort"]) == 2

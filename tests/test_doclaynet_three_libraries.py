@@ -73,8 +73,9 @@ def test_doclaynet_anchors_map_exactly_onto_the_eager_rebuild(doclaynet_three):
     c = rep.counts("torch-native")
     assert n >= 8, f"only {n} anchors"
     # measured: 14/14 exact
-    assert c["exact"] == n and c["unmapped"] == 0 and c["equivalent"] == 0, \
+    assert c["exact"] == n and c["unmapped"] == 0 and c["equivalent"] == 0, (
         f"torch-native mapping {c} of {n} anchors (measured 14/14 exact): {rep.format_text()}"
+    )
 
 
 def test_doclaynet_every_anchor_captured_by_all_three_libraries(doclaynet_three):
@@ -114,7 +115,9 @@ def test_doclaynet_three_libraries_agree_within_fp32_noise(doclaynet_three):
         assert set(per) == {a.name for a in man.anchors}
         msg = ", ".join(f"{k}: {v:.1e}" for k, v in per.items())
         top = max(per.values())
-        assert top < REL_TOL, (f"{b}: max relative error vs ort {top:.2e} (measured <= 6.4e-6 torch-native, "
-                               f"<= 9.6e-6 tf); per anchor: {msg}")
+        assert top < REL_TOL, (
+            f"{b}: max relative error vs ort {top:.2e} (measured <= 6.4e-6 torch-native, "
+            f"<= 9.6e-6 tf); per anchor: {msg}"
+        )
         assert top > 0.0, f"{b}: bit-identical to ort at every anchor is implausible: {msg}"
         print(f"doclaynet {b}: max relative error vs ort {top:.2e}")

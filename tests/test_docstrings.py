@@ -30,9 +30,11 @@ TOPS = ("anpred", "passes", "exporters", "models")
 
 _NUM = r"(?<![\w.-])\d+(?:\.\d+)?(?:e-?\d+)?(?:\s?(?:-|to)\s?\d+(?:\.\d+)?)?"
 # a figure preceded by one of these is a limit or a parameter the code sets, not a measurement
-_LIMIT = (r"(?i:(?<!stayed )(?<!well )(?:<=|<|at most|at least|up to|above|over|under|below|larger than|"
-          r"more than|less than|"
-          r"every|past|plus|limit|timeout|bound|cap|capped at|threshold|default)\s*(?:~|about\s+)?)")
+_LIMIT = (
+    r"(?i:(?<!stayed )(?<!well )(?:<=|<|at most|at least|up to|above|over|under|below|larger than|"
+    r"more than|less than|"
+    r"every|past|plus|limit|timeout|bound|cap|capped at|threshold|default)\s*(?:~|about\s+)?)"
+)
 _QUANTITY = {
     "time": _NUM + r"\s?(?:s|ms|us|µs|min|h|seconds?|minutes?|hours?)\b(?![-\w])",
     "memory": _NUM + r"\s?(?:GB|GiB|MB|MiB|KB|KiB|kB)\b",
@@ -41,18 +43,26 @@ _QUANTITY = {
 PATTERNS = {
     **{kind: re.compile(pattern) for kind, pattern in _QUANTITY.items()},
     # ``10 x the median`` (spaced) is a formula's factor, ``4x faster`` a measured ratio
-    "ratio": re.compile(_NUM + r"(?:x|×)\s(?:faster|slower|less|more|as|their|the)\b|"
-                        + _NUM + r"\stimes\s(?:faster|slower|as)\b"),
-    "date": re.compile(r"\b20\d\d-[01]\d(?:-[0-3]\d)?\b|"
-                       r"\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? (?:\d{1,2}, )?20\d\d\b"),
+    "ratio": re.compile(
+        _NUM + r"(?:x|×)\s(?:faster|slower|less|more|as|their|the)\b|" + _NUM + r"\stimes\s(?:faster|slower|as)\b"
+    ),
+    "date": re.compile(
+        r"\b20\d\d-[01]\d(?:-[0-3]\d)?\b|"
+        r"\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? (?:\d{1,2}, )?20\d\d\b"
+    ),
     "issue": re.compile(r"\bissues?\s\d+|(?<![\w/.-])#\d+\b", re.I),
-    "measured": re.compile(r"\bmeasur(?:ed|ement)s?\b.*?(?<![\w.])"
-                           r"(?:\d+\.\d+(?:e-?\d+)?|\d+(?:\s?-|\s?to)\s?\d+|\d+(?:\.\d+)?x)\b|"
-                           r"(?<![\w.])\d+(?:\.\d+)?x\b.*\bmeasured\b", re.I),
+    "measured": re.compile(
+        r"\bmeasur(?:ed|ement)s?\b.*?(?<![\w.])"
+        r"(?:\d+\.\d+(?:e-?\d+)?|\d+(?:\s?-|\s?to)\s?\d+|\d+(?:\.\d+)?x)\b|"
+        r"(?<![\w.])\d+(?:\.\d+)?x\b.*\bmeasured\b",
+        re.I,
+    ),
 }
 # a library's version (``ONNX Runtime 1.32``, ``MNN 3.6.1``) is no figure
-_VERSION = re.compile(r"\b\d+\.\d+\.\d+\b|\b(?:Runtime|OpenVINO|MNN|TVM|onnx|torch|PyTorch|TensorFlow|numpy|ncnn|pnnx|"
-                      r"onnx2tf|onnx2torch|onnxsim|LiteRT|ExecuTorch|onnxconverter-common|opset)\s\d+(?:\.\d+)?\b")
+_VERSION = re.compile(
+    r"\b\d+\.\d+\.\d+\b|\b(?:Runtime|OpenVINO|MNN|TVM|onnx|torch|PyTorch|TensorFlow|numpy|ncnn|pnnx|"
+    r"onnx2tf|onnx2torch|onnxsim|LiteRT|ExecuTorch|onnxconverter-common|opset)\s\d+(?:\.\d+)?\b"
+)
 # an inline literal (``#1``, ``"6.0 GiB"``, an example of a report line) is what the code writes, and a
 # pointer to docs/ (``docs/run.md, 'Measurements: page faults'``) is where the figure went: neither is one
 _LITERAL = re.compile(r"``.*?``|docs/[\w./-]+\.md(?:[,:]?\s*(?:'[^']*'|\"[^\"]*\"))?")
@@ -60,18 +70,26 @@ _LIMITED = re.compile(_LIMIT + r"(?:" + "|".join(_QUANTITY.values()) + r")")
 
 #: (path, text the line contains) -> why the figure stays in the code
 ALLOWED: dict[tuple[str, str], str] = {
-    ("anpred/campaign/spec.py", "2 GiB, about 3x the largest peak RSS"):
-        "the default and its margin over the measured peak, whose figure is in docs/campaigns.md",
+    (
+        "anpred/campaign/spec.py",
+        "2 GiB, about 3x the largest peak RSS",
+    ): "the default and its margin over the measured peak, whose figure is in docs/campaigns.md",
     ("anpred/dashboard/site.py", "(1 % resolution"): "the resolution of the encoding's formula",
     ("anpred/defaults.py", "a tail of 1 % of the elements is seen"): "what the default quantile 0.99 means",
     ("anpred/inputs/__init__.py", "random crop of 50-100 %"): "a parameter of the seeded augmentation",
-    ("anpred/judge/positions.py", "0.5 MB per anchor otherwise"):
-        "65,536 int64 positions: the size the line saves, its reason, by arithmetic",
+    (
+        "anpred/judge/positions.py",
+        "0.5 MB per anchor otherwise",
+    ): "65,536 int64 positions: the size the line saves, its reason, by arithmetic",
     ("anpred/pipeline/stream.py", "(all backends together): 1 GiB"): "the default's value, with its reason",
-    ("anpred/pipeline/stream.py", "no 30 s wait per worker"):
-        "the pool's own time limit (anpred.run.pool) the line skips",
-    ("anpred/run/jobs.py", "A fixed 256 MiB mmap threshold and a 1 GiB trim threshold"):
-        "the settings the code makes (WORKER_MALLOC_TUNABLES)",
+    (
+        "anpred/pipeline/stream.py",
+        "no 30 s wait per worker",
+    ): "the pool's own time limit (anpred.run.pool) the line skips",
+    (
+        "anpred/run/jobs.py",
+        "A fixed 256 MiB mmap threshold and a 1 GiB trim threshold",
+    ): "the settings the code makes (WORKER_MALLOC_TUNABLES)",
     ("anpred/run/streaming.py", "512 KiB of float64"): "the constant's size, by arithmetic, and why it is that size",
     ("models/documents.py", "margins 8 % of the width"): "a parameter of the synthetic page generator",
     ("models/documents.py", "(12 % instead of 20 % of the height)"): "a parameter of the synthetic page generator",
@@ -84,7 +102,7 @@ ALLOWED: dict[tuple[str, str], str] = {
 #: files other helpers are splitting while this finder was written (issue 36, issue 34, issue 37): their
 #: passages move when they are merged; a listed file that has none left fails test_pending_is_current
 PENDING: dict[str, str] = {
-    "anpred/backends/ncnn_pnnx.py": "being split by issue 36's module split (its Winograd figure moves then)",
+    "anpred/backends/ncnn_pnnx.py": "being split by issue 36's module split (its Winograd figure moves then)"
 }
 
 
@@ -112,7 +130,7 @@ def _blocks(path: Path) -> list[tuple[int, str]]:
     out = []
     for node in ast.walk(ast.parse(src)):
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            out.append((node.lineno, "\n".join(lines[node.lineno - 1:node.end_lineno])))
+            out.append((node.lineno, "\n".join(lines[node.lineno - 1 : node.end_lineno])))
     last = -1
     for t in tokenize.generate_tokens(io.StringIO(src).readline):
         if t.type == tokenize.COMMENT:
@@ -156,23 +174,41 @@ def _allowed(rel: str, text: str) -> bool:
 
 
 def test_detector_finds_measurements_and_not_limits():
-    for text in ("took 2.5 s per call", "0.63 GiB: tf on PP-OCRv4 rec", "median 0.46 %, max 2.0 %",
-                 "about 4x faster than decoding", "Measured: clean fp32 backends reach at most 2.1x their peers'",
-                 "(measured: 0.26 to 0.83 on", "on 2026-12-07", "a regression (issue 12)", "fixed in #31",
-                 "buffered writes cost 25 ms against 33 ms"):
+    for text in (
+        "took 2.5 s per call",
+        "0.63 GiB: tf on PP-OCRv4 rec",
+        "median 0.46 %, max 2.0 %",
+        "about 4x faster than decoding",
+        "Measured: clean fp32 backends reach at most 2.1x their peers'",
+        "(measured: 0.26 to 0.83 on",
+        "on 2026-12-07",
+        "a regression (issue 12)",
+        "fixed in #31",
+        "buffered writes cost 25 ms against 33 ms",
+    ):
         assert passages_in(text), text
-    for text in ("in seconds", "shape (1, 3, 640, 640), float32", "at most 32 MiB", "wait up to 30 s",
-                 "polls every 0.5 s", "a model over 2 GB must use external data", "microsoft/onnxruntime#18576",
-                 "measured on the run: the median of the population", "ONNX Runtime 1.32, measured against float64",
-                 "(docs/run.md, 'Measurements: page faults')"):
+    for text in (
+        "in seconds",
+        "shape (1, 3, 640, 640), float32",
+        "at most 32 MiB",
+        "wait up to 30 s",
+        "polls every 0.5 s",
+        "a model over 2 GB must use external data",
+        "microsoft/onnxruntime#18576",
+        "measured on the run: the median of the population",
+        "ONNX Runtime 1.32, measured against float64",
+        "(docs/run.md, 'Measurements: page faults')",
+    ):
         assert not passages_in(text), text
 
 
 def test_no_measurement_passages():
-    left = [f"{rel}:{n} [{', '.join(kinds)}] {text}" for rel, n, kinds, text in find_passages()
-            if not _allowed(rel, text)]
-    assert not left, ("measurements belong in docs/ (a page's 'Measurements' section), the code keeps a pointer:\n"
-                      + "\n".join(left))
+    left = [
+        f"{rel}:{n} [{', '.join(kinds)}] {text}" for rel, n, kinds, text in find_passages() if not _allowed(rel, text)
+    ]
+    assert not left, (
+        "measurements belong in docs/ (a page's 'Measurements' section), the code keeps a pointer:\n" + "\n".join(left)
+    )
 
 
 def test_allowed_and_pending_are_current():
@@ -194,8 +230,9 @@ def pointers_in(text: str, docs: Path) -> list[str]:
     for m in _POINTER.finditer(text):
         page = docs / m.group(1)
         title = m.group(2) or m.group(3)
-        heads = [ln.lower() for ln in page.read_text().splitlines() if ln.startswith(("#", "**"))] \
-            if page.exists() else []
+        heads = (
+            [ln.lower() for ln in page.read_text().splitlines() if ln.startswith(("#", "**"))] if page.exists() else []
+        )
         if not all(any(part.strip().lower() in h for h in heads) for part in title.split(": ")):
             broken.append(m.group(0))
     return broken

@@ -92,8 +92,9 @@ def test_softplus_culprit_in_a_coarse_stage(softplus_drill, tmp_path):
     # OpenVINO only (one re-run: the Python API's is the same pipeline, in tests/test_drill.py's slow cases)
     readme = (repro / "README.md").read_text()
     cmd = next(line.strip() for line in readme.splitlines() if line.strip().startswith("anpred test "))
-    p = subprocess.run([sys.executable, "-m", "anpred", *cmd.split()[1:]], cwd=repro, capture_output=True,
-                       text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "anpred", *cmd.split()[1:]], cwd=repro, capture_output=True, text=True, timeout=600
+    )
     assert p.returncode == 1 and "FLAGGED" in p.stdout, (p.returncode, p.stdout[-1500:], p.stderr[-1500:])
     out = Path(cmd.split("-o ", 1)[1].split()[0])
     verdicts = json.loads((repro / out / "report.json").read_text())["verdicts"]
@@ -151,8 +152,12 @@ def test_clean_run_has_no_culprit_and_local_error_at_noise(tmp_path):
 def test_cli_check_drill_writes_culprit(softplus_drill, tmp_path):
     run, _, _, _ = softplus_drill
     out = tmp_path / "r.json"
-    p = subprocess.run([sys.executable, "-m", "anpred", "check", str(run), "--drill", "--json", str(out)],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "anpred", "check", str(run), "--drill", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 1, p.stderr[-2000:]
     assert "culprit openvino: Softplus 'softplus'" in p.stdout
     d = json.loads(out.read_text())
@@ -177,17 +182,34 @@ def _if_softplus_cnn():
 
     def branch(name, shift):
         k = nh.from_array(np.array(shift, np.float32), f"{name}.k")
-        return h.make_graph([h.make_node("Sub", ["t0", k.name], [f"{name}.s"], name=f"{name}.sub"),
-                             h.make_node("Softplus", [f"{name}.s"], [f"{name}.o"], name=f"{name}.softplus")],
-                            name, [], [h.make_tensor_value_info(f"{name}.o", T.FLOAT, [1, 8, 16, 16])], [k])
+        return h.make_graph(
+            [
+                h.make_node("Sub", ["t0", k.name], [f"{name}.s"], name=f"{name}.sub"),
+                h.make_node("Softplus", [f"{name}.s"], [f"{name}.o"], name=f"{name}.softplus"),
+            ],
+            name,
+            [],
+            [h.make_tensor_value_info(f"{name}.o", T.FLOAT, [1, 8, 16, 16])],
+            [k],
+        )
 
     lim = nh.from_array(np.array(-1e9, np.float32), "lim")
-    nodes = [c0, h.make_node("ReduceMean", ["t0"], ["m"], name="mean", keepdims=0),
-             h.make_node("Greater", ["m", "lim"], ["cond"], name="gt"),
-             h.make_node("If", ["cond"], ["sp"], name="branchy", then_branch=branch("then", 15.0),
-                         else_branch=branch("else", 16.0)), c1]
-    g = h.make_graph(nodes, "if_softplus", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 16, 16])], i0 + i1 + [lim])
+    nodes = [
+        c0,
+        h.make_node("ReduceMean", ["t0"], ["m"], name="mean", keepdims=0),
+        h.make_node("Greater", ["m", "lim"], ["cond"], name="gt"),
+        h.make_node(
+            "If", ["cond"], ["sp"], name="branchy", then_branch=branch("then", 15.0), else_branch=branch("else", 16.0)
+        ),
+        c1,
+    ]
+    g = h.make_graph(
+        nodes,
+        "if_softplus",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 16, 16])],
+        i0 + i1 + [lim],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.checker.check_model(m)
@@ -219,8 +241,9 @@ def test_anpred_test_drill_writes_repro_in_the_report_folder(tmp_path):
     from pipeline_factories import softplus_onnx
 
     out = tmp_path / "report"
-    res = anpred.test(str(softplus_onnx(tmp_path / "m.onnx")), out=out, backends=BACKENDS, samples=2, stages=2,
-                      quiet=True, drill=True)
+    res = anpred.test(
+        str(softplus_onnx(tmp_path / "m.onnx")), out=out, backends=BACKENDS, samples=2, stages=2, quiet=True, drill=True
+    )
     c = res.report.verdicts["openvino"].culprit
     assert c["node"] == "softplus" and c["reproduced"]
     assert Path(c["repro"]) == out / "drill" / "repro" / "openvino" and (Path(c["repro"]) / "model.onnx").is_file()
@@ -247,13 +270,22 @@ def test_bisection_follows_the_ancestors_on_a_branching_stage(tmp_path):
 
     rng = np.random.default_rng(0)
     c1, i1 = _conv("c1", "x", "a0", 3, 3, rng, bias=-15.0, scale=0.3)
-    nodes = [c1, h.make_node("Softplus", ["a0"], ["a1"], name="A1_softplus"),
-             h.make_node("Relu", ["x"], ["b1"], name="B1"), h.make_node("Neg", ["b1"], ["b2"], name="B2"),
-             h.make_node("Abs", ["b2"], ["b3"], name="B3"), h.make_node("Mul", ["a1", "big"], ["a2"], name="A2_mul"),
-             h.make_node("Add", ["a2", "b3"], ["y"], name="J")]
-    g = h.make_graph(nodes, "branchy", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 3, 16, 16])],
-                     i1 + [nh.from_array(np.array(1e6, np.float32), "big")])
+    nodes = [
+        c1,
+        h.make_node("Softplus", ["a0"], ["a1"], name="A1_softplus"),
+        h.make_node("Relu", ["x"], ["b1"], name="B1"),
+        h.make_node("Neg", ["b1"], ["b2"], name="B2"),
+        h.make_node("Abs", ["b2"], ["b3"], name="B3"),
+        h.make_node("Mul", ["a1", "big"], ["a2"], name="A2_mul"),
+        h.make_node("Add", ["a2", "b3"], ["y"], name="J"),
+    ]
+    g = h.make_graph(
+        nodes,
+        "branchy",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 3, 16, 16])],
+        i1 + [nh.from_array(np.array(1e6, np.float32), "big")],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     am, man = instrument_model(m, stages=1)
@@ -268,6 +300,10 @@ def test_bisection_follows_the_ancestors_on_a_branching_stage(tmp_path):
 
 def test_drill_refuses_the_threshold_oracle(softplus_drill):
     run, _, _, _ = softplus_drill
-    p = subprocess.run([sys.executable, "-m", "anpred", "check", str(run), "--drill", "--oracle", "threshold"],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "anpred", "check", str(run), "--drill", "--oracle", "threshold"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2 and "--drill needs the consensus oracle" in p.stderr

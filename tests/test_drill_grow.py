@@ -30,12 +30,16 @@ def cast_pair_cnn():
     """conv -> relu -> conv (bias 3000: values where float16's step is 2) -> Cast(float16) ``mid.cast16``
     -> Cast(float32) ``mid.cast32`` -> conv -> relu -> conv; 2 stages, the first ending at the pair."""
     rng = np.random.default_rng(5)
-    chain = [_conv("c0", "x", "t0", 3, 8, rng), (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
-             _conv("c1", "r0", "t1", 8, 8, rng, bias=3000.0, scale=0.3),
-             (h.make_node("Cast", ["t1"], ["h16"], name="mid.cast16", to=T.FLOAT16), []),
-             (h.make_node("Cast", ["h16"], ["h32"], name="mid.cast32", to=T.FLOAT), []),
-             _conv("c2", "h32", "t2", 8, 8, rng), (h.make_node("Relu", ["t2"], ["r2"], name="relu2"), []),
-             _conv("c3", "r2", "y", 8, 4, rng)]
+    chain = [
+        _conv("c0", "x", "t0", 3, 8, rng),
+        (h.make_node("Relu", ["t0"], ["r0"], name="relu0"), []),
+        _conv("c1", "r0", "t1", 8, 8, rng, bias=3000.0, scale=0.3),
+        (h.make_node("Cast", ["t1"], ["h16"], name="mid.cast16", to=T.FLOAT16), []),
+        (h.make_node("Cast", ["h16"], ["h32"], name="mid.cast32", to=T.FLOAT), []),
+        _conv("c2", "h32", "t2", 8, 8, rng),
+        (h.make_node("Relu", ["t2"], ["r2"], name="relu2"), []),
+        _conv("c3", "r2", "y", 8, 4, rng),
+    ]
     am, _ = _model("cast_pair_cnn", chain, [1, 3, 16, 16], [1, 4, 16, 16], 7)
     return instrument_model(am, stages=2)
 
@@ -84,18 +88,24 @@ def _chain_model(ops):
         nodes.append(h.make_node(op, [prev], [f"v{i}"], name=f"n{i}"))
         prev = f"v{i}"
     nodes.append(h.make_node("Neg", ["v1"], ["side"], name="side"))
-    g = h.make_graph(nodes, "chain", [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
-                     [h.make_tensor_value_info(prev, T.FLOAT, [2, 3]),
-                      h.make_tensor_value_info("side", T.FLOAT, [2, 3])])
+    g = h.make_graph(
+        nodes,
+        "chain",
+        [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+        [h.make_tensor_value_info(prev, T.FLOAT, [2, 3]), h.make_tensor_value_info("side", T.FLOAT, [2, 3])],
+    )
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize("needed,kept,runs", [
-    ({"n2", "n3"}, {"n2", "n3"}, 2),  # ring 1 reproduces; without n1 too; without n3 is the culprit alone
-    ({"n1", "n2"}, {"n1", "n2"}, 3),
-    ({"n1", "n3"}, {"n1", "n2", "n3"}, 3),  # the culprit stays, with both neighbours
-    ({"n0", "n1", "n2"}, {"n0", "n1", "n2"}, 6),  # ring 2, then its far operators dropped one by one
-])
+@pytest.mark.parametrize(
+    "needed,kept,runs",
+    [
+        ({"n2", "n3"}, {"n2", "n3"}, 2),  # ring 1 reproduces; without n1 too; without n3 is the culprit alone
+        ({"n1", "n2"}, {"n1", "n2"}, 3),
+        ({"n1", "n3"}, {"n1", "n2", "n3"}, 3),  # the culprit stays, with both neighbours
+        ({"n0", "n1", "n2"}, {"n0", "n1", "n2"}, 6),  # ring 2, then its far operators dropped one by one
+    ],
+)
 def test_growth_rings_and_minimising(needed, kept, runs):
     """The growth and minimising steps on a chain n0..n4 with a side branch off n1, the culprit n2: a
     subgraph 'reproduces' when it holds the operators ``needed`` (the rule a runtime would apply is

@@ -30,8 +30,11 @@ def reduced(tmp_path_factory, yolov8n_onnx):
     setup = ev.prepare_model("yolov8n", work, imgsz=320, n_real=1, n_random=1, lowp=())
     clean = ev.clean_summary(setup)
     null = ev.run_configuration(setup, clean, None, None, None, work / "configs")
-    faulty = [ev.run_configuration(setup, clean, k, s, m, work / "configs", keep=(k, s) == ("round", 1))
-              for k, m in KINDS for s in STAGES]
+    faulty = [
+        ev.run_configuration(setup, clean, k, s, m, work / "configs", keep=(k, s) == ("round", 1))
+        for k, m in KINDS
+        for s in STAGES
+    ]
     return setup, clean, null, faulty, work
 
 
@@ -134,13 +137,26 @@ def test_bad_stage_rejected_before_any_clean_run(tmp_path, yolov8n_onnx):
     assert not work.exists()  # nothing written, no backend ran
 
 
-@pytest.mark.parametrize("kind,m,ok", [("round", 40, False), ("round", 8.5, False), ("round", 11, True),
-                                       ("approx-sigmoid", 5, False), ("approx-sigmoid", 0, False),
-                                       ("approx-sigmoid", 1e-4, True), ("norm-epsilon", 0, False),
-                                       ("norm-epsilon", 1, False), ("norm-epsilon", 1000, True),
-                                       ("weight-ulp", 0, False), ("weight-ulp", 2.5, False), ("weight-ulp", 256, True),
-                                       ("rounding-mode", 3, False), ("padding-same", 1, True),
-                                       ("round", float("nan"), False)])
+@pytest.mark.parametrize(
+    "kind,m,ok",
+    [
+        ("round", 40, False),
+        ("round", 8.5, False),
+        ("round", 11, True),
+        ("approx-sigmoid", 5, False),
+        ("approx-sigmoid", 0, False),
+        ("approx-sigmoid", 1e-4, True),
+        ("norm-epsilon", 0, False),
+        ("norm-epsilon", 1, False),
+        ("norm-epsilon", 1000, True),
+        ("weight-ulp", 0, False),
+        ("weight-ulp", 2.5, False),
+        ("weight-ulp", 256, True),
+        ("rounding-mode", 3, False),
+        ("padding-same", 1, True),
+        ("round", float("nan"), False),
+    ],
+)
 def test_magnitude_ranges(kind, m, ok):
     assert (ev.magnitude_problem(kind, m) is None) == ok
 
@@ -166,7 +182,8 @@ def _oracle_eval_module():
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
-        "oracle_eval", Path(__file__).resolve().parent.parent / "benchmarks" / "oracle_eval.py")
+        "oracle_eval", Path(__file__).resolve().parent.parent / "benchmarks" / "oracle_eval.py"
+    )
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)
     return cli
@@ -182,8 +199,16 @@ def test_outputs_tables_and_plots_are_written(reduced, tmp_path):
     cli = _oracle_eval_module()
     setup, clean, null, faulty, _ = reduced
     args = argparse.Namespace(models="yolov8n", imgsz=320, seed=0)
-    payload = cli.write_outputs(args, tmp_path, [null, *faulty], {"yolov8n": clean}, {"yolov8n": setup},
-                                {"yolov8n": {"configs": 1 + len(faulty)}}, 0.0, plots_=True)
+    payload = cli.write_outputs(
+        args,
+        tmp_path,
+        [null, *faulty],
+        {"yolov8n": clean},
+        {"yolov8n": setup},
+        {"yolov8n": {"configs": 1 + len(faulty)}},
+        0.0,
+        plots_=True,
+    )
     got = json.loads((tmp_path / "results.json").read_text())
     # faulty ones
     assert got["summary"]["yolov8n"]["configs"] == payload["summary"]["yolov8n"]["configs"] == len(faulty)
@@ -273,14 +298,23 @@ def test_round_op_rounding_mode_differs_exactly_from_injection_stage():
             w = rng.normal(0, 0.3, (4, cin, 3, 3)).astype(np.float32)
         inits.append(numpy_helper.from_array(w, f"w{i}"))
         if i == 6:
-            nodes += [h.make_node("Mul", [prev, "two"], ["m3"], name="mul3"),
-                      h.make_node("Round", ["m3"], ["q3"], name="round3")]
+            nodes += [
+                h.make_node("Mul", [prev, "two"], ["m3"], name="mul3"),
+                h.make_node("Round", ["m3"], ["q3"], name="round3"),
+            ]
             prev = "q3"
-        nodes += [h.make_node("Conv", [prev, f"w{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]),
-                  h.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"act{i}")]
+        nodes += [
+            h.make_node("Conv", [prev, f"w{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]),
+            h.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"act{i}"),
+        ]
         prev = f"r{i}"
-    g = h.make_graph(nodes, "roundnet", [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 16, 16])],
-                     [h.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 4, 16, 16])], inits)
+    g = h.make_graph(
+        nodes,
+        "roundnet",
+        [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 16, 16])],
+        [h.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 4, 16, 16])],
+        inits,
+    )
     proto = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
     onnx.checker.check_model(proto)
     model, man = instrument_model(proto, stages=3, max_cut_width=1)
@@ -290,5 +324,7 @@ def test_round_op_rounding_mode_differs_exactly_from_injection_stage():
     assert len({a.stage for a in man.anchors}) >= 3
     x = (rng.integers(-8, 9, (1, 1, 16, 16)) / 4).astype(np.float32)  # 2x: ties at every odd quarter
     up, down = _assert_differs_exactly_from(model, man, variant, truth, {"x": x})
-    assert truth.stage > 0 and up, ("the Round node should not sit in the first stage (nothing upstream tested): "
-                                    f"{man.stages} {[(a.name, a.stage) for a in man.anchors]}")
+    assert truth.stage > 0 and up, (
+        "the Round node should not sit in the first stage (nothing upstream tested): "
+        f"{man.stages} {[(a.name, a.stage) for a in man.anchors]}"
+    )

@@ -36,8 +36,20 @@ def _run(root, key="executorch"):
     of both origins, the PT2E int8 population and the ONNX QDQ int8 members (about 80 s on 2 cores);
     ``executorch-fp16``: ort, torch, openvino and the fp16 members."""
     backends = ["ort", "torch"] + FP32 + INT8 + QDQ if key == "executorch" else ["ort", "torch", "openvino"] + FP16
-    rc, out, err, folder = pf.cli_run(key, root, ["pipeline_factories:small_cnn", "--backends", ",".join(backends),
-                                                  "--stages", "4", "--samples", "3", "--allow-incomplete"])
+    rc, out, err, folder = pf.cli_run(
+        key,
+        root,
+        [
+            "pipeline_factories:small_cnn",
+            "--backends",
+            ",".join(backends),
+            "--stages",
+            "4",
+            "--samples",
+            "3",
+            "--allow-incomplete",
+        ],
+    )
     statuses = json.loads((folder / "run" / "run.json").read_text())["backends"]
     return rc, out, err, json.loads((folder / "report.json").read_text()), statuses
 
@@ -79,8 +91,10 @@ def test_fp32_backends_of_both_origins_vote_and_record_what_ran_where(root):
     # the report says so, one note per ExecuTorch backend (not only a string in run.json's versions)
     notes = [n for n in rep["notes"] if n.startswith("observer effect: ")]
     assert not set(FP32) - {n.split(":")[1].strip() for n in notes}
-    assert "observer effect: executorch-xnnpack: 1 delegate partition(s) with the anchors' extra outputs, 1 without; " \
+    assert (
+        "observer effect: executorch-xnnpack: 1 delegate partition(s) with the anchors' extra outputs, 1 without; "
         "the model's outputs bit-identical with and without them" in notes
+    )
 
 
 @pytest.mark.slow  # the same ~80 s run as the test above
@@ -114,8 +128,10 @@ def test_pt2e_and_qdq_int8_members_form_separate_populations(root):
     implementation verdicts at 0.90 of their threshold (2.2e-2 nRMSE from it where the two QDQ members
     are bit-identical at 3 of 4 anchors)."""
     _, _, _, rep, st = _run(root)
-    keys = {f"int8 ({kind}:{st[b]['versions'][kind + '_sha256'][:12]})"
-            for b, kind in [(INT8[0], "pt2e_program"), (QDQ[0], "int8_model")]}
+    keys = {
+        f"int8 ({kind}:{st[b]['versions'][kind + '_sha256'][:12]})"
+        for b, kind in [(INT8[0], "pt2e_program"), (QDQ[0], "int8_model")]
+    }
     assert set(rep["populations"]) == keys
     for members in (INT8, QDQ):
         key = next(k for k in keys if ("pt2e" in k) == (members is INT8))
@@ -133,8 +149,11 @@ def test_pt2e_and_qdq_int8_members_form_separate_populations(root):
                 assert not [o for o in INT8 + QDQ if o in peers and o not in members], (b, c["basis"])
         # both verdicts in the steps (scales) of the program the member ran, not the other program's
         for cells in (rep["cells"], rep["population_cells"][key]):
-            got = [(c["backend"], c["anchor"], c["units"]["size"]) for c in cells
-                   if c["backend"] in members and (c.get("units") or {}).get("unit") == "int8 step"]
+            got = [
+                (c["backend"], c["anchor"], c["units"]["size"])
+                for c in cells
+                if c["backend"] in members and (c.get("units") or {}).get("unit") == "int8 step"
+            ]
             assert got and all(q == st[b]["quant_steps"][a] for b, a, q in got), got
     assert any(n.startswith("int8: the run holds 2 different int8 programs") for n in rep["notes"])
     assert not any(n.startswith("int8 quantization steps differ") for n in rep["notes"])
@@ -165,8 +184,11 @@ def _reshape_by_input(path):
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])]
     m = helper.make_model(helper.make_graph(nodes, "g", [x, s], [y]), opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(m, str(path))
-    np.savez(path.with_suffix(".npz"), x=np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 6),
-             s=np.array([3, 4], dtype=np.int64))
+    np.savez(
+        path.with_suffix(".npz"),
+        x=np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 6),
+        s=np.array([3, 4], dtype=np.int64),
+    )
 
 
 def test_a_model_torch_export_cannot_capture_is_unsupported_and_the_run_goes_on(tmp_path):
@@ -181,8 +203,9 @@ def test_a_model_torch_export_cannot_capture_is_unsupported_and_the_run_goes_on(
     assert isinstance(manifest, AnchorManifest)
     with pytest.raises(BackendError, match=r"torch\.export cannot capture .*\(unsupported\): RuntimeError: "):
         backend_class("executorch-xnnpack")({"observer": False}).prepare(tmp_path / "a.onnx", manifest, tmp_path / "w")
-    run_model(tmp_path / "a.onnx", ["ort", "torch", "executorch"], str(tmp_path / "m.npz"), tmp_path / "run",
-              progress=False)
+    run_model(
+        tmp_path / "a.onnx", ["ort", "torch", "executorch"], str(tmp_path / "m.npz"), tmp_path / "run", progress=False
+    )
     st = json.loads((tmp_path / "run" / "run.json").read_text())["backends"]
     assert st["executorch"]["status"] == "unsupported"
     assert "torch.export cannot capture" in st["executorch"]["reason"]
@@ -253,10 +276,17 @@ def test_a_cached_quantized_program_runs_in_a_fresh_process(tmp_path):
     np.save(tmp_path / "x.npy", x.numpy())
     out = q.module()(x)
     want = (out[0] if isinstance(out, (tuple, list)) else out).detach().numpy()
-    code = ("import sys, numpy as np; from anpred.backends.executorch_lower import EtProgram; "
-            "out = EtProgram(sys.argv[1]).run([np.load(sys.argv[2])]); np.save(sys.argv[3], out[0])")
-    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "q.pte"), str(tmp_path / "x.npy"),
-                        str(tmp_path / "y.npy")], capture_output=True, text=True, timeout=300, check=False)
+    code = (
+        "import sys, numpy as np; from anpred.backends.executorch_lower import EtProgram; "
+        "out = EtProgram(sys.argv[1]).run([np.load(sys.argv[2])]); np.save(sys.argv[3], out[0])"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "q.pte"), str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     got = np.load(tmp_path / "y.npy")
     # ExecuTorch's quantize/dequantize around its portable convolution: the fake-quantized program's
@@ -277,10 +307,13 @@ def test_an_empty_initializer_is_serialized(tmp_path):
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 6, 6])
     roi = helper.make_tensor("roi", TensorProto.FLOAT, [0], [])
     scales = helper.make_tensor("scales", TensorProto.FLOAT, [4], [1.0, 1.0, 2.0, 2.0])
-    nodes = [helper.make_node("Relu", ["x"], ["r"]),
-             helper.make_node("Resize", ["r", "roi", "scales"], ["y"], mode="nearest")]
-    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [roi, scales]),
-                          opset_imports=[helper.make_opsetid("", 17)])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Resize", ["r", "roi", "scales"], ["y"], mode="nearest"),
+    ]
+    m = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], [roi, scales]), opset_imports=[helper.make_opsetid("", 17)]
+    )
     onnx.save(m, str(tmp_path / "m.onnx"))
     manifest = instrument_file(tmp_path / "m.onnx", tmp_path / "a.onnx", stages=1)
     b = backend_class("executorch-xnnpack")({"observer": False})

@@ -18,8 +18,9 @@ def small_torch(seed: int = 0):
     import torch
 
     torch.manual_seed(seed)
-    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.SiLU(),
-                            torch.nn.Conv2d(8, 4, 1))
+    m = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.SiLU(), torch.nn.Conv2d(8, 4, 1)
+    )
     with torch.no_grad():
         m[1].running_mean.uniform_(-0.2, 0.2)
         m[1].running_var.uniform_(0.5, 1.5)
@@ -72,14 +73,24 @@ def test_export_torch_matches_eager_and_records_origin(tmp_path, dynamo):
     from exporters.torch_export import export_torch
 
     m, ex = small_torch()
-    r = export_torch(m, ex, tmp_path / "m.onnx", dynamo=dynamo, factory="test_exporters:small_torch",
-                     factory_kwargs={"seed": 0})
+    r = export_torch(
+        m, ex, tmp_path / "m.onnx", dynamo=dynamo, factory="test_exporters:small_torch", factory_kwargs={"seed": 0}
+    )
     assert r.framework == "torch" and r.exporter.endswith("dynamo" if dynamo else "torchscript")
     assert r.opset == (20 if dynamo else 17) and r.versions["torch"].startswith("2.")
     model = onnx.load(str(r.path))
     assert not list(tmp_path.glob("*.data"))  # weights inside the file
-    assert read_origin(model) == r.origin == {"framework": "torch", "exporter": r.exporter, "opset": r.opset,
-                                              "factory": "test_exporters:small_torch", "kwargs": {"seed": 0}}
+    assert (
+        read_origin(model)
+        == r.origin
+        == {
+            "framework": "torch",
+            "exporter": r.exporter,
+            "opset": r.opset,
+            "factory": "test_exporters:small_torch",
+            "kwargs": {"seed": 0},
+        }
+    )
     (got,) = ort_outputs(r.path, {model.graph.input[0].name: ex[0].numpy()}, quiet=True).values()
     with torch.no_grad():
         want = m(*ex).numpy()
@@ -236,8 +247,11 @@ def test_export_keras_unsupported_op_names_layer_and_op(tmp_path):
 def test_factory_that_raises_is_one_clear_error(tmp_path, capsys):
     from anpred.cli import main
 
-    with pytest.raises(ExportError, match=r"factory 'test_exporters:raising_factory' raised ValueError .*"
-                                          r"no weights for size 3") as info:
+    with pytest.raises(
+        ExportError,
+        match=r"factory 'test_exporters:raising_factory' raised ValueError .*"
+        r"no weights for size 3",
+    ) as info:
         load_factory("test_exporters:raising_factory", {"size": 3})
     assert isinstance(info.value.__cause__, ValueError)
     m, ex = small_torch()

@@ -34,8 +34,9 @@ def _downstream_values(model, value: str) -> set[str]:
     return reach
 
 
-@pytest.mark.parametrize("kind,magnitude", [("round", 8), ("approx-sigmoid", 1.0), ("weight-ulp", 64),
-                                            ("padding-same", None)])
+@pytest.mark.parametrize(
+    "kind,magnitude", [("round", 8), ("approx-sigmoid", 1.0), ("weight-ulp", 64), ("padding-same", None)]
+)
 @pytest.mark.isa_independent(SAME_RUNTIME)
 def test_fault_differs_exactly_from_injection_stage(anchored_yolov8n, yolov8n_model, kind, magnitude):
     model, manifest = anchored_yolov8n
@@ -60,8 +61,7 @@ def test_fault_differs_exactly_from_injection_stage(anchored_yolov8n, yolov8n_mo
                 assert d > 0, f"{kind}@{stage}: downstream anchor {a.name} unchanged"
             else:
                 assert d == 0.0, f"{kind}@{stage}: anchor {a.name} (not downstream of {truth.value}) changed by {d}"
-        at_stage = [float(np.abs(faulty[a.name] - clean[a.name]).max())
-                    for a in manifest.anchors if a.stage == stage]
+        at_stage = [float(np.abs(faulty[a.name] - clean[a.name]).max()) for a in manifest.anchors if a.stage == stage]
         assert max(at_stage) > 0, f"{kind}@{stage}: no anchor of the injection stage changed"
         assert any(a.value in down and a.stage > stage for a in manifest.anchors)
     assert tried >= 1, f"{kind} applied to no stage"
@@ -72,8 +72,12 @@ def test_round_fault_matches_numpy_bfloat16_and_float16():
     import onnx.helper as h
     import onnxruntime as ort
 
-    g = h.make_graph([h.make_node("Relu", ["x"], ["y"], name="r")], "g",
-                     [h.make_tensor_value_info("x", 1, [4096])], [h.make_tensor_value_info("y", 1, [4096])])
+    g = h.make_graph(
+        [h.make_node("Relu", ["x"], ["y"], name="r")],
+        "g",
+        [h.make_tensor_value_info("x", 1, [4096])],
+        [h.make_tensor_value_info("y", 1, [4096])],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     x = (np.random.default_rng(1).standard_normal(4096) * 100).astype(np.float32)
     for bits, dt in [(8, ml_dtypes.bfloat16), (11, np.float16)]:
@@ -101,8 +105,12 @@ def test_round_op_rounding_mode_truth_names_the_original_op():
     import onnx.helper as h
     import onnxruntime as ort
 
-    g = h.make_graph([h.make_node("Round", ["x"], ["y"], name="round")], "g",
-                     [h.make_tensor_value_info("x", 1, [5])], [h.make_tensor_value_info("y", 1, [5])])
+    g = h.make_graph(
+        [h.make_node("Round", ["x"], ["y"], name="round")],
+        "g",
+        [h.make_tensor_value_info("x", 1, [5])],
+        [h.make_tensor_value_info("y", 1, [5])],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     v, truth = inject_fault(m, "rounding-mode", node="round")
     assert truth.op_type == "Round" and truth.node == "round"

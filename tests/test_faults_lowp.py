@@ -35,17 +35,34 @@ def _convnet():
     for i, cout in enumerate([8, 8, 16, 16]):
         w = rng.normal(0, 1.0 / np.sqrt(cin * 9), (cout, cin, 3, 3)).astype(np.float32)
         inits += [nh.from_array(w, f"w{i}"), nh.from_array(rng.normal(0, 0.1, cout).astype(np.float32), f"b{i}")]
-        nodes += [h.make_node("Conv", [prev, f"w{i}", f"b{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1],
-                              strides=[2, 2] if i == 2 else [1, 1]),
-                  h.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}")]
+        nodes += [
+            h.make_node(
+                "Conv",
+                [prev, f"w{i}", f"b{i}"],
+                [f"c{i}"],
+                name=f"conv{i}",
+                pads=[1, 1, 1, 1],
+                strides=[2, 2] if i == 2 else [1, 1],
+            ),
+            h.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"),
+        ]
         prev, cin = f"r{i}", cout
-    inits += [nh.from_array(np.array([1, -1], np.int64), "shp"),
-              nh.from_array(rng.normal(0, 0.1, (16 * 8 * 8, 10)).astype(np.float32), "wf"),
-              nh.from_array(rng.normal(0, 0.1, 10).astype(np.float32), "bf")]
-    nodes += [h.make_node("Reshape", [prev, "shp"], ["flat"], name="flatten"),
-              h.make_node("Gemm", ["flat", "wf", "bf"], ["logits"], name="fc")]
-    g = h.make_graph(nodes, "convnet", [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                     [h.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])], inits)
+    inits += [
+        nh.from_array(np.array([1, -1], np.int64), "shp"),
+        nh.from_array(rng.normal(0, 0.1, (16 * 8 * 8, 10)).astype(np.float32), "wf"),
+        nh.from_array(rng.normal(0, 0.1, 10).astype(np.float32), "bf"),
+    ]
+    nodes += [
+        h.make_node("Reshape", [prev, "shp"], ["flat"], name="flatten"),
+        h.make_node("Gemm", ["flat", "wf", "bf"], ["logits"], name="fc"),
+    ]
+    g = h.make_graph(
+        nodes,
+        "convnet",
+        [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [h.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
+        inits,
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.checker.check_model(m)
@@ -76,11 +93,21 @@ def net(tmp_path_factory):
             return next(self.it, None)
 
     logging.getLogger().setLevel(logging.ERROR)
-    out = {"anchored": am, "manifest": man,
-           "x": np.random.default_rng(5).normal(size=(1, 3, 16, 16)).astype(np.float32)}
+    out = {
+        "anchored": am,
+        "manifest": man,
+        "x": np.random.default_rng(5).normal(size=(1, 3, 16, 16)).astype(np.float32),
+    }
     for key, pc in (("qdq", False), ("qdq_pc", True)):
-        quantize_static(str(d / "am.onnx"), str(d / f"{key}.onnx"), Reader(), quant_format=QuantFormat.QDQ,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=pc)
+        quantize_static(
+            str(d / "am.onnx"),
+            str(d / f"{key}.onnx"),
+            Reader(),
+            quant_format=QuantFormat.QDQ,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            per_channel=pc,
+        )
         out[key] = onnx.load(str(d / f"{key}.onnx"))
     m = copy.deepcopy(am)
     del m.graph.value_info[:]  # as ort-fp16 converts (anpred.backends.ort_lowp)
@@ -107,8 +134,11 @@ def _ort(model, x, level="ORT_ENABLE_ALL", x64quantprecision=False):
 def _openvino(model, x):
     ov = pytest.importorskip("openvino")
     core = ov.Core()
-    cm = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU",
-                            {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2})
+    cm = core.compile_model(
+        core.read_model(model.SerializeToString(), b""),
+        "CPU",
+        {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2},
+    )
     r = cm({"x": x})
     return {n: np.asarray(r[o]) for o in cm.outputs for n in o.get_names()}
 
@@ -138,7 +168,7 @@ def _node(model, name):
 
 def _nrmse(a, b):
     a, b = a.astype(np.float64), b.astype(np.float64)
-    return float(np.sqrt(((a - b) ** 2).sum() / (b ** 2).sum()))
+    return float(np.sqrt(((a - b) ** 2).sum() / (b**2).sum()))
 
 
 def test_registry_lists_the_lowp_kinds():
@@ -181,14 +211,20 @@ def test_quantize_rounding_half_away_differs_only_at_ties(ztype):
     """Mode 0 (half away from zero) on a per-axis QuantizeLinear whose inputs are exact ties and near-ties
     (scales powers of two): it differs from half-to-even exactly at the ties with an even floor, by one
     step away from zero, and nowhere else (0.49999997 stays 0)."""
-    zp = np.array([128, 100] if ztype == TensorProto.UINT8 else [0, -3],
-                  np.uint8 if ztype == TensorProto.UINT8 else np.int8)
+    zp = np.array(
+        [128, 100] if ztype == TensorProto.UINT8 else [0, -3], np.uint8 if ztype == TensorProto.UINT8 else np.int8
+    )
     s = np.array([0.25, 0.5], np.float32)
-    g = h.make_graph([h.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], name="q", axis=1),
-                      h.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"], name="dq", axis=1)], "g",
-                     [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 12])],
-                     [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 12])],
-                     [nh.from_array(s, "s"), nh.from_array(zp, "zp")])
+    g = h.make_graph(
+        [
+            h.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], name="q", axis=1),
+            h.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"], name="dq", axis=1),
+        ],
+        "g",
+        [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 12])],
+        [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 12])],
+        [nh.from_array(s, "s"), nh.from_array(zp, "zp")],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     ticks = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, -0.49999997, 3.2, -3.7, 1000.0, -1000.0], np.float32)
@@ -274,7 +310,7 @@ def test_fp16_overflow_inf_exactly_where_scaled_value_overflows(net):
     got = _ort(_expose(variant, [raw, "c2"]), x)
     y = got[raw]
     assert y.dtype == np.float16
-    over = np.abs(y.astype(np.float64)) * 2.0 ** m > 65504
+    over = np.abs(y.astype(np.float64)) * 2.0**m > 65504
     assert 0 < over.sum() < over.size
     assert np.array_equal(np.isinf(got["c2"]), over)
     assert np.array_equal(np.sign(got["c2"][over]), np.sign(y[over]))
@@ -283,7 +319,7 @@ def test_fp16_overflow_inf_exactly_where_scaled_value_overflows(net):
     a = _anchor_out(man, 2)
     clean_y = _ort(_expose(f, ["c2"]), x)["c2"].astype(np.float64)
     clean, faulty = _ort(f, x), _ort(variant, x)
-    up = clean_y * 2.0 ** m > 65504
+    up = clean_y * 2.0**m > 65504
     assert np.array_equal(np.isposinf(faulty[a]), up) and not np.isneginf(faulty[a]).any()
     assert np.array_equal(faulty[a][~up], clean[a][~up])
     for st in (0, 1):
@@ -297,13 +333,20 @@ def test_fp16_overflow_on_a_float32_output_keeps_its_type(net):
     v, truth = inject_fault(am, "fp16-overflow", node="fc", magnitude=17)
     got = _ort(_expose(v, ["logits__anpred_fault_raw"]), x)
     y, out = got["logits__anpred_fault_raw"], got["logits"]
-    over = np.abs(y.astype(np.float64)) >= 65520 / 2 ** 17
+    over = np.abs(y.astype(np.float64)) >= 65520 / 2**17
     assert over.any() and not over.all()
     assert np.array_equal(np.isinf(out), over) and np.array_equal(out[~over], y[~over])
 
 
-@pytest.mark.parametrize("key,kind,magnitude", [("qdq", "zero-point", 1), ("qdq", "quantize-rounding", 1),
-                                                ("qdq", "accumulator-saturation", 10), ("f16", "fp16-overflow", 18)])
+@pytest.mark.parametrize(
+    "key,kind,magnitude",
+    [
+        ("qdq", "zero-point", 1),
+        ("qdq", "quantize-rounding", 1),
+        ("qdq", "accumulator-saturation", 10),
+        ("f16", "fp16-overflow", 18),
+    ],
+)
 def test_stage_selection_on_converted_models(net, key, kind, magnitude):
     """stage= on the QDQ / float16 model (node positions shifted by the converter): the chosen node lies
     in the asked stage, every anchor of an earlier stage is bit-identical to the clean converted
@@ -338,9 +381,15 @@ def test_stage_selection_errors(net):
     assert truth.stage is None  # named node, anchors gone: no stage rather than a wrong one
 
 
-@pytest.mark.parametrize("key,kind,stage,magnitude", [("qdq", "quantize-rounding", 1, 1), ("qdq", "zero-point", 1, 1),
-                                                      ("qdq", "accumulator-saturation", 1, 16),
-                                                      ("f16", "fp16-overflow", 2, 16)])
+@pytest.mark.parametrize(
+    "key,kind,stage,magnitude",
+    [
+        ("qdq", "quantize-rounding", 1, 1),
+        ("qdq", "zero-point", 1, 1),
+        ("qdq", "accumulator-saturation", 1, 16),
+        ("f16", "fp16-overflow", 2, 16),
+    ],
+)
 def test_fault_survives_on_openvino_and_the_reference_evaluator(net, key, kind, stage, magnitude):
     """The same faulty converted model on OpenVINO (f32 inference precision: its int8 kernels on the QDQ
     model) and on the ONNX reference evaluator: the fault's anchor moves as on ONNX Runtime (zero point:
@@ -360,6 +409,7 @@ def test_fault_survives_on_openvino_and_the_reference_evaluator(net, key, kind, 
     a = _anchor_out(man, stage)
     ort_run = _ort
     if key == "qdq" and int16_saturation_possible(machine_info()["cpu_flags"]):
+
         def ort_run(m, x):  # noqa: E306 - ONNX Runtime's integer path without the int16 pairs
             return _ort(m, x, x64quantprecision=True)
 
@@ -401,9 +451,13 @@ def test_fp16_overflow_threshold_is_float16_round_to_nearest(dtype):
     elem = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
     vals = np.array([255.875, 256.0, -256.0, -255.875, 0.0, 1e-3, 65504.0, 255.9375, 255.9374, -255.9375], dtype)
     n = vals.size
-    g = h.make_graph([h.make_node("MatMul", ["x", "eye"], ["y"], name="mm")], "g",
-                     [h.make_tensor_value_info("x", elem, [1, n])], [h.make_tensor_value_info("y", elem, [1, n])],
-                     [nh.from_array(np.eye(n, dtype=dtype), "eye")])
+    g = h.make_graph(
+        [h.make_node("MatMul", ["x", "eye"], ["y"], name="mm")],
+        "g",
+        [h.make_tensor_value_info("x", elem, [1, n])],
+        [h.make_tensor_value_info("y", elem, [1, n])],
+        [nh.from_array(np.eye(n, dtype=dtype), "eye")],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     v, truth = inject_fault(m, "fp16-overflow", node="mm", magnitude=8)

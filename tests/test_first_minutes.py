@@ -51,9 +51,16 @@ def export_text_model(path) -> str:
             y, _ = self.gru(self.emb(ids))
             return self.head(torch.relu(y)).mean(1)
 
-    torch.onnx.export(TextNet().eval(), (torch.zeros(1, 7, dtype=torch.int64),), str(path), input_names=["ids"],
-                      output_names=["logits"], dynamic_axes={"ids": {0: "batch", 1: "seq"}}, opset_version=17,
-                      dynamo=False)
+    torch.onnx.export(
+        TextNet().eval(),
+        (torch.zeros(1, 7, dtype=torch.int64),),
+        str(path),
+        input_names=["ids"],
+        output_names=["logits"],
+        dynamic_axes={"ids": {0: "batch", 1: "seq"}},
+        opset_version=17,
+        dynamo=False,
+    )
     return str(path)
 
 
@@ -74,8 +81,16 @@ def export_signal_model(path) -> str:
             y, _ = self.gru(h.transpose(1, 2))
             return self.head(y[:, -1])
 
-    torch.onnx.export(SignalNet().eval(), (torch.zeros(1, 1, 400),), str(path), input_names=["wave"],
-                      output_names=["scores"], dynamic_axes={"wave": {2: "length"}}, opset_version=17, dynamo=False)
+    torch.onnx.export(
+        SignalNet().eval(),
+        (torch.zeros(1, 1, 400),),
+        str(path),
+        input_names=["wave"],
+        output_names=["scores"],
+        dynamic_axes={"wave": {2: "length"}},
+        opset_version=17,
+        dynamo=False,
+    )
     return str(path)
 
 
@@ -106,12 +121,21 @@ def text(tmp_path_factory):
 def _gather_net():
     """ids int64 [batch, seq] -> Gather on a 10-row table -> ReduceMean; a static-width input x [1, 4]."""
     table = numpy_helper.from_array(np.arange(30, dtype=np.float32).reshape(10, 3), "table")
-    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
-             helper.make_node("ReduceMean", ["e"], ["m"], keepdims=0, axes=[1]),
-             helper.make_node("Add", ["m", "x"], ["y"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"]),
-                                       helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[table])
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+        helper.make_node("ReduceMean", ["e"], ["m"], keepdims=0, axes=[1]),
+        helper.make_node("Add", ["m", "x"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[table],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -149,14 +173,24 @@ def test_given_inputs_make_buckets_and_bad_samples_get_one_line(tmp_path):
     assert [len(b.sources) for b in buckets] == [1, 2]
     assert declared_shapes(buckets) == {"ids": (None, None), "x": (1, 3)}
     for name, arrays, msg in (
-            ("range", {"ids": np.array([[1, 10]]), "x": x}, r"value 10 is outside \[-10, 9\].*10-row table.*'embed'"),
-            ("static", {"ids": np.array([[1]]), "x": np.zeros((1, 4), np.float32)},
-             r"input 'x' \(static.npz\): shape \(1, 4\) does not fit the model's 1x3"),
-            # a new user's float token ids: the error names the file, as the range error does
-            ("dtype", {"ids": np.array([[1.0, 2.0]], np.float32), "x": x},
-             r"^input 'ids' \(dtype.npz\): dtype float32 cannot feed the model's int64$"),
-            ("names", {"tokens": np.array([[1]]), "x": x},
-             r"^inputs \(names.npz\) do not fit the model: missing \['ids'\], unexpected \['tokens'\]")):
+        ("range", {"ids": np.array([[1, 10]]), "x": x}, r"value 10 is outside \[-10, 9\].*10-row table.*'embed'"),
+        (
+            "static",
+            {"ids": np.array([[1]]), "x": np.zeros((1, 4), np.float32)},
+            r"input 'x' \(static.npz\): shape \(1, 4\) does not fit the model's 1x3",
+        ),
+        # a new user's float token ids: the error names the file, as the range error does
+        (
+            "dtype",
+            {"ids": np.array([[1.0, 2.0]], np.float32), "x": x},
+            r"^input 'ids' \(dtype.npz\): dtype float32 cannot feed the model's int64$",
+        ),
+        (
+            "names",
+            {"tokens": np.array([[1]]), "x": x},
+            r"^inputs \(names.npz\) do not fit the model: missing \['ids'\], unexpected \['tokens'\]",
+        ),
+    ):
         f = tmp_path / f"{name}.npz"
         np.savez(f, **arrays)
         with pytest.raises(InputError, match=msg):
@@ -186,16 +220,42 @@ def test_one_definition_of_the_judge_options_for_test_check_and_the_api():
     assert judge_flags("test") == judge_flags("check")
     flat = [f for fl in judge_flags("test") for f in fl]
     assert {"--atol", "--rtol", "--reference", "--config", "--oracle", "--allow-incomplete"} <= set(flat)
-    args = parser.parse_args(["test", "m.onnx", "--atol", "1e-4", "--rtol", "2e-3", "--reference", "ort", "-b",
-                              "ort,openvino", "--no-witnesses"])
-    assert JudgeOptions.from_args(args).check_kwargs() == {"oracle": "consensus", "atol": 1e-4, "rtol": 2e-3,
-                                                            "reference": "ort", "config": None,
-                                                            "allow_incomplete": False}
+    args = parser.parse_args(
+        [
+            "test",
+            "m.onnx",
+            "--atol",
+            "1e-4",
+            "--rtol",
+            "2e-3",
+            "--reference",
+            "ort",
+            "-b",
+            "ort,openvino",
+            "--no-witnesses",
+        ]
+    )
+    assert JudgeOptions.from_args(args).check_kwargs() == {
+        "oracle": "consensus",
+        "atol": 1e-4,
+        "rtol": 2e-3,
+        "reference": "ort",
+        "config": None,
+        "allow_incomplete": False,
+    }
     run = RunOptions.from_args(args)
     assert run.backends == "ort,openvino" and run.witnesses is False and run.timeout_s == 600.0
     # the API: groups by name and their fields by name, each into its group
-    o = TestOptions.make(backends=["ort", "tvm"], samples=2, atol=1e-3, stream=StreamOptions(chunk=8), keep=2,
-                         judge=JudgeOptions(rtol=0.5), input_shapes="ids:1x4", imgsz=320)
+    o = TestOptions.make(
+        backends=["ort", "tvm"],
+        samples=2,
+        atol=1e-3,
+        stream=StreamOptions(chunk=8),
+        keep=2,
+        judge=JudgeOptions(rtol=0.5),
+        input_shapes="ids:1x4",
+        imgsz=320,
+    )
     assert (o.run.backends, o.feed.samples, o.judge.atol, o.judge.rtol) == (["ort", "tvm"], 2, 1e-3, 0.5)
     assert (o.stream.chunk, o.stream.keep, o.feed.input_shapes, o.build.imgsz) == (8, 2, "ids:1x4", 320)
     assert TestOptions.make(chunk=3).stream is None  # a stream field without --stream is ignored, as on the CLI
@@ -203,10 +263,12 @@ def test_one_definition_of_the_judge_options_for_test_check_and_the_api():
         TestOptions.make(backend="ort")
     with pytest.raises(AnpredError, match="needs --stream"):
         TestOptions.make(resume=True)
-    for bad, msg in ((RunOptions(precision=("fp8",)), "unknown precision fp8"),
-                     (RunOptions(backends="ort,tvm", all_backends=True), "with --backends name every backend"),
-                     (JudgeOptions(atol=-1.0), "non-negative"),
-                     (JudgeOptions(drill=True, oracle="threshold"), "--drill")):
+    for bad, msg in (
+        (RunOptions(precision=("fp8",)), "unknown precision fp8"),
+        (RunOptions(backends="ort,tvm", all_backends=True), "with --backends name every backend"),
+        (JudgeOptions(atol=-1.0), "non-negative"),
+        (JudgeOptions(drill=True, oracle="threshold"), "--drill"),
+    ):
         with pytest.raises(AnpredError, match=msg):
             bad.validate()
 
@@ -235,8 +297,9 @@ def test_defaults_are_the_quick_set_and_the_full_set_is_one_flag_away():
     assert default_backends("torch") == list(QUICK_FP32) + ["torch-native"]
     assert default_backends("onnx", precision=("int8",)) == list(QUICK_FP32) + list(POPULATIONS["int8"])
     full = default_backends("tf", all_backends=True)
-    assert full == list(ALL_FP32) + ["onnx-reference-fp64", "tf-native"] + list(POPULATIONS["fp16"]) + \
-        list(POPULATIONS["int8"])
+    assert full == list(ALL_FP32) + ["onnx-reference-fp64", "tf-native"] + list(POPULATIONS["fp16"]) + list(
+        POPULATIONS["int8"]
+    )
 
 
 # ---- real runs -----------------------------------------------------------------------------------
@@ -265,8 +328,9 @@ def test_two_runtimes_are_judged_with_witnesses_on_token_ids_of_three_lengths(te
     # the buckets: one per distinct length, judged together in one run of four samples
     lengths = sorted({len(s.encode()) for s in picks})
     assert len(lengths) == 3 and rep["samples"] == 4
-    assert [b["shapes"]["ids"] for b in t["details"]["buckets"]] == [[1, n] for n in
-                                                                     dict.fromkeys(len(s.encode()) for s in picks)]
+    assert [b["shapes"]["ids"] for b in t["details"]["buckets"]] == [
+        [1, n] for n in dict.fromkeys(len(s.encode()) for s in picks)
+    ]
     assert sum(1 for n in rep["notes"] if n.startswith("shape bucket ")) == 3
     assert any(n.startswith("witnesses: the backends under test give 2 voting fp32 families") for n in rep["notes"])
     assert t["standing"][wit[0]].startswith("witness: consistent")
@@ -275,8 +339,9 @@ def test_two_runtimes_are_judged_with_witnesses_on_token_ids_of_three_lengths(te
 def test_no_witnesses_keeps_the_reference_and_a_named_backend_still_counts(text, tmp_path):
     root, path, folder, _ = text
     out = tmp_path / "n"
-    rc = cli(["test", path, "-b", "ort,openvino", "--inputs", str(folder / "s0.npz"), "--no-witnesses", "-o",
-              str(out), "-q"])
+    rc = cli(
+        ["test", path, "-b", "ort,openvino", "--inputs", str(folder / "s0.npz"), "--no-witnesses", "-o", str(out), "-q"]
+    )
     t = json.loads((out / "test.json").read_text())
     assert t["backends"] == ["ort", "openvino"] and t["details"]["backends"]["witnesses"] == {}
     assert t["standing"]["ort"] == "unjudged (used as the consensus reference)" and rc == 0  # today's behaviour
@@ -309,8 +374,15 @@ def test_text_and_signal_models_on_every_family(text, tmp_path):
     signal = export_signal_model(tmp_path / "signal.onnx")
     for model, inputs in ((path, folder), (signal, chirps(tmp_path / "chirps"))):
         out = tmp_path / ("o" + str(len(str(model))))
-        res = anpred.test(model, out, backends=list(ALL_FP32) + ["onnx-reference"], inputs=str(inputs),
-                          quiet=True, allow_incomplete=True, timeout_s=240)
+        res = anpred.test(
+            model,
+            out,
+            backends=list(ALL_FP32) + ["onnx-reference"],
+            inputs=str(inputs),
+            quiet=True,
+            allow_incomplete=True,
+            timeout_s=240,
+        )
         assert len(res.details["buckets"]) == 3
         ran = [b for b, s in res.statuses.items() if s == "ok"]
         assert {"ort", "openvino", "onnx-reference"} <= set(ran), res.reasons
@@ -330,20 +402,26 @@ def test_witness_costs_are_measured_recorded_and_scaled(tmp_path, monkeypatch):
     monkeypatch.setenv("ANPRED_CACHE", str(tmp_path))
     size = {"nodes": 2 * PRIOR_MODEL["nodes"], "params": 3 * PRIOR_MODEL["params"]}
     prep, smp = PRIOR_SECONDS["mnn"]
-    assert estimate("mnn", "sha-a", size, 2) == {"seconds": round(2 * prep + 2 * 3 * smp, 3),
-                                                 "basis": "prior (YOLOv8n 320, docs/run.md)"}
+    assert estimate("mnn", "sha-a", size, 2) == {
+        "seconds": round(2 * prep + 2 * 3 * smp, 3),
+        "basis": "prior (YOLOv8n 320, docs/run.md)",
+    }
     assert estimate("no-such-backend", "sha-a", size, 2)["seconds"] is None
     st = BackendStatus(name="w", family="mnn", status="ok", samples=4, seconds_prepare=0.5, seconds_run=2.0)
     meta = {"backend_specs": {"w": {"name": "mnn"}}, "resources": {"w": {"seconds_wall": 3.5}}}
-    record({"w": st, "x": BackendStatus(name="x", family="ort", status="failed")}, "sha-a",
-           {"nodes": 100, "params": 1000}, meta)
+    record(
+        {"w": st, "x": BackendStatus(name="x", family="ort", status="failed")},
+        "sha-a",
+        {"nodes": 100, "params": 1000},
+        meta,
+    )
     data = json.loads(costs_file().read_text())
     assert list(data) == ["mnn"] and data["mnn"][0]["prepare_s"] == 1.5 and data["mnn"][0]["sample_s"] == 0.5
     assert estimate("mnn", "sha-a", size, 3) == {"seconds": 1.5 + 3 * 0.5, "basis": "this model"}
     other = estimate("mnn", "sha-b", {"nodes": 200, "params": 4000}, 1)
     assert other == {"seconds": 1.5 + 0.5 * 4000 / 1000, "basis": "1 run here, nearest 1000 weights"}
-    record({"w": st}, "sha-c", {"nodes": 5000, "params": 10 ** 6}, meta)  # a larger model: the nearer one wins
-    assert estimate("mnn", "sha-d", {"nodes": 1, "params": 2 * 10 ** 6}, 2)["seconds"] == 1.5 + 2 * 0.5 * 2
+    record({"w": st}, "sha-c", {"nodes": 5000, "params": 10**6}, meta)  # a larger model: the nearer one wins
+    assert estimate("mnn", "sha-d", {"nodes": 1, "params": 2 * 10**6}, 2)["seconds"] == 1.5 + 2 * 0.5 * 2
     # more than NEAR_FACTOR (10x) from every run here: the prior, scaled
-    assert estimate("mnn", "sha-e", size | {"params": 10 ** 8}, 1)["basis"].startswith("prior")
+    assert estimate("mnn", "sha-e", size | {"params": 10**8}, 1)["basis"].startswith("prior")
     assert model_size(_gather_net()) == {"nodes": 3, "params": 30}

@@ -16,11 +16,18 @@ from isa_reasons import FLOAT64_BOUND
 
 def _model():
     w = numpy_helper.from_array(np.array([0.1, 0.2, 0.3], np.float32), "w")
-    nodes = [helper.make_node("Mul", ["x", "w"], ["m"]),
-             helper.make_node("Resize", ["m", "", "scales"], ["y"], mode="nearest")]
+    nodes = [
+        helper.make_node("Mul", ["x", "w"], ["m"]),
+        helper.make_node("Resize", ["m", "", "scales"], ["y"], mode="nearest"),
+    ]
     scales = numpy_helper.from_array(np.array([2.0], np.float32), "scales")
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6])], [w, scales])
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6])],
+        [w, scales],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
 
 

@@ -27,9 +27,15 @@ pytestmark = pytest.mark.kernels
 
 # ---- fp16 conversion failure classes -------------------------------------------------------------
 
+
 def _model(nodes, inits, name, value_info=False, opset=17):
-    g = h.make_graph(nodes, name, [h.make_tensor_value_info("x", TP.FLOAT, [1, 4, 8, 8])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    g = h.make_graph(
+        nodes,
+        name,
+        [h.make_tensor_value_info("x", TP.FLOAT, [1, 4, 8, 8])],
+        [h.make_tensor_value_info("y", TP.FLOAT, None)],
+        inits,
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
     m.ir_version = 8
     m = onnx.shape_inference.infer_shapes(m)
@@ -50,50 +56,114 @@ def _conv():
 
 FAILURE_CLASSES = {
     # Shape -> Gather -> Cast(to=FLOAT) -> Div: the converter retypes the Cast's output, not its `to`
-    "cast-chain": (lambda: _model([
-        _conv(), h.make_node("Shape", ["c"], ["s"], name="shape"),
-        h.make_node("Gather", ["s", "i2"], ["hw"], axis=0, name="gather"),
-        h.make_node("Cast", ["hw"], ["hwf"], to=TP.FLOAT, name="cast"),
-        h.make_node("Div", ["c", "hwf"], ["y"], name="div")],
-        [_w(), nh.from_array(np.array(2, np.int64), "i2")], "cast"), "cast"),
+    "cast-chain": (
+        lambda: _model(
+            [
+                _conv(),
+                h.make_node("Shape", ["c"], ["s"], name="shape"),
+                h.make_node("Gather", ["s", "i2"], ["hw"], axis=0, name="gather"),
+                h.make_node("Cast", ["hw"], ["hwf"], to=TP.FLOAT, name="cast"),
+                h.make_node("Div", ["c", "hwf"], ["y"], name="div"),
+            ],
+            [_w(), nh.from_array(np.array(2, np.int64), "i2")],
+            "cast",
+        ),
+        "cast",
+    ),
     # Cast(Shape) -> Range (float ramp) -> Mul -> Add
-    "range-cast": (lambda: _model([
-        h.make_node("Shape", ["x"], ["s"], name="shape"),
-        h.make_node("Gather", ["s", "i3"], ["n"], axis=0, name="gather"),
-        h.make_node("Cast", ["n"], ["nf"], to=TP.FLOAT, name="cast"),
-        h.make_node("Range", ["zero", "nf", "one"], ["ramp"], name="range"),
-        h.make_node("Mul", ["ramp", "k"], ["ramp2"], name="mulk"),
-        h.make_node("Add", ["x", "ramp2"], ["y"], name="add")],
-        [nh.from_array(np.array(3, np.int64), "i3"), nh.from_array(np.array(0, np.float32), "zero"),
-         nh.from_array(np.array(1, np.float32), "one"), nh.from_array(np.array(0.1, np.float32), "k")], "range"),
-                   "cast"),
+    "range-cast": (
+        lambda: _model(
+            [
+                h.make_node("Shape", ["x"], ["s"], name="shape"),
+                h.make_node("Gather", ["s", "i3"], ["n"], axis=0, name="gather"),
+                h.make_node("Cast", ["n"], ["nf"], to=TP.FLOAT, name="cast"),
+                h.make_node("Range", ["zero", "nf", "one"], ["ramp"], name="range"),
+                h.make_node("Mul", ["ramp", "k"], ["ramp2"], name="mulk"),
+                h.make_node("Add", ["x", "ramp2"], ["y"], name="add"),
+            ],
+            [
+                nh.from_array(np.array(3, np.int64), "i3"),
+                nh.from_array(np.array(0, np.float32), "zero"),
+                nh.from_array(np.array(1, np.float32), "one"),
+                nh.from_array(np.array(0.1, np.float32), "k"),
+            ],
+            "range",
+        ),
+        "cast",
+    ),
     # an op with integer outputs feeding float math: TopK indices -> Cast(to=FLOAT) -> Mul
-    "integer-op": (lambda: _model([
-        _conv(), h.make_node("TopK", ["c", "kk"], ["v", "ix"], axis=3, name="topk"),
-        h.make_node("Cast", ["ix"], ["ixf"], to=TP.FLOAT, name="castix"),
-        h.make_node("Mul", ["v", "ixf"], ["y"], name="mul")],
-        [_w(), nh.from_array(np.array([3], np.int64), "kk")], "intop"), "castix"),
+    "integer-op": (
+        lambda: _model(
+            [
+                _conv(),
+                h.make_node("TopK", ["c", "kk"], ["v", "ix"], axis=3, name="topk"),
+                h.make_node("Cast", ["ix"], ["ixf"], to=TP.FLOAT, name="castix"),
+                h.make_node("Mul", ["v", "ixf"], ["y"], name="mul"),
+            ],
+            [_w(), nh.from_array(np.array([3], np.int64), "kk")],
+            "intop",
+        ),
+        "castix",
+    ),
     # an initializer shared by a blocked op (Max) and a converted op (Add)
-    "shared-initializer": (lambda: _model([
-        _conv(), h.make_node("Max", ["c", "t"], ["m"], name="max"),
-        h.make_node("Add", ["m", "t"], ["y"], name="add")],
-        [_w(), nh.from_array(np.array(0.5, np.float32), "t")], "shared"), "add"),
+    "shared-initializer": (
+        lambda: _model(
+            [
+                _conv(),
+                h.make_node("Max", ["c", "t"], ["m"], name="max"),
+                h.make_node("Add", ["m", "t"], ["y"], name="add"),
+            ],
+            [_w(), nh.from_array(np.array(0.5, np.float32), "t")],
+            "shared",
+        ),
+        "add",
+    ),
     # a weight DequantizeLinear (opset 17: float scale only) in a float model
-    "dequantize-weight": (lambda: _model([
-        h.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], name="dq"),
-        h.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")],
-        [nh.from_array(np.random.default_rng(3).integers(-127, 128, (4, 4, 3, 3)).astype(np.int8), "wq"),
-         nh.from_array(np.array(0.01, np.float32), "ws"), nh.from_array(np.array(0, np.int8), "wz")], "dq"), "dq"),
+    "dequantize-weight": (
+        lambda: _model(
+            [
+                h.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], name="dq"),
+                h.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv"),
+            ],
+            [
+                nh.from_array(np.random.default_rng(3).integers(-127, 128, (4, 4, 3, 3)).astype(np.int8), "wq"),
+                nh.from_array(np.array(0.01, np.float32), "ws"),
+                nh.from_array(np.array(0, np.int8), "wz"),
+            ],
+            "dq",
+        ),
+        "dq",
+    ),
     # duplicated value_info of a blocked Resize's output
-    "duplicated-value-info": (lambda: _model([
-        _conv(), h.make_node("Resize", ["c", "", "sc"], ["r"], mode="nearest", name="resize"),
-        h.make_node("Concat", ["r", "r"], ["y"], axis=1, name="cat")],
-        [_w(), nh.from_array(np.array([1, 1, 2, 2], np.float32), "sc")], "rs", value_info=True), None),
+    "duplicated-value-info": (
+        lambda: _model(
+            [
+                _conv(),
+                h.make_node("Resize", ["c", "", "sc"], ["r"], mode="nearest", name="resize"),
+                h.make_node("Concat", ["r", "r"], ["y"], axis=1, name="cat"),
+            ],
+            [_w(), nh.from_array(np.array([1, 1, 2, 2], np.float32), "sc")],
+            "rs",
+            value_info=True,
+        ),
+        None,
+    ),
     # weights held in Constant nodes, Resize scales from a Constant: converts on the first attempt
-    "constant-weight": (lambda: _model([
-        h.make_node("Constant", [], ["w"], value=_w(), name="cw"), _conv(),
-        h.make_node("Constant", [], ["sc"], value=nh.from_array(np.array([1, 1, 2, 2], np.float32)), name="csc"),
-        h.make_node("Resize", ["c", "", "sc"], ["y"], mode="nearest", name="resize")], [], "cw"), None),
+    "constant-weight": (
+        lambda: _model(
+            [
+                h.make_node("Constant", [], ["w"], value=_w(), name="cw"),
+                _conv(),
+                h.make_node(
+                    "Constant", [], ["sc"], value=nh.from_array(np.array([1, 1, 2, 2], np.float32)), name="csc"
+                ),
+                h.make_node("Resize", ["c", "", "sc"], ["y"], mode="nearest", name="resize"),
+            ],
+            [],
+            "cw",
+        ),
+        None,
+    ),
 }
 
 
@@ -122,9 +192,11 @@ def test_fp16_conversion_failure_classes_load_run_and_match(case, tmp_path, monk
     np.savez(tmp_path / "sample.npz", x=x)
     p16, record = fp16_model(path, tmp_path / "sample.npz")
     m16 = onnx.load(str(p16))
-    assert any(t.data_type == TP.FLOAT16 for t in m16.graph.initializer) or any(
-        n.op_type == "Constant" and n.attribute[0].t.data_type == TP.FLOAT16 for n in m16.graph.node) or case in (
-        "range-cast", "dequantize-weight")
+    assert (
+        any(t.data_type == TP.FLOAT16 for t in m16.graph.initializer)
+        or any(n.op_type == "Constant" and n.attribute[0].t.data_type == TP.FLOAT16 for n in m16.graph.node)
+        or case in ("range-cast", "dequantize-weight")
+    )
     y = ort_outputs(str(p16), {"x": x})["y"]
     err = float(np.abs(y.astype(np.float64) - ref).max()) / fp16_ulp(ref)
     assert err <= 4.0, (case, err, record)
@@ -146,10 +218,15 @@ def test_fp16_conversion_names_both_converters_when_all_fail(tmp_path, monkeypat
     from anpred.backends.lowp_fp16 import fp16_model
 
     monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))
-    g = h.make_graph([h.make_node("Relu", ["x"], ["r"], name="relu"),
-                      h.make_node("Mystery", ["r"], ["y"], domain="com.example", name="mystery")], "bad",
-                     [h.make_tensor_value_info("x", TP.FLOAT, [1, 4])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, [1, 4])])
+    g = h.make_graph(
+        [
+            h.make_node("Relu", ["x"], ["r"], name="relu"),
+            h.make_node("Mystery", ["r"], ["y"], domain="com.example", name="mystery"),
+        ],
+        "bad",
+        [h.make_tensor_value_info("x", TP.FLOAT, [1, 4])],
+        [h.make_tensor_value_info("y", TP.FLOAT, [1, 4])],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.example", 1)])
     onnx.save(m, str(tmp_path / "bad.onnx"))
     with pytest.raises(BackendError) as e:
@@ -166,9 +243,13 @@ def test_torch_fp16_names_the_op_without_a_half_kernel(tmp_path):
     from anpred.backends import backend_class
     from anpred.instrument import instrument_model
 
-    g = h.make_graph([_conv(), h.make_node("LRN", ["c"], ["y"], size=3, name="lrn")], "lrn",
-                     [h.make_tensor_value_info("x", TP.FLOAT, [1, 4, 8, 8])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, [1, 4, 8, 8])], [_w()])
+    g = h.make_graph(
+        [_conv(), h.make_node("LRN", ["c"], ["y"], size=3, name="lrn")],
+        "lrn",
+        [h.make_tensor_value_info("x", TP.FLOAT, [1, 4, 8, 8])],
+        [h.make_tensor_value_info("y", TP.FLOAT, [1, 4, 8, 8])],
+        [_w()],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     anchored, man = instrument_model(m)

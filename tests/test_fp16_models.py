@@ -49,16 +49,28 @@ def fp16_network(elem: int = 10, seed: int = 0):
     def w(name, shape, scale):
         return nh.from_array((rng.standard_normal(shape) * scale).astype(dt), name)
 
-    inits = [w("w1", [8, 3, 3, 3], 0.3), w("b1", [8], 0.1), w("w2", [8, 8, 3, 3], 0.15), w("b2", [8], 0.1),
-             w("wm", [16, 10], 0.3)]
-    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
-             h.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-             h.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
-             h.make_node("Add", ["c2", "r1"], ["a1"], name="add"),
-             h.make_node("Sigmoid", ["a1"], ["s1"], name="sig"),
-             h.make_node("MatMul", ["s1", "wm"], ["y"], name="mm")]
-    g = h.make_graph(nodes, "fp16net", [h.make_tensor_value_info("x", elem, [1, 3, 16, 16])],
-                     [h.make_tensor_value_info("y", elem, [1, 8, 16, 10])], inits)
+    inits = [
+        w("w1", [8, 3, 3, 3], 0.3),
+        w("b1", [8], 0.1),
+        w("w2", [8, 8, 3, 3], 0.15),
+        w("b2", [8], 0.1),
+        w("wm", [16, 10], 0.3),
+    ]
+    nodes = [
+        h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        h.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        h.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        h.make_node("Add", ["c2", "r1"], ["a1"], name="add"),
+        h.make_node("Sigmoid", ["a1"], ["s1"], name="sig"),
+        h.make_node("MatMul", ["s1", "wm"], ["y"], name="mm"),
+    ]
+    g = h.make_graph(
+        nodes,
+        "fp16net",
+        [h.make_tensor_value_info("x", elem, [1, 3, 16, 16])],
+        [h.make_tensor_value_info("y", elem, [1, 8, 16, 10])],
+        inits,
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     onnx.checker.check_model(m)
     return m
@@ -73,24 +85,35 @@ def small_network(seed: int = 0):
 
     rng = np.random.default_rng(seed)
     f = lambda a: a.astype(np.float32)  # noqa: E731
-    w = {"W": f(rng.standard_normal((3, 2, 3, 3)) * 0.5), "b": f(rng.standard_normal(3) * 0.1),
-         "gamma": f(1 + 0.2 * rng.standard_normal(3)), "beta": f(0.1 * rng.standard_normal(3)),
-         "mean": f(0.1 * rng.standard_normal(3)), "var": f(0.5 + rng.random(3)),
-         "scales": np.array([1, 1, 2, 2], np.float32), "kshape": np.array([1, 1, 8, 8], np.int64),
-         "wi": rng.integers(-3, 4, (8, 8)).astype(np.int64)}
-    nodes = [h.make_node("Conv", ["x", "W", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             h.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["n"], epsilon=1e-3, name="bn"),
-             h.make_node("Sigmoid", ["n"], ["s"], name="sig"),
-             h.make_node("Resize", ["s", "", "scales"], ["r"], mode="linear", name="resize"),
-             h.make_node("ConstantOfShape", ["kshape"], ["k"], value=nh.from_array(np.array([0.3], np.float32)),
-                         name="cos"),
-             h.make_node("Concat", ["r", "k"], ["cat"], axis=1, name="concat"),
-             h.make_node("Cast", ["wi"], ["wf"], to=TP.FLOAT, name="cast"),
-             h.make_node("MatMul", ["cat", "wf"], ["mm"], name="matmul"),
-             h.make_node("Softmax", ["mm"], ["y"], axis=-1, name="softmax")]
-    g = h.make_graph(nodes, "small", [h.make_tensor_value_info("x", TP.FLOAT, [1, 2, 4, 4])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, [1, 4, 8, 8])],
-                     [nh.from_array(v, k) for k, v in w.items()])
+    w = {
+        "W": f(rng.standard_normal((3, 2, 3, 3)) * 0.5),
+        "b": f(rng.standard_normal(3) * 0.1),
+        "gamma": f(1 + 0.2 * rng.standard_normal(3)),
+        "beta": f(0.1 * rng.standard_normal(3)),
+        "mean": f(0.1 * rng.standard_normal(3)),
+        "var": f(0.5 + rng.random(3)),
+        "scales": np.array([1, 1, 2, 2], np.float32),
+        "kshape": np.array([1, 1, 8, 8], np.int64),
+        "wi": rng.integers(-3, 4, (8, 8)).astype(np.int64),
+    }
+    nodes = [
+        h.make_node("Conv", ["x", "W", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        h.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["n"], epsilon=1e-3, name="bn"),
+        h.make_node("Sigmoid", ["n"], ["s"], name="sig"),
+        h.make_node("Resize", ["s", "", "scales"], ["r"], mode="linear", name="resize"),
+        h.make_node("ConstantOfShape", ["kshape"], ["k"], value=nh.from_array(np.array([0.3], np.float32)), name="cos"),
+        h.make_node("Concat", ["r", "k"], ["cat"], axis=1, name="concat"),
+        h.make_node("Cast", ["wi"], ["wf"], to=TP.FLOAT, name="cast"),
+        h.make_node("MatMul", ["cat", "wf"], ["mm"], name="matmul"),
+        h.make_node("Softmax", ["mm"], ["y"], axis=-1, name="softmax"),
+    ]
+    g = h.make_graph(
+        nodes,
+        "small",
+        [h.make_tensor_value_info("x", TP.FLOAT, [1, 2, 4, 4])],
+        [h.make_tensor_value_info("y", TP.FLOAT, [1, 4, 8, 8])],
+        [nh.from_array(v, k) for k, v in w.items()],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     onnx.checker.check_model(m)
     return m, {k: v.astype(np.float64) for k, v in w.items()}
@@ -105,7 +128,7 @@ def numpy_small(x: np.ndarray, w: dict) -> dict[str, np.ndarray]:
     c = np.zeros((1, 3, 4, 4))
     for i in range(4):
         for j in range(4):
-            c[0, :, i, j] = np.einsum("ckl,ockl->o", xp[0, :, i:i + 3, j:j + 3], w["W"]) + w["b"]
+            c[0, :, i, j] = np.einsum("ckl,ockl->o", xp[0, :, i : i + 3, j : j + 3], w["W"]) + w["b"]
 
     def bc(v):
         return v.reshape(1, -1, 1, 1)
@@ -153,8 +176,14 @@ def fp16_run(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("fp16")
     path, man = _anchored(fp16_network(), tmp, stages=4)
-    store = run_model(path, FP16_BACKENDS + ["onnx-reference-fp64"], "random:normal:seed=0:n=2", tmp / "run",
-                      progress=False, timeout_s=300)
+    store = run_model(
+        path,
+        FP16_BACKENDS + ["onnx-reference-fp64"],
+        "random:normal:seed=0:n=2",
+        tmp / "run",
+        progress=False,
+        timeout_s=300,
+    )
     return store, man
 
 
@@ -261,8 +290,7 @@ def test_fp64_is_float64_exact_on_a_network_computed_by_hand(tmp_path):
     got64 = fp64.run({"x": x})
     got32 = _prepared("ort", path, man, tmp_path).run({"x": x})
     # Cast `to` -> DOUBLE, Resize scales kept float32 by one Cast, 9 weights/constants widened
-    assert fp64.versions()["fp64_conversion"] == \
-        "widened_tensors:8,widened_values:8,dtype_attributes:1,float32_casts:1"
+    assert fp64.versions()["fp64_conversion"] == "widened_tensors:8,widened_values:8,dtype_attributes:1,float32_casts:1"
     assert fp64.effective_precision() == "fp64"
     assert {a.value for a in man.anchors} == set(hand)
     for a in man.anchors:
@@ -286,18 +314,24 @@ def test_fp64_conversion_of_dtype_attributes_and_refusals():
 
     from passes.float64 import model_to_float64
 
-    nodes = [h.make_node("Constant", [], ["k"], value_float=0.1, name="const"),
-             h.make_node("Shape", ["x"], ["shp"]),
-             h.make_node("ConstantOfShape", ["shp"], ["z"], name="zeros"),
-             h.make_node("EyeLike", ["x"], ["eye"], dtype=TP.FLOAT, name="eye"),
-             h.make_node("Cast", ["x"], ["x16"], to=TP.FLOAT16, name="to16"),
-             h.make_node("Cast", ["x16"], ["xb"], to=TP.FLOAT, name="back"),
-             h.make_node("Add", ["xb", "k"], ["a"]),
-             h.make_node("Add", ["a", "z"], ["b"]),
-             h.make_node("Add", ["b", "eye"], ["y"])]
+    nodes = [
+        h.make_node("Constant", [], ["k"], value_float=0.1, name="const"),
+        h.make_node("Shape", ["x"], ["shp"]),
+        h.make_node("ConstantOfShape", ["shp"], ["z"], name="zeros"),
+        h.make_node("EyeLike", ["x"], ["eye"], dtype=TP.FLOAT, name="eye"),
+        h.make_node("Cast", ["x"], ["x16"], to=TP.FLOAT16, name="to16"),
+        h.make_node("Cast", ["x16"], ["xb"], to=TP.FLOAT, name="back"),
+        h.make_node("Add", ["xb", "k"], ["a"]),
+        h.make_node("Add", ["a", "z"], ["b"]),
+        h.make_node("Add", ["b", "eye"], ["y"]),
+    ]
     shown = ["k", "z", "eye", "x16", "y"]
-    g = h.make_graph(nodes, "attrs", [h.make_tensor_value_info("x", TP.FLOAT, [3, 3])],
-                     [h.make_tensor_value_info(n, TP.FLOAT16 if n == "x16" else TP.FLOAT, None) for n in shown])
+    g = h.make_graph(
+        nodes,
+        "attrs",
+        [h.make_tensor_value_info("x", TP.FLOAT, [3, 3])],
+        [h.make_tensor_value_info(n, TP.FLOAT16 if n == "x16" else TP.FLOAT, None) for n in shown],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m64, rep = model_to_float64(m)
     assert m.graph.input[0].type.tensor_type.elem_type == TP.FLOAT  # the original is untouched
@@ -310,17 +344,26 @@ def test_fp64_conversion_of_dtype_attributes_and_refusals():
     assert np.array_equal(out["x16"], x)  # Cast to float16 became Cast to double: no rounding
     assert np.array_equal(out["y"], x + float(np.float32(0.1)) + np.eye(3))
 
-    q = h.make_graph([h.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], name="quant"),
-                      h.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"], name="dequant")], "qdq",
-                     [h.make_tensor_value_info("x", TP.FLOAT, [4])], [h.make_tensor_value_info("y", TP.FLOAT, [4])],
-                     [nh.from_array(np.array(0.1, np.float32), "s"), nh.from_array(np.array(3, np.uint8), "zp")])
+    q = h.make_graph(
+        [
+            h.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], name="quant"),
+            h.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"], name="dequant"),
+        ],
+        "qdq",
+        [h.make_tensor_value_info("x", TP.FLOAT, [4])],
+        [h.make_tensor_value_info("y", TP.FLOAT, [4])],
+        [nh.from_array(np.array(0.1, np.float32), "s"), nh.from_array(np.array(3, np.uint8), "zp")],
+    )
     qm = h.make_model(q, opset_imports=[h.make_opsetid("", 13)])
     onnx.checker.check_model(qm)
     # QuantizeLinear-13's x allows float/int32 only; the slots typed tensor(float) by the spec (the scales,
     # DequantizeLinear's output) would get Casts
-    with pytest.raises(BackendError, match=r"1 node\(s\) do not take double: QuantizeLinear-13 \(node 'quant'\): "
-                                           r"input 'x' is tensor\(float\), the spec's T1 allows tensor\(float\), "
-                                           r"tensor\(int32\)$"):
+    with pytest.raises(
+        BackendError,
+        match=r"1 node\(s\) do not take double: QuantizeLinear-13 \(node 'quant'\): "
+        r"input 'x' is tensor\(float\), the spec's T1 allows tensor\(float\), "
+        r"tensor\(int32\)$",
+    ):
         model_to_float64(qm)
 
 

@@ -17,8 +17,9 @@ import pipeline_factories as pf
 from isa_reasons import NOT_A_KERNEL_VALUE
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None,
-                                reason="headless Chromium not installed (apt-get install -y chromium)")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="headless Chromium not installed (apt-get install -y chromium)"
+)
 
 
 class _Dom(HTMLParser):
@@ -49,8 +50,15 @@ class _Dom(HTMLParser):
 
 
 def _chromium(args, tmp_path):
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-           f"--user-data-dir={tmp_path / 'profile'}", *args]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
 
 

@@ -105,10 +105,15 @@ def test_real_model_is_instrumented(name, model_path, tmp_path_factory):
         arr = res[a.name]
         assert arr.dtype == np.dtype(a.dtype) and np.isfinite(arr).all()
         assert len(arr.shape) == len(a.shape)
-        assert all(d is None or isinstance(d, str) or d == s
-                   for d, s in zip(a.shape, arr.shape)), (a.name, a.shape, arr.shape)
-    print(f"{name}: {manifest.partition['num_nodes']} nodes, {len(manifest.stages)} stages, {len(inner)} anchors: "
-          f"{', '.join(a.name for a in inner)}")
+        assert all(d is None or isinstance(d, str) or d == s for d, s in zip(a.shape, arr.shape)), (
+            a.name,
+            a.shape,
+            arr.shape,
+        )
+    print(
+        f"{name}: {manifest.partition['num_nodes']} nodes, {len(manifest.stages)} stages, {len(inner)} anchors: "
+        f"{', '.join(a.name for a in inner)}"
+    )
 
 
 def test_observer_effect_yolov8n(model_path, tmp_path_factory):
@@ -125,8 +130,10 @@ def test_observer_effect_yolov8n(model_path, tmp_path_factory):
         b = anch.run([plain.get_outputs()[0].name], feeds)[0]
         assert a.shape == b.shape == (1, 84, 525)
         worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))))
-    print(f"observer effect, YOLOv8n 160x160, ORT {ort.__version__}: max |plain - anchored| = {worst:.3g} "
-          f"over 3 inputs ({sum(x.kind != 'output' for x in manifest.anchors)} anchors)")
+    print(
+        f"observer effect, YOLOv8n 160x160, ORT {ort.__version__}: max |plain - anchored| = {worst:.3g} "
+        f"over 3 inputs ({sum(x.kind != 'output' for x in manifest.anchors)} anchors)"
+    )
     assert worst == 0.0
 
 

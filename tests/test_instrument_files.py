@@ -39,12 +39,20 @@ def test_external_data_next_to_source_is_referenced(model_path, tmp_path):
 
     src_dir = tmp_path / "src"
     src_dir.mkdir()
-    onnx.save(onnx.load(str(model_path("yolov8n-dynamo"))), str(src_dir / "m.onnx"), save_as_external_data=True,
-              location="m.weights")
+    onnx.save(
+        onnx.load(str(model_path("yolov8n-dynamo"))),
+        str(src_dir / "m.onnx"),
+        save_as_external_data=True,
+        location="m.weights",
+    )
     assert (src_dir / "m.weights").stat().st_size > 10_000_000
     man = instrument_file(src_dir / "m.onnx", src_dir / "anchored.onnx")
-    assert sorted(p.name for p in src_dir.iterdir()) == ["anchored.anchors.json", "anchored.onnx", "m.onnx",
-                                                         "m.weights"]
+    assert sorted(p.name for p in src_dir.iterdir()) == [
+        "anchored.anchors.json",
+        "anchored.onnx",
+        "m.onnx",
+        "m.weights",
+    ]
     assert (src_dir / "m.weights").stat().st_nlink == 1  # referenced: no link, no copy
     assert (src_dir / "anchored.onnx").stat().st_size < (src_dir / "m.onnx").stat().st_size + 50_000
     assert external_data_files(onnx.load(str(src_dir / "anchored.onnx"), load_external_data=False)) == ["m.weights"]
@@ -64,15 +72,28 @@ def _big_weights_model(folder: Path) -> Path:
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array((0.02 * rng.standard_normal((3600, 3600), dtype=np.float32)), "W")
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
-             helper.make_node("Relu", ["h"], ["r"], name="relu"),
-             helper.make_node("Tanh", ["r"], ["t"], name="tanh"), helper.make_node("Sigmoid", ["t"], ["y"], name="sig")]
-    g = helper.make_graph(nodes, "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3600])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3600])], initializer=[w])
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("Tanh", ["r"], ["t"], name="tanh"),
+        helper.make_node("Sigmoid", ["t"], ["y"], name="sig"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3600])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3600])],
+        initializer=[w],
+    )
     folder.mkdir()
     path = folder / "big.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path),
-              save_as_external_data=True, location="big.onnx.data", size_threshold=1024)
+    onnx.save(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]),
+        str(path),
+        save_as_external_data=True,
+        location="big.onnx.data",
+        size_threshold=1024,
+    )
     assert (folder / "big.onnx.data").stat().st_size >= 50_000_000
     return path
 
@@ -118,8 +139,9 @@ def test_external_data_other_folder_refused_or_copied_streaming(tmp_path):
     assert "--copy-external-data" in err and "same folder" in err and "outside the model's folder" in err, err
     assert list(out_dir.iterdir()) == []
     # a failure after the copy was staged (unwritable manifest path) leaves nothing either
-    rc, err, _ = _cli_child([str(src), "-o", str(out_dir / "a.onnx"), "--copy-external-data", "--manifest",
-                             "/proc/m.json"])
+    rc, err, _ = _cli_child(
+        [str(src), "-o", str(out_dir / "a.onnx"), "--copy-external-data", "--manifest", "/proc/m.json"]
+    )
     assert rc == 2 and "/proc" in err, err
     assert list(out_dir.iterdir()) == []
     # next to the source: the reference for peak memory (weights neither loaded nor copied)
@@ -128,8 +150,9 @@ def test_external_data_other_folder_refused_or_copied_streaming(tmp_path):
     rc, err, rss_copy = _cli_child([str(src), "-o", str(out_dir / "a.onnx"), "--copy-external-data", "--stages", "3"])
     assert rc == 0, err
     weights = (src.parent / "big.onnx.data").stat().st_size
-    print(f"peak RSS: referenced {rss_ref / 1e6:.1f} MB, copied {rss_copy / 1e6:.1f} MB "
-          f"(weights {weights / 1e6:.1f} MB)")
+    print(
+        f"peak RSS: referenced {rss_ref / 1e6:.1f} MB, copied {rss_copy / 1e6:.1f} MB (weights {weights / 1e6:.1f} MB)"
+    )
     assert rss_copy - rss_ref < 0.25 * weights, (rss_ref, rss_copy)
     assert sorted(p.name for p in out_dir.iterdir()) == ["a.anchors.json", "a.onnx", "a.onnx.data"]
     assert filecmp.cmp(out_dir / "a.onnx.data", src.parent / "big.onnx.data", shallow=False)
@@ -141,8 +164,10 @@ def test_external_data_other_folder_refused_or_copied_streaming(tmp_path):
     x = {"x": np.random.default_rng(1).standard_normal((1, 3600), dtype=np.float32)}
     y = anch.run(None, x)
     assert np.array_equal(plain.run(None, x)[0], y[0]) and len(y) == len(anch.get_outputs()) == 3
-    assert onnx.load(str(out_dir / "a.onnx"),
-                     load_external_data=False).graph.initializer[0].external_data[0].value == "a.onnx.data"
+    assert (
+        onnx.load(str(out_dir / "a.onnx"), load_external_data=False).graph.initializer[0].external_data[0].value
+        == "a.onnx.data"
+    )
 
 
 def test_output_files_get_the_umask_mode(tmp_path):
@@ -173,8 +198,12 @@ def _small_model():
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
-    nodes = [helper.make_node("Relu", ["x"], ["a"], name="r1"), helper.make_node("Sigmoid", ["a"], ["b"], name="s1"),
-             helper.make_node("Tanh", ["b"], ["c"], name="t1"), helper.make_node("Relu", ["c"], ["y"], name="r2")]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="r1"),
+        helper.make_node("Sigmoid", ["a"], ["b"], name="s1"),
+        helper.make_node("Tanh", ["b"], ["c"], name="t1"),
+        helper.make_node("Relu", ["c"], ["y"], name="r2"),
+    ]
     return helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -196,15 +225,29 @@ def _bad_inputs(tmp: Path, yolo: Path) -> dict[str, tuple[list[str], str]]:
     (ext / "w.bin").unlink()
     cases["missing-external-data"] = ([str(ext / "w.onnx")], "w.bin")
     c = helper.make_node("Constant", [], ["k"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0]))
-    noin = helper.make_model(helper.make_graph([c, helper.make_node("Relu", ["k"], ["y"])], "g", [],
-                                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]))
+    noin = helper.make_model(
+        helper.make_graph(
+            [c, helper.make_node("Relu", ["k"], ["y"])],
+            "g",
+            [],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        )
+    )
     onnx.save(noin, str(tmp / "noinputs.onnx"))
     cases["no-inputs"] = ([str(tmp / "noinputs.onnx")], "no inputs")
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
-    cyc = helper.make_model(helper.make_graph(
-        [helper.make_node("Add", ["x", "b"], ["a"], name="n1"), helper.make_node("Relu", ["a"], ["b"], name="n2"),
-         helper.make_node("Relu", ["a"], ["y"], name="n3")], "g", [x],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]))
+    cyc = helper.make_model(
+        helper.make_graph(
+            [
+                helper.make_node("Add", ["x", "b"], ["a"], name="n1"),
+                helper.make_node("Relu", ["a"], ["b"], name="n2"),
+                helper.make_node("Relu", ["a"], ["y"], name="n3"),
+            ],
+            "g",
+            [x],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        )
+    )
     onnx.save(cyc, str(tmp / "cycle.onnx"))
     cases["cycle"] = ([str(tmp / "cycle.onnx")], "cycle")
     cases["unknown-anchor"] = ([str(ext / "m.onnx"), "--anchor", "nope"], "'nope'")
@@ -214,8 +257,10 @@ def _bad_inputs(tmp: Path, yolo: Path) -> dict[str, tuple[list[str], str]]:
     cases["model-is-folder"] = ([str(ext)], "is a folder")
     onnx.save(onnx.load(str(yolo)), str(ext / "x.onnx"), save_as_external_data=True, location="x.bin")
     cases["output-is-the-weights"] = ([str(ext / "x.onnx"), "-o", str(ext / "x.bin")], "external weight files")
-    noout = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="r")], "g", [x], []),
-                              opset_imports=[helper.make_opsetid("", 17)])
+    noout = helper.make_model(
+        helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="r")], "g", [x], []),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
     onnx.save(noout, str(tmp / "nooutputs.onnx"))
     cases["no-outputs"] = ([str(tmp / "nooutputs.onnx")], "no outputs")
     # /proc refuses new files even to root (os.access says writable)
@@ -248,8 +293,19 @@ def test_cli_writes_and_lists(model_path, tmp_path, capsys):
     assert "stage" in out and "boundary anchor" in out and "anchor/00/" in out and "1x84x525" in out
     assert "5 stages" in out
     target = "/model.4/cv2/act/Mul_output_0"
-    rc = instrument_main([str(src), "-o", str(tmp_path / "a.onnx"), "--stages", "5", "--anchor", target,
-                          "--manifest", str(tmp_path / "m.json")])
+    rc = instrument_main(
+        [
+            str(src),
+            "-o",
+            str(tmp_path / "a.onnx"),
+            "--stages",
+            "5",
+            "--anchor",
+            target,
+            "--manifest",
+            str(tmp_path / "m.json"),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     man = AnchorManifest.load(tmp_path / "m.json")

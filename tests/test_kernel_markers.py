@@ -47,25 +47,62 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 REASONS = TESTS / "isa_reasons.py"  # the reasons shared by many modules
 # libraries and project modules that run a runtime, a converter or a backend (or export a model with one)
-RUNTIME_MODULES = ("onnxruntime", "openvino", "torch", "tensorflow", "keras", "tvm", "MNN", "ncnn", "pnnx",
-                   "ai_edge_litert", "tflite_runtime", "onnx2tf", "onnx2torch", "tf2onnx", "onnxconverter_common",
-                   "onnx.reference", "anpred.backends", "anpred.run", "anpred.pipeline", "anpred.task",
-                   "anpred.campaign", "anpred.drill", "anpred.cli", "anpred.commands", "anpred.conformance",
-                   "models", "exporters")
+RUNTIME_MODULES = (
+    "onnxruntime",
+    "openvino",
+    "torch",
+    "tensorflow",
+    "keras",
+    "tvm",
+    "MNN",
+    "ncnn",
+    "pnnx",
+    "ai_edge_litert",
+    "tflite_runtime",
+    "onnx2tf",
+    "onnx2torch",
+    "tf2onnx",
+    "onnxconverter_common",
+    "onnx.reference",
+    "anpred.backends",
+    "anpred.run",
+    "anpred.pipeline",
+    "anpred.task",
+    "anpred.campaign",
+    "anpred.drill",
+    "anpred.cli",
+    "anpred.commands",
+    "anpred.conformance",
+    "models",
+    "exporters",
+)
 # ``import anpred`` / ``from anpred import test``: the Python API's test and check run the backends
 RUNTIME_API = "anpred"
-TOLERANCE_CALLS = frozenset({"approx", "allclose", "isclose", "assert_allclose", "assert_array_almost_equal",
-                             "assert_almost_equal", "assert_array_max_ulp", "assert_array_almost_equal_nulp",
-                             "assert_close", "assert_array_less",
-                             # exact equality of computed arrays: bit-identity depends on the kernels too
-                             "array_equal", "assert_array_equal"})
+TOLERANCE_CALLS = frozenset(
+    {
+        "approx",
+        "allclose",
+        "isclose",
+        "assert_allclose",
+        "assert_array_almost_equal",
+        "assert_almost_equal",
+        "assert_array_max_ulp",
+        "assert_array_almost_equal_nulp",
+        "assert_close",
+        "assert_array_less",
+        # exact equality of computed arrays: bit-identity depends on the kernels too
+        "array_equal",
+        "assert_array_equal",
+    }
+)
 TOLERANCE_KEYWORDS = frozenset({"rtol", "atol", "rel", "abs"})
 MARKERS = ("kernels", "isa_independent")
 # words that name a measure of computed values in an order comparison (``nrmse < tol``, ``r["ulps"] <= 4``)
 MEASURE_WORDS = re.compile(r"(?i)(rmse|err|ulp|snr|sqnr|cos|ratio|dist|diff|delta|tol|mae|max_abs|deviat|drift)")
 # reductions of an array whose result an order comparison bounds (``np.abs(a - b).max() < 1e-6``)
-REDUCTIONS = frozenset({"max", "amax", "nanmax", "mean", "nanmean", "norm", "abs", "std", "sqrt", "median",
-                        "percentile", "quantile"})
+REDUCTIONS = frozenset(
+    {"max", "amax", "nanmax", "mean", "nanmean", "norm", "abs", "std", "sqrt", "median", "percentile", "quantile"}
+)
 
 
 def _is_runtime(module: str) -> bool:
@@ -89,15 +126,22 @@ def _helper_runs_a_runtime(name: str) -> bool:
     if path not in _HELPERS:
         _HELPERS[path] = False  # an import cycle between helpers sees nothing new
         tree = ast.parse(path.read_text(), str(path))
-        _HELPERS[path] = any(_runtime_imports(n) or _starts_python(n) for n in ast.walk(tree)
-                             if isinstance(n, (ast.Import, ast.ImportFrom, ast.Attribute)))
+        _HELPERS[path] = any(
+            _runtime_imports(n) or _starts_python(n)
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Import, ast.ImportFrom, ast.Attribute))
+        )
     return _HELPERS[path]
 
 
 def _starts_python(node: ast.AST) -> bool:
     """``sys.executable``: a test that starts Python (``python -m anpred ...``, a worker) runs what it runs."""
-    return (isinstance(node, ast.Attribute) and node.attr == "executable" and isinstance(node.value, ast.Name)
-            and node.value.id == "sys")
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "executable"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "sys"
+    )
 
 
 def _runtime_imports(node: ast.AST) -> set[str]:
@@ -107,8 +151,9 @@ def _runtime_imports(node: ast.AST) -> set[str]:
         if isinstance(n, ast.Import):
             names |= {(a.asname or a.name).split(".")[0] for a in n.names if _is_runtime(a.name)}
         elif isinstance(n, ast.ImportFrom) and n.module and not n.level:
-            names |= {a.asname or a.name for a in n.names
-                      if _is_runtime(n.module) or _is_runtime(f"{n.module}.{a.name}")}
+            names |= {
+                a.asname or a.name for a in n.names if _is_runtime(n.module) or _is_runtime(f"{n.module}.{a.name}")
+            }
     return names
 
 
@@ -118,8 +163,13 @@ def _imports_runtime_inline(fn: ast.AST) -> bool:
             return True
         if _starts_python(n):
             return True
-        if (isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", "")) == "importorskip"
-                and n.args and isinstance(n.args[0], ast.Constant) and _is_runtime(str(n.args[0].value))):
+        if (
+            isinstance(n, ast.Call)
+            and getattr(n.func, "attr", getattr(n.func, "id", "")) == "importorskip"
+            and n.args
+            and isinstance(n.args[0], ast.Constant)
+            and _is_runtime(str(n.args[0].value))
+        ):
             return True
     return False
 
@@ -128,15 +178,25 @@ def _names_a_measure(node: ast.AST) -> bool:
     """Whether ``node`` holds a measure of computed values: a name, attribute or string key from
     :data:`MEASURE_WORDS` (``nrmse``, ``r.error``, ``row["ulps"]``) or a reduction of an array
     (:data:`REDUCTIONS`: ``np.abs(a - b).max()``)."""
-    counted = {id(c) for n in ast.walk(node) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "len"
-               for c in ast.walk(n)}  # a count (``len(errors) >= 3``) is not a measure
+    counted = {
+        id(c)
+        for n in ast.walk(node)
+        if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "len"
+        for c in ast.walk(n)
+    }  # a count (``len(errors) >= 3``) is not a measure
     keys = {id(n.slice) for n in ast.walk(node) if isinstance(n, ast.Subscript)}  # ``row["ulps"]``, not "--atol"
     for s in ast.walk(node):
         if id(s) in counted:
             continue
-        word = (s.id if isinstance(s, ast.Name) else s.attr if isinstance(s, ast.Attribute)
-                else s.value if isinstance(s, ast.Constant) and isinstance(s.value, str) and id(s) in keys
-                else None)
+        word = (
+            s.id
+            if isinstance(s, ast.Name)
+            else s.attr
+            if isinstance(s, ast.Attribute)
+            else s.value
+            if isinstance(s, ast.Constant) and isinstance(s.value, str) and id(s) in keys
+            else None
+        )
         if word is not None and MEASURE_WORDS.search(word):
             return True
         if isinstance(s, ast.Call) and getattr(s.func, "attr", getattr(s.func, "id", "")) in REDUCTIONS:
@@ -159,8 +219,11 @@ def _is_bound(expr: ast.AST) -> bool:
             if getattr(n.func, "attr", getattr(n.func, "id", "")) in TOLERANCE_CALLS:
                 return True
             # ``(a == b).all()``: an exact equality of arrays, element by element
-            if (getattr(n.func, "attr", "") in ("all", "any") and isinstance(n.func, ast.Attribute)
-                    and any(isinstance(c, ast.Compare) for c in ast.walk(n.func.value))):
+            if (
+                getattr(n.func, "attr", "") in ("all", "any")
+                and isinstance(n.func, ast.Attribute)
+                and any(isinstance(c, ast.Compare) for c in ast.walk(n.func.value))
+            ):
                 return True
             if any(k.arg in TOLERANCE_KEYWORDS for k in n.keywords):
                 return True
@@ -172,8 +235,12 @@ def _own_bounds(fn: ast.AST) -> list[int]:
     for n in ast.walk(fn):
         if isinstance(n, ast.Assert) and _is_bound(n.test):
             lines.append(n.lineno)
-        elif (isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
-              and getattr(n.value.func, "attr", "").startswith("assert_") and _is_bound(n.value)):
+        elif (
+            isinstance(n, ast.Expr)
+            and isinstance(n.value, ast.Call)
+            and getattr(n.value.func, "attr", "").startswith("assert_")
+            and _is_bound(n.value)
+        ):
             lines.append(n.lineno)
     return lines
 
@@ -196,9 +263,13 @@ def _marks(decorators: list[ast.expr], strings: dict[str, str]) -> dict[str, str
 
 def _strings(tree: ast.Module) -> dict[str, str]:
     """The module-level string constants of ``tree``: name -> value."""
-    return {t.id: stmt.value.value for stmt in tree.body if isinstance(stmt, ast.Assign)
-            and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
-            for t in stmt.targets if isinstance(t, ast.Name)}
+    return {
+        t.id: stmt.value.value
+        for stmt in tree.body
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+        for t in stmt.targets
+        if isinstance(t, ast.Name)
+    }
 
 
 def _is_fixture(fn: ast.FunctionDef) -> bool:
@@ -224,8 +295,11 @@ class _Module:
 
 def _parse(path: Path) -> _Module:
     tree = ast.parse(path.read_text(), str(path))
-    m = _Module(runtime_names={n for stmt in tree.body if isinstance(stmt, (ast.Import, ast.ImportFrom))
-                               for n in _runtime_imports(stmt)})
+    m = _Module(
+        runtime_names={
+            n for stmt in tree.body if isinstance(stmt, (ast.Import, ast.ImportFrom)) for n in _runtime_imports(stmt)
+        }
+    )
     strings = _strings(tree)
     for stmt in tree.body:  # the shared reasons (tests/isa_reasons.py)
         if isinstance(stmt, ast.ImportFrom) and stmt.module == REASONS.stem and REASONS.is_file():
@@ -258,8 +332,11 @@ class _Uses:
         self.memo: dict[tuple[int, str], tuple[bool, list[int]]] = {}
 
     def _callees(self, fn: ast.AST, scope: _Module) -> list[str]:
-        return [n.func.id for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-                and n.func.id in scope.functions]
+        return [
+            n.func.id
+            for n in ast.walk(fn)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in scope.functions
+        ]
 
     def of(self, name: str, scope: _Module) -> tuple[bool, list[int]]:
         """``(runs a runtime, lines of numeric bounds)`` of ``scope``'s function ``name``."""
@@ -269,7 +346,8 @@ class _Uses:
         self.memo[key] = (False, [])  # a recursion sees nothing new
         fn = scope.functions[name]
         runtime = _imports_runtime_inline(fn) or any(
-            isinstance(n, ast.Name) and n.id in scope.runtime_names for n in ast.walk(fn))
+            isinstance(n, ast.Name) and n.id in scope.runtime_names for n in ast.walk(fn)
+        )
         bounds = _own_bounds(fn)
         for callee in self._callees(fn, scope):
             r, b = self.of(callee, scope)
@@ -316,7 +394,8 @@ def test_the_check_sees_an_unmarked_test(tmp_path):
     the API package; ``assert_close`` and ``(a == b).all()``; markers on the test, its class or its module; an
     ``isa_independent`` without a reason does not count."""
     (tmp_path / "conftest.py").write_text(
-        "import pytest\n\n\n@pytest.fixture\ndef sess():\n    import onnxruntime\n    return onnxruntime\n")
+        "import pytest\n\n\n@pytest.fixture\ndef sess():\n    import onnxruntime\n    return onnxruntime\n"
+    )
     (tmp_path / "test_a.py").write_text('''
 import numpy as np
 import pytest
@@ -397,18 +476,26 @@ def test_cli_option_set():
     assert {"--atol", "--rtol"} <= set(flat)
 ''')
     (tmp_path / "case_helpers.py").write_text(
-        "from anpred.run import run_model\n\ndef build():\n    return run_model()\n")
+        "from anpred.run import run_model\n\ndef build():\n    return run_model()\n"
+    )
     (tmp_path / "plain_helpers.py").write_text("import numpy as np\n\ndef build():\n    return np.float32(0)\n")
     (tmp_path / "test_b.py").write_text(
         "import pytest\nimport torch\n\npytestmark = [pytest.mark.kernels]\n\n\ndef test_m():\n"
-        "    assert torch.ones(1).item() > 0.5\n")
+        "    assert torch.ones(1).item() > 0.5\n"
+    )
     got = unmarked([tmp_path / "test_a.py", tmp_path / "test_b.py"], tmp_path / "conftest.py")
-    assert got == ["test_a.py::test_helper: bound at line 12", "test_a.py::test_fixture: bound at line 15",
-                   "test_a.py::test_inline: bound at line 19", "test_a.py::test_no_reason: bound at line 33",
-                   "test_a.py::test_exact: bound at line 45", "test_a.py::test_measure_against_int: bound at line 49",
-                   "test_a.py::test_reduction_against_name: bound at line 53",
-                   "test_a.py::test_helper_module: bound at line 61",
-                   "test_a.py::test_subprocess: bound at line 70", "test_a.py::test_api_assert_close: bound at line 74"]
+    assert got == [
+        "test_a.py::test_helper: bound at line 12",
+        "test_a.py::test_fixture: bound at line 15",
+        "test_a.py::test_inline: bound at line 19",
+        "test_a.py::test_no_reason: bound at line 33",
+        "test_a.py::test_exact: bound at line 45",
+        "test_a.py::test_measure_against_int: bound at line 49",
+        "test_a.py::test_reduction_against_name: bound at line 53",
+        "test_a.py::test_helper_module: bound at line 61",
+        "test_a.py::test_subprocess: bound at line 70",
+        "test_a.py::test_api_assert_close: bound at line 74",
+    ]
 
 
 def test_the_markers_are_registered_and_ci_runs_the_kernels_subset_emulated():

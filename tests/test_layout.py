@@ -27,8 +27,17 @@ ROOT = Path(__file__).resolve().parent.parent
 TOPS = ("anpred", "passes", "exporters", "models")
 #: folders of scripts, not packages: the module and function line limits apply to them too
 SCRIPT_FOLDERS = ("tests", "benchmarks")
-CORE = {"anpred.errors", "anpred.manifest", "anpred.naming", "anpred.onnx_io", "anpred.cache", "anpred.folders",
-        "anpred.compat", "anpred.machine", "anpred.defaults"}
+CORE = {
+    "anpred.errors",
+    "anpred.manifest",
+    "anpred.naming",
+    "anpred.onnx_io",
+    "anpred.cache",
+    "anpred.folders",
+    "anpred.compat",
+    "anpred.machine",
+    "anpred.defaults",
+}
 MAX_LINES = 600
 MAX_FUNCTION_LINES = 120  # end_lineno - lineno + 1 (decorators not counted)
 MAX_PARAMETERS = 8
@@ -125,8 +134,11 @@ def test_no_import_cycle_between_packages(graph):
 
 def test_passes_and_exporters_import_only_the_shared_core(graph):
     _, edges, _ = graph
-    upward = {a: sorted(b for b in bs if b.startswith("anpred") and b not in CORE)
-              for a, bs in edges.items() if a.split(".")[0] in ("passes", "exporters")}
+    upward = {
+        a: sorted(b for b in bs if b.startswith("anpred") and b not in CORE)
+        for a, bs in edges.items()
+        if a.split(".")[0] in ("passes", "exporters")
+    }
     assert {a: bs for a, bs in upward.items() if bs} == {}
 
 
@@ -150,8 +162,15 @@ def folder(m: str, mods: dict[str, Path]) -> str:
 def folder_cycles(mods: dict[str, Path], edges: dict[str, set[str]], skip=frozenset()) -> list[list[str]]:
     """The cycles between folders (:func:`folder`), each as its sorted folders; the imports of the
     modules in ``skip`` are left out."""
-    g = nx.DiGraph([(folder(a, mods), folder(b, mods)) for a, bs in edges.items() if a not in skip for b in bs
-                    if folder(a, mods) != folder(b, mods)])
+    g = nx.DiGraph(
+        [
+            (folder(a, mods), folder(b, mods))
+            for a, bs in edges.items()
+            if a not in skip
+            for b in bs
+            if folder(a, mods) != folder(b, mods)
+        ]
+    )
     return sorted(sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1)
 
 
@@ -172,8 +191,13 @@ def functions(path: Path, module: str):
                 names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
                 names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
                 qual = prefix + child.name
-                found.append((f"{module}:{qual}", child.end_lineno - child.lineno + 1,
-                              len([n for n in names if n not in ("self", "cls")])))
+                found.append(
+                    (
+                        f"{module}:{qual}",
+                        child.end_lineno - child.lineno + 1,
+                        len([n for n in names if n not in ("self", "cls")]),
+                    )
+                )
                 visit(child, qual + ".<locals>.")
             elif isinstance(child, ast.ClassDef):
                 visit(child, prefix + child.name + ".")
@@ -243,8 +267,13 @@ def test_temporary_lists_are_current(graph, all_functions, scripts, script_funct
     too_long = set(long_modules(mods)) | set(long_modules(scripts))
     long_functions = {name for name, n, _ in all_functions + script_functions if n > MAX_FUNCTION_LINES}
     many = {name for name, _, n in all_functions if n > MAX_PARAMETERS}
-    stale = (TEMPORARY_LONG_MODULES - too_long) | (TEMPORARY_LONG_FUNCTIONS - long_functions) | \
-        (TEMPORARY_MANY_PARAMETERS - many) | (SCHEMA_MIRRORS - many) | (TEMPORARY_FOLDER_STRAGGLERS - set(mods))
+    stale = (
+        (TEMPORARY_LONG_MODULES - too_long)
+        | (TEMPORARY_LONG_FUNCTIONS - long_functions)
+        | (TEMPORARY_MANY_PARAMETERS - many)
+        | (SCHEMA_MIRRORS - many)
+        | (TEMPORARY_FOLDER_STRAGGLERS - set(mods))
+    )
     assert stale == set(), "no longer offending: remove from the lists in tests/test_layout.py"
 
 
@@ -289,8 +318,22 @@ def test_the_line_limits_see_tests_and_benchmarks(tmp_path):
     (tmp_path / "benchmarks" / "evaluation" / "bench_long.py").write_text(body)
     (tmp_path / "benchmarks" / "bench_fits.py").write_text("def main():\n" + "    x = 1\n" * 119)
     mods = script_modules(tmp_path)
-    assert sorted(mods) == ["benchmarks/bench_fits.py", "benchmarks/evaluation/bench_long.py", "tests/test_fits.py",
-                            "tests/test_long.py"]
+    assert sorted(mods) == [
+        "benchmarks/bench_fits.py",
+        "benchmarks/evaluation/bench_long.py",
+        "tests/test_fits.py",
+        "tests/test_long.py",
+    ]
     assert long_modules(mods) == {"tests/test_long.py": 601}
     long = [(name, n) for m, p in mods.items() for name, n, _ in functions(p, m) if n > MAX_FUNCTION_LINES]
     assert long == [("benchmarks/evaluation/bench_long.py:main", 121)]
+
+
+def test_ci_lints_and_checks_the_formatting_of_the_whole_tree():
+    """The formatter is configured once (pyproject.toml) and CI fails on an unformatted tree (issue 36)."""
+    import tomllib
+
+    ruff = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]
+    assert ruff["line-length"] == 120 and "format" in ruff
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ".venv/bin/ruff check . && .venv/bin/ruff format --check ." in ci

@@ -12,8 +12,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-HEAVY = ("torch", "tensorflow", "tvm", "MNN", "ncnn", "ai_edge_litert", "ray", "ultralytics", "openvino",
-         "onnxruntime", "scipy", "sklearn", "onnx2tf", "onnx2torch")
+HEAVY = (
+    "torch",
+    "tensorflow",
+    "tvm",
+    "MNN",
+    "ncnn",
+    "ai_edge_litert",
+    "ray",
+    "ultralytics",
+    "openvino",
+    "onnxruntime",
+    "scipy",
+    "sklearn",
+    "onnx2tf",
+    "onnx2torch",
+)
 
 
 def _pyproject() -> dict:
@@ -81,9 +95,11 @@ def test_backends_listing_names_the_extra_of_a_missing_backend():
 
 
 def test_the_cli_and_the_pipeline_import_no_runtime():
-    code = ("import sys, anpred.cli, anpred.pipeline, anpred.judge, anpred.report, anpred.options;"
-            "anpred.cli.build_parser();"
-            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    code = (
+        "import sys, anpred.cli, anpred.pipeline, anpred.judge, anpred.report, anpred.options;"
+        "anpred.cli.build_parser();"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
 

@@ -48,14 +48,18 @@ def test_export_loads_in_model_explorer_and_names_the_culprit(exported):
     main = next(g for g in graphs if g.id == index["graph"])
     ids = {n.id for n in main.nodes}
     report = read_json(runs["bad"] / "report.json")
-    assert sorted(index["files"]) == sorted(f"{b}.{k}.json" for b in report.verdicts
-                                            for k in ("carried", "local", "nrmse", "verdict"))
+    assert sorted(index["files"]) == sorted(
+        f"{b}.{k}.json" for b in report.verdicts for k in ("carried", "local", "nrmse", "verdict")
+    )
     data = {}
     for f in index["files"]:
         raw = json.loads((out / f).read_text())
         assert list(raw) == [main.id]
-        md = ModelNodeData(graphsData={k: dacite.from_dict(GraphNodeData, v, config=dacite.Config(strict=True))
-                                       for k, v in raw.items()})
+        md = ModelNodeData(
+            graphsData={
+                k: dacite.from_dict(GraphNodeData, v, config=dacite.Config(strict=True)) for k, v in raw.items()
+            }
+        )
         back = json.loads(md.to_json_string())[main.id]  # Model Explorer's own serialisation (adds its defaults)
         assert {k: back[k] for k in raw[main.id]} == raw[main.id]  # nothing lost or changed
         gd = md.graphsData[main.id]
@@ -129,8 +133,10 @@ def test_unnamed_nodes_get_ids_the_adapter_keeps(exported, tmp_path):
     (graph,) = [g for g in ONNXAdapter().convert(index["model"], {})["graphs"] if g.id == index["graph"]]
     ids = {n.id for n in graph.nodes}
     culprit = index["culprits"]["openvino"]
-    assert culprit in ids and next(n for n in onnx.load(index["model"]).graph.node
-                                   if n.name == culprit).op_type == "Softplus"
+    assert (
+        culprit in ids
+        and next(n for n in onnx.load(index["model"]).graph.node if n.name == culprit).op_type == "Softplus"
+    )
     for f in index["files"]:
         (gd,) = json.loads((tmp_path / "me" / f).read_text()).values()
         assert set(gd["results"]) <= ids

@@ -28,8 +28,19 @@ def test_bad_export_folder_is_refused_first_and_a_failed_export_keeps_the_histor
     afile = tmp_path / "afile"
     afile.write_text("not a folder")
     db, html = tmp_path / "h.sqlite", tmp_path / "r.html"
-    rc = main(["check", str(runs["bad"] / "run"), "--model-explorer", str(afile), "--history", str(db),
-               "--report", str(html), "-q"])
+    rc = main(
+        [
+            "check",
+            str(runs["bad"] / "run"),
+            "--model-explorer",
+            str(afile),
+            "--history",
+            str(db),
+            "--report",
+            str(html),
+            "-q",
+        ]
+    )
     assert rc == 2 and f"--model-explorer {afile}: exists and is not a folder" in capsys.readouterr().err
     assert not db.exists() and not html.exists()  # refused before any work: nothing judged, nothing half-written
     rc = main(["check", str(runs["bad"] / "run"), "--model-explorer", str(afile / "sub"), "-q"])
@@ -60,7 +71,10 @@ def test_index_command_is_shell_quoted(tmp_path_factory, tmp_path):
     index = export_report_folder(runs["bad"], out)
     argv = shlex.split(index["command"])
     files = ",".join(str(out.absolute() / f) for f in sorted(index["files"]))
-    assert argv == ["model-explorer", str(out.absolute() / "anchored.annotated.onnx"),
-                    "--extensions=model_explorer_onnx",
-                    f"--node_data_paths={files}"]
+    assert argv == [
+        "model-explorer",
+        str(out.absolute() / "anchored.annotated.onnx"),
+        "--extensions=model_explorer_onnx",
+        f"--node_data_paths={files}",
+    ]
     assert json.loads((out / "index.json").read_text())["command"] == index["command"]

@@ -59,8 +59,9 @@ def keras_cnn(seed: int = 0, imgsz: int = 32):
     for layer in m.layers:
         if isinstance(layer, L.BatchNormalization):
             c = layer.gamma.shape[0]
-            layer.set_weights([rng.uniform(0.5, 1.5, c), rng.normal(0, 0.1, c), rng.normal(0, 0.1, c),
-                               rng.uniform(0.5, 1.5, c)])
+            layer.set_weights(
+                [rng.uniform(0.5, 1.5, c), rng.normal(0, 0.1, c), rng.normal(0, 0.1, c), rng.uniform(0.5, 1.5, c)]
+            )
     return m, (rng.random((1, imgsz, imgsz, 3), dtype=np.float32),)
 
 
@@ -136,8 +137,9 @@ def test_mapping_bar(case):
     from exporters.mapping import map_anchors
 
     c = case
-    rep = map_anchors(c.manifest, c.native, c.fw, onnx_model=c.model,
-                      example_inputs=c.example if c.fw == "torch" else None)
+    rep = map_anchors(
+        c.manifest, c.native, c.fw, onnx_model=c.model, example_inputs=c.example if c.fw == "torch" else None
+    )
     nb = BACKEND[c.fw]
     n = len(c.manifest.anchors)
     assert n >= 6, f"only {n} anchors"
@@ -178,8 +180,11 @@ def test_torchscript_folded_bn_is_equivalent_and_internal_values_are_reported(tm
     errs, info, got = _native_vs_ort(c)
     by_value = {a.value: a for a in c.manifest.anchors}
     conv = by_value["/model.0/conv/Conv_output_0"]
-    sig = next(a for a in c.manifest.anchors if a.producer.endswith("/model.0/act/Sigmoid")
-               or a.value.startswith("/model.0/act/Sigmoid"))
+    sig = next(
+        a
+        for a in c.manifest.anchors
+        if a.producer.endswith("/model.0/act/Sigmoid") or a.value.startswith("/model.0/act/Sigmoid")
+    )
     e = conv.native["torch-native"]
     assert (e["status"], e["target"]) == ("equivalent", "model.0.bn") and "folded" in e["reason"]
     assert errs[conv.name] < REL_TOL, f"folded BN anchor max relative error {errs[conv.name]:.2e}"
@@ -278,16 +283,23 @@ def test_another_model_or_input_size_is_not_reported_as_exact(case):
     wrong, wrong_ex = load_factory("models.yolo:yolov8n", {"imgsz": IMGSZ})
     man = AnchorManifest.from_dict(c.manifest.to_dict())
     before = man.to_dict()
-    with pytest.raises(MappingError, match=r"DetectionModel is not the exported model: \d+ module\(s\) have "
-                                           r"another class .*'model.2' is C2f \(export: C3\)"):
+    with pytest.raises(
+        MappingError,
+        match=r"DetectionModel is not the exported model: \d+ module\(s\) have "
+        r"another class .*'model.2' is C2f \(export: C3\)",
+    ):
         map_anchors(man, wrong, "torch", onnx_model=c.model, example_inputs=wrong_ex)
     assert man.to_dict() == before  # nothing written
     # the exported model at 192 px instead of 160: every anchor's shape differs -> one clear error
     big, big_ex = load_factory("models.yolo:yolov5n", {"imgsz": 192})
-    with pytest.raises(MappingError, match=r"does not match the ONNX graph: none of \d+ anchors maps .*"
-                                           r"example input has shape \[1, 3, 192, 192\]"):
-        map_anchors(AnchorManifest.from_dict(c.manifest.to_dict()), big, "torch", onnx_model=c.model,
-                    example_inputs=big_ex)
+    with pytest.raises(
+        MappingError,
+        match=r"does not match the ONNX graph: none of \d+ anchors maps .*"
+        r"example input has shape \[1, 3, 192, 192\]",
+    ):
+        map_anchors(
+            AnchorManifest.from_dict(c.manifest.to_dict()), big, "torch", onnx_model=c.model, example_inputs=big_ex
+        )
     # capture time: the YOLOv5n mapping (written by the case) with the YOLOv8n module behind it
     man = AnchorManifest.from_dict(c.manifest.to_dict())
     b = backend_class("torch-native")({"factory": "models.yolo:yolov8n", "factory_kwargs": {"imgsz": IMGSZ}})

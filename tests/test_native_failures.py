@@ -24,10 +24,18 @@ def empty_concat(path: Path) -> Path:
     w = nh.from_array(np.random.default_rng(0).standard_normal((4, 4, 1)).astype(np.float32), "w")
     empty = nh.from_array(np.zeros((1, 4, 0), np.float32), "empty")
     one = nh.from_array(np.ones((1, 4, 1), np.float32), "one")
-    nodes = [h.make_node("Conv", ["x", "w"], ["c"], name="conv"), h.make_node("Relu", ["c"], ["r"], name="relu"),
-             h.make_node("Concat", ["r", "empty", "one"], ["y"], axis=2, name="cat")]
-    g = h.make_graph(nodes, "empty_concat", [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 8])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 9])], [w, empty, one])
+    nodes = [
+        h.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+        h.make_node("Relu", ["c"], ["r"], name="relu"),
+        h.make_node("Concat", ["r", "empty", "one"], ["y"], axis=2, name="cat"),
+    ]
+    g = h.make_graph(
+        nodes,
+        "empty_concat",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 8])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 9])],
+        [w, empty, one],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.checker.check_model(m, full_check=True)
@@ -88,16 +96,22 @@ def test_ncnn_that_cannot_load_its_weights_says_which_layer(tmp_path, own_cache)
     from anpred.run import run_model
 
     m = empty_concat(tmp_path / "m.onnx")
-    assert run_model(m, ["ncnn"], "random:normal:n=1", tmp_path / "r1", progress=False,
-                     precheck=False).statuses()["ncnn"].status == "ok"
+    assert (
+        run_model(m, ["ncnn"], "random:normal:n=1", tmp_path / "r1", progress=False, precheck=False)
+        .statuses()["ncnn"]
+        .status
+        == "ok"
+    )
     (weights,) = own_cache.glob("pnnx/*/model.ncnn.bin")
     weights.write_bytes(weights.read_bytes()[:8])  # the Convolution's weights cut short
-    st = run_model(m, ["ncnn", "ort"], "random:normal:n=1", tmp_path / "r2", progress=False,
-                   precheck=False).statuses()["ncnn"]
+    st = run_model(m, ["ncnn", "ort"], "random:normal:n=1", tmp_path / "r2", progress=False, precheck=False).statuses()[
+        "ncnn"
+    ]
     assert st.status == "failed"
     # ncnn's own line (written to the C stderr), not only "cannot load the converted model"
-    assert st.reason.startswith("prepare: BackendError: ncnn: cannot load the converted model: layer load_model "), \
+    assert st.reason.startswith("prepare: BackendError: ncnn: cannot load the converted model: layer load_model "), (
         st.reason
+    )
     assert "failed" in st.reason.split("converted model:", 1)[1].split("(ncnn", 1)[0]
 
 

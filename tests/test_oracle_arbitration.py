@@ -21,19 +21,24 @@ def _majority_error(torch_extra=None, fp64=True, n=6, seed=3, shared_scale=1e-4,
     sum they all compute); torch is accurate (noise 3e-7) unless ``torch_extra`` (relative scale of its
     own, independent error); onnx-reference-fp64 returns the truth."""
     names = ["ort", "openvino", "tvm", "torch"]
-    o = Oracle(ANCHORS,
-               backend_infos(names) + ([BackendInfo.make("onnx-reference-fp64", precision="fp64")] if fp64 else []),
-               config)
+    o = Oracle(
+        ANCHORS,
+        backend_infos(names) + ([BackendInfo.make("onnx-reference-fp64", precision="fp64")] if fp64 else []),
+        config,
+    )
     rng = np.random.default_rng(seed)
     shared = {a.name: rng.standard_normal(512) for a in ANCHORS}
     for _ in range(n):
         sample = {}
         for a in ANCHORS:
             true = rng.standard_normal(512)
-            sample[a.name] = {b: true * (1 + 3e-7 * rng.standard_normal(512)) + shared_scale * shared[a.name]
-                              for b in ("ort", "openvino", "tvm")}
-            sample[a.name]["torch"] = true * (1 + 3e-7 * rng.standard_normal(512)) + \
-                (torch_extra * rng.standard_normal(512) if torch_extra else 0.0)
+            sample[a.name] = {
+                b: true * (1 + 3e-7 * rng.standard_normal(512)) + shared_scale * shared[a.name]
+                for b in ("ort", "openvino", "tvm")
+            }
+            sample[a.name]["torch"] = true * (1 + 3e-7 * rng.standard_normal(512)) + (
+                torch_extra * rng.standard_normal(512) if torch_extra else 0.0
+            )
             if fp64:
                 sample[a.name]["onnx-reference-fp64"] = true.astype(np.float64)
         o.add(sample)
@@ -71,8 +76,9 @@ def test_float64_execution_measures_a_shared_error_below_the_floor():
     assert [b for b, v in without.verdicts.items() if v.flagged] == ["torch"]
     res = _majority_error(shared_scale=5e-6)
     assert res.splits == [] and not any(v.flagged for v in res.verdicts.values())
-    assert [(c["families"], c["kind"])
-            for c in res.correlated] == [(["onnxruntime", "openvino", "tvm"], "error-correlated")]
+    assert [(c["families"], c["kind"]) for c in res.correlated] == [
+        (["onnxruntime", "openvino", "tvm"], "error-correlated")
+    ]
     assert min(res.correlated[0]["rho"].values()) > 0.99
     off = OracleConfig(correlated_rho=1.0)
     res = _majority_error(shared_scale=5e-6, config=off)
@@ -96,8 +102,10 @@ def _wrong_arbiter(seed: int, voters: list[str], sharing: tuple[str, ...] = ()):
         sample = {}
         for a in ANCHORS:
             true = rng.standard_normal(512)
-            sample[a.name] = {b: true * (1 + 3e-7 * rng.standard_normal(512))
-                              + (1e-3 * shared[a.name] if b in sharing else 0.0) for b in voters}
+            sample[a.name] = {
+                b: true * (1 + 3e-7 * rng.standard_normal(512)) + (1e-3 * shared[a.name] if b in sharing else 0.0)
+                for b in voters
+            }
             sample[a.name]["onnx-reference-fp64"] = true.astype(np.float64) + 1e-3 * shared[a.name]
         o.add(sample)
     return o.finish()
@@ -183,8 +191,13 @@ def test_independence_line_says_merged_or_not_and_from_how_many_anchors():
     line = independence_line(runs[1.0].independence, runs[1.0].correlated, 0.8)
     assert "openvino~tensorflow 1.00 from 4 anchors, not merged" in line and "merged into" not in line, line
     # the user's case, one anchor: singular; above every pair: the highest, with its anchor count
-    one = {"pairs": {"mnn|onnxruntime": {"rho_median": 1.0, "rho_max": 1.0, "anchors": 1},
-                     "mnn|ncnn": {"rho_median": -0.4, "rho_max": -0.4, "anchors": 1}}, "merged": {}}
+    one = {
+        "pairs": {
+            "mnn|onnxruntime": {"rho_median": 1.0, "rho_max": 1.0, "anchors": 1},
+            "mnn|ncnn": {"rho_median": -0.4, "rho_max": -0.4, "anchors": 1},
+        },
+        "merged": {},
+    }
     assert "): mnn~onnxruntime 1.00 from 1 anchor, not merged (" in independence_line(one, [], 0.8)
     assert "no pair at or above it; highest mnn~onnxruntime 1.00 from 1 anchor" in independence_line(one, [], 1.01)
 
@@ -230,8 +243,12 @@ def test_an_all_zero_consensus_gives_inf_without_warnings_or_nan_ratios():
         warnings.simplefilter("error")
         for _ in range(2):
             x = rng.random(64) * 1e-9
-            o.add({a.name: {b: (np.zeros(64) if b in ("tvm", "mnn", "ncnn") else x.copy()) for b in fams}
-                   for a in anchors})
+            o.add(
+                {
+                    a.name: {b: (np.zeros(64) if b in ("tvm", "mnn", "ncnn") else x.copy()) for b in fams}
+                    for a in anchors
+                }
+            )
         res = o.finish()
     v = res.verdicts["ort"]
     assert v.flagged and v.worst_primary == math.inf

@@ -62,8 +62,7 @@ def test_reduced_precision_does_not_vote_and_uses_its_floor():
     v = res.verdicts["ort-fp16"]
     assert not v.votes and v.precision == "fp16" and not v.flagged
     assert "ort-fp16" not in res.consensus["anchor/00/a"][0]
-    res2 = judged(["ort", "openvino", "onnx-reference", "ort-fp16"],
-                  {"ort-fp16": (2, lambda t, r: 0.5 * t, 1.0)}, cfg)
+    res2 = judged(["ort", "openvino", "onnx-reference", "ort-fp16"], {"ort-fp16": (2, lambda t, r: 0.5 * t, 1.0)}, cfg)
     assert res2.verdicts["ort-fp16"].flagged and res2.verdicts["ort-fp16"].origin_stage == 2
 
 
@@ -108,8 +107,11 @@ def test_missing_anchor_and_all_nan_anchor_are_reported():
     assert any("anchor/02/c: the voting families agreed on NaN/Inf" in n for n in res.notes)
     assert not any(v.flagged for v in res.verdicts.values())
     # openvino is incomplete (its anchor/01/b is missing), the others judged everywhere
-    assert {b: v.status for b, v in res.verdicts.items()} == {"ort": "consistent", "openvino": "incomplete",
-                                                             "onnx-reference": "consistent"}
+    assert {b: v.status for b, v in res.verdicts.items()} == {
+        "ort": "consistent",
+        "openvino": "incomplete",
+        "onnx-reference": "consistent",
+    }
 
 
 def test_missing_samples_make_a_verdict_incomplete():
@@ -127,8 +129,9 @@ def test_missing_samples_make_a_verdict_incomplete():
     v = res.verdicts["openvino"]
     assert v.status == "incomplete" and not v.flagged and v.samples == 4 and v.unjudged == {}
     assert set(v.partial) == {a.name for a in ANCHORS}
-    assert v.partial["anchor/00/a"] == ("judged on 4 of 6 samples; no tensors stored for this sample "
-                                        "(in 2 of 6 samples: s0004, s0005)")
+    assert v.partial["anchor/00/a"] == (
+        "judged on 4 of 6 samples; no tensors stored for this sample (in 2 of 6 samples: s0004, s0005)"
+    )
     assert res.verdicts["ort"].status == "consistent" and res.verdicts["ort"].complete
 
 
@@ -142,8 +145,10 @@ def test_shape_mismatch_is_named_not_none():
         o.add(s, unaligned={("anchor/01/b", "torch"): "not in this run"})
     res = o.finish()
     why = res.unjudged_anchors["anchor/01/b"]
-    assert why == ("fewer than two backends produced it (ort); openvino: shape [256] differs from the other "
-                   "backends' shape [512]; onnx-reference: shape [2, 3] differs from the other backends' shape [512]")
+    assert why == (
+        "fewer than two backends produced it (ort); openvino: shape [256] differs from the other "
+        "backends' shape [512]; onnx-reference: shape [2, 3] differs from the other backends' shape [512]"
+    )
     assert "shape [2, 3] differs" in res.verdicts["onnx-reference"].unjudged["anchor/01/b"]
     assert res.verdicts["ort"].unjudged["anchor/01/b"] == "no other backend to compare with here"
 
@@ -162,7 +167,8 @@ def test_a_shared_material_deviation_splits_the_vote_and_the_count_of_families_d
     assert {b for b, v in res.verdicts.items() if v.flagged} == {"openvino", "tf"}
     assert [c["families"] for c in res.correlated] == [["openvino", "tensorflow"]]
     assert res.consensus["anchor/01/b"] == [
-        "median:onnx-reference,onnxruntime,torch (split: decided by count against openvino,tensorflow)"]
+        "median:onnx-reference,onnxruntime,torch (split: decided by count against openvino,tensorflow)"
+    ]
     split = next(x for x in res.splits if x["anchor"] == "anchor/01/b")
     assert split["camps"] == [["onnx-reference", "onnxruntime", "torch"], ["openvino", "tensorflow"]]
     assert split["decided_for"] == ["onnx-reference", "onnxruntime", "torch"] and split["basis"] == "count"
@@ -287,19 +293,22 @@ def test_config_file_overrides_defaults(tmp_path):
         load_config(j)
 
 
-@pytest.mark.parametrize("text, message", [
-    ('{"min_voters": "abc"}', "min_voters must be an integer >= 2, got 'abc'"),
-    ('{"min_voters": 2.5}', "min_voters must be an integer >= 2, got 2.5"),
-    ('{"threshold_atol": "x"}', "threshold_atol must be a finite number >= 0, got 'x'"),
-    ('{"propagation_band": 0}', "propagation_band must be a finite number > 1, got 0"),
-    ('{"floor": {"fp32": true}}', "floor.fp32 must be a finite number > 0, got True"),
-    ('{"floor": {"fp16": -1}}', "floor.fp16 must be a finite number > 0, got -1"),
-    ('{"k": {"int8": 0.5}}', "k.int8 must be a finite number >= 1, got 0.5"),
-    ('{"reservoir": -3}', "reservoir must be an integer >= 0, got -3"),
-    ('{"primary": "psnr"}', "unknown primary statistic 'psnr'"),
-    ('{"reduced_precision": {"ort-fp16": "fp8"}}', "unknown precision 'fp8'"),
-    ('{"oracle": 3}', "must be a table"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"min_voters": "abc"}', "min_voters must be an integer >= 2, got 'abc'"),
+        ('{"min_voters": 2.5}', "min_voters must be an integer >= 2, got 2.5"),
+        ('{"threshold_atol": "x"}', "threshold_atol must be a finite number >= 0, got 'x'"),
+        ('{"propagation_band": 0}', "propagation_band must be a finite number > 1, got 0"),
+        ('{"floor": {"fp32": true}}', "floor.fp32 must be a finite number > 0, got True"),
+        ('{"floor": {"fp16": -1}}', "floor.fp16 must be a finite number > 0, got -1"),
+        ('{"k": {"int8": 0.5}}', "k.int8 must be a finite number >= 1, got 0.5"),
+        ('{"reservoir": -3}', "reservoir must be an integer >= 0, got -3"),
+        ('{"primary": "psnr"}', "unknown primary statistic 'psnr'"),
+        ('{"reduced_precision": {"ort-fp16": "fp8"}}', "unknown precision 'fp8'"),
+        ('{"oracle": 3}', "must be a table"),
+    ],
+)
 def test_bad_config_values_are_one_clear_error(tmp_path, text, message):
     """Regression (review): {"min_voters": "abc"} raised a ValueError traceback (exit 1); band 0 and
     floor true were accepted."""

@@ -15,10 +15,18 @@ from oracle_populations import ANCHORS, FP32, backend_infos, population
 
 # ---- propagation along the data flow: parallel branches ---------------------------------------------
 # manifest (topological) order interleaves two branches: A1 -> A2 -> O and B -> O
-BRANCHES = [AnchorInfo("anchor/00/A1", 0), AnchorInfo("anchor/01/B", 1), AnchorInfo("anchor/01/A2", 1),
-            AnchorInfo("output/O", 2, kind="output")]
-BRANCH_DOWN = {"anchor/00/A1": {"anchor/01/A2", "output/O"}, "anchor/01/B": {"output/O"},
-               "anchor/01/A2": {"output/O"}, "output/O": set()}
+BRANCHES = [
+    AnchorInfo("anchor/00/A1", 0),
+    AnchorInfo("anchor/01/B", 1),
+    AnchorInfo("anchor/01/A2", 1),
+    AnchorInfo("output/O", 2, kind="output"),
+]
+BRANCH_DOWN = {
+    "anchor/00/A1": {"anchor/01/A2", "output/O"},
+    "anchor/01/B": {"output/O"},
+    "anchor/01/A2": {"output/O"},
+    "output/O": set(),
+}
 
 
 def _judge_branches(dev, descendants, n=8, config=None, deviant="openvino", seed=4):
@@ -72,10 +80,16 @@ def test_anchor_descendants_on_a_real_graph():
     from anpred.errors import GraphError
     from anpred.judge import anchor_descendants
 
-    nodes = [h.make_node("Relu", ["x"], ["r"]), h.make_node("Neg", ["r"], ["a"]), h.make_node("Exp", ["r"], ["b"]),
-             h.make_node("Abs", ["a"], ["a2"]), h.make_node("Add", ["a2", "b"], ["y"])]
-    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [2])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [2])])
+    nodes = [
+        h.make_node("Relu", ["x"], ["r"]),
+        h.make_node("Neg", ["r"], ["a"]),
+        h.make_node("Exp", ["r"], ["b"]),
+        h.make_node("Abs", ["a"], ["a2"]),
+        h.make_node("Add", ["a2", "b"], ["y"]),
+    ]
+    g = h.make_graph(
+        nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [2])], [h.make_tensor_value_info("y", T.FLOAT, [2])]
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     onnx.checker.check_model(m)
     d = anchor_descendants(m, {"in": "x", "A": "a", "B": "b", "A2": "a2", "Y": "y"})
@@ -114,11 +128,17 @@ def test_sustained_departure_is_flagged_below_the_floor():
     # two departures in a row (A1, A2; O clean): not flagged
     assert not _judge_branches({"anchor/00/A1": 1e-5, "anchor/01/A2": 1e-5}, BRANCH_DOWN).verdicts["openvino"].flagged
     # B -> O is a path of two; A1 -> A2 is broken at A2: no run of three
-    assert not _judge_branches({"anchor/00/A1": 1e-5, "anchor/01/B": 1e-5, "output/O": 1e-5},
-                               BRANCH_DOWN).verdicts["openvino"].flagged
+    assert (
+        not _judge_branches({"anchor/00/A1": 1e-5, "anchor/01/B": 1e-5, "output/O": 1e-5}, BRANCH_DOWN)
+        .verdicts["openvino"]
+        .flagged
+    )
     # in manifest order A1, B, A2, O are consecutive: the same deviations make a run of four there
-    assert _judge_branches({"anchor/00/A1": 1e-5, "anchor/01/B": 1e-5, "anchor/01/A2": 1e-5, "output/O": 1e-5},
-                           None).verdicts["openvino"].flagged
+    assert (
+        _judge_branches({"anchor/00/A1": 1e-5, "anchor/01/B": 1e-5, "anchor/01/A2": 1e-5, "output/O": 1e-5}, None)
+        .verdicts["openvino"]
+        .flagged
+    )
     # off: sustained_anchors = 0
     assert not _judge_branches(dev, BRANCH_DOWN, config=OracleConfig(sustained_anchors=0)).verdicts["openvino"].flagged
 
@@ -145,8 +165,17 @@ def test_origin_needs_a_departure_above_the_fraction_of_the_floor_and_k():
     assert v.origin_anchor == "output/O"
 
 
-@pytest.mark.parametrize("bad", [{"origin_k": 0.5}, {"origin_floor_fraction": 0}, {"origin_floor_fraction": 2.0},
-                                 {"sustained_anchors": 1}, {"sustained_anchors": -1}, {"sustained_anchors": 2.5}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"origin_k": 0.5},
+        {"origin_floor_fraction": 0},
+        {"origin_floor_fraction": 2.0},
+        {"sustained_anchors": 1},
+        {"sustained_anchors": -1},
+        {"sustained_anchors": 2.5},
+    ],
+)
 def test_origin_config_is_validated(bad):
     with pytest.raises(AnpredError, match="origin_|sustained_anchors"):
         OracleConfig.from_dict(bad)

@@ -98,8 +98,13 @@ def _graph_with_constants():
         helper.make_node("Tanh", ["m"], ["t"], name="tanh"),
         helper.make_node("Relu", ["t"], ["y"], name="out"),
     ]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], initializer=[c, two])
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        initializer=[c, two],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(m, full_check=True)
     return m
@@ -230,18 +235,27 @@ def test_layout_hint_follows_layout_preserving_ops():
     from anpred.instrument import instrument_model
 
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads"),
-             numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Pad", ["c", "pads"], ["p"], name="pad"),
-             helper.make_node("Relu", ["p"], ["r"], name="relu"),
-             helper.make_node("MaxPool", ["r"], ["mp"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
-             helper.make_node("Resize", ["mp", "", "scales"], ["rs"], name="resize", mode="nearest"),
-             helper.make_node("Concat", ["rs", "r"], ["cat"], name="cat", axis=1),
-             helper.make_node("Sigmoid", ["cat"], ["y"], name="sig")]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 10, 10])], initializer=inits)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads"),
+        numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Pad", ["c", "pads"], ["p"], name="pad"),
+        helper.make_node("Relu", ["p"], ["r"], name="relu"),
+        helper.make_node("MaxPool", ["r"], ["mp"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Resize", ["mp", "", "scales"], ["rs"], name="resize", mode="nearest"),
+        helper.make_node("Concat", ["rs", "r"], ["cat"], name="cat", axis=1),
+        helper.make_node("Sigmoid", ["cat"], ["y"], name="sig"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 10, 10])],
+        initializer=inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(m, full_check=True)
     _, man = instrument_model(m, stages=1, anchors=["p", "r", "mp", "rs", "cat"])
@@ -268,12 +282,16 @@ def test_incomplete_symbolic_shape_inference_leaves_no_file_in_cwd(tmp_path, mon
 
     monkeypatch.setattr(ssi.SymbolicShapeInference, "_infer_impl", incomplete)
     g = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["r"], name="relu"),
-         helper.make_node("NonZero", ["r"], ["nz"], name="nz"),
-         helper.make_node("Cast", ["nz"], ["y"], to=TensorProto.FLOAT, name="cast"),
-         helper.make_node("Relu", ["y"], ["z"], name="relu2")],
-        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu"),
+            helper.make_node("NonZero", ["r"], ["nz"], name="nz"),
+            helper.make_node("Cast", ["nz"], ["y"], to=TensorProto.FLOAT, name="cast"),
+            helper.make_node("Relu", ["y"], ["z"], name="relu2"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     monkeypatch.chdir(tmp_path)
     instrument_model(m)
@@ -321,12 +339,18 @@ def test_declared_pass_contracts_are_enforced():
             out.graph.node[0].name = "renamed"
             return PassResult(out, True)
 
-    with pytest.raises(PassError, match=r"RenamesInput failed \(after no other pass\): RenamesInput declares "
-                       r"in_place=False but modified its input model \(graph\.node\)"):
+    with pytest.raises(
+        PassError,
+        match=r"RenamesInput failed \(after no other pass\): RenamesInput declares "
+        r"in_place=False but modified its input model \(graph\.node\)",
+    ):
         PassManager([RenamesInput()])(model)
     model = onnx.load_from_string(before)
-    with pytest.raises(PassError, match=r"TagsInput failed \(after Honest\): TagsInput declares in_place=False "
-                       r"but modified its input model \(metadata_props\)"):
+    with pytest.raises(
+        PassError,
+        match=r"TagsInput failed \(after Honest\): TagsInput declares in_place=False "
+        r"but modified its input model \(metadata_props\)",
+    ):
         PassManager([Honest(), TagsInput()])(model)
     with pytest.raises(PassError, match="ReturnsCopy declares in_place=True but returned another model"):
         ReturnsCopy()(model)
@@ -350,16 +374,27 @@ def _small_cnn(blocks: int = 4):
     for b in range(blocks):
         w = numpy_helper.from_array((0.1 * rng.standard_normal((16, c, 3, 3))).astype(np.float32), f"w{b}")
         inits.append(w)
-        nodes += [helper.make_node("Conv", [x, f"w{b}"], [f"c{b}"], pads=[1, 1, 1, 1]),
-                  helper.make_node("Relu", [f"c{b}"], [f"r{b}"])]
+        nodes += [
+            helper.make_node("Conv", [x, f"w{b}"], [f"c{b}"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", [f"c{b}"], [f"r{b}"]),
+        ]
         x, c = f"r{b}", 16
-    inits += [numpy_helper.from_array(rng.standard_normal((16, 10)).astype(np.float32), "fc"),
-              numpy_helper.from_array(np.array([2, 3], np.int64), "axes")]
-    nodes += [helper.make_node("ReduceMean", [x, "axes"], ["m"], keepdims=0),
-              helper.make_node("Gemm", ["m", "fc"], ["g"]),
-              helper.make_node("Softmax", ["g"], ["prob"])]
-    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 16, 16])],
-                              [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 10])], inits)
+    inits += [
+        numpy_helper.from_array(rng.standard_normal((16, 10)).astype(np.float32), "fc"),
+        numpy_helper.from_array(np.array([2, 3], np.int64), "axes"),
+    ]
+    nodes += [
+        helper.make_node("ReduceMean", [x, "axes"], ["m"], keepdims=0),
+        helper.make_node("Gemm", ["m", "fc"], ["g"]),
+        helper.make_node("Softmax", ["g"], ["prob"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 10])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     onnx.checker.check_model(model, full_check=True)
     return model
@@ -381,7 +416,8 @@ def test_small_graph_automatic_stage_count_is_explained(tmp_path, capsys):
     assert man.partition["candidate_cuts"] == 10
     assert man.partition["notes"] == [
         "automatic choice: 2 stages for 11 live nodes (at least 4 nodes per stage, by design: fewer would "
-        "anchor nearly every operator); the graph has 10 admissible cuts: --stages N gives up to 11 stages"]
+        "anchor nearly every operator); the graph has 10 admissible cuts: --stages N gives up to 11 stages"
+    ]
     assert man.counts() == "2 stages, 1 anchor + 1 output"
     # what the note promises holds
     _, man11 = instrument_model(model, stages=11)
@@ -405,7 +441,10 @@ def test_small_graph_automatic_stage_count_is_explained(tmp_path, capsys):
 def _one_node():
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "one",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "one",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])

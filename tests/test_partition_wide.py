@@ -28,8 +28,14 @@ def crnn_onnx(path, cell: str, steps: int = 8, hidden: int = 16):
     class CRNN(nn.Module):
         def __init__(self):
             super().__init__()
-            self.cnn = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                                     nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d((4, 2)))
+            self.cnn = nn.Sequential(
+                nn.Conv2d(1, 8, 3, padding=1),
+                nn.ReLU(),
+                nn.MaxPool2d(2),
+                nn.Conv2d(8, 16, 3, padding=1),
+                nn.ReLU(),
+                nn.MaxPool2d((4, 2)),
+            )
             c = nn.LSTMCell if cell == "lstm" else nn.GRUCell
             self.fw, self.bw, self.top = c(16, hidden), c(16, hidden), c(2 * hidden, hidden)
             self.fc = nn.Linear(hidden, 11)
@@ -60,8 +66,15 @@ def crnn_onnx(path, cell: str, steps: int = 8, hidden: int = 16):
             return torch.stack(out, 0)
 
     torch.manual_seed(0)
-    torch.onnx.export(CRNN().eval(), (torch.rand(1, 1, 8, 4 * steps),), str(path), dynamo=False, opset_version=17,
-                      input_names=["img"], output_names=["logits"])
+    torch.onnx.export(
+        CRNN().eval(),
+        (torch.rand(1, 1, 8, 4 * steps),),
+        str(path),
+        dynamo=False,
+        opset_version=17,
+        input_names=["img"],
+        output_names=["logits"],
+    )
     return onnx.load(str(path))
 
 
@@ -80,8 +93,14 @@ def shared_stack(layers: int = 8, d: int = 16, s: int = 6, shared: int = 4):
         nodes.append(h.make_node(t, ins, [out], name=out, **kw))
         return out
 
-    gates = [op(["Tanh", "Sigmoid", "Relu", "Softsign"][g % 4], [op("MatMul", ["src", w(f"wg{g}", d, d)], f"pre{g}")],
-                f"shared{g}") for g in range(shared)]
+    gates = [
+        op(
+            ["Tanh", "Sigmoid", "Relu", "Softsign"][g % 4],
+            [op("MatMul", ["src", w(f"wg{g}", d, d)], f"pre{g}")],
+            f"shared{g}",
+        )
+        for g in range(shared)
+    ]
     mem = gates[0]
     x = "x"
     for i in range(layers):
@@ -96,9 +115,13 @@ def shared_stack(layers: int = 8, d: int = 16, s: int = 6, shared: int = 4):
         for g in gates[2:]:
             f = op("Add", [f, op("Mul", [f, g], f"l{i}.{g}.mul")], f"l{i}.{g}.add")
         x = op("Add", [x, f], f"l{i}.out")
-    g = h.make_graph(nodes, "shared_stack", [h.make_tensor_value_info("x", T.FLOAT, [1, s, d]),
-                                             h.make_tensor_value_info("src", T.FLOAT, [1, s, d])],
-                     [h.make_tensor_value_info(x, T.FLOAT, [1, s, d])], inits)
+    g = h.make_graph(
+        nodes,
+        "shared_stack",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, s, d]), h.make_tensor_value_info("src", T.FLOAT, [1, s, d])],
+        [h.make_tensor_value_info(x, T.FLOAT, [1, s, d])],
+        inits,
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.checker.check_model(m)
@@ -118,8 +141,9 @@ def test_shared_stack_is_cut_between_layers_with_wide_cuts():
     widths = [c["width"] for c in p["wide_cuts"]]
     assert len(man.stages) == 8 and len(widths) >= 6 and min(widths) == 5 and max(widths) <= 6
     assert max(_stage_shares(man)) < 0.3
-    assert any(f"{len(widths)} wide cut(s) of 5..{max(widths)} tensors (more than --max-cut-width 4" in n
-               for n in p["notes"])
+    assert any(
+        f"{len(widths)} wide cut(s) of 5..{max(widths)} tensors (more than --max-cut-width 4" in n for n in p["notes"]
+    )
     inner = {a.value for a in man.anchors if a.kind == "boundary"}
     assert {"shared0", "shared1", "shared2", "shared3"} <= inner and any(v.endswith(".out") for v in inner)
     # without wide cuts (the width they would need is 5): the stack stays one stage, as before
@@ -158,8 +182,14 @@ def test_crnn_with_wide_cuts_runs_and_is_judged(tmp_path):
     (tmp_path / "inputs").mkdir()
     for i in range(2):
         np.savez(tmp_path / "inputs" / f"{i:04d}.npz", img=rng.random((1, 1, 8, 32), dtype=np.float32))
-    store = run_model(tmp_path / "anchored.onnx", ["ort", "openvino", "onnx-reference"], tmp_path / "inputs",
-                      tmp_path / "run", progress=False, timeout_s=300)
+    store = run_model(
+        tmp_path / "anchored.onnx",
+        ["ort", "openvino", "onnx-reference"],
+        tmp_path / "inputs",
+        tmp_path / "run",
+        progress=False,
+        timeout_s=300,
+    )
     rep = check_run(store.root)
     assert rep.flagged_backends == [] and not rep.problems
     for b in ("ort", "openvino", "onnx-reference"):

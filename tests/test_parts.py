@@ -46,9 +46,15 @@ def _vi(name, shape):
 
 # ---- graph side ------------------------------------------------------------------------------------
 def test_yolov8_style_concat_gives_box_and_class_parts():
-    m = _graph_model([h.make_node("Mul", ["a", "a"], ["box"]), h.make_node("Sigmoid", ["b"], ["cls"]),
-                      h.make_node("Concat", ["box", "cls"], ["out"], axis=1)],
-                     [_vi("a", [1, 4, 100]), _vi("b", [1, 80, 100])], [_vi("out", [1, 84, 100])])
+    m = _graph_model(
+        [
+            h.make_node("Mul", ["a", "a"], ["box"]),
+            h.make_node("Sigmoid", ["b"], ["cls"]),
+            h.make_node("Concat", ["box", "cls"], ["out"], axis=1),
+        ],
+        [_vi("a", [1, 4, 100]), _vi("b", [1, 80, 100])],
+        [_vi("out", [1, 84, 100])],
+    )
     parts = output_parts(m, {"output/out": "out"})["output/out"]
     assert [p.name for p in parts] == ["output/out[:, 0:4]", "output/out[:, 4:84]"]
     assert [p.value for p in parts] == ["box", "cls"]
@@ -73,8 +79,13 @@ def test_yolov5_style_nested_concat_through_reshape():
     m = _graph_model(nodes, ins, [_vi("out", [1, 60, 85])], lv)
     parts = output_parts(m, {"output/out": "out"})["output/out"]
     assert [p.name for p in parts] == [
-        "output/out[:, 0:48, 0:2]", "output/out[:, 0:48, 2:4]", "output/out[:, 0:48, 4:85]",
-        "output/out[:, 48:60, 0:2]", "output/out[:, 48:60, 2:4]", "output/out[:, 48:60, 4:85]"]
+        "output/out[:, 0:48, 0:2]",
+        "output/out[:, 0:48, 2:4]",
+        "output/out[:, 0:48, 4:85]",
+        "output/out[:, 48:60, 0:2]",
+        "output/out[:, 48:60, 2:4]",
+        "output/out[:, 48:60, 4:85]",
+    ]
     assert parts[4].value == "wh1" and parts[4].shape == (1, 12, 2)
     # over the cap: the top Concat's inputs (the levels) only
     top = output_parts(m, {"output/out": "out"}, max_parts=4)["output/out"]
@@ -83,11 +94,17 @@ def test_yolov5_style_nested_concat_through_reshape():
 
 def test_reshape_that_flattens_the_axes_after_the_concatenation_axis():
     """Concat on the channel axis, then [1, C, H, W] -> [1, C, H*W] (YOLOv8's head does this per level)."""
-    m = _graph_model([h.make_node("Relu", ["a"], ["box"]), h.make_node("Sigmoid", ["b"], ["cls"]),
-                      h.make_node("Concat", ["box", "cls"], ["cat"], axis=1),
-                      h.make_node("Reshape", ["cat", "s"], ["out"])],
-                     [_vi("a", [1, 4, 8, 8]), _vi("b", [1, 3, 8, 8])], [_vi("out", [1, 7, 64])],
-                     [nh.from_array(np.array([1, 7, 64], np.int64), "s")])
+    m = _graph_model(
+        [
+            h.make_node("Relu", ["a"], ["box"]),
+            h.make_node("Sigmoid", ["b"], ["cls"]),
+            h.make_node("Concat", ["box", "cls"], ["cat"], axis=1),
+            h.make_node("Reshape", ["cat", "s"], ["out"]),
+        ],
+        [_vi("a", [1, 4, 8, 8]), _vi("b", [1, 3, 8, 8])],
+        [_vi("out", [1, 7, 64])],
+        [nh.from_array(np.array([1, 7, 64], np.int64), "s")],
+    )
     parts = output_parts(m, {"o": "out"})["o"]
     assert [(p.name, p.shape) for p in parts] == [("o[:, 0:4]", (1, 4, 64)), ("o[:, 4:7]", (1, 3, 64))]
     x = np.arange(7 * 64).reshape(1, 7, 8, 8)  # the slices hold exactly the Concat inputs' elements
@@ -96,10 +113,16 @@ def test_reshape_that_flattens_the_axes_after_the_concatenation_axis():
 
 
 def test_transpose_after_concat_moves_the_axis():
-    m = _graph_model([h.make_node("Relu", ["a"], ["box"]), h.make_node("Sigmoid", ["b"], ["cls"]),
-                      h.make_node("Concat", ["box", "cls"], ["cat"], axis=1),
-                      h.make_node("Transpose", ["cat"], ["out"], perm=[0, 2, 1])],
-                     [_vi("a", [1, 4, 10]), _vi("b", [1, 3, 10])], [_vi("out", [1, 10, 7])])
+    m = _graph_model(
+        [
+            h.make_node("Relu", ["a"], ["box"]),
+            h.make_node("Sigmoid", ["b"], ["cls"]),
+            h.make_node("Concat", ["box", "cls"], ["cat"], axis=1),
+            h.make_node("Transpose", ["cat"], ["out"], perm=[0, 2, 1]),
+        ],
+        [_vi("a", [1, 4, 10]), _vi("b", [1, 3, 10])],
+        [_vi("out", [1, 10, 7])],
+    )
     parts = output_parts(m, {"output/out": "out"})["output/out"]
     assert [p.name for p in parts] == ["output/out[:, :, 0:4]", "output/out[:, :, 4:7]"]
 
@@ -108,23 +131,31 @@ def test_what_is_not_split():
     """Symbolic sizes on the concatenation axis, a Reshape that mixes the axis with others, a lone
     non-constant part (the others constant or graph inputs), parts that are anchors already, and a
     cap on the number of parts."""
-    cat = [h.make_node("Relu", ["a"], ["box"]), h.make_node("Sigmoid", ["b"], ["cls"]),
-           h.make_node("Concat", ["box", "cls"], ["out"], axis=1)]
+    cat = [
+        h.make_node("Relu", ["a"], ["box"]),
+        h.make_node("Sigmoid", ["b"], ["cls"]),
+        h.make_node("Concat", ["box", "cls"], ["out"], axis=1),
+    ]
     dyn = _graph_model(cat, [_vi("a", [1, "n", 10]), _vi("b", [1, 3, 10])], [_vi("out", [1, None, 10])])
     assert output_parts(dyn, {"o": "out"}) == {}
     # symbolic along another axis only (dynamic image size): still split
     dyn2 = _graph_model(cat, [_vi("a", [1, 4, "w"]), _vi("b", [1, 3, "w"])], [_vi("out", [1, 7, "w"])])
     got = output_parts(dyn2, {"o": "out"})["o"]
     assert [(p.name, p.shape) for p in got] == [("o[:, 0:4]", (1, 4, None)), ("o[:, 4:7]", (1, 3, None))]
-    mixed = _graph_model(cat[:2] + [h.make_node("Concat", ["box", "cls"], ["cat"], axis=1),
-                                    h.make_node("Reshape", ["cat", "s"], ["out"])],
-                         [_vi("a", [1, 4, 10]), _vi("b", [1, 3, 10])], [_vi("out", [1, 70])],
-                         [nh.from_array(np.array([1, 70], np.int64), "s")])
+    mixed = _graph_model(
+        cat[:2]
+        + [h.make_node("Concat", ["box", "cls"], ["cat"], axis=1), h.make_node("Reshape", ["cat", "s"], ["out"])],
+        [_vi("a", [1, 4, 10]), _vi("b", [1, 3, 10])],
+        [_vi("out", [1, 70])],
+        [nh.from_array(np.array([1, 70], np.int64), "s")],
+    )
     assert output_parts(mixed, {"o": "out"}) == {}
-    const = _graph_model([h.make_node("Sigmoid", ["b"], ["cls"]),
-                          h.make_node("Concat", ["k", "cls", "b"], ["out"], axis=1)],
-                         [_vi("b", [1, 3, 10])], [_vi("out", [1, 10, 10])],
-                         [nh.from_array(np.zeros((1, 4, 10), np.float32), "k")])
+    const = _graph_model(
+        [h.make_node("Sigmoid", ["b"], ["cls"]), h.make_node("Concat", ["k", "cls", "b"], ["out"], axis=1)],
+        [_vi("b", [1, 3, 10])],
+        [_vi("out", [1, 10, 10])],
+        [nh.from_array(np.zeros((1, 4, 10), np.float32), "k")],
+    )
     got = output_parts(const, {"o": "out"})["o"]
     assert [(p.name, p.value) for p in got] == [("o[:, 4:7]", "cls")]
     m = _graph_model(cat, [_vi("a", [1, 4, 10]), _vi("b", [1, 3, 10])], [_vi("out", [1, 7, 10])])
@@ -143,12 +174,18 @@ def detector_head(cls_bias: float, seed: int = 0, px: float = 300.0, cls_scale: 
     c1, i1 = _conv("c1", "r0", "t1", 8, 8, rng)
     cb, ib = _conv("cbox", "r1", "tb", 8, 4, rng, bias=1.0)
     cc, ic = _conv("ccls", "r1", "tc", 8, 6, rng, bias=cls_bias, scale=cls_scale)
-    nodes = [c0, h.make_node("Relu", ["t0"], ["r0"], name="relu0"), c1,
-             h.make_node("Relu", ["t1"], ["r1"], name="relu1"),
-             cb, h.make_node("Relu", ["tb"], ["rb"], name="relub"),
-             h.make_node("Mul", ["rb", "px"], ["box"], name="scale"),
-             cc, h.make_node("Sigmoid", ["tc"], ["cls"], name="sigmoid"),
-             h.make_node("Concat", ["box", "cls"], ["y"], name="cat", axis=1)]
+    nodes = [
+        c0,
+        h.make_node("Relu", ["t0"], ["r0"], name="relu0"),
+        c1,
+        h.make_node("Relu", ["t1"], ["r1"], name="relu1"),
+        cb,
+        h.make_node("Relu", ["tb"], ["rb"], name="relub"),
+        h.make_node("Mul", ["rb", "px"], ["box"], name="scale"),
+        cc,
+        h.make_node("Sigmoid", ["tc"], ["cls"], name="sigmoid"),
+        h.make_node("Concat", ["box", "cls"], ["y"], name="cat", axis=1),
+    ]
     inits = i0 + i1 + ib + ic + [nh.from_array(np.array(px, np.float32), "px")]
     m = _graph_model(nodes, [_vi("x", [1, 3, 16, 16])], [_vi("y", [1, 10, 16, 16])], inits)
     onnx.checker.check_model(m)
@@ -282,10 +319,13 @@ def _part_oracle(fault: str, n: int = 6, seed: int = 0, a1_noise: float = 1e-5):
     1e-6 absolute error on class values that are all ~1e-6 but one at 1.0 per sample)."""
     from anpred.judge import AnchorInfo, BackendInfo, Oracle
 
-    anchors = [AnchorInfo("anchor/00/A0", 0), AnchorInfo("anchor/01/A1", 1),
-               AnchorInfo("output/OUT[:, 0:400]", 2, kind="part", part_of="output/OUT"),
-               AnchorInfo("output/OUT[:, 400:500]", 2, kind="part", part_of="output/OUT"),
-               AnchorInfo("output/OUT", 2, kind="output")]
+    anchors = [
+        AnchorInfo("anchor/00/A0", 0),
+        AnchorInfo("anchor/01/A1", 1),
+        AnchorInfo("output/OUT[:, 0:400]", 2, kind="part", part_of="output/OUT"),
+        AnchorInfo("output/OUT[:, 400:500]", 2, kind="part", part_of="output/OUT"),
+        AnchorInfo("output/OUT", 2, kind="output"),
+    ]
     B, C, OUT = "output/OUT[:, 0:400]", "output/OUT[:, 400:500]", "output/OUT"
     desc = {"anchor/00/A0": {"anchor/01/A1", B, C, OUT}, "anchor/01/A1": {C, OUT}, B: {OUT}, C: {OUT}, OUT: set()}
     names = ["ort", "openvino", "onnx-reference", "torch", "tf"] + (["fault"] if fault == "carried" else [])
@@ -360,8 +400,9 @@ def test_a_part_below_its_range_does_not_depart():
     c = next(c for c in res.cells if c.anchor == C and c.backend == "ort")
     assert c.primary > 4 * c.peer_level and c.primary > 0.1 * c.floor  # departs by the S test alone
     assert c.range_ratio < 0.1 * c.floor
-    a0, a1 = (next(x for x in res.cells if x.anchor == n and x.backend == "ort")
-              for n in ("anchor/00/A0", "anchor/01/A1"))
+    a0, a1 = (
+        next(x for x in res.cells if x.anchor == n and x.backend == "ort") for n in ("anchor/00/A0", "anchor/01/A1")
+    )
     assert all(x.primary > 4 * x.peer_level and x.primary < x.floor for x in (a0, a1))
     assert not res.verdicts["ort"].flagged, res.verdicts["ort"].flagged_anchors
 
@@ -373,15 +414,21 @@ def test_part_gaps_are_not_reported_twice():
 
     from anpred.judge import AnchorInfo, BackendInfo, Cell, Oracle
 
-    anchors = [AnchorInfo("a", 0), AnchorInfo("o[:, 0:2]", 1, kind="part", part_of="o"),
-               AnchorInfo("o", 1, kind="output")]
+    anchors = [
+        AnchorInfo("a", 0),
+        AnchorInfo("o[:, 0:2]", 1, kind="part", part_of="o"),
+        AnchorInfo("o", 1, kind="output"),
+    ]
     names = ["ort", "openvino", "onnx-reference", "torch"]
     o = Oracle(anchors, [BackendInfo.make(b) for b in names])
     rng = np.random.default_rng(0)
     for _ in range(2):
         x = rng.standard_normal((1, 4))
-        t = {"a": {b: x[0] for b in names}, "o": {b: x for b in names if b != "torch"},
-             "o[:, 0:2]": {b: x[:, :2] for b in names if b != "torch"}}
+        t = {
+            "a": {b: x[0] for b in names},
+            "o": {b: x for b in names if b != "torch"},
+            "o[:, 0:2]": {b: x[:, :2] for b in names if b != "torch"},
+        }
         o.add(t, unaligned={("o", "torch"): "layout", ("o[:, 0:2]", "torch"): "layout"})
     res = o.finish()
     assert list(res.verdicts["torch"].unjudged) == ["o"] and res.verdicts["torch"].status == "incomplete"

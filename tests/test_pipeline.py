@@ -55,8 +55,11 @@ def test_onnx_path_flags_openvino_softplus(root):
 
 @pytest.mark.isa_independent(FP32_BOUND)
 def test_factory_is_exported_mapped_and_consistent(root):
-    rc, out, err, folder = pf.cli_run("factory", root, ["pipeline_factories:small_cnn", "--backends",
-                                                        "ort,openvino,torch-native", "--stages", "6", "--samples", "2"])
+    rc, out, err, folder = pf.cli_run(
+        "factory",
+        root,
+        ["pipeline_factories:small_cnn", "--backends", "ort,openvino,torch-native", "--stages", "6", "--samples", "2"],
+    )
     assert rc == 0, (out, err)
     exported = onnx.load(str(folder / "exported.onnx"), load_external_data=False)
     origin = json.loads(next(p.value for p in exported.metadata_props if p.key == "anpred.origin"))
@@ -76,8 +79,16 @@ def test_factory_is_exported_mapped_and_consistent(root):
 def test_default_backends_follow_the_origin():
     from anpred.pipeline import default_backends
 
-    pops = ["ort-fp16", "ort-fp16-noopt", "openvino-fp16", "torch-fp16",
-            "ort-int8", "ort-int8-noopt", "openvino-int8", "onnx-reference-int8"]
+    pops = [
+        "ort-fp16",
+        "ort-fp16-noopt",
+        "openvino-fp16",
+        "torch-fp16",
+        "ort-int8",
+        "ort-int8-noopt",
+        "openvino-int8",
+        "onnx-reference-int8",
+    ]
     fp32 = ["ort", "openvino", "torch", "tf", "tvm", "mnn", "ncnn", "litert"]  # eight families (issue 18): --all
     quick = ["ort", "openvino", "torch", "mnn", "ncnn"]  # the default (issue 35): the five cheapest, measured
     assert default_backends("onnx", all_backends=True) == fp32 + ["onnx-reference-fp64"] + pops
@@ -94,8 +105,9 @@ def test_demo_pipeline_reduced(root):
     populations (``--precision fp16,int8``)."""
     from anpred.pipeline import QUICK_FP32, default_backends, demo, format_standing
 
-    res = demo(root / "demo", models_=("ppocr-det",), ppocr_hw=(96, 128), samples=2, quiet=True,
-               precision=("fp16", "int8"))
+    res = demo(
+        root / "demo", models_=("ppocr-det",), ppocr_hw=(96, 128), samples=2, quiet=True, precision=("fp16", "int8")
+    )
     (r,) = res.results
     assert r.backends == default_backends("onnx", ("fp16", "int8")), r.backends
     # every default backend runs; OpenVINO's low-precision transformation throws on PP-OCRv4's QDQ model
@@ -143,8 +155,16 @@ def test_demo_pipeline_reduced(root):
 
     with pytest.raises(OutputPathError, match="already holds a demo"):
         demo(root / "demo", models_=("ppocr-det",), ppocr_hw=(32, 32), samples=1, quiet=True)
-    again = demo(root / "demo", models_=("ppocr-det",), ppocr_hw=(32, 32), samples=1, quiet=True,
-                 backends="ort,onnx-reference", overwrite=True, allow_incomplete=True)
+    again = demo(
+        root / "demo",
+        models_=("ppocr-det",),
+        ppocr_hw=(32, 32),
+        samples=1,
+        quiet=True,
+        backends="ort,onnx-reference",
+        overwrite=True,
+        allow_incomplete=True,
+    )
     # the two named backends, then the witnesses that complete three voting families and the arbiter
     assert again.results[0].backends[:2] == ["ort", "onnx-reference"]
     assert again.results[0].backends[-1] == "onnx-reference-fp64" and len(again.results[0].backends) == 4
@@ -161,15 +181,20 @@ def test_demo_doclaynet_inputs_record_their_real_sources(tmp_path):
     folder = _demo_doclaynet_images(tmp_path, 4)
     zm = models.get("yolov8n-doclaynet")
     sources = _zoo_samples(zm, 4, str(folder), tmp_path / "npz", "images")
-    assert sources == ["rendered page seed 0", "ultralytics/assets/bus.jpg", "ultralytics/assets/zidane.jpg",
-                       "rendered page seed 1"]
+    assert sources == [
+        "rendered page seed 0",
+        "ultralytics/assets/bus.jpg",
+        "ultralytics/assets/zidane.jpg",
+        "rendered page seed 1",
+    ]
     assert len(list((tmp_path / "npz").glob("*.npz"))) == 4
 
 
 @pytest.mark.isa_independent(FP32_BOUND)
 def test_zoo_name_cli(root):
-    rc, out, err, folder = pf.cli_run("zoo", root,
-                                      ["yolov8n", "--imgsz", "160", "--backends", "ort,openvino", "-n", "1"])
+    rc, out, err, folder = pf.cli_run(
+        "zoo", root, ["yolov8n", "--imgsz", "160", "--backends", "ort,openvino", "-n", "1"]
+    )
     assert rc == 0, (out, err)
     t = json.loads((folder / "test.json").read_text())
     assert t["model"] == "yolov8n" and t["backends"][:2] == ["ort", "openvino"] and t["status"] == "consistent"
@@ -182,7 +207,8 @@ def test_zoo_name_cli(root):
     assert run["inputs"]["path"] == str(folder / "run" / "inputs") and (folder / "run" / "inputs").is_dir()
     assert run["inputs"]["sources"] == ["ultralytics/assets/bus.jpg"]
     assert [(x["source"], x["stored"]) for x in run["samples"]] == [
-        ("ultralytics/assets/bus.jpg", str(folder / "run" / "inputs" / "s0000.safetensors"))]
+        ("ultralytics/assets/bus.jpg", str(folder / "run" / "inputs" / "s0000.safetensors"))
+    ]
     assert (folder / "run" / "inputs" / "s0000.safetensors").is_file()
     rep = json.loads((folder / "report.json").read_text())
     assert rep["samples"] == 1 and rep["model"]["name"] == "yolov8n"
@@ -193,8 +219,11 @@ def test_zoo_name_cli(root):
 
 @pytest.mark.isa_independent(FP32_BOUND)
 def test_keras_factory_is_exported_mapped_and_consistent(root):
-    rc, out, err, folder = pf.cli_run("keras", root, ["pipeline_factories:small_keras", "--backends", "ort,tf-native",
-                                                      "--stages", "4", "--samples", "1"])
+    rc, out, err, folder = pf.cli_run(
+        "keras",
+        root,
+        ["pipeline_factories:small_keras", "--backends", "ort,tf-native", "--stages", "4", "--samples", "1"],
+    )
     assert rc == 0, (out, err)
     exported = onnx.load(str(folder / "exported.onnx"), load_external_data=False)
     origin = json.loads(next(p.value for p in exported.metadata_props if p.key == "anpred.origin"))
@@ -209,26 +238,35 @@ def test_keras_factory_is_exported_mapped_and_consistent(root):
     assert t["details"]["subject"]["onnx"] == str(folder / "exported.onnx")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["yolov99"], "unknown model 'yolov99'"),
-    (["{tmp}/missing.onnx"], "no such file"),
-    (["{tmp}/garbage.onnx"], "not a readable ONNX model"),
-    (["nosuchmodule:factory"], "cannot import module 'nosuchmodule'"),
-    (["{tmp}/softplus.onnx", "--backends", "ort,cuda"], "unknown backend 'cuda'"),
-    (["{tmp}/softplus.onnx", "--inputs", "{tmp}/nothing-here"], "no such file or folder"),
-    (["demo", "--inputs", "x"], "--inputs does not apply to the demo"),
-    # backends are checked for every demo model before any work (torch-native: DocLayNet yes, PP-OCR no)
-    (["demo", "--backends", "ort,openvino,torch-native", "-n", "1"],
-     "backend torch-native needs a model of PyTorch origin; ppocr-det: it is a shipped ONNX model"),
-    (["demo", "--backends", "ort"], "one backend (ort) cannot be judged"),
-    (["{tmp}/softplus.onnx", "--backends", "ort"], "one backend (ort) cannot be judged"),
-    (["{tmp}/softplus.onnx", "--backends", "ort,,openvino"], "empty entry in the backend list 'ort,,openvino'"),
-    (["{tmp}/softplus.onnx", "--backends", "ort,torch-native"], "softplus: it is a .onnx without a native factory"),
-    (["yolov8n", "--backends", "ort,tf-native"],
-     "yolov8n: it is of PyTorch origin: its native framework is torch (use torch-native)"),
-    (["pipeline_factories:small_keras", "--backends", "ort,torch-native"],
-     "small_keras: it is of Keras origin: its native framework is tf (use tf-native)"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["yolov99"], "unknown model 'yolov99'"),
+        (["{tmp}/missing.onnx"], "no such file"),
+        (["{tmp}/garbage.onnx"], "not a readable ONNX model"),
+        (["nosuchmodule:factory"], "cannot import module 'nosuchmodule'"),
+        (["{tmp}/softplus.onnx", "--backends", "ort,cuda"], "unknown backend 'cuda'"),
+        (["{tmp}/softplus.onnx", "--inputs", "{tmp}/nothing-here"], "no such file or folder"),
+        (["demo", "--inputs", "x"], "--inputs does not apply to the demo"),
+        # backends are checked for every demo model before any work (torch-native: DocLayNet yes, PP-OCR no)
+        (
+            ["demo", "--backends", "ort,openvino,torch-native", "-n", "1"],
+            "backend torch-native needs a model of PyTorch origin; ppocr-det: it is a shipped ONNX model",
+        ),
+        (["demo", "--backends", "ort"], "one backend (ort) cannot be judged"),
+        (["{tmp}/softplus.onnx", "--backends", "ort"], "one backend (ort) cannot be judged"),
+        (["{tmp}/softplus.onnx", "--backends", "ort,,openvino"], "empty entry in the backend list 'ort,,openvino'"),
+        (["{tmp}/softplus.onnx", "--backends", "ort,torch-native"], "softplus: it is a .onnx without a native factory"),
+        (
+            ["yolov8n", "--backends", "ort,tf-native"],
+            "yolov8n: it is of PyTorch origin: its native framework is torch (use torch-native)",
+        ),
+        (
+            ["pipeline_factories:small_keras", "--backends", "ort,torch-native"],
+            "small_keras: it is of Keras origin: its native framework is tf (use tf-native)",
+        ),
+    ],
+)
 def test_user_errors_one_line_exit_2_nothing_written(tmp_path, capsys, argv, message):
     (tmp_path / "garbage.onnx").write_bytes(b"\x08\x07 this is not a protobuf model \xff\xfe" * 10)
     pf.softplus_onnx(tmp_path / "softplus.onnx")
@@ -263,11 +301,24 @@ def test_model_with_external_weights_in_another_folder(tmp_path):
     src.mkdir()
     plain = softplus_onnx(tmp_path / "plain.onnx")
     m = onnx.load(plain)
-    onnx.save_model(m, src / "model.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="model.onnx.data", size_threshold=0)
+    onnx.save_model(
+        m,
+        src / "model.onnx",
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="model.onnx.data",
+        size_threshold=0,
+    )
     assert (src / "model.onnx.data").stat().st_size > 0
-    res = anpred.test(str(src / "model.onnx"), out=tmp_path / "report", backends=["ort", "onnx-reference"],
-                      samples=1, quiet=True, allow_incomplete=True, witnesses=False)
+    res = anpred.test(
+        str(src / "model.onnx"),
+        out=tmp_path / "report",
+        backends=["ort", "onnx-reference"],
+        samples=1,
+        quiet=True,
+        allow_incomplete=True,
+        witnesses=False,
+    )
     data = list((tmp_path / "report").glob("anchored.onnx*.data"))
     assert data and data[0].read_bytes() == (src / "model.onnx.data").read_bytes()
     assert res.statuses == {"ort": "ok", "onnx-reference": "ok"}, res.statuses

@@ -49,10 +49,23 @@ def small_net(seed: int = 0, size: int = 32):
 
     def conv(name, x, ci, co, k=3, s=1):
         w = (rng.standard_normal((co, ci, k, k)) * np.sqrt(2 / (ci * k * k))).astype(np.float32)
-        inits.extend([nh.from_array(w, name + ".w"),
-                      nh.from_array((rng.standard_normal(co) * 0.1).astype(np.float32), name + ".b")])
-        nodes.append(h.make_node("Conv", [x, name + ".w", name + ".b"], [name], kernel_shape=[k, k], pads=[k // 2] * 4,
-                                 strides=[s, s], name=name + "_conv"))
+        inits.extend(
+            [
+                nh.from_array(w, name + ".w"),
+                nh.from_array((rng.standard_normal(co) * 0.1).astype(np.float32), name + ".b"),
+            ]
+        )
+        nodes.append(
+            h.make_node(
+                "Conv",
+                [x, name + ".w", name + ".b"],
+                [name],
+                kernel_shape=[k, k],
+                pads=[k // 2] * 4,
+                strides=[s, s],
+                name=name + "_conv",
+            )
+        )
         return name
 
     def op(t, ins, out, **kw):
@@ -66,8 +79,13 @@ def small_net(seed: int = 0, size: int = 32):
     up = op("Resize", [r3, "", "up.scales"], "up", mode="nearest")
     c4 = conv("c4", op("Concat", [up, r1], "cat", axis=1), 24, 8)
     op("Mul", [c4, op("Sigmoid", [c4], "sig")], "y")
-    g = h.make_graph(nodes, "small", [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, size, size])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, [1, 8, size, size])], inits)
+    g = h.make_graph(
+        nodes,
+        "small",
+        [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, size, size])],
+        [h.make_tensor_value_info("y", TP.FLOAT, [1, 8, size, size])],
+        inits,
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.checker.check_model(m)
@@ -221,6 +239,7 @@ def test_fp16_members_run_one_shared_float16_model(net, members):
 
 # ---- fault hook, status field, driver ------------------------------------------------------------
 
+
 def test_fault_hook_changes_only_the_faulted_member(net, members, tmp_path):
     """A fault in one member's copy of the shared model: that member's anchors downstream of the node
     change, its peers keep running the clean file (same sha256 as before)."""
@@ -246,8 +265,9 @@ def test_fault_hook_changes_only_the_faulted_member(net, members, tmp_path):
         assert sha256_file(members[n][0].converted_path) == sha256_file(clean8)
     # fp16: round the float32 output of the blocked Resize (the float16 weights are not float32, so
     # weight-ulp does not apply there and says so)
-    f16 = backend_class("ort-fp16")({"calibration": cal,
-                                     "fault": {"kind": "round", "node": "up_resize", "magnitude": 6}})
+    f16 = backend_class("ort-fp16")(
+        {"calibration": cal, "fault": {"kind": "round", "node": "up_resize", "magnitude": 6}}
+    )
     f16.prepare(path, man, tmp_path / "f16")
     r16 = f16.run(x)
     clean16 = members["ort-fp16"][1]
@@ -287,8 +307,13 @@ def test_population_run_through_the_driver(net, tmp_path):
     assert stored["openvino-int8"]["quant_steps"] == steps == stored["onnx-reference-int8"]["quant_steps"]
     assert stored["ort"]["quant_steps"] == {} and stored["ort-fp16-noopt"]["quant_steps"] == {}
     assert {n: stored[n]["precision"] for n in names} == {
-        "ort": "fp32", "ort-int8": "int8", "openvino-int8": "int8", "onnx-reference-int8": "int8",
-        "ort-fp16-noopt": "fp16", "openvino-fp16": "fp16"}
+        "ort": "fp32",
+        "ort-int8": "int8",
+        "openvino-int8": "int8",
+        "onnx-reference-int8": "int8",
+        "ort-fp16-noopt": "fp16",
+        "openvino-fp16": "fp16",
+    }
     assert len({stored[n]["versions"]["int8_model_sha256"] for n in names if "int8" in n}) == 1
     # the cost warning (issue 33, class 7) on a real, clean population: none where every int8 kernel
     # accumulates exactly; on a CPU whose u8s8 kernels sum in saturating int16 (the machine record says
@@ -306,8 +331,9 @@ def test_population_run_through_the_driver(net, tmp_path):
         assert all("likely cause" in w for w in costly.get("ort-int8", [])), costly
 
 
-@pytest.mark.parametrize("target,kind,magnitude", [("openvino-int8", "zero-point", 4),
-                                                   ("ort-int8", "accumulator-saturation", 12)])
+@pytest.mark.parametrize(
+    "target,kind,magnitude", [("openvino-int8", "zero-point", 4), ("ort-int8", "accumulator-saturation", 12)]
+)
 def test_int8_fault_in_one_member_flagged_by_its_implementation_verdict_only(net, tmp_path, target, kind, magnitude):
     """Issue 17 acceptance, on real runtimes: a fault injected into one int8 implementation (through
     ``options["fault"]`` on the shared QDQ model: the other members run it clean) is flagged in that
@@ -321,7 +347,8 @@ def test_int8_fault_in_one_member_flagged_by_its_implementation_verdict_only(net
     stage = 1
     fp32 = ["ort", "openvino", "onnx-reference"]
     specs = [BackendSpec(b) for b in fp32 + INT8 if b != target] + [
-        BackendSpec(target, options={"fault": {"kind": kind, "stage": stage, "magnitude": magnitude, "seed": 0}})]
+        BackendSpec(target, options={"fault": {"kind": kind, "stage": stage, "magnitude": magnitude, "seed": 0}})
+    ]
     store = run_model(path, specs, "random:uniform:seed=3:n=3", tmp_path / "run", timeout_s=300, progress=False)
     assert all(s.status == "ok" for s in store.statuses().values()), {b: s.reason for b, s in store.statuses().items()}
     rep = check_run(store.root)

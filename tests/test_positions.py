@@ -12,14 +12,17 @@ from anpred.run.positions import GATHERED_SUFFIX, backend_indices, gather, load_
 from isa_reasons import SAME_DATA
 
 
-@pytest.mark.parametrize("rule, backend_shape", [
-    ({}, [1, 6, 5, 4]),
-    ({"permute": [0, 3, 1, 2]}, [1, 5, 4, 6]),                  # NHWC -> NCHW
-    ({"reshape": True}, [6, 20]),                                # flattened, batch squeezed
-    ({"view": [1, 5, 4, 6], "permute": [0, 3, 1, 2]}, [120]),    # a flat NHWC buffer
-    ({"segments": {"axis": 1, "order": [[4, 2], [0, 4]]}}, [1, 6, 5, 4]),  # heads concatenated in another order
-    ({"dequantize": {"scale": 0.5, "zero_point": 3}, "permute": [0, 3, 1, 2]}, [1, 5, 4, 6]),
-])
+@pytest.mark.parametrize(
+    "rule, backend_shape",
+    [
+        ({}, [1, 6, 5, 4]),
+        ({"permute": [0, 3, 1, 2]}, [1, 5, 4, 6]),  # NHWC -> NCHW
+        ({"reshape": True}, [6, 20]),  # flattened, batch squeezed
+        ({"view": [1, 5, 4, 6], "permute": [0, 3, 1, 2]}, [120]),  # a flat NHWC buffer
+        ({"segments": {"axis": 1, "order": [[4, 2], [0, 4]]}}, [1, 6, 5, 4]),  # heads concatenated in another order
+        ({"dequantize": {"scale": 0.5, "zero_point": 3}, "permute": [0, 3, 1, 2]}, [1, 5, 4, 6]),
+    ],
+)
 @pytest.mark.isa_independent(SAME_DATA)
 def test_backend_indices_pick_the_canonical_positions(rule, backend_shape):
     """x (the backend's tensor) gathered at the mapped indices == apply_rule(rule, x) at the positions."""

@@ -50,8 +50,11 @@ def test_vote_majority_nan_inf_and_ties():
 def _log_relu():
     x = h.make_tensor_value_info("x", T.FLOAT, [1, 4, 8, 8])
     y = h.make_tensor_value_info("y", T.FLOAT, [1, 4, 8, 8])
-    nodes = [h.make_node("Log", ["x"], ["l"], name="log"), h.make_node("Relu", ["l"], ["r"], name="relu"),
-             h.make_node("Mul", ["r", "two"], ["y"], name="mul")]
+    nodes = [
+        h.make_node("Log", ["x"], ["l"], name="log"),
+        h.make_node("Relu", ["l"], ["r"], name="relu"),
+        h.make_node("Mul", ["r", "two"], ["y"], name="mul"),
+    ]
     g = h.make_graph(nodes, "log_relu", [x], [y], [onnx.numpy_helper.from_array(np.float32([2.0]), "two")])
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
@@ -77,19 +80,38 @@ def test_nan_majority_flags_the_backend_that_suppresses_it(tmp_path):
 
 
 # ---- populations (synthetic tensors of known structure) ------------------------------------------
-ANCHORS = [AnchorInfo("anchor/00/a", 0), AnchorInfo("anchor/01/b", 1), AnchorInfo("anchor/02/c", 2),
-           AnchorInfo("output/y", 3, kind="output")]
+ANCHORS = [
+    AnchorInfo("anchor/00/a", 0),
+    AnchorInfo("anchor/01/b", 1),
+    AnchorInfo("anchor/02/c", 2),
+    AnchorInfo("output/y", 3, kind="output"),
+]
 FP32 = ["ort", "openvino", "onnx-reference", "torch"]
 INT8 = ["ort-int8", "ort-int8-noopt", "openvino-int8", "onnx-reference-int8"]
-FAM = {"ort": "onnxruntime", "openvino": "openvino", "onnx-reference": "onnx-reference", "torch": "torch",
-       "ort-int8": "onnxruntime", "ort-int8-noopt": "onnxruntime", "openvino-int8": "openvino",
-       "onnx-reference-int8": "onnx-reference"}
+FAM = {
+    "ort": "onnxruntime",
+    "openvino": "openvino",
+    "onnx-reference": "onnx-reference",
+    "torch": "torch",
+    "ort-int8": "onnxruntime",
+    "ort-int8-noopt": "onnxruntime",
+    "openvino-int8": "openvino",
+    "onnx-reference-int8": "onnx-reference",
+}
 STEP = 0.05  # the quantization step of every anchor in these populations
 
 
 def _infos(names):
-    return [BackendInfo(name=n, family=FAM[n], precision="int8" if n in INT8 else "fp32", votes=n not in INT8,
-                        requested="int8" if n in INT8 else "fp32") for n in names]
+    return [
+        BackendInfo(
+            name=n,
+            family=FAM[n],
+            precision="int8" if n in INT8 else "fp32",
+            votes=n not in INT8,
+            requested="int8" if n in INT8 else "fp32",
+        )
+        for n in names
+    ]
 
 
 def _q(x, step=STEP):
@@ -135,8 +157,10 @@ def test_clean_int8_population_no_implementation_verdict():
     # STEP / sqrt(12) relative to a unit normal, ~0.0144 (plus the 2% one-step differences)
     c = next(c for c in res.cells if c.backend == "ort-int8" and c.anchor == "anchor/01/b")
     assert 0.012 < c.peer_level < 0.02 and c.threshold_by == "peers" and c.threshold == 10 * c.peer_level
-    assert c.basis.startswith(f"threshold {c.threshold:.3g} = 10 x the peers' median {c.peer_level:.3g} (above the "
-                              f"floor {c.floor:.3g}); population: 10 x median of openvino-int8")
+    assert c.basis.startswith(
+        f"threshold {c.threshold:.3g} = 10 x the peers' median {c.peer_level:.3g} (above the "
+        f"floor {c.floor:.3g}); population: 10 x median of openvino-int8"
+    )
     assert c.floor == pytest.approx(STEP / math.sqrt(12) / 1.0, rel=0.05)  # natural unit, RMS of c ~ 1
     assert c.units["unit"] == "int8 step" and c.units["size"] == STEP and 0.2 < c.units["rms"] < 0.5
 
@@ -199,18 +223,23 @@ def test_basis_names_the_term_that_set_the_threshold():
         tail = "; peers: 10 x median of the other voting families; floor = constant: the measured fp32 floor 2e-05"
         if term == "peers":
             assert 5e-6 < c.peer_level < 2e-5 and c.threshold == pytest.approx(10 * c.peer_level)
-            want = (f"threshold {c.threshold:.3g} = 10 x the peers' median {c.peer_level:.3g} "
-                    f"(above the floor {floor:.3g})")
+            want = (
+                f"threshold {c.threshold:.3g} = 10 x the peers' median {c.peer_level:.3g} (above the floor {floor:.3g})"
+            )
         else:
             assert c.peer_level < 1e-6 and c.threshold == floor
-            want = (f"threshold {floor:.3g} = the floor (10 x the peers' median {c.peer_level:.3g} = "
-                    f"{10 * c.peer_level:.3g} is not above it)")
+            want = (
+                f"threshold {floor:.3g} = the floor (10 x the peers' median {c.peer_level:.3g} = "
+                f"{10 * c.peer_level:.3g} is not above it)"
+            )
         assert c.basis.startswith(want + tail), c.basis
     # no peer at all: the floor, said so
     from anpred.judge.scales import threshold_basis
 
-    assert threshold_basis(2e-5, 10.0, None, 2e-5, "x") == ("floor",
-                                                            "threshold 2e-05 = the floor (no peer judged here); x")
+    assert threshold_basis(2e-5, 10.0, None, 2e-5, "x") == (
+        "floor",
+        "threshold 2e-05 = the floor (no peer judged here); x",
+    )
 
 
 def test_population_of_one_falls_back_to_the_constant():
@@ -225,13 +254,14 @@ def test_population_of_one_falls_back_to_the_constant():
 def test_scales_follow_the_anchor_dtype_and_the_precision():
     assert cell_precision("fp32", "float16") == "fp16" and cell_precision("int8", "float32") == "int8"
     assert cell_precision("fp16", "float32") == "fp16" and cell_precision("fp32", "bfloat16") == "bf16"
-    assert unit_nrmse("fp16") == pytest.approx(2 ** -11 / math.sqrt(3))
+    assert unit_nrmse("fp16") == pytest.approx(2**-11 / math.sqrt(3))
     assert unit_nrmse("int8", 0.1, 2.0) == pytest.approx(0.1 / math.sqrt(12) / 2.0)
     assert unit_nrmse("int8") is None
     cfg = OracleConfig()
     f, basis = floor_and_basis(cfg, "fp16", 2)
-    assert f == pytest.approx(0.03 * math.sqrt(3)) and basis.startswith("peers: 10 x median of the other voting "
-                                                                      "families; floor = constant")
+    assert f == pytest.approx(0.03 * math.sqrt(3)) and basis.startswith(
+        "peers: 10 x median of the other voting families; floor = constant"
+    )
 
 
 def test_reports_show_both_verdicts_and_scales(tmp_path):
@@ -243,18 +273,29 @@ def test_reports_show_both_verdicts_and_scales(tmp_path):
     from anpred.report.html import write_html
 
     res = _judge(FP32 + INT8, fault=("openvino-int8", 2, 2.0))
-    rep = CheckReport(run_dir="r", status="flagged", oracle="consensus", samples=res.samples, verdicts=res.verdicts,
-                      cells=res.cells, anchors=[{"name": a.name, "stage": a.stage, "kind": a.kind, "op_type": "",
-                                                 "dtype": "float32"} for a in ANCHORS],
-                      backends={b: {} for b in res.verdicts}, populations=res.populations,
-                      population_cells=res.population_cells, notes=res.notes)
+    rep = CheckReport(
+        run_dir="r",
+        status="flagged",
+        oracle="consensus",
+        samples=res.samples,
+        verdicts=res.verdicts,
+        cells=res.cells,
+        anchors=[
+            {"name": a.name, "stage": a.stage, "kind": a.kind, "op_type": "", "dtype": "float32"} for a in ANCHORS
+        ],
+        backends={b: {} for b in res.verdicts},
+        populations=res.populations,
+        population_cells=res.population_cells,
+        notes=res.notes,
+    )
     text = format_text(rep)
     assert "openvino-int8" in text and "FLAGGED:i" in text
     line = next(ln for ln in text.splitlines() if ln.strip().startswith("implementation: FLAGGED"))
     assert "origin s2 anchor/02/c" in line and "its peers' spread" in line and "RMS in int8 step (0.05)" in line
     assert "budget:         ok worst" in text and "the population's cost" in text
-    assert any(ln.startswith("      basis: threshold ") and "; population: 10 x median of " in ln
-               for ln in text.splitlines())
+    assert any(
+        ln.startswith("      basis: threshold ") and "; population: 10 x median of " in ln for ln in text.splitlines()
+    )
     lines = text.splitlines()
     i = lines.index(line)
     prof = next(ln for ln in lines[i:] if ln.startswith("      profile: "))
@@ -295,7 +336,7 @@ def test_float16_network_judged_on_float16_scale_and_overflow_flagged_alone(tmp_
     assert not rep.verdicts["onnx-reference-fp64"].votes and rep.verdicts["onnx-reference-fp64"].precision == "fp64"
     c = rep.cell(man.anchors[-1].name, "torch")
     assert 1e-4 < c.primary < c.threshold and "natural unit of the anchor's element type (fp16" in c.basis
-    assert c.floor == pytest.approx(10 * 2 ** -11 / math.sqrt(3))  # 2.8e-3, not fp32's 2e-5 nor the constant 0.05
+    assert c.floor == pytest.approx(10 * 2**-11 / math.sqrt(3))  # 2.8e-3, not fp32's 2e-5 nor the constant 0.05
     # the float64 execution gives the expected fp32-side error of each anchor: float16 rounding here
     for a in man.anchors:
         assert 1e-5 < rep.scales[a.name]["fp32"]["expected"] < 2e-3
@@ -304,8 +345,9 @@ def test_float16_network_judged_on_float16_scale_and_overflow_flagged_alone(tmp_
     bad, truth = inject_fault(m, "fp16-overflow", node="conv2", magnitude=16, manifest=man)
     bad_path = tmp_path / "overflow.onnx"
     onnx.save(bad, str(bad_path))
-    specs = [BackendSpec(b) for b in names
-             if b != "openvino"] + [BackendSpec("openvino", options={"model": str(bad_path)})]
+    specs = [BackendSpec(b) for b in names if b != "openvino"] + [
+        BackendSpec("openvino", options={"model": str(bad_path)})
+    ]
     store2 = run_model(path, specs, "random:normal:seed=0:n=2", tmp_path / "run2", progress=False, timeout_s=300)
     rep2 = check_run(store2.root)
     assert rep2.flagged_backends == ["openvino"], format_text(rep2)
@@ -339,8 +381,9 @@ def test_bit_identical_peers_do_not_make_a_correct_implementation_depart():
     impl = res.verdicts["openvino-int8"].implementation
     c = next(c for c in res.population_cells["int8"] if c.backend == "openvino-int8" and c.anchor == "anchor/00/a")
     assert c.peer_level == 0.0 and 0 < c.primary < c.threshold
-    assert c.floor == pytest.approx(math.sqrt(2) * STEP / math.sqrt(12),
-                                    rel=0.1) and "sqrt(2) x the int8 cost" in c.basis
+    assert (
+        c.floor == pytest.approx(math.sqrt(2) * STEP / math.sqrt(12), rel=0.1) and "sqrt(2) x the int8 cost" in c.basis
+    )
     assert not impl.flagged and impl.status == "consistent"
 
 
@@ -361,15 +404,19 @@ def test_float16_network_weight_fault_above_float16_noise_flagged(tmp_path):
     w.CopyFrom(nh.from_array((nh.to_array(w).astype(np.float32) * 1.03).astype(np.float16), "w2"))
     bad = tmp_path / "w2x1.03.onnx"
     onnx.save(m, str(bad))
-    specs = [BackendSpec("ort"), BackendSpec("onnx-reference"), BackendSpec("torch"),
-             BackendSpec("openvino", options={"model": str(bad)})]
+    specs = [
+        BackendSpec("ort"),
+        BackendSpec("onnx-reference"),
+        BackendSpec("torch"),
+        BackendSpec("openvino", options={"model": str(bad)}),
+    ]
     store = run_model(path, specs, "random:normal:seed=0:n=2", tmp_path / "run", progress=False, timeout_s=300)
     rep = check_run(store.root)
     assert rep.flagged_backends == ["openvino"], format_text(rep)
     a1 = next(a for a in man.anchors if a.value == "a1")
     c = rep.cell(a1.name, "openvino")
     assert rep.verdicts["openvino"].origin_anchor == a1.name
-    assert c.flagged and 0.01 < c.primary < 0.05 and c.floor == pytest.approx(10 * 2 ** -11 / math.sqrt(3))
+    assert c.flagged and 0.01 < c.primary < 0.05 and c.floor == pytest.approx(10 * 2**-11 / math.sqrt(3))
     assert c.primary > 5 * c.threshold  # threshold: max(10 x peers, the floor)
     assert c.units["unit"] == "float16 ULP at RMS" and c.units["rms"] > 10
 
@@ -408,10 +455,11 @@ def test_int8_implementation_floor_without_a_step_is_never_below_fp32():
     from anpred.judge.scales import CellMeasures, floor_and_basis
 
     cfg = OracleConfig()
-    floor, basis = floor_and_basis(cfg, "int8", 6, population=["ort-int8"], implementation=True,
-                                   measured=CellMeasures(cost=2.62e-8))
+    floor, basis = floor_and_basis(
+        cfg, "int8", 6, population=["ort-int8"], implementation=True, measured=CellMeasures(cost=2.62e-8)
+    )
     assert floor == cfg.floor_at("fp32", 6) > 3.7e-8 and "fp32 floor" in basis
     big = 10 * cfg.floor_at("fp32", 6)
-    assert floor_and_basis(cfg, "int8", 6, population=["ort-int8"], implementation=True,
-                           measured=CellMeasures(cost=big))[0] == \
-        pytest.approx(2 ** 0.5 * big)
+    assert floor_and_basis(
+        cfg, "int8", 6, population=["ort-int8"], implementation=True, measured=CellMeasures(cost=big)
+    )[0] == pytest.approx(2**0.5 * big)

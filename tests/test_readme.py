@@ -84,10 +84,7 @@ def test_cli_reference_commands_parse_and_cover_every_subcommand():
     assert used == set(commands), f"README's CLI reference misses {sorted(set(commands) - used)}"
 
 
-@pytest.mark.parametrize("argv, expect", [
-    (["zoo"], "yolov8n-doclaynet"),
-    (["zoo", "yolov8n-doclaynet"], "trained"),
-])
+@pytest.mark.parametrize("argv, expect", [(["zoo"], "yolov8n-doclaynet"), (["zoo", "yolov8n-doclaynet"], "trained")])
 def test_fast_cli_examples_run(capsys, argv, expect):
     from anpred.cli import main
 
@@ -103,8 +100,15 @@ def test_readme_defaults_match_the_code():
     """README's "Defaults of `anpred test`" names the code's default set, populations, full set,
     witness rule, samples and image size; the oracle summary's numbers are the config's."""
     from anpred.defaults import OracleConfig
-    from anpred.pipeline.choices import (ALL_FP32, ARBITER_BACKEND, DEFAULT_IMGSZ, DEFAULT_SAMPLES, NATIVE_BACKEND,
-                                         POPULATIONS, QUICK_FP32)
+    from anpred.pipeline.choices import (
+        ALL_FP32,
+        ARBITER_BACKEND,
+        DEFAULT_IMGSZ,
+        DEFAULT_SAMPLES,
+        NATIVE_BACKEND,
+        POPULATIONS,
+        QUICK_FP32,
+    )
 
     text = _section("Defaults of `anpred test`")
     items = [b for b in re.split(r"\n- ", "\n" + text.strip()) if b.strip()]

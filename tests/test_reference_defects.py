@@ -46,10 +46,22 @@ def test_onnx_reference_batchnorm_momentum():
     assert probe_batchnorm_momentum(11) == pytest.approx(8.3069, abs=1e-3)
     assert probe_batchnorm_momentum(14) == 0.0
     rng = np.random.default_rng(0)
-    inits = [f32(n, v) for n, v in (("s", rng.uniform(0.5, 2, 4)), ("b", rng.standard_normal(4)),
-                                      ("m", rng.standard_normal(4)), ("v", rng.uniform(0.5, 2, 4)))]
-    m = gap_model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], momentum=0.9, name="bn@0")],
-               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])], ["y"], inits, opset=11)
+    inits = [
+        f32(n, v)
+        for n, v in (
+            ("s", rng.uniform(0.5, 2, 4)),
+            ("b", rng.standard_normal(4)),
+            ("m", rng.standard_normal(4)),
+            ("v", rng.uniform(0.5, 2, 4)),
+        )
+    ]
+    m = gap_model(
+        [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], momentum=0.9, name="bn@0")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])],
+        ["y"],
+        inits,
+        opset=11,
+    )
     found = reference_defects(m)
     assert list(found) == ["bn@0"] and "momentum" in found["bn@0"] and "[1 node(s): bn@0]" in summarize(found)
     from onnx.reference import ReferenceEvaluator
@@ -58,8 +70,13 @@ def test_onnx_reference_batchnorm_momentum():
     ours = ReferenceEvaluator(m).run(None, x)[0]
     assert np.abs(ours - ort_outputs(m, x)["y"]).max() > 0.1  # the library's wrong values
     # without the attribute the schema's default momentum 0.9 applies: wrong alike, found alike
-    plain = gap_model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn@1")],
-                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])], ["y"], inits, opset=11)
+    plain = gap_model(
+        [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn@1")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])],
+        ["y"],
+        inits,
+        opset=11,
+    )
     assert list(reference_defects(plain)) == ["bn@1"]
     assert np.abs(ReferenceEvaluator(plain).run(None, x)[0] - ort_outputs(plain, x)["y"]).max() > 0.1
     from anpred.backends.reference_defects import inference_batchnorm_kernel
@@ -77,9 +94,16 @@ def test_reference_backend_names_the_defect(tmp_path):
     from anpred.backends.reference import ReferenceBackend
     from anpred.manifest import AnchorManifest
 
-    m = gap_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("GlobalMaxPool", ["r"], ["g"], name="gmp"),
-                helper.make_node("Squeeze", ["g", "ax"], ["y"])],
-               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6])], ["y"], [i64("ax", [2])])
+    m = gap_model(
+        [
+            helper.make_node("Relu", ["x"], ["r"]),
+            helper.make_node("GlobalMaxPool", ["r"], ["g"], name="gmp"),
+            helper.make_node("Squeeze", ["g", "ax"], ["y"]),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6])],
+        ["y"],
+        [i64("ax", [2])],
+    )
     path = anchor_outputs(m, tmp_path / "gmp.onnx")
     fixed = ReferenceBackend({})
     fixed.prepare(path, AnchorManifest.from_model(onnx.load(str(path))), tmp_path / "wf")
@@ -91,11 +115,18 @@ def test_reference_backend_names_the_defect(tmp_path):
     b = ReferenceBackend({"workarounds": False})
     b.prepare(path, AnchorManifest.from_model(onnx.load(str(path))), tmp_path / "w")
     assert list(b.defects) == ["gmp"] and "reference_defects" in b.versions()
-    with pytest.raises(BackendError, match=r"AxisError.*known defect.*'gmp'.*GlobalMaxPool on a rank-3 input returns "
-                                           r"shape \[2, 1\] where the ONNX spec gives \[2, 3, 1\]"):
+    with pytest.raises(
+        BackendError,
+        match=r"AxisError.*known defect.*'gmp'.*GlobalMaxPool on a rank-3 input returns "
+        r"shape \[2, 1\] where the ONNX spec gives \[2, 3, 1\]",
+    ):
         b.run({"x": np.ones((1, 4, 6), np.float32)})
-    m4 = gap_model([helper.make_node("GlobalMaxPool", ["x"], ["y"])],
-                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 5])], ["y"], [])
+    m4 = gap_model(
+        [helper.make_node("GlobalMaxPool", ["x"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 5])],
+        ["y"],
+        [],
+    )
     path4 = anchor_outputs(m4, tmp_path / "gmp4.onnx")
     b4 = ReferenceBackend({})
     b4.prepare(path4, AnchorManifest.from_model(onnx.load(str(path4))), tmp_path / "w4")
@@ -114,17 +145,29 @@ def test_report_says_which_known_reference_defect_explains_a_flag(tmp_path, work
     from anpred.run import BackendSpec, run_model
 
     rng = np.random.default_rng(1)
-    inits = [f32("w", rng.normal(0, 0.3, (4, 3, 3, 3)))] + \
-        [f32(n, v) for n, v in (("s", rng.uniform(0.5, 2, 4)), ("b", rng.standard_normal(4)),
-                                 ("m", rng.standard_normal(4)), ("v", rng.uniform(0.5, 2, 4)))]
-    m = gap_model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-                helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], momentum=0.9, name="bn"),
-                helper.make_node("Relu", ["n"], ["y"], name="relu")],
-               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])], ["y"], inits, opset=11)
+    inits = [f32("w", rng.normal(0, 0.3, (4, 3, 3, 3)))] + [
+        f32(n, v)
+        for n, v in (
+            ("s", rng.uniform(0.5, 2, 4)),
+            ("b", rng.standard_normal(4)),
+            ("m", rng.standard_normal(4)),
+            ("v", rng.uniform(0.5, 2, 4)),
+        )
+    ]
+    m = gap_model(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+            helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], momentum=0.9, name="bn"),
+            helper.make_node("Relu", ["n"], ["y"], name="relu"),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        ["y"],
+        inits,
+        opset=11,
+    )
     path = anchor_outputs(m, tmp_path / "bn.onnx")
     ref = BackendSpec("onnx-reference", options={"workarounds": workarounds})
-    run_model(path, ["ort", "openvino", ref], "random:uniform:n=2", tmp_path / "run", progress=False,
-              timeout_s=300)
+    run_model(path, ["ort", "openvino", ref], "random:uniform:n=2", tmp_path / "run", progress=False, timeout_s=300)
     rep = check_run(tmp_path / "run")
     if not workarounds:
         assert [b for b, v in rep.verdicts.items() if v.flagged] == ["onnx-reference"]
@@ -133,10 +176,18 @@ def test_report_says_which_known_reference_defect_explains_a_flag(tmp_path, work
         assert [b for b, v in rep.verdicts.items() if v.flagged] == []
         assert max(c.stats.nrmse for c in rep.cells if c.backend == "onnx-reference") < 1e-5
         assert not [n for n in rep.notes if "explain a deviation" in n]  # no defect left unexplained
-        notes = [n for n in rep.notes if n.startswith("onnx-reference: known defects of the installed library")
-                 and "worked around" in n and "_batchnorm_test_mode" in n]
-    assert len(notes) == 1 and "BatchNormalization (opset 11; momentum given or its default 0.9)" in notes[0] \
+        notes = [
+            n
+            for n in rep.notes
+            if n.startswith("onnx-reference: known defects of the installed library")
+            and "worked around" in n
+            and "_batchnorm_test_mode" in n
+        ]
+    assert (
+        len(notes) == 1
+        and "BatchNormalization (opset 11; momentum given or its default 0.9)" in notes[0]
         and "bn" in notes[0]
+    )
 
 
 @pytest.mark.isa_independent(FLOAT64_BOUND)
@@ -149,14 +200,27 @@ def test_float64_basis_works_around_the_evaluator_defects(tmp_path):
     from anpred.manifest import AnchorManifest
 
     rng = np.random.default_rng(2)
-    inits = [f32("w", rng.normal(0, 0.3, (4, 3, 3)))] + \
-        [f32(n, v) for n, v in (("s", rng.uniform(0.5, 2, 4)), ("b", rng.standard_normal(4)),
-                                 ("m", rng.standard_normal(4)), ("v", rng.uniform(0.5, 2, 4)))]
-    m = gap_model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1], name="conv"),
-                helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], name="bn"),
-                helper.make_node("GlobalMaxPool", ["n"], ["g"], name="gmp"),
-                helper.make_node("Squeeze", ["g"], ["y"], name="squeeze", axes=[2])],
-               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 10])], ["y"], inits, opset=11)
+    inits = [f32("w", rng.normal(0, 0.3, (4, 3, 3)))] + [
+        f32(n, v)
+        for n, v in (
+            ("s", rng.uniform(0.5, 2, 4)),
+            ("b", rng.standard_normal(4)),
+            ("m", rng.standard_normal(4)),
+            ("v", rng.uniform(0.5, 2, 4)),
+        )
+    ]
+    m = gap_model(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1], name="conv"),
+            helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], name="bn"),
+            helper.make_node("GlobalMaxPool", ["n"], ["g"], name="gmp"),
+            helper.make_node("Squeeze", ["g"], ["y"], name="squeeze", axes=[2]),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 10])],
+        ["y"],
+        inits,
+        opset=11,
+    )
     path = anchor_outputs(m, tmp_path / "f64.onnx")
     x = {"x": rng.standard_normal((1, 3, 10)).astype(np.float32)}
     with ReferenceFp64Backend() as b:

@@ -25,8 +25,9 @@ from isa_reasons import DEFECT_BOUND, SAME_DATA
 def test_stats_mode_memory_does_not_grow(yolo, tmp_path):
     runs = {}
     for n in (2, 16):
-        runs[n] = run_model(yolo, ["ort"], f"random:normal:seed=2:n={n}", tmp_path / f"s{n}", mode="stats",
-                            progress=False)
+        runs[n] = run_model(
+            yolo, ["ort"], f"random:normal:seed=2:n={n}", tmp_path / f"s{n}", mode="stats", progress=False
+        )
     s16 = runs[16]
     assert not any((s16.root / "tensors").iterdir())
     stats = read_stats(s16.root, "ort")
@@ -44,7 +45,7 @@ def test_stats_mode_memory_does_not_grow(yolo, tmp_path):
     assert s["count"] == allv.size and s["nan"] == 0
     assert np.isclose(s["mean"], allv.mean(), rtol=1e-9) and np.isclose(s["std"], allv.std(), rtol=1e-9)
     assert s["min"] == allv.min() and s["max"] == allv.max()
-    assert np.isclose(s["rms"], np.sqrt((allv ** 2).mean()), rtol=1e-9)
+    assert np.isclose(s["rms"], np.sqrt((allv**2).mean()), rtol=1e-9)
 
 
 @pytest.mark.isa_independent(SAME_DATA)
@@ -78,17 +79,23 @@ def test_cli_run_and_bad_input_exit_2_nothing_overwritten(yolo, tmp_path, capsys
     corrupt = tmp_path / "corrupt.npz"
     corrupt.write_bytes(b"PK\x03\x04" + b"\0" * 40)  # zip magic, not a zip archive
     (tmp_path / "afile").write_text("x")
-    cases = [(["-b", "ort", "-i", "random:uniform", "-o", str(out)], "already holds a run"),
-             (["-b", "ort,nope", "-i", "random:uniform", "-o", str(out), "--overwrite"], "unknown backend 'nope'"),
-             (["-b", "ort", "-i", str(tmp_path / "missing"), "-o", str(out), "--overwrite"], "no such file"),
-             (["-b", "ort", "-i", str(bad_npz), "-o", str(out), "--overwrite"], "does not fit"),
-             (["-b", "ort", "-i", str(tmp_path / "imgs"), "-o", str(out), "--overwrite"], "cannot read image"),
-             (["-b", "ort", "-i", str(corrupt), "-o", str(out), "--overwrite"], "not a valid .npz"),
-             (["-b", "ort", "-i", "random:uniform", "-o", str(tmp_path / "afile" / "sub")], "afile is a file")]
+    cases = [
+        (["-b", "ort", "-i", "random:uniform", "-o", str(out)], "already holds a run"),
+        (["-b", "ort,nope", "-i", "random:uniform", "-o", str(out), "--overwrite"], "unknown backend 'nope'"),
+        (["-b", "ort", "-i", str(tmp_path / "missing"), "-o", str(out), "--overwrite"], "no such file"),
+        (["-b", "ort", "-i", str(bad_npz), "-o", str(out), "--overwrite"], "does not fit"),
+        (["-b", "ort", "-i", str(tmp_path / "imgs"), "-o", str(out), "--overwrite"], "cannot read image"),
+        (["-b", "ort", "-i", str(corrupt), "-o", str(out), "--overwrite"], "not a valid .npz"),
+        (["-b", "ort", "-i", "random:uniform", "-o", str(tmp_path / "afile" / "sub")], "afile is a file"),
+    ]
     # a wrong spatial size on a dynamic model (PP-OCR det needs multiples of 32): caught before running
     ocr = run_models.anchored_ppocr_det()
-    cases_ocr = [(["-b", "ort,openvino", "-i", "random:uniform:shape=1x3x250x250", "-o", str(out), "--overwrite"],
-                  "x=1x3x250x250 does not fit the model: Add node")]
+    cases_ocr = [
+        (
+            ["-b", "ort,openvino", "-i", "random:uniform:shape=1x3x250x250", "-o", str(out), "--overwrite"],
+            "x=1x3x250x250 does not fit the model: Add node",
+        )
+    ]
     for model, args, msg in [(yolo, *c) for c in cases] + [(ocr, *c) for c in cases_ocr]:
         assert cli(["run", str(model), *args]) == 2, args
         err = capsys.readouterr().err
@@ -96,8 +103,10 @@ def test_cli_run_and_bad_input_exit_2_nothing_overwritten(yolo, tmp_path, capsys
         assert (out / "run.json").read_bytes() == before  # the earlier run is untouched
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["a"]  # no partial folder left
     assert not (tmp_path / "afile").is_dir()
-    assert cli(["run", str(tmp_path / "nothere.onnx"), "-b", "ort", "-i", "random:uniform", "-o",
-                str(tmp_path / "b")]) == 2
+    assert (
+        cli(["run", str(tmp_path / "nothere.onnx"), "-b", "ort", "-i", "random:uniform", "-o", str(tmp_path / "b")])
+        == 2
+    )
 
 
 @pytest.mark.isa_independent(DEFECT_BOUND)
@@ -118,8 +127,13 @@ def test_api_errors_and_alternative_model(yolo, tmp_path):
         t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * 2, t.name))
     alt = tmp_path / "alt.onnx"
     onnx.save(m, alt)
-    store = run_model(yolo, ["ort", BackendSpec("ort", "ort-alt", {"model": str(alt), "family": "faulty"})],
-                      "random:uniform:n=1", tmp_path / "r", progress=False)
+    store = run_model(
+        yolo,
+        ["ort", BackendSpec("ort", "ort-alt", {"model": str(alt), "family": "faulty"})],
+        "random:uniform:n=1",
+        tmp_path / "r",
+        progress=False,
+    )
     st = store.statuses()
     assert st["ort-alt"].status == "ok" and st["ort-alt"].family == "faulty"
     a, b = store.read_anchors("ort", "s0000"), store.read_anchors("ort-alt", "s0000")
@@ -133,20 +147,51 @@ def test_shape_error_in_every_backend_is_bad_input(tmp_path, capsys):
     import onnx
     from onnx import TensorProto, helper
 
-    g = helper.make_graph([helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n"])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [helper.make_tensor("s", TensorProto.INT64, [2], [2, -1])])
+    g = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("s", TensorProto.INT64, [2], [2, -1])],
+    )
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
     out = tmp_path / "r"
-    assert cli(["run", str(tmp_path / "m.onnx"), "-b", "ort,openvino", "-i", "random:uniform:shape=1x5",
-                "-o", str(out), "-q"]) == 2
+    assert (
+        cli(
+            [
+                "run",
+                str(tmp_path / "m.onnx"),
+                "-b",
+                "ort,openvino",
+                "-i",
+                "random:uniform:shape=1x5",
+                "-o",
+                str(out),
+                "-q",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "every backend (ort, openvino) failed on sample s0000" in err and "shape" in err and err.count("\n") == 1
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
     # n = 6 fits: the same model runs
-    assert cli(["run", str(tmp_path / "m.onnx"), "-b", "ort,openvino", "-i", "random:uniform:shape=1x6",
-                "-o", str(out), "-q"]) == 0
+    assert (
+        cli(
+            [
+                "run",
+                str(tmp_path / "m.onnx"),
+                "-b",
+                "ort,openvino",
+                "-i",
+                "random:uniform:shape=1x6",
+                "-o",
+                str(out),
+                "-q",
+            ]
+        )
+        == 0
+    )
 
 
 def test_model_is_copied_with_its_external_data(yolo, tmp_path):
@@ -181,8 +226,11 @@ def test_model_is_copied_with_its_external_data(yolo, tmp_path):
 def test_short_reason_elides_array_dumps():
     from anpred.run.worker import short_reason
 
-    dump = "Received args: (<tf.Tensor: shape=(1, 3, 256, 256), dtype=float32, numpy=\narray([[[[" + \
-        "-1.7411594 , -1.6897851 ,\n " * 200 + "]]]], dtype=float32)>,) and kwargs: {}"
+    dump = (
+        "Received args: (<tf.Tensor: shape=(1, 3, 256, 256), dtype=float32, numpy=\narray([[[["
+        + "-1.7411594 , -1.6897851 ,\n " * 200
+        + "]]]], dtype=float32)>,) and kwargs: {}"
+    )
     r = short_reason(TypeError("Binding inputs to tf.function failed due to `Can not cast`. " + dump))
     assert r.startswith("TypeError: Binding inputs") and "-1.74" not in r and len(r) < 300, r
     assert "<tf.Tensor (1, 3, 256, 256) float32>" in r
@@ -199,8 +247,9 @@ def test_stream_threads_lower_their_priority():
 
     before = os.getpriority(os.PRIO_PROCESS, 0)
     got = {}
-    th = threading.Thread(target=lambda: got.update(new=lower_priority(),
-                                                    seen=os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+    th = threading.Thread(
+        target=lambda: got.update(new=lower_priority(), seen=os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+    )
     th.start()
     th.join()
     assert JUDGE_NICE == 10 and got["new"] == got["seen"] == min(19, before + JUDGE_NICE)

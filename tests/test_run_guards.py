@@ -37,17 +37,28 @@ def dilated_conv(path: Path, channels: int = 16, length: int = 2048, dilation: i
     float32 elements (1.6 GB at the defaults), where ONNX Runtime needs a few MB."""
     w = nh.from_array(np.random.default_rng(0).standard_normal((channels, channels, 3)).astype(np.float32), "w")
     node = h.make_node("Conv", ["x", "w"], ["y"], dilations=[dilation], pads=[dilation, dilation], name="conv")
-    g = h.make_graph([node], "dilated", [h.make_tensor_value_info("x", T.FLOAT, [1, channels, length])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, channels, length])], [w])
+    g = h.make_graph(
+        [node],
+        "dilated",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, channels, length])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, channels, length])],
+        [w],
+    )
     return _save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
 
 
 def clip_scalar_bounds(path: Path) -> Path:
     """ONNX's ``clip_splitbounds`` case: Clip(x[3], min, max) with 0-d (scalar) ``min``/``max`` inputs."""
-    g = h.make_graph([h.make_node("Clip", ["x", "min", "max"], ["y"], name="clip")], "clip",
-                     [h.make_tensor_value_info("x", T.FLOAT, [3]), h.make_tensor_value_info("min", T.FLOAT, []),
-                      h.make_tensor_value_info("max", T.FLOAT, [])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [3])])
+    g = h.make_graph(
+        [h.make_node("Clip", ["x", "min", "max"], ["y"], name="clip")],
+        "clip",
+        [
+            h.make_tensor_value_info("x", T.FLOAT, [3]),
+            h.make_tensor_value_info("min", T.FLOAT, []),
+            h.make_tensor_value_info("max", T.FLOAT, []),
+        ],
+        [h.make_tensor_value_info("y", T.FLOAT, [3])],
+    )
     return _save(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), path)
 
 
@@ -59,8 +70,14 @@ def test_a_worker_over_its_memory_bound_is_failed_and_the_others_survive(tmp_pat
 
     m = dilated_conv(tmp_path / "dilated.onnx")
     bound = 768 * MIB
-    store = run_model(m, ["ort", "onnx-reference", "openvino"], "random:normal:n=1", tmp_path / "run",
-                      progress=False, guards=RunGuards(backend_memory=bound))
+    store = run_model(
+        m,
+        ["ort", "onnx-reference", "openvino"],
+        "random:normal:n=1",
+        tmp_path / "run",
+        progress=False,
+        guards=RunGuards(backend_memory=bound),
+    )
     st = store.statuses()
     assert st["onnx-reference"].status == "failed"
     assert st["onnx-reference"].reason.startswith("onnx-reference: exceeded the memory bound of 768 MiB per backend")
@@ -92,8 +109,15 @@ def test_a_long_lived_worker_over_its_bound_is_failed(tmp_path):
 
     m = dilated_conv(tmp_path / "dilated.onnx")
     with WorkerPool(tmp_path / "workers", guards=RunGuards(backend_memory=768 * MIB)) as pool:
-        store = run_model(m, ["ort", "onnx-reference"], "random:normal:n=1", tmp_path / "run", progress=False,
-                          precheck=False, pool=pool)
+        store = run_model(
+            m,
+            ["ort", "onnx-reference"],
+            "random:normal:n=1",
+            tmp_path / "run",
+            progress=False,
+            precheck=False,
+            pool=pool,
+        )
     st = store.statuses()
     assert st["ort"].status == "ok"
     assert st["onnx-reference"].status == "failed"
@@ -109,8 +133,14 @@ def test_the_runs_overall_bound_stops_the_largest_worker(tmp_path):
     m = dilated_conv(tmp_path / "dilated.onnx")
     # the driver (this test process) plus a worker of ~0.2 GB fit; the reference's 1.6 GB does not
     overall = psutil.Process().memory_info().rss + 900 * MIB
-    store = run_model(m, ["onnx-reference", "ort"], "random:normal:n=1", tmp_path / "run", progress=False,
-                      guards=RunGuards(backend_memory=64 << 30, run_memory=overall))
+    store = run_model(
+        m,
+        ["onnx-reference", "ort"],
+        "random:normal:n=1",
+        tmp_path / "run",
+        progress=False,
+        guards=RunGuards(backend_memory=64 << 30, run_memory=overall),
+    )
     st = store.statuses()
     assert st["onnx-reference"].status == "failed"
     assert "exceeded the run's overall memory bound of" in st["onnx-reference"].reason
@@ -179,8 +209,9 @@ def test_onnx2tf_scalar_inputs_are_fed_and_its_clip_ignoring_a_tensor_min_is_fla
     np.savez(tmp_path / "s.npz", x=np.array([-2.0, 0.5, 3.0], np.float32), min=np.float32(-1), max=np.float32(1))
     # two families against tf and litert, which run one onnx2tf conversion: decided for the two by count,
     # 2 against 1 (defaults.CONVERSION_UNITS; counted as two families it was a tie, nothing judged)
-    store = run_model(m, ["ort", "onnx-reference", "tf", "litert"], str(tmp_path / "s.npz"), tmp_path / "run",
-                      progress=False)
+    store = run_model(
+        m, ["ort", "onnx-reference", "tf", "litert"], str(tmp_path / "s.npz"), tmp_path / "run", progress=False
+    )
     st = store.statuses()
     assert {b: s.status for b, s in st.items()} == {b: "ok" for b in st}, {b: s.reason for b, s in st.items()}
     run = RunStore.open(tmp_path / "run")
@@ -190,8 +221,10 @@ def test_onnx2tf_scalar_inputs_are_fed_and_its_clip_ignoring_a_tensor_min_is_fla
     assert sorted(b for b, v in rep.verdicts.items() if v.flagged) == ["litert", "tf"], rep.notes
     (split,) = rep.splits
     assert split["basis"] == "count" and split["decided_for"] == ["onnx-reference", "onnxruntime"]
-    assert dict(zip(map(tuple, split["camps"]), split["counts"])) == {("litert", "tensorflow"): 1,
-                                                                      ("onnx-reference", "onnxruntime"): 2}
+    assert dict(zip(map(tuple, split["camps"]), split["counts"])) == {
+        ("litert", "tensorflow"): 1,
+        ("onnx-reference", "onnxruntime"): 2,
+    }
 
 
 # ---- bad input: the rule over all of a run's backends ------------------------------------------------
@@ -216,8 +249,11 @@ def test_a_segfault_is_named_a_crash_of_the_library_with_its_stage(tmp_path):
     from anpred.run import BackendSpec, run_model
 
     m = clip_scalar_bounds(tmp_path / "clip.onnx")
-    specs = [BackendSpec("ort"), BackendSpec("ort-noopt", "segv", {"_fault": "segfault", "_fault_after": 1}),
-             BackendSpec("onnx-reference", "abort", {"_fault": "abort", "_fault_at": "prepare"})]
+    specs = [
+        BackendSpec("ort"),
+        BackendSpec("ort-noopt", "segv", {"_fault": "segfault", "_fault_after": 1}),
+        BackendSpec("onnx-reference", "abort", {"_fault": "abort", "_fault_at": "prepare"}),
+    ]
     store = run_model(m, specs, "random:uniform:n=3", tmp_path / "run", progress=False)
     st = store.statuses()
     assert st["ort"].status == "ok"
@@ -237,8 +273,12 @@ def test_a_segfault_is_named_a_crash_of_the_library_with_its_stage(tmp_path):
 def ml_only(path: Path) -> Path:
     """A model of the ``ai.onnx.ml`` domain only (Binarizer): ONNX Runtime runs it, its static
     quantizer refuses it (``Failed to find proper ai.onnx domain``)."""
-    g = h.make_graph([h.make_node("Binarizer", ["x"], ["y"], domain="ai.onnx.ml", threshold=0.5, name="bin")], "ml",
-                     [h.make_tensor_value_info("x", T.FLOAT, [2, 8])], [h.make_tensor_value_info("y", T.FLOAT, [2, 8])])
+    g = h.make_graph(
+        [h.make_node("Binarizer", ["x"], ["y"], domain="ai.onnx.ml", threshold=0.5, name="bin")],
+        "ml",
+        [h.make_tensor_value_info("x", T.FLOAT, [2, 8])],
+        [h.make_tensor_value_info("y", T.FLOAT, [2, 8])],
+    )
     return _save(h.make_model(g, opset_imports=[h.make_opsetid("ai.onnx.ml", 3)]), path)
 
 
@@ -251,8 +291,13 @@ def deep_cnn(path: Path, layers: int = 400, seed: int = 0) -> Path:
         inits.append(nh.from_array((rng.standard_normal((8, 8, 1, 1)) * 0.3).astype(np.float32), f"w{i}"))
         nodes += [h.make_node("Conv", [x, f"w{i}"], [f"c{i}"]), h.make_node("Relu", [f"c{i}"], [f"r{i}"])]
         x = f"r{i}"
-    g = h.make_graph(nodes, "deep", [h.make_tensor_value_info("x", T.FLOAT, [1, 8, 16, 16])],
-                     [h.make_tensor_value_info(x, T.FLOAT, [1, 8, 16, 16])], inits)
+    g = h.make_graph(
+        nodes,
+        "deep",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 8, 16, 16])],
+        [h.make_tensor_value_info(x, T.FLOAT, [1, 8, 16, 16])],
+        inits,
+    )
     return _save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
 
 
@@ -260,17 +305,24 @@ def test_a_failed_shared_conversion_fails_once_for_its_population(tmp_path):
     from anpred.run import run_model
 
     m = ml_only(tmp_path / "ml.onnx")
-    store = run_model(m, ["ort", "ort-int8", "ort-int8-noopt", "onnx-reference-int8"], "random:uniform:n=2",
-                      tmp_path / "run", progress=False)
+    store = run_model(
+        m,
+        ["ort", "ort-int8", "ort-int8-noopt", "onnx-reference-int8"],
+        "random:uniform:n=2",
+        tmp_path / "run",
+        progress=False,
+    )
     st = store.statuses()
     assert st["ort"].status == "ok"
     first = st["ort-int8"]
     assert first.status == "failed" and "Failed to find proper ai.onnx domain" in first.reason
     for b in ("ort-int8-noopt", "onnx-reference-int8"):
         assert st[b].status == "failed"
-        assert st[b].reason.startswith("prepare: BackendError: the int8 quantization (QDQ) failed once for the int8 "
-                                       "population in this run (in ort-int8: BackendError: int8 quantization failed "
-                                       "(ValueError: Failed to find proper ai.onnx domain"), st[b].reason
+        assert st[b].reason.startswith(
+            "prepare: BackendError: the int8 quantization (QDQ) failed once for the int8 "
+            "population in this run (in ort-int8: BackendError: int8 quantization failed "
+            "(ValueError: Failed to find proper ai.onnx domain"
+        ), st[b].reason
         assert st[b].reason.endswith("not tried again")
 
 
@@ -290,12 +342,15 @@ def test_a_shared_conversion_killed_by_its_timeout_is_not_started_again(tmp_path
     s1 = run_model(m, ["ort-int8"], "random:normal:n=2", tmp_path / "r1", progress=False, timeout_s=3, guards=guards)
     st1 = s1.statuses()["ort-int8"]
     assert st1.status == "timeout" and "killed while preparing" in st1.reason
-    s2 = run_model(m, ["ort-int8-noopt"], "random:normal:n=2", tmp_path / "r2", progress=False, timeout_s=300,
-                   guards=guards)
+    s2 = run_model(
+        m, ["ort-int8-noopt"], "random:normal:n=2", tmp_path / "r2", progress=False, timeout_s=300, guards=guards
+    )
     st2 = s2.statuses()["ort-int8-noopt"]
     assert st2.status == "failed"
-    assert "the int8 quantization (QDQ) failed once for the int8 population in this run (in ort-int8: no result " \
-           "within 3 s (killed while preparing" in st2.reason, st2.reason
+    assert (
+        "the int8 quantization (QDQ) failed once for the int8 population in this run (in ort-int8: no result "
+        "within 3 s (killed while preparing" in st2.reason
+    ), st2.reason
     # not another quantization: no quantized model was written in the shared folder (the killed one left none)
     assert not list((tmp_path / "shared").rglob("*.onnx")), list((tmp_path / "shared").rglob("*"))
 
@@ -307,13 +362,20 @@ def already_quantized(path: Path) -> Path:
     w = nh.from_array(rng.integers(0, 255, (8, 4)).astype(np.uint8), "w_q")
     wz = nh.from_array(np.array(128, np.uint8), "w_zero")
     ws = nh.from_array(np.array(0.02, np.float32), "w_scale")
-    nodes = [h.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], name="dql"),
-             h.make_node("MatMulInteger", ["xq", "w_q", "xz", "w_zero"], ["acc"], name="mmi"),
-             h.make_node("Cast", ["acc"], ["accf"], to=T.FLOAT, name="cast"),
-             h.make_node("Mul", ["xs", "w_scale"], ["s"], name="scale"),
-             h.make_node("Mul", ["accf", "s"], ["y"], name="out")]
-    g = h.make_graph(nodes, "dq", [h.make_tensor_value_info("x", T.FLOAT, [2, 8])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [2, 4])], [w, wz, ws])
+    nodes = [
+        h.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], name="dql"),
+        h.make_node("MatMulInteger", ["xq", "w_q", "xz", "w_zero"], ["acc"], name="mmi"),
+        h.make_node("Cast", ["acc"], ["accf"], to=T.FLOAT, name="cast"),
+        h.make_node("Mul", ["xs", "w_scale"], ["s"], name="scale"),
+        h.make_node("Mul", ["accf", "s"], ["y"], name="out"),
+    ]
+    g = h.make_graph(
+        nodes,
+        "dq",
+        [h.make_tensor_value_info("x", T.FLOAT, [2, 8])],
+        [h.make_tensor_value_info("y", T.FLOAT, [2, 4])],
+        [w, wz, ws],
+    )
     return _save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
 
 
@@ -321,14 +383,21 @@ def test_an_already_quantized_model_skips_the_int8_population(tmp_path):
     from anpred.run import run_model
 
     m = already_quantized(tmp_path / "dq.onnx")
-    store = run_model(m, ["ort", "onnx-reference", "ort-int8", "ort-int8-noopt"], "random:normal:n=2",
-                      tmp_path / "run", progress=False)
+    store = run_model(
+        m,
+        ["ort", "onnx-reference", "ort-int8", "ort-int8-noopt"],
+        "random:normal:n=2",
+        tmp_path / "run",
+        progress=False,
+    )
     st = store.statuses()
     assert st["ort"].status == "ok" and st["onnx-reference"].status == "ok"
     for b in ("ort-int8", "ort-int8-noopt"):
         assert st[b].status == "unsupported"
-        assert st[b].reason == ("skipped: the model is already quantized (DynamicQuantizeLinear:1, MatMulInteger:1); "
-                                "the int8 population quantizes a float model (quantize_static), which this is not")
+        assert st[b].reason == (
+            "skipped: the model is already quantized (DynamicQuantizeLinear:1, MatMulInteger:1); "
+            "the int8 population quantizes a float model (quantize_static), which this is not"
+        )
 
 
 def test_the_drill_note_gives_each_left_out_backends_own_reason(tmp_path):
@@ -358,8 +427,13 @@ def convtranspose_output_shape(path: Path) -> Path:
     shape error; the other backends compute it."""
     w = nh.from_array(np.random.default_rng(0).standard_normal((1, 2, 3, 3)).astype(np.float32), "w")
     node = h.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[3, 2], output_shape=[10, 8], name="convt")
-    g = h.make_graph([node], "convt", [h.make_tensor_value_info("x", T.FLOAT, [1, 1, 3, 3])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 2, 10, 8])], [w])
+    g = h.make_graph(
+        [node],
+        "convt",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 1, 3, 3])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 2, 10, 8])],
+        [w],
+    )
     return _save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
 
 
@@ -415,13 +489,16 @@ def test_a_crash_in_a_converters_operator_module_names_the_operator(tmp_path):
         '  File "/v/lib/python3.11/site-packages/onnx2tf/ops/Conv.py", line 80 in make_node\n'
         '  File "/v/lib/python3.11/site-packages/onnx2tf/onnx2tf.py", line 1200 in convert\n'
         '  File "/w/anpred/backends/tf_onnx.py", line 300 in _convert\n'
-        '  File "/w/anpred/run/worker.py", line 250 in run_job\n\nExtension modules: numpy (total: 1)\n')
+        '  File "/w/anpred/run/worker.py", line 250 in run_job\n\nExtension modules: numpy (total: 1)\n'
+    )
     assert crash_reason(-11, "preparing", 0, 2, tmp_path / "tf.log").startswith(
         "crash of onnx2tf (SIGSEGV in make_node, Conv.py:80) at operator Conv, called from tf_onnx._convert while "
-        "preparing (0/2 samples done)")
+        "preparing (0/2 samples done)"
+    )
     (tmp_path / "empty.log").write_text("")
     assert crash_reason(-6, "preparing", 0, 2, tmp_path / "empty.log").startswith(
-        "crash of the backend's native code (SIGABRT; no Python stack in the log) while preparing")
+        "crash of the backend's native code (SIGABRT; no Python stack in the log) while preparing"
+    )
 
 
 def test_a_stale_attempt_of_a_process_killed_from_outside_is_attempted_again(tmp_path, monkeypatch):
@@ -438,8 +515,9 @@ def test_a_stale_attempt_of_a_process_killed_from_outside_is_attempted_again(tmp
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     folder = tmp_path / "shared"
     folder.mkdir()
-    (folder / "kind-k1.attempt.json").write_text(json.dumps({"label": "a", "pid": int(gone.stdout),
-                                                             "host": socket.gethostname()}))
+    (folder / "kind-k1.attempt.json").write_text(
+        json.dumps({"label": "a", "pid": int(gone.stdout), "host": socket.gethostname()})
+    )
     built = []
     shared.set_scope(folder, "b")
     try:

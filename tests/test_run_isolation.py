@@ -31,15 +31,23 @@ HANGING_S = 3
 def test_crashing_backends_leave_the_others_intact(yolo, tmp_path):
     """Every fault kind in a backend's own process; the others' results are intact. The hanging one runs
     alone, in a run of its own with a short limit (the limit is the run's, not a backend's)."""
-    specs = ["ort",
-             BackendSpec("ort", "ort-segv", {"_fault": "segfault"}),
-             BackendSpec("ort-noopt", "noopt-abort", {"_fault": "abort", "_fault_at": "prepare"}),
-             BackendSpec("ort", "ort-exit", {"_fault": "exit", "_fault_at": "prepare"}),
-             BackendSpec("ort", "ort-raise", {"_fault": "raise"}),
-             "openvino"]
+    specs = [
+        "ort",
+        BackendSpec("ort", "ort-segv", {"_fault": "segfault"}),
+        BackendSpec("ort-noopt", "noopt-abort", {"_fault": "abort", "_fault_at": "prepare"}),
+        BackendSpec("ort", "ort-exit", {"_fault": "exit", "_fault_at": "prepare"}),
+        BackendSpec("ort", "ort-raise", {"_fault": "raise"}),
+        "openvino",
+    ]
     store = run_model(yolo, specs, "random:uniform:seed=1:n=2", tmp_path / "r", timeout_s=HANG_S, progress=False)
-    hung = run_model(yolo, [BackendSpec("ort-noopt", "noopt-hang", {"_fault": "hang", "_fault_at": "prepare"})],
-                     "random:uniform:seed=1:n=2", tmp_path / "h", timeout_s=HANGING_S, progress=False)
+    hung = run_model(
+        yolo,
+        [BackendSpec("ort-noopt", "noopt-hang", {"_fault": "hang", "_fault_at": "prepare"})],
+        "random:uniform:seed=1:n=2",
+        tmp_path / "h",
+        timeout_s=HANGING_S,
+        progress=False,
+    )
     st = {**store.statuses(), **hung.statuses()}
     assert list(store.statuses()) == ["ort", "ort-segv", "noopt-abort", "ort-exit", "ort-raise", "openvino"]
     assert st["ort-segv"].status == "crashed" and "SIGSEGV" in st["ort-segv"].reason
@@ -73,8 +81,12 @@ def test_unsupported_operator_is_a_status(tmp_path):
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]),
-                           helper.make_node("NoSuchOp", ["r"], ["y"], domain="example.unknown")], "g", [x], [y])
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("NoSuchOp", ["r"], ["y"], domain="example.unknown")],
+        "g",
+        [x],
+        [y],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.unknown", 1)])
     onnx.save(m, tmp_path / "m.onnx")
     store = run_model(tmp_path / "m.onnx", ["ort", "openvino"], "random:normal:n=1", tmp_path / "r", progress=False)
@@ -123,8 +135,20 @@ def test_sigterm_to_the_driver_kills_workers_and_removes_the_partial_run(yolo, t
     import sys
 
     out = tmp_path / "runs" / "t"
-    cmd = [sys.executable, "-m", "anpred.cli", "run", str(yolo), "-b", "onnx-reference", "-i",
-           "random:images:n=40", "-o", str(out), "-q"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "anpred.cli",
+        "run",
+        str(yolo),
+        "-b",
+        "onnx-reference",
+        "-i",
+        "random:images:n=40",
+        "-o",
+        str(out),
+        "-q",
+    ]
     proc, partial = _start_and_wait_for_anchors(cmd, tmp_path / "runs")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=HANG_S)
@@ -153,14 +177,20 @@ def test_worker_pool_prepares_once_and_keeps_going_after_a_crash(yolo, tmp_path)
     are untouched; a hanging one times out."""
     from anpred.run.driver import WorkerPool
 
-    specs = [BackendSpec("ort"), BackendSpec("openvino"), BackendSpec("ort", "ort-segv", {"_fault": "segfault"}),
-             BackendSpec("ort", "ort-later", {"_fault": "raise", "_fault_after": 3})]
+    specs = [
+        BackendSpec("ort"),
+        BackendSpec("openvino"),
+        BackendSpec("ort", "ort-segv", {"_fault": "segfault"}),
+        BackendSpec("ort", "ort-later", {"_fault": "raise", "_fault_after": 3}),
+    ]
     hang = [BackendSpec("ort-noopt", "noopt-hang", {"_fault": "hang", "_fault_at": "prepare"})]
     pids, stores = [], []
     # the hanging backend in a pool of its own with a short limit (the limit is the pool's, and the healthy
     # workers get one for hangs only)
-    with WorkerPool(tmp_path / "workers", timeout_s=HANG_S, side_by_side=True) as pool, \
-            WorkerPool(tmp_path / "workers-hang", timeout_s=HANGING_S, side_by_side=True) as hang_pool:
+    with (
+        WorkerPool(tmp_path / "workers", timeout_s=HANG_S, side_by_side=True) as pool,
+        WorkerPool(tmp_path / "workers-hang", timeout_s=HANGING_S, side_by_side=True) as hang_pool,
+    ):
         for k in range(3):
             inputs = f"random:uniform:seed={k}:n=2"
             hung = run_model(yolo, hang, inputs, tmp_path / f"h{k}", progress=False, precheck=False, pool=hang_pool)
@@ -199,8 +229,15 @@ def test_worker_pool_prepares_once_and_keeps_going_after_a_crash(yolo, tmp_path)
     assert not pool.workers  # closed: every worker ended
     # one after the other (the default): the same tensors
     with WorkerPool(tmp_path / "workers-serial", timeout_s=HANG_S, side_by_side=False) as serial:
-        again = run_model(yolo, specs[:2], "random:uniform:seed=0:n=2", tmp_path / "serial", progress=False,
-                          precheck=False, pool=serial)
+        again = run_model(
+            yolo,
+            specs[:2],
+            "random:uniform:seed=0:n=2",
+            tmp_path / "serial",
+            progress=False,
+            precheck=False,
+            pool=serial,
+        )
     for sid in again.sample_ids:
         for b in ("ort", "openvino"):
             for name, x in again.read_anchors(b, sid).items():
@@ -217,10 +254,21 @@ def test_stream_keeps_the_first_failure_with_its_chunk_and_sample(yolo, tmp_path
 
     rng = np.random.default_rng(0)
     samples = iter([(f"gen{i}", {"images": rng.random((1, 3, 224, 224), dtype=np.float32)}) for i in range(6)])
-    specs = ["ort", "openvino", "onnx-reference",
-             BackendSpec("ort", "ort-later", {"_fault": "raise", "_fault_after": 2})]
-    rep = stream_test(yolo, samples, tmp_path / "run", run=RunOptions(backends=specs), quiet=True,
-                      judge=JudgeOptions(allow_incomplete=True), stream=StreamOptions(chunk=2, keep=1))
+    specs = [
+        "ort",
+        "openvino",
+        "onnx-reference",
+        BackendSpec("ort", "ort-later", {"_fault": "raise", "_fault_after": 2}),
+    ]
+    rep = stream_test(
+        yolo,
+        samples,
+        tmp_path / "run",
+        run=RunOptions(backends=specs),
+        quiet=True,
+        judge=JudgeOptions(allow_incomplete=True),
+        stream=StreamOptions(chunk=2, keep=1),
+    )
     from anpred.run import RunStore
 
     st = RunStore.open(tmp_path / "run").statuses()

@@ -30,9 +30,15 @@ def test_samples_in_memory_move_their_prewritten_inputs_in(tmp_path):
     from anpred.run.store import sample_sha256
     from anpred.tensorfile import read_safetensors, write_safetensors
 
-    m = helper.make_model(helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])]), opset_imports=[helper.make_opsetid("", 17)])
+    m = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
     onnx.save(m, tmp_path / "relu.onnx")
     a32 = {"x": np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)}
     a64 = {"x": np.array([[5.0, -6.0, 7.0, -8.0]], np.float64)}
@@ -80,13 +86,24 @@ def test_adopt_sample_copies_where_it_cannot_move(tmp_path, monkeypatch):
     from anpred.run import RunStore
     from anpred.run import store as store_mod
 
-    m = helper.make_model(helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])]), opset_imports=[helper.make_opsetid("", 17)])
+    m = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
     onnx.save(m, tmp_path / "relu.onnx")
     x = {"x": np.array([[-1.0, 2.0, -3.0]], np.float32)}
-    src = run_model(tmp_path / "relu.onnx", ["ort"], ArraySamples([("a.png", x), ("b.png", x)], {}),
-                    tmp_path / "chunk", progress=False)
+    src = run_model(
+        tmp_path / "relu.onnx",
+        ["ort"],
+        ArraySamples([("a.png", x), ("b.png", x)], {}),
+        tmp_path / "chunk",
+        progress=False,
+    )
     final = RunStore.create(tmp_path / "final", src.manifest)
     real = os.replace
 
@@ -167,8 +184,13 @@ def test_memory_backed_reads_the_mounts():
     mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines()]
     kinds = {mnt: kind for mnt, kind in mounts}
     assert memory_backed("/") == (kinds.get("/") == "tmpfs")
-    tmpfs = [m for m, k in mounts if k == "tmpfs" and os.path.isdir(m) and not any(
-        o != m and o.startswith(m.rstrip("/") + "/") for o, _ in mounts)]
+    tmpfs = [
+        m
+        for m, k in mounts
+        if k == "tmpfs"
+        and os.path.isdir(m)
+        and not any(o != m and o.startswith(m.rstrip("/") + "/") for o, _ in mounts)
+    ]
     if tmpfs:
         assert memory_backed(tmpfs[0]) and memory_backed(os.path.join(tmpfs[0], "no", "such", "folder"))
     proc = [m for m, k in mounts if m == "/proc"]
@@ -185,11 +207,20 @@ def test_scratch_folders_of_dead_runs_are_removed(tmp_path):
     from anpred.pipeline import scratch
 
     (tmp_path / "anpred-stream-1-live").mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import fcntl, os, sys, time\n"
-        f"fd = os.open({str(tmp_path / 'anpred-stream-1-live' / '.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
-        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # holds the lock until killed, however long
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import fcntl, os, sys, time\n"
+                f"fd = os.open({str(tmp_path / 'anpred-stream-1-live' / '.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+                "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()"
+            ),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # holds the lock until killed, however long
     try:
         (tmp_path / "anpred-stream-1-live" / "run0").mkdir()
         dead = tmp_path / "anpred-stream-2-dead"

@@ -12,9 +12,14 @@ pytestmark = [pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)]  # text lengths, 
 
 
 def test_a_coverage_refusal_shows_the_operators_first():
-    row = {"ops": {"GridSample": "onnx2torch has no converter for GridSample",
-                   "Clip": "onnx2torch: Dynamic value of min/max is not implemented"},
-           "nodes": ["grid", "clip"], "basis": "onnx2torch's converters"}
+    row = {
+        "ops": {
+            "GridSample": "onnx2torch has no converter for GridSample",
+            "Clip": "onnx2torch: Dynamic value of min/max is not implemented",
+        },
+        "nodes": ["grid", "clip"],
+        "basis": "onnx2torch's converters",
+    }
     cell = standing_cell("torch", "unsupported: " + refusal(row))
     assert cell.startswith("unsupported: refused by the pre-run coverage: GridSample: onnx2torch has no converter")
     assert len(cell) <= STANDING_WIDTH
@@ -24,8 +29,10 @@ def test_a_coverage_refusal_shows_the_operators_first():
 
 
 def test_a_failure_drops_the_exception_class_and_the_repeated_backend_name():
-    reason = ("failed: prepare: BackendError: ncnn: pnnx could not lower ONNX op(s) Tensor.to onto ncnn layers "
-              "(pnnx log 'todo <op>'; layer types ncnn does not know: Tensor.to)")
+    reason = (
+        "failed: prepare: BackendError: ncnn: pnnx could not lower ONNX op(s) Tensor.to onto ncnn layers "
+        "(pnnx log 'todo <op>'; layer types ncnn does not know: Tensor.to)"
+    )
     cell = standing_cell("ncnn", reason)
     assert cell.startswith("failed: prepare: pnnx could not lower ONNX op(s) Tensor.to onto ncnn layers")
     assert len(cell) == STANDING_WIDTH and cell.endswith("...")

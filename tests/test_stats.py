@@ -39,9 +39,10 @@ def test_one_ulp_perturbation_counts_one_ulp_per_dtype():
     x = np.nextafter(c, np.float32(10))
     assert error_stats(x, c, "float32").max_ulp == pytest.approx(1.0)
     assert error_stats(x, c, "float16").max_ulp == pytest.approx(
-        float(np.spacing(np.float32(3.0))) / float(np.spacing(np.float16(3.0))))
-    assert ulp(np.array([1.0]), "bf16")[0] == 2.0 ** -7
-    assert ulp(np.array([1.0]), "fp16")[0] == 2.0 ** -10
+        float(np.spacing(np.float32(3.0))) / float(np.spacing(np.float16(3.0)))
+    )
+    assert ulp(np.array([1.0]), "bf16")[0] == 2.0**-7
+    assert ulp(np.array([1.0]), "fp16")[0] == 2.0**-10
 
 
 def test_nan_and_inf_are_counted_not_propagated():
@@ -85,9 +86,11 @@ def test_w1_formula_equals_scipy():
     from scipy.stats import wasserstein_distance
 
     rng = np.random.default_rng(4)
-    for c, x in [(rng.standard_normal(5000), rng.standard_normal(5000) * 1.3 + 0.2),
-                 (rng.exponential(size=777), np.round(rng.exponential(size=777), 1)),
-                 (np.arange(10.0), np.arange(10.0)[::-1] + 1e-3)]:
+    for c, x in [
+        (rng.standard_normal(5000), rng.standard_normal(5000) * 1.3 + 0.2),
+        (rng.exponential(size=777), np.round(rng.exponential(size=777), 1)),
+        (np.arange(10.0), np.arange(10.0)[::-1] + 1e-3),
+    ]:
         s = error_stats(x, c)
         assert s.wasserstein * np.std(c) == pytest.approx(wasserstein_distance(x, c), rel=1e-12, abs=1e-15)
 
@@ -194,13 +197,13 @@ def test_wasserstein_in_the_consensus_order_equals_scipy():
     cn[:100] = np.nan  # consensus NaN: the finite values are compared (the shared path over them)
     fin = np.isfinite(cn)
     w = Reference(cn).compare(close).stats.wasserstein
-    assert w == pytest.approx(wasserstein_distance(close[fin].astype(np.float64), cn[fin]) / np.std(cn[fin]),
-                              rel=1e-12)
+    assert w == pytest.approx(wasserstein_distance(close[fin].astype(np.float64), cn[fin]) / np.std(cn[fin]), rel=1e-12)
     xn = close.astype(np.float64)
     xn[-50:] = np.nan  # backend NaN: compared where both are finite (not the shared order)
     ok = np.isfinite(xn)
     assert ref.compare(xn).stats.wasserstein == pytest.approx(
-        wasserstein_distance(xn[ok], c[ok]) / np.std(c[ok]), rel=1e-12)
+        wasserstein_distance(xn[ok], c[ok]) / np.std(c[ok]), rel=1e-12
+    )
 
 
 def test_same_array_is_array_equal():
@@ -218,8 +221,13 @@ def test_same_array_is_array_equal():
         cases.append((a, b))
     n = a.copy()
     n[7] = np.nan
-    cases += [(n, n.copy()), (a, a[:-1]), (a.reshape(256, 256), a.reshape(256, 256).T),
-              (a.reshape(256, 256).T, a.reshape(256, 256).T.copy()), (np.zeros(0), np.zeros(0))]
+    cases += [
+        (n, n.copy()),
+        (a, a[:-1]),
+        (a.reshape(256, 256), a.reshape(256, 256).T),
+        (a.reshape(256, 256).T, a.reshape(256, 256).T.copy()),
+        (np.zeros(0), np.zeros(0)),
+    ]
     got = [same_array(x, y) for x, y in cases]
     assert got == [bool(np.array_equal(x, y)) for x, y in cases]
     assert got == [True, False, False, False, False, False, False, True, True]

@@ -88,8 +88,12 @@ def test_a_wrong_tail_is_a_warning_and_fp32_noise_or_a_broad_subfloor_error_is_n
 def _sigmoid_tail_model() -> onnx.ModelProto:
     """Sigmoid on a [1, 400] input (x2 + a Relu after, so the anchor is the Sigmoid's output)."""
     nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
-    g = helper.make_graph(nodes, "sig", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 400])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 400])])
+    g = helper.make_graph(
+        nodes,
+        "sig",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 400])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 400])],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     return m
@@ -105,12 +109,14 @@ def test_onnx_runtime_sigmoid_tail_is_a_wrong_tail_on_real_runtimes(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.uniform(-3, 3, (1, 400)).astype(np.float32)
     x[0, ::10] = rng.uniform(-17, -14, 40).astype(np.float32)
-    run, _ = _run(_sigmoid_tail_model(), ["ort", "ort-noopt", "openvino", "onnx-reference", "torch"], {"x": x},
-                  tmp_path)
+    run, _ = _run(
+        _sigmoid_tail_model(), ["ort", "ort-noopt", "openvino", "onnx-reference", "torch"], {"x": x}, tmp_path
+    )
     rep = check_run(run)
-    assert rep.status == "consistent" and sorted(b for b, v in rep.verdicts.items()
-                                                 if v.warnings) == ["ort", "ort-noopt"], \
-        format_text(rep)
+    assert rep.status == "consistent" and sorted(b for b, v in rep.verdicts.items() if v.warnings) == [
+        "ort",
+        "ort-noopt",
+    ], format_text(rep)
     c = next(c for c in rep.cells if c.backend == "ort" and c.tail)
     assert c.tail.startswith("wrong tail") and c.primary < c.threshold and c.stats.ulp_q > 1e4
     assert any(n.startswith("ort: wrong tail") for n in rep.notes)
@@ -162,8 +168,12 @@ def test_the_kernel_note_is_named_as_the_likely_cause():
 
     for kernel, named in (("avx2", True), ("avx512-vnni", False)):
         res = _int8_population(3.0)
-        rep = CheckReport(run_dir=".", status="", oracle="consensus",
-                          backends={"ort-int8": {"versions": {"mlas_u8s8_kernel": kernel}}})
+        rep = CheckReport(
+            run_dir=".",
+            status="",
+            oracle="consensus",
+            backends={"ort-int8": {"versions": {"mlas_u8s8_kernel": kernel}}},
+        )
         cost_causes(rep, res)
         w = res.verdicts["ort-int8"].warnings[0]
         assert ("likely cause: ONNX Runtime's avx2 u8s8 kernels" in w and "saturating int16" in w) == named
@@ -208,9 +218,12 @@ def test_mish_tail_on_real_runtimes_is_a_warning_against_the_float64_execution(t
     small outputs far below zero, ort is within a few ULPs of the float64 result; tvm carries the
     wrong-tail warning against the float64 execution, ort not, the run is consistent (with two fp32
     families the peer rule cannot tell which one has the tail)."""
-    g = helper.make_graph([helper.make_node("Mish", ["x"], ["y"])], "mish",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [10000])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [10000])])
+    g = helper.make_graph(
+        [helper.make_node("Mish", ["x"], ["y"])],
+        "mish",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [10000])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [10000])],
+    )
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     x = np.linspace(-10, 10, 10000, dtype=np.float32)
     run, _ = _run(model, ["ort", "tvm", "onnx-reference-fp64"], {"x": x[None]}, tmp_path)

@@ -26,8 +26,17 @@ from task_digits import FP32, LOWP, N_TEST
 @pytest.fixture(scope="module")
 def digits_run(digits):
     model, inp, labels, eager, root = digits
-    res = anpred.test(str(model), out=root / "out", backends=FP32 + LOWP, inputs=str(inp), task="classify",
-                      labels=str(labels), quiet=True, stages=3, history=str(root / "history.sqlite"))
+    res = anpred.test(
+        str(model),
+        out=root / "out",
+        backends=FP32 + LOWP,
+        inputs=str(inp),
+        task="classify",
+        labels=str(labels),
+        quiet=True,
+        stages=3,
+        history=str(root / "history.sqlite"),
+    )
     return res, eager
 
 
@@ -52,7 +61,8 @@ def test_digits_top1_per_backend_against_labels(digits, digits_run):
         assert t["backends"][b]["metrics"]["top1_agreement"] == pytest.approx(float((top1[b] == ref).mean()))
         assert t["backends"][b]["truth"]["top1"] == pytest.approx(float((top1[b] == np.array(labels)).mean()))
         assert t["backends"][b]["truth"]["delta_to_consensus"] == pytest.approx(
-            t["backends"][b]["truth"]["top1"] - t["consensus_truth"]["top1"])
+            t["backends"][b]["truth"]["top1"] - t["consensus_truth"]["top1"]
+        )
     text = res.format_text()
     assert text.splitlines()[1].startswith("task (classify, 60 samples")  # the task's cost leads the report
     d = json.loads((res.out / "report.json").read_text())
@@ -65,17 +75,31 @@ def test_history_task_regression_exits_1(digits, digits_run):
     regression command exits 1 naming the drop; a margin larger than the drop exits 0."""
     model, inp, labels, eager, root = digits
     db = root / "history.sqlite"
-    res2 = anpred.test(str(root / "bad" / "digits.onnx"), out=root / "out-bad", backends=FP32[:3], inputs=str(inp),
-                       task="classify", labels=str(labels), quiet=True, stages=3, history=str(db))
+    res2 = anpred.test(
+        str(root / "bad" / "digits.onnx"),
+        out=root / "out-bad",
+        backends=FP32[:3],
+        inputs=str(inp),
+        task="classify",
+        labels=str(labels),
+        quiet=True,
+        stages=3,
+        history=str(db),
+    )
     before = digits_run[0].report.task["backends"]["ort"]["truth"]["top1"]
     after = res2.report.task["backends"]["ort"]["truth"]["top1"]
     assert before - after > 0.05, (before, after)
-    p = subprocess.run([sys.executable, "-m", "anpred", "history", str(db)], capture_output=True, text=True,
-                       timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "anpred", "history", str(db)], capture_output=True, text=True, timeout=600
+    )
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     assert f"REGRESSION digits ort truth.top1: {before:.4g} -> {after:.4g}" in p.stdout
-    p = subprocess.run([sys.executable, "-m", "anpred", "history", str(db), "--margin", "1"], capture_output=True,
-                       text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "anpred", "history", str(db), "--margin", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0 and "no task metric dropped by more than 1" in p.stdout
 
 
@@ -83,15 +107,28 @@ def test_history_task_regression_exits_1(digits, digits_run):
 def test_detect_adapter_counts_and_map():
     from models.detect import Detections
 
-    ref = Detections(np.array([[0, 0, 10, 10], [20, 20, 40, 40], [50, 50, 60, 70]], float), np.array([.9, .8, .7]),
-                     np.array([0, 1, 2]), None)
+    ref = Detections(
+        np.array([[0, 0, 10, 10], [20, 20, 40, 40], [50, 50, 60, 70]], float),
+        np.array([0.9, 0.8, 0.7]),
+        np.array([0, 1, 2]),
+        None,
+    )
     # two boxes kept (one shifted by 1 px: IoU 81/119), the third of another class, one extra box
-    res = Detections(np.array([[0, 0, 10, 10], [21, 21, 41, 41], [50, 50, 60, 70], [80, 80, 90, 90]], float),
-                     np.array([.85, .8, .7, .5]), np.array([0, 1, 3, 0]), None)
+    res = Detections(
+        np.array([[0, 0, 10, 10], [21, 21, 41, 41], [50, 50, 60, 70], [80, 80, 90, 90]], float),
+        np.array([0.85, 0.8, 0.7, 0.5]),
+        np.array([0, 1, 3, 0]),
+        None,
+    )
     a = DetectAdapter()
     s = a.compare(res, ref)
-    assert s == {"ref": 3.0, "dets": 4.0, "matched": 2.0, "iou_sum": pytest.approx(1 + 361 / 439),
-                 "shift_sum": pytest.approx(0.05)}
+    assert s == {
+        "ref": 3.0,
+        "dets": 4.0,
+        "matched": 2.0,
+        "iou_sum": pytest.approx(1 + 361 / 439),
+        "shift_sum": pytest.approx(0.05),
+    }
     m = a.summary(s, [res], [ref])
     assert m["kept"] == 2 and m["consensus_detections"] == 3 and m["precision"] == 0.5
     assert m["recall"] == pytest.approx(2 / 3) and m["f1"] == pytest.approx(2 * 0.5 * (2 / 3) / (0.5 + 2 / 3))
@@ -125,8 +162,14 @@ def test_doclaynet_detections_kept_and_true_map(tmp_path):
     from models.documents import write_pages_with_truth
 
     write_pages_with_truth(tmp_path / "pages", range(3))
-    res = anpred.test("yolov8n-doclaynet", out=tmp_path / "out", backends=["ort", "openvino", "torch", "ort-int8"],
-                      inputs=str(tmp_path / "pages"), labels=str(tmp_path / "pages" / "truth.json"), quiet=True)
+    res = anpred.test(
+        "yolov8n-doclaynet",
+        out=tmp_path / "out",
+        backends=["ort", "openvino", "torch", "ort-int8"],
+        inputs=str(tmp_path / "pages"),
+        labels=str(tmp_path / "pages" / "truth.json"),
+        quiet=True,
+    )
     t = res.report.task
     assert t["task"]["task"] == "detect" and t["labels"] == 3
     n = t["backends"]["ort"]["metrics"]["consensus_detections"]
@@ -149,8 +192,9 @@ def test_labels_are_checked_before_anything_runs(digits, tmp_path):
     bad.write_text("{not json")
     for lab, task in ((str(labels), "none"), (str(bad), "classify")):
         with pytest.raises(AnpredError, match="labels"):
-            anpred.test(str(model), out=tmp_path / "o", backends=FP32[:2], inputs=str(inp), task=task, labels=lab,
-                        quiet=True)
+            anpred.test(
+                str(model), out=tmp_path / "o", backends=FP32[:2], inputs=str(inp), task=task, labels=lab, quiet=True
+            )
         assert not (tmp_path / "o").exists()  # refused before any backend ran: no output folder was made
 
 
@@ -169,7 +213,8 @@ def test_user_adapter_module_function(digits, digits_run, tmp_path, monkeypatch)
         "    def headline(self, m):\n"
         "        return f\"same class {m['same']:.2f}\"\n"
         "def make():\n"
-        "    return Argmax()\n")
+        "    return Argmax()\n"
+    )
     monkeypatch.chdir(tmp_path)
     from anpred.task import load_adapter, task_impact
 
@@ -190,8 +235,12 @@ def test_classify_nan_output_agrees_with_nothing():
 
 
 def test_history_refuses_a_negative_margin(digits_run, digits):
-    p = subprocess.run([sys.executable, "-m", "anpred", "history", str(digits[4] / "history.sqlite"), "--margin", "-1"],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "anpred", "history", str(digits[4] / "history.sqlite"), "--margin", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 2 and "--margin must be >= 0" in p.stderr
 
 
@@ -213,8 +262,9 @@ def test_labels_from_class_folders(digits, tmp_path):
     want = flat.task["backends"]["ort"]["truth"]["top1"]
     assert want == pytest.approx(eager, abs=1e-12)
     for stream in (False, True):
-        rep = anpred.test(str(model), out=tmp_path / f"cf{stream}", inputs=str(cf), labels="folders", stream=stream,
-                          **kw).report
+        rep = anpred.test(
+            str(model), out=tmp_path / f"cf{stream}", inputs=str(cf), labels="folders", stream=stream, **kw
+        ).report
         assert rep.samples == N_TEST and rep.task["labels"] == N_TEST
         assert rep.task["backends"]["ort"]["truth"]["top1"] == pytest.approx(want, abs=1e-12)
     for bad in (inp, cf):  # a flat folder; class folders with a stray file beside them: refused before running
@@ -259,8 +309,12 @@ def test_coco_map50_equals_cocoeval_summarize():
         extra = rng.uniform(0, 1000, (int(rng.integers(0, 4)), 4))
         extra = np.concatenate([np.minimum(extra[:, :2], extra[:, 2:]), np.maximum(extra[:, :2], extra[:, 2:]) + 1], 1)
         b = np.concatenate([noisy, extra])
-        c = np.concatenate([np.where(rng.random(int(keep.sum())) < 0.1, (cls[keep] + 1) % 4, cls[keep]),
-                            rng.integers(0, 4, len(extra))])
+        c = np.concatenate(
+            [
+                np.where(rng.random(int(keep.sum())) < 0.1, (cls[keep] + 1) % 4, cls[keep]),
+                rng.integers(0, 4, len(extra)),
+            ]
+        )
         s = rng.random(len(b))
         o = np.argsort(-s)
         dets.append(Detections(b[o], s[o], c[o].astype(np.int64), None))
@@ -268,11 +322,25 @@ def test_coco_map50_equals_cocoeval_summarize():
     for i, (t, d) in enumerate(zip(truth, dets)):  # the full evaluation, as coco_map50 did before
         images.append({"id": i + 1, "width": 1, "height": 1})
         for b, c in zip(t.boxes, t.classes):
-            anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": int(c) + 1, "iscrowd": 0,
-                         "bbox": [b[0], b[1], b[2] - b[0], b[3] - b[1]], "area": (b[2] - b[0]) * (b[3] - b[1])})
+            anns.append(
+                {
+                    "id": len(anns) + 1,
+                    "image_id": i + 1,
+                    "category_id": int(c) + 1,
+                    "iscrowd": 0,
+                    "bbox": [b[0], b[1], b[2] - b[0], b[3] - b[1]],
+                    "area": (b[2] - b[0]) * (b[3] - b[1]),
+                }
+            )
         for b, c, s in zip(d.boxes, d.classes, d.scores):
-            res.append({"image_id": i + 1, "category_id": int(c) + 1, "score": float(s),
-                        "bbox": [b[0], b[1], b[2] - b[0], b[3] - b[1]]})
+            res.append(
+                {
+                    "image_id": i + 1,
+                    "category_id": int(c) + 1,
+                    "score": float(s),
+                    "bbox": [b[0], b[1], b[2] - b[0], b[3] - b[1]],
+                }
+            )
     gt = COCO()
     gt.dataset = {"images": images, "annotations": anns, "categories": [{"id": c} for c in range(1, 5)]}
     with contextlib.redirect_stdout(io.StringIO()):

@@ -32,8 +32,9 @@ def test_streamed_dataset_matches_the_run_in_one_piece(digits, tmp_path, monkeyp
     from anpred.run import RunStore
 
     model, inp, labels, eager, root = digits
-    kw = dict(backends=FP32[:3] + ["ort-int8"], inputs=str(inp), task="classify", labels=str(labels), quiet=True,
-              stages=3)
+    kw = dict(
+        backends=FP32[:3] + ["ort-int8"], inputs=str(inp), task="classify", labels=str(labels), quiet=True, stages=3
+    )
     whole = anpred.test(str(model), out=tmp_path / "w", **kw).report
     monkeypatch.setenv("ANPRED_STREAM_SCRATCH", "disk")  # the chunks beside -o (the other test: in memory)
     res = anpred.test(str(model), out=tmp_path / "s", stream=True, chunk=25, keep=2, **kw)
@@ -77,8 +78,9 @@ def test_streamed_sampled_positions_equal_the_whole_run_at_those_positions(digit
     from anpred.tensorfile import array_file_keys
 
     model, inp, labels, eager, root = digits
-    kw = dict(backends=FP32[:3] + ["ort-int8"], inputs=str(inp), task="classify", labels=str(labels), quiet=True,
-              stages=3)
+    kw = dict(
+        backends=FP32[:3] + ["ort-int8"], inputs=str(inp), task="classify", labels=str(labels), quiet=True, stages=3
+    )
     whole = anpred.test(str(model), out=tmp_path / "w", **kw)
     # the chunks in a folder of their own (ANPRED_STREAM_SCRATCH): on this machine's tmpfs where there is
     # one (the kept samples then copied out of it onto the run folder's file system), the folder
@@ -86,8 +88,11 @@ def test_streamed_sampled_positions_equal_the_whole_run_at_those_positions(digit
     from anpred.pipeline.scratch import memory_backed
 
     shm = Path("/dev/shm")
-    root = shm / f"anpred-test-{os.getpid()}" if shm.is_dir() and os.access(shm, os.W_OK) and memory_backed(shm) \
+    root = (
+        shm / f"anpred-test-{os.getpid()}"
+        if shm.is_dir() and os.access(shm, os.W_OK) and memory_backed(shm)
         else tmp_path / "scratch"
+    )
     monkeypatch.setenv("ANPRED_STREAM_SCRATCH", str(root))
     try:
         res = anpred.test(str(model), out=tmp_path / "s", stream=True, chunk=25, keep=2, positions=200, **kw)
@@ -101,8 +106,11 @@ def test_streamed_sampled_positions_equal_the_whole_run_at_those_positions(digit
     at_positions = finish(run, judge.judged())
     rep = res.report
     assert rep.samples == N_TEST and rep.status == "consistent"
-    sampled = {a.name for a in RunStore.open(whole.run_dir).manifest.anchors if a.kind != "output" and a.shape
-               and int(np.prod(a.shape)) > 200}
+    sampled = {
+        a.name
+        for a in RunStore.open(whole.run_dir).manifest.anchors
+        if a.kind != "output" and a.shape and int(np.prod(a.shape)) > 200
+    }
     assert len(sampled) >= 2
     for c in rep.cells:
         w = at_positions.cell(c.anchor, c.backend)
@@ -139,40 +147,77 @@ def test_interrupted_stream_resumes_to_the_uninterrupted_report(digits, tmp_path
     inp = Path(shutil.copytree(inp, tmp_path / "inputs"))
     backends = "ort,openvino,torch,ort-int8"
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "anpred", "test", str(model), "--inputs", str(inp), "--task", "classify", "--labels",
-           str(labels), "--stream", "--chunk", "10", "--stages", "3", "--backends", backends, "-o", str(out)]
-    whole = anpred.test(str(model), out=tmp_path / "whole", backends=backends.split(","), inputs=str(inp),
-                        task="classify", labels=str(labels), quiet=True, stages=3, stream=True, chunk=10).report
+    cmd = [
+        sys.executable,
+        "-m",
+        "anpred",
+        "test",
+        str(model),
+        "--inputs",
+        str(inp),
+        "--task",
+        "classify",
+        "--labels",
+        str(labels),
+        "--stream",
+        "--chunk",
+        "10",
+        "--stages",
+        "3",
+        "--backends",
+        backends,
+        "-o",
+        str(out),
+    ]
+    whole = anpred.test(
+        str(model),
+        out=tmp_path / "whole",
+        backends=backends.split(","),
+        inputs=str(inp),
+        task="classify",
+        labels=str(labels),
+        quiet=True,
+        stages=3,
+        stream=True,
+        chunk=10,
+    ).report
     # a real SIGINT to the process' main thread once 20 samples are judged and checkpointed (the stream's
     # testing hook sends it, injected by tests/stream_faults.py: the test reading the progress line and
     # signalling then came too late under load, the whole run done by then)
     # (SIG_DFL in the child: a job started in the background, like a CI step under nohup, inherits SIGINT
     # ignored, and Python then installs no KeyboardInterrupt handler: the Ctrl-C would be ignored)
-    proc = subprocess.run(stream_faults.command("sigint-after=20") + cmd[3:], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                            "ANPRED_STREAM_SCRATCH": str(tmp_path / "scratch")},
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.run(
+        stream_faults.command("sigint-after=20") + cmd[3:],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "ANPRED_STREAM_SCRATCH": str(tmp_path / "scratch")},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     rest = proc.stderr
     assert proc.returncode == 130, rest[-2000:]
     ck = tmp_path / ".out.stream"
     assert (ck / "state.pkl").is_file() and not out.exists() and "--resume" in rest
     # the chunks' folder (ANPRED_STREAM_SCRATCH) removed on the way out
     assert (tmp_path / "scratch").is_dir() and not any((tmp_path / "scratch").iterdir())
-    other = subprocess.run([a if a != backends else "ort,openvino,torch" for a in cmd] + ["--resume"],
-                           capture_output=True, text=True)
+    other = subprocess.run(
+        [a if a != backends else "ort,openvino,torch" for a in cmd] + ["--resume"], capture_output=True, text=True
+    )
     assert other.returncode == 2 and "made for another run: backends" in other.stderr, other.stderr[-2000:]
     gone = sorted(inp.iterdir())[3]  # a sample judged before the interruption, removed since
     gone.rename(tmp_path / gone.name)
     moved = subprocess.run(cmd + ["--resume"], capture_output=True, text=True)
-    assert moved.returncode == 2 and "inputs changed since the checkpoint: sample s000003" in moved.stderr, \
+    assert moved.returncode == 2 and "inputs changed since the checkpoint: sample s000003" in moved.stderr, (
         moved.stderr[-2000:]
+    )
     (tmp_path / gone.name).rename(gone)
     a, b = sorted(inp.iterdir())[5], sorted(inp.iterdir())[6]  # same names, another sample's contents
     saved = a.read_bytes()
     a.write_bytes(b.read_bytes())
     changed = subprocess.run(cmd + ["--resume"], capture_output=True, text=True)
-    assert changed.returncode == 2 and "sample s000005" in changed.stderr and "other contents" in changed.stderr, \
+    assert changed.returncode == 2 and "sample s000005" in changed.stderr and "other contents" in changed.stderr, (
         changed.stderr[-2000:]
+    )
     a.write_bytes(saved)
     res = subprocess.run(cmd + ["--resume"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -206,13 +251,35 @@ def test_resume_after_the_last_checkpoint_stores_the_kept_samples_in_full(digits
 
     model, inp, labels, eager, root = digits
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "anpred", "test", str(model), "--inputs", str(inp), "--task", "classify", "--labels",
-           str(labels), "--stream", "--chunk", "20", "--positions", "200", "--stages", "3", "--backends",
-           "ort,openvino,torch", "-o", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "anpred",
+        "test",
+        str(model),
+        "--inputs",
+        str(inp),
+        "--task",
+        "classify",
+        "--labels",
+        str(labels),
+        "--stream",
+        "--chunk",
+        "20",
+        "--positions",
+        "200",
+        "--stages",
+        "3",
+        "--backends",
+        "ort,openvino,torch",
+        "-o",
+        str(out),
+    ]
     first = subprocess.run(stream_faults.command("before-refill") + cmd[3:], capture_output=True, text=True)
     assert first.returncode == 130 and "--resume" in first.stderr, first.stderr[-2000:]
-    other = subprocess.run([a for a in cmd if a not in ("--labels", str(labels))] + ["--resume"], capture_output=True,
-                           text=True)
+    other = subprocess.run(
+        [a for a in cmd if a not in ("--labels", str(labels))] + ["--resume"], capture_output=True, text=True
+    )
     assert other.returncode == 2 and "labels" in other.stderr.split("made for another run:")[1], other.stderr[-1500:]
     res = subprocess.run(cmd + ["--resume"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -269,8 +336,12 @@ def test_split_threads_divides_the_cores_among_backends_side_by_side():
     reference, pure numpy) are unchanged; labels and other options are kept."""
     from anpred.run.spec import BackendSpec, split_threads
 
-    given = [BackendSpec("ort"), BackendSpec("openvino", "ov", {"x": 1}), BackendSpec("torch", options={"threads": 3}),
-             BackendSpec("onnx-reference")]
+    given = [
+        BackendSpec("ort"),
+        BackendSpec("openvino", "ov", {"x": 1}),
+        BackendSpec("torch", options={"threads": 3}),
+        BackendSpec("onnx-reference"),
+    ]
     two = split_threads(given, cores=2)
     assert [s.label for s in two] == ["ort", "ov", "torch", "onnx-reference"]
     assert [s.options for s in two] == [{"threads": 1}, {"x": 1, "threads": 1}, {"threads": 3}, {}]
@@ -293,9 +364,20 @@ def test_side_by_side_stream_runs_each_backend_on_its_share_of_the_cores(digits,
 
     monkeypatch.setattr(spec, "usable_cores", lambda: 6)
     model, inp, labels, _, _ = digits
-    res = anpred.test(str(model), out=tmp_path / "s", backends=["ort", "openvino", "onnx-reference"], inputs=str(inp),
-                      task="classify", labels=str(labels), quiet=True, stages=3, stream=True, chunk=30, keep=1,
-                      side_by_side=True)
+    res = anpred.test(
+        str(model),
+        out=tmp_path / "s",
+        backends=["ort", "openvino", "onnx-reference"],
+        inputs=str(inp),
+        task="classify",
+        labels=str(labels),
+        quiet=True,
+        stages=3,
+        stream=True,
+        chunk=30,
+        keep=1,
+        side_by_side=True,
+    )
     run = RunStore.open(res.run_dir)
     assert run.meta["stream"]["side_by_side"] is True and run.meta["stream"]["threads"] == {"ort": 2, "openvino": 2}
     assert run.meta["backend_specs"]["ort"] == {"name": "ort", "options": {"threads": 2}}

@@ -21,12 +21,17 @@ from isa_reasons import SAME_DATA
 
 def _arrays():
     rng = np.random.default_rng(7)
-    return {"anchor/01/model.2": rng.standard_normal((1, 3, 5, 7)).astype(np.float32),
-            "output/idx": np.arange(5, dtype=np.int64), "flag": np.array(True),
-            "half": rng.random((2, 3)).astype(np.float16),
-            "empty": np.zeros((0, 4), np.float32), "q": np.arange(9, dtype=np.uint8).reshape(3, 3),
-            "nhwc": rng.standard_normal((1, 4, 3, 2)).astype(np.float32).transpose(0, 3, 1, 2),  # not C-contiguous
-            "scalar": np.float64(2.5), "i8": np.array([-128, 127], np.int8)}
+    return {
+        "anchor/01/model.2": rng.standard_normal((1, 3, 5, 7)).astype(np.float32),
+        "output/idx": np.arange(5, dtype=np.int64),
+        "flag": np.array(True),
+        "half": rng.random((2, 3)).astype(np.float16),
+        "empty": np.zeros((0, 4), np.float32),
+        "q": np.arange(9, dtype=np.uint8).reshape(3, 3),
+        "nhwc": rng.standard_normal((1, 4, 3, 2)).astype(np.float32).transpose(0, 3, 1, 2),  # not C-contiguous
+        "scalar": np.float64(2.5),
+        "i8": np.array([-128, 127], np.int8),
+    }
 
 
 @pytest.mark.parametrize("direct", ["1", "0"])
@@ -78,8 +83,12 @@ def test_store_falls_back_to_npz_for_dtypes_safetensors_lacks(tmp_path):
     bf = (np.arange(4, dtype=np.float32) + 0.5).astype(ml_dtypes.bfloat16)
     f8 = np.array([0.5, 1.0], np.float32).astype(ml_dtypes.float8_e4m3fn)
     be = np.arange(3, dtype=">f4")
-    for sid, arrs in (("s0", {"a/b": np.ones(2, np.float32)}), ("s1", {"a/b": bf}), ("s2", {"a/b": be}),
-                      ("s3", {"a/b": f8})):
+    for sid, arrs in (
+        ("s0", {"a/b": np.ones(2, np.float32)}),
+        ("s1", {"a/b": bf}),
+        ("s2", {"a/b": be}),
+        ("s3", {"a/b": f8}),
+    ):
         st.write_anchors("ort", sid, arrs)
     files = sorted(p.name for p in st.backend_dir("ort").iterdir())
     assert files == ["s0.safetensors", "s1.safetensors", "s2.npz", "s3.npz"]
@@ -159,8 +168,7 @@ def test_chunked_summary_equals_the_two_pass_reference(monkeypatch, chunk):
 
 
 def test_worker_malloc_tunables_keep_the_users_settings():
-    assert worker_malloc_tunables("") == \
-        "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824"
+    assert worker_malloc_tunables("") == "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824"
     mine = "glibc.malloc.trim_threshold=0:glibc.cpu.hwcaps=-AVX512F"
     out = worker_malloc_tunables(mine)
     assert out.startswith(mine + ":") and out.count("trim_threshold") == 1
@@ -179,9 +187,12 @@ def test_run_stores_safetensors_and_the_worker_gets_the_tunables(tmp_path):
     from anpred.instrument import instrument_file
     from anpred.run import run_model
 
-    g = h.make_graph([h.make_node("Relu", ["x"], ["r"], name="relu"), h.make_node("Sigmoid", ["r"], ["y"], name="sig")],
-                     "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 8])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 8])])
+    g = h.make_graph(
+        [h.make_node("Relu", ["x"], ["r"], name="relu"), h.make_node("Sigmoid", ["r"], ["y"], name="sig")],
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 8])],
+        [h.make_tensor_value_info("y", T.FLOAT, [1, 8])],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     onnx.save(m, tmp_path / "m.onnx")
     instrument_file(tmp_path / "m.onnx", tmp_path / "a.onnx")

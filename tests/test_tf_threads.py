@@ -22,16 +22,27 @@ def test_tf_threads_option_on_fresh_conversion(tmp_path):
 
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))  # never in the cache
     w = nh.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "W")
-    g = h.make_graph([h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-                      h.make_node("Relu", ["c"], ["y"], name="relu")], "g",
-                     [h.make_tensor_value_info("x", 1, [1, 3, 16, 16])],
-                     [h.make_tensor_value_info("y", 1, [1, 4, 16, 16])], [w])
+    g = h.make_graph(
+        [
+            h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+            h.make_node("Relu", ["c"], ["y"], name="relu"),
+        ],
+        "g",
+        [h.make_tensor_value_info("x", 1, [1, 3, 16, 16])],
+        [h.make_tensor_value_info("y", 1, [1, 4, 16, 16])],
+        [w],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.save(m, tmp_path / "m.onnx")
     instrument_file(tmp_path / "m.onnx", tmp_path / "a.onnx")
-    store = run_model(tmp_path / "a.onnx", [BackendSpec("tf", options={"threads": 1}), "ort"],
-                      "random:uniform:n=1", tmp_path / "run", progress=False)
+    store = run_model(
+        tmp_path / "a.onnx",
+        [BackendSpec("tf", options={"threads": 1}), "ort"],
+        "random:uniform:n=1",
+        tmp_path / "run",
+        progress=False,
+    )
     st = store.statuses()
     assert st["tf"].status == "ok", st["tf"].reason
     sid = store.sample_ids[0]

@@ -44,8 +44,15 @@ def _anchored(name, folder):
     man.model["origin"] = {**man.model.get("origin", {}), **zm.manifest_origin()}
     native, example = load_factory(zm.factory, zm.factory_kwargs)
     fw = zm.native_framework
-    rep = map_anchors(man, native, fw, onnx_model=am, example_inputs=example if fw == "torch" else None,
-                      converters=("torch", "tf"), converter_checks={"torch": onnx2torch_missing})
+    rep = map_anchors(
+        man,
+        native,
+        fw,
+        onnx_model=am,
+        example_inputs=example if fw == "torch" else None,
+        converters=("torch", "tf"),
+        converter_checks={"torch": onnx2torch_missing},
+    )
     man.to_model(am)
     path = folder / f"{name}.anchored.onnx"
     onnx.save(am, str(path))
@@ -55,8 +62,9 @@ def _anchored(name, folder):
     return path, npz, man, rep
 
 
-@pytest.fixture(scope="module",
-                params=[pytest.param(c, marks=pytest.mark.slow) if c != "mobilenetv2-keras" else c for c in CASES])
+@pytest.fixture(
+    scope="module", params=[pytest.param(c, marks=pytest.mark.slow) if c != "mobilenetv2-keras" else c for c in CASES]
+)
 def three(request, tmp_path_factory):
     from anpred.run import run_model
 
@@ -133,11 +141,20 @@ def test_anchored_pad_conv_graph_loads_in_ort_with_default_optimisations():
 
     rng = np.random.default_rng(0)
     g = h.make_graph(
-        [h.make_node("Relu", ["x"], ["a"]), h.make_node("Pad", ["a", "pads"], ["p"]),
-         h.make_node("Conv", ["p", "w"], ["y"], group=4), h.make_node("Relu", ["y"], ["z"])], "g",
-        [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 8, 8])], [h.make_tensor_value_info("z", T.FLOAT, [1, 4, 8, 8])],
-        [nh.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads"),
-         nh.from_array(rng.standard_normal((4, 1, 3, 3)).astype(np.float32), "w")])
+        [
+            h.make_node("Relu", ["x"], ["a"]),
+            h.make_node("Pad", ["a", "pads"], ["p"]),
+            h.make_node("Conv", ["p", "w"], ["y"], group=4),
+            h.make_node("Relu", ["y"], ["z"]),
+        ],
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 8, 8])],
+        [h.make_tensor_value_info("z", T.FLOAT, [1, 4, 8, 8])],
+        [
+            nh.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads"),
+            nh.from_array(rng.standard_normal((4, 1, 3, 3)).astype(np.float32), "w"),
+        ],
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
     am, man = instrument_model(m, stages=1, anchors=["a", "y"])
     onnx.checker.check_model(am, full_check=True)

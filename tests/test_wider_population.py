@@ -35,17 +35,23 @@ def _run(tmp: Path, built, shape, n, seed):
     rng = np.random.default_rng(seed)
     np.savez(tmp / "inputs.npz", x=rng.random((n, *shape), dtype=np.float32))
     store = run_model(tmp / "anchored.onnx", FP32, tmp / "inputs.npz", tmp / "run", progress=False, timeout_s=600)
-    assert {b: s.status for b, s in store.statuses().items()} == {b: "ok" for b in FP32}, \
-        {b: s.reason for b, s in store.statuses().items()}
+    assert {b: s.status for b, s in store.statuses().items()} == {b: "ok" for b in FP32}, {
+        b: s.reason for b, s in store.statuses().items()
+    }
     return check_run(tmp / "run"), man
 
 
 @pytest.mark.isa_independent(DEFECT_BOUND)
-@pytest.mark.parametrize("net,shape,op,flagged", [
-    (softplus_cnn, [1, 3, 16, 16], "Softplus", ["openvino"]),
-    # ncnn (through pnnx) divides the border windows by the whole kernel area like OpenVINO: bit-identical
-    # wrong values, a second family with the defect (docs/oracle.md "Real defects seen")
-    (avgpool_cnn, [1, 3, 8, 8], "AveragePool", ["openvino", "ncnn"])], ids=["softplus", "avgpool"])
+@pytest.mark.parametrize(
+    "net,shape,op,flagged",
+    [
+        (softplus_cnn, [1, 3, 16, 16], "Softplus", ["openvino"]),
+        # ncnn (through pnnx) divides the border windows by the whole kernel area like OpenVINO: bit-identical
+        # wrong values, a second family with the defect (docs/oracle.md "Real defects seen")
+        (avgpool_cnn, [1, 3, 8, 8], "AveragePool", ["openvino", "ncnn"]),
+    ],
+    ids=["softplus", "avgpool"],
+)
 def test_openvino_defects_flagged_among_eight_families(tmp_path, net, shape, op, flagged):
     rep, man = _run(tmp_path, net(), shape, 4, 0)
     voting = {row["family"] for b, row in rep.backends.items() if row["votes"] and row["status"] == "ok"}

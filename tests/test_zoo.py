@@ -18,16 +18,30 @@ def _run1(sess, x):
 
 # --- registry -----------------------------------------------------------------------------------
 
+
 def test_registry_metadata_and_unknown_name(zoo):
-    assert {"yolov8n", "yolov8s", "yolov5n", "yolov5s", "yolov8n-doclaynet", "ppocr-det", "ppocr-rec",
-            "mobilenetv2-keras"} <= set(zoo.REGISTRY)
+    assert {
+        "yolov8n",
+        "yolov8s",
+        "yolov5n",
+        "yolov5s",
+        "yolov8n-doclaynet",
+        "ppocr-det",
+        "ppocr-rec",
+        "mobilenetv2-keras",
+    } <= set(zoo.REGISTRY)
     with pytest.raises(AnpredError, match="known: .*yolov8n"):
         zoo.get("yolov9x")
     m = zoo.get("yolov8n", imgsz=(256, 320))
     assert m.input_shape == (1, 3, 256, 320) and m.origin == "torch" and not m.trained
-    assert m.manifest_origin() == {"framework": "torch", "factory": "models.yolo:yolov8n",
-                                   "kwargs": {"imgsz": [256, 320], "seed": 0}, "zoo": "yolov8n",
-                                   "trained": False, "onnx": "exported"}
+    assert m.manifest_origin() == {
+        "framework": "torch",
+        "factory": "models.yolo:yolov8n",
+        "kwargs": {"imgsz": [256, 320], "seed": 0},
+        "zoo": "yolov8n",
+        "trained": False,
+        "onnx": "exported",
+    }
     d = zoo.get("yolov8n-doclaynet")
     assert d.trained and d.origin == "onnx" and d.native_framework == "torch" and len(d.class_names) == 11
     assert zoo.get("ppocr-det").origin == "onnx" and zoo.get("ppocr-det").factory is None
@@ -50,6 +64,7 @@ def test_cli_lists_the_zoo(capsys):
 
 
 # --- seeded YOLOs -------------------------------------------------------------------------------
+
 
 @pytest.mark.isa_independent(FP32_BOUND)
 def test_yolov8n_native_matches_its_export(yolov8n_model, yolov8n_onnx):
@@ -120,6 +135,7 @@ def test_batchnorm_calibration_gives_realistic_activations(yolov5n_model):
 
 # --- the trained DocLayNet YOLOv8n -------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def doclaynet_eager_and_ort(doclaynet_model, doclaynet_onnx):
     """Eager-torch rebuild and ORT outputs (graph output + every top-level module) on page 0."""
@@ -173,8 +189,14 @@ def test_doclaynet_finds_title_table_picture_and_text_on_rendered_pages(doclayne
     for seed in (0, 1):
         page = render_page(seed)
         x, info = yolo_input(page.image, (1024, 1024))
-        det = decode(_run1(sess, x)[0], "yolov8", conf=0.25, iou=0.45, class_names=doclaynet_model.class_names,
-                     letterbox_info=info)
+        det = decode(
+            _run1(sess, x)[0],
+            "yolov8",
+            conf=0.25,
+            iou=0.45,
+            class_names=doclaynet_model.class_names,
+            letterbox_info=info,
+        )
         for cls in ("Table", "Title", "Picture"):
             found = det.of_class(cls)
             assert len(found), f"page {seed}: no {cls} detected ({det.names()})"
@@ -183,8 +205,9 @@ def test_doclaynet_finds_title_table_picture_and_text_on_rendered_pages(doclayne
         # every drawn Text block (authors line, paragraphs) is found as Text, one to one; measured on
         # pages 0 and 1: IoU 0.81-0.99, scores 0.67-0.92 (the one-line authors block is the lowest)
         text = det.of_class("Text")
-        drawn = Detections(np.asarray(page.regions["Text"]), np.ones(len(page.regions["Text"])),
-                           np.full(len(page.regions["Text"]), 9))
+        drawn = Detections(
+            np.asarray(page.regions["Text"]), np.ones(len(page.regions["Text"])), np.full(len(page.regions["Text"]), 9)
+        )
         m = match_detections(drawn, text, iou=0.5, same_class=False)
         got = [(round(float(i), 3), round(float(text.scores[j]), 3)) for (_, j), i in zip(m.pairs, m.ious)]
         assert len(drawn) >= 3 and len(m.unmatched_a) == 0, f"page {seed}: Text regions not found: {got}"
@@ -208,14 +231,24 @@ def test_real_inputs_interleave_pages_and_photos(doclaynet_model):
 
 # --- documents, detection utilities -------------------------------------------------------------
 
+
 @pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_rendered_page_is_deterministic_and_complete():
     from models.documents import PAGE_CLASSES, render_page
 
     a, b, c = render_page(3), render_page(3), render_page(4)
     assert np.array_equal(a.array(), b.array()) and not np.array_equal(a.array(), c.array())
-    assert set(PAGE_CLASSES) == {"Title", "Text", "List-item", "Table", "Picture", "Caption", "Section-header",
-                                 "Page-header", "Page-footer"}
+    assert set(PAGE_CLASSES) == {
+        "Title",
+        "Text",
+        "List-item",
+        "Table",
+        "Picture",
+        "Caption",
+        "Section-header",
+        "Page-header",
+        "Page-footer",
+    }
     # every promised region kind on every page (seeds 7, 26, 27 used to lack a List-item, 19 a Picture)
     for seed in range(40):
         p = a if seed == 3 else render_page(seed)
@@ -226,7 +259,7 @@ def test_rendered_page_is_deterministic_and_complete():
         for boxes in p.regions.values():
             for x0, y0, x1, y1 in boxes:
                 assert 0 <= x0 < x1 <= W and 0 <= y0 < y1 <= 0.93 * H or y0 > 0.95 * H, (seed, x0, y0, x1, y1)
-                assert arr[int(y0):int(y1) + 1, int(x0):int(x1) + 1].min() < 128  # something dark drawn
+                assert arr[int(y0) : int(y1) + 1, int(x0) : int(x1) + 1].min() < 128  # something dark drawn
     with pytest.raises(AnpredError, match="too small"):
         render_page(0, size=(100, 100))
     for bad in (-1, 1.5, "3"):
@@ -247,8 +280,13 @@ def test_real_images_honour_the_seed(doclaynet_model):
     assert np.array_equal(imgs[2], photos()[0]) and np.array_equal(imgs[4], photos()[1])  # photos: fixed files
     assert not np.array_equal(imgs[0], doclaynet_model.real_images(1)[0])  # seed 0 renders page 0
     assert np.array_equal(zm.real_images(1, seed=0)[0], render_page(0).array())
-    assert _zoo_sources(zm, 5) == ["rendered page seed 3", "rendered page seed 4", "ultralytics/assets/bus.jpg",
-                                   "rendered page seed 5", "ultralytics/assets/zidane.jpg"]
+    assert _zoo_sources(zm, 5) == [
+        "rendered page seed 3",
+        "rendered page seed 4",
+        "ultralytics/assets/bus.jpg",
+        "rendered page seed 5",
+        "ultralytics/assets/zidane.jpg",
+    ]
     assert _zoo_sources(models.get("ppocr-det", seed=2), 2) == ["rendered page seed 2", "rendered page seed 3"]
     with pytest.raises(AnpredError, match="seed must be >= 0"):
         zm.real_images(1, seed=-1)
@@ -307,6 +345,7 @@ def test_nms_and_matching():
 
 # --- Keras, OCR --------------------------------------------------------------------------------
 
+
 @pytest.mark.isa_independent(FP32_BOUND)
 def test_keras_model_builds_offline_and_exports(zoo):
     m = zoo.get("mobilenetv2-keras")
@@ -335,7 +374,7 @@ def test_ppocr_det_finds_text_on_rendered_page(ppocr_det_onnx):
     sy, sx = 640 / page.image.height, 512 / page.image.width
     on = [prob[0, 0, int((b[1] + b[3]) / 2 * sy), int((b[0] + b[2]) / 2 * sx)] for b, _ in page.lines[:20]]
     assert np.median(on) > 0.5  # high on the drawn text lines ...
-    assert prob[0, 0, :, :int(0.05 * 512)].max() < 0.3  # ... low on the white margin
+    assert prob[0, 0, :, : int(0.05 * 512)].max() < 0.3  # ... low on the white margin
 
 
 def test_ppocr_rec_reads_rendered_text_lines(zoo):

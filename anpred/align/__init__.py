@@ -19,20 +19,59 @@ This module re-exports the public names and holds no logic. See docs/alignment.m
 """
 
 from anpred.align.aligner import Aligner
-from anpred.align.backend_info import (NATIVE_BACKENDS, NO_LAYOUT_REASONS, ONNX_FAMILIES, ONNX_GRAPH_BACKENDS,
-                                       ONNX_LAYOUT_BACKENDS, WRONG_SHAPE_REASONS, anchor_capture, anchor_dtype,
-                                       returns_onnx_layout)
+from anpred.align.backend_info import (
+    NATIVE_BACKENDS,
+    NO_LAYOUT_REASONS,
+    ONNX_FAMILIES,
+    ONNX_GRAPH_BACKENDS,
+    ONNX_LAYOUT_BACKENDS,
+    WRONG_SHAPE_REASONS,
+    anchor_capture,
+    anchor_dtype,
+    returns_onnx_layout,
+)
 from anpred.align.distance import normalized_error
-from anpred.align.rules import (LAYOUT_PAIRS, AlignmentError, apply_rule, describe_rule, is_identity,
-                                layout_permutation, validate_rule)
-from anpred.align.segments import (SEGMENT_MAX_BLOCKS, SEGMENT_MIN_BLOCK_FRACTION, channel_axis,
-                                   find_segment_permutation)
+from anpred.align.rules import (
+    LAYOUT_PAIRS,
+    AlignmentError,
+    apply_rule,
+    describe_rule,
+    is_identity,
+    layout_permutation,
+    validate_rule,
+)
+from anpred.align.segments import SEGMENT_MAX_BLOCKS, SEGMENT_MIN_BLOCK_FRACTION, channel_axis, find_segment_permutation
 from anpred.align.shapes import fit_rule, shape_candidates
 from anpred.align.struct import SCHEMA, AlignedSample, AlignmentDecision, AlignmentReport, UnalignedEntry
 
-__all__ = ["Aligner", "AlignedSample", "AlignmentDecision", "AlignmentError", "AlignmentReport", "UnalignedEntry",
-           "SCHEMA", "ONNX_FAMILIES", "ONNX_GRAPH_BACKENDS", "ONNX_LAYOUT_BACKENDS", "NATIVE_BACKENDS",
-           "WRONG_SHAPE_REASONS", "NO_LAYOUT_REASONS", "returns_onnx_layout", "LAYOUT_PAIRS", "SEGMENT_MAX_BLOCKS",
-           "SEGMENT_MIN_BLOCK_FRACTION", "validate_rule", "is_identity", "describe_rule", "apply_rule",
-           "layout_permutation", "normalized_error", "channel_axis", "find_segment_permutation", "fit_rule",
-           "shape_candidates", "anchor_capture", "anchor_dtype"]
+__all__ = [
+    "Aligner",
+    "AlignedSample",
+    "AlignmentDecision",
+    "AlignmentError",
+    "AlignmentReport",
+    "UnalignedEntry",
+    "SCHEMA",
+    "ONNX_FAMILIES",
+    "ONNX_GRAPH_BACKENDS",
+    "ONNX_LAYOUT_BACKENDS",
+    "NATIVE_BACKENDS",
+    "WRONG_SHAPE_REASONS",
+    "NO_LAYOUT_REASONS",
+    "returns_onnx_layout",
+    "LAYOUT_PAIRS",
+    "SEGMENT_MAX_BLOCKS",
+    "SEGMENT_MIN_BLOCK_FRACTION",
+    "validate_rule",
+    "is_identity",
+    "describe_rule",
+    "apply_rule",
+    "layout_permutation",
+    "normalized_error",
+    "channel_axis",
+    "find_segment_permutation",
+    "fit_rule",
+    "shape_candidates",
+    "anchor_capture",
+    "anchor_dtype",
+]

@@ -59,8 +59,14 @@ from typing import Any
 
 import numpy as np
 
-from anpred.align.backend_info import (NATIVE_BACKENDS, ONNX_FAMILIES, ONNX_GRAPH_BACKENDS, anchor_capture,
-                                       anchor_dtype, returns_onnx_layout)
+from anpred.align.backend_info import (
+    NATIVE_BACKENDS,
+    ONNX_FAMILIES,
+    ONNX_GRAPH_BACKENDS,
+    anchor_capture,
+    anchor_dtype,
+    returns_onnx_layout,
+)
 from anpred.align.distance import normalized_error
 from anpred.align.known_rules import Unaligned, decide_known, no_fit_reason
 from anpred.align.rules import AlignmentError, apply_rule, describe_rule, validate_rule
@@ -95,12 +101,21 @@ class Aligner:
             the native mapping is malformed (when first used).
     """
 
-    def __init__(self, manifest: AnchorManifest, statuses: dict[str, BackendStatus], *,
-                 close_tol: float = 0.5, min_margin: float = 4.0, segment_search: bool = True,
-                 max_segment_axis: int = 16384):
+    def __init__(
+        self,
+        manifest: AnchorManifest,
+        statuses: dict[str, BackendStatus],
+        *,
+        close_tol: float = 0.5,
+        min_margin: float = 4.0,
+        segment_search: bool = True,
+        max_segment_axis: int = 16384,
+    ):
         if not (0 < close_tol < 1) or not (1 < min_margin < math.inf):
-            raise AnpredError(f"alignment needs 0 < close_tol < 1 and a finite min_margin > 1 "
-                              f"(got close_tol={close_tol}, min_margin={min_margin})")
+            raise AnpredError(
+                f"alignment needs 0 < close_tol < 1 and a finite min_margin > 1 "
+                f"(got close_tol={close_tol}, min_margin={min_margin})"
+            )
         self.manifest = manifest
         self.statuses = dict(statuses)
         self.close_tol = float(close_tol)
@@ -168,9 +183,11 @@ class Aligner:
             for b, rule in al.items():
                 pins[(a.name, b)] = validate_rule(rule, f"manifest pin {a.name}/{b}")
                 if b not in self.statuses and b not in REGISTRY:
-                    warnings.append(f"manifest pin for unknown backend {b!r} at {a.name} is ignored "
-                                    f"(backends in this run: {', '.join(self.statuses) or 'none'}; "
-                                    f"known: {', '.join(REGISTRY)})")
+                    warnings.append(
+                        f"manifest pin for unknown backend {b!r} at {a.name} is ignored "
+                        f"(backends in this run: {', '.join(self.statuses) or 'none'}; "
+                        f"known: {', '.join(REGISTRY)})"
+                    )
         return pins, warnings
 
     def report(self) -> AlignmentReport:
@@ -180,11 +197,19 @@ class Aligner:
         order = {n: i for i, n in enumerate(self._anchors)}
         alignments.sort(key=lambda d: (d.backend, order.get(d.anchor, 1 << 30)))
         unaligned = sorted(self._unaligned.values(), key=lambda u: (u.backend, order.get(u.anchor, 1 << 30)))
-        return AlignmentReport(alignments=alignments, unaligned=unaligned, identity=dict(sorted(identity.items())),
-                               samples=self._samples, warnings=list(self.warnings),
-                               settings={"close_tol": self.close_tol, "min_margin": self.min_margin,
-                                         "segment_search": self.segment_search,
-                                         "segment_max_blocks": SEGMENT_MAX_BLOCKS})
+        return AlignmentReport(
+            alignments=alignments,
+            unaligned=unaligned,
+            identity=dict(sorted(identity.items())),
+            samples=self._samples,
+            warnings=list(self.warnings),
+            settings={
+                "close_tol": self.close_tol,
+                "min_margin": self.min_margin,
+                "segment_search": self.segment_search,
+                "segment_max_blocks": SEGMENT_MAX_BLOCKS,
+            },
+        )
 
     @property
     def decisions(self) -> dict[tuple[str, str], AlignmentDecision]:
@@ -201,8 +226,11 @@ class Aligner:
         unal: dict[str, tuple[str, np.ndarray | None, Any]] = {}
         if cs is None:
             for b, x in raw.items():
-                unal[b] = (f"canonical shape {anchor.shape} cannot be resolved from the backends' shapes", x,
-                           anchor.shape)
+                unal[b] = (
+                    f"canonical shape {anchor.shape} cannot be resolved from the backends' shapes",
+                    x,
+                    anchor.shape,
+                )
             return aligned, unal
         pending: dict[str, list[dict[str, Any]]] = {}  # backend -> candidate rules (data needed)
         fresh: dict[str, AlignmentDecision] = {}  # decided on this sample (segment check pending)
@@ -230,8 +258,12 @@ class Aligner:
             try:
                 aligned[b] = self._apply_checked(dec.rule, x, cs)
             except ValueError as err:
-                unal[b] = (f"rule '{describe_rule(dec.rule)}' ({dec.source}) does not fit: {err}; "
-                           f"backend shape {list(np.shape(x))}, canonical {list(cs)}", x, cs)
+                unal[b] = (
+                    f"rule '{describe_rule(dec.rule)}' ({dec.source}) does not fit: {err}; "
+                    f"backend shape {list(np.shape(x))}, canonical {list(cs)}",
+                    x,
+                    cs,
+                )
                 fresh.pop(b, None)
                 continue
             if b not in fresh:
@@ -239,8 +271,11 @@ class Aligner:
                 used[(anchor.name, b)] = dec
         # segment search for freshly decided native-graph backends, then commit them
         for b, dec in fresh.items():
-            if b in aligned and dec.source in ("capture",
-                                               "layout") and not returns_onnx_layout(b, self.statuses.get(b)):
+            if (
+                b in aligned
+                and dec.source in ("capture", "layout")
+                and not returns_onnx_layout(b, self.statuses.get(b))
+            ):
                 self._check_converter(anchor, b, dec, np.asarray(raw[b]), cs, aligned)
             if b in aligned and self._segment_search_allowed(anchor, b, dec):
                 cons = self._consensus(aligned, exclude=b, references_only=True)
@@ -258,10 +293,13 @@ class Aligner:
             if cons is None:
                 cons = self._consensus(aligned, exclude=b, references_only=False)
             if cons is None:
-                unal[b] = (f"layout ambiguous ({len(cands)} candidates fit backend shape {list(x.shape)} -> canonical "
-                           f"{list(cs)}: {'; '.join(describe_rule(c) for c in cands)}) "
-                           "and no other backend to decide by",
-                           x, cs)
+                unal[b] = (
+                    f"layout ambiguous ({len(cands)} candidates fit backend shape {list(x.shape)} -> canonical "
+                    f"{list(cs)}: {'; '.join(describe_rule(c) for c in cands)}) "
+                    "and no other backend to decide by",
+                    x,
+                    cs,
+                )
                 continue
             res = self._choose(anchor, b, x, cs, cands, cons)
             if isinstance(res, str):
@@ -281,10 +319,14 @@ class Aligner:
         e = self._unaligned.get(key)
         if e is None:
             e = self._unaligned[key] = UnalignedEntry(
-                anchor=name, backend=b, reason=reason,
+                anchor=name,
+                backend=b,
+                reason=reason,
                 backend_shape=list(np.shape(x)) if x is not None else [],
                 canonical_shape=list(cs) if cs is not None else [],
-                backend_dtype=str(np.asarray(x).dtype) if x is not None else "", first_sample=sample_id)
+                backend_dtype=str(np.asarray(x).dtype) if x is not None else "",
+                first_sample=sample_id,
+            )
         e.reason = reason
         e.samples += 1
 
@@ -302,8 +344,11 @@ class Aligner:
             return len(shape) == len(pat) and all(not isinstance(p, int) or p == s for p, s in zip(pat, shape))
 
         for prefer in (True, False):
-            shapes = [tuple(np.shape(x)) for b, x in raw.items()
-                      if fits(np.shape(x)) and (not prefer or self._reference_like(anchor, b))]
+            shapes = [
+                tuple(np.shape(x))
+                for b, x in raw.items()
+                if fits(np.shape(x)) and (not prefer or self._reference_like(anchor, b))
+            ]
             if shapes:
                 return Counter(shapes).most_common(1)[0][0]
         unknown = [i for i, p in enumerate(pat) if not isinstance(p, int)]
@@ -349,8 +394,11 @@ class Aligner:
         others = {b: a for b, a in aligned.items() if b != exclude}
         if not others:
             return None
-        fp32 = {b: a for b, a in others.items()
-                if self.statuses.get(b) is not None and (self.statuses[b].precision or "fp32") == "fp32"}
+        fp32 = {
+            b: a
+            for b, a in others.items()
+            if self.statuses.get(b) is not None and (self.statuses[b].precision or "fp32") == "fp32"
+        }
         ref = {b: a for b, a in fp32.items() if self._reference_status(b)}
         pool = ref or (None if references_only else (fp32 or others))
         if not pool:
@@ -396,27 +444,48 @@ class Aligner:
         desc = "; ".join(f"{describe_rule(cands[i])}: {errs[i]:.3g}" for i in order)
         valid = [o for o in outs if o is not None]
         dt = anchor_dtype(x, self.statuses.get(b), anchor.name)
-        dec = AlignmentDecision(anchor=anchor.name, backend=b, rule=cands[bi], source="data",
-                                backend_shape=list(x.shape), canonical_shape=list(cs), backend_dtype=dt,
-                                error=best, runner_up=second, margin=(second / best) if best > 0 else None,
-                                candidates=[{"rule": cands[i], "error": errs[i]} for i in order])
+        dec = AlignmentDecision(
+            anchor=anchor.name,
+            backend=b,
+            rule=cands[bi],
+            source="data",
+            backend_shape=list(x.shape),
+            canonical_shape=list(cs),
+            backend_dtype=dt,
+            error=best,
+            runner_up=second,
+            margin=(second / best) if best > 0 else None,
+            candidates=[{"rule": cands[i], "error": errs[i]} for i in order],
+        )
         if len(valid) == len(outs) and all(np.array_equal(valid[0], o, equal_nan=True) for o in valid[1:]):
             dec.detail = f"all {len(cands)} candidates give the same tensor on this sample; decision deferred"
             return dec, outs[bi], False
         if not best <= self.close_tol:
-            return (f"layout ambiguous and no candidate matches the consensus (normalised errors: {desc}; "
-                    f"need <= {self.close_tol}): a real deviation or an unknown representation; "
-                    f"backend shape {list(x.shape)}, canonical {list(cs)}")
+            return (
+                f"layout ambiguous and no candidate matches the consensus (normalised errors: {desc}; "
+                f"need <= {self.close_tol}): a real deviation or an unknown representation; "
+                f"backend shape {list(x.shape)}, canonical {list(cs)}"
+            )
         if not (second >= self.min_margin * best and second > 0):
-            return (f"layout ambiguous: candidates not separated by the data (normalised errors: {desc}; "
-                    f"need runner-up >= {self.min_margin} x best); backend shape {list(x.shape)}, canonical {list(cs)}")
+            return (
+                f"layout ambiguous: candidates not separated by the data (normalised errors: {desc}; "
+                f"need runner-up >= {self.min_margin} x best); backend shape {list(x.shape)}, canonical {list(cs)}"
+            )
         dec.detail = self._notes.get((anchor.name, b), "") + (
             f"{len(cands)} candidates fit backend shape {list(x.shape)} -> {list(cs)}; closest to the "
-            f"consensus of the other backends ({desc})")
+            f"consensus of the other backends ({desc})"
+        )
         return dec, outs[bi], True
 
-    def _check_converter(self, anchor: Anchor, b: str, dec: AlignmentDecision, x: np.ndarray, cs: tuple[int, ...],
-                         aligned: dict[str, np.ndarray]) -> None:
+    def _check_converter(
+        self,
+        anchor: Anchor,
+        b: str,
+        dec: AlignmentDecision,
+        x: np.ndarray,
+        cs: tuple[int, ...],
+        aligned: dict[str, np.ndarray],
+    ) -> None:
         """A converter's reported layout (capture transform or layout) checked against the consensus of
         the ONNX-layout backends, never the reverse: when the reported rule's tensor does not match it
         (normalised error > ``close_tol``) while another candidate the shape admits matches closely and
@@ -433,8 +502,11 @@ class Aligner:
         base = {k: v for k, v in dec.rule.items() if k in ("cast", "dequantize")}
         scored = []
         # every reading of the tensor's axes that gives the ONNX shape (rank <= 6: at most 720)
-        perms = [list(p) for p in itertools.permutations(range(x.ndim))
-                 if x.ndim <= 6 and tuple(x.shape[i] for i in p) == tuple(cs)]
+        perms = [
+            list(p)
+            for p in itertools.permutations(range(x.ndim))
+            if x.ndim <= 6 and tuple(x.shape[i] for i in p) == tuple(cs)
+        ]
         for p in perms:
             c = {**base, **({} if p == list(range(x.ndim)) else {"permute": p})}
             try:
@@ -447,14 +519,17 @@ class Aligner:
         best, rule = scored[0]
         runner = min([e0] + [e for e, _ in scored[1:]])
         if runner >= self.min_margin * best and runner > 0:
-            dec.layout_check = (f"the reported rule '{describe_rule(dec.rule)}' does not match the ONNX-layout "
-                                f"backends (normalised error {e0:.3g}) "
-                                f"while '{describe_rule(rule)}' does ({best:.3g}): "
-                                "the converter returns the tensor in another layout than it reports")
+            dec.layout_check = (
+                f"the reported rule '{describe_rule(dec.rule)}' does not match the ONNX-layout "
+                f"backends (normalised error {e0:.3g}) "
+                f"while '{describe_rule(rule)}' does ({best:.3g}): "
+                "the converter returns the tensor in another layout than it reports"
+            )
 
     # ---- segment permutations --------------------------------------------------------------------
-    def _segment_check(self, anchor: Anchor, dec: AlignmentDecision, aligned: dict[str, np.ndarray], b: str,
-                       cons: np.ndarray) -> None:
+    def _segment_check(
+        self, anchor: Anchor, dec: AlignmentDecision, aligned: dict[str, np.ndarray], b: str, cons: np.ndarray
+    ) -> None:
         x = aligned[b]
         e0 = normalized_error(x, cons)
         if not e0 > self.close_tol:
@@ -467,11 +542,12 @@ class Aligner:
             return
         seg, e1 = found
         dec.rule = {**dec.rule, "segments": seg}
-        dec.detail = (f"{dec.detail}; then a segment order along the channel axis {seg['axis']} found by the data "
-                      f"({len(seg['order'])} blocks): normalised error {e0:.3g} -> {e1:.3g} (a port's concatenation "
-                      f"order, or a real channel-order defect: pin the rule or 'exclude' to decide)")
+        dec.detail = (
+            f"{dec.detail}; then a segment order along the channel axis {seg['axis']} found by the data "
+            f"({len(seg['order'])} blocks): normalised error {e0:.3g} -> {e1:.3g} (a port's concatenation "
+            f"order, or a real channel-order defect: pin the rule or 'exclude' to decide)"
+        )
         dec.source = "data"
         dec.error, dec.runner_up = e1, e0
         dec.margin = (e0 / e1) if e1 > 0 else None
         aligned[b] = apply_rule({"segments": seg}, x, x.shape)
-

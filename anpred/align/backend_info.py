@@ -19,8 +19,17 @@ import numpy as np
 from anpred.align.rules import AlignmentError
 from anpred.backends.base import AnchorCapture, BackendStatus
 
-__all__ = ["ONNX_FAMILIES", "ONNX_GRAPH_BACKENDS", "ONNX_LAYOUT_BACKENDS", "NATIVE_BACKENDS", "NO_LAYOUT_REASONS",
-           "WRONG_SHAPE_REASONS", "anchor_capture", "anchor_dtype", "returns_onnx_layout"]
+__all__ = [
+    "ONNX_FAMILIES",
+    "ONNX_GRAPH_BACKENDS",
+    "ONNX_LAYOUT_BACKENDS",
+    "NATIVE_BACKENDS",
+    "NO_LAYOUT_REASONS",
+    "WRONG_SHAPE_REASONS",
+    "anchor_capture",
+    "anchor_dtype",
+    "returns_onnx_layout",
+]
 
 #: families whose backends execute the ONNX graph itself: their tensors are canonical by definition.
 ONNX_FAMILIES = frozenset({"onnxruntime", "openvino", "onnx-reference"})
@@ -28,13 +37,33 @@ ONNX_FAMILIES = frozenset({"onnxruntime", "openvino", "onnx-reference"})
 #: backends that execute the anchored ONNX graph itself, directly or through a converter of that graph
 #: (onnx2tf for ``tf``, onnx2torch for ``torch``): they compute the same tensor by construction, so a
 #: channel/segment reordering there is a defect and is never searched for.
-ONNX_GRAPH_BACKENDS = frozenset({"ort", "ort-noopt", "ort-fp16", "ort-int8", "openvino", "openvino-bf16",
-                                 "onnx-reference", "onnx-reference-fp64", "torch", "tf",
-                                 # population members: the shared converted model of the anchored graph
-                                 "ort-int8-noopt", "openvino-int8", "onnx-reference-int8", "ort-fp16-noopt",
-                                 "openvino-fp16", "onnx-reference-fp16", "torch-fp16",
-                                 # converters of the ONNX graph onto other runtimes
-                                 "tvm", "mnn", "ncnn", "litert"})
+ONNX_GRAPH_BACKENDS = frozenset(
+    {
+        "ort",
+        "ort-noopt",
+        "ort-fp16",
+        "ort-int8",
+        "openvino",
+        "openvino-bf16",
+        "onnx-reference",
+        "onnx-reference-fp64",
+        "torch",
+        "tf",
+        # population members: the shared converted model of the anchored graph
+        "ort-int8-noopt",
+        "openvino-int8",
+        "onnx-reference-int8",
+        "ort-fp16-noopt",
+        "openvino-fp16",
+        "onnx-reference-fp16",
+        "torch-fp16",
+        # converters of the ONNX graph onto other runtimes
+        "tvm",
+        "mnn",
+        "ncnn",
+        "litert",
+    }
+)
 #: backends that execute the ONNX graph *in the ONNX layout*: the runtimes of the graph itself (ONNX
 #: Runtime, OpenVINO, the reference evaluator and its float64 copy) and the converters that keep the
 #: graph's layout (onnx2torch's modules, TVM Relax from ONNX, MNN with ``--keepInputFormat`` and its
@@ -42,10 +71,29 @@ ONNX_GRAPH_BACKENDS = frozenset({"ort", "ort-noopt", "ort-fp16", "ort-int8", "op
 #: canonical by definition: aligned by identity, never "ambiguous", and the reference every other
 #: backend's layout is checked against. Not in it: ``tf`` and ``litert`` (onnx2tf: NHWC), the native
 #: graphs.
-ONNX_LAYOUT_BACKENDS = frozenset({"ort", "ort-noopt", "ort-fp16", "ort-int8", "openvino", "openvino-bf16",
-                                  "onnx-reference", "onnx-reference-fp64", "torch", "tvm", "mnn", "ncnn",
-                                  "ort-int8-noopt", "openvino-int8", "onnx-reference-int8", "ort-fp16-noopt",
-                                  "openvino-fp16", "onnx-reference-fp16", "torch-fp16"})
+ONNX_LAYOUT_BACKENDS = frozenset(
+    {
+        "ort",
+        "ort-noopt",
+        "ort-fp16",
+        "ort-int8",
+        "openvino",
+        "openvino-bf16",
+        "onnx-reference",
+        "onnx-reference-fp64",
+        "torch",
+        "tvm",
+        "mnn",
+        "ncnn",
+        "ort-int8-noopt",
+        "openvino-int8",
+        "onnx-reference-int8",
+        "ort-fp16-noopt",
+        "openvino-fp16",
+        "onnx-reference-fp16",
+        "torch-fp16",
+    }
+)
 #: unaligned reasons that are a finding about the backend, not an alignment gap: the tensor has
 #: another shape than the ONNX graph's (no rule maps it), or no layout of it matches the ONNX-layout
 #: backends' consensus

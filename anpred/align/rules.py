@@ -28,8 +28,17 @@ import numpy as np
 
 from anpred.errors import AnpredError
 
-__all__ = ["AlignmentError", "RULE_KEYS", "CASTS", "LAYOUT_PAIRS", "validate_rule", "is_identity", "describe_rule",
-           "apply_rule", "layout_permutation"]
+__all__ = [
+    "AlignmentError",
+    "RULE_KEYS",
+    "CASTS",
+    "LAYOUT_PAIRS",
+    "validate_rule",
+    "is_identity",
+    "describe_rule",
+    "apply_rule",
+    "layout_permutation",
+]
 
 #: channels-first layout -> channels-last layout (used to infer permutations from layout hints).
 LAYOUT_PAIRS = {"NCW": "NWC", "NCHW": "NHWC", "NCDHW": "NDHWC"}
@@ -100,8 +109,12 @@ def _int_list(v: Any, what: str, where: str, minimum: int | None = None) -> list
 
 def _validate_segments(seg: Any, where: str) -> dict[str, Any]:
     form = "{'axis': a, 'order': [[start, length], ...]}"
-    if not isinstance(seg, dict) or set(seg) != {"axis", "order"} or not isinstance(seg["order"], (list, tuple)) \
-            or not seg["order"]:
+    if (
+        not isinstance(seg, dict)
+        or set(seg) != {"axis", "order"}
+        or not isinstance(seg["order"], (list, tuple))
+        or not seg["order"]
+    ):
         raise AlignmentError(f"{where}: 'segments' must be {form}, got {seg!r}")
     axis = _int_value(seg["axis"], "segments 'axis'", where, minimum=0)
     order = []
@@ -113,9 +126,11 @@ def _validate_segments(seg: Any, where: str) -> dict[str, Any]:
     for st, n in sorted(order):
         if st != nxt:
             what = "overlap (a slice used twice)" if st < nxt else f"gap (slices {nxt}..{st - 1} dropped)"
-            raise AlignmentError(f"{where}: 'segments' order {order} is not a bijection of "
-                                 f"0..{sum(n for _, n in order) - 1}: "
-                                 f"{what} at {st}; every slice must appear exactly once")
+            raise AlignmentError(
+                f"{where}: 'segments' order {order} is not a bijection of "
+                f"0..{sum(n for _, n in order) - 1}: "
+                f"{what} at {st}; every slice must appear exactly once"
+            )
         nxt = st + n
     return {"axis": axis, "order": order}
 
@@ -127,12 +142,22 @@ def _validate_dequantize(q: Any, where: str) -> dict[str, Any]:
 
     def numbers(v, what, nonzero):
         vals = v if isinstance(v, (list, tuple)) else [v]
-        if not vals or any(isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating))
-                           or not math.isfinite(float(x)) or (nonzero and float(x) == 0.0) for x in vals):
-            raise AlignmentError(f"{where}: dequantize '{what}' must be a finite{' non-zero' if nonzero else ''} "
-                                 f"number or a non-empty list of them, got {v!r}")
-        return [float(x) if what == "scale" else x for x in vals] if isinstance(v, (list, tuple)) else \
-            (float(v) if what == "scale" else v)
+        if not vals or any(
+            isinstance(x, bool)
+            or not isinstance(x, (int, float, np.integer, np.floating))
+            or not math.isfinite(float(x))
+            or (nonzero and float(x) == 0.0)
+            for x in vals
+        ):
+            raise AlignmentError(
+                f"{where}: dequantize '{what}' must be a finite{' non-zero' if nonzero else ''} "
+                f"number or a non-empty list of them, got {v!r}"
+            )
+        return (
+            [float(x) if what == "scale" else x for x in vals]
+            if isinstance(v, (list, tuple))
+            else (float(v) if what == "scale" else v)
+        )
 
     out: dict[str, Any] = {"scale": numbers(q["scale"], "scale", True)}
     if "zero_point" in q:
@@ -142,10 +167,15 @@ def _validate_dequantize(q: Any, where: str) -> dict[str, Any]:
     lists = [k for k in ("scale", "zero_point") if isinstance(out.get(k), list)]
     if lists and "axis" not in out:
         raise AlignmentError(f"{where}: dequantize with per-axis {' and '.join(lists)} lists needs 'axis'")
-    if isinstance(out["scale"], list) and isinstance(out.get("zero_point"), list) and \
-            len(out["scale"]) != len(out["zero_point"]):
-        raise AlignmentError(f"{where}: dequantize 'scale' ({len(out['scale'])}) and 'zero_point' "
-                             f"({len(out['zero_point'])}) lists differ in length")
+    if (
+        isinstance(out["scale"], list)
+        and isinstance(out.get("zero_point"), list)
+        and len(out["scale"]) != len(out["zero_point"])
+    ):
+        raise AlignmentError(
+            f"{where}: dequantize 'scale' ({len(out['scale'])}) and 'zero_point' "
+            f"({len(out['zero_point'])}) lists differ in length"
+        )
     return out
 
 
@@ -226,8 +256,9 @@ def apply_rule(rule: dict[str, Any], x: np.ndarray, canonical_shape: tuple[int, 
         a = a.reshape(rule["view"])
     if "permute" in rule:
         if len(rule["permute"]) != a.ndim:
-            raise ValueError(f"permute {rule['permute']} needs rank {len(rule['permute'])}, "
-                             f"tensor has shape {list(a.shape)}")
+            raise ValueError(
+                f"permute {rule['permute']} needs rank {len(rule['permute'])}, tensor has shape {list(a.shape)}"
+            )
         a = np.transpose(a, rule["permute"])
     if rule.get("reshape"):
         if canonical_shape is None:

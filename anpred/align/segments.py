@@ -36,11 +36,17 @@ def channel_axis(layout: str | None, rank: int) -> int | None:
     return 0 if rank == 1 else None
 
 
-def find_segment_permutation(x: np.ndarray, m: np.ndarray, close_tol: float = 0.5, min_margin: float = 4.0,
-                             max_axis: int = 16384, *, axes: list[int] | None = None,
-                             max_blocks: int = SEGMENT_MAX_BLOCKS,
-                             min_block_fraction: float = SEGMENT_MIN_BLOCK_FRACTION
-                             ) -> tuple[dict[str, Any], float] | None:
+def find_segment_permutation(
+    x: np.ndarray,
+    m: np.ndarray,
+    close_tol: float = 0.5,
+    min_margin: float = 4.0,
+    max_axis: int = 16384,
+    *,
+    axes: list[int] | None = None,
+    max_blocks: int = SEGMENT_MAX_BLOCKS,
+    min_block_fraction: float = SEGMENT_MIN_BLOCK_FRACTION,
+) -> tuple[dict[str, Any], float] | None:
     """Find an axis along which ``x`` is ``m`` cut into a few contiguous blocks put in another order.
 
     Each slice ``x[i]`` goes to the one ``m[j]`` it matches decisively (error <= ``close_tol``, every
@@ -66,7 +72,7 @@ def find_segment_permutation(x: np.ndarray, m: np.ndarray, close_tol: float = 0.
     e0 = normalized_error(x, m)
     best = None
     gm = float(m.mean()) if m.size else 0.0
-    for axis in (range(x.ndim) if axes is None else axes):
+    for axis in range(x.ndim) if axes is None else axes:
         if not 0 <= axis < x.ndim:
             continue
         n = x.shape[axis]
@@ -83,7 +89,7 @@ def find_segment_permutation(x: np.ndarray, m: np.ndarray, close_tol: float = 0.
         ok = True
         chunk = max(1, min(n, (1 << 22) // max(n, 1)))  # <= 32 MB of float64 per block
         for s in range(0, n, chunk):
-            d2 = a2[s:s + chunk, None] + m2[None, :] - 2.0 * (A[s:s + chunk] @ M.T)
+            d2 = a2[s : s + chunk, None] + m2[None, :] - 2.0 * (A[s : s + chunk] @ M.T)
             r = np.sqrt(np.maximum(d2, 0.0) / den[None, :])
             for k in range(r.shape[0]):
                 i = s + k

@@ -112,11 +112,15 @@ class AlignmentReport:
         if d.get("schema") != SCHEMA:
             raise AnpredError(f"unsupported alignment report schema {d.get('schema')!r} (expected {SCHEMA!r})")
         try:
-            return cls(alignments=[AlignmentDecision(**a) for a in d.get("alignments", [])],
-                       unaligned=[UnalignedEntry(**u) for u in d.get("unaligned", [])],
-                       identity=dict(d.get("identity", {})), samples=int(d.get("samples", 0)),
-                       settings=dict(d.get("settings", {})), warnings=list(d.get("warnings", [])),
-                       schema=d["schema"])
+            return cls(
+                alignments=[AlignmentDecision(**a) for a in d.get("alignments", [])],
+                unaligned=[UnalignedEntry(**u) for u in d.get("unaligned", [])],
+                identity=dict(d.get("identity", {})),
+                samples=int(d.get("samples", 0)),
+                settings=dict(d.get("settings", {})),
+                warnings=list(d.get("warnings", [])),
+                schema=d["schema"],
+            )
         except TypeError as err:
             raise AnpredError(f"malformed alignment report: {err}") from err
 
@@ -152,7 +156,8 @@ class AlignmentReport:
                 how = "data: " + "; ".join(
                     f"{i.anchor} error {i.error:.3g} vs runner-up {_fmt(i.runner_up)} (margin "
                     f"{_fmt(i.margin, 'exact')})"
-                    for i in items[:cap])
+                    for i in items[:cap]
+                )
             lines.append(f"  {b}: {desc} [{how}] ({len(items)}) {names}")
             for i in items[:cap]:
                 if i.detail and src not in ("capture", "layout"):

@@ -71,16 +71,43 @@ FAMILY_PACKAGES: dict[str, tuple[str, ...]] = {
 #: the pip extra of ANPRED (pyproject.toml) that brings a family's packages (``pip install
 #: "anpred[torch]"``); a family missing here needs nothing beyond the core
 FAMILY_EXTRA: dict[str, str] = {
-    "onnxruntime": "ort", "openvino": "openvino", "torch": "torch", "tensorflow": "tf", "tvm": "tvm",
-    "mnn": "mnn", "litert": "litert", "ncnn": "ncnn", "executorch": "executorch", "xnnpack": "executorch"}
+    "onnxruntime": "ort",
+    "openvino": "openvino",
+    "torch": "torch",
+    "tensorflow": "tf",
+    "tvm": "tvm",
+    "mnn": "mnn",
+    "litert": "litert",
+    "ncnn": "ncnn",
+    "executorch": "executorch",
+    "xnnpack": "executorch",
+}
 #: extra packages of some backends beyond their family's (the float16 converter of the fp16 models)
 BACKEND_PACKAGES: dict[str, tuple[str, ...]] = {
-    b: ("onnxconverter_common",) for b in ("ort-fp16", "ort-fp16-noopt", "openvino-fp16", "onnx-reference-fp16",
-                                           "torch-fp16", "executorch-fp16", "executorch-xnnpack-fp16")}
+    b: ("onnxconverter_common",)
+    for b in (
+        "ort-fp16",
+        "ort-fp16-noopt",
+        "openvino-fp16",
+        "onnx-reference-fp16",
+        "torch-fp16",
+        "executorch-fp16",
+        "executorch-xnnpack-fp16",
+    )
+}
 # the PT2E int8 members quantize with torchao's PT2E flow and ExecuTorch's XNNPACKQuantizer
-BACKEND_PACKAGES.update({b: ("executorch", "torchao") for b in (
-    "torch-pt2e-int8", "executorch-int8", "executorch-xnnpack-int8", "torch-pt2e-int8-dynamic",
-    "executorch-xnnpack-int8-dynamic")})
+BACKEND_PACKAGES.update(
+    {
+        b: ("executorch", "torchao")
+        for b in (
+            "torch-pt2e-int8",
+            "executorch-int8",
+            "executorch-xnnpack-int8",
+            "torch-pt2e-int8-dynamic",
+            "executorch-xnnpack-int8-dynamic",
+        )
+    }
+)
 
 
 def backend_table() -> list[dict]:
@@ -106,11 +133,27 @@ def backend_table() -> list[dict]:
         missing = [d for d, v in versions.items() if v is None]
         extra = FAMILY_EXTRA.get(family)
         if missing and not reason:
-            reason = "not installed: " + ", ".join(missing) + (
-                f" (the '{extra}' extra: bash scripts/setup.sh {extra}, or pip install \"anpred[{extra}]\" and its "
-                f"--no-deps companions in requirements-nodeps.txt)" if extra else "")
-        rows.append({"name": name, "family": family, "precision": precision, "packages": versions,
-                     "installed": not reason, "reason": reason, "extra": extra})
+            reason = (
+                "not installed: "
+                + ", ".join(missing)
+                + (
+                    f" (the '{extra}' extra: bash scripts/setup.sh {extra}, or pip install \"anpred[{extra}]\" and its "
+                    f"--no-deps companions in requirements-nodeps.txt)"
+                    if extra
+                    else ""
+                )
+            )
+        rows.append(
+            {
+                "name": name,
+                "family": family,
+                "precision": precision,
+                "packages": versions,
+                "installed": not reason,
+                "reason": reason,
+                "extra": extra,
+            }
+        )
     return rows
 
 

@@ -20,10 +20,18 @@ import numpy as np
 
 from anpred.errors import BackendError
 
-__all__ = ["ONNX2TF_CALIBRATION_NAME", "fold_identity_initializers", "fold_constant_nodes", "model_opset",
-           "since_version", "onnx2tf_calibration_file", "working_directory"]
+__all__ = [
+    "ONNX2TF_CALIBRATION_NAME",
+    "fold_identity_initializers",
+    "fold_constant_nodes",
+    "model_opset",
+    "since_version",
+    "onnx2tf_calibration_file",
+    "working_directory",
+]
 
 ONNX2TF_CALIBRATION_NAME = "calibration_image_sample_data_20x128x128x3_float32.npy"
+
 
 # ---- generic ONNX graph clean-ups ------------------------------------------------------------
 def fold_identity_initializers(model) -> int:
@@ -40,8 +48,12 @@ def fold_identity_initializers(model) -> int:
     outputs = {o.name for o in graph.output}
     keep, folded = [], 0
     for node in graph.node:
-        if node.op_type == "Identity" and node.domain in ("", "ai.onnx") and node.input[0] in inits \
-                and node.output[0] not in outputs:
+        if (
+            node.op_type == "Identity"
+            and node.domain in ("", "ai.onnx")
+            and node.input[0] in inits
+            and node.output[0] not in outputs
+        ):
             t = onnx.TensorProto()
             t.CopyFrom(inits[node.input[0]])
             t.name = node.output[0]

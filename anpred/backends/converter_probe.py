@@ -95,8 +95,11 @@ def onnx2torch_refusals(model) -> dict[str, str]:
     found = []
     for proto, node in zip(m.graph.node, graph.nodes.values()):
         try:
-            conv = get_converter(domain=node.domain, operation_type=node.operation_type,
-                                 version=opsets.get(node.domain, opsets.get("", 1)))
+            conv = get_converter(
+                domain=node.domain,
+                operation_type=node.operation_type,
+                version=opsets.get(node.domain, opsets.get("", 1)),
+            )
         except NotImplementedError:
             continue  # no converter at all: the registry check names it
         try:
@@ -124,8 +127,14 @@ def node_signature(node, inputs: list[dict[str, Any]], opset: dict[str, int]) ->
     converter's support follows the attributes, dtypes and ranks (a Conv of 16 or of 64 channels converts
     alike), so the answer for one node serves every node of the same signature."""
     attrs = sorted((a.name, hashlib.sha256(a.SerializeToString()).hexdigest()[:16]) for a in node.attribute)
-    body = {"op": node.op_type, "domain": node.domain, "opset": opset.get(node.domain, opset.get("", 0)),
-            "attrs": attrs, "inputs": inputs, "outputs": len(node.output)}
+    body = {
+        "op": node.op_type,
+        "domain": node.domain,
+        "opset": opset.get(node.domain, opset.get("", 0)),
+        "attrs": attrs,
+        "inputs": inputs,
+        "outputs": len(node.output),
+    }
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -182,8 +191,14 @@ class NodeProbe:
             e.g. TVM's ``value_float``); else they are the constant inputs of the others.
     """
 
-    def __init__(self, tool: str, version: str, convert: Callable[[Path, Path], str | None], budget_s: float,
-                 constants: bool = False):
+    def __init__(
+        self,
+        tool: str,
+        version: str,
+        convert: Callable[[Path, Path], str | None],
+        budget_s: float,
+        constants: bool = False,
+    ):
         self.tool, self.version, self.convert, self.budget_s = tool, version, convert, budget_s
         self.constants = constants
         self.unprobed = 0
@@ -224,7 +239,7 @@ class NodeProbe:
                 if time.perf_counter() - t0 > self.budget_s:
                     self.unprobed += len(todo) - i
                     break
-                batch = todo[i:i + workers]
+                batch = todo[i : i + workers]
                 paths = []
                 for key, (_, one) in batch:
                     paths.append(Path(tmp) / f"{key[:16]}.onnx")
@@ -235,10 +250,15 @@ class NodeProbe:
                         continue
                     answers[key] = why
                     self.probed += 1
-                    atomic_write_text(folder / f"{key}.json", json.dumps(
-                        {"refused": why, "op": n.op_type, "tool": self.tool, "version": self.version}))
-        found = [(_op_key(n), n.name or n.output[0], f"{self.tool}: {answers[key]}")
-                 for n, key, _ in nodes if answers.get(key)]
+                    atomic_write_text(
+                        folder / f"{key}.json",
+                        json.dumps({"refused": why, "op": n.op_type, "tool": self.tool, "version": self.version}),
+                    )
+        found = [
+            (_op_key(n), n.name or n.output[0], f"{self.tool}: {answers[key]}")
+            for n, key, _ in nodes
+            if answers.get(key)
+        ]
         return grouped(found)
 
     def _keyed(self, model) -> list[tuple[Any, str, Any]]:
@@ -260,13 +280,15 @@ class NodeProbe:
         opset = {o.domain: o.version for o in model.opset_import}
         out = []
         for n in model.graph.node:
-            if (n.op_type == "Constant" and not self.constants) or \
-                    any(v and v not in consts and not index.is_data(v) for v in n.input):
+            if (n.op_type == "Constant" and not self.constants) or any(
+                v and v not in consts and not index.is_data(v) for v in n.input
+            ):
                 continue
             if n.op_type != "Constant" and any(n.input) and all(v in consts for v in n.input if v):
                 continue  # constants only: folded in the model
             one, sig = one_node_model(model, n, types, consts)
             if one is not None:
-                out.append((n, hashlib.sha256(f"{self.version}\0{node_signature(n, sig, opset)}".encode()).hexdigest(),
-                            one))
+                out.append(
+                    (n, hashlib.sha256(f"{self.version}\0{node_signature(n, sig, opset)}".encode()).hexdigest(), one)
+                )
         return out

@@ -149,8 +149,10 @@ def _precheck_child(model_path: str | Path, names: dict[str, str], timeout_s: fl
             last = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
             if last:
                 return json.loads(last[-1])
-        why = f"the coverage check exited with status {proc.returncode}: " + \
-            (proc.stderr.strip().splitlines() or ["no message"])[-1][:300]
+        why = (
+            f"the coverage check exited with status {proc.returncode}: "
+            + (proc.stderr.strip().splitlines() or ["no message"])[-1][:300]
+        )
     except subprocess.TimeoutExpired:
         why = f"the coverage check took more than {timeout_s:g} s"
     except (OSError, json.JSONDecodeError) as err:
@@ -190,10 +192,13 @@ def refusal(row: dict[str, Any]) -> str:
     nodes = set(row.get("nodes") or [])
     listed = "; ".join(f"{op}: {why}" if why else op for op, why in ops.items())
     if not nodes:
-        return (f"not run: the model uses {len(ops)} operator(s) missing from its "
-                f"{row.get('basis') or 'table'} (pre-run coverage): {listed}")
-    return (f"not run: the pre-run coverage found {len(ops)} operator(s) or input(s) it refuses "
-            f"({_bases(row)}): {listed}")
+        return (
+            f"not run: the model uses {len(ops)} operator(s) missing from its "
+            f"{row.get('basis') or 'table'} (pre-run coverage): {listed}"
+        )
+    return (
+        f"not run: the pre-run coverage found {len(ops)} operator(s) or input(s) it refuses ({_bases(row)}): {listed}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -86,8 +86,10 @@ def check_sample(options: dict[str, Any]) -> tuple[dict[str, np.ndarray] | None,
 def observer_effect(with_anchors: list[np.ndarray], without: list[np.ndarray]) -> dict[str, Any]:
     """Outputs of the program with anchor outputs against those of the program without them (same
     sample, same output order): ``bit_identical`` and ``max_abs_diff`` (units of the outputs)."""
-    diffs = [float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
-             for a, b in zip(with_anchors, without)]
+    diffs = [
+        float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
+        for a, b in zip(with_anchors, without)
+    ]
     same = all(a.shape == b.shape and a.tobytes() == b.tobytes() for a, b in zip(with_anchors, without))
     return {"bit_identical": same, "max_abs_diff": max(diffs) if diffs else 0.0}
 
@@ -97,8 +99,10 @@ def etdump_writers(anchored: dict[str, Any], bare: dict[str, Any], outputs: list
     from the lowering reports of the program with them (``anchored``, outputs ``outputs``) and without
     (``bare``); the reason as a string where the ETDump capture cannot be used."""
     if anchored.get("instructions") != bare.get("instructions"):
-        return ("the programs with and without anchor outputs execute different operators: ETDump instruction "
-                "indices do not carry over")
+        return (
+            "the programs with and without anchor outputs execute different operators: ETDump instruction "
+            "indices do not carry over"
+        )
     if anchored.get("partitions") or bare.get("partitions"):
         return "a delegate's partitions log no tensor inside them in ETDump"
     writers = {}
@@ -153,10 +157,21 @@ class ExecutorchBackend(Backend):
     def _cache_key(self, model_path: Path, manifest: AnchorManifest, sample_id: str, extra: Any = None) -> str:
         from anpred.cache import cache_key
 
-        origin = ({k: self.options.get(k) for k in ("factory", "factory_kwargs")} if self.origin == "native" else {})
+        origin = {k: self.options.get(k) for k in ("factory", "factory_kwargs")} if self.origin == "native" else {}
         anchors = [(a.name, a.value, a.kind) for a in manifest.anchors]
-        return cache_key("executorch", Path(model_path), anchors, self.origin, origin, self.flow, sample_id,
-                         et_versions(), source_digest(), bool(self.options.get("observer", True)), extra)
+        return cache_key(
+            "executorch",
+            Path(model_path),
+            anchors,
+            self.origin,
+            origin,
+            self.flow,
+            sample_id,
+            et_versions(),
+            source_digest(),
+            bool(self.options.get("observer", True)),
+            extra,
+        )
 
     def _traced(self, with_anchors: bool, sample) -> TracedProgram:
         """The exported program this backend lowers (int8 members quantize it first)."""
@@ -171,8 +186,11 @@ class ExecutorchBackend(Backend):
         traced = self._traced(True, sample)
         what = f"{self.name} program"
         low = lower(traced.program, self.flow, what)
-        reason = ("extra program outputs: an XNNPACK partition logs only its own outputs in ETDump"
-                  if self.capture != "etdump" else "extra program outputs")
+        reason = (
+            "extra program outputs: an XNNPACK partition logs only its own outputs in ETDump"
+            if self.capture != "etdump"
+            else "extra program outputs"
+        )
         low.report.update(outputs=traced.outputs, notes=traced.notes, capture={"kind": "outputs", "reason": reason})
         if not self.options.get("observer", True) and self.capture != "etdump":
             return low
@@ -191,9 +209,12 @@ class ExecutorchBackend(Backend):
                     got_e = EtdumpProgram(p0, writers, bare.outputs, low0.report["debug_buffer_bytes"]).run(args)
                 except Exception as err:  # noqa: BLE001 - measured: ETDump 1.5.1 logs no float16 tensor
                     writers = f"ETDump failed on the check sample: {first_line(err)}"
-        observer = {"partitions_without_anchors": low0.report["partitions"],
-                    "partitions_with_anchors": low.report["partitions"], "outputs_compared": bare.outputs,
-                    **observer_effect([got1[n] for n in bare.outputs], got0)}
+        observer = {
+            "partitions_without_anchors": low0.report["partitions"],
+            "partitions_with_anchors": low.report["partitions"],
+            "outputs_compared": bare.outputs,
+            **observer_effect([got1[n] for n in bare.outputs], got0),
+        }
         if not isinstance(writers, dict):
             if writers is not None:
                 low.report["capture"]["reason"] = writers
@@ -201,9 +222,19 @@ class ExecutorchBackend(Backend):
             return low
         # the ETDump capture: anchors read from the debug buffer of the program without anchor outputs,
         # compared with the extra outputs of the anchored program on the same sample
-        low0.report.update(outputs=traced.outputs, notes=traced.notes, observer=observer, capture={
-            "kind": "etdump", "writers": writers, "program_outputs": bare.outputs,
-            "vs_extra_outputs": observer_effect([got1[n] for n in traced.outputs], [got_e[n] for n in traced.outputs])})
+        low0.report.update(
+            outputs=traced.outputs,
+            notes=traced.notes,
+            observer=observer,
+            capture={
+                "kind": "etdump",
+                "writers": writers,
+                "program_outputs": bare.outputs,
+                "vs_extra_outputs": observer_effect(
+                    [got1[n] for n in traced.outputs], [got_e[n] for n in traced.outputs]
+                ),
+            },
+        )
         return Lowered(low0.pte, low0.report)
 
     def _prepare_impl(self, model_path: Path, manifest: AnchorManifest, workdir: Path) -> None:
@@ -213,8 +244,9 @@ class ExecutorchBackend(Backend):
         pte, self.report = cached_lowering(key, lambda: self._build(sample))
         capture = self.report.get("capture", {})
         if capture.get("kind") == "etdump":
-            self.program = EtdumpProgram(pte, capture["writers"], capture["program_outputs"],
-                                         self.report["debug_buffer_bytes"])
+            self.program = EtdumpProgram(
+                pte, capture["writers"], capture["program_outputs"], self.report["debug_buffer_bytes"]
+            )
         else:
             self.program = EtProgram(pte)
         self._outputs = list(self.report["outputs"])
@@ -227,13 +259,17 @@ class ExecutorchBackend(Backend):
             src = cap.target or cap.reason
             if a.name in capture.get("writers", {}) and a.name not in capture.get("program_outputs", []):
                 instr = capture["writers"][a.name][0]
-                cap.reason = (f"ETDump: written by instruction {instr} ({ops[instr] if instr < len(ops) else '?'}) "
-                              f"of the program without anchor outputs, read from its debug buffer (source: {src})")
+                cap.reason = (
+                    f"ETDump: written by instruction {instr} ({ops[instr] if instr < len(ops) else '?'}) "
+                    f"of the program without anchor outputs, read from its debug buffer (source: {src})"
+                )
             elif a.name in self._outputs:
                 i = self._outputs.index(a.name)
-                cap.reason = (f"output {i} of the ExecuTorch program"
-                              + (" (an extra output" if capture.get("kind") != "etdump" else " (a model output")
-                              + f"; {self._written_by(i)}; source: {src})")
+                cap.reason = (
+                    f"output {i} of the ExecuTorch program"
+                    + (" (an extra output" if capture.get("kind") != "etdump" else " (a model output")
+                    + f"; {self._written_by(i)}; source: {src})"
+                )
             elif not (self.origin == "onnx" and cap.reason in ("graph input", "initializer")):
                 cap.status, cap.reason = "missing", "not an output of the exported program"
 
@@ -298,4 +334,3 @@ class ExecutorchXnnpackNativeBackend(ExecutorchXnnpackBackend):
 
     name = "executorch-xnnpack-native"
     origin = "native"
-

@@ -76,8 +76,9 @@ def debug_buffer_bytes(et_program) -> int:
     for v in _plan(et_program).values:
         t = v.val
         if type(t).__name__ == "Tensor":
-            total += math.prod(int(d)
-                               for d in t.sizes) * _ITEMSIZE.get(int(getattr(t.scalar_type, "value", t.scalar_type)), 8)
+            total += math.prod(int(d) for d in t.sizes) * _ITEMSIZE.get(
+                int(getattr(t.scalar_type, "value", t.scalar_type)), 8
+            )
     return total + (1 << 20)
 
 
@@ -113,8 +114,10 @@ class EtdumpProgram:
                 continue
             data = logged.get(instr)
             if not data or (elem or 0) >= len(data):
-                raise BackendError(f"ETDump holds no tensor for anchor {name} (instruction {instr}; debug buffer "
-                                   f"{self.buffer_bytes} bytes)")
+                raise BackendError(
+                    f"ETDump holds no tensor for anchor {name} (instruction {instr}; debug buffer "
+                    f"{self.buffer_bytes} bytes)"
+                )
             res[name] = np.array(data[elem or 0], copy=True)
         return res
 
@@ -131,8 +134,10 @@ class EtdumpProgram:
                 iid = getattr(ev, "_instruction_id", None)
                 if iid is None or not ev.debug_data or iid in logged:
                     continue
-                logged[iid] = [t.detach().clone().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
-                               for t in _flat(ev.debug_data)]
+                logged[iid] = [
+                    t.detach().clone().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+                    for t in _flat(ev.debug_data)
+                ]
         return logged
 
 

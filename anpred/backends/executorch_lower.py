@@ -120,9 +120,12 @@ def delegation_report(edge_manager) -> dict[str, Any]:
             inside[op] = b.delegated
         if b.non_delegated:
             outside[op] = b.non_delegated
-    return {"partitions": info.num_delegated_subgraphs, "delegated_ops": dict(sorted(inside.items())),
-            "outside_ops": dict(sorted(outside.items())),
-            "outside_kernels": {op: _kernel_library(op) for op in sorted(outside)}}
+    return {
+        "partitions": info.num_delegated_subgraphs,
+        "delegated_ops": dict(sorted(inside.items())),
+        "outside_ops": dict(sorted(outside.items())),
+        "outside_kernels": {op: _kernel_library(op) for op in sorted(outside)},
+    }
 
 
 def failing_node(tb) -> str:
@@ -162,16 +165,20 @@ def lower(program, flow: str, what: str) -> Lowered:
     try:
         # the quantized portable program keeps quantize/dequantize as ExecuTorch custom ops, which the
         # edge dialect's ATen validity check does not know
-        edge = to_edge_transform_and_lower(program, partitioner=partitioner,
-                                           compile_config=EdgeCompileConfig(_check_ir_validity=not quantized))
+        edge = to_edge_transform_and_lower(
+            program, partitioner=partitioner, compile_config=EdgeCompileConfig(_check_ir_validity=not quantized)
+        )
         report = delegation_report(edge)
         et = edge.to_executorch()
         pte = et.buffer
     except Exception as err:
         where = failing_node(err.__traceback__)
         text = " ".join(str(err).split())[:300]
-        raise BackendError(f"ExecuTorch {flow} lowering of {what} failed"
-                           + (f" at operator {where}" if where else "") + f": {type(err).__name__}: {text}") from err
+        raise BackendError(
+            f"ExecuTorch {flow} lowering of {what} failed"
+            + (f" at operator {where}" if where else "")
+            + f": {type(err).__name__}: {text}"
+        ) from err
     # what the ETDump capture needs (anpred.backends.executorch_etdump)
     report["instructions"] = operator_sequence(et.executorch_program)
     report["output_writers"] = output_writers(et.executorch_program)
@@ -229,17 +236,21 @@ def summary(report: dict[str, Any]) -> dict[str, str]:
     """The lowering report as ``versions()`` strings: ``executorch_partitions``,
     ``executorch_delegated_ops``, ``executorch_outside_ops`` (``op:count@kernels``),
     ``executorch_capture`` and ``executorch_observer`` (JSON)."""
-    out = {"executorch_partitions": str(report.get("partitions", 0)),
-           "executorch_delegated_ops": ",".join(f"{k}:{v}" for k, v in report.get("delegated_ops", {}).items()),
-           "executorch_outside_ops": ",".join(f"{k}:{v}@{report.get('outside_kernels', {}).get(k, '?')}"
-                                              for k, v in report.get("outside_ops", {}).items())}
+    out = {
+        "executorch_partitions": str(report.get("partitions", 0)),
+        "executorch_delegated_ops": ",".join(f"{k}:{v}" for k, v in report.get("delegated_ops", {}).items()),
+        "executorch_outside_ops": ",".join(
+            f"{k}:{v}@{report.get('outside_kernels', {}).get(k, '?')}" for k, v in report.get("outside_ops", {}).items()
+        ),
+    }
     # the capture and the observer effect, without their per-anchor details (instruction of each anchor,
     # outputs compared): versions() is stored with every history entry
     if "capture" in report:
-        out["executorch_capture"] = json.dumps({k: v for k, v in report["capture"].items() if k != "writers"},
-                                               sort_keys=True)
+        out["executorch_capture"] = json.dumps(
+            {k: v for k, v in report["capture"].items() if k != "writers"}, sort_keys=True
+        )
     if "observer" in report:
-        out["executorch_observer"] = json.dumps({k: v for k, v in report["observer"].items()
-                                                 if k != "outputs_compared"}, sort_keys=True)
+        out["executorch_observer"] = json.dumps(
+            {k: v for k, v in report["observer"].items() if k != "outputs_compared"}, sort_keys=True
+        )
     return out
-

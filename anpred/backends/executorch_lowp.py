@@ -65,8 +65,10 @@ __all__ = [
 
 #: PT2E schemes: arguments of ``get_symmetric_quantization_config`` (ExecuTorch's test flows
 #: ``xnnpack_static_int8_per_channel`` and ``xnnpack_dynamic_int8_per_channel`` use the same)
-PT2E_SCHEMES: dict[str, dict[str, bool]] = {"static": {"is_per_channel": True},
-                                             "dynamic": {"is_per_channel": True, "is_dynamic": True}}
+PT2E_SCHEMES: dict[str, dict[str, bool]] = {
+    "static": {"is_per_channel": True},
+    "dynamic": {"is_per_channel": True, "is_dynamic": True},
+}
 
 
 def load_quantized_ops() -> None:
@@ -129,20 +131,33 @@ def quantize_pt2e(traced: TracedProgram, calib: list[tuple], scheme: str):
     return export_module(converted, traced.example, f"the PT2E {scheme} int8 program")
 
 
-def pt2e_program(backend: ExecutorchBackend, model_path: Path, manifest: AnchorManifest, with_anchors: bool,
-                 scheme: str) -> tuple[Path, dict[str, Any]]:
+def pt2e_program(
+    backend: ExecutorchBackend, model_path: Path, manifest: AnchorManifest, with_anchors: bool, scheme: str
+) -> tuple[Path, dict[str, Any]]:
     """The cached converted PT2E program of ``backend``'s source (its ``source`` prepared): ``(path of
     program.pt2, record)`` where the record holds ``outputs`` (anchor per output), ``steps`` (anchor ->
     quantization step), ``recipe``, ``calibration_samples`` and ``pt2e_program_sha256``."""
     from anpred.cache import cache_key, cached_dir
 
-    files = [str(f)
-             for f in (backend.options.get("calibration") or [])][: int(backend.options.get("max_calibration", 32))]
+    files = [str(f) for f in (backend.options.get("calibration") or [])][
+        : int(backend.options.get("max_calibration", 32))
+    ]
     digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in files)).hexdigest()
-    origin = ({k: backend.options.get(k) for k in ("factory", "factory_kwargs")} if backend.origin == "native" else {})
-    key = cache_key("pt2e", Path(model_path), [(a.name, a.value, a.kind) for a in manifest.anchors], backend.origin,
-                    origin, with_anchors, scheme, PT2E_SCHEMES[scheme], digest, len(files), et_versions(),
-                    source_digest())
+    origin = {k: backend.options.get(k) for k in ("factory", "factory_kwargs")} if backend.origin == "native" else {}
+    key = cache_key(
+        "pt2e",
+        Path(model_path),
+        [(a.name, a.value, a.kind) for a in manifest.anchors],
+        backend.origin,
+        origin,
+        with_anchors,
+        scheme,
+        PT2E_SCHEMES[scheme],
+        digest,
+        len(files),
+        et_versions(),
+        source_digest(),
+    )
 
     def build(tmp: Path) -> None:
         import torch
@@ -151,10 +166,13 @@ def pt2e_program(backend: ExecutorchBackend, model_path: Path, manifest: AnchorM
         traced = backend.source.traced(with_anchors, sample)
         ep = quantize_pt2e(traced, _calibration(files, traced.inputs), scheme)
         torch.export.save(ep, str(tmp / "program.pt2"))
-        record = {"outputs": traced.outputs, "inputs": traced.inputs,
-                  "steps": output_steps(ep.graph_module, traced.outputs),
-                  "recipe": f"PT2E XNNPACKQuantizer get_symmetric_quantization_config({PT2E_SCHEMES[scheme]})",
-                  "calibration_samples": len(files) or 1}
+        record = {
+            "outputs": traced.outputs,
+            "inputs": traced.inputs,
+            "steps": output_steps(ep.graph_module, traced.outputs),
+            "recipe": f"PT2E XNNPACKQuantizer get_symmetric_quantization_config({PT2E_SCHEMES[scheme]})",
+            "calibration_samples": len(files) or 1,
+        }
         (tmp / "record.json").write_text(json.dumps(record, indent=1))
 
     d = cached_dir("executorch-pt2e", key, build)
@@ -191,8 +209,12 @@ class _Pt2eMember:
         _, self._record = pt2e_program(self, model_path, manifest, True, self.scheme)
 
     def _key_extra(self) -> Any:
-        return {"pt2e": self.scheme, "calibration": [hashlib.sha256(Path(f).read_bytes()).hexdigest()
-                                                     for f in (self.options.get("calibration") or [])][:32]}
+        return {
+            "pt2e": self.scheme,
+            "calibration": [
+                hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in (self.options.get("calibration") or [])
+            ][:32],
+        }
 
     def effective_precision(self) -> str:
         return "int8"
@@ -202,9 +224,12 @@ class _Pt2eMember:
 
     def versions(self) -> dict[str, str]:
         rec = getattr(self, "_record", {})
-        extra = {"population": "int8", "pt2e_recipe": rec.get("recipe", ""),
-                 "pt2e_program_sha256": rec.get("pt2e_program_sha256", ""),
-                 "pt2e_calibration_samples": str(rec.get("calibration_samples", ""))}
+        extra = {
+            "population": "int8",
+            "pt2e_recipe": rec.get("recipe", ""),
+            "pt2e_program_sha256": rec.get("pt2e_program_sha256", ""),
+            "pt2e_calibration_samples": str(rec.get("calibration_samples", "")),
+        }
         return {**super().versions(), **extra}
 
 

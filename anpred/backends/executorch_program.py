@@ -102,8 +102,10 @@ class _Bound:
         def fill(v):
             return (dyn[v[1]] if v[0] == "dyn" else consts[v[1]]) if self._slot(v) else v
 
-        return self.fn(*pytree.tree_map(fill, self.args, is_leaf=self._slot),
-                       **pytree.tree_map(fill, self.kwargs, is_leaf=self._slot))
+        return self.fn(
+            *pytree.tree_map(fill, self.args, is_leaf=self._slot),
+            **pytree.tree_map(fill, self.kwargs, is_leaf=self._slot),
+        )
 
 
 def _bind_initializers(gm) -> int:
@@ -202,8 +204,10 @@ def example_inputs(manifest: AnchorManifest, names: list[str], sample: dict[str,
         s = specs.get(n) or {}
         shape = s.get("shape")
         if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
-            raise BackendError(f"input {n!r} has no static shape in the manifest ({shape}); ExecuTorch programs "
-                               "are exported for one shape: give the run's inputs")
+            raise BackendError(
+                f"input {n!r} has no static shape in the manifest ({shape}); ExecuTorch programs "
+                "are exported for one shape: give the run's inputs"
+            )
         out.append(torch.from_numpy(rng.random(shape).astype(s.get("dtype") or "float32")))
     return tuple(out)
 
@@ -312,6 +316,7 @@ class _Hooked:
             for name, call, which in uses:
                 if which == "output" and call == c:
                     self.got[name] = out
+
         return hook
 
     def _pre(self, path, uses):
@@ -325,6 +330,7 @@ class _Hooked:
             for name, call, which in uses:
                 if which == "input" and call == c and len(leaves) == 1:
                     self.got[name] = leaves[0]
+
         return hook
 
 
@@ -375,14 +381,16 @@ class NativeSource(TorchNativeBackend):
     def traced(self, with_anchors: bool, sample: dict[str, np.ndarray] | None = None) -> TracedProgram:
         """As :meth:`OnnxSource.traced`; ``with_anchors=False`` returns the output anchors only."""
         assert self.manifest is not None
-        names = [a.name for a in self.manifest.anchors if a.name in self._targets
-                 and (with_anchors or a.kind == "output")]
+        names = [
+            a.name for a in self.manifest.anchors if a.name in self._targets and (with_anchors or a.kind == "output")
+        ]
         if not names:  # an output that is not mapped: the root module's outputs stand for the model's
             names = [a.name for a in self.manifest.anchors if a.name in self._targets][:1]
         wrapper = _anchored_native(self.module, self._targets, names)
         example = example_inputs(self.manifest, self._inputs, sample)
-        ep = export_module(wrapper, example,
-                           f"{type(self.module).__name__} (factory {self.options.get('factory') or ''})")
+        ep = export_module(
+            wrapper, example, f"{type(self.module).__name__} (factory {self.options.get('factory') or ''})"
+        )
         return TracedProgram(ep, list(self._inputs), names, example, wrapper, [])
 
     def _run_impl(self, inputs):

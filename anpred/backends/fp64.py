@@ -36,8 +36,13 @@ import numpy as np
 
 from anpred.backends.base import Backend
 from anpred.backends.ort import NamedOutputsMixin
-from anpred.backends.reference_defects import (failure_reason, inference_batchnorm_kernel, reference_defects, summarize,
-                                               work_around)
+from anpred.backends.reference_defects import (
+    failure_reason,
+    inference_batchnorm_kernel,
+    reference_defects,
+    summarize,
+    work_around,
+)
 from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 
@@ -89,9 +94,11 @@ class ReferenceFp64Backend(NamedOutputsMixin, Backend):
         v = super().versions()
         rep = getattr(self, "report", None)
         if rep:
-            v["fp64_conversion"] = (f"widened_tensors:{rep['widened_tensors']},widened_values:{rep['widened_values']},"
-                                    f"dtype_attributes:{rep['dtype_attributes']},"
-                                    f"float32_casts:{len(rep['casts_inserted'])}")
+            v["fp64_conversion"] = (
+                f"widened_tensors:{rep['widened_tensors']},widened_values:{rep['widened_values']},"
+                f"dtype_attributes:{rep['dtype_attributes']},"
+                f"float32_casts:{len(rep['casts_inserted'])}"
+            )
         return v
 
     def _convert(self, model_path: Path, out: Path) -> None:
@@ -116,29 +123,35 @@ class ReferenceFp64Backend(NamedOutputsMixin, Backend):
         except BackendError:
             raise
         except Exception as err:  # protobuf/numpy errors of a malformed model
-            raise BackendError(f"{self.name}: float64 conversion failed "
-                               f"({type(err).__name__}: {str(err)[:500]})") from err
+            raise BackendError(
+                f"{self.name}: float64 conversion failed ({type(err).__name__}: {str(err)[:500]})"
+            ) from err
         self.converted_path = d / "model.onnx"
         self.report = json.loads((d / "report.json").read_text())
         model = load_model(self.converted_path, load_external=True)
         #: known defects of the evaluator worked around in the copy it runs (as ``onnx-reference``'s): the
         #: float64 basis must compute what the spec defines
         self.workarounds = work_around(model) if self.options.get("workarounds", True) else {}
-        kernels = [inference_batchnorm_kernel()] if any("_batchnorm_test_mode" in w
-                                                        for w in self.workarounds.values()) else []
+        kernels = (
+            [inference_batchnorm_kernel()]
+            if any("_batchnorm_test_mode" in w for w in self.workarounds.values())
+            else []
+        )
         #: known defects of the installed evaluator this model still reaches (:mod:`anpred.backends.reference_defects`)
         self.defects = {k: v for k, v in reference_defects(model).items() if k not in self.workarounds}
         try:
             self.sess = ReferenceEvaluator(model, new_ops=kernels or None)
         except Exception as err:  # noqa: BLE001 - the evaluator raises many types for unknown ops
-            raise BackendError(f"{self.name}: onnx-reference cannot load the float64 copy "
-                               f"({type(err).__name__}: {err})") from err
+            raise BackendError(
+                f"{self.name}: onnx-reference cannot load the float64 copy ({type(err).__name__}: {err})"
+            ) from err
         self._bind_outputs(list(self.sess.output_names), manifest)
         for out, anchor in self._fetch.items():
             declared = manifest[anchor].dtype
             if declared and declared != "float64" and declared.startswith(("float", "bfloat")):
-                self._info[anchor].reason = (f"computed on a float64 copy of the model; returned as float64, the "
-                                             f"ONNX graph declares {declared}")
+                self._info[anchor].reason = (
+                    f"computed on a float64 copy of the model; returned as float64, the ONNX graph declares {declared}"
+                )
 
     def _run_impl(self, inputs):
         try:

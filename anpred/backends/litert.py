@@ -82,8 +82,10 @@ class LiteRtBackend(TfOnnxBackend):
     name = "litert"
     family = "litert"
     precision = "fp32"
-    coverage_basis = (ONNX2TF_COVERAGE_BASIS + "; TF ops without a TFLite builtin are found only when the "
-                      "SavedModel is converted to TFLite")
+    coverage_basis = (
+        ONNX2TF_COVERAGE_BASIS + "; TF ops without a TFLite builtin are found only when the "
+        "SavedModel is converted to TFLite"
+    )
 
     def __init__(self, options=None):
         super().__init__(options)
@@ -138,13 +140,15 @@ class LiteRtBackend(TfOnnxBackend):
 
         # TensorFlow's version from its metadata: importing it (seconds) is needed only to convert
         key = cache_key(self.conversion_key, "tflite", _dist_version("tensorflow"), FORMAT)
-        tdir = cached_dir("litert", key,
-                          lambda tmp: saved_model_to_tflite(cache_dir / "saved_model", tmp / "model.tflite"))
+        tdir = cached_dir(
+            "litert", key, lambda tmp: saved_model_to_tflite(cache_dir / "saved_model", tmp / "model.tflite")
+        )
         self.tflite_path = tdir / "model.tflite"
         threads = int(self.options.get("threads") or os.cpu_count() or 1)
         try:
-            self._interpreter = Interpreter(model_path=str(self.tflite_path), num_threads=threads,
-                                            experimental_op_resolver_type=OpResolverType.AUTO)
+            self._interpreter = Interpreter(
+                model_path=str(self.tflite_path), num_threads=threads, experimental_op_resolver_type=OpResolverType.AUTO
+            )
             self.delegate_partitions = _delegate_partitions(self._interpreter)  # before the runner holds tensors
             self._runner = self._interpreter.get_signature_runner("run")
         except (ValueError, RuntimeError) as err:
@@ -155,10 +159,14 @@ class LiteRtBackend(TfOnnxBackend):
         for k, o in zip(self._out_keys, self._meta["outputs"]):
             shape = [int(d) for d in outs[k]["shape"]]
             if len(shape) != len(o["tf_shape"]) or any(t is not None and t != s for t, s in zip(o["tf_shape"], shape)):
-                raise BackendError(f"litert: signature output {k!r} has shape {shape}, the SavedModel's output for "
-                                   f"{o['value']!r} {o['tf_shape']}: the signature does not map back to anchors")
-        return ([np.dtype(ins[k]["dtype"]).name for k in self._in_keys],
-                [np.dtype(outs[k]["dtype"]).name for k in self._out_keys])
+                raise BackendError(
+                    f"litert: signature output {k!r} has shape {shape}, the SavedModel's output for "
+                    f"{o['value']!r} {o['tf_shape']}: the signature does not map back to anchors"
+                )
+        return (
+            [np.dtype(ins[k]["dtype"]).name for k in self._in_keys],
+            [np.dtype(outs[k]["dtype"]).name for k in self._out_keys],
+        )
 
     def _invoke(self, args: list[np.ndarray]) -> list:
         res = self._runner(**dict(zip(self._in_keys, args)))
@@ -189,8 +197,10 @@ def _indexed_keys(details: dict, prefix: str, n: int, what: str) -> list[str]:
             raise BackendError(f"litert: unexpected signature {what} key {k!r} (expected {prefix}_<i>)")
         idx[int(m.group(1))] = k
     if sorted(idx) != list(range(n)):
-        raise BackendError(f"litert: the TFLite signature has {what} {sorted(details)}, expected {prefix}_0 .. "
-                           f"{prefix}_{n - 1} for the {n} {what} of the SavedModel")
+        raise BackendError(
+            f"litert: the TFLite signature has {what} {sorted(details)}, expected {prefix}_0 .. "
+            f"{prefix}_{n - 1} for the {n} {what} of the SavedModel"
+        )
     return [idx[i] for i in range(n)]
 
 
@@ -231,9 +241,12 @@ def saved_model_to_tflite(saved_model: Path, out: Path) -> None:
             # the converter's locations name the op as model/<onnx2tf layer>/<TF op>; onnx2tf names its
             # layers after the ONNX node's output
             where = sorted({f"{op} at {name!r}" for op, name in _LOC.findall(text) if op in flex})
-            raise FlexOpsError(f"litert: LiteRT cannot run TF op(s) {', '.join(flex)} that onnx2tf lowered the model "
-                               "to (no TFLite builtin; they would need the Flex / TF Select delegate)"
-                               + (f": {'; '.join(where)}" if where else ""), flex) from err
+            raise FlexOpsError(
+                f"litert: LiteRT cannot run TF op(s) {', '.join(flex)} that onnx2tf lowered the model "
+                "to (no TFLite builtin; they would need the Flex / TF Select delegate)"
+                + (f": {'; '.join(where)}" if where else ""),
+                flex,
+            ) from err
         first = next((ln.strip() for ln in text.splitlines() if "error" in ln.lower()), text.strip()[:300])
         raise BackendError(f"litert: TFLite conversion failed: {type(err).__name__}: {first[:400]}") from err
     out.write_bytes(data)

@@ -63,8 +63,16 @@ import numpy as np
 from anpred.errors import BackendError
 from anpred.tensorfile import c_contiguous
 
-__all__ = ["FP16_EXTRA_OP_BLOCK_LIST", "MAX_NODE_RETRIES", "FP16_RECIPE", "fp16_model", "validation_inputs",
-           "validate_onnxruntime", "failing_node", "sample_digest"]
+__all__ = [
+    "FP16_EXTRA_OP_BLOCK_LIST",
+    "MAX_NODE_RETRIES",
+    "FP16_RECIPE",
+    "fp16_model",
+    "validation_inputs",
+    "validate_onnxruntime",
+    "failing_node",
+    "sample_digest",
+]
 
 #: ops added to the converter's op block list at step 3 (kept float32, with Casts around them):
 #: ``Cast`` (both converters' outputs typed float16 for a ``Cast(to=FLOAT)``, onnxconverter-common
@@ -72,19 +80,45 @@ __all__ = ["FP16_EXTRA_OP_BLOCK_LIST", "MAX_NODE_RETRIES", "FP16_RECIPE", "fp16_
 #: before opset 19), ``Resize``/``Upsample`` (float scales; onnxruntime's converter does not block
 #: Resize by default), ``EyeLike``/``RandomNormalLike``/``RandomUniformLike``/``Multinomial``/
 #: ``Bernoulli`` (float ``dtype`` attributes onnxconverter-common does not retype).
-FP16_EXTRA_OP_BLOCK_LIST = ("Cast", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Resize",
-                            "Upsample", "EyeLike", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-                            "Bernoulli")
+FP16_EXTRA_OP_BLOCK_LIST = (
+    "Cast",
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "DynamicQuantizeLinear",
+    "Resize",
+    "Upsample",
+    "EyeLike",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "Multinomial",
+    "Bernoulli",
+)
 #: node retries per (converter, op block list)
 MAX_NODE_RETRIES = 16
 #: bumped when the conversion procedure changes (part of the cache key)
 FP16_RECIPE = "fp16-v1: value_info dropped, keep_io_types, converter defaults, validated on ONNX Runtime CPU"
 
-_NODE_RES = (re.compile(r"\bnode \(([^()]*)\)", re.I), re.compile(r"node with name '([^']*)'", re.I),
-             re.compile(r"In Node, \(\"([^\"]*)\""), re.compile(r"NodeName: ([^\s,]+)"))
+_NODE_RES = (
+    re.compile(r"\bnode \(([^()]*)\)", re.I),
+    re.compile(r"node with name '([^']*)'", re.I),
+    re.compile(r"In Node, \(\"([^\"]*)\""),
+    re.compile(r"NodeName: ([^\s,]+)"),
+)
 
-_NP = {1: np.float32, 10: np.float16, 11: np.float64, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16,
-       6: np.int32, 7: np.int64, 9: np.bool_, 12: np.uint32, 13: np.uint64}
+_NP = {
+    1: np.float32,
+    10: np.float16,
+    11: np.float64,
+    2: np.uint8,
+    3: np.int8,
+    4: np.uint16,
+    5: np.int16,
+    6: np.int32,
+    7: np.int64,
+    9: np.bool_,
+    12: np.uint32,
+    13: np.uint64,
+}
 
 
 def sample_digest(sample: "str | Path | dict[str, np.ndarray] | None") -> str:
@@ -133,8 +167,10 @@ def validation_inputs(model, sample: "str | Path | dict[str, np.ndarray] | None"
             raise BackendError(f"cannot make a validation input for {i.name!r} (element type {tt.elem_type})")
         # a dynamic or unknown dimension (dim_param, or dim_value -1 / 0 as some exporters write it):
         # 1 for the batch, 32 elsewhere
-        shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (1 if k == 0 else 32)
-                 for k, d in enumerate(tt.shape.dim)]
+        shape = [
+            d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (1 if k == 0 else 32)
+            for k, d in enumerate(tt.shape.dim)
+        ]
         out[i.name] = np.ones(shape, dt)
     return out
 
@@ -190,18 +226,28 @@ def _converters():
     import onnxruntime
     from onnxconverter_common import float16 as occ
 
-    out = [(f"onnxconverter-common {onnxconverter_common.__version__}",
-            lambda m, ops, nodes: occ.convert_float_to_float16(m, keep_io_types=True, op_block_list=ops,
-                                                               node_block_list=nodes),
-            list(occ.DEFAULT_OP_BLOCK_LIST))]
+    out = [
+        (
+            f"onnxconverter-common {onnxconverter_common.__version__}",
+            lambda m, ops, nodes: occ.convert_float_to_float16(
+                m, keep_io_types=True, op_block_list=ops, node_block_list=nodes
+            ),
+            list(occ.DEFAULT_OP_BLOCK_LIST),
+        )
+    ]
     try:
         from onnxruntime.transformers import float16 as ortf
     except ImportError:  # onnxruntime without its transformers tools
         return out
-    out.append((f"onnxruntime.transformers.float16 {onnxruntime.__version__}",
-                lambda m, ops, nodes: ortf.convert_float_to_float16(m, keep_io_types=True, op_block_list=ops,
-                                                                    node_block_list=nodes),
-                list(ortf.DEFAULT_OP_BLOCK_LIST)))
+    out.append(
+        (
+            f"onnxruntime.transformers.float16 {onnxruntime.__version__}",
+            lambda m, ops, nodes: ortf.convert_float_to_float16(
+                m, keep_io_types=True, op_block_list=ops, node_block_list=nodes
+            ),
+            list(ortf.DEFAULT_OP_BLOCK_LIST),
+        )
+    )
     return out
 
 
@@ -239,8 +285,9 @@ def convert_validated(model, feeds: dict[str, np.ndarray]):
                     validate_onnxruntime(m16.SerializeToString(), feeds)
                 except Exception as err:  # noqa: BLE001 - converters and ORT raise many types
                     msg = _first_line(err)
-                    failures.append(f"{label} (op block list +{len(ops) - len(default_ops)}, "
-                                    f"{len(blocked)} node(s) blocked): {msg}")
+                    failures.append(
+                        f"{label} (op block list +{len(ops) - len(default_ops)}, {len(blocked)} node(s) blocked): {msg}"
+                    )
                     last[label] = msg
                     node = failing_node(str(err), names)
                     if node is None or node in blocked:
@@ -249,19 +296,24 @@ def convert_validated(model, feeds: dict[str, np.ndarray]):
                     continue
                 by_name = {n.name: n.op_type for n in model.graph.node}
                 kept = sorted((present & set(ops)) | {by_name[b] for b in blocked})
-                return m16, {"fp16_converter": label,
-                             "fp16_ops_kept_float32": ",".join(kept),
-                             "fp16_nodes_kept_float32": ",".join(blocked),
-                             "fp16_op_block_list": "default" if ops is default_ops else
-                             "default+" + ",".join(FP16_EXTRA_OP_BLOCK_LIST),
-                             "fp16_attempts": str(attempts),
-                             "fp16_failed_attempts": json.dumps(failures[-8:])}
-    raise BackendError("float16 conversion failed with every converter: "
-                       + "; ".join(f"{k}: {v}" for k, v in last.items()))
+                return m16, {
+                    "fp16_converter": label,
+                    "fp16_ops_kept_float32": ",".join(kept),
+                    "fp16_nodes_kept_float32": ",".join(blocked),
+                    "fp16_op_block_list": "default"
+                    if ops is default_ops
+                    else "default+" + ",".join(FP16_EXTRA_OP_BLOCK_LIST),
+                    "fp16_attempts": str(attempts),
+                    "fp16_failed_attempts": json.dumps(failures[-8:]),
+                }
+    raise BackendError(
+        "float16 conversion failed with every converter: " + "; ".join(f"{k}: {v}" for k, v in last.items())
+    )
 
 
-def fp16_model(model_path: str | Path, sample_inputs: "str | Path | dict[str, np.ndarray] | None" = None
-               ) -> tuple[Path, dict[str, str]]:
+def fp16_model(
+    model_path: str | Path, sample_inputs: "str | Path | dict[str, np.ndarray] | None" = None
+) -> tuple[Path, dict[str, str]]:
     """The validated float16 model of ``model_path`` (module docstring), converted once and cached.
 
     Args:
@@ -286,8 +338,15 @@ def fp16_model(model_path: str | Path, sample_inputs: "str | Path | dict[str, np
     from anpred.onnx_io import load_model, save_model, sha256_file
 
     model_path = Path(model_path)
-    key = cache_key("fp16", model_path, [c[0] for c in _converters()], FP16_RECIPE, list(FP16_EXTRA_OP_BLOCK_LIST),
-                    MAX_NODE_RETRIES, sample_digest(sample_inputs))
+    key = cache_key(
+        "fp16",
+        model_path,
+        [c[0] for c in _converters()],
+        FP16_RECIPE,
+        list(FP16_EXTRA_OP_BLOCK_LIST),
+        MAX_NODE_RETRIES,
+        sample_digest(sample_inputs),
+    )
 
     def build(tmp: Path) -> None:
         try:
@@ -296,8 +355,9 @@ def fp16_model(model_path: str | Path, sample_inputs: "str | Path | dict[str, np
             raise BackendError(f"cannot read {model_path} for the float16 conversion ({_first_line(err)})") from err
         feeds = validation_inputs(model, sample_inputs)
         m16, record = convert_validated(model, feeds)
-        record["fp16_validation_input"] = "the run's first input" if sample_inputs is not None else \
-            "ones of the input shapes"
+        record["fp16_validation_input"] = (
+            "the run's first input" if sample_inputs is not None else "ones of the input shapes"
+        )
         save_model(m16, tmp / "model.onnx")
         (tmp / "record.json").write_text(json.dumps(record, indent=1))
 

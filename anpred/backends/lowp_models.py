@@ -52,13 +52,29 @@ from anpred.backends.lowp_fp16 import fp16_model, record_of
 from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 
-__all__ = ["INT8_RECIPE", "QUANTIZED_OPS", "AlreadyQuantized", "quantized_ops", "int8_model", "int8_record",
-           "fp16_model", "model_precision", "anchor_quant_steps",
-           "faulted_model", "PopulationMember"]
+__all__ = [
+    "INT8_RECIPE",
+    "QUANTIZED_OPS",
+    "AlreadyQuantized",
+    "quantized_ops",
+    "int8_model",
+    "int8_record",
+    "fp16_model",
+    "model_precision",
+    "anchor_quant_steps",
+    "faulted_model",
+    "PopulationMember",
+]
 
 #: the int8 recipe (part of the cache key; today's ``ort-int8`` recipe)
-INT8_RECIPE = {"format": "QDQ", "activations": "uint8", "weights": "int8", "per_channel": False,
-               "calibration": "MinMax", "version": 1}
+INT8_RECIPE = {
+    "format": "QDQ",
+    "activations": "uint8",
+    "weights": "int8",
+    "per_channel": False,
+    "calibration": "MinMax",
+    "version": 1,
+}
 
 
 def _files_digest(files: list[str]) -> str:
@@ -86,8 +102,17 @@ class _CalibrationReader:
 
 #: operators of a model that is already quantized (ONNX's and ONNX Runtime's ``com.microsoft`` domain);
 #: besides these, every ``QLinear*`` and ``DynamicQuantize*`` operator
-QUANTIZED_OPS = ("QuantizeLinear", "DequantizeLinear", "MatMulInteger", "ConvInteger", "MatMulIntegerToFloat",
-                 "QGemm", "QAttention", "QEmbedLayerNormalization", "QOrderedMatMul")
+QUANTIZED_OPS = (
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "MatMulInteger",
+    "ConvInteger",
+    "MatMulIntegerToFloat",
+    "QGemm",
+    "QAttention",
+    "QEmbedLayerNormalization",
+    "QOrderedMatMul",
+)
 
 
 class AlreadyQuantized(BackendError):
@@ -107,8 +132,12 @@ def quantized_ops(model_path: str | Path) -> dict[str, int]:
     from anpred.onnx_io import iter_graphs
 
     m = onnx.load(str(model_path), load_external_data=False)
-    found = collections.Counter(n.op_type for g in iter_graphs(m.graph) for n in g.node
-                                if n.op_type in QUANTIZED_OPS or n.op_type.startswith(("QLinear", "DynamicQuantize")))
+    found = collections.Counter(
+        n.op_type
+        for g in iter_graphs(m.graph)
+        for n in g.node
+        if n.op_type in QUANTIZED_OPS or n.op_type.startswith(("QLinear", "DynamicQuantize"))
+    )
     return dict(sorted(found.items()))
 
 
@@ -135,12 +164,16 @@ def int8_model(model_path: str | Path, calibration_files: list[str], max_calibra
     found = quantized_ops(model_path)
     if found:
         ops = ", ".join(f"{k}:{v}" for k, v in found.items())
-        raise AlreadyQuantized(f"skipped: the model is already quantized ({ops}); the int8 population quantizes "
-                               "a float model (quantize_static), which this is not")
+        raise AlreadyQuantized(
+            f"skipped: the model is already quantized ({ops}); the int8 population quantizes "
+            "a float model (quantize_static), which this is not"
+        )
     files = [str(f) for f in calibration_files][: int(max_calibration)]
     if not files:
-        raise BackendError("the int8 model needs calibration inputs (options['calibration']: .safetensors/.npz "
-                           "files of the graph inputs); the runner passes the run's inputs")
+        raise BackendError(
+            "the int8 model needs calibration inputs (options['calibration']: .safetensors/.npz "
+            "files of the graph inputs); the runner passes the run's inputs"
+        )
     import onnxruntime
 
     model_path = Path(model_path)
@@ -154,16 +187,29 @@ def int8_model(model_path: str | Path, calibration_files: list[str], max_calibra
         level = root.level
         root.setLevel(logging.ERROR)  # the quantizer warns per bias on the root logger
         try:
-            quantize_static(str(model_path), str(tmp / "model.onnx"), reader, quant_format=QuantFormat.QDQ,
-                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=False)
+            quantize_static(
+                str(model_path),
+                str(tmp / "model.onnx"),
+                reader,
+                quant_format=QuantFormat.QDQ,
+                activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+                per_channel=False,
+            )
         except Exception as err:  # noqa: BLE001 - the quantizer raises many types
             raise BackendError(f"int8 quantization failed ({type(err).__name__}: {str(err)[:500]})") from err
         finally:
             root.setLevel(level)
-        (tmp / "record.json").write_text(json.dumps({
-            "int8_quantizer": f"onnxruntime.quantization.quantize_static {onnxruntime.__version__}",
-            "int8_recipe": "QDQ, activations uint8, weights int8, per-tensor, MinMax",
-            "int8_calibration_samples": str(len(files))}, indent=1))
+        (tmp / "record.json").write_text(
+            json.dumps(
+                {
+                    "int8_quantizer": f"onnxruntime.quantization.quantize_static {onnxruntime.__version__}",
+                    "int8_recipe": "QDQ, activations uint8, weights int8, per-tensor, MinMax",
+                    "int8_calibration_samples": str(len(files)),
+                },
+                indent=1,
+            )
+        )
 
     # once per run for every member (anpred.backends.shared): a quantization that failed is not started again
     return shared_cached_dir("lowp-int8", key, build, "the int8 quantization (QDQ)", "int8") / "model.onnx"
@@ -186,8 +232,13 @@ def _weights(model) -> list:
     tensors = []
     for g in iter_graphs(model.graph):
         tensors += list(g.initializer)
-        tensors += [a.t for node in g.node if node.op_type == "Constant" for a in node.attribute
-                    if a.name == "value" and a.type == onnx.AttributeProto.TENSOR]
+        tensors += [
+            a.t
+            for node in g.node
+            if node.op_type == "Constant"
+            for a in node.attribute
+            if a.name == "value" and a.type == onnx.AttributeProto.TENSOR
+        ]
     return tensors
 
 
@@ -214,8 +265,9 @@ def model_precision(path: str | Path) -> tuple[str, dict[str, str]]:
     q = [n for n in m.graph.node if n.op_type == "QuantizeLinear"]
     dq = [n for n in m.graph.node if n.op_type == "DequantizeLinear"]
     inits = {t.name: t for t in m.graph.initializer}
-    types = sorted({elem_type_name(inits[n.input[2]].data_type)
-                    for n in q + dq if len(n.input) > 2 and n.input[2] in inits})
+    types = sorted(
+        {elem_type_name(inits[n.input[2]].data_type) for n in q + dq if len(n.input) > 2 and n.input[2] in inits}
+    )
     details = {"converted_weights": f"float16:{n16},float32:{len(kinds) - n16}"}
     if q or dq:
         details["qdq_nodes"] = f"QuantizeLinear:{len(q)},DequantizeLinear:{len(dq)}"
@@ -294,8 +346,13 @@ def faulted_model(path: str | Path, fault: dict[str, Any], manifest: AnchorManif
         raise BackendError(f"options['fault'] must be a dict with a 'kind', got {fault!r}")
     import passes.faults as pf
 
-    f = {"kind": str(fault["kind"]), "node": fault.get("node"), "stage": fault.get("stage"),
-         "magnitude": fault.get("magnitude"), "seed": int(fault.get("seed", 0))}
+    f = {
+        "kind": str(fault["kind"]),
+        "node": fault.get("node"),
+        "stage": fault.get("stage"),
+        "magnitude": fault.get("magnitude"),
+        "seed": int(fault.get("seed", 0)),
+    }
     stages = manifest.to_dict().get("stages") if (manifest is not None and f["stage"] is not None) else None
     sources = sorted(Path(pf.__file__).parent.glob("*.py"))  # passes/faults.py and what it may import
     key = cache_key("fault", Path(path), f, stages, *sources)
@@ -307,8 +364,15 @@ def faulted_model(path: str | Path, fault: dict[str, Any], manifest: AnchorManif
 
         model = onnx.load(str(path))
         try:
-            variant, truth = pf.inject_fault(model, f["kind"], node=f["node"], stage=f["stage"],
-                                             magnitude=f["magnitude"], manifest=manifest, seed=f["seed"])
+            variant, truth = pf.inject_fault(
+                model,
+                f["kind"],
+                node=f["node"],
+                stage=f["stage"],
+                magnitude=f["magnitude"],
+                manifest=manifest,
+                seed=f["seed"],
+            )
         except Exception as err:  # noqa: BLE001 - FaultError, or a checker error on the variant
             raise BackendError(f"cannot inject fault {f} into the converted model: {err}") from err
         save_model(variant, tmp / "model.onnx")

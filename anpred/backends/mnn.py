@@ -145,14 +145,19 @@ def converter_ops() -> frozenset[str] | None:
     """The ONNX op types MNN's converter supports, from ``mnnconvert -f ONNX --OP`` (run in a child
     process); None when the list cannot be read."""
     try:
-        r = subprocess.run([sys.executable, "-c", _CONVERT, "mnnconvert", "-f", "ONNX", "--OP"],
-                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [sys.executable, "-c", _CONVERT, "mnnconvert", "-f", "ONNX", "--OP"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     lines = [ln.strip() for ln in r.stdout.splitlines()]
     if "Dump ONNX support Ops" not in lines:
         return None
-    ops = lines[lines.index("Dump ONNX support Ops") + 1:]
+    ops = lines[lines.index("Dump ONNX support Ops") + 1 :]
     return frozenset(ln for ln in ops if ln and not ln.startswith("Total:"))
 
 
@@ -197,8 +202,11 @@ class MnnBackend(Backend):
         from importlib import metadata
 
         version = metadata.version("mnn")
-        return {key: f"not in MNN {version}'s ONNX converter op list (mnnconvert --OP)"
-                for key, (_d, op_type, _v) in model_ops(model).items() if op_type not in ops}
+        return {
+            key: f"not in MNN {version}'s ONNX converter op list (mnnconvert --OP)"
+            for key, (_d, op_type, _v) in model_ops(model).items()
+            if op_type not in ops
+        }
 
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)
@@ -214,22 +222,42 @@ class MnnBackend(Backend):
 
     def _versions_impl(self) -> dict[str, str]:
         MNN = import_mnn()
-        return {"mnn": MNN.version(), "mnn_precision": "Precision_High",
-                "mnn_winograd": ("on (WINOGRAD_MEMORY_LEVEL 3, MNN's default)" if self.winograd
-                                 else "off (WINOGRAD_MEMORY_LEVEL 0)"),
-                "mnn_threads": str(self.threads), "mnn_cpu_kernels": cpu_kernels(), "mnn_device": device_line()}
+        return {
+            "mnn": MNN.version(),
+            "mnn_precision": "Precision_High",
+            "mnn_winograd": (
+                "on (WINOGRAD_MEMORY_LEVEL 3, MNN's default)" if self.winograd else "off (WINOGRAD_MEMORY_LEVEL 0)"
+            ),
+            "mnn_threads": str(self.threads),
+            "mnn_cpu_kernels": cpu_kernels(),
+            "mnn_device": device_line(),
+        }
 
     # ---- conversion ------------------------------------------------------------------------
     def _convert(self, model_path: Path, out: Path) -> None:
         dst = out / "model.mnn"
         src_name = Path(model_path).name
         model_path = _prepared_copy(model_path, out)
-        cmd = [sys.executable, "-c", _CONVERT, "mnnconvert", "-f", "ONNX", "--modelFile", str(model_path),
-               "--MNNModel", str(dst), "--bizCode", "anpred", *CONVERTER_ARGS]
+        cmd = [
+            sys.executable,
+            "-c",
+            _CONVERT,
+            "mnnconvert",
+            "-f",
+            "ONNX",
+            "--modelFile",
+            str(model_path),
+            "--MNNModel",
+            str(dst),
+            "--bizCode",
+            "anpred",
+            *CONVERTER_ARGS,
+        ]
         t0 = time.perf_counter()
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL,
-                               cwd=str(out))
+            r = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL, cwd=str(out)
+            )
         except subprocess.TimeoutExpired as err:
             raise BackendError(f"mnn: mnnconvert did not finish within {err.timeout:g} s") from err
         log = (r.stdout or "") + (r.stderr or "")
@@ -272,13 +300,17 @@ class MnnBackend(Backend):
         self._outputs = list(fetch)  # the anchored outputs, in graph order
         self._dtypes = {a.name: a.dtype for a in manifest.anchors}
         with tempfile.TemporaryDirectory() as d, _stdout_fd_to(Path(d) / "load.log"):
-            self._rt = nn.create_runtime_manager(({"backend": "CPU", "precision": PRECISION_HIGH,
-                                                   "numThread": self.threads},))
+            self._rt = nn.create_runtime_manager(
+                ({"backend": "CPU", "precision": PRECISION_HIGH, "numThread": self.threads},)
+            )
             self._rt.set_hint(WINOGRAD_MEMORY_LEVEL, 3 if self.winograd else 0)
             try:
-                self._module = nn.load_module_from_file(str(self.cache_dir / "model.mnn"),
-                                                        [g.name for g in self._graph], self._outputs,
-                                                        runtime_manager=self._rt)
+                self._module = nn.load_module_from_file(
+                    str(self.cache_dir / "model.mnn"),
+                    [g.name for g in self._graph],
+                    self._outputs,
+                    runtime_manager=self._rt,
+                )
             except Exception as err:  # noqa: BLE001 - the binding raises plain Exception
                 raise BackendError(f"mnn: MNN cannot load the converted model ({type(err).__name__}: {err})") from err
         if self._module is None:
@@ -298,8 +330,9 @@ class MnnBackend(Backend):
         if x.dtype.kind in "iub":
             y = x.astype(np.int32)
             if not np.array_equal(y, x):
-                raise InputError(f"backend mnn: input {gi.name!r}: values outside int32, which MNN computes "
-                                 f"{x.dtype} tensors in")
+                raise InputError(
+                    f"backend mnn: input {gi.name!r}: values outside int32, which MNN computes {x.dtype} tensors in"
+                )
             return F.const(c_contiguous(y), list(x.shape), F.NCHW, F.int)
         raise InputError(f"backend mnn: input {gi.name!r} of dtype {x.dtype} cannot be fed to MNN")
 
@@ -314,8 +347,9 @@ class MnnBackend(Backend):
             # which value is which output is unknown: none is returned, and each asked output is a missing
             # output the oracle flags as this backend's deviation where the others agree
             for src in self._outputs:
-                self._captures[self._fetch[src]].reason = (f"MNN returned {len(outs)} outputs for the "
-                                                           f"{len(self._outputs)} asked")
+                self._captures[self._fetch[src]].reason = (
+                    f"MNN returned {len(outs)} outputs for the {len(self._outputs)} asked"
+                )
             return {}
         result = {}
         for src, v in zip(self._outputs, outs):
@@ -327,9 +361,11 @@ class MnnBackend(Backend):
             if anchor not in self._formats:
                 self._formats[anchor] = fmt
                 cap = self._captures[anchor]
-                cap.reason = (f"MNN Module output, returned in {fmt}"
-                              + (", converted to NCHW (MNN.expr.convert)" if fmt != "NCHW" else "")
-                              + (f"; {note}" if note else ""))
+                cap.reason = (
+                    f"MNN Module output, returned in {fmt}"
+                    + (", converted to NCHW (MNN.expr.convert)" if fmt != "NCHW" else "")
+                    + (f"; {note}" if note else "")
+                )
             result[anchor] = y
         return result
 

@@ -27,8 +27,28 @@ __all__ = ["prepare_for_mnn", "BROADCAST_BINARY"]
 
 #: ONNX ops with multidirectional (numpy) broadcasting of all their inputs, where a one-element operand
 #: may be a scalar without changing the result when the other operands have at least its rank
-BROADCAST_BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Mod",
-                              "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor"})
+BROADCAST_BINARY = frozenset(
+    {
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Pow",
+        "Max",
+        "Min",
+        "Sum",
+        "Mean",
+        "Mod",
+        "Equal",
+        "Less",
+        "Greater",
+        "LessOrEqual",
+        "GreaterOrEqual",
+        "And",
+        "Or",
+        "Xor",
+    }
+)
 
 
 def prepare_for_mnn(model) -> dict[str, Any]:

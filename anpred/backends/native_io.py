@@ -17,11 +17,22 @@ import numpy as np
 from anpred.errors import BackendError, InputError
 from anpred.onnx_io import real_inputs
 from anpred.tensorfile import c_contiguous
+
 # the shape folding is a graph pass (passes.fold_shapes, shared with passes.bind_inputs), re-exported here
 from passes.fold_shapes import FOLD_MAX_ELEMENTS, FOLD_ROUNDS, fold_shape_computations
 
-__all__ = ["GraphInput", "graph_inputs", "concrete_shapes", "check_sample", "as_declared", "fold_shape_computations",
-           "FOLD_MAX_ELEMENTS", "FOLD_ROUNDS", "native_stderr", "decisive_line"]
+__all__ = [
+    "GraphInput",
+    "graph_inputs",
+    "concrete_shapes",
+    "check_sample",
+    "as_declared",
+    "fold_shape_computations",
+    "FOLD_MAX_ELEMENTS",
+    "FOLD_ROUNDS",
+    "native_stderr",
+    "decisive_line",
+]
 
 _DECISIVE = re.compile(r"fail|error|invalid|cannot|can't|unsupported|not supported|unknown|mismatch", re.I)
 
@@ -60,21 +71,25 @@ def concrete_shapes(backend: str, inputs: list[GraphInput], given: dict | None) 
     for gi in inputs:
         if gi.name in given:
             shape = [int(d) for d in given[gi.name]]
-            if gi.dims is not None and (len(shape) != len(gi.dims) or
-                                        any(d is not None and d != s for d, s in zip(gi.dims, shape))):
+            if gi.dims is not None and (
+                len(shape) != len(gi.dims) or any(d is not None and d != s for d, s in zip(gi.dims, shape))
+            ):
                 raise BackendError(f"{backend}: input_shapes[{gi.name!r}] = {shape} does not fit the model's {gi.dims}")
             out[gi.name] = shape
         elif gi.static:
             out[gi.name] = [int(d) for d in gi.dims]
         else:
-            raise BackendError(f"{backend}: input {gi.name!r} has dynamic dimensions {gi.dims}; this backend compiles "
-                               "for concrete shapes: pass options['input_shapes'] (the runner does when all samples "
-                               "share one shape)")
+            raise BackendError(
+                f"{backend}: input {gi.name!r} has dynamic dimensions {gi.dims}; this backend compiles "
+                "for concrete shapes: pass options['input_shapes'] (the runner does when all samples "
+                "share one shape)"
+            )
     return out
 
 
-def check_sample(backend: str, inputs: dict[str, np.ndarray], graph: list[GraphInput],
-                 shapes: dict[str, list[int]] | None) -> list[np.ndarray]:
+def check_sample(
+    backend: str, inputs: dict[str, np.ndarray], graph: list[GraphInput], shapes: dict[str, list[int]] | None
+) -> list[np.ndarray]:
     """The sample's arrays in graph input order, each checked against the compiled shape (when
     ``shapes`` is given).
 
@@ -88,8 +103,10 @@ def check_sample(backend: str, inputs: dict[str, np.ndarray], graph: list[GraphI
         x = c_contiguous(inputs[gi.name])
         want = (shapes or {}).get(gi.name)
         if want is not None and list(x.shape) != want:
-            raise InputError(f"backend {backend}: input {gi.name!r} has shape {list(x.shape)}, but the model was "
-                             f"compiled for {want} (run samples of one shape)")
+            raise InputError(
+                f"backend {backend}: input {gi.name!r} has shape {list(x.shape)}, but the model was "
+                f"compiled for {want} (run samples of one shape)"
+            )
         args.append(x)
     return args
 

@@ -40,8 +40,13 @@ def batch_gathers_as_squeeze(model) -> int:
             continue
         axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
         idx = numpy_helper.to_array(inits[n.input[1]])
-        if axis != 0 or idx.ndim > 1 or idx.size != 1 or int(idx.reshape(-1)[0]) not in (0, -1) \
-                or first.get(n.input[0]) != 1:
+        if (
+            axis != 0
+            or idx.ndim > 1
+            or idx.size != 1
+            or int(idx.reshape(-1)[0]) not in (0, -1)
+            or first.get(n.input[0]) != 1
+        ):
             continue
         if idx.ndim == 1:
             new = helper.make_node("Identity", [n.input[0]], [n.output[0]], name=n.name or n.output[0])
@@ -60,13 +65,17 @@ def batch_gathers_as_squeeze(model) -> int:
 
 #: integer input types fed to ncnn as float32 (its Mats hold float32): exact for |v| <= 2^24
 INT_INPUTS = ("int8", "uint8", "int16", "uint16", "int32", "int64")
+
+
 def input_dtype_refusal(name: str, dtype: str) -> str:
     """Why an input of element type ``dtype`` cannot be fed to ncnn ("" when it can: float32 and the
     integer types of :data:`INT_INPUTS`, fed as float32 and cast back in the graph)."""
     if dtype == "float32" or dtype in INT_INPUTS:
         return ""
-    return (f"ncnn: input {name!r} is {dtype}; ncnn Mats hold float32 and this backend feeds float32 inputs and "
-            "integer ones (cast back in the graph) only")
+    return (
+        f"ncnn: input {name!r} is {dtype}; ncnn Mats hold float32 and this backend feeds float32 inputs and "
+        "integer ones (cast back in the graph) only"
+    )
 
 
 def float_for_int_inputs(model, ints: dict[str, str]) -> None:
@@ -85,8 +94,9 @@ def float_for_int_inputs(model, ints: dict[str, str]) -> None:
         to = vi.type.tensor_type.elem_type
         vi.type.tensor_type.elem_type = TensorProto.FLOAT
         users = [n for n in model.graph.node if orig in n.input]
-        if users and all(n.op_type == "Cast" and any(a.name == "to" and a.i == TensorProto.FLOAT for a in n.attribute)
-                         for n in users):
+        if users and all(
+            n.op_type == "Cast" and any(a.name == "to" and a.i == TensorProto.FLOAT for a in n.attribute) for n in users
+        ):
             # read only through Casts to float32: those become Identities of the float input (the values are
             # the same integers), since pnnx cannot lower a Cast onto an ncnn layer ("todo Tensor.to")
             for n in users:

@@ -70,8 +70,13 @@ import numpy as np
 
 from anpred.backends.base import AnchorCapture, Backend
 from anpred.backends.native_io import decisive_line, native_stderr
-from anpred.backends.ncnn_graph import (INT_INPUTS, add_unit_batch, batch_gathers_as_squeeze, float_for_int_inputs,
-                                        input_dtype_refusal)
+from anpred.backends.ncnn_graph import (
+    INT_INPUTS,
+    add_unit_batch,
+    batch_gathers_as_squeeze,
+    float_for_int_inputs,
+    input_dtype_refusal,
+)
 from anpred.backends.ncnn_param import param_layers, unknown_layers
 from anpred.errors import BackendError, InputError
 from anpred.manifest import AnchorManifest
@@ -79,8 +84,17 @@ from anpred.manifest import AnchorManifest
 # 2: integer inputs fed as float32 and cast back in the graph; 3: empty Concat inputs dropped
 FORMAT = "anpred.ncnn_pnnx/3"
 PNNX_MAX_IR = 13  # the IR version of the onnxruntime pnnx embeds (1.30)
-_LOWP_FLAGS = ("use_fp16_packed", "use_fp16_storage", "use_fp16_arithmetic", "use_bf16_packed", "use_bf16_storage",
-               "use_int8_inference", "use_int8_packed", "use_int8_storage", "use_int8_arithmetic")
+_LOWP_FLAGS = (
+    "use_fp16_packed",
+    "use_fp16_storage",
+    "use_fp16_arithmetic",
+    "use_bf16_packed",
+    "use_bf16_storage",
+    "use_int8_inference",
+    "use_int8_packed",
+    "use_int8_storage",
+    "use_int8_arithmetic",
+)
 _SHAPE = re.compile(r"#(\S+?)=\(([^)]*)\)(\w+)")
 
 
@@ -95,8 +109,10 @@ class NcnnBackend(Backend):
     coverage_basis = ""  # pnnx has no ONNX op table: an op it cannot lower is found at conversion
     needs_input_shapes = True
 
-    node_basis = ("ANPRED's ncnn input rule (ncnn Mats hold float32); pnnx on a one-node model of each node "
-                  "with float32 inputs (cached by content)")
+    node_basis = (
+        "ANPRED's ncnn input rule (ncnn Mats hold float32); pnnx on a one-node model of each node "
+        "with float32 inputs (cached by content)"
+    )
 
     @classmethod
     def refused_nodes(cls, model) -> dict[str, str]:
@@ -172,22 +188,30 @@ class NcnnBackend(Backend):
                 self.int_inputs[vi.name] = dt
             elif why := input_dtype_refusal(vi.name, dt):
                 raise BackendError(why)
-            dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
-                    for d in vi.type.tensor_type.shape.dim]
+            dims = [
+                d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                for d in vi.type.tensor_type.shape.dim
+            ]
             shape = [int(s) for s in given[vi.name]] if vi.name in given else dims
             if len(shape) != len(dims) or any(d is not None and d != s for d, s in zip(dims, shape)):
                 raise BackendError(f"ncnn: input_shapes[{vi.name!r}] = {shape} does not fit the model's {dims}")
             if any(s is None for s in shape):
-                raise BackendError(f"ncnn: input {vi.name!r} has dynamic dims {dims}; pnnx converts at concrete "
-                                   "shapes (give the option input_shapes)")
+                raise BackendError(
+                    f"ncnn: input {vi.name!r} has dynamic dims {dims}; pnnx converts at concrete "
+                    "shapes (give the option input_shapes)"
+                )
             if shape and shape[0] != 1:  # no batch axis of its own: one is added at conversion
                 if not 1 <= len(shape) <= 4:
-                    raise BackendError(f"ncnn: input {vi.name!r} has shape {shape}; without a unit first dimension "
-                                       "it becomes a Mat of all its dims, and ncnn Mats hold 1..4 dims")
+                    raise BackendError(
+                        f"ncnn: input {vi.name!r} has shape {shape}; without a unit first dimension "
+                        "it becomes a Mat of all its dims, and ncnn Mats hold 1..4 dims"
+                    )
                 self.unbatched.append(vi.name)
             elif not 2 <= len(shape) <= 5:
-                raise BackendError(f"ncnn: input {vi.name!r} has rank {len(shape)}; ncnn Mats hold 1..4 dims after "
-                                   "the batch axis (ranks 2..5)")
+                raise BackendError(
+                    f"ncnn: input {vi.name!r} has rank {len(shape)}; ncnn Mats hold 1..4 dims after "
+                    "the batch axis (ranks 2..5)"
+                )
             shapes[vi.name] = shape
         return shapes
 
@@ -219,28 +243,55 @@ class NcnnBackend(Backend):
 
         drop_empty_concat_inputs(model)  # ncnn cannot load a zero-size MemoryData (exact: they add nothing)
         onnx.save(model, str(out / "model.onnx"))
-        arg = ",".join("[" + ",".join(str(s) for s in ([1] if n in unbatched else []) + list(shapes[n])) + "]f32"
-                       for n in shapes)
-        proc = subprocess.run([pnnx.EXEC_PATH, "model.onnx", f"inputshape={arg}", "fp16=0", "device=cpu"],
-                              cwd=str(out), capture_output=True, text=True, errors="replace")
+        arg = ",".join(
+            "[" + ",".join(str(s) for s in ([1] if n in unbatched else []) + list(shapes[n])) + "]f32" for n in shapes
+        )
+        proc = subprocess.run(
+            [pnnx.EXEC_PATH, "model.onnx", f"inputshape={arg}", "fp16=0", "device=cpu"],
+            cwd=str(out),
+            capture_output=True,
+            text=True,
+            errors="replace",
+        )
         log = proc.stdout + proc.stderr
         (out / "pnnx.log").write_text(log)
         todo = sorted({m.group(1) for m in re.finditer(r"^todo (\S+)", log, re.M)})
         if proc.returncode != 0 or not (out / "model.ncnn.param").is_file():
-            raise BackendError(f"ncnn: pnnx failed on {model_path.name} (exit status {proc.returncode})"
-                               + (f", ops it could not convert: {', '.join(todo)}" if todo else "")
-                               + f": {_log_errors(log)}")
+            raise BackendError(
+                f"ncnn: pnnx failed on {model_path.name} (exit status {proc.returncode})"
+                + (f", ops it could not convert: {', '.join(todo)}" if todo else "")
+                + f": {_log_errors(log)}"
+            )
         unknown = unknown_layers(out / "model.ncnn.param")
         if unknown or todo:
-            raise BackendError("ncnn: pnnx could not lower ONNX op(s) " + ", ".join(sorted(set(todo) | set(unknown)))
-                               + " onto ncnn layers (pnnx log 'todo <op>'"
-                               + (f"; layer types ncnn does not know: {', '.join(unknown)}" if unknown else "") + ")")
+            raise BackendError(
+                "ncnn: pnnx could not lower ONNX op(s) "
+                + ", ".join(sorted(set(todo) | set(unknown)))
+                + " onto ncnn layers (pnnx log 'todo <op>'"
+                + (f"; layer types ncnn does not know: {', '.join(unknown)}" if unknown else "")
+                + ")"
+            )
         names = [o.name for o in model.graph.output]
-        (out / "meta.json").write_text(json.dumps({"format": FORMAT, "outputs": names, "inputs": list(shapes),
-                                                   "unbatched": unbatched,
-                                                   "onnx_shapes": _inferred_output_shapes(model)}, indent=1))
-        for f in ("model.onnx", "model.pnnx.onnx", "model.pnnxsim.onnx", "model.pnnx.bin", "model_pnnx.py",
-                  "model_ncnn.py"):
+        (out / "meta.json").write_text(
+            json.dumps(
+                {
+                    "format": FORMAT,
+                    "outputs": names,
+                    "inputs": list(shapes),
+                    "unbatched": unbatched,
+                    "onnx_shapes": _inferred_output_shapes(model),
+                },
+                indent=1,
+            )
+        )
+        for f in (
+            "model.onnx",
+            "model.pnnx.onnx",
+            "model.pnnxsim.onnx",
+            "model.pnnx.bin",
+            "model_pnnx.py",
+            "model_ncnn.py",
+        ):
             (out / f).unlink(missing_ok=True)
 
     def _prepare_impl(self, model_path: Path, manifest: AnchorManifest, workdir: Path) -> None:
@@ -279,8 +330,10 @@ class NcnnBackend(Backend):
             ps = pnnx_shapes.get(blob)
             reason = ""
             if blob not in produced:
-                reason = (f"graph output {k} ({by_anchor[a.name]!r}) -> blob {blob!r}, "
-                          "which model.ncnn.param does not produce")
+                reason = (
+                    f"graph output {k} ({by_anchor[a.name]!r}) -> blob {blob!r}, "
+                    "which model.ncnn.param does not produce"
+                )
             elif onnx_shape is None or any(d is None for d in onnx_shape):
                 reason = f"ONNX shape of {by_anchor[a.name]!r} unknown at the converted input shapes"
             elif ps is not None and ps != onnx_shape:
@@ -289,8 +342,10 @@ class NcnnBackend(Backend):
                 self._info[a.name] = AnchorCapture("missing", None, None, blob, reason)
                 continue
             self._blob[a.name], self._shape[a.name] = blob, onnx_shape
-            note = (f"ncnn blob {blob} (graph output {k}, pnnx names outputs by position), batch axis restored "
-                    "to the ONNX shape")
+            note = (
+                f"ncnn blob {blob} (graph output {k}, pnnx names outputs by position), batch axis restored "
+                "to the ONNX shape"
+            )
             if a.dtype and a.dtype != "float32":
                 self._cast[a.name] = a.dtype
                 note += f"; computed in float32 by ncnn, cast to {a.dtype} as the ONNX graph declares it"
@@ -311,12 +366,16 @@ class NcnnBackend(Backend):
         if self.options.get("threads"):
             opt.num_threads = int(self.options["threads"])
         with native_stderr() as said:  # ncnn names the layer it could not load on stderr only
-            loaded = net.load_param(str(self.cache_dir / "model.ncnn.param")) == 0 and \
-                net.load_model(str(self.cache_dir / "model.ncnn.bin")) == 0
+            loaded = (
+                net.load_param(str(self.cache_dir / "model.ncnn.param")) == 0
+                and net.load_model(str(self.cache_dir / "model.ncnn.bin")) == 0
+            )
         if not loaded:
             why = decisive_line(said) or "no message from ncnn"
-            raise BackendError(f"ncnn: cannot load the converted model: {why} (ncnn {ncnn.__version__}; the "
-                               f"converted model.ncnn.param/.bin are in {self.cache_dir}: remove it to convert again)")
+            raise BackendError(
+                f"ncnn: cannot load the converted model: {why} (ncnn {ncnn.__version__}; the "
+                f"converted model.ncnn.param/.bin are in {self.cache_dir}: remove it to convert again)"
+            )
         self.net = net
 
     def anchor_info(self) -> dict[str, AnchorCapture]:
@@ -340,12 +399,16 @@ class NcnnBackend(Backend):
                 raise InputError(f"backend ncnn: missing input {name!r}")
             x = np.asarray(inputs[name])
             if list(x.shape) != self.shapes[name]:
-                raise InputError(f"backend ncnn: input {name!r} has shape {list(x.shape)}, the model was converted at "
-                                 f"{self.shapes[name]} (ncnn: batch 1, shapes fixed at conversion)")
+                raise InputError(
+                    f"backend ncnn: input {name!r} has shape {list(x.shape)}, the model was converted at "
+                    f"{self.shapes[name]} (ncnn: batch 1, shapes fixed at conversion)"
+                )
             if name in self.int_inputs and x.dtype.kind in "iu":
-                if x.size and float(np.abs(x).max()) > 2 ** 24:
-                    raise InputError(f"backend ncnn: integer input {name!r} holds values beyond 2^24, which float32 "
-                                     "(ncnn's Mat type) cannot carry exactly")
+                if x.size and float(np.abs(x).max()) > 2**24:
+                    raise InputError(
+                        f"backend ncnn: integer input {name!r} holds values beyond 2^24, which float32 "
+                        "(ncnn's Mat type) cannot carry exactly"
+                    )
             elif x.dtype != np.float32:
                 raise InputError(f"backend ncnn: input {name!r} is {x.dtype}, float32 expected")
             # a plain ndarray the Mat borrows (the batch slice, or the whole array of an input given a unit batch) ...
@@ -382,7 +445,7 @@ def _produced_blobs(path: Path) -> set[str]:
     out = set()
     for f in param_layers(path):
         nin, nout = int(f[2]), int(f[3])
-        out.update(f[4 + nin: 4 + nin + nout])
+        out.update(f[4 + nin : 4 + nin + nout])
     return out
 
 
@@ -413,6 +476,9 @@ def _inferred_output_shapes(model) -> dict[str, list[int | None]]:
         m = onnx.shape_inference.infer_shapes(m, data_prop=True)
     except Exception:  # noqa: BLE001 - then the anchors are reported missing with the reason
         return {}
-    return {o.name: [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
-                     for d in o.type.tensor_type.shape.dim] for o in m.graph.output}
-
+    return {
+        o.name: [
+            d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in o.type.tensor_type.shape.dim
+        ]
+        for o in m.graph.output
+    }

@@ -104,9 +104,15 @@ def _run_pnnx(model, work: Path, args: list[str]):
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
     onnx.save(model, str(work / "model.onnx"))
-    return subprocess.run([pnnx.EXEC_PATH, "model.onnx", f"inputshape={','.join(args)}", "fp16=0", "device=cpu"],
-                          cwd=str(work), capture_output=True, text=True, errors="replace", timeout=120,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [pnnx.EXEC_PATH, "model.onnx", f"inputshape={','.join(args)}", "fp16=0", "device=cpu"],
+        cwd=str(work),
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _with_consumers(model):
@@ -135,5 +141,9 @@ def pnnx_probe():
 
     # the probe's own revision in the key: "ncnn_probe/2" asks a crash alone again with consumers (the
     # answers of the revision before are not reused)
-    return NodeProbe("pnnx", f"pnnx {md.version('pnnx')} ncnn {md.version('ncnn')} anpred.ncnn_probe/2", _pnnx_convert,
-                     PNNX_PROBE_BUDGET_S)
+    return NodeProbe(
+        "pnnx",
+        f"pnnx {md.version('pnnx')} ncnn {md.version('ncnn')} anpred.ncnn_probe/2",
+        _pnnx_convert,
+        PNNX_PROBE_BUDGET_S,
+    )

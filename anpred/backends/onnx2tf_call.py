@@ -19,8 +19,9 @@ from anpred.errors import BackendError
 __all__ = ["scratch_model", "run_onnx2tf", "converted_io", "export_saved_model", "fix_input_dims"]
 
 
-def scratch_model(model_path: Path, scratch: Path, fixed: dict[str, list[int]] | None,
-                  decompose: list[str] | None) -> tuple[Path, dict[str, Any]]:
+def scratch_model(
+    model_path: Path, scratch: Path, fixed: dict[str, list[int]] | None, decompose: list[str] | None
+) -> tuple[Path, dict[str, Any]]:
     """Write the copy of ``model_path`` onnx2tf converts to ``scratch/model.onnx`` (weights inline, the
     dynamic input dims ``fixed``, ``Constant`` nodes as initializers, ``decompose``'s ops in elementary
     ones, :func:`~anpred.backends.tf_prepare.prepare_for_onnx2tf`) with the local calibration file beside
@@ -69,19 +70,30 @@ def run_onnx2tf(src: Path, o2t: dict[str, Any], log: io.StringIO, model_name: st
     try:
         # warm_onnxsim: onnx2tf's four onnxsim command runs go to one warm process (each
         # as new processes; anpred.backends.onnxsim_warm)
-        with working_directory(scratch), onnxsim_on_path(not o2t.get("not_use_onnxsim")), \
-                warm_onnxsim(), contextlib.redirect_stdout(log):
-            km = onnx2tf.convert(input_onnx_file_path=str(src), output_folder_path=str(scratch / "o2t"),
-                                 disable_model_save=True, non_verbose=True,
-                                 **o2t)
+        with (
+            working_directory(scratch),
+            onnxsim_on_path(not o2t.get("not_use_onnxsim")),
+            warm_onnxsim(),
+            contextlib.redirect_stdout(log),
+        ):
+            km = onnx2tf.convert(
+                input_onnx_file_path=str(src),
+                output_folder_path=str(scratch / "o2t"),
+                disable_model_save=True,
+                non_verbose=True,
+                **o2t,
+            )
     except SystemExit as err:
-        raise BackendError(f"onnx2tf failed on {model_name} (sys.exit({err.code})): "
-                           f"{onnx2tf_errors(log.getvalue())}") from err
+        raise BackendError(
+            f"onnx2tf failed on {model_name} (sys.exit({err.code})): {onnx2tf_errors(log.getvalue())}"
+        ) from err
     except BackendError:
         raise
     except Exception as err:
-        raise BackendError(f"onnx2tf failed on {model_name}{failed_op(log.getvalue(), renamed)}: "
-                           f"{type(err).__name__}: {first_line(_ANSI.sub('', str(err)))}") from err
+        raise BackendError(
+            f"onnx2tf failed on {model_name}{failed_op(log.getvalue(), renamed)}: "
+            f"{type(err).__name__}: {first_line(_ANSI.sub('', str(err)))}"
+        ) from err
     if km is None:
         raise BackendError(f"onnx2tf returned no model for {model_name}: {onnx2tf_errors(log.getvalue())}")
     return km
@@ -98,21 +110,31 @@ def converted_io(km, simplified, renamed_outputs: dict[str, str]) -> dict[str, l
     """
     safe = [o.name for o in simplified.graph.output]
     if len(safe) != len(km.outputs):
-        raise BackendError(f"onnx2tf produced {len(km.outputs)} outputs for {len(safe)} ONNX outputs; "
-                           "cannot map them back to anchors")
+        raise BackendError(
+            f"onnx2tf produced {len(km.outputs)} outputs for {len(safe)} ONNX outputs; cannot map them back to anchors"
+        )
     names = [renamed_outputs.get(n, n) for n in safe]  # back to the anchored model's output names
     layouts = dict(getattr(km, "onnx_output_layouts", {}) or {})
     inits = {t.name for t in simplified.graph.initializer}
     onnx_inputs = [i for i in simplified.graph.input if i.name not in inits]
     return {
-        "outputs": [{"value": n, "tf_shape": [d if d is None else int(d) for d in o.shape],
-                     "channels_last": bool(layouts.get(sn, False))} for sn, n, o in zip(safe, names, km.outputs)],
-        "inputs": [{"name": i.name,
-                    "onnx_shape": [d.dim_value if d.HasField("dim_value") else None
-                                   for d in i.type.tensor_type.shape.dim],
-                    "tf_shape": [d if d is None else int(d) for d in ki.shape],
-                    "dtype": ki.dtype.name if hasattr(ki.dtype, "name") else str(ki.dtype)}
-                   for i, ki in zip(onnx_inputs, km.inputs)],
+        "outputs": [
+            {
+                "value": n,
+                "tf_shape": [d if d is None else int(d) for d in o.shape],
+                "channels_last": bool(layouts.get(sn, False)),
+            }
+            for sn, n, o in zip(safe, names, km.outputs)
+        ],
+        "inputs": [
+            {
+                "name": i.name,
+                "onnx_shape": [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim],
+                "tf_shape": [d if d is None else int(d) for d in ki.shape],
+                "dtype": ki.dtype.name if hasattr(ki.dtype, "name") else str(ki.dtype),
+            }
+            for i, ki in zip(onnx_inputs, km.inputs)
+        ],
     }
 
 
@@ -161,9 +183,11 @@ def onnxsim_on_path(required: bool):
     os.environ["PATH"] = os.pathsep.join(p for p in (scripts, old) if p)
     try:
         if required and shutil.which("onnxsim") is None:
-            raise BackendError(f"tf: the onnxsim command (package onnxsim) is not in {scripts} nor on PATH; "
-                               "onnx2tf would silently convert the unsimplified graph (install onnxsim, or pass "
-                               "the onnx2tf option not_use_onnxsim=True to accept that)")
+            raise BackendError(
+                f"tf: the onnxsim command (package onnxsim) is not in {scripts} nor on PATH; "
+                "onnx2tf would silently convert the unsimplified graph (install onnxsim, or pass "
+                "the onnx2tf option not_use_onnxsim=True to accept that)"
+            )
         yield
     finally:
         if old is None:

@@ -68,8 +68,7 @@ def _rewritten(node, **changes):
 
 
 def _refuse(node, version: int, why: str):
-    raise NotImplementedError(
-        f"onnx2torch cannot convert {node.operation_type}-{version} node {node.name!r}: {why}")
+    raise NotImplementedError(f"onnx2torch cannot convert {node.operation_type}-{version} node {node.name!r}: {why}")
 
 
 def _split18(node, graph):
@@ -110,7 +109,8 @@ def _resize19(node, graph):
     if _attr(node, "coordinate_transformation_mode", "half_pixel") == "half_pixel_symmetric":
         _refuse(node, 19, "coordinate_transformation_mode='half_pixel_symmetric' is not supported")
     return get_converter("Resize", 13)(
-        _rewritten(node, drop_attrs=["antialias", "keep_aspect_ratio_policy", "axes"]), graph)
+        _rewritten(node, drop_attrs=["antialias", "keep_aspect_ratio_policy", "axes"]), graph
+    )
 
 
 def _reduce18(node, graph):
@@ -126,8 +126,9 @@ def _reduce18(node, graph):
         axes = [int(a) for a in np.asarray(axes).reshape(-1)]
         if not axes and int(_attr(node, "noop_with_empty_axes", 0)):
             _refuse(node, 18, "noop_with_empty_axes=1 with empty axes is not supported")
-        new = _rewritten(node, inputs=inputs[:1], drop_attrs=["noop_with_empty_axes"],
-                         set_attrs={"axes": axes} if axes else {})
+        new = _rewritten(
+            node, inputs=inputs[:1], drop_attrs=["noop_with_empty_axes"], set_attrs={"axes": axes} if axes else {}
+        )
     else:
         if int(_attr(node, "noop_with_empty_axes", 0)):
             _refuse(node, 18, "noop_with_empty_axes=1 without axes is not supported")
@@ -185,8 +186,17 @@ def _avgpool19(node, graph):
     return get_converter("AveragePool", 11)(_rewritten(node, drop_attrs=["dilations"]), graph)
 
 
-_REDUCES = ["ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-            "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"]
+_REDUCES = [
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceSumSquare",
+]
 
 # (op_type, new since_version) -> converter delegating to an older onnx2torch converter.
 _COMPAT: dict[tuple[str, int], Callable] = {

@@ -41,8 +41,13 @@ class OnnxsimServer:
 
     def _ensure(self) -> subprocess.Popen:
         if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, "-m", "anpred.backends.onnxsim_warm", str(os.getpid())],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, text=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "anpred.backends.onnxsim_warm", str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=None,
+                text=True,
+            )
         return self.proc
 
     def call(self, args: list[str]) -> tuple[int, str]:

@@ -44,8 +44,14 @@ from anpred.backends.ort import output_anchor_map
 from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 
-_PRECISION_NAMES = {"f32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16", "f16": "fp16",
-                    "float16": "fp16"}
+_PRECISION_NAMES = {
+    "f32": "fp32",
+    "float32": "fp32",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "f16": "fp16",
+    "float16": "fp16",
+}
 
 
 _COMPUTE_OPS = ("Convolution", "GroupConvolution", "MatMul", "FullyConnected", "Deconvolution")
@@ -98,8 +104,9 @@ def _frontend_model(model_path: Path, workdir: Path) -> Path:
         return model_path
     workdir.mkdir(parents=True, exist_ok=True)
     dst = workdir / "openvino_frontend.onnx"
-    onnx.save_model(model, str(dst), save_as_external_data=model.ByteSize() > 3 << 29,
-                    location="openvino_frontend.onnx.data")
+    onnx.save_model(
+        model, str(dst), save_as_external_data=model.ByteSize() > 3 << 29, location="openvino_frontend.onnx.data"
+    )
     return dst
 
 
@@ -141,18 +148,21 @@ class OpenVinoBackend(Backend):
             text = str(err)
         out: dict[str, str] = {}
         m = re.search(r"No conversion rule found for operations:\s*(.+)", text)
-        for item in (m.group(1).split(",") if m else []):
+        for item in m.group(1).split(",") if m else []:
             name = re.sub(r"-\d+$", "", item.strip())  # "Det-17": type and opset
             domain, _, op = name.rpartition(".")
             if name:
                 out[op_key(domain, op)] = "no conversion rule in OpenVINO's ONNX frontend"
         m = re.search(r"Conversion is failed for:\s*(.+)", text)
-        for item in (m.group(1).split(",") if m else []):
+        for item in m.group(1).split(",") if m else []:
             name = re.sub(r"-\d+$", "", item.strip())
             domain, _, op = name.rpartition(".")
             msg = re.search(rf"-- {re.escape(item.strip())} with a message:\n(.*?)(?:\n-- |\nSummary:)", text, re.S)
-            lines = [ln.strip() for ln in (msg.group(1).splitlines() if msg else [])
-                     if ln.strip() and not ln.startswith(("While validating", "FrontEnd API failed"))]
+            lines = [
+                ln.strip()
+                for ln in (msg.group(1).splitlines() if msg else [])
+                if ln.strip() and not ln.startswith(("While validating", "FrontEnd API failed"))
+            ]
             if name:
                 out[op_key(domain, op)] = "OpenVINO's translator failed: " + (" ".join(lines)[:300] or "no message")
         if not out:  # another failure (malformed graph ...): not a coverage question, the run says more
@@ -166,7 +176,8 @@ class OpenVinoBackend(Backend):
         if getattr(self, "folded_fake_quantization", None):
             v["openvino_folded_fake_quantization"] = (
                 f"{len(self.folded_fake_quantization)} DequantizeLinear(QuantizeLinear(constant)) pair(s) folded into "
-                "their constants (the low-precision transformations threw on the model as written)")
+                "their constants (the low-precision transformations threw on the model as written)"
+            )
         return v
 
     def _prepare_impl(self, model_path: Path, manifest: AnchorManifest, workdir: Path) -> None:
@@ -186,8 +197,9 @@ class OpenVinoBackend(Backend):
             # src/.../graph_rewrite.cpp:298:"); keep the lines that say something, in their order
             lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
             said = [ln for ln in lines if not (ln.startswith("Exception from") and ln.endswith(":"))] or lines
-            raise BackendError(f"{self.name}: OpenVINO cannot compile the model ({type(err).__name__}: "
-                               f"{' '.join(said)[:800]})") from err
+            raise BackendError(
+                f"{self.name}: OpenVINO cannot compile the model ({type(err).__name__}: {' '.join(said)[:800]})"
+            ) from err
         self._request = self.compiled.create_infer_request()
         self._outputs = {}
         for i, out in enumerate(self.compiled.outputs):
@@ -236,8 +248,9 @@ class OpenVinoBackend(Backend):
                 raise
             workdir.mkdir(parents=True, exist_ok=True)
             dst = workdir / "openvino_folded.onnx"
-            onnx.save_model(model, str(dst), save_as_external_data=model.ByteSize() > 3 << 29,
-                            location="openvino_folded.onnx.data")
+            onnx.save_model(
+                model, str(dst), save_as_external_data=model.ByteSize() > 3 << 29, location="openvino_folded.onnx.data"
+            )
             try:
                 compiled = core.compile_model(core.read_model(str(dst)), "CPU", config)
             except Exception:
@@ -324,8 +337,10 @@ class OpenVinoFp16Backend(_OpenVinoPopulationMember, OpenVinoBackend):
         if "FP16" in caps:
             self._fp16_hint = "f16 (FP16 in the CPU plugin's OPTIMIZATION_CAPABILITIES)"
             return "f16"
-        self._fp16_hint = ("f32 (no FP16 in the CPU plugin's OPTIMIZATION_CAPABILITIES: the float16 model "
-                           "is computed in f32 on float16 weights)")
+        self._fp16_hint = (
+            "f32 (no FP16 in the CPU plugin's OPTIMIZATION_CAPABILITIES: the float16 model "
+            "is computed in f32 on float16 weights)"
+        )
         return "f32"
 
     def versions(self):

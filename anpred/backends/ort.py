@@ -19,8 +19,9 @@ from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 
 
-def output_anchor_map(output_names: list[str],
-                      manifest: AnchorManifest) -> tuple[dict[str, str], dict[str, AnchorCapture]]:
+def output_anchor_map(
+    output_names: list[str], manifest: AnchorManifest
+) -> tuple[dict[str, str], dict[str, AnchorCapture]]:
     """Map the model's output names to anchors: returns ``({output name: anchor name}, captures)``.
 
     The instrumentation pass exposes an inner anchor as ``Identity(value) -> <anchor name>`` (graph
@@ -36,9 +37,12 @@ def output_anchor_map(output_names: list[str],
             fetch[src] = a.name
             info[a.name] = AnchorCapture(status="exact", layout=a.layout, target=src)
         else:
-            info[a.name] = AnchorCapture(status="missing", layout=a.layout, target=a.value,
-                                         reason=f"neither {a.name!r} nor {a.value!r} is an output of the model this "
-                                                "backend ran")
+            info[a.name] = AnchorCapture(
+                status="missing",
+                layout=a.layout,
+                target=a.value,
+                reason=f"neither {a.name!r} nor {a.value!r} is an output of the model this backend ran",
+            )
     return fetch, info
 
 

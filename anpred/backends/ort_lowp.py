@@ -28,9 +28,17 @@ from anpred.backends.lowp_models import PopulationMember
 from anpred.backends.ort import OrtBackend, OrtNoOptBackend
 from anpred.manifest import AnchorManifest
 
-_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-              "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(uint8)": "uint8", "tensor(int8)": "int8",
-              "tensor(bool)": "bool", "tensor(bfloat16)": "bfloat16"}
+_ORT_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(uint8)": "uint8",
+    "tensor(int8)": "int8",
+    "tensor(bool)": "bool",
+    "tensor(bfloat16)": "bfloat16",
+}
 
 
 def ort_kernel_report(path: Path, opt_level: str, workdir: Path) -> dict[str, str]:
@@ -75,12 +83,17 @@ def ort_kernel_report(path: Path, opt_level: str, workdir: Path) -> dict[str, st
         typed = onnx.shape_inference.infer_shapes(plain)
     except Exception:  # noqa: BLE001
         return report
-    types = {v.name: v.type.tensor_type.elem_type for v in
-             list(typed.graph.value_info) + list(typed.graph.input) + list(typed.graph.output)}
+    types = {
+        v.name: v.type.tensor_type.elem_type
+        for v in list(typed.graph.value_info) + list(typed.graph.input) + list(typed.graph.output)
+    }
     types.update({t.name: t.data_type for t in typed.graph.initializer})
     names = {onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.FLOAT: "fp32"}
-    prec = collections.Counter(f"{n.op_type}/{names[types[n.input[0]]]}" for n in typed.graph.node
-                               if n.op_type not in ("Cast", "Identity") and n.input and types.get(n.input[0]) in names)
+    prec = collections.Counter(
+        f"{n.op_type}/{names[types[n.input[0]]]}"
+        for n in typed.graph.node
+        if n.op_type not in ("Cast", "Identity") and n.input and types.get(n.input[0]) in names
+    )
     report["ort_kernel_precisions"] = ",".join(f"{k}:{v}" for k, v in sorted(prec.items()))
     return report
 
@@ -93,8 +106,11 @@ class _OrtPopulationMember(PopulationMember):
 
     def _prepare_impl(self, model_path, manifest, workdir):
         super()._prepare_impl(model_path, manifest, workdir)
-        returned = {self._fetch[o.name]: _ORT_TYPES.get(o.type, o.type) for o in self.sess.get_outputs()
-                    if o.name in self._fetch}
+        returned = {
+            self._fetch[o.name]: _ORT_TYPES.get(o.type, o.type)
+            for o in self.sess.get_outputs()
+            if o.name in self._fetch
+        }
         self.note_casts(self._info, returned)
         self._kernels = ort_kernel_report(self.converted_path, self.opt_level, workdir)
 

@@ -38,8 +38,14 @@ import numpy as np
 from anpred.backends.base import Backend
 from anpred.backends.lowp_models import PopulationMember
 from anpred.backends.ort import NamedOutputsMixin
-from anpred.backends.reference_defects import (evaluator_lacks, failure_reason, inference_batchnorm_kernel,
-                                               reference_defects, summarize, work_around)
+from anpred.backends.reference_defects import (
+    evaluator_lacks,
+    failure_reason,
+    inference_batchnorm_kernel,
+    reference_defects,
+    summarize,
+    work_around,
+)
 from anpred.errors import BackendError
 from anpred.manifest import AnchorManifest
 
@@ -49,8 +55,9 @@ def reference_kernels(model) -> list:
     DequantizeLinear kernel when the model's default-domain opset is below 19 and it has
     DequantizeLinear nodes (module docstring); else ``[]``."""
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
-    if opset >= 19 or not any(n.op_type == "DequantizeLinear" and n.domain in ("", "ai.onnx")
-                              for n in model.graph.node):
+    if opset >= 19 or not any(
+        n.op_type == "DequantizeLinear" and n.domain in ("", "ai.onnx") for n in model.graph.node
+    ):
         return []
     from onnx.reference.ops import op_dequantize_linear as dq
 
@@ -81,8 +88,12 @@ class ReferenceBackend(NamedOutputsMixin, Backend):
         nested = {n.op_type for g in list(iter_graphs(model.graph))[1:] for n in g.node}
         out = {}
         for key, why in evaluator_lacks(model).items():
-            if rewrite and key in DECOMPOSITIONS and key not in nested \
-                    and any(n.op_type == key for n in model.graph.node):
+            if (
+                rewrite
+                and key in DECOMPOSITIONS
+                and key not in nested
+                and any(n.op_type == key for n in model.graph.node)
+            ):
                 continue  # decomposed in the main graph before the evaluator loads it (the run says when not)
             out[key] = why
         return out

@@ -35,10 +35,21 @@ consensus flags them); by default the evaluator is given the library's own infer
 
 from __future__ import annotations
 
-__all__ = ["reference_defects", "probe_global_pool", "probe_batchnorm_momentum", "probe_recurrent_attribute",
-           "recurrent_defects", "RECURRENT_ATTRIBUTE_PROBES", "work_around",
-           "inference_batchnorm_kernel", "evaluator_lacks",
-           "failure_reason", "summarize", "PROBED_OPS", "RECURRENT_PROBE_TOLERANCE"]
+__all__ = [
+    "reference_defects",
+    "probe_global_pool",
+    "probe_batchnorm_momentum",
+    "probe_recurrent_attribute",
+    "recurrent_defects",
+    "RECURRENT_ATTRIBUTE_PROBES",
+    "work_around",
+    "inference_batchnorm_kernel",
+    "evaluator_lacks",
+    "failure_reason",
+    "summarize",
+    "PROBED_OPS",
+    "RECURRENT_PROBE_TOLERANCE",
+]
 
 #: operators whose kernel is probed, at each input rank the model gives them
 PROBED_OPS = ("GlobalMaxPool", "GlobalAveragePool")
@@ -54,14 +65,22 @@ def probe_batchnorm_momentum(opset: int) -> float:
     from onnx import TensorProto, helper, numpy_helper
     from onnx.reference import ReferenceEvaluator
 
-    inits = [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in
-             (("s", [1, 1]), ("b", [0, 0]), ("m", [0, 0]), ("v", [1, 1]))]
+    inits = [
+        numpy_helper.from_array(np.asarray(v, np.float32), n)
+        for n, v in (("s", [1, 1]), ("b", [0, 0]), ("m", [0, 0]), ("v", [1, 1]))
+    ]
     node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], epsilon=0.0)
-    graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    graph = helper.make_graph(
+        [node],
+        "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
     x = np.arange(24, dtype=np.float32).reshape(1, 2, 3, 4)
-    y = ReferenceEvaluator(helper.make_model(graph,
-                                             opset_imports=[helper.make_opsetid("", opset)])).run(None, {"x": x})[0]
+    y = ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])).run(
+        None, {"x": x}
+    )[0]
     return float(np.abs(np.asarray(y, np.float64) - x).max())
 
 
@@ -77,9 +96,12 @@ def probe_global_pool(op_type: str, rank: int, dtype=None) -> tuple[list[int], l
     dtype = np.dtype(dtype or np.float32)
     shape = [2 + i for i in range(rank)]
     elem = helper.np_dtype_to_tensor_dtype(dtype)
-    graph = helper.make_graph([helper.make_node(op_type, ["x"], ["y"])], "probe",
-                              [helper.make_tensor_value_info("x", elem, shape)],
-                              [helper.make_tensor_value_info("y", elem, None)])
+    graph = helper.make_graph(
+        [helper.make_node(op_type, ["x"], ["y"])],
+        "probe",
+        [helper.make_tensor_value_info("x", elem, shape)],
+        [helper.make_tensor_value_info("y", elem, None)],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     x = np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape)
     y = ReferenceEvaluator(model).run(None, {"x": x})[0]
@@ -122,7 +144,8 @@ def reference_defects(model) -> dict[str, str]:
             out[n.name or f"{n.op_type}#{k}"] = (
                 f"onnx.reference {onnx.__version__} {n.op_type} on a rank-{r} input returns shape {got} where the "
                 f"ONNX spec gives {want} (probed on a {[2 + i for i in range(r)]} input; its kernel reduces the "
-                "last two axes, not all spatial axes: right for rank 4 only)")
+                "last two axes, not all spatial axes: right for rank 4 only)"
+            )
     return out
 
 
@@ -136,8 +159,10 @@ def _sequence_lens_defect(model, node) -> str | None:
 
     if len(node.input) < 5 or not node.input[4]:
         return None
-    why = (f"onnx.reference {onnx.__version__} {node.op_type} ignores sequence_lens (every sequence is taken "
-           "at its full length)")
+    why = (
+        f"onnx.reference {onnx.__version__} {node.op_type} ignores sequence_lens (every sequence is taken "
+        "at its full length)"
+    )
     init = next((t for t in model.graph.initializer if t.name == node.input[4]), None)
     if init is None:
         return why
@@ -147,10 +172,12 @@ def _sequence_lens_defect(model, node) -> str | None:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # noqa: BLE001
         inferred = model
-    vi = next((v for v in list(inferred.graph.input) + list(inferred.graph.value_info) if v.name == node.input[0]),
-              None)
-    dims = [d.dim_value if d.HasField("dim_value") else 0
-            for d in vi.type.tensor_type.shape.dim] if vi is not None else []
+    vi = next(
+        (v for v in list(inferred.graph.input) + list(inferred.graph.value_info) if v.name == node.input[0]), None
+    )
+    dims = (
+        [d.dim_value if d.HasField("dim_value") else 0 for d in vi.type.tensor_type.shape.dim] if vi is not None else []
+    )
     t = dims[1 if layout else 0] if len(dims) == 3 else 0
     return None if t and lens.size and bool(np.all(lens == t)) else why
 
@@ -173,9 +200,11 @@ def _batchnorm_defects(model) -> dict[str, str]:
     dev = _PROBES["BatchNormalization", opset]
     if not dev:
         return {}
-    why = (f"onnx.reference {onnx.__version__} BatchNormalization (opset {opset}; momentum given or its default 0.9) "
-           "normalizes with the running mean/variance blended with the input's batch statistics "
-           f"(mean * momentum + batch_mean * (1 - momentum)), not the given mean/variance (probe: off by {dev:.3g})")
+    why = (
+        f"onnx.reference {onnx.__version__} BatchNormalization (opset {opset}; momentum given or its default 0.9) "
+        "normalizes with the running mean/variance blended with the input's batch statistics "
+        f"(mean * momentum + batch_mean * (1 - momentum)), not the given mean/variance (probe: off by {dev:.3g})"
+    )
     return {n.name or f"BatchNormalization#{k}": why for k, n in enumerate(nodes)}
 
 
@@ -196,8 +225,10 @@ def failure_reason(backend: str, defects: dict[str, str], err: BaseException) ->
     :func:`reference_defects`) is not empty: the library's error, then the known defects by node."""
     listed = "; ".join(f"node {name!r}: {why}" for name, why in list(defects.items())[:4])
     more = f" (+{len(defects) - 4} more)" if len(defects) > 4 else ""
-    return (f"{backend}: {type(err).__name__}: {str(err)[:300]} -- the model reaches a known defect of the "
-            f"installed onnx.reference: {listed}{more}")
+    return (
+        f"{backend}: {type(err).__name__}: {str(err)[:300]} -- the model reaches a known defect of the "
+        f"installed onnx.reference: {listed}{more}"
+    )
 
 
 def summarize(defects: dict[str, str]) -> str:
@@ -206,16 +237,19 @@ def summarize(defects: dict[str, str]) -> str:
     by: dict[str, list[str]] = {}
     for node, why in defects.items():
         by.setdefault(why, []).append(node)
-    return "; ".join(f"{why} [{len(ns)} node(s): {', '.join(ns[:3])}{' ...' if len(ns) > 3 else ''}]"
-                     for why, ns in by.items())
+    return "; ".join(
+        f"{why} [{len(ns)} node(s): {', '.join(ns[:3])}{' ...' if len(ns) > 3 else ''}]" for why, ns in by.items()
+    )
 
 
 #: the non-default domains ``onnx.reference.ReferenceEvaluator`` has kernels for, and the module of
 #: their ``load_op`` (the evaluator's own dispatch, ``ReferenceEvaluator._load_impl``)
-EVALUATOR_DOMAINS = {"ai.onnx.ml": "onnx.reference.ops.aionnxml",
-                     "ai.onnx.preview": "onnx.reference.ops.aionnx_preview",
-                     "ai.onnx.preview.training": "onnx.reference.ops.aionnx_preview_training",
-                     "experimental": "onnx.reference.ops.experimental"}
+EVALUATOR_DOMAINS = {
+    "ai.onnx.ml": "onnx.reference.ops.aionnxml",
+    "ai.onnx.preview": "onnx.reference.ops.aionnx_preview",
+    "ai.onnx.preview.training": "onnx.reference.ops.aionnx_preview_training",
+    "experimental": "onnx.reference.ops.experimental",
+}
 
 
 def _domain_lacks(dom: str, op: str, opset: int) -> str:
@@ -226,8 +260,10 @@ def _domain_lacks(dom: str, op: str, opset: int) -> str:
 
     mod = EVALUATOR_DOMAINS.get(dom)
     if mod is None:
-        return (f"onnx.reference has no kernel for domain {dom!r} (it runs the ONNX domains and the model's "
-                "own functions only)")
+        return (
+            f"onnx.reference has no kernel for domain {dom!r} (it runs the ONNX domains and the model's "
+            "own functions only)"
+        )
     try:
         importlib.import_module(mod).load_op(dom, op, opset or None)
     except Exception as err:  # noqa: BLE001 - NotImplementedError or a version lookup failure
@@ -261,8 +297,10 @@ def evaluator_lacks(model) -> dict[str, str]:
             out[key] = f"onnx.reference has no schema for {op} at opset {opset}"
         except Exception as err:  # noqa: BLE001 - RuntimeImplementationError / RuntimeContextError
             if type(err).__name__ != "RuntimeContextError":
-                out[key] = (f"onnx.reference has no implementation of {op} at opset {opset} (no kernel class, "
-                            "no function body in the schema)")
+                out[key] = (
+                    f"onnx.reference has no implementation of {op} at opset {opset} (no kernel class, "
+                    "no function body in the schema)"
+                )
     return out
 
 
@@ -276,8 +314,11 @@ RECURRENT_PROBE_TOLERANCE = 1e-3
 #: attribute of a recurrent operator -> the setting it is probed with (hidden 3, input 4, 3 steps,
 #: batch 2, weights and inputs N(0, 1) x 3 with seed 0: large enough for a clip of 0.05 to bind)
 RECURRENT_ATTRIBUTE_PROBES = {
-    "LSTM": {"clip": {"clip": 0.05}, "input_forget": {"input_forget": 1},
-             "activations": {"activations": ["HardSigmoid", "Relu", "Softsign"]}},
+    "LSTM": {
+        "clip": {"clip": 0.05},
+        "input_forget": {"input_forget": 1},
+        "activations": {"activations": ["HardSigmoid", "Relu", "Softsign"]},
+    },
     "GRU": {"clip": {"clip": 0.05}, "activations": {"activations": ["HardSigmoid", "Relu"]}},
     "RNN": {"clip": {"clip": 0.05}, "activations": {"activations": ["Relu"]}},
 }
@@ -308,13 +349,19 @@ def probe_recurrent_attribute(op: str, attribute: str) -> str | None:
     from passes.recurrent import unroll_recurrent
 
     rng = np.random.default_rng(0)
-    node, inits, outs = rnn_node(op, "probe", "x", 4, 3, "forward", rng, B=2,
-                                 **RECURRENT_ATTRIBUTE_PROBES[op][attribute])
+    node, inits, outs = rnn_node(
+        op, "probe", "x", 4, 3, "forward", rng, B=2, **RECURRENT_ATTRIBUTE_PROBES[op][attribute]
+    )
     for t in inits:  # weights N(0, 1) x 3: pre-activations well past the probed clip
         arr = onnx.numpy_helper.to_array(t) * np.float32(3)
         t.CopyFrom(onnx.numpy_helper.from_array(arr.astype(np.float32), t.name))
-    g = helper.make_graph([node], "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2, 4])],
-                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], inits)
+    g = helper.make_graph(
+        [node],
+        "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2, 4])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
+        inits,
+    )
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
     unrolled = copy.deepcopy(model)
     x = {"x": (3 * rng.standard_normal((3, 2, 4))).astype(np.float32)}
@@ -324,14 +371,20 @@ def probe_recurrent_attribute(op: str, attribute: str) -> str | None:
             want = ReferenceEvaluator(unrolled).run(None, x)
             try:
                 got = ReferenceEvaluator(model).run(None, x)
-                worst = max(float(np.abs(np.asarray(a, np.float64) - w).max() / max(1.0, float(np.abs(w).max())))
-                            for a, w in zip(got, want))
+                worst = max(
+                    float(np.abs(np.asarray(a, np.float64) - w).max() / max(1.0, float(np.abs(w).max())))
+                    for a, w in zip(got, want)
+                )
                 if worst > RECURRENT_PROBE_TOLERANCE:
-                    why = (f"onnx.reference {onnx.__version__} {op} ignores {attribute} (probe: off by {worst:.3g} "
-                           "relative to the unrolled equations)")
+                    why = (
+                        f"onnx.reference {onnx.__version__} {op} ignores {attribute} (probe: off by {worst:.3g} "
+                        "relative to the unrolled equations)"
+                    )
             except Exception as err:  # noqa: BLE001 - the kernel cannot run the setting at all
-                why = (f"onnx.reference {onnx.__version__} {op} cannot run {attribute} "
-                       f"({type(err).__name__}: {str(err)[:100]})")
+                why = (
+                    f"onnx.reference {onnx.__version__} {op} cannot run {attribute} "
+                    f"({type(err).__name__}: {str(err)[:100]})"
+                )
     except Exception:  # noqa: BLE001 - no probe: the kernel is trusted
         why = None
     _PROBES[key] = why
@@ -399,10 +452,12 @@ def work_around(model) -> dict[str, str]:
     done: dict[str, str] = {}
     moved = stable_toposort(model.graph)
     if moved:  # the evaluator runs nodes in graph order; a sub-graph read of a later producer fails
-        done["(graph order)"] = (f"onnx.reference {onnx.__version__} runs nodes in the order given and fails on an If "
-                                 f"whose branches read a value produced after it (\"Unable to find input\"), an order "
-                                 f"ONNX Runtime accepts (onnxconverter-common, quantize_static write it): {moved} "
-                                 "node(s) sorted topologically")
+        done["(graph order)"] = (
+            f"onnx.reference {onnx.__version__} runs nodes in the order given and fails on an If "
+            f"whose branches read a value produced after it (\"Unable to find input\"), an order "
+            f"ONNX Runtime accepts (onnxconverter-common, quantize_static write it): {moved} "
+            "node(s) sorted topologically"
+        )
     taken = {n.name for n in model.graph.node}
     for i, n in enumerate(model.graph.node):  # every node named: the findings are keyed by node name
         if not n.name:
@@ -416,9 +471,11 @@ def work_around(model) -> dict[str, str]:
             done[name] = f"{found[name]}: computed as a Reduce over the spatial axes"
     for n in model.graph.node:
         if n.op_type == "BatchNormalization" and n.name in found:
-            done[n.name] = (f"{found[n.name]}: computed by the library's own inference formula instead "
-                            "(_batchnorm_test_mode, the kernel of its opset-14 BatchNormalization with "
-                            "training_mode=0)")
+            done[n.name] = (
+                f"{found[n.name]}: computed by the library's own inference formula instead "
+                "(_batchnorm_test_mode, the kernel of its opset-14 BatchNormalization with "
+                "training_mode=0)"
+            )
     recurrent = [n for n in model.graph.node if n.op_type in RECURRENT_OPS and n.domain in ("", "ai.onnx")]
     why = {n.name: "; ".join(d) for n in recurrent if (d := recurrent_defects(n))}
     if why:
@@ -432,6 +489,7 @@ def work_around(model) -> dict[str, str]:
     if lacking & set(DECOMPOSITIONS):
         info = decompose_ops(model, lacking & set(DECOMPOSITIONS))
         for name in info["rewritten"]:
-            done[name] = (f"onnx.reference {onnx.__version__} has no kernel for this operator at the model's opset: "
-                          "decomposed")
+            done[name] = (
+                f"onnx.reference {onnx.__version__} has no kernel for this operator at the model's opset: decomposed"
+            )
     return done

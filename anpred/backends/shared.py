@@ -79,8 +79,10 @@ def _write(path: Path, rec: dict) -> None:
 
 
 def _refuse(what: str, population: str, rec: dict) -> BackendError:
-    return BackendError(f"{what} failed once for the {population} population in this run (in {rec.get('label')}: "
-                        f"{rec.get('reason')}); not tried again")
+    return BackendError(
+        f"{what} failed once for the {population} population in this run (in {rec.get('label')}: "
+        f"{rec.get('reason')}); not tried again"
+    )
 
 
 def shared_cached_dir(kind: str, key: str, build: Callable[[Path], None], what: str, population: str) -> Path:
@@ -133,6 +135,5 @@ def settle(folder: str | Path | None, label: str, reason: str) -> None:
     for att in Path(folder).glob("*.attempt.json"):
         rec = _read(att)
         if rec is not None and rec.get("label") == label:
-            _write(att.with_name(att.name.replace(".attempt.json", ".failed.json")),
-                   {"label": label, "reason": reason})
+            _write(att.with_name(att.name.replace(".attempt.json", ".failed.json")), {"label": label, "reason": reason})
             att.unlink(missing_ok=True)

@@ -24,8 +24,11 @@ def bfloat16_uses(model) -> list[str]:
     found = [f"input {vi.name!r}" for vi in g.input if vi.type.tensor_type.elem_type == bf16]
     found += [f"output {vi.name!r}" for vi in g.output if vi.type.tensor_type.elem_type == bf16]
     found += [f"initializer {t.name!r}" for t in g.initializer if t.data_type == bf16]
-    found += [f"{n.op_type} node {n.name or n.output[0]!r}" for n in g.node
-              if any(a.name == "to" and a.i == bf16 for a in n.attribute)]
+    found += [
+        f"{n.op_type} node {n.name or n.output[0]!r}"
+        for n in g.node
+        if any(a.name == "to" and a.i == bf16 for a in n.attribute)
+    ]
     found += [f"value {vi.name!r}" for vi in g.value_info if vi.type.tensor_type.elem_type == bf16]
     return found
 
@@ -36,8 +39,10 @@ def signature_dtypes(fn) -> tuple[list[str], list[str]]:
     cf = fn.concrete_functions[0]
     outs = cf.structured_outputs
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-    return ([np.dtype(spec.dtype.as_numpy_dtype).name for spec in cf.structured_input_signature[0]],
-            [np.dtype(spec.dtype.as_numpy_dtype).name for spec in outs])
+    return (
+        [np.dtype(spec.dtype.as_numpy_dtype).name for spec in cf.structured_input_signature[0]],
+        [np.dtype(spec.dtype.as_numpy_dtype).name for spec in outs],
+    )
 
 
 def float_info(name: str):
@@ -77,11 +82,15 @@ def input_dtype(name: str, declared: str, converted: str) -> str | None:
         return None
     fd, fc = float_info(declared), float_info(converted)
     if fd is not None and fc is not None and not widens(declared, converted):
-        raise BackendError(f"tf: onnx2tf made the {declared} input {name!r} {converted}: feeding it would round "
-                           f"every input value (onnx2tf keeps an input's dtype except float16 -> float32)")
+        raise BackendError(
+            f"tf: onnx2tf made the {declared} input {name!r} {converted}: feeding it would round "
+            f"every input value (onnx2tf keeps an input's dtype except float16 -> float32)"
+        )
     if (fd is None) != (fc is None):
-        raise BackendError(f"tf: onnx2tf made the {declared} input {name!r} {converted}; the sample cannot be fed "
-                           "without changing its values")
+        raise BackendError(
+            f"tf: onnx2tf made the {declared} input {name!r} {converted}; the sample cannot be fed "
+            "without changing its values"
+        )
     return converted
 
 
@@ -96,8 +105,10 @@ def feed(name: str, x: np.ndarray, dtype: str | None, backend: str = "tf") -> np
         return x.astype(ml_dtypes.bfloat16)
     y = x.astype(dtype)
     if x.dtype.kind != "f" and x.dtype.name != "bfloat16" and not np.array_equal(y.astype(x.dtype), x):
-        raise InputError(f"backend {backend}: input {name!r}: the converted model takes {dtype}, and casting this "
-                         f"{x.dtype} sample to it changes values")
+        raise InputError(
+            f"backend {backend}: input {name!r}: the converted model takes {dtype}, and casting this "
+            f"{x.dtype} sample to it changes values"
+        )
     return y
 
 
@@ -109,8 +120,12 @@ def output_dtype_note(declared: str, returned: str) -> str:
     if not declared or declared == returned or float_info(declared) is None or float_info(returned) is None:
         return ""
     if widens(declared, returned):
-        return (f"onnx2tf computed this {declared} tensor in {returned} (onnx2tf turns float16 inputs and constants "
-                f"into float32: ops/Input.py, utils/common_functions.py auto_cast); rounded to {declared} "
-                "as the ONNX graph declares it")
-    return (f"returned as {returned} by the converted model, cast to {declared} as the ONNX graph declares it "
-            f"(values keep {returned} precision)")
+        return (
+            f"onnx2tf computed this {declared} tensor in {returned} (onnx2tf turns float16 inputs and constants "
+            f"into float32: ops/Input.py, utils/common_functions.py auto_cast); rounded to {declared} "
+            "as the ONNX graph declares it"
+        )
+    return (
+        f"returned as {returned} by the converted model, cast to {declared} as the ONNX graph declares it "
+        f"(values keep {returned} precision)"
+    )

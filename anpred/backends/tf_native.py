@@ -63,10 +63,13 @@ class TfNativeBackend(Backend):
         self._order: list[tuple[str, int]] = []
         for a in manifest.anchors:
             e = a.native[BACKEND]
-            cap = AnchorCapture(status=e["status"],
-                                layout="NHWC" if (e.get("transform") or {}).get("permute") else a.layout,
-                                transform=e.get("transform"), target=e.get("target") or None,
-                                reason=e.get("reason", ""))
+            cap = AnchorCapture(
+                status=e["status"],
+                layout="NHWC" if (e.get("transform") or {}).get("permute") else a.layout,
+                transform=e.get("transform"),
+                target=e.get("target") or None,
+                reason=e.get("reason", ""),
+            )
             if e["status"] == "unmapped":
                 cap.status = "missing"
             else:
@@ -80,11 +83,14 @@ class TfNativeBackend(Backend):
                     self._order.append((a.name, layers.index(e["target"])))
             self._info[a.name] = cap
         try:
-            self.capture = keras.Model(model.inputs, [model.get_layer(n).output for n in layers],
-                                       name=f"{model.name}_anchors")
+            self.capture = keras.Model(
+                model.inputs, [model.get_layer(n).output for n in layers], name=f"{model.name}_anchors"
+            )
         except Exception as err:
-            raise BackendError(f"{self.name}: cannot build a multi-output model over layers {layers[:5]}...: "
-                               f"{type(err).__name__}: {err}") from err
+            raise BackendError(
+                f"{self.name}: cannot build a multi-output model over layers {layers[:5]}...: "
+                f"{type(err).__name__}: {err}"
+            ) from err
         self._model_inputs = [(getattr(i, "name", f"input_{k}"), tuple(i.shape)) for k, i in enumerate(model.inputs)]
         self._onnx_inputs = [i["name"] for i in manifest.model.get("inputs", [])]
 
@@ -103,8 +109,9 @@ class TfNativeBackend(Backend):
                     x = xt
                     fits = True
             if not fits:
-                raise InputError(f"{self.name}: input {n!r} has shape {x.shape}; "
-                                 f"Keras input {kname!r} expects {kshape}")
+                raise InputError(
+                    f"{self.name}: input {n!r} has shape {x.shape}; Keras input {kname!r} expects {kshape}"
+                )
             feed.append(c_contiguous(x))
         return feed
 

@@ -70,8 +70,7 @@ from typing import Any
 import numpy as np
 
 from anpred.backends.base import AnchorCapture, Backend
-from anpred.backends.onnx2tf_call import (converted_io, export_saved_model, fix_input_dims, run_onnx2tf,
-                                          scratch_model)
+from anpred.backends.onnx2tf_call import converted_io, export_saved_model, fix_input_dims, run_onnx2tf, scratch_model
 from anpred.backends.tf_dtypes import bfloat16_uses, feed, input_dtype, output_dtype_note, signature_dtypes
 from anpred.backends.tf_probe import ONNX2TF_NODE_BASIS
 from anpred.errors import BackendError, InputError
@@ -119,8 +118,11 @@ def onnx2tf_unsupported_ops(model) -> dict[str, str]:
     if spec is None or not spec.submodule_search_locations:
         return {}
     have = {p.stem for p in (Path(list(spec.submodule_search_locations)[0]) / "ops").glob("*.py")}
-    return {key: f"onnx2tf has no converter for {op} (no module onnx2tf/ops/{op}.py)"
-            for key, (_, op, _) in model_ops(model).items() if op not in have}
+    return {
+        key: f"onnx2tf has no converter for {op} (no module onnx2tf/ops/{op}.py)"
+        for key, (_, op, _) in model_ops(model).items()
+        if op not in have
+    }
 
 
 class TfOnnxBackend(Backend):
@@ -175,8 +177,12 @@ class TfOnnxBackend(Backend):
         import tf_keras
 
         # from the modules, not the distribution names (tensorflow, tensorflow-cpu, tf-nightly ...)
-        return {"tensorflow": tf.__version__, "onnx2tf": onnx2tf.__version__, "tf_keras": tf_keras.__version__,
-                "onnx": onnx.__version__}
+        return {
+            "tensorflow": tf.__version__,
+            "onnx2tf": onnx2tf.__version__,
+            "tf_keras": tf_keras.__version__,
+            "onnx": onnx.__version__,
+        }
 
     # ---- conversion ------------------------------------------------------------------------
     def _convert(self, model_path: Path, out: Path, fixed: dict[str, list[int]] | None = None) -> None:
@@ -225,12 +231,14 @@ class TfOnnxBackend(Backend):
         graph_inputs = [i for i in model.graph.input if i.name not in inits]
         no_bf16 = bfloat16_uses(model)
         if no_bf16:
-            raise BackendError(f"{self.name}: onnx2tf has no bfloat16 (its ONNX->TF dtype table, "
-                               "onnx2tf/utils/enums.py ONNX_DTYPES_TO_TF_DTYPES, lacks BFLOAT16, and it declares a "
-                               "bfloat16 graph input as "
-                               "TensorFlow quint16: onnx_graphsurgeon gives the bare element type 16, "
-                               f"which tf.as_dtype reads as DT_QUINT16); bfloat16 here: {'; '.join(no_bf16[:5])}"
-                               + (" ..." if len(no_bf16) > 5 else ""))
+            raise BackendError(
+                f"{self.name}: onnx2tf has no bfloat16 (its ONNX->TF dtype table, "
+                "onnx2tf/utils/enums.py ONNX_DTYPES_TO_TF_DTYPES, lacks BFLOAT16, and it declares a "
+                "bfloat16 graph input as "
+                "TensorFlow quint16: onnx_graphsurgeon gives the bare element type 16, "
+                f"which tf.as_dtype reads as DT_QUINT16); bfloat16 here: {'; '.join(no_bf16[:5])}"
+                + (" ..." if len(no_bf16) > 5 else "")
+            )
         fixed = self._fixed_shapes(graph_inputs)
         self.fixed_shapes = fixed
         parts = [Path(model_path), "onnx2tf", md.version("onnx2tf"), self.options.get("onnx2tf", {}), FORMAT]
@@ -241,8 +249,9 @@ class TfOnnxBackend(Backend):
         t0 = time.perf_counter()
         self.cache_hit = (cache_root() / "onnx2tf" / key).is_dir()
         # one onnx2tf conversion for tf and litert, attempted once per run (a failure or a hang is not paid twice)
-        self.cache_dir = shared_cached_dir("onnx2tf", key, lambda tmp: self._convert(model_path, tmp, fixed),
-                                           "the onnx2tf conversion", "tf and litert")
+        self.cache_dir = shared_cached_dir(
+            "onnx2tf", key, lambda tmp: self._convert(model_path, tmp, fixed), "the onnx2tf conversion", "tf and litert"
+        )
         self._meta = json.loads((self.cache_dir / "meta.json").read_text())
         self.seconds_convert = 0.0 if self.cache_hit else time.perf_counter() - t0
 
@@ -251,8 +260,10 @@ class TfOnnxBackend(Backend):
         self._input_perm = {inp["name"]: self._input_layout(inp) for inp in self._meta["inputs"]}
         self._concrete = _concrete_output_shapes(model, fixed) if fixed else {}
         declared = {vi.name: elem_type_name(vi.type.tensor_type.elem_type) for vi in graph_inputs}
-        self._input_dtype = {inp["name"]: input_dtype(inp["name"], declared.get(inp["name"], ""), want)
-                             for inp, want in zip(self._meta["inputs"], in_dtypes)}
+        self._input_dtype = {
+            inp["name"]: input_dtype(inp["name"], declared.get(inp["name"], ""), want)
+            for inp, want in zip(self._meta["inputs"], in_dtypes)
+        }
         self._out_cast = {}
         for a in manifest.anchors:
             cap = self._describe(a)
@@ -297,8 +308,10 @@ class TfOnnxBackend(Backend):
         given = self.options.get("input_shapes") or {}
         fixed = {}
         for vi in graph_inputs:
-            dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
-                    for d in vi.type.tensor_type.shape.dim]
+            dims = [
+                d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                for d in vi.type.tensor_type.shape.dim
+            ]
             if all(d is not None for d in dims) or vi.name not in given:
                 continue
             shape = [int(d) for d in given[vi.name]]
@@ -313,8 +326,9 @@ class TfOnnxBackend(Backend):
         on, tn, name = inp["onnx_shape"], inp["tf_shape"], inp["name"]
         r = len(on)
         o2t = dict(self.options.get("onnx2tf", {}))
-        keep = set(o2t.get("keep_ncw_or_nchw_or_ncdhw_input_names") or ()) | \
-            set(o2t.get("keep_shape_absolutely_input_names") or ())
+        keep = set(o2t.get("keep_ncw_or_nchw_or_ncdhw_input_names") or ()) | set(
+            o2t.get("keep_shape_absolutely_input_names") or ()
+        )
         channels_last = r in _CHANNELS_LAST and name not in keep
         if r == 0 and len(tn) == 1 and tn[0] in (1, None):
             return None  # onnx2tf makes a 0-d (scalar) input a one-element rank-1 one: fed reshaped (_run_impl)
@@ -322,8 +336,10 @@ class TfOnnxBackend(Backend):
             raise BackendError(f"{self.name}: converted input {name!r} has rank {len(tn)}, the ONNX input {r}")
         c = on[1] if r > 1 else None
         if channels_last and c is not None and tn[-1] is not None and tn[-1] != c:
-            raise BackendError(f"{self.name}: input {name!r}: onnx2tf should have made it channels-last, "
-                               f"but its TF shape {tn} does not end with the ONNX channel count {c} (ONNX {on})")
+            raise BackendError(
+                f"{self.name}: input {name!r}: onnx2tf should have made it channels-last, "
+                f"but its TF shape {tn} does not end with the ONNX channel count {c} (ONNX {on})"
+            )
         if not channels_last and c is not None and tn[1] is not None and tn[1] != c:
             raise BackendError(f"{self.name}: input {name!r} kept channels-first, but TF shape {tn} vs ONNX {on}")
         return _to_channels_last(r) if channels_last else None
@@ -333,15 +349,25 @@ class TfOnnxBackend(Backend):
         # the anchor; an original output keeps its ONNX name (the anchor's value).
         key = a.name if a.name in self._index else a.value
         i = self._index.get(key)
-        if i is None and (a.name in self._meta.get("constant_outputs", ())
-                          or a.value in self._meta.get("constant_outputs", ())):
-            return AnchorCapture("missing", None, None, None,
-                                 f"ONNX value {a.value!r} is a constant (it depends on no graph input): "
-                                 "onnxsim folds it and onnx2tf returns no tensor for a constant output")
+        if i is None and (
+            a.name in self._meta.get("constant_outputs", ()) or a.value in self._meta.get("constant_outputs", ())
+        ):
+            return AnchorCapture(
+                "missing",
+                None,
+                None,
+                None,
+                f"ONNX value {a.value!r} is a constant (it depends on no graph input): "
+                "onnxsim folds it and onnx2tf returns no tensor for a constant output",
+            )
         if i is None:
-            return AnchorCapture("missing", None, None, None,
-                                 f"ONNX value {a.value!r} is not an output of the onnx2tf model "
-                                 f"(outputs: {', '.join(self._index)})")
+            return AnchorCapture(
+                "missing",
+                None,
+                None,
+                None,
+                f"ONNX value {a.value!r} is not an output of the onnx2tf model (outputs: {', '.join(self._index)})",
+            )
         o = self._meta["outputs"][i]
         tshape, r = o["tf_shape"], len(o["tf_shape"])
         target = f"output[{i}]:{key}"
@@ -357,16 +383,27 @@ class TfOnnxBackend(Backend):
             elif as_cf and not as_cl:
                 flag = False
             elif not as_cf and not as_cl:
-                return AnchorCapture("missing", None, None, target,
-                                     f"TF shape {tshape} fits neither {ms} nor its channels-last form {cl}")
+                return AnchorCapture(
+                    "missing",
+                    None,
+                    None,
+                    target,
+                    f"TF shape {tshape} fits neither {ms} nor its channels-last form {cl}",
+                )
             # both fit (symmetric shape): onnx2tf's own layout flag decides
         elif ms is not None and not _match(tshape, ms):
             return AnchorCapture("missing", None, None, target, f"TF shape {tshape} differs from {ms}")
         if flag:
-            return AnchorCapture("exact", _CHANNELS_LAST[r], {"permute": _to_channels_first(r)}, target,
-                                 "onnx2tf output in channels-last layout (same tensor, transform recorded)")
-        return AnchorCapture("exact", a.layout if a.layout != "unknown" else None, None, target,
-                             "onnx2tf output in the ONNX layout")
+            return AnchorCapture(
+                "exact",
+                _CHANNELS_LAST[r],
+                {"permute": _to_channels_first(r)},
+                target,
+                "onnx2tf output in channels-last layout (same tensor, transform recorded)",
+            )
+        return AnchorCapture(
+            "exact", a.layout if a.layout != "unknown" else None, None, target, "onnx2tf output in the ONNX layout"
+        )
 
     def anchor_info(self) -> dict[str, AnchorCapture]:
         return dict(self._captures)
@@ -387,9 +424,11 @@ class TfOnnxBackend(Backend):
             x = np.asarray(inputs[inp["name"]])
             want = (self.fixed_shapes or {}).get(inp["name"])
             if want is not None and list(x.shape) != want:
-                raise InputError(f"backend {self.name}: input {inp['name']!r} has shape {list(x.shape)}, but the model "
-                                 f"was converted at {want} (onnx2tf needs fixed input shapes; "
-                                 "run samples of one shape)")
+                raise InputError(
+                    f"backend {self.name}: input {inp['name']!r} has shape {list(x.shape)}, but the model "
+                    f"was converted at {want} (onnx2tf needs fixed input shapes; "
+                    "run samples of one shape)"
+                )
             perm = self._input_perm[inp["name"]]
             if perm is not None:
                 x = np.transpose(x, perm)
@@ -424,8 +463,12 @@ def _concrete_output_shapes(model, shapes: dict[str, list[int]]) -> dict[str, li
         m = onnx.shape_inference.infer_shapes(m, data_prop=True)
     except Exception:  # noqa: BLE001 - inference problems only lose the extra check
         return {}
-    return {o.name: [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
-                     for d in o.type.tensor_type.shape.dim] for o in m.graph.output}
+    return {
+        o.name: [
+            d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in o.type.tensor_type.shape.dim
+        ]
+        for o in m.graph.output
+    }
 
 
 def _match(shape, ref) -> bool:

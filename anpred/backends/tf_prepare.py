@@ -77,8 +77,14 @@ def prepare_for_onnx2tf(model) -> dict[str, Any]:
         outputs.append(vi)
     del g.output[:]
     g.output.extend(outputs)
-    return {"outputs": renamed, "constant": constant, "unrolled": unrolled, "inlined": inlined,
-            "slices_split": split, "node_names": node_names}
+    return {
+        "outputs": renamed,
+        "constant": constant,
+        "unrolled": unrolled,
+        "inlined": inlined,
+        "slices_split": split,
+        "node_names": node_names,
+    }
 
 
 def _node_reads(node) -> list[str]:
@@ -155,12 +161,26 @@ def split_multi_axis_slices(model) -> list[str]:
             dst = n.output[0] if j == len(cut) - 1 else fresh(f"{base}/axis{int(axes[i])}")
             name = f"{base}/axis{int(axes[i])}"
             if n.input[1:]:  # opset >= 10: parameters are inputs
-                ins = [src, const(f"{name}/starts", [starts[i]], dtype), const(f"{name}/ends", [ends[i]], dtype),
-                       const(f"{name}/axes", [axes[i]], dtype), const(f"{name}/steps", [steps[i]], dtype)]
+                ins = [
+                    src,
+                    const(f"{name}/starts", [starts[i]], dtype),
+                    const(f"{name}/ends", [ends[i]], dtype),
+                    const(f"{name}/axes", [axes[i]], dtype),
+                    const(f"{name}/steps", [steps[i]], dtype),
+                ]
                 out_nodes.append(helper.make_node("Slice", ins, [dst], name=name))
             else:  # opset < 10: attributes, no steps
-                out_nodes.append(helper.make_node("Slice", [src], [dst], name=name, starts=[int(starts[i])],
-                                                  ends=[int(ends[i])], axes=[int(axes[i])]))
+                out_nodes.append(
+                    helper.make_node(
+                        "Slice",
+                        [src],
+                        [dst],
+                        name=name,
+                        starts=[int(starts[i])],
+                        ends=[int(ends[i])],
+                        axes=[int(axes[i])],
+                    )
+                )
             src = dst
     del g.node[:]
     g.node.extend(out_nodes)
@@ -186,8 +206,12 @@ def _slice_params(node, inits):
         attrs = {a.name: list(helper.get_attribute_value(a)) for a in node.attribute}
         if "starts" not in attrs or "ends" not in attrs:
             return None
-        vals = [np.asarray(attrs["starts"]), np.asarray(attrs["ends"]),
-                np.asarray(attrs["axes"]) if "axes" in attrs else None, None]
+        vals = [
+            np.asarray(attrs["starts"]),
+            np.asarray(attrs["ends"]),
+            np.asarray(attrs["axes"]) if "axes" in attrs else None,
+            None,
+        ]
         dtype = np.int64
     starts, ends, axes, steps = vals
     if axes is None:

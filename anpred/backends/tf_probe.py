@@ -43,8 +43,10 @@ from typing import Any
 __all__ = ["ONNX2TF_NODE_BASIS", "Onnx2tfWorker", "onnx2tf_probe", "onnx2tf_refusals", "convert_alone"]
 
 #: how :func:`onnx2tf_refusals` knows (the backend's ``node_basis``)
-ONNX2TF_NODE_BASIS = ("onnx2tf on a one-node model of each node, in one warm worker (what onnx2tf states: its "
-                      "ERROR lines before sys.exit, NotImplementedError; cached by content)")
+ONNX2TF_NODE_BASIS = (
+    "onnx2tf on a one-node model of each node, in one warm worker (what onnx2tf states: its "
+    "ERROR lines before sys.exit, NotImplementedError; cached by content)"
+)
 #: the probe's own revision, part of every cache key (a change of what counts as a refusal asks anew)
 REVISION = "anpred.tf_probe/1"  # (bump when what counts as a refusal changes)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -76,8 +78,12 @@ def convert_alone(path: Path, scratch: Path, whole: bool = False) -> dict[str, s
     out = {"refused": "", "note": "", "node": ""}
     try:
         with working_directory(scratch), warm_onnxsim(), contextlib.redirect_stdout(log):
-            km = onnx2tf.convert(input_onnx_file_path=str(src), output_folder_path=str(scratch / "o2t"),
-                                 disable_model_save=True, non_verbose=True)
+            km = onnx2tf.convert(
+                input_onnx_file_path=str(src),
+                output_folder_path=str(scratch / "o2t"),
+                disable_model_save=True,
+                non_verbose=True,
+            )
         if km is None:
             out["note"] = "onnx2tf returned no model"
     except SystemExit:
@@ -122,7 +128,7 @@ def _first_error(log: str) -> str:
     lines = [ln for ln in lines if ln]
     for i, ln in enumerate(lines):
         if ln.startswith("ERROR:"):
-            return _first_line(ln[len("ERROR:"):].strip() or (lines[i + 1] if i + 1 < len(lines) else ""))
+            return _first_line(ln[len("ERROR:") :].strip() or (lines[i + 1] if i + 1 < len(lines) else ""))
     return _first_line(lines[-1]) if lines else "no message"
 
 
@@ -142,8 +148,12 @@ class Onnx2tfWorker:
 
     def _start(self, timeout_s: float) -> subprocess.Popen | None:
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "anpred.backends.tf_probe", str(os.getpid())],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "anpred.backends.tf_probe", str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
         if _read_line(proc, timeout_s) is None:  # its "ready" line: the imports are done
             _kill(proc)
             return None
@@ -242,8 +252,9 @@ def onnx2tf_probe(budget_s: float | None = None):
             return answer["refused"]
         return f"{ALONE}{answer['note']}" if answer["note"] and not answer["note"].startswith("not asked") else ""
 
-    probe = NodeProbe("onnx2tf", f"onnx2tf {md.version('onnx2tf')} tensorflow {_tf_version()} {REVISION}",
-                      convert, budget)
+    probe = NodeProbe(
+        "onnx2tf", f"onnx2tf {md.version('onnx2tf')} tensorflow {_tf_version()} {REVISION}", convert, budget
+    )
     probe.worker, probe.deadline = worker, deadline
     return probe
 
@@ -283,8 +294,11 @@ def onnx2tf_refusals(model, budget_s: float | None = None) -> dict[str, str]:
     probe = onnx2tf_probe(budget_s)
     try:
         found = probe.refusals(m)
-        pending = {k: why for k, why in found.items() if why.startswith(f"onnx2tf: {ALONE}")
-                   or why.startswith(f"onnx2tf: {CRASH}")}
+        pending = {
+            k: why
+            for k, why in found.items()
+            if why.startswith(f"onnx2tf: {ALONE}") or why.startswith(f"onnx2tf: {CRASH}")
+        }
         out = {k: why for k, why in found.items() if k not in pending}
         if pending:
             out.update(_checked_whole(model, pending, probe))
@@ -325,8 +339,10 @@ def _checked_whole(model, pending: dict[str, str], probe) -> dict[str, str]:
     key = next((k for k in keys if k in pending), "")
     if not key:
         return {}
-    return {key: f"onnx2tf fails on this node in the model: {answer['refused'] or answer['note']} "
-                 f"(node {answer['node']!r}; it fails alone too)"}
+    return {
+        key: f"onnx2tf fails on this node in the model: {answer['refused'] or answer['note']} "
+        f"(node {answer['node']!r}; it fails alone too)"
+    }
 
 
 def _op_key(node) -> str:

@@ -42,8 +42,18 @@ from __future__ import annotations
 from anpred.backends.onnx2torch_nodes import const_input, module_bases, node_attributes
 from anpred.backends.torch_recurrent import recurrent_class, recurrent_converter
 
-__all__ = ["register", "import_onnx2torch", "OnnxRecurrent", "OnnxGlobalPool", "OnnxWindowPool", "OnnxModePad",
-           "pool_geometry", "const_input", "explicit_same_pads", "REGISTERED"]
+__all__ = [
+    "register",
+    "import_onnx2torch",
+    "OnnxRecurrent",
+    "OnnxGlobalPool",
+    "OnnxWindowPool",
+    "OnnxModePad",
+    "pool_geometry",
+    "const_input",
+    "explicit_same_pads",
+    "REGISTERED",
+]
 
 #: (op_type, version) pairs :func:`register` put into onnx2torch's registry (new or wrapped)
 REGISTERED: list[tuple[str, int]] = []
@@ -148,8 +158,18 @@ def _window_pool_class():
         ``avg_pool`` with ``divisor_override=1`` and are divided by the number of counted cells per
         window (from the same pooling of a 0/1 mask)."""
 
-        def __init__(self, kind: str, kernel, strides, dilations, pads, auto_pad: str, ceil_mode: int,
-                     count_include_pad: int, p: float = 2.0):
+        def __init__(
+            self,
+            kind: str,
+            kernel,
+            strides,
+            dilations,
+            pads,
+            auto_pad: str,
+            ceil_mode: int,
+            count_include_pad: int,
+            p: float = 2.0,
+        ):
             """``kind``: max | avg | lp; the others mirror the ONNX pooling schema's attributes
             (kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, count_include_pad; LpPool's
             p): hence more than 8 parameters."""
@@ -162,8 +182,9 @@ def _window_pool_class():
             import torch.nn.functional as F
 
             if r == 1:  # avg_pool1d has no divisor_override: run it as 2-D with a unit axis
-                return F.avg_pool2d(x.unsqueeze(2), [1, self.kernel[0]], [1, self.strides[0]],
-                                    divisor_override=1).squeeze(2)
+                return F.avg_pool2d(
+                    x.unsqueeze(2), [1, self.kernel[0]], [1, self.strides[0]], divisor_override=1
+                ).squeeze(2)
             fn = F.avg_pool2d if r == 2 else F.avg_pool3d
             return fn(x, self.kernel, self.strides, divisor_override=1)
 
@@ -172,8 +193,19 @@ def _window_pool_class():
             import torch.nn.functional as F
 
             r = x.dim() - 2
-            geo = [pool_geometry(int(x.shape[2 + i]), self.kernel[i], self.strides[i], self.dilations[i],
-                                 self.pads[i], self.pads[r + i], self.auto_pad, self.ceil_mode) for i in range(r)]
+            geo = [
+                pool_geometry(
+                    int(x.shape[2 + i]),
+                    self.kernel[i],
+                    self.strides[i],
+                    self.dilations[i],
+                    self.pads[i],
+                    self.pads[r + i],
+                    self.auto_pad,
+                    self.ceil_mode,
+                )
+                for i in range(r)
+            ]
             torch_pad = []  # F.pad: last axis first, (begin, end) each
             for out, pb, pe, extra in reversed(geo):
                 torch_pad += [pb, pe + extra]
@@ -207,11 +239,20 @@ def _window_pool(node, kind: str):
     k = list(a["kernel_shape"])
     r = len(k)
     if kind != "max" and any(int(d) != 1 for d in a.get("dilations", [1] * r)):
-        raise NotImplementedError(f"{node.operation_type} node {node.name!r}: dilations "
-                                  f"{list(a['dilations'])} are not supported")
-    mod = _window_pool_class()(kind, k, a.get("strides", [1] * r), a.get("dilations", [1] * r),
-                               a.get("pads", [0] * 2 * r), a.get("auto_pad", "NOTSET"), a.get("ceil_mode", 0),
-                               a.get("count_include_pad", 0), a.get("p", 2))
+        raise NotImplementedError(
+            f"{node.operation_type} node {node.name!r}: dilations {list(a['dilations'])} are not supported"
+        )
+    mod = _window_pool_class()(
+        kind,
+        k,
+        a.get("strides", [1] * r),
+        a.get("dilations", [1] * r),
+        a.get("pads", [0] * 2 * r),
+        a.get("auto_pad", "NOTSET"),
+        a.get("ceil_mode", 0),
+        a.get("count_include_pad", 0),
+        a.get("p", 2),
+    )
     return OperationConverterResult(torch_module=mod, onnx_mapping=onnx_mapping_from_node(node))
 
 
@@ -220,8 +261,11 @@ def _needs_explicit(node, kind: str) -> bool:
     r = len(a.get("kernel_shape", []))
     pads = list(a.get("pads", [0] * 2 * r))
     asym = pads[:r] != pads[r:]
-    return a.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER") or asym or \
-        (kind == "avg" and int(a.get("ceil_mode", 0)) == 1)
+    return (
+        a.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER")
+        or asym
+        or (kind == "avg" and int(a.get("ceil_mode", 0)) == 1)
+    )
 
 
 def _wrapped(original, kind: str):
@@ -268,9 +312,10 @@ def _mode_pad_class():
                 return x
             k = r - padded[0]
             if k > 3:
-                raise NotImplementedError(f"Pad {self.name!r}: {self.mode} padding of {k} trailing axes (torch pads "
-                                          "at most 3 in this mode)")
-            lead, trail = list(x.shape[:r - k]), list(x.shape[r - k:])
+                raise NotImplementedError(
+                    f"Pad {self.name!r}: {self.mode} padding of {k} trailing axes (torch pads at most 3 in this mode)"
+                )
+            lead, trail = list(x.shape[: r - k]), list(x.shape[r - k :])
             n = 1
             for d in lead:
                 n *= int(d)
@@ -322,8 +367,12 @@ def _pad_wrapped(original):
 
 
 def __getattr__(name: str):  # the module classes are built lazily (torch is imported on first use)
-    factories = {"OnnxRecurrent": recurrent_class, "OnnxGlobalPool": _global_pool_class,
-                 "OnnxWindowPool": _window_pool_class, "OnnxModePad": _mode_pad_class}
+    factories = {
+        "OnnxRecurrent": recurrent_class,
+        "OnnxGlobalPool": _global_pool_class,
+        "OnnxWindowPool": _window_pool_class,
+        "OnnxModePad": _mode_pad_class,
+    }
     if name in factories:
         cls = factories[name]()
         globals()[name] = cls
@@ -332,12 +381,18 @@ def __getattr__(name: str):  # the module classes are built lazily (torch is imp
 
 
 # ---- registration ----------------------------------------------------------------------------------
-_NEW = ([(op, v, recurrent_converter) for op in ("LSTM", "GRU", "RNN") for v in (7, 14, 22)]
-        + [("GlobalMaxPool", v, _global("max")) for v in (1, 22)]
-        + [("GlobalLpPool", v, _global("lp")) for v in (2, 22)]
-        + [("LpPool", v, lambda node, graph: _window_pool(node, "lp")) for v in (11, 18, 22)])
-_WRAP = ([("AveragePool", v, "avg") for v in (7, 10, 11)] + [("MaxPool", v, "max") for v in (8, 10, 11, 12)]
-         + [("Pad", v, "pad") for v in (11, 13)] + [("BatchNormalization", v, "bn") for v in (9, 14, 15)])
+_NEW = (
+    [(op, v, recurrent_converter) for op in ("LSTM", "GRU", "RNN") for v in (7, 14, 22)]
+    + [("GlobalMaxPool", v, _global("max")) for v in (1, 22)]
+    + [("GlobalLpPool", v, _global("lp")) for v in (2, 22)]
+    + [("LpPool", v, lambda node, graph: _window_pool(node, "lp")) for v in (11, 18, 22)]
+)
+_WRAP = (
+    [("AveragePool", v, "avg") for v in (7, 10, 11)]
+    + [("MaxPool", v, "max") for v in (8, 10, 11, 12)]
+    + [("Pad", v, "pad") for v in (11, 13)]
+    + [("BatchNormalization", v, "bn") for v in (9, 14, 15)]
+)
 
 
 def register() -> list[tuple[str, int]]:
@@ -358,8 +413,9 @@ def register() -> list[tuple[str, int]]:
         key = OperationDescription(domain="", operation_type=op, version=v)
         cur = _CONVERTER_REGISTRY.get(key)
         if cur is not None and not hasattr(cur, "anpred_wraps"):
-            _CONVERTER_REGISTRY[key] = (_pad_wrapped(cur) if kind == "pad" else _bn_wrapped(cur) if kind == "bn"
-                                        else _wrapped(cur, kind))
+            _CONVERTER_REGISTRY[key] = (
+                _pad_wrapped(cur) if kind == "pad" else _bn_wrapped(cur) if kind == "bn" else _wrapped(cur, kind)
+            )
             done.append((op, v))
     REGISTERED.extend(done)
     return done

@@ -28,8 +28,9 @@ from exporters.mapping import shape_matches
 BACKEND = "torch-native"
 
 
-def origin_factory(manifest: AnchorManifest, options: dict[str, Any], backend: str,
-                   model_path: Path | None = None) -> tuple[str, dict[str, Any]]:
+def origin_factory(
+    manifest: AnchorManifest, options: dict[str, Any], backend: str, model_path: Path | None = None
+) -> tuple[str, dict[str, Any]]:
     """The factory spec and kwargs to rebuild the native model: ``options`` first, then
     ``manifest.model["origin"]``, then the ``anpred.origin`` metadata of the ONNX file at ``model_path``.
 
@@ -45,8 +46,10 @@ def origin_factory(manifest: AnchorManifest, options: dict[str, Any], backend: s
     spec = options.get("factory") or origin.get("factory")
     kwargs = options.get("factory_kwargs") if options.get("factory") else origin.get("kwargs")
     if not spec:
-        raise BackendError(f"{backend}: no native model: manifest.model['origin'] has no factory and no "
-                           "'factory' option was given (module:function returning (model, example_inputs))")
+        raise BackendError(
+            f"{backend}: no native model: manifest.model['origin'] has no factory and no "
+            "'factory' option was given (module:function returning (model, example_inputs))"
+        )
     return spec, dict(kwargs or {})
 
 
@@ -65,10 +68,13 @@ def _check_inputs(manifest: AnchorManifest, example: tuple) -> tuple[tuple, str]
     if not all(s.get("shape") and all(isinstance(d, int) and d > 0 for d in s["shape"]) for s in specs):
         return ex, "the factory's example inputs (ONNX input shapes are dynamic)"
     rng = np.random.default_rng(0)
-    arrays = tuple(torch.from_numpy(rng.random(s["shape"], dtype=np.float32).astype(s.get("dtype") or "float32"))
-                   for s in specs)
-    return arrays, ("seeded inputs of the ONNX input shapes "
-                    f"({', '.join(str(s['shape']) for s in specs)}; the example inputs have other shapes)")
+    arrays = tuple(
+        torch.from_numpy(rng.random(s["shape"], dtype=np.float32).astype(s.get("dtype") or "float32")) for s in specs
+    )
+    return arrays, (
+        "seeded inputs of the ONNX input shapes "
+        f"({', '.join(str(s['shape']) for s in specs)}; the example inputs have other shapes)"
+    )
 
 
 class TorchNativeBackend(Backend):
@@ -111,8 +117,13 @@ class TorchNativeBackend(Backend):
         modules = dict(module.named_modules())
         for a in manifest.anchors:
             e = a.native[BACKEND]
-            cap = AnchorCapture(status=e["status"], layout=a.layout, transform=e.get("transform"),
-                                target=e.get("target") or None, reason=e.get("reason", ""))
+            cap = AnchorCapture(
+                status=e["status"],
+                layout=a.layout,
+                transform=e.get("transform"),
+                target=e.get("target") or None,
+                reason=e.get("reason", ""),
+            )
             if e["status"] == "unmapped":
                 cap.status = "missing"
             else:
@@ -132,13 +143,17 @@ class TorchNativeBackend(Backend):
         for name, (path, call, which, leaf) in self._targets.items():
             if name not in got:
                 self._info[name].status = "missing"
-                self._info[name].reason = (f"module {path or '<root>'!r} ({which}, call {call}) produced no single "
-                                           f"tensor in a check run on {note}")
+                self._info[name].reason = (
+                    f"module {path or '<root>'!r} ({which}, call {call}) produced no single "
+                    f"tensor in a check run on {note}"
+                )
             elif not shape_matches(got[name].shape, self._shapes[name]):
                 self._info[name].status = "missing"
-                self._info[name].reason = (f"shape mismatch: {self._info[name].target} gives {list(got[name].shape)} "
-                                           f"in {type(module).__name__}, the anchor's ONNX shape is "
-                                           f"{self._shapes[name]} (check run on {note})")
+                self._info[name].reason = (
+                    f"shape mismatch: {self._info[name].target} gives {list(got[name].shape)} "
+                    f"in {type(module).__name__}, the anchor's ONNX shape is "
+                    f"{self._shapes[name]} (check run on {note})"
+                )
         self._targets = {k: v for k, v in self._targets.items() if self._info[k].status != "missing"}
 
     def _forward(self, args: tuple) -> dict[str, np.ndarray]:
@@ -161,14 +176,17 @@ class TorchNativeBackend(Backend):
         for path, uses in wanted.items():
             mod = modules[path]
             if any(w == "output" for _, _, w in uses):
+
                 def post(m, a, k, out, _p=path, _u=uses):
                     c = counts.get(_p, 0)
                     counts[_p] = c + 1
                     for name, call, which in _u:
                         if which == "output" and call == c and isinstance(out, torch.Tensor):
                             got[name] = to_np(out)
+
                 handles.append(mod.register_forward_hook(post, with_kwargs=True))
             if any(w == "input" for _, _, w in uses):
+
                 def pre(m, a, k, _p=path, _u=uses):
                     c = pre_counts.get(_p, 0)
                     pre_counts[_p] = c + 1
@@ -176,13 +194,15 @@ class TorchNativeBackend(Backend):
                     for name, call, which in _u:
                         if which == "input" and call == c and len(leaves) == 1:
                             got[name] = to_np(leaves[0])
+
                 handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
         try:
             with torch.no_grad():
                 out = self.module(*args)
         except Exception as err:
-            raise BackendError(f"{self.name}: {type(self.module).__name__} forward failed: "
-                               f"{type(err).__name__}: {err}") from err
+            raise BackendError(
+                f"{self.name}: {type(self.module).__name__} forward failed: {type(err).__name__}: {err}"
+            ) from err
         finally:
             for h in handles:
                 h.remove()
@@ -205,8 +225,10 @@ class TorchNativeBackend(Backend):
             if not shape_matches(got[name].shape, self._shapes.get(name)):
                 cap = self._info[name]
                 cap.status = "missing"
-                cap.reason = (f"shape mismatch at run time: {cap.target} gave {list(got[name].shape)}, the anchor's "
-                              f"ONNX shape is {self._shapes.get(name)}")
+                cap.reason = (
+                    f"shape mismatch at run time: {cap.target} gave {list(got[name].shape)}, the anchor's "
+                    f"ONNX shape is {self._shapes.get(name)}"
+                )
                 del got[name]
                 self._targets.pop(name, None)
         return got

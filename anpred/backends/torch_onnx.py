@@ -128,8 +128,9 @@ class TorchOnnxBackend(Backend):
                 continue
             have = sorted(by_op.get((dom, op), []))
             if have:
-                out[f"{key}@{opset}"] = (f"onnx2torch has converters for {op} versions {have}, not for {op}-{ver} "
-                                         f"(opset {opset})")
+                out[f"{key}@{opset}"] = (
+                    f"onnx2torch has converters for {op} versions {have}, not for {op}-{ver} (opset {opset})"
+                )
             else:
                 out[key] = f"onnx2torch has no converter for {op} (any version)"
         return out
@@ -190,7 +191,9 @@ class TorchOnnxBackend(Backend):
             kept = "; ".join(f"{k}: {v}" for k, v in self.inlined["kept"].items())
             raise BackendError(
                 f"onnx2torch has no converter for {len(missing)} node(s): {'; '.join(missing[:10])}"
-                + (" ..." if len(missing) > 10 else "") + (f" (control flow not inlined: {kept})" if kept else ""))
+                + (" ..." if len(missing) > 10 else "")
+                + (f" (control flow not inlined: {kept})" if kept else "")
+            )
         t0 = time.perf_counter()
         try:
             gm = o2t.convert(model, attach_onnx_mapping=True)
@@ -214,8 +217,13 @@ class TorchOnnxBackend(Backend):
         for a in manifest.anchors:
             if a.value in produced:
                 self._targets[a.value] = produced[a.value]
-                self._captures[a.name] = AnchorCapture("exact", a.layout, None, produced[a.value],
-                                                       "output of the onnx2torch submodule named after the ONNX node")
+                self._captures[a.name] = AnchorCapture(
+                    "exact",
+                    a.layout,
+                    None,
+                    produced[a.value],
+                    "output of the onnx2torch submodule named after the ONNX node",
+                )
             elif a.value in self._input_names:
                 self._targets[a.value] = "input"
                 self._captures[a.name] = AnchorCapture("exact", a.layout, None, a.value, "graph input")
@@ -224,7 +232,8 @@ class TorchOnnxBackend(Backend):
                 self._captures[a.name] = AnchorCapture("exact", a.layout, None, a.value, "initializer")
             else:
                 self._captures[a.name] = AnchorCapture(
-                    "missing", a.layout, None, None, f"no onnx2torch submodule produces ONNX value {a.value!r}")
+                    "missing", a.layout, None, None, f"no onnx2torch submodule produces ONNX value {a.value!r}"
+                )
 
         self._check_structure(model, manifest)
 
@@ -250,8 +259,10 @@ class TorchOnnxBackend(Backend):
             why = f"{type(err).__name__}: {' '.join(str(err).split())[:160]}"
             for a in todo:
                 self._captures[a.name].status = "unverified"
-                self._captures[a.name].reason = ("mapped by the output's position; the onnx2torch module's result "
-                                                 f"structure could not be checked (run on ones failed: {why})")
+                self._captures[a.name].reason = (
+                    "mapped by the output's position; the onnx2torch module's result "
+                    f"structure could not be checked (run on ones failed: {why})"
+                )
             return
         for a in todo:
             name, k, n, cls = later[a.value]
@@ -259,9 +270,13 @@ class TorchOnnxBackend(Backend):
             if got != n:
                 what = "one tensor" if got == 1 else f"{got} values" if got is not None else "nothing"
                 self._captures[a.name] = AnchorCapture(
-                    "missing", a.layout, None, name,
+                    "missing",
+                    a.layout,
+                    None,
+                    name,
                     f"onnx2torch's {cls} returns {what} for the {n} outputs of the ONNX node: output {k} "
-                    f"({a.value!r}) has no counterpart")
+                    f"({a.value!r}) has no counterpart",
+                )
 
     def anchor_info(self) -> dict[str, AnchorCapture]:
         return dict(self._captures)
@@ -277,8 +292,9 @@ class TorchOnnxBackend(Backend):
 
         missing = [n for n in self._input_names if n not in inputs]
         if missing:
-            raise InputError(f"backend torch: missing input(s) {', '.join(missing)}; expected "
-                             f"{', '.join(self._input_names)}")
+            raise InputError(
+                f"backend torch: missing input(s) {', '.join(missing)}; expected {', '.join(self._input_names)}"
+            )
         wanted = {v for v, t in self._targets.items() if t not in ("input",)}
         seen: dict[str, Any] = {}
         _capture_run(self._gm, [to_torch(inputs[n]) for n in self._input_names], wanted, seen)
@@ -300,7 +316,6 @@ class TorchOnnxBackend(Backend):
         self._gm = None
 
 
-
 def map_outputs(names: list[str] | tuple[str, ...], out) -> dict[str, Any]:
     """The ONNX output names of a node -> the module's result values, by structure: a tuple/list of
     ``len(names)`` values one per name; a single value (a tensor) for the first name only; any other
@@ -310,8 +325,9 @@ def map_outputs(names: list[str] | tuple[str, ...], out) -> dict[str, Any]:
     return {names[0]: out} if names else {}
 
 
-def _capture_run(gm, args: list, wanted: set[str], seen: dict[str, Any],
-                 structure: dict[str, int] | None = None) -> None:
+def _capture_run(
+    gm, args: list, wanted: set[str], seen: dict[str, Any], structure: dict[str, int] | None = None
+) -> None:
     """Run ``gm`` (an onnx2torch GraphModule) on ``args`` node by node, recording the values of the ONNX
     names in ``wanted`` into ``seen`` (:func:`map_outputs`); with ``structure``, per multi-output
     module, the number of values its result holds (1 for a lone tensor)."""
@@ -362,8 +378,11 @@ class TorchFp16Backend(PopulationMember, TorchOnnxBackend):
         path = self.population_model(model_path, manifest)
         super()._prepare_impl(path, manifest, workdir)
         m = onnx.load(str(path), load_external_data=False)
-        f16 = {v.name for v in list(m.graph.value_info) + list(m.graph.output)
-               if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16}
+        f16 = {
+            v.name
+            for v in list(m.graph.value_info) + list(m.graph.output)
+            if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+        }
         self.note_casts(self._captures, {a.name: "float16" for a in manifest.anchors if a.value in f16})
         cal = [str(f) for f in (self.options.get("calibration") or [])]
         self._run_impl(validation_inputs(m, cal[0] if cal else None))
@@ -400,6 +419,9 @@ class TorchFp16Backend(PopulationMember, TorchOnnxBackend):
         if not where:
             return err
         text = " ".join(str(err).split())
-        what = (f"has no float16 kernel in torch {torch.__version__} on CPU" if "Half" in text or "float16" in text
-                else "fails")
+        what = (
+            f"has no float16 kernel in torch {torch.__version__} on CPU"
+            if "Half" in text or "float16" in text
+            else "fails"
+        )
         return BackendError(f"torch-fp16: onnx2torch module {where['node']} ({where['op']}) {what}: {text[:300]}")

@@ -73,10 +73,20 @@ def recurrent_converter(node, graph):
         shape = graph.value_info[ins[0]].type.tensor_type.shape.dim if ins[0] in graph.value_info else []
         T = shape[1 if a.get("layout", 0) else 0].dim_value if len(shape) == 3 else 0
         if seq is None or not T or not np.all(np.asarray(seq) == T):
-            raise NotImplementedError(f"{where}: sequence_lens other than a constant equal to the static sequence "
-                                      "length is not supported")
-    spec = RecurrentNode(op, RECURRENT_OPS[op], direction, int(a["hidden_size"]), int(a.get("layout", 0)), acts,
-                         a.get("clip"), int(a.get("input_forget", 0)), int(a.get("linear_before_reset", 0)))
+            raise NotImplementedError(
+                f"{where}: sequence_lens other than a constant equal to the static sequence length is not supported"
+            )
+    spec = RecurrentNode(
+        op,
+        RECURRENT_OPS[op],
+        direction,
+        int(a["hidden_size"]),
+        int(a.get("layout", 0)),
+        acts,
+        a.get("clip"),
+        int(a.get("input_forget", 0)),
+        int(a.get("linear_before_reset", 0)),
+    )
     mod = recurrent_class()(spec, consts["W"], consts["R"], consts.get("B"), consts.get("P"))
     mapping = OnnxMapping(inputs=(ins[0], ins[5], ins[6] if op == "LSTM" else ""), outputs=node.output_values)
     return OperationConverterResult(torch_module=mod, onnx_mapping=mapping)
@@ -137,7 +147,7 @@ class _RecurrentLayer:
         """Whether torch's own layer computes this node (the module docstring's conditions)."""
         names = [n for n, *_ in self.acts]
         per = len(names) // self.D
-        same = all(names[d * per:(d + 1) * per] == names[:per] for d in range(self.D))
+        same = all(names[d * per : (d + 1) * per] == names[:per] for d in range(self.D))
         if self.op == "RNN":
             fused_ok = same and names[0] in ("Tanh", "Relu")
         else:
@@ -160,8 +170,8 @@ class _RecurrentLayer:
                 sfx = "_reverse" if d == 1 else ""
                 getattr(self.layer, "weight_ih_l0" + sfx).copy_(torch.from_numpy(W[d][idx]))
                 getattr(self.layer, "weight_hh_l0" + sfx).copy_(torch.from_numpy(R[d][idx]))
-                getattr(self.layer, "bias_ih_l0" + sfx).copy_(torch.from_numpy(B[d, :gates * H][idx]))
-                getattr(self.layer, "bias_hh_l0" + sfx).copy_(torch.from_numpy(B[d, gates * H:][idx]))
+                getattr(self.layer, "bias_ih_l0" + sfx).copy_(torch.from_numpy(B[d, : gates * H][idx]))
+                getattr(self.layer, "bias_hh_l0" + sfx).copy_(torch.from_numpy(B[d, gates * H :][idx]))
 
     def _load_unfused(self, W, R, B, P) -> None:
         """Register the weights as buffers for the step-by-step equations (:meth:`_steps`)."""
@@ -170,8 +180,8 @@ class _RecurrentLayer:
         gates, H = self.G, self.H
         self.register_buffer("Wt", torch.from_numpy(np.ascontiguousarray(np.swapaxes(W, 1, 2))))  # [D, F, G*H]
         self.register_buffer("Rt", torch.from_numpy(np.ascontiguousarray(np.swapaxes(R, 1, 2))))  # [D, H, G*H]
-        self.register_buffer("Wb", torch.from_numpy(B[:, :gates * H].copy()))
-        self.register_buffer("Rb", torch.from_numpy(B[:, gates * H:].copy()))
+        self.register_buffer("Wb", torch.from_numpy(B[:, : gates * H].copy()))
+        self.register_buffer("Rb", torch.from_numpy(B[:, gates * H :].copy()))
         self.register_buffer("P", torch.from_numpy(P.copy()) if P is not None else None)
 
     # -- helpers
@@ -187,29 +197,29 @@ class _RecurrentLayer:
         """One LSTM time step (ONNX equations); returns ``(h, c)``."""
         H = self.H
         g = xw + hr
-        pi, po, pf = (self.P[d, k * H:(k + 1) * H] for k in range(3)) if self.P is not None else (None,) * 3
+        pi, po, pf = (self.P[d, k * H : (k + 1) * H] for k in range(3)) if self.P is not None else (None,) * 3
         bias = self.Wb[d] + self.Rb[d]
-        gi, go, gf, gc = (g[:, k * H:(k + 1) * H] for k in range(4))
+        gi, go, gf, gc = (g[:, k * H : (k + 1) * H] for k in range(4))
         i = self._act(fa[0], self._clip(gi + (pi * c if pi is not None else 0) + bias[:H]))
         if self.input_forget:
             f = 1 - i
         else:
-            f = self._act(fa[0], self._clip(gf + (pf * c if pf is not None else 0) + bias[2 * H:3 * H]))
-        cc = self._act(fa[1], self._clip(gc + bias[3 * H:]))
+            f = self._act(fa[0], self._clip(gf + (pf * c if pf is not None else 0) + bias[2 * H : 3 * H]))
+        cc = self._act(fa[1], self._clip(gc + bias[3 * H :]))
         c = f * c + i * cc
-        o = self._act(fa[0], self._clip(go + (po * c if po is not None else 0) + bias[H:2 * H]))
+        o = self._act(fa[0], self._clip(go + (po * c if po is not None else 0) + bias[H : 2 * H]))
         return o * self._act(fa[2], c), c
 
     def _gru_step(self, xw, hr, h, d, fa):
         """One GRU time step (ONNX equations); returns ``h``."""
         H, Rt, wb, rb = self.H, self.Rt[d], self.Wb[d], self.Rb[d]
         z = self._act(fa[0], self._clip(xw[:, :H] + hr[:, :H] + wb[:H] + rb[:H]))
-        r = self._act(fa[0], self._clip(xw[:, H:2 * H] + hr[:, H:2 * H] + wb[H:2 * H] + rb[H:2 * H]))
+        r = self._act(fa[0], self._clip(xw[:, H : 2 * H] + hr[:, H : 2 * H] + wb[H : 2 * H] + rb[H : 2 * H]))
         if self.lbr:
-            rec = r * (hr[:, 2 * H:] + rb[2 * H:])
+            rec = r * (hr[:, 2 * H :] + rb[2 * H :])
         else:
-            rec = (r * h) @ Rt[:, 2 * H:] + rb[2 * H:]
-        hh = self._act(fa[1], self._clip(xw[:, 2 * H:] + rec + wb[2 * H:]))
+            rec = (r * h) @ Rt[:, 2 * H :] + rb[2 * H :]
+        hh = self._act(fa[1], self._clip(xw[:, 2 * H :] + rec + wb[2 * H :]))
         return (1 - z) * hh + z * h
 
     def _steps(self, x, h, c, d):
@@ -217,7 +227,7 @@ class _RecurrentLayer:
         import torch
 
         per = len(self.acts) // self.D
-        fa = self.acts[d * per:(d + 1) * per]
+        fa = self.acts[d * per : (d + 1) * per]
         Wt, Rt, wb, rb = self.Wt[d], self.Rt[d], self.Wb[d], self.Rb[d]
         order = range(x.shape[0] - 1, -1, -1) if (self.direction == "reverse" or d == 1) else range(x.shape[0])
         ys = [None] * x.shape[0]
@@ -251,7 +261,7 @@ class _RecurrentLayer:
             y, st = self.layer(xin, state)
             y = torch.flip(y, [0]) if rev else y
             y = y.reshape(T, Bn, self.D, self.H).permute(0, 2, 1, 3)  # [T, D, B, H]
-            yh, yc = (st if self.op == "LSTM" else (st, None))
+            yh, yc = st if self.op == "LSTM" else (st, None)
         else:
             outs = [self._steps(x, h0[d], c0[d], d) for d in range(self.D)]
             y = torch.stack([o[0] for o in outs], 1)

@@ -56,5 +56,6 @@ def tvm_probe():
 
     from anpred.backends.converter_probe import NodeProbe
 
-    return NodeProbe("tvm", f"tvm {tvm.__version__} anpred.tvm_probe/1", _tvm_convert, TVM_PROBE_BUDGET_S,
-                     constants=True)
+    return NodeProbe(
+        "tvm", f"tvm {tvm.__version__} anpred.tvm_probe/1", _tvm_convert, TVM_PROBE_BUDGET_S, constants=True
+    )

@@ -130,8 +130,9 @@ def resolve_target(mcpu: str | None) -> dict[str, Any]:
     if mcpu in ("native", "host"):
         mcpu = tvm.target.codegen.llvm_get_system_cpu()
     target = {"kind": "llvm", "mcpu": mcpu}
-    triple = str(tvm.target.Target({"kind": "llvm"}).attrs.get("mtriple", "")) or \
-        tvm.target.codegen.llvm_get_system_triple()
+    triple = (
+        str(tvm.target.Target({"kind": "llvm"}).attrs.get("mtriple", "")) or tvm.target.codegen.llvm_get_system_triple()
+    )
     if not tvm.target.codegen.llvm_is_valid_cpu(mcpu, triple):
         raise BackendError(f"tvm: LLVM does not know the CPU {mcpu!r} for {triple} (option mcpu)")
     return target
@@ -169,8 +170,11 @@ class TvmBackend(Backend):
             model = type(model)()
             model.CopyFrom(original)
             inline_control_flow(model)
-        return {key: f"no converter for {op_type} in TVM {tvm.__version__}'s Relax ONNX frontend"
-                for key, (_d, op_type, _v) in model_ops(model).items() if op_type not in table}
+        return {
+            key: f"no converter for {op_type} in TVM {tvm.__version__}'s Relax ONNX frontend"
+            for key, (_d, op_type, _v) in model_ops(model).items()
+            if op_type not in table
+        }
 
     node_basis = "TVM's Relax ONNX frontend on a one-node model of each node (cached by content)"
 
@@ -240,8 +244,10 @@ class TvmBackend(Backend):
             self.inlined = inline_control_flow(model)  # the frontend has no Loop; If branches reading outer values
         missing = self.unsupported_ops(model)
         if missing:
-            raise BackendError(f"tvm: TVM {tvm.__version__}'s Relax ONNX frontend does not support these operators "
-                               f"(not supported: no converter): {', '.join(sorted(missing))}")
+            raise BackendError(
+                f"tvm: TVM {tvm.__version__}'s Relax ONNX frontend does not support these operators "
+                f"(not supported: no converter): {', '.join(sorted(missing))}"
+            )
         if any(n.op_type in RECURRENT_OPS for n in model.graph.node):
             for vi in model.graph.input:  # the concrete shapes make the sequence length static
                 if vi.name in shapes:
@@ -250,8 +256,10 @@ class TvmBackend(Backend):
                         d.dim_value = int(v)
             info = unroll_recurrent(model)  # the frontend has no LSTM/GRU/RNN converter
             if info["kept"]:
-                raise BackendError("tvm: the Relax ONNX frontend has no recurrent converter and these nodes cannot be "
-                                   "unrolled: " + "; ".join(f"{k}: {v}" for k, v in info["kept"].items()))
+                raise BackendError(
+                    "tvm: the Relax ONNX frontend has no recurrent converter and these nodes cannot be "
+                    "unrolled: " + "; ".join(f"{k}: {v}" for k, v in info["kept"].items())
+                )
             self.unrolled = len(info["unrolled"])
         model, self.shape_nodes_folded = fold_shape_computations(model, shapes)
         from passes.empty_inputs import drop_empty_concat_inputs
@@ -266,15 +274,17 @@ class TvmBackend(Backend):
         except Exception as err:
             m = re.search(r"Error converting operator (\S+?),", log.getvalue())
             where = f" at operator {m.group(1)}" if m else ""
-            raise BackendError(f"tvm: the Relax ONNX frontend failed{where}: {type(err).__name__}: "
-                               f"{_first_line(str(err))}") from err
+            raise BackendError(
+                f"tvm: the Relax ONNX frontend failed{where}: {type(err).__name__}: {_first_line(str(err))}"
+            ) from err
         try:
             mod = relax.transform.DecomposeOpsForInference()(mod)
             mod = relax.transform.LegalizeOps()(mod)
             return tvm.compile(mod, target=tvm.target.Target(target))
         except Exception as err:
-            raise BackendError(f"tvm: compiling the Relax module failed: {type(err).__name__}: "
-                               f"{_first_line(str(err))}") from err
+            raise BackendError(
+                f"tvm: compiling the Relax module failed: {type(err).__name__}: {_first_line(str(err))}"
+            ) from err
 
     def _prepare_impl(self, model_path: Path, manifest: AnchorManifest, workdir: Path) -> None:
         import tvm
@@ -325,8 +335,10 @@ class TvmBackend(Backend):
             try:
                 self._lib = tvm.runtime.load_module(str(self.cache_dir / LIBRARY))
             except Exception as err:  # noqa: BLE001 - a cached library that does not load: compiled anew, in memory
-                self.cache_note = (f"the cached library in {self.cache_dir} does not load: {_reload_failure(err)}; "
-                                   "compiled again in memory (remove that folder to cache it anew)")
+                self.cache_note = (
+                    f"the cached library in {self.cache_dir} does not load: {_reload_failure(err)}; "
+                    "compiled again in memory (remove that folder to cache it anew)"
+                )
                 self.cache_dir, self.cache_hit = None, False
                 self._lib = self._compile(model, shapes, target)
         self._meta = meta
@@ -378,8 +390,10 @@ def _reload_failure(err: BaseException) -> str:
     zero-size constant of an empty tensor does that (:mod:`passes.empty_inputs`)."""
     text = _first_line(str(err))
     if "Invalid DLTensor file format" in str(err):
-        return ("the exported library does not load back (TVM's Tensor::Load: 'Invalid DLTensor file format', "
-                "a constant TVM wrote but cannot read back, e.g. a zero-size tensor)")
+        return (
+            "the exported library does not load back (TVM's Tensor::Load: 'Invalid DLTensor file format', "
+            "a constant TVM wrote but cannot read back, e.g. a zero-size tensor)"
+        )
     return f"the exported library does not load back ({type(err).__name__}: {text})"
 
 

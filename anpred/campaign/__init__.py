@@ -20,5 +20,4 @@ Modules, in the order of the walk:
 from anpred.campaign.engine import CampaignResult, run_campaign, start_ray
 from anpred.campaign.spec import Campaign, Configuration, VersionAxis, load_campaign
 
-__all__ = ["load_campaign", "run_campaign", "start_ray", "Campaign", "Configuration", "VersionAxis",
-           "CampaignResult"]
+__all__ = ["load_campaign", "run_campaign", "start_ray", "Campaign", "Configuration", "VersionAxis", "CampaignResult"]

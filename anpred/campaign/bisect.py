@@ -36,8 +36,12 @@ __all__ = ["bisect_versions", "BisectRequest", "available_versions", "format_bis
 def available_versions(package: str, timeout_s: float = 120) -> list[str]:
     """The releases of ``package`` on the package index (``pip index versions``), oldest first.
     Raises AnpredError when pip cannot list them (no network, unknown package)."""
-    proc = subprocess.run([sys.executable, "-m", "pip", "index", "versions", package, "--disable-pip-version-check"],
-                          capture_output=True, text=True, timeout=timeout_s)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", package, "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     m = re.search(r"Available versions:\s*(.+)", proc.stdout)
     if proc.returncode != 0 or not m:
         raise AnpredError(f"cannot list the versions of {package}: {(proc.stderr or proc.stdout).strip()[-300:]}")
@@ -59,23 +63,45 @@ def _probe_campaign(campaign, base_cfg, package: str, backends: list[str], versi
     """A campaign of one configuration per version (``base_cfg`` with ``package`` at that version)."""
     from anpred.campaign.spec import Configuration, VersionAxis, config_id
 
-    axis = VersionAxis(package=package, versions=list(versions), backends=backends,
-                       find_links=getattr(axis_src, "find_links", None), paths=getattr(axis_src, "paths", {}) or {})
+    axis = VersionAxis(
+        package=package,
+        versions=list(versions),
+        backends=backends,
+        find_links=getattr(axis_src, "find_links", None),
+        paths=getattr(axis_src, "paths", {}) or {},
+    )
     configs = []
     for v in versions:
         versions_map = {**{k: x for k, x in base_cfg.versions.items() if k != package}, package: v}
         # the campaign's own id for the same test (model content, options, versions): a probe reuses a
         # configuration the campaign finished, and an edited model is probed anew
-        cid = config_id(base_cfg.label, base_cfg.backend_set, base_cfg.inputs_name,
-                        base_cfg.model_key or base_cfg.model,
-                        base_cfg.backends, base_cfg.options, versions_map, campaign.base)
-        configs.append(Configuration(id=cid, model=base_cfg.model, label=base_cfg.label,
-                                     backend_set=base_cfg.backend_set, backends=base_cfg.backends,
-                                     inputs_name=base_cfg.inputs_name, options=dict(base_cfg.options),
-                                     versions=versions_map, resources=base_cfg.resources,
-                                     model_key=base_cfg.model_key))
-    return dataclasses.replace(campaign, configurations=configs,
-                               axes=[a for a in campaign.axes if a.package != package] + [axis])
+        cid = config_id(
+            base_cfg.label,
+            base_cfg.backend_set,
+            base_cfg.inputs_name,
+            base_cfg.model_key or base_cfg.model,
+            base_cfg.backends,
+            base_cfg.options,
+            versions_map,
+            campaign.base,
+        )
+        configs.append(
+            Configuration(
+                id=cid,
+                model=base_cfg.model,
+                label=base_cfg.label,
+                backend_set=base_cfg.backend_set,
+                backends=base_cfg.backends,
+                inputs_name=base_cfg.inputs_name,
+                options=dict(base_cfg.options),
+                versions=versions_map,
+                resources=base_cfg.resources,
+                model_key=base_cfg.model_key,
+            )
+        )
+    return dataclasses.replace(
+        campaign, configurations=configs, axes=[a for a in campaign.axes if a.package != package] + [axis]
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +123,15 @@ class BisectRequest:
     drill: bool = True
 
 
-def bisect_versions(campaign, out: str | Path, request: BisectRequest, *, address: str | None = None,
-                    num_cpus: int | None = None, progress: bool = True) -> dict[str, Any]:
+def bisect_versions(
+    campaign,
+    out: str | Path,
+    request: BisectRequest,
+    *,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Find the first version of ``request.package`` in (``good``, ``bad``] where ``request.backend``'s
     standing on ``request.model`` differs from its standing at ``good`` (see the module docstring).
 
@@ -146,22 +179,40 @@ def bisect_versions(campaign, out: str | Path, request: BisectRequest, *, addres
             rec = res.records[0] if res.records else {}
             if rec.get("state") != "complete":
                 cache[v] = None
-                probes.append({"version": v, "standing": None, "id": cfg.id,
-                               "skipped": f"{rec.get('step')}: {str(rec.get('reason', ''))[:300]}"})
+                probes.append(
+                    {
+                        "version": v,
+                        "standing": None,
+                        "id": cfg.id,
+                        "skipped": f"{rec.get('step')}: {str(rec.get('reason', ''))[:300]}",
+                    }
+                )
             else:
                 cache[v] = cell_text(rec["backends"].get(backend)).split(" | ")[0]
                 probes.append({"version": v, "standing": cache[v], "id": cfg.id})
         return cache[v]
 
-    result: dict[str, Any] = {"package": package, "model": model, "backend": backend, "candidates": cands,
-                              "probes": probes, "first_bad": None, "last_good": None, "origin_stage": None,
-                              "origin_anchor": None, "culprit": None, "note": ""}
+    result: dict[str, Any] = {
+        "package": package,
+        "model": model,
+        "backend": backend,
+        "candidates": cands,
+        "probes": probes,
+        "first_bad": None,
+        "last_good": None,
+        "origin_stage": None,
+        "origin_anchor": None,
+        "culprit": None,
+        "note": "",
+    }
     try:
         s_good, s_bad = standing(good), standing(bad)
         result.update(standing_good=s_good, standing_bad=s_bad)
         if s_good is None or s_bad is None:
-            result["note"] = (f"{good if s_good is None else bad} could not be run "
-                              f"({next(p['skipped'] for p in probes if p['standing'] is None)}): nothing to bisect")
+            result["note"] = (
+                f"{good if s_good is None else bad} could not be run "
+                f"({next(p['skipped'] for p in probes if p['standing'] is None)}): nothing to bisect"
+            )
         elif s_good == s_bad:
             result["note"] = f"{backend} stands the same at {good} and {bad} ({s_good}): nothing to bisect"
         else:
@@ -169,8 +220,10 @@ def bisect_versions(campaign, out: str | Path, request: BisectRequest, *, addres
             result.update(first_bad=first_bad, last_good=last_good, standing_first_bad=standing(first_bad))
             skipped = [p["version"] for p in probes if p["standing"] is None]
             if skipped:
-                result["note"] = (f"skipped (could not be run): {', '.join(skipped)}; the change lies between "
-                                  f"{last_good} and {first_bad}")
+                result["note"] = (
+                    f"skipped (could not be run): {', '.join(skipped)}; the change lies between "
+                    f"{last_good} and {first_bad}"
+                )
             result.update(_where(probe, out, by_version[first_bad], backend, drill, progress))
     finally:
         if own:
@@ -202,12 +255,13 @@ def _candidates(campaign, request: BisectRequest) -> tuple[Any, list[str]]:
     base = next((c for c in campaign.configurations if c.label == model and backend in c.backends), None)
     if base is None:
         labels = sorted({c.label for c in campaign.configurations})
-        raise AnpredError(f"no configuration of model {model!r} holds backend {backend!r} (models: "
-                          f"{', '.join(labels)})")
+        raise AnpredError(
+            f"no configuration of model {model!r} holds backend {backend!r} (models: {', '.join(labels)})"
+        )
     cands = order_versions(list(versions) + [good, bad] if versions else available_versions(package) + [good, bad])
     if cands.index(good) >= cands.index(bad):
         raise AnpredError(f"--good {good} must come before --bad {bad} in version order")
-    return base, cands[cands.index(good):cands.index(bad) + 1]
+    return base, cands[cands.index(good) : cands.index(bad) + 1]
 
 
 def _first_change(cands: list[str], standing, s_good: str) -> tuple[str, str]:
@@ -242,22 +296,32 @@ def _where(probe, out, cfg, backend: str, drill: bool, progress: bool) -> dict[s
     row = (rec.get("backends") if rec.get("state") == "complete" else None) or {}
     row = row.get(backend) or {}
     culprit = {"node": row.get("culprit"), "op_type": row.get("culprit_op")} if row.get("culprit") else None
-    return {"origin_stage": row.get("origin_stage"), "origin_anchor": row.get("origin_anchor"), "culprit": culprit,
-            "report": rec.get("report_html")}
+    return {
+        "origin_stage": row.get("origin_stage"),
+        "origin_anchor": row.get("origin_anchor"),
+        "culprit": culprit,
+        "report": rec.get("report_html"),
+    }
 
 
 def format_bisection(res: dict[str, Any]) -> str:
     """The bisection's probes and its conclusion, as lines of text."""
-    lines = [f"bisect {res['package']} for {res['model']} / {res['backend']}: "
-             f"{len(res['candidates'])} candidate versions, {len(res['probes'])} probed"]
-    lines += [f"  {p['version']:<12} {p['standing'] or 'skipped: ' + p.get('skipped', '')[:150]}"
-              for p in res["probes"]]
+    lines = [
+        f"bisect {res['package']} for {res['model']} / {res['backend']}: "
+        f"{len(res['candidates'])} candidate versions, {len(res['probes'])} probed"
+    ]
+    lines += [
+        f"  {p['version']:<12} {p['standing'] or 'skipped: ' + p.get('skipped', '')[:150]}" for p in res["probes"]
+    ]
     if res.get("first_bad"):
-        where = (f" at stage {res['origin_stage']} ({res['origin_anchor']})"
-                 if res.get("origin_stage") is not None else "")
+        where = (
+            f" at stage {res['origin_stage']} ({res['origin_anchor']})" if res.get("origin_stage") is not None else ""
+        )
         op = f", operator {res['culprit']['node']} ({res['culprit']['op_type']})" if res.get("culprit") else ""
-        lines.append(f"first version where {res['backend']} changes: {res['package']} {res['first_bad']} "
-                     f"(last as before: {res['last_good']}): {res.get('standing_first_bad')}{where}{op}")
+        lines.append(
+            f"first version where {res['backend']} changes: {res['package']} {res['first_bad']} "
+            f"(last as before: {res['last_good']}): {res.get('standing_first_bad')}{where}{op}"
+        )
         if res.get("note"):
             lines.append(res["note"])
     else:

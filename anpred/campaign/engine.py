@@ -43,10 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from anpred.campaign.spec import Campaign, Configuration
-from anpred.campaign.tasks import (CONFIG_FILE, judge_configuration, prepare_configuration, read_record,
-                                   run_backend)
-from anpred.campaign.warm import (WarmBatch, batch_resources, batch_size, batchable, run_configurations,
-                                  warm_statuses)
+from anpred.campaign.tasks import CONFIG_FILE, judge_configuration, prepare_configuration, read_record, run_backend
+from anpred.campaign.warm import WarmBatch, batch_resources, batch_size, batchable, run_configurations, warm_statuses
 from anpred.errors import AnpredError
 from anpred.run.driver import sigterm_raises
 
@@ -99,16 +97,19 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> dict[s
         if address:
             ctx = ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
         else:
-            ctx = ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                           logging_level=logging.ERROR)
+            ctx = ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     except Exception as err:  # noqa: BLE001 - Ray raises many kinds; the message says what
         hint = ""
         if address and os.environ.get("RAY_AUTH_MODE") != "token":
-            hint = (" (a cluster started with `ray start` may require token authentication: set RAY_AUTH_MODE=token"
-                    " here as on the cluster, with its token in ~/.ray/auth_token or RAY_AUTH_TOKEN)")
+            hint = (
+                " (a cluster started with `ray start` may require token authentication: set RAY_AUTH_MODE=token"
+                " here as on the cluster, with its token in ~/.ray/auth_token or RAY_AUTH_TOKEN)"
+            )
         raise AnpredError(f"cannot start Ray{' at ' + address if address else ''}: {err}{hint}") from err
-    return {"address": getattr(ctx, "address_info", {}).get("address") or address or "local",
-            "resources": ray.cluster_resources()}
+    return {
+        "address": getattr(ctx, "address_info", {}).get("address") or address or "local",
+        "resources": ray.cluster_resources(),
+    }
 
 
 def _reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -125,8 +126,10 @@ def _reachable(address: str, timeout_s: float = 5.0) -> None:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
             return
     except (OSError, ValueError) as err:
-        raise AnpredError(f"cannot reach a Ray cluster at {address} ({err}); start one with `ray start --head` "
-                          "or leave --address out for an embedded local Ray (nothing was written)") from err
+        raise AnpredError(
+            f"cannot reach a Ray cluster at {address} ({err}); start one with `ray start --head` "
+            "or leave --address out for an embedded local Ray (nothing was written)"
+        ) from err
 
 
 def _infeasible(res: dict[str, float]) -> str | None:
@@ -134,13 +137,15 @@ def _infeasible(res: dict[str, float]) -> str | None:
     import ray
 
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-    need = {"CPU": res.get("cpus", 1), "memory": res.get("memory_gb", 2) * 2 ** 30, "GPU": res.get("gpus", 0)}
+    need = {"CPU": res.get("cpus", 1), "memory": res.get("memory_gb", 2) * 2**30, "GPU": res.get("gpus", 0)}
     if any(all(n.get(k, 0) >= v for k, v in need.items() if v) for n in nodes):
         return None
     best = max(nodes, key=lambda n: n.get("CPU", 0), default={})
-    return (f"no node of the Ray cluster can run it: it asks {need['CPU']:g} CPU, {need['memory'] / 2 ** 30:.1f} GiB "
-            f"memory, {need['GPU']:g} GPU; the largest node has {best.get('CPU', 0):g} CPU, "
-            f"{best.get('memory', 0) / 2 ** 30:.1f} GiB, {best.get('GPU', 0):g} GPU ([resources] of the campaign file)")
+    return (
+        f"no node of the Ray cluster can run it: it asks {need['CPU']:g} CPU, {need['memory'] / 2**30:.1f} GiB "
+        f"memory, {need['GPU']:g} GPU; the largest node has {best.get('CPU', 0):g} CPU, "
+        f"{best.get('memory', 0) / 2**30:.1f} GiB, {best.get('GPU', 0):g} GPU ([resources] of the campaign file)"
+    )
 
 
 def _remote(fn, **opts):
@@ -156,8 +161,17 @@ def _reason(err: BaseException) -> str:
     if isinstance(err, rex.RayTaskError):
         cause = err.cause if getattr(err, "cause", None) is not None else err
         text = f"{type(cause).__name__}: {cause}"
-    elif isinstance(err, (rex.WorkerCrashedError, rex.NodeDiedError, rex.OwnerDiedError, rex.ObjectLostError,
-                          rex.TaskCancelledError, rex.OutOfMemoryError)):
+    elif isinstance(
+        err,
+        (
+            rex.WorkerCrashedError,
+            rex.NodeDiedError,
+            rex.OwnerDiedError,
+            rex.ObjectLostError,
+            rex.TaskCancelledError,
+            rex.OutOfMemoryError,
+        ),
+    ):
         text = f"{type(err).__name__}: the task's process or node died and its retries ran out: {err}"
     else:
         text = f"{type(err).__name__}: {err}"
@@ -174,8 +188,9 @@ def _environments(campaign: Campaign, configs: list[Configuration]) -> dict[tupl
             if not any(c.versions.get(axis.package) == v for c in configs):
                 continue
             try:
-                out[(axis.package, v)] = str(prepare_version(axis.package, v, find_links=axis.find_links,
-                                                             path=axis.paths.get(v)))
+                out[(axis.package, v)] = str(
+                    prepare_version(axis.package, v, find_links=axis.find_links, path=axis.paths.get(v))
+                )
             except AnpredError as err:
                 out[(axis.package, v)] = err
     return out
@@ -193,8 +208,16 @@ def _env_paths(campaign: Campaign, cfg: Configuration, backend: str, envs) -> li
     return paths
 
 
-def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = None, num_cpus: int | None = None,
-                 progress: bool = True, only: list[str] | None = None, summary: bool = True) -> CampaignResult:
+def run_campaign(
+    campaign: Campaign,
+    out: str | Path,
+    *,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    progress: bool = True,
+    only: list[str] | None = None,
+    summary: bool = True,
+) -> CampaignResult:
     """Run every configuration of ``campaign`` that is not complete in ``out`` (see the module
     docstring), append the verdicts to the history database and write the summary
     (:func:`anpred.campaign.summary.write_summary`).
@@ -227,8 +250,14 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
         steps = _Steps(campaign, out, db, records, progress)
         ray_info = steps.run(todo, address=address, num_cpus=num_cpus, total=len(configs), done=len(skipped))
     ordered = [records[c.id] for c in configs if c.id in records]
-    result = CampaignResult(out=out, records=ordered, ran=[c.id for c in todo], skipped=skipped,
-                            seconds=time.perf_counter() - t0, ray=ray_info)
+    result = CampaignResult(
+        out=out,
+        records=ordered,
+        ran=[c.id for c in todo],
+        skipped=skipped,
+        seconds=time.perf_counter() - t0,
+        ray=ray_info,
+    )
     if summary:
         write_summary(campaign, result, db)
     for pool in (out / ".work").glob(".pool-*"):  # left by a batch task whose process was killed (no task runs now)
@@ -238,8 +267,9 @@ def run_campaign(campaign: Campaign, out: str | Path, *, address: str | None = N
     return result
 
 
-def _complete(configs: list[Configuration], out: Path,
-              db: Path) -> tuple[dict[str, dict[str, Any]], list[Configuration], list[str]]:
+def _complete(
+    configs: list[Configuration], out: Path, db: Path
+) -> tuple[dict[str, dict[str, Any]], list[Configuration], list[str]]:
     """``(records, todo, skipped)``: the records of the configurations complete in ``out`` (their
     verdicts appended to the history ``db`` once), the configurations to run, the ids skipped."""
     records: dict[str, dict[str, Any]] = {}
@@ -261,8 +291,9 @@ class _Steps:
     prepare, then one run per backend, then judge (module docstring). ``records`` gets each
     configuration's record as it completes or fails."""
 
-    def __init__(self, campaign: Campaign, out: Path, db: Path, records: dict[str, dict[str, Any]],
-                 progress: bool) -> None:
+    def __init__(
+        self, campaign: Campaign, out: Path, db: Path, records: dict[str, dict[str, Any]], progress: bool
+    ) -> None:
         self.campaign, self.out, self.db, self.records, self.progress = campaign, out, db, records, progress
         self.pending: dict[Any, tuple[str, Configuration, str | None]] = {}
         self.state: dict[str, dict[str, Any]] = {}
@@ -271,8 +302,9 @@ class _Steps:
         self.queue: list[Configuration] = []  # prepared, waiting for their batch
         self.batch = 1
 
-    def run(self, todo: list[Configuration], *, address: str | None, num_cpus: int | None, total: int,
-            done: int) -> dict[str, Any]:
+    def run(
+        self, todo: list[Configuration], *, address: str | None, num_cpus: int | None, total: int, done: int
+    ) -> dict[str, Any]:
         """Run ``todo`` on Ray (joined at ``address``, else an embedded one, stopped at the end) until
         every step has ended; ``total``, ``done``: the progress bar's configurations. Returns Ray's
         address and resources (:func:`start_ray`)."""
@@ -293,8 +325,14 @@ class _Steps:
         self.batch_r = _remote(run_configurations, max_retries=retries)
         self._plan_batches(todo)
         self.meta = {"name": campaign.name, "file": str(campaign.path)}
-        self.bar = tqdm(total=total, initial=done, desc=f"campaign {campaign.name}", unit="config",
-                        disable=not self.progress, leave=True)
+        self.bar = tqdm(
+            total=total,
+            initial=done,
+            desc=f"campaign {campaign.name}",
+            unit="config",
+            disable=not self.progress,
+            leave=True,
+        )
         try:
             self.envs = _environments(campaign, todo)
             for c in todo:
@@ -359,13 +397,18 @@ class _Steps:
         order = {c.id: i for i, c in enumerate(self.campaign.configurations)}
         self.queue.sort(key=lambda c: order.get(c.id, 0))  # a batch runs in the campaign's order
         while len(self.queue) >= self.batch or (self.queue and not preparing):
-            cfgs, self.queue = self.queue[:self.batch], self.queue[self.batch:]
+            cfgs, self.queue = self.queue[: self.batch], self.queue[self.batch :]
             res = batch_resources(cfgs)
-            opts = {"num_cpus": res["cpus"], "memory": int(res["memory_gb"] * 2 ** 30)}
+            opts = {"num_cpus": res["cpus"], "memory": int(res["memory_gb"] * 2**30)}
             if res["gpus"]:
                 opts["num_gpus"] = res["gpus"]
-            wb = WarmBatch(out=str(self.out), timeout_s=self.campaign.timeout_s, paths=self.paths,
-                           memory_bound_gb=self.campaign.memory_bound_gb, name=cfgs[0].id)
+            wb = WarmBatch(
+                out=str(self.out),
+                timeout_s=self.campaign.timeout_s,
+                paths=self.paths,
+                memory_bound_gb=self.campaign.memory_bound_gb,
+                name=cfgs[0].id,
+            )
             r = self.batch_r.options(**opts).remote([(c, self.state[c.id]["prep"]) for c in cfgs], wb)
             self.pending[r] = ("batch", cfgs, None)
 
@@ -377,8 +420,11 @@ class _Steps:
             res = (value or {}).get(cfg.id)
             if res is None:
                 sts = warm_statuses(self.out / ".work" / cfg.id, cfg.backends)
-                res = {"statuses": sts} if sts is not None else \
-                    {"error": f"batch task of {', '.join(cfg.backends)}: {_reason(err) if err else 'no result'}"}
+                res = (
+                    {"statuses": sts}
+                    if sts is not None
+                    else {"error": f"batch task of {', '.join(cfg.backends)}: {_reason(err) if err else 'no result'}"}
+                )
             if "error" in res:
                 self.state[cfg.id]["judging"] = True
                 self._fail(cfg, "run", res["error"])
@@ -387,8 +433,13 @@ class _Steps:
             self._judge_when_ran(cfg)
 
     def _fail(self, cfg: Configuration, step: str, reason: str) -> None:
-        rec = {**cfg.to_dict(), "state": "failed", "step": step, "reason": reason,
-               "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        rec = {
+            **cfg.to_dict(),
+            "state": "failed",
+            "step": step,
+            "reason": reason,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
         self.records[cfg.id] = rec
         _atomic_json(self.out / "failed" / f"{cfg.id}.json", rec)
         self.bar.update(1)
@@ -411,11 +462,19 @@ class _Steps:
             if why is not None:  # Ray would wait for it forever
                 st["lost"][b] = why
                 continue
-            opts = {"num_cpus": res.get("cpus", 1), "memory": int(res.get("memory_gb", 2) * 2 ** 30)}
+            opts = {"num_cpus": res.get("cpus", 1), "memory": int(res.get("memory_gb", 2) * 2**30)}
             if res.get("gpus"):
                 opts["num_gpus"] = res["gpus"]
-            r = self.run_r.options(**opts).remote(cfg, b, str(self.out / ".work" / cfg.id), prep, envp,
-                                                  self.campaign.timeout_s, self.paths, self.campaign.memory_bound_gb)
+            r = self.run_r.options(**opts).remote(
+                cfg,
+                b,
+                str(self.out / ".work" / cfg.id),
+                prep,
+                envp,
+                self.campaign.timeout_s,
+                self.paths,
+                self.campaign.memory_bound_gb,
+            )
             self.pending[r] = ("run", cfg, b)
 
     def _ran(self, cfg: Configuration, backend: str, value: Any, err: BaseException | None) -> None:
@@ -431,8 +490,11 @@ class _Steps:
         """Once every backend of the configuration has run or is lost: the judge task, or the
         configuration fails (a lost backend, every backend's shape error on one sample)."""
         st = self.state[cfg.id]
-        if st["prep"] is not None and len(st["statuses"]) + len(st["lost"]) == len(cfg.backends) \
-                and "judging" not in st:
+        if (
+            st["prep"] is not None
+            and len(st["statuses"]) + len(st["lost"]) == len(cfg.backends)
+            and "judging" not in st
+        ):
             st["judging"] = True
             if st["lost"]:  # a lost backend fails the configuration; finished runs are kept for a re-run
                 self._fail(cfg, "run", "; ".join(f"{b}: {r}" for b, r in st["lost"].items()))
@@ -441,8 +503,16 @@ class _Steps:
             if misfit:
                 self._fail(cfg, "run", f"InputError: {misfit}")
                 return
-            r = self.judge_r.remote(cfg, str(self.out / ".work" / cfg.id), str(self.out / "configs" / cfg.id),
-                                    st["prep"], st["statuses"], {}, self.meta, self.paths)
+            r = self.judge_r.remote(
+                cfg,
+                str(self.out / ".work" / cfg.id),
+                str(self.out / "configs" / cfg.id),
+                st["prep"],
+                st["statuses"],
+                {},
+                self.meta,
+                self.paths,
+            )
             self.pending[r] = ("judge", cfg, None)
 
     def _judged(self, cfg: Configuration, value: Any, err: BaseException | None) -> None:
@@ -465,8 +535,7 @@ def _inputs_misfit(statuses: dict[str, dict[str, Any]]) -> str | None:
     from anpred.run.outcome import inputs_misfit
 
     keys = {f.name for f in fields(BackendStatus)}  # (a task adds its own keys, e.g. task_seconds)
-    return inputs_misfit(BackendStatus.from_dict({k: v for k, v in d.items() if k in keys})
-                         for d in statuses.values())
+    return inputs_misfit(BackendStatus.from_dict({k: v for k, v in d.items() if k in keys}) for d in statuses.values())
 
 
 def _atomic_json(path: Path, obj: Any) -> None:

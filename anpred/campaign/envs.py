@@ -26,8 +26,9 @@ from anpred.errors import AnpredError
 __all__ = ["prepare_version", "version_path"]
 
 
-def prepare_version(package: str, version: str, *, find_links: str | None = None, path: str | None = None,
-                    timeout_s: float = 900) -> Path:
+def prepare_version(
+    package: str, version: str, *, find_links: str | None = None, path: str | None = None, timeout_s: float = 900
+) -> Path:
     """The folder holding ``package==version`` (installed when not cached; ``path``: an existing
     folder, used as is).
 
@@ -43,8 +44,18 @@ def prepare_version(package: str, version: str, *, find_links: str | None = None
         return Path(path)
 
     def build(tmp: Path) -> None:
-        cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "-q",
-               "--target", str(tmp), f"{package}=={version}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-q",
+            "--target",
+            str(tmp),
+            f"{package}=={version}",
+        ]
         if find_links:
             cmd[4:4] = ["--no-index", "--find-links", str(find_links)]
         try:
@@ -52,8 +63,11 @@ def prepare_version(package: str, version: str, *, find_links: str | None = None
         except subprocess.TimeoutExpired as err:
             raise AnpredError(f"installing {package}=={version} ran past {timeout_s:g} s") from err
         if proc.returncode != 0:
-            tail = " | ".join(ln for ln in (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-                              if "is ignored: it is neither" not in ln)
+            tail = " | ".join(
+                ln
+                for ln in (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+                if "is ignored: it is neither" not in ln
+            )
             raise AnpredError(f"cannot install {package}=={version}: {tail}")
 
     key = cache_key(package, version, find_links or "", sys.version_info[:2])

@@ -76,8 +76,22 @@ from anpred.errors import AnpredError
 __all__ = ["Campaign", "Configuration", "VersionAxis", "load_campaign", "config_id", "TEST_OPTIONS"]
 
 #: options of a configuration (``[defaults]``, per model, per input set): ``anpred.test``'s keywords
-TEST_OPTIONS = ("inputs", "samples", "stages", "max_cut_width", "imgsz", "seed", "factory_kwargs", "oracle",
-                "config", "bind", "drill", "task", "labels", "allow_incomplete")
+TEST_OPTIONS = (
+    "inputs",
+    "samples",
+    "stages",
+    "max_cut_width",
+    "imgsz",
+    "seed",
+    "factory_kwargs",
+    "oracle",
+    "config",
+    "bind",
+    "drill",
+    "task",
+    "labels",
+    "allow_incomplete",
+)
 #: default Ray resources of one backend run: one core (a 2-core machine runs two backends side by
 #: side) and 2 GiB, about 3x the largest peak RSS of one backend process in the measured campaign
 #: (docs/campaigns.md, 'Measured: figures behind defaults'). Ray reserves them logically: too
@@ -124,9 +138,16 @@ class Configuration:
     model_key: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "model": self.model, "label": self.label, "backend_set": self.backend_set,
-                "backends": self.backends, "inputs": self.inputs_name, "options": self.options,
-                "versions": self.versions}
+        return {
+            "id": self.id,
+            "model": self.model,
+            "label": self.label,
+            "backend_set": self.backend_set,
+            "backends": self.backends,
+            "inputs": self.inputs_name,
+            "options": self.options,
+            "versions": self.versions,
+        }
 
 
 @dataclass
@@ -163,9 +184,22 @@ def _label(model: str) -> str:
 
 
 #: the type each option must have (TOML values): checked when the file is read, not in a Ray task
-_TYPES = {"inputs": str, "samples": int, "stages": int, "max_cut_width": int, "seed": int, "factory_kwargs": dict,
-          "oracle": str, "config": str, "bind": (dict, list, str), "drill": bool, "task": str, "labels": str,
-          "allow_incomplete": bool, "imgsz": (int, list)}
+_TYPES = {
+    "inputs": str,
+    "samples": int,
+    "stages": int,
+    "max_cut_width": int,
+    "seed": int,
+    "factory_kwargs": dict,
+    "oracle": str,
+    "config": str,
+    "bind": (dict, list, str),
+    "drill": bool,
+    "task": str,
+    "labels": str,
+    "allow_incomplete": bool,
+    "imgsz": (int, list),
+}
 #: the keys of the campaign file's tables
 _TOP = {"campaign", "defaults", "models", "backend_sets", "inputs", "versions", "resources"}
 _HEAD = {"name", "retries", "timeout", "history", "memory_bound", "batch"}
@@ -215,8 +249,9 @@ def _model_key(text: str) -> str:
         except (ImportError, ValueError):
             spec = None
         if spec is None:
-            raise AnpredError(f"factory {text}: no module {mod!r} on the path (the campaign's folder, the working "
-                              "folder, the venv)")
+            raise AnpredError(
+                f"factory {text}: no module {mod!r} on the path (the campaign's folder, the working folder, the venv)"
+            )
         origin = getattr(spec, "origin", None)
         if origin and Path(origin).is_file():
             return f"factory:{text}:" + sha256_file(Path(origin))
@@ -241,8 +276,12 @@ def _resources(raw: dict[str, Any], backends: list[str]) -> dict[str, dict[str, 
         raise AnpredError("[resources] must be a table (cpus, memory_gb, gpus, backends.<name>)")
     per = raw.get("backends", {}) or {}
     unknown = sorted(set(raw) - set(DEFAULT_RESOURCES) - {"backends"})
-    unknown += sorted(f"backends.{b}.{k}" for b, t in per.items() for k in (t if isinstance(t, dict) else {"?": 0})
-                      if k not in DEFAULT_RESOURCES)
+    unknown += sorted(
+        f"backends.{b}.{k}"
+        for b, t in per.items()
+        for k in (t if isinstance(t, dict) else {"?": 0})
+        if k not in DEFAULT_RESOURCES
+    )
     if unknown:
         raise AnpredError(f"[resources]: unknown key(s) {', '.join(unknown)}; known: cpus, memory_gb, gpus, backends")
     for k, v in [*raw.items(), *[(f"backends.{b}.{k}", v) for b, t in per.items() for k, v in t.items()]]:
@@ -265,8 +304,9 @@ def _axes(raw: list[dict[str, Any]], base: Path) -> list[VersionAxis]:
         where = f"[[versions]] #{i + 1}"
         unknown = sorted(set(v) - {"package", "versions", "backends", "find_links", "paths"})
         if unknown:
-            raise AnpredError(f"{where}: unknown key(s) {', '.join(unknown)}; known: package, versions, backends, "
-                              "find_links, paths")
+            raise AnpredError(
+                f"{where}: unknown key(s) {', '.join(unknown)}; known: package, versions, backends, find_links, paths"
+            )
         if "package" not in v or not v.get("backends"):
             raise AnpredError(f"{where}: needs package = ... and backends = [...]")
         paths = {str(k): str((base / p).resolve()) for k, p in (v.get("paths") or {}).items()}
@@ -274,21 +314,40 @@ def _axes(raw: list[dict[str, Any]], base: Path) -> list[VersionAxis]:
         if not versions:
             raise AnpredError(f"{where}: needs versions = [...] or paths = {{...}}")
         fl = v.get("find_links")
-        axes.append(VersionAxis(package=str(v["package"]), versions=versions, backends=list(v["backends"]),
-                                find_links=str((base / fl).resolve()) if fl else None, paths=paths))
+        axes.append(
+            VersionAxis(
+                package=str(v["package"]),
+                versions=versions,
+                backends=list(v["backends"]),
+                find_links=str((base / fl).resolve()) if fl else None,
+                paths=paths,
+            )
+        )
     return axes
 
 
-def config_id(label: str, set_name: str, inputs_name: str, model_key: str, backends: list[str],
-              options: dict[str, Any], versions: dict[str, str], base: Path) -> str:
+def config_id(
+    label: str,
+    set_name: str,
+    inputs_name: str,
+    model_key: str,
+    backends: list[str],
+    options: dict[str, Any],
+    versions: dict[str, str],
+    base: Path,
+) -> str:
     """A configuration's id (module docstring): readable stem + 8 hex digits of the sha256 of the
     canonical JSON of the model's content key, backends, options (paths under ``base`` relative)
     and versions. The bisection's probes use it too, so a probe and the campaign's configuration of
     the same test share one result."""
-    stem = ".".join([_slug(label), _slug(set_name), _slug(inputs_name)]
-                    + [_slug(f"{p}-{v}") for p, v in versions.items()])
-    canon = json.dumps({"model": model_key, "backends": backends, "options": _portable(options, base),
-                        "versions": versions}, sort_keys=True, default=str)
+    stem = ".".join(
+        [_slug(label), _slug(set_name), _slug(inputs_name)] + [_slug(f"{p}-{v}") for p, v in versions.items()]
+    )
+    canon = json.dumps(
+        {"model": model_key, "backends": backends, "options": _portable(options, base), "versions": versions},
+        sort_keys=True,
+        default=str,
+    )
     return f"{stem}.{hashlib.sha256(canon.encode()).hexdigest()[:8]}"
 
 
@@ -326,14 +385,25 @@ def _campaign_table(raw: dict[str, Any], path: Path) -> dict[str, Any]:
     head = raw.get("campaign", {})
     unknown = sorted(set(head) - _HEAD)
     if unknown:
-        raise AnpredError(f"{path}: unknown key(s) in [campaign]: {', '.join(unknown)}; known: "
-                          f"{', '.join(sorted(_HEAD))}")
-    for k, typ in (("retries", int), ("timeout", (int, float)), ("name", str), ("history", str),
-                   ("memory_bound", (int, float)), ("batch", int)):
+        raise AnpredError(
+            f"{path}: unknown key(s) in [campaign]: {', '.join(unknown)}; known: {', '.join(sorted(_HEAD))}"
+        )
+    for k, typ in (
+        ("retries", int),
+        ("timeout", (int, float)),
+        ("name", str),
+        ("history", str),
+        ("memory_bound", (int, float)),
+        ("batch", int),
+    ):
         if k in head and (not isinstance(head[k], typ) or isinstance(head[k], bool)):
             raise AnpredError(f"{path}: [campaign] {k} = {head[k]!r} has the wrong type")
-    if int(head.get("retries", 2)) < 0 or float(head.get("timeout", 600)) <= 0 or \
-            float(head.get("memory_bound", 1)) <= 0 or int(head.get("batch", 0)) < 0:
+    if (
+        int(head.get("retries", 2)) < 0
+        or float(head.get("timeout", 600)) <= 0
+        or float(head.get("memory_bound", 1)) <= 0
+        or int(head.get("batch", 0)) < 0
+    ):
         raise AnpredError(f"{path}: [campaign] retries and batch must be >= 0, timeout and memory_bound > 0")
     return head
 
@@ -385,22 +455,42 @@ def load_campaign(path: str | Path) -> Campaign:
                 raise AnpredError(f"backend set {set_name!r}: a consensus needs at least two backends")
             for in_name, in_opts in input_sets.items():
                 opts = {**defaults, **mopts, **_options(in_opts or {}, f"input set {in_name}")}
-                opts = {k: (_resolve_path(v, base, k) if k in ("inputs", "config", "labels") else v)
-                        for k, v in opts.items()}
+                opts = {
+                    k: (_resolve_path(v, base, k) if k in ("inputs", "config", "labels") else v)
+                    for k, v in opts.items()
+                }
                 applying = [a for a in axes if set(a.backends) & set(names)]
                 for combo in itertools.product(*[a.versions for a in applying]) if applying else [()]:
                     versions = {a.package: v for a, v in zip(applying, combo)}
                     cid = config_id(label, set_name, in_name, key, names, opts, versions, base)
-                    configs.append(Configuration(id=cid, model=text, label=label, backend_set=set_name,
-                                                 backends=names, inputs_name=in_name, options=opts,
-                                                 versions=versions, model_key=key,
-                                                 resources=_resources(raw.get("resources", {}), names)))
+                    configs.append(
+                        Configuration(
+                            id=cid,
+                            model=text,
+                            label=label,
+                            backend_set=set_name,
+                            backends=names,
+                            inputs_name=in_name,
+                            options=opts,
+                            versions=versions,
+                            model_key=key,
+                            resources=_resources(raw.get("resources", {}), names),
+                        )
+                    )
     ids = [c.id for c in configs]
     dups = sorted({i for i in ids if ids.count(i) > 1})
     if dups:
         raise AnpredError(f"{path}: configurations with the same id (repeated model/set/input names): {dups}")
-    return Campaign(name=str(head.get("name") or path.stem), path=path, base=base,
-                    retries=int(head.get("retries", 2)), timeout_s=float(head.get("timeout", 600)),
-                    history=str(head.get("history", "history.sqlite")), configurations=configs, axes=axes, raw=raw,
-                    memory_bound_gb=float(head["memory_bound"]) if "memory_bound" in head else None,
-                    batch=int(head["batch"]) if "batch" in head else None)
+    return Campaign(
+        name=str(head.get("name") or path.stem),
+        path=path,
+        base=base,
+        retries=int(head.get("retries", 2)),
+        timeout_s=float(head.get("timeout", 600)),
+        history=str(head.get("history", "history.sqlite")),
+        configurations=configs,
+        axes=axes,
+        raw=raw,
+        memory_bound_gb=float(head["memory_bound"]) if "memory_bound" in head else None,
+        batch=int(head["batch"]) if "batch" in head else None,
+    )

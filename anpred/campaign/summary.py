@@ -69,8 +69,9 @@ def version_changes(campaign, records: list[dict[str, Any]]) -> list[dict[str, A
         for c in campaign.configurations:
             if axis.package in c.versions and c.id in done:
                 rest = tuple(sorted((p, v) for p, v in c.versions.items() if p != axis.package))
-                groups.setdefault((c.label, c.backend_set, c.inputs_name, rest),
-                                  {})[c.versions[axis.package]] = done[c.id]
+                groups.setdefault((c.label, c.backend_set, c.inputs_name, rest), {})[c.versions[axis.package]] = done[
+                    c.id
+                ]
         for (label, bset, inp, _), by_ver in groups.items():
             vers = [v for v in axis.versions if v in by_ver]
             for a, b in zip(vers, vers[1:]):
@@ -78,8 +79,19 @@ def version_changes(campaign, records: list[dict[str, Any]]) -> list[dict[str, A
                     before = cell_text(by_ver[a]["backends"].get(backend))
                     after = cell_text(by_ver[b]["backends"].get(backend))
                     if before.split(" | ")[0] != after.split(" | ")[0]:
-                        out.append({"model": label, "backend_set": bset, "inputs": inp, "package": axis.package,
-                                    "from": a, "to": b, "backend": backend, "before": before, "after": after})
+                        out.append(
+                            {
+                                "model": label,
+                                "backend_set": bset,
+                                "inputs": inp,
+                                "package": axis.package,
+                                "from": a,
+                                "to": b,
+                                "backend": backend,
+                                "before": before,
+                                "after": after,
+                            }
+                        )
     return out
 
 
@@ -89,19 +101,29 @@ def write_summary(campaign, result, db: Path) -> dict[str, Any]:
 
     out = Path(result.out)
     changes = version_changes(campaign, result.records)
-    summary = {"schema": SUMMARY_SCHEMA, "name": campaign.name, "file": str(campaign.path),
-               "configurations": len(campaign.configurations), "complete": sum(
-                   r.get("state") == "complete" for r in result.records),
-               "failed": [{"id": r["id"], "step": r.get("step"), "reason": r.get("reason")} for r in result.failed],
-               "ran": result.ran, "skipped": result.skipped, "seconds": round(result.seconds, 2),
-               "ray": {k: (str(v) if k == "address" else v) for k, v in result.ray.items()}, "history": str(db),
-               "version_changes": changes, "records": result.records}
+    summary = {
+        "schema": SUMMARY_SCHEMA,
+        "name": campaign.name,
+        "file": str(campaign.path),
+        "configurations": len(campaign.configurations),
+        "complete": sum(r.get("state") == "complete" for r in result.records),
+        "failed": [{"id": r["id"], "step": r.get("step"), "reason": r.get("reason")} for r in result.failed],
+        "ran": result.ran,
+        "skipped": result.skipped,
+        "seconds": round(result.seconds, 2),
+        "ray": {k: (str(v) if k == "address" else v) for k, v in result.ray.items()},
+        "history": str(db),
+        "version_changes": changes,
+        "records": result.records,
+    }
     atomic_write_text(out / "campaign.json", to_json(summary, indent=1))
     text = format_table(result.records)
     if changes:
         text += "\n\nper runtime version, what changed:\n" + "\n".join(
             f"  {c['model']} / {c['backend_set']} / {c['inputs']}: {c['package']} {c['from']} -> {c['to']}: "
-            f"{c['backend']} {c['before']} -> {c['after']}" for c in changes)
+            f"{c['backend']} {c['before']} -> {c['after']}"
+            for c in changes
+        )
     atomic_write_text(out / "summary.txt", text + "\n")
     _index(campaign, result, db, changes)
     return summary
@@ -126,12 +148,20 @@ def _configs(campaign, result) -> list:
                 run_dir = json.loads((Path(r["folder"]) / "report.json").read_text()).get("run_dir")
             except (OSError, ValueError):
                 run_dir = None
-        out.append(CampaignConfig(config_id=c.id, position=pos, label=c.label, backend_set=c.backend_set,
-                                  inputs=c.inputs_name, versions=dict(c.versions), state=r.get("state", "failed"),
-                                  reason=f"{r.get('step')}: {r.get('reason', '')}" if r.get("state") != "complete"
-                                  else "",
-                                  report=r.get("report_html") if r.get("state") == "complete" else None,
-                                  run_dir=run_dir))
+        out.append(
+            CampaignConfig(
+                config_id=c.id,
+                position=pos,
+                label=c.label,
+                backend_set=c.backend_set,
+                inputs=c.inputs_name,
+                versions=dict(c.versions),
+                state=r.get("state", "failed"),
+                reason=f"{r.get('step')}: {r.get('reason', '')}" if r.get("state") != "complete" else "",
+                report=r.get("report_html") if r.get("state") == "complete" else None,
+                run_dir=run_dir,
+            )
+        )
     return out
 
 
@@ -148,12 +178,21 @@ def _index(campaign, result, db: Path, changes) -> None:
     for r in result.records:
         ok = r.get("state") == "complete"
         standing = "; ".join(f"{b} {cell_text(row)}" for b, row in r.get("backends", {}).items()) if ok else ""
-        configs.append({"name": _config_name(r), "state": r.get("state", "failed"), "standing": standing,
-                        "step": r.get("step"), "reason": r.get("reason", ""),
-                        "report": r.get("report_html") if ok else None})
-    counts = (f"{len(result.records)} of {len(campaign.configurations)} configurations recorded; "
-              f"{sum(r.get('state') == 'complete' for r in result.records)} complete, {len(result.failed)} failed; "
-              f"{len(result.ran)} run now, {len(result.skipped)} found complete; {result.seconds:.0f} s; history {db}")
+        configs.append(
+            {
+                "name": _config_name(r),
+                "state": r.get("state", "failed"),
+                "standing": standing,
+                "step": r.get("step"),
+                "reason": r.get("reason", ""),
+                "report": r.get("report_html") if ok else None,
+            }
+        )
+    counts = (
+        f"{len(result.records)} of {len(campaign.configurations)} configurations recorded; "
+        f"{sum(r.get('state') == 'complete' for r in result.records)} complete, {len(result.failed)} failed; "
+        f"{len(result.ran)} run now, {len(result.skipped)} found complete; {result.seconds:.0f} s; history {db}"
+    )
     view = {"name": campaign.name, "counts": counts, "configs": configs, "changes": changes, "axes": axes}
     hist = collect([db], campaign=campaign.name, campaign_folder=out)
     write_site(hist, out, SiteOptions(title=f"Campaign {campaign.name}", campaign=view))

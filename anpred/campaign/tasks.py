@@ -35,8 +35,16 @@ from typing import Any
 
 from anpred.errors import AnpredError
 
-__all__ = ["prepare_configuration", "run_backend", "judge_configuration", "merge_runs", "CONFIG_FILE",
-           "record_of", "read_record", "import_paths"]
+__all__ = [
+    "prepare_configuration",
+    "run_backend",
+    "judge_configuration",
+    "merge_runs",
+    "CONFIG_FILE",
+    "record_of",
+    "read_record",
+    "import_paths",
+]
 
 #: the campaign's record of a finished configuration, inside its report folder
 CONFIG_FILE = "campaign-config.json"
@@ -86,16 +94,26 @@ def prepare_configuration(cfg, work: str | Path, paths: list[str]):
     for runs in ("runs", "warm"):  # runs of an earlier preparation do not fit this one
         shutil.rmtree(work / runs, ignore_errors=True)
     build.mkdir(parents=True)
-    opts = _test_options(cfg, ("inputs", "samples", "stages", "max_cut_width", "imgsz", "seed", "factory_kwargs",
-                               "bind", "task", "labels"))
+    opts = _test_options(
+        cfg,
+        ("inputs", "samples", "stages", "max_cut_width", "imgsz", "seed", "factory_kwargs", "bind", "task", "labels"),
+    )
     with import_paths(paths):
         prep = prepare_test(cfg.model, build, backends=cfg.backends, **opts)
     _atomic_pickle(prep, done)
     return prep
 
 
-def run_backend(cfg, backend: str, work: str | Path, prep, env_paths: list[str], timeout_s: float,
-                paths: list[str], memory_bound_gb: float | None = None) -> dict[str, Any]:
+def run_backend(
+    cfg,
+    backend: str,
+    work: str | Path,
+    prep,
+    env_paths: list[str],
+    timeout_s: float,
+    paths: list[str],
+    memory_bound_gb: float | None = None,
+) -> dict[str, Any]:
     """Step 2: ``backend`` on the prepared samples into ``runs/<backend>`` (kept from an earlier
     attempt when complete). Returns its :class:`anpred.backends.base.BackendStatus` as a dict (a
     backend that fails, crashes, times out or passes its memory bound is a status, not an exception).
@@ -123,11 +141,23 @@ def run_backend(cfg, backend: str, work: str | Path, prep, env_paths: list[str],
             # the configuration's runtime versions: the spec's python_path (recorded with the run, so the
             # judge's drill-down runs the same release)
             spec = BackendSpec(backend, backend, {"python_path": [str(p) for p in env_paths]} if env_paths else {})
-            guards = RunGuards(backend_memory=parse_gib(memory_bound_gb) if memory_bound_gb else None,
-                               bad_input_rule=False, shared_dir=str(work / "shared"))
+            guards = RunGuards(
+                backend_memory=parse_gib(memory_bound_gb) if memory_bound_gb else None,
+                bad_input_rule=False,
+                shared_dir=str(work / "shared"),
+            )
             with import_paths(paths), PythonPath(prep.sys_path):
-                run_model(work / "build" / "anchored.onnx", [spec], prep.spec, out, mode="tensors",
-                          timeout_s=timeout_s, progress=False, overwrite=True, guards=guards)
+                run_model(
+                    work / "build" / "anchored.onnx",
+                    [spec],
+                    prep.spec,
+                    out,
+                    mode="tensors",
+                    timeout_s=timeout_s,
+                    progress=False,
+                    overwrite=True,
+                    guards=guards,
+                )
     finally:
         pid_file.unlink(missing_ok=True)
     st = RunStore.open(out).statuses()[backend].to_dict()
@@ -184,8 +214,16 @@ def merge_runs(runs: dict[str, Path], dst: Path, lost: dict[str, str] | None = N
     return RunStore.open(dst)
 
 
-def judge_configuration(cfg, work: str | Path, final: str | Path, prep, statuses: dict[str, dict],
-                        lost: dict[str, str], campaign: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+def judge_configuration(
+    cfg,
+    work: str | Path,
+    final: str | Path,
+    prep,
+    statuses: dict[str, dict],
+    lost: dict[str, str],
+    campaign: dict[str, Any],
+    paths: list[str],
+) -> dict[str, Any]:
     """Step 3 (see the module docstring): merge, judge, report, commit to ``final``. ``statuses``:
     backend -> status dict of the finished runs; ``lost``: backend -> why its task was lost.
     Returns the configuration's record (:func:`record_of`)."""
@@ -206,21 +244,33 @@ def judge_configuration(cfg, work: str | Path, final: str | Path, prep, statuses
     store = merge_runs(runs, build / "run", lost)
     sts = finish_run_store(store, prep.label, prep.spec, prep.details.get("inputs") or {}, build, final)
     opts = cfg.options
-    judge = JudgeOptions(oracle=opts.get("oracle", "consensus"), config=opts.get("config"),
-                         allow_incomplete=bool(opts.get("allow_incomplete")), labels=opts.get("labels"),
-                         drill=bool(opts.get("drill")))
+    judge = JudgeOptions(
+        oracle=opts.get("oracle", "consensus"),
+        config=opts.get("config"),
+        allow_incomplete=bool(opts.get("allow_incomplete")),
+        labels=opts.get("labels"),
+        drill=bool(opts.get("drill")),
+    )
     with import_paths(paths):
-        result = finish_test(prep, build, final, statuses=sts, opts=TestOptions.make(judge=judge, quiet=True),
-                             seconds=dict(prep.seconds or {}))
+        result = finish_test(
+            prep,
+            build,
+            final,
+            statuses=sts,
+            opts=TestOptions.make(judge=judge, quiet=True),
+            seconds=dict(prep.seconds or {}),
+        )
     result.details = relocated(result.details, build, final)
     result.seconds["judge"] = time.perf_counter() - t0
     atomic_write_text(build / "test.json", to_json(result.to_dict(), indent=1))
     record = record_of(cfg, result.report, result.statuses, result.reasons, final)
     record["campaign"] = campaign
     # wall time of each step's task (s): for the scaling simulation of benchmarks/bench_campaign.py
-    record["timings"] = {"prepare": round((prep.seconds or {}).get("prepare", 0.0), 3),
-                         "runs": {b: s.get("task_seconds") for b, s in statuses.items()},
-                         "judge": round(time.perf_counter() - t0, 3)}
+    record["timings"] = {
+        "prepare": round((prep.seconds or {}).get("prepare", 0.0), 3),
+        "runs": {b: s.get("task_seconds") for b, s in statuses.items()},
+        "judge": round(time.perf_counter() - t0, 3),
+    }
     warm = {b: s["warm"] for b, s in statuses.items() if s.get("warm")}
     if warm:  # run on warm workers: the batch, each backend's worker pid and whether it was started for this one
         record["timings"]["warm"] = warm
@@ -243,20 +293,31 @@ def record_of(cfg, report, statuses: dict[str, str], reasons: dict[str, str], fi
         row: dict[str, Any] = {"run": statuses.get(b, "missing"), "reason": reasons.get(b, "")}
         if v is not None:
             impl = getattr(v, "implementation", None)
-            row.update(verdict=v.status, flagged=bool(v.flagged or (impl is not None and impl.flagged)),
-                       origin_anchor=v.origin_anchor, origin_stage=v.origin_stage,
-                       worst_primary=v.worst_primary,
-                       culprit=(getattr(v, "culprit", None) or {}).get("node"),
-                       culprit_op=(getattr(v, "culprit", None) or {}).get("op_type"))
+            row.update(
+                verdict=v.status,
+                flagged=bool(v.flagged or (impl is not None and impl.flagged)),
+                origin_anchor=v.origin_anchor,
+                origin_stage=v.origin_stage,
+                worst_primary=v.worst_primary,
+                culprit=(getattr(v, "culprit", None) or {}).get("node"),
+                culprit_op=(getattr(v, "culprit", None) or {}).get("op_type"),
+            )
         else:
             row.update(verdict="failed" if statuses.get(b) != "ok" else "unjudged", flagged=False)
         if b in task:
             row["task"] = task[b].get("headline")
         row["versions"] = (info.get("versions") if isinstance(info, dict) else getattr(info, "versions", None)) or {}
         backends[b] = row
-    return {**cfg.to_dict(), "state": "complete", "status": report.status, "exit_code": report.exit_code,
-            "folder": str(final), "report_html": str(final / "report.html"), "backends": backends,
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    return {
+        **cfg.to_dict(),
+        "state": "complete",
+        "status": report.status,
+        "exit_code": report.exit_code,
+        "folder": str(final),
+        "report_html": str(final / "report.html"),
+        "backends": backends,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
 
 
 def read_record(folder: Path) -> dict[str, Any] | None:

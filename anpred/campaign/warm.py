@@ -37,8 +37,16 @@ from typing import Any
 
 from anpred.campaign.tasks import import_paths
 
-__all__ = ["WarmBatch", "DEFAULT_BATCH", "WARM_RUN", "batchable", "batch_size", "batch_resources",
-           "run_configurations", "warm_statuses"]
+__all__ = [
+    "WarmBatch",
+    "DEFAULT_BATCH",
+    "WARM_RUN",
+    "batchable",
+    "batch_size",
+    "batch_resources",
+    "run_configurations",
+    "warm_statuses",
+]
 
 #: configurations per batch task when neither ``[campaign] batch`` nor ``--batch`` sets it: at most
 #: this many, and fewer when that leaves a Ray CPU without a batch (``ceil(configurations / slots)``,
@@ -147,10 +155,10 @@ def _pool_for(prep, pools: dict, pool_dir: Path, opts: WarmBatch):
 
     key = prep.sys_path
     if key not in pools:
-        guards = RunGuards(backend_memory=parse_gib(opts.memory_bound_gb) if opts.memory_bound_gb else None,
-                           bad_input_rule=False)
-        pools[key] = WarmPool(pool_dir / f"p{len(pools)}", timeout_s=opts.timeout_s, side_by_side=False,
-                              guards=guards)
+        guards = RunGuards(
+            backend_memory=parse_gib(opts.memory_bound_gb) if opts.memory_bound_gb else None, bad_input_rule=False
+        )
+        pools[key] = WarmPool(pool_dir / f"p{len(pools)}", timeout_s=opts.timeout_s, side_by_side=False, guards=guards)
     return pools[key]
 
 
@@ -173,11 +181,23 @@ def _run_one(cfg, prep, pools: dict, pool_dir: Path, opts: WarmBatch) -> dict[st
     pid_file.write_text(str(os.getpid()))
     try:
         with PythonPath(prep.sys_path):
-            run_model(work / "build" / "anchored.onnx", [BackendSpec(b, b, {}) for b in cfg.backends], prep.spec,
-                      work / WARM_RUN, mode="tensors", timeout_s=opts.timeout_s, progress=False, overwrite=True,
-                      # the pool's memory bound (it enforces it) recorded in run.json, as a one-shot run does
-                      guards=RunGuards(backend_memory=parse_gib(opts.memory_bound_gb) if opts.memory_bound_gb else None,
-                                       bad_input_rule=False, shared_dir=str(work / "shared")), pool=pool)
+            run_model(
+                work / "build" / "anchored.onnx",
+                [BackendSpec(b, b, {}) for b in cfg.backends],
+                prep.spec,
+                work / WARM_RUN,
+                mode="tensors",
+                timeout_s=opts.timeout_s,
+                progress=False,
+                overwrite=True,
+                # the pool's memory bound (it enforces it) recorded in run.json, as a one-shot run does
+                guards=RunGuards(
+                    backend_memory=parse_gib(opts.memory_bound_gb) if opts.memory_bound_gb else None,
+                    bad_input_rule=False,
+                    shared_dir=str(work / "shared"),
+                ),
+                pool=pool,
+            )
     except Exception as err:  # noqa: BLE001 - any failure of one configuration is its own; the batch goes on
         return {"error": " ".join(f"{type(err).__name__}: {err}".split())[:600]}
     finally:
@@ -186,8 +206,11 @@ def _run_one(cfg, prep, pools: dict, pool_dir: Path, opts: WarmBatch) -> dict[st
     statuses = warm_statuses(work, cfg.backends) or {}
     for b, st in statuses.items():
         w = pool.workers.get(b)
-        st["warm"] = {"batch": opts.name, "pid": w["proc"].pid if w else None,
-                      "fresh": pool.started.get(b, 0) > before.get(b, 0)}
+        st["warm"] = {
+            "batch": opts.name,
+            "pid": w["proc"].pid if w else None,
+            "fresh": pool.started.get(b, 0) > before.get(b, 0),
+        }
     return {"statuses": statuses, "seconds": round(time.perf_counter() - t0, 3)}
 
 

@@ -19,8 +19,12 @@ HELP = "list every backend: family, precision, library versions, installed, defa
 
 def add_arguments(parser):
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--model", metavar="ONNX", default=None,
-                        help="also say, per installed backend, which operators of this model its table lacks")
+    parser.add_argument(
+        "--model",
+        metavar="ONNX",
+        default=None,
+        help="also say, per installed backend, which operators of this model its table lacks",
+    )
 
 
 def main(args) -> int:
@@ -43,27 +47,37 @@ def main(args) -> int:
         cov = precheck(args.model, {r["name"]: r["name"] for r in rows if r["installed"]})
         for r in rows:
             c = cov.get(r["name"])
-            r["coverage"] = None if c is None else {k: c.get(k)
-                                                    for k in ("basis", "ops", "error", "node_basis", "nodes")}
+            r["coverage"] = (
+                None if c is None else {k: c.get(k) for k in ("basis", "ops", "error", "node_basis", "nodes")}
+            )
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
     wn = max([22] + [len(r["name"]) + 1 for r in rows])  # the longest name (executorch-xnnpack-int8-dynamic)
-    print(f"{'BACKEND':<{wn}}{'FAMILY':<21}{'PREC':<6}{'INSTALLED':<10}{'DEFAULT':<8}"
-          + ("MODEL  " if args.model else "") + "LIBRARIES")
+    print(
+        f"{'BACKEND':<{wn}}{'FAMILY':<21}{'PREC':<6}{'INSTALLED':<10}{'DEFAULT':<8}"
+        + ("MODEL  " if args.model else "")
+        + "LIBRARIES"
+    )
     for r in rows:
         libs = ", ".join(f"{d} {v or '-'}" for d, v in r["packages"].items())
         model = ""
         if args.model:
             c = r.get("coverage") or {}
             model = f"{'lacks' if c.get('ops') else 'ok' if c.get('basis') or c.get('node_basis') else '?':<7}"
-        print(f"{r['name']:<{wn}}{r['family']:<21}{r['precision']:<6}{'yes' if r['installed'] else 'NO':<10}"
-              f"{'yes' if r['default'] else '':<8}{model}{libs}" + (f"  ({r['reason']})" if r["reason"] else ""))
+        print(
+            f"{r['name']:<{wn}}{r['family']:<21}{r['precision']:<6}{'yes' if r['installed'] else 'NO':<10}"
+            f"{'yes' if r['default'] else '':<8}{model}{libs}" + (f"  ({r['reason']})" if r["reason"] else "")
+        )
     if args.model:
         from anpred.backends.coverage import format_coverage
 
         lines = format_coverage({r["name"]: r["coverage"] for r in rows if r.get("coverage")})
-        print("\n".join(["", f"pre-run coverage of {args.model}:"]
-                        + (lines or ["no table lacks an operator and no converter asked refuses a node"])
-                        + ["(?: no operator table and no converter asked; only a run can tell)"]))
+        print(
+            "\n".join(
+                ["", f"pre-run coverage of {args.model}:"]
+                + (lines or ["no table lacks an operator and no converter asked refuses a node"])
+                + ["(?: no operator table and no converter asked; only a run can tell)"]
+            )
+        )
     return 0

@@ -26,23 +26,41 @@ def add_arguments(parser):
 
     parser.add_argument("file", metavar="CAMPAIGN", help="campaign file (TOML, docs/campaigns.md)")
     parser.add_argument("-o", "--output", metavar="OUT", required=True, help="campaign output folder")
-    parser.add_argument("--address", default=None, metavar="ADDR",
-                        help="join this Ray cluster (auto, host:port, ray://host:port); default: an embedded local Ray")
+    parser.add_argument(
+        "--address",
+        default=None,
+        metavar="ADDR",
+        help="join this Ray cluster (auto, host:port, ray://host:port); default: an embedded local Ray",
+    )
     parser.add_argument("--cpus", type=int, default=None, metavar="N", help="CPUs of the embedded Ray (default: all)")
-    parser.add_argument("--batch", type=int, default=None, metavar="N",
-                        help="configurations per warm-worker batch task (overrides [campaign] batch; 0: one task "
-                             "per backend run; default: up to 8, fewer to fill the CPUs)")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="configurations per warm-worker batch task (overrides [campaign] batch; 0: one task "
+        "per backend run; default: up to 8, fewer to fill the CPUs)",
+    )
     parser.add_argument("--list", action="store_true", help="print the configurations and exit")
-    parser.add_argument("--bisect", metavar="PACKAGE", default=None,
-                        help="bisect the releases of PACKAGE between --good and --bad for --model")
+    parser.add_argument(
+        "--bisect",
+        metavar="PACKAGE",
+        default=None,
+        help="bisect the releases of PACKAGE between --good and --bad for --model",
+    )
     parser.add_argument("--model", default=None, help="with --bisect: the model (its label in the campaign)")
     parser.add_argument("--backend", default=None, help="with --bisect: the backend whose verdict changes")
     parser.add_argument("--good", default=None, help="with --bisect: a version where the backend is consistent")
     parser.add_argument("--bad", default=None, help="with --bisect: a later version where it deviates")
-    parser.add_argument("--versions", default=None, metavar="LIST",
-                        help="with --bisect: the candidate versions, comma-separated (default: pip index versions)")
-    add_memory_bound(parser, detail=" (overrides the file's [campaign] memory_bound; default: 80%% of each node's "
-                     "available memory)")
+    parser.add_argument(
+        "--versions",
+        default=None,
+        metavar="LIST",
+        help="with --bisect: the candidate versions, comma-separated (default: pip index versions)",
+    )
+    add_memory_bound(
+        parser, detail=" (overrides the file's [campaign] memory_bound; default: 80%% of each node's available memory)"
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 
@@ -72,15 +90,19 @@ def main(args) -> int:
             if not getattr(args, opt):
                 raise AnpredError(f"--bisect needs --{opt}")
         versions = [v.strip() for v in args.versions.split(",")] if args.versions else None
-        req = BisectRequest(package=args.bisect, model=args.model, backend=args.backend, good=args.good, bad=args.bad,
-                            versions=versions)
-        res = bisect_versions(campaign, args.output, req, address=args.address, num_cpus=args.cpus,
-                              progress=not args.quiet)
+        req = BisectRequest(
+            package=args.bisect, model=args.model, backend=args.backend, good=args.good, bad=args.bad, versions=versions
+        )
+        res = bisect_versions(
+            campaign, args.output, req, address=args.address, num_cpus=args.cpus, progress=not args.quiet
+        )
         print(format_bisection(res))
         return 0 if res.get("first_bad") else 1
     res = run_campaign(campaign, args.output, address=args.address, num_cpus=args.cpus, progress=not args.quiet)
     print(format_table(res.records))
-    print(f"\n{len(res.records) - len(res.failed)} of {len(campaign.configurations)} configurations complete, "
-          f"{len(res.failed)} failed; {len(res.ran)} run now, {len(res.skipped)} found complete; "
-          f"{res.seconds:.0f} s; summary: {res.out / 'index.html'}")
+    print(
+        f"\n{len(res.records) - len(res.failed)} of {len(campaign.configurations)} configurations complete, "
+        f"{len(res.failed)} failed; {len(res.ran)} run now, {len(res.skipped)} found complete; "
+        f"{res.seconds:.0f} s; summary: {res.out / 'index.html'}"
+    )
     return res.exit_code

@@ -35,10 +35,15 @@ def add_arguments(parser):
     parser.add_argument("--json", metavar="JSON", help="write the JSON report (schema anpred.check/1) here")
     OutputOptions.add_arguments(parser, quiet_help="print nothing but errors")
     JudgeOptions.add_arguments(parser)
-    parser.add_argument("--task-layout", default=None, choices=("yolov8", "yolov5"),
-                        help="detector output layout for --task detect (default yolov8)")
-    parser.add_argument("--task-output", default=None, metavar="NAME",
-                        help="the output the task reads (several outputs)")
+    parser.add_argument(
+        "--task-layout",
+        default=None,
+        choices=("yolov8", "yolov5"),
+        help="detector output layout for --task detect (default yolov8)",
+    )
+    parser.add_argument(
+        "--task-output", default=None, metavar="NAME", help="the output the task reads (several outputs)"
+    )
 
 
 def main(args) -> int:
@@ -59,8 +64,12 @@ def main(args) -> int:
     if args.task and rep.status != "error":
         from anpred.task import load_adapter, task_impact
 
-        rep.task = task_impact(args.run_dir, load_adapter(args.task, layout=args.task_layout, output=args.task_output),
-                               labels=args.labels, config=args.config)
+        rep.task = task_impact(
+            args.run_dir,
+            load_adapter(args.task, layout=args.task_layout, output=args.task_output),
+            labels=args.labels,
+            config=args.config,
+        )
     elif args.labels:
         from anpred.errors import AnpredError
 
@@ -78,8 +87,9 @@ def main(args) -> int:
 
         append(args.history, rep, report_html=args.report)
     elif args.history:
-        print(f"anpred: history: {args.history} not appended: the run could not be judged (status error)",
-              file=sys.stderr)
+        print(
+            f"anpred: history: {args.history} not appended: the run could not be judged (status error)", file=sys.stderr
+        )
     if args.model_explorer and rep.status != "error":  # after the history: an export failure loses no verdict
         from anpred.report.model_explorer import export_model_explorer
 
@@ -89,7 +99,9 @@ def main(args) -> int:
     if rep.status == "error":
         print(f"anpred: error: {args.run_dir} cannot be judged: " + "; ".join(rep.problems), file=sys.stderr)
     elif rep.status == "incomplete":
-        print(f"anpred: {args.run_dir}: INCOMPLETE: nothing flagged, but {len(rep.incomplete)} thing(s) could not "
-              f"be judged (listed above){'; --allow-incomplete: exit 0' if args.allow_incomplete else ''}",
-              file=sys.stderr)
+        print(
+            f"anpred: {args.run_dir}: INCOMPLETE: nothing flagged, but {len(rep.incomplete)} thing(s) could not "
+            f"be judged (listed above){'; --allow-incomplete: exit 0' if args.allow_incomplete else ''}",
+            file=sys.stderr,
+        )
     return rep.exit_code

@@ -23,22 +23,35 @@ HELP = "run ONNX backend-test cases (the node suite by default) on every backend
 
 
 def add_arguments(parser):
-    parser.add_argument("folder", nargs="?", default=None, metavar="FOLDER",
-                        help="cases in ONNX's backend-test layout (default: "
-                             "the node suite installed by scripts/setup.sh)")
+    parser.add_argument(
+        "folder",
+        nargs="?",
+        default=None,
+        metavar="FOLDER",
+        help="cases in ONNX's backend-test layout (default: the node suite installed by scripts/setup.sh)",
+    )
     parser.add_argument("-o", "--output", metavar="OUT", required=True, help="output folder (resumed when it exists)")
-    parser.add_argument("--backends", default=None, metavar="LIST",
-                        help="comma-separated backends (default: the 10 fp32 backends, onnx-reference-fp64 included)")
-    parser.add_argument("--cases", default=None, metavar="PATTERNS",
-                        help="comma-separated shell patterns of case names (default: all)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "all"),
-                        help="float32: cases whose inputs and outputs are all float32 (default); all: "
-                             "every tensor case")
+    parser.add_argument(
+        "--backends",
+        default=None,
+        metavar="LIST",
+        help="comma-separated backends (default: the 10 fp32 backends, onnx-reference-fp64 included)",
+    )
+    parser.add_argument(
+        "--cases", default=None, metavar="PATTERNS", help="comma-separated shell patterns of case names (default: all)"
+    )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "all"),
+        help="float32: cases whose inputs and outputs are all float32 (default); all: every tensor case",
+    )
     parser.add_argument("--timeout", type=float, default=120.0, metavar="S", help="per case and backend (default 120)")
     parser.add_argument("--batch", type=int, default=100, metavar="N", help="cases per Ray task (default 100)")
     parser.add_argument("--no-ray", action="store_true", help="run the batches in this process")
-    parser.add_argument("--address", default=None, metavar="ADDR",
-                        help="join this Ray cluster (default: embedded local Ray)")
+    parser.add_argument(
+        "--address", default=None, metavar="ADDR", help="join this Ray cluster (default: embedded local Ray)"
+    )
     parser.add_argument("--cpus", type=int, default=None, metavar="N", help="CPUs per batch and of the embedded Ray")
     parser.add_argument("--keep-runs", action="store_true", help="keep each case's run folder (OUT/runs/<case>)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
@@ -49,13 +62,28 @@ def main(args) -> int:
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()] if args.backends else list(FP32_BACKENDS)
     patterns = [p.strip() for p in args.cases.split(",") if p.strip()] if args.cases else None
-    opts = ConformanceOptions(backends=backends, patterns=patterns, dtype=args.dtype, timeout_s=args.timeout,
-                              batch=args.batch, ray=not args.no_ray, address=args.address, num_cpus=args.cpus,
-                              keep_runs=args.keep_runs, progress=not args.quiet)
+    opts = ConformanceOptions(
+        backends=backends,
+        patterns=patterns,
+        dtype=args.dtype,
+        timeout_s=args.timeout,
+        batch=args.batch,
+        ray=not args.no_ray,
+        address=args.address,
+        num_cpus=args.cpus,
+        keep_runs=args.keep_runs,
+        progress=not args.quiet,
+    )
     res = run_conformance(args.folder, args.output, opts)
     print(res["text"])
-    print(f"\n{res['summary']['cases']} cases in {res['seconds']:.0f} s; results: {args.output}/conformance.json, "
-          f"matrix.tsv, pairs.tsv" + (f"; {len(res['failed_batches'])} batch(es) lost (re-run to resume): "
-                                      + "; ".join(res["failed_batches"]) if res["failed_batches"] else ""))
+    print(
+        f"\n{res['summary']['cases']} cases in {res['seconds']:.0f} s; results: {args.output}/conformance.json, "
+        f"matrix.tsv, pairs.tsv"
+        + (
+            f"; {len(res['failed_batches'])} batch(es) lost (re-run to resume): " + "; ".join(res["failed_batches"])
+            if res["failed_batches"]
+            else ""
+        )
+    )
     s = res["summary"]["score"]
     return 0 if s["deviating"] == 0 and s["flagged_matching"] == 0 and not res["failed_batches"] else 1

@@ -25,14 +25,20 @@ HELP = "diff two ONNX graphs (structure) or two run folders (numbers, anchor by 
 def add_arguments(parser):
     parser.add_argument("a", metavar="A", help="an .onnx file or a run folder")
     parser.add_argument("b", metavar="B", help="an .onnx file or a run folder (same kind as A)")
-    parser.add_argument("--json", metavar="F",
-                        help="write the diff as JSON (schema anpred.graphdiff/1 or anpred.rundiff/1)")
+    parser.add_argument(
+        "--json", metavar="F", help="write the diff as JSON (schema anpred.graphdiff/1 or anpred.rundiff/1)"
+    )
     parser.add_argument("--html", metavar="F", help="write the HTML page (stages side by side)")
     parser.add_argument("--config", metavar="F", help="TOML/JSON file overriding the oracle defaults (runs only)")
     parser.add_argument("--backends", metavar="LIST", help="comma-separated backends to compare (runs only)")
-    parser.add_argument("--pair", metavar="X=Y", action="append", default=[],
-                        help="compare backend X of run A with backend Y of run B (repeatable or "
-                             "comma-separated, e.g. ort=ort-fp16; runs only)")
+    parser.add_argument(
+        "--pair",
+        metavar="X=Y",
+        action="append",
+        default=[],
+        help="compare backend X of run A with backend Y of run B (repeatable or "
+        "comma-separated, e.g. ort=ort-fp16; runs only)",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
 
 
@@ -92,8 +98,9 @@ def main(args) -> int:
         from anpred.diff import diff_runs
 
         backends = [x.strip() for x in args.backends.split(",") if x.strip()] if args.backends else None
-        runs = diff_runs(a, b, config=load_config(args.config), backends=backends,
-                         pairs=_parse_pairs(args.pair) or None)
+        runs = diff_runs(
+            a, b, config=load_config(args.config), backends=backends, pairs=_parse_pairs(args.pair) or None
+        )
         result, differs = runs, runs.moved
     else:
         from anpred.diff import diff_files
@@ -107,6 +114,7 @@ def main(args) -> int:
         page = render_diff_html(graph=graph, runs=runs, title=f"anpred diff {a.name} {b.name}")
     if args.json:
         from anpred.onnx_io import json_safe
+
         _write(args.json, json.dumps(json_safe(result.to_dict()), indent=1))
     if page is not None:
         _write(args.html, page)

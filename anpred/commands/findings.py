@@ -18,11 +18,17 @@ HELP = "write the findings ledger (docs/findings.md) from committed conformance 
 def add_arguments(parser):
     parser.add_argument("folder", metavar="FOLDER", help="the findings folder (benchmarks/results/findings)")
     parser.add_argument("-o", "--output", metavar="FILE", default=None, help="write the ledger here (Markdown)")
-    parser.add_argument("--extract", action="store_true",
-                        help="derive the defects from FOLDER/*.conformance.json and copy each defect's repro case")
-    parser.add_argument("--cases-from", default=None, metavar="DIRS",
-                        help="with --extract: comma-separated case folders to copy repros from (default: "
-                             "the node suite)")
+    parser.add_argument(
+        "--extract",
+        action="store_true",
+        help="derive the defects from FOLDER/*.conformance.json and copy each defect's repro case",
+    )
+    parser.add_argument(
+        "--cases-from",
+        default=None,
+        metavar="DIRS",
+        help="with --extract: comma-separated case folders to copy repros from (default: the node suite)",
+    )
     parser.add_argument("--confirm", action="store_true", help="re-run every repro on the backends of the results")
     parser.add_argument("--backends", default=None, metavar="LIST", help="with --confirm (default: the fp32 backends)")
 

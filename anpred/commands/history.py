@@ -10,16 +10,33 @@ def add_arguments(parser):
     parser.add_argument("db", metavar="DB", help="SQLite database written by 'anpred check --history'")
     parser.add_argument("--model", help="only this model (name as recorded)")
     parser.add_argument("--plot", metavar="PNG", help="write a trend plot here (precision and task metrics)")
-    parser.add_argument("--since", type=int, default=None, metavar="RUN",
-                        help="compare each model's latest run with run id RUN (default: the previous run on the "
-                        "same inputs); a task metric that dropped by more than --margin exits 1")
-    parser.add_argument("--margin", type=float, default=None, metavar="M",
-                        help="task-metric drop that counts as a regression (absolute; default 0.01)")
+    parser.add_argument(
+        "--since",
+        type=int,
+        default=None,
+        metavar="RUN",
+        help="compare each model's latest run with run id RUN (default: the previous run on the "
+        "same inputs); a task metric that dropped by more than --margin exits 1",
+    )
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=None,
+        metavar="M",
+        help="task-metric drop that counts as a regression (absolute; default 0.01)",
+    )
 
 
 def main(args) -> int:
-    from anpred.report.history import (DEFAULT_MARGIN, format_task_trend, format_trend, plot_trend, task_regressions,
-                                task_trend, trend)
+    from anpred.report.history import (
+        DEFAULT_MARGIN,
+        format_task_trend,
+        format_trend,
+        plot_trend,
+        task_regressions,
+        task_trend,
+        trend,
+    )
 
     rows = trend(args.db, args.model)
     print(format_trend(rows))
@@ -36,13 +53,18 @@ def main(args) -> int:
         raise AnpredError(f"--margin must be >= 0 (got {margin:g})")
     regs = task_regressions(trows, args.since, margin)
     for r in regs:
-        print(f"REGRESSION {r['model']} {r['backend']} {r['metric']}: {r['before']:.4g} -> {r['after']:.4g} "
-              f"(-{r['drop']:.4g} > margin {margin:g}; run {r['run']} against run {r['against']})")
+        print(
+            f"REGRESSION {r['model']} {r['backend']} {r['metric']}: {r['before']:.4g} -> {r['after']:.4g} "
+            f"(-{r['drop']:.4g} > margin {margin:g}; run {r['run']} against run {r['against']})"
+        )
     if trows and not regs:
         compared = _compared(trows, args.since)
-        print(f"no task metric dropped by more than {margin:g}" if compared else
-              "no task metrics to compare: each model has one run with task metrics on its inputs "
-              "(give --since RUN to compare with another)")
+        print(
+            f"no task metric dropped by more than {margin:g}"
+            if compared
+            else "no task metrics to compare: each model has one run with task metrics on its inputs "
+            "(give --since RUN to compare with another)"
+        )
     return 1 if regs else 0
 
 

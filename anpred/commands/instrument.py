@@ -27,21 +27,37 @@ HELP = "partition an ONNX model into stages and expose the stage boundaries as a
 def add_arguments(parser):
     parser.add_argument("model", help="input .onnx file (external weights are referenced, never loaded)")
     parser.add_argument("-o", "--output", help="anchored .onnx file to write (required unless --list)")
-    parser.add_argument("--stages", type=int, default=None, metavar="K",
-                        help="number of stages (default: automatic, about 8)")
-    parser.add_argument("--max-cut-width", type=int, default=4, metavar="W",
-                        help="most tensors a stage boundary may hold (default: 4)")
-    parser.add_argument("--anchor", action="append", default=[], metavar="NAME",
-                        help="also expose this tensor (ONNX value name); repeatable")
-    parser.add_argument("--manifest", default=None, metavar="PATH",
-                        help="anchor manifest JSON to write (default: <output stem>.anchors.json)")
-    parser.add_argument("--copy-external-data", action="store_true",
-                        help="the model keeps its weights in external files and the output goes to another "
-                        "folder: copy the weight files next to the output (runtimes refuse weight paths "
-                        "outside the model's folder; without this option such a run is refused)")
-    parser.add_argument("--list", action="store_true",
-                        help="print the partition table (stage, boundary tensors, shapes, node count, cost) "
-                        "and write nothing")
+    parser.add_argument(
+        "--stages", type=int, default=None, metavar="K", help="number of stages (default: automatic, about 8)"
+    )
+    parser.add_argument(
+        "--max-cut-width", type=int, default=4, metavar="W", help="most tensors a stage boundary may hold (default: 4)"
+    )
+    parser.add_argument(
+        "--anchor",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also expose this tensor (ONNX value name); repeatable",
+    )
+    parser.add_argument(
+        "--manifest",
+        default=None,
+        metavar="PATH",
+        help="anchor manifest JSON to write (default: <output stem>.anchors.json)",
+    )
+    parser.add_argument(
+        "--copy-external-data",
+        action="store_true",
+        help="the model keeps its weights in external files and the output goes to another "
+        "folder: copy the weight files next to the output (runtimes refuse weight paths "
+        "outside the model's folder; without this option such a run is refused)",
+    )
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="print the partition table (stage, boundary tensors, shapes, node count, cost) and write nothing",
+    )
 
 
 def main(args) -> int:
@@ -51,20 +67,29 @@ def main(args) -> int:
 
     if args.list:
         model = load_model(args.model, load_external=False)
-        _, manifest = instrument_model(model, stages=args.stages, max_cut_width=args.max_cut_width,
-                                       anchors=args.anchor, source_path=args.model)
+        _, manifest = instrument_model(
+            model, stages=args.stages, max_cut_width=args.max_cut_width, anchors=args.anchor, source_path=args.model
+        )
         p = manifest.partition
-        print(f"{args.model}: {p['num_nodes']} nodes, {manifest.counts()} "
-              f"(exporter: {p['framework']}, cost: {p['cost_unit']}, {p['candidate_cuts']} admissible cuts)")
+        print(
+            f"{args.model}: {p['num_nodes']} nodes, {manifest.counts()} "
+            f"(exporter: {p['framework']}, cost: {p['cost_unit']}, {p['candidate_cuts']} admissible cuts)"
+        )
         for note in p.get("notes", []):
             print(f"note: {note}")
         print(format_partition_table(manifest))
         return 0
     if not args.output:
         raise AnpredError("missing -o/--output (or use --list to only print the partition)")
-    manifest = instrument_file(args.model, args.output, stages=args.stages, max_cut_width=args.max_cut_width,
-                               anchors=args.anchor, manifest_path=args.manifest,
-                               copy_external_data=args.copy_external_data)
+    manifest = instrument_file(
+        args.model,
+        args.output,
+        stages=args.stages,
+        max_cut_width=args.max_cut_width,
+        anchors=args.anchor,
+        manifest_path=args.manifest,
+        copy_external_data=args.copy_external_data,
+    )
     man = args.manifest or default_manifest_path(args.output)
     print(f"wrote {args.output} ({manifest.counts()} = {len(manifest.anchors)} in the manifest) and {man}")
     for note in manifest.partition.get("notes", []):

@@ -25,21 +25,33 @@ HELP = "map anchors onto the native model and the converter backends: exact / eq
 
 def add_arguments(parser):
     parser.add_argument("model", help="anchored .onnx file (from anpred-instrument)")
-    parser.add_argument("--factory", metavar="MODULE:FUNCTION",
-                        help="rebuilds the native model: returns (model, example_inputs)")
-    parser.add_argument("--kwargs", default=None, metavar="JSON",
-                        help="keyword arguments for the factory (JSON object)")
-    parser.add_argument("--framework", choices=["torch", "tf"], default=None,
-                        help="native framework (default: from the origin or the exporter)")
-    parser.add_argument("--manifest", default=None, metavar="PATH",
-                        help="anchor manifest JSON (default: the one stored in the model)")
+    parser.add_argument(
+        "--factory", metavar="MODULE:FUNCTION", help="rebuilds the native model: returns (model, example_inputs)"
+    )
+    parser.add_argument(
+        "--kwargs", default=None, metavar="JSON", help="keyword arguments for the factory (JSON object)"
+    )
+    parser.add_argument(
+        "--framework",
+        choices=["torch", "tf"],
+        default=None,
+        help="native framework (default: from the origin or the exporter)",
+    )
+    parser.add_argument(
+        "--manifest", default=None, metavar="PATH", help="anchor manifest JSON (default: the one stored in the model)"
+    )
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
-    parser.add_argument("--write", action="store_true",
-                        help="store the mapping in the model's manifest and its .anchors.json")
+    parser.add_argument(
+        "--write", action="store_true", help="store the mapping in the model's manifest and its .anchors.json"
+    )
     parser.add_argument("--brief", action="store_true", help="only the per-backend counts")
-    parser.add_argument("--backends", default=None, metavar="LIST",
-                        help="comma-separated backends to prepare and report from what they capture "
-                             "(e.g. torch-native,torch,tf); default: static mapping only")
+    parser.add_argument(
+        "--backends",
+        default=None,
+        metavar="LIST",
+        help="comma-separated backends to prepare and report from what they capture "
+        "(e.g. torch-native,torch,tf); default: static mapping only",
+    )
 
 
 def main(args) -> int:
@@ -61,8 +73,9 @@ def main(args) -> int:
     model = load_model(path)
     manifest = AnchorManifest.load(args.manifest) if args.manifest else AnchorManifest.from_model(model)
     if manifest is None:
-        raise InputError(f"{path}: no anchor manifest in the model; instrument it first (anpred-instrument) "
-                         "or give --manifest")
+        raise InputError(
+            f"{path}: no anchor manifest in the model; instrument it first (anpred-instrument) or give --manifest"
+        )
     origin = dict(manifest.model.get("origin") or read_origin(model) or {})
     if args.factory:
         origin["factory"] = args.factory
@@ -73,8 +86,10 @@ def main(args) -> int:
         if not isinstance(origin["kwargs"], dict):
             raise InputError("--kwargs must be a JSON object")
     if not origin.get("factory"):
-        raise InputError(f"{path}: no native model known: the manifest records no origin factory; give "
-                         "--factory module:function (returning (model, example_inputs))")
+        raise InputError(
+            f"{path}: no native model known: the manifest records no origin factory; give "
+            "--factory module:function (returning (model, example_inputs))"
+        )
     exporter = detect_exporter(model, origin=read_origin(model))
     framework = args.framework or origin.get("framework") or ("tf" if exporter == "tf2onnx" else "torch")
     if framework not in ("torch", "tf"):
@@ -83,13 +98,22 @@ def main(args) -> int:
         sys.path.insert(0, os.getcwd())
     prepare = parse_backends(args.backends) if args.backends else []
     native, example = load_factory(origin["factory"], origin.get("kwargs"))
-    report = map_anchors(manifest, native, framework, onnx_model=model,
-                         example_inputs=example if framework == "torch" else None,
-                         converters=CONVERTER_BACKENDS, converter_checks={"torch": onnx2torch_missing})
+    report = map_anchors(
+        manifest,
+        native,
+        framework,
+        onnx_model=model,
+        example_inputs=example if framework == "torch" else None,
+        converters=CONVERTER_BACKENDS,
+        converter_checks={"torch": onnx2torch_missing},
+    )
     if prepare:
         for name in prepare:
-            opts = {"factory": origin["factory"], "factory_kwargs": origin.get("kwargs") or {}} \
-                if name in ("torch-native", "tf-native") else {}
+            opts = (
+                {"factory": origin["factory"], "factory_kwargs": origin.get("kwargs") or {}}
+                if name in ("torch-native", "tf-native")
+                else {}
+            )
             if name in ("torch-native", "tf-native") and name != BACKEND_OF[framework]:
                 raise InputError(f"backend {name!r} needs a {name.split('-')[0]} model; this one is {framework}")
             man = AnchorManifest.from_dict(manifest.to_dict())
@@ -108,6 +132,8 @@ def main(args) -> int:
             manifest.save(side)
     unmapped = sum(report.counts(b)["unmapped"] for b in report.entries)
     if unmapped:
-        print(f"note: {unmapped} anchor mapping(s) unmapped; those anchors are skipped by that backend "
-              "(reasons above)", file=sys.stderr)
+        print(
+            f"note: {unmapped} anchor mapping(s) unmapped; those anchors are skipped by that backend (reasons above)",
+            file=sys.stderr,
+        )
     return 0

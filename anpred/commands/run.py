@@ -23,20 +23,30 @@ def add_arguments(parser):
     from anpred.options import add_memory_bound, add_timeout
 
     parser.add_argument("model", help="anchored ONNX model (from anpred instrument)")
-    parser.add_argument("--backends", "-b", required=True,
-                        help="comma-separated backend names: " + ", ".join(REGISTRY))
+    parser.add_argument("--backends", "-b", required=True, help="comma-separated backend names: " + ", ".join(REGISTRY))
     parser.add_argument("--inputs", "-i", required=True, help="folder, .npz/.npy/image file, or random:...")
     parser.add_argument("-o", "--output", required=True, help="run folder to create")
-    parser.add_argument("--mode", choices=("tensors", "stats"), default="tensors",
-                        help="tensors: store every anchor tensor; stats: streaming statistics only")
+    parser.add_argument(
+        "--mode",
+        choices=("tensors", "stats"),
+        default="tensors",
+        help="tensors: store every anchor tensor; stats: streaming statistics only",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     add_timeout(parser)
-    parser.add_argument("--preprocess", choices=("auto", "yolo", "imagenet", "unit"), default=None,
-                        help="image preprocessing (default auto: yolo letterbox for YOLO models, else imagenet)")
-    parser.add_argument("--no-precheck", action="store_true",
-                        help="start every backend, even one whose operator table lacks an operator of the model "
-                             "(default: such a backend is not started, its status is 'unsupported' naming the "
-                             "operators)")
+    parser.add_argument(
+        "--preprocess",
+        choices=("auto", "yolo", "imagenet", "unit"),
+        default=None,
+        help="image preprocessing (default auto: yolo letterbox for YOLO models, else imagenet)",
+    )
+    parser.add_argument(
+        "--no-precheck",
+        action="store_true",
+        help="start every backend, even one whose operator table lacks an operator of the model "
+        "(default: such a backend is not started, its status is 'unsupported' naming the "
+        "operators)",
+    )
     add_memory_bound(parser)
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
 
@@ -47,11 +57,22 @@ def main(args) -> int:
     from anpred.run.limits import RunGuards, parse_gib
 
     names = parse_backends(args.backends)
-    guards = RunGuards(backend_memory=parse_gib(args.memory_bound, "--memory-bound")
-                       if args.memory_bound is not None else None)
-    store = run_model(args.model, names, args.inputs, args.output, mode=args.mode, timeout_s=args.timeout_s,
-                      overwrite=args.overwrite, progress=False if args.quiet else True, preprocess=args.preprocess,
-                      precheck=not args.no_precheck, guards=guards)
+    guards = RunGuards(
+        backend_memory=parse_gib(args.memory_bound, "--memory-bound") if args.memory_bound is not None else None
+    )
+    store = run_model(
+        args.model,
+        names,
+        args.inputs,
+        args.output,
+        mode=args.mode,
+        timeout_s=args.timeout_s,
+        overwrite=args.overwrite,
+        progress=False if args.quiet else True,
+        preprocess=args.preprocess,
+        precheck=not args.no_precheck,
+        guards=guards,
+    )
     if args.quiet:
         print(format_summary(store))
     print(f"run stored in {store.root}")

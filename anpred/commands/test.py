@@ -54,33 +54,67 @@ HELP = "one shot: export, instrument, map, run, align, judge and report a model 
 def add_arguments(parser):
     from anpred.options import JudgeOptions, OutputOptions, RunOptions, StreamOptions, add_memory_bound
 
-    parser.add_argument("model", metavar="MODEL",
-                        help="an .onnx file, a zoo name, a factory module:function, or 'demo'")
-    parser.add_argument("-o", "--output", metavar="OUT", default=None,
-                        help="report folder to create (default anpred-test/<model>, anpred-demo for the demo)")
-    parser.add_argument("--inputs", "-i", metavar="SPEC", default=None,
-                        help="image folder/file, .npz/.npy, or random:uniform|normal|images[:seed=S][:n=N]")
-    parser.add_argument("--input-shapes", metavar="NAME:DIMS,...", default=None,
-                        help="the dynamic input dimensions, batch included, e.g. ids:1x45,mask:1x45 (default: from "
-                        "the given .npz/.npy inputs, else batch 1 and --imgsz)")
-    parser.add_argument("--samples", "-n", type=int, default=None, metavar="N",
-                        help="number of generated or real samples (default 3)")
+    parser.add_argument(
+        "model", metavar="MODEL", help="an .onnx file, a zoo name, a factory module:function, or 'demo'"
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT",
+        default=None,
+        help="report folder to create (default anpred-test/<model>, anpred-demo for the demo)",
+    )
+    parser.add_argument(
+        "--inputs",
+        "-i",
+        metavar="SPEC",
+        default=None,
+        help="image folder/file, .npz/.npy, or random:uniform|normal|images[:seed=S][:n=N]",
+    )
+    parser.add_argument(
+        "--input-shapes",
+        metavar="NAME:DIMS,...",
+        default=None,
+        help="the dynamic input dimensions, batch included, e.g. ids:1x45,mask:1x45 (default: from "
+        "the given .npz/.npy inputs, else batch 1 and --imgsz)",
+    )
+    parser.add_argument(
+        "--samples", "-n", type=int, default=None, metavar="N", help="number of generated or real samples (default 3)"
+    )
     parser.add_argument("--stages", type=int, default=None, metavar="K", help="number of stages (default ~8)")
-    parser.add_argument("--max-cut-width", type=int, default=4, metavar="W",
-                        help="most tensors per stage boundary (default 4)")
-    parser.add_argument("--imgsz", type=int, nargs="+", default=None, metavar="N",
-                        help="input size N or H W (resizable zoo models, dynamic image inputs; default 640)")
+    parser.add_argument(
+        "--max-cut-width", type=int, default=4, metavar="W", help="most tensors per stage boundary (default 4)"
+    )
+    parser.add_argument(
+        "--imgsz",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="input size N or H W (resizable zoo models, dynamic image inputs; default 640)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of generated inputs and seeded zoo weights")
-    parser.add_argument("--bind", action="append", default=None, metavar="NAME=VALUE",
-                        help="bind a configuration input to a constant (JSON value, e.g. sr=16000); repeatable")
+    parser.add_argument(
+        "--bind",
+        action="append",
+        default=None,
+        metavar="NAME=VALUE",
+        help="bind a configuration input to a constant (JSON value, e.g. sr=16000); repeatable",
+    )
     parser.add_argument("--kwargs", metavar="JSON", default=None, help="keyword arguments for a factory, as JSON")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace an earlier test (or demo) in OUT, once the new one is complete")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier test (or demo) in OUT, once the new one is complete",
+    )
     OutputOptions.add_arguments(parser, quiet_help="no progress output", explorer_into="OUT/model-explorer")
     add_memory_bound(parser)
     RunOptions.add_arguments(parser)
-    JudgeOptions.add_arguments(parser, task_help="task metrics against the consensus: detect | classify | dense | "
-                               "module:function | none (default: the zoo entry's task)")
+    JudgeOptions.add_arguments(
+        parser,
+        task_help="task metrics against the consensus: detect | classify | dense | "
+        "module:function | none (default: the zoo entry's task)",
+    )
     StreamOptions.add_arguments(parser)
 
 
@@ -112,37 +146,71 @@ def _kwargs(text):
 
 def options(args):
     """The :class:`anpred.options.TestOptions` of the parsed command line."""
-    from anpred.options import (InputOptions, JudgeOptions, ModelOptions, OutputOptions, RunOptions, StreamOptions,
-                                TestOptions)
+    from anpred.options import (
+        InputOptions,
+        JudgeOptions,
+        ModelOptions,
+        OutputOptions,
+        RunOptions,
+        StreamOptions,
+        TestOptions,
+    )
 
     return TestOptions(
-        judge=JudgeOptions.from_args(args), run=RunOptions.from_args(args),
-        build=ModelOptions(imgsz=_imgsz(args.imgsz), seed=args.seed, factory_kwargs=_kwargs(args.kwargs),
-                           bind=args.bind, stages=args.stages, max_cut_width=args.max_cut_width),
+        judge=JudgeOptions.from_args(args),
+        run=RunOptions.from_args(args),
+        build=ModelOptions(
+            imgsz=_imgsz(args.imgsz),
+            seed=args.seed,
+            factory_kwargs=_kwargs(args.kwargs),
+            bind=args.bind,
+            stages=args.stages,
+            max_cut_width=args.max_cut_width,
+        ),
         feed=InputOptions(inputs=args.inputs, samples=args.samples, input_shapes=args.input_shapes),
         output=OutputOptions.from_args(args),
-        stream=StreamOptions.from_args(args))
+        stream=StreamOptions.from_args(args),
+    )
 
 
 def _demo(args) -> int:
     from anpred.errors import AnpredError
     from anpred.pipeline import demo, format_standing
 
-    for opt in ("inputs", "kwargs", "history", "imgsz", "bind", "task", "labels", "stream", "input_shapes",
-                "atol", "rtol", "reference", "config"):
+    for opt in (
+        "inputs",
+        "kwargs",
+        "history",
+        "imgsz",
+        "bind",
+        "task",
+        "labels",
+        "stream",
+        "input_shapes",
+        "atol",
+        "rtol",
+        "reference",
+        "config",
+    ):
         if getattr(args, opt):
             raise AnpredError(f"--{opt.replace('_', '-')} does not apply to the demo")
     opts = options(args)
-    res = demo(args.output or "anpred-demo", run=opts.run, judge=opts.judge, samples=args.samples,
-               stages=args.stages, overwrite=args.overwrite, quiet=args.quiet)
+    res = demo(
+        args.output or "anpred-demo",
+        run=opts.run,
+        judge=opts.judge,
+        samples=args.samples,
+        stages=args.stages,
+        overwrite=args.overwrite,
+        quiet=args.quiet,
+    )
     for r in res.results:
         print(f"== {r.model}: {r.status.upper()}")
         print(r.format_text())
         print()
     print("where each backend stands:")
     print(format_standing(res.results))
-    print(f"\ndemo finished in {res.seconds:.0f} s; reports: " +
-          ", ".join(str(r.report_html) for r in res.results))
+    print(f"\ndemo finished in {res.seconds:.0f} s; reports: " + ", ".join(str(r.report_html) for r in res.results))
     return res.exit_code
 
 
@@ -166,8 +234,16 @@ def main(args) -> int:
         from anpred.report.model_explorer import check_export_folder
 
         check_export_folder(Path(args.output) / "model-explorer")
-    res = test(args.model, args.output, judge=opts.judge, run=opts.run, build=opts.build, feed=opts.feed,
-               output=opts.output, stream=opts.stream)
+    res = test(
+        args.model,
+        args.output,
+        judge=opts.judge,
+        run=opts.run,
+        build=opts.build,
+        feed=opts.feed,
+        output=opts.output,
+        stream=opts.stream,
+    )
     print(res.format_text())
     print("\nwhere each backend stands:")
     print(format_standing([res]))

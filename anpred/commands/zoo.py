@@ -17,8 +17,9 @@ HELP = "list the model zoo (origin, input shape, trained or seeded); print a mod
 def add_arguments(parser):
     parser.add_argument("name", nargs="?", metavar="NAME", help="a zoo model: show its details")
     parser.add_argument("--imgsz", type=int, nargs="+", metavar="N", help="input size: N or H W (resizable models)")
-    parser.add_argument("--onnx", action="store_true",
-                        help="print the model's ONNX file path (builds/exports if needed)")
+    parser.add_argument(
+        "--onnx", action="store_true", help="print the model's ONNX file path (builds/exports if needed)"
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -42,8 +43,17 @@ def main(args) -> int:
             print(json.dumps(rows, indent=1))
             return 0
         head = ("NAME", "ORIGIN", "INPUT", "WEIGHTS", "NATIVE", "TASK")
-        table = [head] + [(r["name"], r["origin"], zm.inputs_text(), "trained" if r["trained"] else "seeded",
-                           r["native"] or "-", r["task"]) for zm, r in zip(zms, rows)]
+        table = [head] + [
+            (
+                r["name"],
+                r["origin"],
+                zm.inputs_text(),
+                "trained" if r["trained"] else "seeded",
+                r["native"] or "-",
+                r["task"],
+            )
+            for zm, r in zip(zms, rows)
+        ]
         widths = [max(len(row[i]) for row in table) for i in range(len(head))]
         for row in table:
             print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())

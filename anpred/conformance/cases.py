@@ -84,15 +84,20 @@ def find_cases(folder: str | Path | None = None, patterns: list[str] | None = No
     """
     root = Path(folder) if folder is not None else default_folder()
     if not root.is_dir():
-        hint = (" (the ONNX node cases are installed by scripts/setup.sh from the onnx 1.22.0 sdist on PyPI)"
-                if folder is None else "")
+        hint = (
+            " (the ONNX node cases are installed by scripts/setup.sh from the onnx 1.22.0 sdist on PyPI)"
+            if folder is None
+            else ""
+        )
         raise InputError(f"conformance: no case folder {root}{hint}")
     found = sorted(p for p in root.iterdir() if (p / "model.onnx").is_file())
     if patterns:
         found = [p for p in found if any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns)]
     if not found:
-        raise InputError(f"conformance: no case (<case>/model.onnx) in {root}"
-                         + (f" matching {', '.join(patterns)}" if patterns else ""))
+        raise InputError(
+            f"conformance: no case (<case>/model.onnx) in {root}"
+            + (f" matching {', '.join(patterns)}" if patterns else "")
+        )
     return found
 
 
@@ -139,15 +144,20 @@ def load_case(folder: str | Path) -> Case:
     model = load_model(folder / "model.onnx")
     inits = {t.name for t in model.graph.initializer}
     in_names = [vi.name for vi in model.graph.input if vi.name not in inits]
-    case = Case(name=folder.name, folder=folder, model=folder / "model.onnx",
-                outputs=[o.name for o in model.graph.output],
-                op="+".join(dict.fromkeys(n.op_type for n in model.graph.node)),
-                opset=next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0))
+    case = Case(
+        name=folder.name,
+        folder=folder,
+        model=folder / "model.onnx",
+        outputs=[o.name for o in model.graph.output],
+        op="+".join(dict.fromkeys(n.op_type for n in model.graph.node)),
+        opset=next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0),
+    )
     number = lambda p: int(p.stem.split("_")[-1])  # noqa: E731 - input_10 after input_9
     in_kinds = [vi.type.WhichOneof("value") for vi in model.graph.input if vi.name not in inits]
     out_kinds = [vi.type.WhichOneof("value") for vi in model.graph.output]
-    case.kinds = [f"input {n} {k}" for n, k in zip(in_names, in_kinds) if k != "tensor_type"] + \
-                 [f"output {o} {k}" for o, k in zip(case.outputs, out_kinds) if k != "tensor_type"]
+    case.kinds = [f"input {n} {k}" for n, k in zip(in_names, in_kinds) if k != "tensor_type"] + [
+        f"output {o} {k}" for o, k in zip(case.outputs, out_kinds) if k != "tensor_type"
+    ]
     if case.kinds:  # a sequence/optional/map: read by the onnx runner as another proto; not run here
         return case
     for name, p in zip(in_names, sorted(sets[0].glob("input_*.pb"), key=number)):

@@ -37,13 +37,30 @@ from typing import Any
 __all__ = ["LIBRARIES", "attribute_class", "defects_of", "extract", "confirm", "render", "library_of"]
 
 #: backend -> the library a deviation of it is charged to
-LIBRARIES = {"ort": "onnxruntime", "openvino": "openvino", "torch": "onnx2torch/torch", "tf": "onnx2tf/tensorflow",
-             "litert": "onnx2tf/litert", "tvm": "tvm (relax frontend)", "mnn": "MNN", "ncnn": "pnnx/ncnn",
-             "onnx-reference": "onnx (reference evaluator)"}
+LIBRARIES = {
+    "ort": "onnxruntime",
+    "openvino": "openvino",
+    "torch": "onnx2torch/torch",
+    "tf": "onnx2tf/tensorflow",
+    "litert": "onnx2tf/litert",
+    "tvm": "tvm (relax frontend)",
+    "mnn": "MNN",
+    "ncnn": "pnnx/ncnn",
+    "onnx-reference": "onnx (reference evaluator)",
+}
 _SHARED = {frozenset({"tf", "litert"}): "onnx2tf"}
-_VERSION_KEYS = {"onnxruntime": "onnxruntime", "openvino": "openvino", "onnx2torch/torch": "onnx2torch",
-                 "onnx2tf/tensorflow": "onnx2tf", "onnx2tf/litert": "onnx2tf", "onnx2tf": "onnx2tf",
-                 "tvm (relax frontend)": "tvm", "MNN": "MNN", "pnnx/ncnn": "ncnn", "onnx (reference evaluator)": "onnx"}
+_VERSION_KEYS = {
+    "onnxruntime": "onnxruntime",
+    "openvino": "openvino",
+    "onnx2torch/torch": "onnx2torch",
+    "onnx2tf/tensorflow": "onnx2tf",
+    "onnx2tf/litert": "onnx2tf",
+    "onnx2tf": "onnx2tf",
+    "tvm (relax frontend)": "tvm",
+    "MNN": "MNN",
+    "pnnx/ncnn": "ncnn",
+    "onnx (reference evaluator)": "onnx",
+}
 
 
 def attribute_class(model_path: str | Path) -> str:
@@ -112,9 +129,23 @@ def defects_of(results: list[dict[str, Any]], case_root: dict[str, Path]) -> dic
                 lib = library_of(dev, b)
                 kind = _kind(rows[b].get("reason", ""))
                 key = re.sub(r"[^A-Za-z0-9]+", "-", f"{lib}-{r['op']}-{cls}").strip("-").lower()[:120]
-                d = out.setdefault(key, {"id": key, "library": lib, "op": r["op"], "class": cls, "kind": kind,
-                                         "backends": [], "cases": [], "error": rows[b].get("reason", ""),
-                                         "versions": {}, "example": r["case"], "excess": 0.0, "shared": []})
+                d = out.setdefault(
+                    key,
+                    {
+                        "id": key,
+                        "library": lib,
+                        "op": r["op"],
+                        "class": cls,
+                        "kind": kind,
+                        "backends": [],
+                        "cases": [],
+                        "error": rows[b].get("reason", ""),
+                        "versions": {},
+                        "example": r["case"],
+                        "excess": 0.0,
+                        "shared": [],
+                    },
+                )
                 # other libraries deviating on the same case: a deviation many share may be the spec's
                 for other in sorted({library_of(dev, o) for o in dev - {b, "onnx-reference-fp64"}} - {lib}):
                     if other not in d["shared"]:
@@ -177,8 +208,11 @@ def confirm(folder: Path, backends: list[str], ray: bool = False) -> dict[str, A
 
     defects = json.loads((folder / "defects.json").read_text())
     with tempfile.TemporaryDirectory(prefix="anpred-confirm-") as tmp:
-        res = run_conformance(folder / "repros", Path(tmp) / "out",
-                              ConformanceOptions(backends=backends, dtype="all", ray=ray, progress=True))
+        res = run_conformance(
+            folder / "repros",
+            Path(tmp) / "out",
+            ConformanceOptions(backends=backends, dtype="all", ray=ray, progress=True),
+        )
     rec = {r["case"]: r for r in res["records"]}
     out = {}
     for key, d in defects.items():
@@ -186,9 +220,13 @@ def confirm(folder: Path, backends: list[str], ray: bool = False) -> dict[str, A
             continue
         rows = (rec.get(d["example"]) or {}).get("backends", {})
         again = [b for b in d["backends"] if rows.get(b, {}).get("truth") == "deviates"]
-        out[key] = {"case": d["example"], "confirmed": bool(again) and len(again) == len(d["backends"]),
-                    "deviating_again": again, "error": next((rows[b].get("reason", "") for b in again), ""),
-                    "versions": {b: rows.get(b, {}).get("versions", {}) for b in d["backends"]}}
+        out[key] = {
+            "case": d["example"],
+            "confirmed": bool(again) and len(again) == len(d["backends"]),
+            "deviating_again": again,
+            "error": next((rows[b].get("reason", "") for b in again), ""),
+            "versions": {b: rows.get(b, {}).get("versions", {}) for b in d["backends"]},
+        }
     doc = {"backends": backends, "defects": out}
     (folder / "confirm.json").write_text(json.dumps(doc, indent=1))
     return doc
@@ -235,66 +273,104 @@ def render(folder: Path) -> str:
     numeric = sorted((d for d in items if d["kind"] == "numeric"), key=lambda d: (d["library"], d["op"], d["class"]))
     other = sorted((d for d in items if d["kind"] != "numeric"), key=lambda d: (d["library"], d["op"]))
     confirmed = [d for d in numeric if conf.get(d["id"], {}).get("confirmed")]
-    lines = ["# Findings ledger", "",
-             "Generated by `anpred findings benchmarks/results/findings -o docs/findings.md` from the committed files "
-             "of that folder (module `anpred.conformance.findings`): the conformance results (`*.conformance.json`), "
-             "the repro of each defect (`repros/<case>/`, ONNX's backend-test layout: re-run with `anpred conformance "
-             "benchmarks/results/findings/repros --cases <case> --backends <backend> -o OUT`), their re-run "
-             "(`confirm.json`) and the notes (`notes.json`: tracker search, first bad release, "
-             "cause). The first bad releases come from `benchmarks/bisect_findings.py` (each release of the "
-             "package installed apart and run on the repro against the expected outputs; results and commands in "
-             "`bisect/*.json`, method in docs/conformance.md, *Version bisection of the ledger*). "
-             "Do not edit by hand.",
-             "", "Sources: " + "; ".join(f"{d['plan'].get('folder', '?')} ({len(d['records'])} cases, "
-                                         f"{', '.join(d['plan'].get('backends', []))})" for d in results), "",
-             f"**{len(numeric)} distinct numeric defects** ({len(confirmed)} confirmed by re-running their repro; "
-             f"{sum(1 for d in numeric if '+' not in d['op'])} on single-operator cases, the others on a function's "
-             "expanded body, where the operator at fault is not isolated), "
-             f"{len(other)} wrong shapes/dtypes, converter failures counted apart below; "
-             f"{sum(1 for d in numeric if not d.get('shared'))} of the numeric defects are this library's alone "
-             "on their cases (*also deviating there* lists the other libraries that deviate on the same case: a "
-             "deviation several independent libraries share may be the spec's or the suite's, see ONNX Runtime's and "
-             "OpenVINO's lists in docs/conformance.md). A defect is one (library, operator, attribute class); *spec* "
-             "is the suite's expected output, and the float64 execution (onnx-reference-fp64) "
-             "matched it on every case listed.",
-             ""]
+    lines = [
+        "# Findings ledger",
+        "",
+        "Generated by `anpred findings benchmarks/results/findings -o docs/findings.md` from the committed files "
+        "of that folder (module `anpred.conformance.findings`): the conformance results (`*.conformance.json`), "
+        "the repro of each defect (`repros/<case>/`, ONNX's backend-test layout: re-run with `anpred conformance "
+        "benchmarks/results/findings/repros --cases <case> --backends <backend> -o OUT`), their re-run "
+        "(`confirm.json`) and the notes (`notes.json`: tracker search, first bad release, "
+        "cause). The first bad releases come from `benchmarks/bisect_findings.py` (each release of the "
+        "package installed apart and run on the repro against the expected outputs; results and commands in "
+        "`bisect/*.json`, method in docs/conformance.md, *Version bisection of the ledger*). "
+        "Do not edit by hand.",
+        "",
+        "Sources: "
+        + "; ".join(
+            f"{d['plan'].get('folder', '?')} ({len(d['records'])} cases, {', '.join(d['plan'].get('backends', []))})"
+            for d in results
+        ),
+        "",
+        f"**{len(numeric)} distinct numeric defects** ({len(confirmed)} confirmed by re-running their repro; "
+        f"{sum(1 for d in numeric if '+' not in d['op'])} on single-operator cases, the others on a function's "
+        "expanded body, where the operator at fault is not isolated), "
+        f"{len(other)} wrong shapes/dtypes, converter failures counted apart below; "
+        f"{sum(1 for d in numeric if not d.get('shared'))} of the numeric defects are this library's alone "
+        "on their cases (*also deviating there* lists the other libraries that deviate on the same case: a "
+        "deviation several independent libraries share may be the spec's or the suite's, see ONNX Runtime's and "
+        "OpenVINO's lists in docs/conformance.md). A defect is one (library, operator, attribute class); *spec* "
+        "is the suite's expected output, and the float64 execution (onnx-reference-fp64) "
+        "matched it on every case listed.",
+        "",
+    ]
     lines += _defect_table("Numeric defects", numeric, conf, notes)
     lines += _defect_table("Wrong shapes and dtypes", other, conf, notes)
     lines += _failure_section(_failures(results))
     disputed = defects.get("disputed", {}).get("cases", [])
     if disputed:
-        lines += ["## Disputed cases (the float64 execution deviates from the expected output too)", "",
-                  "Not counted as defects of a library: " + "; ".join(disputed[:60])
-                  + (" ..." if len(disputed) > 60 else ""), ""]
+        lines += [
+            "## Disputed cases (the float64 execution deviates from the expected output too)",
+            "",
+            "Not counted as defects of a library: " + "; ".join(disputed[:60]) + (" ..." if len(disputed) > 60 else ""),
+            "",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def _defect_table(title: str, items: list[dict[str, Any]], conf: dict, notes: dict) -> list[str]:
     if not items:
         return []
-    out = [f"## {title}", "", "| # | library (version) | operator / attribute class | cases | error against the spec | "
-                              "also deviating there | repro (re-run) | first bad release | tracker | cause |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        f"## {title}",
+        "",
+        "| # | library (version) | operator / attribute class | cases | error against the spec | "
+        "also deviating there | repro (re-run) | first bad release | tracker | cause |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for i, d in enumerate(items, 1):
         c = conf.get(d["id"], {})
         # a defect's own note (its first bad release, from a bisection of its repro) over its operator's
         n = {**notes.get(f"{d['library']}|{d['op']}", {}), **notes.get(d["id"], {})}
         ver = ", ".join(f"{k} {v}" for k, v in d["versions"].items()) or "?"
-        rerun = ("confirmed" if c.get("confirmed") else "not reproduced" if c else "not re-run")
-        out.append("| " + " | ".join(_cell(x) for x in [
-            i, f"{d['library']} ({ver})", f"{d['op']}: `{d['class']}`",
-            f"{len(d['cases'])}: {', '.join(d['cases'][:3])}{' ...' if len(d['cases']) > 3 else ''}",
-            d["error"][:200], ", ".join(d.get("shared", [])) or "-", f"`repros/{d['example']}` ({rerun})",
-            n.get("first_bad", "not bisected"),
-            n.get("tracker", "not searched"), n.get("cause", "")]) + " |")
+        rerun = "confirmed" if c.get("confirmed") else "not reproduced" if c else "not re-run"
+        out.append(
+            "| "
+            + " | ".join(
+                _cell(x)
+                for x in [
+                    i,
+                    f"{d['library']} ({ver})",
+                    f"{d['op']}: `{d['class']}`",
+                    f"{len(d['cases'])}: {', '.join(d['cases'][:3])}{' ...' if len(d['cases']) > 3 else ''}",
+                    d["error"][:200],
+                    ", ".join(d.get("shared", [])) or "-",
+                    f"`repros/{d['example']}` ({rerun})",
+                    n.get("first_bad", "not bisected"),
+                    n.get("tracker", "not searched"),
+                    n.get("cause", ""),
+                ]
+            )
+            + " |"
+        )
     return out + [""]
 
 
 def _failure_section(fails: dict[str, dict[str, Any]]) -> list[str]:
-    out = ["## Converter and runtime failures (no output: counted apart from the defects)", "",
-           "| library | pairs | unsupported | failed | most frequent reasons (count) |", "|---|---|---|---|---|"]
+    out = [
+        "## Converter and runtime failures (no output: counted apart from the defects)",
+        "",
+        "| library | pairs | unsupported | failed | most frequent reasons (count) |",
+        "|---|---|---|---|---|",
+    ]
     for lib, d in sorted(fails.items(), key=lambda kv: -kv[1]["pairs"]):
         top = sorted(d["reasons"].items(), key=lambda kv: -kv[1])[:3]
-        out.append("| " + " | ".join(_cell(x) for x in [lib, d["pairs"], d["unsupported"], d["failed"],
-                                                          "; ".join(f"{r} ({k})" for r, k in top)]) + " |")
+        out.append(
+            "| "
+            + " | ".join(
+                _cell(x)
+                for x in [lib, d["pairs"], d["unsupported"], d["failed"], "; ".join(f"{r} ({k})" for r, k in top)]
+            )
+            + " |"
+        )
     return out + [""]

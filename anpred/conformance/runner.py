@@ -40,16 +40,25 @@ from anpred.conformance.cases import Case, load_case
 from anpred.conformance.truth import compare, truth_of
 from anpred.onnx_io import atomic_write_text
 
-__all__ = ["BatchOptions", "run_batch", "case_record", "judge_case", "anchored_copy", "default_max_rss",
-           "CASES_DIR", "SCHEMA"]
+__all__ = [
+    "BatchOptions",
+    "run_batch",
+    "case_record",
+    "judge_case",
+    "anchored_copy",
+    "default_max_rss",
+    "CASES_DIR",
+    "SCHEMA",
+]
 
 SCHEMA = "anpred.conformance/1"
 #: per-case records under the output folder
 CASES_DIR = "cases"
 _ARBITRATED = "closer to the float64 execution"
 #: the generator operators of the ONNX standard (their outputs are draws; ONNX fixes no generator)
-RANDOM_OPS = frozenset({"Bernoulli", "Multinomial", "RandomNormal", "RandomNormalLike", "RandomUniform",
-                        "RandomUniformLike"})
+RANDOM_OPS = frozenset(
+    {"Bernoulli", "Multinomial", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike"}
+)
 
 
 @dataclass
@@ -136,8 +145,9 @@ def anchored_copy(case: Case, work: Path) -> Path:
     return dst
 
 
-def _raw_where_unaligned(store, backends: list[str], sid: str, expected: dict[str, np.ndarray],
-                         aligned: dict[str, dict[str, np.ndarray]]) -> None:
+def _raw_where_unaligned(
+    store, backends: list[str], sid: str, expected: dict[str, np.ndarray], aligned: dict[str, dict[str, np.ndarray]]
+) -> None:
     """Where the aligner left an output out for a backend, its stored tensor as returned, when that
     cannot hide a layout: the expected shape itself, a rank of 0 or 1 (a scalar the aligner does not
     take), or another element count (then the ground truth names the wrong shape). A tensor of the
@@ -189,21 +199,31 @@ def judge_case(run_dir: Path, case: Case) -> dict[str, Any]:
         report = finish(run, judged)
     backends = {}
     for b, st in statuses.items():
-        row: dict[str, Any] = {"status": st.status, "versions": st.versions,
-                               "seconds_prepare": round(st.seconds_prepare, 3), "seconds_run": round(st.seconds_run, 4)}
+        row: dict[str, Any] = {
+            "status": st.status,
+            "versions": st.versions,
+            "seconds_prepare": round(st.seconds_prepare, 3),
+            "seconds_run": round(st.seconds_run, 4),
+        }
         if st.status == "ok":
             fp64 = st.precision == "fp64"
-            matches, why, per = truth_of(aligned.get(b, {}), expected, case.rtol, case.atol,
-                                         None if fp64 else st.dtypes)
+            matches, why, per = truth_of(
+                aligned.get(b, {}), expected, case.rtol, case.atol, None if fp64 else st.dtypes
+            )
             row.update(truth="matches" if matches else "deviates", reason=why)
             if not matches:
                 row["outputs"] = per
             if random_ops:  # the expected outputs are one generator's draw: they bind no backend
-                row.update(truth="random", reason=f"the graph draws random numbers ({', '.join(random_ops)}): "
-                                                  "ONNX fixes no generator, the expected outputs bind no backend")
+                row.update(
+                    truth="random",
+                    reason=f"the graph draws random numbers ({', '.join(random_ops)}): "
+                    "ONNX fixes no generator, the expected outputs bind no backend",
+                )
         else:
-            row.update(truth="unsupported" if st.status == "unsupported" else "failed",
-                       reason=f"{st.status}: {st.reason}" if st.status not in ("failed", "unsupported") else st.reason)
+            row.update(
+                truth="unsupported" if st.status == "unsupported" else "failed",
+                reason=f"{st.status}: {st.reason}" if st.status not in ("failed", "unsupported") else st.reason,
+            )
         v = report.verdicts.get(b)
         if v is not None and st.status == "ok" and b not in report.unjudged_backends:
             cells = [c for c in report.cells if c.backend == b]
@@ -217,20 +237,36 @@ def judge_case(run_dir: Path, case: Case) -> dict[str, Any]:
             row["oracle_reason"] = str(report.unjudged_backends.get(b, "not judged"))[:300]
         backends[b] = row
     # the consensus is judged where it was formed (an output no backend could be judged at has none)
-    wrong = {a: compare(consensus[a], e, case.rtol, case.atol) for a, e in expected.items()
-             if a in consensus and not random_ops}
-    return {"backends": backends, "oracle_status": report.status,
-            "consensus_mode": {a: m for a, m in report.consensus.items() if a in expected},
-            "consensus_wrong": any(not t.ok for t in wrong.values()) if wrong else None,
-            "consensus_reason": next((t.reason for t in wrong.values() if not t.ok), ""),
-            "notes": [n for n in report.notes if _ARBITRATED in n][:3]}
+    wrong = {
+        a: compare(consensus[a], e, case.rtol, case.atol)
+        for a, e in expected.items()
+        if a in consensus and not random_ops
+    }
+    return {
+        "backends": backends,
+        "oracle_status": report.status,
+        "consensus_mode": {a: m for a, m in report.consensus.items() if a in expected},
+        "consensus_wrong": any(not t.ok for t in wrong.values()) if wrong else None,
+        "consensus_reason": next((t.reason for t in wrong.values() if not t.ok), ""),
+        "notes": [n for n in report.notes if _ARBITRATED in n][:3],
+    }
 
 
-def case_record(case: Case, judged: dict[str, Any] | None, bound: dict[str, list[str]], seconds: float,
-                error: str = "") -> dict[str, Any]:
+def case_record(
+    case: Case, judged: dict[str, Any] | None, bound: dict[str, list[str]], seconds: float, error: str = ""
+) -> dict[str, Any]:
     """The compact record of one case (written to ``OUT/cases/<case>.json``)."""
-    rec = {"schema": SCHEMA, "case": case.name, "op": case.op, "opset": case.opset, "dtypes": case.dtypes(),
-           "rtol": case.rtol, "atol": case.atol, "bound": bound, "seconds": round(seconds, 3)}
+    rec = {
+        "schema": SCHEMA,
+        "case": case.name,
+        "op": case.op,
+        "opset": case.opset,
+        "dtypes": case.dtypes(),
+        "rtol": case.rtol,
+        "atol": case.atol,
+        "bound": bound,
+        "seconds": round(seconds, 3),
+    }
     if error:
         rec["error"] = error
     if judged is not None:
@@ -252,16 +288,29 @@ def _one_case(folder: Path, out: Path, pool, specs: list, opts: BatchOptions) ->
     try:
         cspecs, bound = _bound_specs(case, specs, out / ".work")
         model = anchored_copy(case, out / ".work")
-        run_model(model, cspecs, ArraySamples([(case.name, case.inputs)], {"kind": "arrays", "case": case.name}),
-                  run_dir, progress=False, precheck=False, pool=pool, overwrite=True)
+        run_model(
+            model,
+            cspecs,
+            ArraySamples([(case.name, case.inputs)], {"kind": "arrays", "case": case.name}),
+            run_dir,
+            progress=False,
+            precheck=False,
+            pool=pool,
+            overwrite=True,
+        )
         judged = judge_case(run_dir, case)
     except AnpredError as err:
         return case_record(case, None, {}, time.perf_counter() - t0, error=f"{type(err).__name__}: {err}")
     except Exception as err:  # noqa: BLE001 - ANPRED's own failure on this case: recorded, the next case runs
         import traceback
 
-        return case_record(case, None, {}, time.perf_counter() - t0,
-                           error=f"internal: {type(err).__name__}: {err} ({traceback.format_exc(limit=-2)[-300:]})")
+        return case_record(
+            case,
+            None,
+            {},
+            time.perf_counter() - t0,
+            error=f"internal: {type(err).__name__}: {err} ({traceback.format_exc(limit=-2)[-300:]})",
+        )
     finally:
         if not opts.keep_runs:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -287,8 +336,12 @@ def run_batch(folders: list[str], out: str | Path, opts: BatchOptions, progress:
 
     specs = [BackendSpec.coerce(s) for s in specs]
     work = out / ".work" / f"pool-{todo[0].name}-{int(time.time())}"
-    with WarmPool(work, timeout_s=opts.timeout_s, side_by_side=opts.side_by_side,
-                  max_rss_bytes=opts.max_rss_bytes or default_max_rss()) as pool:
+    with WarmPool(
+        work,
+        timeout_s=opts.timeout_s,
+        side_by_side=opts.side_by_side,
+        max_rss_bytes=opts.max_rss_bytes or default_max_rss(),
+    ) as pool:
         for i, folder in enumerate(todo):
             rec = _one_case(folder, out, pool, specs, opts)
             atomic_write_text(out / CASES_DIR / f"{folder.name}.json", json.dumps(rec, separators=(",", ":")))

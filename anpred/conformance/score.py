@@ -37,8 +37,14 @@ def summarize(records: list[dict[str, Any]], backends: list[str] | None = None) 
     """Counts per backend, the oracle's score and the consensus-wrong cases (module docstring)."""
     backends = backends or sorted({b for r in records for b in r.get("backends", {})})
     per = {b: {t: 0 for t in TRUTHS} for b in backends}
-    score = {"deviating": 0, "flagged_deviating": 0, "unjudged_deviating": 0, "matching": 0,
-             "flagged_matching": 0, "unjudged_matching": 0}
+    score = {
+        "deviating": 0,
+        "flagged_deviating": 0,
+        "unjudged_deviating": 0,
+        "matching": 0,
+        "flagged_matching": 0,
+        "unjudged_matching": 0,
+    }
     missed: list[str] = []
     alarms: list[str] = []
     wrong: list[dict[str, Any]] = []
@@ -62,20 +68,35 @@ def summarize(records: list[dict[str, Any]], backends: list[str] | None = None) 
                 missed.append(f"{r['case']}/{b}")
         if r.get("consensus_wrong"):
             matching = [b for b, row in rows.items() if row["truth"] == "matches" and "flagged" in row]
-            wrong.append({"case": r["case"], "reason": r.get("consensus_reason", ""),
-                          "matching": matching,
-                          "flagged_matching": [b for b in matching if rows[b].get("flagged")],
-                          "arbitrated": [b for b, row in rows.items() if row.get("arbitrated")]})
+            wrong.append(
+                {
+                    "case": r["case"],
+                    "reason": r.get("consensus_reason", ""),
+                    "matching": matching,
+                    "flagged_matching": [b for b in matching if rows[b].get("flagged")],
+                    "arbitrated": [b for b, row in rows.items() if row.get("arbitrated")],
+                }
+            )
     judged_dev = score["deviating"] - score["unjudged_deviating"]
     judged_match = score["matching"] - score["unjudged_matching"]
     score["recall"] = round(score["flagged_deviating"] / judged_dev, 4) if judged_dev else None
     score["false_alarm_rate"] = round(score["flagged_matching"] / judged_match, 4) if judged_match else None
     saved = [w for w in wrong if w["matching"] and not w["flagged_matching"]]
-    return {"cases": len(records), "errors": sum(1 for r in records if r.get("error")),
-            "backends": per, "score": score, "missed": missed, "false_alarms": alarms,
-            "consensus_wrong": {"cases": len(wrong), "with_a_matching_backend": sum(1 for w in wrong if w["matching"]),
-                                "saved": len(saved), "arbitrated": sum(1 for w in wrong if w["arbitrated"]),
-                                "list": wrong}}
+    return {
+        "cases": len(records),
+        "errors": sum(1 for r in records if r.get("error")),
+        "backends": per,
+        "score": score,
+        "missed": missed,
+        "false_alarms": alarms,
+        "consensus_wrong": {
+            "cases": len(wrong),
+            "with_a_matching_backend": sum(1 for w in wrong if w["matching"]),
+            "saved": len(saved),
+            "arbitrated": sum(1 for w in wrong if w["arbitrated"]),
+            "list": wrong,
+        },
+    }
 
 
 def matrix_rows(records: list[dict[str, Any]], backends: list[str]) -> list[list[str]]:
@@ -89,8 +110,11 @@ def matrix_rows(records: list[dict[str, Any]], backends: list[str]) -> list[list
             if row is None:
                 cells.append("-" if not r.get("error") else "error")
                 continue
-            mark = "" if row["truth"] not in ("matches", "deviates") else \
-                ("!" if row.get("flagged") else "" if "flagged" in row else "?")
+            mark = (
+                ""
+                if row["truth"] not in ("matches", "deviates")
+                else ("!" if row.get("flagged") else "" if "flagged" in row else "?")
+            )
             cells.append(row["truth"] + mark)
         rows.append([r["case"], *cells])
     return rows
@@ -100,8 +124,9 @@ def _pct(a: int, b: int) -> str:
     return f"{a}/{b} ({100.0 * a / b:.1f}%)" if b else f"{a}/0"
 
 
-def format_summary(summary: dict[str, Any], records: list[dict[str, Any]], backends: list[str],
-                   matrix_limit: int = 40) -> str:
+def format_summary(
+    summary: dict[str, Any], records: list[dict[str, Any]], backends: list[str], matrix_limit: int = 40
+) -> str:
     """The text the command prints: the matrix (up to ``matrix_limit`` cases), counts per backend,
     the oracle's score, the consensus-wrong cases."""
     lines = []
@@ -112,8 +137,9 @@ def format_summary(summary: dict[str, Any], records: list[dict[str, Any]], backe
             lines.append(row[0].ljust(width) + "  " + "  ".join(c[:12].ljust(12) for c in row[1:]))
         lines.append("(! flagged by the oracle, ? not judged by it)")
         lines.append("")
-    lines.append(f"{summary['cases']} cases"
-                 + (f", {summary['errors']} not run (see the records)" if summary["errors"] else ""))
+    lines.append(
+        f"{summary['cases']} cases" + (f", {summary['errors']} not run (see the records)" if summary["errors"] else "")
+    )
     lines.append("backend".ljust(22) + "".join(t.rjust(13) for t in TRUTHS))
     for b, c in summary["backends"].items():
         lines.append(b.ljust(22) + "".join(str(c[t]).rjust(13) for t in TRUTHS))
@@ -121,14 +147,20 @@ def format_summary(summary: dict[str, Any], records: list[dict[str, Any]], backe
     judged_dev = s["deviating"] - s["unjudged_deviating"]
     judged_match = s["matching"] - s["unjudged_matching"]
     lines.append("")
-    lines.append(f"oracle against the expected outputs: recall {_pct(s['flagged_deviating'], judged_dev)} of the "
-                 f"deviating pairs it judged ({s['unjudged_deviating']} deviating pair(s) not judged); false alarms "
-                 f"{_pct(s['flagged_matching'], judged_match)} of the matching pairs")
+    lines.append(
+        f"oracle against the expected outputs: recall {_pct(s['flagged_deviating'], judged_dev)} of the "
+        f"deviating pairs it judged ({s['unjudged_deviating']} deviating pair(s) not judged); false alarms "
+        f"{_pct(s['flagged_matching'], judged_match)} of the matching pairs"
+    )
     cw = summary["consensus_wrong"]
-    lines.append(f"consensus wrong (fails the suite's test) in {cw['cases']} case(s); {cw['with_a_matching_backend']} "
-                 f"with a backend that matches; saved (no matching backend flagged) {cw['saved']}; the float64 "
-                 f"arbiter cleared a backend in {cw['arbitrated']}")
+    lines.append(
+        f"consensus wrong (fails the suite's test) in {cw['cases']} case(s); {cw['with_a_matching_backend']} "
+        f"with a backend that matches; saved (no matching backend flagged) {cw['saved']}; the float64 "
+        f"arbiter cleared a backend in {cw['arbitrated']}"
+    )
     for w in cw["list"][:12]:
-        lines.append(f"  {w['case']}: {w['reason'][:100]}; matching {','.join(w['matching']) or '-'}; "
-                     f"flagged among them {','.join(w['flagged_matching']) or '-'}")
+        lines.append(
+            f"  {w['case']}: {w['reason'][:100]}; matching {','.join(w['matching']) or '-'}; "
+            f"flagged among them {','.join(w['flagged_matching']) or '-'}"
+        )
     return "\n".join(lines)

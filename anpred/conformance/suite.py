@@ -31,8 +31,18 @@ __all__ = ["ConformanceOptions", "run_conformance", "select_cases", "write_resul
 
 _ROOT = str(Path(__file__).resolve().parents[2]) + "/"  # the folder holding the anpred package
 #: the fp32 backends of the suite run (the float64 execution included: the consensus' arbiter)
-FP32_BACKENDS = ["ort", "openvino", "torch", "tf", "tvm", "mnn", "ncnn", "litert", "onnx-reference",
-                 "onnx-reference-fp64"]
+FP32_BACKENDS = [
+    "ort",
+    "openvino",
+    "torch",
+    "tf",
+    "tvm",
+    "mnn",
+    "ncnn",
+    "litert",
+    "onnx-reference",
+    "onnx-reference-fp64",
+]
 
 
 @dataclass
@@ -85,14 +95,22 @@ def folder_text(folder: Path) -> str:
 
 
 def _plan(out: Path, folder: Path, cases: list[Path], opts: ConformanceOptions) -> dict[str, Any]:
-    plan = {"schema": SCHEMA, "folder": folder_text(folder), "backends": opts.backends, "dtype": opts.dtype,
-            "patterns": opts.patterns, "cases": [c.name for c in cases]}
+    plan = {
+        "schema": SCHEMA,
+        "folder": folder_text(folder),
+        "backends": opts.backends,
+        "dtype": opts.dtype,
+        "patterns": opts.patterns,
+        "cases": [c.name for c in cases],
+    }
     path = out / "plan.json"
     if path.is_file():
         old = json.loads(path.read_text())
         if old.get("backends") != plan["backends"] or old.get("cases") != plan["cases"]:
-            raise AnpredError(f"conformance: {out} holds a run of other backends or cases ({path}); "
-                              "give another output folder (or the same options to resume)")
+            raise AnpredError(
+                f"conformance: {out} holds a run of other backends or cases ({path}); "
+                "give another output folder (or the same options to resume)"
+            )
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(plan, indent=1))
     return plan
@@ -147,12 +165,15 @@ def run_conformance(folder: str | Path | None, out: str | Path, opts: Conformanc
     plan = _plan(out, root, cases, opts)
     todo = [str(c) for c in cases if not (out / "cases" / f"{c.name}.json").is_file()]
     if opts.progress:
-        print(f"conformance: {len(cases)} {opts.dtype} case(s) of {tensors} in {root}; {len(cases) - len(todo)} "
-              f"already recorded, {len(todo)} to run on {len(opts.backends)} backend(s)", flush=True)
+        print(
+            f"conformance: {len(cases)} {opts.dtype} case(s) of {tensors} in {root}; {len(cases) - len(todo)} "
+            f"already recorded, {len(todo)} to run on {len(opts.backends)} backend(s)",
+            flush=True,
+        )
     bopts = BatchOptions(backends=list(opts.backends), timeout_s=opts.timeout_s, keep_runs=opts.keep_runs)
     failed: list[str] = []
     if todo:
-        batches = [todo[i:i + opts.batch] for i in range(0, len(todo), max(1, opts.batch))]
+        batches = [todo[i : i + opts.batch] for i in range(0, len(todo), max(1, opts.batch))]
         if opts.ray:
             failed = _run_on_ray(batches, out, bopts, opts)
         else:
@@ -175,18 +196,35 @@ def write_results(out: Path, plan: dict[str, Any], records: list[dict[str, Any]]
             if row.get("versions") and b not in versions:
                 versions[b] = row["versions"]
     compact = [_compact(r) for r in records]
-    doc = {"schema": SCHEMA, "plan": {k: v for k, v in plan.items() if k != "cases"}, "versions": versions,
-           "summary": {k: v for k, v in summary.items() if k not in ("missed", "false_alarms")},
-           "missed": summary["missed"], "false_alarms": summary["false_alarms"], "records": compact}
+    doc = {
+        "schema": SCHEMA,
+        "plan": {k: v for k, v in plan.items() if k != "cases"},
+        "versions": versions,
+        "summary": {k: v for k, v in summary.items() if k not in ("missed", "false_alarms")},
+        "missed": summary["missed"],
+        "false_alarms": summary["false_alarms"],
+        "records": compact,
+    }
     atomic_write_text(out / "conformance.json", json.dumps(doc, separators=(",", ":")))
-    atomic_write_text(out / "matrix.tsv", "\n".join("\t".join(r) for r in
-                                                    [["case", *backends], *matrix_rows(records, backends)]) + "\n")
+    atomic_write_text(
+        out / "matrix.tsv",
+        "\n".join("\t".join(r) for r in [["case", *backends], *matrix_rows(records, backends)]) + "\n",
+    )
     pairs = ["case\tbackend\ttruth\tflagged\treason\toracle_reason"]
     for r in records:
         for b, row in r.get("backends", {}).items():
-            pairs.append("\t".join([r["case"], b, row["truth"], str(row.get("flagged", "")),
-                                    (row.get("reason") or "").replace("\t", " "),
-                                    (row.get("oracle_reason") or "").replace("\t", " ")]))
+            pairs.append(
+                "\t".join(
+                    [
+                        r["case"],
+                        b,
+                        row["truth"],
+                        str(row.get("flagged", "")),
+                        (row.get("reason") or "").replace("\t", " "),
+                        (row.get("oracle_reason") or "").replace("\t", " "),
+                    ]
+                )
+            )
     atomic_write_text(out / "pairs.tsv", "\n".join(pairs) + "\n")
     text = format_summary(summary, records, backends)
     return {"plan": plan, "summary": summary, "records": records, "text": text}

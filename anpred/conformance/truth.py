@@ -41,8 +41,7 @@ class OutputTruth:
         return d
 
 
-def compare(out: np.ndarray | None, ref: np.ndarray, rtol: float, atol: float,
-            dtype: str | None = None) -> OutputTruth:
+def compare(out: np.ndarray | None, ref: np.ndarray, rtol: float, atol: float, dtype: str | None = None) -> OutputTruth:
     """``out`` (aligned, any float dtype; None: not returned or not alignable) against ``ref`` with the
     suite's test (module docstring); ``dtype``: the dtype the backend returned (None: not checked)."""
     if out is None:
@@ -51,8 +50,9 @@ def compare(out: np.ndarray | None, ref: np.ndarray, rtol: float, atol: float,
         if out.size == ref.size:
             out = out.reshape(ref.shape)  # same elements (a rank the aligner kept): the values decide
         else:
-            return OutputTruth(False, f"shape {list(out.shape)} where the suite expects {list(ref.shape)}",
-                               size=int(ref.size))
+            return OutputTruth(
+                False, f"shape {list(out.shape)} where the suite expects {list(ref.shape)}", size=int(ref.size)
+            )
     if ref.dtype.kind not in "fc":
         equal = np.asarray(out).astype(ref.dtype) == ref if np.all(np.isfinite(out)) else out == ref
         bad = int(np.size(equal) - np.count_nonzero(equal))
@@ -60,7 +60,7 @@ def compare(out: np.ndarray | None, ref: np.ndarray, rtol: float, atol: float,
     if dtype is not None and ref.dtype.name != "bfloat16" and np.dtype(dtype) != ref.dtype:
         return OutputTruth(False, f"dtype {dtype} where the suite expects {ref.dtype}", size=int(ref.size))
     if ref.dtype.name == "bfloat16":
-        rtol = max(rtol, 2.0 ** -6)  # the runner's two bfloat16 ULPs
+        rtol = max(rtol, 2.0**-6)  # the runner's two bfloat16 ULPs
     o = np.asarray(out, dtype=np.float64)
     r = np.asarray(ref, dtype=np.float64)
     close = np.isclose(o, r, rtol=rtol, atol=atol, equal_nan=True)
@@ -75,14 +75,21 @@ def compare(out: np.ndarray | None, ref: np.ndarray, rtol: float, atol: float,
     if bad == 0:
         return OutputTruth(True, "", 0, int(r.size), max_abs, max_excess)
     nonfinite = int((~both & ~close).sum())
-    why = f"{bad} of {r.size} elements outside rtol {rtol:g} / atol {atol:g} (max |diff| {max_abs:.3g}, " \
-          f"{max_excess:.3g}x the tolerance)" + (f"; {nonfinite} NaN/Inf where the suite expects otherwise"
-                                                 if nonfinite else "")
+    why = (
+        f"{bad} of {r.size} elements outside rtol {rtol:g} / atol {atol:g} (max |diff| {max_abs:.3g}, "
+        f"{max_excess:.3g}x the tolerance)"
+        + (f"; {nonfinite} NaN/Inf where the suite expects otherwise" if nonfinite else "")
+    )
     return OutputTruth(False, why, bad, int(r.size), max_abs, max_excess)
 
 
-def truth_of(outputs: dict[str, np.ndarray | None], expected: dict[str, np.ndarray], rtol: float, atol: float,
-             dtypes: dict[str, str] | None = None) -> tuple[bool, str, dict[str, dict[str, Any]]]:
+def truth_of(
+    outputs: dict[str, np.ndarray | None],
+    expected: dict[str, np.ndarray],
+    rtol: float,
+    atol: float,
+    dtypes: dict[str, str] | None = None,
+) -> tuple[bool, str, dict[str, dict[str, Any]]]:
     """All outputs of one backend: ``(matches, reason of the first failing output, per output
     :meth:`OutputTruth.to_dict`)``; ``outputs``/``expected``/``dtypes`` keyed alike (anchor names)."""
     per: dict[str, dict[str, Any]] = {}

@@ -22,8 +22,14 @@ from anpred.dashboard.site import SiteOptions, write_site
 __all__ = ["build", "collect", "write_site", "History", "SiteOptions"]
 
 
-def build(dbs: list[str | Path], out: str | Path, *, margin: float | None = None, campaign: str | None = None,
-          opts: SiteOptions | None = None) -> Path:
+def build(
+    dbs: list[str | Path],
+    out: str | Path,
+    *,
+    margin: float | None = None,
+    campaign: str | None = None,
+    opts: SiteOptions | None = None,
+) -> Path:
     """:func:`collect` the databases ``dbs`` and :func:`write_site` to ``out``; returns the page's path.
     ``margin``: task-metric drop that counts as a regression (default
     :data:`anpred.report.history.DEFAULT_MARGIN`); ``campaign``: only that campaign's runs.
@@ -34,6 +40,7 @@ def build(dbs: list[str | Path], out: str | Path, *, margin: float | None = None
     """
     from anpred.report.history import DEFAULT_MARGIN
 
-    hist = collect(list(dict.fromkeys(str(d) for d in dbs)), margin=DEFAULT_MARGIN if margin is None else margin,
-                   campaign=campaign)
+    hist = collect(
+        list(dict.fromkeys(str(d) for d in dbs)), margin=DEFAULT_MARGIN if margin is None else margin, campaign=campaign
+    )
     return write_site(hist, out, opts)

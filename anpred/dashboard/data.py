@@ -133,7 +133,7 @@ def package_names() -> frozenset[str]:
     return frozenset(canonicalize_name(n) for n in names)
 
 
-@functools.lru_cache(maxsize=2 ** 16)  # distinct texts: per backend, version set and model (its run facts)
+@functools.lru_cache(maxsize=2**16)  # distinct texts: per backend, version set and model (its run facts)
 def _versions(text: str | None) -> dict[str, str]:
     """A verdict row's library versions: only the packages' (:func:`package_names`; ``python``, the
     ``<package> from`` folders and the run facts a backend records beside its versions, such as
@@ -172,21 +172,45 @@ def _read_campaigns(con, db: str, campaign: str | None, folder: str | None) -> t
         return [], {}
     out, by_run = [], {}
     for cid, name, camp_folder, file, axes, n, ok, failed in con.execute(
-            "SELECT id, name, folder, file, axes, configurations, complete, failed FROM campaigns ORDER BY id"):
+        "SELECT id, name, folder, file, axes, configurations, complete, failed FROM campaigns ORDER BY id"
+    ):
         if (campaign is not None and name != campaign) or (folder is not None and folder != camp_folder):
             continue
-        rows = con.execute("SELECT config_id, position, label, backend_set, inputs, versions, state, reason, report, "
-                           "run_id FROM campaign_runs WHERE campaign_id = ? ORDER BY position", (cid,)).fetchall()
+        rows = con.execute(
+            "SELECT config_id, position, label, backend_set, inputs, versions, state, reason, report, "
+            "run_id FROM campaign_runs WHERE campaign_id = ? ORDER BY position",
+            (cid,),
+        ).fetchall()
         configs = []
         for cfg, pos, label, bset, inputs, vers, state, reason, report, run in rows:
-            c = {"id": cfg, "position": pos, "label": label, "backend_set": bset, "inputs": inputs,
-                 "versions": json.loads(vers or "{}"), "state": state, "reason": reason or "",
-                 "report": report if report and os.path.isfile(report) else None, "run": run}
+            c = {
+                "id": cfg,
+                "position": pos,
+                "label": label,
+                "backend_set": bset,
+                "inputs": inputs,
+                "versions": json.loads(vers or "{}"),
+                "state": state,
+                "reason": reason or "",
+                "report": report if report and os.path.isfile(report) else None,
+                "run": run,
+            }
             configs.append(c)
             if run is not None:
                 by_run[run] = {"campaign": name, "campaign_key": (name, camp_folder), **c}
-        out.append({"db": db, "name": name, "folder": camp_folder, "file": file, "axes": json.loads(axes or "[]"),
-                    "configurations": n, "complete": ok, "failed": failed, "configs": configs})
+        out.append(
+            {
+                "db": db,
+                "name": name,
+                "folder": camp_folder,
+                "file": file,
+                "axes": json.loads(axes or "[]"),
+                "configurations": n,
+                "complete": ok,
+                "failed": failed,
+                "configs": configs,
+            }
+        )
     return out, by_run
 
 
@@ -202,14 +226,32 @@ def _campaign_names(db: str) -> list[str]:
 def _read_bisections(con, db: str) -> list[dict[str, Any]]:
     if not _table(con, "bisections"):
         return []
-    keys = ("created", "campaign", "folder", "package", "model", "backend", "good", "bad", "first_bad", "last_good",
-            "standing_good", "standing_first_bad", "origin_stage", "origin_anchor", "culprit", "culprit_op", "report")
+    keys = (
+        "created",
+        "campaign",
+        "folder",
+        "package",
+        "model",
+        "backend",
+        "good",
+        "bad",
+        "first_bad",
+        "last_good",
+        "standing_good",
+        "standing_first_bad",
+        "origin_stage",
+        "origin_anchor",
+        "culprit",
+        "culprit_op",
+        "report",
+    )
     rows = con.execute(f"SELECT {', '.join(keys)} FROM bisections ORDER BY id").fetchall()
     return [{"db": db, **dict(zip(keys, r))} for r in rows]
 
 
-def _read_db(db: str, campaign: tuple[str | None, str | None], runs: list[dict], raw: list[tuple]
-             ) -> tuple[list[dict], list[dict]]:
+def _read_db(
+    db: str, campaign: tuple[str | None, str | None], runs: list[dict], raw: list[tuple]
+) -> tuple[list[dict], list[dict]]:
     """Append ``db``'s runs to ``runs`` and its points to ``raw`` (``(backend, family, precision,
     Point)``, grouped into series by :func:`_group`); returns its campaigns and bisections. Only the
     runs of the campaign ``(name, folder)`` when a name is given."""
@@ -220,34 +262,67 @@ def _read_db(db: str, campaign: tuple[str | None, str | None], runs: list[dict],
         opt = lambda cols, c: c if c in cols else "NULL"  # noqa: E731 - a column an older schema lacks
         index: dict[int, int] = {}
         for rid, created, run_dir, model, ins, report in con.execute(
-                f"SELECT id, created, run_dir, model, {opt(rcols, 'inputs_sha256')}, {opt(rcols, 'report')} "
-                "FROM runs ORDER BY id"):
+            f"SELECT id, created, run_dir, model, {opt(rcols, 'inputs_sha256')}, {opt(rcols, 'report')} "
+            "FROM runs ORDER BY id"
+        ):
             if campaign[0] is not None and rid not in by_run:
                 continue
             cfg = by_run.get(rid) or {}
             index[rid] = len(runs)
             if campaign[0] is not None and cfg.get("label"):  # a campaign's view: its models by their labels
                 model = cfg["label"]
-            runs.append({"db": db, "id": rid, "created": created or "", "model": model, "inputs": ins,
-                         "report": _report_path(report or cfg.get("report"), run_dir),
-                         "campaign": cfg.get("campaign"), "label": cfg.get("label"), "config": cfg.get("id"),
-                         "position": cfg.get("position", 0), "campaign_key": cfg.get("campaign_key"),
-                         "backend_set": cfg.get("backend_set"), "inputs_name": cfg.get("inputs"), "backends": ()})
+            runs.append(
+                {
+                    "db": db,
+                    "id": rid,
+                    "created": created or "",
+                    "model": model,
+                    "inputs": ins,
+                    "report": _report_path(report or cfg.get("report"), run_dir),
+                    "campaign": cfg.get("campaign"),
+                    "label": cfg.get("label"),
+                    "config": cfg.get("id"),
+                    "position": cfg.get("position", 0),
+                    "campaign_key": cfg.get("campaign_key"),
+                    "backend_set": cfg.get("backend_set"),
+                    "inputs_name": cfg.get("inputs"),
+                    "backends": (),
+                }
+            )
         task: dict[tuple[int, str], dict[str, float]] = {}
         if _table(con, "tasks"):
             for rid, b, metric, value in con.execute("SELECT run_id, backend, metric, value FROM tasks"):
                 if rid in index and metric in HIGHER_IS_BETTER and _fnum(value) is not None:
                     task.setdefault((rid, b), {})[metric] = float(value)
-        q = ("SELECT run_id, backend, family, precision, versions, flagged, origin_anchor, origin_stage, worst_anchor, "
-             f"worst_primary, {opt(vcols, 'status')}, {opt(vcols, 'culprit')}, {opt(vcols, 'culprit_op')} "
-             "FROM verdicts ORDER BY run_id")
+        q = (
+            "SELECT run_id, backend, family, precision, versions, flagged, origin_anchor, origin_stage, worst_anchor, "
+            f"worst_primary, {opt(vcols, 'status')}, {opt(vcols, 'culprit')}, {opt(vcols, 'culprit_op')} "
+            "FROM verdicts ORDER BY run_id"
+        )
         for rid, b, fam, prec, vers, fl, oa, os_, wa, wp, st, cul, cop in con.execute(q):
             if rid not in index:
                 continue
             i = index[rid]
             runs[i]["backends"] += (b,)
-            raw.append((b, fam, prec, Point(i, _standing(fl, st), oa, os_, wa, _fnum(wp), _versions(vers), prec,
-                                            task.get((rid, b), {}), (cul, cop or "") if cul else None)))
+            raw.append(
+                (
+                    b,
+                    fam,
+                    prec,
+                    Point(
+                        i,
+                        _standing(fl, st),
+                        oa,
+                        os_,
+                        wa,
+                        _fnum(wp),
+                        _versions(vers),
+                        prec,
+                        task.get((rid, b), {}),
+                        (cul, cop or "") if cul else None,
+                    ),
+                )
+            )
         return camps, _read_bisections(con, db)
     finally:
         con.close()
@@ -291,8 +366,9 @@ def _group(runs: list[dict], raw: list[tuple]) -> dict[tuple, Series]:
         if s is None:
             conf = labels[ckey]
             row = f"{r['model']} · {conf}" if r["model"] in several else r["model"]
-            s = groups[(*ckey, b)] = Series(r["model"], b, fam, prec, config=conf, row=row,
-                                            sets=tuple(sorted(sets[ckey])))
+            s = groups[(*ckey, b)] = Series(
+                r["model"], b, fam, prec, config=conf, row=row, sets=tuple(sorted(sets[ckey]))
+            )
         s.points.append(p)
     return groups
 
@@ -325,8 +401,10 @@ def _anchor_values(db: str, runs: list[dict], series: list[Series]) -> None:
         con.executemany("INSERT INTO pick VALUES (?,?,?)", want)
         # indexed here, so SQLite scans ``cells`` once and probes this (not the other way round)
         con.execute("CREATE INDEX temp.pick_key ON pick (run_id, backend, anchor)")
-        for rid, b, v in con.execute("SELECT p.run_id, p.backend, c.primary_stat FROM pick p JOIN cells c ON "
-                                     "c.run_id = p.run_id AND c.backend = p.backend AND c.anchor = p.anchor"):
+        for rid, b, v in con.execute(
+            "SELECT p.run_id, p.backend, c.primary_stat FROM pick p JOIN cells c ON "
+            "c.run_id = p.run_id AND c.backend = p.backend AND c.anchor = p.anchor"
+        ):
             at[(rid, b)].nrmse = _fnum(v)
     finally:
         con.close()
@@ -369,13 +447,27 @@ def _events(s: Series, runs: list[dict], margin: float) -> None:
             d = SEVERITY[p.standing] - SEVERITY[q.standing]
             kind = "regression" if d > 0 else "fix" if d < 0 else "change"
             where = f" at stage {p.origin_stage}" if p.standing == "FLAGGED" and p.origin_stage is not None else ""
-            s.events.append({"point": k, "against": j, "kind": kind, "what": "verdict",
-                             "text": f"{q.standing} -> {p.standing}{where}"})
+            s.events.append(
+                {
+                    "point": k,
+                    "against": j,
+                    "kind": kind,
+                    "what": "verdict",
+                    "text": f"{q.standing} -> {p.standing}{where}",
+                }
+            )
         for m, v in p.task.items():
             b = q.task.get(m)
             if b is not None and b - v > margin:
-                s.events.append({"point": k, "against": j, "kind": "regression", "what": "task",
-                                 "text": f"{m} {b:.4g} -> {v:.4g} (-{b - v:.4g} > margin {margin:g})"})
+                s.events.append(
+                    {
+                        "point": k,
+                        "against": j,
+                        "kind": "regression",
+                        "what": "task",
+                        "text": f"{m} {b:.4g} -> {v:.4g} (-{b - v:.4g} > margin {margin:g})",
+                    }
+                )
 
 
 def _bisected_set(b: dict[str, Any], by_id: dict[tuple, dict], campaigns: list[dict]) -> str | None:
@@ -411,8 +503,13 @@ def _attach_bisections(series: list[Series], runs: list[dict], bisections: list[
                 s.bisections.append(b)
 
 
-def collect(dbs: list[str | Path], *, margin: float = DEFAULT_MARGIN, campaign: str | None = None,
-            campaign_folder: str | Path | None = None) -> History:
+def collect(
+    dbs: list[str | Path],
+    *,
+    margin: float = DEFAULT_MARGIN,
+    campaign: str | None = None,
+    campaign_folder: str | Path | None = None,
+) -> History:
     """Read the history databases ``dbs`` (module docstring). ``campaign``: only that campaign's runs,
     its models named by their labels in the campaign (``campaign_folder``: only the campaign written
     to that output folder).
@@ -435,8 +532,10 @@ def collect(dbs: list[str | Path], *, margin: float = DEFAULT_MARGIN, campaign: 
         bis += b
     if campaign is not None and not camps:
         names = sorted({n for db in dbs for n in _campaign_names(str(db))})
-        raise AnpredError(f"no campaign {campaign!r} in {', '.join(str(d) for d in dbs)}; "
-                          + (f"campaigns there: {', '.join(names)}" if names else "it records no campaign"))
+        raise AnpredError(
+            f"no campaign {campaign!r} in {', '.join(str(d) for d in dbs)}; "
+            + (f"campaigns there: {', '.join(names)}" if names else "it records no campaign")
+        )
     groups = _group(runs, raw)
     _order(runs, groups)
     series = sorted(groups.values(), key=lambda s: (s.row, s.backend))

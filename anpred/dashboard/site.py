@@ -117,8 +117,13 @@ def _cell(s: Series, mi: int, bi: int, vers: dict[str, int]) -> dict[str, Any]:
 def _bisection_text(b: dict[str, Any]) -> dict[str, Any]:
     cul = f"{b['culprit']} ({b['culprit_op']})" if b.get("culprit") else None
     where = f", stage {b['origin_stage']}" if b.get("origin_stage") is not None else ""
-    return {"text": f"{b['package']} {b['first_bad']} (bisected; last as before: {b['last_good']}{where})",
-            "package": b["package"], "first_bad": b["first_bad"], "last_good": b["last_good"], "culprit": cul}
+    return {
+        "text": f"{b['package']} {b['first_bad']} (bisected; last as before: {b['last_good']}{where})",
+        "package": b["package"],
+        "first_bad": b["first_bad"],
+        "last_good": b["last_good"],
+        "culprit": cul,
+    }
 
 
 def _first_bad(s: Series, before: dict[str, str], after: dict[str, str]) -> dict[str, Any] | None:
@@ -157,18 +162,35 @@ def payload(hist: History, site: Path, opts: SiteOptions) -> dict[str, Any]:
     runs = []
     for i in used:
         r = hist.runs[i]
-        runs.append([r["created"][:19], _rel(r["report"], site), (r["inputs"] or "")[:8] or None, r["campaign"],
-                     r["label"], r["id"]])
+        runs.append(
+            [
+                r["created"][:19],
+                _rel(r["report"], site),
+                (r["inputs"] or "")[:8] or None,
+                r["campaign"],
+                r["label"],
+                r["id"],
+            ]
+        )
     camp = None
     if opts.campaign is not None:
         camp = dict(opts.campaign)
         camp["configs"] = [{**c, "report": _rel(c.get("report"), site)} for c in camp.get("configs", [])]
-    return {"schema": "anpred.dashboard/1", "title": opts.title,
-            "generated": opts.generated or time.strftime("%Y-%m-%dT%H:%M:%S"), "margin": hist.margin,
-            "databases": [_rel(d, site) for d in hist.databases], "models": models,
-            "nmodels": len({s.model for s in hist.series}),
-            "backends": [[b, fam, "/".join(sorted(precs[b])) or ""] for b, fam in backends], "runs": runs,
-            "mr": [by_model[m] for m in models], "vers": list(vers), "cells": cells, "campaign": camp}
+    return {
+        "schema": "anpred.dashboard/1",
+        "title": opts.title,
+        "generated": opts.generated or time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "margin": hist.margin,
+        "databases": [_rel(d, site) for d in hist.databases],
+        "models": models,
+        "nmodels": len({s.model for s in hist.series}),
+        "backends": [[b, fam, "/".join(sorted(precs[b])) or ""] for b, fam in backends],
+        "runs": runs,
+        "mr": [by_model[m] for m in models],
+        "vers": list(vers),
+        "cells": cells,
+        "campaign": camp,
+    }
 
 
 def render(data: dict[str, Any]) -> str:
@@ -178,18 +200,20 @@ def render(data: dict[str, Any]) -> str:
     # "</" inside the JSON would end the script element early
     blob = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
     title = html.escape(data.get("title") or "ANPRED dashboard")
-    return (f"<!doctype html>\n<html lang=en><head><meta charset=utf-8>\n"
-            f"<meta name=viewport content='width=device-width, initial-scale=1'>\n<title>{title}</title>\n"
-            "<script>window.__anpredErrors=[];addEventListener('error',function(e){__anpredErrors.push(String("
-            "e.message||e))});</script>\n"
-            f"<style>\n{css}</style>\n</head>\n<body>\n<header><h1>{title}</h1><div id=summary></div></header>\n"
-            "<noscript>This page draws its grid with JavaScript; without it, summary.txt / campaign.json (a campaign) "
-            "or <code>anpred history DB</code> show the same.</noscript>\n"
-            "<section id=campaign hidden></section>\n<section id=filters></section>\n"
-            "<section id=gridwrap><table id=grid></table></section>\n<section id=detail hidden></section>\n"
-            "<section id=changes></section>\n"
-            f"<script type='application/json' id=anpred-data>{blob}</script>\n<script>\n{js}</script>\n"
-            "</body></html>\n")
+    return (
+        f"<!doctype html>\n<html lang=en><head><meta charset=utf-8>\n"
+        f"<meta name=viewport content='width=device-width, initial-scale=1'>\n<title>{title}</title>\n"
+        "<script>window.__anpredErrors=[];addEventListener('error',function(e){__anpredErrors.push(String("
+        "e.message||e))});</script>\n"
+        f"<style>\n{css}</style>\n</head>\n<body>\n<header><h1>{title}</h1><div id=summary></div></header>\n"
+        "<noscript>This page draws its grid with JavaScript; without it, summary.txt / campaign.json (a campaign) "
+        "or <code>anpred history DB</code> show the same.</noscript>\n"
+        "<section id=campaign hidden></section>\n<section id=filters></section>\n"
+        "<section id=gridwrap><table id=grid></table></section>\n<section id=detail hidden></section>\n"
+        "<section id=changes></section>\n"
+        f"<script type='application/json' id=anpred-data>{blob}</script>\n<script>\n{js}</script>\n"
+        "</body></html>\n"
+    )
 
 
 def read_data(page: str | Path) -> dict[str, Any]:

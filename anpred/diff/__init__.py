@@ -28,6 +28,23 @@ from anpred.diff.struct import (
 )
 from anpred.diff.structural import anchor_correspondence, diff_files, diff_models
 
-__all__ = ["GRAPH_SCHEMA", "RUN_SCHEMA", "STATS_STATISTIC", "AnchorDiff", "AnchorMatch", "CellDiff", "Change",
-           "GraphDiff", "GraphInfo", "NodeMatch", "NodeRef", "Region", "RunDiff", "StageDiff", "diff_models",
-           "diff_files", "anchor_correspondence", "diff_runs"]
+__all__ = [
+    "GRAPH_SCHEMA",
+    "RUN_SCHEMA",
+    "STATS_STATISTIC",
+    "AnchorDiff",
+    "AnchorMatch",
+    "CellDiff",
+    "Change",
+    "GraphDiff",
+    "GraphInfo",
+    "NodeMatch",
+    "NodeRef",
+    "Region",
+    "RunDiff",
+    "StageDiff",
+    "diff_models",
+    "diff_files",
+    "anchor_correspondence",
+    "diff_runs",
+]

@@ -83,8 +83,12 @@ def anchor_map(M: Matcher) -> list[AnchorMatch]:
             yv = v
             _src, tf = walk_transforms(Y, yv, y_matched)
             reason = "graph output of the same name"
-        elif anc.kind == "output" and v in X.outputs and X.outputs.index(v) < len(Y.outputs) \
-                and Y.outputs[X.outputs.index(v)] not in X.outputs:
+        elif (
+            anc.kind == "output"
+            and v in X.outputs
+            and X.outputs.index(v) < len(Y.outputs)
+            and Y.outputs[X.outputs.index(v)] not in X.outputs
+        ):
             yv = Y.outputs[X.outputs.index(v)]
             _src, tf = walk_transforms(Y, yv, y_matched)
             reason = "graph output at the same position"
@@ -114,8 +118,9 @@ def anchor_map(M: Matcher) -> list[AnchorMatch]:
         if yv is None:
             p = X.producer.get(v)
             why = f"producer {X.ids[p[0]]} ({X.op[p[0]]}) has no counterpart" if p else "no producer"
-            out.append(AnchorMatch(anc.name, anc.stage, None if flip else v, v if flip else None, "unmapped",
-                                   None, why))
+            out.append(
+                AnchorMatch(anc.name, anc.stage, None if flip else v, v if flip else None, "unmapped", None, why)
+            )
             continue
         tx, ty = X.value_type(v), Y.value_type(yv)
         if tx[0] and ty[0] and tx[0] != ty[0]:

@@ -56,8 +56,13 @@ def node_changes(M: Matcher, a: int, b: int) -> list[Change]:
     for k in sorted(set(aa) | set(ab)):
         va, vb = aa.get(k), ab.get(k)
         if isinstance(va, np.ndarray) or isinstance(vb, np.ndarray):
-            if isinstance(va, np.ndarray) and isinstance(vb, np.ndarray) and va.shape == vb.shape \
-                    and va.dtype == vb.dtype and np.array_equal(va, vb, equal_nan=True):
+            if (
+                isinstance(va, np.ndarray)
+                and isinstance(vb, np.ndarray)
+                and va.shape == vb.shape
+                and va.dtype == vb.dtype
+                and np.array_equal(va, vb, equal_nan=True)
+            ):
                 continue
             mad = _max_abs(va, vb) if isinstance(va, np.ndarray) and isinstance(vb, np.ndarray) else None
             ch.append(Change("attribute", k, _jsonable(va), _jsonable(vb), mad))
@@ -88,8 +93,14 @@ def node_changes(M: Matcher, a: int, b: int) -> list[Change]:
             pa, pb = A.producer.get(va), B.producer.get(vb)
             # a constant that became computed (or the reverse) other than through inserted casts
             if not (pb and M.through(B, pb[0], M.b2a, True) == [None] and va in A.init):
-                ch.append(Change("rewired", f"input[{i}]", "constant" if va in A.init else "computed",
-                                 "constant" if vb in B.init else "computed"))
+                ch.append(
+                    Change(
+                        "rewired",
+                        f"input[{i}]",
+                        "constant" if va in A.init else "computed",
+                        "constant" if vb in B.init else "computed",
+                    )
+                )
         else:
             pa, pb = A.producer.get(va), B.producer.get(vb)
             if pa and pb:

@@ -24,15 +24,23 @@ from anpred.manifest import AnchorManifest
 from anpred.onnx_io import elem_type_name
 from passes.graph import build_lenient_index
 
-__all__ = ["TRANSPARENT_OPS", "DiffGraph", "value_types", "attr_value", "normalized_attrs", "attr_sig",
-           "op_label"]
+__all__ = ["TRANSPARENT_OPS", "DiffGraph", "value_types", "attr_value", "normalized_attrs", "attr_sig", "op_label"]
 
 #: Operators that convert or re-layout a value without computing anything new: when only these are
 #: on one side of a region it is an insertion/removal, and propagation looks through them.
-TRANSPARENT_OPS = frozenset({
-    "Cast", "CastLike", "Transpose", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
-    "Identity", "ReorderInput", "ReorderOutput",
-})
+TRANSPARENT_OPS = frozenset(
+    {
+        "Cast",
+        "CastLike",
+        "Transpose",
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "DynamicQuantizeLinear",
+        "Identity",
+        "ReorderInput",
+        "ReorderOutput",
+    }
+)
 
 
 class DiffGraph:
@@ -165,8 +173,11 @@ def attr_value(attr) -> Any:
         except Exception:
             return "tensor:" + hashlib.sha1(attr.t.SerializeToString()).hexdigest()[:12]
     if attr.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
-        data = attr.g.SerializeToString() if attr.type == AttributeProto.GRAPH else b"".join(
-            x.SerializeToString() for x in attr.graphs)
+        data = (
+            attr.g.SerializeToString()
+            if attr.type == AttributeProto.GRAPH
+            else b"".join(x.SerializeToString() for x in attr.graphs)
+        )
         return "graph:" + hashlib.sha1(data).hexdigest()[:12]
     v = helper.get_attribute_value(attr)
     if isinstance(v, bytes):
@@ -195,8 +206,11 @@ def _schema_defaults(op_type: str, domain: str) -> dict[str, Any]:
             continue
     if schema is None:  # contrib-only operators (QuickGelu, FusedConv ...): keep every attribute
         return {}
-    return {k: attr_value(v.default_value) for k, v in schema.attributes.items()
-            if v.default_value.name or v.default_value.type}
+    return {
+        k: attr_value(v.default_value)
+        for k, v in schema.attributes.items()
+        if v.default_value.name or v.default_value.type
+    }
 
 
 def normalized_attrs(nd) -> dict[str, Any]:

@@ -128,7 +128,7 @@ class Matcher:
         for nd in G.nodes:
             s = []
             for j, o in enumerate(nd.output):
-                for (c, k) in G.consumers.get(o, ()):
+                for c, k in G.consumers.get(o, ()):
                     s.append((j, c, k))
                 if o in gout:
                     s.append((j, -1 - gout[o], 0))
@@ -223,8 +223,12 @@ class Matcher:
                 if p is not None and p[0] not in matched and p[0] not in R:
                     return None  # fed by an unmatched node outside: not a region closed on v
             R.add(i)
-            exits = {o for j in R for o in G.nodes[j].output if o and (
-                o in G.outputs or any(c not in R for c, _ in G.consumers.get(o, ())))}
+            exits = {
+                o
+                for j in R
+                for o in G.nodes[j].output
+                if o and (o in G.outputs or any(c not in R for c, _ in G.consumers.get(o, ())))
+            }
             if need <= R and len(exits) == 1:
                 return exits.pop(), frozenset(R)
             for o in G.nodes[i].output:
@@ -256,9 +260,9 @@ class Matcher:
                     q = G.producer.get(x)
                     if q is None or q[0] not in R:
                         entries.add(x)
-            closed = all(c in R for j in R for o in G.nodes[j].output if o and o != v
-                         for c, _ in G.consumers.get(o, ())) and not any(
-                o in G.outputs for j in R for o in G.nodes[j].output if o != v)
+            closed = all(
+                c in R for j in R for o in G.nodes[j].output if o and o != v for c, _ in G.consumers.get(o, ())
+            ) and not any(o in G.outputs for j in R for o in G.nodes[j].output if o != v)
             if closed and len(entries) == 1:
                 return entries.pop(), frozenset(R)
             for x in G.nodes[i].input:
@@ -326,8 +330,15 @@ class Matcher:
                     for xb in xbs:
                         if xa is not None and xb is not None:
                             cands.append((xa, xb))
-                if len(xas) == 1 and len(xbs) == 1 and xas[0] is not None and xbs[0] is not None \
-                        and xas[0] not in self.a2b and xbs[0] not in self.b2a and not self._compatible(xas[0], xbs[0]):
+                if (
+                    len(xas) == 1
+                    and len(xbs) == 1
+                    and xas[0] is not None
+                    and xbs[0] is not None
+                    and xas[0] not in self.a2b
+                    and xbs[0] not in self.b2a
+                    and not self._compatible(xas[0], xbs[0])
+                ):
                     ra, rb = self._region_up(A, va, self.a2b), self._region_up(B, vb, self.b2a)
                     if ra and rb and self._different_regions(ra[1], rb[1]):
                         qa, qb = A.producer.get(ra[0]), B.producer.get(rb[0])
@@ -356,8 +367,7 @@ class Matcher:
             pa, pb = A.producer.get(va), B.producer.get(vb)
             if pa and pb and self.a2b.get(pa[0]) == pb[0]:
                 return True
-            if not pa and not pb and va in A.inputs and vb in B.inputs and \
-                    A.inputs.index(va) == B.inputs.index(vb):
+            if not pa and not pb and va in A.inputs and vb in B.inputs and A.inputs.index(va) == B.inputs.index(vb):
                 return True
         for oa, ob in zip(A.nodes[a].output, B.nodes[b].output):
             sb = {c for c, _ in B.consumers.get(ob, ())}

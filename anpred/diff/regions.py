@@ -95,8 +95,15 @@ def classify(M: Matcher, ai: list[int], bi: list[int], changed_idx: set[int]) ->
     b_ops = [op_label(B, j) for j in bi]
     la, lb = "+".join(a_ops), "+".join(b_ops)
     if ai and bi:
-        kind = "fused" if len(bi) == 1 and len(ai) > 1 else "split" if len(ai) == 1 and len(bi) > 1 \
-            else "replaced" if len(ai) == 1 else "rewritten"
+        kind = (
+            "fused"
+            if len(bi) == 1 and len(ai) > 1
+            else "split"
+            if len(ai) == 1 and len(bi) > 1
+            else "replaced"
+            if len(ai) == 1
+            else "rewritten"
+        )
         label = f"{la} -> {lb}"
     else:
         side, G, idx, ops = ("a", A, ai, a_ops) if ai else ("b", B, bi, b_ops)
@@ -119,5 +126,6 @@ def classify(M: Matcher, ai: list[int], bi: list[int], changed_idx: set[int]) ->
             if kind not in ("folded", "unfolded"):
                 label = ("+".join(ops)) + (" only in A" if side == "a" else " only in B")
     stages = [A.stage[i] for i in ai if A.stage[i] is not None] + [B.stage[j] for j in bi if B.stage[j] is not None]
-    return Region(kind, label, [A.ids[i] for i in ai], [B.ids[j] for j in bi], a_ops, b_ops,
-                  min(stages) if stages else None)
+    return Region(
+        kind, label, [A.ids[i] for i in ai], [B.ids[j] for j in bi], a_ops, b_ops, min(stages) if stages else None
+    )

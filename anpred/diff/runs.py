@@ -82,8 +82,11 @@ def _capture_reason(store, b: str, anchor: str, side: str) -> str:
 
 def _needs_dequantize(store, b: str, anchor) -> bool:
     cap = (store.meta.get("backends", {}).get(b, {}).get("captures") or {}).get(anchor.name) or {}
-    rules = [cap.get("transform") or {}, (anchor.alignment or {}).get(b) or {},
-             (anchor.native.get(b) or {}).get("transform") or {}]
+    rules = [
+        cap.get("transform") or {},
+        (anchor.alignment or {}).get(b) or {},
+        (anchor.native.get(b) or {}).get("transform") or {},
+    ]
     return any("dequantize" in r for r in rules if isinstance(r, dict))
 
 
@@ -120,27 +123,34 @@ def _backend_pairs(A, B, backends, pairs) -> tuple[list[tuple[str, str]], dict[s
             why = [(_not_ok(A, x, "A")) if x not in ok_a else "", (_not_ok(B, y, "B")) if y not in ok_b else ""]
             why = [w for w in why if w]
             if why:
-                raise JudgeError(f"cannot pair {x} (run A) with {y} (run B): {x if x not in ok_a else y} "
-                                 f"{'; '.join(why)}; ok in A: {', '.join(sorted(ok_a)) or '(none)'}, "
-                                 f"ok in B: {', '.join(sorted(ok_b)) or '(none)'}")
+                raise JudgeError(
+                    f"cannot pair {x} (run A) with {y} (run B): {x if x not in ok_a else y} "
+                    f"{'; '.join(why)}; ok in A: {', '.join(sorted(ok_a)) or '(none)'}, "
+                    f"ok in B: {', '.join(sorted(ok_b)) or '(none)'}"
+                )
             out.append((x, y))
     if backends or not pairs:
         common = [b for b in A.ok_backends() if b in ok_b]
         if backends:
             unknown = [b for b in backends if b not in common]
             if unknown:
-                reasons = "; ".join(f"{b}: {_not_ok(A, b, 'A') if b not in ok_a else _not_ok(B, b, 'B')}"
-                                    for b in unknown)
-                raise JudgeError(f"backend(s) not ok in both runs ({reasons}); usable: {', '.join(common) or '(none)'}"
-                                 " (pair different backends with --pair X=Y)")
+                reasons = "; ".join(
+                    f"{b}: {_not_ok(A, b, 'A') if b not in ok_a else _not_ok(B, b, 'B')}" for b in unknown
+                )
+                raise JudgeError(
+                    f"backend(s) not ok in both runs ({reasons}); usable: {', '.join(common) or '(none)'}"
+                    " (pair different backends with --pair X=Y)"
+                )
             common = [b for b in common if b in backends]
         else:
             for b in sorted(ok_a ^ ok_b):
                 skipped[b] = _not_ok(A, b, "A") if b not in ok_a else _not_ok(B, b, "B")
         out += [(b, b) for b in common if (b, b) not in out]
     if not out:
-        raise JudgeError(f"no backend is ok in both runs ({A.root}: {sorted(ok_a)}, {B.root}: {sorted(ok_b)}); "
-                         "pair different backends with --pair X=Y")
+        raise JudgeError(
+            f"no backend is ok in both runs ({A.root}: {sorted(ok_a)}, {B.root}: {sorted(ok_b)}); "
+            "pair different backends with --pair X=Y"
+        )
     return out, skipped
 
 
@@ -213,15 +223,18 @@ class _SummarySide:
                         why[(anc.name, b)] = f"no summaries of sample {sid} for {b} in run {self.side}"
                     continue
             else:
-                got = {k: sample_summary(StreamingStats.summarize(v))
-                       for k, v in self.store.read_anchors(b, sid).items()}
+                got = {
+                    k: sample_summary(StreamingStats.summarize(v)) for k, v in self.store.read_anchors(b, sid).items()
+                }
             for anc in self.store.manifest.anchors:
                 s = got.get(anc.name)
                 if s is None:
                     why[(anc.name, b)] = _capture_reason(self.store, b, anc.name, self.side)
                 elif _needs_dequantize(self.store, b, anc):
-                    why[(anc.name, b)] = (f"{b} in run {self.side} returns quantized values (dequantize rule): "
-                                          "their summaries are not comparable without the tensors")
+                    why[(anc.name, b)] = (
+                        f"{b} in run {self.side} returns quantized values (dequantize rule): "
+                        "their summaries are not comparable without the tensors"
+                    )
                 else:
                     out.setdefault(anc.name, {})[b] = s
         return out, why
@@ -245,8 +258,15 @@ def _summary_stat(sb: dict[str, Any], sa: dict[str, Any]) -> tuple[float, dict[s
 # ---------------------------------------------------------------------------------------------
 # entry point
 # ---------------------------------------------------------------------------------------------
-def diff_runs(run_a: str | Path, run_b: str | Path, *, config=None, backends: list[str] | None = None,
-              pairs: dict[str, str] | list[tuple[str, str]] | None = None, with_graph: bool = True) -> RunDiff:
+def diff_runs(
+    run_a: str | Path,
+    run_b: str | Path,
+    *,
+    config=None,
+    backends: list[str] | None = None,
+    pairs: dict[str, str] | list[tuple[str, str]] | None = None,
+    with_graph: bool = True,
+) -> RunDiff:
     """Compare run folder ``run_b`` against ``run_a`` anchor by anchor (see the module docstring).
 
     Args:
@@ -275,9 +295,11 @@ def diff_runs(run_a: str | Path, run_b: str | Path, *, config=None, backends: li
     bpairs, skipped = _backend_pairs(A, B, backends, pairs)
     mode = "stats" if "stats" in (A.meta.get("mode"), B.meta.get("mode")) else "tensors"
     if mode == "stats" and cfg.primary != "nrmse":
-        raise JudgeError(f"stats-mode runs are compared by a lower bound of the nRMSE (no tensors stored); "
-                         f"the configured primary statistic is {cfg.primary!r}: use primary = \"nrmse\" "
-                         "or rerun with --mode tensors")
+        raise JudgeError(
+            f"stats-mode runs are compared by a lower bound of the nRMSE (no tensors stored); "
+            f"the configured primary statistic is {cfg.primary!r}: use primary = \"nrmse\" "
+            "or rerun with --mode tensors"
+        )
     statistic = STATS_STATISTIC if mode == "stats" else cfg.primary
     samples = _shared_samples(A, B)
     graph = None
@@ -291,15 +313,31 @@ def diff_runs(run_a: str | Path, run_b: str | Path, *, config=None, backends: li
     worst, missing = _worst_per_cell(samples, side_a, side_b, apairs, bpairs, mode == "stats", cfg.primary)
     anchors_out, first, first_by, stage_dev = _anchor_diffs(apairs, bpairs, worst, missing, cfg, (sa, sb), statistic)
     labels = [_label(x, y) for x, y in bpairs]
-    rd = RunDiff(str(run_a), str(run_b), statistic, labels, samples, anchors_out, first, first_by,
-                 {k: float(v) for k, v in stage_dev.items()}, skipped, unpaired, graph if with_graph else None,
-                 mode, [[x, y] for x, y in bpairs], unpaired_b)
+    rd = RunDiff(
+        str(run_a),
+        str(run_b),
+        statistic,
+        labels,
+        samples,
+        anchors_out,
+        first,
+        first_by,
+        {k: float(v) for k, v in stage_dev.items()},
+        skipped,
+        unpaired,
+        graph if with_graph else None,
+        mode,
+        [[x, y] for x, y in bpairs],
+        unpaired_b,
+    )
     if rd.compared == 0:
         nc = rd.not_compared()
         reasons = "; ".join(f"{a} on {b}: {why}" for a, b, why in nc[:3]) or "no anchor of A has a counterpart in B"
-        raise JudgeError(f"no anchor could be compared between the runs ({len(apairs)} paired anchor(s), "
-                         f"{len(unpaired)} of A unpaired, {len(nc)} cell(s) not compared: {reasons}"
-                         f"{' ...' if len(nc) > 3 else ''}); nothing was compared, so no verdict")
+        raise JudgeError(
+            f"no anchor could be compared between the runs ({len(apairs)} paired anchor(s), "
+            f"{len(unpaired)} of A unpaired, {len(nc)} cell(s) not compared: {reasons}"
+            f"{' ...' if len(nc) > 3 else ''}); nothing was compared, so no verdict"
+        )
     return rd
 
 
@@ -316,8 +354,10 @@ def _shared_samples(A, B) -> list[list[str]]:
         by_hash.setdefault(h, sid)
     samples = [[sid, by_hash[h]] for sid, h in ka.items() if h and h in by_hash]
     if not samples:
-        raise JudgeError("the runs share no sample with identical inputs (sha256 of the input arrays); "
-                         "run both on the same inputs (anpred run --inputs ...)")
+        raise JudgeError(
+            "the runs share no sample with identical inputs (sha256 of the input arrays); "
+            "run both on the same inputs (anpred run --inputs ...)"
+        )
     return samples
 
 
@@ -391,8 +431,14 @@ def _anchor_diffs(apairs, bpairs, worst, missing, cfg, statuses, statistic: str)
             if moved:
                 first_by.setdefault(lab, anc.name)
                 if first is None:
-                    first = {"anchor": anc.name, "backend": lab, "stage": anc.stage, "value": float(v),
-                             "floor": floor, "statistic": statistic}
+                    first = {
+                        "anchor": anc.name,
+                        "backend": lab,
+                        "stage": anc.stage,
+                        "value": float(v),
+                        "floor": floor,
+                        "statistic": statistic,
+                    }
         anchors_out.append(ad)
     return anchors_out, first, first_by, stage_dev
 

@@ -23,8 +23,22 @@ from typing import Any
 
 from anpred.errors import AnpredError
 
-__all__ = ["GRAPH_SCHEMA", "RUN_SCHEMA", "STATS_STATISTIC", "Change", "NodeMatch", "NodeRef", "Region",
-           "AnchorMatch", "GraphInfo", "StageDiff", "GraphDiff", "CellDiff", "AnchorDiff", "RunDiff"]
+__all__ = [
+    "GRAPH_SCHEMA",
+    "RUN_SCHEMA",
+    "STATS_STATISTIC",
+    "Change",
+    "NodeMatch",
+    "NodeRef",
+    "Region",
+    "AnchorMatch",
+    "GraphInfo",
+    "StageDiff",
+    "GraphDiff",
+    "CellDiff",
+    "AnchorDiff",
+    "RunDiff",
+]
 
 #: schema of :meth:`GraphDiff.to_dict`
 GRAPH_SCHEMA = "anpred.graphdiff/1"
@@ -157,7 +171,7 @@ class StageDiff:
     matched: int = 0
     changed: int = 0
     regions: list[int] = field(default_factory=list)  # indices into GraphDiff.regions
-    a_ops: list[str] = field(default_factory=list)   # "op:name:status" strings for the HTML view
+    a_ops: list[str] = field(default_factory=list)  # "op:name:status" strings for the HTML view
     b_ops: list[str] = field(default_factory=list)
 
 
@@ -193,8 +207,13 @@ class GraphDiff:
 
     def fusions(self) -> dict[str, int]:
         """Label -> count for fused/split/replaced/rewritten/folded regions."""
-        return dict(Counter(r.label for r in self.regions
-                            if r.kind in ("fused", "split", "replaced", "rewritten", "folded", "unfolded")))
+        return dict(
+            Counter(
+                r.label
+                for r in self.regions
+                if r.kind in ("fused", "split", "replaced", "rewritten", "folded", "unfolded")
+            )
+        )
 
     def insertions(self) -> dict[str, int]:
         """Op type -> count of inserted conversion nodes (Cast, Q/DQ, Transpose ...) in B."""
@@ -216,15 +235,20 @@ class GraphDiff:
             raise AnpredError(f"unsupported graph diff schema {d.get('schema')!r} (expected {GRAPH_SCHEMA!r})")
         try:
             return cls(
-                a=GraphInfo(**d["a"]), b=GraphInfo(**d["b"]), matched=d["matched"],
+                a=GraphInfo(**d["a"]),
+                b=GraphInfo(**d["b"]),
+                matched=d["matched"],
                 match_counts=d["match_counts"],
                 changed=[NodeMatch(**{**m, "changes": [Change(**c) for c in m["changes"]]}) for m in d["changed"]],
-                only_a=[NodeRef(**n) for n in d["only_a"]], only_b=[NodeRef(**n) for n in d["only_b"]],
+                only_a=[NodeRef(**n) for n in d["only_a"]],
+                only_b=[NodeRef(**n) for n in d["only_b"]],
                 regions=[Region(**r) for r in d["regions"]],
                 anchors=[AnchorMatch(**a) for a in d.get("anchors", [])],
                 stages=[StageDiff(**s) for s in d.get("stages", [])],
-                io=[Change(**c) for c in d.get("io", [])], opset=[Change(**c) for c in d.get("opset", [])],
-                seconds=d.get("seconds", 0.0), schema=d["schema"],
+                io=[Change(**c) for c in d.get("io", [])],
+                opset=[Change(**c) for c in d.get("opset", [])],
+                seconds=d.get("seconds", 0.0),
+                schema=d["schema"],
             )
         except (KeyError, TypeError) as err:
             raise AnpredError(f"malformed graph diff: {err}") from err
@@ -236,8 +260,10 @@ class GraphDiff:
             L.append("graphs are identical (same nodes, names, attributes, constants, types)")
             return "\n".join(L)
         how = ", ".join(f"{k} {v}" for k, v in self.match_counts.items() if v)
-        L.append(f"matched {self.matched} node pairs ({how}); only in A: {len(self.only_a)}; only in B: "
-                 f"{len(self.only_b)}; changed pairs: {len(self.changed)}")
+        L.append(
+            f"matched {self.matched} node pairs ({how}); only in A: {len(self.only_a)}; only in B: "
+            f"{len(self.only_b)}; changed pairs: {len(self.changed)}"
+        )
         if self.opset:
             L.append("opset imports: " + ", ".join(f"{c.what} {c.a} -> {c.b}" for c in self.opset))
         for c in self.io:
@@ -258,8 +284,11 @@ class GraphDiff:
             if shown >= max_lines // 2:
                 L.append(f"  ... {len(self.changed) - shown} more changed pairs (see --json/--html)")
                 break
-            L.append(f"  {m.a} ~ {m.b} [{m.op_type}, {m.how}]: " + "; ".join(c.describe() for c in m.changes[:3])
-                     + (" ..." if len(m.changes) > 3 else ""))
+            L.append(
+                f"  {m.a} ~ {m.b} [{m.op_type}, {m.how}]: "
+                + "; ".join(c.describe() for c in m.changes[:3])
+                + (" ..." if len(m.changes) > 3 else "")
+            )
             shown += 1
         if self.anchors:
             c = Counter(a.status for a in self.anchors)
@@ -367,8 +396,9 @@ class RunDiff:
             raise AnpredError(f"unsupported run diff schema {d.get('schema')!r} (expected {RUN_SCHEMA!r})")
         try:
             anchors = [AnchorDiff(**{**a, "cells": [CellDiff(**c) for c in a["cells"]]}) for a in d["anchors"]]
-            return cls(**{**d, "anchors": anchors,
-                          "graph": GraphDiff.from_dict(d["graph"]) if d.get("graph") else None})
+            return cls(
+                **{**d, "anchors": anchors, "graph": GraphDiff.from_dict(d["graph"]) if d.get("graph") else None}
+            )
         except (KeyError, TypeError) as err:
             raise AnpredError(f"malformed run diff: {err}") from err
 
@@ -376,19 +406,27 @@ class RunDiff:
         """A terminal summary: what was compared, the first moved anchor, per-stage deviation, and
         every anchor not compared (with its reason) and unpaired anchor, up to ``max_lines`` each."""
         total = len(self.anchors) * len(self.backends)
-        how = ("per-sample summaries (lower bound of nRMSE, no tensors stored)" if self.mode == "stats"
-               else "aligned tensors")
-        L = [f"A: {self.run_a}", f"B: {self.run_b}",
-             f"{len(self.samples)} paired sample(s), backends: {', '.join(self.backends) or '(none)'}; "
-             f"statistic {self.statistic} (B against A, {how}) vs the noise floor",
-             f"compared {self.compared} of {total} (anchor, backend) cells; "
-             f"{len(self.unpaired_anchors)} anchor(s) of A and {len(self.unpaired_b)} of B unpaired"]
+        how = (
+            "per-sample summaries (lower bound of nRMSE, no tensors stored)"
+            if self.mode == "stats"
+            else "aligned tensors"
+        )
+        L = [
+            f"A: {self.run_a}",
+            f"B: {self.run_b}",
+            f"{len(self.samples)} paired sample(s), backends: {', '.join(self.backends) or '(none)'}; "
+            f"statistic {self.statistic} (B against A, {how}) vs the noise floor",
+            f"compared {self.compared} of {total} (anchor, backend) cells; "
+            f"{len(self.unpaired_anchors)} anchor(s) of A and {len(self.unpaired_b)} of B unpaired",
+        ]
         for b, why in self.skipped_backends.items():
             L.append(f"  skipped {b}: {why}")
         if self.first_moved:
             f = self.first_moved
-            L.append(f"first moved anchor: {f['anchor']} (stage {f['stage']}) on {f['backend']}: "
-                     f"{self.statistic} {f['value']:.3g} > floor {f['floor']:.3g}")
+            L.append(
+                f"first moved anchor: {f['anchor']} (stage {f['stage']}) on {f['backend']}: "
+                f"{self.statistic} {f['value']:.3g} > floor {f['floor']:.3g}"
+            )
             for b, a in self.first_moved_by_backend.items():
                 L.append(f"  {b}: first moved at {a}")
         else:
@@ -404,8 +442,11 @@ class RunDiff:
                 L.append(f"  ... {len(nc) - max_lines} more (see --json/--html)")
         for side, lst in (("A", self.unpaired_anchors), ("B", self.unpaired_b)):
             if lst:
-                L.append(f"unpaired anchors of {side} (no counterpart in the other run): "
-                         + ", ".join(lst[:max_lines]) + (" ..." if len(lst) > max_lines else ""))
+                L.append(
+                    f"unpaired anchors of {side} (no counterpart in the other run): "
+                    + ", ".join(lst[:max_lines])
+                    + (" ..." if len(lst) > max_lines else "")
+                )
         if self.graph is not None and not self.graph.identical:
             L.append("models differ structurally:")
             L.extend("  " + x for x in self.graph.summary(10).splitlines()[2:])

@@ -43,10 +43,14 @@ def graph_info(G: DiffGraph) -> GraphInfo:
     """The :class:`~anpred.diff.struct.GraphInfo` facts of one graph."""
     m = G.model
     return GraphInfo(
-        path=G.path, num_nodes=len(G.nodes), op_counts=dict(Counter(op_label(G, i) for i in range(len(G.nodes)))),
+        path=G.path,
+        num_nodes=len(G.nodes),
+        op_counts=dict(Counter(op_label(G, i) for i in range(len(G.nodes)))),
         opset={(o.domain or "ai.onnx"): o.version for o in m.opset_import},
-        producer=f"{m.producer_name} {m.producer_version}".strip(), has_manifest=G.manifest is not None,
-        num_stages=len(G.manifest.stages) if G.manifest is not None else 0)
+        producer=f"{m.producer_name} {m.producer_version}".strip(),
+        has_manifest=G.manifest is not None,
+        num_stages=len(G.manifest.stages) if G.manifest is not None else 0,
+    )
 
 
 def diff_models(model_a, model_b, *, path_a: str = "A", path_b: str = "B") -> GraphDiff:
@@ -73,18 +77,39 @@ def diff_models(model_a, model_b, *, path_a: str = "A", path_b: str = "B") -> Gr
     regions = find_regions(M, hosts)
     for a in sorted(changed_a):
         b = M.a2b[a]
-        changed.append(NodeMatch(A.ids[a], B.ids[b], a, b, A.op[a], M.how[a], changes_by_a[a],
-                                 A.stage[a] if A.stage[a] is not None else B.stage[b]))
-    only_a = [NodeRef("a", A.ids[i], i, A.op[i], A.nodes[i].domain, A.stage[i])
-              for i in range(len(A.nodes)) if i not in M.a2b]
-    only_b = [NodeRef("b", B.ids[j], j, B.op[j], B.nodes[j].domain, B.stage[j])
-              for j in range(len(B.nodes)) if j not in M.b2a]
+        changed.append(
+            NodeMatch(
+                A.ids[a],
+                B.ids[b],
+                a,
+                b,
+                A.op[a],
+                M.how[a],
+                changes_by_a[a],
+                A.stage[a] if A.stage[a] is not None else B.stage[b],
+            )
+        )
+    only_a = [
+        NodeRef("a", A.ids[i], i, A.op[i], A.nodes[i].domain, A.stage[i]) for i in range(len(A.nodes)) if i not in M.a2b
+    ]
+    only_b = [
+        NodeRef("b", B.ids[j], j, B.op[j], B.nodes[j].domain, B.stage[j]) for j in range(len(B.nodes)) if j not in M.b2a
+    ]
     counts = Counter(M.how.values())
     d = GraphDiff(
-        a=graph_info(A), b=graph_info(B), matched=len(M.a2b),
+        a=graph_info(A),
+        b=graph_info(B),
+        matched=len(M.a2b),
         match_counts={k: counts.get(k, 0) for k in ("name", "value", "structure", "propagation", "sequence")},
-        changed=changed, only_a=only_a, only_b=only_b, regions=regions, anchors=anchor_map(M),
-        stages=stage_table(M, changed_a, regions), io=io_changes(A, B), opset=opset_changes(A, B))
+        changed=changed,
+        only_a=only_a,
+        only_b=only_b,
+        regions=regions,
+        anchors=anchor_map(M),
+        stages=stage_table(M, changed_a, regions),
+        io=io_changes(A, B),
+        opset=opset_changes(A, B),
+    )
     d.seconds = time.perf_counter() - t0
     return d
 

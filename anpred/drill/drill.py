@@ -100,8 +100,14 @@ def _left_out(report, specs, statuses, left: list[str]) -> dict[str, str]:
     return out
 
 
-def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
-              drill: DrillConfig | None = None, progress: bool = False) -> dict[str, Any]:
+def drill_run(
+    run_dir: str | Path,
+    report,
+    out_dir: str | Path | None = None,
+    *,
+    drill: DrillConfig | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Isolated stage replay, drill-down and repro of the judged run ``run_dir`` (module docstring).
 
     Args:
@@ -129,8 +135,9 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
     drill = drill or DrillConfig()
     store = RunStore.open(run_dir)
     if store.meta.get("mode", "tensors") != "tensors":
-        raise AnpredError(f"{run_dir}: a '{store.meta.get('mode')}' run stores no tensors; the drill-down "
-                          "needs a tensors run")
+        raise AnpredError(
+            f"{run_dir}: a '{store.meta.get('mode')}' run stores no tensors; the drill-down needs a tensors run"
+        )
     from dataclasses import fields
 
     known = {f.name for f in fields(OracleConfig)}
@@ -143,18 +150,27 @@ def drill_run(run_dir: str | Path, report, out_dir: str | Path | None = None, *,
     notes: list[str] = []
     specs = run_specs(store)
     statuses = store.statuses()
-    part = [b for b in report.backends if b in specs and statuses[b].status == "ok" and b not in NATIVE
-            and report.backends[b]["precision"] == "fp32" and report.verdicts.get(b) is not None
-            and report.verdicts[b].votes]
+    part = [
+        b
+        for b in report.backends
+        if b in specs
+        and statuses[b].status == "ok"
+        and b not in NATIVE
+        and report.backends[b]["precision"] == "fp32"
+        and report.verdicts.get(b) is not None
+        and report.verdicts[b].votes
+    ]
     left = [b for b in report.backends if b not in part]
     if left:
-        notes.append("drill: not replayed: " + "; ".join(f"{b} ({why})" for b, why in
-                                                         _left_out(report, specs, statuses, left).items()))
+        notes.append(
+            "drill: not replayed: "
+            + "; ".join(f"{b} ({why})" for b, why in _left_out(report, specs, statuses, left).items())
+        )
     alt = {b: Path(specs[b].options["model"]) for b in part if "model" in specs[b].options}
     model = load_full(mpath)
     models = {b: load_full(p) for b, p in alt.items()}
     manifest = store.manifest
-    samples = store.sample_ids[:max(1, drill.max_samples)]
+    samples = store.sample_ids[: max(1, drill.max_samples)]
     runner = SubRunner(specs, out, drill.timeout_s, progress, cfg)
     result: dict[str, Any] = {"samples": len(samples), "stages": {}, "culprits": {}, "notes": notes}
     report.drill = result
@@ -206,8 +222,9 @@ def _model_path(store, run_dir: str | Path) -> Path:
     return mpath
 
 
-def _consensus_feeds(store, run_dir: str | Path, entry_anchors: list[str], samples: list[str],
-                     cfg) -> list[dict[str, np.ndarray]]:
+def _consensus_feeds(
+    store, run_dir: str | Path, entry_anchors: list[str], samples: list[str], cfg
+) -> list[dict[str, np.ndarray]]:
     """Per sample: its stored inputs and the consensus (oracle ``cfg``) at each of the ``entry_anchors``,
     under the anchor's ONNX value name (an anchor without a consensus there is left out)."""
     from anpred.drill.feed import consensus_samples
@@ -266,14 +283,27 @@ def _stage_profiles(ctx: _Ctx, rrep, rout) -> dict[str, list[dict[str, Any]]]:
             got = [x.primary for e in entries_of.get(k, []) if (x := report.cell(e, b)) is not None and x.primary]
             if lc is not None and departs_r(lc):
                 role = "introduced"
-            elif cc is not None and cc.primary is not None and cc.peer_level is not None and \
-                    cc.primary > cfg.origin_k * cc.peer_level and cc.primary > cfg.origin_floor_fraction * cc.floor:
+            elif (
+                cc is not None
+                and cc.primary is not None
+                and cc.peer_level is not None
+                and cc.primary > cfg.origin_k * cc.peer_level
+                and cc.primary > cfg.origin_floor_fraction * cc.floor
+            ):
                 role = "amplified" if got and carried / max(got) > band else "carried"
             else:
                 role = "clean"
-            prof.append({"stage": k, "anchor": anchor, "local": _f(local), "carried": _f(carried),
-                         "received": _f(max(got) if got else None),
-                         "peers_local": _f(float(np.median(peers)) if peers else None), "role": role})
+            prof.append(
+                {
+                    "stage": k,
+                    "anchor": anchor,
+                    "local": _f(local),
+                    "carried": _f(carried),
+                    "received": _f(max(got) if got else None),
+                    "peers_local": _f(float(np.median(peers)) if peers else None),
+                    "role": role,
+                }
+            )
         out[b] = prof
     return out
 
@@ -296,8 +326,15 @@ def _culprits(ctx: _Ctx, stages: dict[str, list[dict[str, Any]]]) -> dict[str, A
             ctx.notes.append(f"drill: {b}: origin stage {k} not replayable")
             continue
         try:
-            culprit = drill_stage(DrillCase(ctx.runner, b, ctx.part, ctx.cfg, drill), ctx.model, ctx.models.get(b),
-                                  cut, ctx.feeds, out / "repro" / b, out / f"stage-{b}")
+            culprit = drill_stage(
+                DrillCase(ctx.runner, b, ctx.part, ctx.cfg, drill),
+                ctx.model,
+                ctx.models.get(b),
+                cut,
+                ctx.feeds,
+                out / "repro" / b,
+                out / f"stage-{b}",
+            )
         except AnpredError as err:
             ctx.notes.append(f"drill: {b}: {err}")
             continue
@@ -352,12 +389,16 @@ def _use_roles(v, prof: list[dict[str, Any]], notes: list[str], b: str) -> None:
     if v.flagged:
         intro = [p for p in prof if p["role"] == "introduced"]
         if intro and intro[0]["stage"] != v.origin_stage:
-            notes.append(f"drill: {b}: the stage replay finds the deviation introduced in stage {intro[0]['stage']} "
-                         f"(local {intro[0]['local']:.3g} vs peers {intro[0]['peers_local'] or 0:.3g}), the traced "
-                         f"origin is stage {v.origin_stage}")
+            notes.append(
+                f"drill: {b}: the stage replay finds the deviation introduced in stage {intro[0]['stage']} "
+                f"(local {intro[0]['local']:.3g} vs peers {intro[0]['peers_local'] or 0:.3g}), the traced "
+                f"origin is stage {v.origin_stage}"
+            )
         if len(intro) > 1:
-            notes.append(f"drill: {b}: deviations introduced in {len(intro)} stages "
-                         f"({', '.join(str(p['stage']) for p in intro)}), not only carried from the first")
+            notes.append(
+                f"drill: {b}: deviations introduced in {len(intro)} stages "
+                f"({', '.join(str(p['stage']) for p in intro)}), not only carried from the first"
+            )
 
 
 def _f(x):

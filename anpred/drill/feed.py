@@ -25,9 +25,14 @@ def _judging(run_dir: str | Path, config=None):
     return usable_backends(run_dir, config=config, allow_incomplete=True)
 
 
-def consensus_samples(run_dir: str | Path, anchors: list[str], *, exclude: tuple[str, ...] = (),
-                      samples: list[str] | None = None, config=None
-                      ) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
+def consensus_samples(
+    run_dir: str | Path,
+    anchors: list[str],
+    *,
+    exclude: tuple[str, ...] = (),
+    samples: list[str] | None = None,
+    config=None,
+) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
     """Yield ``(sample id, {anchor: consensus array})`` for ``anchors`` (manifest anchor names) of the
     run in ``run_dir``, over ``samples`` (default: all). An anchor without a consensus in a sample
     (no voter stored it) is left out of that sample's dict. Arrays have the canonical shape and the
@@ -49,7 +54,7 @@ def consensus_samples(run_dir: str | Path, anchors: list[str], *, exclude: tuple
     names = set(store.manifest.names())
     want = [a for a in anchors if a in names]
     dtypes = {a.name: a.dtype for a in store.manifest.anchors}
-    for sid in (samples if samples is not None else store.sample_ids):
+    for sid in samples if samples is not None else store.sample_ids:
         tensors, _, _ = aligned_sample(store, aligner, voters, sid, names, [])
         out: dict[str, np.ndarray] = {}
         for a in want:
@@ -66,8 +71,9 @@ def consensus_samples(run_dir: str | Path, anchors: list[str], *, exclude: tuple
         yield sid, out
 
 
-def backend_samples(run_dir: str | Path, backend: str, anchors: list[str], samples: list[str] | None = None
-                    ) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
+def backend_samples(
+    run_dir: str | Path, backend: str, anchors: list[str], samples: list[str] | None = None
+) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
     """Yield ``(sample id, {anchor: array})``: ``backend``'s own stored tensors, aligned."""
     from anpred.judge.samples import aligned_sample, run_aligner
 
@@ -75,6 +81,6 @@ def backend_samples(run_dir: str | Path, backend: str, anchors: list[str], sampl
     store = run.store
     aligner = run_aligner(store, [backend])
     names = set(store.manifest.names())
-    for sid in (samples if samples is not None else store.sample_ids):
+    for sid in samples if samples is not None else store.sample_ids:
         tensors, _, _ = aligned_sample(store, aligner, [backend], sid, names, [])
         yield sid, {a: tensors[a][backend] for a in anchors if backend in tensors.get(a, {})}

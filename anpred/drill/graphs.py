@@ -19,8 +19,17 @@ import numpy as np
 
 from anpred.errors import GraphError
 
-__all__ = ["StageCut", "stage_cuts", "extract", "replay_model", "expose", "producers", "ancestors_of", "topo_values",
-           "MANIFEST_KEY"]
+__all__ = [
+    "StageCut",
+    "stage_cuts",
+    "extract",
+    "replay_model",
+    "expose",
+    "producers",
+    "ancestors_of",
+    "topo_values",
+    "MANIFEST_KEY",
+]
 
 MANIFEST_KEY = "anpred.manifest"
 
@@ -97,8 +106,9 @@ def _reached_inputs(model, outputs: list[str], stop: set[str]) -> set[str]:
 def _value_info(name: str, elem_type: int, shape) -> Any:
     from onnx import helper
 
-    return helper.make_tensor_value_info(name, elem_type, None if shape is None else
-                                         [d if isinstance(d, (int, str)) else None for d in shape])
+    return helper.make_tensor_value_info(
+        name, elem_type, None if shape is None else [d if isinstance(d, (int, str)) else None for d in shape]
+    )
 
 
 def extract(model, inputs: dict[str, np.ndarray], outputs: list[str], types: dict | None = None):
@@ -136,19 +146,27 @@ def extract(model, inputs: dict[str, np.ndarray], outputs: list[str], types: dic
             if elem:
                 ex.value_infos[o] = _value_info(o, elem, shape)
     for name, arr in inputs.items():  # graph inputs fed with static shapes
-        ex.value_infos[name] = _value_info(name, helper.np_dtype_to_tensor_dtype(np.asarray(arr).dtype),
-                                           list(np.shape(arr)))
+        ex.value_infos[name] = _value_info(
+            name, helper.np_dtype_to_tensor_dtype(np.asarray(arr).dtype), list(np.shape(arr))
+        )
     sub = ex.extract_model(list(inputs), list(outputs))
     missing = {i.name for i in sub.graph.input} - set(inputs)
     if missing:
         raise GraphError(f"cannot cut out {outputs}: it also reads {sorted(missing)}, not given")
     fed = {i.name for i in sub.graph.input}
-    dangling = [v for n in sub.graph.node for v in n.input if v and v not in fed and
-                v not in {x.name for x in sub.graph.initializer} and
-                v not in {o for nn in sub.graph.node for o in nn.output}]
+    dangling = [
+        v
+        for n in sub.graph.node
+        for v in n.input
+        if v
+        and v not in fed
+        and v not in {x.name for x in sub.graph.initializer}
+        and v not in {o for nn in sub.graph.node for o in nn.output}
+    ]
     if dangling:
-        raise GraphError(f"cannot cut out {outputs}: values {sorted(set(dangling))[:5]} are read but neither "
-                         "fed nor computed")
+        raise GraphError(
+            f"cannot cut out {outputs}: values {sorted(set(dangling))[:5]} are read but neither fed nor computed"
+        )
     sub.ir_version = model.ir_version
     del sub.opset_import[:]
     sub.opset_import.extend(model.opset_import)

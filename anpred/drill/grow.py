@@ -115,8 +115,9 @@ class Growth:
         made = {v for k in keys for v in self.nodes[k].output if v}
         ins = list(dict.fromkeys(x for k in keys for x in self.reads[k] if x not in made))
         read = {x for k in keys for x in self.reads[k]}
-        outs = [self.out_val] + [v for k in keys if k != self.culprit for v in self.nodes[k].output
-                                 if v and v not in read and v in self.live]
+        outs = [self.out_val] + [
+            v for k in keys if k != self.culprit for v in self.nodes[k].output if v and v not in read and v in self.live
+        ]
         return ins, list(dict.fromkeys(outs))
 
     def values(self, sets: list[list[str]]) -> list[str]:
@@ -128,8 +129,9 @@ class Growth:
             need += [v for k in s for v in self.nodes[k].output if v]
         return [v for v in dict.fromkeys(need) if v not in self.entries and v in self.live]
 
-    def search(self, attempt: Callable[[list[str]], bool], budget: int, known_bad: list[list[str]] = ()
-               ) -> tuple[list[str] | None, int, list[dict[str, Any]]]:
+    def search(
+        self, attempt: Callable[[list[str]], bool], budget: int, known_bad: list[list[str]] = ()
+    ) -> tuple[list[str] | None, int, list[dict[str, Any]]]:
         """Grow, then minimise (module docstring). ``attempt(keys)`` runs one subgraph and says whether
         it reproduces; at most ``budget`` attempts. Returns ``(kept keys or None, attempts, log)``
         where ``log`` lists every attempt as ``{"nodes": n, "kept": [node names], "reproduced"}``."""

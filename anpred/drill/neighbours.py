@@ -167,8 +167,9 @@ def neighbour_match(data: Replayed, backend: str, anchors: list[str], radius: in
             continue
         if not len(sub.graph.node):
             continue
-        sub_dir, rep = runner.run(f"neighbours-{backend}-{a.replace('/', '_')}", {None: sub},
-                                  [{v: f[v] for v in ins} for f in feeds], others)
+        sub_dir, rep = runner.run(
+            f"neighbours-{backend}-{a.replace('/', '_')}", {None: sub}, [{v: f[v] for v in ins} for f in feeds], others
+        )
         run_anchor = {a2["value"]: a2["name"] for a2 in rep.anchors if a2.get("value")}
         got = dict(consensus_samples(sub_dir, [run_anchor[v] for v in outs if v in run_anchor]))
         cons = [got[k] for k in sorted(got)]  # in the order of ``feeds`` (inputs 0000.npz, 0001.npz, ...)
@@ -189,10 +190,21 @@ def neighbour_match(data: Replayed, backend: str, anchors: list[str], radius: in
                     continue
                 if best is None or worst < best["to_neighbour"]:
                     p = prod[x_val]
-                    best = {"anchor": a, "value": v, "node": n.name, "op_type": n.op_type, "side": side,
-                            "distance": d, "producer": p.name, "producer_op": p.op_type, "statistic": stat,
-                            "to_neighbour": worst, "to_consensus": float(cell.primary),
-                            "threshold": float(cell.threshold), "samples": len(samples)}
+                    best = {
+                        "anchor": a,
+                        "value": v,
+                        "node": n.name,
+                        "op_type": n.op_type,
+                        "side": side,
+                        "distance": d,
+                        "producer": p.name,
+                        "producer_op": p.op_type,
+                        "statistic": stat,
+                        "to_neighbour": worst,
+                        "to_consensus": float(cell.primary),
+                        "threshold": float(cell.threshold),
+                        "samples": len(samples),
+                    }
         if best is not None:
             return best
     return best

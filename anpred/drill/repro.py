@@ -70,8 +70,9 @@ class _StageSub:
     sfeeds: list[dict[str, np.ndarray]]
 
 
-def drill_stage(case: DrillCase, model, own_model, cut, feeds: list[dict[str, np.ndarray]], repro_dir: Path,
-                work: Path) -> dict[str, Any]:
+def drill_stage(
+    case: DrillCase, model, own_model, cut, feeds: list[dict[str, np.ndarray]], repro_dir: Path, work: Path
+) -> dict[str, Any]:
     """Find the first operator of stage ``cut`` whose output ``backend`` departs at, and its repro.
 
     When that operator bears subgraphs (``If``, ``Loop``), its bodies are inlined into the stage
@@ -112,14 +113,17 @@ def drill_stage(case: DrillCase, model, own_model, cut, feeds: list[dict[str, np
         if node.op_type in ("If", "Loop", "Scan"):  # one level further: into its bodies
             inner = _inlined(sub, own, node)
             if inner is None:
-                body_note = (f"{node.op_type} {node.name}: its bodies could not be inlined (passes.control_flow: "
-                             "branches of different shapes, a data-dependent trip count, or Scan); the culprit is "
-                             "the operator as a whole")
+                body_note = (
+                    f"{node.op_type} {node.name}: its bodies could not be inlined (passes.control_flow: "
+                    "branches of different shapes, a data-dependent trip count, or Scan); the culprit is "
+                    "the operator as a whole"
+                )
             if inner is not None:
                 sub2, own2 = inner
                 label = node.name or node.output[0]
-                body = [v for v in topo_values(sub2, exclude=set(ins))
-                        if producers(sub2)[v].name.startswith(label + "/")]
+                body = [
+                    v for v in topo_values(sub2, exclude=set(ins)) if producers(sub2)[v].name.startswith(label + "/")
+                ]
                 if body:
                     val2, last2 = search.run(sub2, own2, body, f"{node.op_type} {label} inlined")
                     if producers(sub2)[val2].name.startswith(label + "/"):
@@ -128,11 +132,19 @@ def drill_stage(case: DrillCase, model, own_model, cut, feeds: list[dict[str, np
         cell = value_cells(last[1], {val: val})[val]
         mine = cell.get(backend)
         others = [c.stats.nrmse for b, c in cell.items() if b != backend and c.stats is not None]
-        culprit = {"node": node.name, "op_type": node.op_type, "domain": node.domain or "ai.onnx",
-                   "output": val, "body_of": body_of, "note": body_note,
-                   "local_nrmse": float(mine.stats.nrmse) if mine is not None else None,
-                   "peers_nrmse": float(np.median(others)) if others else None,
-                   "rounds": search.rounds, "path": search.path, "stage_nodes": len(sub.graph.node)}
+        culprit = {
+            "node": node.name,
+            "op_type": node.op_type,
+            "domain": node.domain or "ai.onnx",
+            "output": val,
+            "body_of": body_of,
+            "note": body_note,
+            "local_nrmse": float(mine.stats.nrmse) if mine is not None else None,
+            "peers_nrmse": float(np.median(others)) if others else None,
+            "rounds": search.rounds,
+            "path": search.path,
+            "stage_nodes": len(sub.graph.node),
+        }
         culprit["shared_with"] = search.shared
         case.shared = set(search.shared)
         culprit.update(_repro(case, _StageSub(sub, own, ins, sfeeds), node, val, last, search.exposed, repro_dir))
@@ -223,24 +235,35 @@ class _Search:
             solo = [j for j in dep if not self._shared(cells[vals[j]])]
             first = solo[0] if solo else (dep[0] if dep else None)
             if first is None:
-                raise AnpredError(f"{where} replayed alone from the consensus: {self.backend} departs from its "
-                                  f"peers at none of its {len(vals)} exposed tensors (the deviation needs more "
-                                  "than this stage: fusion across stages, or the error it received)")
+                raise AnpredError(
+                    f"{where} replayed alone from the consensus: {self.backend} departs from its "
+                    f"peers at none of its {len(vals)} exposed tensors (the deviation needs more "
+                    "than this stage: fusion across stages, or the error it received)"
+                )
             f = vals[first]
-            self.path.append({"round": self.rounds, "where": where, "exposed": len(vals), "first": f,
-                              "op_type": prod[f].op_type, "candidates": len(cands),
-                              "shared_before": [vals[j] for j in dep if j < first]})
+            self.path.append(
+                {
+                    "round": self.rounds,
+                    "where": where,
+                    "exposed": len(vals),
+                    "first": f,
+                    "op_type": prod[f].op_type,
+                    "candidates": len(cands),
+                    "shared_before": [vals[j] for j in dep if j < first],
+                }
+            )
             self.shared = sorted(self._shared(cells[f]))
             self.exposed = vals
             if len(vals) == len(cands):
                 return f, (run_dir, rep)
-            clean = set(vals[:first]) | {v for v in vals[first + 1:] if not departs(cells[v].get(self.backend))}
+            clean = set(vals[:first]) | {v for v in vals[first + 1 :] if not departs(cells[v].get(self.backend))}
             keep = ancestors_of(sub, f) | {f}
             cands = [v for v in cands if v in keep and v not in clean]
 
 
-def _repro(case: DrillCase, stage: _StageSub, node, out_val: str, last_rep, exposed: list[str],
-           repro_dir: Path) -> dict[str, Any]:
+def _repro(
+    case: DrillCase, stage: _StageSub, node, out_val: str, last_rep, exposed: list[str], repro_dir: Path
+) -> dict[str, Any]:
     """Write and verify the repro of ``node`` (module docstring), cut out of the stage's subgraph
     ``sub`` (``own``: the backend's own version): the operator alone, else the smallest connected
     subgraph around it that reproduces (:class:`anpred.drill.grow.Growth`), else the stage prefix up to
@@ -272,8 +295,9 @@ def _repro(case: DrillCase, stage: _StageSub, node, out_val: str, last_rep, expo
     search: list[dict[str, Any]] = [{"nodes": 1, "kept": [node.name], "reproduced": ok}]
     if not ok and len(sets) > 1:
         values.learn(grow.values(sets))  # every value a grown subgraph may read at its cut: one run
-        kept, n, log = grow.search(lambda k: attempt(k, "subgraph"), max(0, drill.max_repro_runs - 1),
-                                   known_bad=[[grow.culprit]])
+        kept, n, log = grow.search(
+            lambda k: attempt(k, "subgraph"), max(0, drill.max_repro_runs - 1), known_bad=[[grow.culprit]]
+        )
         runs += n
         search += log
         ok = kept is not None
@@ -281,10 +305,22 @@ def _repro(case: DrillCase, stage: _StageSub, node, out_val: str, last_rep, expo
         ok = trial.run({v: sfeeds[values.worst][v] for v in ins}, [out_val], "stage prefix", None)
         search.append({"nodes": None, "kept": "stage prefix", "reproduced": ok})
     if not ok:
-        return {"repro": None, "reproduced": False, "scope": None, "flagged_in_repro": False,
-                "repro_nodes": [], "repro_search": search}
-    return {"repro": str(repro_dir), "reproduced": True, "scope": trial.scope, "flagged_in_repro": trial.flagged,
-            "repro_nodes": trial.kept, "repro_search": search}
+        return {
+            "repro": None,
+            "reproduced": False,
+            "scope": None,
+            "flagged_in_repro": False,
+            "repro_nodes": [],
+            "repro_search": search,
+        }
+    return {
+        "repro": str(repro_dir),
+        "reproduced": True,
+        "scope": trial.scope,
+        "flagged_in_repro": trial.flagged,
+        "repro_nodes": trial.kept,
+        "repro_search": search,
+    }
 
 
 class _Values:
@@ -365,8 +401,7 @@ class _Trial:
             return False
         flagged = case.backend in rrep.flagged_backends
         data_nodes = kept if kept is not None else [n.name for n in m.graph.node if n.op_type != "Constant"]
-        _write(self.repro_dir, (m, mo), inputs, (rdir, rrep), case, self.node,
-               _Kept(scope, cells, flagged, data_nodes))
+        _write(self.repro_dir, (m, mo), inputs, (rdir, rrep), case, self.node, _Kept(scope, cells, flagged, data_nodes))
         self.scope, self.flagged, self.kept = scope, flagged, data_nodes
         return True
 
@@ -407,7 +442,7 @@ def _write(repro_dir: Path, models, inputs, run, case: DrillCase, node, shown: _
     np.savez(repro_dir / "inputs.npz", **inputs)
     names = [a["name"] for a in rrep.anchors if a["kind"] == "output"]
     values = {a["name"]: a.get("value", a["name"]) for a in rrep.anchors}
-    (sid, cons), = list(consensus_samples(rdir, names, exclude=(backend,)))
+    ((sid, cons),) = list(consensus_samples(rdir, names, exclude=(backend,)))
     np.savez(repro_dir / "expected.npz", **{values[a]: x for a, x in cons.items()})
     for b in peers:
         for _, t in backend_samples(rdir, b, names):
@@ -423,29 +458,38 @@ def _write(repro_dir: Path, models, inputs, run, case: DrillCase, node, shown: _
         cfg_opt = " --config oracle.json"
     # a backend run on another release of its library (a campaign's runtime version): the same folders
     env = f"PYTHONPATH={os.pathsep.join(python_path)} " if python_path else ""
-    cmd = (f"{env}anpred test model.onnx --inputs inputs.npz --backends {','.join(peers)} --stages 1{cfg_opt} "
-           f"-o rerun --overwrite")
+    cmd = (
+        f"{env}anpred test model.onnx --inputs inputs.npz --backends {','.join(peers)} --stages 1{cfg_opt} "
+        f"-o rerun --overwrite"
+    )
     ratio = (mine.primary / mine.peer_level) if mine.peer_level else float("inf")
     from anpred.backends import REGISTRY
 
     if mo is not None or backend not in REGISTRY:  # the CLI cannot give this backend its own model/label
         opts = f"{{'model': 'model.{backend}.onnx'}}" if mo is not None else "{}"
-        rerun = ((f"{backend} ran its own version of the model: `model.{backend}.onnx`. " if mo is not None else
-                  f"{backend} is a label of the Python API (backend {registry_name}). ")
-                 + "Rerun it through the Python API (it prints the flagged backends):\n\n"
-                 "    python -c \"from anpred.run import BackendSpec, run_model; "
-                 "from anpred.judge import check_run; s = run_model('model.onnx', "
-                 f"[*{[p for p in peers if p != backend]!r}, "
-                 f"BackendSpec({registry_name!r}, {backend!r}, {opts})], 'inputs.npz', 'rerun', overwrite=True); "
-                 "print(check_run(s.root).flagged_backends)\"\n\n"
-                 "(`anpred test model.onnx ...` below runs `model.onnx` on the registry backends only.)\n\n"
-                 f"    {cmd.replace(backend + ',', '').replace(',' + backend, '')}\n")
+        rerun = (
+            (
+                f"{backend} ran its own version of the model: `model.{backend}.onnx`. "
+                if mo is not None
+                else f"{backend} is a label of the Python API (backend {registry_name}). "
+            )
+            + "Rerun it through the Python API (it prints the flagged backends):\n\n"
+            "    python -c \"from anpred.run import BackendSpec, run_model; "
+            "from anpred.judge import check_run; s = run_model('model.onnx', "
+            f"[*{[p for p in peers if p != backend]!r}, "
+            f"BackendSpec({registry_name!r}, {backend!r}, {opts})], 'inputs.npz', 'rerun', overwrite=True); "
+            "print(check_run(s.root).flagged_backends)\"\n\n"
+            "(`anpred test model.onnx ...` below runs `model.onnx` on the registry backends only.)\n\n"
+            f"    {cmd.replace(backend + ',', '').replace(',' + backend, '')}\n"
+        )
     elif flagged:
         rerun = f"Rerun (exit status 1 while {backend} is flagged):\n\n    {cmd}\n"
     else:
-        rerun = (f"{backend} departs from its peers here ({ratio:.3g} x their median) but stays below the "
-                  f"floor ({mine.floor:.3g}): the command exits 0 and lists {backend}'s deviation; compare "
-                  f"`outputs/{backend}.npz` with `expected.npz`:\n\n    {cmd}\n")
+        rerun = (
+            f"{backend} departs from its peers here ({ratio:.3g} x their median) but stays below the "
+            f"floor ({mine.floor:.3g}): the command exits 0 and lists {backend}'s deviation; compare "
+            f"`outputs/{backend}.npz` with `expected.npz`:\n\n    {cmd}\n"
+        )
     (repro_dir / "README.md").write_text(
         f"# {backend}: {node.op_type} `{node.name}` departs from its peers\n\n"
         f"Scope: {scope} ({len(kept) or len(m.graph.node)} operator(s): {', '.join(kept) or node.name}"
@@ -455,8 +499,9 @@ def _write(repro_dir: Path, models, inputs, run, case: DrillCase, node, shown: _
         f"{backend}'s {rrep.config.get('primary', 'nrmse')} against the consensus of the others: "
         f"{mine.primary:.3g} ({ratio:.3g} x the peers' median; flagged: {'yes' if flagged else 'no'}); "
         f"peers: {', '.join(others)}.\n"
-        f"`expected.npz`: the consensus; `outputs/<backend>.npz`: each backend's own outputs.\n\n{rerun}")
+        f"`expected.npz`: the consensus; `outputs/<backend>.npz`: each backend's own outputs.\n\n{rerun}"
+    )
     if mo is None and backend in REGISTRY:  # the same command as a script
-        (repro_dir / "reproduce.sh").write_text(f"#!/bin/sh\n# exits 1 while {backend} is flagged\n"
-                                                "cd \"$(dirname \"$0\")\"\n"
-                                                f"exec {cmd}\n")
+        (repro_dir / "reproduce.sh").write_text(
+            f"#!/bin/sh\n# exits 1 while {backend} is flagged\ncd \"$(dirname \"$0\")\"\nexec {cmd}\n"
+        )

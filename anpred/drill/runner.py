@@ -48,9 +48,7 @@ class SubRunner:
             self._end()
             self.pool = None
 
-
-    def run(self, name: str, models: dict[str | None, Any], feeds: list[dict[str, np.ndarray]],
-            backends: list[str]):
+    def run(self, name: str, models: dict[str | None, Any], feeds: list[dict[str, np.ndarray]], backends: list[str]):
         """Run ``models[None]`` (``models[b]``: backend ``b``'s own version) on ``backends`` with
         ``feeds``; returns ``(run_dir, CheckReport)``."""
         from anpred.instrument import instrument_model
@@ -77,8 +75,17 @@ class SubRunner:
                 opts["model"] = str(d / f"model.{b}.onnx")
             specs.append(BackendSpec(s.name, b, opts))
         self.runs += 1
-        store = run_model(d / "model.onnx", specs, d / "inputs", d / "run", timeout_s=self.timeout_s,
-                          overwrite=True, progress=self.progress, precheck=False, pool=self._pool())
+        store = run_model(
+            d / "model.onnx",
+            specs,
+            d / "inputs",
+            d / "run",
+            timeout_s=self.timeout_s,
+            overwrite=True,
+            progress=self.progress,
+            precheck=False,
+            pool=self._pool(),
+        )
         return store.root, check_run(store.root, config=self.config, allow_incomplete=True)
 
 
@@ -123,8 +130,9 @@ def departs_rule(rep, config):
     from anpred.judge.localize import Localizer
     from anpred.judge.struct import BackendInfo
 
-    binfos = {b: BackendInfo.make(b, rep.backends[b]["family"], rep.backends[b]["precision"], config)
-              for b in rep.backends}
+    binfos = {
+        b: BackendInfo.make(b, rep.backends[b]["family"], rep.backends[b]["precision"], config) for b in rep.backends
+    }
     loc = Localizer([], binfos, config, None, {})
     return lambda c: c is not None and loc.departs(c)
 

@@ -50,9 +50,24 @@ from anpred.errors import InputError
 from anpred.onnx_io import elem_type_name
 from anpred.tensorfile import c_contiguous
 
-__all__ = ["IMAGE_EXTS", "ARRAY_EXTS", "input_files", "DISTRIBUTIONS", "PREPROCESS", "IMAGENET_MEAN", "IMAGENET_STD",
-           "LETTERBOX_PAD", "ModelInput", "model_inputs", "default_images_dir", "InputSpec", "ArraySamples",
-           "check_sample", "check_shapes_fit", "source_label"]
+__all__ = [
+    "IMAGE_EXTS",
+    "ARRAY_EXTS",
+    "input_files",
+    "DISTRIBUTIONS",
+    "PREPROCESS",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "LETTERBOX_PAD",
+    "ModelInput",
+    "model_inputs",
+    "default_images_dir",
+    "InputSpec",
+    "ArraySamples",
+    "check_sample",
+    "check_shapes_fit",
+    "source_label",
+]
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 ARRAY_EXTS = (".npy", ".npz")
@@ -65,8 +80,18 @@ def input_files(folder: Path, exts: tuple[str, ...]) -> list[Path]:
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in exts)
     if files:
         return files
-    return sorted((p for d in folder.iterdir() if d.is_dir() and not d.name.startswith(".") for p in d.iterdir()
-                   if p.is_file() and p.suffix.lower() in exts), key=lambda p: (p.parent.name, p.name))
+    return sorted(
+        (
+            p
+            for d in folder.iterdir()
+            if d.is_dir() and not d.name.startswith(".")
+            for p in d.iterdir()
+            if p.is_file() and p.suffix.lower() in exts
+        ),
+        key=lambda p: (p.parent.name, p.name),
+    )
+
+
 DISTRIBUTIONS = ("uniform", "normal", "images")
 PREPROCESS = ("auto", "yolo", "imagenet", "unit")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -184,8 +209,10 @@ class InputSpec:
         shape = None
         for p in parts[2:]:
             if "=" not in p:
-                raise InputError(f"malformed input spec {text!r}: {p!r} is not key=value "
-                                 "(expected random:uniform|normal|images[:seed=S][:n=N][:shape=AxBxC][:dir=DIR])")
+                raise InputError(
+                    f"malformed input spec {text!r}: {p!r} is not key=value "
+                    "(expected random:uniform|normal|images[:seed=S][:n=N][:shape=AxBxC][:dir=DIR])"
+                )
             k, v = p.split("=", 1)
             try:
                 if k in ("seed", "n", "size"):
@@ -197,8 +224,9 @@ class InputSpec:
                 elif k == "preprocess":
                     kw["preprocess"] = v
                 else:
-                    raise InputError(f"malformed input spec {text!r}: unknown key {k!r} "
-                                     "(seed, n, shape, size, dir, preprocess)")
+                    raise InputError(
+                        f"malformed input spec {text!r}: unknown key {k!r} (seed, n, shape, size, dir, preprocess)"
+                    )
             except ValueError as err:
                 raise InputError(f"malformed input spec {text!r}: {k}={v!r} is not an integer") from err
         kw.update({k: v for k, v in overrides.items() if v is not None})
@@ -266,8 +294,10 @@ class InputSpec:
         if path.is_dir():
             files = input_files(path, IMAGE_EXTS + ARRAY_EXTS)
             if not files:
-                raise InputError(f"inputs {path}: no image ({', '.join(IMAGE_EXTS)}) or .npy/.npz file in the folder "
-                                 f"or in its subfolders (a class-folder layout)")
+                raise InputError(
+                    f"inputs {path}: no image ({', '.join(IMAGE_EXTS)}) or .npy/.npz file in the folder "
+                    f"or in its subfolders (a class-folder layout)"
+                )
         elif path.suffix.lower() in IMAGE_EXTS + ARRAY_EXTS:
             files = [path]
         else:
@@ -282,8 +312,9 @@ class InputSpec:
             batch = shapes[img_input.name][0] if img_input.layout in ("NCHW", "NHWC") else 1
             for start in range(0, len(images), batch):
                 group = [images[(start + k) % len(images)] for k in range(batch)]
-                arr = np.concatenate([_preprocess(_read_image(g), img_input, shapes[img_input.name], prep)
-                                      for g in group])
+                arr = np.concatenate(
+                    [_preprocess(_read_image(g), img_input, shapes[img_input.name], prep) for g in group]
+                )
                 src = ",".join(str(g) for g in group)
                 yield src, check_sample({img_input.name: arr}, inputs, shapes, src)
 
@@ -333,8 +364,12 @@ class ArraySamples:
             None: the run hashes and writes them.
     """
 
-    def __init__(self, items: list[tuple[str, dict[str, np.ndarray]]], description: dict[str, Any] | None = None,
-                 prewritten: list[tuple[str, Path] | None] | None = None):
+    def __init__(
+        self,
+        items: list[tuple[str, dict[str, np.ndarray]]],
+        description: dict[str, Any] | None = None,
+        prewritten: list[tuple[str, Path] | None] | None = None,
+    ):
         self.items = list(items)
         self.description = dict(description or {"kind": "arrays", "distribution": "arrays"})
         self.prewritten = list(prewritten) if prewritten is not None else [None] * len(self.items)
@@ -364,8 +399,12 @@ def source_label(source: str) -> str:
     return ",".join(Path(part).name or part for part in str(source).split(",")) if source else ""
 
 
-def check_sample(arrays: dict[str, np.ndarray], inputs: list[ModelInput],
-                 shapes: dict[str, list[int]] | None = None, source: str = "") -> dict[str, np.ndarray]:
+def check_sample(
+    arrays: dict[str, np.ndarray],
+    inputs: list[ModelInput],
+    shapes: dict[str, list[int]] | None = None,
+    source: str = "",
+) -> dict[str, np.ndarray]:
     """Check one sample against the graph inputs and return it cast to the inputs' dtypes.
 
     Every graph input must be present, no other key; ranks and static dimensions must match (and the
@@ -379,8 +418,10 @@ def check_sample(arrays: dict[str, np.ndarray], inputs: list[ModelInput],
     extra = sorted(set(arrays) - names)
     missing = sorted(names - set(arrays))
     if missing or extra:
-        raise InputError(f"inputs{where} do not fit the model: missing {missing or 'none'}, unexpected "
-                         f"{extra or 'none'} (graph inputs: {', '.join(sorted(names))})")
+        raise InputError(
+            f"inputs{where} do not fit the model: missing {missing or 'none'}, unexpected "
+            f"{extra or 'none'} (graph inputs: {', '.join(sorted(names))})"
+        )
     out = {}
     for inp in inputs:
         a = np.asarray(arrays[inp.name])
@@ -401,8 +442,10 @@ def check_sample(arrays: dict[str, np.ndarray], inputs: list[ModelInput],
 def _image_input(inputs: list[ModelInput]) -> ModelInput:
     cands = [i for i in inputs if len(i.shape) == 4 and np.dtype(i.dtype).kind == "f"]
     if len(inputs) != 1 or not cands:
-        raise InputError("images can feed only a model with one 4-D floating input "
-                         f"(this one has: {', '.join(f'{i.name} {i.shape}' for i in inputs)}); use .npz files")
+        raise InputError(
+            "images can feed only a model with one 4-D floating input "
+            f"(this one has: {', '.join(f'{i.name} {i.shape}' for i in inputs)}); use .npz files"
+        )
     return cands[0]
 
 
@@ -420,7 +463,7 @@ def _random_crop(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     frac = float(rng.uniform(0.5, 1.0))
     ch, cw = max(8, int(round(h * np.sqrt(frac)))), max(8, int(round(w * np.sqrt(frac))))
     y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
-    crop = img[y:y + ch, x:x + cw]
+    crop = img[y : y + ch, x : x + cw]
     return crop[:, ::-1].copy() if rng.random() < 0.5 else crop
 
 
@@ -434,8 +477,9 @@ def _preprocess(img: np.ndarray, inp: ModelInput, shape: list[int], prep: str) -
         nh, nw = int(round(img.shape[0] * r)), int(round(img.shape[1] * r))
         resized = cv2.resize(img, (nw, nh), interpolation=cv2.INTER_LINEAR)
         top, left = (h - nh) // 2, (w - nw) // 2
-        x = cv2.copyMakeBorder(resized, top, h - nh - top, left, w - nw - left, cv2.BORDER_CONSTANT,
-                               value=(LETTERBOX_PAD,) * 3)
+        x = cv2.copyMakeBorder(
+            resized, top, h - nh - top, left, w - nw - left, cv2.BORDER_CONSTANT, value=(LETTERBOX_PAD,) * 3
+        )
         x = x.astype(np.float32) / 255.0
     else:
         x = cv2.resize(img, (w, h), interpolation=cv2.INTER_LINEAR).astype(np.float32) / 255.0
@@ -449,8 +493,10 @@ def _array_samples(path: Path, inputs: list[ModelInput]) -> Iterator[tuple[str, 
     try:
         if path.suffix.lower() == ".npy":
             if len(inputs) != 1:
-                raise InputError(f"{path}: a .npy file feeds only a one-input model; this one has "
-                                 f"{', '.join(i.name for i in inputs)}: use .npz with these keys")
+                raise InputError(
+                    f"{path}: a .npy file feeds only a one-input model; this one has "
+                    f"{', '.join(i.name for i in inputs)}: use .npz with these keys"
+                )
             data = {inputs[0].name: np.load(path, allow_pickle=False)}
         else:
             with np.load(path, allow_pickle=False) as z:
@@ -488,8 +534,12 @@ def check_shapes_fit(model, shapes: dict[str, tuple[int, ...]]) -> None:
     """
     import onnx
 
-    dyn = [vi for vi in model.graph.input if vi.name in shapes and any(
-        not (d.HasField("dim_value") and d.dim_value > 0) for d in vi.type.tensor_type.shape.dim)]
+    dyn = [
+        vi
+        for vi in model.graph.input
+        if vi.name in shapes
+        and any(not (d.HasField("dim_value") and d.dim_value > 0) for d in vi.type.tensor_type.shape.dim)
+    ]
     if not dyn:
         return
     m = onnx.ModelProto()
@@ -509,6 +559,8 @@ def check_shapes_fit(model, shapes: dict[str, tuple[int, ...]]) -> None:
         if hit and "Incompatible" in hit.group(3):
             txt = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in shapes.items())
             node = hit.group(2) or "(unnamed)"
-            raise InputError(f"input shape {txt} does not fit the model: {hit.group(1)} node {node!r}: "
-                             f"{hit.group(3).strip()} (ONNX shape inference; e.g. a spatial size the "
-                             "network's strides do not divide)") from err
+            raise InputError(
+                f"input shape {txt} does not fit the model: {hit.group(1)} node {node!r}: "
+                f"{hit.group(3).strip()} (ONNX shape inference; e.g. a spatial size the "
+                "network's strides do not divide)"
+            ) from err

@@ -20,8 +20,7 @@ from typing import Any
 from anpred.errors import AnpredError, OutputPathError
 from anpred.manifest import AnchorManifest
 
-__all__ = ["instrument_model", "instrument_file", "default_manifest_path", "partition_model",
-           "format_partition_table"]
+__all__ = ["instrument_model", "instrument_file", "default_manifest_path", "partition_model", "format_partition_table"]
 
 
 def default_manifest_path(out_path: str | Path) -> Path:
@@ -38,19 +37,25 @@ def _model_info(model, source_path) -> dict[str, Any]:
         "producer": f"{model.producer_name} {model.producer_version}".strip(),
         "ir_version": int(model.ir_version),
         "opset": {(o.domain or "ai.onnx"): int(o.version) for o in model.opset_import},
-        "inputs": [], "outputs": [],
+        "inputs": [],
+        "outputs": [],
     }
     if source_path is not None and Path(source_path).is_file():
         from anpred.onnx_io import sha256_file
 
         info["sha256"] = sha256_file(source_path)
     inits = {t.name for t in model.graph.initializer}
-    for key, vis in (("inputs", [i for i in model.graph.input if i.name not in inits]),
-                     ("outputs", model.graph.output)):
+    for key, vis in (
+        ("inputs", [i for i in model.graph.input if i.name not in inits]),
+        ("outputs", model.graph.output),
+    ):
         for vi in vis:
             tt = vi.type.tensor_type
-            shape = ([d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
-                     if tt.HasField("shape") else None)
+            shape = (
+                [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+                if tt.HasField("shape")
+                else None
+            )
             dt = elem_type_name(tt.elem_type)
             info[key].append({"name": vi.name, "dtype": dt, "shape": shape})
     return info
@@ -64,8 +69,15 @@ def partition_model(model, *, stages: int | None = None, max_cut_width: int = 4,
     return StagePartitioner(stages, max_cut_width, anchors).propose(model)
 
 
-def instrument_model(model, *, stages: int | None = None, max_cut_width: int = 4, anchors=(),
-                     source_path=None, wide_cut_width: int | None = None):
+def instrument_model(
+    model,
+    *,
+    stages: int | None = None,
+    max_cut_width: int = 4,
+    anchors=(),
+    source_path=None,
+    wide_cut_width: int | None = None,
+):
     """Instrument an ``onnx.ModelProto`` (pure: the input is not modified).
 
     Args:
@@ -102,8 +114,16 @@ def instrument_model(model, *, stages: int | None = None, max_cut_width: int = 4
     return res.model, res.info["AnchorInsertionPass"]["manifest"]
 
 
-def instrument_file(model_path, out_path, *, stages: int | None = None, max_cut_width: int = 4,
-                    anchors=(), manifest_path=None, copy_external_data: bool = False) -> AnchorManifest:
+def instrument_file(
+    model_path,
+    out_path,
+    *,
+    stages: int | None = None,
+    max_cut_width: int = 4,
+    anchors=(),
+    manifest_path=None,
+    copy_external_data: bool = False,
+) -> AnchorManifest:
     """Instrument ``model_path`` and write ``out_path`` plus the manifest JSON
     (``manifest_path``, default :func:`default_manifest_path` of ``out_path``).
 
@@ -136,14 +156,22 @@ def instrument_file(model_path, out_path, *, stages: int | None = None, max_cut_
     weights = {(model_path.parent / loc).resolve() for loc in locations}
     for p in (out_path, man_path):
         if p.resolve() in weights:
-            raise OutputPathError(f"{p}: this is one of the model's external weight files; writing it would "
-                                  "destroy the weights")
+            raise OutputPathError(
+                f"{p}: this is one of the model's external weight files; writing it would destroy the weights"
+            )
     if man_path.resolve() in {(out_path.parent / new).resolve() for _, new in copies.values()}:
         raise OutputPathError(f"{man_path}: the manifest path equals the copied weights' path")
-    anchored, manifest = instrument_model(model, stages=stages, max_cut_width=max_cut_width,
-                                          anchors=anchors, source_path=model_path)
-    save_model(anchored, out_path, source_path=model_path, copy_external_data=copy_external_data,
-               extra_files={man_path: manifest.to_json().encode()}, external_locations=locations)
+    anchored, manifest = instrument_model(
+        model, stages=stages, max_cut_width=max_cut_width, anchors=anchors, source_path=model_path
+    )
+    save_model(
+        anchored,
+        out_path,
+        source_path=model_path,
+        copy_external_data=copy_external_data,
+        extra_files={man_path: manifest.to_json().encode()},
+        external_locations=locations,
+    )
     return manifest
 
 
@@ -159,8 +187,19 @@ def format_partition_table(manifest: AnchorManifest) -> str:
     unit = manifest.partition.get("cost_unit", "flops")
     by_name = {a.name: a for a in manifest.anchors}
     total = sum(s.cost for s in manifest.stages) or 1.0
-    rows = [("stage", "nodes", "slice", f"cost ({'GFLOPs' if unit == 'flops' else 'nodes'})", "share",
-             "boundary anchor", "tensor", "shape", "dtype")]
+    rows = [
+        (
+            "stage",
+            "nodes",
+            "slice",
+            f"cost ({'GFLOPs' if unit == 'flops' else 'nodes'})",
+            "share",
+            "boundary anchor",
+            "tensor",
+            "shape",
+            "dtype",
+        )
+    ]
     for s in manifest.stages:
         cost = f"{s.cost / 1e9:.4g}" if unit == "flops" else f"{s.cost:.0f}"
         head = (str(s.index), str(s.num_nodes), f"{s.first}..{s.last}", cost, f"{100 * s.cost / total:.1f}%")
@@ -169,8 +208,9 @@ def format_partition_table(manifest: AnchorManifest) -> str:
             a = by_name.get(b)
             tail = (b, a.value if a else "", _fmt_shape(a.shape) if a else "", a.dtype if a else "")
             rows.append((head if i == 0 else ("",) * 5) + tail)
-    extra = [a for a in manifest.anchors
-             if a.kind == "explicit" and not any(a.name in s.boundary for s in manifest.stages)]
+    extra = [
+        a for a in manifest.anchors if a.kind == "explicit" and not any(a.name in s.boundary for s in manifest.stages)
+    ]
     for a in extra:
         rows.append((str(a.stage), "", "", "", "", a.name + " (explicit)", a.value, _fmt_shape(a.shape), a.dtype))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -114,7 +114,17 @@ class Accumulator:
             cos = 0.0
         else:
             cos = max(-1.0, min(1.0, self.xc / math.sqrt(self.xx * self.cc)))
-        return ErrorStats(n=self.n, max_abs=self.max_abs, mean_abs=self.sum_abs / self.n,
-                          mean_signed=self.sum_signed / self.n, nrmse=nrmse, snr_db=snr, cosine=cos,
-                          wasserstein=float(np.mean(self.w)), max_ulp=self.max_ulp, ulp_q=self.ulp_q,
-                          ulp_median=self.ulp_median, **counts)
+        return ErrorStats(
+            n=self.n,
+            max_abs=self.max_abs,
+            mean_abs=self.sum_abs / self.n,
+            mean_signed=self.sum_signed / self.n,
+            nrmse=nrmse,
+            snr_db=snr,
+            cosine=cos,
+            wasserstein=float(np.mean(self.w)),
+            max_ulp=self.max_ulp,
+            ulp_q=self.ulp_q,
+            ulp_median=self.ulp_median,
+            **counts,
+        )

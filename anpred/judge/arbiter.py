@@ -64,8 +64,13 @@ class Arbiter:
         """The family of the library the float64 execution runs on (its family without ``-fp64``)."""
         return self.backends[self.fp64[0]].family.removesuffix("-fp64") if self.fp64 else None
 
-    def add(self, anchor: str, got: dict[str, np.ndarray], consensus: np.ndarray | None = None,
-            ulp: tuple[str, str, float] | None = None) -> None:
+    def add(
+        self,
+        anchor: str,
+        got: dict[str, np.ndarray],
+        consensus: np.ndarray | None = None,
+        ulp: tuple[str, str, float] | None = None,
+    ) -> None:
         """Each voter's (and the consensus') squared deviation from the float64 execution at ``anchor``
         (finite positions). ``ulp``: ``(anchor element type, ULP dtype, quantile)``: also each fp32
         voter's error in ULPs of the float64 result rounded to that type
@@ -127,18 +132,26 @@ class Arbiter:
         def clear(cell, e_b: float, e_c: float, by: str = "") -> None:
             cell.flagged = False
             why = f"backed by {by}, which departs from the consensus too and is closer to float64; " if by else ""
-            cell.reason = (f"not flagged: closer to the float64 execution than the consensus (nRMSE {e_b:.3g} "
-                           f"against {e_c:.3g}); {why}the consensus shares an error here"
-                           + (f" [{cell.reason}]" if cell.reason else ""))
+            cell.reason = (
+                f"not flagged: closer to the float64 execution than the consensus (nRMSE {e_b:.3g} "
+                f"against {e_c:.3g}); {why}the consensus shares an error here"
+                + (f" [{cell.reason}]" if cell.reason else "")
+            )
             done.setdefault(cell.backend, []).append(
-                f"{cell.anchor} ({e_b:.2g} vs {e_c:.2g}{', backed by ' + by if by else ''})")
+                f"{cell.anchor} ({e_b:.2g} vs {e_c:.2g}{', backed by ' + by if by else ''})"
+            )
 
         for (a, b), cell in cells.items():
             info = self.backends[b]
             # non-finite disagreement either way (NaN/Inf where the consensus is finite, or finite values
             # where it decided NaN/Inf) and wrong shapes are no accuracy question: never arbitrated
-            if not (info.votes and info.precision == "fp32") or info.family == lib or cell.nonfinite or \
-                    cell.suppressed or cell.deviation:
+            if (
+                not (info.votes and info.precision == "fp32")
+                or info.family == lib
+                or cell.nonfinite
+                or cell.suppressed
+                or cell.deviation
+            ):
                 continue
             pair = closer(a, b) if cell.flagged else None
             if pair is None:
@@ -148,10 +161,12 @@ class Arbiter:
         for (a, b), cell in cells.items():  # the arbiter itself: only where such a voter backs it
             if b == arbiter and cell.flagged and not cell.nonfinite and not cell.deviation and a in backed:
                 clear(cell, 0.0, theirs[a], by=backed[a])
-        return [f"{b}: departs from the consensus at {len(v)} anchor(s) but is closer to the float64 execution "
-                f"({arbiter}) than the consensus there, nRMSE {'; '.join(v[:4])}{' ...' if len(v) > 4 else ''}: "
-                "the majority shares an error (a less accurate computation), not flagged"
-                for b, v in done.items()]
+        return [
+            f"{b}: departs from the consensus at {len(v)} anchor(s) but is closer to the float64 execution "
+            f"({arbiter}) than the consensus there, nRMSE {'; '.join(v[:4])}{' ...' if len(v) > 4 else ''}: "
+            "the majority shares an error (a less accurate computation), not flagged"
+            for b, v in done.items()
+        ]
 
     def tails(self, cells: dict[tuple[str, str], Cell], cfg: OracleConfig, skip: set[str]) -> None:
         """The wrong-tail warning against the float64 execution (docs/oracle.md, "Wrong tails"): a cell of
@@ -176,18 +191,19 @@ class Arbiter:
                 fam = self.backends[b].family
                 if cell is None or cell.flagged or cell.tail or cell.deviation or fam == lib or not q > cfg.ulp_floor:
                     continue
-                others = [(u[0], u[1], o) for o, u in per.items()
-                          if self.backends[o].family not in (fam, lib)]
+                others = [(u[0], u[1], o) for o, u in per.items() if self.backends[o].family not in (fam, lib)]
                 if not others:
                     continue
                 best_q, best_med, best = min(others)
                 if q > k * max(best_q, 1.0) and med <= cfg.origin_k * max(best_med, 1.0):
-                    cell.tail = (f"wrong tail against the float64 execution (a warning, not a flag): the "
-                                 f"{cfg.ulp_quantile:g} quantile of the error in ULPs of the float64 result {q:.3g} > "
-                                 f"{k:g} x {best}'s {best_q:.3g} (the most accurate independent family here) and > "
-                                 f"ulp_floor {cfg.ulp_floor:g}, while its median ULP error {med:.3g} is within "
-                                 f"origin_k {cfg.origin_k:g} x {best}'s {best_med:.3g}: an error relative to each "
-                                 "element's magnitude on part of the values, shared or not by the consensus")
+                    cell.tail = (
+                        f"wrong tail against the float64 execution (a warning, not a flag): the "
+                        f"{cfg.ulp_quantile:g} quantile of the error in ULPs of the float64 result {q:.3g} > "
+                        f"{k:g} x {best}'s {best_q:.3g} (the most accurate independent family here) and > "
+                        f"ulp_floor {cfg.ulp_floor:g}, while its median ULP error {med:.3g} is within "
+                        f"origin_k {cfg.origin_k:g} x {best}'s {best_med:.3g}: an error relative to each "
+                        "element's magnitude on part of the values, shared or not by the consensus"
+                    )
 
 
 def _nrmse(dd: float, cc: float) -> float:

@@ -131,8 +131,14 @@ def camp_cut(d: np.ndarray, floor: float, k: float | None = None) -> float:
     return max(floor, k * spread)
 
 
-def truth_camps(fams: list[str], votes: dict[str, np.ndarray], truth: np.ndarray, floor: float, k: float,
-                arbiter_library: str | None = None) -> list[list[str]] | None:
+def truth_camps(
+    fams: list[str],
+    votes: dict[str, np.ndarray],
+    truth: np.ndarray,
+    floor: float,
+    k: float,
+    arbiter_library: str | None = None,
+) -> list[list[str]] | None:
     """Camps decided by the float64 execution ``truth`` (rounded to the anchor's type), or None when it
     is no credible arbiter here (no family other than its own library within ``floor`` of it).
 
@@ -172,8 +178,15 @@ def truth_camps(fams: list[str], votes: dict[str, np.ndarray], truth: np.ndarray
     return sorted(camps, key=lambda c: (-len(c), c[0]))  # largest first, as form_camps
 
 
-def vote_camps(fams: list[str], d: np.ndarray, votes: dict[str, np.ndarray], floor: float,
-               truth: np.ndarray | None, k: float, arbiter_library: str | None = None) -> list[list[str]]:
+def vote_camps(
+    fams: list[str],
+    d: np.ndarray,
+    votes: dict[str, np.ndarray],
+    floor: float,
+    truth: np.ndarray | None,
+    k: float,
+    arbiter_library: str | None = None,
+) -> list[list[str]]:
     """The camps of one anchor and sample: decided by the float64 execution where it is a credible
     arbiter here (:func:`truth_camps`), else by distance (:func:`form_camps`)."""
     camps = truth_camps(fams, votes, truth, floor, k, arbiter_library) if truth is not None else None
@@ -202,8 +215,14 @@ def camp_counts(camps: list[list[str]], units: dict[str, str] | None = None) -> 
     return [len({units.get(f, f) for f in c}) for c in camps]
 
 
-def decide(camps: list[list[str]], votes: dict[str, np.ndarray], floor: float, truth: np.ndarray | None = None,
-           arbiter_library: str | None = None, units: dict[str, str] | None = None) -> Decision:
+def decide(
+    camps: list[list[str]],
+    votes: dict[str, np.ndarray],
+    floor: float,
+    truth: np.ndarray | None = None,
+    arbiter_library: str | None = None,
+    units: dict[str, str] | None = None,
+) -> Decision:
     """Decide a split (module docstring).
 
     Args:
@@ -256,10 +275,18 @@ class SplitLog:
     def record(self, anchor: str, sample: str, dec: Decision) -> None:
         camps = tuple(tuple(c) for c in dec.camps)
         key = (anchor, camps, dec.winner, dec.basis)
-        e = self._seen.setdefault(key, {"anchor": anchor, "camps": [list(c) for c in camps],
-                                        "decided_for": list(camps[dec.winner]) if dec.winner is not None else None,
-                                        "basis": dec.basis, "samples": [], "truth_error": [],
-                                        "counts": list(dec.counts) or [len(c) for c in camps]})
+        e = self._seen.setdefault(
+            key,
+            {
+                "anchor": anchor,
+                "camps": [list(c) for c in camps],
+                "decided_for": list(camps[dec.winner]) if dec.winner is not None else None,
+                "basis": dec.basis,
+                "samples": [],
+                "truth_error": [],
+                "counts": list(dec.counts) or [len(c) for c in camps],
+            },
+        )
         e["samples"].append(sample)
         e["truth_error"].append(dec.truth_error)
         for k, c in enumerate(dec.camps):
@@ -277,9 +304,18 @@ class SplitLog:
         for e in self._seen.values():
             per = list(zip(*e["truth_error"])) if e["truth_error"] else []
             te = [max((x for x in col if x is not None), default=None) for col in per]
-            out.append({"anchor": e["anchor"], "camps": e["camps"], "decided_for": e["decided_for"],
-                        "basis": e["basis"], "samples": len(e["samples"]), "sample_ids": e["samples"][:8],
-                        "truth_error": te, "counts": e.get("counts") or [len(c) for c in e["camps"]]})
+            out.append(
+                {
+                    "anchor": e["anchor"],
+                    "camps": e["camps"],
+                    "decided_for": e["decided_for"],
+                    "basis": e["basis"],
+                    "samples": len(e["samples"]),
+                    "sample_ids": e["samples"][:8],
+                    "truth_error": te,
+                    "counts": e.get("counts") or [len(c) for c in e["camps"]],
+                }
+            )
         return out
 
     def notes(self, samples: int) -> list[str]:
@@ -287,23 +323,31 @@ class SplitLog:
         lines = []
         for e in self.summary():
             camps = " | ".join("(" + ", ".join(c) + ")" for c in e["camps"])
-            head = (f"anchor {e['anchor']}: split vote, the families form camps {camps} in {e['samples']} of "
-                    f"{samples} sample(s)")
+            head = (
+                f"anchor {e['anchor']}: split vote, the families form camps {camps} in {e['samples']} of "
+                f"{samples} sample(s)"
+            )
             if e["basis"] == "tie":
                 top = max(e["counts"])
                 rest = [f for c, n in zip(e["camps"], e["counts"]) if n < top for f in c]
-                judged = (f"the tied camps' members not judged there; {', '.join(rest)} judged against the nearest "
-                          "tied camp (a deviation from every candidate, anpred.judge.ties)"
-                          if rest else "judged for no voting family")
-                lines.append(f"{head}: a tie (no camp has more families than every other) and no float64 execution "
-                             f"agreeing with one camp within the floor: no consensus there, {judged} "
-                             "(add onnx-reference-fp64 to the backends to decide)")
+                judged = (
+                    f"the tied camps' members not judged there; {', '.join(rest)} judged against the nearest "
+                    "tied camp (a deviation from every candidate, anpred.judge.ties)"
+                    if rest
+                    else "judged for no voting family"
+                )
+                lines.append(
+                    f"{head}: a tie (no camp has more families than every other) and no float64 execution "
+                    f"agreeing with one camp within the floor: no consensus there, {judged} "
+                    "(add onnx-reference-fp64 to the backends to decide)"
+                )
                 continue
             won = ", ".join(e["decided_for"])
             if e["basis"] == "float64":
                 errs = ", ".join("-" if x is None else f"{x:.3g}" for x in e["truth_error"])
-                lines.append(f"{head}: decided for ({won}) by the float64 execution (nRMSE of each camp against it: "
-                             f"{errs})")
+                lines.append(
+                    f"{head}: decided for ({won}) by the float64 execution (nRMSE of each camp against it: {errs})"
+                )
             else:
                 counts = " against ".join(str(n) for n in e["counts"])
                 lines.append(f"{head}: decided for ({won}) by the count of families ({counts})")

@@ -31,9 +31,15 @@ def judge_cells(o, scaled: set[str]) -> dict[tuple[str, str], Cell]:
             # peers: other (not merged) families; after a split, only those never on a losing camp
             # there (the deviation a camp not decided for shows is no level of ordinary noise)
             losers = o.splits.losers(a.name)
-            voters = [p for p in judged
-                      if p != b and o.backends[p].votes and o.backends[p].family != info.family
-                      and o.backends[p].family not in corr and o.backends[p].family not in losers]
+            voters = [
+                p
+                for p in judged
+                if p != b
+                and o.backends[p].votes
+                and o.backends[p].family != info.family
+                and o.backends[p].family not in corr
+                and o.backends[p].family not in losers
+            ]
             prec = cell_precision(info.precision, a.dtype)
             step = quantization_step(o, a, b)
             rms = math.sqrt(acc.cc / acc.n) if acc.n else None
@@ -47,23 +53,36 @@ def judge_cells(o, scaled: set[str]) -> dict[tuple[str, str], Cell]:
                 peers = voters
                 floor, basis = floor_and_basis(o.cfg, prec, a.stage)
             else:
-                peers = voters if info.votes else \
-                    [p for p in judged if p != b and not o.backends[p].votes
-                     and o.backends[p].precision == info.precision and o.backends[p].family != info.family
-                     and o.backends[p].program == info.program]  # one program's population (populations.py)
+                peers = (
+                    voters
+                    if info.votes
+                    else [
+                        p
+                        for p in judged
+                        if p != b
+                        and not o.backends[p].votes
+                        and o.backends[p].precision == info.precision
+                        and o.backends[p].family != info.family
+                        and o.backends[p].program == info.program
+                    ]
+                )  # one program's population (populations.py)
                 measured = CellMeasures(step=step, rms=rms, cost=o.cost_for(a.name, b))
-                floor, basis = floor_and_basis(o.cfg, prec, a.stage, population=peers, measured=measured,
-                                               implementation=o.population is not None)
+                floor, basis = floor_and_basis(
+                    o.cfg, prec, a.stage, population=peers, measured=measured, implementation=o.population is not None
+                )
                 if not info.votes:  # budget verdict: the population's cost; the signal is the fp32 voters'
-                    extra["signal_peers"] = [v for v in (primary(o, pooled[(a.name, p)]) for p in voters)
-                                             if not math.isnan(v)]
+                    extra["signal_peers"] = [
+                        v for v in (primary(o, pooled[(a.name, p)]) for p in voters) if not math.isnan(v)
+                    ]
                     if not peers:
                         peers = voters  # no population peer: today's rule, the constant floor decides
             levels = [primary(o, pooled[(a.name, p)]) for p in peers]
             if info.votes and b in o.tie_judged.get(a.name, ()):
                 levels += o.tie_levels.get(a.name, [])  # judged against a candidate of a tie
-                basis += ("; at a tie (no consensus): judged against the nearest tied camp, the tied camps' "
-                          "distance from each other counted as a peer's level")
+                basis += (
+                    "; at a tie (no consensus): judged against the nearest tied camp, the tied camps' "
+                    "distance from each other counted as a peer's level"
+                )
             levels = [v for v in levels if not math.isnan(v)]
             st = pooled[(a.name, b)]
             units = natural_units(prec, st.max_abs, math.sqrt(acc.dd / acc.n) if acc.n else math.nan, rms, step)
@@ -71,10 +90,21 @@ def judge_cells(o, scaled: set[str]) -> dict[tuple[str, str], Cell]:
                 extra["k"] = o.cfg.k_for(o.population, population=True)
             elif info.votes and prec == "fp32" and a.name not in scaled:
                 # the wrong-tail rule: the ULP-error quantile against the same peers' (verdict.py)
-                extra["peer_ulps"] = [(pooled[(a.name, p)].ulp_q, pooled[(a.name, p)].ulp_median) for p in peers
-                                      if not math.isnan(pooled[(a.name, p)].ulp_q)]
-            cells[(a.name, b)] = judge_cell(a, info, acc, st, levels, o.cfg, o.consensus_max.get(a.name, 0.0),
-                                            CellBasis(floor=floor, basis=basis, units=units, **extra))
+                extra["peer_ulps"] = [
+                    (pooled[(a.name, p)].ulp_q, pooled[(a.name, p)].ulp_median)
+                    for p in peers
+                    if not math.isnan(pooled[(a.name, p)].ulp_q)
+                ]
+            cells[(a.name, b)] = judge_cell(
+                a,
+                info,
+                acc,
+                st,
+                levels,
+                o.cfg,
+                o.consensus_max.get(a.name, 0.0),
+                CellBasis(floor=floor, basis=basis, units=units, **extra),
+            )
     return cells
 
 

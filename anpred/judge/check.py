@@ -29,9 +29,16 @@ from anpred.judge.struct import ORACLES, BackendInfo, CheckReport, OracleResult,
 __all__ = ["check_or_raise", "check_run", "finish", "inputs_sha256", "precision_notes", "usable_backends"]
 
 
-def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | None = None,
-              rtol: float | None = None, reference: str | None = None,
-              config: str | Path | OracleConfig | None = None, allow_incomplete: bool = False) -> CheckReport:
+def check_run(
+    run_dir: str | Path,
+    *,
+    oracle: str = "consensus",
+    atol: float | None = None,
+    rtol: float | None = None,
+    reference: str | None = None,
+    config: str | Path | OracleConfig | None = None,
+    allow_incomplete: bool = False,
+) -> CheckReport:
     """Judge the run folder ``run_dir`` (see ``docs/oracle.md``).
 
     Args:
@@ -51,16 +58,30 @@ def check_run(run_dir: str | Path, *, oracle: str = "consensus", atol: float | N
         AnpredError: ``run_dir`` is not a readable run folder, bad ``oracle``/``config``/``reference``.
         JudgeError: a stored tensor file is unreadable (truncated, or not a safetensors/.npz file).
     """
-    run = usable_backends(run_dir, oracle=oracle, atol=atol, rtol=rtol, reference=reference, config=config,
-                          allow_incomplete=allow_incomplete)
+    run = usable_backends(
+        run_dir,
+        oracle=oracle,
+        atol=atol,
+        rtol=rtol,
+        reference=reference,
+        config=config,
+        allow_incomplete=allow_incomplete,
+    )
     if run.report.problems:
         return run.report
     return finish(run, judge_samples(run))
 
 
-def usable_backends(run_dir: str | Path, *, oracle: str = "consensus", atol: float | None = None,
-                    rtol: float | None = None, reference: str | None = None,
-                    config: str | Path | OracleConfig | None = None, allow_incomplete: bool = False) -> Judging:
+def usable_backends(
+    run_dir: str | Path,
+    *,
+    oracle: str = "consensus",
+    atol: float | None = None,
+    rtol: float | None = None,
+    reference: str | None = None,
+    config: str | Path | OracleConfig | None = None,
+    allow_incomplete: bool = False,
+) -> Judging:
     """Open ``run_dir`` and decide which backends can be judged (arguments: :func:`check_run`).
 
     Returns:
@@ -85,11 +106,13 @@ def usable_backends(run_dir: str | Path, *, oracle: str = "consensus", atol: flo
     settings = {**cfg.to_dict(), "atol": atol, "rtol": rtol, "reference": reference}
     report = _new_report(run_dir, store, oracle, table, settings, allow_incomplete)
     if reference is not None and reference not in table:
-        raise AnpredError(f"reference backend {reference!r} is not in this run; backends: "
-                          f"{', '.join(table) or '(none)'}")
+        raise AnpredError(
+            f"reference backend {reference!r} is not in this run; backends: {', '.join(table) or '(none)'}"
+        )
     if reference is not None and reference not in usable:
-        report.problems.append(f"reference backend {reference!r} is not usable "
-                               f"({report.unjudged_backends.get(reference)})")
+        report.problems.append(
+            f"reference backend {reference!r} is not usable ({report.unjudged_backends.get(reference)})"
+        )
     report.problems.extend(_run_problems(store, usable, report.unjudged_backends))
     if not report.problems:
         _drop_mismatched(store, report, usable)
@@ -134,10 +157,16 @@ def _backend_table(store, config: OracleConfig) -> tuple[dict[str, dict[str, Any
     coverage = store.meta.get("coverage") or {}  # pre-run coverage (anpred.backends.coverage), newer runs
     for name, st in store.statuses().items():
         info = BackendInfo.make(name, st.family, st.precision, config, requested=st.precision_requested or None)
-        table[name] = {"family": info.family, "precision": info.precision, "precision_requested": info.requested,
-                       "votes": info.votes,
-                       "status": st.status, "reason": st.reason, "versions": st.versions,
-                       "samples": st.samples}
+        table[name] = {
+            "family": info.family,
+            "precision": info.precision,
+            "precision_requested": info.requested,
+            "votes": info.votes,
+            "status": st.status,
+            "reason": st.reason,
+            "versions": st.versions,
+            "samples": st.samples,
+        }
         if name in coverage:
             table[name]["coverage"] = {k: coverage[name].get(k) for k in ("basis", "ops", "error")}
         if st.status == "ok":
@@ -145,31 +174,58 @@ def _backend_table(store, config: OracleConfig) -> tuple[dict[str, dict[str, Any
     return table, usable
 
 
-def _new_report(run_dir, store, oracle: str, table: dict[str, dict[str, Any]], settings: dict[str, Any],
-                allow_incomplete: bool) -> CheckReport:
+def _new_report(
+    run_dir, store, oracle: str, table: dict[str, dict[str, Any]], settings: dict[str, Any], allow_incomplete: bool
+) -> CheckReport:
     """The report before any sample is judged (status ``error``): run identity, anchors, backend table,
     configuration (``settings``: the oracle configuration with the threshold baseline's atol, rtol and
     reference), the backends that did not run, the precision notes."""
     manifest = store.manifest
-    unjudged = {name: f"run status {row['status']}" + (f": {row['reason']}" if row["reason"] else "")
-                for name, row in table.items() if row["status"] != "ok"}
+    unjudged = {
+        name: f"run status {row['status']}" + (f": {row['reason']}" if row["reason"] else "")
+        for name, row in table.items()
+        if row["status"] != "ok"
+    }
     report = CheckReport(
-        run_dir=str(run_dir), status="error", oracle=oracle,
+        run_dir=str(run_dir),
+        status="error",
+        oracle=oracle,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        model=dict(store.meta.get("model") or manifest.model), machine=store.meta.get("machine", {}),
-        anchors=[{"name": a.name, "stage": a.stage, "kind": a.kind, "op_type": a.op_type, "dtype": a.dtype,
-                  "producer": a.producer, "value": a.value} for a in manifest.anchors],
-        backends=table, config=settings,
-        unjudged_backends=unjudged, allow_incomplete=bool(allow_incomplete), inputs=_inputs_identity(store))
+        model=dict(store.meta.get("model") or manifest.model),
+        machine=store.meta.get("machine", {}),
+        anchors=[
+            {
+                "name": a.name,
+                "stage": a.stage,
+                "kind": a.kind,
+                "op_type": a.op_type,
+                "dtype": a.dtype,
+                "producer": a.producer,
+                "value": a.value,
+            }
+            for a in manifest.anchors
+        ],
+        backends=table,
+        config=settings,
+        unjudged_backends=unjudged,
+        allow_incomplete=bool(allow_incomplete),
+        inputs=_inputs_identity(store),
+    )
     report.notes.extend(precision_notes(table, report.machine))
     report.notes.extend(observer_notes(table))
-    report.notes.extend(f"{b}: the installed library has known defects this model reaches, which explain a "
-                        f"deviation here: {row['versions']['reference_defects']}"
-                        for b, row in table.items() if (row.get("versions") or {}).get("reference_defects"))
-    report.notes.extend(f"{b}: known defects of the installed library that this model reaches were worked around "
-                        f"by exact rewrites of the model it ran (its other values are judged as usual): "
-                        f"{row['versions']['reference_workarounds']}"
-                        for b, row in table.items() if (row.get("versions") or {}).get("reference_workarounds"))
+    report.notes.extend(
+        f"{b}: the installed library has known defects this model reaches, which explain a "
+        f"deviation here: {row['versions']['reference_defects']}"
+        for b, row in table.items()
+        if (row.get("versions") or {}).get("reference_defects")
+    )
+    report.notes.extend(
+        f"{b}: known defects of the installed library that this model reaches were worked around "
+        f"by exact rewrites of the model it ran (its other values are judged as usual): "
+        f"{row['versions']['reference_workarounds']}"
+        for b, row in table.items()
+        if (row.get("versions") or {}).get("reference_workarounds")
+    )
     return report
 
 
@@ -187,11 +243,16 @@ def observer_notes(table: dict[str, dict[str, Any]]) -> list[str]:
             obs = json.loads(raw)
         except (TypeError, ValueError):
             continue
-        parts = (f"{obs.get('partitions_with_anchors', '?')} delegate partition(s) with the anchors' extra outputs, "
-                 f"{obs.get('partitions_without_anchors', '?')} without")
-        effect = ("the model's outputs bit-identical with and without them" if obs.get("bit_identical") else
-                  f"the extra outputs change the model's outputs by up to {obs.get('max_abs_diff', float('nan')):.3g} "
-                  "(absolute; the observer effect: its anchors are judged on the program with them)")
+        parts = (
+            f"{obs.get('partitions_with_anchors', '?')} delegate partition(s) with the anchors' extra outputs, "
+            f"{obs.get('partitions_without_anchors', '?')} without"
+        )
+        effect = (
+            "the model's outputs bit-identical with and without them"
+            if obs.get("bit_identical")
+            else f"the extra outputs change the model's outputs by up to {obs.get('max_abs_diff', float('nan')):.3g} "
+            "(absolute; the observer effect: its anchors are judged on the program with them)"
+        )
         notes.append(f"observer effect: {b}: {parts}; {effect}")
     return notes
 
@@ -215,9 +276,11 @@ def precision_notes(table: dict[str, dict[str, Any]], machine: dict[str, Any]) -
             notes.append(f"precision: {b} was asked for {asked} but computed in {got}{why}; judged as {got}")
         kernel = (row.get("versions") or {}).get("mlas_u8s8_kernel")
         if kernel in ("avx512-core", "avx2", "sse"):
-            notes.append(f"kernels: {b} ran ONNX Runtime's {kernel} u8s8 kernels (no VNNI/AMX on this CPU): pairs of "
-                         "u8 x s8 products are summed in saturating int16, "
-                         "so its int8 results differ from a VNNI CPU's")
+            notes.append(
+                f"kernels: {b} ran ONNX Runtime's {kernel} u8s8 kernels (no VNNI/AMX on this CPU): pairs of "
+                "u8 x s8 products are summed in saturating int16, "
+                "so its int8 results differ from a VNNI CPU's"
+            )
     return notes
 
 
@@ -228,14 +291,17 @@ def _run_problems(store, usable: list[str], unjudged: dict[str, str]) -> list[st
     if mode != "tensors":
         problems.append(
             f"run mode {mode!r} stores only per-backend summaries; the consensus needs the tensors "
-            "(element-wise median), so re-run with mode 'tensors'")
+            "(element-wise median), so re-run with mode 'tensors'"
+        )
     if not store.manifest.anchors:
         problems.append("the run's manifest has no anchors")
     if not store.sample_ids:
         problems.append("the run has no samples")
     if len(usable) < 2:
-        problems.append(f"fewer than two usable backends ({', '.join(usable) or 'none'}); "
-                        + ("; ".join(f"{b}: {r}" for b, r in unjudged.items()) or "nothing was run"))
+        problems.append(
+            f"fewer than two usable backends ({', '.join(usable) or 'none'}); "
+            + ("; ".join(f"{b}: {r}" for b, r in unjudged.items()) or "nothing was run")
+        )
     return problems
 
 
@@ -250,21 +316,27 @@ def _drop_mismatched(store, report: CheckReport, usable: list[str]) -> None:
         keys = set(read_tensors(store, b, first))
         foreign = sorted(keys - names)
         if keys and not (keys & names):
-            unjudged[b] = (f"its tensors do not match the run's manifest (none of its {len(keys)} anchors is in "
-                           f"manifest.json, e.g. {foreign[0]!r}): mismatched manifests")
+            unjudged[b] = (
+                f"its tensors do not match the run's manifest (none of its {len(keys)} anchors is in "
+                f"manifest.json, e.g. {foreign[0]!r}): mismatched manifests"
+            )
             usable.remove(b)
         elif foreign:
-            report.notes.append(f"{b}: {len(foreign)} stored anchor(s) not in the run's manifest ignored "
-                                f"(e.g. {foreign[0]!r}): mismatched manifests?")
-        elif not keys and (store.meta["backends"].get(b, {}).get("status") != "ok"
-                           or not tensor_file(store, b, first).exists()):
+            report.notes.append(
+                f"{b}: {len(foreign)} stored anchor(s) not in the run's manifest ignored "
+                f"(e.g. {foreign[0]!r}): mismatched manifests?"
+            )
+        elif not keys and (
+            store.meta["backends"].get(b, {}).get("status") != "ok" or not tensor_file(store, b, first).exists()
+        ):
             unjudged[b] = "no tensors stored for any sample"
             usable.remove(b)
         # (an empty file while it ran every sample: it returned no value, a missing output where the
         # voting families agree, anpred.judge.deviations; not a gap)
     if len(usable) < 2:
-        report.problems.append("fewer than two usable backends after reading the tensors "
-                               f"({', '.join(usable) or 'none'})")
+        report.problems.append(
+            f"fewer than two usable backends after reading the tensors ({', '.join(usable) or 'none'})"
+        )
 
 
 def inputs_sha256(sample_digests) -> str:
@@ -278,8 +350,11 @@ def inputs_sha256(sample_digests) -> str:
 
 def _inputs_identity(store) -> dict[str, Any]:
     samples = store.meta.get("samples", [])
-    return {"description": store.meta.get("inputs", {}), "samples": len(samples),
-            "sha256": inputs_sha256(s.get("sha256", s.get("id", "")) for s in samples)}
+    return {
+        "description": store.meta.get("inputs", {}),
+        "samples": len(samples),
+        "sha256": inputs_sha256(s.get("sha256", s.get("id", "")) for s in samples),
+    }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -300,9 +375,13 @@ def _take_oracle(report: CheckReport, res: OracleResult, parts: list[OutputPart]
     if judged_parts:
         report.anchors = _with_part_rows(report.anchors, parts, judged_parts)
     if not report.cells:
-        report.problems.append("no (anchor, backend) pair could be judged: " +
-                               ("; ".join(f"{a}: {w}" for a, w in list(res.unjudged_anchors.items())[:3]) or
-                                "anchors missing in all backends"))
+        report.problems.append(
+            "no (anchor, backend) pair could be judged: "
+            + (
+                "; ".join(f"{a}: {w}" for a, w in list(res.unjudged_anchors.items())[:3])
+                or "anchors missing in all backends"
+            )
+        )
 
 
 def cost_causes(report: CheckReport, res: OracleResult) -> None:
@@ -315,8 +394,10 @@ def cost_causes(report: CheckReport, res: OracleResult) -> None:
         kernel = ((report.backends.get(b) or {}).get("versions") or {}).get("mlas_u8s8_kernel")
         if kernel not in ("avx512-core", "avx2", "sse"):
             continue
-        cause = (f"; likely cause: ONNX Runtime's {kernel} u8s8 kernels on this CPU (no VNNI/AMX) sum pairs of "
-                 "u8 x s8 products in saturating int16 (quantize_static(reduce_range=True) is the documented remedy)")
+        cause = (
+            f"; likely cause: ONNX Runtime's {kernel} u8s8 kernels on this CPU (no VNNI/AMX) sum pairs of "
+            "u8 x s8 products in saturating int16 (quantize_static(reduce_range=True) is the documented remedy)"
+        )
         for i, w in enumerate(v.warnings):
             if w in res.notes:
                 res.notes[res.notes.index(w)] = w + cause
@@ -330,10 +411,22 @@ def _with_part_rows(rows: list[dict[str, Any]], parts: list[OutputPart], judged:
         parts_of.setdefault(p.output, []).append(p)
     out = []
     for row in rows:
-        out.extend({"name": p.name, "stage": row["stage"], "kind": "part", "op_type": "Concat",
-                    "dtype": row["dtype"], "producer": row.get("producer"), "value": p.value, "part_of": row["name"],
-                    "index": p.name[len(row["name"]):], "shape": list(p.shape)}
-                   for p in parts_of.get(row["name"], []) if p.name in judged)
+        out.extend(
+            {
+                "name": p.name,
+                "stage": row["stage"],
+                "kind": "part",
+                "op_type": "Concat",
+                "dtype": row["dtype"],
+                "producer": row.get("producer"),
+                "value": p.value,
+                "part_of": row["name"],
+                "index": p.name[len(row["name"]) :],
+                "shape": list(p.shape),
+            }
+            for p in parts_of.get(row["name"], [])
+            if p.name in judged
+        )
         out.append(row)
     return out
 
@@ -354,12 +447,16 @@ def _alignment_notes(report: CheckReport, rep) -> None:
     report.notes.extend(f"alignment warning: {w}" for w in rep.warnings)
     segs = rep.segments_by_data
     if segs:
-        report.notes.append(f"alignment: {len(segs)} segment order(s) found by the data (a port's concatenation "
-                            "order, or a real channel-order defect; pin the rule or 'exclude' in manifest.json "
-                            "to decide)")
+        report.notes.append(
+            f"alignment: {len(segs)} segment order(s) found by the data (a port's concatenation "
+            "order, or a real channel-order defect; pin the rule or 'exclude' in manifest.json "
+            "to decide)"
+        )
     for d in segs:
-        report.notes.append(f"alignment: {d.backend} at {d.anchor}: {describe_rule(d.rule)} found by the data "
-                            f"(normalised error {d.runner_up:.3g} -> {d.error:.3g})")
+        report.notes.append(
+            f"alignment: {d.backend} at {d.anchor}: {describe_rule(d.rule)} found by the data "
+            f"(normalised error {d.runner_up:.3g} -> {d.error:.3g})"
+        )
     for d in rep.alignments:
         if d.layout_check:
             report.notes.append(f"alignment: {d.backend} at {d.anchor}: {d.layout_check}")

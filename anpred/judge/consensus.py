@@ -101,9 +101,17 @@ class Oracle:
     Use :meth:`add` once per sample, then :meth:`finish`.
     """
 
-    def __init__(self, anchors: list[AnchorInfo], backends: list[BackendInfo], config: OracleConfig | None = None,
-                 reference: str | None = None, seed: int = 0, descendants: dict[str, set[str]] | None = None,
-                 population: str | None = None, steps: dict[str, float] | None = None):
+    def __init__(
+        self,
+        anchors: list[AnchorInfo],
+        backends: list[BackendInfo],
+        config: OracleConfig | None = None,
+        reference: str | None = None,
+        seed: int = 0,
+        descendants: dict[str, set[str]] | None = None,
+        population: str | None = None,
+        steps: dict[str, float] | None = None,
+    ):
         self.cfg = config or OracleConfig()
         # None: the fp32 oracle (voters against the fp32 consensus, reduced-precision backends' budget
         # verdicts against it too); "int8"/"fp16"/...: a precision population whose members all vote
@@ -164,8 +172,12 @@ class Oracle:
         # a backend whose library has a known defect this model reaches is the reference only as a last resort
         for clean in (True, False):
             for name in self.cfg.reference_priority:
-                if name in present and name in self.backends and self.backends[name].votes and \
-                        (not clean or not self.backends[name].defects):
+                if (
+                    name in present
+                    and name in self.backends
+                    and self.backends[name].votes
+                    and (not clean or not self.backends[name].defects)
+                ):
                     return name
         voters = [b for b in present if self.backends[b].votes]
         voters.sort(key=lambda b: bool(self.backends[b].defects))
@@ -183,8 +195,9 @@ class Oracle:
             return None
         return truth_of(arrays[name], a.dtype if a is not None else "float32")
 
-    def consensus(self, arrays: dict[str, np.ndarray], anchor: AnchorInfo | None = None
-                  ) -> tuple[np.ndarray | None, str, str | None]:
+    def consensus(
+        self, arrays: dict[str, np.ndarray], anchor: AnchorInfo | None = None
+    ) -> tuple[np.ndarray | None, str, str | None]:
         """Consensus of one anchor in one sample (``anchor``: its stage and type set the floor of a
         split, :meth:`voter_floor`; default stage 0, float32). Returns ``(c, mode, reference)`` with mode
         ``median:<families>`` (merged families joined by ``+``; after a split, the camp decided for and
@@ -220,8 +233,11 @@ class Oracle:
                     self.families.measure(anchor, votes, truth)
                 floor = self.voter_floor(a)
                 names, dist, _ = camp_distances(votes)
-                camps = [names] if self.population is not None else vote_camps(
-                    names, dist, votes, floor, truth, self.cfg.k_for("fp32"), self.arbiter.library)
+                camps = (
+                    [names]
+                    if self.population is not None
+                    else vote_camps(names, dist, votes, floor, truth, self.cfg.k_for("fp32"), self.arbiter.library)
+                )
                 dec = None
                 if len(camps) > 1:
                     dec = decide(camps, votes, floor, truth, self.arbiter.library, self.cfg.conversion_units)
@@ -257,8 +273,13 @@ class Oracle:
     def _gap(self, anchor: str, backend: str, why: str, sid: str) -> None:
         self.gaps.setdefault((anchor, backend), {}).setdefault(why, []).append(sid)
 
-    def add(self, tensors: dict[str, dict[str, np.ndarray]], unaligned: dict[tuple[str, str], str] | None = None,
-            sample_id: str | None = None, absent: dict[str, str] | None = None) -> None:
+    def add(
+        self,
+        tensors: dict[str, dict[str, np.ndarray]],
+        unaligned: dict[tuple[str, str], str] | None = None,
+        sample_id: str | None = None,
+        absent: dict[str, str] | None = None,
+    ) -> None:
         """Judge one sample.
 
         Args:
@@ -278,10 +299,13 @@ class Oracle:
             if len(got) < 2:
                 for b, w in why.items():
                     self._gap(a.name, b, w, sid)
-                unal = [f"{b}: {w[len('not aligned: '):]}" for b, w in why.items() if w.startswith("not aligned: ")]
+                unal = [f"{b}: {w[len('not aligned: ') :]}" for b, w in why.items() if w.startswith("not aligned: ")]
                 other = [f"{b}: {w}" for b, w in why.items() if not w.startswith("not aligned: ")]
-                parts = [f"fewer than two backends produced it ({', '.join(got)})" if got
-                         else "no backend produced a usable tensor"]
+                parts = [
+                    f"fewer than two backends produced it ({', '.join(got)})"
+                    if got
+                    else "no backend produced a usable tensor"
+                ]
                 if unal:
                     parts.append("not aligned: " + "; ".join(unal))
                 parts.extend(other)
@@ -292,8 +316,9 @@ class Oracle:
                 continue
             self._judge_anchor(a, got, why, sid, absent)
 
-    def _collect(self, a: AnchorInfo, raw: dict[str, np.ndarray], unaligned, absent
-                 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    def _collect(
+        self, a: AnchorInfo, raw: dict[str, np.ndarray], unaligned, absent
+    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         """The tensors of anchor ``a`` that can be compared (float64, the voters' most common shape) and,
         per other backend, why not."""
         got: dict[str, np.ndarray] = {}
@@ -318,8 +343,9 @@ class Oracle:
                 del got[b]
         return got, why
 
-    def _judge_anchor(self, a: AnchorInfo, got: dict[str, np.ndarray], why: dict[str, str], sid: str,
-                      absent: dict[str, str]) -> None:
+    def _judge_anchor(
+        self, a: AnchorInfo, got: dict[str, np.ndarray], why: dict[str, str], sid: str, absent: dict[str, str]
+    ) -> None:
         """Form the consensus of anchor ``a`` in sample ``sid`` and compare every backend in ``got``
         with it; the backends in ``why`` are gaps, or deviations (a wrong shape, a missing output) where
         at least two voting families agree (:func:`anpred.judge.deviations.shape_gap`)."""
@@ -333,11 +359,11 @@ class Oracle:
             else:
                 self._gap(a.name, b, w, sid)
         if c is None:
-            msg = {"undecided": "the voting families tie between NaN/Inf and finite values at every element: "
-                                "no consensus",
-                   "tie": "split vote: the families form camps of equal size and no float64 execution decides "
-                          "(see the note on the split): no consensus"}.get(
-                mode, "no finite value in any voting backend (all NaN/Inf): no consensus")
+            msg = {
+                "undecided": "the voting families tie between NaN/Inf and finite values at every element: no consensus",
+                "tie": "split vote: the families form camps of equal size and no float64 execution decides "
+                "(see the note on the split): no consensus",
+            }.get(mode, "no finite value in any voting backend (all NaN/Inf): no consensus")
             family_of = {b: (self.backends[b].family if self.backends[b].votes else None) for b in got}
             tie = TieCandidates(dec, got, family_of) if mode == "tie" else None
             outside = {b: x for b, x in got.items() if tie is not None and tie.outside(b, family_of)}
@@ -366,8 +392,11 @@ class Oracle:
             self.all_nonfinite.add(a.name)
         if self.arbiter.name is not None and self.arbiter.name in got:
             # ULPs against the truth for the wrong-tail warning (fp32 oracle; not the parts: range rule)
-            ulp = (a.dtype, ulp_dtype(cell_precision("fp32", a.dtype)), self.cfg.ulp_quantile) \
-                if self.population is None and a.name not in self._scaled else None
+            ulp = (
+                (a.dtype, ulp_dtype(cell_precision("fp32", a.dtype)), self.cfg.ulp_quantile)
+                if self.population is None and a.name not in self._scaled
+                else None
+            )
             self.arbiter.add(a.name, got, c, ulp)
         ref_tensor = Reference(c, undecided, distribution_positions=self._distribution_positions(a.name, c.size))
         done: list[tuple[np.ndarray, str, Any, Any]] = []  # (tensor, ULP dtype, quantile, its Comparison)
@@ -407,11 +436,14 @@ class Oracle:
         prim = self.cfg.primary
         dt32 = ulp_dtype(cell_precision("fp32", a.dtype))
         self.tie_levels.setdefault(a.name, []).extend(
-            tie.levels(lambda r, x: float(getattr(r.compare(x, dt32, ulp_quantile=None).stats, prim))))
+            tie.levels(lambda r, x: float(getattr(r.compare(x, dt32, ulp_quantile=None).stats, prim)))
+        )
         for b, x in outside.items():
             dt, q = self._compare_args(a, b)
-            cmp = tie.nearest(lambda r: r.compare(x, dt, distribution=self.population is None, ulp_quantile=q),
-                              lambda cm: float(getattr(cm.stats, prim)))
+            cmp = tie.nearest(
+                lambda r: r.compare(x, dt, distribution=self.population is None, ulp_quantile=q),
+                lambda cm: float(getattr(cm.stats, prim)),
+            )
             self._acc(a.name, b).add(cmp)
             self.tie_judged.setdefault(a.name, set()).add(b)
 
@@ -452,15 +484,19 @@ class Oracle:
             if a.part_of:
                 pm, om = self.consensus_max.get(a.name, 0.0), self.consensus_max.get(a.part_of, 0.0)
                 if not (om > 0 and pm >= self.cfg.part_min_scale * om):
-                    self.skipped_parts[a.name] = (f"largest |consensus| {pm:.3g} < part_min_scale "
-                                                  f"{self.cfg.part_min_scale:g} x its output's {om:.3g}")
+                    self.skipped_parts[a.name] = (
+                        f"largest |consensus| {pm:.3g} < part_min_scale "
+                        f"{self.cfg.part_min_scale:g} x its output's {om:.3g}"
+                    )
                     continue
             keep.append(a)
         if self.skipped_parts:
-            notes.append(f"{len(self.skipped_parts)} part(s) of concatenated outputs judged only as part of the whole "
-                         f"output (scale guard part_min_scale = {self.cfg.part_min_scale:g}): " +
-                         "; ".join(f"{k}: {v}" for k, v in list(self.skipped_parts.items())[:4]) +
-                         (" ..." if len(self.skipped_parts) > 4 else ""))
+            notes.append(
+                f"{len(self.skipped_parts)} part(s) of concatenated outputs judged only as part of the whole "
+                f"output (scale guard part_min_scale = {self.cfg.part_min_scale:g}): "
+                + "; ".join(f"{k}: {v}" for k, v in list(self.skipped_parts.items())[:4])
+                + (" ..." if len(self.skipped_parts) > 4 else "")
+            )
         self.anchors = keep
 
     def finish(self) -> OracleResult:
@@ -475,15 +511,25 @@ class Oracle:
         notes.extend(self.arbiter.arbitrate(cells))
         self.arbiter.tails(cells, self.cfg, self._scaled)
         notes.extend(self.splits.notes(self.samples))
-        if self.arbiter.name is None and self.population is None and any(
+        if (
+            self.arbiter.name is None
+            and self.population is None
+            and any(
                 c.flagged and self.backends[c.backend].votes and self.backends[c.backend].precision == "fp32"
-                for c in cells.values()):
-            notes.append("an fp32 voter is flagged against the consensus; whether it is the less accurate one or a "
-                         "majority shares an error can be told by a float64 execution: add onnx-reference-fp64 to the "
-                         "backends (docs/oracle.md, the float64 arbiter)")
-        verdicts = {b: backend_verdict(info, self.anchors, cells, gaps=self.gaps, ref_at=self.ref_at,
-                                       samples=self.samples, localizer=loc)
-                    for b, info in self.backends.items()}
+                for c in cells.values()
+            )
+        ):
+            notes.append(
+                "an fp32 voter is flagged against the consensus; whether it is the less accurate one or a "
+                "majority shares an error can be told by a float64 execution: add onnx-reference-fp64 to the "
+                "backends (docs/oracle.md, the float64 arbiter)"
+            )
+        verdicts = {
+            b: backend_verdict(
+                info, self.anchors, cells, gaps=self.gaps, ref_at=self.ref_at, samples=self.samples, localizer=loc
+            )
+            for b, info in self.backends.items()
+        }
         consensus = {a.name: sorted(self.consensus_modes[a.name]) for a in self.anchors}
         notes.extend(w for v in verdicts.values() for w in v.warnings)  # wrong tails (graded findings)
         notes.extend(basis_notes(self, verdicts, consensus))
@@ -491,16 +537,27 @@ class Oracle:
         corr = correlated(self)
         notes.extend(correlated_notes(self, corr))
         for a, n in self.undecided.items():
-            notes.append(f"anchor {a}: the votes tied between finite and NaN/Inf values at {n} element(s) "
-                         "(summed over samples): undecided there, judged for no backend")
+            notes.append(
+                f"anchor {a}: the votes tied between finite and NaN/Inf values at {n} element(s) "
+                "(summed over samples): undecided there, judged for no backend"
+            )
         for a in sorted(self.all_nonfinite):
-            notes.append(f"anchor {a}: the voting families agreed on NaN/Inf at every element in some sample: "
-                         "no finite value to compare, only whether each backend returns the same NaN/Inf")
+            notes.append(
+                f"anchor {a}: the voting families agreed on NaN/Inf at every element in some sample: "
+                "no finite value to compare, only whether each backend returns the same NaN/Inf"
+            )
         return OracleResult(
             cells=[cells[k] for a in self.anchors for k in [(a.name, b) for b in self.backends] if k in cells],
-            verdicts=verdicts, consensus=consensus, unjudged_anchors=unjudged, notes=notes,
-            correlated=corr, samples=self.samples, independence=self.families.indep.summary(self.cfg.correlated_rho),
-            plot_data={k: acc.res.data for k, acc in self.acc.items()}, splits=self.splits.summary())
+            verdicts=verdicts,
+            consensus=consensus,
+            unjudged_anchors=unjudged,
+            notes=notes,
+            correlated=corr,
+            samples=self.samples,
+            independence=self.families.indep.summary(self.cfg.correlated_rho),
+            plot_data={k: acc.res.data for k, acc in self.acc.items()},
+            splits=self.splits.summary(),
+        )
 
     def cost_for(self, anchor: str, backend: str) -> float | None:
         """The precision's cost at ``anchor`` for ``backend``'s implementation verdict: the median

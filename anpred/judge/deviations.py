@@ -37,18 +37,22 @@ def shape_gap(anchor: AnchorInfo, why: str, absent: bool, backend: str = "") -> 
         return ""
     if _SHAPE in why:
         return "shape"
-    if why.startswith("not aligned: ") and why[len("not aligned: "):].startswith(WRONG_SHAPE_REASONS):
+    if why.startswith("not aligned: ") and why[len("not aligned: ") :].startswith(WRONG_SHAPE_REASONS):
         return "shape"
-    if why.startswith("not aligned: ") and why[len("not aligned: "):].startswith(NO_LAYOUT_REASONS):
+    if why.startswith("not aligned: ") and why[len("not aligned: ") :].startswith(NO_LAYOUT_REASONS):
         return "layout"
     if anchor.kind == "output" and (why == _MISSING[0] or why.startswith("not aligned: " + _MISSING[1])):
         return "missing"
     return ""
 
 
-def deviation_cells(cells: dict[tuple[str, str], Cell],
-                    deviations: dict[tuple[str, str], dict[tuple[str, str], list[str]]],
-                    anchors: list[AnchorInfo], backends: dict[str, BackendInfo], samples: int) -> None:
+def deviation_cells(
+    cells: dict[tuple[str, str], Cell],
+    deviations: dict[tuple[str, str], dict[tuple[str, str], list[str]]],
+    anchors: list[AnchorInfo],
+    backends: dict[str, BackendInfo],
+    samples: int,
+) -> None:
     """Flag every (anchor, backend) of ``deviations`` (``(kind, reason) -> sample ids``) in ``cells``:
     a new cell without statistics (``primary`` = inf: no tensor to compare) or, where the backend was
     judged on its values in other samples, that cell flagged as well. The reason reads ``wrong shape:
@@ -64,8 +68,8 @@ def deviation_cells(cells: dict[tuple[str, str], Cell],
             n = max(n, len(sids))
             where = "" if len(sids) >= samples else f" (in {len(sids)} of {samples} samples)"
             label = {"shape": "wrong shape", "layout": "no layout of its tensor matches"}.get(k, "missing output")
-            detail = why[len("not aligned: "):] if why.startswith("not aligned: ") else why
-            detail = detail[len("wrong shape: "):] if detail.startswith("wrong shape: ") else detail
+            detail = why[len("not aligned: ") :] if why.startswith("not aligned: ") else why
+            detail = detail[len("wrong shape: ") :] if detail.startswith("wrong shape: ") else detail
             texts.append(f"{label}: {detail}{where}; the voting families agree on the anchor")
         reason = "; ".join(texts)
         cell = cells.get((a, b))
@@ -74,8 +78,18 @@ def deviation_cells(cells: dict[tuple[str, str], Cell],
             cell.reason = reason + (f"; on its values: {cell.reason}" if cell.reason else "")
             continue
         nan = math.nan
-        cells[(a, b)] = Cell(anchor=a, backend=b, samples=n,
-                             stats=ErrorStats(0, nan, nan, nan, nan, nan, nan, nan, nan),
-                             primary=math.inf, per_sample={"p50": math.inf, "p90": math.inf, "max": math.inf},
-                             floor=nan, peer_level=None, threshold=nan, nonfinite=0, flagged=True, reason=reason,
-                             deviation=kind)
+        cells[(a, b)] = Cell(
+            anchor=a,
+            backend=b,
+            samples=n,
+            stats=ErrorStats(0, nan, nan, nan, nan, nan, nan, nan, nan),
+            primary=math.inf,
+            per_sample={"p50": math.inf, "p90": math.inf, "max": math.inf},
+            floor=nan,
+            peer_level=None,
+            threshold=nan,
+            nonfinite=0,
+            flagged=True,
+            reason=reason,
+            deviation=kind,
+        )

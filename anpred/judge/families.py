@@ -100,8 +100,12 @@ class FamilyGroups:
         if len(groups) < self.cfg.min_voters:
             return singles
         per = self.indep.d2.get(anchor or "", {})
-        if anchor is not None and len(groups) >= 4 and self.cfg.correlated_rho < 1 and \
-                all(frozenset(p) in per for p in itertools.combinations([g[0] for g in groups], 2)):
+        if (
+            anchor is not None
+            and len(groups) >= 4
+            and self.cfg.correlated_rho < 1
+            and all(frozenset(p) in per for p in itertools.combinations([g[0] for g in groups], 2))
+        ):
             groups, merged = merge_correlated(per, groups, self.cfg.correlated_rho, self.cfg.min_voters)
             self.rho_merged[anchor].update(merged)
             self.merged_now = self.merged_now or bool(merged)

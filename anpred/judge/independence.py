@@ -57,8 +57,10 @@ def error_correlation(d2: dict[frozenset, float], families: list[str]) -> dict[f
 
     def var(i: str, without: str) -> float:
         others = [f for f in fs if f not in (i, without)]
-        est = [(d2[frozenset((i, k))] + d2[frozenset((i, l))] - d2[frozenset((k, l))]) / 2
-               for k, l in itertools.combinations(others, 2)]  # noqa: E741 - k, l as in the module docstring
+        est = [
+            (d2[frozenset((i, k))] + d2[frozenset((i, l))] - d2[frozenset((k, l))]) / 2
+            for k, l in itertools.combinations(others, 2)  # noqa: E741 - k, l as in the module docstring
+        ]
         return float(np.median(est))
 
     for i, j in itertools.combinations(fs, 2):
@@ -70,8 +72,9 @@ def error_correlation(d2: dict[frozenset, float], families: list[str]) -> dict[f
     return out
 
 
-def merge_correlated(d2: dict[frozenset, float], groups: list[list[str]], threshold: float, min_groups: int
-                     ) -> tuple[list[list[str]], dict[frozenset, float]]:
+def merge_correlated(
+    d2: dict[frozenset, float], groups: list[list[str]], threshold: float, min_groups: int
+) -> tuple[list[list[str]], dict[frozenset, float]]:
     """Merge the most correlated pair of ``groups`` (lists of families; each group's first family is
     its corner) while its ρ (:func:`error_correlation` over the corners) is at least ``threshold``, the
     pair passes the nearest-corner guard (:func:`_nearest`) and more than ``min_groups`` groups remain,
@@ -173,10 +176,16 @@ class PairDistances:
                 continue
             for pair, r in error_correlation(per, [g[0] for g in groups]).items():
                 vals.setdefault(pair, []).append(r)
-        pairs = {"|".join(sorted(p)): {"rho_median": float(np.median(v)), "rho_max": float(max(v)), "anchors": len(v)}
-                 for p, v in sorted(vals.items(), key=lambda kv: sorted(kv[0]))}
-        return {"method": "three-cornered hat (Gray & Allan 1974), pooled over samples per anchor",
-                "threshold": threshold, "pairs": pairs, "merged": merged}
+        pairs = {
+            "|".join(sorted(p)): {"rho_median": float(np.median(v)), "rho_max": float(max(v)), "anchors": len(v)}
+            for p, v in sorted(vals.items(), key=lambda kv: sorted(kv[0]))
+        }
+        return {
+            "method": "three-cornered hat (Gray & Allan 1974), pooled over samples per anchor",
+            "threshold": threshold,
+            "pairs": pairs,
+            "merged": merged,
+        }
 
 
 class TruthErrors:
@@ -218,8 +227,9 @@ class TruthErrors:
             return None
         return max(-1.0, min(1.0, ij / math.sqrt(ii * jj)))
 
-    def merge(self, anchor: str, groups: list[list[str]],
-              threshold: float) -> tuple[list[list[str]], dict[frozenset, float]]:
+    def merge(
+        self, anchor: str, groups: list[list[str]], threshold: float
+    ) -> tuple[list[list[str]], dict[frozenset, float]]:
         """Merge the groups (lists of families; the first is the group's corner) whose corners' error
         correlation is at least ``threshold``, most correlated first, each family joining at most one
         merge at a time (the corner of a merged group is its first family). Returns ``(groups,

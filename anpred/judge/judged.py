@@ -37,8 +37,14 @@ class BackendInfo:
     program: str = ""
 
     @classmethod
-    def make(cls, name: str, family: str | None = None, precision: str | None = None,
-             config: OracleConfig | None = None, requested: str | None = None) -> "BackendInfo":
+    def make(
+        cls,
+        name: str,
+        family: str | None = None,
+        precision: str | None = None,
+        config: OracleConfig | None = None,
+        requested: str | None = None,
+    ) -> "BackendInfo":
         """Args: ``precision``: the effective precision from the run record (``None``: unknown, the
         requested one is assumed); ``requested``: the nominal precision from the run record."""
         cfg = config or OracleConfig()
@@ -52,9 +58,13 @@ class BackendInfo:
             prec = "fp32"
         if asked not in cfg.floor:
             asked = "fp32"
-        return cls(name=name, family=fam, precision=prec,
-                   votes=(reduced is None and asked == "fp32" and prec == "fp32"),
-                   requested=asked)
+        return cls(
+            name=name,
+            family=fam,
+            precision=prec,
+            votes=(reduced is None and asked == "fp32" and prec == "fp32"),
+            requested=asked,
+        )
 
 
 @dataclass

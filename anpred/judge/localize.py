@@ -49,8 +49,14 @@ class Localizer:
         part_of: part name -> its output anchor's name (for every part, judged or not).
     """
 
-    def __init__(self, anchors: list[AnchorInfo], backends: dict[str, BackendInfo], config: OracleConfig,
-                 descendants: dict[str, set[str]] | None, part_of: dict[str, str]):
+    def __init__(
+        self,
+        anchors: list[AnchorInfo],
+        backends: dict[str, BackendInfo],
+        config: OracleConfig,
+        descendants: dict[str, set[str]] | None,
+        part_of: dict[str, str],
+    ):
         self.anchors = list(anchors)
         self.backends = backends
         self.cfg = config
@@ -62,11 +68,11 @@ class Localizer:
         ``p`` when ``q`` is downstream of ``p`` with no judged anchor between them on the data flow;
         without the data flow, the next anchor in manifest order."""
         if self.descendants is None:
-            return {p: names[i + 1:i + 2] for i, p in enumerate(names)}
+            return {p: names[i + 1 : i + 2] for i, p in enumerate(names)}
         out = {}
         for i, p in enumerate(names):
             down = self.down(p)
-            later = [q for q in names[i + 1:] if q in down]
+            later = [q for q in names[i + 1 :] if q in down]
             out[p] = [q for q in later if not any(q in self.down(r) for r in later if r != q)]
         return out
 
@@ -107,9 +113,11 @@ class Localizer:
                     continue
                 ratio = c.primary / c.peer_level if c.peer_level else math.inf
                 c.flagged = True
-                c.reason = (f"sustained departure: > {self.cfg.origin_k:g} x peers' median at {end[n] + start[n] - 1} "
-                            f"anchors in a row along the data flow ({self.cfg.primary} {c.primary:.3g} = {ratio:.3g} x "
-                            f"peers' median {c.peer_level:.3g} here; floor {c.floor:.3g})")
+                c.reason = (
+                    f"sustained departure: > {self.cfg.origin_k:g} x peers' median at {end[n] + start[n] - 1} "
+                    f"anchors in a row along the data flow ({self.cfg.primary} {c.primary:.3g} = {ratio:.3g} x "
+                    f"peers' median {c.peer_level:.3g} here; floor {c.floor:.3g})"
+                )
 
     def departs(self, c: Cell) -> bool:
         """``c``'s backend departs from its peers at that anchor (localization rule, module docstring).
@@ -124,8 +132,9 @@ class Localizer:
             return False  # a part: the deviation must also reach its range (the part range rule)
         return c.primary > self.cfg.origin_k * c.peer_level and c.primary > self.cfg.origin_floor_fraction * c.floor
 
-    def trace_origin(self, profile: list[tuple[AnchorInfo, Cell]],
-                     first: tuple[AnchorInfo, Cell]) -> tuple[AnchorInfo, Cell]:
+    def trace_origin(
+        self, profile: list[tuple[AnchorInfo, Cell]], first: tuple[AnchorInfo, Cell]
+    ) -> tuple[AnchorInfo, Cell]:
         """The origin of a flagged backend: the earliest judged anchor ``o`` (topological order) that is
         ``first`` or an ancestor of it, such that the backend departs from its peers (:meth:`departs`)
         at ``o`` and at every judged anchor that lies downstream of ``o`` and upstream of ``first``.
@@ -143,9 +152,9 @@ class Localizer:
             a, c = up[i]
             if self.descendants is not None:
                 # only anchors on a path a -> first must depart; those checked already did
-                between = [(b, d) for b, d in up[i + 1:] if b.name in self.down(a.name)]
+                between = [(b, d) for b, d in up[i + 1 :] if b.name in self.down(a.name)]
             else:
-                between = up[i + 1:]
+                between = up[i + 1 :]
             if self.departs(c) and all(self.departs(d) for _, d in between):
                 origin = (a, c)
             elif not self.departs(c) and self.descendants is None:
@@ -163,9 +172,11 @@ class Localizer:
             v.origin_anchor, v.origin_stage = o_a.name, o_a.stage
             if o_a.name != v.first_flagged_anchor:
                 ratio = o_c.primary / o_c.peer_level if o_c.peer_level else math.inf
-                v.origin_traced = (f"traced back from {v.first_flagged_anchor}: departs from its peers from "
-                                   f"{o_a.name} on ({self.cfg.primary} {o_c.primary:.3g} = {ratio:.3g} x peers' "
-                                   f"median, below the flagging threshold {o_c.threshold:.3g})")
+                v.origin_traced = (
+                    f"traced back from {v.first_flagged_anchor}: departs from its peers from "
+                    f"{o_a.name} on ({self.cfg.primary} {o_c.primary:.3g} = {ratio:.3g} x peers' "
+                    f"median, below the flagging threshold {o_c.threshold:.3g})"
+                )
         # propagation between consecutive anchors of the profile: for a flagged backend with the data
         # flow known, the origin and its judged descendants (topological order); else all judged anchors
         # Parts of outputs are left out of the path unless the origin is one (a part -> output step is
@@ -177,8 +188,9 @@ class Localizer:
                 part_pairs.setdefault(a.part_of, []).append((a, c))
 
         def out_flagged(a: AnchorInfo, c: Cell, reach: set[str] | None) -> bool:
-            return c.flagged or any(pc.flagged for pa, pc in part_pairs.get(a.name, [])
-                                    if reach is None or pa.name in reach)
+            return c.flagged or any(
+                pc.flagged for pa, pc in part_pairs.get(a.name, []) if reach is None or pa.name in reach
+            )
 
         path = [(a, c) for a, c in profile if not a.part_of or a.name == v.origin_anchor]
         reach = None
@@ -251,8 +263,9 @@ def anchor_descendants(model, values: dict[str, str], index=None) -> dict[str, s
     for i, n in enumerate(names):
         val = values[n]
         if val not in idx.producer and val not in idx.graph_inputs and val not in idx.initializers:
-            raise GraphError(f"anchor {n!r}: value {val!r} is not in the model's graph (does the model match "
-                             "the manifest?)")
+            raise GraphError(
+                f"anchor {n!r}: value {val!r} is not in the model's graph (does the model match the manifest?)"
+            )
         bit_of[val] = bit_of.get(val, 0) | (1 << i)
     anc: dict[str, int] = {v: b for v, b in bit_of.items() if v in idx.graph_inputs or v in idx.initializers}
     for pos in range(len(idx.nodes)):
@@ -312,8 +325,10 @@ def run_dataflow(store, split_outputs: bool) -> DataFlow:
         cands.append(Path(mp))
     path = next((p for p in cands if p.is_file()), None)
     if path is None:
-        return DataFlow(note="propagation: no model.onnx in the run folder (nor at the model's recorded path): "
-                             "the data flow is unknown")
+        return DataFlow(
+            note="propagation: no model.onnx in the run folder (nor at the model's recorded path): "
+            "the data flow is unknown"
+        )
     values = {a.name: a.value for a in manifest.anchors}
     try:
         model = load_model(path, load_external=False)

@@ -16,13 +16,16 @@ def basis_notes(o, verdicts, consensus: dict[str, list[str]]) -> list[str]:
     """Notes on what the verdicts rest on: the manifest order (data flow unknown), a reference."""
     notes = []
     if o.descendants is None and any(v.flagged for v in verdicts.values()):
-        notes.append("propagation follows the manifest order (the run's data flow is unknown): parallel "
-                     "branches interleave there, so ratios and non-monotonic marks may mix branches")
+        notes.append(
+            "propagation follows the manifest order (the run's data flow is unknown): parallel "
+            "branches interleave there, so ratios and non-monotonic marks may mix branches"
+        )
     ref_modes = sorted({m for ms in consensus.values() for m in ms if m.startswith("reference:")})
     if ref_modes:
-        notes.append("fewer than %d voting families at some anchors: consensus = %s (the reference is not judged "
-                     "there; verdicts rest on the noise floor and fewer peers)"
-                     % (o.cfg.min_voters, ", ".join(ref_modes)))
+        notes.append(
+            "fewer than %d voting families at some anchors: consensus = %s (the reference is not judged "
+            "there; verdicts rest on the noise floor and fewer peers)" % (o.cfg.min_voters, ", ".join(ref_modes))
+        )
     return notes
 
 
@@ -49,16 +52,26 @@ def correlated_notes(o, correlated: list[dict[str, Any]]) -> list[str]:
         tol = "bit-identical" if cfg.correlated_nrmse <= 0 else f"within nRMSE {cfg.correlated_nrmse:g}"
         if c.get("rho"):
             r = list(c["rho"].values())
-            how = ("errors against the float64 execution correlated" if c.get("basis") == "float64"
-                   else "three-cornered hat")
-            tol = (f"error-correlated ({how}, rho {min(r):.2f}-{max(r):.2f} >= correlated_rho "
-                   f"{cfg.correlated_rho:g}) or bit-identical")
-        differ = f"; judged apart at {', '.join(c['differ'][:4])}{' ...' if len(c['differ']) > 4 else ''}" \
-            if c["differ"] else ""
-        notes.append(f"correlated backends: {' and '.join(c['backends'])} (families {', '.join(c['families'])}) "
-                     f"gave {tol} tensors at {len(c['anchors'])} of {n_all} anchors (in {min(c['anchors'].values())}"
-                     f"-{max(c['anchors'].values())} of {o.samples} samples each): counted as one consensus vote "
-                     f"there (shared kernels){differ}")
+            how = (
+                "errors against the float64 execution correlated"
+                if c.get("basis") == "float64"
+                else "three-cornered hat"
+            )
+            tol = (
+                f"error-correlated ({how}, rho {min(r):.2f}-{max(r):.2f} >= correlated_rho "
+                f"{cfg.correlated_rho:g}) or bit-identical"
+            )
+        differ = (
+            f"; judged apart at {', '.join(c['differ'][:4])}{' ...' if len(c['differ']) > 4 else ''}"
+            if c["differ"]
+            else ""
+        )
+        notes.append(
+            f"correlated backends: {' and '.join(c['backends'])} (families {', '.join(c['families'])}) "
+            f"gave {tol} tensors at {len(c['anchors'])} of {n_all} anchors (in {min(c['anchors'].values())}"
+            f"-{max(c['anchors'].values())} of {o.samples} samples each): counted as one consensus vote "
+            f"there (shared kernels){differ}"
+        )
     return notes
 
 
@@ -71,13 +84,22 @@ def correlated(o) -> list[dict[str, Any]]:
     for g, anchors in groups.items():
         fams = sorted(g)
         members = [b for b, i in o.backends.items() if i.votes and i.family in g]
-        differ = [a.name for a in o.anchors if a.name not in anchors and
-                  sum(1 for b in members if (a.name, b) in o.acc) >= 2]
+        differ = [
+            a.name for a in o.anchors if a.name not in anchors and sum(1 for b in members if (a.name, b) in o.acc) >= 2
+        ]
         rho = {a: r for a in anchors if (r := o.families.rho_merged[a].get(g)) is not None}
         by_truth = any((a, g) in o.families.truth_merged for a in anchors)
-        out.append({"families": fams, "backends": members, "anchors": anchors, "differ": differ,
-                    "kind": "error-correlated" if rho else "bit-identical", "rho": rho,
-                    "basis": "float64" if by_truth else ("three-cornered hat" if rho else "identical")})
+        out.append(
+            {
+                "families": fams,
+                "backends": members,
+                "anchors": anchors,
+                "differ": differ,
+                "kind": "error-correlated" if rho else "bit-identical",
+                "rho": rho,
+                "basis": "float64" if by_truth else ("three-cornered hat" if rho else "identical"),
+            }
+        )
     return out
 
 
@@ -88,13 +110,12 @@ def merged_pairs(correlated_groups: list[dict[str, Any]]) -> dict[str, int]:
     for c in correlated_groups:
         fams = sorted(c["families"])
         for i, a in enumerate(fams):
-            for b in fams[i + 1:]:
+            for b in fams[i + 1 :]:
                 out[f"{a}|{b}"] = max(out.get(f"{a}|{b}", 0), len(c["anchors"]))
     return out
 
 
-def independence_line(independence: dict[str, Any], correlated_groups: list[dict[str, Any]],
-                      threshold: float) -> str:
+def independence_line(independence: dict[str, Any], correlated_groups: list[dict[str, Any]], threshold: float) -> str:
     """One line on the voting families' error correlation (``independence``: the oracle's
     :meth:`anpred.judge.independence.PairDistances.summary`; ``correlated_groups``: :func:`correlated`):
     the pairs the oracle merged into one vote and at how many anchors, then the pairs at or above
@@ -117,6 +138,9 @@ def independence_line(independence: dict[str, Any], correlated_groups: list[dict
     items += [pair(p, v) + ", not merged" for p, v in top if v["rho_median"] >= threshold and p not in merged]
     if not items:
         items = [f"no pair at or above it; highest {pair(*top[0])}"]
-    return (f"independence (error correlation of the voting families, three-cornered hat; a pair at rho >= "
-            f"{threshold:g} is a candidate to merge into one vote): " + "; ".join(items)
-            + f" (rho: median over the anchors where a pair was measured apart; {len(pairs)} pairs measured)")
+    return (
+        f"independence (error correlation of the voting families, three-cornered hat; a pair at rho >= "
+        f"{threshold:g} is a candidate to merge into one vote): "
+        + "; ".join(items)
+        + f" (rho: median over the anchors where a pair was measured apart; {len(pairs)} pairs measured)"
+    )

@@ -82,7 +82,7 @@ class OutputPart:
 
 def _label(index: tuple[tuple[int, int] | None, ...]) -> str:
     last = max((i for i, ix in enumerate(index) if ix is not None), default=-1)
-    return "[" + ", ".join(":" if ix is None else f"{ix[0]}:{ix[1]}" for ix in index[:last + 1]) + "]"
+    return "[" + ", ".join(":" if ix is None else f"{ix[0]}:{ix[1]}" for ix in index[: last + 1]) + "]"
 
 
 def _dims(shape) -> tuple[int | None, ...]:
@@ -177,8 +177,13 @@ def _split(idx, shapes: dict, value: str, axis_map, depth: int, nested: bool) ->
     return parts
 
 
-def output_parts(model, outputs: dict[str, str], skip_values: set[str] | frozenset = frozenset(),
-                 max_parts: int = MAX_PARTS, index=None) -> dict[str, list[OutputPart]]:
+def output_parts(
+    model,
+    outputs: dict[str, str],
+    skip_values: set[str] | frozenset = frozenset(),
+    max_parts: int = MAX_PARTS,
+    index=None,
+) -> dict[str, list[OutputPart]]:
     """The parts of each concatenated output (module docstring).
 
     Args:
@@ -199,8 +204,10 @@ def output_parts(model, outputs: dict[str, str], skip_values: set[str] | frozens
     except Exception:  # noqa: BLE001 - a graph that cannot be indexed has no parts (check reports it elsewhere)
         return {}
 
-    if not any((n := _node_of(idx, v)) is not None and (n.op_type == "Concat" or n.op_type in _PASS_OPS)
-               for v in outputs.values()):
+    if not any(
+        (n := _node_of(idx, v)) is not None and (n.op_type == "Concat" or n.op_type in _PASS_OPS)
+        for v in outputs.values()
+    ):
         return {}  # no output assembled by a Concat: skip shape inference (seconds on large graphs)
     shapes = _shapes(model)
 
@@ -248,9 +255,9 @@ def _reshape_map(s_in: tuple[int, ...], s_out: tuple[int, ...], axis_map):
     def m(a):
         if a is None:
             return None
-        if None not in s_in[:a + 1] and tuple(s_in[:a + 1]) == tuple(s_out[:a + 1]):
+        if None not in s_in[: a + 1] and tuple(s_in[: a + 1]) == tuple(s_out[: a + 1]):
             return axis_map(a)  # the axes up to ``a`` kept, later ones merged or split ([1,C,H,W] -> [1,C,HW])
-        if a + shift < 0 or tuple(s_in[a:]) != tuple(s_out[a + shift:]) or None in s_in[a:]:
+        if a + shift < 0 or tuple(s_in[a:]) != tuple(s_out[a + shift :]) or None in s_in[a:]:
             return None
         return axis_map(a + shift)
 

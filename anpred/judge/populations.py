@@ -41,8 +41,15 @@ from anpred.judge.consensus import Oracle
 from anpred.judge.scales import floor_basis_of
 from anpred.judge.struct import AnchorInfo, BackendInfo, OracleResult
 
-__all__ = ["PopulationOracle", "cost_warnings", "expected_scales", "populations_of", "precision_costs", "program_of",
-           "scheme_notes"]
+__all__ = [
+    "PopulationOracle",
+    "cost_warnings",
+    "expected_scales",
+    "populations_of",
+    "precision_costs",
+    "program_of",
+    "scheme_notes",
+]
 
 #: run-record entries (``versions()``) holding the sha256 of the reduced program a member ran:
 #: ``<kind>_model_sha256`` (the shared ONNX models of :mod:`anpred.backends.lowp_models`: ``int8_model``,
@@ -75,8 +82,10 @@ def populations_of(backends: list[BackendInfo]) -> dict[str, list[BackendInfo]]:
     count: dict[str, int] = {}
     for p, _ in groups:
         count[p] = count.get(p, 0) + 1
-    return {(p if count[p] == 1 else f"{p} ({prog or 'program not recorded'})"): members
-            for (p, prog), members in groups.items()}
+    return {
+        (p if count[p] == 1 else f"{p} ({prog or 'program not recorded'})"): members
+        for (p, prog), members in groups.items()
+    }
 
 
 def scheme_notes(groups: dict[str, list[BackendInfo]]) -> list[str]:
@@ -85,9 +94,12 @@ def scheme_notes(groups: dict[str, list[BackendInfo]]) -> list[str]:
     per: dict[str, list[str]] = {}
     for key, members in groups.items():
         per.setdefault(members[0].precision, []).append(f"{key}: {', '.join(m.name for m in members)}")
-    return [f"{p}: the run holds {len(keys)} different {p} programs (different quantization or conversion "
-            f"schemes), judged as separate populations, never one against the other: {'; '.join(keys)}"
-            for p, keys in per.items() if len(keys) > 1]
+    return [
+        f"{p}: the run holds {len(keys)} different {p} programs (different quantization or conversion "
+        f"schemes), judged as separate populations, never one against the other: {'; '.join(keys)}"
+        for p, keys in per.items()
+        if len(keys) > 1
+    ]
 
 
 class PopulationOracle:
@@ -98,12 +110,20 @@ class PopulationOracle:
         steps: anchor -> int8 quantization step of the QDQ model (the int8 backends' ``quant_steps``).
     """
 
-    def __init__(self, anchors: list[AnchorInfo], backends: list[BackendInfo], config: OracleConfig | None = None,
-                 reference: str | None = None, seed: int = 0, descendants: dict[str, set[str]] | None = None,
-                 steps: dict[str, float] | None = None):
+    def __init__(
+        self,
+        anchors: list[AnchorInfo],
+        backends: list[BackendInfo],
+        config: OracleConfig | None = None,
+        reference: str | None = None,
+        seed: int = 0,
+        descendants: dict[str, set[str]] | None = None,
+        steps: dict[str, float] | None = None,
+    ):
         self.cfg = config or OracleConfig()
-        self.main = Oracle(anchors, backends, self.cfg, reference=reference, seed=seed, descendants=descendants,
-                           steps=steps)
+        self.main = Oracle(
+            anchors, backends, self.cfg, reference=reference, seed=seed, descendants=descendants, steps=steps
+        )
         self.groups = populations_of(backends)
         self.pops: dict[str, Oracle] = {}
         # the sustained-departure rule is the fp32 voters' (their peers differ by float rounding only):
@@ -115,22 +135,37 @@ class PopulationOracle:
         for p, members in self.groups.items():
             if len(members) >= 2:
                 infos = [dataclasses.replace(b, votes=True) for b in members]
-                self.pops[p] = Oracle(anchors, infos, pop_cfg, seed=seed, descendants=descendants,
-                                      population=members[0].precision, steps=steps)
+                self.pops[p] = Oracle(
+                    anchors,
+                    infos,
+                    pop_cfg,
+                    seed=seed,
+                    descendants=descendants,
+                    population=members[0].precision,
+                    steps=steps,
+                )
 
     @property
     def samples(self) -> int:
         return self.main.samples
 
-    def add(self, tensors: dict[str, dict[str, np.ndarray]], unaligned: dict[tuple[str, str], str] | None = None,
-            sample_id: str | None = None, absent: dict[str, str] | None = None) -> None:
+    def add(
+        self,
+        tensors: dict[str, dict[str, np.ndarray]],
+        unaligned: dict[tuple[str, str], str] | None = None,
+        sample_id: str | None = None,
+        absent: dict[str, str] | None = None,
+    ) -> None:
         """Judge one sample (arguments: :meth:`Oracle.add`) in the fp32 oracle and in each population."""
         self.main.add(tensors, unaligned, sample_id=sample_id, absent=absent)
         for oracle in self.pops.values():
             names = set(oracle.backends)
-            oracle.add({a: {b: t for b, t in per.items() if b in names} for a, per in tensors.items()},
-                       {k: v for k, v in (unaligned or {}).items() if tuple(k)[1] in names},
-                       sample_id=sample_id, absent={b: r for b, r in (absent or {}).items() if b in names})
+            oracle.add(
+                {a: {b: t for b, t in per.items() if b in names} for a, per in tensors.items()},
+                {k: v for k, v in (unaligned or {}).items() if tuple(k)[1] in names},
+                sample_id=sample_id,
+                absent={b: r for b, r in (absent or {}).items() if b in names},
+            )
 
     def finish(self) -> OracleResult:
         """The fp32 oracle's result with each population's implementation verdicts nested in the
@@ -139,9 +174,11 @@ class PopulationOracle:
         for p, members in self.groups.items():
             if p not in self.pops:
                 what = members[0].precision if p == members[0].precision else f"this {members[0].precision} program"
-                res.notes.append(f"{p}: only {members[0].name} computed in {what}: no population to compare its "
-                                 f"implementation with; its verdict against the fp32 consensus uses the constant "
-                                 f"{members[0].precision} floor (docs/oracle.md)")
+                res.notes.append(
+                    f"{p}: only {members[0].name} computed in {what}: no population to compare its "
+                    f"implementation with; its verdict against the fp32 consensus uses the constant "
+                    f"{members[0].precision} floor (docs/oracle.md)"
+                )
         res.notes.extend(scheme_notes(self.groups))
         for p, oracle in self.pops.items():
             oracle.costs = precision_costs(res, [m.name for m in self.groups[p]])
@@ -153,8 +190,13 @@ class PopulationOracle:
                 if b in res.verdicts:
                     res.verdicts[b].implementation = v
                     res.verdicts[b].population = names
-            info: dict[str, Any] = {"members": names, "consensus": r.consensus, "notes": r.notes,
-                                    "correlated": r.correlated, "unjudged_anchors": r.unjudged_anchors}
+            info: dict[str, Any] = {
+                "members": names,
+                "consensus": r.consensus,
+                "notes": r.notes,
+                "correlated": r.correlated,
+                "unjudged_anchors": r.unjudged_anchors,
+            }
             res.populations[p] = info
             res.population_cells[p] = r.cells
         res.scales = expected_scales(self.main, res)
@@ -189,10 +231,12 @@ def cost_warnings(res: OracleResult, cfg: OracleConfig) -> list[str]:
             continue
         r, c = best
         v.cost_ratio = {"anchor": c.anchor, "ratio": r, "nrmse": c.primary, "peers": c.peer_level}
-        text = (f"{b}: loses {r:.2g}x what the other {v.precision} implementations lose against the fp32 consensus "
-                f"at {c.anchor} (nRMSE {c.primary:.3g} against their median {c.peer_level:.3g}; >= cost_factor "
-                f"{cfg.cost_factor:g}): a less accurate implementation of the same {v.precision} model, not flagged "
-                f"(under {cfg.k_for(v.precision):g} x)")
+        text = (
+            f"{b}: loses {r:.2g}x what the other {v.precision} implementations lose against the fp32 consensus "
+            f"at {c.anchor} (nRMSE {c.primary:.3g} against their median {c.peer_level:.3g}; >= cost_factor "
+            f"{cfg.cost_factor:g}): a less accurate implementation of the same {v.precision} model, not flagged "
+            f"(under {cfg.k_for(v.precision):g} x)"
+        )
         v.warnings.append(text)
         out.append(text)
     return out
@@ -223,15 +267,19 @@ def expected_scales(main: Oracle, res: OracleResult) -> dict[str, dict[str, dict
         per: dict[str, dict[str, Any]] = {}
         e64 = {b: v for (an, b), v in main.fp64_error.items() if an == a.name}
         if e64:
-            per["fp32"] = {"expected": float(np.median(list(e64.values()))),
-                           "basis": f"median of {', '.join(sorted(e64))} against the float64 execution"}
+            per["fp32"] = {
+                "expected": float(np.median(list(e64.values()))),
+                "basis": f"median of {', '.join(sorted(e64))} against the float64 execution",
+            }
         for p, members in groups.items():
             vals = [by[(a.name, m.name)].primary for m in members if (a.name, m.name) in by]
             vals = [v for v in vals if v == v]
             if vals:
-                per[p] = {"expected": float(np.median(vals)),
-                          "basis": f"median of {', '.join(m.name for m in members if (a.name, m.name) in by)} "
-                                   "against the fp32 consensus"}
+                per[p] = {
+                    "expected": float(np.median(vals)),
+                    "basis": f"median of {', '.join(m.name for m in members if (a.name, m.name) in by)} "
+                    "against the fp32 consensus",
+                }
         if per:
             out[a.name] = per
     return out

@@ -72,13 +72,18 @@ class PositionSampler:
     def __getstate__(self):
         # the positions are drawn again from their seeds after unpickling (a checkpoint stays small:
         # 0.5 MB per anchor otherwise); only which (anchor, size) pairs were sampled is kept
-        return {"k": self.k, "sampled": self.sampled, "_pos": {key: None for key in self._pos}, "_seen": {
-            key for key, pos in self._pos.items() if pos is not None}}
+        return {
+            "k": self.k,
+            "sampled": self.sampled,
+            "_pos": {key: None for key in self._pos},
+            "_seen": {key for key, pos in self._pos.items() if pos is not None},
+        }
 
     def __setstate__(self, st):
         self.k, self.sampled = st["k"], st["sampled"]
-        self._pos = {key: sample_positions(key[0], key[1], self.k) if key in st["_seen"] else None
-                     for key in st["_pos"]}
+        self._pos = {
+            key: sample_positions(key[0], key[1], self.k) if key in st["_seen"] else None for key in st["_pos"]
+        }
 
     def positions(self, anchor: str, size: int) -> np.ndarray | None:
         """The positions of ``anchor`` at ``size`` elements (None: judged in full)."""

@@ -29,8 +29,18 @@ from anpred.judge.parts import OutputPart, add_part_views
 from anpred.judge.struct import AnchorInfo, BackendInfo, CheckReport
 from anpred.judge.threshold import ThresholdCheck
 
-__all__ = ["Judged", "Judging", "SampleJudge", "aligned_sample", "run_aligner", "judge_samples", "judged_anchors",
-           "quant_steps", "read_tensors", "tensor_file"]
+__all__ = [
+    "Judged",
+    "Judging",
+    "SampleJudge",
+    "aligned_sample",
+    "run_aligner",
+    "judge_samples",
+    "judged_anchors",
+    "quant_steps",
+    "read_tensors",
+    "tensor_file",
+]
 
 
 @dataclass
@@ -98,17 +108,33 @@ class SampleJudge:
         if flow.note:
             report.notes.append(flow.note)
         self.flow = flow
-        binfos = [BackendInfo.make(b, report.backends[b]["family"], report.backends[b]["precision"], cfg,
-                                   requested=report.backends[b].get("precision_requested") or None)
-                  for b in run.usable]
+        binfos = [
+            BackendInfo.make(
+                b,
+                report.backends[b]["family"],
+                report.backends[b]["precision"],
+                cfg,
+                requested=report.backends[b].get("precision_requested") or None,
+            )
+            for b in run.usable
+        ]
         for bi in binfos:  # known defects of its library that the model reaches (anpred.backends.reference_defects)
             bi.defects = (report.backends[bi.name].get("versions") or {}).get("reference_defects", "")
             # the reduced program it ran: one population per program (anpred.judge.populations)
             bi.program = program_of(report.backends[bi.name].get("versions"))
         self.binfos = binfos
-        self.oracle = PopulationOracle(judged_anchors(store.manifest, flow.parts), binfos, cfg, reference=run.reference,
-                                       descendants=flow.descendants, steps=self._steps(store, binfos)) \
-            if consensus else None
+        self.oracle = (
+            PopulationOracle(
+                judged_anchors(store.manifest, flow.parts),
+                binfos,
+                cfg,
+                reference=run.reference,
+                descendants=flow.descendants,
+                steps=self._steps(store, binfos),
+            )
+            if consensus
+            else None
+        )
         if self.oracle is not None:  # each population's natural units: the steps of the program its members ran
             for key, members in self.oracle.groups.items():
                 steps = quant_steps(store, [m.name for m in members], report.notes)
@@ -145,8 +171,9 @@ class SampleJudge:
             JudgeError: a stored tensor file is unreadable.
         """
         for sid in store.sample_ids:
-            tensors, unaligned, absent = aligned_sample(store, self.aligner, self.run.usable, sid, self.names,
-                                                         self.flow.parts)
+            tensors, unaligned, absent = aligned_sample(
+                store, self.aligner, self.run.usable, sid, self.names, self.flow.parts
+            )
             if self.sampler is not None:
                 self.sampler.apply(tensors)
             rid = (ids or {}).get(sid, sid)
@@ -159,8 +186,9 @@ class SampleJudge:
                 each(rid, tensors)
 
     def judged(self) -> Judged:
-        return Judged(oracle=self.oracle, threshold=self.threshold, parts=self.flow.parts,
-                      alignment=self.aligner.report())
+        return Judged(
+            oracle=self.oracle, threshold=self.threshold, parts=self.flow.parts, alignment=self.aligner.report()
+        )
 
 
 def quant_steps(store, usable: list[str], notes: list[str]) -> dict[str, float]:
@@ -178,8 +206,10 @@ def quant_steps(store, usable: list[str], notes: list[str]) -> dict[str, float]:
                 differ.add(a)
             steps.setdefault(a, float(v))
     if differ:
-        notes.append(f"int8 quantization steps differ between backends at {len(differ)} anchor(s) "
-                     f"(e.g. {sorted(differ)[0]}): the first backend's step is used for the natural units")
+        notes.append(
+            f"int8 quantization steps differ between backends at {len(differ)} anchor(s) "
+            f"(e.g. {sorted(differ)[0]}): the first backend's step is used for the natural units"
+        )
     return steps
 
 
@@ -191,8 +221,9 @@ def judged_anchors(manifest, parts: list[OutputPart]) -> list[AnchorInfo]:
         parts_of.setdefault(p.output, []).append(p)
     anchors = []
     for a in manifest.anchors:
-        anchors.extend(AnchorInfo(p.name, a.stage, "part", "Concat", a.dtype, part_of=a.name)
-                       for p in parts_of.get(a.name, []))
+        anchors.extend(
+            AnchorInfo(p.name, a.stage, "part", "Concat", a.dtype, part_of=a.name) for p in parts_of.get(a.name, [])
+        )
         anchors.append(AnchorInfo(a.name, a.stage, a.kind, a.op_type, a.dtype))
     return anchors
 
@@ -201,12 +232,18 @@ def _threshold_check(run: Judging, binfos: list[BackendInfo]) -> ThresholdCheck:
     """The baseline on the output anchors (else the last stage's) against the reference (asked for,
     else the first usable in ``reference_priority``, else the first voter); a note says so."""
     manifest, usable, cfg = run.store.manifest, run.usable, run.config
-    outputs = [a.name for a in manifest.anchors if a.kind == "output"] or \
-        [a.name for a in manifest.anchors if a.stage == max(x.stage for x in manifest.anchors)]
-    ref = run.reference or next((b for b in cfg.reference_priority if b in usable), None) or \
-        next((b.name for b in binfos if b.votes), usable[0])
-    run.report.notes.append(f"threshold baseline: element-wise |x-r| <= atol={run.atol:g} or |x-r|/|r| <= "
-                            f"rtol={run.rtol:g} on {len(outputs)} output anchor(s) against {ref}")
+    outputs = [a.name for a in manifest.anchors if a.kind == "output"] or [
+        a.name for a in manifest.anchors if a.stage == max(x.stage for x in manifest.anchors)
+    ]
+    ref = (
+        run.reference
+        or next((b for b in cfg.reference_priority if b in usable), None)
+        or next((b.name for b in binfos if b.votes), usable[0])
+    )
+    run.report.notes.append(
+        f"threshold baseline: element-wise |x-r| <= atol={run.atol:g} or |x-r|/|r| <= "
+        f"rtol={run.rtol:g} on {len(outputs)} output anchor(s) against {ref}"
+    )
     return ThresholdCheck(outputs, usable, ref, run.atol, run.rtol)
 
 
@@ -229,16 +266,17 @@ def aligned_sample(store, aligner, usable: list[str], sid: str, names: set[str],
     raw, absent, pre = {}, {}, {}
     for b in usable:
         t = read_tensors(store, b, sid)
-        if not t and (store.meta["backends"].get(b, {}).get("status") != "ok"
-                      or not tensor_file(store, b, sid).exists()):
+        if not t and (
+            store.meta["backends"].get(b, {}).get("status") != "ok" or not tensor_file(store, b, sid).exists()
+        ):
             absent[b] = "no tensors stored for this sample"
             continue
         # (a backend that ran every sample and stored an empty file for this one returned no value: its
         # outputs are missing where the voting families agree, anpred.judge.deviations)
         raw[b] = {k: v for k, v in t.items() if k in names}
         for k, v in t.items():  # stored by the worker as the anchor's sampled positions (anpred.run.positions)
-            if k.endswith(GATHERED_SUFFIX) and k[:-len(GATHERED_SUFFIX)] in names:
-                pre[(k[:-len(GATHERED_SUFFIX)], b)] = v
+            if k.endswith(GATHERED_SUFFIX) and k[: -len(GATHERED_SUFFIX)] in names:
+                pre[(k[: -len(GATHERED_SUFFIX)], b)] = v
     res = aligner.align(sid, raw)
     tensors = res.tensors
     unaligned = {(a, b): str(why) for a, per in res.unaligned.items() for b, why in per.items()}
@@ -269,5 +307,7 @@ def read_tensors(store, backend: str, sample_id: str) -> dict[str, np.ndarray]:
         return store.read_anchors(backend, sample_id)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, KeyError) as err:
         path = tensor_file(store, backend, sample_id)
-        raise JudgeError(f"{path}: unreadable tensor file ({type(err).__name__}: {err}); re-run backend "
-                         f"{backend!r} or delete the file to judge the run without that sample") from err
+        raise JudgeError(
+            f"{path}: unreadable tensor file ({type(err).__name__}: {err}); re-run backend "
+            f"{backend!r} or delete the file to judge the run without that sample"
+        ) from err

@@ -41,11 +41,22 @@ import numpy as np
 
 from anpred.defaults import OracleConfig
 
-__all__ = ["COARSENESS", "DTYPE_PRECISION", "UNIT_ROUNDOFF", "CellMeasures", "cell_precision", "floor_and_basis",
-           "floor_basis_of", "natural_units", "threshold_basis", "unit_nrmse", "voter_floor"]
+__all__ = [
+    "COARSENESS",
+    "DTYPE_PRECISION",
+    "UNIT_ROUNDOFF",
+    "CellMeasures",
+    "cell_precision",
+    "floor_and_basis",
+    "floor_basis_of",
+    "natural_units",
+    "threshold_basis",
+    "unit_nrmse",
+    "voter_floor",
+]
 
 #: unit roundoff u = 2**-p of each float precision (p = significand bits incl. the implicit one)
-UNIT_ROUNDOFF: dict[str, float] = {"fp64": 2.0 ** -53, "fp32": 2.0 ** -24, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+UNIT_ROUNDOFF: dict[str, float] = {"fp64": 2.0**-53, "fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
 #: element type name -> precision
 DTYPE_PRECISION: dict[str, str] = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 #: precisions from the finest to the coarsest
@@ -96,9 +107,17 @@ class CellMeasures:
     cost: float | None = None
 
 
-def floor_and_basis(cfg: OracleConfig, precision: str, stage: int, *, population: list[str] | None = None,
-                    measured: CellMeasures | None = None, fallback_why: str = "",
-                    implementation: bool = False, anchor_type: bool = False) -> tuple[float, str]:
+def floor_and_basis(
+    cfg: OracleConfig,
+    precision: str,
+    stage: int,
+    *,
+    population: list[str] | None = None,
+    measured: CellMeasures | None = None,
+    fallback_why: str = "",
+    implementation: bool = False,
+    anchor_type: bool = False,
+) -> tuple[float, str]:
     """``(floor, basis)`` of one cell (module docstring).
 
     Args:
@@ -124,24 +143,32 @@ def floor_and_basis(cfg: OracleConfig, precision: str, stage: int, *, population
     step, rms, cost = m.step, m.rms, m.cost
     if population is None:
         floor = cfg.floor_at(precision, stage)
-        return floor, (f"peers: {cfg.k_for(precision):g} x median of the other voting families; floor = constant: "
-                       f"the measured {precision} floor {cfg.floor.get(precision, cfg.floor['fp32']):g}"
-                       f" x sqrt(1 + {cfg.depth_growth.get(precision, 1.0):g} x stage) (docs/oracle.md)")
+        return floor, (
+            f"peers: {cfg.k_for(precision):g} x median of the other voting families; floor = constant: "
+            f"the measured {precision} floor {cfg.floor.get(precision, cfg.floor['fp32']):g}"
+            f" x sqrt(1 + {cfg.depth_growth.get(precision, 1.0):g} x stage) (docs/oracle.md)"
+        )
     unit = unit_nrmse(precision, step, rms)
     if anchor_type and unit is not None:
         k = cfg.k_for("fp32")
-        return k * unit, (f"peers: {k:g} x median of {', '.join(population) or '-'}; floor = {k:g} x the natural "
-                          f"unit of the anchor's element type ({precision}: one rounding u/sqrt(3) = {unit:.3g})")
+        return k * unit, (
+            f"peers: {k:g} x median of {', '.join(population) or '-'}; floor = {k:g} x the natural "
+            f"unit of the anchor's element type ({precision}: one rounding u/sqrt(3) = {unit:.3g})"
+        )
     if population:
         peers = ", ".join(population)
         k = _k_text(cfg, precision, implementation)
         if unit is not None:
-            what = (f"one int8 step {step:.3g} / sqrt(12) of RMS {rms:.3g}" if precision == "int8"
-                    else f"one {precision} rounding u/sqrt(3)")
+            what = (
+                f"one int8 step {step:.3g} / sqrt(12) of RMS {rms:.3g}"
+                if precision == "int8"
+                else f"one {precision} rounding u/sqrt(3)"
+            )
             if cost is not None and math.sqrt(2.0) * cost > unit:
                 return math.sqrt(2.0) * cost, (
                     f"population: {k} median of {peers}; floor = sqrt(2) x the {precision} cost here {cost:.3g} "
-                    f"(two independent realizations of its error; > natural unit: {what})")
+                    f"(two independent realizations of its error; > natural unit: {what})"
+                )
             return unit, f"population: {k} median of {peers}; floor = natural unit ({what})"
         floor = cfg.floor_at(precision, stage)
         if cost is not None and cost > 0:
@@ -149,28 +176,38 @@ def floor_and_basis(cfg: OracleConfig, precision: str, stage: int, *, population
             # fp32 implementations are among themselves (the measured fp32 floor)
             fp32 = cfg.floor_at("fp32", stage)
             if math.sqrt(2.0) * cost < fp32:
-                return fp32, (f"population: {k} median of {peers}; floor = the measured fp32 floor {fp32:.3g} at this "
-                              f"stage (> sqrt(2) x the {precision} cost here {cost:.3g}: no quantization step known "
-                              "at this anchor, its members compute it in float)")
-            return math.sqrt(2.0) * cost, (f"population: {k} median of {peers}; floor = sqrt(2) x the {precision} "
-                                           f"cost here {cost:.3g} (no quantization step known at this anchor)")
-        return floor, (f"population: {k} median of {peers}; floor = constant {precision} "
-                       f"floor (no quantization step known at this anchor)")
+                return fp32, (
+                    f"population: {k} median of {peers}; floor = the measured fp32 floor {fp32:.3g} at this "
+                    f"stage (> sqrt(2) x the {precision} cost here {cost:.3g}: no quantization step known "
+                    "at this anchor, its members compute it in float)"
+                )
+            return math.sqrt(2.0) * cost, (
+                f"population: {k} median of {peers}; floor = sqrt(2) x the {precision} "
+                f"cost here {cost:.3g} (no quantization step known at this anchor)"
+            )
+        return floor, (
+            f"population: {k} median of {peers}; floor = constant {precision} "
+            f"floor (no quantization step known at this anchor)"
+        )
     if implementation and cost is not None and cost > 0:
         return max(math.sqrt(2.0) * cost, unit or 0.0), (
             f"no peer judged here (the population's reference is the consensus); floor = sqrt(2) x the "
-            f"{precision} cost here {cost:.3g}")
+            f"{precision} cost here {cost:.3g}"
+        )
     floor = cfg.floor_at(precision, stage)
-    return floor, (f"constant fallback: the measured {precision} floor {cfg.floor.get(precision, cfg.floor['fp32']):g}"
-                   f" x sqrt(1 + stage) ({fallback_why or 'no other implementation of this precision judged here'})")
+    return floor, (
+        f"constant fallback: the measured {precision} floor {cfg.floor.get(precision, cfg.floor['fp32']):g}"
+        f" x sqrt(1 + stage) ({fallback_why or 'no other implementation of this precision judged here'})"
+    )
 
 
 #: separates the term that set a cell's threshold from the basis of its peers and floor (:func:`threshold_basis`)
 BASIS_SEP = "; "
 
 
-def threshold_basis(threshold: float, k: float, peer_level: float | None, floor: float,
-                    floor_basis: str) -> tuple[str, str]:
+def threshold_basis(
+    threshold: float, k: float, peer_level: float | None, floor: float, floor_basis: str
+) -> tuple[str, str]:
     """``(term, basis)`` of a cell whose threshold is ``max(k * peer_level, floor)``
     (:func:`anpred.judge.verdict.judge_cell`): ``term`` is ``"peers"`` or ``"floor"``, whichever set it,
     and ``basis`` says so with both values, then where the peers and the floor come from
@@ -178,11 +215,18 @@ def threshold_basis(threshold: float, k: float, peer_level: float | None, floor:
     2e-05); peers: 10 x median of the other voting families; floor = constant: ...``.
     All values are the cell's primary statistic (nRMSE by default, dimensionless)."""
     if peer_level is not None and k * peer_level > floor:
-        term, text = "peers", (f"threshold {threshold:.3g} = {k:g} x the peers' median {peer_level:.3g} "
-                               f"(above the floor {floor:.3g})")
+        term, text = (
+            "peers",
+            (f"threshold {threshold:.3g} = {k:g} x the peers' median {peer_level:.3g} (above the floor {floor:.3g})"),
+        )
     elif peer_level is not None:
-        term, text = "floor", (f"threshold {threshold:.3g} = the floor ({k:g} x the peers' median "
-                               f"{peer_level:.3g} = {k * peer_level:.3g} is not above it)")
+        term, text = (
+            "floor",
+            (
+                f"threshold {threshold:.3g} = the floor ({k:g} x the peers' median "
+                f"{peer_level:.3g} = {k * peer_level:.3g} is not above it)"
+            ),
+        )
     else:
         term, text = "floor", f"threshold {threshold:.3g} = the floor (no peer judged here)"
     return term, text + (BASIS_SEP + floor_basis if floor_basis else "")
@@ -208,8 +252,9 @@ def _k_text(cfg: OracleConfig, precision: str, implementation: bool) -> str:
     return f"{cfg.k_for(precision, population=implementation):g} x"
 
 
-def natural_units(precision: str, max_abs: float, rms_err: float, rms_c: float | None,
-                  step: float | None = None) -> dict[str, Any]:
+def natural_units(
+    precision: str, max_abs: float, rms_err: float, rms_c: float | None, step: float | None = None
+) -> dict[str, Any]:
     """The deviation in ``precision``'s natural unit, ``{"unit", "size", "max", "rms"}``: ``max_abs``
     and ``rms_err`` (tensor units) divided by ``size`` =
 

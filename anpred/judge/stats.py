@@ -52,16 +52,41 @@ import numpy as np
 
 from anpred.onnx_io import from_json_float, json_float
 
-__all__ = ["DTYPE_ALIASES", "Comparison", "ErrorStats", "Reference", "canonical_dtype", "error_stats", "same_array",
-           "from_json_float", "json_float", "ulp", "ulp_dtype"]
+__all__ = [
+    "DTYPE_ALIASES",
+    "Comparison",
+    "ErrorStats",
+    "Reference",
+    "canonical_dtype",
+    "error_stats",
+    "same_array",
+    "from_json_float",
+    "json_float",
+    "ulp",
+    "ulp_dtype",
+]
 
 # Accepted dtype spellings -> canonical name.
 DTYPE_ALIASES: dict[str, str] = {
-    "float32": "float32", "fp32": "float32", "f32": "float32",
-    "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float64": "float64", "fp64": "float64", "f64": "float64", "double": "float64",
-    "int8": "int8", "uint8": "uint8", "int16": "int16", "int32": "int32", "int64": "int64", "bool": "bool",
+    "float32": "float32",
+    "fp32": "float32",
+    "f32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "f16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float64": "float64",
+    "fp64": "float64",
+    "f64": "float64",
+    "double": "float64",
+    "int8": "int8",
+    "uint8": "uint8",
+    "int16": "int16",
+    "int32": "int32",
+    "int64": "int64",
+    "bool": "bool",
 }
 
 
@@ -120,8 +145,13 @@ class ErrorStats:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ErrorStats":
         names = {f.name for f in fields(cls)}
-        return cls(**{k: (from_json_float(v) if k not in ("n", "nan", "inf", "nan_ref", "inf_ref") else int(v))
-                       for k, v in d.items() if k in names})
+        return cls(
+            **{
+                k: (from_json_float(v) if k not in ("n", "nan", "inf", "nan_ref", "inf_ref") else int(v))
+                for k, v in d.items()
+                if k in names
+            }
+        )
 
 
 def ulp(values: np.ndarray, dtype: str = "float32") -> np.ndarray:
@@ -264,8 +294,9 @@ class Reference:
             self._ulp[dtype] = ulp(self.c, dtype)
         return self._ulp[dtype]
 
-    def compare(self, x: np.ndarray, dtype: str = "float32", distribution: bool = True,
-                ulp_quantile: float | None = 0.99) -> Comparison:
+    def compare(
+        self, x: np.ndarray, dtype: str = "float32", distribution: bool = True, ulp_quantile: float | None = 0.99
+    ) -> Comparison:
         """Compare ``x`` (same number of elements as the reference, any real dtype) with it.
         ``distribution=False`` skips the statistics that need a sort or a per-element ULP
         (``wasserstein``, ``max_ulp`` and ``ulp_q`` are then NaN): the precision populations' second
@@ -304,9 +335,20 @@ class Reference:
         if n == 0:
             nan = float("nan")
             empty = np.zeros(0)
-            return Comparison(ErrorStats(0, nan, nan, nan, nan, nan, nan, nan, nan, **counts),
-                              0.0, 0.0, 0.0, 0.0, nonfinite, empty, empty, empty, suppressed, mismatched,
-                              self.n_undecided)
+            return Comparison(
+                ErrorStats(0, nan, nan, nan, nan, nan, nan, nan, nan, **counts),
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+                nonfinite,
+                empty,
+                empty,
+                empty,
+                suppressed,
+                mismatched,
+                self.n_undecided,
+            )
         d = xo - co
         ad = np.abs(d)
         dd = _dot(d, d)
@@ -327,9 +369,20 @@ class Reference:
             max_ulp, ulp_q, ulp_median = self._ulp_errors(ad, co, cc, dt, shared, ulp_quantile)
         else:
             max_ulp = ulp_q = ulp_median = 0.0
-        st = ErrorStats(n=n, max_abs=max_abs, mean_abs=float(ad.mean()), mean_signed=float(d.mean()),
-                        nrmse=nrmse, snr_db=snr, cosine=cosine, wasserstein=w, max_ulp=max_ulp, ulp_q=ulp_q,
-                        ulp_median=ulp_median, **counts)
+        st = ErrorStats(
+            n=n,
+            max_abs=max_abs,
+            mean_abs=float(ad.mean()),
+            mean_signed=float(d.mean()),
+            nrmse=nrmse,
+            snr_db=snr,
+            cosine=cosine,
+            wasserstein=w,
+            max_ulp=max_ulp,
+            ulp_q=ulp_q,
+            ulp_median=ulp_median,
+            **counts,
+        )
         return Comparison(st, dd, cc, xx, xc, nonfinite, d, xo, co, suppressed, mismatched, self.n_undecided)
 
     def _wasserstein(self, xo: np.ndarray, co: np.ndarray, shared: bool) -> float:
@@ -345,8 +398,9 @@ class Reference:
             sc, sx = np.sort(co), _sorted(xo)
         return float(np.abs(sx - sc).mean()) / spread
 
-    def _ulp_errors(self, ad: np.ndarray, co: np.ndarray, cc: float, dt: str, shared: bool,
-                    ulp_quantile: float | None) -> tuple[float, float, float]:
+    def _ulp_errors(
+        self, ad: np.ndarray, co: np.ndarray, cc: float, dt: str, shared: bool, ulp_quantile: float | None
+    ) -> tuple[float, float, float]:
         """``(max_ulp, ulp_q, ulp_median)`` of the absolute errors ``ad`` in ULPs of ``dt`` at the consensus
         values ``co`` (``cc``: their sum of squares; ``shared``: on every position of the reference);
         ``ulp_q``/``ulp_median`` over the elements where ``|co|`` is at least the ULP of the consensus' RMS, NaN when
@@ -364,7 +418,7 @@ class Reference:
             # full median partition per comparison costs ten times more
             # (docs/oracle.md, 'Measurements: statistics kernels')
             ulp_q = float(np.partition(eu, k)[k])
-            sub = eu[::max(1, eu.size // 16384)]
+            sub = eu[:: max(1, eu.size // 16384)]
             ulp_median = float(np.partition(sub, (sub.size - 1) // 2)[(sub.size - 1) // 2])
         return max_ulp, ulp_q, ulp_median
 

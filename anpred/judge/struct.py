@@ -38,8 +38,18 @@ from anpred.judge.judged import AnchorInfo, BackendInfo  # what is judged, re-ex
 from anpred.judge.stats import ErrorStats, from_json_float, json_float
 from anpred.onnx_io import json_safe
 
-__all__ = ["ORACLES", "SCHEMA", "AnchorInfo", "BackendInfo", "BackendVerdict", "Cell", "CheckReport", "OracleResult",
-           "Step", "ThresholdResult"]
+__all__ = [
+    "ORACLES",
+    "SCHEMA",
+    "AnchorInfo",
+    "BackendInfo",
+    "BackendVerdict",
+    "Cell",
+    "CheckReport",
+    "OracleResult",
+    "Step",
+    "ThresholdResult",
+]
 
 #: schema of :meth:`CheckReport.to_dict`
 SCHEMA = "anpred.check/1"
@@ -108,8 +118,9 @@ class Cell:
             if k in d:
                 d[k] = from_json_float(d[k])
         d["per_sample"] = {k: from_json_float(v) for k, v in d["per_sample"].items()}
-        d["units"] = {k: (from_json_float(v) if k in ("size", "max", "rms") else v)
-                      for k, v in d.get("units", {}).items()}
+        d["units"] = {
+            k: (from_json_float(v) if k in ("size", "max", "rms") else v) for k, v in d.get("units", {}).items()
+        }
         return cls(**d)
 
 
@@ -373,15 +384,16 @@ class CheckReport:
         for b in self.backends:
             v = self.verdicts.get(b)
             t = self.threshold.get(b)
-            if (self.oracle in ("consensus", "both") and v is not None and v.any_flagged) or \
-               (self.oracle in ("threshold", "both") and t is not None and not t.passed):
+            if (self.oracle in ("consensus", "both") and v is not None and v.any_flagged) or (
+                self.oracle in ("threshold", "both") and t is not None and not t.passed
+            ):
                 out.append(b)
         return out
 
     def cell(self, anchor: str, backend: str, population: str | None = None) -> Cell | None:
         """The cell of ``backend`` at ``anchor``: its main verdict's (fp32 consensus), or with
         ``population`` (e.g. ``"int8"``) its implementation verdict's."""
-        for c in (self.cells if population is None else self.population_cells.get(population, [])):
+        for c in self.cells if population is None else self.population_cells.get(population, []):
             if c.anchor == anchor and c.backend == backend:
                 return c
         return None
@@ -407,23 +419,39 @@ class CheckReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": self.schema, "run_dir": self.run_dir, "status": self.status, "oracle": self.oracle,
-            "samples": self.samples, "created": self.created, "model": self.model, "machine": self.machine,
+            "schema": self.schema,
+            "run_dir": self.run_dir,
+            "status": self.status,
+            "oracle": self.oracle,
+            "samples": self.samples,
+            "created": self.created,
+            "model": self.model,
+            "machine": self.machine,
             "inputs": self.inputs,
-            "anchors": self.anchors, "backends": self.backends, "config": self.config,
+            "anchors": self.anchors,
+            "backends": self.backends,
+            "config": self.config,
             "flagged_backends": self.flagged_backends,
             "verdicts": {k: v.to_dict() for k, v in self.verdicts.items()},
             "cells": [c.to_dict() for c in self.cells],
             "threshold": {k: v.to_dict() for k, v in self.threshold.items()},
-            "consensus": self.consensus, "unjudged_backends": self.unjudged_backends,
-            "unjudged_anchors": self.unjudged_anchors, "alignment": self.alignment,
-            "problems": self.problems, "notes": self.notes, "incomplete": self.incomplete,
-            "allow_incomplete": self.allow_incomplete, "correlated": self.correlated,
-            "independence": self.independence, "splits": json_safe(self.splits),
+            "consensus": self.consensus,
+            "unjudged_backends": self.unjudged_backends,
+            "unjudged_anchors": self.unjudged_anchors,
+            "alignment": self.alignment,
+            "problems": self.problems,
+            "notes": self.notes,
+            "incomplete": self.incomplete,
+            "allow_incomplete": self.allow_incomplete,
+            "correlated": self.correlated,
+            "independence": self.independence,
+            "splits": json_safe(self.splits),
             "populations": self.populations,
             "population_cells": {p: [c.to_dict() for c in cs] for p, cs in self.population_cells.items()},
-            "scales": {a: {p: {**v, "expected": json_float(v["expected"])} for p, v in per.items()}
-                       for a, per in self.scales.items()},
+            "scales": {
+                a: {p: {**v, "expected": json_float(v["expected"])} for p, v in per.items()}
+                for a, per in self.scales.items()
+            },
             "drill": json_safe(self.drill),
             "task": json_safe(self.task),
         }
@@ -435,27 +463,44 @@ class CheckReport:
             raise AnpredError(f"unsupported check report schema {d.get('schema')!r} (expected {SCHEMA!r})")
         try:
             return cls(
-                run_dir=d["run_dir"], status=d["status"], oracle=d["oracle"], samples=d.get("samples", 0),
-                created=d.get("created", ""), model=d.get("model", {}), machine=d.get("machine", {}),
+                run_dir=d["run_dir"],
+                status=d["status"],
+                oracle=d["oracle"],
+                samples=d.get("samples", 0),
+                created=d.get("created", ""),
+                model=d.get("model", {}),
+                machine=d.get("machine", {}),
                 inputs=d.get("inputs", {}),
-                anchors=d.get("anchors", []), backends=d.get("backends", {}), config=d.get("config", {}),
+                anchors=d.get("anchors", []),
+                backends=d.get("backends", {}),
+                config=d.get("config", {}),
                 verdicts={k: BackendVerdict.from_dict(v) for k, v in d.get("verdicts", {}).items()},
                 cells=[Cell.from_dict(c) for c in d.get("cells", [])],
                 threshold={k: ThresholdResult.from_dict(v) for k, v in d.get("threshold", {}).items()},
-                consensus=d.get("consensus", {}), unjudged_backends=d.get("unjudged_backends", {}),
-                unjudged_anchors=d.get("unjudged_anchors", {}), alignment=d.get("alignment", {}),
-                problems=d.get("problems", []), notes=d.get("notes", []), incomplete=d.get("incomplete", []),
-                allow_incomplete=bool(d.get("allow_incomplete", False)), correlated=d.get("correlated", []),
-                independence=d.get("independence", {}), splits=d.get("splits", []),
+                consensus=d.get("consensus", {}),
+                unjudged_backends=d.get("unjudged_backends", {}),
+                unjudged_anchors=d.get("unjudged_anchors", {}),
+                alignment=d.get("alignment", {}),
+                problems=d.get("problems", []),
+                notes=d.get("notes", []),
+                incomplete=d.get("incomplete", []),
+                allow_incomplete=bool(d.get("allow_incomplete", False)),
+                correlated=d.get("correlated", []),
+                independence=d.get("independence", {}),
+                splits=d.get("splits", []),
                 populations=d.get("populations", {}),
-                population_cells={p: [Cell.from_dict(c) for c in cs]
-                                  for p, cs in d.get("population_cells", {}).items()},
-                scales={a: {p: {**v, "expected": from_json_float(v["expected"])} for p, v in per.items()}
-                        for a, per in d.get("scales", {}).items()},
-                drill=d.get("drill", {}), task=d.get("task", {}))
+                population_cells={
+                    p: [Cell.from_dict(c) for c in cs] for p, cs in d.get("population_cells", {}).items()
+                },
+                scales={
+                    a: {p: {**v, "expected": from_json_float(v["expected"])} for p, v in per.items()}
+                    for a, per in d.get("scales", {}).items()
+                },
+                drill=d.get("drill", {}),
+                task=d.get("task", {}),
+            )
         except (KeyError, TypeError) as err:
             raise AnpredError(f"malformed check report: {err}") from err
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
-

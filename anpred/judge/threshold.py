@@ -24,8 +24,11 @@ class ThresholdCheck:
 
     def __init__(self, outputs: list[str], backends: list[str], reference: str, atol: float = 1e-5, rtol: float = 1e-5):
         self.outputs, self.reference, self.atol, self.rtol = list(outputs), reference, float(atol), float(rtol)
-        self.res = {b: {"failed": 0, "total": 0, "max_abs": 0.0, "max_rel": 0.0, "outputs": {}}
-                    for b in backends if b != reference}
+        self.res = {
+            b: {"failed": 0, "total": 0, "max_abs": 0.0, "max_rel": 0.0, "outputs": {}}
+            for b in backends
+            if b != reference
+        }
 
     def add(self, tensors: dict[str, dict[str, np.ndarray]]) -> None:
         for o in self.outputs:
@@ -58,8 +61,18 @@ class ThresholdCheck:
                 po["max_rel"] = max(po["max_rel"], mrel)
 
     def finish(self) -> dict[str, ThresholdResult]:
-        return {b: ThresholdResult(backend=b, reference=self.reference, atol=self.atol, rtol=self.rtol,
-                                   passed=(a["failed"] == 0 and a["total"] > 0), failed_elements=a["failed"],
-                                   total_elements=a["total"], max_abs=a["max_abs"], max_rel=a["max_rel"],
-                                   outputs=a["outputs"])
-                for b, a in self.res.items()}
+        return {
+            b: ThresholdResult(
+                backend=b,
+                reference=self.reference,
+                atol=self.atol,
+                rtol=self.rtol,
+                passed=(a["failed"] == 0 and a["total"] > 0),
+                failed_elements=a["failed"],
+                total_elements=a["total"],
+                max_abs=a["max_abs"],
+                max_rel=a["max_rel"],
+                outputs=a["outputs"],
+            )
+            for b, a in self.res.items()
+        }

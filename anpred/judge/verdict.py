@@ -81,8 +81,16 @@ class CellBasis:
     peer_ulps: list[tuple[float, float]] | None = None
 
 
-def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: ErrorStats, peers: list[float],
-               config: OracleConfig, consensus_max: float = 0.0, opts: CellBasis | None = None) -> Cell:
+def judge_cell(
+    anchor: AnchorInfo,
+    info: BackendInfo,
+    acc: Accumulator,
+    st: ErrorStats,
+    peers: list[float],
+    config: OracleConfig,
+    consensus_max: float = 0.0,
+    opts: CellBasis | None = None,
+) -> Cell:
     """The verdict of backend ``info`` at ``anchor`` (module docstring).
 
     Args:
@@ -119,34 +127,59 @@ def judge_cell(anchor: AnchorInfo, info: BackendInfo, acc: Accumulator, st: Erro
         flagged, reason = False, "no finite value to judge"
     elif lost and not prim > thr:
         flagged = True
-        lost = ("every value 0" if acc.xx == 0 else "no positive correlation" if st.cosine <= 0
-                else "nRMSE >= 1, no closer than an all-zero tensor")
-        reason = (f"signal lost: cosine similarity {st.cosine:.3g} with the consensus ({lost}; "
-                  f"{cfg.primary} {prim:.3g}, under the threshold {thr:.3g})")
+        lost = (
+            "every value 0"
+            if acc.xx == 0
+            else "no positive correlation"
+            if st.cosine <= 0
+            else "nRMSE >= 1, no closer than an all-zero tensor"
+        )
+        reason = (
+            f"signal lost: cosine similarity {st.cosine:.3g} with the consensus ({lost}; "
+            f"{cfg.primary} {prim:.3g}, under the threshold {thr:.3g})"
+        )
     else:
         flagged = bool(prim > thr)
         if flagged and range_ratio is not None and not range_ratio > floor:
             flagged = False
-            reason = (f"not flagged: {cfg.primary} {prim:.3g} > threshold {thr:.3g}, but its largest "
-                      f"deviation {st.max_abs:.3g} is {range_ratio:.3g} of the part's largest value, "
-                      f"under the floor {floor:.3g} (part range rule)")
+            reason = (
+                f"not flagged: {cfg.primary} {prim:.3g} > threshold {thr:.3g}, but its largest "
+                f"deviation {st.max_abs:.3g} is {range_ratio:.3g} of the part's largest value, "
+                f"under the floor {floor:.3g} (part range rule)"
+            )
         elif flagged and _within_one_step(st, units):
             flagged = False
-            reason = (f"not flagged: {cfg.primary} {prim:.3g} > threshold {thr:.3g}, but every element is within one "
-                      f"int8 grid point of the consensus' (max {units['max']:.3g} step <= 1.5) and the mean deviation "
-                      f"{st.mean_signed / units['size']:+.3g} step is within half a step: the grid's resolution "
-                      "(one-step rule)")
+            reason = (
+                f"not flagged: {cfg.primary} {prim:.3g} > threshold {thr:.3g}, but every element is within one "
+                f"int8 grid point of the consensus' (max {units['max']:.3g} step <= 1.5) and the mean deviation "
+                f"{st.mean_signed / units['size']:+.3g} step is within half a step: the grid's resolution "
+                "(one-step rule)"
+            )
         elif not flagged and peer_ulps is not None:
             tail = _wrong_tail(st, peer_ulps, k, cfg, prim, thr, peer_level)[1]
         elif flagged:
             reason = _flag_reason(f"{cfg.primary} {prim:.3g}", floor, k, peer_level, range_ratio)
     return Cell(
-        anchor=anchor.name, backend=info.name, samples=acc.samples, stats=st, primary=prim,
+        anchor=anchor.name,
+        backend=info.name,
+        samples=acc.samples,
+        stats=st,
+        primary=prim,
         per_sample=_per_sample(ps),
-        floor=floor, peer_level=peer_level, threshold=thr, nonfinite=acc.nonfinite,
-        flagged=flagged, reason=reason, range_ratio=range_ratio, basis=basis, threshold_by=threshold_by,
+        floor=floor,
+        peer_level=peer_level,
+        threshold=thr,
+        nonfinite=acc.nonfinite,
+        flagged=flagged,
+        reason=reason,
+        range_ratio=range_ratio,
+        basis=basis,
+        threshold_by=threshold_by,
         units=units or {},
-        suppressed=acc.suppressed + acc.mismatched, undecided=acc.undecided, tail=tail)
+        suppressed=acc.suppressed + acc.mismatched,
+        undecided=acc.undecided,
+        tail=tail,
+    )
 
 
 def _nonfinite_reason(acc: Accumulator) -> str:
@@ -178,12 +211,22 @@ def _per_sample(ps) -> dict[str, float]:
     between infinities (inf - inf, numpy's warning, a NaN)."""
     v = np.asarray(ps, dtype=np.float64)
     how = "linear" if np.isfinite(v).all() else "higher"
-    return {"p50": float(np.quantile(v, 0.5, method=how)), "p90": float(np.quantile(v, 0.9, method=how)),
-            "max": float(np.max(v))}
+    return {
+        "p50": float(np.quantile(v, 0.5, method=how)),
+        "p90": float(np.quantile(v, 0.9, method=how)),
+        "max": float(np.max(v)),
+    }
 
 
-def _wrong_tail(st: ErrorStats, peer_ulps: list[tuple[float, float]], k: float, cfg: OracleConfig, prim: float,
-                thr: float, peer_level: float | None) -> tuple[bool, str]:
+def _wrong_tail(
+    st: ErrorStats,
+    peer_ulps: list[tuple[float, float]],
+    k: float,
+    cfg: OracleConfig,
+    prim: float,
+    thr: float,
+    peer_level: float | None,
+) -> tuple[bool, str]:
     """The wrong-tail rule (module docstring): ``(flagged, reason)``."""
     q, med = st.ulp_q, st.ulp_median
     if math.isnan(q) or not q > cfg.ulp_floor or not peer_ulps or not peer_level:
@@ -193,17 +236,26 @@ def _wrong_tail(st: ErrorStats, peer_ulps: list[tuple[float, float]], k: float, 
     # the bulk must not depart (the localization rule's factor origin_k; >= 1 ULP: a peer median of 0 is exactness)
     if not (q > k * level and med <= cfg.origin_k * max(bulk, 1.0)):
         return False, ""
-    return True, (f"wrong tail (a warning, not a flag): the {cfg.ulp_quantile:g} quantile of the error in ULPs of the "
-                  f"consensus {q:.3g} > "
-                  f"{k:g} x peers' median {level:.3g} and > ulp_floor {cfg.ulp_floor:g}, while its median ULP error "
-                  f"{med:.3g} is within origin_k {cfg.origin_k:g} x the peers' {bulk:.3g} ({cfg.primary} {prim:.3g}, "
-                  "under its threshold "
-                  f"{thr:.3g}): an error relative to each element's magnitude, on part of the values")
+    return True, (
+        f"wrong tail (a warning, not a flag): the {cfg.ulp_quantile:g} quantile of the error in ULPs of the "
+        f"consensus {q:.3g} > "
+        f"{k:g} x peers' median {level:.3g} and > ulp_floor {cfg.ulp_floor:g}, while its median ULP error "
+        f"{med:.3g} is within origin_k {cfg.origin_k:g} x the peers' {bulk:.3g} ({cfg.primary} {prim:.3g}, "
+        "under its threshold "
+        f"{thr:.3g}): an error relative to each element's magnitude, on part of the values"
+    )
 
 
-def backend_verdict(info: BackendInfo, anchors: list[AnchorInfo], cells: dict[tuple[str, str], Cell], *,
-                    gaps: dict[tuple[str, str], dict[str, list[str]]], ref_at: dict[tuple[str, str], int],
-                    samples: int, localizer: Localizer) -> BackendVerdict:
+def backend_verdict(
+    info: BackendInfo,
+    anchors: list[AnchorInfo],
+    cells: dict[tuple[str, str], Cell],
+    *,
+    gaps: dict[tuple[str, str], dict[str, list[str]]],
+    ref_at: dict[tuple[str, str], int],
+    samples: int,
+    localizer: Localizer,
+) -> BackendVerdict:
     """The verdict on backend ``info`` (see :class:`anpred.judge.struct.BackendVerdict`).
 
     Args:
@@ -213,8 +265,14 @@ def backend_verdict(info: BackendInfo, anchors: list[AnchorInfo], cells: dict[tu
         samples: samples in the run; ``localizer``: origin and propagation.
     """
     b = info.name
-    v = BackendVerdict(backend=b, family=info.family, precision=info.precision, votes=info.votes, flagged=False,
-                       precision_requested=info.requested if info.requested != info.precision else "")
+    v = BackendVerdict(
+        backend=b,
+        family=info.family,
+        precision=info.precision,
+        votes=info.votes,
+        flagged=False,
+        precision_requested=info.requested if info.requested != info.precision else "",
+    )
     profile: list[tuple[AnchorInfo, Cell]] = []
     for a in anchors:
         cell = cells.get((a.name, b))
@@ -228,16 +286,20 @@ def backend_verdict(info: BackendInfo, anchors: list[AnchorInfo], cells: dict[tu
             v.unjudged[a.name] = gap_text(gap, samples) if gap else "not judged"
             continue
         if cell.samples + nref < samples and not a.part_of:
-            v.partial[a.name] = (f"judged on {cell.samples} of {samples} samples; "
-                                 + (gap_text(gap, samples) if gap else "other samples not judged"))
+            v.partial[a.name] = f"judged on {cell.samples} of {samples} samples; " + (
+                gap_text(gap, samples) if gap else "other samples not judged"
+            )
         profile.append((a, cell))
     v.judged_anchors = len(profile)
     v.samples = max((c.samples for _, c in profile), default=0)
     tails = [(a, c) for a, c in profile if c.tail and not c.flagged]
     if tails:
         a0, c0 = tails[0]
-        more = (f" (and {len(tails) - 1} more anchor(s): {', '.join(a.name for a, _ in tails[1:4])})"
-                if len(tails) > 1 else "")
+        more = (
+            f" (and {len(tails) - 1} more anchor(s): {', '.join(a.name for a, _ in tails[1:4])})"
+            if len(tails) > 1
+            else ""
+        )
         v.warnings.append(f"{b}: {c0.tail} at {a0.name}{more}")
     flagged = [(a, c) for a, c in profile if c.flagged]
     v.flagged = bool(flagged)

@@ -10,8 +10,9 @@ import numpy as np
 __all__ = ["median_of", "vote"]
 
 
-def vote(arrays: list[np.ndarray], abstain: list[np.ndarray | None] | None = None
-         ) -> tuple[np.ndarray, np.ndarray | None]:
+def vote(
+    arrays: list[np.ndarray], abstain: list[np.ndarray | None] | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Element-wise consensus of family votes with non-finite values voted on (``docs/oracle.md``).
 
     Each element's votes fall in four classes: finite, NaN, +Inf, -Inf. The class most votes fall in
@@ -71,4 +72,3 @@ def median_of(arrays: list[np.ndarray]) -> np.ndarray:
             lo, hi = np.minimum(v[j], v[j + 1]), np.maximum(v[j], v[j + 1])
             v[j], v[j + 1] = lo, hi
     return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
-

@@ -55,16 +55,43 @@ crops (``random:images``), otherwise seeded uniform random arrays (``random:unif
 fix the dynamic dimensions, in shape buckets when they differ (:mod:`anpred.pipeline.shapes`).
 """
 
-from anpred.pipeline.choices import (ALL_FP32, DEFAULT_IMGSZ, DEFAULT_SAMPLES, NATIVE_BACKEND, ONNX_BACKENDS,
-                                     POPULATIONS, QUICK_FP32, check_native_backends, default_backends,
-                                     parse_backend_list)
+from anpred.pipeline.choices import (
+    ALL_FP32,
+    DEFAULT_IMGSZ,
+    DEFAULT_SAMPLES,
+    NATIVE_BACKEND,
+    ONNX_BACKENDS,
+    POPULATIONS,
+    QUICK_FP32,
+    check_native_backends,
+    default_backends,
+    parse_backend_list,
+)
 from anpred.pipeline.demos import DEMO_MODELS, demo
 from anpred.pipeline.oneshot import test
 from anpred.pipeline.result import TEST_SCHEMA, DemoResult, TestResult, format_standing
 from anpred.pipeline.samples import SOURCES_FILE
 from anpred.pipeline.subject import Subject, resolve_model
 
-__all__ = ["test", "demo", "resolve_model", "default_backends", "parse_backend_list", "check_native_backends",
-           "Subject", "TestResult", "DemoResult", "ONNX_BACKENDS", "NATIVE_BACKEND", "DEMO_MODELS",
-           "format_standing", "DEFAULT_SAMPLES", "DEFAULT_IMGSZ", "TEST_SCHEMA", "SOURCES_FILE", "QUICK_FP32",
-           "ALL_FP32", "POPULATIONS"]
+__all__ = [
+    "test",
+    "demo",
+    "resolve_model",
+    "default_backends",
+    "parse_backend_list",
+    "check_native_backends",
+    "Subject",
+    "TestResult",
+    "DemoResult",
+    "ONNX_BACKENDS",
+    "NATIVE_BACKEND",
+    "DEMO_MODELS",
+    "format_standing",
+    "DEFAULT_SAMPLES",
+    "DEFAULT_IMGSZ",
+    "TEST_SCHEMA",
+    "SOURCES_FILE",
+    "QUICK_FP32",
+    "ALL_FP32",
+    "POPULATIONS",
+]

@@ -52,11 +52,21 @@ def run_buckets(anchored_path: Path, names: list[str], buckets: list, tmp: Path,
     for k, (b, inputs) in enumerate(zip(buckets, folders)):
         work = tmp / ".buckets" / f"b{k}"
         work.mkdir(parents=True, exist_ok=True)
-        save_model(bucket_model(proto, b.shapes), work / "anchored.onnx", source_path=anchored_path,
-                   copy_external_data=True)
+        save_model(
+            bucket_model(proto, b.shapes), work / "anchored.onnx", source_path=anchored_path, copy_external_data=True
+        )
         log(f"shape bucket {k + 1}/{len(buckets)} ({b.text()}): {len(b.sources)} sample(s)", opts.output.quiet)
-        stores.append(run_model(work / "anchored.onnx", names, str(inputs), work / "run", mode="tensors",
-                                timeout_s=opts.run.timeout_s, progress=not opts.output.quiet))
+        stores.append(
+            run_model(
+                work / "anchored.onnx",
+                names,
+                str(inputs),
+                work / "run",
+                mode="tensors",
+                timeout_s=opts.run.timeout_s,
+                progress=not opts.output.quiet,
+            )
+        )
     statuses = merge_runs(stores, buckets, tmp / "run", RunStore.open(stores[0].root).manifest)
     merged = RunStore.open(tmp / "run")  # the model with its dynamic dimensions, for the judge's data flow
     merged.meta["model"].update(copy_model(anchored_path, proto, tmp / "run"))
@@ -78,8 +88,11 @@ def _merged_status(name: str, statuses: list, buckets: list):
     base.samples = sum(s.samples for s in sts if s is not None)
     base.seconds_prepare = sum(s.seconds_prepare for s in sts if s is not None)
     base.seconds_run = sum(s.seconds_run for s in sts if s is not None)
-    bad = [f"bucket {k + 1} ({buckets[k].text()}): {s.status}: {s.reason.splitlines()[0][:200] if s.reason else ''}"
-           for k, s in enumerate(sts) if s is not None and s.status != "ok"]
+    bad = [
+        f"bucket {k + 1} ({buckets[k].text()}): {s.status}: {s.reason.splitlines()[0][:200] if s.reason else ''}"
+        for k, s in enumerate(sts)
+        if s is not None and s.status != "ok"
+    ]
     if ok and bad:
         base.reason = "; ".join(bad)
     return base
@@ -93,17 +106,28 @@ def merge_runs(stores: list, buckets: list, out: Path, manifest) -> list[dict[st
     from anpred.run import RunStore
 
     first = stores[0]
-    merged = RunStore.create(out, manifest, model=dict(first.meta.get("model") or {}),
-                             inputs={**first.meta.get("inputs", {}), "input_shapes": "varies by sample",
-                                     "buckets": [b.shapes for b in buckets]})
+    merged = RunStore.create(
+        out,
+        manifest,
+        model=dict(first.meta.get("model") or {}),
+        inputs={
+            **first.meta.get("inputs", {}),
+            "input_shapes": "varies by sample",
+            "buckets": [b.shapes for b in buckets],
+        },
+    )
     statuses = [s.statuses() for s in stores]
     n = 0
     for k, s in enumerate(stores):
         ids = []
         for smp in list(s.meta["samples"]):
             sid = f"s{n:04d}"
-            merged.adopt_sample(sid, s, smp["id"], source=buckets[k].sources[len(ids)] if len(ids) < len(
-                buckets[k].sources) else smp.get("source", ""))
+            merged.adopt_sample(
+                sid,
+                s,
+                smp["id"],
+                source=buckets[k].sources[len(ids)] if len(ids) < len(buckets[k].sources) else smp.get("source", ""),
+            )
             ids.append(sid)
             n += 1
         buckets[k].ids = ids
@@ -132,8 +156,18 @@ def bucket_lines(buckets: list, statuses: list[dict[str, Any]]) -> list[dict[str
     run, sources) and the backends that did not run it, with why."""
     out = []
     for k, b in enumerate(buckets):
-        bad = {n: f"{st.status}: {st.reason.splitlines()[0][:200] if st.reason else ''}"
-               for n, st in statuses[k].items() if st.status != "ok"}
-        out.append({"bucket": k + 1, "shapes": {n: list(s) for n, s in b.shapes.items()},
-                    "samples": list(getattr(b, "ids", [])), "sources": list(b.sources), "not_run": bad})
+        bad = {
+            n: f"{st.status}: {st.reason.splitlines()[0][:200] if st.reason else ''}"
+            for n, st in statuses[k].items()
+            if st.status != "ok"
+        }
+        out.append(
+            {
+                "bucket": k + 1,
+                "shapes": {n: list(s) for n, s in b.shapes.items()},
+                "samples": list(getattr(b, "ids", [])),
+                "sources": list(b.sources),
+                "not_run": bad,
+            }
+        )
     return out

@@ -16,10 +16,21 @@ from typing import Iterable
 
 from anpred.errors import AnpredError, BackendError, InputError, OutputPathError
 
-__all__ = ["ONNX_BACKENDS", "QUICK_FP32", "ALL_FP32", "ARBITER_BACKEND", "POPULATIONS", "FULL_BACKENDS",
-           "NATIVE_BACKEND",
-           "DEFAULT_SAMPLES", "DEFAULT_IMGSZ", "default_backends",
-           "parse_backend_list", "check_native_backends", "check_test_options"]
+__all__ = [
+    "ONNX_BACKENDS",
+    "QUICK_FP32",
+    "ALL_FP32",
+    "ARBITER_BACKEND",
+    "POPULATIONS",
+    "FULL_BACKENDS",
+    "NATIVE_BACKEND",
+    "DEFAULT_SAMPLES",
+    "DEFAULT_IMGSZ",
+    "default_backends",
+    "parse_backend_list",
+    "check_native_backends",
+    "check_test_options",
+]
 
 #: The fp32 voters ``anpred test`` runs by default: the five cheapest independent kernel libraries
 #: (docs/run.md, "The default set is chosen by measured cost"; ``benchmarks/bench_demo.py``); ``tvm``
@@ -36,7 +47,8 @@ ALL_FP32: tuple[str, ...] = ("ort", "openvino", "torch", "tf", "tvm", "mnn", "nc
 #: numpy reference members').
 POPULATIONS: dict[str, tuple[str, ...]] = {
     "fp16": ("ort-fp16", "ort-fp16-noopt", "openvino-fp16", "torch-fp16"),
-    "int8": ("ort-int8", "ort-int8-noopt", "openvino-int8", "onnx-reference-int8")}
+    "int8": ("ort-int8", "ort-int8-noopt", "openvino-int8", "onnx-reference-int8"),
+}
 #: Backends that run any ONNX model by default, in run order (the quick fp32 set).
 ONNX_BACKENDS: tuple[str, ...] = QUICK_FP32
 #: The float64 execution (the arbiter of split votes, docs/oracle.md): part of the full set (``--all``)
@@ -63,7 +75,7 @@ def default_backends(framework: str, precision: Iterable[str] = (), all_backends
     out = list(ALL_FP32) + [ARBITER_BACKEND] if all_backends else list(QUICK_FP32)
     if framework in NATIVE_BACKEND:
         out.append(NATIVE_BACKEND[framework])
-    for p in (tuple(POPULATIONS) if all_backends else tuple(precision)):
+    for p in tuple(POPULATIONS) if all_backends else tuple(precision):
         if p not in POPULATIONS:
             raise AnpredError(f"unknown precision {p!r}; known: {', '.join(POPULATIONS)}")
         out.extend(b for b in POPULATIONS[p] if b not in out)
@@ -95,8 +107,10 @@ def parse_backend_list(backends: Iterable[str] | str | None) -> list[str] | None
     if dup:
         raise BackendError(f"backend {', '.join(dup)} given twice in {given!r}")
     if len(names) < 2:
-        raise BackendError(f"one backend ({names[0]}) cannot be judged: the oracle compares backends with each "
-                           "other; give two or more (e.g. --backends ort,openvino)")
+        raise BackendError(
+            f"one backend ({names[0]}) cannot be judged: the oracle compares backends with each "
+            "other; give two or more (e.g. --backends ort,openvino)"
+        )
     return names
 
 
@@ -124,8 +138,10 @@ def check_native_backends(names: Iterable[str] | None, framework: str, label: st
             why = "its factory returns neither a torch.nn.Module nor a keras.Model"
         else:
             why = "it is a .onnx without a native factory (no anpred.origin metadata naming one)"
-        raise BackendError(f"backend {b} needs a model of {'PyTorch' if fw == 'torch' else 'Keras'} origin; "
-                           f"{label}: {why}; nothing was written")
+        raise BackendError(
+            f"backend {b} needs a model of {'PyTorch' if fw == 'torch' else 'Keras'} origin; "
+            f"{label}: {why}; nothing was written"
+        )
 
 
 def check_test_options(opts) -> list[str] | None:

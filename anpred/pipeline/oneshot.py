@@ -35,18 +35,30 @@ from typing import Any
 
 from anpred.errors import AnpredError
 from anpred.options import TestOptions
-from anpred.pipeline.choices import (DEFAULT_SAMPLES, NATIVE_BACKEND, check_native_backends, check_test_options,
-                                     default_backends)
-from anpred.pipeline.folder import (finish_run_store, keep_checkpoint, prepare_out, relocated,
-                                    stream_checkpoint_dir)
+from anpred.pipeline.choices import (
+    DEFAULT_SAMPLES,
+    NATIVE_BACKEND,
+    check_native_backends,
+    check_test_options,
+    default_backends,
+)
+from anpred.pipeline.folder import finish_run_store, keep_checkpoint, prepare_out, relocated, stream_checkpoint_dir
 from anpred.pipeline.progress import log
 from anpred.pipeline.result import TestResult
 from anpred.pipeline.samples import prepare_inputs
 from anpred.pipeline.steps import check, instrument, map_native, save_anchored, task_adapter, timed, write_reports
 from anpred.pipeline.subject import PythonPath, Subject, check_model, resolve_model
 
-__all__ = ["test", "prepare_out", "relocated", "Prepared", "prepare_test", "prepare_samples", "finish_test",
-           "finish_run_store"]
+__all__ = [
+    "test",
+    "prepare_out",
+    "relocated",
+    "Prepared",
+    "prepare_test",
+    "prepare_samples",
+    "finish_test",
+    "finish_run_store",
+]
 
 
 def test(model: str | os.PathLike, out: str | os.PathLike | None = None, **options: Any) -> TestResult:
@@ -91,9 +103,15 @@ def test(model: str | os.PathLike, out: str | os.PathLike | None = None, **optio
     tmp = prepare_out(final, opts.output.overwrite)
     try:
         with timed(seconds, "resolve"):
-            subject = resolve_model(model, imgsz=opts.build.imgsz, seed=opts.build.seed,
-                                    factory_kwargs=opts.build.factory_kwargs, workdir=tmp, quiet=opts.output.quiet,
-                                    backends=backends)
+            subject = resolve_model(
+                model,
+                imgsz=opts.build.imgsz,
+                seed=opts.build.seed,
+                factory_kwargs=opts.build.factory_kwargs,
+                workdir=tmp,
+                quiet=opts.output.quiet,
+                backends=backends,
+            )
         result = _pipeline(subject, final, tmp, opts, backends, seconds)
         from anpred.folders import commit_partial
 
@@ -123,13 +141,16 @@ def _check_folder_labels(opts: TestOptions) -> None:
         from anpred.inputs import ARRAY_EXTS, IMAGE_EXTS, input_files
         from anpred.task import load_labels
 
-        load_labels("folders", [{"id": f.name, "source": str(f)} for f in input_files(Path(str(inputs)),
-                                                                                      IMAGE_EXTS + ARRAY_EXTS)],
-                    "classify")
+        load_labels(
+            "folders",
+            [{"id": f.name, "source": str(f)} for f in input_files(Path(str(inputs)), IMAGE_EXTS + ARRAY_EXTS)],
+            "classify",
+        )
 
 
-def _pipeline(subject: Subject, final: Path, tmp: Path, opts: TestOptions, backends: list[str] | None,
-              seconds: dict[str, float]) -> TestResult:
+def _pipeline(
+    subject: Subject, final: Path, tmp: Path, opts: TestOptions, backends: list[str] | None, seconds: dict[str, float]
+) -> TestResult:
     """The steps after resolving the model, built in ``tmp`` (committed to ``final`` by the caller);
     phase wall times go into ``seconds``."""
     prep = _prepare(subject, tmp, opts, backends, seconds)
@@ -181,8 +202,9 @@ class Prepared:
     buckets: list | None = None
 
 
-def prepare_test(model: str | os.PathLike, tmp: str | os.PathLike, seconds: dict[str, float] | None = None,
-                 **options: Any) -> Prepared:
+def prepare_test(
+    model: str | os.PathLike, tmp: str | os.PathLike, seconds: dict[str, float] | None = None, **options: Any
+) -> Prepared:
     """The steps of :func:`test` before the run, in the (partial) report folder ``tmp``: resolve,
     instrument, map, task adapter, samples. ``options``: :func:`test`'s (no witnesses unless
     ``witnesses=True``: a campaign runs the backends it names); ``tmp`` must exist.
@@ -200,13 +222,21 @@ def prepare_test(model: str | os.PathLike, tmp: str | os.PathLike, seconds: dict
     opts.build.bind = parse_bindings(opts.build.bind)
     check_model(model, backends)
     with timed(seconds, "resolve"):
-        subject = resolve_model(model, imgsz=opts.build.imgsz, seed=opts.build.seed,
-                                factory_kwargs=opts.build.factory_kwargs, workdir=tmp, quiet=opts.output.quiet,
-                                backends=backends)
+        subject = resolve_model(
+            model,
+            imgsz=opts.build.imgsz,
+            seed=opts.build.seed,
+            factory_kwargs=opts.build.factory_kwargs,
+            workdir=tmp,
+            quiet=opts.output.quiet,
+            backends=backends,
+        )
     prep = _prepare(subject, tmp, opts, backends, seconds)
     if prep.buckets is not None:
-        raise AnpredError(f"{subject.label}: the inputs have {len(prep.buckets)} shape sets; a campaign runs one "
-                          "(give each its own input set)")
+        raise AnpredError(
+            f"{subject.label}: the inputs have {len(prep.buckets)} shape sets; a campaign runs one "
+            "(give each its own input set)"
+        )
     prepare_samples(prep, subject, tmp, opts)
     prep.anchored = prep.manifest = None
     seconds["prepare"] = time.perf_counter() - t0
@@ -214,8 +244,9 @@ def prepare_test(model: str | os.PathLike, tmp: str | os.PathLike, seconds: dict
     return prep
 
 
-def _prepare(subject: Subject, tmp: Path, opts: TestOptions, backends: list[str] | None,
-             seconds: dict[str, float]) -> Prepared:
+def _prepare(
+    subject: Subject, tmp: Path, opts: TestOptions, backends: list[str] | None, seconds: dict[str, float]
+) -> Prepared:
     """Shapes, instrument, choose the backends, map, save the anchored model and choose the task
     adapter (labels checked)."""
     from anpred.pipeline.shapes import resolve_shapes
@@ -225,8 +256,15 @@ def _prepare(subject: Subject, tmp: Path, opts: TestOptions, backends: list[str]
     declared, buckets = resolve_shapes(subject, opts, tmp)
     with timed(seconds, "instrument"):
         anchored, manifest = instrument(subject, opts.build, declared, details, opts.output.quiet)
-    names = list(backends) if backends is not None else list(dict.fromkeys(default_backends(
-        subject.framework, opts.run.precision, opts.run.all_backends) + list(opts.run.also)))
+    names = (
+        list(backends)
+        if backends is not None
+        else list(
+            dict.fromkeys(
+                default_backends(subject.framework, opts.run.precision, opts.run.all_backends) + list(opts.run.also)
+            )
+        )
+    )
     check_native_backends(names, subject.framework, subject.label, subject.kind)
     missing = {} if backends is not None else not_installed(names)  # a default not installed: skipped
     names = [b for b in names if b not in missing]
@@ -235,8 +273,15 @@ def _prepare(subject: Subject, tmp: Path, opts: TestOptions, backends: list[str]
         mapping = map_native(subject, manifest, anchored, names, backends is not None, tmp, details, opts.output.quiet)
     save_anchored(subject, anchored, manifest, tmp)
     with timed(seconds, "plan"):
-        plan = plan_backends(names, backends is not None, tmp / "anchored.onnx", _n_samples(opts, buckets),
-                             witnesses=opts.run.witnesses, min_families=_min_voters(opts), quiet=opts.output.quiet)
+        plan = plan_backends(
+            names,
+            backends is not None,
+            tmp / "anchored.onnx",
+            _n_samples(opts, buckets),
+            witnesses=opts.run.witnesses,
+            min_families=_min_voters(opts),
+            quiet=opts.output.quiet,
+        )
     plan.skipped = {**missing, **plan.skipped}
     for b, why in plan.skipped.items():
         log(f"{b} skipped: {why}", opts.output.quiet)
@@ -249,9 +294,19 @@ def _prepare(subject: Subject, tmp: Path, opts: TestOptions, backends: list[str]
         from anpred.task.impact import load_labels
 
         load_labels(opts.judge.labels, [], adapter.name, require=False)
-    return Prepared(label=subject.label, names=names, framework=subject.framework, details=details,
-                    mapping=mapping, sys_path=subject.sys_path, adapter=adapter, anchored=anchored,
-                    manifest=manifest, plan=plan, buckets=buckets)
+    return Prepared(
+        label=subject.label,
+        names=names,
+        framework=subject.framework,
+        details=details,
+        mapping=mapping,
+        sys_path=subject.sys_path,
+        adapter=adapter,
+        anchored=anchored,
+        manifest=manifest,
+        plan=plan,
+        buckets=buckets,
+    )
 
 
 def _n_samples(opts: TestOptions, buckets) -> int:
@@ -272,9 +327,16 @@ def prepare_samples(prep: Prepared, subject: Subject, tmp: Path, opts: TestOptio
     from anpred.onnx_io import load_model
 
     anchored = prep.anchored if prep.anchored is not None else load_model(tmp / "anchored.onnx", load_external=False)
-    prep.spec, prep.details["inputs"] = prepare_inputs(subject, anchored, opts.feed.inputs, opts.feed.samples,
-                                                       opts.build.seed, tmp / ".inputs", opts.output.quiet,
-                                                       bound=prep.details.get("bound_inputs"))
+    prep.spec, prep.details["inputs"] = prepare_inputs(
+        subject,
+        anchored,
+        opts.feed.inputs,
+        opts.feed.samples,
+        opts.build.seed,
+        tmp / ".inputs",
+        opts.output.quiet,
+        bound=prep.details.get("bound_inputs"),
+    )
 
 
 def _run(subject: Subject, prep: Prepared, tmp: Path, final: Path, opts: TestOptions) -> dict[str, Any]:
@@ -295,8 +357,11 @@ def _run(subject: Subject, prep: Prepared, tmp: Path, final: Path, opts: TestOpt
 
             per_bucket = run_buckets(tmp / "anchored.onnx", prep.names, prep.buckets, tmp, opts)
             prep.details["buckets"] = bucket_lines(prep.buckets, per_bucket)
-            prep.details["inputs"] = {"kind": "given, in shape buckets", "spec": str(opts.feed.inputs),
-                                      "buckets": len(prep.buckets)}
+            prep.details["inputs"] = {
+                "kind": "given, in shape buckets",
+                "spec": str(opts.feed.inputs),
+                "buckets": len(prep.buckets),
+            }
             prep.buckets = None
             store = RunStore.open(tmp / "run")
             prep.spec = str(opts.feed.inputs)
@@ -305,21 +370,49 @@ def _run(subject: Subject, prep: Prepared, tmp: Path, final: Path, opts: TestOpt
             from anpred.run.spec import split_threads
 
             with WorkerPool(tmp / ".pool", timeout_s=opts.run.timeout_s, side_by_side=True) as pool:
-                store = run_model(tmp / "anchored.onnx", split_threads(prep.names), prep.spec, tmp / "run",
-                                  mode="tensors", timeout_s=opts.run.timeout_s, progress=not quiet, pool=pool)
+                store = run_model(
+                    tmp / "anchored.onnx",
+                    split_threads(prep.names),
+                    prep.spec,
+                    tmp / "run",
+                    mode="tensors",
+                    timeout_s=opts.run.timeout_s,
+                    progress=not quiet,
+                    pool=pool,
+                )
             shutil.rmtree(tmp / ".pool", ignore_errors=True)
         else:
-            store = run_model(tmp / "anchored.onnx", prep.names, prep.spec, tmp / "run", mode="tensors",
-                              timeout_s=opts.run.timeout_s, progress=not quiet, preprocess=None)
-    record(store.statuses(), sha256_file(tmp / "anchored.onnx"),
-           model_size(load_model(tmp / "anchored.onnx", load_external=False)), store.meta)
+            store = run_model(
+                tmp / "anchored.onnx",
+                prep.names,
+                prep.spec,
+                tmp / "run",
+                mode="tensors",
+                timeout_s=opts.run.timeout_s,
+                progress=not quiet,
+                preprocess=None,
+            )
+    record(
+        store.statuses(),
+        sha256_file(tmp / "anchored.onnx"),
+        model_size(load_model(tmp / "anchored.onnx", load_external=False)),
+        store.meta,
+    )
     if prep.plan is not None and prep.plan.witnesses:  # who ran as a witness, for later readers of the run
         store.meta["roles"] = {b: prep.plan.witnesses.get(b, "subject") for b in prep.names}
     return finish_run_store(store, subject.label, prep.spec, prep.details["inputs"], tmp, final)
 
 
-def finish_test(prep: Prepared, tmp: Path, final: Path, *, statuses, opts: TestOptions, report=None,
-                seconds: dict[str, float] | None = None) -> TestResult:
+def finish_test(
+    prep: Prepared,
+    tmp: Path,
+    final: Path,
+    *,
+    statuses,
+    opts: TestOptions,
+    report=None,
+    seconds: dict[str, float] | None = None,
+) -> TestResult:
     """The steps of :func:`test` after the run (the run store in ``tmp/run``): judge (unless
     ``report`` is given: a streamed run judged as it went), witnesses marked, task metrics,
     drill-down, reports in ``tmp``. ``statuses``: backend -> BackendStatus; ``opts``: the
@@ -346,20 +439,33 @@ def finish_test(prep: Prepared, tmp: Path, final: Path, *, statuses, opts: TestO
         _drill(report, tmp, final, opts.output.quiet, seconds)
     with timed(seconds, "report"):
         write_reports(report, tmp)
-    return TestResult(model=prep.label, out=final, report=report, anchored=final / "anchored.onnx",
-                      manifest=final / "anchored.anchors.json", run_dir=final / "run",
-                      report_json=final / "report.json", report_html=final / "report.html", backends=prep.names,
-                      statuses={b: s.status for b, s in statuses.items()},
-                      reasons={b: s.reason.splitlines()[0][:300] for b, s in statuses.items() if s.reason},
-                      mapping=prep.mapping, seconds=seconds, details=prep.details)
+    return TestResult(
+        model=prep.label,
+        out=final,
+        report=report,
+        anchored=final / "anchored.onnx",
+        manifest=final / "anchored.anchors.json",
+        run_dir=final / "run",
+        report_json=final / "report.json",
+        report_html=final / "report.html",
+        backends=prep.names,
+        statuses={b: s.status for b, s in statuses.items()},
+        reasons={b: s.reason.splitlines()[0][:300] for b, s in statuses.items() if s.reason},
+        mapping=prep.mapping,
+        seconds=seconds,
+        details=prep.details,
+    )
 
 
 def _bucket_note(b: dict[str, Any], n: int) -> str:
     """The report's line of one shape bucket (:func:`anpred.pipeline.buckets.bucket_lines`)."""
     shapes = ", ".join(f"{k} {'x'.join(str(d) for d in s)}" for k, s in b["shapes"].items())
     ids = b["samples"]
-    line = (f"shape bucket {b['bucket']}/{n} ({shapes}): {len(b['sources'])} sample(s)"
-            + (f" {ids[0]}..{ids[-1]}" if len(ids) > 1 else f" {ids[0]}" if ids else "") + ", judged with the others")
+    line = (
+        f"shape bucket {b['bucket']}/{n} ({shapes}): {len(b['sources'])} sample(s)"
+        + (f" {ids[0]}..{ids[-1]}" if len(ids) > 1 else f" {ids[0]}" if ids else "")
+        + ", judged with the others"
+    )
     if b["not_run"]:
         line += "; not run by " + "; ".join(f"{k} ({v})" for k, v in b["not_run"].items())
     return line

@@ -92,8 +92,10 @@ class TestResult:
             elif v.flagged:
                 out[b] = f"FLAGGED at {v.origin_anchor} ({v.propagation})"
             elif v.implementation is not None and v.implementation.flagged:
-                out[b] = (f"FLAGGED (implementation, against the {v.precision} population) at "
-                          f"{v.implementation.origin_anchor} ({v.implementation.propagation})")
+                out[b] = (
+                    f"FLAGGED (implementation, against the {v.precision} population) at "
+                    f"{v.implementation.origin_anchor} ({v.implementation.propagation})"
+                )
             elif v.judged_anchors:
                 big = self.report.largest_primary(b)
                 prim = self.report.config.get("primary", "nrmse")
@@ -102,8 +104,11 @@ class TestResult:
                 if v.unjudged:
                     out[b] += f", {len(v.unjudged)} anchor(s) not judged"
             else:
-                out[b] = "unjudged (used as the consensus reference)" if any(
-                    f"reference:{b}" in str(c) for c in self.report.consensus.values()) else "unjudged"
+                out[b] = (
+                    "unjudged (used as the consensus reference)"
+                    if any(f"reference:{b}" in str(c) for c in self.report.consensus.values())
+                    else "unjudged"
+                )
             role = (self.report.backends.get(b) or {}).get("role")
             if role in ("witness", "arbiter"):
                 out[b] = f"{role}: {out[b]}"
@@ -116,12 +121,23 @@ class TestResult:
         return format_text(self.report) + f"\n\nreport: {self.report_html}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": TEST_SCHEMA, "model": self.model, "out": str(self.out), "status": self.status,
-                "flagged_backends": self.flagged_backends, "backends": self.backends, "statuses": self.statuses,
-                "reasons": self.reasons, "standing": self.standing(), "mapping": self.mapping,
-                "seconds": self.seconds, "details": self.details,
-                "files": {k: str(getattr(self, k)) for k in ("anchored", "manifest", "run_dir", "report_json",
-                                                             "report_html")}}
+        return {
+            "schema": TEST_SCHEMA,
+            "model": self.model,
+            "out": str(self.out),
+            "status": self.status,
+            "flagged_backends": self.flagged_backends,
+            "backends": self.backends,
+            "statuses": self.statuses,
+            "reasons": self.reasons,
+            "standing": self.standing(),
+            "mapping": self.mapping,
+            "seconds": self.seconds,
+            "details": self.details,
+            "files": {
+                k: str(getattr(self, k)) for k in ("anchored", "manifest", "run_dir", "report_json", "report_html")
+            },
+        }
 
 
 @dataclass
@@ -151,8 +167,10 @@ class DemoResult:
 STANDING_WIDTH = 100
 # the coverage's refusal, "not run: the pre-run coverage found N operator(s) ... (how it asked): OPS": the
 # operators first (anpred.backends.coverage.refusal)
-_REFUSAL = re.compile(r"not run: the (?:pre-run coverage found \d+ operator\(s\) or input\(s\) it refuses \(.*?\)"
-                      r"|model uses \d+ operator\(s\) missing from its .*? \(pre-run coverage\)): ")
+_REFUSAL = re.compile(
+    r"not run: the (?:pre-run coverage found \d+ operator\(s\) or input\(s\) it refuses \(.*?\)"
+    r"|model uses \d+ operator\(s\) missing from its .*? \(pre-run coverage\)): "
+)
 
 
 def standing_cell(backend: str, standing: str) -> str:
@@ -161,7 +179,7 @@ def standing_cell(backend: str, standing: str) -> str:
     own name repeated (``failed: prepare: pnnx could not lower ...``)."""
     text = _REFUSAL.sub("refused by the pre-run coverage: ", standing)
     text = re.sub(r"\b(BackendError|AnpredError|RuntimeError): ", "", text).replace(f": {backend}: ", ": ")
-    return text if len(text) <= STANDING_WIDTH else text[:STANDING_WIDTH - 3] + "..."
+    return text if len(text) <= STANDING_WIDTH else text[: STANDING_WIDTH - 3] + "..."
 
 
 def format_standing(results: Iterable[TestResult]) -> str:

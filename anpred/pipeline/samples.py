@@ -30,9 +30,19 @@ from anpred.errors import InputError
 from anpred.pipeline.choices import DEFAULT_IMGSZ, DEFAULT_SAMPLES
 from anpred.pipeline.progress import log
 
-__all__ = ["SOURCES_FILE", "input_hw", "zoo_input_shapes", "fix_static_inputs", "image_input", "is_images",
-           "prepare_inputs",
-           "zoo_samples", "zoo_sources", "record_zoo_inputs", "drop_bound_inputs"]
+__all__ = [
+    "SOURCES_FILE",
+    "input_hw",
+    "zoo_input_shapes",
+    "fix_static_inputs",
+    "image_input",
+    "is_images",
+    "prepare_inputs",
+    "zoo_samples",
+    "zoo_sources",
+    "record_zoo_inputs",
+    "drop_bound_inputs",
+]
 
 #: In an image folder given as inputs: ``{file name: real source}`` recorded in test.json instead of the path.
 SOURCES_FILE = "sources.json"
@@ -75,13 +85,19 @@ def fix_static_inputs(proto, hw: tuple[int, int], shapes: dict[str, tuple[int | 
         if vi.name in inits or not vi.type.tensor_type.HasField("shape"):
             continue
         dims = vi.type.tensor_type.shape.dim
-        nhwc = len(dims) == 4 and dims[3].HasField("dim_value") and dims[3].dim_value == 3 and not (
-            dims[1].HasField("dim_value") and dims[1].dim_value == 3)
+        nhwc = (
+            len(dims) == 4
+            and dims[3].HasField("dim_value")
+            and dims[3].dim_value == 3
+            and not (dims[1].HasField("dim_value") and dims[1].dim_value == 3)
+        )
         spatial = {2: hw[0], 3: hw[1]} if not nhwc else {1: hw[0], 2: hw[1]}
         given = (shapes or {}).get(vi.name)
         if given is not None and len(given) != len(dims):
-            raise InputError(f"input {vi.name!r}: declared shape {tuple(given)} has rank {len(given)}, the graph's "
-                             f"has rank {len(dims)}")
+            raise InputError(
+                f"input {vi.name!r}: declared shape {tuple(given)} has rank {len(given)}, the graph's "
+                f"has rank {len(dims)}"
+            )
         for i, d in enumerate(dims):
             if d.HasField("dim_value") and d.dim_value > 0:
                 continue
@@ -133,8 +149,16 @@ def is_images(inputs) -> bool:
     return any(f.suffix.lower() in IMAGE_EXTS for f in files) and not any(f.suffix.lower() in ARRAY_EXTS for f in files)
 
 
-def prepare_inputs(subject, anchored, inputs: str | None, samples: int | None, seed: int, folder: Path,
-                   quiet: bool, bound: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+def prepare_inputs(
+    subject,
+    anchored,
+    inputs: str | None,
+    samples: int | None,
+    seed: int,
+    folder: Path,
+    quiet: bool,
+    bound: dict[str, Any] | None = None,
+) -> tuple[str, dict[str, Any]]:
     """Choose the samples of a test (see the module docstring). A zoo model's real images are written
     preprocessed into ``folder``; ``bound`` ({input name: value}, the inputs bound to constants)
     are left out of a zoo model's samples and dropped from given ``.npz`` files
@@ -156,11 +180,15 @@ def prepare_inputs(subject, anchored, inputs: str | None, samples: int | None, s
     if zm is not None and (inputs is None or (not str(inputs).startswith("random:") and is_images(inputs))):
         if img is None and not zm.entry.inputs:
             raise InputError(f"{subject.label}: zoo model without a single image input")
-        sources = zoo_samples(zm, n, inputs, folder, img[0] if img is not None and not zm.entry.inputs else None,
-                              drop=tuple(bound))
+        sources = zoo_samples(
+            zm, n, inputs, folder, img[0] if img is not None and not zm.entry.inputs else None, drop=tuple(bound)
+        )
         spec = str(folder)
-        info: dict[str, Any] = {"kind": "zoo real samples" if zm.entry.inputs else "zoo real images",
-                                "preprocessing": zm.info()["preprocessing"], "sources": sources}
+        info: dict[str, Any] = {
+            "kind": "zoo real samples" if zm.entry.inputs else "zoo real images",
+            "preprocessing": zm.info()["preprocessing"],
+            "sources": sources,
+        }
     elif inputs is not None:
         spec = str(inputs)
         info = {"kind": "given", "spec": spec}
@@ -183,8 +211,9 @@ def prepare_inputs(subject, anchored, inputs: str | None, samples: int | None, s
     return spec, info
 
 
-def zoo_samples(zm, n: int, inputs: str | None, folder: Path, input_name: str | None = None,
-                drop: tuple[str, ...] = ()) -> list[str]:
+def zoo_samples(
+    zm, n: int, inputs: str | None, folder: Path, input_name: str | None = None, drop: tuple[str, ...] = ()
+) -> list[str]:
     """Write ``n`` real samples of zoo model ``zm`` as ``folder/sNNNN.npz`` files, each holding one
     array per graph input (:meth:`models.zoo.ZooModel.real_samples`: preprocessed real images under
     ``input_name``, or a non-image model's named arrays of several dtypes) but those named in
@@ -200,8 +229,10 @@ def zoo_samples(zm, n: int, inputs: str | None, folder: Path, input_name: str | 
     from anpred.inputs import IMAGE_EXTS, input_files
 
     if inputs is not None and zm.entry.inputs:
-        raise InputError(f"{zm.name} is not fed with images ({zm.inputs_text()}): give .npz files with these "
-                         "arrays as inputs, or no inputs for its real samples")
+        raise InputError(
+            f"{zm.name} is not fed with images ({zm.inputs_text()}): give .npz files with these "
+            "arrays as inputs, or no inputs for its real samples"
+        )
     if inputs is not None:
         p = Path(inputs)
         files = input_files(p, IMAGE_EXTS) if p.is_dir() else [p]
@@ -259,11 +290,13 @@ def drop_bound_inputs(inputs: str, bound: dict[str, Any], folder: Path) -> dict[
             data = {k: z[k] for k in z.files}
         for k in set(data) & set(want):
             a, b = data[k], want[k]
-            same = a.shape[a.ndim - b.ndim:] == b.shape and np.array_equal(a, np.broadcast_to(b, a.shape))
+            same = a.shape[a.ndim - b.ndim :] == b.shape and np.array_equal(a, np.broadcast_to(b, a.shape))
             if not same:
                 shown = a.tolist() if a.size <= 8 else f"an array of shape {a.shape}"
-                raise InputError(f"inputs {f}: input {k!r} is bound to {b.tolist()} but the file feeds {shown}; "
-                                 f"drop it from the file or bind it to that value")
+                raise InputError(
+                    f"inputs {f}: input {k!r} is bound to {b.tolist()} but the file feeds {shown}; "
+                    f"drop it from the file or bind it to that value"
+                )
             hit = True
         contents[f] = data
     if not hit:
@@ -291,10 +324,13 @@ def record_zoo_inputs(store, sources: list[str] | dict[str, str], run_dir: Path)
     each sample's real source and stored file (not saved here). ``sources``: one per ``sNNNN.npz``
     file in order, or ``{file name: source}``."""
     given = isinstance(sources, dict)
-    store.meta["inputs"] = {**store.meta.get("inputs", {}), "path": str(run_dir / "inputs"),
-                            "kind": ("given inputs, bound inputs dropped" if given
-                                     else "zoo real samples, preprocessed")
-                            + " (stored in the run)", "sources": list(sources.values()) if given else sources}
+    store.meta["inputs"] = {
+        **store.meta.get("inputs", {}),
+        "path": str(run_dir / "inputs"),
+        "kind": ("given inputs, bound inputs dropped" if given else "zoo real samples, preprocessed")
+        + " (stored in the run)",
+        "sources": list(sources.values()) if given else sources,
+    }
     real = dict(sources) if given else {f"s{i:04d}.npz": src for i, src in enumerate(sources)}
     for smp in store.meta.get("samples", []):  # each sample: its real source and where it is stored
         name = Path(str(smp.get("source", ""))).name

@@ -30,8 +30,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["scratch_folder", "static_size", "remove_scratch", "scratch_bytes", "sample_anchor_bytes", "memory_backed",
-           "remove_stale", "MEMORY_FOLDERS", "MEMORY_SHARE", "PREFIX", "LOCK"]
+__all__ = [
+    "scratch_folder",
+    "static_size",
+    "remove_scratch",
+    "scratch_bytes",
+    "sample_anchor_bytes",
+    "memory_backed",
+    "remove_stale",
+    "MEMORY_FOLDERS",
+    "MEMORY_SHARE",
+    "PREFIX",
+    "LOCK",
+]
 
 #: memory-backed folders tried in order (Linux: the POSIX shared-memory tmpfs)
 MEMORY_FOLDERS = ("/dev/shm",)
@@ -171,7 +182,7 @@ def _locked_folder(root: str | Path) -> Path:
     try:
         fd = os.open(tmp / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
-        folder = tmp.with_name(PREFIX + tmp.name[len(".anpred-new-"):])
+        folder = tmp.with_name(PREFIX + tmp.name[len(".anpred-new-") :])
         os.rename(tmp, folder)
     except BaseException:
         if fd >= 0:
@@ -235,8 +246,12 @@ def scratch_folder(beside: Path, need: int, *, candidates=None) -> tuple[Path, s
             except OSError:
                 continue
     if env == "memory":
-        print(f"stream: ANPRED_STREAM_SCRATCH=memory but no memory-backed folder has {need} bytes free: the "
-              f"chunks go to {beside}", file=sys.stderr, flush=True)
+        print(
+            f"stream: ANPRED_STREAM_SCRATCH=memory but no memory-backed folder has {need} bytes free: the "
+            f"chunks go to {beside}",
+            file=sys.stderr,
+            flush=True,
+        )
     shutil.rmtree(beside, ignore_errors=True)
     beside.mkdir(parents=True)
     return beside, "disk"
@@ -255,8 +270,9 @@ def sample_anchor_bytes(manifest, n_backends: int) -> int:
     shapes (an unknown dimension counts as 1; an unknown dtype as float32)."""
     import numpy as np
 
-    per = sum(static_size(a) * np.dtype(a.dtype if a.dtype in np.sctypeDict else "float32").itemsize
-              for a in manifest.anchors)
+    per = sum(
+        static_size(a) * np.dtype(a.dtype if a.dtype in np.sctypeDict else "float32").itemsize for a in manifest.anchors
+    )
     return per * max(1, n_backends)
 
 

@@ -26,9 +26,17 @@ from typing import Any
 from anpred.errors import InputError
 from anpred.options import parse_input_shapes
 
-__all__ = ["parse_input_shapes", "check_stated_shapes", "Bucket", "scan_inputs", "declared_shapes", "bucket_model",
-           "resolve_shapes",
-           "index_ranges", "shape_text"]
+__all__ = [
+    "parse_input_shapes",
+    "check_stated_shapes",
+    "Bucket",
+    "scan_inputs",
+    "declared_shapes",
+    "bucket_model",
+    "resolve_shapes",
+    "index_ranges",
+    "shape_text",
+]
 
 
 def shape_text(shape) -> str:
@@ -44,14 +52,17 @@ def check_stated_shapes(proto, shapes: dict[str, tuple[int, ...]]) -> None:
     ins = {i.name: i for i in model_inputs(proto)}
     unknown = sorted(set(shapes) - set(ins))
     if unknown:
-        raise InputError(f"--input-shapes names {', '.join(unknown)}, not graph input(s); graph inputs: "
-                         f"{', '.join(ins) or 'none'}")
+        raise InputError(
+            f"--input-shapes names {', '.join(unknown)}, not graph input(s); graph inputs: {', '.join(ins) or 'none'}"
+        )
     for name, shape in shapes.items():
         want = ins[name].shape
         bad = len(shape) != len(want) or any(isinstance(d, int) and d != s for d, s in zip(want, shape))
         if bad:
-            raise InputError(f"--input-shapes {name}: {shape_text(shape)} does not fit the model's "
-                             f"{shape_text(d if isinstance(d, int) else None for d in want)}")
+            raise InputError(
+                f"--input-shapes {name}: {shape_text(shape)} does not fit the model's "
+                f"{shape_text(d if isinstance(d, int) else None for d in want)}"
+            )
 
 
 @dataclass
@@ -105,8 +116,10 @@ def _check_range(arrays: dict[str, Any], ranges: dict[str, tuple[int, str]], sou
         lo, hi = int(np.min(a)), int(np.max(a))
         if lo < -rows or hi > rows - 1:
             bad = hi if hi > rows - 1 else lo
-            raise InputError(f"input {name!r} ({source}): value {bad} is outside [{-rows}, {rows - 1}], the rows of "
-                             f"the {rows}-row table it indexes (Gather {node!r})")
+            raise InputError(
+                f"input {name!r} ({source}): value {bad} is outside [{-rows}, {rows - 1}], the rows of "
+                f"the {rows}-row table it indexes (Gather {node!r})"
+            )
 
 
 def scan_inputs(proto, spec: str, skip: tuple[str, ...] = (), keep_arrays: bool = True) -> list[Bucket]:
@@ -207,8 +220,10 @@ def resolve_shapes(subject, opts, tmp: Path) -> tuple[dict[str, tuple] | None, l
     for b in buckets:
         for name, shape in (stated or {}).items():
             if name in b.shapes and b.shapes[name] != tuple(shape):
-                raise InputError(f"input {name!r}: the given samples have shape {shape_text(b.shapes[name])} "
-                                 f"({b.sources[0]}), --input-shapes states {shape_text(shape)}")
+                raise InputError(
+                    f"input {name!r}: the given samples have shape {shape_text(b.shapes[name])} "
+                    f"({b.sources[0]}), --input-shapes states {shape_text(shape)}"
+                )
     if len(buckets) == 1:
         shutil.rmtree(tmp / ".given", ignore_errors=True)
         return dict(buckets[0].shapes), None

@@ -30,7 +30,6 @@ def task_adapter(subject: Subject, task):
     return zoo_task(subject.zoo) if subject.zoo is not None else None
 
 
-
 @contextlib.contextmanager
 def timed(seconds: dict[str, float], phase: str):
     """``seconds[phase]``: the wall time of the block (not set when it raises)."""
@@ -56,8 +55,9 @@ def instrument(subject: Subject, model_opts, shapes: dict[str, tuple] | None, de
         log(f"dynamic input dimensions fixed: {', '.join(fixed)}", quiet)
         details["fixed_dims"] = fixed
     proto = _bind(subject, proto, bindings(subject, model_opts.bind), details, quiet)
-    anchored, manifest = instrument_model(proto, stages=model_opts.stages, max_cut_width=model_opts.max_cut_width,
-                                          source_path=subject.onnx_path)
+    anchored, manifest = instrument_model(
+        proto, stages=model_opts.stages, max_cut_width=model_opts.max_cut_width, source_path=subject.onnx_path
+    )
     manifest.model["name"] = subject.label
     if subject.origin:
         manifest.model["origin"] = dict(subject.origin)
@@ -88,13 +88,24 @@ def _bind(subject: Subject, proto, values: dict[str, Any], details: dict[str, An
     details["bound_inputs"] = {n: b["value"] for n, b in info["bound"].items()}
     details["binding"] = {k: (len(v) if k == "inlined" else v) for k, v in info.items() if k != "bound"}
     left = f"; If left: {', '.join(info['ifs_left'])}" if info["ifs_left"] else ""
-    log(f"bound {', '.join(f'{n}={v}' for n, v in details['bound_inputs'].items())}: {info['folded']} nodes folded, "
-        f"{len(info['inlined'])} If inlined{left}", quiet)
+    log(
+        f"bound {', '.join(f'{n}={v}' for n, v in details['bound_inputs'].items())}: {info['folded']} nodes folded, "
+        f"{len(info['inlined'])} If inlined{left}",
+        quiet,
+    )
     return bound
 
 
-def map_native(subject: Subject, manifest, anchored, names: list[str], explicit: bool, tmp: Path,
-               details: dict[str, Any], quiet: bool) -> dict[str, dict[str, int]]:
+def map_native(
+    subject: Subject,
+    manifest,
+    anchored,
+    names: list[str],
+    explicit: bool,
+    tmp: Path,
+    details: dict[str, Any],
+    quiet: bool,
+) -> dict[str, dict[str, int]]:
     """Map the anchors onto the native model when its native backend runs (``tmp/mapping.json``).
     Returns native backend -> counts. A model that cannot be mapped raises when the backends were
     given, else its native backend is left out of ``names`` (``details["native_left_out"]``)."""
@@ -109,13 +120,21 @@ def map_native(subject: Subject, manifest, anchored, names: list[str], explicit:
     try:
         with PythonPath(subject.sys_path), QuietLogger("ultralytics"):
             net, example = native_model(subject)
-            rep = map_anchors(manifest, net, subject.framework, onnx_model=anchored,
-                              example_inputs=tuple(example) if subject.framework == "torch" else None)
+            rep = map_anchors(
+                manifest,
+                net,
+                subject.framework,
+                onnx_model=anchored,
+                example_inputs=tuple(example) if subject.framework == "torch" else None,
+            )
         mapping[native] = rep.counts(native)
         atomic_write_text(tmp / "mapping.json", to_json(rep.to_dict(), indent=1))
         c = mapping[native]
-        log(f"mapped anchors onto the {subject.framework} model: {c['exact']} exact, {c['equivalent']} "
-            f"equivalent, {c['unmapped']} unmapped", quiet)
+        log(
+            f"mapped anchors onto the {subject.framework} model: {c['exact']} exact, {c['equivalent']} "
+            f"equivalent, {c['unmapped']} unmapped",
+            quiet,
+        )
     except MappingError as err:
         if explicit:
             raise
@@ -153,4 +172,3 @@ def write_reports(report, tmp: Path) -> None:
 
     write_json(report, tmp / "report.json")
     write_html(report, tmp / "report.html")
-

@@ -52,13 +52,30 @@ from anpred.errors import AnpredError
 from anpred.options import JudgeOptions, RunOptions, StreamOptions
 from anpred.pipeline.scratch import static_size
 from anpred.pipeline.stream_hooks import StreamHooks
-from anpred.pipeline.stream_inputs import (JUDGE_NICE, StreamInputs, calibrated, prefetched, skip_judged,
-                                          zoo_image_samples)
+from anpred.pipeline.stream_inputs import (
+    JUDGE_NICE,
+    StreamInputs,
+    calibrated,
+    prefetched,
+    skip_judged,
+    zoo_image_samples,
+)
 from anpred.pipeline.stream_judge import ChunkJudge, JudgeThread
 from anpred.pipeline.stream_state import StreamPlan, StreamState
 
-__all__ = ["stream_test", "open_stream", "run_chunks", "write_report", "StreamInputs", "StreamHooks",
-           "zoo_image_samples", "auto_chunk", "CHUNK_BYTES", "JUDGE_NICE", "LATER_CHUNK_FACTOR"]
+__all__ = [
+    "stream_test",
+    "open_stream",
+    "run_chunks",
+    "write_report",
+    "StreamInputs",
+    "StreamHooks",
+    "zoo_image_samples",
+    "auto_chunk",
+    "CHUNK_BYTES",
+    "JUDGE_NICE",
+    "LATER_CHUNK_FACTOR",
+]
 
 #: default bytes of anchor tensors one chunk may write (all backends together): 1 GiB, so that the two
 #: chunks in flight and the kept samples stay a few GiB on disk whatever the model (docs/run.md)
@@ -87,9 +104,17 @@ def _samples_positions(manifest, k: int) -> bool:
     return bool(k) and any(a.kind != "output" and static_size(a) > k for a in manifest.anchors)
 
 
-def stream_test(anchored: str | Path, inputs: StreamInputs | Any, out_run: str | Path, *, run: RunOptions,
-                judge: JudgeOptions | None = None, stream: StreamOptions | None = None, quiet: bool = False,
-                checkpoint: bool = False):
+def stream_test(
+    anchored: str | Path,
+    inputs: StreamInputs | Any,
+    out_run: str | Path,
+    *,
+    run: RunOptions,
+    judge: JudgeOptions | None = None,
+    stream: StreamOptions | None = None,
+    quiet: bool = False,
+    checkpoint: bool = False,
+):
     """Run and judge a dataset in chunks (module docstring); returns the :class:`anpred.judge.CheckReport`.
 
     Args:
@@ -128,9 +153,16 @@ def stream_test(anchored: str | Path, inputs: StreamInputs | Any, out_run: str |
     """
     if not isinstance(inputs, StreamInputs):
         inputs = StreamInputs(inputs)
-    plan, state = open_stream(anchored, out_run, run=run, judge=judge or JudgeOptions(),
-                              stream=stream or StreamOptions(), inputs_description=inputs.description, quiet=quiet,
-                              checkpoint=checkpoint)
+    plan, state = open_stream(
+        anchored,
+        out_run,
+        run=run,
+        judge=judge or JudgeOptions(),
+        stream=stream or StreamOptions(),
+        inputs_description=inputs.description,
+        quiet=quiet,
+        checkpoint=checkpoint,
+    )
     head, samples = _calibration_and_skip(plan, state, inputs.samples)
     run_chunks(plan, state, samples, head)
     return write_report(plan, state)
@@ -161,9 +193,17 @@ def _adapter(task: Any):
     return load_adapter(task)
 
 
-def open_stream(anchored: str | Path, out_run: str | Path, *, run: RunOptions, judge: JudgeOptions,
-                stream: StreamOptions, inputs_description: dict[str, Any] | None, quiet: bool,
-                checkpoint: bool) -> tuple[StreamPlan, StreamState]:
+def open_stream(
+    anchored: str | Path,
+    out_run: str | Path,
+    *,
+    run: RunOptions,
+    judge: JudgeOptions,
+    stream: StreamOptions,
+    inputs_description: dict[str, Any] | None,
+    quiet: bool,
+    checkpoint: bool,
+) -> tuple[StreamPlan, StreamState]:
     """Step 1, open or resume: the options checked and resolved into a :class:`StreamPlan`, and the
     :class:`StreamState` to start from (empty; with ``stream.resume``, the checkpoint's, its run folder
     made what it was then). The folder beside ``out_run`` is made empty. Arguments as :func:`stream_test`.
@@ -189,18 +229,41 @@ def open_stream(anchored: str | Path, out_run: str | Path, *, run: RunOptions, j
     manifest = load_anchored(Path(anchored))[1]  # (read once: the sampling and the chunks' estimate)
     if chunk is None:
         chunk = auto_chunk(manifest, len(specs))
-    fp = stream_state.fingerprint(anchored, specs, chunk=chunk, keep=keep, positions=positions, oracle=judge.oracle,
-                                  config=judge.config, inputs=inputs_description,
-                                  allow_incomplete=judge.allow_incomplete,
-                                  task=adapter.describe() if adapter is not None else None,
-                                  labels=None if judge.labels is None else str(judge.labels))
+    fp = stream_state.fingerprint(
+        anchored,
+        specs,
+        chunk=chunk,
+        keep=keep,
+        positions=positions,
+        oracle=judge.oracle,
+        config=judge.config,
+        inputs=inputs_description,
+        allow_incomplete=judge.allow_incomplete,
+        task=adapter.describe() if adapter is not None else None,
+        labels=None if judge.labels is None else str(judge.labels),
+    )
     # beside -o: the int8 calibration inputs, the kept samples' re-run (moved into the final run), the
     # chunks where no memory-backed folder has room for them (anpred.pipeline.scratch)
     side = out_run.parent / ".stream"
-    plan = StreamPlan(anchored=Path(anchored), out_run=out_run, side=side, specs=specs, chunk=chunk, keep=keep,
-                      positions=positions, timeout_s=run.timeout_s, side_by_side=run.side_by_side, judge=judge,
-                      adapter=adapter, inputs_description=inputs_description, quiet=quiet, checkpoint=checkpoint,
-                      fingerprint=fp, hooks=stream.hooks or StreamHooks(), manifest=manifest)
+    plan = StreamPlan(
+        anchored=Path(anchored),
+        out_run=out_run,
+        side=side,
+        specs=specs,
+        chunk=chunk,
+        keep=keep,
+        positions=positions,
+        timeout_s=run.timeout_s,
+        side_by_side=run.side_by_side,
+        judge=judge,
+        adapter=adapter,
+        inputs_description=inputs_description,
+        quiet=quiet,
+        checkpoint=checkpoint,
+        fingerprint=fp,
+        hooks=stream.hooks or StreamHooks(),
+        manifest=manifest,
+    )
     state = StreamState()
     if stream.resume:
         state.restore(stream_state.load(out_run.parent, fp))
@@ -232,7 +295,7 @@ def _calibration_and_skip(plan: StreamPlan, state: StreamState, samples) -> tupl
     plan.specs = calibrated(plan.specs, head, plan.side / "calibration")
     samples = itertools.chain(head, samples)
     if state.n:  # resumed: the samples judged before are read (their order and ids), not run
-        samples = skip_judged(samples, state.sources[:state.n], state.shas[:state.n])
+        samples = skip_judged(samples, state.sources[: state.n], state.shas[: state.n])
     return head[:1], samples
 
 
@@ -257,11 +320,19 @@ def run_chunks(plan: StreamPlan, state: StreamState, samples, head: list) -> Non
     restore_sigterm = sigterm_raises()  # SIGTERM while waiting for the judge: cleaned up as Ctrl-C
     work = chunks = None  # (the chunks' folder: in memory where it fits, anpred.pipeline.scratch)
     try:
-        work, plan.scratch = scratch_folder(plan.side / "chunks",
-                                            scratch_bytes(plan.manifest, len(plan.specs), plan.chunk, plan.later, head))
+        work, plan.scratch = scratch_folder(
+            plan.side / "chunks", scratch_bytes(plan.manifest, len(plan.specs), plan.chunk, plan.later, head)
+        )
         judge.work = work
-        chunks = prefetched(samples, plan.chunk, work, state.sources, first=state.n,
-                            description=plan.inputs_description, later=plan.later)
+        chunks = prefetched(
+            samples,
+            plan.chunk,
+            work,
+            state.sources,
+            first=state.n,
+            description=plan.inputs_description,
+            later=plan.later,
+        )
         _run_each(plan, state, chunks, judging, pool, work)
         judging.end(drop=False)
         plan.hooks.before_refill()
@@ -304,8 +375,17 @@ def _run_each(plan: StreamPlan, state: StreamState, chunks, judging: JudgeThread
         if state.error is not None:
             break
         tr = time.perf_counter()
-        store = run_model(plan.anchored, plan.specs, part, work / f"run{k}", timeout_s=plan.timeout_s, overwrite=True,
-                          progress=False, precheck=(k == 0), pool=pool)
+        store = run_model(
+            plan.anchored,
+            plan.specs,
+            part,
+            work / f"run{k}",
+            timeout_s=plan.timeout_s,
+            overwrite=True,
+            progress=False,
+            precheck=(k == 0),
+            pool=pool,
+        )
         del part
         state.seconds_run += time.perf_counter() - tr
         if k == 0:  # a backend refused by the pre-run coverage is not started again
@@ -329,37 +409,52 @@ def write_report(plan: StreamPlan, state: StreamState):
 
     judge, final = state.judge, state.final
     final.meta["stream"] = _stream_record(plan, state)
-    final.meta["backend_specs"] = {x.label: {"name": x.name, "options": {k: v for k, v in x.options.items()
-                                                                         if k != "calibration"}} for x in plan.specs}
+    final.meta["backend_specs"] = {
+        x.label: {"name": x.name, "options": {k: v for k, v in x.options.items() if k != "calibration"}}
+        for x in plan.specs
+    }
     final.save_meta()
     report = finish(state.run, judge.judged())
     report.run_dir = str(plan.out_run)
-    report.inputs = {"description": plan.inputs_description or {}, "samples": state.n,
-                     "sha256": inputs_sha256(state.shas)}
+    report.inputs = {
+        "description": plan.inputs_description or {},
+        "samples": state.n,
+        "sha256": inputs_sha256(state.shas),
+    }
     if state.acc is not None:
         labels = plan.judge.labels
         if labels is not None:  # one pass over the labels (a class-folder layout needs every source)
-            every = load_labels(labels, [{"id": f"s{i:06d}", "source": src} for i, src in enumerate(state.sources)],
-                                plan.adapter.name, require=False)
+            every = load_labels(
+                labels,
+                [{"id": f"s{i:06d}", "source": src} for i, src in enumerate(state.sources)],
+                plan.adapter.name,
+                require=False,
+            )
             state.acc.labels = [every[i] for i in state.added]
         report.task = state.acc.result()
     positions = plan.positions
     if judge.sampler is not None and judge.sampler.sampled_sizes():
         big = judge.sampler.sampled_sizes()
-        report.notes.append(f"sampled positions: {len(big)} intermediate anchor(s) of more than {positions} elements "
-                            f"(up to {max(big.values())}) judged on {positions} positions per sample, the same in "
-                            f"every sample and backend; their maxima (max_abs, max_ulp) are over those positions, "
-                            f"sums and means are estimates (docs/task.md, 'Sampled positions'); outputs judged in full")
+        report.notes.append(
+            f"sampled positions: {len(big)} intermediate anchor(s) of more than {positions} elements "
+            f"(up to {max(big.values())}) judged on {positions} positions per sample, the same in "
+            f"every sample and backend; their maxima (max_abs, max_ulp) are over those positions, "
+            f"sums and means are estimates (docs/task.md, 'Sampled positions'); outputs judged in full"
+        )
     dk = getattr(judge.oracle.main, "distribution_k", None) if judge.oracle is not None else None
     if dk:  # the Wasserstein distance on fewer positions (anpred.judge.positions.DISTRIBUTION_POSITIONS)
-        report.notes.append(f"Wasserstein distance (W1): computed on {dk} sampled positions of every tensor of more "
-                            f"elements, the outputs included (an estimate; every other statistic of the outputs "
-                            f"uses every element; docs/task.md, 'Sampled positions')")
+        report.notes.append(
+            f"Wasserstein distance (W1): computed on {dk} sampled positions of every tensor of more "
+            f"elements, the outputs included (an estimate; every other statistic of the outputs "
+            f"uses every element; docs/task.md, 'Sampled positions')"
+        )
     chunk, later = plan.chunk, plan.later
-    report.notes.append(f"streamed: {state.n} samples judged in chunks of {chunk}"
-                        f"{f' (then {later})' if later != chunk else ''} "
-                        f"({time.perf_counter() - plan.t0:.0f} s); the run folder keeps the {plan.keep} most deviating "
-                        f"samples per backend ({len(final.sample_ids)} samples)")
+    report.notes.append(
+        f"streamed: {state.n} samples judged in chunks of {chunk}"
+        f"{f' (then {later})' if later != chunk else ''} "
+        f"({time.perf_counter() - plan.t0:.0f} s); the run folder keeps the {plan.keep} most deviating "
+        f"samples per backend ({len(final.sample_ids)} samples)"
+    )
     return report
 
 
@@ -370,26 +465,33 @@ def _stream_record(plan: StreamPlan, state: StreamState) -> dict[str, Any]:
     judge = state.judge
     # seconds_run: the chunks' runs as the driver waited for them (every backend, side by side or not);
     # seconds_judge: judging them (a thread beside the runs)
-    return {"samples": state.n, "chunk": plan.chunk, "later_chunks": plan.later, "keep": plan.keep,
-            "side_by_side": plan.side_by_side,
-            # intra-op threads per backend given a threads option (split_threads side by side)
-            "threads": {x.label: x.options["threads"] for x in plan.specs if "threads" in x.options},
-            # where the chunks lived: "memory" (a tmpfs) or "disk" (anpred.pipeline.scratch)
-            "scratch": plan.scratch,
-            "seconds_run": round(state.seconds_run, 2),
-            "seconds_judge": round(state.seconds_judge, 2),
-            "seconds_refill": round(state.seconds_refill, 2),
-            "seconds_checkpoint": round(state.seconds_checkpoint, 2),
-            "checkpoint_bytes": _size(plan.out_run.parent / stream_state.STATE_FILE),
-            # [samples judged, seconds since the stream began] after each chunk (this process)
-            "judged_at": state.judged_at,
-            # the judge thread's nice value per chunk (this process): the driver's for the
-            # first chunk where positions are sampled, JUDGE_NICE more for the others
-            "judge_nice": state.judge_nice,
-            "positions": plan.positions,
-            "wasserstein_positions": (getattr(judge.oracle.main, "distribution_k", None)
-                                      if judge.oracle is not None else None),
-            "kept": {b: sorted(r for _, r in h) for b, h in state.heaps.items()}}
+    return {
+        "samples": state.n,
+        "chunk": plan.chunk,
+        "later_chunks": plan.later,
+        "keep": plan.keep,
+        "side_by_side": plan.side_by_side,
+        # intra-op threads per backend given a threads option (split_threads side by side)
+        "threads": {x.label: x.options["threads"] for x in plan.specs if "threads" in x.options},
+        # where the chunks lived: "memory" (a tmpfs) or "disk" (anpred.pipeline.scratch)
+        "scratch": plan.scratch,
+        "seconds_run": round(state.seconds_run, 2),
+        "seconds_judge": round(state.seconds_judge, 2),
+        "seconds_refill": round(state.seconds_refill, 2),
+        "seconds_checkpoint": round(state.seconds_checkpoint, 2),
+        "checkpoint_bytes": _size(plan.out_run.parent / stream_state.STATE_FILE),
+        # [samples judged, seconds since the stream began] after each chunk (this process)
+        "judged_at": state.judged_at,
+        # the judge thread's nice value per chunk (this process): the driver's for the
+        # first chunk where positions are sampled, JUDGE_NICE more for the others
+        "judge_nice": state.judge_nice,
+        "positions": plan.positions,
+        "wasserstein_positions": (
+            getattr(judge.oracle.main, "distribution_k", None) if judge.oracle is not None else None
+        ),
+        "kept": {b: sorted(r for _, r in h) for b, h in state.heaps.items()},
+    }
+
 
 def _size(path: Path) -> int | None:
     try:

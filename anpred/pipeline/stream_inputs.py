@@ -15,8 +15,16 @@ from typing import Any, Iterator
 
 import numpy as np
 
-__all__ = ["StreamInputs", "zoo_image_samples", "JUDGE_NICE", "lower_priority", "batched", "skip_judged",
-           "prefetched", "calibrated"]
+__all__ = [
+    "StreamInputs",
+    "zoo_image_samples",
+    "JUDGE_NICE",
+    "lower_priority",
+    "batched",
+    "skip_judged",
+    "prefetched",
+    "calibrated",
+]
 
 
 @dataclass
@@ -108,16 +116,25 @@ def skip_judged(samples, sources: list[str], shas: list[str]):
         if got is None or got[0] != want:
             raise stream_state.ResumeRefused(
                 f"cannot resume: the inputs changed since the checkpoint: sample s{i:06d} was {want}, now "
-                f"{'nothing (fewer inputs)' if got is None else got[0]}; run without --resume to start over")
+                f"{'nothing (fewer inputs)' if got is None else got[0]}; run without --resume to start over"
+            )
         if i < len(shas) and sample_sha256(got[1]) != shas[i]:
             raise stream_state.ResumeRefused(
                 f"cannot resume: the inputs changed since the checkpoint: sample s{i:06d} ({want}) has other "
-                f"contents; run without --resume to start over")
+                f"contents; run without --resume to start over"
+            )
     yield from it
 
 
-def prefetched(samples, chunk: int, work: Path, sources: list[str], first: int = 0,
-                description: dict[str, Any] | None = None, later: int | None = None):
+def prefetched(
+    samples,
+    chunk: int,
+    work: Path,
+    sources: list[str],
+    first: int = 0,
+    description: dict[str, Any] | None = None,
+    later: int | None = None,
+):
     """``(k, part, ids)`` per chunk of ``chunk`` samples (``later`` after the first): ``part`` the
     chunk's inputs in memory (:class:`anpred.inputs.ArraySamples`, ``description`` its inputs' record;
     each sample also hashed and written to ``work/in<k>``, to be moved into the chunk's run), ``ids``
@@ -196,8 +213,11 @@ def calibrated(specs: list, head: list, folder: Path) -> list:
     out = []
     for s in specs:
         spec = BackendSpec.coerce(s)
-        if files and getattr(backend_class(spec.name), "needs_calibration", False) \
-                and "calibration" not in spec.options:
+        if (
+            files
+            and getattr(backend_class(spec.name), "needs_calibration", False)
+            and "calibration" not in spec.options
+        ):
             spec = BackendSpec(spec.name, spec.label, {**spec.options, "calibration": files})
         out.append(spec)
     return out

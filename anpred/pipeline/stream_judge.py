@@ -68,8 +68,12 @@ class ChunkJudge:
         state.run, state.judge = run, SampleJudge(run, positions=plan.positions)
         if plan.adapter is not None:
             state.acc = task_accumulator(run, plan.adapter)
-        state.final = RunStore.create(plan.out_run, store.manifest, model=dict(store.meta.get("model", {})),
-                                      inputs=plan.inputs_description or dict(store.meta.get("inputs", {})))
+        state.final = RunStore.create(
+            plan.out_run,
+            store.manifest,
+            model=dict(store.meta.get("model", {})),
+            inputs=plan.inputs_description or dict(store.meta.get("inputs", {})),
+        )
 
     def _judge(self, k: int, store, ids: dict[str, str]) -> None:
         state = self.state
@@ -117,8 +121,12 @@ class ChunkJudge:
             state.seconds_checkpoint += time.perf_counter() - tc
             if why:
                 state.checkpoint_error = why
-                print(f"stream: no checkpoint after {state.n} samples ({why}): an interruption from now on "
-                      f"cannot be resumed", file=sys.stderr, flush=True)
+                print(
+                    f"stream: no checkpoint after {state.n} samples ({why}): an interruption from now on "
+                    f"cannot be resumed",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def _progress(self) -> None:
         """Record when the chunk was judged; the progress line (samples/s, the running verdict)."""
@@ -126,11 +134,16 @@ class ChunkJudge:
         rate = (state.n - plan.n0) / (time.perf_counter() - plan.t0)
         state.judged_at.append([state.n, round(time.perf_counter() - plan.t0, 2)])
         if not plan.quiet:
-            running = ("; ".join(f"{b}: {h}" for b, h in acc.running().items())
-                       if acc is not None else
-                       "; ".join(f"{b} max output dev {v:.2g}" for b, v in sorted(state.max_dev.items())))
-            print(f"stream: {state.n} samples judged ({rate:.2f} samples/s); running: {running}", file=sys.stderr,
-                  flush=True)
+            running = (
+                "; ".join(f"{b}: {h}" for b, h in acc.running().items())
+                if acc is not None
+                else "; ".join(f"{b} max output dev {v:.2g}" for b, v in sorted(state.max_dev.items()))
+            )
+            print(
+                f"stream: {state.n} samples judged ({rate:.2f} samples/s); running: {running}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 class JudgeThread:

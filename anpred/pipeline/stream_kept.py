@@ -118,8 +118,17 @@ def refill_kept(final, anchored, specs: list, pool, folder: Path, timeout_s: flo
         return
     part = ArraySamples([(rid, final.read_inputs(rid)) for rid in rids], {"kind": "arrays", "kept": len(rids)})
     pool.gather.clear()
-    store = run_model(anchored, specs, part, folder / "run", timeout_s=timeout_s, overwrite=True, progress=False,
-                      precheck=False, pool=pool)
+    store = run_model(
+        anchored,
+        specs,
+        part,
+        folder / "run",
+        timeout_s=timeout_s,
+        overwrite=True,
+        progress=False,
+        precheck=False,
+        pool=pool,
+    )
     for j, rid in enumerate(rids):
         sid = f"s{j:04d}"
         for b, st in store.statuses().items():

@@ -35,10 +35,25 @@ STATE_FILE = "state.pkl"
 
 class ResumeRefused(AnpredError):
     """A checkpoint that cannot be resumed (missing, unreadable, made for another run, inputs changed)."""
+
+
 SCHEMA = "anpred.stream-state/1"
 #: what a checkpoint keeps of the stream's state (:class:`StreamState`, anpred.pipeline.stream.stream_test)
-KEYS = ("n", "sources", "added", "shas", "heaps", "kept", "max_dev", "judge", "acc", "run",
-        "seconds_run", "seconds_judge", "statuses")
+KEYS = (
+    "n",
+    "sources",
+    "added",
+    "shas",
+    "heaps",
+    "kept",
+    "max_dev",
+    "judge",
+    "acc",
+    "run",
+    "seconds_run",
+    "seconds_judge",
+    "statuses",
+)
 
 
 @dataclass
@@ -146,9 +161,11 @@ def fingerprint(anchored: str | Path, specs: list, **options: Any) -> dict[str, 
     with open(anchored, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
-    return {"model_sha256": h.hexdigest(),
-            "backends": [[s.label, s.name, json.dumps(s.options, sort_keys=True, default=str)] for s in specs],
-            **{k: json.loads(json.dumps(v, sort_keys=True, default=str)) for k, v in options.items()}}
+    return {
+        "model_sha256": h.hexdigest(),
+        "backends": [[s.label, s.name, json.dumps(s.options, sort_keys=True, default=str)] for s in specs],
+        **{k: json.loads(json.dumps(v, sort_keys=True, default=str)) for k, v in options.items()},
+    }
 
 
 def save(folder: Path, state: StreamState, fp: dict[str, Any]) -> str | None:
@@ -156,7 +173,7 @@ def save(folder: Path, state: StreamState, fp: dict[str, Any]) -> str | None:
     Returns None, or why it could not be written (a user's task adapter that cannot be pickled, a
     full disk): the run goes on without a newer checkpoint."""
     data = {"schema": SCHEMA, "fingerprint": fp, **{k: getattr(state, k) for k in KEYS}}
-    data["sources"] = list(state.sources[:state.n])  # the reader thread may be ahead of the judge
+    data["sources"] = list(state.sources[: state.n])  # the reader thread may be ahead of the judge
     final = state.final  # the backends' statuses summed over the chunks judged (counts, times, failures)
     data["statuses"] = {b: st.to_dict() for b, st in final.statuses().items()} if final is not None else {}
     tmp = folder / (STATE_FILE + ".tmp")
@@ -182,21 +199,25 @@ def load(folder: Path, fp: dict[str, Any]) -> dict[str, Any]:
     """
     path = folder / STATE_FILE
     if not path.is_file():
-        raise ResumeRefused(f"nothing to resume: no checkpoint {path} (a streamed run writes one after each chunk "
-                          f"it has judged; run without --resume to start over)")
+        raise ResumeRefused(
+            f"nothing to resume: no checkpoint {path} (a streamed run writes one after each chunk "
+            f"it has judged; run without --resume to start over)"
+        )
     try:
         with open(path, "rb") as f:
             data = pickle.load(f)
     except Exception as err:  # noqa: BLE001 - any unpickling failure is an unreadable checkpoint
-        raise ResumeRefused(f"{path}: unreadable checkpoint ({type(err).__name__}: {err}); run without --resume "
-                          f"to start over") from err
+        raise ResumeRefused(
+            f"{path}: unreadable checkpoint ({type(err).__name__}: {err}); run without --resume to start over"
+        ) from err
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise ResumeRefused(f"{path}: not a checkpoint of this version of anpred (schema {SCHEMA})")
     old = data.get("fingerprint", {})
     differ = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
     if differ:
-        raise ResumeRefused(f"{path} was made for another run: {', '.join(differ)} differ; run without --resume "
-                          f"to start over")
+        raise ResumeRefused(
+            f"{path} was made for another run: {', '.join(differ)} differ; run without --resume to start over"
+        )
     return {k: data.get(k) for k in KEYS}
 
 

@@ -37,8 +37,10 @@ def _checkpoint(final: Path, resume: bool, quiet: bool) -> Path:
     Raises AnpredError: ``resume`` without a checkpoint."""
     ck = stream_checkpoint_dir(final)
     if resume and not (ck / "state.pkl").is_file():
-        raise AnpredError(f"nothing to resume: no checkpoint in {ck} (a streamed run writes one after each chunk it "
-                          f"has judged; run without --resume to start over)")
+        raise AnpredError(
+            f"nothing to resume: no checkpoint in {ck} (a streamed run writes one after each chunk it "
+            f"has judged; run without --resume to start over)"
+        )
     if not resume and (ck / "state.pkl").is_file():
         log(f"replacing the checkpoint of an interrupted run in {ck} (--resume would have continued it)", quiet)
     if not resume:
@@ -68,14 +70,26 @@ def stream_step(subject: Subject, prep, opts, tmp: Path, final: Path) -> tuple[A
         chunk = auto_chunk(prep.manifest, len(prep.names))
     log(f"streaming {inputs} through {len(prep.names)} backends in chunks of {chunk}", quiet)
     ck = _checkpoint(final, st.resume, quiet)
-    prep.details["inputs"] = {"kind": "streamed", "spec": str(inputs), "chunk": chunk, "keep": st.keep,
-                              "side_by_side": bool(opts.run.side_by_side), "positions": st.positions}
+    prep.details["inputs"] = {
+        "kind": "streamed",
+        "spec": str(inputs),
+        "chunk": chunk,
+        "keep": st.keep,
+        "side_by_side": bool(opts.run.side_by_side),
+        "positions": st.positions,
+    }
     hooks = st.hooks or StreamHooks()
     with PythonPath(subject.sys_path):
-        report = stream_test(tmp / "anchored.onnx", StreamInputs(samples, desc), ck / "run",
-                             run=replace(opts.run, backends=prep.names, side_by_side=bool(opts.run.side_by_side)),
-                             judge=replace(opts.judge, task=prep.adapter), stream=replace(st, chunk=chunk, hooks=hooks),
-                             quiet=quiet, checkpoint=True)
+        report = stream_test(
+            tmp / "anchored.onnx",
+            StreamInputs(samples, desc),
+            ck / "run",
+            run=replace(opts.run, backends=prep.names, side_by_side=bool(opts.run.side_by_side)),
+            judge=replace(opts.judge, task=prep.adapter),
+            stream=replace(st, chunk=chunk, hooks=hooks),
+            quiet=quiet,
+            checkpoint=True,
+        )
     # the run folder joins the report being built; the checkpoint stays until the report is committed
     # (test(): an interruption while reporting moves the run folder back beside it)
     shutil.move(str(ck / "run"), str(tmp / "run"))

@@ -29,8 +29,17 @@ from anpred.errors import AnpredError
 from anpred.pipeline.choices import NATIVE_BACKEND, check_native_backends
 from anpred.pipeline.progress import log
 
-__all__ = ["Subject", "resolve_model", "check_model", "is_factory_spec", "module_root", "import_factory",
-           "native_model", "PythonPath", "QuietLogger"]
+__all__ = [
+    "Subject",
+    "resolve_model",
+    "check_model",
+    "is_factory_spec",
+    "module_root",
+    "import_factory",
+    "native_model",
+    "PythonPath",
+    "QuietLogger",
+]
 
 
 @dataclass
@@ -66,8 +75,14 @@ class Subject:
     def to_dict(self) -> dict[str, Any]:
         """What ``test.json`` records as ``details.subject``: label, kind, ONNX file, framework,
         origin and export."""
-        return {"label": self.label, "kind": self.kind, "onnx": str(self.onnx_path), "framework": self.framework,
-                "origin": self.origin, "export": self.export}
+        return {
+            "label": self.label,
+            "kind": self.kind,
+            "onnx": str(self.onnx_path),
+            "framework": self.framework,
+            "origin": self.origin,
+            "export": self.export,
+        }
 
 
 def is_factory_spec(text: str) -> bool:
@@ -137,22 +152,32 @@ def check_model(model: str | os.PathLike, backends: Iterable[str] | None) -> str
         import models
 
         if text not in models.REGISTRY:
-            raise AnpredError(f"unknown model {text!r}: not an .onnx file, a zoo model or a module:function "
-                              f"factory; zoo models: {', '.join(models.REGISTRY)}")
+            raise AnpredError(
+                f"unknown model {text!r}: not an .onnx file, a zoo model or a module:function "
+                f"factory; zoo models: {', '.join(models.REGISTRY)}"
+            )
         check_native_backends(backends, models.REGISTRY[text].native_framework or "onnx", text, "zoo")
     elif not is_factory_spec(text):
         from anpred.onnx_io import load_model
         from exporters import read_origin
 
         origin = read_origin(load_model(text, load_external=False)) or {}
-        check_native_backends(backends, origin.get("framework", "onnx") if origin.get("factory") else "onnx",
-                              Path(text).stem, "onnx")
+        check_native_backends(
+            backends, origin.get("framework", "onnx") if origin.get("factory") else "onnx", Path(text).stem, "onnx"
+        )
     return text.split(":")[-1] if is_factory_spec(text) else Path(text).stem
 
 
-def resolve_model(model: str | os.PathLike, *, imgsz: int | tuple[int, int] | None = None, seed: int = 0,
-                  factory_kwargs: dict[str, Any] | None = None, workdir: Path | None = None,
-                  quiet: bool = True, backends: Iterable[str] | None = None) -> Subject:
+def resolve_model(
+    model: str | os.PathLike,
+    *,
+    imgsz: int | tuple[int, int] | None = None,
+    seed: int = 0,
+    factory_kwargs: dict[str, Any] | None = None,
+    workdir: Path | None = None,
+    quiet: bool = True,
+    backends: Iterable[str] | None = None,
+) -> Subject:
     """Turn MODEL into a :class:`Subject` (see the module docstring for the three forms).
 
     Args:
@@ -180,26 +205,40 @@ def resolve_model(model: str | os.PathLike, *, imgsz: int | tuple[int, int] | No
         origin = read_origin(proto)
         fw = (origin or {}).get("framework", "onnx") if (origin or {}).get("factory") else "onnx"
         check_native_backends(backends, fw, path.stem, "onnx")
-        return Subject(label=path.stem, kind="onnx", onnx_path=path.resolve(), framework=fw,
-                       origin=origin if fw != "onnx" else None)
+        return Subject(
+            label=path.stem,
+            kind="onnx",
+            onnx_path=path.resolve(),
+            framework=fw,
+            origin=origin if fw != "onnx" else None,
+        )
     if is_factory_spec(text) and text.split(":")[0] not in ("random",):
         return _resolve_factory(text, dict(factory_kwargs or {}), workdir, quiet, backends)
     import models
 
     if text not in models.REGISTRY:
-        raise AnpredError(f"{text!r} is not an .onnx file, a zoo model or a module:function factory; "
-                          f"zoo models: {', '.join(models.REGISTRY)}")
+        raise AnpredError(
+            f"{text!r} is not an .onnx file, a zoo model or a module:function factory; "
+            f"zoo models: {', '.join(models.REGISTRY)}"
+        )
     check_native_backends(backends, models.REGISTRY[text].native_framework or "onnx", text, "zoo")
     zm = models.get(text, imgsz=imgsz, seed=seed)
     log(f"zoo model {zm.name}: {'trained' if zm.trained else 'seeded'} weights, input {zm.inputs_text()}", quiet)
     onnx_path = zm.onnx_path()
     fw = zm.native_framework or "onnx"
-    return Subject(label=zm.name, kind="zoo", onnx_path=Path(onnx_path), framework=fw,
-                   origin=zm.manifest_origin() if fw != "onnx" else None, zoo=zm)
+    return Subject(
+        label=zm.name,
+        kind="zoo",
+        onnx_path=Path(onnx_path),
+        framework=fw,
+        origin=zm.manifest_origin() if fw != "onnx" else None,
+        zoo=zm,
+    )
 
 
-def _resolve_factory(text: str, kwargs: dict[str, Any], workdir: Path | None, quiet: bool,
-                     backends: Iterable[str] | None) -> Subject:
+def _resolve_factory(
+    text: str, kwargs: dict[str, Any], workdir: Path | None, quiet: bool, backends: Iterable[str] | None
+) -> Subject:
     """A factory ``module:function``: import and call it, export the model to ``workdir/exported.onnx``."""
     from exporters import framework_of
 
@@ -221,10 +260,20 @@ def _resolve_factory(text: str, kwargs: dict[str, Any], workdir: Path | None, qu
     else:
         from exporters import ExportError
 
-        raise ExportError(f"factory {text!r} returned a {type(native).__module__}.{type(native).__name__}; "
-                          "expected a torch.nn.Module or a keras.Model")
-    return Subject(label=text.split(":")[1], kind="factory", onnx_path=Path(res.path), framework=fw,
-                   origin=dict(res.origin), native=(native, tuple(example)), export=res.to_dict(), sys_path=root)
+        raise ExportError(
+            f"factory {text!r} returned a {type(native).__module__}.{type(native).__name__}; "
+            "expected a torch.nn.Module or a keras.Model"
+        )
+    return Subject(
+        label=text.split(":")[1],
+        kind="factory",
+        onnx_path=Path(res.path),
+        framework=fw,
+        origin=dict(res.origin),
+        native=(native, tuple(example)),
+        export=res.to_dict(),
+        sys_path=root,
+    )
 
 
 def native_model(subject: Subject):

@@ -25,8 +25,17 @@ from anpred.errors import BackendError
 from anpred.pipeline.choices import ALL_FP32, ARBITER_BACKEND
 from anpred.pipeline.progress import log
 
-__all__ = ["WITNESS_CANDIDATES", "ARBITER", "MIN_FAMILIES", "BackendPlan", "not_installed", "plan_backends",
-           "apply_roles", "refused_by_all", "takes_model"]
+__all__ = [
+    "WITNESS_CANDIDATES",
+    "ARBITER",
+    "MIN_FAMILIES",
+    "BackendPlan",
+    "not_installed",
+    "plan_backends",
+    "apply_roles",
+    "refused_by_all",
+    "takes_model",
+]
 
 #: the backends a witness is chosen from: one per independent fp32 family
 WITNESS_CANDIDATES: tuple[str, ...] = ALL_FP32 + ("onnx-reference",)
@@ -55,8 +64,13 @@ class BackendPlan:
         return list(self.subjects) + [b for b in self.witnesses if b not in self.subjects]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"subjects": list(self.subjects), "witnesses": dict(self.witnesses), "skipped": dict(self.skipped),
-                "why": self.why, "costs": dict(self.costs)}
+        return {
+            "subjects": list(self.subjects),
+            "witnesses": dict(self.witnesses),
+            "skipped": dict(self.skipped),
+            "why": self.why,
+            "costs": dict(self.costs),
+        }
 
 
 def _voting_families(names: list[str], rows: dict[str, dict[str, Any]]) -> list[str]:
@@ -78,12 +92,23 @@ def not_installed(names: list[str]) -> dict[str, str]:
     from anpred.backends import backend_table
 
     rows = {r["name"]: r for r in backend_table()}
-    return {b: rows.get(b, {}).get("reason") or "not installed" for b in names
-            if not rows.get(b, {}).get("installed", False)}
+    return {
+        b: rows.get(b, {}).get("reason") or "not installed"
+        for b in names
+        if not rows.get(b, {}).get("installed", False)
+    }
 
 
-def plan_backends(names: list[str], explicit: bool, model_path: Path, samples: int, *, witnesses: bool = True,
-                  min_families: int = MIN_FAMILIES, quiet: bool = True) -> BackendPlan:
+def plan_backends(
+    names: list[str],
+    explicit: bool,
+    model_path: Path,
+    samples: int,
+    *,
+    witnesses: bool = True,
+    min_families: int = MIN_FAMILIES,
+    quiet: bool = True,
+) -> BackendPlan:
     """The backends to run on the anchored model at ``model_path`` (``names``: the named backends when
     ``explicit``, else the defaults) with ``samples`` samples; see the module docstring.
     ``witnesses`` False: none added (a run of fewer than three families judges against a reference);
@@ -105,8 +130,11 @@ def plan_backends(names: list[str], explicit: bool, model_path: Path, samples: i
     need = min_families - len(_voting_families(plan.subjects, rows))
     cands = _candidates(plan, rows, model_path, samples) if witnesses and need > 0 else []
     # the pre-run coverage of the default backends and of the cheapest candidates (cached by model)
-    ask = list(plan.subjects) + (cands[:need + 1] if need > 0 else []) + (
-        [ARBITER] if ARBITER in plan.costs and need > 0 else [])
+    ask = (
+        list(plan.subjects)
+        + (cands[: need + 1] if need > 0 else [])
+        + ([ARBITER] if ARBITER in plan.costs and need > 0 else [])
+    )
     cov = precheck(model_path, {b: b for b in ask}) if ask else {}
     refused = {b: cov[b] for b in plan.subjects if (cov.get(b) or {}).get("ops")}
     if plan.subjects and len(refused) == len(plan.subjects):
@@ -118,8 +146,9 @@ def plan_backends(names: list[str], explicit: bool, model_path: Path, samples: i
     families = _voting_families([b for b in plan.subjects if b not in refused], rows)
     need = min_families - len(families)
     if need <= 0 or not witnesses:
-        plan.why = (f"the backends under test give {len(families)} voting fp32 families ({', '.join(families)})"
-                    + ("" if need <= 0 else "; witnesses off (--no-witnesses): one of them is the reference"))
+        plan.why = f"the backends under test give {len(families)} voting fp32 families ({', '.join(families)})" + (
+            "" if need <= 0 else "; witnesses off (--no-witnesses): one of them is the reference"
+        )
         plan.costs = {}
         return plan
     # (candidates asked for now where the coverage left fewer families than the defaults gave)
@@ -140,8 +169,10 @@ def refused_by_all(refused: dict[str, dict[str, Any]], explicit: bool, limit: in
     items = [f"{op} ({'; '.join(whys)})" for op, whys in list(per_op.items())[:limit]]
     more = f" and {len(per_op) - limit} more" if len(per_op) > limit else ""
     which = "named" if explicit else "under test (the installed defaults)"
-    return (f"the pre-run coverage refuses the model on every backend {which} ({', '.join(refused)}): "
-            f"{len(per_op)} operator(s) they lack: {', '.join(items)}{more}; nothing was run or written")
+    return (
+        f"the pre-run coverage refuses the model on every backend {which} ({', '.join(refused)}): "
+        f"{len(per_op)} operator(s) they lack: {', '.join(items)}{more}; nothing was run or written"
+    )
 
 
 def takes_model(row: dict[str, Any] | None) -> bool:
@@ -149,8 +180,7 @@ def takes_model(row: dict[str, Any] | None) -> bool:
     table, ``basis``, or its converter node by node, ``node_basis``), the check did not fail, and
     nothing is refused. A backend asked neither way (its support known only once it converts) is not
     claimed to take the model."""
-    return (bool(row) and bool(row.get("basis") or row.get("node_basis")) and not row.get("error")
-            and not row.get("ops"))
+    return bool(row) and bool(row.get("basis") or row.get("node_basis")) and not row.get("error") and not row.get("ops")
 
 
 def _candidates(plan: BackendPlan, rows: dict[str, dict], model_path: Path, samples: int) -> list[str]:
@@ -162,8 +192,11 @@ def _candidates(plan: BackendPlan, rows: dict[str, dict], model_path: Path, samp
 
     families = {rows.get(b, {}).get("family") for b in plan.subjects}
     sha, size = sha256_file(model_path), model_size(load_model(model_path, load_external=False))
-    cands = [b for b in WITNESS_CANDIDATES if b not in plan.subjects and rows.get(b, {}).get("installed", False)
-             and rows[b].get("family") not in families]
+    cands = [
+        b
+        for b in WITNESS_CANDIDATES
+        if b not in plan.subjects and rows.get(b, {}).get("installed", False) and rows[b].get("family") not in families
+    ]
     for b in cands:
         plan.costs[b] = estimate(b, sha, size, samples)
     cands.sort(key=lambda b: (plan.costs[b]["seconds"] is None, plan.costs[b]["seconds"] or 0.0))
@@ -172,8 +205,9 @@ def _candidates(plan: BackendPlan, rows: dict[str, dict], model_path: Path, samp
     return cands
 
 
-def _choose(plan: BackendPlan, cands: list[str], cov: dict[str, dict], need: int, families: list[str],
-            model_path: Path) -> None:
+def _choose(
+    plan: BackendPlan, cands: list[str], cov: dict[str, dict], need: int, families: list[str], model_path: Path
+) -> None:
     """Take the ``need`` cheapest candidates that can take the model (asking the coverage of those not
     asked yet), then the arbiter where it can; sets ``plan.witnesses`` and ``plan.why``."""
     from anpred.backends.coverage import precheck, refusal
@@ -204,17 +238,29 @@ def _choose(plan: BackendPlan, cands: list[str], cov: dict[str, dict], need: int
         return f"{b} ~{c['seconds']:.1f} s ({c['basis']})" if c["seconds"] is not None else f"{b} (never measured)"
 
     have = f"{len(families)} voting fp32 famil{'y' if len(families) == 1 else 'ies'}" + (
-        f" ({', '.join(families)})" if families else "")
-    takes = "" if len(unknown) == len(chosen) else (
-        f" that take{'' if len(chosen) - len(unknown) > 1 else 's'} the model (pre-run coverage)")
-    plan.why = (f"the backends under test give {have}; a consensus needs {len(families) + need}: "
-                + (f"{', '.join(chosen)} added as witness{'es' if len(chosen) > 1 else ''}, the cheapest installed "
-                   f"independent famil{'ies' if len(chosen) > 1 else 'y'}{takes} by measured cost "
-                   f"({'; '.join(cost(b) for b in chosen)})"
-                   + (f" ({', '.join(unknown)}: no operator table, whether it takes the model is known once it "
-                      "runs)" if unknown else "") if chosen
-                   else "no installed independent family can take the model")
-                + (f"; {ARBITER} added as the float64 arbiter" if ARBITER in plan.witnesses else ""))
+        f" ({', '.join(families)})" if families else ""
+    )
+    takes = (
+        ""
+        if len(unknown) == len(chosen)
+        else (f" that take{'' if len(chosen) - len(unknown) > 1 else 's'} the model (pre-run coverage)")
+    )
+    plan.why = (
+        f"the backends under test give {have}; a consensus needs {len(families) + need}: "
+        + (
+            f"{', '.join(chosen)} added as witness{'es' if len(chosen) > 1 else ''}, the cheapest installed "
+            f"independent famil{'ies' if len(chosen) > 1 else 'y'}{takes} by measured cost "
+            f"({'; '.join(cost(b) for b in chosen)})"
+            + (
+                f" ({', '.join(unknown)}: no operator table, whether it takes the model is known once it runs)"
+                if unknown
+                else ""
+            )
+            if chosen
+            else "no installed independent family can take the model"
+        )
+        + (f"; {ARBITER} added as the float64 arbiter" if ARBITER in plan.witnesses else "")
+    )
     if len(chosen) < need:
         plan.why += f" (only {len(chosen)} of {need} witnesses found)"
 
@@ -230,10 +276,17 @@ def _voted(report, plan: BackendPlan) -> str:
             out.append(f"{b} arbitrates (never votes)" if role == "arbiter" else f"{b} does not vote")
             continue
         fam = row.get("family", b)
-        k = sum(1 for modes in report.consensus.values() for m in modes
-                if str(m).startswith("median:") and fam in str(m)[len("median:"):].replace("+", ",").split(","))
-        out.append(f"{b} voted at {k} of {n} anchors" if row.get("status") == "ok" else
-                   f"{b} did not run ({row.get('status')})")
+        k = sum(
+            1
+            for modes in report.consensus.values()
+            for m in modes
+            if str(m).startswith("median:") and fam in str(m)[len("median:") :].replace("+", ",").split(",")
+        )
+        out.append(
+            f"{b} voted at {k} of {n} anchors"
+            if row.get("status") == "ok"
+            else f"{b} did not run ({row.get('status')})"
+        )
     return ", ".join(out)
 
 
@@ -252,11 +305,15 @@ def apply_roles(report, plan: BackendPlan) -> None:
     for line in report.incomplete:
         (moved if line.split(":", 1)[0] in wit else keep).append(line)
     report.incomplete = keep
-    report.notes.extend(f"witness {line} (about the witness: the verdict of the backends under test does not depend "
-                        f"on it)" for line in moved)
+    report.notes.extend(
+        f"witness {line} (about the witness: the verdict of the backends under test does not depend on it)"
+        for line in moved
+    )
     if plan.witnesses:
-        report.notes.append(f"witnesses: {plan.why}; {_voted(report, plan)}; judged like the others, but a "
-                            "witness's verdict is about the witness, not the backends under test")
+        report.notes.append(
+            f"witnesses: {plan.why}; {_voted(report, plan)}; judged like the others, but a "
+            "witness's verdict is about the witness, not the backends under test"
+        )
     report.notes.extend(f"skipped: {b}: {why}" for b, why in plan.skipped.items())
     if report.problems:
         report.status = "error"

@@ -34,18 +34,49 @@ from pathlib import Path
 from typing import Any
 
 from anpred.errors import AnpredError
+
 # the schema and the connections, re-exported here (SCHEMA_VERSION, columns, create, open_history)
 from anpred.report.history_schema import SCHEMA_VERSION, columns, connect, create, open_history
+
 # the campaigns and bisections, re-exported here
 from anpred.report.history_campaigns import CampaignConfig, record_bisection, record_campaign
 
-__all__ = ["SCHEMA_VERSION", "HIGHER_IS_BETTER", "DEFAULT_MARGIN", "columns", "create", "open_history",
-           "model_identity", "append", "TrendRow", "has_run", "trend", "TaskRow", "task_trend", "task_regressions",
-           "format_task_trend", "format_trend", "plot_trend", "CampaignConfig", "record_campaign", "record_bisection"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "HIGHER_IS_BETTER",
+    "DEFAULT_MARGIN",
+    "columns",
+    "create",
+    "open_history",
+    "model_identity",
+    "append",
+    "TrendRow",
+    "has_run",
+    "trend",
+    "TaskRow",
+    "task_trend",
+    "task_regressions",
+    "format_task_trend",
+    "format_trend",
+    "plot_trend",
+    "CampaignConfig",
+    "record_campaign",
+    "record_bisection",
+]
 
 #: task metrics where higher is better (a drop is a regression); ``truth.*`` are against the labels
-HIGHER_IS_BETTER = ("kept_fraction", "precision", "recall", "f1", "map50_vs_consensus", "top1_agreement",
-                    "top5_overlap", "iou", "truth.top1", "truth.map50")
+HIGHER_IS_BETTER = (
+    "kept_fraction",
+    "precision",
+    "recall",
+    "f1",
+    "map50_vs_consensus",
+    "top1_agreement",
+    "top5_overlap",
+    "iou",
+    "truth.top1",
+    "truth.map50",
+)
 #: default margin of a task-metric regression (absolute, in the metric's unit: 0.01 = one percentage
 #: point of top-1, recall or mAP); ``anpred history --margin``
 DEFAULT_MARGIN = 0.01
@@ -93,9 +124,21 @@ def append(db: str | Path, report, report_html: str | Path | None = None) -> int
             cur = con.execute(
                 "INSERT INTO runs (created, run_dir, model, model_sha256, machine, cpu, status, oracle, samples, "
                 "inputs, inputs_sha256, report) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                (report.created, report.run_dir, name, sha, json.dumps(report.machine), report.machine.get("cpu", ""),
-                 report.status, report.oracle, report.samples, json.dumps(inputs.get("description", {})),
-                 inputs.get("sha256"), str(Path(report_html).absolute()) if report_html else None))
+                (
+                    report.created,
+                    report.run_dir,
+                    name,
+                    sha,
+                    json.dumps(report.machine),
+                    report.machine.get("cpu", ""),
+                    report.status,
+                    report.oracle,
+                    report.samples,
+                    json.dumps(inputs.get("description", {})),
+                    inputs.get("sha256"),
+                    str(Path(report_html).absolute()) if report_html else None,
+                ),
+            )
             rid = cur.lastrowid
             for b, info in report.backends.items():
                 v = report.verdicts.get(b)
@@ -105,13 +148,25 @@ def append(db: str | Path, report, report_html: str | Path | None = None) -> int
                     "INSERT INTO verdicts (run_id, backend, family, precision, versions, flagged, origin_anchor, "
                     "origin_stage, worst_anchor, worst_primary, propagation, threshold_passed, threshold_max_abs, "
                     "status, culprit, culprit_op) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (rid, b, info.get("family"), info.get("precision"), json.dumps(info.get("versions", {})),
-                     None if v is None else int(v.any_flagged), _origin(v).origin_anchor if v else None,
-                     _origin(v).origin_stage if v else None, v.worst_anchor if v else None,
-                     _num(v.worst_primary) if v else None, v.propagation if v else None,
-                     None if t is None else int(t.passed), _num(t.max_abs) if t else None,
-                     _status(v) if v else ("unjudged" if b in report.unjudged_backends else None),
-                     culprit.get("node"), culprit.get("op_type")))
+                    (
+                        rid,
+                        b,
+                        info.get("family"),
+                        info.get("precision"),
+                        json.dumps(info.get("versions", {})),
+                        None if v is None else int(v.any_flagged),
+                        _origin(v).origin_anchor if v else None,
+                        _origin(v).origin_stage if v else None,
+                        v.worst_anchor if v else None,
+                        _num(v.worst_primary) if v else None,
+                        v.propagation if v else None,
+                        None if t is None else int(t.passed),
+                        _num(t.max_abs) if t else None,
+                        _status(v) if v else ("unjudged" if b in report.unjudged_backends else None),
+                        culprit.get("node"),
+                        culprit.get("op_type"),
+                    ),
+                )
             task = getattr(report, "task", None) or {}
             tname = (task.get("task") or {}).get("task")
             rows = []
@@ -124,9 +179,21 @@ def append(db: str | Path, report, report_html: str | Path | None = None) -> int
                         rows.append((rid, b, tname, f"truth.{k}", _num(float(val))))
             con.executemany("INSERT INTO tasks VALUES (?,?,?,?,?)", rows)
             stage = {a["name"]: a["stage"] for a in report.anchors}
-            con.executemany("INSERT INTO cells VALUES (?,?,?,?,?,?,?)",
-                            [(rid, c.backend, c.anchor, stage.get(c.anchor), _num(c.primary), int(c.flagged),
-                              json.dumps(c.stats.to_dict())) for c in report.cells])
+            con.executemany(
+                "INSERT INTO cells VALUES (?,?,?,?,?,?,?)",
+                [
+                    (
+                        rid,
+                        c.backend,
+                        c.anchor,
+                        stage.get(c.anchor),
+                        _num(c.primary),
+                        int(c.flagged),
+                        json.dumps(c.stats.to_dict()),
+                    )
+                    for c in report.cells
+                ],
+            )
     except sqlite3.DatabaseError as err:
         raise AnpredError(f"cannot write history {db}: {err}") from err
     finally:
@@ -172,15 +239,34 @@ def trend(db: str | Path, model: str | None = None) -> list[TrendRow]:
     try:
         cols = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
         extra = "r.inputs_sha256, r.inputs, v.status" if "inputs_sha256" in cols else "NULL, NULL, NULL"
-        rows = _select(con, "SELECT r.id, r.created, r.model, v.backend, v.versions, v.flagged, v.origin_anchor, "
-                       f"v.worst_primary, v.threshold_passed, r.status, {extra} FROM runs r JOIN verdicts v "
-                       "ON v.run_id = r.id", model, "r.id, v.backend")
+        rows = _select(
+            con,
+            "SELECT r.id, r.created, r.model, v.backend, v.versions, v.flagged, v.origin_anchor, "
+            f"v.worst_primary, v.threshold_passed, r.status, {extra} FROM runs r JOIN verdicts v "
+            "ON v.run_id = r.id",
+            model,
+            "r.id, v.backend",
+        )
     finally:
         con.close()
-    return [TrendRow(r[0], r[1], r[2], r[3], json.loads(r[4] or "{}"), None if r[5] is None else bool(r[5]), r[6],
-                     r[7], None if r[8] is None else bool(r[8]), r[9], r[10], json.loads(r[11]) if r[11] else None,
-                     r[12])
-            for r in rows]
+    return [
+        TrendRow(
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            json.loads(r[4] or "{}"),
+            None if r[5] is None else bool(r[5]),
+            r[6],
+            r[7],
+            None if r[8] is None else bool(r[8]),
+            r[9],
+            r[10],
+            json.loads(r[11]) if r[11] else None,
+            r[12],
+        )
+        for r in rows
+    ]
 
 
 def _select(con, query: str, model: str | None, order: str) -> list[tuple]:
@@ -211,15 +297,21 @@ def task_trend(db: str | Path, model: str | None = None) -> list[TaskRow]:
     try:
         if not con.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='tasks'").fetchone():
             return []
-        rows = _select(con, "SELECT r.id, r.created, r.model, r.inputs_sha256, t.backend, t.task, t.metric, t.value "
-                       "FROM runs r JOIN tasks t ON t.run_id = r.id", model, "r.id, t.backend, t.metric")
+        rows = _select(
+            con,
+            "SELECT r.id, r.created, r.model, r.inputs_sha256, t.backend, t.task, t.metric, t.value "
+            "FROM runs r JOIN tasks t ON t.run_id = r.id",
+            model,
+            "r.id, t.backend, t.metric",
+        )
     finally:
         con.close()
     return [TaskRow(*r) for r in rows]
 
 
-def task_regressions(rows: list[TaskRow], since: int | None = None, margin: float = DEFAULT_MARGIN
-                     ) -> list[dict[str, Any]]:
+def task_regressions(
+    rows: list[TaskRow], since: int | None = None, margin: float = DEFAULT_MARGIN
+) -> list[dict[str, Any]]:
     """Task metrics (:data:`HIGHER_IS_BETTER`) that dropped by more than ``margin`` (absolute).
 
     Each model's latest run is compared with run ``since`` (a run id) when given, else with the
@@ -247,8 +339,11 @@ def task_regressions(rows: list[TaskRow], since: int | None = None, margin: floa
             if by_run[ref][0].inputs_sha256 != by_run[last][0].inputs_sha256:
                 import sys
 
-                print(f"history: run {last} and run {ref} of {model} ran on different inputs: their task "
-                      "metrics are compared anyway", file=sys.stderr)
+                print(
+                    f"history: run {last} and run {ref} of {model} ran on different inputs: their task "
+                    "metrics are compared anyway",
+                    file=sys.stderr,
+                )
         else:
             same = [r for r in rids if r < last and by_run[r][0].inputs_sha256 == by_run[last][0].inputs_sha256]
             if not same:
@@ -260,8 +355,18 @@ def task_regressions(rows: list[TaskRow], since: int | None = None, margin: floa
                 continue
             b = before.get((r.backend, r.metric))
             if b is not None and b - r.value > margin:
-                out.append({"model": model, "backend": r.backend, "metric": r.metric, "before": b, "after": r.value,
-                            "drop": b - r.value, "run": last, "against": ref})
+                out.append(
+                    {
+                        "model": model,
+                        "backend": r.backend,
+                        "metric": r.metric,
+                        "before": b,
+                        "after": r.value,
+                        "drop": b - r.value,
+                        "run": last,
+                        "against": ref,
+                    }
+                )
     return out
 
 
@@ -287,8 +392,10 @@ def format_trend(rows: list[TrendRow]) -> str:
     if not rows:
         return "(no entries)"
     wb = max([16] + [len(r.backend) + 1 for r in rows])
-    out = [f"{'model':<22}{'backend':<{wb}}{'run':>5}  {'created':<26}{'inputs':<9}{'verdict':<9}{'worst':>11}"
-           f"{'change':>10}  {'origin':<30}versions"]
+    out = [
+        f"{'model':<22}{'backend':<{wb}}{'run':>5}  {'created':<26}{'inputs':<9}{'verdict':<9}{'worst':>11}"
+        f"{'change':>10}  {'origin':<30}versions"
+    ]
     groups: dict[tuple[str, str], list[TrendRow]] = {}
     for r in rows:
         groups.setdefault((r.model, r.backend), []).append(r)
@@ -307,8 +414,10 @@ def format_trend(rows: list[TrendRow]) -> str:
                 ch = f"x{r.worst_primary / prev.worst_primary:.2f}"
             vers = ",".join(f"{k}={v}" for k, v in r.versions.items() if k != "python")
             ins = (r.inputs_sha256 or "?")[:8]
-            out.append(f"{m[:21]:<22}{b:<{wb}}{r.run_id:>5}  {r.created:<26}{ins:<9}{verdict:<9}{w:>11}{ch:>10}  "
-                       f"{(r.origin_anchor or '-')[:29]:<30}{vers}")
+            out.append(
+                f"{m[:21]:<22}{b:<{wb}}{r.run_id:>5}  {r.created:<26}{ins:<9}{verdict:<9}{w:>11}{ch:>10}  "
+                f"{(r.origin_anchor or '-')[:29]:<30}{vers}"
+            )
             prev = r
     return "\n".join(out)
 
@@ -343,7 +452,9 @@ def plot_trend(rows: list[TrendRow], path: str | Path, task_rows: list[TaskRow] 
         if r.worst_primary is not None:
             groups.setdefault((r.model, r.backend), []).append(r)
     for (m, b), rs in groups.items():
-        line, = ax.plot([r.run_id for r in rs], [max(r.worst_primary, 1e-16) for r in rs], marker="o", label=f"{m}/{b}")
+        (line,) = ax.plot(
+            [r.run_id for r in rs], [max(r.worst_primary, 1e-16) for r in rs], marker="o", label=f"{m}/{b}"
+        )
         fl = [(r.run_id, max(r.worst_primary, 1e-16)) for r in rs if r.flagged]
         if fl:
             ax.scatter(*zip(*fl), marker="x", s=80, color=line.get_color())

@@ -37,8 +37,9 @@ class CampaignConfig:
     run_dir: str | None = None
 
 
-def record_campaign(db: str | Path, name: str, folder: str | Path, file: str,
-                    axes: list[dict[str, Any]], configs: list[CampaignConfig]) -> int:
+def record_campaign(
+    db: str | Path, name: str, folder: str | Path, file: str, axes: list[dict[str, Any]], configs: list[CampaignConfig]
+) -> int:
     """Record (insert or update) the campaign ``name`` written to ``folder`` and its configurations;
     each complete configuration is tied to its run (``runs.run_dir == run_dir``, the latest such run).
     ``axes``: ``[{"package", "versions", "backends"}]``. Returns the campaign's id.
@@ -51,23 +52,46 @@ def record_campaign(db: str | Path, name: str, folder: str | Path, file: str,
     con = connect(db, create=True)
     try:
         with con:
-            con.execute("INSERT INTO campaigns (name, folder, file, updated, axes, configurations, complete, failed) "
-                        "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (name, folder) DO UPDATE SET file = excluded.file, "
-                        "updated = excluded.updated, axes = excluded.axes, configurations = excluded.configurations, "
-                        "complete = excluded.complete, failed = excluded.failed",
-                        (name, str(Path(folder).absolute()), str(file), time.strftime("%Y-%m-%dT%H:%M:%S"),
-                         json.dumps(axes), len(configs), sum(c.state == "complete" for c in configs),
-                         sum(c.state != "complete" for c in configs)))
-            cid = con.execute("SELECT id FROM campaigns WHERE name = ? AND folder = ?",
-                              (name, str(Path(folder).absolute()))).fetchone()[0]
+            con.execute(
+                "INSERT INTO campaigns (name, folder, file, updated, axes, configurations, complete, failed) "
+                "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (name, folder) DO UPDATE SET file = excluded.file, "
+                "updated = excluded.updated, axes = excluded.axes, configurations = excluded.configurations, "
+                "complete = excluded.complete, failed = excluded.failed",
+                (
+                    name,
+                    str(Path(folder).absolute()),
+                    str(file),
+                    time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    json.dumps(axes),
+                    len(configs),
+                    sum(c.state == "complete" for c in configs),
+                    sum(c.state != "complete" for c in configs),
+                ),
+            )
+            cid = con.execute(
+                "SELECT id FROM campaigns WHERE name = ? AND folder = ?", (name, str(Path(folder).absolute()))
+            ).fetchone()[0]
             for c in configs:
                 run = None
                 if c.run_dir is not None:
                     row = con.execute("SELECT max(id) FROM runs WHERE run_dir = ?", (str(c.run_dir),)).fetchone()
                     run = row[0] if row else None
-                con.execute("INSERT OR REPLACE INTO campaign_runs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                            (cid, c.config_id, c.position, c.label, c.backend_set, c.inputs, json.dumps(c.versions),
-                             c.state, c.reason, str(Path(c.report).absolute()) if c.report else None, run))
+                con.execute(
+                    "INSERT OR REPLACE INTO campaign_runs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        cid,
+                        c.config_id,
+                        c.position,
+                        c.label,
+                        c.backend_set,
+                        c.inputs,
+                        json.dumps(c.versions),
+                        c.state,
+                        c.reason,
+                        str(Path(c.report).absolute()) if c.report else None,
+                        run,
+                    ),
+                )
     except sqlite3.DatabaseError as err:
         raise AnpredError(f"cannot write history {db}: {err}") from err
     finally:
@@ -92,12 +116,27 @@ def record_bisection(db: str | Path, result: dict[str, Any], campaign: str, fold
                 "INSERT INTO bisections (created, campaign, folder, package, model, backend, good, bad, first_bad, "
                 "last_good, standing_good, standing_first_bad, origin_stage, origin_anchor, culprit, culprit_op, "
                 "report, probes) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (time.strftime("%Y-%m-%dT%H:%M:%S"), campaign, str(Path(folder).absolute()), result.get("package"),
-                 result.get("model"), result.get("backend"), (result.get("candidates") or [None])[0],
-                 (result.get("candidates") or [None])[-1], result.get("first_bad"), result.get("last_good"),
-                 result.get("standing_good"), result.get("standing_first_bad"), result.get("origin_stage"),
-                 result.get("origin_anchor"), culprit.get("node"), culprit.get("op_type"), result.get("report"),
-                 json.dumps(result.get("probes") or [])))
+                (
+                    time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    campaign,
+                    str(Path(folder).absolute()),
+                    result.get("package"),
+                    result.get("model"),
+                    result.get("backend"),
+                    (result.get("candidates") or [None])[0],
+                    (result.get("candidates") or [None])[-1],
+                    result.get("first_bad"),
+                    result.get("last_good"),
+                    result.get("standing_good"),
+                    result.get("standing_first_bad"),
+                    result.get("origin_stage"),
+                    result.get("origin_anchor"),
+                    culprit.get("node"),
+                    culprit.get("op_type"),
+                    result.get("report"),
+                    json.dumps(result.get("probes") or []),
+                ),
+            )
             return cur.lastrowid
     except sqlite3.DatabaseError as err:
         raise AnpredError(f"cannot write history {db}: {err}") from err

@@ -48,8 +48,14 @@ CREATE TABLE IF NOT EXISTS bisections (
 """
 
 #: columns added by a schema migration: (table, column, type), applied when missing
-_ADDED = (("runs", "inputs", "TEXT"), ("runs", "inputs_sha256", "TEXT"), ("verdicts", "status", "TEXT"),
-          ("runs", "report", "TEXT"), ("verdicts", "culprit", "TEXT"), ("verdicts", "culprit_op", "TEXT"))
+_ADDED = (
+    ("runs", "inputs", "TEXT"),
+    ("runs", "inputs_sha256", "TEXT"),
+    ("verdicts", "status", "TEXT"),
+    ("runs", "report", "TEXT"),
+    ("verdicts", "culprit", "TEXT"),
+    ("verdicts", "culprit_op", "TEXT"),
+)
 
 
 def connect(db: str | Path, create: bool) -> sqlite3.Connection:

@@ -55,11 +55,21 @@ def _heatmap(report, primary: str) -> str:
         v = report.verdicts[b]
         for j, a in enumerate(anchors):
             if a in v.unjudged or a in v.partial:
-                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="xx",
-                                           edgecolor="0.5" if a in v.unjudged else "orange", lw=0.5))
+                ax.add_patch(
+                    plt.Rectangle(
+                        (j - 0.5, i - 0.5),
+                        1,
+                        1,
+                        fill=False,
+                        hatch="xx",
+                        edgecolor="0.5" if a in v.unjudged else "orange",
+                        lw=0.5,
+                    )
+                )
     fig.colorbar(im, ax=ax, label=f"log10 {primary} vs consensus")
-    ax.set_title(f"{primary} per backend and anchor (red: flagged; hatched grey: not judged, orange: "
-                 "part of the samples)")
+    ax.set_title(
+        f"{primary} per backend and anchor (red: flagged; hatched grey: not judged, orange: part of the samples)"
+    )
     return _png(fig)
 
 
@@ -78,7 +88,7 @@ def _profiles(report, primary: str) -> str:
                 if c.flagged:
                     fl.append((j, ys[-1]))
         if xs:
-            line, = ax.plot(xs, ys, marker="o", ms=3, label=b)
+            (line,) = ax.plot(xs, ys, marker="o", ms=3, label=b)
             if fl:
                 ax.scatter(*zip(*fl), s=60, facecolors="none", edgecolors=line.get_color(), linewidths=2)
     floors = [report.cell(a, next(iter(report.verdicts))) for a in anchors] if report.verdicts else []
@@ -144,24 +154,34 @@ def _populations(report, primary: str) -> list[str]:
     rows = [(b, v) for b, v in report.verdicts.items() if not v.votes and v.precision != "fp64"]
     if not rows:
         return []
-    out = ["<h2>Reduced precision: budget and implementation verdicts</h2>",
-           "<p><b>budget</b>: against the fp32 consensus; expected = the median deviation of the other families of "
-           "its precision population (what the precision costs, measured on this run). <b>implementation</b>: "
-           "against the element-wise consensus of its population; expected = the peers' spread. Floors: one "
-           "rounding in the precision's natural unit; for the implementation verdict also sqrt(2) x the "
-           "precision's cost at the anchor (docs/oracle.md); each cell's basis is in the last columns.</p>"]
+    out = [
+        "<h2>Reduced precision: budget and implementation verdicts</h2>",
+        "<p><b>budget</b>: against the fp32 consensus; expected = the median deviation of the other families of "
+        "its precision population (what the precision costs, measured on this run). <b>implementation</b>: "
+        "against the element-wise consensus of its population; expected = the peers' spread. Floors: one "
+        "rounding in the precision's natural unit; for the implementation verdict also sqrt(2) x the "
+        "precision's cost at the anchor (docs/oracle.md); each cell's basis is in the last columns.</p>",
+    ]
     for b, v in rows:
         impl = v.implementation
         pop = ", ".join(v.population) if v.population else "none (only member: no implementation verdict)"
-        out.append(f"<h3>{e(b)} ({e(v.precision)}), population: {e(pop)}</h3><p>budget: <b>{e(verdict_word(v))}</b>"
-                   + (f" (origin {e(v.origin_anchor or '-')})" if v.flagged else "")
-                   + (f"; implementation: <b>{e(verdict_word(impl))}</b>"
-                      + (f" (origin {e(impl.origin_anchor or '-')})" if impl.flagged else "") if impl else "")
-                   + "</p>")
-        out.append(f"<table><tr><th>anchor</th><th>budget {e(primary)}</th><th>population's cost</th><th>threshold</th>"
-                   "<th>natural units</th><th>verdict</th><th>impl. " + e(primary) + "</th><th>peers' spread</th>"
-                   "<th>threshold</th><th>natural units</th><th>verdict</th><th>basis (budget)</th>"
-                   "<th>basis (implementation)</th></tr>")
+        out.append(
+            f"<h3>{e(b)} ({e(v.precision)}), population: {e(pop)}</h3><p>budget: <b>{e(verdict_word(v))}</b>"
+            + (f" (origin {e(v.origin_anchor or '-')})" if v.flagged else "")
+            + (
+                f"; implementation: <b>{e(verdict_word(impl))}</b>"
+                + (f" (origin {e(impl.origin_anchor or '-')})" if impl.flagged else "")
+                if impl
+                else ""
+            )
+            + "</p>"
+        )
+        out.append(
+            f"<table><tr><th>anchor</th><th>budget {e(primary)}</th><th>population's cost</th><th>threshold</th>"
+            "<th>natural units</th><th>verdict</th><th>impl. " + e(primary) + "</th><th>peers' spread</th>"
+            "<th>threshold</th><th>natural units</th><th>verdict</th><th>basis (budget)</th>"
+            "<th>basis (implementation)</th></tr>"
+        )
         for a in report.anchors:
             c = report.cell(a["name"], b)
             ic = report.cell(a["name"], b, v.precision) if impl else None
@@ -170,13 +190,23 @@ def _populations(report, primary: str) -> list[str]:
             flag = (c is not None and c.flagged) or (ic is not None and ic.flagged)
             cols = []
             for x in (c, ic):
-                cols += (["-"] * 5 if x is None else
-                         [_fmt(x.primary), _fmt(x.peer_level), _fmt(x.threshold), _units(x),
-                          "FLAGGED" if x.flagged else "ok"])
-            out.append(f"<tr class='{'flag' if flag else ''}'><td>{e(a['name'])}</td>"
-                       + "".join(f"<td>{x}</td>" for x in cols)
-                       + f"<td>{e(c.basis if c is not None else '')}</td>"
-                         f"<td>{e(ic.basis if ic is not None else '')}</td></tr>")
+                cols += (
+                    ["-"] * 5
+                    if x is None
+                    else [
+                        _fmt(x.primary),
+                        _fmt(x.peer_level),
+                        _fmt(x.threshold),
+                        _units(x),
+                        "FLAGGED" if x.flagged else "ok",
+                    ]
+                )
+            out.append(
+                f"<tr class='{'flag' if flag else ''}'><td>{e(a['name'])}</td>"
+                + "".join(f"<td>{x}</td>" for x in cols)
+                + f"<td>{e(c.basis if c is not None else '')}</td>"
+                f"<td>{e(ic.basis if ic is not None else '')}</td></tr>"
+            )
         out.append("</table>")
     for p, info in (getattr(report, "populations", None) or {}).items():
         out.extend(f"<p class='small'><b>{e(p)} population</b>: {e(n)}</p>" for n in info.get("notes", []))
@@ -191,14 +221,22 @@ def _scales(report) -> list[str]:
     if not precs:
         return []
     e = html.escape
-    out = ["<h2>Expected error per anchor and precision</h2><p>nRMSE measured on this run: fp32 = the voters' "
-           "median against a float64 execution of the model; a reduced precision = its population's median "
-           "against the fp32 consensus (what the precision costs there).</p><table><tr><th>anchor</th>"
-           + "".join(f"<th>{p}</th>" for p in precs) + "</tr>"]
+    out = [
+        "<h2>Expected error per anchor and precision</h2><p>nRMSE measured on this run: fp32 = the voters' "
+        "median against a float64 execution of the model; a reduced precision = its population's median "
+        "against the fp32 consensus (what the precision costs there).</p><table><tr><th>anchor</th>"
+        + "".join(f"<th>{p}</th>" for p in precs)
+        + "</tr>"
+    ]
     for a, per in scales.items():
-        out.append(f"<tr><td>{e(a)}</td>" + "".join(
-            f"<td title='{e(per[p]['basis'])}'>{_fmt(per[p]['expected'])}</td>" if p in per else "<td>-</td>"
-            for p in precs) + "</tr>")
+        out.append(
+            f"<tr><td>{e(a)}</td>"
+            + "".join(
+                f"<td title='{e(per[p]['basis'])}'>{_fmt(per[p]['expected'])}</td>" if p in per else "<td>-</td>"
+                for p in precs
+            )
+            + "</tr>"
+        )
     out.append("</table>")
     return out
 
@@ -211,15 +249,23 @@ def _task(report) -> list[str]:
     e = html.escape
     keys = sorted({k for d in t["backends"].values() for k in d["metrics"]})
     tkeys = sorted({k for d in t["backends"].values() for k in (d.get("truth") or {})})
-    out = [f"<h2>What it costs the task ({e(str(t.get('task', {}).get('task')))}, {t.get('samples')} samples)</h2>"
-           "<p>Each backend's task results against the consensus' results"
-           + (f", and against {t.get('labels')} labels" if t.get("labels") else "") + ".</p>",
-           "<table><tr><th>backend</th><th>precision</th><th>headline</th>"
-           + "".join(f"<th>{e(k)}</th>" for k in keys) + "".join(f"<th>labels: {e(k)}</th>" for k in tkeys) + "</tr>"]
+    out = [
+        f"<h2>What it costs the task ({e(str(t.get('task', {}).get('task')))}, {t.get('samples')} samples)</h2>"
+        "<p>Each backend's task results against the consensus' results"
+        + (f", and against {t.get('labels')} labels" if t.get("labels") else "")
+        + ".</p>",
+        "<table><tr><th>backend</th><th>precision</th><th>headline</th>"
+        + "".join(f"<th>{e(k)}</th>" for k in keys)
+        + "".join(f"<th>labels: {e(k)}</th>" for k in tkeys)
+        + "</tr>",
+    ]
     for b, d in t["backends"].items():
-        out.append(f"<tr><td>{e(b)}</td><td>{e(str(d.get('precision', '')))}</td><td><b>{e(d['headline'])}</b></td>"
-                   + "".join(f"<td>{_fmt(d['metrics'].get(k))}</td>" for k in keys)
-                   + "".join(f"<td>{_fmt((d.get('truth') or {}).get(k))}</td>" for k in tkeys) + "</tr>")
+        out.append(
+            f"<tr><td>{e(b)}</td><td>{e(str(d.get('precision', '')))}</td><td><b>{e(d['headline'])}</b></td>"
+            + "".join(f"<td>{_fmt(d['metrics'].get(k))}</td>" for k in keys)
+            + "".join(f"<td>{_fmt((d.get('truth') or {}).get(k))}</td>" for k in tkeys)
+            + "</tr>"
+        )
     out.append("</table>")
     return out
 
@@ -231,36 +277,59 @@ def _drill(report) -> list[str]:
     if not d:
         return []
     e = html.escape
-    out = [f"<h2>Drill-down</h2><p>{d.get('samples')} samples, {d.get('runs')} replay runs, {d.get('seconds')} s. "
-           "Each stage replayed alone from the consensus tensors at its entry (local error) beside the normal "
-           "run (carried error); inside the stage where a flagged backend's error is introduced, the first "
-           "operator whose output departs from the peers, and its standalone repro.</p>"]
+    out = [
+        f"<h2>Drill-down</h2><p>{d.get('samples')} samples, {d.get('runs')} replay runs, {d.get('seconds')} s. "
+        "Each stage replayed alone from the consensus tensors at its entry (local error) beside the normal "
+        "run (carried error); inside the stage where a flagged backend's error is introduced, the first "
+        "operator whose output departs from the peers, and its standalone repro.</p>"
+    ]
     for b, c in (d.get("culprits") or {}).items():
-        steps = " &rarr; ".join([f"stage {e(str(c.get('stage')))} ({c.get('stage_nodes')} operators)"] +
-                                [f"round {p['round']} ({e(p.get('where', ''))}): {p['exposed']} tensors exposed, "
-                                 "first departing "
-                                 f"<code>{e(p['first'])}</code> ({e(p['op_type'])})" for p in c.get("path", [])] +
-                                [f"<b>{e(c['op_type'])} <code>{e(c['node'])}</code></b>"])
+        steps = " &rarr; ".join(
+            [f"stage {e(str(c.get('stage')))} ({c.get('stage_nodes')} operators)"]
+            + [
+                f"round {p['round']} ({e(p.get('where', ''))}): {p['exposed']} tensors exposed, "
+                "first departing "
+                f"<code>{e(p['first'])}</code> ({e(p['op_type'])})"
+                for p in c.get("path", [])
+            ]
+            + [f"<b>{e(c['op_type'])} <code>{e(c['node'])}</code></b>"]
+        )
         scope = c.get("scope")
         if scope == "subgraph":  # grown from the culprit (anpred.drill.grow): the operators it kept
             scope = f"subgraph of {len(c.get('repro_nodes') or [])} operators: {', '.join(c.get('repro_nodes') or [])}"
-        rep = (f"repro <code>{e(str(c['repro']))}</code> (re-run, reproduced; scope {e(str(scope))}; "
-               f"{'flagged' if c.get('flagged_in_repro') else 'departs, below the floor'} there)"
-               if c.get("reproduced") else "unconfirmed: no standalone repro reproduced it")
-        out.append(f"<p class='flag'><b>{e(b)}</b>: {steps}; local nRMSE {_fmt(c.get('local_nrmse'))} vs peers "
-                   f"{_fmt(c.get('peers_nrmse'))}; {rep}</p>")
+        rep = (
+            f"repro <code>{e(str(c['repro']))}</code> (re-run, reproduced; scope {e(str(scope))}; "
+            f"{'flagged' if c.get('flagged_in_repro') else 'departs, below the floor'} there)"
+            if c.get("reproduced")
+            else "unconfirmed: no standalone repro reproduced it"
+        )
+        out.append(
+            f"<p class='flag'><b>{e(b)}</b>: {steps}; local nRMSE {_fmt(c.get('local_nrmse'))} vs peers "
+            f"{_fmt(c.get('peers_nrmse'))}; {rep}</p>"
+        )
     for b, m in (d.get("neighbours") or {}).items():  # a neighbour's value returned (anpred.drill.neighbours)
         from anpred.report.text import neighbour_line
 
         out.append(f"<p class='flag'>{e(neighbour_line(b, m))}</p>")
     stages = d.get("stages") or {}
     if stages:
-        out.append("<table><tr><th>backend</th>" + "".join(f"<th>s{p['stage']} {e(p['anchor'])}<br>local / carried</th>"
-                                                          for p in next(iter(stages.values()))) + "</tr>")
+        out.append(
+            "<table><tr><th>backend</th>"
+            + "".join(
+                f"<th>s{p['stage']} {e(p['anchor'])}<br>local / carried</th>" for p in next(iter(stages.values()))
+            )
+            + "</tr>"
+        )
         for b, prof in stages.items():
-            out.append(f"<tr><td>{e(b)}</td>" + "".join(
-                f"<td class='{'flag' if p['role'] == 'introduced' else ''}'>{_fmt(p['local'])} / {_fmt(p['carried'])}"
-                f" ({e(p['role'])})</td>" for p in prof) + "</tr>")
+            out.append(
+                f"<tr><td>{e(b)}</td>"
+                + "".join(
+                    f"<td class='{'flag' if p['role'] == 'introduced' else ''}'>"
+                    f"{_fmt(p['local'])} / {_fmt(p['carried'])} ({e(p['role'])})</td>"
+                    for p in prof
+                )
+                + "</tr>"
+            )
         out.append("</table>")
     out.extend(f"<p class='small'>{e(n)}</p>" for n in d.get("notes") or [])
     return out
@@ -275,29 +344,34 @@ def _verdict_table(report, primary: str) -> list[str]:
     parts: list[str] = []
     if not report.verdicts:
         return parts
-    parts.append("<h2>Verdicts</h2><table><tr><th>backend</th><th>family</th><th>precision</th><th>votes</th>"
-                 "<th>verdict</th><th>anchors judged</th><th>origin stage</th><th>origin anchor</th>"
-                 f"<th>max {e(primary)} (anchor)</th><th>most deviant anchor (highest &times; threshold)</th>"
-                 f"<th>its {e(primary)}</th><th>&times; threshold</th><th>propagation</th><th>flagged anchors</th>"
-                 "</tr>")
+    parts.append(
+        "<h2>Verdicts</h2><table><tr><th>backend</th><th>family</th><th>precision</th><th>votes</th>"
+        "<th>verdict</th><th>anchors judged</th><th>origin stage</th><th>origin anchor</th>"
+        f"<th>max {e(primary)} (anchor)</th><th>most deviant anchor (highest &times; threshold)</th>"
+        f"<th>its {e(primary)}</th><th>&times; threshold</th><th>propagation</th><th>flagged anchors</th>"
+        "</tr>"
+    )
     for b, v in report.verdicts.items():
         cls = "flag" if v.any_flagged else ("ok" if v.status in ("consistent", "reference") else "gap")
         word = {"ok": "consistent"}.get(verdict_word(v), verdict_word(v))
         if v.implementation is not None:
             word += f"; implementation: {verdict_word(v.implementation)}"
-        judged = f"{v.judged_anchors} / {len(report.anchors)}" + (f" ({len(v.partial)} on part of the samples)"
-                                                                if v.partial else "")
+        judged = f"{v.judged_anchors} / {len(report.anchors)}" + (
+            f" ({len(v.partial)} on part of the samples)" if v.partial else ""
+        )
         role = (report.backends.get(b) or {}).get("role")
         shown = b + (f" ({role})" if role in ("witness", "arbiter") else "")
-        parts.append(f"<tr class='{cls}'><td>{e(shown)}</td><td>{e(v.family)}</td><td>{e(v.precision)}"
-                     + (f" ({e(v.precision_requested)} asked)" if getattr(v, "precision_requested", "") else "")
-                     + "</td>"
-                     f"<td>{'yes' if v.votes else 'no'}</td><td>{e(word)}</td><td>{e(judged)}</td>"
-                     f"<td>{_fmt(v.origin_stage)}</td><td>{_fmt(v.origin_anchor)}</td>"
-                     f"<td>{_largest(report, b)}</td><td>{_fmt(v.worst_anchor)}</td>"
-                     f"<td>{_fmt(v.worst_primary)}</td><td>{_fmt(v.worst_ratio_to_threshold)}</td>"
-                     f"<td>{e(v.propagation)}{' (non-monotonic)' if v.non_monotonic else ''}</td>"
-                     f"<td>{len(v.flagged_anchors)}</td></tr>")
+        parts.append(
+            f"<tr class='{cls}'><td>{e(shown)}</td><td>{e(v.family)}</td><td>{e(v.precision)}"
+            + (f" ({e(v.precision_requested)} asked)" if getattr(v, "precision_requested", "") else "")
+            + "</td>"
+            f"<td>{'yes' if v.votes else 'no'}</td><td>{e(word)}</td><td>{e(judged)}</td>"
+            f"<td>{_fmt(v.origin_stage)}</td><td>{_fmt(v.origin_anchor)}</td>"
+            f"<td>{_largest(report, b)}</td><td>{_fmt(v.worst_anchor)}</td>"
+            f"<td>{_fmt(v.worst_primary)}</td><td>{_fmt(v.worst_ratio_to_threshold)}</td>"
+            f"<td>{e(v.propagation)}{' (non-monotonic)' if v.non_monotonic else ''}</td>"
+            f"<td>{len(v.flagged_anchors)}</td></tr>"
+        )
     parts.append("</table>")
     parts.extend(f"<p class='small'>{e(line.strip())}</p>" for line in witness_lines(report))
     for n in report.notes:  # what the machine changed: precision computed != asked, int8 kernel family
@@ -320,37 +394,47 @@ def write_html(report, path: str | Path) -> None:
 
     primary = report.config.get("primary", "nrmse")
     e = html.escape
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>anpred check {e(report.run_dir)}</title>",
-             "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:13px}"
-             "td,th{border:1px solid #ccc;padding:3px 6px}.flag{background:#fdd}.ok{background:#dfd}"
-             ".gap{background:#ffe9b3}"
-             "pre{background:#f6f6f6;padding:8px;font-size:12px}</style></head><body>",
-             f"<h1>anpred check: {e(report.status.upper())}</h1>",
-             f"<p>run <code>{e(report.run_dir)}</code>, {report.samples} samples, oracle <b>{e(report.oracle)}</b>, "
-             f"primary statistic <b>{e(primary)}</b>, schema {e(report.schema)}</p>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>anpred check {e(report.run_dir)}</title>",
+        "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:13px}"
+        "td,th{border:1px solid #ccc;padding:3px 6px}.flag{background:#fdd}.ok{background:#dfd}"
+        ".gap{background:#ffe9b3}"
+        "pre{background:#f6f6f6;padding:8px;font-size:12px}</style></head><body>",
+        f"<h1>anpred check: {e(report.status.upper())}</h1>",
+        f"<p>run <code>{e(report.run_dir)}</code>, {report.samples} samples, oracle <b>{e(report.oracle)}</b>, "
+        f"primary statistic <b>{e(primary)}</b>, schema {e(report.schema)}</p>",
+    ]
     parts.extend(_task(report))
     if report.problems:
-        parts.append("<h2>Could not be judged</h2><ul>" + "".join(f"<li>{e(p)}</li>" for p in report.problems)
-                     + "</ul>")
+        parts.append(
+            "<h2>Could not be judged</h2><ul>" + "".join(f"<li>{e(p)}</li>" for p in report.problems) + "</ul>"
+        )
     gaps = getattr(report, "incomplete", []) or []
     if gaps:
         note = " (exit 0: --allow-incomplete)" if getattr(report, "allow_incomplete", False) else ""
-        parts.append(f"<h2 class='gap'>Not judged ({len(gaps)}): the verdict is incomplete{e(note)}</h2><ul>"
-                     + "".join(f"<li>{e(g)}</li>" for g in gaps) + "</ul>")
+        parts.append(
+            f"<h2 class='gap'>Not judged ({len(gaps)}): the verdict is incomplete{e(note)}</h2><ul>"
+            + "".join(f"<li>{e(g)}</li>" for g in gaps)
+            + "</ul>"
+        )
     parts.extend(_independence(report))
     parts.extend(_verdict_table(report, primary))
     parts.extend(_drill(report))
     parts.extend(_populations(report, primary))
     parts.extend(_scales(report))
     if report.threshold:
-        parts.append("<h2>Threshold baseline (final outputs)</h2><table><tr><th>backend</th><th>reference</th>"
-                     "<th>atol</th><th>rtol</th><th>result</th><th>failed / total</th><th>max abs</th><th>max rel</th>"
-                     "</tr>")
+        parts.append(
+            "<h2>Threshold baseline (final outputs)</h2><table><tr><th>backend</th><th>reference</th>"
+            "<th>atol</th><th>rtol</th><th>result</th><th>failed / total</th><th>max abs</th><th>max rel</th>"
+            "</tr>"
+        )
         for b, t in report.threshold.items():
-            parts.append(f"<tr class='{'ok' if t.passed else 'flag'}'><td>{e(b)}</td><td>{e(t.reference)}</td>"
-                         f"<td>{t.atol:g}</td><td>{t.rtol:g}</td><td>{'pass' if t.passed else 'FAIL'}</td>"
-                         f"<td>{t.failed_elements} / {t.total_elements}</td><td>{_fmt(t.max_abs)}</td>"
-                         f"<td>{_fmt(t.max_rel)}</td></tr>")
+            parts.append(
+                f"<tr class='{'ok' if t.passed else 'flag'}'><td>{e(b)}</td><td>{e(t.reference)}</td>"
+                f"<td>{t.atol:g}</td><td>{t.rtol:g}</td><td>{'pass' if t.passed else 'FAIL'}</td>"
+                f"<td>{t.failed_elements} / {t.total_elements}</td><td>{_fmt(t.max_abs)}</td>"
+                f"<td>{_fmt(t.max_rel)}</td></tr>"
+            )
         parts.append("</table>")
     if report.cells:
         parts.extend(_cell_sections(report, primary))
@@ -364,29 +448,38 @@ def _independence(report) -> list[str]:
     e = html.escape
     parts = []
     for c in getattr(report, "correlated", []) or []:
-        how = ("bit-identical or error-correlated tensors (three-cornered hat rho "
-               f"{min(c['rho'].values()):.2f}-{max(c['rho'].values()):.2f})"
-               if c.get("rho") else "bit-identical tensors")
-        parts.append(f"<p>Correlated backends: <b>{e(' + '.join(c['backends']))}</b> gave {e(how)} at "
-                     f"{len(c['anchors'])} of {len(report.anchors)} anchors and were counted as one consensus "
-                     "vote there"
-                     + (f" (judged apart at {e(', '.join(c['differ']))})" if c.get("differ") else "") + ".</p>")
+        how = (
+            "bit-identical or error-correlated tensors (three-cornered hat rho "
+            f"{min(c['rho'].values()):.2f}-{max(c['rho'].values()):.2f})"
+            if c.get("rho")
+            else "bit-identical tensors"
+        )
+        parts.append(
+            f"<p>Correlated backends: <b>{e(' + '.join(c['backends']))}</b> gave {e(how)} at "
+            f"{len(c['anchors'])} of {len(report.anchors)} anchors and were counted as one consensus "
+            "vote there" + (f" (judged apart at {e(', '.join(c['differ']))})" if c.get("differ") else "") + ".</p>"
+        )
     pairs = (getattr(report, "independence", None) or {}).get("pairs") or {}
     if pairs:
         from anpred.judge.oracle_notes import merged_pairs
 
         merged = merged_pairs(getattr(report, "correlated", []) or [])
-        parts.append("<h2>Independence of the voting families</h2>"
-                     "<p>Error correlation rho of each pair (three-cornered "
-                     "hat over the family votes, median over the anchors where the pair was measured; a pair at "
-                     f"rho &ge; {e(str(report.config.get('correlated_rho')))} is a candidate to merge into one "
-                     "vote, merged where the nearest-corner guard passes and enough votes remain)</p><table><tr>"
-                     "<th>pair</th><th>rho (median)</th><th>rho (max)</th><th>anchors measured</th>"
-                     "<th>merged into one vote at</th></tr>"
-                     + "".join(f"<tr><td>{e(p.replace('|', ' ~ '))}</td><td>{v['rho_median']:.3f}</td>"
-                               f"<td>{v['rho_max']:.3f}</td><td>{v['anchors']}</td>"
-                               f"<td>{merged.get(p, 0)} anchors</td></tr>" for p, v in pairs.items())
-                     + "</table>")
+        parts.append(
+            "<h2>Independence of the voting families</h2>"
+            "<p>Error correlation rho of each pair (three-cornered "
+            "hat over the family votes, median over the anchors where the pair was measured; a pair at "
+            f"rho &ge; {e(str(report.config.get('correlated_rho')))} is a candidate to merge into one "
+            "vote, merged where the nearest-corner guard passes and enough votes remain)</p><table><tr>"
+            "<th>pair</th><th>rho (median)</th><th>rho (max)</th><th>anchors measured</th>"
+            "<th>merged into one vote at</th></tr>"
+            + "".join(
+                f"<tr><td>{e(p.replace('|', ' ~ '))}</td><td>{v['rho_median']:.3f}</td>"
+                f"<td>{v['rho_max']:.3f}</td><td>{v['anchors']}</td>"
+                f"<td>{merged.get(p, 0)} anchors</td></tr>"
+                for p, v in pairs.items()
+            )
+            + "</table>"
+        )
     return parts
 
 
@@ -399,20 +492,32 @@ def _cell_sections(report, primary: str) -> list[str]:
     parts = []
     parts.append(f"<h2>Heatmap</h2><img src='{_heatmap(report, primary)}'>")
     parts.append(f"<h2>Propagation profile</h2><img src='{_profiles(report, primary)}'>")
-    parts.append(f"<p>{e(primary)} at the first judged anchor, then the ratio to the previous judged anchor "
-                 f"({e(PROPAGATION_LEGEND)}):</p><table><tr><th>backend</th><th>profile</th></tr>"
-                 + "".join(f"<tr><td>{e(b)}</td><td><code>{e(propagation_line(report, b))}</code></td></tr>"
-                           for b in report.verdicts)
-                 + "".join(f"<tr><td>{e(b)} (implementation, {e(v.precision)} population)</td><td><code>"
-                           f"{e(propagation_line(report, b, v.precision))}</code></td></tr>"
-                           for b, v in report.verdicts.items() if v.implementation is not None)
-                 + "</table>")
+    parts.append(
+        f"<p>{e(primary)} at the first judged anchor, then the ratio to the previous judged anchor "
+        f"({e(PROPAGATION_LEGEND)}):</p><table><tr><th>backend</th><th>profile</th></tr>"
+        + "".join(
+            f"<tr><td>{e(b)}</td><td><code>{e(propagation_line(report, b))}</code></td></tr>" for b in report.verdicts
+        )
+        + "".join(
+            f"<tr><td>{e(b)} (implementation, {e(v.precision)} population)</td><td><code>"
+            f"{e(propagation_line(report, b, v.precision))}</code></td></tr>"
+            for b, v in report.verdicts.items()
+            if v.implementation is not None
+        )
+        + "</table>"
+    )
     steps = [(b, s) for b, v in report.verdicts.items() for s in v.steps if v.flagged]
     if steps:
-        parts.append("<h3>Steps of flagged backends</h3><table><tr><th>backend</th><th>from</th><th>to</th>"
-                     "<th>ratio</th><th>kind</th></tr>" + "".join(
-                         f"<tr><td>{e(b)}</td><td>{e(s.src)}</td><td>{e(s.dst)}</td><td>{_fmt(s.ratio)}</td>"
-                         f"<td>{e(s.kind)}</td></tr>" for b, s in steps) + "</table>")
+        parts.append(
+            "<h3>Steps of flagged backends</h3><table><tr><th>backend</th><th>from</th><th>to</th>"
+            "<th>ratio</th><th>kind</th></tr>"
+            + "".join(
+                f"<tr><td>{e(b)}</td><td>{e(s.src)}</td><td>{e(s.dst)}</td><td>{_fmt(s.ratio)}</td>"
+                f"<td>{e(s.kind)}</td></tr>"
+                for b, s in steps
+            )
+            + "</table>"
+        )
     flagged = [c for c in report.cells if c.flagged]
     if flagged:
         parts.append("<h2>Flagged anchors</h2>")
@@ -423,17 +528,21 @@ def _cell_sections(report, primary: str) -> list[str]:
                 parts.append(f"<img src='{img}'>")
         if len(flagged) > MAX_DETAIL:
             parts.append(f"<p>{len(flagged) - MAX_DETAIL} more flagged cells not plotted (see the table).</p>")
-    parts.append("<h2>All cells</h2><table><tr><th>anchor</th><th>backend</th><th>samples</th>"
-                 f"<th>{e(primary)}</th><th>p90/sample</th><th>peers' median</th><th>floor</th><th>threshold</th>"
-                 "<th>max abs</th><th>SNR dB</th><th>cosine</th><th>W1</th><th>max ULP</th><th>NaN/Inf</th>"
-                 "<th>verdict</th></tr>")
+    parts.append(
+        "<h2>All cells</h2><table><tr><th>anchor</th><th>backend</th><th>samples</th>"
+        f"<th>{e(primary)}</th><th>p90/sample</th><th>peers' median</th><th>floor</th><th>threshold</th>"
+        "<th>max abs</th><th>SNR dB</th><th>cosine</th><th>W1</th><th>max ULP</th><th>NaN/Inf</th>"
+        "<th>verdict</th></tr>"
+    )
     for c in report.cells:
         s = c.stats
-        parts.append(f"<tr class='{'flag' if c.flagged else ''}'><td>{e(c.anchor)}</td><td>{e(c.backend)}</td>"
-                     f"<td>{c.samples}</td><td>{_fmt(c.primary)}</td><td>{_fmt(c.per_sample.get('p90'))}</td>"
-                     f"<td>{_fmt(c.peer_level)}</td><td>{_fmt(c.floor)}</td><td>{_fmt(c.threshold)}</td>"
-                     f"<td>{_fmt(s.max_abs)}</td><td>{_fmt(s.snr_db)}</td><td>{_fmt(s.cosine)}</td>"
-                     f"<td>{_fmt(s.wasserstein)}</td><td>{_fmt(s.max_ulp)}</td><td>{s.nan}/{s.inf}</td>"
-                     f"<td>{'FLAGGED' if c.flagged else 'ok'}</td></tr>")
+        parts.append(
+            f"<tr class='{'flag' if c.flagged else ''}'><td>{e(c.anchor)}</td><td>{e(c.backend)}</td>"
+            f"<td>{c.samples}</td><td>{_fmt(c.primary)}</td><td>{_fmt(c.per_sample.get('p90'))}</td>"
+            f"<td>{_fmt(c.peer_level)}</td><td>{_fmt(c.floor)}</td><td>{_fmt(c.threshold)}</td>"
+            f"<td>{_fmt(s.max_abs)}</td><td>{_fmt(s.snr_db)}</td><td>{_fmt(s.cosine)}</td>"
+            f"<td>{_fmt(s.wasserstein)}</td><td>{_fmt(s.max_ulp)}</td><td>{s.nan}/{s.inf}</td>"
+            f"<td>{'FLAGGED' if c.flagged else 'ok'}</td></tr>"
+        )
     parts.append("</table>")
     return parts

@@ -39,15 +39,24 @@ from typing import Any
 
 from anpred.errors import AnpredError
 
-__all__ = ["export_model_explorer", "export_report_folder", "check_export_folder", "ANNOTATE_MAX_BYTES",
-           "VERDICT_CODES"]
+__all__ = [
+    "export_model_explorer",
+    "export_report_folder",
+    "check_export_folder",
+    "ANNOTATE_MAX_BYTES",
+    "VERDICT_CODES",
+]
 
 #: the annotated copy is written only up to this size of the anchored model's files (bytes): it is a
 #: second copy of the weights; above it the overlay is keyed by the anchored model's own node names
-ANNOTATE_MAX_BYTES = 256 * 2 ** 20
+ANNOTATE_MAX_BYTES = 256 * 2**20
 #: the codes of ``<backend>.verdict.json`` and their colours
-VERDICT_CODES = {0: ("consistent", "#b7e4c0"), 1: ("flagged (carried)", "#f4a3a3"), 2: ("origin", "#d62728"),
-                 3: ("culprit", "#ff00ff")}
+VERDICT_CODES = {
+    0: ("consistent", "#b7e4c0"),
+    1: ("flagged (carried)", "#f4a3a3"),
+    2: ("origin", "#d62728"),
+    3: ("culprit", "#ff00ff"),
+}
 _BG = {"ok": "#b7e4c0", "flagged": "#f4a3a3", "origin": "#d62728", "culprit": "#ff00ff"}
 
 
@@ -153,13 +162,19 @@ def _backend_files(report, b: str, ctx: dict[str, Any]) -> dict[str, dict[str, A
         code[node_of[c.anchor]] = {"value": {"ok": 0, "flagged": 1, "origin": 2}[kind]}
     if culprit is not None:
         local = _finite((v.culprit or {}).get("local_nrmse")) if v is not None and v.culprit else None
-        nrmse[culprit] = {"value": local if local is not None else 0.0, "bgColor": _BG["culprit"],
-                          "textColor": "#ffffff"}
+        nrmse[culprit] = {
+            "value": local if local is not None else 0.0,
+            "bgColor": _BG["culprit"],
+            "textColor": "#ffffff",
+        }
         code[culprit] = {"value": 3}
     thresholds = [{"value": k, "bgColor": col} for k, (_, col) in VERDICT_CODES.items()]
-    files = {f"{b}.nrmse.json": _graph_data(f"{b}: nRMSE vs consensus", nrmse),
-             f"{b}.verdict.json": _graph_data(f"{b}: verdict (0 ok, 1 flagged, 2 origin, 3 culprit)", code,
-                                              thresholds=thresholds)}
+    files = {
+        f"{b}.nrmse.json": _graph_data(f"{b}: nRMSE vs consensus", nrmse),
+        f"{b}.verdict.json": _graph_data(
+            f"{b}: verdict (0 ok, 1 flagged, 2 origin, 3 culprit)", code, thresholds=thresholds
+        ),
+    }
     prof = (getattr(report, "drill", None) or {}).get("stages", {}).get(b)
     if prof:
         grad = [{"stop": 0, "bgColor": "#ffffff"}, {"stop": 1, "bgColor": "#d62728"}]
@@ -173,8 +188,11 @@ def _backend_files(report, b: str, ctx: dict[str, Any]) -> dict[str, dict[str, A
                     if k == p["stage"]:
                         res[node] = {"value": val}
             if culprit is not None and kind == "local":
-                res[culprit] = {"value": res.get(culprit, {}).get("value", 0.0), "bgColor": _BG["culprit"],
-                                "textColor": "#ffffff"}
+                res[culprit] = {
+                    "value": res.get(culprit, {}).get("value", 0.0),
+                    "bgColor": _BG["culprit"],
+                    "textColor": "#ffffff",
+                }
             files[f"{b}.{kind}.json"] = _graph_data(f"{b}: {kind} error per stage (nRMSE)", res, gradient=grad)
     return files
 
@@ -185,8 +203,9 @@ def _annotate(model, report, ctx: dict[str, Any], files: dict[str, dict[str, Any
     for fname, gd in files.items():
         b, kind = fname[:-5].rsplit(".", 1)
         for node, r in gd["results"].items():
-            props.setdefault(node, {})[f"anpred.{b}.{kind}"] = f"{r['value']:.4g}" if kind != "verdict" else \
-                VERDICT_CODES[int(r["value"])][0]
+            props.setdefault(node, {})[f"anpred.{b}.{kind}"] = (
+                f"{r['value']:.4g}" if kind != "verdict" else VERDICT_CODES[int(r["value"])][0]
+            )
     for b, node in ctx["culprits"].items():
         props.setdefault(node, {})["anpred.culprit"] = f"{b}: the drill-down's culprit"
     for n in model.graph.node:
@@ -197,8 +216,11 @@ def _annotate(model, report, ctx: dict[str, Any], files: dict[str, dict[str, Any
     for b, v in report.verdicts.items():
         where = f" at {v.origin_anchor} (stage {v.origin_stage})" if v.flagged else ""
         cul = f", culprit {ctx['culprits'][b]}" if b in ctx["culprits"] else ""
-        lines.append(f"{b}: {v.status}{where}, largest nRMSE {v.worst_primary:.3g}{cul}" if _finite(v.worst_primary)
-                     is not None else f"{b}: {v.status}{where}{cul}")
+        lines.append(
+            f"{b}: {v.status}{where}, largest nRMSE {v.worst_primary:.3g}{cul}"
+            if _finite(v.worst_primary) is not None
+            else f"{b}: {v.status}{where}{cul}"
+        )
     e = model.metadata_props.add()
     e.key, e.value = "anpred.verdicts", "\n".join(lines)
 
@@ -208,14 +230,21 @@ def _model_bytes(path: Path, model) -> int:
     ``model`` loaded without its external data."""
     from onnx import TensorProto
 
-    locs = {e.value for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL
-            for e in t.external_data if e.key == "location"}
-    return path.stat().st_size + sum((path.parent / loc).stat().st_size for loc in locs
-                                     if (path.parent / loc).is_file())
+    locs = {
+        e.value
+        for t in model.graph.initializer
+        if t.data_location == TensorProto.EXTERNAL
+        for e in t.external_data
+        if e.key == "location"
+    }
+    return path.stat().st_size + sum(
+        (path.parent / loc).stat().st_size for loc in locs if (path.parent / loc).is_file()
+    )
 
 
-def export_model_explorer(report, model_path: str | Path, out: str | Path, *,
-                          annotate_max_bytes: int = ANNOTATE_MAX_BYTES) -> dict[str, Any]:
+def export_model_explorer(
+    report, model_path: str | Path, out: str | Path, *, annotate_max_bytes: int = ANNOTATE_MAX_BYTES
+) -> dict[str, Any]:
     """Write the node data of ``report`` (a :class:`anpred.judge.CheckReport`) for the anchored model
     ``model_path`` into the folder ``out`` (module docstring); returns ``index.json``'s content:
     ``{"model", "graph", "files", "culprits": {backend: node}, "annotated", "command", "note"}``.
@@ -242,15 +271,20 @@ def export_model_explorer(report, model_path: str | Path, out: str | Path, *,
     else:
         names = [n.name for n in model.graph.node]
         if "" in names or len(set(names)) != len(names):
-            note = ("the anchored model has unnamed or duplicate node names and is too large for an annotated copy "
-                    f"(> {annotate_max_bytes} bytes): those nodes carry no node data")
+            note = (
+                "the anchored model has unnamed or duplicate node names and is too large for an annotated copy "
+                f"(> {annotate_max_bytes} bytes): those nodes carry no node data"
+            )
     culprits = {}
     for b, v in report.verdicts.items():
         node = _culprit_node(model, getattr(v, "culprit", None))
         if node is not None:
             culprits[b] = node
-    ctx = {"anchor_nodes": _anchor_nodes(model, report.anchors), "stages": _stages(model, report.anchors),
-           "culprits": culprits}
+    ctx = {
+        "anchor_nodes": _anchor_nodes(model, report.anchors),
+        "stages": _stages(model, report.anchors),
+        "culprits": culprits,
+    }
     gid = model.graph.name or "<main>"
     files: dict[str, dict[str, Any]] = {}
     for b in report.verdicts:
@@ -269,11 +303,23 @@ def export_model_explorer(report, model_path: str | Path, out: str | Path, *,
         from anpred.onnx_io import atomic_write_bytes
 
         atomic_write_bytes(target, model.SerializeToString())
-    index = {"model": str(target), "graph": gid, "files": sorted(files), "culprits": culprits,
-             "annotated": annotate, "note": note,
-             # shell-quoted: a folder name with a space or a quote still opens
-             "command": shlex.join(["model-explorer", str(target), "--extensions=model_explorer_onnx",
-                                    "--node_data_paths=" + ",".join(str(out / f) for f in sorted(files))])}
+    index = {
+        "model": str(target),
+        "graph": gid,
+        "files": sorted(files),
+        "culprits": culprits,
+        "annotated": annotate,
+        "note": note,
+        # shell-quoted: a folder name with a space or a quote still opens
+        "command": shlex.join(
+            [
+                "model-explorer",
+                str(target),
+                "--extensions=model_explorer_onnx",
+                "--node_data_paths=" + ",".join(str(out / f) for f in sorted(files)),
+            ]
+        ),
+    }
     atomic_write_text(out / "index.json", json.dumps(index, indent=1))
     return index
 

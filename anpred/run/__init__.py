@@ -28,8 +28,25 @@ from anpred.run.spec import FAULTS, MODES, BackendSpec, RunSettings, WorkerJob
 from anpred.run.store import SCHEMA, RunStore
 from anpred.run.streaming import STATS_SCHEMA, StreamingStats, read_stats, sample_summary
 
-__all__ = ["run_model", "Terminated", "format_summary", "WORKER_MALLOC_TUNABLES", "worker_malloc_tunables",
-           "WorkerPool", "RunGuards", "copy_model", "load_anchored", "FAULTS", "MODES", "BackendSpec", "RunSettings",
-           "WorkerJob",
-           "SCHEMA", "RunStore",
-           "STATS_SCHEMA", "StreamingStats", "read_stats", "sample_summary"]
+__all__ = [
+    "run_model",
+    "Terminated",
+    "format_summary",
+    "WORKER_MALLOC_TUNABLES",
+    "worker_malloc_tunables",
+    "WorkerPool",
+    "RunGuards",
+    "copy_model",
+    "load_anchored",
+    "FAULTS",
+    "MODES",
+    "BackendSpec",
+    "RunSettings",
+    "WorkerJob",
+    "SCHEMA",
+    "RunStore",
+    "STATS_SCHEMA",
+    "StreamingStats",
+    "read_stats",
+    "sample_summary",
+]

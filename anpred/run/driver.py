@@ -47,8 +47,14 @@ from anpred.backends.base import BackendStatus
 from anpred.errors import AnpredError, BackendError, OutputPathError, Terminated
 from anpred.folders import commit_partial, partial_dir
 from anpred.onnx_io import to_json
-from anpred.run.jobs import (WORKER_MALLOC_TUNABLES, make_job, precheck_refusals, read_status, worker_env,
-                              worker_malloc_tunables)
+from anpred.run.jobs import (
+    WORKER_MALLOC_TUNABLES,
+    make_job,
+    precheck_refusals,
+    read_status,
+    worker_env,
+    worker_malloc_tunables,
+)
 from anpred.run.jobs import worker_env as _worker_env  # noqa: F401 - its earlier name (tests, benchmarks)
 from anpred.run.limits import MemoryWatch, RunGuards
 from anpred.run.model import copy_model, load_anchored
@@ -57,12 +63,27 @@ from anpred.run.pool import WorkerPool  # its earlier home (callers and docs nam
 from anpred.run.spec import MODES, BackendSpec, RunSettings
 from anpred.run.store import RunStore
 
-__all__ = ["run_model", "Terminated", "format_summary", "WORKER_MALLOC_TUNABLES", "worker_malloc_tunables",
-           "WorkerPool", "sigterm_raises", "RunGuards", "make_job"]
+__all__ = [
+    "run_model",
+    "Terminated",
+    "format_summary",
+    "WORKER_MALLOC_TUNABLES",
+    "worker_malloc_tunables",
+    "WorkerPool",
+    "sigterm_raises",
+    "RunGuards",
+    "make_job",
+]
 
 
-def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], inputs: Any, out_dir: str | Path,
-              settings: RunSettings | None = None, **fields: Any):
+def run_model(
+    model_path: str | Path,
+    backends: Iterable["str | BackendSpec"],
+    inputs: Any,
+    out_dir: str | Path,
+    settings: RunSettings | None = None,
+    **fields: Any,
+):
     """Run the anchored model on every backend and return the :class:`~anpred.run.store.RunStore`.
 
     Args:
@@ -99,20 +120,30 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
     in_spec = inputs if isinstance(inputs, ArraySamples) else InputSpec.parse(inputs, preprocess=cfg.preprocess)
     out = Path(out_dir).absolute()
     _check_out_dir(out, overwrite)
-    hint = " ".join([model_path.name, model.producer_name, model.doc_string] +
-                    [f"{p.key} {p.value}" for p in model.metadata_props if p.key != "anpred.manifest"] +
-                    [str(manifest.model.get("source", ""))])
+    hint = " ".join(
+        [model_path.name, model.producer_name, model.doc_string]
+        + [f"{p.key} {p.value}" for p in model.metadata_props if p.key != "anpred.manifest"]
+        + [str(manifest.model.get("source", ""))]
+    )
     try:
         tmp = partial_dir(out)  # stale partial folders of dead drivers are removed too
     except OSError as err:
         raise OutputPathError(f"cannot create run folder {err.filename or out}: {err.strerror or err}") from err
     restore_sigterm = sigterm_raises()
     try:
-        store = RunStore.create(tmp, manifest, mode=mode, inputs=in_spec.describe(hint), model={
-            "path": str(model_path), "name": model_path.stem,
-            "producer": f"{model.producer_name} {model.producer_version}".strip(),
-            "opset": {o.domain or "ai.onnx": o.version for o in model.opset_import},
-            "manifest_source": man_source})
+        store = RunStore.create(
+            tmp,
+            manifest,
+            mode=mode,
+            inputs=in_spec.describe(hint),
+            model={
+                "path": str(model_path),
+                "name": model_path.stem,
+                "producer": f"{model.producer_name} {model.producer_version}".strip(),
+                "opset": {o.domain or "ai.onnx": o.version for o in model.opset_import},
+                "manifest_source": man_source,
+            },
+        )
         store.meta["model"].update(copy_model(model_path, model, tmp))
         run_model_path = tmp / "model.onnx"
         shape_hint = _store_samples(store, in_spec, model, hint)
@@ -125,8 +156,11 @@ def run_model(model_path: str | Path, backends: Iterable["str | BackendSpec"], i
             if spec.label in refused:
                 store.set_status(refused[spec.label])
             elif pool is None:
-                store.set_status(_run_backend(store, spec, run_model_path, mode, timeout_s, progress,
-                                              _RunContext(shape_hint, watch, shared)))
+                store.set_status(
+                    _run_backend(
+                        store, spec, run_model_path, mode, timeout_s, progress, _RunContext(shape_hint, watch, shared)
+                    )
+                )
         if pool is not None:
             for st in pool.run(store, [s for s in specs if s.label not in refused], model_path, shape_hint).values():
                 store.set_status(st)
@@ -177,8 +211,7 @@ def _record_specs(store: RunStore, specs: list[BackendSpec]) -> None:
     sha256 of a model file given as an option)."""
     from anpred.onnx_io import sha256_file
 
-    store.meta["backend_specs"] = {s.label: {"name": s.name, "options": json.loads(to_json(s.options))}
-                                   for s in specs}
+    store.meta["backend_specs"] = {s.label: {"name": s.name, "options": json.loads(to_json(s.options))} for s in specs}
     for s in specs:
         if "model" in s.options:
             store.meta["backend_specs"][s.label]["model_sha256"] = sha256_file(s.options["model"])
@@ -235,8 +268,9 @@ def _check_out_dir(out: Path, overwrite: bool) -> None:
             if not (out / "run.json").exists():
                 raise OutputPathError(f"{out} exists and is not empty (and is not a run); nothing was written")
             if not overwrite:
-                raise OutputPathError(f"{out} already holds a run; choose another -o or pass --overwrite "
-                                      "(nothing was written)")
+                raise OutputPathError(
+                    f"{out} already holds a run; choose another -o or pass --overwrite (nothing was written)"
+                )
     for anc in [out.parent, *out.parent.parents]:
         if anc.exists():
             if not anc.is_dir():
@@ -258,8 +292,9 @@ class _RunContext:
     shared: Path
 
 
-def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str, timeout_s: float, progress: bool,
-                 ctx: _RunContext) -> BackendStatus:
+def _run_backend(
+    store: RunStore, spec: BackendSpec, model_path: Path, mode: str, timeout_s: float, progress: bool, ctx: _RunContext
+) -> BackendStatus:
     """Run one backend in its own worker process and return its status (the worker's, completed
     with a crash, timeout or memory bound seen here); its resources go to
     ``store.meta["resources"][label]``."""
@@ -267,17 +302,40 @@ def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str
 
     from anpred.backends.shared import settle
 
-    job, job_path, log_path, status_path, python_path = make_job(store, spec, model_path, mode, ctx.input_shapes,
-                                                                  store.root / ".work" / spec.label,
-                                                                  store.root / "logs" / f"{spec.label}.log", ctx.shared)
+    job, job_path, log_path, status_path, python_path = make_job(
+        store,
+        spec,
+        model_path,
+        mode,
+        ctx.input_shapes,
+        store.root / ".work" / spec.label,
+        store.root / "logs" / f"{spec.label}.log",
+        ctx.shared,
+    )
     n = len(store.sample_ids)
     rfd, wfd = os.pipe()
     start = time.monotonic()
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "anpred.run.worker", "--worker", str(job_path), "--fd", str(wfd),
-                                 "--parent", str(os.getpid())],
-                                pass_fds=(wfd,), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=str(job_path.parent), env=worker_env(python_path), start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "anpred.run.worker",
+                "--worker",
+                str(job_path),
+                "--fd",
+                str(wfd),
+                "--parent",
+                str(os.getpid()),
+            ],
+            pass_fds=(wfd,),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=str(job_path.parent),
+            env=worker_env(python_path),
+            start_new_session=True,
+        )
     os.close(wfd)
     ctx.watch.watch(spec.label, proc.pid)
     bar = tqdm(total=n, desc=f"{spec.label:>14}", unit="sample", disable=not progress, leave=True, file=sys.stderr)
@@ -294,8 +352,10 @@ def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str
         st.reason = ctx.watch.reason(spec.label, f"{stage} ({done}/{n} samples done)")
     elif timed_out:
         st.status = "timeout"
-        st.reason = (f"no result within {timeout_s:g} s (killed while {stage}; {done}/{n} samples done); "
-                     "raise it with --timeout S if the backend needs longer")
+        st.reason = (
+            f"no result within {timeout_s:g} s (killed while {stage}; {done}/{n} samples done); "
+            "raise it with --timeout S if the backend needs longer"
+        )
         st.samples = done
     elif st.status not in ("ok", "failed", "unsupported"):
         st = lost_status(st, proc.returncode, prepared, done, n, log_path, store.sample_ids)
@@ -313,8 +373,9 @@ def _run_backend(store: RunStore, spec: BackendSpec, model_path: Path, mode: str
     return st
 
 
-def _watch(proc: subprocess.Popen, rfd: int, start: float, timeout_s: float, bar,
-           memory: MemoryWatch) -> tuple[int, bool, bool]:
+def _watch(
+    proc: subprocess.Popen, rfd: int, start: float, timeout_s: float, bar, memory: MemoryWatch
+) -> tuple[int, bool, bool]:
     """Follow the worker's progress lines on ``rfd`` (closed here) on the progress ``bar`` (closed
     here) until it exits, ``timeout_s`` after ``start`` passes, or ``memory`` kills it (its
     :meth:`~anpred.run.limits.MemoryWatch.check` between reads); a worker still running then is

@@ -17,8 +17,14 @@ from anpred.errors import BackendError
 from anpred.run.spec import BackendSpec, WorkerJob
 from anpred.run.store import RunStore
 
-__all__ = ["WORKER_MALLOC_TUNABLES", "worker_malloc_tunables", "worker_env", "precheck_refusals", "make_job",
-           "read_status"]
+__all__ = [
+    "WORKER_MALLOC_TUNABLES",
+    "worker_malloc_tunables",
+    "worker_env",
+    "precheck_refusals",
+    "make_job",
+    "read_status",
+]
 
 
 #: glibc malloc settings of every backend worker (see :func:`worker_malloc_tunables`)
@@ -41,8 +47,9 @@ def worker_malloc_tunables(existing: str = "") -> str:
     return ":".join([x for x in [existing] if x] + add)
 
 
-def precheck_refusals(store: RunStore, specs: list[BackendSpec], model_path: Path,
-                      progress: bool) -> dict[str, BackendStatus]:
+def precheck_refusals(
+    store: RunStore, specs: list[BackendSpec], model_path: Path, progress: bool
+) -> dict[str, BackendStatus]:
     """Pre-run coverage of every backend (on the model it will run: its ``model`` option, else the
     run's), stored in ``store.meta["coverage"]`` and printed (with ``progress``). Returns the statuses
     of the backends not to start (``unsupported``, reason naming the operators)."""
@@ -59,8 +66,11 @@ def precheck_refusals(store: RunStore, specs: list[BackendSpec], model_path: Pat
     store.save_meta()
     lines = format_coverage(coverage)
     if progress:
-        print("pre-run coverage: " + ("; ".join(lines) if lines else
-                                      "no backend's operator table lacks an operator of the model"), file=sys.stderr)
+        print(
+            "pre-run coverage: "
+            + ("; ".join(lines) if lines else "no backend's operator table lacks an operator of the model"),
+            file=sys.stderr,
+        )
     refused = {}
     for s in specs:
         row = coverage[s.label]
@@ -69,13 +79,27 @@ def precheck_refusals(store: RunStore, specs: list[BackendSpec], model_path: Pat
                 nominal = backend_class(s.name).precision
             except BackendError:
                 nominal = "fp32"
-            refused[s.label] = BackendStatus(name=s.label, family=s.family(), status="unsupported", reason=refusal(row),
-                                             precision=nominal, precision_requested=nominal)
+            refused[s.label] = BackendStatus(
+                name=s.label,
+                family=s.family(),
+                status="unsupported",
+                reason=refusal(row),
+                precision=nominal,
+                precision_requested=nominal,
+            )
     return refused
 
 
-def make_job(store: RunStore, spec: BackendSpec, model_path: Path, mode: str,
-              input_shapes: dict[str, list[int]] | None, work: Path, log_path: Path, shared: Path | None = None):
+def make_job(
+    store: RunStore,
+    spec: BackendSpec,
+    model_path: Path,
+    mode: str,
+    input_shapes: dict[str, list[int]] | None,
+    work: Path,
+    log_path: Path,
+    shared: Path | None = None,
+):
     """The worker job of ``spec`` on ``store`` in folder ``work`` (its options without the runner's
     own keys; int8 calibration on the run's samples; the run's input shapes where the backend needs
     them; ``shared``: the folder of the run's shared-conversion records, :mod:`anpred.backends.shared`).
@@ -96,9 +120,18 @@ def make_job(store: RunStore, spec: BackendSpec, model_path: Path, mode: str,
         options["calibration"] = [str(store.input_file(sid)) for sid in store.sample_ids]
     if getattr(cls, "needs_input_shapes", False) and input_shapes and "input_shapes" not in options:
         options["input_shapes"] = input_shapes  # the run's concrete input shapes (all samples share them)
-    job = WorkerJob(store=str(store.root), name=spec.name, label=spec.label, family=family, options=options,
-                    model=str(model), mode=mode, samples=store.sample_ids, status_path=str(status_path),
-                    shared_dir=str(shared or work.parent / "shared"))
+    job = WorkerJob(
+        store=str(store.root),
+        name=spec.name,
+        label=spec.label,
+        family=family,
+        options=options,
+        model=str(model),
+        mode=mode,
+        samples=store.sample_ids,
+        status_path=str(status_path),
+        shared_dir=str(shared or work.parent / "shared"),
+    )
     job_path = work / "job.json"
     job.save(job_path)
     return job, job_path, log_path, status_path, python_path

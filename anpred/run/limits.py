@@ -98,9 +98,13 @@ class RunGuards:
 
     def sources(self) -> dict[str, str]:
         """Where each bound comes from: ``given`` (this object), ``environment``, ``machine``."""
-        return {k: "given" if v is not None else ("environment" if os.environ.get(env) else "machine")
-                for k, v, env in (("backend_memory", self.backend_memory, MEMORY_ENV),
-                                  ("run_memory", self.run_memory, RUN_MEMORY_ENV))}
+        return {
+            k: "given" if v is not None else ("environment" if os.environ.get(env) else "machine")
+            for k, v, env in (
+                ("backend_memory", self.backend_memory, MEMORY_ENV),
+                ("run_memory", self.run_memory, RUN_MEMORY_ENV),
+            )
+        }
 
 
 def _cgroup_room() -> tuple[int | None, str]:
@@ -143,8 +147,7 @@ def machine_bounds() -> dict[str, Any]:
     room, cg = _cgroup_room()
     if room is not None and room < avail:
         avail, source = room, f"cgroup limit ({cg})"
-    return {"available": avail, "source": source, "share": MEMORY_BOUND_SHARE,
-            "bound": int(avail * MEMORY_BOUND_SHARE)}
+    return {"available": avail, "source": source, "share": MEMORY_BOUND_SHARE, "bound": int(avail * MEMORY_BOUND_SHARE)}
 
 
 def _descendants(pid: int) -> list[int]:
@@ -215,8 +218,12 @@ class MemoryWatch:
         g = guards.resolved(machine)
         self.backend_bytes, self.run_bytes = int(g.backend_memory), int(g.run_memory)
         #: what ``run.json`` records as ``memory_bounds``: both bounds, their sources, the machine's figure
-        self.record = {"backend_bytes": self.backend_bytes, "run_bytes": self.run_bytes, "source": guards.sources(),
-                       "machine": machine}
+        self.record = {
+            "backend_bytes": self.backend_bytes,
+            "run_bytes": self.run_bytes,
+            "source": guards.sources(),
+            "machine": machine,
+        }
         self.interval = MEMORY_POLL_S
         self.pids: dict[str, int] = {}
         self.peak: dict[str, int] = {}
@@ -235,8 +242,11 @@ class MemoryWatch:
         """The status reason of a worker this watch killed: the bound and the RSS seen, the ``stage``
         (e.g. ``"running samples (0/1 samples done)"``), what to do."""
         cause = self.killed[label]
-        advice = (f"raise it with {RUN_MEMORY_ENV}=GIB" if "overall" in cause else
-                  f"raise it with --memory-bound GIB ({MEMORY_ENV}) if the model needs more")
+        advice = (
+            f"raise it with {RUN_MEMORY_ENV}=GIB"
+            if "overall" in cause
+            else f"raise it with --memory-bound GIB ({MEMORY_ENV}) if the model needs more"
+        )
         return f"{cause} while {stage}; killed: {advice}"
 
     def check(self, force: bool = False) -> dict[str, str]:
@@ -260,8 +270,10 @@ class MemoryWatch:
         driver = _own_rss()  # the run's processes: the driver and its live workers
         while live and driver + sum(live.values()) > self.run_bytes:
             b = max(live, key=live.get)
-            out[b] = (f"{b}: exceeded the run's overall memory bound of {gib(self.run_bytes)} (the run's processes "
-                      f"together: RSS {gib(driver + sum(live.values()))}, this worker {gib(live[b])}, the largest)")
+            out[b] = (
+                f"{b}: exceeded the run's overall memory bound of {gib(self.run_bytes)} (the run's processes "
+                f"together: RSS {gib(driver + sum(live.values()))}, this worker {gib(live[b])}, the largest)"
+            )
             del live[b]
         for b in out:
             try:

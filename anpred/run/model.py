@@ -36,8 +36,19 @@ def load_anchored(model_path: str | Path) -> tuple[Any, AnchorManifest, str]:
         tt = o.type.tensor_type
         shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
         dtype = elem_type_name(tt.elem_type) if tt.elem_type else "float32"
-        anchors.append(Anchor(name=output_anchor_name(o.name), value=o.name, stage=0, order=n - 1, producer="",
-                              op_type="", shape=shape, dtype=dtype, kind="output"))
+        anchors.append(
+            Anchor(
+                name=output_anchor_name(o.name),
+                value=o.name,
+                stage=0,
+                order=n - 1,
+                producer="",
+                op_type="",
+                shape=shape,
+                dtype=dtype,
+                kind="output",
+            )
+        )
     return model, AnchorManifest(anchors=anchors, model={"source": str(p)}), "outputs-only"
 
 

@@ -14,12 +14,22 @@ from typing import Iterable
 from anpred.backends.base import BackendStatus
 from anpred.errors import InputError
 
-__all__ = ["SHAPE_FAIL_RE", "inputs_misfit", "raise_if_inputs_misfit", "format_summary", "log_tail", "crash_reason",
-           "lost_status"]
+__all__ = [
+    "SHAPE_FAIL_RE",
+    "inputs_misfit",
+    "raise_if_inputs_misfit",
+    "format_summary",
+    "log_tail",
+    "crash_reason",
+    "lost_status",
+]
 
 #: a failure reason that is a shape error (the bad-input rule)
-SHAPE_FAIL_RE = re.compile(r"shape|dimension|Incompatible|broadcast|size mismatch|Sizes of tensors|"
-                           r"must match|invalid size|cannot reshape", re.I)
+SHAPE_FAIL_RE = re.compile(
+    r"shape|dimension|Incompatible|broadcast|size mismatch|Sizes of tensors|"
+    r"must match|invalid size|cannot reshape",
+    re.I,
+)
 # faulthandler's frame line: '  File "PATH", line N in FUNC'
 _FRAME_RE = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')
 
@@ -34,14 +44,19 @@ def inputs_misfit(statuses: Iterable[BackendStatus], sources: dict[str, str] | N
     if not sts or any(s.status not in ("failed", "unsupported") for s in sts):
         return None
     where = {s.reason.split(":", 1)[0] for s in sts}
-    if len(where) != 1 or not next(iter(where)).startswith("sample ") or \
-            not all(SHAPE_FAIL_RE.search(s.reason) for s in sts):
+    if (
+        len(where) != 1
+        or not next(iter(where)).startswith("sample ")
+        or not all(SHAPE_FAIL_RE.search(s.reason) for s in sts)
+    ):
         return None
     sid = next(iter(where)).split()[1]
     src = (sources or {}).get(sid, "")
     first = sts[0].reason.split(":", 1)[1].strip().splitlines()[0][:240]
-    return (f"the inputs do not fit the model: every backend ({', '.join(s.name for s in sts)}) failed on "
-            f"sample {sid}{f' ({src})' if src else ''} with a shape error, e.g. {sts[0].name}: {first}")
+    return (
+        f"the inputs do not fit the model: every backend ({', '.join(s.name for s in sts)}) failed on "
+        f"sample {sid}{f' ({src})' if src else ''} with a shape error, e.g. {sts[0].name}: {first}"
+    )
 
 
 def raise_if_inputs_misfit(store) -> None:
@@ -69,9 +84,20 @@ def format_summary(store) -> str:
         reason = st.reason.strip().splitlines()[0] if st.reason and st.reason.strip() else ""
         if len(reason) > REASON_WIDTH:
             full.append(f"  {label}: {reason}")
-            reason = reason[:REASON_WIDTH - 3] + "..."
-        rows.append((label, st.family, st.status, prec, str(st.samples), f"{st.seconds_prepare:.2f}",
-                     f"{st.seconds_run:.2f}", f"{st.anchors_captured}/{total}", reason))
+            reason = reason[: REASON_WIDTH - 3] + "..."
+        rows.append(
+            (
+                label,
+                st.family,
+                st.status,
+                prec,
+                str(st.samples),
+                f"{st.seconds_prepare:.2f}",
+                f"{st.seconds_run:.2f}",
+                f"{st.anchors_captured}/{total}",
+                reason,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -107,12 +133,13 @@ def _crash_frames(log_text: str) -> list[tuple[str, int, str]]:
     """The frames (innermost first) of the thread that crashed, from faulthandler's dump in a worker
     log (``Current thread ...`` block; else the first block after ``Fatal Python error``)."""
     lines = log_text.splitlines()
-    starts = [i for i, ln in enumerate(lines) if ln.startswith("Current thread")] or \
-             [i + 1 for i, ln in enumerate(lines) if ln.startswith("Fatal Python error")]
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("Current thread")] or [
+        i + 1 for i, ln in enumerate(lines) if ln.startswith("Fatal Python error")
+    ]
     if not starts:
         return []
     frames = []
-    for ln in lines[starts[-1] + 1:]:
+    for ln in lines[starts[-1] + 1 :]:
         m = _FRAME_RE.match(ln)
         if m:
             frames.append((m.group(1), int(m.group(2)), m.group(3)))
@@ -160,12 +187,15 @@ def crash_reason(rc: int, stage: str, done: int, n: int, log_path: Path) -> str:
             where += f", called from {Path(own[0]).stem}.{own[1]}"
     else:
         where = f"the backend's native code ({sig}; no Python stack in the log)"
-    return (f"crash of {where} while {stage} ({done}/{n} samples done): the process died in native code, "
-            f"a defect of the library (the other backends are unaffected); full stack in logs/{log_path.name}")
+    return (
+        f"crash of {where} while {stage} ({done}/{n} samples done): the process died in native code, "
+        f"a defect of the library (the other backends are unaffected); full stack in logs/{log_path.name}"
+    )
 
 
-def lost_status(st: BackendStatus, rc: int | None, prepared: bool, done: int, n: int, log_path: Path,
-                sample_ids: list[str]) -> BackendStatus:
+def lost_status(
+    st: BackendStatus, rc: int | None, prepared: bool, done: int, n: int, log_path: Path, sample_ids: list[str]
+) -> BackendStatus:
     """``st`` completed for a worker that ended without a final status: ``crashed`` (signal, named by
     :func:`crash_reason`) or ``failed`` (an exit status), with the samples done."""
     if prepared:
@@ -176,7 +206,9 @@ def lost_status(st: BackendStatus, rc: int | None, prepared: bool, done: int, n:
         st.status, st.reason = "crashed", crash_reason(rc, stage, done, n, log_path)
     else:
         st.status = "failed"
-        st.reason = f"process exited with status {rc} without a result while {stage} ({done}/{n} samples done); " \
-                    f"log: {log_tail(log_path, 4)}"
+        st.reason = (
+            f"process exited with status {rc} without a result while {stage} ({done}/{n} samples done); "
+            f"log: {log_tail(log_path, 4)}"
+        )
     st.samples = done
     return st

@@ -61,8 +61,16 @@ class WorkerPool:
     #: extra arguments of the worker command (``--models``: :class:`anpred.run.warm.WarmPool`)
     worker_args: tuple[str, ...] = ()
 
-    def __init__(self, work: str | Path, *, timeout_s: float = 600, side_by_side: bool = False, mode: str = "tensors",
-                 direct_io: bool = True, guards: RunGuards | None = None):
+    def __init__(
+        self,
+        work: str | Path,
+        *,
+        timeout_s: float = 600,
+        side_by_side: bool = False,
+        mode: str = "tensors",
+        direct_io: bool = True,
+        guards: RunGuards | None = None,
+    ):
         self.work = Path(work)
         self.memory = MemoryWatch(guards)  # the memory bounds of its workers (anpred.run.limits)
         self.shared = Path(guards.shared_dir) if guards and guards.shared_dir else self.work / "shared"
@@ -82,25 +90,56 @@ class WorkerPool:
     def _start(self, store: RunStore, spec: BackendSpec, model_path: Path, input_shapes) -> dict[str, Any]:
         wdir = self.work / spec.label
         job, job_path, log_path, status_path, python_path = make_job(
-            store, spec, Path(model_path), self.mode, input_shapes, wdir, self.work / f"{spec.label}.log", self.shared)
+            store, spec, Path(model_path), self.mode, input_shapes, wdir, self.work / f"{spec.label}.log", self.shared
+        )
         rfd, wfd = os.pipe()
         feed_r, feed_w = os.pipe()
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "anpred.run.worker", "--worker", str(job_path), "--fd",
-                                     str(wfd), "--parent", str(os.getpid()), "--feed", str(feed_r),
-                                     *self.worker_args],
-                                    pass_fds=(wfd, feed_r), stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, cwd=str(wdir),
-                                    env=worker_env(python_path, direct_io=self.direct_io),
-                                    **own_process_group())  # (not a session of its own: the class docstring)
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "anpred.run.worker",
+                    "--worker",
+                    str(job_path),
+                    "--fd",
+                    str(wfd),
+                    "--parent",
+                    str(os.getpid()),
+                    "--feed",
+                    str(feed_r),
+                    *self.worker_args,
+                ],
+                pass_fds=(wfd, feed_r),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=str(wdir),
+                env=worker_env(python_path, direct_io=self.direct_io),
+                **own_process_group(),
+            )  # (not a session of its own: the class docstring)
         os.close(wfd)
         os.close(feed_r)
         self.memory.watch(spec.label, proc.pid)
-        return {"proc": proc, "rfd": rfd, "feed": os.fdopen(feed_w, "w"), "buf": b"", "prepared": False,
-                "log": log_path, "status": status_path, "family": job.family, "spec": spec}
+        return {
+            "proc": proc,
+            "rfd": rfd,
+            "feed": os.fdopen(feed_w, "w"),
+            "buf": b"",
+            "prepared": False,
+            "log": log_path,
+            "status": status_path,
+            "family": job.family,
+            "spec": spec,
+        }
 
-    def run(self, store: RunStore, specs: list[BackendSpec], model_path: Path,
-            input_shapes: dict[str, list[int]] | None = None) -> dict[str, BackendStatus]:
+    def run(
+        self,
+        store: RunStore,
+        specs: list[BackendSpec],
+        model_path: Path,
+        input_shapes: dict[str, list[int]] | None = None,
+    ) -> dict[str, BackendStatus]:
         """Run ``store``'s samples on ``specs`` (their anchors written into ``store``); returns label
         -> this run's status (samples and times of this run only; ``seconds_prepare`` on the first)."""
         k, self.k = self.k, self.k + 1
@@ -117,8 +156,10 @@ class WorkerPool:
                 self.workers[spec.label] = self._start(store, spec, model_path, input_shapes)
                 self.workers[spec.label]["model"] = str(Path(model_path).resolve())
             elif self.workers[spec.label]["model"] != str(Path(model_path).resolve()):
-                raise AnpredError(f"WorkerPool: {spec.label} was prepared for {self.workers[spec.label]['model']}, "
-                                  f"not {model_path} (one pool, one model)")
+                raise AnpredError(
+                    f"WorkerPool: {spec.label} was prepared for {self.workers[spec.label]['model']}, "
+                    f"not {model_path} (one pool, one model)"
+                )
             live.append(spec.label)
         groups = [live] if self.side_by_side else [[b] for b in live]
         for group in groups:
@@ -129,8 +170,12 @@ class WorkerPool:
                 w["done"] = 0
                 w["samples"] = store.sample_ids
                 try:
-                    req = {"k": k, "store": str(store.root), "samples": store.sample_ids,
-                           "status": str(w["chunk_status"])}
+                    req = {
+                        "k": k,
+                        "store": str(store.root),
+                        "samples": store.sample_ids,
+                        "status": str(w["chunk_status"]),
+                    }
                     if self.gather.get(b):  # store these anchors as their sampled positions (anpred.run.positions)
                         req["gather"] = str(self.gather[b])
                     w["feed"].write(json.dumps(req) + "\n")
@@ -189,8 +234,11 @@ class WorkerPool:
                 res = json.loads(res_path.read_text()) if res_path.is_file() else {}
             except (OSError, json.JSONDecodeError):
                 res = {}
-            res.update(seconds_wall=round(time.monotonic() - w["t0"], 3), seconds_prepare=round(st.seconds_prepare, 4),
-                       worker="long-lived")
+            res.update(
+                seconds_wall=round(time.monotonic() - w["t0"], 3),
+                seconds_prepare=round(st.seconds_prepare, 4),
+                worker="long-lived",
+            )
             store.meta.setdefault("resources", {})[b] = res
             if st.status != "ok" and not self._survives(b, how):
                 from anpred.backends.shared import settle
@@ -230,8 +278,10 @@ class WorkerPool:
             return st
         if how == "timeout":
             st.status = "timeout"
-            st.reason = (f"no result within {self.timeout_s:g} s (killed while {stage}; {done}/{n} samples done); "
-                         "raise it with --timeout S if the backend needs longer")
+            st.reason = (
+                f"no result within {self.timeout_s:g} s (killed while {stage}; {done}/{n} samples done); "
+                "raise it with --timeout S if the backend needs longer"
+            )
             return st
         return lost_status(st, w["proc"].returncode, w["prepared"], done, n, w["log"], w.get("samples") or [])
 

@@ -33,8 +33,9 @@ GATHERED_SUFFIX = "@positions"
 STRUCTURAL_STEPS = ("view", "permute", "reshape", "segments")
 
 
-def backend_indices(rule: dict[str, Any], backend_shape: list[int], canonical_shape: list[int],
-                    positions: np.ndarray) -> np.ndarray | None:
+def backend_indices(
+    rule: dict[str, Any], backend_shape: list[int], canonical_shape: list[int], positions: np.ndarray
+) -> np.ndarray | None:
     """Flat indices into a backend tensor of ``backend_shape`` whose values, once ``rule`` is applied,
     sit at the flat ``positions`` of the canonical tensor (``canonical_shape``, C order).
 
@@ -66,8 +67,11 @@ def save_gather(path: str | Path, spec: dict[str, tuple[list[int], np.ndarray]])
     names = sorted(spec)
     index = [{"anchor": a, "shape": [int(d) for d in spec[a][0]], "key": f"i{i}"} for i, a in enumerate(names)]
     tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez(tmp, index=np.array(json.dumps(index)),
-             **{f"i{i}": np.asarray(spec[a][1], np.int64) for i, a in enumerate(names)})
+    np.savez(
+        tmp,
+        index=np.array(json.dumps(index)),
+        **{f"i{i}": np.asarray(spec[a][1], np.int64) for i, a in enumerate(names)},
+    )
     tmp.replace(path)
     return path
 

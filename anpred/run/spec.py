@@ -35,8 +35,13 @@ MODES = ("tensors", "stats")
 FAULTS = ("segfault", "abort", "exit", "hang", "raise")
 _LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 # Families of backends whose module cannot be imported (recorded status still needs one).
-_FAMILY_GUESS = {"ort": "onnxruntime", "openvino": "openvino", "onnx-reference": "onnx-reference",
-                 "torch": "torch", "tf": "tensorflow"}
+_FAMILY_GUESS = {
+    "ort": "onnxruntime",
+    "openvino": "openvino",
+    "onnx-reference": "onnx-reference",
+    "torch": "torch",
+    "tf": "tensorflow",
+}
 
 
 @dataclass

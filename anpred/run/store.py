@@ -69,9 +69,16 @@ class RunStore:
 
     # ---- creation / opening --------------------------------------------------------------------
     @classmethod
-    def create(cls, root: str | Path, manifest: AnchorManifest, *, model: dict[str, Any] | None = None,
-               inputs: dict[str, Any] | None = None, mode: str = "tensors",
-               overwrite: bool = False) -> "RunStore":
+    def create(
+        cls,
+        root: str | Path,
+        manifest: AnchorManifest,
+        *,
+        model: dict[str, Any] | None = None,
+        inputs: dict[str, Any] | None = None,
+        mode: str = "tensors",
+        overwrite: bool = False,
+    ) -> "RunStore":
         """Create a new run folder. Raises OutputPathError if ``root`` already holds a run (unless
         ``overwrite``) or any other non-empty folder, or cannot be created."""
         root = Path(root)
@@ -131,8 +138,14 @@ class RunStore:
     def sample_ids(self) -> list[str]:
         return [s["id"] for s in self.meta["samples"]]
 
-    def add_sample(self, sample_id: str, inputs: dict[str, np.ndarray], source: str = "",
-                   extra: dict[str, Any] | None = None, prewritten: tuple[str, Path] | None = None) -> None:
+    def add_sample(
+        self,
+        sample_id: str,
+        inputs: dict[str, np.ndarray],
+        source: str = "",
+        extra: dict[str, Any] | None = None,
+        prewritten: tuple[str, Path] | None = None,
+    ) -> None:
         """Record a sample (its :func:`sample_sha256`) and store its graph inputs. ``prewritten``:
         ``(sha256, file)`` computed and written beforehand for exactly these ``inputs`` (a streamed
         dataset's reader thread, :class:`anpred.inputs.ArraySamples`): the ``.safetensors`` file is
@@ -187,14 +200,20 @@ class RunStore:
                 finally:
                     tmp.unlink(missing_ok=True)
                 f.unlink(missing_ok=True)  # moved, as os.replace would have
-        self.meta["samples"].append({"id": sample_id, "source": source,
-                                     "sha256": rec.get("sha256") or sample_sha256(self.read_inputs(sample_id))})
+        self.meta["samples"].append(
+            {
+                "id": sample_id,
+                "source": source,
+                "sha256": rec.get("sha256") or sample_sha256(self.read_inputs(sample_id)),
+            }
+        )
 
     def remove_sample(self, sample_id: str) -> None:
         """Forget a sample: its inputs, every backend's tensors for it and its entry (meta saved by the
         caller)."""
-        for p in list((self.root / "inputs").glob(f"{sample_id}.*")) + \
-                list((self.root / "tensors").glob(f"*/{sample_id}.*")):
+        for p in list((self.root / "inputs").glob(f"{sample_id}.*")) + list(
+            (self.root / "tensors").glob(f"*/{sample_id}.*")
+        ):
             p.unlink(missing_ok=True)
         self.meta["samples"] = [s for s in self.meta["samples"] if s["id"] != sample_id]
 
@@ -266,4 +285,3 @@ class RunStore:
 
     def ok_backends(self) -> list[str]:
         return [k for k, v in self.meta["backends"].items() if v["status"] == "ok"]
-

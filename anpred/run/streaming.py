@@ -74,8 +74,8 @@ class StreamingStats:
         buf = np.empty(min(size, step), dtype=np.float64)
         sq = np.empty_like(buf)
         for s0 in range(0, size, step):
-            c = flat[s0:s0 + step]
-            b = buf[:c.size]
+            c = flat[s0 : s0 + step]
+            b = buf[: c.size]
             np.copyto(b, c, casting="unsafe")
             tot = float(b.sum())
             if not math.isfinite(tot):
@@ -102,9 +102,19 @@ class StreamingStats:
             mean += delta * k / n
             m2 += cm2 + delta * delta * count * k / n
             count = n
-        return {"elements": size, "count": count, "nan": nan, "posinf": posinf,
-                "neginf": size - count - nan - posinf, "mean": mean if count else 0.0,
-                "m2": m2, "min": mn, "max": mx, "sum_abs": sum_abs, "sum_sq": sum_sq}
+        return {
+            "elements": size,
+            "count": count,
+            "nan": nan,
+            "posinf": posinf,
+            "neginf": size - count - nan - posinf,
+            "mean": mean if count else 0.0,
+            "m2": m2,
+            "min": mn,
+            "max": mx,
+            "sum_abs": sum_abs,
+            "sum_sq": sum_sq,
+        }
 
     def update(self, x: np.ndarray) -> dict[str, Any]:
         """Add one sample; returns that sample's summary (see :meth:`summarize`)."""
@@ -130,20 +140,37 @@ class StreamingStats:
 
     def to_dict(self) -> dict[str, Any]:
         c = self.count
-        return {"samples": self.samples, "elements": self.elements, "count": c, "nan": self.nan,
-                "posinf": self.posinf, "neginf": self.neginf, "mean": self.mean if c else None,
-                "std": math.sqrt(self.m2 / c) if c else None, "min": self.min if c else None,
-                "max": self.max if c else None, "abs_mean": self.sum_abs / c if c else None,
-                "rms": math.sqrt(self.sum_sq / c) if c else None, "shape": self.shape, "dtype": self.dtype}
+        return {
+            "samples": self.samples,
+            "elements": self.elements,
+            "count": c,
+            "nan": self.nan,
+            "posinf": self.posinf,
+            "neginf": self.neginf,
+            "mean": self.mean if c else None,
+            "std": math.sqrt(self.m2 / c) if c else None,
+            "min": self.min if c else None,
+            "max": self.max if c else None,
+            "abs_mean": self.sum_abs / c if c else None,
+            "rms": math.sqrt(self.sum_sq / c) if c else None,
+            "shape": self.shape,
+            "dtype": self.dtype,
+        }
 
 
 def sample_summary(s: dict[str, Any]) -> dict[str, Any]:
     """The per-sample line of ``stats/<label>.samples.jsonl`` for one anchor: mean, std, min, max,
     rms over finite elements, and the nan/inf counts."""
     c = s["count"]
-    return {"mean": s["mean"] if c else None, "std": math.sqrt(s["m2"] / c) if c else None,
-            "min": s["min"] if c else None, "max": s["max"] if c else None,
-            "rms": math.sqrt(s["sum_sq"] / c) if c else None, "nan": s["nan"], "inf": s["posinf"] + s["neginf"]}
+    return {
+        "mean": s["mean"] if c else None,
+        "std": math.sqrt(s["m2"] / c) if c else None,
+        "min": s["min"] if c else None,
+        "max": s["max"] if c else None,
+        "rms": math.sqrt(s["sum_sq"] / c) if c else None,
+        "nan": s["nan"],
+        "inf": s["posinf"] + s["neginf"],
+    }
 
 
 def read_stats(run_dir: str | Path, label: str) -> dict[str, Any]:

@@ -66,10 +66,19 @@ class WarmPool(WorkerPool):
 
     worker_args = ("--models",)
 
-    def __init__(self, work: str | Path, *, timeout_s: float = 600, side_by_side: bool = False,
-                 direct_io: bool = True, max_rss_bytes: int | None = None, guards: RunGuards | None = None):
-        super().__init__(work, timeout_s=timeout_s, side_by_side=side_by_side, mode="tensors", direct_io=direct_io,
-                         guards=guards)
+    def __init__(
+        self,
+        work: str | Path,
+        *,
+        timeout_s: float = 600,
+        side_by_side: bool = False,
+        direct_io: bool = True,
+        max_rss_bytes: int | None = None,
+        guards: RunGuards | None = None,
+    ):
+        super().__init__(
+            work, timeout_s=timeout_s, side_by_side=side_by_side, mode="tensors", direct_io=direct_io, guards=guards
+        )
         self.started: dict[str, int] = {}
         self.models = 0
         self._folders: dict[str, list[Path]] = {}
@@ -105,8 +114,13 @@ class WarmPool(WorkerPool):
         exited or timed out is gone (killed here) and the next model starts a fresh one."""
         return how == "done"
 
-    def run(self, store: RunStore, specs: list[BackendSpec], model_path: Path,
-            input_shapes: dict[str, list[int]] | None = None) -> dict[str, BackendStatus]:
+    def run(
+        self,
+        store: RunStore,
+        specs: list[BackendSpec],
+        model_path: Path,
+        input_shapes: dict[str, list[int]] | None = None,
+    ) -> dict[str, BackendStatus]:
         """Run ``store``'s samples on ``specs`` (each on its ``model`` option when given, else
         ``model_path``); returns label -> this model's status (``seconds_prepare``: this model's
         preparation on the warm worker)."""
@@ -127,9 +141,11 @@ class WarmPool(WorkerPool):
                     if rss is not None:
                         st = out[spec.label]
                         st.status = "crashed"
-                        st.reason = (f"killed: resident memory {rss / 2**30:.2f} GiB over the pool's limit "
-                                     f"{self.max_rss_bytes / 2**30:.2f} GiB (while "
-                                     f"{'running' if w['prepared'] else 'preparing'})")
+                        st.reason = (
+                            f"killed: resident memory {rss / 2**30:.2f} GiB over the pool's limit "
+                            f"{self.max_rss_bytes / 2**30:.2f} GiB (while "
+                            f"{'running' if w['prepared'] else 'preparing'})"
+                        )
                 (self.work / spec.label / f"chunk{k}.json").unlink(missing_ok=True)
         return out
 
@@ -137,20 +153,32 @@ class WarmPool(WorkerPool):
         """Write model ``k``'s job for ``spec`` and send it with the samples to its worker (started
         here when it has none)."""
         wdir = self.work / spec.label / f"m{k}"
-        job, job_path, _, status_path, _ = make_job(store, spec, model_path, self.mode, input_shapes, wdir,
-                                                    self.work / f"{spec.label}.log", self.shared)
+        job, job_path, _, status_path, _ = make_job(
+            store, spec, model_path, self.mode, input_shapes, wdir, self.work / f"{spec.label}.log", self.shared
+        )
         if spec.label not in self.workers:
             self.workers[spec.label] = self._start(store, spec, model_path, input_shapes)
             self.started[spec.label] = self.started.get(spec.label, 0) + 1
         w = self.workers[spec.label]
-        w.update(status=status_path, family=job.family, prepared=False, done=0, t0=time.monotonic(),
-                 chunk_status=self.work / spec.label / f"chunk{k}.json")
+        w.update(
+            status=status_path,
+            family=job.family,
+            prepared=False,
+            done=0,
+            t0=time.monotonic(),
+            chunk_status=self.work / spec.label / f"chunk{k}.json",
+        )
         old = self._folders.setdefault(spec.label, [])
         old.append(wdir)
         while len(old) > 2:
             shutil.rmtree(old.pop(0), ignore_errors=True)
-        req = {"k": k, "store": str(store.root), "samples": store.sample_ids, "status": str(w["chunk_status"]),
-               "job": str(job_path)}
+        req = {
+            "k": k,
+            "store": str(store.root),
+            "samples": store.sample_ids,
+            "status": str(w["chunk_status"]),
+            "job": str(job_path),
+        }
         try:
             w["feed"].write(json.dumps(req) + "\n")
             w["feed"].flush()

@@ -45,8 +45,11 @@ from anpred.run.streaming import STATS_SCHEMA, StreamingStats, sample_summary
 
 __all__ = ["short_reason", "run_job", "prepare_backend", "Served", "main"]
 
-_UNSUPPORTED_RE = re.compile(r"not implemented|unsupported|not supported|NOT_IMPLEMENTED|No Op registered|"
-                             r"could not find an implementation|no converter|is not available", re.I)
+_UNSUPPORTED_RE = re.compile(
+    r"not implemented|unsupported|not supported|NOT_IMPLEMENTED|No Op registered|"
+    r"could not find an implementation|no converter|is not available",
+    re.I,
+)
 _ARRAY_DUMP = re.compile(r"array\((?:[^()]|\([^()]*\))*\)", re.S)
 
 
@@ -291,9 +294,15 @@ def _serve(srv: Served, feed_fd: int, emit, writer, fault_opts, resources_path: 
         atomic_write_text(Path(req["status"]), to_json(cst.to_dict()))
         import resource
 
-        atomic_write_text(resources_path, json.dumps(  # the process so far (Linux: KiB -> bytes)
-            {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-             "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}))
+        atomic_write_text(
+            resources_path,
+            json.dumps(  # the process so far (Linux: KiB -> bytes)
+                {
+                    "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                    "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+                }
+            ),
+        )
         emit(f"chunk {req['k']} done")
         srv.st.seconds_prepare = 0.0  # counted with the first chunk only
     srv.st.status = "ok"
@@ -364,9 +373,13 @@ def run_job(job_path: str, fd: int, feed_fd: int | None = None, models: bool = F
         _write_resources(status_path.with_name("resources.json"), loop_s, st.seconds_prepare)
     except SystemExit as err:
         st.status = "failed"
-        st.reason = (f"sys.exit({err.code}) called while {stage}"
-                     + (f" sample {cursor[0]}" if stage == "running" else "")
-                     + " (a converter exiting the process; see logs/" + label + ".log)")
+        st.reason = (
+            f"sys.exit({err.code}) called while {stage}"
+            + (f" sample {cursor[0]}" if stage == "running" else "")
+            + " (a converter exiting the process; see logs/"
+            + label
+            + ".log)"
+        )
     except BaseException as err:  # noqa: BLE001 - every failure becomes this backend's status
         st.status = _classify(err)
         where = f"sample {cursor[0]}" if stage == "running" else "prepare"
@@ -388,9 +401,18 @@ def run_job(job_path: str, fd: int, feed_fd: int | None = None, models: bool = F
 def _write_stats(path: Path, label: str, samples: int, stats: dict[str, StreamingStats]) -> None:
     """Write the stats-mode summary of backend ``label`` over ``samples`` samples: each anchor's
     streaming statistics (anchors without a sample left out)."""
-    atomic_write_text(path, json.dumps(
-        {"schema": STATS_SCHEMA, "backend": label, "samples": samples,
-         "anchors": {k: s.to_dict() for k, s in stats.items() if s.samples}}, indent=1))
+    atomic_write_text(
+        path,
+        json.dumps(
+            {
+                "schema": STATS_SCHEMA,
+                "backend": label,
+                "samples": samples,
+                "anchors": {k: s.to_dict() for k, s in stats.items() if s.samples},
+            },
+            indent=1,
+        ),
+    )
 
 
 def _write_resources(path: Path, loop_s: float, prepare_s: float) -> None:
@@ -401,9 +423,17 @@ def _write_resources(path: Path, loop_s: float, prepare_s: float) -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     # seconds_loop: the sample loop as the worker saw it (reading inputs, Backend.run, storing
     # anchors or statistics, waiting for the last write), one-time start/prepare excluded
-    atomic_write_text(path, json.dumps(
-        {"peak_rss_bytes": peak, "seconds_loop": round(loop_s, 4), "seconds_prepare": round(prepare_s, 4),
-         "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}))
+    atomic_write_text(
+        path,
+        json.dumps(
+            {
+                "peak_rss_bytes": peak,
+                "seconds_loop": round(loop_s, 4),
+                "seconds_prepare": round(prepare_s, 4),
+                "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+            }
+        ),
+    )
 
 
 def main(argv=None) -> None:

@@ -5,9 +5,27 @@
 - :mod:`anpred.task.impact`: :func:`task_impact` over a run's samples, with labels when there are any.
 """
 
-from anpred.task.adapters import (TASKS, ClassifyAdapter, DenseAdapter, DetectAdapter, TaskAdapter, coco_map50,
-                                  load_adapter, zoo_task)
+from anpred.task.adapters import (
+    TASKS,
+    ClassifyAdapter,
+    DenseAdapter,
+    DetectAdapter,
+    TaskAdapter,
+    coco_map50,
+    load_adapter,
+    zoo_task,
+)
 from anpred.task.impact import load_labels, task_impact
 
-__all__ = ["TASKS", "TaskAdapter", "DetectAdapter", "ClassifyAdapter", "DenseAdapter", "coco_map50", "load_adapter",
-           "zoo_task", "load_labels", "task_impact"]
+__all__ = [
+    "TASKS",
+    "TaskAdapter",
+    "DetectAdapter",
+    "ClassifyAdapter",
+    "DenseAdapter",
+    "coco_map50",
+    "load_adapter",
+    "zoo_task",
+    "load_labels",
+    "task_impact",
+]

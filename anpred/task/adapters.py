@@ -30,8 +30,7 @@ import numpy as np
 
 from anpred.errors import AnpredError
 
-__all__ = ["TaskAdapter", "DetectAdapter", "ClassifyAdapter", "DenseAdapter", "load_adapter", "TASKS",
-           "zoo_task"]
+__all__ = ["TaskAdapter", "DetectAdapter", "ClassifyAdapter", "DenseAdapter", "load_adapter", "TASKS", "zoo_task"]
 
 TASKS = ("detect", "classify", "dense")
 
@@ -70,8 +69,10 @@ def _one_output(outputs: dict[str, np.ndarray], name: str | None) -> np.ndarray:
             raise AnpredError(f"task output {name!r} not among the model's outputs {sorted(outputs)}")
         return outputs[name]
     if len(outputs) != 1:
-        raise AnpredError(f"the model has {len(outputs)} outputs ({', '.join(sorted(outputs))}): name the one "
-                          "the task reads (--task-output)")
+        raise AnpredError(
+            f"the model has {len(outputs)} outputs ({', '.join(sorted(outputs))}): name the one "
+            "the task reads (--task-output)"
+        )
     return next(iter(outputs.values()))
 
 
@@ -81,14 +82,26 @@ class DetectAdapter(TaskAdapter):
 
     name = "detect"
 
-    def __init__(self, layout: str = "yolov8", conf: float = 0.25, iou: float = 0.45, match_iou: float = 0.5,
-                 output: str | None = None, class_names: tuple[str, ...] | None = None):
+    def __init__(
+        self,
+        layout: str = "yolov8",
+        conf: float = 0.25,
+        iou: float = 0.45,
+        match_iou: float = 0.5,
+        output: str | None = None,
+        class_names: tuple[str, ...] | None = None,
+    ):
         self.layout, self.conf, self.iou, self.match_iou = layout, conf, iou, match_iou
         self.output, self.class_names = output, class_names
 
     def describe(self) -> dict[str, Any]:
-        return {"task": "detect", "layout": self.layout, "conf": self.conf, "nms_iou": self.iou,
-                "match_iou": self.match_iou}
+        return {
+            "task": "detect",
+            "layout": self.layout,
+            "conf": self.conf,
+            "nms_iou": self.iou,
+            "match_iou": self.match_iou,
+        }
 
     def result(self, outputs):
         from models.detect import decode
@@ -100,16 +113,22 @@ class DetectAdapter(TaskAdapter):
             want = (4 + nc) if self.layout == "yolov8" else (5 + nc)
             got = per.shape[0] if self.layout == "yolov8" else per.shape[1]
             if got != want:
-                raise AnpredError(f"detect: a {self.layout} head of {nc} classes has {want} "
-                                  f"{'rows' if self.layout == 'yolov8' else 'columns'}, "
-                                  f"the output has shape {out.shape} "
-                                  "(another layout? --task-layout)")
+                raise AnpredError(
+                    f"detect: a {self.layout} head of {nc} classes has {want} "
+                    f"{'rows' if self.layout == 'yolov8' else 'columns'}, "
+                    f"the output has shape {out.shape} "
+                    "(another layout? --task-layout)"
+                )
         elif per.ndim == 2 and self.layout == "yolov8" and per.shape[0] > per.shape[1]:
-            raise AnpredError(f"detect: output {out.shape} looks like (anchors, values), not yolov8's "
-                              "(4 + classes, anchors): --task-layout yolov5?")
+            raise AnpredError(
+                f"detect: output {out.shape} looks like (anchors, values), not yolov8's "
+                "(4 + classes, anchors): --task-layout yolov5?"
+            )
         elif per.ndim == 2 and self.layout == "yolov5" and per.shape[1] > per.shape[0]:
-            raise AnpredError(f"detect: output {out.shape} looks like (values, anchors), not yolov5's "
-                              "(anchors, 5 + classes): --task-layout yolov8?")
+            raise AnpredError(
+                f"detect: output {out.shape} looks like (values, anchors), not yolov5's "
+                "(anchors, 5 + classes): --task-layout yolov8?"
+            )
         return decode(out, self.layout, conf=self.conf, iou=self.iou)
 
     def compare(self, res, ref) -> dict[str, float]:
@@ -117,19 +136,31 @@ class DetectAdapter(TaskAdapter):
 
         m = match_detections(ref, res, iou=self.match_iou, same_class=True)
         shift = np.abs(ref.scores[m.pairs[:, 0]] - res.scores[m.pairs[:, 1]]) if len(m.pairs) else np.zeros(0)
-        return {"ref": float(len(ref)), "dets": float(len(res)), "matched": float(len(m.pairs)),
-                "iou_sum": float(np.sum(m.ious)), "shift_sum": float(np.sum(shift))}
+        return {
+            "ref": float(len(ref)),
+            "dets": float(len(res)),
+            "matched": float(len(m.pairs)),
+            "iou_sum": float(np.sum(m.ious)),
+            "shift_sum": float(np.sum(shift)),
+        }
 
     def summary(self, sums, results, refs) -> dict[str, Any]:
         n_ref, n, k = sums.get("ref", 0.0), sums.get("dets", 0.0), sums.get("matched", 0.0)
         recall = k / n_ref if n_ref else (1.0 if n == 0 else 0.0)
         precision = k / n if n else (1.0 if n_ref == 0 else 0.0)
         f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        return {"consensus_detections": int(n_ref), "detections": int(n), "kept": int(k), "kept_fraction": recall,
-                "precision": precision, "recall": recall, "f1": f1,
-                "mean_iou": sums["iou_sum"] / k if k else None,
-                "mean_score_shift": sums["shift_sum"] / k if k else None,
-                "map50_vs_consensus": coco_map50(refs, results)}
+        return {
+            "consensus_detections": int(n_ref),
+            "detections": int(n),
+            "kept": int(k),
+            "kept_fraction": recall,
+            "precision": precision,
+            "recall": recall,
+            "f1": f1,
+            "mean_iou": sums["iou_sum"] / k if k else None,
+            "mean_score_shift": sums["shift_sum"] / k if k else None,
+            "map50_vs_consensus": coco_map50(refs, results),
+        }
 
     def headline(self, metrics) -> str:
         return f"{metrics['kept']} of {metrics['consensus_detections']} detections kept"
@@ -155,13 +186,28 @@ def coco_map50(truth: list[Any], dets: list[Any]) -> float | None:
         images.append({"id": i + 1, "width": 1, "height": 1})
         for b, c in zip(np.asarray(t.boxes).reshape(-1, 4), np.asarray(t.classes).reshape(-1)):
             w, h = float(b[2] - b[0]), float(b[3] - b[1])
-            anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": int(c) + 1, "iscrowd": 0,
-                         "bbox": [float(b[0]), float(b[1]), w, h], "area": w * h})
+            anns.append(
+                {
+                    "id": len(anns) + 1,
+                    "image_id": i + 1,
+                    "category_id": int(c) + 1,
+                    "iscrowd": 0,
+                    "bbox": [float(b[0]), float(b[1]), w, h],
+                    "area": w * h,
+                }
+            )
             cats.add(int(c) + 1)
-        for b, c, s in zip(np.asarray(d.boxes).reshape(-1, 4), np.asarray(d.classes).reshape(-1),
-                           np.asarray(d.scores).reshape(-1)):
-            res.append({"image_id": i + 1, "category_id": int(c) + 1, "score": float(s),
-                        "bbox": [float(b[0]), float(b[1]), float(b[2] - b[0]), float(b[3] - b[1])]})
+        for b, c, s in zip(
+            np.asarray(d.boxes).reshape(-1, 4), np.asarray(d.classes).reshape(-1), np.asarray(d.scores).reshape(-1)
+        ):
+            res.append(
+                {
+                    "image_id": i + 1,
+                    "category_id": int(c) + 1,
+                    "score": float(s),
+                    "bbox": [float(b[0]), float(b[1]), float(b[2] - b[0]), float(b[3] - b[1])],
+                }
+            )
             cats.add(int(c) + 1)
     if not anns:
         return None
@@ -212,15 +258,23 @@ class ClassifyAdapter(TaskAdapter):
         k = min(self.topk, len(ref))
         top_r, top_b = np.argsort(-ref)[:k], np.argsort(-res)[:k]
         c = int(top_r[0])
-        return {"n": 1.0, "top1": float(int(np.argmax(res)) == c), "topk": len(set(top_r) & set(top_b)) / k,
-                "shift_sum": abs(float(res[c] - ref[c])), "finite": 1.0}
+        return {
+            "n": 1.0,
+            "top1": float(int(np.argmax(res)) == c),
+            "topk": len(set(top_r) & set(top_b)) / k,
+            "shift_sum": abs(float(res[c] - ref[c])),
+            "finite": 1.0,
+        }
 
     def summary(self, sums, results, refs) -> dict[str, Any]:
         n, f = sums.get("n", 0.0), sums.get("finite", 0.0)
-        return {"samples": int(n), "top1_agreement": sums.get("top1", 0.0) / n if n else None,
-                "top5_overlap": sums.get("topk", 0.0) / n if n else None,
-                "mean_prob_shift": sums.get("shift_sum", 0.0) / f if f else None,
-                "nonfinite_outputs": int(sums.get("nonfinite", 0.0))}
+        return {
+            "samples": int(n),
+            "top1_agreement": sums.get("top1", 0.0) / n if n else None,
+            "top5_overlap": sums.get("topk", 0.0) / n if n else None,
+            "mean_prob_shift": sums.get("shift_sum", 0.0) / f if f else None,
+            "nonfinite_outputs": int(sums.get("nonfinite", 0.0)),
+        }
 
     def headline(self, metrics) -> str:
         n = metrics["samples"]
@@ -243,17 +297,26 @@ class DenseAdapter(TaskAdapter):
         return np.asarray(_one_output(outputs, self.output)) > self.threshold
 
     def compare(self, res, ref) -> dict[str, float]:
-        return {"inter": float(np.logical_and(res, ref).sum()), "union": float(np.logical_or(res, ref).sum()),
-                "ref_px": float(ref.sum()), "px": float(res.sum())}
+        return {
+            "inter": float(np.logical_and(res, ref).sum()),
+            "union": float(np.logical_or(res, ref).sum()),
+            "ref_px": float(ref.sum()),
+            "px": float(res.sum()),
+        }
 
     def summary(self, sums, results, refs) -> dict[str, Any]:
         u = sums.get("union", 0.0)
-        return {"iou": sums["inter"] / u if u else 1.0, "consensus_pixels": int(sums.get("ref_px", 0)),
-                "pixels": int(sums.get("px", 0))}
+        return {
+            "iou": sums["inter"] / u if u else 1.0,
+            "consensus_pixels": int(sums.get("ref_px", 0)),
+            "pixels": int(sums.get("px", 0)),
+        }
 
     def headline(self, metrics) -> str:
-        return f"map IoU {metrics['iou']:.4f} with the consensus ({metrics['pixels']} of " \
-               f"{metrics['consensus_pixels']} pixels above {self.threshold:g})"
+        return (
+            f"map IoU {metrics['iou']:.4f} with the consensus ({metrics['pixels']} of "
+            f"{metrics['consensus_pixels']} pixels above {self.threshold:g})"
+        )
 
 
 def zoo_task(entry) -> TaskAdapter | None:
@@ -269,8 +332,9 @@ def zoo_task(entry) -> TaskAdapter | None:
     return None
 
 
-def load_adapter(spec: str | TaskAdapter | None, *, layout: str | None = None, output: str | None = None
-                 ) -> TaskAdapter | None:
+def load_adapter(
+    spec: str | TaskAdapter | None, *, layout: str | None = None, output: str | None = None
+) -> TaskAdapter | None:
     """``detect`` | ``classify`` | ``dense`` | ``module:function`` (a callable returning an adapter) |
     an adapter object | None.
 

@@ -29,8 +29,9 @@ from anpred.errors import AnpredError
 __all__ = ["task_impact", "load_labels", "TaskAccumulator", "task_accumulator", "ConsensusOf"]
 
 
-def load_labels(spec: str | Path | list | dict | None, samples: list[dict[str, Any]], task: str,
-                require: bool = True) -> list[Any] | None:
+def load_labels(
+    spec: str | Path | list | dict | None, samples: list[dict[str, Any]], task: str, require: bool = True
+) -> list[Any] | None:
     """Per sample of ``samples`` (a run's ``meta["samples"]``: ``{"id", "source"}`` each, run order), the label: a class
     index (classify) or a :class:`models.detect.Detections` (detect); None where a sample has none. ``spec``: see the
     module docstring (or an already-built list/dict).
@@ -63,12 +64,14 @@ def load_labels(spec: str | Path | list | dict | None, samples: list[dict[str, A
         try:
             return _coco_truth(data, names, ids, require)
         except (KeyError, TypeError, ValueError) as err:
-            raise AnpredError(f"detection labels: malformed COCO JSON ({type(err).__name__}: {err}); each "
-                              "annotation needs image_id, bbox [x, y, w, h] and category_id") from err
+            raise AnpredError(
+                f"detection labels: malformed COCO JSON ({type(err).__name__}: {err}); each "
+                "annotation needs image_id, bbox [x, y, w, h] and category_id"
+            ) from err
     if isinstance(data, dict) and "labels" in data:
         data = data["labels"]
     if isinstance(data, list):
-        out = list(data[:len(samples)]) + [None] * max(0, len(samples) - len(data))
+        out = list(data[: len(samples)]) + [None] * max(0, len(samples) - len(data))
     elif isinstance(data, dict):
         out = [data.get(n, data.get(i)) for n, i in zip(names, ids)]
     else:
@@ -98,11 +101,16 @@ def _folder_labels(samples: list[dict[str, Any]]) -> list[int]:
     parents = [p.parent.name for p in paths]
     if len(set(parents)) == 1 or len(roots) != 1:
         where = f"one folder ({parents[0]!r})" if len(set(parents)) == 1 else f"{len(roots)} parent folders"
-        raise AnpredError(f"labels 'folders': the samples come from {where}; the class-folder layout has one "
-                          f"subfolder per class and no input file beside them (INPUTS/<class>/<file>)")
+        raise AnpredError(
+            f"labels 'folders': the samples come from {where}; the class-folder layout has one "
+            f"subfolder per class and no input file beside them (INPUTS/<class>/<file>)"
+        )
     root = roots.pop()
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")) \
-        if root.is_dir() else sorted(set(parents))
+    classes = (
+        sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+        if root.is_dir()
+        else sorted(set(parents))
+    )
     return [classes.index(p) for p in parents]
 
 
@@ -149,8 +157,12 @@ class TaskAccumulator:
         self.refs: list[Any] = []
         self.labels: list[Any] = []
 
-    def add(self, tensors: dict[str, dict[str, np.ndarray]], label: Any = None,
-            consensus: dict[str, np.ndarray] | None = None) -> bool:
+    def add(
+        self,
+        tensors: dict[str, dict[str, np.ndarray]],
+        label: Any = None,
+        consensus: dict[str, np.ndarray] | None = None,
+    ) -> bool:
         """One sample's aligned tensors (``{anchor: {backend: array}}``); ``label``: its ground truth
         (None: unlabelled); ``consensus``: output anchor -> the consensus the oracle formed for this
         sample (:attr:`anpred.judge.consensus.Oracle.last_consensus`; an output not in it is voted here).
@@ -190,8 +202,13 @@ class TaskAccumulator:
     def result(self) -> dict[str, Any]:
         """See :func:`task_impact`."""
         adapter, refs = self.adapter, self.refs
-        out: dict[str, Any] = {"task": adapter.describe(), "samples": len(refs), "backends": {},
-                               "consensus_truth": None, "labels": sum(1 for t in self.labels if t is not None)}
+        out: dict[str, Any] = {
+            "task": adapter.describe(),
+            "samples": len(refs),
+            "backends": {},
+            "consensus_truth": None,
+            "labels": sum(1 for t in self.labels if t is not None),
+        }
         for b in self.backends:
             pairs = [(r, f) for r, f in zip(self.results[b], refs) if r is not None]
             if not pairs:
@@ -207,8 +224,9 @@ class TaskAccumulator:
                 tb = _truth(adapter.name, [r for r, _ in rs], [t for _, t in rs])
                 if tb is not None and cons_truth is not None:
                     key = next(iter(cons_truth))
-                    tb["delta_to_consensus"] = (tb[key] - cons_truth[key]) if tb[key] is not None and \
-                        cons_truth[key] is not None else None
+                    tb["delta_to_consensus"] = (
+                        (tb[key] - cons_truth[key]) if tb[key] is not None and cons_truth[key] is not None else None
+                    )
                 d["truth"] = tb
         return out
 
@@ -265,8 +283,9 @@ def task_accumulator(run, adapter) -> TaskAccumulator:
     infos = {b: BackendInfo.make(b, rep.backends[b]["family"], "fp32", cfg) for b in usable}
     voters = [b for b in usable if rep.backends[b]["precision"] == "fp32" and infos[b].votes]
     orc = Oracle(judged_anchors(store.manifest, []), [infos[b] for b in voters], cfg)
-    return TaskAccumulator(adapter, outs, voters, ConsensusOf(orc), usable,
-                           {b: rep.backends[b]["precision"] for b in usable})
+    return TaskAccumulator(
+        adapter, outs, voters, ConsensusOf(orc), usable, {b: rep.backends[b]["precision"] for b in usable}
+    )
 
 
 class ConsensusOf:
@@ -285,8 +304,10 @@ def _truth(task: str, results: list[Any], labels: list[Any]) -> dict[str, Any] |
     if not results:
         return None
     if task == "classify":
-        return {"top1": float(np.mean([int(np.argmax(r)) == int(t) for r, t in zip(results, labels)])),
-                "labelled": len(results)}
+        return {
+            "top1": float(np.mean([int(np.argmax(r)) == int(t) for r, t in zip(results, labels)])),
+            "labelled": len(results),
+        }
     if task == "detect":
         from anpred.task.adapters import coco_map50
 

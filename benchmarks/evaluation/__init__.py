@@ -52,15 +52,52 @@ from anpred.errors import AnpredError
 
 from .clean import clean_summary, prepare_model
 from .configuration import build_config_run, link_run, run_configuration, run_fault_backend
-from .grid import (CLEAN_BACKENDS, DEFAULT_MAGNITUDES, EVAL_SCHEMA, FAULT_FAMILY, FAULT_LABEL, LOWP_BACKENDS,
-                   NATIVE_TORCH, TOLERANCES, EvaluationError, check_stages, configurations, default_backends,
-                   magnitude_problem, validate_magnitudes)
+from .grid import (
+    CLEAN_BACKENDS,
+    DEFAULT_MAGNITUDES,
+    EVAL_SCHEMA,
+    FAULT_FAMILY,
+    FAULT_LABEL,
+    LOWP_BACKENDS,
+    NATIVE_TORCH,
+    TOLERANCES,
+    EvaluationError,
+    check_stages,
+    configurations,
+    default_backends,
+    magnitude_problem,
+    validate_magnitudes,
+)
 from .results import CleanSummary, ConfigResult, ModelSetup
 from .summary import bars, save_results, summarize
 
 # AnpredError: the base of EvaluationError, re-exported for callers that catch either
-__all__ = ["CLEAN_BACKENDS", "LOWP_BACKENDS", "TOLERANCES", "FAULT_LABEL", "FAULT_FAMILY", "DEFAULT_MAGNITUDES",
-           "EVAL_SCHEMA", "NATIVE_TORCH", "EvaluationError", "AnpredError", "magnitude_problem", "validate_magnitudes",
-           "check_stages", "default_backends", "configurations", "ModelSetup", "CleanSummary", "ConfigResult",
-           "prepare_model", "clean_summary", "build_config_run", "link_run", "run_fault_backend", "run_configuration",
-           "summarize", "bars", "save_results"]
+__all__ = [
+    "CLEAN_BACKENDS",
+    "LOWP_BACKENDS",
+    "TOLERANCES",
+    "FAULT_LABEL",
+    "FAULT_FAMILY",
+    "DEFAULT_MAGNITUDES",
+    "EVAL_SCHEMA",
+    "NATIVE_TORCH",
+    "EvaluationError",
+    "AnpredError",
+    "magnitude_problem",
+    "validate_magnitudes",
+    "check_stages",
+    "default_backends",
+    "configurations",
+    "ModelSetup",
+    "CleanSummary",
+    "ConfigResult",
+    "prepare_model",
+    "clean_summary",
+    "build_config_run",
+    "link_run",
+    "run_fault_backend",
+    "run_configuration",
+    "summarize",
+    "bars",
+    "save_results",
+]

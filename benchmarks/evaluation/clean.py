@@ -12,16 +12,36 @@ from typing import Any, Iterable
 import numpy as np
 
 from .grid import LOWP_BACKENDS, NATIVE_TORCH, TOLERANCES, EvaluationError, check_stages, default_backends
-from .measures import (add_match, critical_tolerance, decode_detections, finish_match, finite, judge_config,
-                       match_summary, output_anchors, reference_backend)
+from .measures import (
+    add_match,
+    critical_tolerance,
+    decode_detections,
+    finish_match,
+    finite,
+    judge_config,
+    match_summary,
+    output_anchors,
+    reference_backend,
+)
 from .results import CleanSummary, ModelSetup
 
 __all__ = ["prepare_model", "clean_summary"]
 
 
-def prepare_model(name: str, work: str | Path, *, imgsz: int | None = None, n_real: int = 2, n_random: int = 2,
-                  seed: int = 0, backends: Iterable[str] | None = None, lowp: Iterable[str] = LOWP_BACKENDS,
-                  progress: bool = False, timeout_s: float = 1800, stages: Iterable[int] | None = None) -> ModelSetup:
+def prepare_model(
+    name: str,
+    work: str | Path,
+    *,
+    imgsz: int | None = None,
+    n_real: int = 2,
+    n_random: int = 2,
+    seed: int = 0,
+    backends: Iterable[str] | None = None,
+    lowp: Iterable[str] = LOWP_BACKENDS,
+    progress: bool = False,
+    timeout_s: float = 1800,
+    stages: Iterable[int] | None = None,
+) -> ModelSetup:
     """Instrument zoo model ``name`` and run the clean and reduced-precision backends once.
 
     Args:
@@ -80,19 +100,32 @@ def prepare_model(name: str, work: str | Path, *, imgsz: int | None = None, n_re
     for i in range(n_random):
         np.savez(inp / f"b{i:02d}-random.npz", **{in_name: rng.random(zm.input_shape).astype(np.float32)})
     t0 = time.monotonic()
-    store = run_model(apath, backends + lowp, inp, work / "clean", overwrite=True, progress=progress,
-                      timeout_s=timeout_s)
+    store = run_model(
+        apath, backends + lowp, inp, work / "clean", overwrite=True, progress=progress, timeout_s=timeout_s
+    )
     seconds = time.monotonic() - t0
     for s in store.meta["samples"]:
         kinds[s["id"]] = "real" if "-real" in s["source"] else "random"
     st = store.statuses()
     ok = [b for b in backends if st[b].status == "ok"]
     if len(ok) < 3:
-        raise EvaluationError(f"{name}: fewer than 3 clean backends ran ok: " +
-                              "; ".join(f"{b}: {st[b].status} {st[b].reason[:200]}" for b in backends))
-    return ModelSetup(name=name, trained=zm.trained, imgsz=zm.hw, layout=zm.output_layout, anchored=str(apath),
-                      clean_dir=str(work / "clean"), samples=kinds, backends=ok,
-                      lowp=[b for b in lowp if st[b].status == "ok"], seconds_clean=seconds, weights=zm.weights_note)
+        raise EvaluationError(
+            f"{name}: fewer than 3 clean backends ran ok: "
+            + "; ".join(f"{b}: {st[b].status} {st[b].reason[:200]}" for b in backends)
+        )
+    return ModelSetup(
+        name=name,
+        trained=zm.trained,
+        imgsz=zm.hw,
+        layout=zm.output_layout,
+        anchored=str(apath),
+        clean_dir=str(work / "clean"),
+        samples=kinds,
+        backends=ok,
+        lowp=[b for b in lowp if st[b].status == "ok"],
+        seconds_clean=seconds,
+        weights=zm.weights_note,
+    )
 
 
 def clean_summary(setup: ModelSetup) -> CleanSummary:
@@ -133,21 +166,29 @@ def clean_summary(setup: ModelSetup) -> CleanSummary:
             for b in every:
                 if b in al.get(o, {}):
                     add_match(dets[b], match_summary(decode_detections(al[o][b], setup.layout), cd))
-    thres = {b: {f"{t:g}": bool(thr[t].finish()[b].passed is False) for t in TOLERANCES}
-             for b in every if b != ref}
+    thres = {b: {f"{t:g}": bool(thr[t].finish()[b].passed is False) for t in TOLERANCES} for b in every if b != ref}
     pos = {a.name: i for i, a in enumerate(man.anchors)}  # profiles follow the manifest (parts left out)
     profile = {b: [None] * len(pos) for b in every}
     for c in rep.cells:
         if c.backend in profile and c.anchor in pos:
             profile[c.backend][pos[c.anchor]] = finite(c.primary)
     return CleanSummary(
-        model=setup.name, reference=ref, backends=list(setup.backends),
-                        report={"status": rep.status, "notes": rep.notes,
-                                                "consensus": rep.consensus},
-        flagged=rep.flagged_backends, verdicts={b: v.to_dict() for b, v in rep.verdicts.items()},
+        model=setup.name,
+        reference=ref,
+        backends=list(setup.backends),
+        report={"status": rep.status, "notes": rep.notes, "consensus": rep.consensus},
+        flagged=rep.flagged_backends,
+        verdicts={b: v.to_dict() for b, v in rep.verdicts.items()},
         profile=profile,
-        anchors=[{"name": a.name, "stage": a.stage, "kind": a.kind, "shape": a.shape, "op_type": a.op_type}
-                 for a in man.anchors],
-        threshold=thres, threshold_max={b: {"critical_tolerance": finite(v)} for b, v in crit.items() if b != ref},
-        detections={b: finish_match(d) for b, d in dets.items() if d}, seconds=time.monotonic() - t0,
-        ref_outputs=ref_outputs, ort_raw=ort_raw, consensus_dets=cons_dets)
+        anchors=[
+            {"name": a.name, "stage": a.stage, "kind": a.kind, "shape": a.shape, "op_type": a.op_type}
+            for a in man.anchors
+        ],
+        threshold=thres,
+        threshold_max={b: {"critical_tolerance": finite(v)} for b, v in crit.items() if b != ref},
+        detections={b: finish_match(d) for b, d in dets.items() if d},
+        seconds=time.monotonic() - t0,
+        ref_outputs=ref_outputs,
+        ort_raw=ort_raw,
+        consensus_dets=cons_dets,
+    )

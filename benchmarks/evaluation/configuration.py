@@ -15,8 +15,18 @@ from typing import Any
 import numpy as np
 
 from .grid import FAULT_FAMILY, FAULT_LABEL, TOLERANCES, EvaluationError
-from .measures import (add_match, critical_tolerance, decode_detections, finish_match, finite, judge_config,
-                       match_summary, nrmse_acc, nrmse_of, output_anchors)
+from .measures import (
+    add_match,
+    critical_tolerance,
+    decode_detections,
+    finish_match,
+    finite,
+    judge_config,
+    match_summary,
+    nrmse_acc,
+    nrmse_of,
+    output_anchors,
+)
 from .results import CleanSummary, ConfigResult, ModelSetup
 
 __all__ = ["build_config_run", "link_run", "run_fault_backend", "run_configuration"]
@@ -33,8 +43,9 @@ def link_run(clean_dir: str | Path, out_dir: str | Path, backends) -> "Any":
     out = Path(out_dir)
     if out.exists():
         shutil.rmtree(out)
-    store = RunStore.create(out, clean.manifest, model=dict(clean.meta.get("model", {})),
-                            inputs=dict(clean.meta.get("inputs", {})))
+    store = RunStore.create(
+        out, clean.manifest, model=dict(clean.meta.get("model", {})), inputs=dict(clean.meta.get("inputs", {}))
+    )
     store.meta["samples"] = list(clean.meta["samples"])
     for sid in clean.sample_ids:
         src = clean.input_file(sid)
@@ -56,8 +67,9 @@ def build_config_run(setup: ModelSetup, out_dir: str | Path) -> "Any":
     return link_run(setup.clean_dir, out_dir, setup.backends)
 
 
-def run_fault_backend(store, model_path: str | Path, *, backend: str = "ort", label: str = FAULT_LABEL,
-                      family: str = FAULT_FAMILY) -> dict[str, dict[str, np.ndarray]]:
+def run_fault_backend(
+    store, model_path: str | Path, *, backend: str = "ort", label: str = FAULT_LABEL, family: str = FAULT_FAMILY
+) -> dict[str, dict[str, np.ndarray]]:
     """Run ``backend`` on ``model_path`` (an anchored variant) for every sample of ``store`` *in this
     process*, store its tensors under ``label`` and its status with family ``family``.
 
@@ -91,7 +103,9 @@ def run_fault_backend(store, model_path: str | Path, *, backend: str = "ort", la
         # how to run it again (the drill-down, anpred.drill, re-runs it on subgraphs): the backend, its
         # own model, its family
         store.meta.setdefault("backend_specs", {})[label] = {
-            "name": backend, "options": {"model": str(Path(model_path).resolve()), "family": family}}
+            "name": backend,
+            "options": {"model": str(Path(model_path).resolve()), "family": family},
+        }
         store.save_meta()
     except Exception as err:  # noqa: BLE001 - becomes the backend's status, as in the run driver
         st.status, st.reason = "failed", f"{type(err).__name__}: {err}"[:1500]
@@ -106,9 +120,18 @@ def run_fault_backend(store, model_path: str | Path, *, backend: str = "ort", la
     return out
 
 
-def run_configuration(setup: ModelSetup, clean: CleanSummary, kind: str | None, stage: int | None,
-                      magnitude: float | None, work: str | Path, *, seed: int = 0, keep: bool = False,
-                      fault_backend: str = "ort") -> ConfigResult:
+def run_configuration(
+    setup: ModelSetup,
+    clean: CleanSummary,
+    kind: str | None,
+    stage: int | None,
+    magnitude: float | None,
+    work: str | Path,
+    *,
+    seed: int = 0,
+    keep: bool = False,
+    fault_backend: str = "ort",
+) -> ConfigResult:
     """Inject ``kind`` at ``stage`` with ``magnitude`` (``kind=None``: the clean model in the fault slot),
     run and judge it (see the module docstring). The configuration's run folder under ``work`` is
     removed afterwards unless ``keep``.
@@ -132,8 +155,9 @@ def run_configuration(setup: ModelSetup, clean: CleanSummary, kind: str | None, 
         variant_path = Path(setup.anchored)
     else:
         try:
-            variant, truth = inject_fault(onnx.load(setup.anchored), kind, stage=stage, magnitude=magnitude,
-                                          manifest=man, seed=seed)
+            variant, truth = inject_fault(
+                onnx.load(setup.anchored), kind, stage=stage, magnitude=magnitude, manifest=man, seed=seed
+            )
         except FaultError as err:
             res.skipped = str(err)
             shutil.rmtree(cdir, ignore_errors=True)
@@ -169,8 +193,11 @@ def run_configuration(setup: ModelSetup, clean: CleanSummary, kind: str | None, 
         dets: dict[str, Any] = {}
         by_kind: dict[str, dict[str, Any]] = {}
         for sid, anchors in raw.items():
-            tensors = {o: {clean.reference: clean.ref_outputs[sid][o], FAULT_LABEL: np.asarray(anchors[o], np.float64)}
-                       for o in outs if o in anchors and o in clean.ref_outputs.get(sid, {})}
+            tensors = {
+                o: {clean.reference: clean.ref_outputs[sid][o], FAULT_LABEL: np.asarray(anchors[o], np.float64)}
+                for o in outs
+                if o in anchors and o in clean.ref_outputs.get(sid, {})
+            }
             for t in thr.values():
                 t.add(tensors)
             crit = max(crit, critical_tolerance(tensors, outs, FAULT_LABEL, clean.reference))

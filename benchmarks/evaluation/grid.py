@@ -12,9 +12,22 @@ from anpred.errors import AnpredError
 
 from .results import ModelSetup
 
-__all__ = ["CLEAN_BACKENDS", "LOWP_BACKENDS", "TOLERANCES", "FAULT_LABEL", "FAULT_FAMILY", "DEFAULT_MAGNITUDES",
-           "EVAL_SCHEMA", "NATIVE_TORCH", "EvaluationError", "magnitude_problem", "validate_magnitudes",
-           "check_stages", "default_backends", "configurations"]
+__all__ = [
+    "CLEAN_BACKENDS",
+    "LOWP_BACKENDS",
+    "TOLERANCES",
+    "FAULT_LABEL",
+    "FAULT_FAMILY",
+    "DEFAULT_MAGNITUDES",
+    "EVAL_SCHEMA",
+    "NATIVE_TORCH",
+    "EvaluationError",
+    "magnitude_problem",
+    "validate_magnitudes",
+    "check_stages",
+    "default_backends",
+    "configurations",
+]
 
 CLEAN_BACKENDS = ("ort", "openvino", "torch", "tf", "onnx-reference")
 LOWP_BACKENDS = ("ort-fp16", "ort-int8", "openvino-bf16")
@@ -103,8 +116,12 @@ def default_backends(zm) -> tuple[str, ...]:
     return CLEAN_BACKENDS + ((NATIVE_TORCH,) if zm.native_framework == "torch" else ())
 
 
-def configurations(setup: ModelSetup, kinds: Iterable[str], stages: Iterable[int] | None = None,
-                   magnitudes: dict[str, Iterable[float]] | None = None) -> list[tuple[str, int, float]]:
+def configurations(
+    setup: ModelSetup,
+    kinds: Iterable[str],
+    stages: Iterable[int] | None = None,
+    magnitudes: dict[str, Iterable[float]] | None = None,
+) -> list[tuple[str, int, float]]:
     """The (kind, stage, magnitude) grid: every kind x every stage (default: all of the manifest's)
     x the kind's magnitudes (default :data:`DEFAULT_MAGNITUDES`). Raises EvaluationError on an
     unknown kind or stage or an invalid magnitude (:func:`validate_magnitudes`)."""

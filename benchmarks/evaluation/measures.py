@@ -10,8 +10,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["output_anchors", "reference_backend", "judge_config", "decode_detections", "match_summary", "add_match",
-           "finish_match", "nrmse_acc", "nrmse_of", "critical_tolerance", "finite"]
+__all__ = [
+    "output_anchors",
+    "reference_backend",
+    "judge_config",
+    "decode_detections",
+    "match_summary",
+    "add_match",
+    "finish_match",
+    "nrmse_acc",
+    "nrmse_of",
+    "critical_tolerance",
+    "finite",
+]
 
 
 def output_anchors(manifest) -> list[str]:
@@ -43,9 +54,15 @@ def match_summary(dets, ref) -> dict[str, Any]:
     from models.detect import match_detections
 
     m = match_detections(dets, ref)
-    return {"n": len(dets), "n_ref": len(ref), "matched": int(len(m.pairs)), "changed": int(m.changed),
-            "missing": int(len(m.unmatched_b)), "extra": int(len(m.unmatched_a)),
-            "iou_sum": float(np.sum(m.ious)) if len(m.pairs) else 0.0}
+    return {
+        "n": len(dets),
+        "n_ref": len(ref),
+        "matched": int(len(m.pairs)),
+        "changed": int(m.changed),
+        "missing": int(len(m.unmatched_b)),
+        "extra": int(len(m.unmatched_a)),
+        "iou_sum": float(np.sum(m.ious)) if len(m.pairs) else 0.0,
+    }
 
 
 def add_match(acc: dict[str, Any], s: dict[str, Any]) -> None:

@@ -51,21 +51,25 @@ def summarize(results: list[ConfigResult], cleans: dict[str, CleanSummary | dict
                 for mag, c in det[m][k].items():
                     c["rate"] = c["k"] / c["n"] if c["n"] else None
             tot = [r for r in faulty]
-            hit = sum(1 for r in tot
-                      if ({"anpred": r.flagged, **{f"threshold@{t}": v for t, v in r.threshold.items()}}[m]))
+            hit = sum(
+                1 for r in tot if ({"anpred": r.flagged, **{f"threshold@{t}": v for t, v in r.threshold.items()}}[m])
+            )
             det[m]["all"] = {"all": _rate(hit, len(tot))}
         # false alarms (rates over backend verdicts). All-clean configurations: the clean run's fp32
         # backends and the null configurations' backends (the clean ones and the fault slot running the
         # clean model). The baseline's verdicts on clean backends are the same in every configuration.
         fa: dict[str, Any] = {}
         n_cc = sum(len(c["backends"]) for c in cl) + sum(len(_clean_backends(cleans, r.model)) + 1 for r in null)
-        k_cc = sum(len([b for b in c["flagged"] if b in c["backends"]]) for c in cl) + \
-            sum(len(r.clean_flagged) + int(r.flagged) for r in null)
+        k_cc = sum(len([b for b in c["flagged"] if b in c["backends"]]) for c in cl) + sum(
+            len(r.clean_flagged) + int(r.flagged) for r in null
+        )
         n_fb = sum(len(_clean_backends(cleans, r.model)) for r in faulty)
         k_fb = sum(len(r.clean_flagged) for r in faulty)
-        fa["anpred"] = {"clean_configs": _rate(k_cc, n_cc), "clean_backends_of_faulty": _rate(k_fb, n_fb),
-                        "faulty_configs_with_false_alarm": _rate(sum(1 for r in faulty if r.clean_flagged),
-                                                                 len(faulty))}
+        fa["anpred"] = {
+            "clean_configs": _rate(k_cc, n_cc),
+            "clean_backends_of_faulty": _rate(k_fb, n_fb),
+            "faulty_configs_with_false_alarm": _rate(sum(1 for r in faulty if r.clean_flagged), len(faulty)),
+        }
         for t in TOLERANCES:
             key = f"{t:g}"
             k = n = kf = nf = 0
@@ -84,26 +88,35 @@ def summarize(results: list[ConfigResult], cleans: dict[str, CleanSummary | dict
         detected = [r for r in faulty if r.flagged and r.truth and r.truth.get("stage") is not None]
         top1 = sum(1 for r in detected if r.origin_stage == r.truth["stage"])
         near = sum(1 for r in detected if r.origin_stage is not None and abs(r.origin_stage - r.truth["stage"]) <= 1)
-        loc = {"top1": _rate(top1, len(detected)), "within_one": _rate(near, len(detected)),
-               "by_kind": {}}
+        loc = {"top1": _rate(top1, len(detected)), "within_one": _rate(near, len(detected)), "by_kind": {}}
         for k in sorted({r.kind for r in detected}):
             d = [r for r in detected if r.kind == k]
-            loc["by_kind"][k] = {"top1": _rate(sum(1 for r in d if r.origin_stage == r.truth["stage"]), len(d)),
-                                 "within_one": _rate(sum(1 for r in d
-                                                         if abs((r.origin_stage or 0) - r.truth["stage"]) <= 1),
-                                                     len(d))}
-        prop = {"flagged": len([r for r in faulty if r.flagged]),
-                "masked": sum(1 for r in faulty if r.flagged and r.propagation == "masked"),
-                "non_monotonic": sum(1 for r in faulty if r.flagged and r.non_monotonic),
-                "by_kind": {p: sum(1 for r in faulty if r.flagged and r.propagation == p)
-                            for p in ("amplified", "attenuated", "stable", "masked")}}
+            loc["by_kind"][k] = {
+                "top1": _rate(sum(1 for r in d if r.origin_stage == r.truth["stage"]), len(d)),
+                "within_one": _rate(sum(1 for r in d if abs((r.origin_stage or 0) - r.truth["stage"]) <= 1), len(d)),
+            }
+        prop = {
+            "flagged": len([r for r in faulty if r.flagged]),
+            "masked": sum(1 for r in faulty if r.flagged and r.propagation == "masked"),
+            "non_monotonic": sum(1 for r in faulty if r.flagged and r.non_monotonic),
+            "by_kind": {
+                p: sum(1 for r in faulty if r.flagged and r.propagation == p)
+                for p in ("amplified", "attenuated", "stable", "masked")
+            },
+        }
         skipped = {}
         for r in rs:
             if r.skipped:
                 skipped.setdefault(r.kind, []).append(r.stage)
-        out[scope] = {"configs": len(faulty), "null_configs": len(null), "detection": det, "false_alarm": fa,
-                      "localization": loc, "propagation": prop,
-                      "skipped": {k: sorted(set(v)) for k, v in skipped.items()}}
+        out[scope] = {
+            "configs": len(faulty),
+            "null_configs": len(null),
+            "detection": det,
+            "false_alarm": fa,
+            "localization": loc,
+            "propagation": prop,
+            "skipped": {k: sorted(set(v)) for k, v in skipped.items()},
+        }
     return out
 
 
@@ -133,15 +146,28 @@ def bars(summary: dict[str, Any]) -> dict[str, Any]:
             for mag, c in mags.items():
                 a = det["anpred"].get(k, {}).get(mag, {})
                 if c["rate"] is not None and (a.get("rate") or 0) < c["rate"]:
-                    viol.append({"baseline": m, "kind": k, "magnitude": mag, "anpred": a.get("rate"),
-                                 "baseline_rate": c["rate"]})
+                    viol.append(
+                        {
+                            "baseline": m,
+                            "kind": k,
+                            "magnitude": mag,
+                            "anpred": a.get("rate"),
+                            "baseline_rate": c["rate"],
+                        }
+                    )
     fa_rate = fa["anpred"]["clean_configs"]["rate"]
     top1 = summary["localization"]["top1"]["rate"]
     n = summary.get("configs", 0)
-    return {"detection": {"met": bool(n) and not viol, "configs": n, "zero_false_alarm_baselines": zero,
-                          "violations": viol},
-            "false_alarm": {"met": fa_rate is not None and fa_rate == 0, "rate": fa_rate},
-            "localization": {"met": top1 is not None and top1 >= 0.9, "top1": top1}}
+    return {
+        "detection": {
+            "met": bool(n) and not viol,
+            "configs": n,
+            "zero_false_alarm_baselines": zero,
+            "violations": viol,
+        },
+        "false_alarm": {"met": fa_rate is not None and fa_rate == 0, "rate": fa_rate},
+        "localization": {"met": top1 is not None and top1 >= 0.9, "top1": top1},
+    }
 
 
 def save_results(path: str | Path, payload: dict[str, Any]) -> None:

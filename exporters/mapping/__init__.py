@@ -16,6 +16,21 @@ from exporters.mapping.report import STATUSES, MappingError, MappingReport, make
 from exporters.mapping.scopes import load_onnx, mapping_index
 from exporters.mapping.torch_modules import map_torch, parse_torch_target, shape_matches
 
-__all__ = ["MappingReport", "MappingError", "STATUSES", "make_entry", "map_anchors", "BACKEND_OF", "parse_torch_target",
-           "shape_matches", "map_torch", "map_keras", "converter_entries", "prepared_entries", "ConverterCheck",
-           "CONVERTER_BACKENDS", "load_onnx", "mapping_index"]
+__all__ = [
+    "MappingReport",
+    "MappingError",
+    "STATUSES",
+    "make_entry",
+    "map_anchors",
+    "BACKEND_OF",
+    "parse_torch_target",
+    "shape_matches",
+    "map_torch",
+    "map_keras",
+    "converter_entries",
+    "prepared_entries",
+    "ConverterCheck",
+    "CONVERTER_BACKENDS",
+    "load_onnx",
+    "mapping_index",
+]

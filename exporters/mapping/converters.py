@@ -39,13 +39,19 @@ def _torch_reason(model, check: ConverterCheck | None) -> str:
     except ImportError as err:
         return f"onnx2torch is not importable: {err}"
     if missing:
-        return (f"onnx2torch has no converter for {len(missing)} node(s): {'; '.join(missing[:5])}"
-                + (" ..." if len(missing) > 5 else ""))
+        return f"onnx2torch has no converter for {len(missing)} node(s): {'; '.join(missing[:5])}" + (
+            " ..." if len(missing) > 5 else ""
+        )
     return ""
 
 
-def converter_entries(manifest: AnchorManifest, onnx_model, backends=CONVERTER_BACKENDS, *,
-                      checks: Mapping[str, ConverterCheck] | None = None) -> dict[str, dict[str, dict]]:
+def converter_entries(
+    manifest: AnchorManifest,
+    onnx_model,
+    backends=CONVERTER_BACKENDS,
+    *,
+    checks: Mapping[str, ConverterCheck] | None = None,
+) -> dict[str, dict[str, dict]]:
     """Static mapping for the converter backends, read off the ONNX graph (nothing is converted).
 
     - ``torch`` (onnx2torch): every submodule is named after its ONNX node and records its ONNX
@@ -75,31 +81,50 @@ def converter_entries(manifest: AnchorManifest, onnx_model, backends=CONVERTER_B
                     ents[a.name] = make_entry("", "unmapped", why)
                 elif a.value in g.producer:
                     node = g.nodes[g.producer[a.value]]
-                    ents[a.name] = make_entry(node.name or a.value, "exact",
-                                              f"output {a.value!r} of the onnx2torch submodule converted from "
-                                              f"ONNX node {node.name or node.op_type!r} ({node.op_type}), ONNX layout")
+                    ents[a.name] = make_entry(
+                        node.name or a.value,
+                        "exact",
+                        f"output {a.value!r} of the onnx2torch submodule converted from "
+                        f"ONNX node {node.name or node.op_type!r} ({node.op_type}), ONNX layout",
+                    )
                 elif a.value in known:
                     ents[a.name] = make_entry(a.value, "exact", "graph input or initializer of the converted graph")
                 else:
                     ents[a.name] = make_entry("", "unmapped", f"value {a.value!r} is not in the ONNX graph")
             out[b] = ents
         elif b == "tf":
-            out[b] = {a.name: (make_entry(a.name if a.kind != "output" else a.value, "exact",
-                                          "graph output of the onnx2tf model, fetched by name; "
-                                          "its layout (channels-last "
-                                          "for most 3-5-D tensors) is recorded when the backend is prepared "
-                                          "(anpred map --backends tf)")
-                               if a.value in known else
-                               make_entry("", "unmapped", f"value {a.value!r} is not in the ONNX graph"))
-                      for a in manifest.anchors}
+            out[b] = {
+                a.name: (
+                    make_entry(
+                        a.name if a.kind != "output" else a.value,
+                        "exact",
+                        "graph output of the onnx2tf model, fetched by name; "
+                        "its layout (channels-last "
+                        "for most 3-5-D tensors) is recorded when the backend is prepared "
+                        "(anpred map --backends tf)",
+                    )
+                    if a.value in known
+                    else make_entry("", "unmapped", f"value {a.value!r} is not in the ONNX graph")
+                )
+                for a in manifest.anchors
+            }
         else:
-            raise MappingError(f"no static mapping for backend {b!r}; known: {', '.join(CONVERTER_BACKENDS)} "
-                               "(others: prepare them, anpred map --backends)")
+            raise MappingError(
+                f"no static mapping for backend {b!r}; known: {', '.join(CONVERTER_BACKENDS)} "
+                "(others: prepare them, anpred map --backends)"
+            )
     return out
 
 
-def prepared_entries(backend: str, model_path, manifest: AnchorManifest, options: dict | None = None,
-                     workdir=None, *, backend_class: Callable[[str], type]) -> dict[str, dict[str, Any]]:
+def prepared_entries(
+    backend: str,
+    model_path,
+    manifest: AnchorManifest,
+    options: dict | None = None,
+    workdir=None,
+    *,
+    backend_class: Callable[[str], type],
+) -> dict[str, dict[str, Any]]:
     """Prepare ``backend`` (any registry name: converters are converted, native models rebuilt) on the
     anchored model at ``model_path`` and turn its :meth:`~anpred.backends.base.Backend.anchor_info` into
     mapping entries (``missing`` -> ``unmapped`` with the backend's reason; a layout change keeps
@@ -125,9 +150,13 @@ def prepared_entries(backend: str, model_path, manifest: AnchorManifest, options
     for a in manifest.anchors:
         cap = info.get(a.name)
         if cap is None or cap.status == "missing":
-            out[a.name] = make_entry(cap.target or "" if cap else "", "unmapped",
-                                     cap.reason if cap and cap.reason else "not captured by the prepared backend")
+            out[a.name] = make_entry(
+                cap.target or "" if cap else "",
+                "unmapped",
+                cap.reason if cap and cap.reason else "not captured by the prepared backend",
+            )
         else:
-            out[a.name] = make_entry(cap.target or a.value, cap.status,
-                                     cap.reason or "captured by the prepared backend", cap.transform)
+            out[a.name] = make_entry(
+                cap.target or a.value, cap.status, cap.reason or "captured by the prepared backend", cap.transform
+            )
     return out

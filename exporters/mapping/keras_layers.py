@@ -70,24 +70,37 @@ def map_keras(manifest, model, g: GraphIndex) -> dict[str, dict[str, Any]]:
             in_layers = {layer.name for layer in model.layers if type(layer).__name__ == "InputLayer"}
             tgt = inp if inp in in_layers else inp.split(":")[0]
             if tgt in in_layers and perm:
-                out[a.name] = make_entry(tgt, "exact", f"the model input {tgt!r} (Keras layout), transposed by tf2onnx "
-                                         f"with perm {perm}", {"permute": perm})
+                out[a.name] = make_entry(
+                    tgt,
+                    "exact",
+                    f"the model input {tgt!r} (Keras layout), transposed by tf2onnx with perm {perm}",
+                    {"permute": perm},
+                )
             else:
-                out[a.name] = make_entry("", "unmapped",
-                                         f"value {v!r} transposes graph input {inp!r}, which is no Keras "
-                                         f"InputLayer of {model.name!r}")
+                out[a.name] = make_entry(
+                    "",
+                    "unmapped",
+                    f"value {v!r} transposes graph input {inp!r}, which is no Keras InputLayer of {model.name!r}",
+                )
             continue
         if L is None:
             seg = node.name.split("/")
-            hint = f"layer path {'/'.join(seg[1:-1])!r} is not a top-level layer of {model.name!r} (nested model?)" \
-                if len(seg) > 3 else f"node {node.name!r} carries no Keras layer name"
+            hint = (
+                f"layer path {'/'.join(seg[1:-1])!r} is not a top-level layer of {model.name!r} (nested model?)"
+                if len(seg) > 3
+                else f"node {node.name!r} carries no Keras layer name"
+            )
             out[a.name] = make_entry("", "unmapped", f"value {v!r} ({node.op_type}): {hint}")
             continue
         leaves = (v in orig_outputs) if orig_outputs else a.kind == "output"
         leaves = leaves or any(layers[c] != L for c in g.consumers.get(v, []))
         if not leaves:
-            out[a.name] = make_entry("", "unmapped", f"value {v!r} ({node.op_type}) is internal to Keras layer {L!r} "
-                                     "(not its output): a layer exposes only its output")
+            out[a.name] = make_entry(
+                "",
+                "unmapped",
+                f"value {v!r} ({node.op_type}) is internal to Keras layer {L!r} "
+                "(not its output): a layer exposes only its output",
+            )
             continue
         layer = model.get_layer(L)
         try:
@@ -104,10 +117,14 @@ def map_keras(manifest, model, g: GraphIndex) -> dict[str, dict[str, Any]]:
         else:
             cmp = nshape
         ok = len(cmp) == len(ashape) and all(
-            x is None or y is None or isinstance(y, str) or int(x) == int(y) for x, y in zip(cmp, ashape))
+            x is None or y is None or isinstance(y, str) or int(x) == int(y) for x, y in zip(cmp, ashape)
+        )
         if not ok:
-            out[a.name] = make_entry(L, "unmapped", f"Keras layer {L!r} output shape {nshape} does not match the ONNX "
-                                     f"value {v!r} shape {ashape}")
+            out[a.name] = make_entry(
+                L,
+                "unmapped",
+                f"Keras layer {L!r} output shape {nshape} does not match the ONNX value {v!r} shape {ashape}",
+            )
             continue
         why = f"output of Keras layer {L!r} ({type(layer).__name__})"
         if transform:

@@ -32,10 +32,17 @@ __all__ = ["BACKEND_OF", "map_anchors"]
 BACKEND_OF = {"torch": "torch-native", "tf": "tf-native"}
 
 
-def map_anchors(manifest: AnchorManifest, native_model, framework: str, *, onnx_model=None,
-                example_inputs: tuple | None = None, write: bool = True,
-                converters: tuple[str, ...] = (),
-                converter_checks: Mapping[str, ConverterCheck] | None = None) -> MappingReport:
+def map_anchors(
+    manifest: AnchorManifest,
+    native_model,
+    framework: str,
+    *,
+    onnx_model=None,
+    example_inputs: tuple | None = None,
+    write: bool = True,
+    converters: tuple[str, ...] = (),
+    converter_checks: Mapping[str, ConverterCheck] | None = None,
+) -> MappingReport:
     """Map every anchor of ``manifest`` onto ``native_model`` and (``write=True``) store the result in
     ``anchor.native[backend]`` (backend ``torch-native`` for ``framework="torch"``, ``tf-native``
     for ``"tf"``).
@@ -72,25 +79,30 @@ def map_anchors(manifest: AnchorManifest, native_model, framework: str, *, onnx_
     notes: list[str] = []
     if framework == "torch":
         if exporter not in ("torch.onnx.dynamo", "torch.onnx.torchscript"):
-            raise MappingError(f"the ONNX model was not exported from PyTorch (exporter {exporter!r}); "
-                               "module scopes are unknown")
+            raise MappingError(
+                f"the ONNX model was not exported from PyTorch (exporter {exporter!r}); module scopes are unknown"
+            )
         entries = map_torch(manifest, native_model, g, exporter, example_inputs, notes)
     else:
         if exporter != "tf2onnx":
-            raise MappingError(f"the ONNX model was not exported by tf2onnx (exporter {exporter!r}); "
-                               "Keras layer names are unknown")
+            raise MappingError(
+                f"the ONNX model was not exported by tf2onnx (exporter {exporter!r}); Keras layer names are unknown"
+            )
         entries = map_keras(manifest, native_model, g)
     report = MappingReport(framework=framework, exporter=exporter, notes=notes)
     report.entries[backend] = entries
     all_values = set(g.producer) | set(g.graph_inputs)
     report.entries["ort"] = {
-        a.name: (make_entry(a.value, "exact", "ONNX value") if a.value in all_values
-                 else make_entry("", "unmapped", f"value {a.value!r} is not in the ONNX graph"))
-        for a in manifest.anchors}
+        a.name: (
+            make_entry(a.value, "exact", "ONNX value")
+            if a.value in all_values
+            else make_entry("", "unmapped", f"value {a.value!r} is not in the ONNX graph")
+        )
+        for a in manifest.anchors
+    }
     if converters:
         report.entries.update(converter_entries(manifest, model, converters, checks=converter_checks))
     if write:
         for a in manifest.anchors:
             a.native[backend] = dict(entries[a.name])
     return report
-

@@ -60,15 +60,16 @@ class MappingReport:
         lines += [f"warning: {n}" for n in self.notes]
         for b, ents in self.entries.items():
             c = self.counts(b)
-            lines.append(f"{b}: {c['exact']} exact, {c['equivalent']} equivalent, {c['unmapped']} unmapped "
-                         f"of {len(ents)} ({100 * self.exact_fraction(b):.1f}% exact)")
+            lines.append(
+                f"{b}: {c['exact']} exact, {c['equivalent']} equivalent, {c['unmapped']} unmapped "
+                f"of {len(ents)} ({100 * self.exact_fraction(b):.1f}% exact)"
+            )
             if verbose:
                 for name, e in ents.items():
                     if e["status"] != "exact" or e.get("transform"):
                         t = f" transform={json.dumps(e['transform'])}" if e.get("transform") else ""
                         lines.append(f"  {e['status']:<10} {name} -> {e['target'] or '-'}{t}: {e['reason']}")
         return "\n".join(lines)
-
 
 
 def make_entry(target: str, status: str, reason: str, transform: dict | None = None) -> dict[str, Any]:

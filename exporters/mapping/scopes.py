@@ -88,4 +88,3 @@ def prefix_len(a: list[str], b: list[str]) -> int:
             break
         k += 1
     return k
-

@@ -41,8 +41,9 @@ def parse_torch_target(target: str) -> tuple[str, int, str, int | None]:
     return pm.group(1), int(pm.group(2) or 0), which, leaf
 
 
-def _resolve_dynamo_scope(entries: list[str], classes: list[str], modules: dict[str, Any],
-                          export_class: dict[str, str]) -> list[str]:
+def _resolve_dynamo_scope(
+    entries: list[str], classes: list[str], modules: dict[str, Any], export_class: dict[str, str]
+) -> list[str]:
     """``pkg.torch.onnx.name_scopes`` entries (root and FX op removed) -> full module paths.
 
     The exporter writes some entries as full paths (``model.2.cv1``) and others relative to the
@@ -69,8 +70,9 @@ def _resolve_dynamo_scope(entries: list[str], classes: list[str], modules: dict[
     return chain
 
 
-def _torch_stacks(g: GraphIndex, exporter: str, modules: dict[str, Any],
-                  export_class: dict[str, str] | None = None) -> list[list[str]]:
+def _torch_stacks(
+    g: GraphIndex, exporter: str, modules: dict[str, Any], export_class: dict[str, str] | None = None
+) -> list[list[str]]:
     stacks: list[list[str] | None] = []
     export_class = {} if export_class is None else export_class
     for n in g.nodes:
@@ -82,8 +84,9 @@ def _torch_stacks(g: GraphIndex, exporter: str, modules: dict[str, Any],
                 classes = classes[1:-1] if len(classes) == len(scopes) else []
                 # entries: '' (root), module paths (full or relative)..., and last the FX op name
                 pairs = [(s, classes[i] if classes else "") for i, s in enumerate(scopes[1:-1]) if s]
-                stacks.append(_resolve_dynamo_scope([p[0] for p in pairs], [p[1] for p in pairs], modules,
-                                                    export_class))
+                stacks.append(
+                    _resolve_dynamo_scope([p[0] for p in pairs], [p[1] for p in pairs], modules, export_class)
+                )
             else:
                 stacks.append(None)
         else:  # TorchScript: /model.2/cv1/conv/Conv
@@ -159,8 +162,9 @@ def _probe_torch(module, example_inputs) -> "_Probe":
             out = module(*[torch.as_tensor(x) if not isinstance(x, torch.Tensor) else x for x in example_inputs])
     except Exception as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise MappingError(f"probing {type(module).__name__} on the example inputs failed: "
-                           f"{type(err).__name__}: {first}") from err
+        raise MappingError(
+            f"probing {type(module).__name__} on the example inputs failed: {type(err).__name__}: {first}"
+        ) from err
     finally:
         for h in handles:
             h.remove()
@@ -202,8 +206,10 @@ class _TorchPairing:
         for spec, x in zip(manifest.model.get("inputs", []), example_inputs or ()):
             shp = tuple(getattr(x, "shape", ()))
             if not shape_matches(shp, spec.get("shape")):
-                self.input_note = input_note = (f"the factory's example input has shape {list(shp)} but the ONNX "
-                                                f"input {spec['name']!r} is {spec.get('shape')}")
+                self.input_note = input_note = (
+                    f"the factory's example input has shape {list(shp)} but the ONNX "
+                    f"input {spec['name']!r} is {spec.get('shape')}"
+                )
                 notes.append(input_note + ": shapes of the native tensors may differ")
                 break
         try:
@@ -214,13 +220,18 @@ class _TorchPairing:
         self.output_order = self.orig_outputs or [b.value for b in manifest.anchors if b.kind == "output"]
 
         # classes the export recorded vs the native module's (dynamo only): a different model
-        wrong_class = {p: (type(modules[p]).__name__, c) for p, c in export_class.items()
-                       if p in modules and type(modules[p]).__name__ != c}
+        wrong_class = {
+            p: (type(modules[p]).__name__, c)
+            for p, c in export_class.items()
+            if p in modules and type(modules[p]).__name__ != c
+        }
         if wrong_class:  # another architecture: tensors at equal paths and shapes would still differ
             ex = ", ".join(f"{p!r} is {n} (export: {c})" for p, (n, c) in list(wrong_class.items())[:3])
-            raise MappingError(f"the native {root} is not the exported model: {len(wrong_class)} module(s) have "
-                               f"another class than the export recorded ({ex}); was it exported from another "
-                               "factory or with other arguments?")
+            raise MappingError(
+                f"the native {root} is not the exported model: {len(wrong_class)} module(s) have "
+                f"another class than the export recorded ({ex}); was it exported from another "
+                "factory or with other arguments?"
+            )
         self.origs = set(self.output_order)
         self.leaving_cache: dict[str, list[str]] = {}
 
@@ -248,10 +259,12 @@ class _TorchPairing:
         if leaf not in names:
             return None
         i = names.index(leaf)
-        for nxt in names[i + 1:i + 2]:
+        for nxt in names[i + 1 : i + 2]:
             cand = f"{parent}.{nxt}" if parent else nxt
-            if (isinstance(self.modules.get(cand), self.torch.nn.modules.batchnorm._BatchNorm)
-                    and cand not in self.scoped):
+            if (
+                isinstance(self.modules.get(cand), self.torch.nn.modules.batchnorm._BatchNorm)
+                and cand not in self.scoped
+            ):
                 return cand
         return None
 
@@ -274,8 +287,10 @@ class _TorchPairing:
         unmapped one that says so."""
         if shape is None or shape_matches(shape, ashape):
             return entry
-        why = (f"shape mismatch: {entry['target']} gives {list(shape)} in the native {self.root}, the ONNX value "
-               f"has {list(ashape)}")
+        why = (
+            f"shape mismatch: {entry['target']} gives {list(shape)} in the native {self.root}, the ONNX value "
+            f"has {list(ashape)}"
+        )
         return make_entry(entry["target"], "unmapped", why + (f" ({self.input_note})" if self.input_note else ""))
 
     def pair(self, a) -> tuple[dict[str, Any], bool]:
@@ -283,8 +298,12 @@ class _TorchPairing:
         else the input of a module it enters, else a tensor of the root module's output."""
         g, v = self.g, a.value
         if v not in g.producer:
-            return make_entry("", "unmapped", f"value {v!r} has no producer node in the ONNX graph "
-                              "(a graph input or a constant): nothing to capture natively"), False
+            return make_entry(
+                "",
+                "unmapped",
+                f"value {v!r} has no producer node in the ONNX graph "
+                "(a graph input or a constant): nothing to capture natively",
+            ), False
         pi = g.producer[v]
         node = g.nodes[pi]
         S = self.stacks[pi]
@@ -308,8 +327,11 @@ class _TorchPairing:
             return self.root_output(a)
         where = S[-1] if S else "the root module"
         return entry if entry is not None else make_entry(
-            "", "unmapped", f"value {v!r} ({node.op_type}) is internal to the forward of module {where!r}: "
-            "neither a module output nor a module input, so no forward hook can observe it"), False
+            "",
+            "unmapped",
+            f"value {v!r} ({node.op_type}) is internal to the forward of module {where!r}: "
+            "neither a module output nor a module input, so no forward hook can observe it",
+        ), False
 
     def module_output(self, a, node, leaves: list[str]) -> dict[str, Any] | None:
         """The entry of ``a`` as the forward output of one of the modules its value ``leaves``
@@ -322,9 +344,13 @@ class _TorchPairing:
                 entry = make_entry(path, "unmapped", f"module {base!r} named by the exporter does not exist in {root}")
                 continue
             if base in shared:
-                entry = make_entry(path, "unmapped", f"module {base!r} is one instance shared by "
-                                   f"{len(shared[base])} paths ({', '.join(shared[base][:3])} ...): "
-                                   "a forward hook cannot tell its calls apart")
+                entry = make_entry(
+                    path,
+                    "unmapped",
+                    f"module {base!r} is one instance shared by "
+                    f"{len(shared[base])} paths ({', '.join(shared[base][:3])} ...): "
+                    "a forward hook cannot tell its calls apart",
+                )
                 continue
             known, shape = self.probed(probe.out_shape if probe else {}, path)
             if known and shape is None:
@@ -334,21 +360,33 @@ class _TorchPairing:
                 bn = self.folded_bn(path)
                 if bn is not None:
                     bshape = self.probed(probe.out_shape if probe else {}, bn)[1]
-                    return self.check(make_entry(bn, "equivalent",
-                                                 f"BatchNorm {bn!r} was folded into Conv {base!r} by the exporter; "
-                                                 f"the ONNX value {v!r} equals the output of {bn!r}"), bshape, a.shape)
+                    return self.check(
+                        make_entry(
+                            bn,
+                            "equivalent",
+                            f"BatchNorm {bn!r} was folded into Conv {base!r} by the exporter; "
+                            f"the ONNX value {v!r} equals the output of {bn!r}",
+                        ),
+                        bshape,
+                        a.shape,
+                    )
             calls = len(probe.out_shape.get(base, [])) if probe is not None else 1
             if calls > 1 and "@" not in path and self.exporter == "torch.onnx.dynamo":
                 leaving = self.leaving_values(base)
                 if len(leaving) != calls or v not in leaving:
-                    entry = make_entry(path, "unmapped", f"module {base!r} is called {calls} times and the ONNX "
-                                       f"graph shows {len(leaving)} outputs of it: cannot tell which call "
-                                       f"produced {v!r}")
+                    entry = make_entry(
+                        path,
+                        "unmapped",
+                        f"module {base!r} is called {calls} times and the ONNX "
+                        f"graph shows {len(leaving)} outputs of it: cannot tell which call "
+                        f"produced {v!r}",
+                    )
                     continue
                 path = f"{base}@{leaving.index(v)}"
                 shape = self.probed(probe.out_shape, path)[1]
-            return self.check(make_entry(path, "exact", f"forward output of {path} ({type(mod).__name__})"),
-                              shape, a.shape)
+            return self.check(
+                make_entry(path, "exact", f"forward output of {path} ({type(mod).__name__})"), shape, a.shape
+            )
         return entry
 
     def module_input(self, a, S: list[str], entry: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -365,10 +403,15 @@ class _TorchPairing:
                 known, shape = self.probed(probe.in_shape if probe else {}, path)
                 if known and shape is None:
                     continue
-                entry = self.check(make_entry(f"{path}:input", "exact",
-                                              f"the single tensor input of {base} "
-                                              f"({type(self.modules[base]).__name__})"),
-                                   shape, a.shape)
+                entry = self.check(
+                    make_entry(
+                        f"{path}:input",
+                        "exact",
+                        f"the single tensor input of {base} ({type(self.modules[base]).__name__})",
+                    ),
+                    shape,
+                    a.shape,
+                )
                 break
             if entry is not None and (entry["status"] == "exact" or entry["reason"].startswith("shape mismatch")):
                 break
@@ -379,16 +422,23 @@ class _TorchPairing:
         v, probe, orig_outputs, root = a.value, self.probe, self.orig_outputs, self.root
         k = self.output_order.index(v)
         if probe is not None and orig_outputs is not None and len(probe.leaves) != len(orig_outputs):
-            return make_entry(f":output[{k}]", "unmapped",
-                              f"{root} returns {len(probe.leaves)} tensors but the ONNX graph has "
-                              f"{len(orig_outputs)} outputs: cannot pair output {v!r}"), False
-        e = self.check(make_entry(f":output[{k}]", "exact", f"tensor {k} of {root}'s output"),
-                       probe.leaves[k] if probe is not None else None, a.shape)
+            return make_entry(
+                f":output[{k}]",
+                "unmapped",
+                f"{root} returns {len(probe.leaves)} tensors but the ONNX graph has "
+                f"{len(orig_outputs)} outputs: cannot pair output {v!r}",
+            ), False
+        e = self.check(
+            make_entry(f":output[{k}]", "exact", f"tensor {k} of {root}'s output"),
+            probe.leaves[k] if probe is not None else None,
+            a.shape,
+        )
         return e, e["status"] == "unmapped"
 
 
-def map_torch(manifest, module, g: GraphIndex, exporter: str, example_inputs,
-              notes: list[str] | None = None) -> dict[str, dict[str, Any]]:
+def map_torch(
+    manifest, module, g: GraphIndex, exporter: str, example_inputs, notes: list[str] | None = None
+) -> dict[str, dict[str, Any]]:
     """Per anchor of ``manifest``, its ``torch-native`` entry on ``module`` (``g``: the anchored
     graph's :func:`~exporters.mapping.scopes.mapping_index`; ``notes`` collects pairing warnings).
 
@@ -409,8 +459,11 @@ def map_torch(manifest, module, g: GraphIndex, exporter: str, example_inputs,
     if not mapped and shape_rejected:
         first = next(e["reason"] for e in out.values() if e["reason"].startswith(("shape mismatch", "module")))
         input_note = pairing.input_note
-        raise MappingError(f"the native {pairing.root} does not match the ONNX graph: none of {len(out)} anchors "
-                           f"maps ({shape_rejected} shape mismatch(es)); "
-                           f"first: {first}" + (f"; {input_note}" if input_note and input_note not in first else "")
-                           + "; was it exported from another factory or with other arguments?")
+        raise MappingError(
+            f"the native {pairing.root} does not match the ONNX graph: none of {len(out)} anchors "
+            f"maps ({shape_rejected} shape mismatch(es)); "
+            f"first: {first}"
+            + (f"; {input_note}" if input_note and input_note not in first else "")
+            + "; was it exported from another factory or with other arguments?"
+        )
     return out
