@@ -39,13 +39,32 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _code_digest(cls) -> bytes:
+    """What a module class computes, for the export cache: the text of the file that defines it (its
+    ``forward`` and the helpers it calls there), else its ``forward``'s bytecode and constants."""
+    import inspect
+
+    try:
+        return Path(inspect.getsourcefile(cls) or "").read_bytes()
+    except (OSError, TypeError):
+        code = getattr(getattr(cls, "forward", None), "__code__", None)
+        return (code.co_code + repr(code.co_consts).encode()) if code is not None else b""
+
+
 def _module_digest(module) -> str:
-    """sha256 over the architecture (class names, repr) and all parameter/buffer bytes."""
+    """sha256 over the architecture (class names, repr), the code of the user's module classes (a
+    ``forward`` edited between two runs is another model; torch's own classes are known by its version)
+    and all parameter/buffer bytes."""
     import torch
 
     h = hashlib.sha256()
+    classes = {}
     for name, sub in module.named_modules():
         h.update(f"{name}:{type(sub).__module__}.{type(sub).__qualname__}\n".encode())
+        if not type(sub).__module__.startswith("torch."):
+            classes.setdefault(f"{type(sub).__module__}.{type(sub).__qualname__}", type(sub))
+    for key in sorted(classes):
+        h.update(hashlib.sha256(_code_digest(classes[key])).digest())
     h.update(repr(module).encode())
     for name, t in list(module.state_dict(keep_vars=False).items()):
         h.update(name.encode())

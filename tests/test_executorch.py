@@ -120,6 +120,7 @@ def test_pt2e_int8_population_is_judged_with_quantization_steps(root):
     assert st["executorch-int8"]["quant_steps"] == st["executorch-xnnpack-int8"]["quant_steps"]
 
 
+@pytest.mark.slow  # the same ~60 s shared run as the two tests above
 def test_pt2e_and_qdq_int8_members_form_separate_populations(root):
     """The PT2E program (symmetric per-channel, XNNPACKQuantizer) and onnxruntime's QDQ model (uint8
     per-tensor MinMax) are two int8 programs: each is its own population, judged against its own

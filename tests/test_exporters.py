@@ -264,3 +264,38 @@ def test_factory_that_raises_is_one_clear_error(tmp_path, capsys):
     assert main(["map", str(tmp_path / "a.onnx"), "--factory", "test_exporters:raising_factory"]) == 2
     err = capsys.readouterr().err
     assert "raising_factory" in err and "no weights for size 4" in err and "Traceback" not in err
+
+
+def test_an_edited_forward_is_exported_again(tmp_path, monkeypatch):
+    """A reviewer's stale export: the factory's ``forward`` changed from GELU to SiLU between two runs
+    (same classes, repr and weights) and the cached ONNX export still held the ``Gelu``."""
+    import sys
+
+    import torch
+
+    from exporters.torch_export import export_torch
+
+    src = (
+        "import torch\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(4, 4)\n\n    def forward(self, x):\n"
+        "        return torch.nn.functional.{act}(self.fc(x))\n"
+    )
+    monkeypatch.setenv("ANPRED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ops = []
+    for i, act in enumerate(["gelu", "silu", "silu"]):
+        folder = tmp_path / f"v{i}"
+        folder.mkdir()
+        (folder / "revnet.py").write_text(src.format(act=act))
+        sys.modules.pop("revnet", None)
+        monkeypatch.syspath_prepend(str(folder))
+        import revnet
+
+        torch.manual_seed(0)
+        net = revnet.Net().eval()
+        path = export_torch(net, (torch.ones(1, 4),), tmp_path / f"out{i}.onnx", dynamo=False).path
+        ops.append({n.op_type for n in onnx.load(str(path)).graph.node})
+        sys.path.remove(str(folder))
+    assert "Gelu" in ops[0] or "Erf" in ops[0]
+    assert not {"Gelu", "Erf"} & ops[1] and ({"Sigmoid", "Mul"} <= ops[1])
+    assert ops[2] == ops[1]

@@ -128,3 +128,43 @@ def test_a_cached_tvm_library_that_does_not_load_is_compiled_again(tmp_path, own
     assert st.versions["tvm_cache"].startswith("the cached library in ")
     assert "does not load: the exported library does not load back" in st.versions["tvm_cache"]
     assert st.versions["tvm_cache"].endswith("compiled again in memory (remove that folder to cache it anew)")
+
+
+def test_a_backend_that_returns_no_anchor_is_failed_with_its_log_line(tmp_path):
+    """A new user's text model, valid at one sequence length only, run at another: MNN printed
+    ``Reshape error`` on its own output, returned nothing and was reported ``ok`` with "8 of 8 anchors
+    missing" and the cause only in its log. It stays ``ok`` (each anchor a missing output the oracle
+    flags), and its reason now says it returned nothing and gives the decisive line of its log."""
+    from anpred.run import run_model
+
+    shape = nh.from_array(np.array([3, 4], np.int64), "shape")
+    nodes = [
+        h.make_node("Relu", ["x"], ["r"], name="relu"),
+        h.make_node("Reshape", ["r", "shape"], ["y0"], name="reshape"),
+        h.make_node("Tanh", ["y0"], ["y"], name="tanh"),
+    ]
+    g = h.make_graph(
+        nodes,
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, "n"])],
+        [h.make_tensor_value_info("y", T.FLOAT, [3, 4])],
+        [shape],
+    )
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    (tmp_path / "in").mkdir()
+    np.savez(tmp_path / "in" / "s0.npz", x=np.random.default_rng(0).random((1, 16)).astype(np.float32))  # 16, not 12
+    st = run_model(
+        tmp_path / "m.onnx",
+        ["ort", "mnn"],
+        tmp_path / "in",
+        tmp_path / "run",
+        progress=False,
+        timeout_s=300,
+        precheck=False,
+    ).statuses()
+    assert st["ort"].status == "failed" and "Reshape" in st["ort"].reason
+    assert st["mnn"].status == "ok", st["mnn"].reason
+    assert st["mnn"].reason.startswith("returned no value for any anchor (1 of 1 anchors missing: output/y"), st["mnn"]
+    assert "its log says: " in st["mnn"].reason and "Shape" in st["mnn"].reason, st["mnn"].reason

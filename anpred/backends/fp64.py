@@ -149,7 +149,9 @@ class ReferenceFp64Backend(NamedOutputsMixin, Backend):
         for out, anchor in self._fetch.items():
             declared = manifest[anchor].dtype
             if declared and declared != "float64" and declared.startswith(("float", "bfloat")):
-                self._info[anchor].reason = (
+                self._info[
+                    anchor
+                ].reason = (
                     f"computed on a float64 copy of the model; returned as float64, the ONNX graph declares {declared}"
                 )
 

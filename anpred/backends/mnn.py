@@ -347,9 +347,9 @@ class MnnBackend(Backend):
             # which value is which output is unknown: none is returned, and each asked output is a missing
             # output the oracle flags as this backend's deviation where the others agree
             for src in self._outputs:
-                self._captures[self._fetch[src]].reason = (
-                    f"MNN returned {len(outs)} outputs for the {len(self._outputs)} asked"
-                )
+                self._captures[
+                    self._fetch[src]
+                ].reason = f"MNN returned {len(outs)} outputs for the {len(self._outputs)} asked"
             return {}
         result = {}
         for src, v in zip(self._outputs, outs):

@@ -38,9 +38,9 @@ everywhere: ``opt.use_fp16_packed``, ``use_fp16_storage``, ``use_fp16_arithmetic
 ``use_bf16_packed``, ``use_bf16_storage`` and the int8 flags are False, Vulkan is off. Kept at ncnn's
 defaults (part of its fp32 path, changeable with the ``ncnn`` option): ``use_packing_layout=True``
 (channels packed by 4/8/16 floats for SIMD), Winograd (F(6,3)/F(4,3)/F(2,3)) and sgemm convolution
-on; Winograd's transforms add fp32 rounding of their own (measured on YOLOv8n 320 against ORT:
-1.0e-4 of the output's magnitude with it, 5.6e-5 without). Family: ``ncnn`` (own kernels; shares
-nothing with onnxruntime at run time).
+on; Winograd's transforms add fp32 rounding of their own (how much: docs/backends-converters.md,
+'Measurements: ncnn Winograd'). Family: ``ncnn`` (own kernels; shares nothing with onnxruntime at run
+time).
 
 Layout: ncnn blobs have no batch axis (``Mat`` c, h, w / d): an ONNX input of shape ``[1, ...]`` is
 fed as its ``[0]`` slice, and each anchor comes back with the batch axis restored, in the ONNX

@@ -16,7 +16,7 @@ each in its module:
 
 Why this and not a networkx graph-matching algorithm: exact (sub)graph isomorphism (VF2) fails as soon
 as the graphs differ, and graph edit distance is exponential; the tiers are linear in the graph size
-(10k-node graphs in about a second, see ``docs/diff.md`` and ``benchmarks/bench_diff.py``).
+(what that costs on large graphs: ``docs/diff.md`` and ``benchmarks/bench_diff.py``).
 
 Subgraphs (If/Loop/Scan bodies) are compared as whole attributes, not diffed inside.
 """

@@ -24,8 +24,8 @@ Formulas (``d = x - c`` over the finite positions, ``n`` of them; ``||.||`` is t
   ``n`` with equal weights, so W1 is computed with the quantile-function form
   ``W1 = (1/n) sum_i |x_(i) - c_(i)|`` over the sorted values (Villani 2009, Remark 2.19; for equal-size
   samples this is exactly what ``scipy.stats.wasserstein_distance`` returns: the tests check it to
-  1e-12), many times faster than scipy's CDF merge of both samples
-  (docs/oracle.md, 'Measurements: statistics kernels'). The
+  1e-12), faster than scipy's CDF merge of both samples (by how much: docs/oracle.md, 'Measurements:
+  statistics kernels'). The
   consensus is sorted once (an argsort) and shared by all backends (:class:`Reference`); each backend's
   values are first put in the consensus' order, which leaves them nearly sorted wherever the backend
   is close to the consensus, and then sorted by a merge sort that is linear on sorted runs

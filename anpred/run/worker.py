@@ -84,6 +84,37 @@ def _missing_note(captures: dict[str, dict], manifest) -> str:
     return f"{len(missing)} of {len(manifest.anchors)} anchors missing: {missing[0]}: {why[:160]}"
 
 
+def _status_after_run(captures: dict[str, dict], manifest, log: Path | None) -> tuple[str, str]:
+    """``(status, reason)`` of a backend whose samples all ran: ``ok`` with :func:`_missing_note`. When
+    it returned no anchor at all (a library that reports its error only on its own output and returns
+    nothing, e.g. MNN's ``Reshape error: 40960 -> 768``) the status stays ``ok`` (the oracle flags each
+    anchor as a missing output, a deviation it counts) and the reason names the decisive line of its
+    log (``log``: the worker's own output, logs/<label>.log), which was only in that log before."""
+    note = _missing_note(captures, manifest)
+    if not manifest.anchors or not note.startswith(f"{len(manifest.anchors)} of {len(manifest.anchors)} "):
+        return "ok", note
+    said = ""
+    if log is not None and log.is_file():
+        from anpred.backends.native_io import decisive_line
+
+        _flush_native_output()
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines()[-400:] if ln.strip()]
+        said = decisive_line([ln for ln in lines if not ln.startswith(("prepared", "chunk "))])
+    return "ok", f"returned no value for any anchor ({note})" + (f"; its log says: {said}" if said else "")
+
+
+def _flush_native_output() -> None:
+    """Flush Python's and the C library's buffered output, so what a native library printed is in the log."""
+    import ctypes
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
+
+
 def _fault(options: dict, where: str) -> None:
     kind = options.get("_fault")
     if not kind or options.get("_fault_at", "run") != where:
@@ -280,7 +311,7 @@ def _serve(srv: Served, feed_fd: int, emit, writer, fault_opts, resources_path: 
             returned, run_s, loop_s = _sample_loop(srv.backend, req["samples"], sink, cst, emit, fault_opts, cursor)
             cst.seconds_run = run_s
             _captured(cst, srv.manifest, returned)
-            cst.status, cst.reason = "ok", _missing_note(cst.captures, srv.manifest)
+            cst.status, cst.reason = _status_after_run(cst.captures, srv.manifest, None)
         except BaseException as err:  # noqa: BLE001 - the chunk's status, then the process ends
             cst.status = _classify(err)
             cst.reason = f"sample {cursor[0]}: {short_reason(err)}"
@@ -369,7 +400,7 @@ def run_job(job_path: str, fd: int, feed_fd: int | None = None, models: bool = F
         if stats is not None:
             jsonl.close()
             _write_stats(root / "stats" / f"{label}.json", label, st.samples, stats)
-        st.status, st.reason = "ok", _missing_note(st.captures, manifest)
+        st.status, st.reason = _status_after_run(st.captures, manifest, root / "logs" / f"{label}.log")
         _write_resources(status_path.with_name("resources.json"), loop_s, st.seconds_prepare)
     except SystemExit as err:
         st.status = "failed"
