@@ -316,6 +316,8 @@ def test_a_failed_shared_conversion_fails_once_for_its_population(tmp_path):
     assert st["ort"].status == "ok"
     first = st["ort-int8"]
     assert first.status == "failed" and "Failed to find proper ai.onnx domain" in first.reason
+    # failed while preparing: listed as what it was asked to be, not the status' default fp32 (a review)
+    assert first.precision == first.precision_requested == "int8"
     for b in ("ort-int8-noopt", "onnx-reference-int8"):
         assert st[b].status == "failed"
         assert st[b].reason.startswith(

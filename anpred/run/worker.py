@@ -221,6 +221,16 @@ def _captured(st, manifest, returned: set[str]) -> None:
     st.anchors_captured = sum(1 for a in manifest.anchors if a.name in returned)
 
 
+def _initial_status(job: WorkerJob) -> BackendStatus:
+    """The status before ``prepare`` has read the precision back: the backend's nominal precision, so a
+    member that fails while preparing is listed as what it was asked to be (``int8``, not ``fp32``)."""
+    try:
+        nominal = backend_class(job.name).precision
+    except Exception:  # noqa: BLE001 - an unknown backend fails in prepare, with its own reason
+        nominal = "fp32"
+    return BackendStatus(name=job.label, family=job.family, precision=nominal, precision_requested=nominal)
+
+
 def prepare_backend(job: WorkerJob, options: dict, st: BackendStatus, scratch: Path):
     """Build ``job``'s backend with ``options`` and prepare it on ``job.model`` (the manifest of
     ``job.store``), filling ``st`` (versions, ``seconds_prepare``, precision, quantization steps,
@@ -263,7 +273,7 @@ def _switch_model(srv: Served, job_path: str, emit) -> None:
         except Exception:  # noqa: BLE001 - the previous model's resources; the new one is unaffected
             pass
     srv.backend, srv.survive = None, True
-    srv.st = BackendStatus(name=job.label, family=job.family)
+    srv.st = _initial_status(job)
     t0 = time.perf_counter()
     try:
         srv.backend, srv.manifest = prepare_backend(job, options, srv.st, Path(job_path).parent / "scratch")
@@ -354,7 +364,7 @@ def run_job(job_path: str, fd: int, feed_fd: int | None = None, models: bool = F
     root = Path(job.store)
     manifest = AnchorManifest.load(root / "manifest.json")
     store = RunStore(root, {}, manifest)
-    st = BackendStatus(name=label, family=job.family)
+    st = _initial_status(job)
     status_path = Path(job.status_path)
     set_scope(job.shared_dir or None, label)  # a population's shared conversion: once per run
 
