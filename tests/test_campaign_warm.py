@@ -124,6 +124,8 @@ def _three(base: Path) -> list[str]:
 BACKENDS = ["ort", "onnx-reference", "torch"]
 
 
+# ~12 s: a Ray campaign in batches, resumed: out of the default run's time budget; CI's slow run keeps it
+@pytest.mark.slow
 def test_a_batch_runs_on_one_worker_per_backend_and_resumes(tmp_path):
     """3 configurations x (ort, onnx-reference, torch) in one batch: one worker process per backend
     for the whole batch (the records name the same pid for every configuration, a fresh worker only

@@ -153,6 +153,8 @@ def test_cubic_grid_sample_crashes_pnnx_in_the_whole_model_too(tmp_path):
     assert st.status in ("failed", "unsupported") and "pnnx" in st.reason, st.reason
 
 
+# ~8 s: the coverage of every backend, converters asked: out of the default run's time budget; CI's slow run keeps it
+@pytest.mark.slow
 def test_cli_backends_names_the_converters_refusals(tmp_path, capsys):
     import json
 

@@ -154,6 +154,8 @@ def test_answers_are_cached_by_model_and_library_versions(tmp_path, monkeypatch)
         coverage.precheck(path, {"ov": "openvino"})
 
 
+# ~13 s: the coverage of every backend, converters asked: out of the default run's time budget; CI's slow run keeps it
+@pytest.mark.slow
 def test_cli_backends_with_a_model_names_the_missing_operator(tmp_path, capsys):
     import json
 

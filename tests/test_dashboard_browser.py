@@ -127,6 +127,8 @@ def site(tmp_path_factory):
     return root / "site"
 
 
+# ~19 s with its site: headless Chromium: out of the default run's time budget; CI's slow run keeps it
+@pytest.mark.slow
 @pytest.mark.isa_independent(NOT_A_KERNEL_VALUE)
 def test_dashboard_renders_the_grid_marks_regressions_and_links(site, tmp_path):
     page = site / "index.html"

@@ -62,6 +62,8 @@ def test_drop_empty_concat_inputs_is_exact():
     assert drop_empty_concat_inputs(m) == 0
 
 
+# ~9 s: every backend on one model: out of the default run's time budget; CI's slow run keeps it
+@pytest.mark.slow
 @pytest.mark.isa_independent(FP32_BOUND)
 def test_a_concat_of_an_empty_tensor_runs_on_every_backend(tmp_path):
     from anpred.run import BackendSpec, run_model

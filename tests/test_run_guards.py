@@ -195,6 +195,8 @@ def test_scalar_inputs_are_fed_as_0d_arrays(tmp_path):
         np.testing.assert_array_equal(run.read_anchors(b, "s0000")["output/y"], np.array([-1.0, 0.5, 1.0], np.float32))
 
 
+# ~11 s: an onnx2tf conversion and a litert one: out of the default run's time budget; CI's slow run keeps it
+@pytest.mark.slow
 @pytest.mark.isa_independent(EXACT_OPS)
 def test_onnx2tf_scalar_inputs_are_fed_and_its_clip_ignoring_a_tensor_min_is_flagged(tmp_path):
     """onnx2tf converts a 0-d input to a one-element rank-1 one: tf and litert are fed it reshaped (they
