@@ -51,6 +51,7 @@ from anpred.run.jobs import (
     WORKER_MALLOC_TUNABLES,
     make_job,
     precheck_refusals,
+    worker_argv,
     read_status,
     worker_env,
     worker_malloc_tunables,
@@ -317,17 +318,7 @@ def _run_backend(
     start = time.monotonic()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "anpred.run.worker",
-                "--worker",
-                str(job_path),
-                "--fd",
-                str(wfd),
-                "--parent",
-                str(os.getpid()),
-            ],
+            worker_argv(job_path, wfd),
             pass_fds=(wfd,),
             stdout=log,
             stderr=subprocess.STDOUT,

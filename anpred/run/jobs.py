@@ -162,3 +162,20 @@ def read_status(path: Path) -> BackendStatus | None:
         return BackendStatus.from_dict(json.loads(path.read_text()))
     except (OSError, json.JSONDecodeError, TypeError):
         return None
+
+
+def worker_argv(job_path, wfd: int, *extra: str) -> list[str]:
+    """The command line of a backend worker (:mod:`anpred.run.worker`): its job file, the pipe it
+    reports on (``wfd``), this process as its parent, then ``extra`` (a pool worker's ``--feed`` ...)."""
+    return [
+        sys.executable,
+        "-m",
+        "anpred.run.worker",
+        "--worker",
+        str(job_path),
+        "--fd",
+        str(wfd),
+        "--parent",
+        str(os.getpid()),
+        *extra,
+    ]

@@ -16,7 +16,6 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 from anpred.backends.base import BackendStatus
 from anpred.compat import own_process_group
 from anpred.errors import AnpredError
-from anpred.run.jobs import make_job, worker_env
+from anpred.run.jobs import make_job, worker_argv, worker_env
 from anpred.run.limits import MemoryWatch, RunGuards
 from anpred.run.outcome import lost_status
 from anpred.run.spec import BackendSpec
@@ -96,20 +95,7 @@ class WorkerPool:
         feed_r, feed_w = os.pipe()
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "anpred.run.worker",
-                    "--worker",
-                    str(job_path),
-                    "--fd",
-                    str(wfd),
-                    "--parent",
-                    str(os.getpid()),
-                    "--feed",
-                    str(feed_r),
-                    *self.worker_args,
-                ],
+                worker_argv(job_path, wfd, "--feed", str(feed_r), *self.worker_args),
                 pass_fds=(wfd, feed_r),
                 stdout=log,
                 stderr=subprocess.STDOUT,
