@@ -12,7 +12,10 @@ process:
 3. ``emulated`` (issue 32): ``-m "kernels and not slow"`` (what ``.ci/run`` runs under the emulated
    AVX2-only CPU) twice, each with an empty cache: natively (``kernels-native``) and with the emulated
    CPU's python (``--emu``, default ``.venv/bin/python-emu`` from ``scripts/emulated_cpu.sh``); the ratio
-   of the two wall times is what the emulation costs.
+   of the two wall times is what the emulation costs;
+4. ``workers`` (issue 32): the default run twice, each with an empty cache: in one process (``-n 0``,
+   ``serial``) and as README runs it (pytest-xdist's ``-n auto``, sized by tests/conftest.py); the ratio
+   of the two wall times is what the workers save on this machine.
 
 For each: wall time (``time.perf_counter``, seconds), CPU time of the process tree (user + system,
 ``resource.getrusage(RUSAGE_CHILDREN)`` difference, seconds), pytest's closing line, exit status,
@@ -20,7 +23,7 @@ and the 1-minute load average before and after (``os.getloadavg``: the machine m
 ten slowest tests of each run (``--durations``) are printed. The interpreter is this one (the venv
 of the checkout; the clone imports its own sources first through ``PYTHONPATH``).
 
-Run: .venv/bin/python benchmarks/bench_tests.py [--only default|slow|emulated] [--emu PYTHON] [--json FILE]
+Run: .venv/bin/python benchmarks/bench_tests.py [--only default|slow|emulated|workers] [--emu PYTHON] [--json FILE]
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ def _run(clone: Path, cache: Path, marker_args: list[str], python: str = sys.exe
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=("default", "slow", "emulated"), help="run one of the three")
+    ap.add_argument("--only", choices=("default", "slow", "emulated", "workers"), help="run one of the three")
     ap.add_argument(
         "--emu",
         default=str(ROOT / ".venv" / "bin" / "python-emu"),
@@ -114,9 +117,11 @@ def main() -> int:
             ("slow", ["-m", "slow"], sys.executable, "slow"),
             ("kernels-native", kernels, sys.executable, "emulated"),
             ("emulated", kernels, args.emu, "emulated"),
+            ("serial", ["-n", "0"], sys.executable, "workers"),
+            ("workers", [], sys.executable, "workers"),
         )
         for name, marker, python, group in runs:
-            if args.only and args.only != group or (not args.only and group == "emulated"):
+            if args.only and args.only != group or (not args.only and group in ("emulated", "workers")):
                 continue
             cache = tmp / f"cache-{name}"
             cache.mkdir()
@@ -133,11 +138,14 @@ def main() -> int:
         if "emulated" in results:
             ratio = results["emulated"]["wall_s"] / results["kernels-native"]["wall_s"]
             print(f"emulated / native wall time: {ratio:.1f}x")
+        if "workers" in results:
+            ratio = results["serial"]["wall_s"] / results["workers"]["wall_s"]
+            print(f"one process / -n auto wall time: {ratio:.2f}x")
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
         return (
             0
-            if all(results[k]["rc"] == 0 for k in ("default", "slow", "kernels-native", "emulated") if k in results)
+            if all(results[k]["rc"] == 0 for k in ("default", "slow", "kernels-native", "emulated", "serial", "workers") if k in results)
             else 1
         )
     finally:

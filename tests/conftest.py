@@ -5,7 +5,29 @@ run_models), each once a session. Sizes are small to keep the suite fast on 2 co
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Memory one pytest-xdist worker of this suite may need: the default run's peak with two workers was
+# 3.1 GiB above the idle machine (1.6 GiB a worker), its slow run's peak 2.x GiB a worker (docs/run.md,
+# "The default run"); rounded up, so that a machine with less memory than cores runs fewer workers rather
+# than swapping. PYTEST_XDIST_AUTO_NUM_WORKERS overrides the count, ``-n 0`` runs in one process.
+XDIST_WORKER_BYTES = 3 * 2**30
+
+
+def pytest_xdist_auto_num_workers(config):
+    """The count ``-n auto`` (pyproject's addopts) starts: the CPUs this process may use, at most one
+    worker per ``XDIST_WORKER_BYTES`` of available memory, at least 1; ``PYTEST_XDIST_AUTO_NUM_WORKERS``
+    (pytest-xdist's own override) wins."""
+    env = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    if env:
+        return int(env)
+    import psutil
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cpus, psutil.virtual_memory().available // XDIST_WORKER_BYTES))
+
 
 # YOLO sizes used by the test suite (the issue's budget: 160-320 px).
 TEST_IMGSZ = 320
