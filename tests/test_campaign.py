@@ -382,16 +382,20 @@ def test_bisect_names_the_onnxruntime_release_and_operator(tmp_path):
 
 
 @pytest.mark.slow
-def test_campaign_joins_an_existing_cluster(tmp_path):
+def test_campaign_joins_an_existing_cluster_and_starts_its_own_without_address(tmp_path):
     """`--address`: a Ray cluster started apart (`ray start --head`; without token authentication,
     RAY_AUTH_MODE=disabled, as this process imported Ray without it) runs the campaign's tasks; the
-    driver leaves the cluster running."""
+    driver leaves the cluster running. Without `--address` the campaign starts its own embedded Ray
+    even while that cluster runs (Ray's default joined it and refused ``num_cpus``: "When connecting to
+    an existing cluster, num_cpus and num_gpus must not be provided"). The cluster is stopped alone
+    (`ray start --block` ended by SIGTERM), not with `ray stop`, which stops every Ray on the machine."""
     import socket
     import subprocess
     import sys
 
     import ray
 
+    from anpred.campaign import load_campaign, run_campaign
     from anpred.cli import main
 
     base = _campaign_dir(tmp_path / "c")
@@ -405,22 +409,17 @@ def test_campaign_joins_an_existing_cluster(tmp_path):
         port = s.getsockname()[1]
     ray_cli = str(Path(sys.executable).with_name("ray"))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    subprocess.run(
-        [
-            ray_cli,
-            "start",
-            "--head",
-            f"--port={port}",
-            "--num-cpus=2",
-            "--include-dashboard=false",
-            "--disable-usage-stats",
-        ],
-        check=True,
-        capture_output=True,
+    args = ["start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--include-dashboard=false"]
+    cluster = subprocess.Popen(
+        [ray_cli, *args, "--disable-usage-stats"],
         cwd=base,
         env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
+        _wait_for_port(port, cluster)
         rc = main(
             ["campaign", str(base / "one.toml"), "-o", str(tmp_path / "out"), "--address", f"127.0.0.1:{port}", "-q"]
         )
@@ -428,9 +427,29 @@ def test_campaign_joins_an_existing_cluster(tmp_path):
         assert rc == 0 and rec["complete"] == 1
         assert rec["ray"]["resources"]["CPU"] == 2.0
         assert ray.is_initialized()  # joined, not owned: the cluster is left running
+        ray.shutdown()
+        res = run_campaign(load_campaign(base / "one.toml"), tmp_path / "own", num_cpus=1, progress=False)
+        assert res.records[0]["state"] == "complete" and res.ray["resources"]["CPU"] == 1.0
+        assert cluster.poll() is None and not ray.is_initialized()  # its own Ray stopped, the cluster runs
     finally:
         ray.shutdown()
-        subprocess.run([ray_cli, "stop", "--force"], capture_output=True, env=env)
+        cluster.send_signal(signal.SIGTERM)
+        cluster.wait(timeout=120)
+
+
+def _wait_for_port(port: int, proc, timeout_s: float = 120.0) -> None:
+    """Until something listens on ``port`` of 127.0.0.1 (a hang guard, not a time bound)."""
+    import socket
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        assert proc.poll() is None, f"`ray start` exited {proc.returncode}"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"no Ray cluster listening on port {port} after {timeout_s} s")
 
 
 def _build_once(args):

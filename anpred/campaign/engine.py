@@ -81,8 +81,9 @@ class CampaignResult:
 
 
 def start_ray(address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:
-    """Connect to Ray: ``address`` (``auto``, ``ray://host:port``, ``host:port``) or, without one, an
-    embedded local Ray with ``num_cpus`` (default: all cores), no dashboard, usage statistics off.
+    """Connect to Ray: ``address`` (``auto``, ``ray://host:port``, ``host:port``) or, without one, a new
+    embedded local Ray with ``num_cpus`` (default: all cores), no dashboard, usage statistics off, also
+    where a cluster started apart runs on this machine (``auto`` joins that one).
     Returns ``{"address", "resources"}``. Raises AnpredError when Ray cannot start or connect."""
     import ray
 
@@ -97,7 +98,15 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> dict[s
         if address:
             ctx = ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
         else:
-            ctx = ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+            # address "local": a new embedded Ray even where a cluster started with `ray start` runs on this
+            # machine (Ray's default, address None, joins that cluster and then refuses num_cpus)
+            ctx = ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.ERROR,
+            )
     except Exception as err:  # noqa: BLE001 - Ray raises many kinds; the message says what
         hint = ""
         if address and os.environ.get("RAY_AUTH_MODE") != "token":
