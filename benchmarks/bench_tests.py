@@ -145,7 +145,11 @@ def main() -> int:
             Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
         return (
             0
-            if all(results[k]["rc"] == 0 for k in ("default", "slow", "kernels-native", "emulated", "serial", "workers") if k in results)
+            if all(
+                results[k]["rc"] == 0
+                for k in ("default", "slow", "kernels-native", "emulated", "serial", "workers")
+                if k in results
+            )
             else 1
         )
     finally:
