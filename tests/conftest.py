@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-# Memory one pytest-xdist worker of this suite may need: the default run's peak with two workers was
-# 3.1 GiB above the idle machine (1.6 GiB a worker), its slow run's peak 2.x GiB a worker (docs/run.md,
-# "The default run"); rounded up, so that a machine with less memory than cores runs fewer workers rather
-# than swapping. PYTEST_XDIST_AUTO_NUM_WORKERS overrides the count, ``-n 0`` runs in one process.
+# Memory one pytest-xdist worker of this suite may need: the default and slow runs' measured peak a
+# worker, rounded up (docs/run.md, "The default run"), so that a machine with less memory than cores
+# runs fewer workers rather than swapping. PYTEST_XDIST_AUTO_NUM_WORKERS overrides the count, ``-n 0``
+# runs in one process.
 XDIST_WORKER_BYTES = 3 * 2**30
 
 

@@ -384,7 +384,14 @@ def unmarked(paths: list[Path], conftest: Path) -> list[str]:
 def test_every_test_bounding_a_runtime_result_says_whether_it_depends_on_the_cpu():
     """Mark it ``@pytest.mark.kernels`` (and make it pass under ``scripts/emulated_cpu.sh``'s python:
     docs/run.md) or ``@pytest.mark.isa_independent("why the bound holds on every x86-64 CPU")``."""
-    assert unmarked(sorted(TESTS.glob("test_*.py")), TESTS / "conftest.py") == []
+    left = unmarked(sorted(TESTS.glob("test_*.py")), TESTS / "conftest.py")
+    assert not left, (
+        "these tests run a runtime and assert a numeric bound without saying whether it depends on the CPU:\n"
+        + "\n".join(left)
+        + "\nmark each `@pytest.mark.kernels` (it must then pass under .venv/bin/python-emu, docs/run.md, 'The"
+        " emulated AVX2-only CPU') or `@pytest.mark.isa_independent(REASON)` (a reason of tests/isa_reasons.py,"
+        " or your own sentence)"
+    )
 
 
 def test_the_check_sees_an_unmarked_test(tmp_path):
