@@ -95,7 +95,7 @@ def _run(clone: Path, cache: Path, marker_args: list[str], python: str = sys.exe
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=("default", "slow", "emulated", "workers"), help="run one of the three")
+    ap.add_argument("--only", choices=("default", "slow", "emulated", "workers"), help="run one of the four groups")
     ap.add_argument(
         "--emu",
         default=str(ROOT / ".venv" / "bin" / "python-emu"),

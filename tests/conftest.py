@@ -9,24 +9,19 @@ import os
 
 import pytest
 
-# Memory one pytest-xdist worker of this suite may need: the default and slow runs' measured peak a
-# worker, rounded up (docs/run.md, "The default run"), so that a machine with less memory than cores
-# runs fewer workers rather than swapping. PYTEST_XDIST_AUTO_NUM_WORKERS overrides the count, ``-n 0``
-# runs in one process.
-XDIST_WORKER_BYTES = 3 * 2**30
-
 
 def pytest_xdist_auto_num_workers(config):
-    """The count ``-n auto`` (pyproject's addopts) starts: the CPUs this process may use, at most one
-    worker per ``XDIST_WORKER_BYTES`` of available memory, at least 1; ``PYTEST_XDIST_AUTO_NUM_WORKERS``
-    (pytest-xdist's own override) wins."""
+    """The count ``-n auto`` (pyproject's addopts) starts (tests/xdist_workers.py: usable CPUs, one worker
+    per 3 GiB of available memory, cgroup v2 limits, at least 1); ``PYTEST_XDIST_AUTO_NUM_WORKERS``
+    (pytest-xdist's own override) wins; ``-n 0`` runs in one process."""
     env = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
     if env:
         return int(env)
     import psutil
+    from xdist_workers import own_cgroup, worker_count
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cpus, psutil.virtual_memory().available // XDIST_WORKER_BYTES))
+    return worker_count(cpus, psutil.virtual_memory().available, own_cgroup())
 
 
 # YOLO sizes used by the test suite (the issue's budget: 160-320 px).

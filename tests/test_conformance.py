@@ -143,7 +143,7 @@ def test_warm_pool_runs_models_one_after_another_with_isolation(tmp_path):
     onnx.save(m, str(bad))
     specs = [BackendSpec("ort"), BackendSpec("ort", "ort-crash", {"_fault": "segfault", "_fault_after": 1})]
     want = [np.maximum(x, 0), -x, 1 / (1 + np.exp(-x))]
-    with WarmPool(tmp_path / "w", timeout_s=60, side_by_side=True) as pool:
+    with WarmPool(tmp_path / "w", timeout_s=600, side_by_side=True) as pool:
         st = {}
         for k, path in enumerate([models[0], bad, models[1], models[2]]):
             store = run_model(
@@ -180,7 +180,7 @@ def test_warm_pool_kills_a_worker_over_its_memory_limit(tmp_path):
     p = tmp_path / "m.onnx"
     onnx.save(_model([h.make_node("Relu", ["x"], ["y"])], [("x", [1, 3])], [("y", [1, 3])]), str(p))
     x = np.ones((1, 3), np.float32)
-    with WarmPool(tmp_path / "w", timeout_s=60, max_rss_bytes=16 << 20) as pool:
+    with WarmPool(tmp_path / "w", timeout_s=600, max_rss_bytes=16 << 20) as pool:
         for k in range(2):
             st = run_model(
                 p,

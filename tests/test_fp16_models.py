@@ -383,14 +383,19 @@ def test_fp64_yolov8n_closer_to_torch_float64_than_fp32(tmp_path):
     x = np.random.default_rng(0).random((1, 3, 320, 320)).astype(np.float32)
     fp64 = _prepared("onnx-reference-fp64", path, man, tmp_path)
     name = list(fp64.sess.input_names)[0]
-    t = time.perf_counter()
     got64 = fp64.run({name: x})
-    seconds64 = time.perf_counter() - t
     got32 = _prepared("ort", path, man, tmp_path).run({name: x})
     ref32 = _prepared("onnx-reference", path, man, tmp_path)
-    t = time.perf_counter()
-    ref32.run({name: x})
-    seconds32 = time.perf_counter() - t  # the float32 reference evaluator on the same sample, same load
+    # the float64 copy and the float32 reference evaluator on the same sample, timed in turn twice and the
+    # faster of each kept, so that a change of load between two timings weighs on both
+    seconds64, seconds32 = np.inf, np.inf
+    for _ in range(2):
+        t = time.perf_counter()
+        fp64.run({name: x})
+        seconds64 = min(seconds64, time.perf_counter() - t)
+        t = time.perf_counter()
+        ref32.run({name: x})
+        seconds32 = min(seconds32, time.perf_counter() - t)
     torch_be = _prepared("torch", path, man, tmp_path)
     torch_be._gm.double()  # noqa: SLF001 - the converted GraphModule, run in float64
     ref = torch_be.run({name: x.astype(np.float64)})
