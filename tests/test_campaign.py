@@ -389,7 +389,6 @@ def test_campaign_joins_an_existing_cluster_and_starts_its_own_without_address(t
     even while that cluster runs (Ray's default joined it and refused ``num_cpus``: "When connecting to
     an existing cluster, num_cpus and num_gpus must not be provided"). The cluster is stopped alone
     (`ray start --block` ended by SIGTERM), not with `ray stop`, which stops every Ray on the machine."""
-    import socket
     import subprocess
     import sys
 
@@ -404,12 +403,12 @@ def test_campaign_joins_an_existing_cluster_and_starts_its_own_without_address(t
         '[[models]]\nmodel = "pipeline_factories:small_cnn"\nname = "cnn8"\n'
         '[backend_sets]\nfp32 = ["ort", "openvino", "onnx-reference"]\n'
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port, client_port, agent_port = _free_ports(3)
     ray_cli = str(Path(sys.executable).with_name("ray"))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     args = ["start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--include-dashboard=false"]
+    # the two ports `ray start` otherwise takes fixed (10001, 52365): free ones, beside other Rays
+    args += [f"--ray-client-server-port={client_port}", f"--dashboard-agent-listen-port={agent_port}"]
     cluster = subprocess.Popen(
         [ray_cli, *args, "--disable-usage-stats"],
         cwd=base,
@@ -435,6 +434,20 @@ def test_campaign_joins_an_existing_cluster_and_starts_its_own_without_address(t
         ray.shutdown()
         cluster.send_signal(signal.SIGTERM)
         cluster.wait(timeout=120)
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports of 127.0.0.1 free now (the system's choice: bound together, then closed)."""
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _wait_for_port(port: int, proc, timeout_s: float = 120.0) -> None:
