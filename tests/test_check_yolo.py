@@ -146,7 +146,7 @@ def test_reduced_precision_against_fp32_peers(yolo_reports):
     bf16 is computed only where the CPU has bf16 instructions (AVX512_BF16 or AMX-BF16; OpenVINO
     compiles a bf16 hint to fp32 elsewhere): there ``openvino-bf16`` must be judged as what it computed
     (fp32 floor, fp32 noise level, the precision asked for recorded beside it), never as bf16."""
-    from anpred.machine import kernel_isa
+    from anpred.machine import int16_saturation_possible, kernel_isa
 
     setup, rep = yolo_reports["yolov8n"]
     bf16 = kernel_isa(rep.machine["cpu_flags"])["bf16"] == "native"
@@ -180,9 +180,13 @@ def test_reduced_precision_against_fp32_peers(yolo_reports):
         fp32_max = max(rep.cell(a, b).primary for b in CLEAN)
         s16, s8 = rep.cell(a, "ort-fp16").primary, rep.cell(a, "ort-int8").primary
         assert 100 * fp32_max < s16 < s8, a
+    saturating = int16_saturation_possible(rep.machine["cpu_flags"])
     for b in lowp:
         prof = [rep.cell(a, b).primary for a in anchors]
-        assert max(prof[:-1]) > 5 * prof[0]  # amplified along the backbone
+        # amplified along the backbone: 5x where the first anchor carries rounding only; ort-int8 on a CPU
+        # whose u8s8 kernels sum pairs in saturating int16 carries the saturation there too, which about
+        # halves the ratio (docs/run.md, 'The emulated AVX2-only CPU'): growth still, 2x
+        assert max(prof[:-1]) > (2 if b == "ort-int8" and saturating else 5) * prof[0], (b, prof)
         assert prof[-1] < max(prof[:-1])  # attenuated at the decoded output (sigmoid scores, box decode)
         assert not math.isnan(prof[-1])
 
