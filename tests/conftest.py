@@ -17,11 +17,9 @@ def pytest_xdist_auto_num_workers(config):
     env = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
     if env:
         return int(env)
-    import psutil
-    from xdist_workers import own_cgroup, worker_count
+    from xdist_workers import this_machines_count
 
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return worker_count(cpus, psutil.virtual_memory().available, own_cgroup())
+    return this_machines_count()
 
 
 # YOLO sizes used by the test suite (the budget: 160-320 px).

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sqlite3
 import threading
 import time
@@ -438,8 +439,6 @@ def test_campaign_joins_an_existing_cluster_and_starts_its_own_without_address(t
 
 def _free_ports(n: int) -> list[int]:
     """``n`` distinct TCP ports of 127.0.0.1 free now (the system's choice: bound together, then closed)."""
-    import socket
-
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
@@ -452,8 +451,6 @@ def _free_ports(n: int) -> list[int]:
 
 def _wait_for_port(port: int, proc, timeout_s: float = 120.0) -> None:
     """Until something listens on ``port`` of 127.0.0.1 (a hang guard, not a time bound)."""
-    import socket
-
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         assert proc.poll() is None, f"`ray start` exited {proc.returncode}"

@@ -9,6 +9,7 @@ cgroup v1 limits are not read."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 # Memory one worker of this suite may need: the default and slow runs' measured peak a worker, rounded up
@@ -53,3 +54,11 @@ def worker_count(cpus: int, available_bytes: int, cgroup: Path) -> int:
     left = cgroup_memory_left(cgroup)
     memory = available_bytes if left is None else min(available_bytes, left)
     return max(1, min(cpus if quota is None else min(cpus, quota), memory // WORKER_BYTES))
+
+
+def this_machines_count() -> int:
+    """:func:`worker_count` for this process: its usable CPUs, the available memory (psutil), its cgroup."""
+    import psutil
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return worker_count(cpus, psutil.virtual_memory().available, own_cgroup())
